@@ -1,0 +1,54 @@
+"""mlsysim-core: how much memory one accelerator needs to train a model, and does it fit.
+
+    >>> from mlsysim_core import TrainingMemoryModel
+    >>> r = TrainingMemoryModel().solve("llama3-8b", "h100", batch_size=8, seq_len=1024)
+    >>> round(r.gb.total_memory, 3), r.feasible
+    (165.79, False)
+
+Plugin authors import ``hookimpl``, the spec types and ``MemoryTerm`` from here; that
+is the whole public plugin API.
+"""
+
+import pluggy as _pluggy
+
+from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError,
+                     NotInstalledError, PluginConflictError, PluginContractError, PluginError,
+                     PluginLoadError)
+from .hookspecs import PROJECT as _PROJECT
+from .specs import (CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect,
+                    ShardingRuleSpec)
+from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, COMMUNICATION_BUFFERS, COMPONENTS,
+                    FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, WEIGHTS,
+                    MemoryTerm)
+from .types import HardwareNode, SparseTransformerWorkload, TransformerWorkload
+
+hookimpl = _pluggy.HookimplMarker(_PROJECT)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The solver pulls in the plugin manager; import it on first use so that
+    # `import mlsysim_core` stays cheap for plugin modules.
+    if name in ("TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
+                "PluginManager", "get_plugin_manager"):
+        from . import manager, plan, result, solver
+        return {"TrainingMemoryModel": solver.TrainingMemoryModel,
+                "TrainingMemoryResult": result.TrainingMemoryResult,
+                "TrainingPlan": plan.TrainingPlan, "Placement": plan.Placement,
+                "PluginManager": manager.PluginManager,
+                "get_plugin_manager": manager.get_plugin_manager}[name]
+    raise AttributeError(f"module 'mlsysim_core' has no attribute {name!r}")
+
+
+__all__ = [
+    "hookimpl", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
+    "PluginManager", "get_plugin_manager",
+    "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
+    "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect",
+    "ProfileSpec",
+    "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS", "COMPONENTS",
+    "FORWARD", "BACKWARD", "OPTIMIZER_STEP", "PHASES", "ACCELERATOR", "HOST",
+    "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError", "NotInstalledError",
+    "PluginError", "PluginLoadError", "PluginConflictError", "PluginContractError",
+]

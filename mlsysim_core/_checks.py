@@ -1,0 +1,93 @@
+"""Input checks shared by the types and the solver.
+
+Each check returns the normalised value or raises ``InvalidInputError`` naming the
+parameter, the value and what is allowed. Stricter than the reference model on purpose:
+bools, NaN/inf and non-integral counts are rejected instead of propagating.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from .errors import InvalidInputError, InvalidInputTypeError
+
+
+def count(name: str, value: object, *, minimum: int = 1) -> int:
+    """An integer count >= minimum; integral floats (``2.0``) are accepted as ints."""
+    allowed = f"an integer >= {minimum}"
+    if isinstance(value, bool):
+        raise InvalidInputTypeError(name, value, allowed, "bools are not counts")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real):
+        if not math.isfinite(value) or not float(value).is_integer():
+            raise InvalidInputError(name, value, allowed, "not a whole number")
+        value = int(value)
+    else:
+        raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
+    if value < minimum:
+        raise InvalidInputError(name, value, allowed)
+    return value
+
+
+def optional_count(name: str, value: object, *, minimum: int = 1) -> int | None:
+    return None if value is None else count(name, value, minimum=minimum)
+
+
+def fraction(name: str, value: object) -> float:
+    """A finite real number in [0.0, 1.0]."""
+    allowed = "a number in [0.0, 1.0]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise InvalidInputError(name, value, allowed)
+    return float(value) if not isinstance(value, (int, float)) else value
+
+
+def flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInputTypeError(name, value, "True or False", f"got {type(value).__name__}")
+    return value
+
+
+def name(parameter: str, value: object, choices) -> str:
+    """A name (case-insensitive) from ``choices``; the error lists every choice."""
+    listing = ", ".join(sorted(choices)) or "(none installed)"
+    if not isinstance(value, str):
+        raise InvalidInputTypeError(parameter, value, f"one of: {listing}",
+                                    f"got {type(value).__name__}")
+    key = value.lower()
+    if key not in choices:
+        raise InvalidInputError(parameter, value, f"one of: {listing}")
+    return key
+
+
+# attrs field validators built on the checks above.
+
+def attrs_count(minimum: int = 1):
+    def validate(instance, attribute, value):
+        count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum)
+    return validate
+
+
+def attrs_optional_count(minimum: int = 1):
+    def validate(instance, attribute, value):
+        optional_count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum)
+    return validate
+
+
+def attrs_optional_flag(instance, attribute, value):
+    if value is not None:
+        flag(f"{type(instance).__name__}.{attribute.name}", value)
+
+
+def to_int(value):
+    """attrs converter: integral floats become ints; everything else is left for validators."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def to_optional_int(value):
+    return None if value is None else to_int(value)

@@ -1,0 +1,106 @@
+"""The hooks a plugin can implement.
+
+Two kinds, and nothing else:
+
+* **Registration hooks** take no arguments and return an iterable of specs
+  (``OptimizerSpec``, ``CheckpointingSpec``, ``ShardingRuleSpec``, ``ProfileSpec``).
+  They are called once per process, when the registry is built.
+* **Component hooks**, one per memory component, return an iterable of ``MemoryTerm``
+  (possibly empty) for one rank. They are always-on additive contributions (a framework
+  overhead, an extra buffer) and are called once per solve, only for the plugins the
+  selected profile names (or the user includes).
+
+No hook's meaning depends on pluggy's call order: the solver sorts and combines results
+itself. Implement hooks with ``@mlsysim_core.hookimpl``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .plan import Placement, TrainingPlan
+    from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+    from .terms import MemoryTerm
+
+PROJECT = "mlsysim"
+_hookspec = pluggy.HookspecMarker(PROJECT)
+
+# --- registration hooks -------------------------------------------------------------
+
+
+@_hookspec
+def mlsysim_optimizers() -> Iterable[OptimizerSpec]:
+    """Register named optimizers.
+
+    Example::
+
+        @hookimpl
+        def mlsysim_optimizers():
+            return [OptimizerSpec(name="myorg.lion", state_terms=lion_state_terms)]
+    """
+
+
+@_hookspec
+def mlsysim_checkpointing_strategies() -> Iterable[CheckpointingSpec]:
+    """Register named activation-checkpointing strategies."""
+
+
+@_hookspec
+def mlsysim_sharding_rules() -> Iterable[ShardingRuleSpec]:
+    """Register named sharding rules (tensor, pipeline, expert or data parallel)."""
+
+
+@_hookspec
+def mlsysim_profiles() -> Iterable[ProfileSpec]:
+    """Register named profiles (a set of component plugins and a combine rule)."""
+
+
+# --- component hooks ------------------------------------------------------------------
+
+
+@_hookspec
+def mlsysim_weight_terms(plan: TrainingPlan, placement: Placement) -> Iterable[MemoryTerm]:
+    """Weight terms of one rank (``component="weights"``)."""
+
+
+@_hookspec
+def mlsysim_gradient_terms(plan: TrainingPlan, placement: Placement) -> Iterable[MemoryTerm]:
+    """Gradient terms of one rank (``component="gradients"``)."""
+
+
+@_hookspec
+def mlsysim_optimizer_state_terms(plan: TrainingPlan, placement: Placement) -> Iterable[MemoryTerm]:
+    """Extra optimizer-state terms of one rank, added to the selected optimizer's own."""
+
+
+@_hookspec
+def mlsysim_activation_terms(plan: TrainingPlan, placement: Placement) -> Iterable[MemoryTerm]:
+    """Extra activation terms of one rank, added to the selected checkpointing strategy's."""
+
+
+@_hookspec
+def mlsysim_communication_buffer_terms(
+    plan: TrainingPlan, placement: Placement, model_states: Mapping[str, float]
+) -> Iterable[MemoryTerm]:
+    """Communication-buffer terms of one rank.
+
+    ``model_states`` maps ``"weights"``, ``"gradients"`` and ``"optimizer_state"`` to the
+    bytes already assembled for this rank (after sharding), e.g. for a gradient bucket
+    sized as a fraction of the gradients.
+    """
+
+
+REGISTRATION_HOOKS = (
+    "mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
+    "mlsysim_profiles",
+)
+COMPONENT_HOOKS = {
+    "weights": "mlsysim_weight_terms",
+    "gradients": "mlsysim_gradient_terms",
+    "optimizer_state": "mlsysim_optimizer_state_terms",
+    "activations": "mlsysim_activation_terms",
+    "communication_buffers": "mlsysim_communication_buffer_terms",
+}

@@ -1,0 +1,92 @@
+"""The validated inputs of one solve (``TrainingPlan``) and what the rules made of them
+(``Placement``). Plugins receive these two objects; neither ever holds an unchecked value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import attrs
+
+from .types import HardwareNode, TransformerWorkload
+
+# Bytes per element of each precision, as in the reference model (core/units.py).
+# Weights, gradients, activations and pipeline buffers all use this size.
+PRECISION_BYTES: Mapping[str, int | float] = {
+    "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+}
+
+# The reference model's stand-in for a missing hidden size (spec §6.2).
+FALLBACK_HIDDEN_DIM = 4096
+
+
+@attrs.frozen(kw_only=True)
+class TrainingPlan:
+    """Everything a solve was asked, normalised and checked.
+
+    Names are canonical (lowercase); counts are ints. ``microbatch`` and ``hidden_dim``
+    are the derived values the reference model uses.
+    """
+
+    model: TransformerWorkload
+    hardware: HardwareNode
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    activation_checkpointing: str
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    ep_size: int
+    zero_stage: int
+    gradient_accumulation_steps: int
+    trainable_fraction: float
+    communication_buffer_fraction: float
+    sequence_parallel: bool
+    profile: str
+    rules: Mapping[str, str]            # axis -> selected sharding rule name
+    options: Mapping[str, Any]          # spec name -> its options object
+    include_plugins: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_value(self) -> int | float:
+        return PRECISION_BYTES[self.precision]
+
+    @property
+    def microbatch(self) -> int:
+        """Local micro-batch: the global batch over DP replicas and accumulation steps,
+        rounded up and at least 1 (reference §6.2)."""
+        return max(1, math.ceil(self.batch_size / (self.dp_size * self.gradient_accumulation_steps)))
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.model.hidden_dim or FALLBACK_HIDDEN_DIM
+
+    @property
+    def hidden_dim_note(self) -> str:
+        return "" if self.model.hidden_dim else f" (model has no hidden_dim; {FALLBACK_HIDDEN_DIM} assumed, as the reference does)"
+
+    def options_for(self, spec_name: str):
+        return self.options.get(spec_name)
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """How the selected sharding rules split the model over ranks, for one rank.
+
+    Shard factors are integer products over all selected rules; the per-rank parameter
+    counts are divided once (``parameters / parameter_shards``), keeping fractional
+    parameters as the reference model does.
+    """
+
+    parameter_shards: int
+    parameters_per_rank: float
+    trainable_parameters_per_rank: float
+    layers_per_stage: int
+    activation_shards: int
+    weight_shards: int
+    gradient_shards: int
+    optimizer_state_shards: int
+    shard_sources: Mapping[str, tuple[str, ...]]   # quantity -> rules that split it

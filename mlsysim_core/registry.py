@@ -1,0 +1,69 @@
+"""The registry: every installed optimizer, strategy, rule and profile, by name.
+
+Built once from a plugin manager, then immutable. It also remembers which plugin (and
+which distribution and version) provided each spec, and the component-hook
+implementations in a fixed order, so that a solve never depends on pluggy's order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import attrs
+
+from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+
+
+@attrs.frozen(kw_only=True)
+class PluginInfo:
+    """Where a plugin came from: its registered name and its distribution."""
+
+    name: str
+    distribution: str = "unknown"
+    version: str = ""
+
+    @property
+    def source(self) -> str:
+        """``"dist version"``, e.g. ``"mlsysim-core 0.1.0"``."""
+        return f"{self.distribution} {self.version}".strip()
+
+    def describe(self) -> str:
+        return f"plugin '{self.name}' ({self.source})"
+
+
+@attrs.frozen(kw_only=True)
+class ComponentImpl:
+    """One plugin's implementation of one component hook, ready to call."""
+
+    plugin: PluginInfo
+    function: Callable
+    argnames: tuple[str, ...]
+
+
+# Spec kinds as users and messages name them.
+OPTIMIZER = "optimizer"
+CHECKPOINTING = "activation checkpointing strategy"
+SHARDING = "sharding rule"
+PROFILE = "profile"
+
+
+@attrs.frozen(kw_only=True)
+class Registry:
+    optimizers: Mapping[str, OptimizerSpec]
+    checkpointing: Mapping[str, CheckpointingSpec]
+    sharding_rules: Mapping[str, ShardingRuleSpec]
+    profiles: Mapping[str, ProfileSpec]
+    providers: Mapping[tuple[str, str], PluginInfo]          # (kind, name) -> provider
+    component_impls: Mapping[str, tuple[ComponentImpl, ...]]  # hook name -> impls, by plugin name
+    plugins: Mapping[str, PluginInfo]                         # every registered plugin
+
+    def rules_for_axis(self, axis: str) -> dict[str, ShardingRuleSpec]:
+        return {n: s for n, s in self.sharding_rules.items() if s.axis == axis}
+
+    def provider(self, kind: str, name: str) -> PluginInfo:
+        return self.providers[(kind, name)]
+
+    def describe_choices(self, kind: str, names) -> str:
+        """``"adam (mlsysim-core 0.1.0), demo.lion (mlsysim-demo 0.1)"``."""
+        return ", ".join(f"{n} ({self.providers[(kind, n)].source})" for n in sorted(names)) \
+            or "(none installed)"

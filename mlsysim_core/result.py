@@ -1,0 +1,108 @@
+"""The answer of one solve: totals, feasibility and the terms they are made of."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+from .terms import COMPONENTS, MemoryTerm
+
+GB = 1e9        # decimal gigabyte, what the reference reports
+GIB = 2**30     # binary gibibyte, what accelerator vendors mean by "80 GB"
+
+_MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENTS
+
+
+class MemoryView:
+    """The memory fields of a result in one unit: ``result.gb.total_memory``.
+
+    GB values are ``bytes * 1e-9`` exactly as the reference model converts them;
+    GiB values are ``bytes / 2**30``.
+    """
+
+    __slots__ = ("_result", "_unit", "_gb")
+
+    def __init__(self, result: "TrainingMemoryResult", unit: str):
+        self._result, self._unit, self._gb = result, unit, unit == "GB"
+
+    def __getattr__(self, field: str) -> float:
+        if field not in _MEMORY_FIELDS:
+            raise AttributeError(f"{field!r} is not a memory field; choose from {', '.join(_MEMORY_FIELDS)}")
+        value = getattr(self._result, field)
+        return value * 1e-9 if self._gb else value / GIB
+
+    def as_dict(self) -> dict[str, float]:
+        return {f: getattr(self, f) for f in _MEMORY_FIELDS}
+
+    def __repr__(self) -> str:
+        return f"MemoryView({self._unit}: " + ", ".join(f"{k}={v:.6g}" for k, v in self.as_dict().items()) + ")"
+
+
+@attrs.frozen(kw_only=True)
+class TrainingMemoryResult:
+    """Memory of one accelerator for one training configuration.
+
+    Every memory field is in **bytes** (exact: an int, or a float where the profile's
+    formulas are fractional). Use ``result.gb`` or ``result.gib`` for unit views.
+    The fields of the reference result are all here, with the same names.
+    """
+
+    feasible: bool
+    total_memory: int | float
+    available_memory: int
+    memory_utilization: float
+    weights: int | float
+    gradients: int | float
+    optimizer_state: int | float
+    activations: int | float
+    communication_buffers: int | float
+    precision: str
+    optimizer: str
+    activation_checkpointing: str
+    parallelism: Mapping[str, int]
+    constraint_trace: tuple[str, ...]
+    # Beyond the reference: where the bytes come from and what the rules decided.
+    profile: str
+    terms: tuple[MemoryTerm, ...]
+    host_memory: int | float = 0
+    model: str = ""
+    hardware: str = ""
+    microbatch: int = 1
+    layers_per_stage: int = 1
+    sequence_parallel: bool = True
+    selected: Mapping[str, str] = attrs.field(factory=dict)   # role -> spec name
+    plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
+
+    @property
+    def gb(self) -> MemoryView:
+        """Memory fields in decimal GB (1 GB = 1e9 bytes)."""
+        return MemoryView(self, "GB")
+
+    @property
+    def gib(self) -> MemoryView:
+        """Memory fields in binary GiB (1 GiB = 2**30 bytes)."""
+        return MemoryView(self, "GiB")
+
+    @property
+    def headroom(self) -> int | float:
+        """Bytes left on the accelerator (negative when it does not fit)."""
+        return self.available_memory - self.total_memory
+
+    def terms_of(self, component: str) -> tuple[MemoryTerm, ...]:
+        if component not in COMPONENTS:
+            raise ValueError(f"component={component!r} is not one of {', '.join(COMPONENTS)}")
+        return tuple(t for t in self.terms if t.component == component)
+
+    def to_dict(self) -> dict:
+        from .serialization import unstructure_result
+        return unstructure_result(self)
+
+    def to_json(self, **kwargs) -> str:
+        from .serialization import result_to_json
+        return result_to_json(self, **kwargs)
+
+    def explain(self) -> str:
+        """A plain-text tree of where every byte comes from."""
+        from .render import explain
+        return explain(self)

@@ -1,0 +1,143 @@
+"""What plugins register: named optimizers, checkpointing strategies, sharding rules, profiles.
+
+A spec is a *named factory*: a frozen attrs object holding plain callables that the solver
+calls directly once the user's configuration has selected it by name. Only the selected
+spec of each axis is ever called, so an installed but unselected plugin never contributes
+a byte. Callables receive the validated ``TrainingPlan`` (and, after placement, the
+``Placement``) plus the spec's own options object (``None`` when it declares none).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable
+
+import attrs
+
+from .terms import MemoryTerm
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$"
+_name_re = re.compile(NAME_PATTERN)
+
+
+def _spec_name(instance, attribute, value):
+    if not isinstance(value, str) or not _name_re.match(value):
+        raise ValueError(
+            f"{type(instance).__name__}.name={value!r} is not a valid name: lowercase letters, "
+            f"digits, '-' and '_', optionally dotted (third parties: 'myorg.name')")
+
+
+def _options_type(instance, attribute, value):
+    if value is not None and not attrs.has(value):
+        raise TypeError(f"{type(instance).__name__}.options_type must be an attrs class or None, "
+                        f"got {value!r}")
+
+
+def _callable(instance, attribute, value):
+    if not callable(value):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be callable, got {value!r}")
+
+
+_name_field = attrs.field(validator=_spec_name)
+_description = attrs.field(default="", validator=attrs.validators.instance_of(str))
+_options = attrs.field(default=None, validator=_options_type)
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerSpec:
+    """A named optimizer.
+
+    ``state_terms(plan, placement, options)`` returns the optimizer-state terms of ONE
+    rank, already divided by ``placement.optimizer_state_shards`` (ZeRO-1 and up).
+    """
+
+    name: str = _name_field
+    description: str = _description
+    state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
+    options_type: type | None = _options
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointingSpec:
+    """A named activation-checkpointing strategy.
+
+    ``activation_terms(plan, placement, options)`` returns the activation terms of one
+    rank, using ``placement.layers_per_stage`` and dividing by
+    ``placement.activation_shards`` (tensor/sequence parallelism).
+    """
+
+    name: str = _name_field
+    description: str = _description
+    activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
+    requires_heads: bool = False
+    options_type: type | None = _options
+
+
+# The axes a sharding rule can own, in the order the solver applies them:
+# model parallel first (tensor, pipeline, expert), then data parallel.
+TENSOR = "tp"
+PIPELINE = "pp"
+EXPERT = "ep"
+DATA = "dp"
+AXES = (TENSOR, PIPELINE, EXPERT, DATA)
+DEFAULT_RULES = {TENSOR: "tp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
+
+
+def _shards(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"ShardingEffect.{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _tuple(value):
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class ShardingEffect:
+    """What one sharding rule does to one rank, as plain numbers.
+
+    The solver multiplies the shard factors of all selected rules (integer products, so
+    the order of rules never changes a number) and divides once. A factor of 1 means
+    "this rule does not split that quantity".
+    """
+
+    parameter_shards: int = attrs.field(default=1, validator=_shards)
+    activation_shards: int = attrs.field(default=1, validator=_shards)
+    weight_shards: int = attrs.field(default=1, validator=_shards)
+    gradient_shards: int = attrs.field(default=1, validator=_shards)
+    optimizer_state_shards: int = attrs.field(default=1, validator=_shards)
+    layers_per_stage: int | None = attrs.field(default=None)
+    buffer_terms: tuple[MemoryTerm, ...] = attrs.field(default=(), converter=_tuple)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+
+
+@attrs.frozen(kw_only=True)
+class ShardingRuleSpec:
+    """A named sharding rule for one axis (``tp``, ``pp``, ``ep`` or ``dp``).
+
+    ``apply(plan, options) -> ShardingEffect``. A rule that finds the layout impossible
+    raises ``mlsysim_core.LayoutError`` naming the parameter; the solver passes that
+    through. Research variants of ZeRO are simply more ``dp`` rules.
+    """
+
+    name: str = _name_field
+    axis: str = attrs.field(validator=attrs.validators.in_(AXES))
+    description: str = _description
+    apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
+    options_type: type | None = _options
+
+
+@attrs.frozen(kw_only=True)
+class ProfileSpec:
+    """A named set of plugins and a rule for combining their terms.
+
+    ``component_plugins`` names the plugins whose component hooks (always-on additive
+    terms) take part in this profile; component hooks of other plugins are not called
+    unless the user includes them. ``combine`` is ``"sum"`` (every term adds up, as the
+    textbook reference does); architecture-aware profiles will add a phase peak.
+    """
+
+    name: str = _name_field
+    description: str = _description
+    component_plugins: tuple[str, ...] = attrs.field(converter=_tuple)
+    combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum",)))

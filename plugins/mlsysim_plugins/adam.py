@@ -1,0 +1,27 @@
+"""Adam: an fp32 master copy plus two fp32 moments, 12 bytes per trainable parameter.
+
+The reference model counts these 12 B regardless of the training precision (so fp32
+training counts the master copy twice; see its known weaknesses, §13.6).
+"""
+
+from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
+
+from ._fmt import n, shard
+
+BYTES_PER_PARAMETER = 12.0   # fp32 master 4 + momentum 4 + variance 4
+
+
+def state_terms(plan, placement, options, *, name="adam"):
+    params = placement.trainable_parameters_per_rank
+    shards = placement.optimizer_state_shards
+    return [MemoryTerm(
+        component=OPTIMIZER_STATE, label=f"{name} master copy + 2 moments (fp32)",
+        nbytes=params * BYTES_PER_PARAMETER / shards,
+        formula=f"{n(params)} trainable params/rank x 12 B (master 4 + m 4 + v 4)"
+                + shard(shards, "optimizer state sharded: " + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="adam", description="Adam: fp32 master + m + v, 12 B/param",
+                          state_terms=state_terms)]

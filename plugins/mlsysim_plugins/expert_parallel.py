@@ -1,0 +1,24 @@
+"""Expert parallelism: the reference spreads ALL parameters evenly over ep ranks
+(an approximation: dense weights are really replicated). Only mixture-of-experts models
+can use it, and with at most one rank per expert."""
+
+from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+
+MOE_NOTE = ("MoE memory approximation: total expert parameters are evenly sharded by expert "
+            "parallelism; routing imbalance is modeled separately by MoERoutingModel.")
+
+
+def apply(plan, options):
+    e, model = plan.ep_size, plan.model
+    if e > 1 and not model.is_sparse:
+        raise LayoutError("ep_size", e, "1 for a dense model",
+                          f"{model.name!r} has no experts to distribute")
+    if model.is_sparse and e > model.experts:
+        raise LayoutError("ep_size", e, f"at most the model's {model.experts} experts")
+    return ShardingEffect(parameter_shards=e, notes=(MOE_NOTE,) if e > 1 else ())
+
+
+@hookimpl
+def mlsysim_sharding_rules():
+    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply,
+                             description="parameters / ep (mixture-of-experts models only)")]

@@ -1,0 +1,13 @@
+"""The 'none' optimizer: no optimizer state (e.g. to see weights and activations alone)."""
+
+from mlsysim_core import OptimizerSpec, hookimpl
+
+
+def state_terms(plan, placement, options):
+    return []
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="none", description="no optimizer state, 0 B/param",
+                          state_terms=state_terms)]

@@ -1,0 +1,29 @@
+"""Pipeline parallelism: parameters split evenly over pp stages, ceil(layers/pp) layers on
+a stage, and one send plus one receive buffer of a boundary activation (2*b*s*h values)."""
+
+import math
+
+from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
+                          ShardingEffect, ShardingRuleSpec, hookimpl)
+
+
+def apply(plan, options):
+    p, layers = plan.pp_size, plan.model.layers
+    if p > layers:
+        raise LayoutError("pp_size", p, f"at most the model's {layers} layers",
+                          f"a pipeline stage needs at least one layer of {plan.model.name!r}")
+    buffers = []
+    if p > 1:
+        mb, s, h, b = plan.microbatch, plan.seq_len, plan.hidden_dim, plan.bytes_per_value
+        buffers.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="pipeline send + receive buffers",
+            nbytes=2 * mb * s * h * b, phases=(FORWARD, BACKWARD),
+            formula=f"2 x b={mb} x s={s} x h={h} x {b} B{plan.hidden_dim_note}"))
+    return ShardingEffect(parameter_shards=p, layers_per_stage=max(1, math.ceil(layers / p)),
+                          buffer_terms=buffers)
+
+
+@hookimpl
+def mlsysim_sharding_rules():
+    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply,
+                             description="parameters / pp; ceil(layers/pp) layers per stage; p2p buffers")]

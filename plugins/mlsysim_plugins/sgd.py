@@ -1,0 +1,23 @@
+"""SGD: an fp32 master copy only (no momentum buffer), 4 bytes per trainable parameter."""
+
+from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
+
+from ._fmt import n, shard
+
+BYTES_PER_PARAMETER = 4.0   # fp32 master copy
+
+
+def state_terms(plan, placement, options):
+    params = placement.trainable_parameters_per_rank
+    shards = placement.optimizer_state_shards
+    return [MemoryTerm(
+        component=OPTIMIZER_STATE, label="sgd master copy (fp32)",
+        nbytes=params * BYTES_PER_PARAMETER / shards,
+        formula=f"{n(params)} trainable params/rank x 4 B (fp32 master)"
+                + shard(shards, "optimizer state sharded: " + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="sgd", description="SGD without momentum: fp32 master, 4 B/param",
+                          state_terms=state_terms)]

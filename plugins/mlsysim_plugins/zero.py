@@ -1,0 +1,26 @@
+"""ZeRO stages 0-3 (Rajbhandari et al. 2020): shard model states over dp ranks.
+
+Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
+weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel rule.
+"""
+
+from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
+
+WHAT = {0: "nothing sharded (plain data parallelism)", 1: "optimizer state / dp",
+        2: "optimizer state and gradients / dp", 3: "optimizer state, gradients and weights / dp"}
+
+
+def make_apply(stage):
+    def apply(plan, options):
+        d = plan.dp_size
+        notes = (f"ZeRO-{stage}: data-parallel state sharding applied across {d} ranks.",) if stage else ()
+        return ShardingEffect(optimizer_state_shards=d if stage >= 1 else 1,
+                              gradient_shards=d if stage >= 2 else 1,
+                              weight_shards=d if stage >= 3 else 1, notes=notes)
+    return apply
+
+
+@hookimpl
+def mlsysim_sharding_rules():
+    return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
+                             description=f"ZeRO-{stage}: {WHAT[stage]}") for stage in range(4)]
