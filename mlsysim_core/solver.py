@@ -130,7 +130,11 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
     hardware = _resolve_hardware(hardware)
     # The reference model's order of checks (spec §4), made strict.
     precision = _checks.name("precision", precision, PRECISION_BYTES)
-    optimizer_name = _checks.name("optimizer", optimizer, registry.optimizers)
+    if not isinstance(optimizer, str) or optimizer.lower() not in registry.optimizers:
+        raise (InvalidInputError if isinstance(optimizer, str) else InvalidInputTypeError)(
+            "optimizer", optimizer,
+            f"an installed optimizer: {registry.describe_choices(OPTIMIZER, registry.optimizers)}")
+    optimizer_name = optimizer.lower()
     if not isinstance(activation_checkpointing, str) or activation_checkpointing not in registry.checkpointing:
         # Case-sensitive, as the reference: 'Selective' is not a strategy name.
         raise (InvalidInputError if isinstance(activation_checkpointing, str) else InvalidInputTypeError)(

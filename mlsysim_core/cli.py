@@ -1,0 +1,252 @@
+"""The `mlsysim-core` command: estimate, plugins, models, hardware.
+
+Exit codes: 0 ok; 2 bad input (the message names the parameter, the value and what is
+allowed); 3 a plugin failed to load or broke its contract. ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import InvalidInputError, MlsysimError, PluginError
+
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_HARDWARE = "h100"
+DEFAULT_BATCH = 8
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlsysim-core",
+        description="How much memory one accelerator needs to train a model, and does it fit. "
+                    "GB = 1e9 bytes, GiB = 2^30 bytes.")
+    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME",
+                        help="skip this plugin (repeatable; also MLSYSIM_DISABLED_PLUGINS=a,b)")
+    parser.add_argument("--no-third-party-plugins", action="store_true",
+                        help="load only the built-in plugins (also MLSYSIM_DISABLE_PLUGIN_AUTOLOAD=1)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    est = sub.add_parser("estimate", help="memory of one accelerator for one configuration",
+                         description="Solve one configuration. With no flags: Llama-3.1-8B on an "
+                                     "H100, global batch 8, sequence 2048, fp16 Adam, selective "
+                                     "checkpointing.")
+    est.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                     help=f"catalog name (see `models`) or a JSON file of model fields (default {DEFAULT_MODEL})")
+    est.add_argument("--hardware", "-g", default=DEFAULT_HARDWARE,
+                     help=f"catalog name (see `hardware`) or a JSON file (default {DEFAULT_HARDWARE})")
+    est.add_argument("--batch-size", "-b", type=int, default=DEFAULT_BATCH,
+                     help=f"GLOBAL batch over all DP replicas and accumulation steps (default {DEFAULT_BATCH})")
+    est.add_argument("--seq-len", "-s", type=int, default=2048)
+    est.add_argument("--precision", default="fp16", help="fp32, tf32, bf16, fp16, fp8, int8, int4")
+    est.add_argument("--optimizer", default="adam", help="an installed optimizer (see `plugins`)")
+    est.add_argument("--activation-checkpointing", "--checkpointing", dest="activation_checkpointing",
+                     default="selective", help="none, selective, full, or an installed strategy")
+    est.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    est.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
+    est.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
+    est.add_argument("--ep-size", "--ep", dest="ep_size", type=int, default=1)
+    est.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int, default=0)
+    est.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="gradient_accumulation_steps",
+                     type=int, default=1)
+    est.add_argument("--trainable-fraction", type=float, default=1.0)
+    est.add_argument("--communication-buffer-fraction", "--comm-buffer-fraction",
+                     dest="communication_buffer_fraction", type=float, default=0.05)
+    est.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                     help="with tp > 1, do not divide activations by tp")
+    est.add_argument("--data-parallel", metavar="RULE",
+                     help="a data-parallel sharding rule by name (instead of --zero-stage)")
+    est.add_argument("--rule", action="append", default=[], metavar="AXIS=RULE",
+                     help="replace the default tp, pp or ep rule, e.g. --rule tp=myorg.tp2d")
+    est.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
+                     help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
+    est.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
+                     help="let this plugin's component hooks add their terms too")
+    est.add_argument("--profile", default="reference", help="profile to use (see `plugins`)")
+    est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
+    est.add_argument("--explain", action="store_true", help="show where every byte comes from")
+
+    plug = sub.add_parser("plugins", help="installed plugins: source distribution and what each provides")
+    plug.add_argument("--json", action="store_true")
+    mod = sub.add_parser("models", help="models in the catalog")
+    mod.add_argument("--json", action="store_true")
+    hw = sub.add_parser("hardware", help="accelerators in the catalog")
+    hw.add_argument("--json", action="store_true")
+    return parser
+
+
+def _load_json_file(parameter: str, path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise InvalidInputError(parameter, path, "a catalog name or a readable JSON file", str(err)) from err
+    if not isinstance(data, dict):
+        raise InvalidInputError(parameter, path, "a JSON object of fields")
+    return data
+
+
+def _model(text: str):
+    if text.endswith(".json"):
+        from .serialization import structure_model
+        try:
+            return structure_model(_load_json_file("--model", text))
+        except TypeError as err:   # a missing required field
+            raise InvalidInputError("--model", text, "name, parameters and layers at least", str(err)) from err
+    from .catalog import get_model
+    return get_model(text)
+
+
+def _hardware(text: str):
+    if text.endswith(".json"):
+        from .types import HardwareNode
+        try:
+            return HardwareNode(**_load_json_file("--hardware", text))
+        except TypeError as err:
+            raise InvalidInputError("--hardware", text, "name and memory_capacity (bytes) at least", str(err)) from err
+    from .catalog import get_hardware
+    return get_hardware(text)
+
+
+def _parse_options(items: list[str]) -> dict[str, dict]:
+    options: dict[str, dict] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        spec, dot, field = key.strip().rpartition(".")
+        if not sep or not dot or not spec or not field:
+            raise InvalidInputError("--option", item, "SPEC.FIELD=VALUE, e.g. demo.galore.rank=64")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        options.setdefault(spec, {})[field] = value
+    return options
+
+
+def _parse_rules(items: list[str]) -> dict[str, str]:
+    rules = {}
+    for item in items:
+        axis, sep, name = item.partition("=")
+        if not sep or not name:
+            raise InvalidInputError("--rule", item, "AXIS=RULE with AXIS one of tp, pp, ep")
+        rules[axis.strip()] = name.strip()
+    return rules
+
+
+def _manager(args):
+    from .manager import PluginManager
+    return PluginManager.from_environment(autoload=False if args.no_third_party_plugins else None,
+                                          blocked=args.disable_plugin)
+
+
+def cmd_estimate(args, out) -> int:
+    from .render import estimate_table
+    from .solver import TrainingMemoryModel
+    solver = TrainingMemoryModel(args.profile, plugin_manager=_manager(args))
+    result = solver.solve(
+        _model(args.model), _hardware(args.hardware), args.batch_size, args.seq_len, args.precision,
+        args.optimizer, args.activation_checkpointing, args.tp_size, args.pp_size, args.dp_size,
+        args.ep_size, args.zero_stage, args.gradient_accumulation_steps, args.trainable_fraction,
+        args.communication_buffer_fraction, sequence_parallel=args.sequence_parallel,
+        data_parallel=args.data_parallel, sharding_rules=_parse_rules(args.rule) or None,
+        plugin_options=_parse_options(args.option) or None, include_plugins=args.include_plugin)
+    if args.json:
+        out.write(result.to_json(indent=2) + "\n")
+        return 0
+    out.write(estimate_table(result, plan_line=f"global batch {args.batch_size}, seq {args.seq_len}") + "\n")
+    if args.explain:
+        out.write("\n" + result.explain() + "\n")
+    return 0
+
+
+def plugin_listing(pm) -> list[dict]:
+    """Every loaded plugin: source distribution, hooks it implements, specs it provides."""
+    registry = pm.registry
+    provides: dict[str, dict[str, list[str]]] = {}
+    for (kind, name), info in sorted(registry.providers.items()):
+        provides.setdefault(info.name, {}).setdefault(kind, []).append(name)
+    listing = []
+    for name, info in sorted(registry.plugins.items()):
+        plugin = pm.get_plugin(name)
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or ())
+        listing.append({"name": name, "distribution": info.distribution, "version": info.version,
+                        "hooks": hooks, "provides": provides.get(name, {})})
+    return listing
+
+
+def cmd_plugins(args, out) -> int:
+    pm = _manager(args)
+    listing = plugin_listing(pm)
+    if args.json:
+        out.write(json.dumps({"plugins": listing, "blocked": list(pm.blocked_names),
+                              "skipped_third_party": [i.name for i in pm.skipped_third_party]},
+                             indent=2, sort_keys=True) + "\n")
+        return 0
+    width = max(len(p["name"]) for p in listing)
+    for p in listing:
+        provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
+        hooks = [h for h in p["hooks"] if h.endswith("_terms")]
+        what = provided or ("component hooks: " + ", ".join(hooks) if hooks else "")
+        out.write(f"{p['name'].ljust(width)}  {p['distribution']} {p['version']}  {what}\n")
+    for name in pm.blocked_names:
+        out.write(f"{name.ljust(width)}  (blocked)\n")
+    for info in pm.skipped_third_party:
+        out.write(f"{info.name.ljust(width)}  {info.source}  (skipped: third-party autoload disabled)\n")
+    return 0
+
+
+def cmd_models(args, out) -> int:
+    from .catalog import list_models
+    import attrs
+    entries = list_models()
+    if args.json:
+        rows = [{"key": e.key, "aliases": list(e.aliases), **attrs.asdict(e.value),
+                 "kind": e.extra.get("kind"), "sources": dict(e.sources)} for e in entries]
+        out.write(json.dumps({"models": rows}, indent=2) + "\n")
+        return 0
+    out.write(f"{'key':<14} {'name':<20} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  experts\n")
+    for e in entries:
+        m = e.value
+        experts = f"{m.experts} (top-{m.active_experts_per_token})" if m.is_sparse else "-"
+        out.write(f"{e.key:<14} {m.name:<20} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
+                  f"{m.heads or '-':>5}  {experts}\n")
+    return 0
+
+
+def cmd_hardware(args, out) -> int:
+    from .catalog import list_hardware
+    import attrs
+    entries = list_hardware()
+    if args.json:
+        rows = [{"key": e.key, "aliases": list(e.aliases), **attrs.asdict(e.value),
+                 "tier": e.extra.get("tier"), "sources": dict(e.sources)} for e in entries]
+        out.write(json.dumps({"hardware": rows}, indent=2) + "\n")
+        return 0
+    out.write(f"{'key':<20} {'name':<34} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}\n")
+    for e in entries:
+        h = e.value
+        out.write(f"{e.key:<20} {h.name:<34} {h.memory_capacity:>18,} {h.memory_capacity * 1e-9:>10.3f} "
+                  f"{h.memory_capacity / 2**30:>9.2f}\n")
+    return 0
+
+
+COMMANDS = {"estimate": cmd_estimate, "plugins": cmd_plugins, "models": cmd_models,
+            "hardware": cmd_hardware}
+
+
+def main(argv: list[str] | None = None, out=None) -> int:
+    out = out or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:   # bare `mlsysim-core` runs the default estimate
+        args = parser.parse_args([*argv, "estimate"])
+    try:
+        return COMMANDS[args.command](args, out)
+    except MlsysimError as err:
+        if args.debug:
+            raise
+        print(f"mlsysim-core: error: {err}", file=sys.stderr)
+        return 3 if isinstance(err, PluginError) else 2
