@@ -220,8 +220,9 @@ class PluginManager(pluggy.PluginManager):
                                            argnames=tuple(impl.argnames)))
             component_impls[hook_name] = tuple(impls)
 
-        plugins = {name: self.info(name) for name, _ in sorted(self.list_name_plugin())
-                   if self.info(name) is not None}
+        plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin(),
+                                                                     key=lambda pair: pair[0])
+                   if plugin is not None}   # blocked names are registered as None
         return Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE],
                         providers=providers, component_impls=component_impls, plugins=plugins)

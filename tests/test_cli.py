@@ -1,0 +1,131 @@
+"""The command line: every subcommand, flags, JSON, and errors with exit codes."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlsysim_core.cli import main
+
+
+def run(*argv):
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+def test_bare_command_runs_the_default_estimate():
+    code, text = run()
+    assert code == 0
+    assert "Llama-3.1-8B on NVIDIA H100" in text
+    assert "GB (1e9 B)" in text and "GiB (2^30 B)" in text
+    # Llama-3.1-8B, batch 8, seq 2048, fp16 adam selective: 16.06+16.06+96.36+73.014+0.803 GB
+    assert "202.297" in text and "NO, 116.398 GB" in text and "235.5 %" in text
+
+
+def test_estimate_flags_match_python(solver):
+    code, text = run("estimate", "--model", "llama3-8b", "--hardware", "h100", "--batch-size", "8",
+                     "--seq-len", "1024", "--json")
+    assert code == 0
+    data = json.loads(text)
+    assert data["total_memory"] == solver.solve("llama3-8b", "h100", 8, 1024).total_memory
+    assert data["gb"]["total_memory"] == pytest.approx(165.790222016)
+    assert data["units"] == {"memory": "bytes", "gb": 1e9, "gib": 2**30}
+    assert {t["source"] for t in data["terms"]} >= {"model_states", "adam", "selective_checkpointing"}
+
+
+def test_every_solve_option_is_a_flag(solver):
+    code, text = run("estimate", "-m", "mixtral-8x7b", "-g", "h200", "-b", "64", "-s", "4096",
+                     "--precision", "bf16", "--optimizer", "sgd", "--checkpointing", "full",
+                     "--tp", "2", "--pp", "4", "--dp", "4", "--ep", "8", "--zero-stage", "2",
+                     "--grad-accum", "2", "--trainable-fraction", "0.5",
+                     "--comm-buffer-fraction", "0.1", "--no-sequence-parallel", "--json")
+    assert code == 0
+    expected = solver.solve("mixtral-8x7b", "h200", 64, 4096, "bf16", "sgd", "full", 2, 4, 4, 8, 2, 2,
+                            0.5, 0.1, sequence_parallel=False)
+    assert json.loads(text)["total_memory"] == expected.total_memory
+
+
+def test_explain_shows_plugins_and_formulas():
+    code, text = run("estimate", "--explain", "--zero-stage", "3", "--dp", "8")
+    assert code == 0
+    assert "[plugin adam (mlsysim-core" in text
+    assert "/ 8 (optimizer state sharded: zero3)" in text
+    assert "note         ZeRO-3: data-parallel state sharding applied across 8 ranks." in text
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["estimate", "--optimizer", "lion"], "optimizer='lion' is not allowed"),
+    (["estimate", "--model", "gpt5"], "model='gpt5' is not allowed"),
+    (["estimate", "--tp", "0"], "tp_size=0"),
+    (["estimate", "--option", "rank=3"], "--option='rank=3'"),
+    (["estimate", "--option", "adam.lr=3"], "plugin_options['adam']"),
+    (["estimate", "--rule", "tp"], "--rule='tp'"),
+    (["estimate", "--model", "/nonexistent/model.json"], "--model='/nonexistent/model.json'"),
+])
+def test_errors_exit_2_with_one_line(capsys, argv, fragment):
+    code, _ = run(*argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("mlsysim-core: error: ") and fragment in err
+    assert "Traceback" not in err
+
+
+def test_custom_model_and_hardware_files(tmp_path, solver):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"name": "tiny", "parameters": 1_000_000, "layers": 2,
+                                 "hidden_dim": 64, "heads": 4}))
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"name": "toy", "memory_capacity": 2**30}))
+    code, text = run("estimate", "--model", str(model), "--hardware", str(gpu), "--json")
+    assert code == 0
+    data = json.loads(text)
+    assert data["model"] == "tiny" and data["available_memory"] == 2**30
+    assert data["weights"] == 2_000_000
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "parameters": 5, "layers": 1, "colour": "red"}))
+    code, _ = run("estimate", "--model", str(bad))
+    assert code == 2
+
+
+def test_plugins_listing():
+    code, text = run("plugins", "--json")
+    data = json.loads(text)
+    by_name = {p["name"]: p for p in data["plugins"]}
+    assert by_name["adam"]["distribution"] == "mlsysim-core"
+    assert by_name["adam"]["provides"] == {"optimizer": ["adam"]}
+    assert by_name["zero"]["provides"] == {"sharding rule": ["zero0", "zero1", "zero2", "zero3"]}
+    assert by_name["model_states"]["hooks"] == ["mlsysim_gradient_terms", "mlsysim_weight_terms"]
+    code, text = run("plugins")
+    assert code == 0 and "selective_checkpointing" in text and "mlsysim-core 0.1.0" in text
+
+
+def test_disable_plugin_flag():
+    code, text = run("--disable-plugin", "sgd", "plugins", "--json")
+    data = json.loads(text)
+    assert "sgd" not in {p["name"] for p in data["plugins"]} and data["blocked"] == ["sgd"]
+    code, _ = run("--disable-plugin", "sgd", "estimate", "--optimizer", "sgd")
+    assert code == 2
+
+
+def test_models_and_hardware_listings():
+    code, text = run("models", "--json")
+    models = {m["key"]: m for m in json.loads(text)["models"]}
+    assert models["llama3-8b"]["parameters"] == 8_030_000_000
+    assert models["mixtral-8x7b"]["experts"] == 8
+    code, text = run("hardware", "--json")
+    hardware = {h["key"]: h for h in json.loads(text)["hardware"]}
+    assert hardware["h100"]["memory_capacity"] == 80 * 2**30
+    code, text = run("hardware")
+    assert "85.899" in text and "80.00" in text
+
+
+def test_module_and_console_script_entry_points():
+    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--json", "-s", "1024"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout)["gb"]["total_memory"] == pytest.approx(165.790222016)
+    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--precision", "fp6"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "precision='fp6'" in proc.stderr
