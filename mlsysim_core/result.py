@@ -102,6 +102,13 @@ class TrainingMemoryResult:
         from .serialization import result_to_json
         return result_to_json(self, **kwargs)
 
+    @classmethod
+    def from_json(cls, text: str) -> "TrainingMemoryResult":
+        """Read back a result written by ``to_json``."""
+        import json
+        from .serialization import result_from_dict
+        return result_from_dict(json.loads(text))
+
     def explain(self) -> str:
         """A plain-text tree of where every byte comes from."""
         from .render import explain

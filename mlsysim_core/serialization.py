@@ -27,6 +27,13 @@ def result_to_json(result, **kwargs) -> str:
     return json.dumps(unstructure_result(result), **kwargs)
 
 
+def result_from_dict(data: dict):
+    """The inverse of ``unstructure_result``: the derived unit views are dropped."""
+    from .result import TrainingMemoryResult
+    data = {k: v for k, v in data.items() if k not in ("units", "gb", "gib")}
+    return _converter.structure(data, TrainingMemoryResult)
+
+
 def structure_options(parameter: str, spec_name: str, options_type: type, value: Any):
     """Turn a plugin's options (an instance or a dict) into its attrs options object."""
     if isinstance(value, options_type):

@@ -144,3 +144,11 @@ def test_terms_sum_to_components_and_total(solver):
         assert sum(t.nbytes for t in r.terms_of(component)) == getattr(r, component)
     assert r.total_memory == sum(t.nbytes for t in r.terms)
     assert r.host_memory == 0 and all(t.tier == "accelerator" for t in r.terms)
+
+
+def test_result_json_round_trip(solver):
+    from mlsysim_core import TrainingMemoryResult
+    r = solve(solver, model=MOE, tp_size=2, pp_size=2, dp_size=2, ep_size=2, zero_stage=3)
+    again = TrainingMemoryResult.from_json(r.to_json())
+    assert again == r and again.to_json() == r.to_json()
+    assert r.to_dict()["gib"]["available_memory"] == 80.0
