@@ -1,7 +1,7 @@
 """The `mlsysim-core` command: estimate, plugins, models, hardware.
 
 Exit codes: 0 ok; 2 bad input (the message names the parameter, the value and what is
-allowed); 3 a plugin failed to load or broke its contract. ``--debug`` shows tracebacks.
+allowed); 3 a plugin failed to load or broke its contract, or the installation is broken. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import InvalidInputError, MlsysimError, PluginError
+from .errors import InvalidInputError, MlsysimError
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
@@ -19,18 +19,20 @@ DEFAULT_BATCH = 8
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Plugin-loading flags work before or after the subcommand.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--disable-plugin", action="append", metavar="NAME", default=argparse.SUPPRESS,
+                        help="skip this plugin (repeatable; also MLSYSIM_DISABLED_PLUGINS=a,b)")
+    common.add_argument("--no-third-party-plugins", action="store_true", default=argparse.SUPPRESS,
+                        help="load only the built-in plugins (also MLSYSIM_DISABLE_PLUGIN_AUTOLOAD=1)")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     parser = argparse.ArgumentParser(
-        prog="mlsysim-core",
+        prog="mlsysim-core", parents=[common],
         description="How much memory one accelerator needs to train a model, and does it fit. "
                     "GB = 1e9 bytes, GiB = 2^30 bytes.")
-    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME",
-                        help="skip this plugin (repeatable; also MLSYSIM_DISABLED_PLUGINS=a,b)")
-    parser.add_argument("--no-third-party-plugins", action="store_true",
-                        help="load only the built-in plugins (also MLSYSIM_DISABLE_PLUGIN_AUTOLOAD=1)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    est = sub.add_parser("estimate", help="memory of one accelerator for one configuration",
+    est = sub.add_parser("estimate", parents=[common], help="memory of one accelerator for one configuration",
                          description="Solve one configuration. With no flags: Llama-3.1-8B on an "
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
@@ -69,11 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
     est.add_argument("--explain", action="store_true", help="show where every byte comes from")
 
-    plug = sub.add_parser("plugins", help="installed plugins: source distribution and what each provides")
+    plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
-    mod = sub.add_parser("models", help="models in the catalog")
+    mod = sub.add_parser("models", parents=[common], help="models in the catalog")
     mod.add_argument("--json", action="store_true")
-    hw = sub.add_parser("hardware", help="accelerators in the catalog")
+    hw = sub.add_parser("hardware", parents=[common], help="accelerators in the catalog")
     hw.add_argument("--json", action="store_true")
     return parser
 
@@ -101,9 +103,16 @@ def _model(text: str):
 
 def _hardware(text: str):
     if text.endswith(".json"):
+        import attrs
         from .types import HardwareNode
+        data = _load_json_file("--hardware", text)
+        allowed = {f.name for f in attrs.fields(HardwareNode)}
+        extra = sorted(set(data) - allowed)
+        if extra:
+            raise InvalidInputError("--hardware", text, f"known fields of HardwareNode: {', '.join(sorted(allowed))}",
+                                    f"unknown fields: {', '.join(extra)}")
         try:
-            return HardwareNode(**_load_json_file("--hardware", text))
+            return HardwareNode(**data)
         except TypeError as err:
             raise InvalidInputError("--hardware", text, "name and memory_capacity (bytes) at least", str(err)) from err
     from .catalog import get_hardware
@@ -243,10 +252,14 @@ def main(argv: list[str] | None = None, out=None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:   # bare `mlsysim-core` runs the default estimate
         args = parser.parse_args([*argv, "estimate"])
+    # (not set_defaults: parent-parser actions are shared, and defaults would clobber values)
+    for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     try:
         return COMMANDS[args.command](args, out)
     except MlsysimError as err:
         if args.debug:
             raise
         print(f"mlsysim-core: error: {err}", file=sys.stderr)
-        return 3 if isinstance(err, PluginError) else 2
+        return 2 if isinstance(err, InvalidInputError) else 3

@@ -86,8 +86,10 @@ class PluginManager(pluggy.PluginManager):
         return registered
 
     def unregister(self, plugin=None, name=None):
+        if name is None and plugin is not None:
+            name = self.get_name(plugin)
         out = super().unregister(plugin=plugin, name=name)
-        self._info.pop(name or self.get_name(out), None)
+        self._info.pop(name, None)
         self._registry = None
         return out
 
@@ -128,6 +130,16 @@ class PluginManager(pluggy.PluginManager):
         skipped = []
         for name, eps in by_name.items():
             infos = [_ep_info(ep) for ep in eps]
+            if name in blocked:          # blocking is the escape hatch, duplicates included
+                self.set_blocked(name)
+                continue
+            if not third_party:          # only mlsysim-core's own entry points
+                own = [(ep, i) for ep, i in zip(eps, infos)
+                       if _normalise_dist(i.distribution) == OWN_DISTRIBUTION]
+                skipped.extend(i for i in infos if _normalise_dist(i.distribution) != OWN_DISTRIBUTION)
+                if not own:
+                    continue
+                eps, infos = [ep for ep, _ in own], [i for _, i in own]
             if len({(i.distribution, ep.value) for i, ep in zip(infos, eps)}) > 1:
                 providers = "; ".join(f"{i.source} -> {ep.value}" for i, ep in zip(infos, eps))
                 raise PluginConflictError(
@@ -135,12 +147,6 @@ class PluginManager(pluggy.PluginManager):
                     f"plugin: {providers}. Uninstall one, or block the name with "
                     f"{ENV_DISABLED_PLUGINS}={name}", plugin=name, hook="entry point")
             ep, info = eps[0], infos[0]
-            if name in blocked:
-                self.set_blocked(name)
-                continue
-            if not third_party and _normalise_dist(info.distribution) != OWN_DISTRIBUTION:
-                skipped.append(info)
-                continue
             try:
                 module = ep.load()
             except Exception as err:
@@ -241,6 +247,8 @@ def _ep_info(ep) -> PluginInfo:
 def _call_registration(impl, info: PluginInfo, hook_name: str) -> list:
     try:
         result = impl.function()
+        if result is not None and not isinstance(result, (str, bytes)) and isinstance(result, Iterable):
+            return list(result)   # inside the try: a generator runs plugin code here
     except Exception as err:
         raise PluginContractError(
             f"{info.describe()} hook {hook_name} raised {type(err).__name__}: {err}",

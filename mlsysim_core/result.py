@@ -91,7 +91,8 @@ class TrainingMemoryResult:
 
     def terms_of(self, component: str) -> tuple[MemoryTerm, ...]:
         if component not in COMPONENTS:
-            raise ValueError(f"component={component!r} is not one of {', '.join(COMPONENTS)}")
+            from .errors import InvalidInputError
+            raise InvalidInputError("component", component, f"one of {', '.join(COMPONENTS)}")
         return tuple(t for t in self.terms if t.component == component)
 
     def to_dict(self) -> dict:

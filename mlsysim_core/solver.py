@@ -18,7 +18,8 @@ import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import _checks
-from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, PluginContractError)
+from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, PluginContractError,
+                     PluginError)
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
@@ -156,11 +157,14 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
 
     if activation_checkpointing in registry.checkpointing and \
             registry.checkpointing[activation_checkpointing].requires_heads and model.heads is None:
+        usable = sorted(n for n, s in registry.checkpointing.items() if not s.requires_heads)
         raise InvalidInputError(
             "activation_checkpointing", activation_checkpointing,
-            "'selective' or 'full' for a model without heads",
-            f"model {model.name!r} has heads=None, and without checkpointing the 5*a*s^2*b attention-score "
-            "term needs the head count (Korthikanti et al. 2023, Sec. 4.1)")
+            f"a strategy that does not need the head count for model {model.name!r} (heads=None): "
+            f"{', '.join(usable)}",
+            f"strategy '{activation_checkpointing}' needs model.heads"
+            + (": the 5*a*s^2*b attention-score term scales with the head count (Korthikanti et al. "
+               "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
 
     # Select one sharding rule per axis.
     requested = dict(sharding_rules or {})
@@ -232,7 +236,11 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
 def _call_spec(registry: Registry, kind: str, name: str, role: str, function: Callable, *args):
     """Call a spec's callable; user errors pass through, anything else blames the plugin."""
     try:
-        return function(*args)
+        out = function(*args)
+        if role != "apply" and out is not None and not isinstance(out, (str, bytes, MemoryTerm)) \
+                and isinstance(out, Iterable):
+            out = list(out)   # a generator runs plugin code while it is consumed
+        return out
     except InvalidInputError:
         raise
     except Exception as err:
@@ -318,6 +326,8 @@ def _hook_terms(registry: Registry, plan: TrainingPlan, component: str, kwargs: 
             continue
         try:
             items = impl.function(*[kwargs[a] for a in impl.argnames])
+            if items is not None and not isinstance(items, (str, bytes, MemoryTerm)) and isinstance(items, Iterable):
+                items = list(items)
             terms.extend(_stamp(impl.plugin, items, component, hook_name))
         except (InvalidInputError, PluginContractError):
             raise
@@ -344,9 +354,11 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     profile = registry.profiles[plan.profile]
     missing = sorted(set(profile.component_plugins) - set(registry.plugins))
     if missing:
-        raise InvalidInputError("profile", plan.profile,
-                                "a profile whose plugins are all installed and not blocked",
-                                f"missing plugin(s): {', '.join(missing)}")
+        info = registry.provider(PROFILE, plan.profile)
+        raise PluginError(
+            f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(missing)}, which "
+            "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
+            plugin=info.name, source=info.source, hook="mlsysim_profiles")
     placement, buffer_terms, notes = _place(registry, plan)
     hook_kwargs = {"plan": plan, "placement": placement}
 

@@ -97,7 +97,7 @@ def _find(parameter: str, name: object, table, command: str) -> CatalogEntry:
         close = difflib.get_close_matches(normalise(name), list(index), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(dict.fromkeys(index[c].key for c in close))}? " if close else ""
         raise InvalidInputError(parameter, name, f"{hint}one of: {', '.join(keys)} "
-                                                 f"(aliases too; `mlsysim-core {command}` lists them)")
+                                                 f"(or an alias: `mlsysim-core {command} --json` lists them)")
     return entry
 
 
