@@ -26,6 +26,11 @@ hookimpl = _pluggy.HookimplMarker(_PROJECT)
 
 __version__ = "0.1.0"
 
+# The plugin API's version: (major, minor). A minor bump adds hooks, hook arguments or
+# optional spec fields (old plugins keep working: pluggy's opt-in arguments); a major bump
+# would remove or change something, after a release of deprecation warnings.
+PLUGIN_API_VERSION = (1, 0)
+
 
 def __getattr__(name):
     # The solver pulls in the plugin manager; import it on first use so that
@@ -42,7 +47,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "hookimpl", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
+    "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager",
     "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect",

@@ -36,28 +36,32 @@ def _parser() -> argparse.ArgumentParser:
                          description="Solve one configuration. With no flags: Llama-3.1-8B on an "
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
-    est.add_argument("--model", "-m", default=DEFAULT_MODEL,
+    # Every solve option defaults to None here, so that a --scenario file fills what the
+    # flags leave out; built-in defaults (solve's own) come last.
+    est.add_argument("--scenario", metavar="FILE",
+                     help="a .json or .toml scenario file; flags given as well override its values")
+    est.add_argument("--model", "-m",
                      help=f"catalog name (see `models`) or a JSON file of model fields (default {DEFAULT_MODEL})")
-    est.add_argument("--hardware", "-g", default=DEFAULT_HARDWARE,
+    est.add_argument("--hardware", "-g",
                      help=f"catalog name (see `hardware`) or a JSON file (default {DEFAULT_HARDWARE})")
-    est.add_argument("--batch-size", "-b", type=int, default=DEFAULT_BATCH,
+    est.add_argument("--batch-size", "-b", type=int,
                      help=f"GLOBAL batch over all DP replicas and accumulation steps (default {DEFAULT_BATCH})")
-    est.add_argument("--seq-len", "-s", type=int, default=2048)
-    est.add_argument("--precision", default="fp16", help="fp32, tf32, bf16, fp16, fp8, int8, int4")
-    est.add_argument("--optimizer", default="adam", help="an installed optimizer (see `plugins`)")
+    est.add_argument("--seq-len", "-s", type=int, help="sequence length (default 2048)")
+    est.add_argument("--precision", help="fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
+    est.add_argument("--optimizer", help="an installed optimizer (see `plugins`; default adam)")
     est.add_argument("--activation-checkpointing", "--checkpointing", dest="activation_checkpointing",
-                     default="selective", help="none, selective, full, or an installed strategy")
-    est.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
-    est.add_argument("--pp-size", "--pp", dest="pp_size", type=int, default=1)
-    est.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
-    est.add_argument("--ep-size", "--ep", dest="ep_size", type=int, default=1)
-    est.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int, default=0)
+                     help="none, selective (default), full, or an installed strategy")
+    est.add_argument("--tp-size", "--tp", dest="tp_size", type=int)
+    est.add_argument("--pp-size", "--pp", dest="pp_size", type=int)
+    est.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
+    est.add_argument("--ep-size", "--ep", dest="ep_size", type=int)
+    est.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int)
     est.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="gradient_accumulation_steps",
-                     type=int, default=1)
-    est.add_argument("--trainable-fraction", type=float, default=1.0)
+                     type=int)
+    est.add_argument("--trainable-fraction", type=float, help="default 1.0")
     est.add_argument("--communication-buffer-fraction", "--comm-buffer-fraction",
-                     dest="communication_buffer_fraction", type=float, default=0.05)
-    est.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                     dest="communication_buffer_fraction", type=float, help="default 0.05")
+    est.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
                      help="with tp > 1, do not divide activations by tp")
     est.add_argument("--data-parallel", metavar="RULE",
                      help="a data-parallel sharding rule by name (instead of --zero-stage)")
@@ -67,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     est.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                      help="let this plugin's component hooks add their terms too")
-    est.add_argument("--profile", default="reference", help="profile to use (see `plugins`)")
+    est.add_argument("--profile", help="profile to use (see `plugins`; default reference)")
+    est.add_argument("--save-scenario", metavar="FILE", help="write the scenario solved to a JSON file")
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
     est.add_argument("--explain", action="store_true", help="show where every byte comes from")
 
@@ -150,21 +155,42 @@ def _manager(args):
                                           blocked=args.disable_plugin)
 
 
+def scenario_from_args(args):
+    """The scenario file (if any), overridden by every flag given on the command line."""
+    from .scenario import SOLVE_FIELDS, Scenario
+    data = Scenario.load(args.scenario).to_dict() if args.scenario else {}
+    data.setdefault("model", DEFAULT_MODEL)
+    data.setdefault("hardware", DEFAULT_HARDWARE)
+    data.setdefault("batch_size", DEFAULT_BATCH)
+    for name in ("model", "hardware"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    if args.rule:
+        data["sharding_rules"] = {**data.get("sharding_rules", {}), **_parse_rules(args.rule)}
+    for spec, fields in _parse_options(args.option).items():
+        data.setdefault("plugin_options", {}).setdefault(spec, {}).update(fields)
+    if args.include_plugin:
+        data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
+    return Scenario.from_dict(data)
+
+
 def cmd_estimate(args, out) -> int:
     from .render import estimate_table
     from .solver import TrainingMemoryModel
-    solver = TrainingMemoryModel(args.profile, plugin_manager=_manager(args))
-    result = solver.solve(
-        _model(args.model), _hardware(args.hardware), args.batch_size, args.seq_len, args.precision,
-        args.optimizer, args.activation_checkpointing, args.tp_size, args.pp_size, args.dp_size,
-        args.ep_size, args.zero_stage, args.gradient_accumulation_steps, args.trainable_fraction,
-        args.communication_buffer_fraction, sequence_parallel=args.sequence_parallel,
-        data_parallel=args.data_parallel, sharding_rules=_parse_rules(args.rule) or None,
-        plugin_options=_parse_options(args.option) or None, include_plugins=args.include_plugin)
+    scenario = scenario_from_args(args)
+    model = _model(scenario.model) if isinstance(scenario.model, str) else scenario.resolve_model()
+    hardware = _hardware(scenario.hardware) if isinstance(scenario.hardware, str) else scenario.resolve_hardware()
+    solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    result = solver.solve(model, hardware, **scenario.solve_kwargs())
+    if args.save_scenario:
+        scenario.dump(args.save_scenario)
     if args.json:
         out.write(result.to_json(indent=2) + "\n")
         return 0
-    out.write(estimate_table(result, plan_line=f"global batch {args.batch_size}, seq {args.seq_len}") + "\n")
+    out.write(estimate_table(result, plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}") + "\n")
     if args.explain:
         out.write("\n" + result.explain() + "\n")
     return 0

@@ -1,0 +1,214 @@
+"""The conformance kit: check that a plugin keeps the plugin contract.
+
+Use it from a plugin package's own tests, against the plugin as pip installed it::
+
+    from mlsysim_core.testing import assert_plugin_conforms
+
+    def test_conforms():
+        assert_plugin_conforms("myorg_lion")          # the entry-point name
+
+It loads every installed plugin the way the tool does, finds what the named plugin
+provides, selects each of its specs by name in a handful of solves (dense and
+mixture-of-experts models, several layouts) and checks:
+
+* it was loaded through an entry point, with a distribution and version (provenance);
+* every spec it registers is a valid spec type with a valid name;
+* every term is a ``MemoryTerm`` with finite, non-negative bytes, stamped with the plugin;
+* solving twice, and with plugins registered in reverse order, gives byte-identical JSON;
+* when none of its specs is selected (and it is not included), it changes no number;
+* its options round-trip through a scenario file (JSON) to the same result.
+
+``layouts`` overrides the solve arguments tried for a spec (e.g. a rule that needs
+``dp_size`` divisible by 8); ``options`` gives plugin options per spec name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import attrs
+
+from .errors import MlsysimError
+from .manager import PluginManager
+from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
+from .scenario import Scenario
+from .solver import TrainingMemoryModel
+from .specs import AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+from .terms import MemoryTerm
+
+DENSE = "llama3-8b"
+MOE = "mixtral-8x7b"
+BASE = {"hardware": "h100", "batch_size": 16, "seq_len": 1024}
+
+# Default layouts tried for each kind of spec; "{name}" is replaced by the spec's name.
+DEFAULT_LAYOUTS = {
+    OPTIMIZER: [{"model": DENSE, "optimizer": "{name}"},
+                {"model": DENSE, "optimizer": "{name}", "dp_size": 8, "zero_stage": 1},
+                {"model": MOE, "optimizer": "{name}", "tp_size": 2, "pp_size": 2, "ep_size": 4,
+                 "dp_size": 4, "zero_stage": 3}],
+    CHECKPOINTING: [{"model": DENSE, "activation_checkpointing": "{name}"},
+                    {"model": MOE, "activation_checkpointing": "{name}", "tp_size": 4, "pp_size": 4,
+                     "ep_size": 2, "dp_size": 2}],
+    "dp": [{"model": DENSE, "dp_size": 8, "data_parallel": "{name}"},
+           {"model": DENSE, "dp_size": 64, "tp_size": 2, "data_parallel": "{name}"}],
+    "tp": [{"model": DENSE, "tp_size": 4, "sharding_rules": {"tp": "{name}"}}],
+    "pp": [{"model": DENSE, "pp_size": 4, "sharding_rules": {"pp": "{name}"}}],
+    "ep": [{"model": MOE, "ep_size": 4, "sharding_rules": {"ep": "{name}"}}],
+    PROFILE: [{"model": DENSE, "profile": "{name}"}],
+    "component": [{"model": DENSE, "include_plugins": ["{name}"]},
+                  {"model": MOE, "include_plugins": ["{name}"], "tp_size": 2, "ep_size": 2,
+                   "dp_size": 4, "zero_stage": 2}],
+}
+
+_SPEC_TYPES = {OPTIMIZER: OptimizerSpec, CHECKPOINTING: CheckpointingSpec, SHARDING: ShardingRuleSpec,
+               PROFILE: ProfileSpec}
+
+
+class ConformanceError(AssertionError):
+    """A plugin broke the contract; the message lists every failed check."""
+
+
+@attrs.frozen
+class ConformanceReport:
+    plugin: str
+    source: str
+    provides: Mapping[str, tuple[str, ...]]
+    solves: int
+    failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _fill(value, name):
+    if isinstance(value, str):
+        return value.replace("{name}", name)
+    if isinstance(value, list):
+        return [_fill(v, name) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, name) for k, v in value.items()}
+    return value
+
+
+def _scenario(layout: dict, options: Mapping[str, Any]) -> Scenario:
+    data = {**BASE, **layout}
+    selected = {data.get("optimizer", "adam"), data.get("activation_checkpointing", "selective"),
+                data.get("data_parallel") or f"zero{data.get('zero_stage', 0)}",
+                *data.get("sharding_rules", {}).values()}
+    opts = {k: v for k, v in options.items() if k in selected}
+    if opts:
+        data["plugin_options"] = {k: (attrs.asdict(v) if attrs.has(type(v)) else dict(v)) for k, v in opts.items()}
+    return Scenario.from_dict(data)
+
+
+def _reversed_manager(pm: PluginManager) -> PluginManager:
+    fresh = PluginManager()
+    for name in sorted(pm.registry.plugins, reverse=True):
+        fresh.register(pm.get_plugin(name), name=name, info=pm.info(name))
+    return fresh
+
+
+def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = None,
+                 options: Mapping[str, Any] | None = None,
+                 plugin_manager: PluginManager | None = None,
+                 allow_direct_registration: bool = False) -> ConformanceReport:
+    """Run every check on one plugin; return a report (``assert_plugin_conforms`` raises)."""
+    pm = plugin_manager or PluginManager.from_environment()
+    registry = pm.registry
+    failures: list[str] = []
+    if plugin not in registry.plugins:
+        raise ConformanceError(f"plugin {plugin!r} is not loaded; loaded: {', '.join(sorted(registry.plugins))}")
+    info = registry.plugins[plugin]
+    if not allow_direct_registration and (info.distribution in ("unknown", "registered directly") or not info.version):
+        failures.append(f"provenance: {plugin!r} has no distribution/version ({info.source!r}); "
+                        "declare it as an entry point in the 'mlsysim_core' group")
+    provides: dict[str, list[str]] = {}
+    for (kind, name), provider in registry.providers.items():
+        if provider.name == plugin:
+            provides.setdefault(kind, []).append(name)
+            spec = {OPTIMIZER: registry.optimizers, CHECKPOINTING: registry.checkpointing,
+                    SHARDING: registry.sharding_rules, PROFILE: registry.profiles}[kind][name]
+            if not isinstance(spec, _SPEC_TYPES[kind]):
+                failures.append(f"{kind} {name!r}: {type(spec).__name__} is not a {_SPEC_TYPES[kind].__name__}")
+            if spec.__class__ is not ProfileSpec and getattr(spec, "options_type", None) is not None:
+                try:
+                    spec.options_type()
+                except Exception as err:   # options need defaults so a bare selection works
+                    failures.append(f"{kind} {name!r}: options_type() without arguments fails: {err}")
+    component_hooks = sorted(impl_hook for impl_hook, impls in registry.component_impls.items()
+                             if any(i.plugin.name == plugin for i in impls))
+    if not provides and not component_hooks:
+        failures.append(f"{plugin!r} provides no spec and implements no component hook")
+
+    layouts = {**DEFAULT_LAYOUTS, **(layouts or {})}
+    options = dict(options or {})
+    cases: list[tuple[str, dict]] = []
+    for kind, names in provides.items():
+        for name in sorted(names):
+            key = registry.sharding_rules[name].axis if kind == SHARDING else kind
+            cases += [(f"{kind} {name!r}", _fill(layout, name)) for layout in layouts[key]]
+    if component_hooks:
+        cases += [("component hooks", _fill(layout, plugin)) for layout in layouts["component"]]
+
+    solver = TrainingMemoryModel(plugin_manager=pm)
+    reversed_solver = TrainingMemoryModel(plugin_manager=_reversed_manager(pm))
+    blocked_pm = PluginManager()
+    for name in sorted(registry.plugins):
+        if name != plugin:
+            blocked_pm.register(pm.get_plugin(name), name=name, info=pm.info(name))
+    blocked_solver = TrainingMemoryModel(plugin_manager=blocked_pm)
+    solves = 0
+    for what, layout in cases:
+        label = f"{what} with {json.dumps(layout, sort_keys=True)}"
+        try:
+            scenario = _scenario(layout, options)
+            result = scenario.solve(solver)
+            solves += 1
+        except Exception as err:
+            failures.append(f"{label}: solve failed: {type(err).__name__}: {err}")
+            continue
+        for term in result.terms:
+            if not isinstance(term, MemoryTerm) or not math.isfinite(term.nbytes) or term.nbytes < 0:
+                failures.append(f"{label}: bad term {term!r}")
+            if not term.source or term.source not in result.plugin_sources:
+                failures.append(f"{label}: term {term.label!r} has no provenance")
+        if scenario.solve(solver).to_json() != result.to_json():
+            failures.append(f"{label}: not deterministic (two solves differ)")
+        if scenario.solve(reversed_solver).to_json() != result.to_json():
+            failures.append(f"{label}: result depends on plugin registration order")
+        if scenario.plugin_options:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "scenario.json"
+                scenario.dump(path)
+                again = Scenario.load(path)
+            if again != scenario or again.solve(solver).to_json() != result.to_json():
+                failures.append(f"{label}: options do not round-trip through a scenario file")
+    # Unselected, the plugin must not change a number.
+    for layout in ({**BASE, "model": DENSE, "dp_size": 8, "zero_stage": 2},
+                   {**BASE, "model": MOE, "tp_size": 2, "pp_size": 2, "ep_size": 2, "dp_size": 2}):
+        scenario = Scenario.from_dict(layout)
+        with_plugin = scenario.solve(solver)
+        try:
+            without = scenario.solve(blocked_solver)
+        except MlsysimError:
+            continue   # this layout needs the plugin (a default spec or a profile's plugin)
+        if with_plugin.terms != without.terms or with_plugin.total_memory != without.total_memory:
+            failures.append(f"{plugin!r} changes numbers while none of its specs is selected "
+                            f"({json.dumps(layout, sort_keys=True)})")
+    return ConformanceReport(plugin=plugin, source=info.source,
+                             provides={k: tuple(sorted(v)) for k, v in provides.items()},
+                             solves=solves, failures=tuple(failures))
+
+
+def assert_plugin_conforms(plugin: str, **kwargs) -> ConformanceReport:
+    """``check_plugin``, raising ``ConformanceError`` listing every failure."""
+    report = check_plugin(plugin, **kwargs)
+    if report.failures:
+        raise ConformanceError(f"plugin {plugin!r} ({report.source}) fails {len(report.failures)} "
+                               "check(s):\n- " + "\n- ".join(report.failures))
+    return report

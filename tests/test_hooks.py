@@ -1,0 +1,174 @@
+"""One test per hook spec (a meta-test checks that none is missing).
+
+Each registers a small plugin directly in a manager that also holds the built-ins, and
+checks the bytes it adds, by hand.
+"""
+
+import inspect
+
+import pytest
+
+import mlsysim_core
+from mlsysim_core import (ACTIVATIONS, COMMUNICATION_BUFFERS, GRADIENTS, HOST, OPTIMIZER_STATE, WEIGHTS,
+                          CheckpointingSpec, HardwareNode, MemoryTerm, OptimizerSpec, ProfileSpec,
+                          ShardingEffect, ShardingRuleSpec, TrainingMemoryModel, TransformerWorkload, hookimpl)
+from mlsysim_core import hookspecs
+from mlsysim_core.manager import PluginManager
+
+P = 1_000_000_000
+MODEL = TransformerWorkload(name="round", parameters=P, layers=10, hidden_dim=1000, heads=10)
+GPU = HardwareNode(name="gpu", memory_capacity=80 * 2**30)
+
+
+def solver_with(plugin, name="test_plugin", builtin_pm=None):
+    pm = PluginManager()
+    for plugin_name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(plugin_name), name=plugin_name, info=builtin_pm.info(plugin_name))
+    pm.register(plugin, name=name)
+    return TrainingMemoryModel(plugin_manager=pm)
+
+
+def base(solver, **kw):
+    return solver.solve(MODEL, GPU, 4, 100, **kw)
+
+
+def test_every_hook_has_a_test():
+    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
+    assert len(hooks) == 9
+    missing = [h for h in hooks if f"test_hook_{h}" not in globals()]
+    assert not missing, missing
+
+
+def test_plugin_api_version_is_declared():
+    assert mlsysim_core.PLUGIN_API_VERSION == (1, 0)
+
+
+def test_hook_mlsysim_optimizers(builtin_pm):
+    class Lion:
+        @hookimpl
+        def mlsysim_optimizers(self):
+            def state(plan, placement, options):
+                return [MemoryTerm(component=OPTIMIZER_STATE, label="master + momentum",
+                                   nbytes=placement.trainable_parameters_per_rank * 8 / placement.optimizer_state_shards)]
+            return [OptimizerSpec(name="test.lion", state_terms=state)]
+    solver = solver_with(Lion(), builtin_pm=builtin_pm)
+    assert base(solver, optimizer="test.lion").optimizer_state == 8 * P
+    assert base(solver, optimizer="test.lion", dp_size=4, zero_stage=1).optimizer_state == 2 * P
+
+
+def test_hook_mlsysim_checkpointing_strategies(builtin_pm):
+    class Offload:
+        @hookimpl
+        def mlsysim_checkpointing_strategies(self):
+            def acts(plan, placement, options):
+                per_layer = 34 * plan.seq_len * plan.microbatch * plan.hidden_dim * plan.bytes_per_value / 2
+                return [MemoryTerm(component=ACTIVATIONS, label="on device", nbytes=per_layer),
+                        MemoryTerm(component=ACTIVATIONS, label="on host", tier=HOST,
+                                   nbytes=(placement.layers_per_stage - 1) * per_layer)]
+            return [CheckpointingSpec(name="test.offload", activation_terms=acts)]
+    r = base(solver_with(Offload(), builtin_pm=builtin_pm), activation_checkpointing="test.offload")
+    assert r.activations == 34 * 100 * 4 * 1000          # one layer on the device
+    assert r.host_memory == 9 * 34 * 100 * 4 * 1000      # nine on the host
+    assert r.total_memory == 2 * P + 2 * P + 12 * P + r.activations + r.communication_buffers
+
+
+def test_hook_mlsysim_sharding_rules(builtin_pm):
+    class Fsdp:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            def apply(plan, options):
+                d = plan.dp_size
+                return ShardingEffect(weight_shards=d, gradient_shards=d, optimizer_state_shards=d,
+                                      notes=("test: fully sharded",))
+            return [ShardingRuleSpec(name="test.fsdp", axis="dp", apply=apply)]
+    r = base(solver_with(Fsdp(), builtin_pm=builtin_pm), dp_size=8, data_parallel="test.fsdp")
+    assert (r.weights, r.gradients, r.optimizer_state) == (P / 4, P / 4, 1.5 * P)
+    assert r.constraint_trace[-1] == "test: fully sharded" and r.selected["dp_rule"] == "test.fsdp"
+
+
+def test_hook_mlsysim_profiles(builtin_pm):
+    class Lean:
+        @hookimpl
+        def mlsysim_profiles(self):
+            return [ProfileSpec(name="test.lean", component_plugins=("model_states",))]
+    r = base(solver_with(Lean(), builtin_pm=builtin_pm), profile="test.lean")
+    assert r.communication_buffers == 0 and r.profile == "test.lean"   # no gradient bucket plugin
+
+
+def _component_plugin(hook, component, nbytes):
+    def impl(self, plan, placement):
+        return [MemoryTerm(component=component, label="extra", nbytes=nbytes)]
+    impl.__name__ = hook
+    return type("Extra", (), {hook: hookimpl(impl)})()
+
+
+@pytest.mark.parametrize("hook,component", [
+    ("mlsysim_weight_terms", WEIGHTS), ("mlsysim_gradient_terms", GRADIENTS),
+    ("mlsysim_optimizer_state_terms", OPTIMIZER_STATE), ("mlsysim_activation_terms", ACTIVATIONS)])
+def test_component_hooks_add_only_when_included(builtin_pm, hook, component):
+    solver = solver_with(_component_plugin(hook, component, 12345), builtin_pm=builtin_pm)
+    plain, included = base(solver), base(solver, include_plugins=["test_plugin"])
+    assert getattr(included, component) - getattr(plain, component) == 12345
+    bucket = 0.05 * 12345 if component == GRADIENTS else 0   # the 5 % gradient bucket grows too
+    assert included.total_memory - plain.total_memory == pytest.approx(12345 + bucket)
+    (extra,) = [t for t in included.terms if t.source == "test_plugin"]
+    assert extra.label == "extra" and extra.component == component
+
+
+def test_hook_mlsysim_weight_terms(builtin_pm):
+    class Ema:   # an exponential moving average of the weights, fp32
+        @hookimpl
+        def mlsysim_weight_terms(self, placement):       # opt-in: fewer arguments than the spec
+            return [MemoryTerm(component=WEIGHTS, label="EMA copy (fp32)",
+                               nbytes=placement.parameters_per_rank * 4)]
+    r = base(solver_with(Ema(), builtin_pm=builtin_pm), include_plugins=["test_plugin"])
+    assert r.weights == 2 * P + 4 * P
+
+
+def test_hook_mlsysim_gradient_terms(builtin_pm):
+    class MainGrad:   # Megatron's fp32 main_grad buffer
+        @hookimpl
+        def mlsysim_gradient_terms(self, plan, placement):
+            return [MemoryTerm(component=GRADIENTS, label="fp32 main_grad",
+                               nbytes=placement.trainable_parameters_per_rank * 4 / placement.gradient_shards)]
+    r = base(solver_with(MainGrad(), builtin_pm=builtin_pm), include_plugins=["test_plugin"], dp_size=2,
+             zero_stage=2)
+    assert r.gradients == P + 2 * P
+
+
+def test_hook_mlsysim_optimizer_state_terms(builtin_pm):
+    class StepBuffer:
+        @hookimpl
+        def mlsysim_optimizer_state_terms(self, placement):
+            return [MemoryTerm(component=OPTIMIZER_STATE, label="step transient", nbytes=1000)]
+    r = base(solver_with(StepBuffer(), builtin_pm=builtin_pm), include_plugins=["test_plugin"])
+    assert r.optimizer_state == 12 * P + 1000
+
+
+def test_hook_mlsysim_activation_terms(builtin_pm):
+    class Logits:
+        @hookimpl
+        def mlsysim_activation_terms(self, plan):
+            return [MemoryTerm(component=ACTIVATIONS, label="fp32 logits",
+                               nbytes=plan.seq_len * plan.microbatch * 32000 * 4)]
+    r = base(solver_with(Logits(), builtin_pm=builtin_pm), include_plugins=["test_plugin"])
+    assert r.activations == 10 * 34 * 100 * 4 * 1000 + 100 * 4 * 32000 * 4
+
+
+def test_hook_mlsysim_communication_buffer_terms(builtin_pm):
+    class Nccl:
+        @hookimpl
+        def mlsysim_communication_buffer_terms(self, model_states):
+            return [MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gather",
+                               nbytes=model_states["weights"] / 10)]
+    r = base(solver_with(Nccl(), builtin_pm=builtin_pm), include_plugins=["test_plugin"])
+    assert r.communication_buffers == pytest.approx(0.05 * 2 * P + 0.2 * P)
+
+
+def test_hook_implementation_with_unknown_argument_is_rejected(builtin_pm):
+    class Bad:
+        @hookimpl
+        def mlsysim_weight_terms(self, plan, colour):
+            return []
+    with pytest.raises(mlsysim_core.PluginContractError, match="colour"):
+        solver_with(Bad(), builtin_pm=builtin_pm)

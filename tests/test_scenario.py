@@ -1,0 +1,68 @@
+"""Scenario files: one solve written down, from Python and the CLI."""
+
+import io
+import json
+
+import pytest
+
+from mlsysim_core import InvalidInputError
+from mlsysim_core.cli import main
+from mlsysim_core.scenario import Scenario
+
+
+def test_scenario_solves_like_solve(solver, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "seq_len": 1024}))
+    result = Scenario.load(path).solve(solver)
+    assert result.gb.total_memory == pytest.approx(165.790222016, rel=1e-12)
+
+
+def test_toml_and_inline_model(solver, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('batch_size = 4\nseq_len = 100\nhardware = "h100"\nzero_stage = 3\ndp_size = 4\n'
+                    '[model]\nname = "round"\nparameters = 1000000000\nlayers = 10\nhidden_dim = 1000\nheads = 10\n')
+    result = Scenario.load(path).solve(solver)
+    assert (result.weights, result.gradients, result.optimizer_state) == (5e8, 5e8, 3e9)
+
+
+def test_round_trip_through_a_file(tmp_path):
+    scenario = Scenario(model="mixtral-8x7b", hardware="h200", batch_size=64, tp_size=2, ep_size=4,
+                        sharding_rules={"tp": "tp"}, include_plugins=["model_states"],
+                        sequence_parallel=False)
+    path = tmp_path / "out.json"
+    scenario.dump(path)
+    assert Scenario.load(path) == scenario
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ('{"model": "llama3-8b", "hardware": "h100"}', "batch_size"),
+    ('{"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "colour": 1}', "colour"),
+    ('{"model": "llama3-8b", ', "valid JSON"),
+    ('[1, 2]', "a table/object"),
+])
+def test_bad_files(tmp_path, content, fragment):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(InvalidInputError, match=fragment):
+        Scenario.load(path)
+
+
+def test_values_are_checked_by_solve(solver, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": True}))
+    with pytest.raises(InvalidInputError, match="batch_size=True"):
+        Scenario.load(path).solve(solver)
+
+
+def test_cli_scenario_with_flag_overrides(tmp_path, solver):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "seq_len": 1024,
+                                "dp_size": 8}))
+    out = io.StringIO()
+    saved = tmp_path / "saved.json"
+    assert main(["estimate", "--scenario", str(path), "--zero-stage", "3", "--json",
+                 "--save-scenario", str(saved)], out=out) == 0
+    data = json.loads(out.getvalue())
+    expected = solver.solve("llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3)
+    assert data["total_memory"] == expected.total_memory
+    assert Scenario.load(saved).zero_stage == 3 and Scenario.load(saved).dp_size == 8
