@@ -15,6 +15,8 @@ from .errors import InvalidInputError, InvalidInputTypeError
 
 def count(name: str, value: object, *, minimum: int = 1) -> int:
     """An integer count >= minimum; integral floats (``2.0``) are accepted as ints."""
+    if type(value) is int and value >= minimum:   # the common case, first
+        return value
     allowed = f"an integer >= {minimum}"
     if isinstance(value, bool):
         raise InvalidInputTypeError(name, value, allowed, "bools are not counts")
@@ -37,6 +39,8 @@ def optional_count(name: str, value: object, *, minimum: int = 1) -> int | None:
 
 def fraction(name: str, value: object) -> float:
     """A finite real number in [0.0, 1.0]."""
+    if type(value) is float and 0.0 <= value <= 1.0:
+        return value
     allowed = "a number in [0.0, 1.0]"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
@@ -53,6 +57,8 @@ def flag(name: str, value: object) -> bool:
 
 def name(parameter: str, value: object, choices) -> str:
     """A name (case-insensitive) from ``choices``; the error lists every choice."""
+    if type(value) is str and value in choices:   # already canonical: the common case
+        return value
     listing = ", ".join(sorted(choices)) or "(none installed)"
     if not isinstance(value, str):
         raise InvalidInputTypeError(parameter, value, f"one of: {listing}",

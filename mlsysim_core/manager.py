@@ -24,7 +24,7 @@ from . import hookspecs
 from .errors import NotInstalledError, PluginConflictError, PluginContractError, PluginLoadError
 from .registry import (CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, ComponentImpl, PluginInfo,
                        Registry)
-from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+from .specs import AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 ENTRY_POINT_GROUP = "mlsysim_core"
 OWN_DISTRIBUTION = "mlsysim-core"
@@ -229,9 +229,11 @@ class PluginManager(pluggy.PluginManager):
         plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin(),
                                                                      key=lambda pair: pair[0])
                    if plugin is not None}   # blocked names are registered as None
+        rules_by_axis = {axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis} for axis in AXES}
         return Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE],
-                        providers=providers, component_impls=component_impls, plugins=plugins)
+                        providers=providers, component_impls=component_impls, plugins=plugins,
+                        rules_by_axis=rules_by_axis)
 
 
 def _known_hooks() -> list[str]:

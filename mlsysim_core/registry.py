@@ -21,10 +21,11 @@ class PluginInfo:
     name: str
     distribution: str = "unknown"
     version: str = ""
+    # "dist version", e.g. "mlsysim-core 0.1.0" (derived once: read on every solve).
+    source: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def source(self) -> str:
-        """``"dist version"``, e.g. ``"mlsysim-core 0.1.0"``."""
+    @source.default
+    def _source(self) -> str:
         return f"{self.distribution} {self.version}".strip()
 
     def describe(self) -> str:
@@ -56,9 +57,12 @@ class Registry:
     providers: Mapping[tuple[str, str], PluginInfo]          # (kind, name) -> provider
     component_impls: Mapping[str, tuple[ComponentImpl, ...]]  # hook name -> impls, by plugin name
     plugins: Mapping[str, PluginInfo]                         # every registered plugin
+    rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
+    # Derived lookups the solver memoises (e.g. component impls per profile); not state.
+    cache: dict = attrs.field(factory=dict, eq=False, repr=False)
 
-    def rules_for_axis(self, axis: str) -> dict[str, ShardingRuleSpec]:
-        return {n: s for n, s in self.sharding_rules.items() if s.axis == axis}
+    def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
+        return self.rules_by_axis.get(axis, {})
 
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self.providers[(kind, name)]

@@ -1,13 +1,23 @@
-"""Plain-text views of a result: the estimate table and the explanation tree.
+"""Plain-text and HTML views of a result: the estimate table, a terminal bar chart, the
+explanation tree and the notebook table.
 
 Every number shown to a person says its unit: GB is 1e9 bytes, GiB is 2**30 bytes.
+Everything here is deterministic: the same result always renders to the same text.
 """
 
 from __future__ import annotations
 
-from .terms import COMPONENTS
+import html
+import re
+import textwrap
+
+from .terms import ACCELERATOR, COMPONENTS, PHASES
 
 GIB = 2**30
+
+# Bytes per value of each precision (as plan.PRECISION_BYTES; repeated here so that
+# rendering never needs the solver's modules).
+_PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
 def _gb(nbytes) -> str:
@@ -16,6 +26,18 @@ def _gb(nbytes) -> str:
 
 def _gib(nbytes) -> str:
     return f"{nbytes / GIB:,.3f}"
+
+
+def _pct(part, whole) -> str:
+    return f"{100 * part / whole:.1f} %" if whole else "0.0 %"
+
+
+def _name(component: str) -> str:
+    return component.replace("_", " ")
+
+
+def _sources(result, component) -> list[str]:
+    return sorted({t.source for t in result.terms_of(component) if t.nbytes})
 
 
 def describe_setup(result, plan_line: str = "") -> str:
@@ -27,19 +49,19 @@ def describe_setup(result, plan_line: str = "") -> str:
             + (f", {plan_line}" if plan_line else ""))
 
 
-def estimate_table(result, *, reference=None, plan_line: str = "") -> str:
+def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool = True) -> str:
     """The `estimate` table: one row per component, total, capacity and the verdict.
 
     With ``reference`` (a second result, e.g. from another profile) its total is shown
-    beside this one.
+    beside this one. With ``chart`` (the default) a text bar chart against the capacity
+    follows the table (see :func:`bar_chart`).
     """
     rows = [("component", "GB (1e9 B)", "GiB (2^30 B)", "share", "from plugin(s)")]
     total = result.total_memory or 1
     for component in COMPONENTS:
         nbytes = getattr(result, component)
-        sources = sorted({t.source for t in result.terms_of(component) if t.nbytes})
-        rows.append((component.replace("_", " "), _gb(nbytes), _gib(nbytes),
-                     f"{100 * nbytes / total:5.1f} %", ", ".join(sources) or "-"))
+        rows.append((_name(component), _gb(nbytes), _gib(nbytes),
+                     f"{100 * nbytes / total:5.1f} %", ", ".join(_sources(result, component)) or "-"))
     rows.append(("total", _gb(result.total_memory), _gib(result.total_memory), "100.0 %", ""))
     rows.append(("available", _gb(result.available_memory), _gib(result.available_memory), "", result.hardware))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
@@ -50,6 +72,9 @@ def estimate_table(result, *, reference=None, plan_line: str = "") -> str:
         lines.append(line.rstrip())
         if i == 0 or row[0] == "communication buffers":
             lines.append("-" * (sum(widths) + 8))
+    if chart:
+        lines.append("")
+        lines.extend(bar_chart(result).splitlines())
     lines.append("")
     lines.append(f"utilization  {100 * result.memory_utilization:.1f} % of {result.hardware}")
     if result.feasible:
@@ -65,27 +90,256 @@ def estimate_table(result, *, reference=None, plan_line: str = "") -> str:
     return "\n".join(lines)
 
 
-def explain(result) -> str:
-    """A tree of where every byte comes from: component, term, plugin, formula."""
-    lines = [f"{_gb(result.total_memory)} GB ({_gib(result.total_memory)} GiB) per accelerator: "
-             f"{result.model} on {result.hardware}, profile {result.profile}"]
+# --- the terminal bar chart ----------------------------------------------------------------
+
+_EIGHTHS = " ▏▎▍▌▋▊▉"   # 0/8 .. 7/8 of a cell
+_FULL = "█"
+CAPACITY_MARK = "│"
+OVERFLOW_MARK = "»"
+# Beyond this multiple of the capacity the axis stops and bars end in OVERFLOW_MARK, so
+# that a configuration 30x too big still shows where the capacity is.
+_MAX_AXIS = 2.0
+
+
+def _bar(fraction_of_axis: float, cells: int) -> str:
+    """A bar of ``fraction_of_axis`` (0..1) of ``cells`` cells, in eighths of a cell."""
+    eighths = round(max(0.0, min(1.0, fraction_of_axis)) * cells * 8)
+    full, rest = divmod(eighths, 8)
+    text = _FULL * full + (_EIGHTHS[rest] if rest else "")
+    return text.ljust(cells)
+
+
+def bar_chart(result, *, width: int = 80) -> str:
+    """A text bar chart, one bar per component and one for the total, against the capacity.
+
+    The axis runs from 0 to the larger of the total and the capacity (at most twice the
+    capacity; longer bars end in ``»``). ``│`` marks the capacity on every row. The right
+    column is each bar as a percentage of the capacity. Pure text (Unicode block
+    characters), at most ``width`` columns.
+    """
+    capacity = result.available_memory
+    labels = [_name(c) for c in COMPONENTS] + ["total"]
+    values = [getattr(result, c) for c in COMPONENTS] + [result.total_memory]
+    pct = [f"{100 * v / capacity:.1f} %" if capacity else "-" for v in values]
+    label_w = max(len(s) for s in labels)
+    pct_w = max(len(s) for s in pct)
+    cells = width - label_w - pct_w - 3          # label, space, bar, space, mark, space, pct
+    cells = max(10, cells)
+    axis = max(result.total_memory, capacity) or 1
+    axis = min(axis, _MAX_AXIS * capacity) if capacity else axis
+    cap_col = min(cells - 1, round(cells * capacity / axis)) if capacity else None
+
+    header = (f"bars: share of the capacity, {CAPACITY_MARK} = {_gb(capacity)} GB "
+              f"({_gib(capacity)} GiB)")
+    if result.total_memory > axis:
+        header += f", {OVERFLOW_MARK} = off the scale"
+    lines = [header[:width]]
+    for label, value, p in zip(labels, values, pct):
+        bar = list(_bar(value / axis, cells))
+        overflow = value > axis
+        if overflow:
+            bar[-1] = OVERFLOW_MARK
+        if cap_col is not None:
+            bar[cap_col] = CAPACITY_MARK
+        lines.append(f"{label.ljust(label_w)} {''.join(bar)} {p.rjust(pct_w)}")
+        if label == _name(COMPONENTS[-1]):
+            lines.append(" " * (label_w + 1) + "".join(
+                "┼" if i == cap_col else "─" for i in range(cells)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# --- the explanation -----------------------------------------------------------------------
+
+_OPTIMIZER_WHY = {
+    "adam": "Adam keeps an fp32 master copy of every trainable parameter and two fp32 moments "
+            "(momentum and variance): 12 B per trainable parameter, kept for the whole run.",
+    "adamw": "AdamW (Adam with decoupled weight decay) keeps the same state as Adam: an fp32 "
+             "master copy and two fp32 moments per trainable parameter, 12 B each, kept for "
+             "the whole run.",
+    "sgd": "SGD without momentum keeps only an fp32 master copy of each trainable parameter "
+           "(4 B each), which the update is applied to before it is cast back to the weights.",
+    "none": "No optimizer is selected, so no state is kept between steps (useful to see the "
+            "weights and activations alone).",
+}
+
+_CHECKPOINTING_WHY = {   # strategy -> (what is kept, how much and why)
+    "selective": ("the tensors the forward pass saves for the backward pass",
+                  "34·s·b·h bytes per layer at 16 bit (Korthikanti et al. 2023); the attention "
+                  "core is recomputed in the backward pass instead of stored."),
+    "full": ("only each layer's input, kept for the backward pass",
+             "2·s·b·h bytes per layer at 16 bit; everything else is recomputed in the backward "
+             "pass, trading extra compute for memory."),
+    "none": ("every tensor the forward pass makes, kept for the backward pass",
+             "34·s·b·h + 5·a·s²·b bytes per layer at 16 bit, attention scores included. Nothing "
+             "is recomputed: the most memory, growing with the square of the sequence length."),
+}
+
+
+def _zero_stage(result) -> int | None:
+    match = re.fullmatch(r"zero([0-3])", result.selected.get("dp_rule", ""))
+    return int(match.group(1)) if match else None
+
+
+def _model_parallel_share(result) -> str:
+    p = result.parallelism
+    parts = []
+    if p.get("tp", 1) > 1:
+        parts.append(f"tensor parallelism splits every matrix over {p['tp']} accelerators")
+    if p.get("pp", 1) > 1:
+        parts.append(f"pipeline parallelism keeps 1/{p['pp']} of them on each stage")
+    if p.get("ep", 1) > 1:
+        parts.append(f"expert parallelism spreads them over {p['ep']} accelerators")
+    return "; ".join(parts)
+
+
+def _sharded_by_zero(result, min_stage: int, what: str) -> str:
+    stage, dp = _zero_stage(result), result.parallelism.get("dp", 1)
+    if stage is not None and stage >= min_stage and dp > 1:
+        return f" ZeRO-{stage} shards {what} over the {dp} data-parallel ranks."
+    return ""
+
+
+def why(result, component: str) -> str:
+    """One or two plain sentences: what this component is and why it takes memory."""
+    precision = result.precision
+    b = _PRECISION_BYTES.get(precision)
+    per_value = f" ({b:g} B per value)" if b is not None else ""
+    share = _model_parallel_share(result)
+    share_text = f" Only this accelerator's share counts: {share}." if share else ""
+    if component == "weights":
+        return (f"The model's parameters, one {precision} copy{per_value}, read by every "
+                f"forward and backward pass." + share_text
+                + _sharded_by_zero(result, 3, "them"))
+    if component == "gradients":
+        return (f"One {precision} gradient{per_value} per trainable parameter: written by the "
+                f"backward pass, read by the optimizer step." + share_text
+                + _sharded_by_zero(result, 2, "them"))
+    if component == "optimizer_state":
+        text = _OPTIMIZER_WHY.get(result.optimizer,
+                                  f"The state the optimizer '{result.optimizer}' keeps between steps; "
+                                  "its terms below say how it is counted.")
+        return text + _sharded_by_zero(result, 1, "it")
+    if component == "activations":
+        ckpt = result.activation_checkpointing
+        what, how = _CHECKPOINTING_WHY.get(ckpt, (
+            f"the tensors the forward pass keeps for the backward pass, as the checkpointing "
+            f"strategy '{ckpt}' decides", "its terms below say how they are counted."))
+        layers, mb = result.layers_per_stage, result.microbatch
+        text = (f"{what[0].upper()}{what[1:]}, for the {layers} layer{'s' if layers != 1 else ''} on this "
+                f"accelerator and one micro-batch of {mb} sequence{'s' if mb != 1 else ''}: {how} "
+                "They grow with the micro-batch and the sequence length.")
+        tp = result.parallelism.get("tp", 1)
+        if tp > 1 and result.sequence_parallel:
+            text += f" Sequence parallelism divides them over the {tp} tensor-parallel ranks."
+        return text
+    if component == "communication_buffers":
+        text = ("Staging memory for moving data between accelerators: the bucket that gathers "
+                "gradients for the data-parallel all-reduce")
+        if result.parallelism.get("pp", 1) > 1:
+            text += ", and the pipeline's send and receive buffers for one boundary activation"
+        return text + "."
+    return ""
+
+
+def _phases(phases) -> str:
+    if tuple(phases) == PHASES:
+        return "the whole iteration (forward, backward, optimizer step)"
+    return ", ".join(_name(p) for p in phases) or "no phase"
+
+
+def _wrap(text: str, prefix: str, width: int) -> list[str]:
+    return [prefix + line for line in textwrap.wrap(text, max(30, width - len(prefix)),
+                                                      break_on_hyphens=False)]
+
+
+def explain(result, *, width: int = 100) -> str:
+    """A tree of where every byte comes from, in plain language.
+
+    For each component: its bytes (GB and GiB), its share of the total, one or two
+    sentences on what it is and why; under it each term with the plugin that produced it,
+    the formula with the numbers put in, and the phases of an iteration in which it is
+    alive. Terms on host memory are shown but are not part of the accelerator total.
+    """
+    total = result.total_memory
+    lines = [f"{_gb(total)} GB ({_gib(total)} GiB) per accelerator: "
+             f"{result.model} on {result.hardware}, profile {result.profile}",
+             "(GB = 1e9 bytes, GiB = 2^30 bytes; % = share of this accelerator's total)"]
     for ci, component in enumerate(COMPONENTS):
         last_c = ci == len(COMPONENTS) - 1
         terms = result.terms_of(component)
-        lines.append(f"{'└─' if last_c else '├─'} {component.replace('_', ' ')}: "
-                     f"{_gb(getattr(result, component))} GB")
+        nbytes = getattr(result, component)
+        host = sum(t.nbytes for t in terms if t.tier != ACCELERATOR)
+        head = (f"{'└─' if last_c else '├─'} {_name(component)}: {_gb(nbytes)} GB "
+                f"({_gib(nbytes)} GiB), {_pct(nbytes, total)}")
+        if host:
+            head += f"; plus {_gb(host)} GB ({_gib(host)} GiB) on host memory"
+        lines.append(head)
         stem = "   " if last_c else "│  "
+        lines.extend(_wrap(why(result, component), stem + "│  ", width))
         if not terms:
             lines.append(f"{stem}└─ (nothing: no selected plugin puts bytes here)")
         for ti, term in enumerate(terms):
             last_t = ti == len(terms) - 1
             where = result.plugin_sources.get(term.source, "")
-            tier = "" if term.tier == "accelerator" else f", on {term.tier} memory"
-            lines.append(f"{stem}{'└─' if last_t else '├─'} {term.label}: {_gb(term.nbytes)} GB "
+            on_host = term.tier != ACCELERATOR
+            tier = f", on {term.tier} memory" if on_host else ""
+            amount = f"{_gb(term.nbytes)} GB ({_gib(term.nbytes)} GiB"
+            amount += ", not in the total)" if on_host else f", {_pct(term.nbytes, total)})"
+            lines.append(f"{stem}{'└─' if last_t else '├─'} {term.label}: {amount} "
                          f"[plugin {term.source}{' (' + where + ')' if where else ''}{tier}]")
+            inner = stem + ("   " if last_t else "│  ") + "   "
             if term.formula:
-                lines.append(f"{stem}{'   ' if last_t else '│  '}   = {term.formula}")
+                lines.append(f"{inner}= {term.formula}")
+            lines.append(f"{inner}alive during {_phases(term.phases)}")
+    if total:
+        biggest = max(COMPONENTS, key=lambda c: getattr(result, c))
+        lines.append(f"largest part: {_name(biggest)}, {_pct(getattr(result, biggest), total)} of the total")
+    if result.profile == "reference":
+        lines.extend(_wrap("The reference profile adds every term up, whatever its phases; "
+                           "`mlsysim-core plot timeline` shows what is alive in each phase.", "", width))
     verdict = "fits" if result.feasible else "does NOT fit"
+    gap = (f"{_gb(result.headroom)} GB ({_gib(result.headroom)} GiB) to spare" if result.feasible
+           else f"{_gb(-result.headroom)} GB ({_gib(-result.headroom)} GiB) short")
     lines.append(f"capacity {_gb(result.available_memory)} GB ({_gib(result.available_memory)} GiB): "
-                 f"{100 * result.memory_utilization:.1f} % used, {verdict}")
+                 f"{100 * result.memory_utilization:.1f} % used, {verdict}, {gap}")
     return "\n".join(lines)
+
+
+# --- HTML, for notebooks -------------------------------------------------------------------
+
+def to_html(result) -> str:
+    """An HTML table of a result (what Jupyter shows): one row per component with GB,
+    GiB, share and plugins, then the total, the capacity and the verdict. All text is
+    escaped."""
+    e = html.escape
+    total = result.total_memory
+    p = result.parallelism
+    caption = (f"{result.model} on {result.hardware} (profile {result.profile}): micro-batch "
+               f"{result.microbatch}, {result.precision}, {result.optimizer}, checkpointing "
+               f"{result.activation_checkpointing}, tp={p.get('tp')} pp={p.get('pp')} dp={p.get('dp')} "
+               f"ep={p.get('ep')}, dp rule {result.selected.get('dp_rule', '?')}")
+    num = 'style="text-align:right"'
+    rows = [f"<tr><th>component</th><th {num}>GB (1e9 B)</th><th {num}>GiB (2^30 B)</th>"
+            f"<th {num}>share</th><th>from plugin(s)</th></tr>"]
+    for component in COMPONENTS:
+        nbytes = getattr(result, component)
+        rows.append(f"<tr><td>{e(_name(component))}</td><td {num}>{_gb(nbytes)}</td>"
+                    f"<td {num}>{_gib(nbytes)}</td><td {num}>{_pct(nbytes, total)}</td>"
+                    f"<td>{e(', '.join(_sources(result, component)) or '-')}</td></tr>")
+    rows.append(f"<tr style=\"font-weight:bold\"><td>total</td><td {num}>{_gb(total)}</td>"
+                f"<td {num}>{_gib(total)}</td><td {num}>100.0 %</td><td></td></tr>")
+    rows.append(f"<tr><td>capacity</td><td {num}>{_gb(result.available_memory)}</td>"
+                f"<td {num}>{_gib(result.available_memory)}</td>"
+                f"<td {num}>{100 * result.memory_utilization:.1f} % used</td><td>{e(result.hardware)}</td></tr>")
+    if result.host_memory:
+        rows.append(f"<tr><td>host memory (not in the total)</td><td {num}>{_gb(result.host_memory)}</td>"
+                    f"<td {num}>{_gib(result.host_memory)}</td><td></td><td></td></tr>")
+    if result.feasible:
+        verdict = (f"fits: YES, {_gb(result.headroom)} GB ({_gib(result.headroom)} GiB) to spare")
+    else:
+        verdict = (f"fits: NO, {_gb(-result.headroom)} GB ({_gib(-result.headroom)} GiB) short")
+    color = "#1a7f37" if result.feasible else "#cf222e"
+    rows.append(f"<tr><td colspan=\"5\" style=\"color:{color};font-weight:bold\">{e(verdict)}</td></tr>")
+    notes = "".join(f"<tr><td colspan=\"5\"><em>note: {e(n)}</em></td></tr>" for n in result.notes)
+    return (f"<table class=\"mlsysim-result\">\n<caption>{e(caption)}</caption>\n"
+            + "\n".join(rows) + ("\n" + notes if notes else "") + "\n</table>")

@@ -61,7 +61,7 @@ class TrainingMemoryResult:
     optimizer: str
     activation_checkpointing: str
     parallelism: Mapping[str, int]
-    constraint_trace: tuple[str, ...]
+    notes: tuple[str, ...]          # what the sharding rules said; see constraint_trace
     # Beyond the reference: where the bytes come from and what the rules decided.
     profile: str
     terms: tuple[MemoryTerm, ...]
@@ -83,6 +83,11 @@ class TrainingMemoryResult:
     def gib(self) -> MemoryView:
         """Memory fields in binary GiB (1 GiB = 2**30 bytes)."""
         return MemoryView(self, "GiB")
+
+    @property
+    def constraint_trace(self) -> tuple[str, ...]:
+        """The reference's trace: a summary line in GB, then the rules' notes (ZeRO, MoE)."""
+        return (_summary_trace(self),) + self.notes
 
     @property
     def headroom(self) -> int | float:
@@ -114,3 +119,22 @@ class TrainingMemoryResult:
         """A plain-text tree of where every byte comes from."""
         from .render import explain
         return explain(self)
+
+
+def format_gb(nbytes) -> str:
+    """The reference's rendering of a byte count in GB (pint's ``~P`` format):
+    ``repr`` of the float, with exponents written as ``×10⁻⁵``."""
+    text = repr(float(nbytes * 1e-9))
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        sup = str.maketrans("-+0123456789", "⁻⁺⁰¹²³⁴⁵⁶⁷⁸⁹")
+        exponent = str(int(exponent)).translate(sup)
+        text = f"{mantissa}×10{exponent}"
+    return f"{text} GB"
+
+
+def _summary_trace(r) -> str:
+    return ("Training Memory: "
+            f"weights={format_gb(r.weights)}, gradients={format_gb(r.gradients)}, "
+            f"optimizer={format_gb(r.optimizer_state)}, activations={format_gb(r.activations)}, "
+            f"buffers={format_gb(r.communication_buffers)}.")

@@ -56,6 +56,7 @@ def _format_exception(exc: BaseException, type_) -> str:
 
 def unstructure_result(result) -> dict:
     data = _converter.unstructure(result)
+    data["constraint_trace"] = list(result.constraint_trace)
     data["units"] = {"memory": "bytes", "gb": 1e9, "gib": 2**30}
     data["gb"] = result.gb.as_dict()
     data["gib"] = result.gib.as_dict()
@@ -70,7 +71,7 @@ def result_to_json(result, **kwargs) -> str:
 def result_from_dict(data: dict):
     """The inverse of ``unstructure_result``: the derived unit views are dropped."""
     from .result import TrainingMemoryResult
-    data = {k: v for k, v in data.items() if k not in ("units", "gb", "gib")}
+    data = {k: v for k, v in data.items() if k not in ("units", "gb", "gib", "constraint_trace")}
     return _converter.structure(data, TrainingMemoryResult)
 
 

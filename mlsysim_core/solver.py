@@ -15,6 +15,9 @@ they are added, so pluggy's registration order never decides a number.
 from __future__ import annotations
 
 import math
+import types
+
+import attrs
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import _checks
@@ -24,12 +27,15 @@ from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
-from .specs import AXES, DATA, DEFAULT_RULES, ShardingEffect
+from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect
+from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
+from .terms import _current_source
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS,
                     OPTIMIZER_STATE, WEIGHTS, MemoryTerm)
 from .types import HardwareNode, TransformerWorkload
 
 DEFAULT_PROFILE = "reference"
+_ZERO_RULES = ("zero0", "zero1", "zero2", "zero3")
 
 
 class TrainingMemoryModel:
@@ -167,15 +173,19 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
 
     # Select one sharding rule per axis.
-    requested = dict(sharding_rules or {})
+    requested = dict(sharding_rules) if sharding_rules else {}
     for axis in requested:
         if axis not in DEFAULT_RULES:
             raise InvalidInputError("sharding_rules", requested,
                                     f"keys among {', '.join(DEFAULT_RULES)} (use data_parallel= for 'dp')")
-    rules = {axis: _select_rule(registry, axis, requested.get(axis, default), f"sharding_rules[{axis!r}]")
-             for axis, default in DEFAULT_RULES.items()}
+    rules = {}
+    for axis, default in DEFAULT_RULES.items():
+        name = requested.get(axis, default)
+        rules[axis] = name if name in registry.rules_by_axis[axis] else \
+            _select_rule(registry, axis, name, f"sharding_rules[{axis!r}]")
     if data_parallel is None:
-        rules[DATA] = _select_rule(registry, DATA, f"zero{zero_stage}", "zero_stage")
+        name = _ZERO_RULES[zero_stage]
+        rules[DATA] = name if name in registry.rules_by_axis[DATA] else _select_rule(registry, DATA, name, "zero_stage")
     else:
         if zero_stage != 0:
             raise InvalidInputError("zero_stage", zero_stage,
@@ -185,16 +195,20 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
 
     if isinstance(include_plugins, str):
         include_plugins = (include_plugins,)
-    include = tuple(sorted(set(include_plugins)))
+    include = tuple(sorted(set(include_plugins))) if include_plugins else ()
     for plugin in include:
         if plugin not in registry.plugins:
             raise InvalidInputError("include_plugins", plugin,
                                     f"an installed plugin: {', '.join(sorted(registry.plugins))}")
 
-    spec_names = {optimizer_name: registry.optimizers[optimizer_name],
-                  activation_checkpointing: registry.checkpointing[activation_checkpointing]}
-    spec_names.update({name: registry.sharding_rules[name] for name in rules.values()})
-    options = _structure_options(plugin_options or {}, spec_names)
+    if not plugin_options and not _OPTIONED_SPECS(registry).intersection(
+            (optimizer_name, activation_checkpointing, *rules.values())):
+        options = _NO_OPTIONS     # nothing to structure: the common case
+    else:
+        spec_names = {optimizer_name: registry.optimizers[optimizer_name],
+                      activation_checkpointing: registry.checkpointing[activation_checkpointing]}
+        spec_names.update({name: registry.sharding_rules[name] for name in rules.values()})
+        options = _structure_options(plugin_options or {}, spec_names)
 
     return TrainingPlan(model=model, hardware=hardware, precision=precision, optimizer=optimizer_name,
                         activation_checkpointing=activation_checkpointing, zero_stage=zero_stage,
@@ -202,6 +216,19 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                         communication_buffer_fraction=communication_buffer_fraction,
                         sequence_parallel=sequence_parallel, profile=profile, rules=rules,
                         options=options, include_plugins=include, **counts)
+
+
+_NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
+
+
+def _OPTIONED_SPECS(registry: Registry) -> frozenset:
+    """Names of the installed specs that declare options (cached per registry)."""
+    names = registry.cache.get("optioned")
+    if names is None:
+        names = registry.cache["optioned"] = frozenset(
+            name for table in (registry.optimizers, registry.checkpointing, registry.sharding_rules)
+            for name, spec in table.items() if spec.options_type is not None)
+    return names
 
 
 def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,215 +259,235 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
 
 
 # --- 2-5. the pipeline --------------------------------------------------------------------
+#
+# The hot path: a solve builds about a dozen small objects and makes one call per selected
+# spec and per component-hook implementation. Provenance is stamped while a plugin runs
+# (terms default their ``source`` to the plugin being called), so terms are built once.
 
-def _call_spec(registry: Registry, kind: str, name: str, role: str, function: Callable, *args):
-    """Call a spec's callable; user errors pass through, anything else blames the plugin."""
-    try:
-        out = function(*args)
-        if role != "apply" and out is not None and not isinstance(out, (str, bytes, MemoryTerm)) \
-                and isinstance(out, Iterable):
-            out = list(out)   # a generator runs plugin code while it is consumed
-        return out
-    except InvalidInputError:
-        raise
-    except Exception as err:
-        info = registry.provider(kind, name)
-        raise PluginContractError(
-            f"{info.describe()} {kind} '{name}' failed in {role}: {type(err).__name__}: {err}",
-            plugin=info.name, source=info.source, hook=role) from err
+_ITERABLE_EXCLUDED = (str, bytes, MemoryTerm)
 
 
-def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, list]:
-    products = {"parameter_shards": 1, "activation_shards": 1, "weight_shards": 1,
-                "gradient_shards": 1, "optimizer_state_shards": 1}
-    sources = {key: [] for key in products}
-    layers_per_stage = None
-    buffer_terms, notes = [], []
-    for axis in AXES:   # model parallel (tp, pp, ep), then data parallel
-        name = plan.rules[axis]
-        spec = registry.sharding_rules[name]
-        effect = _call_spec(registry, SHARDING, name, "apply", spec.apply, plan, plan.options_for(name))
-        info = registry.provider(SHARDING, name)
-        if not isinstance(effect, ShardingEffect):
-            raise PluginContractError(
-                f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "
-                "expected ShardingEffect", plugin=info.name, source=info.source, hook="apply")
-        for key in products:
-            factor = getattr(effect, key)
-            if factor != 1:
-                products[key] *= factor
-                sources[key].append(name)
-        if effect.layers_per_stage is not None:
-            if layers_per_stage is not None:
-                raise PluginContractError(
-                    f"{info.describe()} sharding rule '{name}' sets layers_per_stage, which the "
-                    f"'{plan.rules['pp']}' rule already set", plugin=info.name, source=info.source,
-                    hook="apply")
-            layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
-        buffer_terms.extend((info, term) for term in effect.buffer_terms)
-        notes.append((axis, effect.notes))
-    parameters_per_rank = plan.model.parameters / products["parameter_shards"]
-    placement = Placement(
-        parameters_per_rank=parameters_per_rank,
-        trainable_parameters_per_rank=parameters_per_rank * plan.trainable_fraction,
-        layers_per_stage=layers_per_stage if layers_per_stage is not None else plan.model.layers,
-        shard_sources={k: tuple(v) for k, v in sources.items()}, **products)
-    return placement, buffer_terms, notes
-
-
-def _stamp(info: PluginInfo, items, component: str, where: str) -> list[MemoryTerm]:
-    """Check what a plugin returned and stamp each term with the plugin's name."""
+def _listed(items):
+    """A plugin's returned iterable as a list (generators run plugin code while consumed)."""
     if items is None:
         return []
-    if isinstance(items, (str, bytes, MemoryTerm)) or not isinstance(items, Iterable):
+    if type(items) is list:
+        return items
+    if isinstance(items, _ITERABLE_EXCLUDED) or not isinstance(items, Iterable):
+        return items   # _stamp reports the wrong type
+    return list(items)
+
+
+def _call_plugin(info: PluginInfo, what: str, hook: str, function: Callable, *args):
+    """Call plugin code with provenance stamping; user errors pass through, anything
+    else is blamed on the plugin, naming it, its distribution and the hook."""
+    token = _current_source.set(info.name)
+    try:
+        out = function(*args)
+        return out if hook == "apply" else _listed(out)
+    except (InvalidInputError, PluginContractError):
+        raise
+    except Exception as err:
+        raise PluginContractError(
+            f"{info.describe()} {what} raised {type(err).__name__}: {err}",
+            plugin=info.name, source=info.source, hook=hook) from err
+    finally:
+        _current_source.reset(token)
+
+
+def _stamp(info: PluginInfo, items, component: str, where: str, hook: str) -> list[MemoryTerm]:
+    """Check what a plugin returned; re-stamp any term not already stamped with the plugin."""
+    if type(items) is not list:
         raise PluginContractError(
             f"{info.describe()} {where} returned {type(items).__name__}; expected a list of MemoryTerm",
-            plugin=info.name, source=info.source, hook=where)
-    out = []
-    for term in items:
-        if not isinstance(term, MemoryTerm):
+            plugin=info.name, source=info.source, hook=hook)
+    for i, term in enumerate(items):
+        if type(term) is not MemoryTerm and not isinstance(term, MemoryTerm):
             raise PluginContractError(
                 f"{info.describe()} {where} returned {type(term).__name__} {term!r}; expected MemoryTerm",
-                plugin=info.name, source=info.source, hook=where)
+                plugin=info.name, source=info.source, hook=hook)
         if term.component != component:
             raise PluginContractError(
                 f"{info.describe()} {where} returned a '{term.component}' term ({term.label!r}); "
-                f"expected component '{component}'", plugin=info.name, source=info.source, hook=where)
-        out.append(term if term.source == info.name else _with_source(term, info.name))
-    return out
+                f"expected component '{component}'", plugin=info.name, source=info.source, hook=hook)
+        if term.source != info.name:
+            items[i] = attrs.evolve(term, source=info.name)
+    return items
 
 
-def _with_source(term: MemoryTerm, source: str) -> MemoryTerm:
-    return MemoryTerm(component=term.component, label=term.label, nbytes=term.nbytes,
-                      formula=term.formula, source=source, phases=term.phases, tier=term.tier,
-                      pipeline_stage=term.pipeline_stage, rank=term.rank)
-
-
-def _hook_terms(registry: Registry, plan: TrainingPlan, component: str, kwargs: dict) -> list[MemoryTerm]:
-    from .hookspecs import COMPONENT_HOOKS
-    hook_name = COMPONENT_HOOKS[component]
-    wanted = set(registry.profiles[plan.profile].component_plugins) | set(plan.include_plugins)
-    terms = []
-    for impl in registry.component_impls[hook_name]:
-        if impl.plugin.name not in wanted:
-            continue
-        try:
-            items = impl.function(*[kwargs[a] for a in impl.argnames])
-            if items is not None and not isinstance(items, (str, bytes, MemoryTerm)) and isinstance(items, Iterable):
-                items = list(items)
-            terms.extend(_stamp(impl.plugin, items, component, hook_name))
-        except (InvalidInputError, PluginContractError):
-            raise
-        except Exception as err:
+def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, list]:
+    parameter = activation = weight = gradient = optimizer_state = 1
+    by = {key: () for key in _SHARD_FIELDS}    # quantity -> the rules that split it
+    layers_per_stage = layers_rule = None
+    buffer_terms, notes = [], []
+    for axis in AXES:   # model parallel (tp, pp, ep), then data parallel
+        name = plan.rules[axis]
+        info = registry.providers[(SHARDING, name)]
+        effect = _call_plugin(info, f"sharding rule '{name}' apply", "apply",
+                              registry.sharding_rules[name].apply, plan, plan.options.get(name))
+        if type(effect) is not ShardingEffect:
             raise PluginContractError(
-                f"{impl.plugin.describe()} hook {hook_name} raised {type(err).__name__}: {err}",
-                plugin=impl.plugin.name, source=impl.plugin.source, hook=hook_name) from err
+                f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "
+                "expected ShardingEffect", plugin=info.name, source=info.source, hook="apply")
+        # Integer products: the order of the rules never changes a number.
+        if effect.parameter_shards != 1:
+            parameter *= effect.parameter_shards
+            by["parameter_shards"] += (name,)
+        if effect.activation_shards != 1:
+            activation *= effect.activation_shards
+            by["activation_shards"] += (name,)
+        if effect.weight_shards != 1:
+            weight *= effect.weight_shards
+            by["weight_shards"] += (name,)
+        if effect.gradient_shards != 1:
+            gradient *= effect.gradient_shards
+            by["gradient_shards"] += (name,)
+        if effect.optimizer_state_shards != 1:
+            optimizer_state *= effect.optimizer_state_shards
+            by["optimizer_state_shards"] += (name,)
+        if effect.layers_per_stage is not None:
+            if layers_rule is not None:
+                raise PluginContractError(
+                    f"{info.describe()} sharding rule '{name}' sets layers_per_stage, which the "
+                    f"'{layers_rule}' rule already set", plugin=info.name, source=info.source, hook="apply")
+            layers_rule = name
+            layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
+        if effect.buffer_terms:
+            buffer_terms.append((info, _stamp(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
+                                              f"sharding rule '{name}' apply", "apply")))
+        if effect.notes:
+            notes.append((axis, effect.notes))
+    parameters_per_rank = plan.model.parameters / parameter
+    placement = Placement(
+        parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
+        gradient_shards=gradient, optimizer_state_shards=optimizer_state,
+        parameters_per_rank=parameters_per_rank,
+        trainable_parameters_per_rank=parameters_per_rank * plan.trainable_fraction,
+        layers_per_stage=layers_per_stage if layers_per_stage is not None else plan.model.layers,
+        shard_sources=by)
+    return placement, buffer_terms, notes
+
+
+def _component_impls(registry: Registry, plan: TrainingPlan) -> dict:
+    """Per component, the hook implementations taking part: the profile's plugins and the
+    included ones (cached per registry, profile and inclusion)."""
+    key = (plan.profile, plan.include_plugins)
+    cached = registry.cache.get(key)
+    if cached is None:
+        from .hookspecs import COMPONENT_HOOKS
+        wanted = set(registry.profiles[plan.profile].component_plugins) | set(plan.include_plugins)
+        cached = {component: tuple(impl for impl in registry.component_impls[hook]
+                                   if impl.plugin.name in wanted)
+                  for component, hook in COMPONENT_HOOKS.items()}
+        registry.cache[key] = cached
+    return cached
+
+
+def _hook_terms(impls, component: str, kwargs: dict) -> list[MemoryTerm]:
+    terms: list[MemoryTerm] = []
+    for impl in impls:
+        hook = _HOOK_NAMES[component]
+        items = _call_plugin(impl.plugin, f"hook {hook}", hook, impl.function, *[kwargs[a] for a in impl.argnames])
+        terms += _stamp(impl.plugin, items, component, f"hook {hook}", hook)
     return terms
 
 
 def _accelerator_sum(terms: list[MemoryTerm]):
     total = 0
     for term in terms:
-        if term.tier == ACCELERATOR:
+        if term.tier is ACCELERATOR or term.tier == ACCELERATOR:
             total += term.nbytes
     return total
 
 
 def _ordered(terms: list[MemoryTerm]) -> list[MemoryTerm]:
-    return sorted(terms, key=lambda t: (t.source, t.label))
+    if len(terms) > 1:
+        terms.sort(key=_term_key)
+    return terms
+
+
+def _term_key(term: MemoryTerm):
+    return (term.source, term.label)
 
 
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
     profile = registry.profiles[plan.profile]
-    missing = sorted(set(profile.component_plugins) - set(registry.plugins))
+    missing = [name for name in profile.component_plugins if name not in registry.plugins]
     if missing:
-        info = registry.provider(PROFILE, plan.profile)
+        info = registry.providers[(PROFILE, plan.profile)]
         raise PluginError(
-            f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(missing)}, which "
+            f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(sorted(missing))}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
     placement, buffer_terms, notes = _place(registry, plan)
+    impls = _component_impls(registry, plan)
     hook_kwargs = {"plan": plan, "placement": placement}
 
-    by_component: dict[str, list[MemoryTerm]] = {}
-    totals: dict[str, int | float] = {}
-    for component in (WEIGHTS, GRADIENTS):
-        by_component[component] = _ordered(_hook_terms(registry, plan, component, hook_kwargs))
-        totals[component] = _accelerator_sum(by_component[component])
+    weights = _ordered(_hook_terms(impls[WEIGHTS], WEIGHTS, hook_kwargs))
+    gradients = _ordered(_hook_terms(impls[GRADIENTS], GRADIENTS, hook_kwargs))
 
-    opt_spec = registry.optimizers[plan.optimizer]
-    opt_info = registry.provider(OPTIMIZER, plan.optimizer)
-    own = _call_spec(registry, OPTIMIZER, plan.optimizer, "state_terms", opt_spec.state_terms,
-                     plan, placement, plan.options_for(plan.optimizer))
-    by_component[OPTIMIZER_STATE] = _ordered(
-        _stamp(opt_info, own, OPTIMIZER_STATE, f"optimizer '{plan.optimizer}' state_terms")
-        + _hook_terms(registry, plan, OPTIMIZER_STATE, hook_kwargs))
-    totals[OPTIMIZER_STATE] = _accelerator_sum(by_component[OPTIMIZER_STATE])
+    opt_info = registry.providers[(OPTIMIZER, plan.optimizer)]
+    where = f"optimizer '{plan.optimizer}' state_terms"
+    own = _call_plugin(opt_info, where, "state_terms", registry.optimizers[plan.optimizer].state_terms,
+                       plan, placement, plan.options.get(plan.optimizer))
+    optimizer_state = _ordered(_stamp(opt_info, own, OPTIMIZER_STATE, where, "state_terms")
+                               + _hook_terms(impls[OPTIMIZER_STATE], OPTIMIZER_STATE, hook_kwargs))
 
     ckpt = plan.activation_checkpointing
-    ckpt_spec = registry.checkpointing[ckpt]
-    ckpt_info = registry.provider(CHECKPOINTING, ckpt)
-    own = _call_spec(registry, CHECKPOINTING, ckpt, "activation_terms", ckpt_spec.activation_terms,
-                     plan, placement, plan.options_for(ckpt))
-    by_component[ACTIVATIONS] = _ordered(
-        _stamp(ckpt_info, own, ACTIVATIONS, f"checkpointing strategy '{ckpt}' activation_terms")
-        + _hook_terms(registry, plan, ACTIVATIONS, hook_kwargs))
-    totals[ACTIVATIONS] = _accelerator_sum(by_component[ACTIVATIONS])
+    ckpt_info = registry.providers[(CHECKPOINTING, ckpt)]
+    where = f"checkpointing strategy '{ckpt}' activation_terms"
+    own = _call_plugin(ckpt_info, where, "activation_terms", registry.checkpointing[ckpt].activation_terms,
+                       plan, placement, plan.options.get(ckpt))
+    activations = _ordered(_stamp(ckpt_info, own, ACTIVATIONS, where, "activation_terms")
+                           + _hook_terms(impls[ACTIVATIONS], ACTIVATIONS, hook_kwargs))
 
-    comm = []
-    for info, term in buffer_terms:
-        comm.extend(_stamp(info, [term], COMMUNICATION_BUFFERS, "sharding rule apply"))
-    model_states = {k: totals[k] for k in (WEIGHTS, GRADIENTS, OPTIMIZER_STATE)}
-    comm.extend(_hook_terms(registry, plan, COMMUNICATION_BUFFERS,
-                            {**hook_kwargs, "model_states": model_states}))
-    by_component[COMMUNICATION_BUFFERS] = _ordered(comm)
+    totals = {WEIGHTS: _accelerator_sum(weights), GRADIENTS: _accelerator_sum(gradients),
+              OPTIMIZER_STATE: _accelerator_sum(optimizer_state)}
+    comm = [term for _, terms in buffer_terms for term in terms]
+    comm += _hook_terms(impls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS,
+                        {**hook_kwargs, "model_states": dict(totals)})
+    comm = _ordered(comm)
+    totals[ACTIVATIONS] = _accelerator_sum(activations)
     totals[COMMUNICATION_BUFFERS] = _accelerator_sum(comm)
 
     # 5. combine: the reference adds the five components left to right, in float64.
     total = (totals[WEIGHTS] + totals[GRADIENTS] + totals[OPTIMIZER_STATE] + totals[ACTIVATIONS]
              + totals[COMMUNICATION_BUFFERS])
-    terms = tuple(t for c in COMPONENTS for t in by_component[c])
-    host = sum(t.nbytes for t in terms if t.tier != ACCELERATOR)
+    terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
+    host = 0
+    for term in terms:
+        if term.tier != ACCELERATOR:
+            host += term.nbytes
     capacity = plan.hardware.memory_capacity
     # Feasibility and utilisation are computed in GB, exactly as the reference does.
     total_gb, available_gb = total * 1e-9, capacity * 1e-9
-    utilization = total_gb / available_gb
 
-    trace = [_summary_trace(totals)]
+    rule_notes = []
     for axis in (DATA, "tp", "pp", "ep"):
-        trace.extend(n for a, ns in notes if a == axis for n in ns)
+        for note_axis, axis_notes in notes:
+            if note_axis == axis:
+                rule_notes.extend(axis_notes)
 
+    rules = plan.rules
     selected = {"profile": plan.profile, "optimizer": plan.optimizer, "activation_checkpointing": ckpt,
-                **{f"{axis}_rule": plan.rules[axis] for axis in AXES}}
-    contributors = [opt_info, ckpt_info] + [registry.provider(SHARDING, plan.rules[a]) for a in AXES]
-    contributors += [registry.plugins[t.source] for t in terms if t.source in registry.plugins]
-    plugin_sources = {info.name: info.source for info in sorted(contributors, key=lambda i: i.name)}
+                "tp_rule": rules["tp"], "pp_rule": rules["pp"], "ep_rule": rules["ep"], "dp_rule": rules["dp"]}
+    # The plugins that took part (selected specs, the profile's and included component
+    # plugins) and their distributions: the same for every solve with this selection.
+    key = ("sources", plan.profile, plan.include_plugins, plan.optimizer, ckpt,
+           rules["tp"], rules["pp"], rules["ep"], rules["dp"])
+    plugin_sources = registry.cache.get(key)
+    if plugin_sources is None:
+        infos = [opt_info, ckpt_info, *(registry.providers[(SHARDING, rules[axis])] for axis in AXES),
+                 *(impl.plugin for component_impls in impls.values() for impl in component_impls)]
+        plugin_sources = registry.cache[key] = types.MappingProxyType(
+            dict(sorted((i.name, i.source) for i in infos)))
 
     return TrainingMemoryResult(
         feasible=total_gb <= available_gb, total_memory=total, available_memory=capacity,
-        memory_utilization=utilization, precision=plan.precision, optimizer=plan.optimizer,
+        memory_utilization=total_gb / available_gb, precision=plan.precision, optimizer=plan.optimizer,
         activation_checkpointing=ckpt,
         parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
-        constraint_trace=tuple(trace), profile=plan.profile, terms=terms, host_memory=host,
+        notes=tuple(rule_notes), profile=plan.profile, terms=terms, host_memory=host,
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,
         selected=selected, plugin_sources=plugin_sources, **totals)
-
-
-def format_gb(nbytes) -> str:
-    """The reference's rendering of a byte count in GB (pint's ``~P`` format):
-    ``repr`` of the float, with exponents written as ``×10⁻⁵``."""
-    text = repr(float(nbytes * 1e-9))
-    if "e" in text:
-        mantissa, exponent = text.split("e")
-        sup = str.maketrans("-+0123456789", "⁻⁺⁰¹²³⁴⁵⁶⁷⁸⁹")
-        exponent = str(int(exponent)).translate(sup)
-        text = f"{mantissa}×10{exponent}"
-    return f"{text} GB"
-
-
-def _summary_trace(totals) -> str:
-    return ("Training Memory: "
-            f"weights={format_gb(totals[WEIGHTS])}, gradients={format_gb(totals[GRADIENTS])}, "
-            f"optimizer={format_gb(totals[OPTIMIZER_STATE])}, activations={format_gb(totals[ACTIVATIONS])}, "
-            f"buffers={format_gb(totals[COMMUNICATION_BUFFERS])}.")

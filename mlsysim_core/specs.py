@@ -83,9 +83,8 @@ AXES = (TENSOR, PIPELINE, EXPERT, DATA)
 DEFAULT_RULES = {TENSOR: "tp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
 
 
-def _shards(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ShardingEffect.{attribute.name} must be an int >= 1, got {value!r}")
+_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards",
+                 "optimizer_state_shards")
 
 
 def _tuple(value):
@@ -101,14 +100,25 @@ class ShardingEffect:
     "this rule does not split that quantity".
     """
 
-    parameter_shards: int = attrs.field(default=1, validator=_shards)
-    activation_shards: int = attrs.field(default=1, validator=_shards)
-    weight_shards: int = attrs.field(default=1, validator=_shards)
-    gradient_shards: int = attrs.field(default=1, validator=_shards)
-    optimizer_state_shards: int = attrs.field(default=1, validator=_shards)
-    layers_per_stage: int | None = attrs.field(default=None)
-    buffer_terms: tuple[MemoryTerm, ...] = attrs.field(default=(), converter=_tuple)
-    notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    parameter_shards: int = 1
+    activation_shards: int = 1
+    weight_shards: int = 1
+    gradient_shards: int = 1
+    optimizer_state_shards: int = 1
+    layers_per_stage: int | None = None
+    buffer_terms: tuple[MemoryTerm, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    # Hand-written checks (effects are built on every solve; attrs validators cost more).
+    def __attrs_post_init__(self):
+        for name in _SHARD_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"ShardingEffect.{name} must be an int >= 1, got {value!r}")
+        if type(self.buffer_terms) is not tuple:
+            object.__setattr__(self, "buffer_terms", tuple(self.buffer_terms))
+        if type(self.notes) is not tuple:
+            object.__setattr__(self, "notes", tuple(self.notes))
 
 
 @attrs.frozen(kw_only=True)

@@ -9,7 +9,8 @@ class it belongs to, and the memory tier (accelerator or host).
 
 from __future__ import annotations
 
-import math
+import contextvars
+import numbers
 
 import attrs
 
@@ -34,17 +35,19 @@ HOST = "host"
 TIERS = (ACCELERATOR, HOST)
 
 
-def _finite_non_negative(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"MemoryTerm.{attribute.name} must be an int or float number of bytes, "
-                        f"got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"MemoryTerm.{attribute.name} must be a finite number of bytes >= 0, "
-                         f"got {value!r}")
+_COMPONENT_SET = frozenset(COMPONENTS)
+_PHASE_SET = frozenset(PHASES)
+_TIER_SET = frozenset(TIERS)
+_INF = float("inf")
+
+# While the solver calls a plugin, this names it: terms the plugin creates are stamped
+# with it by default, so provenance costs nothing on the hot path (and a term made
+# elsewhere, or claiming another source, is re-stamped by the solver).
+_current_source: contextvars.ContextVar[str] = contextvars.ContextVar("mlsysim_term_source", default="")
 
 
-def _phases(value) -> tuple[str, ...]:
-    return tuple(value)
+def _default_source() -> str:
+    return _current_source.get()
 
 
 @attrs.frozen(kw_only=True)
@@ -52,22 +55,50 @@ class MemoryTerm:
     """One explainable amount of memory.
 
     ``nbytes`` is exact: an ``int``, or a ``float`` where a formula is fractional (the
-    reference profile keeps fractional bytes, as the reference model does). ``source`` is
-    stamped by the solver with the name of the plugin that produced the term; whatever a
-    plugin puts there is overwritten, so provenance can be trusted.
+    reference profile keeps fractional bytes, as the reference model does); it must be
+    finite and >= 0. ``source`` is stamped by the solver with the name of the plugin that
+    produced the term; whatever a plugin puts there is overwritten, so provenance can be
+    trusted. ``phases`` lists the phases of an iteration in which the bytes are alive;
+    ``tier`` is ``"accelerator"`` or ``"host"``; ``pipeline_stage`` and ``rank`` say which
+    stage or rank class the term belongs to (``None``: every one alike).
     """
 
-    component: str = attrs.field(validator=attrs.validators.in_(COMPONENTS))
-    label: str = attrs.field(validator=attrs.validators.instance_of(str))
-    nbytes: int | float = attrs.field(validator=_finite_non_negative)
-    formula: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    source: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    phases: tuple[str, ...] = attrs.field(
-        default=PHASES, converter=_phases,
-        validator=attrs.validators.deep_iterable(attrs.validators.in_(PHASES)))
-    tier: str = attrs.field(default=ACCELERATOR, validator=attrs.validators.in_(TIERS))
-    pipeline_stage: int | None = attrs.field(default=None)
-    rank: str | None = attrs.field(default=None)
+    component: str
+    label: str
+    nbytes: int | float
+    formula: str = ""
+    source: str = attrs.field(factory=_default_source)
+    phases: tuple[str, ...] = PHASES
+    tier: str = ACCELERATOR
+    pipeline_stage: int | None = None
+    rank: str | None = None
+
+    # Hand-written checks instead of attrs validators: terms are built on every solve.
+    def __attrs_post_init__(self):
+        nbytes = self.nbytes
+        kind = type(nbytes)
+        if kind is not float and kind is not int:
+            if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real):
+                raise TypeError(f"MemoryTerm.nbytes must be an int or float number of bytes, "
+                                f"got {kind.__name__} {nbytes!r}")
+            object.__setattr__(self, "nbytes", float(nbytes) if not isinstance(nbytes, numbers.Integral)
+                               else int(nbytes))
+            nbytes = self.nbytes
+        if not 0 <= nbytes < _INF:   # also false for NaN
+            raise ValueError(f"MemoryTerm.nbytes must be a finite number of bytes >= 0, got {nbytes!r} "
+                             f"(term {self.label!r})")
+        if self.component not in _COMPONENT_SET:
+            raise ValueError(f"MemoryTerm.component={self.component!r} is not one of {', '.join(COMPONENTS)}")
+        if type(self.label) is not str or type(self.formula) is not str or type(self.source) is not str:
+            raise TypeError(f"MemoryTerm.label, formula and source must be str, got {self.label!r}, "
+                            f"{self.formula!r}, {self.source!r}")
+        if self.phases is not PHASES:
+            phases = tuple(self.phases)
+            if not _PHASE_SET.issuperset(phases):
+                raise ValueError(f"MemoryTerm.phases={phases!r}: each must be one of {', '.join(PHASES)}")
+            object.__setattr__(self, "phases", phases)
+        if self.tier is not ACCELERATOR and self.tier not in _TIER_SET:
+            raise ValueError(f"MemoryTerm.tier={self.tier!r} is not one of {', '.join(TIERS)}")
 
     @property
     def gb(self) -> float:

@@ -217,8 +217,9 @@ def test_invalid_bytes_from_an_optimizer(bad_bytes_pm, optimizer, shown):
     with pytest.raises(PluginContractError) as exc:
         solve(bad_bytes_pm, "llama3-8b", "h100", 8, 1024, optimizer=optimizer)
     assert str(exc.value) == (
-        f"plugin 'demo_bad_bytes' (mlsysim-demo-bad-bytes 0.1.0) optimizer '{optimizer}' failed in "
-        f"state_terms: ValueError: MemoryTerm.nbytes must be a finite number of bytes >= 0, got {shown}")
+        f"plugin 'demo_bad_bytes' (mlsysim-demo-bad-bytes 0.1.0) optimizer '{optimizer}' state_terms "
+        f"raised ValueError: MemoryTerm.nbytes must be a finite number of bytes >= 0, got {shown} "
+        f"(term '{optimizer.split('.')[1]} state')")
     assert (exc.value.plugin, exc.value.source, exc.value.hook) == (
         "demo_bad_bytes", "mlsysim-demo-bad-bytes 0.1.0", "state_terms")
     assert isinstance(exc.value.__cause__, ValueError)
@@ -232,7 +233,7 @@ def test_nan_bytes_from_an_included_component_hook(bad_bytes_pm, core_pm):
         solve(bad_bytes_pm, *args, include_plugins=["demo_bad_bytes"])
     assert str(exc.value) == (
         "plugin 'demo_bad_bytes' (mlsysim-demo-bad-bytes 0.1.0) hook mlsysim_optimizer_state_terms "
-        "raised ValueError: MemoryTerm.nbytes must be a finite number of bytes >= 0, got nan")
+        "raised ValueError: MemoryTerm.nbytes must be a finite number of bytes >= 0, got nan (term 'nan extra')")
     assert (exc.value.plugin, exc.value.hook) == ("demo_bad_bytes", "mlsysim_optimizer_state_terms")
 
 
@@ -573,7 +574,7 @@ def test_sharding_rule_raising(bad_rules_pm):
     with pytest.raises(PluginContractError) as exc:
         solve(bad_rules_pm, "llama3-8b", "h100", 8, 1024, dp_size=2, data_parallel="demo.raising-apply")
     assert str(exc.value) == ("plugin 'demo_bad_rules' (mlsysim-demo-bad-rules 0.1.0) sharding rule "
-                              "'demo.raising-apply' failed in apply: KeyError: 'secondary_group'")
+                              "'demo.raising-apply' apply raised KeyError: 'secondary_group'")
     assert isinstance(exc.value.__cause__, KeyError)
 
 

@@ -11,14 +11,28 @@ parallelism.
 from mlsysim_core import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
 from ._fmt import shard
+from ._memo import memoize
 
 
-def activation_term(plan, placement, per_layer, per_layer_formula, label):
-    layers = placement.layers_per_stage
-    nbytes = layers * per_layer / placement.activation_shards
-    s, mb, h = plan.seq_len, plan.microbatch, plan.hidden_dim
+def activation_terms(plan, placement, per_token, score_bytes, label):
+    """``layers x (per_token*s*b*h + score_bytes*a*s^2*b) x bytes/2``, divided by tp with SP."""
+    heads = plan.model.heads if score_bytes else None
+    return [activation_term(per_token, score_bytes, heads, placement.layers_per_stage, plan.seq_len,
+                            plan.microbatch, plan.hidden_dim, plan.bytes_per_value,
+                            placement.activation_shards, plan.hidden_dim_note, label)]
+
+
+@memoize
+def activation_term(per_token, score_bytes, a, layers, s, mb, h, b, shards, note, label):
+    scale = b / 2
+    # The reference's order of operations, for bit-exact parity.
+    if score_bytes:
+        per_layer = (per_token * s * mb * h + score_bytes * a * s * s * mb) * scale
+        what = f"{per_token}*s*b*h + {score_bytes}*a*s^2*b, a={a}"
+    else:
+        per_layer = per_token * s * mb * h * scale
+        what = f"{per_token}*s*b*h"
     return MemoryTerm(
-        component=ACTIVATIONS, label=label, nbytes=nbytes, phases=(FORWARD, BACKWARD),
-        formula=(f"{layers} layers x ({per_layer_formula}) x {plan.bytes_per_value}/2 B"
-                 f" with s={s}, b={mb}, h={h}{plan.hidden_dim_note}"
-                 + shard(placement.activation_shards, "sequence parallel over tp")))
+        component=ACTIVATIONS, label=label, nbytes=layers * per_layer / shards, phases=(FORWARD, BACKWARD),
+        formula=(f"{layers} layers x ({what}) x {b}/2 B with s={s}, b={mb}, h={h}{note}"
+                 + shard(shards, "sequence parallel over tp")))

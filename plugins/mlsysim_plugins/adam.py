@@ -7,18 +7,23 @@ training counts the master copy twice; see its known weaknesses, §13.6).
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
 from ._fmt import n, shard
+from ._memo import memoize
 
 BYTES_PER_PARAMETER = 12.0   # fp32 master 4 + momentum 4 + variance 4
 
 
-def state_terms(plan, placement, options, *, name="adam"):
-    params = placement.trainable_parameters_per_rank
-    shards = placement.optimizer_state_shards
-    return [MemoryTerm(
+@memoize
+def state_term(name, params, shards, sharded_by):
+    return MemoryTerm(
         component=OPTIMIZER_STATE, label=f"{name} master copy + 2 moments (fp32)",
         nbytes=params * BYTES_PER_PARAMETER / shards,
         formula=f"{n(params)} trainable params/rank x 12 B (master 4 + m 4 + v 4)"
-                + shard(shards, "optimizer state sharded: " + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+                + shard(shards, "optimizer state sharded: " + ", ".join(sharded_by)))
+
+
+def state_terms(plan, placement, options, *, name="adam"):
+    return [state_term(name, placement.trainable_parameters_per_rank, placement.optimizer_state_shards,
+                       placement.shard_sources["optimizer_state_shards"])]
 
 
 @hookimpl

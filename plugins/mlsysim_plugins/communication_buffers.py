@@ -7,12 +7,15 @@ sharding. Pipeline send/receive buffers belong to the pipeline rule.
 
 from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, MemoryTerm, hookimpl
 
+from ._memo import memoize
+
+
+@memoize
+def bucket_term(c, gradients):
+    return MemoryTerm(component=COMMUNICATION_BUFFERS, label="gradient bucket", nbytes=gradients * c,
+                      phases=(BACKWARD,), formula=f"{c} x {gradients:,.0f} B of gradients")
+
 
 @hookimpl
 def mlsysim_communication_buffer_terms(plan, placement, model_states):
-    c = plan.communication_buffer_fraction
-    gradients = model_states["gradients"]
-    return [MemoryTerm(
-        component=COMMUNICATION_BUFFERS, label="gradient bucket", nbytes=gradients * c,
-        phases=(BACKWARD,),
-        formula=f"{c} x {gradients:,.0f} B of gradients")]
+    return [bucket_term(plan.communication_buffer_fraction, model_states["gradients"])]

@@ -4,6 +4,8 @@ can use it, and with at most one rank per expert."""
 
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
+from ._memo import memoize
+
 MOE_NOTE = ("MoE memory approximation: total expert parameters are evenly sharded by expert "
             "parallelism; routing imbalance is modeled separately by MoERoutingModel.")
 
@@ -15,6 +17,11 @@ def apply(plan, options):
                           f"{model.name!r} has no experts to distribute")
     if model.is_sparse and e > model.experts:
         raise LayoutError("ep_size", e, f"at most the model's {model.experts} experts")
+    return effect(e)
+
+
+@memoize
+def effect(e):
     return ShardingEffect(parameter_shards=e, notes=(MOE_NOTE,) if e > 1 else ())
 
 

@@ -8,24 +8,32 @@ the parameter count; data-parallel rules (ZeRO-3, ZeRO-2) divide these terms.
 from mlsysim_core import BACKWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS, MemoryTerm, hookimpl
 
 from ._fmt import n, shard
+from ._memo import memoize
+
+
+@memoize
+def weight_term(params, b, precision, shards, sharded_by):
+    return MemoryTerm(
+        component=WEIGHTS, label=f"parameters ({precision})", nbytes=params * b / shards,
+        formula=f"{n(params)} params/rank x {b} B" + shard(shards, "weights sharded: " + ", ".join(sharded_by)))
+
+
+@memoize
+def gradient_term(params, b, precision, shards, sharded_by):
+    return MemoryTerm(
+        component=GRADIENTS, label=f"gradients ({precision})", nbytes=params * b / shards,
+        phases=(BACKWARD, OPTIMIZER_STEP),
+        formula=f"{n(params)} trainable params/rank x {b} B"
+                + shard(shards, "gradients sharded: " + ", ".join(sharded_by)))
 
 
 @hookimpl
 def mlsysim_weight_terms(plan, placement):
-    b = plan.bytes_per_value
-    nbytes = placement.parameters_per_rank * b / placement.weight_shards
-    return [MemoryTerm(
-        component=WEIGHTS, label=f"parameters ({plan.precision})", nbytes=nbytes,
-        formula=f"{n(placement.parameters_per_rank)} params/rank x {b} B"
-                + shard(placement.weight_shards, "weights sharded: " + ", ".join(placement.shard_sources["weight_shards"])))]
+    return [weight_term(placement.parameters_per_rank, plan.bytes_per_value, plan.precision,
+                        placement.weight_shards, placement.shard_sources["weight_shards"])]
 
 
 @hookimpl
 def mlsysim_gradient_terms(plan, placement):
-    b = plan.bytes_per_value
-    nbytes = placement.trainable_parameters_per_rank * b / placement.gradient_shards
-    return [MemoryTerm(
-        component=GRADIENTS, label=f"gradients ({plan.precision})", nbytes=nbytes,
-        phases=(BACKWARD, OPTIMIZER_STEP),
-        formula=f"{n(placement.trainable_parameters_per_rank)} trainable params/rank x {b} B"
-                + shard(placement.gradient_shards, "gradients sharded: " + ", ".join(placement.shard_sources["gradient_shards"])))]
+    return [gradient_term(placement.trainable_parameters_per_rank, plan.bytes_per_value, plan.precision,
+                          placement.gradient_shards, placement.shard_sources["gradient_shards"])]

@@ -6,21 +6,30 @@ import math
 from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
 
+from ._memo import memoize
+
+
+@memoize
+def effect(p, layers, mb, s, h, b, note):
+    buffers = ()
+    if p > 1:
+        buffers = (MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="pipeline send + receive buffers",
+            nbytes=2 * mb * s * h * b, phases=(FORWARD, BACKWARD),
+            formula=f"2 x b={mb} x s={s} x h={h} x {b} B{note}"),)
+    return ShardingEffect(parameter_shards=p, layers_per_stage=max(1, math.ceil(layers / p)),
+                          buffer_terms=buffers)
+
 
 def apply(plan, options):
     p, layers = plan.pp_size, plan.model.layers
     if p > layers:
         raise LayoutError("pp_size", p, f"at most the model's {layers} layers",
                           f"a pipeline stage needs at least one layer of {plan.model.name!r}")
-    buffers = []
-    if p > 1:
-        mb, s, h, b = plan.microbatch, plan.seq_len, plan.hidden_dim, plan.bytes_per_value
-        buffers.append(MemoryTerm(
-            component=COMMUNICATION_BUFFERS, label="pipeline send + receive buffers",
-            nbytes=2 * mb * s * h * b, phases=(FORWARD, BACKWARD),
-            formula=f"2 x b={mb} x s={s} x h={h} x {b} B{plan.hidden_dim_note}"))
-    return ShardingEffect(parameter_shards=p, layers_per_stage=max(1, math.ceil(layers / p)),
-                          buffer_terms=buffers)
+    if p == 1:   # the boundary buffers do not exist: the effect depends on the layer count only
+        return effect(1, layers, 0, 0, 0, 0, "")
+    return effect(p, layers, plan.microbatch, plan.seq_len, plan.hidden_dim, plan.bytes_per_value,
+                  plan.hidden_dim_note)
 
 
 @hookimpl

@@ -2,15 +2,14 @@
 
 from mlsysim_core import CheckpointingSpec, hookimpl
 
-from ._korthikanti import activation_term
+from . import _korthikanti
 
 PER_TOKEN_BYTES = 34   # Korthikanti Table 2, fp16, selective recompute
 
 
 def activation_terms(plan, placement, options):
-    s, mb, h, scale = plan.seq_len, plan.microbatch, plan.hidden_dim, plan.bytes_per_value / 2
-    per_layer = PER_TOKEN_BYTES * s * mb * h * scale
-    return [activation_term(plan, placement, per_layer, "34*s*b*h", "stored activations (selective recompute)")]
+    return _korthikanti.activation_terms(plan, placement, PER_TOKEN_BYTES, 0,
+                                         "stored activations (selective recompute)")
 
 
 @hookimpl

@@ -3,18 +3,23 @@
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
 from ._fmt import n, shard
+from ._memo import memoize
 
 BYTES_PER_PARAMETER = 4.0   # fp32 master copy
 
 
-def state_terms(plan, placement, options):
-    params = placement.trainable_parameters_per_rank
-    shards = placement.optimizer_state_shards
-    return [MemoryTerm(
+@memoize
+def state_term(params, shards, sharded_by):
+    return MemoryTerm(
         component=OPTIMIZER_STATE, label="sgd master copy (fp32)",
         nbytes=params * BYTES_PER_PARAMETER / shards,
         formula=f"{n(params)} trainable params/rank x 4 B (fp32 master)"
-                + shard(shards, "optimizer state sharded: " + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+                + shard(shards, "optimizer state sharded: " + ", ".join(sharded_by)))
+
+
+def state_terms(plan, placement, options):
+    return [state_term(placement.trainable_parameters_per_rank, placement.optimizer_state_shards,
+                       placement.shard_sources["optimizer_state_shards"])]
 
 
 @hookimpl

@@ -3,11 +3,16 @@ parallelism, activations too (Korthikanti Table 2: everything divides by t)."""
 
 from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
 
+from ._memo import memoize
+
+
+@memoize
+def effect(t, sequence_parallel):
+    return ShardingEffect(parameter_shards=t, activation_shards=t if t > 1 and sequence_parallel else 1)
+
 
 def apply(plan, options):
-    t = plan.tp_size
-    return ShardingEffect(parameter_shards=t,
-                          activation_shards=t if t > 1 and plan.sequence_parallel else 1)
+    return effect(plan.tp_size, plan.sequence_parallel)
 
 
 @hookimpl

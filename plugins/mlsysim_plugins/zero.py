@@ -6,17 +6,23 @@ weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel
 
 from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
 
+from ._memo import memoize
+
 WHAT = {0: "nothing sharded (plain data parallelism)", 1: "optimizer state / dp",
         2: "optimizer state and gradients / dp", 3: "optimizer state, gradients and weights / dp"}
 
 
+@memoize
+def effect(stage, d):
+    notes = (f"ZeRO-{stage}: data-parallel state sharding applied across {d} ranks.",) if stage else ()
+    return ShardingEffect(optimizer_state_shards=d if stage >= 1 else 1,
+                          gradient_shards=d if stage >= 2 else 1,
+                          weight_shards=d if stage >= 3 else 1, notes=notes)
+
+
 def make_apply(stage):
     def apply(plan, options):
-        d = plan.dp_size
-        notes = (f"ZeRO-{stage}: data-parallel state sharding applied across {d} ranks.",) if stage else ()
-        return ShardingEffect(optimizer_state_shards=d if stage >= 1 else 1,
-                              gradient_shards=d if stage >= 2 else 1,
-                              weight_shards=d if stage >= 3 else 1, notes=notes)
+        return effect(stage, plan.dp_size)
     return apply
 
 

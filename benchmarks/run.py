@@ -1,0 +1,127 @@
+"""Benchmarks: one command, medians and ratios measured in the same run.
+
+    python benchmarks/run.py            # all benchmarks, a table on stdout
+    python benchmarks/run.py --json out.json
+
+Measures `solve` (reference profile, every installed plugin taking part: no path skips
+the plugin pipeline), `import mlsysim_core` in fresh processes, the CLI's `estimate` wall
+time, the inverse solves and the plan search. Where `mlsysim==0.3.0` is importable in the
+same environment (never a dependency; e.g. `pip install mlsysim==0.3.0` in a scratch venv
+together with this project), it also times the reference implementation's `solve` on the
+same inputs and prints the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+
+CASES = {
+    # name: (model, hardware, positional args after hardware, keyword args)
+    "golden (Llama-3.1-8B, H100, B=8, s=1024)": ("llama3-8b", "h100", (8, 1024), {}),
+    "default (Llama-3.1-8B, H100, B=8)": ("llama3-8b", "h100", (8,), {}),
+    "complex (Mixtral, tp2 pp4 dp4 ep8 ZeRO-3, none)": (
+        "mixtral-8x7b", "h100", (64, 2048), dict(activation_checkpointing="none", tp_size=2, pp_size=4,
+                                                 dp_size=4, ep_size=8, zero_stage=3)),
+}
+
+
+def _median_per_call(fn, number: int, repeat: int = 15) -> float:
+    for _ in range(min(number, 300)):
+        fn()
+    times = timeit.repeat(fn, number=number, repeat=repeat)
+    return statistics.median(times) / number
+
+
+def bench_solve(results: dict) -> None:
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_core.catalog import get_hardware, get_model
+    solver = TrainingMemoryModel()
+    for name, (model, hardware, args, kwargs) in CASES.items():
+        m, h = get_model(model), get_hardware(hardware)
+        results[f"solve: {name}"] = _median_per_call(lambda: solver.solve(m, h, *args, **kwargs), 2000)
+    # The reference implementation, on the same inputs, if installed here.
+    try:
+        from mlsysim import Hardware, Models
+        from mlsysim.engine.solvers.training import TrainingMemoryModel as Reference
+    except Exception:
+        return
+    ref = Reference()
+    paths = {"llama3-8b": Models.Language.Llama3_8B, "mixtral-8x7b": Models.Language.Mixtral_8x7B,
+             "h100": Hardware.Cloud.H100}
+    for name, (model, hardware, args, kwargs) in CASES.items():
+        m, h = paths[model], paths[hardware]
+        results[f"reference mlsysim 0.3.0 solve: {name}"] = _median_per_call(
+            lambda: ref.solve(m, h, *args, **kwargs), 300)
+
+
+def bench_import(results: dict, runs: int = 9) -> None:
+    code = "import time; t = time.perf_counter(); import mlsysim_core; print(time.perf_counter() - t)"
+    times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout) for _ in range(runs)]
+    results["import mlsysim_core (in-process time, fresh interpreter)"] = statistics.median(times)
+
+
+def bench_cli(results: dict, runs: int = 7) -> None:
+    exe = [sys.executable, "-m", "mlsysim_core", "estimate"]
+    walls = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(exe, capture_output=True, check=True)
+        walls.append(time.perf_counter() - t)
+    results["CLI `python -m mlsysim_core estimate` wall time"] = statistics.median(walls)
+
+
+def bench_search(results: dict) -> None:
+    try:
+        from mlsysim_core import inverse, search
+    except ImportError:
+        return
+    results["inverse: largest micro-batch (Llama-3.1-8B, H100)"] = _median_per_call(
+        lambda: inverse.largest_batch("llama3-8b", "h100", seq_len=2048), 20, repeat=5)
+    results["inverse: longest sequence (Llama-3.1-8B, H100, B=1)"] = _median_per_call(
+        lambda: inverse.longest_sequence("llama3-8b", "h100", batch_size=1), 20, repeat=5)
+    t = time.perf_counter()
+    plan = search.search_plans("llama3-70b", "h100", devices=64, global_batch=512, seq_len=4096)
+    elapsed = time.perf_counter() - t
+    results["plan search: Llama-3-70B on 64 H100 (whole search)"] = elapsed
+    results["plan search: candidates evaluated"] = plan.candidates
+    results["plan search: candidates per second"] = plan.candidates / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+    results: dict[str, float] = {}
+    bench_solve(results)
+    bench_import(results)
+    bench_cli(results)
+    bench_search(results)
+    print(f"{'benchmark':<70} {'median':>14}")
+    for name, value in results.items():
+        if "candidates" in name:
+            print(f"{name:<70} {value:>14,.0f}")
+        elif value < 1e-3:
+            print(f"{name:<70} {value * 1e6:>11.2f} us")
+        else:
+            print(f"{name:<70} {value * 1e3:>11.2f} ms")
+    for name in CASES:
+        ours, ref = results.get(f"solve: {name}"), results.get(f"reference mlsysim 0.3.0 solve: {name}")
+        if ours and ref:
+            print(f"speed-up vs reference, {name}: {ref / ours:.0f}x")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
