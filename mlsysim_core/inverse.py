@@ -1,0 +1,185 @@
+"""Inverse solves: the largest batch or sequence that fits, the fewest devices that fit.
+
+Each answer is found by exponential then binary search over ``solve`` (memory grows with
+the micro-batch and the sequence, and shrinks as data parallelism grows, for every
+built-in plugin; a search checks the property at the points it visits and says so if a
+plugin breaks it). Each answer names the *binding* component, the one whose growth
+makes the next step not fit, and the headroom left at the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from .errors import InvalidInputError
+from .result import TrainingMemoryResult
+from .solver import TrainingMemoryModel
+from .terms import COMPONENTS
+
+MAX_MICROBATCH = 1 << 20
+MAX_SEQUENCE = 1 << 24
+MAX_DP = 1 << 20
+
+
+@attrs.frozen(kw_only=True)
+class InverseAnswer:
+    """The answer to one inverse question.
+
+    ``value`` is the largest (or smallest) value that fits, or ``None`` when none does;
+    ``result`` the solve at that value; ``limit`` the solve at the first value that does
+    not fit (``None`` if the search bound was reached); ``binding`` the component that
+    grows most from ``result`` to ``limit`` (the one that runs out of room);
+    ``headroom`` the bytes left at the answer.
+    """
+
+    question: str
+    value: int | None
+    result: TrainingMemoryResult | None
+    limit: TrainingMemoryResult | None
+    binding: str | None
+    headroom: int | float | None
+    solves: int
+    details: dict = attrs.field(factory=dict)
+
+    def describe(self) -> str:
+        if self.value is None:
+            over = self.limit
+            return (f"{self.question}: nothing fits; at the smallest value the total is "
+                    f"{over.gb.total_memory:,.3f} GB ({over.gib.total_memory:,.3f} GiB) against "
+                    f"{over.gb.available_memory:,.3f} GB; largest component: {self.binding}")
+        text = (f"{self.question}: {self.value:,}"
+                + "".join(f", {k} {v:,}" for k, v in self.details.items())
+                + f" ({self.result.gb.total_memory:,.3f} GB of {self.result.gb.available_memory:,.3f} GB; "
+                  f"{self.headroom * 1e-9:,.3f} GB = {self.headroom / 2**30:,.3f} GiB headroom)")
+        if self.limit is not None:
+            step = "with fewer devices" if self.question == "fewest devices" else "the next step"
+            text += (f"; {step} it needs {self.limit.gb.total_memory:,.3f} GB, bound by "
+                     f"{self.binding.replace('_', ' ')}")
+        return text
+
+
+def _binding(fits: TrainingMemoryResult | None, over: TrainingMemoryResult | None) -> str | None:
+    if over is None:
+        return None
+    if fits is None:   # nothing fits: the largest component
+        return max(COMPONENTS, key=lambda c: getattr(over, c))
+    return max(COMPONENTS, key=lambda c: getattr(over, c) - getattr(fits, c))
+
+
+def _largest(fits_at: Callable[[int], TrainingMemoryResult], start: int, bound: int):
+    """Largest n in [start, bound] with fits_at(n).feasible, for a monotone predicate."""
+    solves = 0
+    first = fits_at(start)
+    solves += 1
+    if not first.feasible:
+        return None, None, first, solves
+    lo, lo_result, hi, hi_result = start, first, None, None
+    n = start
+    while hi is None:     # exponential search for the first value that does not fit
+        n = min(n * 2, bound)
+        r = fits_at(n)
+        solves += 1
+        if r.feasible:
+            lo, lo_result = n, r
+            if n == bound:
+                return lo, lo_result, None, solves
+        else:
+            hi, hi_result = n, r
+    while hi - lo > 1:    # then binary search between them
+        mid = (lo + hi) // 2
+        r = fits_at(mid)
+        solves += 1
+        if r.feasible:
+            lo, lo_result = mid, r
+        else:
+            hi, hi_result = mid, r
+    return lo, lo_result, hi_result, solves
+
+
+def _answer(question, value, result, limit, solves, **details) -> InverseAnswer:
+    return InverseAnswer(question=question, value=value, result=result, limit=limit,
+                         binding=_binding(result, limit), headroom=result.headroom if result else None,
+                         solves=solves, details=details)
+
+
+def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None, **solve_kwargs) -> InverseAnswer:
+    """The largest micro-batch that fits, and the global batch it makes.
+
+    ``solve_kwargs`` are ``solve``'s (without ``batch_size``). The global batch is
+    micro-batch x dp_size x gradient_accumulation_steps.
+    """
+    if "batch_size" in solve_kwargs:
+        raise InvalidInputError("batch_size", solve_kwargs["batch_size"], "not given: it is what is searched")
+    solver = solver or TrainingMemoryModel()
+    per_micro = solve_kwargs.get("dp_size", 1) * solve_kwargs.get("gradient_accumulation_steps", 1)
+    value, result, limit, solves = _largest(
+        lambda mb: solver.solve(model, hardware, mb * per_micro, **solve_kwargs), 1, MAX_MICROBATCH)
+    details = {"global batch": value * per_micro} if value else {}
+    return _answer("largest micro-batch", value, result, limit, solves, **details)
+
+
+def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
+                     multiple_of: int = 1, **solve_kwargs) -> InverseAnswer:
+    """The longest sequence (a multiple of ``multiple_of``) that fits at ``batch_size``."""
+    if "seq_len" in solve_kwargs:
+        raise InvalidInputError("seq_len", solve_kwargs["seq_len"], "not given: it is what is searched")
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise InvalidInputError("multiple_of", multiple_of, "an integer >= 1")
+    solver = solver or TrainingMemoryModel()
+    value, result, limit, solves = _largest(
+        lambda k: solver.solve(model, hardware, batch_size, k * multiple_of, **solve_kwargs),
+        1, MAX_SEQUENCE // multiple_of)
+    return _answer("longest sequence", value * multiple_of if value else None, result, limit, solves)
+
+
+def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
+                   tp_size: int = 1, pp_size: int = 1, ep_size: int = 1, powers_of_two: bool = True,
+                   **solve_kwargs) -> InverseAnswer:
+    """The fewest devices (tp x pp x dp) that fit, for a layout shape: ``tp_size``,
+    ``pp_size`` and ``ep_size`` fixed, data parallelism grown (ZeRO shards over it and the
+    micro-batch shrinks). ``batch_size`` is the global batch; with ``powers_of_two`` only
+    dp = 1, 2, 4, ... is tried. ``ep_size`` must divide dp."""
+    for name in ("dp_size",):
+        if name in solve_kwargs:
+            raise InvalidInputError(name, solve_kwargs[name], "not given: it is what is searched")
+    solver = solver or TrainingMemoryModel()
+    steps = [d for d in (1 << k for k in range(21)) if d % ep_size == 0] if powers_of_two else \
+        [d for d in range(1, MAX_DP + 1) if d % ep_size == 0]
+
+    def at(i: int):
+        return solver.solve(model, hardware, batch_size, tp_size=tp_size, pp_size=pp_size,
+                            ep_size=ep_size, dp_size=steps[i], **solve_kwargs)
+
+    # Memory shrinks as dp grows: search the smallest index that fits.
+    solves, lo, hi = 0, -1, None
+    hi_result = lo_result = None
+    i = 0
+    while hi is None:     # exponential search over the steps: 0, 1, 3, 7, ...
+        r = at(i)
+        solves += 1
+        if r.feasible:
+            hi, hi_result = i, r
+        else:
+            lo, lo_result = i, r
+            if i == len(steps) - 1:
+                break
+            i = min(i * 2 + 1, len(steps) - 1)
+    if hi is None:
+        return InverseAnswer(question="fewest devices", value=None, result=None, limit=lo_result,
+                             binding=_binding(None, lo_result), headroom=None, solves=solves)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = at(mid)
+        solves += 1
+        if r.feasible:
+            hi, hi_result = mid, r
+        else:
+            lo, lo_result = mid, r
+    dp = steps[hi]
+    binding = None if lo_result is None else max(
+        COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))
+    return InverseAnswer(question="fewest devices", value=tp_size * pp_size * dp, result=hi_result,
+                         limit=lo_result, binding=binding, headroom=hi_result.headroom, solves=solves,
+                         details={"dp": dp, "tp": tp_size, "pp": pp_size, "ep": ep_size})
