@@ -1,0 +1,108 @@
+"""Plan search: enumeration, exactness against solve, the Pareto front, third-party rules."""
+
+import itertools
+import json
+
+import pytest
+
+from mlsysim_core import (HardwareNode, InvalidInputError, ShardingEffect, ShardingRuleSpec,
+                          TrainingMemoryModel, TransformerWorkload, hookimpl, search)
+from mlsysim_core.manager import PluginManager
+
+MODEL = TransformerWorkload(name="m", parameters=7_000_000_000, layers=32, hidden_dim=4096, heads=32)
+GPU = HardwareNode(name="40GB", memory_capacity=40 * 2**30, devices_per_node=8)
+
+
+def brute_force(solver, devices, global_batch, seq_len):
+    """Every layout the search promises to consider, solved one by one."""
+    out = {}
+    for tp, pp in itertools.product([1, 2, 4, 8], range(1, 33)):
+        if devices % (tp * pp) or pp > 32:
+            continue
+        dp = devices // (tp * pp)
+        if global_batch % dp:
+            continue
+        for rule, ckpt, sp, mb in itertools.product(["zero0", "zero1", "zero2", "zero3"],
+                                                     ["full", "none", "selective"], [True, False],
+                                                     range(1, global_batch // dp + 1)):
+            if (global_batch // dp) % mb or (dp == 1 and rule != "zero0") or (tp == 1 and not sp):
+                continue
+            gas = global_batch // (dp * mb)
+            r = solver.solve(MODEL, GPU, global_batch, seq_len, activation_checkpointing=ckpt, tp_size=tp,
+                             pp_size=pp, dp_size=dp, gradient_accumulation_steps=gas, sequence_parallel=sp,
+                             data_parallel=rule)
+            out[(tp, pp, dp, 1, rule, ckpt, sp, mb)] = r
+    return out
+
+
+def test_search_matches_brute_force(solver):
+    found = search.search_plans(MODEL, GPU, devices=16, global_batch=32, seq_len=2048, solver=solver)
+    truth = brute_force(solver, 16, 32, 2048)
+    assert found.candidates == len(truth)
+    fits = {(c.tp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, c.sequence_parallel, c.microbatch): c
+            for c in found.fits}
+    assert set(fits) == {k for k, r in truth.items() if r.feasible}
+    for key, candidate in fits.items():
+        assert candidate.total_memory == truth[key].total_memory       # exact, through the pipeline
+        assert candidate.headroom == truth[key].headroom
+    assert found.solves <= found.candidates
+
+
+def test_pareto_front_is_not_dominated(solver):
+    found = search.search_plans(MODEL, GPU, devices=16, global_batch=64, seq_len=4096, solver=solver)
+    assert found.pareto and set(found.pareto) <= set(found.fits)
+    for p in found.pareto:
+        assert not any(c.cost <= p.cost and c.headroom >= p.headroom and (c.cost, c.headroom) != (p.cost, p.headroom)
+                       for c in found.fits)
+    # the front spans from the cheapest layout to the one with the most headroom
+    assert min(c.cost for c in found.fits) == found.pareto[0].cost
+    assert max(c.headroom for c in found.fits) == max(p.headroom for p in found.pareto)
+    assert found.fits == tuple(sorted(found.fits, key=lambda c: (c.cost, -c.headroom)))
+
+
+def test_cost_proxy_by_hand(solver):
+    found = search.search_plans(MODEL, GPU, devices=8, global_batch=8, seq_len=1024, solver=solver,
+                                checkpointing=["full"], data_parallel=["zero3"], sequence_parallel=[True])
+    (c,) = [c for c in found.fits if (c.tp, c.pp, c.dp, c.microbatch) == (1, 1, 8, 1)]
+    compute = 6 * 7e9 * 8 * 1024 / 8 / 4e14 * (1 + 1 / 3)
+    dp_comm = 2 * 7 / 8 * 7e9 * 2 * 1.5 / 50e9
+    assert c.cost == pytest.approx(compute + dp_comm, rel=1e-12) and c.bubble == 0
+    (p,) = [c for c in found.fits if (c.tp, c.pp, c.dp, c.microbatch) == (1, 8, 1, 1)]
+    assert p.bubble == pytest.approx(7 / (8 + 7)) and p.gradient_accumulation_steps == 8
+
+
+def test_third_party_dp_rule_takes_part(builtin_pm):
+    class Fsdp:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            def apply(plan, options):
+                d = plan.dp_size
+                return ShardingEffect(weight_shards=d, gradient_shards=d, optimizer_state_shards=d)
+            return [ShardingRuleSpec(name="test.fsdp", axis="dp", apply=apply)]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Fsdp(), name="test_fsdp")
+    found = search.search_plans(MODEL, GPU, devices=8, global_batch=16, solver=TrainingMemoryModel(plugin_manager=pm))
+    ours = [c for c in found.fits if c.data_parallel == "test.fsdp"]
+    zero3 = {(c.tp, c.pp, c.checkpointing, c.sequence_parallel, c.microbatch): c.total_memory
+             for c in found.fits if c.data_parallel == ("zero3" if c.dp > 1 else "zero0")}
+    assert ours and all(zero3[(c.tp, c.pp, c.checkpointing, c.sequence_parallel, c.microbatch)] == c.total_memory
+                        for c in ours)
+
+
+def test_output_and_errors(solver):
+    found = search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, solver=solver)
+    data = json.loads(json.dumps(found.to_dict()))
+    assert data["candidates"] == found.candidates and len(data["pareto"]) == len(found.pareto)
+    assert "on the Pareto front" in found.table()
+    with pytest.raises(InvalidInputError, match="devices=0"):
+        search.search_plans("llama3-8b", "h100", devices=0, global_batch=16, solver=solver)
+    with pytest.raises(InvalidInputError, match="flops=-1"):
+        search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, solver=solver, flops=-1)
+
+
+def test_progress_is_reported(solver):
+    seen = []
+    search.search_plans(MODEL, GPU, devices=8, global_batch=8, solver=solver, progress=lambda d, t: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1]
