@@ -62,8 +62,8 @@ def test_pareto_front_is_not_dominated(solver):
 
 def test_cost_proxy_by_hand(solver):
     found = search.search_plans(MODEL, GPU, devices=8, global_batch=8, seq_len=1024, solver=solver,
-                                checkpointing=["full"], data_parallel=["zero3"], sequence_parallel=[True])
-    (c,) = [c for c in found.fits if (c.tp, c.pp, c.dp, c.microbatch) == (1, 1, 8, 1)]
+                                checkpointing=["full"], data_parallel=["zero0", "zero3"], sequence_parallel=[True])
+    (c,) = [c for c in found.fits if (c.tp, c.pp, c.dp, c.microbatch, c.data_parallel) == (1, 1, 8, 1, "zero3")]
     compute = 6 * 7e9 * 8 * 1024 / 8 / 4e14 * (1 + 1 / 3)
     dp_comm = 2 * 7 / 8 * 7e9 * 2 * 1.5 / 50e9
     assert c.cost == pytest.approx(compute + dp_comm, rel=1e-12) and c.bubble == 0
