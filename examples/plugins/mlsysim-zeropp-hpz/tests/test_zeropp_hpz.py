@@ -1,0 +1,116 @@
+"""ZeRO++ hpZ's numbers, derived by hand (see README.md), and the conformance kit.
+
+Run with the package installed: ``pip install -e ".[test]" && pytest``.
+"""
+
+import pytest
+
+from mlsysim_core import (HardwareNode, InvalidInputError, LayoutError, PluginManager,
+                          TrainingMemoryModel, TransformerWorkload)
+from mlsysim_core.testing import assert_plugin_conforms
+from mlsysim_zeropp_hpz import hpz
+
+NAME = "zeropp.hpz"
+P70B = 70_600_000_000            # Llama-3.1-70B parameters
+LAYOUT = dict(dp_size=64, activation_checkpointing="full")
+
+
+@pytest.fixture
+def model():
+    pm = PluginManager()
+    pm.load_entrypoints(third_party=False)
+    pm.register(hpz, name="zeropp_hpz")
+    return TrainingMemoryModel(plugin_manager=pm)
+
+
+def _secondary(result):
+    return [t for t in result.terms_of("communication_buffers") if t.label.startswith("hpZ")]
+
+
+def test_zero3_plus_a_secondary_partition_per_node(model):
+    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME, **LAYOUT)
+    zero3 = model.solve("llama3-70b", "h100", 64, 4096, zero_stage=3, **LAYOUT)
+    # Primary partition: ZeRO-3 over all 64 dp ranks.
+    assert r.weights == P70B * 2 / 64 == 2_206_250_000
+    assert r.gradients == P70B * 2 / 64
+    assert r.optimizer_state == P70B * 12 / 64 == 13_237_500_000
+    # Secondary partition: fp16 weights over one node (the H100 entry gives no
+    # devices_per_node, so 8).
+    [term] = _secondary(r)
+    assert term.nbytes == P70B * 2 / 8 == 17_650_000_000
+    assert term.source == "zeropp_hpz"
+    assert term.phases == ("forward", "backward")
+    assert r.total_memory - zero3.total_memory == 17_650_000_000
+    for field in ("weights", "gradients", "optimizer_state", "activations"):
+        assert getattr(r, field) == getattr(zero3, field), field
+    assert r.selected["dp_rule"] == NAME
+    assert any("secondary fp16 weight partition over 8 ranks" in n for n in r.constraint_trace)
+
+
+def test_the_group_comes_from_the_option_or_the_node(model):
+    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": 16}}, **LAYOUT)
+    assert [t.nbytes for t in _secondary(r)] == [P70B * 2 / 16]
+    node4 = HardwareNode(name="4-GPU node", memory_capacity=80 * 2**30, devices_per_node=4)
+    r = model.solve("llama3-70b", node4, 64, 4096, data_parallel=NAME, **LAYOUT)
+    assert [t.nbytes for t in _secondary(r)] == [P70B * 2 / 4]
+    assert "devices_per_node of 4-GPU node" in _secondary(r)[0].formula
+
+
+def test_model_parallelism_splits_the_secondary_partition(model):
+    r = model.solve("llama3-70b", "h100", 64, 4096, tp_size=2, pp_size=2, data_parallel=NAME,
+                    **LAYOUT)
+    assert [t.nbytes for t in _secondary(r)] == [P70B / 4 * 2 / 8]
+    assert r.weights == P70B / 4 * 2 / 64
+
+
+def test_a_group_of_one_is_plain_zero3(model):
+    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": 1}}, **LAYOUT)
+    zero3 = model.solve("llama3-70b", "h100", 64, 4096, zero_stage=3, **LAYOUT)
+    assert _secondary(r) == []
+    assert r.total_memory == zero3.total_memory
+
+
+def test_the_papers_100b_illustration(model):
+    """100B parameters on 1024 GPUs, secondary groups of 16, Adam (K = 12): ZeRO-3 model
+    states (2 + 2 + 12) M / N = 1.5625 GB per GPU; hpZ adds 2 M / 16 = 12.5 GB."""
+    w = TransformerWorkload(name="100B", parameters=100_000_000_000, layers=100)
+    kw = dict(dp_size=1024, activation_checkpointing="full")
+    zero3 = model.solve(w, "h100", 1024, 2048, zero_stage=3, **kw)
+    r = model.solve(w, "h100", 1024, 2048, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": 16}}, **kw)
+    zero3_states = zero3.weights + zero3.gradients + zero3.optimizer_state
+    hpz_states = r.weights + r.gradients + r.optimizer_state + sum(t.nbytes for t in _secondary(r))
+    assert zero3_states == 1_562_500_000
+    assert hpz_states == 14_062_500_000
+    assert hpz_states / zero3_states == 9.0                        # about 9x ZeRO-3
+    assert round(16 * 100_000_000_000 / hpz_states) == 114         # about 114x below plain DP
+
+
+@pytest.mark.parametrize("group", [3, 128])
+def test_the_group_must_divide_dp(model, group):
+    with pytest.raises(LayoutError) as err:
+        model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": group}}, **LAYOUT)
+    assert err.value.parameter == f"plugin_options['{NAME}'].secondary_group"
+    assert "a divisor of dp_size=64" in str(err.value)
+
+
+def test_the_default_group_must_divide_dp(model):
+    with pytest.raises(LayoutError, match="dp_size=12 is not allowed: a multiple of the hpZ secondary group 8"):
+        model.solve("llama3-8b", "h100", 12, dp_size=12, data_parallel=NAME)
+
+
+@pytest.mark.parametrize("bad", [0, True, 2.5, "eight"])
+def test_bad_options_are_rejected(model, bad):
+    with pytest.raises(InvalidInputError):
+        model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": bad}}, **LAYOUT)
+
+
+@pytest.mark.parametrize("options", [{}, {NAME: {"secondary_group": 4}}])
+def test_the_installed_plugin_conforms(options):
+    report = assert_plugin_conforms("zeropp_hpz", options=options)
+    assert [name for names in report.provides.values() for name in names] == [NAME]
+    assert report.source == "mlsysim-zeropp-hpz 0.1.0"
