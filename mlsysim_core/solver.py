@@ -278,7 +278,7 @@ def _listed(items):
     return list(items)
 
 
-def _call_plugin(info: PluginInfo, what: str, hook: str, function: Callable, *args):
+def _call_plugin(info: PluginInfo, what, hook: str, function: Callable, *args):
     """Call plugin code with provenance stamping; user errors pass through, anything
     else is blamed on the plugin, naming it, its distribution and the hook."""
     token = _current_source.set(info.name)
@@ -289,24 +289,32 @@ def _call_plugin(info: PluginInfo, what: str, hook: str, function: Callable, *ar
         raise
     except Exception as err:
         raise PluginContractError(
-            f"{info.describe()} {what} raised {type(err).__name__}: {err}",
+            f"{info.describe()} {_where(what)} raised {type(err).__name__}: {err}",
             plugin=info.name, source=info.source, hook=hook) from err
     finally:
         _current_source.reset(token)
 
 
-def _stamp(info: PluginInfo, items, component: str, where: str, hook: str) -> list[MemoryTerm]:
+def _where(what) -> str:
+    """Call sites are described lazily (a format string and its arguments): only errors need them."""
+    return what[0].format(*what[1:]) if isinstance(what, tuple) else what
+
+
+def _stamp(info: PluginInfo, items, component: str, what, hook: str) -> list[MemoryTerm]:
     """Check what a plugin returned; re-stamp any term not already stamped with the plugin."""
     if type(items) is not list:
+        where = _where(what)
         raise PluginContractError(
             f"{info.describe()} {where} returned {type(items).__name__}; expected a list of MemoryTerm",
             plugin=info.name, source=info.source, hook=hook)
     for i, term in enumerate(items):
         if type(term) is not MemoryTerm and not isinstance(term, MemoryTerm):
+            where = _where(what)
             raise PluginContractError(
                 f"{info.describe()} {where} returned {type(term).__name__} {term!r}; expected MemoryTerm",
                 plugin=info.name, source=info.source, hook=hook)
         if term.component != component:
+            where = _where(what)
             raise PluginContractError(
                 f"{info.describe()} {where} returned a '{term.component}' term ({term.label!r}); "
                 f"expected component '{component}'", plugin=info.name, source=info.source, hook=hook)
@@ -323,7 +331,7 @@ def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, lis
     for axis in AXES:   # model parallel (tp, pp, ep), then data parallel
         name = plan.rules[axis]
         info = registry.providers[(SHARDING, name)]
-        effect = _call_plugin(info, f"sharding rule '{name}' apply", "apply",
+        effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply",
                               registry.sharding_rules[name].apply, plan, plan.options.get(name))
         if type(effect) is not ShardingEffect:
             raise PluginContractError(
@@ -354,7 +362,7 @@ def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, lis
             layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
         if effect.buffer_terms:
             buffer_terms.append((info, _stamp(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
-                                              f"sharding rule '{name}' apply", "apply")))
+                                              ("sharding rule '{}' apply", name), "apply")))
         if effect.notes:
             notes.append((axis, effect.notes))
     parameters_per_rank = plan.model.parameters / parameter
@@ -384,11 +392,14 @@ def _component_impls(registry: Registry, plan: TrainingPlan) -> dict:
 
 
 def _hook_terms(impls, component: str, kwargs: dict) -> list[MemoryTerm]:
+    if not impls:
+        return []
     terms: list[MemoryTerm] = []
+    hook = _HOOK_NAMES[component]
+    what = ("hook {}", hook)
     for impl in impls:
-        hook = _HOOK_NAMES[component]
-        items = _call_plugin(impl.plugin, f"hook {hook}", hook, impl.function, *[kwargs[a] for a in impl.argnames])
-        terms += _stamp(impl.plugin, items, component, f"hook {hook}", hook)
+        items = _call_plugin(impl.plugin, what, hook, impl.function, *[kwargs[a] for a in impl.argnames])
+        terms += _stamp(impl.plugin, items, component, what, hook)
     return terms
 
 
@@ -411,8 +422,10 @@ def _term_key(term: MemoryTerm):
 
 
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
-    profile = registry.profiles[plan.profile]
-    missing = [name for name in profile.component_plugins if name not in registry.plugins]
+    missing = registry.cache.get(("missing", plan.profile))
+    if missing is None:
+        missing = registry.cache[("missing", plan.profile)] = [
+            name for name in registry.profiles[plan.profile].component_plugins if name not in registry.plugins]
     if missing:
         info = registry.providers[(PROFILE, plan.profile)]
         raise PluginError(
@@ -427,7 +440,7 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     gradients = _ordered(_hook_terms(impls[GRADIENTS], GRADIENTS, hook_kwargs))
 
     opt_info = registry.providers[(OPTIMIZER, plan.optimizer)]
-    where = f"optimizer '{plan.optimizer}' state_terms"
+    where = ("optimizer '{}' state_terms", plan.optimizer)
     own = _call_plugin(opt_info, where, "state_terms", registry.optimizers[plan.optimizer].state_terms,
                        plan, placement, plan.options.get(plan.optimizer))
     optimizer_state = _ordered(_stamp(opt_info, own, OPTIMIZER_STATE, where, "state_terms")
@@ -435,7 +448,7 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
 
     ckpt = plan.activation_checkpointing
     ckpt_info = registry.providers[(CHECKPOINTING, ckpt)]
-    where = f"checkpointing strategy '{ckpt}' activation_terms"
+    where = ("checkpointing strategy '{}' activation_terms", ckpt)
     own = _call_plugin(ckpt_info, where, "activation_terms", registry.checkpointing[ckpt].activation_terms,
                        plan, placement, plan.options.get(ckpt))
     activations = _ordered(_stamp(ckpt_info, own, ACTIVATIONS, where, "activation_terms")
