@@ -1,4 +1,4 @@
-"""The `mlsysim-core` command: estimate, plugins, models, hardware.
+"""The `mlsysim-core` command: estimate, plot, plugins, models, hardware.
 
 Exit codes: 0 ok; 2 bad input (the message names the parameter, the value and what is
 allowed); 3 a plugin failed to load or broke its contract, or the installation is broken. ``--debug`` shows tracebacks.
@@ -16,6 +16,46 @@ from .errors import InvalidInputError, MlsysimError
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
 DEFAULT_BATCH = 8
+
+
+def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of one solve, shared by `estimate` and `plot`."""
+    # Every solve option defaults to None here, so that a --scenario file fills what the
+    # flags leave out; built-in defaults (solve's own) come last.
+    parser.add_argument("--scenario", metavar="FILE",
+                        help="a .json or .toml scenario file; flags given as well override its values")
+    parser.add_argument("--model", "-m",
+                        help=f"catalog name (see `models`) or a JSON file of model fields (default {DEFAULT_MODEL})")
+    parser.add_argument("--hardware", "-g",
+                        help=f"catalog name (see `hardware`) or a JSON file (default {DEFAULT_HARDWARE})")
+    parser.add_argument("--batch-size", "-b", type=int,
+                        help=f"GLOBAL batch over all DP replicas and accumulation steps (default {DEFAULT_BATCH})")
+    parser.add_argument("--seq-len", "-s", type=int, help="sequence length (default 2048)")
+    parser.add_argument("--precision", help="fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
+    parser.add_argument("--optimizer", help="an installed optimizer (see `plugins`; default adam)")
+    parser.add_argument("--activation-checkpointing", "--checkpointing", dest="activation_checkpointing",
+                        help="none, selective (default), full, or an installed strategy")
+    parser.add_argument("--tp-size", "--tp", dest="tp_size", type=int)
+    parser.add_argument("--pp-size", "--pp", dest="pp_size", type=int)
+    parser.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
+    parser.add_argument("--ep-size", "--ep", dest="ep_size", type=int)
+    parser.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int)
+    parser.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="gradient_accumulation_steps",
+                        type=int)
+    parser.add_argument("--trainable-fraction", type=float, help="default 1.0")
+    parser.add_argument("--communication-buffer-fraction", "--comm-buffer-fraction",
+                        dest="communication_buffer_fraction", type=float, help="default 0.05")
+    parser.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
+                        help="with tp > 1, do not divide activations by tp")
+    parser.add_argument("--data-parallel", metavar="RULE",
+                        help="a data-parallel sharding rule by name (instead of --zero-stage)")
+    parser.add_argument("--rule", action="append", default=[], metavar="AXIS=RULE",
+                        help="replace the default tp, pp or ep rule, e.g. --rule tp=myorg.tp2d")
+    parser.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
+                        help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
+    parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
+                        help="let this plugin's component hooks add their terms too")
+    parser.add_argument("--profile", help="profile to use (see `plugins`; default reference)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,45 +76,33 @@ def _parser() -> argparse.ArgumentParser:
                          description="Solve one configuration. With no flags: Llama-3.1-8B on an "
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
-    # Every solve option defaults to None here, so that a --scenario file fills what the
-    # flags leave out; built-in defaults (solve's own) come last.
-    est.add_argument("--scenario", metavar="FILE",
-                     help="a .json or .toml scenario file; flags given as well override its values")
-    est.add_argument("--model", "-m",
-                     help=f"catalog name (see `models`) or a JSON file of model fields (default {DEFAULT_MODEL})")
-    est.add_argument("--hardware", "-g",
-                     help=f"catalog name (see `hardware`) or a JSON file (default {DEFAULT_HARDWARE})")
-    est.add_argument("--batch-size", "-b", type=int,
-                     help=f"GLOBAL batch over all DP replicas and accumulation steps (default {DEFAULT_BATCH})")
-    est.add_argument("--seq-len", "-s", type=int, help="sequence length (default 2048)")
-    est.add_argument("--precision", help="fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
-    est.add_argument("--optimizer", help="an installed optimizer (see `plugins`; default adam)")
-    est.add_argument("--activation-checkpointing", "--checkpointing", dest="activation_checkpointing",
-                     help="none, selective (default), full, or an installed strategy")
-    est.add_argument("--tp-size", "--tp", dest="tp_size", type=int)
-    est.add_argument("--pp-size", "--pp", dest="pp_size", type=int)
-    est.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
-    est.add_argument("--ep-size", "--ep", dest="ep_size", type=int)
-    est.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int)
-    est.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="gradient_accumulation_steps",
-                     type=int)
-    est.add_argument("--trainable-fraction", type=float, help="default 1.0")
-    est.add_argument("--communication-buffer-fraction", "--comm-buffer-fraction",
-                     dest="communication_buffer_fraction", type=float, help="default 0.05")
-    est.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
-                     help="with tp > 1, do not divide activations by tp")
-    est.add_argument("--data-parallel", metavar="RULE",
-                     help="a data-parallel sharding rule by name (instead of --zero-stage)")
-    est.add_argument("--rule", action="append", default=[], metavar="AXIS=RULE",
-                     help="replace the default tp, pp or ep rule, e.g. --rule tp=myorg.tp2d")
-    est.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
-                     help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
-    est.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
-                     help="let this plugin's component hooks add their terms too")
-    est.add_argument("--profile", help="profile to use (see `plugins`; default reference)")
+    _add_solve_flags(est)
     est.add_argument("--save-scenario", metavar="FILE", help="write the scenario solved to a JSON file")
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
     est.add_argument("--explain", action="store_true", help="show where every byte comes from")
+    est.add_argument("--no-chart", dest="chart", action="store_false",
+                     help="leave out the text bar chart under the table")
+
+    plot = sub.add_parser(
+        "plot", parents=[common], help="draw a picture: bars, timeline or sweep (PNG or SVG)",
+        description="Draw a picture of one configuration (the same flags as `estimate`). "
+                    "bars: stacked components against the capacity, one bar per value of --vary; "
+                    "timeline: bytes alive in each phase of one iteration; "
+                    "sweep: memory against the micro-batch (--sweep batch) or the sequence length "
+                    "(--sweep seq), with the largest value that fits. Needs matplotlib: "
+                    "pip install 'mlsysim-core[plot]'.")
+    plot.add_argument("kind", choices=("bars", "timeline", "sweep"), help="which picture")
+    plot.add_argument("--output", "-o", required=True, metavar="FILE",
+                      help="where to write it; .png or .svg")
+    plot.add_argument("--sweep", choices=("batch", "seq"), default="batch",
+                      help="sweep: the micro-batch per accelerator (default) or the sequence length")
+    plot.add_argument("--vary", metavar="FIELD",
+                      help="bars: one bar per value of this scenario field, e.g. zero_stage, hardware")
+    plot.add_argument("--values", metavar="V1,V2,...",
+                      help="sweep: the values (default 1,2,4,...,64 for batch, 512..32768 for seq); "
+                           "bars: the values of --vary")
+    plot.add_argument("--title", help="replace the picture's title")
+    _add_solve_flags(plot)
 
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
@@ -177,22 +205,111 @@ def scenario_from_args(args):
     return Scenario.from_dict(data)
 
 
+def _resolved(scenario):
+    """The scenario's model and hardware: catalog names stay names, .json paths are read."""
+    model = _model(scenario.model) if isinstance(scenario.model, str) else scenario.resolve_model()
+    hardware = _hardware(scenario.hardware) if isinstance(scenario.hardware, str) else scenario.resolve_hardware()
+    return model, hardware
+
+
+def _solve(solver, scenario):
+    model, hardware = _resolved(scenario)
+    return solver.solve(model, hardware, **scenario.solve_kwargs())
+
+
 def cmd_estimate(args, out) -> int:
     from .render import estimate_table
     from .solver import TrainingMemoryModel
     scenario = scenario_from_args(args)
-    model = _model(scenario.model) if isinstance(scenario.model, str) else scenario.resolve_model()
-    hardware = _hardware(scenario.hardware) if isinstance(scenario.hardware, str) else scenario.resolve_hardware()
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
-    result = solver.solve(model, hardware, **scenario.solve_kwargs())
+    result = _solve(solver, scenario)
     if args.save_scenario:
         scenario.dump(args.save_scenario)
     if args.json:
         out.write(result.to_json(indent=2) + "\n")
         return 0
-    out.write(estimate_table(result, plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}") + "\n")
+    out.write(estimate_table(result, plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}",
+                             chart=args.chart) + "\n")
     if args.explain:
         out.write("\n" + result.explain() + "\n")
+    return 0
+
+
+# Scenario fields `plot bars --vary` accepts (one value each; the rest are tables or lists).
+VARY_FIELDS = ("model", "hardware", "profile", "data_parallel", "sequence_parallel")
+
+
+def _split_values(text: str, parameter: str = "--values") -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or not all(items):
+        raise InvalidInputError(parameter, text, "comma-separated values, e.g. 1,2,4,8")
+    return items
+
+
+def _vary_value(field: str, raw: str):
+    if field in ("model", "hardware", "profile", "data_parallel", "activation_checkpointing", "optimizer",
+                 "precision"):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw   # solve() rejects it with a message naming the field
+
+
+def cmd_plot(args, out) -> int:
+    import attrs
+    from . import plots
+    from .scenario import SOLVE_FIELDS
+    from .solver import TrainingMemoryModel
+    scenario = scenario_from_args(args)
+    if Path(args.output).suffix.lower() not in plots.FORMATS:
+        raise InvalidInputError("--output", args.output, "a file name ending in .png or .svg")
+    if args.vary and args.kind != "bars":
+        raise InvalidInputError("--vary", args.vary, "only with `plot bars`")
+    if args.values is not None and args.kind == "timeline":
+        raise InvalidInputError("--values", args.values, "only with `plot bars --vary` or `plot sweep`")
+    if args.kind == "bars" and args.values is not None and not args.vary:
+        raise InvalidInputError("--values", args.values, "with --vary FIELD (the field they are values of)")
+    plots._matplotlib()     # fail early, with the extra's name, before solving anything
+    solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    if args.kind == "bars":
+        if args.vary:
+            allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
+            if args.vary not in allowed:
+                raise InvalidInputError("--vary", args.vary, f"one of {', '.join(allowed)}")
+            if args.values is None:
+                raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. 0,1,2,3")
+            raws = _split_values(args.values)
+            scenarios = [attrs.evolve(scenario, **{args.vary: _vary_value(args.vary, raw)}) for raw in raws]
+            results = [_solve(solver, s) for s in scenarios]
+            labels = [f"{args.vary}={raw}" for raw in raws]
+        else:
+            results, labels = [_solve(solver, scenario)], None
+        fig = plots.plot_bars(results, labels, title=args.title)
+    elif args.kind == "timeline":
+        result = _solve(solver, scenario)
+        fig = plots.plot_timeline(result, title=args.title)
+    else:
+        if args.values is None:
+            values = [2**i for i in range(7)] if args.sweep == "batch" else [2**i for i in range(9, 16)]
+        else:
+            values = []
+            for raw in _split_values(args.values):
+                try:
+                    values.append(int(raw))
+                except ValueError:
+                    raise InvalidInputError("--values", args.values, "whole numbers >= 1, e.g. 1,2,4,8") from None
+        model, hardware = _resolved(scenario)
+        data = plots.sweep(scenario, args.sweep, values, solver=solver, model=model, hardware=hardware)
+        fig = plots.plot_sweep(data, title=args.title)
+        best = data.largest_fitting
+        out.write(f"{data.label}: " + ", ".join(
+            f"{v:,} {'fits' if r.feasible else 'does not fit'} ({r.total_memory * 1e-9:,.3f} GB)"
+            for v, r in zip(data.values, data.results)) + "\n")
+        out.write(f"largest {data.label} that fits: {best:,}\n" if best is not None
+                  else f"no {data.label} of {', '.join(map(str, data.values))} fits\n")
+    path = plots.save(fig, args.output)
+    out.write(f"wrote {path}\n")
     return 0
 
 
@@ -267,7 +384,7 @@ def cmd_hardware(args, out) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "plugins": cmd_plugins, "models": cmd_models,
+COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "plugins": cmd_plugins, "models": cmd_models,
             "hardware": cmd_hardware}
 
 

@@ -11,13 +11,11 @@ import html
 import re
 import textwrap
 
+from .plan import PRECISION_BYTES
 from .terms import ACCELERATOR, COMPONENTS, PHASES
 
 GIB = 2**30
 
-# Bytes per value of each precision (as plan.PRECISION_BYTES; repeated here so that
-# rendering never needs the solver's modules).
-_PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
 def _gb(nbytes) -> str:
@@ -54,7 +52,7 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
 
     With ``reference`` (a second result, e.g. from another profile) its total is shown
     beside this one. With ``chart`` (the default) a text bar chart against the capacity
-    follows the table (see :func:`bar_chart`).
+    follows the table (see `bar_chart`).
     """
     rows = [("component", "GB (1e9 B)", "GiB (2^30 B)", "share", "from plugin(s)")]
     total = result.total_memory or 1
@@ -129,11 +127,8 @@ def bar_chart(result, *, width: int = 80) -> str:
     axis = min(axis, _MAX_AXIS * capacity) if capacity else axis
     cap_col = min(cells - 1, round(cells * capacity / axis)) if capacity else None
 
-    header = (f"bars: share of the capacity, {CAPACITY_MARK} = {_gb(capacity)} GB "
-              f"({_gib(capacity)} GiB)")
-    if result.total_memory > axis:
-        header += f", {OVERFLOW_MARK} = off the scale"
-    lines = [header[:width]]
+    lines = textwrap.wrap(f"bars vs capacity {CAPACITY_MARK} = {_gb(capacity)} GB ({_gib(capacity)} GiB); "
+                          "% of capacity at right", width)
     for label, value, p in zip(labels, values, pct):
         bar = list(_bar(value / axis, cells))
         overflow = value > axis
@@ -145,6 +140,9 @@ def bar_chart(result, *, width: int = 80) -> str:
         if label == _name(COMPONENTS[-1]):
             lines.append(" " * (label_w + 1) + "".join(
                 "┼" if i == cap_col else "─" for i in range(cells)))
+    if result.total_memory > axis:
+        lines.extend(textwrap.wrap(f"{OVERFLOW_MARK} = longer than shown (the axis ends at {_MAX_AXIS:g}x "
+                                   "the capacity)", width))
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -166,12 +164,13 @@ _CHECKPOINTING_WHY = {   # strategy -> (what is kept, how much and why)
     "selective": ("the tensors the forward pass saves for the backward pass",
                   "34·s·b·h bytes per layer at 16 bit (Korthikanti et al. 2023); the attention "
                   "core is recomputed in the backward pass instead of stored."),
-    "full": ("only each layer's input, kept for the backward pass",
-             "2·s·b·h bytes per layer at 16 bit; everything else is recomputed in the backward "
-             "pass, trading extra compute for memory."),
-    "none": ("every tensor the forward pass makes, kept for the backward pass",
-             "34·s·b·h + 5·a·s²·b bytes per layer at 16 bit, attention scores included. Nothing "
-             "is recomputed: the most memory, growing with the square of the sequence length."),
+    "full": ("only the input of each layer",
+             "2·s·b·h bytes per layer at 16 bit, kept for the backward pass; everything else is "
+             "recomputed in the backward pass, trading extra compute for memory."),
+    "none": ("every tensor the forward pass makes",
+             "34·s·b·h + 5·a·s²·b bytes per layer at 16 bit, attention scores included, all kept "
+             "for the backward pass. Nothing is recomputed: the most memory, growing with the "
+             "square of the sequence length."),
 }
 
 
@@ -202,7 +201,7 @@ def _sharded_by_zero(result, min_stage: int, what: str) -> str:
 def why(result, component: str) -> str:
     """One or two plain sentences: what this component is and why it takes memory."""
     precision = result.precision
-    b = _PRECISION_BYTES.get(precision)
+    b = PRECISION_BYTES.get(precision)
     per_value = f" ({b:g} B per value)" if b is not None else ""
     share = _model_parallel_share(result)
     share_text = f" Only this accelerator's share counts: {share}." if share else ""

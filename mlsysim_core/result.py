@@ -120,6 +120,14 @@ class TrainingMemoryResult:
         from .render import explain
         return explain(self)
 
+    def to_html(self) -> str:
+        """An HTML table: components (GB, GiB, share, plugins), total, capacity, verdict."""
+        from .render import to_html
+        return to_html(self)
+
+    def _repr_html_(self) -> str:   # Jupyter shows results as this table
+        return self.to_html()
+
 
 def format_gb(nbytes) -> str:
     """The reference's rendering of a byte count in GB (pint's ``~P`` format):
