@@ -104,6 +104,36 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--title", help="replace the picture's title")
     _add_solve_flags(plot)
 
+    fit = sub.add_parser(
+        "fit", parents=[common], help="inverse solves: the largest batch or sequence, the fewest devices",
+        description="Search what fits, naming the binding component and the headroom. "
+                    "batch: the largest micro-batch (and the global batch it makes); "
+                    "seq: the longest sequence at --batch-size; "
+                    "devices: the fewest devices for the layout shape --tp/--pp/--ep (dp grows; "
+                    "--batch-size is the global batch). Same flags as `estimate`; the searched one is ignored.")
+    fit.add_argument("question", choices=("batch", "seq", "devices"), help="what to search")
+    fit.add_argument("--multiple-of", type=int, default=1, help="seq: only multiples of this (e.g. 128)")
+    fit.add_argument("--json", action="store_true", help="the answer and both bracketing results as JSON")
+    _add_solve_flags(fit)
+
+    srch = sub.add_parser(
+        "search", parents=[common], help="every parallel layout for a device count: what fits, the Pareto front",
+        description="Enumerate every valid layout (tp, pp, dp, ep, data-parallel rule, checkpointing, "
+                    "sequence parallelism, micro-batch) of --devices accelerators for --global-batch, keep "
+                    "those that fit, rank them by the cost proxy (see `mlsysim_core.search`), and show the "
+                    "Pareto front of memory headroom against cost.")
+    srch.add_argument("--devices", "-n", type=int, required=True, help="number of accelerators")
+    srch.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    srch.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"catalog name or JSON file (default {DEFAULT_MODEL})")
+    srch.add_argument("--hardware", "-g", default=DEFAULT_HARDWARE, help=f"catalog name or JSON file (default {DEFAULT_HARDWARE})")
+    srch.add_argument("--seq-len", "-s", type=int, default=2048, help="sequence length (default 2048)")
+    srch.add_argument("--precision", default="fp16", help="default fp16")
+    srch.add_argument("--optimizer", default="adam", help="default adam")
+    srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
+    srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25)")
+    srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
+    srch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
     mod = sub.add_parser("models", parents=[common], help="models in the catalog")
@@ -384,7 +414,54 @@ def cmd_hardware(args, out) -> int:
     return 0
 
 
-COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "plugins": cmd_plugins, "models": cmd_models,
+def cmd_fit(args, out) -> int:
+    from . import inverse
+    from .solver import TrainingMemoryModel
+    scenario = scenario_from_args(args)
+    model, hardware = _resolved(scenario)
+    solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    kwargs = scenario.solve_kwargs()
+    if args.question == "batch":
+        kwargs.pop("batch_size")
+        answer = inverse.largest_batch(model, hardware, solver=solver, **kwargs)
+    elif args.question == "seq":
+        kwargs.pop("seq_len")
+        batch = kwargs.pop("batch_size")
+        answer = inverse.longest_sequence(model, hardware, batch, solver=solver, multiple_of=args.multiple_of,
+                                          **kwargs)
+    else:
+        batch = kwargs.pop("batch_size")
+        for name in ("dp_size",):
+            kwargs.pop(name)
+        answer = inverse.fewest_devices(model, hardware, batch, solver=solver, **kwargs)
+    if args.json:
+        data = {"question": answer.question, "value": answer.value, "binding": answer.binding,
+                "headroom": answer.headroom, "solves": answer.solves, "details": answer.details,
+                "result": answer.result.to_dict() if answer.result else None,
+                "limit": answer.limit.to_dict() if answer.limit else None}
+        out.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    else:
+        out.write(answer.describe() + "\n")
+    return 0
+
+
+def cmd_search(args, out) -> int:
+    from . import search
+    from .solver import TrainingMemoryModel
+    solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    progress = search.text_progress() if args.progress and sys.stderr.isatty() else None
+    found = search.search_plans(_model(args.model), _hardware(args.hardware), devices=args.devices,
+                                global_batch=args.global_batch, seq_len=args.seq_len,
+                                precision=args.precision, optimizer=args.optimizer, solver=solver,
+                                progress=progress)
+    if args.json:
+        out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
+    else:
+        out.write(found.table(rows=args.rows, pareto_only=not args.all) + "\n")
+    return 0
+
+
+COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "fit": cmd_fit, "search": cmd_search, "plugins": cmd_plugins, "models": cmd_models,
             "hardware": cmd_hardware}
 
 

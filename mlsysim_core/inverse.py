@@ -54,7 +54,7 @@ class InverseAnswer:
                 + f" ({self.result.gb.total_memory:,.3f} GB of {self.result.gb.available_memory:,.3f} GB; "
                   f"{self.headroom * 1e-9:,.3f} GB = {self.headroom / 2**30:,.3f} GiB headroom)")
         if self.limit is not None:
-            step = "with fewer devices" if self.question == "fewest devices" else "the next step"
+            step = "with fewer devices" if self.question == "fewest devices" else "at the next step"
             text += (f"; {step} it needs {self.limit.gb.total_memory:,.3f} GB, bound by "
                      f"{self.binding.replace('_', ' ')}")
         return text

@@ -129,3 +129,26 @@ def test_module_and_console_script_entry_points():
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--precision", "fp6"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "precision='fp6'" in proc.stderr
+
+
+def test_fit_commands(solver):
+    code, text = run("fit", "batch", "--dp", "8", "--zero-stage", "3")
+    assert code == 0
+    assert text.startswith("largest micro-batch: 7, global batch 56") and "bound by activations" in text
+    code, text = run("fit", "seq", "-b", "1", "--dp", "8", "--zero", "3", "--multiple-of", "1024", "--json")
+    data = json.loads(text)
+    assert data["value"] % 1024 == 0 and data["binding"] == "activations"
+    assert data["result"]["feasible"] and not data["limit"]["feasible"]
+    code, text = run("fit", "devices", "-m", "llama3-70b", "-b", "512", "-s", "4096", "--tp", "8", "--pp", "4",
+                     "--zero", "1", "--grad-accum", "8")
+    assert text.startswith("fewest devices: 128, dp 4, tp 8, pp 4")
+
+
+def test_search_command():
+    code, text = run("search", "-n", "16", "--global-batch", "32", "--rows", "1", "--no-progress")
+    assert code == 0 and "on the Pareto front" in text and "... " in text
+    code, text = run("search", "-n", "16", "--global-batch", "32", "--json", "--no-progress")
+    data = json.loads(text)
+    assert data["candidates"] >= len(data["fits"]) > 0 and all(p["pareto"] for p in data["pareto"])
+    code, _ = run("search", "-n", "0", "--global-batch", "32")
+    assert code == 2
