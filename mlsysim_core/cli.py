@@ -381,36 +381,43 @@ def cmd_plugins(args, out) -> int:
 
 def cmd_models(args, out) -> int:
     from .catalog import list_models
-    import attrs
-    entries = list_models()
+    entries = list_models(plugin_manager=_manager(args))
     if args.json:
-        rows = [{"key": e.key, "aliases": list(e.aliases), **attrs.asdict(e.value),
-                 "kind": e.extra.get("kind"), "sources": dict(e.sources)} for e in entries]
-        out.write(json.dumps({"models": rows}, indent=2) + "\n")
+        out.write(json.dumps({"models": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
         return 0
-    out.write(f"{'key':<14} {'name':<20} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  experts\n")
+    kw = max(len(e.key) for e in entries)
+    nw = max(len(e.value.name) for e in entries)
+    out.write(f"{'key':<{kw}} {'name':<{nw}} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  "
+              f"{'experts':<12} origin\n")
     for e in entries:
         m = e.value
         experts = f"{m.experts} (top-{m.active_experts_per_token})" if m.is_sparse else "-"
-        out.write(f"{e.key:<14} {m.name:<20} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
-                  f"{m.heads or '-':>5}  {experts}\n")
+        out.write(f"{e.key:<{kw}} {m.name:<{nw}} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
+                  f"{m.heads or '-':>5}  {experts:<12} {e.origin}\n")
     return 0
+
+
+def _catalog_row(entry) -> dict:
+    """One catalog entry for --json: its fields, names, origin, provider and sources."""
+    import attrs
+    return {"key": entry.key, "aliases": list(entry.aliases), **attrs.asdict(entry.value),
+            "kind": entry.extra.get("kind"), "tier": entry.extra.get("tier"), "origin": entry.origin,
+            "provided_by": entry.provided_by, "sources": dict(entry.sources)}
 
 
 def cmd_hardware(args, out) -> int:
     from .catalog import list_hardware
-    import attrs
-    entries = list_hardware()
+    entries = list_hardware(plugin_manager=_manager(args))
     if args.json:
-        rows = [{"key": e.key, "aliases": list(e.aliases), **attrs.asdict(e.value),
-                 "tier": e.extra.get("tier"), "sources": dict(e.sources)} for e in entries]
-        out.write(json.dumps({"hardware": rows}, indent=2) + "\n")
+        out.write(json.dumps({"hardware": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
         return 0
-    out.write(f"{'key':<20} {'name':<34} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}\n")
+    kw = max(len(e.key) for e in entries)
+    nw = max(len(e.value.name) for e in entries)
+    out.write(f"{'key':<{kw}} {'name':<{nw}} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}  origin\n")
     for e in entries:
         h = e.value
-        out.write(f"{e.key:<20} {h.name:<34} {h.memory_capacity:>18,} {h.memory_capacity * 1e-9:>10.3f} "
-                  f"{h.memory_capacity / 2**30:>9.2f}\n")
+        out.write(f"{e.key:<{kw}} {h.name:<{nw}} {h.memory_capacity:>18,} {h.memory_capacity * 1e-9:>10.3f} "
+                  f"{h.memory_capacity / 2**30:>9.2f}  {e.origin}\n")
     return 0
 
 
@@ -483,3 +490,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
             raise
         print(f"mlsysim-core: error: {err}", file=sys.stderr)
         return 2 if isinstance(err, InvalidInputError) else 3
+    except BrokenPipeError:   # `mlsysim-core models | head`: the reader left; not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

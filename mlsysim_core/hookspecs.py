@@ -3,8 +3,9 @@
 Two kinds, and nothing else:
 
 * **Registration hooks** take no arguments and return an iterable of specs
-  (``OptimizerSpec``, ``CheckpointingSpec``, ``ShardingRuleSpec``, ``ProfileSpec``).
-  They are called once per process, when the registry is built.
+  (``OptimizerSpec``, ``CheckpointingSpec``, ``ShardingRuleSpec``, ``ProfileSpec``), or
+  of catalog entries (``mlsysim_catalog_models``, ``mlsysim_catalog_hardware``). They are
+  called once per process, when the registry (or the catalog) is built.
 * **Component hooks**, one per memory component, return an iterable of ``MemoryTerm``
   (possibly empty) for one rank. They are always-on additive contributions (a framework
   overhead, an extra buffer) and are called once per solve, only for the plugins the
@@ -104,3 +105,37 @@ COMPONENT_HOOKS = {
     "activations": "mlsysim_activation_terms",
     "communication_buffers": "mlsysim_communication_buffer_terms",
 }
+
+
+# --- catalog hooks (registration hooks for catalog entries) --------------------------
+#
+# Collected by ``mlsysim_core.catalog`` (not by the registry), lazily, once per plugin
+# manager: when the catalog is listed, or a name is looked up that neither the built-in
+# catalog nor the user catalog directory has. See docs/catalog.md.
+
+if TYPE_CHECKING:
+    from .catalog import CatalogEntry
+
+
+@_hookspec
+def mlsysim_catalog_models() -> Iterable[CatalogEntry]:
+    """Add models to the catalog: an iterable of ``CatalogEntry`` whose ``value`` is a
+    ``TransformerWorkload`` or ``SparseTransformerWorkload``.
+
+    Example::
+
+        @hookimpl
+        def mlsysim_catalog_models():
+            return [CatalogEntry.from_dict({"key": "myorg/lm-1b", "parameters": 1_100_000_000,
+                                            "layers": 22, "hidden_dim": 2048, "heads": 32},
+                                           kind="model")]
+    """
+
+
+@_hookspec
+def mlsysim_catalog_hardware() -> Iterable[CatalogEntry]:
+    """Add accelerators to the catalog: an iterable of ``CatalogEntry`` whose ``value`` is a
+    ``HardwareNode``."""
+
+
+CATALOG_HOOKS = {"model": "mlsysim_catalog_models", "hardware": "mlsysim_catalog_hardware"}

@@ -237,7 +237,8 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _known_hooks() -> list[str]:
-    return sorted(hookspecs.REGISTRATION_HOOKS) + sorted(hookspecs.COMPONENT_HOOKS.values())
+    return (sorted(hookspecs.REGISTRATION_HOOKS) + sorted(hookspecs.CATALOG_HOOKS.values())
+            + sorted(hookspecs.COMPONENT_HOOKS.values()))
 
 
 def _ep_info(ep) -> PluginInfo:

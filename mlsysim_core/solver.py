@@ -85,6 +85,12 @@ class TrainingMemoryModel:
         * ``profile``: overrides the model's profile for this call.
         """
         registry = self.registry
+        if type(model) is str:       # catalog names, including entries this manager's plugins add
+            from .catalog import get_model
+            model = get_model(model, plugin_manager=self.plugin_manager)
+        if type(hardware) is str:
+            from .catalog import get_hardware
+            hardware = get_hardware(hardware, plugin_manager=self.plugin_manager)
         plan = _build_plan(registry, profile or self._profile, model, hardware, batch_size, seq_len,
                            precision, optimizer, activation_checkpointing, tp_size, pp_size,
                            dp_size, ep_size, zero_stage, gradient_accumulation_steps,

@@ -1,9 +1,15 @@
-"""The catalog: reference numbers, lookups, and data-file integrity."""
+"""The catalog: reference numbers, curated numbers against their sources, lookups, integrity."""
 
+import re
+
+import attrs
 import pytest
 
 from mlsysim_core import InvalidInputError
-from mlsysim_core.catalog import find_model, get_hardware, get_model, list_hardware, list_models
+from mlsysim_core.catalog import (CatalogEntry, count_parameters, count_workload_parameters, find_hardware,
+                                  find_model, get_hardware, get_model, list_hardware, list_models, normalise)
+
+GiB = 2**30
 
 # Spec §12 of the reference: every language model and every Cloud/Workstation accelerator.
 REFERENCE_MODELS = {
@@ -21,15 +27,21 @@ REFERENCE_HARDWARE_GIB = {
 }
 
 
+def by_origin(entries, origin):
+    return {e.key: e for e in entries if e.origin == origin}
+
+
+# --- the reference entries: unchanged ------------------------------------------------------
+
 def test_every_reference_model_is_present_with_its_numbers():
-    keys = {e.key: e.value for e in list_models()}
+    keys = {k: e.value for k, e in by_origin(list_models(plugins=False), "reference").items()}
     assert set(keys) == set(REFERENCE_MODELS)
     for key, params in REFERENCE_MODELS.items():
         assert keys[key].parameters == params
 
 
 def test_hardware_capacities_in_bytes():
-    assert len(list_hardware()) == 34
+    assert len(by_origin(list_hardware(plugins=False), "reference")) == 34
     for key, gib in REFERENCE_HARDWARE_GIB.items():
         assert get_hardware(key).memory_capacity == gib * 2**30
     assert get_hardware("gb200-nvl72").memory_capacity == int(13.5 * 2**40)
@@ -53,6 +65,7 @@ def test_mixtral_is_sparse_with_architecture_detail():
 def test_entries_name_their_sources():
     entry = find_model("llama3-8b")
     assert any("mlsysim 0.3.0" in source for source in entry.sources.values())
+    assert entry.origin == "reference" and "models.json" in entry.provided_by
 
 
 def test_unknown_name_suggests():
@@ -60,3 +73,270 @@ def test_unknown_name_suggests():
         get_model("llama3-8")
     with pytest.raises(InvalidInputError, match="hardware=3"):
         get_hardware(3)
+
+
+# --- the counting helper ----------------------------------------------------------------------
+
+def test_counting_helper_gpt2_small():
+    """GPT-2 124M: the count Hugging Face reports for openai-community/gpt2."""
+    count = count_parameters(layers=12, hidden_dim=768, heads=12, vocab_size=50257, ffn_dim=3072,
+                             gated_mlp=False, tied_embeddings=True, norm="layer", qkv_bias=True,
+                             attention_out_bias=True, mlp_bias=True, position_embeddings=1024)
+    assert count.total == count.active == 124_439_808
+
+
+def test_counting_helper_llama_3_1_8b():
+    count = count_parameters(layers=32, hidden_dim=4096, heads=32, kv_heads=8, vocab_size=128256,
+                             ffn_dim=14336)
+    assert count.total == 8_030_261_248
+    # by hand: embeddings + lm_head, 32 x (attention + SwiGLU + 2 norms), final norm
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert count.total == 2 * 128256 * 4096 + 32 * per_layer + 4096
+
+
+def test_counting_helper_mixture_of_experts():
+    count = count_parameters(layers=32, hidden_dim=4096, heads=32, kv_heads=8, vocab_size=32000,
+                             experts=8, active_experts_per_token=2, expert_ffn_dim=14336)
+    assert (count.total, count.active) == (46_702_792_704, 12_879_925_248)
+    assert count.total - count.active == 32 * 6 * 3 * 4096 * 14336     # the 6 experts a token skips
+
+
+def test_counting_helper_rejects_incomplete_configs():
+    with pytest.raises(ValueError, match="ffn_dim"):
+        count_parameters(layers=2, hidden_dim=8, heads=2, vocab_size=10)
+    with pytest.raises(ValueError, match="norm="):
+        count_parameters(layers=2, hidden_dim=8, heads=2, vocab_size=10, ffn_dim=16, norm="batch")
+
+
+# --- the curated entries against their sources ------------------------------------------------
+
+# Exact counts as Hugging Face reports them (model pages, num_parameters()), written out here
+# independently of the counting helper.
+EXACT_COUNTS = {
+    "openai-community/gpt2": 124_439_808,
+    "openai-community/gpt2-medium": 354_823_168,
+    "openai-community/gpt2-large": 774_030_080,
+    "openai-community/gpt2-xl": 1_557_611_200,
+    "meta-llama/llama-2-7b-hf": 6_738_415_616,
+    "meta-llama/llama-2-13b-hf": 13_015_864_320,
+    "meta-llama/llama-2-70b-hf": 68_976_648_192,
+    "meta-llama/meta-llama-3-8b": 8_030_261_248,
+    "meta-llama/llama-3.1-8b": 8_030_261_248,
+    "meta-llama/meta-llama-3-70b": 70_553_706_496,
+    "meta-llama/llama-3.1-405b": 405_853_388_800,
+    "meta-llama/llama-3.2-1b": 1_235_814_400,
+    "meta-llama/llama-3.2-3b": 3_212_749_824,
+    "mistralai/mistral-7b-v0.1": 7_241_732_096,
+    "mistralai/mixtral-8x7b-v0.1": 46_702_792_704,
+    "qwen/qwen2.5-0.5b": 494_032_768,
+    "qwen/qwen2.5-7b": 7_615_616_512,
+    "qwen/qwen2.5-72b": 72_706_203_648,
+    "qwen/qwen1.5-moe-a2.7b": 14_315_784_192,
+    "google/gemma-2-2b": 2_614_341_888,
+    "google/gemma-2-9b": 9_241_705_984,
+    "google/gemma-2-27b": 27_227_128_320,
+    "microsoft/phi-3-mini-4k-instruct": 3_821_079_552,
+    "tiiuae/falcon-7b": 6_921_720_704,
+    "allenai/olmo-7b-hf": 6_888_095_744,
+}
+
+# Rounded figures the publishers state: (total in billions, active in billions, digits).
+PUBLISHED_ROUNDED = {
+    "meta-llama/llama-3.1-70b": (70.6, None, 1),
+    "mistralai/mistral-7b-v0.3": (7.25, None, 2),
+    "mistralai/mixtral-8x7b-v0.1": (46.7, 12.9, 1),
+    "mistralai/mixtral-8x22b-v0.1": (141, 39, 0),
+    "qwen/qwen2.5-1.5b": (1.54, None, 2),
+    "qwen/qwen2.5-72b": (72.7, None, 1),
+    "qwen/qwen1.5-moe-a2.7b": (14.3, 2.7, 1),
+    "deepseek-ai/deepseek-v2-lite": (15.7, None, 1),
+    "deepseek-ai/deepseek-v3": (671, None, 0),
+    "microsoft/phi-3-medium-4k-instruct": (14, None, 0),
+    "allenai/olmo-2-1124-7b": (7.3, None, 1),
+    "openai/gpt-3-175b": (175, None, 0),
+}
+
+# Gemma 2 report (arXiv:2408.00118), Table 2: non-embedding parameters.
+GEMMA2_NON_EMBEDDING = {"google/gemma-2-2b": 2_024_517_888, "google/gemma-2-9b": 8_324_201_984,
+                        "google/gemma-2-27b": 26_047_480_320}
+
+
+def curated_models():
+    return by_origin(list_models(plugins=False), "curated")
+
+
+def curated_hardware():
+    return by_origin(list_hardware(plugins=False), "curated")
+
+
+def test_curated_model_families_are_all_there():
+    keys = set(curated_models())
+    assert len(keys) == 37
+    for needle in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "meta-llama-3-8b", "meta-llama-3-70b",
+                   "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
+                   "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b", "mixtral-8x22b",
+                   "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",
+                   "qwen2.5-72b", "qwen1.5-moe-a2.7b", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b",
+                   "deepseek-v2-lite", "deepseek-v3", "phi-3-mini", "phi-3-medium", "olmo",
+                   "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b"]:
+        assert any(needle in key for key in keys), needle
+
+
+@pytest.mark.parametrize("key,count", sorted(EXACT_COUNTS.items()))
+def test_curated_exact_counts(key, count):
+    assert get_model(key).parameters == count
+
+
+@pytest.mark.parametrize("key,published", sorted(PUBLISHED_ROUNDED.items()))
+def test_curated_counts_round_to_the_published_figures(key, published):
+    total, active, digits = published
+    model = get_model(key)
+    assert round(model.parameters / 1e9, digits) == total
+    if active is not None:
+        assert round(model.active_parameters / 1e9, digits) == active
+
+
+def test_gemma2_non_embedding_counts_match_the_report():
+    for key, non_embedding in GEMMA2_NON_EMBEDDING.items():
+        m = get_model(key)
+        assert m.parameters - m.vocab_size * m.hidden_dim == non_embedding
+
+
+def test_every_curated_count_recomputes_from_its_config():
+    for key, entry in curated_models().items():
+        count = count_workload_parameters(entry.value, entry.extra.get("counting"))
+        assert count.total == entry.value.parameters, key
+        if entry.value.is_sparse:
+            assert count.active == entry.value.active_parameters, key
+
+
+def test_curated_architecture_details():
+    m = get_model("meta-llama/Llama-3.1-8B")      # the HF repo id, any case
+    ref = get_model("llama3-8b")
+    assert (m.parameters, ref.parameters) == (8_030_261_248, 8_030_000_000)
+    fields = ("layers", "hidden_dim", "heads", "kv_heads", "vocab_size", "ffn_dim", "gated_mlp",
+              "tied_embeddings", "context_length")
+    assert [getattr(m, f) for f in fields] == [getattr(ref, f) for f in fields]
+    assert get_model("meta-llama/Meta-Llama-3.1-8B") is m                  # the pre-rename repo id
+    gemma = get_model("google/gemma-2-9b")
+    assert (gemma.head_dim, gemma.heads, gemma.kv_heads, gemma.tied_embeddings) == (256, 16, 8, True)
+    v3 = get_model("deepseek-ai/DeepSeek-V3")
+    assert v3.is_sparse and (v3.experts, v3.active_experts_per_token, v3.shared_experts) == (256, 8, 1)
+    assert (v3.expert_ffn_dim, v3.kv_lora_rank, v3.qk_rope_head_dim, v3.kv_heads) == (2048, 512, 64, None)
+    assert find_model("deepseek-ai/deepseek-v3").extra["counting"]["dense_layers"] == 3
+    falcon = get_model("tiiuae/falcon-7b")
+    assert (falcon.heads, falcon.kv_heads, falcon.gated_mlp) == (71, 1, False)
+
+
+NUMERIC_MODEL_FIELDS = ("parameters", "layers", "hidden_dim", "heads", "kv_heads", "head_dim", "vocab_size",
+                        "ffn_dim", "gated_mlp", "tied_embeddings", "context_length", "kv_lora_rank",
+                        "qk_rope_head_dim", "active_parameters", "experts", "active_experts_per_token",
+                        "shared_experts", "expert_ffn_dim", "architecture")
+
+
+def sourced_fields(entry):
+    return {f.strip() for fields in entry.sources for f in fields.split(",")}
+
+
+def test_every_curated_number_has_a_source():
+    for key, entry in {**curated_models(), **curated_hardware()}.items():
+        present = {f.name for f in attrs.fields(type(entry.value))
+                   if getattr(entry.value, f.name) is not None and f.name not in ("name", "vendor")}
+        missing = present - sourced_fields(entry)
+        assert not missing, f"{key}: no source for {sorted(missing)}"
+        assert all(len(text) > 20 for text in entry.sources.values()), key
+
+
+def test_curated_models_cite_a_public_source():
+    for key, entry in curated_models().items():
+        text = " ".join(entry.sources.values())
+        assert entry.extra.get("hf_repo") and f"huggingface.co/{entry.extra['hf_repo']}" in text \
+            or "arXiv:" in text, key
+        if entry.extra.get("hf_repo"):
+            assert normalise(entry.extra["hf_repo"]) == entry.key and entry.value.name == entry.extra["hf_repo"]
+
+
+# Vendor figures: (bytes of memory, bytes/s of bandwidth, devices per node).
+HARDWARE = {
+    "nvidia/a100-sxm4-40gb": (40 * GiB, 1_555_000_000_000, 8),
+    "nvidia/a100-sxm4-80gb": (80 * GiB, 2_039_000_000_000, 8),
+    "nvidia/a100-pcie-80gb": (80 * GiB, 1_935_000_000_000, None),
+    "nvidia/h100-sxm5-80gb": (85_899_345_920, 3_350_000_000_000, 8),
+    "nvidia/h100-pcie-80gb": (80 * GiB, 2_000_000_000_000, None),
+    "nvidia/h200-sxm-141gb": (141 * GiB, 4_800_000_000_000, 8),
+    "nvidia/b200": (180 * GiB, 8_000_000_000_000, 8),
+    "nvidia/gb200": (186 * GiB, 8_000_000_000_000, 4),
+    "nvidia/l4": (24 * GiB, 300_000_000_000, None),
+    "nvidia/l40s": (48 * GiB, 864_000_000_000, None),
+    "nvidia/rtx-4090": (24 * GiB, 1_008_000_000_000, None),
+    "nvidia/t4": (16 * GiB, 320_000_000_000, None),
+    "nvidia/v100-sxm2-16gb": (16 * GiB, 900_000_000_000, 8),
+    "nvidia/v100-sxm2-32gb": (32 * GiB, 900_000_000_000, 8),
+    "amd/mi250x": (128 * GiB, 3_276_800_000_000, 4),
+    "amd/mi250x-gcd": (64 * GiB, 1_638_400_000_000, 8),
+    "amd/mi300x": (192 * GiB, 5_300_000_000_000, 8),
+    "amd/mi325x": (256 * GiB, 6_000_000_000_000, 8),
+    "intel/gaudi2": (96 * GiB, 2_450_000_000_000, 8),
+    "intel/gaudi3": (128 * GiB, 3_700_000_000_000, 8),
+    "google/tpu-v4": (32 * GiB, 1_200_000_000_000, 4),
+    "google/tpu-v5e": (16 * GiB, 819_000_000_000, 8),
+    "google/tpu-v5p": (95 * GiB, 2_765_000_000_000, 4),
+    "google/tpu-v6e": (32 * GiB, 1_638_000_000_000, 8),
+}
+
+
+def test_curated_hardware_numbers():
+    assert set(curated_hardware()) == set(HARDWARE)
+    for key, (capacity, bandwidth, per_node) in HARDWARE.items():
+        hw = get_hardware(key)
+        assert (hw.memory_capacity, hw.memory_bandwidth, hw.devices_per_node) == (capacity, bandwidth, per_node), key
+        assert hw.vendor in ("NVIDIA", "AMD", "Intel", "Google"), key
+        stated = find_hardware(key).extra["memory_capacity_stated"]
+        assert re.match(rf"{capacity // GiB} ?Gi?B", stated), (key, stated)   # the vendor's figure, as GiB
+
+
+def test_curated_hardware_extras():
+    h100 = find_hardware("NVIDIA/H100")                                 # an alias
+    assert h100.key == "nvidia/h100-sxm5-80gb"
+    assert h100.extra["memory_capacity_reported"] == 85_520_809_984     # nvidia-smi: 81,559 MiB
+    assert h100.value.host_memory == 2 * 2**40
+    assert get_hardware("google/tpu-v6e").host_memory == 1536 * GiB
+    assert get_hardware("google/tpu-v5e").host_memory == 512 * GiB
+    assert find_hardware("nvidia/rtx-4090").extra["tier"] == "workstation"
+
+
+def test_reference_entries_keep_their_short_keys():
+    """Curated entries live under distinct keys: every reference name still finds its entry."""
+    for entry in list_models(plugins=False) + list_hardware(plugins=False):
+        if entry.origin == "reference":
+            for name in entry.names:
+                found = find_model(name) if entry.kind == "model" else find_hardware(name)
+                assert found is entry
+
+
+# --- integrity -------------------------------------------------------------------------------
+
+def test_names_are_unique_and_entries_are_stamped():
+    for entries in (list_models(plugins=False), list_hardware(plugins=False)):
+        keys = [e.key for e in entries]
+        assert len(keys) == len(set(keys))
+        assert all(e.key == e.key.strip().lower() for e in entries)
+        assert {e.origin for e in entries} == {"reference", "curated"}
+        assert all(e.provided_by.startswith("mlsysim-core built-in catalog") for e in entries)
+
+
+def test_entries_round_trip_through_dicts():
+    for entry in list_models(plugins=False) + list_hardware(plugins=False):
+        again = CatalogEntry.from_dict(entry.to_dict())
+        assert again.value == entry.value and again.key == entry.key and again.aliases == entry.aliases
+        assert dict(again.sources) == dict(entry.sources)
+        assert dict(again.extra) == dict(entry.extra)
+
+
+def test_the_catalog_page_lists_every_curated_entry_with_its_numbers():
+    from pathlib import Path
+    page = (Path(__file__).resolve().parent.parent / "docs" / "catalog.md").read_text(encoding="utf-8")
+    for key, entry in curated_models().items():
+        assert f"| `{key}` | {entry.value.parameters:,} |" in page, key
+    for key, entry in curated_hardware().items():
+        assert f"| `{key}` | {entry.value.memory_capacity:,} |" in page, key

@@ -5,6 +5,7 @@ checks the bytes it adds, by hand.
 """
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -34,8 +35,10 @@ def base(solver, **kw):
 
 def test_every_hook_has_a_test():
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 9
-    missing = [h for h in hooks if f"test_hook_{h}" not in globals()]
+    assert len(hooks) == 11
+    catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
+    missing = [h for h in hooks
+               if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
     assert not missing, missing
 
 
