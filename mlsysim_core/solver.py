@@ -147,28 +147,31 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
         raise (InvalidInputError if isinstance(optimizer, str) else InvalidInputTypeError)(
             "optimizer", optimizer,
             f"an installed optimizer: {registry.describe_choices(OPTIMIZER, registry.optimizers)}")
-    optimizer_name = optimizer.lower()
     if not isinstance(activation_checkpointing, str) or activation_checkpointing not in registry.checkpointing:
         # Case-sensitive, as the reference: 'Selective' is not a strategy name.
         raise (InvalidInputError if isinstance(activation_checkpointing, str) else InvalidInputTypeError)(
             "activation_checkpointing", activation_checkpointing,
             f"one of: {registry.describe_choices(CHECKPOINTING, registry.checkpointing)}")
-    counts = {}
-    for parameter, value in (("batch_size", batch_size), ("seq_len", seq_len), ("tp_size", tp_size),
-                             ("pp_size", pp_size), ("dp_size", dp_size), ("ep_size", ep_size),
-                             ("gradient_accumulation_steps", gradient_accumulation_steps)):
-        counts[parameter] = _checks.count(parameter, value)
+    count = _checks.count
+    batch_size = count("batch_size", batch_size)
+    seq_len = count("seq_len", seq_len)
+    tp_size = count("tp_size", tp_size)
+    pp_size = count("pp_size", pp_size)
+    dp_size = count("dp_size", dp_size)
+    ep_size = count("ep_size", ep_size)
+    gradient_accumulation_steps = count("gradient_accumulation_steps", gradient_accumulation_steps)
     trainable_fraction = _checks.fraction("trainable_fraction", trainable_fraction)
     communication_buffer_fraction = _checks.fraction("communication_buffer_fraction",
                                                      communication_buffer_fraction)
-    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
-        raise (InvalidInputTypeError if isinstance(zero_stage, bool) else InvalidInputError)(
-            "zero_stage", zero_stage, "0, 1, 2 or 3")
-    zero_stage = int(zero_stage)
-    sequence_parallel = _checks.flag("sequence_parallel", sequence_parallel)
+    if type(zero_stage) is not int or zero_stage not in (0, 1, 2, 3):
+        if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+            raise (InvalidInputTypeError if isinstance(zero_stage, bool) else InvalidInputError)(
+                "zero_stage", zero_stage, "0, 1, 2 or 3")
+        zero_stage = int(zero_stage)
+    if sequence_parallel is not True and sequence_parallel is not False:
+        _checks.flag("sequence_parallel", sequence_parallel)
 
-    if activation_checkpointing in registry.checkpointing and \
-            registry.checkpointing[activation_checkpointing].requires_heads and model.heads is None:
+    if registry.checkpointing[activation_checkpointing].requires_heads and model.heads is None:
         usable = sorted(n for n, s in registry.checkpointing.items() if not s.requires_heads)
         raise InvalidInputError(
             "activation_checkpointing", activation_checkpointing,
@@ -177,6 +180,24 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
             f"strategy '{activation_checkpointing}' needs model.heads"
             + (": the 5*a*s^2*b attention-score term scales with the head count (Korthikanti et al. "
                "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
+
+    # Which specs: the same answer for the same names, so it is cached when it can be.
+    key = None
+    if not sharding_rules and not plugin_options and not include_plugins and \
+            (data_parallel is None or type(data_parallel) is str):
+        key = ("select", optimizer, activation_checkpointing, zero_stage, data_parallel)
+        chosen = registry.cache.get(key)
+        if chosen is not None:
+            optimizer_name, rules, include, options = chosen
+            return TrainingPlan(
+                model=model, hardware=hardware, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                optimizer=optimizer_name, activation_checkpointing=activation_checkpointing, tp_size=tp_size,
+                pp_size=pp_size, dp_size=dp_size, ep_size=ep_size, zero_stage=zero_stage,
+                gradient_accumulation_steps=gradient_accumulation_steps, trainable_fraction=trainable_fraction,
+                communication_buffer_fraction=communication_buffer_fraction,
+                sequence_parallel=sequence_parallel, profile=profile, rules=rules, options=options,
+                include_plugins=include)
+    optimizer_name = optimizer.lower()
 
     # Select one sharding rule per axis.
     requested = dict(sharding_rules) if sharding_rules else {}
@@ -198,6 +219,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                                     "0 when data_parallel= names a rule (the rule decides the sharding)",
                                     f"data_parallel={data_parallel!r}")
         rules[DATA] = _select_rule(registry, DATA, data_parallel, "data_parallel")
+    rules = types.MappingProxyType(rules)
 
     if isinstance(include_plugins, str):
         include_plugins = (include_plugins,)
@@ -214,14 +236,19 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
         spec_names = {optimizer_name: registry.optimizers[optimizer_name],
                       activation_checkpointing: registry.checkpointing[activation_checkpointing]}
         spec_names.update({name: registry.sharding_rules[name] for name in rules.values()})
-        options = _structure_options(plugin_options or {}, spec_names)
+        options = types.MappingProxyType(_structure_options(plugin_options or {}, spec_names))
+    if key is not None:
+        registry.cache[key] = (optimizer_name, rules, include, options)
 
-    return TrainingPlan(model=model, hardware=hardware, precision=precision, optimizer=optimizer_name,
-                        activation_checkpointing=activation_checkpointing, zero_stage=zero_stage,
+    return TrainingPlan(model=model, hardware=hardware, batch_size=batch_size, seq_len=seq_len,
+                        precision=precision, optimizer=optimizer_name,
+                        activation_checkpointing=activation_checkpointing, tp_size=tp_size, pp_size=pp_size,
+                        dp_size=dp_size, ep_size=ep_size, zero_stage=zero_stage,
+                        gradient_accumulation_steps=gradient_accumulation_steps,
                         trainable_fraction=trainable_fraction,
                         communication_buffer_fraction=communication_buffer_fraction,
                         sequence_parallel=sequence_parallel, profile=profile, rules=rules,
-                        options=options, include_plugins=include, **counts)
+                        options=options, include_plugins=include)
 
 
 _NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
@@ -329,16 +356,56 @@ def _stamp(info: PluginInfo, items, component: str, what, hook: str) -> list[Mem
     return items
 
 
-def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, list]:
+class _Selection:
+    """Everything a solve needs that depends only on which specs and plugins are selected:
+    built once per registry and selection, then reused (searches solve thousands of
+    layouts with the same selection)."""
+
+    __slots__ = ("rules", "optimizer", "checkpointing", "impls", "plugin_sources", "selected", "missing",
+                 "profile_info")
+
+    def __init__(self, registry: Registry, plan: TrainingPlan):
+        from .hookspecs import COMPONENT_HOOKS
+        self.rules = tuple((axis, name, registry.providers[(SHARDING, name)], registry.sharding_rules[name].apply)
+                           for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
+        opt, ckpt = plan.optimizer, plan.activation_checkpointing
+        self.optimizer = (registry.providers[(OPTIMIZER, opt)], registry.optimizers[opt].state_terms,
+                          ("optimizer '{}' state_terms", opt))
+        self.checkpointing = (registry.providers[(CHECKPOINTING, ckpt)], registry.checkpointing[ckpt].activation_terms,
+                              ("checkpointing strategy '{}' activation_terms", ckpt))
+        profile = registry.profiles[plan.profile]
+        wanted = set(profile.component_plugins) | set(plan.include_plugins)
+        self.impls = {component: tuple(i for i in registry.component_impls[hook] if i.plugin.name in wanted)
+                      for component, hook in COMPONENT_HOOKS.items()}
+        self.missing = sorted(n for n in profile.component_plugins if n not in registry.plugins)
+        self.profile_info = registry.providers[(PROFILE, plan.profile)]
+        infos = [self.optimizer[0], self.checkpointing[0], *(rule[2] for rule in self.rules),
+                 *(impl.plugin for impls in self.impls.values() for impl in impls)]
+        # The plugins that took part and their distributions.
+        self.plugin_sources = types.MappingProxyType(dict(sorted((i.name, i.source) for i in infos)))
+        self.selected = types.MappingProxyType(
+            {"profile": plan.profile, "optimizer": opt, "activation_checkpointing": ckpt,
+             **{f"{axis}_rule": plan.rules[axis] for axis in AXES}})
+
+
+def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
+    rules = plan.rules
+    key = (plan.profile, plan.include_plugins, plan.optimizer, plan.activation_checkpointing,
+           rules["tp"], rules["pp"], rules["ep"], rules["dp"])
+    selection = registry.cache.get(key)
+    if selection is None:
+        selection = registry.cache[key] = _Selection(registry, plan)
+    return selection
+
+
+def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, list]:
     parameter = activation = weight = gradient = optimizer_state = 1
     by = {key: () for key in _SHARD_FIELDS}    # quantity -> the rules that split it
     layers_per_stage = layers_rule = None
     buffer_terms, notes = [], []
-    for axis in AXES:   # model parallel (tp, pp, ep), then data parallel
-        name = plan.rules[axis]
-        info = registry.providers[(SHARDING, name)]
-        effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply",
-                              registry.sharding_rules[name].apply, plan, plan.options.get(name))
+    options = plan.options
+    for axis, name, info, apply in selection.rules:   # model parallel (tp, pp, ep), then data parallel
+        effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan, options.get(name))
         if type(effect) is not ShardingEffect:
             raise PluginContractError(
                 f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "
@@ -367,8 +434,8 @@ def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, lis
             layers_rule = name
             layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
         if effect.buffer_terms:
-            buffer_terms.append((info, _stamp(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
-                                              ("sharding rule '{}' apply", name), "apply")))
+            buffer_terms.extend(_stamp(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
+                                       ("sharding rule '{}' apply", name), "apply"))
         if effect.notes:
             notes.append((axis, effect.notes))
     parameters_per_rank = plan.model.parameters / parameter
@@ -382,21 +449,6 @@ def _place(registry: Registry, plan: TrainingPlan) -> tuple[Placement, list, lis
     return placement, buffer_terms, notes
 
 
-def _component_impls(registry: Registry, plan: TrainingPlan) -> dict:
-    """Per component, the hook implementations taking part: the profile's plugins and the
-    included ones (cached per registry, profile and inclusion)."""
-    key = (plan.profile, plan.include_plugins)
-    cached = registry.cache.get(key)
-    if cached is None:
-        from .hookspecs import COMPONENT_HOOKS
-        wanted = set(registry.profiles[plan.profile].component_plugins) | set(plan.include_plugins)
-        cached = {component: tuple(impl for impl in registry.component_impls[hook]
-                                   if impl.plugin.name in wanted)
-                  for component, hook in COMPONENT_HOOKS.items()}
-        registry.cache[key] = cached
-    return cached
-
-
 def _hook_terms(impls, component: str, kwargs: dict) -> list[MemoryTerm]:
     if not impls:
         return []
@@ -407,6 +459,12 @@ def _hook_terms(impls, component: str, kwargs: dict) -> list[MemoryTerm]:
         items = _call_plugin(impl.plugin, what, hook, impl.function, *[kwargs[a] for a in impl.argnames])
         terms += _stamp(impl.plugin, items, component, what, hook)
     return terms
+
+
+def _own_terms(spec, plan, placement, component, hook, option_name):
+    info, function, what = spec
+    own = _call_plugin(info, what, hook, function, plan, placement, plan.options.get(option_name))
+    return _stamp(info, own, component, what, hook)
 
 
 def _accelerator_sum(terms: list[MemoryTerm]):
@@ -427,51 +485,43 @@ def _term_key(term: MemoryTerm):
     return (term.source, term.label)
 
 
+_NOTE_ORDER = (DATA, "tp", "pp", "ep")    # the reference's trace: ZeRO before the MoE note
+
+
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
-    missing = registry.cache.get(("missing", plan.profile))
-    if missing is None:
-        missing = registry.cache[("missing", plan.profile)] = [
-            name for name in registry.profiles[plan.profile].component_plugins if name not in registry.plugins]
-    if missing:
-        info = registry.providers[(PROFILE, plan.profile)]
+    selection = _selection(registry, plan)
+    if selection.missing:
+        info = selection.profile_info
         raise PluginError(
-            f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(sorted(missing))}, which "
+            f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(selection.missing)}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
-    placement, buffer_terms, notes = _place(registry, plan)
-    impls = _component_impls(registry, plan)
+    placement, comm, notes = _place(selection, plan)
+    impls = selection.impls
     hook_kwargs = {"plan": plan, "placement": placement}
 
     weights = _ordered(_hook_terms(impls[WEIGHTS], WEIGHTS, hook_kwargs))
     gradients = _ordered(_hook_terms(impls[GRADIENTS], GRADIENTS, hook_kwargs))
-
-    opt_info = registry.providers[(OPTIMIZER, plan.optimizer)]
-    where = ("optimizer '{}' state_terms", plan.optimizer)
-    own = _call_plugin(opt_info, where, "state_terms", registry.optimizers[plan.optimizer].state_terms,
-                       plan, placement, plan.options.get(plan.optimizer))
-    optimizer_state = _ordered(_stamp(opt_info, own, OPTIMIZER_STATE, where, "state_terms")
-                               + _hook_terms(impls[OPTIMIZER_STATE], OPTIMIZER_STATE, hook_kwargs))
-
+    optimizer_state = _own_terms(selection.optimizer, plan, placement, OPTIMIZER_STATE, "state_terms",
+                                 plan.optimizer)
+    if impls[OPTIMIZER_STATE]:
+        optimizer_state += _hook_terms(impls[OPTIMIZER_STATE], OPTIMIZER_STATE, hook_kwargs)
+    optimizer_state = _ordered(optimizer_state)
     ckpt = plan.activation_checkpointing
-    ckpt_info = registry.providers[(CHECKPOINTING, ckpt)]
-    where = ("checkpointing strategy '{}' activation_terms", ckpt)
-    own = _call_plugin(ckpt_info, where, "activation_terms", registry.checkpointing[ckpt].activation_terms,
-                       plan, placement, plan.options.get(ckpt))
-    activations = _ordered(_stamp(ckpt_info, own, ACTIVATIONS, where, "activation_terms")
-                           + _hook_terms(impls[ACTIVATIONS], ACTIVATIONS, hook_kwargs))
+    activations = _own_terms(selection.checkpointing, plan, placement, ACTIVATIONS, "activation_terms", ckpt)
+    if impls[ACTIVATIONS]:
+        activations += _hook_terms(impls[ACTIVATIONS], ACTIVATIONS, hook_kwargs)
+    activations = _ordered(activations)
 
-    totals = {WEIGHTS: _accelerator_sum(weights), GRADIENTS: _accelerator_sum(gradients),
-              OPTIMIZER_STATE: _accelerator_sum(optimizer_state)}
-    comm = [term for _, terms in buffer_terms for term in terms]
-    comm += _hook_terms(impls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS,
-                        {**hook_kwargs, "model_states": dict(totals)})
+    w, g, o = _accelerator_sum(weights), _accelerator_sum(gradients), _accelerator_sum(optimizer_state)
+    if impls[COMMUNICATION_BUFFERS]:
+        hook_kwargs["model_states"] = {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o}
+        comm += _hook_terms(impls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS, hook_kwargs)
     comm = _ordered(comm)
-    totals[ACTIVATIONS] = _accelerator_sum(activations)
-    totals[COMMUNICATION_BUFFERS] = _accelerator_sum(comm)
+    a, c = _accelerator_sum(activations), _accelerator_sum(comm)
 
     # 5. combine: the reference adds the five components left to right, in float64.
-    total = (totals[WEIGHTS] + totals[GRADIENTS] + totals[OPTIMIZER_STATE] + totals[ACTIVATIONS]
-             + totals[COMMUNICATION_BUFFERS])
+    total = w + g + o + a + c
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
     host = 0
     for term in terms:
@@ -480,33 +530,21 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     capacity = plan.hardware.memory_capacity
     # Feasibility and utilisation are computed in GB, exactly as the reference does.
     total_gb, available_gb = total * 1e-9, capacity * 1e-9
-
-    rule_notes = []
-    for axis in (DATA, "tp", "pp", "ep"):
-        for note_axis, axis_notes in notes:
-            if note_axis == axis:
-                rule_notes.extend(axis_notes)
-
-    rules = plan.rules
-    selected = {"profile": plan.profile, "optimizer": plan.optimizer, "activation_checkpointing": ckpt,
-                "tp_rule": rules["tp"], "pp_rule": rules["pp"], "ep_rule": rules["ep"], "dp_rule": rules["dp"]}
-    # The plugins that took part (selected specs, the profile's and included component
-    # plugins) and their distributions: the same for every solve with this selection.
-    key = ("sources", plan.profile, plan.include_plugins, plan.optimizer, ckpt,
-           rules["tp"], rules["pp"], rules["ep"], rules["dp"])
-    plugin_sources = registry.cache.get(key)
-    if plugin_sources is None:
-        infos = [opt_info, ckpt_info, *(registry.providers[(SHARDING, rules[axis])] for axis in AXES),
-                 *(impl.plugin for component_impls in impls.values() for impl in component_impls)]
-        plugin_sources = registry.cache[key] = types.MappingProxyType(
-            dict(sorted((i.name, i.source) for i in infos)))
+    if not notes:
+        rule_notes = ()
+    elif len(notes) == 1:
+        rule_notes = notes[0][1]
+    else:
+        rule_notes = tuple(n for axis in _NOTE_ORDER for note_axis, axis_notes in notes
+                           if note_axis == axis for n in axis_notes)
 
     return TrainingMemoryResult(
         feasible=total_gb <= available_gb, total_memory=total, available_memory=capacity,
         memory_utilization=total_gb / available_gb, precision=plan.precision, optimizer=plan.optimizer,
         activation_checkpointing=ckpt,
         parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
-        notes=tuple(rule_notes), profile=plan.profile, terms=terms, host_memory=host,
+        notes=rule_notes, profile=plan.profile, terms=terms, host_memory=host,
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,
-        selected=selected, plugin_sources=plugin_sources, **totals)
+        selected=selection.selected, plugin_sources=selection.plugin_sources,
+        weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c)
