@@ -6,6 +6,7 @@ from typing import Mapping
 
 import attrs
 
+from .terms import ACCELERATOR as ACCELERATOR_TIER
 from .terms import COMPONENTS, MemoryTerm
 
 GB = 1e9        # decimal gigabyte, what the reference reports
@@ -72,6 +73,9 @@ class TrainingMemoryResult:
     layers_per_stage: int = 1
     sequence_parallel: bool = True
     selected: Mapping[str, str] = attrs.field(factory=dict)   # role -> spec name
+    # For a profile that combines by "peak": the phase whose live bytes are the total (the
+    # component fields are then what is alive in it). None when the profile sums.
+    peak_phase: str | None = None
     plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
 
     @property
@@ -83,6 +87,18 @@ class TrainingMemoryResult:
     def gib(self) -> MemoryView:
         """Memory fields in binary GiB (1 GiB = 2**30 bytes)."""
         return MemoryView(self, "GiB")
+
+    @property
+    def phase_totals(self) -> dict[str, int | float]:
+        """Accelerator bytes alive in each phase of an iteration, from the terms' liveness
+        (whatever the profile's combine rule)."""
+        from .terms import PHASES
+        totals = dict.fromkeys(PHASES, 0)
+        for term in self.terms:
+            if term.tier == ACCELERATOR_TIER:
+                for phase in term.phases:
+                    totals[phase] += term.nbytes
+        return totals
 
     @property
     def constraint_trace(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@
     3. apply the sharding rules   -> Placement             (tp, pp, ep, then dp)
     4. collect terms per component: weights, gradients, optimizer state, activations,
        communication buffers (selected specs + the profile's component hooks)
-    5. combine                    -> TrainingMemoryResult  (the profile's rule; "sum")
+    5. combine                    -> TrainingMemoryResult  (the profile's rule: "sum" or "peak")
 
 Only selected specs are called, so installed-but-unselected plugins contribute nothing.
 Shard factors are integer products, and terms are ordered by (source, label) before
@@ -30,6 +30,7 @@ from .result import TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect
 from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
 from .terms import _current_source
+from .terms import PHASES
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS,
                     OPTIMIZER_STATE, WEIGHTS, MemoryTerm)
 from .types import HardwareNode, TransformerWorkload
@@ -362,7 +363,7 @@ class _Selection:
     layouts with the same selection)."""
 
     __slots__ = ("rules", "optimizer", "checkpointing", "impls", "plugin_sources", "selected", "missing",
-                 "profile_info")
+                 "profile_info", "combine_peak")
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
         from .hookspecs import COMPONENT_HOOKS
@@ -374,6 +375,7 @@ class _Selection:
         self.checkpointing = (registry.providers[(CHECKPOINTING, ckpt)], registry.checkpointing[ckpt].activation_terms,
                               ("checkpointing strategy '{}' activation_terms", ckpt))
         profile = registry.profiles[plan.profile]
+        self.combine_peak = profile.combine == "peak"
         wanted = set(profile.component_plugins) | set(plan.include_plugins)
         self.impls = {component: tuple(i for i in registry.component_impls[hook] if i.plugin.name in wanted)
                       for component, hook in COMPONENT_HOOKS.items()}
@@ -485,7 +487,22 @@ def _term_key(term: MemoryTerm):
     return (term.source, term.label)
 
 
-_NOTE_ORDER = (DATA, "tp", "pp", "ep")    # the reference's trace: ZeRO before the MoE note
+_NOTE_ORDER = (DATA, "tp", "pp", "ep")
+
+
+def _peak(terms) -> tuple[str, tuple]:
+    """The phase with the most accelerator bytes alive (the earliest on a tie) and, for it,
+    the bytes alive per component, in COMPONENTS order."""
+    alive = {phase: [0, 0, 0, 0, 0] for phase in PHASES}
+    index = {component: i for i, component in enumerate(COMPONENTS)}
+    for term in terms:
+        if term.tier != ACCELERATOR:
+            continue
+        i = index[term.component]
+        for phase in term.phases:
+            alive[phase][i] += term.nbytes
+    best = max(PHASES, key=lambda phase: (sum(alive[phase]), -PHASES.index(phase)))
+    return best, tuple(alive[best])    # the reference's trace: ZeRO before the MoE note
 
 
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
@@ -520,9 +537,12 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     comm = _ordered(comm)
     a, c = _accelerator_sum(activations), _accelerator_sum(comm)
 
+    terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
+    peak_phase = None
+    if selection.combine_peak:   # the largest phase, and what is alive in it
+        peak_phase, (w, g, o, a, c) = _peak(terms)
     # 5. combine: the reference adds the five components left to right, in float64.
     total = w + g + o + a + c
-    terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
     host = 0
     for term in terms:
         if term.tier != ACCELERATOR:
@@ -546,5 +566,5 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
         notes=rule_notes, profile=plan.profile, terms=terms, host_memory=host,
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,
-        selected=selection.selected, plugin_sources=selection.plugin_sources,
+        selected=selection.selected, plugin_sources=selection.plugin_sources, peak_phase=peak_phase,
         weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c)

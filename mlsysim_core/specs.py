@@ -144,10 +144,12 @@ class ProfileSpec:
     ``component_plugins`` names the plugins whose component hooks (always-on additive
     terms) take part in this profile; component hooks of other plugins are not called
     unless the user includes them. ``combine`` is ``"sum"`` (every term adds up, as the
-    textbook reference does); architecture-aware profiles will add a phase peak.
+    textbook reference does) or ``"peak"``: the total is the largest, over the phases of
+    one iteration, of the accelerator bytes alive in that phase (``MemoryTerm.phases``);
+    the result names that phase, and its component fields are what is alive then.
     """
 
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=_tuple)
-    combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum",)))
+    combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))

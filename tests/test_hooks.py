@@ -175,3 +175,28 @@ def test_hook_implementation_with_unknown_argument_is_rejected(builtin_pm):
             return []
     with pytest.raises(mlsysim_core.PluginContractError, match="colour"):
         solver_with(Bad(), builtin_pm=builtin_pm)
+
+
+def test_a_peak_profile_takes_the_largest_phase(builtin_pm):
+    """combine="peak": the total is the phase with the most live bytes, and the components
+    are what is alive then (the reference profile sums every term instead)."""
+    class Peak:
+        @hookimpl
+        def mlsysim_profiles(self):
+            return [ProfileSpec(name="test.peak", component_plugins=("model_states", "communication_buffers"),
+                                combine="peak")]
+    solver = solver_with(Peak(), builtin_pm=builtin_pm)
+    summed, peak = base(solver), base(solver, profile="test.peak")
+    acts, bucket = 10 * 34 * 100 * 4 * 1000, 0.05 * 2 * P
+    # forward: weights + optimizer state + activations; backward: + gradients + bucket;
+    # optimizer step: weights + gradients + optimizer state (activations are gone)
+    assert summed.phase_totals == {"forward": 2 * P + 12 * P + acts,
+                                   "backward": 2 * P + 2 * P + 12 * P + acts + bucket,
+                                   "optimizer_step": 2 * P + 2 * P + 12 * P}
+    assert summed.peak_phase is None and summed.total_memory == 16 * P + acts + bucket
+    assert peak.peak_phase == "backward" and peak.total_memory == pytest.approx(16 * P + acts + bucket)
+    # with the largest activations gone (full recompute is small) backward still peaks; with
+    # no bucket and optimizer state dominating, the step phase ties backward minus activations
+    r = base(solver, profile="test.peak", communication_buffer_fraction=0.0, activation_checkpointing="full")
+    assert r.peak_phase == "backward" and r.activations == 10 * 2 * 100 * 4 * 1000
+    assert r.total_memory == r.weights + r.gradients + r.optimizer_state + r.activations + r.communication_buffers

@@ -94,12 +94,13 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
                      head_dim: int | None = None, gated_mlp: bool = True,
                      tied_embeddings: bool = False, norm: str = "rms", norms_per_layer: int = 2,
                      final_norm: bool = True, qkv_bias: bool = False,
-                     attention_out_bias: bool = False, mlp_bias: bool = False, qk_norm: bool = False,
+                     attention_out_bias: bool = False, mlp_bias: bool = False, qk_norm: bool | str = False,
                      position_embeddings: int = 0, extra_per_layer: int = 0,
                      experts: int | None = None, active_experts_per_token: int | None = None,
                      expert_ffn_dim: int | None = None, shared_experts: int = 0,
                      dense_layers: int = 0, router_bias: bool = False,
-                     shared_expert_gate: bool = False, kv_lora_rank: int | None = None,
+                     shared_expert_gate: bool = False, shared_expert_ffn_dim: int | None = None,
+                     kv_lora_rank: int | None = None,
                      q_lora_rank: int | None = None, qk_nope_head_dim: int | None = None,
                      qk_rope_head_dim: int | None = None, v_head_dim: int | None = None,
                      ) -> ParameterCount:
@@ -113,8 +114,11 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
     ``n_positions``; 0 for RoPE). A mixture of experts gives ``experts`` routed experts of
     width ``expert_ffn_dim`` per MoE layer, ``shared_experts`` always-on experts of that
     width, a router (``hidden_dim x experts``, plus a bias vector with ``router_bias``)
-    and, with ``shared_expert_gate``, Qwen's scalar gate on the shared expert; the first
-    ``dense_layers`` layers use a dense MLP of width ``ffn_dim`` instead. ``kv_lora_rank``
+    and, with ``shared_expert_gate``, Qwen's scalar gate on the shared expert;
+    ``shared_expert_ffn_dim`` gives the shared experts their own width (Qwen's
+    ``shared_expert_intermediate_size``: one shared expert of that width). ``dense_layers``
+    layers use a dense MLP of width ``ffn_dim`` instead (the first ones in DeepSeek; where
+    they sit, e.g. Qwen's ``mlp_only_layers``, does not change the count). ``kv_lora_rank``
     switches the attention to MLA.
     """
     kv_heads = heads if kv_heads is None else kv_heads
@@ -127,7 +131,9 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
     else:
         attention = attention_parameters(hidden_dim, heads, kv_heads, head_dim, qkv_bias=qkv_bias,
                                          out_bias=attention_out_bias)
-    if qk_norm:
+    if qk_norm == "head":
+        attention += 2 * norm_parameters(head_dim, norm)
+    elif qk_norm:
         attention += norm_parameters(heads * head_dim, norm) + norm_parameters(kv_heads * head_dim, norm)
     block = attention + norms_per_layer * norm_parameters(hidden_dim, norm) + extra_per_layer
 
@@ -143,7 +149,9 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
     if expert_ffn_dim is None or active_experts_per_token is None:
         raise ValueError("a mixture of experts needs expert_ffn_dim and active_experts_per_token")
     expert = mlp_parameters(hidden_dim, expert_ffn_dim, gated=gated_mlp, bias=mlp_bias)
-    moe_common = (block + shared_experts * expert + hidden_dim * experts + (experts if router_bias else 0)
+    shared = expert if shared_expert_ffn_dim is None else mlp_parameters(
+        hidden_dim, shared_expert_ffn_dim, gated=gated_mlp, bias=mlp_bias)
+    moe_common = (block + shared_experts * shared + hidden_dim * experts + (experts if router_bias else 0)
                   + (hidden_dim if shared_expert_gate else 0))
     dense = 0
     if dense_layers:
