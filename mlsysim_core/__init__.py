@@ -16,7 +16,7 @@ from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, Mlsy
                      PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
 from .specs import (CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect,
-                    ShardingRuleSpec)
+                    ShardingRuleSpec, SplitSoFar)
 from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, COMMUNICATION_BUFFERS, COMPONENTS,
                     FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, WEIGHTS,
                     MemoryTerm)
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 # The plugin API's version: (major, minor). A minor bump adds hooks, hook arguments or
 # optional spec fields (old plugins keep working: pluggy's opt-in arguments); a major bump
 # would remove or change something, after a release of deprecation warnings.
-PLUGIN_API_VERSION = (1, 0)
+PLUGIN_API_VERSION = (1, 1)   # 1.1: a sharding rule's apply may take SplitSoFar
 
 
 def __getattr__(name):
@@ -50,7 +50,7 @@ __all__ = [
     "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager",
     "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
-    "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect",
+    "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
     "ProfileSpec",
     "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS", "COMPONENTS",
     "FORWARD", "BACKWARD", "OPTIMIZER_STEP", "PHASES", "ACCELERATOR", "HOST",

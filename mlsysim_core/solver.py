@@ -27,7 +27,7 @@ from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
-from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect
+from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
 from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
 from .terms import _current_source
 from .terms import PHASES
@@ -367,7 +367,8 @@ class _Selection:
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
         from .hookspecs import COMPONENT_HOOKS
-        self.rules = tuple((axis, name, registry.providers[(SHARDING, name)], registry.sharding_rules[name].apply)
+        self.rules = tuple((axis, name, registry.providers[(SHARDING, name)], registry.sharding_rules[name].apply,
+                            _takes_split(registry.sharding_rules[name].apply))
                            for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
         opt, ckpt = plan.optimizer, plan.activation_checkpointing
         self.optimizer = (registry.providers[(OPTIMIZER, opt)], registry.optimizers[opt].state_terms,
@@ -390,6 +391,17 @@ class _Selection:
              **{f"{axis}_rule": plan.rules[axis] for axis in AXES}})
 
 
+def _takes_split(apply) -> bool:
+    """Does a rule's apply take the optional third parameter (SplitSoFar)?"""
+    import inspect
+    try:
+        parameters = list(inspect.signature(apply).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
 def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
     rules = plan.rules
     key = (plan.profile, plan.include_plugins, plan.optimizer, plan.activation_checkpointing,
@@ -406,8 +418,16 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     layers_per_stage = layers_rule = None
     buffer_terms, notes = [], []
     options = plan.options
-    for axis, name, info, apply in selection.rules:   # model parallel (tp, pp, ep), then data parallel
-        effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan, options.get(name))
+    for axis, name, info, apply, takes_split in selection.rules:   # model parallel (tp, pp, ep), then dp
+        if takes_split:
+            split = SplitSoFar(parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
+                               gradient_shards=gradient, optimizer_state_shards=optimizer_state,
+                               parameters_per_rank=plan.model.parameters / parameter,
+                               layers_per_stage=layers_per_stage)
+            effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan,
+                                  options.get(name), split)
+        else:
+            effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan, options.get(name))
         if type(effect) is not ShardingEffect:
             raise PluginContractError(
                 f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "

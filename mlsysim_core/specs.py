@@ -122,12 +122,35 @@ class ShardingEffect:
 
 
 @attrs.frozen(kw_only=True)
+class SplitSoFar:
+    """What the sharding rules applied before this one did, for one rank.
+
+    ``parameters_per_rank`` is ``model.parameters / parameter_shards`` (fractional, as the
+    reference keeps it); ``layers_per_stage`` is ``None`` until a pipeline rule sets it.
+    """
+
+    parameter_shards: int
+    activation_shards: int
+    weight_shards: int
+    gradient_shards: int
+    optimizer_state_shards: int
+    parameters_per_rank: float
+    layers_per_stage: int | None
+
+
+@attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
     """A named sharding rule for one axis (``tp``, ``pp``, ``ep`` or ``dp``).
 
     ``apply(plan, options) -> ShardingEffect``. A rule that finds the layout impossible
     raises ``mlsysim_core.LayoutError`` naming the parameter; the solver passes that
     through. Research variants of ZeRO are simply more ``dp`` rules.
+
+    Rules run in axis order (tp, pp, ep, then dp). An ``apply`` that takes a third
+    parameter receives ``SplitSoFar``: what the rules before it did (e.g. a ZeRO variant
+    that needs the parameters per model-parallel rank). Two-parameter rules keep working.
+
+    .. versionadded:: plugin API 1.1 -- the optional third parameter.
     """
 
     name: str = _name_field

@@ -43,7 +43,7 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (1, 0)
+    assert mlsysim_core.PLUGIN_API_VERSION == (1, 1)
 
 
 def test_hook_mlsysim_optimizers(builtin_pm):
@@ -200,3 +200,23 @@ def test_a_peak_profile_takes_the_largest_phase(builtin_pm):
     r = base(solver, profile="test.peak", communication_buffer_fraction=0.0, activation_checkpointing="full")
     assert r.peak_phase == "backward" and r.activations == 10 * 2 * 100 * 4 * 1000
     assert r.total_memory == r.weights + r.gradients + r.optimizer_state + r.activations + r.communication_buffers
+
+
+def test_a_dp_rule_can_see_the_model_parallel_split(builtin_pm):
+    seen = []
+
+    class Hpz:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            def apply(plan, options, split):
+                seen.append(split)
+                d = plan.dp_size
+                extra = MemoryTerm(component=COMMUNICATION_BUFFERS, label="secondary copy",
+                                   nbytes=split.parameters_per_rank * plan.bytes_per_value / 4)
+                return ShardingEffect(weight_shards=d, gradient_shards=d, optimizer_state_shards=d,
+                                      buffer_terms=[extra])
+            return [ShardingRuleSpec(name="test.hpz", axis="dp", apply=apply)]
+    r = base(solver_with(Hpz(), builtin_pm=builtin_pm), tp_size=2, pp_size=5, dp_size=8, data_parallel="test.hpz")
+    (split,) = seen
+    assert (split.parameter_shards, split.parameters_per_rank, split.layers_per_stage) == (10, P / 10, 2)
+    assert [t.nbytes for t in r.terms_of(COMMUNICATION_BUFFERS) if t.label == "secondary copy"] == [P / 10 * 2 / 4]

@@ -44,7 +44,7 @@ def secondary_group(plan, options) -> tuple[int, str]:
     return DEFAULT_GROUP, f"{plan.hardware.name} gives no devices_per_node; {DEFAULT_GROUP} assumed"
 
 
-def apply(plan, options):
+def apply(plan, options, split):
     d = plan.dp_size
     g, why = secondary_group(plan, options)
     if d % g:      # also rejects g > d
@@ -59,16 +59,15 @@ def apply(plan, options):
                      "zero_hpz_partition_size=1): plain ZeRO-3.")
         buffers = []
     else:
-        # A rule sees the plan, not the placement: split the parameters the way the
-        # built-in tp, pp and ep rules do.
-        model_parallel = plan.tp_size * plan.pp_size * plan.ep_size
-        params = plan.model.parameters / model_parallel
+        # The model-parallel rules ran first: use their split (whichever rules they are).
+        model_parallel = split.parameter_shards
+        params = split.parameters_per_rank
         b = plan.bytes_per_value
-        split = f" / {model_parallel} (tp x pp x ep)" if model_parallel != 1 else ""
+        per_rank = f" / {model_parallel} (model-parallel split)" if model_parallel != 1 else ""
         buffers = [MemoryTerm(
             component=COMMUNICATION_BUFFERS, label=f"hpZ secondary weight partition ({plan.precision})",
             nbytes=params * b / g, phases=(FORWARD, BACKWARD),
-            formula=f"{plan.model.parameters:,} params{split} x {b} B / secondary group {g} ({why})")]
+            formula=f"{plan.model.parameters:,} params{per_rank} x {b} B / secondary group {g} ({why})")]
         notes.append(f"ZeRO++ hpZ: secondary {plan.precision} weight partition over {g} ranks "
                      f"({why}), kept from forward to backward.")
     return ShardingEffect(optimizer_state_shards=d, gradient_shards=d, weight_shards=d,

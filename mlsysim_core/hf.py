@@ -1,0 +1,537 @@
+"""Import a model's architecture from a Hugging Face ``config.json``, without transformers.
+
+    >>> from mlsysim_core.hf import from_hf_config
+    >>> w = from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+    ...                     "vocab_size": 50257, "n_positions": 1024})
+    >>> w.parameters, w.tied_embeddings, w.ffn_dim
+    (124439808, True, 3072)
+
+``from_hf_config()`` returns a ``TransformerWorkload`` (or a ``SparseTransformerWorkload``
+for a mixture of experts) whose ``parameters`` equal ``sum(p.numel() for p in
+model.parameters())`` of ``AutoModelForCausalLM.from_config(config)``: every weight, bias
+and norm, tied embeddings counted once. ``architecture_of()`` returns the facts the
+workload has no field for (norm kind, biases, position embeddings, dropout, activation,
+RoPE, parallel residual, sliding window, soft-capping, dtype, ...) as an ``HFArchitecture``.
+
+Fields missing from a ``config.json`` take the value the family's transformers config
+class gives them (``tie_word_embeddings`` is true by default for gpt2, gemma, gemma2,
+gemma3_text and falcon, false for the others), except the sizes that define the model
+(layers, widths, heads, vocabulary, experts): a config without one of those is refused.
+
+``ffn_dim`` is ``intermediate_size`` (GPT-2: ``n_inner`` or ``4 * n_embd``), the dense MLP
+width. In a mixture of experts whose every block is sparse it is the expert width
+(``moe_intermediate_size``), as in the curated catalog; Qwen's shared expert, whose width
+is ``shared_expert_intermediate_size``, is recorded as ``shared_experts`` experts of
+``expert_ffn_dim`` when it is a multiple of it (Qwen1.5-MoE-A2.7B: 5632 = 4 x 1408), else
+as one, and its exact width is ``HFArchitecture.shared_expert_ffn_dim``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Mapping
+
+import attrs
+
+from .catalog.counting import count_parameters
+from .errors import InvalidInputError
+from .types import SparseTransformerWorkload, TransformerWorkload
+
+__all__ = ["from_hf_config", "architecture_of", "load_hf_config", "HFArchitecture",
+           "SUPPORTED_MODEL_TYPES"]
+
+_REQUIRED = object()
+
+
+@attrs.frozen(kw_only=True)
+class HFArchitecture:
+    """What a ``config.json`` says about a model beyond ``TransformerWorkload``'s fields.
+
+    ``norm`` is ``"rms"`` (RMSNorm: a scale), ``"layer"`` (LayerNorm: scale and bias) or
+    ``"none"`` (OLMo's LayerNorm without parameters); ``norms_per_layer`` counts the norms
+    over the hidden width in one block and ``qk_norm`` is ``None``, ``"head"`` (over one
+    head's width: Qwen 3, Gemma 3) or ``"full"`` (over all heads: OLMo 2).
+    ``position_embedding`` is ``"rotary"``, ``"learned"`` (GPT-2's ``wpe``) or ``"alibi"``;
+    ``rotary_fraction`` the share of each head's dimensions RoPE rotates.
+    ``sliding_window`` is the window of the layers that use one and
+    ``sliding_window_layers`` how many do (0 and ``None`` where no layer does).
+    ``moe_layers`` / ``dense_layers`` split the blocks of a mixture of experts.
+    ``embedding_parameters`` is the input embedding (plus learned positions),
+    ``lm_head_parameters`` the output projection (0 when tied).
+    """
+
+    model_type: str
+    norm: str
+    norms_per_layer: int
+    final_norm: bool = True
+    norm_eps: float | None = None
+    qk_norm: str | None = None
+    qkv_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    hidden_act: str | None = None
+    position_embedding: str = "rotary"
+    rotary_fraction: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
+    parallel_residual: bool = False
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    sliding_window: int | None = None
+    sliding_window_layers: int = 0
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
+    embedding_scale: bool = False       # Gemma multiplies the embeddings by sqrt(hidden)
+    torch_dtype: str | None = None
+    router_bias: bool = False
+    shared_expert_ffn_dim: int | None = None
+    shared_expert_gate: bool = False
+    moe_layers: int = 0
+    dense_layers: int = 0
+    norm_topk_prob: bool | None = None
+    embedding_parameters: int = 0
+    lm_head_parameters: int = 0
+
+
+# --- reading a config -------------------------------------------------------------------------
+
+def load_hf_config(config) -> dict:
+    """A ``config.json`` as a dict: from a dict, a path to the file or its directory, or a
+    transformers ``PretrainedConfig`` (anything with ``to_dict()``)."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as exc:
+            raise InvalidInputError("config", os.fspath(config), "a readable config.json file",
+                                    str(exc)) from None
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError("config", os.fspath(config), "a JSON document", str(exc)) from None
+        if not isinstance(data, dict):
+            raise InvalidInputError("config", os.fspath(config), "a JSON object")
+        return data
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    raise InvalidInputError("config", type(config).__name__,
+                            "a dict, a path to config.json or a transformers config")
+
+
+class _Config:
+    """Typed access to a config dict with the family's defaults and clear errors."""
+
+    def __init__(self, data: Mapping[str, Any], model_type: str):
+        self.data = data
+        self.model_type = model_type
+
+    def _missing(self, key):
+        return InvalidInputError(f"config.{key}", None,
+                                 f"present in a {self.model_type!r} config.json",
+                                 "the field that defines this size is missing")
+
+    def raw(self, key, default=None):
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def count(self, *keys, default=_REQUIRED, minimum=1):
+        """The first of ``keys`` that is set, as a positive int (``minimum`` 0 allows 0)."""
+        for key in keys:
+            value = self.data.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                if isinstance(value, float) and value.is_integer() and value >= minimum:
+                    return int(value)
+                raise InvalidInputError(f"config.{key}", value,
+                                        f"an integer of at least {minimum}")
+            return value
+        if default is _REQUIRED:
+            raise self._missing(keys[0])
+        return default
+
+    def flag(self, key, default: bool) -> bool:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"config.{key}", value, "true or false")
+        return value
+
+    def number(self, *keys, default=None):
+        for key in keys:
+            value = self.data.get(key)
+            if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)):
+                return value
+        return default
+
+    def int_list(self, key) -> list:
+        value = self.data.get(key) or []
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+            raise InvalidInputError(f"config.{key}", value, "a list of layer indices")
+        return list(value)
+
+
+# --- per-family readers -----------------------------------------------------------------------
+#
+# Each returns (workload fields, count_parameters() arguments, HFArchitecture fields). The
+# shared pieces: `_llama_like` reads the Llama-style keys every rotary decoder uses.
+
+def _rope(c: _Config):
+    params = c.data.get("rope_parameters")
+    params = params if isinstance(params, Mapping) else {}
+    theta = c.number("rope_theta") or params.get("rope_theta")
+    scaling = c.data.get("rope_scaling")
+    if not isinstance(scaling, Mapping):
+        scaling = None
+        if params.get("rope_type") not in (None, "default"):
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
+
+
+def _dtype(c: _Config):
+    value = c.data.get("torch_dtype") or c.data.get("dtype")
+    return str(value).replace("torch.", "") if value is not None else None
+
+
+def _sliding(c: _Config, layers: int, *, default_all: bool = False):
+    """(window, number of layers using it) from ``layer_types`` or the family's rule."""
+    window = c.count("sliding_window", default=None)
+    types = c.data.get("layer_types")
+    if isinstance(types, (list, tuple)) and types:
+        n = sum(1 for t in types if t == "sliding_attention")
+        return (window if n else None), n
+    if window is None:
+        return None, 0
+    if "use_sliding_window" in c.data or c.model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if not c.flag("use_sliding_window", False):
+            return None, 0
+        first = c.count("max_window_layers", default=0, minimum=0)
+        n = max(0, layers - first)
+        return (window if n else None), n
+    if default_all:
+        return window, layers
+    return None, 0
+
+
+def _llama_like(c: _Config, *, tie_default: bool = False, head_dim_default: int | None = None,
+                qkv_bias=None, out_bias=None, mlp_bias=None, norm: str = "rms",
+                norms_per_layer: int = 2, qk_norm: str | None = None,
+                sliding_all: bool = False, act_key: str = "hidden_act"):
+    layers = c.count("num_hidden_layers")
+    hidden = c.count("hidden_size")
+    heads = c.count("num_attention_heads")
+    kv_heads = c.count("num_key_value_heads", default=heads)
+    head_dim = c.count("head_dim", default=head_dim_default or hidden // heads)
+    vocab = c.count("vocab_size")
+    ffn = c.count("intermediate_size")
+    tied = c.flag("tie_word_embeddings", tie_default)
+    attention_bias = c.flag("attention_bias", False)
+    qkv_b = attention_bias if qkv_bias is None else qkv_bias
+    out_b = attention_bias if out_bias is None else out_bias
+    mlp_b = c.flag("mlp_bias", False) if mlp_bias is None else mlp_bias
+    window, sliding_layers = _sliding(c, layers, default_all=sliding_all)
+    workload = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=kv_heads,
+                    head_dim=head_dim, vocab_size=vocab, ffn_dim=ffn, gated_mlp=True,
+                    tied_embeddings=tied,
+                    context_length=c.count("max_position_embeddings", default=None))
+    counting = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=kv_heads,
+                    head_dim=head_dim, vocab_size=vocab, ffn_dim=ffn, gated_mlp=True,
+                    tied_embeddings=tied, norm=norm, norms_per_layer=norms_per_layer,
+                    qkv_bias=qkv_b, attention_out_bias=out_b, mlp_bias=mlp_b,
+                    qk_norm={None: False, "head": "head", "full": True}[qk_norm])
+    arch = dict(norm=norm, norms_per_layer=norms_per_layer,
+                norm_eps=c.number("rms_norm_eps", "layer_norm_eps"), qk_norm=qk_norm,
+                qkv_bias=qkv_b, attention_out_bias=out_b, mlp_bias=mlp_b,
+                hidden_act=c.raw(act_key) or c.raw("hidden_act"), position_embedding="rotary",
+                rotary_fraction=c.number("partial_rotary_factor", default=1.0),
+                attention_dropout=float(c.number("attention_dropout", default=0.0)),
+                sliding_window=window, sliding_window_layers=sliding_layers, **_rope(c))
+    return workload, counting, arch
+
+
+def _llama(c):
+    return _llama_like(c)
+
+
+def _mistral(c):
+    return _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
+
+
+def _qwen2(c):
+    return _llama_like(c, qkv_bias=True, out_bias=False, mlp_bias=False)
+
+
+def _qwen3(c):
+    return _llama_like(c, head_dim_default=128, mlp_bias=False, qk_norm="head")
+
+
+def _gemma(c):
+    w, k, a = _llama_like(c, tie_default=True, head_dim_default=256, mlp_bias=False,
+                          act_key="hidden_activation")
+    a.update(embedding_scale=True)
+    return w, k, a
+
+
+def _gemma2(c):
+    w, k, a = _llama_like(c, tie_default=True, head_dim_default=256, mlp_bias=False,
+                          norms_per_layer=4, act_key="hidden_activation")
+    layers = w["layers"]
+    if "layer_types" not in c.data and a["sliding_window"] is None:
+        window = c.count("sliding_window", default=4096)
+        a.update(sliding_window=window, sliding_window_layers=(layers + 1) // 2)
+    a.update(embedding_scale=True, attn_logit_softcapping=c.number("attn_logit_softcapping"),
+             final_logit_softcapping=c.number("final_logit_softcapping"),
+             query_pre_attn_scalar=c.number("query_pre_attn_scalar", default=256))
+    return w, k, a
+
+
+def _gemma3_text(c):
+    w, k, a = _llama_like(c, tie_default=True, head_dim_default=256, mlp_bias=False,
+                          norms_per_layer=4, qk_norm="head", act_key="hidden_activation")
+    layers = w["layers"]
+    if "layer_types" not in c.data:
+        pattern = c.count("sliding_window_pattern", default=6)
+        window = c.count("sliding_window", default=4096)
+        n = sum(1 for i in range(layers) if (i + 1) % pattern)
+        a.update(sliding_window=window if n else None, sliding_window_layers=n)
+    a.update(embedding_scale=True, attn_logit_softcapping=c.number("attn_logit_softcapping"),
+             final_logit_softcapping=c.number("final_logit_softcapping"),
+             query_pre_attn_scalar=c.number("query_pre_attn_scalar", default=256))
+    return w, k, a
+
+
+def _phi3(c):
+    w, k, a = _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
+    a.update(fused_qkv=True, fused_gate_up=True,
+             hidden_dropout=float(c.number("resid_pdrop", default=0.0)),
+             embedding_dropout=float(c.number("embd_pdrop", default=0.0)))
+    return w, k, a
+
+
+def _olmo(c):
+    w, k, a = _llama_like(c, mlp_bias=False, norm="none")
+    a.update(norm_eps=None)
+    return w, k, a
+
+
+def _olmo2(c):
+    # no input norm: the two norms sit after attention and after the MLP; QK-norm over all heads
+    return _llama_like(c, mlp_bias=False, qk_norm="full")
+
+
+def _gpt2(c):
+    layers = c.count("n_layer", "num_hidden_layers")
+    hidden = c.count("n_embd", "hidden_size")
+    heads = c.count("n_head", "num_attention_heads")
+    vocab = c.count("vocab_size")
+    positions = c.count("n_positions", "max_position_embeddings")
+    ffn = c.count("n_inner", default=4 * hidden)
+    tied = c.flag("tie_word_embeddings", True)
+    # GPT2LMHeadModel adds a cross-attention (and its LayerNorm) to every block when asked
+    cross = (4 * hidden * hidden + 4 * hidden + 2 * hidden) if c.flag("add_cross_attention", False) else 0
+    workload = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=heads,
+                    head_dim=hidden // heads, vocab_size=vocab, ffn_dim=ffn, gated_mlp=False,
+                    tied_embeddings=tied, context_length=positions)
+    counting = dict(layers=layers, hidden_dim=hidden, heads=heads, vocab_size=vocab, ffn_dim=ffn,
+                    gated_mlp=False, tied_embeddings=tied, norm="layer", qkv_bias=True,
+                    attention_out_bias=True, mlp_bias=True, position_embeddings=positions,
+                    extra_per_layer=cross)
+    arch = dict(norm="layer", norms_per_layer=2, norm_eps=c.number("layer_norm_epsilon"),
+                qkv_bias=True, attention_out_bias=True, mlp_bias=True, fused_qkv=True,
+                hidden_act=c.raw("activation_function", "gelu_new"), position_embedding="learned",
+                attention_dropout=float(c.number("attn_pdrop", default=0.1)),
+                hidden_dropout=float(c.number("resid_pdrop", default=0.1)),
+                embedding_dropout=float(c.number("embd_pdrop", default=0.1)))
+    return workload, counting, arch
+
+
+def _gpt_neox(c):
+    layers = c.count("num_hidden_layers")
+    hidden = c.count("hidden_size")
+    heads = c.count("num_attention_heads")
+    vocab = c.count("vocab_size")
+    ffn = c.count("intermediate_size")
+    tied = c.flag("tie_word_embeddings", False)
+    bias = c.flag("attention_bias", True)
+    rope = _rope(c)
+    params = c.data.get("rope_parameters") if isinstance(c.data.get("rope_parameters"), Mapping) else {}
+    fraction = c.number("rotary_pct", "partial_rotary_factor",
+                        default=params.get("partial_rotary_factor", 0.25))
+    if rope["rope_theta"] is None:
+        rope["rope_theta"] = c.number("rotary_emb_base", default=10000)
+    workload = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=heads,
+                    head_dim=hidden // heads, vocab_size=vocab, ffn_dim=ffn, gated_mlp=False,
+                    tied_embeddings=tied, context_length=c.count("max_position_embeddings", default=None))
+    counting = dict(layers=layers, hidden_dim=hidden, heads=heads, vocab_size=vocab, ffn_dim=ffn,
+                    gated_mlp=False, tied_embeddings=tied, norm="layer", qkv_bias=bias,
+                    attention_out_bias=bias, mlp_bias=True)
+    arch = dict(norm="layer", norms_per_layer=2, norm_eps=c.number("layer_norm_eps"),
+                qkv_bias=bias, attention_out_bias=bias, mlp_bias=True, fused_qkv=True,
+                hidden_act=c.raw("hidden_act", "gelu"), position_embedding="rotary",
+                rotary_fraction=fraction, parallel_residual=c.flag("use_parallel_residual", True),
+                attention_dropout=float(c.number("attention_dropout", default=0.0)),
+                hidden_dropout=float(c.number("hidden_dropout", default=0.0)), **rope)
+    return workload, counting, arch
+
+
+def _falcon(c):
+    layers = c.count("num_hidden_layers", "n_layer")
+    hidden = c.count("hidden_size", "n_embed")
+    heads = c.count("num_attention_heads", "n_head")
+    vocab = c.count("vocab_size")
+    new_arch = c.flag("new_decoder_architecture", False)
+    if new_arch:
+        kv_heads = c.count("num_kv_heads", "n_head_kv", default=heads)
+    elif c.flag("multi_query", True):
+        kv_heads = 1
+    else:
+        kv_heads = heads
+    ffn = c.count("ffn_hidden_size", default=4 * hidden)
+    bias = c.flag("bias", False)
+    tied = c.flag("tie_word_embeddings", True)
+    parallel = c.flag("parallel_attn", True)
+    n_ln = c.count("num_ln_in_parallel_attn", default=2 if new_arch else 1)
+    norms = 2 if (not parallel or n_ln == 2) else 1
+    alibi = c.flag("alibi", False)
+    workload = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=kv_heads,
+                    head_dim=hidden // heads, vocab_size=vocab, ffn_dim=ffn, gated_mlp=False,
+                    tied_embeddings=tied, context_length=c.count("max_position_embeddings", default=None))
+    counting = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=kv_heads, vocab_size=vocab,
+                    ffn_dim=ffn, gated_mlp=False, tied_embeddings=tied, norm="layer",
+                    norms_per_layer=norms, qkv_bias=bias, attention_out_bias=bias, mlp_bias=bias)
+    arch = dict(norm="layer", norms_per_layer=norms, norm_eps=c.number("layer_norm_epsilon"),
+                qkv_bias=bias, attention_out_bias=bias, mlp_bias=bias, fused_qkv=True,
+                hidden_act=c.raw("activation", "gelu"),
+                position_embedding="alibi" if alibi else "rotary",
+                rotary_fraction=None if alibi else 1.0, parallel_residual=parallel,
+                attention_dropout=float(c.number("attention_dropout", default=0.0)),
+                hidden_dropout=float(c.number("hidden_dropout", default=0.0)),
+                **({"rope_theta": None, "rope_scaling": None} if alibi else _rope(c)))
+    return workload, counting, arch
+
+
+def _moe_layers(c: _Config, layers: int, experts: int):
+    """How many blocks have a sparse MLP: Qwen's ``mlp_only_layers`` and ``decoder_sparse_step``."""
+    if experts == 0:
+        return 0
+    only_dense = set(c.int_list("mlp_only_layers"))
+    step = c.count("decoder_sparse_step", default=1)
+    return sum(1 for i in range(layers) if i not in only_dense and (i + 1) % step == 0)
+
+
+def _mixtral(c):
+    w, k, a = _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
+    experts = c.count("num_local_experts")
+    top_k = c.count("num_experts_per_tok")
+    w.update(experts=experts, active_experts_per_token=top_k, shared_experts=0,
+             expert_ffn_dim=w["ffn_dim"])
+    k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=w["ffn_dim"])
+    a.update(moe_layers=w["layers"])
+    return w, k, a
+
+
+def _qwen_moe(c, *, shared: bool, qk_norm=None):
+    if shared:
+        w, k, a = _llama_like(c, qkv_bias=c.flag("qkv_bias", True), out_bias=False, mlp_bias=False)
+    else:
+        w, k, a = _llama_like(c, head_dim_default=128, mlp_bias=False, qk_norm="head")
+    layers = w["layers"]
+    experts = c.count("num_experts", minimum=0)
+    top_k = c.count("num_experts_per_tok")
+    expert_ffn = c.count("moe_intermediate_size")
+    moe_layers = _moe_layers(c, layers, experts)
+    a.update(moe_layers=moe_layers, dense_layers=layers - moe_layers,
+             norm_topk_prob=c.flag("norm_topk_prob", False))
+    if moe_layers == 0:            # every block dense: an ordinary transformer
+        return w, k, a
+    shared_ffn = c.count("shared_expert_intermediate_size", minimum=0) if shared else 0
+    n_shared = 1 if shared_ffn else 0
+    # the workload's shared_experts counts experts of expert_ffn_dim's width
+    shared_workload = (shared_ffn // expert_ffn if shared_ffn % expert_ffn == 0 else 1) if n_shared else 0
+    w.update(experts=experts, active_experts_per_token=top_k, shared_experts=shared_workload,
+             expert_ffn_dim=expert_ffn)
+    if moe_layers == layers:       # the catalog's convention: no dense MLP, ffn_dim = expert width
+        w["ffn_dim"] = expert_ffn
+    k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=expert_ffn,
+             dense_layers=layers - moe_layers, shared_experts=1 if shared else 0,
+             shared_expert_ffn_dim=shared_ffn if shared else None, shared_expert_gate=shared)
+    a.update(shared_expert_ffn_dim=shared_ffn or None, shared_expert_gate=shared)
+    return w, k, a
+
+
+def _qwen2_moe(c):
+    return _qwen_moe(c, shared=True)
+
+
+def _qwen3_moe(c):
+    return _qwen_moe(c, shared=False)
+
+
+_FAMILIES: dict[str, Callable] = {
+    "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3,
+    "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text, "phi3": _phi3,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon, "olmo": _olmo, "olmo2": _olmo2,
+    "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe,
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+
+
+def _read(config):
+    data = load_hf_config(config)
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise InvalidInputError("config.model_type", None,
+                                f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+                                "config.json has no model_type")
+    if model_type not in _FAMILIES:
+        raise InvalidInputError("config.model_type", model_type,
+                                f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+                                "no exact parameter count for this family yet")
+    c = _Config(data, model_type)
+    workload, counting, arch = _FAMILIES[model_type](c)
+    if workload["hidden_dim"] % workload["heads"] and model_type in ("gpt2", "gpt_neox", "falcon"):
+        raise InvalidInputError("config.num_attention_heads", workload["heads"],
+                                f"a divisor of the hidden size {workload['hidden_dim']}")
+    if workload["kv_heads"] > workload["heads"] or workload["heads"] % workload["kv_heads"]:
+        raise InvalidInputError("config.num_key_value_heads", workload["kv_heads"],
+                                f"a divisor of num_attention_heads={workload['heads']}")
+    count = count_parameters(**counting)
+    hidden, vocab = workload["hidden_dim"], workload["vocab_size"]
+    positions = counting.get("position_embeddings", 0)
+    arch.setdefault("torch_dtype", _dtype(c))
+    arch.update(model_type=model_type, embedding_parameters=(vocab + positions) * hidden,
+                lm_head_parameters=0 if workload["tied_embeddings"] else vocab * hidden)
+    return data, workload, count, HFArchitecture(**arch)
+
+
+def architecture_of(config) -> HFArchitecture:
+    """The architecture facts of a ``config.json`` (dict, path or transformers config)."""
+    return _read(config)[3]
+
+
+def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | SparseTransformerWorkload:
+    """A workload from a Hugging Face ``config.json``: a dict, a path (file or directory) or
+    a transformers config object. ``parameters`` is exact (``sum(p.numel())`` of
+    ``AutoModelForCausalLM.from_config``); a mixture of experts also gets
+    ``active_parameters`` (embeddings, router and shared experts in full, ``top-k`` of the
+    routed experts). Raises ``InvalidInputError`` for an unsupported ``model_type`` or a
+    missing size."""
+    data, workload, count, _ = _read(config)
+    if name is None:
+        name = data.get("_name_or_path") or data["model_type"]
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError("name", name, "a non-empty string")
+    fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"])
+    if "experts" in workload:
+        return SparseTransformerWorkload(active_parameters=count.active, **fields)
+    return TransformerWorkload(**fields)
