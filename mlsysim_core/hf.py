@@ -204,7 +204,7 @@ def _dtype(c: _Config):
 
 def _sliding(c: _Config, layers: int, *, default_all: bool = False):
     """(window, number of layers using it) from ``layer_types`` or the family's rule."""
-    window = c.count("sliding_window", default=None)
+    window = c.count("sliding_window", default=None, minimum=0) or None     # 0: no window
     types = c.data.get("layer_types")
     if isinstance(types, (list, tuple)) and types:
         n = sum(1 for t in types if t == "sliding_attention")
@@ -430,7 +430,7 @@ def _moe_layers(c: _Config, layers: int, experts: int):
 
 def _mixtral(c):
     w, k, a = _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
-    experts = c.count("num_local_experts")
+    experts = c.count("num_local_experts", "num_experts")
     top_k = c.count("num_experts_per_tok")
     w.update(experts=experts, active_experts_per_token=top_k, shared_experts=0,
              expert_ffn_dim=w["ffn_dim"])
@@ -445,7 +445,7 @@ def _qwen_moe(c, *, shared: bool, qk_norm=None):
     else:
         w, k, a = _llama_like(c, head_dim_default=128, mlp_bias=False, qk_norm="head")
     layers = w["layers"]
-    experts = c.count("num_experts", minimum=0)
+    experts = c.count("num_experts", "num_local_experts", minimum=0)
     top_k = c.count("num_experts_per_tok")
     expert_ffn = c.count("moe_intermediate_size")
     moe_layers = _moe_layers(c, layers, experts)

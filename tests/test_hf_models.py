@@ -33,12 +33,14 @@ TINY = {
                                                 sliding_window=16, max_window_layers=1)),
     "qwen3-qknorm": ("qwen3", dict(_SMALL, num_key_value_heads=2, head_dim=40, attention_bias=True)),
     "gemma": ("gemma", dict(_SMALL, num_key_value_heads=1, head_dim=48)),
-    "gemma-untied": ("gemma", dict(_SMALL, head_dim=16, tie_word_embeddings=False)),
+    "gemma-untied": ("gemma", dict(_SMALL, num_key_value_heads=4, head_dim=16, tie_word_embeddings=False)),
     "gemma2": ("gemma2", dict(_SMALL, num_key_value_heads=2, head_dim=32, sliding_window=16)),
-    "gemma2-bias": ("gemma2", dict(_SMALL, head_dim=16, attention_bias=True, tie_word_embeddings=False)),
+    "gemma2-bias": ("gemma2", dict(_SMALL, num_key_value_heads=4, head_dim=16, attention_bias=True,
+                                   tie_word_embeddings=False)),
     "gemma3_text": ("gemma3_text", dict(_SMALL, num_key_value_heads=2, head_dim=32)),
-    "phi3": ("phi3", dict(_SMALL, num_key_value_heads=2)),
-    "phi3-tied": ("phi3", dict(_SMALL, tie_word_embeddings=True)),
+    "phi3": ("phi3", dict(_SMALL, num_key_value_heads=2, pad_token_id=0)),
+    "phi3-tied": ("phi3", dict(_SMALL, num_key_value_heads=4, pad_token_id=0,
+                               tie_word_embeddings=True)),
     "gpt2": ("gpt2", dict(n_layer=3, n_embd=64, n_head=4, vocab_size=211, n_positions=100)),
     "gpt2-n_inner-untied": ("gpt2", dict(n_layer=2, n_embd=48, n_head=3, vocab_size=97, n_positions=64,
                                          n_inner=80, tie_word_embeddings=False)),
@@ -61,17 +63,17 @@ TINY = {
     "olmo": ("olmo", dict(_SMALL, num_key_value_heads=2, attention_bias=True)),
     "olmo2": ("olmo2", dict(_SMALL, num_key_value_heads=2)),
     "mixtral": ("mixtral", dict(_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
-    "mixtral-tied": ("mixtral", dict(_SMALL, num_local_experts=3, num_experts_per_tok=1, head_dim=24,
-                                     tie_word_embeddings=True)),
+    "mixtral-tied": ("mixtral", dict(_SMALL, num_key_value_heads=4, num_local_experts=3, num_experts_per_tok=1,
+                                     head_dim=24, tie_word_embeddings=True)),
     "qwen2_moe": ("qwen2_moe", dict(_SMALL, num_key_value_heads=2, num_experts=6, num_experts_per_tok=2,
                                     moe_intermediate_size=24, shared_expert_intermediate_size=72)),
-    "qwen2_moe-sparse-step-odd-shared": ("qwen2_moe", dict(_SMALL, num_hidden_layers=5, num_experts=4,
-                                                           num_experts_per_tok=1, moe_intermediate_size=24,
+    "qwen2_moe-sparse-step-odd-shared": ("qwen2_moe", dict(_SMALL, num_hidden_layers=5, num_key_value_heads=4,
+                                                           num_experts=4, num_experts_per_tok=1, moe_intermediate_size=24,
                                                            shared_expert_intermediate_size=50,
                                                            decoder_sparse_step=2, mlp_only_layers=[3],
                                                            qkv_bias=False, tie_word_embeddings=True)),
-    "qwen2_moe-all-dense": ("qwen2_moe", dict(_SMALL, num_experts=4, num_experts_per_tok=1,
-                                              moe_intermediate_size=24, shared_expert_intermediate_size=48,
+    "qwen2_moe-all-dense": ("qwen2_moe", dict(_SMALL, num_key_value_heads=1, num_experts=4,
+                                              num_experts_per_tok=1, moe_intermediate_size=24, shared_expert_intermediate_size=48,
                                               mlp_only_layers=[0, 1, 2])),
     "qwen3_moe": ("qwen3_moe", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24,
                                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
@@ -116,7 +118,8 @@ def test_tiny_configs_match_the_real_model(case):
 
 def test_cross_check_some_counts_by_name():
     # the tied case really shares the matrix, so it is counted once
-    config = transformers.AutoConfig.for_model("qwen2", **dict(_SMALL, tie_word_embeddings=True))
+    config = transformers.AutoConfig.for_model("qwen2", **dict(_SMALL, num_key_value_heads=4,
+                                                                tie_word_embeddings=True))
     model = build(config)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert from_hf_config(config.to_dict()).tied_embeddings
