@@ -90,6 +90,27 @@ class PlanSearch:
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
                 "fits": [c.as_row() for c in self.fits], "pareto": [c.as_row() for c in self.pareto]}
 
+    def to_html(self, rows: int = 50, pareto_only: bool = True) -> str:
+        """An HTML table of the layouts (the Pareto front by default), for notebooks."""
+        from html import escape
+        chosen = (self.pareto if pareto_only else self.fits)[:rows]
+        head = ("tp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
+                "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "cost proxy s", "bubble", "Pareto")
+        body = "".join(
+            "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
+                c.tp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "yes" if c.sequence_parallel else "no",
+                c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
+                f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.cost:.4f}", f"{c.bubble:.3f}",
+                "*" if c.pareto else "")) + "</tr>" for c in chosen)
+        caption = escape(f"{self.model} on {self.devices} x {self.hardware}, global batch {self.global_batch}, "
+                         f"seq {self.seq_len}: {self.candidates:,} layouts, {len(self.fits):,} fit, "
+                         f"{len(self.pareto)} on the Pareto front")
+        return (f"<table><caption>{caption}</caption><thead><tr>"
+                + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table>")
+
+    def _repr_html_(self) -> str:   # Jupyter shows a search as this table
+        return self.to_html()
+
     def table(self, rows: int = 20, pareto_only: bool = True) -> str:
         chosen = self.pareto if pareto_only else self.fits
         head = (f"{self.model} on {self.devices} x {self.hardware}, global batch {self.global_batch}, "

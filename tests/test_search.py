@@ -106,3 +106,16 @@ def test_progress_is_reported(solver):
     seen = []
     search.search_plans(MODEL, GPU, devices=8, global_batch=8, solver=solver, progress=lambda d, t: seen.append((d, t)))
     assert seen and seen[-1][0] == seen[-1][1]
+
+
+def test_search_renders_as_html(solver):
+    from html.parser import HTMLParser
+    found = search.search_plans(MODEL, GPU, devices=8, global_batch=16, solver=solver)
+    cells = []
+
+    class Cells(HTMLParser):
+        def handle_data(self, data):
+            cells.append(data)
+    Cells().feed(found._repr_html_())
+    assert "memory GiB (2^30 B)" in cells and f"{len(found.pareto)} on the Pareto front" in " ".join(cells)
+    assert cells.count("*") == len(found.pareto)
