@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 

@@ -14,14 +14,13 @@ they are added, so pluggy's registration order never decides a number.
 
 from __future__ import annotations
 
-import math
 import types
 
 import attrs
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import _checks
-from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, PluginContractError,
+from .errors import (InvalidInputError, InvalidInputTypeError, PluginContractError,
                      PluginError)
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan

@@ -37,7 +37,7 @@ from .manager import PluginManager
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
 from .scenario import Scenario
 from .solver import TrainingMemoryModel
-from .specs import AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 from .terms import MemoryTerm
 
 DENSE = "llama3-8b"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mlsysim_core import (HardwareNode, InvalidInputError, PluginConflictError, PluginContractError,
-                          TrainingMemoryModel, TransformerWorkload, hookimpl)
+                          TransformerWorkload, hookimpl)
 from mlsysim_core.catalog import (ENV_CATALOG_DIR, CatalogEntry, CatalogError, find_hardware, find_model,
                                   get_hardware, get_model, list_hardware, list_models, read_catalog_file,
                                   user_catalog_dir)

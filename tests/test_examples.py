@@ -16,18 +16,14 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import sysconfig
-import textwrap
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+from venvtools import Venv, pip_supports_python_option, run
 
 slow = pytest.mark.slow     # the tests that build, install and run the wheels (seconds)
 
@@ -134,68 +130,6 @@ def test_walkthrough_code_matches_the_example_package():
 
 # --- the virtualenv ------------------------------------------------------------------------
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MLSYSIM_", "PIP_", "PYTHON", "PYTEST_")) and k != "VIRTUAL_ENV"}
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", PIP_CONFIG_FILE=os.devnull,
-               PYTHONDONTWRITEBYTECODE="1")
-    return env
-
-
-def _run(cmd, *, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    if check and proc.returncode != 0:
-        pytest.fail(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
-                    f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
-
-
-def _host_site_dirs() -> list[str]:
-    """Where the host finds pluggy, attrs, cattrs, pytest and mlsysim-core (with its entry points)."""
-    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for name in ("mlsysim-core", "pluggy", "attrs", "cattrs", "pytest"):
-        dirs.append(str(Path(importlib.metadata.distribution(name).locate_file("")).resolve()))
-    out = []
-    for d in dirs:
-        if d not in out and Path(d).is_dir():
-            out.append(d)
-    return out
-
-
-class Venv:
-    def __init__(self, root: Path):
-        venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt", clear=True).create(root)
-        self.root = root
-        self.python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-        purelib = _run([self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                       cwd=root).stdout.strip()
-        self.site_packages = Path(purelib)
-        lines = [f"import site; site.addsitedir({d!r})" for d in _host_site_dirs()]
-        (self.site_packages / "_mlsysim_host_site.pth").write_text("\n".join(lines) + "\n")
-
-    def install(self, *wheels: Path) -> None:
-        _run([sys.executable, "-m", "pip", "--python", self.python, "install", "--no-index",
-              "--no-deps", "--quiet", *wheels], cwd=self.root)
-
-    def python_json(self, code: str):
-        """Run code in the venv; it prints one JSON document as its last line."""
-        proc = _run([self.python, "-c", textwrap.dedent(code)], cwd=self.root)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return _run([self.python, "-m", "mlsysim_core", *args], cwd=self.root, check=check)
-
-    def cli_json(self, *args: str) -> dict:
-        return json.loads(self.cli("estimate", *args, "--json").stdout)
-
-
-def _pip_supports_python_option() -> bool:
-    import pip
-    parts = [int("".join(ch for ch in piece if ch.isdigit()) or 0) for piece in pip.__version__.split(".")[:2]]
-    return tuple(parts) >= (22, 3)
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("examples")
@@ -218,7 +152,7 @@ def wheels(workdir, sources) -> dict[str, Path]:
     """All three wheels, built offline in one pip call:
     ``pip wheel --no-deps --no-build-isolation --no-index -w DIR PKG...``."""
     out = workdir / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
           "--quiet", "-w", out, *sources.values()], cwd=workdir)
     built = {}
     for package, (dist, *_rest) in PACKAGES.items():
@@ -229,7 +163,7 @@ def wheels(workdir, sources) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def env(workdir, wheels) -> Venv:
-    if not _pip_supports_python_option():
+    if not pip_supports_python_option():
         pytest.skip("pip >= 22.3 (pip --python) is needed to install into the test virtualenv")
     in_host = []
     for dist, *_rest in PACKAGES.values():
@@ -461,7 +395,7 @@ def test_all_three_from_a_scenario_file(env, workdir):
 @slow
 @pytest.mark.parametrize("package", list(PACKAGES))
 def test_package_tests_pass_against_the_installed_plugin(env, sources, package):
-    proc = _run([env.python, "-m", "pytest", sources[package] / "tests", "-v", "-p", "no:cacheprovider",
+    proc = run([env.python, "-m", "pytest", sources[package] / "tests", "-v", "-p", "no:cacheprovider",
                  "-rs"], cwd=sources[package], check=False)
     assert proc.returncode == 0, f"{package} tests failed:\n{proc.stdout}\n{proc.stderr}"
     summary = proc.stdout.strip().splitlines()[-1]

@@ -1,7 +1,5 @@
 """Properties that hold for every input (hypothesis)."""
 
-import random
-
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mlsysim_core import HardwareNode, SparseTransformerWorkload, TransformerWorkload, TrainingMemoryModel

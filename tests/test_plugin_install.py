@@ -10,18 +10,12 @@ with the virtualenv's python, exactly as a user would.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
 import shutil
-import subprocess
-import sys
-import sysconfig
-import textwrap
-import venv
 from pathlib import Path
 
 import pytest
+from venvtools import Venv, build_wheels
 
 pytestmark = pytest.mark.slow
 
@@ -34,47 +28,6 @@ TIMEOUT = 180
 GALORE_MASTER = 4.0 * 8_030_000_000                 # 32,120,000,000 B
 GALORE_MOMENTS = 8 * 64 * 4096 * 7 * 32             # 469,762,048 B
 GALORE_STATE = GALORE_MASTER + GALORE_MOMENTS       # 32,589,762,048 B
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MLSYSIM_", "PIP_", "PYTHON")) and k != "VIRTUAL_ENV"}
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", PIP_CONFIG_FILE=os.devnull,
-               PYTHONDONTWRITEBYTECODE="1")
-    return env
-
-
-def _run(cmd, *, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    if check and proc.returncode != 0:
-        pytest.fail(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
-                    f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
-
-
-def _host_site_dirs() -> list[str]:
-    """Where the host finds pluggy, attrs, cattrs and mlsysim-core (with its entry points)."""
-    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for name in ("mlsysim-core", "pluggy", "attrs", "cattrs"):
-        dirs.append(str(Path(importlib.metadata.distribution(name).locate_file("")).resolve()))
-    out = []
-    for d in dirs:
-        if d not in out and Path(d).is_dir():
-            out.append(d)
-    return out
-
-
-def _pip_supports_python_option() -> bool:
-    try:
-        import pip
-    except ImportError:
-        return False
-    parts = []
-    for piece in pip.__version__.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts) >= (22, 3)
 
 
 @pytest.fixture(scope="module")
@@ -91,39 +44,10 @@ def wheels(workdir) -> dict[str, Path]:
         src = workdir / "src" / package
         shutil.copytree(FIXTURES / package, src,
                         ignore=shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info"))
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-              "--quiet", "-w", out, src], cwd=workdir)
+        build_wheels([src], out, cwd=workdir)
         [wheel] = out.glob(package.replace("-", "_") + "-0.1.0-*.whl")
         built[package] = wheel
     return built
-
-
-class Venv:
-    def __init__(self, root: Path):
-        venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt", clear=True).create(root)
-        self.root = root
-        self.python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-        purelib = _run([self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                       cwd=root).stdout.strip()
-        self.site_packages = Path(purelib)
-        lines = [f"import site; site.addsitedir({d!r})" for d in _host_site_dirs()]
-        (self.site_packages / "_mlsysim_host_site.pth").write_text("\n".join(lines) + "\n")
-
-    def install(self, wheel: Path) -> None:
-        common = ["install", "--no-index", "--no-deps", "--quiet"]
-        if _pip_supports_python_option():
-            _run([sys.executable, "-m", "pip", "--python", self.python, *common, wheel], cwd=self.root)
-        else:   # pip < 22.3: install from the host straight into the venv's site-packages
-            _run([sys.executable, "-m", "pip", *common, "--target", self.site_packages, wheel],
-                 cwd=self.root)
-
-    def python_json(self, code: str):
-        """Run code in the venv; it prints one JSON document as its last line."""
-        proc = _run([self.python, "-c", textwrap.dedent(code)], cwd=self.root)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return _run([self.python, "-m", "mlsysim_core", *args], cwd=self.root, check=check)
 
 
 @pytest.fixture(scope="module")
