@@ -156,8 +156,12 @@ def _load_json_file(parameter: str, path: str) -> dict:
 def _model(text: str):
     if text.endswith(".json"):
         from .serialization import structure_model
+        data = _load_json_file("--model", text)
+        if "model_type" in data:     # a Hugging Face config.json
+            from .hf import from_hf_config
+            return from_hf_config(data, name=Path(text).parent.name or None)
         try:
-            return structure_model(_load_json_file("--model", text))
+            return structure_model(data)
         except TypeError as err:   # a missing required field
             raise InvalidInputError("--model", text, "name, parameters and layers at least", str(err)) from err
     from .catalog import get_model

@@ -9,7 +9,9 @@ plugin's options class unstructures to is what the file holds.
      "zero_stage": 1, "dp_size": 8,
      "plugin_options": {"demo.hpz": {"secondary_group": 4}}}
 
-``model`` and ``hardware`` are catalog names or objects of their fields.
+``model`` is a catalog name, an object of ``TransformerWorkload`` fields, or a Hugging
+Face ``config.json`` object (recognised by its ``model_type``); ``hardware`` a catalog
+name or an object of ``HardwareNode`` fields.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class Scenario:
     # --- solving ----------------------------------------------------------------------------
 
     def resolve_model(self):
+        if isinstance(self.model, dict) and "model_type" in self.model:   # a Hugging Face config.json
+            from .hf import from_hf_config
+            return from_hf_config(self.model)
         if isinstance(self.model, dict):
             from .serialization import structure_model
             try:

@@ -2,12 +2,15 @@
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from mlsysim_core import InvalidInputError
 from mlsysim_core.cli import main
 from mlsysim_core.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_scenario_solves_like_solve(solver, tmp_path):
@@ -66,3 +69,15 @@ def test_cli_scenario_with_flag_overrides(tmp_path, solver):
     expected = solver.solve("llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3)
     assert data["total_memory"] == expected.total_memory
     assert Scenario.load(saved).zero_stage == 3 and Scenario.load(saved).dp_size == 8
+
+
+def test_hugging_face_config_as_the_model(solver, tmp_path):
+    config = json.loads((ROOT / "tests" / "data" / "hf_configs" / "gpt2.json").read_text())
+    scenario = Scenario.from_dict({"model": config, "hardware": "h100", "batch_size": 4, "seq_len": 512})
+    result = scenario.solve(solver)
+    assert result.weights == 124_439_808 * 2      # the exact count of GPT2LMHeadModel, fp16
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = io.StringIO()
+    assert main(["estimate", "--model", str(path), "-b", "4", "-s", "512", "--json"], out=out) == 0
+    assert json.loads(out.getvalue())["weights"] == 124_439_808 * 2
