@@ -389,8 +389,7 @@ def cmd_models(args, out) -> int:
     if args.json:
         out.write(json.dumps({"models": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
         return 0
-    kw = max(len(e.key) for e in entries)
-    nw = max(len(e.value.name) for e in entries)
+    kw, nw = _key_and_name_widths(entries)
     out.write(f"{'key':<{kw}} {'name':<{nw}} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  "
               f"{'experts':<12} origin\n")
     for e in entries:
@@ -399,6 +398,10 @@ def cmd_models(args, out) -> int:
         out.write(f"{e.key:<{kw}} {m.name:<{nw}} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
                   f"{m.heads or '-':>5}  {experts:<12} {e.origin}\n")
     return 0
+
+
+def _key_and_name_widths(entries) -> tuple[int, int]:
+    return max(len(e.key) for e in entries), max(len(e.value.name) for e in entries)
 
 
 def _catalog_row(entry) -> dict:
@@ -415,8 +418,7 @@ def cmd_hardware(args, out) -> int:
     if args.json:
         out.write(json.dumps({"hardware": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
         return 0
-    kw = max(len(e.key) for e in entries)
-    nw = max(len(e.value.name) for e in entries)
+    kw, nw = _key_and_name_widths(entries)
     out.write(f"{'key':<{kw}} {'name':<{nw}} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}  origin\n")
     for e in entries:
         h = e.value

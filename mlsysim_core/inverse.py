@@ -68,34 +68,51 @@ def _binding(fits: TrainingMemoryResult | None, over: TrainingMemoryResult | Non
     return max(COMPONENTS, key=lambda c: getattr(over, c) - getattr(fits, c))
 
 
-def _largest(fits_at: Callable[[int], TrainingMemoryResult], start: int, bound: int):
-    """Largest n in [start, bound] with fits_at(n).feasible, for a monotone predicate."""
+def _flip(evaluate: Callable[[int], TrainingMemoryResult], start: int, bound: int,
+          first: TrainingMemoryResult | None = None):
+    """Where feasibility flips, for a predicate monotone over the integers start..bound.
+
+    Exponential search from ``start`` (start, 2 start, 4 start, ...; 0, 1, 2, 4, ... from 0)
+    to the first value whose feasibility differs from ``start``'s, then binary search.
+    Returns ``(last, last_result, first_flipped_result or None, solves)``: ``last`` is the
+    last value with ``start``'s feasibility (``bound`` if it never flips). ``first`` is
+    the result at ``start`` when the caller already has it.
+    """
     solves = 0
-    first = fits_at(start)
-    solves += 1
-    if not first.feasible:
-        return None, None, first, solves
-    lo, lo_result, hi, hi_result = start, first, None, None
+    if first is None:
+        first, solves = evaluate(start), 1
+    state = first.feasible
+    last, last_result, flipped, flipped_result = start, first, None, None
     n = start
-    while hi is None:     # exponential search for the first value that does not fit
-        n = min(n * 2, bound)
-        r = fits_at(n)
+    while flipped is None:
+        if n == bound:
+            return last, last_result, None, solves
+        n = min(max(2 * n, n + 1), bound)
+        r = evaluate(n)
         solves += 1
-        if r.feasible:
-            lo, lo_result = n, r
-            if n == bound:
-                return lo, lo_result, None, solves
+        if r.feasible == state:
+            last, last_result = n, r
         else:
-            hi, hi_result = n, r
-    while hi - lo > 1:    # then binary search between them
-        mid = (lo + hi) // 2
-        r = fits_at(mid)
+            flipped, flipped_result = n, r
+    while flipped - last > 1:
+        mid = (last + flipped) // 2
+        r = evaluate(mid)
         solves += 1
-        if r.feasible:
-            lo, lo_result = mid, r
+        if r.feasible == state:
+            last, last_result = mid, r
         else:
-            hi, hi_result = mid, r
-    return lo, lo_result, hi_result, solves
+            flipped, flipped_result = mid, r
+    return last, last_result, flipped_result, solves
+
+
+def _largest(fits_at: Callable[[int], TrainingMemoryResult], start: int, bound: int):
+    """Largest n in [start, bound] with fits_at(n).feasible, for a monotone predicate:
+    ``(n, result, first_result_that_does_not_fit, solves)``; n is None if start does not fit."""
+    first = fits_at(start)
+    if not first.feasible:
+        return None, None, first, 1
+    last, last_result, over, solves = _flip(fits_at, start, bound, first)
+    return last, last_result, over, solves + 1
 
 
 def _answer(question, value, result, limit, solves, **details) -> InverseAnswer:
@@ -152,31 +169,15 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
         return solver.solve(model, hardware, batch_size, tp_size=tp_size, pp_size=pp_size,
                             ep_size=ep_size, dp_size=steps[i], **solve_kwargs)
 
-    # Memory shrinks as dp grows: search the smallest index that fits.
-    solves, lo, hi = 0, -1, None
-    hi_result = lo_result = None
-    i = 0
-    while hi is None:     # exponential search over the steps: 0, 1, 3, 7, ...
-        r = at(i)
-        solves += 1
-        if r.feasible:
-            hi, hi_result = i, r
-        else:
-            lo, lo_result = i, r
-            if i == len(steps) - 1:
-                break
-            i = min(i * 2 + 1, len(steps) - 1)
-    if hi is None:
-        return InverseAnswer(question="fewest devices", value=None, result=None, limit=lo_result,
-                             binding=_binding(None, lo_result), headroom=None, solves=solves)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        r = at(mid)
-        solves += 1
-        if r.feasible:
-            hi, hi_result = mid, r
-        else:
-            lo, lo_result = mid, r
+    # Memory shrinks as dp grows: the first step that fits.
+    last, last_result, fits, solves = _flip(at, 0, len(steps) - 1)
+    if last_result.feasible:          # the smallest step already fits
+        hi, hi_result, lo_result = 0, last_result, None
+    elif fits is None:                # even the largest step does not fit
+        return InverseAnswer(question="fewest devices", value=None, result=None, limit=last_result,
+                             binding=_binding(None, last_result), headroom=None, solves=solves)
+    else:
+        hi, hi_result, lo_result = last + 1, fits, last_result
     dp = steps[hi]
     binding = None if lo_result is None else max(
         COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))
