@@ -15,23 +15,20 @@ they are added, so pluggy's registration order never decides a number.
 from __future__ import annotations
 
 import types
-
-import attrs
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import attrs
+
 from . import _checks
-from .errors import (InvalidInputError, InvalidInputTypeError, PluginContractError,
-                     PluginError)
+from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
+from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
-from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
-from .terms import _current_source
-from .terms import PHASES
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS,
-                    OPTIMIZER_STATE, WEIGHTS, MemoryTerm)
+                    OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _current_source)
 from .types import HardwareNode, TransformerWorkload
 
 DEFAULT_PROFILE = "reference"
@@ -229,7 +226,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
             raise InvalidInputError("include_plugins", plugin,
                                     f"an installed plugin: {', '.join(sorted(registry.plugins))}")
 
-    if not plugin_options and not _OPTIONED_SPECS(registry).intersection(
+    if not plugin_options and not _specs_with_options(registry).intersection(
             (optimizer_name, activation_checkpointing, *rules.values())):
         options = _NO_OPTIONS     # nothing to structure: the common case
     else:
@@ -254,7 +251,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
 _NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
 
 
-def _OPTIONED_SPECS(registry: Registry) -> frozenset:
+def _specs_with_options(registry: Registry) -> frozenset:
     """Names of the installed specs that declare options (cached per registry)."""
     names = registry.cache.get("optioned")
     if names is None:
