@@ -68,6 +68,18 @@ def bench_import(results: dict, runs: int = 9) -> None:
     results["import mlsysim_core (in-process time, fresh interpreter)"] = statistics.median(times)
 
 
+def bench_plugin_loading(results: dict, runs: int = 7) -> None:
+    """Entry-point discovery scans every installed distribution: it happens on first use
+    (never at import), once per process."""
+    import importlib.metadata
+    code = ("import time; t = time.perf_counter(); from mlsysim_core.manager import PluginManager; "
+            "PluginManager.from_environment().registry; print(time.perf_counter() - t)")
+    times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout) for _ in range(runs)]
+    n = len(list(importlib.metadata.distributions()))
+    results[f"load plugins + build registry (fresh process, {n} distributions installed)"] = statistics.median(times)
+
+
 def bench_cli(results: dict, runs: int = 7) -> None:
     exe = [sys.executable, "-m", "mlsysim_core", "estimate"]
     walls = []
@@ -102,6 +114,7 @@ def main() -> int:
     results: dict[str, float] = {}
     bench_solve(results)
     bench_import(results)
+    bench_plugin_loading(results)
     bench_cli(results)
     bench_search(results)
     print(f"{'benchmark':<70} {'median':>14}")
