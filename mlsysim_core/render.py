@@ -62,6 +62,10 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
                      f"{100 * nbytes / total:5.1f} %", ", ".join(_sources(result, component)) or "-"))
     rows.append(("total", _gb(result.total_memory), _gib(result.total_memory), "100.0 %", ""))
     rows.append(("available", _gb(result.available_memory), _gib(result.available_memory), "", result.hardware))
+    if result.host_memory:   # offloaded bytes: needed on the host, not on the accelerator
+        host_sources = sorted({t.source for t in result.terms if t.tier != ACCELERATOR})
+        rows.append(("host memory", _gb(result.host_memory), _gib(result.host_memory), "",
+                     "not in the total; from " + ", ".join(host_sources)))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [describe_setup(result, plan_line), ""]
     for i, row in enumerate(rows):

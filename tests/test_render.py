@@ -234,3 +234,28 @@ def test_repr_html_escapes_text(default):
     assert "script" not in table.tags and "b" not in table.tags
     assert table.caption.startswith("<script>alert('x')</script> on A&B <GPU>")
     assert ["note: <b>note</b>"] in table.rows
+
+
+def test_estimate_table_shows_host_memory(builtin_pm):
+    """Offloaded bytes get their own row, outside the accelerator total."""
+    from mlsysim_core import (ACTIVATIONS, HOST, CheckpointingSpec, HardwareNode, MemoryTerm,
+                              TrainingMemoryModel, TransformerWorkload, hookimpl)
+    from mlsysim_core.manager import PluginManager
+    from mlsysim_core.render import estimate_table
+
+    class Offload:
+        @hookimpl
+        def mlsysim_checkpointing_strategies(self):
+            def terms(plan, placement, options):
+                return [MemoryTerm(component=ACTIVATIONS, label="on device", nbytes=10**9),
+                        MemoryTerm(component=ACTIVATIONS, label="offloaded", nbytes=3 * 10**9, tier=HOST)]
+            return [CheckpointingSpec(name="test.offload", activation_terms=terms)]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Offload(), name="test_offload")
+    model = TransformerWorkload(name="m", parameters=10**9, layers=4, hidden_dim=64, heads=4)
+    r = TrainingMemoryModel(plugin_manager=pm).solve(model, HardwareNode(name="gpu", memory_capacity=80 * 2**30), 8,
+                                                     activation_checkpointing="test.offload")
+    line = next(l for l in estimate_table(r, chart=False).splitlines() if l.startswith("host memory"))
+    assert "3.000" in line and "2.794" in line and "not in the total; from test_offload" in line
