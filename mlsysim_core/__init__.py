@@ -17,9 +17,9 @@ from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, Mlsy
 from .hookspecs import PROJECT as _PROJECT
 from .specs import (CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect,
                     ShardingRuleSpec, SplitSoFar)
-from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, COMMUNICATION_BUFFERS, COMPONENTS,
-                    FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, WEIGHTS,
-                    MemoryTerm)
+from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, COMPONENTS,
+                    FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, RUNTIME_OVERHEADS,
+                    WEIGHTS, MemoryTerm)
 from .types import HardwareNode, SparseTransformerWorkload, TransformerWorkload
 
 hookimpl = _pluggy.HookimplMarker(_PROJECT)
@@ -29,7 +29,11 @@ __version__ = "0.1.0"
 # The plugin API's version: (major, minor). A minor bump adds hooks, hook arguments or
 # optional spec fields (old plugins keep working: pluggy's opt-in arguments); a major bump
 # would remove or change something, after a release of deprecation warnings.
-PLUGIN_API_VERSION = (1, 1)   # 1.1: a sharding rule's apply may take SplitSoFar
+# 1.1: a sharding rule's apply may take SplitSoFar.
+# 1.2: the backward_end phase, the runtime_overheads component and its hook, measured-grade
+#      callables on optimizer and checkpointing specs (OptimizerSpec.measured_state_terms,
+#      CheckpointingSpec.measured_activation_terms), ProfileSpec.grade.
+PLUGIN_API_VERSION = (1, 2)
 
 
 def __getattr__(name):
@@ -52,8 +56,8 @@ __all__ = [
     "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
     "ProfileSpec",
-    "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS", "COMPONENTS",
-    "FORWARD", "BACKWARD", "OPTIMIZER_STEP", "PHASES", "ACCELERATOR", "HOST",
+    "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
+    "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES", "ACCELERATOR", "HOST",
     "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError", "NotInstalledError",
     "PluginError", "PluginLoadError", "PluginConflictError", "PluginContractError",
 ]

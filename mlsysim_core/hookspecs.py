@@ -94,6 +94,21 @@ def mlsysim_communication_buffer_terms(
     """
 
 
+@_hookspec
+def mlsysim_runtime_overhead_terms(
+    plan: TrainingPlan, placement: Placement, allocated: float
+) -> Iterable[MemoryTerm]:
+    """Runtime-overhead terms of one rank (``component="runtime_overheads"``): memory the
+    process uses beyond its tensors (CUDA context, allocator reserve, library workspaces).
+
+    ``allocated`` is the peak of every other component (bytes of live tensors at the
+    peak phase), e.g. for an allocator reserve sized as a fraction of it. Kept apart so a
+    comparison with allocator-level measurements can leave them out.
+
+    .. versionadded:: plugin API 1.2
+    """
+
+
 REGISTRATION_HOOKS = (
     "mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
     "mlsysim_profiles",
@@ -104,6 +119,7 @@ COMPONENT_HOOKS = {
     "optimizer_state": "mlsysim_optimizer_state_terms",
     "activations": "mlsysim_activation_terms",
     "communication_buffers": "mlsysim_communication_buffer_terms",
+    "runtime_overheads": "mlsysim_runtime_overhead_terms",
 }
 
 

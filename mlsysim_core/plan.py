@@ -49,6 +49,13 @@ class TrainingPlan:
     rules: Mapping[str, str]            # axis -> selected sharding rule name
     options: Mapping[str, Any]          # spec name -> its options object
     include_plugins: tuple[str, ...] = ()
+    # Measured-grade profiles only (None / defaults under the reference profile):
+    regime: Any = None                  # mlsysim_core.measured.regimes.Regime
+    optimizer_impl: str = "foreach"     # PyTorch's optimizer implementation: foreach | fused | for-loop
+    attention: str = "sdpa"             # attention kernel: sdpa (fused, no s x s) | eager
+    dropout: float = 0.0                # dropout probability in the layers
+    checkpointed_layers: int | None = None   # block recompute: how many layers recompute (None: the strategy's)
+    runtime_overheads: Any = None       # mlsysim_core.measured.model.RuntimeOverheads, or None: none
 
     @property
     def bytes_per_value(self) -> int | float:

@@ -246,7 +246,7 @@ def why(result, component: str) -> str:
 
 def _phases(phases) -> str:
     if tuple(phases) == PHASES:
-        return "the whole iteration (forward, backward, optimizer step)"
+        return "the whole iteration (" + ", ".join(p.replace("_", " ") for p in PHASES) + ")"
     return ", ".join(_name(p) for p in phases) or "no phase"
 
 

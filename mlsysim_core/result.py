@@ -77,6 +77,16 @@ class TrainingMemoryResult:
     # component fields are then what is alive in it). None when the profile sums.
     peak_phase: str | None = None
     plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
+    # Measured-grade profiles: CUDA context, allocator reserve, library workspaces (bytes,
+    # included in total_memory); and the training regime the solve assumed.
+    runtime_overheads: int | float = 0
+    regime: str | None = None
+
+    @property
+    def allocated_memory(self) -> int | float:
+        """The total without runtime overheads: what ``torch.cuda.max_memory_allocated``
+        (or PyTorch's MemTracker) would report at the peak."""
+        return self.total_memory - self.runtime_overheads
 
     @property
     def gb(self) -> MemoryView:

@@ -27,7 +27,7 @@ from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
-from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS,
+from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, RUNTIME_OVERHEADS,
                     OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _current_source)
 from .types import HardwareNode, TransformerWorkload
 
@@ -65,6 +65,9 @@ class TrainingMemoryModel:
               data_parallel: str | None = None, sharding_rules: Mapping[str, str] | None = None,
               plugin_options: Mapping[str, Any] | None = None,
               include_plugins: Sequence[str] = (), profile: str | None = None,
+              regime: str | None = None, optimizer_impl: str | None = None,
+              attention: str | None = None, dropout: float | None = None,
+              checkpointed_layers: int | None = None, runtime_overheads: Any = None,
               ) -> TrainingMemoryResult:
         """Solve for the memory of one accelerator.
 
@@ -80,6 +83,19 @@ class TrainingMemoryModel:
         * ``include_plugins``: plugins whose component hooks take part in addition to
           the profile's own.
         * ``profile``: overrides the model's profile for this call.
+
+        Measured-grade profiles (``profile="measured"``) also read:
+
+        * ``regime``: ``fp32``, ``amp-bf16``, ``amp-fp16``, ``bf16``, ``fp16``,
+          ``mixed-bf16``, ``mixed-bf16-main-grad`` (default: from ``precision``: 16-bit
+          means autocast, fp32 means fp32);
+        * ``optimizer_impl``: PyTorch's ``foreach`` (default), ``fused`` or ``for-loop`` step;
+        * ``attention``: ``sdpa`` (default; fused kernels, no s x s scores) or ``eager``;
+        * ``dropout``: the layers' dropout probability (default 0.0);
+        * ``checkpointed_layers``: with ``activation_checkpointing="full"``, recompute only
+          this many of the layers (block recompute; default all);
+        * ``runtime_overheads``: a ``RuntimeOverheads``, a dict of its fields, or ``False``
+          for none (default: ``RuntimeOverheads()``).
         """
         registry = self.registry
         if type(model) is str:       # catalog names, including entries this manager's plugins add
@@ -93,10 +109,63 @@ class TrainingMemoryModel:
                            dp_size, ep_size, zero_stage, gradient_accumulation_steps,
                            trainable_fraction, communication_buffer_fraction, sequence_parallel,
                            data_parallel, sharding_rules, plugin_options, include_plugins)
+        measured = (regime, optimizer_impl, attention, dropout, checkpointed_layers, runtime_overheads)
+        if registry.profiles[plan.profile].grade == "measured":
+            plan = _measured_plan(plan, *measured)
+        elif measured != (None,) * 6:
+            given = [n for n, v in zip(_MEASURED_OPTIONS, measured) if v is not None]
+            raise InvalidInputError(given[0], measured[_MEASURED_OPTIONS.index(given[0])],
+                                    "None under a reference-grade profile",
+                                    f"profile {plan.profile!r} ignores it; use profile='measured'")
         return _run_pipeline(registry, plan)
 
 
 # --- 1. inputs ----------------------------------------------------------------------------
+
+_MEASURED_OPTIONS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
+                     "runtime_overheads")
+
+
+def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropout, checkpointed_layers,
+                   runtime_overheads) -> TrainingPlan:
+    """The measured-grade options, checked and with their defaults."""
+    from .measured.model import RuntimeOverheads
+    from .measured.optimizers import IMPLEMENTATIONS
+    from .measured.regimes import regime_for
+    from .measured.shapes import ModelShape
+    ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
+    chosen = regime_for(regime, plan.precision)
+    impl = "foreach" if optimizer_impl is None else _checks.name("optimizer_impl", optimizer_impl, IMPLEMENTATIONS)
+    kernel = "sdpa" if attention is None else _checks.name("attention", attention, ("sdpa", "eager"))
+    p = 0.0 if dropout is None else _checks.fraction("dropout", dropout)
+    if p >= 1.0:
+        raise InvalidInputError("dropout", dropout, "a probability in [0.0, 1.0)")
+    blocks = None
+    if checkpointed_layers is not None:
+        blocks = _checks.count("checkpointed_layers", checkpointed_layers, minimum=0)
+        if plan.activation_checkpointing != "full":
+            raise InvalidInputError("checkpointed_layers", checkpointed_layers,
+                                    "None unless activation_checkpointing='full'",
+                                    f"activation_checkpointing={plan.activation_checkpointing!r}")
+        if blocks > plan.model.layers:
+            raise InvalidInputError("checkpointed_layers", checkpointed_layers,
+                                    f"at most the model's {plan.model.layers} layers")
+    if runtime_overheads is None or runtime_overheads is True:
+        overheads = RuntimeOverheads()
+    elif runtime_overheads is False:
+        overheads = None
+    elif isinstance(runtime_overheads, RuntimeOverheads):
+        overheads = runtime_overheads
+    elif isinstance(runtime_overheads, Mapping):
+        from .serialization import structure_options
+        overheads = structure_options("runtime_overheads", "runtime_overheads", RuntimeOverheads,
+                                      dict(runtime_overheads))
+    else:
+        raise InvalidInputTypeError("runtime_overheads", runtime_overheads,
+                                    "a RuntimeOverheads, a dict of its fields, True or False")
+    return attrs.evolve(plan, regime=chosen, optimizer_impl=impl, attention=kernel, dropout=p,
+                        checkpointed_layers=blocks, runtime_overheads=overheads)
+
 
 def _resolve_model(model) -> TransformerWorkload:
     if isinstance(model, str):
@@ -367,11 +436,27 @@ class _Selection:
                             _takes_split(registry.sharding_rules[name].apply))
                            for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
         opt, ckpt = plan.optimizer, plan.activation_checkpointing
-        self.optimizer = (registry.providers[(OPTIMIZER, opt)], registry.optimizers[opt].state_terms,
-                          ("optimizer '{}' state_terms", opt))
-        self.checkpointing = (registry.providers[(CHECKPOINTING, ckpt)], registry.checkpointing[ckpt].activation_terms,
-                              ("checkpointing strategy '{}' activation_terms", ckpt))
         profile = registry.profiles[plan.profile]
+        measured = profile.grade == "measured"
+        optimizer, checkpointing = registry.optimizers[opt], registry.checkpointing[ckpt]
+        opt_fn = optimizer.measured_state_terms if measured else optimizer.state_terms
+        ckpt_fn = checkpointing.measured_activation_terms if measured else checkpointing.activation_terms
+        for fn, kind, name, parameter, table in (
+                (opt_fn, OPTIMIZER, opt, "optimizer", registry.optimizers),
+                (ckpt_fn, CHECKPOINTING, ckpt, "activation_checkpointing", registry.checkpointing)):
+            if fn is None:
+                field = "measured_state_terms" if kind == OPTIMIZER else "measured_activation_terms"
+                usable = sorted(n for n, spec in table.items() if getattr(spec, field) is not None)
+                raise InvalidInputError(
+                    parameter, name, f"one with a measured-grade model under profile {plan.profile!r}: "
+                    f"{', '.join(usable)}",
+                    f"{registry.providers[(kind, name)].describe()} gives no {field}; "
+                    "profile='reference' accepts it")
+        self.optimizer = (registry.providers[(OPTIMIZER, opt)], opt_fn,
+                          ("optimizer '{}' " + ("measured_state_terms" if measured else "state_terms"), opt))
+        self.checkpointing = (registry.providers[(CHECKPOINTING, ckpt)], ckpt_fn,
+                              ("checkpointing strategy '{}' " + ("measured_activation_terms" if measured
+                                                                 else "activation_terms"), ckpt))
         self.combine_peak = profile.combine == "peak"
         wanted = set(profile.component_plugins) | set(plan.include_plugins)
         self.impls = {component: tuple(i for i in registry.component_impls[hook] if i.plugin.name in wanted)
@@ -509,7 +594,7 @@ _NOTE_ORDER = (DATA, "tp", "pp", "ep")
 def _peak(terms) -> tuple[str, tuple]:
     """The phase with the most accelerator bytes alive (the earliest on a tie) and, for it,
     the bytes alive per component, in COMPONENTS order."""
-    alive = {phase: [0, 0, 0, 0, 0] for phase in PHASES}
+    alive = {phase: [0] * len(COMPONENTS) for phase in PHASES}
     index = {component: i for i, component in enumerate(COMPONENTS)}
     for term in terms:
         if term.tier != ACCELERATOR:
@@ -555,10 +640,22 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
 
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
     peak_phase = None
+    r = 0
     if selection.combine_peak:   # the largest phase, and what is alive in it
-        peak_phase, (w, g, o, a, c) = _peak(terms)
+        peak_phase, (w, g, o, a, c, r) = _peak(terms)
+    if impls[RUNTIME_OVERHEADS]:
+        hook_kwargs["allocated"] = w + g + o + a + c + r
+        runtime = _ordered(_hook_terms(impls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, hook_kwargs))
+        if runtime:
+            terms = (*terms, *runtime)
+            if selection.combine_peak:
+                peak_phase, (w, g, o, a, c, r) = _peak(terms)
+            else:
+                r = _accelerator_sum(runtime)
     # 5. combine: the reference adds the five components left to right, in float64.
     total = w + g + o + a + c
+    if r:
+        total += r
     host = 0
     for term in terms:
         if term.tier != ACCELERATOR:
@@ -583,4 +680,5 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,
         selected=selection.selected, plugin_sources=selection.plugin_sources, peak_phase=peak_phase,
-        weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c)
+        weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c, runtime_overheads=r,
+        regime=plan.regime.name if plan.regime is not None else None)

@@ -55,6 +55,13 @@ class OptimizerSpec:
     description: str = _description
     state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     options_type: type | None = _options
+    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_callable))
+    """Same signature, for measured-grade profiles: the state in ``plan.regime``'s dtypes and
+    the step's temporaries for ``plan.optimizer_impl`` (phase ``optimizer_step``).
+    ``None``: the optimizer has no measured-grade model (such profiles refuse it).
+
+    .. versionadded:: plugin API 1.2"""
 
 
 @attrs.frozen(kw_only=True)
@@ -71,6 +78,12 @@ class CheckpointingSpec:
     activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     requires_heads: bool = False
     options_type: type | None = _options
+    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_callable))
+    """Same signature, for measured-grade profiles: the decoder layers' activations with
+    phases (``mlsysim_core.measured.model.layer_terms`` does the layer accounting).
+
+    .. versionadded:: plugin API 1.2"""
 
 
 # The axes a sharding rule can own, in the order the solver applies them:
@@ -176,3 +189,10 @@ class ProfileSpec:
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=_tuple)
     combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))
+    grade: str = attrs.field(default="reference", validator=attrs.validators.in_(("reference", "measured")))
+    """Which callables of the selected optimizer and checkpointing specs this profile calls:
+    ``state_terms``/``activation_terms`` (reference) or ``measured_state_terms``/
+    ``measured_activation_terms`` (measured). A measured-grade solve also carries a training
+    regime (``plan.regime``) and the implementation options.
+
+    .. versionadded:: plugin API 1.2"""

@@ -20,14 +20,21 @@ GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer_state"
 ACTIVATIONS = "activations"
 COMMUNICATION_BUFFERS = "communication_buffers"
-COMPONENTS = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, COMMUNICATION_BUFFERS)
+RUNTIME_OVERHEADS = "runtime_overheads"   # CUDA context, allocator, library workspaces (measured profile)
+COMPONENTS = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS)
 
-# Phases of one steady-state training iteration. A term lists those in which it is alive;
-# the reference profile sums every term regardless, a measured-grade profile takes the peak.
+# Phases of one steady-state training iteration, as instants where memory peaks. A term
+# lists those in which it is alive; the reference profile sums every term regardless, a
+# measured-grade profile takes the peak.
+#   forward        the end of the forward: the loss computed, every saved activation alive
+#   backward       the first backward ops: activations still alive, the loss gradients on top
+#   backward_end   the end of the backward: every gradient alive, activations freed
+#   optimizer_step the optimizer step: gradients, state and the step's temporaries
 FORWARD = "forward"
 BACKWARD = "backward"
+BACKWARD_END = "backward_end"
 OPTIMIZER_STEP = "optimizer_step"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER_STEP)
+PHASES = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 
 # Memory tiers.
 ACCELERATOR = "accelerator"

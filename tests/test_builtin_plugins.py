@@ -6,7 +6,7 @@ A round synthetic model keeps the arithmetic checkable by eye: P = 1e9 parameter
 
 import pytest
 
-from mlsysim_core import (ACTIVATIONS, BACKWARD, COMMUNICATION_BUFFERS, FORWARD, OPTIMIZER_STEP,
+from mlsysim_core import (ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, OPTIMIZER_STEP,
                           HardwareNode, SparseTransformerWorkload, TransformerWorkload)
 
 P = 1_000_000_000
@@ -32,7 +32,7 @@ def test_model_states_fp16(solver):
     assert r.weights == 2 * P and r.gradients == 2 * P
     w = only_term(r, "weights")
     assert w.source == "model_states" and "1,000,000,000 params/rank x 2 B" in w.formula
-    assert only_term(r, "gradients").phases == (BACKWARD, OPTIMIZER_STEP)
+    assert only_term(r, "gradients").phases == (BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 
 
 @pytest.mark.parametrize("precision,bpp", [("fp32", 4), ("tf32", 4), ("BF16", 2), ("fp8", 1),
@@ -135,7 +135,7 @@ def test_zero_paper_worked_example(solver):
 def test_gradient_bucket_follows_sharded_gradients(solver):
     r = solve(solver, dp_size=4, zero_stage=2, communication_buffer_fraction=0.1)
     assert r.communication_buffers == pytest.approx(0.1 * P / 2)
-    assert only_term(r, COMMUNICATION_BUFFERS).phases == (BACKWARD,)
+    assert only_term(r, COMMUNICATION_BUFFERS).phases == (BACKWARD, BACKWARD_END)
 
 
 def test_terms_sum_to_components_and_total(solver):

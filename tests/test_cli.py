@@ -57,7 +57,7 @@ def test_explain_shows_plugins_and_formulas():
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["estimate", "--optimizer", "lion"], "optimizer='lion' is not allowed"),
+    (["estimate", "--optimizer", "lamb"], "optimizer='lamb' is not allowed"),
     (["estimate", "--model", "gpt5"], "model='gpt5' is not allowed"),
     (["estimate", "--tp", "0"], "tp_size=0"),
     (["estimate", "--option", "rank=3"], "--option='rank=3'"),

@@ -35,7 +35,7 @@ def base(solver, **kw):
 
 def test_every_hook_has_a_test():
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 11
+    assert len(hooks) == 12
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
                if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
@@ -43,7 +43,7 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (1, 1)
+    assert mlsysim_core.PLUGIN_API_VERSION == (1, 2)
 
 
 def test_hook_mlsysim_optimizers(builtin_pm):
@@ -192,6 +192,7 @@ def test_a_peak_profile_takes_the_largest_phase(builtin_pm):
     # optimizer step: weights + gradients + optimizer state (activations are gone)
     assert summed.phase_totals == {"forward": 2 * P + 12 * P + acts,
                                    "backward": 2 * P + 2 * P + 12 * P + acts + bucket,
+                                   "backward_end": 2 * P + 2 * P + 12 * P + bucket,
                                    "optimizer_step": 2 * P + 2 * P + 12 * P}
     assert summed.peak_phase is None and summed.total_memory == 16 * P + acts + bucket
     assert peak.peak_phase == "backward" and peak.total_memory == pytest.approx(16 * P + acts + bucket)

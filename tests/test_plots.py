@@ -60,13 +60,17 @@ def test_phase_bytes_follow_term_liveness(solver):
     buffers = {t.label: t.nbytes for t in r.terms_of("communication_buffers")}
     pipeline, bucket = buffers["pipeline send + receive buffers"], buffers["gradient bucket"]
     assert alive[FORWARD] == {"weights": r.weights, "gradients": 0, "optimizer_state": r.optimizer_state,
-                              "activations": r.activations, "communication_buffers": pipeline}
+                              "activations": r.activations, "communication_buffers": pipeline,
+                              "runtime_overheads": 0}
     assert alive[BACKWARD] == {"weights": r.weights, "gradients": r.gradients,
                                "optimizer_state": r.optimizer_state, "activations": r.activations,
-                               "communication_buffers": pipeline + bucket}
+                               "communication_buffers": pipeline + bucket, "runtime_overheads": 0}
+    assert alive["backward_end"] == {"weights": r.weights, "gradients": r.gradients,
+                                     "optimizer_state": r.optimizer_state, "activations": 0,
+                                     "communication_buffers": bucket, "runtime_overheads": 0}
     assert alive[OPTIMIZER_STEP] == {"weights": r.weights, "gradients": r.gradients,
                                      "optimizer_state": r.optimizer_state, "activations": 0,
-                                     "communication_buffers": 0}
+                                     "communication_buffers": 0, "runtime_overheads": 0}
     assert plots.peak_phase(r) == (BACKWARD, pytest.approx(r.total_memory))
 
 
@@ -165,7 +169,7 @@ def test_timeline_marks_the_peak(mpl, solver, tmp_path):
     ax = fig.axes[0]
     assert "alive per phase" in ax.get_title()
     ticks = [t.get_text() for t in ax.get_xticklabels()]
-    assert ticks == ["forward", "backward\n(peak)", "optimizer step"]
+    assert ticks == ["forward", "backward\n(peak)", "backward end", "optimizer step"]
     assert any(t.get_text().startswith("peak: ") for t in ax.texts)
 
 

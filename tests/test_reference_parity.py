@@ -81,6 +81,16 @@ def test_grid_errors_are_errors_here_too(solver, reference_grid):
     """Whatever the reference rejects, this project rejects too (with its own message)."""
     errors = [c for c in reference_grid if c["kind"] == "error"]
     assert len(errors) >= 100
+    # Optimizers this project adds (the reference knows adam, adamw, none, sgd) are the one
+    # deliberate difference: they solve here.
+    added = [c for c in errors if str(c["kwargs"]["optimizer"]).lower() in ADDED_OPTIMIZERS]
+    assert [c["kwargs"]["optimizer"] for c in added] == ["ADAFACTOR", "sgd-momentum"]
     for case in errors:
+        if case in added:
+            assert _solve(solver, case).total_memory > 0
+            continue
         with pytest.raises(InvalidInputError):
             _solve(solver, case)
+
+
+ADDED_OPTIMIZERS = ("adafactor", "adam-8bit", "lion", "sgd-momentum")

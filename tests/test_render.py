@@ -74,7 +74,7 @@ def test_explain_says_in_plain_language_what_each_component_is(default):
     assert "for the 32 layers on this accelerator and one micro-batch of 8 sequences" in acts
     assert "34·s·b·h bytes per layer" in acts and "recomputed" in acts
     assert "gradients for the data-parallel all-reduce" in _sentence(text, "communication_buffers")
-    assert "alive during backward, optimizer step" in text           # gradients' phases
+    assert "alive during backward, backward end, optimizer step" in text           # gradients' phases
     assert "alive during the whole iteration" in text                # weights'
 
 

@@ -6,6 +6,8 @@ training counts the master copy twice; see its known weaknesses, §13.6).
 
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
+from mlsysim_core.measured import optimizers as measured
+
 from ._fmt import n, shard
 from ._memo import memoize
 
@@ -26,7 +28,15 @@ def state_terms(plan, placement, options, *, name="adam"):
                        placement.shard_sources["optimizer_state_shards"])]
 
 
+def measured_state_terms(plan, placement, options, *, name="adam"):
+    """Two moments in the regime's state dtype and a 4-byte step tensor per parameter
+    tensor; the step: foreach allocates one parameter-sized temporary (``_foreach_sqrt`` of
+    the second moment), the for-loop two per parameter plus the previous one's ``denom``."""
+    return [*measured.moment_terms(plan, placement, name, 2, step_counters=True),
+            *measured.step_transient(plan, placement, name, foreach=1, loop_current=2, loop_previous=1)]
+
+
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adam", description="Adam: fp32 master + m + v, 12 B/param",
-                          state_terms=state_terms)]
+                          state_terms=state_terms, measured_state_terms=measured_state_terms)]

@@ -5,7 +5,7 @@ The reference model sizes every communication bucket as
 sharding. Pipeline send/receive buffers belong to the pipeline rule.
 """
 
-from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, MemoryTerm, hookimpl
+from mlsysim_core import BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, MemoryTerm, hookimpl
 
 from ._memo import memoize
 
@@ -13,7 +13,7 @@ from ._memo import memoize
 @memoize
 def bucket_term(c, gradients):
     return MemoryTerm(component=COMMUNICATION_BUFFERS, label="gradient bucket", nbytes=gradients * c,
-                      phases=(BACKWARD,), formula=f"{c} x {gradients:,.0f} B of gradients")
+                      phases=(BACKWARD, BACKWARD_END), formula=f"{c} x {gradients:,.0f} B of gradients")
 
 
 @hookimpl

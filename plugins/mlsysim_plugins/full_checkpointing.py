@@ -2,6 +2,8 @@
 
 from mlsysim_core import CheckpointingSpec, hookimpl
 
+from mlsysim_core.measured import model
+
 from . import _korthikanti
 
 LAYER_INPUT_BYTES = 2   # one fp16 copy of the layer input
@@ -12,7 +14,18 @@ def activation_terms(plan, placement, options):
                                          "layer inputs (full recompute)")
 
 
+def measured_activation_terms(plan, placement, options):
+    """Measured grade (torch.utils.checkpoint around each decoder layer, as HF's
+    gradient_checkpointing_enable): a checkpointed layer keeps its input in the residual
+    dtype, and the backward recomputes one layer at a time. ``checkpointed_layers=k``
+    recomputes only k layers (block recompute); the others keep everything."""
+    layers = placement.layers_per_stage
+    k = layers if plan.checkpointed_layers is None else min(plan.checkpointed_layers, layers)
+    return model.layer_terms(plan, placement, kept_layers=layers - k)
+
+
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="full", description="recompute every layer; 2*s*b*h B/layer",
-                              activation_terms=activation_terms)]
+                              activation_terms=activation_terms,
+                              measured_activation_terms=measured_activation_terms)]

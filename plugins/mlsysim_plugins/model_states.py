@@ -5,7 +5,7 @@ gradients exist only for trainable parameters. Model-parallel rules have already
 the parameter count; data-parallel rules (ZeRO-3, ZeRO-2) divide these terms.
 """
 
-from mlsysim_core import BACKWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS, MemoryTerm, hookimpl
+from mlsysim_core import BACKWARD, BACKWARD_END, GRADIENTS, OPTIMIZER_STEP, WEIGHTS, MemoryTerm, hookimpl
 
 from ._fmt import n, shard
 from ._memo import memoize
@@ -22,7 +22,7 @@ def weight_term(params, b, precision, shards, sharded_by):
 def gradient_term(params, b, precision, shards, sharded_by):
     return MemoryTerm(
         component=GRADIENTS, label=f"gradients ({precision})", nbytes=params * b / shards,
-        phases=(BACKWARD, OPTIMIZER_STEP),
+        phases=(BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
         formula=f"{n(params)} trainable params/rank x {b} B"
                 + shard(shards, "gradients sharded: " + ", ".join(sharded_by)))
 

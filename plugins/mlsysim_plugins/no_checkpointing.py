@@ -3,6 +3,8 @@
 
 from mlsysim_core import CheckpointingSpec, hookimpl
 
+from mlsysim_core.measured import model
+
 from . import _korthikanti
 
 PER_TOKEN_BYTES = 34
@@ -14,7 +16,13 @@ def activation_terms(plan, placement, options):
                                          "stored activations incl. attention scores (no recompute)")
 
 
+def measured_activation_terms(plan, placement, options):
+    """Every layer keeps what its ops save for backward (op by op, measured grade)."""
+    return model.layer_terms(plan, placement)
+
+
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="none", description="store everything; 34*s*b*h + 5*a*s^2*b B/layer",
-                              activation_terms=activation_terms, requires_heads=True)]
+                              activation_terms=activation_terms, requires_heads=True,
+                              measured_activation_terms=measured_activation_terms)]

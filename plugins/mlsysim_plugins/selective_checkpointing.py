@@ -2,6 +2,8 @@
 
 from mlsysim_core import CheckpointingSpec, hookimpl
 
+from mlsysim_core.measured import model
+
 from . import _korthikanti
 
 PER_TOKEN_BYTES = 34   # Korthikanti Table 2, fp16, selective recompute
@@ -12,7 +14,15 @@ def activation_terms(plan, placement, options):
                                          "stored activations (selective recompute)")
 
 
+def measured_activation_terms(plan, placement, options):
+    """Measured grade: every layer keeps what it saves except eager attention's s x s
+    tensors (scores, probabilities, dropout mask), which are recomputed; with fused
+    attention (sdpa) there are none, so this equals no recomputation."""
+    return model.layer_terms(plan, placement, selective=True)
+
+
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="selective", description="recompute attention core; 34*s*b*h B/layer",
-                              activation_terms=activation_terms)]
+                              activation_terms=activation_terms,
+                              measured_activation_terms=measured_activation_terms)]

@@ -2,6 +2,8 @@
 
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
+from mlsysim_core.measured import optimizers as measured
+
 from ._fmt import n, shard
 from ._memo import memoize
 
@@ -22,7 +24,12 @@ def state_terms(plan, placement, options):
                        placement.shard_sources["optimizer_state_shards"])]
 
 
+def measured_state_terms(plan, placement, options):
+    """No state (plain SGD updates the weights in place), only a master copy if the regime keeps one."""
+    return measured.master_terms(plan, placement)
+
+
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="sgd", description="SGD without momentum: fp32 master, 4 B/param",
-                          state_terms=state_terms)]
+                          state_terms=state_terms, measured_state_terms=measured_state_terms)]

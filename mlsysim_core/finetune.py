@@ -1,0 +1,375 @@
+"""Exact parameter and byte counts for LoRA and QLoRA fine-tuning of a transformer.
+
+    >>> from mlsysim_core import TransformerWorkload
+    >>> from mlsysim_core.finetune import LoRAConfig, lora_counts
+    >>> llama2_7b = TransformerWorkload(name="Llama-2-7B", parameters=6_738_415_616, layers=32,
+    ...     hidden_dim=4096, heads=32, ffn_dim=11008, gated_mlp=True, vocab_size=32000)
+    >>> lora_counts(llama2_7b, LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"))).trainable_parameters
+    4194304
+
+What is counted
+===============
+
+The decoder blocks' linear layers are derived from the workload's fields, per layer:
+
+* attention: ``q_proj`` hidden -> heads*head_dim, ``k_proj`` / ``v_proj`` hidden ->
+  kv_heads*head_dim, ``o_proj`` heads*head_dim -> hidden (``head_dim`` defaults to
+  ``hidden_dim // heads``, ``kv_heads`` to ``heads``);
+* a dense MLP: gated (SwiGLU/GeGLU) ``gate_proj`` and ``up_proj`` hidden -> ffn,
+  ``down_proj`` ffn -> hidden; not gated: ``up_proj`` and ``down_proj`` only;
+* a mixture of experts (``SparseTransformerWorkload``): the MLP linears of every one of the
+  ``experts`` routed experts (width ``expert_ffn_dim``, else ``ffn_dim``), the ``router``
+  (hidden -> experts) and, when ``shared_experts`` > 0, ONE shared-expert MLP of width
+  ``shared_experts * expert_ffn_dim`` (how both Qwen-MoE and DeepSeek build it; see
+  ``mlsysim_core.hf``); for ``architecture == "qwen2_moe"`` also the ``shared_expert_gate``
+  (hidden -> 1). Every block is taken to be sparse. The layout is the one with one
+  ``nn.Linear`` per expert (transformers 4.x, and every checkpoint on disk): transformers
+  5 fuses the experts into 3-D parameters, which neither peft's ``target_modules`` nor
+  bitsandbytes' Linear replacement reach, so there the expert numbers do not apply.
+* GPT-2 (``architecture == "gpt2"``) uses ``Conv1D`` layers with other names: ``c_attn``
+  (fused Q/K/V, hidden -> 3*hidden), ``attn.c_proj`` (hidden -> hidden), ``c_fc`` (hidden ->
+  ffn) and ``mlp.c_proj`` (ffn -> hidden). peft matches a target name against the end of
+  a module's dotted path, so ``"c_proj"`` selects BOTH ``attn.c_proj`` and ``mlp.c_proj``
+  (as ``target_modules=["c_proj"]`` does in peft); ``"attn.c_proj"`` / ``"mlp.c_proj"``
+  select one. The Llama-style names are refused for GPT-2 (there is no separate
+  ``q_proj``) and the GPT-2 names for every other architecture.
+
+``"all-linear"`` adapts every linear of the decoder blocks (router and shared-expert gate
+included) and never the output projection ``lm_head``, as peft's ``all-linear`` does.
+Architectures whose projections are fused differently (``phi3``, ``gpt_neox``,
+``falcon``) and multi-head latent attention (``kv_lora_rank`` set) are refused rather
+than counted wrongly. A requested target that the model does not have (``gate_proj`` in a
+non-gated MLP) is an error here, where peft would silently skip it if another target
+matched.
+
+LoRA (peft ``LoraLayer``): per adapted linear of ``in_features`` x ``out_features``,
+``lora_A`` is ``r x in`` and ``lora_B`` is ``out x r``, no bias: ``r * (in + out)``
+trainable parameters. ``frozen_parameters`` is the whole base model
+(``model.parameters``): peft's ``get_nb_trainable_parameters()`` returns
+``(trainable_parameters, trainable_parameters + frozen_parameters)``.
+
+Quantization (bitsandbytes, through transformers' ``BitsAndBytesConfig``): every linear of
+the blocks is replaced (transformers' ``replace_with_bnb_linear`` also converts GPT-2's
+``Conv1D``); embeddings, norms, biases and ``lm_head`` stay in the compute dtype.
+``quantized_parameters`` counts the replaced weights (biases excluded). Per weight
+tensor of ``n = in * out`` elements:
+
+* ``nf4`` / ``fp4`` (``bnb.nn.Linear4bit`` / ``Params4bit``, ``bnb.functional.quantize_4bit``
+  with the default ``quant_storage=torch.uint8``): packed weight ``(n + 1) // 2`` bytes
+  (two 4-bit codes a byte); ``absmax``: one fp32 per block of ``quant_blocksize``
+  elements, ``ceil(n / blocksize)`` blocks; ``quant_map``: the 16-entry fp32 code table
+  (64 B), a fresh tensor in every ``QuantState`` (``get_4bit_type`` builds it per call)
+  and saved per weight in the state dict.
+  With ``double_quant`` (``compress_statistics=True``) the absmax are shifted by their
+  mean and quantized by ``quantize_blockwise(..., blocksize=256)``: 1 B (uint8) per
+  block, plus ``nested_absmax`` one fp32 per 256 blocks, plus ``nested_offset`` (the
+  mean: one fp32, 4 B) plus ``nested_quant_map``, a per-tensor copy of the 256-entry
+  fp32 dynamic code table (1024 B; ``code.to(device, copy=True)``).
+  Not counted: the small uint8 tensor ``quant_state.bitsandbytes__nf4`` that only a
+  serialized state dict carries (JSON of shape/dtype/blocksize; 70-180 B).
+* ``int8`` (``bnb.nn.Linear8bitLt`` / ``Int8Params``, ``int8_vectorwise_quant``): the
+  int8 weight ``CB`` (1 B an element) and ``SCB``, one fp32 scale per output row
+  (``4 * out`` bytes). LLM.int8's outlier columns are found at run time and stored
+  nowhere.
+
+These layouts were checked against bitsandbytes 0.50.2 on CPU (``quantize_4bit`` and
+``int8_vectorwise_quant`` on 4096x4096, 11008x4096, 7x9 and 1000x37 tensors), and the
+LoRA counts against peft 0.21.2 with transformers 5.23.0; ``tests/test_finetune.py``
+records those numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from . import _checks
+from .errors import InvalidInputError, InvalidInputTypeError
+from .types import SparseTransformerWorkload, TransformerWorkload
+
+__all__ = ["LoRAConfig", "FineTuneCounts", "lora_counts", "TARGET_MODULES", "QUANTIZATIONS",
+           "ALL_LINEAR"]
+
+ALL_LINEAR = "all-linear"
+_LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                  "router", "shared_expert_gate")
+_GPT2_TARGETS = ("c_attn", "c_proj", "attn.c_proj", "c_fc", "mlp.c_proj")
+TARGET_MODULES = _LLAMA_TARGETS + _GPT2_TARGETS + (ALL_LINEAR,)
+QUANTIZATIONS = (None, "nf4", "fp4", "int8")
+# bitsandbytes.functional.quantize_4bit: "Valid values are 32, 64, ..., 4096"
+_4BIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+_NESTED_BLOCKSIZE = 256        # quantize_4bit: quantize_blockwise(absmax - offset, blocksize=256)
+_FP32 = 4
+_4BIT_CODE_BYTES = 16 * _FP32          # quant_map: get_4bit_type("nf4"/"fp4"), 16 fp32
+_DYNAMIC_CODE_BYTES = 256 * _FP32      # nested_quant_map: create_dynamic_map(), 256 fp32
+_FUSED_ARCHITECTURES = ("phi3", "gpt_neox", "falcon")
+
+
+def _targets(value):
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, list):
+        value = tuple(value)
+    return value
+
+
+def _check_rank(instance, attribute, value):
+    _checks.count("LoRAConfig.rank", value, minimum=1)
+
+
+def _check_targets(instance, attribute, value):
+    allowed = f"a non-empty tuple of: {', '.join(TARGET_MODULES)}"
+    if not isinstance(value, tuple):
+        raise InvalidInputTypeError("LoRAConfig.target_modules", value, allowed,
+                                    f"got {type(value).__name__}")
+    if not value:
+        raise InvalidInputError("LoRAConfig.target_modules", value, allowed)
+    for name in value:
+        if not isinstance(name, str):
+            raise InvalidInputTypeError("LoRAConfig.target_modules", name, allowed,
+                                        f"got {type(name).__name__}")
+        if name not in TARGET_MODULES:
+            raise InvalidInputError("LoRAConfig.target_modules", name, allowed)
+    if ALL_LINEAR in value and len(value) > 1:
+        raise InvalidInputError("LoRAConfig.target_modules", value,
+                                f"{ALL_LINEAR!r} alone, or a list of module names",
+                                "peft takes 'all-linear' as the whole target_modules")
+
+
+def _check_quantization(instance, attribute, value):
+    if value not in QUANTIZATIONS or isinstance(value, bool):
+        allowed = "None, 'nf4', 'fp4' or 'int8'"
+        if value is not None and not isinstance(value, str):
+            raise InvalidInputTypeError("LoRAConfig.quantization", value, allowed,
+                                        f"got {type(value).__name__}")
+        raise InvalidInputError("LoRAConfig.quantization", value, allowed)
+
+
+def _check_double_quant(instance, attribute, value):
+    _checks.flag("LoRAConfig.double_quant", value)
+
+
+def _check_blocksize(instance, attribute, value):
+    allowed = f"one of {', '.join(map(str, _4BIT_BLOCKSIZES))} (bitsandbytes 4-bit)"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputTypeError("LoRAConfig.quant_blocksize", value, allowed,
+                                    f"got {type(value).__name__}")
+    if value not in _4BIT_BLOCKSIZES:
+        raise InvalidInputError("LoRAConfig.quant_blocksize", value, allowed)
+
+
+@attrs.frozen(kw_only=True)
+class LoRAConfig:
+    """A LoRA adapter and, for QLoRA, how the base model is quantized.
+
+    ``target_modules`` are names as peft matches them (``("q_proj", "v_proj")``, or
+    ``"all-linear"`` alone); a single string is taken as a one-name tuple.
+    ``quantization`` is ``None`` (base in its own dtype), ``"nf4"``/``"fp4"``
+    (bitsandbytes 4-bit, ``bnb_4bit_quant_type``) or ``"int8"`` (LLM.int8).
+    ``double_quant`` is ``bnb_4bit_use_double_quant``; ``quant_blocksize`` the 4-bit
+    block size (64 in bitsandbytes).
+    """
+
+    rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
+    target_modules: tuple[str, ...] = attrs.field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"), converter=_targets,
+        validator=_check_targets)
+    quantization: str | None = attrs.field(default=None, validator=_check_quantization)
+    double_quant: bool = attrs.field(default=False, validator=_check_double_quant)
+    quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
+
+    def __attrs_post_init__(self):
+        if self.double_quant and self.quantization not in ("nf4", "fp4"):
+            raise InvalidInputError("LoRAConfig.double_quant", self.double_quant,
+                                    "False unless quantization is 'nf4' or 'fp4'",
+                                    f"quantization={self.quantization!r}")
+
+
+@attrs.frozen(kw_only=True)
+class FineTuneCounts:
+    """Exact counts for one model and one ``LoRAConfig`` (see the module docstring).
+
+    ``per_module`` has one row per adapted linear kind:
+    ``(module, in_features, out_features, LoRA parameters in one layer)``; for the experts
+    of a mixture the last number covers all ``experts`` copies.
+    """
+
+    trainable_parameters: int
+    frozen_parameters: int
+    adapted_linear_parameters: int
+    quantized_parameters: int
+    quantized_weight_bytes: int
+    quantization_constant_bytes: int
+    per_module: tuple[tuple[str, int, int, int], ...]
+
+    @property
+    def total_parameters(self) -> int:
+        """Base plus adapters: peft's ``get_nb_trainable_parameters()[1]``."""
+        return self.trainable_parameters + self.frozen_parameters
+
+
+@attrs.frozen
+class _Linear:
+    module: str             # the name reported in per_module
+    in_features: int
+    out_features: int
+    copies: int             # per layer (experts)
+    selectors: frozenset    # the target names that adapt it
+
+
+def _need(model, field_name: str, value=None):
+    value = getattr(model, field_name) if value is None else value
+    if value is None:
+        raise InvalidInputError(f"{type(model).__name__}.{field_name}", None,
+                                "a positive integer", "needed to size the linear layers")
+    return value
+
+
+def _attention(model, arch: str | None):
+    hidden = _need(model, "hidden_dim")
+    heads = _need(model, "heads")
+    if arch == "gpt2":
+        return [_Linear("c_attn", hidden, 3 * hidden, 1, frozenset({"c_attn"})),
+                _Linear("attn.c_proj", hidden, hidden, 1, frozenset({"c_proj", "attn.c_proj"}))]
+    head_dim = model.head_dim if model.head_dim is not None else hidden // heads
+    if head_dim < 1:
+        raise InvalidInputError(f"{type(model).__name__}.head_dim", None,
+                                "set, or hidden_dim >= heads", "hidden_dim // heads is 0")
+    kv = model.kv_heads if model.kv_heads is not None else heads
+    return [_Linear("q_proj", hidden, heads * head_dim, 1, frozenset({"q_proj"})),
+            _Linear("k_proj", hidden, kv * head_dim, 1, frozenset({"k_proj"})),
+            _Linear("v_proj", hidden, kv * head_dim, 1, frozenset({"v_proj"})),
+            _Linear("o_proj", heads * head_dim, hidden, 1, frozenset({"o_proj"}))]
+
+
+def _mlp_linears(prefix: str, hidden: int, ffn: int, gated: bool, copies: int):
+    out = []
+    if gated:
+        out.append(_Linear(prefix + "gate_proj", hidden, ffn, copies, frozenset({"gate_proj"})))
+    out.append(_Linear(prefix + "up_proj", hidden, ffn, copies, frozenset({"up_proj"})))
+    out.append(_Linear(prefix + "down_proj", ffn, hidden, copies, frozenset({"down_proj"})))
+    return out
+
+
+def _mlp(model, arch: str | None):
+    hidden = _need(model, "hidden_dim")
+    if arch == "gpt2":
+        ffn = _need(model, "ffn_dim")
+        return [_Linear("c_fc", hidden, ffn, 1, frozenset({"c_fc"})),
+                _Linear("mlp.c_proj", ffn, hidden, 1, frozenset({"c_proj", "mlp.c_proj"}))]
+    gated = _need(model, "gated_mlp")
+    if not isinstance(model, SparseTransformerWorkload):
+        return _mlp_linears("", hidden, _need(model, "ffn_dim"), gated, 1)
+    expert_ffn = model.expert_ffn_dim if model.expert_ffn_dim is not None else model.ffn_dim
+    expert_ffn = _need(model, "expert_ffn_dim", expert_ffn)
+    out = [_Linear("router", hidden, model.experts, 1, frozenset({"router"}))]
+    out += _mlp_linears("experts.", hidden, expert_ffn, gated, model.experts)
+    if model.shared_experts:
+        out += _mlp_linears("shared_expert.", hidden, model.shared_experts * expert_ffn, gated, 1)
+        if arch == "qwen2_moe":
+            out.append(_Linear("shared_expert_gate", hidden, 1, 1,
+                               frozenset({"shared_expert_gate"})))
+    return out
+
+
+def _check_model(model):
+    if not isinstance(model, TransformerWorkload):
+        raise InvalidInputTypeError("model", model,
+                                    "a TransformerWorkload or SparseTransformerWorkload",
+                                    f"got {type(model).__name__}")
+    cls = type(model).__name__
+    arch = model.architecture.lower() if model.architecture else None
+    if model.kv_lora_rank is not None:
+        raise InvalidInputError(f"{cls}.kv_lora_rank", model.kv_lora_rank,
+                                "None: multi-head latent attention projections are not modelled")
+    if arch in _FUSED_ARCHITECTURES:
+        raise InvalidInputError(f"{cls}.architecture", model.architecture,
+                                "an architecture with separate q/k/v (and gate/up) linears, or 'gpt2'",
+                                "its fused projections are not modelled")
+    if arch == "gpt2" and model.is_sparse:
+        raise InvalidInputError(f"{cls}.architecture", model.architecture,
+                                "a dense model for 'gpt2'")
+    return arch
+
+
+def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
+    """Trainable (adapter) and frozen parameters, and the quantized base's bytes.
+
+    ``model`` is a ``TransformerWorkload`` or ``SparseTransformerWorkload``; raises
+    ``InvalidInputError`` naming the model field that is missing, a target the model
+    does not have, or a model whose linears alone exceed its ``parameters``.
+    """
+    if not isinstance(config, LoRAConfig):
+        raise InvalidInputTypeError("config", config, "a LoRAConfig",
+                                    f"got {type(config).__name__}")
+    arch = _check_model(model)
+    own = _GPT2_TARGETS if arch == "gpt2" else _LLAMA_TARGETS
+    all_linear = config.target_modules == (ALL_LINEAR,)
+    for name in config.target_modules:
+        if name != ALL_LINEAR and name not in own:
+            kind = "GPT-2 (architecture='gpt2')" if arch == "gpt2" else "this architecture"
+            raise InvalidInputError("LoRAConfig.target_modules", name,
+                                    f"for {kind} one of: {', '.join(own)}, {ALL_LINEAR}")
+    attention_only = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "attn.c_proj"}
+    # the MLP's fields are needed only when an MLP linear is adapted or quantized
+    wants_mlp = (all_linear or config.quantization is not None
+                 or any(n not in attention_only for n in config.target_modules))
+    linears = _attention(model, arch) + (_mlp(model, arch) if wants_mlp else [])
+
+    names = set(config.target_modules)
+    adapted = [lin for lin in linears if all_linear or lin.selectors & names]
+    for name in names - {ALL_LINEAR}:
+        if not any(name in lin.selectors for lin in linears):
+            have = sorted({s for lin in linears for s in lin.selectors} | {ALL_LINEAR})
+            raise InvalidInputError("LoRAConfig.target_modules", name,
+                                    f"a module this model has: {', '.join(have)}",
+                                    f"{model.name!r} has no {name}")
+
+    layers, r = model.layers, config.rank
+    per_module = tuple((lin.module, lin.in_features, lin.out_features,
+                        lin.copies * r * (lin.in_features + lin.out_features)) for lin in adapted)
+    trainable = layers * sum(row[3] for row in per_module)
+    adapted_params = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in adapted)
+
+    quantized = weight_bytes = constant_bytes = 0
+    if config.quantization is not None:
+        for lin in linears:
+            tensors = layers * lin.copies
+            n = lin.in_features * lin.out_features
+            w, c = _tensor_bytes(n, lin.out_features, config)
+            quantized += tensors * n
+            weight_bytes += tensors * w
+            constant_bytes += tensors * c
+    linear_total = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in linears)
+    if wants_mlp and linear_total > model.parameters:
+        raise InvalidInputError(f"{type(model).__name__}.parameters", model.parameters,
+                                f"at least {linear_total}",
+                                "the linear layers its fields describe hold more parameters")
+    if adapted_params > model.parameters:
+        raise InvalidInputError(f"{type(model).__name__}.parameters", model.parameters,
+                                f"at least {adapted_params}",
+                                "the adapted linear layers alone hold more parameters")
+    return FineTuneCounts(trainable_parameters=trainable, frozen_parameters=model.parameters,
+                          adapted_linear_parameters=adapted_params, quantized_parameters=quantized,
+                          quantized_weight_bytes=weight_bytes,
+                          quantization_constant_bytes=constant_bytes, per_module=per_module)
+
+
+def _tensor_bytes(n: int, rows: int, config: LoRAConfig) -> tuple[int, int]:
+    """(weight bytes, constant bytes) of one quantized weight of n elements and rows outputs."""
+    if config.quantization == "int8":
+        # Linear8bitLt / Int8Params._quantize -> int8_vectorwise_quant: CB int8 [out, in],
+        # SCB fp32 [out]
+        return n, _FP32 * rows
+    # Linear4bit / Params4bit -> quantize_4bit (quant_storage uint8):
+    # out = uint8[(n + 1) // 2], absmax = fp32[ceil(n / blocksize)], code = 16 fp32
+    blocks = math.ceil(n / config.quant_blocksize)
+    if not config.double_quant:
+        return (n + 1) // 2, _FP32 * blocks + _4BIT_CODE_BYTES
+    # compress_statistics: offset = absmax.mean() (fp32 scalar);
+    # quantize_blockwise(absmax - offset, blocksize=256) -> uint8[blocks] and a nested
+    # QuantState with fp32[ceil(blocks / 256)] absmax and a copied 256-entry fp32 code
+    nested_blocks = math.ceil(blocks / _NESTED_BLOCKSIZE)
+    return (n + 1) // 2, (blocks + _FP32 * nested_blocks + _FP32 + _DYNAMIC_CODE_BYTES
+                          + _4BIT_CODE_BYTES)

@@ -1,0 +1,267 @@
+"""The measured-grade terms that are not an optimizer's or a checkpointing strategy's:
+weights, gradients, the activations outside the decoder layers (embedding, final norm,
+logits and cross-entropy, AMP's weight copies) and the decoder layers themselves under
+each checkpointing choice. Every formula follows what PyTorch 2.13 and transformers 5.23
+keep alive, op by op, as measured by ``MemTracker`` (``validation/``).
+
+Notation in formulas: T = micro-batch x sequence tokens, h hidden, V vocabulary,
+c = bytes of the compute dtype, L layers on this rank.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
+                     RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
+from .layers import layer_forward_bytes
+from .shapes import ModelShape
+
+ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
+SAVED = (FORWARD, BACKWARD)
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
+@attrs.frozen
+class Context:
+    """What the activation formulas read, derived once per plan."""
+
+    shape: ModelShape
+    tokens: int          # micro-batch x sequence on this rank
+    seq_len: int
+    layers: int          # decoder layers on this rank
+    shards: int          # activation shards (tensor/sequence parallelism)
+    regime: object
+
+
+def context(plan, placement) -> Context:
+    shape = ModelShape.of(plan.model)
+    return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,
+                   layers=placement.layers_per_stage, shards=placement.activation_shards, regime=plan.regime)
+
+
+def layer_bytes(plan, ctx: Context):
+    s = ctx.shape
+    return layer_forward_bytes(
+        style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
+        regime=_regime_kind(ctx.regime), attention=plan.attention, dropout=plan.dropout > 0,
+        tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
+
+
+def _regime_kind(regime) -> str:
+    """The activation formulas know three dtype layouts: fp32, autocast, pure 16-bit."""
+    if regime.autocast:
+        return "amp-bf16"
+    return "fp32" if regime.compute == 4 else "bf16"
+
+
+# --- weights and gradients -----------------------------------------------------------------
+
+def weight_terms(plan, placement) -> list[MemoryTerm]:
+    regime = plan.regime
+    shape = ModelShape.of(plan.model)
+    params = placement.parameters_per_rank / placement.weight_shards
+    terms = [MemoryTerm(component=WEIGHTS, label=f"parameters ({regime.name}, {regime.weight} B)",
+                        nbytes=params * regime.weight, phases=ALL,
+                        formula=f"{_n(params)} params/rank x {regime.weight} B")]
+    if shape.rope_buffer_bytes:
+        terms.append(MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL,
+                                nbytes=shape.rope_buffer_bytes,
+                                formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)"))
+    return terms
+
+
+def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[MemoryTerm]:
+    """Gradients live from the backward's end through the step (``zero_grad(set_to_none=True)``
+    frees them before the next forward). With recomputation the deepest-first backward
+    recomputes the first layer while its gradients do not exist yet: ``first_layer_late``
+    keeps that layer's share out of the end-of-backward phase."""
+    regime = plan.regime
+    b = regime.gradient or regime.main_grad
+    if not b:
+        return []
+    if regime.main_grad and not regime.gradient:
+        return []   # accumulated straight into the fp32 main-grad buffer (optimizer state)
+    params = placement.trainable_parameters_per_rank / placement.gradient_shards
+    shape = ModelShape.of(plan.model)
+    # The embedding's gradient is the backward's last: while it is computed it is a
+    # temporary (see model_activation_terms), it becomes .grad for the step.
+    embedding = params / plan.model.parameters * shape.embedding_parameters
+    terms = [MemoryTerm(component=GRADIENTS, label="gradient of the token embedding", nbytes=embedding * b,
+                        phases=(OPTIMIZER_STEP,),
+                        formula=f"V x h = {_n(embedding)} params x {b} B (the backward's last gradient)")]
+    params -= embedding
+    if first_layer_late and plan.model.layers > 1:
+        share = params / plan.model.parameters * _layer_parameters(ModelShape.of(plan.model))
+        terms.append(MemoryTerm(component=GRADIENTS, label=f"gradients of the first layer ({regime.name})",
+                                nbytes=share * b, phases=(OPTIMIZER_STEP,),
+                                formula=f"{_n(share)} params x {b} B (born last, after its recompute)"))
+        params -= share
+    terms.append(MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)",
+                            nbytes=params * b, phases=(BACKWARD_END, OPTIMIZER_STEP),
+                            formula=f"{_n(params)} trainable params/rank x {b} B"))
+    return terms
+
+
+def _layer_parameters(shape: ModelShape) -> int:
+    h = shape.hidden
+    norms = 4 * h if shape.style == "gpt2" else 2 * h
+    return sum(n for _, n in shape.layer_matrices()) + norms
+
+
+# --- activations outside the decoder layers -----------------------------------------------
+
+def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
+    """Embedding output, RoPE tables, final norm, logits and loss, AMP weight copies, and
+    the end of the backward (tied-embedding partial gradients)."""
+    ctx = context(plan, placement)
+    shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    h, V, k = shape.hidden, shape.vocab, ctx.shards
+    c = regime.compute
+    kind = _regime_kind(regime)
+    keeps_input = shape.style == "gpt2" or not regime.pure_16bit   # does a norm save its input?
+    terms = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
+                        formula=f"T={_n(T)} x 8 B")]
+    add = terms.append
+    if keeps_input:
+        add(MemoryTerm(component=ACTIVATIONS, label="embedding output (saved by the first norm)",
+                       nbytes=regime.residual * T * h / k, phases=SAVED,
+                       formula=f"T x h x {regime.residual} B"))
+    if shape.style != "gpt2":
+        b = 4 if regime.residual == 4 else 2
+        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", nbytes=2 * ctx.seq_len * shape.head_dim * b,
+                       phases=SAVED, formula=f"2 x s x head_dim x {b} B"))
+        final = (8 if kind != "amp-bf16" else 6) * T * h + 4 * T
+        how = {"fp32": "normalized + output (fp32) + rsqrt", "bf16": "fp32 copy + normalized + output + rsqrt",
+               "amp-bf16": "normalized (fp32) + bf16 copy for the LM head + rsqrt"}[kind]
+    else:
+        final = c * T * h + 8 * T
+        how = f"output ({c} B, saved by the LM head) + mean and rstd"
+    add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / k, phases=SAVED,
+                   formula=f"{how} = {_n(final)} B"))
+    # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
+    add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / k,
+                   phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
+    add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
+                   formula="T x 8 B (saved by nll_loss)"))
+    logits = c * T * V + (4 * T * V if c != 4 else 0)
+    add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+                   nbytes=logits / k, phases=(FORWARD,),
+                   formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V / k,
+                   phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
+    if regime.autocast:
+        lm_head = 2 * shape.embedding_parameters
+        layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
+        share = ctx.layers / shape.layers / placement.weight_shards
+        layers_copy = 2 * layer_params * share
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast bf16 copy of the LM head", nbytes=lm_head, phases=SAVED,
+                       formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast bf16 copies of the layers' weights",
+                       nbytes=layers_copy, phases=(FORWARD,) if recompute else SAVED,
+                       formula=f"{_n(layer_params * share)} matmul params x 2 B"
+                               + (" (cached until autocast exits; recomputation re-casts them)" if recompute
+                                  else " (saved by each matmul for backward)")))
+    grad_b = regime.gradient or 4
+    if shape.tied:
+        add(MemoryTerm(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
+                       nbytes=3 * shape.embedding_parameters * grad_b, phases=(BACKWARD_END,),
+                       formula=f"3 x V x h x {grad_b} B (the LM head's and the lookup's gradients, then their sum)"))
+    else:
+        add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
+                       nbytes=shape.embedding_parameters * grad_b, phases=(BACKWARD_END,),
+                       formula=f"V x h x {grad_b} B (embedding_dense_backward's output)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output", nbytes=regime.residual * T * h / k,
+                   phases=(BACKWARD_END,), formula=f"T x h x {regime.residual} B"))
+    return terms
+
+
+# --- decoder layers ---------------------------------------------------------------------------
+
+def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: bool = False) -> list[MemoryTerm]:
+    """The decoder layers: ``kept_layers`` of the L layers keep everything they save (the
+    rest are checkpointed: they keep their input and recompute in the backward; ``None``
+    means all are kept). ``selective`` drops eager attention's s x s tensors (recomputed)."""
+    ctx = context(plan, placement)
+    L, k = ctx.layers, ctx.shards
+    kept = L if kept_layers is None else min(kept_layers, L)
+    lb = layer_bytes(plan, ctx)
+    regime = ctx.regime
+    saved = lb.saved
+    if selective:
+        saved -= dict(lb.parts).get("attention scores", 0)
+    out = lb.output if lb.output_saved_by_next else 0
+    terms = []
+    if kept:
+        parts = ", ".join(f"{name} {_n(b)}" for name, b in lb.parts) if lb.parts else ""
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * (saved + out) / k,
+            phases=SAVED, formula=f"{kept} layers x {_n(saved + out)} B ({parts}"
+                                  + (f"; output {_n(out)}" if out else "") + ")"
+                                  + (f" / {k} shards" if k > 1 else "")))
+    checkpointed = L - kept
+    if checkpointed:
+        inputs = regime.residual * ctx.tokens * ctx.shape.hidden
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k,
+            phases=SAVED, formula=f"{checkpointed} layers x T x h x {regime.residual} B"))
+        # The recomputed layer's saved tensors, its output, and the MLP backward's
+        # activation gradients (two of the intermediate's size, per routed expert copy).
+        s = ctx.shape
+        mlp_grads = 2 * ctx.tokens * max(s.top_k, 1) * s.ffn * regime.compute
+        work = lb.saved + lb.output + mlp_grads
+        if regime.autocast:
+            work += 2 * sum(n for name, n in ctx.shape.layer_matrices() if not name.startswith("experts."))
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work / k,
+            phases=(BACKWARD_END,),
+            formula=f"one layer's forward recomputed in the backward, with its MLP's activation gradients "
+                    f"(2 x T x {max(s.top_k, 1)} x ffn x {regime.compute} B): {_n(work)} B"))
+    return terms
+
+
+# --- runtime ------------------------------------------------------------------------------------
+
+@attrs.frozen(kw_only=True)
+class RuntimeOverheads:
+    """Memory a CUDA process uses beyond its tensors. None of it appears in
+    ``torch.cuda.max_memory_allocated`` (or in MemTracker); all of it counts against the
+    device's capacity. Defaults are typical for PyTorch 2.x on an 80 GB-class GPU with
+    CUDA 12; set any to 0 to leave it out, or ``runtime_overheads=False`` for none.
+
+    * ``cuda_context``: the CUDA context and kernels loaded (nvidia-smi shows it before
+      the first allocation; 300-600 MiB with lazy module loading).
+    * ``allocator_fraction``: the caching allocator's reserve over the peak allocated
+      (segment rounding and fragmentation: ``max_memory_reserved / max_memory_allocated - 1``).
+    * ``cublas_workspace``: cuBLAS/cuBLASLt workspaces (CUBLAS_WORKSPACE_CONFIG=:4096:8
+      is 8 x 4 MiB per stream; Hopper uses 32 MiB).
+    * ``nccl_buffers``: NCCL's communicator buffers, only when a parallel layout communicates.
+    """
+
+    cuda_context: int = 500 * 2**20
+    allocator_fraction: float = 0.05
+    cublas_workspace: int = 32 * 2**20
+    nccl_buffers: int = 256 * 2**20
+
+
+def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
+    terms = []
+    if overheads.cuda_context:
+        terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
+                                phases=ALL, formula=f"{overheads.cuda_context / 2**20:,.0f} MiB (runtime_overheads.cuda_context)"))
+    if overheads.cublas_workspace:
+        terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="cuBLAS workspaces",
+                                nbytes=overheads.cublas_workspace, phases=ALL,
+                                formula=f"{overheads.cublas_workspace / 2**20:,.0f} MiB"))
+    parallel = plan.tp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
+    if parallel and overheads.nccl_buffers:
+        terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="NCCL buffers", nbytes=overheads.nccl_buffers,
+                                phases=ALL, formula=f"{overheads.nccl_buffers / 2**20:,.0f} MiB (parallel layout)"))
+    if overheads.allocator_fraction:
+        terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
+                                nbytes=allocated * overheads.allocator_fraction, phases=ALL,
+                                formula=f"{overheads.allocator_fraction:g} x {_n(allocated)} B allocated at the peak"))
+    return terms

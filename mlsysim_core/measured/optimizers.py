@@ -1,0 +1,157 @@
+"""Optimizer state and step transients, measured grade.
+
+Optimizer plugins describe their state in these terms (see ``adam``, ``sgd``, ...): how
+many parameter-shaped buffers they keep, in the regime's state dtype, and what one step
+allocates on top, which depends on PyTorch's implementation:
+
+* ``foreach`` (the default on CUDA): one multi-tensor kernel per operation, so a
+  temporary is the size of ALL parameters at once (Adam's ``_foreach_sqrt(exp_avg_sq)``,
+  Adafactor's ``_foreach_mul``);
+* ``fused``: one kernel does the whole update, no temporary;
+* ``for-loop``: one parameter at a time; the temporaries of parameter i and the last
+  temporary of parameter i-1 (still bound to the loop variable) are alive together.
+
+Measured with ``torch.distributed._tools.mem_tracker.MemTracker`` (validation/README.md).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
+from .shapes import ModelShape
+
+IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
+STEADY = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
+
+
+def _fmt(x) -> str:
+    return f"{x:,.0f}" if isinstance(x, (int, float)) else str(x)
+
+
+def _scale(plan, placement) -> float:
+    """The share of the model's parameter tensors one rank holds state for."""
+    return placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
+
+
+def _trainable_tensors(plan, placement) -> tuple[int, ...]:
+    return ModelShape.of(plan.model).parameter_tensors()
+
+
+def master_terms(plan, placement) -> list[MemoryTerm]:
+    """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
+    regime = plan.regime
+    terms = []
+    params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+    if regime.master:
+        terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="fp32 master weights", phases=STEADY,
+                                nbytes=params * regime.master,
+                                formula=f"{_fmt(params)} trainable params/rank x {regime.master} B ({regime.name})"))
+    if regime.main_grad:
+        terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="fp32 main-grad buffer",
+                                phases=STEADY, nbytes=params * regime.main_grad,
+                                formula=f"{_fmt(params)} trainable params/rank x {regime.main_grad} B"))
+    return terms
+
+
+def moment_terms(plan, placement, name: str, moments: int, *, step_counters: bool) -> list[MemoryTerm]:
+    """``moments`` parameter-shaped buffers in the regime's state dtype (Adam: 2, SGD with
+    momentum and Lion: 1), plus Adam's 4-byte fp32 ``step`` tensor per parameter tensor."""
+    b = plan.regime.state
+    params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+    terms = master_terms(plan, placement)
+    if moments:
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, label=f"{name} state ({moments} x {b * 8}-bit)", phases=STEADY,
+            nbytes=params * moments * b,
+            formula=f"{_fmt(params)} trainable params/rank x {moments} x {b} B ({plan.regime.name} state)"))
+    if step_counters:
+        tensors = ModelShape.of(plan.model).tensor_count
+        share = _scale(plan, placement)
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, label=f"{name} step counters", phases=STEADY,
+            nbytes=round(tensors * share) * 4,
+            formula=f"{tensors} parameter tensors x 4 B (one fp32 step tensor each)"))
+    return terms
+
+
+def step_transient(plan, placement, name: str, *, foreach: int, loop_current: int, loop_previous: int,
+                   element_bytes: int | None = None) -> list[MemoryTerm]:
+    """What one optimizer step allocates on top of the state, alive only during the step.
+
+    ``foreach``: parameter-sized temporaries of the foreach implementation (0, 1, ...);
+    ``loop_current``/``loop_previous``: temporaries of the for-loop implementation for the
+    current and the previous parameter tensor.
+    """
+    impl = plan.optimizer_impl
+    b = element_bytes or plan.regime.state
+    share = _scale(plan, placement)
+    if impl == "fused" or (impl == "foreach" and not foreach):
+        return []
+    if impl == "foreach":
+        params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+        return [MemoryTerm(
+            component=OPTIMIZER_STATE, label=f"{name} foreach step temporaries", phases=(OPTIMIZER_STEP,),
+            nbytes=params * foreach * b,
+            formula=f"{foreach} x {_fmt(params)} params/rank x {b} B (one multi-tensor temporary over "
+                    "all parameters)")]
+    tensors = _trainable_tensors(plan, placement)
+    worst, at = 0, 0
+    previous = 0
+    for i, n in enumerate(tensors):
+        alive = loop_current * n + loop_previous * previous
+        if alive > worst:
+            worst, at = alive, i
+        previous = n
+    if not worst:
+        return []
+    return [MemoryTerm(
+        component=OPTIMIZER_STATE, label=f"{name} for-loop step temporaries", phases=(OPTIMIZER_STEP,),
+        nbytes=worst * share * b,
+        formula=f"max over parameter tensors of {loop_current} x n_i + {loop_previous} x n_(i-1) = "
+                f"{_fmt(worst)} elements (tensor #{at}) x {b} B")]
+
+
+def adafactor_terms(plan, placement) -> list[MemoryTerm]:
+    """torch.optim.Adafactor: a factored second moment (a row and a column vector per
+    matrix, the full vector for 1-D parameters) in the parameters' dtype, one fp32 step
+    tensor per parameter tensor; no first moment."""
+    shape = ModelShape.of(plan.model)
+    share = _scale(plan, placement)
+    b = plan.regime.state
+    elements = 0
+    for rows, cols in _matrix_shapes(shape):
+        elements += rows + cols if cols else rows
+    terms = master_terms(plan, placement)
+    terms.append(MemoryTerm(
+        component=OPTIMIZER_STATE, label="adafactor factored second moment", phases=STEADY,
+        nbytes=round(elements * share) * b,
+        formula=f"{_fmt(elements)} row + column elements x {b} B"))
+    terms.append(MemoryTerm(
+        component=OPTIMIZER_STATE, label="adafactor step counters", phases=STEADY,
+        nbytes=round(shape.tensor_count * share) * 4,
+        formula=f"{shape.tensor_count} parameter tensors x 4 B"))
+    return terms
+
+
+def _matrix_shapes(shape: ModelShape):
+    """(rows, cols) of every parameter tensor; cols 0 for vectors. Expert stacks (E, r, c)
+    factor over their last two dimensions (E x (r + c))."""
+    h, f, V = shape.hidden, shape.ffn, shape.vocab
+    out = [(V, h)]
+    if shape.style == "gpt2":
+        out.append((shape.learned_positions, h))
+        block = [(h, 0), (h, 0), (h, 3 * h), (3 * h, 0), (h, h), (h, 0), (h, 0), (h, 0), (h, f), (f, 0),
+                 (f, h), (h, 0)]
+        return out + block * shape.layers + [(h, 0), (h, 0)]
+    block = [(shape.q_dim, h), (shape.kv_dim, h), (shape.kv_dim, h), (h, shape.q_dim)]
+    if shape.style == "mixtral":
+        e = shape.experts
+        block += [(e, h)] + [(2 * f, h)] * e + [(h, f)] * e
+    else:
+        block += [(f, h), (f, h), (h, f)]
+    block += [(h, 0), (h, 0)]
+    out += block * shape.layers + [(h, 0)]
+    if not shape.tied:
+        out.append((V, h))
+    return out

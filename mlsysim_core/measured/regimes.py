@@ -1,0 +1,89 @@
+"""Training regimes: which dtype each kind of tensor has.
+
+A regime is what the measured-grade profile asks instead of one ``precision``: weights,
+gradients, an optional fp32 master copy, optimizer state, the dtype matmuls produce
+(``compute``) and the residual stream between layers. Bytes per element throughout.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+from ..errors import InvalidInputError, InvalidInputTypeError
+
+
+@attrs.frozen(kw_only=True)
+class Regime:
+    """How one training regime stores and computes.
+
+    ``autocast`` marks torch.autocast regimes: matmuls consume cached 16-bit copies of
+    their (fp32) weights, which backward keeps alive (2 B per matmul parameter), while
+    the residual stream and norms stay in fp32. ``master`` is an fp32 copy of the weights
+    kept by the optimizer (Megatron/DeepSpeed mixed precision), 0 when the weights are
+    the master. ``main_grad`` is Megatron's fp32 gradient-accumulation buffer (0: none).
+    """
+
+    name: str
+    description: str
+    weight: int
+    gradient: int
+    master: int
+    state: int
+    compute: int
+    residual: int
+    autocast: bool = False
+    main_grad: int = 0
+
+    @property
+    def pure_16bit(self) -> bool:
+        """Everything 16-bit: norms copy their input to fp32 first, so the residual stream
+        between layers is not kept for backward."""
+        return self.compute == 2 and self.residual == 2
+
+
+REGIMES: Mapping[str, Regime] = {r.name: r for r in (
+    Regime(name="fp32", description="fp32 everything", weight=4, gradient=4, master=0, state=4,
+           compute=4, residual=4),
+    Regime(name="amp-bf16", description="torch.autocast bf16: fp32 weights, gradients and optimizer "
+           "state; bf16 matmuls with cached bf16 weight copies", weight=4, gradient=4, master=0, state=4,
+           compute=2, residual=4, autocast=True),
+    Regime(name="amp-fp16", description="torch.autocast fp16 (with a GradScaler): as amp-bf16 in bytes",
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=4, autocast=True),
+    Regime(name="bf16", description="pure bf16: weights, gradients, optimizer state and activations",
+           weight=2, gradient=2, master=0, state=2, compute=2, residual=2),
+    Regime(name="fp16", description="pure fp16: as bf16 in bytes", weight=2, gradient=2, master=0,
+           state=2, compute=2, residual=2),
+    Regime(name="mixed-bf16", description="Megatron/DeepSpeed mixed precision: bf16 weights and "
+           "gradients, fp32 master copy and optimizer state", weight=2, gradient=2, master=4, state=4,
+           compute=2, residual=2),
+    Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
+           "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
+           compute=2, residual=2, main_grad=4),
+)}
+
+# The measured profile's regime when only the reference's ``precision`` is given: 16-bit
+# training with Adam in PyTorch is almost always autocast (AMP).
+DEFAULT_FOR_PRECISION = {"fp32": "fp32", "tf32": "fp32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
+
+
+def regime_for(regime, precision: str) -> Regime:
+    """The regime named ``regime``, or the default for ``precision`` when it is None."""
+    if regime is None:
+        name = DEFAULT_FOR_PRECISION.get(precision)
+        if name is None:
+            raise InvalidInputError(
+                "precision", precision,
+                f"one of {', '.join(DEFAULT_FOR_PRECISION)} for the measured profile, or name a regime "
+                f"with regime= ({', '.join(REGIMES)})",
+                "8- and 4-bit training regimes are not modelled yet")
+        return REGIMES[name]
+    if isinstance(regime, Regime):
+        return regime
+    if not isinstance(regime, str):
+        raise InvalidInputTypeError("regime", regime, f"one of {', '.join(REGIMES)}")
+    key = regime.strip().lower()
+    if key not in REGIMES:
+        raise InvalidInputError("regime", regime, f"one of {', '.join(REGIMES)}")
+    return REGIMES[key]

@@ -1,0 +1,133 @@
+"""The tensor shapes the measured-grade profile needs, read from a workload.
+
+Activations, AMP weight copies and optimizer transients depend on shapes, not only on the
+parameter count: hidden size, heads, KV heads, MLP width, vocabulary, experts, whether the
+embeddings are tied, and the order of parameter tensors (a for-loop optimizer step's
+temporaries follow it). ``ModelShape.of(model)`` derives them once per workload.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from ..errors import InvalidInputError
+from ..types import TransformerWorkload
+
+# Architectures built like GPT-2: LayerNorm with biases, fused qkv, learned positions,
+# a plain (not gated) tanh-GELU MLP. Anything else with a gated MLP is built like Llama.
+GPT2_LIKE = frozenset({"gpt2", "gpt3", "gpt_neox", "falcon", "olmo", "opt", "bert"})
+
+
+@attrs.frozen(kw_only=True)
+class ModelShape:
+    style: str                 # "llama" | "gpt2" | "mixtral"
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied: bool
+    experts: int               # 0 for a dense model
+    top_k: int
+    parameters: int            # the workload's total
+    learned_positions: int     # context length of a learned position table (GPT-2), else 0
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab * self.hidden
+
+    def layer_matrices(self) -> tuple[tuple[str, int], ...]:
+        """One decoder layer's weight matrices in registration order: (name, elements)."""
+        h, f = self.hidden, self.ffn
+        if self.style == "gpt2":
+            return (("c_attn", 3 * h * h), ("attn.c_proj", h * h), ("c_fc", h * f), ("mlp.c_proj", f * h))
+        attention = (("q_proj", h * self.q_dim), ("k_proj", h * self.kv_dim), ("v_proj", h * self.kv_dim),
+                     ("o_proj", self.q_dim * h))
+        if self.style == "mixtral":
+            e = self.experts
+            return attention + (("router", e * h), ("experts.gate_up", e * 2 * f * h), ("experts.down", e * h * f))
+        return attention + (("gate_proj", h * f), ("up_proj", h * f), ("down_proj", f * h))
+
+    def autocast_matmul_parameters(self) -> int:
+        """Weights autocast copies to 16 bits: every nn.Linear of the decoder layers and the
+        LM head (tied or not). Not the embedding lookup, norms or biases, and not
+        transformers' grouped-mm experts (they run in the weights' own dtype)."""
+        per_layer = sum(n for name, n in self.layer_matrices() if not name.startswith("experts."))
+        return self.layers * per_layer + self.embedding_parameters
+
+    def parameter_tensors(self) -> tuple[int, ...]:
+        """Element counts of every parameter tensor, in the order the model registers them
+        (what a for-loop optimizer step walks through)."""
+        h = self.hidden
+        if self.style == "gpt2":
+            f = self.ffn
+            block = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h)   # ln_1, c_attn, c_proj, ln_2, mlp
+            head = (self.embedding_parameters, self.learned_positions * h)
+            return head + block * self.layers + (h, h)
+        block = tuple(n for _, n in self.layer_matrices()) + (h, h)                 # + the two RMSNorms
+        tail = (h,) if self.tied else (h, self.embedding_parameters)
+        return (self.embedding_parameters,) + block * self.layers + tail
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.parameter_tensors())
+
+    @property
+    def rope_buffer_bytes(self) -> int:
+        """RoPE's inv_freq and original_inv_freq buffers (fp32), none for learned positions."""
+        return 0 if self.style == "gpt2" else 2 * 4 * (self.head_dim // 2)
+
+    @classmethod
+    def of(cls, model: TransformerWorkload) -> "ModelShape":
+        return _shape_of(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_of(model: TransformerWorkload) -> ModelShape:
+    missing = [name for name in ("hidden_dim", "heads", "vocab_size") if getattr(model, name) is None]
+    if missing:
+        raise InvalidInputError(
+            f"model.{missing[0]}", None,
+            "a value: the measured profile derives activations from the model's shapes "
+            f"({', '.join(missing)} missing for {model.name!r})",
+            "import the model from its config.json (mlsysim_core.hf.from_hf_config) or use profile='reference'")
+    h, heads = model.hidden_dim, model.heads
+    assumptions = []
+    kv = model.kv_heads or heads
+    head_dim = model.head_dim or h // heads
+    architecture = (model.architecture or "").lower()
+    sparse = model.is_sparse
+    if sparse:
+        style = "mixtral"
+    elif architecture in GPT2_LIKE or model.gated_mlp is False:
+        style = "gpt2"
+    else:
+        style = "llama"
+        if model.gated_mlp is None:
+            assumptions.append("gated MLP assumed (model.gated_mlp unknown)")
+    ffn = (model.expert_ffn_dim if sparse and model.expert_ffn_dim else None) or model.ffn_dim
+    if ffn is None:
+        ffn = 4 * h
+        assumptions.append(f"MLP width 4 x hidden = {ffn} assumed (model.ffn_dim unknown)")
+    tied = bool(model.tied_embeddings)
+    if model.tied_embeddings is None:
+        assumptions.append("untied embeddings assumed (model.tied_embeddings unknown)")
+    positions = (model.context_length or 1024) if style == "gpt2" else 0
+    return ModelShape(
+        style=style, layers=model.layers, hidden=h, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
+        vocab=model.vocab_size, tied=tied, experts=model.experts if sparse else 0,
+        top_k=model.active_experts_per_token if sparse else 0, parameters=model.parameters,
+        learned_positions=positions, assumptions=tuple(assumptions))

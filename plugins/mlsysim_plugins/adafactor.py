@@ -1,0 +1,41 @@
+"""Adafactor (Shazeer & Stern 2018; ``torch.optim.Adafactor``): no first moment, the
+second moment factored into a row and a column vector per matrix.
+
+Reference grade: fp32 master 4 B per parameter plus the factored moment, which is
+negligible next to it (the textbook's "about 4 B/param").
+Measured grade: row + column vectors from the architecture's matrix shapes (full vectors
+for 1-D parameters) in the parameters' dtype, a 4-byte step tensor per parameter tensor;
+the foreach step allocates one parameter-sized temporary, the for-loop one keeps the
+previous parameter's update alive with the current one's.
+"""
+
+from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core.measured import optimizers as measured
+
+from ._fmt import n, shard
+
+
+def state_terms(plan, placement, options):
+    params = placement.trainable_parameters_per_rank
+    shards = placement.optimizer_state_shards
+    return [MemoryTerm(component=OPTIMIZER_STATE, label="adafactor master copy (fp32)",
+                       nbytes=params * 4.0 / shards,
+                       formula=f"{n(params)} trainable params/rank x 4 B (factored moments neglected)"
+                               + shard(shards, "optimizer state sharded: "
+                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+
+
+def measured_state_terms(plan, placement, options):
+    if plan.optimizer_impl == "fused":
+        from mlsysim_core import InvalidInputError
+        raise InvalidInputError("optimizer_impl", "fused", "foreach or for-loop for adafactor",
+                                "torch.optim.Adafactor has no fused implementation")
+    return [*measured.adafactor_terms(plan, placement),
+            *measured.step_transient(plan, placement, "adafactor", foreach=1, loop_current=1, loop_previous=1,
+                                     element_bytes=plan.regime.weight)]
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="adafactor", description="Adafactor: factored second moment, ~4 B/param",
+                          state_terms=state_terms, measured_state_terms=measured_state_terms)]

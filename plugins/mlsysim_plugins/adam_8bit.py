@@ -1,0 +1,46 @@
+"""8-bit Adam (Dettmers et al. 2022, bitsandbytes ``Adam8bit``): both moments quantized
+block-wise to 8 bits.
+
+Reference grade: fp32 master 4 B + 2 x 1 B moments = 6 B per trainable parameter.
+Measured grade (bitsandbytes' layout): per moment 1 B per element plus one fp32 absmax
+per block of 256 elements; tensors under 4,096 elements (``min_8bit_size``) keep fp32
+moments; the update runs in one fused kernel (no temporary).
+"""
+
+from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core.measured import optimizers as measured
+from mlsysim_core.measured.shapes import ModelShape
+
+from ._fmt import n, shard
+
+BLOCK = 256           # bitsandbytes' block size for optimizer states
+MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit state
+
+
+def state_terms(plan, placement, options):
+    params = placement.trainable_parameters_per_rank
+    shards = placement.optimizer_state_shards
+    return [MemoryTerm(component=OPTIMIZER_STATE, label="adam-8bit master copy (fp32) + 2 x 8-bit moments",
+                       nbytes=params * 6.0 / shards,
+                       formula=f"{n(params)} trainable params/rank x 6 B (master 4 + m 1 + v 1)"
+                               + shard(shards, "optimizer state sharded: "
+                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+
+
+def measured_state_terms(plan, placement, options):
+    tensors = ModelShape.of(plan.model).parameter_tensors()
+    quantized = sum(t for t in tensors if t >= MIN_8BIT_SIZE)
+    small = sum(t for t in tensors if t < MIN_8BIT_SIZE)
+    blocks = sum(-(-t // BLOCK) for t in tensors if t >= MIN_8BIT_SIZE)
+    share = placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
+    nbytes = 2 * (quantized + 4 * blocks + 4 * small) * share
+    return [*measured.master_terms(plan, placement), MemoryTerm(
+        component=OPTIMIZER_STATE, label="adam-8bit moments (8-bit, block-wise)", nbytes=nbytes,
+        phases=measured.STEADY,
+        formula=f"2 moments x ({n(quantized)} x 1 B + {n(blocks)} blocks x 4 B absmax + {n(small)} small x 4 B)")]
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="adam-8bit", description="8-bit Adam (bitsandbytes): master + 2 x 1 B, 6 B/param",
+                          state_terms=state_terms, measured_state_terms=measured_state_terms)]

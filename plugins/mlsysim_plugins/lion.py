@@ -1,0 +1,34 @@
+"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): one momentum
+buffer, updates by its sign.
+
+Reference grade: fp32 master 4 B + momentum 4 B = 8 B per trainable parameter.
+Measured grade: the momentum in the regime's state dtype; a foreach step (lucidrains'
+``lion-pytorch`` style: interpolate, sign, update) holds one parameter-sized temporary,
+a fused kernel none, the for-loop one per parameter.
+"""
+
+from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core.measured import optimizers as measured
+
+from ._fmt import n, shard
+
+
+def state_terms(plan, placement, options):
+    params = placement.trainable_parameters_per_rank
+    shards = placement.optimizer_state_shards
+    return [MemoryTerm(component=OPTIMIZER_STATE, label="lion master copy + momentum (fp32)",
+                       nbytes=params * 8.0 / shards,
+                       formula=f"{n(params)} trainable params/rank x 8 B (master 4 + momentum 4)"
+                               + shard(shards, "optimizer state sharded: "
+                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+
+
+def measured_state_terms(plan, placement, options):
+    return [*measured.moment_terms(plan, placement, "lion", 1, step_counters=False),
+            *measured.step_transient(plan, placement, "lion", foreach=1, loop_current=1, loop_previous=0)]
+
+
+@hookimpl
+def mlsysim_optimizers():
+    return [OptimizerSpec(name="lion", description="Lion: master + one momentum, 8 B/param",
+                          state_terms=state_terms, measured_state_terms=measured_state_terms)]

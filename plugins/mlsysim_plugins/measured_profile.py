@@ -1,0 +1,46 @@
+"""The measured profile: architecture-aware, phase by phase, validated against memory
+PyTorch measures (``validation/``, ``docs/validation.md``).
+
+This plugin gives the terms that belong to no optimizer or checkpointing strategy:
+weights and gradients in the regime's dtypes, the activations outside the decoder layers
+(embedding, final norm, logits and cross-entropy, AMP's weight copies, the end of the
+backward) and the runtime overheads. The selected optimizer's ``measured_state_terms``
+and strategy's ``measured_activation_terms`` do the rest; the total is the peak phase.
+"""
+
+from mlsysim_core import ProfileSpec, hookimpl
+from mlsysim_core.measured import model
+
+
+def _recomputes(plan) -> bool:
+    return plan.activation_checkpointing == "full" and plan.checkpointed_layers != 0
+
+
+@hookimpl
+def mlsysim_profiles():
+    return [ProfileSpec(name="measured", grade="measured", combine="peak",
+                        description="architecture-aware, peak over the phases of an iteration; validated "
+                                    "against PyTorch's MemTracker",
+                        component_plugins=("measured_profile",))]
+
+
+@hookimpl
+def mlsysim_weight_terms(plan, placement):
+    return model.weight_terms(plan, placement)
+
+
+@hookimpl
+def mlsysim_gradient_terms(plan, placement):
+    return model.gradient_terms(plan, placement, first_layer_late=_recomputes(plan))
+
+
+@hookimpl
+def mlsysim_activation_terms(plan, placement):
+    return model.model_activation_terms(plan, placement, recompute=_recomputes(plan))
+
+
+@hookimpl
+def mlsysim_runtime_overhead_terms(plan, placement, allocated):
+    if plan.runtime_overheads is None:
+        return []
+    return model.runtime_terms(plan, plan.runtime_overheads, allocated)
