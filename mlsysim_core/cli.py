@@ -16,6 +16,7 @@ from .errors import InvalidInputError, MlsysimError
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
 DEFAULT_BATCH = 8
+ESTIMATE_PROFILE = "measured"
 
 
 def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +56,18 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                         help="let this plugin's component hooks add their terms too")
-    parser.add_argument("--profile", help="profile to use (see `plugins`; default reference)")
+    parser.add_argument("--profile", help="profile to use (see `plugins`; `estimate` defaults to measured, "
+                                          "the other commands to reference)")
+    parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
+                                         "mixed-bf16-main-grad (default: from --precision)")
+    parser.add_argument("--optimizer-impl", dest="optimizer_impl",
+                        help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
+    parser.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
+    parser.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
+    parser.add_argument("--checkpointed-layers", dest="checkpointed_layers", type=int,
+                        help="measured profile, with --checkpointing full: recompute only this many layers")
+    parser.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
+                        help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -219,7 +231,7 @@ def _manager(args):
 
 def scenario_from_args(args):
     """The scenario file (if any), overridden by every flag given on the command line."""
-    from .scenario import SOLVE_FIELDS, Scenario
+    from .scenario import MEASURED_FIELDS, SOLVE_FIELDS, Scenario
     data = Scenario.load(args.scenario).to_dict() if args.scenario else {}
     data.setdefault("model", DEFAULT_MODEL)
     data.setdefault("hardware", DEFAULT_HARDWARE)
@@ -227,8 +239,8 @@ def scenario_from_args(args):
     for name in ("model", "hardware"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
-    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile"):
-        if getattr(args, name) is not None:
+    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile", *MEASURED_FIELDS):
+        if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
     if args.rule:
         data["sharding_rules"] = {**data.get("sharding_rules", {}), **_parse_rules(args.rule)}
@@ -252,18 +264,25 @@ def _solve(solver, scenario):
 
 
 def cmd_estimate(args, out) -> int:
+    import attrs
     from .render import estimate_table
+    from .scenario import MEASURED_FIELDS
     from .solver import TrainingMemoryModel
     scenario = scenario_from_args(args)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    if scenario.profile is None:     # estimate shows the measured profile unless told otherwise
+        scenario = attrs.evolve(scenario, profile=ESTIMATE_PROFILE)
     result = _solve(solver, scenario)
     if args.save_scenario:
         scenario.dump(args.save_scenario)
     if args.json:
         out.write(result.to_json(indent=2) + "\n")
         return 0
-    out.write(estimate_table(result, plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}",
-                             chart=args.chart) + "\n")
+    reference = None
+    if scenario.profile != "reference":   # the reference profile's total beside it
+        reference = _solve(solver, attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS)))
+    out.write(estimate_table(result, reference=reference, chart=args.chart,
+                             plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}") + "\n")
     if args.explain:
         out.write("\n" + result.explain() + "\n")
     return 0

@@ -40,8 +40,11 @@ def _sources(result, component) -> list[str]:
 
 def describe_setup(result, plan_line: str = "") -> str:
     p = result.parallelism
-    return (f"{result.model} on {result.hardware}  (profile: {result.profile})\n"
-            f"micro-batch {result.microbatch}, {result.precision}, optimizer {result.optimizer}, "
+    regime = f"regime {result.regime}" if result.regime else result.precision
+    peak = f"; total = the {result.peak_phase.replace('_', ' ')} phase, the iteration's peak" \
+        if result.peak_phase else ""
+    return (f"{result.model} on {result.hardware}  (profile: {result.profile}{peak})\n"
+            f"micro-batch {result.microbatch}, {regime}, optimizer {result.optimizer}, "
             f"checkpointing {result.activation_checkpointing}, "
             f"tp={p['tp']} pp={p['pp']} dp={p['dp']} ep={p['ep']}, dp rule {result.selected.get('dp_rule', '?')}"
             + (f", {plan_line}" if plan_line else ""))
@@ -58,6 +61,8 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
     total = result.total_memory or 1
     for component in COMPONENTS:
         nbytes = getattr(result, component)
+        if component == COMPONENTS[-1] and not nbytes and not _sources(result, component):
+            continue   # runtime overheads: only profiles that model them show the row
         rows.append((_name(component), _gb(nbytes), _gib(nbytes),
                      f"{100 * nbytes / total:5.1f} %", ", ".join(_sources(result, component)) or "-"))
     rows.append(("total", _gb(result.total_memory), _gib(result.total_memory), "100.0 %", ""))
@@ -72,7 +77,7 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
         line = "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:4], widths[1:4])]
                          + [row[4]])
         lines.append(line.rstrip())
-        if i == 0 or row[0] == "communication buffers":
+        if i == 0 or (i + 1 < len(rows) and rows[i + 1][0] == "total"):
             lines.append("-" * (sum(widths) + 8))
     if chart:
         lines.append("")

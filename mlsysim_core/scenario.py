@@ -29,6 +29,9 @@ SOLVE_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "activation_c
                 "gradient_accumulation_steps", "trainable_fraction", "communication_buffer_fraction")
 KEYWORD_FIELDS = ("sequence_parallel", "data_parallel", "sharding_rules", "plugin_options",
                   "include_plugins", "profile")
+# Measured-grade profiles only; passed to solve only when set.
+MEASURED_FIELDS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
+                   "runtime_overheads")
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +59,13 @@ class Scenario:
     plugin_options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     include_plugins: list[str] = attrs.field(factory=list)
     profile: str | None = None          # None: the TrainingMemoryModel's own profile
+    # Measured-grade profiles (see TrainingMemoryModel.solve): None means the default.
+    regime: str | None = None
+    optimizer_impl: str | None = None
+    attention: str | None = None
+    dropout: float | None = None
+    checkpointed_layers: int | None = None
+    runtime_overheads: bool | dict[str, Any] | None = None
     description: str = ""
 
     # --- reading and writing ------------------------------------------------------------
@@ -142,6 +152,7 @@ class Scenario:
         kwargs["sharding_rules"] = kwargs["sharding_rules"] or None
         kwargs["plugin_options"] = kwargs["plugin_options"] or None
         kwargs["include_plugins"] = tuple(kwargs["include_plugins"])
+        kwargs.update({name: getattr(self, name) for name in MEASURED_FIELDS if getattr(self, name) is not None})
         return kwargs
 
     def solve(self, model=None):

@@ -158,9 +158,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
         share = ctx.layers / shape.layers / placement.weight_shards
         layers_copy = 2 * layer_params * share
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast bf16 copy of the LM head", nbytes=lm_head, phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head", nbytes=lm_head, phases=SAVED,
                        formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast bf16 copies of the layers' weights",
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
                        nbytes=layers_copy, phases=(FORWARD,) if recompute else SAVED,
                        formula=f"{_n(layer_params * share)} matmul params x 2 B"
                                + (" (cached until autocast exits; recomputation re-casts them)" if recompute
