@@ -221,3 +221,28 @@ def test_a_dp_rule_can_see_the_model_parallel_split(builtin_pm):
     (split,) = seen
     assert (split.parameter_shards, split.parameters_per_rank, split.layers_per_stage) == (10, P / 10, 2)
     assert [t.nbytes for t in r.terms_of(COMMUNICATION_BUFFERS) if t.label == "secondary copy"] == [P / 10 * 2 / 4]
+
+
+def test_hook_mlsysim_runtime_overhead_terms(builtin_pm):
+    """A runtime-overhead hook sees the peak of the other components (``allocated``); its
+    terms are part of the total and kept apart in ``runtime_overheads``."""
+    seen = []
+
+    class Context:
+        @hookimpl
+        def mlsysim_profiles(self):
+            return [ProfileSpec(name="test.ctx", component_plugins=("model_states", "test-ctx"), combine="peak")]
+
+        @hookimpl
+        def mlsysim_runtime_overhead_terms(self, plan, placement, allocated):
+            seen.append(allocated)
+            return [MemoryTerm(component="runtime_overheads", label="context", nbytes=2**29),
+                    MemoryTerm(component="runtime_overheads", label="reserve", nbytes=allocated / 10)]
+    solver = solver_with(Context(), builtin_pm=builtin_pm, name="test-ctx")
+    r = base(solver, profile="test.ctx")
+    assert seen == [r.weights + r.gradients + r.optimizer_state + r.activations + r.communication_buffers]
+    assert r.runtime_overheads == 2**29 + seen[0] / 10
+    assert r.total_memory == seen[0] + r.runtime_overheads
+    assert r.allocated_memory == seen[0]
+    # the reference profile does not call it
+    assert base(solver).runtime_overheads == 0 and len(seen) == 1
