@@ -263,6 +263,12 @@ def _solve(solver, scenario):
     return solver.solve(model, hardware, **scenario.solve_kwargs())
 
 
+def _measured_cannot_describe(err) -> bool:
+    """Errors that mean "this run is outside the measured profile", not "bad input"."""
+    parameter = getattr(err, "parameter", "")
+    return parameter in ("optimizer", "activation_checkpointing", "precision") or parameter.startswith("model.")
+
+
 def cmd_estimate(args, out) -> int:
     import attrs
     from .render import estimate_table
@@ -270,14 +276,28 @@ def cmd_estimate(args, out) -> int:
     from .solver import TrainingMemoryModel
     scenario = scenario_from_args(args)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    fallback = ""
     if scenario.profile is None:     # estimate shows the measured profile unless told otherwise
-        scenario = attrs.evolve(scenario, profile=ESTIMATE_PROFILE)
-    result = _solve(solver, scenario)
+        try:
+            result = _solve(solver, attrs.evolve(scenario, profile=ESTIMATE_PROFILE))
+            scenario = attrs.evolve(scenario, profile=ESTIMATE_PROFILE)
+        except InvalidInputError as err:
+            if not _measured_cannot_describe(err):
+                raise
+            # e.g. a third-party optimizer with no measured-grade model, or a model without
+            # shapes: the reference profile can still answer; say so.
+            fallback = f"note: profile reference, because the measured profile cannot describe this run: {err}"
+            scenario = attrs.evolve(scenario, profile="reference")
+            result = _solve(solver, scenario)
+    else:
+        result = _solve(solver, scenario)
     if args.save_scenario:
         scenario.dump(args.save_scenario)
     if args.json:
         out.write(result.to_json(indent=2) + "\n")
         return 0
+    if fallback:
+        out.write(fallback + "\n\n")
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
         reference = _solve(solver, attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS)))

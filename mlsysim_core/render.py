@@ -125,8 +125,9 @@ def bar_chart(result, *, width: int = 80) -> str:
     characters), at most ``width`` columns.
     """
     capacity = result.available_memory
-    labels = [_name(c) for c in COMPONENTS] + ["total"]
-    values = [getattr(result, c) for c in COMPONENTS] + [result.total_memory]
+    shown = [c for c in COMPONENTS if c != COMPONENTS[-1] or getattr(result, c) or _sources(result, c)]
+    labels = [_name(c) for c in shown] + ["total"]
+    values = [getattr(result, c) for c in shown] + [result.total_memory]
     pct = [f"{100 * v / capacity:.1f} %" if capacity else "-" for v in values]
     label_w = max(len(s) for s in labels)
     pct_w = max(len(s) for s in pct)

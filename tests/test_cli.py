@@ -21,13 +21,20 @@ def test_bare_command_runs_the_default_estimate():
     assert code == 0
     assert "Llama-3.1-8B on NVIDIA H100" in text
     assert "GB (1e9 B)" in text and "GiB (2^30 B)" in text
-    # Llama-3.1-8B, batch 8, seq 2048, fp16 adam selective: 16.06+16.06+96.36+73.014+0.803 GB
+    # the measured profile by default (fp16 means autocast), its peak phase named...
+    assert "(profile: measured; total = the backward phase, the iteration's peak)" in text
+    assert "regime amp-fp16" in text and "runtime overheads" in text
+    # ... and the reference profile's total beside it. Llama-3.1-8B, batch 8, seq 2048, fp16
+    # adam selective: 16.06+16.06+96.36+73.014+0.803 GB
+    assert "reference profile total: 202.297 GB (188.404 GiB), does not fit" in text
+    code, text = run("estimate", "--profile", "reference")
     assert "202.297" in text and "NO, 116.398 GB" in text and "235.5 %" in text
+    assert "reference profile total" not in text and "runtime overheads" not in text
 
 
 def test_estimate_flags_match_python(solver):
     code, text = run("estimate", "--model", "llama3-8b", "--hardware", "h100", "--batch-size", "8",
-                     "--seq-len", "1024", "--json")
+                     "--seq-len", "1024", "--json", "--profile", "reference")
     assert code == 0
     data = json.loads(text)
     assert data["total_memory"] == solver.solve("llama3-8b", "h100", 8, 1024).total_memory
@@ -41,7 +48,7 @@ def test_every_solve_option_is_a_flag(solver):
                      "--precision", "bf16", "--optimizer", "sgd", "--checkpointing", "full",
                      "--tp", "2", "--pp", "4", "--dp", "4", "--ep", "8", "--zero-stage", "2",
                      "--grad-accum", "2", "--trainable-fraction", "0.5",
-                     "--comm-buffer-fraction", "0.1", "--no-sequence-parallel", "--json")
+                     "--comm-buffer-fraction", "0.1", "--no-sequence-parallel", "--json", "--profile", "reference")
     assert code == 0
     expected = solver.solve("mixtral-8x7b", "h200", 64, 4096, "bf16", "sgd", "full", 2, 4, 4, 8, 2, 2,
                             0.5, 0.1, sequence_parallel=False)
@@ -49,7 +56,7 @@ def test_every_solve_option_is_a_flag(solver):
 
 
 def test_explain_shows_plugins_and_formulas():
-    code, text = run("estimate", "--explain", "--zero-stage", "3", "--dp", "8")
+    code, text = run("estimate", "--explain", "--zero-stage", "3", "--dp", "8", "--profile", "reference")
     assert code == 0
     assert "[plugin adam (mlsysim-core" in text
     assert "/ 8 (optimizer state sharded: zero3)" in text
@@ -123,7 +130,8 @@ def test_models_and_hardware_listings():
 
 
 def test_module_and_console_script_entry_points():
-    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--json", "-s", "1024"],
+    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--json", "-s", "1024",
+                           "--profile", "reference"],
                           capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout)["gb"]["total_memory"] == pytest.approx(165.790222016)
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--precision", "fp6"],
@@ -152,3 +160,30 @@ def test_search_command():
     assert data["candidates"] >= len(data["fits"]) > 0 and all(p["pareto"] for p in data["pareto"])
     code, _ = run("search", "-n", "0", "--global-batch", "32")
     assert code == 2
+
+
+def test_estimate_measured_profile_flags_match_python():
+    from mlsysim_core import TrainingMemoryModel
+    code, text = run("estimate", "-m", "llama3-8b", "-b", "2", "-s", "1024", "--regime", "bf16",
+                     "--optimizer-impl", "fused", "--attention", "eager", "--dropout", "0.1",
+                     "--checkpointing", "full", "--checkpointed-layers", "8", "--no-runtime-overheads", "--json")
+    assert code == 0
+    data = json.loads(text)
+    expected = TrainingMemoryModel("measured").solve(
+        "llama3-8b", "h100", 2, 1024, activation_checkpointing="full", regime="bf16", optimizer_impl="fused",
+        attention="eager", dropout=0.1, checkpointed_layers=8, runtime_overheads=False)
+    assert data["total_memory"] == expected.total_memory and data["regime"] == "bf16"
+    assert data["runtime_overheads"] == 0 and data["profile"] == "measured"
+
+
+def test_estimate_falls_back_to_the_reference_when_the_measured_profile_cannot_describe_the_run(tmp_path):
+    model = tmp_path / "opaque.json"
+    model.write_text(json.dumps({"name": "opaque", "parameters": 7_000_000_000, "layers": 32}))
+    code, text = run("estimate", "--model", str(model))
+    assert code == 0
+    assert text.startswith("note: profile reference, because the measured profile cannot describe this run: "
+                           "model.hidden_dim=None is not allowed")
+    assert "(profile: reference)" in text
+    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--model", str(model),
+                           "--profile", "measured"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "model.hidden_dim=None" in proc.stderr

@@ -66,9 +66,11 @@ def test_cli_scenario_with_flag_overrides(tmp_path, solver):
     assert main(["estimate", "--scenario", str(path), "--zero-stage", "3", "--json",
                  "--save-scenario", str(saved)], out=out) == 0
     data = json.loads(out.getvalue())
-    expected = solver.solve("llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3)
-    assert data["total_memory"] == expected.total_memory
+    # estimate's default profile is the measured one; the saved scenario says so
+    expected = solver.solve("llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3, profile="measured")
+    assert data["total_memory"] == expected.total_memory and data["profile"] == "measured"
     assert Scenario.load(saved).zero_stage == 3 and Scenario.load(saved).dp_size == 8
+    assert Scenario.load(saved).profile == "measured"
 
 
 def test_hugging_face_config_as_the_model(solver, tmp_path):
@@ -79,5 +81,30 @@ def test_hugging_face_config_as_the_model(solver, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     out = io.StringIO()
-    assert main(["estimate", "--model", str(path), "-b", "4", "-s", "512", "--json"], out=out) == 0
+    assert main(["estimate", "--model", str(path), "-b", "4", "-s", "512", "--json", "--profile", "reference"],
+                out=out) == 0
     assert json.loads(out.getvalue())["weights"] == 124_439_808 * 2
+
+
+def test_scenario_carries_the_measured_profile_options(tmp_path):
+    """One file describes a whole run, regime and implementation choices included."""
+    from mlsysim_core import TrainingMemoryModel
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({
+        "model": "llama3-8b", "hardware": "h100", "batch_size": 2, "seq_len": 1024, "profile": "measured",
+        "optimizer": "adamw", "activation_checkpointing": "full", "regime": "mixed-bf16",
+        "optimizer_impl": "fused", "attention": "sdpa", "dropout": 0.0, "checkpointed_layers": 16,
+        "runtime_overheads": {"cuda_context": 0, "allocator_fraction": 0.1}}))
+    scenario = Scenario.load(path)
+    result = scenario.solve()
+    expected = TrainingMemoryModel().solve(
+        "llama3-8b", "h100", 2, 1024, optimizer="adamw", activation_checkpointing="full", profile="measured",
+        regime="mixed-bf16", optimizer_impl="fused", attention="sdpa", dropout=0.0, checkpointed_layers=16,
+        runtime_overheads={"cuda_context": 0, "allocator_fraction": 0.1})
+    assert result.total_memory == expected.total_memory and result.regime == "mixed-bf16"
+    assert result.runtime_overheads == pytest.approx(32 * 2**20 + 0.1 * result.allocated_memory)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 2, "profile": "measured",
+                               "runtime_overheads": {"cuda_kontext": 1}}))
+    with pytest.raises(InvalidInputError, match="runtime_overheads"):
+        Scenario.load(bad).solve()

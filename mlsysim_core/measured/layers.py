@@ -57,8 +57,9 @@ GPT-2 style (LayerNorm with bias, fused c_attn Conv1D, tanh-GELU MLP)
   saves 4 f-sized tensors; c_proj saves its output: 5f in the compute dtype.
 * Dropout p > 0: attention dropout saves its noise (S, scores' dtype after the cast) and its output
   is what the matmul saves; resid dropout after attention and after the MLP each save a noise of h.
-  SDPA with dropout takes the fp32 math kernel: fp32 q, k, v (12h; in bf16/AMP fp32 copies that
-  replace the bf16 qkv), fp32 softmax, noise and dropout output (12S), the contiguous output (h).
+  SDPA with dropout takes the fp32 math kernel: contiguous fp32 q, k, v (12h; in bf16/AMP they
+  replace the bf16 qkv; in fp32 at batch 1 v stays a view, so qkv 12h + q, k 8h), fp32 softmax,
+  noise and dropout output (12S), the contiguous output (h).
 
 Mixtral style (Llama attention, sparse MoE block, experts_implementation="grouped_mm")
 --------------------------------------------------------------------------------------
@@ -131,9 +132,10 @@ def layer_forward_bytes(*, style: str, hidden: int, heads: int, kv_heads: int, h
         add("ln_1 (mean, rstd)", ln)
         add("c_attn input (ln_1 output or its AMP cast)", c * h)
         if attention == "sdpa" and dropout:
-            # CPU SDPA with dropout runs the math kernel in fp32: it saves fp32 q, k, v (views of the
-            # fp32 qkv, else fp32 copies that replace the bf16 qkv), softmax, noise, dropout output.
-            add("q/k/v (fp32, math kernel)", 12 * h)
+            # CPU SDPA with dropout runs the math kernel in fp32: its batched matmuls save contiguous
+            # fp32 q, k, v (12h; in bf16/AMP these replace the bf16 qkv). In fp32 with batch 1, v is
+            # a view of qkv that needs no copy, so qkv (12h) is saved next to the q, k copies (8h).
+            add("q/k/v (fp32, math kernel)", 20 * h if regime == "fp32" and tokens == seq_len else 12 * h)
             add("attention scores", 12 * S)
             add("attention output (contiguous, c_proj input)", c * h)
         elif attention == "sdpa":
