@@ -320,7 +320,8 @@ def test_adam_mini_from_the_cli(env):
 @slow
 def test_hpz_from_the_cli_with_an_option(env):
     r = env.cli_json("-m", "llama3-70b", "-b", "64", "-s", "4096", "--dp", "64", "--checkpointing", "full",
-                     "--data-parallel", "zeropp.hpz", "--option", "zeropp.hpz.secondary_group=16")
+                     "--data-parallel", "zeropp.hpz", "--option", "zeropp.hpz.secondary_group=16",
+                     "--profile", "reference")
     [term] = _sources(r, "zeropp_hpz").values()
     assert term["nbytes"] == HPZ_SECONDARY_16
     assert r["weights"] == P70B * 2 / 64

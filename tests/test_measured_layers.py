@@ -78,3 +78,40 @@ def test_unknown_names_raise():
         layer_forward_bytes(style="bert", regime="fp32", **base)
     with pytest.raises(ValueError):
         layer_forward_bytes(style="llama", regime="fp16", **base)
+
+
+# Combinations measurements.json lacks (SDPA with dropout, AMP/bf16 with dropout), measured the same way
+# (validation/measure.py's tracker, real CPU tensors) on the tiny models: (model, regime, attention,
+# dropout, batch, seq_len, layer_forward_retained_bytes).
+EXTRA = [
+    ("gpt2-tiny", "fp32", "sdpa", 0.1, 1, 64, 2294784),
+    ("gpt2-tiny", "fp32", "sdpa", 0.1, 2, 96, 6786048),
+    ("gpt2-tiny", "bf16", "sdpa", 0.1, 1, 96, 2065152),
+    ("gpt2-tiny", "amp-bf16", "sdpa", 0.1, 1, 96, 3741696),
+    ("gpt2-tiny", "amp-bf16", "eager", 0.1, 1, 96, 3446784),
+    ("gpt2-tiny", "bf16", "eager", 0.1, 1, 96, 1696512),
+    ("llama-tiny", "fp32", "sdpa", 0.1, 1, 96, 2925312),
+    ("llama-tiny", "bf16", "sdpa", 0.1, 1, 96, 2200320),
+    ("llama-tiny", "amp-bf16", "sdpa", 0.1, 1, 96, 3977984),
+    ("llama-tiny", "amp-bf16", "eager", 0.1, 1, 96, 3683072),
+    ("gqa-tiny", "bf16", "sdpa", 0.1, 2, 64, 2540544),
+    ("gqa-tiny", "amp-bf16", "sdpa", 0.1, 2, 64, 4187136),
+    ("gqa-tiny", "bf16", "eager", 0.1, 2, 64, 2081792),
+    ("mixtral-tiny", "amp-bf16", "sdpa", 0.1, 2, 64, 5000736),
+    ("mixtral-tiny", "bf16", "eager", 0.1, 2, 64, 2702880),
+    ("mixtral-tiny", "amp-bf16", "eager", 0.0, 2, 64, 4410912),
+]
+
+
+@pytest.mark.parametrize("model,regime,attention,dropout,batch,seq_len,measured", EXTRA,
+                         ids=["-".join(map(str, e[:6])) for e in EXTRA])
+def test_layer_forward_bytes_match_extra_measurements(model, regime, attention, dropout, batch, seq_len,
+                                                      measured):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_validation_configs", MEASUREMENTS.parent / "configs.py")
+    configs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(configs)
+    run = dict(hf_config=configs._hf(configs.MODELS[model][1], dropout), batch_size=batch, seq_len=seq_len,
+               regime=regime, attention=attention, checkpointing="none", dropout=dropout)
+    assert expected(run) == measured

@@ -62,10 +62,12 @@ class ModelShape:
         return attention + (("gate_proj", h * f), ("up_proj", h * f), ("down_proj", f * h))
 
     def autocast_matmul_parameters(self) -> int:
-        """Weights autocast copies to 16 bits: every nn.Linear of the decoder layers and the
-        LM head (tied or not). Not the embedding lookup, norms or biases, and not
+        """Weights autocast copies to 16 bits: every nn.Linear of the decoder layers (GPT-2's
+        Conv1D biases too) and the LM head (tied or not). Not the embedding lookup or norms, not
         transformers' grouped-mm experts (they run in the weights' own dtype)."""
         per_layer = sum(n for name, n in self.layer_matrices() if not name.startswith("experts."))
+        if self.style == "gpt2":   # autocast casts the Conv1D biases too (3h, h, f, h)
+            per_layer += 5 * self.hidden + self.ffn
         return self.layers * per_layer + self.embedding_parameters
 
     def parameter_tensors(self) -> tuple[int, ...]:
