@@ -44,3 +44,20 @@ def test_memoised_and_plain_results_are_byte_identical(solver, config):
     finally:
         memo.ENABLED = True
     assert cached_first == cached_again == plain
+
+
+def test_measured_profile_cache_gives_byte_identical_results():
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_core.measured import _cache
+    solver = TrainingMemoryModel("measured")
+    cases = [dict(batch_size=b, seq_len=s, activation_checkpointing=c, regime=r, optimizer=o)
+             for b, s in ((1, 512), (8, 2048)) for c in ("none", "full") for r in ("fp32", "amp-bf16", "bf16")
+             for o in ("adamw", "adafactor", "sgd-momentum")]
+    cached = [solver.solve("llama3-8b", "h100", **c).to_json() for c in cases]
+    cached_again = [solver.solve("llama3-8b", "h100", **c).to_json() for c in cases]
+    _cache.ENABLED = False
+    try:
+        plain = [solver.solve("llama3-8b", "h100", **c).to_json() for c in cases]
+    finally:
+        _cache.ENABLED = True
+    assert cached == cached_again == plain

@@ -14,6 +14,7 @@ import attrs
 
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
+from ._cache import cached_terms
 from .layers import layer_forward_bytes
 from .shapes import ModelShape
 
@@ -60,6 +61,7 @@ def _regime_kind(regime) -> str:
 
 # --- weights and gradients -----------------------------------------------------------------
 
+@cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
     regime = plan.regime
     shape = ModelShape.of(plan.model)
@@ -74,6 +76,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     return terms
 
 
+@cached_terms
 def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[MemoryTerm]:
     """Gradients live from the backward's end through the step (``zero_grad(set_to_none=True)``
     frees them before the next forward). With recomputation the deepest-first backward
@@ -114,6 +117,7 @@ def _layer_parameters(shape: ModelShape) -> int:
 
 # --- activations outside the decoder layers -----------------------------------------------
 
+@cached_terms
 def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
     """Embedding output, RoPE tables, final norm, logits and loss, AMP weight copies, and
     the end of the backward (tied-embedding partial gradients)."""
@@ -181,6 +185,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
 
 # --- decoder layers ---------------------------------------------------------------------------
 
+@cached_terms
 def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: bool = False) -> list[MemoryTerm]:
     """The decoder layers: ``kept_layers`` of the L layers keep everything they save (the
     rest are checkpointed: they keep their input and recompute in the backward; ``None``

@@ -19,6 +19,7 @@ from __future__ import annotations
 import attrs
 
 from ..terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
+from ._cache import cached_terms
 from .shapes import ModelShape
 
 IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
@@ -38,6 +39,7 @@ def _trainable_tensors(plan, placement) -> tuple[int, ...]:
     return ModelShape.of(plan.model).parameter_tensors()
 
 
+@cached_terms
 def master_terms(plan, placement) -> list[MemoryTerm]:
     """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
     regime = plan.regime
@@ -54,6 +56,7 @@ def master_terms(plan, placement) -> list[MemoryTerm]:
     return terms
 
 
+@cached_terms
 def moment_terms(plan, placement, name: str, moments: int, *, step_counters: bool) -> list[MemoryTerm]:
     """``moments`` parameter-shaped buffers in the regime's state dtype (Adam: 2, SGD with
     momentum and Lion: 1), plus Adam's 4-byte fp32 ``step`` tensor per parameter tensor."""
@@ -75,6 +78,7 @@ def moment_terms(plan, placement, name: str, moments: int, *, step_counters: boo
     return terms
 
 
+@cached_terms
 def step_transient(plan, placement, name: str, *, foreach: int, loop_current: int, loop_previous: int,
                    element_bytes: int | None = None) -> list[MemoryTerm]:
     """What one optimizer step allocates on top of the state, alive only during the step.
@@ -112,6 +116,7 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
                 f"{_fmt(worst)} elements (tensor #{at}) x {b} B")]
 
 
+@cached_terms
 def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     """torch.optim.Adafactor: a factored second moment (a row and a column vector per
     matrix, the full vector for 1-D parameters) in the parameters' dtype, one fp32 step
