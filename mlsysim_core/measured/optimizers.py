@@ -16,7 +16,6 @@ Measured with ``torch.distributed._tools.mem_tracker.MemTracker`` (validation/RE
 
 from __future__ import annotations
 
-import attrs
 
 from ..terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
 from ._cache import cached_terms
@@ -33,10 +32,6 @@ def _fmt(x) -> str:
 def _scale(plan, placement) -> float:
     """The share of the model's parameter tensors one rank holds state for."""
     return placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
-
-
-def _trainable_tensors(plan, placement) -> tuple[int, ...]:
-    return ModelShape.of(plan.model).parameter_tensors()
 
 
 @cached_terms
@@ -99,7 +94,7 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
             nbytes=params * foreach * b,
             formula=f"{foreach} x {_fmt(params)} params/rank x {b} B (one multi-tensor temporary over "
                     "all parameters)")]
-    tensors = _trainable_tensors(plan, placement)
+    tensors = ModelShape.of(plan.model).parameter_tensors()
     worst, at = 0, 0
     previous = 0
     for i, n in enumerate(tensors):

@@ -9,20 +9,14 @@ the foreach step allocates one parameter-sized temporary, the for-loop one keeps
 previous parameter's update alive with the current one's.
 """
 
-from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core import OptimizerSpec, hookimpl
 from mlsysim_core.measured import optimizers as measured
 
-from ._fmt import n, shard
+from ._flat_state import flat_state_terms
 
 
 def state_terms(plan, placement, options):
-    params = placement.trainable_parameters_per_rank
-    shards = placement.optimizer_state_shards
-    return [MemoryTerm(component=OPTIMIZER_STATE, label="adafactor master copy (fp32)",
-                       nbytes=params * 4.0 / shards,
-                       formula=f"{n(params)} trainable params/rank x 4 B (factored moments neglected)"
-                               + shard(shards, "optimizer state sharded: "
-                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+    return flat_state_terms(placement, "adafactor master copy (fp32)", 4.0, "4 B (factored moments neglected)")
 
 
 def measured_state_terms(plan, placement, options):

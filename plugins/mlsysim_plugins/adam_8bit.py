@@ -11,20 +11,15 @@ from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
 from mlsysim_core.measured import optimizers as measured
 from mlsysim_core.measured.shapes import ModelShape
 
-from ._fmt import n, shard
+from ._flat_state import flat_state_terms
+from ._fmt import n
 
 BLOCK = 256           # bitsandbytes' block size for optimizer states
 MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit state
 
 
 def state_terms(plan, placement, options):
-    params = placement.trainable_parameters_per_rank
-    shards = placement.optimizer_state_shards
-    return [MemoryTerm(component=OPTIMIZER_STATE, label="adam-8bit master copy (fp32) + 2 x 8-bit moments",
-                       nbytes=params * 6.0 / shards,
-                       formula=f"{n(params)} trainable params/rank x 6 B (master 4 + m 1 + v 1)"
-                               + shard(shards, "optimizer state sharded: "
-                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+    return flat_state_terms(placement, "adam-8bit master copy (fp32) + 2 x 8-bit moments", 6.0, "6 B (master 4 + m 1 + v 1)")
 
 
 def measured_state_terms(plan, placement, options):

@@ -7,20 +7,14 @@ step as a copy of the gradient); foreach and fused steps update in place (no tem
 the for-loop one neither.
 """
 
-from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core import OptimizerSpec, hookimpl
 from mlsysim_core.measured import optimizers as measured
 
-from ._fmt import n, shard
+from ._flat_state import flat_state_terms
 
 
 def state_terms(plan, placement, options):
-    params = placement.trainable_parameters_per_rank
-    shards = placement.optimizer_state_shards
-    return [MemoryTerm(component=OPTIMIZER_STATE, label="sgd-momentum master copy + momentum (fp32)",
-                       nbytes=params * 8.0 / shards,
-                       formula=f"{n(params)} trainable params/rank x 8 B (master 4 + momentum 4)"
-                               + shard(shards, "optimizer state sharded: "
-                                       + ", ".join(placement.shard_sources["optimizer_state_shards"])))]
+    return flat_state_terms(placement, "sgd-momentum master copy + momentum (fp32)", 8.0, "8 B (master 4 + momentum 4)")
 
 
 def measured_state_terms(plan, placement, options):
