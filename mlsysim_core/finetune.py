@@ -373,3 +373,17 @@ def _tensor_bytes(n: int, rows: int, config: LoRAConfig) -> tuple[int, int]:
     nested_blocks = math.ceil(blocks / _NESTED_BLOCKSIZE)
     return (n + 1) // 2, (blocks + _FP32 * nested_blocks + _FP32 + _DYNAMIC_CODE_BYTES
                           + _4BIT_CODE_BYTES)
+
+
+def lora_option(plan, value):
+    """The ``lora=`` option of a measured-grade solve: a ``LoRAConfig`` or a dict of its
+    fields, checked against the model (its linears must be countable)."""
+    if isinstance(value, LoRAConfig):
+        config = value
+    elif isinstance(value, dict):
+        from .serialization import structure_options
+        config = structure_options("lora", "lora", LoRAConfig, dict(value))
+    else:
+        raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
+    lora_counts(plan.model, config)     # a clear error now if the model cannot be adapted
+    return attrs.evolve(plan, lora=config)

@@ -49,6 +49,7 @@ class TrainingPlan:
     rules: Mapping[str, str]            # axis -> selected sharding rule name
     options: Mapping[str, Any]          # spec name -> its options object
     include_plugins: tuple[str, ...] = ()
+    cp_size: int = 1                    # context parallelism: the sequence split over cp ranks
     # Measured-grade profiles only (None / defaults under the reference profile):
     regime: Any = None                  # mlsysim_core.measured.regimes.Regime
     optimizer_impl: str = "foreach"     # PyTorch's optimizer implementation: foreach | fused | for-loop
@@ -56,6 +57,13 @@ class TrainingPlan:
     dropout: float = 0.0                # dropout probability in the layers
     checkpointed_layers: int | None = None   # block recompute: how many layers recompute (None: the strategy's)
     runtime_overheads: Any = None       # mlsysim_core.measured.model.RuntimeOverheads, or None: none
+    lora: Any = None                    # mlsysim_core.finetune.LoRAConfig: LoRA/QLoRA fine-tuning, or None
+    pipeline_schedule: str = "1f1b"     # gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2
+    virtual_stages: int = 1             # model chunks per pipeline rank (interleaved-1f1b)
+    expert_tp_size: int | None = None   # tensor parallelism inside the experts (None: tp_size)
+    stage_layers: tuple[int, ...] | None = None   # decoder layers on each pipeline stage (None: even split)
+    offload: tuple[tuple[str, str], ...] = ()   # (what, "cpu" | "nvme"): optimizer, gradients, parameters
+    rank: Any = None                    # mlsysim_core.measured.parallel.RankClass: which rank this solve describes
 
     @property
     def bytes_per_value(self) -> int | float:

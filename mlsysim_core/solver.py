@@ -68,6 +68,9 @@ class TrainingMemoryModel:
               regime: str | None = None, optimizer_impl: str | None = None,
               attention: str | None = None, dropout: float | None = None,
               checkpointed_layers: int | None = None, runtime_overheads: Any = None,
+              cp_size: int = 1, lora: Any = None, pipeline_schedule: str | None = None,
+              virtual_stages: int | None = None, expert_tp_size: int | None = None,
+              stage_layers: Sequence[int] | None = None, offload: Any = None,
               ) -> TrainingMemoryResult:
         """Solve for the memory of one accelerator.
 
@@ -83,6 +86,8 @@ class TrainingMemoryModel:
         * ``include_plugins``: plugins whose component hooks take part in addition to
           the profile's own.
         * ``profile``: overrides the model's profile for this call.
+        * ``cp_size``: context parallelism, the sequence split over ``cp_size`` ranks
+          (devices = tp x cp x pp x dp; ZeRO shards over dp x cp).
 
         Measured-grade profiles (``profile="measured"``) also read:
 
@@ -95,7 +100,21 @@ class TrainingMemoryModel:
         * ``checkpointed_layers``: with ``activation_checkpointing="full"``, recompute only
           this many of the layers (block recompute; default all);
         * ``runtime_overheads``: a ``RuntimeOverheads``, a dict of its fields, or ``False``
-          for none (default: ``RuntimeOverheads()``).
+          for none (default: ``RuntimeOverheads()``);
+        * ``lora``: a ``mlsysim_core.finetune.LoRAConfig`` (or a dict of its fields): LoRA or
+          QLoRA fine-tuning, adapters trainable and the base frozen;
+        * ``pipeline_schedule``: ``1f1b`` (default), ``gpipe``, ``interleaved-1f1b`` (with
+          ``virtual_stages`` model chunks per rank), ``zb-h1`` or ``zb-h2`` (zero bubble);
+        * ``expert_tp_size``: tensor parallelism inside the experts (default ``tp_size``);
+          expert data parallelism is tp x dp / (expert_tp x ep);
+        * ``stage_layers``: decoder layers on each pipeline stage (default: an even split);
+        * ``offload``: what lives in host memory or on NVMe: ``"optimizer"``,
+          ``"optimizer+gradients"``, ``"optimizer+gradients+parameters"``, a sequence of
+          those names, or ``{name: "cpu" | "nvme"}``.
+
+        With a parallel layout a measured-grade result describes every distinct rank
+        (``result.ranks``: first, middle and last pipeline stages); its totals are the
+        heaviest rank's, and ``feasible`` means every rank fits.
         """
         registry = self.registry
         if type(model) is str:       # catalog names, including entries this manager's plugins add
@@ -108,11 +127,15 @@ class TrainingMemoryModel:
                            precision, optimizer, activation_checkpointing, tp_size, pp_size,
                            dp_size, ep_size, zero_stage, gradient_accumulation_steps,
                            trainable_fraction, communication_buffer_fraction, sequence_parallel,
-                           data_parallel, sharding_rules, plugin_options, include_plugins)
-        measured = (regime, optimizer_impl, attention, dropout, checkpointed_layers, runtime_overheads)
+                           data_parallel, sharding_rules, plugin_options, include_plugins, cp_size)
+        measured = (regime, optimizer_impl, attention, dropout, checkpointed_layers, runtime_overheads,
+                    lora, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload)
         if registry.profiles[plan.profile].grade == "measured":
             plan = _measured_plan(plan, *measured)
-        elif measured != (None,) * 6:
+            from .measured import parallel
+            if parallel.is_parallel(plan):
+                return parallel.solve_ranks(plan, lambda p: _run_pipeline(registry, p))
+        elif measured != (None,) * len(_MEASURED_OPTIONS):
             given = [n for n, v in zip(_MEASURED_OPTIONS, measured) if v is not None]
             raise InvalidInputError(given[0], measured[_MEASURED_OPTIONS.index(given[0])],
                                     "None under a reference-grade profile",
@@ -123,11 +146,13 @@ class TrainingMemoryModel:
 # --- 1. inputs ----------------------------------------------------------------------------
 
 _MEASURED_OPTIONS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
-                     "runtime_overheads")
+                     "runtime_overheads", "lora", "pipeline_schedule", "virtual_stages", "expert_tp_size",
+                     "stage_layers", "offload")
 
 
 def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropout, checkpointed_layers,
-                   runtime_overheads) -> TrainingPlan:
+                   runtime_overheads, lora=None, pipeline_schedule=None, virtual_stages=None,
+                   expert_tp_size=None, stage_layers=None, offload=None) -> TrainingPlan:
     """The measured-grade options, checked and with their defaults."""
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
@@ -163,8 +188,13 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
     else:
         raise InvalidInputTypeError("runtime_overheads", runtime_overheads,
                                     "a RuntimeOverheads, a dict of its fields, True or False")
-    return attrs.evolve(plan, regime=chosen, optimizer_impl=impl, attention=kernel, dropout=p,
+    plan = attrs.evolve(plan, regime=chosen, optimizer_impl=impl, attention=kernel, dropout=p,
                         checkpointed_layers=blocks, runtime_overheads=overheads)
+    if lora is not None:
+        from .finetune import lora_option
+        plan = lora_option(plan, lora)
+    from .measured.parallel import layout_options
+    return layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload)
 
 
 def _resolve_model(model) -> TransformerWorkload:
@@ -193,7 +223,7 @@ def _select_rule(registry: Registry, axis: str, name: object, parameter: str) ->
     choices = registry.rules_for_axis(axis)
     if not isinstance(name, str) or name.strip().lower() not in choices:
         label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
-                 "ep": "expert-parallel"}[axis]
+                 "ep": "expert-parallel", "cp": "context-parallel"}[axis]
         raise (InvalidInputTypeError if not isinstance(name, str) else InvalidInputError)(
             parameter, name, f"an installed {label} rule: {registry.describe_choices(SHARDING, choices)}")
     return name.strip().lower()
@@ -203,7 +233,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                 activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
                 gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
                 sequence_parallel, data_parallel, sharding_rules, plugin_options,
-                include_plugins) -> TrainingPlan:
+                include_plugins, cp_size=1) -> TrainingPlan:
     profile = _checks.name("profile", profile, registry.profiles)
     model = _resolve_model(model)
     hardware = _resolve_hardware(hardware)
@@ -225,6 +255,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
     pp_size = count("pp_size", pp_size)
     dp_size = count("dp_size", dp_size)
     ep_size = count("ep_size", ep_size)
+    cp_size = count("cp_size", cp_size) if cp_size != 1 or type(cp_size) is not int else 1
     gradient_accumulation_steps = count("gradient_accumulation_steps", gradient_accumulation_steps)
     trainable_fraction = _checks.fraction("trainable_fraction", trainable_fraction)
     communication_buffer_fraction = _checks.fraction("communication_buffer_fraction",
@@ -262,7 +293,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                 gradient_accumulation_steps=gradient_accumulation_steps, trainable_fraction=trainable_fraction,
                 communication_buffer_fraction=communication_buffer_fraction,
                 sequence_parallel=sequence_parallel, profile=profile, rules=rules, options=options,
-                include_plugins=include)
+                include_plugins=include, cp_size=cp_size)
     optimizer_name = optimizer.lower()
 
     # Select one sharding rule per axis.
@@ -314,7 +345,7 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                         trainable_fraction=trainable_fraction,
                         communication_buffer_fraction=communication_buffer_fraction,
                         sequence_parallel=sequence_parallel, profile=profile, rules=rules,
-                        options=options, include_plugins=include)
+                        options=options, include_plugins=include, cp_size=cp_size)
 
 
 _NO_OPTIONS: Mapping[str, Any] = types.MappingProxyType({})
@@ -486,7 +517,7 @@ def _takes_split(apply) -> bool:
 def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
     rules = plan.rules
     key = (plan.profile, plan.include_plugins, plan.optimizer, plan.activation_checkpointing,
-           rules["tp"], rules["pp"], rules["ep"], rules["dp"])
+           rules["tp"], rules["cp"], rules["pp"], rules["ep"], rules["dp"])
     selection = registry.cache.get(key)
     if selection is None:
         selection = registry.cache[key] = _Selection(registry, plan)
@@ -588,7 +619,7 @@ def _term_key(term: MemoryTerm):
     return (term.source, term.label)
 
 
-_NOTE_ORDER = (DATA, "tp", "pp", "ep")
+_NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
 
 
 def _peak(terms) -> tuple[str, tuple]:
@@ -675,7 +706,8 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
         feasible=total_gb <= available_gb, total_memory=total, available_memory=capacity,
         memory_utilization=total_gb / available_gb, precision=plan.precision, optimizer=plan.optimizer,
         activation_checkpointing=ckpt,
-        parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
+        parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size,
+                     **({"cp": plan.cp_size} if plan.cp_size != 1 else {})},
         notes=rule_notes, profile=plan.profile, terms=terms, host_memory=host,
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,

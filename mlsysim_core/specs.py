@@ -87,13 +87,14 @@ class CheckpointingSpec:
 
 
 # The axes a sharding rule can own, in the order the solver applies them:
-# model parallel first (tensor, pipeline, expert), then data parallel.
+# model parallel first (tensor, context, pipeline, expert), then data parallel.
 TENSOR = "tp"
+CONTEXT = "cp"
 PIPELINE = "pp"
 EXPERT = "ep"
 DATA = "dp"
-AXES = (TENSOR, PIPELINE, EXPERT, DATA)
-DEFAULT_RULES = {TENSOR: "tp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
+AXES = (TENSOR, CONTEXT, PIPELINE, EXPERT, DATA)
+DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
 
 
 _SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards",
@@ -153,13 +154,13 @@ class SplitSoFar:
 
 @attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
-    """A named sharding rule for one axis (``tp``, ``pp``, ``ep`` or ``dp``).
+    """A named sharding rule for one axis (``tp``, ``cp``, ``pp``, ``ep`` or ``dp``).
 
     ``apply(plan, options) -> ShardingEffect``. A rule that finds the layout impossible
     raises ``mlsysim_core.LayoutError`` naming the parameter; the solver passes that
     through. Research variants of ZeRO are simply more ``dp`` rules.
 
-    Rules run in axis order (tp, pp, ep, then dp). An ``apply`` that takes a third
+    Rules run in axis order (tp, cp, pp, ep, then dp). An ``apply`` that takes a third
     parameter receives ``SplitSoFar``: what the rules before it did (e.g. a ZeRO variant
     that needs the parameters per model-parallel rank). Two-parameter rules keep working.
 

@@ -437,7 +437,7 @@ def test_options_for_an_unselected_spec_raise(hpz_pm):
     assert exc.value.parameter == "plugin_options"
     assert exc.value.value == "demo.hpz"
     assert "that spec is not selected in this solve" in str(exc.value)
-    assert "options for a selected spec: adam, ep, pp, selective, tp, zero3" in str(exc.value)
+    assert "options for a selected spec: adam, cp, ep, pp, selective, tp, zero3" in str(exc.value)
 
 
 def test_options_for_a_spec_without_options_raise(hpz_pm):

@@ -38,7 +38,7 @@ GPU = HardwareNode(name="gpu", memory_capacity=2**30)
     ({"ep_size": 2}, LayoutError, ["ep_size=2", "1 for a dense model"]),
     ({"data_parallel": "zero9"}, InvalidInputError, ["data_parallel='zero9'", "zero0 (", "zero3 ("]),
     ({"data_parallel": "zero1", "zero_stage": 2}, InvalidInputError, ["zero_stage=2", "data_parallel"]),
-    ({"sharding_rules": {"xp": "tp"}}, InvalidInputError, ["sharding_rules=", "keys among tp, pp, ep"]),
+    ({"sharding_rules": {"xp": "tp"}}, InvalidInputError, ["sharding_rules=", "keys among tp, cp, pp, ep"]),
     ({"sharding_rules": {"tp": "nope"}}, InvalidInputError, ["sharding_rules['tp']='nope'", "tp ("]),
     ({"plugin_options": {"adam": {"x": 1}}}, InvalidInputError, ["plugin_options['adam']", "declares no options"]),
     ({"plugin_options": {"lion": {}}}, InvalidInputError, ["plugin_options='lion'", "not selected"]),

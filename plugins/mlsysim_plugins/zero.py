@@ -21,8 +21,8 @@ def effect(stage, d):
 
 
 def make_apply(stage):
-    def apply(plan, options):
-        return effect(stage, plan.dp_size)
+    def apply(plan, options):   # the distributed optimizer shards over dp x cp (Megatron-Core)
+        return effect(stage, plan.dp_size * plan.cp_size)
     return apply
 
 
