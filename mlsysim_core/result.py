@@ -41,6 +41,29 @@ class MemoryView:
 
 
 @attrs.frozen(kw_only=True)
+class RankReport:
+    """The memory of one rank class of a parallel layout (a pipeline stage, or the middle
+    stages that are alike, with all its tensor-, context- and data-parallel ranks): bytes,
+    as in ``TrainingMemoryResult``."""
+
+    name: str                       # "first stage", "middle stage 1", "last stage", "every rank"
+    stages: tuple[int, ...]         # the pipeline stages (0-based) in this class
+    ranks: int                      # devices in this class
+    layers: int                     # decoder layers on each of its stages
+    in_flight: float                # micro-batches of activations held at the peak
+    total_memory: int | float
+    weights: int | float
+    gradients: int | float
+    optimizer_state: int | float
+    activations: int | float
+    communication_buffers: int | float
+    runtime_overheads: int | float
+    host_memory: int | float
+    peak_phase: str | None
+    feasible: bool
+
+
+@attrs.frozen(kw_only=True)
 class TrainingMemoryResult:
     """Memory of one accelerator for one training configuration.
 
@@ -81,6 +104,10 @@ class TrainingMemoryResult:
     # included in total_memory); and the training regime the solve assumed.
     runtime_overheads: int | float = 0
     regime: str | None = None
+    # Measured-grade profiles, parallel layouts: every distinct rank class (the component
+    # fields above are the heaviest one's, named here); empty for one device.
+    ranks: tuple["RankReport", ...] = ()
+    heaviest_rank: str | None = None
 
     @property
     def allocated_memory(self) -> int | float:

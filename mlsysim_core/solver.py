@@ -27,7 +27,7 @@ from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
-from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, RUNTIME_OVERHEADS,
+from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, HOST, RUNTIME_OVERHEADS,
                     OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _current_source)
 from .types import HardwareNode, TransformerWorkload
 
@@ -395,6 +395,7 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
 # (terms default their ``source`` to the plugin being called), so terms are built once.
 
 _ITERABLE_EXCLUDED = (str, bytes, MemoryTerm)
+_set_source = _current_source.set
 
 
 def _listed(items):
@@ -418,16 +419,41 @@ def _call_plugin(info: PluginInfo, what, hook: str, function: Callable, *args):
     except (InvalidInputError, PluginContractError):
         raise
     except Exception as err:
-        raise PluginContractError(
-            f"{info.describe()} {_where(what)} raised {type(err).__name__}: {err}",
-            plugin=info.name, source=info.source, hook=hook) from err
+        raise _blame(info, what, hook, err) from err
     finally:
         _current_source.reset(token)
+
+
+def _blame(info: PluginInfo, what, hook: str, err: BaseException) -> PluginContractError:
+    return PluginContractError(f"{info.describe()} {_where(what)} raised {type(err).__name__}: {err}",
+                               plugin=info.name, source=info.source, hook=hook)
 
 
 def _where(what) -> str:
     """Call sites are described lazily (a format string and its arguments): only errors need them."""
     return what[0].format(*what[1:]) if isinstance(what, tuple) else what
+
+
+def _terms(info: PluginInfo, what, hook: str, function: Callable, args: tuple, component: str) -> list[MemoryTerm]:
+    """The hot path of one term-returning plugin call: name the plugin (terms it builds are
+    stamped with it), call it, blame it for anything but a user error, and check what it
+    returned. ``_run_pipeline`` restores the provenance context once, at its end."""
+    _set_source(info.name)
+    try:
+        items = function(*args)
+        if type(items) is not list:
+            items = _listed(items)
+    except (InvalidInputError, PluginContractError):
+        raise
+    except Exception as err:
+        raise _blame(info, what, hook, err) from err
+    if type(items) is list:
+        name = info.name
+        for term in items:
+            if type(term) is not MemoryTerm or term.component != component or term.source != name:
+                return _stamp(info, items, component, what, hook)
+        return items
+    return _stamp(info, items, component, what, hook)
 
 
 def _stamp(info: PluginInfo, items, component: str, what, hook: str) -> list[MemoryTerm]:
@@ -453,12 +479,15 @@ def _stamp(info: PluginInfo, items, component: str, what, hook: str) -> list[Mem
     return items
 
 
+_PLAN_PLACEMENT = ("plan", "placement")
+
+
 class _Selection:
     """Everything a solve needs that depends only on which specs and plugins are selected:
     built once per registry and selection, then reused (searches solve thousands of
     layouts with the same selection)."""
 
-    __slots__ = ("rules", "optimizer", "checkpointing", "impls", "plugin_sources", "selected", "missing",
+    __slots__ = ("rules", "optimizer", "checkpointing", "impls", "calls", "plugin_sources", "selected", "missing",
                  "profile_info", "combine_peak")
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
@@ -483,15 +512,24 @@ class _Selection:
                     f"{', '.join(usable)}",
                     f"{registry.providers[(kind, name)].describe()} gives no {field}; "
                     "profile='reference' accepts it")
+        # (provider, callable, call site for messages, hook name for messages)
         self.optimizer = (registry.providers[(OPTIMIZER, opt)], opt_fn,
-                          ("optimizer '{}' " + ("measured_state_terms" if measured else "state_terms"), opt))
+                          ("optimizer '{}' " + ("measured_state_terms" if measured else "state_terms"), opt),
+                          "state_terms")
         self.checkpointing = (registry.providers[(CHECKPOINTING, ckpt)], ckpt_fn,
                               ("checkpointing strategy '{}' " + ("measured_activation_terms" if measured
-                                                                 else "activation_terms"), ckpt))
+                                                                 else "activation_terms"), ckpt),
+                              "activation_terms")
         self.combine_peak = profile.combine == "peak"
         wanted = set(profile.component_plugins) | set(plan.include_plugins)
         self.impls = {component: tuple(i for i in registry.component_impls[hook] if i.plugin.name in wanted)
                       for component, hook in COMPONENT_HOOKS.items()}
+        # Ready-made calls per component: (provider, function, argnames or None for the usual
+        # (plan, placement), call site, hook name).
+        self.calls = {component: tuple((i.plugin, i.function, None if i.argnames == _PLAN_PLACEMENT else i.argnames,
+                                        ("hook {}", COMPONENT_HOOKS[component]), COMPONENT_HOOKS[component])
+                                       for i in impls)
+                      for component, impls in self.impls.items()}
         self.missing = sorted(n for n in profile.component_plugins if n not in registry.plugins)
         self.profile_info = registry.providers[(PROFILE, plan.profile)]
         infos = [self.optimizer[0], self.checkpointing[0], *(rule[2] for rule in self.rules),
@@ -526,40 +564,50 @@ def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
 
 def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, list]:
     parameter = activation = weight = gradient = optimizer_state = 1
-    by = {key: () for key in _SHARD_FIELDS}    # quantity -> the rules that split it
+    by_parameter = by_activation = by_weight = by_gradient = by_optimizer_state = ()   # the rules that split each
     layers_per_stage = layers_rule = None
     buffer_terms, notes = [], []
     options = plan.options
-    for axis, name, info, apply, takes_split in selection.rules:   # model parallel (tp, pp, ep), then dp
-        if takes_split:
-            split = SplitSoFar(parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
-                               gradient_shards=gradient, optimizer_state_shards=optimizer_state,
-                               parameters_per_rank=plan.model.parameters / parameter,
-                               layers_per_stage=layers_per_stage)
-            effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan,
-                                  options.get(name), split)
-        else:
-            effect = _call_plugin(info, ("sharding rule '{}' apply", name), "apply", apply, plan, options.get(name))
+    for axis, name, info, apply, takes_split in selection.rules:   # model parallel (tp, cp, pp, ep), then dp
+        option = options.get(name) if options else None
+        _set_source(info.name)
+        try:
+            if takes_split:
+                effect = apply(plan, option, SplitSoFar(
+                    parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
+                    gradient_shards=gradient, optimizer_state_shards=optimizer_state,
+                    parameters_per_rank=plan.model.parameters / parameter, layers_per_stage=layers_per_stage))
+            else:
+                effect = apply(plan, option)
+        except (InvalidInputError, PluginContractError):
+            raise
+        except Exception as err:
+            raise _blame(info, ("sharding rule '{}' apply", name), "apply", err) from err
         if type(effect) is not ShardingEffect:
             raise PluginContractError(
                 f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "
                 "expected ShardingEffect", plugin=info.name, source=info.source, hook="apply")
         # Integer products: the order of the rules never changes a number.
-        if effect.parameter_shards != 1:
-            parameter *= effect.parameter_shards
-            by["parameter_shards"] += (name,)
-        if effect.activation_shards != 1:
-            activation *= effect.activation_shards
-            by["activation_shards"] += (name,)
-        if effect.weight_shards != 1:
-            weight *= effect.weight_shards
-            by["weight_shards"] += (name,)
-        if effect.gradient_shards != 1:
-            gradient *= effect.gradient_shards
-            by["gradient_shards"] += (name,)
-        if effect.optimizer_state_shards != 1:
-            optimizer_state *= effect.optimizer_state_shards
-            by["optimizer_state_shards"] += (name,)
+        shards = effect.parameter_shards
+        if shards != 1:
+            parameter *= shards
+            by_parameter += (name,)
+        shards = effect.activation_shards
+        if shards != 1:
+            activation *= shards
+            by_activation += (name,)
+        shards = effect.weight_shards
+        if shards != 1:
+            weight *= shards
+            by_weight += (name,)
+        shards = effect.gradient_shards
+        if shards != 1:
+            gradient *= shards
+            by_gradient += (name,)
+        shards = effect.optimizer_state_shards
+        if shards != 1:
+            optimizer_state *= shards
+            by_optimizer_state += (name,)
         if effect.layers_per_stage is not None:
             if layers_rule is not None:
                 raise PluginContractError(
@@ -568,8 +616,8 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
             layers_rule = name
             layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
         if effect.buffer_terms:
-            buffer_terms.extend(_stamp(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
-                                       ("sharding rule '{}' apply", name), "apply"))
+            buffer_terms += _checked(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
+                                     ("sharding rule '{}' apply", name), "apply")
         if effect.notes:
             notes.append((axis, effect.notes))
     parameters_per_rank = plan.model.parameters / parameter
@@ -579,26 +627,41 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
         parameters_per_rank=parameters_per_rank,
         trainable_parameters_per_rank=parameters_per_rank * plan.trainable_fraction,
         layers_per_stage=layers_per_stage if layers_per_stage is not None else plan.model.layers,
-        shard_sources=by)
+        shard_sources={"parameter_shards": by_parameter, "activation_shards": by_activation,
+                       "weight_shards": by_weight, "gradient_shards": by_gradient,
+                       "optimizer_state_shards": by_optimizer_state})
     return placement, buffer_terms, notes
 
 
-def _hook_terms(impls, component: str, kwargs: dict) -> list[MemoryTerm]:
-    if not impls:
+def _checked(info: PluginInfo, items: list, component: str, what, hook: str) -> list[MemoryTerm]:
+    """``_stamp``, with the common case (every term right and already stamped) first."""
+    name = info.name
+    for term in items:
+        if type(term) is not MemoryTerm or term.component != component or term.source != name:
+            return _stamp(info, items, component, what, hook)
+    return items
+
+
+def _hook_terms(calls, component: str, plan: TrainingPlan, placement: Placement, extra=None) -> list[MemoryTerm]:
+    """The terms of one component's hook implementations, in plugin-name order."""
+    if not calls:
         return []
-    terms: list[MemoryTerm] = []
-    hook = _HOOK_NAMES[component]
-    what = ("hook {}", hook)
-    for impl in impls:
-        items = _call_plugin(impl.plugin, what, hook, impl.function, *[kwargs[a] for a in impl.argnames])
-        terms += _stamp(impl.plugin, items, component, what, hook)
+    terms: list[MemoryTerm] = []     # a new list: a plugin's own list is never changed
+    for info, function, argnames, what, hook in calls:
+        if argnames is None:
+            args = (plan, placement)
+        else:
+            kwargs = {"plan": plan, "placement": placement, **(extra or {})}
+            args = tuple(kwargs[a] for a in argnames)
+        terms += _terms(info, what, hook, function, args, component)
     return terms
 
 
-def _own_terms(spec, plan, placement, component, hook, option_name):
-    info, function, what = spec
-    own = _call_plugin(info, what, hook, function, plan, placement, plan.options.get(option_name))
-    return _stamp(info, own, component, what, hook)
+def _own_terms(spec, plan, placement, component, option_name):
+    info, function, what, hook = spec
+    options = plan.options
+    return _terms(info, what, hook, function, (plan, placement, options.get(option_name) if options else None),
+                  component)
 
 
 def _accelerator_sum(terms: list[MemoryTerm]):
@@ -620,21 +683,27 @@ def _term_key(term: MemoryTerm):
 
 
 _NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
+_PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
+_COMPONENT_INDEX = {component: i for i, component in enumerate(COMPONENTS)}
 
 
 def _peak(terms) -> tuple[str, tuple]:
     """The phase with the most accelerator bytes alive (the earliest on a tie) and, for it,
     the bytes alive per component, in COMPONENTS order."""
-    alive = {phase: [0] * len(COMPONENTS) for phase in PHASES}
-    index = {component: i for i, component in enumerate(COMPONENTS)}
+    alive = [[0] * len(COMPONENTS) for _ in PHASES]     # phase -> component -> bytes, added in term order
+    phase_index, component_index = _PHASE_INDEX, _COMPONENT_INDEX
     for term in terms:
         if term.tier != ACCELERATOR:
             continue
-        i = index[term.component]
+        i, nbytes = component_index[term.component], term.nbytes
         for phase in term.phases:
-            alive[phase][i] += term.nbytes
-    best = max(PHASES, key=lambda phase: (sum(alive[phase]), -PHASES.index(phase)))
-    return best, tuple(alive[best])    # the reference's trace: ZeRO before the MoE note
+            alive[phase_index[phase]][i] += nbytes
+    best, most = 0, sum(alive[0])
+    for p in range(1, len(PHASES)):
+        total = sum(alive[p])
+        if total > most:
+            best, most = p, total
+    return PHASES[best], tuple(alive[best])
 
 
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
@@ -645,28 +714,44 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
             f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(selection.missing)}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
-    placement, comm, notes = _place(selection, plan)
-    impls = selection.impls
-    hook_kwargs = {"plan": plan, "placement": placement}
+    # Each plugin call names its plugin in the provenance context; it is restored once, here.
+    token = _current_source.set("")
+    try:
+        return _pipeline(selection, plan)
+    finally:
+        _current_source.reset(token)
 
-    weights = _ordered(_hook_terms(impls[WEIGHTS], WEIGHTS, hook_kwargs))
-    gradients = _ordered(_hook_terms(impls[GRADIENTS], GRADIENTS, hook_kwargs))
-    optimizer_state = _own_terms(selection.optimizer, plan, placement, OPTIMIZER_STATE, "state_terms",
-                                 plan.optimizer)
-    if impls[OPTIMIZER_STATE]:
-        optimizer_state += _hook_terms(impls[OPTIMIZER_STATE], OPTIMIZER_STATE, hook_kwargs)
-    optimizer_state = _ordered(optimizer_state)
+
+def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult:
+    placement, comm, notes = _place(selection, plan)
+    if plan.rank is not None:     # measured grade, parallel layouts: this rank class's own counts
+        placement = plan.rank.place(plan, placement)
+    calls = selection.calls
+
+    weights = _hook_terms(calls[WEIGHTS], WEIGHTS, plan, placement)
+    if len(weights) > 1:
+        weights.sort(key=_term_key)
+    gradients = _hook_terms(calls[GRADIENTS], GRADIENTS, plan, placement)
+    if len(gradients) > 1:
+        gradients.sort(key=_term_key)
+    optimizer_state = _own_terms(selection.optimizer, plan, placement, OPTIMIZER_STATE, plan.optimizer)
+    if calls[OPTIMIZER_STATE]:
+        optimizer_state = optimizer_state + _hook_terms(calls[OPTIMIZER_STATE], OPTIMIZER_STATE, plan, placement)
+    if len(optimizer_state) > 1:
+        optimizer_state.sort(key=_term_key)
     ckpt = plan.activation_checkpointing
-    activations = _own_terms(selection.checkpointing, plan, placement, ACTIVATIONS, "activation_terms", ckpt)
-    if impls[ACTIVATIONS]:
-        activations += _hook_terms(impls[ACTIVATIONS], ACTIVATIONS, hook_kwargs)
-    activations = _ordered(activations)
+    activations = _own_terms(selection.checkpointing, plan, placement, ACTIVATIONS, ckpt)
+    if calls[ACTIVATIONS]:
+        activations = activations + _hook_terms(calls[ACTIVATIONS], ACTIVATIONS, plan, placement)
+    if len(activations) > 1:
+        activations.sort(key=_term_key)
 
     w, g, o = _accelerator_sum(weights), _accelerator_sum(gradients), _accelerator_sum(optimizer_state)
-    if impls[COMMUNICATION_BUFFERS]:
-        hook_kwargs["model_states"] = {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o}
-        comm += _hook_terms(impls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS, hook_kwargs)
-    comm = _ordered(comm)
+    if calls[COMMUNICATION_BUFFERS]:
+        comm += _hook_terms(calls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS, plan, placement,
+                            {"model_states": {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o}})
+    if len(comm) > 1:
+        comm.sort(key=_term_key)
     a, c = _accelerator_sum(activations), _accelerator_sum(comm)
 
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
@@ -674,9 +759,11 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     r = 0
     if selection.combine_peak:   # the largest phase, and what is alive in it
         peak_phase, (w, g, o, a, c, r) = _peak(terms)
-    if impls[RUNTIME_OVERHEADS]:
-        hook_kwargs["allocated"] = w + g + o + a + c + r
-        runtime = _ordered(_hook_terms(impls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, hook_kwargs))
+    if calls[RUNTIME_OVERHEADS]:
+        runtime = _hook_terms(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement,
+                              {"allocated": w + g + o + a + c + r})
+        if len(runtime) > 1:
+            runtime.sort(key=_term_key)
         if runtime:
             terms = (*terms, *runtime)
             if selection.combine_peak:
@@ -701,13 +788,13 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     else:
         rule_notes = tuple(n for axis in _NOTE_ORDER for note_axis, axis_notes in notes
                            if note_axis == axis for n in axis_notes)
-
+    cp = plan.cp_size
     return TrainingMemoryResult(
         feasible=total_gb <= available_gb, total_memory=total, available_memory=capacity,
         memory_utilization=total_gb / available_gb, precision=plan.precision, optimizer=plan.optimizer,
         activation_checkpointing=ckpt,
-        parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size,
-                     **({"cp": plan.cp_size} if plan.cp_size != 1 else {})},
+        parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size, "cp": cp}
+        if cp != 1 else {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
         notes=rule_notes, profile=plan.profile, terms=terms, host_memory=host,
         model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
         layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,

@@ -221,3 +221,45 @@ def amp_weight_copies(*, style: str, hidden: int, heads: int, kv_heads: int, hea
         params = h * q + 2 * h * kv + q * h
         params += 3 * h * f if style == "llama" else h * experts
     return 2 * params
+
+
+def megatron_layer_bytes(*, style: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+                         attention: str, dropout: bool, tokens: int, seq_len: int, experts: int = 0,
+                         top_k: int = 0) -> LayerBytes:
+    """Bytes one decoder layer saves for backward under Megatron-Core mixed precision
+    (16-bit activations, 1-byte dropout masks): Korthikanti et al. 2022 §4.1, whose
+    34*s*b*h + 5*a*s^2*b per GPT layer this reproduces exactly, generalised to GQA (K and V
+    kv_heads wide), gated MLPs (fc1 output 2f wide + the activation's f-wide output) and
+    FlashAttention (the output and the fp32 log-sum-exp instead of the s x s scores).
+
+    Part names say which tensors tensor parallelism splits without sequence parallelism
+    (see ``parallel.TP_REPLICATED``): the norm inputs, the QKV and MLP inputs and the dropout
+    masks after the row-parallel linears are replicated; the rest lives inside the
+    column/row-parallel region."""
+    h, a, f = hidden, heads, ffn
+    q, kv = heads * head_dim, kv_heads * head_dim
+    parts: list[tuple[str, int]] = []
+
+    def add(name, per_token):
+        if per_token:
+            parts.append((name, per_token))
+
+    add("layernorm inputs", 2 * 2 * h)
+    add("qkv input", 2 * h)
+    add("q/k/v", 2 * (q + 2 * kv))
+    if attention == "eager":
+        add("attention scores", a * seq_len * (2 + (1 + 2 if dropout else 0)))   # softmax (+ mask, dropout out)
+    else:
+        add("attention logsumexp (fp32)", 4 * a)
+    add("out-proj input", 2 * q)
+    if dropout:
+        add("dropout masks (attention, mlp)", 2 * h)
+    add("mlp input", 2 * h)
+    if style == "mixtral":
+        add("router (probabilities, fp32)", 4 * experts)
+        add("experts (dispatched input, fc1 output, fc2 input)", top_k * (2 * h + 6 * f))
+    else:
+        add("mlp (fc1 output, fc2 input)", (6 if style == "llama" else 4) * f)
+    per_layer = tuple((name, n * tokens) for name, n in parts)
+    return LayerBytes(saved=sum(n for _, n in per_layer), output=2 * h * tokens, output_saved_by_next=False,
+                      parts=per_layer)

@@ -15,7 +15,7 @@ import attrs
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
 from ._cache import cached_terms
-from .layers import layer_forward_bytes
+from .layers import layer_forward_bytes, megatron_layer_bytes
 from .shapes import ModelShape
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
@@ -46,10 +46,21 @@ def context(plan, placement) -> Context:
 
 def layer_bytes(plan, ctx: Context):
     s = ctx.shape
+    if megatron(plan.regime):
+        return megatron_layer_bytes(
+            style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
+            attention=plan.attention, dropout=plan.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
+            experts=s.experts, top_k=s.top_k)
     return layer_forward_bytes(
         style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
         regime=_regime_kind(ctx.regime), attention=plan.attention, dropout=plan.dropout > 0,
         tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
+
+
+def megatron(regime) -> bool:
+    """Megatron/DeepSpeed mixed precision: the decoder layers are Megatron-Core's (16-bit
+    activations, the saved tensors Korthikanti et al. count), not Hugging Face's."""
+    return regime.name.startswith("mixed")
 
 
 def _regime_kind(regime) -> str:
@@ -199,20 +210,25 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     if selective:
         saved -= dict(lb.parts).get("attention scores", 0)
     out = lb.output if lb.output_saved_by_next else 0
+    per_layer, split, n = (saved + out) / k, (f" / {k} shards" if k > 1 else ""), 1
+    if plan.rank is not None:     # a parallel layout: what tp splits, and the micro-batches in flight
+        from .parallel import rank_layer_saved
+        per_layer, split, n = rank_layer_saved(plan, ctx, lb, selective)
+    flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
     terms = []
     if kept:
         parts = ", ".join(f"{name} {_n(b)}" for name, b in lb.parts) if lb.parts else ""
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * (saved + out) / k,
+            component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * per_layer * n,
             phases=SAVED, formula=f"{kept} layers x {_n(saved + out)} B ({parts}"
-                                  + (f"; output {_n(out)}" if out else "") + ")"
-                                  + (f" / {k} shards" if k > 1 else "")))
+                                  + (f"; output {_n(out)}" if out else "") + ")" + split + flying))
     checkpointed = L - kept
     if checkpointed:
-        inputs = regime.residual * ctx.tokens * ctx.shape.hidden
+        residual = 2 if megatron(regime) else regime.residual
+        inputs = residual * ctx.tokens * ctx.shape.hidden
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k,
-            phases=SAVED, formula=f"{checkpointed} layers x T x h x {regime.residual} B"))
+            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k * n,
+            phases=SAVED, formula=f"{checkpointed} layers x T x h x {residual} B" + flying))
         # The recomputed layer's saved tensors, its output, and the MLP backward's
         # activation gradients (two of the intermediate's size, per routed expert copy).
         s = ctx.shape

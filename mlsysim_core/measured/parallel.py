@@ -74,9 +74,382 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out.items(), key=lambda kv: OFFLOADABLE.index(kv[0])))
 
 
+# --- rank classes -------------------------------------------------------------------------
+
+@attrs.frozen
+class RankClass:
+    """One kind of rank of a parallel layout: a pipeline stage (or the stages that are
+    alike) with every tensor-, context-, expert- and data-parallel rank inside it.
+
+    ``in_flight`` is how many micro-batches of activations the stage holds at its peak
+    (1F1B: ``min(p - stage, m)``), in units of the stage's whole layer stack (interleaved
+    schedules hold fractions of it); ``first``/``last``: the stage has the embedding /
+    the final norm, LM head and loss.
+    """
+
+    name: str
+    stage: int
+    stages: tuple[int, ...]
+    layers: int
+    in_flight: float
+    first: bool
+    last: bool
+    ranks: int                     # devices in this class
+
+    def place(self, plan, placement):
+        """This rank's own placement: its parameters (by group) and its data-parallel shards."""
+        groups = rank_parameters(plan, self)
+        dense, experts = groups["dense"], groups["experts"]
+        total = dense + experts
+        edp = expert_data_parallel(plan)
+
+        def effective(factor):
+            if factor == 1 or not experts:
+                return factor
+            expert_factor = edp if factor == plan.dp_size * plan.cp_size else min(factor, edp)
+            return total / (dense / factor + experts / expert_factor)
+
+        return attrs.evolve(
+            placement, parameters_per_rank=total, trainable_parameters_per_rank=total * plan.trainable_fraction,
+            layers_per_stage=self.layers, weight_shards=effective(placement.weight_shards),
+            gradient_shards=effective(placement.gradient_shards),
+            optimizer_state_shards=effective(placement.optimizer_state_shards))
+
+
+def expert_data_parallel(plan) -> int:
+    """Ranks that hold the same experts: the tp x cp x dp devices of a stage over expert_tp x ep."""
+    return max(1, plan.tp_size * plan.cp_size * plan.dp_size // ((plan.expert_tp_size or plan.tp_size) * plan.ep_size))
+
+
+def stage_layer_counts(plan) -> tuple[int, ...]:
+    """Decoder layers per stage: ``stage_layers`` as given, else an even split whose
+    remainder goes to the middle stages (then the last): the first stage already holds
+    the embedding and the most micro-batches in flight."""
+    if plan.stage_layers is not None:
+        return plan.stage_layers
+    p, L = plan.pp_size, plan.model.layers
+    counts = [L // p] * p
+    order = list(range(1, p - 1)) + [p - 1, 0] if p > 2 else list(range(p - 1, -1, -1))
+    for i in order[:L % p]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def in_flight(schedule: str, p: int, stage: int, m: int, v: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``p`` holds at its peak,
+    with ``m`` micro-batches per iteration, in units of the stage's layer stack.
+
+    * GPipe: all m forwards run before the first backward;
+    * 1F1B (PipeDream-Flush, Megatron) and zero-bubble ZB-H1: min(p - stage, m);
+    * interleaved 1F1B with v chunks per rank (Megatron-Core's warm-up): the stage runs
+      2(p - stage - 1) + (v - 1)p + 1 chunk forwards before its first backward, each a
+      v-th of its layers: stage 0 holds p(1 + (p-1)/(pv)) micro-batches' worth
+      (Korthikanti et al. 2022, §4.2.3);
+    * ZB-H2 (Qi et al. 2023): 2(p - stage) - 1, twice 1F1B's peak for the bubble it removes.
+    """
+    if p == 1:
+        return 1
+    if schedule == "gpipe":
+        return m
+    if schedule in ("1f1b", "zb-h1"):
+        return min(p - stage, m)
+    if schedule == "zb-h2":
+        return min(2 * (p - stage) - 1, m)
+    chunks = 2 * (p - stage - 1) + (v - 1) * p + 1
+    return min(chunks, m * v) / v
+
+
+def rank_classes(plan) -> tuple[RankClass, ...]:
+    """The distinct ranks of the layout: the first stage, the heaviest middle stages (those
+    no other middle stage dominates in both layers and micro-batches in flight) and the last
+    stage. Every tp x cp x dp rank inside a stage is alike (experts split evenly)."""
+    p, m, v = plan.pp_size, plan.gradient_accumulation_steps, plan.virtual_stages
+    counts = stage_layer_counts(plan)
+    width = plan.tp_size * plan.cp_size * plan.dp_size
+    flight = [in_flight(plan.pipeline_schedule, p, i, m, v) for i in range(p)]
+    if p == 1:
+        return (RankClass(name="every rank", stage=0, stages=(0,), layers=counts[0], in_flight=1, first=True,
+                          last=True, ranks=width),)
+    classes = [RankClass(name="first stage", stage=0, stages=(0,), layers=counts[0], in_flight=flight[0],
+                         first=True, last=False, ranks=width)]
+    middle = list(range(1, p - 1))
+    if middle:
+        keep = [i for i in middle if not any((counts[j], flight[j]) != (counts[i], flight[i]) and counts[j] >= counts[i]
+                                             and flight[j] >= flight[i] for j in middle)]
+        # Middle stages alike in (layers, in flight) are one class; report the first of each.
+        seen = {}
+        for i in keep:
+            seen.setdefault((counts[i], flight[i]), i)
+        for (layers, flying), i in sorted(seen.items(), key=lambda kv: kv[1]):
+            alike = tuple(j for j in middle if (counts[j], flight[j]) == (layers, flying))
+            dominated = tuple(j for j in middle if j not in keep)
+            stages = alike + (dominated if i == keep[0] else ())
+            label = f"middle stage {i}" if len(stages) == 1 else f"middle stages (heaviest: stage {i})"
+            classes.append(RankClass(name=label, stage=i, stages=tuple(sorted(stages)), layers=layers,
+                                     in_flight=flying, first=False, last=False, ranks=width * len(stages)))
+    classes.append(RankClass(name="last stage", stage=p - 1, stages=(p - 1,), layers=counts[-1],
+                             in_flight=flight[-1], first=False, last=True, ranks=width))
+    return tuple(classes)
+
+
+# --- parameters of one rank --------------------------------------------------------------
+
+def rank_parameters(plan, rank: RankClass) -> dict:
+    """Parameters one rank holds before data-parallel sharding, by group: ``dense``
+    (attention / tp, dense MLP / tp, norms and router replicated, the vocabulary-parallel
+    embedding and LM head / tp on the first and last stage) and ``experts`` (the routed
+    experts of the stage / (ep x expert_tp))."""
+    from .shapes import ModelShape
+    shape = ModelShape.of(plan.model)
+    t, e = plan.tp_size, plan.ep_size
+    etp = plan.expert_tp_size or t
+    h = shape.hidden
+    per_layer_dense = per_layer_experts = 0
+    for name, n in shape.layer_matrices():
+        if name.startswith("experts."):
+            per_layer_experts += n / (e * etp)
+        elif name == "router":
+            per_layer_dense += n
+        else:
+            per_layer_dense += n / t
+    norms = 4 * h if shape.style == "gpt2" else 2 * h      # GPT-2's LayerNorms have biases
+    if shape.style == "gpt2":
+        per_layer_dense += (5 * h + shape.ffn) / t + 2 * h   # Conv1D biases (colwise split; out biases replicated)
+        per_layer_dense -= 2 * h / t
+    per_layer_dense += norms
+    # What the shapes do not name (e.g. shared experts, extra biases): spread like the layers.
+    named = shape.embedding_parameters * (1 if shape.tied else 2) + shape.layers * (
+        sum(n for _, n in shape.layer_matrices()) + norms) + h + shape.learned_positions * h
+    other = max(0, shape.parameters - named) / shape.layers / t
+    dense = rank.layers * (per_layer_dense + other)
+    experts = rank.layers * per_layer_experts
+    if rank.first:
+        dense += shape.embedding_parameters / t + shape.learned_positions * h
+    if rank.last:
+        dense += h * (2 if shape.style == "gpt2" else 1)        # final norm
+        if not shape.tied or not rank.first:                    # untied head, or a tied copy on the last stage
+            dense += shape.embedding_parameters / t
+    return {"dense": dense, "experts": experts}
+
+
+# --- solving every rank class --------------------------------------------------------------
+
 def is_parallel(plan) -> bool:
-    return False
+    """Does this measured-grade solve describe a parallel layout (rank classes)?"""
+    return plan.tp_size * plan.cp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
 
 
 def solve_ranks(plan, run):
-    raise NotImplementedError
+    """Solve each rank class with ``run(plan)`` (the solver's pipeline); the result is the
+    heaviest rank's, with every class in ``ranks`` and ``feasible`` only if all fit."""
+    from ..result import RankReport
+    results = [(rank, run(attrs.evolve(plan, rank=rank))) for rank in rank_classes(plan)]
+    reports = tuple(RankReport(
+        name=rank.name, stages=rank.stages, ranks=rank.ranks, layers=rank.layers, in_flight=rank.in_flight,
+        total_memory=r.total_memory, weights=r.weights, gradients=r.gradients, optimizer_state=r.optimizer_state,
+        activations=r.activations, communication_buffers=r.communication_buffers,
+        runtime_overheads=r.runtime_overheads, host_memory=r.host_memory, peak_phase=r.peak_phase,
+        feasible=r.feasible) for rank, r in results)
+    heaviest_index = max(range(len(results)), key=lambda i: (results[i][1].total_memory, -i))
+    heaviest = results[heaviest_index][1]
+    feasible = all(r.feasible for r in reports)
+    return attrs.evolve(heaviest, ranks=reports, heaviest_rank=reports[heaviest_index].name, feasible=feasible)
+
+
+# --- activations and gradients of one rank ------------------------------------------------
+
+# Parts of a decoder layer's saved tensors that tensor parallelism does NOT split without
+# sequence parallelism (Korthikanti et al. 2022, Table 2: the norms, the inputs of the
+# column-parallel linears and what follows the row-parallel ones are replicated).
+TP_REPLICATED = ("input norm", "post-attention norm", "mid residual", "ln_1", "ln_2", "c_attn input", "c_fc input",
+                 "q/k/v input casts", "gate/up input casts", "router", "expert indices", "routing weights",
+                 "resid dropout noise", "expert offsets", "layernorm inputs", "qkv input", "dropout masks",
+                 "mlp input")
+
+
+def rank_layer_saved(plan, ctx, lb, selective: bool):
+    """One layer's saved bytes on one rank, and the micro-batches in flight: the parts inside
+    the tensor-parallel region / tp, the replicated parts / tp only with sequence
+    parallelism, expert activations / expert_tp, everything / cp (the sequence split)."""
+    t, c = plan.tp_size, plan.cp_size
+    etp = plan.expert_tp_size or t
+    sp = plan.sequence_parallel and t > 1
+    total = 0.0
+    for name, b in lb.parts:
+        if selective and name == "attention scores":
+            continue
+        if name.startswith("experts"):
+            total += b / etp
+        elif name.startswith(TP_REPLICATED):
+            total += b / (t if sp else 1)
+        else:
+            total += b / t
+    if lb.output_saved_by_next:
+        total += lb.output / (t if sp else 1)
+    total /= c
+    how = []
+    if t > 1:
+        how.append(f"tp={t} splits " + ("everything (sequence parallel)" if sp else
+                                        "the parallel region; norms and residual stream replicated"))
+    if c > 1:
+        how.append(f"/ cp={c}")
+    return total, (" [" + "; ".join(how) + "]" if how else ""), plan.rank.in_flight
+
+
+def rank_model_activation_terms(plan, placement, *, recompute: bool):
+    """Outside the decoder layers, for one rank: every stage keeps its input (the embedding
+    output on the first stage, the activation received from the previous stage otherwise)
+    for each micro-batch in flight; the last stage the final norm, logits and loss
+    (vocabulary-parallel: / tp); the first stage the embedding's gradient at the end."""
+    from ..terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, MemoryTerm
+    from .model import ALL, SAVED, _regime_kind, context, megatron
+    rank = plan.rank
+    ctx = context(plan, placement)
+    shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    h, V = shape.hidden, shape.vocab
+    t, cp = plan.tp_size, plan.cp_size
+    sp = plan.sequence_parallel and t > 1
+    seq = cp * (t if sp else 1)      # how the residual stream is split
+    vocab = t * cp                   # logits: vocabulary over tp, tokens over cp
+    n = rank.in_flight
+    c = regime.compute
+    kind = _regime_kind(regime)
+    terms = []
+    add = terms.append
+    fmt = "{:,.0f}".format
+    if rank.first or rank.last:
+        add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
+                       formula=f"T={fmt(T)} / cp={cp} x 8 B"))
+    keeps_input = not megatron(regime) and (shape.style == "gpt2" or not regime.pure_16bit)
+    if keeps_input:
+        what = "embedding output" if rank.first else "stage input (received from the previous stage)"
+        add(MemoryTerm(component=ACTIVATIONS, label=f"{what}, saved by the first norm", phases=SAVED,
+                       nbytes=regime.residual * T * h / seq * n,
+                       formula=f"T x h x {regime.residual} B / {seq} x {n:g} micro-batches in flight"))
+    if shape.style != "gpt2":
+        b = 4 if regime.residual == 4 else 2
+        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
+                       nbytes=2 * ctx.seq_len * shape.head_dim * b / cp, formula=f"2 x s/cp x head_dim x {b} B"))
+    if rank.last:
+        if shape.style != "gpt2":
+            final = (8 if kind != "amp-bf16" else 6) * T * h + 4 * T
+        else:
+            final = c * T * h + 8 * T
+        add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
+                       formula=f"{fmt(final)} B / {seq}"))
+        add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
+                       phases=SAVED, formula=f"4 x T x V / (tp x cp = {vocab}) (vocabulary-parallel cross-entropy)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
+                       formula="T / cp x 8 B"))
+        logits = c * T * V + (4 * T * V if c != 4 else 0)
+        add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+                       nbytes=logits / vocab, phases=(FORWARD,), formula=f"{fmt(logits)} B / {vocab}"))
+        add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
+                       nbytes=8 * T * V / vocab, phases=(BACKWARD,), formula=f"2 x 4 x T x V / {vocab}"))
+    if regime.autocast:
+        matmuls = sum(nb / t for name, nb in shape.layer_matrices() if not name.startswith("experts."))
+        copies = 2 * matmuls * rank.layers / placement.weight_shards
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights", nbytes=copies,
+                       phases=(FORWARD,) if recompute else SAVED,
+                       formula=f"{rank.layers} layers x {fmt(matmuls)} matmul params/rank x 2 B"))
+        if rank.last:
+            add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
+                           nbytes=2 * shape.embedding_parameters / t, phases=SAVED, formula="V x h / tp x 2 B"))
+    if rank.first:
+        grad_b = regime.gradient or 4
+        partials = 3 if shape.tied and rank.last else 1
+        add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)", phases=(BACKWARD_END,),
+                       nbytes=partials * shape.embedding_parameters / t * grad_b,
+                       formula=f"{partials} x V x h / tp x {grad_b} B"))
+        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output", phases=(BACKWARD_END,),
+                       nbytes=regime.residual * T * h / seq, formula=f"T x h x {regime.residual} B / {seq}"))
+    return terms
+
+
+def rank_gradient_terms(plan, placement):
+    """Gradients of one rank's trainable parameters. With more than one micro-batch per
+    iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
+    they are alive in every phase; with one, they are born in the backward."""
+    from ..terms import GRADIENTS, MemoryTerm
+    from .model import ALL
+    from ..terms import BACKWARD_END, OPTIMIZER_STEP
+    regime = plan.regime
+    b = regime.gradient
+    if not b:
+        return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
+    params = placement.trainable_parameters_per_rank / placement.gradient_shards
+    accumulating = plan.gradient_accumulation_steps > 1
+    return [MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)", nbytes=params * b,
+                       phases=ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP),
+                       formula=f"{params:,.0f} trainable params/rank x {b} B"
+                               + (" (accumulated over micro-batches: alive throughout)" if accumulating else ""))]
+
+
+# --- buffers of the data-parallel, expert-parallel and offload machinery -----------------
+
+def layer_parameters_on_rank(plan) -> float:
+    """One decoder layer's parameters on a rank (tp- and ep-split, before data-parallel sharding)."""
+    from .shapes import ModelShape
+    shape = ModelShape.of(plan.model)
+    t = plan.tp_size
+    etp = plan.expert_tp_size or t
+    total = 0.0
+    for name, n in shape.layer_matrices():
+        total += n / (plan.ep_size * etp) if name.startswith("experts.") else (n if name == "router" else n / t)
+    return total
+
+
+def buffer_terms(plan, placement):
+    """Communication buffers of one rank under the measured profile."""
+    from ..terms import PHASES as ALL_PHASES, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm
+    regime = plan.regime
+    terms = []
+    fmt = "{:,.0f}".format
+    dp_rule = plan.rules["dp"]
+    data_parallel = plan.dp_size * plan.cp_size
+    layer = layer_parameters_on_rank(plan)
+    offloaded = dict(plan.offload)
+    if dp_rule == "zero0" and data_parallel > 1 and regime.gradient:
+        params = placement.trainable_parameters_per_rank
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="DDP gradient buckets", nbytes=params * regime.gradient,
+            phases=ALL_PHASES, formula=f"{fmt(params)} params x {regime.gradient} B: PyTorch DDP copies every "
+                                       "gradient into its flat buckets (gradient_as_bucket_view=False)"))
+    if (dp_rule == "zero3" and data_parallel > 1) or "parameters" in offloaded:
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="all-gathered layer parameters (current + prefetched next)",
+            nbytes=2 * layer * regime.weight, phases=(FORWARD, BACKWARD),
+            formula=f"2 x {fmt(layer)} params of one layer x {regime.weight} B"))
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="reduce-scatter input: one layer's unsharded gradients",
+            nbytes=layer * (regime.gradient or 4), phases=(BACKWARD,),
+            formula=f"{fmt(layer)} params x {regime.gradient or 4} B"))
+    if "gradients" in offloaded:
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="gradient offload staging (one layer)",
+            nbytes=layer * (regime.gradient or 4), phases=(BACKWARD, BACKWARD_END),
+            formula=f"{fmt(layer)} params x {regime.gradient or 4} B copied to the host as they are produced"))
+    if plan.ep_size > 1:
+        from .shapes import ModelShape
+        shape = ModelShape.of(plan.model)
+        t = plan.tp_size
+        tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
+        nbytes = 2 * tokens * shape.top_k * shape.hidden * regime.compute
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
+            phases=(FORWARD, BACKWARD),
+            formula=f"2 x {fmt(tokens)} tokens x top-k {shape.top_k} x h {shape.hidden} x {regime.compute} B"))
+    return terms
+
+
+def offload_terms(plan, weights, gradients, optimizer_state):
+    """Move the offloaded components' terms to host memory (``cpu``) or NVMe."""
+    if not plan.offload:
+        return weights, gradients, optimizer_state
+    from ..terms import HOST, NVME
+    tiers = {"cpu": HOST, "nvme": NVME}
+    moved = {"parameters": weights, "gradients": gradients, "optimizer": optimizer_state}
+    for what, target in plan.offload:
+        moved[what] = [attrs.evolve(term, tier=tiers[target], label=f"{term.label} (offloaded to {target})")
+                       for term in moved[what]]
+    return moved["parameters"], moved["gradients"], moved["optimizer"]

@@ -9,7 +9,7 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 """
 
 from mlsysim_core import ProfileSpec, hookimpl
-from mlsysim_core.measured import model
+from mlsysim_core.measured import model, parallel
 
 
 def _recomputes(plan) -> bool:
@@ -31,12 +31,21 @@ def mlsysim_weight_terms(plan, placement):
 
 @hookimpl
 def mlsysim_gradient_terms(plan, placement):
+    if plan.rank is not None:     # a parallel layout: this rank's own stage
+        return parallel.rank_gradient_terms(plan, placement)
     return model.gradient_terms(plan, placement, first_layer_late=_recomputes(plan))
 
 
 @hookimpl
 def mlsysim_activation_terms(plan, placement):
+    if plan.rank is not None:
+        return parallel.rank_model_activation_terms(plan, placement, recompute=_recomputes(plan))
     return model.model_activation_terms(plan, placement, recompute=_recomputes(plan))
+
+
+@hookimpl
+def mlsysim_communication_buffer_terms(plan, placement, model_states):
+    return parallel.buffer_terms(plan, placement)
 
 
 @hookimpl
