@@ -61,6 +61,12 @@ class RankReport:
     host_memory: int | float
     peak_phase: str | None
     feasible: bool
+    terms: tuple[MemoryTerm, ...] = ()   # every term of this rank: where each byte comes from
+
+    @property
+    def phase_totals(self) -> dict[str, int | float]:
+        """Accelerator bytes alive in each phase of an iteration on this rank."""
+        return _phase_totals(self.terms)
 
 
 @attrs.frozen(kw_only=True)
@@ -129,13 +135,7 @@ class TrainingMemoryResult:
     def phase_totals(self) -> dict[str, int | float]:
         """Accelerator bytes alive in each phase of an iteration, from the terms' liveness
         (whatever the profile's combine rule)."""
-        from .terms import PHASES
-        totals = dict.fromkeys(PHASES, 0)
-        for term in self.terms:
-            if term.tier == ACCELERATOR_TIER:
-                for phase in term.phases:
-                    totals[phase] += term.nbytes
-        return totals
+        return _phase_totals(self.terms)
 
     @property
     def constraint_trace(self) -> tuple[str, ...]:
@@ -180,6 +180,16 @@ class TrainingMemoryResult:
 
     def _repr_html_(self) -> str:   # Jupyter shows results as this table
         return self.to_html()
+
+
+def _phase_totals(terms, component: str | None = None) -> dict:
+    from .terms import PHASES
+    totals = dict.fromkeys(PHASES, 0)
+    for term in terms:
+        if term.tier == ACCELERATOR_TIER and (component is None or term.component == component):
+            for phase in term.phases:
+                totals[phase] += term.nbytes
+    return totals
 
 
 def format_gb(nbytes) -> str:

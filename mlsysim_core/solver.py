@@ -14,6 +14,7 @@ they are added, so pluggy's registration order never decides a number.
 
 from __future__ import annotations
 
+import operator
 import types
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -21,12 +22,11 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
-from .hookspecs import COMPONENT_HOOKS as _HOOK_NAMES
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult
-from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
+from .specs import AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, HOST, RUNTIME_OVERHEADS,
                     OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _current_source)
 from .types import HardwareNode, TransformerWorkload
@@ -678,8 +678,7 @@ def _ordered(terms: list[MemoryTerm]) -> list[MemoryTerm]:
     return terms
 
 
-def _term_key(term: MemoryTerm):
-    return (term.source, term.label)
+_term_key = operator.attrgetter("source", "label")     # (source, label), in C
 
 
 _NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
@@ -687,10 +686,12 @@ _PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
 _COMPONENT_INDEX = {component: i for i, component in enumerate(COMPONENTS)}
 
 
-def _peak(terms) -> tuple[str, tuple]:
-    """The phase with the most accelerator bytes alive (the earliest on a tie) and, for it,
-    the bytes alive per component, in COMPONENTS order."""
-    alive = [[0] * len(COMPONENTS) for _ in PHASES]     # phase -> component -> bytes, added in term order
+def _alive(terms, alive=None) -> list[list]:
+    """Accelerator bytes alive per phase and component (``[phase][component]``), added in
+    term order; ``alive`` continues an earlier table (adding terms at the end of the list
+    gives the same sums, bit for bit, as recounting them all)."""
+    if alive is None:
+        alive = [[0] * len(COMPONENTS) for _ in PHASES]
     phase_index, component_index = _PHASE_INDEX, _COMPONENT_INDEX
     for term in terms:
         if term.tier != ACCELERATOR:
@@ -698,12 +699,22 @@ def _peak(terms) -> tuple[str, tuple]:
         i, nbytes = component_index[term.component], term.nbytes
         for phase in term.phases:
             alive[phase_index[phase]][i] += nbytes
+    return alive
+
+
+def _peak_of(alive) -> tuple[str, tuple]:
     best, most = 0, sum(alive[0])
     for p in range(1, len(PHASES)):
         total = sum(alive[p])
-        if total > most:
+        if total > most:      # the earliest phase on a tie
             best, most = p, total
     return PHASES[best], tuple(alive[best])
+
+
+def _peak(terms) -> tuple[str, tuple]:
+    """The phase with the most accelerator bytes alive (the earliest on a tie) and, for it,
+    the bytes alive per component, in COMPONENTS order."""
+    return _peak_of(_alive(terms))
 
 
 def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
@@ -745,6 +756,9 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
         activations = activations + _hook_terms(calls[ACTIVATIONS], ACTIVATIONS, plan, placement)
     if len(activations) > 1:
         activations.sort(key=_term_key)
+    if plan.offload:    # measured grade: what lives in host memory or on NVMe instead
+        from .measured.parallel import offload_terms
+        weights, gradients, optimizer_state = offload_terms(plan, weights, gradients, optimizer_state)
 
     w, g, o = _accelerator_sum(weights), _accelerator_sum(gradients), _accelerator_sum(optimizer_state)
     if calls[COMMUNICATION_BUFFERS]:
@@ -755,10 +769,11 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
     a, c = _accelerator_sum(activations), _accelerator_sum(comm)
 
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
-    peak_phase = None
+    peak_phase = alive = None
     r = 0
     if selection.combine_peak:   # the largest phase, and what is alive in it
-        peak_phase, (w, g, o, a, c, r) = _peak(terms)
+        alive = _alive(terms)
+        peak_phase, (w, g, o, a, c, r) = _peak_of(alive)
     if calls[RUNTIME_OVERHEADS]:
         runtime = _hook_terms(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement,
                               {"allocated": w + g + o + a + c + r})
@@ -767,7 +782,7 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
         if runtime:
             terms = (*terms, *runtime)
             if selection.combine_peak:
-                peak_phase, (w, g, o, a, c, r) = _peak(terms)
+                peak_phase, (w, g, o, a, c, r) = _peak_of(_alive(runtime, alive))
             else:
                 r = _accelerator_sum(runtime)
     # 5. combine: the reference adds the five components left to right, in float64.
@@ -776,7 +791,7 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
         total += r
     host = 0
     for term in terms:
-        if term.tier != ACCELERATOR:
+        if term.tier == HOST:     # (NVMe-tier terms are neither accelerator nor host memory)
             host += term.nbytes
     capacity = plan.hardware.memory_capacity
     # Feasibility and utilisation are computed in GB, exactly as the reference does.

@@ -249,7 +249,7 @@ def solve_ranks(plan, run):
         total_memory=r.total_memory, weights=r.weights, gradients=r.gradients, optimizer_state=r.optimizer_state,
         activations=r.activations, communication_buffers=r.communication_buffers,
         runtime_overheads=r.runtime_overheads, host_memory=r.host_memory, peak_phase=r.peak_phase,
-        feasible=r.feasible) for rank, r in results)
+        feasible=r.feasible, terms=r.terms) for rank, r in results)
     heaviest_index = max(range(len(results)), key=lambda i: (results[i][1].total_memory, -i))
     heaviest = results[heaviest_index][1]
     feasible = all(r.feasible for r in reports)
