@@ -40,6 +40,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp-size", "--pp", dest="pp_size", type=int)
     parser.add_argument("--dp-size", "--dp", dest="dp_size", type=int)
     parser.add_argument("--ep-size", "--ep", dest="ep_size", type=int)
+    parser.add_argument("--cp-size", "--cp", dest="cp_size", type=int,
+                        help="context parallelism: the sequence split over cp ranks (default 1)")
     parser.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int)
     parser.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="gradient_accumulation_steps",
                         type=int)
@@ -68,6 +70,33 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="measured profile, with --checkpointing full: recompute only this many layers")
     parser.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
                         help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
+    parser.add_argument("--pipeline-schedule", dest="pipeline_schedule",
+                        help="measured profile: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2")
+    parser.add_argument("--virtual-stages", dest="virtual_stages", type=int,
+                        help="measured profile, with interleaved-1f1b: model chunks per pipeline rank (default 2)")
+    parser.add_argument("--expert-tp-size", "--etp", dest="expert_tp_size", type=int,
+                        help="measured profile: tensor parallelism inside the experts (default --tp)")
+    parser.add_argument("--stage-layers", dest="stage_layers", type=_int_list, metavar="N,N,...",
+                        help="measured profile: decoder layers on each pipeline stage (default: an even split)")
+    parser.add_argument("--offload", help="measured profile: optimizer, optimizer+gradients or "
+                                          "optimizer+gradients+parameters, to host memory (name=nvme for NVMe, "
+                                          "e.g. optimizer=nvme)")
+    parser.add_argument("--lora-rank", dest="lora_rank", type=int,
+                        help="measured profile: LoRA fine-tuning with adapters of this rank (base frozen)")
+    parser.add_argument("--lora-targets", dest="lora_targets", metavar="NAME,NAME,...",
+                        help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default q,k,v,o_proj) "
+                             "or all-linear")
+    parser.add_argument("--quantization", choices=("nf4", "fp4", "int8"),
+                        help="QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)")
+    parser.add_argument("--double-quant", dest="double_quant", action="store_const", const=True,
+                        help="QLoRA, with nf4 or fp4: quantize the quantization constants too")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -239,9 +268,19 @@ def scenario_from_args(args):
     for name in ("model", "hardware"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
-    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile", *MEASURED_FIELDS):
+    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile", "cp_size", *MEASURED_FIELDS):
         if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
+    if isinstance(data.get("offload"), str) and "=" in data["offload"]:   # optimizer=nvme+gradients
+        data["offload"] = dict((part.split("=", 1) + ["cpu"])[:2] for part in data["offload"].split("+"))
+    lora = {name: value for name, value in (
+        ("rank", getattr(args, "lora_rank", None)), ("quantization", getattr(args, "quantization", None)),
+        ("double_quant", getattr(args, "double_quant", None)),
+        ("target_modules", getattr(args, "lora_targets", None))) if value is not None}
+    if lora:     # flags override the scenario's lora fields
+        if "target_modules" in lora:
+            lora["target_modules"] = [t.strip() for t in lora["target_modules"].split(",") if t.strip()]
+        data["lora"] = {**(data.get("lora") or {}), **lora}
     if args.rule:
         data["sharding_rules"] = {**data.get("sharding_rules", {}), **_parse_rules(args.rule)}
     for spec, fields in _parse_options(args.option).items():

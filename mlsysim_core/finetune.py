@@ -382,8 +382,42 @@ def lora_option(plan, value):
         config = value
     elif isinstance(value, dict):
         from .serialization import structure_options
-        config = structure_options("lora", "lora", LoRAConfig, dict(value))
+        value = dict(value)
+        if isinstance(value.get("target_modules"), str):     # "all-linear" or one name
+            value["target_modules"] = [value["target_modules"]]
+        config = structure_options("lora", "lora", LoRAConfig, value)
     else:
         raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
-    lora_counts(plan.model, config)     # a clear error now if the model cannot be adapted
-    return attrs.evolve(plan, lora=config)
+    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
+             "ep_size": plan.ep_size, "cp_size": plan.cp_size}
+    parallel = {k: v for k, v in sizes.items() if v != 1}
+    if parallel:
+        raise InvalidInputError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
+                                "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
+                                + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    if plan.model.is_sparse:
+        raise InvalidInputError("lora", config, "a dense model",
+                                f"{plan.model.name!r} is a mixture of experts: transformers 5 fuses the experts "
+                                "into 3-D parameters, whose LoRA/QLoRA activations are not modelled")
+    if plan.trainable_fraction != 1.0:
+        raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
+                                "the adapters are what trains; lora= sets the trainable count")
+    try:
+        counts = lora_counts(plan.model, config)   # a clear error now if the model cannot be adapted
+    except InvalidInputError as e:
+        raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
+    from .measured.lora import lora_regime
+    return attrs.evolve(plan, lora=config, regime=lora_regime(plan.regime),
+                        trainable_fraction=_exact_fraction(counts.trainable_parameters, plan.model.parameters))
+
+
+def _exact_fraction(part: int, whole: int) -> float:
+    """A float f with ``whole * f == part`` exactly where one exists near ``part / whole``,
+    so that ``placement.trainable_parameters_per_rank`` is the adapter count to the unit."""
+    f = part / whole
+    for _ in range(8):
+        product = whole * f
+        if product == part:
+            break
+        f = math.nextafter(f, math.inf if product < part else -math.inf)
+    return f if whole * f == part else part / whole

@@ -43,11 +43,35 @@ def describe_setup(result, plan_line: str = "") -> str:
     regime = f"regime {result.regime}" if result.regime else result.precision
     peak = f"; total = the {result.peak_phase.replace('_', ' ')} phase, the iteration's peak" \
         if result.peak_phase else ""
-    return (f"{result.model} on {result.hardware}  (profile: {result.profile}{peak})\n"
+    rank = f"; the heaviest rank: {result.heaviest_rank}" if result.heaviest_rank else ""
+    cp = f" cp={p['cp']}" if p.get("cp", 1) != 1 else ""
+    return (f"{result.model} on {result.hardware}  (profile: {result.profile}{peak}{rank})\n"
             f"micro-batch {result.microbatch}, {regime}, optimizer {result.optimizer}, "
             f"checkpointing {result.activation_checkpointing}, "
-            f"tp={p['tp']} pp={p['pp']} dp={p['dp']} ep={p['ep']}, dp rule {result.selected.get('dp_rule', '?')}"
+            f"tp={p['tp']}{cp} pp={p['pp']} dp={p['dp']} ep={p['ep']}, dp rule {result.selected.get('dp_rule', '?')}"
             + (f", {plan_line}" if plan_line else ""))
+
+
+def rank_table(result) -> str:
+    """One row per rank class of a parallel layout (measured-grade profiles): the stages it
+    covers, its devices, layers and micro-batches in flight, its total and verdict."""
+    if not result.ranks:
+        return ""
+    rows = [("rank class", "stages", "devices", "layers", "in flight", "GB (1e9 B)", "GiB (2^30 B)", "peak phase",
+             "fits")]
+    for r in result.ranks:
+        stages = f"{r.stages[0]}" if len(r.stages) == 1 else f"{r.stages[0]}-{r.stages[-1]}"
+        rows.append((r.name + (" *" if r.name == result.heaviest_rank else ""), stages, str(r.ranks), str(r.layers),
+                     f"{r.in_flight:g}", _gb(r.total_memory), _gib(r.total_memory),
+                     (r.peak_phase or "-").replace("_", " "), "yes" if r.feasible else "NO"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip())
+        if i == 0:
+            lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    lines.append("* the heaviest rank: the components above are its own; the layout fits only if every rank fits")
+    return "\n".join(lines)
 
 
 def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool = True) -> str:
@@ -68,9 +92,12 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
     rows.append(("total", _gb(result.total_memory), _gib(result.total_memory), "100.0 %", ""))
     rows.append(("available", _gb(result.available_memory), _gib(result.available_memory), "", result.hardware))
     if result.host_memory:   # offloaded bytes: needed on the host, not on the accelerator
-        host_sources = sorted({t.source for t in result.terms if t.tier != ACCELERATOR})
+        host_sources = sorted({t.source for t in result.terms if t.tier == "host"})
         rows.append(("host memory", _gb(result.host_memory), _gib(result.host_memory), "",
                      "not in the total; from " + ", ".join(host_sources)))
+    nvme = sum(t.nbytes for t in result.terms if t.tier == "nvme")
+    if nvme:
+        rows.append(("NVMe", _gb(nvme), _gib(nvme), "", "not in the total; offloaded to NVMe"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [describe_setup(result, plan_line), ""]
     for i, row in enumerate(rows):
@@ -79,6 +106,9 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
         lines.append(line.rstrip())
         if i == 0 or (i + 1 < len(rows) and rows[i + 1][0] == "total"):
             lines.append("-" * (sum(widths) + 8))
+    if result.ranks:
+        lines.append("")
+        lines.extend(rank_table(result).splitlines())
     if chart:
         lines.append("")
         lines.extend(bar_chart(result).splitlines())
@@ -271,8 +301,12 @@ def explain(result, *, width: int = 100) -> str:
     """
     total = result.total_memory
     lines = [f"{_gb(total)} GB ({_gib(total)} GiB) per accelerator: "
-             f"{result.model} on {result.hardware}, profile {result.profile}",
+             f"{result.model} on {result.hardware}, profile {result.profile}"
+             + (f", the heaviest rank ({result.heaviest_rank})" if result.heaviest_rank else ""),
              "(GB = 1e9 bytes, GiB = 2^30 bytes; % = share of this accelerator's total)"]
+    if result.ranks:
+        lines.extend(rank_table(result).splitlines())
+        lines.append("The tree below is the heaviest rank's.")
     for ci, component in enumerate(COMPONENTS):
         last_c = ci == len(COMPONENTS) - 1
         terms = result.terms_of(component)

@@ -28,10 +28,11 @@ SOLVE_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "activation_c
                 "tp_size", "pp_size", "dp_size", "ep_size", "zero_stage",
                 "gradient_accumulation_steps", "trainable_fraction", "communication_buffer_fraction")
 KEYWORD_FIELDS = ("sequence_parallel", "data_parallel", "sharding_rules", "plugin_options",
-                  "include_plugins", "profile")
+                  "include_plugins", "profile", "cp_size")
 # Measured-grade profiles only; passed to solve only when set.
 MEASURED_FIELDS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
-                   "runtime_overheads")
+                   "runtime_overheads", "pipeline_schedule", "virtual_stages", "expert_tp_size", "stage_layers",
+                   "offload", "lora")
 
 
 @attrs.frozen(kw_only=True)
@@ -59,6 +60,7 @@ class Scenario:
     plugin_options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     include_plugins: list[str] = attrs.field(factory=list)
     profile: str | None = None          # None: the TrainingMemoryModel's own profile
+    cp_size: int = 1
     # Measured-grade profiles (see TrainingMemoryModel.solve): None means the default.
     regime: str | None = None
     optimizer_impl: str | None = None
@@ -66,6 +68,12 @@ class Scenario:
     dropout: float | None = None
     checkpointed_layers: int | None = None
     runtime_overheads: bool | dict[str, Any] | None = None
+    pipeline_schedule: str | None = None
+    virtual_stages: int | None = None
+    expert_tp_size: int | None = None
+    stage_layers: list[int] | None = None
+    offload: str | list[str] | dict[str, str] | None = None
+    lora: dict[str, Any] | None = None  # mlsysim_core.finetune.LoRAConfig fields (LoRA / QLoRA)
     description: str = ""
 
     # --- reading and writing ------------------------------------------------------------

@@ -95,6 +95,12 @@ CONFIGS = [
     _cfg("lora-gpt2-tiny-amp-r16-all-b4-s256", "gpt2-tiny", 4, 256, rank=16, targets=ALL, regime="amp-bf16"),
     _cfg("lora-gpt2-tiny-bf16-r8-cattn-cproj-b4-s256", "gpt2-tiny", 4, 256, rank=8, targets=["c_attn", "c_proj"],
          regime="bf16"),
+    _cfg("lora-llama-tiny-fp32-r16-all-ckpt-b4-s256", "llama-tiny", 4, 256, rank=16, targets=ALL,
+         checkpointing="full"),
+    _cfg("lora-gqa-tiny-bf16-r8-qv-adafactor-loop-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="bf16",
+         optimizer="adafactor", optimizer_impl="for-loop"),
+    _cfg("lora-gpt2-tiny-amp-r8-cattn-sgdm-eager-b2-s256", "gpt2-tiny", 2, 256, rank=8, targets=["c_attn"],
+         regime="amp-bf16", optimizer="sgd-momentum", attention="eager"),
     _cfg("qlora-llama-tiny-bf16-nf4-dq-r16-all-b4-s256", "llama-tiny", 4, 256, rank=16, targets=ALL, regime="bf16",
          quantization="nf4", double_quant=True),
     _cfg("qlora-gqa-tiny-fp32-fp4-r8-qv-b4-s256", "gqa-tiny", 4, 256, rank=8, targets=QV, regime="fp32",
@@ -192,7 +198,21 @@ def measure(cfg: dict) -> dict:
         for b in model.buffers():
             s = b.untyped_storage()
             storage[s.data_ptr()] = s.nbytes()
+        # bitsandbytes' QuantState tensors (absmax, code tables, nested statistics) are attributes of the
+        # packed weights, neither parameters nor buffers: the tracker never sees them. Recorded here.
+        quant = {}
+        for mod in model.modules():
+            qs = getattr(getattr(mod, "weight", None), "quant_state", None)
+            if qs is None:
+                continue
+            for t in (qs.absmax, qs.code, getattr(qs, "offset", None),
+                      getattr(getattr(qs, "state2", None), "absmax", None),
+                      getattr(getattr(qs, "state2", None), "code", None)):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    quant[st.data_ptr()] = st.nbytes()
         measured = {
+            "quant_state_bytes": int(sum(quant.values())),
             "peak_bytes": int(peak[TOTAL]),
             "by_category_at_peak": _cats(peak),
             "peak_phase": where["phase"],

@@ -14,6 +14,7 @@ import attrs
 
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
+from . import lora
 from ._cache import cached_terms
 from .layers import layer_forward_bytes, megatron_layer_bytes
 from .shapes import ModelShape
@@ -74,6 +75,8 @@ def _regime_kind(regime) -> str:
 
 @cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
+    if plan.lora is not None:
+        return lora.weight_terms(plan, placement)
     regime = plan.regime
     shape = ModelShape.of(plan.model)
     params = placement.parameters_per_rank / placement.weight_shards
@@ -93,6 +96,8 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     frees them before the next forward). With recomputation the deepest-first backward
     recomputes the first layer while its gradients do not exist yet: ``first_layer_late``
     keeps that layer's share out of the end-of-backward phase."""
+    if plan.lora is not None:
+        return lora.gradient_terms(plan, placement)
     regime = plan.regime
     b = regime.gradient or regime.main_grad
     if not b:
@@ -132,6 +137,8 @@ def _layer_parameters(shape: ModelShape) -> int:
 def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
     """Embedding output, RoPE tables, final norm, logits and loss, AMP weight copies, and
     the end of the backward (tied-embedding partial gradients)."""
+    if plan.lora is not None:
+        return lora.model_activation_terms(plan, placement, recompute=recompute)
     ctx = context(plan, placement)
     shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
     h, V, k = shape.hidden, shape.vocab, ctx.shards
@@ -201,6 +208,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     """The decoder layers: ``kept_layers`` of the L layers keep everything they save (the
     rest are checkpointed: they keep their input and recompute in the backward; ``None``
     means all are kept). ``selective`` drops eager attention's s x s tensors (recomputed)."""
+    if plan.lora is not None:
+        return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
     ctx = context(plan, placement)
     L, k = ctx.layers, ctx.shards
     kept = L if kept_layers is None else min(kept_layers, L)

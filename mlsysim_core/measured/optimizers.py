@@ -30,8 +30,22 @@ def _fmt(x) -> str:
 
 
 def _scale(plan, placement) -> float:
-    """The share of the model's parameter tensors one rank holds state for."""
+    """The share of ``trainable_tensors(plan)`` one rank holds state for."""
+    if plan.lora is not None:     # the adapters themselves
+        return 1 / placement.optimizer_state_shards
     return placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
+
+
+tensor_share = _scale
+
+
+def trainable_tensors(plan) -> tuple[int, ...]:
+    """Element counts of the tensors the optimizer updates, in order: every parameter tensor,
+    or under LoRA the adapters (``lora_A``, ``lora_B`` per adapted linear and layer)."""
+    if plan.lora is not None:
+        from .lora import adapter_matrices
+        return tuple(r * c for r, c in adapter_matrices(plan))
+    return ModelShape.of(plan.model).parameter_tensors()
 
 
 @cached_terms
@@ -64,7 +78,7 @@ def moment_terms(plan, placement, name: str, moments: int, *, step_counters: boo
             nbytes=params * moments * b,
             formula=f"{_fmt(params)} trainable params/rank x {moments} x {b} B ({plan.regime.name} state)"))
     if step_counters:
-        tensors = ModelShape.of(plan.model).tensor_count
+        tensors = len(trainable_tensors(plan))
         share = _scale(plan, placement)
         terms.append(MemoryTerm(
             component=OPTIMIZER_STATE, label=f"{name} step counters", phases=STEADY,
@@ -94,7 +108,7 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
             nbytes=params * foreach * b,
             formula=f"{foreach} x {_fmt(params)} params/rank x {b} B (one multi-tensor temporary over "
                     "all parameters)")]
-    tensors = ModelShape.of(plan.model).parameter_tensors()
+    tensors = trainable_tensors(plan)
     worst, at = 0, 0
     previous = 0
     for i, n in enumerate(tensors):
@@ -120,7 +134,12 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     share = _scale(plan, placement)
     b = plan.regime.state
     elements = 0
-    for rows, cols in _matrix_shapes(shape):
+    if plan.lora is not None:
+        from .lora import adapter_matrices
+        matrices = adapter_matrices(plan)
+    else:
+        matrices = _matrix_shapes(shape)
+    for rows, cols in matrices:
         elements += rows + cols if cols else rows
     terms = master_terms(plan, placement)
     terms.append(MemoryTerm(
@@ -129,8 +148,8 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
         formula=f"{_fmt(elements)} row + column elements x {b} B"))
     terms.append(MemoryTerm(
         component=OPTIMIZER_STATE, label="adafactor step counters", phases=STEADY,
-        nbytes=round(shape.tensor_count * share) * 4,
-        formula=f"{shape.tensor_count} parameter tensors x 4 B"))
+        nbytes=round(len(matrices) * share) * 4,
+        formula=f"{len(matrices)} parameter tensors x 4 B"))
     return terms
 
 

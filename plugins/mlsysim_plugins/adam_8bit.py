@@ -9,7 +9,6 @@ moments; the update runs in one fused kernel (no temporary).
 
 from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
 from mlsysim_core.measured import optimizers as measured
-from mlsysim_core.measured.shapes import ModelShape
 
 from ._flat_state import flat_state_terms
 from ._fmt import n
@@ -23,11 +22,11 @@ def state_terms(plan, placement, options):
 
 
 def measured_state_terms(plan, placement, options):
-    tensors = ModelShape.of(plan.model).parameter_tensors()
+    tensors = measured.trainable_tensors(plan)
     quantized = sum(t for t in tensors if t >= MIN_8BIT_SIZE)
     small = sum(t for t in tensors if t < MIN_8BIT_SIZE)
     blocks = sum(-(-t // BLOCK) for t in tensors if t >= MIN_8BIT_SIZE)
-    share = placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
+    share = measured.tensor_share(plan, placement)
     nbytes = 2 * (quantized + 4 * blocks + 4 * small) * share
     return [*measured.master_terms(plan, placement), MemoryTerm(
         component=OPTIMIZER_STATE, label="adam-8bit moments (8-bit, block-wise)", nbytes=nbytes,

@@ -1,0 +1,427 @@
+"""LoRA and QLoRA fine-tuning under the measured profile (peft 0.21 over transformers 5.23).
+
+``solve(..., profile="measured", lora=LoRAConfig(...))`` replaces the weight, gradient and
+activation terms of ``model.py`` with these. The counts are ``mlsysim_core.finetune``'s
+(exact, checked against peft and bitsandbytes); the activations were derived op by op and
+checked against PyTorch's ``MemTracker`` on CPU (``validation/measure_lora.py``,
+``validation/lora_measurements.json``).
+
+What changes against full training
+==================================
+
+* **Weights**: the frozen base in its dtype (4 B in ``fp32`` and ``amp-*``, 2 B in the
+  16-bit regimes); under QLoRA every linear of the decoder blocks is replaced by its
+  bitsandbytes storage (packed 4-bit or int8 weights; absmax, code tables and nested
+  statistics, int8 row scales), while embeddings, norms, biases and ``lm_head`` stay in
+  the base dtype. The adapters: peft creates ``lora_A`` (r x in) and ``lora_B`` (out x r)
+  and, with its default ``autocast_adapter_dtype=True``, keeps them in **fp32 over a
+  bf16/fp16 base** (it casts 16-bit adapters up); over a fp32 base they are fp32. Under the
+  Megatron-style ``mixed-*`` regimes the adapters are taken in the regime's 16-bit weight
+  dtype with its fp32 master copy. ``finetune.lora_option`` records this as the plan's
+  regime: the regime of the *trainable* parameters (``lora_regime``).
+* **Gradients and optimizer state**: only the adapters' (``placement.trainable_parameters_per_rank``
+  is the adapter count). The optimizer's per-tensor quantities (Adam's ``step`` tensors,
+  the for-loop step's temporaries, Adafactor's row and column vectors, 8-bit Adam's blocks)
+  follow the adapter matrices (``adapter_matrices``): two per adapted linear and layer.
+* **Activations**: a frozen linear does not save its input (autograd saves ``x`` of
+  ``x @ W.T`` only to compute ``W``'s gradient); it does need ``W`` for the input's
+  gradient, which costs nothing in fp32 and bf16 (the parameter itself) but under autocast
+  is a fresh 16-bit cast of the weight: autocast caches casts of leaf tensors that
+  require grad only, so every frozen linear whose input requires grad saves its own copy
+  (2 B per weight element, biases not). Nothing requires grad before the first adapter:
+  the embedding output and the first layer's norm keep nothing, and the backward stops at
+  the first adapter (no embedding gradient). Per adapted linear, peft computes
+  ``lora_B(lora_A(dropout(x.to(adapter dtype)))) * scaling``: ``lora_A`` saves its input
+  (the same tensor the rest of the layer uses when the dtypes agree; a copy when the
+  adapters are fp32 over a 16-bit base (4 B x in); under autocast always a fresh bf16
+  cast, 2 B x in, one per adapted linear: peft first casts a bf16 input up to the fp32
+  adapters' dtype, then autocast casts it down again); ``lora_B`` saves the r-wide
+  intermediate (adapter compute dtype); the scaling multiply and the sum save nothing.
+  Under autocast the adapters' own 16-bit casts are cached and saved (2 B per adapter
+  parameter). ``lora_dropout > 0`` (not modelled here; peft's default is 0) would add a mask
+  and a copy of each adapted linear's input.
+* **QLoRA**: bitsandbytes' ``MatMul4Bit`` saves only the packed weight (a parameter): the
+  activations are those of LoRA over a base in the compute dtype (measured: identical to
+  the byte). Each 4-bit matmul dequantizes its weight to the compute dtype, in the forward
+  inside the kernel and in the backward (``dequantize_4bit`` then a matmul): a transient of
+  one linear's weight (``dequantized weight (transient)``), alive while that linear runs.
+
+The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
+keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
+the input requires grad (and, in bf16, the fp32 copy of the input); LayerNorm keeps mean
+and rstd. The attention kernels save what ``layers.py`` says once any of q, k, v
+requires grad (eager attention: ``q @ k.T`` keeps k for q's gradient and q for k's).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
+                     MemoryTerm)
+from ._cache import cached_terms
+from .layers import layer_forward_bytes
+from .shapes import ModelShape
+
+ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
+SAVED = (FORWARD, BACKWARD)
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
+# --- regimes ------------------------------------------------------------------------------------
+
+def base_weight_bytes(regime) -> int:
+    """The frozen base's bytes per element: fp32 in fp32 and autocast regimes, else 16-bit."""
+    return 4 if regime.compute == 4 or regime.autocast else 2
+
+
+def lora_regime(regime):
+    """The regime of the trainable parameters (the adapters). peft keeps adapters in fp32 over a
+    pure bf16/fp16 base (``autocast_adapter_dtype=True``), so their gradients and optimizer state
+    are fp32 too; every other regime is unchanged (mixed-*: 16-bit adapters, fp32 master)."""
+    if regime.compute == 2 and not regime.autocast and not regime.master and regime.weight == 2:
+        return attrs.evolve(regime, weight=4, gradient=4, state=4,
+                            description=regime.description + "; LoRA adapters, their gradients and "
+                            "optimizer state in fp32 (peft's autocast_adapter_dtype)")
+    return regime
+
+
+def _kind(regime) -> str:
+    if regime.autocast:
+        return "amp-bf16"
+    return "fp32" if regime.compute == 4 else "bf16"
+
+
+@functools.lru_cache(maxsize=256)
+def _counts(model, config):
+    from ..finetune import lora_counts
+    return lora_counts(model, config)
+
+
+def counts(plan):
+    return _counts(plan.model, plan.lora)
+
+
+def _adapted(plan) -> dict[str, tuple[int, int]]:
+    """{module: (in, out)} of the adapted linears of one layer, in registration order."""
+    return {m: (i, o) for m, i, o, _ in counts(plan).per_module}
+
+
+def adapter_matrices(plan) -> list[tuple[int, int]]:
+    """(rows, cols) of every adapter tensor in the order the optimizer sees them: per layer,
+    per adapted linear, ``lora_A`` (r x in) then ``lora_B`` (out x r)."""
+    r = plan.lora.rank
+    block = []
+    for _, (i, o) in _adapted(plan).items():
+        block += [(r, i), (o, r)]
+    return block * plan.model.layers
+
+
+# --- weights and gradients -------------------------------------------------------------------
+
+@cached_terms
+def weight_terms(plan, placement) -> list[MemoryTerm]:
+    c = counts(plan)
+    cfg = plan.lora
+    base_b = base_weight_bytes(plan.regime)
+    ab = plan.regime.weight
+    shape = ModelShape.of(plan.model)
+    plain = c.frozen_parameters - c.quantized_parameters
+    what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
+    terms = [MemoryTerm(component=WEIGHTS, label=f"frozen base parameters ({base_b} B)", phases=ALL,
+                        nbytes=plain * base_b, formula=f"{_n(plain)} params ({what}) x {base_b} B")]
+    if cfg.quantization:
+        kind = "int8" if cfg.quantization == "int8" else f"4-bit {cfg.quantization}"
+        terms.append(MemoryTerm(component=WEIGHTS, label=f"quantized base linears ({kind})", phases=ALL,
+                                nbytes=c.quantized_weight_bytes,
+                                formula=f"{_n(c.quantized_parameters)} params x "
+                                        + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")))
+        how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
+               f"absmax per {cfg.quant_blocksize}-element block"
+               + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
+               + " + code tables, per weight")
+        terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
+                                nbytes=c.quantization_constant_bytes, formula=how))
+    terms.append(MemoryTerm(component=WEIGHTS, label=f"LoRA adapters (rank {cfg.rank}, {ab} B)", phases=ALL,
+                            nbytes=c.trainable_parameters * ab,
+                            formula=f"{_n(c.trainable_parameters)} params = layers x r x (in + out) per "
+                                    f"adapted linear, x {ab} B"))
+    if shape.rope_buffer_bytes:
+        terms.append(MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL,
+                                nbytes=shape.rope_buffer_bytes,
+                                formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)"))
+    return terms
+
+
+@cached_terms
+def gradient_terms(plan, placement) -> list[MemoryTerm]:
+    """Only the adapters have gradients, from the end of the backward through the step."""
+    regime = plan.regime
+    b = regime.gradient
+    if not b:
+        return []   # mixed-*-main-grad: accumulated in the fp32 main-grad buffer (optimizer state)
+    params = counts(plan).trainable_parameters
+    return [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=params * b,
+                       phases=(BACKWARD_END, OPTIMIZER_STEP),
+                       formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)")]
+
+
+# --- the decoder layers -----------------------------------------------------------------------------
+
+@attrs.frozen
+class _Layer:
+    parts: tuple            # (name, bytes per token)
+    constant: tuple         # (name, bytes per layer)
+    output: int             # bytes per token of the layer's output
+    output_saved: bool      # the next layer / final norm keeps it
+    grad_out: bool          # the output requires grad
+
+    def saved(self, tokens: int) -> int:
+        return sum(n for _, n in self.parts) * tokens + sum(n for _, n in self.constant)
+
+
+def _layer(plan, grad_in: bool) -> _Layer:
+    """One decoder layer's saved tensors under LoRA, walking which tensors require grad."""
+    shape = ModelShape.of(plan.model)
+    kind = _kind(plan.regime)
+    amp, bf16 = kind == "amp-bf16", kind == "bf16"
+    h, f, a = shape.hidden, shape.ffn, shape.heads
+    q, kv = shape.q_dim, shape.kv_dim
+    c = 4 if kind == "fp32" else 2              # matmul outputs
+    res = 2 if bf16 else 4                      # residual stream
+    ab = plan.regime.weight                     # adapter dtype (bytes)
+    a_c = 2 if amp else ab                      # the adapters' compute dtype
+    r = plan.lora.rank
+    adapted = _adapted(plan)
+    parts: list = []
+    constant: list = []
+
+    def add(name, n):
+        if n:
+            parts.append((name, n))
+
+    def lora_in(module, width, dtype_bytes, shared_with: set):
+        """lora_A saves its input: the tensor itself when the dtypes agree, else a cast copy
+        (one per adapted linear)."""
+        if module not in adapted:
+            return
+        if amp:
+            # peft casts a bf16 input up to the fp32 adapters' dtype (a transient), autocast casts
+            # that (or an fp32 input) down again: lora_A saves a fresh bf16 copy either way
+            own, b = True, 2
+        else:
+            own = dtype_bytes != ab             # peft casts the input to the adapters' dtype
+            b = ab
+        if own:
+            add(f"{module} LoRA input ({'bf16 cast' if amp else f'{b} B copy'})", b * width)
+        elif "x" not in shared_with:
+            shared_with.add("x")
+            add(f"{module} LoRA input", b * width)
+        add(f"{module} LoRA intermediate (r={r})", a_c * r)
+
+    def frozen_copy(module, params, input_grad):
+        # autocast casts a frozen weight afresh (no cache) and the matmul saves the cast for the
+        # input's gradient; adapted modules' adapters are cached and saved (2 B per adapter param)
+        if amp and input_grad:
+            constant.append((f"{module} weight 16-bit copy (autocast, frozen)", 2 * params))
+        if amp and module in adapted:
+            i, o = adapted[module]
+            constant.append((f"{module} adapter 16-bit copies (autocast cache)", 2 * r * (i + o)))
+
+    g = grad_in
+    if shape.style == "gpt2":
+        ln = 2 * (2 if bf16 else 4)
+        n_dtype = 2 if bf16 else 4              # LayerNorm output: fp32 except in bf16
+        if g:
+            add("ln_1 (mean, rstd)", ln)
+        shared: set = set()
+        lora_in("c_attn", h, n_dtype, shared)
+        frozen_copy("c_attn", 3 * h * h, g)
+        qkv_grad = g or "c_attn" in adapted
+        attn_shared: set = set()
+        if qkv_grad:
+            lb = layer_forward_bytes(style="gpt2", hidden=h, heads=a, kv_heads=a, head_dim=shape.head_dim,
+                                     ffn=f, regime=kind, attention=plan.attention, dropout=plan.dropout > 0,
+                                     tokens=1, seq_len=plan.seq_len)
+            for name, n in lb.parts:
+                if name.startswith(("qkv", "q/k/v", "attention")) and "c_proj input" not in name:
+                    add(name, n)
+                if name.startswith("attention output + logsumexp"):
+                    attn_shared.add("x")        # the SDPA output c_proj reads is saved already
+            if plan.dropout > 0:
+                add("resid dropout noise (attention)", c * h)
+        lora_in("attn.c_proj", h, c, attn_shared)
+        frozen_copy("attn.c_proj", h * h, qkv_grad)
+        mid_grad = g or qkv_grad or "attn.c_proj" in adapted
+        if mid_grad:
+            add("mid residual (ln_2 input)", res * h)
+            add("ln_2 (mean, rstd)", ln)
+        lora_in("c_fc", h, n_dtype, set())
+        frozen_copy("c_fc", h * f, mid_grad)
+        fc_grad = mid_grad or "c_fc" in adapted
+        if fc_grad:
+            add("mlp gelu_new (4 f-sized tensors)", 4 * c * f)
+        lora_in("mlp.c_proj", f, c, set())
+        frozen_copy("mlp.c_proj", f * h, fc_grad)
+        out_grad = fc_grad or "mlp.c_proj" in adapted
+        if out_grad and plan.dropout > 0:
+            add("resid dropout noise (mlp)", c * h)
+        return _Layer(tuple(parts), tuple(constant), res * h, out_grad, out_grad)
+
+    # Llama style
+    n_dtype = 2 if bf16 else 4                  # RMSNorm output (fp32 weight under AMP)
+    if g:
+        add("input norm (rsqrt" + (", fp32 copy of the input)" if bf16 else ")"), 4 + (4 * h if bf16 else 0))
+    shared = set()
+    for m, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        lora_in(m, h, n_dtype, shared)
+        frozen_copy(m, h * width, g)
+    q_grad, k_grad, v_grad = (g or m in adapted for m in ("q_proj", "k_proj", "v_proj"))
+    any_grad = q_grad or k_grad or v_grad
+    attn_shared: set = set()
+    if any_grad:
+        lb = layer_forward_bytes(style="llama", hidden=h, heads=a, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                                 ffn=f, regime=kind, attention=plan.attention, dropout=plan.dropout > 0,
+                                 tokens=1, seq_len=plan.seq_len)
+        for name, n in lb.parts:
+            if name.startswith("q/k/v (k, v repeated"):
+                # eager q @ k.T keeps k for q's gradient and q for k's; weights @ v keeps v
+                add(name, c * q * (int(q_grad) + int(k_grad) + int(q_grad or k_grad)))
+            elif name.startswith(("q/k/v", "attention scores")) and name != "q/k/v input casts":
+                add(name, n)
+            elif name.startswith("attention output + logsumexp"):
+                add(name, n)
+                attn_shared.add("x")
+            elif name.startswith("attention output (contiguous"):
+                if plan.attention == "sdpa" and plan.dropout > 0:
+                    pass                        # the math kernel's output: kept only by an o_proj adapter
+    lora_in("o_proj", q, c, attn_shared)
+    frozen_copy("o_proj", q * h, any_grad)
+    mid_grad = g or any_grad or "o_proj" in adapted
+    if mid_grad:
+        add("mid residual + post-attention norm (rsqrt)", 4 * h + 4)
+    shared = set()
+    for m in ("gate_proj", "up_proj"):
+        lora_in(m, h, n_dtype, shared)
+        frozen_copy(m, h * f, mid_grad)
+    gate_grad = mid_grad or "gate_proj" in adapted
+    up_grad = mid_grad or "up_proj" in adapted
+    add("mlp (gate out, silu out, up out)", c * f * (int(gate_grad) + int(up_grad) + int(gate_grad)))
+    prod_grad = gate_grad or up_grad
+    lora_in("down_proj", f, c, set())
+    frozen_copy("down_proj", f * h, prod_grad)
+    out_grad = prod_grad or "down_proj" in adapted
+    return _Layer(tuple(parts), tuple(constant), res * h, out_grad and not bf16, out_grad)
+
+
+def _layers(plan):
+    """The first layer (its input requires no grad) and the others."""
+    first = _layer(plan, grad_in=False)
+    return first, _layer(plan, grad_in=first.grad_out)
+
+
+@cached_terms
+def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: bool = False) -> list[MemoryTerm]:
+    L = placement.layers_per_stage
+    T = plan.microbatch * plan.seq_len
+    kept = L if kept_layers is None else min(kept_layers, L)
+    first, other = _layers(plan)
+
+    def saved(layer):
+        n = layer.saved(T)
+        if selective:
+            n -= T * dict(layer.parts).get("attention scores", 0)
+        return n + (layer.output * T if layer.output_saved else 0)
+
+    terms = []
+    if kept:
+        total = saved(first) + (kept - 1) * saved(other)
+        parts = ", ".join(f"{name} {_n(b)}" for name, b in other.parts)
+        consts = ", ".join(f"{name} {_n(b)}" for name, b in other.constant)
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA)", nbytes=total, phases=SAVED,
+            formula=f"first layer {_n(saved(first))} B (its input needs no gradient) + {kept - 1} layers x "
+                    f"{_n(saved(other))} B; per token: {parts}" + (f"; per layer: {consts}" if consts else "")
+                    + (f"; output {_n(other.output)}" if other.output_saved else "")))
+    checkpointed = L - kept
+    if checkpointed:
+        res = plan.regime.residual
+        h = ModelShape.of(plan.model).hidden
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * res * T * h,
+            phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B"))
+        s = ModelShape.of(plan.model)
+        c = plan.regime.compute
+        work = other.saved(T) + other.output * T + 2 * T * s.ffn * c
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
+            formula=f"one layer recomputed in the backward, with its MLP's activation gradients "
+                    f"(2 x T x ffn x {c} B): {_n(work)} B"))
+    return terms
+
+
+# --- activations outside the decoder layers -------------------------------------------------------
+
+@cached_terms
+def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
+    """Token ids, RoPE tables, the final norm, logits and cross-entropy (as in full training:
+    the frozen LM head's input requires grad), AMP's copy of the LM head; no embedding output
+    (nothing needs its gradient) and no embedding gradient at the backward's end."""
+    shape = ModelShape.of(plan.model)
+    regime = plan.regime
+    kind = _kind(regime)
+    T = plan.microbatch * plan.seq_len
+    h, V = shape.hidden, shape.vocab
+    c = regime.compute
+    terms = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
+                        formula=f"T={_n(T)} x 8 B")]
+    add = terms.append
+    if shape.style != "gpt2":
+        b = 4 if regime.residual == 4 else 2
+        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
+                       nbytes=2 * plan.seq_len * shape.head_dim * b, formula=f"2 x s x head_dim x {b} B"))
+        final = (4 * h + 4 if kind == "bf16" else 4) * T
+        how = "fp32 copy of the input + rsqrt" if kind == "bf16" else "rsqrt (the frozen LM head keeps no input)"
+    else:
+        final = 2 * (2 if kind == "bf16" else 4) * T
+        how = "mean and rstd (the frozen LM head keeps no input)"
+    add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
+    add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
+                   phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
+    add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
+                   formula="T x 8 B (saved by nll_loss)"))
+    logits = c * T * V + (4 * T * V if c != 4 else 0)
+    add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+                   nbytes=logits, phases=(FORWARD,),
+                   formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
+                   phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
+    if regime.autocast:
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the frozen LM head",
+                       nbytes=2 * shape.embedding_parameters, phases=SAVED,
+                       formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
+        if recompute:
+            r = plan.lora.rank
+            adapters = counts(plan).trainable_parameters
+            add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the adapters",
+                           nbytes=2 * adapters, phases=(FORWARD,),
+                           formula=f"{_n(adapters)} adapter params (rank {r}) x 2 B (cached until autocast exits)"))
+    if plan.lora.quantization in ("nf4", "fp4"):
+        largest = max(i * o for _, i, o in _quantized_linears(plan))
+        add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
+                       nbytes=largest * c, phases=(BACKWARD_END,),
+                       formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
+                               "(dequantize_4bit in the backward's matmul)"))
+    return terms
+
+
+def _quantized_linears(plan):
+    from ..finetune import _attention, _check_model, _mlp
+    arch = _check_model(plan.model)
+    return [(lin.module, lin.in_features, lin.out_features)
+            for lin in _attention(plan.model, arch) + _mlp(plan.model, arch)]
