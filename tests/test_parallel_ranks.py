@@ -236,3 +236,10 @@ def test_layout_options_are_checked(kwargs, message):
 def test_reference_profile_refuses_per_rank_options():
     with pytest.raises(InvalidInputError, match="pipeline_schedule='gpipe' is not allowed: None under a reference"):
         TrainingMemoryModel().solve("llama3-8b", "h100", 8, pipeline_schedule="gpipe")
+
+
+def test_per_rank_report_is_up_to_date():
+    report = importlib.util.spec_from_file_location("report_parallel", ROOT / "validation/report_parallel.py")
+    module = importlib.util.module_from_spec(report)
+    report.loader.exec_module(module)
+    assert module.main(["--check"]) == 0, "docs/validation.md is stale: run python validation/report_parallel.py"

@@ -415,7 +415,15 @@ def buffer_terms(plan, placement):
             component=COMMUNICATION_BUFFERS, label="DDP gradient buckets", nbytes=params * regime.gradient,
             phases=ALL_PHASES, formula=f"{fmt(params)} params x {regime.gradient} B: PyTorch DDP copies every "
                                        "gradient into its flat buckets (gradient_as_bucket_view=False)"))
-    if (dp_rule == "zero3" and data_parallel > 1) or "parameters" in offloaded:
+    gathers = dp_rule in ("zero3", "fsdp", "fsdp-grad-op", "hsdp") and placement.weight_shards > 1
+    if dp_rule == "fsdp-grad-op" and placement.weight_shards > 1:
+        params = placement.parameters_per_rank
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
+            nbytes=params * regime.weight * (1 - 1 / placement.weight_shards), phases=(FORWARD, BACKWARD),
+            formula=f"{fmt(params)} params x {regime.weight} B x (1 - 1/{placement.weight_shards:g}) "
+                    "(SHARD_GRAD_OP: reshard_after_forward=False)"))
+    if gathers or "parameters" in offloaded:
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="all-gathered layer parameters (current + prefetched next)",
             nbytes=2 * layer * regime.weight, phases=(FORWARD, BACKWARD),

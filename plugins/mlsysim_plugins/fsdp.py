@@ -1,0 +1,74 @@
+"""PyTorch FSDP (FSDP2's ``fully_shard``) as data-parallel rules: ``fsdp`` (FULL_SHARD,
+``reshard_after_forward=True``: weights, gradients and optimizer state / dp, as ZeRO-3),
+``fsdp-grad-op`` (SHARD_GRAD_OP, ``reshard_after_forward=False``: the same shards, but the
+gathered parameters stay from the forward to the backward) and ``hsdp`` (HYBRID_SHARD:
+FULL_SHARD inside a shard group of ``shard_group_size`` ranks, replicated across groups).
+
+The shards are the same as ZeRO's; what differs is what is gathered when. The measured
+profile prices that (``mlsysim_core.measured.parallel.buffer_terms``): one layer's
+all-gathered parameters and its prefetched successor, the reduce-scatter input, the
+unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
+"""
+
+import attrs
+
+from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+
+from ._memo import memoize
+
+
+@attrs.frozen(kw_only=True)
+class HybridOptions:
+    """``shard_group_size``: ranks that shard the model states among themselves (FSDP's
+    intra-node group); ``None``: the devices of one node (``hardware.devices_per_node``,
+    else 8), capped at the data-parallel size."""
+
+    shard_group_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int),
+                                                           attrs.validators.ge(1)]))
+
+
+@memoize
+def effect(shards, kind):
+    notes = (f"FSDP ({kind}): parameters, gradients and optimizer state sharded over {shards} ranks.",) \
+        if shards > 1 else ()
+    return ShardingEffect(optimizer_state_shards=shards, gradient_shards=shards, weight_shards=shards, notes=notes)
+
+
+def full(plan, options):
+    return effect(plan.dp_size * plan.cp_size, "FULL_SHARD")
+
+
+def grad_op(plan, options):
+    return effect(plan.dp_size * plan.cp_size, "SHARD_GRAD_OP")
+
+
+def shard_group(plan, options) -> int:
+    d = plan.dp_size * plan.cp_size
+    if options.shard_group_size is not None:
+        g = options.shard_group_size
+        if d % g:
+            raise LayoutError("plugin_options['hsdp'].shard_group_size", g,
+                              f"a divisor of the data-parallel size dp x cp = {d}")
+        return g
+    g = min(d, plan.hardware.devices_per_node or 8)
+    while d % g:
+        g -= 1
+    return g
+
+
+def hybrid(plan, options):
+    return effect(shard_group(plan, options), "HYBRID_SHARD")
+
+
+@hookimpl
+def mlsysim_sharding_rules():
+    return [
+        ShardingRuleSpec(name="fsdp", axis="dp", apply=full,
+                         description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
+                                     "at a time"),
+        ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
+                         description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
+        ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
+                         description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
+    ]
