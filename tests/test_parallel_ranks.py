@@ -243,3 +243,24 @@ def test_per_rank_report_is_up_to_date():
     module = importlib.util.module_from_spec(report)
     report.loader.exec_module(module)
     assert module.main(["--check"]) == 0, "docs/validation.md is stale: run python validation/report_parallel.py"
+
+
+def test_fsdp_rules():
+    ref = TrainingMemoryModel()
+    z3 = ref.solve("llama3-8b", "h100", 64, dp_size=16, zero_stage=3)
+    fsdp = ref.solve("llama3-8b", "h100", 64, dp_size=16, data_parallel="fsdp")
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer_state) == (z3.weights, z3.gradients, z3.optimizer_state)
+    hsdp = ref.solve("llama3-8b", "h100", 64, dp_size=16, data_parallel="hsdp")   # H100 nodes of 8
+    assert hsdp.weights == pytest.approx(z3.weights * 2)
+    four = ref.solve("llama3-8b", "h100", 64, dp_size=16, data_parallel="hsdp",
+                     plugin_options={"hsdp": {"shard_group_size": 4}})
+    assert four.weights == pytest.approx(z3.weights * 4)
+    with pytest.raises(LayoutError, match=r"shard_group_size=3 is not allowed: a divisor of the data-parallel size"):
+        ref.solve("llama3-8b", "h100", 64, dp_size=16, data_parallel="hsdp",
+                  plugin_options={"hsdp": {"shard_group_size": 3}})
+    # Measured: SHARD_GRAD_OP keeps the gathered parameters between forward and backward.
+    full = solve(dp_size=16, data_parallel="fsdp", optimizer="adamw")
+    grad_op = solve(dp_size=16, data_parallel="fsdp-grad-op", optimizer="adamw")
+    kept = next(t for t in grad_op.terms if t.label == "unsharded parameters kept from forward to backward")
+    assert kept.nbytes == pytest.approx(8_030_261_248 * 4 * 15 / 16, rel=1e-6)   # fp32 params (amp), 15/16 not ours
+    assert grad_op.total_memory > full.total_memory
