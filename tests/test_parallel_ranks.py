@@ -264,3 +264,15 @@ def test_fsdp_rules():
     kept = next(t for t in grad_op.terms if t.label == "unsharded parameters kept from forward to backward")
     assert kept.nbytes == pytest.approx(8_030_261_248 * 4 * 15 / 16, rel=1e-6)   # fp32 params (amp), 15/16 not ours
     assert grad_op.total_memory > full.total_memory
+
+
+def test_per_rank_fast_paths_are_byte_identical(monkeypatch):
+    from mlsysim_core.measured import _cache
+    layouts = [dict(tp_size=2, pp_size=4, dp_size=8, gradient_accumulation_steps=8),
+               dict(model="mixtral-8x7b", tp_size=2, pp_size=2, dp_size=8, ep_size=4, zero_stage=1,
+                    pipeline_schedule="interleaved-1f1b", gradient_accumulation_steps=4),
+               dict(dp_size=16, data_parallel="fsdp", cp_size=2, offload="optimizer")]
+    cached = [solve(**kw).to_json() for kw in layouts]
+    monkeypatch.setattr(_cache, "ENABLED", False)
+    plain = [solve(**kw).to_json() for kw in layouts]
+    assert cached == plain

@@ -7,12 +7,14 @@ checks the layout options, names the distinct rank classes and solves each one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import attrs
 
 from .. import _checks
 from ..errors import InvalidInputError, InvalidInputTypeError, LayoutError
+from ._cache import cached_terms
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2")
 OFFLOADABLE = ("optimizer", "gradients", "parameters")
@@ -195,14 +197,18 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
 # --- parameters of one rank --------------------------------------------------------------
 
 def rank_parameters(plan, rank: RankClass) -> dict:
+    return _rank_parameters(plan.model, plan.tp_size, plan.ep_size, plan.expert_tp_size or plan.tp_size,
+                            rank.layers, rank.first, rank.last)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_parameters(model, t, e, etp, layers, first, last) -> dict:
     """Parameters one rank holds before data-parallel sharding, by group: ``dense``
     (attention / tp, dense MLP / tp, norms and router replicated, the vocabulary-parallel
     embedding and LM head / tp on the first and last stage) and ``experts`` (the routed
     experts of the stage / (ep x expert_tp))."""
     from .shapes import ModelShape
-    shape = ModelShape.of(plan.model)
-    t, e = plan.tp_size, plan.ep_size
-    etp = plan.expert_tp_size or t
+    shape = ModelShape.of(model)
     h = shape.hidden
     per_layer_dense = per_layer_experts = 0
     for name, n in shape.layer_matrices():
@@ -221,13 +227,13 @@ def rank_parameters(plan, rank: RankClass) -> dict:
     named = shape.embedding_parameters * (1 if shape.tied else 2) + shape.layers * (
         sum(n for _, n in shape.layer_matrices()) + norms) + h + shape.learned_positions * h
     other = max(0, shape.parameters - named) / shape.layers / t
-    dense = rank.layers * (per_layer_dense + other)
-    experts = rank.layers * per_layer_experts
-    if rank.first:
+    dense = layers * (per_layer_dense + other)
+    experts = layers * per_layer_experts
+    if first:
         dense += shape.embedding_parameters / t + shape.learned_positions * h
-    if rank.last:
+    if last:
         dense += h * (2 if shape.style == "gpt2" else 1)        # final norm
-        if not shape.tied or not rank.first:                    # untied head, or a tied copy on the last stage
+        if not shape.tied or not first:                         # untied head, or a tied copy on the last stage
             dense += shape.embedding_parameters / t
     return {"dense": dense, "experts": experts}
 
@@ -296,6 +302,7 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     return total, (" [" + "; ".join(how) + "]" if how else ""), plan.rank.in_flight
 
 
+@cached_terms
 def rank_model_activation_terms(plan, placement, *, recompute: bool):
     """Outside the decoder layers, for one rank: every stage keeps its input (the embedding
     output on the first stage, the activation received from the previous stage otherwise)
@@ -366,6 +373,7 @@ def rank_model_activation_terms(plan, placement, *, recompute: bool):
     return terms
 
 
+@cached_terms
 def rank_gradient_terms(plan, placement):
     """Gradients of one rank's trainable parameters. With more than one micro-batch per
     iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
@@ -399,6 +407,7 @@ def layer_parameters_on_rank(plan) -> float:
     return total
 
 
+@cached_terms
 def buffer_terms(plan, placement):
     """Communication buffers of one rank under the measured profile."""
     from ..terms import PHASES as ALL_PHASES, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm
