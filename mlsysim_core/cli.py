@@ -339,7 +339,14 @@ def cmd_estimate(args, out) -> int:
         out.write(fallback + "\n\n")
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
-        reference = _solve(solver, attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS)))
+        plain = attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS))
+        if scenario.lora:     # the reference's stand-in for LoRA: the adapters' share trains, nothing quantized
+            from .catalog import get_model
+            from .finetune import trainable_fraction
+            model = _resolved(scenario)[0]
+            model = get_model(model) if isinstance(model, str) else model
+            plain = attrs.evolve(plain, trainable_fraction=trainable_fraction(model, scenario.lora))
+        reference = _solve(solver, plain)
     out.write(estimate_table(result, reference=reference, chart=args.chart,
                              plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}") + "\n")
     if args.explain:

@@ -375,19 +375,29 @@ def _tensor_bytes(n: int, rows: int, config: LoRAConfig) -> tuple[int, int]:
                           + _4BIT_CODE_BYTES)
 
 
-def lora_option(plan, value):
-    """The ``lora=`` option of a measured-grade solve: a ``LoRAConfig`` or a dict of its
-    fields, checked against the model (its linears must be countable)."""
+def trainable_fraction(model, value) -> float:
+    """The adapters' share of the base parameters (``trainable / model.parameters``) for a
+    ``LoRAConfig`` or a dict of its fields: the reference profile's rough stand-in for LoRA."""
+    config = _config(value)
+    return _exact_fraction(lora_counts(model, config).trainable_parameters, model.parameters)
+
+
+def _config(value) -> LoRAConfig:
     if isinstance(value, LoRAConfig):
-        config = value
-    elif isinstance(value, dict):
+        return value
+    if isinstance(value, dict):
         from .serialization import structure_options
         value = dict(value)
         if isinstance(value.get("target_modules"), str):     # "all-linear" or one name
             value["target_modules"] = [value["target_modules"]]
-        config = structure_options("lora", "lora", LoRAConfig, value)
-    else:
-        raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
+        return structure_options("lora", "lora", LoRAConfig, value)
+    raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
+
+
+def lora_option(plan, value):
+    """The ``lora=`` option of a measured-grade solve: a ``LoRAConfig`` or a dict of its
+    fields, checked against the model (its linears must be countable)."""
+    config = _config(value)
     sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
              "ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}

@@ -231,7 +231,6 @@ def measure(cfg: dict) -> dict:
             "peft_trainable_total": list(model.get_nb_trainable_parameters()),
             "wall_s": round(t_end - t0, 1),
         }
-    del model, optimizer, input_ids, mt, params, layers, named
     gc.collect()
     return measured
 
@@ -261,6 +260,7 @@ def main(argv=None) -> int:
         run = dict(cfg)
         try:
             run["measured"] = m = measure(cfg)
+            gc.collect()
             msg = f"peak {m['peak_bytes'] / 2**20:9.2f} MiB in {m['peak_phase']:<9} ({m['peak_op']}) {m['wall_s']:5.1f}s"
         except Exception as e:  # record and go on
             run["error"] = f"{type(e).__name__}: {e}".strip()[:2000]
