@@ -245,18 +245,30 @@ def why(result, component: str) -> str:
     per_value = f" ({b:g} B per value)" if b is not None else ""
     share = _model_parallel_share(result)
     share_text = f" Only this accelerator's share counts: {share}." if share else ""
+    if result.regime:      # measured grade: the regime, not the precision, sets the dtypes
+        copy, per_value = f"stored as the {result.regime} regime keeps them", ""
+    else:
+        copy = f"one {precision} copy"
+    if result.heaviest_rank:
+        share_text = (f" Only this rank's share counts (the {result.heaviest_rank}, the heaviest rank): "
+                      "the layers of its pipeline stage, split by tensor and expert parallelism.")
     if component == "weights":
-        return (f"The model's parameters, one {precision} copy{per_value}, read by every "
+        return (f"The model's parameters, {copy}{per_value}, read by every "
                 f"forward and backward pass." + share_text
                 + _sharded_by_zero(result, 3, "them"))
     if component == "gradients":
-        return (f"One {precision} gradient{per_value} per trainable parameter: written by the "
-                f"backward pass, read by the optimizer step." + share_text
+        what = f"One gradient per trainable parameter ({result.regime} regime)" if result.regime else \
+            f"One {precision} gradient{per_value} per trainable parameter"
+        return (f"{what}: written by the backward pass, read by the optimizer step." + share_text
                 + _sharded_by_zero(result, 2, "them"))
     if component == "optimizer_state":
         text = _OPTIMIZER_WHY.get(result.optimizer,
                                   f"The state the optimizer '{result.optimizer}' keeps between steps; "
                                   "its terms below say how it is counted.")
+        if result.regime:    # the measured grade's dtypes differ from the textbook's 12 B
+            text = (f"The state the optimizer '{result.optimizer}' keeps between steps, in the {result.regime} "
+                    "regime's dtypes (an fp32 master copy only where the weights are 16-bit), and what its step "
+                    "allocates while it runs; the terms below count each.")
         return text + _sharded_by_zero(result, 1, "it")
     if component == "activations":
         ckpt = result.activation_checkpointing
@@ -264,6 +276,9 @@ def why(result, component: str) -> str:
             f"the tensors the forward pass keeps for the backward pass, as the checkpointing "
             f"strategy '{ckpt}' decides", "its terms below say how they are counted."))
         layers, mb = result.layers_per_stage, result.microbatch
+        heaviest = next((r for r in result.ranks if r.name == result.heaviest_rank), None)
+        if heaviest is not None:
+            layers = heaviest.layers
         text = (f"{what[0].upper()}{what[1:]}, for the {layers} layer{'s' if layers != 1 else ''} on this "
                 f"accelerator and one micro-batch of {mb} sequence{'s' if mb != 1 else ''}: {how} "
                 "They grow with the micro-batch and the sequence length.")
@@ -276,6 +291,9 @@ def why(result, component: str) -> str:
                 "gradients for the data-parallel all-reduce")
         if result.parallelism.get("pp", 1) > 1:
             text += ", and the pipeline's send and receive buffers for one boundary activation"
+        if result.regime:
+            text += ("; under the measured profile also what the data-parallel and expert-parallel machinery "
+                     "allocates (DDP buckets, ZeRO-3/FSDP gathered layers, all-to-all buffers): see the terms")
         return text + "."
     return ""
 
