@@ -119,7 +119,7 @@ def test_cli_explain_keeps_the_table_and_adds_the_tree():
     code, text = run("estimate", "--explain", "-s", "1024")
     assert code == 0
     assert text.index("component ") < text.index("per accelerator: Llama-3.1-8B")
-    assert "Adam keeps an fp32 master copy" in text
+    assert "The state the optimizer 'adam' keeps between steps, in the amp-fp16 regime's dtypes" in text
 
 
 # --- the terminal bar chart ------------------------------------------------------------------
