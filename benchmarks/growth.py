@@ -54,7 +54,7 @@ def main() -> None:
         print(f"{n:>24}   {per_call(lambda: s.solve(model, GPU, 8, include_plugins=names)):8.1f}")
 
     print("\nsearch: devices  candidates   solves   seconds   candidates/s")
-    for devices, batch in ((16, 64), (64, 512), (256, 2048), (1024, 4096)):
+    for devices, batch in ((16, 64), (32, 256), (64, 512), (128, 1024)):   # every layout, cp included
         t = time.perf_counter()
         found = search.search_plans("mixtral-8x7b", "h100", devices=devices, global_batch=batch, seq_len=4096,
                                     solver=solver)

@@ -3,9 +3,10 @@
     python benchmarks/run.py            # all benchmarks, a table on stdout
     python benchmarks/run.py --json out.json
 
-Measures `solve` (reference profile, every installed plugin taking part: no path skips
-the plugin pipeline), `import mlsysim_core` in fresh processes, the CLI's `estimate` wall
-time, the inverse solves and the plan search. Where `mlsysim==0.3.0` is importable in the
+Measures `solve` (reference and measured profiles, every installed plugin taking part: no
+path skips the plugin pipeline; repeated calls and a sweep of distinct calls), `import
+mlsysim_core` in fresh processes, the CLI's `estimate` wall time, the inverse solves and
+plan searches. Where `mlsysim==0.3.0` is importable in the
 same environment (never a dependency; e.g. `pip install mlsysim==0.3.0` in a scratch venv
 together with this project), it also times the reference implementation's `solve` on the
 same inputs and prints the speed-up.
@@ -39,6 +40,15 @@ def _median_per_call(fn, number: int, repeat: int = 15) -> float:
     return statistics.median(times) / number
 
 
+MEASURED_CASES = {
+    # the measured profile: single device, then a parallel layout (one pipeline run per rank class)
+    "measured, Llama-3.1-8B, H100, B=8, s=2048": ("llama3-8b", "h100", (8, 2048), {}),
+    "measured, Llama-3.1-8B, H100, B=8, s=1024": ("llama3-8b", "h100", (8, 1024), {}),
+    "measured, parallel: tp2 pp4 dp8, B=64 (3 rank classes)": (
+        "llama3-8b", "h100", (64, 2048), dict(tp_size=2, pp_size=4, dp_size=8)),
+}
+
+
 def bench_solve(results: dict) -> None:
     from mlsysim_core import TrainingMemoryModel
     from mlsysim_core.catalog import get_hardware, get_model
@@ -46,6 +56,19 @@ def bench_solve(results: dict) -> None:
     for name, (model, hardware, args, kwargs) in CASES.items():
         m, h = get_model(model), get_hardware(hardware)
         results[f"solve: {name}"] = _median_per_call(lambda: solver.solve(m, h, *args, **kwargs), 2000)
+    # A sweep: a new global batch every call (2,000 distinct plans, more than the caches hold
+    # between two visits), so plans are checked and activation terms built on every call.
+    m, h = get_model("llama3-8b"), get_hardware("h100")
+    batches = iter(range(1, 10**9))
+    results["solve: sweep, a new batch size every call (no repeated plan)"] = _median_per_call(
+        lambda: solver.solve(m, h, next(batches), 1024), 2000)
+    measured = TrainingMemoryModel("measured")
+    for name, (model, hardware, args, kwargs) in MEASURED_CASES.items():
+        m, h = get_model(model), get_hardware(hardware)
+        results[f"solve: {name}"] = _median_per_call(lambda: measured.solve(m, h, *args, **kwargs), 500)
+    model, hardware, args, kwargs = MEASURED_CASES["measured, Llama-3.1-8B, H100, B=8, s=2048"]
+    results["solve: measured, Llama-3.1-8B, H100, B=8, s=2048, catalog names"] = _median_per_call(
+        lambda: measured.solve(model, hardware, *args, **kwargs), 500)
     # The reference implementation, on the same inputs, if installed here.
     try:
         from mlsysim import Hardware, Models
@@ -99,12 +122,20 @@ def bench_search(results: dict) -> None:
         lambda: inverse.largest_batch("llama3-8b", "h100", seq_len=2048), 20, repeat=5)
     results["inverse: longest sequence (Llama-3.1-8B, H100, B=1)"] = _median_per_call(
         lambda: inverse.longest_sequence("llama3-8b", "h100", batch_size=1), 20, repeat=5)
-    t = time.perf_counter()
-    plan = search.search_plans("llama3-70b", "h100", devices=64, global_batch=512, seq_len=4096)
-    elapsed = time.perf_counter() - t
-    results["plan search: Llama-3-70B on 64 H100 (whole search)"] = elapsed
-    results["plan search: candidates evaluated"] = plan.candidates
-    results["plan search: candidates per second"] = plan.candidates / elapsed
+    for name, (model, devices, batch) in SEARCHES.items():
+        t = time.perf_counter()
+        plan = search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096)
+        elapsed = time.perf_counter() - t
+        results[f"plan search: {name} (whole search)"] = elapsed
+        results[f"plan search: {name}: candidates evaluated"] = plan.candidates
+        results[f"plan search: {name}: candidates solved"] = plan.solves
+        results[f"plan search: {name}: candidates per second"] = plan.candidates / elapsed
+
+
+SEARCHES = {   # model, H100s, global batch (seq 4096); every layout incl. cp, every dp rule and strategy
+    "Llama-3-70B on 64 H100, B=512": ("llama3-70b", 64, 512),
+    "Mixtral-8x7B on 128 H100, B=1024": ("mixtral-8x7b", 128, 1024),
+}
 
 
 def main() -> int:

@@ -159,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
 
     srch = sub.add_parser(
         "search", parents=[common], help="every parallel layout for a device count: what fits, the Pareto front",
-        description="Enumerate every valid layout (tp, pp, dp, ep, data-parallel rule, checkpointing, "
+        description="Enumerate every valid layout (tp, cp, pp, dp, ep, data-parallel rule, checkpointing, "
                     "sequence parallelism, micro-batch) of --devices accelerators for --global-batch, keep "
                     "those that fit, rank them by the cost proxy (see `mlsysim_core.search`), and show the "
                     "Pareto front of memory headroom against cost.")
@@ -173,7 +173,13 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
-    srch.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    srch.add_argument("--cp", type=int, nargs="+", metavar="N",
+                      help="context-parallel sizes to consider (default: every one that divides --seq-len)")
+    srch.add_argument("--progress", dest="progress", action="store_const", const="always", default="auto",
+                      help="a progress bar on stderr even when it is not a terminal (default: on a terminal, "
+                           "once a search has run for half a second)")
+    srch.add_argument("--no-progress", dest="progress", action="store_const", const="never",
+                      help="no progress bar on stderr")
 
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
@@ -547,11 +553,12 @@ def cmd_search(args, out) -> int:
     from . import search
     from .solver import TrainingMemoryModel
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
-    progress = search.text_progress() if args.progress and sys.stderr.isatty() else None
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    progress = search.text_progress(delay=0.0 if args.progress == "always" else 0.5) if show else None
     found = search.search_plans(_model(args.model), _hardware(args.hardware), devices=args.devices,
                                 global_batch=args.global_batch, seq_len=args.seq_len,
                                 precision=args.precision, optimizer=args.optimizer, solver=solver,
-                                progress=progress)
+                                context_parallel=args.cp, progress=progress)
     if args.json:
         out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
     else:

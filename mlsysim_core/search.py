@@ -1,33 +1,48 @@
 """Plan search: every valid parallel layout for a device count, the ones that fit, and the
 Pareto front of memory headroom against a documented cost proxy.
 
-A candidate is (tp, pp, dp, ep, data-parallel rule, checkpointing strategy, sequence
-parallelism, micro-batch); dp = devices / (tp x pp), the micro-batch divides
+A candidate is (tp, cp, pp, dp, ep, data-parallel rule, checkpointing strategy, sequence
+parallelism, micro-batch); dp = devices / (tp x cp x pp), the micro-batch divides
 global_batch / dp and gradient accumulation makes up the rest. Every installed
 data-parallel rule and checkpointing strategy takes part, third-party ones included.
 
 Validity: tp is a power of two up to the devices of a node (8 when the hardware does not
-say) and divides the heads; pp <= layers; ep divides dp and the experts (MoE only); ZeRO
-stages above 0 are skipped when dp = 1 (they change nothing).
+say) and divides the heads; cp (context parallelism, ring attention) divides seq_len;
+pp <= layers; ep divides dp x cp and the experts (MoE only); ZeRO stages above 0 are
+skipped when dp x cp = 1 (they shard over dp x cp, so they would change nothing).
 
-**Cost proxy** (seconds per step, one device; lower is better, assumptions overridable):
+**Candidates evaluated** counts every layout enumerated. Each is either solved through the
+whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
+built-in plugin, so once a micro-batch does not fit, the larger ones of the same layout
+are counted as not fitting without solving them (``assume_monotone=False`` solves them
+all). Every layout reported as fitting was solved.
+
+**Cost proxy** (seconds per step, one device; lower is better, assumptions overridable;
+s_r = seq_len / cp is the sequence one rank holds):
 
     compute  = 6 x active_params x tokens_per_step / devices / flops x (1 + recompute)
     bubble   = (pp - 1) / (gas + pp - 1)                      (1F1B / GPipe)
-    tp_comm  = 4 x layers/pp x 2(t-1)/t x s x b x h x bytes x gas / tp_bandwidth
-    dp_comm  = 2(d-1)/d x gradient bytes (x1.5 for ZeRO-3) / network_bandwidth
-    pp_comm  = 2 x s x b x h x bytes x gas / network_bandwidth         (pp > 1)
-    ep_comm  = 4 x k x s x b x h x bytes x gas x layers/pp / network_bandwidth (ep > 1)
-    cost     = compute / (1 - bubble) + tp_comm + dp_comm + pp_comm + ep_comm
+    tp_comm  = 4 x layers/pp x 2(t-1)/t x s_r x b x h x bytes x gas / tp_bandwidth
+    cp_comm  = 2 x (c-1)/c x b x s x kv_width x bytes x layers/pp x gas / cp_bandwidth   (cp > 1)
+    dp_comm  = 2(d-1)/d x gradient bytes (x1.5 for ZeRO-3) / network_bandwidth,  d = dp x cp
+    pp_comm  = 2 x s_r x b x h x bytes x gas / network_bandwidth        (pp > 1)
+    ep_comm  = 4 x k x s_r x b x h x bytes x gas x layers/pp / network_bandwidth (ep > 1)
+    cost     = compute / (1 - bubble) + tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
 
-recompute is the extra forward work: 0 (none), 0.03 (selective; Korthikanti et al. 2023
-report 2-4 %), 1/3 (full: one more forward pass over fwd + bwd = 3 units); a third-party
-strategy counts 0 unless ``recompute`` maps its name. No overlap of communication and
-compute is assumed: the proxy ranks layouts, it does not predict seconds.
+cp_comm is ring attention's K/V traffic: each of the c ranks passes its K and V chunk
+(b x s/c tokens x kv_width = kv_heads x head_dim values) around the ring c - 1 times per
+layer, forward and backward together counted as twice the forward's K/V (the backward's
+dK/dV ring traffic is of the same order); cp_bandwidth is tp_bandwidth when tp x cp fits
+in a node, else network_bandwidth. recompute is the extra forward work: 0 (none), 0.03
+(selective; Korthikanti et al. 2023 report 2-4 %), 1/3 (full: one more forward pass over
+fwd + bwd = 3 units); a third-party strategy counts 0 unless ``recompute`` maps its name.
+No overlap of communication and compute is assumed: the proxy ranks layouts, it does not
+predict seconds.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import time
@@ -37,7 +52,10 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, MlsysimError
-from .solver import TrainingMemoryModel, _build_plan, _resolve_hardware, _resolve_model, _run_pipeline
+from .plan import TrainingPlan
+from .solver import (TrainingMemoryModel, _build_plan, _pipeline, _resolve_hardware, _resolve_model,
+                     _run_pipeline, _selection)
+from .terms import _current_source
 from .specs import DATA
 
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
@@ -48,6 +66,7 @@ class Candidate:
     """One layout that fits, with its memory and cost proxy."""
 
     tp: int
+    cp: int
     pp: int
     dp: int
     ep: int
@@ -77,7 +96,7 @@ class PlanSearch:
     devices: int
     global_batch: int
     seq_len: int
-    candidates: int          # layouts enumerated
+    candidates: int          # layouts enumerated (evaluated: solved or pruned)
     solves: int              # full solves run (the rest were pruned by monotonicity)
     seconds: float
     fits: tuple[Candidate, ...]
@@ -94,11 +113,11 @@ class PlanSearch:
         """An HTML table of the layouts (the Pareto front by default), for notebooks."""
         from html import escape
         chosen = (self.pareto if pareto_only else self.fits)[:rows]
-        head = ("tp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
+        head = ("tp", "cp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
                 "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "cost proxy s", "bubble", "Pareto")
         body = "".join(
             "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
-                c.tp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "yes" if c.sequence_parallel else "no",
+                c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "yes" if c.sequence_parallel else "no",
                 c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
                 f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.cost:.4f}", f"{c.bubble:.3f}",
                 "*" if c.pareto else "")) + "</tr>" for c in chosen)
@@ -116,12 +135,12 @@ class PlanSearch:
         head = (f"{self.model} on {self.devices} x {self.hardware}, global batch {self.global_batch}, "
                 f"seq {self.seq_len}: {self.candidates:,} layouts, {len(self.fits):,} fit, "
                 f"{len(self.pareto)} on the Pareto front (headroom vs cost) [{self.seconds:.2f} s]")
-        cols = ("tp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
+        cols = ("tp", "cp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
                 "headroom GB", "cost s", "bubble", "P")
-        lines = [head, "  ".join(f"{c:>11}" if i >= 9 else f"{c:>9}" for i, c in enumerate(cols))]
+        lines = [head, "  ".join(f"{c:>11}" if i >= 10 else f"{c:>9}" for i, c in enumerate(cols))]
         for c in chosen[:rows]:
-            values = (c.tp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "y" if c.sequence_parallel else "n",
-                      c.microbatch, c.gradient_accumulation_steps)
+            values = (c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing,
+                      "y" if c.sequence_parallel else "n", c.microbatch, c.gradient_accumulation_steps)
             lines.append("  ".join(f"{v:>9}" for v in values) + "  " + "  ".join((
                 f"{c.total_memory * 1e-9:>11.2f}", f"{c.total_memory / 2**30:>11.2f}",
                 f"{c.headroom * 1e-9:>11.2f}", f"{c.cost:>11.4f}", f"{c.bubble:>11.3f}",
@@ -140,27 +159,22 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _pareto(fits: list[Candidate]) -> set[int]:
-    """Indices not dominated on (headroom: more is better, cost: less is better)."""
-    order = sorted(range(len(fits)), key=lambda i: (fits[i].cost, -fits[i].headroom))
-    front, best = set(), -math.inf
-    for i in order:
-        if fits[i].headroom > best:
-            front.add(i)
-            best = fits[i].headroom
-    return front
-
-
 def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
                  precision: str = "fp16", optimizer: str = "adam",
                  checkpointing: Sequence[str] | None = None, data_parallel: Sequence[str] | None = None,
                  sequence_parallel: Sequence[bool] = (True, False), max_tp: int | None = None,
+                 context_parallel: Sequence[int] | None = None,
                  trainable_fraction: float = 1.0, communication_buffer_fraction: float = 0.05,
                  flops: float = 4e14, tp_bandwidth: float = 450e9, network_bandwidth: float = 50e9,
                  recompute: Mapping[str, float] | None = None, assume_monotone: bool = True,
                  solver: TrainingMemoryModel | None = None,
                  progress: Callable[[int, int], None] | None = None) -> PlanSearch:
-    """Enumerate, solve and rank every valid layout (see the module docstring)."""
+    """Enumerate, solve and rank every valid layout (see the module docstring).
+
+    ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
+    i.e. each divisor of devices / tp that divides seq_len; ``[1]`` leaves cp out).
+    ``progress(done, total)`` is called about every 0.2 s and once at the end.
+    """
     started = time.perf_counter()
     solver = solver or TrainingMemoryModel()
     registry = solver.registry
@@ -172,104 +186,181 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
             raise InvalidInputError(name, value, "a positive finite number")
+    cp_allowed = None
+    if context_parallel is not None:
+        cp_allowed = {_checks.count("context_parallel", c) for c in context_parallel}
     strategies = list(checkpointing) if checkpointing is not None else sorted(registry.checkpointing)
     if model.heads is None:
         strategies = [s for s in strategies if not registry.checkpointing[s].requires_heads]
     dp_rules = list(data_parallel) if data_parallel is not None else sorted(registry.rules_for_axis(DATA))
     recompute = {**RECOMPUTE, **(recompute or {})}
     max_tp = max_tp or hardware.devices_per_node or 8
+    node = hardware.devices_per_node or 8
     layers = model.layers
     experts = model.experts if model.is_sparse else 1
     top_k = model.active_experts_per_token if model.is_sparse else 0
     active = getattr(model, "active_parameters", model.parameters)
     tokens = global_batch * seq_len
     h = model.hidden_dim or 4096
+    head_dim = model.head_dim or (h // model.heads if model.heads else None)
+    kv = model.kv_heads or model.heads
+    kv_width = kv * head_dim if kv and head_dim else h
+    profile = _checks.name("profile", solver._profile, registry.profiles)
+    measured = registry.profiles[profile].grade == "measured"
 
-    groups = []   # (tp, pp, dp, ep, rule, ckpt, sp, [micro-batches])
+    groups = []   # (tp, cp, pp, dp, ep, rule, ckpt, sp, [micro-batches])
     for tp in _powers_of_two(min(max_tp, devices)):
         if devices % tp or (model.heads and model.heads % tp):
             continue
-        for pp in _divisors(devices // tp):
-            if pp > layers:
+        for cp in _divisors(devices // tp):
+            if seq_len % cp or (cp_allowed is not None and cp not in cp_allowed):
                 continue
-            dp = devices // (tp * pp)
-            if global_batch % dp:
-                continue
-            micro = _divisors(global_batch // dp)
-            for ep in ([e for e in _divisors(dp) if e <= experts and experts % e == 0] if model.is_sparse else [1]):
-                for rule in dp_rules:
-                    if dp == 1 and rule in ("zero1", "zero2", "zero3"):
-                        continue    # nothing to shard over: the same as zero0
-                    for ckpt in strategies:
-                        for sp in (sequence_parallel if tp > 1 else (True,)):
-                            groups.append((tp, pp, dp, ep, rule, ckpt, sp, micro))
+            for pp in _divisors(devices // (tp * cp)):
+                if pp > layers:
+                    continue
+                dp = devices // (tp * cp * pp)
+                if global_batch % dp:
+                    continue
+                micro = _divisors(global_batch // dp)
+                eps = [e for e in _divisors(dp * cp) if e <= experts and experts % e == 0] if model.is_sparse else [1]
+                for ep in eps:
+                    for rule in dp_rules:
+                        if dp * cp == 1 and rule in ("zero1", "zero2", "zero3"):
+                            continue    # nothing to shard over: the same as zero0
+                        for ckpt in strategies:
+                            for sp in (sequence_parallel if tp > 1 else (True,)):
+                                groups.append((tp, cp, pp, dp, ep, rule, ckpt, sp, micro))
     total = sum(len(g[-1]) for g in groups)
 
-    fits: list[Candidate] = []
+    rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     solves = done = 0
-    last_report = time.perf_counter()
-    for tp, pp, dp, ep, rule, ckpt, sp, micro in groups:
-        base = None
-        for mb in micro:   # ascending: memory grows with the micro-batch
-            done += 1
-            gas = global_batch // (dp * mb)
-            if base is None:
-                try:
-                    base = _build_plan(registry, solver._profile, model, hardware, global_batch, seq_len,
-                                       precision, optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
-                                       communication_buffer_fraction, sp, rule, None, None, ())
-                except MlsysimError:
-                    done += len(micro) - 1
-                    break       # a rule rejects this layout (e.g. an option constraint)
-                plan = base
-            else:
-                plan = attrs.evolve(base, gradient_accumulation_steps=gas)
-            try:
-                result = _run_pipeline(registry, plan)
-            except MlsysimError:
-                continue
-            solves += 1
-            if not result.feasible:
-                if assume_monotone:
-                    done += len(micro) - micro.index(mb) - 1
-                    break
-                continue
-            bytes_ = plan.bytes_per_value
-            layer_share = math.ceil(layers / pp)
-            bubble = (pp - 1) / (gas + pp - 1)
-            compute = 6 * active * tokens / devices / flops * (1 + recompute.get(ckpt, 0.0))
-            act = seq_len * mb * h * bytes_
-            tp_comm = 4 * layer_share * 2 * (tp - 1) / tp * act * gas / tp_bandwidth if tp > 1 else 0.0
-            grad_bytes = model.parameters / (tp * pp * ep) * bytes_
-            dp_comm = (2 * (dp - 1) / dp * grad_bytes * (1.5 if rule == "zero3" else 1.0)) / network_bandwidth
-            pp_comm = 2 * act * gas / network_bandwidth if pp > 1 else 0.0
-            ep_comm = 4 * top_k * act * gas * layer_share / network_bandwidth if ep > 1 else 0.0
-            comm_bytes = (tp_comm * tp_bandwidth + (dp_comm + pp_comm + ep_comm) * network_bandwidth)
-            cost = compute / (1 - bubble) + tp_comm + dp_comm + pp_comm + ep_comm
-            fits.append(Candidate(tp=tp, pp=pp, dp=dp, ep=ep, data_parallel=rule, checkpointing=ckpt,
-                                  sequence_parallel=sp, microbatch=mb, gradient_accumulation_steps=gas,
-                                  total_memory=result.total_memory, headroom=result.headroom, cost=cost,
-                                  bubble=bubble, recompute=recompute.get(ckpt, 0.0),
-                                  communication_bytes=comm_bytes))
-        if progress is not None and time.perf_counter() - last_report > 0.2:
-            progress(done, total)
-            last_report = time.perf_counter()
+    collecting = gc.isenabled()
+    gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
+    token = _current_source.set("")
+    try:
+        solves, done = _evaluate(groups, rows, registry, profile, measured, solver, model, hardware, global_batch,
+                                 seq_len, precision, optimizer, trainable_fraction, communication_buffer_fraction,
+                                 assume_monotone, layers, recompute, active, tokens, devices, flops, node,
+                                 tp_bandwidth, network_bandwidth, h, kv_width, top_k, total, progress)
+    finally:
+        _current_source.reset(token)
+        if collecting:
+            gc.enable()
     if progress is not None:
         progress(total, total)
-    front = _pareto(fits)
-    marked = [attrs.evolve(c, pareto=True) if i in front else c for i, c in enumerate(fits)]
-    marked.sort(key=lambda c: (c.cost, -c.headroom))
+    rows.sort(key=lambda r: (r[12], -r[11]))     # cheapest first, then the most headroom
+    fits, best = [], -math.inf
+    for r in rows:      # the Pareto front of (headroom: more is better, cost: less is better)
+        front = r[11] > best
+        if front:
+            best = r[11]
+        fits.append(Candidate(tp=r[0], cp=r[1], pp=r[2], dp=r[3], ep=r[4], data_parallel=r[5], checkpointing=r[6],
+                              sequence_parallel=r[7], microbatch=r[8], gradient_accumulation_steps=r[9],
+                              total_memory=r[10], headroom=r[11], cost=r[12], bubble=r[13], recompute=r[14],
+                              communication_bytes=r[15], pareto=front))
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
                       seq_len=seq_len, candidates=total, solves=solves,
-                      seconds=time.perf_counter() - started, fits=tuple(marked),
-                      pareto=tuple(c for c in marked if c.pareto),
+                      seconds=time.perf_counter() - started, fits=tuple(fits),
+                      pareto=tuple(c for c in fits if c.pareto),
                       assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
                                    "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
 
 
-def text_progress(stream=sys.stderr) -> Callable[[int, int], None]:
-    """A progress bar on a terminal: ``[#####.....] 51,234 / 100,000 layouts``."""
+def _evaluate(groups, rows, registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision,
+              optimizer, trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute,
+              active, tokens, devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, total,
+              progress) -> tuple[int, int]:
+    """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
+    ``rows``; return (solves, layouts evaluated)."""
+    solves = done = 0
+    last_report = time.perf_counter()
+    plan_fields = [a.name for a in attrs.fields(TrainingPlan)]
+    for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
+        fields = missing = None
+        n = len(micro)
+        # What the cost proxy needs per layout, once per layout (not per micro-batch).
+        layer_share = math.ceil(layers / pp)
+        rec = recompute.get(ckpt, 0.0)
+        compute = 6 * active * tokens / devices / flops * (1 + rec)
+        group = dp * cp
+        grad_bytes = None
+        cp_bandwidth = tp_bandwidth if tp * cp <= node else network_bandwidth
+        for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
+            done += 1
+            gas = global_batch // (dp * mb)
+            try:
+                if measured:     # per-rank results and the measured options: the public solve
+                    total_memory = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt,
+                                                tp, pp, dp, ep, 0, gas, trainable_fraction,
+                                                communication_buffer_fraction, sequence_parallel=sp,
+                                                data_parallel=rule, cp_size=cp).total_memory
+                else:
+                    if fields is None:
+                        base = _build_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
+                                           optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
+                                           communication_buffer_fraction, sp, rule, None, None, (), cp)
+                        selection = _selection(registry, base)
+                        if selection.missing:       # the profile's plugins are missing: say so, loudly
+                            missing = base
+                            break
+                        fields = {name: getattr(base, name) for name in plan_fields}
+                        plan = base
+                    else:
+                        fields["gradient_accumulation_steps"] = gas
+                        plan = TrainingPlan(**fields)
+                    total_memory = _pipeline(selection, plan, True)
+            except MlsysimError:
+                if fields is None and not measured:
+                    done += n - 1       # the layout itself is rejected (e.g. an option constraint)
+                    break
+                continue
+            solves += 1
+            capacity = hardware.memory_capacity
+            if not total_memory * 1e-9 <= capacity * 1e-9:     # feasibility in GB, as the reference
+                if assume_monotone:
+                    done += n - index - 1
+                    break
+                continue
+            if grad_bytes is None:
+                bytes_ = precision_bytes(precision)
+                grad_bytes = model.parameters / (tp * pp * ep) * bytes_
+                dp_comm = (2 * (group - 1) / group * grad_bytes * (1.5 if rule == "zero3" else 1.0)) \
+                    / network_bandwidth
+            bubble = (pp - 1) / (gas + pp - 1)
+            act = seq_len / cp * mb * h * bytes_
+            tp_comm = 4 * layer_share * 2 * (tp - 1) / tp * act * gas / tp_bandwidth if tp > 1 else 0.0
+            cp_comm = (2 * (cp - 1) / cp * mb * seq_len * kv_width * bytes_ * layer_share * gas / cp_bandwidth
+                       if cp > 1 else 0.0)
+            pp_comm = 2 * act * gas / network_bandwidth if pp > 1 else 0.0
+            ep_comm = 4 * top_k * act * gas * layer_share / network_bandwidth if ep > 1 else 0.0
+            comm_bytes = (tp_comm * tp_bandwidth + cp_comm * cp_bandwidth
+                          + (dp_comm + pp_comm + ep_comm) * network_bandwidth)
+            cost = compute / (1 - bubble) + tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
+            rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory, cost,
+                         bubble, rec, comm_bytes))
+        if missing is not None:
+            _run_pipeline(registry, missing)    # raises the solver's PluginError
+        if progress is not None and time.perf_counter() - last_report > 0.2:
+            progress(done, total)
+            last_report = time.perf_counter()
+    return solves, done
+
+
+def precision_bytes(precision: str) -> int | float:
+    from .plan import PRECISION_BYTES
+    return PRECISION_BYTES[_checks.name("precision", precision, PRECISION_BYTES)]
+
+
+def text_progress(stream=sys.stderr, delay: float = 0.5) -> Callable[[int, int], None]:
+    """A progress bar: ``[#####.....] 51,234 / 100,000 layouts``, drawn only once the search
+    has run ``delay`` seconds (a quick search prints nothing)."""
+    started = time.perf_counter()
+    shown = [False]
+
     def report(done: int, total: int) -> None:
+        if not shown[0] and time.perf_counter() - started < delay:
+            return
+        shown[0] = True
         width = 30
         filled = int(width * done / total) if total else width
         stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,} / {total:,} layouts")

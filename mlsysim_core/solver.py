@@ -229,11 +229,63 @@ def _select_rule(registry: Registry, axis: str, name: object, parameter: str) ->
     return name.strip().lower()
 
 
+# Fast paths (the solver's own caches; plugins memoise their terms separately, see
+# mlsysim_plugins._memo and mlsysim_core.measured._cache). False turns them off: tests check
+# that results are byte-identical either way.
+FAST_PATHS = True
+_CACHE_SIZE = 4096
+
+
 def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
                 activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
                 gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
                 sequence_parallel, data_parallel, sharding_rules, plugin_options,
                 include_plugins, cp_size=1) -> TrainingPlan:
+    """The checked plan. Inputs checked before (the same registry, the same model and
+    hardware objects, the same values of exactly the same types) give the plan built then:
+    plans are frozen, and a check's outcome depends on nothing else."""
+    if FAST_PATHS and not sharding_rules and not plugin_options and \
+            (not include_plugins or (type(include_plugins) is tuple and
+                                     all(type(name) is str for name in include_plugins))) and \
+            type(batch_size) is int and type(seq_len) is int and type(tp_size) is int and \
+            type(pp_size) is int and type(dp_size) is int and type(ep_size) is int and \
+            type(zero_stage) is int and type(gradient_accumulation_steps) is int and type(cp_size) is int and \
+            type(trainable_fraction) is float and type(communication_buffer_fraction) is float and \
+            (sequence_parallel is True or sequence_parallel is False):
+        plans = registry.cache.get("plans")
+        if plans is None:
+            plans = registry.cache["plans"] = {}
+        # Objects by identity (a cached plan holds them, so their ids are not reused while
+        # it is cached), the rest by value.
+        key = (profile, id(model), id(hardware), batch_size, seq_len, precision, optimizer,
+               activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
+               gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
+               sequence_parallel, data_parallel, cp_size, include_plugins or ())
+        plan = plans.get(key)
+        if plan is not None and plan.model is model and plan.hardware is hardware:
+            return plan
+        plan = _checked_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
+                             activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
+                             gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
+                             sequence_parallel, data_parallel, sharding_rules, plugin_options,
+                             include_plugins, cp_size)
+        if plan.model is model and plan.hardware is hardware:    # not for catalog names
+            if len(plans) >= _CACHE_SIZE:
+                plans.clear()
+            plans[key] = plan
+        return plan
+    return _checked_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
+                         activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
+                         gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
+                         sequence_parallel, data_parallel, sharding_rules, plugin_options,
+                         include_plugins, cp_size)
+
+
+def _checked_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
+                  activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
+                  gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
+                  sequence_parallel, data_parallel, sharding_rules, plugin_options,
+                  include_plugins, cp_size=1) -> TrainingPlan:
     profile = _checks.name("profile", profile, registry.profiles)
     model = _resolve_model(model)
     hardware = _resolve_hardware(hardware)
@@ -488,13 +540,15 @@ class _Selection:
     layouts with the same selection)."""
 
     __slots__ = ("rules", "optimizer", "checkpointing", "impls", "calls", "plugin_sources", "selected", "missing",
-                 "profile_info", "combine_peak")
+                 "profile_info", "combine_peak", "splits", "placements")
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
         from .hookspecs import COMPONENT_HOOKS
         self.rules = tuple((axis, name, registry.providers[(SHARDING, name)], registry.sharding_rules[name].apply,
                             _takes_split(registry.sharding_rules[name].apply))
                            for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
+        self.splits = any(rule[4] for rule in self.rules)   # a rule reads what the earlier ones did
+        self.placements = {}    # the effects' ids and the model's counts -> (placement, buffers, notes, effects)
         opt, ckpt = plan.optimizer, plan.activation_checkpointing
         profile = registry.profiles[plan.profile]
         measured = profile.grade == "measured"
@@ -526,7 +580,7 @@ class _Selection:
                       for component, hook in COMPONENT_HOOKS.items()}
         # Ready-made calls per component: (provider, function, argnames or None for the usual
         # (plan, placement), call site, hook name).
-        self.calls = {component: tuple((i.plugin, i.function, None if i.argnames == _PLAN_PLACEMENT else i.argnames,
+        self.calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames),
                                         ("hook {}", COMPONENT_HOOKS[component]), COMPONENT_HOOKS[component])
                                        for i in impls)
                       for component, impls in self.impls.items()}
@@ -539,6 +593,20 @@ class _Selection:
         self.selected = types.MappingProxyType(
             {"profile": plan.profile, "optimizer": opt, "activation_checkpointing": ckpt,
              **{f"{axis}_rule": plan.rules[axis] for axis in AXES}})
+
+
+def _arguments(argnames: tuple) -> Callable | None:
+    """How to pick a hook implementation's arguments from ``(plan, placement, extra)``, where
+    extra is the component's third hook argument (``model_states``, ``allocated``); ``None``
+    for the usual ``(plan, placement)``."""
+    if tuple(argnames) == _PLAN_PLACEMENT:
+        return None
+    index = tuple({"plan": 0, "placement": 1}.get(a, 2) for a in argnames)
+    if len(index) >= 2:
+        return operator.itemgetter(*index)        # a tuple, in C
+    if len(index) == 1:
+        return lambda values, i=index[0]: (values[i],)
+    return lambda values: ()
 
 
 def _takes_split(apply) -> bool:
@@ -563,16 +631,50 @@ def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
 
 
 def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, list]:
+    """Call every selected rule; combine their effects into the rank's placement.
+
+    Rules are pure and their effects frozen: the same effect objects (built-in rules memoise
+    them) and the same model counts give the same placement, so that is cached per
+    selection. The cache holds the effects, so their ids are not reused while cached."""
+    if selection.splits or not FAST_PATHS:
+        return _place_in_order(selection, plan)
+    options = plan.options
+    effects = []
+    for axis, name, info, apply, _ in selection.rules:
+        _set_source(info.name)
+        try:
+            effects.append(apply(plan, options.get(name) if options else None))
+        except (InvalidInputError, PluginContractError):
+            raise
+        except Exception as err:
+            raise _blame(info, ("sharding rule '{}' apply", name), "apply", err) from err
+    model = plan.model
+    key = (*map(id, effects), model.parameters, model.layers, plan.trainable_fraction)
+    placements = selection.placements
+    hit = placements.get(key)
+    if hit is None:
+        placement, buffers, notes = _place_in_order(selection, plan, effects)
+        if len(placements) >= _CACHE_SIZE:
+            placements.clear()
+        hit = placements[key] = (placement, tuple(buffers), tuple(notes), tuple(effects))
+    return hit[0], list(hit[1]), hit[2]
+
+
+def _place_in_order(selection: _Selection, plan: TrainingPlan, effects=None) -> tuple[Placement, list, list]:
+    """The rules in axis order, each seeing what the earlier ones did; ``effects``: what rules
+    that do not read it already returned, in the same order."""
     parameter = activation = weight = gradient = optimizer_state = 1
     by_parameter = by_activation = by_weight = by_gradient = by_optimizer_state = ()   # the rules that split each
     layers_per_stage = layers_rule = None
     buffer_terms, notes = [], []
     options = plan.options
-    for axis, name, info, apply, takes_split in selection.rules:   # model parallel (tp, cp, pp, ep), then dp
+    for index, (axis, name, info, apply, takes_split) in enumerate(selection.rules):   # tp, cp, pp, ep, then dp
         option = options.get(name) if options else None
         _set_source(info.name)
         try:
-            if takes_split:
+            if effects is not None:
+                effect = effects[index]
+            elif takes_split:
                 effect = apply(plan, option, SplitSoFar(
                     parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
                     gradient_shards=gradient, optimizer_state_shards=optimizer_state,
@@ -647,13 +749,9 @@ def _hook_terms(calls, component: str, plan: TrainingPlan, placement: Placement,
     if not calls:
         return []
     terms: list[MemoryTerm] = []     # a new list: a plugin's own list is never changed
-    for info, function, argnames, what, hook in calls:
-        if argnames is None:
-            args = (plan, placement)
-        else:
-            kwargs = {"plan": plan, "placement": placement, **(extra or {})}
-            args = tuple(kwargs[a] for a in argnames)
-        terms += _terms(info, what, hook, function, args, component)
+    for info, function, pick, what, hook in calls:
+        terms += _terms(info, what, hook, function,
+                        (plan, placement) if pick is None else pick((plan, placement, extra)), component)
     return terms
 
 
@@ -717,7 +815,9 @@ def _peak(terms) -> tuple[str, tuple]:
     return _peak_of(_alive(terms))
 
 
-def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
+def _run_pipeline(registry: Registry, plan: TrainingPlan, totals_only: bool = False) -> TrainingMemoryResult:
+    """The whole pipeline for one plan. ``totals_only``: return just the accelerator total
+    (bytes), not the result object (plan search: every plugin still runs)."""
     selection = _selection(registry, plan)
     if selection.missing:
         info = selection.profile_info
@@ -728,12 +828,12 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResul
     # Each plugin call names its plugin in the provenance context; it is restored once, here.
     token = _current_source.set("")
     try:
-        return _pipeline(selection, plan)
+        return _pipeline(selection, plan, totals_only)
     finally:
         _current_source.reset(token)
 
 
-def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult:
+def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = False) -> TrainingMemoryResult:
     placement, comm, notes = _place(selection, plan)
     if plan.rank is not None:     # measured grade, parallel layouts: this rank class's own counts
         placement = plan.rank.place(plan, placement)
@@ -763,7 +863,7 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
     w, g, o = _accelerator_sum(weights), _accelerator_sum(gradients), _accelerator_sum(optimizer_state)
     if calls[COMMUNICATION_BUFFERS]:
         comm += _hook_terms(calls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS, plan, placement,
-                            {"model_states": {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o}})
+                            {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o})
     if len(comm) > 1:
         comm.sort(key=_term_key)
     a, c = _accelerator_sum(activations), _accelerator_sum(comm)
@@ -776,7 +876,7 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
         peak_phase, (w, g, o, a, c, r) = _peak_of(alive)
     if calls[RUNTIME_OVERHEADS]:
         runtime = _hook_terms(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement,
-                              {"allocated": w + g + o + a + c + r})
+                              w + g + o + a + c + r)
         if len(runtime) > 1:
             runtime.sort(key=_term_key)
         if runtime:
@@ -789,6 +889,8 @@ def _pipeline(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult
     total = w + g + o + a + c
     if r:
         total += r
+    if totals_only:
+        return total
     host = 0
     for term in terms:
         if term.tier == HOST:     # (NVMe-tier terms are neither accelerator nor host memory)

@@ -61,3 +61,53 @@ def test_measured_profile_cache_gives_byte_identical_results():
     finally:
         _cache.ENABLED = True
     assert cached == cached_again == plain
+
+
+def _every_fast_path(enabled: bool) -> None:
+    from mlsysim_core import solver
+    from mlsysim_core.measured import _cache
+    memo.ENABLED = _cache.ENABLED = solver.FAST_PATHS = enabled
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(configs(), st.sampled_from(["reference", "measured"]))
+def test_every_fast_path_off_gives_byte_identical_results(solver, config, profile):
+    """The solver's own caches (checked plans, placements), the plugins' memos and the
+    measured profile's term cache, all off at once: not a byte changes, in either profile."""
+    from mlsysim_core import MlsysimError
+    model, kwargs = config
+    if profile == "measured":
+        model = TransformerWorkload(name="m", parameters=model.parameters, layers=model.layers, hidden_dim=4096,
+                                    heads=32, vocab_size=32000, kv_heads=8, ffn_dim=14336)
+        kwargs = {**kwargs, "ep_size": 1, "precision": "bf16", "optimizer": "adamw"}
+
+    def run():
+        try:
+            return solver.solve(model, GPU, **kwargs, profile=profile).to_json()
+        except MlsysimError as err:
+            return repr(err)
+    fast, again = run(), run()
+    _every_fast_path(False)
+    try:
+        plain = run()
+    finally:
+        _every_fast_path(True)
+    assert fast == again == plain
+
+
+def test_a_cached_plan_never_hides_a_check(solver):
+    """A plan checked once is reused only for the same values of exactly the same types."""
+    import pytest
+    from mlsysim_core import InvalidInputError
+    solver.solve("llama3-8b", "h100", 8, 1024, tp_size=1)
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        solver.solve("llama3-8b", "h100", True, 1024)               # True == 1, but not a count
+    from mlsysim_core.catalog import get_hardware, get_model
+    m, h = get_model("llama3-8b"), get_hardware("h100")
+    one = solver.solve(m, h, 8, 1024, trainable_fraction=1.0)
+    solver.solve(m, h, 8, 1024, trainable_fraction=0.5)
+    as_int = solver.solve(m, h, 8, 1024, trainable_fraction=1)       # 1 == 1.0: still checked on its own
+    assert as_int.total_memory == one.total_memory
+    with pytest.raises(InvalidInputError, match="sequence_parallel"):
+        solver.solve(m, h, 8, 1024, tp_size=2, sequence_parallel=1)
+    assert solver.solve(m, h, 8.0, 1024).to_json() == solver.solve(m, h, 8, 1024).to_json()

@@ -16,22 +16,26 @@ GPU = HardwareNode(name="40GB", memory_capacity=40 * 2**30, devices_per_node=8)
 def brute_force(solver, devices, global_batch, seq_len):
     """Every layout the search promises to consider, solved one by one."""
     out = {}
-    for tp, pp in itertools.product([1, 2, 4, 8], range(1, 33)):
-        if devices % (tp * pp) or pp > 32:
+    rules = sorted(solver.registry.rules_for_axis("dp"))
+    for tp, cp, pp in itertools.product([1, 2, 4, 8], range(1, devices + 1), range(1, 33)):
+        if devices % (tp * cp * pp) or pp > 32 or seq_len % cp:
             continue
-        dp = devices // (tp * pp)
+        dp = devices // (tp * cp * pp)
         if global_batch % dp:
             continue
-        for rule, ckpt, sp, mb in itertools.product(["zero0", "zero1", "zero2", "zero3"],
-                                                     ["full", "none", "selective"], [True, False],
+        for rule, ckpt, sp, mb in itertools.product(rules, ["full", "none", "selective"], [True, False],
                                                      range(1, global_batch // dp + 1)):
-            if (global_batch // dp) % mb or (dp == 1 and rule != "zero0") or (tp == 1 and not sp):
+            if (global_batch // dp) % mb or (dp * cp == 1 and rule in ("zero1", "zero2", "zero3")) or \
+                    (tp == 1 and not sp):
                 continue
             gas = global_batch // (dp * mb)
-            r = solver.solve(MODEL, GPU, global_batch, seq_len, activation_checkpointing=ckpt, tp_size=tp,
-                             pp_size=pp, dp_size=dp, gradient_accumulation_steps=gas, sequence_parallel=sp,
-                             data_parallel=rule)
-            out[(tp, pp, dp, 1, rule, ckpt, sp, mb)] = r
+            try:
+                r = solver.solve(MODEL, GPU, global_batch, seq_len, activation_checkpointing=ckpt, tp_size=tp,
+                                 pp_size=pp, dp_size=dp, gradient_accumulation_steps=gas, sequence_parallel=sp,
+                                 data_parallel=rule, cp_size=cp)
+            except InvalidInputError:      # a rule refuses the layout: counted, never fits
+                r = None
+            out[(tp, cp, pp, dp, 1, rule, ckpt, sp, mb)] = r
     return out
 
 
@@ -39,13 +43,42 @@ def test_search_matches_brute_force(solver):
     found = search.search_plans(MODEL, GPU, devices=16, global_batch=32, seq_len=2048, solver=solver)
     truth = brute_force(solver, 16, 32, 2048)
     assert found.candidates == len(truth)
-    fits = {(c.tp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, c.sequence_parallel, c.microbatch): c
+    assert {c.cp for c in found.fits} == {1, 2, 4, 8, 16}      # context parallelism takes part
+    fits = {(c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, c.sequence_parallel, c.microbatch): c
             for c in found.fits}
-    assert set(fits) == {k for k, r in truth.items() if r.feasible}
+    assert set(fits) == {k for k, r in truth.items() if r is not None and r.feasible}
     for key, candidate in fits.items():
         assert candidate.total_memory == truth[key].total_memory       # exact, through the pipeline
         assert candidate.headroom == truth[key].headroom
     assert found.solves <= found.candidates
+
+
+def test_search_without_monotonicity_solves_every_layout(solver):
+    pruned = search.search_plans(MODEL, GPU, devices=8, global_batch=64, seq_len=4096, solver=solver)
+    every = search.search_plans(MODEL, GPU, devices=8, global_batch=64, seq_len=4096, solver=solver,
+                                assume_monotone=False)
+    assert pruned.candidates == every.candidates == every.solves > pruned.solves
+    assert pruned.fits == every.fits       # the monotonicity the pruning assumes holds here
+
+
+def test_context_parallel_axis_and_its_cost(solver):
+    small = TransformerWorkload(name="s", parameters=1_000_000_000, layers=16, hidden_dim=2048, heads=16,
+                                kv_heads=4)
+    found = search.search_plans(small, GPU, devices=8, global_batch=8, seq_len=4096, solver=solver,
+                                checkpointing=["full"], data_parallel=["zero0"], sequence_parallel=[True])
+    (c,) = [c for c in found.fits if (c.tp, c.cp, c.pp, c.dp, c.microbatch) == (1, 8, 1, 1, 8)]
+    compute = 6 * 1e9 * 8 * 4096 / 8 / 4e14 * (1 + 1 / 3)
+    kv_width = 4 * 2048 // 16      # kv_heads x head_dim (GQA)
+    cp_comm = 2 * 7 / 8 * 8 * 4096 * kv_width * 2 * 16 * 1 / 450e9      # one node: tp_bandwidth
+    dp_comm = 2 * 7 / 8 * 1e9 * 2 / 50e9       # cp ranks hold the same parameters: gradients reduce over dp x cp
+    assert c.cost == pytest.approx(compute + cp_comm + dp_comm, rel=1e-12)
+    assert c.total_memory == solver.solve(small, GPU, 8, 4096, activation_checkpointing="full", cp_size=8).total_memory
+    only = search.search_plans(small, GPU, devices=8, global_batch=8, seq_len=4096, solver=solver,
+                               checkpointing=["full"], data_parallel=["zero0"], sequence_parallel=[True],
+                               context_parallel=[1])
+    assert {c.cp for c in only.fits} == {1} and only.candidates < found.candidates
+    row = json.loads(json.dumps(found.to_dict()))["fits"][0]
+    assert "cp" in row and " cp " in found.table().splitlines()[1]
 
 
 def test_pareto_front_is_not_dominated(solver):
@@ -84,9 +117,9 @@ def test_third_party_dp_rule_takes_part(builtin_pm):
         pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
     pm.register(Fsdp(), name="test_fsdp")
     found = search.search_plans(MODEL, GPU, devices=8, global_batch=16, solver=TrainingMemoryModel(plugin_manager=pm))
-    ours = [c for c in found.fits if c.data_parallel == "test.fsdp"]
+    ours = [c for c in found.fits if c.data_parallel == "test.fsdp" and c.cp == 1]
     zero3 = {(c.tp, c.pp, c.checkpointing, c.sequence_parallel, c.microbatch): c.total_memory
-             for c in found.fits if c.data_parallel == ("zero3" if c.dp > 1 else "zero0")}
+             for c in found.fits if c.data_parallel == ("zero3" if c.dp > 1 else "zero0") and c.cp == 1}
     assert ours and all(zero3[(c.tp, c.pp, c.checkpointing, c.sequence_parallel, c.microbatch)] == c.total_memory
                         for c in ours)
 

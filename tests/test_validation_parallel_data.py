@@ -149,7 +149,11 @@ def test_fsdp_local_parameters(run):
         assert padded * w - u["parameters"] < w * u["tensors"] * max(u["parameters"] // u["tensors"], 1)
         if rank == 0:
             assert u["local_parameters"] == padded  # rank 0 always holds a full chunk
-    assert m["local_parameters"] * w >= m["parameters_global"]
+    # rank 0 holds the rounded-up chunks, the last rank what is left
+    if rank == 0:
+        assert m["local_parameters"] * w >= m["parameters_global"]
+    if rank == w - 1:
+        assert m["local_parameters"] * w <= m["parameters_global"]
     assert m["local_parameters"] <= math.ceil(m["parameters_global"] / w) + sum(u["tensors"] for u in units) * 2048
     # the sharded storage is padded: every rank holds padded chunks, whatever its local (view) size
     padded_total = sum(u["padded_sharded_parameters"] for u in units)
@@ -228,8 +232,11 @@ def test_foreach_transient_is_one_local_copy(run):
 def test_fsdp_gradients_are_sharded(run):
     m = run["measured"]
     end = m["alive"]["end_of_backward"]["by_category"]
-    # reduce-scattered into the local shard, in the sharded parameter's dtype (fp32 under the mp policy)
-    assert end["sharded_grad"] == m["local_parameters"] * ELEM[run["regime"]]
+    # reduce-scattered into the PADDED local shard (the grad is a view of it), in the sharded parameter's dtype
+    # (fp32 under the mp policy); where nothing is padded that is exactly the local parameters
+    padded = sum(u["padded_sharded_parameters"] for u in m["fsdp_units"])
+    assert end["sharded_grad"] == padded * ELEM[run["regime"]]
+    assert end["sharded_grad"] == m["alive"]["start"]["by_category"]["sharded_param"]  # same dtype, same padding
     assert end["unsharded_grad"] == 0 and end["unsharded_param"] == 0 and end["all_gather"] == 0
 
 
@@ -251,13 +258,16 @@ def test_fsdp_unsharded_after_forward(run):
     reshard_after_forward is True); ZeRO-2 keeps every group unsharded. Unsharded = unpadded, compute dtype."""
     m, lay = run["measured"], run["layout"]
     units = {u["unit"]: u for u in m["fsdp_units"]}
-    per_tp = {u: units[u]["parameters"] for u in units}
-    if run["layout"]["kind"] == "2d":  # the unsharded size of a 2-D unit is its TP-local size
-        tp, dp = _tp_size(run), _dp_size(run)
-        per_tp = {u: units[u]["padded_sharded_parameters"] * dp for u in units}
-        assert all(v * tp >= units[u]["parameters"] for u, v in per_tp.items())
-    root = per_tp["<root>"]
-    total = sum(per_tp.values())
+    # the unsharded parameters are views of the padded all-gather output: padded chunk x dp (for 2-D this is the
+    # TP-local size of the unit)
+    tp, dp = _tp_size(run), _dp_size(run)
+    unsh = {u: units[u]["padded_sharded_parameters"] * dp for u in units}
+    for u, v in unsh.items():
+        assert v * tp >= units[u]["parameters"]
+        if tp == 1:
+            assert v - units[u]["parameters"] < dp * units[u]["tensors"] * 4096  # < one row per rank per tensor
+    root = unsh["<root>"]
+    total = sum(unsh.values())
     c = COMPUTE_ELEM[run["regime"]]
     unsharded = m["alive"]["end_of_forward"]["by_category"]["unsharded_param"]
     if lay["reshard_after_forward"] is False:
@@ -360,3 +370,28 @@ def test_fake_twin_agrees_to_the_byte(run):
 def test_hidden_sizes_known():
     for r in RUNS:
         assert _hidden(r["hf_config"]) > 0
+
+
+LOSS_PEAK = [r for r in RUNS if r["layout"]["kind"] == "fsdp2"
+             and r["measured"]["peak_op"] == "aten._log_softmax_backward_data.default"]
+
+
+@pytest.mark.parametrize("run", LOSS_PEAK, ids=_ids(LOSS_PEAK))
+def test_fsdp_loss_backward_peak_composition(run):
+    """At the loss-backward peak: unsharded root (ZeRO-3) or everything (ZeRO-2), the last layer's all-gather
+    (ZeRO-3 only), and the single-device run's activations and loss temporaries at the same op, to the byte."""
+    m, lay = run["measured"], run["layout"]
+    single = SINGLE[run["single_device_id"]]["measured"]["peak_by_phase"]["backward"]
+    assert single["op"] == m["peak_op"]
+    c, w, ec = m["by_category_at_peak"], lay["world_size"], COMPUTE_ELEM[run["regime"]]
+    units = m["fsdp_units"]
+    unsharded = [u["padded_sharded_parameters"] * w * ec for u in units]
+    if lay["reshard_after_forward"]:
+        assert c["unsharded_param"] == unsharded[0] and c["all_gather"] == unsharded[-1]
+    else:
+        assert c["unsharded_param"] == sum(unsharded) and c["all_gather"] == 0
+    assert c["activation"] == single["by_category"]["activation"]
+    assert c["temp"] == single["by_category"]["temp"] == 8 * run["batch_size"] * run["seq_len"] * \
+        run["hf_config"]["vocab_size"]
+    assert c["sharded_grad"] == c["unsharded_grad"] == c["reduce_scatter"] == 0
+    assert len(LOSS_PEAK) >= 25

@@ -636,6 +636,23 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def _run_isolated(cfg: dict) -> dict:
+    """2-D configurations run in a subprocess: after one 2-D run, the next one in the same process fails in
+    DTensor with "Could not resolve the process group registered under the name 3" (state cached across
+    destroy_process_group). Standalone they run, and their bytes do not depend on isolation."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "m.json")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg["id"], out],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"child failed: {proc.stderr.strip()[-1500:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
 GENERATOR = "python3 validation/parallel/measure_parallel.py --out validation/parallel/measurements.json"
 
 
@@ -644,7 +661,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="measurements JSON to write")
     ap.add_argument("--only", nargs="+", metavar="ID", help="measure only these ids (merged into --out)")
     ap.add_argument("--list", action="store_true", help="print the ids and exit")
+    ap.add_argument("--child", nargs=2, metavar=("ID", "JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:  # one 2-D configuration in a fresh process (see _run_isolated)
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        cfg = next(c for c in CONFIGS if c["id"] == args.child[0])
+        with open(args.child[1], "w") as f:
+            json.dump(measure_parallel(cfg), f)
+        return 0
     if args.list:
         for c in SINGLE_CONFIGS + CONFIGS:
             print(c["id"])
@@ -678,7 +702,12 @@ def main(argv=None) -> int:
         what, cfg = all_cfgs[cid]
         run = dict(cfg)
         try:
-            run["measured"] = measure_single(cfg) if what == "single" else measure_parallel(cfg)
+            if what == "single":
+                run["measured"] = measure_single(cfg)
+            elif cfg["layout"]["kind"] == "2d":
+                run["measured"] = _run_isolated(cfg)
+            else:
+                run["measured"] = measure_parallel(cfg)
             m = run["measured"]
             msg = (f"peak {m['peak_bytes'] / 2**20:9.2f} MiB in {m['peak_phase']:<9} "
                    f"({m['peak_op']}) {m['wall_s']:6.1f}s")
@@ -711,7 +740,7 @@ def main(argv=None) -> int:
         "device": "cpu",
         "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), one rank per configuration",
         "threads": torch.get_num_threads(),
-        "total_wall_s": None if args.only else round(elapsed, 1),
+        "total_wall_s": round(elapsed, 1) if not args.only else (old.get("total_wall_s") if previous else None),
         "single_device": single,
         "runs": runs,
     }
