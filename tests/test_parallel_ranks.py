@@ -50,8 +50,11 @@ def _plan(tp, sp, rank_in_flight=1.0):
     class Rank:
         in_flight = rank_in_flight
 
+    from mlsysim_core.measured.regimes import REGIMES
+
     class Plan:
         tp_size, cp_size, expert_tp_size, sequence_parallel, rank = tp, 1, tp, sp, Rank
+        regime = REGIMES["mixed-bf16-main-grad"]      # Megatron-Core
     return Plan
 
 
@@ -202,7 +205,7 @@ def test_ddp_buckets_zero_sharding_and_gathers():
     assert bucket.nbytes == grads
     z3 = solve(dp_size=8, zero_stage=3, optimizer="adamw")
     assert z3.weights == pytest.approx(ddp.weights / 8, rel=1e-3)
-    assert any(t.label.startswith("all-gathered layer parameters") for t in z3.terms)
+    assert any(t.label.startswith("all-gathered parameters of one layer") for t in z3.terms)
     assert not any(t.label == "DDP gradient buckets" for t in z3.terms)
 
 
@@ -262,7 +265,7 @@ def test_fsdp_rules():
     full = solve(dp_size=16, data_parallel="fsdp", optimizer="adamw")
     grad_op = solve(dp_size=16, data_parallel="fsdp-grad-op", optimizer="adamw")
     kept = next(t for t in grad_op.terms if t.label == "unsharded parameters kept from forward to backward")
-    assert kept.nbytes == pytest.approx(8_030_261_248 * 4 * 15 / 16, rel=1e-6)   # fp32 params (amp), 15/16 not ours
+    assert kept.nbytes == pytest.approx(8_030_261_248 * 4, rel=1e-6)   # every parameter gathered, fp32 (amp)
     assert grad_op.total_memory > full.total_memory
 
 
@@ -276,3 +279,22 @@ def test_per_rank_fast_paths_are_byte_identical(monkeypatch):
     monkeypatch.setattr(_cache, "ENABLED", False)
     plain = [solve(**kw).to_json() for kw in layouts]
     assert cached == plain
+
+
+def test_fake_process_group_ranks_within_targets():
+    """Every rank measured under PyTorch's fake process group (FSDP2, TP, TP+SP, 2-D):
+    median within 5 %, max within 10 % (issue #4's targets)."""
+    import json
+    import statistics
+    spec = importlib.util.spec_from_file_location("parallel_compare", ROOT / "validation/parallel/compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    rows = compare.compare(json.loads((ROOT / "validation/parallel/measurements.json").read_text()))
+    assert len(rows) >= 60
+    errors = [abs(r["error"]) for r in rows]
+    assert statistics.median(errors) <= 0.05 and max(errors) <= 0.10, max(rows, key=lambda r: abs(r["error"]))
+    kinds = {r["layout"].split(" ")[0] for r in rows}
+    assert kinds == {"fsdp2", "tp", "tp+sp", "2d"}
+    # The peak phase is predicted as measured wherever the measured peak is the loss backward.
+    same = [r for r in rows if r["measured_phase"] == "backward"]
+    assert all(r["predicted_phase"] == "backward" for r in same)

@@ -59,9 +59,11 @@ def layer_bytes(plan, ctx: Context):
 
 
 def megatron(regime) -> bool:
-    """Megatron/DeepSpeed mixed precision: the decoder layers are Megatron-Core's (16-bit
-    activations, the saved tensors Korthikanti et al. count), not Hugging Face's."""
-    return regime.name.startswith("mixed")
+    """Megatron-Core training (the fp32 main-grad regime): the decoder layers are
+    Megatron-Core's (16-bit activations, the saved tensors Korthikanti et al. count) and
+    the cross-entropy is vocabulary-parallel; every other regime runs Hugging Face's layers
+    in PyTorch."""
+    return bool(regime.main_grad)
 
 
 def _regime_kind(regime) -> str:

@@ -277,10 +277,17 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     """One layer's saved bytes on one rank, and the micro-batches in flight: the parts inside
     the tensor-parallel region / tp, the replicated parts / tp only with sequence
     parallelism, expert activations / expert_tp, everything / cp (the sequence split)."""
+    from .model import megatron
     t, c = plan.tp_size, plan.cp_size
     etp = plan.expert_tp_size or t
     sp = plan.sequence_parallel and t > 1
     total = 0.0
+    if sp and not megatron(plan.regime):
+        # PyTorch's sequence parallelism (DTensor, torchtitan's plan) keeps the all-gathered
+        # inputs of attention and of the MLP for the weight gradients: 2 x T x h replicated.
+        gathered = 2 * plan.regime.compute * ctx.tokens * ctx.shape.hidden
+        total += gathered
+        lb = attrs.evolve(lb, parts=tuple((n, b) for n, b in lb.parts) + (("gathered inputs", -gathered),))
     for name, b in lb.parts:
         if selective and name == "attention scores":
             continue
@@ -317,7 +324,9 @@ def rank_model_activation_terms(plan, placement, *, recompute: bool):
     t, cp = plan.tp_size, plan.cp_size
     sp = plan.sequence_parallel and t > 1
     seq = cp * (t if sp else 1)      # how the residual stream is split
-    vocab = t * cp                   # logits: vocabulary over tp, tokens over cp
+    # Megatron's cross-entropy is vocabulary-parallel; PyTorch's tensor parallelism gathers
+    # the logits in full on every rank (no loss parallelism), so only cp splits them.
+    vocab = (t if megatron(regime) else 1) * cp
     n = rank.in_flight
     c = regime.compute
     kind = _regime_kind(regime)
@@ -385,12 +394,24 @@ def rank_gradient_terms(plan, placement):
     b = regime.gradient
     if not b:
         return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
+    from .model import megatron
+    from .shapes import ModelShape
     params = placement.trainable_parameters_per_rank / placement.gradient_shards
     accumulating = plan.gradient_accumulation_steps > 1
-    return [MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)", nbytes=params * b,
-                       phases=ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP),
-                       formula=f"{params:,.0f} trainable params/rank x {b} B"
-                               + (" (accumulated over micro-batches: alive throughout)" if accumulating else ""))]
+    phases = ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP)
+    terms = [MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)", nbytes=params * b,
+                        phases=phases, formula=f"{params:,.0f} trainable params/rank x {b} B"
+                        + (" (accumulated over micro-batches: alive throughout)" if accumulating else ""))]
+    t = plan.tp_size
+    if plan.rank.first and t > 1 and not megatron(regime) and placement.gradient_shards == 1:
+        # DTensor's row-sharded embedding receives its gradient as a full V x h tensor, and
+        # it stays that way in .grad: every rank holds the whole embedding gradient.
+        extra = ModelShape.of(plan.model).embedding_parameters * (1 - 1 / t)
+        terms.append(MemoryTerm(component=GRADIENTS, label="embedding gradient, replicated on every tp rank",
+                                nbytes=extra * b, phases=phases,
+                                formula=f"V x h x (1 - 1/tp={t}) = {extra:,.0f} x {b} B (PyTorch tensor "
+                                        "parallelism: the row-sharded embedding's gradient arrives in full)"))
+    return terms
 
 
 # --- buffers of the data-parallel, expert-parallel and offload machinery -----------------
@@ -424,23 +445,34 @@ def buffer_terms(plan, placement):
             component=COMMUNICATION_BUFFERS, label="DDP gradient buckets", nbytes=params * regime.gradient,
             phases=ALL_PHASES, formula=f"{fmt(params)} params x {regime.gradient} B: PyTorch DDP copies every "
                                        "gradient into its flat buckets (gradient_as_bucket_view=False)"))
-    gathers = dp_rule in ("zero3", "fsdp", "fsdp-grad-op", "hsdp") and placement.weight_shards > 1
-    if dp_rule == "fsdp-grad-op" and placement.weight_shards > 1:
+    sharded = placement.weight_shards > 1
+    gathered = 2 if regime.name == "fsdp-bf16" else regime.weight      # bytes of a gathered parameter
+    if dp_rule == "fsdp-grad-op" and sharded:
         params = placement.parameters_per_rank
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
-            nbytes=params * regime.weight * (1 - 1 / placement.weight_shards), phases=(FORWARD, BACKWARD),
-            formula=f"{fmt(params)} params x {regime.weight} B x (1 - 1/{placement.weight_shards:g}) "
-                    "(SHARD_GRAD_OP: reshard_after_forward=False)"))
-    if gathers or "parameters" in offloaded:
+            nbytes=params * gathered, phases=(FORWARD, BACKWARD),
+            formula=f"{fmt(params)} params x {gathered} B (SHARD_GRAD_OP / reshard_after_forward=False: every "
+                    "gathered layer stays until its backward)"))
+    elif dp_rule in ("fsdp", "hsdp") and sharded:
+        from .shapes import ModelShape
+        shape = ModelShape.of(plan.model)
+        root = shape.embedding_parameters * (1 if shape.tied else 2) / plan.tp_size + shape.hidden
         terms.append(MemoryTerm(
-            component=COMMUNICATION_BUFFERS, label="all-gathered layer parameters (current + prefetched next)",
-            nbytes=2 * layer * regime.weight, phases=(FORWARD, BACKWARD),
-            formula=f"2 x {fmt(layer)} params of one layer x {regime.weight} B"))
+            component=COMMUNICATION_BUFFERS, label="root group unsharded (embedding, LM head, final norm)",
+            nbytes=root * gathered, phases=(FORWARD, BACKWARD),
+            formula=f"{fmt(root)} params x {gathered} B (fully_shard on the model: its own parameters stay "
+                    "gathered from the forward to the backward)"))
+    if (dp_rule in ("zero3", "fsdp", "hsdp") and sharded) or "parameters" in offloaded:
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
+            nbytes=layer * gathered, phases=(FORWARD, BACKWARD),
+            formula=f"{fmt(layer)} params of one layer x {gathered} B (one layer at a time, as PyTorch measures "
+                    "on the CPU; a GPU's prefetch can hold the next one too)"))
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="reduce-scatter input: one layer's unsharded gradients",
-            nbytes=layer * (regime.gradient or 4), phases=(BACKWARD,),
-            formula=f"{fmt(layer)} params x {regime.gradient or 4} B"))
+            nbytes=layer * (regime.gradient or 4), phases=(BACKWARD_END,),
+            formula=f"{fmt(layer)} params x {regime.gradient or 4} B (during each layer's backward)"))
     if "gradients" in offloaded:
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="gradient offload staging (one layer)",

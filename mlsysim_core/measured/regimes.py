@@ -58,6 +58,9 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
     Regime(name="mixed-bf16", description="Megatron/DeepSpeed mixed precision: bf16 weights and "
            "gradients, fp32 master copy and optimizer state", weight=2, gradient=2, master=4, state=4,
            compute=2, residual=2),
+    Regime(name="fsdp-bf16", description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): "
+           "fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters and activations",
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
            compute=2, residual=2, main_grad=4),

@@ -29,16 +29,22 @@ def mlsysim_weight_terms(plan, placement):
     return model.weight_terms(plan, placement)
 
 
+def _split_model(plan) -> bool:
+    """Is the model itself split (pipeline stages, tensor or context parallelism)? Data and
+    expert parallelism alone leave every rank the whole model's activations and loss."""
+    return plan.rank is not None and plan.pp_size * plan.tp_size * plan.cp_size > 1
+
+
 @hookimpl
 def mlsysim_gradient_terms(plan, placement):
-    if plan.rank is not None:     # a parallel layout: this rank's own stage
+    if _split_model(plan):     # a parallel layout: this rank's own stage
         return parallel.rank_gradient_terms(plan, placement)
     return model.gradient_terms(plan, placement, first_layer_late=_recomputes(plan))
 
 
 @hookimpl
 def mlsysim_activation_terms(plan, placement):
-    if plan.rank is not None:
+    if _split_model(plan):
         return parallel.rank_model_activation_terms(plan, placement, recompute=_recomputes(plan))
     return model.model_activation_terms(plan, placement, recompute=_recomputes(plan))
 
