@@ -61,7 +61,7 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile to use (see `plugins`; `estimate` defaults to measured, "
                                           "the other commands to reference)")
     parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
-                                         "mixed-bf16-main-grad (default: from --precision)")
+                                         "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
     parser.add_argument("--optimizer-impl", dest="optimizer_impl",
                         help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
     parser.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")

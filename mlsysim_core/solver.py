@@ -92,7 +92,7 @@ class TrainingMemoryModel:
         Measured-grade profiles (``profile="measured"``) also read:
 
         * ``regime``: ``fp32``, ``amp-bf16``, ``amp-fp16``, ``bf16``, ``fp16``,
-          ``mixed-bf16``, ``mixed-bf16-main-grad`` (default: from ``precision``: 16-bit
+          ``mixed-bf16``, ``mixed-bf16-main-grad``, ``fsdp-bf16`` (default: from ``precision``: 16-bit
           means autocast, fp32 means fp32);
         * ``optimizer_impl``: PyTorch's ``foreach`` (default), ``fused`` or ``for-loop`` step;
         * ``attention``: ``sdpa`` (default; fused kernels, no s x s scores) or ``eager``;
