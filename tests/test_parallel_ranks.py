@@ -229,6 +229,8 @@ def test_offload_moves_state_to_host_memory():
     ({"pipeline_schedule": "1f1b", "virtual_stages": 2}, "virtual_stages=2 is not allowed: 1 unless"),
     ({"pp_size": 4, "stage_layers": "8,8,8,8"}, "stage_layers='8,8,8,8'"),
     ({"expert_tp_size": 2}, "expert_tp_size=2 is not allowed: unset or 1 for a dense model"),
+    ({"tp_size": 3}, "tp_size=3 is not allowed: a divisor of the model's 32 attention heads"),
+    ({"model": "mixtral-8x7b", "ep_size": 3, "dp_size": 3}, "ep_size=3 is not allowed: a divisor of the model's 8 experts"),
 ])
 def test_layout_options_are_checked(kwargs, message):
     with pytest.raises(InvalidInputError) as info:

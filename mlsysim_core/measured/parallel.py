@@ -31,6 +31,13 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
                                 f"pipeline_schedule={schedule!r}")
     if schedule == "interleaved-1f1b" and virtual_stages is None:
         v = 2
+    heads = plan.model.heads
+    if heads and heads % plan.tp_size:
+        raise LayoutError("tp_size", plan.tp_size, f"a divisor of the model's {heads} attention heads",
+                          "tensor parallelism splits the heads evenly over tp ranks")
+    if plan.model.is_sparse and plan.model.experts % plan.ep_size:
+        raise LayoutError("ep_size", plan.ep_size, f"a divisor of the model's {plan.model.experts} experts",
+                          "expert parallelism places the same number of experts on every rank")
     etp = plan.tp_size if expert_tp_size is None else _checks.count("expert_tp_size", expert_tp_size)
     if expert_tp_size is not None and not plan.model.is_sparse and etp != 1:
         raise LayoutError("expert_tp_size", expert_tp_size, "unset or 1 for a dense model",
