@@ -78,6 +78,9 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="measured profile: tensor parallelism inside the experts (default --tp)")
     parser.add_argument("--stage-layers", dest="stage_layers", type=_int_list, metavar="N,N,...",
                         help="measured profile: decoder layers on each pipeline stage (default: an even split)")
+    parser.add_argument("--moe-capacity-factor", dest="moe_capacity_factor", type=float,
+                        help="measured profile, mixture of experts: token dropping with this capacity factor "
+                             "(default dropless)")
     parser.add_argument("--offload", help="measured profile: optimizer, optimizer+gradients or "
                                           "optimizer+gradients+parameters, to host memory (name=nvme for NVMe, "
                                           "e.g. optimizer=nvme)")

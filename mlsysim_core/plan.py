@@ -63,6 +63,7 @@ class TrainingPlan:
     expert_tp_size: int | None = None   # tensor parallelism inside the experts (None: tp_size)
     stage_layers: tuple[int, ...] | None = None   # decoder layers on each pipeline stage (None: even split)
     offload: tuple[tuple[str, str], ...] = ()   # (what, "cpu" | "nvme"): optimizer, gradients, parameters
+    moe_capacity_factor: float | None = None   # experts' capacity factor (token dropping); None: dropless
     rank: Any = None                    # mlsysim_core.measured.parallel.RankClass: which rank this solve describes
 
     @property

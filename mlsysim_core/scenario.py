@@ -32,7 +32,7 @@ KEYWORD_FIELDS = ("sequence_parallel", "data_parallel", "sharding_rules", "plugi
 # Measured-grade profiles only; passed to solve only when set.
 MEASURED_FIELDS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
                    "runtime_overheads", "pipeline_schedule", "virtual_stages", "expert_tp_size", "stage_layers",
-                   "offload", "lora")
+                   "offload", "moe_capacity_factor", "lora")
 
 
 @attrs.frozen(kw_only=True)
@@ -73,6 +73,7 @@ class Scenario:
     expert_tp_size: int | None = None
     stage_layers: list[int] | None = None
     offload: str | list[str] | dict[str, str] | None = None
+    moe_capacity_factor: float | None = None
     lora: dict[str, Any] | None = None  # mlsysim_core.finetune.LoRAConfig fields (LoRA / QLoRA)
     description: str = ""
 

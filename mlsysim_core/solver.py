@@ -71,6 +71,7 @@ class TrainingMemoryModel:
               cp_size: int = 1, lora: Any = None, pipeline_schedule: str | None = None,
               virtual_stages: int | None = None, expert_tp_size: int | None = None,
               stage_layers: Sequence[int] | None = None, offload: Any = None,
+              moe_capacity_factor: float | None = None,
               ) -> TrainingMemoryResult:
         """Solve for the memory of one accelerator.
 
@@ -110,7 +111,9 @@ class TrainingMemoryModel:
         * ``stage_layers``: decoder layers on each pipeline stage (default: an even split);
         * ``offload``: what lives in host memory or on NVMe: ``"optimizer"``,
           ``"optimizer+gradients"``, ``"optimizer+gradients+parameters"``, a sequence of
-          those names, or ``{name: "cpu" | "nvme"}``.
+          those names, or ``{name: "cpu" | "nvme"}``;
+        * ``moe_capacity_factor``: mixture-of-experts with token dropping: every expert's
+          batch padded to capacity factor x its share of the routed tokens (default dropless).
 
         With a parallel layout a measured-grade result describes every distinct rank
         (``result.ranks``: first, middle and last pipeline stages); its totals are the
@@ -129,10 +132,11 @@ class TrainingMemoryModel:
                            trainable_fraction, communication_buffer_fraction, sequence_parallel,
                            data_parallel, sharding_rules, plugin_options, include_plugins, cp_size)
         measured = (regime, optimizer_impl, attention, dropout, checkpointed_layers, runtime_overheads,
-                    lora, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload)
+                    lora, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload,
+                    moe_capacity_factor)
         if registry.profiles[plan.profile].grade == "measured":
-            plan = _measured_plan(plan, *measured)
-            from .measured import parallel
+            plan = _measured_plan_reused(registry, plan, measured)
+            parallel = _parallel_module()
             if parallel.is_parallel(plan):
                 return parallel.solve_ranks(plan, lambda p: _run_pipeline(registry, p))
         elif measured != (None,) * len(_MEASURED_OPTIONS):
@@ -147,12 +151,13 @@ class TrainingMemoryModel:
 
 _MEASURED_OPTIONS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
                      "runtime_overheads", "lora", "pipeline_schedule", "virtual_stages", "expert_tp_size",
-                     "stage_layers", "offload")
+                     "stage_layers", "offload", "moe_capacity_factor")
 
 
 def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropout, checkpointed_layers,
                    runtime_overheads, lora=None, pipeline_schedule=None, virtual_stages=None,
-                   expert_tp_size=None, stage_layers=None, offload=None) -> TrainingPlan:
+                   expert_tp_size=None, stage_layers=None, offload=None,
+                   moe_capacity_factor=None) -> TrainingPlan:
     """The measured-grade options, checked and with their defaults."""
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
@@ -194,7 +199,53 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
         from .finetune import lora_option
         plan = lora_option(plan, lora)
     from .measured.parallel import layout_options
+    if moe_capacity_factor is not None:
+        if not plan.model.is_sparse:
+            raise InvalidInputError("moe_capacity_factor", moe_capacity_factor, "None for a dense model",
+                                    f"{plan.model.name!r} has no experts")
+        cf = moe_capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6:
+            raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
+                   else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
+        plan = attrs.evolve(plan, moe_capacity_factor=float(cf))
     return layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload)
+
+
+_PARALLEL = None
+_SIMPLE_OPTION_TYPES = frozenset((type(None), str, int, bool))
+
+
+def _parallel_module():
+    global _PARALLEL
+    if _PARALLEL is None:
+        from .measured import parallel
+        _PARALLEL = parallel
+    return _PARALLEL
+
+
+def _measured_plan_reused(registry: Registry, plan: TrainingPlan, measured: tuple) -> TrainingPlan:
+    """``_measured_plan``, reusing the plan it gave before for the same checked plan (by
+    identity: the cache holds it) and the same options (None, str, int or bool values,
+    compared with their types; anything else is checked afresh). Plans are frozen and the
+    checks depend on nothing else, so the outcome is the same."""
+    if not FAST_PATHS:
+        return _measured_plan(plan, *measured)
+    simple = _SIMPLE_OPTION_TYPES
+    for value in measured:
+        if type(value) not in simple:
+            return _measured_plan(plan, *measured)
+    key = (id(plan), measured, tuple(map(type, measured)))
+    plans = registry.cache.get("measured plans")
+    if plans is None:
+        plans = registry.cache["measured plans"] = {}
+    hit = plans.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    checked = _measured_plan(plan, *measured)
+    if len(plans) >= _CACHE_SIZE:
+        plans.clear()
+    plans[key] = (plan, checked)
+    return checked
 
 
 def _resolve_model(model) -> TransformerWorkload:

@@ -300,3 +300,18 @@ def test_fake_process_group_ranks_within_targets():
     # The peak phase is predicted as measured wherever the measured peak is the loss backward.
     same = [r for r in rows if r["measured_phase"] == "backward"]
     assert all(r["predicted_phase"] == "backward" for r in same)
+
+
+def test_moe_capacity_factor_scales_expert_activations():
+    a = solve("mixtral-8x7b", tp_size=2, dp_size=8, ep_size=8, activation_checkpointing="none")
+    b = solve("mixtral-8x7b", tp_size=2, dp_size=8, ep_size=8, activation_checkpointing="none",
+              moe_capacity_factor=1.25)
+    layers = lambda r: next(t.nbytes for t in r.terms if t.label == "decoder layers: saved for backward")
+    experts = (layers(b) - layers(a)) / 0.25          # the experts' share of the layers' bytes
+    assert 0 < experts < layers(a)
+    a2a = lambda r: next(t.nbytes for t in r.terms if t.label.startswith("expert all-to-all"))
+    assert a2a(b) == pytest.approx(1.25 * a2a(a))
+    with pytest.raises(InvalidInputError, match="moe_capacity_factor=1.25 is not allowed: None for a dense model"):
+        solve(moe_capacity_factor=1.25)
+    with pytest.raises(InvalidInputError, match="moe_capacity_factor=0 is not allowed: a number > 0"):
+        solve("mixtral-8x7b", moe_capacity_factor=0)

@@ -15,6 +15,7 @@ import attrs
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
 from . import lora
+from . import _cache
 from ._cache import cached_terms
 from .layers import layer_forward_bytes, megatron_layer_bytes
 from .shapes import ModelShape
@@ -48,14 +49,22 @@ def context(plan, placement) -> Context:
 def layer_bytes(plan, ctx: Context):
     s = ctx.shape
     if megatron(plan.regime):
-        return megatron_layer_bytes(
+        lb = megatron_layer_bytes(
             style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
             attention=plan.attention, dropout=plan.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
             experts=s.experts, top_k=s.top_k)
-    return layer_forward_bytes(
-        style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-        regime=_regime_kind(ctx.regime), attention=plan.attention, dropout=plan.dropout > 0,
-        tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
+    else:
+        lb = layer_forward_bytes(
+            style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
+            regime=_regime_kind(ctx.regime), attention=plan.attention, dropout=plan.dropout > 0,
+            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
+    cf = plan.moe_capacity_factor
+    if cf is not None:
+        # Token dropping with a capacity factor pads every expert's batch to its capacity:
+        # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
+        parts = tuple((name, b * cf if name.startswith("experts") else b) for name, b in lb.parts)
+        lb = attrs.evolve(lb, parts=parts, saved=sum(b for _, b in parts))
+    return lb
 
 
 def megatron(regime) -> bool:
@@ -279,7 +288,25 @@ class RuntimeOverheads:
     nccl_buffers: int = 256 * 2**20
 
 
+_RUNTIME: dict = {}    # (overheads, parallel?, allocated and its type) -> the terms (frozen)
+
+
 def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
+    """The runtime-overhead terms, memoised on exactly what they read (the overheads,
+    whether the layout is parallel, the bytes allocated at the peak)."""
+    parallel = plan.tp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
+    if not _cache.ENABLED:
+        return _runtime_terms(overheads, parallel, allocated)
+    key = (overheads, parallel, type(allocated), allocated)
+    hit = _RUNTIME.get(key)
+    if hit is None:
+        if len(_RUNTIME) >= _cache._MAX:
+            _RUNTIME.clear()
+        hit = _RUNTIME[key] = tuple(_runtime_terms(overheads, parallel, allocated))
+    return list(hit)
+
+
+def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float) -> list[MemoryTerm]:
     terms = []
     if overheads.cuda_context:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
@@ -288,7 +315,6 @@ def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> 
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="cuBLAS workspaces",
                                 nbytes=overheads.cublas_workspace, phases=ALL,
                                 formula=f"{overheads.cublas_workspace / 2**20:,.0f} MiB"))
-    parallel = plan.tp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
     if parallel and overheads.nccl_buffers:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="NCCL buffers", nbytes=overheads.nccl_buffers,
                                 phases=ALL, formula=f"{overheads.nccl_buffers / 2**20:,.0f} MiB (parallel layout)"))

@@ -490,11 +490,13 @@ def buffer_terms(plan, placement):
         shape = ModelShape.of(plan.model)
         t = plan.tp_size
         tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
-        nbytes = 2 * tokens * shape.top_k * shape.hidden * regime.compute
+        cf = plan.moe_capacity_factor or 1.0
+        nbytes = 2 * tokens * shape.top_k * shape.hidden * regime.compute * cf
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
             phases=(FORWARD, BACKWARD),
-            formula=f"2 x {fmt(tokens)} tokens x top-k {shape.top_k} x h {shape.hidden} x {regime.compute} B"))
+            formula=f"2 x {fmt(tokens)} tokens x top-k {shape.top_k} x h {shape.hidden} x {regime.compute} B"
+                    + (f" x capacity factor {cf:g}" if cf != 1.0 else "")))
     return terms
 
 
