@@ -315,3 +315,12 @@ def test_moe_capacity_factor_scales_expert_activations():
         solve(moe_capacity_factor=1.25)
     with pytest.raises(InvalidInputError, match="moe_capacity_factor=0 is not allowed: a number > 0"):
         solve("mixtral-8x7b", moe_capacity_factor=0)
+
+
+def test_ulysses_context_parallelism():
+    r = solve(seq=8192, batch=8, dp_size=8, cp_size=4, sharding_rules={"cp": "cp-ulysses"})
+    term = next(t for t in r.terms if t.label.startswith("Ulysses all-to-all"))
+    # 2 (send, recv) x 8192/4 tokens x (2 x 4096 q/output + 2 x 1024 k/v) x 2 B
+    assert term.nbytes == 2 * 2048 * (2 * 4096 + 2 * 1024) * 2
+    with pytest.raises(LayoutError, match="cp_size=3 is not allowed"):
+        solve(seq=6144, cp_size=3, tp_size=2, sharding_rules={"cp": "cp-ulysses"})
