@@ -120,8 +120,9 @@ class PluginManager(pluggy.PluginManager):
         by_name = defaultdict(list)
         for ep in entry_points:
             by_name[ep.name].append(ep)
+        dists: dict = {}     # distribution object -> (name, version): each reads its METADATA once
         if group == ENTRY_POINT_GROUP and not any(
-                _normalise_dist(ep.dist.name) == OWN_DISTRIBUTION for ep in entry_points if ep.dist):
+                _normalise_dist(_dist_of(ep, dists)[0]) == OWN_DISTRIBUTION for ep in entry_points if ep.dist):
             raise NotInstalledError(
                 f"mlsysim-core is not installed (its entry points in group '{group}' are missing): "
                 "run `pip install -e .` in the source tree, or `pip install mlsysim-core`")
@@ -129,7 +130,7 @@ class PluginManager(pluggy.PluginManager):
         self.blocked_names = tuple(sorted(blocked))
         skipped = []
         for name, eps in by_name.items():
-            infos = [_ep_info(ep) for ep in eps]
+            infos = [_ep_info(ep, dists) for ep in eps]
             if name in blocked:          # blocking is the escape hatch, duplicates included
                 self.set_blocked(name)
                 continue
@@ -241,10 +242,21 @@ def _known_hooks() -> list[str]:
             + sorted(hookspecs.COMPONENT_HOOKS.values()))
 
 
-def _ep_info(ep) -> PluginInfo:
+def _dist_of(ep, dists: dict) -> tuple[str, str]:
+    """(name, version) of an entry point's distribution; ``dists`` keeps them per
+    distribution object (every read of ``dist.name`` or ``dist.version`` parses METADATA)."""
     dist = ep.dist
-    return PluginInfo(name=ep.name, distribution=dist.name if dist else "unknown",
-                      version=dist.version if dist else "")
+    if dist is None:
+        return ("unknown", "")
+    found = dists.get(id(dist))
+    if found is None or found[0] is not dist:
+        found = dists[id(dist)] = (dist, (dist.name, dist.version))
+    return found[1]
+
+
+def _ep_info(ep, dists: dict | None = None) -> PluginInfo:
+    name, version = _dist_of(ep, {} if dists is None else dists)
+    return PluginInfo(name=ep.name, distribution=name, version=version)
 
 
 def _call_registration(impl, info: PluginInfo, hook_name: str) -> list:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import gc
 import math
+import operator
 import sys
 import time
 from typing import Callable, Mapping, Sequence
@@ -248,7 +249,10 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             gc.enable()
     if progress is not None:
         progress(total, total)
-    rows.sort(key=lambda r: (r[12], -r[11]))     # cheapest first, then the most headroom
+    # Cheapest first, then the most headroom: two stable sorts with keys read in C (the
+    # same order as one sort on (cost, -headroom), ties kept in enumeration order).
+    rows.sort(key=operator.itemgetter(11), reverse=True)
+    rows.sort(key=operator.itemgetter(12))
     fits, best = [], -math.inf
     for r in rows:      # the Pareto front of (headroom: more is better, cost: less is better)
         front = r[11] > best

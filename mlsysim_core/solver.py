@@ -851,6 +851,34 @@ def _alive(terms, alive=None) -> list[list]:
     return alive
 
 
+_ALIVE: dict = {}   # the terms' ids -> (the terms, the alive table, its peak)
+
+
+def _alive_reused(terms: tuple) -> tuple[list, tuple]:
+    """``_alive(terms)`` (a new table) and its peak. The same term objects (the plugins
+    memoise theirs; the cache holds them, so their ids are not reused while cached) give
+    the same table, so it is kept and copied."""
+    if not FAST_PATHS:
+        alive = _alive(terms)
+        return alive, _peak_of(alive), _host_sum(terms)
+    key = tuple(map(id, terms))
+    hit = _ALIVE.get(key)
+    if hit is None:
+        alive = _alive(terms)
+        if len(_ALIVE) >= _CACHE_SIZE:
+            _ALIVE.clear()
+        hit = _ALIVE[key] = (terms, tuple(map(tuple, alive)), _peak_of(alive), _host_sum(terms))
+    return list(map(list, hit[1])), hit[2], hit[3]
+
+
+def _host_sum(terms, host=0):
+    """Host-memory bytes, added in term order (continuing ``host``)."""
+    for term in terms:
+        if term.tier == HOST:     # (NVMe-tier terms are neither accelerator nor host memory)
+            host += term.nbytes
+    return host
+
+
 def _peak_of(alive) -> tuple[str, tuple]:
     best, most = 0, sum(alive[0])
     for p in range(1, len(PHASES)):
@@ -920,11 +948,11 @@ def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = Fal
     a, c = _accelerator_sum(activations), _accelerator_sum(comm)
 
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
-    peak_phase = alive = None
+    peak_phase = alive = host = None
     r = 0
     if selection.combine_peak:   # the largest phase, and what is alive in it
-        alive = _alive(terms)
-        peak_phase, (w, g, o, a, c, r) = _peak_of(alive)
+        alive, peak, host = _alive_reused(terms)
+        peak_phase, (w, g, o, a, c, r) = peak
     if calls[RUNTIME_OVERHEADS]:
         runtime = _hook_terms(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement,
                               w + g + o + a + c + r)
@@ -932,6 +960,8 @@ def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = Fal
             runtime.sort(key=_term_key)
         if runtime:
             terms = (*terms, *runtime)
+            if host is not None:
+                host = _host_sum(runtime, host)
             if selection.combine_peak:
                 peak_phase, (w, g, o, a, c, r) = _peak_of(_alive(runtime, alive))
             else:
@@ -942,10 +972,8 @@ def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = Fal
         total += r
     if totals_only:
         return total
-    host = 0
-    for term in terms:
-        if term.tier == HOST:     # (NVMe-tier terms are neither accelerator nor host memory)
-            host += term.nbytes
+    if host is None:
+        host = _host_sum(terms)
     capacity = plan.hardware.memory_capacity
     # Feasibility and utilisation are computed in GB, exactly as the reference does.
     total_gb, available_gb = total * 1e-9, capacity * 1e-9

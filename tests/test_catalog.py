@@ -340,3 +340,62 @@ def test_the_catalog_page_lists_every_curated_entry_with_its_numbers():
         assert f"| `{key}` | {entry.value.parameters:,} |" in page, key
     for key, entry in curated_hardware().items():
         assert f"| `{key}` | {entry.value.memory_capacity:,} |" in page, key
+
+
+# --- the user catalog directory: looked up on every lookup, re-read when it changes ------------
+
+_USER_ROW = {"key": "myorg/tiny-lm", "aliases": ["tinylm"], "parameters": 1_000_000, "layers": 2,
+             "hidden_dim": 64, "heads": 4}
+
+
+def _write(directory, name, rows):
+    import json
+    path = directory / name
+    path.write_text(json.dumps({"schema": 1, "models": rows}), encoding="utf-8")
+    return path
+
+
+def test_user_catalog_directory_created_during_the_process_is_noticed(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLSYSIM_CATALOG_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    with pytest.raises(InvalidInputError):
+        get_model("tinylm")                     # no directory yet
+    directory = tmp_path / "mlsysim-core" / "catalog"
+    directory.mkdir(parents=True)
+    _write(directory, "mine.json", [_USER_ROW])
+    assert get_model("tinylm").layers == 2
+
+
+def test_user_catalog_files_added_edited_and_removed_are_noticed(tmp_path, monkeypatch):
+    import os
+    monkeypatch.setenv("MLSYSIM_CATALOG_DIR", str(tmp_path))
+    assert list_models(plugins=False)           # an empty directory: the built-ins
+    os.utime(tmp_path, ns=(10**18, 10**18))      # an old listing, reused while the directory is unchanged
+    with pytest.raises(InvalidInputError):
+        get_model("tinylm")
+    path = _write(tmp_path, "a.json", [_USER_ROW])   # adding a file changes the directory's mtime
+    assert get_model("tinylm").layers == 2
+    os.utime(tmp_path, ns=(10**18, 10**18))
+    get_model("tinylm")
+    _write(tmp_path, "a.json", [dict(_USER_ROW, layers=3)])   # edited in place: the directory is unchanged
+    os.utime(path, ns=(1, 1))
+    assert get_model("tinylm").layers == 3
+    path.unlink()
+    with pytest.raises(InvalidInputError):
+        get_model("tinylm")
+
+
+def test_user_catalog_environment_changes_are_noticed(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _write(a, "m.json", [_USER_ROW])
+    _write(b, "m.json", [dict(_USER_ROW, layers=5)])
+    monkeypatch.setenv("MLSYSIM_CATALOG_DIR", str(a))
+    assert get_model("tinylm").layers == 2
+    monkeypatch.setenv("MLSYSIM_CATALOG_DIR", str(b))
+    assert get_model("tinylm").layers == 5
+    monkeypatch.delenv("MLSYSIM_CATALOG_DIR")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "nothing-here"))
+    with pytest.raises(InvalidInputError):
+        get_model("tinylm")

@@ -111,3 +111,41 @@ def test_a_cached_plan_never_hides_a_check(solver):
     with pytest.raises(InvalidInputError, match="sequence_parallel"):
         solver.solve(m, h, 8, 1024, tp_size=2, sequence_parallel=1)
     assert solver.solve(m, h, 8.0, 1024).to_json() == solver.solve(m, h, 8, 1024).to_json()
+
+
+def test_reused_measured_plans_give_byte_identical_results():
+    """Measured-grade options checked once are reused for the same checked plan and the same
+    option values of the same types; errors are raised every time."""
+    import pytest
+    from mlsysim_core import MlsysimError, TrainingMemoryModel
+    solver = TrainingMemoryModel("measured")
+    cases = [dict(), dict(regime="bf16"), dict(attention="eager", optimizer_impl="fused"),
+             dict(activation_checkpointing="full", checkpointed_layers=4), dict(runtime_overheads=False),
+             dict(dropout=0.1), dict(pipeline_schedule="gpipe"), dict(offload="optimizer"),
+             dict(tp_size=2, dp_size=2), dict(activation_checkpointing="full", checkpointed_layers=True)]
+
+    def run(case):
+        try:
+            return solver.solve("llama3-8b", "h100", 8, 1024, **case).to_json()
+        except MlsysimError as err:
+            return repr(err)
+    fast = [run(c) for c in cases]
+    again = [run(c) for c in cases]
+    _every_fast_path(False)
+    try:
+        plain = [run(c) for c in cases]
+    finally:
+        _every_fast_path(True)
+    assert fast == again == plain
+    with pytest.raises(MlsysimError, match="checkpointed_layers"):
+        solver.solve("llama3-8b", "h100", 8, 1024, checkpointed_layers=4)     # not 'full': checked again
+
+
+def test_loading_the_plugins_imports_no_measured_module():
+    """The measured profile's modules are imported on first use, not when plugins load."""
+    import subprocess
+    import sys
+    code = ("import sys; from mlsysim_core.manager import get_plugin_manager; get_plugin_manager().registry; "
+            "print(sorted(m for m in sys.modules if m.startswith('mlsysim_core.measured.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

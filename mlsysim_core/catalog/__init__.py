@@ -28,6 +28,8 @@ import functools
 import json
 import os
 import re
+import stat
+import time
 import weakref
 from collections import defaultdict
 from importlib import resources
@@ -306,15 +308,84 @@ def user_catalog_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+_dir_paths: dict = {}     # (env values) -> (named by the variable?, the directory's path as a str)
+_listings: dict = {}      # directory path -> (its st_mtime_ns, the paths of its *.json files, sorted)
+_RACY_NS = 2_000_000_000  # a directory changed this recently is listed again (coarse timestamps)
+# os.environ keeps its variables in a dict (encoded keys and values), updated by every
+# assignment to or deletion from os.environ; it is read directly where it is there.
+_ENV_RAW = getattr(os.environ, "_data", None)
+try:
+    _ENV_KEYS = tuple(os.environ.encodekey(k) for k in (ENV_CATALOG_DIR, "XDG_CONFIG_HOME", "HOME"))
+except Exception:     # not CPython's os.environ: read it the ordinary way
+    _ENV_RAW = None
+if not isinstance(_ENV_RAW, dict):
+    _ENV_RAW = None
+
+
+def _user_directory() -> tuple[bool, str]:
+    """Where the user catalog would be, from the environment (no file system access):
+    (named by $MLSYSIM_CATALOG_DIR?, the directory's path)."""
+    key = None
+    if _ENV_RAW is not None:     # the environment's own table: three lookups, no decoding
+        get = _ENV_RAW.get
+        key = (get(_ENV_KEYS[0]), get(_ENV_KEYS[1]), get(_ENV_KEYS[2]))
+        found = _dir_paths.get(key)
+        if found is not None:
+            return found
+    environ = os.environ
+    named = environ.get(ENV_CATALOG_DIR, "").strip()
+    if named:
+        found = (True, str(Path(named).expanduser()))
+    else:
+        config = environ.get("XDG_CONFIG_HOME", "").strip() or os.path.join("~", ".config")
+        found = (False, str(Path(config).expanduser() / "mlsysim-core" / "catalog"))
+    if key is not None:
+        if len(_dir_paths) > 64:
+            _dir_paths.clear()
+        _dir_paths[key] = found
+    return found
+
+
+def _scan(directory: str, mtime_ns: int) -> tuple[str, ...]:
+    paths = tuple(item.path for item in sorted(os.scandir(directory), key=lambda e: e.name)
+                  if item.name.endswith(".json") and item.is_file())
+    _listings[directory] = (mtime_ns, paths)
+    return paths
+
+
 def _user_signature() -> tuple:
-    directory = user_catalog_dir()
-    if directory is None:
+    """``(path, mtime_ns, size)`` of every ``*.json`` file in the user catalog directory.
+
+    Looked up on every catalog lookup, so it is cheap: the directory's listing is kept
+    while the directory's own mtime is unchanged (adding, removing or renaming a file
+    changes it; a directory changed in the last two seconds is listed again, for file
+    systems with coarse timestamps), and each listed file is stat'ed (an edit in place
+    changes its mtime or size). A directory created or removed is noticed at once."""
+    named, directory = _user_directory()
+    try:
+        st = os.stat(directory)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        if named:
+            user_catalog_dir()      # raises the error that explains it
         return ()
+    mtime = st.st_mtime_ns
+    listed = _listings.get(directory)
+    if listed is not None and listed[0] == mtime and time.time_ns() - mtime > _RACY_NS:
+        paths = listed[1]
+    else:
+        paths = _scan(directory, mtime)
     files = []
-    for item in sorted(os.scandir(directory), key=lambda e: e.name):
-        if item.name.endswith(".json") and item.is_file():
-            stat = item.stat()
-            files.append((item.path, stat.st_mtime_ns, stat.st_size))
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):     # changed under us: list it again
+            _listings.pop(directory, None)
+            return _user_signature()
+        files.append((path, info.st_mtime_ns, info.st_size))
     return tuple(files)
 
 
@@ -458,6 +529,8 @@ def clear_cache() -> None:
     _static_table.cache_clear()
     _plugin_cache.clear()
     _full_cache.clear()
+    _listings.clear()
+    _dir_paths.clear()
 
 
 # --- lookups ------------------------------------------------------------------------------

@@ -59,7 +59,9 @@ def cached_terms(fn):
     def wrapper(plan, placement, *extra, **kw):
         if not ENABLED:
             return fn(plan, placement, *extra, **kw)
-        key = (_token(plan, placement), extra, tuple(sorted(kw.items())) if kw else ())
+        last = _last
+        token = last[2] if last[0] is plan and last[1] is placement else _token(plan, placement)
+        key = (token, extra, tuple(sorted(kw.items()))) if kw else (token, extra)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _MAX:

@@ -10,9 +10,10 @@ previous parameter's update alive with the current one's.
 """
 
 from mlsysim_core import OptimizerSpec, hookimpl
-from mlsysim_core.measured import optimizers as measured
-
+from ._lazy import lazy_module
 from ._flat_state import flat_state_terms
+
+measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
 
 
 def state_terms(plan, placement, options):

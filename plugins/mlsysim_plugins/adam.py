@@ -6,10 +6,11 @@ training counts the master copy twice; see its known weaknesses, §13.6).
 
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
-from mlsysim_core.measured import optimizers as measured
-
+from ._lazy import lazy_module
 from ._fmt import n, shard
 from ._memo import memoize
+
+measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
 
 BYTES_PER_PARAMETER = 12.0   # fp32 master 4 + momentum 4 + variance 4
 

@@ -8,10 +8,11 @@ moments; the update runs in one fused kernel (no temporary).
 """
 
 from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
-from mlsysim_core.measured import optimizers as measured
-
+from ._lazy import lazy_module
 from ._flat_state import flat_state_terms
 from ._fmt import n
+
+measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
 
 BLOCK = 256           # bitsandbytes' block size for optimizer states
 MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit state

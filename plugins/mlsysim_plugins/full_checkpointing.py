@@ -2,9 +2,10 @@
 
 from mlsysim_core import CheckpointingSpec, hookimpl
 
-from mlsysim_core.measured import model
-
+from ._lazy import lazy_module
 from . import _korthikanti
+
+model = lazy_module(globals(), "model", "mlsysim_core.measured.model")
 
 LAYER_INPUT_BYTES = 2   # one fp16 copy of the layer input
 

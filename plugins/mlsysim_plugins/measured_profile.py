@@ -9,7 +9,10 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 """
 
 from mlsysim_core import ProfileSpec, hookimpl
-from mlsysim_core.measured import model, parallel
+from ._lazy import lazy_module
+
+model = lazy_module(globals(), "model", "mlsysim_core.measured.model")
+parallel = lazy_module(globals(), "parallel", "mlsysim_core.measured.parallel")
 
 
 def _recomputes(plan) -> bool:

@@ -2,10 +2,11 @@
 
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
-from mlsysim_core.measured import optimizers as measured
-
+from ._lazy import lazy_module
 from ._fmt import n, shard
 from ._memo import memoize
+
+measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
 
 BYTES_PER_PARAMETER = 4.0   # fp32 master copy
 
