@@ -65,11 +65,15 @@ def render() -> str:
                   f"{len(rows)} rank measurements (PyTorch's fake process group, one process playing rank r of N; "
                   "`FSDPMemTracker` / `MemTracker`). Measured profile without runtime overheads. "
                   f"Median absolute error {statistics.median(errors):.2%}, max {max(errors):.2%} "
-                  "(target: 5 % median, 10 % max).", "",
-                  "| run | layout | world | rank | measured GiB | predicted GiB | error |", "|---|---|---|---|---|---|---|"]
+                  "(target: 5 % median, 10 % max). The reference profile on the same layouts: median "
+                  f"{statistics.median(abs(r['reference_error']) for r in rows):.1%}, max "
+                  f"{max(abs(r['reference_error']) for r in rows):.1%}.", "",
+                  "| run | layout | world | rank | measured GiB | measured profile GiB | error | reference GiB | "
+                  "reference error |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['id']} | {r['layout']} | {r['world']} | {r['rank']} | {r['measured'] / GIB:.3f} | "
-                         f"{r['predicted'] / GIB:.3f} | {r['error']:+.2%} |")
+                         f"{r['predicted'] / GIB:.3f} | {r['error']:+.2%} | {r['reference'] / GIB:.3f} | "
+                         f"{r['reference_error']:+.1%} |")
     lines += ["", END]
     return "\n".join(lines)
 

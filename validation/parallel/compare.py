@@ -39,10 +39,24 @@ def predict(run: dict, solver=None):
                         attention=run["attention"], runtime_overheads=False, **kwargs)
 
 
+def reference(run: dict) -> float:
+    """The reference profile's total for the same layout (it has no regimes: precision as run)."""
+    from mlsysim_core import HardwareNode, TrainingMemoryModel
+    from mlsysim_core.hf import from_hf_config
+    model = from_hf_config(run["hf_config"], name=run["model"])
+    kwargs = layout_kwargs(run)
+    precision = "fp32" if run["regime"] == "fp32" else "bf16"
+    return TrainingMemoryModel().solve(
+        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * kwargs["dp_size"],
+        run["seq_len"], precision=precision, optimizer=run["optimizer"], activation_checkpointing="none",
+        **kwargs).total_memory
+
+
 def compare(data: dict) -> list[dict]:
     rows = []
     for run in data["runs"]:
         result = predict(run)
+        ref = reference(run)
         measured = run["measured"]["peak_bytes"]
         predicted = result.total_memory
         layout = run["layout"]
@@ -50,6 +64,7 @@ def compare(data: dict) -> list[dict]:
             f" ({'reshard' if layout.get('reshard_after_forward') else 'no reshard'})" if layout["kind"] != "tp"
             and layout["kind"] != "tp+sp" else ""), world=layout["world_size"], rank=layout["rank"],
             measured=measured, predicted=predicted, error=predicted / measured - 1,
+            reference=ref, reference_error=ref / measured - 1,
             measured_phase=run["measured"].get("peak_phase"), predicted_phase=result.peak_phase))
     return rows
 
