@@ -145,6 +145,9 @@ def bench_search(results: dict) -> None:
         results[f"plan search: {name}: candidates evaluated"] = plan.candidates
         results[f"plan search: {name}: candidates solved"] = plan.solves
         results[f"plan search: {name}: candidates per second"] = plan.candidates / elapsed
+        t = time.perf_counter()     # the same search in this process only (no worker processes)
+        search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096, workers=1)
+        results[f"plan search: {name}, in-process (workers=1)"] = time.perf_counter() - t
 
 
 SEARCHES = {   # model, H100s, global batch (seq 4096); every layout incl. cp, every dp rule and strategy

@@ -178,6 +178,9 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
+    srch.add_argument("--workers", type=int, default=None, metavar="N",
+                      help="processes evaluating layouts (default: every usable CPU for a large search, "
+                           "see mlsysim_core.search.PARALLEL_MIN; 1: in this process)")
     srch.add_argument("--progress", dest="progress", action="store_const", const="always", default="auto",
                       help="a progress bar on stderr even when it is not a terminal (default: on a terminal, "
                            "once a search has run for half a second)")
@@ -561,7 +564,7 @@ def cmd_search(args, out) -> int:
     found = search.search_plans(_model(args.model), _hardware(args.hardware), devices=args.devices,
                                 global_batch=args.global_batch, seq_len=args.seq_len,
                                 precision=args.precision, optimizer=args.optimizer, solver=solver,
-                                context_parallel=args.cp, progress=progress)
+                                context_parallel=args.cp, workers=args.workers, progress=progress)
     if args.json:
         out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
     else:

@@ -17,6 +17,12 @@ built-in plugin, so once a micro-batch does not fit, the larger ones of the same
 are counted as not fitting without solving them (``assume_monotone=False`` solves them
 all). Every layout reported as fitting was solved.
 
+**Workers**: a large search (``PARALLEL_MIN`` candidates or more, or ``workers=N``) is
+evaluated in chunks of whole layouts by forked worker processes, each running the same
+plugin pipeline; rows are merged in enumeration order, so the result (counts, fits, the
+front) is the in-process one, field for field. ``workers=1`` evaluates in-process, which
+is also the fallback wherever workers cannot run.
+
 **Cost proxy** (seconds per step, one device; lower is better, assumptions overridable;
 s_r = seq_len / cp is the sequence one rank holds):
 
@@ -45,9 +51,10 @@ from __future__ import annotations
 import gc
 import math
 import operator
+import os
 import sys
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import attrs
 
@@ -62,9 +69,11 @@ from .specs import DATA
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
 
 
-@attrs.frozen(kw_only=True)
-class Candidate:
-    """One layout that fits, with its memory and cost proxy."""
+class Candidate(NamedTuple):
+    """One layout that fits, with its memory and cost proxy.
+
+    A named tuple (built in C: a search makes tens of thousands of them): fields by name
+    or position, compared and hashed as the tuple of its fields."""
 
     tp: int
     cp: int
@@ -85,7 +94,7 @@ class Candidate:
     pareto: bool = False
 
     def as_row(self) -> dict:
-        return attrs.asdict(self)
+        return self._asdict()
 
 
 @attrs.frozen(kw_only=True)
@@ -160,55 +169,11 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
-                 precision: str = "fp16", optimizer: str = "adam",
-                 checkpointing: Sequence[str] | None = None, data_parallel: Sequence[str] | None = None,
-                 sequence_parallel: Sequence[bool] = (True, False), max_tp: int | None = None,
-                 context_parallel: Sequence[int] | None = None,
-                 trainable_fraction: float = 1.0, communication_buffer_fraction: float = 0.05,
-                 flops: float = 4e14, tp_bandwidth: float = 450e9, network_bandwidth: float = 50e9,
-                 recompute: Mapping[str, float] | None = None, assume_monotone: bool = True,
-                 solver: TrainingMemoryModel | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> PlanSearch:
-    """Enumerate, solve and rank every valid layout (see the module docstring).
-
-    ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
-    i.e. each divisor of devices / tp that divides seq_len; ``[1]`` leaves cp out).
-    ``progress(done, total)`` is called about every 0.2 s and once at the end.
-    """
-    started = time.perf_counter()
-    solver = solver or TrainingMemoryModel()
-    registry = solver.registry
-    model = _resolve_model(model)
-    hardware = _resolve_hardware(hardware)
-    devices = _checks.count("devices", devices)
-    global_batch = _checks.count("global_batch", global_batch)
-    seq_len = _checks.count("seq_len", seq_len)
-    for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise InvalidInputError(name, value, "a positive finite number")
-    cp_allowed = None
-    if context_parallel is not None:
-        cp_allowed = {_checks.count("context_parallel", c) for c in context_parallel}
-    strategies = list(checkpointing) if checkpointing is not None else sorted(registry.checkpointing)
-    if model.heads is None:
-        strategies = [s for s in strategies if not registry.checkpointing[s].requires_heads]
-    dp_rules = list(data_parallel) if data_parallel is not None else sorted(registry.rules_for_axis(DATA))
-    recompute = {**RECOMPUTE, **(recompute or {})}
-    max_tp = max_tp or hardware.devices_per_node or 8
-    node = hardware.devices_per_node or 8
+def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
+               sequence_parallel) -> list[tuple]:
+    """Every valid layout, grouped by all but the micro-batch (see the module docstring)."""
     layers = model.layers
     experts = model.experts if model.is_sparse else 1
-    top_k = model.active_experts_per_token if model.is_sparse else 0
-    active = getattr(model, "active_parameters", model.parameters)
-    tokens = global_batch * seq_len
-    h = model.hidden_dim or 4096
-    head_dim = model.head_dim or (h // model.heads if model.heads else None)
-    kv = model.kv_heads or model.heads
-    kv_width = kv * head_dim if kv and head_dim else h
-    profile = _checks.name("profile", solver._profile, registry.profiles)
-    measured = registry.profiles[profile].grade == "measured"
-
     groups = []   # (tp, cp, pp, dp, ep, rule, ckpt, sp, [micro-batches])
     for tp in _powers_of_two(min(max_tp, devices)):
         if devices % tp or (model.heads and model.heads % tp):
@@ -231,54 +196,222 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                         for ckpt in strategies:
                             for sp in (sequence_parallel if tp > 1 else (True,)):
                                 groups.append((tp, cp, pp, dp, ep, rule, ckpt, sp, micro))
-    total = sum(len(g[-1]) for g in groups)
+    return groups
+
+
+def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
+                 precision: str = "fp16", optimizer: str = "adam",
+                 checkpointing: Sequence[str] | None = None, data_parallel: Sequence[str] | None = None,
+                 sequence_parallel: Sequence[bool] = (True, False), max_tp: int | None = None,
+                 context_parallel: Sequence[int] | None = None,
+                 trainable_fraction: float = 1.0, communication_buffer_fraction: float = 0.05,
+                 flops: float = 4e14, tp_bandwidth: float = 450e9, network_bandwidth: float = 50e9,
+                 recompute: Mapping[str, float] | None = None, assume_monotone: bool = True,
+                 solver: TrainingMemoryModel | None = None, workers: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+    """Enumerate, solve and rank every valid layout (see the module docstring).
+
+    ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
+    i.e. each divisor of devices / tp that divides seq_len; ``[1]`` leaves cp out).
+    ``progress(done, total)`` is called about every 0.2 s and once at the end.
+    ``workers``: processes evaluating layouts (None: one per usable CPU when the search has
+    at least PARALLEL_MIN candidates; 1: in this process).
+    """
+    started = time.perf_counter()
+    solver = solver or TrainingMemoryModel()
+    registry = solver.registry
+    model = _resolve_model(model)
+    hardware = _resolve_hardware(hardware)
+    devices = _checks.count("devices", devices)
+    global_batch = _checks.count("global_batch", global_batch)
+    seq_len = _checks.count("seq_len", seq_len)
+    for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+            raise InvalidInputError(name, value, "a positive finite number")
+    cp_allowed = None
+    if context_parallel is not None:
+        cp_allowed = {_checks.count("context_parallel", c) for c in context_parallel}
+    strategies = list(checkpointing) if checkpointing is not None else sorted(registry.checkpointing)
+    if model.heads is None:
+        strategies = [s for s in strategies if not registry.checkpointing[s].requires_heads]
+    dp_rules = list(data_parallel) if data_parallel is not None else sorted(registry.rules_for_axis(DATA))
+    recompute = {**RECOMPUTE, **(recompute or {})}
+    bytes_ = precision_bytes(precision)
+    max_tp = max_tp or hardware.devices_per_node or 8
+    node = hardware.devices_per_node or 8
+    layers = model.layers
+    top_k = model.active_experts_per_token if model.is_sparse else 0
+    active = getattr(model, "active_parameters", model.parameters)
+    tokens = global_batch * seq_len
+    h = model.hidden_dim or 4096
+    head_dim = model.head_dim or (h // model.heads if model.heads else None)
+    kv = model.kv_heads or model.heads
+    kv_width = kv * head_dim if kv and head_dim else h
+    profile = _checks.name("profile", solver._profile, registry.profiles)
+    measured = registry.profiles[profile].grade == "measured"
+
 
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
-    solves = done = 0
+    context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
+               trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
+               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
-    token = _current_source.set("")
     try:
-        solves, done = _evaluate(groups, rows, registry, profile, measured, solver, model, hardware, global_batch,
-                                 seq_len, precision, optimizer, trainable_fraction, communication_buffer_fraction,
-                                 assume_monotone, layers, recompute, active, tokens, devices, flops, node,
-                                 tp_bandwidth, network_bandwidth, h, kv_width, top_k, total, progress)
+        groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
+                            sequence_parallel)
+        total = sum(len(g[-1]) for g in groups)
+        pool_size = _pool_size(workers, total)
+        found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
+        if found is not None:
+            rows, solves, done = found
+        else:
+            solves, done = _evaluate_here(groups, rows, context, total, progress)
+        if progress is not None:
+            progress(total, total)
+        # Cheapest first, then the most headroom: two stable sorts with keys read in C (the
+        # same order as one sort on (cost, -headroom), ties kept in enumeration order).
+        rows.sort(key=operator.itemgetter(11), reverse=True)
+        rows.sort(key=operator.itemgetter(12))
+        fits, best, make = [], -math.inf, Candidate._make
+        for r in rows:      # the Pareto front of (headroom: more is better, cost: less is better)
+            if r[11] > best:
+                best = r[11]
+                fits.append(make((*r, True)))
+            else:
+                fits.append(make((*r, False)))
+        fits = tuple(fits)
     finally:
-        _current_source.reset(token)
         if collecting:
             gc.enable()
-    if progress is not None:
-        progress(total, total)
-    # Cheapest first, then the most headroom: two stable sorts with keys read in C (the
-    # same order as one sort on (cost, -headroom), ties kept in enumeration order).
-    rows.sort(key=operator.itemgetter(11), reverse=True)
-    rows.sort(key=operator.itemgetter(12))
-    fits, best = [], -math.inf
-    for r in rows:      # the Pareto front of (headroom: more is better, cost: less is better)
-        front = r[11] > best
-        if front:
-            best = r[11]
-        fits.append(Candidate(tp=r[0], cp=r[1], pp=r[2], dp=r[3], ep=r[4], data_parallel=r[5], checkpointing=r[6],
-                              sequence_parallel=r[7], microbatch=r[8], gradient_accumulation_steps=r[9],
-                              total_memory=r[10], headroom=r[11], cost=r[12], bubble=r[13], recompute=r[14],
-                              communication_bytes=r[15], pareto=front))
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
                       seq_len=seq_len, candidates=total, solves=solves,
-                      seconds=time.perf_counter() - started, fits=tuple(fits),
-                      pareto=tuple(c for c in fits if c.pareto),
+                      seconds=time.perf_counter() - started, fits=fits,
+                      pareto=tuple(c for c in fits if c[16]),
                       assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
                                    "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
 
 
-def _evaluate(groups, rows, registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision,
-              optimizer, trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute,
-              active, tokens, devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, total,
-              progress) -> tuple[int, int]:
-    """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
-    ``rows``; return (solves, layouts evaluated)."""
+# Parallel evaluation. A search of at least PARALLEL_MIN candidates is split into chunks of
+# whole layouts, evaluated by forked worker processes (each runs the same code, the same
+# plugin pipeline, every selected plugin called, in its own copy of this process), and the
+# rows are merged in enumeration order: the result is the in-process one, field for field.
+PARALLEL_MIN = 8000      # candidates; below this, starting the workers costs more than it saves
+_CHUNKS_PER_WORKER = 16  # more chunks: finer progress and load balance; fewer: less overhead
+_JOB = None              # (groups, context) while a pool runs: forked workers inherit it
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _pool_size(workers, total: int) -> int:
+    """How many worker processes: ``workers`` when given (1: in-process), else the CPUs this
+    process may use when the search has at least PARALLEL_MIN candidates."""
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise InvalidInputError("workers", workers, "a positive integer (1: in-process) or None (automatic)")
+        return workers
+    return _usable_cpus() if total >= PARALLEL_MIN else 1
+
+
+def _evaluate_here(groups, rows, context, total, progress) -> tuple[int, int]:
+    token = _current_source.set("")
+    try:
+        return _evaluate(groups, rows, context, total, progress)
+    finally:
+        _current_source.reset(token)
+
+
+def _evaluate_chunk(bounds: tuple[int, int]):
+    """In a worker: evaluate ``_JOB``'s groups[start:stop]; never raises (an error is
+    reported, and the parent evaluates in-process, where it is raised as usual)."""
+    start, stop = bounds
+    groups, context = _JOB
+    rows: list[tuple] = []
+    try:
+        solves, done = _evaluate_here(groups[start:stop], rows, context, 0, None)
+    except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
+        return start, None, 0, 0
+    return start, rows, solves, done
+
+
+def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of ``groups`` with about equal candidate counts."""
+    total = sum(len(g[-1]) for g in groups)
+    step = max(1, -(-total // pieces))
+    bounds, start, count = [], 0, 0
+    for index, group in enumerate(groups):
+        count += len(group[-1])
+        if count >= step:
+            bounds.append((start, index + 1))
+            start, count = index + 1, 0
+    if start < len(groups):
+        bounds.append((start, len(groups)))
+    return bounds
+
+
+def _evaluate_parallel(groups, context, workers: int, total: int, progress):
+    """(rows, solves, done) from forked workers, or None when they cannot run here (no
+    fork start method, a daemon process, the pool fails to start or a worker fails)."""
+    global _JOB
+    import multiprocessing
+    if multiprocessing.current_process().daemon:
+        return None     # (daemon processes may not have children)
+    try:
+        fork = multiprocessing.get_context("fork")
+    except ValueError:
+        return None
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+    bounds = _chunks(groups, workers * _CHUNKS_PER_WORKER)
+    results: dict[int, list] = {}
     solves = done = 0
     last_report = time.perf_counter()
-    plan_fields = [a.name for a in attrs.fields(TrainingPlan)]
+    _JOB = (groups, context)
+    pool = None
+    try:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(bounds)), mp_context=fork)
+        pending = {pool.submit(_evaluate_chunk, b) for b in bounds}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                start, rows, chunk_solves, chunk_done = future.result()
+                if rows is None:
+                    return None
+                results[start] = rows
+                solves += chunk_solves
+                done += chunk_done
+            if progress is not None and time.perf_counter() - last_report > 0.2:
+                progress(done, total)
+                last_report = time.perf_counter()
+    except (OSError, BrokenProcessPool):
+        return None
+    finally:
+        _JOB = None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    rows = []
+    for start, _ in bounds:
+        rows += results[start]
+    return rows, solves, done
+
+
+def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
+    """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
+    ``rows``; return (solves, layouts evaluated)."""
+    (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
+     trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
+     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_) = context
+    solves = done = 0
+    last_report = time.perf_counter()
+    plan_fields = tuple(a.name for a in attrs.fields(TrainingPlan))
+    plan_values = operator.attrgetter(*plan_fields)
+    capacity = hardware.memory_capacity
+    parameters = model.parameters
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
         fields = missing = None
         n = len(micro)
@@ -307,7 +440,7 @@ def _evaluate(groups, rows, registry, profile, measured, solver, model, hardware
                         if selection.missing:       # the profile's plugins are missing: say so, loudly
                             missing = base
                             break
-                        fields = {name: getattr(base, name) for name in plan_fields}
+                        fields = dict(zip(plan_fields, plan_values(base)))
                         plan = base
                     else:
                         fields["gradient_accumulation_steps"] = gas
@@ -319,15 +452,13 @@ def _evaluate(groups, rows, registry, profile, measured, solver, model, hardware
                     break
                 continue
             solves += 1
-            capacity = hardware.memory_capacity
             if not total_memory * 1e-9 <= capacity * 1e-9:     # feasibility in GB, as the reference
                 if assume_monotone:
                     done += n - index - 1
                     break
                 continue
             if grad_bytes is None:
-                bytes_ = precision_bytes(precision)
-                grad_bytes = model.parameters / (tp * pp * ep) * bytes_
+                grad_bytes = parameters / (tp * pp * ep) * bytes_
                 dp_comm = (2 * (group - 1) / group * grad_bytes * (1.5 if rule == "zero3" else 1.0)) \
                     / network_bandwidth
             bubble = (pp - 1) / (gas + pp - 1)

@@ -599,7 +599,10 @@ class _Selection:
                             _takes_split(registry.sharding_rules[name].apply))
                            for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
         self.splits = any(rule[4] for rule in self.rules)   # a rule reads what the earlier ones did
-        self.placements = {}    # the effects' ids and the model's counts -> (placement, buffers, notes, effects)
+        # The effects' ids and the model's counts -> (placement, buffers, notes, effects); a
+        # placement depends on the rules alone, so selections with the same rules (e.g. the
+        # checkpointing strategies of one layout in a search) share one cache.
+        self.placements = registry.cache.setdefault(("placements", tuple(rule[1] for rule in self.rules)), {})
         opt, ckpt = plan.optimizer, plan.activation_checkpointing
         profile = registry.profiles[plan.profile]
         measured = profile.grade == "measured"

@@ -39,8 +39,9 @@ def brute_force(solver, devices, global_batch, seq_len):
     return out
 
 
-def test_search_matches_brute_force(solver):
-    found = search.search_plans(MODEL, GPU, devices=16, global_batch=32, seq_len=2048, solver=solver)
+@pytest.mark.parametrize("workers", [1, 2])     # in-process, and split over two forked worker processes
+def test_search_matches_brute_force(solver, workers):
+    found = search.search_plans(MODEL, GPU, devices=16, global_batch=32, seq_len=2048, solver=solver, workers=workers)
     truth = brute_force(solver, 16, 32, 2048)
     assert found.candidates == len(truth)
     assert {c.cp for c in found.fits} == {1, 2, 4, 8, 16}      # context parallelism takes part
@@ -152,3 +153,72 @@ def test_search_renders_as_html(solver):
     Cells().feed(found._repr_html_())
     assert "memory GiB (2^30 B)" in cells and f"{len(found.pareto)} on the Pareto front" in " ".join(cells)
     assert cells.count("*") == len(found.pareto)
+
+
+def _same_search(a, b):
+    assert (a.candidates, a.solves, a.fits, a.pareto) == (b.candidates, b.solves, b.fits, b.pareto)
+    assert all(type(x.total_memory) is type(y.total_memory) for x, y in zip(a.fits, b.fits))
+    assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
+
+
+def test_parallel_search_is_the_in_process_search(solver):
+    """Chunks evaluated by forked workers, merged in enumeration order: field for field the same."""
+    kwargs = dict(devices=16, global_batch=32, seq_len=4096, solver=solver, context_parallel=[1, 2])
+    here = search.search_plans("mixtral-8x7b", "h100", workers=1, **kwargs)
+    for workers in (None, 2, 3):
+        _same_search(here, search.search_plans("mixtral-8x7b", "h100", workers=workers, **kwargs))
+    two = search.search_plans("mixtral-8x7b", "h100", workers=2, **kwargs)
+    fits = {c.microbatch for c in two.fits}
+    assert len(two.fits) > 100 and len(fits) > 1
+    for c in two.fits[::97]:        # the numbers are the pipeline's own
+        r = solver.solve("mixtral-8x7b", "h100", 32, 4096, activation_checkpointing=c.checkpointing,
+                         tp_size=c.tp, pp_size=c.pp, dp_size=c.dp, ep_size=c.ep, cp_size=c.cp,
+                         gradient_accumulation_steps=c.gradient_accumulation_steps,
+                         sequence_parallel=c.sequence_parallel, data_parallel=c.data_parallel)
+        assert r.total_memory == c.total_memory and r.headroom == c.headroom
+
+
+def test_parallel_search_falls_back_in_process(solver, monkeypatch):
+    import multiprocessing
+    here = search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=1)
+
+    def no_fork(method=None):
+        raise ValueError("no fork here")
+    monkeypatch.setattr(multiprocessing, "get_context", no_fork)
+    _same_search(here, search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=2))
+
+
+def test_parallel_progress_and_third_party_rules(builtin_pm, tmp_path):
+    import os
+    pids = set()
+
+    class Fsdp:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            def apply(plan, options):
+                if os.getpid() not in pids:      # which processes ran the rule
+                    pids.add(os.getpid())
+                    with open(tmp_path / "pids", "a") as fh:
+                        fh.write(f"{os.getpid()}\n")
+                d = plan.dp_size
+                return ShardingEffect(weight_shards=d, gradient_shards=d, optimizer_state_shards=d)
+            return [ShardingRuleSpec(name="test.fsdp", axis="dp", apply=apply)]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Fsdp(), name="test_fsdp")
+    solver = TrainingMemoryModel(plugin_manager=pm)
+    seen = []
+    two = search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=2,
+                              progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (two.candidates, two.candidates)
+    assert any(c.data_parallel == "test.fsdp" for c in two.fits)
+    ran = set((tmp_path / "pids").read_text().split())
+    assert len(ran - {str(os.getpid())}) == 2       # two forked workers ran the third-party rule
+    _same_search(two, search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=1))
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.5, "2"])
+def test_workers_must_be_a_positive_integer(solver, workers):
+    with pytest.raises(InvalidInputError, match="workers"):
+        search.search_plans(MODEL, GPU, devices=8, global_batch=8, solver=solver, workers=workers)
