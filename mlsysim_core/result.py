@@ -209,3 +209,27 @@ def _summary_trace(r) -> str:
             f"weights={format_gb(r.weights)}, gradients={format_gb(r.gradients)}, "
             f"optimizer={format_gb(r.optimizer_state)}, activations={format_gb(r.activations)}, "
             f"buffers={format_gb(r.communication_buffers)}.")
+
+
+def _positional_constructor(cls):
+    """A constructor taking every field of the frozen, slotted attrs class ``cls``
+    positionally, in ``attrs.fields`` order: the same object ``cls(**fields)`` builds
+    (``cls`` has no validators, converters or post-init), set slot by slot through the
+    slots' own descriptors. The solver builds a result on every solve; this skips the
+    keyword parsing and the frozen class's ``__setattr__`` lookups (about half the cost)."""
+    fields = attrs.fields(cls)
+    assert all(f.validator is None and f.converter is None for f in fields)
+    assert not hasattr(cls, "__attrs_post_init__") and "__slots__" in cls.__dict__
+    names = [f.name for f in fields]
+    setters = {f"_set_{name}": cls.__dict__[name].__set__ for name in names}
+    lines = [f"def make({', '.join(names)}):", "    self = _new(_cls)"]
+    lines += [f"    _set_{name}(self, {name})" for name in names]
+    lines.append("    return self")
+    namespace = {"_new": object.__new__, "_cls": cls, **setters}
+    exec("\n".join(lines), namespace)
+    make = namespace["make"]
+    make.__doc__ = f"{cls.__name__}({', '.join(names)}), every field given, positionally."
+    return make
+
+
+_new_result = _positional_constructor(TrainingMemoryResult)

@@ -25,10 +25,10 @@ from .errors import InvalidInputError, InvalidInputTypeError, PluginContractErro
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
-from .result import TrainingMemoryResult
+from .result import TrainingMemoryResult, _new_result
 from .specs import AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, HOST, RUNTIME_OVERHEADS,
-                    OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _current_source)
+                    OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _source_cell)
 from .types import HardwareNode, TransformerWorkload
 
 DEFAULT_PROFILE = "reference"
@@ -139,7 +139,7 @@ class TrainingMemoryModel:
             parallel = _parallel_module()
             if parallel.is_parallel(plan):
                 return parallel.solve_ranks(plan, lambda p: _run_pipeline(registry, p))
-        elif measured != (None,) * len(_MEASURED_OPTIONS):
+        elif measured != _NO_MEASURED:
             given = [n for n, v in zip(_MEASURED_OPTIONS, measured) if v is not None]
             raise InvalidInputError(given[0], measured[_MEASURED_OPTIONS.index(given[0])],
                                     "None under a reference-grade profile",
@@ -152,6 +152,7 @@ class TrainingMemoryModel:
 _MEASURED_OPTIONS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
                      "runtime_overheads", "lora", "pipeline_schedule", "virtual_stages", "expert_tp_size",
                      "stage_layers", "offload", "moe_capacity_factor")
+_NO_MEASURED = (None,) * len(_MEASURED_OPTIONS)
 
 
 def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropout, checkpointed_layers,
@@ -230,6 +231,18 @@ def _measured_plan_reused(registry: Registry, plan: TrainingPlan, measured: tupl
     checks depend on nothing else, so the outcome is the same."""
     if not FAST_PATHS:
         return _measured_plan(plan, *measured)
+    if not any(map(operator.is_not, measured, _NO_MEASURED)):   # every option None: the plan is the key
+        plans = registry.cache.get("measured plans, no options")
+        if plans is None:
+            plans = registry.cache["measured plans, no options"] = {}
+        hit = plans.get(id(plan))
+        if hit is not None and hit[0] is plan:
+            return hit[1]
+        checked = _measured_plan(plan, *measured)
+        if len(plans) >= _CACHE_SIZE:
+            plans.clear()
+        plans[id(plan)] = (plan, checked)
+        return checked
     simple = _SIMPLE_OPTION_TYPES
     for value in measured:
         if type(value) not in simple:
@@ -498,7 +511,6 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
 # (terms default their ``source`` to the plugin being called), so terms are built once.
 
 _ITERABLE_EXCLUDED = (str, bytes, MemoryTerm)
-_set_source = _current_source.set
 
 
 def _listed(items):
@@ -512,21 +524,6 @@ def _listed(items):
     return list(items)
 
 
-def _call_plugin(info: PluginInfo, what, hook: str, function: Callable, *args):
-    """Call plugin code with provenance stamping; user errors pass through, anything
-    else is blamed on the plugin, naming it, its distribution and the hook."""
-    token = _current_source.set(info.name)
-    try:
-        out = function(*args)
-        return out if hook == "apply" else _listed(out)
-    except (InvalidInputError, PluginContractError):
-        raise
-    except Exception as err:
-        raise _blame(info, what, hook, err) from err
-    finally:
-        _current_source.reset(token)
-
-
 def _blame(info: PluginInfo, what, hook: str, err: BaseException) -> PluginContractError:
     return PluginContractError(f"{info.describe()} {_where(what)} raised {type(err).__name__}: {err}",
                                plugin=info.name, source=info.source, hook=hook)
@@ -537,11 +534,12 @@ def _where(what) -> str:
     return what[0].format(*what[1:]) if isinstance(what, tuple) else what
 
 
-def _terms(info: PluginInfo, what, hook: str, function: Callable, args: tuple, component: str) -> list[MemoryTerm]:
-    """The hot path of one term-returning plugin call: name the plugin (terms it builds are
-    stamped with it), call it, blame it for anything but a user error, and check what it
-    returned. ``_run_pipeline`` restores the provenance context once, at its end."""
-    _set_source(info.name)
+def _terms(info: PluginInfo, what, hook: str, function: Callable, args: tuple, component: str,
+           cell: list) -> list[MemoryTerm]:
+    """The hot path of one term-returning plugin call: name the plugin in the pipeline's
+    provenance cell (terms it builds are stamped with it), call it, blame it for anything
+    but a user error, and check what it returned."""
+    cell[0] = info.name
     try:
         items = function(*args)
         if type(items) is not list:
@@ -552,11 +550,27 @@ def _terms(info: PluginInfo, what, hook: str, function: Callable, args: tuple, c
         raise _blame(info, what, hook, err) from err
     if type(items) is list:
         name = info.name
+        if len(items) > 3 and FAST_PATHS:
+            # The same term objects, already found right for this plugin and component (the
+            # cache holds them, so their ids are not reused while cached), are right again.
+            key = (name, component, *map(id, items))
+            if key in _CHECKED:
+                return items
+            for term in items:
+                if type(term) is not MemoryTerm or term.component != component or term.source != name:
+                    return _stamp(info, items, component, what, hook)
+            if len(_CHECKED) >= _CACHE_SIZE:
+                _CHECKED.clear()
+            _CHECKED[key] = tuple(items)
+            return items
         for term in items:
             if type(term) is not MemoryTerm or term.component != component or term.source != name:
                 return _stamp(info, items, component, what, hook)
         return items
     return _stamp(info, items, component, what, hook)
+
+
+_CHECKED: dict = {}   # (plugin, component, the terms' ids) -> the terms, found right
 
 
 def _stamp(info: PluginInfo, items, component: str, what, hook: str) -> list[MemoryTerm]:
@@ -591,14 +605,15 @@ class _Selection:
     layouts with the same selection)."""
 
     __slots__ = ("rules", "optimizer", "checkpointing", "impls", "calls", "plugin_sources", "selected", "missing",
-                 "profile_info", "combine_peak", "splits", "placements")
+                 "profile_info", "combine_peak", "splits", "placements", "rule_calls")
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
         from .hookspecs import COMPONENT_HOOKS
         self.rules = tuple((axis, name, registry.providers[(SHARDING, name)], registry.sharding_rules[name].apply,
                             _takes_split(registry.sharding_rules[name].apply))
                            for axis, name in ((axis, plan.rules[axis]) for axis in AXES))
-        self.splits = any(rule[4] for rule in self.rules)   # a rule reads what the earlier ones did
+        self.splits = any(rule[4] for rule in self.rules)
+        self.rule_calls = tuple((info.name, apply, info, name) for _, name, info, apply, _ in self.rules)   # a rule reads what the earlier ones did
         # The effects' ids and the model's counts -> (placement, buffers, notes, effects); a
         # placement depends on the rules alone, so selections with the same rules (e.g. the
         # checkpointing strategies of one layout in a search) share one cache.
@@ -674,30 +689,39 @@ def _takes_split(apply) -> bool:
     return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
 
+_LAST_SELECTION = (None, None, None)   # (plan, registry, its selection): repeated solves of one plan
+
+
 def _selection(registry: Registry, plan: TrainingPlan) -> _Selection:
+    global _LAST_SELECTION
+    last = _LAST_SELECTION
+    if last[0] is plan and last[1] is registry and FAST_PATHS:
+        return last[2]
     rules = plan.rules
     key = (plan.profile, plan.include_plugins, plan.optimizer, plan.activation_checkpointing,
            rules["tp"], rules["cp"], rules["pp"], rules["ep"], rules["dp"])
     selection = registry.cache.get(key)
     if selection is None:
         selection = registry.cache[key] = _Selection(registry, plan)
+    _LAST_SELECTION = (plan, registry, selection)
     return selection
 
 
-def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, list]:
+def _place(selection: _Selection, plan: TrainingPlan, cell: list) -> tuple[Placement, list, list]:
     """Call every selected rule; combine their effects into the rank's placement.
 
     Rules are pure and their effects frozen: the same effect objects (built-in rules memoise
     them) and the same model counts give the same placement, so that is cached per
     selection. The cache holds the effects, so their ids are not reused while cached."""
     if selection.splits or not FAST_PATHS:
-        return _place_in_order(selection, plan)
+        return _place_in_order(selection, plan, cell)
     options = plan.options
     effects = []
-    for axis, name, info, apply, _ in selection.rules:
-        _set_source(info.name)
+    append = effects.append
+    for source, apply, info, name in selection.rule_calls:
+        cell[0] = source
         try:
-            effects.append(apply(plan, options.get(name) if options else None))
+            append(apply(plan, options.get(name) if options else None))
         except (InvalidInputError, PluginContractError):
             raise
         except Exception as err:
@@ -707,14 +731,15 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     placements = selection.placements
     hit = placements.get(key)
     if hit is None:
-        placement, buffers, notes = _place_in_order(selection, plan, effects)
+        placement, buffers, notes = _place_in_order(selection, plan, cell, effects)
         if len(placements) >= _CACHE_SIZE:
             placements.clear()
         hit = placements[key] = (placement, tuple(buffers), tuple(notes), tuple(effects))
-    return hit[0], list(hit[1]), hit[2]
+    return hit[0], hit[1], hit[2]     # the buffers as a tuple: never changed by the caller
 
 
-def _place_in_order(selection: _Selection, plan: TrainingPlan, effects=None) -> tuple[Placement, list, list]:
+def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,
+                    effects=None) -> tuple[Placement, list, list]:
     """The rules in axis order, each seeing what the earlier ones did; ``effects``: what rules
     that do not read it already returned, in the same order."""
     parameter = activation = weight = gradient = optimizer_state = 1
@@ -724,7 +749,7 @@ def _place_in_order(selection: _Selection, plan: TrainingPlan, effects=None) -> 
     options = plan.options
     for index, (axis, name, info, apply, takes_split) in enumerate(selection.rules):   # tp, cp, pp, ep, then dp
         option = options.get(name) if options else None
-        _set_source(info.name)
+        cell[0] = info.name
         try:
             if effects is not None:
                 effect = effects[index]
@@ -798,22 +823,15 @@ def _checked(info: PluginInfo, items: list, component: str, what, hook: str) -> 
     return items
 
 
-def _hook_terms(calls, component: str, plan: TrainingPlan, placement: Placement, extra=None) -> list[MemoryTerm]:
+def _hook_terms(calls, component: str, plan: TrainingPlan, placement: Placement, extra, cell) -> list[MemoryTerm]:
     """The terms of one component's hook implementations, in plugin-name order."""
     if not calls:
         return []
     terms: list[MemoryTerm] = []     # a new list: a plugin's own list is never changed
     for info, function, pick, what, hook in calls:
         terms += _terms(info, what, hook, function,
-                        (plan, placement) if pick is None else pick((plan, placement, extra)), component)
+                        (plan, placement) if pick is None else pick((plan, placement, extra)), component, cell)
     return terms
-
-
-def _own_terms(spec, plan, placement, component, option_name):
-    info, function, what, hook = spec
-    options = plan.options
-    return _terms(info, what, hook, function, (plan, placement, options.get(option_name) if options else None),
-                  component)
 
 
 def _accelerator_sum(terms: list[MemoryTerm]):
@@ -874,6 +892,43 @@ def _alive_reused(terms: tuple) -> tuple[list, tuple]:
     return list(map(list, hit[1])), hit[2], hit[3]
 
 
+def _alive_entry(terms: tuple) -> tuple:
+    """``(terms, alive table, its peak, host bytes)`` of ``terms``; the table is not to be
+    changed. The same term objects (the plugins memoise theirs; the cache holds them, so
+    their ids are not reused while cached) give the same entry, so it is kept."""
+    if not FAST_PATHS:
+        alive = _alive(terms)
+        return terms, alive, _peak_of(alive), _host_sum(terms)
+    key = tuple(map(id, terms))
+    hit = _ALIVE.get(key)
+    if hit is None:
+        alive = _alive(terms)
+        if len(_ALIVE) >= _CACHE_SIZE:
+            _ALIVE.clear()
+        hit = _ALIVE[key] = (terms, tuple(map(tuple, alive)), _peak_of(alive), _host_sum(terms))
+    return hit
+
+
+_CONTINUED: dict = {}   # (id of an _alive_entry, the later terms' ids) -> (entry, terms, peak, host)
+
+
+def _continued(entry: tuple, terms) -> tuple:
+    """The peak and host bytes of ``entry``'s terms followed by ``terms``, continuing its
+    table and host sum (the same sums, bit for bit, as counting them all in order); kept
+    for the same entry and term objects, as ``_alive_entry``."""
+    if FAST_PATHS:
+        key = (id(entry), *map(id, terms))
+        hit = _CONTINUED.get(key)
+        if hit is not None and hit[0] is entry:
+            return hit[2], hit[3]
+    peak, host = _peak_of(_alive(terms, list(map(list, entry[1])))), _host_sum(terms, entry[3])
+    if FAST_PATHS:
+        if len(_CONTINUED) >= _CACHE_SIZE:
+            _CONTINUED.clear()
+        _CONTINUED[key] = (entry, tuple(terms), peak, host)
+    return peak, host
+
+
 def _host_sum(terms, host=0):
     """Host-memory bytes, added in term order (continuing ``host``)."""
     for term in terms:
@@ -907,67 +962,165 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan, totals_only: bool = Fa
             f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(selection.missing)}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
-    # Each plugin call names its plugin in the provenance context; it is restored once, here.
-    token = _current_source.set("")
-    try:
-        return _pipeline(selection, plan, totals_only)
-    finally:
-        _current_source.reset(token)
+    return _pipeline(selection, plan, totals_only)
+
+
+def _collect(calls, component: str, plan: TrainingPlan, placement: Placement, extra, cell):
+    """The terms of one component's hook implementations, in call order: the plugin's own
+    list when one plugin takes part (never changed here), else a new list."""
+    if len(calls) == 1:
+        info, function, pick, what, hook = calls[0]
+        return _terms(info, what, hook, function,
+                      (plan, placement) if pick is None else pick((plan, placement, extra)), component, cell)
+    return _hook_terms(calls, component, plan, placement, extra, cell)
+
+
+_SORTED: dict = {}   # the terms' ids -> (the terms, them in (source, label) order)
+
+
+def _sorted(terms):
+    """``terms`` in (source, label) order (a stable sort; the list given is not changed).
+    The same term objects (plugins memoise theirs; the cache holds them, so their ids are
+    not reused while cached) give the same order, so it is kept."""
+    if len(terms) < 2:
+        return terms
+    if not FAST_PATHS:
+        return sorted(terms, key=_term_key)
+    key = tuple(map(id, terms))
+    hit = _SORTED.get(key)
+    if hit is None:
+        if len(_SORTED) >= _CACHE_SIZE:
+            _SORTED.clear()
+        hit = _SORTED[key] = (tuple(terms), tuple(sorted(terms, key=_term_key)))
+    return hit[1]
 
 
 def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = False) -> TrainingMemoryResult:
-    placement, comm, notes = _place(selection, plan)
+    """Steps 3-5 for one plan. Each plugin call names its plugin in this run's provenance
+    cell (``terms._source_cell``), set once here and restored at the end."""
+    cell = [""]
+    token = _source_cell.set(cell)
+    try:
+        return _run_steps(selection, plan, totals_only, cell)
+    finally:
+        _source_cell.reset(token)
+
+
+def _run_steps(selection: _Selection, plan: TrainingPlan, totals_only: bool, cell: list) -> TrainingMemoryResult:
+    placement, comm, notes = _place(selection, plan, cell)
     if plan.rank is not None:     # measured grade, parallel layouts: this rank class's own counts
         placement = plan.rank.place(plan, placement)
     calls = selection.calls
+    options = plan.options
 
-    weights = _hook_terms(calls[WEIGHTS], WEIGHTS, plan, placement)
+    # Term lists below may be a plugin's own list: they are never changed, only replaced.
+    both = (plan, placement)
+    hooks = calls[WEIGHTS]
+    if len(hooks) == 1:
+        info, function, pick, what, hook = hooks[0]
+        weights = _terms(info, what, hook, function, both if pick is None else pick((plan, placement, None)), WEIGHTS,
+                         cell)
+    else:
+        weights = _hook_terms(hooks, WEIGHTS, plan, placement, None, cell)
     if len(weights) > 1:
-        weights.sort(key=_term_key)
-    gradients = _hook_terms(calls[GRADIENTS], GRADIENTS, plan, placement)
+        weights = _sorted(weights)
+    hooks = calls[GRADIENTS]
+    if len(hooks) == 1:
+        info, function, pick, what, hook = hooks[0]
+        gradients = _terms(info, what, hook, function, both if pick is None else pick((plan, placement, None)),
+                           GRADIENTS, cell)
+    else:
+        gradients = _hook_terms(hooks, GRADIENTS, plan, placement, None, cell)
     if len(gradients) > 1:
-        gradients.sort(key=_term_key)
-    optimizer_state = _own_terms(selection.optimizer, plan, placement, OPTIMIZER_STATE, plan.optimizer)
+        gradients = _sorted(gradients)
+    info, function, what, hook = selection.optimizer
+    optimizer_state = _terms(info, what, hook, function,
+                             (plan, placement, options.get(plan.optimizer) if options else None), OPTIMIZER_STATE,
+                             cell)
     if calls[OPTIMIZER_STATE]:
-        optimizer_state = optimizer_state + _hook_terms(calls[OPTIMIZER_STATE], OPTIMIZER_STATE, plan, placement)
+        optimizer_state = optimizer_state + _hook_terms(calls[OPTIMIZER_STATE], OPTIMIZER_STATE, plan, placement,
+                                                        None, cell)
     if len(optimizer_state) > 1:
-        optimizer_state.sort(key=_term_key)
+        optimizer_state = _sorted(optimizer_state)
     ckpt = plan.activation_checkpointing
-    activations = _own_terms(selection.checkpointing, plan, placement, ACTIVATIONS, ckpt)
+    info, function, what, hook = selection.checkpointing
+    activations = _terms(info, what, hook, function, (plan, placement, options.get(ckpt) if options else None),
+                         ACTIVATIONS, cell)
     if calls[ACTIVATIONS]:
-        activations = activations + _hook_terms(calls[ACTIVATIONS], ACTIVATIONS, plan, placement)
+        activations = activations + _hook_terms(calls[ACTIVATIONS], ACTIVATIONS, plan, placement, None, cell)
     if len(activations) > 1:
-        activations.sort(key=_term_key)
+        activations = _sorted(activations)
     if plan.offload:    # measured grade: what lives in host memory or on NVMe instead
         from .measured.parallel import offload_terms
         weights, gradients, optimizer_state = offload_terms(plan, weights, gradients, optimizer_state)
 
-    w, g, o = _accelerator_sum(weights), _accelerator_sum(gradients), _accelerator_sum(optimizer_state)
-    if calls[COMMUNICATION_BUFFERS]:
-        comm += _hook_terms(calls[COMMUNICATION_BUFFERS], COMMUNICATION_BUFFERS, plan, placement,
-                            {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o})
+    # Accelerator bytes per component and host bytes, each added in term order (host bytes
+    # in the order of the terms tuple below: weights, gradients, ..., runtime overheads).
+    accelerator = ACCELERATOR
+    host = w = g = o = a = c = 0
+    for term in weights:
+        tier = term.tier
+        if tier is accelerator or tier == accelerator:
+            w += term.nbytes
+        elif tier == HOST:
+            host += term.nbytes
+    for term in gradients:
+        tier = term.tier
+        if tier is accelerator or tier == accelerator:
+            g += term.nbytes
+        elif tier == HOST:
+            host += term.nbytes
+    for term in optimizer_state:
+        tier = term.tier
+        if tier is accelerator or tier == accelerator:
+            o += term.nbytes
+        elif tier == HOST:
+            host += term.nbytes
+    hooks = calls[COMMUNICATION_BUFFERS]
+    if hooks:
+        model_states = {WEIGHTS: w, GRADIENTS: g, OPTIMIZER_STATE: o}
+        if len(hooks) == 1:
+            info, function, pick, what, hook = hooks[0]
+            hooked = _terms(info, what, hook, function,
+                            both if pick is None else pick((plan, placement, model_states)), COMMUNICATION_BUFFERS,
+                            cell)
+        else:
+            hooked = _hook_terms(hooks, COMMUNICATION_BUFFERS, plan, placement, model_states, cell)
+        if hooked:
+            comm = (*comm, *hooked) if comm else hooked
     if len(comm) > 1:
-        comm.sort(key=_term_key)
-    a, c = _accelerator_sum(activations), _accelerator_sum(comm)
-
+        comm = _sorted(comm)
     terms = (*weights, *gradients, *optimizer_state, *activations, *comm)
-    peak_phase = alive = host = None
+    peak_phase = alive = None
     r = 0
-    if selection.combine_peak:   # the largest phase, and what is alive in it
-        alive, peak, host = _alive_reused(terms)
-        peak_phase, (w, g, o, a, c, r) = peak
+    if selection.combine_peak:   # the largest phase, and what is alive in it (and the host bytes)
+        alive = _alive_entry(terms)
+        peak_phase, (w, g, o, a, c, r) = alive[2]
+        host = alive[3]
+    else:
+        for term in activations:
+            tier = term.tier
+            if tier is accelerator or tier == accelerator:
+                a += term.nbytes
+            elif tier == HOST:
+                host += term.nbytes
+        for term in comm:
+            tier = term.tier
+            if tier is accelerator or tier == accelerator:
+                c += term.nbytes
+            elif tier == HOST:
+                host += term.nbytes
     if calls[RUNTIME_OVERHEADS]:
-        runtime = _hook_terms(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement,
-                              w + g + o + a + c + r)
+        runtime = _collect(calls[RUNTIME_OVERHEADS], RUNTIME_OVERHEADS, plan, placement, w + g + o + a + c + r,
+                           cell)
         if len(runtime) > 1:
-            runtime.sort(key=_term_key)
+            runtime = _sorted(runtime)
         if runtime:
             terms = (*terms, *runtime)
-            if host is not None:
-                host = _host_sum(runtime, host)
             if selection.combine_peak:
-                peak_phase, (w, g, o, a, c, r) = _peak_of(_alive(runtime, alive))
+                (peak_phase, (w, g, o, a, c, r)), host = _continued(alive, runtime)
             else:
+                host = _host_sum(runtime, host)
                 r = _accelerator_sum(runtime)
     # 5. combine: the reference adds the five components left to right, in float64.
     total = w + g + o + a + c
@@ -975,8 +1128,6 @@ def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = Fal
         total += r
     if totals_only:
         return total
-    if host is None:
-        host = _host_sum(terms)
     capacity = plan.hardware.memory_capacity
     # Feasibility and utilisation are computed in GB, exactly as the reference does.
     total_gb, available_gb = total * 1e-9, capacity * 1e-9
@@ -988,15 +1139,13 @@ def _pipeline(selection: _Selection, plan: TrainingPlan, totals_only: bool = Fal
         rule_notes = tuple(n for axis in _NOTE_ORDER for note_axis, axis_notes in notes
                            if note_axis == axis for n in axis_notes)
     cp = plan.cp_size
-    return TrainingMemoryResult(
-        feasible=total_gb <= available_gb, total_memory=total, available_memory=capacity,
-        memory_utilization=total_gb / available_gb, precision=plan.precision, optimizer=plan.optimizer,
-        activation_checkpointing=ckpt,
-        parallelism={"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size, "cp": cp}
+    regime = plan.regime
+    # TrainingMemoryResult(...), every field positionally, in its order.
+    return _new_result(
+        total_gb <= available_gb, total, capacity, total_gb / available_gb, w, g, o, a, c,
+        plan.precision, plan.optimizer, ckpt,
+        {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size, "cp": cp}
         if cp != 1 else {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
-        notes=rule_notes, profile=plan.profile, terms=terms, host_memory=host,
-        model=plan.model.name, hardware=plan.hardware.name, microbatch=plan.microbatch,
-        layers_per_stage=placement.layers_per_stage, sequence_parallel=plan.sequence_parallel,
-        selected=selection.selected, plugin_sources=selection.plugin_sources, peak_phase=peak_phase,
-        weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c, runtime_overheads=r,
-        regime=plan.regime.name if plan.regime is not None else None)
+        rule_notes, plan.profile, terms, host, plan.model.name, plan.hardware.name, plan.microbatch,
+        placement.layers_per_stage, plan.sequence_parallel, selection.selected, peak_phase,
+        selection.plugin_sources, r, regime.name if regime is not None else None, (), None)

@@ -52,10 +52,17 @@ _INF = float("inf")
 # with it by default, so provenance costs nothing on the hot path (and a term made
 # elsewhere, or claiming another source, is re-stamped by the solver).
 _current_source: contextvars.ContextVar[str] = contextvars.ContextVar("mlsysim_term_source", default="")
+# The solver's pipeline sets this once per run to a one-item list and writes the name of
+# the plugin it calls into it before each call (a list store, not a context change per
+# call); outside a pipeline it is None and ``_current_source`` names the source.
+_source_cell: contextvars.ContextVar[list | None] = contextvars.ContextVar("mlsysim_term_source_cell",
+                                                                           default=None)
+_get_cell = _source_cell.get
 
 
 def _default_source() -> str:
-    return _current_source.get()
+    cell = _get_cell()
+    return cell[0] if cell is not None else _current_source.get()
 
 
 @attrs.frozen(kw_only=True)
