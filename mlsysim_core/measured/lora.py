@@ -151,10 +151,8 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                             nbytes=c.trainable_parameters * ab,
                             formula=f"{_n(c.trainable_parameters)} params = layers x r x (in + out) per "
                                     f"adapted linear, x {ab} B"))
-    if shape.rope_buffer_bytes:
-        terms.append(MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL,
-                                nbytes=shape.rope_buffer_bytes,
-                                formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)"))
+    from .model import rope_buffer_terms      # (model imports this module)
+    terms += rope_buffer_terms(shape)
     return terms
 
 

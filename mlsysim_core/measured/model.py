@@ -94,11 +94,16 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     terms = [MemoryTerm(component=WEIGHTS, label=f"parameters ({regime.name}, {regime.weight} B)",
                         nbytes=params * regime.weight, phases=ALL,
                         formula=f"{_n(params)} params/rank x {regime.weight} B")]
-    if shape.rope_buffer_bytes:
-        terms.append(MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL,
-                                nbytes=shape.rope_buffer_bytes,
-                                formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)"))
+    terms += rope_buffer_terms(shape)
     return terms
+
+
+def rope_buffer_terms(shape: ModelShape) -> list[MemoryTerm]:
+    """RoPE's inverse-frequency buffer (fp32, head_dim/2 values; registered twice by HF)."""
+    if not shape.rope_buffer_bytes:
+        return []
+    return [MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL, nbytes=shape.rope_buffer_bytes,
+                       formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)")]
 
 
 @cached_terms
