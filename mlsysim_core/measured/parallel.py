@@ -204,6 +204,8 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
 # --- parameters of one rank --------------------------------------------------------------
 
 def rank_parameters(plan, rank: RankClass) -> dict:
+    """``{"dense": ..., "experts": ...}``: the parameters one rank of this class holds
+    before data-parallel sharding (see ``_rank_parameters``; cached, do not modify)."""
     return _rank_parameters(plan.model, plan.tp_size, plan.ep_size, plan.expert_tp_size or plan.tp_size,
                             rank.layers, rank.first, rank.last)
 
