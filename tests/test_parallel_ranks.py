@@ -324,3 +324,61 @@ def test_ulysses_context_parallelism():
     assert term.nbytes == 2 * 2048 * (2 * 4096 + 2 * 1024) * 2
     with pytest.raises(LayoutError, match="cp_size=3 is not allowed"):
         solve(seq=6144, cp_size=3, tp_size=2, sharding_rules={"cp": "cp-ulysses"})
+
+
+def test_accumulated_gradients_are_alive_in_every_phase():
+    one = solve(batch=8, dp_size=1, runtime_overheads=False)
+    four = solve(batch=32, dp_size=1, gradient_accumulation_steps=4, runtime_overheads=False)
+    assert one.microbatch == four.microbatch == 8
+    grads = sum(t.nbytes for t in four.terms if t.component == "gradients")
+    assert four.phase_totals["forward"] == pytest.approx(one.phase_totals["forward"] + grads)
+    assert all(t.phases == ("forward", "backward", "backward_end", "optimizer_step")
+               for t in four.terms if t.component == "gradients")
+
+
+def test_caches_never_return_another_configurations_terms(monkeypatch):
+    """Solve a shuffled mix of configurations with every cache on, then each alone with every
+    cache off: a cache keyed on too little would hand one configuration another's terms."""
+    import random
+    from mlsysim_core import solver as solver_module
+    from mlsysim_core.measured import _cache
+    from mlsysim_plugins import _memo
+    rng = random.Random(7)
+    configs = []
+    for _ in range(15):
+        gas, dp = rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+        kw = dict(batch=rng.choice([1, 2, 4]) * gas * dp, seq=rng.choice([1024, 2048]),
+                  gradient_accumulation_steps=gas, dp_size=dp,
+                  tp_size=rng.choice([1, 2]), pp_size=rng.choice([1, 2, 4]), zero_stage=rng.choice([0, 1, 3]),
+                  activation_checkpointing=rng.choice(["none", "selective", "full"]),
+                  precision=rng.choice(["bf16", "fp32"]), optimizer=rng.choice(["adam", "adamw", "sgd"]))
+        if rng.random() < 0.5:
+            kw["runtime_overheads"] = None
+        configs.append(kw)
+        # ... and neighbours that differ from it in one input only, so that a key missing
+        # that input would collide.
+        for field, values in (("gradient_accumulation_steps", [1, 2, 4]), ("precision", ["bf16", "fp32"]),
+                              ("zero_stage", [0, 1, 3]), ("optimizer", ["adam", "adamw"])):
+            other = rng.choice([v for v in values if v != kw[field]])
+            neighbour = {**kw, field: other}
+            if field == "gradient_accumulation_steps":    # the same micro-batch, more of them
+                neighbour["batch"] = kw["batch"] // kw[field] * other
+            configs.append(neighbour)
+    rng.shuffle(configs)
+    cached = [solve(**kw).to_json() for kw in configs]
+    monkeypatch.setattr(_cache, "ENABLED", False)
+    monkeypatch.setattr(_memo, "ENABLED", False)
+    monkeypatch.setattr(solver_module, "FAST_PATHS", False)
+    plain = [solve(**kw).to_json() for kw in configs]
+    assert cached == plain
+    reference = TrainingMemoryModel()
+    monkeypatch.setattr(_cache, "ENABLED", True)
+    monkeypatch.setattr(_memo, "ENABLED", True)
+    monkeypatch.setattr(solver_module, "FAST_PATHS", True)
+    fast = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
+        k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json() for kw in configs]
+    monkeypatch.setattr(_memo, "ENABLED", False)
+    monkeypatch.setattr(solver_module, "FAST_PATHS", False)
+    slow = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
+        k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json() for kw in configs]
+    assert fast == slow

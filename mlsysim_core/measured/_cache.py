@@ -29,6 +29,7 @@ def plan_key(plan, placement) -> tuple:
             plan.tp_size, plan.pp_size, plan.dp_size, plan.ep_size, plan.cp_size, plan.trainable_fraction,
             plan.lora, plan.pipeline_schedule, plan.virtual_stages, plan.expert_tp_size, plan.stage_layers,
             plan.offload, plan.rank, plan.moe_capacity_factor, plan.sequence_parallel, plan.zero_stage, plan.rules["dp"],
+            plan.gradient_accumulation_steps, plan.precision,
             placement.parameters_per_rank, placement.trainable_parameters_per_rank, placement.layers_per_stage,
             placement.activation_shards, placement.weight_shards, placement.gradient_shards,
             placement.optimizer_state_shards)

@@ -138,6 +138,11 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     terms.append(MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)",
                             nbytes=params * b, phases=(BACKWARD_END, OPTIMIZER_STEP),
                             formula=f"{_n(params)} trainable params/rank x {b} B"))
+    if plan.gradient_accumulation_steps > 1:
+        # Accumulated over the micro-batches: from the first backward on, every gradient is
+        # alive while the next micro-batches run their forward and backward.
+        terms = [attrs.evolve(t, phases=ALL, formula=t.formula + " (accumulated over micro-batches: alive throughout)")
+                 for t in terms]
     return terms
 
 
