@@ -156,69 +156,97 @@ def _layer_parameters(shape: ModelShape) -> int:
 
 @cached_terms
 def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
-    """Embedding output, RoPE tables, final norm, logits and loss, AMP weight copies, and
-    the end of the backward (tied-embedding partial gradients)."""
+    """Outside the decoder layers, for one rank (one device: the whole model is its only
+    stage): the stage's input (the embedding output on the first stage, the activation
+    received from the previous stage otherwise) for each micro-batch in flight, RoPE
+    tables, AMP's weight copies; on the last stage the final norm, logits and loss; on the
+    first the end of the backward (the embedding's gradient, tied partials).
+
+    Splits: the residual stream over cp (and tp with sequence parallelism); the logits
+    over cp, and over tp too for Megatron's vocabulary-parallel cross-entropy (PyTorch's
+    tensor parallelism gathers them in full on every rank)."""
     if plan.lora is not None:
         return lora.model_activation_terms(plan, placement, recompute=recompute)
     ctx = context(plan, placement)
     shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
-    h, V, k = shape.hidden, shape.vocab, ctx.shards
+    h, V = shape.hidden, shape.vocab
+    rank = plan.rank
+    first, last, n = (True, True, 1) if rank is None else (rank.first, rank.last, rank.in_flight)
+    t, cp = plan.tp_size, plan.cp_size
+    seq = ctx.shards                                  # the residual stream's split: cp x (tp with SP)
+    vocab = (t if megatron(regime) else 1) * cp
     c = regime.compute
     kind = _regime_kind(regime)
-    keeps_input = shape.style == "gpt2" or not regime.pure_16bit   # does a norm save its input?
-    terms = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
-                        formula=f"T={_n(T)} x 8 B")]
+    on_seq = f" / {seq}" if seq != 1 else ""
+    on_vocab = f" / {vocab}" if vocab != 1 else ""
+    flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
+    terms = []
     add = terms.append
-    if keeps_input:
-        add(MemoryTerm(component=ACTIVATIONS, label="embedding output (saved by the first norm)",
-                       nbytes=regime.residual * T * h / k, phases=SAVED,
-                       formula=f"T x h x {regime.residual} B"))
+    if first or last:
+        add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
+                       formula=f"T={_n(T)} x 8 B" + (f" / cp={cp}" if cp != 1 else "")))
+    # Does the first norm save its input? (Megatron's layers count their norm inputs themselves.)
+    if not megatron(regime) and (shape.style == "gpt2" or not regime.pure_16bit):
+        what = "embedding output" if first else "stage input (received from the previous stage)"
+        add(MemoryTerm(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
+                       nbytes=regime.residual * T * h / seq * n, phases=SAVED,
+                       formula=f"T x h x {regime.residual} B{on_seq}{flying}"))
     if shape.style != "gpt2":
         b = 4 if regime.residual == 4 else 2
-        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", nbytes=2 * ctx.seq_len * shape.head_dim * b,
-                       phases=SAVED, formula=f"2 x s x head_dim x {b} B"))
-        final = (8 if kind != "amp-bf16" else 6) * T * h + 4 * T
-        how = {"fp32": "normalized + output (fp32) + rsqrt", "bf16": "fp32 copy + normalized + output + rsqrt",
-               "amp-bf16": "normalized (fp32) + bf16 copy for the LM head + rsqrt"}[kind]
-    else:
-        final = c * T * h + 8 * T
-        how = f"output ({c} B, saved by the LM head) + mean and rstd"
-    add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / k, phases=SAVED,
-                   formula=f"{how} = {_n(final)} B"))
-    # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
-    add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / k,
-                   phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
-    add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
-                   formula="T x 8 B (saved by nll_loss)"))
-    logits = c * T * V + (4 * T * V if c != 4 else 0)
-    add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
-                   nbytes=logits / k, phases=(FORWARD,),
-                   formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
-    add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V / k,
-                   phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
+        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables",
+                       nbytes=2 * ctx.seq_len * shape.head_dim * b / cp, phases=SAVED,
+                       formula=f"2 x s x head_dim x {b} B" + (f" / cp={cp}" if cp != 1 else "")))
+    if last:
+        if shape.style != "gpt2":
+            final = (8 if kind != "amp-bf16" else 6) * T * h + 4 * T
+            how = {"fp32": "normalized + output (fp32) + rsqrt", "bf16": "fp32 copy + normalized + output + rsqrt",
+                   "amp-bf16": "normalized (fp32) + bf16 copy for the LM head + rsqrt"}[kind]
+        else:
+            final = c * T * h + 8 * T
+            how = f"output ({c} B, saved by the LM head) + mean and rstd"
+        add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
+                       formula=f"{how} = {_n(final)} B{on_seq}"))
+        # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
+        add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
+                       phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{on_vocab}"))
+        add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
+                       formula="T x 8 B (saved by nll_loss)" + (f" / cp={cp}" if cp != 1 else "")))
+        logits = c * T * V + (4 * T * V if c != 4 else 0)
+        add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+                       nbytes=logits / vocab, phases=(FORWARD,),
+                       formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + on_vocab
+                               + " (freed once the loss is computed)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
+                       nbytes=8 * T * V / vocab, phases=(BACKWARD,),
+                       formula=f"nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V{on_vocab}"))
     if regime.autocast:
-        lm_head = 2 * shape.embedding_parameters
+        if last:
+            add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
+                           nbytes=2 * shape.embedding_parameters / t, phases=SAVED,
+                           formula=f"{_n(shape.embedding_parameters / t)} params x 2 B (saved by the LM head matmul)"))
         layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
-        share = ctx.layers / shape.layers / placement.weight_shards
-        layers_copy = 2 * layer_params * share
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head", nbytes=lm_head, phases=SAVED,
-                       formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
+        share = ctx.layers / shape.layers / placement.weight_shards / t
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
-                       nbytes=layers_copy, phases=(FORWARD,) if recompute else SAVED,
+                       nbytes=2 * layer_params * share, phases=(FORWARD,) if recompute else SAVED,
                        formula=f"{_n(layer_params * share)} matmul params x 2 B"
                                + (" (cached until autocast exits; recomputation re-casts them)" if recompute
                                   else " (saved by each matmul for backward)")))
-    grad_b = regime.gradient or 4
-    if shape.tied:
-        add(MemoryTerm(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
-                       nbytes=3 * shape.embedding_parameters * grad_b, phases=(BACKWARD_END,),
-                       formula=f"3 x V x h x {grad_b} B (the LM head's and the lookup's gradients, then their sum)"))
-    else:
-        add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
-                       nbytes=shape.embedding_parameters * grad_b, phases=(BACKWARD_END,),
-                       formula=f"V x h x {grad_b} B (embedding_dense_backward's output)"))
-    add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output", nbytes=regime.residual * T * h / k,
-                   phases=(BACKWARD_END,), formula=f"T x h x {regime.residual} B"))
+    if first:
+        grad_b = regime.gradient or 4
+        E = shape.embedding_parameters / t
+        on_tp = f" / tp={t}" if t != 1 else ""
+        if shape.tied and last:
+            add(MemoryTerm(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
+                           nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
+                           formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
+                                   "then their sum)"))
+        else:
+            add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
+                           nbytes=E * grad_b, phases=(BACKWARD_END,),
+                           formula=f"V x h{on_tp} x {grad_b} B (embedding_dense_backward's output)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output",
+                       nbytes=regime.residual * T * h / seq, phases=(BACKWARD_END,),
+                       formula=f"T x h x {regime.residual} B{on_seq}"))
     return terms
 
 

@@ -47,8 +47,6 @@ def mlsysim_gradient_terms(plan, placement):
 
 @hookimpl
 def mlsysim_activation_terms(plan, placement):
-    if _split_model(plan):
-        return parallel.rank_model_activation_terms(plan, placement, recompute=_recomputes(plan))
     return model.model_activation_terms(plan, placement, recompute=_recomputes(plan))
 
 
