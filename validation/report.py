@@ -201,28 +201,34 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_doc(section: str, doc: Path = DOC) -> str:
+def update_doc(section: str, doc: Path = DOC, *, begin: str = BEGIN, end: str = END,
+               heading: str = "Measured memory: predictions against PyTorch") -> str:
+    """``doc``'s text with the generated section between ``begin`` and ``end`` replaced
+    (appended under ``heading`` the first time)."""
     text = doc.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         return head + section + tail
-    return text.rstrip() + "\n\n## Measured memory: predictions against PyTorch\n\n" + section + "\n"
+    return text.rstrip() + f"\n\n## {heading}\n\n" + section + "\n"
+
+
+def write_or_check(new: str, check: bool, script: str, doc: Path = DOC) -> int:
+    """Write ``new`` to ``doc``; with ``check``, only report (exit status 1) if it differs."""
+    if check:
+        if new != doc.read_text(encoding="utf-8"):
+            print(f"docs/validation.md is stale: run python validation/{script}", file=sys.stderr)
+            return 1
+        return 0
+    doc.write_text(new, encoding="utf-8")
+    return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/validation.md is stale")
     args = parser.parse_args(argv)
-    section = render(compare(load_runs()))
-    new = update_doc(section)
-    if args.check:
-        if new != DOC.read_text(encoding="utf-8"):
-            print("docs/validation.md is stale: run python validation/report.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    return 0
+    return write_or_check(update_doc(render(compare(load_runs()))), args.check, "report.py")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -78,27 +77,13 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def update_doc(section: str, doc: Path = DOC) -> str:
-    text = doc.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        return head + section + tail
-    return text.rstrip() + "\n\n## Per-rank parallel layouts\n\n" + section + "\n"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/validation.md is stale")
     args = parser.parse_args(argv)
-    new = update_doc(render())
-    if args.check:
-        if new != DOC.read_text(encoding="utf-8"):
-            print("docs/validation.md is stale: run python validation/report_parallel.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    return 0
+    report = _module(HERE / "report.py", "validation_report")    # its doc-section writer
+    new = report.update_doc(render(), DOC, begin=BEGIN, end=END, heading="Per-rank parallel layouts")
+    return report.write_or_check(new, args.check, "report_parallel.py", DOC)
 
 
 if __name__ == "__main__":
