@@ -115,16 +115,16 @@ def fake_scalar_values():
 
 
 # --------------------------------------------------------------------------- tracker
-class PhaseMemTracker(MemTracker):
-    """MemTracker that also records where (phase, op, module) the peak happens and the peak of each phase.
+class PhaseTracking:
+    """Mixed into MemTracker (and FSDPMemTracker in validation/parallel/): also records where (phase, op,
+    module) the peak happens and the peak of each phase.
 
     The per-module PEAK_FW / PEAK_BW snapshots of the stock tracker cost O(#modules) per op; they are skipped
     (the per-module PRE/POST forward/backward snapshots are kept). The global peak is computed exactly as the
     stock tracker does: after every op, from the bytes of all live tracked storages.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def _phase_init(self) -> None:
         self.phase = "start"
         self._func = None
         self.reset_phase_stats()
@@ -157,6 +157,12 @@ class PhaseMemTracker(MemTracker):
             pp = self.phase_peaks.get(self.phase)
             if pp is None or pp["bytes"] < tot:
                 self.phase_peaks[self.phase] = {"bytes": tot, "snap": dict(dev_snap), **self._where()}
+
+
+class PhaseMemTracker(PhaseTracking, MemTracker):
+    def __init__(self) -> None:
+        MemTracker.__init__(self)
+        self._phase_init()
 
 
 def _cats(dev_snap: dict | None) -> dict:

@@ -264,50 +264,13 @@ _check()
 
 
 # --------------------------------------------------------------------------- tracker with phases
-class _PhaseMixin:
-    """Records where (phase, op, module) the peak happens and the peak of each phase (as ../measure.py does).
-
-    Mixed into MemTracker / FSDPMemTracker: the per-module PEAK_FW / PEAK_BW snapshots of the stock trackers
-    (O(#modules) per op) are skipped; the global peak is computed exactly as the stock trackers do.
-    """
-
-    def _phase_init(self) -> None:
-        self.phase = "start"
-        self._func = None
-        self.reset_phase_stats()
-
-    def reset_phase_stats(self) -> None:
-        self.phase_peaks: dict[str, dict] = {}
-        self.peak_where: dict | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self._func = func
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-    def _where(self) -> dict:
-        parents = [p for p in self._mod_tracker.parents if p != "Global"]
-        module = max(parents, key=lambda p: (p.count("."), len(p))) if parents else ""
-        return {"phase": self.phase, "op": str(self._func) if self._func is not None else None, "module": module}
-
-    def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - signature of the base class
-        for dev, dev_snap in self._curr_mem_snap.items():
-            tot = dev_snap[TOTAL]
-            if self._peak_mem.get(dev, 0) < tot:
-                self._peak_mem[dev] = tot
-                self._peak_mem_snap[dev] = dict(dev_snap)
-                self.peak_where = self._where()
-            pp = self.phase_peaks.get(self.phase)
-            if pp is None or pp["bytes"] < tot:
-                self.phase_peaks[self.phase] = {"bytes": tot, "snap": dict(dev_snap), **self._where()}
-
-
-class PhaseMemTracker(_PhaseMixin, MemTracker):
+class PhaseMemTracker(_measure.PhaseTracking, MemTracker):
     def __init__(self) -> None:
         MemTracker.__init__(self)
         self._phase_init()
 
 
-class PhaseFSDPMemTracker(_PhaseMixin, FSDPMemTracker):
+class PhaseFSDPMemTracker(_measure.PhaseTracking, FSDPMemTracker):
     def __init__(self, mod, optm=None) -> None:
         FSDPMemTracker.__init__(self, mod, optm)
         self._phase_init()
