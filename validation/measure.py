@@ -227,6 +227,45 @@ def _mod_totals(mt: MemTracker, module) -> dict:
 
 
 # --------------------------------------------------------------------------- one configuration
+def run_protocol(mt, model, optimizer, input_ids, *, autocast, scalars=contextlib.nullcontext):
+    """Three training iterations inside the tracker ``mt``: two warm-ups (the first step
+    creates the optimizer state), then the tracker is left and re-entered, which resets its
+    peak to what is alive at that moment, and the third is the measured one. Returns the
+    bytes alive at each point of the measured iteration and when it started."""
+    alive: dict[str, dict] = {}
+
+    def iteration() -> None:
+        alive["start"] = _point(mt)
+        mt.phase = "zero_grad"
+        optimizer.zero_grad(set_to_none=True)
+        alive["after_zero_grad"] = _point(mt)
+        mt.phase = "forward"
+        with autocast():
+            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        alive["end_of_forward"] = _point(mt)
+        mt.phase = "backward"
+        loss.backward()
+        del loss
+        alive["end_of_backward"] = _point(mt)
+        mt.phase = "optimizer"
+        with scalars():
+            optimizer.step()
+        alive["end_of_step"] = _point(mt)
+        mt.phase = "idle"
+
+    with mt:  # warm-up: the first step creates the optimizer state
+        iteration()
+        mt.reset_mod_stats()
+        iteration()
+    mt.reset_mod_stats()
+    mt.reset_phase_stats()
+    t_measured = time.perf_counter()
+    with mt:  # re-entering resets the tracker's peak to what is alive now
+        mt.phase = "start"
+        iteration()
+    return alive, t_measured
+
+
 def measure(cfg: dict) -> dict:
     t0 = time.perf_counter()
     torch.manual_seed(0)
@@ -256,37 +295,7 @@ def measure(cfg: dict) -> dict:
         mt.track_external(model, optimizer, input_ids)
         autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
         scalars = fake_scalar_values if fake and cfg["optimizer"] == "adafactor" else contextlib.nullcontext
-        alive: dict[str, dict] = {}
-
-        def iteration() -> None:
-            alive["start"] = _point(mt)
-            mt.phase = "zero_grad"
-            optimizer.zero_grad(set_to_none=True)
-            alive["after_zero_grad"] = _point(mt)
-            mt.phase = "forward"
-            with autocast():
-                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-            alive["end_of_forward"] = _point(mt)
-            mt.phase = "backward"
-            loss.backward()
-            del loss
-            alive["end_of_backward"] = _point(mt)
-            mt.phase = "optimizer"
-            with scalars():
-                optimizer.step()
-            alive["end_of_step"] = _point(mt)
-            mt.phase = "idle"
-
-        with mt:  # warm-up: the first step creates the optimizer state
-            iteration()
-            mt.reset_mod_stats()
-            iteration()
-        mt.reset_mod_stats()
-        mt.reset_phase_stats()
-        t_measured = time.perf_counter()
-        with mt:  # re-entering resets the tracker's peak to what is alive now
-            mt.phase = "start"
-            iteration()
+        alive, t_measured = run_protocol(mt, model, optimizer, input_ids, autocast=autocast, scalars=scalars)
         t_end = time.perf_counter()
 
         peak = _one_device(mt.get_tracker_snapshot("peak"))

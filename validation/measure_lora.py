@@ -33,8 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf  # noqa: E402
-from measure import TOTAL, PhaseMemTracker, _cats, _mod_totals, _one_device, _point, _submodules  # noqa: E402
-from measure import build_optimizer  # noqa: E402
+from measure import TOTAL, PhaseMemTracker, _cats, _mod_totals, _one_device, _submodules  # noqa: E402
+from measure import build_optimizer, run_protocol  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -153,35 +153,7 @@ def measure(cfg: dict) -> dict:
         mt = FrozenAwareMemTracker()
         mt.track_external(model, optimizer, input_ids)
         autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
-        alive: dict[str, dict] = {}
-
-        def iteration() -> None:
-            alive["start"] = _point(mt)
-            mt.phase = "zero_grad"
-            optimizer.zero_grad(set_to_none=True)
-            alive["after_zero_grad"] = _point(mt)
-            mt.phase = "forward"
-            with autocast():
-                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-            alive["end_of_forward"] = _point(mt)
-            mt.phase = "backward"
-            loss.backward()
-            del loss
-            alive["end_of_backward"] = _point(mt)
-            mt.phase = "optimizer"
-            optimizer.step()
-            alive["end_of_step"] = _point(mt)
-            mt.phase = "idle"
-
-        with mt:
-            iteration()
-            mt.reset_mod_stats()
-            iteration()
-        mt.reset_mod_stats()
-        mt.reset_phase_stats()
-        with mt:
-            mt.phase = "start"
-            iteration()
+        alive, _ = run_protocol(mt, model, optimizer, input_ids, autocast=autocast)
         t_end = time.perf_counter()
 
         peak = _one_device(mt.get_tracker_snapshot("peak"))
