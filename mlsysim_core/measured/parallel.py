@@ -219,14 +219,7 @@ def _rank_parameters(model, t, e, etp, layers, first, last) -> dict:
     from .shapes import ModelShape
     shape = ModelShape.of(model)
     h = shape.hidden
-    per_layer_dense = per_layer_experts = 0
-    for name, n in shape.layer_matrices():
-        if name.startswith("experts."):
-            per_layer_experts += n / (e * etp)
-        elif name == "router":
-            per_layer_dense += n
-        else:
-            per_layer_dense += n / t
+    per_layer_dense, per_layer_experts = _layer_matrices_on_rank(shape, t, e, etp)
     norms = 4 * h if shape.style == "gpt2" else 2 * h      # GPT-2's LayerNorms have biases
     if shape.style == "gpt2":
         per_layer_dense += (5 * h + shape.ffn) / t + 2 * h   # Conv1D biases (colwise split; out biases replicated)
@@ -352,16 +345,25 @@ def rank_gradient_terms(plan, placement):
 
 # --- buffers of the data-parallel, expert-parallel and offload machinery -----------------
 
-def layer_parameters_on_rank(plan) -> float:
-    """One decoder layer's parameters on a rank (tp- and ep-split, before data-parallel sharding)."""
-    from .shapes import ModelShape
-    shape = ModelShape.of(plan.model)
-    t = plan.tp_size
-    etp = plan.expert_tp_size or t
-    total = 0.0
+def _layer_matrices_on_rank(shape, t, e, etp) -> tuple[float, float]:
+    """One decoder layer's matrices on a rank: (dense: attention and MLP / tp, the router
+    whole; routed experts / (ep x expert_tp))."""
+    dense = experts = 0
     for name, n in shape.layer_matrices():
-        total += n / (plan.ep_size * etp) if name.startswith("experts.") else (n if name == "router" else n / t)
-    return total
+        if name.startswith("experts."):
+            experts += n / (e * etp)
+        elif name == "router":
+            dense += n
+        else:
+            dense += n / t
+    return dense, experts
+
+
+def layer_parameters_on_rank(plan) -> float:
+    """One decoder layer's matrix parameters on a rank (before data-parallel sharding)."""
+    from .shapes import ModelShape
+    return sum(_layer_matrices_on_rank(ModelShape.of(plan.model), plan.tp_size, plan.ep_size,
+                                       plan.expert_tp_size or plan.tp_size))
 
 
 @cached_terms
