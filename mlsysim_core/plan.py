@@ -21,12 +21,16 @@ PRECISION_BYTES: Mapping[str, int | float] = {
 FALLBACK_HIDDEN_DIM = 4096
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class TrainingPlan:
     """Everything a solve was asked, normalised and checked.
 
-    Names are canonical (lowercase); counts are ints. ``microbatch`` and ``hidden_dim``
-    are the derived values the reference model uses.
+    Names are canonical (lowercase); counts are ints. Four derived values are plain
+    attributes, computed once when the plan is made (plugins read them on every solve):
+    ``bytes_per_value``, ``microbatch`` and ``hidden_dim`` (the values the reference model
+    uses) and ``hidden_dim_note``. They are not fields: equality, hashing and
+    ``attrs.evolve`` see only the inputs, and a plan made by ``attrs.evolve`` derives them
+    afresh.
     """
 
     model: TransformerWorkload
@@ -66,26 +70,39 @@ class TrainingPlan:
     moe_capacity_factor: float | None = None   # experts' capacity factor (token dropping); None: dropless
     rank: Any = None                    # mlsysim_core.measured.parallel.RankClass: which rank this solve describes
 
-    @property
-    def bytes_per_value(self) -> int | float:
-        return PRECISION_BYTES[self.precision]
+    def __attrs_post_init__(self):
+        # The derived attributes. The class keeps a __dict__ (slots=False) so they can live
+        # beside the fields; a frozen class is written through it, once, before anyone sees the plan.
+        derived = self.__dict__
+        derived["bytes_per_value"] = PRECISION_BYTES[self.precision]
+        derived["microbatch"] = _microbatch(self.batch_size, self.dp_size, self.gradient_accumulation_steps)
+        hidden = self.model.hidden_dim
+        derived["hidden_dim"] = hidden or FALLBACK_HIDDEN_DIM
+        derived["hidden_dim_note"] = "" if hidden else \
+            f" (model has no hidden_dim; {FALLBACK_HIDDEN_DIM} assumed, as the reference does)"
 
-    @property
-    def microbatch(self) -> int:
-        """Local micro-batch: the global batch over DP replicas and accumulation steps,
-        rounded up and at least 1 (reference §6.2)."""
-        return max(1, math.ceil(self.batch_size / (self.dp_size * self.gradient_accumulation_steps)))
-
-    @property
-    def hidden_dim(self) -> int:
-        return self.model.hidden_dim or FALLBACK_HIDDEN_DIM
-
-    @property
-    def hidden_dim_note(self) -> str:
-        return "" if self.model.hidden_dim else f" (model has no hidden_dim; {FALLBACK_HIDDEN_DIM} assumed, as the reference does)"
+    def with_accumulation(self, gradient_accumulation_steps: int) -> "TrainingPlan":
+        """This plan with another number of accumulation steps (a positive int, not checked
+        again): what a plan search makes for each micro-batch of one layout. Equal to
+        ``attrs.evolve(plan, gradient_accumulation_steps=n)``, at a tenth of the cost."""
+        plan = _new(type(self))
+        fields = plan.__dict__
+        fields.update(self.__dict__)
+        fields["gradient_accumulation_steps"] = gradient_accumulation_steps
+        fields["microbatch"] = _microbatch(self.batch_size, self.dp_size, gradient_accumulation_steps)
+        return plan
 
     def options_for(self, spec_name: str):
         return self.options.get(spec_name)
+
+
+def _microbatch(batch_size: int, dp_size: int, gradient_accumulation_steps: int) -> int:
+    """Local micro-batch: the global batch over DP replicas and accumulation steps, rounded
+    up and at least 1 (reference §6.2)."""
+    return max(1, math.ceil(batch_size / (dp_size * gradient_accumulation_steps)))
+
+
+_new = object.__new__
 
 
 @attrs.frozen(kw_only=True)

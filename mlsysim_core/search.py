@@ -59,11 +59,10 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, MlsysimError
-from .plan import TrainingPlan
-from .solver import (TrainingMemoryModel, _build_plan, _pipeline, _resolve_hardware, _resolve_model,
-                     _run_pipeline, _selection)
-from .terms import _current_source
+from .errors import InvalidInputError
+from .solver import (TrainingMemoryModel, _build_plan, _resolve_hardware, _resolve_model, _run_pipeline,
+                     _run_steps, _selection)
+from .terms import _source_cell
 from .specs import DATA
 
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
@@ -273,13 +272,12 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         # same order as one sort on (cost, -headroom), ties kept in enumeration order).
         rows.sort(key=operator.itemgetter(11), reverse=True)
         rows.sort(key=operator.itemgetter(12))
-        fits, best, make = [], -math.inf, Candidate._make
-        for r in rows:      # the Pareto front of (headroom: more is better, cost: less is better)
+        fits = list(map(Candidate._make, rows))     # (each row ends with pareto=False)
+        best = -math.inf
+        for index, r in enumerate(rows):    # the Pareto front of (headroom: more is better, cost: less is better)
             if r[11] > best:
                 best = r[11]
-                fits.append(make((*r, True)))
-            else:
-                fits.append(make((*r, False)))
+                fits[index] = fits[index]._replace(pareto=True)
         fits = tuple(fits)
     finally:
         if collecting:
@@ -319,11 +317,14 @@ def _pool_size(workers, total: int) -> int:
 
 
 def _evaluate_here(groups, rows, context, total, progress) -> tuple[int, int]:
-    token = _current_source.set("")
+    """``_evaluate`` with one provenance cell for all its pipeline runs (``solver._pipeline``
+    sets one per run; a search runs tens of thousands)."""
+    cell = [""]
+    token = _source_cell.set(cell)
     try:
-        return _evaluate(groups, rows, context, total, progress)
+        return _evaluate(groups, rows, context, total, progress, cell)
     finally:
-        _current_source.reset(token)
+        _source_cell.reset(token)
 
 
 def _evaluate_chunk(bounds: tuple[int, int]):
@@ -400,7 +401,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
     return rows, solves, done
 
 
-def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
+def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
     ``rows``; return (solves, layouts evaluated)."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
@@ -408,23 +409,35 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
      devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_) = context
     solves = done = 0
     last_report = time.perf_counter()
-    plan_fields = tuple(a.name for a in attrs.fields(TrainingPlan))
-    plan_values = operator.attrgetter(*plan_fields)
     capacity = hardware.memory_capacity
+    limit_gb = capacity * 1e-9
     parameters = model.parameters
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
-        fields = missing = None
+        base = missing = None
         n = len(micro)
-        # What the cost proxy needs per layout, once per layout (not per micro-batch).
+        # The cost proxy's per-layout parts. Every micro-batch b of a layout runs gas =
+        # global_batch / (dp x b) steps, so b x gas = global_batch / dp: the communication
+        # per step is the same for all of them; only the pipeline bubble changes.
         layer_share = math.ceil(layers / pp)
         rec = recompute.get(ckpt, 0.0)
         compute = 6 * active * tokens / devices / flops * (1 + rec)
         group = dp * cp
-        grad_bytes = None
+        samples = global_batch // dp        # b x gas
+        act = seq_len / cp * samples * h * bytes_      # one boundary activation, every micro-batch
+        grad_bytes = parameters / (tp * pp * ep) * bytes_
+        dp_comm = (2 * (group - 1) / group * grad_bytes * (1.5 if rule == "zero3" else 1.0)) / network_bandwidth
+        tp_comm = 4 * layer_share * 2 * (tp - 1) / tp * act / tp_bandwidth if tp > 1 else 0.0
         cp_bandwidth = tp_bandwidth if tp * cp <= node else network_bandwidth
+        cp_comm = (2 * (cp - 1) / cp * samples * seq_len * kv_width * bytes_ * layer_share / cp_bandwidth
+                   if cp > 1 else 0.0)
+        pp_comm = 2 * act / network_bandwidth if pp > 1 else 0.0
+        ep_comm = 4 * top_k * act * layer_share / network_bandwidth if ep > 1 else 0.0
+        comm = tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
+        comm_bytes = tp_comm * tp_bandwidth + cp_comm * cp_bandwidth + (dp_comm + pp_comm + ep_comm) * network_bandwidth
+        stages = pp - 1
         for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
             done += 1
-            gas = global_batch // (dp * mb)
+            gas = samples // mb
             try:
                 if measured:     # per-rank results and the measured options: the public solve
                     total_memory = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt,
@@ -432,7 +445,7 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                                                 communication_buffer_fraction, sequence_parallel=sp,
                                                 data_parallel=rule, cp_size=cp).total_memory
                 else:
-                    if fields is None:
+                    if base is None:
                         base = _build_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
                                            optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
                                            communication_buffer_fraction, sp, rule, None, None, (), cp)
@@ -440,39 +453,24 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                         if selection.missing:       # the profile's plugins are missing: say so, loudly
                             missing = base
                             break
-                        fields = dict(zip(plan_fields, plan_values(base)))
                         plan = base
-                    else:
-                        fields["gradient_accumulation_steps"] = gas
-                        plan = TrainingPlan(**fields)
-                    total_memory = _pipeline(selection, plan, True)
-            except MlsysimError:
-                if fields is None and not measured:
+                    else:       # the same checked layout, another micro-batch
+                        plan = base.with_accumulation(gas)
+                    total_memory = _run_steps(selection, plan, True, cell)
+            except InvalidInputError:   # a layout the rules reject; a broken plugin's error goes up
+                if base is None and not measured:
                     done += n - 1       # the layout itself is rejected (e.g. an option constraint)
                     break
                 continue
             solves += 1
-            if not total_memory * 1e-9 <= capacity * 1e-9:     # feasibility in GB, as the reference
+            if not total_memory * 1e-9 <= limit_gb:     # feasibility in GB, as the reference
                 if assume_monotone:
                     done += n - index - 1
                     break
                 continue
-            if grad_bytes is None:
-                grad_bytes = parameters / (tp * pp * ep) * bytes_
-                dp_comm = (2 * (group - 1) / group * grad_bytes * (1.5 if rule == "zero3" else 1.0)) \
-                    / network_bandwidth
-            bubble = (pp - 1) / (gas + pp - 1)
-            act = seq_len / cp * mb * h * bytes_
-            tp_comm = 4 * layer_share * 2 * (tp - 1) / tp * act * gas / tp_bandwidth if tp > 1 else 0.0
-            cp_comm = (2 * (cp - 1) / cp * mb * seq_len * kv_width * bytes_ * layer_share * gas / cp_bandwidth
-                       if cp > 1 else 0.0)
-            pp_comm = 2 * act * gas / network_bandwidth if pp > 1 else 0.0
-            ep_comm = 4 * top_k * act * gas * layer_share / network_bandwidth if ep > 1 else 0.0
-            comm_bytes = (tp_comm * tp_bandwidth + cp_comm * cp_bandwidth
-                          + (dp_comm + pp_comm + ep_comm) * network_bandwidth)
-            cost = compute / (1 - bubble) + tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
-            rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory, cost,
-                         bubble, rec, comm_bytes))
+            bubble = stages / (gas + stages)
+            rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory,
+                         compute / (1 - bubble) + comm, bubble, rec, comm_bytes, False))
         if missing is not None:
             _run_pipeline(registry, missing)    # raises the solver's PluginError
         if progress is not None and time.perf_counter() - last_report > 0.2:
