@@ -222,3 +222,37 @@ def test_parallel_progress_and_third_party_rules(builtin_pm, tmp_path):
 def test_workers_must_be_a_positive_integer(solver, workers):
     with pytest.raises(InvalidInputError, match="workers"):
         search.search_plans(MODEL, GPU, devices=8, global_batch=8, solver=solver, workers=workers)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_broken_rule_stops_the_search_and_is_named(builtin_pm, workers):
+    """A rule that crashes is a broken plugin, not a layout that does not fit: the search
+    must not count its layouts as rejected and carry on."""
+    from mlsysim_core import PluginContractError
+
+    class Broken:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            def apply(plan, options):
+                if plan.microbatch > 1:
+                    raise ZeroDivisionError("boom")
+                return ShardingEffect()
+            return [ShardingRuleSpec(name="test.broken", axis="dp", apply=apply)]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Broken(), name="test_broken")
+    solver = TrainingMemoryModel(plugin_manager=pm)
+    with pytest.raises(PluginContractError, match=r"test_broken.*test\.broken.*ZeroDivisionError: boom") as err:
+        search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=workers,
+                            data_parallel=["test.broken"])
+    assert err.value.plugin == "test_broken" and err.value.hook == "apply"
+
+
+def test_rows_travel_as_columns_exactly():
+    """What a worker sends back (floats and ints as arrays) is the rows it found, types kept."""
+    rows = [(1, 2.5, "zero1", True, 10**20, 7, 3.0), (2, 0.25, "fsdp", False, 5, 8.0, 4.0)]
+    back = search._rows(search._columns(rows))
+    assert back == rows
+    assert [tuple(map(type, r)) for r in back] == [tuple(map(type, r)) for r in rows]
+    assert search._rows(search._columns([])) == []
