@@ -605,7 +605,7 @@ class _Selection:
     layouts with the same selection)."""
 
     __slots__ = ("rules", "optimizer", "checkpointing", "impls", "calls", "plugin_sources", "selected", "missing",
-                 "profile_info", "combine_peak", "splits", "placements", "rule_calls")
+                 "profile_info", "combine_peak", "splits", "placements", "shaped", "rule_calls")
 
     def __init__(self, registry: Registry, plan: TrainingPlan):
         from .hookspecs import COMPONENT_HOOKS
@@ -618,6 +618,8 @@ class _Selection:
         # placement depends on the rules alone, so selections with the same rules (e.g. the
         # checkpointing strategies of one layout in a search) share one cache.
         self.placements = registry.cache.setdefault(("placements", tuple(rule[1] for rule in self.rules)), {})
+        # The effects' shards (not their buffers) and the model's counts -> (placement, notes).
+        self.shaped = registry.cache.setdefault(("shaped", tuple(rule[1] for rule in self.rules)), {})
         opt, ckpt = plan.optimizer, plan.activation_checkpointing
         profile = registry.profiles[plan.profile]
         measured = profile.grade == "measured"
@@ -727,15 +729,37 @@ def _place(selection: _Selection, plan: TrainingPlan, cell: list) -> tuple[Place
         except Exception as err:
             raise _blame(info, ("sharding rule '{}' apply", name), "apply", err) from err
     model = plan.model
-    key = (*map(id, effects), model.parameters, model.layers, plan.trainable_fraction)
+    counts = (model.parameters, model.layers, plan.trainable_fraction)
+    key = (*map(id, effects), *counts)
     placements = selection.placements
     hit = placements.get(key)
     if hit is None:
-        placement, buffers, notes = _place_in_order(selection, plan, cell, effects)
+        # New effects, but often new only in their buffers (the pipeline and context-parallel
+        # rules' buffers grow with the micro-batch), and the placement depends on the shards.
+        well_formed = all(type(effect) is ShardingEffect for effect in effects)   # else: _place_in_order says why
+        shape = (*map(_effect_shape, effects), *counts) if well_formed else None
+        shaped = selection.shaped.get(shape) if well_formed else None
+        if shaped is None:
+            placement, buffers, notes = _place_in_order(selection, plan, cell, effects)
+            if len(selection.shaped) >= _CACHE_SIZE:
+                selection.shaped.clear()
+            selection.shaped[shape] = (placement, tuple(notes))     # (well formed: it did not raise)
+        else:
+            placement, notes = shaped
+            buffers = []
+            for (_, name, info, _, _), effect in zip(selection.rules, effects):
+                if effect.buffer_terms:
+                    buffers += _checked(info, list(effect.buffer_terms), COMMUNICATION_BUFFERS,
+                                        ("sharding rule '{}' apply", name), "apply")
         if len(placements) >= _CACHE_SIZE:
             placements.clear()
         hit = placements[key] = (placement, tuple(buffers), tuple(notes), tuple(effects))
     return hit[0], hit[1], hit[2]     # the buffers as a tuple: never changed by the caller
+
+
+# What of a rule's effect the placement depends on (everything but its buffers), read in C.
+_effect_shape = operator.attrgetter("parameter_shards", "activation_shards", "weight_shards", "gradient_shards",
+                                    "optimizer_state_shards", "layers_per_stage", "notes")
 
 
 def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,

@@ -38,11 +38,11 @@ def test_memoised_and_plain_results_are_byte_identical(solver, config):
     model, kwargs = config
     cached_first = solver.solve(model, GPU, **kwargs).to_json()
     cached_again = solver.solve(model, GPU, **kwargs).to_json()
-    memo.ENABLED = False
+    memo.set_enabled(False)
     try:
         plain = solver.solve(model, GPU, **kwargs).to_json()
     finally:
-        memo.ENABLED = True
+        memo.set_enabled(True)
     assert cached_first == cached_again == plain
 
 
@@ -66,7 +66,8 @@ def test_measured_profile_cache_gives_byte_identical_results():
 def _every_fast_path(enabled: bool) -> None:
     from mlsysim_core import solver
     from mlsysim_core.measured import _cache
-    memo.ENABLED = _cache.ENABLED = solver.FAST_PATHS = enabled
+    memo.set_enabled(enabled)
+    _cache.ENABLED = solver.FAST_PATHS = enabled
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -149,3 +150,22 @@ def test_loading_the_plugins_imports_no_measured_module():
             "print(sorted(m for m in sys.modules if m.startswith('mlsysim_core.measured.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_memo_switch_really_bypasses_the_caches():
+    """The byte-identity tests above compare against plain computation only if turning the
+    memo off rebinds every memoised function to its uncached self."""
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_plugins import model_states, tensor_parallel
+    solver = TrainingMemoryModel()
+    memo.set_enabled(False)
+    try:
+        assert not hasattr(tensor_parallel.effect, "cache_info")
+        assert not hasattr(model_states.weight_term, "cache_info")
+        solver.solve("llama3-8b", "h100", 8, tp_size=2)
+    finally:
+        memo.set_enabled(True)
+    assert tensor_parallel.effect.cache_info().currsize == 0      # nothing was cached while off
+    solver.solve("llama3-8b", "h100", 8, tp_size=2)
+    solver.solve("llama3-8b", "h100", 8, tp_size=2)
+    assert tensor_parallel.effect.cache_info().currsize >= 1

@@ -367,18 +367,24 @@ def test_caches_never_return_another_configurations_terms(monkeypatch):
     rng.shuffle(configs)
     cached = [solve(**kw).to_json() for kw in configs]
     monkeypatch.setattr(_cache, "ENABLED", False)
-    monkeypatch.setattr(_memo, "ENABLED", False)
     monkeypatch.setattr(solver_module, "FAST_PATHS", False)
-    plain = [solve(**kw).to_json() for kw in configs]
+    _memo.set_enabled(False)
+    try:
+        plain = [solve(**kw).to_json() for kw in configs]
+    finally:
+        _memo.set_enabled(True)
     assert cached == plain
     reference = TrainingMemoryModel()
     monkeypatch.setattr(_cache, "ENABLED", True)
-    monkeypatch.setattr(_memo, "ENABLED", True)
     monkeypatch.setattr(solver_module, "FAST_PATHS", True)
     fast = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
         k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json() for kw in configs]
-    monkeypatch.setattr(_memo, "ENABLED", False)
     monkeypatch.setattr(solver_module, "FAST_PATHS", False)
-    slow = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
-        k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json() for kw in configs]
+    _memo.set_enabled(False)
+    try:
+        slow = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
+            k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json()
+                for kw in configs]
+    finally:
+        _memo.set_enabled(True)
     assert fast == slow
