@@ -119,7 +119,10 @@ class TrainingMemoryModel:
         (``result.ranks``: first, middle and last pipeline stages); its totals are the
         heaviest rank's, and ``feasible`` means every rank fits.
         """
-        registry = self.registry
+        pm = self._pm
+        registry = pm._registry if pm is not None else None     # (the loaded registry, without the properties)
+        if registry is None:
+            registry = self.registry
         if type(model) is str:       # catalog names, including entries this manager's plugins add
             from .catalog import get_model
             model = get_model(model, plugin_manager=self.plugin_manager)
@@ -986,7 +989,12 @@ def _run_pipeline(registry: Registry, plan: TrainingPlan, totals_only: bool = Fa
             f"profile '{plan.profile}' ({info.source}) needs plugin(s) {', '.join(selection.missing)}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
-    return _pipeline(selection, plan, totals_only)
+    cell = [""]     # (_pipeline, inlined: one call less per solve)
+    token = _source_cell.set(cell)
+    try:
+        return _run_steps(selection, plan, totals_only, cell)
+    finally:
+        _source_cell.reset(token)
 
 
 def _collect(calls, component: str, plan: TrainingPlan, placement: Placement, extra, cell):
