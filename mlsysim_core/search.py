@@ -270,19 +270,20 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         pool_size = _pool_size(workers, total)
         found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
         if found is not None:
-            rows, solves, done = found
+            fits, solves, done = found
         else:
             solves, done = _evaluate_here(groups, rows, context, total, progress)
+            fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
+            del rows
         if progress is not None:
             progress(total, total)
         # Cheapest first, then the most headroom: two stable sorts with keys read in C (the
         # same order as one sort on (cost, -headroom), ties kept in enumeration order).
-        rows.sort(key=operator.itemgetter(11), reverse=True)
-        rows.sort(key=operator.itemgetter(12))
-        fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
+        fits.sort(key=operator.itemgetter(11), reverse=True)
+        fits.sort(key=operator.itemgetter(12))
         # The Pareto front of (headroom: more is better, cost: less is better): in cost order,
         # each layout with more headroom than every cheaper one (running maxima, in C).
-        headroom = list(map(operator.itemgetter(11), rows))
+        headroom = list(map(operator.itemgetter(11), fits))
         best_before = [-math.inf, *itertools.accumulate(headroom, max)][:-1]
         for index in itertools.compress(itertools.count(), map(operator.gt, headroom, best_before)):
             fits[index] = fits[index]._replace(pareto=True)
@@ -371,6 +372,11 @@ def _rows(columns: list) -> list[tuple]:
     return list(zip(*columns))      # (the tuples are built in C)
 
 
+def _candidates(columns: list) -> list[Candidate]:
+    """``_rows`` as Candidates, without the intermediate tuples."""
+    return list(map(_candidate, zip(*columns)))
+
+
 def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
     """Consecutive ranges of ``groups`` with about equal candidate counts."""
     total = sum(len(g[-1]) for g in groups)
@@ -414,7 +420,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
                 start, rows, chunk_solves, chunk_done = future.result()
                 if rows is None:
                     return None
-                results[start] = _rows(rows)
+                results[start] = _candidates(rows)
                 solves += chunk_solves
                 done += chunk_done
             if progress is not None and time.perf_counter() - last_report > 0.2:
