@@ -353,7 +353,7 @@ def _columns(rows: list[tuple]) -> list:
     """Rows as columns for the trip back to the parent: a column of only floats (only ints)
     travels as one array of doubles (of 64-bit ints), not as tens of thousands of objects
     (unpickling those cost the parent about 0.2 s per 75,000 rows); any other column as it
-    is. ``_rows`` inverts it exactly, types included."""
+    is. ``_candidates`` turns them back into the same rows, types included."""
     columns = []
     for column in zip(*rows):
         kinds = set(map(type, column))
@@ -368,12 +368,8 @@ def _columns(rows: list[tuple]) -> list:
     return columns
 
 
-def _rows(columns: list) -> list[tuple]:
-    return list(zip(*columns))      # (the tuples are built in C)
-
-
 def _candidates(columns: list) -> list[Candidate]:
-    """``_rows`` as Candidates, without the intermediate tuples."""
+    """The rows of ``_columns``, as Candidates (built in C, without intermediate tuples)."""
     return list(map(_candidate, zip(*columns)))
 
 
@@ -393,7 +389,8 @@ def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
 
 
 def _evaluate_parallel(groups, context, workers: int, total: int, progress):
-    """(rows, solves, done) from forked workers, or None when they cannot run here (no
+    """(the fitting layouts as Candidates in enumeration order, solves, done) from forked
+    workers, or None when they cannot run here (no
     fork start method, a daemon process, the pool fails to start or a worker fails)."""
     global _JOB
     import multiprocessing
@@ -432,10 +429,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
         _JOB = None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    rows = []
+    fits = []
     for start, _ in bounds:
-        rows += results[start]
-    return rows, solves, done
+        fits += results[start]
+    return fits, solves, done
 
 
 def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:

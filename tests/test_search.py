@@ -250,12 +250,15 @@ def test_a_broken_rule_stops_the_search_and_is_named(builtin_pm, workers):
 
 
 def test_rows_travel_as_columns_exactly():
-    """What a worker sends back (floats and ints as arrays) is the rows it found, types kept."""
-    rows = [(1, 2.5, "zero1", True, 10**20, 7, 3.0), (2, 0.25, "fsdp", False, 5, 8.0, 4.0)]
-    back = search._rows(search._columns(rows))
-    assert back == rows
-    assert [tuple(map(type, r)) for r in back] == [tuple(map(type, r)) for r in rows]
-    assert search._rows(search._columns([])) == []
+    """What a worker sends back (all-float and all-int columns as arrays) becomes the rows
+    it found, as Candidates, values and types kept (an int too large for an array too)."""
+    rows = [(2, 1, 4, 8, 1, "zero1", "selective", True, 1, 8, 10**20, 7, 3.5, 0.25, 0.03, 10**20, False),
+            (1, 2, 1, 8, 2, "fsdp", "none", False, 2, 4, 5.0, 8.0, 4.0, 0.0, 0.0, 0, False)]
+    back = search._candidates(search._columns(rows))
+    assert back == rows and all(type(c) is search.Candidate for c in back)
+    assert [tuple(map(type, c)) for c in back] == [tuple(map(type, r)) for r in rows]
+    assert back[1].data_parallel == "fsdp" and back[0].communication_bytes == 10**20
+    assert search._candidates(search._columns([])) == []
 
 
 def test_a_plan_for_another_micro_batch_is_the_evolved_plan(solver):
