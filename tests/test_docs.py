@@ -81,6 +81,20 @@ def test_fields_of_public_types_are_documented(page, type_name):
     assert not missing, f"docs/{page} does not document these fields of {type_name}: {missing}"
 
 
+def test_inverse_and_search_apis_are_documented():
+    """Every parameter of the inverse solves and the plan search, and every field of what
+    they return, is named in docs/api.md."""
+    from mlsysim_core import inverse, search
+    api = read("api.md")
+    names = [p for f in (inverse.largest_batch, inverse.longest_sequence, inverse.fewest_devices,
+                         search.search_plans)
+             for p in inspect.signature(f).parameters if p not in ("model", "hardware", "solve_kwargs")]
+    names += [f.name for cls in (inverse.InverseAnswer, search.PlanSearch) for f in attrs.fields(cls)]
+    names += list(search.Candidate._fields)
+    missing = sorted({n for n in names if f"`{n}`" not in api})
+    assert not missing, f"docs/api.md does not document: {missing}"
+
+
 def test_memory_term_fields_are_documented():
     text = read("concepts.md")
     missing = [f.name for f in attrs.fields(mlsysim_core.MemoryTerm) if f"`{f.name}`" not in text]
