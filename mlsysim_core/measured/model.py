@@ -14,7 +14,6 @@ import attrs
 
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
-from . import lora
 from . import _cache
 from ._cache import cached_terms
 from .layers import layer_forward_bytes, megatron_layer_bytes
@@ -86,7 +85,8 @@ def _regime_kind(regime) -> str:
 
 @cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
-    if plan.lora is not None:
+    if plan.lora is not None:     # (LoRA's module is imported only for LoRA plans)
+        from . import lora
         return lora.weight_terms(plan, placement)
     regime = plan.regime
     shape = ModelShape.of(plan.model)
@@ -113,6 +113,7 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     recomputes the first layer while its gradients do not exist yet: ``first_layer_late``
     keeps that layer's share out of the end-of-backward phase."""
     if plan.lora is not None:
+        from . import lora
         return lora.gradient_terms(plan, placement)
     regime = plan.regime
     b = regime.gradient or regime.main_grad
@@ -166,6 +167,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     over cp, and over tp too for Megatron's vocabulary-parallel cross-entropy (PyTorch's
     tensor parallelism gathers them in full on every rank)."""
     if plan.lora is not None:
+        from . import lora
         return lora.model_activation_terms(plan, placement, recompute=recompute)
     ctx = context(plan, placement)
     shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
@@ -258,6 +260,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     rest are checkpointed: they keep their input and recompute in the backward; ``None``
     means all are kept). ``selective`` drops eager attention's s x s tensors (recomputed)."""
     if plan.lora is not None:
+        from . import lora
         return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
     ctx = context(plan, placement)
     L, k = ctx.layers, ctx.shards
