@@ -188,6 +188,15 @@ def test_parallel_search_falls_back_in_process(solver, monkeypatch):
     _same_search(here, search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=2))
 
 
+def _builtins_and(builtin_pm, plugin, name: str) -> TrainingMemoryModel:
+    """A solver over the built-in plugins plus ``plugin`` (registered as ``name``)."""
+    pm = PluginManager()
+    for builtin in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(builtin), name=builtin, info=builtin_pm.info(builtin))
+    pm.register(plugin, name=name)
+    return TrainingMemoryModel(plugin_manager=pm)
+
+
 def test_parallel_progress_and_third_party_rules(builtin_pm, tmp_path):
     import os
     pids = set()
@@ -203,11 +212,7 @@ def test_parallel_progress_and_third_party_rules(builtin_pm, tmp_path):
                 d = plan.dp_size
                 return ShardingEffect(weight_shards=d, gradient_shards=d, optimizer_state_shards=d)
             return [ShardingRuleSpec(name="test.fsdp", axis="dp", apply=apply)]
-    pm = PluginManager()
-    for name in sorted(builtin_pm.registry.plugins):
-        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
-    pm.register(Fsdp(), name="test_fsdp")
-    solver = TrainingMemoryModel(plugin_manager=pm)
+    solver = _builtins_and(builtin_pm, Fsdp(), "test_fsdp")
     seen = []
     two = search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=2,
                               progress=lambda d, t: seen.append((d, t)))
@@ -238,11 +243,7 @@ def test_a_broken_rule_stops_the_search_and_is_named(builtin_pm, workers):
                     raise ZeroDivisionError("boom")
                 return ShardingEffect()
             return [ShardingRuleSpec(name="test.broken", axis="dp", apply=apply)]
-    pm = PluginManager()
-    for name in sorted(builtin_pm.registry.plugins):
-        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
-    pm.register(Broken(), name="test_broken")
-    solver = TrainingMemoryModel(plugin_manager=pm)
+    solver = _builtins_and(builtin_pm, Broken(), "test_broken")
     with pytest.raises(PluginContractError, match=r"test_broken.*test\.broken.*ZeroDivisionError: boom") as err:
         search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=workers,
                             data_parallel=["test.broken"])
