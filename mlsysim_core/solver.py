@@ -26,7 +26,7 @@ from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import TrainingMemoryResult, _new_result
-from .specs import AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
+from .specs import _SHARD_FIELDS, AXES, DATA, DEFAULT_RULES, ShardingEffect, SplitSoFar
 from .terms import (ACCELERATOR, ACTIVATIONS, COMMUNICATION_BUFFERS, COMPONENTS, GRADIENTS, HOST, RUNTIME_OVERHEADS,
                     OPTIMIZER_STATE, PHASES, WEIGHTS, MemoryTerm, _source_cell)
 from .types import HardwareNode, TransformerWorkload
@@ -769,8 +769,8 @@ def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,
                     effects=None) -> tuple[Placement, list, list]:
     """The rules in axis order, each seeing what the earlier ones did; ``effects``: what rules
     that do not read it already returned, in the same order."""
-    parameter = activation = weight = gradient = optimizer_state = 1
-    by_parameter = by_activation = by_weight = by_gradient = by_optimizer_state = ()   # the rules that split each
+    shards = dict.fromkeys(_SHARD_FIELDS, 1)       # integer products: the rules' order never changes a number
+    split_by = dict.fromkeys(_SHARD_FIELDS, ())    # the rules that split each quantity
     layers_per_stage = layers_rule = None
     buffer_terms, notes = [], []
     options = plan.options
@@ -782,9 +782,8 @@ def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,
                 effect = effects[index]
             elif takes_split:
                 effect = apply(plan, option, SplitSoFar(
-                    parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
-                    gradient_shards=gradient, optimizer_state_shards=optimizer_state,
-                    parameters_per_rank=plan.model.parameters / parameter, layers_per_stage=layers_per_stage))
+                    **shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
+                    layers_per_stage=layers_per_stage))
             else:
                 effect = apply(plan, option)
         except (InvalidInputError, PluginContractError):
@@ -795,27 +794,11 @@ def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,
             raise PluginContractError(
                 f"{info.describe()} sharding rule '{name}' apply returned {type(effect).__name__}; "
                 "expected ShardingEffect", plugin=info.name, source=info.source, hook="apply")
-        # Integer products: the order of the rules never changes a number.
-        shards = effect.parameter_shards
-        if shards != 1:
-            parameter *= shards
-            by_parameter += (name,)
-        shards = effect.activation_shards
-        if shards != 1:
-            activation *= shards
-            by_activation += (name,)
-        shards = effect.weight_shards
-        if shards != 1:
-            weight *= shards
-            by_weight += (name,)
-        shards = effect.gradient_shards
-        if shards != 1:
-            gradient *= shards
-            by_gradient += (name,)
-        shards = effect.optimizer_state_shards
-        if shards != 1:
-            optimizer_state *= shards
-            by_optimizer_state += (name,)
+        for field in _SHARD_FIELDS:
+            factor = getattr(effect, field)
+            if factor != 1:
+                shards[field] *= factor
+                split_by[field] += (name,)
         if effect.layers_per_stage is not None:
             if layers_rule is not None:
                 raise PluginContractError(
@@ -828,16 +811,12 @@ def _place_in_order(selection: _Selection, plan: TrainingPlan, cell: list,
                                      ("sharding rule '{}' apply", name), "apply")
         if effect.notes:
             notes.append((axis, effect.notes))
-    parameters_per_rank = plan.model.parameters / parameter
+    parameters_per_rank = plan.model.parameters / shards["parameter_shards"]
     placement = Placement(
-        parameter_shards=parameter, activation_shards=activation, weight_shards=weight,
-        gradient_shards=gradient, optimizer_state_shards=optimizer_state,
-        parameters_per_rank=parameters_per_rank,
+        **shards, parameters_per_rank=parameters_per_rank,
         trainable_parameters_per_rank=parameters_per_rank * plan.trainable_fraction,
         layers_per_stage=layers_per_stage if layers_per_stage is not None else plan.model.layers,
-        shard_sources={"parameter_shards": by_parameter, "activation_shards": by_activation,
-                       "weight_shards": by_weight, "gradient_shards": by_gradient,
-                       "optimizer_state_shards": by_optimizer_state})
+        shard_sources=split_by)
     return placement, buffer_terms, notes
 
 
