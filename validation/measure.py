@@ -227,30 +227,65 @@ def _mod_totals(mt: MemTracker, module) -> dict:
 
 
 # --------------------------------------------------------------------------- one configuration
-def run_protocol(mt, model, optimizer, input_ids, *, autocast, scalars=contextlib.nullcontext):
+def peak_record(mt, cats=None) -> dict:
+    """The tracker's peak: bytes and categories, the phase, op and module it happened in,
+    and each phase's own peak. ``cats(snapshot)``: the categories (default ``_cats``)."""
+    cats = cats or _cats
+    peak = _one_device(mt.get_tracker_snapshot("peak"))
+    where = mt.peak_where or {"phase": "start", "op": None, "module": ""}
+    return {
+        "peak_bytes": int(peak[TOTAL]),
+        "by_category_at_peak": cats(peak),
+        "peak_phase": where["phase"],
+        "peak_op": where["op"],
+        "peak_module": where["module"],
+        "peak_by_phase": {
+            ph: {"bytes": int(v["bytes"]), "by_category": cats(v["snap"]), "op": v["op"], "module": v["module"]}
+            for ph, v in sorted(mt.phase_peaks.items())
+        },
+    }
+
+
+def layer_forward_deltas(mt, layers) -> list:
+    """Bytes each layer's forward left alive (after minus before its forward; None if unseen)."""
+    deltas = []
+    for layer in layers:
+        tot = _mod_totals(mt, layer)
+        pre, post = tot.get(_ModState.PRE_FW.value), tot.get(_ModState.POST_FW.value)
+        deltas.append(None if pre is None or post is None else post - pre)
+    return deltas
+
+
+def run_protocol(mt, model, optimizer, input_ids, *, autocast=contextlib.nullcontext,
+                 scalars=contextlib.nullcontext, point=None, model_kwargs=None):
     """Three training iterations inside the tracker ``mt``: two warm-ups (the first step
     creates the optimizer state), then the tracker is left and re-entered, which resets its
     peak to what is alive at that moment, and the third is the measured one. Returns the
-    bytes alive at each point of the measured iteration and when it started."""
+    bytes alive at each point of the measured iteration and when it started.
+
+    ``point()``: what is alive now (default: ``_point(mt)``); ``model_kwargs``: more inputs
+    of the model's forward (e.g. position ids)."""
     alive: dict[str, dict] = {}
+    point = point or (lambda: _point(mt))
+    model_kwargs = model_kwargs or {}
 
     def iteration() -> None:
-        alive["start"] = _point(mt)
+        alive["start"] = point()
         mt.phase = "zero_grad"
         optimizer.zero_grad(set_to_none=True)
-        alive["after_zero_grad"] = _point(mt)
+        alive["after_zero_grad"] = point()
         mt.phase = "forward"
         with autocast():
-            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-        alive["end_of_forward"] = _point(mt)
+            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False, **model_kwargs).loss
+        alive["end_of_forward"] = point()
         mt.phase = "backward"
         loss.backward()
         del loss
-        alive["end_of_backward"] = _point(mt)
+        alive["end_of_backward"] = point()
         mt.phase = "optimizer"
         with scalars():
             optimizer.step()
-        alive["end_of_step"] = _point(mt)
+        alive["end_of_step"] = point()
         mt.phase = "idle"
 
     with mt:  # warm-up: the first step creates the optimizer state
@@ -298,25 +333,10 @@ def measure(cfg: dict) -> dict:
         alive, t_measured = run_protocol(mt, model, optimizer, input_ids, autocast=autocast, scalars=scalars)
         t_end = time.perf_counter()
 
-        peak = _one_device(mt.get_tracker_snapshot("peak"))
-        where = mt.peak_where or {"phase": "start", "op": None, "module": "", "in_backward_pass": False}
-        layer_deltas = []
-        for layer in layers:
-            tot = _mod_totals(mt, layer)
-            pre, post = tot.get(_ModState.PRE_FW.value), tot.get(_ModState.POST_FW.value)
-            layer_deltas.append(None if pre is None or post is None else post - pre)
         measured = {
-            "peak_bytes": int(peak[TOTAL]),
-            "by_category_at_peak": _cats(peak),
-            "peak_phase": where["phase"],
-            "peak_op": where["op"],
-            "peak_module": where["module"],
-            "peak_by_phase": {
-                ph: {"bytes": int(v["bytes"]), "by_category": _cats(v["snap"]), "op": v["op"], "module": v["module"]}
-                for ph, v in sorted(mt.phase_peaks.items())
-            },
+            **peak_record(mt),
             "alive": alive,
-            "layer_forward_retained_bytes": layer_deltas,
+            "layer_forward_retained_bytes": layer_forward_deltas(mt, layers),
             "module_snapshots": {name: _mod_totals(mt, m) for name, m in named.items() if m is not None},
             "parameters": int(sum(p.numel() for p in model.parameters())),
             "trainable_parameters": int(sum(p.numel() for p in params)),

@@ -33,12 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf  # noqa: E402
-from measure import TOTAL, PhaseMemTracker, _cats, _mod_totals, _one_device, _submodules  # noqa: E402
-from measure import build_optimizer, run_protocol  # noqa: E402
+from measure import PhaseMemTracker, _submodules  # noqa: E402
+from measure import build_optimizer, layer_forward_deltas, peak_record, run_protocol  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from torch.distributed._tools.mem_tracker import _ModState  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 
@@ -156,13 +155,6 @@ def measure(cfg: dict) -> dict:
         alive, _ = run_protocol(mt, model, optimizer, input_ids, autocast=autocast)
         t_end = time.perf_counter()
 
-        peak = _one_device(mt.get_tracker_snapshot("peak"))
-        where = mt.peak_where or {"phase": "start", "op": None, "module": ""}
-        deltas = []
-        for layer in layers:
-            tot = _mod_totals(mt, layer)
-            pre, post = tot.get(_ModState.PRE_FW.value), tot.get(_ModState.POST_FW.value)
-            deltas.append(None if pre is None or post is None else post - pre)
         storage = {}
         for p in model.parameters():
             s = p.untyped_storage()
@@ -185,17 +177,9 @@ def measure(cfg: dict) -> dict:
                     quant[st.data_ptr()] = st.nbytes()
         measured = {
             "quant_state_bytes": int(sum(quant.values())),
-            "peak_bytes": int(peak[TOTAL]),
-            "by_category_at_peak": _cats(peak),
-            "peak_phase": where["phase"],
-            "peak_op": where["op"],
-            "peak_module": where["module"],
-            "peak_by_phase": {
-                ph: {"bytes": int(v["bytes"]), "by_category": _cats(v["snap"]), "op": v["op"], "module": v["module"]}
-                for ph, v in sorted(mt.phase_peaks.items())
-            },
+            **peak_record(mt),
             "alive": alive,
-            "layer_forward_retained_bytes": deltas,
+            "layer_forward_retained_bytes": layer_forward_deltas(mt, layers),
             "parameters_and_buffers_bytes": int(sum(storage.values())),
             "trainable_parameters": int(sum(p.numel() for p in params)),
             "trainable_dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params}),

@@ -42,7 +42,7 @@ import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState, _FSDPRefType  # noqa: E402
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState  # noqa: E402
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
@@ -492,50 +492,11 @@ def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float) -> dict:
             snap = _one_device(mt.get_tracker_snapshot("current"))
             return {"bytes": int(snap[TOTAL]) if snap else 0, "by_category": _cats(snap, names)}
 
-        alive: dict[str, dict] = {}
-
-        def iteration() -> None:
-            alive["start"] = point()
-            mt.phase = "zero_grad"
-            optimizer.zero_grad(set_to_none=True)
-            alive["after_zero_grad"] = point()
-            mt.phase = "forward"
-            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False, **extra).loss
-            alive["end_of_forward"] = point()
-            mt.phase = "backward"
-            loss.backward()
-            del loss
-            alive["end_of_backward"] = point()
-            mt.phase = "optimizer"
-            optimizer.step()
-            alive["end_of_step"] = point()
-            mt.phase = "idle"
-
-        with mt:  # warm-up: the first step creates the optimizer state
-            iteration()
-            mt.reset_mod_stats()
-            iteration()
-        mt.reset_mod_stats()
-        mt.reset_phase_stats()
-        t_measured = time.perf_counter()
-        with mt:  # re-entering resets the tracker's peak to what is alive now
-            mt.phase = "start"
-            iteration()
+        alive, t_measured = _measure.run_protocol(mt, model, optimizer, input_ids, point=point, model_kwargs=extra)
         t_end = time.perf_counter()
 
-        peak = _one_device(mt.get_tracker_snapshot("peak"))
-        where = mt.peak_where or {"phase": "start", "op": None, "module": ""}
         measured = {
-            "peak_bytes": int(peak[TOTAL]),
-            "by_category_at_peak": _cats(peak, names),
-            "peak_phase": where["phase"],
-            "peak_op": where["op"],
-            "peak_module": where["module"],
-            "peak_by_phase": {
-                ph: {"bytes": int(v["bytes"]), "by_category": _cats(v["snap"], names), "op": v["op"],
-                     "module": v["module"]}
-                for ph, v in sorted(mt.phase_peaks.items())
-            },
+            **_measure.peak_record(mt, lambda snapshot: _cats(snapshot, names)),
             "alive": alive,
             **pstats,
             "optimizer_state_tensors": int(sum(
@@ -548,19 +509,9 @@ def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float) -> dict:
         if fsdp:
             measured["fsdp_unit_snapshots"] = _fsdp_unit_snapshots(mt, model, layers)
         else:
-            measured["layer_forward_retained_bytes"] = [_layer_delta(mt, layer) for layer in layers]
+            measured["layer_forward_retained_bytes"] = _measure.layer_forward_deltas(mt, layers)
         measured["wall_s"] = round(time.perf_counter() - t0, 1)
     return measured  # the model, optimizer and tracker die with this frame (gc.collect() in the caller)
-
-
-def _layer_delta(mt, layer):
-    stats = mt.memory_tracking.get(layer)
-    if stats is None:
-        return None
-    pre, post = stats.snapshots.get(_ModState.PRE_FW), stats.snapshots.get(_ModState.POST_FW)
-    if not pre or not post:
-        return None
-    return int(_one_device(post[0])[TOTAL] - _one_device(pre[0])[TOTAL])
 
 
 def _fsdp_unit_snapshots(mt, model, layers) -> dict:
