@@ -358,6 +358,19 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def previous_runs(path: str, versions: dict, sections=("runs",)) -> tuple[dict, dict]:
+    """The file a partial rerun (``--only``) is merged into: its runs by id, and the file
+    itself ({} and {} when there is none); warns when it was measured with other package
+    ``versions``."""
+    if not os.path.exists(path):
+        return {}, {}
+    with open(path) as f:
+        old = json.load(f)
+    if {k: old.get(k) for k in versions} != versions:
+        print("warning: merging into a file measured with other versions", file=sys.stderr)
+    return {r["id"]: r for section in sections for r in old.get(section, [])}, old
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="measurements JSON to write")
@@ -374,13 +387,7 @@ def main(argv=None) -> int:
     else:
         todo = list(CONFIGS)
 
-    previous = {}
-    if args.only and os.path.exists(args.out):
-        with open(args.out) as f:
-            old = json.load(f)
-        if {k: old.get(k) for k in ("torch", "transformers")} != _versions():
-            print("warning: merging into a file measured with other versions", file=sys.stderr)
-        previous = {r["id"]: r for r in old.get("runs", [])}
+    previous = previous_runs(args.out, _versions())[0] if args.only else {}
 
     t0 = time.perf_counter()
     results = {}

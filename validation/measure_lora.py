@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 
 from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf  # noqa: E402
 from measure import PhaseMemTracker, _submodules  # noqa: E402
-from measure import build_optimizer, layer_forward_deltas, peak_record, run_protocol  # noqa: E402
+from measure import build_optimizer, layer_forward_deltas, peak_record, previous_runs, run_protocol  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -206,10 +206,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     by_id = {c["id"]: c for c in CONFIGS}
     todo = [by_id[i] for i in args.only] if args.only else list(CONFIGS)
-    previous = {}
-    if args.only and os.path.exists(args.out):
-        with open(args.out) as f:
-            previous = {r["id"]: r for r in json.load(f).get("runs", [])}
+    previous = previous_runs(args.out, _versions())[0] if args.only else {}
     t0 = time.perf_counter()
     results = {}
     for n, cfg in enumerate(todo, 1):

@@ -602,13 +602,7 @@ def main(argv=None) -> int:
     else:
         todo = list(all_cfgs)
 
-    previous = {}
-    if args.only and os.path.exists(args.out):
-        with open(args.out) as f:
-            old = json.load(f)
-        if {k: old.get(k) for k in ("torch", "transformers")} != _versions():
-            print("warning: merging into a file measured with other versions", file=sys.stderr)
-        previous = {r["id"]: r for r in old.get("single_device", []) + old.get("runs", [])}
+    previous, old = _measure.previous_runs(args.out, _versions(), ("single_device", "runs")) if args.only else ({}, {})
 
     t0 = time.perf_counter()
     results = {}
