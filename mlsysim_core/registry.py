@@ -58,6 +58,9 @@ class Registry:
     component_impls: Mapping[str, tuple[ComponentImpl, ...]]  # hook name -> impls, by plugin name
     plugins: Mapping[str, PluginInfo]                         # every registered plugin
     rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
+    # Plugins set aside because their registration failed (PluginManager.survey() only;
+    # the registry a solve uses has none): plugin name -> the PluginError, as raised.
+    broken: Mapping[str, Exception] = attrs.field(factory=dict)
     # Derived lookups the solver memoises (e.g. component impls per profile); not state.
     cache: dict = attrs.field(factory=dict, eq=False, repr=False)
 

@@ -186,7 +186,9 @@ def test_registration_hook_returning_a_str(add_dists):
     with pytest.raises(PluginContractError) as exc:
         pm.registry
     assert str(exc.value) == ("plugin 'demo_wrong_return' (mlsysim-demo-wrong-return 0.1.0) hook "
-                              "mlsysim_optimizers returned str; expected a list of specs")
+                              "mlsysim_optimizers returned str; expected a list of specs. To run without "
+                              "it, set MLSYSIM_DISABLED_PLUGINS=demo_wrong_return (or pass "
+                              "--disable-plugin demo_wrong_return)")
     assert (exc.value.plugin, exc.value.hook) == ("demo_wrong_return", "mlsysim_optimizers")
     with pytest.raises(PluginContractError, match="demo_wrong_return"):
         solve(pm, "llama3-8b", "h100", 8, 1024)
@@ -200,7 +202,8 @@ def test_registration_hook_returning_the_wrong_spec_type(add_dists):
     msg = str(exc.value)
     assert msg.startswith("plugin 'demo_wrong_item' (mlsysim-demo-wrong-item 0.1.0) hook "
                           "mlsysim_sharding_rules returned OptimizerSpec OptimizerSpec(name='demo.not-a-rule'")
-    assert msg.endswith("; expected ShardingRuleSpec")
+    assert msg.endswith("; expected ShardingRuleSpec. To run without it, set "
+                        "MLSYSIM_DISABLED_PLUGINS=demo_wrong_item (or pass --disable-plugin demo_wrong_item)")
     assert (exc.value.source, exc.value.hook) == ("mlsysim-demo-wrong-item 0.1.0", "mlsysim_sharding_rules")
 
 
