@@ -22,6 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import os
+import re
+
 import attrs
 
 from .errors import InvalidInputError, MlsysimError
@@ -33,7 +36,8 @@ EXTRA_HINT = "pip install 'mlsysim-core[plot]'"
 
 # One colour per component, the same in every picture (matplotlib's tab10).
 COLORS = {"weights": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c",
-          "activations": "#d62728", "communication_buffers": "#9467bd"}
+          "activations": "#d62728", "communication_buffers": "#9467bd", "runtime_overheads": "#8c564b"}
+OTHER_COLOR = "#7f7f7f"     # a component added after these colours were chosen
 CAPACITY_COLOR = "#222222"
 FORMATS = {".png": "png", ".svg": "svg"}
 SWEEPS = {"batch": "micro-batch", "seq": "sequence length"}
@@ -72,8 +76,10 @@ def phase_bytes(result) -> dict[str, dict[str, float]]:
     """Bytes alive in each phase, by component: ``{phase: {component: bytes}}``.
 
     A term counts in every phase its ``phases`` list; only accelerator-tier terms count.
-    This is liveness, not the profile's total: the reference profile adds every term up
-    whatever its phases, so its total is at least the peak here.
+    ``result`` is a result or one of its rank classes (``result.ranks``). This is
+    liveness, whatever the profile's combine rule: the reference profile adds every term
+    up whatever its phases, so its total is at least the peak here; a profile that takes
+    the peak over phases (``result.peak_phase`` set) has its total in one of these phases.
     """
     alive = {phase: dict.fromkeys(COMPONENTS, 0) for phase in PHASES}
     for term in result.terms:
@@ -85,10 +91,44 @@ def phase_bytes(result) -> dict[str, dict[str, float]]:
 
 
 def peak_phase(result) -> tuple[str, float]:
-    """The phase with the most bytes alive, and those bytes (the first such phase on a tie)."""
+    """The peak phase and the bytes alive in it.
+
+    For a profile that takes the peak over phases it is the phase the profile chose
+    (``result.peak_phase``); otherwise the phase with the most bytes alive (the first
+    such phase on a tie).
+    """
     totals = {phase: sum(by_component.values()) for phase, by_component in phase_bytes(result).items()}
-    phase = max(PHASES, key=lambda p: totals[p])
+    chosen = getattr(result, "peak_phase", None)
+    phase = chosen if chosen in totals else max(PHASES, key=lambda p: totals[p])
     return phase, totals[phase]
+
+
+def combine_rule(result) -> str:
+    """How ``result``'s profile made its total from the terms, in words: the peak over the
+    phases of an iteration (naming the phase) or the sum of every term."""
+    phase = getattr(result, "peak_phase", None)
+    if phase:
+        return f"the peak over phases (the {_name(phase)} phase)"
+    return "every term summed, whatever its phase"
+
+
+def caption(results) -> str:
+    """One line per profile among ``results``: the profile and its combine rule, naming the
+    peak phases (``"measured profile: total = the peak over phases (the backward phase)"``).
+    Anything with ``profile`` and ``peak_phase`` will do."""
+    results = [results] if not isinstance(results, (list, tuple)) else list(results)
+    lines = []
+    for profile in dict.fromkeys(r.profile for r in results):
+        mine = [r for r in results if r.profile == profile]
+        phases = list(dict.fromkeys(r.peak_phase for r in mine if r.peak_phase))
+        if not phases:
+            rule = combine_rule(mine[0])
+        elif all(r.peak_phase for r in mine):
+            rule = "the peak over phases (" + " or ".join(f"the {_name(p)}" for p in phases) + " phase)"
+        else:
+            rule = "the peak over phases where the profile names one, otherwise every term summed"
+        lines.append(f"{profile} profile: total = {rule}")
+    return "\n".join(lines)
 
 
 @attrs.frozen
@@ -173,19 +213,119 @@ def default_labels(results: Sequence) -> list[str]:
 
 # --- drawing helpers ----------------------------------------------------------------------
 
-def save(fig, path) -> Path:
-    """Save ``fig`` to ``path``: PNG or SVG by its extension."""
+def check_output(path, parameter: str = "output") -> Path:
+    """``path`` if a picture can be written there, else `InvalidInputError` naming
+    ``parameter``: it must end in .png or .svg, not be a folder, and be in a folder that
+    exists and is writable. (Nothing is created: a missing folder is a typo as often as
+    not.)"""
+    text = str(path)
     path = Path(path)
-    fmt = FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise InvalidInputError("output", str(path), "a file name ending in .png or .svg")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise InvalidInputError(parameter, text, "a file name ending in .png or .svg",
+                                "it is a folder; name a file in it, e.g. " + str(path / "plot.png"))
+    if FORMATS.get(path.suffix.lower()) is None:
+        raise InvalidInputError(parameter, text, "a file name ending in .png or .svg")
+    folder = path.parent
+    if not folder.exists():
+        raise InvalidInputError(parameter, text, "a file in a folder that exists",
+                                f"folder {str(folder)!r} does not exist; create it first")
+    if not folder.is_dir():
+        raise InvalidInputError(parameter, text, "a file in a folder that exists",
+                                f"{str(folder)!r} is not a folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InvalidInputError(parameter, text, "a writable file", "the file exists and is not writable")
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidInputError(parameter, text, "a file in a writable folder",
+                                f"folder {str(folder)!r} is not writable")
+    return path
+
+
+def save(fig, path) -> Path:
+    """Save ``fig`` to ``path``: PNG or SVG by its extension (see `check_output`)."""
+    path = check_output(path)
+    fmt = FORMATS[path.suffix.lower()]
     # A fixed SVG hash salt and no date metadata: the same picture gives the same file.
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
     import matplotlib
-    with matplotlib.rc_context({"svg.hashsalt": "mlsysim-core"}):
-        fig.savefig(path, format=fmt, dpi=120, metadata=metadata)
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": "mlsysim-core"}):
+            fig.savefig(path, format=fmt, dpi=120, metadata=metadata)
+    except OSError as err:     # e.g. read-only file system, disk full
+        raise InvalidInputError("output", str(path), "a writable file",
+                                f"writing it failed: {err.strerror or err}") from None
     return path
+
+
+def _figure(figsize):
+    """A figure with constrained layout and its own Agg canvas (no pyplot), so that
+    ``fig.canvas.draw()`` works and text extents can be measured."""
+    Figure = _matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _wrap(text: str, width: int) -> str:
+    """Break each line of ``text`` to at most ``width`` characters where it can: after a
+    space or '=' first, else after '/', else after '-' or ',' (a catalog name such as
+    nvidia/h100-sxm5-80gb has no spaces)."""
+    def pack(pieces, joined=""):
+        lines, current = [], ""
+        for piece in pieces:
+            if current and len(current) + len(piece.rstrip()) > width:
+                lines.append(current.rstrip())
+                current = piece
+            else:
+                current += piece
+        return lines + [current.rstrip()]
+
+    def split(line, delimiters):
+        if len(line) <= width or not delimiters:
+            return [line]
+        pieces = [p for p in re.split(f"(?<=[{re.escape(delimiters[0])}])", line) if p]
+        return [part for packed in pack(pieces) for part in split(packed, delimiters[1:])]
+
+    return "\n".join(part for line in str(text).split("\n") for part in split(line, [" =", "/", "-,"]))
+
+
+def _overlap(a, b, pad: float = 1.0) -> bool:
+    return a.x0 < b.x1 + pad and b.x0 < a.x1 + pad and a.y0 < b.y1 + pad and b.y0 < a.y1 + pad
+
+
+def _fit_xticklabels(fig, ax, positions, labels, fontsize=None):
+    """Put ``labels`` at ``positions`` so that no two overlap: as they are, else turned by
+    30, 60 and then 90 degrees, else only every 2nd, 3rd, ... of them."""
+    ax.set_xticks(positions, labels, fontsize=fontsize)
+    for rotation in (0, 30, 60, 90):
+        if rotation:
+            for t in ax.get_xticklabels():
+                t.set_rotation(rotation)
+                t.set_horizontalalignment("right" if rotation < 90 else "center")
+                t.set_rotation_mode("anchor" if rotation < 90 else "default")
+        fig.canvas.draw()
+        if not _overlapping(ax.get_xticklabels()):
+            return
+    step = 2
+    while step < len(labels):
+        ax.set_xticks(positions, [lab if i % step == 0 else "" for i, lab in enumerate(labels)],
+                      fontsize=fontsize, rotation=90)
+        fig.canvas.draw()
+        if not _overlapping(ax.get_xticklabels()):
+            return
+        step += 1
+
+
+def _overlapping(texts) -> bool:
+    renderer = texts[0].figure.canvas.get_renderer() if texts else None
+    boxes = [t.get_window_extent(renderer) for t in texts if t.get_visible() and t.get_text()]
+    return any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def _title(ax, fig, text: str):
+    """The title, wrapped to the figure's width."""
+    width = max(40, int(fig.get_figwidth() * 11))
+    ax.set_title("\n".join(_wrap(line, width) for line in text.split("\n")), fontsize=11)
 
 
 def _gib_axis(ax):
@@ -208,14 +348,24 @@ def _capacity_label(result) -> str:
 
 
 def _finish(fig, path):
+    fig.canvas.draw()    # lay it out now: text extents are final for whoever looks at them
     if path is not None:
         save(fig, path)
     return fig
 
 
+def _color(component: str) -> str:
+    return COLORS.get(component, OTHER_COLOR)
+
+
 def _legend_handles(present: Sequence[str]) -> list:
     from matplotlib.patches import Patch
-    return [Patch(facecolor=COLORS[c], label=_name(c)) for c in present]
+    return [Patch(facecolor=_color(c), label=_name(c)) for c in present]
+
+
+def _caption_text(text: str, fig) -> str:
+    width = max(60, int(fig.get_figwidth() * 14))
+    return "\n".join(_wrap(part, width) for part in text.split("\n"))
 
 
 _LABEL_BOX = {"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "none", "alpha": 0.95}
@@ -223,84 +373,133 @@ _LABEL_BOX = {"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "n
 
 # --- (a) stacked bars ------------------------------------------------------------------------
 
+@attrs.frozen
+class _Bar:
+    label: str
+    parts: dict           # component -> bytes
+    total: float
+    capacity: float
+    feasible: bool
+    profile: str
+    peak_phase: str | None
+
+
+def _bars(results, labels) -> list[_Bar]:
+    if len(results) == 1 and len(results[0].ranks) > 1 and labels is None:
+        # one parallel layout: a bar per rank class (first, middle and last stages)
+        r = results[0]
+        return [_Bar(f"{k.name}\n({k.ranks:,} devices" + ("; heaviest)" if k.name == r.heaviest_rank else ")"),
+                     {c: getattr(k, c) for c in COMPONENTS}, k.total_memory, r.available_memory, k.feasible,
+                     r.profile, k.peak_phase) for k in r.ranks]
+    labels = list(labels) if labels is not None else default_labels(results)
+    if len(labels) != len(results):
+        raise InvalidInputError("labels", labels, f"one label per result ({len(results)})")
+    return [_Bar(str(label) + (f"\n({r.heaviest_rank}, the heaviest)" if len(r.ranks) > 1 else ""),
+                 {c: getattr(r, c) for c in COMPONENTS}, r.total_memory, r.available_memory, r.feasible,
+                 r.profile, r.peak_phase) for label, r in zip(labels, results)]
+
+
 def plot_bars(results, labels: Sequence[str] | None = None, *, title: str | None = None,
               path=None, figsize=None):
-    """Stacked bars of the five components, one bar per result, with the capacity.
+    """Stacked bars of the components, one bar per result, with the capacity.
 
     ``results`` is one result or a list (several configurations, ZeRO stages, ...);
     ``labels`` name the bars (by default, the settings in which the results differ).
-    The capacity is a dashed line (one per bar when the accelerators differ); each bar
-    is topped by its total and its percentage of the capacity.
+    One result of a parallel layout with several rank classes (``result.ranks``, the
+    measured profile) gets one bar per rank class; with several results, each bar is its
+    result's heaviest rank class, named under it. The capacity is a dashed line (one per
+    bar when the accelerators differ); each bar is topped by its total and its percentage
+    of the capacity. The caption under the axis names each profile and how it made its
+    total (every term summed, or the peak over phases and which phase).
     """
-    Figure = _matplotlib()
+    _matplotlib()
     from matplotlib.lines import Line2D
     results = [results] if not isinstance(results, (list, tuple)) else list(results)
     if not results:
         raise InvalidInputError("results", results, "at least one result")
-    labels = list(labels) if labels is not None else default_labels(results)
-    if len(labels) != len(results):
-        raise InvalidInputError("labels", labels, f"one label per result ({len(results)})")
-    n = len(results)
-    fig = Figure(figsize=figsize or (max(6.4, 1.3 * n + 4.2), 5.4), layout="constrained")
+    bars = _bars(results, labels)
+    n = len(bars)
+    fig = _figure(figsize or (max(6.4, 1.5 * n + 4.0), 5.8))
     ax = fig.add_subplot()
     _style(ax)
     x = list(range(n))
     bottoms = [0.0] * n
-    present = [c for c in COMPONENTS if any(getattr(r, c) for r in results)]
+    present = [c for c in COMPONENTS if any(b.parts.get(c) for b in bars)]
     for component in present:
-        heights = [getattr(r, component) / GB for r in results]
-        ax.bar(x, heights, 0.6, bottom=bottoms, color=COLORS[component], edgecolor="white",
-               linewidth=0.6)
+        heights = [b.parts.get(component, 0) / GB for b in bars]
+        ax.bar(x, heights, 0.6, bottom=bottoms, color=_color(component), edgecolor="white",
+               linewidth=0.6, label=_name(component))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
-    capacities = {r.available_memory for r in results}
-    top = max(max(bottoms), max(c / GB for c in capacities))
-    for xi, r in zip(x, results):
-        pct = 100 * r.memory_utilization
-        ax.annotate(f"{r.total_memory / GB:,.1f} GB\n{pct:.0f} % of cap.", (xi, r.total_memory / GB),
+    capacities = {b.capacity for b in bars}
+    top = max(max(b.total / GB for b in bars), max(c / GB for c in capacities))
+    for xi, b in zip(x, bars):
+        pct = 100 * b.total / b.capacity if b.capacity else float("inf")
+        ax.annotate(f"{b.total / GB:,.1f} GB\n{pct:.0f} % of cap.", (xi, b.total / GB),
                     xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8.5,
-                    color="#222222" if r.feasible else "#b00020", bbox=_LABEL_BOX, zorder=5)
+                    color="#222222" if b.feasible else "#b00020", bbox=_LABEL_BOX, zorder=5)
     handles = _legend_handles(present)
+    tick_labels = [_wrap(b.label, 22) for b in bars]
     if len(capacities) == 1:
-        cap = results[0].available_memory / GB
-        ax.axhline(cap, color=CAPACITY_COLOR, linestyle="--", linewidth=1.4)
+        ax.axhline(bars[0].capacity / GB, color=CAPACITY_COLOR, linestyle="--", linewidth=1.4)
         handles.append(Line2D([], [], color=CAPACITY_COLOR, linestyle="--", label=_capacity_label(results[0])))
     else:
-        for xi, r in zip(x, results):
-            ax.hlines(r.available_memory / GB, xi - 0.42, xi + 0.42, color=CAPACITY_COLOR,
+        for xi, b in zip(x, bars):
+            ax.hlines(b.capacity / GB, xi - 0.42, xi + 0.42, color=CAPACITY_COLOR,
                       linestyle="--", linewidth=1.4)
         handles.append(Line2D([], [], color=CAPACITY_COLOR, linestyle="--",
                               label="capacity of each bar's accelerator"))
-        labels = [f"{label}\ncap. {r.available_memory / GB:,.1f} GB = {r.available_memory / GIB:,.1f} GiB"
-                  for label, r in zip(labels, results)]
-    ax.set_xticks(x, labels)
+        tick_labels = [f"{label}\ncap. {b.capacity / GB:,.1f} GB = {b.capacity / GIB:,.1f} GiB"
+                       for label, b in zip(tick_labels, bars)]
     ax.set_xlim(-0.6, n - 0.4)
-    ax.set_ylim(0, top * 1.18)
+    ax.set_ylim(0, top * 1.2)
     _gib_axis(ax)
     first = results[0]
     same_model, same_hw = len({r.model for r in results}) == 1, len({r.hardware for r in results}) == 1
-    ax.set_title(title or ("Memory per accelerator"
-                           + (f": {first.model}" if same_model else "")
-                           + (f"{' on' if same_model else ': on'} {first.hardware}" if same_hw else "")),
-                 fontsize=11)
+    default_title = ("Memory per accelerator"
+                     + (f": {first.model}" if same_model else "")
+                     + (f"{' on' if same_model else ': on'} {first.hardware}" if same_hw else ""))
+    if len(results) == 1 and len(first.ranks) > 1:
+        default_title += "\none bar per rank class of " + " ".join(
+            f"{k}={v}" for k, v in first.parallelism.items() if v != 1)
+    _title(ax, fig, title or default_title)
+    ax.set_xlabel(_caption_text(caption(bars), fig), fontsize=8.5, color="#444444")
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
+    _fit_xticklabels(fig, ax, x, tick_labels)
     return _finish(fig, path)
 
 
 # --- (b) timeline over one iteration ------------------------------------------------------
 
-def plot_timeline(result, *, title: str | None = None, path=None, figsize=(7.6, 5.6)):
-    """Bytes alive in each phase of one iteration (forward, backward, optimizer step),
-    stacked by component, with the peak phase marked and the capacity line.
+def _rank(result, rank):
+    """The rank class to draw: ``rank`` (a name of ``result.ranks``, or one of them), or the
+    result itself (the heaviest rank class of a parallel layout)."""
+    if rank is None:
+        return result, None
+    names = [k.name for k in result.ranks]
+    for k in result.ranks:
+        if rank is k or rank == k.name:
+            return k, k.name
+    raise InvalidInputError("rank", rank, "one of " + ", ".join(names) if names
+                            else "None: this result has no rank classes (one device, or the reference profile)")
 
-    This is *alive per phase* from each term's liveness (``MemoryTerm.phases``); the
-    reference profile's total adds every term up whatever its phases, and is drawn as a
-    dotted line for comparison. Host-memory terms are left out.
+
+def plot_timeline(result, *, title: str | None = None, path=None, figsize=(8.4, 6.0), rank=None):
+    """Bytes alive in each phase of one iteration (forward, backward, backward end,
+    optimizer step), stacked by component, with the peak phase marked and the capacity.
+
+    This is *alive per phase* from each term's liveness (``MemoryTerm.phases``). The
+    profile's total is the dotted line: the reference profile adds every term up whatever
+    its phases; a profile that takes the peak over phases (the measured one) has its
+    total in the peak phase, named in the caption. ``rank`` picks a rank class of a
+    parallel layout by name (default: the heaviest, which is the result's own terms).
+    Host-memory terms are left out.
     """
-    Figure = _matplotlib()
+    _matplotlib()
     from matplotlib.lines import Line2D
-    alive = phase_bytes(result)
-    peak, peak_bytes = peak_phase(result)
-    fig = Figure(figsize=figsize, layout="constrained")
+    source, rank_name = _rank(result, rank)
+    alive = phase_bytes(source)
+    peak, peak_bytes = peak_phase(source)
+    fig = _figure(figsize)
     ax = fig.add_subplot()
     _style(ax)
     x = list(range(len(PHASES)))
@@ -308,7 +507,8 @@ def plot_timeline(result, *, title: str | None = None, path=None, figsize=(7.6, 
     present = [c for c in COMPONENTS if any(alive[p][c] for p in PHASES)]
     for component in present:
         heights = [alive[p][component] / GB for p in PHASES]
-        ax.bar(x, heights, 0.62, bottom=bottoms, color=COLORS[component], edgecolor="white", linewidth=0.6)
+        ax.bar(x, heights, 0.62, bottom=bottoms, color=_color(component), edgecolor="white", linewidth=0.6,
+               label=_name(component))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     peak_i = PHASES.index(peak)
     ax.bar([peak_i], [bottoms[peak_i]], 0.62, fill=False, edgecolor="#000000", linewidth=2.0)
@@ -320,43 +520,51 @@ def plot_timeline(result, *, title: str | None = None, path=None, figsize=(7.6, 
                     va="bottom", fontsize=9, fontweight="bold" if phase == peak else "normal",
                     bbox=_LABEL_BOX, zorder=5)
     cap = result.available_memory / GB
-    total = result.total_memory / GB
+    total = source.total_memory / GB
     ax.axhline(cap, color=CAPACITY_COLOR, linestyle="--", linewidth=1.4)
     ax.axhline(total, color="#666666", linestyle=":", linewidth=1.4)
-    ax.set_xticks(x, [_name(p) + ("\n(peak)" if p == peak else "") for p in PHASES])
     ax.set_xlim(-0.6, len(PHASES) - 0.4)
     ax.set_ylim(0, max(cap, total, peak_bytes / GB) * 1.15)
     _gib_axis(ax)
+    rule = combine_rule(source)
     handles = _legend_handles(present)
     handles.append(Line2D([], [], color=CAPACITY_COLOR, linestyle="--", label=_capacity_label(result)))
     handles.append(Line2D([], [], color="#666666", linestyle=":",
-                          label=f"{result.profile} profile total (all terms summed): {total:,.1f} GB"))
-    ax.set_title(title or f"Memory alive per phase (from term liveness)\n{result.model} on {result.hardware}, "
-                          f"micro-batch {result.microbatch}, {_checkpointing(result)}",
-                 fontsize=11)
+                          label=f"{result.profile} profile total, "
+                                + (f"peak over phases ({_name(source.peak_phase)})" if source.peak_phase
+                                   else "all terms summed") + f": {total:,.1f} GB"))
+    if rank_name is None and len(result.ranks) > 1:
+        rank_name = f"{result.heaviest_rank}, the heaviest"
+    _title(ax, fig, title or (f"Memory alive per phase (from term liveness)\n{result.model} on {result.hardware}"
+                              + (f" ({rank_name})" if rank_name else "")
+                              + f", micro-batch {result.microbatch}, {_checkpointing(result)}"))
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5, frameon=False)
-    caption = ("phase of one training iteration: each bar adds the terms alive in it (MemoryTerm.phases);\n"
-               f"the {result.profile} profile's total adds every term, whatever its phase")
-    if result.host_memory:
-        caption += f"; host-memory terms ({result.host_memory / GB:,.1f} GB) are not shown"
-    ax.set_xlabel(caption, fontsize=8.5, color="#444444")
+    text = ("phase of one training iteration: each bar adds the terms alive in it (MemoryTerm.phases)\n"
+            f"{result.profile} profile: total = {rule}")
+    if getattr(source, "peak_phase", None):
+        text += f", {total:,.1f} GB"
+    if source.host_memory:
+        text += f"; host-memory terms ({source.host_memory / GB:,.1f} GB) are not shown"
+    ax.set_xlabel(_caption_text(text, fig), fontsize=8.5, color="#444444")
+    _fit_xticklabels(fig, ax, x, [_name(p) + ("\n(peak)" if p == peak else "") for p in PHASES])
     return _finish(fig, path)
 
 
 # --- (c) sweep ----------------------------------------------------------------------------
 
-def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(7.6, 5.4)):
+def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0, 5.8)):
     """Memory against the swept value (a `Sweep` from `sweep`), stacked by
-    component, with the capacity line and the largest value that fits marked."""
-    Figure = _matplotlib()
+    component, with the capacity line and the largest value that fits marked.
+    For a parallel layout each value shows its heaviest rank class."""
+    _matplotlib()
     from matplotlib.lines import Line2D
     results, values = data.results, data.values
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = _figure(figsize)
     ax = fig.add_subplot()
     _style(ax)
     present = [c for c in COMPONENTS if any(getattr(r, c) for r in results)]
     ax.stackplot(values, *[[getattr(r, c) / GB for r in results] for c in present],
-                 colors=[COLORS[c] for c in present], alpha=0.85, linewidth=0)
+                 colors=[_color(c) for c in present], alpha=0.85, linewidth=0, labels=[_name(c) for c in present])
     totals = [r.total_memory / GB for r in results]
     ax.plot(values, totals, color="#000000", linewidth=1.2, zorder=3)
     fits = [r.feasible for r in results]
@@ -368,11 +576,11 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(7.6
     ax.axhline(cap, color=CAPACITY_COLOR, linestyle="--", linewidth=1.4)
     if len(values) > 1 and values[-1] / values[0] >= 8:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(values, [f"{v:,}" for v in values])
     ax.minorticks_off()
     if len(values) > 1:
         ax.set_xlim(values[0], values[-1])
-    ax.set_xlabel(data.label + (" per accelerator" if data.parameter == "batch" else ""))
+    quantity = data.label + (" per accelerator" if data.parameter == "batch" else "")
+    ax.set_xlabel(_caption_text(f"{quantity}\n{caption(list(results))}", fig), fontsize=9)
     top = max(max(totals), cap)
     ax.set_ylim(0, top * 1.12)
     best = data.largest_fitting
@@ -397,9 +605,10 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(7.6
     first = results[0]
     fixed = (f"sequence length {data.scenario.seq_len:,}" if data.parameter == "batch" and data.scenario
              else f"micro-batch {first.microbatch}" if data.parameter == "seq" else "")
-    ax.set_title(title or f"Memory vs {data.label}: {first.model} on {first.hardware}"
-                          + (f"\n{fixed}, {first.precision}, {first.optimizer}, "
-                             f"{_checkpointing(first)}" if fixed else ""),
-                 fontsize=11)
+    heaviest = "; each value: its heaviest rank class" if any(len(r.ranks) > 1 for r in results) else ""
+    _title(ax, fig, title or f"Memory vs {data.label}: {first.model} on {first.hardware}"
+                             + (f"\n{fixed}, {first.precision}, {first.optimizer}, "
+                                f"{_checkpointing(first)}{heaviest}" if fixed else heaviest))
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
+    _fit_xticklabels(fig, ax, list(values), [f"{v:,}" for v in values])
     return _finish(fig, path)

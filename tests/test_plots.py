@@ -117,7 +117,7 @@ def test_sweep_rejects_bad_input(solver, parameter, values):
 def test_default_labels_name_what_differs(solver):
     results = [solver.solve("llama3-8b", "h100", 64, 1024, dp_size=8, zero_stage=z) for z in (0, 3)]
     assert plots.default_labels(results) == ["ZeRO-0", "ZeRO-3"]
-    assert plots.default_labels(results[:1]) == ["Llama-3.1-8B"]
+    assert plots.default_labels(results[:1]) == [results[0].model]
 
 
 def test_importing_plots_does_not_import_matplotlib():
