@@ -461,23 +461,32 @@ def plugin_listing(pm) -> list[dict]:
 
 def cmd_plugins(args, out) -> int:
     pm = _manager(args)
-    listing = plugin_listing(pm)
+    with pm.allowing_broken():     # a plugin whose registration fails is listed, marked, not fatal
+        listing = plugin_listing(pm)
+    broken = pm.broken_plugins()
+    for p in listing:
+        p["error"] = str(broken[p["name"]]) if p["name"] in broken else None
     if args.json:
         out.write(json.dumps({"plugins": listing, "blocked": list(pm.blocked_names),
+                              "unknown_blocked": {n: list(c) for n, c in pm.unknown_blocked.items()},
+                              "blocked_entry_points": [i.name for i in pm.blocked_entry_points],
                               "skipped_third_party": [i.name for i in pm.skipped_third_party]},
                              indent=2, sort_keys=True) + "\n")
-        return 0
-    width = max(len(p["name"]) for p in listing)
-    for p in listing:
-        provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
-        hooks = [h for h in p["hooks"] if h.endswith("_terms")]
-        what = provided or ("component hooks: " + ", ".join(hooks) if hooks else "")
-        out.write(f"{p['name'].ljust(width)}  {p['distribution']} {p['version']}  {what}\n")
-    for name in pm.blocked_names:
-        out.write(f"{name.ljust(width)}  (blocked)\n")
-    for info in pm.skipped_third_party:
-        out.write(f"{info.name.ljust(width)}  {info.source}  (skipped: third-party autoload disabled)\n")
-    return 0
+    else:
+        width = max(len(p["name"]) for p in listing)
+        for p in listing:
+            provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
+            hooks = [h for h in p["hooks"] if h.endswith("_terms")]
+            what = provided or ("component hooks: " + ", ".join(hooks) if hooks else "")
+            what = f"BROKEN: {p['error']}" if p["error"] else what
+            out.write(f"{p['name'].ljust(width)}  {p['distribution']} {p['version']}  {what}\n")
+        for name in pm.blocked_names:
+            out.write(f"{name.ljust(width)}  {pm.describe_blocked(name)}\n")
+        for info in pm.skipped_third_party:
+            out.write(f"{info.name.ljust(width)}  {info.source}  (skipped: third-party autoload disabled)\n")
+    for err in dict.fromkeys(broken.values()):     # exit 3: the other commands fail until it is fixed
+        print(f"mlsysim-core: error: {err}", file=sys.stderr)
+    return 3 if broken else 0
 
 
 def cmd_models(args, out) -> int:
@@ -587,8 +596,10 @@ def main(argv: list[str] | None = None, out=None) -> int:
     for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
+    from .manager import plugin_warnings_to_stderr
     try:
-        return COMMANDS[args.command](args, out)
+        with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
+            return COMMANDS[args.command](args, out)
     except MlsysimError as err:
         if args.debug:
             raise

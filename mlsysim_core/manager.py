@@ -130,6 +130,20 @@ class PluginManager(pluggy.PluginManager):
         self._registry = self._survey = None
         return out
 
+    def describe_blocked(self, name: str) -> str:
+        """What a blocked name did, for listings: ``(blocked)``, ``(blocked: distribution
+        NAME, entry points a, b)``, or ``(blocked: matches no installed plugin or
+        distribution; did you mean 'sgd'?)``."""
+        if name in self.unknown_blocked:
+            close = self.unknown_blocked[name]
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            return f"(blocked: matches no installed plugin or distribution, blocks nothing{hint})"
+        by_dist = sorted({i.name for i in self.blocked_entry_points
+                          if _normalise_dist(i.distribution) == _normalise_dist(name)})
+        if by_dist and name not in {i.name for i in self.blocked_entry_points}:
+            return f"(blocked: distribution, entry point(s) {', '.join(by_dist)})"
+        return "(blocked)"
+
     def info(self, plugin_name: str) -> PluginInfo:
         return self._info.get(plugin_name, PluginInfo(name=plugin_name))
 
@@ -370,19 +384,18 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:
-    """Close matches among entry-point and distribution names (distribution names are
-    compared normalised, so ``MLSYSIM_DEMO_LION`` still finds ``mlsysim-demo-lion``)."""
-    by_key: dict[str, str] = {}
+    """Close matches among entry-point and distribution names: at most three, all about as
+    close as the best one (compared normalised, so ``MLSYSIM_Demo.Lion`` finds
+    ``mlsysim-demo-lion`` and a shared ``mlsysim-`` prefix alone does not make a match)."""
+    key = _normalise_dist(name)
+    scored = []
     for c in sorted(set(candidates)):
-        by_key.setdefault(c, c)
-        by_key.setdefault(_normalise_dist(c), c)
-    keys = difflib.get_close_matches(name, list(by_key), n=6, cutoff=0.6)
-    keys += difflib.get_close_matches(_normalise_dist(name), list(by_key), n=6, cutoff=0.6)
-    out: list[str] = []
-    for k in keys:
-        if by_key[k] not in out:
-            out.append(by_key[k])
-    return tuple(out[:3])
+        ratio = difflib.SequenceMatcher(None, key, _normalise_dist(c)).ratio()
+        if ratio >= 0.6:
+            scored.append((-ratio, c))
+    scored.sort()
+    best = -scored[0][0] if scored else 0.0
+    return tuple(c for r, c in scored if -r >= best - 0.1)[:3]
 
 
 def _unknown_blocked_message(name: str, close: tuple[str, ...], group: str) -> str:
