@@ -24,10 +24,27 @@ class InvalidInputError(MlsysimError, ValueError):
         self.parameter = parameter
         self.value = value
         self.allowed = allowed
-        message = f"{parameter}={value!r} is not allowed: {allowed}"
+        message = f"{parameter}={_safe_repr(value)} is not allowed: {allowed}"
         if detail:
             message += f" ({detail})"
         super().__init__(message)
+
+
+_REPR_LIMIT = 1000
+
+
+def _safe_repr(value: object) -> str:
+    """``repr(value)``, bounded: a deeply nested or huge value (from a hostile file) must not
+    turn the error message itself into a RecursionError or a megabyte of text."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply to show>"
+    except Exception as err:   # a broken __repr__ of a user's object
+        return f"<{type(value).__name__} (repr failed: {type(err).__name__})>"
+    if len(text) > _REPR_LIMIT:
+        text = text[:_REPR_LIMIT] + f"... ({len(text)} characters)"
+    return text
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):

@@ -9,10 +9,24 @@ from __future__ import annotations
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 
-_str = attrs.validators.instance_of(str)
-_opt_str = attrs.validators.optional(attrs.validators.instance_of(str))
+MIB = 2**20     # a device with less memory than this is a unit mistake (bytes, not GiB)
+
+
+def _str(instance, attribute, value):
+    """A non-empty string (a name)."""
+    parameter = f"{type(instance).__name__}.{attribute.name}"
+    if not isinstance(value, str):
+        raise InvalidInputTypeError(parameter, value, "a non-empty string", f"got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(parameter, value, "a non-empty string")
+
+
+def _opt_str(instance, attribute, value):
+    if value is not None and not isinstance(value, str):
+        raise InvalidInputTypeError(f"{type(instance).__name__}.{attribute.name}", value, "a string or None",
+                                    f"got {type(value).__name__}")
 
 
 def _count(minimum=1):
@@ -55,9 +69,19 @@ class TransformerWorkload:
     architecture: str | None = attrs.field(default=None, validator=_opt_str)
 
     def __attrs_post_init__(self):
-        if self.kv_heads is not None and self.heads is not None and self.kv_heads > self.heads:
+        heads = self.heads
+        if heads is None:
+            return
+        if self.kv_heads is not None and (self.kv_heads > heads or heads % self.kv_heads):
             raise InvalidInputError(f"{type(self).__name__}.kv_heads", self.kv_heads,
-                                    f"at most heads={self.heads}")
+                                    f"at most heads={heads} and a divisor of it",
+                                    "grouped-query attention shares each key/value head among the same "
+                                    "number of query heads")
+        if self.head_dim is None and self.hidden_dim is not None and self.hidden_dim % heads:
+            raise InvalidInputError(f"{type(self).__name__}.hidden_dim", self.hidden_dim,
+                                    f"a multiple of heads={heads} (hidden_dim = heads x head_dim), "
+                                    "or set head_dim",
+                                    f"without head_dim each head would be {self.hidden_dim / heads:g} wide")
 
     @property
     def is_sparse(self) -> bool:
@@ -111,3 +135,12 @@ class HardwareNode:
     devices_per_node: int | None = _optional_count()
     host_memory: int | None = _optional_count()
     vendor: str | None = attrs.field(default=None, validator=_opt_str)
+
+    def __attrs_post_init__(self):
+        capacity = self.memory_capacity
+        if capacity < MIB:
+            raise InvalidInputError(
+                f"{type(self).__name__}.memory_capacity", capacity,
+                f"bytes, at least 1 MiB = {MIB}",
+                f"memory_capacity is in bytes: for {capacity} GiB write {capacity * 2**30} "
+                f"({capacity} * 2**30); for {capacity} GB, {capacity * 10**9}")

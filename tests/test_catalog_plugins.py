@@ -49,7 +49,8 @@ def test_user_entries_are_added(catalog_dir, solver):
     assert gpu.memory_capacity == 24 * 2**30 and find_hardware("MyOrg card 24G").origin == "user"
     result = solver.solve("myorg/lm-1b", "myorg/card-24g", 4, 512)
     assert result.weights == 2 * 1_100_000_000
-    assert get_model("llama3-8b").parameters == 8_030_000_000        # the built-ins are still there
+    assert get_model("llama3-8b").parameters == 8_030_261_248        # the built-ins are still there
+    assert get_model("mlsysim:llama3-8b").parameters == 8_030_000_000
 
 
 def test_a_model_only_or_hardware_only_file(catalog_dir):
@@ -97,7 +98,8 @@ def test_collision_with_a_builtin_names_both_files(catalog_dir):
     with pytest.raises(CatalogError) as err:
         get_model("mylm")
     message = str(err.value)
-    assert "'llama3-8b'" in message and str(path) in message and "models.json" in message
+    assert "'llama3-8b'" in message and str(path) in message and "(curated_models.json)" in message
+    assert "key 'meta-llama/llama-3.1-8b'" in message and "key 'myorg/lm-1b'" in message
     assert isinstance(err.value, InvalidInputError)
 
 
@@ -136,7 +138,7 @@ def test_curated_key_collision_is_caught(catalog_dir):
     ({"schema": 1, "models": [dict(MODEL_ROW, aliases="mylm")]}, r"field 'aliases' must be a list"),
     ({"schema": 1, "hardware": [dict(GPU_ROW, memory_capacity=0)]},
      r"hardware\[0\] \('myorg/card-24g'\): memory_capacity=0 is not allowed"),
-    ({"schema": 1, "hardware": [dict(GPU_ROW, name=3)]}, r"hardware\[0\] \('myorg/card-24g'\): field 'name'"),
+    ({"schema": 1, "hardware": [dict(GPU_ROW, name=3)]}, r"hardware\[0\] \('myorg/card-24g'\): name=3 is not allowed: a non-empty string"),
 ])
 def test_malformed_files_name_the_file_and_field(catalog_dir, content, match):
     path = write(catalog_dir, "bad.json", content)
@@ -199,7 +201,7 @@ def test_plugin_entries_are_added_and_attributed(catalog_dir):
 def test_builtin_lookups_do_not_call_plugins(catalog_dir):
     plugin = Catalog([MODEL_ROW])
     pm = manager(("myorg_catalog", plugin))
-    assert get_model("llama3-8b", plugin_manager=pm).parameters == 8_030_000_000
+    assert get_model("llama3-8b", plugin_manager=pm).parameters == 8_030_261_248
     assert list_models(plugin_manager=pm, plugins=False)[-1].origin == "curated"
     assert plugin.calls == 0
 
@@ -222,7 +224,7 @@ def test_plugins_are_listed_by_plugin_name(catalog_dir):
 
 def test_plugin_collision_with_a_builtin(catalog_dir):
     pm = manager(("myorg_catalog", Catalog([dict(MODEL_ROW, aliases=["llama3-8b"])])))
-    assert get_model("llama3-8b", plugin_manager=pm).parameters == 8_030_000_000   # built-in names win
+    assert get_model("llama3-8b", plugin_manager=pm).parameters == 8_030_261_248   # built-in names win
     with pytest.raises(PluginConflictError) as err:
         list_models(plugin_manager=pm)
     message = str(err.value)
