@@ -286,6 +286,13 @@ def _resolve_hardware(hardware) -> HardwareNode:
     return hardware
 
 
+def _catalog_notes(plan: TrainingPlan) -> tuple[str, ...]:
+    """A note for a model or accelerator that is the reference's catalog data (``mlsysim:``)."""
+    import sys
+    catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects
+    return catalog.provenance_notes(plan.model, plan.hardware) if catalog is not None else ()
+
+
 def _select_rule(registry: Registry, axis: str, name: object, parameter: str) -> str:
     choices = registry.rules_for_axis(axis)
     if not isinstance(name, str) or name.strip().lower() not in choices:
@@ -1157,6 +1164,6 @@ def _run_steps(selection: _Selection, plan: TrainingPlan, totals_only: bool, cel
         plan.precision, plan.optimizer, ckpt,
         {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size, "cp": cp}
         if cp != 1 else {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size},
-        rule_notes, plan.profile, terms, host, plan.model.name, plan.hardware.name, plan.microbatch,
+        _catalog_notes(plan) + rule_notes, plan.profile, terms, host, plan.model.name, plan.hardware.name, plan.microbatch,
         placement.layers_per_stage, plan.sequence_parallel, selection.selected, peak_phase,
         selection.plugin_sources, r, regime.name if regime is not None else None, (), None)

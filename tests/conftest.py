@@ -23,12 +23,14 @@ def solver(builtin_pm):
 
 @pytest.fixture(scope="session")
 def llama8b():
-    return get_model("llama3-8b")
+    """The reference's Llama-3.1-8B (8.03e9 parameters): hand-derived numbers use it."""
+    return get_model("mlsysim:llama3-8b")
 
 
 @pytest.fixture(scope="session")
 def h100():
-    return get_hardware("h100")
+    """The reference's H100 (80 GiB)."""
+    return get_hardware("mlsysim:h100")
 
 
 @pytest.fixture(scope="session")

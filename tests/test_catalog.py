@@ -6,8 +6,9 @@ import attrs
 import pytest
 
 from mlsysim_core import InvalidInputError
-from mlsysim_core.catalog import (CatalogEntry, count_parameters, count_workload_parameters, find_hardware,
-                                  find_model, get_hardware, get_model, list_hardware, list_models, normalise)
+from mlsysim_core.catalog import (NAMESPACE, CatalogEntry, count_parameters, count_workload_parameters,
+                                  find_hardware, find_model, get_hardware, get_model, list_hardware, list_models,
+                                  normalise, provenance_notes)
 
 GiB = 2**30
 
@@ -27,52 +28,171 @@ REFERENCE_HARDWARE_GIB = {
 }
 
 
+# Reference short key -> the curated entry describing the same model or card, which answers
+# to the short key (the reference's data stays under mlsysim:<key>).
+COUNTERPARTS = {
+    "deepseek-v3": "deepseek-ai/deepseek-v3", "gpt2": "openai-community/gpt2-xl",
+    "gpt2-small": "openai-community/gpt2", "gpt3": "openai/gpt-3-175b",
+    "llama2-7b": "meta-llama/llama-2-7b-hf", "llama2-13b": "meta-llama/llama-2-13b-hf",
+    "llama2-70b": "meta-llama/llama-2-70b-hf", "llama3-8b": "meta-llama/llama-3.1-8b",
+    "llama3-70b": "meta-llama/llama-3.1-70b", "llama3-405b": "meta-llama/llama-3.1-405b",
+    "mixtral-8x7b": "mistralai/mixtral-8x7b-v0.1",
+    "a100": "nvidia/a100-sxm4-80gb", "a100-40gb": "nvidia/a100-sxm4-40gb", "b200": "nvidia/b200",
+    "h100": "nvidia/h100-sxm5-80gb", "h100-pcie": "nvidia/h100-pcie-80gb", "h200": "nvidia/h200-sxm-141gb",
+    "gaudi2": "intel/gaudi2", "gaudi3": "intel/gaudi3", "mi250x": "amd/mi250x", "mi300x": "amd/mi300x",
+    "mi325x": "amd/mi325x", "t4": "nvidia/t4", "tpuv4": "google/tpu-v4", "tpuv5p": "google/tpu-v5p",
+    "tpuv6e": "google/tpu-v6e", "v100": "nvidia/v100-sxm2-32gb",
+}
+
+
 def by_origin(entries, origin):
     return {e.key: e for e in entries if e.origin == origin}
+
+
+def find(name):
+    try:
+        return find_model(name)
+    except InvalidInputError:
+        return find_hardware(name)
 
 
 # --- the reference entries: unchanged ------------------------------------------------------
 
 def test_every_reference_model_is_present_with_its_numbers():
     keys = {k: e.value for k, e in by_origin(list_models(plugins=False), "reference").items()}
-    assert set(keys) == set(REFERENCE_MODELS)
+    assert set(keys) == {NAMESPACE + key for key in REFERENCE_MODELS}
     for key, params in REFERENCE_MODELS.items():
-        assert keys[key].parameters == params
+        assert keys[NAMESPACE + key].parameters == params
+        assert get_model(NAMESPACE + key) is keys[NAMESPACE + key]
 
 
 def test_hardware_capacities_in_bytes():
     assert len(by_origin(list_hardware(plugins=False), "reference")) == 34
     for key, gib in REFERENCE_HARDWARE_GIB.items():
-        assert get_hardware(key).memory_capacity == gib * 2**30
+        assert get_hardware(NAMESPACE + key).memory_capacity == gib * 2**30
+        assert get_hardware(key).memory_capacity == gib * 2**30      # the curated card where there is one
     assert get_hardware("gb200-nvl72").memory_capacity == int(13.5 * 2**40)
     assert get_hardware("groq-lpu").memory_capacity == 230 * 2**20
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "LLAMA3-8B", "llama3_8b", "Llama-3.1-8B", " llama3-8b "])
+@pytest.mark.parametrize("name", ["mlsysim:llama3-8b", "MLSYSIM:LLAMA3-8B", "mlsysim:llama3_8b",
+                                  "mlsysim:Llama-3.1-8B", " mlsysim:llama3-8b "])
 def test_lookup_is_case_insensitive(name):
     assert get_model(name).parameters == 8_030_000_000
 
 
+@pytest.mark.parametrize("name", ["llama3-8b", "LLAMA3-8B", "llama3_8b", "Llama-3.1-8B", "llama3.1-8b",
+                                  " llama3-8b ", "meta-llama/Llama-3.1-8B"])
+def test_short_and_display_names_find_the_curated_entry(name):
+    entry = find_model(name)
+    assert (entry.key, entry.origin, entry.value.parameters) == ("meta-llama/llama-3.1-8b", "curated", 8_030_261_248)
+
+
 def test_mixtral_is_sparse_with_architecture_detail():
-    m = get_model("mixtral-8x7b")
+    m = get_model("mlsysim:mixtral-8x7b")
     assert m.is_sparse and (m.experts, m.active_experts_per_token) == (8, 2)
     assert m.active_parameters == 12_900_000_000
     assert (m.kv_heads, m.vocab_size, m.ffn_dim) == (8, 32000, 14336)
-    llama = get_model("llama3-8b")
+    llama = get_model("mlsysim:llama3-8b")
     assert (llama.kv_heads, llama.vocab_size, llama.ffn_dim, llama.gated_mlp) == (8, 128256, 14336, True)
+    curated = get_model("mixtral-8x7b")
+    assert (curated.parameters, curated.active_parameters, curated.expert_ffn_dim) == (
+        46_702_792_704, 12_879_925_248, 14336)
 
 
 def test_entries_name_their_sources():
-    entry = find_model("llama3-8b")
+    entry = find_model("mlsysim:llama3-8b")
     assert any("mlsysim 0.3.0" in source for source in entry.sources.values())
     assert entry.origin == "reference" and "models.json" in entry.provided_by
 
 
 def test_unknown_name_suggests():
-    with pytest.raises(InvalidInputError, match="did you mean llama3-8b"):
+    with pytest.raises(InvalidInputError, match=r"did you mean meta-llama/llama-3\.1-8b, mlsysim:llama3-8b\?"):
         get_model("llama3-8")
     with pytest.raises(InvalidInputError, match="hardware=3"):
         get_hardware(3)
+
+
+@pytest.mark.parametrize("name,suggested", [
+    ("l40s", "nvidia/l40s"), ("L40S", "nvidia/l40s"), ("rtx4090", "nvidia/rtx-4090"),
+    ("tpu-v5e", "google/tpu-v5e"), ("mi250x-gcd1", "amd/mi250x-gcd"), ("mlsysim:l40s", "nvidia/l40s"),
+])
+def test_unknown_hardware_suggests_the_product_without_its_vendor(name, suggested):
+    with pytest.raises(InvalidInputError, match=rf"hardware='{name}' is not allowed: did you mean {suggested}[,?]"):
+        get_hardware(name)
+
+
+def test_unknown_model_suggests_the_repo_without_its_owner():
+    with pytest.raises(InvalidInputError, match=r"did you mean qwen/qwen2\.5-7b[,?]"):
+        get_model("qwen2.5-7b")
+    with pytest.raises(InvalidInputError, match=r"did you mean google/gemma-2-9b[,?]"):
+        get_model("Gemma-2-9B")
+
+
+# --- one model, one answer: short names are the curated entries, mlsysim: the reference's data --
+
+@pytest.mark.parametrize("short,curated", sorted(COUNTERPARTS.items()))
+def test_short_names_are_the_curated_entry_and_mlsysim_names_the_reference(short, curated):
+    entry, reference = find(short), find(NAMESPACE + short)
+    assert (entry.key, entry.origin) == (curated, "curated")
+    assert (reference.key, reference.origin) == (NAMESPACE + short, "reference")
+    assert reference.extra["curated_counterpart"] == curated
+    # Every name of the reference entry is namespaced; its plain names belong to the curated one.
+    assert all(normalise(n).startswith(NAMESPACE) for n in reference.names)
+    for name in reference.names:
+        assert find(name) is reference
+        assert find(name[len(NAMESPACE):]) is entry
+    # The same model or card: shapes (models) or memory (hardware) equal, only counts differ.
+    if entry.kind == "model":
+        for field in ("layers", "hidden_dim", "experts", "active_experts_per_token"):
+            assert getattr(entry.value, field, None) == getattr(reference.value, field, None), field
+        assert abs(entry.value.parameters / reference.value.parameters - 1) < 0.04
+    else:
+        assert entry.value.memory_capacity == reference.value.memory_capacity
+
+
+def test_deepseek_v3_short_name_is_the_config_not_the_reference_numbers():
+    """The issue's example: `deepseek-v3` gave the reference's 56 heads and no expert width."""
+    v3, ref = get_model("deepseek-v3"), get_model("mlsysim:deepseek-v3")
+    assert (v3.heads, v3.expert_ffn_dim, v3.parameters) == (128, 2048, 671_026_419_200)
+    assert (ref.heads, ref.expert_ffn_dim, ref.parameters) == (56, None, 671_000_000_000)
+
+
+def test_reference_entries_without_a_curated_counterpart_keep_their_short_names():
+    for entry in list_models(plugins=False) + list_hardware(plugins=False):
+        if entry.origin == "reference" and "curated_counterpart" not in entry.extra:
+            short = entry.key[len(NAMESPACE):]
+            assert short not in COUNTERPARTS and short in entry.aliases
+            assert find(short) is entry and find(entry.key) is entry
+    assert find_model("bert-base").key == "mlsysim:bert-base"
+    assert find_hardware("gb200-nvl72").key == "mlsysim:gb200-nvl72"
+
+
+def test_the_counterparts_are_recorded_in_the_data_and_the_dump_tool():
+    import importlib.util
+    from pathlib import Path
+    recorded = {e.key[len(NAMESPACE):]: e.extra["curated_counterpart"]
+                for e in list_models(plugins=False) + list_hardware(plugins=False)
+                if e.origin == "reference" and "curated_counterpart" in e.extra}
+    assert recorded == COUNTERPARTS
+    path = Path(__file__).resolve().parent.parent / "tools" / "dump_reference_catalog.py"
+    spec = importlib.util.spec_from_file_location("dump_reference_catalog", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)        # (mlsysim itself is imported only when it dumps)
+    assert tool.COUNTERPARTS == COUNTERPARTS
+
+
+def test_notes_name_reference_data_and_nothing_else():
+    ref, gpu = get_model("mlsysim:llama3-8b"), get_hardware("mlsysim:h100")
+    assert provenance_notes(ref, gpu) == (
+        "model: mlsysim:llama3-8b is mlsysim 0.3.0's reference catalog data (textbook numbers); "
+        "`llama3-8b` is the curated meta-llama/llama-3.1-8b",
+        "hardware: mlsysim:h100 is mlsysim 0.3.0's reference catalog data; "
+        "`h100` is the curated nvidia/h100-sxm5-80gb")
+    assert provenance_notes(get_model("bert-base")) == (
+        "model: mlsysim:bert-base is mlsysim 0.3.0's reference catalog data (textbook numbers)",)
+    assert provenance_notes(get_model("llama3-8b"), get_hardware("h100")) == ()       # curated
+    assert provenance_notes(attrs.evolve(ref), attrs.evolve(gpu)) == ()     # equal, but built by hand
 
 
 # --- the counting helper ----------------------------------------------------------------------
@@ -212,7 +332,7 @@ def test_every_curated_count_recomputes_from_its_config():
 
 def test_curated_architecture_details():
     m = get_model("meta-llama/Llama-3.1-8B")      # the HF repo id, any case
-    ref = get_model("llama3-8b")
+    ref = get_model("mlsysim:llama3-8b")
     assert (m.parameters, ref.parameters) == (8_030_261_248, 8_030_000_000)
     fields = ("layers", "hidden_dim", "heads", "kv_heads", "vocab_size", "ffn_dim", "gated_mlp",
               "tied_embeddings", "context_length")
@@ -305,13 +425,13 @@ def test_curated_hardware_extras():
     assert find_hardware("nvidia/rtx-4090").extra["tier"] == "workstation"
 
 
-def test_reference_entries_keep_their_short_keys():
-    """Curated entries live under distinct keys: every reference name still finds its entry."""
+def test_every_name_finds_its_entry():
+    """No name is shadowed: every key, alias and display name finds its own entry."""
     for entry in list_models(plugins=False) + list_hardware(plugins=False):
-        if entry.origin == "reference":
-            for name in entry.names:
-                found = find_model(name) if entry.kind == "model" else find_hardware(name)
-                assert found is entry
+        for name in entry.names:
+            found = find_model(name) if entry.kind == "model" else find_hardware(name)
+            assert found is entry
+        assert entry.key.startswith(NAMESPACE) == (entry.origin == "reference")
 
 
 # --- integrity -------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def test_hook_mlsysim_catalog_hardware(builtin_pm):
     pm = manager_with(Hardware(), builtin_pm)
     assert find_hardware("test/card-20g", plugin_manager=pm).extra["plugin"] == "test_plugin"
     gpu = get_hardware("test/card-20g", plugin_manager=pm)
-    r = TrainingMemoryModel(plugin_manager=pm).solve("gpt2-small", gpu, 1, 128)
+    r = TrainingMemoryModel(plugin_manager=pm).solve("mlsysim:gpt2-small", gpu, 1, 128)
     assert r.weights == 2 * 124_000_000
     assert r.available_memory == 20 * 10**9 and r.hardware == gpu.name == "test/card-20g"
     with pytest.raises(Exception, match="test/card-20g"):   # unknown to a manager without the plugin

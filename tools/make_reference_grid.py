@@ -425,6 +425,9 @@ def spec_formula(case):
     if z > 0:
         trace.append("ZeRO-%s: data-parallel state sharding applied across %s ranks." % (z, d))
     if m["kind"] == "sparse_transformer" and e > 1:
+        # The reference's own words, checked against its recorded output. mlsysim-core prints
+        # the note without the clause naming MoERoutingModel (a class it does not have);
+        # tests/test_reference_parity.py compares with that one difference.
         trace.append("MoE memory approximation: total expert parameters are evenly sharded by "
                      "expert parallelism; routing imbalance is modeled separately by MoERoutingModel.")
     return dict(zip(["weights_gb", "gradients_gb", "optimizer_state_gb", "activations_gb",

@@ -4,18 +4,22 @@ Four sources, each entry stamped with its ``origin``:
 
 * ``"reference"``: every language model and every Cloud and Workstation accelerator of
   mlsysim 0.3.0 (``models.json``, ``hardware.json``), numbers unchanged (textbook round
-  numbers: ``llama3-8b`` has 8.03e9 parameters).
+  numbers: ``mlsysim:llama3-8b`` has 8.03e9 parameters), keyed in the ``mlsysim:``
+  namespace. A result built on one says so in its notes.
 * ``"curated"``: current models and accelerators with the public source of every number
   (``curated_models.json``, ``curated_hardware.json``). Model keys are Hugging Face repo ids
   (``meta-llama/llama-3.1-8b``, exact count 8,030,261,248); accelerator keys are
-  ``vendor/product`` (``nvidia/h100-sxm5-80gb``).
+  ``vendor/product`` (``nvidia/h100-sxm5-80gb``). Where a curated entry describes the same
+  model or card as a reference entry, it answers to the reference's short names
+  (``llama3-8b``, ``h100``); reference entries without one keep theirs (``bert-base``).
 * ``"user"``: JSON files in ``$MLSYSIM_CATALOG_DIR`` (or ``~/.config/mlsysim-core/catalog/``).
 * ``"plugin"``: entries returned by the ``mlsysim_catalog_models`` and
   ``mlsysim_catalog_hardware`` hooks.
 
 Names are looked up case-insensitively, with ``_`` and spaces read as ``-``
 (``Llama3_8B`` finds ``llama3-8b``); the key, every alias and the display name all work.
-A name claimed by two entries is an error that names both providers. Built-in files are
+A name claimed by two entries is an error that names both providers; an unknown name gets
+the closest names (``l40s``: did you mean ``nvidia/l40s``?). Built-in files are
 parsed once; the user directory is re-read when its files change. Looking up a built-in or
 user name never loads plugins: they are collected (once per plugin manager) only to list
 the catalog or to find a name the other sources lack. See docs/catalog.md.
@@ -49,13 +53,15 @@ if TYPE_CHECKING:
 __all__ = [
     "CatalogEntry", "CatalogError", "ENV_CATALOG_DIR", "SCHEMA", "ParameterCount", "clear_cache",
     "count_parameters", "count_workload_parameters", "find_hardware", "find_model", "get_hardware",
-    "get_model", "list_hardware", "list_models", "normalise", "read_catalog_file", "user_catalog_dir",
+    "get_model", "list_hardware", "list_models", "NAMESPACE", "normalise", "provenance_notes",
+    "read_catalog_file", "user_catalog_dir",
 ]
 
 ENV_CATALOG_DIR = "MLSYSIM_CATALOG_DIR"
 SCHEMA = 1
 MODEL, HARDWARE = "model", "hardware"
 ORIGINS = ("reference", "curated", "user", "plugin")
+NAMESPACE = "mlsysim:"     # the reference's own catalog data: mlsysim:llama3-8b, mlsysim:h100
 
 _MODEL_FIELDS = tuple(f.name for f in attrs.fields(SparseTransformerWorkload))
 _DENSE_FIELDS = tuple(f.name for f in attrs.fields(TransformerWorkload))
@@ -64,7 +70,7 @@ _MODEL_KINDS = {"transformer": TransformerWorkload, "sparse_transformer": Sparse
 # Descriptive keys a row may carry besides the object's fields; they go to ``extra``.
 _DESCRIPTIVE = ("notes", "paper", "hf_repo", "counting", "reference_path", "reference_provenance",
                 "tier", "node", "memory_capacity_stated", "memory_bandwidth_stated",
-                "memory_capacity_reported", "origin", "provided_by", "plugin")
+                "memory_capacity_reported", "origin", "provided_by", "plugin", "curated_counterpart")
 _ROW_KEYS = ("key", "aliases", "name", "sources", "extra")
 _FILE_KEYS = ("schema", "source", "description", "models", "hardware")
 _BUILTIN_FILES = {MODEL: (("models.json", "reference"), ("curated_models.json", "curated")),
@@ -287,7 +293,34 @@ def _builtin(kind: str) -> tuple[CatalogEntry, ...]:
         text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
         provider = f"mlsysim-core built-in catalog ({filename})"
         entries += [_stamp(e, origin, provider) for e in _parse_file(text, provider)[kind]]
+    for entry in entries:
+        if entry.origin == "reference":
+            _PROVENANCE[id(entry.value)] = (entry.value, _provenance_note(entry))
     return tuple(entries)
+
+
+# id(a reference entry's value) -> (the value, its note). The value is held, so its id is
+# not reused while it is here; kept across clear_cache() (objects from before stay reference data).
+_PROVENANCE: dict[int, tuple[object, str]] = {}
+
+
+def _provenance_note(entry: CatalogEntry) -> str:
+    counterpart = entry.extra.get("curated_counterpart")
+    what, numbers = ("model", " (textbook numbers)") if entry.kind == MODEL else ("hardware", "")
+    tail = f"; `{entry.key[len(NAMESPACE):]}` is the curated {counterpart}" if counterpart else ""
+    return f"{what}: {entry.key} is mlsysim 0.3.0's reference catalog data{numbers}{tail}"
+
+
+def provenance_notes(*objects) -> tuple[str, ...]:
+    """The notes a result carries for the objects it was built on: one for each model or
+    accelerator that is the reference's catalog data (an ``mlsysim:`` entry's own object, as
+    ``get_model("mlsysim:llama3-8b")`` returns it; an equal object built by hand has none)."""
+    notes = ()
+    for obj in objects:
+        hit = _PROVENANCE.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            notes += (hit[1],)
+    return notes
 
 
 def user_catalog_dir() -> Path | None:
@@ -547,11 +580,29 @@ def _find(kind: str, name: object, plugin_manager, command: str) -> CatalogEntry
     entry = table.index.get(norm)
     if entry is None:
         keys = [e.key for e in table.entries]
-        close = difflib.get_close_matches(norm, list(table.index), n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(dict.fromkeys(table.index[c].key for c in close))}? " if close else ""
+        close = _close_keys(norm, table)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise InvalidInputError(kind, name, f"{hint}one of: {', '.join(keys)} "
                                             f"(or an alias: `mlsysim-core {command} --json` lists them)")
     return entry
+
+
+def _close_keys(norm: str, table: _Table) -> list[str]:
+    """The keys of the entries whose names are closest to ``norm``: whole names, and names
+    without their ``vendor/`` or ``mlsysim:`` prefix (``l40s`` finds ``nvidia/l40s``)."""
+    tails: dict[str, list[str]] = defaultdict(list)
+    for name in table.index:
+        tail = name.rsplit("/", 1)[-1]
+        tail = tail[len(NAMESPACE):] if tail.startswith(NAMESPACE) else tail
+        if tail != name:
+            tails[tail].append(name)
+    bare = norm.rsplit("/", 1)[-1]
+    bare = bare[len(NAMESPACE):] if bare.startswith(NAMESPACE) else bare
+    found = list(tails.get(bare, ()))
+    found += difflib.get_close_matches(norm, list(table.index), n=3, cutoff=0.6)
+    for tail in difflib.get_close_matches(bare, list(tails), n=3, cutoff=0.75):
+        found += tails[tail]
+    return list(dict.fromkeys(table.index[n].key for n in found))[:4]
 
 
 def find_model(name: str, *, plugin_manager: "PluginManager | None" = None) -> CatalogEntry:

@@ -6,8 +6,9 @@ from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from ._memo import memoize
 
-MOE_NOTE = ("MoE memory approximation: total expert parameters are evenly sharded by expert "
-            "parallelism; routing imbalance is modeled separately by MoERoutingModel.")
+# The reference's note ends "; routing imbalance is modeled separately by MoERoutingModel.",
+# a class of mlsysim that this package does not have: that clause is left out.
+MOE_NOTE = "MoE memory approximation: total expert parameters are evenly sharded by expert parallelism."
 
 
 def apply(plan, options):
