@@ -8,8 +8,27 @@ data-parallel rule and checkpointing strategy takes part, third-party ones inclu
 
 Validity: tp is a power of two up to the devices of a node (8 when the hardware does not
 say) and divides the heads; cp (context parallelism, ring attention) divides seq_len;
-pp <= layers; ep divides dp x cp and the experts (MoE only); ZeRO stages above 0 are
-skipped when dp x cp = 1 (they shard over dp x cp, so they would change nothing).
+pp <= layers; ep divides dp x cp and the experts (MoE only).
+
+No duplicates: layouts that differ only in something that changes nothing are enumerated
+once. When dp x cp = 1 every built-in data-parallel rule (``zero1``-``zero3``, ``fsdp``,
+``fsdp-grad-op``, ``hsdp``: they shard over dp x cp) is ``zero0``, so such a layout is
+enumerated once, as ``zero0`` (a third-party rule, whose effect the search cannot know,
+still takes part). Sequence parallelism needs tensor parallelism: at tp = 1 a layout is
+enumerated once, with ``sequence_parallel=False``. Repeated names and values in the
+``checkpointing``, ``data_parallel`` and ``sequence_parallel`` arguments count once.
+
+**Profile**: every layout is solved under one profile (``profile``, default the solver's:
+``reference`` for ``TrainingMemoryModel()``), with the measured-grade options given
+(``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
+``lora``: the run, not the layout). The inputs that do not depend on the layout are checked
+first, by one solve per checkpointing strategy at one device: a bad option, or a run the
+profile cannot describe (e.g. an optimizer without a measured-grade model, a model without
+shapes), raises there, before anything is enumerated. A layout the rules reject counts as
+not fitting; an error saying the measured profile cannot describe the run (its
+``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision`` or
+``model.*``) stops the search instead: one ranking never mixes profiles (the CLI then
+reruns the whole search on the reference profile, with a note).
 
 **Candidates evaluated** counts every layout enumerated. Each is either solved through the
 whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
@@ -62,13 +81,17 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 from .solver import (TrainingMemoryModel, _build_plan, _resolve_hardware, _resolve_model, _run_pipeline,
                      _run_steps, _selection)
 from .terms import _source_cell
 from .specs import DATA
 
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
+
+# The built-in data-parallel rules: each shards over dp x cp ranks, so with dp x cp = 1 each
+# is zero0 (the search enumerates that layout once, as zero0).
+SHARDING_DP_RULES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 
 
 class Candidate(NamedTuple):
@@ -114,17 +137,27 @@ class PlanSearch:
     fits: tuple[Candidate, ...]
     pareto: tuple[Candidate, ...]
     assumptions: Mapping[str, float]
+    profile: str = "reference"          # the profile every layout was solved under
+    profile_note: str | None = None     # why this profile (the CLI's fallback note), if anything to say
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "hardware": self.hardware, "devices": self.devices,
+        from .serialization import SCHEMA_VERSION
+        return {"schema_version": SCHEMA_VERSION, "profile": self.profile, "profile_note": self.profile_note,
+                "model": self.model, "hardware": self.hardware, "devices": self.devices,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "candidates": self.candidates,
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
                 "fits": [c.as_row() for c in self.fits], "pareto": [c.as_row() for c in self.pareto]}
 
-    def to_html(self, rows: int = 50, pareto_only: bool = True) -> str:
-        """An HTML table of the layouts (the Pareto front by default), for notebooks."""
+    def _summary(self) -> str:
+        return (f"{self.model} on {self.devices} x {self.hardware}, profile {self.profile}, global batch "
+                f"{self.global_batch}, seq {self.seq_len}: {self.candidates:,} layouts, {len(self.fits):,} fit, "
+                f"{len(self.pareto)} on the Pareto front")
+
+    def to_html(self, rows: int | None = 50, pareto_only: bool = True) -> str:
+        """An HTML table of the layouts (the Pareto front by default), for notebooks;
+        ``rows=None``: all of them."""
         from html import escape
-        chosen = (self.pareto if pareto_only else self.fits)[:rows]
+        chosen = (self.pareto if pareto_only else self.fits)[:_rows(rows)]
         head = ("tp", "cp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
                 "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "cost proxy s", "bubble", "Pareto")
         body = "".join(
@@ -133,20 +166,23 @@ class PlanSearch:
                 c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
                 f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.cost:.4f}", f"{c.bubble:.3f}",
                 "*" if c.pareto else "")) + "</tr>" for c in chosen)
-        caption = escape(f"{self.model} on {self.devices} x {self.hardware}, global batch {self.global_batch}, "
-                         f"seq {self.seq_len}: {self.candidates:,} layouts, {len(self.fits):,} fit, "
-                         f"{len(self.pareto)} on the Pareto front")
+        caption = escape(self._summary() + (f". {self.profile_note}" if self.profile_note else ""))
         return (f"<table><caption>{caption}</caption><thead><tr>"
                 + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table>")
 
     def _repr_html_(self) -> str:   # Jupyter shows a search as this table
         return self.to_html()
 
-    def table(self, rows: int = 20, pareto_only: bool = True) -> str:
+    def table(self, rows: int | None = 20, pareto_only: bool = True) -> str:
+        """The CLI's table: the note on the profile (if any), a header naming the profile,
+        then ``rows`` layouts (``None``: all of them) of the front (or of every fit)."""
+        rows = _rows(rows)
         chosen = self.pareto if pareto_only else self.fits
-        head = (f"{self.model} on {self.devices} x {self.hardware}, global batch {self.global_batch}, "
-                f"seq {self.seq_len}: {self.candidates:,} layouts, {len(self.fits):,} fit, "
-                f"{len(self.pareto)} on the Pareto front (headroom vs cost) [{self.seconds:.2f} s]")
+        if rows is None:
+            rows = len(chosen)
+        head = f"{self._summary()} (headroom vs cost) [{self.seconds:.2f} s]"
+        if self.profile_note:
+            head = f"{self.profile_note}\n\n{head}"
         cols = ("tp", "cp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
                 "headroom GB", "cost s", "bubble", "P")
         lines = [head, "  ".join(f"{c:>11}" if i >= 10 else f"{c:>9}" for i, c in enumerate(cols))]
@@ -162,6 +198,17 @@ class PlanSearch:
         return "\n".join(lines)
 
 
+def _rows(rows):
+    """A row count: a whole number >= 1, or None (every row)."""
+    if rows is None:
+        return None
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise InvalidInputTypeError("rows", rows, "a whole number of rows >= 1, or None for all of them")
+    if rows < 1:
+        raise InvalidInputError("rows", rows, "a whole number of rows >= 1, or None for all of them")
+    return rows
+
+
 # A row (a tuple of Candidate's fields in order) as a Candidate, without a Python-level call.
 _candidate = functools.partial(tuple.__new__, Candidate)
 
@@ -175,11 +222,28 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+def _one_rank_rules(dp_rules: Sequence[str], installed) -> list[str]:
+    """The data-parallel rules to enumerate when dp x cp = 1: the built-in ones are all
+    zero0 there (see SHARDING_DP_RULES), so they count once, as zero0; third-party rules
+    stay (the search cannot know what they do at one rank)."""
+    if "zero0" not in installed:
+        return list(dp_rules)
+    out = []
+    for rule in dp_rules:
+        rule = "zero0" if rule in SHARDING_DP_RULES else rule
+        if rule not in out:
+            out.append(rule)
+    return out
+
+
 def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-               sequence_parallel) -> list[tuple]:
+               sequence_parallel, one_rank_rules=None) -> list[tuple]:
     """Every valid layout, grouped by all but the micro-batch (see the module docstring)."""
     layers = model.layers
     experts = model.experts if model.is_sparse else 1
+    if one_rank_rules is None:
+        one_rank_rules = dp_rules
+    no_tp_sp = (False,)     # sequence parallelism needs tp > 1
     groups = []   # (tp, cp, pp, dp, ep, rule, ckpt, sp, [micro-batches])
     for tp in _powers_of_two(min(max_tp, devices)):
         if devices % tp or (model.heads and model.heads % tp):
@@ -195,12 +259,12 @@ def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rul
                     continue
                 micro = _divisors(global_batch // dp)
                 eps = [e for e in _divisors(dp * cp) if e <= experts and experts % e == 0] if model.is_sparse else [1]
+                rules = one_rank_rules if dp * cp == 1 else dp_rules    # nothing to shard over: zero0
+                sps = sequence_parallel if tp > 1 else no_tp_sp
                 for ep in eps:
-                    for rule in dp_rules:
-                        if dp * cp == 1 and rule in ("zero1", "zero2", "zero3"):
-                            continue    # nothing to shard over: the same as zero0
+                    for rule in rules:
                         for ckpt in strategies:
-                            for sp in (sequence_parallel if tp > 1 else (True,)):
+                            for sp in sps:
                                 groups.append((tp, cp, pp, dp, ep, rule, ckpt, sp, micro))
     return groups
 
@@ -214,7 +278,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  flops: float = 4e14, tp_bandwidth: float = 450e9, network_bandwidth: float = 50e9,
                  recompute: Mapping[str, float] | None = None, assume_monotone: bool = True,
                  solver: TrainingMemoryModel | None = None, workers: int | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+                 progress: Callable[[int, int], None] | None = None, profile: str | None = None,
+                 regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
+                 dropout: float | None = None, runtime_overheads=None, lora=None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -222,6 +288,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``progress(done, total)`` is called about every 0.2 s and once at the end.
     ``workers``: processes evaluating layouts (None: one per usable CPU when the search has
     at least PARALLEL_MIN candidates; 1: in this process).
+    ``profile``: the profile every layout is solved under (default: the solver's).
+    ``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
+    ``lora``: measured-grade options, passed to every ``solve`` (as ``solve`` reads them).
     """
     started = time.perf_counter()
     solver = solver or TrainingMemoryModel()
@@ -237,10 +306,14 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     cp_allowed = None
     if context_parallel is not None:
         cp_allowed = {_checks.count("context_parallel", c) for c in context_parallel}
-    strategies = list(checkpointing) if checkpointing is not None else sorted(registry.checkpointing)
+    strategies = (_names("checkpointing", checkpointing, registry.checkpointing) if checkpointing is not None
+                  else sorted(registry.checkpointing))
     if model.heads is None:
         strategies = [s for s in strategies if not registry.checkpointing[s].requires_heads]
-    dp_rules = list(data_parallel) if data_parallel is not None else sorted(registry.rules_for_axis(DATA))
+    installed_rules = registry.rules_for_axis(DATA)
+    dp_rules = (_names("data_parallel", data_parallel, installed_rules) if data_parallel is not None
+                else sorted(installed_rules))
+    sequence_parallel = _flags("sequence_parallel", sequence_parallel)
     recompute = {**RECOMPUTE, **(recompute or {})}
     bytes_ = precision_bytes(precision)
     max_tp = max_tp or hardware.devices_per_node or 8
@@ -253,19 +326,26 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     head_dim = model.head_dim or (h // model.heads if model.heads else None)
     kv = model.kv_heads or model.heads
     kv_width = kv * head_dim if kv and head_dim else h
-    profile = _checks.name("profile", solver._profile, registry.profiles)
+    profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
     measured = registry.profiles[profile].grade == "measured"
-
+    options = {name: value for name, value in (
+        ("regime", regime), ("optimizer_impl", optimizer_impl), ("attention", attention), ("dropout", dropout),
+        ("runtime_overheads", runtime_overheads), ("lora", lora)) if value is not None}
+    # What does not depend on the layout is checked now, once per strategy at one device:
+    # a bad option or a run the profile cannot describe raises here, not as "no layout fits".
+    for ckpt in strategies:
+        solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
+                     global_batch, trainable_fraction, communication_buffer_fraction, profile=profile, **options)
 
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_)
+               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
         groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-                            sequence_parallel)
+                            sequence_parallel, _one_rank_rules(dp_rules, installed_rules))
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total)
         found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
@@ -294,9 +374,46 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
                       seq_len=seq_len, candidates=total, solves=solves,
                       seconds=time.perf_counter() - started, fits=fits,
-                      pareto=tuple(c for c in fits if c[16]),
+                      pareto=tuple(c for c in fits if c[16]), profile=profile,
                       assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
                                    "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
+
+
+def _names(parameter: str, values, installed) -> list[str]:
+    """Installed names, each once, in the order given (at least one)."""
+    if isinstance(values, str) or not isinstance(values, (list, tuple)):
+        raise InvalidInputTypeError(parameter, values, "a list of installed names, or None for all of them",
+                                    f"got {type(values).__name__}")
+    out = []
+    for value in values:
+        name = _checks.name(parameter, value, installed)
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise InvalidInputError(parameter, values, "at least one name, or None for all of them")
+    return out
+
+
+def _flags(parameter: str, values) -> tuple[bool, ...]:
+    """True and/or False, each once, in the order given."""
+    if not isinstance(values, (list, tuple)):
+        raise InvalidInputTypeError(parameter, values, "a list of True and/or False", f"got {type(values).__name__}")
+    out = []
+    for value in values:
+        if value is not True and value is not False:
+            raise InvalidInputTypeError(parameter, values, "a list of True and/or False")
+        if value not in out:
+            out.append(value)
+    if not out:
+        raise InvalidInputError(parameter, values, "at least one of True, False")
+    return tuple(out)
+
+
+def _cannot_describe(err: InvalidInputError) -> bool:
+    """Does this error mean "the measured profile cannot describe this run" (not a layout
+    the rules reject)? The CLI's test (``cli._measured_cannot_describe``)."""
+    from .cli import _measured_cannot_describe
+    return _measured_cannot_describe(err)
 
 
 # Parallel evaluation. A search of at least PARALLEL_MIN candidates is split into chunks of
@@ -344,9 +461,14 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     rows: list[tuple] = []
     try:
         solves, done = _evaluate_here(groups[start:stop], rows, context, 0, None)
+    except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
+        return start, _RAISES if _cannot_describe(err) else None, 0, 0
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
         return start, None, 0, 0
     return start, _columns(rows), solves, done
+
+
+_RAISES = "raises"      # a chunk whose evaluation stops the search (re-run in the parent to raise)
 
 
 def _columns(rows: list[tuple]) -> list:
@@ -415,6 +537,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 start, rows, chunk_solves, chunk_done = future.result()
+                if isinstance(rows, str):     # _RAISES
+                    stop = dict(bounds)[start]
+                    _evaluate_here(groups[start:stop], [], context, 0, None)    # raises the error
+                    return None
                 if rows is None:
                     return None
                 results[start] = _candidates(rows)
@@ -440,7 +566,7 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
     ``rows``; return (solves, layouts evaluated)."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_) = context
+     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options) = context
     solves = done = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
@@ -477,7 +603,8 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
                     total_memory = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt,
                                                 tp, pp, dp, ep, 0, gas, trainable_fraction,
                                                 communication_buffer_fraction, sequence_parallel=sp,
-                                                data_parallel=rule, cp_size=cp).total_memory
+                                                data_parallel=rule, cp_size=cp, profile=profile,
+                                                **options).total_memory
                 else:
                     if base is None:
                         base = _build_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
@@ -491,7 +618,9 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
                     else:       # the same checked layout, another micro-batch
                         plan = base.with_accumulation(gas)
                     total_memory = _run_steps(selection, plan, True, cell)
-            except InvalidInputError:   # a layout the rules reject; a broken plugin's error goes up
+            except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
+                if measured and _cannot_describe(err):
+                    raise       # one ranking never mixes profiles: the caller decides (the CLI falls back)
                 if base is None and not measured:
                     done += n - 1       # the layout itself is rejected (e.g. an option constraint)
                     break

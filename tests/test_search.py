@@ -25,9 +25,8 @@ def brute_force(solver, devices, global_batch, seq_len):
             continue
         for rule, ckpt, sp, mb in itertools.product(rules, ["full", "none", "selective"], [True, False],
                                                      range(1, global_batch // dp + 1)):
-            if (global_batch // dp) % mb or (dp * cp == 1 and rule in ("zero1", "zero2", "zero3")) or \
-                    (tp == 1 and not sp):
-                continue
+            if (global_batch // dp) % mb or (dp * cp == 1 and rule != "zero0") or (tp == 1 and sp):
+                continue    # one rank: every built-in dp rule is zero0; no sequence parallelism without tp
             gas = global_batch // (dp * mb)
             try:
                 r = solver.solve(MODEL, GPU, global_batch, seq_len, activation_checkpointing=ckpt, tp_size=tp,
