@@ -254,7 +254,7 @@ class PluginManager(pluggy.PluginManager):
                 info = self.info(impl.plugin_name)
                 raise PluginContractError(
                     f"{info.describe()} implements unknown hook '{hook_name}' (a misspelling?). "
-                    f"Known hooks: {', '.join(_known_hooks())}",
+                    f"Known hooks: {', '.join(_known_hooks())}{self._workaround(impl.plugin_name)}",
                     plugin=impl.plugin_name, source=info.source, hook=hook_name)
 
     # --- the registry -----------------------------------------------------------------

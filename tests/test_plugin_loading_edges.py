@@ -388,3 +388,15 @@ def test_keyboard_interrupt_at_import_still_interrupts(dist):
     dist("mlsysim-edge-interrupt", {"edge_interrupt": "raise KeyboardInterrupt\n"})
     with pytest.raises(KeyboardInterrupt):
         PluginManager.from_environment()
+
+
+def test_a_misspelled_hook_names_the_way_out_too(add_dists_fixture, capsys):
+    add_dists_fixture("misspelled_hook")
+    code, _ = run("plugins")
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "plugin 'demo_misspelled' (mlsysim-demo-misspelled 0.1.0) implements unknown hook" in err
+    assert err.rstrip().endswith(". To run without it, set MLSYSIM_DISABLED_PLUGINS=demo_misspelled "
+                                 "(or pass --disable-plugin demo_misspelled)")
+    code, _ = run("--disable-plugin", "mlsysim-demo-misspelled", "plugins")
+    assert code == 0, capsys.readouterr().err
