@@ -165,7 +165,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Enumerate every valid layout (tp, cp, pp, dp, ep, data-parallel rule, checkpointing, "
                     "sequence parallelism, micro-batch) of --devices accelerators for --global-batch, keep "
                     "those that fit, rank them by the cost proxy (see `mlsysim_core.search`), and show the "
-                    "Pareto front of memory headroom against cost.")
+                    "Pareto front of memory headroom against cost. Every layout is solved under one profile "
+                    "(default measured; reference, with a printed note, when the measured profile cannot "
+                    "describe the run). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
+                    "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel, --virtual-stages, "
+                    "--expert-tp-size, --stage-layers) are refused: search enumerates the layout itself.")
     srch.add_argument("--devices", "-n", type=int, required=True, help="number of accelerators")
     srch.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     srch.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"catalog name or JSON file (default {DEFAULT_MODEL})")
@@ -173,8 +177,29 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--seq-len", "-s", type=int, default=2048, help="sequence length (default 2048)")
     srch.add_argument("--precision", default="fp16", help="default fp16")
     srch.add_argument("--optimizer", default="adam", help="default adam")
+    srch.add_argument("--activation-checkpointing", "--checkpointing", dest="checkpointing", nargs="+",
+                      metavar="NAME", help="the checkpointing strategies to consider (default: every installed one)")
+    srch.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
+                                        "printed note when the measured profile cannot describe the run)")
+    srch.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
+                                       "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
+    srch.add_argument("--optimizer-impl", dest="optimizer_impl",
+                      help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
+    srch.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
+    srch.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
+    srch.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
+                      help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
+    srch.add_argument("--lora-rank", dest="lora_rank", type=int,
+                      help="measured profile: LoRA fine-tuning with adapters of this rank (base frozen)")
+    srch.add_argument("--lora-targets", dest="lora_targets", metavar="NAME,NAME,...",
+                      help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default q,k,v,o_proj) "
+                           "or all-linear")
+    srch.add_argument("--quantization", choices=("nf4", "fp4", "int8"),
+                      help="QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)")
+    srch.add_argument("--double-quant", dest="double_quant", action="store_const", const=True,
+                      help="QLoRA, with nf4 or fp4: quantize the quantization constants too")
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
-    srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25)")
+    srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
@@ -186,6 +211,36 @@ def _parser() -> argparse.ArgumentParser:
                            "once a search has run for half a second)")
     srch.add_argument("--no-progress", dest="progress", action="store_const", const="never",
                       help="no progress bar on stderr")
+    # `estimate`'s layout flags: accepted by the parser (hidden) so that cmd_search refuses
+    # them by name (exit 2) instead of argparse's "unrecognized arguments".
+    refused = []
+    for flags, why, kind in (
+            (("--tp-size", "--tp"), "search enumerates the tensor-parallel size itself (powers of two up to a "
+                                    "node that divide the heads)", int),
+            (("--pp-size", "--pp"), "search enumerates the pipeline-parallel size itself", int),
+            (("--dp-size", "--dp"), "search enumerates the data-parallel size itself (devices / (tp x cp x pp))",
+             int),
+            (("--ep-size", "--ep"), "search enumerates the expert-parallel size itself", int),
+            (("--cp-size",), "search enumerates the context-parallel size itself; --cp N [N ...] restricts the "
+                             "sizes it considers", int),
+            (("--zero-stage", "--zero"), "search enumerates the data-parallel rules itself (zero0-zero3, fsdp, "
+                                         "...)", int),
+            (("--data-parallel",), "search enumerates the data-parallel rules itself (zero0-zero3, fsdp, ...)",
+             str),
+            (("--gradient-accumulation-steps", "--grad-accum"), "search enumerates the micro-batch itself; "
+                                                               "accumulation makes up --global-batch", int),
+            (("--no-sequence-parallel",), "search tries sequence parallelism on and off wherever tp > 1", None),
+            (("--virtual-stages",), "search enumerates the layout itself; virtual stages are per layout", int),
+            (("--expert-tp-size", "--etp"), "search enumerates the layout itself; expert tp is per layout", int),
+            (("--stage-layers",), "search enumerates the layout itself; a stage split is per layout", str),
+            (("--batch-size", "-b"), "search takes --global-batch (sequences per optimizer step)", int)):
+        dest = "refused_" + flags[0].lstrip("-").replace("-", "_")
+        if kind is None:
+            srch.add_argument(*flags, dest=dest, action="store_const", const=True, help=argparse.SUPPRESS)
+        else:
+            srch.add_argument(*flags, dest=dest, help=argparse.SUPPRESS)
+        refused.append((flags[-1] if flags[-1].startswith("--") else flags[0], dest, why))
+    srch.set_defaults(search_refused=tuple(refused))
 
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
@@ -565,19 +620,72 @@ def cmd_fit(args, out) -> int:
 
 
 def cmd_search(args, out) -> int:
+    """Every layout under one profile: measured by default, else reference with a note
+    (the whole search reruns: one ranking never mixes profiles)."""
+    import attrs
     from . import search
     from .solver import TrainingMemoryModel
+    for flag, dest, why in args.search_refused:
+        value = getattr(args, dest)
+        if value is not None:
+            raise InvalidInputError(flag, value, "not a `search` flag", why)
+    if args.rows < 0:
+        raise InvalidInputError("--rows", args.rows, "a whole number of rows >= 1, or 0 for all of them")
+    lora = {name: value for name, value in (
+        ("rank", args.lora_rank), ("quantization", args.quantization), ("double_quant", args.double_quant),
+        ("target_modules", args.lora_targets)) if value is not None}
+    if lora and "rank" not in lora:     # never a silent rank-16 LoRA
+        flag, key = next((f, k) for f, k in (("--quantization", "quantization"), ("--lora-targets", "target_modules"),
+                                              ("--double-quant", "double_quant")) if k in lora)
+        raise InvalidInputError(flag, lora[key], "given with --lora-rank N (the adapters' rank)",
+                                f"{flag} describes a LoRA/QLoRA run, and --lora-rank is what asks for one")
+    if "target_modules" in lora:
+        lora["target_modules"] = [t.strip() for t in lora["target_modules"].split(",") if t.strip()]
+    options = {name: value for name, value in (
+        ("regime", args.regime), ("optimizer_impl", args.optimizer_impl), ("attention", args.attention),
+        ("dropout", args.dropout), ("runtime_overheads", args.runtime_overheads), ("lora", lora or None))
+        if value is not None}
+    model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    progress = search.text_progress(delay=0.0 if args.progress == "always" else 0.5) if show else None
-    found = search.search_plans(_model(args.model), _hardware(args.hardware), devices=args.devices,
-                                global_batch=args.global_batch, seq_len=args.seq_len,
-                                precision=args.precision, optimizer=args.optimizer, solver=solver,
-                                context_parallel=args.cp, workers=args.workers, progress=progress)
+
+    def run(profile, options, trainable_fraction=1.0):
+        progress = search.text_progress(delay=0.0 if args.progress == "always" else 0.5) if show else None
+        return search.search_plans(model, hardware, devices=args.devices, global_batch=args.global_batch,
+                                   seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
+                                   checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
+                                   workers=args.workers, progress=progress, profile=profile,
+                                   trainable_fraction=trainable_fraction, **options)
+
+    if args.profile is not None:
+        found = run(args.profile, options)
+    else:
+        try:
+            found = run(ESTIMATE_PROFILE, options)
+        except InvalidInputError as err:
+            if not search._cannot_describe(err):
+                raise
+            # e.g. a third-party optimizer or strategy with no measured-grade model, a model
+            # without shapes, LoRA on several devices: the reference profile can still
+            # answer, for every layout.
+            note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
+            fraction = 1.0
+            if lora:     # the reference's stand-in for LoRA, as `estimate` uses: the adapters' share trains
+                from .finetune import trainable_fraction
+                fraction = trainable_fraction(model, lora)
+                note += f"; LoRA stands in as trainable fraction {fraction:.6g}"
+            left_out = [flag for flag, name in (("--regime", "regime"), ("--optimizer-impl", "optimizer_impl"),
+                                                ("--attention", "attention"), ("--dropout", "dropout"),
+                                                ("--no-runtime-overheads", "runtime_overheads"),
+                                                ("--quantization", "quantization"))
+                        if (lora.get(name) if name == "quantization" else options.get(name)) is not None]
+            if left_out:
+                note += f"; measured-profile options left out: {', '.join(left_out)}"
+            found = attrs.evolve(run("reference", {}, fraction), profile_note=note)
     if args.json:
         out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
     else:
-        out.write(found.table(rows=args.rows, pareto_only=not args.all) + "\n")
+        out.write(found.table(rows=args.rows or None, pareto_only=not args.all) + "\n")
     return 0
 
 

@@ -26,9 +26,10 @@ first, by one solve per checkpointing strategy at one device: a bad option, or a
 profile cannot describe (e.g. an optimizer without a measured-grade model, a model without
 shapes), raises there, before anything is enumerated. A layout the rules reject counts as
 not fitting; an error saying the measured profile cannot describe the run (its
-``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision`` or
-``model.*``) stops the search instead: one ranking never mixes profiles (the CLI then
-reruns the whole search on the reference profile, with a note).
+``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision``, ``model.*``,
+or ``lora``: the measured profile models LoRA/QLoRA on one device only) stops the search
+instead: one ranking never mixes profiles (the CLI then reruns the whole search on the
+reference profile, with a note).
 
 **Candidates evaluated** counts every layout enumerated. Each is either solved through the
 whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
@@ -36,7 +37,8 @@ built-in plugin, so once a micro-batch does not fit, the larger ones of the same
 are counted as not fitting without solving them (``assume_monotone=False`` solves them
 all). Every layout reported as fitting was solved.
 
-**Workers**: a large search (``PARALLEL_MIN`` candidates or more, or ``workers=N``) is
+**Workers**: a large search (``PARALLEL_MIN`` candidates or more, ``PARALLEL_MIN_MEASURED``
+under a measured-grade profile, or ``workers=N``) is
 evaluated in chunks of whole layouts by forked worker processes, each running the same
 plugin pipeline; rows are merged in enumeration order, so the result (counts, fits, the
 front) is the in-process one, field for field. ``workers=1`` evaluates in-process, which
@@ -347,7 +349,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
                             sequence_parallel, _one_rank_rules(dp_rules, installed_rules))
         total = sum(len(g[-1]) for g in groups)
-        pool_size = _pool_size(workers, total)
+        pool_size = _pool_size(workers, total, measured)
         found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
         if found is not None:
             fits, solves, done = found
@@ -410,10 +412,12 @@ def _flags(parameter: str, values) -> tuple[bool, ...]:
 
 
 def _cannot_describe(err: InvalidInputError) -> bool:
-    """Does this error mean "the measured profile cannot describe this run" (not a layout
-    the rules reject)? The CLI's test (``cli._measured_cannot_describe``)."""
+    """Does this error, raised for a layout, mean "the measured profile cannot describe this
+    run" (not a layout the rules reject)? The CLI's test (``cli._measured_cannot_describe``),
+    and ``lora``: the options were checked at one device first, so a LoRA error for a layout
+    is the measured profile's "LoRA/QLoRA with a parallel layout is not modelled yet"."""
     from .cli import _measured_cannot_describe
-    return _measured_cannot_describe(err)
+    return getattr(err, "parameter", "") == "lora" or _measured_cannot_describe(err)
 
 
 # Parallel evaluation. A search of at least PARALLEL_MIN candidates is split into chunks of
@@ -421,6 +425,7 @@ def _cannot_describe(err: InvalidInputError) -> bool:
 # plugin pipeline, every selected plugin called, in its own copy of this process), and the
 # rows are merged in enumeration order: the result is the in-process one, field for field.
 PARALLEL_MIN = 8000      # candidates; below this, starting the workers costs more than it saves
+PARALLEL_MIN_MEASURED = 500   # the same under a measured-grade profile (a solve there costs ~30 x more)
 _CHUNKS_PER_WORKER = 16  # more chunks: finer progress and load balance; fewer: less overhead
 _JOB = None              # (groups, context) while a pool runs: forked workers inherit it
 
@@ -432,14 +437,15 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _pool_size(workers, total: int) -> int:
+def _pool_size(workers, total: int, measured: bool = False) -> int:
     """How many worker processes: ``workers`` when given (1: in-process), else the CPUs this
-    process may use when the search has at least PARALLEL_MIN candidates."""
+    process may use when the search has at least PARALLEL_MIN candidates (PARALLEL_MIN_MEASURED
+    under a measured-grade profile)."""
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidInputError("workers", workers, "a positive integer (1: in-process) or None (automatic)")
         return workers
-    return _usable_cpus() if total >= PARALLEL_MIN else 1
+    return _usable_cpus() if total >= (PARALLEL_MIN_MEASURED if measured else PARALLEL_MIN) else 1
 
 
 def _evaluate_here(groups, rows, context, total, progress) -> tuple[int, int]:
