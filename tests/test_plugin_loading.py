@@ -34,11 +34,12 @@ FAKE_DISTS = FIXTURES / "fake_dists"
 GALORE_SRC = FIXTURES / "mlsysim-demo-optimizer" / "src"
 
 CORE = "mlsysim-core 0.1.0"
-P = 8_030_000_000          # llama3-8b parameters (catalog)
+P = 8_030_000_000          # mlsysim:llama3-8b parameters (the reference's catalog data, which
+                           # the hand derivations below use; the curated llama3-8b has 8,030,261,248)
 
 # (positional, keyword) arguments of a few solves that exercise every axis.
 CONFIGS = [
-    (("llama3-8b", "h100", 8, 1024), {}),
+    (("mlsysim:llama3-8b", "h100", 8, 1024), {}),
     (("llama3-70b", "h100", 64, 2048),
      dict(optimizer="adamw", activation_checkpointing="full", tp_size=4, pp_size=4, dp_size=4,
           zero_stage=3, gradient_accumulation_steps=2)),
@@ -131,8 +132,8 @@ def _assert_loaded_without(pm, core_pm, name):
     assert pm.is_blocked(name)
     assert name not in pm.registry.plugins
     assert sorted(pm.registry.plugins) == sorted(BUILTIN_ENTRY_POINTS)
-    assert solve(pm, "llama3-8b", "h100", 8, 1024).to_json() == \
-        solve(core_pm, "llama3-8b", "h100", 8, 1024).to_json()
+    assert solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024).to_json() == \
+        solve(core_pm, "mlsysim:llama3-8b", "h100", 8, 1024).to_json()
 
 
 def test_blocking_the_broken_plugin_by_argument(add_dists, core_pm):
@@ -191,7 +192,7 @@ def test_registration_hook_returning_a_str(add_dists):
                               "--disable-plugin demo_wrong_return)")
     assert (exc.value.plugin, exc.value.hook) == ("demo_wrong_return", "mlsysim_optimizers")
     with pytest.raises(PluginContractError, match="demo_wrong_return"):
-        solve(pm, "llama3-8b", "h100", 8, 1024)
+        solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024)
 
 
 def test_registration_hook_returning_the_wrong_spec_type(add_dists):
@@ -218,7 +219,7 @@ def bad_bytes_pm(add_dists):
 @pytest.mark.parametrize("optimizer, shown", [("demo.negative", "-8030000000.0"), ("demo.nan", "nan")])
 def test_invalid_bytes_from_an_optimizer(bad_bytes_pm, optimizer, shown):
     with pytest.raises(PluginContractError) as exc:
-        solve(bad_bytes_pm, "llama3-8b", "h100", 8, 1024, optimizer=optimizer)
+        solve(bad_bytes_pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer=optimizer)
     assert str(exc.value) == (
         f"plugin 'demo_bad_bytes' (mlsysim-demo-bad-bytes 0.1.0) optimizer '{optimizer}' state_terms "
         f"raised ValueError: MemoryTerm.nbytes must be a finite number of bytes >= 0, got {shown} "
@@ -229,7 +230,7 @@ def test_invalid_bytes_from_an_optimizer(bad_bytes_pm, optimizer, shown):
 
 
 def test_nan_bytes_from_an_included_component_hook(bad_bytes_pm, core_pm):
-    args = ("llama3-8b", "h100", 8, 1024)
+    args = ("mlsysim:llama3-8b", "h100", 8, 1024)
     # Not included: the component hook is never called and nothing changes.
     assert solve(bad_bytes_pm, *args).to_json() == solve(core_pm, *args).to_json()
     with pytest.raises(PluginContractError) as exc:
@@ -258,7 +259,7 @@ def test_spec_name_conflict_is_resolved_by_blocking(add_dists, core_pm):
     add_dists("clash")
     pm = PluginManager.from_environment(blocked=["demo_clash"])
     assert pm.registry.provider("optimizer", "adam").source == CORE
-    assert solve(pm, "llama3-8b", "h100", 8, 1024).optimizer_state == 12.0 * P
+    assert solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024).optimizer_state == 12.0 * P
 
 
 def test_duplicate_entry_point_name_across_distributions(add_dists):
@@ -301,7 +302,7 @@ def test_autoload_off_loads_only_builtins(add_dists, monkeypatch, how):
     assert [(i.name, i.source) for i in pm.skipped_third_party] == [
         ("demo_hpz", "mlsysim-demo-hpz 0.1.0"), ("demo_lion", "mlsysim-demo-lion 0.1.0")]
     with pytest.raises(InvalidInputError) as exc:
-        solve(pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.lion")
+        solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.lion")
     assert exc.value.parameter == "optimizer"
     msg = str(exc.value)
     assert msg.startswith("optimizer='demo.lion' is not allowed: ")
@@ -310,7 +311,7 @@ def test_autoload_off_loads_only_builtins(add_dists, monkeypatch, how):
         assert name in choices
     assert "demo.lion" not in choices and "demo_" not in choices
     with pytest.raises(InvalidInputError) as exc:
-        solve(pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz")
+        solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz")
     assert exc.value.parameter == "data_parallel"
     assert (f"an installed data-parallel rule: fsdp ({CORE}), fsdp-grad-op ({CORE}), hsdp ({CORE}), "
             f"zero0 ({CORE}), zero1 ({CORE}), zero2 ({CORE}), zero3 ({CORE})") in str(exc.value)
@@ -350,8 +351,8 @@ def test_unselected_third_party_plugins_change_nothing(add_dists, core_pm, args,
 def test_selected_third_party_optimizer_and_included_hook(add_dists, core_pm):
     add_dists("lion")
     pm = PluginManager.from_environment()
-    base = solve(core_pm, "llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1)
-    lion = solve(pm, "llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1, optimizer="demo.lion")
+    base = solve(core_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1)
+    lion = solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1, optimizer="demo.lion")
     assert lion.optimizer_state == P * 8.0 / 4 == 16_060_000_000.0
     assert (lion.weights, lion.gradients, lion.activations, lion.communication_buffers) == (
         base.weights, base.gradients, base.activations, base.communication_buffers)
@@ -359,7 +360,7 @@ def test_selected_third_party_optimizer_and_included_hook(add_dists, core_pm):
     assert term.source == "demo_lion"
     assert lion.plugin_sources["demo_lion"] == "mlsysim-demo-lion 0.1.0"
     # The component hook only counts when the plugin is included.
-    inc = solve(pm, "llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1, include_plugins=["demo_lion"])
+    inc = solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=4, zero_stage=1, include_plugins=["demo_lion"])
     assert inc.communication_buffers == base.communication_buffers + 1_000_000_000
     assert inc.total_memory == base.total_memory + 1_000_000_000
     assert [t.label for t in inc.terms_of("communication_buffers") if t.source == "demo_lion"] == [
@@ -375,7 +376,7 @@ def hpz_pm(add_dists):
 
 
 def test_hpz_rule_by_name_with_options(hpz_pm, core_pm):
-    args = ("llama3-8b", "h100", 8, 1024)
+    args = ("mlsysim:llama3-8b", "h100", 8, 1024)
     r = solve(hpz_pm, *args, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": {"secondary_group": 4}})
     # Hand derivation, P = 8.03e9 params, fp16 (2 B), dp = 8, secondary group 4:
@@ -402,7 +403,7 @@ def test_hpz_rule_by_name_with_options(hpz_pm, core_pm):
 
 def test_hpz_options_as_the_attrs_instance(hpz_pm):
     options_type = sys.modules["mlsysim_demo_hpz"].HpzOptions
-    r = solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
+    r = solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": options_type(secondary_group=2)})
     assert r.weights == P * 2 / 2 == 8_030_000_000.0
 
@@ -417,7 +418,7 @@ def test_hpz_options_as_the_attrs_instance(hpz_pm):
 ], ids=["unknown-field", "wrong-type-str", "wrong-type-list", "zero", "negative", "not-a-dict"])
 def test_hpz_bad_options(hpz_pm, value, fragment):
     with pytest.raises(InvalidInputError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": value})
     assert not isinstance(exc.value, PluginContractError)
     assert exc.value.parameter == "plugin_options['demo.hpz']"
@@ -427,7 +428,7 @@ def test_hpz_bad_options(hpz_pm, value, fragment):
 
 def test_hpz_layout_error_passes_through(hpz_pm):
     with pytest.raises(LayoutError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": {"secondary_group": 3}})
     assert str(exc.value) == ("plugin_options['demo.hpz'].secondary_group=3 is not allowed: "
                               "a divisor of dp_size=8")
@@ -435,7 +436,7 @@ def test_hpz_layout_error_passes_through(hpz_pm):
 
 def test_options_for_an_unselected_spec_raise(hpz_pm):
     with pytest.raises(InvalidInputError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3,
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=3,
               plugin_options={"demo.hpz": {"secondary_group": 4}})
     assert exc.value.parameter == "plugin_options"
     assert exc.value.value == "demo.hpz"
@@ -445,27 +446,27 @@ def test_options_for_an_unselected_spec_raise(hpz_pm):
 
 def test_options_for_a_spec_without_options_raise(hpz_pm):
     with pytest.raises(InvalidInputError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, plugin_options={"adam": {}})
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, plugin_options={"adam": {}})
     assert exc.value.parameter == "plugin_options['adam']"
     assert "nothing: 'adam' declares no options" in str(exc.value)
 
 
 def test_data_parallel_rule_and_zero_stage_are_exclusive(hpz_pm):
     with pytest.raises(InvalidInputError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=2, data_parallel="demo.hpz")
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, zero_stage=2, data_parallel="demo.hpz")
     assert exc.value.parameter == "zero_stage"
 
 
 @pytest.mark.parametrize("value", [4.5, True])
 def test_non_int_option_values_are_rejected(hpz_pm, value):
     with pytest.raises(InvalidInputError):
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": {"secondary_group": value}})
 
 
 def test_out_of_range_option_message_names_the_rule(hpz_pm):
     with pytest.raises(InvalidInputError) as exc:
-        solve(hpz_pm, "llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
+        solve(hpz_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz",
               plugin_options={"demo.hpz": {"secondary_group": 0}})
     assert "must be > 0" in str(exc.value)
 
@@ -482,7 +483,7 @@ def galore_pm(monkeypatch):
 
 
 def test_galore_state_matches_the_readme_formula(galore_pm):
-    r = solve(galore_pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
+    r = solve(galore_pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
               plugin_options={"demo.galore": {"rank": 64}})
     master, moments = 4.0 * P, 8 * 64 * 4096 * 7 * 32
     assert moments == 469_762_048
@@ -495,12 +496,12 @@ def test_galore_state_matches_the_readme_formula(galore_pm):
                            "/ 1 (parameter shards)")
     assert {t.source for t in terms.values()} == {"demo_galore"}
     # Default rank 128.
-    d = solve(galore_pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.galore")
+    d = solve(galore_pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.galore")
     assert d.optimizer_state == master + 2 * moments == 33_059_524_096.0
 
 
 def test_galore_state_is_sharded(galore_pm):
-    r = solve(galore_pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.galore", tp_size=2, pp_size=2,
+    r = solve(galore_pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.galore", tp_size=2, pp_size=2,
               dp_size=4, zero_stage=1, plugin_options={"demo.galore": {"rank": 64}})
     # master: 4 B x (P / (tp*pp)) / dp; moments: 469,762,048 / (tp*pp) / dp
     assert r.optimizer_state == 4.0 * P / 4 / 4 + 469_762_048 / 16 == 2_036_860_128.0
@@ -509,7 +510,7 @@ def test_galore_state_is_sharded(galore_pm):
 @pytest.mark.parametrize("rank", [0, -64, "sixty-four"])
 def test_galore_bad_rank(galore_pm, rank):
     with pytest.raises(InvalidInputError) as exc:
-        solve(galore_pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
+        solve(galore_pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
               plugin_options={"demo.galore": {"rank": rank}})
     assert exc.value.parameter == "plugin_options['demo.galore']"
 
@@ -566,7 +567,7 @@ def bad_rules_pm(add_dists):
 
 def test_sharding_rule_returning_the_wrong_type(bad_rules_pm):
     with pytest.raises(PluginContractError) as exc:
-        solve(bad_rules_pm, "llama3-8b", "h100", 8, 1024, dp_size=2, data_parallel="demo.dict-apply")
+        solve(bad_rules_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=2, data_parallel="demo.dict-apply")
     assert str(exc.value) == ("plugin 'demo_bad_rules' (mlsysim-demo-bad-rules 0.1.0) sharding rule "
                               "'demo.dict-apply' apply returned dict; expected ShardingEffect")
     assert (exc.value.plugin, exc.value.source, exc.value.hook) == (
@@ -575,14 +576,14 @@ def test_sharding_rule_returning_the_wrong_type(bad_rules_pm):
 
 def test_sharding_rule_raising(bad_rules_pm):
     with pytest.raises(PluginContractError) as exc:
-        solve(bad_rules_pm, "llama3-8b", "h100", 8, 1024, dp_size=2, data_parallel="demo.raising-apply")
+        solve(bad_rules_pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=2, data_parallel="demo.raising-apply")
     assert str(exc.value) == ("plugin 'demo_bad_rules' (mlsysim-demo-bad-rules 0.1.0) sharding rule "
                               "'demo.raising-apply' apply raised KeyError: 'secondary_group'")
     assert isinstance(exc.value.__cause__, KeyError)
 
 
 def test_component_hook_raising_names_the_plugin(bad_rules_pm, core_pm):
-    args = ("llama3-8b", "h100", 8, 1024)
+    args = ("mlsysim:llama3-8b", "h100", 8, 1024)
     assert solve(bad_rules_pm, *args).to_json() == solve(core_pm, *args).to_json()
     with pytest.raises(PluginContractError) as exc:
         solve(bad_rules_pm, *args, include_plugins=["demo_bad_rules"])
@@ -620,7 +621,7 @@ def test_generator_state_terms_with_bad_bytes_blame_the_plugin():
     pm = PluginManager.from_environment(autoload=False)
     pm.register(_GeneratorOptimizer(), name="demo_gen")
     with pytest.raises(PluginContractError, match="demo_gen"):
-        solve(pm, "llama3-8b", "h100", 8, 1024, optimizer="demo.gen")
+        solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, optimizer="demo.gen")
 
 
 def test_generator_registration_hook_with_bad_spec_blames_the_plugin():
