@@ -24,6 +24,7 @@ class InvalidInputError(MlsysimError, ValueError):
         self.parameter = parameter
         self.value = value
         self.allowed = allowed
+        self.detail = detail
         message = f"{parameter}={_safe_repr(value)} is not allowed: {allowed}"
         if detail:
             message += f" ({detail})"

@@ -327,6 +327,7 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
                                     f"{model.name!r} has no {name}")
 
     layers, r = model.layers, config.rank
+    _check_rank_fits(r, adapted)
     per_module = tuple((lin.module, lin.in_features, lin.out_features,
                         lin.copies * r * (lin.in_features + lin.out_features)) for lin in adapted)
     trainable = layers * sum(row[3] for row in per_module)
@@ -354,6 +355,29 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
                           adapted_linear_parameters=adapted_params, quantized_parameters=quantized,
                           quantized_weight_bytes=weight_bytes,
                           quantization_constant_bytes=constant_bytes, per_module=per_module)
+
+
+# Linears whose output is a handful of gate values (the MoE router, Qwen's shared-expert
+# gate): peft adapts them at the model's rank like any other, so they do not bound it.
+_GATES = ("router", "shared_expert_gate")
+
+
+def _check_rank_fits(rank: int, adapted) -> None:
+    """A rank above an adapted matrix's smaller side gives an adapter with more parameters
+    than the full-rank update it approximates: refuse it, naming the rank and its range."""
+    sides = [(min(lin.in_features, lin.out_features), lin.module) for lin in adapted if lin.module not in _GATES]
+    if not sides:
+        return
+    most, module = min(sides)
+    if rank > most:
+        raise InvalidInputError("lora.rank", rank, f"an integer in [1, {most}]",
+                                f"{module} is {_dims(adapted, module)}: a rank above its smaller side is no "
+                                "longer low-rank (the adapter would outgrow the matrix it adapts)")
+
+
+def _dims(adapted, module: str) -> str:
+    lin = next(lin for lin in adapted if lin.module == module)
+    return f"{lin.in_features} x {lin.out_features}"
 
 
 def _tensor_bytes(n: int, rows: int, config: LoRAConfig) -> tuple[int, int]:
@@ -415,6 +439,10 @@ def lora_option(plan, value):
     try:
         counts = lora_counts(plan.model, config)   # a clear error now if the model cannot be adapted
     except InvalidInputError as e:
+        if e.parameter.startswith("lora."):     # already names the LoRA field
+            raise
+        if e.parameter.startswith("LoRAConfig."):      # a field of the lora= option
+            raise type(e)("lora." + e.parameter.partition(".")[2], e.value, e.allowed, e.detail) from e
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
     from .measured.lora import lora_regime
     return attrs.evolve(plan, lora=config, regime=lora_regime(plan.regime),

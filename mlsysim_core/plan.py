@@ -69,6 +69,7 @@ class TrainingPlan:
     offload: tuple[tuple[str, str], ...] = ()   # (what, "cpu" | "nvme"): optimizer, gradients, parameters
     moe_capacity_factor: float | None = None   # experts' capacity factor (token dropping); None: dropless
     rank: Any = None                    # mlsysim_core.measured.parallel.RankClass: which rank this solve describes
+    warnings: tuple[str, ...] = ()      # notes the result carries first (e.g. a parameter count off its shapes)
 
     def __attrs_post_init__(self):
         # The derived attributes. The class keeps a __dict__ (slots=False) so they can live

@@ -129,7 +129,8 @@ class TrainingMemoryModel:
         if type(hardware) is str:
             from .catalog import get_hardware
             hardware = get_hardware(hardware, plugin_manager=self.plugin_manager)
-        plan = _build_plan(registry, profile or self._profile, model, hardware, batch_size, seq_len,
+        profile = self._profile if profile is None else profile
+        plan = _build_plan(registry, profile, model, hardware, batch_size, seq_len,
                            precision, optimizer, activation_checkpointing, tp_size, pp_size,
                            dp_size, ep_size, zero_stage, gradient_accumulation_steps,
                            trainable_fraction, communication_buffer_fraction, sequence_parallel,
@@ -142,7 +143,7 @@ class TrainingMemoryModel:
             parallel = _parallel_module()
             if parallel.is_parallel(plan):
                 return parallel.solve_ranks(plan, lambda p: _run_pipeline(registry, p))
-        elif measured != _NO_MEASURED:
+        elif any(map(operator.is_not, measured, _NO_MEASURED)):
             given = [n for n, v in zip(_MEASURED_OPTIONS, measured) if v is not None]
             raise InvalidInputError(given[0], measured[_MEASURED_OPTIONS.index(given[0])],
                                     "None under a reference-grade profile",
@@ -166,8 +167,9 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
     from .measured.regimes import regime_for
-    from .measured.shapes import ModelShape
+    from .measured.shapes import ModelShape, parameter_check
     ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
+    warnings = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
     chosen = regime_for(regime, plan.precision)
     impl = "foreach" if optimizer_impl is None else _checks.name("optimizer_impl", optimizer_impl, IMPLEMENTATIONS)
     kernel = "sdpa" if attention is None else _checks.name("attention", attention, ("sdpa", "eager"))
@@ -198,7 +200,7 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
         raise InvalidInputTypeError("runtime_overheads", runtime_overheads,
                                     "a RuntimeOverheads, a dict of its fields, True or False")
     plan = attrs.evolve(plan, regime=chosen, optimizer_impl=impl, attention=kernel, dropout=p,
-                        checkpointed_layers=blocks, runtime_overheads=overheads)
+                        checkpointed_layers=blocks, runtime_overheads=overheads, warnings=warnings)
     if lora is not None:
         from .finetune import lora_option
         plan = lora_option(plan, lora)
@@ -317,8 +319,12 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
                 include_plugins, cp_size=1) -> TrainingPlan:
     """The checked plan. Inputs checked before (the same registry, the same model and
     hardware objects, the same values of exactly the same types) give the plan built then:
-    plans are frozen, and a check's outcome depends on nothing else."""
+    plans are frozen, and a check's outcome depends on nothing else. Only values of the
+    expected types are looked up (anything else, unhashable included, goes to the checks,
+    whose errors name it)."""
     if FAST_PATHS and not sharding_rules and not plugin_options and \
+            type(profile) is str and type(precision) is str and type(optimizer) is str and \
+            type(activation_checkpointing) is str and (data_parallel is None or type(data_parallel) is str) and \
             (not include_plugins or (type(include_plugins) is tuple and
                                      all(type(name) is str for name in include_plugins))) and \
             type(batch_size) is int and type(seq_len) is int and type(tp_size) is int and \
@@ -423,6 +429,10 @@ def _checked_plan(registry, profile, model, hardware, batch_size, seq_len, preci
     optimizer_name = optimizer.lower()
 
     # Select one sharding rule per axis.
+    if sharding_rules is not None and not isinstance(sharding_rules, Mapping):
+        raise InvalidInputTypeError("sharding_rules", sharding_rules,
+                                    f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name",
+                                    f"got {type(sharding_rules).__name__}")
     requested = dict(sharding_rules) if sharding_rules else {}
     for axis in requested:
         if axis not in DEFAULT_RULES:
@@ -431,21 +441,26 @@ def _checked_plan(registry, profile, model, hardware, batch_size, seq_len, preci
     rules = {}
     for axis, default in DEFAULT_RULES.items():
         name = requested.get(axis, default)
-        rules[axis] = name if name in registry.rules_by_axis[axis] else \
+        rules[axis] = name if type(name) is str and name in registry.rules_by_axis[axis] else \
             _select_rule(registry, axis, name, f"sharding_rules[{axis!r}]")
     if data_parallel is None:
         name = _ZERO_RULES[zero_stage]
         rules[DATA] = name if name in registry.rules_by_axis[DATA] else _select_rule(registry, DATA, name, "zero_stage")
     else:
+        rules[DATA] = _select_rule(registry, DATA, data_parallel, "data_parallel")    # a known rule first
         if zero_stage != 0:
             raise InvalidInputError("zero_stage", zero_stage,
                                     "0 when data_parallel= names a rule (the rule decides the sharding)",
                                     f"data_parallel={data_parallel!r}")
-        rules[DATA] = _select_rule(registry, DATA, data_parallel, "data_parallel")
     rules = types.MappingProxyType(rules)
 
     if isinstance(include_plugins, str):
         include_plugins = (include_plugins,)
+    if include_plugins is not None and (
+            not isinstance(include_plugins, Iterable) or isinstance(include_plugins, (bytes, Mapping)) or
+            not all(isinstance(plugin, str) for plugin in include_plugins)):
+        raise InvalidInputTypeError("include_plugins", include_plugins, "a sequence of installed plugin names",
+                                    f"got {type(include_plugins).__name__}")
     include = tuple(sorted(set(include_plugins))) if include_plugins else ()
     for plugin in include:
         if plugin not in registry.plugins:
@@ -1156,6 +1171,8 @@ def _run_steps(selection: _Selection, plan: TrainingPlan, totals_only: bool, cel
     else:
         rule_notes = tuple(n for axis in _NOTE_ORDER for note_axis, axis_notes in notes
                            if note_axis == axis for n in axis_notes)
+    if plan.warnings:
+        rule_notes = (*plan.warnings, *rule_notes)
     cp = plan.cp_size
     regime = plan.regime
     # TrainingMemoryResult(...), every field positionally, in its order.

@@ -14,6 +14,7 @@ import attrs
 
 from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
+from .. import _checks
 from . import _cache
 from ._cache import cached_terms
 from .layers import layer_forward_bytes, megatron_layer_bytes
@@ -307,6 +308,14 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
 
 # --- runtime ------------------------------------------------------------------------------------
 
+def _bytes(instance, attribute, value):
+    _checks.count(f"runtime_overheads.{attribute.name}", value, minimum=0)
+
+
+def _fraction(instance, attribute, value):
+    _checks.fraction(f"runtime_overheads.{attribute.name}", value)
+
+
 @attrs.frozen(kw_only=True)
 class RuntimeOverheads:
     """Memory a CUDA process uses beyond its tensors. None of it appears in
@@ -323,10 +332,10 @@ class RuntimeOverheads:
     * ``nccl_buffers``: NCCL's communicator buffers, only when a parallel layout communicates.
     """
 
-    cuda_context: int = 500 * 2**20
-    allocator_fraction: float = 0.05
-    cublas_workspace: int = 32 * 2**20
-    nccl_buffers: int = 256 * 2**20
+    cuda_context: int = attrs.field(default=500 * 2**20, converter=_checks.to_int, validator=_bytes)
+    allocator_fraction: float = attrs.field(default=0.05, validator=_fraction)
+    cublas_workspace: int = attrs.field(default=32 * 2**20, converter=_checks.to_int, validator=_bytes)
+    nccl_buffers: int = attrs.field(default=256 * 2**20, converter=_checks.to_int, validator=_bytes)
 
 
 _RUNTIME: dict = {}    # (overheads, parallel?, allocated and its type) -> the terms (frozen)

@@ -8,6 +8,7 @@ checks the layout options, names the distinct rank classes and solves each one.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -45,9 +46,7 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
     if plan.model.is_sparse:
         group = plan.tp_size * plan.dp_size * plan.cp_size
         if group % (etp * plan.ep_size):
-            raise LayoutError("expert_tp_size", etp,
-                              f"a value with expert_tp_size x ep_size dividing tp x cp x dp = {group}",
-                              f"ep_size={plan.ep_size}: the experts' ranks are carved out of the same devices")
+            _expert_layout_error(plan, expert_tp_size, etp, group)
     layers = None
     if stage_layers is not None:
         if isinstance(stage_layers, (str, bytes)) or not hasattr(stage_layers, "__iter__"):
@@ -58,10 +57,42 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
                               f"{plan.pp_size} counts (one per pipeline stage) adding up to the model's "
                               f"{plan.model.layers} layers")
     elif plan.model.layers < plan.pp_size * v:
-        raise LayoutError("pp_size", plan.pp_size, f"at most {plan.model.layers // v} stages",
-                          f"{plan.model.layers} layers in {v} chunk(s) per stage")
+        layers, p = plan.model.layers, plan.pp_size
+        if layers < p:
+            raise LayoutError("pp_size", p, f"at most the model's {layers} layers",
+                              "every pipeline stage needs at least one layer")
+        if virtual_stages is not None:
+            raise LayoutError("virtual_stages", virtual_stages,
+                              f"at most {layers // p} model chunks per stage (the model's {layers} layers "
+                              f"/ pp_size={p})", "every chunk needs at least one layer")
+        raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule}'s default "
+                          f"{v} model chunks per stage, or set virtual_stages",
+                          f"{layers} layers in {p} x {v} chunks")
     return attrs.evolve(plan, pipeline_schedule=schedule, virtual_stages=v, expert_tp_size=etp,
                         stage_layers=layers, offload=_offload(offload))
+
+
+def _expert_layout_error(plan, expert_tp_size, etp: int, group: int):
+    """expert_tp x ep must divide tp x cp x dp: blame what the user set (ep_size alone, or
+    expert_tp_size when given), with the values that would fit."""
+    ep, experts = plan.ep_size, plan.model.experts
+    why = ("the experts' ranks are carved out of the same tp x cp x dp devices "
+           f"(tp={plan.tp_size}, cp={plan.cp_size}, dp={plan.dp_size})")
+    if expert_tp_size is None or group % ep:
+        fits = [e for e in range(1, group // etp + 1) if (group // etp) % e == 0 and experts % e == 0]
+        raise LayoutError("ep_size", ep,
+                          f"a divisor of tp x cp x dp / expert_tp_size = {group} / {etp} that divides the "
+                          f"{experts} experts: {', '.join(map(str, fits))}; or a dp_size that makes room "
+                          f"for them (e.g. dp_size={_dp_for(plan, ep, etp)})", why)
+    fits = [t for t in range(1, group // ep + 1) if (group // ep) % t == 0]
+    raise LayoutError("expert_tp_size", expert_tp_size,
+                      f"a divisor of tp x cp x dp / ep_size = {group} / {ep}: {', '.join(map(str, fits))}", why)
+
+
+def _dp_for(plan, ep: int, etp: int) -> int:
+    """The smallest dp_size that makes room for ep x expert_tp ranks."""
+    step = ep * etp // math.gcd(ep * etp, plan.tp_size * plan.cp_size)
+    return -(-plan.dp_size // step) * step
 
 
 def _offload(value) -> tuple[tuple[str, str], ...]:

@@ -133,3 +133,57 @@ def _shape_of(model: TransformerWorkload) -> ModelShape:
         vocab=model.vocab_size, tied=tied, experts=model.experts if sparse else 0,
         top_k=model.active_experts_per_token if sparse else 0, parameters=model.parameters,
         learned_positions=positions, assumptions=tuple(assumptions))
+
+
+# A declared parameter count this far from the one the shapes imply gets a warning note.
+PARAMETER_TOLERANCE = 0.05
+
+
+def parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
+    """The warning notes (none, or one) about ``model.parameters`` for a measured-grade solve;
+    an ``InvalidInputError`` naming ``model.parameters`` when the count cannot even hold the
+    embedding and one layer its shapes describe (the profile would derive negative bytes)."""
+    return _parameter_check(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
+    shape = ModelShape.of(model)
+    implied = implied_parameters(model, shape)
+    declared = model.parameters
+    h = shape.hidden
+    one_layer = sum(n for _, n in shape.layer_matrices()) + (4 * h if shape.style == "gpt2" else 2 * h)
+    floor = shape.embedding_parameters + one_layer
+    if declared < floor:
+        raise InvalidInputError(
+            "model.parameters", declared,
+            f"at least {floor:,}: the embedding and one of the {model.layers} layers its shapes describe"
+            + (f" (the shapes imply {implied:,} in all)" if implied else ""),
+            "the measured profile derives bytes from the model's shapes (hidden_dim, heads, ffn_dim, "
+            "vocab_size, ...): check parameters (the TOTAL count) against them")
+    if implied and abs(declared - implied) > PARAMETER_TOLERANCE * implied:
+        return (f"WARNING: model.parameters = {declared:,} is {100 * (declared - implied) / implied:+.1f} % off "
+                f"the {implied:,} implied by the shapes of {model.name!r} (layers, hidden_dim, heads, kv_heads, "
+                f"ffn_dim, vocab_size{', experts' if model.is_sparse else ''}); the measured profile sizes "
+                "weights, gradients and optimizer state from parameters and activations from the shapes, so "
+                "one of them is probably wrong",)
+    return ()
+
+
+def implied_parameters(model: TransformerWorkload, shape: ModelShape | None = None) -> int | None:
+    """The parameter count the model's shapes imply (``catalog.counting``), with what the
+    measured profile assumes for unknown fields; ``None`` where it cannot be counted (MLA)."""
+    from ..catalog.counting import count_workload_parameters
+    shape = ModelShape.of(model) if shape is None else shape
+    fill = {}
+    if model.is_sparse:
+        if model.expert_ffn_dim is None:
+            fill["expert_ffn_dim"] = shape.ffn
+    elif model.ffn_dim is None:
+        fill["ffn_dim"] = shape.ffn
+    if model.gated_mlp is None:
+        fill["gated_mlp"] = shape.style != "gpt2"
+    try:
+        return count_workload_parameters(model, fill).total
+    except (TypeError, ValueError):     # a shape the counter does not know (e.g. MLA without its widths)
+        return None
