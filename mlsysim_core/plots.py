@@ -240,9 +240,10 @@ def check_output(path, parameter: str = "output") -> Path:
     return path
 
 
-def save(fig, path) -> Path:
-    """Save ``fig`` to ``path``: PNG or SVG by its extension (see `check_output`)."""
-    path = check_output(path)
+def save(fig, path, *, parameter: str = "output") -> Path:
+    """Save ``fig`` to ``path``: PNG or SVG by its extension. A path that cannot be
+    written (see `check_output`) is an `InvalidInputError` naming ``parameter``."""
+    path = check_output(path, parameter)
     fmt = FORMATS[path.suffix.lower()]
     # A fixed SVG hash salt and no date metadata: the same picture gives the same file.
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
@@ -250,8 +251,8 @@ def save(fig, path) -> Path:
     try:
         with matplotlib.rc_context({"svg.hashsalt": "mlsysim-core"}):
             fig.savefig(path, format=fmt, dpi=120, metadata=metadata)
-    except OSError as err:     # e.g. read-only file system, disk full
-        raise InvalidInputError("output", str(path), "a writable file",
+    except OSError as err:     # e.g. a read-only file system, a full disk
+        raise InvalidInputError(parameter, str(path), "a writable file",
                                 f"writing it failed: {err.strerror or err}") from None
     return path
 
@@ -295,7 +296,7 @@ def _overlap(a, b, pad: float = 1.0) -> bool:
 
 def _fit_xticklabels(fig, ax, positions, labels, fontsize=None):
     """Put ``labels`` at ``positions`` so that no two overlap: as they are, else turned by
-    30, 60 and then 90 degrees, else only every 2nd, 3rd, ... of them."""
+    30, 60 and then 90 degrees, else upright with those that would overlap the one before left blank."""
     ax.set_xticks(positions, labels, fontsize=fontsize)
     for rotation in (0, 30, 60, 90):
         if rotation:
@@ -303,17 +304,20 @@ def _fit_xticklabels(fig, ax, positions, labels, fontsize=None):
                 t.set_rotation(rotation)
                 t.set_horizontalalignment("right" if rotation < 90 else "center")
                 t.set_rotation_mode("anchor" if rotation < 90 else "default")
-        fig.canvas.draw()
+        fig.draw_without_rendering()
         if not _overlapping(ax.get_xticklabels()):
             return
-    step = 2
-    while step < len(labels):
-        ax.set_xticks(positions, [lab if i % step == 0 else "" for i, lab in enumerate(labels)],
-                      fontsize=fontsize, rotation=90)
-        fig.canvas.draw()
-        if not _overlapping(ax.get_xticklabels()):
-            return
-        step += 1
+    # Still too many: keep, from the left, each label that clears the last one kept.
+    renderer = fig.canvas.get_renderer()
+    kept, last = [], None
+    for text, label in zip(ax.get_xticklabels(), labels):
+        box = text.get_window_extent(renderer)
+        if last is None or not _overlap(last, box):
+            kept.append(label)
+            last = box
+        else:
+            kept.append("")
+    ax.set_xticks(positions, kept, fontsize=fontsize, rotation=90)
 
 
 def _overlapping(texts) -> bool:
@@ -323,9 +327,35 @@ def _overlapping(texts) -> bool:
 
 
 def _title(ax, fig, text: str):
-    """The title, wrapped to the figure's width."""
-    width = max(40, int(fig.get_figwidth() * 11))
-    ax.set_title("\n".join(_wrap(line, width) for line in text.split("\n")), fontsize=11)
+    ax.set_title(text, fontsize=11)
+
+
+def _narrow(fig, text):
+    """Re-wrap ``text`` (a Text artist) until it is no wider than the figure."""
+    renderer = fig.canvas.get_renderer()
+    limit = fig.bbox.width * 0.96
+    original = text.get_text()
+    width = max(len(line) for line in original.split("\n"))
+    while text.get_window_extent(renderer).width > limit and width > 16:
+        width = int(width * 0.85)
+        text.set_text("\n".join(_wrap(line, width) for line in original.split("\n")))
+
+
+def _legend(fig, handles, ncols):
+    """The legend under the axes, in as many columns (at most ``ncols``) as fit the width."""
+    renderer = fig.canvas.get_renderer()
+    while True:
+        legend = fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8.5, frameon=False)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width * 0.96:
+            return legend
+        legend.remove()
+        ncols -= 1
+
+
+def _fit_texts(fig, ax):
+    """Title and caption no wider than the figure."""
+    _narrow(fig, ax.title)
+    _narrow(fig, ax.xaxis.label)
 
 
 def _gib_axis(ax):
@@ -348,7 +378,6 @@ def _capacity_label(result) -> str:
 
 
 def _finish(fig, path):
-    fig.canvas.draw()    # lay it out now: text extents are final for whoever looks at them
     if path is not None:
         save(fig, path)
     return fig
@@ -419,7 +448,7 @@ def plot_bars(results, labels: Sequence[str] | None = None, *, title: str | None
         raise InvalidInputError("results", results, "at least one result")
     bars = _bars(results, labels)
     n = len(bars)
-    fig = _figure(figsize or (max(6.4, 1.5 * n + 4.0), 5.8))
+    fig = _figure(figsize or (min(16.0, max(6.4, 1.5 * n + 4.0)), 5.8))
     ax = fig.add_subplot()
     _style(ax)
     x = list(range(n))
@@ -432,11 +461,13 @@ def plot_bars(results, labels: Sequence[str] | None = None, *, title: str | None
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     capacities = {b.capacity for b in bars}
     top = max(max(b.total / GB for b in bars), max(c / GB for c in capacities))
+    notes = []
     for xi, b in zip(x, bars):
         pct = 100 * b.total / b.capacity if b.capacity else float("inf")
-        ax.annotate(f"{b.total / GB:,.1f} GB\n{pct:.0f} % of cap.", (xi, b.total / GB),
-                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8.5,
-                    color="#222222" if b.feasible else "#b00020", bbox=_LABEL_BOX, zorder=5)
+        notes.append(ax.annotate(f"{b.total / GB:,.1f} GB\n{pct:.0f} % of cap.", (xi, b.total / GB),
+                                 xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                                 fontsize=8.5, color="#222222" if b.feasible else "#b00020", bbox=_LABEL_BOX,
+                                 zorder=5))
     handles = _legend_handles(present)
     tick_labels = [_wrap(b.label, 22) for b in bars]
     if len(capacities) == 1:
@@ -457,14 +488,21 @@ def plot_bars(results, labels: Sequence[str] | None = None, *, title: str | None
     same_model, same_hw = len({r.model for r in results}) == 1, len({r.hardware for r in results}) == 1
     default_title = ("Memory per accelerator"
                      + (f": {first.model}" if same_model else "")
-                     + (f"{' on' if same_model else ': on'} {first.hardware}" if same_hw else ""))
+                     + (f" on {first.hardware}" if same_hw else ""))
     if len(results) == 1 and len(first.ranks) > 1:
         default_title += "\none bar per rank class of " + " ".join(
             f"{k}={v}" for k, v in first.parallelism.items() if v != 1)
     _title(ax, fig, title or default_title)
     ax.set_xlabel(_caption_text(caption(bars), fig), fontsize=8.5, color="#444444")
-    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
+    _legend(fig, handles, 3)
+    _fit_texts(fig, ax)
     _fit_xticklabels(fig, ax, x, tick_labels)
+    if _overlapping(notes):      # many bars: the totals stand upright, on one line each
+        for note, b in zip(notes, bars):
+            note.set_text(note.get_text().replace("\n", ", ").replace(" of cap.", ""))
+            note.set_rotation(90)
+        ax.set_ylim(0, top * 1.45)
+        fig.draw_without_rendering()
     return _finish(fig, path)
 
 
@@ -538,7 +576,7 @@ def plot_timeline(result, *, title: str | None = None, path=None, figsize=(8.4, 
     _title(ax, fig, title or (f"Memory alive per phase (from term liveness)\n{result.model} on {result.hardware}"
                               + (f" ({rank_name})" if rank_name else "")
                               + f", micro-batch {result.microbatch}, {_checkpointing(result)}"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8.5, frameon=False)
+    _legend(fig, handles, 2)
     text = ("phase of one training iteration: each bar adds the terms alive in it (MemoryTerm.phases)\n"
             f"{result.profile} profile: total = {rule}")
     if getattr(source, "peak_phase", None):
@@ -546,6 +584,7 @@ def plot_timeline(result, *, title: str | None = None, path=None, figsize=(8.4, 
     if source.host_memory:
         text += f"; host-memory terms ({source.host_memory / GB:,.1f} GB) are not shown"
     ax.set_xlabel(_caption_text(text, fig), fontsize=8.5, color="#444444")
+    _fit_texts(fig, ax)
     _fit_xticklabels(fig, ax, x, [_name(p) + ("\n(peak)" if p == peak else "") for p in PHASES])
     return _finish(fig, path)
 
@@ -609,6 +648,7 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0
     _title(ax, fig, title or f"Memory vs {data.label}: {first.model} on {first.hardware}"
                              + (f"\n{fixed}, {first.precision}, {first.optimizer}, "
                                 f"{_checkpointing(first)}{heaviest}" if fixed else heaviest))
-    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
+    _legend(fig, handles, 3)
+    _fit_texts(fig, ax)
     _fit_xticklabels(fig, ax, list(values), [f"{v:,}" for v in values])
     return _finish(fig, path)
