@@ -24,20 +24,20 @@ def test_bare_command_runs_the_default_estimate():
     # the measured profile by default (fp16 means autocast), its peak phase named...
     assert "(profile: measured; total = the backward phase, the iteration's peak)" in text
     assert "regime amp-fp16" in text and "runtime overheads" in text
-    # ... and the reference profile's total beside it. Llama-3.1-8B, batch 8, seq 2048, fp16
-    # adam selective: 16.06+16.06+96.36+73.014+0.803 GB
-    assert "reference profile total: 202.297 GB (188.404 GiB), does not fit" in text
+    # ... and the reference profile's total beside it. Llama-3.1-8B (curated: 8,030,261,248
+    # parameters), batch 8, seq 2048, fp16 adam selective: 16.061+16.061+96.363+73.014+0.803 GB
+    assert "reference profile total: 202.302 GB (188.408 GiB), does not fit" in text
     code, text = run("estimate", "--profile", "reference")
-    assert "202.297" in text and "NO, 116.398 GB" in text and "235.5 %" in text
+    assert "202.302" in text and "NO, 116.402 GB" in text and "235.5 %" in text
     assert "reference profile total" not in text and "runtime overheads" not in text
 
 
 def test_estimate_flags_match_python(solver):
-    code, text = run("estimate", "--model", "llama3-8b", "--hardware", "h100", "--batch-size", "8",
+    code, text = run("estimate", "--model", "mlsysim:llama3-8b", "--hardware", "mlsysim:h100", "--batch-size", "8",
                      "--seq-len", "1024", "--json", "--profile", "reference")
     assert code == 0
     data = json.loads(text)
-    assert data["total_memory"] == solver.solve("llama3-8b", "h100", 8, 1024).total_memory
+    assert data["total_memory"] == solver.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024).total_memory
     assert data["gb"]["total_memory"] == pytest.approx(165.790222016)
     assert data["units"] == {"memory": "bytes", "gb": 1e9, "gib": 2**30}
     assert {t["source"] for t in data["terms"]} >= {"model_states", "adam", "selective_checkpointing"}
@@ -120,11 +120,14 @@ def test_disable_plugin_flag():
 def test_models_and_hardware_listings():
     code, text = run("models", "--json")
     models = {m["key"]: m for m in json.loads(text)["models"]}
-    assert models["llama3-8b"]["parameters"] == 8_030_000_000
-    assert models["mixtral-8x7b"]["experts"] == 8
+    assert models["mlsysim:llama3-8b"]["parameters"] == 8_030_000_000
+    assert models["mlsysim:llama3-8b"]["origin"] == "reference"
+    assert "llama3-8b" in models["meta-llama/llama-3.1-8b"]["aliases"]
+    assert models["mlsysim:mixtral-8x7b"]["experts"] == 8
     code, text = run("hardware", "--json")
     hardware = {h["key"]: h for h in json.loads(text)["hardware"]}
-    assert hardware["h100"]["memory_capacity"] == 80 * 2**30
+    assert hardware["mlsysim:h100"]["memory_capacity"] == 80 * 2**30
+    assert "h100" in hardware["nvidia/h100-sxm5-80gb"]["aliases"]
     code, text = run("hardware")
     assert "85.899" in text and "80.00" in text
 
@@ -133,7 +136,8 @@ def test_module_and_console_script_entry_points():
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--json", "-s", "1024",
                            "--profile", "reference"],
                           capture_output=True, text=True, check=True)
-    assert json.loads(proc.stdout)["gb"]["total_memory"] == pytest.approx(165.790222016)
+    # the default model, curated Llama-3.1-8B (8,030,261,248 parameters), at seq 1024
+    assert json.loads(proc.stdout)["gb"]["total_memory"] == pytest.approx(165.7944281088)
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--precision", "fp6"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "precision='fp6'" in proc.stderr

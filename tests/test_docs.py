@@ -110,7 +110,7 @@ def test_every_cli_subcommand_is_in_the_quickstart():
 
 
 def test_golden_number_is_the_solvers_and_is_explained():
-    result = mlsysim_core.TrainingMemoryModel().solve("llama3-8b", "h100", batch_size=8, seq_len=1024)
+    result = mlsysim_core.TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", batch_size=8, seq_len=1024)
     assert f"{result.gb.total_memory:.2f}" == "165.79"
     assert "165.79" in read("quickstart.md")
     assert "165.79" in read("concepts.md")

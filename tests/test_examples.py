@@ -45,8 +45,8 @@ PLUGIN_MODULES = {"mlsysim-adam-mini": "mlsysim_adam_mini.adam_mini",
 VERSION = "0.1.0"
 
 # --- hand derivations (each package's README explains them) ------------------------------
-# Llama-3.1-8B: 8.03e9 params, 32 layers, hidden 4096, 32 heads, 8 KV heads of 128,
-# vocabulary 128,256 (untied), SwiGLU MLP of 14,336.
+# mlsysim:llama3-8b, the reference's Llama-3.1-8B: 8.03e9 params, 32 layers, hidden 4096,
+# 32 heads, 8 KV heads of 128, vocabulary 128,256 (untied), SwiGLU MLP of 14,336.
 P8B = 8_030_000_000
 ADAM_MINI_BLOCKS = (2 * 128_256 + 32 * (32 + 8 + 8 * 128 + 4096 + 2 * 14_336 + 4096) + 2 * 32 + 1)
 ADAM_MINI_STATE = 4 * P8B + 4 * P8B + 4 * ADAM_MINI_BLOCKS           # master + m + v blocks
@@ -227,14 +227,14 @@ SOLVE_FROM_PYTHON = """
     out = {
         "files": [mlsysim_adam_mini.adam_mini.__file__, mlsysim_zeropp_hpz.hpz.__file__,
                   mlsysim_activation_offload.offload.__file__],
-        "adam": summary(m.solve("llama3-8b", "h100", 8, 1024)),
-        "adam_mini": summary(m.solve("llama3-8b", "h100", 8, 1024, optimizer="adammini.adam-mini")),
-        "zero3": summary(m.solve("llama3-70b", "h100", 64, 4096, dp_size=64, zero_stage=3,
+        "adam": summary(m.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024)),
+        "adam_mini": summary(m.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer="adammini.adam-mini")),
+        "zero3": summary(m.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, dp_size=64, zero_stage=3,
                                  activation_checkpointing="full")),
-        "hpz": summary(m.solve("llama3-70b", "h100", 64, 4096, dp_size=64, data_parallel="zeropp.hpz",
+        "hpz": summary(m.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, dp_size=64, data_parallel="zeropp.hpz",
                                activation_checkpointing="full")),
-        "selective": summary(m.solve("llama3-8b", "h100", 8, 2048)),
-        "offload": summary(m.solve("llama3-8b", "h100", 8, 2048,
+        "selective": summary(m.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048)),
+        "offload": summary(m.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048,
                                    activation_checkpointing="offload.selective-offload")),
     }
     print(json.dumps(out))
@@ -310,7 +310,7 @@ def _sources(result: dict, source: str) -> dict:
 
 @slow
 def test_adam_mini_from_the_cli(env):
-    r = env.cli_json("-m", "llama3-8b", "-g", "h100", "-b", "8", "-s", "1024",
+    r = env.cli_json("-m", "mlsysim:llama3-8b", "-g", "mlsysim:h100", "-b", "8", "-s", "1024",
                      "--optimizer", "adammini.adam-mini")
     assert r["optimizer_state"] == ADAM_MINI_STATE
     assert r["plugin_sources"]["adam_mini"] == f"mlsysim-adam-mini {VERSION}"
@@ -319,14 +319,14 @@ def test_adam_mini_from_the_cli(env):
 
 @slow
 def test_hpz_from_the_cli_with_an_option(env):
-    r = env.cli_json("-m", "llama3-70b", "-b", "64", "-s", "4096", "--dp", "64", "--checkpointing", "full",
+    r = env.cli_json("-m", "mlsysim:llama3-70b", "-b", "64", "-s", "4096", "--dp", "64", "--checkpointing", "full",
                      "--data-parallel", "zeropp.hpz", "--option", "zeropp.hpz.secondary_group=16",
                      "--profile", "reference")
     [term] = _sources(r, "zeropp_hpz").values()
     assert term["nbytes"] == HPZ_SECONDARY_16
     assert r["weights"] == P70B * 2 / 64
     assert r["plugin_sources"]["zeropp_hpz"] == f"mlsysim-zeropp-hpz {VERSION}"
-    bad = env.cli("estimate", "-m", "llama3-70b", "--dp", "64", "--data-parallel", "zeropp.hpz",
+    bad = env.cli("estimate", "-m", "mlsysim:llama3-70b", "-b", "64", "--dp", "64", "--data-parallel", "zeropp.hpz",
                   "--option", "zeropp.hpz.secondary_group=3", check=False)
     assert bad.returncode == 2, bad.stderr
     assert "secondary_group=3 is not allowed: a divisor of dp_size=64" in bad.stderr
@@ -334,7 +334,7 @@ def test_hpz_from_the_cli_with_an_option(env):
 
 @slow
 def test_offload_from_the_cli_with_an_option(env):
-    args = ("-m", "llama3-8b", "-b", "8", "-s", "2048", "--checkpointing", "offload.selective-offload",
+    args = ("-m", "mlsysim:llama3-8b", "-b", "8", "-s", "2048", "--checkpointing", "offload.selective-offload",
             "--option", "offload.selective-offload.layers_on_device=4")
     r = env.cli_json(*args)
     assert r["activations"] == 5 * LAYER_B8_S2048
@@ -352,7 +352,7 @@ def test_offload_from_the_cli_with_an_option(env):
 # All three at once: Adam-mini, hpZ over groups of 4, offload keeping 2 layers;
 # Llama-3.1-8B, dp = 8, global batch 64 (micro-batch 8), s = 4096, fp16.
 SCENARIO = {
-    "model": "llama3-8b", "hardware": "h100", "batch_size": 64, "seq_len": 4096, "dp_size": 8,
+    "model": "mlsysim:llama3-8b", "hardware": "mlsysim:h100", "batch_size": 64, "seq_len": 4096, "dp_size": 8,
     "optimizer": "adammini.adam-mini", "data_parallel": "zeropp.hpz",
     "activation_checkpointing": "offload.selective-offload",
     "plugin_options": {"zeropp.hpz": {"secondary_group": 4},

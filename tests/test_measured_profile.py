@@ -207,6 +207,6 @@ def test_an_optimizer_without_a_measured_model_is_refused_by_name(builtin_pm):
 
 
 def test_reference_numbers_do_not_move():
-    r = TrainingMemoryModel().solve("llama3-8b", "h100", 8)
+    r = TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8)
     assert r.profile == "reference" and r.runtime_overheads == 0 and r.regime is None
     assert r.total_memory == pytest.approx(202.297e9, rel=1e-5)

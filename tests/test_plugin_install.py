@@ -75,9 +75,9 @@ SOLVE_GALORE = """
     import json
     import mlsysim_core, mlsysim_demo_optimizer
     from mlsysim_core import TrainingMemoryModel
-    r = TrainingMemoryModel().solve("llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
+    r = TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer="demo.galore",
                                     plugin_options={"demo.galore": {"rank": 64}})
-    adam = TrainingMemoryModel().solve("llama3-8b", "h100", 8, 1024)
+    adam = TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024)
     print(json.dumps({
         "optimizer_state": r.optimizer_state, "weights": r.weights, "gradients": r.gradients,
         "activations": r.activations, "communication_buffers": r.communication_buffers,
@@ -116,7 +116,7 @@ def test_installed_optimizer_rejects_bad_options(galore_venv):
         import json
         from mlsysim_core import InvalidInputError, TrainingMemoryModel
         try:
-            TrainingMemoryModel().solve("llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
+            TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer="demo.galore",
                                         plugin_options={"demo.galore": {"rank": 0}})
         except InvalidInputError as err:
             print(json.dumps({"type": type(err).__name__, "parameter": err.parameter}))
@@ -136,7 +136,7 @@ def test_cli_lists_the_installed_plugin(galore_venv):
     assert entry["provides"] == {"optimizer": ["demo.galore"]}
     assert "mlsysim_optimizers" in entry["hooks"]
     # The CLI solves with it too.
-    est = galore_venv.cli("estimate", "--model", "llama3-8b", "--hardware", "h100", "-b", "8",
+    est = galore_venv.cli("estimate", "--model", "mlsysim:llama3-8b", "--hardware", "mlsysim:h100", "-b", "8",
                           "-s", "1024", "--optimizer", "demo.galore", "--option", "demo.galore.rank=64",
                           "--json")
     assert json.loads(est.stdout)["optimizer_state"] == GALORE_STATE
@@ -151,7 +151,7 @@ def test_installed_conflicting_plugin_names_both_providers(conflict_venv):
         import json
         from mlsysim_core import PluginConflictError, TrainingMemoryModel
         try:
-            TrainingMemoryModel().solve("llama3-8b", "h100", 8, 1024)
+            TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024)
         except PluginConflictError as err:
             print(json.dumps({"type": type(err).__name__, "message": str(err),
                               "plugin": err.plugin, "source": err.source}))
@@ -173,8 +173,8 @@ def test_blocking_the_conflicting_plugin_restores_the_solve(conflict_venv):
         from mlsysim_core import PluginManager, TrainingMemoryModel
         pm = PluginManager.from_environment(blocked=["demo_conflict"])
         model = TrainingMemoryModel(plugin_manager=pm)
-        adam = model.solve("llama3-8b", "h100", 8, 1024)
-        galore = model.solve("llama3-8b", "h100", 8, 1024, optimizer="demo.galore",
+        adam = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024)
+        galore = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer="demo.galore",
                              plugin_options={"demo.galore": {"rank": 64}})
         print(json.dumps({"adam": adam.optimizer_state, "galore": galore.optimizer_state,
                           "adam_source": adam.plugin_sources["adam"]}))

@@ -22,14 +22,14 @@ def run(*argv):
 
 @pytest.fixture(scope="module")
 def default(solver):
-    return solver.solve("llama3-8b", "h100", 8, 2048)
+    return solver.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048)     # the reference's numbers
 
 
 # --- explain ----------------------------------------------------------------------------------
 
 def test_explain_is_deterministic_and_names_every_term(solver, default):
     text = explain(default)
-    assert text == default.explain() == explain(solver.solve("llama3-8b", "h100", 8, 2048))
+    assert text == default.explain() == explain(solver.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048))
     for term in default.terms:
         assert term.label in text and term.formula in text
         assert f"[plugin {term.source} (" in text
@@ -118,7 +118,7 @@ def test_host_terms_are_shown_but_not_counted(default):
 def test_cli_explain_keeps_the_table_and_adds_the_tree():
     code, text = run("estimate", "--explain", "-s", "1024")
     assert code == 0
-    assert text.index("component ") < text.index("per accelerator: Llama-3.1-8B")
+    assert text.index("component ") < text.index("per accelerator: meta-llama/Llama-3.1-8B")
     assert "The state the optimizer 'adam' keeps between steps, in the amp-fp16 regime's dtypes" in text
 
 
@@ -176,7 +176,7 @@ def test_estimate_shows_the_chart_unless_asked_not_to():
     assert "bars vs capacity │ = 85.899 GB (80.000 GiB)" in text
     assert "235.5 %" in _rows(text)["total"]
     code, text = run("estimate", "--no-chart", "--profile", "reference")
-    assert code == 0 and "bars vs capacity" not in text and "fits         NO, 116.398 GB" in text
+    assert code == 0 and "bars vs capacity" not in text and "fits         NO, 116.402 GB" in text
 
 
 # --- HTML for notebooks ------------------------------------------------------------------------
@@ -218,12 +218,12 @@ def test_repr_html_is_a_table_with_the_numbers(default):
     assert text == default.to_html()
     table = _parse(text)
     assert table.tags[0] == "table" and "script" not in table.tags
-    assert table.caption.startswith("Llama-3.1-8B on NVIDIA H100 (profile reference)")
+    assert table.caption.startswith("mlsysim:Llama-3.1-8B on mlsysim:NVIDIA H100 (profile reference)")
     by_name = {row[0]: row for row in table.rows}
     assert by_name["component"] == ["component", "GB (1e9 B)", "GiB (2^30 B)", "share", "from plugin(s)"]
     assert by_name["optimizer state"] == ["optimizer state", "96.360", "89.742", "47.6 %", "adam"]
     assert by_name["total"][:3] == ["total", "202.297", "188.404"]
-    assert by_name["capacity"] == ["capacity", "85.899", "80.000", "235.5 % used", "NVIDIA H100"]
+    assert by_name["capacity"] == ["capacity", "85.899", "80.000", "235.5 % used", "mlsysim:NVIDIA H100"]
     assert ["fits: NO, 116.398 GB (108.404 GiB) short"] in table.rows
 
 

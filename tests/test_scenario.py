@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_scenario_solves_like_solve(solver, tmp_path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "seq_len": 1024}))
+    path.write_text(json.dumps({"model": "mlsysim:llama3-8b", "hardware": "mlsysim:h100", "batch_size": 8,
+                                "seq_len": 1024}))
     result = Scenario.load(path).solve(solver)
     assert result.gb.total_memory == pytest.approx(165.790222016, rel=1e-12)
 

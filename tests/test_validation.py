@@ -78,7 +78,8 @@ def test_model_and_hardware_types(solver):
         solver.solve(MODEL, None, 8)
     with pytest.raises(InvalidInputError, match=r"model='llama9' .*one of: .*llama3-8b"):
         solver.solve("llama9", GPU, 8)
-    with pytest.raises(InvalidInputError, match=r"hardware='h1000' .*did you mean h100"):
+    with pytest.raises(InvalidInputError,
+                       match=r"hardware='h1000' .*did you mean nvidia/h100-sxm5-80gb, .*mlsysim:h100"):
         solver.solve(MODEL, "h1000", 8)
 
 

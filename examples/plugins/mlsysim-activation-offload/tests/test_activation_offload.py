@@ -27,7 +27,7 @@ def _by_label(result):
 
 
 def test_one_layer_kept_one_in_flight_the_rest_on_the_host(model):
-    r = model.solve("llama3-8b", "h100", 8, 2048, activation_checkpointing=NAME)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME)
     assert PER_LAYER == 2_281_701_376
     assert _by_label(r) == {
         "activations kept on device (selective recompute)": (1 * PER_LAYER, "accelerator"),
@@ -36,7 +36,7 @@ def test_one_layer_kept_one_in_flight_the_rest_on_the_host(model):
     }
     assert r.activations == 2 * PER_LAYER == 4_563_402_752
     assert r.host_memory == 31 * PER_LAYER == 70_732_742_656
-    selective = model.solve("llama3-8b", "h100", 8, 2048)
+    selective = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048)
     assert selective.activations == 32 * PER_LAYER
     # Host bytes never count against the accelerator.
     assert selective.total_memory - r.total_memory == 30 * PER_LAYER
@@ -48,44 +48,44 @@ def test_the_readme_example_fits_only_with_offloading(model):
     kw = dict(dp_size=8, zero_stage=3)
     per_layer = 34 * 4096 * 4 * 4096
     assert per_layer == PER_LAYER
-    r = model.solve("llama3-8b", "h100", 32, 4096, activation_checkpointing=NAME, **kw)
-    selective = model.solve("llama3-8b", "h100", 32, 4096, **kw)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 32, 4096, activation_checkpointing=NAME, **kw)
+    selective = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 32, 4096, **kw)
     assert (r.activations, r.host_memory) == (4_563_402_752, 70_732_742_656)
     assert r.feasible and not selective.feasible
     assert round(r.gb.total_memory, 3) == 20.724 and round(selective.gb.total_memory, 3) == 89.175
 
 
 def test_a_wider_window(model):
-    r = model.solve("llama3-8b", "h100", 8, 2048, activation_checkpointing=NAME,
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME,
                     plugin_options={NAME: {"layers_on_device": 4}})
     assert r.activations == (4 + 1) * PER_LAYER
     assert r.host_memory == 28 * PER_LAYER
 
 
 def test_nothing_to_offload_is_plain_selective(model):
-    r = model.solve("llama3-8b", "h100", 8, 2048, activation_checkpointing=NAME,
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME,
                     plugin_options={NAME: {"layers_on_device": 32}})
-    assert r.activations == model.solve("llama3-8b", "h100", 8, 2048).activations
+    assert r.activations == model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048).activations
     assert r.host_memory == 0
     assert len(r.terms_of("activations")) == 1
 
 
 def test_pipeline_stages_and_sequence_parallelism(model):
     # pp = 4: 8 layers on a stage; tp = 4 with sequence parallelism: everything / 4.
-    r = model.solve("llama3-8b", "h100", 8, 2048, tp_size=4, pp_size=4, activation_checkpointing=NAME)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, tp_size=4, pp_size=4, activation_checkpointing=NAME)
     assert r.activations == 2 * PER_LAYER / 4
     assert r.host_memory == 7 * PER_LAYER / 4
 
 
 def test_precision_scales_the_bytes(model):
-    r = model.solve("llama3-8b", "h100", 8, 2048, precision="fp32", activation_checkpointing=NAME)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, precision="fp32", activation_checkpointing=NAME)
     assert r.host_memory == 31 * PER_LAYER * 2
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "one"])
 def test_bad_options_are_rejected(model, bad):
     with pytest.raises(InvalidInputError):
-        model.solve("llama3-8b", "h100", 8, 2048, activation_checkpointing=NAME,
+        model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME,
                     plugin_options={NAME: {"layers_on_device": bad}})
 
 

@@ -39,7 +39,7 @@ def model():
 
 def test_llama3_8b_blocks_and_bytes(model):
     assert LLAMA8B_BLOCKS == 1_470_273
-    r = model.solve("llama3-8b", "h100", 8, 1024, optimizer=NAME)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME)
     terms = {t.label: t.nbytes for t in r.terms_of("optimizer_state")}
     assert terms == {
         "adam-mini master copy (fp32)": 4 * LLAMA8B_PARAMS,                      # 32,120,000,000
@@ -51,8 +51,8 @@ def test_llama3_8b_blocks_and_bytes(model):
 
 
 def test_only_the_optimizer_state_differs_from_adam(model):
-    mini = model.solve("llama3-8b", "h100", 8, 1024, optimizer=NAME)
-    adam = model.solve("llama3-8b", "h100", 8, 1024)
+    mini = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME)
+    adam = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024)
     for field in ("weights", "gradients", "activations", "communication_buffers"):
         assert getattr(mini, field) == getattr(adam, field), field
     assert adam.optimizer_state == 12 * LLAMA8B_PARAMS
@@ -62,21 +62,21 @@ def test_only_the_optimizer_state_differs_from_adam(model):
 
 
 def test_zero1_shards_every_term(model):
-    r = model.solve("llama3-8b", "h100", 8, 1024, optimizer=NAME, dp_size=8, zero_stage=1)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, dp_size=8, zero_stage=1)
     assert r.optimizer_state == (8 * LLAMA8B_PARAMS + 4 * LLAMA8B_BLOCKS) / 8
 
 
 def test_the_readme_example_fits_only_with_adam_mini(model):
     kw = dict(dp_size=2, zero_stage=1)
-    mini = model.solve("llama3-8b", "h100", 8, 1024, optimizer=NAME, **kw)
-    adam = model.solve("llama3-8b", "h100", 8, 1024, **kw)
+    mini = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, **kw)
+    adam = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, **kw)
     assert mini.optimizer_state == ADAM_MINI_STATE / 2 == 32_122_940_546
     assert mini.feasible and not adam.feasible
     assert round(mini.gb.total_memory, 3) == 83.300 and round(adam.gb.total_memory, 3) == 99.357
 
 
 def test_model_parallelism_splits_the_blocks_like_the_parameters(model):
-    r = model.solve("llama3-8b", "h100", 8, 1024, optimizer=NAME, tp_size=2, pp_size=2)
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, tp_size=2, pp_size=2)
     v = [t for t in r.terms_of("optimizer_state") if "second moment" in t.label]
     assert [t.nbytes for t in v] == [4 * LLAMA8B_BLOCKS / 4]
     assert r.optimizer_state == (8 * LLAMA8B_PARAMS + 4 * LLAMA8B_BLOCKS) / 4
@@ -96,7 +96,7 @@ def test_tied_embeddings_and_a_plain_mlp():
 def test_mixture_of_experts_counts_every_expert_and_the_router(model):
     # Mixtral-8x7B: 8 experts of width 14,336 (SwiGLU), router of 8 rows per layer.
     expected = 2 * 32_000 + 32 * (32 + 8 + 8 * 128 + 4096 + 8 * (2 * 14_336 + 4096) + 8) + 65
-    r = model.solve("mixtral-8x7b", "h100", 16, 1024, optimizer=NAME, ep_size=4, dp_size=4,
+    r = model.solve("mixtral-8x7b", "mlsysim:h100", 16, 1024, optimizer=NAME, ep_size=4, dp_size=4,
                     zero_stage=1)
     [v] = [t for t in r.terms_of("optimizer_state") if "second moment" in t.label]
     assert v.nbytes == 4 * expected / 4 / 4 == 2_154_512.25
@@ -108,7 +108,7 @@ def test_a_missing_architecture_field_is_named(model, field):
                   vocab_size=32_000, ffn_dim=5632, gated_mlp=True, tied_embeddings=False)
     fields[field] = None
     with pytest.raises(InvalidInputError) as err:
-        model.solve(TransformerWorkload(**fields), "h100", 8, 1024, optimizer=NAME)
+        model.solve(TransformerWorkload(**fields), "mlsysim:h100", 8, 1024, optimizer=NAME)
     assert err.value.parameter == f"model.{field}"
     assert NAME in str(err.value)
 

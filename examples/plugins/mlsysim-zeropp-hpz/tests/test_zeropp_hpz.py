@@ -28,8 +28,8 @@ def _secondary(result):
 
 
 def test_zero3_plus_a_secondary_partition_per_node(model):
-    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME, **LAYOUT)
-    zero3 = model.solve("llama3-70b", "h100", 64, 4096, zero_stage=3, **LAYOUT)
+    r = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **LAYOUT)
+    zero3 = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **LAYOUT)
     # Primary partition: ZeRO-3 over all 64 dp ranks.
     assert r.weights == P70B * 2 / 64 == 2_206_250_000
     assert r.gradients == P70B * 2 / 64
@@ -48,26 +48,26 @@ def test_zero3_plus_a_secondary_partition_per_node(model):
 
 
 def test_the_group_comes_from_the_option_or_the_node(model):
-    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+    r = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
                     plugin_options={NAME: {"secondary_group": 16}}, **LAYOUT)
     assert [t.nbytes for t in _secondary(r)] == [P70B * 2 / 16]
     node4 = HardwareNode(name="4-GPU node", memory_capacity=80 * 2**30, devices_per_node=4)
-    r = model.solve("llama3-70b", node4, 64, 4096, data_parallel=NAME, **LAYOUT)
+    r = model.solve("mlsysim:llama3-70b", node4, 64, 4096, data_parallel=NAME, **LAYOUT)
     assert [t.nbytes for t in _secondary(r)] == [P70B * 2 / 4]
     assert "devices_per_node of 4-GPU node" in _secondary(r)[0].formula
 
 
 def test_model_parallelism_splits_the_secondary_partition(model):
-    r = model.solve("llama3-70b", "h100", 64, 4096, tp_size=2, pp_size=2, data_parallel=NAME,
+    r = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, tp_size=2, pp_size=2, data_parallel=NAME,
                     **LAYOUT)
     assert [t.nbytes for t in _secondary(r)] == [P70B / 4 * 2 / 8]
     assert r.weights == P70B / 4 * 2 / 64
 
 
 def test_a_group_of_one_is_plain_zero3(model):
-    r = model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+    r = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
                     plugin_options={NAME: {"secondary_group": 1}}, **LAYOUT)
-    zero3 = model.solve("llama3-70b", "h100", 64, 4096, zero_stage=3, **LAYOUT)
+    zero3 = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **LAYOUT)
     assert _secondary(r) == []
     assert r.total_memory == zero3.total_memory
 
@@ -77,8 +77,8 @@ def test_the_papers_100b_illustration(model):
     states (2 + 2 + 12) M / N = 1.5625 GB per GPU; hpZ adds 2 M / 16 = 12.5 GB."""
     w = TransformerWorkload(name="100B", parameters=100_000_000_000, layers=100)
     kw = dict(dp_size=1024, activation_checkpointing="full")
-    zero3 = model.solve(w, "h100", 1024, 2048, zero_stage=3, **kw)
-    r = model.solve(w, "h100", 1024, 2048, data_parallel=NAME,
+    zero3 = model.solve(w, "mlsysim:h100", 1024, 2048, zero_stage=3, **kw)
+    r = model.solve(w, "mlsysim:h100", 1024, 2048, data_parallel=NAME,
                     plugin_options={NAME: {"secondary_group": 16}}, **kw)
     zero3_states = zero3.weights + zero3.gradients + zero3.optimizer_state
     hpz_states = r.weights + r.gradients + r.optimizer_state + sum(t.nbytes for t in _secondary(r))
@@ -91,7 +91,7 @@ def test_the_papers_100b_illustration(model):
 @pytest.mark.parametrize("group", [3, 128])
 def test_the_group_must_divide_dp(model, group):
     with pytest.raises(LayoutError) as err:
-        model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+        model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
                     plugin_options={NAME: {"secondary_group": group}}, **LAYOUT)
     assert err.value.parameter == f"plugin_options['{NAME}'].secondary_group"
     assert "a divisor of dp_size=64" in str(err.value)
@@ -99,13 +99,13 @@ def test_the_group_must_divide_dp(model, group):
 
 def test_the_default_group_must_divide_dp(model):
     with pytest.raises(LayoutError, match="dp_size=12 is not allowed: a multiple of the hpZ secondary group 8"):
-        model.solve("llama3-8b", "h100", 12, dp_size=12, data_parallel=NAME)
+        model.solve("mlsysim:llama3-8b", "mlsysim:h100", 12, dp_size=12, data_parallel=NAME)
 
 
 @pytest.mark.parametrize("bad", [0, True, 2.5, "eight"])
 def test_bad_options_are_rejected(model, bad):
     with pytest.raises(InvalidInputError):
-        model.solve("llama3-70b", "h100", 64, 4096, data_parallel=NAME,
+        model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
                     plugin_options={NAME: {"secondary_group": bad}}, **LAYOUT)
 
 
