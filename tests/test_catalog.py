@@ -519,3 +519,49 @@ def test_user_catalog_environment_changes_are_noticed(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "nothing-here"))
     with pytest.raises(InvalidInputError):
         get_model("tinylm")
+
+
+# --- one model, one answer, from the command line ---------------------------------------------
+
+def _cli_json(*argv):
+    import io
+    import json
+    from mlsysim_core.cli import main
+    out = io.StringIO()
+    assert main(["estimate", *argv, "--json"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def test_short_and_curated_names_give_the_same_answer_from_the_cli():
+    """The issue: `-m deepseek-v3` and `-m deepseek-ai/deepseek-v3` answered differently, silently."""
+    layout = ("-b", "64", "--tp", "8", "--pp", "8", "--dp", "8", "--ep", "8", "--zero-stage", "1")
+    short, curated = _cli_json("-m", "deepseek-v3", *layout), _cli_json("-m", "deepseek-ai/deepseek-v3", *layout)
+    assert short["total_memory"] == curated["total_memory"] and short["model"] == "deepseek-ai/DeepSeek-V3"
+    assert not any("reference catalog data" in line for line in short["constraint_trace"])
+    reference = _cli_json("-m", "mlsysim:deepseek-v3", *layout)
+    assert reference["model"] == "mlsysim:DeepSeek-V3" and reference["total_memory"] > 2 * short["total_memory"]
+    assert ("model: mlsysim:deepseek-v3 is mlsysim 0.3.0's reference catalog data (textbook numbers); "
+            "`deepseek-v3` is the curated deepseek-ai/deepseek-v3") in reference["constraint_trace"]
+    assert not any("MoERoutingModel" in line for r in (short, reference) for line in r["constraint_trace"])
+    assert "MoE memory approximation: total expert parameters are evenly sharded by expert parallelism." \
+        in short["constraint_trace"]
+
+
+def test_the_estimate_header_says_when_the_reference_data_is_used():
+    import io
+    from mlsysim_core.cli import main
+    out = io.StringIO()
+    assert main(["estimate", "-m", "mlsysim:llama3-8b", "-g", "mlsysim:h100", "--profile", "reference"], out=out) == 0
+    notes = [line for line in out.getvalue().splitlines() if line.startswith("note ")]
+    assert any("mlsysim:llama3-8b is mlsysim 0.3.0's reference catalog data" in n for n in notes)
+    assert any("mlsysim:h100 is mlsysim 0.3.0's reference catalog data" in n for n in notes)
+    out = io.StringIO()
+    assert main(["estimate", "--profile", "reference"], out=out) == 0          # the default: curated entries
+    assert "reference catalog data" not in out.getvalue()
+    assert "meta-llama/Llama-3.1-8B on NVIDIA H100 SXM5 80GB" in out.getvalue()
+
+
+def test_an_unknown_hardware_name_from_the_cli_suggests_the_curated_card(capsys):
+    from mlsysim_core.cli import main
+    assert main(["estimate", "-g", "l40s"]) == 2
+    assert "hardware='l40s' is not allowed: did you mean nvidia/l40s?" in capsys.readouterr().err
