@@ -97,3 +97,21 @@ def to_int(value):
 
 def to_optional_int(value):
     return None if value is None else to_int(value)
+
+
+def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_steps: int, note: str = "") -> None:
+    """The global batch must split into whole micro-batches: a multiple of
+    dp_size x gradient_accumulation_steps. The error names the nearest valid global batches."""
+    per_step = dp_size * gradient_accumulation_steps
+    if batch_size % per_step == 0:
+        return
+    below = batch_size // per_step * per_step
+    above = below + per_step
+    nearest = f"{below} or {above}" if below else f"{above}"
+    raise InvalidInputError(
+        "batch_size", batch_size,
+        f"a multiple of dp_size x gradient_accumulation_steps = {dp_size} x {gradient_accumulation_steps} "
+        f"= {per_step}, e.g. {nearest}",
+        f"global batch size {batch_size} over {dp_size} data-parallel rank(s) and {gradient_accumulation_steps} "
+        f"accumulation step(s) is not a whole number of micro-batches (rounding it up would run a global "
+        f"batch of {above})" + note)

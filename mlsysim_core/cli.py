@@ -16,7 +16,8 @@ from .errors import InvalidInputError, MlsysimError
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
 DEFAULT_BATCH = 8
-ESTIMATE_PROFILE = "measured"
+DEFAULT_PROFILE = "measured"     # every command's, unless --profile or the scenario names one
+ESTIMATE_PROFILE = DEFAULT_PROFILE
 
 
 def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", metavar="FILE",
                         help="a .json or .toml scenario file; flags given as well override its values")
     parser.add_argument("--model", "-m",
-                        help=f"catalog name (see `models`) or a JSON file of model fields (default {DEFAULT_MODEL})")
+                        help=f"catalog name (see `models`), a JSON file of model fields, or a Hugging Face "
+                             f"config: path/config.json or the directory holding it (default {DEFAULT_MODEL})")
     parser.add_argument("--hardware", "-g",
                         help=f"catalog name (see `hardware`) or a JSON file (default {DEFAULT_HARDWARE})")
     parser.add_argument("--batch-size", "-b", type=int,
@@ -58,8 +60,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                         help="let this plugin's component hooks add their terms too")
-    parser.add_argument("--profile", help="profile to use (see `plugins`; `estimate` defaults to measured, "
-                                          "the other commands to reference)")
+    parser.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
+                                          "printed note when the measured profile cannot describe the run)")
     parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
                                          "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
     parser.add_argument("--optimizer-impl", dest="optimizer_impl",
@@ -121,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
     _add_solve_flags(est)
-    est.add_argument("--save-scenario", metavar="FILE", help="write the scenario solved to a JSON file")
+    est.add_argument("--save-scenario", metavar="FILE",
+                     help="write the scenario solved to a file: TOML for a .toml name, JSON otherwise")
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
     est.add_argument("--explain", action="store_true", help="show where every byte comes from")
     est.add_argument("--no-chart", dest="chart", action="store_false",
@@ -254,14 +257,39 @@ def _parser() -> argparse.ArgumentParser:
 def _load_json_file(parameter: str, path: str) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidInputError(parameter, path, "a catalog name or a readable JSON file", str(err)) from err
+    except RecursionError as err:
+        raise InvalidInputError(parameter, path, "a JSON file nested at most a few hundred levels deep",
+                                "too deeply nested") from err
     if not isinstance(data, dict):
         raise InvalidInputError(parameter, path, "a JSON object of fields")
+    from .scenario import MAX_DEPTH, nesting_depth
+    if nesting_depth(data) > MAX_DEPTH:
+        raise InvalidInputError(parameter, path, f"a JSON file nested at most {MAX_DEPTH} levels deep",
+                                "too deeply nested")
     return data
 
 
 def _model(text: str):
+    path = Path(text)
+    if not text.endswith(".json") and path.is_dir():      # a Hugging Face checkpoint's directory
+        if not (path / "config.json").is_file():
+            raise InvalidInputError("--model", text, "a catalog name, a JSON file, or a directory holding a "
+                                    "Hugging Face config.json", f"{path / 'config.json'} does not exist")
+        path = path / "config.json"
+        text = str(path)
+    if not text.endswith(".json") and ("/" in text or "\\" in text) and not path.exists():
+        from .catalog import get_model
+        try:
+            return get_model(text)     # a name with a slash: a catalog key such as meta-llama/llama-3.1-8b
+        except InvalidInputError as err:
+            raise InvalidInputError("--model", text, "a catalog name (see `models`), a JSON file, or a directory "
+                                    "holding a Hugging Face config.json",
+                                    "no such file or directory, and not a catalog name") from err
+    if text.endswith(".json") and not path.is_file():
+        raise InvalidInputError("--model", text, "a readable JSON file (a model's fields or a Hugging Face "
+                                "config.json)", "no such file" if not path.exists() else "not a file")
     if text.endswith(".json"):
         from .serialization import structure_model
         data = _load_json_file("--model", text)
@@ -344,6 +372,11 @@ def scenario_from_args(args):
         ("rank", getattr(args, "lora_rank", None)), ("quantization", getattr(args, "quantization", None)),
         ("double_quant", getattr(args, "double_quant", None)),
         ("target_modules", getattr(args, "lora_targets", None))) if value is not None}
+    if lora and "rank" not in lora and "rank" not in (data.get("lora") or {}):   # never a silent rank-16 LoRA
+        flag, key = next((f, k) for f, k in (("--quantization", "quantization"), ("--lora-targets", "target_modules"),
+                                              ("--double-quant", "double_quant")) if k in lora)
+        raise InvalidInputError(flag, lora[key], "given with --lora-rank N (the adapters' rank)",
+                                f"{flag} describes a LoRA/QLoRA run, and --lora-rank is what asks for one")
     if lora:     # flags override the scenario's lora fields
         if "target_modules" in lora:
             lora["target_modules"] = [t.strip() for t in lora["target_modules"].split(",") if t.strip()]
@@ -375,35 +408,101 @@ def _measured_cannot_describe(err) -> bool:
     return parameter in ("optimizer", "activation_checkpointing", "precision") or parameter.startswith("model.")
 
 
+def resolve_profile(solver, scenario, *, probe=None):
+    """The profile every command solves under: ``(scenario, note)``.
+
+    A scenario that names its profile (``--profile`` or the file's ``profile``) keeps it
+    and the note is ``""``. Otherwise the measured profile, unless it cannot describe the
+    run (a third-party optimizer or checkpointing strategy without a measured-grade model,
+    a model without shapes, an 8- or 4-bit precision): then the reference profile, and the
+    note says why. ``probe`` is the scenario to try under the measured profile (default:
+    ``scenario`` at one micro-batch per replica, so a question that searches the batch, the
+    sequence or the devices can ask before it searches). Errors that are not "outside the
+    measured profile" are raised as they are.
+    """
+    import attrs
+    if scenario.profile is not None:
+        return scenario, ""
+    if probe is None:
+        probe = attrs.evolve(scenario, batch_size=scenario.dp_size * scenario.gradient_accumulation_steps)
+    try:
+        _solve(solver, attrs.evolve(probe, profile=DEFAULT_PROFILE))
+    except InvalidInputError as err:
+        if not _measured_cannot_describe(err):
+            raise
+        # e.g. a third-party optimizer with no measured-grade model, or a model without
+        # shapes: the reference profile can still answer; say so.
+        note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
+        return attrs.evolve(scenario, profile="reference"), note
+    return attrs.evolve(scenario, profile=DEFAULT_PROFILE), ""
+
+
+def check_global_batch(scenario, given: bool = True) -> None:
+    """The CLI never rounds: the global batch must be a whole number of micro-batches over
+    dp x accumulation (under every profile). ``given``: whether the batch was asked for
+    (else the message says it is the default)."""
+    from ._checks import whole_microbatches
+    sizes = (scenario.batch_size, scenario.dp_size, scenario.gradient_accumulation_steps)
+    if not all(type(n) is int and n >= 1 for n in sizes):
+        return     # solve() names the bad one
+    whole_microbatches(*sizes, note="" if given else f"; --batch-size was not given: the default is {DEFAULT_BATCH}")
+
+
+def _batch_given(args) -> bool:
+    return args.batch_size is not None or bool(args.scenario)
+
+
+def _profile_note_lines(note: str) -> str:
+    return note + "\n\n" if note else ""
+
+
+def _json_document(data: dict, scenario, note: str, result=None) -> dict:
+    """What every JSON output of `estimate` and `fit` carries beside its answer: the schema
+    version, the profile, the note on it, and what was solved (``Scenario.run_details``)."""
+    from .serialization import SCHEMA_VERSION
+    data = dict(data)
+    data["schema_version"] = SCHEMA_VERSION
+    data["profile"] = result.profile if result is not None else scenario.profile
+    data["profile_note"] = note or None
+    data["run"] = scenario.run_details(result)
+    return data
+
+
+def _check_save_path(text: str | None) -> Path | None:
+    """Where --save-scenario writes, checked before anything is solved."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise InvalidInputError("--save-scenario", text, "a file name (.json or .toml)", "it is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InvalidInputError("--save-scenario", text, "a file in an existing folder",
+                                f"the folder {str(parent)!r} does not exist")
+    return path
+
+
 def cmd_estimate(args, out) -> int:
     import attrs
-    from .render import estimate_table
+    from .render import describe_run, estimate_table
     from .scenario import MEASURED_FIELDS
     from .solver import TrainingMemoryModel
+    save = _check_save_path(args.save_scenario)
     scenario = scenario_from_args(args)
+    check_global_batch(scenario, _batch_given(args))
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
-    fallback = ""
-    if scenario.profile is None:     # estimate shows the measured profile unless told otherwise
+    scenario, note = resolve_profile(solver, scenario)
+    result = _solve(solver, scenario)
+    if save is not None:
         try:
-            result = _solve(solver, attrs.evolve(scenario, profile=ESTIMATE_PROFILE))
-            scenario = attrs.evolve(scenario, profile=ESTIMATE_PROFILE)
-        except InvalidInputError as err:
-            if not _measured_cannot_describe(err):
-                raise
-            # e.g. a third-party optimizer with no measured-grade model, or a model without
-            # shapes: the reference profile can still answer; say so.
-            fallback = f"note: profile reference, because the measured profile cannot describe this run: {err}"
-            scenario = attrs.evolve(scenario, profile="reference")
-            result = _solve(solver, scenario)
-    else:
-        result = _solve(solver, scenario)
-    if args.save_scenario:
-        scenario.dump(args.save_scenario)
+            scenario.dump(save)
+        except OSError as err:
+            raise InvalidInputError("--save-scenario", args.save_scenario, "a writable file", str(err)) from err
     if args.json:
-        out.write(result.to_json(indent=2) + "\n")
+        out.write(json.dumps(_json_document(result.to_dict(), scenario, note, result), indent=2, sort_keys=True)
+                  + "\n")
         return 0
-    if fallback:
-        out.write(fallback + "\n\n")
+    out.write(_profile_note_lines(note))
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
         plain = attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS))
@@ -415,7 +514,7 @@ def cmd_estimate(args, out) -> int:
             plain = attrs.evolve(plain, trainable_fraction=trainable_fraction(model, scenario.lora))
         reference = _solve(solver, plain)
     out.write(estimate_table(result, reference=reference, chart=args.chart,
-                             plan_line=f"global batch {scenario.batch_size}, seq {scenario.seq_len}") + "\n")
+                             plan_line=describe_run(scenario.run_details(result))) + "\n")
     if args.explain:
         out.write("\n" + result.explain() + "\n")
     return 0
@@ -447,9 +546,8 @@ def cmd_plot(args, out) -> int:
     from . import plots
     from .scenario import SOLVE_FIELDS
     from .solver import TrainingMemoryModel
+    output = plots.check_output(args.output, "--output")     # before solving anything
     scenario = scenario_from_args(args)
-    if Path(args.output).suffix.lower() not in plots.FORMATS:
-        raise InvalidInputError("--output", args.output, "a file name ending in .png or .svg")
     if args.vary and args.kind != "bars":
         raise InvalidInputError("--vary", args.vary, "only with `plot bars`")
     if args.values is not None and args.kind == "timeline":
@@ -458,6 +556,10 @@ def cmd_plot(args, out) -> int:
         raise InvalidInputError("--values", args.values, "with --vary FIELD (the field they are values of)")
     plots._matplotlib()     # fail early, with the extra's name, before solving anything
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    if not (args.kind == "sweep" and args.sweep == "batch"):    # (a batch sweep sets the batch itself)
+        check_global_batch(scenario, _batch_given(args))
+    scenario, note = resolve_profile(solver, scenario)
+    out.write(_profile_note_lines(note))
     if args.kind == "bars":
         if args.vary:
             allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
@@ -467,6 +569,22 @@ def cmd_plot(args, out) -> int:
                 raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. 0,1,2,3")
             raws = _split_values(args.values)
             scenarios = [attrs.evolve(scenario, **{args.vary: _vary_value(args.vary, raw)}) for raw in raws]
+            if args.vary == "profile":    # a reference-grade profile has none of the measured-only options
+                from .scenario import MEASURED_FIELDS
+                given = [name for name in MEASURED_FIELDS if getattr(scenario, name) is not None]
+                for i, s in enumerate(scenarios):
+                    spec = solver.registry.profiles.get(s.profile)
+                    if given and spec is not None and spec.grade != "measured":
+                        plain = attrs.evolve(s, **dict.fromkeys(MEASURED_FIELDS))
+                        if scenario.lora:     # the reference's stand-in for LoRA, as `estimate` uses
+                            from .catalog import get_model
+                            from .finetune import trainable_fraction
+                            model = _resolved(scenario)[0]
+                            model = get_model(model) if isinstance(model, str) else model
+                            plain = attrs.evolve(plain, trainable_fraction=trainable_fraction(model, scenario.lora))
+                        scenarios[i] = plain
+                        out.write(f"note: profile={s.profile} leaves out the measured-profile options "
+                                  f"{', '.join(given)} (it has none of them)\n")
             results = [_solve(solver, s) for s in scenarios]
             labels = [f"{args.vary}={raw}" for raw in raws]
         else:
@@ -494,8 +612,9 @@ def cmd_plot(args, out) -> int:
             for v, r in zip(data.values, data.results)) + "\n")
         out.write(f"largest {data.label} that fits: {best:,}\n" if best is not None
                   else f"no {data.label} of {', '.join(map(str, data.values))} fits\n")
-    path = plots.save(fig, args.output)
-    out.write(f"wrote {path}\n")
+    path = plots.save(fig, output, parameter="--output")
+    profile = f"profile {scenario.profile}" if args.vary != "profile" else "profiles " + args.values
+    out.write(f"wrote {path} ({profile})\n")
     return 0
 
 
@@ -522,7 +641,7 @@ def cmd_plugins(args, out) -> int:
     for p in listing:
         p["error"] = str(broken[p["name"]]) if p["name"] in broken else None
     if args.json:
-        out.write(json.dumps({"plugins": listing, "blocked": list(pm.blocked_names),
+        out.write(json.dumps({"schema_version": _schema_version(), "plugins": listing, "blocked": list(pm.blocked_names),
                               "unknown_blocked": {n: list(c) for n, c in pm.unknown_blocked.items()},
                               "blocked_entry_points": [i.name for i in pm.blocked_entry_points],
                               "skipped_third_party": [i.name for i in pm.skipped_third_party]},
@@ -548,7 +667,8 @@ def cmd_models(args, out) -> int:
     from .catalog import list_models
     entries = list_models(plugin_manager=_manager(args))
     if args.json:
-        out.write(json.dumps({"models": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
+        out.write(json.dumps({"schema_version": _schema_version(), "models": [_catalog_row(e) for e in entries]},
+                             indent=2) + "\n")
         return 0
     kw, nw = _key_and_name_widths(entries)
     out.write(f"{'key':<{kw}} {'name':<{nw}} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  "
@@ -559,6 +679,11 @@ def cmd_models(args, out) -> int:
         out.write(f"{e.key:<{kw}} {m.name:<{nw}} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
                   f"{m.heads or '-':>5}  {experts:<12} {e.origin}\n")
     return 0
+
+
+def _schema_version() -> int:
+    from .serialization import SCHEMA_VERSION
+    return SCHEMA_VERSION
 
 
 def _key_and_name_widths(entries) -> tuple[int, int]:
@@ -577,7 +702,8 @@ def cmd_hardware(args, out) -> int:
     from .catalog import list_hardware
     entries = list_hardware(plugin_manager=_manager(args))
     if args.json:
-        out.write(json.dumps({"hardware": [_catalog_row(e) for e in entries]}, indent=2) + "\n")
+        out.write(json.dumps({"schema_version": _schema_version(), "hardware": [_catalog_row(e) for e in entries]},
+                             indent=2) + "\n")
         return 0
     kw, nw = _key_and_name_widths(entries)
     out.write(f"{'key':<{kw}} {'name':<{nw}} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}  origin\n")
@@ -589,11 +715,18 @@ def cmd_hardware(args, out) -> int:
 
 
 def cmd_fit(args, out) -> int:
+    import attrs
     from . import inverse
     from .solver import TrainingMemoryModel
     scenario = scenario_from_args(args)
-    model, hardware = _resolved(scenario)
+    if args.question == "seq":       # the batch is a given: whole micro-batches
+        check_global_batch(scenario, _batch_given(args))
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    probe = None
+    if args.question == "devices":   # dp is searched: ask at dp = 1
+        probe = attrs.evolve(scenario, dp_size=1, batch_size=scenario.gradient_accumulation_steps)
+    scenario, note = resolve_profile(solver, scenario, probe=probe)
+    model, hardware = _resolved(scenario)
     kwargs = scenario.solve_kwargs()
     if args.question == "batch":
         kwargs.pop("batch_size")
@@ -607,14 +740,26 @@ def cmd_fit(args, out) -> int:
         batch = kwargs.pop("batch_size")
         for name in ("dp_size",):
             kwargs.pop(name)
-        answer = inverse.fewest_devices(model, hardware, batch, solver=solver, **kwargs)
+        answer = inverse.fewest_devices(model, hardware, batch, solver=solver, exact_batch=True, **kwargs)
+    solved = answer.result or answer.limit    # the answer's own solve, or the smallest that does not fit
+    if solved is not None:     # the run that solve describes, for the header and "run"
+        changed = {"batch": {"batch_size": solved.microbatch * scenario.dp_size
+                             * scenario.gradient_accumulation_steps},
+                   "seq": {"seq_len": answer.value if answer.result is not None else args.multiple_of},
+                   "devices": {"dp_size": solved.parallelism.get("dp", scenario.dp_size)}}[args.question]
+        scenario = attrs.evolve(scenario, **changed)
     if args.json:
         data = {"question": answer.question, "value": answer.value, "binding": answer.binding,
                 "headroom": answer.headroom, "solves": answer.solves, "details": answer.details,
+                "at_search_limit": answer.at_search_limit,
                 "result": answer.result.to_dict() if answer.result else None,
                 "limit": answer.limit.to_dict() if answer.limit else None}
-        out.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
     else:
+        from .render import describe_run
+        out.write(_profile_note_lines(note))
+        out.write(f"{solved.model} on {solved.hardware}  (profile: {solved.profile})\n")
+        out.write(describe_run(scenario.run_details(solved)) + "\n")
         out.write(answer.describe() + "\n")
     return 0
 
@@ -693,8 +838,42 @@ COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "fit": cmd_fit, "search"
             "hardware": cmd_hardware}
 
 
+class _Printable:
+    """A text stream that never raises UnicodeEncodeError: what its encoding cannot hold
+    (an ASCII or cp1252 console) is written with ASCII drawing (``render.printable``)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.encoding = getattr(stream, "encoding", None)
+
+    def write(self, text: str) -> int:
+        from .render import printable
+        return self._stream.write(printable(text, self.encoding))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _tolerant_std_streams() -> None:
+    """sys.stdout and sys.stderr (argparse's help and errors, our messages) replace what
+    their encoding cannot hold instead of raising."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if not encoding or reconfigure is None:
+            continue
+        try:
+            "\u2502\u2588\u00d7\u2264".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
-    out = out or sys.stdout
+    _tolerant_std_streams()
+    out = _Printable(out or sys.stdout)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
@@ -711,8 +890,14 @@ def main(argv: list[str] | None = None, out=None) -> int:
     except MlsysimError as err:
         if args.debug:
             raise
-        print(f"mlsysim-core: error: {err}", file=sys.stderr)
+        _Printable(sys.stderr).write(f"mlsysim-core: error: {err}\n")
         return 2 if isinstance(err, InvalidInputError) else 3
+    except UnicodeEncodeError as err:     # a stream we did not wrap: say so, never a traceback
+        if args.debug:
+            raise
+        print(f"mlsysim-core: error: the output could not be written in the stream's encoding ({err.encoding}); "
+              "set PYTHONIOENCODING=utf-8", file=sys.stderr)
+        return 2
     except BrokenPipeError:   # `mlsysim-core models | head`: the reader left; not an error
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

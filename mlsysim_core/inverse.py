@@ -42,6 +42,9 @@ class InverseAnswer:
     headroom: int | float | None
     solves: int
     details: dict = attrs.field(factory=dict)
+    # The search reached its bound (MAX_MICROBATCH, MAX_SEQUENCE) and every value up to it
+    # fits: ``value`` is a lower bound, not the largest value that fits.
+    at_search_limit: bool = False
 
     def describe(self) -> str:
         if self.value is None:
@@ -49,10 +52,13 @@ class InverseAnswer:
             return (f"{self.question}: nothing fits; at the smallest value the total is "
                     f"{over.gb.total_memory:,.3f} GB ({over.gib.total_memory:,.3f} GiB) against "
                     f"{over.gb.available_memory:,.3f} GB; largest component: {self.binding}")
-        text = (f"{self.question}: {self.value:,}"
+        value = f"at least {self.value:,} (search limit)" if self.at_search_limit else f"{self.value:,}"
+        text = (f"{self.question}: {value}"
                 + "".join(f", {k} {v:,}" for k, v in self.details.items())
                 + f" ({self.result.gb.total_memory:,.3f} GB of {self.result.gb.available_memory:,.3f} GB; "
                   f"{self.headroom * 1e-9:,.3f} GB = {self.headroom / 2**30:,.3f} GiB headroom)")
+        if self.at_search_limit:
+            text += "; every value up to the search limit fits, so the answer is a lower bound"
         if self.limit is not None:
             step = "with fewer devices" if self.question == "fewest devices" else "at the next step"
             text += (f"; {step} it needs {self.limit.gb.total_memory:,.3f} GB, bound by "
@@ -118,7 +124,7 @@ def _largest(fits_at: Callable[[int], TrainingMemoryResult], start: int, bound: 
 def _answer(question, value, result, limit, solves, **details) -> InverseAnswer:
     return InverseAnswer(question=question, value=value, result=result, limit=limit,
                          binding=_binding(result, limit), headroom=result.headroom if result else None,
-                         solves=solves, details=details)
+                         solves=solves, details=details, at_search_limit=value is not None and limit is None)
 
 
 def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None, **solve_kwargs) -> InverseAnswer:
@@ -153,17 +159,33 @@ def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel
 
 def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
                    tp_size: int = 1, pp_size: int = 1, ep_size: int = 1, powers_of_two: bool = True,
-                   **solve_kwargs) -> InverseAnswer:
+                   exact_batch: bool | None = None, **solve_kwargs) -> InverseAnswer:
     """The fewest devices (tp x pp x dp) that fit, for a layout shape: ``tp_size``,
     ``pp_size`` and ``ep_size`` fixed, data parallelism grown (ZeRO shards over it and the
     micro-batch shrinks). ``batch_size`` is the global batch; with ``powers_of_two`` only
-    dp = 1, 2, 4, ... is tried. ``ep_size`` must divide dp."""
+    dp = 1, 2, 4, ... is tried. ``ep_size`` must divide dp. With ``exact_batch`` only a dp
+    whose replicas take whole micro-batches (``batch_size`` a multiple of dp x
+    gradient_accumulation_steps) is tried; the default is exact under a measured-grade
+    profile, which never rounds the micro-batch, and rounding as the reference does under
+    the others."""
     for name in ("dp_size",):
         if name in solve_kwargs:
             raise InvalidInputError(name, solve_kwargs[name], "not given: it is what is searched")
     solver = solver or TrainingMemoryModel()
     steps = [d for d in (1 << k for k in range(21)) if d % ep_size == 0] if powers_of_two else \
         [d for d in range(1, MAX_DP + 1) if d % ep_size == 0]
+    if exact_batch is None:
+        spec = solver.registry.profiles.get(solve_kwargs.get("profile") or solver._profile)
+        exact_batch = spec is not None and spec.grade == "measured"
+    gas = solve_kwargs.get("gradient_accumulation_steps", 1)
+    if exact_batch and type(batch_size) is int and type(gas) is int and gas >= 1:
+        steps = [d for d in steps if batch_size % (d * gas) == 0]
+        if not steps:
+            unit = ep_size * gas
+            raise InvalidInputError("batch_size", batch_size,
+                                    f"a multiple of ep_size x gradient_accumulation_steps = {unit}",
+                                    "no data-parallel size that is a multiple of ep_size splits it into whole "
+                                    "micro-batches")
 
     def at(i: int):
         return solver.solve(model, hardware, batch_size, tp_size=tp_size, pp_size=pp_size,

@@ -16,6 +16,91 @@ from .terms import ACCELERATOR, COMPONENTS, PHASES
 
 GIB = 2**30
 
+# What the drawing becomes on a stream that cannot encode it (an ASCII or cp1252 console):
+# box and block characters, and the few symbols the text uses, in plain ASCII.
+_ASCII = str.maketrans({
+    "█": "#", "▉": "#", "▊": "#", "▋": "#", "▌": ":", "▍": ":", "▎": ".", "▏": ".",
+    "│": "|", "─": "-", "┼": "+", "├": "+", "└": "`", "»": ">", "·": "*", "×": "x", "≤": "<=", "≥": ">=",
+    "≈": "~", "→": "->", "−": "-", "–": "-", "—": "-", "§": "S", "²": "^2", "³": "^3",
+    "⁰": "0", "¹": "1", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7", "⁸": "8", "⁹": "9", "⁻": "-", "⁺": "+",
+    "‘": "'", "’": "'", "“": '"', "”": '"', "…": "...", "µ": "u"})
+
+
+def printable(text: str, encoding: str | None) -> str:
+    """``text`` as it can be written to a stream of ``encoding``: unchanged when it encodes,
+    else with the drawing in ASCII (see ``_ASCII``) and anything left replaced."""
+    if not encoding:
+        return text
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        pass
+    import unicodedata
+    text = unicodedata.normalize("NFKD", text.translate(_ASCII))
+    try:
+        return text.encode(encoding, "replace").decode(encoding, "replace")
+    except LookupError:
+        return text.encode("ascii", "replace").decode("ascii")
+
+
+def describe_run(run: dict) -> str:
+    """What a header says about a run beyond the result's own line (see
+    ``Scenario.run_details``): the global batch actually run and how it splits, the
+    sequence, and then, one clause each, everything else that changes the numbers."""
+    g, mb, dp, gas = run["global_batch"], run["microbatch"], run["dp_size"], run["gradient_accumulation_steps"]
+    text = f"global batch {g}"
+    if dp != 1 or gas != 1:
+        text += f" = micro-batch {mb} x dp {dp} x accumulation {gas}"
+    if run.get("requested_global_batch", g) != g:
+        text += f" (asked {run['requested_global_batch']}: the micro-batch is rounded up)"
+    text += f", seq {run['seq_len']}"
+    parts = []
+    if run.get("regime"):
+        source = f" (from precision {run['precision']})" if run.get("regime_source") == "precision" else ""
+        description = f": {run['regime_description']}" if run.get("regime_description") else ""
+        parts.append(f"regime {run['regime']}{source}{description}")
+    lora = run.get("lora")
+    if lora:
+        targets = lora.get("target_modules")
+        targets = ", ".join(targets) if isinstance(targets, (list, tuple)) else targets
+        clause = f"LoRA rank {lora.get('rank')} on {targets}, base frozen"
+        if lora.get("quantization"):
+            clause = "Q" + clause + f" and quantized {lora['quantization']}" + \
+                (" with double quantization" if lora.get("double_quant") else "")
+        parts.append(clause)
+    if run.get("offload"):
+        offload = run["offload"]
+        if isinstance(offload, dict):
+            offload = ", ".join(f"{k} to {v}" for k, v in offload.items())
+        elif isinstance(offload, (list, tuple)):
+            offload = ", ".join(offload) + " to cpu"
+        else:
+            offload = f"{offload} to cpu"
+        parts.append(f"offload {offload}")
+    if run.get("pipeline_schedule"):
+        clause = f"pipeline schedule {run['pipeline_schedule']}"
+        if run.get("virtual_stages"):
+            clause += f" with {run['virtual_stages']} virtual stages"
+        if run.get("stage_layers"):
+            clause += f", stage layers {','.join(map(str, run['stage_layers']))}"
+        parts.append(clause)
+    for key, label in (("cp_size", "context parallelism"), ("expert_tp_size", "expert tp"),
+                       ("moe_capacity_factor", "MoE capacity factor"), ("attention", "attention"),
+                       ("dropout", "dropout"), ("optimizer_impl", "optimizer step"),
+                       ("checkpointed_layers", "checkpointed layers"), ("trainable_fraction", "trainable fraction")):
+        if key in run:
+            parts.append(f"{label} {run[key]}")
+    if run.get("runtime_overheads") is False:
+        parts.append("no runtime overheads")
+    elif isinstance(run.get("runtime_overheads"), dict):
+        parts.append("runtime overheads " + ", ".join(f"{k}={v}" for k, v in run["runtime_overheads"].items()))
+    if run.get("sequence_parallel") is False:
+        parts.append("no sequence parallelism")
+    if parts:
+        text += "\n" + "; ".join(parts)
+    return text
+
 
 
 def _gb(nbytes) -> str:

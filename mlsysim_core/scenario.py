@@ -17,6 +17,8 @@ name or an object of ``HardwareNode`` fields.
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,7 @@ class Scenario:
         if missing:
             raise InvalidInputError(where, ", ".join(missing), "model, hardware and batch_size are required",
                                     "missing field(s)")
+        _check_fields(data, where)
         # Values are checked by solve() itself, with the same messages as from Python.
         return cls(**data)
 
@@ -111,11 +114,17 @@ class Scenario:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as err:
                 raise InvalidInputError("scenario", str(path), "valid TOML", str(err)) from err
+            except RecursionError as err:
+                raise InvalidInputError("scenario", str(path), "TOML nested at most a few hundred levels deep",
+                                        "too deeply nested") from err
         else:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as err:
                 raise InvalidInputError("scenario", str(path), "valid JSON", str(err)) from err
+            except RecursionError as err:
+                raise InvalidInputError("scenario", str(path), "JSON nested at most a few hundred levels deep",
+                                        "too deeply nested") from err
         return cls.from_dict(data, where=f"scenario {path.name}")
 
     def to_dict(self) -> dict:
@@ -123,7 +132,66 @@ class Scenario:
         return {k: v for k, v in data.items() if v not in (None, {}, [], "") or k in ("model", "hardware")}
 
     def dump(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        """Write this scenario to ``path``: TOML for a ``.toml`` name, JSON otherwise."""
+        path = Path(path)
+        if path.suffix.lower() == ".toml":
+            text = to_toml(self.to_dict())
+        else:
+            text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        path.write_text(text, encoding="utf-8")
+
+    def run_details(self, result=None) -> dict:
+        """Everything about this run that changes the numbers, with defaults filled in where
+        they are known: the global batch actually run (micro-batch x dp x accumulation, from
+        ``result`` when given), the regime behind the precision (measured-grade profiles),
+        LoRA/QLoRA, offload, the pipeline schedule, context and expert parallelism. What a
+        header and a JSON output show beside the result."""
+        per_step = self.dp_size * self.gradient_accumulation_steps
+        microbatch = result.microbatch if result is not None else max(1, -(-self.batch_size // per_step))
+        details: dict[str, Any] = {
+            "profile": result.profile if result is not None else self.profile,
+            "global_batch": microbatch * per_step, "requested_global_batch": self.batch_size,
+            "microbatch": microbatch, "dp_size": self.dp_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps, "seq_len": self.seq_len,
+            "precision": self.precision}
+        regime = getattr(result, "regime", None) or self.regime
+        if regime is not None:
+            from .measured.regimes import REGIMES
+            details["regime"] = regime
+            details["regime_source"] = "regime" if self.regime is not None else "precision"
+            spec = REGIMES.get(regime)
+            if spec is not None:
+                details["regime_description"] = spec.description
+        if self.lora is not None:
+            from .finetune import LoRAConfig
+            try:
+                config = LoRAConfig(**self.lora)
+                details["lora"] = {"rank": config.rank, "target_modules": list(config.target_modules),
+                                   "quantization": config.quantization, "double_quant": config.double_quant}
+            except Exception:     # (solve reports a bad one; here only what was asked)
+                details["lora"] = dict(self.lora)
+        if self.offload is not None:
+            details["offload"] = self.offload
+        if self.pp_size > 1 or self.pipeline_schedule is not None:
+            measured = details.get("regime") is not None
+            details["pipeline_schedule"] = self.pipeline_schedule or ("1f1b" if measured else None)
+            if self.virtual_stages is not None or details["pipeline_schedule"] == "interleaved-1f1b":
+                details["virtual_stages"] = self.virtual_stages or 2
+            if self.stage_layers is not None:
+                details["stage_layers"] = list(self.stage_layers)
+        if self.cp_size != 1:
+            details["cp_size"] = self.cp_size
+        for name in ("expert_tp_size", "moe_capacity_factor", "attention", "dropout", "optimizer_impl",
+                     "checkpointed_layers"):
+            if getattr(self, name) is not None:
+                details[name] = getattr(self, name)
+        if self.runtime_overheads is not None and self.runtime_overheads is not True:
+            details["runtime_overheads"] = self.runtime_overheads
+        if not self.sequence_parallel and self.tp_size > 1:
+            details["sequence_parallel"] = False
+        if self.trainable_fraction != 1.0:
+            details["trainable_fraction"] = self.trainable_fraction
+        return details
 
     # --- solving ----------------------------------------------------------------------------
 
@@ -169,3 +237,130 @@ class Scenario:
         from .solver import TrainingMemoryModel
         solver = model or TrainingMemoryModel()
         return solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+
+
+# --- checking a file's fields ---------------------------------------------------------------
+
+# Fields whose None ("null" in JSON) means something: the default (measured-grade options,
+# the data-parallel rule) or the model's own profile.
+_NULLABLE = frozenset(("data_parallel", "profile", *MEASURED_FIELDS))
+
+
+MAX_DEPTH = 64     # tables and lists nested deeper than this are refused (no file needs it)
+
+
+def nesting_depth(value, limit: int = MAX_DEPTH) -> int:
+    """How deeply ``value`` nests dicts and lists, counted without recursion; stops
+    counting past ``limit``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        children = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                children.extend(item)
+        if not children and not any(isinstance(item, (dict, list, tuple)) for item in level):
+            break
+        depth += 1
+        level = children
+    return depth
+
+
+def _check_fields(data: dict, where: str) -> None:
+    """What the file itself must get right before solve() sees it: no null where null is
+    not a value, and the tables and lists in the shapes the scenario holds them."""
+    for name, value in data.items():
+        if isinstance(value, (dict, list)) and nesting_depth(value) > MAX_DEPTH:
+            raise InvalidInputError(name, "(nested tables/lists)", f"at most {MAX_DEPTH} levels of nesting",
+                                    f"{where}: {name} is nested too deeply")
+        if value is None and name not in _NULLABLE:
+            raise InvalidInputError(name, None, "a value (leave the field out for its default)",
+                                    f"{where}: null is not a value of {name}")
+    rules = data.get("sharding_rules", {})
+    if not isinstance(rules, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in rules.items()):
+        raise InvalidInputError("sharding_rules", rules, "a table of axis = rule name, e.g. {\"tp\": \"tp\"}",
+                                where)
+    options = data.get("plugin_options", {})
+    if not isinstance(options, dict) or not all(isinstance(k, str) and isinstance(v, dict)
+                                                for k, v in options.items()):
+        raise InvalidInputError("plugin_options", options, "a table of spec name = table of option fields",
+                                where)
+    include = data.get("include_plugins", [])
+    if not isinstance(include, list) or not all(isinstance(name, str) for name in include):
+        raise InvalidInputError("include_plugins", include, "a list of plugin names", where)
+    for name in ("model", "hardware"):
+        if name in data and not isinstance(data[name], (str, dict)):
+            raise InvalidInputError(name, data[name], "a catalog name or a table of fields", where)
+    if "description" in data and not isinstance(data["description"], str):
+        raise InvalidInputError("description", data["description"], "a string", where)
+    lora = data.get("lora")
+    if lora is not None:
+        if not isinstance(lora, dict):
+            raise InvalidInputError("lora", lora, "a table of LoRA fields (rank, target_modules, quantization, "
+                                    "double_quant)", where)
+        if "rank" not in lora:
+            raise InvalidInputError("lora", lora, "a table with the adapters' rank (e.g. rank = 16)",
+                                    f"{where}: lora without rank")
+    stage_layers = data.get("stage_layers")
+    if stage_layers is not None and not isinstance(stage_layers, list):
+        raise InvalidInputError("stage_layers", stage_layers, "a list of layer counts, one per pipeline stage",
+                                where)
+
+
+# --- TOML, written (Python reads it with tomllib) ----------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_key(key) -> str:
+    key = str(key)
+    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_value(value, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        text = repr(value)
+        return text if any(c in text for c in ".en") else text + ".0"
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, where) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v, where)}"
+                               for k, v in value.items() if v is not None) + "}"
+    if value is None:
+        raise InvalidInputError(where, value, "a value TOML can hold", "TOML has no null (in a list)")
+    raise InvalidInputError(where, value, "a string, number, boolean, list or table")
+
+
+def to_toml(data: dict) -> str:
+    """A TOML document of ``data`` (str, int, float, bool, lists and nested tables; a None
+    in a table is left out, as TOML has no null). ``tomllib.loads`` gives ``data`` back."""
+    lines: list[str] = []
+
+    def table(values: dict, prefix: tuple[str, ...]) -> None:
+        scalars = [(k, v) for k, v in values.items() if v is not None and not isinstance(v, dict)]
+        tables = [(k, v) for k, v in values.items() if isinstance(v, dict)]
+        if prefix and (scalars or not tables):
+            lines.append("")
+            lines.append("[" + ".".join(prefix) + "]")
+        for key, value in scalars:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value, '.'.join((*prefix, str(key))))}")
+        for key, value in tables:
+            table(value, (*prefix, _toml_key(key)))
+
+    table(data, ())
+    return "\n".join(lines).lstrip("\n") + "\n"

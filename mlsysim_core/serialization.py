@@ -13,6 +13,14 @@ from .errors import InvalidInputError, InvalidInputTypeError
 
 _converter = make_converter(forbid_extra_keys=True)
 
+# The version of every JSON document this package writes (results, `estimate --json`,
+# `fit --json`, `search --json`, the catalog and plugin listings). Bumped when a key
+# changes meaning or goes away; new keys do not bump it.
+SCHEMA_VERSION = 1
+# Keys a result's JSON may carry beside its fields (derived views, and what the CLI adds
+# about the run); ``result_from_dict`` drops them.
+_NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "run")
+
 
 # cattrs' default hooks call int()/float()/bool(): 4.5 would become 4 and "yes" True.
 # Options are user input, so they are checked strictly, like every solve argument.
@@ -56,6 +64,7 @@ def _format_exception(exc: BaseException, type_) -> str:
 
 def unstructure_result(result) -> dict:
     data = _converter.unstructure(result)
+    data["schema_version"] = SCHEMA_VERSION
     data["constraint_trace"] = list(result.constraint_trace)
     data["units"] = {"memory": "bytes", "gb": 1e9, "gib": 2**30}
     data["gb"] = result.gb.as_dict()
@@ -71,7 +80,7 @@ def result_to_json(result, **kwargs) -> str:
 def result_from_dict(data: dict):
     """The inverse of ``unstructure_result``: the derived unit views are dropped."""
     from .result import TrainingMemoryResult
-    data = {k: v for k, v in data.items() if k not in ("units", "gb", "gib", "constraint_trace")}
+    data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
     return _converter.structure(data, TrainingMemoryResult)
 
 

@@ -140,6 +140,8 @@ class TrainingMemoryModel:
                     moe_capacity_factor)
         if registry.profiles[plan.profile].grade == "measured":
             plan = _measured_plan_reused(registry, plan, measured)
+            if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
+                _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
             parallel = _parallel_module()
             if parallel.is_parallel(plan):
                 return parallel.solve_ranks(plan, lambda p: _run_pipeline(registry, p))

@@ -144,16 +144,18 @@ def test_module_and_console_script_entry_points():
 
 
 def test_fit_commands(solver):
-    code, text = run("fit", "batch", "--dp", "8", "--zero-stage", "3")
+    code, text = run("fit", "batch", "--dp", "8", "--zero-stage", "3", "--profile", "reference")
     assert code == 0
-    assert text.startswith("largest micro-batch: 7, global batch 56") and "bound by activations" in text
-    code, text = run("fit", "seq", "-b", "1", "--dp", "8", "--zero", "3", "--multiple-of", "1024", "--json")
+    header, run_line, answer = text.splitlines()[:3]
+    assert header.endswith("(profile: reference)") and run_line.startswith("global batch 56 = micro-batch 7 x dp 8")
+    assert answer.startswith("largest micro-batch: 7, global batch 56") and "bound by activations" in text
+    code, text = run("fit", "seq", "-b", "8", "--dp", "8", "--zero", "3", "--multiple-of", "1024", "--json")
     data = json.loads(text)
     assert data["value"] % 1024 == 0 and data["binding"] == "activations"
     assert data["result"]["feasible"] and not data["limit"]["feasible"]
     code, text = run("fit", "devices", "-m", "llama3-70b", "-b", "512", "-s", "4096", "--tp", "8", "--pp", "4",
-                     "--zero", "1", "--grad-accum", "8")
-    assert text.startswith("fewest devices: 128, dp 4, tp 8, pp 4")
+                     "--zero", "1", "--grad-accum", "8", "--profile", "reference")
+    assert text.splitlines()[2].startswith("fewest devices: 128, dp 4, tp 8, pp 4")
 
 
 def test_search_command():
