@@ -21,6 +21,9 @@ Case format (one JSON object per line inside "cases"):
     kwargs (all 14 solve keyword arguments, exactly as passed),
     expected {...} (kind "ok") or error {"type", "message"} (kind "error"),
     plus the informational keys model_ref / hardware_ref (registry paths or null).
+    mlsysim-core's catalog holds those registry entries under the mlsysim: namespace,
+    each recording its path as reference_path (Models.Language.Llama3_8B is
+    mlsysim:llama3-8b); tests/test_reference_parity.py solves the cases by those names too.
 Only plain ints for integer arguments, real floats for fractions and bools
 for sequence_parallel are used (no quirk inputs such as bools-as-ints or NaN).
 """
