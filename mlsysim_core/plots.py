@@ -417,7 +417,7 @@ def _bars(results, labels) -> list[_Bar]:
     if len(results) == 1 and len(results[0].ranks) > 1 and labels is None:
         # one parallel layout: a bar per rank class (first, middle and last stages)
         r = results[0]
-        return [_Bar(f"{k.name}\n({k.ranks:,} devices" + ("; heaviest)" if k.name == r.heaviest_rank else ")"),
+        return [_Bar(f"{k.name}\n({k.ranks:,} devices" + ("; heaviest of all)" if k.name == r.heaviest_rank else ")"),
                      {c: getattr(k, c) for c in COMPONENTS}, k.total_memory, r.available_memory, k.feasible,
                      r.profile, k.peak_phase) for k in r.ranks]
     labels = list(labels) if labels is not None else default_labels(results)

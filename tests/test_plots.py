@@ -434,7 +434,7 @@ def test_one_parallel_layout_gets_a_bar_per_rank_class(mpl, tmp_path, drawn):
     assert_bars_are_components(ax, r.ranks)
     ticks = [t.get_text().replace("\n", " ") for t in ax.get_xticklabels()]
     assert ticks[0] == "first stage (16 devices)"
-    assert ticks[[k.name for k in r.ranks].index(r.heaviest_rank)].endswith("devices; heaviest)")
+    assert ticks[[k.name for k in r.ranks].index(r.heaviest_rank)].endswith("devices; heaviest of all)")
     assert "one bar per rank class of" in ax.get_title()
     assert_no_text_overlaps(fig)
 
