@@ -806,7 +806,7 @@ def cmd_search(args, out) -> int:
         found = run(args.profile, options)
     else:
         try:
-            found = run(ESTIMATE_PROFILE, options)
+            found = run(DEFAULT_PROFILE, options)
         except InvalidInputError as err:
             if not search._cannot_describe(err):
                 raise
