@@ -230,6 +230,9 @@ def _llama_like(c: _Config, *, tie_default: bool = False, head_dim_default: int 
     hidden = c.count("hidden_size")
     heads = c.count("num_attention_heads")
     kv_heads = c.count("num_key_value_heads", default=heads)
+    if c.data.get("head_dim") is None and not head_dim_default and heads > hidden:
+        raise InvalidInputError("config.num_attention_heads", heads, f"at most hidden_size={hidden}, or set head_dim",
+                                "each head is hidden_size / num_attention_heads wide")
     head_dim = c.count("head_dim", default=head_dim_default or hidden // heads)
     vocab = c.count("vocab_size")
     ffn = c.count("intermediate_size")
@@ -428,10 +431,20 @@ def _moe_layers(c: _Config, layers: int, experts: int):
     return sum(1 for i in range(layers) if i not in only_dense and (i + 1) % step == 0)
 
 
+def _top_k(c: _Config, experts: int) -> int:
+    """``num_experts_per_tok``: each token's experts, at most the experts there are."""
+    top_k = c.count("num_experts_per_tok")
+    if top_k > experts:
+        key = next((k for k in ("num_local_experts", "num_experts") if c.data.get(k) is not None), "num_experts")
+        raise InvalidInputError("config.num_experts_per_tok", top_k, f"at most {key}={experts}",
+                                "a token is routed to top-k of the experts")
+    return top_k
+
+
 def _mixtral(c):
     w, k, a = _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
     experts = c.count("num_local_experts", "num_experts")
-    top_k = c.count("num_experts_per_tok")
+    top_k = _top_k(c, experts)
     w.update(experts=experts, active_experts_per_token=top_k, shared_experts=0,
              expert_ffn_dim=w["ffn_dim"])
     k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=w["ffn_dim"])
@@ -446,7 +459,7 @@ def _qwen_moe(c, *, shared: bool, qk_norm=None):
         w, k, a = _llama_like(c, head_dim_default=128, mlp_bias=False, qk_norm="head")
     layers = w["layers"]
     experts = c.count("num_experts", "num_local_experts", minimum=0)
-    top_k = c.count("num_experts_per_tok")
+    top_k = _top_k(c, experts) if experts else c.count("num_experts_per_tok")
     expert_ffn = c.count("moe_intermediate_size")
     moe_layers = _moe_layers(c, layers, experts)
     a.update(moe_layers=moe_layers, dense_layers=layers - moe_layers,
@@ -532,6 +545,26 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
     if not isinstance(name, str) or not name:
         raise InvalidInputError("name", name, "a non-empty string")
     fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"])
-    if "experts" in workload:
-        return SparseTransformerWorkload(active_parameters=count.active, **fields)
-    return TransformerWorkload(**fields)
+    try:
+        if "experts" in workload:
+            return SparseTransformerWorkload(active_parameters=count.active, **fields)
+        return TransformerWorkload(**fields)
+    except InvalidInputError as err:     # name the config.json key the bad field came from
+        field = err.parameter.rpartition(".")[2]
+        keys = [k for k in _CONFIG_KEYS.get(field, ()) if data.get(k) is not None]
+        if not keys:
+            raise
+        raise InvalidInputError(f"config.{keys[0]}", data[keys[0]], err.allowed,
+                                err.detail or f"it gives the workload's {field}") from err
+
+
+# The config.json keys each workload field is read from (for errors).
+_CONFIG_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer"), "hidden_dim": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "head_dim": ("head_dim", "num_attention_heads"), "vocab_size": ("vocab_size",),
+    "ffn_dim": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "experts": ("num_local_experts", "num_experts"), "active_experts_per_token": ("num_experts_per_tok",),
+    "expert_ffn_dim": ("moe_intermediate_size", "intermediate_size"),
+    "context_length": ("max_position_embeddings", "n_positions"),
+}

@@ -163,10 +163,9 @@ class TrainingMemoryResult:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainingMemoryResult":
-        """Read back a result written by ``to_json``."""
-        import json
-        from .serialization import result_from_dict
-        return result_from_dict(json.loads(text))
+        """Read back a result written by ``to_json``; anything else raises ``InvalidInputError``."""
+        from .serialization import result_from_json
+        return result_from_json(text)
 
     def explain(self) -> str:
         """A plain-text tree of where every byte comes from."""

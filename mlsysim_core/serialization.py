@@ -78,10 +78,70 @@ def result_to_json(result, **kwargs) -> str:
 
 
 def result_from_dict(data: dict):
-    """The inverse of ``unstructure_result``: the derived unit views are dropped."""
+    """The inverse of ``unstructure_result``: the derived unit views are dropped. Anything
+    but such a dict raises ``InvalidInputError`` naming the first bad field."""
     from .result import TrainingMemoryResult
+    if not isinstance(data, dict):
+        raise InvalidInputTypeError("result", _shown(data), "a JSON object written by TrainingMemoryResult.to_json",
+                                    f"got {type(data).__name__}")
     data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
-    return _converter.structure(data, TrainingMemoryResult)
+    try:
+        return _converter.structure(data, TrainingMemoryResult)
+    except RecursionError as err:
+        raise InvalidInputError("result", "(nested too deeply)", "a result written by TrainingMemoryResult.to_json",
+                                "nested too deeply") from err
+    except Exception as err:    # cattrs groups the field errors
+        field = _first_field(err)
+        messages = (cattrs.transform_error(err, path="result", format_exception=_format_exception)
+                    if isinstance(err, cattrs.BaseValidationError) else [str(err) or type(err).__name__])
+        raise InvalidInputError(f"result.{field}" if field else "result",
+                                _shown(data.get(field)) if field else "(a JSON object)",
+                                "a result written by TrainingMemoryResult.to_json",
+                                "; ".join(messages[:3]) + (f"; and {len(messages) - 3} more" if len(messages) > 3
+                                                           else "")) from err
+
+
+def result_from_json(text):
+    """``TrainingMemoryResult.from_json``: malformed JSON, or JSON that is not a result, raises
+    ``InvalidInputError``."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise InvalidInputTypeError("text", _shown(text), "a JSON string written by TrainingMemoryResult.to_json",
+                                    f"got {type(text).__name__}")
+    return result_from_dict(parse_json(text, "text"))
+
+
+def parse_json(text, parameter: str, where: str | None = None):
+    """``json.loads(text)``, with malformed or too deeply nested JSON an ``InvalidInputError``
+    naming ``parameter`` (its value shown as ``where``, e.g. the file's path)."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(parameter, where if where is not None else _shown(text), "valid JSON",
+                                str(err)) from None
+    except RecursionError:
+        raise InvalidInputError(parameter, where if where is not None else "(nested too deeply)",
+                                "JSON nested less deeply", "nested too deeply to read") from None
+
+
+def _shown(value):
+    """A value for an error message: long strings and containers cut short."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > 80:
+        return value[:80] + (b"..." if not isinstance(value, str) else "...")
+    return value
+
+
+def _first_field(err: BaseException) -> str | None:
+    """The first field named in a cattrs validation error, if any."""
+    if isinstance(err, cattrs.ClassValidationError):
+        with_notes, without = err.group_exceptions()
+        for _exc, note in with_notes:
+            name = getattr(note, "name", None)
+            if name is not None:
+                return str(name)
+        for exc in without:
+            if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+                return sorted(exc.extra_fields)[0]
+    return None
 
 
 def structure_options(parameter: str, spec_name: str, options_type: type, value: Any):
@@ -140,17 +200,48 @@ def _field_error(parameter: str, options_type: type, value: dict, err: BaseExcep
     return InvalidInputError(parameter, value, f"fields of {cls} ({fields})", str(err) or type(err).__name__)
 
 
+# Keys of a Hugging Face config.json that no model file has: such a dict without
+# ``model_type`` is an HF config missing its family, not a model file with odd fields.
+_HF_KEYS = frozenset(("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                      "intermediate_size", "architectures", "n_embd", "n_layer", "n_head", "torch_dtype",
+                      "max_position_embeddings", "rms_norm_eps", "num_local_experts", "num_experts_per_tok"))
+
+
 def structure_model(data: dict):
-    """A model from a dict (a JSON file): ``kind`` picks dense or sparse."""
+    """A model from a dict (a JSON file): ``kind`` picks dense or sparse. Every problem is an
+    ``InvalidInputError`` (a ``ValueError``, also for a field of the wrong type) naming
+    ``model.<field>``; a Hugging Face config.json without ``model_type`` is told so."""
     from .types import SparseTransformerWorkload, TransformerWorkload
+    if not isinstance(data, dict):
+        raise InvalidInputError("model", _shown(data), "a JSON object of TransformerWorkload fields",
+                                f"got {type(data).__name__}")
     data = dict(data)
     kind = data.pop("kind", "sparse_transformer" if "experts" in data else "transformer")
-    cls = {"transformer": TransformerWorkload, "sparse_transformer": SparseTransformerWorkload}.get(kind)
+    cls = {"transformer": TransformerWorkload, "sparse_transformer": SparseTransformerWorkload}.get(kind) \
+        if isinstance(kind, str) else None
     if cls is None:
-        raise InvalidInputError("model.kind", kind, "'transformer' or 'sparse_transformer'")
-    allowed = {f.name for f in attrs.fields(cls)}
-    extra = sorted(set(data) - allowed)
+        raise InvalidInputError("model.kind", _shown(kind), "'transformer' or 'sparse_transformer'")
+    if "model_type" not in data and _HF_KEYS.intersection(data):
+        from .hf import SUPPORTED_MODEL_TYPES
+        raise InvalidInputError(
+            "config.model_type", None, f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+            f"this looks like a Hugging Face config.json ({', '.join(sorted(_HF_KEYS.intersection(data))[:3])}, "
+            "...) without model_type, which names its family: add it (as in the model's config.json), "
+            f"or write the model with the fields of {cls.__name__}")
+    fields = attrs.fields(cls)
+    allowed = {f.name for f in fields}
+    extra = sorted(set(data) - allowed, key=str)
     if extra:
-        raise InvalidInputError("model", ", ".join(extra), f"known fields of {cls.__name__}: {', '.join(sorted(allowed))}",
-                                "unknown fields")
-    return cls(**data)
+        raise InvalidInputError(f"model.{extra[0]}", _shown(data[extra[0]]),
+                                f"a field of {cls.__name__}: {', '.join(f.name for f in fields)}",
+                                f"unknown field(s) {', '.join(map(str, extra))}")
+    for f in fields:
+        if f.default is attrs.NOTHING and f.name not in data:
+            required = ", ".join(f.name for f in fields if f.default is attrs.NOTHING)
+            raise InvalidInputError(f"model.{f.name}", None, f"a value: a {kind} model needs {required}",
+                                    "required field missing")
+    try:
+        return cls(**data)
+    except InvalidInputError as err:     # name the file's field, and never as a TypeError
+        field = err.parameter.rpartition(".")[2]
+        raise InvalidInputError(f"model.{field}", err.value, err.allowed, err.detail) from err

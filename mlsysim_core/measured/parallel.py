@@ -110,7 +110,7 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
     out = {}
     for name, target in pairs:
         what = _checks.name("offload", name, OFFLOADABLE)
-        out[what] = _checks.name(f"offload[{what!r}]", target, OFFLOAD_TARGETS)
+        out[what] = _checks.name(f"offload.{what}", target, OFFLOAD_TARGETS)
     return tuple(sorted(out.items(), key=lambda kv: OFFLOADABLE.index(kv[0])))
 
 
