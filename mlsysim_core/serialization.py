@@ -245,3 +245,29 @@ def structure_model(data: dict):
     except InvalidInputError as err:     # name the file's field, and never as a TypeError
         field = err.parameter.rpartition(".")[2]
         raise InvalidInputError(f"model.{field}", err.value, err.allowed, err.detail) from err
+
+
+def structure_hardware(data: dict):
+    """A ``HardwareNode`` from a dict (a JSON file or a scenario's ``hardware`` object), checked
+    like ``structure_model``: every problem an ``InvalidInputError`` (never a ``TypeError``)
+    naming ``hardware.<field>``; a ``memory_capacity`` under 1 MiB suggests GiB."""
+    from .types import HardwareNode
+    if not isinstance(data, dict):
+        raise InvalidInputError("hardware", _shown(data), "a JSON object of HardwareNode fields",
+                                f"got {type(data).__name__}")
+    fields = attrs.fields(HardwareNode)
+    extra = sorted(set(data) - {f.name for f in fields}, key=str)
+    if extra:
+        raise InvalidInputError(f"hardware.{extra[0]}", _shown(data[extra[0]]),
+                                f"a field of HardwareNode: {', '.join(f.name for f in fields)}",
+                                f"unknown field(s) {', '.join(map(str, extra))}")
+    for f in fields:
+        if f.default is attrs.NOTHING and f.name not in data:
+            raise InvalidInputError(f"hardware.{f.name}", None,
+                                    "a value: a hardware file needs name and memory_capacity (bytes)",
+                                    "required field missing")
+    try:
+        return HardwareNode(**data)
+    except InvalidInputError as err:
+        field = err.parameter.rpartition(".")[2]
+        raise InvalidInputError(f"hardware.{field}", err.value, err.allowed, err.detail) from err

@@ -276,3 +276,18 @@ def test_only_the_librarys_errors_escape_for_hostile_solve_values():
                 except MlsysimError as err:
                     assert not isinstance(err, PluginError), (name, value, err)
                     assert err.parameter.startswith(name), (name, value, err)
+
+
+@pytest.mark.parametrize("data, parameter", [
+    ({"name": "x", "memory_capacity": 80}, "hardware.memory_capacity"),
+    ({"name": "x"}, "hardware.memory_capacity"),
+    ({"name": 3, "memory_capacity": 2**30}, "hardware.name"),
+    ({"name": "x", "memory_capacity": 2**30, "speed": 1}, "hardware.speed"),
+    (["x"], "hardware"),
+])
+def test_hardware_file_errors_name_the_field_and_are_not_type_errors(data, parameter):
+    from mlsysim_core.serialization import structure_hardware
+    with pytest.raises(InvalidInputError) as info:
+        structure_hardware(data)
+    assert info.value.parameter == parameter and not isinstance(info.value, TypeError)
+    assert structure_hardware({"name": "x", "memory_capacity": 80 * 2**30}).memory_capacity == 80 * 2**30
