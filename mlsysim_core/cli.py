@@ -424,7 +424,9 @@ def resolve_profile(solver, scenario, *, probe=None):
     if scenario.profile is not None:
         return scenario, ""
     if probe is None:
-        probe = attrs.evolve(scenario, batch_size=scenario.dp_size * scenario.gradient_accumulation_steps)
+        probe, sizes = scenario, (scenario.dp_size, scenario.gradient_accumulation_steps)
+        if all(type(n) is int and n >= 1 for n in sizes):   # else the solve names the bad one
+            probe = attrs.evolve(scenario, batch_size=sizes[0] * sizes[1])
     try:
         _solve(solver, attrs.evolve(probe, profile=DEFAULT_PROFILE))
     except InvalidInputError as err:
@@ -724,7 +726,8 @@ def cmd_fit(args, out) -> int:
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     probe = None
     if args.question == "devices":   # dp is searched: ask at dp = 1
-        probe = attrs.evolve(scenario, dp_size=1, batch_size=scenario.gradient_accumulation_steps)
+        gas = scenario.gradient_accumulation_steps
+        probe = attrs.evolve(scenario, dp_size=1, **({"batch_size": gas} if type(gas) is int and gas >= 1 else {}))
     scenario, note = resolve_profile(solver, scenario, probe=probe)
     model, hardware = _resolved(scenario)
     kwargs = scenario.solve_kwargs()

@@ -13,6 +13,7 @@ from typing import Callable
 
 import attrs
 
+from . import _checks
 from .errors import InvalidInputError
 from .result import TrainingMemoryResult
 from .solver import TrainingMemoryModel
@@ -136,7 +137,9 @@ def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None,
     if "batch_size" in solve_kwargs:
         raise InvalidInputError("batch_size", solve_kwargs["batch_size"], "not given: it is what is searched")
     solver = solver or TrainingMemoryModel()
-    per_micro = solve_kwargs.get("dp_size", 1) * solve_kwargs.get("gradient_accumulation_steps", 1)
+    # Checked here, before they scale the searched batch (else a dp of 0 would blame batch_size).
+    per_micro = (_checks.count("dp_size", solve_kwargs.get("dp_size", 1))
+                 * _checks.count("gradient_accumulation_steps", solve_kwargs.get("gradient_accumulation_steps", 1)))
     value, result, limit, solves = _largest(
         lambda mb: solver.solve(model, hardware, mb * per_micro, **solve_kwargs), 1, MAX_MICROBATCH)
     details = {"global batch": value * per_micro} if value else {}
