@@ -12,7 +12,7 @@ is the whole public plugin API.
 import pluggy as _pluggy
 
 from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError,
-                     NotInstalledError, PluginConflictError, PluginContractError, PluginError,
+                     NotInstalledError, NotModelledError, PluginConflictError, PluginContractError, PluginError,
                      PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
 from .specs import (CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect,
@@ -58,6 +58,6 @@ __all__ = [
     "ProfileSpec",
     "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
     "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES", "ACCELERATOR", "HOST",
-    "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError", "NotInstalledError",
+    "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError", "NotModelledError", "NotInstalledError",
     "PluginError", "PluginLoadError", "PluginConflictError", "PluginContractError",
 ]

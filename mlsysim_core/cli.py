@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import InvalidInputError, MlsysimError
+from .errors import InvalidInputError, MlsysimError, NotModelledError
 
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
@@ -284,9 +284,11 @@ def _model(text: str):
         try:
             return get_model(text)     # a name with a slash: a catalog key such as meta-llama/llama-3.1-8b
         except InvalidInputError as err:
+            hint = str(err.allowed).split("?")[0] + "?" if str(err.allowed).startswith("did you mean") else ""
             raise InvalidInputError("--model", text, "a catalog name (see `models`), a JSON file, or a directory "
                                     "holding a Hugging Face config.json",
-                                    "no such file or directory, and not a catalog name") from err
+                                    "no such file or directory, and not a catalog name"
+                                    + (f"; {hint}" if hint else "")) from err
     if text.endswith(".json") and not path.is_file():
         raise InvalidInputError("--model", text, "a readable JSON file (a model's fields or a Hugging Face "
                                 "config.json)", "no such file" if not path.exists() else "not a file")
@@ -296,28 +298,15 @@ def _model(text: str):
         if "model_type" in data:     # a Hugging Face config.json
             from .hf import from_hf_config
             return from_hf_config(data, name=Path(text).parent.name or None)
-        try:
-            return structure_model(data)
-        except TypeError as err:   # a missing required field
-            raise InvalidInputError("--model", text, "name, parameters and layers at least", str(err)) from err
+        return structure_model(data)     # every problem named model.<field>
     from .catalog import get_model
     return get_model(text)
 
 
 def _hardware(text: str):
     if text.endswith(".json"):
-        import attrs
-        from .types import HardwareNode
-        data = _load_json_file("--hardware", text)
-        allowed = {f.name for f in attrs.fields(HardwareNode)}
-        extra = sorted(set(data) - allowed)
-        if extra:
-            raise InvalidInputError("--hardware", text, f"known fields of HardwareNode: {', '.join(sorted(allowed))}",
-                                    f"unknown fields: {', '.join(extra)}")
-        try:
-            return HardwareNode(**data)
-        except TypeError as err:
-            raise InvalidInputError("--hardware", text, "name and memory_capacity (bytes) at least", str(err)) from err
+        from .serialization import structure_hardware
+        return structure_hardware(_load_json_file("--hardware", text))   # errors name hardware.<field>
     from .catalog import get_hardware
     return get_hardware(text)
 
@@ -403,9 +392,10 @@ def _solve(solver, scenario):
 
 
 def _measured_cannot_describe(err) -> bool:
-    """Errors that mean "this run is outside the measured profile", not "bad input"."""
-    parameter = getattr(err, "parameter", "")
-    return parameter in ("optimizer", "activation_checkpointing", "precision") or parameter.startswith("model.")
+    """Errors that mean "this run is outside the measured profile", not "bad input": a
+    ``NotModelledError`` (raised by the profile, its plugins or a third party's). A bad
+    value, e.g. a parameter count the model's shapes cannot hold, stays an error."""
+    return isinstance(err, NotModelledError)
 
 
 def resolve_profile(solver, scenario, *, probe=None):

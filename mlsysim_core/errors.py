@@ -52,6 +52,14 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
     """An input has the wrong type (a bool where a count is expected, a number for a name)."""
 
 
+class NotModelledError(InvalidInputError):
+    """The input is valid, but the profile asked for does not model it (an optimizer without
+    a measured-grade model, an 8-bit training regime, a model without the shapes a profile
+    derives bytes from). Not a mistake in the input: the CLI, when no profile was named,
+    falls back to the reference profile and prints why; Python raises it. ``parameter``
+    names the input the profile cannot describe."""
+
+
 class LayoutError(InvalidInputError):
     """A parallel layout that cannot exist (EP on a dense model, more stages than layers).
 

@@ -85,7 +85,7 @@ import math
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError
+from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["LoRAConfig", "FineTuneCounts", "lora_counts", "TARGET_MODULES", "QUANTIZATIONS",
@@ -281,10 +281,10 @@ def _check_model(model):
     cls = type(model).__name__
     arch = model.architecture.lower() if model.architecture else None
     if model.kv_lora_rank is not None:
-        raise InvalidInputError(f"{cls}.kv_lora_rank", model.kv_lora_rank,
+        raise NotModelledError(f"{cls}.kv_lora_rank", model.kv_lora_rank,
                                 "None: multi-head latent attention projections are not modelled")
     if arch in _FUSED_ARCHITECTURES:
-        raise InvalidInputError(f"{cls}.architecture", model.architecture,
+        raise NotModelledError(f"{cls}.architecture", model.architecture,
                                 "an architecture with separate q/k/v (and gate/up) linears, or 'gpt2'",
                                 "its fused projections are not modelled")
     if arch == "gpt2" and model.is_sparse:
@@ -426,11 +426,11 @@ def lora_option(plan, value):
              "ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
     if parallel:
-        raise InvalidInputError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
+        raise NotModelledError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
                                 "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
                                 + ", ".join(f"{k}={v}" for k, v in parallel.items()))
     if plan.model.is_sparse:
-        raise InvalidInputError("lora", config, "a dense model",
+        raise NotModelledError("lora", config, "a dense model",
                                 f"{plan.model.name!r} is a mixture of experts: transformers 5 fuses the experts "
                                 "into 3-D parameters, whose LoRA/QLoRA activations are not modelled")
     if plan.trainable_fraction != 1.0:

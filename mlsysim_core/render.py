@@ -448,6 +448,9 @@ def explain(result, *, width: int = 100) -> str:
            else f"{_gb(-result.headroom)} GB ({_gib(-result.headroom)} GiB) short")
     lines.append(f"capacity {_gb(result.available_memory)} GB ({_gib(result.available_memory)} GiB): "
                  f"{100 * result.memory_utilization:.1f} % used, {verdict}, {gap}")
+    for note in result.notes:   # warnings, approximations and what the rules decided: never silent
+        wrapped = textwrap.wrap(note, max(30, width - 6), break_on_hyphens=False)
+        lines.extend(("note: " if i == 0 else "      ") + line for i, line in enumerate(wrapped))
     return "\n".join(lines)
 
 

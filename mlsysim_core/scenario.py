@@ -199,28 +199,15 @@ class Scenario:
         if isinstance(self.model, dict) and "model_type" in self.model:   # a Hugging Face config.json
             from .hf import from_hf_config
             return from_hf_config(self.model)
-        if isinstance(self.model, dict):
+        if isinstance(self.model, dict):    # every problem named model.<field>
             from .serialization import structure_model
-            try:
-                return structure_model(self.model)
-            except TypeError as err:
-                raise InvalidInputError("scenario.model", self.model, "name, parameters and layers at least",
-                                        str(err)) from err
+            return structure_model(self.model)
         return self.model
 
     def resolve_hardware(self):
-        if isinstance(self.hardware, dict):
-            from .types import HardwareNode
-            allowed = {f.name for f in attrs.fields(HardwareNode)}
-            unknown = sorted(set(self.hardware) - allowed)
-            if unknown:
-                raise InvalidInputError("scenario.hardware", self.hardware,
-                                        f"known fields: {', '.join(sorted(allowed))}", "unknown field(s)")
-            try:
-                return HardwareNode(**self.hardware)
-            except TypeError as err:
-                raise InvalidInputError("scenario.hardware", self.hardware,
-                                        "name and memory_capacity (bytes) at least", str(err)) from err
+        if isinstance(self.hardware, dict):    # every problem named hardware.<field>
+            from .serialization import structure_hardware
+            return structure_hardware(self.hardware)
         return self.hardware
 
     def solve_kwargs(self) -> dict:

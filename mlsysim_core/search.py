@@ -83,7 +83,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError
+from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .solver import (TrainingMemoryModel, _build_plan, _resolve_hardware, _resolve_model, _run_pipeline,
                      _run_steps, _selection)
 from .terms import _source_cell
@@ -412,12 +412,10 @@ def _flags(parameter: str, values) -> tuple[bool, ...]:
 
 
 def _cannot_describe(err: InvalidInputError) -> bool:
-    """Does this error, raised for a layout, mean "the measured profile cannot describe this
-    run" (not a layout the rules reject)? The CLI's test (``cli._measured_cannot_describe``),
-    and ``lora``: the options were checked at one device first, so a LoRA error for a layout
-    is the measured profile's "LoRA/QLoRA with a parallel layout is not modelled yet"."""
-    from .cli import _measured_cannot_describe
-    return getattr(err, "parameter", "") == "lora" or _measured_cannot_describe(err)
+    """Does this error, raised for a layout, mean "the profile cannot describe this run"
+    (not a layout the rules reject)? A ``NotModelledError``, e.g. the measured profile's
+    "LoRA/QLoRA with a parallel layout is not modelled yet"."""
+    return isinstance(err, NotModelledError)
 
 
 # Parallel evaluation. A search of at least PARALLEL_MIN candidates is split into chunks of

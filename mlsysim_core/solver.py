@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
+from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError, PluginContractError, PluginError
 from .manager import PluginManager, get_plugin_manager
 from .plan import PRECISION_BYTES, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
@@ -659,7 +659,7 @@ class _Selection:
             if fn is None:
                 field = "measured_state_terms" if kind == OPTIMIZER else "measured_activation_terms"
                 usable = sorted(n for n, spec in table.items() if getattr(spec, field) is not None)
-                raise InvalidInputError(
+                raise NotModelledError(
                     parameter, name, f"one with a measured-grade model under profile {plan.profile!r}: "
                     f"{', '.join(usable)}",
                     f"{registry.providers[(kind, name)].describe()} gives no {field}; "

@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
+tomllib = pytest.importorskip("tomllib")     # Python 3.11+
+
 from mlsysim_core import TrainingMemoryModel, cli, inverse
-from mlsysim_core.errors import InvalidInputError
+from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.result import TrainingMemoryResult
 from mlsysim_core.scenario import Scenario, to_toml
 from mlsysim_core.serialization import SCHEMA_VERSION
@@ -291,3 +292,78 @@ def test_from_json_reads_a_result_and_the_estimate_output():
     assert TrainingMemoryResult.from_json(result.to_json()) == result
     code, text = run("estimate", "--json")
     assert TrainingMemoryResult.from_json(text).profile == "measured"
+
+
+# --- "cannot describe" is a kind of error, not a list of parameter names -----------------
+
+def _model_file(tmp_path, **fields):
+    data = {"name": "x", "parameters": 8_030_261_248, "layers": 32, "hidden_dim": 4096, "heads": 32,
+            "kv_heads": 8, "vocab_size": 128256, "ffn_dim": 14336, "gated_mlp": True, **fields}
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def test_bad_model_numbers_are_an_error_not_a_fallback_to_the_reference(tmp_path, capsys):
+    # 1,000 parameters cannot hold the 8B shapes' embedding: a mistake in the file, which the
+    # measured profile names; before, the CLI fell back to the reference profile (0.000 GB
+    # of weights) as if the measured profile merely could not describe the run.
+    path = _model_file(tmp_path, parameters=1000)
+    err = error_of("estimate", "-m", path)
+    assert err.parameter == "model.parameters" and "at least 743,448,576" in str(err)
+    assert not isinstance(err, NotModelledError)
+    assert cli.main(["estimate", "-m", path], out=io.StringIO()) == 2
+    assert "note: profile reference" not in capsys.readouterr().err
+
+
+def test_what_the_measured_profile_does_not_model_falls_back_with_the_note(tmp_path):
+    # a model without a vocabulary: valid, but the measured profile derives bytes from shapes
+    path = _model_file(tmp_path, vocab_size=None)
+    with pytest.raises(NotModelledError) as info:
+        TrainingMemoryModel("measured").solve(cli._model(path), "h100", 8)
+    assert info.value.parameter == "model.vocab_size"
+    code, text = run("estimate", "-m", path, "--json")
+    data = json.loads(text)
+    assert code == 0 and data["profile"] == "reference"
+    assert data["profile_note"].startswith("note: profile reference, because the measured profile cannot "
+                                           "describe this run: model.vocab_size=None")
+    for argv in (("estimate", "-m", path), ("fit", "batch", "-m", path)):
+        code, text = run(*argv)
+        assert code == 0 and "cannot describe this run: model.vocab_size" in text and "(profile: reference" in text
+
+
+@pytest.mark.parametrize("kwargs, parameter", [
+    ({"precision": "fp8"}, "precision"),
+    ({"lora": {"rank": 8}, "dp_size": 2, "batch_size": 2}, "lora"),
+])
+def test_not_modelled_errors_name_the_input(kwargs, parameter):
+    kwargs = {"batch_size": 1, **kwargs}
+    with pytest.raises(NotModelledError) as info:
+        TrainingMemoryModel("measured").solve("llama3-8b", "h100", **kwargs)
+    assert info.value.parameter == parameter and isinstance(info.value, InvalidInputError)
+
+
+def test_hardware_and_model_files_name_their_field_from_the_cli_and_scenarios(tmp_path):
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"name": 3, "memory_capacity": 80 * 2**30}), encoding="utf-8")
+    assert error_of("estimate", "-g", str(hw)).parameter == "hardware.name"
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps({"model": "llama3-8b", "batch_size": 8,
+                                    "hardware": {"name": "x", "memory_capacity": 80}}), encoding="utf-8")
+    err = error_of("estimate", "--scenario", str(scenario))
+    assert err.parameter == "hardware.memory_capacity" and "80 * 2**30" in str(err)
+    scenario.write_text(json.dumps({"hardware": "h100", "batch_size": 8,
+                                    "model": {"name": "x", "parameters": "many", "layers": 2}}), encoding="utf-8")
+    assert error_of("estimate", "--scenario", str(scenario)).parameter == "model.parameters"
+
+
+def test_a_mistyped_slash_name_gets_did_you_mean():
+    err = error_of("estimate", "-m", "meta-llama/llama-3.1-8c")
+    assert err.parameter == "--model" and "did you mean meta-llama/llama-3.1-8b" in str(err)
+
+
+def test_explain_shows_the_notes(tmp_path):
+    path = _model_file(tmp_path, parameters=9_000_000_000)    # 12 % off the shapes: a warning
+    code, text = run("estimate", "-m", path, "--explain", "--no-chart")
+    explained = text.split("per accelerator:")[1]
+    assert code == 0 and "note: WARNING: model.parameters = 9,000,000,000 is +12.1 % off" in explained

@@ -47,8 +47,13 @@ def test_explain_shows_gb_gib_and_share_of_every_component(default):
     assert text.splitlines()[0].startswith("202.297 GB (188.404 GiB) per accelerator")
     assert "optimizer state: 96.360 GB (89.742 GiB), 47.6 %" in text
     assert "largest part: optimizer state, 47.6 % of the total" in text
-    assert text.splitlines()[-1] == ("capacity 85.899 GB (80.000 GiB): 235.5 % used, does NOT fit, "
-                                     "116.398 GB (108.404 GiB) short")
+    lines = text.splitlines()
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("capacity "))
+    assert lines[verdict] == ("capacity 85.899 GB (80.000 GiB): 235.5 % used, does NOT fit, "
+                              "116.398 GB (108.404 GiB) short")
+    # then every note of the result (here: the catalog data is the reference's), never silent
+    notes = " ".join(line.removeprefix("note: ").strip() for line in lines[verdict + 1:])
+    assert notes == " ".join(default.notes) and "mlsysim 0.3.0's reference catalog data" in notes
 
 
 def _sentence(text: str, component: str) -> str:

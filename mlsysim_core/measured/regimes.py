@@ -11,7 +11,7 @@ from typing import Mapping
 
 import attrs
 
-from ..errors import InvalidInputError, InvalidInputTypeError
+from ..errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
 @attrs.frozen(kw_only=True)
@@ -76,7 +76,7 @@ def regime_for(regime, precision: str) -> Regime:
     if regime is None:
         name = DEFAULT_FOR_PRECISION.get(precision)
         if name is None:
-            raise InvalidInputError(
+            raise NotModelledError(
                 "precision", precision,
                 f"one of {', '.join(DEFAULT_FOR_PRECISION)} for the measured profile, or name a regime "
                 f"with regime= ({', '.join(REGIMES)})",

@@ -12,7 +12,7 @@ import functools
 
 import attrs
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, NotModelledError
 from ..types import TransformerWorkload
 
 # Architectures built like GPT-2: LayerNorm with biases, fused qkv, learned positions,
@@ -101,7 +101,7 @@ class ModelShape:
 def _shape_of(model: TransformerWorkload) -> ModelShape:
     missing = [name for name in ("hidden_dim", "heads", "vocab_size") if getattr(model, name) is None]
     if missing:
-        raise InvalidInputError(
+        raise NotModelledError(
             f"model.{missing[0]}", None,
             "a value: the measured profile derives activations from the model's shapes "
             f"({', '.join(missing)} missing for {model.name!r})",
