@@ -423,10 +423,44 @@ def resolve_profile(solver, scenario, *, probe=None):
         if not _measured_cannot_describe(err):
             raise
         # e.g. a third-party optimizer with no measured-grade model, or a model without
-        # shapes: the reference profile can still answer; say so.
+        # shapes: the reference profile can still answer; say so, and what it left out.
+        scenario, stood_in = reference_stand_in(scenario)
         note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
-        return attrs.evolve(scenario, profile="reference"), note
+        return scenario, note + (f"; {stood_in}" if stood_in else "")
     return attrs.evolve(scenario, profile=DEFAULT_PROFILE), ""
+
+
+# The flag of each measured-grade option, for notes that say what was left out.
+_MEASURED_FLAGS = {"regime": "--regime", "optimizer_impl": "--optimizer-impl", "attention": "--attention",
+                   "dropout": "--dropout", "checkpointed_layers": "--checkpointed-layers",
+                   "runtime_overheads": "--no-runtime-overheads", "pipeline_schedule": "--pipeline-schedule",
+                   "virtual_stages": "--virtual-stages", "expert_tp_size": "--expert-tp-size",
+                   "stage_layers": "--stage-layers", "offload": "--offload",
+                   "moe_capacity_factor": "--moe-capacity-factor", "lora": "--lora-rank"}
+
+
+def reference_stand_in(scenario):
+    """``(scenario, said)``: the scenario under the reference profile, which has none of the
+    measured-grade options: they are left out, and LoRA/QLoRA stands in as the trainable
+    fraction of its adapters (nothing quantized). ``said`` names what was left out or stood
+    in, for the note (empty when nothing was)."""
+    import attrs
+    from .scenario import MEASURED_FIELDS
+    given = [name for name in MEASURED_FIELDS if getattr(scenario, name) is not None]
+    plain = attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS))
+    said = []
+    if scenario.lora:
+        from .catalog import get_model
+        from .finetune import trainable_fraction
+        model = _resolved(scenario)[0]
+        model = get_model(model) if isinstance(model, str) else model
+        fraction = trainable_fraction(model, scenario.lora)
+        plain = attrs.evolve(plain, trainable_fraction=fraction)
+        said.append(f"LoRA stands in as trainable fraction {fraction:.6g}")
+    left_out = [_MEASURED_FLAGS.get(name, name) for name in given if name != "lora"]
+    if left_out:
+        said.append(f"measured-profile options left out: {', '.join(left_out)}")
+    return plain, "; ".join(said)
 
 
 def check_global_batch(scenario, given: bool = True) -> None:
@@ -477,7 +511,6 @@ def _check_save_path(text: str | None) -> Path | None:
 def cmd_estimate(args, out) -> int:
     import attrs
     from .render import describe_run, estimate_table
-    from .scenario import MEASURED_FIELDS
     from .solver import TrainingMemoryModel
     save = _check_save_path(args.save_scenario)
     scenario = scenario_from_args(args)
@@ -497,14 +530,7 @@ def cmd_estimate(args, out) -> int:
     out.write(_profile_note_lines(note))
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
-        plain = attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS))
-        if scenario.lora:     # the reference's stand-in for LoRA: the adapters' share trains, nothing quantized
-            from .catalog import get_model
-            from .finetune import trainable_fraction
-            model = _resolved(scenario)[0]
-            model = get_model(model) if isinstance(model, str) else model
-            plain = attrs.evolve(plain, trainable_fraction=trainable_fraction(model, scenario.lora))
-        reference = _solve(solver, plain)
+        reference = _solve(solver, reference_stand_in(scenario)[0])
     out.write(estimate_table(result, reference=reference, chart=args.chart,
                              plan_line=describe_run(scenario.run_details(result))) + "\n")
     if args.explain:

@@ -367,3 +367,23 @@ def test_explain_shows_the_notes(tmp_path):
     code, text = run("estimate", "-m", path, "--explain", "--no-chart")
     explained = text.split("per accelerator:")[1]
     assert code == 0 and "note: WARNING: model.parameters = 9,000,000,000 is +12.1 % off" in explained
+
+
+def test_the_fallback_says_what_it_left_out_and_never_blames_the_reference_profile():
+    # LoRA on two tensor-parallel ranks is outside the measured profile; the answer is the
+    # reference profile's, with LoRA as the trainable fraction of its adapters and the
+    # measured-only --regime left out, all said in the note (before, the reference profile
+    # rejected --regime: an error about a profile the user never chose).
+    for argv in (("estimate",), ("fit", "batch"), ("plot", "bars", "-o", os.devnull + ".png")):
+        if argv[0] == "plot":
+            continue   # plots are covered by tests/test_plots.py; the rule is the same function
+        code, text = run(*argv, "--lora-rank", "8", "--tp", "2", "--regime", "amp-bf16")
+        assert code == 0, text
+        assert "cannot describe this run: lora=" in text and "tp_size=2" in text
+        assert "LoRA stands in as trainable fraction 0.000848757" in text
+        assert "measured-profile options left out: --regime" in text
+    code, text = run("estimate", "--lora-rank", "8", "--tp", "2", "--json")
+    data = json.loads(text)
+    # 8 x (4096 + 4096) x 32 layers for q and o, 8 x (4096 + 1024) x 32 x 2 for k and v
+    adapters = 8 * (4096 + 4096) * 32 * 2 + 8 * (4096 + 1024) * 32 * 2
+    assert data["run"]["trainable_fraction"] == pytest.approx(adapters / 8_030_261_248, rel=1e-12)
