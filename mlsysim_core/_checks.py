@@ -13,11 +13,19 @@ import numbers
 from .errors import InvalidInputError, InvalidInputTypeError
 
 
-def count(name: str, value: object, *, minimum: int = 1) -> int:
-    """An integer count >= minimum; integral floats (``2.0``) are accepted as ints."""
-    if type(value) is int and value >= minimum:   # the common case, first
+# The largest count a check accepts: every integer up to it is exactly a float64, so byte
+# counts built from counts stay exact (or at worst rounded once) and finite. 2**53 devices,
+# tokens or layers is far beyond any real run; a larger number is a typo or hostile input
+# (10**400 would overflow the float formulas deep inside a plugin).
+MAX_COUNT = 2**53
+
+
+def count(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    """An integer count in [minimum, maximum]; integral floats (``2.0``) are accepted as ints."""
+    if type(value) is int and minimum <= value <= maximum:   # the common case, first
         return value
     allowed = f"an integer >= {minimum}"
+    given = value
     if isinstance(value, bool):
         raise InvalidInputTypeError(name, value, allowed, "bools are not counts")
     if isinstance(value, numbers.Integral):
@@ -29,12 +37,16 @@ def count(name: str, value: object, *, minimum: int = 1) -> int:
     else:
         raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
     if value < minimum:
-        raise InvalidInputError(name, value, allowed)
+        raise InvalidInputError(name, given, allowed)
+    if value > maximum:
+        raise InvalidInputError(name, given, f"an integer in [{minimum:,}, {maximum:,}]",
+                                "too large: beyond 2**53 counts and the bytes made from them are no longer exact"
+                                if maximum == MAX_COUNT else "too large")
     return value
 
 
-def optional_count(name: str, value: object, *, minimum: int = 1) -> int | None:
-    return None if value is None else count(name, value, minimum=minimum)
+def optional_count(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int | None:
+    return None if value is None else count(name, value, minimum=minimum, maximum=maximum)
 
 
 def fraction(name: str, value: object) -> float:
@@ -77,9 +89,9 @@ def attrs_count(minimum: int = 1):
     return validate
 
 
-def attrs_optional_count(minimum: int = 1):
+def attrs_optional_count(minimum: int = 1, maximum: int = MAX_COUNT):
     def validate(instance, attribute, value):
-        optional_count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum)
+        optional_count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
     return validate
 
 

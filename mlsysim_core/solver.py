@@ -45,6 +45,13 @@ class TrainingMemoryModel:
     """
 
     def __init__(self, profile: str = DEFAULT_PROFILE, *, plugin_manager: PluginManager | None = None):
+        if plugin_manager is not None and not isinstance(plugin_manager, PluginManager):
+            raise InvalidInputTypeError("plugin_manager", plugin_manager,
+                                        "a mlsysim_core.manager.PluginManager, or None for the installed plugins",
+                                        f"got {type(plugin_manager).__name__}")
+        if not isinstance(profile, str):
+            raise InvalidInputTypeError("profile", profile, "a profile name, e.g. 'reference' or 'measured'",
+                                        f"got {type(profile).__name__}")
         self._pm = plugin_manager
         self._profile = profile
 
@@ -268,6 +275,58 @@ def _measured_plan_reused(registry: Registry, plan: TrainingPlan, measured: tupl
     return checked
 
 
+def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
+    """Under every profile, a tensor-parallel rank holds at least one column of the hidden
+    size (the reference's 4096 stand-in when the model has none): more ranks than that split
+    nothing. (The measured profile also needs tp to divide the heads; the reference profile
+    does not check the heads: mlsysim 0.3.0 accepted tp=16 on 12 heads, and the recorded
+    reference grid has such runs.)"""
+    hidden = model.hidden_dim or 4096
+    if tp_size > hidden:
+        from .errors import LayoutError
+        heads = model.heads
+        hint = (f"; with its {heads} heads, a divisor of {heads} (e.g. {_largest_divisor(heads, 8)})"
+                if heads else "")
+        raise LayoutError("tp_size", tp_size, f"at most the model's hidden size {hidden}{hint}",
+                          "tensor parallelism splits the hidden dimension (and the heads) over tp ranks: "
+                          "more ranks than columns leaves ranks with nothing")
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def _check_included(registry: Registry, profile: str, include: tuple) -> None:
+    """``include_plugins`` may name plugins that add component terms the profile does not
+    already have: not a plugin that provides a profile (its hooks are that profile's model,
+    not an add-on), nor one the selected profile already runs (its terms would count twice),
+    nor one without component hooks (including it would change nothing)."""
+    key = ("includable", profile)
+    includable = registry.cache.get(key)
+    if includable is None:
+        from .hookspecs import COMPONENT_HOOKS
+        providers = {info.name for (kind, _), info in registry.providers.items() if kind == PROFILE}
+        # (a component plugin of another profile is part of that profile's model, not an add-on:
+        # the reference's model_states under the measured profile would count the weights twice)
+        providers |= {name for spec in registry.profiles.values() for name in spec.component_plugins
+                      if spec.name != profile}
+        runs = set(registry.profiles[profile].component_plugins)
+        hooked = {impl.plugin.name for hook in COMPONENT_HOOKS.values()
+                  for impl in registry.component_impls.get(hook, ())}
+        includable = registry.cache[key] = (tuple(sorted(hooked - providers - runs)), providers, runs, hooked)
+    names, providers, runs, hooked = includable
+    for plugin in include:
+        if plugin in names:
+            continue
+        why = (f"plugin {plugin!r} provides a profile or is part of one: use profile= to select it"
+               if plugin in providers else
+               f"profile {profile!r} already runs plugin {plugin!r}: its terms would count twice" if plugin in runs
+               else f"plugin {plugin!r} implements no component hook: including it would change nothing")
+        raise InvalidInputError("include_plugins", plugin,
+                                "a plugin whose component hooks the profile does not already run: "
+                                + (", ".join(names) if names else "(none installed)"), why)
+
+
 def _resolve_model(model) -> TransformerWorkload:
     if isinstance(model, str):
         from .catalog import get_model
@@ -324,11 +383,12 @@ def _build_plan(registry, profile, model, hardware, batch_size, seq_len, precisi
     plans are frozen, and a check's outcome depends on nothing else. Only values of the
     expected types are looked up (anything else, unhashable included, goes to the checks,
     whose errors name it)."""
-    if FAST_PATHS and not sharding_rules and not plugin_options and \
+    if FAST_PATHS and (sharding_rules is None or type(sharding_rules) is dict and not sharding_rules) and \
+            (plugin_options is None or type(plugin_options) is dict and not plugin_options) and \
             type(profile) is str and type(precision) is str and type(optimizer) is str and \
             type(activation_checkpointing) is str and (data_parallel is None or type(data_parallel) is str) and \
-            (not include_plugins or (type(include_plugins) is tuple and
-                                     all(type(name) is str for name in include_plugins))) and \
+            (type(include_plugins) is tuple and all(type(name) is str for name in include_plugins) or
+             type(include_plugins) is list and not include_plugins) and \
             type(batch_size) is int and type(seq_len) is int and type(tp_size) is int and \
             type(pp_size) is int and type(dp_size) is int and type(ep_size) is int and \
             type(zero_stage) is int and type(gradient_accumulation_steps) is int and type(cp_size) is int and \
@@ -401,6 +461,25 @@ def _checked_plan(registry, profile, model, hardware, batch_size, seq_len, preci
         zero_stage = int(zero_stage)
     if sequence_parallel is not True and sequence_parallel is not False:
         _checks.flag("sequence_parallel", sequence_parallel)
+    if tp_size > 1:
+        _check_tp(model, tp_size)
+    # Wrong types are errors, even when falsy (0, "", [] are not "not given"): only None and
+    # the documented empty forms ({} for the mappings, an empty sequence of names) are.
+    if sharding_rules is not None and not isinstance(sharding_rules, Mapping):
+        raise InvalidInputTypeError("sharding_rules", sharding_rules,
+                                    f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None",
+                                    f"got {type(sharding_rules).__name__}")
+    if plugin_options is not None and not isinstance(plugin_options, Mapping):
+        raise InvalidInputTypeError("plugin_options", plugin_options, "a mapping of spec name -> options, or None",
+                                    f"got {type(plugin_options).__name__}")
+    if isinstance(include_plugins, str):
+        include_plugins = (include_plugins,)
+    if include_plugins is not None and (
+            not isinstance(include_plugins, Iterable) or isinstance(include_plugins, (bytes, Mapping, set, frozenset))
+            or not all(isinstance(plugin, str) for plugin in include_plugins)):
+        raise InvalidInputTypeError("include_plugins", include_plugins,
+                                    "a sequence of installed plugin names (or one name), or ()",
+                                    f"got {type(include_plugins).__name__}")
 
     if registry.checkpointing[activation_checkpointing].requires_heads and model.heads is None:
         usable = sorted(n for n, s in registry.checkpointing.items() if not s.requires_heads)
@@ -456,18 +535,13 @@ def _checked_plan(registry, profile, model, hardware, batch_size, seq_len, preci
                                     f"data_parallel={data_parallel!r}")
     rules = types.MappingProxyType(rules)
 
-    if isinstance(include_plugins, str):
-        include_plugins = (include_plugins,)
-    if include_plugins is not None and (
-            not isinstance(include_plugins, Iterable) or isinstance(include_plugins, (bytes, Mapping)) or
-            not all(isinstance(plugin, str) for plugin in include_plugins)):
-        raise InvalidInputTypeError("include_plugins", include_plugins, "a sequence of installed plugin names",
-                                    f"got {type(include_plugins).__name__}")
     include = tuple(sorted(set(include_plugins))) if include_plugins else ()
     for plugin in include:
         if plugin not in registry.plugins:
             raise InvalidInputError("include_plugins", plugin,
                                     f"an installed plugin: {', '.join(sorted(registry.plugins))}")
+    if include:
+        _check_included(registry, profile, include)
 
     if not plugin_options and not _specs_with_options(registry).intersection(
             (optimizer_name, activation_checkpointing, *rules.values())):

@@ -33,9 +33,9 @@ def _count(minimum=1):
     return attrs.field(converter=_checks.to_int, validator=_checks.attrs_count(minimum))
 
 
-def _optional_count(minimum=1):
+def _optional_count(minimum=1, maximum=_checks.MAX_COUNT):
     return attrs.field(default=None, converter=_checks.to_optional_int,
-                       validator=_checks.attrs_optional_count(minimum))
+                       validator=_checks.attrs_optional_count(minimum, maximum))
 
 
 def _optional_flag():
@@ -131,7 +131,7 @@ class HardwareNode:
 
     name: str = attrs.field(validator=_str)
     memory_capacity: int = _count()
-    memory_bandwidth: int | None = _optional_count()     # bytes per second
+    memory_bandwidth: int | None = _optional_count(maximum=10**30)     # bytes per second (not a count of bytes)
     devices_per_node: int | None = _optional_count()
     host_memory: int | None = _optional_count()
     vendor: str | None = attrs.field(default=None, validator=_opt_str)
