@@ -257,8 +257,10 @@ def _parser() -> argparse.ArgumentParser:
 def _load_json_file(parameter: str, path: str) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidInputError(parameter, path, "a catalog name or a readable JSON file", str(err)) from err
+    except (OSError, ValueError) as err:     # (ValueError: bad JSON, not UTF-8, a 5000-digit number)
+        from .scenario import _parse_error
+        raise InvalidInputError(parameter, path, "a catalog name or a readable JSON file",
+                                _parse_error(err) if isinstance(err, ValueError) else str(err)) from err
     except RecursionError as err:
         raise InvalidInputError(parameter, path, "a JSON file nested at most a few hundred levels deep",
                                 "too deeply nested") from err
@@ -272,6 +274,9 @@ def _load_json_file(parameter: str, path: str) -> dict:
 
 
 def _model(text: str):
+    if not text.strip():
+        raise InvalidInputError("--model", text, "a catalog name (see `models`), a JSON file, or a directory "
+                                "holding a Hugging Face config.json", "an empty name")
     path = Path(text)
     if not text.endswith(".json") and path.is_dir():      # a Hugging Face checkpoint's directory
         if not (path / "config.json").is_file():
@@ -304,6 +309,9 @@ def _model(text: str):
 
 
 def _hardware(text: str):
+    if not text.strip():
+        raise InvalidInputError("--hardware", text, "a catalog name (see `hardware`) or a JSON file",
+                                "an empty name")
     if text.endswith(".json"):
         from .serialization import structure_hardware
         return structure_hardware(_load_json_file("--hardware", text))   # errors name hardware.<field>
@@ -320,8 +328,14 @@ def _parse_options(items: list[str]) -> dict[str, dict]:
             raise InvalidInputError("--option", item, "SPEC.FIELD=VALUE, e.g. demo.galore.rank=64")
         try:
             value = json.loads(raw)
+        except RecursionError:
+            raise InvalidInputError("--option", item, "SPEC.FIELD=VALUE with a JSON value nested less deeply") \
+                from None
         except json.JSONDecodeError:
             value = raw
+        except ValueError:     # a number of more than 4300 digits
+            raise InvalidInputError("--option", item, "SPEC.FIELD=VALUE with a number of at most 4300 digits") \
+                from None
         options.setdefault(spec, {})[field] = value
     return options
 
@@ -337,15 +351,86 @@ def _parse_rules(items: list[str]) -> dict[str, str]:
 
 
 def _manager(args):
-    from .manager import PluginManager
-    return PluginManager.from_environment(autoload=False if args.no_third_party_plugins else None,
-                                          blocked=args.disable_plugin)
+    """The command's plugin manager (one per command: the same one names a blocked plugin
+    when an error needs it, see `_attributed`)."""
+    pm = getattr(args, "_plugin_manager", None)
+    if pm is None:
+        from .manager import PluginManager
+        pm = PluginManager.from_environment(autoload=False if args.no_third_party_plugins else None,
+                                            blocked=args.disable_plugin)
+        args._plugin_manager = pm
+    return pm
+
+
+def _attributed(err, args):
+    """``err`` as the user should read it: a model or hardware name that came from the
+    scenario file is named as the file's field, not as the flag; and a name that only a
+    blocked plugin provides says that the plugin is blocked."""
+    parameter, detail = err.parameter, err.detail
+    from_scenario = getattr(args, "_from_scenario", ())
+    for flag, field in (("--model", "model"), ("--hardware", "hardware")):
+        if parameter == flag and field in from_scenario:
+            parameter = field
+            detail = f"the scenario {args.scenario}'s {field}" + (f"; {detail}" if detail else "")
+    blocked = _blocked_provider(err, args)
+    if blocked:
+        detail = (f"{detail}; " if detail else "") + blocked
+    if (parameter, detail) == (err.parameter, err.detail):
+        return err
+    try:
+        new = type(err)(parameter, err.value, err.allowed, detail)
+    except TypeError:     # a subclass with its own signature
+        return err
+    new.__cause__ = err
+    return new
+
+
+def _blocked_provider(err, args) -> str:
+    """``"the plugin 'adam' that provides it is blocked by ..."`` when the name ``err``
+    rejects would be provided by a plugin that MLSYSIM_DISABLED_PLUGINS / --disable-plugin
+    blocked; else ``""``."""
+    pm = getattr(args, "_plugin_manager", None)
+    if pm is None or not pm.blocked_names or not pm.blocked_entry_points:
+        return ""
+    value = err.value
+    if err.parameter == "zero_stage" and type(value) is int:
+        value = f"zero{value}"
+    if not isinstance(value, str) or not value.strip():
+        return ""
+    names = {value.strip(), value.strip().lower()}
+    blocked_eps = {info.name for info in pm.blocked_entry_points}
+    providers = set(names & blocked_eps) if err.parameter in ("include_plugins", "--include-plugin") else set()
+    if not providers:
+        import warnings
+        from .manager import PluginManager
+        try:
+            with warnings.catch_warnings():     # (said once already, by the command's own load)
+                warnings.simplefilter("ignore")
+                everything = PluginManager()
+                everything.load_entrypoints(third_party=True, blocked=())
+                with everything.allowing_broken():
+                    registry = everything.registry
+        except Exception:     # the unblocked set may hold the very plugin that was blocked for breaking
+            return ""
+        providers = {info.name for (_kind, name), info in registry.providers.items()
+                     if name in names and info.name in blocked_eps}
+    if not providers:
+        return ""
+    which = ", ".join(f"'{p}'" for p in sorted(providers))
+    return (f"the plugin {which} that provides it is blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin"
+            if len(providers) == 1 else
+            f"the plugins {which} that provide it are blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin")
 
 
 def scenario_from_args(args):
     """The scenario file (if any), overridden by every flag given on the command line."""
     from .scenario import MEASURED_FIELDS, SOLVE_FIELDS, Scenario
+    if args.scenario is not None and not args.scenario.strip():
+        raise InvalidInputError("--scenario", args.scenario, "a .json or .toml scenario file",
+                                "an empty name; leave --scenario out for the built-in default")
     data = Scenario.load(args.scenario).to_dict() if args.scenario else {}
+    args._from_scenario = {name for name in ("model", "hardware")
+                           if name in data and getattr(args, name) is None}
     data.setdefault("model", DEFAULT_MODEL)
     data.setdefault("hardware", DEFAULT_HARDWARE)
     data.setdefault("batch_size", DEFAULT_BATCH)
@@ -555,8 +640,10 @@ def _vary_value(field: str, raw: str):
         return raw
     try:
         return json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return raw   # solve() rejects it with a message naming the field
+    except ValueError:     # a number of more than 4300 digits
+        raise InvalidInputError("--values", raw, f"values of {field} (numbers of at most 4300 digits)") from None
 
 
 def cmd_plot(args, out) -> int:
@@ -867,10 +954,56 @@ class _Printable:
 
     def write(self, text: str) -> int:
         from .render import printable
-        return self._stream.write(printable(text, self.encoding))
+        try:
+            return self._stream.write(printable(text, self.encoding))
+        except BrokenPipeError:
+            raise
+        except OSError as err:     # a full disk (> /dev/full), a closed pipe's cousins
+            raise _OutputError(err) from err
+
+    def flush(self) -> None:
+        flush = getattr(self._stream, "flush", None)
+        if flush is None:
+            return
+        try:
+            flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise _OutputError(err) from err
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+class _OutputError(Exception):
+    """Writing the command's output failed (an OSError other than a broken pipe)."""
+
+    def __init__(self, error: OSError):
+        self.error = error
+        super().__init__(str(error))
+
+
+def _say(message: str) -> None:
+    """One line on stderr, if there is a stderr that takes it (never raises)."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        _Printable(stream).write(message + "\n")
+        stream.flush()
+    except Exception:     # a closed or full stderr: nothing more can be said
+        pass
+
+
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null so that the interpreter's final flush of what is still
+    buffered cannot fail again (a traceback-free exit after a broken or full stdout)."""
+    import os
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 def _tolerant_std_streams() -> None:
@@ -891,8 +1024,11 @@ def _tolerant_std_streams() -> None:
 
 
 def main(argv: list[str] | None = None, out=None) -> int:
+    if sys.stderr is None:     # `2>&-`: messages go nowhere, exit codes stay right
+        import os
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
     _tolerant_std_streams()
-    out = _Printable(out or sys.stdout)
+    real_stdout = out is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
@@ -902,22 +1038,42 @@ def main(argv: list[str] | None = None, out=None) -> int:
     for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
+    if out is None and sys.stdout is None:     # `>&-`: nowhere to write the answer
+        _say("mlsysim-core: error: standard output is closed: there is nowhere to write the output")
+        return 2
+    out = _Printable(out or sys.stdout)
     from .manager import plugin_warnings_to_stderr
     try:
         with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
-            return COMMANDS[args.command](args, out)
+            code = COMMANDS[args.command](args, out)
+            out.flush()     # a full disk fails here, while it can still be reported
+            return code
     except MlsysimError as err:
         if args.debug:
             raise
-        _Printable(sys.stderr).write(f"mlsysim-core: error: {err}\n")
+        if isinstance(err, InvalidInputError):
+            err = _attributed(err, args)
+        _say(f"mlsysim-core: error: {err}")
         return 2 if isinstance(err, InvalidInputError) else 3
     except UnicodeEncodeError as err:     # a stream we did not wrap: say so, never a traceback
         if args.debug:
             raise
-        print(f"mlsysim-core: error: the output could not be written in the stream's encoding ({err.encoding}); "
-              "set PYTHONIOENCODING=utf-8", file=sys.stderr)
+        _say(f"mlsysim-core: error: the output could not be written in the stream's encoding ({err.encoding}); "
+             "set PYTHONIOENCODING=utf-8")
         return 2
     except BrokenPipeError:   # `mlsysim-core models | head`: the reader left; not an error
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if real_stdout:
+            _discard_stdout()
         return 0
+    except _OutputError as err:     # e.g. `> /dev/full`
+        if args.debug:
+            raise err.error
+        if real_stdout:
+            _discard_stdout()
+        _say(f"mlsysim-core: error: writing the output failed: {err.error.strerror or err.error}")
+        return 2
+    except OSError as err:     # e.g. a stderr that cannot take a warning
+        if args.debug:
+            raise
+        _say(f"mlsysim-core: error: {err}")
+        return 2

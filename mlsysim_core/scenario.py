@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 
 SOLVE_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing",
                 "tp_size", "pp_size", "dp_size", "ep_size", "zero_stage",
@@ -96,15 +96,21 @@ class Scenario:
                                     "missing field(s)")
         _check_fields(data, where)
         # Values are checked by solve() itself, with the same messages as from Python.
-        return cls(**data)
+        return cls(**_normalised(data))
 
     @classmethod
     def load(cls, path: str | Path) -> "Scenario":
-        path = Path(path)
+        path = _path(path, "scenario")
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = path.read_bytes()
         except OSError as err:
-            raise InvalidInputError("scenario", str(path), "a readable .json or .toml file", str(err)) from err
+            raise InvalidInputError("scenario", str(path), "a readable .json or .toml file",
+                                    err.strerror or str(err)) from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidInputError("scenario", str(path), "a UTF-8 text file (.json or .toml)",
+                                    f"byte {err.start} is not UTF-8: {err.reason}") from None
         if path.suffix.lower() == ".toml":
             try:
                 import tomllib
@@ -112,19 +118,19 @@ class Scenario:
                 raise InvalidInputError("scenario", str(path), "a .json file (TOML needs Python 3.11+)") from err
             try:
                 data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as err:
-                raise InvalidInputError("scenario", str(path), "valid TOML", str(err)) from err
-            except RecursionError as err:
+            except RecursionError:
                 raise InvalidInputError("scenario", str(path), "TOML nested at most a few hundred levels deep",
-                                        "too deeply nested") from err
+                                        "too deeply nested") from None
+            except ValueError as err:     # TOMLDecodeError, or an integer too long to read
+                raise InvalidInputError("scenario", str(path), "valid TOML", _parse_error(err)) from None
         else:
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise InvalidInputError("scenario", str(path), "valid JSON", str(err)) from err
-            except RecursionError as err:
+            except RecursionError:
                 raise InvalidInputError("scenario", str(path), "JSON nested at most a few hundred levels deep",
-                                        "too deeply nested") from err
+                                        "too deeply nested") from None
+            except ValueError as err:     # JSONDecodeError, or an integer over Python's 4300 digits
+                raise InvalidInputError("scenario", str(path), "valid JSON", _parse_error(err)) from None
         return cls.from_dict(data, where=f"scenario {path.name}")
 
     def to_dict(self) -> dict:
@@ -133,12 +139,20 @@ class Scenario:
 
     def dump(self, path: str | Path) -> None:
         """Write this scenario to ``path``: TOML for a ``.toml`` name, JSON otherwise."""
-        path = Path(path)
+        path = _path(path, "path")
+        if path.is_dir():
+            raise InvalidInputError("path", str(path), "a file name (.json or .toml)", "it is a directory")
         if path.suffix.lower() == ".toml":
             text = to_toml(self.to_dict())
         else:
             text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-        path.write_text(text, encoding="utf-8")
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as err:
+            detail = err.strerror or str(err)
+            if not path.parent.is_dir():
+                detail = f"the folder {str(path.parent)!r} does not exist"
+            raise InvalidInputError("path", str(path), "a writable file in an existing folder", detail) from None
 
     def run_details(self, result=None) -> dict:
         """Everything about this run that changes the numbers, with defaults filled in where
@@ -222,8 +236,56 @@ class Scenario:
     def solve(self, model=None):
         """Solve this scenario (with ``model``, a ``TrainingMemoryModel``, if given)."""
         from .solver import TrainingMemoryModel
-        solver = model or TrainingMemoryModel()
+        if model is not None and not isinstance(model, TrainingMemoryModel):
+            raise InvalidInputTypeError("model", model, "a TrainingMemoryModel (the solver to use), or None for "
+                                        "a new one", f"got {type(model).__name__}; the scenario names its own "
+                                        "model (the workload)")
+        solver = TrainingMemoryModel() if model is None else model
         return solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+
+
+def _parse_error(err: ValueError) -> str:
+    """What a JSON/TOML reader's ValueError says, in a user's words."""
+    text = str(err)
+    if "integer string conversion" in text:     # Python's limit on int() of a long digit string
+        return "a number with more than 4300 digits; no field takes one"
+    return text
+
+
+def _path(path, parameter: str) -> Path:
+    """``path`` as a Path, or an error naming ``parameter`` (None, a number, ...)."""
+    import os
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputTypeError(parameter, path, "a file path (str or pathlib.Path)",
+                                    f"got {type(path).__name__}")
+    if not str(path).strip():
+        raise InvalidInputError(parameter, path, "a file path", "an empty name")
+    return Path(path)
+
+
+# Whole-number fields: a file's 16.0 is read as 16 (JSON and TOML writers often write
+# floats), so that headers and saved scenarios show what was meant.
+_INT_FIELDS = ("batch_size", "seq_len", "tp_size", "pp_size", "dp_size", "ep_size", "zero_stage",
+               "gradient_accumulation_steps", "cp_size", "checkpointed_layers", "virtual_stages",
+               "expert_tp_size")
+
+
+def _whole(value):
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+def _normalised(data: dict) -> dict:
+    data = dict(data)
+    for name in _INT_FIELDS:
+        if name in data:
+            data[name] = _whole(data[name])
+    if isinstance(data.get("stage_layers"), list):
+        data["stage_layers"] = [_whole(v) for v in data["stage_layers"]]
+    if isinstance(data.get("lora"), dict) and "rank" in data["lora"]:
+        data["lora"] = {**data["lora"], "rank": _whole(data["lora"]["rank"])}
+    return data
 
 
 # --- checking a file's fields ---------------------------------------------------------------
