@@ -55,7 +55,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel", metavar="RULE",
                         help="a data-parallel sharding rule by name (instead of --zero-stage)")
     parser.add_argument("--rule", action="append", default=[], metavar="AXIS=RULE",
-                        help="replace the default tp, pp or ep rule, e.g. --rule tp=myorg.tp2d")
+                        help="replace the default rule of an axis: tp, cp, pp or ep (the data-parallel rule: "
+                             "--data-parallel), e.g. --rule cp=cp-ulysses or --rule tp=myorg.tp2d")
     parser.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
                         help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
@@ -141,13 +142,13 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("kind", choices=("bars", "timeline", "sweep"), help="which picture")
     plot.add_argument("--output", "-o", required=True, metavar="FILE",
                       help="where to write it; .png or .svg")
-    plot.add_argument("--sweep", choices=("batch", "seq"), default="batch",
+    plot.add_argument("--sweep", choices=("batch", "seq"),
                       help="sweep: the micro-batch per accelerator (default) or the sequence length")
     plot.add_argument("--vary", metavar="FIELD",
-                      help="bars: one bar per value of this scenario field, e.g. zero_stage, hardware")
+                      help="bars: one bar per value of this scenario field, e.g. zero_stage, hardware, profile")
     plot.add_argument("--values", metavar="V1,V2,...",
                       help="sweep: the values (default 1,2,4,...,64 for batch, 512..32768 for seq); "
-                           "bars: the values of --vary")
+                           "bars: the values of --vary (default for --vary profile: reference,measured)")
     plot.add_argument("--title", help="replace the picture's title")
     _add_solve_flags(plot)
 
@@ -157,9 +158,11 @@ def _parser() -> argparse.ArgumentParser:
                     "batch: the largest micro-batch (and the global batch it makes); "
                     "seq: the longest sequence at --batch-size; "
                     "devices: the fewest devices for the layout shape --tp/--pp/--ep (dp grows; "
-                    "--batch-size is the global batch). Same flags as `estimate`; the searched one is ignored.")
+                    "--batch-size is the global batch). Same flags as `estimate`, except the one for the searched value "
+                    "(--batch-size for batch, --seq-len for seq, --dp-size for devices), which is refused. "
+                    "seq searches only sequences that --cp-size divides.")
     fit.add_argument("question", choices=("batch", "seq", "devices"), help="what to search")
-    fit.add_argument("--multiple-of", type=int, default=1, help="seq: only multiples of this (e.g. 128)")
+    fit.add_argument("--multiple-of", type=int, help="seq: only multiples of this (e.g. 128; default 1)")
     fit.add_argument("--json", action="store_true", help="the answer and both bracketing results as JSON")
     _add_solve_flags(fit)
 
@@ -341,11 +344,17 @@ def _parse_options(items: list[str]) -> dict[str, dict]:
 
 
 def _parse_rules(items: list[str]) -> dict[str, str]:
+    from .specs import DEFAULT_RULES
     rules = {}
     for item in items:
         axis, sep, name = item.partition("=")
         if not sep or not name:
-            raise InvalidInputError("--rule", item, "AXIS=RULE with AXIS one of tp, pp, ep")
+            raise InvalidInputError("--rule", item, f"AXIS=RULE with AXIS one of {', '.join(DEFAULT_RULES)}, "
+                                    "e.g. cp=cp-ulysses (the data-parallel rule: --data-parallel)")
+        if axis.strip() not in DEFAULT_RULES:
+            hint = "; for dp use --data-parallel RULE (or --zero-stage)" if axis.strip() == "dp" else ""
+            raise InvalidInputError("--rule", item, f"AXIS=RULE with AXIS one of {', '.join(DEFAULT_RULES)}",
+                                    f"{axis.strip()!r} is not an axis with a replaceable rule{hint}")
         rules[axis.strip()] = name.strip()
     return rules
 
@@ -627,6 +636,16 @@ def cmd_estimate(args, out) -> int:
 VARY_FIELDS = ("model", "hardware", "profile", "data_parallel", "sequence_parallel")
 
 
+# An example of --values for each --vary field (in the error when --values is missing).
+_VARY_EXAMPLES = {"model": "llama3-8b,llama3-70b", "hardware": "h100,a100", "profile": "reference,measured",
+                  "data_parallel": "zero1,zero3,fsdp", "sequence_parallel": "true,false",
+                  "batch_size": "8,16,32", "seq_len": "1024,2048,4096", "precision": "fp16,bf16,fp32",
+                  "optimizer": "adam,sgd,adafactor", "activation_checkpointing": "none,selective,full",
+                  "zero_stage": "0,1,2,3", "tp_size": "1,2,4,8", "pp_size": "1,2,4", "dp_size": "1,2,4,8",
+                  "ep_size": "1,2,4", "gradient_accumulation_steps": "1,2,4",
+                  "trainable_fraction": "1.0,0.1,0.01", "communication_buffer_fraction": "0.05,0.1"}
+
+
 def _split_values(text: str, parameter: str = "--values") -> list[str]:
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or not all(items):
@@ -655,6 +674,10 @@ def cmd_plot(args, out) -> int:
     scenario = scenario_from_args(args)
     if args.vary and args.kind != "bars":
         raise InvalidInputError("--vary", args.vary, "only with `plot bars`")
+    if args.sweep is not None and args.kind != "sweep":
+        raise InvalidInputError("--sweep", args.sweep, "only with `plot sweep`",
+                                f"`plot {args.kind}` draws no sweep")
+    args.sweep = args.sweep or "batch"
     if args.values is not None and args.kind == "timeline":
         raise InvalidInputError("--values", args.values, "only with `plot bars --vary` or `plot sweep`")
     if args.kind == "bars" and args.values is not None and not args.vary:
@@ -670,8 +693,11 @@ def cmd_plot(args, out) -> int:
             allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
             if args.vary not in allowed:
                 raise InvalidInputError("--vary", args.vary, f"one of {', '.join(allowed)}")
+            if args.values is None and args.vary == "profile":     # the two profiles side by side
+                args.values = "reference,measured"
             if args.values is None:
-                raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. 0,1,2,3")
+                raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. "
+                                        + _VARY_EXAMPLES.get(args.vary, "1,2,4"))
             raws = _split_values(args.values)
             scenarios = [attrs.evolve(scenario, **{args.vary: _vary_value(args.vary, raw)}) for raw in raws]
             if args.vary == "profile":    # a reference-grade profile has none of the measured-only options
@@ -710,17 +736,50 @@ def cmd_plot(args, out) -> int:
                     raise InvalidInputError("--values", args.values, "whole numbers >= 1, e.g. 1,2,4,8") from None
         model, hardware = _resolved(scenario)
         data = plots.sweep(scenario, args.sweep, values, solver=solver, model=model, hardware=hardware)
-        fig = plots.plot_sweep(data, title=args.title)
-        best = data.largest_fitting
+        exact = _exact_largest(solver, scenario, args.sweep, model, hardware)
+        fig = plots.plot_sweep(data, title=args.title, exact=exact.value, exact_is_bound=exact.at_search_limit)
         out.write(f"{data.label}: " + ", ".join(
             f"{v:,} {'fits' if r.feasible else 'does not fit'} ({r.total_memory * 1e-9:,.3f} GB)"
             for v, r in zip(data.values, data.results)) + "\n")
-        out.write(f"largest {data.label} that fits: {best:,}\n" if best is not None
-                  else f"no {data.label} of {', '.join(map(str, data.values))} fits\n")
+        out.write(_sweep_answer_line(data, exact, args.sweep) + "\n")
     path = plots.save(fig, output, parameter="--output")
     profile = f"profile {scenario.profile}" if args.vary != "profile" else "profiles " + args.values
     out.write(f"wrote {path} ({profile})\n")
     return 0
+
+
+def _exact_largest(solver, scenario, question: str, model, hardware):
+    """What `fit batch` / `fit seq` answers for ``scenario`` (the sweep samples only some
+    values; this is the exact largest, with the same solver, profile and options)."""
+    import math
+    from . import inverse
+    kwargs = scenario.solve_kwargs()
+    if question == "batch":
+        kwargs.pop("batch_size")
+        return inverse.largest_batch(model, hardware, solver=solver, **kwargs)
+    kwargs.pop("seq_len")
+    batch = kwargs.pop("batch_size")
+    cp = scenario.cp_size if type(scenario.cp_size) is int and scenario.cp_size >= 1 else 1
+    return inverse.longest_sequence(model, hardware, batch, solver=solver, multiple_of=math.lcm(1, cp), **kwargs)
+
+
+def _sweep_answer_line(data, exact, question: str) -> str:
+    """The sweep's answer, honest about sampling: the largest of the values drawn that
+    fits, and the exact largest that `fit` finds when it differs."""
+    best = data.largest_fitting
+    command = f"`mlsysim-core fit {question}`"
+    if exact.value is None:
+        found = "nothing fits at all"
+    elif exact.at_search_limit:
+        found = f"at least {exact.value:,} (search limit)"
+    else:
+        found = f"{exact.value:,}"
+    if best is None:
+        drawn = f"no {data.label} of {', '.join(map(str, data.values))} fits"
+        return drawn if exact.value is None else f"{drawn} ({command} finds the exact largest: {found})"
+    if exact.value == best and not exact.at_search_limit:
+        return f"largest {data.label} that fits: {best:,} (the exact largest, as {command} finds)"
+    return f"largest of the values drawn that fits: {best:,} ({command} finds the exact largest: {found})"
 
 
 def plugin_listing(pm) -> list[dict]:
@@ -819,15 +878,48 @@ def cmd_hardware(args, out) -> int:
     return 0
 
 
+# The flag that names what each `fit` question searches: giving it is a mistake.
+_FIT_SEARCHED = {"batch": ("--batch-size", "batch_size", "`fit batch` searches the micro-batch (the global batch "
+                                                         "is micro-batch x dp x accumulation)"),
+                 "seq": ("--seq-len", "seq_len", "`fit seq` searches the sequence length"),
+                 "devices": ("--dp-size", "dp_size", "`fit devices` searches the data-parallel size (the devices "
+                                                     "are tp x pp x dp)")}
+
+
+def _check_fit_flags(args) -> None:
+    """`fit` refuses the flag of the value it searches, and --multiple-of outside `fit seq`."""
+    flag, dest, why = _FIT_SEARCHED[args.question]
+    if getattr(args, dest) is not None:
+        raise InvalidInputError(flag, getattr(args, dest), f"not given: {why}", f"leave out {flag}")
+    if args.multiple_of is not None:
+        if args.question != "seq":
+            raise InvalidInputError("--multiple-of", args.multiple_of, "only with `fit seq`",
+                                    f"`fit {args.question}` searches no sequence length")
+        if args.multiple_of < 1:
+            raise InvalidInputError("--multiple-of", args.multiple_of, "an integer >= 1 (e.g. 128)")
+
+
+def _sequence_unit(scenario, multiple_of: int) -> int:
+    """The step of a sequence search: multiples of ``multiple_of`` that context parallelism
+    (cp ranks, each a whole share of the sequence) divides."""
+    import math
+    cp = scenario.cp_size
+    return math.lcm(multiple_of, cp) if type(cp) is int and cp >= 1 else multiple_of
+
+
 def cmd_fit(args, out) -> int:
     import attrs
     from . import inverse
     from .solver import TrainingMemoryModel
+    _check_fit_flags(args)
     scenario = scenario_from_args(args)
     if args.question == "seq":       # the batch is a given: whole micro-batches
         check_global_batch(scenario, _batch_given(args))
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     probe = None
+    unit = _sequence_unit(scenario, args.multiple_of or 1)
+    if args.question == "seq":       # the sequence is searched: ask at its first candidate
+        probe = attrs.evolve(scenario, seq_len=unit)
     if args.question == "devices":   # dp is searched: ask at dp = 1
         gas = scenario.gradient_accumulation_steps
         probe = attrs.evolve(scenario, dp_size=1, **({"batch_size": gas} if type(gas) is int and gas >= 1 else {}))
@@ -840,8 +932,7 @@ def cmd_fit(args, out) -> int:
     elif args.question == "seq":
         kwargs.pop("seq_len")
         batch = kwargs.pop("batch_size")
-        answer = inverse.longest_sequence(model, hardware, batch, solver=solver, multiple_of=args.multiple_of,
-                                          **kwargs)
+        answer = inverse.longest_sequence(model, hardware, batch, solver=solver, multiple_of=unit, **kwargs)
     else:
         batch = kwargs.pop("batch_size")
         for name in ("dp_size",):
@@ -851,7 +942,7 @@ def cmd_fit(args, out) -> int:
     if solved is not None:     # the run that solve describes, for the header and "run"
         changed = {"batch": {"batch_size": solved.microbatch * scenario.dp_size
                              * scenario.gradient_accumulation_steps},
-                   "seq": {"seq_len": answer.value if answer.result is not None else args.multiple_of},
+                   "seq": {"seq_len": answer.value if answer.result is not None else unit},
                    "devices": {"dp_size": solved.parallelism.get("dp", scenario.dp_size)}}[args.question]
         scenario = attrs.evolve(scenario, **changed)
     if args.json:
@@ -860,12 +951,17 @@ def cmd_fit(args, out) -> int:
                 "at_search_limit": answer.at_search_limit,
                 "result": answer.result.to_dict() if answer.result else None,
                 "limit": answer.limit.to_dict() if answer.limit else None}
+        if args.question == "seq":
+            data["multiple_of"] = unit
         out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
     else:
         from .render import describe_run
         out.write(_profile_note_lines(note))
         out.write(f"{solved.model} on {solved.hardware}  (profile: {solved.profile})\n")
         out.write(describe_run(scenario.run_details(solved)) + "\n")
+        if args.question == "seq" and unit != (args.multiple_of or 1):
+            out.write(f"searched sequences that are multiples of {unit} (context parallelism {scenario.cp_size} "
+                      "splits each one evenly)\n")
         out.write(answer.describe() + "\n")
     return 0
 

@@ -591,10 +591,14 @@ def plot_timeline(result, *, title: str | None = None, path=None, figsize=(8.4, 
 
 # --- (c) sweep ----------------------------------------------------------------------------
 
-def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0, 5.8)):
+def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0, 5.8),
+               exact: int | None = None, exact_is_bound: bool = False):
     """Memory against the swept value (a `Sweep` from `sweep`), stacked by
     component, with the capacity line and the largest value that fits marked.
-    For a parallel layout each value shows its heaviest rank class."""
+    For a parallel layout each value shows its heaviest rank class. ``exact`` is the
+    exact largest value that fits (``mlsysim_core.inverse``, as `fit` finds it; the sweep
+    only samples): when given and different, the mark says both (``exact_is_bound``: it is
+    the search limit, a lower bound)."""
     _matplotlib()
     from matplotlib.lines import Line2D
     results, values = data.results, data.values
@@ -626,14 +630,20 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0
     if best is not None:
         i = values.index(best)
         ax.axvline(best, color="#1a7f37", linewidth=1.2, linestyle="-.")
-        ax.annotate(f"largest {data.label} that fits: {best:,}\n({totals[i]:,.1f} GB = "
+        if exact is None or (exact == best and not exact_is_bound):
+            said = f"largest {data.label} that fits: {best:,}"
+        else:
+            said = (f"largest drawn that fits: {best:,}\n(exact largest: "
+                    f"{'at least ' if exact_is_bound else ''}{exact:,})")
+        ax.annotate(f"{said}\n({totals[i]:,.1f} GB = "
                     f"{results[i].total_memory / GIB:,.1f} GiB)", (best, totals[i]),
                     xytext=(0.03, 0.95), textcoords="axes fraction", fontsize=9, color="#1a7f37",
                     fontweight="bold", ha="left", va="top", bbox=_LABEL_BOX, zorder=6,
                     arrowprops={"arrowstyle": "->", "color": "#1a7f37", "linewidth": 1.2})
     else:
-        ax.text(0.02, 0.96, "none of these values fits", transform=ax.transAxes, color="#b00020",
-                fontsize=9, fontweight="bold", va="top")
+        ax.text(0.02, 0.96, "none of these values fits" + (
+                    f" (exact largest that fits: {exact:,})" if exact is not None else ""),
+                transform=ax.transAxes, color="#b00020", fontsize=9, fontweight="bold", va="top")
     _gib_axis(ax)
     handles = _legend_handles(present)
     handles.append(Line2D([], [], color=CAPACITY_COLOR, linestyle="--", label=_capacity_label(results[0])))

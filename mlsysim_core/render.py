@@ -85,6 +85,10 @@ def describe_run(run: dict) -> str:
         if run.get("stage_layers"):
             clause += f", stage layers {','.join(map(str, run['stage_layers']))}"
         parts.append(clause)
+    if run.get("sharding_rules"):
+        parts.append("sharding rule " + ", ".join(f"{axis}={name}" for axis, name in run["sharding_rules"].items()))
+    if run.get("include_plugins"):
+        parts.append("included plugins " + ", ".join(run["include_plugins"]))
     for key, label in (("cp_size", "context parallelism"), ("expert_tp_size", "expert tp"),
                        ("moe_capacity_factor", "MoE capacity factor"), ("attention", "attention"),
                        ("dropout", "dropout"), ("optimizer_impl", "optimizer step"),

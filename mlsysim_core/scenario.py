@@ -195,6 +195,12 @@ class Scenario:
                 details["stage_layers"] = list(self.stage_layers)
         if self.cp_size != 1:
             details["cp_size"] = self.cp_size
+        if self.sharding_rules:     # the rule each axis ran under, where one was asked for
+            selected = getattr(result, "selected", None) or {}
+            details["sharding_rules"] = {axis: selected.get(f"{axis}_rule", name)
+                                         for axis, name in sorted(self.sharding_rules.items())}
+        if self.include_plugins:
+            details["include_plugins"] = sorted(self.include_plugins)
         for name in ("expert_tp_size", "moe_capacity_factor", "attention", "dropout", "optimizer_impl",
                      "checkpointed_layers"):
             if getattr(self, name) is not None:

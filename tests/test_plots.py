@@ -189,7 +189,7 @@ def test_plot_command(mpl, tmp_path):
                      "-o", str(tmp_path / "s.svg"), "--profile", "reference")
     assert code == 0 and is_svg(tmp_path / "s.svg")
     best = largest_fitting_micro_batch(get_model("llama3-8b"), get_hardware("h200"), 1024, [1, 2, 4, 8, 16])
-    assert f"largest micro-batch that fits: {best}\n" in text
+    assert f"largest micro-batch that fits: {best} (the exact largest, as `mlsysim-core fit batch` finds)\n" in text
     scenario = tmp_path / "run.json"
     scenario.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 64,
                                     "seq_len": 1024, "dp_size": 8}))
