@@ -83,9 +83,9 @@ def name(parameter: str, value: object, choices) -> str:
 
 # attrs field validators built on the checks above.
 
-def attrs_count(minimum: int = 1):
+def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT):
     def validate(instance, attribute, value):
-        count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum)
+        count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
     return validate
 
 

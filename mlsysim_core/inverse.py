@@ -9,12 +9,13 @@ makes the next step not fit, and the headroom left at the answer.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 from .result import TrainingMemoryResult
 from .solver import TrainingMemoryModel
 from .terms import COMPONENTS
@@ -128,6 +129,33 @@ def _answer(question, value, result, limit, solves, **details) -> InverseAnswer:
                          solves=solves, details=details, at_search_limit=value is not None and limit is None)
 
 
+def _solver(solver) -> TrainingMemoryModel:
+    """``solver``: a TrainingMemoryModel, or None for ``TrainingMemoryModel()`` (nothing else,
+    falsy values included, means the default)."""
+    if solver is None:
+        return TrainingMemoryModel()
+    if not isinstance(solver, TrainingMemoryModel):
+        raise InvalidInputTypeError("solver", solver, "a TrainingMemoryModel, or None for TrainingMemoryModel()",
+                                    f"got {type(solver).__name__}")
+    return solver
+
+
+_SOLVE_KEYWORDS: tuple = ()
+
+
+def _check_keywords(solve_kwargs: dict, searched: tuple[str, ...]) -> None:
+    """Every extra keyword must be one of ``solve``'s (not one this search sets itself): a
+    mistyped name is an error naming it, not a TypeError from inside the search."""
+    global _SOLVE_KEYWORDS
+    if not _SOLVE_KEYWORDS:
+        _SOLVE_KEYWORDS = tuple(inspect.signature(TrainingMemoryModel.solve).parameters)[1:]   # (without self)
+    for name in solve_kwargs:
+        if name not in _SOLVE_KEYWORDS or name in ("model", "hardware"):
+            usable = [k for k in _SOLVE_KEYWORDS if k not in ("model", "hardware") and k not in searched]
+            raise InvalidInputError(name, solve_kwargs[name], f"a keyword of solve: {', '.join(usable)}",
+                                    f"{name!r} is not a parameter of TrainingMemoryModel.solve")
+
+
 def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None, **solve_kwargs) -> InverseAnswer:
     """The largest micro-batch that fits, and the global batch it makes.
 
@@ -136,7 +164,8 @@ def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None,
     """
     if "batch_size" in solve_kwargs:
         raise InvalidInputError("batch_size", solve_kwargs["batch_size"], "not given: it is what is searched")
-    solver = solver or TrainingMemoryModel()
+    solver = _solver(solver)
+    _check_keywords(solve_kwargs, ("batch_size",))
     # Checked here, before they scale the searched batch (else a dp of 0 would blame batch_size).
     per_micro = (_checks.count("dp_size", solve_kwargs.get("dp_size", 1))
                  * _checks.count("gradient_accumulation_steps", solve_kwargs.get("gradient_accumulation_steps", 1)))
@@ -151,13 +180,43 @@ def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel
     """The longest sequence (a multiple of ``multiple_of``) that fits at ``batch_size``."""
     if "seq_len" in solve_kwargs:
         raise InvalidInputError("seq_len", solve_kwargs["seq_len"], "not given: it is what is searched")
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise InvalidInputError("multiple_of", multiple_of, "an integer >= 1")
-    solver = solver or TrainingMemoryModel()
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int):
+        raise InvalidInputTypeError("multiple_of", multiple_of, "an integer >= 1", f"got {type(multiple_of).__name__}")
+    multiple_of = _checks.count("multiple_of", multiple_of, maximum=MAX_SEQUENCE)
+    solver = _solver(solver)
+    _check_keywords(solve_kwargs, ("seq_len",))
+    bound, cap = MAX_SEQUENCE, _position_rows(solver, model, solve_kwargs.get("profile"))
+    if cap is not None:      # a learned position table: no sequence past its rows (the measured profile says so)
+        bound = cap
+        if multiple_of > cap:
+            raise InvalidInputError("multiple_of", multiple_of, f"at most the model's context length {cap:,}",
+                                    "the model has learned position embeddings: no sequence past its context length")
     value, result, limit, solves = _largest(
         lambda k: solver.solve(model, hardware, batch_size, k * multiple_of, **solve_kwargs),
-        1, MAX_SEQUENCE // multiple_of)
-    return _answer("longest sequence", value * multiple_of if value else None, result, limit, solves)
+        1, bound // multiple_of)
+    answer = _answer("longest sequence", value * multiple_of if value else None, result, limit, solves)
+    if cap is not None and answer.at_search_limit:     # the context length, not the search, ends it
+        answer = attrs.evolve(answer, at_search_limit=False,
+                              details={"capped at the model's context length": cap})
+    return answer
+
+
+def _position_rows(solver: TrainingMemoryModel, model, profile) -> int | None:
+    """The rows of the model's learned position table when the profile is measured grade (it
+    refuses longer sequences), else None."""
+    registry = solver.registry
+    spec = registry.profiles.get(profile if profile is not None else solver._profile) \
+        if isinstance(profile, (str, type(None))) else None
+    if spec is None or spec.grade != "measured":
+        return None
+    if isinstance(model, str):
+        from .catalog import get_model
+        model = get_model(model, plugin_manager=solver.plugin_manager)
+    from .types import TransformerWorkload
+    if not isinstance(model, TransformerWorkload):
+        return None     # (solve says what is wrong with it)
+    from .measured.shapes import position_table_rows
+    return position_table_rows(model)
 
 
 def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
@@ -174,7 +233,14 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
     for name in ("dp_size",):
         if name in solve_kwargs:
             raise InvalidInputError(name, solve_kwargs[name], "not given: it is what is searched")
-    solver = solver or TrainingMemoryModel()
+    solver = _solver(solver)
+    _check_keywords(solve_kwargs, ("batch_size", "dp_size", "tp_size", "pp_size", "ep_size"))
+    tp_size = _checks.count("tp_size", tp_size)
+    pp_size = _checks.count("pp_size", pp_size)
+    ep_size = _checks.count("ep_size", ep_size)
+    powers_of_two = _checks.flag("powers_of_two", powers_of_two)
+    if exact_batch is not None:
+        exact_batch = _checks.flag("exact_batch", exact_batch)
     steps = [d for d in (1 << k for k in range(21)) if d % ep_size == 0] if powers_of_two else \
         [d for d in range(1, MAX_DP + 1) if d % ep_size == 0]
     if exact_batch is None:

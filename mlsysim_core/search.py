@@ -295,7 +295,15 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``lora``: measured-grade options, passed to every ``solve`` (as ``solve`` reads them).
     """
     started = time.perf_counter()
-    solver = solver or TrainingMemoryModel()
+    if solver is None:
+        solver = TrainingMemoryModel()
+    elif not isinstance(solver, TrainingMemoryModel):
+        raise InvalidInputTypeError("solver", solver, "a TrainingMemoryModel, or None for TrainingMemoryModel()",
+                                    f"got {type(solver).__name__}")
+    if progress is not None and not callable(progress):
+        raise InvalidInputTypeError("progress", progress, "a callable progress(done, total), or None",
+                                    f"got {type(progress).__name__}")
+    assume_monotone = _checks.flag("assume_monotone", assume_monotone)
     registry = solver.registry
     model = _resolve_model(model)
     hardware = _resolve_hardware(hardware)
@@ -307,7 +315,10 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             raise InvalidInputError(name, value, "a positive finite number")
     cp_allowed = None
     if context_parallel is not None:
-        cp_allowed = {_checks.count("context_parallel", c) for c in context_parallel}
+        cp_allowed = _context_sizes(context_parallel, devices, seq_len)
+    if max_tp is not None:
+        max_tp = _checks.count("max_tp", max_tp)
+    recompute = _recompute(recompute)
     strategies = (_names("checkpointing", checkpointing, registry.checkpointing) if checkpointing is not None
                   else sorted(registry.checkpointing))
     if model.heads is None:
@@ -316,7 +327,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     dp_rules = (_names("data_parallel", data_parallel, installed_rules) if data_parallel is not None
                 else sorted(installed_rules))
     sequence_parallel = _flags("sequence_parallel", sequence_parallel)
-    recompute = {**RECOMPUTE, **(recompute or {})}
+    recompute = {**RECOMPUTE, **recompute}
     bytes_ = precision_bytes(precision)
     max_tp = max_tp or hardware.devices_per_node or 8
     node = hardware.devices_per_node or 8
@@ -379,6 +390,47 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                       pareto=tuple(c for c in fits if c[16]), profile=profile,
                       assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
                                    "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
+
+
+def _context_sizes(values, devices: int, seq_len: int) -> set[int]:
+    """The ``context_parallel`` sizes: a list of counts, each one that some layout can use (it
+    divides both the device count and seq_len); a size no layout can use is an error, not
+    an empty search."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (list, tuple, set, frozenset, range)):
+        raise InvalidInputTypeError("context_parallel", values, "a list of context-parallel sizes (e.g. [1, 2]), "
+                                    "or None for every size", f"got {type(values).__name__}")
+    sizes = {_checks.count("context_parallel", c) for c in values}
+    if not sizes:
+        raise InvalidInputError("context_parallel", values, "at least one size, or None for every size")
+    for c in sorted(sizes):
+        if devices % c or seq_len % c:
+            common = math.gcd(devices, seq_len)
+            usable = ", ".join(map(str, _divisors(common))) if common <= 10**10 else f"the divisors of {common}"
+            raise InvalidInputError("context_parallel", c,
+                                    f"a size that divides both devices={devices} and seq_len={seq_len}: {usable}",
+                                    "context parallelism splits the sequence over cp of the devices")
+    return sizes
+
+
+def _recompute(values) -> dict[str, float]:
+    """``recompute``: None, or {strategy name: extra forward work, a finite number >= 0}."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise InvalidInputTypeError("recompute", values, "a mapping of strategy name -> extra work (e.g. "
+                                    "{'selective': 0.03}), or None", f"got {type(values).__name__}")
+    out = {}
+    for name, value in values.items():
+        if not isinstance(name, str):
+            raise InvalidInputTypeError("recompute", name, "strategy names (strings) as keys",
+                                        f"got {type(name).__name__}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidInputTypeError(f"recompute[{name!r}]", value, "a finite number >= 0",
+                                        f"got {type(value).__name__}")
+        if not math.isfinite(value) or value < 0:
+            raise InvalidInputError(f"recompute[{name!r}]", value, "a finite number >= 0")
+        out[name] = float(value)
+    return out
 
 
 def _names(parameter: str, values, installed) -> list[str]:

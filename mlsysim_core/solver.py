@@ -176,9 +176,11 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
     from .measured.regimes import regime_for
-    from .measured.shapes import ModelShape, parameter_check
+    from .measured.shapes import ModelShape, parameter_check, sequence_check
     ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
     warnings = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
+    if plan.model.context_length is not None or plan.seq_len > 1024:
+        warnings += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
     chosen = regime_for(regime, plan.precision)
     impl = "foreach" if optimizer_impl is None else _checks.name("optimizer_impl", optimizer_impl, IMPLEMENTATIONS)
     kernel = "sdpa" if attention is None else _checks.name("attention", attention, ("sdpa", "eager"))

@@ -153,7 +153,14 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
             key = registry.sharding_rules[name].axis if kind == SHARDING else kind
             cases += [(f"{kind} {name!r}", _fill(layout, name)) for layout in layouts[key]]
     if component_hooks:
-        cases += [("component hooks", _fill(layout, plugin)) for layout in layouts["component"]]
+        # A plugin a profile runs is checked under that profile (including it there would
+        # count its terms twice, and solve refuses that); any other plugin is included.
+        running = sorted(p.name for p in registry.profiles.values() if plugin in p.component_plugins)
+        for layout in layouts["component"]:
+            layout = _fill(layout, plugin)
+            if running and layout.get("include_plugins") == [plugin]:
+                layout = {**{k: v for k, v in layout.items() if k != "include_plugins"}, "profile": running[0]}
+            cases.append(("component hooks", layout))
 
     solver = TrainingMemoryModel(plugin_manager=pm)
     reversed_solver = TrainingMemoryModel(plugin_manager=_reversed_manager(pm))

@@ -130,10 +130,11 @@ class HardwareNode:
     """
 
     name: str = attrs.field(validator=_str)
-    memory_capacity: int = _count()
+    # (Capacities are compared, not multiplied: up to 16 EiB, beyond any device or host.)
+    memory_capacity: int = attrs.field(converter=_checks.to_int, validator=_checks.attrs_count(1, 2**64))
     memory_bandwidth: int | None = _optional_count(maximum=10**30)     # bytes per second (not a count of bytes)
     devices_per_node: int | None = _optional_count()
-    host_memory: int | None = _optional_count()
+    host_memory: int | None = _optional_count(maximum=2**64)
     vendor: str | None = attrs.field(default=None, validator=_opt_str)
 
     def __attrs_post_init__(self):

@@ -33,9 +33,8 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
     if schedule == "interleaved-1f1b" and virtual_stages is None:
         v = 2
     heads = plan.model.heads
-    if heads and heads % plan.tp_size:
-        raise LayoutError("tp_size", plan.tp_size, f"a divisor of the model's {heads} attention heads",
-                          "tensor parallelism splits the heads evenly over tp ranks")
+    if heads and plan.tp_size > 1:
+        _check_tp_heads(plan.tp_size, heads, plan.model.kv_heads or heads)
     if plan.model.is_sparse and plan.model.experts % plan.ep_size:
         raise LayoutError("ep_size", plan.ep_size, f"a divisor of the model's {plan.model.experts} experts",
                           "expert parallelism places the same number of experts on every rank")
@@ -52,6 +51,10 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
         if isinstance(stage_layers, (str, bytes)) or not hasattr(stage_layers, "__iter__"):
             raise InvalidInputTypeError("stage_layers", stage_layers, "a sequence of layer counts, one per stage")
         layers = tuple(_checks.count(f"stage_layers[{i}]", n, minimum=0) for i, n in enumerate(stage_layers))
+        if 0 in layers:
+            raise LayoutError("stage_layers", list(layers), "at least 1 layer on every pipeline stage",
+                              f"stage {layers.index(0)} (0-based) has none: a stage without layers is not a "
+                              f"pipeline stage (use a smaller pp_size)")
         if len(layers) != plan.pp_size or sum(layers) != plan.model.layers:
             raise LayoutError("stage_layers", list(layers),
                               f"{plan.pp_size} counts (one per pipeline stage) adding up to the model's "
@@ -70,6 +73,25 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
                           f"{layers} layers in {p} x {v} chunks")
     return attrs.evolve(plan, pipeline_schedule=schedule, virtual_stages=v, expert_tp_size=etp,
                         stage_layers=layers, offload=_offload(offload))
+
+
+def _tp_fits(t: int, heads: int, kv_heads: int) -> bool:
+    return heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)
+
+
+def _check_tp_heads(tp: int, heads: int, kv_heads: int) -> None:
+    """tp divides the attention heads, and the key/value heads split evenly over the tp ranks
+    or (tp > kv_heads) are replicated a whole number of times, as Megatron and vLLM do."""
+    if _tp_fits(tp, heads, kv_heads):
+        return
+    fits = ", ".join(str(t) for t in range(1, heads + 1) if _tp_fits(t, heads, kv_heads))
+    if heads % tp:
+        why = "tensor parallelism splits the heads evenly over tp ranks"
+    else:
+        why = (f"the {kv_heads} key/value heads neither split evenly over {tp} ranks nor replicate a whole "
+               f"number of times (tp must divide them, or be a multiple of them)")
+    kv = (f" that divides its {kv_heads} key/value heads or is a multiple of them" if kv_heads != heads else "")
+    raise LayoutError("tp_size", tp, f"a divisor of the model's {heads} attention heads{kv}: {fits}", why)
 
 
 def _expert_layout_error(plan, expert_tp_size, etp: int, group: int):
@@ -95,18 +117,23 @@ def _dp_for(plan, ep: int, etp: int) -> int:
     return -(-plan.dp_size // step) * step
 
 
+_OFFLOAD_FORMS = "'optimizer', 'optimizer+gradients', a list of names, {name: 'cpu'|'nvme'}, or None for none"
+
+
 def _offload(value) -> tuple[tuple[str, str], ...]:
-    if value is None or value is False:
+    if value is None:
         return ()
+    given = value
     if isinstance(value, str):
         value = [part.strip() for part in value.split("+") if part.strip()]
     if isinstance(value, Mapping):
         pairs = list(value.items())
-    elif hasattr(value, "__iter__"):
+    elif hasattr(value, "__iter__") and not isinstance(value, (bytes, bytearray, set, frozenset)):
         pairs = [(name, "cpu") for name in value]
+        if not pairs:    # "" or []: not "no offload" (that is None), a mistake
+            raise InvalidInputError("offload", given, f"{_OFFLOAD_FORMS} (at least one name)")
     else:
-        raise InvalidInputTypeError("offload", value,
-                                    "'optimizer', 'optimizer+gradients', a list of names or {name: 'cpu'|'nvme'}")
+        raise InvalidInputTypeError("offload", given, _OFFLOAD_FORMS, f"got {type(given).__name__}")
     out = {}
     for name, target in pairs:
         what = _checks.name("offload", name, OFFLOADABLE)

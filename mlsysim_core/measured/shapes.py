@@ -135,6 +135,42 @@ def _shape_of(model: TransformerWorkload) -> ModelShape:
         learned_positions=positions, assumptions=tuple(assumptions))
 
 
+# Of GPT2_LIKE, the architectures whose positions are rotary (no position table).
+ROTARY_GPT2_LIKE = frozenset({"gpt_neox", "falcon", "olmo"})
+
+
+def position_table_rows(model: TransformerWorkload) -> int | None:
+    """The rows of a learned position table (GPT-2 style: ``context_length``, 1024 when
+    unknown), the longest sequence such a model can embed; None for rotary positions (RoPE
+    runs past the context length with scaling) or a model the profile cannot shape."""
+    try:
+        shape = _shape_of(model)
+    except InvalidInputError:
+        return None
+    if not shape.learned_positions or (model.architecture or "").lower() in ROTARY_GPT2_LIKE:
+        return None
+    return shape.learned_positions
+
+
+def sequence_check(model: TransformerWorkload, seq_len: int) -> tuple[str, ...]:
+    """A sequence longer than a learned position table is an error naming seq_len; longer than
+    a rotary model's context length, a note (it runs, with RoPE scaling)."""
+    rows = position_table_rows(model)
+    if rows is not None:
+        if seq_len > rows:
+            raise InvalidInputError(
+                "seq_len", seq_len, f"at most {rows:,}, the model's context length",
+                f"{model.name!r} has learned position embeddings: its position table has {rows:,} rows and "
+                "no position past them")
+        return ()
+    context = model.context_length
+    if context is not None and seq_len > context:
+        return (f"seq_len {seq_len:,} exceeds the model's context length {context:,}: training past it needs "
+                "position scaling (e.g. RoPE scaling such as YaRN) or a longer-context checkpoint; the memory "
+                "is estimated for the sequence asked",)
+    return ()
+
+
 # A declared parameter count this far from the one the shapes imply gets a warning note.
 PARAMETER_TOLERANCE = 0.05
 
