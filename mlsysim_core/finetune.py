@@ -406,11 +406,24 @@ def trainable_fraction(model, value) -> float:
     return _exact_fraction(lora_counts(model, config).trainable_parameters, model.parameters)
 
 
+_LORA_FIELDS = frozenset(a.name for a in attrs.fields(LoRAConfig))
+
+
+def _shown_dict(value: dict) -> str:
+    from .errors import _safe_repr
+    return _safe_repr(value)
+
+
 def _config(value) -> LoRAConfig:
     if isinstance(value, LoRAConfig):
         return value
     if isinstance(value, dict):
         from .serialization import structure_options
+        if "rank" not in value and all(key in _LORA_FIELDS for key in value):
+            # never a silent rank-16 LoRA (LoRAConfig() keeps its documented default; an unknown
+            # key is named first, below)
+            raise InvalidInputError("lora.rank", None, "an integer >= 1: the adapters' rank, e.g. {'rank': 16}",
+                                    f"lora={_shown_dict(value)} has no rank; a dict of LoRAConfig fields must name it")
         value = dict(value)
         if isinstance(value.get("target_modules"), str):     # "all-linear" or one name
             value["target_modules"] = [value["target_modules"]]

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import attrs
 
 from .catalog.counting import count_parameters
+from . import _checks
 from .errors import InvalidInputError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
@@ -115,8 +116,14 @@ def load_hf_config(config) -> dict:
         except OSError as exc:
             raise InvalidInputError("config", os.fspath(config), "a readable config.json file",
                                     str(exc)) from None
-        except json.JSONDecodeError as exc:
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError("config", os.fspath(config), "a JSON document (UTF-8 text)",
+                                    f"not UTF-8: {exc}") from None
+        except ValueError as exc:      # malformed JSON, a number too long to read, a NUL in the path
             raise InvalidInputError("config", os.fspath(config), "a JSON document", str(exc)) from None
+        except RecursionError:
+            raise InvalidInputError("config", os.fspath(config), "a JSON document",
+                                    "nested too deeply to read") from None
         if not isinstance(data, dict):
             raise InvalidInputError("config", os.fspath(config), "a JSON object")
         return data
@@ -150,9 +157,13 @@ class _Config:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 if isinstance(value, float) and value.is_integer() and value >= minimum:
-                    return int(value)
-                raise InvalidInputError(f"config.{key}", value,
-                                        f"an integer of at least {minimum}")
+                    value = int(value)
+                else:
+                    raise InvalidInputError(f"config.{key}", value,
+                                            f"an integer of at least {minimum}")
+            if value > _checks.MAX_COUNT:
+                raise InvalidInputError(f"config.{key}", value, f"an integer in [{minimum}, {_checks.MAX_COUNT:,}]",
+                                        "too large")
             return value
         if default is _REQUIRED:
             raise self._missing(keys[0])

@@ -84,9 +84,19 @@ def result_from_dict(data: dict):
     if not isinstance(data, dict):
         raise InvalidInputTypeError("result", _shown(data), "a JSON object written by TrainingMemoryResult.to_json",
                                     f"got {type(data).__name__}")
+    if "schema_version" in data:
+        version = data["schema_version"]
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InvalidInputTypeError("result.schema_version", _shown(version),
+                                        f"an integer in [1, {SCHEMA_VERSION}] (this package writes {SCHEMA_VERSION})",
+                                        f"got {type(version).__name__}")
+        if not 1 <= version <= SCHEMA_VERSION:
+            raise InvalidInputError("result.schema_version", version,
+                                    f"an integer in [1, {SCHEMA_VERSION}] (this package writes {SCHEMA_VERSION})",
+                                    "written by a newer mlsysim-core" if version > SCHEMA_VERSION else "")
     data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
     try:
-        return _converter.structure(data, TrainingMemoryResult)
+        result = _converter.structure(data, TrainingMemoryResult)
     except RecursionError as err:
         raise InvalidInputError("result", "(nested too deeply)", "a result written by TrainingMemoryResult.to_json",
                                 "nested too deeply") from err
@@ -99,6 +109,37 @@ def result_from_dict(data: dict):
                                 "a result written by TrainingMemoryResult.to_json",
                                 "; ".join(messages[:3]) + (f"; and {len(messages) - 3} more" if len(messages) > 3
                                                            else "")) from err
+    _check_result(result)
+    return result
+
+
+def _check_result(result) -> None:
+    """A result read back must be one a solve could give: memory finite and not negative,
+    the total its components' sum, feasible as the totals say (in GB, as the solver decides)."""
+    import math
+    from .result import _MEMORY_FIELDS
+    for field in (*_MEMORY_FIELDS, "runtime_overheads", "memory_utilization"):
+        value = getattr(result, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InvalidInputError(f"result.{field}", value, "a finite number of bytes >= 0"
+                                    if field != "memory_utilization" else "a finite number >= 0")
+    if result.available_memory <= 0:
+        raise InvalidInputError("result.available_memory", result.available_memory, "a number of bytes > 0")
+    parts = (result.weights + result.gradients + result.optimizer_state + result.activations
+             + result.communication_buffers + result.runtime_overheads)
+    if abs(result.total_memory - parts) > 1e-9 * max(abs(parts), 1.0) + 1e-6:
+        raise InvalidInputError("result.total_memory", result.total_memory,
+                                f"the sum of the components and runtime overheads, {parts!r}",
+                                "a result's total is what its components add up to")
+    fits = result.total_memory * 1e-9 <= result.available_memory * 1e-9
+    if result.feasible is not fits:
+        raise InvalidInputError("result.feasible", result.feasible, f"{fits}, as the totals say",
+                                f"total {result.total_memory * 1e-9:.3f} GB against "
+                                f"{result.available_memory * 1e-9:.3f} GB available")
+    utilization = result.total_memory * 1e-9 / (result.available_memory * 1e-9)
+    if abs(result.memory_utilization - utilization) > 1e-9 * max(utilization, 1.0):
+        raise InvalidInputError("result.memory_utilization", result.memory_utilization,
+                                f"total / available = {utilization!r}")
 
 
 def result_from_json(text):
@@ -115,7 +156,7 @@ def parse_json(text, parameter: str, where: str | None = None):
     naming ``parameter`` (its value shown as ``where``, e.g. the file's path)."""
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:   # malformed JSON, bytes that are not UTF-8, a number too long to read
         raise InvalidInputError(parameter, where if where is not None else _shown(text), "valid JSON",
                                 str(err)) from None
     except RecursionError:

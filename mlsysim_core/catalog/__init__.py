@@ -89,6 +89,8 @@ class CatalogError(InvalidInputError):
 
 def normalise(name: str) -> str:
     """The lookup form of a name: stripped, lower case, ``_`` and whitespace read as ``-``."""
+    if not isinstance(name, str):
+        raise InvalidInputTypeError("name", name, "a model or hardware name (a string)", f"got {type(name).__name__}")
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
@@ -250,8 +252,10 @@ def _stamp(entry: CatalogEntry, origin: str, provided_by: str, **more) -> Catalo
 def _parse_file(text: str, where: str) -> dict[str, list[CatalogEntry]]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CatalogError(f"{where}: not valid JSON: {err}", parameter=where) from err
+    except ValueError as err:     # malformed JSON, or a number too long to read
+        raise CatalogError(f"{where}: not valid JSON: {err}", parameter=where) from None
+    except RecursionError:
+        raise CatalogError(f"{where}: not valid JSON: nested too deeply to read", parameter=where) from None
     if not isinstance(data, dict):
         raise CatalogError(f"{where}: expected a JSON object with \"schema\": {SCHEMA} and a "
                            "\"models\" and/or \"hardware\" list", parameter=where)
@@ -278,11 +282,16 @@ def read_catalog_file(path: str | os.PathLike) -> dict[str, list[CatalogEntry]]:
 
     Useful to validate a user catalog file; raises ``CatalogError`` naming the file and field.
     """
-    path = Path(path)
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputTypeError("path", path, "a path to a catalog file (a string or os.PathLike)",
+                                    f"got {type(path).__name__}")
     try:
+        path = Path(path)
         text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise CatalogError(f"catalog file {path}: cannot be read: {err}", parameter=str(path)) from err
+    except UnicodeDecodeError as err:
+        raise CatalogError(f"catalog file {path}: not UTF-8 text: {err}", parameter=str(path)) from None
+    except (OSError, ValueError) as err:    # (a path with a NUL byte is a ValueError)
+        raise CatalogError(f"catalog file {path}: cannot be read: {err}", parameter=str(path)) from None
     return _parse_file(text, f"catalog file {path}")
 
 
