@@ -169,8 +169,13 @@ def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None,
     # Checked here, before they scale the searched batch (else a dp of 0 would blame batch_size).
     per_micro = (_checks.count("dp_size", solve_kwargs.get("dp_size", 1))
                  * _checks.count("gradient_accumulation_steps", solve_kwargs.get("gradient_accumulation_steps", 1)))
+    if per_micro > _checks.MAX_COUNT:     # (no global batch of even one micro-batch per replica and step)
+        raise InvalidInputError("gradient_accumulation_steps", solve_kwargs.get("gradient_accumulation_steps", 1),
+                                f"dp_size x gradient_accumulation_steps at most {_checks.MAX_COUNT:,}",
+                                f"dp_size x gradient_accumulation_steps = {per_micro:,}")
     value, result, limit, solves = _largest(
-        lambda mb: solver.solve(model, hardware, mb * per_micro, **solve_kwargs), 1, MAX_MICROBATCH)
+        lambda mb: solver.solve(model, hardware, mb * per_micro, **solve_kwargs), 1,
+        min(MAX_MICROBATCH, _checks.MAX_COUNT // per_micro))
     details = {"global batch": value * per_micro} if value else {}
     return _answer("largest micro-batch", value, result, limit, solves, **details)
 

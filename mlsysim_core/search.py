@@ -215,13 +215,17 @@ def _rows(rows):
 _candidate = functools.partial(tuple.__new__, Candidate)
 
 
+SEARCH_MAX = 2**40     # devices and global batch a search takes (their divisors are enumerated)
+
+
 def _powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(limit.bit_length()) if (1 << k) <= limit]
 
 
-def _divisors(n: int) -> list[int]:
+@functools.lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 def _one_rank_rules(dp_rules: Sequence[str], installed) -> list[str]:
@@ -307,8 +311,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     registry = solver.registry
     model = _resolve_model(model)
     hardware = _resolve_hardware(hardware)
-    devices = _checks.count("devices", devices)
-    global_batch = _checks.count("global_batch", global_batch)
+    # (Bounded below the solver's 2**53: the search enumerates their divisors.)
+    devices = _checks.count("devices", devices, maximum=SEARCH_MAX)
+    global_batch = _checks.count("global_batch", global_batch, maximum=SEARCH_MAX)
     seq_len = _checks.count("seq_len", seq_len)
     for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
