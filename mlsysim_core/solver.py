@@ -176,9 +176,10 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
     from .measured.regimes import regime_for
-    from .measured.shapes import ModelShape, parameter_check, sequence_check
+    from .measured.shapes import ModelShape, approximation_notes, parameter_check, sequence_check
     ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
     warnings = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
+    warnings += approximation_notes(plan.model)    # what is costed as something else: said, never silent
     if plan.model.context_length is not None or plan.seq_len > 1024:
         warnings += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
     chosen = regime_for(regime, plan.precision)

@@ -223,3 +223,60 @@ def implied_parameters(model: TransformerWorkload, shape: ModelShape | None = No
         return count_workload_parameters(model, fill).total
     except (TypeError, ValueError):     # a shape the counter does not know (e.g. MLA without its widths)
         return None
+
+
+# The architectures whose layers this profile builds as they are, validated against memory
+# PyTorch measured (docs/validation.md). Every other family is costed as the nearest style,
+# and the result says so: what that style leaves out, per Hugging Face model_type.
+MODELLED_ARCHITECTURES = frozenset({"llama", "mistral", "mixtral", "gpt2"})
+NOT_MODELLED = {
+    "qwen2": "the q/k/v biases",
+    "qwen3": "QK-norm (its fp32 copies of q and k)",
+    "qwen2_moe": "the shared expert's gate",
+    "qwen3_moe": "QK-norm (its fp32 copies of q and k)",
+    "gemma": "the fp32 (1+w) norms and the sqrt(hidden) embedding scale",
+    "gemma2": "four norms per layer, logit soft-capping (an extra logits tensor; it forces eager "
+              "attention) and sliding-window attention",
+    "gemma3_text": "four norms per layer, QK-norm and sliding-window attention",
+    "phi3": "the fused qkv and gate_up projections",
+    "gpt3": "its alternating dense and locally banded attention",
+    "gpt_neox": "the parallel residual and partial rotary embeddings",
+    "falcon": "parallel attention and MLP and its attention layout",
+    "olmo": "its non-parametric layer norms",
+    "olmo2": "QK-norm and post-norms",
+    "deepseek_v2": "dense first layers",
+    "deepseek_v3": "dense first layers and group-limited routing",
+}
+
+
+def approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
+    """What this profile approximates about ``model``, as notes for the result (nothing is
+    costed as something else silently): an architecture without a model of its own, features
+    it does not model (multi-head latent attention, shared experts), and the shapes it had to
+    assume (``ModelShape.assumptions``)."""
+    return _approximation_notes(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
+    shape = ModelShape.of(model)
+    style = {"llama": "Llama", "gpt2": "GPT-2", "mixtral": "Mixtral"}[shape.style]
+    arch = (model.architecture or "").lower()
+    notes = []
+    if not arch:
+        notes.append(f"approximation: model.architecture is not given; costed as {style}-style layers")
+    elif arch not in MODELLED_ARCHITECTURES:
+        missing = NOT_MODELLED.get(arch)
+        notes.append(f"approximation: architecture {model.architecture!r} has no measured-grade model of its "
+                     f"own; costed as {style}-style layers"
+                     + (f" ({missing} not modelled)" if missing else ""))
+    if model.kv_lora_rank is not None:
+        notes.append(f"approximation: model.kv_lora_rank={model.kv_lora_rank}: multi-head latent attention is "
+                     f"not modelled; its attention is costed as multi-head attention ({shape.heads} heads of "
+                     f"{shape.head_dim}, {shape.kv_heads} KV heads)")
+    shared = getattr(model, "shared_experts", None)
+    if shared:
+        notes.append(f"approximation: model.shared_experts={shared}: the shared experts' activations are not "
+                     "modelled (their weights, in model.parameters, are)")
+    notes.extend(f"approximation: {assumed}" for assumed in shape.assumptions)
+    return tuple(notes)

@@ -1,0 +1,71 @@
+"""Nothing is costed as something else silently: what the measured profile approximates
+about a model (an architecture without a model of its own, multi-head latent attention,
+shared experts, assumed shapes) is a note in the result, its JSON, the estimate table and
+explain. The reference profile, which reads only the parameter count, adds none (parity)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from mlsysim_core import TrainingMemoryModel, TransformerWorkload, cli
+from mlsysim_core.measured.shapes import MODELLED_ARCHITECTURES, NOT_MODELLED
+
+MEASURED = TrainingMemoryModel("measured")
+
+
+def approximations(result) -> list[str]:
+    return [n for n in result.notes if n.startswith("approximation:")]
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mistralai/mistral-7b-v0.1", "mixtral-8x7b",
+                                  "openai-community/gpt2"])
+def test_the_validated_families_carry_no_approximation(name):
+    assert approximations(MEASURED.solve(name, "h100", 1, 1024)) == []
+
+
+def test_deepseek_says_what_is_not_modelled():
+    r = MEASURED.solve("deepseek-v3", "h200", 64, 1024, dp_size=64, ep_size=8, zero_stage=3)
+    notes = " | ".join(approximations(r))
+    assert "architecture 'deepseek_v3' has no measured-grade model of its own; costed as Mixtral-style" in notes
+    # 7168 / 128 heads = 56: what the multi-head stand-in has per head
+    assert ("model.kv_lora_rank=512: multi-head latent attention is not modelled; its attention is costed as "
+            "multi-head attention (128 heads of 56, 128 KV heads)") in notes
+    assert "model.shared_experts=1: the shared experts' activations are not modelled" in notes
+
+
+def test_gemma2_names_soft_capping_and_sliding_windows():
+    notes = " ".join(approximations(MEASURED.solve("google/gemma-2-2b", "h100", 1, 1024)))
+    assert "costed as Llama-style layers" in notes and "logit soft-capping" in notes and "sliding-window" in notes
+
+
+def test_every_family_the_hf_import_reads_is_modelled_or_says_what_it_leaves_out():
+    from mlsysim_core.hf import SUPPORTED_MODEL_TYPES
+    unsaid = [t for t in SUPPORTED_MODEL_TYPES if t not in MODELLED_ARCHITECTURES and t not in NOT_MODELLED]
+    assert unsaid == []
+
+
+def test_a_hand_built_model_hears_what_was_assumed():
+    model = TransformerWorkload(name="x", parameters=1_300_000_000, layers=24, hidden_dim=2048, heads=16,
+                                vocab_size=50_304)
+    notes = approximations(MEASURED.solve(model, "h100", 1, 1024))
+    assert notes == [
+        "approximation: model.architecture is not given; costed as Llama-style layers",
+        "approximation: gated MLP assumed (model.gated_mlp unknown)",
+        "approximation: MLP width 4 x hidden = 8192 assumed (model.ffn_dim unknown)",
+        "approximation: untied embeddings assumed (model.tied_embeddings unknown)",
+    ]
+    assert approximations(TrainingMemoryModel().solve(model, "h100", 1, 1024)) == []   # reference: none
+
+
+def test_the_notes_reach_the_json_the_table_and_explain():
+    out = io.StringIO()
+    assert cli.main(["estimate", "-m", "google/gemma-2-2b", "-b", "1", "--json"], out=out) == 0
+    assert any("logit soft-capping" in n for n in json.loads(out.getvalue())["notes"])
+    out = io.StringIO()
+    assert cli.main(["estimate", "-m", "google/gemma-2-2b", "-b", "1", "--explain", "--no-chart"], out=out) == 0
+    table, explained = out.getvalue().split("per accelerator:")
+    assert "note         approximation: architecture 'gemma2'" in table
+    assert "note: approximation: architecture 'gemma2'" in explained
