@@ -431,6 +431,22 @@ def _blocked_provider(err, args) -> str:
             f"the plugins {which} that provide it are blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin")
 
 
+def _offload_targets(text: str) -> dict[str, str]:
+    """``optimizer=nvme+gradients`` as ``{"optimizer": "nvme", "gradients": "cpu"}``: every part
+    named once, none empty (the last of two would silently win)."""
+    targets: dict[str, str] = {}
+    for part in text.split("+"):
+        name, _, tier = (p.strip() for p in part.partition("="))
+        if not name or ("=" in part and not tier):
+            raise InvalidInputError("--offload", text, "NAME[=TIER] parts joined by +, e.g. optimizer=nvme+gradients",
+                                    "an empty part")
+        if name in targets:
+            raise InvalidInputError("--offload", text, "each of optimizer, gradients, parameters at most once",
+                                    f"{name!r} is named twice")
+        targets[name] = tier or "cpu"
+    return targets
+
+
 def scenario_from_args(args):
     """The scenario file (if any), overridden by every flag given on the command line."""
     from .scenario import MEASURED_FIELDS, SOLVE_FIELDS, Scenario
@@ -438,6 +454,7 @@ def scenario_from_args(args):
         raise InvalidInputError("--scenario", args.scenario, "a .json or .toml scenario file",
                                 "an empty name; leave --scenario out for the built-in default")
     data = Scenario.load(args.scenario).to_dict() if args.scenario else {}
+    args._scenario_fields = set(data)      # what the file itself set (before the defaults)
     args._from_scenario = {name for name in ("model", "hardware")
                            if name in data and getattr(args, name) is None}
     data.setdefault("model", DEFAULT_MODEL)
@@ -450,7 +467,7 @@ def scenario_from_args(args):
         if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
     if isinstance(data.get("offload"), str) and "=" in data["offload"]:   # optimizer=nvme+gradients
-        data["offload"] = dict((part.split("=", 1) + ["cpu"])[:2] for part in data["offload"].split("+"))
+        data["offload"] = _offload_targets(data["offload"])
     lora = {name: value for name, value in (
         ("rank", getattr(args, "lora_rank", None)), ("quantization", getattr(args, "quantization", None)),
         ("double_quant", getattr(args, "double_quant", None)),
@@ -913,6 +930,11 @@ def cmd_fit(args, out) -> int:
     from .solver import TrainingMemoryModel
     _check_fit_flags(args)
     scenario = scenario_from_args(args)
+    flag, searched, why = _FIT_SEARCHED[args.question]
+    left_out = ""      # a scenario file's value of the searched field: left out, and said
+    if searched in getattr(args, "_scenario_fields", ()):
+        left_out = (f"note: {why}: the scenario's {searched}={getattr(scenario, searched)!r} is left out "
+                    "(the search starts from its smallest value)")
     if args.question == "seq":       # the batch is a given: whole micro-batches
         check_global_batch(scenario, _batch_given(args))
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
@@ -953,10 +975,14 @@ def cmd_fit(args, out) -> int:
                 "limit": answer.limit.to_dict() if answer.limit else None}
         if args.question == "seq":
             data["multiple_of"] = unit
+        if left_out:
+            data["scenario_note"] = left_out
         out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
     else:
         from .render import describe_run
         out.write(_profile_note_lines(note))
+        if left_out:
+            out.write(left_out + "\n")
         out.write(f"{solved.model} on {solved.hardware}  (profile: {solved.profile})\n")
         out.write(describe_run(scenario.run_details(solved)) + "\n")
         if args.question == "seq" and unit != (args.multiple_of or 1):

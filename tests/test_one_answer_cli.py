@@ -387,3 +387,23 @@ def test_the_fallback_says_what_it_left_out_and_never_blames_the_reference_profi
     # 8 x (4096 + 4096) x 32 layers for q and o, 8 x (4096 + 1024) x 32 x 2 for k and v
     adapters = 8 * (4096 + 4096) * 32 * 2 + 8 * (4096 + 1024) * 32 * 2
     assert data["run"]["trainable_fraction"] == pytest.approx(adapters / 8_030_261_248, rel=1e-12)
+
+
+@pytest.mark.parametrize("question, field", [("batch", "batch_size"), ("seq", "seq_len"), ("devices", "dp_size")])
+def test_fit_says_it_leaves_out_the_scenarios_searched_value(tmp_path, question, field):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "seq_len": 1024,
+                                "dp_size": 2}), encoding="utf-8")
+    code, text = run("fit", question, "--scenario", str(path))
+    value = {"batch_size": 8, "seq_len": 1024, "dp_size": 2}[field]
+    assert code == 0 and f"the scenario's {field}={value} is left out" in text
+    code, text = run("fit", question, "--scenario", str(path), "--json")
+    assert f"the scenario's {field}={value} is left out" in json.loads(text)["scenario_note"]
+
+
+@pytest.mark.parametrize("spec, why", [("optimizer=cpu+optimizer=nvme", "'optimizer' is named twice"),
+                                       ("optimizer=+gradients", "an empty part"),
+                                       ("optimizer=nvme++gradients", "an empty part")])
+def test_offload_specs_name_each_target_once(spec, why):
+    err = error_of("estimate", "--offload", spec)
+    assert err.parameter == "--offload" and why in str(err)
