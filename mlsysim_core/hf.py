@@ -36,13 +36,18 @@ import attrs
 
 from .catalog.counting import count_parameters
 from . import _checks
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["from_hf_config", "architecture_of", "load_hf_config", "HFArchitecture",
            "SUPPORTED_MODEL_TYPES"]
 
 _REQUIRED = object()
+
+# The largest size a config.json key may give (layers, widths, heads, vocabulary, experts,
+# positions, windows): 2**31 - 1. Far beyond any real model; a larger value is a typo or
+# hostile input, and is refused naming its key rather than the parameter count it implies.
+MAX_SIZE = 2**31 - 1
 
 
 @attrs.frozen(kw_only=True)
@@ -161,9 +166,9 @@ class _Config:
                 else:
                     raise InvalidInputError(f"config.{key}", value,
                                             f"an integer of at least {minimum}")
-            if value > _checks.MAX_COUNT:
-                raise InvalidInputError(f"config.{key}", value, f"an integer in [{minimum}, {_checks.MAX_COUNT:,}]",
-                                        "too large")
+            if value > MAX_SIZE:
+                raise InvalidInputError(f"config.{key}", value, f"an integer in [{minimum}, {MAX_SIZE:,}]",
+                                        "too large for a model size: no real model comes near 2**31")
             return value
         if default is _REQUIRED:
             raise self._missing(keys[0])
@@ -513,6 +518,10 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 def _read(config):
     data = load_hf_config(config)
     model_type = data.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise InvalidInputTypeError("config.model_type", model_type,
+                                    f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+                                    f"a string, got {type(model_type).__name__}")
     if model_type is None:
         raise InvalidInputError("config.model_type", None,
                                 f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
@@ -530,6 +539,8 @@ def _read(config):
         raise InvalidInputError("config.num_key_value_heads", workload["kv_heads"],
                                 f"a divisor of num_attention_heads={workload['heads']}")
     count = count_parameters(**counting)
+    if count.total > _checks.MAX_COUNT:
+        _blame_oversized(data, workload, count.total)
     hidden, vocab = workload["hidden_dim"], workload["vocab_size"]
     positions = counting.get("position_embeddings", 0)
     arch.setdefault("torch_dtype", _dtype(c))
@@ -552,8 +563,14 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
     missing size."""
     data, workload, count, _ = _read(config)
     if name is None:
-        name = data.get("_name_or_path") or data["model_type"]
-    if not isinstance(name, str) or not name:
+        name = data.get("_name_or_path")
+        if name is not None and not isinstance(name, str):
+            raise InvalidInputTypeError("config._name_or_path", name, "a string (the model's name)",
+                                        f"got {type(name).__name__}")
+        name = name if name and name.strip() else data["model_type"]   # "" (a config made from scratch)
+    if not isinstance(name, str):
+        raise InvalidInputTypeError("name", name, "a non-empty string", f"got {type(name).__name__}")
+    if not name.strip():
         raise InvalidInputError("name", name, "a non-empty string")
     fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"])
     try:
@@ -567,6 +584,27 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
             raise
         raise InvalidInputError(f"config.{keys[0]}", data[keys[0]], err.allowed,
                                 err.detail or f"it gives the workload's {field}") from err
+
+
+# A generous size of each shape (for blaming the key that makes a parameter count overflow).
+_TYPICAL = {"layers": 128, "hidden_dim": 16384, "heads": 128, "kv_heads": 128, "head_dim": 256,
+            "vocab_size": 262144, "ffn_dim": 65536, "experts": 256, "expert_ffn_dim": 65536}
+
+
+def _blame_oversized(data, workload, total):
+    """The shapes imply more than 2**53 parameters: name the config key furthest beyond a
+    real model's size (each key alone is at most ``MAX_SIZE``; their product is not)."""
+    ratios = sorted(((workload[f] or 0) / typical, f) for f, typical in _TYPICAL.items()
+                    if workload.get(f) is not None)
+    for _, field in reversed(ratios):
+        keys = [k for k in _CONFIG_KEYS.get(field, ()) if data.get(k) is not None]
+        if keys:
+            key = keys[0]
+            raise InvalidInputError(
+                f"config.{key}", data[key], f"a size whose model has at most {_checks.MAX_COUNT:,} parameters",
+                f"the sizes imply {total:,} parameters; {key} is the furthest beyond a real model's")
+    raise InvalidInputError("config", "<config.json>", f"sizes of a model with at most {_checks.MAX_COUNT:,} parameters",
+                            f"the sizes imply {total:,} parameters")
 
 
 # The config.json keys each workload field is read from (for errors).

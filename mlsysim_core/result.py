@@ -163,7 +163,18 @@ class TrainingMemoryResult:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainingMemoryResult":
-        """Read back a result written by ``to_json``; anything else raises ``InvalidInputError``."""
+        """Read back a result written by ``to_json``; anything else raises ``InvalidInputError``
+        naming the field (``result.total_memory``, ``result.ranks[1].weights``,
+        ``result.selected.dp_rule``).
+
+        Checked: memory finite and >= 0, each total its components' sum and ``feasible`` as
+        it says, for the result and for every rank (non-empty ``stages`` and ``terms``, a
+        known ``peak_phase``, ``heaviest_rank`` naming one of them); ``selected`` consistent
+        with the result's own fields and naming installed specs. A document with a
+        ``schema_version`` must carry every field ``to_json`` writes; one without (written
+        before ``schema_version`` existed) is accepted, with the fields that have defaults
+        allowed to be missing and taking them. A ``schema_version`` newer than this
+        package's is refused."""
         from .serialization import result_from_json
         return result_from_json(text)
 

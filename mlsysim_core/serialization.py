@@ -94,52 +94,212 @@ def result_from_dict(data: dict):
             raise InvalidInputError("result.schema_version", version,
                                     f"an integer in [1, {SCHEMA_VERSION}] (this package writes {SCHEMA_VERSION})",
                                     "written by a newer mlsysim-core" if version > SCHEMA_VERSION else "")
+    versioned = "schema_version" in data
     data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
+    _check_present(data, versioned)
     try:
         result = _converter.structure(data, TrainingMemoryResult)
     except RecursionError as err:
         raise InvalidInputError("result", "(nested too deeply)", "a result written by TrainingMemoryResult.to_json",
                                 "nested too deeply") from err
     except Exception as err:    # cattrs groups the field errors
-        field = _first_field(err)
         messages = (cattrs.transform_error(err, path="result", format_exception=_format_exception)
                     if isinstance(err, cattrs.BaseValidationError) else [str(err) or type(err).__name__])
-        raise InvalidInputError(f"result.{field}" if field else "result",
-                                _shown(data.get(field)) if field else "(a JSON object)",
-                                "a result written by TrainingMemoryResult.to_json",
+        parameter, value = _error_path(messages, data)
+        if parameter is None:
+            field = _first_field(err)
+            parameter = f"result.{field}" if field else "result"
+            value = _shown(data.get(field)) if field else "(a JSON object)"
+        raise InvalidInputError(parameter, value, "a result written by TrainingMemoryResult.to_json",
                                 "; ".join(messages[:3]) + (f"; and {len(messages) - 3} more" if len(messages) > 3
                                                            else "")) from err
     _check_result(result)
     return result
 
 
+def _check_present(data: dict, versioned: bool) -> None:
+    """Fields ``to_json`` always writes must be there: every field of each rank, and, in a
+    document with a ``schema_version``, every field of the result (an older file without
+    one may leave out the fields that have defaults)."""
+    from .result import RankReport, TrainingMemoryResult
+    if versioned:
+        for field in attrs.fields(TrainingMemoryResult):
+            if field.name not in data:
+                raise InvalidInputError(f"result.{field.name}", None, "present in a result written by "
+                                        "TrainingMemoryResult.to_json", "required field missing")
+    ranks = data.get("ranks")
+    if isinstance(ranks, (list, tuple)):
+        for i, rank in enumerate(ranks):
+            if isinstance(rank, dict):
+                for field in attrs.fields(RankReport):
+                    if field.name not in rank:
+                        raise InvalidInputError(f"result.ranks[{i}].{field.name}", None,
+                                                "present in a rank written by TrainingMemoryResult.to_json",
+                                                "required field missing")
+
+
+_PATH_STEP = None     # compiled on first use: re is not needed to solve
+
+
+def _error_path(messages, data):
+    """The input a cattrs error is about, from the path its first message ends with
+    (``... @ result.ranks[1].terms[0]``): as a parameter name (``result.ranks[1].terms[0]``,
+    ``result.selected.optimizer``) and the value found there."""
+    import re
+    global _PATH_STEP
+    if _PATH_STEP is None:
+        _PATH_STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\['([^']*)'\]")
+    if not messages or " @ " not in messages[0]:
+        return None, None
+    path = messages[0].rpartition(" @ ")[2]
+    if not path.startswith("result"):
+        return None, None
+    parameter, value = "result", data
+    for match in _PATH_STEP.finditer(path, len("result")):
+        attr, index, key = match.groups()
+        if index is not None:
+            step = int(index)
+            if not isinstance(value, (list, tuple)) or step >= len(value):
+                break           # the container itself is wrong ("x" for a list): name it
+            parameter += f"[{index}]"
+            value = value[step]
+        else:
+            if not isinstance(value, dict):
+                break
+            name = attr if attr is not None else key
+            parameter += f".{name}"
+            value = value.get(name)
+    if parameter == "result":
+        return None, None
+    return parameter, _shown(value)
+
+
+_BYTE_FIELDS = ("total_memory", "weights", "gradients", "optimizer_state", "activations",
+                "communication_buffers", "runtime_overheads", "host_memory")
+
+
+def _check_memory(where: str, report, available) -> None:
+    """Memory fields finite and >= 0, the total the components' sum, feasible as the total
+    says against ``available`` (in GB, as the solver decides): for the result (``where`` is
+    ``result``) and for each rank (``result.ranks[i]``)."""
+    import math
+    for field in _BYTE_FIELDS:
+        value = getattr(report, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InvalidInputError(f"{where}.{field}", value, "a finite number of bytes >= 0")
+    parts = (report.weights + report.gradients + report.optimizer_state + report.activations
+             + report.communication_buffers + report.runtime_overheads)
+    if abs(report.total_memory - parts) > 1e-9 * max(abs(parts), 1.0) + 1e-6:
+        raise InvalidInputError(f"{where}.total_memory", report.total_memory,
+                                f"the sum of the components and runtime overheads, {parts!r}",
+                                "a total is what its components add up to")
+    fits = report.total_memory * 1e-9 <= available * 1e-9
+    if report.feasible is not fits:
+        raise InvalidInputError(f"{where}.feasible", report.feasible, f"{fits}, as the totals say",
+                                f"total {report.total_memory * 1e-9:.3f} GB against "
+                                f"{available * 1e-9:.3f} GB available")
+
+
 def _check_result(result) -> None:
     """A result read back must be one a solve could give: memory finite and not negative,
-    the total its components' sum, feasible as the totals say (in GB, as the solver decides)."""
+    the total its components' sum, feasible as the totals say (in GB, as the solver decides);
+    the same for every rank, whose stages, counts and peak phase must be ones a solve writes;
+    the selection consistent with the result's own fields."""
     import math
-    from .result import _MEMORY_FIELDS
-    for field in (*_MEMORY_FIELDS, "runtime_overheads", "memory_utilization"):
+    from .terms import PHASES
+    for field in ("available_memory", "memory_utilization"):
         value = getattr(result, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise InvalidInputError(f"result.{field}", value, "a finite number of bytes >= 0"
                                     if field != "memory_utilization" else "a finite number >= 0")
     if result.available_memory <= 0:
         raise InvalidInputError("result.available_memory", result.available_memory, "a number of bytes > 0")
-    parts = (result.weights + result.gradients + result.optimizer_state + result.activations
-             + result.communication_buffers + result.runtime_overheads)
-    if abs(result.total_memory - parts) > 1e-9 * max(abs(parts), 1.0) + 1e-6:
-        raise InvalidInputError("result.total_memory", result.total_memory,
-                                f"the sum of the components and runtime overheads, {parts!r}",
-                                "a result's total is what its components add up to")
-    fits = result.total_memory * 1e-9 <= result.available_memory * 1e-9
-    if result.feasible is not fits:
-        raise InvalidInputError("result.feasible", result.feasible, f"{fits}, as the totals say",
-                                f"total {result.total_memory * 1e-9:.3f} GB against "
-                                f"{result.available_memory * 1e-9:.3f} GB available")
+    _check_memory("result", result, result.available_memory)
+    if result.peak_phase is not None and result.peak_phase not in PHASES:
+        raise InvalidInputError("result.peak_phase", result.peak_phase, f"None or one of {', '.join(PHASES)}")
+    for field in ("microbatch", "layers_per_stage"):
+        value = getattr(result, field)
+        if value < 1:
+            raise InvalidInputError(f"result.{field}", value, "an integer >= 1")
+    for axis, value in result.parallelism.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"result.parallelism.{axis}", value, "an integer >= 1")
+    for axis in ("tp", "pp", "dp", "ep"):
+        if axis not in result.parallelism:
+            raise InvalidInputError(f"result.parallelism.{axis}", None, "present: an integer >= 1",
+                                    "required field missing")
+    _check_selected(result)
+    names = []
+    for i, rank in enumerate(result.ranks):
+        where = f"result.ranks[{i}]"
+        _check_memory(where, rank, result.available_memory)
+        if not rank.stages or any(s < 0 for s in rank.stages) or len(set(rank.stages)) != len(rank.stages):
+            raise InvalidInputError(f"{where}.stages", list(rank.stages),
+                                    "a non-empty list of distinct pipeline stages (0-based)")
+        if rank.ranks < 1:
+            raise InvalidInputError(f"{where}.ranks", rank.ranks, "an integer >= 1 (devices in this class)")
+        if rank.layers < 0:
+            raise InvalidInputError(f"{where}.layers", rank.layers, "an integer >= 0")
+        if not math.isfinite(rank.in_flight) or rank.in_flight < 0:
+            raise InvalidInputError(f"{where}.in_flight", rank.in_flight, "a finite number >= 0")
+        if rank.peak_phase is not None and rank.peak_phase not in PHASES:
+            raise InvalidInputError(f"{where}.peak_phase", rank.peak_phase, f"None or one of {', '.join(PHASES)}")
+        if not rank.terms:
+            raise InvalidInputError(f"{where}.terms", [], "the rank's memory terms (a non-empty list)")
+        if not rank.name.strip():
+            raise InvalidInputError(f"{where}.name", rank.name, "a non-empty string")
+        names.append(rank.name)
+    if result.ranks:
+        if result.heaviest_rank not in names:
+            raise InvalidInputError("result.heaviest_rank", result.heaviest_rank,
+                                    f"the name of one of the ranks: {', '.join(map(repr, names))}")
+        heaviest = result.ranks[names.index(result.heaviest_rank)]
+        if abs(heaviest.total_memory - result.total_memory) > 1e-9 * max(result.total_memory, 1.0) + 1e-6:
+            raise InvalidInputError("result.total_memory", result.total_memory,
+                                    f"the heaviest rank's total, {heaviest.total_memory!r}",
+                                    f"the result reports its heaviest rank, {result.heaviest_rank!r}")
+    elif result.heaviest_rank is not None:
+        raise InvalidInputError("result.heaviest_rank", result.heaviest_rank, "None for a result without ranks")
     utilization = result.total_memory * 1e-9 / (result.available_memory * 1e-9)
     if abs(result.memory_utilization - utilization) > 1e-9 * max(utilization, 1.0):
         raise InvalidInputError("result.memory_utilization", result.memory_utilization,
                                 f"total / available = {utilization!r}")
+
+
+_SELECTED_OWN = ("profile", "optimizer", "activation_checkpointing")
+_SELECTED_RULES = ("tp_rule", "pp_rule", "dp_rule", "ep_rule", "cp_rule")
+
+
+def _check_selected(result) -> None:
+    """``selected`` names the profile, optimizer and checkpointing strategy the result names
+    in its own fields, and one sharding rule per axis (a rule's name as the registry spells it)."""
+    selected = result.selected
+    for key in sorted(set(selected) - set(_SELECTED_OWN) - set(_SELECTED_RULES)):
+        raise InvalidInputError(f"result.selected.{key}", selected[key],
+                                f"one of the keys {', '.join(_SELECTED_OWN + _SELECTED_RULES)}", "unknown key")
+    for key in _SELECTED_OWN + _SELECTED_RULES:
+        if key not in selected:
+            raise InvalidInputError(f"result.selected.{key}", None, "present in a result written by "
+                                    "TrainingMemoryResult.to_json", "required field missing")
+    for key in _SELECTED_OWN:
+        if selected[key] != getattr(result, key):
+            raise InvalidInputError(f"result.selected.{key}", selected[key],
+                                    f"{getattr(result, key)!r}, the result's {key}")
+    try:
+        from .manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+        tables = {"profile": registry.profiles, "optimizer": registry.optimizers,
+                  "activation_checkpointing": registry.checkpointing,
+                  **dict.fromkeys(_SELECTED_RULES, registry.sharding_rules)}
+    except Exception:       # no registry here (a broken plugin): the names cannot be checked
+        tables = {}
+    for key in _SELECTED_OWN + _SELECTED_RULES:
+        name, known = selected[key], tables.get(key)
+        if not name.strip() or (known is not None and name not in known):
+            raise InvalidInputError(f"result.selected.{key}", name,
+                                    "a name the installed plugins provide" + (f": one of {', '.join(sorted(known))}"
+                                                                              if known is not None else ""),
+                                    "a result names the plugins' specs it was solved with")
 
 
 def result_from_json(text):
