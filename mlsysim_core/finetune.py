@@ -89,7 +89,7 @@ from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["LoRAConfig", "FineTuneCounts", "lora_counts", "TARGET_MODULES", "QUANTIZATIONS",
-           "ALL_LINEAR"]
+           "ALL_LINEAR", "default_target_modules"]
 
 ALL_LINEAR = "all-linear"
 _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -106,6 +106,18 @@ _DYNAMIC_CODE_BYTES = 256 * _FP32      # nested_quant_map: create_dynamic_map(),
 _FUSED_ARCHITECTURES = ("phi3", "gpt_neox", "falcon")
 
 
+_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_GPT2_DEFAULT_TARGETS = ("c_attn",)      # peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["gpt2"]
+
+
+def default_target_modules(model) -> tuple[str, ...]:
+    """The modules LoRA adapts when ``target_modules`` is not given: the attention
+    projections, by the architecture's own names (``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj``; GPT-2: ``c_attn``, the fused Q/K/V, as peft's default for gpt2)."""
+    arch = getattr(model, "architecture", None)
+    return _GPT2_DEFAULT_TARGETS if isinstance(arch, str) and arch.lower() == "gpt2" else _DEFAULT_TARGETS
+
+
 def _targets(value):
     if isinstance(value, str):
         value = (value,)
@@ -115,24 +127,29 @@ def _targets(value):
 
 
 def _check_rank(instance, attribute, value):
-    _checks.count("LoRAConfig.rank", value, minimum=1)
+    _checks.count("lora.rank", value, minimum=1)
 
 
 def _check_targets(instance, attribute, value):
+    if value is None:       # not given: the architecture's attention projections
+        return
     allowed = f"a non-empty tuple of: {', '.join(TARGET_MODULES)}"
     if not isinstance(value, tuple):
-        raise InvalidInputTypeError("LoRAConfig.target_modules", value, allowed,
+        raise InvalidInputTypeError("lora.target_modules", value, allowed,
                                     f"got {type(value).__name__}")
     if not value:
-        raise InvalidInputError("LoRAConfig.target_modules", value, allowed)
+        raise InvalidInputError("lora.target_modules", value, allowed)
     for name in value:
         if not isinstance(name, str):
-            raise InvalidInputTypeError("LoRAConfig.target_modules", name, allowed,
+            raise InvalidInputTypeError("lora.target_modules", name, allowed,
                                         f"got {type(name).__name__}")
         if name not in TARGET_MODULES:
-            raise InvalidInputError("LoRAConfig.target_modules", name, allowed)
+            raise InvalidInputError("lora.target_modules", name, allowed)
+    if len(set(value)) != len(value):
+        raise InvalidInputError("lora.target_modules", value, "each module named once",
+                                "a module is listed twice")
     if ALL_LINEAR in value and len(value) > 1:
-        raise InvalidInputError("LoRAConfig.target_modules", value,
+        raise InvalidInputError("lora.target_modules", value,
                                 f"{ALL_LINEAR!r} alone, or a list of module names",
                                 "peft takes 'all-linear' as the whole target_modules")
 
@@ -141,22 +158,22 @@ def _check_quantization(instance, attribute, value):
     if value not in QUANTIZATIONS or isinstance(value, bool):
         allowed = "None, 'nf4', 'fp4' or 'int8'"
         if value is not None and not isinstance(value, str):
-            raise InvalidInputTypeError("LoRAConfig.quantization", value, allowed,
+            raise InvalidInputTypeError("lora.quantization", value, allowed,
                                         f"got {type(value).__name__}")
-        raise InvalidInputError("LoRAConfig.quantization", value, allowed)
+        raise InvalidInputError("lora.quantization", value, allowed)
 
 
 def _check_double_quant(instance, attribute, value):
-    _checks.flag("LoRAConfig.double_quant", value)
+    _checks.flag("lora.double_quant", value)
 
 
 def _check_blocksize(instance, attribute, value):
     allowed = f"one of {', '.join(map(str, _4BIT_BLOCKSIZES))} (bitsandbytes 4-bit)"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputTypeError("LoRAConfig.quant_blocksize", value, allowed,
+        raise InvalidInputTypeError("lora.quant_blocksize", value, allowed,
                                     f"got {type(value).__name__}")
     if value not in _4BIT_BLOCKSIZES:
-        raise InvalidInputError("LoRAConfig.quant_blocksize", value, allowed)
+        raise InvalidInputError("lora.quant_blocksize", value, allowed)
 
 
 @attrs.frozen(kw_only=True)
@@ -164,7 +181,11 @@ class LoRAConfig:
     """A LoRA adapter and, for QLoRA, how the base model is quantized.
 
     ``target_modules`` are names as peft matches them (``("q_proj", "v_proj")``, or
-    ``"all-linear"`` alone); a single string is taken as a one-name tuple.
+    ``"all-linear"`` alone); a single string is taken as a one-name tuple. ``None`` (the
+    default) means the model's attention projections, by its architecture's names
+    (``default_target_modules``: ``q_proj, k_proj, v_proj, o_proj``; GPT-2 ``c_attn``);
+    ``for_model(model)`` gives the config with them filled in. Errors name the fields
+    ``lora.<field>``, as the ``lora=`` option of a solve does.
     ``quantization`` is ``None`` (base in its own dtype), ``"nf4"``/``"fp4"``
     (bitsandbytes 4-bit, ``bnb_4bit_quant_type``) or ``"int8"`` (LLM.int8).
     ``double_quant`` is ``bnb_4bit_use_double_quant``; ``quant_blocksize`` the 4-bit
@@ -172,18 +193,23 @@ class LoRAConfig:
     """
 
     rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
-    target_modules: tuple[str, ...] = attrs.field(
-        default=("q_proj", "k_proj", "v_proj", "o_proj"), converter=_targets,
-        validator=_check_targets)
+    target_modules: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_targets, validator=_check_targets)
     quantization: str | None = attrs.field(default=None, validator=_check_quantization)
     double_quant: bool = attrs.field(default=False, validator=_check_double_quant)
     quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
 
     def __attrs_post_init__(self):
         if self.double_quant and self.quantization not in ("nf4", "fp4"):
-            raise InvalidInputError("LoRAConfig.double_quant", self.double_quant,
+            raise InvalidInputError("lora.double_quant", self.double_quant,
                                     "False unless quantization is 'nf4' or 'fp4'",
                                     f"quantization={self.quantization!r}")
+
+    def for_model(self, model) -> "LoRAConfig":
+        """This config with ``target_modules`` filled in for ``model`` when not given."""
+        if self.target_modules is not None:
+            return self
+        return attrs.evolve(self, target_modules=default_target_modules(model))
 
 
 @attrs.frozen(kw_only=True)
@@ -220,9 +246,12 @@ class _Linear:
 
 def _need(model, field_name: str, value=None):
     value = getattr(model, field_name) if value is None else value
-    if value is None:
-        raise InvalidInputError(f"{type(model).__name__}.{field_name}", None,
-                                "a positive integer", "needed to size the linear layers")
+    if value is None:     # valid, but unknown: the adapters cannot be sized (CLI: falls back, or says so)
+        raise NotModelledError(f"model.{field_name}", None,
+                               "known: " + ("true or false (a gated MLP has 3 matrices, a plain one 2)"
+                                            if field_name == "gated_mlp" else "a positive integer"),
+                               f"needed to size the linear layers the LoRA targets adapt; {model.name!r} "
+                               f"does not give its {field_name}")
     return value
 
 
@@ -234,7 +263,7 @@ def _attention(model, arch: str | None):
                 _Linear("attn.c_proj", hidden, hidden, 1, frozenset({"c_proj", "attn.c_proj"}))]
     head_dim = model.head_dim if model.head_dim is not None else hidden // heads
     if head_dim < 1:
-        raise InvalidInputError(f"{type(model).__name__}.head_dim", None,
+        raise InvalidInputError("model.head_dim", None,
                                 "set, or hidden_dim >= heads", "hidden_dim // heads is 0")
     kv = model.kv_heads if model.kv_heads is not None else heads
     return [_Linear("q_proj", hidden, heads * head_dim, 1, frozenset({"q_proj"})),
@@ -278,17 +307,16 @@ def _check_model(model):
         raise InvalidInputTypeError("model", model,
                                     "a TransformerWorkload or SparseTransformerWorkload",
                                     f"got {type(model).__name__}")
-    cls = type(model).__name__
     arch = model.architecture.lower() if model.architecture else None
     if model.kv_lora_rank is not None:
-        raise NotModelledError(f"{cls}.kv_lora_rank", model.kv_lora_rank,
-                                "None: multi-head latent attention projections are not modelled")
+        raise NotModelledError("model.kv_lora_rank", model.kv_lora_rank,
+                               "None: multi-head latent attention projections are not modelled")
     if arch in _FUSED_ARCHITECTURES:
-        raise NotModelledError(f"{cls}.architecture", model.architecture,
-                                "an architecture with separate q/k/v (and gate/up) linears, or 'gpt2'",
-                                "its fused projections are not modelled")
+        raise NotModelledError("model.architecture", model.architecture,
+                               "an architecture with separate q/k/v (and gate/up) linears, or 'gpt2'",
+                               "its fused projections are not modelled")
     if arch == "gpt2" and model.is_sparse:
-        raise InvalidInputError(f"{cls}.architecture", model.architecture,
+        raise InvalidInputError("model.architecture", model.architecture,
                                 "a dense model for 'gpt2'")
     return arch
 
@@ -304,13 +332,16 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
         raise InvalidInputTypeError("config", config, "a LoRAConfig",
                                     f"got {type(config).__name__}")
     arch = _check_model(model)
+    config = config.for_model(model)
     own = _GPT2_TARGETS if arch == "gpt2" else _LLAMA_TARGETS
     all_linear = config.target_modules == (ALL_LINEAR,)
     for name in config.target_modules:
         if name != ALL_LINEAR and name not in own:
             kind = "GPT-2 (architecture='gpt2')" if arch == "gpt2" else "this architecture"
-            raise InvalidInputError("LoRAConfig.target_modules", name,
-                                    f"for {kind} one of: {', '.join(own)}, {ALL_LINEAR}")
+            raise InvalidInputError("lora.target_modules", name,
+                                    f"for {kind} one of: {', '.join(own)}, {ALL_LINEAR}",
+                                    "GPT-2 fuses Q, K and V into c_attn" if arch == "gpt2" else
+                                    "c_attn, c_fc and c_proj are GPT-2's names")
     attention_only = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "attn.c_proj"}
     # the MLP's fields are needed only when an MLP linear is adapted or quantized
     wants_mlp = (all_linear or config.quantization is not None
@@ -322,7 +353,7 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     for name in names - {ALL_LINEAR}:
         if not any(name in lin.selectors for lin in linears):
             have = sorted({s for lin in linears for s in lin.selectors} | {ALL_LINEAR})
-            raise InvalidInputError("LoRAConfig.target_modules", name,
+            raise InvalidInputError("lora.target_modules", name,
                                     f"a module this model has: {', '.join(have)}",
                                     f"{model.name!r} has no {name}")
 
@@ -344,11 +375,11 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
             constant_bytes += tensors * c
     linear_total = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in linears)
     if wants_mlp and linear_total > model.parameters:
-        raise InvalidInputError(f"{type(model).__name__}.parameters", model.parameters,
+        raise InvalidInputError("model.parameters", model.parameters,
                                 f"at least {linear_total}",
                                 "the linear layers its fields describe hold more parameters")
     if adapted_params > model.parameters:
-        raise InvalidInputError(f"{type(model).__name__}.parameters", model.parameters,
+        raise InvalidInputError("model.parameters", model.parameters,
                                 f"at least {adapted_params}",
                                 "the adapted linear layers alone hold more parameters")
     return FineTuneCounts(trainable_parameters=trainable, frozen_parameters=model.parameters,
@@ -449,16 +480,21 @@ def lora_option(plan, value):
     if plan.trainable_fraction != 1.0:
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
+    notes = ()
+    if config.target_modules is None:       # said, never silent: which modules the default means
+        config = config.for_model(plan.model)
+        gpt2 = config.target_modules == _GPT2_DEFAULT_TARGETS
+        notes = (f"lora.target_modules not given: the attention projections "
+                 f"{', '.join(config.target_modules)}"
+                 + (" (GPT-2 fuses Q, K and V into c_attn; peft's default for gpt2)" if gpt2 else ""),)
     try:
         counts = lora_counts(plan.model, config)   # a clear error now if the model cannot be adapted
     except InvalidInputError as e:
-        if e.parameter.startswith("lora."):     # already names the LoRA field
-            raise
-        if e.parameter.startswith("LoRAConfig."):      # a field of the lora= option
-            raise type(e)("lora." + e.parameter.partition(".")[2], e.value, e.allowed, e.detail) from e
+        if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
+            raise     # already names the LoRA or model field
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
     from .measured.lora import lora_regime
-    return attrs.evolve(plan, lora=config, regime=lora_regime(plan.regime),
+    return attrs.evolve(plan, lora=config, regime=lora_regime(plan.regime), warnings=plan.warnings + notes,
                         trainable_fraction=_exact_fraction(counts.trainable_parameters, plan.model.parameters))
 
 

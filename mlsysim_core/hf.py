@@ -595,7 +595,7 @@ def _blame_oversized(data, workload, total):
     """The shapes imply more than 2**53 parameters: name the config key furthest beyond a
     real model's size (each key alone is at most ``MAX_SIZE``; their product is not)."""
     ratios = sorted(((workload[f] or 0) / typical, f) for f, typical in _TYPICAL.items()
-                    if workload.get(f) is not None)
+                    if workload.get(f) is not None and (f != "head_dim" or data.get("head_dim") is not None))
     for _, field in reversed(ratios):
         keys = [k for k in _CONFIG_KEYS.get(field, ()) if data.get(k) is not None]
         if keys:

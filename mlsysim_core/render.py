@@ -63,7 +63,8 @@ def describe_run(run: dict) -> str:
     lora = run.get("lora")
     if lora:
         targets = lora.get("target_modules")
-        targets = ", ".join(targets) if isinstance(targets, (list, tuple)) else targets
+        targets = ", ".join(targets) if isinstance(targets, (list, tuple)) else \
+            "the attention projections (target_modules not given)" if targets is None else targets
         clause = f"LoRA rank {lora.get('rank')} on {targets}, base frozen"
         if lora.get("quantization"):
             clause = "Q" + clause + f" and quantized {lora['quantization']}" + \

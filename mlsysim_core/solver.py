@@ -173,6 +173,12 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
                    expert_tp_size=None, stage_layers=None, offload=None,
                    moe_capacity_factor=None) -> TrainingPlan:
     """The measured-grade options, checked and with their defaults."""
+    if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
+        raise NotModelledError(
+            "communication_buffer_fraction", plan.communication_buffer_fraction,
+            "the default 0.05 under a measured-grade profile",
+            "the measured profile sizes communication buffers from the sharding rules' own buckets; "
+            "this is the reference profile's knob (profile='reference' uses it)")
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
     from .measured.regimes import regime_for

@@ -21,7 +21,7 @@ import pytest
 
 from mlsysim_core import InvalidInputError, SparseTransformerWorkload, TransformerWorkload
 from mlsysim_core.catalog import get_model
-from mlsysim_core.errors import InvalidInputTypeError
+from mlsysim_core.errors import InvalidInputTypeError, NotModelledError
 from mlsysim_core.finetune import FineTuneCounts, LoRAConfig, lora_counts
 
 LLAMA2_7B = TransformerWorkload(name="Llama-2-7B", parameters=6_738_415_616, layers=32,
@@ -266,13 +266,13 @@ def _raises(cls, match, fn, *a, **kw):
 
 
 def test_config_errors():
-    e = _raises(InvalidInputError, r"LoRAConfig.rank=0 is not allowed: an integer >= 1",
+    e = _raises(InvalidInputError, r"lora.rank=0 is not allowed: an integer >= 1",
                 LoRAConfig, rank=0)
-    assert (e.parameter, e.value) == ("LoRAConfig.rank", 0)
-    _raises(InvalidInputTypeError, r"LoRAConfig.rank=True .*bools are not counts", LoRAConfig,
+    assert (e.parameter, e.value) == ("lora.rank", 0)
+    _raises(InvalidInputTypeError, r"lora.rank=True .*bools are not counts", LoRAConfig,
             rank=True)
     _raises(InvalidInputError, r"not a whole number", LoRAConfig, rank=2.5)
-    e = _raises(InvalidInputError, r"LoRAConfig.target_modules='qkv' is not allowed: a non-empty "
+    e = _raises(InvalidInputError, r"lora.target_modules='qkv' is not allowed: a non-empty "
                 r"tuple of: q_proj, .*all-linear", LoRAConfig, target_modules=("q_proj", "qkv"))
     assert e.value == "qkv"
     _raises(InvalidInputError, r"target_modules=\(\) is not allowed", LoRAConfig,
@@ -280,15 +280,15 @@ def test_config_errors():
     _raises(InvalidInputTypeError, r"target_modules=3 ", LoRAConfig, target_modules=(3,))
     _raises(InvalidInputError, r"'all-linear' alone", LoRAConfig,
             target_modules=("all-linear", "q_proj"))
-    _raises(InvalidInputError, r"LoRAConfig.quantization='nf8' is not allowed: None, 'nf4', "
+    _raises(InvalidInputError, r"lora.quantization='nf8' is not allowed: None, 'nf4', "
             r"'fp4' or 'int8'", LoRAConfig, quantization="nf8")
-    _raises(InvalidInputTypeError, r"LoRAConfig.quantization=4 ", LoRAConfig, quantization=4)
-    _raises(InvalidInputError, r"LoRAConfig.double_quant=True is not allowed: False unless "
+    _raises(InvalidInputTypeError, r"lora.quantization=4 ", LoRAConfig, quantization=4)
+    _raises(InvalidInputError, r"lora.double_quant=True is not allowed: False unless "
             r"quantization is 'nf4' or 'fp4' \(quantization='int8'\)", LoRAConfig,
             quantization="int8", double_quant=True)
-    _raises(InvalidInputError, r"LoRAConfig.quant_blocksize=100 is not allowed: one of 32, 64",
+    _raises(InvalidInputError, r"lora.quant_blocksize=100 is not allowed: one of 32, 64",
             LoRAConfig, quantization="nf4", quant_blocksize=100)
-    _raises(InvalidInputTypeError, r"LoRAConfig.double_quant='yes'", LoRAConfig,
+    _raises(InvalidInputTypeError, r"lora.double_quant='yes'", LoRAConfig,
             double_quant="yes")
     with pytest.raises(attrs_frozen_error()):
         LoRAConfig().rank = 4
@@ -301,20 +301,20 @@ def attrs_frozen_error():
 
 def test_model_errors():
     bare = TransformerWorkload(name="bare", parameters=10**9, layers=8)
-    e = _raises(InvalidInputError, r"TransformerWorkload.hidden_dim=None is not allowed: a "
-                r"positive integer \(needed to size the linear layers\)", lora, bare)
-    assert e.parameter == "TransformerWorkload.hidden_dim"
+    e = _raises(NotModelledError, r"model.hidden_dim=None is not allowed: known: a "
+                r"positive integer \(needed to size the linear layers", lora, bare)
+    assert e.parameter == "model.hidden_dim"
     no_ffn = TransformerWorkload(name="no-ffn", parameters=10**9, layers=8, hidden_dim=1024,
                                  heads=16, gated_mlp=True)
     assert lora(no_ffn, rank=2, target_modules=("q_proj", "v_proj")).trainable_parameters \
         == 8 * 2 * lin(2, 1024, 1024)     # attention targets do not need the MLP's fields
-    _raises(InvalidInputError, r"TransformerWorkload.ffn_dim=None", lora, no_ffn,
+    _raises(NotModelledError, r"model.ffn_dim=None", lora, no_ffn,
             target_modules=("up_proj",))
-    _raises(InvalidInputError, r"TransformerWorkload.ffn_dim=None", lora, no_ffn,
+    _raises(NotModelledError, r"model.ffn_dim=None", lora, no_ffn,
             quantization="nf4")
     no_gate = TransformerWorkload(name="g", parameters=10**9, layers=8, hidden_dim=1024,
                                   heads=16, ffn_dim=4096)
-    _raises(InvalidInputError, r"TransformerWorkload.gated_mlp=None", lora, no_gate,
+    _raises(NotModelledError, r"model.gated_mlp=None", lora, no_gate,
             target_modules="all-linear")
     plain = TransformerWorkload(name="plain", parameters=10**9, layers=8, hidden_dim=1024,
                                 heads=16, ffn_dim=4096, gated_mlp=False)
@@ -333,7 +333,7 @@ def test_model_errors():
             phi3)
     tiny = TransformerWorkload(name="tiny", parameters=1000, layers=8, hidden_dim=1024,
                                heads=16, ffn_dim=4096, gated_mlp=True)
-    _raises(InvalidInputError, r"TransformerWorkload.parameters=1000 is not allowed: at least",
+    _raises(InvalidInputError, r"model.parameters=1000 is not allowed: at least",
             lora, tiny)
     _raises(InvalidInputTypeError, r"model='llama' is not allowed", lora_counts, "llama",
             LoRAConfig())
