@@ -10,12 +10,13 @@ makes the next step not fit, and the headroom left at the answer.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Callable
 
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError
+from .errors import InvalidInputError, InvalidInputTypeError, LayoutError
 from .result import TrainingMemoryResult
 from .solver import TrainingMemoryModel
 from .terms import COMPONENTS
@@ -180,9 +181,17 @@ def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None,
     return _answer("largest micro-batch", value, result, limit, solves, **details)
 
 
+def sequence_unit(multiple_of: int = 1, cp_size: int = 1) -> int:
+    """The step of a sequence search: the multiples of ``multiple_of`` that context
+    parallelism divides (each of the ``cp_size`` ranks holds a whole share of the sequence),
+    i.e. multiples of lcm(multiple_of, cp_size)."""
+    return math.lcm(multiple_of, cp_size)
+
+
 def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
                      multiple_of: int = 1, **solve_kwargs) -> InverseAnswer:
-    """The longest sequence (a multiple of ``multiple_of``) that fits at ``batch_size``."""
+    """The longest sequence that fits at ``batch_size``: a multiple of ``multiple_of`` and,
+    with context parallelism, of ``cp_size`` (multiples of their lcm, ``sequence_unit``)."""
     if "seq_len" in solve_kwargs:
         raise InvalidInputError("seq_len", solve_kwargs["seq_len"], "not given: it is what is searched")
     if isinstance(multiple_of, bool) or not isinstance(multiple_of, int):
@@ -190,6 +199,12 @@ def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel
     multiple_of = _checks.count("multiple_of", multiple_of, maximum=MAX_SEQUENCE)
     solver = _solver(solver)
     _check_keywords(solve_kwargs, ("seq_len",))
+    if "cp_size" in solve_kwargs:      # checked here, before it scales the searched sequence
+        unit = sequence_unit(multiple_of, _checks.count("cp_size", solve_kwargs["cp_size"], maximum=MAX_SEQUENCE))
+        if unit > MAX_SEQUENCE:
+            raise InvalidInputError("multiple_of", multiple_of, f"a value with lcm(multiple_of, cp_size) at most "
+                                    f"{MAX_SEQUENCE:,}", f"lcm({multiple_of}, {solve_kwargs['cp_size']}) = {unit:,}")
+        multiple_of = unit
     bound, cap = MAX_SEQUENCE, _position_rows(solver, model, solve_kwargs.get("profile"))
     if cap is not None:      # a learned position table: no sequence past its rows (the measured profile says so)
         bound = cap
@@ -222,6 +237,14 @@ def _position_rows(solver: TrainingMemoryModel, model, profile) -> int | None:
         return None     # (solve says what is wrong with it)
     from .measured.shapes import position_table_rows
     return position_table_rows(model)
+
+
+def refuses_dp(err: LayoutError) -> bool:
+    """Does ``err`` refuse a layout for its data-parallel size, so that another dp may be
+    accepted (an HSDP shard group that does not divide dp x cp, expert ranks that do not fit
+    in tp x cp x dp)? ``fewest_devices`` skips such sizes instead of stopping."""
+    text = f"{err.parameter} {err.allowed} {err.detail}"
+    return "dp" in text.replace("dp_rule", "")
 
 
 def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
@@ -261,19 +284,58 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
                                     "no data-parallel size that is a multiple of ep_size splits it into whole "
                                     "micro-batches")
 
-    def at(i: int):
-        return solver.solve(model, hardware, batch_size, tp_size=tp_size, pp_size=pp_size,
-                            ep_size=ep_size, dp_size=steps[i], **solve_kwargs)
+    solves = 0
+    refused: list[LayoutError] = []
 
-    # Memory shrinks as dp grows: the first step that fits.
-    last, last_result, fits, solves = _flip(at, 0, len(steps) - 1)
-    if last_result.feasible:          # the smallest step already fits
-        hi, hi_result, lo_result = 0, last_result, None
-    elif fits is None:                # even the largest step does not fit
-        return InverseAnswer(question="fewest devices", value=None, result=None, limit=last_result,
-                             binding=_binding(None, last_result), headroom=None, solves=solves)
+    def valid_at(i: int, end: int):
+        """The first step in [i, end) whose layout the rules accept, and its result: a dp
+        that a rule refuses (an HSDP shard group that does not divide it, expert ranks that
+        do not fit in it) is skipped, not taken as "does not fit"."""
+        nonlocal solves
+        for j in range(i, end):
+            solves += 1
+            try:
+                return j, solver.solve(model, hardware, batch_size, tp_size=tp_size, pp_size=pp_size,
+                                       ep_size=ep_size, dp_size=steps[j], **solve_kwargs)
+            except LayoutError as err:
+                if not refuses_dp(err):
+                    raise
+                refused.append(err)
+        return None, None
+
+    # Memory shrinks as dp grows: the first valid step that fits. Exponential search over
+    # the steps, then binary search; ``top`` bounds the steps not yet known to be refused.
+    n = len(steps)
+    lo, lo_result = valid_at(0, n)
+    if lo is None:          # no data-parallel size the rules accept: say why, for the smallest
+        raise refused[0]
+    hi = hi_result = None
+    if lo_result.feasible:
+        hi, hi_result, lo, lo_result = lo, lo_result, None, None
     else:
-        hi, hi_result, lo_result = last + 1, fits, last_result
+        while hi is None:
+            probe = min(2 * lo + 1, n - 1) if lo < n - 1 else None
+            j, r = (None, None) if probe is None else valid_at(probe, n)
+            if j is None:
+                if probe is not None and probe > lo + 1:     # refused up to the end: look below the probe
+                    j, r = valid_at(lo + 1, probe)
+                if j is None:           # even the largest valid step does not fit
+                    return InverseAnswer(question="fewest devices", value=None, result=None, limit=lo_result,
+                                         binding=_binding(None, lo_result), headroom=None, solves=solves)
+            if r.feasible:
+                hi, hi_result = j, r
+            else:
+                lo, lo_result = j, r
+        top = hi
+        while top - lo > 1:
+            mid = (lo + top) // 2
+            j, r = valid_at(mid, top)
+            if j is None:           # every step in [mid, top) refused
+                top = mid
+            elif r.feasible:
+                hi, hi_result, top = j, r, j
+            else:
+                lo, lo_result = j, r
     dp = steps[hi]
     binding = None if lo_result is None else max(
         COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))

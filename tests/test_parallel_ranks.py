@@ -228,7 +228,8 @@ def test_offload_moves_state_to_host_memory():
     ({"pipeline_schedule": "dualpipe"}, "pipeline_schedule='dualpipe' is not allowed: one of: 1f1b, gpipe"),
     ({"pipeline_schedule": "1f1b", "virtual_stages": 2}, "virtual_stages=2 is not allowed: 1 unless"),
     ({"pp_size": 4, "stage_layers": "8,8,8,8"}, "stage_layers='8,8,8,8'"),
-    ({"expert_tp_size": 2}, "expert_tp_size=2 is not allowed: unset or 1 for a dense model"),
+    ({"expert_tp_size": 2}, "expert_tp_size=2 is not allowed: None for a dense model"),
+    ({"expert_tp_size": 1}, "expert_tp_size=1 is not allowed: None for a dense model"),
     ({"tp_size": 3}, "tp_size=3 is not allowed: a divisor of the model's 32 attention heads"),
     ({"model": "mixtral-8x7b", "ep_size": 3, "dp_size": 3}, "ep_size=3 is not allowed: a divisor of the model's 8 experts"),
 ])

@@ -39,8 +39,8 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
         raise LayoutError("ep_size", plan.ep_size, f"a divisor of the model's {plan.model.experts} experts",
                           "expert parallelism places the same number of experts on every rank")
     etp = plan.tp_size if expert_tp_size is None else _checks.count("expert_tp_size", expert_tp_size)
-    if expert_tp_size is not None and not plan.model.is_sparse and etp != 1:
-        raise LayoutError("expert_tp_size", expert_tp_size, "unset or 1 for a dense model",
+    if expert_tp_size is not None and not plan.model.is_sparse:      # never silently ignored
+        raise LayoutError("expert_tp_size", expert_tp_size, "None for a dense model",
                           f"{plan.model.name!r} has no experts")
     if plan.model.is_sparse:
         group = plan.tp_size * plan.dp_size * plan.cp_size
@@ -125,7 +125,10 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
         return ()
     given = value
     if isinstance(value, str):
-        value = [part.strip() for part in value.split("+") if part.strip()]
+        value = [part.strip() for part in value.split("+")]
+        if not all(value):      # "optimizer++gradients", "optimizer+", "+optimizer", ""
+            raise InvalidInputError("offload", given, f"{_OFFLOAD_FORMS}: names joined by single '+'",
+                                    "an empty name between '+' signs" if len(value) > 1 else "an empty name")
     if isinstance(value, Mapping):
         pairs = list(value.items())
     elif hasattr(value, "__iter__") and not isinstance(value, (bytes, bytearray, set, frozenset)):
@@ -137,7 +140,12 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
     out = {}
     for name, target in pairs:
         what = _checks.name("offload", name, OFFLOADABLE)
-        out[what] = _checks.name(f"offload.{what}", target, OFFLOAD_TARGETS)
+        where = _checks.name(f"offload.{what}", target, OFFLOAD_TARGETS)
+        if what in out:         # twice (to one target or two): a mistake, never the last one silently
+            raise InvalidInputError("offload", given, f"{_OFFLOAD_FORMS}, each name once",
+                                    f"{what!r} is named twice" + (f" (to {out[what]!r} and {where!r})"
+                                                                  if out[what] != where else ""))
+        out[what] = where
     return tuple(sorted(out.items(), key=lambda kv: OFFLOADABLE.index(kv[0])))
 
 
