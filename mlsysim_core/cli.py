@@ -517,8 +517,9 @@ def resolve_profile(solver, scenario, *, probe=None):
     run (a third-party optimizer or checkpointing strategy without a measured-grade model,
     a model without shapes, an 8- or 4-bit precision): then the reference profile, and the
     note says why. ``probe`` is the scenario to try under the measured profile (default:
-    ``scenario`` at one micro-batch per replica, so a question that searches the batch, the
-    sequence or the devices can ask before it searches). Errors that are not "outside the
+    ``scenario`` at one micro-batch per replica, so a question that searches the batch or
+    the sequence can ask before it searches), or a callable that asks the whole question
+    of the scenario under the measured profile (``fit devices``: a rule may refuse some dp). Errors that are not "outside the
     measured profile" are raised as they are.
     """
     import attrs
@@ -529,7 +530,10 @@ def resolve_profile(solver, scenario, *, probe=None):
         if all(type(n) is int and n >= 1 for n in sizes):   # else the solve names the bad one
             probe = attrs.evolve(scenario, batch_size=sizes[0] * sizes[1])
     try:
-        _solve(solver, attrs.evolve(probe, profile=DEFAULT_PROFILE))
+        if callable(probe):    # the question itself, asked under the measured profile
+            probe(attrs.evolve(scenario, profile=DEFAULT_PROFILE))
+        else:
+            _solve(solver, attrs.evolve(probe, profile=DEFAULT_PROFILE))
     except InvalidInputError as err:
         if not _measured_cannot_describe(err):
             raise
@@ -942,9 +946,15 @@ def cmd_fit(args, out) -> int:
     unit = _sequence_unit(scenario, args.multiple_of or 1)
     if args.question == "seq":       # the sequence is searched: ask at its first candidate
         probe = attrs.evolve(scenario, seq_len=unit)
-    if args.question == "devices":   # dp is searched: ask at dp = 1
-        gas = scenario.gradient_accumulation_steps
-        probe = attrs.evolve(scenario, dp_size=1, **({"batch_size": gas} if type(gas) is int and gas >= 1 else {}))
+
+    def fewest_devices(scenario):
+        kwargs = scenario.solve_kwargs()
+        batch = kwargs.pop("batch_size")
+        kwargs.pop("dp_size")
+        return inverse.fewest_devices(*_resolved(scenario), batch, solver=solver, exact_batch=True, **kwargs)
+
+    if args.question == "devices":   # dp is searched, and a rule may refuse some dp: ask the whole question
+        probe = fewest_devices
     scenario, note = resolve_profile(solver, scenario, probe=probe)
     model, hardware = _resolved(scenario)
     kwargs = scenario.solve_kwargs()
@@ -956,10 +966,7 @@ def cmd_fit(args, out) -> int:
         batch = kwargs.pop("batch_size")
         answer = inverse.longest_sequence(model, hardware, batch, solver=solver, multiple_of=unit, **kwargs)
     else:
-        batch = kwargs.pop("batch_size")
-        for name in ("dp_size",):
-            kwargs.pop(name)
-        answer = inverse.fewest_devices(model, hardware, batch, solver=solver, exact_batch=True, **kwargs)
+        answer = fewest_devices(scenario)
     solved = answer.result or answer.limit    # the answer's own solve, or the smallest that does not fit
     if solved is not None:     # the run that solve describes, for the header and "run"
         changed = {"batch": {"batch_size": solved.microbatch * scenario.dp_size

@@ -154,6 +154,25 @@ class Scenario:
                 detail = f"the folder {str(path.parent)!r} does not exist"
             raise InvalidInputError("path", str(path), "a writable file in an existing folder", detail) from None
 
+    def _model_for_details(self):
+        """The model object, where it can be found without side effects (a catalog name, a
+        table of fields or a config.json file or folder); None otherwise."""
+        try:
+            if isinstance(self.model, str):
+                from pathlib import Path
+                path = Path(self.model)
+                if path.is_dir() or self.model.endswith(".json"):
+                    from .hf import from_hf_config
+                    from .serialization import parse_json, structure_model
+                    path = path / "config.json" if path.is_dir() else path
+                    data = parse_json(path.read_text(encoding="utf-8"), "model", where=str(path))
+                    return from_hf_config(data) if "model_type" in data else structure_model(data)
+                from .catalog import get_model
+                return get_model(self.model)
+            return self.resolve_model()
+        except Exception:     # (solve reports a bad model; here it only names defaults)
+            return None
+
     def run_details(self, result=None) -> dict:
         """Everything about this run that changes the numbers, with defaults filled in where
         they are known: the global batch actually run (micro-batch x dp x accumulation, from
@@ -180,6 +199,9 @@ class Scenario:
             from .finetune import LoRAConfig
             try:
                 config = LoRAConfig(**self.lora)
+                model = self._model_for_details()
+                if model is not None:      # the targets a LoRA without target_modules adapts
+                    config = config.for_model(model)
                 details["lora"] = {"rank": config.rank, "target_modules": list(config.target_modules),
                                    "quantization": config.quantization, "double_quant": config.double_quant}
             except Exception:     # (solve reports a bad one; here only what was asked)

@@ -407,3 +407,16 @@ def test_fit_says_it_leaves_out_the_scenarios_searched_value(tmp_path, question,
 def test_offload_specs_name_each_target_once(spec, why):
     err = error_of("estimate", "--offload", spec)
     assert err.parameter == "--offload" and why in str(err)
+
+
+def test_fit_devices_with_a_rule_that_refuses_small_dp():
+    # HSDP with shard groups of 4 cannot run at dp = 1 or 2: the question is asked as a whole
+    code, text = run("fit", "devices", "-b", "64", "--data-parallel", "hsdp", "--option", "hsdp.shard_group_size=4")
+    assert code == 0 and "(profile: measured)" in text and "fewest devices: 32, dp 32" in text
+
+
+def test_the_header_names_the_lora_targets_a_default_picks():
+    code, text = run("estimate", "-m", "gpt2-small", "-s", "512", "--lora-rank", "8", "--no-chart")
+    assert code == 0 and "LoRA rank 8 on c_attn, base frozen" in text
+    code, text = run("estimate", "--lora-rank", "8", "--json")
+    assert json.loads(text)["run"]["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
