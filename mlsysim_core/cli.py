@@ -375,7 +375,8 @@ def _attributed(err, args):
     """``err`` as the user should read it: a model or hardware name that came from the
     scenario file is named as the file's field, not as the flag; and a name that only a
     blocked plugin provides says that the plugin is blocked."""
-    parameter, detail = err.parameter, err.detail
+    original = (getattr(err, "parameter", ""), getattr(err, "detail", "") or "")
+    parameter, detail = original
     from_scenario = getattr(args, "_from_scenario", ())
     for flag, field in (("--model", "model"), ("--hardware", "hardware")):
         if parameter == flag and field in from_scenario:
@@ -384,7 +385,7 @@ def _attributed(err, args):
     blocked = _blocked_provider(err, args)
     if blocked:
         detail = (f"{detail}; " if detail else "") + blocked
-    if (parameter, detail) == (err.parameter, err.detail):
+    if (parameter, detail) == original:
         return err
     try:
         new = type(err)(parameter, err.value, err.allowed, detail)
