@@ -250,8 +250,9 @@ def refuses_dp(err: LayoutError) -> bool:
 def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel | None = None,
                    tp_size: int = 1, pp_size: int = 1, ep_size: int = 1, powers_of_two: bool = True,
                    exact_batch: bool | None = None, **solve_kwargs) -> InverseAnswer:
-    """The fewest devices (tp x pp x dp) that fit, for a layout shape: ``tp_size``,
-    ``pp_size`` and ``ep_size`` fixed, data parallelism grown (ZeRO shards over it and the
+    """The fewest devices (tp x cp x pp x dp; expert parallelism lies inside them) that fit,
+    for a layout shape: ``tp_size``, ``pp_size``, ``ep_size`` and ``cp_size`` (a keyword of
+    ``solve``, 1 by default) fixed, data parallelism grown (ZeRO shards over it and the
     micro-batch shrinks). ``batch_size`` is the global batch; with ``powers_of_two`` only
     dp = 1, 2, 4, ... is tried. ``ep_size`` must divide dp. With ``exact_batch`` only a dp
     whose replicas take whole micro-batches (``batch_size`` a multiple of dp x
@@ -266,6 +267,7 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
     tp_size = _checks.count("tp_size", tp_size)
     pp_size = _checks.count("pp_size", pp_size)
     ep_size = _checks.count("ep_size", ep_size)
+    cp_size = _checks.count("cp_size", solve_kwargs.get("cp_size", 1))     # ranks too: counted
     powers_of_two = _checks.flag("powers_of_two", powers_of_two)
     if exact_batch is not None:
         exact_batch = _checks.flag("exact_batch", exact_batch)
@@ -339,6 +341,6 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
     dp = steps[hi]
     binding = None if lo_result is None else max(
         COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))
-    return InverseAnswer(question="fewest devices", value=tp_size * pp_size * dp, result=hi_result,
+    return InverseAnswer(question="fewest devices", value=tp_size * cp_size * pp_size * dp, result=hi_result,
                          limit=lo_result, binding=binding, headroom=hi_result.headroom, solves=solves,
-                         details={"dp": dp, "tp": tp_size, "pp": pp_size, "ep": ep_size})
+                         details={"dp": dp, "tp": tp_size, "cp": cp_size, "pp": pp_size, "ep": ep_size})

@@ -82,8 +82,9 @@ class CatalogError(InvalidInputError):
     """Catalog data is malformed, or a name is claimed twice. The message names the file(s)."""
 
     def __init__(self, message: str, *, parameter: str = "catalog", value: object = None,
-                 allowed: str = ""):
+                 allowed: str = "", detail: str = ""):
         self.parameter, self.value, self.allowed = parameter, value, allowed
+        self.detail = detail
         MlsysimError.__init__(self, message)
 
 
