@@ -113,9 +113,23 @@ _GPT2_DEFAULT_TARGETS = ("c_attn",)      # peft's TRANSFORMERS_MODELS_TO_LORA_TA
 def default_target_modules(model) -> tuple[str, ...]:
     """The modules LoRA adapts when ``target_modules`` is not given: the attention
     projections, by the architecture's own names (``q_proj``, ``k_proj``, ``v_proj``,
-    ``o_proj``; GPT-2: ``c_attn``, the fused Q/K/V, as peft's default for gpt2)."""
-    arch = getattr(model, "architecture", None)
+    ``o_proj``; GPT-2: ``c_attn``, the fused Q/K/V, as peft's default for gpt2).
+    ``model``: a ``TransformerWorkload`` or a catalog name (resolved)."""
+    model = _workload(model)
+    arch = model.architecture
     return _GPT2_DEFAULT_TARGETS if isinstance(arch, str) and arch.lower() == "gpt2" else _DEFAULT_TARGETS
+
+
+def _workload(model):
+    """A model object, or a catalog name resolved to one; anything else is an error naming
+    ``model`` (a name is never read as an architecture)."""
+    if isinstance(model, str):
+        from .catalog import get_model
+        return get_model(model)
+    if not isinstance(model, TransformerWorkload):
+        raise InvalidInputTypeError("model", model, "a TransformerWorkload or a catalog model name "
+                                    "(see `mlsysim-core models`)", f"got {type(model).__name__}")
+    return model
 
 
 def _targets(value):
@@ -204,9 +218,16 @@ class LoRAConfig:
             raise InvalidInputError("lora.double_quant", self.double_quant,
                                     "False unless quantization is 'nf4' or 'fp4'",
                                     f"quantization={self.quantization!r}")
+        if self.quant_blocksize != 64 and self.quantization not in ("nf4", "fp4"):
+            raise InvalidInputError("lora.quant_blocksize", self.quant_blocksize,
+                                    "the default 64 unless quantization is 'nf4' or 'fp4'",
+                                    f"quantization={self.quantization!r}: the block size is bitsandbytes "
+                                    "4-bit's; nothing else reads it")
 
     def for_model(self, model) -> "LoRAConfig":
-        """This config with ``target_modules`` filled in for ``model`` when not given."""
+        """This config with ``target_modules`` filled in for ``model`` when not given;
+        ``model`` a ``TransformerWorkload`` or a catalog name (checked either way)."""
+        model = _workload(model)
         if self.target_modules is not None:
             return self
         return attrs.evolve(self, target_modules=default_target_modules(model))

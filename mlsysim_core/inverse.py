@@ -343,4 +343,4 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
         COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))
     return InverseAnswer(question="fewest devices", value=tp_size * cp_size * pp_size * dp, result=hi_result,
                          limit=lo_result, binding=binding, headroom=hi_result.headroom, solves=solves,
-                         details={"dp": dp, "tp": tp_size, "cp": cp_size, "pp": pp_size, "ep": ep_size})
+                         details={"dp": dp, "tp": tp_size, "pp": pp_size, "ep": ep_size, "cp": cp_size})

@@ -141,6 +141,13 @@ class PlanSearch:
     assumptions: Mapping[str, float]
     profile: str = "reference"          # the profile every layout was solved under
     profile_note: str | None = None     # why this profile (the CLI's fallback note), if anything to say
+    # Everything about the run that changes the numbers and is the same for every layout
+    # (precision and regime, optimizer, LoRA/QLoRA, the measured options, the strategies and
+    # rules searched, strategies left out): see ``search_plans``.
+    run: Mapping[str, object] = attrs.field(factory=dict)
+    # The notes that hold for the whole search (the model's and the run's, the same for every
+    # layout: "WARNING:", "approximation:", catalog provenance, LoRA's default targets).
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         from .serialization import SCHEMA_VERSION
@@ -148,7 +155,12 @@ class PlanSearch:
                 "model": self.model, "hardware": self.hardware, "devices": self.devices,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "candidates": self.candidates,
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
+                "run": dict(self.run), "notes": list(self.notes),
                 "fits": [c.as_row() for c in self.fits], "pareto": [c.as_row() for c in self.pareto]}
+
+    def describe_run(self) -> str:
+        """One line: what changes the numbers beside the layout (``run``), in words."""
+        return describe_search_run(self.run)
 
     def _summary(self) -> str:
         return (f"{self.model} on {self.devices} x {self.hardware}, profile {self.profile}, global batch "
@@ -168,7 +180,9 @@ class PlanSearch:
                 c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
                 f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.cost:.4f}", f"{c.bubble:.3f}",
                 "*" if c.pareto else "")) + "</tr>" for c in chosen)
-        caption = escape(self._summary() + (f". {self.profile_note}" if self.profile_note else ""))
+        caption = escape(self._summary() + f". {self.describe_run()}"
+                         + "".join(f". note: {n}" for n in self.notes)
+                         + (f". {self.profile_note}" if self.profile_note else ""))
         return (f"<table><caption>{caption}</caption><thead><tr>"
                 + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table>")
 
@@ -182,7 +196,8 @@ class PlanSearch:
         chosen = self.pareto if pareto_only else self.fits
         if rows is None:
             rows = len(chosen)
-        head = f"{self._summary()} (headroom vs cost) [{self.seconds:.2f} s]"
+        head = f"{self._summary()} (headroom vs cost) [{self.seconds:.2f} s]\n{self.describe_run()}"
+        head += "".join(f"\nnote: {n}" for n in self.notes)
         if self.profile_note:
             head = f"{self.profile_note}\n\n{head}"
         cols = ("tp", "cp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
@@ -323,7 +338,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         cp_allowed = _context_sizes(context_parallel, devices, seq_len)
     if max_tp is not None:
         max_tp = _checks.count("max_tp", max_tp)
-    recompute = _recompute(recompute)
+    recompute = _recompute(recompute, registry.checkpointing)
     strategies = (_names("checkpointing", checkpointing, registry.checkpointing) if checkpointing is not None
                   else sorted(registry.checkpointing))
     if model.heads is None:
@@ -351,9 +366,40 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         ("runtime_overheads", runtime_overheads), ("lora", lora)) if value is not None}
     # What does not depend on the layout is checked now, once per strategy at one device:
     # a bad option or a run the profile cannot describe raises here, not as "no layout fits".
+    # Under a measured-grade profile, a strategy the profile cannot model is left out (and
+    # said) when the strategies were not named; a named one stops the search (the CLI then
+    # reruns the whole search on the reference profile).
+    first = None
+    left_out: list[str] = []
+    refusal = None
     for ckpt in strategies:
-        solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
-                     global_batch, trainable_fraction, communication_buffer_fraction, profile=profile, **options)
+        try:
+            checked = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1,
+                                   0, global_batch, trainable_fraction, communication_buffer_fraction,
+                                   profile=profile, **options)
+        except NotModelledError as err:
+            if not (measured and checkpointing is None and err.parameter == "activation_checkpointing"
+                    and err.value == ckpt):
+                raise
+            left_out.append(ckpt)
+            refusal = refusal or err
+            continue
+        if first is None:
+            first = checked
+    if first is None and refusal is not None:    # no strategy the profile models: say why, for the first
+        raise refusal
+    if left_out:
+        strategies = [s for s in strategies if s not in left_out]
+    notes = _whole_search_notes(first)
+    if left_out:
+        notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
+                  f"(profile 'reference' models them; naming one in checkpointing searches on it)",)
+    run = _run_details(first, profile=profile, measured=measured, precision=precision, optimizer=optimizer,
+                       options=options, model=model, trainable_fraction=trainable_fraction,
+                       communication_buffer_fraction=communication_buffer_fraction, strategies=strategies,
+                       checkpointing=checkpointing, left_out=left_out, dp_rules=dp_rules,
+                       data_parallel=data_parallel, cp_allowed=cp_allowed, sequence_parallel=sequence_parallel,
+                       max_tp=max_tp)
 
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
@@ -392,9 +438,119 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
                       seq_len=seq_len, candidates=total, solves=solves,
                       seconds=time.perf_counter() - started, fits=fits,
-                      pareto=tuple(c for c in fits if c[16]), profile=profile,
+                      pareto=tuple(c for c in fits if c[16]), profile=profile, run=run, notes=notes,
                       assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
                                    "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
+
+
+# The notes of a result that hold for the whole search (the model's, the accelerator's and
+# the run's, the same for every layout), by how they start; the others (a sharding rule's)
+# belong to a layout.
+WHOLE_SEARCH_NOTES = ("approximation:", "WARNING:", "model:", "hardware:", "lora.", "seq_len ")
+
+
+def _whole_search_notes(result) -> tuple[str, ...]:
+    if result is None:
+        return ()
+    out = []
+    for note in result.notes:
+        if note.startswith(WHOLE_SEARCH_NOTES) and note not in out:
+            out.append(note)
+    return tuple(out)
+
+
+def _jsonable(value):
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _run_details(result, *, profile, measured, precision, optimizer, options, model, trainable_fraction,
+                 communication_buffer_fraction, strategies, checkpointing, left_out, dp_rules, data_parallel,
+                 cp_allowed, sequence_parallel, max_tp) -> dict:
+    """What changes the numbers beside the layout, the same for every layout (``PlanSearch.run``)."""
+    run: dict = {"profile": profile, "precision": precision, "optimizer": optimizer}
+    regime = getattr(result, "regime", None)
+    if measured:
+        if regime is not None:
+            from .measured.regimes import REGIMES
+            run["regime"] = regime
+            run["regime_source"] = "regime" if options.get("regime") is not None else "precision"
+            spec = REGIMES.get(regime)
+            if spec is not None:
+                run["regime_description"] = spec.description
+        run["optimizer_impl"] = options.get("optimizer_impl") or "foreach"
+        run["attention"] = options.get("attention") or "sdpa"
+        run["dropout"] = float(options.get("dropout") or 0.0)
+        overheads = options.get("runtime_overheads")
+        run["runtime_overheads"] = True if overheads is None else _jsonable(overheads)
+        lora = options.get("lora")
+        if lora is not None:
+            from .finetune import _config
+            config = _config(lora)
+            if config.target_modules is None:
+                config = config.for_model(model)
+            run["lora"] = {"rank": config.rank,
+                           "target_modules": list(config.target_modules),
+                           "quantization": config.quantization, "double_quant": config.double_quant,
+                           "quant_blocksize": config.quant_blocksize}
+    else:
+        run["communication_buffer_fraction"] = communication_buffer_fraction
+    run["trainable_fraction"] = trainable_fraction
+    run["checkpointing"] = list(strategies)
+    run["checkpointing_restricted"] = checkpointing is not None
+    run["checkpointing_left_out"] = list(left_out)
+    run["data_parallel"] = list(dp_rules)
+    run["data_parallel_restricted"] = data_parallel is not None
+    run["context_parallel"] = sorted(cp_allowed) if cp_allowed is not None else None
+    run["sequence_parallel"] = list(sequence_parallel)
+    run["max_tp"] = max_tp
+    return run
+
+
+def describe_search_run(run: Mapping) -> str:
+    """``PlanSearch.run`` in words: one line for a header."""
+    if not run:
+        return "run: (not recorded)"
+    parts = [f"precision {run.get('precision')}"]
+    if run.get("regime"):
+        source = " (from the precision)" if run.get("regime_source") == "precision" else ""
+        description = f": {run['regime_description']}" if run.get("regime_description") else ""
+        parts = [f"precision {run.get('precision')}, regime {run['regime']}{source}{description}"]
+    optimizer = f"optimizer {run.get('optimizer')}"
+    if run.get("optimizer_impl"):
+        optimizer += f" ({run['optimizer_impl']})"
+    parts.append(optimizer)
+    lora = run.get("lora")
+    if lora:
+        clause = f"LoRA rank {lora.get('rank')} on {', '.join(lora.get('target_modules') or ())}, base frozen"
+        if lora.get("quantization"):
+            clause = ("Q" + clause + f" and quantized {lora['quantization']} (block {lora.get('quant_blocksize')})"
+                      + (" with double quantization" if lora.get("double_quant") else ""))
+        parts.append(clause)
+    if "attention" in run:
+        overheads = run.get("runtime_overheads")
+        overheads = "on" if overheads is True else "off" if overheads is False else f"{overheads}"
+        parts.append(f"attention {run['attention']}, dropout {run.get('dropout')}, runtime overheads {overheads}")
+    if run.get("trainable_fraction", 1.0) != 1.0:
+        parts.append(f"trainable fraction {run['trainable_fraction']:.6g}")
+    if run.get("communication_buffer_fraction", 0.05) != 0.05:
+        parts.append(f"communication buffer fraction {run['communication_buffer_fraction']}")
+    ckpt = f"checkpointing {', '.join(run.get('checkpointing') or ())}"
+    ckpt += " (as asked)" if run.get("checkpointing_restricted") else " (every installed strategy"
+    if not run.get("checkpointing_restricted"):
+        left = run.get("checkpointing_left_out")
+        ckpt += f"; left out: {', '.join(left)})" if left else ")"
+    parts.append(ckpt)
+    if run.get("data_parallel_restricted"):
+        parts.append(f"data-parallel rules {', '.join(run.get('data_parallel') or ())}")
+    if run.get("context_parallel") is not None:
+        parts.append(f"cp {', '.join(map(str, run['context_parallel']))}")
+    if list(run.get("sequence_parallel") or ()) not in ([True, False], [False, True]):
+        parts.append(f"sequence parallel {'on' if run.get('sequence_parallel') == [True] else 'off'}")
+    return "run: " + "; ".join(parts)
 
 
 def _context_sizes(values, devices: int, seq_len: int) -> set[int]:
@@ -417,8 +573,9 @@ def _context_sizes(values, devices: int, seq_len: int) -> set[int]:
     return sizes
 
 
-def _recompute(values) -> dict[str, float]:
-    """``recompute``: None, or {strategy name: extra forward work, a finite number >= 0}."""
+def _recompute(values, known=None) -> dict[str, float]:
+    """``recompute``: None, or {strategy name: extra forward work, a finite number >= 0};
+    each name one of ``known`` (the installed strategies), exactly as they are spelt."""
     if values is None:
         return {}
     if not isinstance(values, Mapping):
@@ -429,6 +586,9 @@ def _recompute(values) -> dict[str, float]:
         if not isinstance(name, str):
             raise InvalidInputTypeError("recompute", name, "strategy names (strings) as keys",
                                         f"got {type(name).__name__}")
+        if known is not None and name not in known:
+            raise InvalidInputError("recompute", name, f"an installed checkpointing strategy: {', '.join(sorted(known))}",
+                                    f"recompute maps strategy names to their extra work; {name!r} is none of them")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidInputTypeError(f"recompute[{name!r}]", value, "a finite number >= 0",
                                         f"got {type(value).__name__}")

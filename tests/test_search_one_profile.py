@@ -188,9 +188,9 @@ def test_rows_must_be_a_positive_count_or_none(solver):
             found.table(rows=bad)
         assert err.value.parameter == "rows"
     every = found.table(rows=None, pareto_only=False).splitlines()
-    assert len(every) == 2 + len(found.fits) and "more" not in every[-1]
+    assert len(every) == 3 + len(found.fits) and "more" not in every[-1]     # summary, run, columns
     one = found.table(rows=1).splitlines()
-    assert len(one) == 4 and one[-1] == f"... {len(found.pareto) - 1} more (--json for all)"
+    assert len(one) == 5 and one[-1] == f"... {len(found.pareto) - 1} more (--json for all)"
     assert found.to_html(rows=None, pareto_only=False).count("<tr>") == 1 + len(found.fits)
 
 
@@ -285,8 +285,8 @@ def test_cli_rows_and_checkpointing(capsys):
     code, text = run("search", "-n", "8", "--global-batch", "16", "--rows", "0", "--all", "--profile", "reference",
                      "--checkpointing", "full", "none")
     lines = text.splitlines()
-    assert code == 0 and len(lines) == 2 + len(data["fits"]) and "more" not in lines[-1]
+    assert code == 0 and len(lines) == 3 + len(data["fits"]) and "more" not in lines[-1]     # summary, run, columns
     code, text = run("search", "-n", "8", "--global-batch", "16", "--rows", "1", "--profile", "reference")
-    assert text.splitlines()[-1].endswith("more (--json for all)") and len(text.splitlines()) == 4
+    assert text.splitlines()[-1].endswith("more (--json for all)") and len(text.splitlines()) == 5
     code, _ = run("search", "-n", "8", "--global-batch", "16", "--quantization", "nf4")
     assert code == 2 and "--quantization='nf4'" in capsys.readouterr().err
