@@ -572,7 +572,11 @@ def reference_stand_in(scenario):
         model = get_model(model) if isinstance(model, str) else model
         fraction = trainable_fraction(model, scenario.lora)
         plain = attrs.evolve(plain, trainable_fraction=fraction)
-        said.append(f"LoRA stands in as trainable fraction {fraction:.6g}")
+        lora = scenario.lora
+        quantization = lora.get("quantization") if isinstance(lora, dict) else getattr(lora, "quantization", None)
+        said.append(f"QLoRA stands in as trainable fraction {fraction:.6g} (its {quantization} quantization "
+                    "left out: the base weights count at the run's precision)" if quantization else
+                    f"LoRA stands in as trainable fraction {fraction:.6g}")
     left_out = [_MEASURED_FLAGS.get(name, name) for name in given if name != "lora"]
     if left_out:
         said.append(f"measured-profile options left out: {', '.join(left_out)}")
@@ -679,84 +683,214 @@ def _vary_value(field: str, raw: str):
     if field in ("model", "hardware", "profile", "data_parallel", "activation_checkpointing", "optimizer",
                  "precision"):
         return raw
+    if field in ("trainable_fraction", "communication_buffer_fraction"):     # numbers, never words
+        import math
+        try:
+            number = float(raw)
+        except ValueError:
+            return raw   # solve() rejects it with a message naming the field
+        if not math.isfinite(number):
+            raise InvalidInputError(field, raw, "a finite number", f"from --values of --vary {field}")
+        return number
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except (json.JSONDecodeError, RecursionError):
         return raw   # solve() rejects it with a message naming the field
     except ValueError:     # a number of more than 4300 digits
         raise InvalidInputError("--values", raw, f"values of {field} (numbers of at most 4300 digits)") from None
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        raise InvalidInputError(field, raw, "a finite number", f"from --values of --vary {field}")
+    return value
+
+
+def _check_distinct(raws: list[str], values: list, parameter: str = "--values", text: str = "") -> None:
+    """Each value once: a value given twice would draw the same bar twice."""
+    seen: dict[str, str] = {}
+    for raw, value in zip(raws, values):
+        key = value.strip().lower() if isinstance(value, str) else repr(value)
+        if key in seen:
+            raise InvalidInputError(parameter, text or ",".join(raws), "each value once",
+                                    f"{raw!r} repeats {seen[key]!r}")
+        seen[key] = raw
+
+
+def _result_notes(results, labels=None) -> list[str]:
+    """The results' own notes (warnings, approximations, catalog data), each once, as
+    ``note ...`` lines; a note that only some results carry names them."""
+    from .render import note_lines
+    labels = list(labels) if labels else [""] * len(results)
+    said: dict[str, list[str]] = {}
+    for result, label in zip(results, labels):
+        for note in result.notes:
+            said.setdefault(note, []).append(label)
+    notes = []
+    for note, which in said.items():
+        if len(which) < len(results) and all(which):
+            note = f"({', '.join(which)}) {note}"
+        notes.append(note)
+    return note_lines(notes)
+
+
+def _varied_bars(args, solver, scenario, out):
+    """`plot bars --vary FIELD`: ``(results, labels)``. One picture, one profile: when the
+    measured profile cannot describe one of the values, every bar is the reference profile's
+    (`reference_stand_in` of each), and a note says so. ``--vary profile`` draws each profile
+    asked for; a profile that cannot describe the run is left out, and a note says why."""
+    import attrs
+    from .scenario import SOLVE_FIELDS
+    allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
+    if args.vary not in allowed:
+        raise InvalidInputError("--vary", args.vary, f"one of {', '.join(allowed)}")
+    if args.values is None and args.vary == "profile":     # the two profiles side by side
+        args.values = "reference,measured"
+    if args.values is None:
+        raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. "
+                                + _VARY_EXAMPLES.get(args.vary, "1,2,4"))
+    raws = _split_values(args.values)
+    values = [_vary_value(args.vary, raw) for raw in raws]
+    _check_distinct(raws, values, text=args.values)
+    scenarios = [attrs.evolve(scenario, **{args.vary: value}) for value in values]
+    labels = [f"{args.vary}={raw}" for raw in raws]
+    for s in scenarios:
+        check_global_batch(s, _batch_given(args) or args.vary == "batch_size")
+    if args.vary == "profile":
+        results, kept = [], []
+        for s, label in zip(scenarios, labels):
+            spec = solver.registry.profiles.get(s.profile) if isinstance(s.profile, str) else None
+            if spec is not None and spec.grade != "measured":     # none of the measured-only options
+                plain, said = reference_stand_in(s)
+                if said:
+                    out.write(f"note: {label}: {said} (the {s.profile} profile has none of the measured-profile "
+                              "options)\n")
+                results.append(_solve(solver, attrs.evolve(plain, profile=s.profile)))
+            else:
+                try:
+                    results.append(_solve(solver, s))
+                except InvalidInputError as err:
+                    if not _measured_cannot_describe(err):
+                        raise
+                    out.write(f"note: {label} is left out: the {s.profile} profile cannot describe this run: "
+                              f"{err}\n")
+                    continue
+            kept.append(label)
+        if not results:
+            raise InvalidInputError("--values", args.values, "profiles that can describe this run",
+                                    "none of them can; see the notes above")
+        return results, kept
+    if scenario.profile is not None:
+        return [_solve(solver, s) for s in scenarios], labels
+    results = []
+    try:
+        for s in scenarios:
+            results.append(_solve(solver, attrs.evolve(s, profile=DEFAULT_PROFILE)))
+    except InvalidInputError as err:
+        if not _measured_cannot_describe(err):
+            raise
+        stood_in = [reference_stand_in(s) for s in scenarios]
+        said = list(dict.fromkeys(text for _, text in stood_in if text))
+        out.write(f"note: profile reference for every bar (one picture, one profile), because the measured profile "
+                  f"cannot describe {labels[len(results)]}: {err}" + ("; " + "; ".join(said) if said else "")
+                  + "\n\n")
+        return [_solve(solver, s) for s, _ in stood_in], labels
+    return results, labels
+
+
+def _sweep_values(args, scenario, solver, model, checked: bool = True) -> list[int]:
+    """The values `plot sweep` draws: --values, or by default powers of two (micro-batches
+    1-64, sequences 512-32,768); a default sequence past the model's context length is left
+    out (and said), one given in --values is refused naming --values (``checked``: against
+    the model's context length, under the scenario's profile)."""
+    from .inverse import _position_rows
+    if args.values is None:
+        values = [2**i for i in range(7)] if args.sweep == "batch" else [2**i for i in range(9, 16)]
+    else:
+        values = []
+        for raw in _split_values(args.values):
+            try:
+                values.append(int(raw))
+            except ValueError:
+                raise InvalidInputError("--values", args.values, "whole numbers >= 1, e.g. 1,2,4,8") from None
+            if values[-1] < 1:
+                raise InvalidInputError("--values", args.values, "whole numbers >= 1, e.g. 1,2,4,8")
+        _check_distinct([str(v) for v in values], values, text=args.values)
+    if args.sweep != "seq" or not checked:
+        return values
+    cap = _position_rows(solver, model, scenario.profile)
+    past = [v for v in values if cap is not None and v > cap]
+    if not past:
+        return values
+    if args.values is not None:
+        raise InvalidInputError("--values", args.values, f"sequence lengths of at most {cap:,}, the model's "
+                                "context length", f"{', '.join(map(str, past))} past it: the model has learned "
+                                "position embeddings")
+    kept = [v for v in values if v <= cap]
+    if not kept:
+        raise InvalidInputError("--values", None, f"sequence lengths of at most {cap:,}, the model's context "
+                                "length (no default value is)")
+    args._sweep_note = (f"note: the default sequence lengths {', '.join(f'{v:,}' for v in past)} are left out: "
+                        f"past the model's context length {cap:,} (learned position embeddings)")
+    return kept
+
+
+# The flag of the value each `plot sweep` draws: giving it is a mistake (the sweep sets it).
+_SWEEP_SET = {"batch": ("--batch-size", "batch_size", "`plot sweep --sweep batch` draws the micro-batch"),
+              "seq": ("--seq-len", "seq_len", "`plot sweep --sweep seq` draws the sequence length")}
 
 
 def cmd_plot(args, out) -> int:
-    import attrs
     from . import plots
-    from .scenario import SOLVE_FIELDS
     from .solver import TrainingMemoryModel
     output = plots.check_output(args.output, "--output")     # before solving anything
-    scenario = scenario_from_args(args)
     if args.vary and args.kind != "bars":
         raise InvalidInputError("--vary", args.vary, "only with `plot bars`")
     if args.sweep is not None and args.kind != "sweep":
         raise InvalidInputError("--sweep", args.sweep, "only with `plot sweep`",
                                 f"`plot {args.kind}` draws no sweep")
     args.sweep = args.sweep or "batch"
+    if args.kind == "sweep":
+        flag, dest, why = _SWEEP_SET[args.sweep]
+        if getattr(args, dest, None) is not None:
+            raise InvalidInputError(flag, getattr(args, dest), f"not given: {why}",
+                                    f"leave out {flag} (--values chooses the values drawn)")
+    scenario = scenario_from_args(args)
     if args.values is not None and args.kind == "timeline":
         raise InvalidInputError("--values", args.values, "only with `plot bars --vary` or `plot sweep`")
     if args.kind == "bars" and args.values is not None and not args.vary:
         raise InvalidInputError("--values", args.values, "with --vary FIELD (the field they are values of)")
     plots._matplotlib()     # fail early, with the extra's name, before solving anything
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    if args.kind == "bars" and args.vary:      # each bar is a scenario of its own
+        results, labels = _varied_bars(args, solver, scenario, out)
+        fig = plots.plot_bars(results, labels, title=args.title)
+        for line in _result_notes(results, labels):
+            out.write(line + "\n")
+        path = plots.save(fig, output, parameter="--output")
+        names = list(dict.fromkeys(r.profile for r in results))
+        out.write(f"wrote {path} ({'profile' if len(names) == 1 else 'profiles'} {', '.join(names)})\n")
+        return 0
     if not (args.kind == "sweep" and args.sweep == "batch"):    # (a batch sweep sets the batch itself)
         check_global_batch(scenario, _batch_given(args))
-    scenario, note = resolve_profile(solver, scenario)
+    probe = None
+    if args.kind == "sweep" and args.sweep == "seq":     # the sequence is drawn: ask at the first one drawn
+        import attrs
+        first = min(_sweep_values(args, scenario, solver, None, checked=False))
+        probe = attrs.evolve(scenario, seq_len=first, batch_size=scenario.dp_size
+                             * scenario.gradient_accumulation_steps) \
+            if all(type(n) is int and n >= 1 for n in (scenario.dp_size, scenario.gradient_accumulation_steps)) \
+            else attrs.evolve(scenario, seq_len=first)
+    scenario, note = resolve_profile(solver, scenario, probe=probe)
     out.write(_profile_note_lines(note))
     if args.kind == "bars":
-        if args.vary:
-            allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
-            if args.vary not in allowed:
-                raise InvalidInputError("--vary", args.vary, f"one of {', '.join(allowed)}")
-            if args.values is None and args.vary == "profile":     # the two profiles side by side
-                args.values = "reference,measured"
-            if args.values is None:
-                raise InvalidInputError("--values", None, f"the values of --vary {args.vary}, e.g. "
-                                        + _VARY_EXAMPLES.get(args.vary, "1,2,4"))
-            raws = _split_values(args.values)
-            scenarios = [attrs.evolve(scenario, **{args.vary: _vary_value(args.vary, raw)}) for raw in raws]
-            if args.vary == "profile":    # a reference-grade profile has none of the measured-only options
-                from .scenario import MEASURED_FIELDS
-                given = [name for name in MEASURED_FIELDS if getattr(scenario, name) is not None]
-                for i, s in enumerate(scenarios):
-                    spec = solver.registry.profiles.get(s.profile)
-                    if given and spec is not None and spec.grade != "measured":
-                        plain = attrs.evolve(s, **dict.fromkeys(MEASURED_FIELDS))
-                        if scenario.lora:     # the reference's stand-in for LoRA, as `estimate` uses
-                            from .catalog import get_model
-                            from .finetune import trainable_fraction
-                            model = _resolved(scenario)[0]
-                            model = get_model(model) if isinstance(model, str) else model
-                            plain = attrs.evolve(plain, trainable_fraction=trainable_fraction(model, scenario.lora))
-                        scenarios[i] = plain
-                        out.write(f"note: profile={s.profile} leaves out the measured-profile options "
-                                  f"{', '.join(given)} (it has none of them)\n")
-            results = [_solve(solver, s) for s in scenarios]
-            labels = [f"{args.vary}={raw}" for raw in raws]
-        else:
-            results, labels = [_solve(solver, scenario)], None
-        fig = plots.plot_bars(results, labels, title=args.title)
+        results = [_solve(solver, scenario)]
+        fig = plots.plot_bars(results, None, title=args.title)
     elif args.kind == "timeline":
-        result = _solve(solver, scenario)
-        fig = plots.plot_timeline(result, title=args.title)
+        results = [_solve(solver, scenario)]
+        fig = plots.plot_timeline(results[0], title=args.title)
     else:
-        if args.values is None:
-            values = [2**i for i in range(7)] if args.sweep == "batch" else [2**i for i in range(9, 16)]
-        else:
-            values = []
-            for raw in _split_values(args.values):
-                try:
-                    values.append(int(raw))
-                except ValueError:
-                    raise InvalidInputError("--values", args.values, "whole numbers >= 1, e.g. 1,2,4,8") from None
         model, hardware = _resolved(scenario)
+        values = _sweep_values(args, scenario, solver, model)
+        if getattr(args, "_sweep_note", None):
+            out.write(args._sweep_note + "\n")
         data = plots.sweep(scenario, args.sweep, values, solver=solver, model=model, hardware=hardware)
         exact = _exact_largest(solver, scenario, args.sweep, model, hardware)
         fig = plots.plot_sweep(data, title=args.title, exact=exact.value, exact_is_bound=exact.at_search_limit)
@@ -764,9 +898,11 @@ def cmd_plot(args, out) -> int:
             f"{v:,} {'fits' if r.feasible else 'does not fit'} ({r.total_memory * 1e-9:,.3f} GB)"
             for v, r in zip(data.values, data.results)) + "\n")
         out.write(_sweep_answer_line(data, exact, args.sweep) + "\n")
+        results = list(data.results)
+    for line in _result_notes(results):
+        out.write(line + "\n")
     path = plots.save(fig, output, parameter="--output")
-    profile = f"profile {scenario.profile}" if args.vary != "profile" else "profiles " + args.values
-    out.write(f"wrote {path} ({profile})\n")
+    out.write(f"wrote {path} (profile {scenario.profile})\n")
     return 0
 
 
@@ -987,16 +1123,18 @@ def cmd_fit(args, out) -> int:
             data["scenario_note"] = left_out
         out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
     else:
-        from .render import describe_run
+        from .render import describe_run, note_lines, plan_header
         out.write(_profile_note_lines(note))
         if left_out:
             out.write(left_out + "\n")
         out.write(f"{solved.model} on {solved.hardware}  (profile: {solved.profile})\n")
-        out.write(describe_run(scenario.run_details(solved)) + "\n")
+        out.write(plan_header(solved, describe_run(scenario.run_details(solved))) + "\n")
         if args.question == "seq" and unit != (args.multiple_of or 1):
             out.write(f"searched sequences that are multiples of {unit} (context parallelism {scenario.cp_size} "
                       "splits each one evenly)\n")
         out.write(answer.describe() + "\n")
+        for line in note_lines(solved.notes):     # the answer's own notes, as `estimate` prints them
+            out.write(line + "\n")
     return 0
 
 

@@ -72,6 +72,16 @@ def _checkpointing(result) -> str:
 
 # --- the numbers behind the pictures (no matplotlib) ----------------------------------------
 
+def _layout(result) -> str:
+    """``", tp=2 pp=2 dp=2 ep=1, dp rule zero1"`` for a parallel layout; ``""`` for one device."""
+    p = result.parallelism
+    if all(n == 1 for n in p.values()):
+        return ""
+    cp = f" cp={p['cp']}" if p.get("cp", 1) != 1 else ""
+    return (f", tp={p.get('tp', 1)}{cp} pp={p.get('pp', 1)} dp={p.get('dp', 1)} ep={p.get('ep', 1)}, "
+            f"dp rule {result.selected.get('dp_rule', '?')}")
+
+
 def phase_bytes(result) -> dict[str, dict[str, float]]:
     """Bytes alive in each phase, by component: ``{phase: {component: bytes}}``.
 
@@ -656,8 +666,8 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0
              else f"micro-batch {first.microbatch}" if data.parameter == "seq" else "")
     heaviest = "; each value: its heaviest rank class" if any(len(r.ranks) > 1 for r in results) else ""
     _title(ax, fig, title or f"Memory vs {data.label}: {first.model} on {first.hardware}"
-                             + (f"\n{fixed}, {first.precision}, {first.optimizer}, "
-                                f"{_checkpointing(first)}{heaviest}" if fixed else heaviest))
+                             + (f"\n{fixed}, {first.regime or first.precision}, {first.optimizer}, "
+                                f"{_checkpointing(first)}{_layout(first)}{heaviest}" if fixed else heaviest))
     _legend(fig, handles, 3)
     _fit_texts(fig, ax)
     _fit_xticklabels(fig, ax, list(values), [f"{v:,}" for v in values])

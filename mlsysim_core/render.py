@@ -129,14 +129,20 @@ def _sources(result, component) -> list[str]:
 
 
 def describe_setup(result, plan_line: str = "") -> str:
-    p = result.parallelism
-    regime = f"regime {result.regime}" if result.regime else result.precision
     peak = f"; total = the {result.peak_phase.replace('_', ' ')} phase, the iteration's peak" \
         if result.peak_phase else ""
     rank = f"; the heaviest rank: {result.heaviest_rank}" if result.heaviest_rank else ""
-    cp = f" cp={p['cp']}" if p.get("cp", 1) != 1 else ""
     return (f"{result.model} on {result.hardware}  (profile: {result.profile}{peak}{rank})\n"
-            f"micro-batch {result.microbatch}, {regime}, optimizer {result.optimizer}, "
+            + plan_header(result, plan_line))
+
+
+def plan_header(result, plan_line: str = "") -> str:
+    """The header's plan: micro-batch, regime or precision, optimizer, checkpointing, the
+    layout (tp, cp, pp, dp, ep) and the dp rule, then ``plan_line`` (`describe_run`)."""
+    p = result.parallelism
+    regime = f"regime {result.regime}" if result.regime else result.precision
+    cp = f" cp={p['cp']}" if p.get("cp", 1) != 1 else ""
+    return (f"micro-batch {result.microbatch}, {regime}, optimizer {result.optimizer}, "
             f"checkpointing {result.activation_checkpointing}, "
             f"tp={p['tp']}{cp} pp={p['pp']} dp={p['dp']} ep={p['ep']}, dp rule {result.selected.get('dp_rule', '?')}"
             + (f", {plan_line}" if plan_line else ""))
@@ -212,9 +218,14 @@ def estimate_table(result, *, reference=None, plan_line: str = "", chart: bool =
         lines.append(f"{reference.profile} profile total: {_gb(reference.total_memory)} GB "
                      f"({_gib(reference.total_memory)} GiB), "
                      f"{'fits' if reference.feasible else 'does not fit'}")
-    for note in result.constraint_trace[1:]:
-        lines.append(f"note         {note}")
+    lines.extend(note_lines(result.constraint_trace[1:]))
     return "\n".join(lines)
+
+
+def note_lines(notes) -> list[str]:
+    """A result's notes (``result.notes``: warnings, approximations, catalog data, what the
+    rules decided) as the ``note ...`` lines every command prints after its answer."""
+    return [f"note         {note}" for note in notes]
 
 
 # --- the terminal bar chart ----------------------------------------------------------------

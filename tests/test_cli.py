@@ -147,7 +147,8 @@ def test_fit_commands(solver):
     code, text = run("fit", "batch", "--dp", "8", "--zero-stage", "3", "--profile", "reference")
     assert code == 0
     header, run_line, answer = text.splitlines()[:3]
-    assert header.endswith("(profile: reference)") and run_line.startswith("global batch 56 = micro-batch 7 x dp 8")
+    assert header.endswith("(profile: reference)") and run_line.startswith("micro-batch 7, fp16, optimizer adam")
+    assert "tp=1 pp=1 dp=8 ep=1, dp rule zero3, global batch 56 = micro-batch 7 x dp 8" in run_line
     assert answer.startswith("largest micro-batch: 7, global batch 56") and "bound by activations" in text
     code, text = run("fit", "seq", "-b", "8", "--dp", "8", "--zero", "3", "--multiple-of", "1024", "--json")
     data = json.loads(text)

@@ -195,7 +195,8 @@ def test_plot_command(mpl, tmp_path):
                                     "seq_len": 1024, "dp_size": 8}))
     code, text = run("plot", "bars", "--scenario", str(scenario), "--vary", "zero_stage", "--values", "0,1,2,3",
                      "-o", str(tmp_path / "b.png"))
-    assert code == 0 and is_png(tmp_path / "b.png") and text.startswith("wrote ")
+    assert code == 0 and is_png(tmp_path / "b.png") and text.splitlines()[-1].startswith("wrote ")
+    assert "note         (zero_stage=1) ZeRO-1" in text     # the results' own notes, naming their bar
 
 
 @pytest.mark.parametrize("argv,fragment", [
@@ -312,7 +313,8 @@ def drawn(monkeypatch):
 @pytest.mark.parametrize("kind", ["bars", "timeline", "sweep"])
 def test_every_plot_kind_under_both_profiles(mpl, tmp_path, profile, kind):
     # measured: KeyError 'runtime_overheads' before (no colour for the sixth component)
-    argv = ["plot", kind, "--profile", profile, "-m", "llama3-8b", "-b", "8", "-s", "1024", "-o", str(tmp_path / "p.png")]
+    argv = ["plot", kind, "--profile", profile, "-m", "llama3-8b", "-s", "1024", "-o", str(tmp_path / "p.png")]
+    argv += [] if kind == "sweep" else ["-b", "8"]     # (a batch sweep refuses -b: it draws the batch)
     code, text = run(*(argv + (["--values", "1,2,4"] if kind == "sweep" else [])))
     assert code == 0 and is_png(tmp_path / "p.png"), text
 
@@ -346,7 +348,7 @@ def test_vary_profile_leaves_measured_options_out_of_the_reference_bar(mpl, tmp_
     code, text = run("plot", "bars", "-m", "llama3-8b", "-b", "8", "-s", "1024", "--no-runtime-overheads",
                      "--vary", "profile", "--values", "reference,measured", "-o", str(tmp_path / "v.png"))
     assert code == 0, text
-    assert "note: profile=reference leaves out the measured-profile options runtime_overheads" in text
+    assert "note: profile=reference: measured-profile options left out: --no-runtime-overheads" in text
     reference, measured = drawn["results"]
     assert measured.runtime_overheads == 0 and measured.peak_phase
     assert reference.total_memory == main_solve_total("llama3-8b", 8, 1024)

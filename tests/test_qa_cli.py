@@ -208,7 +208,7 @@ def mpl():
 def test_sweep_says_the_exact_largest_as_fit_does(mpl, tmp_path):
     code, fit = run("fit", "batch", "--dp", "8", "--zero", "3", "--json")
     exact = json.loads(fit)["value"]
-    code, text = run("plot", "sweep", "-o", str(tmp_path / "s.png"), "--dp", "8", "--zero", "3", "-b", "64")
+    code, text = run("plot", "sweep", "-o", str(tmp_path / "s.png"), "--dp", "8", "--zero", "3")
     assert code == 0
     assert (f"largest of the values drawn that fits: 2 (`mlsysim-core fit batch` finds the exact largest: {exact})"
             in text) and exact == 3
@@ -221,7 +221,7 @@ def test_sweep_says_the_exact_largest_as_fit_does(mpl, tmp_path):
 
 def test_vary_profile_defaults_to_both_profiles(mpl, tmp_path, capsys):
     code, text = run("plot", "bars", "--vary", "profile", "-o", str(tmp_path / "p.png"))
-    assert code == 0 and "profiles reference,measured" in text
+    assert code == 0 and "profiles reference, measured" in text
     code, err = error_of(capsys, "plot", "bars", "--vary", "hardware", "-o", str(tmp_path / "h.png"))
     assert code == 2 and "--values=None" in err and "e.g. h100,a100" in err
 

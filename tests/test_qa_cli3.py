@@ -53,3 +53,165 @@ def test_catalog_name_collision_in_estimate_is_one_line(capsys, user_catalog):
     code, err = error_of(capsys, "estimate", "-m", "qa-dup")
     assert code == 2
     assert len(err.splitlines()) == 1 and "qa-dup" in err
+
+
+@pytest.fixture(scope="module")
+def mpl():
+    return pytest.importorskip("matplotlib")
+
+
+@pytest.fixture()
+def drawn(monkeypatch, mpl):
+    """Run `plot` for real, keeping the results and figures instead of writing the files."""
+    from mlsysim_core import plots
+    record = {"results": [], "labels": None, "figures": []}
+    real_bars, real_sweep = plots.plot_bars, plots.plot_sweep
+
+    def bars(results, labels=None, **kw):
+        record["results"], record["labels"] = list(results), labels
+        record["figures"].append(real_bars(results, labels, **kw))
+        return record["figures"][-1]
+
+    def sweep(data, **kw):
+        record["results"] = list(data.results)
+        record["figures"].append(real_sweep(data, **kw))
+        return record["figures"][-1]
+
+    monkeypatch.setattr(plots, "plot_bars", bars)
+    monkeypatch.setattr(plots, "plot_sweep", sweep)
+    monkeypatch.setattr(plots, "save", lambda fig, path, **kw: Path(path))
+    return record
+
+
+# 2. --vary profile: a value the measured profile cannot describe is never drawn as "measured"
+
+def test_vary_profile_leaves_out_a_measured_bar_it_cannot_describe(tmp_path, drawn):
+    code, text = run("plot", "bars", "--vary", "profile", "--lora-rank", "8", "--dp", "2",
+                     "-o", str(tmp_path / "p.png"))
+    assert code == 0, text
+    assert [r.profile for r in drawn["results"]] == ["reference"] and drawn["labels"] == ["profile=reference"]
+    assert "note: profile=measured is left out: the measured profile cannot describe this run" in text
+    assert "note: profile reference, because" not in text      # no fallback note contradicted by a bar
+    assert "LoRA stands in as trainable fraction" in text and text.splitlines()[-1].endswith("(profile reference)")
+
+
+@pytest.mark.parametrize("flags", [["--precision", "int8"], ["--comm-buffer-fraction", "0.5"]])
+def test_vary_profile_draws_the_reference_bar_alone(tmp_path, drawn, flags):
+    code, text = run("plot", "bars", "--vary", "profile", *flags, "-o", str(tmp_path / "p.png"))
+    assert code == 0, text
+    assert [r.profile for r in drawn["results"]] == ["reference"]
+    assert "profile=measured is left out" in text
+
+
+def test_vary_profile_qlora_says_the_quantization_is_left_out(tmp_path, drawn):
+    code, text = run("plot", "bars", "--vary", "profile", "--lora-rank", "8", "--quantization", "nf4",
+                     "-o", str(tmp_path / "p.png"))
+    assert code == 0, text
+    assert "QLoRA stands in as trainable fraction" in text and "nf4 quantization left out" in text
+    assert [r.profile for r in drawn["results"]] == ["reference", "measured"]
+
+
+def test_vary_profile_refuses_when_no_profile_can_describe(capsys, tmp_path, mpl):
+    code, err = error_of(capsys, "plot", "bars", "--vary", "profile", "--values", "measured", "--precision", "int8",
+                         "-o", str(tmp_path / "p.png"))
+    assert code == 2 and "--values='measured'" in err
+
+
+# 3. one picture, one profile: a value that needs the fallback sends every bar to the reference
+
+@pytest.mark.parametrize("argv, failing", [
+    (["--vary", "dp_size", "--values", "1,2", "--lora-rank", "8"], "dp_size=2"),
+    (["--vary", "precision", "--values", "fp32,bf16,int8"], "precision=int8")])
+def test_vary_falls_back_for_every_bar(tmp_path, drawn, argv, failing):
+    code, text = run("plot", "bars", *argv, "-o", str(tmp_path / "p.png"))
+    assert code == 0, text
+    assert {r.profile for r in drawn["results"]} == {"reference"}
+    assert text.startswith("note: profile reference for every bar (one picture, one profile), because the measured "
+                           f"profile cannot describe {failing}")
+    assert text.splitlines()[-1].endswith("(profile reference)")
+
+
+def test_vary_keeps_the_measured_profile_when_every_value_fits_it(tmp_path, drawn):
+    code, text = run("plot", "bars", "--vary", "precision", "--values", "fp32,bf16", "-o", str(tmp_path / "p.png"))
+    assert code == 0 and {r.profile for r in drawn["results"]} == {"measured"} and "note: profile" not in text
+
+
+# 4. sweep defaults past the model's context length are left out (and said); --values named
+
+def test_sweep_seq_leaves_default_values_past_the_context_out(tmp_path, drawn):
+    code, text = run("plot", "sweep", "--sweep", "seq", "-m", "gpt2", "-b", "1", "-o", str(tmp_path / "s.png"))
+    assert code == 0, text
+    assert "note: the default sequence lengths 2,048, 4,096" in text and "left out" in text
+    assert len(drawn["results"]) == 2 and "sequence length: 512 fits" in text and "2,048" not in text.split("\n")[1]
+
+
+def test_sweep_seq_values_past_the_context_name_values(capsys, tmp_path, mpl):
+    code, err = error_of(capsys, "plot", "sweep", "--sweep", "seq", "-m", "gpt2", "-b", "1", "--values",
+                         "512,2048", "-o", str(tmp_path / "s.png"))
+    assert code == 2 and err.startswith("mlsysim-core: error: --values='512,2048'") and "1,024" in err
+
+
+# 5. the fit header names the layout, the dp rule, the optimizer and the checkpointing; so does the sweep
+
+def test_fit_header_names_the_plan():
+    code, text = run("fit", "batch", "--tp", "2", "--pp", "2", "--dp", "2", "--zero-stage", "1")
+    assert code == 0, text
+    plan = text.splitlines()[1]
+    for fragment in ("micro-batch ", "optimizer adam", "checkpointing selective", "tp=2 pp=2 dp=2 ep=1",
+                     "dp rule zero1", "global batch"):
+        assert fragment in plan, (fragment, plan)
+
+
+def test_sweep_subtitle_names_the_layout(tmp_path, drawn):
+    code, text = run("plot", "sweep", "--dp", "2", "--values", "1,2", "-o", str(tmp_path / "s.png"))
+    assert code == 0, text
+    title = drawn["figures"][0].axes[0].get_title()
+    assert "dp=2" in title and "dp rule" in title
+
+
+# 6. the result's notes: fit (text and JSON) and the plots print them, as estimate does
+
+def test_fit_prints_the_result_notes():
+    code, text = run("fit", "batch", "-m", "mlsysim:llama3-8b", "--profile", "reference")
+    assert code == 0
+    assert "note         model: mlsysim:llama3-8b is" in text
+    code, text = run("fit", "batch", "-m", "mlsysim:llama3-8b", "--profile", "reference", "--json")
+    data = json.loads(text)
+    assert any("mlsysim:llama3-8b" in n for n in (data["result"] or data["limit"])["notes"])
+
+
+@pytest.mark.parametrize("kind", ["bars", "timeline", "sweep"])
+def test_plots_print_the_result_notes(tmp_path, drawn, kind):
+    argv = ["plot", kind, "-m", "mlsysim:llama3-8b", "--profile", "reference", "-o", str(tmp_path / "p.png")]
+    code, text = run(*argv, *(["--values", "1,2"] if kind == "sweep" else []))
+    assert code == 0, text
+    assert "note         model: mlsysim:llama3-8b is" in text
+
+
+# 8. a sweep refuses the flag of the value it draws
+
+@pytest.mark.parametrize("argv, flag", [(["--sweep", "batch", "-b", "16"], "--batch-size=16"),
+                                        (["--sweep", "seq", "-s", "4096"], "--seq-len=4096")])
+def test_sweep_refuses_the_swept_flag(capsys, tmp_path, mpl, argv, flag):
+    code, err = error_of(capsys, "plot", "sweep", *argv, "-o", str(tmp_path / "s.png"))
+    assert code == 2 and flag in err and len(err.splitlines()) == 1
+
+
+# 9. duplicates refused; numbers parsed as numbers
+
+@pytest.mark.parametrize("values", ["measured,measured", "reference, Reference"])
+def test_vary_values_twice_refused(capsys, tmp_path, mpl, values):
+    code, err = error_of(capsys, "plot", "bars", "--vary", "profile", "--values", values, "-o", str(tmp_path / "p.png"))
+    assert code == 2 and "--values=" in err and "each value once" in err
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-inf"])
+def test_vary_non_finite_numbers_refused_naming_the_field(capsys, tmp_path, mpl, bad):
+    code, err = error_of(capsys, "plot", "bars", "--vary", "trainable_fraction", "--values", f"0.5,{bad}",
+                         "-o", str(tmp_path / "p.png"))
+    assert code == 2 and "trainable_fraction=" in err and "a finite number" in err and "got str" not in err
+
+
+def test_sweep_values_twice_refused(capsys, tmp_path, mpl):
+    code, err = error_of(capsys, "plot", "sweep", "--values", "1,2,2", "-o", str(tmp_path / "s.png"))
+    assert code == 2 and "--values='1,2,2'" in err
