@@ -393,7 +393,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     notes = _whole_search_notes(first)
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
-                  f"(profile 'reference' models them; naming one in checkpointing searches on it)",)
+                  f"(the reference profile models them: profile='reference', --profile reference)",)
     run = _run_details(first, profile=profile, measured=measured, precision=precision, optimizer=optimizer,
                        options=options, model=model, trainable_fraction=trainable_fraction,
                        communication_buffer_fraction=communication_buffer_fraction, strategies=strategies,
