@@ -339,6 +339,8 @@ def _parse_options(items: list[str]) -> dict[str, dict]:
         except ValueError:     # a number of more than 4300 digits
             raise InvalidInputError("--option", item, "SPEC.FIELD=VALUE with a number of at most 4300 digits") \
                 from None
+        if field in options.get(spec, {}):     # the last would silently win
+            raise InvalidInputError("--option", item, "each SPEC.FIELD once", f"{key.strip()} is given twice")
         options.setdefault(spec, {})[field] = value
     return options
 
@@ -355,6 +357,9 @@ def _parse_rules(items: list[str]) -> dict[str, str]:
             hint = "; for dp use --data-parallel RULE (or --zero-stage)" if axis.strip() == "dp" else ""
             raise InvalidInputError("--rule", item, f"AXIS=RULE with AXIS one of {', '.join(DEFAULT_RULES)}",
                                     f"{axis.strip()!r} is not an axis with a replaceable rule{hint}")
+        if axis.strip() in rules:     # the last would silently win
+            raise InvalidInputError("--rule", item, "each AXIS once", f"{axis.strip()} is given twice, first as "
+                                    f"{axis.strip()}={rules[axis.strip()]}")
         rules[axis.strip()] = name.strip()
     return rules
 
@@ -638,9 +643,12 @@ def cmd_estimate(args, out) -> int:
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     scenario, note = resolve_profile(solver, scenario)
     result = _solve(solver, scenario)
-    if save is not None:
+    if save is not None:     # file paths absolute: the scenario is read from its own folder, not this one
+        from .scenario import anchored
+        saved = attrs.evolve(scenario, model=anchored(scenario.model, Path.cwd()),
+                             hardware=anchored(scenario.hardware, Path.cwd()))
         try:
-            scenario.dump(save)
+            saved.dump(save)
         except OSError as err:
             raise InvalidInputError("--save-scenario", args.save_scenario, "a writable file", str(err)) from err
     if args.json:

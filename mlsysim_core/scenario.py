@@ -12,6 +12,13 @@ plugin's options class unstructures to is what the file holds.
 ``model`` is a catalog name, an object of ``TransformerWorkload`` fields, or a Hugging
 Face ``config.json`` object (recognised by its ``model_type``); ``hardware`` a catalog
 name or an object of ``HardwareNode`` fields.
+
+``model`` and ``hardware`` may also name files, as the CLI's ``--model`` and
+``--hardware`` do: a ``.json`` file, or (``model``) a folder holding a Hugging Face
+``config.json``. A relative path in a scenario file is relative to the scenario file's own
+folder, not to the working directory: `Scenario.load` makes it absolute (see
+`anchored`), and ``mlsysim-core estimate --save-scenario`` writes the paths it was given
+as absolute paths. Catalog names stay names.
 """
 
 from __future__ import annotations
@@ -131,6 +138,10 @@ class Scenario:
                                         "too deeply nested") from None
             except ValueError as err:     # JSONDecodeError, or an integer over Python's 4300 digits
                 raise InvalidInputError("scenario", str(path), "valid JSON", _parse_error(err)) from None
+        if isinstance(data, dict):     # relative file paths: relative to the scenario's own folder
+            folder = path.absolute().parent
+            data = {**data, **{name: anchored(data[name], folder) for name in ("model", "hardware")
+                               if name in data}}
         return cls.from_dict(data, where=f"scenario {path.name}")
 
     def to_dict(self) -> dict:
@@ -270,6 +281,22 @@ class Scenario:
                                         "model (the workload)")
         solver = TrainingMemoryModel() if model is None else model
         return solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+
+
+def anchored(value, folder: str | Path):
+    """``value`` (a scenario's ``model`` or ``hardware``) with a relative file path made
+    absolute against ``folder``: a name ending in ``.json``, or a folder holding a
+    ``config.json`` (a Hugging Face checkpoint). Anything else (a catalog name, a table of
+    fields, an absolute path) is returned as it is."""
+    if not isinstance(value, str) or not value.strip():
+        return value
+    relative = Path(value)
+    if relative.is_absolute():
+        return value
+    candidate = Path(folder).absolute() / relative
+    if value.endswith(".json") or (candidate / "config.json").is_file():
+        return str(candidate)
+    return value
 
 
 def _parse_error(err: ValueError) -> str:

@@ -215,3 +215,55 @@ def test_vary_non_finite_numbers_refused_naming_the_field(capsys, tmp_path, mpl,
 def test_sweep_values_twice_refused(capsys, tmp_path, mpl):
     code, err = error_of(capsys, "plot", "sweep", "--values", "1,2,2", "-o", str(tmp_path / "s.png"))
     assert code == 2 and "--values='1,2,2'" in err
+
+
+# 7. a scenario's relative file paths: relative to the scenario's folder; saved absolute
+
+MODEL = {"name": "qa-mine", "parameters": 1000000000, "layers": 8, "hidden_dim": 2048, "heads": 16,
+         "vocab_size": 32000}
+HARDWARE = {"name": "qa-hw", "memory_capacity": 80000000000}
+
+
+def test_saved_scenario_keeps_its_files_from_another_folder(tmp_path, monkeypatch):
+    work = tmp_path / "w"
+    (work / "sub").mkdir(parents=True)
+    (work / "mymodel.json").write_text(json.dumps(MODEL))
+    (work / "myhw.json").write_text(json.dumps(HARDWARE))
+    monkeypatch.chdir(work)
+    code, first = run("estimate", "-m", "mymodel.json", "-g", "myhw.json", "-b", "2",
+                      "--save-scenario", str(work / "sub" / "rel.json"))
+    assert code == 0, first
+    saved = json.loads((work / "sub" / "rel.json").read_text())
+    assert saved["model"] == str(work / "mymodel.json") and saved["hardware"] == str(work / "myhw.json")
+    monkeypatch.chdir(tmp_path)
+    code, again = run("estimate", "--scenario", str(work / "sub" / "rel.json"))
+    assert code == 0 and again == first
+
+
+def test_relative_paths_in_a_scenario_are_read_from_its_folder(tmp_path, monkeypatch):
+    from mlsysim_core.scenario import Scenario
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.json").write_text(json.dumps(MODEL))
+    (tmp_path / "hw.json").write_text(json.dumps(HARDWARE))
+    (tmp_path / "runs").mkdir()
+    scenario = tmp_path / "runs" / "s.json"
+    scenario.write_text(json.dumps({"model": "../models/m.json", "hardware": "../hw.json", "batch_size": 2}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = Scenario.load(scenario)
+    assert Path(loaded.model) == (tmp_path / "runs" / "../models/m.json").absolute()
+    code, text = run("estimate", "--scenario", str(scenario))
+    assert code == 0 and text.startswith("qa-mine on qa-hw")
+    # catalog names stay names
+    scenario.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 2}))
+    assert (Scenario.load(scenario).model, Scenario.load(scenario).hardware) == ("llama3-8b", "h100")
+
+
+# 9. repeated --option / --rule: the last would silently win
+
+@pytest.mark.parametrize("argv, flag", [(["--option", "a.b=1", "--option", "a.b=2"], "--option='a.b=2'"),
+                                        (["--rule", "cp=x", "--rule", "cp=y"], "--rule='cp=y'")])
+def test_repeated_option_or_rule_refused(capsys, argv, flag):
+    code, err = error_of(capsys, "estimate", *argv)
+    assert code == 2 and err.startswith(f"mlsysim-core: error: {flag}") and "given twice" in err
