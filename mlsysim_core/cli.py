@@ -87,11 +87,16 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload", help="measured profile: optimizer, optimizer+gradients or "
                                           "optimizer+gradients+parameters, to host memory (name=nvme for NVMe, "
                                           "e.g. optimizer=nvme)")
+    _add_lora_flags(parser)
+
+
+def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
+    """LoRA/QLoRA (measured profile), shared by the solve commands and `search`."""
     parser.add_argument("--lora-rank", dest="lora_rank", type=int,
                         help="measured profile: LoRA fine-tuning with adapters of this rank (base frozen)")
     parser.add_argument("--lora-targets", dest="lora_targets", metavar="NAME,NAME,...",
-                        help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default q,k,v,o_proj) "
-                             "or all-linear")
+                        help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default: the attention "
+                             "projections, q,k,v,o_proj; c_attn on GPT-2) or all-linear")
     parser.add_argument("--quantization", choices=("nf4", "fp4", "int8"),
                         help="QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)")
     parser.add_argument("--double-quant", dest="double_quant", action="store_const", const=True,
@@ -195,15 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
     srch.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
                       help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
-    srch.add_argument("--lora-rank", dest="lora_rank", type=int,
-                      help="measured profile: LoRA fine-tuning with adapters of this rank (base frozen)")
-    srch.add_argument("--lora-targets", dest="lora_targets", metavar="NAME,NAME,...",
-                      help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default q,k,v,o_proj) "
-                           "or all-linear")
-    srch.add_argument("--quantization", choices=("nf4", "fp4", "int8"),
-                      help="QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)")
-    srch.add_argument("--double-quant", dest="double_quant", action="store_const", const=True,
-                      help="QLoRA, with nf4 or fp4: quantize the quantization constants too")
+    _add_lora_flags(srch)
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
@@ -1184,6 +1181,10 @@ def cmd_search(args, out) -> int:
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, **options)
 
+    if args.cp is not None:    # checked here, so that the error names the flag
+        for size in args.cp:
+            if size < 1:
+                raise InvalidInputError("--cp", size, "context-parallel sizes >= 1, e.g. --cp 1 2 4")
     if args.profile is not None:
         found = run(args.profile, options)
     else:

@@ -273,6 +273,10 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
         exact_batch = _checks.flag("exact_batch", exact_batch)
     steps = [d for d in (1 << k for k in range(21)) if d % ep_size == 0] if powers_of_two else \
         [d for d in range(1, MAX_DP + 1) if d % ep_size == 0]
+    if not steps:     # e.g. ep_size=3 with powers of two: no dp to try; say so, naming ep_size
+        raise InvalidInputError("ep_size", ep_size,
+                                "a power of two (with powers_of_two=True, dp is a power of two that ep_size "
+                                "must divide)" if powers_of_two else f"at most {MAX_DP}")
     if exact_batch is None:
         spec = solver.registry.profiles.get(solve_kwargs.get("profile") or solver._profile)
         exact_batch = spec is not None and spec.grade == "measured"

@@ -172,23 +172,14 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
                    runtime_overheads, lora=None, pipeline_schedule=None, virtual_stages=None,
                    expert_tp_size=None, stage_layers=None, offload=None,
                    moe_capacity_factor=None) -> TrainingPlan:
-    """The measured-grade options, checked and with their defaults."""
-    if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
-        raise NotModelledError(
-            "communication_buffer_fraction", plan.communication_buffer_fraction,
-            "the default 0.05 under a measured-grade profile",
-            "the measured profile sizes communication buffers from the sharding rules' own buckets; "
-            "this is the reference profile's knob (profile='reference' uses it)")
+    """The measured-grade options, checked and with their defaults. The options' own values
+    are checked first, so that a bad one is an error even when the profile then finds it
+    cannot describe the run (the CLI would fall back and leave the option out)."""
     from .measured.model import RuntimeOverheads
     from .measured.optimizers import IMPLEMENTATIONS
     from .measured.regimes import regime_for
     from .measured.shapes import ModelShape, approximation_notes, parameter_check, sequence_check
-    ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
-    warnings = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
-    warnings += approximation_notes(plan.model)    # what is costed as something else: said, never silent
-    if plan.model.context_length is not None or plan.seq_len > 1024:
-        warnings += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
-    chosen = regime_for(regime, plan.precision)
+    chosen = regime_for(regime, "fp32") if regime is not None else None     # the name, before the model
     impl = "foreach" if optimizer_impl is None else _checks.name("optimizer_impl", optimizer_impl, IMPLEMENTATIONS)
     kernel = "sdpa" if attention is None else _checks.name("attention", attention, ("sdpa", "eager"))
     p = 0.0 if dropout is None else _checks.fraction("dropout", dropout)
@@ -217,6 +208,25 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
     else:
         raise InvalidInputTypeError("runtime_overheads", runtime_overheads,
                                     "a RuntimeOverheads, a dict of its fields, True or False")
+    if moe_capacity_factor is not None:
+        cf = moe_capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6:
+            raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
+                   else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
+    _parallel_module().check_option_values(pipeline_schedule, virtual_stages, offload)
+    # Then what the profile can describe, and what it approximates.
+    if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
+        raise NotModelledError(
+            "communication_buffer_fraction", plan.communication_buffer_fraction,
+            "the default 0.05 under a measured-grade profile",
+            "the measured profile sizes communication buffers from the sharding rules' own buckets; "
+            "this is the reference profile's knob (profile='reference' uses it)")
+    ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
+    warnings = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
+    warnings += approximation_notes(plan.model)    # what is costed as something else: said, never silent
+    if plan.model.context_length is not None or plan.seq_len > 1024:
+        warnings += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
+    chosen = chosen or regime_for(None, plan.precision)
     plan = attrs.evolve(plan, regime=chosen, optimizer_impl=impl, attention=kernel, dropout=p,
                         checkpointed_layers=blocks, runtime_overheads=overheads, warnings=warnings)
     if lora is not None:
@@ -227,11 +237,7 @@ def _measured_plan(plan: TrainingPlan, regime, optimizer_impl, attention, dropou
         if not plan.model.is_sparse:
             raise InvalidInputError("moe_capacity_factor", moe_capacity_factor, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
-        cf = moe_capacity_factor
-        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6:
-            raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
-                   else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
-        plan = attrs.evolve(plan, moe_capacity_factor=float(cf))
+        plan = attrs.evolve(plan, moe_capacity_factor=float(moe_capacity_factor))
     return layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload)
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mlsysim_core import HardwareNode, SparseTransformerWorkload, TrainingMemoryModel, TransformerWorkload
+from mlsysim_core import HardwareNode, TrainingMemoryModel, TransformerWorkload
 from mlsysim_core.catalog import get_model, list_hardware, list_models
 from mlsysim_core.errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError,
                                  PluginError)

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlsysim_core import cli
-from mlsysim_core.errors import InvalidInputError, MlsysimError
+from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.solver import TrainingMemoryModel
 
 SCALE = float(os.environ.get("MLSYSIM_FUZZ_SCALE", "1"))

@@ -420,3 +420,28 @@ def test_the_header_names_the_lora_targets_a_default_picks():
     assert code == 0 and "LoRA rank 8 on c_attn, base frozen" in text
     code, text = run("estimate", "--lora-rank", "8", "--json")
     assert json.loads(text)["run"]["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def test_fewest_devices_names_an_ep_size_no_power_of_two_can_hold():
+    from mlsysim_core.errors import InvalidInputError as Err
+    with pytest.raises(Err) as info:
+        inverse.fewest_devices("llama3-8b", "h100", 8, solver=TrainingMemoryModel(), ep_size=3)
+    assert info.value.parameter == "ep_size" and "a power of two" in str(info.value)
+    assert error_of("fit", "devices", "-m", "mixtral-8x7b", "--ep", "3", "-b", "24").parameter == "ep_size"
+
+
+@pytest.mark.parametrize("flags, parameter", [
+    (("--dropout=-inf",), "dropout"), (("--optimizer-impl", "xx"), "optimizer_impl"),
+    (("--attention", "zzz"), "attention"), (("--regime", "nope"), "regime"),
+    (("--pipeline-schedule", "xx"), "pipeline_schedule"), (("--offload", "optimizer+optimizer"), "offload"),
+    (("--virtual-stages", "0"), "virtual_stages"), (("--moe-capacity-factor=-3",), "moe_capacity_factor"),
+    (("--checkpointed-layers=-5", "--checkpointing", "full"), "checkpointed_layers"),
+])
+def test_a_bad_measured_option_is_an_error_even_where_the_run_falls_back(flags, parameter):
+    # --comm-buffer-fraction 0.5 sends the run to the reference profile, which leaves the
+    # measured-only options out: their values are still checked first, never dropped unread
+    assert error_of("estimate", "--comm-buffer-fraction", "0.5", *flags).parameter == parameter
+
+
+def test_search_names_the_cp_flag():
+    assert error_of("search", "-n", "8", "--global-batch", "8", "--cp", "0").parameter == "--cp"

@@ -20,20 +20,9 @@ from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
 from mlsysim_core.render import describe_run
 from mlsysim_core.scenario import Scenario
 
-
-def run(*argv):
-    out = io.StringIO()
-    code = main(list(argv), out=out)
-    return code, out.getvalue()
+from clitools import error_of, run
 
 
-def error_of(capsys, *argv):
-    """(exit code, the stderr line) of a command that fails."""
-    capsys.readouterr()
-    code, _ = run(*argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err.strip()
 
 
 def command() -> list[str]:

@@ -3,29 +3,13 @@ profile per picture, sweeps that never trip over their own defaults, headers and
 that `fit` and the plots share with `estimate`, scenarios that keep their files, and
 repeated flags refused."""
 
-import io
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from mlsysim_core.cli import main
 
-
-def run(*argv):
-    out = io.StringIO()
-    code = main(list(argv), out=out)
-    return code, out.getvalue()
-
-
-def error_of(capsys, *argv):
-    """(exit code, the stderr text) of a command that fails."""
-    capsys.readouterr()
-    code, _ = run(*argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err.strip()
+from clitools import error_of, run
 
 
 @pytest.fixture
@@ -242,6 +226,7 @@ def test_saved_scenario_keeps_its_files_from_another_folder(tmp_path, monkeypatc
 
 def test_relative_paths_in_a_scenario_are_read_from_its_folder(tmp_path, monkeypatch):
     from mlsysim_core.scenario import Scenario
+
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "m.json").write_text(json.dumps(MODEL))
     (tmp_path / "hw.json").write_text(json.dumps(HARDWARE))

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mlsysim_core import HardwareNode, TrainingMemoryModel, TransformerWorkload, cli, inverse
+from mlsysim_core import TrainingMemoryModel, TransformerWorkload, cli, inverse
 from mlsysim_core import catalog as catalog_module
 from mlsysim_core.errors import (InvalidInputError, InvalidInputTypeError, LayoutError, PluginError)
 from mlsysim_core.finetune import LoRAConfig

@@ -3,7 +3,6 @@ counts every rank, search says what changes its numbers, strategies and LoRA tar
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 

@@ -120,6 +120,17 @@ def _dp_for(plan, ep: int, etp: int) -> int:
 _OFFLOAD_FORMS = "'optimizer', 'optimizer+gradients', a list of names, {name: 'cpu'|'nvme'}, or None for none"
 
 
+def check_option_values(pipeline_schedule, virtual_stages, offload) -> None:
+    """The layout options' own values (names, counts, offload targets), before anything
+    about the model is asked: a bad value is an error even where the profile then finds it
+    cannot describe the run."""
+    if pipeline_schedule is not None:
+        _checks.name("pipeline_schedule", pipeline_schedule, SCHEDULES)
+    if virtual_stages is not None:
+        _checks.count("virtual_stages", virtual_stages)
+    _offload(offload)
+
+
 def _offload(value) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
