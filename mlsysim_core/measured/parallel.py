@@ -117,7 +117,8 @@ def _dp_for(plan, ep: int, etp: int) -> int:
     return -(-plan.dp_size // step) * step
 
 
-_OFFLOAD_FORMS = "'optimizer', 'optimizer+gradients', a list of names, {name: 'cpu'|'nvme'}, or None for none"
+_OFFLOAD_FORMS = ("'optimizer', 'optimizer+gradients', 'optimizer+gradients+parameters', a list of names, "
+                  "{name: 'cpu'|'nvme'}, or None for none")
 
 
 def check_option_values(pipeline_schedule, virtual_stages, offload) -> None:
@@ -157,6 +158,14 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
                                     f"{what!r} is named twice" + (f" (to {out[what]!r} and {where!r})"
                                                                   if out[what] != where else ""))
         out[what] = where
+    # What runs move: the optimizer step runs where its state lives, and gradients and
+    # parameters leave the accelerator only with it (DeepSpeed's ZeRO-Offload/Infinity:
+    # offload_optimizer, with offload_param; FSDP's CPUOffload steps the optimizer on the
+    # host). Gradients alone would leave the step on the accelerator reading them back.
+    if out and "optimizer" not in out:      # ({} means nothing offloaded)
+        raise InvalidInputError("offload", given, "a set that includes optimizer: optimizer, optimizer+gradients, "
+                                "optimizer+parameters or optimizer+gradients+parameters",
+                                "gradients and parameters go to host memory only with the optimizer step")
     return tuple(sorted(out.items(), key=lambda kv: OFFLOADABLE.index(kv[0])))
 
 
