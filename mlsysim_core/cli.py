@@ -61,18 +61,9 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                         help="let this plugin's component hooks add their terms too")
-    parser.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
-                                          "printed note when the measured profile cannot describe the run)")
-    parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
-                                         "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
-    parser.add_argument("--optimizer-impl", dest="optimizer_impl",
-                        help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
-    parser.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
-    parser.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
+    _add_profile_flags(parser)
     parser.add_argument("--checkpointed-layers", dest="checkpointed_layers", type=int,
                         help="measured profile, with --checkpointing full: recompute only this many layers")
-    parser.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
-                        help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
     parser.add_argument("--pipeline-schedule", dest="pipeline_schedule",
                         help="measured profile: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2")
     parser.add_argument("--virtual-stages", dest="virtual_stages", type=int,
@@ -88,6 +79,20 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                                           "optimizer+gradients+parameters, to host memory (name=nvme for NVMe, "
                                           "e.g. optimizer=nvme)")
     _add_lora_flags(parser)
+
+
+def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    """--profile and the measured profile's run options, shared by the solve commands and `search`."""
+    parser.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
+                                          "printed note when the measured profile cannot describe the run)")
+    parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
+                                         "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
+    parser.add_argument("--optimizer-impl", dest="optimizer_impl",
+                        help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
+    parser.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
+    parser.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
+    parser.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
+                        help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
 
 
 def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
@@ -190,16 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--optimizer", default="adam", help="default adam")
     srch.add_argument("--activation-checkpointing", "--checkpointing", dest="checkpointing", nargs="+",
                       metavar="NAME", help="the checkpointing strategies to consider (default: every installed one)")
-    srch.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
-                                        "printed note when the measured profile cannot describe the run)")
-    srch.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
-                                       "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
-    srch.add_argument("--optimizer-impl", dest="optimizer_impl",
-                      help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
-    srch.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
-    srch.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
-    srch.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
-                      help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
+    _add_profile_flags(srch)
     _add_lora_flags(srch)
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")

@@ -429,23 +429,27 @@ def structure_model(data: dict):
             f"this looks like a Hugging Face config.json ({', '.join(sorted(_HF_KEYS.intersection(data))[:3])}, "
             "...) without model_type, which names its family: add it (as in the model's config.json), "
             f"or write the model with the fields of {cls.__name__}")
+    required = ", ".join(f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING)
+    return _structure_fields(cls, data, "model", f"a value: a {kind} model needs {required}")
+
+
+def _structure_fields(cls, data: dict, prefix: str, needs: str):
+    """``cls(**data)`` for a file's object, every problem an ``InvalidInputError`` naming
+    ``<prefix>.<field>`` (an unknown field, a missing one, a bad value; never a TypeError)."""
     fields = attrs.fields(cls)
-    allowed = {f.name for f in fields}
-    extra = sorted(set(data) - allowed, key=str)
+    extra = sorted(set(data) - {f.name for f in fields}, key=str)
     if extra:
-        raise InvalidInputError(f"model.{extra[0]}", _shown(data[extra[0]]),
+        raise InvalidInputError(f"{prefix}.{extra[0]}", _shown(data[extra[0]]),
                                 f"a field of {cls.__name__}: {', '.join(f.name for f in fields)}",
                                 f"unknown field(s) {', '.join(map(str, extra))}")
     for f in fields:
         if f.default is attrs.NOTHING and f.name not in data:
-            required = ", ".join(f.name for f in fields if f.default is attrs.NOTHING)
-            raise InvalidInputError(f"model.{f.name}", None, f"a value: a {kind} model needs {required}",
-                                    "required field missing")
+            raise InvalidInputError(f"{prefix}.{f.name}", None, needs, "required field missing")
     try:
         return cls(**data)
-    except InvalidInputError as err:     # name the file's field, and never as a TypeError
+    except InvalidInputError as err:     # name the file's field
         field = err.parameter.rpartition(".")[2]
-        raise InvalidInputError(f"model.{field}", err.value, err.allowed, err.detail) from err
+        raise InvalidInputError(f"{prefix}.{field}", err.value, err.allowed, err.detail) from err
 
 
 def structure_hardware(data: dict):
@@ -456,19 +460,5 @@ def structure_hardware(data: dict):
     if not isinstance(data, dict):
         raise InvalidInputError("hardware", _shown(data), "a JSON object of HardwareNode fields",
                                 f"got {type(data).__name__}")
-    fields = attrs.fields(HardwareNode)
-    extra = sorted(set(data) - {f.name for f in fields}, key=str)
-    if extra:
-        raise InvalidInputError(f"hardware.{extra[0]}", _shown(data[extra[0]]),
-                                f"a field of HardwareNode: {', '.join(f.name for f in fields)}",
-                                f"unknown field(s) {', '.join(map(str, extra))}")
-    for f in fields:
-        if f.default is attrs.NOTHING and f.name not in data:
-            raise InvalidInputError(f"hardware.{f.name}", None,
-                                    "a value: a hardware file needs name and memory_capacity (bytes)",
-                                    "required field missing")
-    try:
-        return HardwareNode(**data)
-    except InvalidInputError as err:
-        field = err.parameter.rpartition(".")[2]
-        raise InvalidInputError(f"hardware.{field}", err.value, err.allowed, err.detail) from err
+    return _structure_fields(HardwareNode, data, "hardware",
+                             "a value: a hardware file needs name and memory_capacity (bytes)")
