@@ -1058,14 +1058,6 @@ def _check_fit_flags(args) -> None:
             raise InvalidInputError("--multiple-of", args.multiple_of, "an integer >= 1 (e.g. 128)")
 
 
-def _sequence_unit(scenario, multiple_of: int) -> int:
-    """The step of a sequence search: multiples of ``multiple_of`` that context parallelism
-    (cp ranks, each a whole share of the sequence) divides."""
-    import math
-    cp = scenario.cp_size
-    return math.lcm(multiple_of, cp) if type(cp) is int and cp >= 1 else multiple_of
-
-
 def cmd_fit(args, out) -> int:
     import attrs
     from . import inverse
@@ -1081,7 +1073,8 @@ def cmd_fit(args, out) -> int:
         check_global_batch(scenario, _batch_given(args))
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     probe = None
-    unit = _sequence_unit(scenario, args.multiple_of or 1)
+    cp = scenario.cp_size     # (a bad one is named by the solve)
+    unit = inverse.sequence_unit(args.multiple_of or 1, cp) if type(cp) is int and cp >= 1 else args.multiple_of or 1
     if args.question == "seq":       # the sequence is searched: ask at its first candidate
         probe = attrs.evolve(scenario, seq_len=unit)
 
