@@ -17,7 +17,6 @@ DEFAULT_MODEL = "llama3-8b"
 DEFAULT_HARDWARE = "h100"
 DEFAULT_BATCH = 8
 DEFAULT_PROFILE = "measured"     # every command's, unless --profile or the scenario names one
-ESTIMATE_PROFILE = DEFAULT_PROFILE
 
 
 def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
