@@ -33,7 +33,12 @@ __version__ = "0.1.0"
 # 1.2: the backward_end phase, the runtime_overheads component and its hook, measured-grade
 #      callables on optimizer and checkpointing specs (OptimizerSpec.measured_state_terms,
 #      CheckpointingSpec.measured_activation_terms), ProfileSpec.grade.
-PLUGIN_API_VERSION = (1, 2)
+# 2.0: profiles own their options and hooks: ProfileSpec.options_type / prepare / ranks /
+#      relocate, the mlsysim_addhooks registration hook (a profile's own hook specs),
+#      ShardingRuleSpec.measured_buffer_terms, TrainingPlan.profile_options / rank / notes
+#      (the measured-only plan fields moved into the profile's options), mlsysim_core.memo.
+#      See docs/migrating.md.
+PLUGIN_API_VERSION = (2, 0)
 
 
 def __getattr__(name):

@@ -514,8 +514,9 @@ def lora_option(plan, value):
         if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
             raise     # already names the LoRA or model field
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
-    from .measured.lora import lora_regime
-    return attrs.evolve(plan, lora=config, regime=lora_regime(plan.regime), warnings=plan.warnings + notes,
+    from mlsysim_plugins.measured.lora import lora_regime
+    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
+    return attrs.evolve(plan, profile_options=options, notes=plan.notes + notes,
                         trainable_fraction=_exact_fraction(counts.trainable_parameters, plan.model.parameters))
 
 

@@ -32,6 +32,18 @@ _hookspec = pluggy.HookspecMarker(PROJECT)
 # --- registration hooks -------------------------------------------------------------
 
 
+@_hookspec(historic=True)
+def mlsysim_addhooks(pluginmanager) -> None:
+    """Add hook specs of your own (``pluginmanager.add_hookspecs(module)``), as pytest's
+    ``pytest_addhooks`` does: a profile plugin declares the hooks its own extensions
+    implement (the measured profile's architectures, regimes, kernels, schedules). Called
+    once per plugin, when it is registered.
+
+    .. versionadded:: plugin API 2.0
+    """
+
+
+
 @_hookspec
 def mlsysim_optimizers() -> Iterable[OptimizerSpec]:
     """Register named optimizers.

@@ -235,7 +235,7 @@ def _position_rows(solver: TrainingMemoryModel, model, profile) -> int | None:
     from .types import TransformerWorkload
     if not isinstance(model, TransformerWorkload):
         return None     # (solve says what is wrong with it)
-    from .measured.shapes import position_table_rows
+    from mlsysim_plugins.measured.shapes import position_table_rows
     return position_table_rows(model)
 
 

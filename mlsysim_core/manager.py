@@ -87,6 +87,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
         self.add_hookspecs(hookspecs)
+        self.hook.mlsysim_addhooks.call_historic(kwargs={"pluginmanager": self})   # plugins' own hook specs
         self._info: dict[str, PluginInfo] = {}
         self._registry: Registry | None = None
         self.blocked_names: tuple[str, ...] = ()

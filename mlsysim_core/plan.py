@@ -21,16 +21,32 @@ PRECISION_BYTES: Mapping[str, int | float] = {
 FALLBACK_HIDDEN_DIM = 4096
 
 
-@attrs.frozen(kw_only=True, slots=False)
+class FrozenMap(dict):
+    """A read-only, hashable dict (the plan's mappings: a plan is a memo key)."""
+
+    __slots__ = ()
+
+    def __hash__(self):
+        return hash(tuple(self.items()))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a plan's mappings are read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+
+
+@attrs.frozen(kw_only=True, slots=False, cache_hash=True)
 class TrainingPlan:
     """Everything a solve was asked, normalised and checked.
 
-    Names are canonical (lowercase); counts are ints. Four derived values are plain
-    attributes, computed once when the plan is made (plugins read them on every solve):
-    ``bytes_per_value``, ``microbatch`` and ``hidden_dim`` (the values the reference model
-    uses) and ``hidden_dim_note``. They are not fields: equality, hashing and
-    ``attrs.evolve`` see only the inputs, and a plan made by ``attrs.evolve`` derives them
-    afresh.
+    Names are canonical (lowercase); counts are ints; mappings are frozen, so a plan is
+    hashable and memos can key on it whole. Four derived values are plain attributes,
+    computed once when the plan is made: ``bytes_per_value``, ``microbatch`` and
+    ``hidden_dim`` (the values the reference model uses) and ``hidden_dim_note``. They are
+    not fields: equality, hashing and ``attrs.evolve`` see only the inputs.
+
+    ``profile_options`` is the selected profile's options object (its ``options_type``,
+    checked and completed by its ``prepare``); ``None`` for a profile without options.
     """
 
     model: TransformerWorkload
@@ -50,26 +66,13 @@ class TrainingPlan:
     communication_buffer_fraction: float
     sequence_parallel: bool
     profile: str
-    rules: Mapping[str, str]            # axis -> selected sharding rule name
-    options: Mapping[str, Any]          # spec name -> its options object
+    rules: FrozenMap                    # axis -> selected sharding rule name
+    options: FrozenMap                  # spec name -> its options object
     include_plugins: tuple[str, ...] = ()
     cp_size: int = 1                    # context parallelism: the sequence split over cp ranks
-    # Measured-grade profiles only (None / defaults under the reference profile):
-    regime: Any = None                  # mlsysim_core.measured.regimes.Regime
-    optimizer_impl: str = "foreach"     # PyTorch's optimizer implementation: foreach | fused | for-loop
-    attention: str = "sdpa"             # attention kernel: sdpa (fused, no s x s) | eager
-    dropout: float = 0.0                # dropout probability in the layers
-    checkpointed_layers: int | None = None   # block recompute: how many layers recompute (None: the strategy's)
-    runtime_overheads: Any = None       # mlsysim_core.measured.model.RuntimeOverheads, or None: none
-    lora: Any = None                    # mlsysim_core.finetune.LoRAConfig: LoRA/QLoRA fine-tuning, or None
-    pipeline_schedule: str = "1f1b"     # gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2
-    virtual_stages: int = 1             # model chunks per pipeline rank (interleaved-1f1b)
-    expert_tp_size: int | None = None   # tensor parallelism inside the experts (None: tp_size)
-    stage_layers: tuple[int, ...] | None = None   # decoder layers on each pipeline stage (None: even split)
-    offload: tuple[tuple[str, str], ...] = ()   # (what, "cpu" | "nvme"): optimizer, gradients, parameters
-    moe_capacity_factor: float | None = None   # experts' capacity factor (token dropping); None: dropless
-    rank: Any = None                    # mlsysim_core.measured.parallel.RankClass: which rank this solve describes
-    warnings: tuple[str, ...] = ()      # notes the result carries first (e.g. a parameter count off its shapes)
+    profile_options: Any = None         # the profile's own options object (ProfileSpec.options_type), checked
+    rank: Any = None                    # which rank of a parallel layout this solve describes (ProfileSpec.ranks)
+    notes: tuple[str, ...] = ()         # what the result says first (e.g. an approximation, a parameter count off)
 
     def __attrs_post_init__(self):
         # The derived attributes. The class keeps a __dict__ (slots=False) so they can live
@@ -82,17 +85,6 @@ class TrainingPlan:
         derived["hidden_dim_note"] = "" if hidden else \
             f" (model has no hidden_dim; {FALLBACK_HIDDEN_DIM} assumed, as the reference does)"
 
-    def with_accumulation(self, gradient_accumulation_steps: int) -> "TrainingPlan":
-        """This plan with another number of accumulation steps (a positive int, not checked
-        again): what a plan search makes for each micro-batch of one layout. Equal to
-        ``attrs.evolve(plan, gradient_accumulation_steps=n)``, at a tenth of the cost."""
-        fields = self.__dict__.copy()
-        fields["gradient_accumulation_steps"] = gradient_accumulation_steps
-        fields["microbatch"] = _microbatch(self.batch_size, self.dp_size, gradient_accumulation_steps)
-        plan = _new(type(self))
-        _set(plan, "__dict__", fields)
-        return plan
-
     def options_for(self, spec_name: str):
         return self.options.get(spec_name)
 
@@ -103,11 +95,7 @@ def _microbatch(batch_size: int, dp_size: int, gradient_accumulation_steps: int)
     return max(1, math.ceil(batch_size / (dp_size * gradient_accumulation_steps)))
 
 
-_new = object.__new__
-_set = object.__setattr__
-
-
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Placement:
     """How the selected sharding rules split the model over ranks, for one rank.
 

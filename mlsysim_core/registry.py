@@ -48,7 +48,7 @@ SHARDING = "sharding rule"
 PROFILE = "profile"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class Registry:
     optimizers: Mapping[str, OptimizerSpec]
     checkpointing: Mapping[str, CheckpointingSpec]
@@ -61,8 +61,6 @@ class Registry:
     # Plugins set aside because their registration failed (PluginManager.survey() only;
     # the registry a solve uses has none): plugin name -> the PluginError, as raised.
     broken: Mapping[str, Exception] = attrs.field(factory=dict)
-    # Derived lookups the solver memoises (e.g. component impls per profile); not state.
-    cache: dict = attrs.field(factory=dict, eq=False, repr=False)
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
         return self.rules_by_axis.get(axis, {})

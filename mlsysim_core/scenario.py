@@ -200,7 +200,7 @@ class Scenario:
             "precision": self.precision}
         regime = getattr(result, "regime", None) or self.regime
         if regime is not None:
-            from .measured.regimes import REGIMES
+            from mlsysim_plugins.measured.regimes import REGIMES
             details["regime"] = regime
             details["regime_source"] = "regime" if self.regime is not None else "precision"
             spec = REGIMES.get(regime)

@@ -84,9 +84,8 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from .solver import (TrainingMemoryModel, _build_plan, _resolve_hardware, _resolve_model, _run_pipeline,
-                     _run_steps, _selection)
-from .terms import _source_cell
+from .solver import TrainingMemoryModel, _hardware as _resolve_hardware, _model as _resolve_model, check_plan, solve_plan
+from .plan import TrainingPlan
 from .specs import DATA
 
 RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
@@ -475,7 +474,7 @@ def _run_details(result, *, profile, measured, precision, optimizer, options, mo
     regime = getattr(result, "regime", None)
     if measured:
         if regime is not None:
-            from .measured.regimes import REGIMES
+            from mlsysim_plugins.measured.regimes import REGIMES
             run["regime"] = regime
             run["regime_source"] = "regime" if options.get("regime") is not None else "precision"
             spec = REGIMES.get(regime)
@@ -664,14 +663,7 @@ def _pool_size(workers, total: int, measured: bool = False) -> int:
 
 
 def _evaluate_here(groups, rows, context, total, progress) -> tuple[int, int]:
-    """``_evaluate`` with one provenance cell for all its pipeline runs (``solver._pipeline``
-    sets one per run; a search runs tens of thousands)."""
-    cell = [""]
-    token = _source_cell.set(cell)
-    try:
-        return _evaluate(groups, rows, context, total, progress, cell)
-    finally:
-        _source_cell.reset(token)
+    return _evaluate(groups, rows, context, total, progress)
 
 
 def _evaluate_chunk(bounds: tuple[int, int]):
@@ -782,7 +774,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
     return fits, solves, done
 
 
-def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
+_PLAN_FIELDS = tuple(field.name for field in attrs.fields(TrainingPlan))
+
+
+def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
     ``rows``; return (solves, layouts evaluated)."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
@@ -794,8 +789,7 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
     limit_gb = capacity * 1e-9
     parameters = model.parameters
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
-        base = missing = None
-        n = len(micro)
+        n, plan = len(micro), None
         # The cost proxy's per-layout parts. Every micro-batch b of a layout runs gas =
         # global_batch / (dp x b) steps, so b x gas = global_batch / dp: the communication
         # per step is the same for all of them; only the pipeline bubble changes.
@@ -819,30 +813,20 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
         for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
             done += 1
             gas = samples // mb
-            try:
-                if measured:     # per-rank results and the measured options: the public solve
-                    total_memory = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt,
-                                                tp, pp, dp, ep, 0, gas, trainable_fraction,
-                                                communication_buffer_fraction, sequence_parallel=sp,
-                                                data_parallel=rule, cp_size=cp, profile=profile,
-                                                **options).total_memory
-                else:
-                    if base is None:
-                        base = _build_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
-                                           optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
-                                           communication_buffer_fraction, sp, rule, None, None, (), cp)
-                        selection = _selection(registry, base)
-                        if selection.missing:       # the profile's plugins are missing: say so, loudly
-                            missing = base
-                            break
-                        plan = base
-                    else:       # the same checked layout, another micro-batch
-                        plan = base.with_accumulation(gas)
-                    total_memory = _run_steps(selection, plan, True, cell)
+            try:     # every selected plugin called; the layout checked once, for its first micro-batch
+                if index == 0:
+                    plan = check_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
+                                      optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
+                                      communication_buffer_fraction, sp, rule, None, None, (), cp)
+                    fields = {name: getattr(plan, name) for name in _PLAN_FIELDS}
+                else:       # attrs.evolve(plan, gradient_accumulation_steps=gas), at a third of the cost
+                    fields["gradient_accumulation_steps"] = gas
+                    plan = TrainingPlan(**fields)
+                total_memory = solve_plan(registry, plan, options).total_memory
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
                 if measured and _cannot_describe(err):
                     raise       # one ranking never mixes profiles: the caller decides (the CLI falls back)
-                if base is None and not measured:
+                if index == 0 and (plan is None or not measured):
                     done += n - 1       # the layout itself is rejected (e.g. an option constraint)
                     break
                 continue
@@ -855,8 +839,6 @@ def _evaluate(groups, rows, context, total, progress, cell) -> tuple[int, int]:
             bubble = stages / (gas + stages)
             rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory,
                          compute / (1 - bubble) + comm, bubble, rec, comm_bytes, False))
-        if missing is not None:
-            _run_pipeline(registry, missing)    # raises the solver's PluginError
         if progress is not None and time.perf_counter() - last_report > 0.2:
             progress(done, total)
             last_report = time.perf_counter()

@@ -172,6 +172,13 @@ class ShardingRuleSpec:
     description: str = _description
     apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
     options_type: type | None = _options
+    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_callable))
+    """``(plan, placement, options) -> terms``, for measured-grade profiles: the rule's own
+    communication buffers (gathers, reduce-scatters, buckets), with their phases, in the
+    regime's dtypes. ``None``: the rule adds no buffers beyond its effect's.
+
+    .. versionadded:: plugin API 2.0"""
 
 
 @attrs.frozen(kw_only=True)
@@ -197,3 +204,28 @@ class ProfileSpec:
     regime (``plan.regime``) and the implementation options.
 
     .. versionadded:: plugin API 1.2"""
+    options_type: type | None = _options
+    """The profile's own options: an attrs class whose fields (each with a default) are
+    extra keyword arguments of ``solve``, ``--flags`` of the CLI and fields of a scenario
+    file. The solver builds it from the given keywords; ``plan.profile_options`` holds it.
+
+    .. versionadded:: plugin API 2.0"""
+    prepare: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
+    """``prepare(plan) -> plan``: check the options against the model and complete them
+    (``attrs.evolve(plan, profile_options=..., notes=...)``); raise ``NotModelledError`` for
+    what the profile cannot describe. ``None``: the plan as checked.
+
+    .. versionadded:: plugin API 2.0"""
+    ranks: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
+    """``ranks(plan) -> sequence of rank objects, or None`` for one kind of rank. Each rank
+    object has ``name``, ``stages``, ``ranks``, ``layers``, ``in_flight`` and
+    ``place(plan, placement) -> Placement``; the pipeline runs once per rank (``plan.rank``)
+    and the result is the heaviest's, ``feasible`` only if all fit.
+
+    .. versionadded:: plugin API 2.0"""
+    relocate: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
+    """``relocate(plan, weights, gradients, optimizer_state) -> (weights, gradients,
+    optimizer_state)``: the profile's last word on which memory tier each model-state term
+    lives in (offload to host memory or NVMe), before buffers and the combine.
+
+    .. versionadded:: plugin API 2.0"""

@@ -184,7 +184,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
                 failures.append(f"{label}: bad term {term!r}")
             if not term.source or term.source not in result.plugin_sources:
                 failures.append(f"{label}: term {term.label!r} has no provenance")
-        if scenario.solve(solver).to_json() != result.to_json():
+        if _unmemoised(lambda: scenario.solve(solver).to_json()) != result.to_json():
             failures.append(f"{label}: not deterministic (two solves differ)")
         if scenario.solve(reversed_solver).to_json() != result.to_json():
             failures.append(f"{label}: result depends on plugin registration order")
@@ -219,3 +219,13 @@ def assert_plugin_conforms(plugin: str, **kwargs) -> ConformanceReport:
         raise ConformanceError(f"plugin {plugin!r} ({report.source}) fails {len(report.failures)} "
                                "check(s):\n- " + "\n- ".join(report.failures))
     return report
+
+
+def _unmemoised(run):
+    """``run()`` with ``mlsysim_core.memo`` off: a solve that really runs the plugins again."""
+    from . import memo
+    memo.set_enabled(False)
+    try:
+        return run()
+    finally:
+        memo.set_enabled(True)

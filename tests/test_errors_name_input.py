@@ -254,7 +254,7 @@ def test_a_parameter_count_off_its_shapes_warns_under_the_measured_profile():
 
 
 def test_no_catalog_model_warns_or_errors_for_its_parameter_count():
-    from mlsysim_core.measured.shapes import parameter_check
+    from mlsysim_plugins.measured.shapes import parameter_check
     for entry in list_models():
         model = entry.value
         if model.hidden_dim is None or model.heads is None or model.vocab_size is None:

@@ -35,7 +35,7 @@ def base(solver, **kw):
 
 def test_every_hook_has_a_test():
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 12
+    assert len(hooks) == 13
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
                if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
@@ -43,7 +43,7 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (1, 2)
+    assert mlsysim_core.PLUGIN_API_VERSION == (2, 0)
 
 
 def test_hook_mlsysim_optimizers(builtin_pm):
@@ -246,3 +246,41 @@ def test_hook_mlsysim_runtime_overhead_terms(builtin_pm):
     assert r.allocated_memory == seen[0]
     # the reference profile does not call it
     assert base(solver).runtime_overheads == 0 and len(seen) == 1
+
+
+def test_hook_mlsysim_addhooks():
+    """A plugin adds hook specs of its own; another plugin implements them, before or after
+    it is registered (pluggy checks pending implementations when the specs arrive)."""
+    import types
+    import pluggy
+    from mlsysim_core.manager import PluginManager
+
+    spec = types.ModuleType("myorg_specs")
+    marker = pluggy.HookspecMarker("mlsysim")
+
+    @marker
+    def myorg_widgets():
+        """Register widgets."""
+    spec.myorg_widgets = myorg_widgets
+
+    class Early:
+        @mlsysim_core.hookimpl
+        def myorg_widgets(self):
+            return ["early"]
+
+    class Owner:
+        @mlsysim_core.hookimpl
+        def mlsysim_addhooks(self, pluginmanager):
+            pluginmanager.add_hookspecs(spec)
+
+    class Late:
+        @mlsysim_core.hookimpl
+        def myorg_widgets(self):
+            return ["late"]
+
+    pm = PluginManager()
+    pm.register(Early(), "early")
+    pm.register(Owner(), "owner")
+    pm.register(Late(), "late")
+    assert sorted(w for ws in pm.hook.myorg_widgets() for w in ws) == ["early", "late"]
+    pm.check()     # no pending implementation: the hook has its spec

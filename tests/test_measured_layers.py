@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlsysim_core.measured.layers import LayerBytes, amp_weight_copies, layer_forward_bytes
+from mlsysim_plugins.measured.layers import LayerBytes, amp_weight_copies, layer_forward_bytes
 
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "validation" / "measurements.json"
 RUNS = json.loads(MEASUREMENTS.read_text())["runs"]

@@ -9,7 +9,7 @@ import pytest
 
 from mlsysim_core import InvalidInputError, TrainingMemoryModel
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.measured.model import RuntimeOverheads
+from mlsysim_plugins.measured.model import RuntimeOverheads
 from mlsysim_core.types import HardwareNode, TransformerWorkload
 
 H, F, L, A, V = 256, 688, 4, 8, 32000

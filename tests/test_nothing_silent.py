@@ -11,7 +11,7 @@ import json
 import pytest
 
 from mlsysim_core import TrainingMemoryModel, TransformerWorkload, cli
-from mlsysim_core.measured.shapes import MODELLED_ARCHITECTURES, NOT_MODELLED
+from mlsysim_plugins.measured.shapes import MODELLED_ARCHITECTURES, NOT_MODELLED
 
 MEASURED = TrainingMemoryModel("measured")
 

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 from mlsysim_core import InvalidInputError, LayoutError, TrainingMemoryModel, TransformerWorkload
-from mlsysim_core.measured.layers import megatron_layer_bytes
-from mlsysim_core.measured.parallel import in_flight, rank_classes, rank_parameters, stage_layer_counts
+from mlsysim_plugins.measured.layers import megatron_layer_bytes
+from mlsysim_plugins.measured.parallel import in_flight, rank_classes, rank_parameters, stage_layer_counts
 from mlsysim_core.result import _phase_totals
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,11 +50,13 @@ def _plan(tp, sp, rank_in_flight=1.0):
     class Rank:
         in_flight = rank_in_flight
 
-    from mlsysim_core.measured.regimes import REGIMES
+    from mlsysim_plugins.measured.regimes import REGIMES
+
+    from types import SimpleNamespace
 
     class Plan:
-        tp_size, cp_size, expert_tp_size, sequence_parallel, rank = tp, 1, tp, sp, Rank
-        regime = REGIMES["mixed-bf16-main-grad"]      # Megatron-Core
+        tp_size, cp_size, sequence_parallel, rank = tp, 1, sp, Rank
+        profile_options = SimpleNamespace(regime=REGIMES["mixed-bf16-main-grad"], expert_tp_size=tp)   # Megatron-Core
     return Plan
 
 
@@ -66,7 +68,7 @@ def _plan(tp, sp, rank_in_flight=1.0):
     (T8, True, True, S * B * H * 34 / T8),                                # TP + SP + selective
 ])
 def test_megatron_layer_reproduces_table_2(tp, sp, selective, expected):
-    from mlsysim_core.measured.parallel import rank_layer_saved
+    from mlsysim_plugins.measured.parallel import rank_layer_saved
     lb = megatron_layer_bytes(style="gpt2", hidden=H, heads=A, kv_heads=A, head_dim=H // A, ffn=4 * H,
                               attention="eager", dropout=True, tokens=S * B, seq_len=S)
     per_layer, _, n = rank_layer_saved(_plan(tp, sp), _Ctx, lb, selective)
@@ -124,8 +126,11 @@ def test_uneven_stage_layers():
 def test_default_split_puts_the_remainder_on_middle_stages():
     model = TransformerWorkload(name="t", parameters=10**9, layers=30, hidden_dim=2048, heads=16, vocab_size=32000)
 
+    from types import SimpleNamespace
+
     class Plan:
-        stage_layers, pp_size = None, 4
+        pp_size = 4
+        profile_options = SimpleNamespace(stage_layers=None)
     Plan.model = model
     assert stage_layer_counts(Plan) == (7, 8, 8, 7)
 
@@ -136,18 +141,18 @@ def test_parameters_per_rank_add_up_to_the_model():
     import attrs
     from types import SimpleNamespace
     from mlsysim_core.catalog import get_model
-    from mlsysim_core.measured.shapes import ModelShape
+    from mlsysim_plugins.measured.shapes import ModelShape
     for name, ep in (("llama3-8b", 1), ("mixtral-8x7b", 8)):
         model = get_model(name)
-        plan = SimpleNamespace(model=model, tp_size=2, ep_size=ep, expert_tp_size=2, pp_size=4, stage_layers=None,
-                               gradient_accumulation_steps=8, virtual_stages=1, pipeline_schedule="1f1b",
-                               cp_size=1, dp_size=8)
+        plan = SimpleNamespace(model=model, tp_size=2, ep_size=ep, pp_size=4, gradient_accumulation_steps=8,
+                               cp_size=1, dp_size=8, profile_options=SimpleNamespace(
+                                   expert_tp_size=2, stage_layers=None, virtual_stages=1, pipeline_schedule="1f1b"))
         total = 0.0
         for rank in rank_classes(plan):
             for stage in rank.stages:
                 one = attrs.evolve(rank, stage=stage, layers=stage_layer_counts(plan)[stage])
                 groups = rank_parameters(plan, one)
-                total += groups["dense"] * plan.tp_size + groups["experts"] * ep * plan.expert_tp_size
+                total += groups["dense"] * plan.tp_size + groups["experts"] * ep * plan.profile_options.expert_tp_size
         shape = ModelShape.of(model)
         replicated = shape.layers * (2 * shape.hidden + shape.experts * shape.hidden) + shape.hidden
         assert total - (plan.tp_size - 1) * replicated == pytest.approx(model.parameters, rel=1e-4), name
@@ -180,7 +185,7 @@ def test_context_parallelism_divides_activations_and_adds_ring_buffers():
 
 def test_experts_shard_over_ep_and_dense_over_tp():
     from mlsysim_core.catalog import get_model
-    from mlsysim_core.measured.shapes import ModelShape
+    from mlsysim_plugins.measured.shapes import ModelShape
     shape = ModelShape.of(get_model("mixtral-8x7b"))
     result = solve("mixtral-8x7b", tp_size=2, dp_size=8, ep_size=8, optimizer="adamw")
     weights = next(t for t in result.terms if t.component == "weights" and t.label.startswith("parameters"))
@@ -272,15 +277,18 @@ def test_fsdp_rules():
     assert grad_op.total_memory > full.total_memory
 
 
-def test_per_rank_fast_paths_are_byte_identical(monkeypatch):
-    from mlsysim_core.measured import _cache
+def test_per_rank_memo_is_byte_identical():
+    from mlsysim_core import memo
     layouts = [dict(tp_size=2, pp_size=4, dp_size=8, gradient_accumulation_steps=8),
                dict(model="mixtral-8x7b", tp_size=2, pp_size=2, dp_size=8, ep_size=4, zero_stage=1,
                     pipeline_schedule="interleaved-1f1b", gradient_accumulation_steps=4),
                dict(dp_size=16, data_parallel="fsdp", cp_size=2, offload="optimizer")]
     cached = [solve(**kw).to_json() for kw in layouts]
-    monkeypatch.setattr(_cache, "ENABLED", False)
-    plain = [solve(**kw).to_json() for kw in layouts]
+    memo.set_enabled(False)
+    try:
+        plain = [solve(**kw).to_json() for kw in layouts]
+    finally:
+        memo.set_enabled(True)
     assert cached == plain
 
 
@@ -337,13 +345,11 @@ def test_accumulated_gradients_are_alive_in_every_phase():
                for t in four.terms if t.component == "gradients")
 
 
-def test_caches_never_return_another_configurations_terms(monkeypatch):
-    """Solve a shuffled mix of configurations with every cache on, then each alone with every
-    cache off: a cache keyed on too little would hand one configuration another's terms."""
+def test_caches_never_return_another_configurations_terms():
+    """Solve a shuffled mix of configurations with the memo on, then each alone with it off:
+    a memo keyed on too little would hand one configuration another's terms."""
     import random
-    from mlsysim_core import solver as solver_module
-    from mlsysim_core.measured import _cache
-    from mlsysim_plugins import _memo
+    from mlsysim_core import memo as _memo
     rng = random.Random(7)
     configs = []
     for _ in range(15):
@@ -367,8 +373,6 @@ def test_caches_never_return_another_configurations_terms(monkeypatch):
             configs.append(neighbour)
     rng.shuffle(configs)
     cached = [solve(**kw).to_json() for kw in configs]
-    monkeypatch.setattr(_cache, "ENABLED", False)
-    monkeypatch.setattr(solver_module, "FAST_PATHS", False)
     _memo.set_enabled(False)
     try:
         plain = [solve(**kw).to_json() for kw in configs]
@@ -376,11 +380,8 @@ def test_caches_never_return_another_configurations_terms(monkeypatch):
         _memo.set_enabled(True)
     assert cached == plain
     reference = TrainingMemoryModel()
-    monkeypatch.setattr(_cache, "ENABLED", True)
-    monkeypatch.setattr(solver_module, "FAST_PATHS", True)
     fast = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{
         k: v for k, v in kw.items() if k not in ("batch", "seq", "runtime_overheads")}).to_json() for kw in configs]
-    monkeypatch.setattr(solver_module, "FAST_PATHS", False)
     _memo.set_enabled(False)
     try:
         slow = [reference.solve("llama3-8b", "h100", kw["batch"], kw["seq"], **{

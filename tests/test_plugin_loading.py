@@ -93,9 +93,14 @@ def solve(pm, *args, **kwargs):
 # --- (1) the built-ins are declared exactly once each --------------------------------------
 
 def test_pyproject_entry_points_are_the_plugin_modules():
+    """Every public module of mlsysim_plugins is a plugin; so is every module of the measured
+    profile's subpackage that says so (``PLUGIN_MODULES``), under its own name."""
+    from mlsysim_plugins.measured import PLUGIN_MODULES
     modules = sorted(p.stem for p in (ROOT / "plugins" / "mlsysim_plugins").glob("*.py")
                      if not p.stem.startswith("_"))
-    assert BUILTIN_ENTRY_POINTS == {m: f"mlsysim_plugins.{m}" for m in modules}
+    expected = {m: f"mlsysim_plugins.{m}" for m in modules}
+    expected.update({name: f"mlsysim_plugins.measured.{module}" for name, module in PLUGIN_MODULES.items()})
+    assert BUILTIN_ENTRY_POINTS == expected
 
 
 def test_installed_metadata_matches_pyproject():

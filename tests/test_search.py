@@ -259,19 +259,3 @@ def test_rows_travel_as_columns_exactly():
     assert [tuple(map(type, c)) for c in back] == [tuple(map(type, r)) for r in rows]
     assert back[1].data_parallel == "fsdp" and back[0].communication_bytes == 10**20
     assert search._candidates(search._columns([])) == []
-
-
-def test_a_plan_for_another_micro_batch_is_the_evolved_plan(solver):
-    """What the search makes per micro-batch equals ``attrs.evolve`` (fields and derived
-    values), and leaves the plan it came from as it was."""
-    import attrs
-    from mlsysim_core.solver import _build_plan
-    base = _build_plan(solver.registry, "reference", MODEL, GPU, 64, 2048, "bf16", "adam", "selective", 2, 1, 4, 1,
-                       0, 1, 1.0, 0.05, True, "zero1", None, None, (), 2)
-    for steps in (2, 3, 16):
-        fast, slow = base.with_accumulation(steps), attrs.evolve(base, gradient_accumulation_steps=steps)
-        assert fast == slow and vars(fast) == vars(slow)
-        assert fast.microbatch == -(-64 // (4 * steps)) and fast.gradient_accumulation_steps == steps
-    assert base.gradient_accumulation_steps == 1 and base.microbatch == 16
-    with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        base.with_accumulation(2).microbatch = 1

@@ -10,31 +10,16 @@ parallelism.
 
 from mlsysim_core import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
-from . import _memo
 from ._fmt import shard
-from ._memo import memoize
-
-_BY_OBJECTS: dict = {}   # (ids of plan and placement, per_token, score_bytes, label) -> (plan, placement, term)
+from mlsysim_core.memo import memoize
 
 
 def activation_terms(plan, placement, per_token, score_bytes, label):
     """``layers x (per_token*s*b*h + score_bytes*a*s^2*b) x bytes/2``, divided by tp with SP."""
-    if _memo.ENABLED:
-        # Plans and placements are frozen and the solver reuses them for repeated inputs: the
-        # same two objects give the same numbers, so the term is found without reading them.
-        key = (id(plan), id(placement), per_token, score_bytes, label)
-        hit = _BY_OBJECTS.get(key)
-        if hit is not None and hit[0] is plan and hit[1] is placement:
-            return [hit[2]]
     heads = plan.model.heads if score_bytes else None
-    term = activation_term(per_token, score_bytes, heads, placement.layers_per_stage, plan.seq_len,
-                           plan.microbatch, plan.hidden_dim, plan.bytes_per_value,
-                           placement.activation_shards, plan.hidden_dim_note, label)
-    if _memo.ENABLED:
-        if len(_BY_OBJECTS) >= _memo.CACHE_SIZE:
-            _BY_OBJECTS.clear()
-        _BY_OBJECTS[key] = (plan, placement, term)   # holds both: their ids are not reused meanwhile
-    return [term]
+    return [activation_term(per_token, score_bytes, heads, placement.layers_per_stage, plan.seq_len,
+                            plan.microbatch, plan.hidden_dim, plan.bytes_per_value,
+                            placement.activation_shards, plan.hidden_dim_note, label)]
 
 
 @memoize

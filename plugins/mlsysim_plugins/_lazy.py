@@ -34,7 +34,7 @@ class _Deferred:
 
 
 def lazy_module(namespace: dict, name: str, module: str):
-    """``model = lazy_module(globals(), "model", "mlsysim_core.measured.model")``: the
+    """``model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")``: the
     module, imported on first use (at once if it is imported already)."""
     import sys
     loaded = sys.modules.get(module)

@@ -13,7 +13,7 @@ from mlsysim_core import OptimizerSpec, hookimpl
 from ._lazy import lazy_module
 from ._flat_state import flat_state_terms
 
-measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 
 def state_terms(plan, placement, options):
@@ -21,13 +21,13 @@ def state_terms(plan, placement, options):
 
 
 def measured_state_terms(plan, placement, options):
-    if plan.optimizer_impl == "fused":
+    if plan.profile_options.optimizer_impl == "fused":
         from mlsysim_core import InvalidInputError
         raise InvalidInputError("optimizer_impl", "fused", "foreach or for-loop for adafactor",
                                 "torch.optim.Adafactor has no fused implementation")
     return [*measured.adafactor_terms(plan, placement),
             *measured.step_transient(plan, placement, "adafactor", foreach=1, loop_current=1, loop_previous=1,
-                                     element_bytes=plan.regime.weight)]
+                                     element_bytes=plan.profile_options.regime.weight)]
 
 
 @hookimpl

@@ -8,9 +8,9 @@ from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
 from ._lazy import lazy_module
 from ._fmt import n, shard
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
-measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 BYTES_PER_PARAMETER = 12.0   # fp32 master 4 + momentum 4 + variance 4
 

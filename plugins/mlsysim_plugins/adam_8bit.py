@@ -12,7 +12,7 @@ from ._lazy import lazy_module
 from ._flat_state import flat_state_terms
 from ._fmt import n
 
-measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 BLOCK = 256           # bitsandbytes' block size for optimizer states
 MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit state

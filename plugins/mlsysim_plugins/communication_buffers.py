@@ -7,7 +7,7 @@ sharding. Pipeline send/receive buffers belong to the pipeline rule.
 
 from mlsysim_core import BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, MemoryTerm, hookimpl
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 
 @memoize

@@ -13,7 +13,7 @@ distributed optimizer does)."""
 from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 
 @memoize

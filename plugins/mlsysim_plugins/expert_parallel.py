@@ -4,7 +4,7 @@ can use it, and with at most one rank per expert."""
 
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 # The reference's note ends "; routing imbalance is modeled separately by MoERoutingModel.",
 # a class of mlsysim that this package does not have: that clause is left out.

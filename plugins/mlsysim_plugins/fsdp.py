@@ -14,7 +14,7 @@ import attrs
 
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 
 @attrs.frozen(kw_only=True)

@@ -5,7 +5,7 @@ from mlsysim_core import CheckpointingSpec, hookimpl
 from ._lazy import lazy_module
 from . import _korthikanti
 
-model = lazy_module(globals(), "model", "mlsysim_core.measured.model")
+model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 
 LAYER_INPUT_BYTES = 2   # one fp16 copy of the layer input
 
@@ -21,7 +21,7 @@ def measured_activation_terms(plan, placement, options):
     dtype, and the backward recomputes one layer at a time. ``checkpointed_layers=k``
     recomputes only k layers (block recompute); the others keep everything."""
     layers = placement.layers_per_stage
-    k = layers if plan.checkpointed_layers is None else min(plan.checkpointed_layers, layers)
+    k = layers if plan.profile_options.checkpointed_layers is None else min(plan.profile_options.checkpointed_layers, layers)
     return model.layer_terms(plan, placement, kept_layers=layers - k)
 
 

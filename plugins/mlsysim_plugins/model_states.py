@@ -8,7 +8,7 @@ the parameter count; data-parallel rules (ZeRO-3, ZeRO-2) divide these terms.
 from mlsysim_core import BACKWARD, BACKWARD_END, GRADIENTS, OPTIMIZER_STEP, WEIGHTS, MemoryTerm, hookimpl
 
 from ._fmt import n, shard
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 
 @memoize

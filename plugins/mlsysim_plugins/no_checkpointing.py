@@ -6,7 +6,7 @@ from mlsysim_core import CheckpointingSpec, hookimpl
 from ._lazy import lazy_module
 from . import _korthikanti
 
-model = lazy_module(globals(), "model", "mlsysim_core.measured.model")
+model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 
 PER_TOKEN_BYTES = 34
 SCORE_BYTES = 5

@@ -4,9 +4,9 @@ from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
 from ._lazy import lazy_module
 from ._fmt import n, shard
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
-measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 BYTES_PER_PARAMETER = 4.0   # fp32 master copy
 

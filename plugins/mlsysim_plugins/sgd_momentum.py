@@ -11,7 +11,7 @@ from mlsysim_core import OptimizerSpec, hookimpl
 from ._lazy import lazy_module
 from ._flat_state import flat_state_terms
 
-measured = lazy_module(globals(), "measured", "mlsysim_core.measured.optimizers")
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 
 def state_terms(plan, placement, options):

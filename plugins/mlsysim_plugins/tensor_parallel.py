@@ -3,7 +3,7 @@ parallelism, activations too (Korthikanti Table 2: everything divides by t)."""
 
 from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 
 @memoize

@@ -6,7 +6,7 @@ weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel
 
 from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
 
-from ._memo import memoize
+from mlsysim_core.memo import memoize
 
 WHAT = {0: "nothing sharded (plain data parallelism)", 1: "optimizer state / dp",
         2: "optimizer state and gradients / dp", 3: "optimizer state, gradients and weights / dp"}

@@ -7,14 +7,15 @@ checks the layout options, names the distinct rank classes and solves each one.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 
 import attrs
 
-from .. import _checks
-from ..errors import InvalidInputError, InvalidInputTypeError, LayoutError
+from mlsysim_core.memo import memoize
+
+from mlsysim_core import _checks
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, LayoutError
 from ._cache import cached_terms
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2")
@@ -22,8 +23,11 @@ OFFLOADABLE = ("optimizer", "gradients", "parameters")
 OFFLOAD_TARGETS = ("cpu", "nvme")
 
 
-def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload):
-    """The parallel-layout options of a measured-grade solve, checked and with defaults."""
+def layout_options(plan):
+    """The plan with the parallel-layout options of a measured-grade solve checked and with defaults."""
+    o = plan.profile_options
+    pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload = (
+        o.pipeline_schedule, o.virtual_stages, o.expert_tp_size, o.stage_layers, o.offload)
     schedule = "1f1b" if pipeline_schedule is None else _checks.name("pipeline_schedule", pipeline_schedule,
                                                                      SCHEDULES)
     v = 1 if virtual_stages is None else _checks.count("virtual_stages", virtual_stages)
@@ -71,8 +75,9 @@ def layout_options(plan, pipeline_schedule, virtual_stages, expert_tp_size, stag
         raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule}'s default "
                           f"{v} model chunks per stage, or set virtual_stages",
                           f"{layers} layers in {p} x {v} chunks")
-    return attrs.evolve(plan, pipeline_schedule=schedule, virtual_stages=v, expert_tp_size=etp,
-                        stage_layers=layers, offload=_offload(offload))
+    return attrs.evolve(plan, profile_options=attrs.evolve(o, pipeline_schedule=schedule, virtual_stages=v,
+                                                           expert_tp_size=etp, stage_layers=layers,
+                                                           offload=_offload(offload)))
 
 
 def _tp_fits(t: int, heads: int, kv_heads: int) -> bool:
@@ -213,15 +218,15 @@ class RankClass:
 
 def expert_data_parallel(plan) -> int:
     """Ranks that hold the same experts: the tp x cp x dp devices of a stage over expert_tp x ep."""
-    return max(1, plan.tp_size * plan.cp_size * plan.dp_size // ((plan.expert_tp_size or plan.tp_size) * plan.ep_size))
+    return max(1, plan.tp_size * plan.cp_size * plan.dp_size // ((plan.profile_options.expert_tp_size or plan.tp_size) * plan.ep_size))
 
 
 def stage_layer_counts(plan) -> tuple[int, ...]:
     """Decoder layers per stage: ``stage_layers`` as given, else an even split whose
     remainder goes to the middle stages (then the last): the first stage already holds
     the embedding and the most micro-batches in flight."""
-    if plan.stage_layers is not None:
-        return plan.stage_layers
+    if plan.profile_options.stage_layers is not None:
+        return plan.profile_options.stage_layers
     p, L = plan.pp_size, plan.model.layers
     counts = [L // p] * p
     order = list(range(1, p - 1)) + [p - 1, 0] if p > 2 else list(range(p - 1, -1, -1))
@@ -258,10 +263,10 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
     """The distinct ranks of the layout: the first stage, the heaviest middle stages (those
     no other middle stage dominates in both layers and micro-batches in flight) and the last
     stage. Every tp x cp x dp rank inside a stage is alike (experts split evenly)."""
-    p, m, v = plan.pp_size, plan.gradient_accumulation_steps, plan.virtual_stages
+    p, m, v = plan.pp_size, plan.gradient_accumulation_steps, plan.profile_options.virtual_stages
     counts = stage_layer_counts(plan)
     width = plan.tp_size * plan.cp_size * plan.dp_size
-    flight = [in_flight(plan.pipeline_schedule, p, i, m, v) for i in range(p)]
+    flight = [in_flight(plan.profile_options.pipeline_schedule, p, i, m, v) for i in range(p)]
     if p == 1:
         return (RankClass(name="every rank", stage=0, stages=(0,), layers=counts[0], in_flight=1, first=True,
                           last=True, ranks=width),)
@@ -292,11 +297,11 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
 def rank_parameters(plan, rank: RankClass) -> dict:
     """``{"dense": ..., "experts": ...}``: the parameters one rank of this class holds
     before data-parallel sharding (see ``_rank_parameters``; cached, do not modify)."""
-    return _rank_parameters(plan.model, plan.tp_size, plan.ep_size, plan.expert_tp_size or plan.tp_size,
+    return _rank_parameters(plan.model, plan.tp_size, plan.ep_size, plan.profile_options.expert_tp_size or plan.tp_size,
                             rank.layers, rank.first, rank.last)
 
 
-@functools.lru_cache(maxsize=1024)
+@memoize
 def _rank_parameters(model, t, e, etp, layers, first, last) -> dict:
     """Parameters one rank holds before data-parallel sharding, by group: ``dense``
     (attention / tp, dense MLP / tp, norms and router replicated, the vocabulary-parallel
@@ -333,23 +338,6 @@ def is_parallel(plan) -> bool:
     return plan.tp_size * plan.cp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
 
 
-def solve_ranks(plan, run):
-    """Solve each rank class with ``run(plan)`` (the solver's pipeline); the result is the
-    heaviest rank's, with every class in ``ranks`` and ``feasible`` only if all fit."""
-    from ..result import RankReport
-    results = [(rank, run(attrs.evolve(plan, rank=rank))) for rank in rank_classes(plan)]
-    reports = tuple(RankReport(
-        name=rank.name, stages=rank.stages, ranks=rank.ranks, layers=rank.layers, in_flight=rank.in_flight,
-        total_memory=r.total_memory, weights=r.weights, gradients=r.gradients, optimizer_state=r.optimizer_state,
-        activations=r.activations, communication_buffers=r.communication_buffers,
-        runtime_overheads=r.runtime_overheads, host_memory=r.host_memory, peak_phase=r.peak_phase,
-        feasible=r.feasible, terms=r.terms) for rank, r in results)
-    heaviest_index = max(range(len(results)), key=lambda i: (results[i][1].total_memory, -i))
-    heaviest = results[heaviest_index][1]
-    feasible = all(r.feasible for r in reports)
-    return attrs.evolve(heaviest, ranks=reports, heaviest_rank=reports[heaviest_index].name, feasible=feasible)
-
-
 # --- activations and gradients of one rank ------------------------------------------------
 
 # Parts of a decoder layer's saved tensors that tensor parallelism does NOT split without
@@ -367,13 +355,13 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     parallelism, expert activations / expert_tp, everything / cp (the sequence split)."""
     from .model import megatron
     t, c = plan.tp_size, plan.cp_size
-    etp = plan.expert_tp_size or t
+    etp = plan.profile_options.expert_tp_size or t
     sp = plan.sequence_parallel and t > 1
     total = 0.0
-    if sp and not megatron(plan.regime):
+    if sp and not megatron(plan.profile_options.regime):
         # PyTorch's sequence parallelism (DTensor, torchtitan's plan) keeps the all-gathered
         # inputs of attention and of the MLP for the weight gradients: 2 x T x h replicated.
-        gathered = 2 * plan.regime.compute * ctx.tokens * ctx.shape.hidden
+        gathered = 2 * plan.profile_options.regime.compute * ctx.tokens * ctx.shape.hidden
         total += gathered
         lb = attrs.evolve(lb, parts=tuple((n, b) for n, b in lb.parts) + (("gathered inputs", -gathered),))
     for name, b in lb.parts:
@@ -402,10 +390,10 @@ def rank_gradient_terms(plan, placement):
     """Gradients of one rank's trainable parameters. With more than one micro-batch per
     iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
     they are alive in every phase; with one, they are born in the backward."""
-    from ..terms import GRADIENTS, MemoryTerm
+    from mlsysim_core.terms import GRADIENTS, MemoryTerm
     from .model import ALL
-    from ..terms import BACKWARD_END, OPTIMIZER_STEP
-    regime = plan.regime
+    from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP
+    regime = plan.profile_options.regime
     b = regime.gradient
     if not b:
         return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
@@ -449,20 +437,20 @@ def layer_parameters_on_rank(plan) -> float:
     """One decoder layer's matrix parameters on a rank (before data-parallel sharding)."""
     from .shapes import ModelShape
     return sum(_layer_matrices_on_rank(ModelShape.of(plan.model), plan.tp_size, plan.ep_size,
-                                       plan.expert_tp_size or plan.tp_size))
+                                       plan.profile_options.expert_tp_size or plan.tp_size))
 
 
 @cached_terms
 def buffer_terms(plan, placement):
     """Communication buffers of one rank under the measured profile."""
-    from ..terms import PHASES as ALL_PHASES, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm
-    regime = plan.regime
+    from mlsysim_core.terms import PHASES as ALL_PHASES, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm
+    regime = plan.profile_options.regime
     terms = []
     fmt = "{:,.0f}".format
     dp_rule = plan.rules["dp"]
     data_parallel = plan.dp_size * plan.cp_size
     layer = layer_parameters_on_rank(plan)
-    offloaded = dict(plan.offload)
+    offloaded = dict(plan.profile_options.offload)
     if dp_rule == "zero0" and data_parallel > 1 and regime.gradient:
         params = placement.trainable_parameters_per_rank
         terms.append(MemoryTerm(
@@ -507,7 +495,7 @@ def buffer_terms(plan, placement):
         shape = ModelShape.of(plan.model)
         t = plan.tp_size
         tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
-        cf = plan.moe_capacity_factor or 1.0
+        cf = plan.profile_options.moe_capacity_factor or 1.0
         nbytes = 2 * tokens * shape.top_k * shape.hidden * regime.compute * cf
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
@@ -519,12 +507,12 @@ def buffer_terms(plan, placement):
 
 def offload_terms(plan, weights, gradients, optimizer_state):
     """Move the offloaded components' terms to host memory (``cpu``) or NVMe."""
-    if not plan.offload:
+    if not plan.profile_options.offload:
         return weights, gradients, optimizer_state
-    from ..terms import HOST, NVME
+    from mlsysim_core.terms import HOST, NVME
     tiers = {"cpu": HOST, "nvme": NVME}
     moved = {"parameters": weights, "gradients": gradients, "optimizer": optimizer_state}
-    for what, target in plan.offload:
+    for what, target in plan.profile_options.offload:
         moved[what] = [attrs.evolve(term, tier=tiers[target], label=f"{term.label} (offloaded to {target})")
                        for term in moved[what]]
     return moved["parameters"], moved["gradients"], moved["optimizer"]

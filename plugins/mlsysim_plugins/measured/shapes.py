@@ -8,12 +8,13 @@ temporaries follow it). ``ModelShape.of(model)`` derives them once per workload.
 
 from __future__ import annotations
 
-import functools
 
 import attrs
 
-from ..errors import InvalidInputError, NotModelledError
-from ..types import TransformerWorkload
+from mlsysim_core.memo import memoize
+
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.types import TransformerWorkload
 
 # Architectures built like GPT-2: LayerNorm with biases, fused qkv, learned positions,
 # a plain (not gated) tanh-GELU MLP. Anything else with a gated MLP is built like Llama.
@@ -97,7 +98,7 @@ class ModelShape:
         return _shape_of(model)
 
 
-@functools.lru_cache(maxsize=256)
+@memoize
 def _shape_of(model: TransformerWorkload) -> ModelShape:
     missing = [name for name in ("hidden_dim", "heads", "vocab_size") if getattr(model, name) is None]
     if missing:
@@ -182,7 +183,7 @@ def parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
     return _parameter_check(model)
 
 
-@functools.lru_cache(maxsize=256)
+@memoize
 def _parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
     shape = ModelShape.of(model)
     implied = implied_parameters(model, shape)
@@ -209,7 +210,7 @@ def _parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
 def implied_parameters(model: TransformerWorkload, shape: ModelShape | None = None) -> int | None:
     """The parameter count the model's shapes imply (``catalog.counting``), with what the
     measured profile assumes for unknown fields; ``None`` where it cannot be counted (MLA)."""
-    from ..catalog.counting import count_workload_parameters
+    from mlsysim_core.catalog.counting import count_workload_parameters
     shape = ModelShape.of(model) if shape is None else shape
     fill = {}
     if model.is_sparse:
@@ -257,7 +258,7 @@ def approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
     return _approximation_notes(model)
 
 
-@functools.lru_cache(maxsize=256)
+@memoize
 def _approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
     shape = ModelShape.of(model)
     style = {"llama": "Llama", "gpt2": "GPT-2", "mixtral": "Mixtral"}[shape.style]

@@ -17,7 +17,7 @@ Measured with ``torch.distributed._tools.mem_tracker.MemTracker`` (validation/RE
 from __future__ import annotations
 
 
-from ..terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
 from ._cache import cached_terms
 from .shapes import ModelShape
 
@@ -31,7 +31,7 @@ def _fmt(x) -> str:
 
 def _scale(plan, placement) -> float:
     """The share of ``trainable_tensors(plan)`` one rank holds state for."""
-    if plan.lora is not None:     # the adapters themselves
+    if plan.profile_options.lora is not None:     # the adapters themselves
         return 1 / placement.optimizer_state_shards
     return placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
 
@@ -42,7 +42,7 @@ tensor_share = _scale
 def trainable_tensors(plan) -> tuple[int, ...]:
     """Element counts of the tensors the optimizer updates, in order: every parameter tensor,
     or under LoRA the adapters (``lora_A``, ``lora_B`` per adapted linear and layer)."""
-    if plan.lora is not None:
+    if plan.profile_options.lora is not None:
         from .lora import adapter_matrices
         return tuple(r * c for r, c in adapter_matrices(plan))
     return ModelShape.of(plan.model).parameter_tensors()
@@ -51,7 +51,7 @@ def trainable_tensors(plan) -> tuple[int, ...]:
 @cached_terms
 def master_terms(plan, placement) -> list[MemoryTerm]:
     """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
-    regime = plan.regime
+    regime = plan.profile_options.regime
     terms = []
     params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
     if regime.master:
@@ -69,14 +69,14 @@ def master_terms(plan, placement) -> list[MemoryTerm]:
 def moment_terms(plan, placement, name: str, moments: int, *, step_counters: bool) -> list[MemoryTerm]:
     """``moments`` parameter-shaped buffers in the regime's state dtype (Adam: 2, SGD with
     momentum and Lion: 1), plus Adam's 4-byte fp32 ``step`` tensor per parameter tensor."""
-    b = plan.regime.state
+    b = plan.profile_options.regime.state
     params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
     terms = master_terms(plan, placement)
     if moments:
         terms.append(MemoryTerm(
             component=OPTIMIZER_STATE, label=f"{name} state ({moments} x {b * 8}-bit)", phases=STEADY,
             nbytes=params * moments * b,
-            formula=f"{_fmt(params)} trainable params/rank x {moments} x {b} B ({plan.regime.name} state)"))
+            formula=f"{_fmt(params)} trainable params/rank x {moments} x {b} B ({plan.profile_options.regime.name} state)"))
     if step_counters:
         tensors = len(trainable_tensors(plan))
         share = _scale(plan, placement)
@@ -96,8 +96,8 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
     ``loop_current``/``loop_previous``: temporaries of the for-loop implementation for the
     current and the previous parameter tensor.
     """
-    impl = plan.optimizer_impl
-    b = element_bytes or plan.regime.state
+    impl = plan.profile_options.optimizer_impl
+    b = element_bytes or plan.profile_options.regime.state
     share = _scale(plan, placement)
     if impl == "fused" or (impl == "foreach" and not foreach):
         return []
@@ -132,9 +132,9 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     tensor per parameter tensor; no first moment."""
     shape = ModelShape.of(plan.model)
     share = _scale(plan, placement)
-    b = plan.regime.state
+    b = plan.profile_options.regime.state
     elements = 0
-    if plan.lora is not None:
+    if plan.profile_options.lora is not None:
         from .lora import adapter_matrices
         matrices = adapter_matrices(plan)
     else:

@@ -9,14 +9,15 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 """
 
 from mlsysim_core import ProfileSpec, hookimpl
-from ._lazy import lazy_module
+from .._lazy import lazy_module
+from .options import MeasuredOptions, prepare
 
-model = lazy_module(globals(), "model", "mlsysim_core.measured.model")
-parallel = lazy_module(globals(), "parallel", "mlsysim_core.measured.parallel")
+model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
+parallel = lazy_module(globals(), "parallel", "mlsysim_plugins.measured.parallel")
 
 
 def _recomputes(plan) -> bool:
-    return plan.activation_checkpointing == "full" and plan.checkpointed_layers != 0
+    return plan.activation_checkpointing == "full" and plan.profile_options.checkpointed_layers != 0
 
 
 @hookimpl
@@ -24,7 +25,18 @@ def mlsysim_profiles():
     return [ProfileSpec(name="measured", grade="measured", combine="peak",
                         description="architecture-aware, peak over the phases of an iteration; validated "
                                     "against PyTorch's MemTracker",
-                        component_plugins=("measured_profile",))]
+                        component_plugins=("measured_profile",), options_type=MeasuredOptions,
+                        prepare=prepare, ranks=_ranks, relocate=_offload)]
+
+
+def _ranks(plan):
+    """The distinct ranks of a parallel layout (first, middle and last pipeline stages);
+    None for one device."""
+    return parallel.rank_classes(plan) if parallel.is_parallel(plan) else None
+
+
+def _offload(plan, weights, gradients, optimizer_state):
+    return parallel.offload_terms(plan, weights, gradients, optimizer_state)
 
 
 @hookimpl
@@ -57,6 +69,6 @@ def mlsysim_communication_buffer_terms(plan, placement, model_states):
 
 @hookimpl
 def mlsysim_runtime_overhead_terms(plan, placement, allocated):
-    if plan.runtime_overheads is None:
+    if plan.profile_options.runtime_overheads is None:
         return []
-    return model.runtime_terms(plan, plan.runtime_overheads, allocated)
+    return model.runtime_terms(plan, plan.profile_options.runtime_overheads, allocated)

@@ -11,7 +11,7 @@ from typing import Mapping
 
 import attrs
 
-from ..errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
 @attrs.frozen(kw_only=True)

@@ -55,11 +55,12 @@ requires grad (eager attention: ``q @ k.T`` keeps k for q's gradient and q for k
 
 from __future__ import annotations
 
-import functools
 
 import attrs
 
-from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
+from mlsysim_core.memo import memoize
+
+from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
                      MemoryTerm)
 from ._cache import cached_terms
 from .layers import layer_forward_bytes
@@ -97,14 +98,14 @@ def _kind(regime) -> str:
     return "fp32" if regime.compute == 4 else "bf16"
 
 
-@functools.lru_cache(maxsize=256)
+@memoize
 def _counts(model, config):
-    from ..finetune import lora_counts
+    from mlsysim_core.finetune import lora_counts
     return lora_counts(model, config)
 
 
 def counts(plan):
-    return _counts(plan.model, plan.lora)
+    return _counts(plan.model, plan.profile_options.lora)
 
 
 def _adapted(plan) -> dict[str, tuple[int, int]]:
@@ -115,7 +116,7 @@ def _adapted(plan) -> dict[str, tuple[int, int]]:
 def adapter_matrices(plan) -> list[tuple[int, int]]:
     """(rows, cols) of every adapter tensor in the order the optimizer sees them: per layer,
     per adapted linear, ``lora_A`` (r x in) then ``lora_B`` (out x r)."""
-    r = plan.lora.rank
+    r = plan.profile_options.lora.rank
     block = []
     for _, (i, o) in _adapted(plan).items():
         block += [(r, i), (o, r)]
@@ -127,9 +128,9 @@ def adapter_matrices(plan) -> list[tuple[int, int]]:
 @cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
     c = counts(plan)
-    cfg = plan.lora
-    base_b = base_weight_bytes(plan.regime)
-    ab = plan.regime.weight
+    cfg = plan.profile_options.lora
+    base_b = base_weight_bytes(plan.profile_options.regime)
+    ab = plan.profile_options.regime.weight
     shape = ModelShape.of(plan.model)
     plain = c.frozen_parameters - c.quantized_parameters
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
@@ -159,7 +160,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
 @cached_terms
 def gradient_terms(plan, placement) -> list[MemoryTerm]:
     """Only the adapters have gradients, from the end of the backward through the step."""
-    regime = plan.regime
+    regime = plan.profile_options.regime
     b = regime.gradient
     if not b:
         return []   # mixed-*-main-grad: accumulated in the fp32 main-grad buffer (optimizer state)
@@ -186,15 +187,15 @@ class _Layer:
 def _layer(plan, grad_in: bool) -> _Layer:
     """One decoder layer's saved tensors under LoRA, walking which tensors require grad."""
     shape = ModelShape.of(plan.model)
-    kind = _kind(plan.regime)
+    kind = _kind(plan.profile_options.regime)
     amp, bf16 = kind == "amp-bf16", kind == "bf16"
     h, f, a = shape.hidden, shape.ffn, shape.heads
     q, kv = shape.q_dim, shape.kv_dim
     c = 4 if kind == "fp32" else 2              # matmul outputs
     res = 2 if bf16 else 4                      # residual stream
-    ab = plan.regime.weight                     # adapter dtype (bytes)
+    ab = plan.profile_options.regime.weight                     # adapter dtype (bytes)
     a_c = 2 if amp else ab                      # the adapters' compute dtype
-    r = plan.lora.rank
+    r = plan.profile_options.lora.rank
     adapted = _adapted(plan)
     parts: list = []
     constant: list = []
@@ -244,14 +245,14 @@ def _layer(plan, grad_in: bool) -> _Layer:
         attn_shared: set = set()
         if qkv_grad:
             lb = layer_forward_bytes(style="gpt2", hidden=h, heads=a, kv_heads=a, head_dim=shape.head_dim,
-                                     ffn=f, regime=kind, attention=plan.attention, dropout=plan.dropout > 0,
+                                     ffn=f, regime=kind, attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
                                      tokens=1, seq_len=plan.seq_len)
             for name, n in lb.parts:
                 if name.startswith(("qkv", "q/k/v", "attention")) and "c_proj input" not in name:
                     add(name, n)
                 if name.startswith("attention output + logsumexp"):
                     attn_shared.add("x")        # the SDPA output c_proj reads is saved already
-            if plan.dropout > 0:
+            if plan.profile_options.dropout > 0:
                 add("resid dropout noise (attention)", c * h)
         lora_in("attn.c_proj", h, c, attn_shared)
         frozen_copy("attn.c_proj", h * h, qkv_grad)
@@ -267,7 +268,7 @@ def _layer(plan, grad_in: bool) -> _Layer:
         lora_in("mlp.c_proj", f, c, set())
         frozen_copy("mlp.c_proj", f * h, fc_grad)
         out_grad = fc_grad or "mlp.c_proj" in adapted
-        if out_grad and plan.dropout > 0:
+        if out_grad and plan.profile_options.dropout > 0:
             add("resid dropout noise (mlp)", c * h)
         return _Layer(tuple(parts), tuple(constant), res * h, out_grad, out_grad)
 
@@ -284,7 +285,7 @@ def _layer(plan, grad_in: bool) -> _Layer:
     attn_shared: set = set()
     if any_grad:
         lb = layer_forward_bytes(style="llama", hidden=h, heads=a, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                                 ffn=f, regime=kind, attention=plan.attention, dropout=plan.dropout > 0,
+                                 ffn=f, regime=kind, attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
                                  tokens=1, seq_len=plan.seq_len)
         for name, n in lb.parts:
             if name.startswith("q/k/v (k, v repeated"):
@@ -296,7 +297,7 @@ def _layer(plan, grad_in: bool) -> _Layer:
                 add(name, n)
                 attn_shared.add("x")
             elif name.startswith("attention output (contiguous"):
-                if plan.attention == "sdpa" and plan.dropout > 0:
+                if plan.profile_options.attention == "sdpa" and plan.profile_options.dropout > 0:
                     pass                        # the math kernel's output: kept only by an o_proj adapter
     lora_in("o_proj", q, c, attn_shared)
     frozen_copy("o_proj", q * h, any_grad)
@@ -348,13 +349,13 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
                     + (f"; output {_n(other.output)}" if other.output_saved else "")))
     checkpointed = L - kept
     if checkpointed:
-        res = plan.regime.residual
+        res = plan.profile_options.regime.residual
         h = ModelShape.of(plan.model).hidden
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * res * T * h,
             phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B"))
         s = ModelShape.of(plan.model)
-        c = plan.regime.compute
+        c = plan.profile_options.regime.compute
         work = other.saved(T) + other.output * T + 2 * T * s.ffn * c
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
@@ -371,7 +372,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     the frozen LM head's input requires grad), AMP's copy of the LM head; no embedding output
     (nothing needs its gradient) and no embedding gradient at the backward's end."""
     shape = ModelShape.of(plan.model)
-    regime = plan.regime
+    regime = plan.profile_options.regime
     kind = _kind(regime)
     T = plan.microbatch * plan.seq_len
     h, V = shape.hidden, shape.vocab
@@ -404,12 +405,12 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        nbytes=2 * shape.embedding_parameters, phases=SAVED,
                        formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
         if recompute:
-            r = plan.lora.rank
+            r = plan.profile_options.lora.rank
             adapters = counts(plan).trainable_parameters
             add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the adapters",
                            nbytes=2 * adapters, phases=(FORWARD,),
                            formula=f"{_n(adapters)} adapter params (rank {r}) x 2 B (cached until autocast exits)"))
-    if plan.lora.quantization in ("nf4", "fp4"):
+    if plan.profile_options.lora.quantization in ("nf4", "fp4"):
         largest = max(i * o for _, i, o in _quantized_linears(plan))
         add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
                        nbytes=largest * c, phases=(BACKWARD_END,),
@@ -419,7 +420,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
 
 
 def _quantized_linears(plan):
-    from ..finetune import _attention, _check_model, _mlp
+    from mlsysim_core.finetune import _attention, _check_model, _mlp
     arch = _check_model(plan.model)
     return [(lin.module, lin.in_features, lin.out_features)
             for lin in _attention(plan.model, arch) + _mlp(plan.model, arch)]

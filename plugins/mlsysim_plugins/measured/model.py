@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import attrs
 
-from ..terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
+from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP,
                      RUNTIME_OVERHEADS, WEIGHTS, MemoryTerm)
-from .. import _checks
-from . import _cache
+from mlsysim_core import _checks
+from mlsysim_core.memo import memoize
+
 from ._cache import cached_terms
 from .layers import layer_forward_bytes, megatron_layer_bytes
 from .shapes import ModelShape
@@ -43,22 +44,22 @@ class Context:
 def context(plan, placement) -> Context:
     shape = ModelShape.of(plan.model)
     return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,
-                   layers=placement.layers_per_stage, shards=placement.activation_shards, regime=plan.regime)
+                   layers=placement.layers_per_stage, shards=placement.activation_shards, regime=plan.profile_options.regime)
 
 
 def layer_bytes(plan, ctx: Context):
     s = ctx.shape
-    if megatron(plan.regime):
+    if megatron(plan.profile_options.regime):
         lb = megatron_layer_bytes(
             style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            attention=plan.attention, dropout=plan.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
+            attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
             experts=s.experts, top_k=s.top_k)
     else:
         lb = layer_forward_bytes(
             style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            regime=_regime_kind(ctx.regime), attention=plan.attention, dropout=plan.dropout > 0,
+            regime=_regime_kind(ctx.regime), attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
             tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
-    cf = plan.moe_capacity_factor
+    cf = plan.profile_options.moe_capacity_factor
     if cf is not None:
         # Token dropping with a capacity factor pads every expert's batch to its capacity:
         # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
@@ -86,10 +87,10 @@ def _regime_kind(regime) -> str:
 
 @cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
-    if plan.lora is not None:     # (LoRA's module is imported only for LoRA plans)
+    if plan.profile_options.lora is not None:     # (LoRA's module is imported only for LoRA plans)
         from . import lora
         return lora.weight_terms(plan, placement)
-    regime = plan.regime
+    regime = plan.profile_options.regime
     shape = ModelShape.of(plan.model)
     params = placement.parameters_per_rank / placement.weight_shards
     terms = [MemoryTerm(component=WEIGHTS, label=f"parameters ({regime.name}, {regime.weight} B)",
@@ -113,10 +114,10 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     frees them before the next forward). With recomputation the deepest-first backward
     recomputes the first layer while its gradients do not exist yet: ``first_layer_late``
     keeps that layer's share out of the end-of-backward phase."""
-    if plan.lora is not None:
+    if plan.profile_options.lora is not None:
         from . import lora
         return lora.gradient_terms(plan, placement)
-    regime = plan.regime
+    regime = plan.profile_options.regime
     b = regime.gradient or regime.main_grad
     if not b:
         return []
@@ -167,7 +168,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     Splits: the residual stream over cp (and tp with sequence parallelism); the logits
     over cp, and over tp too for Megatron's vocabulary-parallel cross-entropy (PyTorch's
     tensor parallelism gathers them in full on every rank)."""
-    if plan.lora is not None:
+    if plan.profile_options.lora is not None:
         from . import lora
         return lora.model_activation_terms(plan, placement, recompute=recompute)
     ctx = context(plan, placement)
@@ -260,7 +261,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     """The decoder layers: ``kept_layers`` of the L layers keep everything they save (the
     rest are checkpointed: they keep their input and recompute in the backward; ``None``
     means all are kept). ``selective`` drops eager attention's s x s tensors (recomputed)."""
-    if plan.lora is not None:
+    if plan.profile_options.lora is not None:
         from . import lora
         return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
     ctx = context(plan, placement)
@@ -338,25 +339,14 @@ class RuntimeOverheads:
     nccl_buffers: int = attrs.field(default=256 * 2**20, converter=_checks.to_int, validator=_bytes)
 
 
-_RUNTIME: dict = {}    # (overheads, parallel?, allocated and its type) -> the terms (frozen)
-
-
 def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
-    """The runtime-overhead terms, memoised on exactly what they read (the overheads,
-    whether the layout is parallel, the bytes allocated at the peak)."""
+    """The runtime-overhead terms: NCCL's buffers only when the layout communicates."""
     parallel = plan.tp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
-    if not _cache.ENABLED:
-        return _runtime_terms(overheads, parallel, allocated)
-    key = (overheads, parallel, type(allocated), allocated)
-    hit = _RUNTIME.get(key)
-    if hit is None:
-        if len(_RUNTIME) >= _cache._MAX:
-            _RUNTIME.clear()
-        hit = _RUNTIME[key] = tuple(_runtime_terms(overheads, parallel, allocated))
-    return list(hit)
+    return list(_runtime_terms(overheads, parallel, type(allocated), allocated))
 
 
-def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float) -> list[MemoryTerm]:
+@memoize
+def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, kind: type, allocated: int | float) -> tuple:
     terms = []
     if overheads.cuda_context:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
@@ -372,4 +362,4 @@ def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int |
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
                                 nbytes=allocated * overheads.allocator_fraction, phases=ALL,
                                 formula=f"{overheads.allocator_fraction:g} x {_n(allocated)} B allocated at the peak"))
-    return terms
+    return tuple(terms)

@@ -1,0 +1,58 @@
+"""The one caching mechanism: a memo keyed on every argument of a pure function.
+
+A key is the whole argument tuple with each argument's type (``True == 1`` and ``1.0 == 1``,
+but a check may accept one and refuse the other), compared by value, so it cannot go stale
+by omission: what a function reads it receives, and everything it receives is in the key.
+Only frozen (hashable) arguments are memoised; a call with an unhashable one (a dict of
+options, a list) simply runs. Built-in plugins and the solver use it; third-party plugins
+may too.
+
+``set_enabled(False)`` switches every memo off (and empties it) in one place: tests check
+that answers are byte-identical either way.
+"""
+
+from __future__ import annotations
+
+import functools
+
+MAX_ENTRIES = 4096
+_enabled = True
+_memos: list[dict] = []
+
+
+def memoize(function):
+    """``function``, memoised on its positional and keyword arguments (all of them)."""
+    table: dict = {}
+    _memos.append(table)
+
+    @functools.wraps(function)
+    def memoised(*args, **kwargs):
+        if not _enabled:
+            return function(*args, **kwargs)
+        key = (args, tuple(map(type, args)), tuple(kwargs.items())) if kwargs else (args, tuple(map(type, args)))
+        try:
+            return table[key]
+        except KeyError:
+            pass
+        except TypeError:        # an unhashable argument: nothing to remember it by
+            return function(*args, **kwargs)
+        value = function(*args, **kwargs)
+        if len(table) >= MAX_ENTRIES:
+            table.clear()
+        table[key] = value
+        return value
+
+    memoised.uncached = function
+    return memoised
+
+
+def set_enabled(enabled: bool) -> None:
+    """Every memo on (the default) or off; either way they start empty."""
+    global _enabled
+    _enabled = bool(enabled)
+    for table in _memos:
+        table.clear()
+
+
+def enabled() -> bool:
+    return _enabled

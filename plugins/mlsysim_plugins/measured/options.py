@@ -1,0 +1,123 @@
+"""The measured profile's own options (``ProfileSpec.options_type``) and its ``prepare``.
+
+Every field is a keyword of ``solve`` (``solve(..., regime="bf16")``), a flag of the CLI
+(``--regime bf16``) and a field of a scenario file, derived from this class. ``None``
+means "the default". ``prepare`` checks the values first (a bad value is an error even
+where the profile then finds it cannot describe the run), then what the profile can
+describe for this model, and completes the options: the regime as a ``Regime``, the
+runtime overheads as a ``RuntimeOverheads`` (or ``None`` for none), the layout's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from mlsysim_core import _checks
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+
+
+def _option(help: str, metavar: str | None = None, kind: type | None = str, choices=None, flag: str | None = None):
+    """A field with what the CLI and the docs say about it."""
+    return attrs.field(default=None, metadata={"help": help, "metavar": metavar, "type": kind, "choices": choices,
+                                               "flag": flag})
+
+
+@attrs.frozen(kw_only=True)
+class MeasuredOptions:
+    """The measured profile's options. See docs/profiles.md for each one's mechanism."""
+
+    regime: Any = _option("training regime: which dtype weights, gradients, master copy, optimizer state and "
+                          "activations have (default: from --precision: 16-bit means autocast)", "REGIME")
+    optimizer_impl: Any = _option("PyTorch's optimizer step implementation (its temporaries)", "IMPL",
+                                  choices=("foreach", "fused", "for-loop"))
+    attention: Any = _option("attention kernel: sdpa (fused, no s x s scores) or eager", "KERNEL")
+    dropout: Any = _option("the layers' dropout probability (default 0.0)", "P", kind=float)
+    checkpointed_layers: Any = _option("with --checkpointing full: recompute only this many layers (block recompute)",
+                                       "N", kind=int)
+    runtime_overheads: Any = _option("CUDA context, allocator reserve, cuBLAS workspaces, NCCL buffers: "
+                                     "a RuntimeOverheads, a dict of its fields, or False for none", kind=None)
+    lora: Any = _option("LoRA/QLoRA fine-tuning: a mlsysim_core.finetune.LoRAConfig or a dict of its fields",
+                        kind=None)
+    pipeline_schedule: Any = _option("pipeline schedule (default 1f1b)", "SCHEDULE")
+    virtual_stages: Any = _option("model chunks per pipeline rank (interleaved-1f1b)", "V", kind=int)
+    expert_tp_size: Any = _option("tensor parallelism inside the experts (default tp_size)", "N", kind=int)
+    stage_layers: Any = _option("decoder layers on each pipeline stage (default: an even split)", kind=None)
+    offload: Any = _option("what lives in host memory or on NVMe: optimizer, optimizer+gradients, "
+                           "optimizer+gradients+parameters, or {name: cpu|nvme}", "WHAT")
+    moe_capacity_factor: Any = _option("experts' capacity factor (token dropping; default dropless)", "CF",
+                                       kind=float)
+
+
+def prepare(plan):
+    """The plan with its measured options checked and completed (``ProfileSpec.prepare``)."""
+    from .model import RuntimeOverheads
+    from .optimizers import IMPLEMENTATIONS
+    from .parallel import check_option_values, layout_options
+    from .regimes import regime_for
+    from .shapes import ModelShape, approximation_notes, parameter_check, sequence_check
+    o = plan.profile_options
+    chosen = regime_for(o.regime, "fp32") if o.regime is not None else None     # the name, before the model
+    impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
+                                                                   IMPLEMENTATIONS)
+    kernel = "sdpa" if o.attention is None else _checks.name("attention", o.attention, ("sdpa", "eager"))
+    p = 0.0 if o.dropout is None else _checks.fraction("dropout", o.dropout)
+    if p >= 1.0:
+        raise InvalidInputError("dropout", o.dropout, "a probability in [0.0, 1.0)")
+    blocks = None
+    if o.checkpointed_layers is not None:
+        blocks = _checks.count("checkpointed_layers", o.checkpointed_layers, minimum=0)
+        if plan.activation_checkpointing != "full":
+            raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
+                                    "None unless activation_checkpointing='full'",
+                                    f"activation_checkpointing={plan.activation_checkpointing!r}")
+        if blocks > plan.model.layers:
+            raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
+                                    f"at most the model's {plan.model.layers} layers")
+    overheads = _runtime_overheads(o.runtime_overheads, RuntimeOverheads)
+    cf = o.moe_capacity_factor
+    if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6):
+        raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
+               else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
+    check_option_values(o.pipeline_schedule, o.virtual_stages, o.offload)
+    # Then what the profile can describe, and what it approximates.
+    if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
+        raise NotModelledError(
+            "communication_buffer_fraction", plan.communication_buffer_fraction,
+            "the default 0.05 under a measured-grade profile",
+            "the measured profile sizes communication buffers from the sharding rules' own buckets; "
+            "this is the reference profile's knob (profile='reference' uses it)")
+    ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
+    notes = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
+    notes += approximation_notes(plan.model)    # what is costed as something else: said, never silent
+    if plan.model.context_length is not None or plan.seq_len > 1024:
+        notes += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
+    o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision), optimizer_impl=impl, attention=kernel,
+                     dropout=p, checkpointed_layers=blocks, runtime_overheads=overheads)
+    plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
+    if o.lora is not None:
+        from mlsysim_core.finetune import lora_option
+        plan = lora_option(plan, o.lora)
+    if cf is not None:
+        if not plan.model.is_sparse:
+            raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
+                                    f"{plan.model.name!r} has no experts")
+        plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
+    plan = layout_options(plan)
+    if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
+        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
+    return plan
+
+
+def _runtime_overheads(value, RuntimeOverheads):
+    if value is None or value is True:
+        return RuntimeOverheads()
+    if value is False:
+        return None
+    if isinstance(value, RuntimeOverheads):
+        return value
+    if isinstance(value, Mapping):
+        from mlsysim_core.serialization import structure_options
+        return structure_options("runtime_overheads", "runtime_overheads", RuntimeOverheads, dict(value))
+    raise InvalidInputTypeError("runtime_overheads", value, "a RuntimeOverheads, a dict of its fields, True or False")
