@@ -301,6 +301,29 @@ class PluginManager(pluggy.PluginManager):
         """Implementations of a hook, sorted by plugin name (never pluggy's order)."""
         return sorted(getattr(self.hook, hook_name).get_hookimpls(), key=lambda i: i.plugin_name)
 
+    def _claims(self, hook_name: str, spec_type: type, broken: dict) -> dict[str, list]:
+        """name -> [(item, provider)] of one registration hook; a plugin whose hook fails
+        or returns something else is set aside in ``broken``."""
+        claims = defaultdict(list)
+        for impl in self._impls(hook_name):
+            info = self.info(impl.plugin_name)
+            if info.name in broken:
+                continue
+            try:
+                items = _call_registration(impl, info, hook_name)
+                for item in items:
+                    if not isinstance(item, spec_type) or not isinstance(getattr(item, "name", None), str):
+                        raise PluginContractError(
+                            f"{info.describe()} hook {hook_name} returned {type(item).__name__} {item!r}; "
+                            f"expected {spec_type.__name__ if spec_type is not object else 'a named spec'}",
+                            plugin=info.name, source=info.source, hook=hook_name)
+            except PluginError as err:
+                broken[info.name] = _with_workaround(err, self._workaround(info.name))
+                continue
+            for item in items:
+                claims[item.name].append((item, info))
+        return claims
+
     def _workaround(self, name: str) -> str:
         """How to run without a plugin (only entry-point plugins can be blocked)."""
         return f". To run without it, {_block_hint(name)}" if name in self._entry_point_names else ""
@@ -308,25 +331,17 @@ class PluginManager(pluggy.PluginManager):
     def _build_registry(self) -> Registry:
         broken: dict[str, PluginError] = {}
         claims_by_kind: dict[str, dict[str, list]] = {}
+        registrations = dict(_REGISTRATION)
         for hook_name, (kind, spec_type) in _REGISTRATION.items():
-            claims = claims_by_kind[kind] = defaultdict(list)
-            for impl in self._impls(hook_name):
-                info = self.info(impl.plugin_name)
-                if info.name in broken:
-                    continue
-                try:
-                    items = _call_registration(impl, info, hook_name)
-                    for item in items:
-                        if not isinstance(item, spec_type):
-                            raise PluginContractError(
-                                f"{info.describe()} hook {hook_name} returned "
-                                f"{type(item).__name__} {item!r}; expected {spec_type.__name__}",
-                                plugin=info.name, source=info.source, hook=hook_name)
-                except PluginError as err:
-                    broken[info.name] = _with_workaround(err, self._workaround(info.name))
-                    continue
-                for item in items:
-                    claims[item.name].append((item, info))
+            claims_by_kind[kind] = self._claims(hook_name, spec_type, broken)
+        # A profile's own registration hooks (added with mlsysim_addhooks): named items, each
+        # kept under the hook's name, with the same rules for conflicts.
+        for hook_name in sorted({h for items in claims_by_kind[PROFILE].values() for spec, _ in items
+                                 for h in spec.registration_hooks}):
+            if not hasattr(self.hook, hook_name):
+                continue      # its plugin is blocked or broken: the profile says what is missing
+            registrations[hook_name] = (hook_name, object)
+            claims_by_kind[hook_name] = self._claims(hook_name, object, broken)
 
         # Two plugins claiming one name: every third-party claimant is set aside (a built-in
         # keeps its name); the error names all of them.
@@ -337,10 +352,10 @@ class PluginManager(pluggy.PluginManager):
                     continue
                 who = ", ".join(i.describe() for _, i in entries)
                 third = [i for _, i in entries if not _is_own(i)] or [i for _, i in entries]
-                hook_name = next(h for h, (k, _) in _REGISTRATION.items() if k == kind)
+                hook_name = next(h for h, (k, _) in registrations.items() if k == kind)
                 err = PluginConflictError(
-                    f"{kind} '{name}' is provided by more than one plugin: {who}. "
-                    f"Uninstall one, or block one with {_conflict_hint(third)}",
+                    f"{kind.replace('mlsysim_', '').replace('_', ' ')} '{name}' is provided by more than one "
+                    f"plugin: {who}. Uninstall one, or block one with {_conflict_hint(third)}",
                     plugin=entries[1][1].name, source=entries[1][1].source, hook=hook_name)
                 for i in third:
                     broken.setdefault(i.name, err)
@@ -378,10 +393,11 @@ class PluginManager(pluggy.PluginManager):
                                                                      key=lambda pair: pair[0])
                    if plugin is not None}   # blocked names are registered as None
         rules_by_axis = {axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis} for axis in AXES}
+        extensions = {kind: table for kind, table in tables.items() if kind.startswith("mlsysim_")}
         return Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE],
                         providers=providers, component_impls=component_impls, plugins=plugins,
-                        rules_by_axis=rules_by_axis, broken=broken)
+                        rules_by_axis=rules_by_axis, broken=broken, extensions=extensions)
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:

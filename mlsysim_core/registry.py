@@ -61,6 +61,9 @@ class Registry:
     # Plugins set aside because their registration failed (PluginManager.survey() only;
     # the registry a solve uses has none): plugin name -> the PluginError, as raised.
     broken: Mapping[str, Exception] = attrs.field(factory=dict)
+    # What the profiles' own registration hooks registered: hook name -> {item name: item}
+    # (their providers are in ``providers`` under (hook name, item name)).
+    extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
         return self.rules_by_axis.get(axis, {})

@@ -363,7 +363,7 @@ def _profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> 
     options = _call(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
     plan = attrs.evolve(plan, profile_options=options)
     if spec.prepare is not None:
-        plan = _call(info, "prepare", "mlsysim_profiles", spec.prepare, plan)
+        plan = _call(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry.extensions)
         if type(plan) is not TrainingPlan:
             raise PluginContractError(f"{info.describe()} profile '{spec.name}' prepare returned "
                                       f"{type(plan).__name__}; expected TrainingPlan",

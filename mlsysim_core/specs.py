@@ -210,10 +210,17 @@ class ProfileSpec:
     file. The solver builds it from the given keywords; ``plan.profile_options`` holds it.
 
     .. versionadded:: plugin API 2.0"""
+    registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    """The profile's own registration hooks (added with ``mlsysim_addhooks``): each returns
+    named items (architecture families, regimes, ...), collected once into
+    ``registry.extensions[hook]`` with the same conflict rules as specs.
+
+    .. versionadded:: plugin API 2.0"""
     prepare: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
-    """``prepare(plan) -> plan``: check the options against the model and complete them
-    (``attrs.evolve(plan, profile_options=..., notes=...)``); raise ``NotModelledError`` for
-    what the profile cannot describe. ``None``: the plan as checked.
+    """``prepare(plan, extensions) -> plan``: check the options against the model and
+    complete them (``attrs.evolve(plan, profile_options=..., notes=...)``), choosing among
+    ``extensions`` (``registry.extensions``); raise ``NotModelledError`` for what the
+    profile cannot describe. ``None``: the plan as checked.
 
     .. versionadded:: plugin API 2.0"""
     ranks: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))

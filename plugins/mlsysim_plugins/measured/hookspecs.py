@@ -1,0 +1,53 @@
+"""The measured profile's own hooks: what varies between runs it can describe.
+
+Added to the plugin manager by the measured profile (``mlsysim_addhooks``); implement them
+with ``mlsysim_core.hookimpl`` in any plugin, built-in or pip-installed. Each returns named
+items, collected once per process into ``registry.extensions[<hook name>]``. Two plugins
+registering the same name is an error naming both, with the way to block one.
+
+Which item a solve uses is decided by the item itself, never by the physics code:
+an architecture family ``claims`` the model, a regime and a kernel and a schedule are
+named by the user (``regime=``, ``attention=``, ``pipeline_schedule=``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .families import ArchitectureFamily
+    from .kernels import AttentionKernel
+    from .regimes import Regime
+    from .schedules import PipelineSchedule
+
+_hookspec = pluggy.HookspecMarker("mlsysim")
+
+
+@_hookspec
+def mlsysim_measured_architectures() -> Iterable[ArchitectureFamily]:
+    """Architecture families: the parts of a decoder layer with their bytes, how each part
+    splits under tensor/sequence/context/expert parallelism, what selective recompute
+    drops, the parameter tensors, and which models the family describes (``claims``)."""
+
+
+@_hookspec
+def mlsysim_measured_regimes() -> Iterable[Regime]:
+    """Training regimes: the bytes of weights, gradients, master copy, optimizer state,
+    matmul outputs and the residual stream (``regime=`` selects one by name)."""
+
+
+@_hookspec
+def mlsysim_measured_attention_kernels() -> Iterable[AttentionKernel]:
+    """Attention kernels: what one layer's attention saves for backward (``attention=``)."""
+
+
+@_hookspec
+def mlsysim_measured_pipeline_schedules() -> Iterable[PipelineSchedule]:
+    """Pipeline schedules: how many micro-batches each stage holds at its peak
+    (``pipeline_schedule=``)."""
+
+
+HOOKS = ("mlsysim_measured_architectures", "mlsysim_measured_regimes", "mlsysim_measured_attention_kernels",
+         "mlsysim_measured_pipeline_schedules")
