@@ -50,7 +50,7 @@ class MeasuredOptions:
                                        kind=float)
 
 
-def prepare(plan):
+def prepare(plan, extensions):
     """The plan with its measured options checked and completed (``ProfileSpec.prepare``)."""
     from .model import RuntimeOverheads
     from .optimizers import IMPLEMENTATIONS
