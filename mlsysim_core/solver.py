@@ -345,12 +345,11 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
 def _profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> TrainingPlan:
     """The plan with the profile's own options: built from the keywords given (an unknown one
     is an error naming it), then checked against the model by the profile's ``prepare``."""
-    known = attrs.fields_dict(spec.options_type) if spec.options_type is not None else {}
+    known = options_fields(spec)
     for name, value in given.items():
         if name in known:
             continue
-        owners = sorted(p.name for p in registry.profiles.values()
-                        if p.options_type is not None and name in attrs.fields_dict(p.options_type))
+        owners = sorted(p.name for p in registry.profiles.values() if name in options_fields(p))
         if owners:
             raise InvalidInputError(name, value, f"None under a {spec.grade}-grade profile",
                                     f"profile {plan.profile!r} ignores it; use profile={owners[0]!r}")
@@ -369,6 +368,14 @@ def _profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> 
                                       f"{type(plan).__name__}; expected TrainingPlan",
                                       plugin=info.name, source=info.source, hook="prepare")
     return plan
+
+
+def options_fields(spec) -> dict[str, attrs.Attribute]:
+    """A profile's options that users give (keywords of solve, CLI flags, scenario fields):
+    the fields of its ``options_type``, but those marked ``metadata={"internal": True}``."""
+    if spec.options_type is None:
+        return {}
+    return {f.name: f for f in attrs.fields(spec.options_type) if not f.metadata.get("internal")}
 
 
 # --- 2. select -----------------------------------------------------------------------------

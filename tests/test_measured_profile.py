@@ -162,7 +162,7 @@ def test_new_optimizers_measured_state(solver):
 
 
 def test_errors_name_the_parameter(solver):
-    with pytest.raises(InvalidInputError, match="regime='fp8' is not allowed: one of fp32, amp-bf16"):
+    with pytest.raises(InvalidInputError, match="regime='fp8' is not allowed: one of amp-bf16, amp-fp16, bf16, fp16, fp32, fsdp-bf16"):
         solve(solver, regime="fp8")
     with pytest.raises(InvalidInputError, match="optimizer_impl='apex'"):
         solve(solver, optimizer_impl="apex")

@@ -8,4 +8,6 @@ the package is the physics they share, imported on a measured solve's first use.
 
 PLUGIN_MODULES = {
     "measured_profile": "profile",
+    "measured_regimes": "regimes",
+    "measured_schedules": "schedules",
 }

@@ -48,6 +48,15 @@ class MeasuredOptions:
                            "optimizer+gradients+parameters, or {name: cpu|nvme}", "WHAT")
     moe_capacity_factor: Any = _option("experts' capacity factor (token dropping; default dropless)", "CF",
                                        kind=float)
+    # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
+    architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
+    attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
+
+
+REGIMES_HOOK = "mlsysim_measured_regimes"
+KERNELS_HOOK = "mlsysim_measured_attention_kernels"
+SCHEDULES_HOOK = "mlsysim_measured_pipeline_schedules"
+ARCHITECTURES_HOOK = "mlsysim_measured_architectures"
 
 
 def prepare(plan, extensions):
@@ -58,10 +67,12 @@ def prepare(plan, extensions):
     from .regimes import regime_for
     from .shapes import ModelShape, approximation_notes, parameter_check, sequence_check
     o = plan.profile_options
-    chosen = regime_for(o.regime, "fp32") if o.regime is not None else None     # the name, before the model
+    regimes, schedules = (_registered(extensions, hook) for hook in (REGIMES_HOOK, SCHEDULES_HOOK))
+    kernels = extensions.get(KERNELS_HOOK) or {"sdpa": None, "eager": None}   # TODO: kernels.py registers them
+    chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    IMPLEMENTATIONS)
-    kernel = "sdpa" if o.attention is None else _checks.name("attention", o.attention, ("sdpa", "eager"))
+    kernel = "sdpa" if o.attention is None else _checks.name("attention", o.attention, kernels)
     p = 0.0 if o.dropout is None else _checks.fraction("dropout", o.dropout)
     if p >= 1.0:
         raise InvalidInputError("dropout", o.dropout, "a probability in [0.0, 1.0)")
@@ -80,7 +91,7 @@ def prepare(plan, extensions):
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6):
         raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
                else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
-    check_option_values(o.pipeline_schedule, o.virtual_stages, o.offload)
+    check_option_values(o.pipeline_schedule, o.virtual_stages, o.offload, schedules)
     # Then what the profile can describe, and what it approximates.
     if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
         raise NotModelledError(
@@ -93,8 +104,9 @@ def prepare(plan, extensions):
     notes += approximation_notes(plan.model)    # what is costed as something else: said, never silent
     if plan.model.context_length is not None or plan.seq_len > 1024:
         notes += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
-    o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision), optimizer_impl=impl, attention=kernel,
-                     dropout=p, checkpointed_layers=blocks, runtime_overheads=overheads)
+    o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
+                     attention=kernel, attention_kernel=kernels[kernel], dropout=p, checkpointed_layers=blocks,
+                     runtime_overheads=overheads)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     if o.lora is not None:
         from mlsysim_core.finetune import lora_option
@@ -104,7 +116,7 @@ def prepare(plan, extensions):
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
         plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
-    plan = layout_options(plan)
+    plan = layout_options(plan, schedules)
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan
@@ -121,3 +133,13 @@ def _runtime_overheads(value, RuntimeOverheads):
         from mlsysim_core.serialization import structure_options
         return structure_options("runtime_overheads", "runtime_overheads", RuntimeOverheads, dict(value))
     raise InvalidInputTypeError("runtime_overheads", value, "a RuntimeOverheads, a dict of its fields, True or False")
+
+
+def _registered(extensions, hook: str) -> Mapping[str, Any]:
+    """The items registered through one of the profile's hooks (every plugin's, built-ins
+    included, as the registry collected them)."""
+    items = extensions.get(hook)
+    if not items:
+        raise NotModelledError("profile", "measured", f"a plugin that implements {hook}",
+                               f"no installed plugin registers any (is the built-in plugin blocked?)")
+    return items

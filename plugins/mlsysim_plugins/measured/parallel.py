@@ -18,24 +18,27 @@ from mlsysim_core import _checks
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, LayoutError
 from ._cache import cached_terms
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2")
 OFFLOADABLE = ("optimizer", "gradients", "parameters")
 OFFLOAD_TARGETS = ("cpu", "nvme")
 
 
-def layout_options(plan):
-    """The plan with the parallel-layout options of a measured-grade solve checked and with defaults."""
+def layout_options(plan, schedules=None):
+    """The plan with the parallel-layout options of a measured-grade solve checked and with
+    defaults; ``pipeline_schedule`` becomes the registered ``PipelineSchedule``."""
+    from .schedules import SCHEDULES
+    schedules = schedules or SCHEDULES
     o = plan.profile_options
     pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload = (
         o.pipeline_schedule, o.virtual_stages, o.expert_tp_size, o.stage_layers, o.offload)
-    schedule = "1f1b" if pipeline_schedule is None else _checks.name("pipeline_schedule", pipeline_schedule,
-                                                                     SCHEDULES)
+    schedule = schedules[_checks.name("pipeline_schedule", "1f1b" if pipeline_schedule is None else pipeline_schedule,
+                                      schedules)]
     v = 1 if virtual_stages is None else _checks.count("virtual_stages", virtual_stages)
-    if v > 1 and schedule != "interleaved-1f1b":
-        raise InvalidInputError("virtual_stages", virtual_stages, "1 unless pipeline_schedule='interleaved-1f1b'",
-                                f"pipeline_schedule={schedule!r}")
-    if schedule == "interleaved-1f1b" and virtual_stages is None:
-        v = 2
+    if v > 1 and not schedule.chunked:
+        chunked = ", ".join(repr(name) for name, s in schedules.items() if s.chunked)
+        raise InvalidInputError("virtual_stages", virtual_stages, f"1 unless pipeline_schedule is {chunked}",
+                                f"pipeline_schedule={schedule.name!r}")
+    if virtual_stages is None:
+        v = schedule.virtual_stages
     heads = plan.model.heads
     if heads and plan.tp_size > 1:
         _check_tp_heads(plan.tp_size, heads, plan.model.kv_heads or heads)
@@ -72,7 +75,7 @@ def layout_options(plan):
             raise LayoutError("virtual_stages", virtual_stages,
                               f"at most {layers // p} model chunks per stage (the model's {layers} layers "
                               f"/ pp_size={p})", "every chunk needs at least one layer")
-        raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule}'s default "
+        raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule.name}'s default "
                           f"{v} model chunks per stage, or set virtual_stages",
                           f"{layers} layers in {p} x {v} chunks")
     return attrs.evolve(plan, profile_options=attrs.evolve(o, pipeline_schedule=schedule, virtual_stages=v,
@@ -126,12 +129,13 @@ _OFFLOAD_FORMS = ("'optimizer', 'optimizer+gradients', 'optimizer+gradients+para
                   "{name: 'cpu'|'nvme'}, or None for none")
 
 
-def check_option_values(pipeline_schedule, virtual_stages, offload) -> None:
+def check_option_values(pipeline_schedule, virtual_stages, offload, schedules=None) -> None:
     """The layout options' own values (names, counts, offload targets), before anything
     about the model is asked: a bad value is an error even where the profile then finds it
     cannot describe the run."""
     if pipeline_schedule is not None:
-        _checks.name("pipeline_schedule", pipeline_schedule, SCHEDULES)
+        from .schedules import SCHEDULES
+        _checks.name("pipeline_schedule", pipeline_schedule, schedules or SCHEDULES)
     if virtual_stages is not None:
         _checks.count("virtual_stages", virtual_stages)
     _offload(offload)
@@ -235,28 +239,15 @@ def stage_layer_counts(plan) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def in_flight(schedule: str, p: int, stage: int, m: int, v: int = 1) -> float:
-    """Micro-batches whose activations stage ``stage`` (0-based) of ``p`` holds at its peak,
-    with ``m`` micro-batches per iteration, in units of the stage's layer stack.
-
-    * GPipe: all m forwards run before the first backward;
-    * 1F1B (PipeDream-Flush, Megatron) and zero-bubble ZB-H1: min(p - stage, m);
-    * interleaved 1F1B with v chunks per rank (Megatron-Core's warm-up): the stage runs
-      2(p - stage - 1) + (v - 1)p + 1 chunk forwards before its first backward, each a
-      v-th of its layers: stage 0 holds p(1 + (p-1)/(pv)) micro-batches' worth
-      (Korthikanti et al. 2022, §4.2.3);
-    * ZB-H2 (Qi et al. 2023): 2(p - stage) - 1, twice 1F1B's peak for the bubble it removes.
-    """
+def in_flight(schedule, p: int, stage: int, m: int, v: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``p`` holds at its peak
+    (``schedule``: a ``PipelineSchedule``, or a built-in one's name)."""
     if p == 1:
         return 1
-    if schedule == "gpipe":
-        return m
-    if schedule in ("1f1b", "zb-h1"):
-        return min(p - stage, m)
-    if schedule == "zb-h2":
-        return min(2 * (p - stage) - 1, m)
-    chunks = 2 * (p - stage - 1) + (v - 1) * p + 1
-    return min(chunks, m * v) / v
+    if isinstance(schedule, str):
+        from .schedules import SCHEDULES
+        schedule = SCHEDULES[schedule]
+    return schedule.in_flight(p, stage, m, v)
 
 
 def rank_classes(plan) -> tuple[RankClass, ...]:

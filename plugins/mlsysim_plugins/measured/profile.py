@@ -10,6 +10,7 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 
 from mlsysim_core import ProfileSpec, hookimpl
 from .._lazy import lazy_module
+from . import hookspecs
 from .options import MeasuredOptions, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
@@ -21,11 +22,17 @@ def _recomputes(plan) -> bool:
 
 
 @hookimpl
+def mlsysim_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
 def mlsysim_profiles():
     return [ProfileSpec(name="measured", grade="measured", combine="peak",
                         description="architecture-aware, peak over the phases of an iteration; validated "
                                     "against PyTorch's MemTracker",
                         component_plugins=("measured_profile",), options_type=MeasuredOptions,
+                        registration_hooks=hookspecs.HOOKS,
                         prepare=prepare, ranks=_ranks, relocate=_offload)]
 
 

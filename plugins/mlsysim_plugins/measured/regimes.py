@@ -11,6 +11,7 @@ from typing import Mapping
 
 import attrs
 
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
@@ -71,22 +72,54 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
 DEFAULT_FOR_PRECISION = {"fp32": "fp32", "tf32": "fp32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
 
 
-def regime_for(regime, precision: str) -> Regime:
-    """The regime named ``regime``, or the default for ``precision`` when it is None."""
+def regime_for(regime, precision: str, regimes: Mapping[str, Regime] = REGIMES) -> Regime:
+    """The regime named ``regime`` among ``regimes`` (the registered ones), or the default for
+    ``precision`` when it is None; a ``Regime`` object is checked, not trusted."""
     if regime is None:
         name = DEFAULT_FOR_PRECISION.get(precision)
-        if name is None:
+        if name is None or name not in regimes:
             raise NotModelledError(
                 "precision", precision,
                 f"one of {', '.join(DEFAULT_FOR_PRECISION)} for the measured profile, or name a regime "
-                f"with regime= ({', '.join(REGIMES)})",
+                f"with regime= ({', '.join(regimes)})",
                 "8- and 4-bit training regimes are not modelled yet")
-        return REGIMES[name]
+        return regimes[name]
     if isinstance(regime, Regime):
-        return regime
+        return check_modelled(regime)
     if not isinstance(regime, str):
-        raise InvalidInputTypeError("regime", regime, f"one of {', '.join(REGIMES)}")
+        raise InvalidInputTypeError("regime", regime, f"one of {', '.join(regimes)}")
     key = regime.strip().lower()
-    if key not in REGIMES:
-        raise InvalidInputError("regime", regime, f"one of {', '.join(REGIMES)}")
-    return REGIMES[key]
+    if key not in regimes:
+        raise InvalidInputError("regime", regime, f"one of {', '.join(regimes)}")
+    return check_modelled(regimes[key])
+
+
+# The dtype layouts the activation formulas describe: (compute, residual, autocast).
+MODELLED_LAYOUTS = {(4, 4, False): "fp32", (2, 4, True): "autocast", (2, 2, False): "16-bit"}
+
+
+def check_modelled(regime: Regime) -> Regime:
+    """A regime (built-in, registered by a plugin or built by hand) whose activations the
+    profile can describe: 16- or 32-bit matmul outputs and residual stream, autocast only
+    over an fp32 residual stream. Anything else (8-bit compute, say) is refused by name,
+    never costed as the nearest known layout."""
+    layout = (regime.compute, regime.residual, regime.autocast)
+    if layout not in MODELLED_LAYOUTS:
+        raise NotModelledError(
+            "regime", regime.name,
+            "a regime whose compute and residual bytes and autocast are one of: "
+            + "; ".join(f"compute={c} B, residual={r} B, autocast={a} ({what})"
+                        for (c, r, a), what in MODELLED_LAYOUTS.items()),
+            f"regime {regime.name!r} has compute={regime.compute} B, residual={regime.residual} B, "
+            f"autocast={regime.autocast}: its activations are not modelled")
+    for field in ("weight", "gradient", "master", "state", "main_grad"):
+        value = getattr(regime, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 8:
+            raise NotModelledError("regime", regime.name, f"{field} in bytes per element, 0 to 8",
+                                   f"regime {regime.name!r} has {field}={value!r}")
+    return regime
+
+
+@hookimpl
+def mlsysim_measured_regimes():
+    return list(REGIMES.values())
