@@ -6,6 +6,10 @@ from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
+from ._lazy import lazy_module
+
+buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
+
 # The reference's note ends "; routing imbalance is modeled separately by MoERoutingModel.",
 # a class of mlsysim that this package does not have: that clause is left out.
 MOE_NOTE = "MoE memory approximation: total expert parameters are evenly sharded by expert parallelism."
@@ -26,7 +30,12 @@ def effect(e):
     return ShardingEffect(parameter_shards=e, notes=(MOE_NOTE,) if e > 1 else ())
 
 
+def all_to_all(plan, placement, options):
+    """Measured grade: the experts' dispatch and combine buffers."""
+    return buffers.expert_all_to_all(plan, placement)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply,
+    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, measured_buffer_terms=all_to_all,
                              description="parameters / ep (mixture-of-experts models only)")]

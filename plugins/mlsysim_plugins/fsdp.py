@@ -5,7 +5,7 @@ gathered parameters stay from the forward to the backward) and ``hsdp`` (HYBRID_
 FULL_SHARD inside a shard group of ``shard_group_size`` ranks, replicated across groups).
 
 The shards are the same as ZeRO's; what differs is what is gathered when. The measured
-profile prices that (``mlsysim_core.measured.parallel.buffer_terms``): one layer's
+profile prices that (each rule's ``measured_buffer_terms``): one layer's
 all-gathered parameters and its prefetched successor, the reduce-scatter input, the
 unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
 """
@@ -15,6 +15,10 @@ import attrs
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
+
+from ._lazy import lazy_module
+
+buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 
 
 @attrs.frozen(kw_only=True)
@@ -61,14 +65,26 @@ def hybrid(plan, options):
     return effect(shard_group(plan, options), "HYBRID_SHARD")
 
 
+def full_shard_buffers(plan, placement, options):
+    """Measured grade: the root group stays gathered; each layer is gathered and its
+    gradients reduce-scattered, one at a time."""
+    return buffers.fsdp_root(plan, placement) + buffers.layer_gather(plan, placement)
+
+
+def grad_op_buffers(plan, placement, options):
+    """Measured grade: every gathered layer stays from its forward to its backward."""
+    return buffers.kept_unsharded(plan, placement)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [
-        ShardingRuleSpec(name="fsdp", axis="dp", apply=full,
+        ShardingRuleSpec(name="fsdp", axis="dp", apply=full, measured_buffer_terms=full_shard_buffers,
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
-        ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
+        ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op, measured_buffer_terms=grad_op_buffers,
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
+                         measured_buffer_terms=full_shard_buffers,
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

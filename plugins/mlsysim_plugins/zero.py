@@ -8,6 +8,10 @@ from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
+from ._lazy import lazy_module
+
+buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
+
 WHAT = {0: "nothing sharded (plain data parallelism)", 1: "optimizer state / dp",
         2: "optimizer state and gradients / dp", 3: "optimizer state, gradients and weights / dp"}
 
@@ -26,7 +30,21 @@ def make_apply(stage):
     return apply
 
 
+def ddp_buffers(plan, placement, options):
+    """Measured grade, plain data parallelism: PyTorch DDP's gradient buckets."""
+    return buffers.ddp_buckets(plan, placement)
+
+
+def zero3_buffers(plan, placement, options):
+    """Measured grade, ZeRO-3: one layer gathered at a time, its gradients reduce-scattered."""
+    return buffers.layer_gather(plan, placement)
+
+
+MEASURED_BUFFERS = {0: ddp_buffers, 3: zero3_buffers}
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
-                             description=f"ZeRO-{stage}: {WHAT[stage]}") for stage in range(4)]
+                             description=f"ZeRO-{stage}: {WHAT[stage]}",
+                             measured_buffer_terms=MEASURED_BUFFERS.get(stage)) for stage in range(4)]

@@ -15,6 +15,7 @@ from .options import MeasuredOptions, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 parallel = lazy_module(globals(), "parallel", "mlsysim_plugins.measured.parallel")
+buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 
 
 def _recomputes(plan) -> bool:
@@ -71,7 +72,8 @@ def mlsysim_activation_terms(plan, placement):
 
 @hookimpl
 def mlsysim_communication_buffer_terms(plan, placement, model_states):
-    return parallel.buffer_terms(plan, placement)
+    """Offload's staging buffers (the data-parallel and expert-parallel rules own theirs)."""
+    return buffers.offload_staging(plan, placement) if plan.profile_options.offload else []
 
 
 @hookimpl

@@ -1,0 +1,131 @@
+"""Communication buffers, measured grade: what a data-parallel, expert-parallel or offload
+mechanism keeps alive beside the model states, phase by phase, in the regime's dtypes.
+
+These are building blocks: a sharding rule's ``measured_buffer_terms`` (``zero``, ``fsdp``,
+``ep``, or a third party's ZeRO variant) returns the ones its mechanism has, so the buffers
+belong to the rule that causes them, never to a list of built-in rule names. Each takes
+the plan and placement the rule's callable receives.
+"""
+
+from __future__ import annotations
+
+from mlsysim_core.terms import (BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, PHASES as ALL_PHASES,
+                                MemoryTerm)
+
+from ._cache import cached_terms
+
+
+def _fmt(x) -> str:
+    return f"{x:,.0f}"
+
+
+def gathered_bytes(plan) -> int | float:
+    """Bytes of one gathered (unsharded) parameter: FSDP2's mixed precision gathers in bf16."""
+    regime = plan.profile_options.regime
+    return 2 if regime.name == "fsdp-bf16" else regime.weight
+
+
+def layer_parameters(plan) -> float:
+    """One decoder layer's matrix parameters on a rank, before data-parallel sharding."""
+    from .parallel import layer_parameters_on_rank
+    return layer_parameters_on_rank(plan)
+
+
+@cached_terms
+def ddp_buckets(plan, placement) -> list[MemoryTerm]:
+    """PyTorch DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False)."""
+    regime = plan.profile_options.regime
+    if plan.dp_size * plan.cp_size == 1 or not regime.gradient:
+        return []
+    params = placement.trainable_parameters_per_rank
+    return [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label="DDP gradient buckets", nbytes=params * regime.gradient,
+        phases=ALL_PHASES, formula=f"{_fmt(params)} params x {regime.gradient} B: PyTorch DDP copies every "
+                                   "gradient into its flat buckets (gradient_as_bucket_view=False)")]
+
+
+@cached_terms
+def layer_gather(plan, placement) -> list[MemoryTerm]:
+    """ZeRO-3 / FSDP gather one layer's parameters for its forward and backward, and
+    reduce-scatter its unsharded gradients during its backward."""
+    if placement.weight_shards == 1:
+        return []
+    return _layer_gather(plan)
+
+
+def _layer_gather(plan) -> list[MemoryTerm]:
+    regime = plan.profile_options.regime
+    layer, gathered = layer_parameters(plan), gathered_bytes(plan)
+    return [
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
+                   nbytes=layer * gathered, phases=(FORWARD, BACKWARD),
+                   formula=f"{_fmt(layer)} params of one layer x {gathered} B (one layer at a time, as PyTorch "
+                           "measures on the CPU; a GPU's prefetch can hold the next one too)"),
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="reduce-scatter input: one layer's unsharded gradients",
+                   nbytes=layer * (regime.gradient or 4), phases=(BACKWARD_END,),
+                   formula=f"{_fmt(layer)} params x {regime.gradient or 4} B (during each layer's backward)")]
+
+
+@cached_terms
+def fsdp_root(plan, placement) -> list[MemoryTerm]:
+    """fully_shard on the model: its own parameters (embedding, LM head, final norm) stay
+    gathered from the forward to the backward."""
+    if placement.weight_shards == 1:
+        return []
+    from .shapes import ModelShape
+    shape = ModelShape.of(plan.model)
+    root = shape.embedding_parameters * (1 if shape.tied else 2) / plan.tp_size + shape.hidden
+    gathered = gathered_bytes(plan)
+    return [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label="root group unsharded (embedding, LM head, final norm)",
+        nbytes=root * gathered, phases=(FORWARD, BACKWARD),
+        formula=f"{_fmt(root)} params x {gathered} B (fully_shard on the model: its own parameters stay "
+                "gathered from the forward to the backward)")]
+
+
+@cached_terms
+def kept_unsharded(plan, placement) -> list[MemoryTerm]:
+    """SHARD_GRAD_OP (reshard_after_forward=False): every gathered layer stays until its backward."""
+    if placement.weight_shards == 1:
+        return []
+    params, gathered = placement.parameters_per_rank, gathered_bytes(plan)
+    return [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
+        nbytes=params * gathered, phases=(FORWARD, BACKWARD),
+        formula=f"{_fmt(params)} params x {gathered} B (SHARD_GRAD_OP / reshard_after_forward=False: every "
+                "gathered layer stays until its backward)")]
+
+
+@cached_terms
+def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
+    """The dispatch and combine buffers of the experts' all-to-all."""
+    if plan.ep_size == 1:
+        return []
+    from .shapes import ModelShape
+    shape = ModelShape.of(plan.model)
+    o, t = plan.profile_options, plan.tp_size
+    tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
+    cf = o.moe_capacity_factor or 1.0
+    nbytes = 2 * tokens * shape.top_k * shape.hidden * o.regime.compute * cf
+    return [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
+        phases=(FORWARD, BACKWARD),
+        formula=f"2 x {_fmt(tokens)} tokens x top-k {shape.top_k} x h {shape.hidden} x {o.regime.compute} B"
+                + (f" x capacity factor {cf:g}" if cf != 1.0 else ""))]
+
+
+@cached_terms
+def offload_staging(plan, placement) -> list[MemoryTerm]:
+    """Offloaded parameters stream in one layer at a time (when no rule already gathers
+    layers: weights not sharded); offloaded gradients stream out one layer at a time."""
+    offloaded = dict(plan.profile_options.offload)
+    terms = []
+    if "parameters" in offloaded and placement.weight_shards == 1:
+        terms += _layer_gather(plan)
+    if "gradients" in offloaded:
+        regime, layer = plan.profile_options.regime, layer_parameters(plan)
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="gradient offload staging (one layer)",
+            nbytes=layer * (regime.gradient or 4), phases=(BACKWARD, BACKWARD_END),
+            formula=f"{_fmt(layer)} params x {regime.gradient or 4} B copied to the host as they are produced"))
+    return terms
