@@ -464,7 +464,7 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
     layers_per_stage = layers_rule = None
     buffers, notes = [], {}
-    for axis, name, info, apply, takes_split, _ in selection.rules:
+    for axis, name, info, apply, takes_split, measured_buffers in selection.rules:
         option = plan.options.get(name)
         where = f"sharding rule '{name}' apply"
         if takes_split:
@@ -487,7 +487,7 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
                     f"'{layers_rule}' rule already set", plugin=info.name, source=info.source, hook="apply")
             layers_rule = name
             layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
-        if effect.buffer_terms:
+        if effect.buffer_terms and measured_buffers is None:    # (a rule's measured buffers replace them)
             buffers += _checked(info, where, "apply", effect.buffer_terms, COMMUNICATION_BUFFERS)
         if effect.notes:
             notes[axis] = effect.notes

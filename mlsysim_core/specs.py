@@ -176,7 +176,9 @@ class ShardingRuleSpec:
         default=None, validator=attrs.validators.optional(_callable))
     """``(plan, placement, options) -> terms``, for measured-grade profiles: the rule's own
     communication buffers (gathers, reduce-scatters, buckets), with their phases, in the
-    regime's dtypes. ``None``: the rule adds no buffers beyond its effect's.
+    regime's dtypes. Under a measured-grade profile they replace the effect's
+    ``buffer_terms`` (a reference-grade estimate of the same buffers). ``None``: the
+    effect's ``buffer_terms`` are the rule's buffers under every profile.
 
     .. versionadded:: plugin API 2.0"""
 
