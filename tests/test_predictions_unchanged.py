@@ -1,0 +1,98 @@
+"""The numbers are those of commit 98d9a2c (the commit that closed issue 13), exactly.
+
+tests/data/predictions_issue13.json.gz was written by tools/snapshot_predictions.py with the
+package of that commit (a worktree installed in a scratch venv; how: the tool's docstring):
+every run of the validation data (validation/measurements.json, lora_measurements.json,
+parallel/measurements.json) solved as the code that owns each mapping solves it, the whole
+reference parity grid, the Korthikanti et al. reproduction, and a few hundred measured-profile
+solves spanning regimes, optimizers, checkpointing, attention, dropout, layouts, pipeline
+schedules, offload, MoE capacity and LoRA. Here every case is solved again with the current
+code and its numbers compared exactly (``repr`` of every float): totals, components, host
+memory, runtime overheads, peak phase, per-rank results, the bytes alive per tier, component
+and phase, the multiset of term sizes per component, and which cases are errors (by class).
+Term labels and sources, notes, spec names and error messages may change; numbers may not.
+
+A deliberate change of the numbers regenerates the snapshot at the new baseline (and says so
+in CHANGELOG.md); anything else that fails here is a regression.
+"""
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOT = ROOT / "tests" / "data" / "predictions_issue13.json.gz"
+SHOWN_CASES, SHOWN_FIELDS = 25, 8
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("_snapshot_predictions_tool", ROOT / "tools" / "snapshot_predictions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return _tool()
+
+
+@pytest.fixture(scope="module")
+def recorded(tool):
+    return tool.load(SNAPSHOT)
+
+
+def test_the_snapshot_is_issue_13s_commit_and_covers_every_case_family(recorded):
+    assert recorded["commit"].startswith("98d9a2c")
+    groups = Counter(case_id.split("/")[0] for case_id in recorded["cases"])
+    assert groups["validation"] == groups["validation-reference"] >= 96
+    assert groups["parallel"] == groups["parallel-reference"] >= 65
+    assert groups["lora"] >= 15 and groups["parity"] >= 1500 and groups["korthikanti"] == 9
+    assert groups["extra"] >= 300
+    solved = [e for e in recorded["cases"].values() if "result" in e]
+    assert len(solved) >= 2000
+    assert sum(bool(e["result"]["ranks"]) for e in solved) >= 200     # parallel layouts: per-rank results
+
+
+def test_predictions_unchanged(tool, recorded):
+    """Every recorded case's numbers, recomputed now, exactly (every case: the whole run takes seconds)."""
+    current = tool.snapshot(ROOT)
+    diffs = tool.differences(recorded["cases"], current)
+    if not diffs:
+        return
+    by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)
+    lines = [f"{len(diffs)} of {len(recorded['cases'])} cases differ from commit 98d9a2c "
+             f"({', '.join(f'{g}: {n}' for g, n in sorted(by_group.items()))}); the first {SHOWN_CASES}:"]
+    for case_id, params, fields in diffs[:SHOWN_CASES]:
+        lines.append(case_id if case_id.startswith("extra/") else f"{case_id} {json.dumps(params, sort_keys=True)}")
+        lines += [f"    {field}" for field in fields[:SHOWN_FIELDS]]
+        if len(fields) > SHOWN_FIELDS:
+            lines.append(f"    ... and {len(fields) - SHOWN_FIELDS} more fields")
+    lines.append("(all of them: python tools/snapshot_predictions.py --compare tests/data/predictions_issue13.json.gz)")
+    pytest.fail("\n".join(lines), pytrace=False)
+
+
+def test_differences_are_found(tool, recorded):
+    """The comparison itself: a relabelled term is no difference; a term one byte larger, or an
+    error that now solves, is."""
+    cases = recorded["cases"]
+    ranked = next(k for k, e in cases.items() if k.startswith("extra/") and e.get("result", {}).get("ranks"))
+    failed = next(k for k, e in cases.items() if "error" in e)
+    old = {k: cases[k] for k in (ranked, failed)}
+    relabelled = json.loads(json.dumps(old))
+    for term in relabelled[ranked]["result"]["terms"] + relabelled[ranked]["result"]["ranks"][-1]["terms"]:
+        term[1] = "a new label"
+    assert tool.differences(old, relabelled) == []
+    changed = json.loads(json.dumps(relabelled))
+    term = changed[ranked]["result"]["ranks"][-1]["terms"][0]
+    term[2] = repr(float(term[2]) + 1)
+    changed[failed] = {"params": changed[failed]["params"], "result": cases[ranked]["result"]}
+    diffs = {case_id: fields for case_id, _, fields in tool.differences(old, changed)}
+    assert set(diffs) == {ranked, failed}
+    assert diffs[failed] == [f"outcome: {old[failed]['error']:.400} -> solved"]
+    assert [f for f in diffs[ranked] if f.startswith("ranks[") and "term_nbytes" in f and "(delta +1" in f], diffs[ranked]
+    assert tool.differences(old, {ranked: old[ranked]}) == [(failed, old[failed]["params"],
+                                                             ["case missing from the current cases"])]
