@@ -1,7 +1,9 @@
 """Bytes one transformer decoder layer keeps alive after its forward, during training.
 
 Closed forms for Hugging Face decoder layers (transformers 5.23, torch 2.13, CPU kernels), derived
-op by op from what autograd saves for backward. ``layer_forward_bytes`` returns them as ``LayerBytes``:
+op by op from what autograd saves for backward. Each architecture family (``families.py``) has its
+own layer walker here (``llama_layer``, ``gpt2_layer``, ``mixtral_layer``); the attention's part comes
+from the attention kernel (``kernels.py``). ``layer_forward_bytes`` returns them as ``LayerBytes``:
 
 * ``saved``  -- what the layer's autograd graph keeps for backward, *excluding* the layer's input
   (the previous layer's output) and AMP's cached bf16 weight copies (see ``amp_weight_copies``);
@@ -11,7 +13,9 @@ op by op from what autograd saves for backward. ``layer_forward_bytes`` returns 
 
 ``saved + output`` (+ ``amp_weight_copies`` under AMP) is the growth of live memory across the
 layer's forward, which is what ``validation/measurements.json`` records per decoder layer as
-``layer_forward_retained_bytes``.
+``layer_forward_retained_bytes``. Its ``parts`` are ``Part`` objects: each says how tensor
+parallelism splits it (``split``) and whether selective recompute drops it
+(``recomputed_by_selective``); the parallel and checkpointing code reads those fields, never names.
 
 Notation, per token: h hidden, a heads, d head_dim, q = a*d, kv = kv_heads*d, f MLP width,
 E experts, k experts per token; S = a*s is the number of eager attention scores per token.
@@ -78,9 +82,33 @@ from __future__ import annotations
 
 import attrs
 
-STYLES = ("llama", "gpt2", "mixtral")
 REGIMES = ("fp32", "amp-bf16", "bf16")
-ATTENTIONS = ("eager", "sdpa")
+
+# How tensor parallelism splits a saved tensor (Korthikanti et al. 2022, Table 2):
+TP = "tp"                   # inside the column/row-parallel region: / tp always
+REPLICATED = "replicated"   # the norms, the parallel linears' inputs, what follows the row-parallel
+                            # ones: replicated on every tp rank, / tp only with sequence parallelism
+EXPERTS = "experts"         # the routed experts' activations: / expert_tp
+SPLITS = (TP, REPLICATED, EXPERTS)
+
+
+def _split(instance, attribute, value):
+    if value not in SPLITS:
+        raise ValueError(f"Part.split {value!r}; expected one of {SPLITS}")
+
+
+@attrs.frozen
+class Part:
+    """A named piece of what a layer saves: its bytes (per token inside a layer walker, per
+    layer in ``LayerBytes.parts``), how tensor parallelism splits it, whether selective
+    recompute drops it (recomputed in the backward), and whether it is kept only for the
+    weight gradient of the linear that reads it (a frozen linear, under LoRA, keeps none)."""
+
+    name: str
+    nbytes: int | float
+    split: str = attrs.field(default=TP, validator=_split, kw_only=True)
+    recomputed_by_selective: bool = attrs.field(default=False, kw_only=True)
+    weight_gradient_only: bool = attrs.field(default=False, kw_only=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -88,7 +116,7 @@ class LayerBytes:
     saved: int                   # kept for backward; excludes the layer's input and AMP weight copies
     output: int                  # the layer's output tensor
     output_saved_by_next: bool   # the next layer / final norm saves this output for its backward
-    parts: tuple[tuple[str, int], ...] = ()   # named pieces of ``saved``
+    parts: tuple[Part, ...] = ()   # the pieces of ``saved``, in bytes per layer
 
     @property
     def retained(self) -> int:
@@ -96,135 +124,142 @@ class LayerBytes:
         return self.saved + self.output
 
 
-def _check(style: str, regime: str, attention: str) -> None:
-    if style not in STYLES:
-        raise ValueError(f"unknown layer style {style!r}; expected one of {STYLES}")
+class _Walk:
+    """The parts of one layer, per token (and per layer: ``constant``), as a walker adds them."""
+
+    def __init__(self):
+        self.parts: list[Part] = []
+        self.constant: list[Part] = []
+
+    def add(self, name: str, per_token, split: str = TP) -> None:
+        if per_token:
+            self.parts.append(Part(name, per_token, split=split))
+
+    def extend(self, parts) -> None:
+        self.parts.extend(p for p in parts if p.nbytes)
+
+    def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
+        per_layer = tuple(attrs.evolve(p, nbytes=p.nbytes * tokens) for p in self.parts) + tuple(self.constant)
+        return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
+                          output_saved_by_next=output_saved_by_next, parts=per_layer)
+
+
+def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                        ffn: int, regime: str, attention, dropout: bool, tokens: int, seq_len: int,
+                        experts: int = 0, top_k: int = 0) -> LayerBytes:
+    """Bytes one decoder layer keeps alive after its forward (see the module docstring).
+
+    ``family``: an ``ArchitectureFamily`` or a built-in one's name (``style`` is the same, by
+    its old name); ``attention``: an ``AttentionKernel`` or a built-in one's name."""
+    family, kernel = _resolve(family, style, attention)
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
-    if attention not in ATTENTIONS:
-        raise ValueError(f"unknown attention {attention!r}; expected one of {ATTENTIONS}")
+    if family.sparse and (experts < 1 or top_k < 1):
+        raise ValueError(f"{family.name} style needs experts >= 1 and top_k >= 1")
+    return family.layer_bytes(kernel=kernel, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                              ffn=ffn, experts=experts, top_k=top_k, regime=regime, dropout=dropout, tokens=tokens,
+                              seq_len=seq_len)
 
 
-def layer_forward_bytes(*, style: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
-                        regime: str, attention: str, dropout: bool, tokens: int, seq_len: int,
-                        experts: int = 0, top_k: int = 0) -> LayerBytes:
-    """Bytes one decoder layer keeps alive after its forward (see the module docstring)."""
-    _check(style, regime, attention)
-    if style == "mixtral" and (experts < 1 or top_k < 1):
-        raise ValueError("mixtral style needs experts >= 1 and top_k >= 1")
-    h, a, f, k, E = hidden, heads, ffn, top_k, experts
-    q = heads * head_dim
-    kv = kv_heads * head_dim
-    amp = regime == "amp-bf16"
+def _resolve(family, style, attention):
+    from .families import resolve_family
+    from .kernels import resolve
+    return resolve_family(family if family is not None else style), resolve(attention)
+
+
+# --- Hugging Face layers, family by family ----------------------------------------------------
+
+def gpt2_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
+               seq_len) -> LayerBytes:
+    """GPT-2 style: LayerNorm with bias, fused c_attn, tanh-GELU MLP, resid dropouts."""
+    h, f = hidden, ffn
     c = 4 if regime == "fp32" else 2          # compute dtype: linear / matmul outputs
     r = 2 if regime == "bf16" else 4          # residual stream
-    S = a * seq_len                           # eager attention scores per token
-
-    parts: list[tuple[str, int]] = []         # bytes per token
-    constant: list[tuple[str, int]] = []      # bytes per layer, independent of tokens
-
-    def add(name: str, per_token: int) -> None:
-        if per_token:
-            parts.append((name, per_token))
-
-    if style == "gpt2":
-        ln = 2 * (2 if regime == "bf16" else 4)      # mean + rstd
-        add("ln_1 (mean, rstd)", ln)
-        add("c_attn input (ln_1 output or its AMP cast)", c * h)
-        if attention == "sdpa" and dropout:
-            # CPU SDPA with dropout runs the math kernel in fp32: its batched matmuls save contiguous
-            # fp32 q, k, v (12h; in bf16/AMP these replace the bf16 qkv). In fp32 with batch 1, v is
-            # a view of qkv that needs no copy, so qkv (12h) is saved next to the q, k copies (8h).
-            add("q/k/v (fp32, math kernel)", 20 * h if regime == "fp32" and tokens == seq_len else 12 * h)
-            add("attention scores", 12 * S)
-            add("attention output (contiguous, c_proj input)", c * h)
-        elif attention == "sdpa":
-            add("qkv (c_attn output)", 3 * c * h)
-            add("attention output + logsumexp", c * h + 4 * a)
-        else:
-            add("qkv (c_attn output)", 3 * c * h)
-            scores = (4 if amp else c) * S            # softmax output (fp32 under AMP)
-            if dropout:
-                scores += 2 * c * S                   # noise + dropout output (saved by the matmul)
-            elif amp:
-                scores += 2 * S                       # .type(v.dtype): the bf16 copy the matmul saves
-            add("attention scores", scores)
-            add("attention output (contiguous, c_proj input)", c * h)
-        if dropout:
-            add("resid dropout noise (attention)", c * h)
-        add("mid residual (ln_2 input)", r * h)
-        add("ln_2 (mean, rstd)", ln)
-        add("c_fc input (ln_2 output or its AMP cast)", c * h)
-        add("mlp (gelu_new 4f + c_proj input f)", 5 * c * f)
-        if dropout:
-            add("resid dropout noise (mlp)", c * h)
-        output_saved_by_next = True                   # LayerNorm saves its input in every regime
-    else:
-        # RMSNorm: fp32 and bf16 save normalized x + output (bf16: + the fp32 copy of x); AMP only
-        # the fp32 normalized x (consumers save their own bf16 casts).
-        norm = {"fp32": 8 * h + 4, "bf16": 8 * h + 4, "amp-bf16": 4 * h + 4}[regime]
-        add("input norm", norm)
-        if amp:
-            add("q/k/v input casts", 3 * 2 * h)
-        if attention == "sdpa" and dropout:
-            # CPU SDPA with dropout runs the math kernel in fp32 on heads-expanded k, v.
-            add("q/k/v (fp32, math kernel)", 3 * 4 * q)
-            add("attention scores", 12 * S)       # softmax, noise, dropout output: all fp32
-            add("attention output (contiguous, o_proj input)", c * q)
-        elif attention == "sdpa":
-            add("q/k/v", c * (q + 2 * kv))
-            add("attention output + logsumexp", c * q + 4 * a)
-        else:
-            add("q/k/v (k, v repeated to all heads)", 3 * c * q)
-            scores = 4 * S                            # fp32 softmax output
-            if dropout:
-                noise = 2 if regime == "bf16" else 4  # dropout runs in query's dtype (fp32 under AMP)
-                scores += noise * S + c * S           # noise + what the matmul saves
-            elif regime != "fp32":
-                scores += 2 * S                       # bf16 copy / AMP cast saved by the matmul
-            add("attention scores", scores)
-            add("attention output (contiguous, o_proj input)", c * q)
-        add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h)
-        add("post-attention norm", norm)
-        if style == "llama":
-            if amp:
-                add("gate/up input casts", 2 * 2 * h)
-            add("mlp (gate, silu, up, product)", 4 * c * f)
-        else:
-            ce = 2 if regime == "bf16" else 4         # experts run in the weight dtype
-            add("router (input cast, probs, top-k, weights)", (2 * h if amp else 0) + 4 * E + 8 * k + 4 + 4 * k)
-            add("expert indices (perm // k, perm, inv_perm)", 3 * 8 * k)
-            add("experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f))
-            add("routing weights", 4 * k)
-            constant.append(("expert offsets", 4 * E))
-        output_saved_by_next = regime != "bf16"       # bf16: the next RMSNorm saves its fp32 copy
-
-    per_layer = tuple((name, n * tokens) for name, n in parts) + tuple(constant)
-    saved = sum(n for _, n in per_layer)
-    return LayerBytes(saved=saved, output=r * h * tokens, output_saved_by_next=output_saved_by_next,
-                      parts=per_layer)
+    w = _Walk()
+    ln = 2 * (2 if regime == "bf16" else 4)   # mean + rstd
+    w.add("ln_1 (mean, rstd)", ln, REPLICATED)
+    w.add("c_attn input (ln_1 output or its AMP cast)", c * h, REPLICATED)
+    w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=heads * head_dim,
+                       kv_dim=kv_heads * head_dim, hidden=h, seq_len=seq_len, tokens=tokens))
+    if dropout:
+        w.add("resid dropout noise (attention)", c * h, REPLICATED)
+    w.add("mid residual (ln_2 input)", r * h, REPLICATED)
+    w.add("ln_2 (mean, rstd)", ln, REPLICATED)
+    w.add("c_fc input (ln_2 output or its AMP cast)", c * h, REPLICATED)
+    w.add("mlp (gelu_new 4f + c_proj input f)", 5 * c * f)
+    if dropout:
+        w.add("resid dropout noise (mlp)", c * h, REPLICATED)
+    return w.layer(tokens, r * h * tokens, True)      # LayerNorm saves its input in every regime
 
 
-def amp_weight_copies(*, style: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+def _llama_attention(w: _Walk, attention, *, hidden, heads, kv_heads, head_dim, regime, dropout, tokens,
+                     seq_len) -> None:
+    """The input RMSNorm, attention and the post-attention RMSNorm of a Llama-style layer."""
+    h = hidden
+    amp = regime == "amp-bf16"
+    # RMSNorm: fp32 and bf16 save normalized x + output (bf16: + the fp32 copy of x); AMP only
+    # the fp32 normalized x (consumers save their own bf16 casts).
+    norm = {"fp32": 8 * h + 4, "bf16": 8 * h + 4, "amp-bf16": 4 * h + 4}[regime]
+    w.add("input norm", norm, REPLICATED)
+    if amp:
+        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
+    w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=heads * head_dim,
+                       kv_dim=kv_heads * head_dim, hidden=h, seq_len=seq_len, tokens=tokens))
+    w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
+    w.add("post-attention norm", norm, REPLICATED)
+
+
+def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
+                seq_len) -> LayerBytes:
+    """Llama style: RMSNorm, rotary, separate q/k/v/o, gated SiLU MLP."""
+    c = 4 if regime == "fp32" else 2
+    r = 2 if regime == "bf16" else 4
+    w = _Walk()
+    _llama_attention(w, attention, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
+    if regime == "amp-bf16":
+        w.add("gate/up input casts", 2 * 2 * hidden, REPLICATED)
+    w.add("mlp (gate, silu, up, product)", 4 * c * ffn)
+    return w.layer(tokens, r * hidden * tokens, regime != "bf16")   # bf16: the next RMSNorm saves its fp32 copy
+
+
+def mixtral_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
+                  seq_len) -> LayerBytes:
+    """Mixtral style: Llama attention, a sparse MoE block (experts_implementation="grouped_mm")."""
+    h, f, k, E = hidden, ffn, top_k, experts
+    r = 2 if regime == "bf16" else 4
+    w = _Walk()
+    _llama_attention(w, attention, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
+    ce = 2 if regime == "bf16" else 4         # experts run in the weight dtype
+    w.add("router (input cast, probs, top-k, weights)",
+          (2 * h if regime == "amp-bf16" else 0) + 4 * E + 8 * k + 4 + 4 * k, REPLICATED)
+    w.add("expert indices (perm // k, perm, inv_perm)", 3 * 8 * k, REPLICATED)
+    w.add("experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f), EXPERTS)
+    w.add("routing weights", 4 * k, REPLICATED)
+    w.constant.append(Part("expert offsets", 4 * E, split=REPLICATED))
+    return w.layer(tokens, r * h * tokens, regime != "bf16")
+
+
+def amp_weight_copies(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
                       experts: int = 0) -> int:
     """Bytes of the bf16 copies autocast caches for one layer's matmul weights (AMP only).
 
     Every linear's weight and bias is cast once per forward and cached while autocast is on:
     q/k/v/o and the MLP (Llama), c_attn/c_proj/c_fc/c_proj with biases (GPT-2), q/k/v/o and the
-    router (Mixtral: grouped_mm is not autocast, the expert weights are not copied).
+    router (Mixtral: grouped_mm is not autocast, the expert weights are not copied): the
+    family's layer weights marked ``autocast``.
     """
-    h, f = hidden, ffn
-    q, kv = heads * head_dim, kv_heads * head_dim
-    if style == "gpt2":
-        params = (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
-    else:
-        params = h * q + 2 * h * kv + q * h
-        params += 3 * h * f if style == "llama" else h * experts
-    return 2 * params
+    from .families import resolve_family
+    weights = resolve_family(family if family is not None else style).layer_weights(
+        hidden=hidden, q_dim=heads * head_dim, kv_dim=kv_heads * head_dim, ffn=ffn, experts=experts)
+    return 2 * sum(w.elements for w in weights if w.autocast)
 
 
-def megatron_layer_bytes(*, style: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
-                         attention: str, dropout: bool, tokens: int, seq_len: int, experts: int = 0,
+# --- Megatron-Core layers ------------------------------------------------------------------------
+
+def megatron_layer_bytes(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                         ffn: int, attention, dropout: bool, tokens: int, seq_len: int, experts: int = 0,
                          top_k: int = 0) -> LayerBytes:
     """Bytes one decoder layer saves for backward under Megatron-Core mixed precision
     (16-bit activations, 1-byte dropout masks): Korthikanti et al. 2022 §4.1, whose
@@ -232,34 +267,40 @@ def megatron_layer_bytes(*, style: str, hidden: int, heads: int, kv_heads: int, 
     kv_heads wide), gated MLPs (fc1 output 2f wide + the activation's f-wide output) and
     FlashAttention (the output and the fp32 log-sum-exp instead of the s x s scores).
 
-    Part names say which tensors tensor parallelism splits without sequence parallelism
-    (see ``parallel.TP_REPLICATED``): the norm inputs, the QKV and MLP inputs and the dropout
-    masks after the row-parallel linears are replicated; the rest lives inside the
-    column/row-parallel region."""
-    h, a, f = hidden, heads, ffn
+    Each part says how tensor parallelism splits it without sequence parallelism: the norm
+    inputs, the QKV and MLP inputs and the dropout masks after the row-parallel linears are
+    replicated; the rest lives inside the column/row-parallel region. The MLP's parts are
+    the family's (``ArchitectureFamily.megatron_mlp``), the attention's the kernel's."""
+    from .kernels import MEGATRON
+    family, kernel = _resolve(family, style, attention)
+    h, f = hidden, ffn
     q, kv = heads * head_dim, kv_heads * head_dim
-    parts: list[tuple[str, int]] = []
-
-    def add(name, per_token):
-        if per_token:
-            parts.append((name, per_token))
-
-    add("layernorm inputs", 2 * 2 * h)
-    add("qkv input", 2 * h)
-    add("q/k/v", 2 * (q + 2 * kv))
-    if attention == "eager":
-        add("attention scores", a * seq_len * (2 + (1 + 2 if dropout else 0)))   # softmax (+ mask, dropout out)
-    else:
-        add("attention logsumexp (fp32)", 4 * a)
-    add("out-proj input", 2 * q)
+    w = _Walk()
+    w.add("layernorm inputs", 2 * 2 * h, REPLICATED)
+    w.add("qkv input", 2 * h, REPLICATED)
+    w.add("q/k/v", 2 * (q + 2 * kv))
+    w.extend(kernel.saved(MEGATRON, kind="bf16", dropout=dropout, heads=heads, q_dim=q, kv_dim=kv, hidden=h,
+                          seq_len=seq_len, tokens=tokens))
+    w.add("out-proj input", 2 * q)
     if dropout:
-        add("dropout masks (attention, mlp)", 2 * h)
-    add("mlp input", 2 * h)
-    if style == "mixtral":
-        add("router (probabilities, fp32)", 4 * experts)
-        add("experts (dispatched input, fc1 output, fc2 input)", top_k * (2 * h + 6 * f))
-    else:
-        add("mlp (fc1 output, fc2 input)", (6 if style == "llama" else 4) * f)
-    per_layer = tuple((name, n * tokens) for name, n in parts)
-    return LayerBytes(saved=sum(n for _, n in per_layer), output=2 * h * tokens, output_saved_by_next=False,
-                      parts=per_layer)
+        w.add("dropout masks (attention, mlp)", 2 * h, REPLICATED)
+    w.add("mlp input", 2 * h, REPLICATED)
+    w.extend(family.megatron_mlp(hidden=h, ffn=f, experts=experts, top_k=top_k))
+    return w.layer(tokens, 2 * h * tokens, False)
+
+
+def megatron_gated_mlp(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+    """A gated MLP's fc1 output (2f) and the activation's output (f), 16-bit."""
+    return (Part("mlp (fc1 output, fc2 input)", 6 * ffn),)
+
+
+def megatron_plain_mlp(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+    """A plain MLP's fc1 output and the GELU's output, 16-bit."""
+    return (Part("mlp (fc1 output, fc2 input)", 4 * ffn),)
+
+
+def megatron_moe_mlp(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+    """The router's fp32 probabilities and, per routed copy, the dispatched input and a gated
+    expert MLP's fc1 output and activation."""
+    return (Part("router (probabilities, fp32)", 4 * experts, split=REPLICATED),
+            Part("experts (dispatched input, fc1 output, fc2 input)", top_k * (2 * hidden + 6 * ffn), split=EXPERTS))

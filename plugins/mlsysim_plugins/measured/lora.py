@@ -58,13 +58,15 @@ from __future__ import annotations
 
 import attrs
 
+from mlsysim_core.errors import NotModelledError
 from mlsysim_core.memo import memoize
 
 from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
                      MemoryTerm)
 from ._cache import cached_terms
-from .layers import layer_forward_bytes
-from .shapes import ModelShape
+from .kernels import kernel_of
+from .layers import Part
+from .shapes import shape_of
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 SAVED = (FORWARD, BACKWARD)
@@ -131,7 +133,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     cfg = plan.profile_options.lora
     base_b = base_weight_bytes(plan.profile_options.regime)
     ab = plan.profile_options.regime.weight
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     plain = c.frozen_parameters - c.quantized_parameters
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
     terms = [MemoryTerm(component=WEIGHTS, label=f"frozen base parameters ({base_b} B)", phases=ALL,
@@ -174,148 +176,170 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
 
 @attrs.frozen
 class _Layer:
-    parts: tuple            # (name, bytes per token)
+    parts: tuple            # Part objects, bytes per token
     constant: tuple         # (name, bytes per layer)
     output: int             # bytes per token of the layer's output
     output_saved: bool      # the next layer / final norm keeps it
     grad_out: bool          # the output requires grad
 
     def saved(self, tokens: int) -> int:
-        return sum(n for _, n in self.parts) * tokens + sum(n for _, n in self.constant)
+        return sum(p.nbytes for p in self.parts) * tokens + sum(n for _, n in self.constant)
 
 
-def _layer(plan, grad_in: bool) -> _Layer:
-    """One decoder layer's saved tensors under LoRA, walking which tensors require grad."""
-    shape = ModelShape.of(plan.model)
-    kind = _kind(plan.profile_options.regime)
-    amp, bf16 = kind == "amp-bf16", kind == "bf16"
-    h, f, a = shape.hidden, shape.ffn, shape.heads
-    q, kv = shape.q_dim, shape.kv_dim
-    c = 4 if kind == "fp32" else 2              # matmul outputs
-    res = 2 if bf16 else 4                      # residual stream
-    ab = plan.profile_options.regime.weight                     # adapter dtype (bytes)
-    a_c = 2 if amp else ab                      # the adapters' compute dtype
-    r = plan.profile_options.lora.rank
-    adapted = _adapted(plan)
-    parts: list = []
-    constant: list = []
+class Walk:
+    """One decoder layer's walk under LoRA: the regime's dtypes, the adapted linears, and
+    the parts saved so far. A family's ``lora_layer(walk, grad_in, attention)`` walks its
+    layer with it (``gpt2_layer``, ``llama_layer``); ``attention(grads)`` is the kernel's
+    saved parts per token given which of q, k, v require grad."""
 
-    def add(name, n):
+    def __init__(self, plan, shape):
+        kind = _kind(plan.profile_options.regime)
+        self.shape = shape
+        self.kind = kind
+        self.amp, self.bf16 = kind == "amp-bf16", kind == "bf16"
+        self.c = 4 if kind == "fp32" else 2                 # matmul outputs
+        self.res = 2 if self.bf16 else 4                    # residual stream
+        self.ab = plan.profile_options.regime.weight        # adapter dtype (bytes)
+        self.a_c = 2 if self.amp else self.ab               # the adapters' compute dtype
+        self.r = plan.profile_options.lora.rank
+        self.adapted = _adapted(plan)
+        self.dropout = plan.profile_options.dropout > 0
+        self.parts: list = []
+        self.constant: list = []
+
+    def add(self, name, n):
         if n:
-            parts.append((name, n))
+            self.parts.append(Part(name, n))
 
-    def lora_in(module, width, dtype_bytes, shared_with: set):
+    def add_attention(self, parts) -> set:
+        """The kernel's saved parts, but what only the (frozen) out-projection would keep for
+        its weight's gradient; returns {"x"} when the kernel keeps the attention output the
+        out-projection reads (its adapter then shares it), else an empty set."""
+        self.parts.extend(p for p in parts if p.nbytes and not p.weight_gradient_only)
+        return set() if any(p.weight_gradient_only for p in parts) else {"x"}
+
+    def lora_in(self, module, width, dtype_bytes, shared_with: set):
         """lora_A saves its input: the tensor itself when the dtypes agree, else a cast copy
         (one per adapted linear)."""
-        if module not in adapted:
+        if module not in self.adapted:
             return
-        if amp:
+        if self.amp:
             # peft casts a bf16 input up to the fp32 adapters' dtype (a transient), autocast casts
             # that (or an fp32 input) down again: lora_A saves a fresh bf16 copy either way
             own, b = True, 2
         else:
-            own = dtype_bytes != ab             # peft casts the input to the adapters' dtype
-            b = ab
+            own = dtype_bytes != self.ab        # peft casts the input to the adapters' dtype
+            b = self.ab
         if own:
-            add(f"{module} LoRA input ({'bf16 cast' if amp else f'{b} B copy'})", b * width)
+            self.add(f"{module} LoRA input ({'bf16 cast' if self.amp else f'{b} B copy'})", b * width)
         elif "x" not in shared_with:
             shared_with.add("x")
-            add(f"{module} LoRA input", b * width)
-        add(f"{module} LoRA intermediate (r={r})", a_c * r)
+            self.add(f"{module} LoRA input", b * width)
+        self.add(f"{module} LoRA intermediate (r={self.r})", self.a_c * self.r)
 
-    def frozen_copy(module, params, input_grad):
+    def frozen_copy(self, module, params, input_grad):
         # autocast casts a frozen weight afresh (no cache) and the matmul saves the cast for the
         # input's gradient; adapted modules' adapters are cached and saved (2 B per adapter param)
-        if amp and input_grad:
-            constant.append((f"{module} weight 16-bit copy (autocast, frozen)", 2 * params))
-        if amp and module in adapted:
-            i, o = adapted[module]
-            constant.append((f"{module} adapter 16-bit copies (autocast cache)", 2 * r * (i + o)))
+        if self.amp and input_grad:
+            self.constant.append((f"{module} weight 16-bit copy (autocast, frozen)", 2 * params))
+        if self.amp and module in self.adapted:
+            i, o = self.adapted[module]
+            self.constant.append((f"{module} adapter 16-bit copies (autocast cache)", 2 * self.r * (i + o)))
 
-    g = grad_in
-    if shape.style == "gpt2":
-        ln = 2 * (2 if bf16 else 4)
-        n_dtype = 2 if bf16 else 4              # LayerNorm output: fp32 except in bf16
-        if g:
-            add("ln_1 (mean, rstd)", ln)
-        shared: set = set()
-        lora_in("c_attn", h, n_dtype, shared)
-        frozen_copy("c_attn", 3 * h * h, g)
-        qkv_grad = g or "c_attn" in adapted
-        attn_shared: set = set()
-        if qkv_grad:
-            lb = layer_forward_bytes(style="gpt2", hidden=h, heads=a, kv_heads=a, head_dim=shape.head_dim,
-                                     ffn=f, regime=kind, attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
-                                     tokens=1, seq_len=plan.seq_len)
-            for name, n in lb.parts:
-                if name.startswith(("qkv", "q/k/v", "attention")) and "c_proj input" not in name:
-                    add(name, n)
-                if name.startswith("attention output + logsumexp"):
-                    attn_shared.add("x")        # the SDPA output c_proj reads is saved already
-            if plan.profile_options.dropout > 0:
-                add("resid dropout noise (attention)", c * h)
-        lora_in("attn.c_proj", h, c, attn_shared)
-        frozen_copy("attn.c_proj", h * h, qkv_grad)
-        mid_grad = g or qkv_grad or "attn.c_proj" in adapted
-        if mid_grad:
-            add("mid residual (ln_2 input)", res * h)
-            add("ln_2 (mean, rstd)", ln)
-        lora_in("c_fc", h, n_dtype, set())
-        frozen_copy("c_fc", h * f, mid_grad)
-        fc_grad = mid_grad or "c_fc" in adapted
-        if fc_grad:
-            add("mlp gelu_new (4 f-sized tensors)", 4 * c * f)
-        lora_in("mlp.c_proj", f, c, set())
-        frozen_copy("mlp.c_proj", f * h, fc_grad)
-        out_grad = fc_grad or "mlp.c_proj" in adapted
-        if out_grad and plan.profile_options.dropout > 0:
-            add("resid dropout noise (mlp)", c * h)
-        return _Layer(tuple(parts), tuple(constant), res * h, out_grad, out_grad)
+    def layer(self, output_saved: bool, grad_out: bool) -> _Layer:
+        return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out)
 
-    # Llama style
-    n_dtype = 2 if bf16 else 4                  # RMSNorm output (fp32 weight under AMP)
+
+def _layer(plan, grad_in: bool) -> _Layer:
+    """One decoder layer's saved tensors under LoRA, walking which tensors require grad
+    (the family's own walk)."""
+    shape = shape_of(plan)
+    family = shape.family
+    if family.lora_layer is None:
+        raise NotModelledError("lora", plan.profile_options.lora,
+                               f"None for the {family.name!r} architecture family",
+                               "its layers' LoRA activations are not modelled")
+    walk = Walk(plan, shape)
+    kernel = kernel_of(plan)
+
+    def attention(grads):
+        return kernel.saved(family.attention_layout, kind=walk.kind, dropout=walk.dropout, heads=shape.heads,
+                            q_dim=shape.q_dim, kv_dim=shape.kv_dim, hidden=shape.hidden, seq_len=plan.seq_len,
+                            tokens=1, grads=grads)
+    return family.lora_layer(walk, grad_in, attention)
+
+
+def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
+    """GPT-2 under LoRA: c_attn, attn.c_proj, c_fc, mlp.c_proj."""
+    h, f = walk.shape.hidden, walk.shape.ffn
+    c, res, adapted, add = walk.c, walk.res, walk.adapted, walk.add
+    ln = 2 * (2 if walk.bf16 else 4)
+    n_dtype = 2 if walk.bf16 else 4             # LayerNorm output: fp32 except in bf16
     if g:
-        add("input norm (rsqrt" + (", fp32 copy of the input)" if bf16 else ")"), 4 + (4 * h if bf16 else 0))
+        add("ln_1 (mean, rstd)", ln)
+    shared: set = set()
+    walk.lora_in("c_attn", h, n_dtype, shared)
+    walk.frozen_copy("c_attn", 3 * h * h, g)
+    qkv_grad = g or "c_attn" in adapted
+    attn_shared: set = set()
+    if qkv_grad:
+        attn_shared = walk.add_attention(attention((True, True, True)))
+        if walk.dropout:
+            add("resid dropout noise (attention)", c * h)
+    walk.lora_in("attn.c_proj", h, c, attn_shared)
+    walk.frozen_copy("attn.c_proj", h * h, qkv_grad)
+    mid_grad = g or qkv_grad or "attn.c_proj" in adapted
+    if mid_grad:
+        add("mid residual (ln_2 input)", res * h)
+        add("ln_2 (mean, rstd)", ln)
+    walk.lora_in("c_fc", h, n_dtype, set())
+    walk.frozen_copy("c_fc", h * f, mid_grad)
+    fc_grad = mid_grad or "c_fc" in adapted
+    if fc_grad:
+        add("mlp gelu_new (4 f-sized tensors)", 4 * c * f)
+    walk.lora_in("mlp.c_proj", f, c, set())
+    walk.frozen_copy("mlp.c_proj", f * h, fc_grad)
+    out_grad = fc_grad or "mlp.c_proj" in adapted
+    if out_grad and walk.dropout:
+        add("resid dropout noise (mlp)", c * h)
+    return walk.layer(out_grad, out_grad)
+
+
+def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
+    """Llama style under LoRA: q/k/v/o and gate/up/down (Mixtral's experts walked as one
+    gated MLP of the expert width)."""
+    shape = walk.shape
+    h, f, q, kv = shape.hidden, shape.ffn, shape.q_dim, shape.kv_dim
+    c, adapted, add = walk.c, walk.adapted, walk.add
+    n_dtype = 2 if walk.bf16 else 4             # RMSNorm output (fp32 weight under AMP)
+    if g:
+        add("input norm (rsqrt" + (", fp32 copy of the input)" if walk.bf16 else ")"), 4 + (4 * h if walk.bf16 else 0))
     shared = set()
     for m, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        lora_in(m, h, n_dtype, shared)
-        frozen_copy(m, h * width, g)
+        walk.lora_in(m, h, n_dtype, shared)
+        walk.frozen_copy(m, h * width, g)
     q_grad, k_grad, v_grad = (g or m in adapted for m in ("q_proj", "k_proj", "v_proj"))
     any_grad = q_grad or k_grad or v_grad
     attn_shared: set = set()
     if any_grad:
-        lb = layer_forward_bytes(style="llama", hidden=h, heads=a, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                                 ffn=f, regime=kind, attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
-                                 tokens=1, seq_len=plan.seq_len)
-        for name, n in lb.parts:
-            if name.startswith("q/k/v (k, v repeated"):
-                # eager q @ k.T keeps k for q's gradient and q for k's; weights @ v keeps v
-                add(name, c * q * (int(q_grad) + int(k_grad) + int(q_grad or k_grad)))
-            elif name.startswith(("q/k/v", "attention scores")) and name != "q/k/v input casts":
-                add(name, n)
-            elif name.startswith("attention output + logsumexp"):
-                add(name, n)
-                attn_shared.add("x")
-            elif name.startswith("attention output (contiguous"):
-                if plan.profile_options.attention == "sdpa" and plan.profile_options.dropout > 0:
-                    pass                        # the math kernel's output: kept only by an o_proj adapter
-    lora_in("o_proj", q, c, attn_shared)
-    frozen_copy("o_proj", q * h, any_grad)
+        attn_shared = walk.add_attention(attention((q_grad, k_grad, v_grad)))
+    walk.lora_in("o_proj", q, c, attn_shared)
+    walk.frozen_copy("o_proj", q * h, any_grad)
     mid_grad = g or any_grad or "o_proj" in adapted
     if mid_grad:
         add("mid residual + post-attention norm (rsqrt)", 4 * h + 4)
     shared = set()
     for m in ("gate_proj", "up_proj"):
-        lora_in(m, h, n_dtype, shared)
-        frozen_copy(m, h * f, mid_grad)
+        walk.lora_in(m, h, n_dtype, shared)
+        walk.frozen_copy(m, h * f, mid_grad)
     gate_grad = mid_grad or "gate_proj" in adapted
     up_grad = mid_grad or "up_proj" in adapted
     add("mlp (gate out, silu out, up out)", c * f * (int(gate_grad) + int(up_grad) + int(gate_grad)))
     prod_grad = gate_grad or up_grad
-    lora_in("down_proj", f, c, set())
-    frozen_copy("down_proj", f * h, prod_grad)
+    walk.lora_in("down_proj", f, c, set())
+    walk.frozen_copy("down_proj", f * h, prod_grad)
     out_grad = prod_grad or "down_proj" in adapted
-    return _Layer(tuple(parts), tuple(constant), res * h, out_grad and not bf16, out_grad)
+    return walk.layer(out_grad and not walk.bf16, out_grad)
 
 
 def _layers(plan):
@@ -334,13 +358,13 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     def saved(layer):
         n = layer.saved(T)
         if selective:
-            n -= T * dict(layer.parts).get("attention scores", 0)
+            n -= T * sum(p.nbytes for p in layer.parts if p.recomputed_by_selective)
         return n + (layer.output * T if layer.output_saved else 0)
 
     terms = []
     if kept:
         total = saved(first) + (kept - 1) * saved(other)
-        parts = ", ".join(f"{name} {_n(b)}" for name, b in other.parts)
+        parts = ", ".join(f"{p.name} {_n(p.nbytes)}" for p in other.parts)
         consts = ", ".join(f"{name} {_n(b)}" for name, b in other.constant)
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA)", nbytes=total, phases=SAVED,
@@ -350,11 +374,11 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     checkpointed = L - kept
     if checkpointed:
         res = plan.profile_options.regime.residual
-        h = ModelShape.of(plan.model).hidden
+        h = shape_of(plan).hidden
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * res * T * h,
             phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B"))
-        s = ModelShape.of(plan.model)
+        s = shape_of(plan)
         c = plan.profile_options.regime.compute
         work = other.saved(T) + other.output * T + 2 * T * s.ffn * c
         terms.append(MemoryTerm(
@@ -371,7 +395,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     """Token ids, RoPE tables, the final norm, logits and cross-entropy (as in full training:
     the frozen LM head's input requires grad), AMP's copy of the LM head; no embedding output
     (nothing needs its gradient) and no embedding gradient at the backward's end."""
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     regime = plan.profile_options.regime
     kind = _kind(regime)
     T = plan.microbatch * plan.seq_len
@@ -380,15 +404,11 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     terms = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
                         formula=f"T={_n(T)} x 8 B")]
     add = terms.append
-    if shape.style != "gpt2":
+    if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
         add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
                        nbytes=2 * plan.seq_len * shape.head_dim * b, formula=f"2 x s x head_dim x {b} B"))
-        final = (4 * h + 4 if kind == "bf16" else 4) * T
-        how = "fp32 copy of the input + rsqrt" if kind == "bf16" else "rsqrt (the frozen LM head keeps no input)"
-    else:
-        final = 2 * (2 if kind == "bf16" else 4) * T
-        how = "mean and rstd (the frozen LM head keeps no input)"
+    final, how = shape.family.norm.lora_final_saved(kind, T, h)
     add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
     add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
                    phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))

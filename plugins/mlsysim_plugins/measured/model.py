@@ -18,8 +18,9 @@ from mlsysim_core import _checks
 from mlsysim_core.memo import memoize
 
 from ._cache import cached_terms
-from .layers import layer_forward_bytes, megatron_layer_bytes
-from .shapes import ModelShape
+from .kernels import kernel_of
+from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
+from .shapes import ModelShape, shape_of
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 SAVED = (FORWARD, BACKWARD)
@@ -42,29 +43,30 @@ class Context:
 
 
 def context(plan, placement) -> Context:
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,
                    layers=placement.layers_per_stage, shards=placement.activation_shards, regime=plan.profile_options.regime)
 
 
 def layer_bytes(plan, ctx: Context):
     s = ctx.shape
+    kernel = kernel_of(plan)
     if megatron(plan.profile_options.regime):
         lb = megatron_layer_bytes(
-            style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
+            family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
+            attention=kernel, dropout=plan.profile_options.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
             experts=s.experts, top_k=s.top_k)
     else:
         lb = layer_forward_bytes(
-            style=s.style, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            regime=_regime_kind(ctx.regime), attention=plan.profile_options.attention, dropout=plan.profile_options.dropout > 0,
+            family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
+            regime=_regime_kind(ctx.regime), attention=kernel, dropout=plan.profile_options.dropout > 0,
             tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
     cf = plan.profile_options.moe_capacity_factor
     if cf is not None:
         # Token dropping with a capacity factor pads every expert's batch to its capacity:
         # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
-        parts = tuple((name, b * cf if name.startswith("experts") else b) for name, b in lb.parts)
-        lb = attrs.evolve(lb, parts=parts, saved=sum(b for _, b in parts))
+        parts = tuple(attrs.evolve(p, nbytes=p.nbytes * cf) if p.split == EXPERTS else p for p in lb.parts)
+        lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
     return lb
 
 
@@ -91,7 +93,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
         from . import lora
         return lora.weight_terms(plan, placement)
     regime = plan.profile_options.regime
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     params = placement.parameters_per_rank / placement.weight_shards
     terms = [MemoryTerm(component=WEIGHTS, label=f"parameters ({regime.name}, {regime.weight} B)",
                         nbytes=params * regime.weight, phases=ALL,
@@ -124,7 +126,7 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     if regime.main_grad and not regime.gradient:
         return []   # accumulated straight into the fp32 main-grad buffer (optimizer state)
     params = placement.trainable_parameters_per_rank / placement.gradient_shards
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     # The embedding's gradient is the backward's last: while it is computed it is a
     # temporary (see model_activation_terms), it becomes .grad for the step.
     embedding = params / plan.model.parameters * shape.embedding_parameters
@@ -133,7 +135,7 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
                         formula=f"V x h = {_n(embedding)} params x {b} B (the backward's last gradient)")]
     params -= embedding
     if first_layer_late and plan.model.layers > 1:
-        share = params / plan.model.parameters * _layer_parameters(ModelShape.of(plan.model))
+        share = params / plan.model.parameters * shape.layer_parameters()
         terms.append(MemoryTerm(component=GRADIENTS, label=f"gradients of the first layer ({regime.name})",
                                 nbytes=share * b, phases=(OPTIMIZER_STEP,),
                                 formula=f"{_n(share)} params x {b} B (born last, after its recompute)"))
@@ -147,12 +149,6 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
         terms = [attrs.evolve(t, phases=ALL, formula=t.formula + " (accumulated over micro-batches: alive throughout)")
                  for t in terms]
     return terms
-
-
-def _layer_parameters(shape: ModelShape) -> int:
-    h = shape.hidden
-    norms = 4 * h if shape.style == "gpt2" else 2 * h
-    return sum(n for _, n in shape.layer_matrices()) + norms
 
 
 # --- activations outside the decoder layers -----------------------------------------------
@@ -190,24 +186,19 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
                        formula=f"T={_n(T)} x 8 B" + (f" / cp={cp}" if cp != 1 else "")))
     # Does the first norm save its input? (Megatron's layers count their norm inputs themselves.)
-    if not megatron(regime) and (shape.style == "gpt2" or not regime.pure_16bit):
+    norm = shape.family.norm
+    if not megatron(regime) and (norm.saves_input_in_16bit or not regime.pure_16bit):
         what = "embedding output" if first else "stage input (received from the previous stage)"
         add(MemoryTerm(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
                        nbytes=regime.residual * T * h / seq * n, phases=SAVED,
                        formula=f"T x h x {regime.residual} B{on_seq}{flying}"))
-    if shape.style != "gpt2":
+    if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
         add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables",
                        nbytes=2 * ctx.seq_len * shape.head_dim * b / cp, phases=SAVED,
                        formula=f"2 x s x head_dim x {b} B" + (f" / cp={cp}" if cp != 1 else "")))
     if last:
-        if shape.style != "gpt2":
-            final = (8 if kind != "amp-bf16" else 6) * T * h + 4 * T
-            how = {"fp32": "normalized + output (fp32) + rsqrt", "bf16": "fp32 copy + normalized + output + rsqrt",
-                   "amp-bf16": "normalized (fp32) + bf16 copy for the LM head + rsqrt"}[kind]
-        else:
-            final = c * T * h + 8 * T
-            how = f"output ({c} B, saved by the LM head) + mean and rstd"
+        final, how = norm.final_saved(kind, c, T, h)
         add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
                        formula=f"{how} = {_n(final)} B{on_seq}"))
         # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
@@ -260,7 +251,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
 def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: bool = False) -> list[MemoryTerm]:
     """The decoder layers: ``kept_layers`` of the L layers keep everything they save (the
     rest are checkpointed: they keep their input and recompute in the backward; ``None``
-    means all are kept). ``selective`` drops eager attention's s x s tensors (recomputed)."""
+    means all are kept). ``selective`` drops the parts marked ``recomputed_by_selective``
+    (the attention's s x s tensors, recomputed in the backward)."""
     if plan.profile_options.lora is not None:
         from . import lora
         return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
@@ -271,7 +263,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     regime = ctx.regime
     saved = lb.saved
     if selective:
-        saved -= dict(lb.parts).get("attention scores", 0)
+        saved -= sum(p.nbytes for p in lb.parts if p.recomputed_by_selective)
     out = lb.output if lb.output_saved_by_next else 0
     per_layer, split, n = (saved + out) / k, (f" / {k} shards" if k > 1 else ""), 1
     if plan.rank is not None:     # a parallel layout: what tp splits, and the micro-batches in flight
@@ -280,7 +272,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
     terms = []
     if kept:
-        parts = ", ".join(f"{name} {_n(b)}" for name, b in lb.parts) if lb.parts else ""
+        parts = ", ".join(f"{p.name} {_n(p.nbytes)}" for p in lb.parts) if lb.parts else ""
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * per_layer * n,
             phases=SAVED, formula=f"{kept} layers x {_n(saved + out)} B ({parts}"
@@ -298,7 +290,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         mlp_grads = 2 * ctx.tokens * max(s.top_k, 1) * s.ffn * regime.compute
         work = lb.saved + lb.output + mlp_grads
         if regime.autocast:
-            work += 2 * sum(n for name, n in ctx.shape.layer_matrices() if not name.startswith("experts."))
+            work += 2 * sum(w.elements for w in ctx.shape.layer_weights() if w.autocast and not w.bias)
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work / k,
             phases=(BACKWARD_END,),

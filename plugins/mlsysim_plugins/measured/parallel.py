@@ -288,24 +288,31 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
 def rank_parameters(plan, rank: RankClass) -> dict:
     """``{"dense": ..., "experts": ...}``: the parameters one rank of this class holds
     before data-parallel sharding (see ``_rank_parameters``; cached, do not modify)."""
-    return _rank_parameters(plan.model, plan.tp_size, plan.ep_size, plan.profile_options.expert_tp_size or plan.tp_size,
-                            rank.layers, rank.first, rank.last)
+    from .families import family_of
+    return _rank_parameters(plan.model, family_of(plan), plan.tp_size, plan.ep_size,
+                            plan.profile_options.expert_tp_size or plan.tp_size, rank.layers, rank.first, rank.last)
 
 
 @memoize
-def _rank_parameters(model, t, e, etp, layers, first, last) -> dict:
+def _rank_parameters(model, family, t, e, etp, layers, first, last) -> dict:
     """Parameters one rank holds before data-parallel sharding, by group: ``dense``
     (attention / tp, dense MLP / tp, norms and router replicated, the vocabulary-parallel
     embedding and LM head / tp on the first and last stage) and ``experts`` (the routed
-    experts of the stage / (ep x expert_tp))."""
+    experts of the stage / (ep x expert_tp)), for ``model`` built as ``family`` builds it."""
+    from .layers import REPLICATED
     from .shapes import ModelShape
-    shape = ModelShape.of(model)
+    shape = ModelShape.of(model, family)
     h = shape.hidden
     per_layer_dense, per_layer_experts = _layer_matrices_on_rank(shape, t, e, etp)
-    norms = 4 * h if shape.style == "gpt2" else 2 * h      # GPT-2's LayerNorms have biases
-    if shape.style == "gpt2":
-        per_layer_dense += (5 * h + shape.ffn) / t + 2 * h   # Conv1D biases (colwise split; out biases replicated)
-        per_layer_dense -= 2 * h / t
+    norms = shape.layer_norm_parameters
+    biases = [w for w in shape.layer_weights() if w.bias]
+    if biases:
+        # The linears' biases: the column-parallel ones' / tp, the row-parallel ones' whole
+        # (added as all / tp + the replicated ones - their / tp share: the order the numbers
+        # were first computed in, so that they agree to the last bit).
+        replicated = sum(w.elements for w in biases if w.split == REPLICATED)
+        per_layer_dense += sum(w.elements for w in biases) / t + replicated
+        per_layer_dense -= replicated / t
     per_layer_dense += norms
     # What the shapes do not name (e.g. shared experts, extra biases): spread like the layers.
     named = shape.embedding_parameters * (1 if shape.tied else 2) + shape.layers * (
@@ -316,7 +323,7 @@ def _rank_parameters(model, t, e, etp, layers, first, last) -> dict:
     if first:
         dense += shape.embedding_parameters / t + shape.learned_positions * h
     if last:
-        dense += h * (2 if shape.style == "gpt2" else 1)        # final norm
+        dense += h * shape.family.norm.parameters                # final norm
         if not shape.tied or not first:                         # untied head, or a tied copy on the last stage
             dense += shape.embedding_parameters / t
     return {"dense": dense, "experts": experts}
@@ -331,19 +338,13 @@ def is_parallel(plan) -> bool:
 
 # --- activations and gradients of one rank ------------------------------------------------
 
-# Parts of a decoder layer's saved tensors that tensor parallelism does NOT split without
-# sequence parallelism (Korthikanti et al. 2022, Table 2: the norms, the inputs of the
-# column-parallel linears and what follows the row-parallel ones are replicated).
-TP_REPLICATED = ("input norm", "post-attention norm", "mid residual", "ln_1", "ln_2", "c_attn input", "c_fc input",
-                 "q/k/v input casts", "gate/up input casts", "router", "expert indices", "routing weights",
-                 "resid dropout noise", "expert offsets", "layernorm inputs", "qkv input", "dropout masks",
-                 "mlp input")
-
-
 def rank_layer_saved(plan, ctx, lb, selective: bool):
-    """One layer's saved bytes on one rank, and the micro-batches in flight: the parts inside
-    the tensor-parallel region / tp, the replicated parts / tp only with sequence
-    parallelism, expert activations / expert_tp, everything / cp (the sequence split)."""
+    """One layer's saved bytes on one rank, and the micro-batches in flight: each part as its
+    ``split`` says (Korthikanti et al. 2022, Table 2): inside the tensor-parallel region / tp,
+    replicated (the norms, the column-parallel linears' inputs, what follows the row-parallel
+    ones) / tp only with sequence parallelism, expert activations / expert_tp; everything
+    / cp (the sequence split). ``selective`` drops the parts ``recomputed_by_selective``."""
+    from .layers import EXPERTS, REPLICATED, Part
     from .model import megatron
     t, c = plan.tp_size, plan.cp_size
     etp = plan.profile_options.expert_tp_size or t
@@ -354,16 +355,16 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
         # inputs of attention and of the MLP for the weight gradients: 2 x T x h replicated.
         gathered = 2 * plan.profile_options.regime.compute * ctx.tokens * ctx.shape.hidden
         total += gathered
-        lb = attrs.evolve(lb, parts=tuple((n, b) for n, b in lb.parts) + (("gathered inputs", -gathered),))
-    for name, b in lb.parts:
-        if selective and name == "attention scores":
+        lb = attrs.evolve(lb, parts=lb.parts + (Part("gathered inputs", -gathered),))
+    for part in lb.parts:
+        if selective and part.recomputed_by_selective:
             continue
-        if name.startswith("experts"):
-            total += b / etp
-        elif name.startswith(TP_REPLICATED):
-            total += b / (t if sp else 1)
+        if part.split == EXPERTS:
+            total += part.nbytes / etp
+        elif part.split == REPLICATED:
+            total += part.nbytes / (t if sp else 1)
         else:
-            total += b / t
+            total += part.nbytes / t
     if lb.output_saved_by_next:
         total += lb.output / (t if sp else 1)
     total /= c
@@ -389,7 +390,7 @@ def rank_gradient_terms(plan, placement):
     if not b:
         return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
     from .model import megatron
-    from .shapes import ModelShape
+    from .shapes import shape_of
     params = placement.trainable_parameters_per_rank / placement.gradient_shards
     accumulating = plan.gradient_accumulation_steps > 1
     phases = ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP)
@@ -400,7 +401,7 @@ def rank_gradient_terms(plan, placement):
     if plan.rank.first and t > 1 and not megatron(regime) and placement.gradient_shards == 1:
         # DTensor's row-sharded embedding receives its gradient as a full V x h tensor, and
         # it stays that way in .grad: every rank holds the whole embedding gradient.
-        extra = ModelShape.of(plan.model).embedding_parameters * (1 - 1 / t)
+        extra = shape_of(plan).embedding_parameters * (1 - 1 / t)
         terms.append(MemoryTerm(component=GRADIENTS, label="embedding gradient, replicated on every tp rank",
                                 nbytes=extra * b, phases=phases,
                                 formula=f"V x h x (1 - 1/tp={t}) = {extra:,.0f} x {b} B (PyTorch tensor "
@@ -411,23 +412,27 @@ def rank_gradient_terms(plan, placement):
 # --- buffers of the data-parallel, expert-parallel and offload machinery -----------------
 
 def _layer_matrices_on_rank(shape, t, e, etp) -> tuple[float, float]:
-    """One decoder layer's matrices on a rank: (dense: attention and MLP / tp, the router
-    whole; routed experts / (ep x expert_tp))."""
+    """One decoder layer's matrices on a rank, as each weight's ``split`` says: (dense:
+    attention and MLP / tp, the replicated ones (a router) whole; routed experts / (ep x
+    expert_tp))."""
+    from .layers import EXPERTS, REPLICATED
     dense = experts = 0
-    for name, n in shape.layer_matrices():
-        if name.startswith("experts."):
-            experts += n / (e * etp)
-        elif name == "router":
-            dense += n
+    for w in shape.layer_weights():
+        if w.bias:
+            continue
+        if w.split == EXPERTS:
+            experts += w.elements / (e * etp)
+        elif w.split == REPLICATED:
+            dense += w.elements
         else:
-            dense += n / t
+            dense += w.elements / t
     return dense, experts
 
 
 def layer_parameters_on_rank(plan) -> float:
     """One decoder layer's matrix parameters on a rank (before data-parallel sharding)."""
-    from .shapes import ModelShape
-    return sum(_layer_matrices_on_rank(ModelShape.of(plan.model), plan.tp_size, plan.ep_size,
+    from .shapes import shape_of
+    return sum(_layer_matrices_on_rank(shape_of(plan), plan.tp_size, plan.ep_size,
                                        plan.profile_options.expert_tp_size or plan.tp_size))
 
 

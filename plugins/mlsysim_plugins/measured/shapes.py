@@ -3,7 +3,10 @@
 Activations, AMP weight copies and optimizer transients depend on shapes, not only on the
 parameter count: hidden size, heads, KV heads, MLP width, vocabulary, experts, whether the
 embeddings are tied, and the order of parameter tensors (a for-loop optimizer step's
-temporaries follow it). ``ModelShape.of(model)`` derives them once per workload.
+temporaries follow it). ``ModelShape.of(model, family)`` derives them once per workload and
+architecture family (``families.py``: which layers, norms and positions the model has); the
+family is the one ``prepare`` chose (``shape_of(plan)``), or the built-in one that models the
+model when none is given.
 """
 
 from __future__ import annotations
@@ -16,14 +19,12 @@ from mlsysim_core.memo import memoize
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.types import TransformerWorkload
 
-# Architectures built like GPT-2: LayerNorm with biases, fused qkv, learned positions,
-# a plain (not gated) tanh-GELU MLP. Anything else with a gated MLP is built like Llama.
-GPT2_LIKE = frozenset({"gpt2", "gpt3", "gpt_neox", "falcon", "olmo", "opt", "bert"})
+from .families import BUILTIN_FAMILIES, ArchitectureFamily, LayerWeight, architecture_notes, default_family, family_of
 
 
 @attrs.frozen(kw_only=True)
 class ModelShape:
-    style: str                 # "llama" | "gpt2" | "mixtral"
+    family: ArchitectureFamily
     layers: int
     hidden: int
     heads: int
@@ -39,6 +40,11 @@ class ModelShape:
     assumptions: tuple[str, ...] = ()
 
     @property
+    def style(self) -> str:
+        """The family's name (what this field was called before families were objects)."""
+        return self.family.name
+
+    @property
     def q_dim(self) -> int:
         return self.heads * self.head_dim
 
@@ -50,39 +56,40 @@ class ModelShape:
     def embedding_parameters(self) -> int:
         return self.vocab * self.hidden
 
+    def layer_weights(self) -> tuple[LayerWeight, ...]:
+        """One decoder layer's weights (matrices, then biases) in registration order, with
+        how parallelism splits each and whether autocast copies it."""
+        return self.family.layer_weights(hidden=self.hidden, q_dim=self.q_dim, kv_dim=self.kv_dim, ffn=self.ffn,
+                                         experts=self.experts)
+
     def layer_matrices(self) -> tuple[tuple[str, int], ...]:
         """One decoder layer's weight matrices in registration order: (name, elements)."""
-        h, f = self.hidden, self.ffn
-        if self.style == "gpt2":
-            return (("c_attn", 3 * h * h), ("attn.c_proj", h * h), ("c_fc", h * f), ("mlp.c_proj", f * h))
-        attention = (("q_proj", h * self.q_dim), ("k_proj", h * self.kv_dim), ("v_proj", h * self.kv_dim),
-                     ("o_proj", self.q_dim * h))
-        if self.style == "mixtral":
-            e = self.experts
-            return attention + (("router", e * h), ("experts.gate_up", e * 2 * f * h), ("experts.down", e * h * f))
-        return attention + (("gate_proj", h * f), ("up_proj", h * f), ("down_proj", f * h))
+        return tuple((w.name, w.elements) for w in self.layer_weights() if not w.bias)
+
+    @property
+    def layer_norm_parameters(self) -> int:
+        """One decoder layer's norm parameters."""
+        return self.family.layer_norms * self.family.norm.parameters * self.hidden
+
+    def layer_parameters(self) -> int:
+        """One decoder layer's matrices and norms."""
+        return sum(n for _, n in self.layer_matrices()) + self.layer_norm_parameters
 
     def autocast_matmul_parameters(self) -> int:
         """Weights autocast copies to 16 bits: every nn.Linear of the decoder layers (GPT-2's
         Conv1D biases too) and the LM head (tied or not). Not the embedding lookup or norms, not
         transformers' grouped-mm experts (they run in the weights' own dtype)."""
-        per_layer = sum(n for name, n in self.layer_matrices() if not name.startswith("experts."))
-        if self.style == "gpt2":   # autocast casts the Conv1D biases too (3h, h, f, h)
-            per_layer += 5 * self.hidden + self.ffn
+        per_layer = sum(w.elements for w in self.layer_weights() if w.autocast)
         return self.layers * per_layer + self.embedding_parameters
 
     def parameter_tensors(self) -> tuple[int, ...]:
         """Element counts of every parameter tensor, in the order the model registers them
         (what a for-loop optimizer step walks through)."""
-        h = self.hidden
-        if self.style == "gpt2":
-            f = self.ffn
-            block = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h)   # ln_1, c_attn, c_proj, ln_2, mlp
-            head = (self.embedding_parameters, self.learned_positions * h)
-            return head + block * self.layers + (h, h)
-        block = tuple(n for _, n in self.layer_matrices()) + (h, h)                 # + the two RMSNorms
-        tail = (h,) if self.tied else (h, self.embedding_parameters)
-        return (self.embedding_parameters,) + block * self.layers + tail
+        return tuple(self.family.parameter_tensors(self))
+
+    def matrix_shapes(self) -> list[tuple[int, int]]:
+        """(rows, cols) of every parameter tensor, cols 0 for vectors (factored optimizers)."""
+        return list(self.family.matrix_shapes(self))
 
     @property
     def tensor_count(self) -> int:
@@ -90,16 +97,23 @@ class ModelShape:
 
     @property
     def rope_buffer_bytes(self) -> int:
-        """RoPE's inv_freq and original_inv_freq buffers (fp32), none for learned positions."""
-        return 0 if self.style == "gpt2" else 2 * 4 * (self.head_dim // 2)
+        """RoPE's inv_freq and original_inv_freq buffers (fp32), none for other positions."""
+        return 2 * 4 * (self.head_dim // 2) if self.family.positions == "rotary" else 0
 
     @classmethod
-    def of(cls, model: TransformerWorkload) -> "ModelShape":
-        return _shape_of(model)
+    def of(cls, model: TransformerWorkload, family: ArchitectureFamily | None = None) -> "ModelShape":
+        """``model``'s shapes as ``family`` builds its layers (the built-in family that
+        models it when None)."""
+        return _shape_of(model, default_family(model) if family is None else family)
+
+
+def shape_of(plan) -> ModelShape:
+    """The shapes of a plan's model, as the family ``prepare`` chose builds them."""
+    return ModelShape.of(plan.model, family_of(plan))
 
 
 @memoize
-def _shape_of(model: TransformerWorkload) -> ModelShape:
+def _shape_of(model: TransformerWorkload, family: ArchitectureFamily) -> ModelShape:
     missing = [name for name in ("hidden_dim", "heads", "vocab_size") if getattr(model, name) is None]
     if missing:
         raise NotModelledError(
@@ -108,19 +122,10 @@ def _shape_of(model: TransformerWorkload) -> ModelShape:
             f"({', '.join(missing)} missing for {model.name!r})",
             "import the model from its config.json (mlsysim_core.hf.from_hf_config) or use profile='reference'")
     h, heads = model.hidden_dim, model.heads
-    assumptions = []
+    assumptions = list(family.assumptions(model)) if family.assumptions is not None else []
     kv = model.kv_heads or heads
     head_dim = model.head_dim or h // heads
-    architecture = (model.architecture or "").lower()
     sparse = model.is_sparse
-    if sparse:
-        style = "mixtral"
-    elif architecture in GPT2_LIKE or model.gated_mlp is False:
-        style = "gpt2"
-    else:
-        style = "llama"
-        if model.gated_mlp is None:
-            assumptions.append("gated MLP assumed (model.gated_mlp unknown)")
     ffn = (model.expert_ffn_dim if sparse and model.expert_ffn_dim else None) or model.ffn_dim
     if ffn is None:
         ffn = 4 * h
@@ -128,35 +133,33 @@ def _shape_of(model: TransformerWorkload) -> ModelShape:
     tied = bool(model.tied_embeddings)
     if model.tied_embeddings is None:
         assumptions.append("untied embeddings assumed (model.tied_embeddings unknown)")
-    positions = (model.context_length or 1024) if style == "gpt2" else 0
+    positions = (model.context_length or 1024) if family.positions == "learned" else 0
     return ModelShape(
-        style=style, layers=model.layers, hidden=h, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
+        family=family, layers=model.layers, hidden=h, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
         vocab=model.vocab_size, tied=tied, experts=model.experts if sparse else 0,
         top_k=model.active_experts_per_token if sparse else 0, parameters=model.parameters,
         learned_positions=positions, assumptions=tuple(assumptions))
 
 
-# Of GPT2_LIKE, the architectures whose positions are rotary (no position table).
-ROTARY_GPT2_LIKE = frozenset({"gpt_neox", "falcon", "olmo"})
-
-
-def position_table_rows(model: TransformerWorkload) -> int | None:
+def position_table_rows(model: TransformerWorkload, family: ArchitectureFamily | None = None) -> int | None:
     """The rows of a learned position table (GPT-2 style: ``context_length``, 1024 when
     unknown), the longest sequence such a model can embed; None for rotary positions (RoPE
-    runs past the context length with scaling) or a model the profile cannot shape."""
+    runs past the context length with scaling; also for the architectures a family costs
+    with a table though theirs are rotary) or a model the profile cannot shape."""
     try:
-        shape = _shape_of(model)
+        shape = ModelShape.of(model, family)
     except InvalidInputError:
         return None
-    if not shape.learned_positions or (model.architecture or "").lower() in ROTARY_GPT2_LIKE:
+    if not shape.learned_positions or (model.architecture or "").lower() in shape.family.rotary_architectures:
         return None
     return shape.learned_positions
 
 
-def sequence_check(model: TransformerWorkload, seq_len: int) -> tuple[str, ...]:
+def sequence_check(model: TransformerWorkload, seq_len: int,
+                   family: ArchitectureFamily | None = None) -> tuple[str, ...]:
     """A sequence longer than a learned position table is an error naming seq_len; longer than
     a rotary model's context length, a note (it runs, with RoPE scaling)."""
-    rows = position_table_rows(model)
+    rows = position_table_rows(model, family)
     if rows is not None:
         if seq_len > rows:
             raise InvalidInputError(
@@ -176,20 +179,19 @@ def sequence_check(model: TransformerWorkload, seq_len: int) -> tuple[str, ...]:
 PARAMETER_TOLERANCE = 0.05
 
 
-def parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
+def parameter_check(model: TransformerWorkload, family: ArchitectureFamily | None = None) -> tuple[str, ...]:
     """The warning notes (none, or one) about ``model.parameters`` for a measured-grade solve;
     an ``InvalidInputError`` naming ``model.parameters`` when the count cannot even hold the
     embedding and one layer its shapes describe (the profile would derive negative bytes)."""
-    return _parameter_check(model)
+    return _parameter_check(model, default_family(model) if family is None else family)
 
 
 @memoize
-def _parameter_check(model: TransformerWorkload) -> tuple[str, ...]:
-    shape = ModelShape.of(model)
+def _parameter_check(model: TransformerWorkload, family: ArchitectureFamily) -> tuple[str, ...]:
+    shape = ModelShape.of(model, family)
     implied = implied_parameters(model, shape)
     declared = model.parameters
-    h = shape.hidden
-    one_layer = sum(n for _, n in shape.layer_matrices()) + (4 * h if shape.style == "gpt2" else 2 * h)
+    one_layer = shape.layer_parameters()
     floor = shape.embedding_parameters + one_layer
     if declared < floor:
         raise InvalidInputError(
@@ -219,58 +221,42 @@ def implied_parameters(model: TransformerWorkload, shape: ModelShape | None = No
     elif model.ffn_dim is None:
         fill["ffn_dim"] = shape.ffn
     if model.gated_mlp is None:
-        fill["gated_mlp"] = shape.style != "gpt2"
+        fill["gated_mlp"] = shape.family.gated_mlp
     try:
         return count_workload_parameters(model, fill).total
     except (TypeError, ValueError):     # a shape the counter does not know (e.g. MLA without its widths)
         return None
 
 
-# The architectures whose layers this profile builds as they are, validated against memory
-# PyTorch measured (docs/validation.md). Every other family is costed as the nearest style,
-# and the result says so: what that style leaves out, per Hugging Face model_type.
-MODELLED_ARCHITECTURES = frozenset({"llama", "mistral", "mixtral", "gpt2"})
-NOT_MODELLED = {
-    "qwen2": "the q/k/v biases",
-    "qwen3": "QK-norm (its fp32 copies of q and k)",
-    "qwen2_moe": "the shared expert's gate",
-    "qwen3_moe": "QK-norm (its fp32 copies of q and k)",
-    "gemma": "the fp32 (1+w) norms and the sqrt(hidden) embedding scale",
-    "gemma2": "four norms per layer, logit soft-capping (an extra logits tensor; it forces eager "
-              "attention) and sliding-window attention",
-    "gemma3_text": "four norms per layer, QK-norm and sliding-window attention",
-    "phi3": "the fused qkv and gate_up projections",
-    "gpt3": "its alternating dense and locally banded attention",
-    "gpt_neox": "the parallel residual and partial rotary embeddings",
-    "falcon": "parallel attention and MLP and its attention layout",
-    "olmo": "its non-parametric layer norms",
-    "olmo2": "QK-norm and post-norms",
-    "deepseek_v2": "dense first layers",
-    "deepseek_v3": "dense first layers and group-limited routing",
-}
+# The architectures the built-in families model as they are (validated against memory PyTorch
+# measured, docs/validation.md), and those they cost approximately with what they leave out,
+# per Hugging Face model_type (each family's ``approximations``; notes say it for every solve).
+MODELLED_ARCHITECTURES = frozenset(a for f in BUILTIN_FAMILIES.values() for a in f.architectures
+                                   if f.approximation(a) is None)
+NOT_MODELLED = {a: missing for f in BUILTIN_FAMILIES.values() for a, missing in f.approximations if missing}
 
 
-def approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
+def approximation_notes(model: TransformerWorkload, family: ArchitectureFamily | None = None,
+                        families=None) -> tuple[str, ...]:
     """What this profile approximates about ``model``, as notes for the result (nothing is
-    costed as something else silently): an architecture without a model of its own, features
-    it does not model (multi-head latent attention, shared experts), and the shapes it had to
-    assume (``ModelShape.assumptions``)."""
-    return _approximation_notes(model)
+    costed as something else silently): costing its architecture as ``family``'s layers
+    (``families.architecture_notes``; ``families``: the registered ones, the built-ins when
+    None), features it does not model (multi-head latent attention, shared experts), and
+    the shapes it had to assume (``ModelShape.assumptions``)."""
+    family = default_family(model) if family is None else family
+    if families is None:
+        return _approximation_notes(model, family)
+    return architecture_notes(model, family, families) + _model_notes(model, family)
 
 
 @memoize
-def _approximation_notes(model: TransformerWorkload) -> tuple[str, ...]:
-    shape = ModelShape.of(model)
-    style = {"llama": "Llama", "gpt2": "GPT-2", "mixtral": "Mixtral"}[shape.style]
-    arch = (model.architecture or "").lower()
+def _approximation_notes(model: TransformerWorkload, family: ArchitectureFamily) -> tuple[str, ...]:
+    return architecture_notes(model, family, BUILTIN_FAMILIES) + _model_notes(model, family)
+
+
+def _model_notes(model: TransformerWorkload, family: ArchitectureFamily) -> tuple[str, ...]:
+    shape = ModelShape.of(model, family)
     notes = []
-    if not arch:
-        notes.append(f"approximation: model.architecture is not given; costed as {style}-style layers")
-    elif arch not in MODELLED_ARCHITECTURES:
-        missing = NOT_MODELLED.get(arch)
-        notes.append(f"approximation: architecture {model.architecture!r} has no measured-grade model of its "
-                     f"own; costed as {style}-style layers"
-                     + (f" ({missing} not modelled)" if missing else ""))
     if model.kv_lora_rank is not None:
         notes.append(f"approximation: model.kv_lora_rank={model.kv_lora_rank}: multi-head latent attention is "
                      f"not modelled; its attention is costed as multi-head attention ({shape.heads} heads of "

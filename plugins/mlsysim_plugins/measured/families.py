@@ -1,0 +1,442 @@
+"""Architecture families: how the decoder layers of a kind of model are built, as data and
+callables the measured profile's physics asks, never names it compares.
+
+An ``ArchitectureFamily`` is registered through ``mlsysim_measured_architectures``; which
+one models a workload is the family's own claim (``family_for``): the family whose
+``architectures`` list ``model.architecture`` (Hugging Face ``model_type``) and that fits
+the model (experts or not, gated MLP or not), or whose ``claims(model)`` says so. Two
+claimants are an error naming both; none, the fallback the profile has always used (with
+experts: Mixtral; a plain MLP: GPT-2; else Llama), with a note saying so.
+
+A family gives: its layer weights (``LayerWeight``: elements, how tensor/expert parallelism
+splits them, whether autocast copies them), its parameter tensors in registration order,
+its norm (``Norm``), its positions (rotary, a learned table, or none), the saved tensors of
+one Hugging Face layer (``layer``: a walker in ``layers.py``, which asks the attention kernel
+for the attention's part, in the family's ``attention_layout``), the MLP's part of a
+Megatron-Core layer (``megatron_mlp``) and its LoRA walk (``lora_layer``).
+
+This module is imported when the plugin registers (it stays light: attrs, mlsysim_core and
+the pure-arithmetic ``layers``); LoRA's walkers are imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable, Mapping
+
+import attrs
+
+from mlsysim_core import hookimpl
+from mlsysim_core.errors import PluginConflictError
+from mlsysim_core.memo import memoize
+
+from . import layers
+from .kernels import FUSED_QKV, SEPARATE_QKV
+from .layers import EXPERTS, REPLICATED, SPLITS, TP, LayerBytes, Part
+
+if TYPE_CHECKING:
+    from mlsysim_core.types import TransformerWorkload
+    from .kernels import AttentionKernel
+    from .shapes import ModelShape
+
+HOOK = "mlsysim_measured_architectures"
+POSITIONS = ("rotary", "learned", "none")
+
+
+# --- what a family is made of ------------------------------------------------------------------
+
+def _weight_split(instance, attribute, value):
+    if value not in SPLITS:
+        raise ValueError(f"LayerWeight.split {value!r}; expected one of {SPLITS}")
+
+
+@attrs.frozen
+class LayerWeight:
+    """One parameter tensor of a decoder layer: ``split`` ``"tp"`` (split over the tensor-
+    parallel ranks), ``"replicated"`` (whole on every one: a router, a row-parallel linear's
+    bias) or ``"experts"`` (over ep x expert_tp); ``autocast``: torch.autocast casts it to
+    16 bits for its matmul (grouped-mm experts run in the weights' own dtype); ``bias``: a
+    linear's bias vector (``ModelShape.layer_matrices`` lists the matrices only)."""
+
+    name: str
+    elements: int
+    split: str = attrs.field(default=TP, validator=_weight_split, kw_only=True)
+    autocast: bool = attrs.field(default=True, kw_only=True)
+    bias: bool = attrs.field(default=False, kw_only=True)
+
+
+@attrs.frozen(kw_only=True)
+class Norm:
+    """A normalization layer: its parameters per hidden unit (weight, or weight and bias);
+    whether it saves its input in pure 16-bit training too (LayerNorm does; RMSNorm then
+    saves an fp32 copy instead, so the residual stream it reads is not kept); what the final
+    norm keeps for backward in full training (``final_saved(kind, c, tokens, hidden)``) and
+    under LoRA, before a frozen LM head (``lora_final_saved(kind, tokens, hidden)``), each
+    as (bytes, how)."""
+
+    name: str
+    parameters: int
+    saves_input_in_16bit: bool
+    final_saved: Callable[[str, int, int, int], tuple]
+    lora_final_saved: Callable[[str, int, int], tuple]
+
+
+def _rms_final(kind, c, T, h):
+    how = {"fp32": "normalized + output (fp32) + rsqrt", "bf16": "fp32 copy + normalized + output + rsqrt",
+           "amp-bf16": "normalized (fp32) + bf16 copy for the LM head + rsqrt"}[kind]
+    return (8 if kind != "amp-bf16" else 6) * T * h + 4 * T, how
+
+
+def _rms_lora_final(kind, T, h):
+    if kind == "bf16":
+        return (4 * h + 4) * T, "fp32 copy of the input + rsqrt"
+    return 4 * T, "rsqrt (the frozen LM head keeps no input)"
+
+
+def _layer_norm_final(kind, c, T, h):
+    return c * T * h + 8 * T, f"output ({c} B, saved by the LM head) + mean and rstd"
+
+
+def _layer_norm_lora_final(kind, T, h):
+    return 2 * (2 if kind == "bf16" else 4) * T, "mean and rstd (the frozen LM head keeps no input)"
+
+
+RMS_NORM = Norm(name="RMSNorm", parameters=1, saves_input_in_16bit=False, final_saved=_rms_final,
+                lora_final_saved=_rms_lora_final)
+LAYER_NORM = Norm(name="LayerNorm", parameters=2, saves_input_in_16bit=True, final_saved=_layer_norm_final,
+                  lora_final_saved=_layer_norm_lora_final)
+
+
+def _names(value) -> tuple[str, ...]:
+    return tuple(str(v).lower() for v in value)
+
+
+def _pairs(value) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k).lower(), str(v)) for k, v in items))
+
+
+def _one_of(choices):
+    def check(instance, attribute, value):
+        if value not in choices:
+            raise ValueError(f"ArchitectureFamily.{attribute.name} {value!r}; expected one of {choices}")
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class ArchitectureFamily:
+    """How one kind of decoder-only transformer is built, for the measured profile.
+
+    Choosing: ``architectures`` (``model.architecture`` / HF ``model_type`` values it models;
+    ``approximations``: those of them it models only approximately, with what it leaves out,
+    said in a note), ``claims`` (an optional dynamic claim on a model), ``sparse`` (routed
+    experts) and ``gated_mlp`` (a gated MLP: such a family does not claim a model whose MLP
+    is known to be plain). ``label`` names its layers in notes ("costed as Llama-style layers").
+
+    Physics: ``layer_weights(hidden=, q_dim=, kv_dim=, ffn=, experts=)`` -> ``LayerWeight``s in
+    registration order; ``parameter_tensors(shape)`` -> every parameter tensor's elements in
+    registration order (what a for-loop optimizer walks); ``matrix_shapes(shape)`` -> (rows,
+    cols) of every parameter tensor, cols 0 for vectors (factored optimizers); ``norm``;
+    ``layer_norms`` per layer; ``positions`` (``"rotary"``, ``"learned"``: a table of
+    ``context_length`` rows, or ``"none"``) and ``rotary_architectures`` (costed with a learned
+    table though their own positions are rotary: no sequence cap); ``attention_layout`` (the
+    kernels' formula its layers use); ``layer(attention=, hidden=, heads=, kv_heads=, head_dim=,
+    ffn=, experts=, top_k=, regime=, dropout=, tokens=, seq_len=)`` -> ``LayerBytes`` of one
+    Hugging Face layer in PyTorch (``attention``: the kernel's formula for ``attention_layout``);
+    ``megatron_mlp(hidden=, ffn=, experts=, top_k=)`` -> the MLP's ``Part``s of a Megatron-Core
+    layer; ``lora_layer(walk, grad_in, attention)`` -> one layer under LoRA (``lora.py``), None
+    where LoRA is not modelled; ``assumptions(model)`` -> what the family assumes about fields
+    the model leaves unknown (notes).
+    """
+
+    name: str
+    description: str
+    architectures: tuple[str, ...] = attrs.field(converter=_names)
+    claims: Callable[[TransformerWorkload], bool] | None = None
+    sparse: bool = False
+    gated_mlp: bool = True
+    label: str = ""
+    approximations: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    norm: Norm
+    layer_norms: int = 2
+    positions: str = attrs.field(validator=_one_of(POSITIONS))
+    rotary_architectures: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    attention_layout: str
+    layer_weights: Callable[..., tuple[LayerWeight, ...]]
+    parameter_tensors: Callable[[ModelShape], tuple[int, ...]]
+    matrix_shapes: Callable[[ModelShape], list]
+    layer: Callable[..., LayerBytes]
+    megatron_mlp: Callable[..., tuple[Part, ...]]
+    lora_layer: Callable | None = None
+    assumptions: Callable[[TransformerWorkload], tuple[str, ...]] | None = None
+
+    @property
+    def display(self) -> str:
+        """The name notes give its layers."""
+        return self.label or self.name
+
+    def approximation(self, architecture: str) -> str | None:
+        """What the family leaves out of ``architecture`` ("" when unsaid), None when it
+        models it as it is."""
+        for name, missing in self.approximations:
+            if name == architecture:
+                return missing
+        return None
+
+    def misfit(self, model: TransformerWorkload) -> str | None:
+        """Why this family cannot model ``model`` whatever its architecture says, or None."""
+        if bool(model.is_sparse) != self.sparse:
+            return "it has routed experts" if model.is_sparse else "it has no routed experts"
+        if self.gated_mlp and model.gated_mlp is False:
+            return "its MLP is not gated"
+        return None
+
+    def claims_model(self, model: TransformerWorkload) -> bool:
+        """Does this family model ``model``? Its ``claims``, or its ``architectures`` list the
+        model's architecture and the model fits the family."""
+        if self.claims is not None and self.claims(model):
+            return True
+        return _architecture(model) in self.architectures and self.misfit(model) is None
+
+    def layer_bytes(self, *, kernel: AttentionKernel, **shape_and_run) -> LayerBytes:
+        """One Hugging Face layer's ``LayerBytes`` with ``kernel``'s attention."""
+        return self.layer(attention=functools.partial(kernel.saved, self.attention_layout), **shape_and_run)
+
+
+def _architecture(model) -> str:
+    return (model.architecture or "").lower()
+
+
+# --- the built-in families ---------------------------------------------------------------------------
+
+W = LayerWeight
+
+
+def _attention_weights(h, q, kv):
+    return (W("q_proj", h * q), W("k_proj", h * kv), W("v_proj", h * kv), W("o_proj", q * h))
+
+
+def _llama_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+    h, f = hidden, ffn
+    return _attention_weights(h, q_dim, kv_dim) + (W("gate_proj", h * f), W("up_proj", h * f), W("down_proj", f * h))
+
+
+def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+    h, f, e = hidden, ffn, experts
+    return _attention_weights(h, q_dim, kv_dim) + (
+        W("router", e * h, split=REPLICATED),
+        W("experts.gate_up", e * 2 * f * h, split=EXPERTS, autocast=False),
+        W("experts.down", e * h * f, split=EXPERTS, autocast=False))
+
+
+def _gpt2_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+    """Conv1D weights, then their biases: the column-parallel ones' (c_attn, c_fc) split with
+    them, the row-parallel ones' (the two c_proj) replicated."""
+    h, f = hidden, ffn
+    return (W("c_attn", 3 * h * h), W("attn.c_proj", h * h), W("c_fc", h * f), W("mlp.c_proj", f * h),
+            W("c_attn.bias", 3 * h, bias=True), W("attn.c_proj.bias", h, split=REPLICATED, bias=True),
+            W("c_fc.bias", f, bias=True), W("mlp.c_proj.bias", h, split=REPLICATED, bias=True))
+
+
+def _rms_parameter_tensors(shape):
+    h = shape.hidden
+    block = tuple(n for _, n in shape.layer_matrices()) + (h, h)                 # + the two RMSNorms
+    tail = (h,) if shape.tied else (h, shape.embedding_parameters)
+    return (shape.embedding_parameters,) + block * shape.layers + tail
+
+
+def _gpt2_parameter_tensors(shape):
+    h, f = shape.hidden, shape.ffn
+    block = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h)   # ln_1, c_attn, c_proj, ln_2, mlp
+    head = (shape.embedding_parameters, shape.learned_positions * h)
+    return head + block * shape.layers + (h, h)
+
+
+def _gpt2_matrix_shapes(shape):
+    h, f, V = shape.hidden, shape.ffn, shape.vocab
+    block = [(h, 0), (h, 0), (h, 3 * h), (3 * h, 0), (h, h), (h, 0), (h, 0), (h, 0), (h, f), (f, 0),
+             (f, h), (h, 0)]
+    return [(V, h), (shape.learned_positions, h)] + block * shape.layers + [(h, 0), (h, 0)]
+
+
+def _rms_matrix_shapes(mlp):
+    def shapes(shape):
+        h, V = shape.hidden, shape.vocab
+        block = [(shape.q_dim, h), (shape.kv_dim, h), (shape.kv_dim, h), (h, shape.q_dim)]
+        block += mlp(shape) + [(h, 0), (h, 0)]
+        out = [(V, h)] + block * shape.layers + [(h, 0)]
+        return out + ([] if shape.tied else [(V, h)])
+    return shapes
+
+
+def _dense_mlp_shapes(shape):
+    f, h = shape.ffn, shape.hidden
+    return [(f, h), (f, h), (h, f)]
+
+
+def _moe_mlp_shapes(shape):
+    """The router, then the expert stacks (E, r, c) factored over their last two dimensions."""
+    e, f, h = shape.experts, shape.ffn, shape.hidden
+    return [(e, h)] + [(2 * f, h)] * e + [(h, f)] * e
+
+
+def _gpt2_lora(walk, grad_in, attention):
+    from .lora import gpt2_layer
+    return gpt2_layer(walk, grad_in, attention)
+
+
+def _llama_lora(walk, grad_in, attention):
+    from .lora import llama_layer
+    return llama_layer(walk, grad_in, attention)
+
+
+def _gated_mlp_assumed(model) -> tuple[str, ...]:
+    return ("gated MLP assumed (model.gated_mlp unknown)",) if model.gated_mlp is None else ()
+
+
+LLAMA = ArchitectureFamily(
+    name="llama", label="Llama",
+    description="RMSNorm, rotary positions, separate q/k/v/o projections (GQA), gated SiLU MLP "
+                "(Llama, Mistral; validated against PyTorch's MemTracker)",
+    architectures=("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2"),
+    approximations={
+        "qwen2": "the q/k/v biases",
+        "qwen3": "QK-norm (its fp32 copies of q and k)",
+        "gemma": "the fp32 (1+w) norms and the sqrt(hidden) embedding scale",
+        "gemma2": "four norms per layer, logit soft-capping (an extra logits tensor; it forces eager "
+                  "attention) and sliding-window attention",
+        "gemma3_text": "four norms per layer, QK-norm and sliding-window attention",
+        "phi3": "the fused qkv and gate_up projections",
+        "olmo2": "QK-norm and post-norms",
+    },
+    norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_llama_weights,
+    parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_dense_mlp_shapes),
+    layer=layers.llama_layer, megatron_mlp=layers.megatron_gated_mlp, lora_layer=_llama_lora,
+    assumptions=_gated_mlp_assumed)
+
+GPT2 = ArchitectureFamily(
+    name="gpt2", label="GPT-2", gated_mlp=False,
+    description="LayerNorm with biases, fused c_attn Conv1D with biases, learned positions, tanh-GELU MLP "
+                "(GPT-2; validated against PyTorch's MemTracker)",
+    architectures=("gpt2", "gpt3", "gpt_neox", "falcon", "olmo", "opt", "bert"),
+    approximations={
+        "gpt3": "its alternating dense and locally banded attention",
+        "gpt_neox": "the parallel residual and partial rotary embeddings",
+        "falcon": "parallel attention and MLP and its attention layout",
+        "olmo": "its non-parametric layer norms",
+        "opt": "", "bert": "",
+    },
+    norm=LAYER_NORM, positions="learned", rotary_architectures=("gpt_neox", "falcon", "olmo"),
+    attention_layout=FUSED_QKV, layer_weights=_gpt2_weights, parameter_tensors=_gpt2_parameter_tensors,
+    matrix_shapes=_gpt2_matrix_shapes, layer=layers.gpt2_layer, megatron_mlp=layers.megatron_plain_mlp,
+    lora_layer=_gpt2_lora)
+
+MIXTRAL = ArchitectureFamily(
+    name="mixtral", label="Mixtral", sparse=True,
+    description="Llama attention and a sparse MoE block of gated experts (transformers' grouped_mm) "
+                "(Mixtral; validated against PyTorch's MemTracker)",
+    architectures=("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"),
+    approximations={
+        "qwen2_moe": "the shared expert's gate",
+        "qwen3_moe": "QK-norm (its fp32 copies of q and k)",
+        "deepseek_v2": "dense first layers",
+        "deepseek_v3": "dense first layers and group-limited routing",
+    },
+    norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_mixtral_weights,
+    parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),
+    layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora)
+
+BUILTIN_FAMILIES: Mapping[str, ArchitectureFamily] = {f.name: f for f in (LLAMA, GPT2, MIXTRAL)}
+
+
+def _fallback(model) -> ArchitectureFamily:
+    """Who models what no family claims: the nearest built-in by structure."""
+    if model.is_sparse:
+        return MIXTRAL
+    if model.gated_mlp is False:
+        return GPT2
+    return LLAMA
+
+
+# --- choosing ------------------------------------------------------------------------------------------
+
+def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFamily],
+               providers: Mapping[str, str] | None = None) -> tuple[ArchitectureFamily, tuple[str, ...]]:
+    """The family that models ``model`` among ``families`` (the registered ones, by name),
+    and the approximation notes that choice carries (nothing is costed as something else
+    silently). More than one claimant is a ``PluginConflictError`` naming them (and, from
+    ``providers``, family name -> plugin name, the plugins to block); none, the nearest
+    built-in by structure, with a note."""
+    claimants = [f for f in families.values() if f.claims_model(model)]
+    if len(claimants) > 1:
+        raise _conflict(model, claimants, providers or {})
+    family = claimants[0] if claimants else _fallback(model)
+    return family, architecture_notes(model, family, families)
+
+
+def _conflict(model, claimants, providers) -> PluginConflictError:
+    def who(f):
+        plugin = providers.get(f.name)
+        return f"{f.name!r} (" + (f"plugin {plugin}" if plugin else f"defined in {f.layer.__module__}") + ")"
+    plugins = [providers[f.name] for f in claimants if providers.get(f.name)]
+    block = (" or ".join(f"MLSYSIM_DISABLED_PLUGINS={p}" for p in plugins) if len(plugins) == len(claimants)
+             else "MLSYSIM_DISABLED_PLUGINS=<plugin>")
+    arch = model.architecture or "(not given)"
+    return PluginConflictError(
+        f"architecture {arch!r} of model {model.name!r} is claimed by more than one architecture family: "
+        f"{', '.join(who(f) for f in claimants)}. One family models an architecture: block the plugin of the "
+        f"one not wanted ({block}, or --disable-plugin), or uninstall it",
+        plugin=plugins[-1] if plugins else None, hook=HOOK)
+
+
+def architecture_notes(model: TransformerWorkload, family: ArchitectureFamily,
+                       families: Mapping[str, ArchitectureFamily] | None = None) -> tuple[str, ...]:
+    """What costing ``model`` as ``family`` approximates about its architecture, as notes:
+    no architecture given, one the family models only approximately, or one no family
+    claims (``families``: the registered ones, to say which would, were the model built
+    like it)."""
+    arch = _architecture(model)
+    style = family.display
+    if not arch:
+        return (f"approximation: model.architecture is not given; costed as {style}-style layers",)
+    if family.claims_model(model):
+        missing = family.approximation(arch)
+        if missing is None:
+            return ()
+        return (f"approximation: architecture {model.architecture!r} has no measured-grade model of its own; "
+                f"costed as {style}-style layers" + (f" ({missing} not modelled)" if missing else ""),)
+    for other in (families or BUILTIN_FAMILIES).values():
+        reason = other.misfit(model) if arch in other.architectures and other is not family else None
+        if reason:
+            return (f"approximation: architecture {model.architecture!r} is modelled as {other.display}-style "
+                    f"layers, which do not fit {model.name!r} ({reason}); costed as {style}-style layers",)
+    return (f"approximation: architecture {model.architecture!r} has no measured-grade model of its own; "
+            f"costed as {style}-style layers",)
+
+
+@memoize
+def default_family(model: TransformerWorkload) -> ArchitectureFamily:
+    """The built-in family that models ``model`` (no plugin's families)."""
+    return family_for(model, BUILTIN_FAMILIES)[0]
+
+
+def family_of(plan) -> ArchitectureFamily:
+    """The family a prepared plan uses: the one ``prepare`` chose
+    (``profile_options.architecture``), else the built-in that models the plan's model."""
+    family = getattr(plan.profile_options, "architecture", None)
+    return family if family is not None else default_family(plan.model)
+
+
+def resolve_family(family) -> ArchitectureFamily:
+    """A family object as is, or a built-in one by name (a ``ValueError`` for another name)."""
+    if isinstance(family, ArchitectureFamily):
+        return family
+    try:
+        return BUILTIN_FAMILIES[family]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown layer style {family!r}; expected one of {tuple(BUILTIN_FAMILIES)}") from None
+
+
+@hookimpl
+def mlsysim_measured_architectures():
+    return list(BUILTIN_FAMILIES.values())
