@@ -84,7 +84,8 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from .solver import TrainingMemoryModel, _hardware as _resolve_hardware, _model as _resolve_model, check_plan, solve_plan
+from .inputs import _hardware as _resolve_hardware, _model as _resolve_model, check_plan
+from .solver import TrainingMemoryModel, solve_plan
 from .plan import TrainingPlan
 from .specs import DATA
 

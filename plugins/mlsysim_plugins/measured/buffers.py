@@ -22,7 +22,7 @@ def _fmt(x) -> str:
 def gathered_bytes(plan) -> int | float:
     """Bytes of one gathered (unsharded) parameter: FSDP2's mixed precision gathers in bf16."""
     regime = plan.profile_options.regime
-    return 2 if regime.name == "fsdp-bf16" else regime.weight
+    return regime.gather or regime.weight
 
 
 def layer_parameters(plan) -> float:

@@ -36,6 +36,7 @@ class Regime:
     residual: int
     autocast: bool = False
     main_grad: int = 0
+    gather: int = 0        # bytes of a parameter all-gathered for compute (FSDP's param_dtype); 0: ``weight``
 
     @property
     def pure_16bit(self) -> bool:
@@ -61,7 +62,7 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=2, residual=2),
     Regime(name="fsdp-bf16", description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): "
            "fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters and activations",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
            compute=2, residual=2, main_grad=4),
@@ -112,7 +113,7 @@ def check_modelled(regime: Regime) -> Regime:
                         for (c, r, a), what in MODELLED_LAYOUTS.items()),
             f"regime {regime.name!r} has compute={regime.compute} B, residual={regime.residual} B, "
             f"autocast={regime.autocast}: its activations are not modelled")
-    for field in ("weight", "gradient", "master", "state", "main_grad"):
+    for field in ("weight", "gradient", "master", "state", "main_grad", "gather"):
         value = getattr(regime, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 8:
             raise NotModelledError("regime", regime.name, f"{field} in bytes per element, 0 to 8",

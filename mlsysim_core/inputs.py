@@ -1,0 +1,276 @@
+"""Step 1 of the pipeline: the inputs of a solve, checked once, become a frozen
+``TrainingPlan``; then the selected profile's own options are built and its ``prepare``
+completes them. Nothing past this module re-checks an input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import attrs
+
+from . import _checks
+from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError
+from .hookspecs import COMPONENT_HOOKS
+from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
+from .terms import _source_cell
+from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
+from .specs import DATA, DEFAULT_RULES
+from .types import HardwareNode, TransformerWorkload
+
+_ZERO_RULES = ("zero0", "zero1", "zero2", "zero3")
+
+
+def check_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
+               activation_checkpointing, tp_size, pp_size, dp_size, ep_size, zero_stage,
+               gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
+               sequence_parallel, data_parallel, sharding_rules, plugin_options, include_plugins,
+               cp_size=1) -> TrainingPlan:
+    """The generic inputs, checked in the reference model's order (spec §4), made strict."""
+    profile = _checks.name("profile", profile, registry.profiles)
+    model, hardware = _model(model), _hardware(hardware)
+    precision = _checks.name("precision", precision, PRECISION_BYTES)
+    if not isinstance(optimizer, str) or optimizer.lower() not in registry.optimizers:
+        raise (InvalidInputError if isinstance(optimizer, str) else InvalidInputTypeError)(
+            "optimizer", optimizer,
+            f"an installed optimizer: {registry.describe_choices(OPTIMIZER, registry.optimizers)}")
+    if not isinstance(activation_checkpointing, str) or activation_checkpointing not in registry.checkpointing:
+        # Case-sensitive, as the reference: 'Selective' is not a strategy name.
+        raise (InvalidInputError if isinstance(activation_checkpointing, str) else InvalidInputTypeError)(
+            "activation_checkpointing", activation_checkpointing,
+            f"one of: {registry.describe_choices(CHECKPOINTING, registry.checkpointing)}")
+    count = _checks.count
+    sizes = {name: count(name, value) for name, value in (
+        ("batch_size", batch_size), ("seq_len", seq_len), ("tp_size", tp_size), ("pp_size", pp_size),
+        ("dp_size", dp_size), ("ep_size", ep_size), ("cp_size", cp_size),
+        ("gradient_accumulation_steps", gradient_accumulation_steps))}
+    trainable_fraction = _checks.fraction("trainable_fraction", trainable_fraction)
+    communication_buffer_fraction = _checks.fraction("communication_buffer_fraction", communication_buffer_fraction)
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise (InvalidInputTypeError if isinstance(zero_stage, bool) else InvalidInputError)(
+            "zero_stage", zero_stage, "0, 1, 2 or 3")
+    zero_stage = int(zero_stage)
+    sequence_parallel = _checks.flag("sequence_parallel", sequence_parallel)
+    if sizes["tp_size"] > 1:
+        _check_tp(model, sizes["tp_size"])
+    # Wrong types are errors, even when falsy (0, "", [] are not "not given"): only None and
+    # the documented empty forms ({} for the mappings, an empty sequence of names) are.
+    if sharding_rules is not None and not isinstance(sharding_rules, Mapping):
+        raise InvalidInputTypeError("sharding_rules", sharding_rules,
+                                    f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None",
+                                    f"got {type(sharding_rules).__name__}")
+    if plugin_options is not None and not isinstance(plugin_options, Mapping):
+        raise InvalidInputTypeError("plugin_options", plugin_options, "a mapping of spec name -> options, or None",
+                                    f"got {type(plugin_options).__name__}")
+    if isinstance(include_plugins, str):
+        include_plugins = (include_plugins,)
+    if include_plugins is not None and (
+            type(include_plugins) is not tuple and (not isinstance(include_plugins, Iterable) or
+                                                    isinstance(include_plugins, (bytes, Mapping, set, frozenset)))
+            or not all(isinstance(plugin, str) for plugin in include_plugins)):
+        raise InvalidInputTypeError("include_plugins", include_plugins,
+                                    "a sequence of installed plugin names (or one name), or ()",
+                                    f"got {type(include_plugins).__name__}")
+    if registry.checkpointing[activation_checkpointing].requires_heads and model.heads is None:
+        usable = sorted(n for n, s in registry.checkpointing.items() if not s.requires_heads)
+        raise InvalidInputError(
+            "activation_checkpointing", activation_checkpointing,
+            f"a strategy that does not need the head count for model {model.name!r} (heads=None): "
+            f"{', '.join(usable)}",
+            f"strategy '{activation_checkpointing}' needs model.heads"
+            + (": the 5*a*s^2*b attention-score term scales with the head count (Korthikanti et al. "
+               "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
+    optimizer = optimizer.lower()
+    rules = _rules(registry, sharding_rules, data_parallel, zero_stage)
+    include = tuple(sorted(set(include_plugins))) if include_plugins else ()
+    for plugin in include:
+        if plugin not in registry.plugins:
+            raise InvalidInputError("include_plugins", plugin,
+                                    f"an installed plugin: {', '.join(sorted(registry.plugins))}")
+    if include:
+        _check_included(registry, profile, include)
+    selected = {optimizer: registry.optimizers[optimizer],
+                activation_checkpointing: registry.checkpointing[activation_checkpointing],
+                **{name: registry.sharding_rules[name] for name in rules.values()}}
+    options = FrozenMap(_structure_options(plugin_options or {}, selected))
+    return TrainingPlan(model=model, hardware=hardware, precision=precision, optimizer=optimizer,
+                        activation_checkpointing=activation_checkpointing, zero_stage=zero_stage,
+                        trainable_fraction=trainable_fraction,
+                        communication_buffer_fraction=communication_buffer_fraction,
+                        sequence_parallel=sequence_parallel, profile=profile, rules=rules, options=options,
+                        include_plugins=include, notes=_catalog_notes(model, hardware), **sizes)
+
+
+def _model(model) -> TransformerWorkload:
+    if isinstance(model, str):
+        from .catalog import get_model
+        return get_model(model)
+    if not isinstance(model, TransformerWorkload):
+        raise InvalidInputTypeError("model", model,
+                                    "a TransformerWorkload, SparseTransformerWorkload or a catalog name "
+                                    "(see `mlsysim-core models`)", f"got {type(model).__name__}")
+    return model
+
+
+def _hardware(hardware) -> HardwareNode:
+    if isinstance(hardware, str):
+        from .catalog import get_hardware
+        return get_hardware(hardware)
+    if not isinstance(hardware, HardwareNode):
+        raise InvalidInputTypeError("hardware", hardware,
+                                    "a HardwareNode or a catalog name (see `mlsysim-core hardware`)",
+                                    f"got {type(hardware).__name__}")
+    return hardware
+
+
+def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
+    """Under every profile, a tensor-parallel rank holds at least one column of the hidden
+    size (the reference's 4096 stand-in when the model has none). (The measured profile also
+    needs tp to divide the heads; the reference does not check the heads: mlsysim 0.3.0
+    accepted tp=16 on 12 heads, and the recorded reference grid has such runs.)"""
+    hidden = model.hidden_dim or 4096
+    if tp_size > hidden:
+        from .errors import LayoutError
+        heads = model.heads
+        hint = (f"; with its {heads} heads, a divisor of {heads} (e.g. "
+                f"{max(d for d in range(1, min(heads, 8) + 1) if heads % d == 0)})" if heads else "")
+        raise LayoutError("tp_size", tp_size, f"at most the model's hidden size {hidden}{hint}",
+                          "tensor parallelism splits the hidden dimension (and the heads) over tp ranks: "
+                          "more ranks than columns leaves ranks with nothing")
+
+
+def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> FrozenMap:
+    """One installed rule per axis: the defaults, those named in ``sharding_rules``, and the
+    data-parallel rule ``data_parallel`` names (else ``zero<zero_stage>``)."""
+    requested = dict(sharding_rules) if sharding_rules else {}
+    for axis in requested:
+        if axis not in DEFAULT_RULES:
+            raise InvalidInputError("sharding_rules", requested,
+                                    f"keys among {', '.join(DEFAULT_RULES)} (use data_parallel= for 'dp')")
+    rules = {axis: _rule(registry, axis, requested.get(axis, default), f"sharding_rules[{axis!r}]")
+             for axis, default in DEFAULT_RULES.items()}
+    if data_parallel is None:
+        rules[DATA] = _rule(registry, DATA, _ZERO_RULES[zero_stage], "zero_stage")
+    else:
+        rules[DATA] = _rule(registry, DATA, data_parallel, "data_parallel")    # a known rule first
+        if zero_stage != 0:
+            raise InvalidInputError("zero_stage", zero_stage,
+                                    "0 when data_parallel= names a rule (the rule decides the sharding)",
+                                    f"data_parallel={data_parallel!r}")
+    return FrozenMap(rules)
+
+
+def _rule(registry: Registry, axis: str, name: object, parameter: str) -> str:
+    choices = registry.rules_for_axis(axis)
+    if not isinstance(name, str) or name.strip().lower() not in choices:
+        label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
+                 "ep": "expert-parallel", "cp": "context-parallel"}[axis]
+        raise (InvalidInputTypeError if not isinstance(name, str) else InvalidInputError)(
+            parameter, name, f"an installed {label} rule: {registry.describe_choices(SHARDING, choices)}")
+    return name.strip().lower()
+
+
+def _check_included(registry: Registry, profile: str, include: tuple) -> None:
+    """``include_plugins`` may name plugins that add component terms the profile does not
+    already have: not a plugin that provides a profile or is part of one (its hooks are that
+    profile's model, not an add-on), nor one the selected profile already runs (its terms
+    would count twice), nor one without component hooks (including it would change nothing)."""
+    providers = {info.name for (kind, _), info in registry.providers.items() if kind == PROFILE}
+    providers |= {name for spec in registry.profiles.values() for name in spec.component_plugins
+                  if spec.name != profile}
+    runs = set(registry.profiles[profile].component_plugins)
+    hooked = {impl.plugin.name for hook in COMPONENT_HOOKS.values() for impl in registry.component_impls.get(hook, ())}
+    names = sorted(hooked - providers - runs)
+    for plugin in include:
+        if plugin in names:
+            continue
+        why = (f"plugin {plugin!r} provides a profile or is part of one: use profile= to select it"
+               if plugin in providers else
+               f"profile {profile!r} already runs plugin {plugin!r}: its terms would count twice" if plugin in runs
+               else f"plugin {plugin!r} implements no component hook: including it would change nothing")
+        raise InvalidInputError("include_plugins", plugin,
+                                "a plugin whose component hooks the profile does not already run: "
+                                + (", ".join(names) if names else "(none installed)"), why)
+
+
+def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) -> dict[str, Any]:
+    """Each selected spec's options object: structured from ``given``, else its defaults."""
+    for name in given:
+        if name not in selected:
+            raise InvalidInputError("plugin_options", name,
+                                    f"options for a selected spec: {', '.join(sorted(selected))}",
+                                    "that spec is not selected in this solve")
+    options = {}
+    for name, spec in selected.items():
+        if spec.options_type is None:
+            if name in given:
+                raise InvalidInputError(f"plugin_options[{name!r}]", given[name],
+                                        f"nothing: '{name}' declares no options")
+            continue
+        if name in given:
+            from .serialization import structure_options
+            options[name] = structure_options("plugin_options", name, spec.options_type, given[name])
+        else:
+            try:
+                options[name] = spec.options_type()
+            except TypeError as err:
+                raise InvalidInputError(f"plugin_options[{name!r}]", None,
+                                        f"values for the required options of '{name}'", str(err)) from err
+    return options
+
+
+def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> TrainingPlan:
+    """The plan with the profile's own options: built from the keywords given (an unknown one
+    is an error naming it), then checked against the model by the profile's ``prepare``."""
+    known = options_fields(spec)
+    for name, value in given.items():
+        if name in known:
+            continue
+        owners = sorted(p.name for p in registry.profiles.values() if name in options_fields(p))
+        if owners:
+            raise InvalidInputError(name, value, f"None under a {spec.grade}-grade profile",
+                                    f"profile {plan.profile!r} ignores it; use profile={owners[0]!r}")
+        raise InvalidInputTypeError(name, value, "a keyword of solve" + (
+            f" or an option of profile {plan.profile!r}: {', '.join(known)}" if known else ""),
+            "no such keyword")
+    if spec.options_type is None:
+        return plan
+    info = registry.providers[(PROFILE, spec.name)]
+    options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
+    plan = attrs.evolve(plan, profile_options=options)
+    if spec.prepare is not None:
+        plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry.extensions)
+        if type(plan) is not TrainingPlan:
+            raise PluginContractError(f"{info.describe()} profile '{spec.name}' prepare returned "
+                                      f"{type(plan).__name__}; expected TrainingPlan",
+                                      plugin=info.name, source=info.source, hook="prepare")
+    return plan
+
+
+def options_fields(spec) -> dict[str, attrs.Attribute]:
+    """A profile's options that users give (keywords of solve, CLI flags, scenario fields):
+    the fields of its ``options_type``, but those marked ``metadata={"internal": True}``."""
+    if spec.options_type is None:
+        return {}
+    return {f.name: f for f in attrs.fields(spec.options_type) if not f.metadata.get("internal")}
+
+
+def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *args):
+    """Call a plugin: a user error passes through, anything else names the plugin and hook."""
+    cell = _source_cell.get()
+    if cell is not None:
+        cell[0] = info.name     # terms it builds are stamped with its name
+    try:
+        return function(*args)
+    except (InvalidInputError, PluginContractError):
+        raise
+    except Exception as err:
+        raise PluginContractError(f"{info.describe()} {where} raised {type(err).__name__}: {err}",
+                                  plugin=info.name, source=info.source, hook=hook) from err
+
+
+def _catalog_notes(model, hardware) -> tuple[str, ...]:
+    """A note for a model or accelerator that is the reference's catalog data (``mlsysim:``)."""
+    import sys
+    catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects
+    return catalog.provenance_notes(model, hardware) if catalog is not None else ()
