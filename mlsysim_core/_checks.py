@@ -1,9 +1,6 @@
-"""Input checks shared by the types and the solver.
-
-Each check returns the normalised value or raises ``InvalidInputError`` naming the
-parameter, the value and what is allowed. Stricter than the reference model on purpose:
-bools, NaN/inf and non-integral counts are rejected instead of propagating.
-"""
+"""Input checks shared by the types and the solver: each returns the normalised value or
+raises ``InvalidInputError`` naming the parameter. Stricter than the reference on purpose:
+bools, NaN/inf and non-integral counts are refused, not propagated."""
 
 from __future__ import annotations
 
@@ -12,11 +9,8 @@ import numbers
 
 from .errors import InvalidInputError, InvalidInputTypeError
 
-
-# The largest count a check accepts: every integer up to it is exactly a float64, so byte
-# counts built from counts stay exact (or at worst rounded once) and finite. 2**53 devices,
-# tokens or layers is far beyond any real run; a larger number is a typo or hostile input
-# (10**400 would overflow the float formulas deep inside a plugin).
+# The largest count accepted: every integer up to it is exactly a float64, so bytes made from
+# counts stay exact and finite; anything larger is a typo or hostile input (10**400 overflows).
 MAX_COUNT = 2**53
 
 
@@ -24,18 +18,14 @@ def count(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUN
     """An integer count in [minimum, maximum]; integral floats (``2.0``) are accepted as ints."""
     if type(value) is int and minimum <= value <= maximum:   # the common case, first
         return value
-    allowed = f"an integer >= {minimum}"
-    given = value
+    allowed, given = f"an integer >= {minimum}", value
     if isinstance(value, bool):
         raise InvalidInputTypeError(name, value, allowed, "bools are not counts")
-    if isinstance(value, numbers.Integral):
-        value = int(value)
-    elif isinstance(value, numbers.Real):
-        if not math.isfinite(value) or not float(value).is_integer():
-            raise InvalidInputError(name, value, allowed, "not a whole number")
-        value = int(value)
-    else:
+    if not isinstance(value, numbers.Real):
         raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
+    if not isinstance(value, numbers.Integral) and not (math.isfinite(value) and float(value).is_integer()):
+        raise InvalidInputError(name, value, allowed, "not a whole number")
+    value = int(value)
     if value < minimum:
         raise InvalidInputError(name, given, allowed)
     if value > maximum:
@@ -73,25 +63,18 @@ def name(parameter: str, value: object, choices) -> str:
         return value
     listing = ", ".join(sorted(choices)) or "(none installed)"
     if not isinstance(value, str):
-        raise InvalidInputTypeError(parameter, value, f"one of: {listing}",
-                                    f"got {type(value).__name__}")
+        raise InvalidInputTypeError(parameter, value, f"one of: {listing}", f"got {type(value).__name__}")
     key = value.lower()
     if key not in choices:
         raise InvalidInputError(parameter, value, f"one of: {listing}")
     return key
 
 
-# attrs field validators built on the checks above.
-
-def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT):
+def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False):
+    """An attrs validator: ``count`` (``optional``: or None) naming ``Class.field``."""
     def validate(instance, attribute, value):
-        count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
-    return validate
-
-
-def attrs_optional_count(minimum: int = 1, maximum: int = MAX_COUNT):
-    def validate(instance, attribute, value):
-        optional_count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
+        if not (optional and value is None):
+            count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
     return validate
 
 
@@ -101,19 +84,13 @@ def attrs_optional_flag(instance, attribute, value):
 
 
 def to_int(value):
-    """attrs converter: integral floats become ints; everything else is left for validators."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return value
-
-
-def to_optional_int(value):
-    return None if value is None else to_int(value)
+    """attrs converter: integral floats become ints; everything else (None too) is left for validators."""
+    return int(value) if isinstance(value, float) and math.isfinite(value) and value.is_integer() else value
 
 
 def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_steps: int, note: str = "") -> None:
-    """The global batch must split into whole micro-batches: a multiple of
-    dp_size x gradient_accumulation_steps. The error names the nearest valid global batches."""
+    """The global batch must be a multiple of dp_size x gradient_accumulation_steps (whole
+    micro-batches); the error names the nearest valid ones."""
     per_step = dp_size * gradient_accumulation_steps
     if batch_size % per_step == 0:
         return

@@ -1,9 +1,8 @@
 """Every error mlsysim-core raises on purpose.
 
-Two families: a user gave bad input (``InvalidInputError``, a ``ValueError``; its
-``InvalidInputTypeError`` variant is also a ``TypeError``), or a plugin misbehaved
-(``PluginError`` and its subclasses, which always name the plugin, its distribution and
-the hook). Catch ``MlsysimError`` to catch both.
+Two families: bad user input (``InvalidInputError``, a ``ValueError``) and a misbehaving
+plugin (``PluginError``, naming the plugin, its distribution and the hook). Catch
+``MlsysimError`` to catch both.
 """
 
 from __future__ import annotations
@@ -21,31 +20,20 @@ class InvalidInputError(MlsysimError, ValueError):
     """
 
     def __init__(self, parameter: str, value: object, allowed: str, detail: str = ""):
-        self.parameter = parameter
-        self.value = value
-        self.allowed = allowed
-        self.detail = detail
-        message = f"{parameter}={_safe_repr(value)} is not allowed: {allowed}"
-        if detail:
-            message += f" ({detail})"
-        super().__init__(message)
+        self.parameter, self.value, self.allowed, self.detail = parameter, value, allowed, detail
+        detail = f" ({detail})" if detail else ""
+        super().__init__(f"{parameter}={_safe_repr(value)} is not allowed: {allowed}{detail}")
 
 
-_REPR_LIMIT = 1000
-
-
-def _safe_repr(value: object) -> str:
-    """``repr(value)``, bounded: a deeply nested or huge value (from a hostile file) must not
-    turn the error message itself into a RecursionError or a megabyte of text."""
+def _safe_repr(value: object, limit: int = 1000) -> str:
+    """``repr(value)``, bounded: a hostile value must not make the message itself fail or huge."""
     try:
         text = repr(value)
     except RecursionError:
         return f"<{type(value).__name__} nested too deeply to show>"
     except Exception as err:   # a broken __repr__ of a user's object
         return f"<{type(value).__name__} (repr failed: {type(err).__name__})>"
-    if len(text) > _REPR_LIMIT:
-        text = text[:_REPR_LIMIT] + f"... ({len(text)} characters)"
-    return text
+    return text[:limit] + f"... ({len(text)} characters)" if len(text) > limit else text
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):
@@ -53,19 +41,14 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 
 class NotModelledError(InvalidInputError):
-    """The input is valid, but the profile asked for does not model it (an optimizer without
-    a measured-grade model, an 8-bit training regime, a model without the shapes a profile
-    derives bytes from). Not a mistake in the input: the CLI, when no profile was named,
-    falls back to the reference profile and prints why; Python raises it. ``parameter``
-    names the input the profile cannot describe."""
+    """The input is valid, but the selected profile does not model it (``parameter`` names
+    what it cannot describe). The CLI, when no profile was named, falls back to the
+    reference profile and says why; Python raises it."""
 
 
 class LayoutError(InvalidInputError):
     """A parallel layout that cannot exist (EP on a dense model, more stages than layers).
-
-    Sharding-rule plugins raise it from their ``apply`` callable; the solver passes it
-    through unchanged instead of blaming the plugin.
-    """
+    Sharding rules raise it from ``apply``; the solver passes it through unchanged."""
 
 
 class NotInstalledError(MlsysimError):
@@ -77,9 +60,7 @@ class PluginError(MlsysimError):
 
     def __init__(self, message: str, *, plugin: str | None = None, source: str | None = None,
                  hook: str | None = None):
-        self.plugin = plugin
-        self.source = source
-        self.hook = hook
+        self.plugin, self.source, self.hook = plugin, source, hook
         super().__init__(message)
 
 

@@ -1,14 +1,9 @@
 """The one caching mechanism: a memo keyed on every argument of a pure function.
 
-A key is the whole argument tuple with each argument's type (``True == 1`` and ``1.0 == 1``,
-but a check may accept one and refuse the other), compared by value, so it cannot go stale
-by omission: what a function reads it receives, and everything it receives is in the key.
-Only frozen (hashable) arguments are memoised; a call with an unhashable one (a dict of
-options, a list) simply runs. Built-in plugins and the solver use it; third-party plugins
-may too.
-
-``set_enabled(False)`` switches every memo off (and empties it) in one place: tests check
-that answers are byte-identical either way.
+The key is the whole argument tuple plus each argument's type (``True == 1``, but a check
+may accept one and refuse the other), so it cannot go stale by omission. A call with an
+unhashable argument simply runs. ``set_enabled(False)`` switches every memo off (tests
+check that answers are byte-identical either way).
 """
 
 from __future__ import annotations

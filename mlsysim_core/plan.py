@@ -11,11 +11,9 @@ import attrs
 
 from .types import HardwareNode, TransformerWorkload
 
-# Bytes per element of each precision, as in the reference model (core/units.py).
-# Weights, gradients, activations and pipeline buffers all use this size.
-PRECISION_BYTES: Mapping[str, int | float] = {
-    "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
-}
+# Bytes per element of each precision, as in the reference model (weights, gradients, activations).
+PRECISION_BYTES: Mapping[str, int | float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1,
+                                               "int8": 1, "int4": 0.5}
 
 # The reference model's stand-in for a missing hidden size (spec §6.2).
 FALLBACK_HIDDEN_DIM = 4096
@@ -37,17 +35,10 @@ class FrozenMap(dict):
 
 @attrs.frozen(kw_only=True, slots=False, cache_hash=True)
 class TrainingPlan:
-    """Everything a solve was asked, normalised and checked.
-
-    Names are canonical (lowercase); counts are ints; mappings are frozen, so a plan is
-    hashable and memos can key on it whole. Four derived values are plain attributes,
-    computed once when the plan is made: ``bytes_per_value``, ``microbatch`` and
-    ``hidden_dim`` (the values the reference model uses) and ``hidden_dim_note``. They are
-    not fields: equality, hashing and ``attrs.evolve`` see only the inputs.
-
-    ``profile_options`` is the selected profile's options object (its ``options_type``,
-    checked and completed by its ``prepare``); ``None`` for a profile without options.
-    """
+    """Everything a solve was asked, normalised and checked: names canonical, counts ints,
+    mappings frozen (a plan is hashable, a memo key). ``bytes_per_value``, ``microbatch``,
+    ``hidden_dim`` and ``hidden_dim_note`` are derived attributes, not fields: equality,
+    hashing and ``attrs.evolve`` see only the inputs."""
 
     model: TransformerWorkload
     hardware: HardwareNode
@@ -74,12 +65,11 @@ class TrainingPlan:
     rank: Any = None                    # which rank of a parallel layout this solve describes (ProfileSpec.ranks)
     notes: tuple[str, ...] = ()         # what the result says first (e.g. an approximation, a parameter count off)
 
-    def __attrs_post_init__(self):
-        # The derived attributes. The class keeps a __dict__ (slots=False) so they can live
-        # beside the fields; a frozen class is written through it, once, before anyone sees the plan.
+    def __attrs_post_init__(self):   # the derived attributes, written once through __dict__ (slots=False)
         derived = self.__dict__
         derived["bytes_per_value"] = PRECISION_BYTES[self.precision]
-        derived["microbatch"] = _microbatch(self.batch_size, self.dp_size, self.gradient_accumulation_steps)
+        # The local micro-batch, rounded up and at least 1 (reference §6.2).
+        derived["microbatch"] = max(1, math.ceil(self.batch_size / (self.dp_size * self.gradient_accumulation_steps)))
         hidden = self.model.hidden_dim
         derived["hidden_dim"] = hidden or FALLBACK_HIDDEN_DIM
         derived["hidden_dim_note"] = "" if hidden else \
@@ -89,20 +79,11 @@ class TrainingPlan:
         return self.options.get(spec_name)
 
 
-def _microbatch(batch_size: int, dp_size: int, gradient_accumulation_steps: int) -> int:
-    """Local micro-batch: the global batch over DP replicas and accumulation steps, rounded
-    up and at least 1 (reference §6.2)."""
-    return max(1, math.ceil(batch_size / (dp_size * gradient_accumulation_steps)))
-
-
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Placement:
-    """How the selected sharding rules split the model over ranks, for one rank.
-
-    Shard factors are integer products over all selected rules; the per-rank parameter
-    counts are divided once (``parameters / parameter_shards``), keeping fractional
-    parameters as the reference model does.
-    """
+    """How the selected sharding rules split the model, for one rank: shard factors are
+    integer products over the rules; per-rank parameters are divided once (fractional, as
+    the reference keeps them)."""
 
     parameter_shards: int
     parameters_per_rank: float

@@ -1,9 +1,5 @@
-"""The registry: every installed optimizer, strategy, rule and profile, by name.
-
-Built once from a plugin manager, then immutable. It also remembers which plugin (and
-which distribution and version) provided each spec, and the component-hook
-implementations in a fixed order, so that a solve never depends on pluggy's order.
-"""
+"""The registry: every installed spec by name, who provided it, and the component-hook
+implementations in a fixed order (a solve never depends on pluggy's order). Immutable."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ class PluginInfo:
     name: str
     distribution: str = "unknown"
     version: str = ""
-    # "dist version", e.g. "mlsysim-core 0.1.0" (derived once: read on every solve).
-    source: str = attrs.field(init=False, eq=False, repr=False)
+    source: str = attrs.field(init=False, eq=False, repr=False)   # "mlsysim-core 0.1.0", read on every solve
 
     @source.default
     def _source(self) -> str:
@@ -58,11 +53,9 @@ class Registry:
     component_impls: Mapping[str, tuple[ComponentImpl, ...]]  # hook name -> impls, by plugin name
     plugins: Mapping[str, PluginInfo]                         # every registered plugin
     rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
-    # Plugins set aside because their registration failed (PluginManager.survey() only;
-    # the registry a solve uses has none): plugin name -> the PluginError, as raised.
+    # plugin name -> its PluginError, for plugins set aside (PluginManager.survey() only).
     broken: Mapping[str, Exception] = attrs.field(factory=dict)
-    # What the profiles' own registration hooks registered: hook name -> {item name: item}
-    # (their providers are in ``providers`` under (hook name, item name)).
+    # The profiles' own registration hooks: hook name -> {item name: item}; providers as specs'.
     extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:

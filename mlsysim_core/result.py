@@ -6,8 +6,9 @@ from typing import Mapping
 
 import attrs
 
+from .errors import InvalidInputError
 from .terms import ACCELERATOR as ACCELERATOR_TIER
-from .terms import COMPONENTS, MemoryTerm
+from .terms import COMPONENTS, PHASES, MemoryTerm
 
 GB = 1e9        # decimal gigabyte, what the reference reports
 GIB = 2**30     # binary gibibyte, what accelerator vendors mean by "80 GB"
@@ -16,11 +17,8 @@ _MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENT
 
 
 class MemoryView:
-    """The memory fields of a result in one unit: ``result.gb.total_memory``.
-
-    GB values are ``bytes * 1e-9`` exactly as the reference model converts them;
-    GiB values are ``bytes / 2**30``.
-    """
+    """The memory fields of a result in one unit: ``result.gb.total_memory`` (``bytes * 1e-9``,
+    exactly as the reference converts) or ``result.gib.total_memory`` (``bytes / 2**30``)."""
 
     __slots__ = ("_result", "_unit", "_gb")
 
@@ -43,8 +41,7 @@ class MemoryView:
 @attrs.frozen(kw_only=True)
 class RankReport:
     """The memory of one rank class of a parallel layout (a pipeline stage, or the middle
-    stages that are alike, with all its tensor-, context- and data-parallel ranks): bytes,
-    as in ``TrainingMemoryResult``."""
+    stages that are alike), in bytes as in ``TrainingMemoryResult``."""
 
     name: str                       # "first stage", "middle stage 1", "last stage", "every rank"
     stages: tuple[int, ...]         # the pipeline stages (0-based) in this class
@@ -71,12 +68,9 @@ class RankReport:
 
 @attrs.frozen(kw_only=True)
 class TrainingMemoryResult:
-    """Memory of one accelerator for one training configuration.
-
-    Every memory field is in **bytes** (exact: an int, or a float where the profile's
-    formulas are fractional). Use ``result.gb`` or ``result.gib`` for unit views.
-    The fields of the reference result are all here, with the same names.
-    """
+    """Memory of one accelerator for one training configuration, every memory field in
+    **bytes** (exact); ``result.gb`` and ``result.gib`` are unit views. The reference
+    result's fields are all here, under the same names."""
 
     feasible: bool
     total_memory: int | float
@@ -102,23 +96,19 @@ class TrainingMemoryResult:
     layers_per_stage: int = 1
     sequence_parallel: bool = True
     selected: Mapping[str, str] = attrs.field(factory=dict)   # role -> spec name
-    # For a profile that combines by "peak": the phase whose live bytes are the total (the
-    # component fields are then what is alive in it). None when the profile sums.
+    # A "peak" profile: the phase whose live bytes are the total (and the components). None: summed.
     peak_phase: str | None = None
     plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
-    # Measured-grade profiles: CUDA context, allocator reserve, library workspaces (bytes,
-    # included in total_memory); and the training regime the solve assumed.
+    # Measured-grade profiles: CUDA context, allocator, workspaces (in total_memory); the regime.
     runtime_overheads: int | float = 0
     regime: str | None = None
-    # Measured-grade profiles, parallel layouts: every distinct rank class (the component
-    # fields above are the heaviest one's, named here); empty for one device.
+    # Parallel layouts (measured grade): every distinct rank class; the fields above are the heaviest's.
     ranks: tuple["RankReport", ...] = ()
     heaviest_rank: str | None = None
 
     @property
     def allocated_memory(self) -> int | float:
-        """The total without runtime overheads: what ``torch.cuda.max_memory_allocated``
-        (or PyTorch's MemTracker) would report at the peak."""
+        """The total without runtime overheads (what ``torch.cuda.max_memory_allocated`` reports)."""
         return self.total_memory - self.runtime_overheads
 
     @property
@@ -133,8 +123,7 @@ class TrainingMemoryResult:
 
     @property
     def phase_totals(self) -> dict[str, int | float]:
-        """Accelerator bytes alive in each phase of an iteration, from the terms' liveness
-        (whatever the profile's combine rule)."""
+        """Accelerator bytes alive in each phase of an iteration (whatever the combine rule)."""
         return _phase_totals(self.terms)
 
     @property
@@ -149,7 +138,6 @@ class TrainingMemoryResult:
 
     def terms_of(self, component: str) -> tuple[MemoryTerm, ...]:
         if component not in COMPONENTS:
-            from .errors import InvalidInputError
             raise InvalidInputError("component", component, f"one of {', '.join(COMPONENTS)}")
         return tuple(t for t in self.terms if t.component == component)
 
@@ -163,18 +151,9 @@ class TrainingMemoryResult:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainingMemoryResult":
-        """Read back a result written by ``to_json``; anything else raises ``InvalidInputError``
-        naming the field (``result.total_memory``, ``result.ranks[1].weights``,
-        ``result.selected.dp_rule``).
-
-        Checked: memory finite and >= 0, each total its components' sum and ``feasible`` as
-        it says, for the result and for every rank (non-empty ``stages`` and ``terms``, a
-        known ``peak_phase``, ``heaviest_rank`` naming one of them); ``selected`` consistent
-        with the result's own fields and naming installed specs. A document with a
-        ``schema_version`` must carry every field ``to_json`` writes; one without (written
-        before ``schema_version`` existed) is accepted, with the fields that have defaults
-        allowed to be missing and taking them. A ``schema_version`` newer than this
-        package's is refused."""
+        """Read back a result written by ``to_json``, checked to be one a solve could give;
+        anything else raises ``InvalidInputError`` naming the field (``result.ranks[1].weights``).
+        A document without ``schema_version`` (older) may leave out fields with defaults."""
         from .serialization import result_from_json
         return result_from_json(text)
 
@@ -188,12 +167,10 @@ class TrainingMemoryResult:
         from .render import to_html
         return to_html(self)
 
-    def _repr_html_(self) -> str:   # Jupyter shows results as this table
-        return self.to_html()
+    _repr_html_ = to_html     # Jupyter shows results as this table
 
 
 def _phase_totals(terms, component: str | None = None) -> dict:
-    from .terms import PHASES
     totals = dict.fromkeys(PHASES, 0)
     for term in terms:
         if term.tier == ACCELERATOR_TIER and (component is None or term.component == component):
@@ -202,15 +179,15 @@ def _phase_totals(terms, component: str | None = None) -> dict:
     return totals
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
 def format_gb(nbytes) -> str:
-    """The reference's rendering of a byte count in GB (pint's ``~P`` format):
-    ``repr`` of the float, with exponents written as ``×10⁻⁵``."""
+    """The reference's rendering of bytes in GB (pint's ``~P``): the float's repr, ``×10⁻⁵`` exponents."""
     text = repr(float(nbytes * 1e-9))
     if "e" in text:
         mantissa, exponent = text.split("e")
-        sup = str.maketrans("-+0123456789", "⁻⁺⁰¹²³⁴⁵⁶⁷⁸⁹")
-        exponent = str(int(exponent)).translate(sup)
-        text = f"{mantissa}×10{exponent}"
+        text = f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     return f"{text} GB"
 
 
@@ -219,27 +196,3 @@ def _summary_trace(r) -> str:
             f"weights={format_gb(r.weights)}, gradients={format_gb(r.gradients)}, "
             f"optimizer={format_gb(r.optimizer_state)}, activations={format_gb(r.activations)}, "
             f"buffers={format_gb(r.communication_buffers)}.")
-
-
-def _positional_constructor(cls):
-    """A constructor taking every field of the frozen, slotted attrs class ``cls``
-    positionally, in ``attrs.fields`` order: the same object ``cls(**fields)`` builds
-    (``cls`` has no validators, converters or post-init), set slot by slot through the
-    slots' own descriptors. The solver builds a result on every solve; this skips the
-    keyword parsing and the frozen class's ``__setattr__`` lookups (about half the cost)."""
-    fields = attrs.fields(cls)
-    assert all(f.validator is None and f.converter is None for f in fields)
-    assert not hasattr(cls, "__attrs_post_init__") and "__slots__" in cls.__dict__
-    names = [f.name for f in fields]
-    setters = {f"_set_{name}": cls.__dict__[name].__set__ for name in names}
-    lines = [f"def make({', '.join(names)}):", "    self = _new(_cls)"]
-    lines += [f"    _set_{name}(self, {name})" for name in names]
-    lines.append("    return self")
-    namespace = {"_new": object.__new__, "_cls": cls, **setters}
-    exec("\n".join(lines), namespace)
-    make = namespace["make"]
-    make.__doc__ = f"{cls.__name__}({', '.join(names)}), every field given, positionally."
-    return make
-
-
-_new_result = _positional_constructor(TrainingMemoryResult)

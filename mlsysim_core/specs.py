@@ -1,10 +1,9 @@
 """What plugins register: named optimizers, checkpointing strategies, sharding rules, profiles.
 
-A spec is a *named factory*: a frozen attrs object holding plain callables that the solver
-calls directly once the user's configuration has selected it by name. Only the selected
-spec of each axis is ever called, so an installed but unselected plugin never contributes
-a byte. Callables receive the validated ``TrainingPlan`` (and, after placement, the
-``Placement``) plus the spec's own options object (``None`` when it declares none).
+A spec is a *named factory*: a frozen attrs object of plain callables that the solver calls
+once the configuration selects it by name, so an installed but unselected plugin never adds
+a byte. Callables receive the ``TrainingPlan`` (and the ``Placement``) and the spec's options
+object (``None`` when it declares none). The fields are tabled in docs/hooks.md.
 """
 
 from __future__ import annotations
@@ -38,6 +37,10 @@ def _callable(instance, attribute, value):
         raise TypeError(f"{type(instance).__name__}.{attribute.name} must be callable, got {value!r}")
 
 
+def _optional_callable():
+    return attrs.field(default=None, validator=attrs.validators.optional(_callable))
+
+
 _name_field = attrs.field(validator=_spec_name)
 _description = attrs.field(default="", validator=attrs.validators.instance_of(str))
 _options = attrs.field(default=None, validator=_options_type)
@@ -45,49 +48,33 @@ _options = attrs.field(default=None, validator=_options_type)
 
 @attrs.frozen(kw_only=True)
 class OptimizerSpec:
-    """A named optimizer.
-
-    ``state_terms(plan, placement, options)`` returns the optimizer-state terms of ONE
-    rank, already divided by ``placement.optimizer_state_shards`` (ZeRO-1 and up).
-    """
+    """A named optimizer: ``state_terms(plan, placement, options)`` returns the optimizer-state
+    terms of ONE rank, already divided by ``placement.optimizer_state_shards``."""
 
     name: str = _name_field
     description: str = _description
     state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_callable))
-    """Same signature, for measured-grade profiles: the state in ``plan.regime``'s dtypes and
-    the step's temporaries for ``plan.optimizer_impl`` (phase ``optimizer_step``).
-    ``None``: the optimizer has no measured-grade model (such profiles refuse it).
-
-    .. versionadded:: plugin API 1.2"""
+    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    """The same, for measured-grade profiles (``None``: they refuse this optimizer). Plugin API 1.2."""
 
 
 @attrs.frozen(kw_only=True)
 class CheckpointingSpec:
-    """A named activation-checkpointing strategy.
-
-    ``activation_terms(plan, placement, options)`` returns the activation terms of one
-    rank, using ``placement.layers_per_stage`` and dividing by
-    ``placement.activation_shards`` (tensor/sequence parallelism).
-    """
+    """A named activation-checkpointing strategy: ``activation_terms(plan, placement, options)``
+    returns one rank's activation terms (``placement.layers_per_stage`` layers, divided by
+    ``placement.activation_shards``)."""
 
     name: str = _name_field
     description: str = _description
     activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     requires_heads: bool = False
     options_type: type | None = _options
-    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_callable))
-    """Same signature, for measured-grade profiles: the decoder layers' activations with
-    phases (``mlsysim_core.measured.model.layer_terms`` does the layer accounting).
-
-    .. versionadded:: plugin API 1.2"""
+    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    """The same, for measured-grade profiles, with phases. Plugin API 1.2."""
 
 
-# The axes a sharding rule can own, in the order the solver applies them:
-# model parallel first (tensor, context, pipeline, expert), then data parallel.
+# The axes a sharding rule can own, in the order the solver applies them.
 TENSOR = "tp"
 CONTEXT = "cp"
 PIPELINE = "pp"
@@ -96,23 +83,14 @@ DATA = "dp"
 AXES = (TENSOR, CONTEXT, PIPELINE, EXPERT, DATA)
 DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
 
-
 _SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards",
                  "optimizer_state_shards")
 
 
-def _tuple(value):
-    return tuple(value)
-
-
 @attrs.frozen(kw_only=True)
 class ShardingEffect:
-    """What one sharding rule does to one rank, as plain numbers.
-
-    The solver multiplies the shard factors of all selected rules (integer products, so
-    the order of rules never changes a number) and divides once. A factor of 1 means
-    "this rule does not split that quantity".
-    """
+    """What one sharding rule does to one rank, as plain numbers (1: "does not split it").
+    The solver multiplies the factors of all selected rules and divides once."""
 
     parameter_shards: int = 1
     activation_shards: int = 1
@@ -137,11 +115,8 @@ class ShardingEffect:
 
 @attrs.frozen(kw_only=True)
 class SplitSoFar:
-    """What the sharding rules applied before this one did, for one rank.
-
-    ``parameters_per_rank`` is ``model.parameters / parameter_shards`` (fractional, as the
-    reference keeps it); ``layers_per_stage`` is ``None`` until a pipeline rule sets it.
-    """
+    """What the sharding rules applied before this one did, for one rank
+    (``parameters_per_rank = model.parameters / parameter_shards``, fractional)."""
 
     parameter_shards: int
     activation_shards: int
@@ -149,22 +124,16 @@ class SplitSoFar:
     gradient_shards: int
     optimizer_state_shards: int
     parameters_per_rank: float
-    layers_per_stage: int | None
+    layers_per_stage: int | None      # None until a pipeline rule sets it
 
 
 @attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
-    """A named sharding rule for one axis (``tp``, ``cp``, ``pp``, ``ep`` or ``dp``).
+    """A named sharding rule for one axis: ``apply(plan, options) -> ShardingEffect``.
 
-    ``apply(plan, options) -> ShardingEffect``. A rule that finds the layout impossible
-    raises ``mlsysim_core.LayoutError`` naming the parameter; the solver passes that
-    through. Research variants of ZeRO are simply more ``dp`` rules.
-
-    Rules run in axis order (tp, cp, pp, ep, then dp). An ``apply`` that takes a third
-    parameter receives ``SplitSoFar``: what the rules before it did (e.g. a ZeRO variant
-    that needs the parameters per model-parallel rank). Two-parameter rules keep working.
-
-    .. versionadded:: plugin API 1.1 -- the optional third parameter.
+    Rules run in axis order (tp, cp, pp, ep, dp); an ``apply`` with a third parameter
+    receives ``SplitSoFar`` (plugin API 1.1). A layout that cannot exist raises
+    ``mlsysim_core.LayoutError``, which the solver passes through.
     """
 
     name: str = _name_field
@@ -172,69 +141,33 @@ class ShardingRuleSpec:
     description: str = _description
     apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_callable))
-    """``(plan, placement, options) -> terms``, for measured-grade profiles: the rule's own
-    communication buffers (gathers, reduce-scatters, buckets), with their phases, in the
-    regime's dtypes. Under a measured-grade profile they replace the effect's
-    ``buffer_terms`` (a reference-grade estimate of the same buffers). ``None``: the
-    effect's ``buffer_terms`` are the rule's buffers under every profile.
-
-    .. versionadded:: plugin API 2.0"""
+    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    """``(plan, placement, options) -> terms``: the rule's own buffers under a measured-grade
+    profile, replacing the effect's ``buffer_terms`` there. Plugin API 2.0."""
 
 
 @attrs.frozen(kw_only=True)
 class ProfileSpec:
     """A named set of plugins and a rule for combining their terms.
 
-    ``component_plugins`` names the plugins whose component hooks (always-on additive
-    terms) take part in this profile; component hooks of other plugins are not called
-    unless the user includes them. ``combine`` is ``"sum"`` (every term adds up, as the
-    textbook reference does) or ``"peak"``: the total is the largest, over the phases of
-    one iteration, of the accelerator bytes alive in that phase (``MemoryTerm.phases``);
-    the result names that phase, and its component fields are what is alive then.
+    ``component_plugins``: the plugins whose component hooks take part. ``combine``:
+    ``"sum"`` (every term adds up, as the reference) or ``"peak"`` (the largest, over the
+    phases of an iteration, of the accelerator bytes alive).
     """
 
     name: str = _name_field
     description: str = _description
-    component_plugins: tuple[str, ...] = attrs.field(converter=_tuple)
+    component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
     combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))
     grade: str = attrs.field(default="reference", validator=attrs.validators.in_(("reference", "measured")))
-    """Which callables of the selected optimizer and checkpointing specs this profile calls:
-    ``state_terms``/``activation_terms`` (reference) or ``measured_state_terms``/
-    ``measured_activation_terms`` (measured). A measured-grade solve also carries a training
-    regime (``plan.regime``) and the implementation options.
-
-    .. versionadded:: plugin API 1.2"""
+    """Whether the specs' ``measured_*`` callables are called. Plugin API 1.2."""
     options_type: type | None = _options
-    """The profile's own options: an attrs class whose fields (each with a default) are
-    extra keyword arguments of ``solve``, ``--flags`` of the CLI and fields of a scenario
-    file. The solver builds it from the given keywords; ``plan.profile_options`` holds it.
-
-    .. versionadded:: plugin API 2.0"""
-    registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
-    """The profile's own registration hooks (added with ``mlsysim_addhooks``): each returns
-    named items (architecture families, regimes, ...), collected once into
-    ``registry.extensions[hook]`` with the same conflict rules as specs.
-
-    .. versionadded:: plugin API 2.0"""
-    prepare: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
-    """``prepare(plan, extensions) -> plan``: check the options against the model and
-    complete them (``attrs.evolve(plan, profile_options=..., notes=...)``), choosing among
-    ``extensions`` (``registry.extensions``); raise ``NotModelledError`` for what the
-    profile cannot describe. ``None``: the plan as checked.
-
-    .. versionadded:: plugin API 2.0"""
-    ranks: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
-    """``ranks(plan) -> sequence of rank objects, or None`` for one kind of rank. Each rank
-    object has ``name``, ``stages``, ``ranks``, ``layers``, ``in_flight`` and
-    ``place(plan, placement) -> Placement``; the pipeline runs once per rank (``plan.rank``)
-    and the result is the heaviest's, ``feasible`` only if all fit.
-
-    .. versionadded:: plugin API 2.0"""
-    relocate: Callable | None = attrs.field(default=None, validator=attrs.validators.optional(_callable))
-    """``relocate(plan, weights, gradients, optimizer_state) -> (weights, gradients,
-    optimizer_state)``: the profile's last word on which memory tier each model-state term
-    lives in (offload to host memory or NVMe), before buffers and the combine.
-
-    .. versionadded:: plugin API 2.0"""
+    """The profile's own options (``plan.profile_options``): keywords of ``solve``. Plugin API 2.0."""
+    registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Its own registration hooks, collected into ``registry.extensions[hook]``. Plugin API 2.0."""
+    prepare: Callable | None = _optional_callable()
+    """``prepare(plan, extensions) -> plan``: checks and completes the options. Plugin API 2.0."""
+    ranks: Callable | None = _optional_callable()
+    """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
+    relocate: Callable | None = _optional_callable()
+    """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""
