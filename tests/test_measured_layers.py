@@ -18,13 +18,13 @@ def _shape(run: dict) -> dict:
     hf = run["hf_config"]
     if hf["model_type"] == "gpt2":
         hidden, heads = hf["n_embd"], hf["n_head"]
-        return dict(style="gpt2", hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
+        return dict(family="gpt2", hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
                     ffn=hf.get("n_inner") or 4 * hidden)
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-    shape = dict(style="mixtral" if hf["model_type"] == "mixtral" else "llama", hidden=hidden, heads=heads,
+    shape = dict(family="mixtral" if hf["model_type"] == "mixtral" else "llama", hidden=hidden, heads=heads,
                  kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hidden // heads,
                  ffn=hf["intermediate_size"])
-    if shape["style"] == "mixtral":
+    if shape["family"] == "mixtral":
         shape.update(experts=hf["num_local_experts"], top_k=hf["num_experts_per_tok"])
     return shape
 
@@ -53,7 +53,7 @@ def test_layer_forward_bytes_match_measurement(run):
 
 
 def test_parts_add_up_and_scale_with_tokens():
-    kw = dict(style="mixtral", hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=512, regime="amp-bf16",
+    kw = dict(family="mixtral", hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=512, regime="amp-bf16",
               attention="eager", dropout=True, seq_len=128, experts=8, top_k=2)
     one, two = layer_forward_bytes(tokens=128, **kw), layer_forward_bytes(tokens=256, **kw)
     assert isinstance(one, LayerBytes)
@@ -65,19 +65,19 @@ def test_parts_add_up_and_scale_with_tokens():
 def test_output_saved_by_next():
     base = dict(hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, attention="sdpa", dropout=False,
                 tokens=8, seq_len=8)
-    assert layer_forward_bytes(style="llama", regime="fp32", **base).output_saved_by_next
-    assert layer_forward_bytes(style="llama", regime="amp-bf16", **base).output_saved_by_next
-    assert not layer_forward_bytes(style="llama", regime="bf16", **base).output_saved_by_next
-    assert layer_forward_bytes(style="gpt2", regime="bf16", **base).output_saved_by_next
+    assert layer_forward_bytes(family="llama", regime="fp32", **base).output_saved_by_next
+    assert layer_forward_bytes(family="llama", regime="amp-bf16", **base).output_saved_by_next
+    assert not layer_forward_bytes(family="llama", regime="bf16", **base).output_saved_by_next
+    assert layer_forward_bytes(family="gpt2", regime="bf16", **base).output_saved_by_next
 
 
 def test_unknown_names_raise():
     base = dict(hidden=64, heads=4, kv_heads=4, head_dim=16, ffn=128, attention="sdpa", dropout=False,
                 tokens=8, seq_len=8)
     with pytest.raises(ValueError):
-        layer_forward_bytes(style="bert", regime="fp32", **base)
+        layer_forward_bytes(family="bert", regime="fp32", **base)
     with pytest.raises(ValueError):
-        layer_forward_bytes(style="llama", regime="fp16", **base)
+        layer_forward_bytes(family="llama", regime="fp16", **base)
 
 
 # Combinations measurements.json lacks (SDPA with dropout, AMP/bf16 with dropout), measured the same way

@@ -69,3 +69,28 @@ def test_the_notes_reach_the_json_the_table_and_explain():
     table, explained = out.getvalue().split("per accelerator:")
     assert "note         approximation: architecture 'gemma2'" in table
     assert "note: approximation: architecture 'gemma2'" in explained
+
+
+def _approximated():
+    from mlsysim_plugins.measured.families import BUILTIN_FAMILIES
+    return [(f, arch, missing) for f in BUILTIN_FAMILIES.values() for arch, missing in f.approximations]
+
+
+@pytest.mark.parametrize("family,arch,missing", _approximated(), ids=[a for _, a, _ in _approximated()])
+def test_every_architecture_a_family_approximates_is_said(family, arch, missing):
+    """Each family's approximations reach the notes, as "costed as <family>-style layers (what it
+    leaves out)", and the family that names an architecture is the one that costs it."""
+    from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, family_for
+    from mlsysim_plugins.measured.shapes import approximation_notes
+    from mlsysim_core.types import SparseTransformerWorkload
+    kw = dict(name=f"{arch}-like", parameters=2_000_000_000, layers=8, hidden_dim=1024, heads=16, vocab_size=32_000,
+              ffn_dim=4096, gated_mlp=family.gated_mlp, tied_embeddings=False, architecture=arch)
+    model = (SparseTransformerWorkload(**kw, experts=8, active_experts_per_token=2, active_parameters=500_000_000)
+             if family.sparse
+             else TransformerWorkload(**kw))
+    chosen, notes = family_for(model, BUILTIN_FAMILIES)
+    assert chosen is family
+    said = (f"approximation: architecture {arch!r} has no measured-grade model of its own; costed as "
+            f"{family.label}-style layers" + (f" ({missing} not modelled)" if missing else ""))
+    assert notes == (said,)
+    assert approximation_notes(model)[0] == said

@@ -397,14 +397,14 @@ def architecture_notes(model: TransformerWorkload, family: ArchitectureFamily,
     like it)."""
     arch = _architecture(model)
     style = family.display
-    if not arch:
-        return (f"approximation: model.architecture is not given; costed as {style}-style layers",)
     if family.claims_model(model):
         missing = family.approximation(arch)
         if missing is None:
             return ()
         return (f"approximation: architecture {model.architecture!r} has no measured-grade model of its own; "
                 f"costed as {style}-style layers" + (f" ({missing} not modelled)" if missing else ""),)
+    if not arch:
+        return (f"approximation: model.architecture is not given; costed as {style}-style layers",)
     for other in (families or BUILTIN_FAMILIES).values():
         reason = other.misfit(model) if arch in other.architectures and other is not family else None
         if reason:
