@@ -19,7 +19,7 @@ DEFAULT_BATCH = 8
 DEFAULT_PROFILE = "measured"     # every command's, unless --profile or the scenario names one
 
 
-def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
+def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
     """The flags of one solve, shared by `estimate` and `plot`."""
     # Every solve option defaults to None here, so that a --scenario file fills what the
     # flags leave out; built-in defaults (solve's own) come last.
@@ -60,61 +60,145 @@ def _add_solve_flags(parser: argparse.ArgumentParser) -> None:
                         help="set a plugin option, e.g. --option demo.galore.rank=64 (repeatable)")
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                         help="let this plugin's component hooks add their terms too")
-    _add_profile_flags(parser)
-    parser.add_argument("--checkpointed-layers", dest="checkpointed_layers", type=int,
-                        help="measured profile, with --checkpointing full: recompute only this many layers")
-    parser.add_argument("--pipeline-schedule", dest="pipeline_schedule",
-                        help="measured profile: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2")
-    parser.add_argument("--virtual-stages", dest="virtual_stages", type=int,
-                        help="measured profile, with interleaved-1f1b: model chunks per pipeline rank (default 2)")
-    parser.add_argument("--expert-tp-size", "--etp", dest="expert_tp_size", type=int,
-                        help="measured profile: tensor parallelism inside the experts (default --tp)")
-    parser.add_argument("--stage-layers", dest="stage_layers", type=_int_list, metavar="N,N,...",
-                        help="measured profile: decoder layers on each pipeline stage (default: an even split)")
-    parser.add_argument("--moe-capacity-factor", dest="moe_capacity_factor", type=float,
-                        help="measured profile, mixture of experts: token dropping with this capacity factor "
-                             "(default dropless)")
-    parser.add_argument("--offload", help="measured profile: optimizer, optimizer+gradients or "
-                                          "optimizer+gradients+parameters, to host memory (name=nvme for NVMe, "
-                                          "e.g. optimizer=nvme)")
-    _add_lora_flags(parser)
+    parser.add_argument("--profile", help=_PROFILE_HELP)
+    parser.set_defaults(option_fields=_add_option_flags(parser, registry)[0])
 
 
-def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
-    """--profile and the measured profile's run options, shared by the solve commands and `search`."""
-    parser.add_argument("--profile", help="profile to use (see `plugins`; default measured, or reference with a "
-                                          "printed note when the measured profile cannot describe the run)")
-    parser.add_argument("--regime", help="measured profile: fp32, amp-bf16, amp-fp16, bf16, fp16, mixed-bf16, "
-                                         "mixed-bf16-main-grad, fsdp-bf16 (default: from --precision)")
-    parser.add_argument("--optimizer-impl", dest="optimizer_impl",
-                        help="measured profile: PyTorch's foreach (default), fused or for-loop optimizer step")
-    parser.add_argument("--attention", help="measured profile: sdpa (default, fused kernels) or eager")
-    parser.add_argument("--dropout", type=float, help="measured profile: dropout probability (default 0.0)")
-    parser.add_argument("--no-runtime-overheads", dest="runtime_overheads", action="store_const", const=False,
-                        help="measured profile: leave out the CUDA context, allocator reserve and workspaces")
+_PROFILE_HELP = ("profile to use (see `plugins`; default measured, or reference with a printed note when the "
+                 "measured profile cannot describe the run)")
 
 
-def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
-    """LoRA/QLoRA (measured profile), shared by the solve commands and `search`."""
-    parser.add_argument("--lora-rank", dest="lora_rank", type=int,
-                        help="measured profile: LoRA fine-tuning with adapters of this rank (base frozen)")
-    parser.add_argument("--lora-targets", dest="lora_targets", metavar="NAME,NAME,...",
-                        help="with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default: the attention "
-                             "projections, q,k,v,o_proj; c_attn on GPT-2) or all-linear")
-    parser.add_argument("--quantization", choices=("nf4", "fp4", "int8"),
-                        help="QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)")
-    parser.add_argument("--double-quant", dest="double_quant", action="store_const", const=True,
-                        help="QLoRA, with nf4 or fp4: quantize the quantization constants too")
+# --- the profiles' own options -------------------------------------------------------------
+# Each option of an installed profile (a field of its ProfileSpec.options_type, as
+# `scenario.option_fields` lists them) is a flag of the solve commands, made from the field's
+# metadata (see plugins/mlsysim_plugins/measured/options.py):
+#   help, metavar, choices  argparse's (the help names the profiles that declare the option)
+#   type        the value's conversion: int, float, str (the default), or a callable (its
+#               ValueError is the message); None: no value flag of its own
+#   flag        its spelling, or a tuple of them (default --NAME, with - for _)
+#   flags       more flags that set it, each a dict with its flag and help, and "const": the
+#               value it sets (--no-runtime-overheads), or "key": the key of a table it sets
+#               (--lora-rank), with its own type, metavar, choices, const, parse; "required":
+#               what the key is, when no table goes without it ("what": what the table asks for)
+#   parse       applied to the value given (by a flag or a scenario file); its errors name the flag
+#   layout      why `search` refuses it: the option belongs to one parallel layout
+# (A scenario file reads a field's value with its metadata's from_file: mlsysim_core.scenario.)
+
+def _flags(spec: dict, name: str = "") -> tuple[str, ...]:
+    flag = spec.get("flag") or "--" + name.replace("_", "-")
+    return (flag,) if isinstance(flag, str) else tuple(flag)
 
 
-def _int_list(text: str) -> list[int]:
+def _flag_of(name: str, field) -> str:
+    """The flag that names an option in messages: its own, else the first that sets it."""
+    meta = field.metadata
+    return next((_flags(f)[0] for f in meta.get("flags") or ()), _flags(meta, name)[0]) \
+        if meta.get("type", str) is None else _flags(meta, name)[0]
+
+
+def _argparse_type(convert):
+    if convert in (int, float, str):
+        return convert
+
+    def typed(text: str):
+        try:
+            return convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    typed.__name__ = getattr(convert, "__name__", "value")
+    return typed
+
+
+def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = False):
+    """The flags of every installed profile's options: ``(fields, refused)``. ``search``: only
+    the options `search_plans` takes; ``refused`` holds (flags, why, takes a value) of the
+    per-layout ones, which `search` refuses by name."""
+    from .scenario import option_fields
+    from .solver import options_fields
+    fields = option_fields(registry) if registry is not None else {}
+    if search:
+        import inspect
+        from .search import search_plans
+        taken = inspect.signature(search_plans).parameters
+    refused = []
+    for name, field in fields.items():
+        meta = field.metadata
+        specs = [({**meta, "flag": _flags(meta, name)}, name)] if meta.get("type", str) is not None else []
+        specs += [({**spec, "flag": _flags(spec)}, f"{name}.{spec['key']}" if "key" in spec else name)
+                  for spec in meta.get("flags") or ()]
+        if any(flag in parser._option_string_actions for spec, _ in specs for flag in spec["flag"]):
+            continue     # a flag the command has already: never two meanings
+        if search and meta.get("layout"):
+            refused += [(spec["flag"], f"search enumerates the layout itself; {meta['layout']}", "const" not in spec)
+                        for spec, _ in specs]
+            continue
+        if search and name not in taken:
+            continue
+        owners = " and ".join(spec.name for spec in registry.profiles.values() if name in options_fields(spec))
+        for spec, dest in specs:
+            help = f"{owners} profile: {spec.get('help') or f'its option {name}'}".replace("%", "%%")
+            if "const" in spec:
+                parser.add_argument(*spec["flag"], dest=dest, action="store_const", const=spec["const"], help=help)
+                continue
+            metavar = spec.get("metavar") or (None if spec.get("choices") else
+                                              spec["flag"][0].lstrip("-").replace("-", "_").upper())
+            parser.add_argument(*spec["flag"], dest=dest, type=_argparse_type(spec.get("type") or str),
+                                choices=spec.get("choices"), metavar=metavar, help=help)
+    return fields, refused
+
+
+def _parsed(spec: dict, value, flag: str):
+    """``value`` as the metadata's ``parse`` reads it; a bad one is named by ``flag``."""
+    if spec.get("parse") is None:
+        return value
     try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        return spec["parse"](value)
+    except InvalidInputError as err:
+        raise type(err)(flag, err.value, err.allowed, err.detail) from err
 
 
-def _parser() -> argparse.ArgumentParser:
+def _option_values(args, data: dict) -> dict:
+    """``data`` (a scenario's fields) with the profile options the flags give: a flag replaces
+    the scenario's value, a key flag (--lora-rank) the table's key; each read by its ``parse``."""
+    data = dict(data)
+    for name, field in getattr(args, "option_fields", {}).items():
+        if getattr(args, name, None) is not None:
+            data[name] = getattr(args, name)
+        keys = [spec for spec in field.metadata.get("flags") or () if "key" in spec]
+        given = {spec["key"]: (spec, getattr(args, f"{name}.{spec['key']}", None)) for spec in keys}
+        given = {key: item for key, item in given.items() if item[1] is not None}
+        if given:
+            table = data.get(name) or {}
+            for need in (spec for spec in keys if spec.get("required")):
+                if need["key"] not in given and need["key"] not in table:    # never a silent default
+                    flag, value = next((_flags(spec)[0], value) for spec, value in given.values())
+                    raise InvalidInputError(flag, value, f"given with {_flags(need)[0]} {need.get('metavar')} "
+                                            f"({need['required']})", f"{flag} describes {field.metadata.get('what')}, "
+                                            f"and {_flags(need)[0]} is what asks for one")
+            data[name] = {**table, **{key: _parsed(spec, value, _flags(spec)[0])
+                                      for key, (spec, value) in given.items()}}
+        if data.get(name) is not None:
+            data[name] = _parsed(field.metadata, data[name], _flag_of(name, field))
+    return data
+
+
+def _builtin_registry():
+    """The built-in plugins' registry (None if they fail to load): whose profiles' options the
+    parser's flags are when no other is given (the CLI reference, docs/cli.md)."""
+    from .manager import PluginManager
+    try:
+        pm = PluginManager()
+        pm.load_entrypoints(third_party=False)
+        return pm.registry
+    except MlsysimError:
+        return None
+
+
+def _parser(registry=None) -> argparse.ArgumentParser:
+    """The command's parser; the profile-option flags are those of ``registry``'s profiles
+    (default: the built-in plugins')."""
+    if registry is None:
+        registry = _builtin_registry()
     # Plugin-loading flags work before or after the subcommand.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--disable-plugin", action="append", metavar="NAME", default=argparse.SUPPRESS,
@@ -132,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
                          description="Solve one configuration. With no flags: Llama-3.1-8B on an "
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
-    _add_solve_flags(est)
+    _add_solve_flags(est, registry)
     est.add_argument("--save-scenario", metavar="FILE",
                      help="write the scenario solved to a file: TOML for a .toml name, JSON otherwise")
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
@@ -159,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="sweep: the values (default 1,2,4,...,64 for batch, 512..32768 for seq); "
                            "bars: the values of --vary (default for --vary profile: reference,measured)")
     plot.add_argument("--title", help="replace the picture's title")
-    _add_solve_flags(plot)
+    _add_solve_flags(plot, registry)
 
     fit = sub.add_parser(
         "fit", parents=[common], help="inverse solves: the largest batch or sequence, the fewest devices",
@@ -173,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("question", choices=("batch", "seq", "devices"), help="what to search")
     fit.add_argument("--multiple-of", type=int, help="seq: only multiples of this (e.g. 128; default 1)")
     fit.add_argument("--json", action="store_true", help="the answer and both bracketing results as JSON")
-    _add_solve_flags(fit)
+    _add_solve_flags(fit, registry)
 
     srch = sub.add_parser(
         "search", parents=[common], help="every parallel layout for a device count: what fits, the Pareto front",
@@ -194,8 +278,8 @@ def _parser() -> argparse.ArgumentParser:
     srch.add_argument("--optimizer", default="adam", help="default adam")
     srch.add_argument("--activation-checkpointing", "--checkpointing", dest="checkpointing", nargs="+",
                       metavar="NAME", help="the checkpointing strategies to consider (default: every installed one)")
-    _add_profile_flags(srch)
-    _add_lora_flags(srch)
+    srch.add_argument("--profile", help=_PROFILE_HELP)
+    fields, layout = _add_option_flags(srch, registry, search=True)
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
@@ -228,9 +312,7 @@ def _parser() -> argparse.ArgumentParser:
             (("--gradient-accumulation-steps", "--grad-accum"), "search enumerates the micro-batch itself; "
                                                                "accumulation makes up --global-batch", int),
             (("--no-sequence-parallel",), "search tries sequence parallelism on and off wherever tp > 1", None),
-            (("--virtual-stages",), "search enumerates the layout itself; virtual stages are per layout", int),
-            (("--expert-tp-size", "--etp"), "search enumerates the layout itself; expert tp is per layout", int),
-            (("--stage-layers",), "search enumerates the layout itself; a stage split is per layout", str),
+            *layout,
             (("--batch-size", "-b"), "search takes --global-batch (sequences per optimizer step)", int)):
         dest = "refused_" + flags[0].lstrip("-").replace("-", "_")
         if kind is None:
@@ -238,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             srch.add_argument(*flags, dest=dest, help=argparse.SUPPRESS)
         refused.append((flags[-1] if flags[-1].startswith("--") else flags[0], dest, why))
-    srch.set_defaults(search_refused=tuple(refused))
+    srch.set_defaults(search_refused=tuple(refused), option_fields=fields)
 
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
@@ -429,29 +511,14 @@ def _blocked_provider(err, args) -> str:
             f"the plugins {which} that provide it are blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin")
 
 
-def _offload_targets(text: str) -> dict[str, str]:
-    """``optimizer=nvme+gradients`` as ``{"optimizer": "nvme", "gradients": "cpu"}``: every part
-    named once, none empty (the last of two would silently win)."""
-    targets: dict[str, str] = {}
-    for part in text.split("+"):
-        name, _, tier = (p.strip() for p in part.partition("="))
-        if not name or ("=" in part and not tier):
-            raise InvalidInputError("--offload", text, "NAME[=TIER] parts joined by +, e.g. optimizer=nvme+gradients",
-                                    "an empty part")
-        if name in targets:
-            raise InvalidInputError("--offload", text, "each of optimizer, gradients, parameters at most once",
-                                    f"{name!r} is named twice")
-        targets[name] = tier or "cpu"
-    return targets
-
-
 def scenario_from_args(args):
     """The scenario file (if any), overridden by every flag given on the command line."""
-    from .scenario import MEASURED_FIELDS, SOLVE_FIELDS, Scenario
+    from .scenario import SOLVE_FIELDS, Scenario
     if args.scenario is not None and not args.scenario.strip():
         raise InvalidInputError("--scenario", args.scenario, "a .json or .toml scenario file",
                                 "an empty name; leave --scenario out for the built-in default")
-    data = Scenario.load(args.scenario).to_dict() if args.scenario else {}
+    options = getattr(args, "option_fields", None)
+    data = Scenario.load(args.scenario, options=options).to_dict() if args.scenario else {}
     args._scenario_fields = set(data)      # what the file itself set (before the defaults)
     args._from_scenario = {name for name in ("model", "hardware")
                            if name in data and getattr(args, name) is None}
@@ -461,31 +528,17 @@ def scenario_from_args(args):
     for name in ("model", "hardware"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
-    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile", "cp_size", *MEASURED_FIELDS):
+    for name in (*SOLVE_FIELDS, "sequence_parallel", "data_parallel", "profile", "cp_size"):
         if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
-    if isinstance(data.get("offload"), str) and "=" in data["offload"]:   # optimizer=nvme+gradients
-        data["offload"] = _offload_targets(data["offload"])
-    lora = {name: value for name, value in (
-        ("rank", getattr(args, "lora_rank", None)), ("quantization", getattr(args, "quantization", None)),
-        ("double_quant", getattr(args, "double_quant", None)),
-        ("target_modules", getattr(args, "lora_targets", None))) if value is not None}
-    if lora and "rank" not in lora and "rank" not in (data.get("lora") or {}):   # never a silent rank-16 LoRA
-        flag, key = next((f, k) for f, k in (("--quantization", "quantization"), ("--lora-targets", "target_modules"),
-                                              ("--double-quant", "double_quant")) if k in lora)
-        raise InvalidInputError(flag, lora[key], "given with --lora-rank N (the adapters' rank)",
-                                f"{flag} describes a LoRA/QLoRA run, and --lora-rank is what asks for one")
-    if lora:     # flags override the scenario's lora fields
-        if "target_modules" in lora:
-            lora["target_modules"] = [t.strip() for t in lora["target_modules"].split(",") if t.strip()]
-        data["lora"] = {**(data.get("lora") or {}), **lora}
+    data = _option_values(args, data)
     if args.rule:
         data["sharding_rules"] = {**data.get("sharding_rules", {}), **_parse_rules(args.rule)}
     for spec, fields in _parse_options(args.option).items():
         data.setdefault("plugin_options", {}).setdefault(spec, {}).update(fields)
     if args.include_plugin:
         data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
-    return Scenario.from_dict(data)
+    return Scenario.from_dict(data, options=options)
 
 
 def _resolved(scenario):
@@ -537,44 +590,43 @@ def resolve_profile(solver, scenario, *, probe=None):
             raise
         # e.g. a third-party optimizer with no measured-grade model, or a model without
         # shapes: the reference profile can still answer; say so, and what it left out.
-        scenario, stood_in = reference_stand_in(scenario)
+        scenario, stood_in = reference_stand_in(scenario, solver.registry)
         note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
         return scenario, note + (f"; {stood_in}" if stood_in else "")
     return attrs.evolve(scenario, profile=DEFAULT_PROFILE), ""
 
 
-# The flag of each measured-grade option, for notes that say what was left out.
-_MEASURED_FLAGS = {"regime": "--regime", "optimizer_impl": "--optimizer-impl", "attention": "--attention",
-                   "dropout": "--dropout", "checkpointed_layers": "--checkpointed-layers",
-                   "runtime_overheads": "--no-runtime-overheads", "pipeline_schedule": "--pipeline-schedule",
-                   "virtual_stages": "--virtual-stages", "expert_tp_size": "--expert-tp-size",
-                   "stage_layers": "--stage-layers", "offload": "--offload",
-                   "moe_capacity_factor": "--moe-capacity-factor", "lora": "--lora-rank"}
-
-
-def reference_stand_in(scenario):
+def reference_stand_in(scenario, registry=None):
     """``(scenario, said)``: the scenario under the reference profile, which has none of the
     measured-grade options: they are left out, and LoRA/QLoRA stands in as the trainable
     fraction of its adapters (nothing quantized). ``said`` names what was left out or stood
-    in, for the note (empty when nothing was)."""
+    in, by flag, for the note (empty when nothing was). ``registry``: whose profiles' options
+    (default: the installed plugins')."""
     import attrs
-    from .scenario import MEASURED_FIELDS
-    given = [name for name in MEASURED_FIELDS if getattr(scenario, name) is not None]
-    plain = attrs.evolve(scenario, profile="reference", **dict.fromkeys(MEASURED_FIELDS))
+    from .scenario import option_fields
+    from .solver import options_fields
+    if registry is None:
+        from .manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    fields, options = option_fields(registry), scenario.profile_options
+    kept = options_fields(registry.profiles["reference"]) if "reference" in registry.profiles else {}
+    plain = attrs.evolve(scenario, profile="reference",
+                         profile_options={k: v for k, v in options.items() if k in kept})
     said = []
-    if scenario.lora:
+    lora = options.get("lora")
+    if lora:
         from .catalog import get_model
         from .finetune import trainable_fraction
         model = _resolved(scenario)[0]
         model = get_model(model) if isinstance(model, str) else model
-        fraction = trainable_fraction(model, scenario.lora)
+        fraction = trainable_fraction(model, lora)
         plain = attrs.evolve(plain, trainable_fraction=fraction)
-        lora = scenario.lora
         quantization = lora.get("quantization") if isinstance(lora, dict) else getattr(lora, "quantization", None)
         said.append(f"QLoRA stands in as trainable fraction {fraction:.6g} (its {quantization} quantization "
                     "left out: the base weights count at the run's precision)" if quantization else
                     f"LoRA stands in as trainable fraction {fraction:.6g}")
-    left_out = [_MEASURED_FLAGS.get(name, name) for name in given if name != "lora"]
+    left_out = [_flag_of(name, fields[name]) if name in fields else name
+                for name in sorted(options, key=[*fields, *options].index) if name not in kept and name != "lora"]
     if left_out:
         said.append(f"measured-profile options left out: {', '.join(left_out)}")
     return plain, "; ".join(said)
@@ -650,7 +702,7 @@ def cmd_estimate(args, out) -> int:
     out.write(_profile_note_lines(note))
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
-        reference = _solve(solver, reference_stand_in(scenario)[0])
+        reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
     out.write(estimate_table(result, reference=reference, chart=args.chart,
                              plan_line=describe_run(scenario.run_details(result))) + "\n")
     if args.explain:
@@ -758,7 +810,7 @@ def _varied_bars(args, solver, scenario, out):
         for s, label in zip(scenarios, labels):
             spec = solver.registry.profiles.get(s.profile) if isinstance(s.profile, str) else None
             if spec is not None and spec.grade != "measured":     # none of the measured-only options
-                plain, said = reference_stand_in(s)
+                plain, said = reference_stand_in(s, solver.registry)
                 if said:
                     out.write(f"note: {label}: {said} (the {s.profile} profile has none of the measured-profile "
                               "options)\n")
@@ -786,7 +838,7 @@ def _varied_bars(args, solver, scenario, out):
     except InvalidInputError as err:
         if not _measured_cannot_describe(err):
             raise
-        stood_in = [reference_stand_in(s) for s in scenarios]
+        stood_in = [reference_stand_in(s, solver.registry) for s in scenarios]
         said = list(dict.fromkeys(text for _, text in stood_in if text))
         out.write(f"note: profile reference for every bar (one picture, one profile), because the measured profile "
                   f"cannot describe {labels[len(results)]}: {err}" + ("; " + "; ".join(said) if said else "")
@@ -1143,20 +1195,8 @@ def cmd_search(args, out) -> int:
             raise InvalidInputError(flag, value, "not a `search` flag", why)
     if args.rows < 0:
         raise InvalidInputError("--rows", args.rows, "a whole number of rows >= 1, or 0 for all of them")
-    lora = {name: value for name, value in (
-        ("rank", args.lora_rank), ("quantization", args.quantization), ("double_quant", args.double_quant),
-        ("target_modules", args.lora_targets)) if value is not None}
-    if lora and "rank" not in lora:     # never a silent rank-16 LoRA
-        flag, key = next((f, k) for f, k in (("--quantization", "quantization"), ("--lora-targets", "target_modules"),
-                                              ("--double-quant", "double_quant")) if k in lora)
-        raise InvalidInputError(flag, lora[key], "given with --lora-rank N (the adapters' rank)",
-                                f"{flag} describes a LoRA/QLoRA run, and --lora-rank is what asks for one")
-    if "target_modules" in lora:
-        lora["target_modules"] = [t.strip() for t in lora["target_modules"].split(",") if t.strip()]
-    options = {name: value for name, value in (
-        ("regime", args.regime), ("optimizer_impl", args.optimizer_impl), ("attention", args.attention),
-        ("dropout", args.dropout), ("runtime_overheads", args.runtime_overheads), ("lora", lora or None))
-        if value is not None}
+    options = _option_values(args, {})
+    lora = options.get("lora")
     model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
@@ -1190,11 +1230,10 @@ def cmd_search(args, out) -> int:
                 from .finetune import trainable_fraction
                 fraction = trainable_fraction(model, lora)
                 note += f"; LoRA stands in as trainable fraction {fraction:.6g}"
-            left_out = [flag for flag, name in (("--regime", "regime"), ("--optimizer-impl", "optimizer_impl"),
-                                                ("--attention", "attention"), ("--dropout", "dropout"),
-                                                ("--no-runtime-overheads", "runtime_overheads"),
-                                                ("--quantization", "quantization"))
-                        if (lora.get(name) if name == "quantization" else options.get(name)) is not None]
+            fields = args.option_fields
+            left_out = [_flag_of(name, fields[name]) for name in options if name != "lora"]
+            left_out += [_flags(spec)[0] for spec in fields["lora"].metadata["flags"]
+                         if lora and spec.get("key") == "quantization" and lora.get("quantization") is not None]
             if left_out:
                 note += f"; measured-profile options left out: {', '.join(left_out)}"
             found = attrs.evolve(run("reference", {}, fraction), profile_note=note)
@@ -1288,6 +1327,35 @@ def _tolerant_std_streams() -> None:
                 pass
 
 
+class _Lenient(argparse.ArgumentParser):
+    def error(self, message):
+        raise ValueError(message)
+
+
+def _plugin_flags(argv: list[str]) -> argparse.Namespace:
+    """The plugin-loading flags alone (the full parse names any mistake in them)."""
+    pre = _Lenient(add_help=False)
+    pre.add_argument("--disable-plugin", action="append", default=[])
+    pre.add_argument("--no-third-party-plugins", action="store_true")
+    pre.add_argument("--debug", action="store_true")
+    try:
+        return pre.parse_known_args(argv)[0]
+    except ValueError:
+        return argparse.Namespace(disable_plugin=[], no_third_party_plugins=False, debug=False)
+
+
+def _flags_registry(known):
+    """The registry whose profiles' options are the flags: the command's own plugins' (its
+    manager is kept for the command), or the built-in plugins' when they fail to load (the
+    command then says why)."""
+    try:
+        pm = _manager(known)
+        with pm.allowing_broken():
+            return pm.registry
+    except (MlsysimError, OSError):     # (OSError: a stderr that cannot take a warning)
+        return None
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
     if sys.stderr is None:     # `2>&-`: messages go nowhere, exit codes stay right
         import os
@@ -1295,24 +1363,32 @@ def main(argv: list[str] | None = None, out=None) -> int:
     _tolerant_std_streams()
     real_stdout = out is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:   # bare `mlsysim-core` runs the default estimate
-        args = parser.parse_args([*argv, "estimate"])
-    # (not set_defaults: parent-parser actions are shared, and defaults would clobber values)
-    for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
-        if not hasattr(args, name):
-            setattr(args, name, default)
+    from .manager import plugin_warnings_to_stderr
+    known = _plugin_flags(argv)
+    with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
+        parser = _parser(_flags_registry(known))
+        args = parser.parse_args(argv)
+        if args.command is None:   # bare `mlsysim-core` runs the default estimate
+            args = parser.parse_args([*argv, "estimate"])
+        # (not set_defaults: parent-parser actions are shared, and defaults would clobber values)
+        for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
+            if not hasattr(args, name):
+                setattr(args, name, default)
+        if hasattr(known, "_plugin_manager") and (args.disable_plugin, args.no_third_party_plugins) == (
+                known.disable_plugin, known.no_third_party_plugins):
+            args._plugin_manager = known._plugin_manager
+        return _run(args, out, real_stdout)
+
+
+def _run(args, out, real_stdout: bool) -> int:
     if out is None and sys.stdout is None:     # `>&-`: nowhere to write the answer
         _say("mlsysim-core: error: standard output is closed: there is nowhere to write the output")
         return 2
     out = _Printable(out or sys.stdout)
-    from .manager import plugin_warnings_to_stderr
     try:
-        with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
-            code = COMMANDS[args.command](args, out)
-            out.flush()     # a full disk fails here, while it can still be reported
-            return code
+        code = COMMANDS[args.command](args, out)
+        out.flush()     # a full disk fails here, while it can still be reported
+        return code
     except MlsysimError as err:
         if args.debug:
             raise

@@ -38,10 +38,25 @@ SOLVE_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "activation_c
                 "gradient_accumulation_steps", "trainable_fraction", "communication_buffer_fraction")
 KEYWORD_FIELDS = ("sequence_parallel", "data_parallel", "sharding_rules", "plugin_options",
                   "include_plugins", "profile", "cp_size")
-# Measured-grade profiles only; passed to solve only when set.
-MEASURED_FIELDS = ("regime", "optimizer_impl", "attention", "dropout", "checkpointed_layers",
-                   "runtime_overheads", "pipeline_schedule", "virtual_stages", "expert_tp_size", "stage_layers",
-                   "offload", "moe_capacity_factor", "lora")
+
+
+def option_fields(registry=None) -> dict[str, attrs.Attribute]:
+    """The options of every profile of ``registry`` (default: the installed plugins'), by name:
+    the fields of their ``options_type`` that are keywords of solve, CLI flags and top-level
+    fields of a scenario file. A name two profiles declare is listed once (the first's field)."""
+    if registry is None:
+        from .manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    from .solver import options_fields
+    fields: dict[str, attrs.Attribute] = {}
+    for spec in registry.profiles.values():
+        for name, field in options_fields(spec).items():
+            fields.setdefault(name, field)
+    return fields
+
+
+def _given(options) -> dict[str, Any]:
+    return {name: value for name, value in dict(options).items() if value is not None}
 
 
 @attrs.frozen(kw_only=True)
@@ -70,43 +85,53 @@ class Scenario:
     include_plugins: list[str] = attrs.field(factory=list)
     profile: str | None = None          # None: the TrainingMemoryModel's own profile
     cp_size: int = 1
-    # Measured-grade profiles (see TrainingMemoryModel.solve): None means the default.
-    regime: str | None = None
-    optimizer_impl: str | None = None
-    attention: str | None = None
-    dropout: float | None = None
-    checkpointed_layers: int | None = None
-    runtime_overheads: bool | dict[str, Any] | None = None
-    pipeline_schedule: str | None = None
-    virtual_stages: int | None = None
-    expert_tp_size: int | None = None
-    stage_layers: list[int] | None = None
-    offload: str | list[str] | dict[str, str] | None = None
-    moe_capacity_factor: float | None = None
-    lora: dict[str, Any] | None = None  # mlsysim_core.finetune.LoRAConfig fields (LoRA / QLoRA)
+    # The profile's own options (its ProfileSpec.options_type; the measured profile's regime,
+    # lora, offload, ...), by name: keywords of solve, top-level fields of a file. None: the default.
+    profile_options: dict[str, Any] = attrs.field(factory=dict, converter=_given)
     description: str = ""
+
+    def __getattr__(self, name: str):
+        """A profile option, as ``scenario.regime``: its value, or None when not given."""
+        if name.startswith("_") or name == "profile_options":
+            raise AttributeError(name)
+        if name in self.profile_options:
+            return self.profile_options[name]
+        try:
+            known = name in option_fields()
+        except Exception:     # (no installed plugins to ask)
+            known = False
+        if known:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # --- reading and writing ------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: dict, *, where: str = "scenario") -> "Scenario":
+    def from_dict(cls, data: dict, *, where: str = "scenario", options=None) -> "Scenario":
+        """The scenario of a file's table. A field that is a profile's option goes to
+        ``profile_options``; ``options`` (name -> attrs field, as `option_fields` gives) are the
+        options a file may set (default: those of the installed profiles)."""
         if not isinstance(data, dict):
             raise InvalidInputError(where, data, "a table/object of solve arguments")
-        allowed = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(data) - allowed)
+        own = {f.name for f in attrs.fields(cls)} - {"profile_options"}
+        if options is None:
+            options = option_fields() if set(data) - own else {}
+        unknown = sorted(set(data) - own - set(options))
         if unknown:
-            raise InvalidInputError(where, ", ".join(unknown), f"known fields: {', '.join(sorted(allowed))}",
+            raise InvalidInputError(where, ", ".join(unknown), f"known fields: {', '.join(sorted({*own, *options}))}",
                                     "unknown field(s)")
         missing = [name for name in ("model", "hardware", "batch_size") if name not in data]
         if missing:
             raise InvalidInputError(where, ", ".join(missing), "model, hardware and batch_size are required",
                                     "missing field(s)")
-        _check_fields(data, where)
+        _check_fields(data, where, options)
         # Values are checked by solve() itself, with the same messages as from Python.
-        return cls(**_normalised(data))
+        data = _normalised(data, options, where)
+        return cls(**{k: v for k, v in data.items() if k in own},
+                   profile_options={k: v for k, v in data.items() if k not in own})
 
     @classmethod
-    def load(cls, path: str | Path) -> "Scenario":
+    def load(cls, path: str | Path, *, options=None) -> "Scenario":
         path = _path(path, "scenario")
         try:
             raw = path.read_bytes()
@@ -142,10 +167,13 @@ class Scenario:
             folder = path.absolute().parent
             data = {**data, **{name: anchored(data[name], folder) for name in ("model", "hardware")
                                if name in data}}
-        return cls.from_dict(data, where=f"scenario {path.name}")
+        return cls.from_dict(data, where=f"scenario {path.name}", options=options)
 
     def to_dict(self) -> dict:
+        """The file's table: the profile options top-level, as `from_dict` reads them."""
         data = attrs.asdict(self)
+        options, description = data.pop("profile_options"), data.pop("description")
+        data = {**data, **options, "description": description}
         return {k: v for k, v in data.items() if v not in (None, {}, [], "") or k in ("model", "hardware")}
 
     def dump(self, path: str | Path) -> None:
@@ -198,34 +226,35 @@ class Scenario:
             "microbatch": microbatch, "dp_size": self.dp_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps, "seq_len": self.seq_len,
             "precision": self.precision}
-        regime = getattr(result, "regime", None) or self.regime
+        o = self.profile_options
+        regime = getattr(result, "regime", None) or o.get("regime")
         if regime is not None:
             from mlsysim_plugins.measured.regimes import REGIMES
             details["regime"] = regime
-            details["regime_source"] = "regime" if self.regime is not None else "precision"
+            details["regime_source"] = "regime" if "regime" in o else "precision"
             spec = REGIMES.get(regime)
             if spec is not None:
                 details["regime_description"] = spec.description
-        if self.lora is not None:
+        if "lora" in o:
             from .finetune import LoRAConfig
             try:
-                config = LoRAConfig(**self.lora)
+                config = LoRAConfig(**o["lora"])
                 model = self._model_for_details()
                 if model is not None:      # the targets a LoRA without target_modules adapts
                     config = config.for_model(model)
                 details["lora"] = {"rank": config.rank, "target_modules": list(config.target_modules),
                                    "quantization": config.quantization, "double_quant": config.double_quant}
             except Exception:     # (solve reports a bad one; here only what was asked)
-                details["lora"] = dict(self.lora)
-        if self.offload is not None:
-            details["offload"] = self.offload
-        if self.pp_size > 1 or self.pipeline_schedule is not None:
+                details["lora"] = dict(o["lora"])
+        if "offload" in o:
+            details["offload"] = o["offload"]
+        if self.pp_size > 1 or "pipeline_schedule" in o:
             measured = details.get("regime") is not None
-            details["pipeline_schedule"] = self.pipeline_schedule or ("1f1b" if measured else None)
-            if self.virtual_stages is not None or details["pipeline_schedule"] == "interleaved-1f1b":
-                details["virtual_stages"] = self.virtual_stages or 2
-            if self.stage_layers is not None:
-                details["stage_layers"] = list(self.stage_layers)
+            details["pipeline_schedule"] = o.get("pipeline_schedule") or ("1f1b" if measured else None)
+            if "virtual_stages" in o or details["pipeline_schedule"] == "interleaved-1f1b":
+                details["virtual_stages"] = o.get("virtual_stages") or 2
+            if "stage_layers" in o:
+                details["stage_layers"] = list(o["stage_layers"])
         if self.cp_size != 1:
             details["cp_size"] = self.cp_size
         if self.sharding_rules:     # the rule each axis ran under, where one was asked for
@@ -234,12 +263,10 @@ class Scenario:
                                          for axis, name in sorted(self.sharding_rules.items())}
         if self.include_plugins:
             details["include_plugins"] = sorted(self.include_plugins)
-        for name in ("expert_tp_size", "moe_capacity_factor", "attention", "dropout", "optimizer_impl",
-                     "checkpointed_layers"):
-            if getattr(self, name) is not None:
-                details[name] = getattr(self, name)
-        if self.runtime_overheads is not None and self.runtime_overheads is not True:
-            details["runtime_overheads"] = self.runtime_overheads
+        shown = ("lora", "offload", "pipeline_schedule", "virtual_stages", "stage_layers", "runtime_overheads")
+        details.update({name: value for name, value in o.items() if name not in details and name not in shown})
+        if o.get("runtime_overheads", True) is not True:
+            details["runtime_overheads"] = o["runtime_overheads"]
         if not self.sequence_parallel and self.tp_size > 1:
             details["sequence_parallel"] = False
         if self.trainable_fraction != 1.0:
@@ -269,7 +296,7 @@ class Scenario:
         kwargs["sharding_rules"] = kwargs["sharding_rules"] or None
         kwargs["plugin_options"] = kwargs["plugin_options"] or None
         kwargs["include_plugins"] = tuple(kwargs["include_plugins"])
-        kwargs.update({name: getattr(self, name) for name in MEASURED_FIELDS if getattr(self, name) is not None})
+        kwargs.update(self.profile_options)
         return kwargs
 
     def solve(self, model=None):
@@ -321,8 +348,7 @@ def _path(path, parameter: str) -> Path:
 # Whole-number fields: a file's 16.0 is read as 16 (JSON and TOML writers often write
 # floats), so that headers and saved scenarios show what was meant.
 _INT_FIELDS = ("batch_size", "seq_len", "tp_size", "pp_size", "dp_size", "ep_size", "zero_stage",
-               "gradient_accumulation_steps", "cp_size", "checkpointed_layers", "virtual_stages",
-               "expert_tp_size")
+               "gradient_accumulation_steps", "cp_size")
 
 
 def _whole(value):
@@ -331,23 +357,24 @@ def _whole(value):
     return value
 
 
-def _normalised(data: dict) -> dict:
+def _normalised(data: dict, options: dict, where: str) -> dict:
+    """``data`` with whole numbers as ints, and each profile option as its field's metadata
+    ``from_file(value, where)`` reads it (checked and normalised; errors name the field)."""
     data = dict(data)
-    for name in _INT_FIELDS:
-        if name in data:
-            data[name] = _whole(data[name])
-    if isinstance(data.get("stage_layers"), list):
-        data["stage_layers"] = [_whole(v) for v in data["stage_layers"]]
-    if isinstance(data.get("lora"), dict) and "rank" in data["lora"]:
-        data["lora"] = {**data["lora"], "rank": _whole(data["lora"]["rank"])}
+    for name, value in data.items():
+        meta = options[name].metadata if name in options else {}
+        if name in _INT_FIELDS or meta.get("type") is int:
+            data[name] = _whole(value)
+        elif meta.get("from_file") is not None and value is not None:
+            data[name] = meta["from_file"](value, where)
     return data
 
 
 # --- checking a file's fields ---------------------------------------------------------------
 
-# Fields whose None ("null" in JSON) means something: the default (measured-grade options,
-# the data-parallel rule) or the model's own profile.
-_NULLABLE = frozenset(("data_parallel", "profile", *MEASURED_FIELDS))
+# Fields whose None ("null" in JSON) means something: the default (the profiles' options, the
+# data-parallel rule) or the model's own profile.
+_NULLABLE = frozenset(("data_parallel", "profile"))
 
 
 MAX_DEPTH = 64     # tables and lists nested deeper than this are refused (no file needs it)
@@ -371,14 +398,14 @@ def nesting_depth(value, limit: int = MAX_DEPTH) -> int:
     return depth
 
 
-def _check_fields(data: dict, where: str) -> None:
+def _check_fields(data: dict, where: str, options=()) -> None:
     """What the file itself must get right before solve() sees it: no null where null is
     not a value, and the tables and lists in the shapes the scenario holds them."""
     for name, value in data.items():
         if isinstance(value, (dict, list)) and nesting_depth(value) > MAX_DEPTH:
             raise InvalidInputError(name, "(nested tables/lists)", f"at most {MAX_DEPTH} levels of nesting",
                                     f"{where}: {name} is nested too deeply")
-        if value is None and name not in _NULLABLE:
+        if value is None and name not in _NULLABLE and name not in options:
             raise InvalidInputError(name, None, "a value (leave the field out for its default)",
                                     f"{where}: null is not a value of {name}")
     rules = data.get("sharding_rules", {})
@@ -398,18 +425,6 @@ def _check_fields(data: dict, where: str) -> None:
             raise InvalidInputError(name, data[name], "a catalog name or a table of fields", where)
     if "description" in data and not isinstance(data["description"], str):
         raise InvalidInputError("description", data["description"], "a string", where)
-    lora = data.get("lora")
-    if lora is not None:
-        if not isinstance(lora, dict):
-            raise InvalidInputError("lora", lora, "a table of LoRA fields (rank, target_modules, quantization, "
-                                    "double_quant)", where)
-        if "rank" not in lora:
-            raise InvalidInputError("lora", lora, "a table with the adapters' rank (e.g. rank = 16)",
-                                    f"{where}: lora without rank")
-    stage_layers = data.get("stage_layers")
-    if stage_layers is not None and not isinstance(stage_layers, list):
-        raise InvalidInputError("stage_layers", stage_layers, "a list of layer counts, one per pipeline stage",
-                                where)
 
 
 # --- TOML, written (Python reads it with tomllib) ----------------------------------------

@@ -5,11 +5,12 @@
 
 Every description, flag, argument name, choice and help text comes from
 ``mlsysim_core.cli._parser()``, the parser that ``mlsysim-core --help`` prints, so the
-page says exactly what the command accepts. The page is rendered from the parser's
-actions rather than pasted from ``--help``: argparse's layout changes between Python
-versions and terminal widths, its content does not. tests/test_docs_site.py checks
-both that this file is current and that every flag and help text that ``--help``
-prints is on the page.
+page says exactly what the command accepts (the profile-option flags, such as
+``--regime``, are those the built-in profiles' options declare: ``_parser()``'s
+default). The page is rendered from the parser's actions rather than pasted from
+``--help``: argparse's layout changes between Python versions and terminal widths, its
+content does not. tests/test_docs_site.py checks both that this file is current and
+that every flag and help text that ``--help`` prints is on the page.
 """
 
 from __future__ import annotations

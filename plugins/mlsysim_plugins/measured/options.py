@@ -18,10 +18,76 @@ from mlsysim_core import _checks
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
-def _option(help: str, metavar: str | None = None, kind: type | None = str, choices=None, flag: str | None = None):
-    """A field with what the CLI and the docs say about it."""
+def _option(help: str, metavar: str | None = None, kind=str, choices=None, flag=None, **more):
+    """A field with what the CLI, scenario files and the docs say about it. Its metadata keys
+    (read by ``mlsysim_core.cli`` and ``mlsysim_core.scenario``, which document them): help,
+    metavar, type (the flag's conversion; None: no value flag of its own), choices, flag, and
+    where a field needs them: flags, parse, from_file, layout."""
     return attrs.field(default=None, metadata={"help": help, "metavar": metavar, "type": kind, "choices": choices,
-                                               "flag": flag})
+                                               "flag": flag, **more})
+
+
+def _layer_counts(text: str) -> list[int]:
+    """``--stage-layers 16,16``: [16, 16]."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _names(text: str) -> list[str]:
+    """``--lora-targets q_proj,v_proj``: ["q_proj", "v_proj"]."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _offload_parts(value):
+    """``optimizer=nvme+gradients`` as ``{"optimizer": "nvme", "gradients": "cpu"}``: every part
+    named once, none empty (the last of two would silently win); any other value as it is."""
+    if not isinstance(value, str) or "=" not in value:
+        return value
+    targets: dict[str, str] = {}
+    for part in value.split("+"):
+        name, _, tier = (p.strip() for p in part.partition("="))
+        if not name or ("=" in part and not tier):
+            raise InvalidInputError("offload", value, "NAME[=TIER] parts joined by +, e.g. optimizer=nvme+gradients",
+                                    "an empty part")
+        if name in targets:
+            raise InvalidInputError("offload", value, "each of optimizer, gradients, parameters at most once",
+                                    f"{name!r} is named twice")
+        targets[name] = tier or "cpu"
+    return targets
+
+
+def _whole(value):
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def _layer_list(value, where: str):
+    if not isinstance(value, list):
+        raise InvalidInputError("stage_layers", value, "a list of layer counts, one per pipeline stage", where)
+    return [_whole(v) for v in value]
+
+
+def _lora_table(value, where: str):
+    if not isinstance(value, dict):
+        raise InvalidInputError("lora", value, "a table of LoRA fields (rank, target_modules, quantization, "
+                                "double_quant)", where)
+    if "rank" not in value:
+        raise InvalidInputError("lora", value, "a table with the adapters' rank (e.g. rank = 16)",
+                                f"{where}: lora without rank")
+    return {**value, "rank": _whole(value["rank"])}
+
+
+_LORA_FLAGS = (
+    {"key": "rank", "flag": "--lora-rank", "type": int, "metavar": "N", "required": "the adapters' rank",
+     "help": "LoRA fine-tuning with adapters of this rank (base frozen)"},
+    {"key": "target_modules", "flag": "--lora-targets", "metavar": "NAME,NAME,...", "parse": _names,
+     "help": "with --lora-rank: the adapted modules, e.g. q_proj,v_proj (default: the attention projections, "
+             "q,k,v,o_proj; c_attn on GPT-2) or all-linear"},
+    {"key": "quantization", "flag": "--quantization", "choices": ("nf4", "fp4", "int8"),
+     "help": "QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)"},
+    {"key": "double_quant", "flag": "--double-quant", "const": True,
+     "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"})
 
 
 @attrs.frozen(kw_only=True)
@@ -29,25 +95,33 @@ class MeasuredOptions:
     """The measured profile's options. See docs/profiles.md for each one's mechanism."""
 
     regime: Any = _option("training regime: which dtype weights, gradients, master copy, optimizer state and "
-                          "activations have (default: from --precision: 16-bit means autocast)", "REGIME")
-    optimizer_impl: Any = _option("PyTorch's optimizer step implementation (its temporaries)", "IMPL",
-                                  choices=("foreach", "fused", "for-loop"))
-    attention: Any = _option("attention kernel: sdpa (fused, no s x s scores) or eager", "KERNEL")
+                          "activations have, e.g. fp32, amp-bf16, bf16, mixed-bf16, fsdp-bf16 (default: from "
+                          "--precision: 16-bit means autocast)", "REGIME")
+    optimizer_impl: Any = _option("PyTorch's optimizer step implementation (its temporaries): foreach (default), "
+                                  "fused or for-loop", "IMPL")
+    attention: Any = _option("attention kernel: sdpa (default; fused, no s x s scores) or eager", "KERNEL")
     dropout: Any = _option("the layers' dropout probability (default 0.0)", "P", kind=float)
     checkpointed_layers: Any = _option("with --checkpointing full: recompute only this many layers (block recompute)",
                                        "N", kind=int)
     runtime_overheads: Any = _option("CUDA context, allocator reserve, cuBLAS workspaces, NCCL buffers: "
-                                     "a RuntimeOverheads, a dict of its fields, or False for none", kind=None)
+                                     "a RuntimeOverheads, a dict of its fields, or False for none", kind=None,
+                                     flags=({"flag": "--no-runtime-overheads", "const": False,
+                                             "help": "leave out the CUDA context, allocator reserve and workspaces"},))
     lora: Any = _option("LoRA/QLoRA fine-tuning: a mlsysim_core.finetune.LoRAConfig or a dict of its fields",
-                        kind=None)
-    pipeline_schedule: Any = _option("pipeline schedule (default 1f1b)", "SCHEDULE")
-    virtual_stages: Any = _option("model chunks per pipeline rank (interleaved-1f1b)", "V", kind=int)
-    expert_tp_size: Any = _option("tensor parallelism inside the experts (default tp_size)", "N", kind=int)
-    stage_layers: Any = _option("decoder layers on each pipeline stage (default: an even split)", kind=None)
-    offload: Any = _option("what lives in host memory or on NVMe: optimizer, optimizer+gradients, "
-                           "optimizer+gradients+parameters, or {name: cpu|nvme}", "WHAT")
-    moe_capacity_factor: Any = _option("experts' capacity factor (token dropping; default dropless)", "CF",
-                                       kind=float)
+                        kind=None, flags=_LORA_FLAGS, what="a LoRA/QLoRA run", from_file=_lora_table)
+    pipeline_schedule: Any = _option("pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2",
+                                     "SCHEDULE")
+    virtual_stages: Any = _option("with interleaved-1f1b: model chunks per pipeline rank (default 2)", "V", kind=int,
+                                  layout="virtual stages are per layout")
+    expert_tp_size: Any = _option("tensor parallelism inside the experts (default --tp)", "N", kind=int,
+                                  flag=("--expert-tp-size", "--etp"), layout="expert tp is per layout")
+    stage_layers: Any = _option("decoder layers on each pipeline stage (default: an even split)", "N,N,...",
+                                kind=_layer_counts, layout="a stage split is per layout", from_file=_layer_list)
+    offload: Any = _option("what lives in host memory: optimizer, optimizer+gradients or "
+                           "optimizer+gradients+parameters (name=nvme for NVMe, e.g. optimizer=nvme), "
+                           "or {name: cpu|nvme}", "WHAT", parse=_offload_parts)
+    moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
+                                       "(default dropless)", "CF", kind=float)
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
