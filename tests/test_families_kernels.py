@@ -187,6 +187,12 @@ def test_a_family_does_not_claim_a_model_it_cannot_build():
         "layers (its non-parametric layer norms not modelled)",)
 
 
+def test_a_registered_item_that_is_not_a_family_is_refused_by_name():
+    from mlsysim_core.errors import PluginContractError
+    with pytest.raises(PluginContractError, match="registered str 'odd'; expected an ArchitectureFamily"):
+        family_for(dense("llama"), {**BUILTIN_FAMILIES, "odd": "odd"})
+
+
 def test_family_fields_are_checked():
     with pytest.raises(ValueError, match="positions"):
         attrs.evolve(LLAMA, positions="alibi")

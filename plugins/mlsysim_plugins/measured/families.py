@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import PluginConflictError
+from mlsysim_core.errors import PluginConflictError, PluginContractError
 from mlsysim_core.memo import memoize
 
 from . import layers
@@ -123,7 +123,7 @@ def _one_of(choices):
     return check
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class ArchitectureFamily:
     """How one kind of decoder-only transformer is built, for the measured profile.
 
@@ -367,6 +367,10 @@ def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFa
     silently). More than one claimant is a ``PluginConflictError`` naming them (and, from
     ``providers``, family name -> plugin name, the plugins to block); none, the nearest
     built-in by structure, with a note."""
+    for name, f in families.items():
+        if not isinstance(f, ArchitectureFamily):
+            raise PluginContractError(f"{HOOK} registered {type(f).__name__} {name!r}; expected an ArchitectureFamily",
+                                      plugin=(providers or {}).get(name), hook=HOOK)
     claimants = [f for f in families.values() if f.claims_model(model)]
     if len(claimants) > 1:
         raise _conflict(model, claimants, providers or {})

@@ -47,7 +47,7 @@ def _layouts(value) -> tuple[tuple[str, Callable], ...]:
     return tuple(sorted((str(name), formula) for name, formula in items))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class AttentionKernel:
     """An attention implementation: per attention layout, what it saves for backward."""
 
