@@ -239,7 +239,7 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
     options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
     plan = attrs.evolve(plan, profile_options=options)
     if spec.prepare is not None:
-        plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry.extensions)
+        plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:
             raise PluginContractError(f"{info.describe()} profile '{spec.name}' prepare returned "
                                       f"{type(plan).__name__}; expected TrainingPlan",

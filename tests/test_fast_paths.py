@@ -123,8 +123,7 @@ def test_loading_the_plugins_imports_no_measured_physics():
             "print(sorted(m for m in sys.modules if m.startswith('mlsysim_plugins.measured.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(eval(out))
-    physics = {f"mlsysim_plugins.measured.{m}" for m in ("model", "layers", "parallel", "lora", "optimizers",
-                                                          "shapes", "buffers")}
+    physics = {f"mlsysim_plugins.measured.{m}" for m in ("model", "parallel", "lora", "optimizers", "buffers")}
     assert loaded and not loaded & physics, loaded
 
 

@@ -7,6 +7,8 @@ the package is the physics they share, imported on a measured solve's first use.
 """
 
 PLUGIN_MODULES = {
+    "measured_families": "families",
+    "measured_kernels": "kernels",
     "measured_profile": "profile",
     "measured_regimes": "regimes",
     "measured_schedules": "schedules",

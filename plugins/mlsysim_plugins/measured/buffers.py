@@ -72,8 +72,8 @@ def fsdp_root(plan, placement) -> list[MemoryTerm]:
     gathered from the forward to the backward."""
     if placement.weight_shards == 1:
         return []
-    from .shapes import ModelShape
-    shape = ModelShape.of(plan.model)
+    from .shapes import shape_of
+    shape = shape_of(plan)
     root = shape.embedding_parameters * (1 if shape.tied else 2) / plan.tp_size + shape.hidden
     gathered = gathered_bytes(plan)
     return [MemoryTerm(
@@ -101,8 +101,8 @@ def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
     """The dispatch and combine buffers of the experts' all-to-all."""
     if plan.ep_size == 1:
         return []
-    from .shapes import ModelShape
-    shape = ModelShape.of(plan.model)
+    from .shapes import shape_of
+    shape = shape_of(plan)
     o, t = plan.profile_options, plan.tp_size
     tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
     cf = o.moe_capacity_factor or 1.0

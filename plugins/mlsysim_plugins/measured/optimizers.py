@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
 from ._cache import cached_terms
-from .shapes import ModelShape
+from .shapes import shape_of
 
 IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
 STEADY = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
@@ -45,7 +45,7 @@ def trainable_tensors(plan) -> tuple[int, ...]:
     if plan.profile_options.lora is not None:
         from .lora import adapter_matrices
         return tuple(r * c for r, c in adapter_matrices(plan))
-    return ModelShape.of(plan.model).parameter_tensors()
+    return shape_of(plan).parameter_tensors()
 
 
 @cached_terms
@@ -130,7 +130,7 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     """torch.optim.Adafactor: a factored second moment (a row and a column vector per
     matrix, the full vector for 1-D parameters) in the parameters' dtype, one fp32 step
     tensor per parameter tensor; no first moment."""
-    shape = ModelShape.of(plan.model)
+    shape = shape_of(plan)
     share = _scale(plan, placement)
     b = plan.profile_options.regime.state
     elements = 0
@@ -138,7 +138,7 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
         from .lora import adapter_matrices
         matrices = adapter_matrices(plan)
     else:
-        matrices = _matrix_shapes(shape)
+        matrices = shape.matrix_shapes()
     for rows, cols in matrices:
         elements += rows + cols if cols else rows
     terms = master_terms(plan, placement)
@@ -151,26 +151,3 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
         nbytes=round(len(matrices) * share) * 4,
         formula=f"{len(matrices)} parameter tensors x 4 B"))
     return terms
-
-
-def _matrix_shapes(shape: ModelShape):
-    """(rows, cols) of every parameter tensor; cols 0 for vectors. Expert stacks (E, r, c)
-    factor over their last two dimensions (E x (r + c))."""
-    h, f, V = shape.hidden, shape.ffn, shape.vocab
-    out = [(V, h)]
-    if shape.style == "gpt2":
-        out.append((shape.learned_positions, h))
-        block = [(h, 0), (h, 0), (h, 3 * h), (3 * h, 0), (h, h), (h, 0), (h, 0), (h, 0), (h, f), (f, 0),
-                 (f, h), (h, 0)]
-        return out + block * shape.layers + [(h, 0), (h, 0)]
-    block = [(shape.q_dim, h), (shape.kv_dim, h), (shape.kv_dim, h), (h, shape.q_dim)]
-    if shape.style == "mixtral":
-        e = shape.experts
-        block += [(e, h)] + [(2 * f, h)] * e + [(h, f)] * e
-    else:
-        block += [(f, h), (f, h), (h, f)]
-    block += [(h, 0), (h, 0)]
-    out += block * shape.layers + [(h, 0)]
-    if not shape.tied:
-        out.append((V, h))
-    return out

@@ -133,16 +133,17 @@ SCHEDULES_HOOK = "mlsysim_measured_pipeline_schedules"
 ARCHITECTURES_HOOK = "mlsysim_measured_architectures"
 
 
-def prepare(plan, extensions):
+def prepare(plan, registry):
     """The plan with its measured options checked and completed (``ProfileSpec.prepare``)."""
     from .model import RuntimeOverheads
     from .optimizers import IMPLEMENTATIONS
     from .parallel import check_option_values, layout_options
     from .regimes import regime_for
+    from .families import family_for
     from .shapes import ModelShape, approximation_notes, parameter_check, sequence_check
     o = plan.profile_options
-    regimes, schedules = (_registered(extensions, hook) for hook in (REGIMES_HOOK, SCHEDULES_HOOK))
-    kernels = extensions.get(KERNELS_HOOK) or {"sdpa": None, "eager": None}   # TODO: kernels.py registers them
+    regimes, schedules, kernels, families = (_registered(registry, hook) for hook in (
+        REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    IMPLEMENTATIONS)
@@ -173,14 +174,17 @@ def prepare(plan, extensions):
             "the default 0.05 under a measured-grade profile",
             "the measured profile sizes communication buffers from the sharding rules' own buckets; "
             "this is the reference profile's knob (profile='reference' uses it)")
-    ModelShape.of(plan.model)     # the shapes the profile needs, or a clear error now
-    notes = parameter_check(plan.model)     # parameters that contradict the shapes: an error or a warning
-    notes += approximation_notes(plan.model)    # what is costed as something else: said, never silent
+    # Who models this architecture: one registered family, or the nearest built-in, said.
+    family, _ = family_for(plan.model, families, {name: registry.provider(ARCHITECTURES_HOOK, name).name
+                                                  for name in families})
+    ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
+    notes = parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
+    notes += approximation_notes(plan.model, family, families)    # what is costed as something else: said
     if plan.model.context_length is not None or plan.seq_len > 1024:
-        notes += sequence_check(plan.model, plan.seq_len)    # past a position table: an error; past RoPE's: a note
+        notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
     o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
-                     attention=kernel, attention_kernel=kernels[kernel], dropout=p, checkpointed_layers=blocks,
-                     runtime_overheads=overheads)
+                     attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p,
+                     checkpointed_layers=blocks, runtime_overheads=overheads)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     if o.lora is not None:
         from mlsysim_core.finetune import lora_option
@@ -209,11 +213,11 @@ def _runtime_overheads(value, RuntimeOverheads):
     raise InvalidInputTypeError("runtime_overheads", value, "a RuntimeOverheads, a dict of its fields, True or False")
 
 
-def _registered(extensions, hook: str) -> Mapping[str, Any]:
+def _registered(registry, hook: str) -> Mapping[str, Any]:
     """The items registered through one of the profile's hooks (every plugin's, built-ins
     included, as the registry collected them)."""
-    items = extensions.get(hook)
+    items = registry.extensions.get(hook)
     if not items:
         raise NotModelledError("profile", "measured", f"a plugin that implements {hook}",
-                               f"no installed plugin registers any (is the built-in plugin blocked?)")
+                               "no installed plugin registers any (is the built-in plugin blocked?)")
     return items
