@@ -161,6 +161,7 @@ class ArchitectureFamily:
     layer_norms: int = 2
     positions: str = attrs.field(validator=_one_of(POSITIONS))
     rotary_architectures: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    rotary_fraction: float = 1.0     # the share of head_dim that rotary embeddings rotate (partial rotary)
     attention_layout: str
     layer_weights: Callable[..., tuple[LayerWeight, ...]]
     parameter_tensors: Callable[[ModelShape], tuple[int, ...]]
@@ -216,12 +217,12 @@ def _attention_weights(h, q, kv):
     return (W("q_proj", h * q), W("k_proj", h * kv), W("v_proj", h * kv), W("o_proj", q * h))
 
 
-def _llama_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+def _llama_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     h, f = hidden, ffn
     return _attention_weights(h, q_dim, kv_dim) + (W("gate_proj", h * f), W("up_proj", h * f), W("down_proj", f * h))
 
 
-def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     h, f, e = hidden, ffn, experts
     return _attention_weights(h, q_dim, kv_dim) + (
         W("router", e * h, split=REPLICATED),
@@ -229,7 +230,7 @@ def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts):
         W("experts.down", e * h * f, split=EXPERTS, autocast=False))
 
 
-def _gpt2_weights(*, hidden, q_dim, kv_dim, ffn, experts):
+def _gpt2_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     """Conv1D weights, then their biases: the column-parallel ones' (c_attn, c_fc) split with
     them, the row-parallel ones' (the two c_proj) replicated."""
     h, f = hidden, ffn

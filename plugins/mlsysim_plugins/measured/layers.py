@@ -146,7 +146,7 @@ class _Walk:
 
 def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int,
                         ffn: int, regime: str, attention, dropout: bool, tokens: int, seq_len: int,
-                        experts: int = 0, top_k: int = 0) -> LayerBytes:
+                        experts: int = 0, top_k: int = 0, model=None) -> LayerBytes:
     """Bytes one decoder layer keeps alive after its forward (see the module docstring).
 
     ``family``: an ``ArchitectureFamily`` or a built-in one's name (``style`` is the same, by
@@ -158,7 +158,7 @@ def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_
         raise ValueError(f"{family.name} style needs experts >= 1 and top_k >= 1")
     return family.layer_bytes(kernel=kernel, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                               ffn=ffn, experts=experts, top_k=top_k, regime=regime, dropout=dropout, tokens=tokens,
-                              seq_len=seq_len)
+                              seq_len=seq_len, model=model)
 
 
 def _resolve(family, style, attention):
@@ -170,7 +170,7 @@ def _resolve(family, style, attention):
 # --- Hugging Face layers, family by family ----------------------------------------------------
 
 def gpt2_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
-               seq_len) -> LayerBytes:
+               seq_len, model=None) -> LayerBytes:
     """GPT-2 style: LayerNorm with bias, fused c_attn, tanh-GELU MLP, resid dropouts."""
     h, f = hidden, ffn
     c = 4 if regime == "fp32" else 2          # compute dtype: linear / matmul outputs
@@ -210,7 +210,7 @@ def _llama_attention(w: _Walk, attention, *, hidden, heads, kv_heads, head_dim, 
 
 
 def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
-                seq_len) -> LayerBytes:
+                seq_len, model=None) -> LayerBytes:
     """Llama style: RMSNorm, rotary, separate q/k/v/o, gated SiLU MLP."""
     c = 4 if regime == "fp32" else 2
     r = 2 if regime == "bf16" else 4
@@ -224,7 +224,7 @@ def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, t
 
 
 def mixtral_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
-                  seq_len) -> LayerBytes:
+                  seq_len, model=None) -> LayerBytes:
     """Mixtral style: Llama attention, a sparse MoE block (experts_implementation="grouped_mm")."""
     h, f, k, E = hidden, ffn, top_k, experts
     r = 2 if regime == "bf16" else 4

@@ -407,7 +407,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
         add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
-                       nbytes=2 * plan.seq_len * shape.head_dim * b, formula=f"2 x s x head_dim x {b} B"))
+                       nbytes=2 * plan.seq_len * shape.rotary_dim * b, formula=f"2 x s x head_dim x {b} B"))
     final, how = shape.family.norm.lora_final_saved(kind, T, h)
     add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
     add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,

@@ -60,7 +60,7 @@ def layer_bytes(plan, ctx: Context):
         lb = layer_forward_bytes(
             family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
             regime=_regime_kind(ctx.regime), attention=kernel, dropout=plan.profile_options.dropout > 0,
-            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k)
+            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k, model=plan.model)
     cf = plan.profile_options.moe_capacity_factor
     if cf is not None:
         # Token dropping with a capacity factor pads every expert's batch to its capacity:
@@ -195,7 +195,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
         add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables",
-                       nbytes=2 * ctx.seq_len * shape.head_dim * b / cp, phases=SAVED,
+                       nbytes=2 * ctx.seq_len * shape.rotary_dim * b / cp, phases=SAVED,
                        formula=f"2 x s x head_dim x {b} B" + (f" / cp={cp}" if cp != 1 else "")))
     if last:
         final, how = norm.final_saved(kind, c, T, h)

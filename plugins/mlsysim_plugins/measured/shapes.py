@@ -25,6 +25,7 @@ from .families import BUILTIN_FAMILIES, ArchitectureFamily, LayerWeight, archite
 @attrs.frozen(kw_only=True)
 class ModelShape:
     family: ArchitectureFamily
+    model: TransformerWorkload          # the workload (a family may read fields of its own workload type)
     layers: int
     hidden: int
     heads: int
@@ -60,7 +61,7 @@ class ModelShape:
         """One decoder layer's weights (matrices, then biases) in registration order, with
         how parallelism splits each and whether autocast copies it."""
         return self.family.layer_weights(hidden=self.hidden, q_dim=self.q_dim, kv_dim=self.kv_dim, ffn=self.ffn,
-                                         experts=self.experts)
+                                         experts=self.experts, model=self.model)
 
     def layer_matrices(self) -> tuple[tuple[str, int], ...]:
         """One decoder layer's weight matrices in registration order: (name, elements)."""
@@ -98,7 +99,12 @@ class ModelShape:
     @property
     def rope_buffer_bytes(self) -> int:
         """RoPE's inv_freq and original_inv_freq buffers (fp32), none for other positions."""
-        return 2 * 4 * (self.head_dim // 2) if self.family.positions == "rotary" else 0
+        return 2 * 4 * (self.rotary_dim // 2) if self.family.positions == "rotary" else 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """The head dimensions rotary embeddings rotate (partial rotary: a fraction of them)."""
+        return int(self.head_dim * self.family.rotary_fraction)
 
     @classmethod
     def of(cls, model: TransformerWorkload, family: ArchitectureFamily | None = None) -> "ModelShape":
@@ -135,7 +141,7 @@ def _shape_of(model: TransformerWorkload, family: ArchitectureFamily) -> ModelSh
         assumptions.append("untied embeddings assumed (model.tied_embeddings unknown)")
     positions = (model.context_length or 1024) if family.positions == "learned" else 0
     return ModelShape(
-        family=family, layers=model.layers, hidden=h, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
+        family=family, model=model, layers=model.layers, hidden=h, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
         vocab=model.vocab_size, tied=tied, experts=model.experts if sparse else 0,
         top_k=model.active_experts_per_token if sparse else 0, parameters=model.parameters,
         learned_positions=positions, assumptions=tuple(assumptions))
