@@ -9,7 +9,8 @@ Use it from a plugin package's own tests, against the plugin as pip installed it
 
 It loads every installed plugin the way the tool does, finds what the named plugin
 provides, selects each of its specs by name in a handful of solves (dense and
-mixture-of-experts models, several layouts) and checks:
+mixture-of-experts models, several layouts) under the default profile and under every
+measured-grade profile its specs support, and checks:
 
 * it was loaded through an entry point, with a distribution and version (provenance);
 * every spec it registers is a valid spec type with a valid name;
@@ -32,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from .errors import MlsysimError
+from .errors import MlsysimError, NotModelledError
 from .manager import PluginManager
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
 from .scenario import Scenario
@@ -54,16 +55,17 @@ DEFAULT_LAYOUTS = {
                     {"model": MOE, "activation_checkpointing": "{name}", "tp_size": 4, "pp_size": 4,
                      "ep_size": 2, "dp_size": 2}],
     "dp": [{"model": DENSE, "dp_size": 8, "data_parallel": "{name}"},
-           {"model": DENSE, "dp_size": 64, "tp_size": 2, "data_parallel": "{name}"}],
+           {"model": DENSE, "dp_size": 64, "tp_size": 2, "batch_size": 128, "data_parallel": "{name}"}],
     "tp": [{"model": DENSE, "tp_size": 4, "sharding_rules": {"tp": "{name}"}}],
     "pp": [{"model": DENSE, "pp_size": 4, "sharding_rules": {"pp": "{name}"}}],
-    "ep": [{"model": MOE, "ep_size": 4, "sharding_rules": {"ep": "{name}"}}],
+    "ep": [{"model": MOE, "ep_size": 4, "dp_size": 4, "sharding_rules": {"ep": "{name}"}}],
     PROFILE: [{"model": DENSE, "profile": "{name}"}],
     "component": [{"model": DENSE, "include_plugins": ["{name}"]},
                   {"model": MOE, "include_plugins": ["{name}"], "tp_size": 2, "ep_size": 2,
                    "dp_size": 4, "zero_stage": 2}],
 }
 
+_MEASURED = {OPTIMIZER: "measured_state_terms", CHECKPOINTING: "measured_activation_terms"}
 _SPEC_TYPES = {OPTIMIZER: OptimizerSpec, CHECKPOINTING: CheckpointingSpec, SHARDING: ShardingRuleSpec,
                PROFILE: ProfileSpec}
 
@@ -148,10 +150,17 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     layouts = {**DEFAULT_LAYOUTS, **(layouts or {})}
     options = dict(options or {})
     cases: list[tuple[str, dict]] = []
+    measured = sorted(p.name for p in registry.profiles.values() if p.grade == "measured")
     for kind, names in provides.items():
         for name in sorted(names):
             key = registry.sharding_rules[name].axis if kind == SHARDING else kind
-            cases += [(f"{kind} {name!r}", _fill(layout, name)) for layout in layouts[key]]
+            # Rules work under every profile; an optimizer or strategy under a measured one if it has its callable.
+            graded = measured if kind == SHARDING or getattr(registry.optimizers.get(name) if kind == OPTIMIZER else
+                                                             registry.checkpointing.get(name), _MEASURED.get(kind, ""),
+                                                             None) else []
+            for layout in layouts[key]:     # under the default profile, then each measured-grade one it supports
+                cases += [(f"{kind} {name!r}" + (f" under {p!r}" if p else ""), {**_fill(layout, name), "profile": p})
+                          for p in (None, *graded) if "profile" not in layout or not p]
     if component_hooks:
         # A plugin a profile runs is checked under that profile (including it there would
         # count its terms twice, and solve refuses that); any other plugin is included.
@@ -173,10 +182,12 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     for what, layout in cases:
         label = f"{what} with {json.dumps(layout, sort_keys=True)}"
         try:
-            scenario = _scenario(layout, options)
+            scenario = _scenario({k: v for k, v in layout.items() if v is not None or k != "profile"}, options)
             result = scenario.solve(solver)
             solves += 1
         except Exception as err:
+            if isinstance(err, NotModelledError) and layout.get("profile"):
+                continue     # a measured-grade profile refusing a layout by name is allowed; erring is not
             failures.append(f"{label}: solve failed: {type(err).__name__}: {err}")
             continue
         for term in result.terms:
