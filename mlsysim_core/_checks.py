@@ -35,10 +35,6 @@ def count(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUN
     return value
 
 
-def optional_count(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int | None:
-    return None if value is None else count(name, value, minimum=minimum, maximum=maximum)
-
-
 def fraction(name: str, value: object) -> float:
     """A finite real number in [0.0, 1.0]."""
     if type(value) is float and 0.0 <= value <= 1.0:
@@ -96,11 +92,9 @@ def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_step
         return
     below = batch_size // per_step * per_step
     above = below + per_step
-    nearest = f"{below} or {above}" if below else f"{above}"
     raise InvalidInputError(
-        "batch_size", batch_size,
-        f"a multiple of dp_size x gradient_accumulation_steps = {dp_size} x {gradient_accumulation_steps} "
-        f"= {per_step}, e.g. {nearest}",
+        "batch_size", batch_size, f"a multiple of dp_size x gradient_accumulation_steps = {dp_size} x "
+        f"{gradient_accumulation_steps} = {per_step}, e.g. {f'{below} or ' if below else ''}{above}",
         f"global batch size {batch_size} over {dp_size} data-parallel rank(s) and {gradient_accumulation_steps} "
         f"accumulation step(s) is not a whole number of micro-batches (rounding it up would run a global "
         f"batch of {above})" + note)

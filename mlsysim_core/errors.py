@@ -1,9 +1,5 @@
-"""Every error mlsysim-core raises on purpose.
-
-Two families: bad user input (``InvalidInputError``, a ``ValueError``) and a misbehaving
-plugin (``PluginError``, naming the plugin, its distribution and the hook). Catch
-``MlsysimError`` to catch both.
-"""
+"""Every error mlsysim-core raises on purpose: bad user input (``InvalidInputError``, a
+``ValueError``) or a misbehaving plugin (``PluginError``); ``MlsysimError`` catches both."""
 
 from __future__ import annotations
 
@@ -13,16 +9,12 @@ class MlsysimError(Exception):
 
 
 class InvalidInputError(MlsysimError, ValueError):
-    """An input is out of range, unknown or inconsistent.
-
-    ``parameter`` names the input, ``value`` is what was given and ``allowed`` says what
-    would have been accepted. The message repeats all three.
-    """
+    """An input is out of range, unknown or inconsistent; the message names the ``parameter``,
+    the ``value`` given and what would be ``allowed``."""
 
     def __init__(self, parameter: str, value: object, allowed: str, detail: str = ""):
         self.parameter, self.value, self.allowed, self.detail = parameter, value, allowed, detail
-        detail = f" ({detail})" if detail else ""
-        super().__init__(f"{parameter}={_safe_repr(value)} is not allowed: {allowed}{detail}")
+        super().__init__(f"{parameter}={_safe_repr(value)} is not allowed: {allowed}{f' ({detail})' if detail else ''}")
 
 
 def _safe_repr(value: object, limit: int = 1000) -> str:
@@ -41,14 +33,12 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 
 class NotModelledError(InvalidInputError):
-    """The input is valid, but the selected profile does not model it (``parameter`` names
-    what it cannot describe). The CLI, when no profile was named, falls back to the
-    reference profile and says why; Python raises it."""
+    """A valid input the selected profile does not model (the CLI, when no profile was named,
+    falls back to the reference profile and says why)."""
 
 
 class LayoutError(InvalidInputError):
-    """A parallel layout that cannot exist (EP on a dense model, more stages than layers).
-    Sharding rules raise it from ``apply``; the solver passes it through unchanged."""
+    """A parallel layout that cannot exist (raised by sharding rules, passed through unchanged)."""
 
 
 class NotInstalledError(MlsysimError):
@@ -58,8 +48,7 @@ class NotInstalledError(MlsysimError):
 class PluginError(MlsysimError):
     """A plugin could not be loaded or broke its contract."""
 
-    def __init__(self, message: str, *, plugin: str | None = None, source: str | None = None,
-                 hook: str | None = None):
+    def __init__(self, message: str, *, plugin: str | None = None, source: str | None = None, hook: str | None = None):
         self.plugin, self.source, self.hook = plugin, source, hook
         super().__init__(message)
 

@@ -1,9 +1,6 @@
-"""The hooks a plugin can implement (with ``@mlsysim_core.hookimpl``; see docs/hooks.md).
-
-Registration hooks take no arguments and return specs or catalog entries, once per process;
-component hooks return one rank's ``MemoryTerm``s, once per solve, for the plugins the
-selected profile names. No hook's meaning depends on pluggy's call order.
-"""
+"""The hooks a plugin can implement (with ``@mlsysim_core.hookimpl``; see docs/hooks.md): registration
+hooks return specs or catalog entries, once per process; component hooks return one rank's
+``MemoryTerm``s, once per solve. No hook's meaning depends on pluggy's call order."""
 
 from __future__ import annotations
 
@@ -91,14 +88,10 @@ def mlsysim_runtime_overhead_terms(plan: TrainingPlan, placement: Placement,
 
 REGISTRATION_HOOKS = ("mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
                       "mlsysim_profiles")
-COMPONENT_HOOKS = {
-    "weights": "mlsysim_weight_terms",
-    "gradients": "mlsysim_gradient_terms",
-    "optimizer_state": "mlsysim_optimizer_state_terms",
-    "activations": "mlsysim_activation_terms",
-    "communication_buffers": "mlsysim_communication_buffer_terms",
-    "runtime_overheads": "mlsysim_runtime_overhead_terms",
-}
+COMPONENT_HOOKS = {"weights": "mlsysim_weight_terms", "gradients": "mlsysim_gradient_terms",
+                   "optimizer_state": "mlsysim_optimizer_state_terms", "activations": "mlsysim_activation_terms",
+                   "communication_buffers": "mlsysim_communication_buffer_terms",
+                   "runtime_overheads": "mlsysim_runtime_overhead_terms"}
 
 
 # --- catalog hooks: collected lazily by ``mlsysim_core.catalog`` (see docs/catalog.md) -----

@@ -1,10 +1,5 @@
-"""Plugin loading, done deterministically and loudly.
-
-Built-in and third-party plugins are entry points of one group, ``mlsysim_core``, loaded sorted
-by name; anything wrong raises an error naming the plugin, its distribution and the hook.
-``MLSYSIM_DISABLED_PLUGINS=a,b`` blocks entry-point or distribution names (one that matches
-nothing is a ``PluginWarning``); ``MLSYSIM_DISABLE_PLUGIN_AUTOLOAD=1`` skips every third party.
-"""
+"""Plugin loading, deterministic and loud: every plugin is an entry point of the ``mlsysim_core``
+group, loaded sorted by name, and anything wrong names the plugin, its distribution and the hook."""
 
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
 
 
 class PluginWarning(UserWarning):
-    """Something about the installed plugins that does not stop a run but must be seen (e.g. a
-    blocked name that matches nothing); the command line prints it as ``mlsysim-core: warning: ...``."""
+    """Something about the installed plugins that must be seen but does not stop a run."""
 
 
 def _normalise_dist(name: str) -> str:   # as PEP 503 does: case, and runs of -_.
@@ -51,10 +45,6 @@ def _is_own(info: PluginInfo) -> bool:
     return _normalise_dist(info.distribution) == OWN_DISTRIBUTION
 
 
-def _block_hint(name: str) -> str:
-    return f"set {ENV_DISABLED_PLUGINS}={name} (or pass --disable-plugin {name})"
-
-
 def _describe_exception(err: BaseException) -> str:
     """What a plugin did: ``ValueError: boom``, or ``SystemExit: called sys.exit(0)``."""
     if isinstance(err, SystemExit):
@@ -63,8 +53,7 @@ def _describe_exception(err: BaseException) -> str:
 
 
 class PluginManager(pluggy.PluginManager):
-    """pluggy's manager with mlsysim's loading rules and a frozen registry: build it with
-    ``PluginManager.from_environment()``, or ``PluginManager()`` and ``register(...)`` plugins."""
+    """pluggy's manager with mlsysim's loading rules and a frozen registry."""
 
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
@@ -109,11 +98,10 @@ class PluginManager(pluggy.PluginManager):
         return out
 
     def describe_blocked(self, name: str) -> str:
-        """What a blocked name did, for listings: ``(blocked)``, ``(blocked: distribution, ...)``
-        or ``(blocked: matches no installed plugin or distribution, ...)``."""
+        """What a blocked name did, for listings (``(blocked)``, ``(blocked: distribution, ...)``, ...)."""
         if name in self.unknown_blocked:
             close = self.unknown_blocked[name]
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
             return f"(blocked: matches no installed plugin or distribution, blocks nothing{hint})"
         by_dist = sorted({i.name for i in self.blocked_entry_points
                           if _normalise_dist(i.distribution) == _normalise_dist(name)})
@@ -124,13 +112,9 @@ class PluginManager(pluggy.PluginManager):
     def info(self, plugin_name: str) -> PluginInfo:
         return self._info.get(plugin_name, PluginInfo(name=plugin_name))
 
-    # --- loading ----------------------------------------------------------------------
-
     @classmethod
-    def from_environment(cls, *, autoload: bool | None = None,
-                         blocked: Iterable[str] | None = None) -> "PluginManager":
-        """Load every installed plugin as the environment says (``autoload=False``: built-ins
-        only; ``blocked``: names to skip, added to the environment's)."""
+    def from_environment(cls, *, autoload: bool | None = None, blocked: Iterable[str] | None = None) -> PluginManager:
+        """A manager with every installed plugin loaded as the arguments and the environment say."""
         if autoload is None:
             autoload = os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in ("", "0", "false", "no")
         from_env = {v.strip() for v in os.environ.get(ENV_DISABLED_PLUGINS, "").split(",") if v.strip()}
@@ -140,9 +124,7 @@ class PluginManager(pluggy.PluginManager):
 
     def load_entrypoints(self, *, third_party: bool = True, blocked: Iterable[str] = (),
                          group: str = ENTRY_POINT_GROUP) -> None:
-        """Load the plugins of ``group``, sorted by entry-point name, skipping ``blocked``
-        entry-point names (every declaration) and distribution names (PEP 503-normalised). A
-        blocked name that matches neither goes to ``unknown_blocked`` with a ``PluginWarning``."""
+        """Load the plugins of ``group``, sorted by name, but ``blocked`` entry-point or distribution names."""
         dists: dict = {}
         by_name = defaultdict(list)      # entry-point name -> [(entry point, PluginInfo)]
         for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda ep: (ep.name, ep.value)):
@@ -162,7 +144,11 @@ class PluginManager(pluggy.PluginManager):
         self.unknown_blocked = {b: _did_you_mean(b, [*by_name, *dist_names.values()]) for b in self.blocked_names
                                 if b not in by_name and _normalise_dist(b) not in dist_names}
         for b, close in self.unknown_blocked.items():
-            warnings.warn(PluginWarning(_unknown_blocked_message(b, close, group)), stacklevel=2)
+            hint = (f"did you mean {' or '.join(map(repr, close))}?" if close
+                    else "`mlsysim-core plugins` lists the installed plugins and their distributions")
+            warnings.warn(PluginWarning(
+                f"blocked plugin '{b}' ({ENV_DISABLED_PLUGINS} / --disable-plugin) matches no installed plugin "
+                f"(entry-point name) or distribution in group '{group}', so it blocks nothing; {hint}"), stacklevel=2)
         skipped, blocked_eps = [], []
         for name, pairs in by_name.items():
             if name in blocked:          # blocking is the escape hatch, duplicates included
@@ -185,17 +171,16 @@ class PluginManager(pluggy.PluginManager):
                     f"entry point '{name}' in group '{group}' is declared by more than one plugin: {providers}. "
                     f"{_duplicate_hint(name, [i for _, i in pairs], own_names)}", plugin=name, hook="entry point")
             ep, info = pairs[0]
+            self._entry_point_names.add(name)
             try:
                 module = ep.load()
             except KeyboardInterrupt:
                 raise
             except BaseException as err:     # SystemExit at import too: never a silent exit
-                raise PluginLoadError(
-                    f"{info.describe()} failed to load from entry point '{name} = {ep.value}': "
-                    f"{_describe_exception(err)}. To run without it, {_block_hint(name)}",
-                    plugin=name, source=info.source, hook="entry point") from err
+                raise PluginLoadError(f"{info.describe()} failed to load from entry point '{name} = {ep.value}': "
+                                      f"{_describe_exception(err)}{self._workaround(name)}",
+                                      plugin=name, source=info.source, hook="entry point") from err
             self.register(module, name=name, info=info)
-            self._entry_point_names.add(name)
         self.skipped_third_party, self.blocked_entry_points = tuple(skipped), tuple(blocked_eps)
         self.check()
 
@@ -208,18 +193,12 @@ class PluginManager(pluggy.PluginManager):
             if not isinstance(caller, pluggy.HookCaller) or caller.spec is not None:
                 continue
             for impl in caller.get_hookimpls():
-                info = self.info(impl.plugin_name)
-                raise PluginContractError(
-                    f"{info.describe()} implements unknown hook '{hook_name}' (a misspelling?). "
-                    f"Known hooks: {', '.join(known)}{self._workaround(impl.plugin_name)}",
-                    plugin=impl.plugin_name, source=info.source, hook=hook_name)
-
-    # --- the registry -----------------------------------------------------------------
+                raise self._contract_error(impl, hook_name, f"implements unknown hook '{hook_name}' "
+                                                            f"(a misspelling?). Known hooks: {', '.join(known)}")
 
     @property
     def registry(self) -> Registry:
-        """Every spec, by kind and name. Raises the first broken plugin's error, except inside
-        ``allowing_broken()``."""
+        """Every spec, by kind and name; raises the first broken plugin's error (but in ``allowing_broken()``)."""
         if self._registry is not None:
             return self._registry
         survey = self.survey()
@@ -230,8 +209,7 @@ class PluginManager(pluggy.PluginManager):
         return survey
 
     def survey(self) -> Registry:
-        """The registry with each broken plugin set aside (providing nothing, its error in
-        ``broken``) instead of raising: for listings."""
+        """The registry with each broken plugin set aside, its error in ``broken`` (for listings)."""
         if self._survey is None:
             self.check()
             self._survey = self._build_registry()
@@ -256,22 +234,47 @@ class PluginManager(pluggy.PluginManager):
 
     def _workaround(self, name: str) -> str:
         """How to run without a plugin (only entry-point plugins can be blocked)."""
-        return f". To run without it, {_block_hint(name)}" if name in self._entry_point_names else ""
+        if name not in self._entry_point_names:
+            return ""
+        return f". To run without it, set {ENV_DISABLED_PLUGINS}={name} (or pass --disable-plugin {name})"
 
-    def _claims(self, hook_name: str, spec_type: type, broken: dict) -> dict[str, list]:
-        """name -> [(item, provider)] of one registration hook; a plugin whose hook fails or
-        returns something else is set aside in ``broken``."""
+    def _contract_error(self, impl, hook: str, message: str) -> PluginContractError:
+        info = self.info(impl.plugin_name)
+        return PluginContractError(f"{info.describe()} {message}{self._workaround(info.name)}",
+                                   plugin=info.name, source=info.source, hook=hook)
+
+    def _claims(self, hook: str, spec_type: type, broken: dict) -> dict[str, list]:
+        """name -> [(item, provider)] of one registration hook; a plugin that fails goes to ``broken``."""
         claims = defaultdict(list)
-        for impl in self._impls(hook_name):
-            info = self.info(impl.plugin_name)
-            if info.name in broken:
+        for impl in self._impls(hook):
+            if impl.plugin_name in broken:
                 continue
             try:
-                for item in _call_registration(impl, info, hook_name, spec_type):
-                    claims[item.name].append((item, info))
+                for item in self._registered(impl, hook, spec_type):
+                    claims[item.name].append((item, self.info(impl.plugin_name)))
             except PluginError as err:
-                broken[info.name] = _with_workaround(err, self._workaround(info.name))
+                broken[impl.plugin_name] = err
         return claims
+
+    def _registered(self, impl, hook: str, spec_type: type) -> list:
+        """The items a registration hook returns, each checked to be a named ``spec_type``."""
+        try:
+            result = impl.function()
+            iterable = isinstance(result, Iterable) and not isinstance(result, (str, bytes))
+            items = list(result) if iterable else []    # inside the try: a generator runs plugin code here
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:      # SystemExit too: a plugin never ends the run silently
+            raise self._contract_error(impl, hook, f"hook {hook} raised {_describe_exception(err)}") from err
+        if result is not None and not iterable:
+            raise self._contract_error(impl, hook, f"hook {hook} returned {type(result).__name__}; "
+                                                   "expected a list of specs")
+        for item in items:
+            if not isinstance(item, spec_type) or not isinstance(getattr(item, "name", None), str):
+                expected = spec_type.__name__ if spec_type is not object else "a named spec"
+                raise self._contract_error(impl, hook, f"hook {hook} returned {type(item).__name__} {item!r}; "
+                                                       f"expected {expected}")
+        return items
 
     def _build_registry(self) -> Registry:
         broken: dict[str, PluginError] = {}
@@ -311,11 +314,8 @@ class PluginManager(pluggy.PluginManager):
         for hook in hookspecs.COMPONENT_HOOKS.values():    # component hooks return terms, never wrap
             for impl in self._impls(hook):
                 if impl.wrapper or impl.hookwrapper:
-                    info = self.info(impl.plugin_name)
-                    broken.setdefault(info.name, PluginContractError(
-                        f"{info.describe()} implements {hook} as a wrapper; component hooks return terms "
-                        f"and cannot be wrappers{self._workaround(info.name)}",
-                        plugin=info.name, source=info.source, hook=hook))
+                    broken.setdefault(impl.plugin_name, self._contract_error(impl, hook, (
+                        f"implements {hook} as a wrapper; component hooks return terms and cannot be wrappers")))
         component_impls = {hook: tuple(ComponentImpl(plugin=info, function=impl.function,
                                                      argnames=tuple(impl.argnames))
                                        for impl in self._impls(hook)
@@ -332,25 +332,15 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:
-    """Up to three close matches, about as close as the best (compared normalised, so
-    ``MLSYSIM_Demo.Lion`` finds ``mlsysim-demo-lion``)."""
+    """Up to three close matches, about as close as the best (compared normalised)."""
     key = _normalise_dist(name)
     scored = sorted((-ratio, c) for c in set(candidates)
                     if (ratio := difflib.SequenceMatcher(None, key, _normalise_dist(c)).ratio()) >= 0.6)
     return tuple(c for r, c in scored if r <= scored[0][0] + 0.1)[:3]
 
 
-def _unknown_blocked_message(name: str, close: tuple[str, ...], group: str) -> str:
-    hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
-            else "`mlsysim-core plugins` lists the installed plugins and their distributions")
-    return (f"blocked plugin '{name}' ({ENV_DISABLED_PLUGINS} / --disable-plugin) matches no installed "
-            f"plugin (entry-point name) or distribution in group '{group}', so it blocks nothing; {hint}")
-
-
 def _duplicate_hint(name: str, infos: list[PluginInfo], own_names: set[str]) -> str:
-    """How to get out of an entry-point name declared twice, never by blocking a built-in: when
-    one declaration is a built-in, name the other distributions (unless one is itself a
-    built-in entry point's name)."""
+    """How to get out of an entry-point name declared twice, never by blocking a built-in."""
     third = sorted({i.distribution for i in infos if not _is_own(i)})
     if not any(_is_own(i) for i in infos):
         return (f"Uninstall one, or block one distribution (all of its plugins) with "
@@ -366,19 +356,9 @@ def _duplicate_hint(name: str, infos: list[PluginInfo], own_names: set[str]) -> 
             f"{ENV_DISABLED_PLUGINS}={','.join(safe)} (or --disable-plugin {' --disable-plugin '.join(safe)})")
 
 
-def _with_workaround(err: PluginError, workaround: str) -> PluginError:
-    """The same error, its message ending with how to run without the plugin."""
-    if not workaround or workaround in str(err):
-        return err
-    new = type(err)(f"{err}{workaround}", plugin=err.plugin, source=err.source, hook=err.hook)
-    new.__cause__ = err.__cause__
-    return new
-
-
 @contextlib.contextmanager
 def plugin_warnings_to_stderr():
-    """A context in which each ``PluginWarning`` is printed once on stderr as
-    ``mlsysim-core: warning: ...`` (the command line's format); other warnings as usual."""
+    """A context in which each ``PluginWarning`` is printed once on stderr, as the command line does."""
     with warnings.catch_warnings():
         warnings.simplefilter("always", PluginWarning)
         previous, seen = warnings.showwarning, set()
@@ -395,37 +375,13 @@ def plugin_warnings_to_stderr():
 
 
 def _ep_info(ep, dists: dict) -> PluginInfo:
-    """An entry point's provenance; ``dists`` keeps each distribution's name and version (every
-    read of them parses METADATA), by object (kept alive, so that its id stays unique)."""
+    """An entry point's provenance; ``dists`` keeps each distribution's (every read parses METADATA)."""
     if ep.dist is None:
         return PluginInfo(name=ep.name)
     if id(ep.dist) not in dists:
         dists[id(ep.dist)] = (ep.dist, ep.dist.name, ep.dist.version)
     _, distribution, version = dists[id(ep.dist)]
     return PluginInfo(name=ep.name, distribution=distribution, version=version)
-
-
-def _call_registration(impl, info: PluginInfo, hook_name: str, spec_type: type) -> list:
-    """The items a registration hook returns, each checked to be a named ``spec_type``."""
-    try:
-        result = impl.function()
-        iterable = isinstance(result, Iterable) and not isinstance(result, (str, bytes))
-        items = list(result) if iterable else []    # inside the try: a generator runs plugin code here
-    except KeyboardInterrupt:
-        raise
-    except BaseException as err:      # SystemExit too: a plugin never ends the run silently
-        raise PluginContractError(f"{info.describe()} hook {hook_name} raised {_describe_exception(err)}",
-                                  plugin=info.name, source=info.source, hook=hook_name) from err
-    if result is not None and not iterable:
-        raise PluginContractError(f"{info.describe()} hook {hook_name} returned {type(result).__name__}; "
-                                  "expected a list of specs", plugin=info.name, source=info.source, hook=hook_name)
-    for item in items:
-        if not isinstance(item, spec_type) or not isinstance(getattr(item, "name", None), str):
-            expected = spec_type.__name__ if spec_type is not object else "a named spec"
-            raise PluginContractError(f"{info.describe()} hook {hook_name} returned {type(item).__name__} "
-                                      f"{item!r}; expected {expected}",
-                                      plugin=info.name, source=info.source, hook=hook_name)
-    return items
 
 
 @functools.lru_cache(maxsize=1)

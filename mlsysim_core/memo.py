@@ -1,9 +1,6 @@
-"""The one caching mechanism: a memo keyed on every argument of a pure function.
-
-The key is the whole argument tuple plus each argument's type (``True == 1``, but a check
-may accept one and refuse the other), so it cannot go stale by omission. A call with an
-unhashable argument simply runs. ``set_enabled(False)`` switches every memo off (tests
-check that answers are byte-identical either way).
+"""The one caching mechanism: a memo keyed on every argument of a pure function, and on each
+argument's type (``True == 1``, but a check may refuse one), so it cannot go stale by omission.
+``set_enabled(False)`` switches every memo off (tests check that answers are identical either way).
 """
 
 from __future__ import annotations
@@ -36,8 +33,6 @@ def memoize(function):
             table.clear()
         table[key] = value
         return value
-
-    memoised.uncached = function
     return memoised
 
 
@@ -47,7 +42,3 @@ def set_enabled(enabled: bool) -> None:
     _enabled = bool(enabled)
     for table in _memos:
         table.clear()
-
-
-def enabled() -> bool:
-    return _enabled

@@ -53,10 +53,8 @@ class Registry:
     component_impls: Mapping[str, tuple[ComponentImpl, ...]]  # hook name -> impls, by plugin name
     plugins: Mapping[str, PluginInfo]                         # every registered plugin
     rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
-    # plugin name -> its PluginError, for plugins set aside (PluginManager.survey() only).
-    broken: Mapping[str, Exception] = attrs.field(factory=dict)
-    # The profiles' own registration hooks: hook name -> {item name: item}; providers as specs'.
-    extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)
+    broken: Mapping[str, Exception] = attrs.field(factory=dict)   # plugin -> its error (survey() only)
+    extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)   # profiles' own hooks' items
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
         return self.rules_by_axis.get(axis, {})
@@ -66,5 +64,4 @@ class Registry:
 
     def describe_choices(self, kind: str, names) -> str:
         """``"adam (mlsysim-core 0.1.0), demo.lion (mlsysim-demo 0.1)"``."""
-        return ", ".join(f"{n} ({self.providers[(kind, n)].source})" for n in sorted(names)) \
-            or "(none installed)"
+        return ", ".join(f"{n} ({self.providers[(kind, n)].source})" for n in sorted(names)) or "(none installed)"

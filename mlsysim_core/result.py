@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
 import attrs
 
 from .errors import InvalidInputError
-from .terms import ACCELERATOR as ACCELERATOR_TIER
-from .terms import COMPONENTS, PHASES, MemoryTerm
-
-GB = 1e9        # decimal gigabyte, what the reference reports
-GIB = 2**30     # binary gibibyte, what accelerator vendors mean by "80 GB"
+from .terms import ACCELERATOR, COMPONENTS, PHASES, MemoryTerm
 
 _MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENTS
 
@@ -29,7 +26,7 @@ class MemoryView:
         if field not in _MEMORY_FIELDS:
             raise AttributeError(f"{field!r} is not a memory field; choose from {', '.join(_MEMORY_FIELDS)}")
         value = getattr(self._result, field)
-        return value * 1e-9 if self._gb else value / GIB
+        return value * 1e-9 if self._gb else value / 2**30
 
     def as_dict(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in _MEMORY_FIELDS}
@@ -129,7 +126,10 @@ class TrainingMemoryResult:
     @property
     def constraint_trace(self) -> tuple[str, ...]:
         """The reference's trace: a summary line in GB, then the rules' notes (ZeRO, MoE)."""
-        return (_summary_trace(self),) + self.notes
+        summary = (f"Training Memory: weights={format_gb(self.weights)}, gradients={format_gb(self.gradients)}, "
+                   f"optimizer={format_gb(self.optimizer_state)}, activations={format_gb(self.activations)}, "
+                   f"buffers={format_gb(self.communication_buffers)}.")
+        return (summary,) + self.notes
 
     @property
     def headroom(self) -> int | float:
@@ -146,8 +146,7 @@ class TrainingMemoryResult:
         return unstructure_result(self)
 
     def to_json(self, **kwargs) -> str:
-        from .serialization import result_to_json
-        return result_to_json(self, **kwargs)
+        return json.dumps(self.to_dict(), **{"sort_keys": True, **kwargs})
 
     @classmethod
     def from_json(cls, text: str) -> "TrainingMemoryResult":
@@ -173,7 +172,7 @@ class TrainingMemoryResult:
 def _phase_totals(terms, component: str | None = None) -> dict:
     totals = dict.fromkeys(PHASES, 0)
     for term in terms:
-        if term.tier == ACCELERATOR_TIER and (component is None or term.component == component):
+        if term.tier == ACCELERATOR and (component is None or term.component == component):
             for phase in term.phases:
                 totals[phase] += term.nbytes
     return totals
@@ -190,9 +189,3 @@ def format_gb(nbytes) -> str:
         text = f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     return f"{text} GB"
 
-
-def _summary_trace(r) -> str:
-    return ("Training Memory: "
-            f"weights={format_gb(r.weights)}, gradients={format_gb(r.gradients)}, "
-            f"optimizer={format_gb(r.optimizer_state)}, activations={format_gb(r.activations)}, "
-            f"buffers={format_gb(r.communication_buffers)}.")

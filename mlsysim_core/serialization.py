@@ -54,27 +54,23 @@ def _format_exception(exc: BaseException, type_) -> str:
 
 
 def unstructure_result(result) -> dict:
-    data = _converter.unstructure(result)
-    data["schema_version"] = SCHEMA_VERSION
-    data["constraint_trace"] = list(result.constraint_trace)
-    data["units"] = {"memory": "bytes", "gb": 1e9, "gib": 2**30}
-    data["gb"], data["gib"] = result.gb.as_dict(), result.gib.as_dict()
-    return data
+    return {**_converter.unstructure(result), "schema_version": SCHEMA_VERSION,
+            "constraint_trace": list(result.constraint_trace), "units": {"memory": "bytes", "gb": 1e9, "gib": 2**30},
+            "gb": result.gb.as_dict(), "gib": result.gib.as_dict()}
 
 
-def result_to_json(result, **kwargs) -> str:
-    return json.dumps(unstructure_result(result), **{"sort_keys": True, **kwargs})
-
-
-def result_from_dict(data: dict):
-    """The inverse of ``unstructure_result`` (the derived views dropped); anything else
-    raises ``InvalidInputError`` naming the first bad field."""
-    from .result import TrainingMemoryResult
+def result_from_json(text):
+    """``TrainingMemoryResult.from_json``: anything but a result's JSON raises ``InvalidInputError``
+    naming the first bad field."""
+    from .result import RankReport, TrainingMemoryResult
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise InvalidInputTypeError("text", _shown(text), f"a JSON string written by {_TO_JSON}",
+                                    f"got {type(text).__name__}")
+    data = parse_json(text, "text")
     if not isinstance(data, dict):
         raise InvalidInputTypeError("result", _shown(data), f"a JSON object written by {_TO_JSON}",
                                     f"got {type(data).__name__}")
-    versioned = "schema_version" in data
-    if versioned:
+    if versioned := "schema_version" in data:
         version = data["schema_version"]
         allowed = f"an integer in [1, {SCHEMA_VERSION}] (this package writes {SCHEMA_VERSION})"
         if isinstance(version, bool) or not isinstance(version, int):
@@ -84,7 +80,16 @@ def result_from_dict(data: dict):
             raise InvalidInputError("result.schema_version", version, allowed,
                                     "written by a newer mlsysim-core" if version > SCHEMA_VERSION else "")
     data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
-    _check_present(data, versioned)
+    # What to_json always writes must be there: every field of each rank, and with a schema_version
+    # every field of the result (an older file may leave out those with defaults).
+    missing = [(f"result.{f.name}", "result") for f in attrs.fields(TrainingMemoryResult)
+               if versioned and f.name not in data]
+    ranks = data["ranks"] if isinstance(data.get("ranks"), (list, tuple)) else ()
+    missing += [(f"result.ranks[{i}].{f.name}", "rank") for i, rank in enumerate(ranks) if isinstance(rank, dict)
+                for f in attrs.fields(RankReport) if f.name not in rank]
+    if missing:
+        raise InvalidInputError(missing[0][0], None, f"present in a {missing[0][1]} written by {_TO_JSON}",
+                                "required field missing")
     try:
         result = _converter.structure(data, TrainingMemoryResult)
     except RecursionError as err:
@@ -103,21 +108,6 @@ def result_from_dict(data: dict):
                                 "; ".join(messages[:3]) + more) from err
     _check_result(result)
     return result
-
-
-def _check_present(data: dict, versioned: bool) -> None:
-    """Every field of each rank must be there, and in a document with a ``schema_version``
-    every field of the result (an older one may leave out those with defaults)."""
-    from .result import RankReport, TrainingMemoryResult
-    missing = [(f"result.{f.name}", "result") for f in attrs.fields(TrainingMemoryResult)
-               if versioned and f.name not in data]
-    ranks = data.get("ranks") if isinstance(data.get("ranks"), (list, tuple)) else ()
-    missing += [(f"result.ranks[{i}].{f.name}", "rank") for i, rank in enumerate(ranks) if isinstance(rank, dict)
-                for f in attrs.fields(RankReport) if f.name not in rank]
-    if missing:
-        parameter, what = missing[0]
-        raise InvalidInputError(parameter, None, f"present in a {what} written by {_TO_JSON}",
-                                "required field missing")
 
 
 _PATH_STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\['([^']*)'\]")
@@ -151,16 +141,13 @@ def _is_bytes(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
-_BYTE_FIELDS = ("total_memory", "weights", "gradients", "optimizer_state", "activations",
-                "communication_buffers", "runtime_overheads", "host_memory")
-
-
 def _check_memory(where: str, report, available) -> None:
     """Memory fields finite and >= 0, the total the components' sum, ``feasible`` as the totals
     say against ``available`` (in GB, as the solver decides): for the result and each rank."""
-    for field in _BYTE_FIELDS:
-        value = getattr(report, field)
-        _require(_is_bytes(value), f"{where}.{field}", value, "a finite number of bytes >= 0")
+    for field in ("total_memory", "weights", "gradients", "optimizer_state", "activations",
+                  "communication_buffers", "runtime_overheads", "host_memory"):
+        _require(_is_bytes(getattr(report, field)), f"{where}.{field}", getattr(report, field),
+                 "a finite number of bytes >= 0")
     parts = (report.weights + report.gradients + report.optimizer_state + report.activations
              + report.communication_buffers + report.runtime_overheads)
     _require(abs(report.total_memory - parts) <= 1e-9 * max(abs(parts), 1.0) + 1e-6, f"{where}.total_memory",
@@ -172,15 +159,13 @@ def _check_memory(where: str, report, available) -> None:
 
 
 def _check_result(result) -> None:
-    """A result read back must be one a solve could give: memory as ``_check_memory`` says for
-    the result and every rank, ranks as a solve writes them, ``selected`` consistent."""
-    phases = f"None or one of {', '.join(PHASES)}"
-    _require(_is_bytes(result.available_memory), "result.available_memory", result.available_memory,
-             "a finite number of bytes >= 0")
-    _require(_is_bytes(result.memory_utilization), "result.memory_utilization", result.memory_utilization,
-             "a finite number >= 0")
+    """A result read back must be one a solve could give (each rank too), ``selected`` consistent."""
+    for field, allowed in (("available_memory", "a finite number of bytes >= 0"),
+                           ("memory_utilization", "a finite number >= 0")):
+        _require(_is_bytes(getattr(result, field)), f"result.{field}", getattr(result, field), allowed)
     _require(result.available_memory > 0, "result.available_memory", result.available_memory, "a number of bytes > 0")
     _check_memory("result", result, result.available_memory)
+    phases = f"None or one of {', '.join(PHASES)}"
     _require(result.peak_phase in (None, *PHASES), "result.peak_phase", result.peak_phase, phases)
     for field in ("microbatch", "layers_per_stage"):
         _require(getattr(result, field) >= 1, f"result.{field}", getattr(result, field), "an integer >= 1")
@@ -248,16 +233,8 @@ def _check_selected(result) -> None:
         name, known = selected[key], tables.get(key)
         listing = f": one of {', '.join(sorted(known))}" if known is not None else ""
         _require(name.strip() and (known is None or name in known), f"result.selected.{key}", name,
-                 f"a name the installed plugins provide{listing}", "a result names the plugins' specs it was solved with")
-
-
-def result_from_json(text):
-    """``TrainingMemoryResult.from_json``: malformed JSON, or JSON that is not a result, raises
-    ``InvalidInputError``."""
-    if not isinstance(text, (str, bytes, bytearray)):
-        raise InvalidInputTypeError("text", _shown(text), f"a JSON string written by {_TO_JSON}",
-                                    f"got {type(text).__name__}")
-    return result_from_dict(parse_json(text, "text"))
+                 f"a name the installed plugins provide{listing}",
+                 "a result names the plugins' specs it was solved with")
 
 
 def parse_json(text, parameter: str, where: str | None = None):
@@ -356,10 +333,7 @@ def structure_model(data: dict):
     """A model from a dict (a JSON file), ``kind`` picking dense or sparse; every problem an
     ``InvalidInputError`` naming ``model.<field>`` (a HF config.json without ``model_type`` is told so)."""
     from .types import SparseTransformerWorkload, TransformerWorkload
-    if not isinstance(data, dict):
-        raise InvalidInputError("model", _shown(data), "a JSON object of TransformerWorkload fields",
-                                f"got {type(data).__name__}")
-    data = dict(data)
+    data = dict(_json_object(data, "model", "TransformerWorkload"))
     kind = data.pop("kind", "sparse_transformer" if "experts" in data else "transformer")
     cls = {"transformer": TransformerWorkload, "sparse_transformer": SparseTransformerWorkload}.get(kind) \
         if isinstance(kind, str) else None
@@ -374,6 +348,20 @@ def structure_model(data: dict):
             f"or write the model with the fields of {cls.__name__}")
     required = ", ".join(f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING)
     return _structure_fields(cls, data, "model", f"a value: a {kind} model needs {required}")
+
+
+def structure_hardware(data: dict):
+    """A ``HardwareNode`` from a dict, checked like ``structure_model`` (``hardware.<field>``)."""
+    from .types import HardwareNode
+    return _structure_fields(HardwareNode, _json_object(data, "hardware", "HardwareNode"), "hardware",
+                             "a value: a hardware file needs name and memory_capacity (bytes)")
+
+
+def _json_object(data, parameter: str, cls_name: str) -> dict:
+    if not isinstance(data, dict):
+        raise InvalidInputError(parameter, _shown(data), f"a JSON object of {cls_name} fields",
+                                f"got {type(data).__name__}")
+    return data
 
 
 def _structure_fields(cls, data: dict, prefix: str, needs: str):
@@ -392,13 +380,3 @@ def _structure_fields(cls, data: dict, prefix: str, needs: str):
     except InvalidInputError as err:     # name the file's field
         raise InvalidInputError(f"{prefix}.{err.parameter.rpartition('.')[2]}", err.value, err.allowed,
                                 err.detail) from err
-
-
-def structure_hardware(data: dict):
-    """A ``HardwareNode`` from a dict, checked like ``structure_model`` (``hardware.<field>``)."""
-    from .types import HardwareNode
-    if not isinstance(data, dict):
-        raise InvalidInputError("hardware", _shown(data), "a JSON object of HardwareNode fields",
-                                f"got {type(data).__name__}")
-    return _structure_fields(HardwareNode, data, "hardware",
-                             "a value: a hardware file needs name and memory_capacity (bytes)")

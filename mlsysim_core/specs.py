@@ -1,9 +1,8 @@
 """What plugins register: named optimizers, checkpointing strategies, sharding rules, profiles.
 
-A spec is a *named factory*: a frozen attrs object of plain callables that the solver calls
-once the configuration selects it by name, so an installed but unselected plugin never adds
-a byte. Callables receive the ``TrainingPlan`` (and the ``Placement``) and the spec's options
-object (``None`` when it declares none). The fields are tabled in docs/hooks.md.
+A spec is a frozen attrs object of plain callables, called only once a solve selects it by name
+(so an unselected plugin never adds a byte), with the ``TrainingPlan`` (and ``Placement``) and
+the spec's options object (``None`` without one). docs/hooks.md tables every field.
 """
 
 from __future__ import annotations
@@ -21,41 +20,35 @@ _name_re = re.compile(NAME_PATTERN)
 
 def _spec_name(instance, attribute, value):
     if not isinstance(value, str) or not _name_re.match(value):
-        raise ValueError(
-            f"{type(instance).__name__}.name={value!r} is not a valid name: lowercase letters, "
-            f"digits, '-' and '_', optionally dotted (third parties: 'myorg.name')")
+        raise ValueError(f"{type(instance).__name__}.name={value!r} is not a valid name: lowercase letters, "
+                         f"digits, '-' and '_', optionally dotted (third parties: 'myorg.name')")
 
 
 def _options_type(instance, attribute, value):
     if value is not None and not attrs.has(value):
-        raise TypeError(f"{type(instance).__name__}.options_type must be an attrs class or None, "
-                        f"got {value!r}")
+        raise TypeError(f"{type(instance).__name__}.options_type must be an attrs class or None, got {value!r}")
 
 
-def _callable(instance, attribute, value):
-    if not callable(value):
+def _callable(instance, attribute, value):   # None too, where that is the default
+    if not callable(value) and (value is not None or attribute.default is not None):
         raise TypeError(f"{type(instance).__name__}.{attribute.name} must be callable, got {value!r}")
-
-
-def _optional_callable():
-    return attrs.field(default=None, validator=attrs.validators.optional(_callable))
 
 
 _name_field = attrs.field(validator=_spec_name)
 _description = attrs.field(default="", validator=attrs.validators.instance_of(str))
 _options = attrs.field(default=None, validator=_options_type)
+_optional_callable = attrs.field(default=None, validator=_callable)
 
 
 @attrs.frozen(kw_only=True)
 class OptimizerSpec:
     """A named optimizer: ``state_terms(plan, placement, options)`` returns the optimizer-state
     terms of ONE rank, already divided by ``placement.optimizer_state_shards``."""
-
     name: str = _name_field
     description: str = _description
     state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
     """The same, for measured-grade profiles (``None``: they refuse this optimizer). Plugin API 1.2."""
 
 
@@ -64,13 +57,12 @@ class CheckpointingSpec:
     """A named activation-checkpointing strategy: ``activation_terms(plan, placement, options)``
     returns one rank's activation terms (``placement.layers_per_stage`` layers, divided by
     ``placement.activation_shards``)."""
-
     name: str = _name_field
     description: str = _description
     activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     requires_heads: bool = False
     options_type: type | None = _options
-    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
     """The same, for measured-grade profiles, with phases. Plugin API 1.2."""
 
 
@@ -83,15 +75,13 @@ DATA = "dp"
 AXES = (TENSOR, CONTEXT, PIPELINE, EXPERT, DATA)
 DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
 
-_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards",
-                 "optimizer_state_shards")
+_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards")
 
 
 @attrs.frozen(kw_only=True)
 class ShardingEffect:
     """What one sharding rule does to one rank, as plain numbers (1: "does not split it").
     The solver multiplies the factors of all selected rules and divides once."""
-
     parameter_shards: int = 1
     activation_shards: int = 1
     weight_shards: int = 1
@@ -107,17 +97,15 @@ class ShardingEffect:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"ShardingEffect.{name} must be an int >= 1, got {value!r}")
-        if type(self.buffer_terms) is not tuple:
-            object.__setattr__(self, "buffer_terms", tuple(self.buffer_terms))
-        if type(self.notes) is not tuple:
-            object.__setattr__(self, "notes", tuple(self.notes))
+        for name in ("buffer_terms", "notes"):
+            if type(getattr(self, name)) is not tuple:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @attrs.frozen(kw_only=True)
 class SplitSoFar:
     """What the sharding rules applied before this one did, for one rank
     (``parameters_per_rank = model.parameters / parameter_shards``, fractional)."""
-
     parameter_shards: int
     activation_shards: int
     weight_shards: int
@@ -135,13 +123,12 @@ class ShardingRuleSpec:
     receives ``SplitSoFar`` (plugin API 1.1). A layout that cannot exist raises
     ``mlsysim_core.LayoutError``, which the solver passes through.
     """
-
     name: str = _name_field
     axis: str = attrs.field(validator=attrs.validators.in_(AXES))
     description: str = _description
     apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable()
+    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
     """``(plan, placement, options) -> terms``: the rule's own buffers under a measured-grade
     profile, replacing the effect's ``buffer_terms`` there. Plugin API 2.0."""
 
@@ -154,7 +141,6 @@ class ProfileSpec:
     ``"sum"`` (every term adds up, as the reference) or ``"peak"`` (the largest, over the
     phases of an iteration, of the accelerator bytes alive).
     """
-
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
@@ -165,9 +151,9 @@ class ProfileSpec:
     """The profile's own options (``plan.profile_options``): keywords of ``solve``. Plugin API 2.0."""
     registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     """Its own registration hooks, collected into ``registry.extensions[hook]``. Plugin API 2.0."""
-    prepare: Callable | None = _optional_callable()
-    """``prepare(plan, extensions) -> plan``: checks and completes the options. Plugin API 2.0."""
-    ranks: Callable | None = _optional_callable()
+    prepare: Callable | None = _optional_callable
+    """``prepare(plan, registry) -> plan``: checks and completes the options. Plugin API 2.0."""
+    ranks: Callable | None = _optional_callable
     """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
-    relocate: Callable | None = _optional_callable()
+    relocate: Callable | None = _optional_callable
     """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""

@@ -1,9 +1,4 @@
-"""Memory terms: the unit every estimate is built from.
-
-A term is one explainable amount of memory: its component, its bytes, a label, the formula
-with the numbers put in, the plugin that produced it, and the facts later profiles need
-(the phases it is alive in, its pipeline stage or rank class, its memory tier).
-"""
+"""Memory terms, the unit every estimate is built from, and the component, phase and tier names."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ BACKWARD_END = "backward_end"
 OPTIMIZER_STEP = "optimizer_step"
 PHASES = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 
-# Memory tiers.
-ACCELERATOR = "accelerator"
+ACCELERATOR = "accelerator"    # memory tiers
 HOST = "host"
 NVME = "nvme"
 TIERS = (ACCELERATOR, HOST, NVME)
@@ -40,8 +34,7 @@ _COMPONENT_SET, _PHASE_SET, _TIER_SET = frozenset(COMPONENTS), frozenset(PHASES)
 
 # The solver's pipeline sets this to a one-item list and writes the name of each plugin it
 # calls into it: terms that plugin creates are stamped with it by default, at no cost.
-_source_cell: contextvars.ContextVar[list | None] = contextvars.ContextVar("mlsysim_term_source_cell",
-                                                                           default=None)
+_source_cell = contextvars.ContextVar("mlsysim_term_source_cell", default=None)   # [plugin name] or None
 _get_cell = _source_cell.get
 
 
@@ -52,13 +45,9 @@ def _default_source() -> str:
 
 @attrs.frozen(kw_only=True)
 class MemoryTerm:
-    """One explainable amount of memory.
-
-    ``nbytes`` is exact (an int, or a float where a formula is fractional), finite and
-    >= 0. ``source`` is overwritten by the solver with the producing plugin's name, so
-    provenance can be trusted. ``phases``: when the bytes are alive; ``tier``: where;
-    ``pipeline_stage`` and ``rank``: which stage or rank class (``None``: every one alike).
-    """
+    """One explainable amount of memory: its component, exact bytes (finite, >= 0), a label, the
+    formula with the numbers put in, and the plugin that made it (stamped by the solver). ``phases``:
+    when the bytes are alive; ``tier``: where; ``pipeline_stage``, ``rank``: ``None`` for every one."""
 
     component: str
     label: str
@@ -72,8 +61,7 @@ class MemoryTerm:
 
     # Hand-written checks instead of attrs validators: terms are built on every solve.
     def __attrs_post_init__(self):
-        nbytes = self.nbytes
-        kind = type(nbytes)
+        nbytes, kind = self.nbytes, type(self.nbytes)
         if kind is not float and kind is not int:
             if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real):
                 raise TypeError(f"MemoryTerm.nbytes must be an int or float number of bytes, "

@@ -1,8 +1,5 @@
-"""The things a solve is about: a model (workload) and an accelerator (hardware node).
-
-Frozen attrs classes with keyword-only fields (fields can be added without breaking
-constructor calls). Counts are ints; memory is in bytes.
-"""
+"""The things a solve is about: a model (workload) and an accelerator (hardware node), as frozen
+attrs classes with keyword-only fields; counts are ints, memory is in bytes."""
 
 from __future__ import annotations
 
@@ -33,12 +30,9 @@ def _count(minimum=1, maximum=_checks.MAX_COUNT, default=attrs.NOTHING):   # def
                        validator=_checks.attrs_count(minimum, maximum, optional=default is None))
 
 
-def _optional_count(minimum=1, maximum=_checks.MAX_COUNT):
-    return _count(minimum, maximum, default=None)
-
-
-def _optional_flag():
-    return attrs.field(default=None, validator=_checks.attrs_optional_flag)
+_name = attrs.field(validator=_str)
+_optional_str = attrs.field(default=None, validator=_opt_str)
+_optional_flag = attrs.field(default=None, validator=_checks.attrs_optional_flag)
 
 
 @attrs.frozen(kw_only=True)
@@ -47,21 +41,21 @@ class TransformerWorkload:
     and ``layers`` are required; the reference profile also reads ``hidden_dim`` and ``heads``,
     architecture-aware profiles the rest (``None``: unknown)."""
 
-    name: str = attrs.field(validator=_str)
+    name: str = _name
     parameters: int = _count()
     layers: int = _count()
-    hidden_dim: int | None = _optional_count()
-    heads: int | None = _optional_count()
-    kv_heads: int | None = _optional_count()        # GQA/MQA; None = same as heads
-    head_dim: int | None = _optional_count()        # None = hidden_dim // heads
-    vocab_size: int | None = _optional_count()
-    ffn_dim: int | None = _optional_count()         # MLP intermediate width
-    gated_mlp: bool | None = _optional_flag()       # SwiGLU/GeGLU (3 matrices) vs plain (2)
-    tied_embeddings: bool | None = _optional_flag()
-    context_length: int | None = _optional_count()
-    kv_lora_rank: int | None = _optional_count()     # MLA (DeepSeek)
-    qk_rope_head_dim: int | None = _optional_count()
-    architecture: str | None = attrs.field(default=None, validator=_opt_str)
+    hidden_dim: int | None = _count(default=None)
+    heads: int | None = _count(default=None)
+    kv_heads: int | None = _count(default=None)   # GQA/MQA; None = same as heads
+    head_dim: int | None = _count(default=None)   # None = hidden_dim // heads
+    vocab_size: int | None = _count(default=None)
+    ffn_dim: int | None = _count(default=None)    # MLP intermediate width
+    gated_mlp: bool | None = _optional_flag   # SwiGLU/GeGLU (3 matrices) vs plain (2)
+    tied_embeddings: bool | None = _optional_flag
+    context_length: int | None = _count(default=None)
+    kv_lora_rank: int | None = _count(default=None)   # MLA (DeepSeek)
+    qk_rope_head_dim: int | None = _count(default=None)
+    architecture: str | None = _optional_str
 
     def __attrs_post_init__(self):
         heads = self.heads
@@ -89,8 +83,8 @@ class SparseTransformerWorkload(TransformerWorkload):
     active_parameters: int = _count()
     experts: int = _count()
     active_experts_per_token: int = _count(default=1)
-    shared_experts: int | None = _optional_count(minimum=0)
-    expert_ffn_dim: int | None = _optional_count()
+    shared_experts: int | None = _count(0, default=None)
+    expert_ffn_dim: int | None = _count(default=None)
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
@@ -111,12 +105,12 @@ class HardwareNode:
     ``devices_per_node`` and ``host_memory`` (CPU bytes per node) matter for hierarchical
     sharding and offload."""
 
-    name: str = attrs.field(validator=_str)
+    name: str = _name
     memory_capacity: int = _count(1, 2**64)   # compared, not multiplied: up to 16 EiB
-    memory_bandwidth: int | None = _optional_count(maximum=10**30)     # bytes per second (not a count of bytes)
-    devices_per_node: int | None = _optional_count()
-    host_memory: int | None = _optional_count(maximum=2**64)
-    vendor: str | None = attrs.field(default=None, validator=_opt_str)
+    memory_bandwidth: int | None = _count(maximum=10**30, default=None)   # bytes per second (not a count of bytes)
+    devices_per_node: int | None = _count(default=None)
+    host_memory: int | None = _count(maximum=2**64, default=None)
+    vendor: str | None = _optional_str
 
     def __attrs_post_init__(self):
         capacity = self.memory_capacity
