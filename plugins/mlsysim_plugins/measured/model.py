@@ -332,9 +332,10 @@ class RuntimeOverheads:
 
 
 def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
-    """The runtime-overhead terms: NCCL's buffers only when the layout communicates."""
-    parallel = plan.tp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
-    return list(_runtime_terms(overheads, parallel, type(allocated), allocated))
+    """The runtime-overhead terms: NCCL's buffers only when the layout communicates (any
+    parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``)."""
+    from .parallel import is_parallel
+    return list(_runtime_terms(overheads, is_parallel(plan), type(allocated), allocated))
 
 
 @memoize

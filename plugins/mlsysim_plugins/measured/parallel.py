@@ -332,7 +332,8 @@ def _rank_parameters(model, family, t, e, etp, layers, first, last) -> dict:
 # --- solving every rank class --------------------------------------------------------------
 
 def is_parallel(plan) -> bool:
-    """Does this measured-grade solve describe a parallel layout (rank classes)?"""
+    """Does this measured-grade solve describe a parallel layout (rank classes, NCCL
+    communicators)? Every axis counts, context parallelism too."""
     return plan.tp_size * plan.cp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
 
 
