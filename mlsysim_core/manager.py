@@ -60,14 +60,12 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self.hook.mlsysim_addhooks.call_historic(kwargs={"pluginmanager": self})   # plugins' own hook specs
         self._info: dict[str, PluginInfo] = {}
-        self._registry: Registry | None = None
-        self._survey: Registry | None = None     # the registry with broken plugins set aside
-        self._allow_broken = 0
-        self._entry_point_names: set[str] = set()
-        self.blocked_names: tuple[str, ...] = ()
-        self.skipped_third_party: tuple[PluginInfo, ...] = ()
-        self.unknown_blocked: dict[str, tuple[str, ...]] = {}     # blocked, matching nothing -> did-you-mean
-        self.blocked_entry_points: tuple[PluginInfo, ...] = ()   # every declaration a blocked name skipped
+        self._registry = self._survey = None     # the registry, and the one with broken plugins set aside
+        self._allow_broken, self._entry_point_names = 0, set()
+        # What load_entrypoints blocked and skipped (PluginInfos), and the blocked names that match
+        # nothing (-> did-you-mean candidates).
+        self.blocked_names = self.skipped_third_party = self.blocked_entry_points = ()
+        self.unknown_blocked: dict[str, tuple[str, ...]] = {}
 
     def parse_hookimpl_opts(self, plugin, name):
         # mlsysim_* functions are hook implementations even without the marker: check() then
