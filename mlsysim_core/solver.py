@@ -149,8 +149,8 @@ class _Selection:
     profile: Any
     optimizer: tuple
     checkpointing: tuple
-    rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers)
-    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker), ...)
+    rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers, call site)
+    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site), ...)
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
 
@@ -182,10 +182,12 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
         chosen.append((registry.providers[(kind, name)], function, f"{kind} '{name}' {field}"))
     rule_specs = [(axis, registry.sharding_rules[rules[axis]]) for axis in AXES]
     rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _takes_split(s.apply),
-                        s.measured_buffer_terms if measured else None) for axis, s in rule_specs)
+                        s.measured_buffer_terms if measured else None, f"sharding rule '{s.name}' apply")
+                       for axis, s in rule_specs)
     wanted = set(spec.component_plugins) | set(include)
-    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames)) for i in registry.component_impls[hook]
-                              if i.plugin.name in wanted) for component, hook in COMPONENT_HOOKS.items()}
+    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}")
+                              for i in registry.component_impls[hook] if i.plugin.name in wanted)
+             for component, hook in COMPONENT_HOOKS.items()}
     infos = [chosen[0][0], chosen[1][0], *(rule[2] for rule in rule_calls),
              *(call[0] for component_calls in calls.values() for call in component_calls)]
     return _Selection(
@@ -200,7 +202,9 @@ def _arguments(argnames: tuple) -> Callable:
     """A hook implementation's arguments, picked by name from (plan, placement, extra), where
     extra is the component's third hook argument (``model_states``, ``allocated``)."""
     index = tuple({"plan": 0, "placement": 1}.get(a, 2) for a in argnames)
-    return lambda values: tuple(values[i] for i in index)
+    if len(index) >= 2:
+        return operator.itemgetter(*index)      # a tuple, in C
+    return (lambda values: (values[index[0]],)) if index else (lambda values: ())
 
 
 def _takes_split(apply) -> bool:
@@ -218,6 +222,7 @@ def _takes_split(apply) -> bool:
 
 _NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
 _shard_factors = operator.attrgetter(*_SHARD_FIELDS)
+_UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
 
 def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, tuple]:
@@ -227,9 +232,8 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
     layers_per_stage = layers_rule = None
     buffers, notes = [], {}
-    for axis, name, info, apply, takes_split, measured_buffers in selection.rules:
+    for axis, name, info, apply, takes_split, measured_buffers, where in selection.rules:
         option = plan.options.get(name)
-        where = f"sharding rule '{name}' apply"
         if takes_split:
             split = SplitSoFar(**shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
                                layers_per_stage=layers_per_stage)
@@ -239,10 +243,12 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
         if type(effect) is not ShardingEffect:
             raise PluginContractError(f"{info.describe()} {where} returned {type(effect).__name__}; expected "
                                       "ShardingEffect", plugin=info.name, source=info.source, hook="apply")
-        for field, factor in zip(_SHARD_FIELDS, _shard_factors(effect)):
-            if factor != 1:
-                shards[field] *= factor
-                split_by[field] += (name,)
+        factors = _shard_factors(effect)
+        if factors != _UNSPLIT:
+            for field, factor in zip(_SHARD_FIELDS, factors):
+                if factor != 1:
+                    shards[field] *= factor
+                    split_by[field] += (name,)
         if effect.layers_per_stage is not None:
             if layers_rule is not None:
                 raise PluginContractError(
@@ -298,8 +304,8 @@ def _hooked(selection: _Selection, component: str, plan, placement, extra=None) 
         return []
     hook = COMPONENT_HOOKS[component]
     terms = []
-    for info, function, pick in calls:
-        terms += _terms(info, f"hook {hook}", hook, component, function, *pick((plan, placement, extra)))
+    for info, function, pick, where in calls:
+        terms += _terms(info, where, hook, component, function, *pick((plan, placement, extra)))
     return terms
 
 
@@ -307,7 +313,8 @@ _term_key = operator.attrgetter("source", "label")
 
 
 def _ordered(terms: list) -> list:
-    terms.sort(key=_term_key)     # stable: (source, label), then the order they came in
+    if len(terms) > 1:
+        terms.sort(key=_term_key)     # stable: (source, label), then the order they came in
     return terms
 
 
@@ -338,7 +345,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan) -> TrainingM
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
     buffers = list(rule_buffers)
-    for _, name, info, _, _, measured_buffers in selection.rules:
+    for _, name, info, _, _, measured_buffers, _ in selection.rules:
         if measured_buffers is not None:
             buffers += _terms(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
                               COMMUNICATION_BUFFERS, measured_buffers, plan, placement, plan.options.get(name))
