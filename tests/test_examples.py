@@ -78,8 +78,30 @@ def _imports_from_mlsysim(path: Path) -> list[tuple[str, str]]:
     return found
 
 
+# The measured profile's plugin API: its package and these modules (their public names).
+MEASURED = "mlsysim_plugins.measured"
+MEASURED_MODULES = {"buffers", "optimizers", "shapes", "model", "families", "kernels", "regimes", "schedules",
+                    "layers"}
+
+
+def _measured_module(mod: str) -> bool:
+    return mod == MEASURED or (mod.startswith(MEASURED + ".") and mod[len(MEASURED) + 1:] in MEASURED_MODULES)
+
+
+def _private_measured_attributes(path: Path) -> list[str]:
+    """``module._name`` reads on a name bound to a measured-profile module (``from
+    mlsysim_plugins.measured import buffers`` ... ``buffers._layer_gather``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == MEASURED for alias in node.names}
+    return [f"{node.value.id}.{node.attr}" for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id in bound and node.attr.startswith("_")]
+
+
 @pytest.mark.parametrize("package", list(PACKAGES))
 def test_examples_use_only_the_public_api(package):
+    """``mlsysim_core``'s ``__all__``, the conformance kit in the tests, and the measured profile's
+    plugin API (``mlsysim_plugins.measured`` and its modules in ``MEASURED_MODULES``, public names)."""
     import mlsysim_core
     _dist, module, _ep, _spec = PACKAGES[package]
     sources = sorted((EXAMPLES / package / "src").rglob("*.py"))
@@ -92,8 +114,26 @@ def test_examples_use_only_the_public_api(package):
                 assert name in mlsysim_core.__all__, where
             elif mod == "mlsysim_core.testing":
                 assert path in tests and name == "assert_plugin_conforms", where
+            elif mod == MEASURED and name:                  # from mlsysim_plugins.measured import buffers
+                assert name in MEASURED_MODULES, where
+            elif _measured_module(mod):                     # from ...measured.buffers import layer_gather,
+                assert not name.startswith("_"), where      # import mlsysim_plugins.measured.buffers
             else:
                 assert mod == module or mod.startswith(module + "."), where   # the package itself
+        assert not _private_measured_attributes(path), f"{path.relative_to(ROOT)}: {_private_measured_attributes(path)}"
+
+
+def test_the_public_api_check_catches_private_names(tmp_path):
+    path = tmp_path / "plugin.py"
+    path.write_text("from mlsysim_plugins.measured import buffers, parallel\n"
+                    "from mlsysim_plugins.measured._cache import cached_terms\n"
+                    "import mlsysim_plugins.measured.lora\n"
+                    "x = buffers._layer_gather\n", encoding="utf-8")
+    imports = _imports_from_mlsysim(path)
+    assert [name in MEASURED_MODULES for mod, name in imports if mod == MEASURED] == [True, False]
+    assert not _measured_module("mlsysim_plugins.measured._cache")
+    assert not _measured_module("mlsysim_plugins.measured.lora") and _measured_module("mlsysim_plugins.measured.model")
+    assert _private_measured_attributes(path) == ["buffers._layer_gather"]
 
 
 @pytest.mark.parametrize("package", list(PACKAGES))
@@ -311,7 +351,7 @@ def _sources(result: dict, source: str) -> dict:
 @slow
 def test_adam_mini_from_the_cli(env):
     r = env.cli_json("-m", "mlsysim:llama3-8b", "-g", "mlsysim:h100", "-b", "8", "-s", "1024",
-                     "--optimizer", "adammini.adam-mini")
+                     "--optimizer", "adammini.adam-mini", "--profile", "reference")
     assert r["optimizer_state"] == ADAM_MINI_STATE
     assert r["plugin_sources"]["adam_mini"] == f"mlsysim-adam-mini {VERSION}"
     assert len(_sources(r, "adam_mini")) == 3
@@ -335,7 +375,7 @@ def test_hpz_from_the_cli_with_an_option(env):
 @slow
 def test_offload_from_the_cli_with_an_option(env):
     args = ("-m", "mlsysim:llama3-8b", "-b", "8", "-s", "2048", "--checkpointing", "offload.selective-offload",
-            "--option", "offload.selective-offload.layers_on_device=4")
+            "--option", "offload.selective-offload.layers_on_device=4", "--profile", "reference")
     r = env.cli_json(*args)
     assert r["activations"] == 5 * LAYER_B8_S2048
     assert r["host_memory"] == 28 * LAYER_B8_S2048
@@ -357,6 +397,7 @@ SCENARIO = {
     "activation_checkpointing": "offload.selective-offload",
     "plugin_options": {"zeropp.hpz": {"secondary_group": 4},
                        "offload.selective-offload": {"layers_on_device": 2}},
+    "profile": "reference",
 }
 LAYER_B8_S4096 = 34 * 4096 * 8 * 4096
 SCENARIO_EXPECTED = {
@@ -389,6 +430,101 @@ def test_all_three_from_a_scenario_file(env, workdir):
         print(Scenario.load({str(path)!r}).solve().to_json())
     """)
     _check_scenario_result(from_python)
+
+
+# --- the measured profile (the CLI's default): each package is measured grade, no fallback ---
+
+# Llama-3.1-8B's embedding and LM head (V x h), for Adam-mini's step temporaries.
+V8B, H8B = 128_256, 4096
+# One Llama-3.1-70B layer (h 8192, 64 heads and 8 KV heads of 128, SwiGLU 28,672): matrices and norms.
+LAYER_70B = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28_672 + 2 * 8192
+
+
+def _measured_without_fallback(r: dict) -> None:
+    """Solved under the measured profile, with no note that it fell back to the reference one."""
+    assert r["profile"] == "measured", r.get("profile_note")
+    assert r["profile_note"] is None
+    assert not any("profile reference" in note for note in r["notes"]), r["notes"]
+
+
+@slow
+def test_adam_mini_under_the_measured_profile(env):
+    r = env.cli_json("-m", "mlsysim:llama3-8b", "-b", "8", "-s", "1024", "--optimizer", "adammini.adam-mini")
+    _measured_without_fallback(r)
+    assert {label: t["nbytes"] for label, t in _sources(r, "adam_mini").items()} == {
+        "adam-mini first moment m (amp-fp16, 4 B)": 4 * P8B,               # fp16 -> autocast: fp32 parameters
+        "adam-mini second moment v (4 B, one per block)": 4 * ADAM_MINI_BLOCKS,
+        "adam-mini step temporaries (per-tensor loop)": 4 * (2 * V8B * H8B + 3 * V8B),
+    }
+    assert _sources(r, "adam_mini")["adam-mini step temporaries (per-tensor loop)"]["phases"] == ["optimizer_step"]
+
+
+@slow
+def test_hpz_under_the_measured_profile(env):
+    r = env.cli_json("-m", "mlsysim:llama3-70b", "-b", "64", "-s", "4096", "--dp", "64", "--checkpointing", "full",
+                     "--data-parallel", "zeropp.hpz")
+    _measured_without_fallback(r)
+    terms = _sources(r, "zeropp_hpz")
+    assert set(terms) == {"all-gathered parameters of one layer", "hpZ secondary partition of the layers (amp-fp16, 4 B)",
+                          "reduce-scatter input: one layer's unsharded gradients"}
+    # Every layer's secondary shard in the gathered dtype (fp32 weights under autocast), not fp16.
+    assert terms["hpZ secondary partition of the layers (amp-fp16, 4 B)"]["nbytes"] == 80 * LAYER_70B / 8 * 4
+
+
+@slow
+def test_offload_under_the_measured_profile(env):
+    r = env.cli_json("-m", "mlsysim:llama3-8b", "-b", "8", "-s", "2048", "--checkpointing", "offload.selective-offload")
+    _measured_without_fallback(r)
+    terms = _sources(r, "activation_offload")
+    host = terms["activations offloaded to host memory"]
+    staging = terms["offload staging buffer (one layer in flight)"]
+    assert host["tier"] == "host" and r["host_memory"] == host["nbytes"] == 31 * staging["nbytes"] > 0
+    assert "approximation (regime amp-fp16)" in host["formula"]      # measured in fp32 only: said
+    assert staging["phases"] == ["backward_end"]
+    assert terms["activations kept on device (selective recompute)"]["phases"] == ["forward", "backward"]
+
+
+@slow
+def test_the_measured_runs_from_the_cli(env, workdir):
+    """The runs of validation/examples/measurements.json, from the installed wheels and the CLI: the
+    model from its Hugging Face config.json, fp32, SDPA, no runtime overheads."""
+    data = json.loads((ROOT / "validation" / "examples" / "measurements.json").read_text(encoding="utf-8"))
+    runs = {run["id"]: run for run in data["runs"]}
+    config = workdir / "gqa-tiny" / "config.json"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(json.dumps(data["model"]["hf_config"]), encoding="utf-8")
+    common = ("-m", str(config), "-s", "256", "--precision", "fp32", "--regime", "fp32", "--attention", "sdpa",
+              "--no-runtime-overheads")
+    mini = env.cli_json(*common, "-b", "2", "--checkpointing", "none", "--optimizer", "adammini.adam-mini")
+    _measured_without_fallback(mini)
+    steady = sum(t["nbytes"] for t in _sources(mini, "adam_mini").values() if "forward" in t["phases"])
+    kept = runs["adam-mini-gqa-tiny-fp32-b2-s256"]["measured"]["alive"]["after_zero_grad"]["by_category"]
+    assert steady == kept["optimizer_state"] == 76_908_228
+    hpz_ = env.cli_json(*common, "-b", "16", "--dp", "8", "--checkpointing", "none", "--optimizer", "adamw",
+                        "--data-parallel", "zeropp.hpz", "--option", "zeropp.hpz.secondary_group=2")
+    _measured_without_fallback(hpz_)
+    [secondary] = [t for t in _sources(hpz_, "zeropp_hpz").values() if t["label"].startswith("hpZ")]
+    [comparison] = [c for c in data["comparisons"] if c["run"] == "fsdp2-gqa-tiny-fp32-w8-raf-2-b2-s256-r0"]
+    assert secondary["nbytes"] == comparison["secondary_shard_bytes_at_end_of_forward"] == 5_541_888
+    off = env.cli_json(*common, "-b", "2", "--optimizer", "adamw", "--checkpointing", "offload.selective-offload",
+                       "--option", "offload.selective-offload.layers_on_device=0")
+    _measured_without_fallback(off)
+    packed = runs["offload-save-on-cpu-simulated-gqa-tiny-fp32-b2-s256"]["measured"]["offload"]
+    layers = sum(v["bytes"] for k, v in packed["packed_in_measured_forward"]["by_module"].items()
+                 if k.startswith("layers."))
+    assert off["host_memory"] == layers == 64_659_456
+
+
+@slow
+def test_all_three_from_a_scenario_file_under_the_measured_profile(env, workdir):
+    path = workdir / "scenario-measured.json"
+    path.write_text(json.dumps({k: v for k, v in SCENARIO.items() if k != "profile"}, indent=2))
+    r = env.cli_json("--scenario", str(path))
+    _measured_without_fallback(r)
+    assert {t["source"] for t in r["terms"]} >= {"adam_mini", "zeropp_hpz", "activation_offload"}
+    for plugin in ("adam_mini", "zeropp_hpz", "activation_offload"):
+        assert r["plugin_sources"][plugin].endswith(VERSION)
+    assert r["host_memory"] > 0
 
 
 # --- each package's own tests (the conformance kit included), against the installed wheel ---

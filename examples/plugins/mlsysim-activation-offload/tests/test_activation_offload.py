@@ -82,7 +82,63 @@ def test_precision_scales_the_bytes(model):
     assert r.host_memory == 31 * PER_LAYER * 2
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "one"])
+def test_zero_layers_on_device_offloads_every_layer(model):
+    """layers_on_device=0: every layer in host memory (save_on_cpu around the whole forward)."""
+    r = model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME,
+                    plugin_options={NAME: {"layers_on_device": 0}})
+    assert _by_label(r) == {
+        "offload staging buffer (one layer in flight)": (1 * PER_LAYER, "accelerator"),
+        "activations offloaded to host memory": (32 * PER_LAYER, "host"),
+    }
+
+
+# --- measured grade (save_on_cpu, measured in PyTorch: validation/examples/) ------------------------
+
+# One Llama-3.1-8B layer under save_on_cpu, fp32, SDPA, micro-batch 1, s = 2048 (T = 2048 tokens):
+# every op copies what it saves (norm inputs and outputs, q/k/v inputs x 3, SDPA's q, k, v, output and
+# logsumexp, RoPE cos/sin for q and k, the MLP's 2 T h + 4 T f), plus the weights the layer saves.
+T, S, H, KV, A, F, D = 2048, 2048, 4096, 1024, 32, 14_336, 128
+LAYER_ELEMENTS = 11 * T * H + 3 * T * H + 2 * T * KV + T * A + 4 * T + 4 * T * F + 4 * S * D
+LAYER_WEIGHTS = 2 * H * H + 2 * H * KV + 3 * H * F + 2 * H          # q, o, k, v, the MLP, 2 norms
+HOST_LAYER = 4 * (LAYER_ELEMENTS + LAYER_WEIGHTS)
+
+
+@pytest.fixture
+def measured(model):
+    return TrainingMemoryModel("measured", plugin_manager=model.plugin_manager)
+
+
+def test_measured_grade_every_layer_offloaded(measured):
+    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, precision="fp32", regime="fp32",
+                       activation_checkpointing=NAME, plugin_options={NAME: {"layers_on_device": 0}})
+    assert HOST_LAYER == 1_833_238_528
+    assert r.host_memory == 32 * HOST_LAYER
+    terms = {t.label: t for t in r.terms_of("activations") if t.source == "activation_offload"}
+    assert set(terms) == {"activations offloaded to host memory", "offload staging buffer (one layer in flight)"}
+    staging = terms["offload staging buffer (one layer in flight)"]
+    assert staging.nbytes == HOST_LAYER and staging.phases == ("backward_end",)
+    assert "measured to the byte" in terms["activations offloaded to host memory"].formula
+
+
+def test_measured_grade_kept_layers_keep_what_they_save(measured):
+    kw = dict(precision="fp32", regime="fp32")
+    plain = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing="selective", **kw)
+    [layers] = [t for t in plain.terms_of("activations") if t.label.startswith("decoder layers")]
+    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing=NAME,
+                       plugin_options={NAME: {"layers_on_device": 2}}, **kw)
+    [kept] = [t for t in r.terms_of("activations") if t.label.startswith("activations kept")]
+    assert kept.nbytes == 2 * layers.nbytes / 32
+    assert r.host_memory == 30 * HOST_LAYER
+
+
+def test_measured_grade_says_what_it_approximates(measured):
+    """Outside the measured case the host bytes are the profile's saved bytes plus the weights."""
+    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME)
+    [host] = [t for t in r.terms if t.tier == "host"]
+    assert "approximation (regime amp-fp16)" in host.formula
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "one"])
 def test_bad_options_are_rejected(model, bad):
     with pytest.raises(InvalidInputError):
         model.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME,

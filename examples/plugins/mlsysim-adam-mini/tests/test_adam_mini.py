@@ -5,7 +5,7 @@ Run with the package installed: ``pip install -e ".[test]" && pytest``.
 
 import pytest
 
-from mlsysim_core import (InvalidInputError, PluginManager, TrainingMemoryModel,
+from mlsysim_core import (InvalidInputError, NotModelledError, PluginManager, TrainingMemoryModel,
                           TransformerWorkload)
 from mlsysim_core.testing import assert_plugin_conforms
 from mlsysim_adam_mini import adam_mini
@@ -111,6 +111,56 @@ def test_a_missing_architecture_field_is_named(model, field):
         model.solve(TransformerWorkload(**fields), "mlsysim:h100", 8, 1024, optimizer=NAME)
     assert err.value.parameter == f"model.{field}"
     assert NAME in str(err.value)
+
+
+# --- measured grade (Adam-mini 1.1.1 as PyTorch measured it: validation/examples/) -----------------
+
+V, H = 128_256, 4096     # Llama-3.1-8B's embedding and LM head: V x h each, the largest tensors
+
+
+@pytest.fixture
+def measured(model):
+    return TrainingMemoryModel("measured", plugin_manager=model.plugin_manager)
+
+
+def _state(result):
+    return {t.label: (t.nbytes, t.phases) for t in result.terms_of("optimizer_state")}
+
+
+def test_measured_grade_keeps_m_and_one_v_per_block_in_the_parameters_dtype(measured):
+    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="fp32",
+                       regime="fp32")
+    steady = ("forward", "backward", "backward_end", "optimizer_step")
+    assert _state(r) == {
+        "adam-mini first moment m (fp32, 4 B)": (4 * LLAMA8B_PARAMS, steady),           # no master copy
+        "adam-mini second moment v (4 B, one per block)": (4 * LLAMA8B_BLOCKS, steady),  # no step tensors
+        # The embedding's update and -update, and its three (V, 1) vectors: 4 x (2 V h + 3 V).
+        "adam-mini step temporaries (per-tensor loop)": (4 * (2 * V * H + 3 * V), ("optimizer_step",)),
+    }
+
+
+def test_measured_grade_follows_the_regime(measured):
+    bf16 = _state(measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="bf16",
+                                 regime="bf16"))
+    assert bf16["adam-mini first moment m (bf16, 2 B)"][0] == 2 * LLAMA8B_PARAMS
+    assert bf16["adam-mini second moment v (2 B, one per block)"][0] == 2 * LLAMA8B_BLOCKS
+    mixed = _state(measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME,
+                                  precision="bf16", regime="mixed-bf16"))
+    assert mixed["fp32 master weights"][0] == 4 * LLAMA8B_PARAMS
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused", "for-loop"])
+def test_measured_grade_loops_whatever_the_implementation(measured, impl):
+    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, optimizer_impl=impl)
+    [step] = [t for t in r.terms_of("optimizer_state") if "step" in t.label]
+    assert step.nbytes == 4 * (2 * V * H + 3 * V) and "changes nothing" in step.formula
+
+
+@pytest.mark.parametrize("model_name, family", [("mixtral-8x7b", "Mixtral"), ("gpt2", "GPT-2")])
+def test_measured_grade_refuses_names_it_does_not_know(measured, model_name, family):
+    with pytest.raises(NotModelledError) as err:
+        measured.solve(model_name, "mlsysim:h100", 8, 1024, optimizer=NAME)
+    assert err.value.parameter == "optimizer" and f"{family}-style layers" in str(err.value)
 
 
 def test_the_installed_plugin_conforms():

@@ -109,6 +109,40 @@ def test_bad_options_are_rejected(model, bad):
                     plugin_options={NAME: {"secondary_group": bad}}, **LAYOUT)
 
 
+# --- measured grade (FSDP2 reshard_after_forward=<group>, measured in PyTorch: validation/examples/) --
+
+# One Llama-3.1-70B layer: q, o (8192 x 8192), k, v (8192 x 1024), gate, up, down (8192 x 28,672), 2 norms.
+LAYER_70B = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28_672 + 2 * 8192
+
+
+@pytest.fixture
+def measured(model):
+    return TrainingMemoryModel("measured", plugin_manager=model.plugin_manager)
+
+
+@pytest.mark.parametrize("regime, precision, gathered", [("fp32", "fp32", 4), ("amp-bf16", "bf16", 4),
+                                                         ("fsdp-bf16", "bf16", 2), ("bf16", "bf16", 2)])
+def test_measured_grade_every_layers_secondary_shard(measured, regime, precision, gathered):
+    kw = dict(regime=regime, precision=precision, runtime_overheads=False, **LAYOUT)   # (the allocator's 5 %
+    # of the peak would grow with it)
+    r = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **kw)
+    zero3 = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **kw)
+    [term] = _secondary(r)
+    assert LAYER_70B == 855_654_400
+    assert term.nbytes == 80 * LAYER_70B / 8 * gathered          # the gathered dtype, not the precision
+    assert term.phases == ("forward", "backward")
+    extra = {phase: r.phase_totals[phase] - zero3.phase_totals[phase] for phase in r.phase_totals}
+    assert extra == {"forward": term.nbytes, "backward": term.nbytes, "backward_end": 0, "optimizer_step": 0}
+
+
+def test_measured_grade_pipeline_stages_hold_their_own_layers(measured):
+    r = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, pp_size=4,
+                       regime="fp32", precision="fp32", **LAYOUT)
+    for rank in r.ranks:
+        [term] = [t for t in rank.terms if t.label.startswith("hpZ")]
+        assert term.nbytes == 20 * LAYER_70B / 8 * 4
+
+
 @pytest.mark.parametrize("options", [{}, {NAME: {"secondary_group": 4}}])
 def test_the_installed_plugin_conforms(options):
     report = assert_plugin_conforms("zeropp_hpz", options=options)

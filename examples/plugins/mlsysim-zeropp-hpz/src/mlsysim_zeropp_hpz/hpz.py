@@ -12,6 +12,18 @@ inside the node. Per rank (paper Sec. 3.2, Fig. 4: (2 + 2 + K) M / N + 2 M / alp
 
 The secondary partition is a ``ShardingEffect.buffer_terms`` entry, so it is reported
 as a communication buffer: a rule can only add terms of that component.
+
+Measured grade (``measured_buffer_terms``, which replace ``buffer_terms`` under the
+``measured`` profile), checked to the byte against PyTorch FSDP2's
+``reshard_after_forward=<group>``, the same mechanism (``validation/examples/``): ZeRO-3's
+buffers (one layer gathered at a time, its gradients reduce-scattered) plus, from each
+layer's forward to its backward, its secondary shard::
+
+    secondary = layers on the rank x one layer's parameters (matrices, norms, biases; on
+                the rank after tensor/expert parallelism) / secondary_group x gathered bytes
+
+in the regime's gathered dtype (``fsdp-bf16``: bf16; fp32: 4 B), not the precision's.
+The embedding, LM head and final norm get no secondary shard (FSDP2's root stays gathered).
 """
 
 import attrs
@@ -68,13 +80,52 @@ def apply(plan, options, split):
             component=COMMUNICATION_BUFFERS, label=f"hpZ secondary weight partition ({plan.precision})",
             nbytes=params * b / g, phases=(FORWARD, BACKWARD),
             formula=f"{plan.model.parameters:,} params{per_rank} x {b} B / secondary group {g} ({why})")]
-        notes.append(f"ZeRO++ hpZ: secondary {plan.precision} weight partition over {g} ranks "
+        regime = getattr(plan.profile_options, "regime", None)    # a measured-grade profile's dtypes
+        dtype = plan.precision if regime is None else f"{regime.name} (gathered dtype)"
+        notes.append(f"ZeRO++ hpZ: secondary {dtype} weight partition over {g} ranks "
                      f"({why}), kept from forward to backward.")
     return ShardingEffect(optimizer_state_shards=d, gradient_shards=d, weight_shards=d,
                           buffer_terms=buffers, notes=notes)
 
 
+# --- measured grade -----------------------------------------------------------------------
+#
+# The measured profile's building blocks (mlsysim_plugins.measured, the profile's plugin API)
+# are imported on first use, so a reference-grade solve never loads them.
+
+def layer_parameters_on_rank(plan) -> float:
+    """One decoder layer's parameters on a rank before data-parallel sharding: its matrices
+    as the measured profile splits them (``buffers.layer_parameters``), its biases split as
+    each weight says, and its norms (replicated by tensor parallelism)."""
+    from mlsysim_plugins.measured import buffers, layers, shapes
+    shape = shapes.shape_of(plan)
+    expert_tp = plan.profile_options.expert_tp_size or plan.tp_size
+    split = {layers.TP: plan.tp_size, layers.REPLICATED: 1, layers.EXPERTS: plan.ep_size * expert_tp}
+    biases = sum(w.elements / split[w.split] for w in shape.layer_weights() if w.bias)
+    return buffers.layer_parameters(plan) + biases + shape.layer_norm_parameters
+
+
+def measured_buffer_terms(plan, placement, options):
+    """ZeRO-3's layer gather and reduce-scatter, plus every layer's secondary shard."""
+    from mlsysim_plugins.measured import buffers
+    terms = buffers.layer_gather(plan, placement)
+    g, why = secondary_group(plan, options)
+    if g == 1:
+        return terms
+    layers = placement.layers_per_stage
+    layer = layer_parameters_on_rank(plan)
+    b = buffers.gathered_bytes(plan)
+    regime = plan.profile_options.regime.name
+    return terms + [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label=f"hpZ secondary partition of the layers ({regime}, {b} B)",
+        nbytes=layers * layer / g * b, phases=(FORWARD, BACKWARD),
+        formula=f"{layers} layers x {layer:,.0f} params of one layer (matrices, norms, biases) / secondary "
+                f"group {g} ({why}) x {b} B (gathered dtype of {regime}): each layer's shard from its forward to "
+                "its backward; the embedding, LM head and final norm get none (FSDP2's root stays gathered)")]
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=NAME, axis="dp", apply=apply, options_type=HpzOptions,
+                             measured_buffer_terms=measured_buffer_terms,
                              description="ZeRO++ hpZ: ZeRO-3 + 16-bit weights / secondary group (one node)")]
