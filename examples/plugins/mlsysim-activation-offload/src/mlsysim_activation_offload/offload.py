@@ -118,6 +118,7 @@ def offloaded_layer_bytes(plan, placement, device_layer: float) -> tuple[float, 
     (each tensor once) plus its weights on the rank, an approximation the formula names.
     """
     buffers, _kernels, _model, shapes = _measured()
+    from mlsysim_plugins.measured import layers
     shape = shapes.shape_of(plan)
     why = _exact(plan, placement)
     if not why:
@@ -132,8 +133,10 @@ def offloaded_layer_bytes(plan, placement, device_layer: float) -> tuple[float, 
             "(save_on_cpu, measured to the byte: validation/examples)")
     regime = plan.profile_options.regime
     n = plan.rank.in_flight if plan.rank is not None else 1
-    weights = (buffers.layer_parameters(plan) + sum(w.elements / plan.tp_size for w in shape.layer_weights() if w.bias)
-               + shape.layer_norm_parameters)
+    expert_tp = plan.profile_options.expert_tp_size or plan.tp_size
+    split = {layers.TP: plan.tp_size, layers.REPLICATED: 1, layers.EXPERTS: plan.ep_size * expert_tp}
+    weights = (buffers.layer_parameters(plan) + sum(w.elements / split[w.split] for w in shape.layer_weights() if w.bias)
+               + shape.layer_norm_parameters)    # matrices and biases as each weight is split, the norms
     wb = 2 if regime.autocast else (regime.gather or regime.weight)
     total = device_layer + n * weights * wb
     return total, (f"{device_layer:,.0f} B saved by the layer (the measured profile's count) + "
