@@ -267,8 +267,8 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                     "Pareto front of memory headroom against cost. Every layout is solved under one profile "
                     "(default measured; reference, with a printed note, when the measured profile cannot "
                     "describe the run). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
-                    "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel, --virtual-stages, "
-                    "--expert-tp-size, --stage-layers) are refused: search enumerates the layout itself.")
+                    "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel{layout}) are refused: "
+                    "search enumerates the layout itself.")
     srch.add_argument("--devices", "-n", type=int, required=True, help="number of accelerators")
     srch.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     srch.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"catalog name or JSON file (default {DEFAULT_MODEL})")
@@ -280,6 +280,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                       metavar="NAME", help="the checkpointing strategies to consider (default: every installed one)")
     srch.add_argument("--profile", help=_PROFILE_HELP)
     fields, layout = _add_option_flags(srch, registry, search=True)
+    srch.description = srch.description.replace("{layout}", "".join(", " + flags[0] for flags, _, _ in layout))
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
@@ -1232,8 +1233,9 @@ def cmd_search(args, out) -> int:
                 note += f"; LoRA stands in as trainable fraction {fraction:.6g}"
             fields = args.option_fields
             left_out = [_flag_of(name, fields[name]) for name in options if name != "lora"]
-            left_out += [_flags(spec)[0] for spec in fields["lora"].metadata["flags"]
-                         if lora and spec.get("key") == "quantization" and lora.get("quantization") is not None]
+            if lora and lora.get("quantization") is not None:     # (nothing stands in for it)
+                left_out += [_flags(spec)[0] for spec in fields["lora"].metadata["flags"]
+                             if spec.get("key") == "quantization"]
             if left_out:
                 note += f"; measured-profile options left out: {', '.join(left_out)}"
             found = attrs.evolve(run("reference", {}, fraction), profile_note=note)
@@ -1333,15 +1335,15 @@ class _Lenient(argparse.ArgumentParser):
 
 
 def _plugin_flags(argv: list[str]) -> argparse.Namespace:
-    """The plugin-loading flags alone (the full parse names any mistake in them)."""
+    """The plugin-loading flags alone, read first: the plugins they load are the profiles whose
+    options are flags (the full parse names any mistake in them)."""
     pre = _Lenient(add_help=False)
     pre.add_argument("--disable-plugin", action="append", default=[])
     pre.add_argument("--no-third-party-plugins", action="store_true")
-    pre.add_argument("--debug", action="store_true")
     try:
         return pre.parse_known_args(argv)[0]
     except ValueError:
-        return argparse.Namespace(disable_plugin=[], no_third_party_plugins=False, debug=False)
+        return argparse.Namespace(disable_plugin=[], no_third_party_plugins=False)
 
 
 def _flags_registry(known):

@@ -144,14 +144,18 @@ def _solver(solver) -> TrainingMemoryModel:
 _SOLVE_KEYWORDS: tuple = ()
 
 
-def _check_keywords(solve_kwargs: dict, searched: tuple[str, ...]) -> None:
-    """Every extra keyword must be one of ``solve``'s (not one this search sets itself): a
-    mistyped name is an error naming it, not a TypeError from inside the search."""
+def _check_keywords(solve_kwargs: dict, searched: tuple[str, ...], solver: TrainingMemoryModel) -> None:
+    """Every extra keyword must be one of ``solve``'s (not one this search sets itself) or an
+    option of an installed profile (``solve`` checks those): a mistyped name is an error
+    naming it, not a TypeError from inside the search."""
     global _SOLVE_KEYWORDS
     if not _SOLVE_KEYWORDS:
-        _SOLVE_KEYWORDS = tuple(inspect.signature(TrainingMemoryModel.solve).parameters)[1:]   # (without self)
+        _SOLVE_KEYWORDS = tuple(name for name, p in inspect.signature(TrainingMemoryModel.solve).parameters.items()
+                                if p.kind is not p.VAR_KEYWORD)[1:]    # (without self and **profile_options)
+    from .inputs import options_fields
+    options = {name for spec in solver.registry.profiles.values() for name in options_fields(spec)}
     for name in solve_kwargs:
-        if name not in _SOLVE_KEYWORDS or name in ("model", "hardware"):
+        if (name not in _SOLVE_KEYWORDS or name in ("model", "hardware")) and name not in options:
             usable = [k for k in _SOLVE_KEYWORDS if k not in ("model", "hardware") and k not in searched]
             raise InvalidInputError(name, solve_kwargs[name], f"a keyword of solve: {', '.join(usable)}",
                                     f"{name!r} is not a parameter of TrainingMemoryModel.solve")
@@ -166,7 +170,7 @@ def largest_batch(model, hardware, *, solver: TrainingMemoryModel | None = None,
     if "batch_size" in solve_kwargs:
         raise InvalidInputError("batch_size", solve_kwargs["batch_size"], "not given: it is what is searched")
     solver = _solver(solver)
-    _check_keywords(solve_kwargs, ("batch_size",))
+    _check_keywords(solve_kwargs, ("batch_size",), solver)
     # Checked here, before they scale the searched batch (else a dp of 0 would blame batch_size).
     per_micro = (_checks.count("dp_size", solve_kwargs.get("dp_size", 1))
                  * _checks.count("gradient_accumulation_steps", solve_kwargs.get("gradient_accumulation_steps", 1)))
@@ -198,7 +202,7 @@ def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel
         raise InvalidInputTypeError("multiple_of", multiple_of, "an integer >= 1", f"got {type(multiple_of).__name__}")
     multiple_of = _checks.count("multiple_of", multiple_of, maximum=MAX_SEQUENCE)
     solver = _solver(solver)
-    _check_keywords(solve_kwargs, ("seq_len",))
+    _check_keywords(solve_kwargs, ("seq_len",), solver)
     if "cp_size" in solve_kwargs:      # checked here, before it scales the searched sequence
         unit = sequence_unit(multiple_of, _checks.count("cp_size", solve_kwargs["cp_size"], maximum=MAX_SEQUENCE))
         if unit > MAX_SEQUENCE:
@@ -263,7 +267,7 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
         if name in solve_kwargs:
             raise InvalidInputError(name, solve_kwargs[name], "not given: it is what is searched")
     solver = _solver(solver)
-    _check_keywords(solve_kwargs, ("batch_size", "dp_size", "tp_size", "pp_size", "ep_size"))
+    _check_keywords(solve_kwargs, ("batch_size", "dp_size", "tp_size", "pp_size", "ep_size"), solver)
     tp_size = _checks.count("tp_size", tp_size)
     pp_size = _checks.count("pp_size", pp_size)
     ep_size = _checks.count("ep_size", ep_size)

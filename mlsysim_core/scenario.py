@@ -3,7 +3,9 @@
 A scenario names everything ``solve`` takes, so a configuration can be versioned,
 shared, and re-run from Python (``Scenario.load(path).solve()``) or the CLI
 (``mlsysim-core estimate --scenario path``). Plugin options round-trip: what a
-plugin's options class unstructures to is what the file holds.
+plugin's options class unstructures to is what the file holds. A profile's own options
+(the fields of its ``options_type``: the measured profile's ``regime``, ``lora``, ...) are
+top-level fields of the file, held in ``Scenario.profile_options``.
 
     {"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "seq_len": 1024,
      "zero_stage": 1, "dp_size": 8,

@@ -65,6 +65,9 @@ def test_the_cli_has_a_flag_for_each_option(toy_pm, capsys):
     assert code == 0 and SEEN[-1] == (7, "blue")
     data = json.loads(out)
     assert data["profile"] == "toy" and data["run"]["warp_factor"] == 7 and data["run"]["colour"] == "blue"
+    for question in ("batch", "seq", "devices"):     # the inverse solves take them too
+        assert run("fit", question, "--profile", "toy", "--warp-factor", "4", "--json")[0] == 0
+        assert SEEN[-1] == (4, "red")
     with pytest.raises(SystemExit) as exit_:
         run("estimate", "--profile", "toy", "--warp-factor", "x")
     assert exit_.value.code == 2 and "argument --warp-factor: invalid int value: 'x'" in capsys.readouterr().err
