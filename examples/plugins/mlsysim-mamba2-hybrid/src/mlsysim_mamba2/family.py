@@ -13,8 +13,8 @@ the SwiGLU MLP) whole, each Mamba-2 mixer part x (Mamba-2 layers / layers) and e
 x (attention layers / layers); its weights likewise. Summed over the model's layers that is exactly
 the model (what one device holds, and what the measurements cover). Where one layer or one stage
 counts it is an approximation, said in a note on every result (``assumptions``): a pipeline stage's
-own mix of layers, full checkpointing's one-layer recompute working set and first-layer gradients,
-FSDP's gathered layer.
+own mix of layers, the layers block recompute keeps, full checkpointing's one-layer recompute working
+set and first-layer gradients, FSDP's gathered layer.
 
 Tensor parallelism reads each part's ``split``: the norms, the mid residual and the in_proj input
 are replicated (as in a Llama layer); the attention's parts are the kernel's; the MLP and the
@@ -42,7 +42,7 @@ from mlsysim_plugins.measured.kernels import SEPARATE_QKV
 from mlsysim_plugins.measured.layers import REPLICATED, TP, LayerBytes, Part
 
 from . import layer_bytes as lb
-from .workload import ATTENTION, MAMBA, ROTARY_FRACTION, BambaWorkload
+from .workload import MAMBA, ROTARY_FRACTION, BambaWorkload
 
 NAME = "mamba2.bamba"
 ARCHITECTURE = "bamba"
@@ -118,7 +118,8 @@ def _regime(kind: str) -> int:
     """The compute (= residual) bytes of a regime kind the formulas know."""
     if kind not in REGIME_KINDS:
         raise NotModelledError(
-            "regime", kind, "fp32 or a pure 16-bit regime (fp32, bf16, fp16, mixed-bf16, fsdp-bf16) for a Bamba model",
+            "regime", "autocast (amp-bf16, amp-fp16)" if kind == "amp-bf16" else kind,
+            "fp32 or a pure 16-bit regime (fp32, bf16, fp16, mixed-bf16, fsdp-bf16) for a Bamba model",
             "the Mamba-2 layers were derived and measured in fp32 and pure bf16 only (validation/mamba2); under "
             "autocast the mixer's casts around its fp32 scan were not measured")
     return 4 if kind == "fp32" else 2
@@ -248,8 +249,8 @@ def bamba_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None) -> tuple[L
     h, f = hidden, ffn
     attention = (W("self_attn.q_proj", h * q_dim), W("self_attn.k_proj", h * kv_dim),
                  W("self_attn.v_proj", h * kv_dim), W("self_attn.o_proj", q_dim * h))
-    out = [attrs.evolve(w, name=f"{w.name} x {m_label}", elements=w.elements * wm) for w in mixer_weights(m)] if wm else []
-    out += [attrs.evolve(w, name=f"{w.name} x {a_label}", elements=w.elements * wa) for w in attention] if wa else []
+    out = [attrs.evolve(w, name=f"{w.name} x {m_label}", elements=w.elements * wm) for w in mixer_weights(m) if wm]
+    out += [attrs.evolve(w, name=f"{w.name} x {a_label}", elements=w.elements * wa) for w in attention if wa]
     out += [W("feed_forward.gate_proj", h * f), W("feed_forward.up_proj", h * f), W("feed_forward.down_proj", f * h)]
     return tuple(out)
 
@@ -320,9 +321,9 @@ def assumptions(model) -> tuple[str, ...]:
         notes.append(
             f"Bamba layers are costed as their mean: {n_m} Mamba-2 and {L - n_m} attention layers, each kind's saved "
             f"tensors and weights x its share of the {L} layers; exact for the whole model on one device (validated "
-            "against PyTorch, validation/mamba2), approximate where one layer or one stage counts: a pipeline stage's "
-            "own mix of layers, full checkpointing's one-layer recompute working set and first-layer gradients, "
-            "FSDP's gathered layer")
+            "against PyTorch, validation/mamba2), approximate where some layers count apart: a pipeline stage's own "
+            "mix of layers, the layers block recompute keeps (checkpointed_layers), full checkpointing's one-layer "
+            "recompute working set and first-layer gradients, FSDP's gathered layer")
     if n_m:
         g = m.mamba_n_groups
         notes.append(

@@ -18,6 +18,7 @@ from mlsysim_core import InvalidInputError, InvalidInputTypeError, TransformerWo
 from . import layer_bytes
 
 MAMBA, ATTENTION = layer_bytes.MAMBA, layer_bytes.ATTENTION
+ROTARY_FRACTION = 0.5      # BambaConfig hard-codes partial_rotary_factor = 0.5: RoPE rotates half of each head
 
 
 def _positive(instance, attribute, value):
@@ -151,7 +152,3 @@ class BambaWorkload(TransformerWorkload):
             mamba_n_heads=s.n_heads, mamba_d_head=s.mamba_head_dim, mamba_d_state=s.d_state,
             mamba_n_groups=s.n_groups, mamba_d_conv=s.conv_kernel, mamba_expand=expand,
             mamba_chunk_size=s.chunk_size, mamba_conv_bias=s.conv_bias, mamba_proj_bias=s.proj_bias)
-
-
-# BambaConfig hard-codes partial_rotary_factor = 0.5: RoPE rotates half of each attention head.
-ROTARY_FRACTION = 0.5
