@@ -265,6 +265,20 @@ def test_approximations_are_said_in_estimate_explain_and_json(measured):
     assert not any("costed as Llama" in n or "profile reference" in n for n in r.notes)
 
 
+def test_the_only_warning_is_the_profiles_transformer_count(measured):
+    """The measured profile checks model.parameters against mlsysim-core's transformer counter
+    (every layer attention + MLP), which cannot count a Mamba-2 layer: a Bamba model gets that
+    spurious warning (README, known limits) and no other; the family's own parameter check is
+    silent when model.parameters is the Bamba shapes' count."""
+    r = measured.solve("bamba-9b", "h100", 1, 4096, regime="bf16")
+    warnings = [n for n in r.notes if "WARNING" in n]
+    assert all("off the 8,030,261,248 implied by the shapes" in n for n in warnings), warnings
+    assert not any("the Bamba shapes of" in n for n in r.notes)
+    wrong = attrs.evolve(BAMBA_TINY, parameters=BAMBA_TINY.parameters + 1000)
+    r = measured.solve(wrong, BIG, 1, 64, regime="fp32")
+    assert any("imply 4,526,216 (mlsysim_mamba2.BambaWorkload.count_parameters())" in n for n in r.notes)
+
+
 def test_parallel_layouts_solve_and_split(measured):
     one = measured.solve("bamba-9b", "h100", 1, 4096, regime="bf16")
     tp = measured.solve("bamba-9b", "h100", 1, 4096, regime="bf16", tp_size=2)

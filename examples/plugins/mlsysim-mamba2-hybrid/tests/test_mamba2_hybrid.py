@@ -80,13 +80,21 @@ def test_bamba_9b_in_the_catalog(model):
     assert r.peak_phase == "backward" and r.total_memory > 80 * 2**30     # the pure-torch scan: ~5 GB per layer
 
 
+# The solves the conformance kit tries the family in: models it claims, under the measured profile.
+LAYOUTS = {"mlsysim_measured_architectures": [
+    {"model": "bamba-tiny", "profile": "measured", "regime": "fp32", "batch_size": 2, "seq_len": 128},
+    {"model": "bamba-9b", "profile": "measured", "regime": "bf16", "batch_size": 8, "seq_len": 4096,
+     "tp_size": 2, "pp_size": 2, "dp_size": 2, "activation_checkpointing": "full"},
+]}
+
+
 def test_the_installed_plugin_conforms():
-    """The conformance kit, against the plugin as pip installed it (entry point ``mamba2_hybrid``).
-    mlsysim-core 0.1.0's kit looks a profile's own registration hooks' items up among the core
-    spec kinds and fails with a KeyError on them (a plugin that only registers a family cannot
-    be checked yet): that one failure is an expected failure, any other is a failure."""
+    """The conformance kit, against the plugin as pip installed it (entry point ``mamba2_hybrid``),
+    solving the family in ``LAYOUTS``. A kit that looks a profile's own registration hooks' items
+    up among the core spec kinds only (KeyError on them: it cannot check a plugin that registers
+    a family) makes this an expected failure; any other failure is a failure."""
     try:
-        report = assert_plugin_conforms("mamba2_hybrid")
+        report = assert_plugin_conforms("mamba2_hybrid", layouts=LAYOUTS)
     except KeyError as err:
         if err.args == ("mlsysim_measured_architectures",):
             pytest.xfail("mlsysim_core.testing.check_plugin cannot check an item of a profile's own hook "
@@ -94,3 +102,4 @@ def test_the_installed_plugin_conforms():
         raise
     assert report.provides == {"mlsysim_measured_architectures": ("mamba2.bamba",)}
     assert report.source == "mlsysim-mamba2-hybrid 0.1.0"
+    assert report.solves >= len(LAYOUTS["mlsysim_measured_architectures"])
