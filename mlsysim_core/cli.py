@@ -69,20 +69,15 @@ _PROFILE_HELP = ("profile to use (see `plugins`; default measured, or reference 
 
 
 # --- the profiles' own options -------------------------------------------------------------
-# Each option of an installed profile (a field of its ProfileSpec.options_type, as
-# `scenario.option_fields` lists them) is a flag of the solve commands, made from the field's
-# metadata (see plugins/mlsysim_plugins/measured/options.py):
-#   help, metavar, choices  argparse's (the help names the profiles that declare the option)
-#   type        the value's conversion: int, float, str (the default), or a callable (its
-#               ValueError is the message); None: no value flag of its own
-#   flag        its spelling, or a tuple of them (default --NAME, with - for _)
-#   flags       more flags that set it, each a dict with its flag and help, and "const": the
-#               value it sets (--no-runtime-overheads), or "key": the key of a table it sets
-#               (--lora-rank), with its own type, metavar, choices, const, parse; "required":
-#               what the key is, when no table goes without it ("what": what the table asks for)
-#   parse       applied to the value given (by a flag or a scenario file); its errors name the flag
-#   layout      why `search` refuses it: the option belongs to one parallel layout
-# (A scenario file reads a field's value with its metadata's from_file: mlsysim_core.scenario.)
+# Each option of an installed profile (`scenario.option_fields`) is a flag of the solve
+# commands, made from the field's metadata (e.g. plugins/mlsysim_plugins/measured/options.py):
+# help, metavar, choices (argparse's; the help names the profiles); type (int, float, str (the
+# default) or a callable whose ValueError is the message; None: no value flag of its own);
+# flag (a spelling or a tuple; default --NAME with - for _); flags (more flags that set it,
+# dicts with flag, help and "const", the value set, or "key", the table key set, with its own
+# type, metavar, choices, const, parse, and "required": what a key no table goes without is;
+# "what": what the table asks for); parse (applied to the value given by a flag or a file; its
+# errors name the flag); layout (why `search` refuses it). Files: from_file (scenario.py).
 
 def _flags(spec: dict, name: str = "") -> tuple[str, ...]:
     flag = spec.get("flag") or "--" + name.replace("_", "-")
@@ -97,7 +92,7 @@ def _flag_of(name: str, field) -> str:
 
 
 def _argparse_type(convert):
-    if convert in (int, float, str):
+    if convert in (int, float, str):     # (argparse's own messages)
         return convert
 
     def typed(text: str):
@@ -105,7 +100,6 @@ def _argparse_type(convert):
             return convert(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
-    typed.__name__ = getattr(convert, "__name__", "value")
     return typed
 
 
@@ -1334,28 +1328,20 @@ class _Lenient(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-def _plugin_flags(argv: list[str]) -> argparse.Namespace:
-    """The plugin-loading flags alone, read first: the plugins they load are the profiles whose
-    options are flags (the full parse names any mistake in them)."""
+def _flags_registry(argv: list[str]):
+    """``(registry, known)``: the plugin-loading flags, read first and alone (the full parse
+    names any mistake in them), and the registry of the plugins they load, whose profiles'
+    options are flags (its manager is kept for the command); None, for the built-in plugins',
+    when those fail to load (the command then says why)."""
     pre = _Lenient(add_help=False)
     pre.add_argument("--disable-plugin", action="append", default=[])
     pre.add_argument("--no-third-party-plugins", action="store_true")
     try:
-        return pre.parse_known_args(argv)[0]
-    except ValueError:
-        return argparse.Namespace(disable_plugin=[], no_third_party_plugins=False)
-
-
-def _flags_registry(known):
-    """The registry whose profiles' options are the flags: the command's own plugins' (its
-    manager is kept for the command), or the built-in plugins' when they fail to load (the
-    command then says why)."""
-    try:
-        pm = _manager(known)
-        with pm.allowing_broken():
-            return pm.registry
-    except (MlsysimError, OSError):     # (OSError: a stderr that cannot take a warning)
-        return None
+        known = pre.parse_known_args(argv)[0]
+        with _manager(known).allowing_broken() as pm:
+            return pm.registry, known
+    except (ValueError, MlsysimError, OSError):     # (OSError: a stderr that cannot take a warning)
+        return None, argparse.Namespace()
 
 
 def main(argv: list[str] | None = None, out=None) -> int:
@@ -1366,9 +1352,9 @@ def main(argv: list[str] | None = None, out=None) -> int:
     real_stdout = out is None
     argv = list(sys.argv[1:] if argv is None else argv)
     from .manager import plugin_warnings_to_stderr
-    known = _plugin_flags(argv)
     with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
-        parser = _parser(_flags_registry(known))
+        registry, known = _flags_registry(argv)
+        parser = _parser(registry)
         args = parser.parse_args(argv)
         if args.command is None:   # bare `mlsysim-core` runs the default estimate
             args = parser.parse_args([*argv, "estimate"])
