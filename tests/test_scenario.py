@@ -38,6 +38,20 @@ def test_round_trip_through_a_file(tmp_path):
     assert Scenario.load(path) == scenario
 
 
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_profile_options_round_trip_top_level(tmp_path, suffix):
+    options = {"regime": "bf16", "lora": {"rank": 8, "target_modules": ["q_proj"], "quantization": "nf4"},
+               "stage_layers": [20, 12], "offload": {"optimizer": "nvme"}, "runtime_overheads": False,
+               "moe_capacity_factor": 1.25, "virtual_stages": 2, "pipeline_schedule": "interleaved-1f1b"}
+    scenario = Scenario(model="llama3-8b", hardware="h100", batch_size=8, pp_size=2, profile_options=options)
+    assert scenario.to_dict()["regime"] == "bf16" and "profile_options" not in scenario.to_dict()
+    path = tmp_path / f"out{suffix}"
+    scenario.dump(path)
+    again = Scenario.load(path)
+    assert again == scenario and again.profile_options == options and again.regime == "bf16"
+    assert again.solve_kwargs()["lora"] == options["lora"]
+
+
 @pytest.mark.parametrize("content,fragment", [
     ('{"model": "llama3-8b", "hardware": "h100"}', "batch_size"),
     ('{"model": "llama3-8b", "hardware": "h100", "batch_size": 8, "colour": 1}', "colour"),
