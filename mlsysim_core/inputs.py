@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError
+from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
 from .hookspecs import COMPONENT_HOOKS
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
 from .terms import _source_cell
@@ -262,7 +262,7 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
         cell[0] = info.name     # terms it builds are stamped with its name
     try:
         return function(*args)
-    except (InvalidInputError, PluginContractError):
+    except (InvalidInputError, PluginError):      # a user error, or a plugin error already naming its plugin
         raise
     except Exception as err:
         raise PluginContractError(f"{info.describe()} {where} raised {type(err).__name__}: {err}",

@@ -19,8 +19,8 @@ measured-grade profile its specs support, and checks:
 * when none of its specs is selected (and it is not included), it changes no number;
 * its options round-trip through a scenario file (JSON) to the same result.
 
-``layouts`` overrides the solve arguments tried for a spec (e.g. a rule that needs
-``dp_size`` divisible by 8); ``options`` gives plugin options per spec name.
+``layouts`` overrides the solve arguments tried per kind (e.g. a rule that needs dp_size
+divisible by 8, a family's model); ``options`` gives plugin options per spec name.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ DEFAULT_LAYOUTS = {
     "pp": [{"model": DENSE, "pp_size": 4, "sharding_rules": {"pp": "{name}"}}],
     "ep": [{"model": MOE, "ep_size": 4, "dp_size": 4, "sharding_rules": {"ep": "{name}"}}],
     PROFILE: [{"model": DENSE, "profile": "{name}"}],
+    # The measured profile's own hooks (an architecture family needs a model it claims: give it).
+    "mlsysim_measured_regimes": [{"model": DENSE, "profile": "measured", "regime": "{name}"}],
+    "mlsysim_measured_attention_kernels": [{"model": DENSE, "profile": "measured", "attention": "{name}"}],
+    "mlsysim_measured_pipeline_schedules": [{"model": DENSE, "profile": "measured", "pp_size": 4,
+                                             "gradient_accumulation_steps": 4, "pipeline_schedule": "{name}"}],
     "component": [{"model": DENSE, "include_plugins": ["{name}"]},
                   {"model": MOE, "include_plugins": ["{name}"], "tp_size": 2, "ep_size": 2,
                    "dp_size": 4, "zero_stage": 2}],
@@ -88,13 +93,9 @@ class ConformanceReport:
 
 
 def _fill(value, name):
-    if isinstance(value, str):
-        return value.replace("{name}", name)
-    if isinstance(value, list):
-        return [_fill(v, name) for v in value]
-    if isinstance(value, dict):
-        return {k: _fill(v, name) for k, v in value.items()}
-    return value
+    if isinstance(value, (list, dict)):
+        return [_fill(v, name) for v in value] if isinstance(value, list) else {k: _fill(v, name) for k, v in value.items()}
+    return value.replace("{name}", name) if isinstance(value, str) else value
 
 
 def _scenario(layout: dict, options: Mapping[str, Any]) -> Scenario:
@@ -108,9 +109,9 @@ def _scenario(layout: dict, options: Mapping[str, Any]) -> Scenario:
     return Scenario.from_dict(data)
 
 
-def _reversed_manager(pm: PluginManager) -> PluginManager:
+def _reversed_manager(pm: PluginManager, leave_out: str = "") -> PluginManager:
     fresh = PluginManager()
-    for name in sorted(pm.registry.plugins, reverse=True):
+    for name in sorted((n for n in pm.registry.plugins if n != leave_out), reverse=True):
         fresh.register(pm.get_plugin(name), name=name, info=pm.info(name))
     return fresh
 
@@ -130,12 +131,13 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
         failures.append(f"provenance: {plugin!r} has no distribution/version ({info.source!r}); "
                         "declare it as an entry point in the 'mlsysim_core' group")
     provides: dict[str, list[str]] = {}
+    tables = {OPTIMIZER: registry.optimizers, CHECKPOINTING: registry.checkpointing,
+              SHARDING: registry.sharding_rules, PROFILE: registry.profiles, **registry.extensions}
     for (kind, name), provider in registry.providers.items():
         if provider.name == plugin:
             provides.setdefault(kind, []).append(name)
-            spec = {OPTIMIZER: registry.optimizers, CHECKPOINTING: registry.checkpointing,
-                    SHARDING: registry.sharding_rules, PROFILE: registry.profiles}[kind][name]
-            if not isinstance(spec, _SPEC_TYPES[kind]):
+            spec = tables[kind][name]      # (a profile's own hooks' items are that profile's to check)
+            if kind in _SPEC_TYPES and not isinstance(spec, _SPEC_TYPES[kind]):
                 failures.append(f"{kind} {name!r}: {type(spec).__name__} is not a {_SPEC_TYPES[kind].__name__}")
             if spec.__class__ is not ProfileSpec and getattr(spec, "options_type", None) is not None:
                 try:
@@ -158,8 +160,11 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
             graded = measured if kind == SHARDING or getattr(registry.optimizers.get(name) if kind == OPTIMIZER else
                                                              registry.checkpointing.get(name), _MEASURED.get(kind, ""),
                                                              None) else []
-            for layout in layouts[key]:     # under the default profile, then each measured-grade one it supports
-                cases += [(f"{kind} {name!r}" + (f" under {p!r}" if p else ""), {**_fill(layout, name), "profile": p})
+            if key not in layouts:
+                failures.append(f"{kind} {name!r}: no layout to solve it in; give layouts={{{key!r}: [...]}}")
+            for layout in (_fill(x, name) for x in layouts.get(key, ())):   # default profile, then measured ones
+                cases += [(f"{kind} {name!r}" + (f" under {p!r}" if p else ""),
+                           {**layout, "profile": p or layout.get("profile")})
                           for p in (None, *graded) if "profile" not in layout or not p]
     if component_hooks:
         # A plugin a profile runs is checked under that profile (including it there would
@@ -173,11 +178,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
 
     solver = TrainingMemoryModel(plugin_manager=pm)
     reversed_solver = TrainingMemoryModel(plugin_manager=_reversed_manager(pm))
-    blocked_pm = PluginManager()
-    for name in sorted(registry.plugins):
-        if name != plugin:
-            blocked_pm.register(pm.get_plugin(name), name=name, info=pm.info(name))
-    blocked_solver = TrainingMemoryModel(plugin_manager=blocked_pm)
+    blocked_solver = TrainingMemoryModel(plugin_manager=_reversed_manager(pm, leave_out=plugin))
     solves = 0
     for what, layout in cases:
         label = f"{what} with {json.dumps(layout, sort_keys=True)}"

@@ -122,3 +122,33 @@ def test_a_third_party_zero_variant_owns_its_measured_buffers():
     reference = TrainingMemoryModel(plugin_manager=solver.plugin_manager).solve(
         MODEL, GPU, 8, 2048, dp_size=8, data_parallel="myorg.zero3-prefetch")
     assert any(t.label == "reference estimate" for t in reference.terms)     # the reference profile keeps it
+
+
+def test_the_conformance_kit_checks_plugins_of_the_measured_hooks():
+    """A plugin that only registers a regime or a schedule is solved with it, under the
+    measured profile; a family needs a model it claims, which the kit asks for by name."""
+    from mlsysim_core.testing import check_plugin
+    from mlsysim_plugins.measured.families import LLAMA
+    for name, plugin in (("myorg_regimes", FP8Master()), ("myorg_schedules", AllForward())):
+        pm = PluginManager.from_environment()
+        pm.register(plugin, name)
+        report = check_plugin(name, plugin_manager=pm, allow_direct_registration=True)
+        assert report.ok and report.solves >= 1, report.failures
+
+    class Family:
+        @hookimpl
+        def mlsysim_measured_architectures(self):
+            return [attrs.evolve(LLAMA, name="myorg.llama-like", architectures=("myorg_arch",))]
+    pm = PluginManager.from_environment()
+    pm.register(Family(), "myorg_family")
+    report = check_plugin("myorg_family", plugin_manager=pm, allow_direct_registration=True)
+    assert any("no layout to solve it in; give layouts={'mlsysim_measured_architectures'" in f
+               for f in report.failures)
+    from mlsysim_core import TransformerWorkload
+    model = TransformerWorkload(name="mine", parameters=1_100_000_000, layers=22, hidden_dim=2048, heads=32,
+                                kv_heads=4, vocab_size=32000, ffn_dim=5632, gated_mlp=True, tied_embeddings=False,
+                                architecture="myorg_arch")
+    fields = {k: v for k, v in attrs.asdict(model).items() if v is not None}
+    report = check_plugin("myorg_family", plugin_manager=pm, allow_direct_registration=True, layouts={
+        "mlsysim_measured_architectures": [{"model": fields, "profile": "measured"}]})
+    assert report.ok and report.solves == 1, report.failures

@@ -383,9 +383,10 @@ def _conflict(model, claimants, providers) -> PluginConflictError:
     def who(f):
         plugin = providers.get(f.name)
         return f"{f.name!r} (" + (f"plugin {plugin}" if plugin else f"defined in {f.layer.__module__}") + ")"
+    # Only third-party plugins are offered for blocking (``providers`` names no built-in: blocking
+    # the built-in families would take every one of them away).
     plugins = [providers[f.name] for f in claimants if providers.get(f.name)]
-    block = (" or ".join(f"MLSYSIM_DISABLED_PLUGINS={p}" for p in plugins) if len(plugins) == len(claimants)
-             else "MLSYSIM_DISABLED_PLUGINS=<plugin>")
+    block = " or ".join(f"MLSYSIM_DISABLED_PLUGINS={p}" for p in plugins) or "MLSYSIM_DISABLED_PLUGINS=<plugin>"
     arch = model.architecture or "(not given)"
     return PluginConflictError(
         f"architecture {arch!r} of model {model.name!r} is claimed by more than one architecture family: "

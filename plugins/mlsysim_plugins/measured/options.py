@@ -175,8 +175,9 @@ def prepare(plan, registry):
             "the measured profile sizes communication buffers from the sharding rules' own buckets; "
             "this is the reference profile's knob (profile='reference' uses it)")
     # Who models this architecture: one registered family, or the nearest built-in, said.
-    family, _ = family_for(plan.model, families, {name: registry.provider(ARCHITECTURES_HOOK, name).name
-                                                  for name in families})
+    third_party = {name: info.name for name in families
+                   if (info := registry.provider(ARCHITECTURES_HOOK, name)).distribution != "mlsysim-core"}
+    family, _ = family_for(plan.model, families, third_party)
     ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
     notes = parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
     notes += approximation_notes(plan.model, family, families)    # what is costed as something else: said
