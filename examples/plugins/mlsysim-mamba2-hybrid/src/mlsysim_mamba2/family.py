@@ -261,7 +261,9 @@ def _layer_tensors(model: BambaWorkload, kind: str) -> list[tuple[int, tuple[int
     the mixer (its own dt_bias, A_log, D, then conv1d's weight and bias, in_proj, norm, out_proj) or
     q/k/v/o. The depthwise conv weight (conv_dim, 1, K) is factored by torch's Adafactor over its last
     two dimensions: a row factor of conv_dim and a column factor of conv_dim x K elements, given as
-    (conv_dim, conv_dim x K)."""
+    (conv_dim, conv_dim x K). The order is read from transformers' module tree (a module's own
+    parameters before its children's); the measurements check the count and the sizes, not the
+    order (which only a for-loop optimizer step's transient depends on)."""
     m, h, f = model, model.hidden_dim, model.ffn_dim
 
     def matrix(rows, cols):
