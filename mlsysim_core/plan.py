@@ -1,6 +1,5 @@
-"""The validated inputs of one solve (``TrainingPlan``) and what the rules made of them
-(``Placement``). Plugins receive these two objects; neither ever holds an unchecked value.
-"""
+"""What plugins receive: the checked inputs of one solve (``TrainingPlan``) and what the rules made
+of them (``Placement``)."""
 
 from __future__ import annotations
 

@@ -258,13 +258,9 @@ def _shown(value):
 
 
 def _first_field(err: BaseException) -> str | None:
-    """The first field named in a cattrs validation error, if any."""
+    """The unknown top-level field a cattrs error names (a field's own errors carry their path)."""
     if isinstance(err, cattrs.ClassValidationError):
-        with_notes, without = err.group_exceptions()
-        for _exc, note in with_notes:
-            if getattr(note, "name", None) is not None:
-                return str(note.name)
-        for exc in without:
+        for exc in err.group_exceptions()[1]:
             if isinstance(exc, cattrs.ForbiddenExtraKeysError):
                 return sorted(exc.extra_fields)[0]
     return None

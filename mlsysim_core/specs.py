@@ -1,9 +1,6 @@
-"""What plugins register: named optimizers, checkpointing strategies, sharding rules, profiles.
-
-A spec is a frozen attrs object of plain callables, called only once a solve selects it by name
-(so an unselected plugin never adds a byte), with the ``TrainingPlan`` (and ``Placement``) and
-the spec's options object (``None`` without one). docs/hooks.md tables every field.
-"""
+"""What plugins register: named optimizers, checkpointing strategies, sharding rules and profiles,
+each a frozen attrs object of callables called only when a solve selects it by name (so an unselected
+plugin never adds a byte), with the plan (and placement) and its options object. See docs/hooks.md."""
 
 from __future__ import annotations
 
@@ -117,12 +114,8 @@ class SplitSoFar:
 
 @attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
-    """A named sharding rule for one axis: ``apply(plan, options) -> ShardingEffect``.
-
-    Rules run in axis order (tp, cp, pp, ep, dp); an ``apply`` with a third parameter
-    receives ``SplitSoFar`` (plugin API 1.1). A layout that cannot exist raises
-    ``mlsysim_core.LayoutError``, which the solver passes through.
-    """
+    """A named sharding rule for one axis: ``apply(plan, options) -> ShardingEffect`` (a third parameter
+    receives ``SplitSoFar``; rules run in axis order), raising ``LayoutError`` for an impossible layout."""
     name: str = _name_field
     axis: str = attrs.field(validator=attrs.validators.in_(AXES))
     description: str = _description
@@ -135,12 +128,8 @@ class ShardingRuleSpec:
 
 @attrs.frozen(kw_only=True)
 class ProfileSpec:
-    """A named set of plugins and a rule for combining their terms.
-
-    ``component_plugins``: the plugins whose component hooks take part. ``combine``:
-    ``"sum"`` (every term adds up, as the reference) or ``"peak"`` (the largest, over the
-    phases of an iteration, of the accelerator bytes alive).
-    """
+    """A named set of plugins whose component hooks take part, and a rule combining the terms:
+    ``"sum"`` (as the reference) or ``"peak"`` (the most accelerator bytes alive in one phase)."""
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
