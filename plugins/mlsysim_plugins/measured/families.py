@@ -170,6 +170,12 @@ class ArchitectureFamily:
     megatron_mlp: Callable[..., tuple[Part, ...]]
     lora_layer: Callable | None = None
     assumptions: Callable[[TransformerWorkload], tuple[str, ...]] | None = None
+    # The exact parameter count of a model the family builds (None: the transformer counter of
+    # catalog.counting), against which model.parameters is checked.
+    count_parameters: Callable[[TransformerWorkload], int] | None = None
+    # What the family says about one run (a plan, after its layout is checked): notes to show,
+    # or a NotModelledError for what it does not model (a layout, a strategy, a regime).
+    check: Callable[..., tuple[str, ...]] | None = None
 
     @property
     def display(self) -> str:

@@ -196,6 +196,8 @@ def prepare(plan, registry):
                                     f"{plan.model.name!r} has no experts")
         plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
     plan = layout_options(plan, schedules)
+    if family.check is not None:      # the family's word on this run: notes, or a refusal by name
+        plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan

@@ -220,6 +220,8 @@ def implied_parameters(model: TransformerWorkload, shape: ModelShape | None = No
     measured profile assumes for unknown fields; ``None`` where it cannot be counted (MLA)."""
     from mlsysim_core.catalog.counting import count_workload_parameters
     shape = ModelShape.of(model) if shape is None else shape
+    if shape.family.count_parameters is not None:
+        return shape.family.count_parameters(model)
     fill = {}
     if model.is_sparse:
         if model.expert_ffn_dim is None:

@@ -12,7 +12,7 @@ family's layer is the **mean layer**: the parts every layer has (the two RMSNorm
 the SwiGLU MLP) whole, each Mamba-2 mixer part x (Mamba-2 layers / layers) and each attention part
 x (attention layers / layers); its weights likewise. Summed over the model's layers that is exactly
 the model (what one device holds, and what the measurements cover). Where one layer or one stage
-counts it is an approximation, said in a note on every result (``assumptions``): a pipeline stage's
+counts it is an approximation, said in a note where the run has it (``check``): a pipeline stage's
 own mix of layers, the layers block recompute keeps, full checkpointing's one-layer recompute working
 set and first-layer gradients, FSDP's gathered layer.
 
@@ -313,32 +313,35 @@ def matrix_shapes(shape) -> list[tuple[int, int]]:
 
 # --- notes -----------------------------------------------------------------------------------
 
-def assumptions(model) -> tuple[str, ...]:
-    """What costing ``model`` with the mean layer and the head split approximates (notes on every
-    result: the family does not see the layout), and a parameter count its shapes contradict."""
-    m = bamba_model(model)
+def check(plan) -> tuple[str, ...]:
+    """What costing this run with the mean layer and the head split approximates (the profile
+    asks the family once the layout is known): nothing on one device, where the mean layer is
+    exact; a note where some layers count apart, or the mixer is split."""
+    m = bamba_model(plan.model)
     notes = []
     L, n_m = m.layers, m.mamba_layers
-    if 0 < n_m < L:
+    apart = plan.pp_size > 1 or plan.activation_checkpointing == "full" or plan.dp_size * plan.cp_size > 1
+    if 0 < n_m < L and apart:
         notes.append(
             f"Bamba layers are costed as their mean: {n_m} Mamba-2 and {L - n_m} attention layers, each kind's saved "
             f"tensors and weights x its share of the {L} layers; exact for the whole model on one device (validated "
             "against PyTorch, validation/mamba2), approximate where some layers count apart: a pipeline stage's own "
             "mix of layers, the layers block recompute keeps (checkpointed_layers), full checkpointing's one-layer "
             "recompute working set and first-layer gradients, FSDP's gathered layer")
-    if n_m:
+    if n_m and plan.tp_size * plan.cp_size > 1:
         g = m.mamba_n_groups
         notes.append(
             "Bamba's Mamba-2 mixer under tensor parallelism is split by heads as Megatron-Core's MambaMixer (in_proj "
             f"column-, out_proj row-parallel; B and C of its {g} group{'s' if g != 1 else ''} replicated on every "
             "rank), not validated (transformers' Bamba has no tensor-parallel plan); context parallelism splits its "
             "activations by the sequence, without the scan's state exchange")
-    implied = m.count_parameters()
-    if m.parameters != implied:
-        notes.append(f"model.parameters = {m.parameters:,} but the Bamba shapes of {m.name!r} imply {implied:,} "
-                     "(mlsysim_mamba2.BambaWorkload.count_parameters()); weights, gradients and optimizer state "
-                     "follow model.parameters, activations the shapes")
-    return tuple(notes)
+    return tuple(f"approximation: {n}" for n in notes)
+
+
+def count_parameters(model) -> int:
+    """Every parameter of ``BambaForCausalLM`` with the model's shapes: what the profile checks
+    ``model.parameters`` against."""
+    return bamba_model(model).count_parameters()
 
 
 BAMBA = ArchitectureFamily(
@@ -349,4 +352,4 @@ BAMBA = ArchitectureFamily(
     architectures=(ARCHITECTURE,), gated_mlp=True, norm=RMS_NORM, layer_norms=2, positions="rotary",
     rotary_fraction=ROTARY_FRACTION, attention_layout=SEPARATE_QKV, layer_weights=bamba_weights,
     parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes, layer=bamba_layer, megatron_mlp=megatron_mlp,
-    lora_layer=None, assumptions=assumptions)
+    lora_layer=None, count_parameters=count_parameters, check=check)
