@@ -55,13 +55,11 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
         _check_tp(model, sizes["tp_size"])
     # Wrong types are errors, even when falsy (0, "", [] are not "not given"): only None and
     # the documented empty forms ({} for the mappings, an empty sequence of names) are.
-    if sharding_rules is not None and not isinstance(sharding_rules, Mapping):
-        raise InvalidInputTypeError("sharding_rules", sharding_rules,
-                                    f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None",
-                                    f"got {type(sharding_rules).__name__}")
-    if plugin_options is not None and not isinstance(plugin_options, Mapping):
-        raise InvalidInputTypeError("plugin_options", plugin_options, "a mapping of spec name -> options, or None",
-                                    f"got {type(plugin_options).__name__}")
+    for name, value, allowed in (
+            ("sharding_rules", sharding_rules, f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None"),
+            ("plugin_options", plugin_options, "a mapping of spec name -> options, or None")):
+        if value is not None and not isinstance(value, Mapping):
+            raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
     if isinstance(include_plugins, str):
         include_plugins = (include_plugins,)
     if include_plugins is not None and (
@@ -102,32 +100,28 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
 
 
 def _model(model) -> TransformerWorkload:
-    if isinstance(model, str):
-        from .catalog import get_model
-        return get_model(model)
-    if not isinstance(model, TransformerWorkload):
-        raise InvalidInputTypeError("model", model,
-                                    "a TransformerWorkload, SparseTransformerWorkload or a catalog name "
-                                    "(see `mlsysim-core models`)", f"got {type(model).__name__}")
-    return model
+    return _catalog_value(model, "model", TransformerWorkload,
+                          "a TransformerWorkload, SparseTransformerWorkload or a catalog name (see `mlsysim-core models`)")
 
 
 def _hardware(hardware) -> HardwareNode:
-    if isinstance(hardware, str):
-        from .catalog import get_hardware
-        return get_hardware(hardware)
-    if not isinstance(hardware, HardwareNode):
-        raise InvalidInputTypeError("hardware", hardware,
-                                    "a HardwareNode or a catalog name (see `mlsysim-core hardware`)",
-                                    f"got {type(hardware).__name__}")
-    return hardware
+    return _catalog_value(hardware, "hardware", HardwareNode,
+                          "a HardwareNode or a catalog name (see `mlsysim-core hardware`)")
+
+
+def _catalog_value(value, kind: str, cls: type, allowed: str):
+    """A model or accelerator object, or a catalog name looked up."""
+    if isinstance(value, str):
+        from . import catalog
+        return catalog.get_model(value) if kind == "model" else catalog.get_hardware(value)
+    if not isinstance(value, cls):
+        raise InvalidInputTypeError(kind, value, allowed, f"got {type(value).__name__}")
+    return value
 
 
 def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
-    """Under every profile, a tensor-parallel rank holds at least one column of the hidden
-    size (the reference's 4096 stand-in when the model has none). (The measured profile also
-    needs tp to divide the heads; the reference does not check the heads: mlsysim 0.3.0
-    accepted tp=16 on 12 heads, and the recorded reference grid has such runs.)"""
+    """A tensor-parallel rank holds at least one column of the hidden size (under every profile;
+    the heads are the measured profile's to check: the reference grid has tp=16 on 12 heads)."""
     hidden = model.hidden_dim or 4096
     if tp_size > hidden:
         from .errors import LayoutError

@@ -1,6 +1,6 @@
 """The solver: one fixed pipeline, read top to bottom.
 
-    1. check     the inputs become a frozen ``TrainingPlan`` (nothing unchecked past here);
+    1. check     (inputs.py) the inputs become a frozen ``TrainingPlan``, nothing unchecked past here;
                  the profile's own options are built and its ``prepare`` completes them
     2. select    one spec per role: optimizer, checkpointing strategy, a rule per axis
                  (tp, cp, pp, ep, dp), and the profile's component plugins
@@ -78,29 +78,19 @@ class TrainingMemoryModel:
               plugin_options: Mapping[str, Any] | None = None,
               include_plugins: Sequence[str] = (), profile: str | None = None, cp_size: int = 1,
               **profile_options) -> TrainingMemoryResult:
-        """Solve for the memory of one accelerator.
+        """Solve for the memory of one accelerator (every parameter: docs/api.md).
 
         The positional parameters are the reference model's, in its order, with its
         defaults; ``batch_size`` is the GLOBAL batch (all DP replicas and accumulation
-        steps). Keyword-only extensions:
-
-        * ``sequence_parallel``: with ``tp_size > 1``, divide activations by ``tp_size``.
-        * ``data_parallel``: name of a data-parallel sharding rule (e.g. a third party's
-          ZeRO variant); by default ``zero_stage`` selects ``zero0`` .. ``zero3``.
-        * ``sharding_rules``: ``{"tp"|"cp"|"pp"|"ep": rule name}`` to replace a default rule.
-        * ``plugin_options``: ``{spec name: options}``, a dict or the spec's attrs options.
-        * ``include_plugins``: plugins whose component hooks take part in addition to
-          the profile's own.
-        * ``profile``: overrides the model's profile for this call.
-        * ``cp_size``: context parallelism, the sequence split over ``cp_size`` ranks
-          (devices = tp x cp x pp x dp; ZeRO shards over dp x cp).
-        * ``**profile_options``: the selected profile's own options, the fields of its
-          ``ProfileSpec.options_type`` (the measured profile's: ``regime``, ``attention``,
-          ``pipeline_schedule``, ``offload``, ``lora``, ... see docs/profiles.md).
-
-        A profile that tells ranks apart (the measured profile, with a parallel layout)
-        describes every distinct rank in ``result.ranks``; the totals are the heaviest
-        rank's, and ``feasible`` means every rank fits.
+        steps). Keyword-only: ``sequence_parallel``; ``data_parallel`` (a data-parallel rule
+        by name, instead of ``zero_stage``); ``sharding_rules`` (``{"tp"|"cp"|"pp"|"ep": rule}``);
+        ``plugin_options`` (``{spec name: options}``); ``include_plugins`` (component hooks
+        added to the profile's own); ``profile``; ``cp_size`` (context parallelism); and
+        ``**profile_options``, the selected profile's own options (the fields of its
+        ``ProfileSpec.options_type``: the measured profile's ``regime``, ``attention``,
+        ``pipeline_schedule``, ``offload``, ``lora``, ...). A profile that tells ranks apart
+        describes each in ``result.ranks``; the totals are the heaviest's, ``feasible`` means
+        every rank fits.
         """
         registry = self.registry
         if type(model) is str:       # catalog names, including entries this manager's plugins add
