@@ -156,6 +156,8 @@ def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> Fro
 
 def _rule(registry: Registry, axis: str, name: object, parameter: str) -> str:
     choices = registry.rules_for_axis(axis)
+    if type(name) is str and name in choices:
+        return name
     if not isinstance(name, str) or name.strip().lower() not in choices:
         label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
                  "ep": "expert-parallel", "cp": "context-parallel"}[axis]

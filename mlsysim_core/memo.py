@@ -12,6 +12,9 @@ _enabled = True
 _memos: list[dict] = []
 
 
+_KEYWORDS = object()     # separates positional from keyword arguments in a key
+
+
 def memoize(function):
     """``function``, memoised on its positional and keyword arguments (all of them)."""
     table: dict = {}
@@ -21,7 +24,9 @@ def memoize(function):
     def memoised(*args, **kwargs):
         if not _enabled:
             return function(*args, **kwargs)
-        key = (args, tuple(map(type, args)), tuple(kwargs.items())) if kwargs else (args, tuple(map(type, args)))
+        key = (*args, *map(type, args))      # the values and their types, flat (one tuple to hash)
+        if kwargs:
+            key += (_KEYWORDS, *kwargs.items(), *(type(v) for v in kwargs.values()))
         try:
             return table[key]
         except KeyError:

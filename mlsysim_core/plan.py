@@ -21,15 +21,19 @@ FALLBACK_HIDDEN_DIM = 4096
 class FrozenMap(dict):
     """A read-only, hashable dict (the plan's mappings: a plan is a memo key)."""
 
-    __slots__ = ()
+    __slots__ = ("_hash",)
 
     def __hash__(self):
-        return hash(tuple(self.items()))
+        try:
+            return self._hash
+        except AttributeError:       # computed once: the mapping never changes
+            self._hash = hash(tuple(self.items()))
+            return self._hash
 
     def _read_only(self, *args, **kwargs):
         raise TypeError("a plan's mappings are read-only")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _read_only
 
 
 @attrs.frozen(kw_only=True, slots=False, cache_hash=True)

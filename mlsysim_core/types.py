@@ -35,7 +35,7 @@ _optional_str = attrs.field(default=None, validator=_opt_str)
 _optional_flag = attrs.field(default=None, validator=_checks.attrs_optional_flag)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class TransformerWorkload:
     """A dense transformer. Only ``name``, ``parameters`` (the TOTAL, embeddings included)
     and ``layers`` are required; the reference profile also reads ``hidden_dim`` and ``heads``,
@@ -74,7 +74,7 @@ class TransformerWorkload:
     is_sparse = False     # a class attribute, not a field
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class SparseTransformerWorkload(TransformerWorkload):
     """A mixture-of-experts transformer: ``parameters`` over all experts, ``active_parameters``
     what one token uses; ``experts`` routed experts per MoE layer, ``active_experts_per_token``
@@ -99,7 +99,7 @@ class SparseTransformerWorkload(TransformerWorkload):
     is_sparse = True
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class HardwareNode:
     """One accelerator: ``memory_capacity`` in bytes (``80 * 2**30`` for an 80 GiB H100);
     ``devices_per_node`` and ``host_memory`` (CPU bytes per node) matter for hierarchical
