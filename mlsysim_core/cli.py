@@ -370,7 +370,7 @@ def _model(text: str):
         raise InvalidInputError("--model", text, "a readable JSON file (a model's fields or a Hugging Face "
                                 "config.json)", "no such file" if not path.exists() else "not a file")
     if text.endswith(".json"):
-        from .serialization import structure_model
+        from .catalog.files import structure_model
         data = _load_json_file("--model", text)
         if "model_type" in data:     # a Hugging Face config.json
             from .hf import from_hf_config
@@ -385,7 +385,7 @@ def _hardware(text: str):
         raise InvalidInputError("--hardware", text, "a catalog name (see `hardware`) or a JSON file",
                                 "an empty name")
     if text.endswith(".json"):
-        from .serialization import structure_hardware
+        from .catalog.files import structure_hardware
         return structure_hardware(_load_json_file("--hardware", text))   # errors name hardware.<field>
     from .catalog import get_hardware
     return get_hardware(text)
@@ -1018,7 +1018,8 @@ def cmd_plugins(args, out) -> int:
     else:
         width = max(len(p["name"]) for p in listing)
         for p in listing:
-            provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
+            provided = "; ".join(f"{kind.removeprefix('mlsysim_').replace('_', ' ')}: {', '.join(names)}"
+                                 for kind, names in p["provides"].items())     # (a profile's hooks: by name)
             hooks = [h for h in p["hooks"] if h.endswith("_terms")]
             what = provided or ("component hooks: " + ", ".join(hooks) if hooks else "")
             what = f"BROKEN: {p['error']}" if p["error"] else what
