@@ -204,7 +204,8 @@ class Scenario:
                 path = Path(self.model)
                 if path.is_dir() or self.model.endswith(".json"):
                     from .hf import from_hf_config
-                    from .serialization import parse_json, structure_model
+                    from .catalog.files import structure_model
+                    from .serialization import parse_json
                     path = path / "config.json" if path.is_dir() else path
                     data = parse_json(path.read_text(encoding="utf-8"), "model", where=str(path))
                     return from_hf_config(data) if "model_type" in data else structure_model(data)
@@ -282,13 +283,13 @@ class Scenario:
             from .hf import from_hf_config
             return from_hf_config(self.model)
         if isinstance(self.model, dict):    # every problem named model.<field>
-            from .serialization import structure_model
+            from .catalog.files import structure_model
             return structure_model(self.model)
         return self.model
 
     def resolve_hardware(self):
         if isinstance(self.hardware, dict):    # every problem named hardware.<field>
-            from .serialization import structure_hardware
+            from .catalog.files import structure_hardware
             return structure_hardware(self.hardware)
         return self.hardware
 

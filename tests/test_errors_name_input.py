@@ -10,13 +10,13 @@ import pytest
 
 from mlsysim_core import HardwareNode, TrainingMemoryModel, TransformerWorkload
 from mlsysim_core.catalog import get_model, list_hardware, list_models
+from mlsysim_core.catalog.files import structure_model
 from mlsysim_core.errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError,
                                  PluginError)
 from mlsysim_core.finetune import trainable_fraction
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.render import estimate_table
 from mlsysim_core.result import TrainingMemoryResult
-from mlsysim_core.serialization import structure_model
 
 MEASURED = TrainingMemoryModel("measured")
 REFERENCE = TrainingMemoryModel()
@@ -286,7 +286,7 @@ def test_only_the_librarys_errors_escape_for_hostile_solve_values():
     (["x"], "hardware"),
 ])
 def test_hardware_file_errors_name_the_field_and_are_not_type_errors(data, parameter):
-    from mlsysim_core.serialization import structure_hardware
+    from mlsysim_core.catalog.files import structure_hardware
     with pytest.raises(InvalidInputError) as info:
         structure_hardware(data)
     assert info.value.parameter == parameter and not isinstance(info.value, TypeError)
