@@ -146,3 +146,9 @@ class ProfileSpec:
     """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
     relocate: Callable | None = _optional_callable
     """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""
+
+    def __attrs_post_init__(self):
+        if self.grade == "measured" and self.options_type is None:    # the measured callables read them
+            raise TypeError(f"ProfileSpec {self.name!r}: a measured-grade profile declares its options_type (the "
+                            "measured profile's are mlsysim_plugins.measured.options.MeasuredOptions, with its "
+                            "prepare): the specs' measured-grade callables read plan.profile_options")
