@@ -12,7 +12,7 @@ import cattrs
 from cattrs.preconf.json import make_converter
 
 from .errors import InvalidInputError, InvalidInputTypeError
-from .terms import PHASES
+from .terms import COMPONENTS, PHASES
 
 _converter = make_converter(forbid_extra_keys=True)
 
@@ -144,8 +144,7 @@ def _is_bytes(value) -> bool:
 def _check_memory(where: str, report, available) -> None:
     """Memory fields finite and >= 0, the total the components' sum, ``feasible`` as the totals
     say against ``available`` (in GB, as the solver decides): for the result and each rank."""
-    for field in ("total_memory", "weights", "gradients", "optimizer_state", "activations",
-                  "communication_buffers", "runtime_overheads", "host_memory"):
+    for field in ("total_memory", *COMPONENTS, "host_memory"):
         _require(_is_bytes(getattr(report, field)), f"{where}.{field}", getattr(report, field),
                  "a finite number of bytes >= 0")
     parts = (report.weights + report.gradients + report.optimizer_state + report.activations
