@@ -108,7 +108,7 @@ def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = 
     the options `search_plans` takes; ``refused`` holds (flags, why, takes a value) of the
     per-layout ones, which `search` refuses by name."""
     from .scenario import option_fields
-    from .solver import options_fields
+    from .inputs import options_fields
     fields = option_fields(registry) if registry is not None else {}
     if search:
         import inspect
@@ -599,7 +599,7 @@ def reference_stand_in(scenario, registry=None):
     (default: the installed plugins')."""
     import attrs
     from .scenario import option_fields
-    from .solver import options_fields
+    from .inputs import options_fields
     if registry is None:
         from .manager import get_plugin_manager
         registry = get_plugin_manager().registry

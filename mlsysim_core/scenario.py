@@ -49,7 +49,7 @@ def option_fields(registry=None) -> dict[str, attrs.Attribute]:
     if registry is None:
         from .manager import get_plugin_manager
         registry = get_plugin_manager().registry
-    from .solver import options_fields
+    from .inputs import options_fields
     fields: dict[str, attrs.Attribute] = {}
     for spec in registry.profiles.values():
         for name, field in options_fields(spec).items():

@@ -27,7 +27,7 @@ import attrs
 from . import _checks
 from .errors import InvalidInputTypeError, NotModelledError, PluginContractError, PluginError
 from .hookspecs import COMPONENT_HOOKS
-from .inputs import call_plugin as _call, check_plan, options_fields, profile_plan  # noqa: F401 (options_fields: for the CLI)
+from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
 from .memo import memoize
 from .plan import FrozenMap, Placement, TrainingPlan

@@ -9,7 +9,7 @@ import pytest
 from mlsysim_core import (COMMUNICATION_BUFFERS, FORWARD, MemoryTerm, NotModelledError, PluginConflictError,
                           ShardingEffect, ShardingRuleSpec, TrainingMemoryModel, hookimpl)
 from mlsysim_core.manager import PluginManager
-from mlsysim_plugins.measured.regimes import REGIMES, Regime
+from mlsysim_plugins.measured.regimes import REGIMES
 from mlsysim_plugins.measured.schedules import PipelineSchedule
 
 MODEL, GPU = "llama3-8b", "h100"
