@@ -139,7 +139,8 @@ class _Walk:
         self.parts.extend(p for p in parts if p.nbytes)
 
     def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
-        per_layer = tuple(attrs.evolve(p, nbytes=p.nbytes * tokens) for p in self.parts) + tuple(self.constant)
+        per_layer = tuple(Part(p.name, p.nbytes * tokens, split=p.split, recomputed_by_selective=p.recomputed_by_selective,
+                               weight_gradient_only=p.weight_gradient_only) for p in self.parts) + tuple(self.constant)
         return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
                           output_saved_by_next=output_saved_by_next, parts=per_layer)
 

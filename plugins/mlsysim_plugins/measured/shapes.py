@@ -22,7 +22,7 @@ from mlsysim_core.types import TransformerWorkload
 from .families import BUILTIN_FAMILIES, ArchitectureFamily, LayerWeight, architecture_notes, default_family, family_of
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class ModelShape:
     family: ArchitectureFamily
     model: TransformerWorkload          # the workload (a family may read fields of its own workload type)
@@ -60,8 +60,7 @@ class ModelShape:
     def layer_weights(self) -> tuple[LayerWeight, ...]:
         """One decoder layer's weights (matrices, then biases) in registration order, with
         how parallelism splits each and whether autocast copies it."""
-        return self.family.layer_weights(hidden=self.hidden, q_dim=self.q_dim, kv_dim=self.kv_dim, ffn=self.ffn,
-                                         experts=self.experts, model=self.model)
+        return _layer_weights(self)
 
     def layer_matrices(self) -> tuple[tuple[str, int], ...]:
         """One decoder layer's weight matrices in registration order: (name, elements)."""
@@ -111,6 +110,12 @@ class ModelShape:
         """``model``'s shapes as ``family`` builds its layers (the built-in family that
         models it when None)."""
         return _shape_of(model, default_family(model) if family is None else family)
+
+
+@memoize
+def _layer_weights(shape: ModelShape) -> tuple[LayerWeight, ...]:
+    return tuple(shape.family.layer_weights(hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim,
+                                            ffn=shape.ffn, experts=shape.experts, model=shape.model))
 
 
 def shape_of(plan) -> ModelShape:
