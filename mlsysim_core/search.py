@@ -823,7 +823,7 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                 else:       # attrs.evolve(plan, gradient_accumulation_steps=gas), at a third of the cost
                     fields["gradient_accumulation_steps"] = gas
                     plan = TrainingPlan(**fields)
-                total_memory = solve_plan(registry, plan, options).total_memory
+                total_memory = solve_plan(registry, plan, options, total_only=True)
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
                 if measured and _cannot_describe(err):
                     raise       # one ranking never mixes profiles: the caller decides (the CLI falls back)

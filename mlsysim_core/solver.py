@@ -120,14 +120,18 @@ def _solve(registry: Registry, profile, model, hardware, *args) -> TrainingMemor
     return solve_plan(registry, plan, {name: value for name, value, _ in profile_options})
 
 
-def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[str, Any]) -> TrainingMemoryResult:
+def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[str, Any], *,
+               total_only: bool = False) -> TrainingMemoryResult | int | float:
     """Steps 1 (the profile's part) to 5 for a plan ``check_plan`` made (or one evolved from
-    it: a plan search varies the accumulation steps of one checked layout)."""
+    it: a plan search varies the accumulation steps of one checked layout). ``total_only``:
+    just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
     ranks = spec.ranks(plan) if spec.ranks is not None else None
     if not ranks:
-        return run_pipeline(registry, plan)
+        return run_pipeline(registry, plan, total_only)
+    if total_only:
+        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True) for rank in ranks)
     return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank))) for rank in ranks])
 
 
@@ -308,18 +312,18 @@ def _ordered(terms: list) -> list:
     return terms
 
 
-def run_pipeline(registry: Registry, plan: TrainingPlan) -> TrainingMemoryResult:
+def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False) -> TrainingMemoryResult:
     """Steps 2-5 for one checked plan (one rank)."""
     selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
                            plan.activation_checkpointing, plan.rules)
     token = _source_cell.set([""])
     try:
-        return _collect_and_combine(selection, plan)
+        return _collect_and_combine(selection, plan, total_only)
     finally:
         _source_cell.reset(token)
 
 
-def _collect_and_combine(selection: _Selection, plan: TrainingPlan) -> TrainingMemoryResult:
+def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
     placement, rule_buffers, notes = _place(selection, plan)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
@@ -353,6 +357,8 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan) -> TrainingM
     total = w + g + o + a + c      # the reference adds the five components left to right, in float64
     if r:
         total += r
+    if total_only:
+        return total
     capacity = plan.hardware.memory_capacity
     parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size}
     if plan.cp_size != 1:
