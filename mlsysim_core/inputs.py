@@ -226,9 +226,12 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
         if owners:
             raise InvalidInputError(name, value, f"None under a {spec.grade}-grade profile",
                                     f"profile {plan.profile!r} ignores it; use profile={owners[0]!r}")
+        import difflib
+        every = {o for p in registry.profiles.values() for o in options_fields(p)}
+        close = difflib.get_close_matches(name, sorted(every), n=1)
         raise InvalidInputTypeError(name, value, "a keyword of solve" + (
             f" or an option of profile {plan.profile!r}: {', '.join(known)}" if known else ""),
-            "no such keyword")
+            "no such keyword" + (f"; did you mean {close[0]!r}?" if close else ""))
     if spec.options_type is None:
         return plan
     info = registry.providers[(PROFILE, spec.name)]

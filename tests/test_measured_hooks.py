@@ -152,3 +152,12 @@ def test_the_conformance_kit_checks_plugins_of_the_measured_hooks():
     report = check_plugin("myorg_family", plugin_manager=pm, allow_direct_registration=True, layouts={
         "mlsysim_measured_architectures": [{"model": fields, "profile": "measured"}]})
     assert report.ok and report.solves == 1, report.failures
+
+
+def test_a_misspelt_profile_option_is_named_with_the_option_meant():
+    from mlsysim_core import InvalidInputTypeError
+    with pytest.raises(InvalidInputTypeError, match=r"regim='bf16' is not allowed: a keyword of solve .*did you mean "
+                                                    r"'regime'\?"):
+        TrainingMemoryModel().solve(MODEL, GPU, 8, regim="bf16")
+    with pytest.raises(InvalidInputTypeError, match=r"pipline_schedule=.*did you mean 'pipeline_schedule'\?"):
+        TrainingMemoryModel("measured").solve(MODEL, GPU, 8, pipline_schedule="gpipe")
