@@ -416,7 +416,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         if found is not None:
             fits, solves, done = found
         else:
-            solves, done = _evaluate_here(groups, rows, context, total, progress)
+            solves, done = _evaluate(groups, rows, context, total, progress)
             fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
             del rows
         if progress is not None:
@@ -663,10 +663,6 @@ def _pool_size(workers, total: int, measured: bool = False) -> int:
     return _usable_cpus() if total >= (PARALLEL_MIN_MEASURED if measured else PARALLEL_MIN) else 1
 
 
-def _evaluate_here(groups, rows, context, total, progress) -> tuple[int, int]:
-    return _evaluate(groups, rows, context, total, progress)
-
-
 def _evaluate_chunk(bounds: tuple[int, int]):
     """In a worker: evaluate ``_JOB``'s groups[start:stop]; never raises (an error is
     reported, and the parent evaluates in-process, where it is raised as usual)."""
@@ -674,7 +670,7 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     groups, context = _JOB
     rows: list[tuple] = []
     try:
-        solves, done = _evaluate_here(groups[start:stop], rows, context, 0, None)
+        solves, done = _evaluate(groups[start:stop], rows, context, 0, None)
     except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
         return start, _RAISES if _cannot_describe(err) else None, 0, 0
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
@@ -753,7 +749,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
                 start, rows, chunk_solves, chunk_done = future.result()
                 if isinstance(rows, str):     # _RAISES
                     stop = dict(bounds)[start]
-                    _evaluate_here(groups[start:stop], [], context, 0, None)    # raises the error
+                    _evaluate(groups[start:stop], [], context, 0, None)    # raises the error
                     return None
                 if rows is None:
                     return None

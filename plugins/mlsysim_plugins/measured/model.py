@@ -335,11 +335,11 @@ def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> 
     """The runtime-overhead terms: NCCL's buffers only when the layout communicates (any
     parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``)."""
     from .parallel import is_parallel
-    return list(_runtime_terms(overheads, is_parallel(plan), type(allocated), allocated))
+    return list(_runtime_terms(overheads, is_parallel(plan), allocated))
 
 
 @memoize
-def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, kind: type, allocated: int | float) -> tuple:
+def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float) -> tuple:
     terms = []
     if overheads.cuda_context:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
