@@ -561,7 +561,7 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
     ``active_parameters`` (embeddings, router and shared experts in full, ``top-k`` of the
     routed experts). Raises ``InvalidInputError`` for an unsupported ``model_type`` or a
     missing size."""
-    data, workload, count, _ = _read(config)
+    data, workload, count, arch = _read(config)
     if name is None:
         name = data.get("_name_or_path")
         if name is not None and not isinstance(name, str):
@@ -572,7 +572,8 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
         raise InvalidInputTypeError("name", name, "a non-empty string", f"got {type(name).__name__}")
     if not name.strip():
         raise InvalidInputError("name", name, "a non-empty string")
-    fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"])
+    fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"],
+                  details=details_of(data, arch))
     try:
         if "experts" in workload:
             return SparseTransformerWorkload(active_parameters=count.active, **fields)
@@ -584,6 +585,29 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
             raise
         raise InvalidInputError(f"config.{keys[0]}", data[keys[0]], err.allowed,
                                 err.detail or f"it gives the workload's {field}") from err
+
+
+# Config keys an architecture family may read, copied verbatim into ``workload.details`` when
+# present (beside the ``HFArchitecture`` facts that differ from their defaults).
+RAW_DETAIL_KEYS = (
+    "layer_types", "sliding_window", "sliding_window_pattern", "attention_chunk_size", "no_rope_layers",
+    "no_rope_layer_interval", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "first_k_dense_replace", "moe_layer_freq", "n_shared_experts", "n_routed_experts",
+    "n_group", "topk_group", "topk_method", "moe_intermediate_size", "interleave_moe_layer_step",
+    "intermediate_size_mlp", "num_local_experts", "num_experts_per_tok", "shared_expert_intermediate_size",
+    "decoder_sparse_step", "mlp_only_layers", "partial_rotary_factor", "rotary_pct", "use_parallel_residual",
+    "parallel_attn", "new_decoder_architecture", "multi_query", "num_kv_heads", "attention_bias", "mlp_bias",
+    "head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+    "router_aux_loss_coef", "swiglu_limit", "quantization_config", "torch_dtype", "dtype")
+
+
+def details_of(data: Mapping[str, Any], arch: HFArchitecture) -> dict:
+    """What ``workload.details`` holds for a config: the ``HFArchitecture`` facts that differ
+    from their defaults, and the config's ``RAW_DETAIL_KEYS`` that are present (not None)."""
+    out = {a.name: getattr(arch, a.name) for a in attrs.fields(HFArchitecture)
+           if a.default is attrs.NOTHING or getattr(arch, a.name) != a.default}
+    out.update((k, data[k]) for k in RAW_DETAIL_KEYS if data.get(k) is not None)
+    return out
 
 
 # A generous size of each shape (for blaming the key that makes a parameter count overflow).

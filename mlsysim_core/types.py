@@ -3,6 +3,8 @@ attrs classes with keyword-only fields; counts are ints, memory is in bytes."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import attrs
 
 from . import _checks
@@ -56,6 +58,9 @@ class TransformerWorkload:
     kv_lora_rank: int | None = _count(default=None)   # MLA (DeepSeek)
     qk_rope_head_dim: int | None = _count(default=None)
     architecture: str | None = _optional_str
+    # What an architecture family reads beyond these fields (HF config keys: soft-capping, sliding
+    # windows, QK-norm, MLA ranks, dense and MoE layers; ``hf.from_hf_config`` fills it). Read-only.
+    details: Mapping = attrs.field(factory=dict, converter=lambda v: _frozen(v or {}))
 
     def __attrs_post_init__(self):
         heads = self.heads
@@ -72,6 +77,13 @@ class TransformerWorkload:
                                     f"without head_dim each head would be {self.hidden_dim / heads:g} wide")
 
     is_sparse = False     # a class attribute, not a field
+
+
+def _frozen(value):     # a hashable copy of a JSON-like value: read-only maps, tuples
+    from .plan import FrozenMap
+    if isinstance(value, Mapping):
+        return FrozenMap((str(k), _frozen(v)) for k, v in value.items())
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)

@@ -361,7 +361,7 @@ def sourced_fields(entry):
 def test_every_curated_number_has_a_source():
     for key, entry in {**curated_models(), **curated_hardware()}.items():
         present = {f.name for f in attrs.fields(type(entry.value))
-                   if getattr(entry.value, f.name) is not None and f.name not in ("name", "vendor")}
+                   if getattr(entry.value, f.name) not in (None, {}) and f.name not in ("name", "vendor")}
         missing = present - sourced_fields(entry)
         assert not missing, f"{key}: no source for {sorted(missing)}"
         assert all(len(text) > 20 for text in entry.sources.values()), key

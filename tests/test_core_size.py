@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RATCHET = 2520
+RATCHET = 2530   # +workload.details (issue 15: what architecture families read)
 EDGE_AT_SPLIT = {"cli.py": 1344, "render.py": 510, "plots.py": 674, "hf.py": 619, "search.py": 887,
                  "inverse.py": 350, "scenario.py": 470, "finetune.py": 531, "testing.py": 221, "__main__.py": 3}
 CATALOG_AT_SPLIT = 837

@@ -201,14 +201,15 @@ def build_optimizer(params, name: str, impl: str) -> torch.optim.Optimizer:
 
 
 def _submodules(model) -> tuple[list, dict]:
-    """The decoder layers and a few named modules whose forward/backward snapshots are recorded."""
-    base = getattr(model, "model", None) or getattr(model, "transformer")
+    """The decoder layers and a few named modules whose forward/backward snapshots are recorded
+    (any HF causal LM: its base model's ``layers`` or ``h``, its final norm by any of the usual names)."""
+    base = model.base_model
+    if hasattr(base, "language_model"):          # a multimodal wrapper (Gemma 3, Llama 4, Mistral 3)
+        base = base.language_model
     layers = list(getattr(base, "layers", None) or getattr(base, "h"))
-    named = {
-        "embedding": model.get_input_embeddings(),
-        "final_norm": getattr(base, "norm", None) or getattr(base, "ln_f", None),
-        "lm_head": model.get_output_embeddings(),
-    }
+    norm = next((getattr(base, n) for n in ("norm", "ln_f", "final_layer_norm", "final_layernorm")
+                 if getattr(base, n, None) is not None), None)
+    named = {"embedding": model.get_input_embeddings(), "final_norm": norm, "lm_head": model.get_output_embeddings()}
     return layers, named
 
 

@@ -7,6 +7,7 @@ the package is the physics they share, imported on a measured solve's first use.
 """
 
 PLUGIN_MODULES = {
+    "measured_architectures": "architectures",
     "measured_families": "families",
     "measured_kernels": "kernels",
     "measured_profile": "profile",

@@ -116,6 +116,11 @@ def _pairs(value) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k).lower(), str(v)) for k, v in items))
 
 
+def _formulas(value) -> tuple:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), f) for k, f in items))
+
+
 def _one_of(choices):
     def check(instance, attribute, value):
         if value not in choices:
@@ -176,6 +181,14 @@ class ArchitectureFamily:
     # What the family says about one run (a plan, after its layout is checked): notes to show,
     # or a NotModelledError for what it does not model (a layout, a strategy, a regime).
     check: Callable[..., tuple[str, ...]] | None = None
+    # What the family changes outside its decoder layers: ``adjust_terms(kind, plan, placement,
+    # terms)`` -> the terms to use, for kind ``"weights"`` (parameters, buffers) and
+    # ``"model_activations"`` (embedding, final norm, logits and loss: Gemma's soft-capped
+    # logits, a scaled embedding). None: the Llama/GPT-2 model around the layers as it is.
+    adjust_terms: Callable[..., list] | None = None
+    # Attention formulas for a layout of the family's own (MLA, sinks, soft-capped scores), per
+    # kernel name: used when the chosen kernel has no formula for ``attention_layout``.
+    attention_layouts: tuple[tuple[str, Callable[..., tuple]], ...] = attrs.field(default=(), converter=_formulas)
 
     @property
     def display(self) -> str:
@@ -206,8 +219,25 @@ class ArchitectureFamily:
         return _architecture(model) in self.architectures and self.misfit(model) is None
 
     def layer_bytes(self, *, kernel: AttentionKernel, **shape_and_run) -> LayerBytes:
-        """One Hugging Face layer's ``LayerBytes`` with ``kernel``'s attention."""
-        return self.layer(attention=functools.partial(kernel.saved, self.attention_layout), **shape_and_run)
+        """One Hugging Face layer's ``LayerBytes`` with ``kernel``'s attention (the family's own
+        formula for its layout under that kernel, when the kernel has none)."""
+        return self.layer(attention=self.attention_of(kernel), **shape_and_run)
+
+    def attention_of(self, kernel: AttentionKernel) -> Callable[..., tuple]:
+        """``kernel``'s attention formula for this family's layout, as a callable of keywords."""
+        if not any(name == self.attention_layout for name, _ in kernel.layouts):
+            for name, formula in self.attention_layouts:
+                if name == kernel.name:
+                    return functools.partial(_own_attention, formula)
+        return functools.partial(kernel.saved, self.attention_layout)
+
+    def adjusted(self, kind: str, plan, placement, terms: list) -> list:
+        """``terms`` as the family changes them (``adjust_terms``), else as they are."""
+        return terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
+
+
+def _own_attention(formula, *, grads=(True, True, True), **keywords) -> tuple:
+    return tuple(formula(grads=grads, **keywords))
 
 
 def _architecture(model) -> str:
@@ -379,6 +409,9 @@ def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFa
             raise PluginContractError(f"{HOOK} registered {type(f).__name__} {name!r}; expected an ArchitectureFamily",
                                       plugin=(providers or {}).get(name), hook=HOOK)
     claimants = [f for f in families.values() if f.claims_model(model)]
+    exact = [f for f in claimants if f.approximation(_architecture(model)) is None]
+    if len(claimants) > 1 and len(exact) == 1:
+        claimants = exact       # a family that models the architecture as it is beats approximations of it
     if len(claimants) > 1:
         raise _conflict(model, claimants, providers or {})
     family = claimants[0] if claimants else _fallback(model)

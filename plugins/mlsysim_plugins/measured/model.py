@@ -99,7 +99,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                         nbytes=params * regime.weight, phases=ALL,
                         formula=f"{_n(params)} params/rank x {regime.weight} B")]
     terms += rope_buffer_terms(shape)
-    return terms
+    return shape.family.adjusted("weights", plan, placement, terms)
 
 
 def rope_buffer_terms(shape: ModelShape) -> list[MemoryTerm]:
@@ -242,7 +242,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output",
                        nbytes=regime.residual * T * h / seq, phases=(BACKWARD_END,),
                        formula=f"T x h x {regime.residual} B{on_seq}"))
-    return terms
+    return shape.family.adjusted("model_activations", plan, placement, terms)
 
 
 # --- decoder layers ---------------------------------------------------------------------------
