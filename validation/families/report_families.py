@@ -46,7 +46,7 @@ def solve(run: dict):
     from mlsysim_core.types import HardwareNode
     model = from_hf_config(run["hf_config"], name=run["id"])
     big = HardwareNode(name="unbounded", memory_capacity=2**60)
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
+    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"], device="cpu",
                    dropout=run.get("dropout", 0.0), runtime_overheads=False, **run.get("solve_options", {}))
     return TrainingMemoryModel().solve(model, big, run["batch_size"], run["seq_len"], REFERENCE_PRECISION[run["regime"]],
                                        run["optimizer"], run["checkpointing"], profile="measured", **options)

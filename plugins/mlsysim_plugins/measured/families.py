@@ -218,17 +218,19 @@ class ArchitectureFamily:
             return True
         return _architecture(model) in self.architectures and self.misfit(model) is None
 
-    def layer_bytes(self, *, kernel: AttentionKernel, **shape_and_run) -> LayerBytes:
+    def layer_bytes(self, *, kernel: AttentionKernel, device: str = "cuda", **shape_and_run) -> LayerBytes:
         """One Hugging Face layer's ``LayerBytes`` with ``kernel``'s attention (the family's own
-        formula for its layout under that kernel, when the kernel has none)."""
-        return self.layer(attention=self.attention_of(kernel), **shape_and_run)
+        formula for its layout under that kernel, when the kernel has none) on ``device``."""
+        return self.layer(attention=self.attention_of(kernel, device), **shape_and_run)
 
-    def attention_of(self, kernel: AttentionKernel) -> Callable[..., tuple]:
-        """``kernel``'s attention formula for this family's layout, as a callable of keywords."""
+    def attention_of(self, kernel: AttentionKernel, device: str = "cuda") -> Callable[..., tuple]:
+        """``kernel``'s attention formula for this family's layout, as a callable of keywords.
+        A family's own formula (``attention_layouts``) also gets ``device`` (``"cuda"`` or
+        ``"cpu"``): CPU SDPA falls back to the math kernel for layouts a GPU runs fused."""
         if not any(name == self.attention_layout for name, _ in kernel.layouts):
             for name, formula in self.attention_layouts:
                 if name == kernel.name:
-                    return functools.partial(_own_attention, formula)
+                    return functools.partial(_own_attention, formula, device=device)
         return functools.partial(kernel.saved, self.attention_layout)
 
     def adjusted(self, kind: str, plan, placement, terms: list) -> list:

@@ -147,17 +147,18 @@ class _Walk:
 
 def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int,
                         ffn: int, regime: str, attention, dropout: bool, tokens: int, seq_len: int,
-                        experts: int = 0, top_k: int = 0, model=None) -> LayerBytes:
+                        experts: int = 0, top_k: int = 0, model=None, device: str = "cuda") -> LayerBytes:
     """Bytes one decoder layer keeps alive after its forward (see the module docstring).
 
     ``family``: an ``ArchitectureFamily`` or a built-in one's name (``style`` is the same, by
-    its old name); ``attention``: an ``AttentionKernel`` or a built-in one's name."""
+    its old name); ``attention``: an ``AttentionKernel`` or a built-in one's name; ``device``:
+    ``"cuda"`` or ``"cpu"`` (a family's own attention formulas may differ by device)."""
     family, kernel = _resolve(family, style, attention)
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
     if family.sparse and (experts < 1 or top_k < 1):
         raise ValueError(f"{family.name} style needs experts >= 1 and top_k >= 1")
-    return family.layer_bytes(kernel=kernel, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+    return family.layer_bytes(kernel=kernel, device=device, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                               ffn=ffn, experts=experts, top_k=top_k, regime=regime, dropout=dropout, tokens=tokens,
                               seq_len=seq_len, model=model)
 

@@ -60,7 +60,8 @@ def layer_bytes(plan, ctx: Context):
         lb = layer_forward_bytes(
             family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
             regime=_regime_kind(ctx.regime), attention=kernel, dropout=plan.profile_options.dropout > 0,
-            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k, model=plan.model)
+            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k, model=plan.model,
+            device=plan.profile_options.device or "cuda")
     cf = plan.profile_options.moe_capacity_factor
     if cf is not None:
         # Token dropping with a capacity factor pads every expert's batch to its capacity:

@@ -122,6 +122,9 @@ class MeasuredOptions:
                            "or {name: cpu|nvme}", "WHAT", parse=_offload_parts)
     moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
                                        "(default dropless)", "CF", kind=float)
+    device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
+                          "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
+                          "as the validation runs measured)", "DEVICE", choices=("cuda", "cpu"))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
@@ -148,6 +151,7 @@ def prepare(plan, registry):
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    IMPLEMENTATIONS)
     kernel = "sdpa" if o.attention is None else _checks.name("attention", o.attention, kernels)
+    device = "cuda" if o.device is None else _checks.name("device", o.device, ("cuda", "cpu"))
     p = 0.0 if o.dropout is None else _checks.fraction("dropout", o.dropout)
     if p >= 1.0:
         raise InvalidInputError("dropout", o.dropout, "a probability in [0.0, 1.0)")
@@ -184,7 +188,7 @@ def prepare(plan, registry):
     if plan.model.context_length is not None or plan.seq_len > 1024:
         notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
     o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
-                     attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p,
+                     attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
                      checkpointed_layers=blocks, runtime_overheads=overheads)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     if o.lora is not None:
