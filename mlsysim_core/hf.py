@@ -100,6 +100,10 @@ class HFArchitecture:
     moe_layers: int = 0
     dense_layers: int = 0
     norm_topk_prob: bool | None = None
+    attention_sinks: bool = False       # gpt-oss: one learned logit per head joins the softmax
+    mla: bool = False                   # DeepSeek's multi-head latent attention (ranks in the raw keys)
+    mtp_layers_not_built: int = 0       # num_nextn_predict_layers: in the checkpoint, not in the HF model
+    config_model_type: str | None = None   # the config.json's own model_type where it differs
     embedding_parameters: int = 0
     lm_head_parameters: int = 0
 
@@ -141,12 +145,13 @@ def load_hf_config(config) -> dict:
 class _Config:
     """Typed access to a config dict with the family's defaults and clear errors."""
 
-    def __init__(self, data: Mapping[str, Any], model_type: str):
+    def __init__(self, data: Mapping[str, Any], model_type: str, prefix: str = "config"):
         self.data = data
         self.model_type = model_type
+        self.prefix = prefix        # "config.text_config" for a multimodal config's language model
 
     def _missing(self, key):
-        return InvalidInputError(f"config.{key}", None,
+        return InvalidInputError(f"{self.prefix}.{key}", None,
                                  f"present in a {self.model_type!r} config.json",
                                  "the field that defines this size is missing")
 
@@ -164,10 +169,10 @@ class _Config:
                 if isinstance(value, float) and value.is_integer() and value >= minimum:
                     value = int(value)
                 else:
-                    raise InvalidInputError(f"config.{key}", value,
+                    raise InvalidInputError(f"{self.prefix}.{key}", value,
                                             f"an integer of at least {minimum}")
             if value > MAX_SIZE:
-                raise InvalidInputError(f"config.{key}", value, f"an integer in [{minimum}, {MAX_SIZE:,}]",
+                raise InvalidInputError(f"{self.prefix}.{key}", value, f"an integer in [{minimum}, {MAX_SIZE:,}]",
                                         "too large for a model size: no real model comes near 2**31")
             return value
         if default is _REQUIRED:
@@ -179,7 +184,7 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise InvalidInputError(f"config.{key}", value, "true or false")
+            raise InvalidInputError(f"{self.prefix}.{key}", value, "true or false")
         return value
 
     def number(self, *keys, default=None):
@@ -192,7 +197,7 @@ class _Config:
     def int_list(self, key) -> list:
         value = self.data.get(key) or []
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
-            raise InvalidInputError(f"config.{key}", value, "a list of layer indices")
+            raise InvalidInputError(f"{self.prefix}.{key}", value, "a list of layer indices")
         return list(value)
 
 
@@ -241,19 +246,19 @@ def _sliding(c: _Config, layers: int, *, default_all: bool = False):
 def _llama_like(c: _Config, *, tie_default: bool = False, head_dim_default: int | None = None,
                 qkv_bias=None, out_bias=None, mlp_bias=None, norm: str = "rms",
                 norms_per_layer: int = 2, qk_norm: str | None = None,
-                sliding_all: bool = False, act_key: str = "hidden_act"):
+                sliding_all: bool = False, act_key: str = "hidden_act", attention_bias_default: bool = False):
     layers = c.count("num_hidden_layers")
     hidden = c.count("hidden_size")
     heads = c.count("num_attention_heads")
     kv_heads = c.count("num_key_value_heads", default=heads)
     if c.data.get("head_dim") is None and not head_dim_default and heads > hidden:
-        raise InvalidInputError("config.num_attention_heads", heads, f"at most hidden_size={hidden}, or set head_dim",
+        raise InvalidInputError(f"{c.prefix}.num_attention_heads", heads, f"at most hidden_size={hidden}, or set head_dim",
                                 "each head is hidden_size / num_attention_heads wide")
     head_dim = c.count("head_dim", default=head_dim_default or hidden // heads)
     vocab = c.count("vocab_size")
     ffn = c.count("intermediate_size")
     tied = c.flag("tie_word_embeddings", tie_default)
-    attention_bias = c.flag("attention_bias", False)
+    attention_bias = c.flag("attention_bias", attention_bias_default)
     qkv_b = attention_bias if qkv_bias is None else qkv_bias
     out_b = attention_bias if out_bias is None else out_bias
     mlp_b = c.flag("mlp_bias", False) if mlp_bias is None else mlp_bias
@@ -451,8 +456,9 @@ def _top_k(c: _Config, experts: int) -> int:
     """``num_experts_per_tok``: each token's experts, at most the experts there are."""
     top_k = c.count("num_experts_per_tok")
     if top_k > experts:
-        key = next((k for k in ("num_local_experts", "num_experts") if c.data.get(k) is not None), "num_experts")
-        raise InvalidInputError("config.num_experts_per_tok", top_k, f"at most {key}={experts}",
+        key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if c.data.get(k) is not None), "num_experts")
+        raise InvalidInputError(f"{c.prefix}.num_experts_per_tok", top_k, f"at most {key}={experts}",
                                 "a token is routed to top-k of the experts")
     return top_k
 
@@ -505,53 +511,245 @@ def _qwen3_moe(c):
     return _qwen_moe(c, shared=False)
 
 
+def _first_k_moe(c: _Config, w, k, a, *, first_k_default: int, shared_default: int,
+                 expert_bias: bool = False):
+    """DeepSeek / GLM-4.5 MoE blocks: the first ``first_k_dense_replace`` blocks have a dense
+    MLP of ``intermediate_size``, the others ``n_routed_experts`` routed experts of
+    ``moe_intermediate_size``, a router without bias (``e_score_correction_bias`` is a buffer in
+    transformers 5.23, not a parameter) and one shared MLP of ``n_shared_experts x
+    moe_intermediate_size`` (as many parameters as that many experts). transformers builds
+    ``DecoderLayer.mlp`` as MoE for ``layer_idx >= first_k_dense_replace`` (modeling_deepseek_v3.py)."""
+    layers = w["layers"]
+    experts = c.count("n_routed_experts", "num_local_experts", "num_experts")
+    top_k = _top_k(c, experts)
+    expert_ffn = c.count("moe_intermediate_size")
+    shared = c.count("n_shared_experts", default=shared_default, minimum=0)
+    first_k = c.count("first_k_dense_replace", default=first_k_default, minimum=0)
+    dense_layers = min(first_k, layers)
+    moe_layers = layers - dense_layers
+    a.update(moe_layers=moe_layers, dense_layers=dense_layers,
+             norm_topk_prob=c.flag("norm_topk_prob", a.pop("_norm_topk_default", False)),
+             shared_expert_ffn_dim=(shared * expert_ffn) or None)
+    if moe_layers == 0:            # every block dense: an ordinary transformer
+        return w, k, a
+    w.update(experts=experts, active_experts_per_token=top_k, shared_experts=shared,
+             expert_ffn_dim=expert_ffn)
+    if dense_layers == 0:          # the catalog's convention: no dense MLP, ffn_dim = expert width
+        w["ffn_dim"] = expert_ffn
+    k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=expert_ffn,
+             dense_layers=dense_layers, shared_experts=shared)
+    return w, k, a
+
+
+def _deepseek(c, *, v3: bool):
+    """DeepSeek-V2 / V3 (and Kimi K2, a V3): MLA attention, first-k dense then MoE blocks.
+
+    MLA (modeling_deepseek_v3.py, DeepseekV3Attention): ``q_proj`` (hidden -> heads x
+    (qk_nope + qk_rope)) or, with ``q_lora_rank``, ``q_a_proj`` + ``q_a_layernorm`` +
+    ``q_b_proj``; ``kv_a_proj_with_mqa`` (hidden -> kv_lora_rank + qk_rope), ``kv_a_layernorm``,
+    ``kv_b_proj`` (kv_lora_rank -> heads x (qk_nope + v_head_dim)) and ``o_proj``.
+    ``attention_bias`` biases ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj`` only.
+    The MTP modules (``num_nextn_predict_layers``) are not built by ``AutoModelForCausalLM``
+    (transformers ignores their weights, ``model.layers.61.*``), so they are not counted."""
+    layers = c.count("num_hidden_layers")
+    hidden = c.count("hidden_size")
+    heads = c.count("num_attention_heads")
+    vocab = c.count("vocab_size")
+    ffn = c.count("intermediate_size")
+    if "q_lora_rank" not in c.data:
+        raise c._missing("q_lora_rank")          # null (no query compression) must be said
+    q_lora = c.count("q_lora_rank", default=None)
+    kv_lora = c.count("kv_lora_rank")
+    nope, rope_dim, v_dim = (c.count("qk_nope_head_dim"), c.count("qk_rope_head_dim"),
+                             c.count("v_head_dim"))
+    tied = c.flag("tie_word_embeddings", False)
+    bias = c.flag("attention_bias", False)
+    mlp_bias = c.flag("mlp_bias", False) if not v3 else False     # V2 only: dense and shared MLPs
+    qk_dim = nope + rope_dim
+    # every head gets its own keys and values (kv_b_proj): kv_heads = heads, keys qk_dim wide
+    workload = dict(layers=layers, hidden_dim=hidden, heads=heads, kv_heads=heads, head_dim=qk_dim,
+                    vocab_size=vocab, ffn_dim=ffn, gated_mlp=True, tied_embeddings=tied,
+                    context_length=c.count("max_position_embeddings", default=None),
+                    kv_lora_rank=kv_lora, qk_rope_head_dim=rope_dim)
+    mla_bias = ((q_lora or 0) + kv_lora + rope_dim + hidden) if bias else 0
+    counting = dict(layers=layers, hidden_dim=hidden, heads=heads, vocab_size=vocab, ffn_dim=ffn,
+                    gated_mlp=True, tied_embeddings=tied, norm="rms", kv_lora_rank=kv_lora,
+                    q_lora_rank=q_lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim,
+                    v_head_dim=v_dim, extra_per_layer=mla_bias)
+    arch = dict(norm="rms", norms_per_layer=2, norm_eps=c.number("rms_norm_eps"),
+                qkv_bias=bias, attention_out_bias=bias, mlp_bias=mlp_bias, mla=True,
+                hidden_act=c.raw("hidden_act"), position_embedding="rotary", rotary_fraction=1.0,
+                attention_dropout=float(c.number("attention_dropout", default=0.0)),
+                mtp_layers_not_built=c.count("num_nextn_predict_layers", "num_mtp_layers",
+                                             default=0, minimum=0),
+                _norm_topk_default=v3, **_rope(c))
+    w, k, a = _first_k_moe(c, workload, counting, arch, first_k_default=3 if v3 else 0,
+                           shared_default=1 if v3 else 2)
+    if mlp_bias:       # DeepseekV2MLP biases: the dense MLPs and the shared MLP, not the experts
+        dense, moe = a["dense_layers"], a["moe_layers"]
+        shared_ffn = a["shared_expert_ffn_dim"] or 0
+        k["extra_parameters"] = dense * (2 * ffn + hidden) + moe * (2 * shared_ffn + hidden)
+    return w, k, a
+
+
+def _deepseek_v2(c):
+    return _deepseek(c, v3=False)
+
+
+def _deepseek_v3(c):
+    return _deepseek(c, v3=True)
+
+
+def _glm4_moe(c):
+    """GLM-4.5 (modeling_glm4_moe.py): Llama-style GQA with q/k/v biases (``attention_bias``),
+    an unbiased ``o_proj``, optional per-head QK-norm (``use_qk_norm``), partial RoPE (0.5 by
+    default) and DeepSeek-V3's MoE blocks. MTP layers (``num_nextn_predict_layers``) are not
+    built by ``AutoModelForCausalLM``."""
+    qk = "head" if c.flag("use_qk_norm", False) else None
+    w, k, a = _llama_like(c, out_bias=False, mlp_bias=False, qk_norm=qk)
+    params = c.data.get("rope_parameters") if isinstance(c.data.get("rope_parameters"), Mapping) else {}
+    a.update(rotary_fraction=c.number("partial_rotary_factor",
+                                      default=params.get("partial_rotary_factor", 0.5)),
+             mtp_layers_not_built=c.count("num_nextn_predict_layers", "num_mtp_layers",
+                                          default=0, minimum=0),
+             _norm_topk_default=True)
+    return _first_k_moe(c, w, k, a, first_k_default=1, shared_default=1)
+
+
+def _gpt_oss(c):
+    """gpt-oss (modeling_gpt_oss.py): every block MoE; q/k/v/o biases (``attention_bias``,
+    true by default), one attention-sink logit per head (``sinks``), a router with a bias,
+    experts with biases (``gate_up_proj_bias``, ``down_proj_bias``), sliding-window attention
+    on alternate layers (``layer_types``; by default the even-indexed ones)."""
+    w, k, a = _llama_like(c, head_dim_default=64, mlp_bias=True, attention_bias_default=True)
+    layers, heads = w["layers"], w["heads"]
+    experts = c.count("num_local_experts", "num_experts")
+    top_k = _top_k(c, experts)
+    ffn = w["ffn_dim"]
+    if not isinstance(c.data.get("layer_types"), (list, tuple)):
+        window = c.count("sliding_window", default=128, minimum=0) or None
+        n = (layers + 1) // 2 if window else 0
+        a.update(sliding_window=window if n else None, sliding_window_layers=n)
+    w.update(experts=experts, active_experts_per_token=top_k, shared_experts=0, expert_ffn_dim=ffn)
+    k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=ffn, router_bias=True,
+             extra_per_layer=heads)      # sinks: one parameter per head
+    a.update(moe_layers=layers, router_bias=True, attention_sinks=True)
+    return w, k, a
+
+
+def _llama4_text(c):
+    """Llama 4's language model (modeling_llama4.py): MoE blocks (``moe_layers``, else every
+    ``interleave_moe_layer_step``-th) with ``num_local_experts`` routed experts and one shared
+    expert, all ``intermediate_size`` wide, and a router without bias; dense blocks use
+    ``intermediate_size_mlp``. The QK-norm is an L2 norm without parameters (``use_qk_norm``,
+    on the RoPE layers only: ``no_rope_layers``)."""
+    w, k, a = _llama_like(c, head_dim_default=128, mlp_bias=False)
+    layers = w["layers"]
+    experts = c.count("num_local_experts", "num_experts")
+    top_k = _top_k(c, experts)
+    expert_ffn = w["ffn_dim"]
+    listed = c.data.get("moe_layers")
+    if listed is not None:
+        chosen = set(c.int_list("moe_layers"))
+    else:
+        step = c.count("interleave_moe_layer_step", default=1)
+        chosen = set(range(step - 1, layers, step))
+    moe_layers = sum(1 for i in range(layers) if i in chosen)
+    dense_layers = layers - moe_layers
+    dense_ffn = c.count("intermediate_size_mlp") if dense_layers else None
+    a.update(moe_layers=moe_layers, dense_layers=dense_layers,
+             qk_norm="l2" if c.flag("use_qk_norm", True) else None)
+    if moe_layers == 0:
+        w["ffn_dim"] = k["ffn_dim"] = dense_ffn
+        return w, k, a
+    w.update(experts=experts, active_experts_per_token=top_k, shared_experts=1, expert_ffn_dim=expert_ffn,
+             ffn_dim=dense_ffn or expert_ffn)
+    k.update(experts=experts, active_experts_per_token=top_k, expert_ffn_dim=expert_ffn, shared_experts=1,
+             dense_layers=dense_layers, ffn_dim=dense_ffn or expert_ffn)
+    a.update(shared_expert_ffn_dim=expert_ffn)
+    return w, k, a
+
+
+def _ministral(c):
+    # MinistralForCausalLM / Ministral3ForCausalLM: Mistral's blocks; the window only where
+    # layer_types (or sliding_window) says
+    return _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False)
+
+
 _FAMILIES: dict[str, Callable] = {
     "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3,
     "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text, "phi3": _phi3,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon, "olmo": _olmo, "olmo2": _olmo2,
     "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss, "llama4_text": _llama4_text, "ministral": _ministral, "ministral3": _ministral,
 }
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+# Config model_types read as another: Kimi K2's config.json says "kimi_k2" (its own remote code,
+# architectures DeepseekV3ForCausalLM); transformers 5.23 has no kimi_k2 type.
+_ALIASES = {"kimi_k2": "deepseek_v3"}
+
+# Multimodal configs whose language model is their text_config: read that, as its own type
+# (the default type of each text_config in transformers 5.23's config classes).
+_NESTED = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted({*_FAMILIES, *_ALIASES, *_NESTED}))
+
+
+def _model_type(data, where: str, allowed) -> str:
+    model_type = data.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise InvalidInputTypeError(f"{where}.model_type", model_type, f"one of {', '.join(allowed)}",
+                                    f"a string, got {type(model_type).__name__}")
+    if model_type is None:
+        raise InvalidInputError(f"{where}.model_type", None, f"one of {', '.join(allowed)}",
+                                "config.json has no model_type")
+    if model_type not in allowed:
+        raise InvalidInputError(f"{where}.model_type", model_type, f"one of {', '.join(allowed)}",
+                                "no exact parameter count for this family yet")
+    return model_type
 
 
 def _read(config):
+    """(outer config, the language model's config, its key prefix, workload fields, count, arch)."""
     data = load_hf_config(config)
-    model_type = data.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise InvalidInputTypeError("config.model_type", model_type,
-                                    f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
-                                    f"a string, got {type(model_type).__name__}")
-    if model_type is None:
-        raise InvalidInputError("config.model_type", None,
-                                f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
-                                "config.json has no model_type")
-    if model_type not in _FAMILIES:
-        raise InvalidInputError("config.model_type", model_type,
-                                f"one of {', '.join(SUPPORTED_MODEL_TYPES)}",
-                                "no exact parameter count for this family yet")
-    c = _Config(data, model_type)
+    outer_type = _model_type(data, "config", SUPPORTED_MODEL_TYPES)
+    text, prefix = data, "config"
+    if outer_type in _NESTED:
+        text, prefix = data.get("text_config"), "config.text_config"
+        if not isinstance(text, Mapping):
+            raise InvalidInputError(prefix, text, "an object: the language model's config",
+                                    f"a {outer_type!r} config.json keeps its language model there")
+        text = dict(text)
+        text.setdefault("model_type", _NESTED[outer_type])
+        if text.get("model_type") is None:
+            text["model_type"] = _NESTED[outer_type]
+        model_type = _model_type(text, prefix, tuple(sorted(_FAMILIES)))
+    else:
+        model_type = _ALIASES.get(outer_type, outer_type)
+    c = _Config(text, model_type, prefix)
     workload, counting, arch = _FAMILIES[model_type](c)
-    if workload["hidden_dim"] % workload["heads"] and model_type in ("gpt2", "gpt_neox", "falcon"):
-        raise InvalidInputError("config.num_attention_heads", workload["heads"],
+    if workload["hidden_dim"] % workload["heads"] and model_type in ("gpt2", "gpt_neox", "falcon", "deepseek_v2"):
+        raise InvalidInputError(f"{prefix}.num_attention_heads", workload["heads"],
                                 f"a divisor of the hidden size {workload['hidden_dim']}")
     if workload["kv_heads"] > workload["heads"] or workload["heads"] % workload["kv_heads"]:
-        raise InvalidInputError("config.num_key_value_heads", workload["kv_heads"],
+        raise InvalidInputError(f"{prefix}.num_key_value_heads", workload["kv_heads"],
                                 f"a divisor of num_attention_heads={workload['heads']}")
     count = count_parameters(**counting)
     if count.total > _checks.MAX_COUNT:
-        _blame_oversized(data, workload, count.total)
+        _blame_oversized(text, prefix, workload, count.total)
     hidden, vocab = workload["hidden_dim"], workload["vocab_size"]
     positions = counting.get("position_embeddings", 0)
-    arch.setdefault("torch_dtype", _dtype(c))
+    arch.setdefault("torch_dtype", _dtype(c) or _dtype(_Config(data, outer_type)))
     arch.update(model_type=model_type, embedding_parameters=(vocab + positions) * hidden,
-                lm_head_parameters=0 if workload["tied_embeddings"] else vocab * hidden)
-    return data, workload, count, HFArchitecture(**arch)
+                lm_head_parameters=0 if workload["tied_embeddings"] else vocab * hidden,
+                config_model_type=outer_type if outer_type != model_type else None)
+    return data, text, prefix, workload, count, HFArchitecture(**arch)
 
 
 def architecture_of(config) -> HFArchitecture:
     """The architecture facts of a ``config.json`` (dict, path or transformers config)."""
-    return _read(config)[3]
+    return _read(config)[5]
 
 
 def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | SparseTransformerWorkload:
@@ -561,7 +759,7 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
     ``active_parameters`` (embeddings, router and shared experts in full, ``top-k`` of the
     routed experts). Raises ``InvalidInputError`` for an unsupported ``model_type`` or a
     missing size."""
-    data, workload, count, arch = _read(config)
+    data, text, prefix, workload, count, arch = _read(config)
     if name is None:
         name = data.get("_name_or_path")
         if name is not None and not isinstance(name, str):
@@ -572,18 +770,18 @@ def from_hf_config(config, *, name: str | None = None) -> TransformerWorkload | 
         raise InvalidInputTypeError("name", name, "a non-empty string", f"got {type(name).__name__}")
     if not name.strip():
         raise InvalidInputError("name", name, "a non-empty string")
-    fields = dict(workload, name=name, parameters=count.total, architecture=data["model_type"],
-                  details=details_of(data, arch))
+    fields = dict(workload, name=name, parameters=count.total, architecture=arch.model_type,
+                  details=details_of(text, arch))
     try:
         if "experts" in workload:
             return SparseTransformerWorkload(active_parameters=count.active, **fields)
         return TransformerWorkload(**fields)
     except InvalidInputError as err:     # name the config.json key the bad field came from
         field = err.parameter.rpartition(".")[2]
-        keys = [k for k in _CONFIG_KEYS.get(field, ()) if data.get(k) is not None]
+        keys = [k for k in _CONFIG_KEYS.get(field, ()) if text.get(k) is not None]
         if not keys:
             raise
-        raise InvalidInputError(f"config.{keys[0]}", data[keys[0]], err.allowed,
+        raise InvalidInputError(f"{prefix}.{keys[0]}", text[keys[0]], err.allowed,
                                 err.detail or f"it gives the workload's {field}") from err
 
 
@@ -598,7 +796,9 @@ RAW_DETAIL_KEYS = (
     "decoder_sparse_step", "mlp_only_layers", "partial_rotary_factor", "rotary_pct", "use_parallel_residual",
     "parallel_attn", "new_decoder_architecture", "multi_query", "num_kv_heads", "attention_bias", "mlp_bias",
     "head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-    "router_aux_loss_coef", "swiglu_limit", "quantization_config", "torch_dtype", "dtype")
+    "router_aux_loss_coef", "swiglu_limit", "quantization_config", "torch_dtype", "dtype",
+    "num_nextn_predict_layers", "routed_scaling_factor", "scoring_func", "rope_interleave", "use_qk_norm",
+    "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_local_base_freq", "router_jitter_noise")
 
 
 def details_of(data: Mapping[str, Any], arch: HFArchitecture) -> dict:
@@ -615,7 +815,7 @@ _TYPICAL = {"layers": 128, "hidden_dim": 16384, "heads": 128, "kv_heads": 128, "
             "vocab_size": 262144, "ffn_dim": 65536, "experts": 256, "expert_ffn_dim": 65536}
 
 
-def _blame_oversized(data, workload, total):
+def _blame_oversized(data, prefix, workload, total):
     """The shapes imply more than 2**53 parameters: name the config key furthest beyond a
     real model's size (each key alone is at most ``MAX_SIZE``; their product is not)."""
     ratios = sorted(((workload[f] or 0) / typical, f) for f, typical in _TYPICAL.items()
@@ -625,9 +825,9 @@ def _blame_oversized(data, workload, total):
         if keys:
             key = keys[0]
             raise InvalidInputError(
-                f"config.{key}", data[key], f"a size whose model has at most {_checks.MAX_COUNT:,} parameters",
+                f"{prefix}.{key}", data[key], f"a size whose model has at most {_checks.MAX_COUNT:,} parameters",
                 f"the sizes imply {total:,} parameters; {key} is the furthest beyond a real model's")
-    raise InvalidInputError("config", "<config.json>", f"sizes of a model with at most {_checks.MAX_COUNT:,} parameters",
+    raise InvalidInputError(prefix, "<config.json>", f"sizes of a model with at most {_checks.MAX_COUNT:,} parameters",
                             f"the sizes imply {total:,} parameters")
 
 
@@ -637,7 +837,9 @@ _CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads", "num_kv_heads"),
     "head_dim": ("head_dim", "num_attention_heads"), "vocab_size": ("vocab_size",),
     "ffn_dim": ("intermediate_size", "n_inner", "ffn_hidden_size"),
-    "experts": ("num_local_experts", "num_experts"), "active_experts_per_token": ("num_experts_per_tok",),
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "active_experts_per_token": ("num_experts_per_tok",), "shared_experts": ("n_shared_experts",),
+    "kv_lora_rank": ("kv_lora_rank",), "qk_rope_head_dim": ("qk_rope_head_dim",),
     "expert_ffn_dim": ("moe_intermediate_size", "intermediate_size"),
     "context_length": ("max_position_embeddings", "n_positions"),
 }

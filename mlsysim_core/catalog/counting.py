@@ -103,7 +103,7 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
                      kv_lora_rank: int | None = None,
                      q_lora_rank: int | None = None, qk_nope_head_dim: int | None = None,
                      qk_rope_head_dim: int | None = None, v_head_dim: int | None = None,
-                     ) -> ParameterCount:
+                     extra_parameters: int = 0) -> ParameterCount:
     """The exact parameter count of a decoder-only transformer config.
 
     Arguments are ``config.json``'s, under this package's field names: ``ffn_dim`` is
@@ -119,7 +119,8 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
     ``shared_expert_intermediate_size``: one shared expert of that width). ``dense_layers``
     layers use a dense MLP of width ``ffn_dim`` instead (the first ones in DeepSeek; where
     they sit, e.g. Qwen's ``mlp_only_layers``, does not change the count). ``kv_lora_rank``
-    switches the attention to MLA.
+    switches the attention to MLA. ``extra_parameters`` is added once, to ``total`` and
+    ``active`` alike (biases that differ between dense and MoE blocks, for instance).
     """
     kv_heads = heads if kv_heads is None else kv_heads
     head_dim = hidden_dim // heads if head_dim is None else head_dim
@@ -138,7 +139,7 @@ def count_parameters(*, layers: int, hidden_dim: int, heads: int, vocab_size: in
     block = attention + norms_per_layer * norm_parameters(hidden_dim, norm) + extra_per_layer
 
     embeddings = vocab_size * hidden_dim * (1 if tied_embeddings else 2) + position_embeddings * hidden_dim
-    outside = embeddings + (norm_parameters(hidden_dim, norm) if final_norm else 0)
+    outside = embeddings + (norm_parameters(hidden_dim, norm) if final_norm else 0) + extra_parameters
 
     if experts is None:
         if ffn_dim is None:
