@@ -154,7 +154,9 @@ def test_short_names_are_the_curated_entry_and_mlsysim_names_the_reference(short
 def test_deepseek_v3_short_name_is_the_config_not_the_reference_numbers():
     """The issue's example: `deepseek-v3` gave the reference's 56 heads and no expert width."""
     v3, ref = get_model("deepseek-v3"), get_model("mlsysim:deepseek-v3")
-    assert (v3.heads, v3.expert_ffn_dim, v3.parameters) == (128, 2048, 671_026_419_200)
+    # transformers 5.23 keeps e_score_correction_bias as a buffer: 58 x 256 fewer than the
+    # checkpoint's remote code counted (671,026,419,200)
+    assert (v3.heads, v3.expert_ffn_dim, v3.parameters) == (128, 2048, 671_026_404_352)
     assert (ref.heads, ref.expert_ffn_dim, ref.parameters) == (56, None, 671_000_000_000)
 
 
@@ -258,6 +260,34 @@ EXACT_COUNTS = {
     "microsoft/phi-3-mini-4k-instruct": 3_821_079_552,
     "tiiuae/falcon-7b": 6_921_720_704,
     "allenai/olmo-7b-hf": 6_888_095_744,
+    # sum(p.numel()) of transformers 5.23 AutoModelForCausalLM.from_config(config) on the meta
+    # device, measured for each committed config.json copy (tests/data/hf_configs/)
+    "qwen/qwen3-0.6b": 596_049_920,
+    "qwen/qwen3-1.7b": 1_720_574_976,
+    "qwen/qwen3-4b": 4_022_468_096,
+    "qwen/qwen3-8b": 8_190_735_360,
+    "qwen/qwen3-14b": 14_768_307_200,
+    "qwen/qwen3-32b": 32_762_123_264,
+    "qwen/qwen3-30b-a3b": 30_532_122_624,
+    "qwen/qwen3-235b-a22b-instruct-2507": 235_093_634_560,
+    "google/gemma-3-1b-it": 999_885_952,
+    "deepseek-ai/deepseek-v2-lite": 15_706_484_224,
+    "deepseek-ai/deepseek-v3": 671_026_404_352,
+    "openai/gpt-oss-20b": 20_914_757_184,
+    "openai/gpt-oss-120b": 116_829_156_672,
+    "allenai/olmo-2-1124-7b": 7_298_617_344,
+    "allenai/olmo-2-1124-13b": 13_716_198_400,
+}
+
+# Active parameters of the mixtures of experts, measured as total minus the routed experts'
+# parameters a token skips ((experts - top_k) / experts of the ".experts." tensors).
+EXACT_ACTIVE = {
+    "qwen/qwen3-30b-a3b": 3_353_032_704,
+    "qwen/qwen3-235b-a22b-instruct-2507": 22_190_763_520,
+    "deepseek-ai/deepseek-v2-lite": 2_661_150_208,
+    "deepseek-ai/deepseek-v3": 37_552_282_624,
+    "openai/gpt-oss-20b": 4_187_440_704,
+    "openai/gpt-oss-120b": 5_711_982_912,
 }
 
 # Rounded figures the publishers state: (total in billions, active in billions, digits).
@@ -291,20 +321,27 @@ def curated_hardware():
 
 def test_curated_model_families_are_all_there():
     keys = set(curated_models())
-    assert len(keys) == 37
+    assert len(keys) == 49
     for needle in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "meta-llama-3-8b", "meta-llama-3-70b",
                    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
                    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b", "mixtral-8x22b",
                    "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",
                    "qwen2.5-72b", "qwen1.5-moe-a2.7b", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b",
                    "deepseek-v2-lite", "deepseek-v3", "phi-3-mini", "phi-3-medium", "olmo",
-                   "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b"]:
+                   "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b",
+                   "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b",
+                   "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b"]:
         assert any(needle in key for key in keys), needle
 
 
 @pytest.mark.parametrize("key,count", sorted(EXACT_COUNTS.items()))
 def test_curated_exact_counts(key, count):
     assert get_model(key).parameters == count
+
+
+@pytest.mark.parametrize("key,active", sorted(EXACT_ACTIVE.items()))
+def test_curated_exact_active_counts(key, active):
+    assert get_model(key).active_parameters == active
 
 
 @pytest.mark.parametrize("key,published", sorted(PUBLISHED_ROUNDED.items()))
@@ -342,8 +379,12 @@ def test_curated_architecture_details():
     assert (gemma.head_dim, gemma.heads, gemma.kv_heads, gemma.tied_embeddings) == (256, 16, 8, True)
     v3 = get_model("deepseek-ai/DeepSeek-V3")
     assert v3.is_sparse and (v3.experts, v3.active_experts_per_token, v3.shared_experts) == (256, 8, 1)
-    assert (v3.expert_ffn_dim, v3.kv_lora_rank, v3.qk_rope_head_dim, v3.kv_heads) == (2048, 512, 64, None)
+    # MLA: every head has its own keys and values (kv_b_proj), keys qk_nope + qk_rope = 192 wide
+    assert (v3.expert_ffn_dim, v3.kv_lora_rank, v3.qk_rope_head_dim, v3.kv_heads, v3.head_dim) == (
+        2048, 512, 64, 128, 192)
     assert find_model("deepseek-ai/deepseek-v3").extra["counting"]["dense_layers"] == 3
+    assert (v3.details["mla"], v3.details["v_head_dim"], v3.details["first_k_dense_replace"],
+            v3.details["mtp_layers_not_built"], v3.details["scoring_func"]) == (True, 128, 3, 1, "sigmoid")
     falcon = get_model("tiiuae/falcon-7b")
     assert (falcon.heads, falcon.kv_heads, falcon.gated_mlp) == (71, 1, False)
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import InvalidInputError, SparseTransformerWorkload, TransformerWorkload
-from mlsysim_core.catalog import get_model
+import attrs
+
+from mlsysim_core.catalog import find_model, get_model
 from mlsysim_core.hf import (SUPPORTED_MODEL_TYPES, HFArchitecture, architecture_of, from_hf_config,
                              load_hf_config)
 
@@ -29,7 +31,32 @@ EXACT = {
     "pythia-160m.json": (162_322_944, None, None),
     "Mixtral-8x7B-v0.1.json": (46_702_792_704, 12_879_925_248, "mistralai/mixtral-8x7b-v0.1"),
     "Qwen1.5-MoE-A2.7B.json": (14_315_784_192, 2_689_173_504, "qwen/qwen1.5-moe-a2.7b"),
+    # Copies of published configs found in public repositories (each catalog entry's sources
+    # name the repository, path and commit). Counts: sum(p.numel()) of transformers 5.23
+    # AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)) on the meta device,
+    # measured; active = total - routed ".experts." parameters x (experts - top_k) / experts.
+    "Qwen3-0.6B.json": (596_049_920, None, "qwen/qwen3-0.6b"),
+    "Qwen3-1.7B.json": (1_720_574_976, None, "qwen/qwen3-1.7b"),
+    "Qwen3-4B.json": (4_022_468_096, None, "qwen/qwen3-4b"),
+    "Qwen3-8B.json": (8_190_735_360, None, "qwen/qwen3-8b"),
+    "Qwen3-14B.json": (14_768_307_200, None, "qwen/qwen3-14b"),
+    "Qwen3-32B.json": (32_762_123_264, None, "qwen/qwen3-32b"),
+    "Qwen3-30B-A3B.json": (30_532_122_624, 3_353_032_704, "qwen/qwen3-30b-a3b"),
+    "Qwen3-235B-A22B-Instruct-2507.json": (235_093_634_560, 22_190_763_520, "qwen/qwen3-235b-a22b-instruct-2507"),
+    "gemma-3-1b-it.json": (999_885_952, None, "google/gemma-3-1b-it"),
+    "DeepSeek-V2-Lite.json": (15_706_484_224, 2_661_150_208, "deepseek-ai/deepseek-v2-lite"),
+    "DeepSeek-V3.json": (671_026_404_352, 37_552_282_624, "deepseek-ai/deepseek-v3"),
+    "gpt-oss-20b.json": (20_914_757_184, 4_187_440_704, "openai/gpt-oss-20b"),
+    "gpt-oss-120b.json": (116_829_156_672, 5_711_982_912, "openai/gpt-oss-120b"),
+    "OLMo-2-1124-7B.json": (7_298_617_344, None, "allenai/olmo-2-1124-7b"),
+    "OLMo-2-1124-13B.json": (13_716_198_400, None, "allenai/olmo-2-1124-13b"),
 }
+
+# The catalog entries written from these copies: equal to from_hf_config, details included.
+FROM_CONFIG = ("Qwen3-0.6B.json", "Qwen3-1.7B.json", "Qwen3-4B.json", "Qwen3-8B.json", "Qwen3-14B.json",
+               "Qwen3-32B.json", "Qwen3-30B-A3B.json", "Qwen3-235B-A22B-Instruct-2507.json",
+               "gemma-3-1b-it.json", "DeepSeek-V2-Lite.json", "DeepSeek-V3.json", "gpt-oss-20b.json",
+               "gpt-oss-120b.json", "OLMo-2-1124-7B.json", "OLMo-2-1124-13B.json")
 
 
 def load(name):
@@ -46,6 +73,7 @@ def test_exact_counts_of_published_configs(name):
     w = from_hf_config(CONFIGS / name)
     assert w.parameters == total
     assert w.architecture == load(name)["model_type"]
+    assert w.details["model_type"] == w.architecture
     if active is None:
         assert type(w) is TransformerWorkload
     else:
@@ -63,6 +91,15 @@ def test_import_agrees_with_the_curated_catalog(name):
     if entry.is_sparse:
         for field in ("active_parameters", "experts", "active_experts_per_token", "expert_ffn_dim"):
             assert getattr(w, field) == getattr(entry, field), field
+
+
+@pytest.mark.parametrize("name", FROM_CONFIG)
+def test_catalog_entry_is_from_hf_config_of_its_copy(name):
+    entry = find_model(EXACT[name][2])
+    w = from_hf_config(CONFIGS / name, name=entry.value.name)
+    assert attrs.asdict(w) == attrs.asdict(entry.value)
+    assert dict(w.details) == dict(entry.value.details)
+    assert f"tests/data/hf_configs/{name}" in " ".join(entry.sources.values())
 
 
 def test_field_mapping_llama():
