@@ -1,0 +1,339 @@
+"""The gpt-oss family (gpt-oss-20b, gpt-oss-120b: Hugging Face ``model_type`` "gpt_oss").
+
+What transformers 5.23 builds (``models/gpt_oss/modeling_gpt_oss.py``) and what PyTorch 2.13 keeps for
+backward, op by op (notation of ``layers.py``: h hidden, a heads, q = a x head_dim, f intermediate,
+E experts, k per token, c compute bytes, r residual bytes; per token unless said):
+
+* ``GptOssRMSNorm``: ``(weight * (x.float() * rsqrt(...))).to(dtype)`` -- unlike Llama the weight
+  multiplies the fp32 normalized x, so that multiply saves the fp32 normalized x (4h) in every
+  regime; its fp32 product is cast back. fp32: normalized 4h + rsqrt 4 + output 4h (saved by the next
+  linears) = 8h + 4; bf16: the fp32 copy of x (saved by ``pow``) 4h + rsqrt + normalized 4h + the
+  bf16 output 2h = 10h + 4 (Llama's is 8h + 4); AMP: normalized 4h + rsqrt, each consuming linear
+  saving its own bf16 cast. The final norm likewise (``GPT_OSS_NORM``).
+* q/k/v/o ``nn.Linear`` with biases (``attention_bias``): an addmm saves its input and weight only,
+  so the biases add parameters, not activations.
+* Rotary (YaRN; ``_apply_rotary_emb``): halves ``first * cos - second * sin`` and a ``cat``; the
+  multiplies save only cos/sin, which are ``head_dim / 2`` wide (``emb = freqs``, no doubling): the
+  model's cos/sin tables are half the Llama ones (``adjust_terms``). q_embed, k_embed are new
+  tensors (c x q, c x kv; fp32 under AMP: bf16 q times fp32 cos).
+* Eager attention with sinks (``eager_attention_forward``): ``matmul(q, repeat_kv(k)^T)`` saves q_embed
+  and the repeated k (c x q each); the ``* scaling`` and ``+ mask`` save nothing; ``cat([scores,
+  sinks])`` gives a x (s + 1) logits per token; ``max(dim=-1)`` saves its int64 indices (8a); the
+  ``softmax(dtype=logits.dtype)`` saves its output (c x a x (s + 1): in bf16 a bf16 softmax, not
+  Llama's fp32 one); ``probs[..., :-1]`` is a view that ``matmul(probs, repeat_kv(v))`` saves with the
+  repeated v (c x q); o_proj saves the contiguous transposed output (c x q). AMP: the matmul casts q
+  and k to bf16 (2q each, saved), the logits become fp32 with the fp32 mask and sinks, softmax is fp32
+  (4 x a(s + 1)) and ``.to(v.dtype)`` its bf16 copy (2 x a x s) is what the matmul saves. The
+  s x (s + 1) logits exist for sliding-window layers too: eager applies the window through the mask
+  only, so sliding and full layers save the same bytes and every layer is alike.
+* Router ``F.linear(x, W, b)`` (saves its input: the norm output, AMP its bf16 cast), ``topk`` of the
+  logits (int64 indices 8k), ``softmax`` over the k top values in the logits' dtype (its output, c x k).
+* Experts (``experts_implementation="grouped_mm"``, transformers' default: ``grouped_mm_experts_forward``
+  in ``integrations/moe.py``; not a loop over experts, not a dense bmm over all of them): tokens sorted
+  by expert; the gathers save int64 ``perm // k``, ``perm``, ``inv_perm`` and the sorted expert ids
+  that gather the per-row biases (4 x 8k), int32 offsets (4E per layer). grouped_mm is not autocast
+  (it casts its input to the weights' dtype: under AMP the experts run in fp32), in that dtype ce:
+  the gathered input (kh), gate_up output (2kf: both clamps save their strided views of it), the
+  clamped SwiGLU ``gate.clamp(max=7)``, ``up.clamp(-7, 7)``, ``glu = gate * sigmoid(1.702 gate)``,
+  ``(up + 1) * glu``: clamped gate, sigmoid output, glu, up + 1 (4kf; the clamped up and
+  1.702 gate die), the product saved by the down grouped_mm (kf), the down output saved by the
+  routing-weight multiply (kh): ce x k x (2h + 7f); the routing weights gathered by ``perm`` (c x k,
+  saved by that multiply). The in-place bias adds save nothing.
+
+Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Not modelled, refused by name
+(``NotModelledError``): attention other than eager (transformers 5.23 refuses SDPA for gpt-oss:
+``_supports_sdpa = False``; flex_attention and the hub's flash kernels with sinks were not measured),
+dropout > 0, Megatron-Core regimes, LoRA, and training in MXFP4 (a regime with sub-16-bit weights
+for a config whose ``quantization_config`` is MXFP4: gpt-oss trains on dequantized bf16 weights, see
+``check``). Assumed: ``output_router_logits`` false (gpt-oss's config; true keeps every layer's router
+logits for the auxiliary loss), and the norms' weights in the regime's dtype as ``from_config``
+builds them (``from_pretrained(dtype=bfloat16)`` keeps them in fp32, ``_keep_in_fp32_modules``:
+(2L + 1) x h x 2 B more weights; the saved activations are the same).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
+
+from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
+from ..layers import EXPERTS, REPLICATED, TP, Part, _Walk
+
+ARCHITECTURE = "gpt_oss"
+LAYOUT = "gpt-oss-sinks"          # the attention layout: q/k/v/o with biases, GQA, sinks concatenated to the scores
+HEAD_DIM = 64                     # gpt-oss's head_dim (config.json), used where a model is not given
+SWIGLU_SAVED = 7                  # f-wide tensors the experts keep per routed copy besides their input/output: see above
+
+
+# --- the norm --------------------------------------------------------------------------------------
+
+def _final(kind, c, T, h):
+    if kind == "bf16":
+        return 10 * T * h + 4 * T, "fp32 copy + fp32 normalized (saved by the weight multiply) + bf16 output + rsqrt"
+    if kind == "amp-bf16":
+        return 6 * T * h + 4 * T, "normalized (fp32) + bf16 copy for the LM head + rsqrt"
+    return 8 * T * h + 4 * T, "normalized + output (fp32) + rsqrt"
+
+
+GPT_OSS_NORM = Norm(name="RMSNorm (weight x fp32 normalized)", parameters=1, saves_input_in_16bit=False,
+                    final_saved=_final, lora_final_saved=RMS_NORM.lora_final_saved)
+
+
+def _norm_bytes(kind: str, h: int) -> int:
+    """One layer norm's saved bytes per token (module docstring), its output included."""
+    return {"fp32": 8 * h + 4, "bf16": 10 * h + 4, "amp-bf16": 4 * h + 4}[kind]
+
+
+# --- attention ----------------------------------------------------------------------------------------
+
+def _dropout_refused(dropout):
+    if dropout:
+        raise NotModelledError("dropout", "> 0", "0.0 for a gpt-oss model",
+                               "attention dropout on the sink-softmax's sliced probabilities was not measured "
+                               "(validation/families/gpt_oss runs without it; gpt-oss's attention_dropout is 0.0)")
+
+
+def eager_sinks(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads=(True, True, True),
+                device="cuda"):
+    """Eager attention with sinks (``eager_attention_forward``), per token: see the module docstring.
+    The same on CPU and GPU (no fused kernel involved)."""
+    _dropout_refused(dropout)
+    q, a, s = q_dim, heads, seq_len
+    if kind == "amp-bf16":
+        return (Part("q, repeated k (bf16 casts of the fp32 rotary outputs)", 2 * 2 * q),
+                Part("repeated v", 2 * q),
+                Part("max indices of the logits + sink (int64)", 8 * a),
+                Part("attention probabilities with the sink (fp32) + their bf16 copy",
+                     4 * a * (s + 1) + 2 * a * s, recomputed_by_selective=True),
+                Part("attention output (contiguous, o_proj input)", 2 * q, weight_gradient_only=True))
+    c = 4 if kind == "fp32" else 2
+    return (Part("q, repeated k and v", 3 * c * q),
+            Part("max indices of the logits + sink (int64)", 8 * a),
+            Part("attention probabilities with the sink", c * a * (s + 1), recomputed_by_selective=True),
+            Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True))
+
+
+# --- one decoder layer -------------------------------------------------------------------------------
+
+def gpt_oss_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
+                  seq_len, model=None):
+    """One ``GptOssDecoderLayer`` (every layer alike: see the module docstring)."""
+    _dropout_refused(dropout)
+    h, f, k, E = hidden, ffn, top_k, experts
+    amp, bf16 = regime == "amp-bf16", regime == "bf16"
+    c = 4 if regime == "fp32" else 2           # linears, the router, the attention
+    ce = 2 if bf16 else 4                      # the experts run in the weights' dtype
+    r = 2 if bf16 else 4                       # the residual stream
+    w = _Walk()
+    w.add("input norm", _norm_bytes(regime, h), REPLICATED)
+    if amp:
+        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
+    w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=heads * head_dim, kv_dim=kv_heads * head_dim,
+                       hidden=h, seq_len=seq_len, tokens=tokens))
+    w.add("mid residual (post-attention norm input)", 0 if bf16 else 4 * h, REPLICATED)
+    w.add("post-attention norm", _norm_bytes(regime, h), REPLICATED)
+    w.add("router (input cast, top-k indices, softmax of the top-k)", (2 * h if amp else 0) + 8 * k + c * k,
+          REPLICATED)
+    w.add("expert indices (perm // k, perm, inv_perm, sorted expert ids)", 4 * 8 * k, REPLICATED)
+    w.add("experts (input, gate_up, clamped SwiGLU, down input, down output)",
+          ce * k * (2 * h + SWIGLU_SAVED * f), EXPERTS)
+    w.add("routing weights (gathered)", c * k, REPLICATED)
+    w.constant.append(Part("expert offsets (int32)", 4 * E, split=REPLICATED))
+    return w.layer(tokens, r * h * tokens, not bf16)   # bf16: the next norm saves its fp32 copy instead
+
+
+def megatron_mlp(*, hidden, ffn, experts, top_k):
+    raise NotModelledError("regime", "Megatron-Core (main-grad)",
+                           "a regime that runs transformers' gpt-oss layers (fp32, bf16, amp-bf16, ...)",
+                           "Megatron-Core's gpt-oss layers (sinks, clamped SwiGLU) are not modelled")
+
+
+# --- parameters ----------------------------------------------------------------------------------------
+
+W = LayerWeight
+
+
+def _attention_bias(model) -> bool:
+    details = getattr(model, "details", None) or {}
+    return bool(details.get("attention_bias", True))
+
+
+def gpt_oss_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
+    """One layer's parameters in registration order. The vectors (biases, sinks) are listed as
+    weights, not ``bias=True``: they count with the layer's parameters and split as their linear."""
+    h, f, e = hidden, ffn, experts
+    heads = model.heads if model is not None else q_dim // HEAD_DIM
+    out = [W("self_attn.sinks", heads, autocast=False)]
+    biased = _attention_bias(model)
+    for name, rows, split in (("q_proj", q_dim, TP), ("k_proj", kv_dim, TP), ("v_proj", kv_dim, TP)):
+        out.append(W(f"self_attn.{name}", h * rows))
+        if biased:
+            out.append(W(f"self_attn.{name}.bias", rows))
+    out.append(W("self_attn.o_proj", q_dim * h))
+    if biased:
+        out.append(W("self_attn.o_proj.bias", h, split=REPLICATED))
+    out += [W("mlp.router.weight", e * h, split=REPLICATED), W("mlp.router.bias", e, split=REPLICATED),
+            W("mlp.experts.gate_up_proj", e * h * 2 * f, split=EXPERTS, autocast=False),
+            W("mlp.experts.gate_up_proj_bias", e * 2 * f, split=EXPERTS, autocast=False),
+            W("mlp.experts.down_proj", e * f * h, split=EXPERTS, autocast=False),
+            W("mlp.experts.down_proj_bias", e * h, split=EXPERTS, autocast=False)]
+    return tuple(out)
+
+
+def _tensors(shape) -> list[tuple[int, tuple[int, int]]]:
+    """(elements, (rows, cols)) of every parameter of ``GptOssForCausalLM`` in registration order
+    (``named_parameters``: a module's own before its children's): the embedding; per layer the
+    attention's sinks, then q/k/v/o (weight, bias), the router (weight, bias), the experts
+    (gate_up, its bias, down, its bias), the two norms; the final norm; the LM head unless tied.
+    The expert stacks are given as Adafactor factors them, over their last two dimensions."""
+    h, V, q, kv, f, e = shape.hidden, shape.vocab, shape.q_dim, shape.kv_dim, shape.ffn, shape.experts
+    biased = _attention_bias(shape.model)
+    layer = [(shape.heads, (shape.heads, 0))]
+    for rows, cols in ((q, h), (kv, h), (kv, h), (h, q)):
+        layer.append((rows * cols, (rows, cols)))
+        if biased:
+            layer.append((rows, (rows, 0)))
+    layer += [(e * h, (e, h)), (e, (e, 0)), (e * h * 2 * f, (h, 2 * f)), (e * 2 * f, (e, 2 * f)),
+              (e * f * h, (f, h)), (e * h, (e, h)), (h, (h, 0)), (h, (h, 0))]
+    out = [(V * h, (V, h))] + layer * shape.layers + [(h, (h, 0))]
+    return out + ([] if shape.tied else [(V * h, (V, h))])
+
+
+def parameter_tensors(shape) -> tuple[int, ...]:
+    return tuple(n for n, _ in _tensors(shape))
+
+
+def matrix_shapes(shape) -> list[tuple[int, int]]:
+    return [rc for _, rc in _tensors(shape)]
+
+
+def count_parameters(model) -> int:
+    """``sum(p.numel())`` of ``GptOssForCausalLM.from_config`` with the model's shapes."""
+    h, heads = model.hidden_dim, model.heads
+    kv, d = model.kv_heads or heads, model.head_dim or h // heads
+    q, kvd = heads * d, kv * d
+    f = model.expert_ffn_dim or model.ffn_dim
+    e = model.experts
+    attention = heads + h * q + 2 * h * kvd + q * h + ((q + 2 * kvd + h) if _attention_bias(model) else 0)
+    moe = e * h + e + e * (h * 2 * f + 2 * f + f * h + h)
+    layer = attention + moe + 2 * h
+    embeddings = model.vocab_size * h * (1 if model.tied_embeddings else 2)
+    return embeddings + model.layers * layer + h
+
+
+# --- outside the layers -------------------------------------------------------------------------------
+
+def _mask_kinds(model) -> int:
+    """How many distinct eager masks the layers use: one per layer type (``layer_types``; gpt-oss
+    alternates sliding and full layers, its config's default)."""
+    types = (getattr(model, "details", None) or {}).get("layer_types")
+    if types:
+        return len(set(types))
+    return 2 if model.layers > 1 else 1
+
+
+def adjust_terms(kind, plan, placement, terms):
+    """What gpt-oss keeps outside its layers beyond the Llama-style terms (``model.py``):
+
+    * its rotary cos/sin are head_dim / 2 wide (``GptOssRotaryEmbedding.forward``: ``emb = freqs``):
+      half the tables the Llama-style term counts;
+    * under full checkpointing, the eager masks: ``GptOssModel.forward`` builds one (b, 1, s, s) additive
+      mask per layer type (``create_causal_mask``, ``create_sliding_window_causal_mask``) in the
+      embeddings' dtype; the checkpointed layers keep them as inputs (without checkpointing they die
+      when the decoder returns, before the loss's peak);
+    * under autocast, the final norm's fp32 output (4 x T x h): the LM head saves its bf16 cast,
+      but ``GptOssForCausalLM.forward`` still holds the output while it computes the loss.
+    """
+    if kind != "model_activations":
+        return terms
+    from mlsysim_core.terms import BACKWARD, FORWARD
+    out = []
+    for t in terms:
+        if t.label == "RoPE cos/sin tables":
+            t = attrs.evolve(t, nbytes=t.nbytes / 2,
+                             formula=t.formula.replace("head_dim", "head_dim/2") + " (gpt-oss: emb = freqs, not doubled)")
+        out.append(t)
+    o = plan.profile_options
+    regime = o.regime
+    r = regime.residual
+    b, s = plan.microbatch, plan.seq_len
+    if plan.activation_checkpointing == "full" and (o.checkpointed_layers is None
+                                                    or o.checkpointed_layers < placement.layers_per_stage):
+        n = _mask_kinds(plan.model)
+        out.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpointed layers)",
+                              nbytes=n * b * s * s * r, phases=(FORWARD, BACKWARD),
+                              formula=f"{n} layer type(s) x b x s x s x {r} B (one additive (b, 1, s, s) mask each)"))
+    last = plan.rank is None or plan.rank.last
+    if regime.autocast and last:
+        T, h = b * s, plan.model.hidden_dim
+        out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
+                              nbytes=4 * T * h / placement.activation_shards, phases=(FORWARD,),
+                              formula="4 x T x h (the LM head saves its bf16 cast; the forward holds the output)"))
+    return out
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+def _quantization(model):
+    q = (getattr(model, "details", None) or {}).get("quantization_config")
+    if isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4":
+        return q
+    return None
+
+
+def check(plan) -> tuple[str, ...]:
+    """Refuse what transformers cannot run or the profile has not measured; say what the MXFP4
+    checkpoint means for training."""
+    o = plan.profile_options
+    kernel = getattr(o.attention_kernel, "name", o.attention)
+    if kernel != "eager":
+        raise NotModelledError(
+            "attention", kernel, "'eager' for a gpt-oss model",
+            "transformers 5.23 refuses SDPA for gpt-oss (GptOssPreTrainedModel._supports_sdpa = False: SDPA has no "
+            "attention sinks; with no attn_implementation it runs eager); flex_attention and the hub's flash-attention "
+            "kernels with sinks are not modelled: use attention='eager'")
+    regime = o.regime
+    if regime.main_grad:
+        megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
+    notes = []
+    q = _quantization(plan.model)
+    if q is not None:
+        if regime.weight < 2:
+            raise NotModelledError(
+                "regime", regime.name, "a regime with 16- or 32-bit weights for a gpt-oss MXFP4 checkpoint",
+                "gpt-oss ships its experts in MXFP4 (quantization_config quant_method 'mxfp4') for inference; "
+                "transformers has no MXFP4 training: it trains on weights dequantized to bf16 "
+                "(Mxfp4Config(dequantize=True)). Cost that with regime='bf16' (or amp-bf16, fp32)")
+        notes.append(
+            f"gpt-oss's quantization_config (quant_method 'mxfp4') is for inference: training runs on weights "
+            f"dequantized to bf16 (transformers: Mxfp4Config(dequantize=True)); the weights, gradients and optimizer "
+            f"state are costed as regime {regime.name!r} says ({regime.weight:g} B per weight), not as MXFP4")
+    if plan.tp_size * plan.cp_size * plan.pp_size * plan.ep_size > 1:
+        notes.append("approximation: gpt-oss under model parallelism splits its saved tensors as Mixtral's (attention "
+                     "per head, experts per expert-parallel rank, the router and norms replicated); validated on one "
+                     "device only (validation/families/gpt_oss)")
+    return tuple(notes)
+
+
+def assumptions(model) -> tuple[str, ...]:
+    details = getattr(model, "details", None) or {}
+    out = []
+    if "attention_bias" not in details:
+        out.append("q/k/v/o biases assumed (gpt-oss's attention_bias = true; model.details has no attention_bias)")
+    return tuple(out)
+
+
+GPT_OSS = ArchitectureFamily(
+    name="gpt_oss", label="gpt-oss",
+    description="gpt-oss: GQA attention with biases and learned sinks (eager), alternating sliding-window and full "
+                "layers, YaRN rotary, RMSNorm, a biased router and biased experts with a clamped SwiGLU "
+                "(transformers' grouped_mm) (validated against PyTorch's MemTracker: validation/families/gpt_oss)",
+    architectures=(ARCHITECTURE,), sparse=True, gated_mlp=True, norm=GPT_OSS_NORM, layer_norms=2,
+    positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks},
+    layer_weights=gpt_oss_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
+    layer=gpt_oss_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=assumptions,
+    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
+
+FAMILIES = (GPT_OSS,)

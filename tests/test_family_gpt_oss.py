@@ -1,0 +1,233 @@
+"""The gpt-oss family (plugins/mlsysim_plugins/measured/architectures/gpt_oss.py) against its
+measurements (validation/families/gpt_oss), its hand-derived bytes, and what it refuses. No torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.types import HardwareNode, SparseTransformerWorkload
+from mlsysim_plugins.measured.architectures import gpt_oss
+from mlsysim_plugins.measured.families import family_for
+from mlsysim_plugins.measured.kernels import EAGER
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "validation" / "families" / "gpt_oss"
+RUNS = [r for r in json.loads((DIR / "measurements.json").read_text())["runs"] if "measured" in r]
+PHASES = ("forward", "backward", "optimizer")
+BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}   # validation/report.py's REFERENCE_PRECISION
+
+
+def _configs():
+    spec = importlib.util.spec_from_file_location("gpt_oss_configs", DIR / "configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CONFIGS = _configs()
+RAW = ("layer_types", "sliding_window", "attention_bias", "head_dim", "swiglu_limit", "quantization_config")
+
+
+def workload(hf: dict, name: str = "gpt-oss", **details) -> SparseTransformerWorkload:
+    """The workload of a gpt-oss config: ``mlsysim_core.hf.from_hf_config`` where it knows gpt_oss,
+    else built here from the same keys (parameters: the family's exact count)."""
+    try:
+        from mlsysim_core.hf import from_hf_config
+        model = from_hf_config(hf, name=name)
+    except InvalidInputError:   # model_type gpt_oss not (yet) supported by hf.py
+        kw = dict(name=name, parameters=1, active_parameters=1, layers=hf["num_hidden_layers"],
+                  hidden_dim=hf["hidden_size"], heads=hf["num_attention_heads"], kv_heads=hf["num_key_value_heads"],
+                  head_dim=hf["head_dim"], vocab_size=hf["vocab_size"], ffn_dim=hf["intermediate_size"],
+                  gated_mlp=True, tied_embeddings=hf["tie_word_embeddings"],
+                  context_length=hf["max_position_embeddings"], architecture="gpt_oss",
+                  details={k: hf[k] for k in RAW if k in hf}, experts=hf["num_local_experts"],
+                  active_experts_per_token=hf["num_experts_per_tok"], expert_ffn_dim=hf["intermediate_size"])
+        n = gpt_oss.count_parameters(SparseTransformerWorkload(**kw))
+        model = SparseTransformerWorkload(**{**kw, "parameters": n, "active_parameters": n})
+    if details:
+        import attrs
+        model = attrs.evolve(model, details={**model.details, **details})
+    return model
+
+
+def solve(run: dict, model=None, **options):
+    model = model or workload(run["hf_config"], run["id"])
+    opts = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"], device="cpu",
+                dropout=0.0, runtime_overheads=False)
+    opts.update(options)
+    return TrainingMemoryModel().solve(model, BIG, run["batch_size"], run["seq_len"], PRECISION[run["regime"]],
+                                       run["optimizer"], run["checkpointing"], profile="measured", **opts)
+
+
+def errors(run: dict) -> dict:
+    r = solve(run)
+    t = r.phase_totals
+    predicted = {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
+                 "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
+    m = run["measured"]
+    out = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
+    out["peak"] = (r.total_memory - m["peak_bytes"]) / m["peak_bytes"]
+    return out
+
+
+# --- the measurements --------------------------------------------------------------------------------
+
+def test_the_runs_cover_the_mechanisms():
+    ids = {r["id"] for r in RUNS}
+    assert ids == {c["id"] for c in CONFIGS.CONFIGS}
+    kinds = {(r["regime"], r["checkpointing"], r["method"]) for r in RUNS}
+    assert {("fp32", "none", "real"), ("bf16", "none", "real"), ("fp32", "full", "real"), ("bf16", "full", "real"),
+            ("amp-bf16", "none", "real"), ("bf16", "none", "fake")} <= kinds
+    assert all(r["measured"]["attn_implementation"] == "eager" for r in RUNS)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r["id"])
+def test_every_phase_within_target(run):
+    e = errors(run)
+    assert all(abs(v) <= 0.10 for v in e.values()), e
+
+
+def test_median_errors_within_target():
+    all_errors = [errors(r) for r in RUNS]
+    assert statistics.median(abs(e["peak"]) for e in all_errors) <= 0.03
+    assert statistics.median(abs(e[p]) for e in all_errors for p in PHASES) <= 0.03
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r["id"])
+def test_parameters_exact(run):
+    assert workload(run["hf_config"]).parameters == run["measured"]["parameters"]
+    assert gpt_oss.count_parameters(workload(run["hf_config"])) == run["measured"]["parameters"]
+
+
+def test_public_parameter_counts():
+    # openai's model card: gpt-oss-20b 20.91B, gpt-oss-120b 116.83B parameters (bf16 dequantized)
+    for layers, experts, total in ((24, 32, 20_914_757_184), (36, 128, 116_829_156_672)):
+        hf = CONFIGS._gpt_oss(2880, 2880, layers, 64, 8, 64, 201088, experts, 4, 128)
+        assert gpt_oss.count_parameters(workload(hf)) == total
+
+
+# --- hand-derived bytes --------------------------------------------------------------------------------
+
+def test_sink_attention_bytes():
+    # fp32, 8 heads of 48 (q = 384), s = 256: q, repeated k, repeated v 3 x 4 x 384; the int64 max
+    # indices 8 x 8; the softmax over the s scores + the sink: 4 x 8 x 257; o_proj's input 4 x 384.
+    parts = gpt_oss.eager_sinks(kind="fp32", dropout=False, heads=8, q_dim=384, kv_dim=96, hidden=256, seq_len=256,
+                                tokens=512)
+    assert [p.nbytes for p in parts] == [3 * 4 * 384, 64, 4 * 8 * 257, 4 * 384]
+    # bf16: softmax in bf16 (dtype=logits.dtype), 2 x a x (s + 1), not Llama's fp32 4 x a x s (+ its bf16 copy)
+    bf16 = gpt_oss.eager_sinks(kind="bf16", dropout=False, heads=8, q_dim=384, kv_dim=96, hidden=256, seq_len=256,
+                               tokens=512)
+    assert bf16[2].nbytes == 2 * 8 * 257
+    # AMP: fp32 softmax with the sink + the bf16 copy of its s columns the matmul saves
+    amp = gpt_oss.eager_sinks(kind="amp-bf16", dropout=False, heads=8, q_dim=384, kv_dim=96, hidden=256, seq_len=256,
+                              tokens=512)
+    assert amp[3].nbytes == 4 * 8 * 257 + 2 * 8 * 256
+
+
+def test_layer_bytes_by_hand():
+    # bf16, h = 256, f = 192, k = 2 of E = 8, per token: two norms 2 x (10h + 4) (the fp32 normalized
+    # x is saved by the weight multiply); the router's top-k indices 8k and softmax 2k; four int64
+    # index tensors 32k; the experts 2 x k x (2h + 7f) (input, gate_up 2f, clamped gate, sigmoid, glu,
+    # up + 1, down input, down output); the gathered routing weights 2k; no mid residual in bf16.
+    T, h, f, k = 512, 256, 192, 2
+    lb = gpt_oss.gpt_oss_layer(attention=lambda **kw: (), hidden=h, heads=8, kv_heads=2, head_dim=48, ffn=f,
+                               experts=8, top_k=k, regime="bf16", dropout=False, tokens=T, seq_len=256)
+    per_token = 2 * (10 * h + 4) + 8 * k + 2 * k + 32 * k + 2 * k * (2 * h + 7 * f) + 2 * k
+    assert lb.saved == T * per_token + 4 * 8
+    assert lb.output == 2 * T * h and not lb.output_saved_by_next
+
+
+def test_rope_tables_are_half_width():
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-fp32-eager")
+    term = next(t for t in solve(run).terms if t.label == "RoPE cos/sin tables")
+    assert term.nbytes == 2 * 256 * 24 * 4       # cos and sin: s x head_dim / 2 x 4 B
+
+
+def test_measured_layers_match_the_walker():
+    # validation/measure.py records each decoder layer's growth of live memory in its forward
+    for run in RUNS:
+        if run["checkpointing"] != "none" or run["regime"] == "amp-bf16":
+            continue
+        hf = run["hf_config"]
+        lb = gpt_oss.GPT_OSS.layer_bytes(
+            kernel=EAGER, device="cpu", hidden=hf["hidden_size"], heads=hf["num_attention_heads"],
+            kv_heads=hf["num_key_value_heads"], head_dim=hf["head_dim"], ffn=hf["intermediate_size"],
+            experts=hf["num_local_experts"], top_k=hf["num_experts_per_tok"], regime=run["regime"], dropout=False,
+            tokens=run["batch_size"] * run["seq_len"], seq_len=run["seq_len"])
+        for measured in run["measured"]["layer_forward_retained_bytes"][1:]:
+            assert measured == pytest.approx(lb.retained, rel=0.01), run["id"]
+
+
+# --- choice and refusals -----------------------------------------------------------------------------
+
+def test_chosen_with_no_approximation_note():
+    from mlsysim_plugins.measured.families import BUILTIN_FAMILIES
+    model = workload(CONFIGS.GPT_OSS_TINY)
+    family, notes = family_for(model, {**BUILTIN_FAMILIES, "gpt_oss": gpt_oss.GPT_OSS})
+    assert family is gpt_oss.GPT_OSS and notes == ()
+    result = solve(RUNS[0])
+    assert not [n for n in result.notes if "approximation" in n]
+
+
+def test_sdpa_refused():
+    with pytest.raises(NotModelledError, match=r"attention='sdpa'.*_supports_sdpa = False"):
+        solve(RUNS[0], attention="sdpa")
+
+
+def test_dropout_refused():
+    with pytest.raises(NotModelledError, match="dropout"):
+        solve(RUNS[0], dropout=0.1)
+
+
+MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                              "model.embed_tokens", "lm_head"]}
+
+
+def test_mxfp4_checkpoint_costed_in_bf16_with_a_note():
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-bf16-eager")
+    plain = solve(run)
+    quantized = solve(run, model=workload(run["hf_config"], run["id"], quantization_config=MXFP4))
+    assert quantized.total_memory == plain.total_memory      # dequantized bf16 weights, as transformers trains
+    assert any("mxfp4" in n and "dequantized to bf16" in n for n in quantized.notes)
+    assert not any("mxfp4" in n for n in plain.notes)
+
+
+def test_mxfp4_training_refused():
+    from mlsysim_plugins.measured.regimes import REGIMES
+    import attrs
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-bf16-eager")
+    model = workload(run["hf_config"], run["id"], quantization_config=MXFP4)
+    four_bit = attrs.evolve(REGIMES["bf16"], name="mxfp4-weights", weight=0.53125)   # 4.25 bits per weight
+    with pytest.raises(NotModelledError, match=r"MXFP4.*dequantized to bf16"):
+        solve(run, model=model, regime=four_bit)
+
+
+def test_megatron_refused():
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-bf16-eager")
+    with pytest.raises(NotModelledError, match="Megatron-Core"):
+        solve(run, regime="mixed-bf16-main-grad")
+
+
+def test_missing_attention_bias_is_said():
+    model = workload(CONFIGS.GPT_OSS_TINY)
+    bare = attrs_evolve(model, details={k: v for k, v in model.details.items() if k != "attention_bias"})
+    assert gpt_oss.assumptions(bare) and "attention_bias" in gpt_oss.assumptions(bare)[0]
+    assert gpt_oss.count_parameters(bare) == gpt_oss.count_parameters(model)
+
+
+def attrs_evolve(obj, **changes):
+    import attrs
+    return attrs.evolve(obj, **changes)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
