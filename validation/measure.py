@@ -206,6 +206,8 @@ def _submodules(model) -> tuple[list, dict]:
     base = model.base_model
     if hasattr(base, "language_model"):          # a multimodal wrapper (Gemma 3, Llama 4, Mistral 3)
         base = base.language_model
+    if not hasattr(base, "layers") and not hasattr(base, "h") and hasattr(base, "model"):
+        base = base.model                        # base_model_prefix names no attribute (Llama4ForCausalLM)
     layers = list(getattr(base, "layers", None) or getattr(base, "h"))
     norm = next((getattr(base, n) for n in ("norm", "ln_f", "final_layer_norm", "final_layernorm")
                  if getattr(base, n, None) is not None), None)
