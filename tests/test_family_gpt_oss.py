@@ -152,6 +152,30 @@ def test_rope_tables_are_half_width():
     assert term.nbytes == 2 * 256 * 24 * 4       # cos and sin: s x head_dim / 2 x 4 B
 
 
+def test_eager_masks_kept_by_checkpointed_layers():
+    # one additive (b, 1, s, s) mask per layer type (sliding, full) in the embeddings' dtype (fp32):
+    # 2 x 2 x 256 x 256 x 4 B, kept as the checkpointed layers' inputs; none without checkpointing
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-fp32-eager-ckpt")
+    term = next(t for t in solve(run).terms if t.label.startswith("eager attention masks"))
+    assert term.nbytes == 2 * 2 * 256 * 256 * 4
+    plain = next(r for r in RUNS if r["id"] == "gpt-oss-tiny-fp32-eager")
+    assert not [t for t in solve(plain).terms if t.label.startswith("eager attention masks")]
+
+
+def test_first_layer_attention_backward():
+    # gpt-oss-120b at 2 layers, bf16, s = 2048: the backward peaks in layer 0's max backward (measured:
+    # aten.scatter.src in layers.0.self_attn) with the input norm 10h + 4, q and the repeated k
+    # 2 x 2 x 4096, the max indices 8 x 64 and three 2 x 64 x 2049 tensors per token kept; the term is
+    # what that adds over the end-of-backward terms (the embedding's gradient V x h x 2 B being computed
+    # and the embedding output's T x h x 2 B)
+    run = next(r for r in RUNS if r["id"] == "gpt-oss-120b-2L-bf16-eager-fake")
+    assert run["measured"]["peak_by_phase"]["backward"]["op"] == "aten.scatter.src"
+    term = next(t for t in solve(run).terms if t.label.startswith("first layer's attention backward"))
+    T, h, V = 2048, 2880, 201088
+    working = T * ((10 * h + 4) + 2 * 2 * 4096 + 8 * 64 + 3 * 2 * 64 * 2049)
+    assert term.nbytes == working - (V * h * 2 + T * h * 2)
+
+
 def test_measured_layers_match_the_walker():
     # validation/measure.py records each decoder layer's growth of live memory in its forward
     for run in RUNS:

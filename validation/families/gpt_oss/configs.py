@@ -3,8 +3,9 @@ transformers 5.23). Schema: validation/configs.py. Tiny real runs cover every me
 sinks (a learned per-head logit concatenated to the eager scores), alternating sliding-window and
 full layers (window 64 < s), q/k/v/o biases, head_dim x heads != hidden, GQA, YaRN rotary, a router
 with a bias, biased experts with the clamped SwiGLU (grouped_mm, the default experts
-implementation); fp32, bf16 and AMP, checkpointing none and full. One FakeTensorMode run at the
-public gpt-oss-20b shape with its 24 layers reduced to 2 (bf16, b=1, s=2048).
+implementation); fp32, bf16 and AMP, checkpointing none and full. FakeTensorMode runs at the
+public shapes with their layers reduced (bf16, b=1, s=2048): gpt-oss-20b at 2 of its 24 layers and at
+4 with full checkpointing, gpt-oss-120b (128 experts) at 2 of its 36.
 
 Only eager attention: GptOssPreTrainedModel has _supports_sdpa = False (SDPA has no sinks), so
 attn_implementation="sdpa" raises ValueError; flex_attention and the hub flash kernels are not
@@ -40,8 +41,12 @@ def _gpt_oss(hidden, inter, layers, heads, kv, head_dim, vocab, experts, top_k, 
 GPT_OSS_TINY = _gpt_oss(256, 192, 4, 8, 2, 48, 4096, 8, 2, 64)
 # openai/gpt-oss-20b with 2 of its 24 layers (one sliding, one full).
 GPT_OSS_20B_2L = _gpt_oss(2880, 2880, 2, 64, 8, 64, 201088, 32, 4, 128)
+GPT_OSS_20B_4L = _gpt_oss(2880, 2880, 4, 64, 8, 64, 201088, 32, 4, 128)
+# openai/gpt-oss-120b (36 layers, 128 experts, otherwise as 20b) with 2 of its 36 layers.
+GPT_OSS_120B_2L = _gpt_oss(2880, 2880, 2, 64, 8, 64, 201088, 128, 4, 128)
 
-MODELS = {"gpt-oss-tiny": GPT_OSS_TINY, "gpt-oss-20b-2L": GPT_OSS_20B_2L}
+MODELS = {"gpt-oss-tiny": GPT_OSS_TINY, "gpt-oss-20b-2L": GPT_OSS_20B_2L, "gpt-oss-20b-4L": GPT_OSS_20B_4L,
+          "gpt-oss-120b-2L": GPT_OSS_120B_2L}
 
 
 def _cfg(id, model, batch_size, seq_len, *, regime="fp32", checkpointing="none", method="real"):
@@ -59,4 +64,7 @@ CONFIGS = [
     _cfg("gpt-oss-tiny-fp32-eager-ckpt", "gpt-oss-tiny", 2, 256, checkpointing="full"),
     _cfg("gpt-oss-tiny-bf16-eager-ckpt", "gpt-oss-tiny", 2, 256, regime="bf16", checkpointing="full"),
     _cfg("gpt-oss-20b-2L-bf16-eager-fake", "gpt-oss-20b-2L", 1, 2048, regime="bf16", method="fake"),
+    _cfg("gpt-oss-20b-4L-bf16-eager-ckpt-fake", "gpt-oss-20b-4L", 1, 2048, regime="bf16", checkpointing="full",
+         method="fake"),
+    _cfg("gpt-oss-120b-2L-bf16-eager-fake", "gpt-oss-120b-2L", 1, 2048, regime="bf16", method="fake"),
 ]

@@ -40,7 +40,15 @@ E experts, k per token, c compute bytes, r residual bytes; per token unless said
   routing-weight multiply (kh): ce x k x (2h + 7f); the routing weights gathered by ``perm`` (c x k,
   saved by that multiply). The in-place bias adds save nothing.
 
-Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Not modelled, refused by name
+Outside the layers (``adjust_terms``): the half-width cos/sin tables; under full checkpointing the
+eager masks the checkpointed layers keep (one (b, 1, s, s) per layer type); under AMP the final norm's
+fp32 output held until the loss; without checkpointing, the first layer's attention backward (three
+b x a x s x (s + 1) tensors at ``max``'s backward with every later gradient alive), a higher point of
+the backward than its end when the expert gradients are large (gpt-oss-120b).
+
+Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
+backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
+working set (``model.layer_terms``) costs that moment (within 2.1 % of the measured backward). Not modelled, refused by name
 (``NotModelledError``): attention other than eager (transformers 5.23 refuses SDPA for gpt-oss:
 ``_supports_sdpa = False``; flex_attention and the hub's flash kernels with sinks were not measured),
 dropout > 0, Megatron-Core regimes, LoRA, and training in MXFP4 (a regime with sub-16-bit weights
@@ -265,6 +273,8 @@ def adjust_terms(kind, plan, placement, terms):
         out.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpointed layers)",
                               nbytes=n * b * s * s * r, phases=(FORWARD, BACKWARD),
                               formula=f"{n} layer type(s) x b x s x s x {r} B (one additive (b, 1, s, s) mask each)"))
+    if plan.activation_checkpointing == "none":
+        out += _first_layer_backward(plan, placement, out)
     last = plan.rank is None or plan.rank.last
     if regime.autocast and last:
         T, h = b * s, plan.model.hidden_dim
@@ -272,6 +282,35 @@ def adjust_terms(kind, plan, placement, terms):
                               nbytes=4 * T * h / placement.activation_shards, phases=(FORWARD,),
                               formula="4 x T x h (the LM head saves its bf16 cast; the forward holds the output)"))
     return out
+
+
+def _first_layer_backward(plan, placement, terms) -> list:
+    """The backward's other high point: the first layer's ``max`` backward, with every later gradient
+    alive. The end-of-backward terms (``terms``' end-only ones: the embedding's gradient being
+    computed, the embedding output's) do not exist yet then; the first layer still holds what its
+    attention's backward reads (the input norm, q and the repeated k, the max indices), and three
+    b x a x s x (s + 1) tensors coexist: softmax's input gradient (waiting for the cat's backward),
+    the zeros ``max``'s backward scatters into, and the scatter's output. Counted as what this moment
+    adds over the end of the backward (the phase is the larger of the two)."""
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END
+    from ..model import _regime_kind
+    from ..shapes import shape_of
+    shape = shape_of(plan)
+    kind = _regime_kind(plan.profile_options.regime)
+    c = 4 if kind == "fp32" else 2
+    a, q, s = shape.heads, shape.q_dim, plan.seq_len
+    cast = 2 * 2 * q if kind == "amp-bf16" else 2 * c * q            # q and repeated k (AMP: their bf16 casts)
+    scores = 4 if kind == "amp-bf16" else c                          # the logits + sink are fp32 under AMP
+    per_token = _norm_bytes(kind, shape.hidden) + cast + 8 * a + 3 * scores * a * (s + 1)
+    working = per_token * plan.microbatch * s / placement.activation_shards
+    end = sum(t.nbytes for t in terms if BACKWARD_END in t.phases and BACKWARD not in t.phases)   # end-only
+    extra = working - end
+    if extra <= 0:
+        return []
+    return [MemoryTerm(component=ACTIVATIONS, label="first layer's attention backward (over the backward's end)",
+                       nbytes=extra, phases=(BACKWARD_END,),
+                       formula=f"T x (input norm + q, k + max indices 8a + 3 x {scores} x a x (s + 1)) = {working:,.0f} B, "
+                               f"less the end-of-backward terms it precedes ({end:,.0f} B)")]
 
 
 # --- the run ----------------------------------------------------------------------------------------------
