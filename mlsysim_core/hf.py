@@ -24,6 +24,14 @@ width. In a mixture of experts whose every block is sparse it is the expert widt
 is ``shared_expert_intermediate_size``, is recorded as ``shared_experts`` experts of
 ``expert_ffn_dim`` when it is a multiple of it (Qwen1.5-MoE-A2.7B: 5632 = 4 x 1408), else
 as one, and its exact width is ``HFArchitecture.shared_expert_ffn_dim``.
+
+Multimodal configs (``gemma3``, ``llama4``, ``mistral3``) are read through their
+``text_config``: the workload is the language model (``architecture`` is the text type,
+``gemma3_text``, ``llama4_text``, ``mistral``/``ministral3``), and the vision tower is not
+counted. ``kimi_k2`` is read as ``deepseek_v3``. DeepSeek's multi-head latent attention
+gives ``kv_heads = heads`` and ``head_dim = qk_nope_head_dim + qk_rope_head_dim``; what
+transformers 5.23 does not build (MTP layers) or keeps as a buffer
+(``e_score_correction_bias``) is not counted. See docs/hf-import.md.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from .errors import InvalidInputError, InvalidInputTypeError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["from_hf_config", "architecture_of", "load_hf_config", "HFArchitecture",
-           "SUPPORTED_MODEL_TYPES"]
+           "SUPPORTED_MODEL_TYPES", "ARCHITECTURES"]
 
 _REQUIRED = object()
 
@@ -693,7 +701,10 @@ _ALIASES = {"kimi_k2": "deepseek_v3"}
 # (the default type of each text_config in transformers 5.23's config classes).
 _NESTED = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 
+# The config.json model_types read, and the architectures the workloads get (no multimodal
+# wrapper or alias: gemma3 -> gemma3_text, kimi_k2 -> deepseek_v3).
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted({*_FAMILIES, *_ALIASES, *_NESTED}))
+ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
 def _model_type(data, where: str, allowed) -> str:

@@ -15,7 +15,7 @@ from mlsysim_core import InvalidInputError, SparseTransformerWorkload, Transform
 import attrs
 
 from mlsysim_core.catalog import find_model, get_model
-from mlsysim_core.hf import (SUPPORTED_MODEL_TYPES, HFArchitecture, architecture_of, from_hf_config,
+from mlsysim_core.hf import (ARCHITECTURES, SUPPORTED_MODEL_TYPES, HFArchitecture, architecture_of, from_hf_config,
                              load_hf_config)
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
@@ -266,3 +266,169 @@ def test_olmo_families():
     olmo2 = {"model_type": "olmo2", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
              "vocab_size": 100352, "intermediate_size": 11008}
     assert from_hf_config(olmo2).parameters == get_model("allenai/olmo-2-1124-7b").parameters
+
+
+# --- issue 15: MLA, first-k-dense MoE, gpt-oss, Llama 4, GLM-4.5, nested text configs -------------
+# Each tiny config below was built with transformers 5.23 (AutoModelForCausalLM.from_config) and
+# its sum(p.numel()) compared with from_hf_config (tests/test_hf_models.py repeats it where
+# torch is installed); the numbers here are derived by hand.
+
+_TINY = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 211,
+         "intermediate_size": 96, "max_position_embeddings": 128}
+_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12}
+_DS_MOE = {"n_routed_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 20,
+           "n_shared_experts": 2, "first_k_dense_replace": 1}
+
+
+def test_deepseek_v3_mla_and_moe_by_hand():
+    cfg = dict(_TINY, model_type="deepseek_v3", **_MLA, **_DS_MOE)
+    w = from_hf_config(cfg)
+    # MLA (DeepseekV3Attention): q_a_proj 64x24, q_a_layernorm 24, q_b_proj 24 -> 4 x (8+4),
+    # kv_a_proj_with_mqa 64 -> 16+4, kv_a_layernorm 16, kv_b_proj 16 -> 4 x (8+12), o_proj 4x12 -> 64
+    attention = 64 * 24 + 24 + 24 * 4 * 12 + 64 * 20 + 16 + 16 * 4 * 20 + 4 * 12 * 64
+    block = attention + 2 * 64
+    dense = 3 * 64 * 96                                    # first_k_dense_replace = 1 dense layer
+    moe = 6 * 64 + 6 * 3 * 64 * 20 + 3 * 64 * (2 * 20)      # router, experts, one shared MLP 2 x 20 wide
+    total = (block + dense) + 3 * (block + moe) + 2 * 211 * 64 + 64
+    assert w.parameters == total == 172_768                  # transformers 5.23: 172,768
+    assert w.active_parameters == total - 3 * (6 - 2) * 3 * 64 * 20 == 126_688
+    assert (w.architecture, w.kv_heads, w.head_dim, w.kv_lora_rank, w.qk_rope_head_dim) == (
+        "deepseek_v3", 4, 12, 16, 4)
+    assert (w.experts, w.shared_experts, w.expert_ffn_dim, w.ffn_dim) == (6, 2, 20, 96)
+    d = w.details
+    assert (d["mla"], d["moe_layers"], d["dense_layers"], d["shared_expert_ffn_dim"]) == (True, 3, 1, 40)
+    assert (d["q_lora_rank"], d["v_head_dim"], d["first_k_dense_replace"], d["norm_topk_prob"]) == (24, 12, 1, True)
+    # no query compression: one q_proj 64 -> 4 x 12 instead of q_a/q_a_layernorm/q_b
+    no_q = from_hf_config(dict(cfg, q_lora_rank=None))
+    assert no_q.parameters == total - 4 * (64 * 24 + 24 + 24 * 48 - 64 * 48)
+    assert "q_lora_rank" not in no_q.details and no_q.details["mla"]
+    # attention_bias biases q_a_proj, kv_a_proj_with_mqa and o_proj only
+    assert from_hf_config(dict(cfg, attention_bias=True)).parameters == total + 4 * (24 + 20 + 64)
+    # the MTP layers are not built by AutoModelForCausalLM: recorded, not counted
+    mtp = from_hf_config(dict(cfg, num_nextn_predict_layers=1))
+    assert mtp.parameters == total and mtp.details["mtp_layers_not_built"] == 1
+    assert mtp.details["num_nextn_predict_layers"] == 1
+    # every block dense: an ordinary transformer
+    dense_only = from_hf_config(dict(cfg, first_k_dense_replace=4))
+    assert type(dense_only) is TransformerWorkload and dense_only.parameters == 4 * (block + dense) + 2 * 211 * 64 + 64
+
+
+def test_deepseek_v2_biases_and_defaults():
+    cfg = dict(_TINY, model_type="deepseek_v2", **_MLA, **_DS_MOE)
+    v3 = from_hf_config(dict(cfg, model_type="deepseek_v3"))
+    v2 = from_hf_config(cfg)
+    assert v2.parameters == v3.parameters and v2.architecture == "deepseek_v2"
+    assert not v2.details.get("norm_topk_prob", False)           # V2's default is False
+    # mlp_bias (V2 only): the dense MLP (2 x 96 + 64) and the shared MLP (2 x 40 + 64), not the experts
+    assert from_hf_config(dict(cfg, mlp_bias=True)).parameters == v2.parameters + (2 * 96 + 64) + 3 * (2 * 40 + 64)
+    # V2 defaults first_k_dense_replace to 0 (every block MoE: ffn_dim is the expert width), V3 to 3
+    no_k = {k: v for k, v in cfg.items() if k != "first_k_dense_replace"}
+    assert (from_hf_config(no_k).details.get("dense_layers", 0), from_hf_config(no_k).ffn_dim) == (0, 20)
+    assert from_hf_config(dict(no_k, model_type="deepseek_v3")).details["dense_layers"] == 3
+
+
+def test_kimi_k2_is_read_as_deepseek_v3():
+    cfg = dict(_TINY, model_type="kimi_k2", **_MLA, **_DS_MOE)
+    w = from_hf_config(cfg)
+    assert w.parameters == from_hf_config(dict(cfg, model_type="deepseek_v3")).parameters
+    assert (w.architecture, w.details["config_model_type"], w.name) == ("deepseek_v3", "kimi_k2", "kimi_k2")
+    assert "kimi_k2" in SUPPORTED_MODEL_TYPES and "kimi_k2" not in ARCHITECTURES
+    assert set(ARCHITECTURES) == set(SUPPORTED_MODEL_TYPES) - {"kimi_k2", "gemma3", "llama4", "mistral3"}
+
+
+def test_deepseek_v3_published_config():
+    w = from_hf_config(CONFIGS / "DeepSeek-V3.json")
+    assert (w.layers, w.experts, w.active_experts_per_token, w.shared_experts, w.expert_ffn_dim) == (61, 256, 8, 1, 2048)
+    assert (w.kv_heads, w.head_dim, w.details["dense_layers"], w.details["moe_layers"]) == (128, 192, 3, 58)
+    assert (w.details["scoring_func"], w.details["routed_scaling_factor"], w.details["mtp_layers_not_built"]) == (
+        "sigmoid", 2.5, 1)
+
+
+def test_mla_errors_name_the_key():
+    cfg = dict(_TINY, model_type="deepseek_v3", **_MLA, **_DS_MOE)
+    for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok"):
+        with pytest.raises(InvalidInputError, match=f"config.{key}"):
+            from_hf_config({k: v for k, v in cfg.items() if k != key})
+    with pytest.raises(InvalidInputError, match="config.num_experts_per_tok.*n_routed_experts=6"):
+        from_hf_config(dict(cfg, num_experts_per_tok=7))
+    with pytest.raises(InvalidInputError, match="config.kv_lora_rank"):
+        from_hf_config(dict(cfg, kv_lora_rank=0))
+    with pytest.raises(InvalidInputError, match="config.first_k_dense_replace"):
+        from_hf_config(dict(cfg, first_k_dense_replace=-1))
+
+
+def test_gpt_oss_by_hand():
+    cfg = dict(_TINY, model_type="gpt_oss", num_key_value_heads=2, head_dim=24, num_local_experts=5,
+               num_experts_per_tok=2, sliding_window=16)
+    w = from_hf_config(cfg)
+    q, kv = 4 * 24, 2 * 24
+    attention = 64 * q + 2 * 64 * kv + q * 64 + (q + 2 * kv + 64) + 4     # biased q/k/v/o, 4 sinks
+    moe = 64 * 5 + 5 + 5 * (3 * 64 * 96 + 2 * 96 + 64)                    # biased router and experts
+    total = 4 * (attention + 2 * 64 + moe) + 2 * 211 * 64 + 64
+    assert w.parameters == total == 477_412                             # transformers 5.23: 477,412
+    assert w.active_parameters == total - 4 * 3 * (3 * 64 * 96 + 2 * 96 + 64)
+    a = architecture_of(cfg)
+    assert (a.attention_sinks, a.router_bias, a.qkv_bias, a.mlp_bias) == (True, True, True, True)
+    # without layer_types: the even-indexed layers use the window (GptOssConfig's default)
+    assert (a.sliding_window, a.sliding_window_layers, a.moe_layers) == (16, 2, 4)
+    assert from_hf_config(dict(cfg, attention_bias=False)).parameters == total - 4 * (q + 2 * kv + 64)
+    twenty = from_hf_config(CONFIGS / "gpt-oss-20b.json")
+    assert (twenty.details["sliding_window_layers"], twenty.details["layer_types"][:2]) == (
+        12, ("sliding_attention", "full_attention"))
+
+
+def test_llama4_text_by_hand():
+    cfg = dict(_TINY, model_type="llama4_text", num_key_value_heads=2, head_dim=24, num_local_experts=4,
+               num_experts_per_tok=1, intermediate_size_mlp=80, interleave_moe_layer_step=2)
+    w = from_hf_config(cfg)
+    attention = 64 * 96 + 2 * 64 * 48 + 96 * 64
+    dense = 3 * 64 * 80                                     # intermediate_size_mlp
+    moe = 64 * 4 + 4 * 3 * 64 * 96 + 3 * 64 * 96            # router, experts, shared expert
+    total = 2 * (attention + 128 + dense) + 2 * (attention + 128 + moe) + 2 * 211 * 64 + 64
+    assert w.parameters == total == 316_864                 # transformers 5.23: 316,864
+    assert (w.experts, w.shared_experts, w.expert_ffn_dim, w.ffn_dim) == (4, 1, 96, 80)
+    assert (w.details["moe_layers"], w.details["dense_layers"], w.details["qk_norm"]) == (2, 2, "l2")
+    listed = from_hf_config(dict(cfg, moe_layers=[0, 1, 3]))
+    assert listed.details["moe_layers"] == 3
+    with pytest.raises(InvalidInputError, match="config.intermediate_size_mlp"):
+        from_hf_config({k: v for k, v in cfg.items() if k != "intermediate_size_mlp"})
+    # every block MoE: intermediate_size_mlp is not needed
+    all_moe = {k: v for k, v in cfg.items() if k not in ("intermediate_size_mlp", "interleave_moe_layer_step")}
+    assert from_hf_config(all_moe).ffn_dim == 96
+
+
+def test_glm4_moe_by_hand():
+    cfg = dict(_TINY, model_type="glm4_moe", num_key_value_heads=2, head_dim=24, attention_bias=True,
+               use_qk_norm=True, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=20,
+               n_shared_experts=1, first_k_dense_replace=1)
+    w = from_hf_config(cfg)
+    attention = 64 * 96 + 2 * 64 * 48 + 96 * 64 + (96 + 2 * 48) + 2 * 24   # q/k/v biases, no o bias; q/k norms
+    moe = 6 * 64 + 6 * 3 * 64 * 20 + 3 * 64 * 20
+    total = (attention + 128 + 3 * 64 * 96) + 3 * (attention + 128 + moe) + 2 * 211 * 64 + 64
+    assert w.parameters == total == 202_496                 # transformers 5.23: 202,496
+    a = architecture_of(cfg)
+    assert (a.rotary_fraction, a.qk_norm, a.attention_out_bias, a.dense_layers) == (0.5, "head", False, 1)
+
+
+def test_nested_text_configs():
+    text = dict(_TINY, num_key_value_heads=2, head_dim=32)
+    gemma = {"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 32}}
+    w = from_hf_config(gemma)
+    alone = from_hf_config(dict(text, model_type="gemma3_text"))
+    assert w.parameters == alone.parameters                 # the vision tower is not counted
+    assert (w.architecture, w.details["config_model_type"]) == ("gemma3_text", "gemma3")
+    mistral = from_hf_config({"model_type": "mistral3", "text_config": dict(text, model_type="ministral3")})
+    assert mistral.architecture == "ministral3"
+    assert from_hf_config({"model_type": "mistral3", "text_config": text}).architecture == "mistral"
+    llama4 = from_hf_config({"model_type": "llama4", "text_config": dict(text, num_local_experts=2,
+                                                                         num_experts_per_tok=1)})
+    assert llama4.architecture == "llama4_text" and llama4.is_sparse
+    with pytest.raises(InvalidInputError, match="config.text_config"):
+        from_hf_config({"model_type": "gemma3"})
+    with pytest.raises(InvalidInputError, match="config.text_config.hidden_size"):
+        from_hf_config({"model_type": "gemma3", "text_config": {k: v for k, v in text.items() if k != "hidden_size"}})
+    with pytest.raises(InvalidInputError, match="config.text_config.model_type"):
+        from_hf_config({"model_type": "mistral3", "text_config": dict(text, model_type="bert")})
+    with pytest.raises(InvalidInputError, match="config.text_config.num_key_value_heads"):
+        from_hf_config({"model_type": "gemma3", "text_config": dict(text, num_key_value_heads=3)})

@@ -19,6 +19,8 @@ CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
 _SMALL = dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, vocab_size=211,
               intermediate_size=96, max_position_embeddings=128)
+_MLA = dict(q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12)
+_DS = dict(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=20, n_group=2, topk_group=1)
 
 # (model_type, overrides): each feature of each family at least once.
 TINY = {
@@ -78,6 +80,60 @@ TINY = {
     "qwen3_moe": ("qwen3_moe", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24,
                                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
                                     mlp_only_layers=[0])),
+    # issue 15 (each measured with transformers 5.23 when written)
+    "deepseek_v3": ("deepseek_v3", dict(_SMALL, num_hidden_layers=4, **_MLA, **_DS, n_shared_experts=2,
+                                        first_k_dense_replace=1)),
+    "deepseek_v3-noq-bias-tied": ("deepseek_v3", dict(_SMALL, num_hidden_layers=4, **dict(_MLA, q_lora_rank=None),
+                                                      **_DS, n_shared_experts=1, first_k_dense_replace=2,
+                                                      attention_bias=True, tie_word_embeddings=True)),
+    "deepseek_v3-all-dense": ("deepseek_v3", dict(_SMALL, **_MLA, **_DS, n_shared_experts=1, first_k_dense_replace=9)),
+    "deepseek_v2": ("deepseek_v2", dict(_SMALL, num_hidden_layers=4, **_MLA, **_DS, n_shared_experts=2,
+                                        first_k_dense_replace=1)),
+    "deepseek_v2-noq-biases": ("deepseek_v2", dict(_SMALL, num_hidden_layers=4, **dict(_MLA, q_lora_rank=None), **_DS,
+                                                   n_shared_experts=3, first_k_dense_replace=2, mlp_bias=True,
+                                                   attention_bias=True)),
+    "deepseek_v2-all-moe": ("deepseek_v2", dict(_SMALL, **_MLA, **_DS, n_shared_experts=2, first_k_dense_replace=0)),
+    "glm4_moe": ("glm4_moe", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+                                  use_qk_norm=True, n_routed_experts=6, num_experts_per_tok=2,
+                                  moe_intermediate_size=20, n_shared_experts=1, first_k_dense_replace=1)),
+    "glm4_moe-all-moe-tied": ("glm4_moe", dict(_SMALL, num_key_value_heads=2, n_routed_experts=5, num_experts_per_tok=1,
+                                               moe_intermediate_size=20, n_shared_experts=2, first_k_dense_replace=0,
+                                               tie_word_embeddings=True)),
+    "gpt_oss": ("gpt_oss", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24, num_local_experts=5,
+                                num_experts_per_tok=2, sliding_window=16)),
+    "gpt_oss-nobias-tied": ("gpt_oss", dict(_SMALL, num_hidden_layers=5, num_key_value_heads=1, head_dim=16,
+                                            num_local_experts=4, num_experts_per_tok=1, attention_bias=False,
+                                            tie_word_embeddings=True)),
+    "llama4_text-interleaved": ("llama4_text", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=24,
+                                                    num_local_experts=4, num_experts_per_tok=1,
+                                                    intermediate_size_mlp=80, interleave_moe_layer_step=2)),
+    "llama4_text-all-moe-bias": ("llama4_text", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+                                                     num_local_experts=3, num_experts_per_tok=2,
+                                                     intermediate_size_mlp=80, attention_bias=True)),
+    "llama4_text-listed": ("llama4_text", dict(_SMALL, num_hidden_layers=4, num_key_value_heads=4, head_dim=16,
+                                               num_local_experts=3, num_experts_per_tok=1, intermediate_size_mlp=80,
+                                               moe_layers=[0, 3], use_qk_norm=False)),
+    "ministral": ("ministral", dict(_SMALL, num_key_value_heads=2, head_dim=24, sliding_window=16)),
+    "ministral3": ("ministral3", dict(_SMALL, num_key_value_heads=2, head_dim=24)),
+}
+
+_V = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40, image_size=28,
+          patch_size=14)
+# Multimodal configs: the count is the text model's, AutoModelForCausalLM.from_config(config.text_config)
+NESTED = {
+    "gemma3": ("gemma3", dict(text_config=dict(_SMALL, num_key_value_heads=2, head_dim=32), vision_config=_V)),
+    "gemma3-untied": ("gemma3", dict(text_config=dict(_SMALL, num_key_value_heads=1, head_dim=16,
+                                                      tie_word_embeddings=False), vision_config=_V)),
+    "llama4": ("llama4", dict(text_config=dict(_SMALL, num_key_value_heads=2, head_dim=16, num_local_experts=3,
+                                               num_experts_per_tok=1, intermediate_size_mlp=80,
+                                               interleave_moe_layer_step=2),
+                              vision_config=dict(_V, vision_output_dim=32, projector_input_dim=32,
+                                                 projector_output_dim=32))),
+    "mistral3": ("mistral3", dict(text_config=dict(_SMALL, model_type="mistral", num_key_value_heads=2, head_dim=24),
+                                  vision_config=dict(_V, model_type="pixtral", head_dim=16))),
+    "mistral3-ministral3": ("mistral3", dict(text_config=dict(_SMALL, model_type="ministral3", num_key_value_heads=2,
+                                                              head_dim=24),
+                                             vision_config=dict(_V, model_type="pixtral", head_dim=16))),
 }
 
 
@@ -116,6 +172,24 @@ def test_tiny_configs_match_the_real_model(case):
     check(config, model)
 
 
+@pytest.mark.parametrize("case", sorted(NESTED))
+def test_nested_configs_count_the_text_model(case):
+    model_type, kwargs = NESTED[case]
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    text = build(config.text_config)
+    total = numel(text)
+    for data in (config.to_dict(), config.to_diff_dict()):
+        w = from_hf_config(data)
+        assert w.parameters == total
+        assert w.architecture == config.text_config.model_type
+
+
+def test_mtp_layers_are_not_built():
+    config = transformers.AutoConfig.for_model("deepseek_v3", **TINY["deepseek_v3"][1])
+    with_mtp = transformers.AutoConfig.for_model("deepseek_v3", **dict(TINY["deepseek_v3"][1], num_nextn_predict_layers=2))
+    assert numel(build(with_mtp)) == numel(build(config)) == from_hf_config(with_mtp.to_dict()).parameters
+
+
 def test_cross_check_some_counts_by_name():
     # the tied case really shares the matrix, so it is counted once
     config = transformers.AutoConfig.for_model("qwen2", **dict(_SMALL, num_key_value_heads=4,
@@ -129,6 +203,8 @@ def test_cross_check_some_counts_by_name():
 def test_full_size_configs_on_the_meta_device(path):
     data = json.loads(path.read_text())
     config = transformers.AutoConfig.for_model(**data)
+    if data["model_type"] in ("gemma3", "llama4", "mistral3"):
+        config = config.text_config
     model = build(config, "meta")
     assert numel(model) == from_hf_config(path).parameters
     check(config, model)
