@@ -48,8 +48,13 @@ Phi-3 (``Phi3Attention``: ``qkv = qkv_proj(x)``, q, k, v slices of it; ``Phi3MLP
   * partial_rotary_factor (Phi-4-mini 0.75): rotary concatenates the rotated and passed parts
     into new q, k (nothing more saved); the cos/sin tables and inv_freq buffers are that share
     of head_dim.
-  * Phi-3's sliding window (2047 in Phi-3-mini) masks nothing while seq_len <= window; past it
-    transformers builds a mask (SDPA then loses its GQA path and repeats k and v): refused.
+  * Phi-3's sliding window (2047 in Phi-3-mini) needs no mask while seq_len < window; from it on
+    transformers passes SDPA a mask (SDPA then loses its GQA path and repeats k and v): refused
+    under SDPA (eager builds a mask of the same size either way).
+
+Around the layers (all four): under AMP the final norm's fp32 output is held by the CausalLM
+forward (``outputs.last_hidden_state``) while the loss is computed, beside the bf16 cast the LM head
+saves: 4 T h alive at the forward's peak (``_adjust``).
 
 GQA under SDPA: transformers passes ``enable_gqa=True`` when there is no mask (every run here:
 causal, no padding), so the CPU flash kernel runs on the kv_heads-wide k and v (kernels.py's
@@ -61,6 +66,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
+from mlsysim_core.terms import ACTIVATIONS, FORWARD, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV
@@ -273,9 +279,25 @@ def _rotary_fraction(model) -> float:
     return float(value or 1.0)
 
 
+def _adjust(kind, plan, placement, terms):
+    """Under AMP the final norm's output is fp32 (the LM head saves its bf16 cast): the CausalLM
+    forward still holds it (``hidden_states = outputs.last_hidden_state``) while the loss is
+    computed, so it is alive at the forward's peak (4 T h, measured: Qwen3 and OLMo 2 AMP runs)."""
+    regime, rank = plan.profile_options.regime, plan.rank
+    if kind != "model_activations" or not regime.autocast or regime.main_grad or (rank is not None and not rank.last):
+        return terms
+    from ..shapes import shape_of
+    T, h, shards = plan.microbatch * plan.seq_len, shape_of(plan).hidden, placement.activation_shards
+    return list(terms) + [MemoryTerm(
+        component=ACTIVATIONS, label="final norm output (fp32, held by the forward until the loss)",
+        nbytes=4 * T * h / shards, phases=(FORWARD,),
+        formula=f"T x h x 4 B" + (f" / {shards}" if shards != 1 else "") + " (the LM head keeps its bf16 cast)")]
+
+
 def _phi3_adjust(kind, plan, placement, terms):
     """Partial rotary: RoPE's tables and inv_freq buffers are that share of head_dim (the
     family's rotary_fraction is 1: the model's own factor scales them here)."""
+    terms = _adjust(kind, plan, placement, terms)
     fraction = _rotary_fraction(plan.model)
     if fraction == 1.0:
         return terms
@@ -299,11 +321,12 @@ def _check(arch):
         layers = details.get("sliding_window_layers") or 0
         window = details.get("sliding_window")
         if arch == "phi3":
-            if window and plan.seq_len > window:
+            # masking_utils._ignore_causal_mask_sdpa: no mask while kv_length < sliding_window.
+            if window and plan.seq_len >= window and o.attention != "eager":
                 raise NotModelledError(
-                    "seq_len", plan.seq_len, f"at most the sliding window {window} of {model.name!r}",
-                    "past the window transformers builds an attention mask (SDPA then repeats k and v to every "
-                    "head); the phi3 family models the unmasked causal attention")
+                    "seq_len", plan.seq_len, f"below the sliding window {window} of {model.name!r} (or eager attention)",
+                    "from the window on transformers passes SDPA a mask (which also turns its GQA path into "
+                    "repeated k and v); the phi3 family models the unmasked causal attention")
         elif layers:
             raise NotModelledError(
                 "model.details.sliding_window_layers", layers, "0 for the " + arch + " family",
@@ -333,7 +356,7 @@ def _assumptions(arch):
     return assumptions
 
 
-def _family(arch, *, description, weights, tensors, matrices, layer, norm=RMS_NORM, adjust=None,
+def _family(arch, *, description, weights, tensors, matrices, layer, norm=RMS_NORM, adjust=_adjust,
             layout=SEPARATE_QKV, layouts=()):
     return ArchitectureFamily(
         name=arch, label={"qwen2": "Qwen2", "qwen3": "Qwen3", "olmo2": "OLMo 2", "phi3": "Phi-3"}[arch],
