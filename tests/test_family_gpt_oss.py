@@ -202,9 +202,23 @@ def test_chosen_with_no_approximation_note():
     assert not [n for n in result.notes if "approximation" in n]
 
 
-def test_sdpa_refused():
-    with pytest.raises(NotModelledError, match=r"attention='sdpa'.*_supports_sdpa = False"):
-        solve(RUNS[0], attention="sdpa")
+def test_sdpa_costed_as_the_eager_fallback_with_a_note():
+    # transformers 5.23: attn_implementation="sdpa" raises for gpt-oss, none given runs eager
+    run = RUNS[0]
+    eager, sdpa = solve(run), solve(run, attention="sdpa")
+    assert sdpa.total_memory == eager.total_memory
+    assert any("_supports_sdpa = False" in n and "costed as eager" in n for n in sdpa.notes)
+    assert not any("_supports_sdpa" in n for n in eager.notes)
+
+
+def test_other_kernels_refused():
+    import types
+    from mlsysim_plugins.measured.kernels import AttentionKernel
+    flex = AttentionKernel(name="flex", description="x", layouts={})
+    # (a kernel with no formula for the sinks layout: the family's check refuses it by name)
+    options = types.SimpleNamespace(attention="flex", attention_kernel=flex, regime=None)
+    with pytest.raises(NotModelledError, match=r"attention='flex'.*only eager is modelled"):
+        gpt_oss.check(types.SimpleNamespace(profile_options=options, model=workload(CONFIGS.GPT_OSS_TINY)))
 
 
 def test_dropout_refused():

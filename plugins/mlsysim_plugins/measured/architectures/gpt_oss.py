@@ -49,8 +49,10 @@ the backward than its end when the expert gradients are large (gpt-oss-120b).
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
 working set (``model.layer_terms``) costs that moment (within 2.1 % of the measured backward). Not modelled, refused by name
-(``NotModelledError``): attention other than eager (transformers 5.23 refuses SDPA for gpt-oss:
-``_supports_sdpa = False``; flex_attention and the hub's flash kernels with sinks were not measured),
+(``NotModelledError``): attention kernels other than eager and sdpa (transformers 5.23 refuses SDPA for
+gpt-oss, ``_supports_sdpa = False``, and runs eager by default: the family costs ``attention="sdpa"``,
+the profile's default, as eager with a note; flex_attention and the hub's flash kernels with sinks were
+not measured),
 dropout > 0, Megatron-Core regimes, LoRA, and training in MXFP4 (a regime with sub-16-bit weights
 for a config whose ``quantization_config`` is MXFP4: gpt-oss trains on dequantized bf16 weights, see
 ``check``). Assumed: ``output_router_logits`` false (gpt-oss's config; true keeps every layer's router
@@ -326,17 +328,25 @@ def check(plan) -> tuple[str, ...]:
     """Refuse what transformers cannot run or the profile has not measured; say what the MXFP4
     checkpoint means for training."""
     o = plan.profile_options
-    kernel = getattr(o.attention_kernel, "name", o.attention)
-    if kernel != "eager":
+    kernel = o.attention_kernel
+    name = getattr(kernel, "name", o.attention)
+    own = any(layout == LAYOUT for layout, _ in getattr(kernel, "layouts", ()))   # a kernel that knows sinks
+    notes = []
+    if name == "sdpa" and not own:
+        notes.append(
+            "gpt-oss has no SDPA attention in transformers 5.23 (GptOssPreTrainedModel._supports_sdpa = False: SDPA "
+            "has no attention sinks; attn_implementation='sdpa' raises, the default falls back to eager): costed as "
+            "eager attention, with its s x (s + 1) scores (the hub's flash-attention kernels with sinks keep no scores "
+            "and are not modelled)")
+    elif name != "eager" and not own:
         raise NotModelledError(
-            "attention", kernel, "'eager' for a gpt-oss model",
-            "transformers 5.23 refuses SDPA for gpt-oss (GptOssPreTrainedModel._supports_sdpa = False: SDPA has no "
-            "attention sinks; with no attn_implementation it runs eager); flex_attention and the hub's flash-attention "
-            "kernels with sinks are not modelled: use attention='eager'")
+            "attention", name, "'eager' (or 'sdpa', costed as the eager attention transformers falls back to) for a "
+            "gpt-oss model",
+            f"kernel {name!r} has no formula for gpt-oss's attention with sinks ({LAYOUT!r}); transformers 5.23 runs "
+            "gpt-oss with eager, flex_attention or the hub's flash-attention kernels, of which only eager is modelled")
     regime = o.regime
     if regime.main_grad:
         megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
-    notes = []
     q = _quantization(plan.model)
     if q is not None:
         if regime.weight < 2:
@@ -370,7 +380,7 @@ GPT_OSS = ArchitectureFamily(
                 "layers, YaRN rotary, RMSNorm, a biased router and biased experts with a clamped SwiGLU "
                 "(transformers' grouped_mm) (validated against PyTorch's MemTracker: validation/families/gpt_oss)",
     architectures=(ARCHITECTURE,), sparse=True, gated_mlp=True, norm=GPT_OSS_NORM, layer_norms=2,
-    positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks},
+    positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks, "sdpa": eager_sinks},
     layer_weights=gpt_oss_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
     layer=gpt_oss_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=assumptions,
     count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
