@@ -49,8 +49,11 @@ def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
     parser.add_argument("--trainable-fraction", type=float, help="default 1.0")
     parser.add_argument("--communication-buffer-fraction", "--comm-buffer-fraction",
                         dest="communication_buffer_fraction", type=float, help="default 0.05")
+    parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_const", const=True,
+                        help="with tp > 1, shard the norms' and residual activations over tp too (default: "
+                             "the profile's: on for reference, off for measured)")
     parser.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
-                        help="with tp > 1, do not divide activations by tp")
+                        help="with tp > 1, do not divide the replicated activations by tp")
     parser.add_argument("--data-parallel", metavar="RULE",
                         help="a data-parallel sharding rule by name (instead of --zero-stage)")
     parser.add_argument("--rule", action="append", default=[], metavar="AXIS=RULE",

@@ -50,6 +50,12 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
         raise (InvalidInputTypeError if isinstance(zero_stage, bool) else InvalidInputError)(
             "zero_stage", zero_stage, "0, 1, 2 or 3")
     zero_stage = int(zero_stage)
+    notes = _catalog_notes(model, hardware)
+    if sequence_parallel is None:       # the profile's default, said where it matters
+        sequence_parallel = registry.profiles[profile].sequence_parallel
+        if sizes["tp_size"] > 1 and not sequence_parallel:
+            notes += (f"sequence parallelism off: the {profile} profile's default, as in PyTorch's and Hugging Face's "
+                      "tensor-parallel plans (torchtitan, Megatron --sequence-parallel: sequence_parallel=True)",)
     sequence_parallel = _checks.flag("sequence_parallel", sequence_parallel)
     if sizes["tp_size"] > 1:
         _check_tp(model, sizes["tp_size"])
@@ -96,7 +102,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
                         trainable_fraction=trainable_fraction,
                         communication_buffer_fraction=communication_buffer_fraction,
                         sequence_parallel=sequence_parallel, profile=profile, rules=rules, options=options,
-                        include_plugins=include, notes=_catalog_notes(model, hardware), **sizes)
+                        include_plugins=include, notes=notes, **sizes)
 
 
 def _model(model) -> TransformerWorkload:

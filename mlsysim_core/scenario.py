@@ -80,7 +80,7 @@ class Scenario:
     gradient_accumulation_steps: int = 1
     trainable_fraction: float = 1.0
     communication_buffer_fraction: float = 0.05
-    sequence_parallel: bool = True
+    sequence_parallel: bool | None = None   # None: the profile's default
     data_parallel: str | None = None
     sharding_rules: dict[str, str] = attrs.field(factory=dict)
     plugin_options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -270,8 +270,8 @@ class Scenario:
         details.update({name: value for name, value in o.items() if name not in details and name not in shown})
         if o.get("runtime_overheads", True) is not True:
             details["runtime_overheads"] = o["runtime_overheads"]
-        if not self.sequence_parallel and self.tp_size > 1:
-            details["sequence_parallel"] = False
+        if self.sequence_parallel is not None and self.tp_size > 1:
+            details["sequence_parallel"] = self.sequence_parallel
         if self.trainable_fraction != 1.0:
             details["trainable_fraction"] = self.trainable_fraction
         return details

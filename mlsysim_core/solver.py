@@ -73,7 +73,7 @@ class TrainingMemoryModel:
     def solve(self, model, hardware, batch_size, seq_len=2048, precision='fp16', optimizer='adam',
               activation_checkpointing='selective', tp_size=1, pp_size=1, dp_size=1, ep_size=1,
               zero_stage=0, gradient_accumulation_steps=1, trainable_fraction=1.0,
-              communication_buffer_fraction=0.05, *, sequence_parallel: bool = True,
+              communication_buffer_fraction=0.05, *, sequence_parallel: bool | None = None,
               data_parallel: str | None = None, sharding_rules: Mapping[str, str] | None = None,
               plugin_options: Mapping[str, Any] | None = None,
               include_plugins: Sequence[str] = (), profile: str | None = None, cp_size: int = 1,
@@ -82,7 +82,8 @@ class TrainingMemoryModel:
 
         The positional parameters are the reference model's, in its order, with its
         defaults; ``batch_size`` is the GLOBAL batch (all DP replicas and accumulation
-        steps). Keyword-only: ``sequence_parallel``; ``data_parallel`` (a data-parallel rule
+        steps). Keyword-only: ``sequence_parallel`` (None: the profile's default: on for the
+        reference, off for the measured profile); ``data_parallel`` (a data-parallel rule
         by name, instead of ``zero_stage``); ``sharding_rules`` (``{"tp"|"cp"|"pp"|"ep": rule}``);
         ``plugin_options`` (``{spec name: options}``); ``include_plugins`` (component hooks
         added to the profile's own); ``profile``; ``cp_size`` (context parallelism); and

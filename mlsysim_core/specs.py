@@ -146,6 +146,8 @@ class ProfileSpec:
     """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
     relocate: Callable | None = _optional_callable
     """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""
+    sequence_parallel: bool = True
+    """What ``sequence_parallel`` not given (None) means under this profile. Plugin API 2.1."""
 
     def __attrs_post_init__(self):
         if self.grade == "measured" and self.options_type is None:    # the measured callables read them

@@ -87,8 +87,10 @@ def test_the_built_in_families_and_kernels_register_themselves():
 
 
 def test_the_registry_collects_them_through_the_profiles_hooks(builtin_pm):
+    from mlsysim_plugins.measured.architectures import family_modules
     registry = manager(builtin_pm).registry
-    assert registry.extensions[ARCHITECTURES] == BUILTIN_FAMILIES
+    more = {f.name: f for m in family_modules() for f in m.FAMILIES}
+    assert registry.extensions[ARCHITECTURES] == {**BUILTIN_FAMILIES, **more}
     assert registry.extensions[KERNELS] == BUILTIN_KERNELS
 
 
@@ -101,10 +103,12 @@ def test_each_built_in_family_claims_its_validated_architectures_without_a_note(
     assert [f.name for f in BUILTIN_FAMILIES.values() if f.claims_model(model)] == [family.name]
 
 
-def test_every_architecture_the_hf_import_reads_has_a_built_in_family():
-    from mlsysim_core.hf import SUPPORTED_MODEL_TYPES
-    listed = {a for f in BUILTIN_FAMILIES.values() for a in f.architectures}
-    assert set(SUPPORTED_MODEL_TYPES) <= listed
+def test_every_architecture_the_hf_import_reads_has_a_family(builtin_pm):
+    """(``hf.ARCHITECTURES``: what workloads get; a nested config's is its text model's.)"""
+    from mlsysim_core.hf import ARCHITECTURES as READ
+    registered = manager(builtin_pm).registry.extensions[ARCHITECTURES]
+    listed = {a for f in registered.values() for a in f.architectures}
+    assert set(READ) <= listed
 
 
 # --- choosing a family ---------------------------------------------------------------------------------

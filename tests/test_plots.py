@@ -432,7 +432,7 @@ LONG_LABELS = ("hardware", "model", "profile", "data_parallel", "activation_chec
 def test_one_parallel_layout_gets_a_bar_per_rank_class(mpl, tmp_path, drawn):
     code, text = run("plot", "bars", "--profile", "measured", "-m", "llama3-70b", "-b", "64", "-s", "4096",
                      "--tp", "8", "--pp", "4", "--dp", "2", "--zero", "1", "--grad-accum", "8", "--checkpointing",
-                     "full", "--precision", "bf16", "-o", str(tmp_path / "r.png"))
+                     "full", "--precision", "bf16", "--sequence-parallel", "-o", str(tmp_path / "r.png"))
     assert code == 0, text
     (r,), (fig,) = drawn["results"], drawn["figures"]
     assert [k.name for k in r.ranks] == ["first stage", "middle stages (heaviest: stage 1)", "last stage"]

@@ -236,7 +236,10 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
                            formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
                                    "then their sum)"))
-        else:
+        elif not (rank is not None and t > 1 and not megatron(regime) and placement.gradient_shards == 1
+                  and plan.gradient_accumulation_steps == 1):
+            # (Under PyTorch TP the full V x h output of embedding_dense_backward becomes the
+            # rank's .grad itself, counted with the gradients: parallel.rank_gradient_terms.)
             add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
                            nbytes=E * grad_b, phases=(BACKWARD_END,),
                            formula=f"V x h{on_tp} x {grad_b} B (embedding_dense_backward's output)"))

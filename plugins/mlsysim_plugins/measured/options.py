@@ -124,7 +124,7 @@ class MeasuredOptions:
                                        "(default dropless)", "CF", kind=float)
     device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
                           "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
-                          "as the validation runs measured)", "DEVICE", choices=("cuda", "cpu"))
+                          "as the validation runs measured)", choices=("cuda", "cpu"))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel

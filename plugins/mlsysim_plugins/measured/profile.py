@@ -34,7 +34,10 @@ def mlsysim_profiles():
                                     "against PyTorch's MemTracker",
                         component_plugins=("measured_profile",), options_type=MeasuredOptions,
                         registration_hooks=hookspecs.HOOKS,
-                        prepare=prepare, ranks=_ranks, relocate=_offload)]
+                        prepare=prepare, ranks=_ranks, relocate=_offload,
+                        # PyTorch's and Hugging Face's TP plans keep the norms' activations replicated
+                        # (validation/parallel/tp_phases: the forward and backward exact without SP).
+                        sequence_parallel=False)]
 
 
 def _ranks(plan):
