@@ -106,11 +106,14 @@ def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
     o, t = plan.profile_options, plan.tp_size
     tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
     cf = o.moe_capacity_factor or 1.0
-    nbytes = 2 * tokens * shape.top_k * shape.hidden * o.regime.compute * cf
+    from .routing import imbalance_factor
+    f = imbalance_factor(plan)       # the busiest rank receives f x its share (it sends its own copies)
+    nbytes = (1 + f) * tokens * shape.top_k * shape.hidden * o.regime.compute * cf
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
         phases=(FORWARD, BACKWARD),
-        formula=f"2 x {_fmt(tokens)} tokens x top-k {shape.top_k} x h {shape.hidden} x {o.regime.compute} B"
+        formula=(f"2 x {_fmt(tokens)}" if f == 1.0 else f"(1 + imbalance {f:.4f}) x {_fmt(tokens)}")
+                + f" tokens x top-k {shape.top_k} x h {shape.hidden} x {o.regime.compute} B"
                 + (f" x capacity factor {cf:g}" if cf != 1.0 else ""))]
 
 

@@ -68,6 +68,13 @@ def layer_bytes(plan, ctx: Context):
         # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
         parts = tuple(attrs.evolve(p, nbytes=p.nbytes * cf) if p.split == EXPERTS else p for p in lb.parts)
         lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
+    elif plan.rank is not None and plan.ep_size > 1:
+        # Dropless routing: the busiest expert-parallel rank computes more than the mean T x k copies.
+        from .routing import imbalance_factor
+        f = imbalance_factor(plan)
+        if f != 1.0:
+            parts = tuple(attrs.evolve(p, nbytes=p.nbytes * f) if p.split == EXPERTS else p for p in lb.parts)
+            lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
     return lb
 
 

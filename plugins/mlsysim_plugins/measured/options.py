@@ -122,6 +122,10 @@ class MeasuredOptions:
                            "or {name: cpu|nvme}", "WHAT", parse=_offload_parts)
     moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
                                        "(default dropless)", "CF", kind=float)
+    moe_routing_imbalance: Any = _option("dropless mixture of experts under expert parallelism: the busiest rank's "
+                                         "routed tokens over the mean, a number >= 1 from your router's statistics, "
+                                         "or uniform (the expected maximum under uniform random top-k routing, a lower "
+                                         "bound); default balanced", "X|uniform")
     device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
                           "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
                           "as the validation runs measured)", choices=("cuda", "cpu"))
@@ -199,12 +203,36 @@ def prepare(plan, registry):
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
         plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
+    if o.moe_routing_imbalance is not None:
+        plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan
+
+
+def _routing_imbalance(plan, value, cf):
+    """Check and keep ``moe_routing_imbalance`` (``routing.py``), saying where it changes nothing."""
+    from .routing import imbalance_factor, imbalance_value
+    value = imbalance_value(value)
+    if not plan.model.is_sparse:
+        raise InvalidInputError("moe_routing_imbalance", value, "None for a dense model",
+                                f"{plan.model.name!r} has no experts")
+    if cf is not None:
+        raise InvalidInputError("moe_routing_imbalance", value, "None with moe_capacity_factor",
+                                "routing imbalance is for dropless routing; a capacity factor caps every expert's "
+                                "load (the experts' activations scale with it instead)")
+    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_routing_imbalance=value))
+    if plan.ep_size == 1:
+        note = ("moe_routing_imbalance changes nothing without expert parallelism: one device computes every "
+                "routed copy, T x top-k rows however they are spread over its experts")
+    else:
+        note = (f"routing imbalance: the busiest expert-parallel rank computes {imbalance_factor(plan):.4f} x the "
+                f"mean routed tokens ({value if value == 'uniform' else 'given'}); its experts' activations and "
+                "all-to-all receive buffer scale with it")
+    return attrs.evolve(plan, notes=plan.notes + (note,))
 
 
 def _runtime_overheads(value, RuntimeOverheads):
