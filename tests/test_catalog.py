@@ -277,6 +277,7 @@ EXACT_COUNTS = {
     "openai/gpt-oss-120b": 116_829_156_672,
     "allenai/olmo-2-1124-7b": 7_298_617_344,
     "allenai/olmo-2-1124-13b": 13_716_198_400,
+    "meta-llama/llama-4-maverick-17b-128e": 400_711_848_960,
 }
 
 # Active parameters of the mixtures of experts, measured as total minus the routed experts'
@@ -288,6 +289,7 @@ EXACT_ACTIVE = {
     "deepseek-ai/deepseek-v3": 37_552_282_624,
     "openai/gpt-oss-20b": 4_187_440_704,
     "openai/gpt-oss-120b": 5_711_982_912,
+    "meta-llama/llama-4-maverick-17b-128e": 17_184_691_200,
 }
 
 # Rounded figures the publishers state: (total in billions, active in billions, digits).
@@ -321,7 +323,7 @@ def curated_hardware():
 
 def test_curated_model_families_are_all_there():
     keys = set(curated_models())
-    assert len(keys) == 49
+    assert len(keys) == 50
     for needle in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "meta-llama-3-8b", "meta-llama-3-70b",
                    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
                    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b", "mixtral-8x22b",
@@ -330,7 +332,7 @@ def test_curated_model_families_are_all_there():
                    "deepseek-v2-lite", "deepseek-v3", "phi-3-mini", "phi-3-medium", "olmo",
                    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b",
                    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b",
-                   "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b"]:
+                   "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b", "llama-4-maverick"]:
         assert any(needle in key for key in keys), needle
 
 
@@ -443,6 +445,11 @@ HARDWARE = {
     "google/tpu-v5e": (16 * GiB, 819_000_000_000, 8),
     "google/tpu-v5p": (95 * GiB, 2_765_000_000_000, 4),
     "google/tpu-v6e": (32 * GiB, 1_638_000_000_000, 8),
+    # issue 15: cited by page address (see each entry's sources)
+    "amd/mi355x": (288 * GiB, 8_000_000_000_000, 8),
+    "nvidia/h20": (96 * GiB, 4_000_000_000_000, None),
+    "nvidia/rtx-a6000": (48 * GiB, 768_000_000_000, None),
+    "nvidia/rtx-5090": (32 * GiB, 1_792_000_000_000, None),
 }
 
 
@@ -464,6 +471,32 @@ def test_curated_hardware_extras():
     assert get_hardware("google/tpu-v6e").host_memory == 1536 * GiB
     assert get_hardware("google/tpu-v5e").host_memory == 512 * GiB
     assert find_hardware("nvidia/rtx-4090").extra["tier"] == "workstation"
+
+
+# Planner figures (issue 15): peak dense FLOP/s and interconnect bandwidth, kept in
+# extra["performance"] (HardwareNode has no fields for them), each with its own source.
+PERFORMANCE = {
+    "nvidia/b200": {"peak_bf16_dense_flops": 2_250_000_000_000_000, "peak_fp8_dense_flops": 4_500_000_000_000_000,
+                    "intra_node_bandwidth_bytes_per_s": 1_800_000_000_000},
+    "nvidia/gb200": {"peak_bf16_dense_flops": 2_500_000_000_000_000, "peak_fp8_dense_flops": 5_000_000_000_000_000,
+                     "intra_node_bandwidth_bytes_per_s": 1_800_000_000_000, "nvlink_domain_devices": 72},
+    "amd/mi300x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
+    "amd/mi325x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
+    "nvidia/l40s": {"peak_bf16_dense_flops": 362_000_000_000_000},
+    "google/tpu-v5p": {"peak_bf16_dense_flops": 459_000_000_000_000, "intra_node_bandwidth_bytes_per_s": 600_000_000_000},
+    "google/tpu-v6e": {"peak_bf16_dense_flops": 918_000_000_000_000, "peak_int8_ops": 1_836_000_000_000_000,
+                       "intra_node_bandwidth_bytes_per_s": 800_000_000_000},
+}
+
+
+def test_curated_hardware_performance_figures_are_sourced():
+    for key, entry in curated_hardware().items():
+        figures = entry.extra.get("performance", {})
+        assert figures == PERFORMANCE.get(key, {}), key
+        for name in figures:
+            assert len(entry.sources.get(f"performance.{name}", "")) > 20, (key, name)
+    assert get_hardware("google/tpu-v6e").host_memory == 1536 * GiB
+    assert "docs.cloud.google.com/tpu/docs/v6e" in find_hardware("google/tpu-v6e").sources["host_memory"]
 
 
 def test_every_name_finds_its_entry():
