@@ -6,7 +6,7 @@ Tiny real runs cover every mechanism: multi-head latent attention with and witho
 qk head dim (nope + rope) != v head dim, one dense first layer then MoE layers with shared experts,
 V2 softmax routing (greedy and group_limited_greedy), V3 sigmoid group-limited routing with
 norm_topk_prob and routed_scaling_factor; fp32 and bf16, sdpa and eager, checkpointing none and
-full, batch 1 and 2 (at batch > 1 the batched matmul copies v instead of keeping a view of
+full, amp-bf16 (autocast) too, batch 1 and 2 (at batch > 1 the batched matmul copies v instead of keeping a view of
 kv_b_proj's output). The experts run with transformers' default experts_implementation
 "grouped_mm" (measured: DeepseekV3Experts is decorated with use_experts_implementation).
 
@@ -93,5 +93,7 @@ CONFIGS = [
     _cfg("deepseek-v3-tiny-fp32-sdpa-b2", "deepseek-v3-tiny", 2, 128),
     _cfg("deepseek-v3-tiny-bf16-sdpa-full", "deepseek-v3-tiny", 1, 256, regime="bf16", checkpointing="full"),
     _cfg("deepseek-v3-tiny-fp32-eager-full", "deepseek-v3-tiny", 1, 256, attention="eager", checkpointing="full"),
+    _cfg("deepseek-v2-tiny-amp-sdpa", "deepseek-v2-tiny", 1, 256, regime="amp-bf16"),
+    _cfg("deepseek-v3-tiny-amp-sdpa", "deepseek-v3-tiny", 1, 256, regime="amp-bf16"),
     _cfg("deepseek-v2-lite-4l-bf16-sdpa-fake", "deepseek-v2-lite", 1, 2048, regime="bf16", method="fake"),
 ]

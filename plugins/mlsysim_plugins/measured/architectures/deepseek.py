@@ -39,12 +39,14 @@ DeepSeek MoE (``DeepseekV3MoE``): the first ``first_k_dense_replace`` layers hav
 of ``intermediate_size`` (4 c f); the others
 * a router that runs in fp32: ``F.linear(x.float(), w.float())`` saves the fp32 input (bf16: a copy,
   4h; fp32: the norm output itself) and the fp32 weight (bf16: a copy, 4 E h per layer);
-  V3: sigmoid output (4E), the group top-2 indices (16 n_group), the top-``topk_group`` group indices
-  (8 topk_group), the boolean group mask of masked_fill (E), top-k indices (8k) and, with
-  ``norm_topk_prob``, the normalizing sum (4) and the normalized weights (4k); the
-  ``routed_scaling_factor`` multiply saves nothing. V2: softmax output (4E), top-k indices (8k);
-  ``group_limited_greedy`` adds the group max indices (8 n_group), the group top-k indices
-  (8 topk_group) and the mask (E); V2 does not normalize.
+  V3: the weights are ``scores.gather(1, topk_indices)``: the sigmoid output (4E) and the top-k
+  indices (8k) stay, and with ``norm_topk_prob`` the normalizing sum (4) and the normalized weights
+  (4k); the group-limited selection (e_score_correction_bias, group top-2 sums, top-``topk_group``
+  groups, masked scores, their top-k) ends in integer indices, so its autograd nodes and what they
+  saved die with the router: group-limited routing keeps nothing per token beyond plain top-k.
+  The ``routed_scaling_factor`` multiply saves nothing. V2: softmax output (4E), top-k indices (8k);
+  ``group_limited_greedy`` takes the top-k of the masked scores, so masked_fill's mask (E) stays
+  (the group maxima only choose groups: freed); V2 does not normalize.
 * the routed experts as Mixtral's (transformers' default ``experts_implementation="grouped_mm"``):
   int64 indices 3 x 8k, int32 offsets 4E per layer, c k (2h + 4f), fp32 routing weights 4k;
 * the shared experts, one gated MLP of n_shared x moe_intermediate_size (4 c f_shared).
@@ -55,8 +57,11 @@ over the model's layers is exact on one device. Where one layer or one stage cou
 stage's own mix of layers, full checkpointing's one-layer recompute working set, FSDP's gathered
 layer) it is an approximation, said in a note (``check``).
 
-Refused by name: autocast regimes (the router's fp32 linear under autocast and the casts were not
-measured), Megatron-Core's layers (main-grad regimes), dropout > 0, attention kernels other than
+Autocast (``amp-bf16``): the norms keep fp32 normalized x and each consuming linear its bf16 cast
+(as in a Llama layer); the latent norms, q, k, v and the attention are pure bf16's; the router's
+fp32 linear runs in bf16 under autocast; the experts (grouped_mm) in fp32.
+
+Refused by name: Megatron-Core's layers (main-grad regimes), dropout > 0, attention kernels other than
 sdpa and eager. LoRA has no walker (the profile refuses it).
 """
 
@@ -349,16 +354,22 @@ def _mla_eager(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, 
 # --- one (mean) layer --------------------------------------------------------------------------
 
 def _router_per_token(z: Sizes, kind: str) -> float:
+    """What the router keeps per token. Only the graph the routing weights hang from survives
+    the forward: V3's group selection (group top-2 sums, group top-k, the masked scores and their
+    top-k) yields integer indices, so its nodes and what they saved die with the router; the
+    weights are ``scores.gather(1, topk_indices)``: sigmoid's output and the gather's index stay.
+    Under autocast the router's ``F.linear(x.float(), w.float())`` runs in bf16 (a bf16 cast of
+    the input; V3's sigmoid, sum and weights in bf16; V2's softmax is fp32 by its dtype)."""
     E, k = z.experts, z.top_k
-    b = 4 * z.hidden if kind != "fp32" else 0          # the fp32 copy of the router's input
+    amp = kind == "amp-bf16"
+    b = {"fp32": 0, "bf16": 4 * z.hidden, "amp-bf16": 2 * z.hidden}[kind]    # the router input's copy / cast
+    s = 2 if amp and z.v3 else 4                       # the scores' dtype
+    b += s * E + 8 * k                                 # sigmoid / softmax output, top-k indices
     if z.v3:
-        b += 4 * E + 16 * z.n_group + 8 * z.topk_group + E + 8 * k   # sigmoid, group top-2, group top-k, mask, top-k
         if z.norm_topk_prob:
-            b += 4 + 4 * k                                 # the sum and the normalized weights
-    else:
-        b += 4 * E + 8 * k                                 # softmax, top-k
-        if z.group_limited:
-            b += 8 * z.n_group + 8 * z.topk_group + E      # group max, group top-k, mask
+            b += s + s * k                             # the sum and the normalized weights
+    elif z.group_limited:
+        b += E                                         # masked_fill's mask (the weights are the masked top-k)
     return b
 
 
@@ -366,42 +377,53 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
                    seq_len, model=None) -> LayerBytes:
     """The mean DeepSeek decoder layer (module docstring)."""
     z = sizes(model)
-    if regime not in ("fp32", "bf16"):
-        raise _autocast_refused()
     if dropout:
         raise _dropout_refused()
+    amp = regime == "amp-bf16"
     c = _c(regime)
     h = hidden
+    # RMSNorm: fp32 / bf16 keep the normalized x and the output (bf16: + its fp32 copy); AMP the fp32
+    # normalized x only, every consuming linear its own bf16 cast of the output.
+    norm = 4 * h + 4 if amp else 8 * h + 4
     w = _Walk()
-    w.add("input norm", 8 * h + 4, REPLICATED)
+    w.add("input norm", norm, REPLICATED)
+    if amp:
+        w.add("q / kv_a input casts", 2 * 2 * h, REPLICATED)
     if z.q_lora_rank is not None:
         w.add("q_a_layernorm", (12 if regime == "fp32" else 8) * z.q_lora_rank + 4, REPLICATED)
     kvr = z.kv_lora_rank
     w.add("kv_a_layernorm", (4 * (kvr + z.rope) + 8 * kvr if regime == "fp32" else 8 * kvr) + 4, REPLICATED)
     try:
-        parts = attention(kind=regime, dropout=False, heads=heads, q_dim=heads * z.qk_dim, kv_dim=heads * z.v_dim,
-                          hidden=h, seq_len=seq_len, tokens=tokens, mla=(z.nope, z.rope, z.v_dim))
+        # under autocast q, k, v are bf16 (linear outputs): the attention is pure bf16's
+        parts = attention(kind="bf16" if amp else regime, dropout=False, heads=heads, q_dim=heads * z.qk_dim,
+                          kv_dim=heads * z.v_dim, hidden=h, seq_len=seq_len, tokens=tokens,
+                          mla=(z.nope, z.rope, z.v_dim))
     except TypeError:
-        raise NotModelledError("attention", "a kernel without an MLA formula", "sdpa or eager for multi-head latent attention",
+        raise NotModelledError("attention", "a kernel without an MLA formula",
+                               "sdpa or eager for multi-head latent attention",
                                "the attention kernel has no formula for DeepSeek's MLA layout") from None
     w.extend(parts)
     w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
-    w.add("post-attention norm", 8 * h + 4, REPLICATED)
+    w.add("post-attention norm", norm, REPLICATED)
     dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
+    casts = 2 * 2 * h if amp else 0                   # gate / up input casts under autocast
     if dense:
-        w.add(f"dense mlp x {z.dense_layers}/{z.layers} (gate, silu, up, product)", 4 * c * z.dense_ffn * dense)
+        w.add(f"dense mlp x {z.dense_layers}/{z.layers} (input casts, gate, silu, up, product)",
+              (casts + 4 * c * z.dense_ffn) * dense)
     if moe:
         E, k, f = z.experts, z.top_k, z.expert_ffn
+        ce = 2 if regime == "bf16" else 4              # grouped_mm runs in the weights' dtype
         label = f"moe x {z.moe_layers}/{z.layers}"
         w.add(f"{label}: router ({'sigmoid, group-limited top-k' if z.v3 else 'softmax top-k'})",
               _router_per_token(z, regime) * moe, REPLICATED)
         w.add(f"{label}: expert indices (perm // k, perm, inv_perm)", 3 * 8 * k * moe, REPLICATED)
-        w.add(f"{label}: experts (input, gate_up, silu, product, down)", c * k * (2 * h + 4 * f) * moe, EXPERTS)
-        w.add(f"{label}: routing weights", 4 * k * moe, REPLICATED)
+        w.add(f"{label}: experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f) * moe, EXPERTS)
+        w.add(f"{label}: routing weights", (2 if amp and z.v3 else 4) * k * moe, REPLICATED)
         if z.shared:
-            w.add(f"{label}: shared experts (gate, silu, up, product)", 4 * c * z.shared_ffn * moe)
+            w.add(f"{label}: shared experts (input casts, gate, silu, up, product)",
+                  (casts + 4 * c * z.shared_ffn) * moe)
         w.constant.append(Part(f"{label}: expert offsets", 4 * E * moe, split=REPLICATED))
-        if regime != "fp32":
+        if regime == "bf16":
             w.constant.append(Part(f"{label}: router weight's fp32 copy", 4 * E * h * moe, split=REPLICATED))
     r = 2 if regime == "bf16" else 4
     return w.layer(tokens, r * h * tokens, regime != "bf16")
@@ -411,14 +433,6 @@ def _megatron_mlp(*, hidden, ffn, experts, top_k):
     raise NotModelledError("regime", "Megatron-Core (main-grad)",
                            "a regime that runs transformers' DeepSeek layers (fp32, bf16, fp16, mixed-bf16, fsdp-bf16)",
                            "Megatron-Core's MLA and DeepSeek MoE layers are not modelled")
-
-
-def _autocast_refused():
-    return NotModelledError("regime", "autocast (amp-bf16, amp-fp16)",
-                            "fp32 or a pure 16-bit regime for a DeepSeek model",
-                            "MLA and DeepSeek MoE were derived and measured in fp32 and pure bf16 "
-                            "(validation/families/deepseek); under autocast the router's fp32 linear and the "
-                            "latent norms' casts were not measured")
 
 
 def _dropout_refused():
@@ -433,8 +447,6 @@ def _check(plan) -> tuple[str, ...]:
     regime = o.regime
     if regime.main_grad:
         raise _megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
-    if regime.autocast:
-        raise _autocast_refused()
     if o.dropout:
         raise _dropout_refused()
     kernel = o.attention_kernel.name if o.attention_kernel is not None else o.attention
