@@ -224,3 +224,12 @@ def test_phi3_dropout_is_refused(measured):
 def test_lora_is_refused_by_name(measured, arch):
     with pytest.raises(NotModelledError, match=f"lora.*{arch}"):
         _solve(measured, _tiny(arch), lora=dict(rank=8))
+
+
+def test_olmo2_rope_tables_are_fp32_in_bf16(measured):
+    # Olmo2RotaryEmbedding.forward returns fp32 cos, sin (no cast): 2 x s x head_dim x 4 B.
+    result = _solve(measured, _tiny("olmo2"), regime="bf16")
+    table = next(t for t in result.terms if t.label.startswith("RoPE cos/sin"))
+    assert table.nbytes == 2 * 256 * 32 * 4
+    qwen3 = _solve(measured, _tiny("qwen3", head_dim=32), regime="bf16")
+    assert next(t for t in qwen3.terms if t.label.startswith("RoPE cos/sin")).nbytes == 2 * 256 * 32 * 2

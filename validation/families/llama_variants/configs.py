@@ -39,9 +39,11 @@ QWEN3_TINY = _base("qwen3", 256, 688, 4, 8, 2, 8192, tie=True, head_dim=64, atte
                    use_sliding_window=False)
 OLMO2_TINY = _base("olmo2", 256, 688, 4, 8, 8, 8192, attention_bias=False)
 OLMO2_GQA_TINY = _base("olmo2", 256, 688, 4, 8, 2, 8192, attention_bias=False)
-PHI3_TINY = _base("phi3", 256, 688, 4, 8, 8, 8192, sliding_window=None)
-PHI3_GQA_TINY = _base("phi3", 256, 688, 4, 8, 2, 8192, sliding_window=None)
-PHI3_PARTIAL_TINY = _base("phi3", 256, 688, 4, 8, 2, 8192, sliding_window=None, partial_rotary_factor=0.75)
+# (Phi3Config's default pad_token_id 32000 lies outside a small vocabulary: none.)
+PHI3_TINY = _base("phi3", 256, 688, 4, 8, 8, 8192, sliding_window=None, pad_token_id=None)
+PHI3_GQA_TINY = _base("phi3", 256, 688, 4, 8, 2, 8192, sliding_window=None, pad_token_id=None)
+PHI3_PARTIAL_TINY = _base("phi3", 256, 688, 4, 8, 2, 8192, sliding_window=None, partial_rotary_factor=0.75,
+                          pad_token_id=None)
 
 QWEN3_1_7B = _base("qwen3", 2048, 6144, 28, 16, 8, 151936, tie=True, head_dim=128, attention_bias=False,
                    use_sliding_window=False, rope_theta=1000000.0, max_position_embeddings=40960)

@@ -31,6 +31,8 @@ projections' outputs; ``Olmo2RMSNorm`` returns ``(weight * normalized).to(input_
     every regime: fp32 copy or input 4n + rsqrt 4 + normalized 4n = 8n + 4 per norm (q_norm,
     k_norm, and the two post-norms over h, whose inputs are o_proj's and down_proj's outputs).
   * The mid residual is read by gate and up: fp32 4h, bf16 2h, AMP their two casts 2 x 2h.
+  * Rotary's cos and sin are fp32 in every regime (``Olmo2RotaryEmbedding.forward`` does not cast
+    them; ``apply_rotary_pos_emb`` casts q and k back): in bf16 the tables are 4 B, not 2.
   * The final norm (``Olmo2RMSNorm``): fp32 normalized + output 8h + 4 (its input is the last
     layer's output, counted); bf16: fp32 copy + fp32 normalized + bf16 output 10h + 4, where the
     last layer's bf16 output is not kept by it (the walker counts every layer's output as kept
@@ -294,6 +296,17 @@ def _adjust(kind, plan, placement, terms):
         formula=f"T x h x 4 B" + (f" / {shards}" if shards != 1 else "") + " (the LM head keeps its bf16 cast)")]
 
 
+def _olmo2_adjust(kind, plan, placement, terms):
+    """Olmo2RotaryEmbedding returns cos and sin in fp32 whatever the model's dtype (no
+    ``.to(x.dtype)``; apply_rotary_pos_emb casts q and k back): in 16-bit training the tables
+    are twice what the model counts for Llama's 16-bit tables."""
+    terms = _adjust(kind, plan, placement, terms)
+    if kind != "model_activations" or plan.profile_options.regime.residual == 4:
+        return terms
+    return [attrs.evolve(t, nbytes=2 * t.nbytes, formula=t.formula.replace(" x 2 B", " x 4 B") + " (fp32 in OLMo 2)")
+            if t.label.startswith("RoPE cos/sin") else t for t in terms]
+
+
 def _phi3_adjust(kind, plan, placement, terms):
     """Partial rotary: RoPE's tables and inv_freq buffers are that share of head_dim (the
     family's rotary_fraction is 1: the model's own factor scales them here)."""
@@ -377,7 +390,7 @@ QWEN3 = _family("qwen3", description="Llama layers with per-head QK-norm and hea
 OLMO2 = _family("olmo2", description="full-width QK-norm, norms after attention and MLP, no input norm "
                                      "(OLMo 2; validated against PyTorch's MemTracker)",
                 weights=_llama_weights, tensors=_olmo2_tensors, matrices=_olmo2_matrices, layer=olmo2_layer,
-                norm=OLMO2_NORM)
+                norm=OLMO2_NORM, adjust=_olmo2_adjust)
 PHI3 = _family("phi3", description="Llama layers with fused qkv_proj and gate_up_proj, partial rotary "
                                    "(Phi-3, Phi-4; validated against PyTorch's MemTracker)",
                weights=_phi3_weights, tensors=_phi3_tensors, matrices=_phi3_matrices, layer=_pre_norm_layer("phi3"),
