@@ -81,6 +81,18 @@ def _details(model) -> dict:
     return dict(getattr(model, "details", None) or {}) if model is not None else {}
 
 
+def _parallel(model, raw_key: str) -> bool | None:
+    """Parallel residual or not; None when the model does not say (no details). ``from_hf_config``
+    lists ``parallel_residual`` only when it is True (its default is False) and copies the raw
+    config key (``use_parallel_residual``, ``parallel_attn``) when present."""
+    d = _details(model)
+    if "parallel_residual" in d:
+        return bool(d["parallel_residual"])
+    if raw_key in d:
+        return bool(d[raw_key])
+    return False if "model_type" in d else None
+
+
 def _no_dropout(dropout: bool) -> None:
     if dropout:
         raise NotModelledError("dropout", "> 0", "0.0 for GPT-NeoX and Falcon models",
@@ -154,7 +166,7 @@ def neox_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, to
     """One GPTNeoXLayer (parallel residual unless ``use_parallel_residual`` is False)."""
     _no_dropout(dropout)
     h, f, c, r = hidden, ffn, _c(regime), _r(regime)
-    sequential = _details(model).get("parallel_residual", True) is False
+    sequential = _parallel(model, "use_parallel_residual") is False
     w = _Walk()
     w.add("input_layernorm (mean, rstd)", 2 * r, REPLICATED)
     w.add("query_key_value input (input_layernorm output or its AMP cast)", c * h, REPLICATED)
@@ -174,7 +186,7 @@ def _falcon_layout(model) -> tuple[bool, int]:
     if d.get("position_embedding") == "alibi":
         raise NotModelledError("model.details.alibi", True, "a rotary Falcon (alibi False)",
                                "Falcon's ALiBi attention (Falcon-RW) was not measured")
-    if d.get("parallel_residual", True) is False:
+    if _parallel(model, "parallel_attn") is False:
         raise NotModelledError("model.details.parallel_attn", False, "parallel attention (parallel_attn True)",
                                "sequential Falcon layers were not measured")
     new = bool(d.get("new_decoder_architecture", False))
@@ -338,8 +350,8 @@ def _neox_assumptions(model):
     out = list(_activation_note(model))
     if "rotary_fraction" not in d:
         out.append(f"rotary_pct {NEOX_ROTARY} assumed (Pythia's; model.details has no rotary_fraction)")
-    if "parallel_residual" not in d:
-        out.append("parallel residual assumed (model.details has no parallel_residual)")
+    if _parallel(model, "use_parallel_residual") is None:
+        out.append("parallel residual assumed (model.details does not say)")
     return tuple(out)
 
 
