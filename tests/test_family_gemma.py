@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
-from mlsysim_core.errors import NotModelledError
+from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured.architectures import gemma
@@ -258,3 +258,10 @@ def test_gemma2_under_a_kernel_without_its_layout_is_refused():
                             ffn=s.ffn, regime="bf16", attention=flash, dropout=False, tokens=256, seq_len=256,
                             model=model_of("gemma2-tiny"))
     assert EAGER.layouts  # (the built-in kernels are used through the family's own layouts)
+
+
+def test_more_sliding_layers_than_layers_is_refused():
+    model = model_of("gemma3-tiny")
+    bad = attrs.evolve(model, details={**model.details, "sliding_window_layers": 7})
+    with pytest.raises(InvalidInputError, match="sliding_window_layers"):
+        solve(bad)

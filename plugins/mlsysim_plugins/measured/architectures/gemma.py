@@ -51,12 +51,12 @@ from typing import Mapping
 
 import attrs
 
-from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
 from ..kernels import EAGER, SEPARATE_QKV
-from ..layers import REPLICATED, TP, LayerBytes, Part, _Walk, megatron_gated_mlp
+from ..layers import REPLICATED, LayerBytes, Part, _Walk, megatron_gated_mlp
 
 SAVED = (FORWARD, BACKWARD)
 GEMMA2_EAGER = "gemma2-eager"     # Gemma 2's own layout: eager attention whatever the kernel's name
@@ -277,6 +277,10 @@ def _count(version):
 def _check(version):
     def check(plan) -> tuple[str, ...]:
         model, o = plan.model, plan.profile_options
+        sliding = _sliding_layers(model)
+        if not 0 <= sliding <= model.layers:
+            raise InvalidInputError("model.details.sliding_window_layers", sliding, f"0 to {model.layers}, the "
+                                    f"layers of {model.name!r}", "the sliding-window layers are some of its layers")
         notes = []
         if o.regime.main_grad:
             notes.append("approximation: Gemma under Megatron-Core is costed as Megatron's layers (its extra "
