@@ -26,14 +26,14 @@ def test_the_validated_families_carry_no_approximation(name):
     assert approximations(MEASURED.solve(name, "h100", 1, 1024)) == []
 
 
-def test_deepseek_says_what_is_not_modelled():
+def test_deepseek_says_what_it_approximates():
+    # DeepSeek has a family of its own (architectures/deepseek.py): MLA and shared experts are
+    # modelled; it says which attention kernel it assumes and that its layers are their mean.
     r = MEASURED.solve("deepseek-v3", "h200", 64, 1024, dp_size=64, ep_size=8, zero_stage=3)
-    notes = " | ".join(approximations(r))
-    assert "architecture 'deepseek_v3' has no measured-grade model of its own; costed as Mixtral-style" in notes
-    # 7168 / 128 heads = 56: what the multi-head stand-in has per head
-    assert ("model.kv_lora_rank=512: multi-head latent attention is not modelled; its attention is costed as "
-            "multi-head attention (128 heads of 56, 128 KV heads)") in notes
-    assert "model.shared_experts=1: the shared experts' activations are not modelled" in notes
+    notes = " | ".join(r.notes)
+    assert "costed as Mixtral-style" not in notes and "latent attention is not modelled" not in notes
+    assert "MLA attention under sdpa: the memory-efficient kernel" in notes
+    assert "the DeepSeek layers are costed as their mean (3 dense, 58 MoE" in notes
 
 
 def test_gemma2_names_soft_capping_and_sliding_windows():
@@ -45,8 +45,12 @@ def test_gemma2_names_soft_capping_and_sliding_windows():
 
 
 def test_every_family_the_hf_import_reads_is_modelled_or_says_what_it_leaves_out():
-    from mlsysim_core.hf import SUPPORTED_MODEL_TYPES
-    unsaid = [t for t in SUPPORTED_MODEL_TYPES if t not in MODELLED_ARCHITECTURES and t not in NOT_MODELLED]
+    """(``hf.ARCHITECTURES``: what workloads get; the families here and in ``architectures/``.)"""
+    from mlsysim_core.hf import ARCHITECTURES
+    from mlsysim_plugins.measured.architectures import family_modules
+    modelled = set(MODELLED_ARCHITECTURES) | {a for m in family_modules() for f in m.FAMILIES for a in f.architectures
+                                              if f.approximation(a) is None}
+    unsaid = [t for t in ARCHITECTURES if t not in modelled and t not in NOT_MODELLED]
     assert unsaid == []
 
 

@@ -337,16 +337,11 @@ LLAMA = ArchitectureFamily(
     name="llama", label="Llama",
     description="RMSNorm, rotary positions, separate q/k/v/o projections (GQA), gated SiLU MLP "
                 "(Llama, Mistral; validated against PyTorch's MemTracker)",
-    architectures=("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2"),
+    architectures=("llama", "mistral", "ministral", "ministral3"),
+    # (Qwen 2/3, Gemma 1-3, Phi-3/4 and OLMo 2 have families of their own: architectures/.)
     approximations={
-        "qwen2": "the q/k/v biases",
-        "qwen3": "QK-norm (its fp32 copies of q and k)",
-        "gemma": "the fp32 (1+w) norms and the sqrt(hidden) embedding scale",
-        "gemma2": "four norms per layer, logit soft-capping (an extra logits tensor; it forces eager "
-                  "attention) and sliding-window attention",
-        "gemma3_text": "four norms per layer, QK-norm and sliding-window attention",
-        "phi3": "the fused qkv and gate_up projections",
-        "olmo2": "QK-norm and post-norms",
+        "ministral": "the masks SDPA saves in its sliding-window layers when seq_len reaches the window",
+        "ministral3": "the Llama-4 attention scale on q and the masks SDPA saves with a sliding window",
     },
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_llama_weights,
     parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_dense_mlp_shapes),
@@ -357,15 +352,14 @@ GPT2 = ArchitectureFamily(
     name="gpt2", label="GPT-2", gated_mlp=False,
     description="LayerNorm with biases, fused c_attn Conv1D with biases, learned positions, tanh-GELU MLP "
                 "(GPT-2; validated against PyTorch's MemTracker)",
-    architectures=("gpt2", "gpt3", "gpt_neox", "falcon", "olmo", "opt", "bert"),
+    architectures=("gpt2", "gpt3", "olmo", "opt", "bert"),
+    # (GPT-NeoX and Falcon have families of their own: architectures/parallel_residual.py.)
     approximations={
         "gpt3": "its alternating dense and locally banded attention",
-        "gpt_neox": "the parallel residual and partial rotary embeddings",
-        "falcon": "parallel attention and MLP and its attention layout",
         "olmo": "its non-parametric layer norms",
         "opt": "", "bert": "",
     },
-    norm=LAYER_NORM, positions="learned", rotary_architectures=("gpt_neox", "falcon", "olmo"),
+    norm=LAYER_NORM, positions="learned", rotary_architectures=("olmo",),
     attention_layout=FUSED_QKV, layer_weights=_gpt2_weights, parameter_tensors=_gpt2_parameter_tensors,
     matrix_shapes=_gpt2_matrix_shapes, layer=layers.gpt2_layer, megatron_mlp=layers.megatron_plain_mlp,
     lora_layer=_gpt2_lora)
@@ -374,12 +368,11 @@ MIXTRAL = ArchitectureFamily(
     name="mixtral", label="Mixtral", sparse=True,
     description="Llama attention and a sparse MoE block of gated experts (transformers' grouped_mm) "
                 "(Mixtral; validated against PyTorch's MemTracker)",
-    architectures=("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"),
+    architectures=("mixtral", "glm4_moe"),
+    # (Qwen-MoE, DeepSeek and Llama 4 have families of their own: architectures/.)
     approximations={
-        "qwen2_moe": "the shared expert's gate",
-        "qwen3_moe": "QK-norm (its fp32 copies of q and k)",
-        "deepseek_v2": "dense first layers",
-        "deepseek_v3": "dense first layers and group-limited routing",
+        "glm4_moe": "its dense first layers, shared expert, sigmoid group-limited routing, partial rotary "
+                    "embeddings, attention biases and QK-norm",
     },
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_mixtral_weights,
     parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),

@@ -270,12 +270,15 @@ def _approximation_notes(model: TransformerWorkload, family: ArchitectureFamily)
 def _model_notes(model: TransformerWorkload, family: ArchitectureFamily) -> tuple[str, ...]:
     shape = ModelShape.of(model, family)
     notes = []
-    if model.kv_lora_rank is not None:
+    # A family that claims the architecture as it is models its attention and experts itself.
+    exact = family.claims_model(model) and family.approximation((model.architecture or "").lower()) is None \
+        and bool(model.architecture)
+    if model.kv_lora_rank is not None and not exact:
         notes.append(f"approximation: model.kv_lora_rank={model.kv_lora_rank}: multi-head latent attention is "
                      f"not modelled; its attention is costed as multi-head attention ({shape.heads} heads of "
                      f"{shape.head_dim}, {shape.kv_heads} KV heads)")
     shared = getattr(model, "shared_experts", None)
-    if shared:
+    if shared and not exact:
         notes.append(f"approximation: model.shared_experts={shared}: the shared experts' activations are not "
                      "modelled (their weights, in model.parameters, are)")
     notes.extend(f"approximation: {assumed}" for assumed in shape.assumptions)
