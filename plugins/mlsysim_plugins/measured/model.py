@@ -182,7 +182,10 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     first, last, n = (True, True, 1) if rank is None else (rank.first, rank.last, rank.in_flight)
     t, cp = plan.tp_size, plan.cp_size
     seq = ctx.shards                                  # the residual stream's split: cp x (tp with SP)
-    vocab = (t if megatron(regime) else 1) * cp
+    # PyTorch's loss_parallel keeps the logits sharded over the vocabulary, as Megatron's does.
+    loss_parallel = bool(plan.profile_options.loss_parallel) and t > 1 and not megatron(regime)
+    dtensor_sp = plan.sequence_parallel and t > 1 and not megatron(regime)
+    vocab = (t if megatron(regime) or loss_parallel else 1) * cp
     c = regime.compute
     kind = _regime_kind(regime)
     on_seq = f" / {seq}" if seq != 1 else ""
@@ -222,6 +225,24 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
                        nbytes=8 * T * V / vocab, phases=(BACKWARD,),
                        formula=f"nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V{on_vocab}"))
+        if t > 1 and not loss_parallel and not megatron(regime) and c == 4:
+            # fp32 logits are gathered with no later copy: the forward's peak is the all-gather itself
+            # (gathered [tp, T, V/tp], their concatenation and the local shard), T x V/tp more than
+            # the log-softmax moment (validation/parallel/tp_plans: 125M fp32 at tp 4).
+            add(MemoryTerm(component=ACTIVATIONS, label="LM head all-gather: the local logits shard (fp32)",
+                           nbytes=4 * T * V / t / cp, phases=(FORWARD,), formula=f"4 x T x V / tp={t}"))
+        if loss_parallel:
+            # torch/distributed/tensor/parallel/loss.py: _log_softmax keeps x - max beside its result,
+            # and the backward builds a zeros_like before adding (validation/parallel/tp_plans).
+            add(MemoryTerm(component=ACTIVATIONS, label="loss_parallel: shifted logits (x - max, fp32)",
+                           nbytes=4 * T * V / vocab, phases=(FORWARD,), formula=f"4 x T x V{on_vocab}"))
+            add(MemoryTerm(component=ACTIVATIONS, label="loss_parallel: zeros_like in the backward (fp32)",
+                           nbytes=4 * T * V / vocab, phases=(BACKWARD,), formula=f"4 x T x V{on_vocab}"))
+        if dtensor_sp:
+            # The LM head's input is all-gathered from the sequence shards and kept for its weight gradient.
+            add(MemoryTerm(component=ACTIVATIONS, label="LM head input, all-gathered (sequence parallelism)",
+                           nbytes=c * T * h / cp, phases=SAVED,
+                           formula=f"T x h x {c} B" + (f" / cp={cp}" if cp != 1 else "")))
     if regime.autocast:
         if last:
             add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
@@ -250,9 +271,12 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
                            nbytes=E * grad_b, phases=(BACKWARD_END,),
                            formula=f"V x h{on_tp} x {grad_b} B (embedding_dense_backward's output)"))
+        # (With DTensor sequence parallelism the embedding's output was reduce-scattered: its
+        # gradient arrives all-gathered, whole.)
+        grad_split = cp if dtensor_sp else seq
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output",
-                       nbytes=regime.residual * T * h / seq, phases=(BACKWARD_END,),
-                       formula=f"T x h x {regime.residual} B{on_seq}"))
+                       nbytes=regime.residual * T * h / grad_split, phases=(BACKWARD_END,),
+                       formula=f"T x h x {regime.residual} B" + (f" / {grad_split}" if grad_split != 1 else "")))
     return shape.family.adjusted("model_activations", plan, placement, terms)
 
 

@@ -122,6 +122,12 @@ class MeasuredOptions:
                            "or {name: cpu|nvme}", "WHAT", parse=_offload_parts)
     moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
                                        "(default dropless)", "CF", kind=float)
+    loss_parallel: Any = _option("with tp > 1: PyTorch's loss_parallel (torchtitan's default): the LM head's logits "
+                                 "stay sharded over the vocabulary and the cross-entropy runs on the shards "
+                                 "(default: off, the logits gathered on every rank as Hugging Face's tp_plan does)",
+                                 kind=None, flags=({"flag": "--loss-parallel", "const": True,
+                                                    "help": "with tp > 1, vocabulary-parallel logits and "
+                                                            "cross-entropy (torch loss_parallel; torchtitan)"},))
     moe_routing_imbalance: Any = _option("dropless mixture of experts under expert parallelism: the busiest rank's "
                                          "routed tokens over the mean, a number >= 1 from your router's statistics, "
                                          "or uniform (the expected maximum under uniform random top-k routing, a lower "
@@ -203,6 +209,8 @@ def prepare(plan, registry):
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
         plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
+    if o.loss_parallel is not None:
+        plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
     plan = layout_options(plan, schedules)
@@ -210,6 +218,17 @@ def prepare(plan, registry):
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
+    return plan
+
+
+def _loss_parallel(plan, value):
+    value = _checks.flag("loss_parallel", value)
+    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, loss_parallel=value))
+    from .model import megatron
+    if value and (plan.tp_size == 1 or megatron(plan.profile_options.regime)):
+        why = ("without tensor parallelism the logits are whole" if plan.tp_size == 1 else
+               "Megatron-Core's cross-entropy is vocabulary-parallel already")
+        plan = attrs.evolve(plan, notes=plan.notes + (f"loss_parallel changes nothing here: {why}",))
     return plan
 
 

@@ -50,7 +50,7 @@ def solve(run: dict):
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"],
         precision="fp32", optimizer=run["optimizer"], optimizer_impl=run["optimizer_impl"],
         attention=run["attention"], activation_checkpointing="none", regime=run["regime"],
-        tp_size=run["tp"], dp_size=1, sequence_parallel=run["plan"]["sequence_parallel"],
+        tp_size=run["tp"], dp_size=1, sequence_parallel=run["plan"]["sequence_parallel"], loss_parallel=run["plan"].get("loss_parallel", False),
         runtime_overheads=False, device="cpu")
 
 
@@ -88,6 +88,9 @@ def rows(data: dict) -> list[dict]:
         result = solve(run)
         rank = result.ranks[0] if result.ranks else result
         pred = dict(rank.phase_totals)
+        # The measured backward phase runs to the embedding's backward (its own row too): its
+        # peak is the larger of the prediction's loss moment and backward end.
+        pred["backward"] = max(pred["backward"], pred["backward_end"])
         meas = measured_phases(run["measured"])
         base = dict(id=run["id"], plan=run["plan"]["name"], model=run["model"], layers=run["layers"], tp=run["tp"],
                     sequence_parallel=run["plan"]["sequence_parallel"], loss_parallel=run["plan"]["loss_parallel"])
