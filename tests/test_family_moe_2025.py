@@ -13,7 +13,6 @@ import pytest
 from mlsysim_core import HardwareNode, TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.types import SparseTransformerWorkload
 from mlsysim_plugins.measured import architectures
 from mlsysim_plugins.measured.architectures import moe_2025
 from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, architecture_notes, family_for
@@ -26,32 +25,8 @@ BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 FAMILIES = {**BUILTIN_FAMILIES, **{f.name: f for f in architectures.mlsysim_measured_architectures()}}
 
 
-def llama4_workload(hf: dict, name: str) -> SparseTransformerWorkload:
-    """A Llama 4 text workload with the details from_hf_config gives (built here where hf.py does not
-    import llama4_text yet); its parameters are the family's exact count (checked against the runs)."""
-    L = hf["num_hidden_layers"]
-    details = {"model_type": "llama4_text", "interleave_moe_layer_step": hf["interleave_moe_layer_step"],
-               "intermediate_size_mlp": hf["intermediate_size_mlp"], "attention_chunk_size": hf["attention_chunk_size"],
-               "no_rope_layers": [int((i + 1) % hf["no_rope_layer_interval"] != 0) for i in range(L)],
-               "use_qk_norm": hf["use_qk_norm"]}
-    kw = dict(name=name, architecture="llama4_text", layers=L, hidden_dim=hf["hidden_size"],
-              heads=hf["num_attention_heads"], kv_heads=hf["num_key_value_heads"], head_dim=hf["head_dim"],
-              vocab_size=hf["vocab_size"], ffn_dim=hf["intermediate_size_mlp"], gated_mlp=True,
-              tied_embeddings=hf["tie_word_embeddings"], context_length=hf["max_position_embeddings"],
-              experts=hf["num_local_experts"], active_experts_per_token=hf["num_experts_per_tok"], shared_experts=1,
-              expert_ffn_dim=hf["intermediate_size"], details=details)
-    probe = SparseTransformerWorkload(parameters=10**12, active_parameters=1, **kw)
-    return SparseTransformerWorkload(parameters=moe_2025.count_parameters(probe), active_parameters=1, **kw)
-
-
 def workload(run):
-    hf = run["hf_config"]
-    try:
-        return from_hf_config(hf, name=run["id"])
-    except Exception:
-        if hf["model_type"] != "llama4_text":
-            raise
-        return llama4_workload(hf, run["id"])
+    return from_hf_config(run["hf_config"], name=run["id"])
 
 
 def solve(run, model=None, **changes):

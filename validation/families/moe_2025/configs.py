@@ -107,4 +107,6 @@ CONFIGS = [
     _cfg("llama4-tiny-interleaved-bf16-sdpa", "llama4-tiny-interleaved", 2, 256, regime="bf16"),
     _cfg("qwen3-30b-a3b-4l-bf16-fake", "qwen3-30b-a3b-4l", 1, 2048, regime="bf16", method="fake"),
     _cfg("llama4-scout-4l-bf16-fake", "llama4-scout-4l", 1, 2048, regime="bf16", method="fake"),
+    _cfg("llama4-scout-4l-bf16-full-fake", "llama4-scout-4l", 1, 2048, regime="bf16", checkpointing="full",
+         method="fake"),
 ]

@@ -59,9 +59,10 @@ import attrs
 
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.memo import memoize
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
-from ..kernels import SDPA, SEPARATE_QKV, ALL_GRAD
+from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
 from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, _Walk
 
 W = LayerWeight
@@ -156,6 +157,11 @@ def spec_of(model) -> Spec:
     # Llama 4 text
     step = int(d.get("interleave_moe_layer_step", 1) or 1)
     moe = tuple((i + 1) % step == 0 for i in range(L))
+    count = d.get("moe_layers")            # the importer's count (a config's explicit moe_layers list wins)
+    if isinstance(count, int) and count != sum(moe):
+        moe = tuple(i < count for i in range(L))
+        notes.append(f"{count} MoE layers (the config's moe_layers), placed first in the parameter order "
+                     "(the mean layer depends only on their number)")
     if "interleave_moe_layer_step" not in d and not imported:
         notes.append("a MoE layer in every layer assumed (Llama 4 Scout; model.details has no "
                      "interleave_moe_layer_step)")
@@ -426,17 +432,31 @@ def _llama4_eager(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, token
 
 def adjust_terms(kind, plan, placement, terms):
     """Llama 4: its RoPE table is one complex64 freqs_cis (b=1 positions: s x d/2 x 8 B) in every
-    regime, not cos and sin in the residual dtype."""
-    if kind != "model_activations" or _arch(plan.model) not in ("llama4_text", "llama4"):
+    regime, not cos and sin in the residual dtype. Full checkpointing: the recomputed MoE layer's
+    backward also holds the activation gradients of what the profile's working set leaves out
+    (it counts two intermediates of one routed expert per token): the shared expert's (2 x fs) and,
+    for Llama 4's dense dispatch, every expert's (2 x E x f instead of 2 x f)."""
+    if kind != "model_activations":
         return terms
     s = spec_of(plan.model)
-    cp = plan.cp_size
-    out = []
-    for t in terms:
-        if t.label == "RoPE cos/sin tables":
-            t = attrs.evolve(t, label="RoPE freqs_cis (complex64)", nbytes=4 * plan.seq_len * s.head_dim / cp,
-                             formula=f"s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
-        out.append(t)
+    out = list(terms)
+    if s.arch == "llama4_text":
+        cp = plan.cp_size
+        out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", nbytes=4 * plan.seq_len * s.head_dim / cp,
+                            formula="s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
+               if t.label == "RoPE cos/sin tables" else t for t in out]
+    if plan.activation_checkpointing == "full" and s.moe_layers and plan.profile_options.lora is None:
+        c = plan.profile_options.regime.compute
+        T = plan.microbatch * plan.seq_len
+        widths = (s.experts - s.top_k) * s.expert_ffn if s.arch == "llama4_text" else 0
+        widths += s.shared_ffn
+        if widths:
+            extra = 2 * T * widths * c / placement.activation_shards
+            out.append(MemoryTerm(
+                component=ACTIVATIONS, label="recompute working set: the MoE block's other activation gradients",
+                nbytes=extra, phases=(BACKWARD_END,),
+                formula=f"2 x T x {widths} x {c} B (" + ("every expert's and " if s.arch == "llama4_text" else "")
+                        + "the shared expert's intermediates, beyond one routed expert's)"))
     return out
 
 
@@ -468,7 +488,7 @@ QWEN_MOE = ArchitectureFamily(
     architectures=("qwen2_moe", "qwen3_moe"), norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV,
     layer_weights=layer_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
     layer=moe_2025_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=_assumptions,
-    count_parameters=count_parameters, check=check)
+    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
 
 LLAMA4 = ArchitectureFamily(
     name="llama4_text", label="Llama 4", sparse=True,
