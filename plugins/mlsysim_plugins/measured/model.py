@@ -212,6 +212,12 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         final, how = norm.final_saved(kind, c, T, h)
         add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
                        formula=f"{how} = {_n(final)} B{on_seq}"))
+        if regime.autocast:
+            # Under autocast the final norm's output is fp32 and saved by nobody (the LM head keeps its
+            # bf16 cast), but the base model's output (last_hidden_state) holds it until the loss.
+            add(MemoryTerm(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
+                           nbytes=4 * T * h / seq, phases=(FORWARD,),
+                           formula=f"4 x T x h{on_seq} (the base model's last_hidden_state)"))
         # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
         add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
                        phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{on_vocab}"))

@@ -361,13 +361,7 @@ def _adjust(version):
                 terms.append(MemoryTerm(component=ACTIVATIONS, label="sliding-window mask (bool, kept by the checkpoints)",
                                         nbytes=b * s * s / cp, phases=SAVED, formula=f"b x s x s = {b} x {s} x {s} x 1 B"))
             terms = _tied_partials_after_recompute(plan, placement, shape, terms)
-        if last and regime.autocast:
-            # The final norm's fp32 output (type_as an fp32 input) is saved by nobody under AMP (the LM
-            # head keeps its bf16 cast) but the ForCausalLM forward holds it (outputs.last_hidden_state)
-            # until it returns, past the loss.
-            terms.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
-                                    nbytes=4 * T * h / ctx.shards, phases=(FORWARD,),
-                                    formula=f"4 x T x h = 4 x {T:,} x {h:,} (outputs.last_hidden_state)"))
+        # (Under autocast the final norm's fp32 output, held until the loss, is model.py's, as for every family.)
         softcap = _fact(model, "final_logit_softcapping")
         if last and softcap:
             vocab = cp

@@ -277,12 +277,7 @@ def adjust_terms(kind, plan, placement, terms):
                               formula=f"{n} layer type(s) x b x s x s x {r} B (one additive (b, 1, s, s) mask each)"))
     if plan.activation_checkpointing == "none":
         out += _first_layer_backward(plan, placement, out)
-    last = plan.rank is None or plan.rank.last
-    if regime.autocast and last:
-        T, h = b * s, plan.model.hidden_dim
-        out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
-                              nbytes=4 * T * h / placement.activation_shards, phases=(FORWARD,),
-                              formula="4 x T x h (the LM head saves its bf16 cast; the forward holds the output)"))
+    # (Under autocast the final norm's fp32 output, held until the loss, is model.py's, as for every family.)
     return out
 
 
