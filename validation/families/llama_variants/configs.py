@@ -92,5 +92,6 @@ CONFIGS = (
      _cfg("qwen2.5-0.5b", "bf16", b=1, s=2048, method="fake"), _cfg("phi3-mini", "bf16", b=1, s=2046, method="fake"),
      _cfg("olmo2-tiny", "bf16"), _cfg("olmo2-gqa-tiny", "amp-bf16"), _cfg("phi3-gqa-tiny", "bf16", "eager"),
      _cfg("phi3-tiny", "fp32", "eager", b=1, s=512), _cfg("phi3-partial-tiny", "fp32"),
-     _cfg("qwen2-tiny", "fp32", optimizer_impl="for-loop"), _cfg("qwen3-tiny", "amp-bf16", "eager", "full")]
+     _cfg("qwen2-tiny", "fp32", optimizer_impl="for-loop"), _cfg("qwen3-tiny", "amp-bf16", "eager", "full"),
+     _cfg("phi3-gqa-tiny", "amp-bf16"), _cfg("phi3-tiny", "bf16", b=1, s=512)]
 )

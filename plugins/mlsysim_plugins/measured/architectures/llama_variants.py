@@ -44,7 +44,9 @@ projections' outputs; ``Olmo2RMSNorm`` returns ``(weight * normalized).to(input_
 Phi-3 (``Phi3Attention``: ``qkv = qkv_proj(x)``, q, k, v slices of it; ``Phi3MLP``:
 ``gate, up = gate_up_proj(x).chunk(2)``)
   * v is a view of the fused qkv storage and SDPA saves v: the whole qkv output (c (q + 2kv))
-    stays alive next to rotary's new q and k (c (q + kv)): c (q + kv) more than Llama.
+    stays alive next to rotary's new q and k (c (q + kv)): c (q + kv) more than Llama; and the
+    attention output is copied once more (c q: see ``_phi3_sdpa``). Eager: the same c (q + kv)
+    only at batch 1 without GQA (``_phi3_eager``).
   * gate and up are views of one 2f storage, saved by silu and the product: 4cf as Llama.
   * Under AMP one input cast per fused linear (qkv_proj, gate_up_proj: 2 x 2h instead of 5 x 2h).
   * partial_rotary_factor (Phi-4-mini 0.75): rotary concatenates the rotated and passed parts
@@ -53,10 +55,6 @@ Phi-3 (``Phi3Attention``: ``qkv = qkv_proj(x)``, q, k, v slices of it; ``Phi3MLP
   * Phi-3's sliding window (2047 in Phi-3-mini) needs no mask while seq_len < window; from it on
     transformers passes SDPA a mask (SDPA then loses its GQA path and repeats k and v): refused
     under SDPA (eager builds a mask of the same size either way).
-
-Around the layers (all four): under AMP the final norm's fp32 output is held by the CausalLM
-forward (``outputs.last_hidden_state``) while the loss is computed, beside the bf16 cast the LM head
-saves: 4 T h alive at the forward's peak (``_adjust``).
 
 GQA under SDPA: transformers passes ``enable_gqa=True`` when there is no mask (every run here:
 causal, no padding), so the CPU flash kernel runs on the kv_heads-wide k and v (kernels.py's
@@ -68,7 +66,6 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, FORWARD, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV
@@ -220,16 +217,25 @@ PHI3_QKV = "phi3-fused-qkv"
 
 def _phi3_sdpa(*, kind, grads, device="cuda", **shape):
     """SDPA saves v, a view of qkv_proj's output: the q and k parts of that storage stay alive
-    beside rotary's new q and k (the CPU math kernel that dropout takes saves its own fp32
-    copies instead: dropout is refused for Phi-3)."""
+    beside rotary's new q and k. q being a slice of qkv (not dense), rotary's q is laid out
+    (b, heads, s, d); SDPA's output follows it, so ``transpose(1, 2).contiguous()`` copies it:
+    o_proj saves the copy, SDPA its own output (one more c q than Llama, whose q keeps the
+    (b, s, heads, d) layout of q_proj's output). (Dropout's CPU math kernel: refused for Phi-3.)"""
     c, q, kv = _c(kind), shape["q_dim"], shape["kv_dim"]
     return SDPA.saved(SEPARATE_QKV, kind=kind, grads=grads, **shape) + (
-        Part("qkv_proj output (kept whole by v's view)", c * (q + kv)),)
+        Part("qkv_proj output (kept whole by v's view)", c * (q + kv)),
+        Part("attention output (contiguous copy, o_proj input)", c * q, weight_gradient_only=True))
 
 
 def _phi3_eager(*, kind, grads, device="cuda", **shape):
-    """Eager attention's matmuls save contiguous heads-expanded copies of k and v (as Llama's)."""
-    return EAGER.saved(SEPARATE_QKV, kind=kind, grads=grads, **shape)
+    """Eager attention's matmuls save heads-expanded k and v (as Llama's). Without GQA v is not
+    repeated: matmul reshapes the (b, heads, s, d) view of qkv, a copy for b > 1 but a view at
+    batch 1, which keeps the whole qkv storage (its q and k parts: c (q + kv) more)."""
+    c, q, kv = _c(kind), shape["q_dim"], shape["kv_dim"]
+    parts = EAGER.saved(SEPARATE_QKV, kind=kind, grads=grads, **shape)
+    if q == kv and shape["tokens"] == shape["seq_len"]:
+        parts += (Part("qkv_proj output (kept whole by v's view at batch 1)", c * (q + kv)),)
+    return parts
 
 
 def _olmo2_norm(n: int) -> int:
@@ -281,26 +287,10 @@ def _rotary_fraction(model) -> float:
     return float(value or 1.0)
 
 
-def _adjust(kind, plan, placement, terms):
-    """Under AMP the final norm's output is fp32 (the LM head saves its bf16 cast): the CausalLM
-    forward still holds it (``hidden_states = outputs.last_hidden_state``) while the loss is
-    computed, so it is alive at the forward's peak (4 T h, measured: Qwen3 and OLMo 2 AMP runs)."""
-    regime, rank = plan.profile_options.regime, plan.rank
-    if kind != "model_activations" or not regime.autocast or regime.main_grad or (rank is not None and not rank.last):
-        return terms
-    from ..shapes import shape_of
-    T, h, shards = plan.microbatch * plan.seq_len, shape_of(plan).hidden, placement.activation_shards
-    return list(terms) + [MemoryTerm(
-        component=ACTIVATIONS, label="final norm output (fp32, held by the forward until the loss)",
-        nbytes=4 * T * h / shards, phases=(FORWARD,),
-        formula=f"T x h x 4 B" + (f" / {shards}" if shards != 1 else "") + " (the LM head keeps its bf16 cast)")]
-
-
 def _olmo2_adjust(kind, plan, placement, terms):
     """Olmo2RotaryEmbedding returns cos and sin in fp32 whatever the model's dtype (no
     ``.to(x.dtype)``; apply_rotary_pos_emb casts q and k back): in 16-bit training the tables
     are twice what the model counts for Llama's 16-bit tables."""
-    terms = _adjust(kind, plan, placement, terms)
     if kind != "model_activations" or plan.profile_options.regime.residual == 4:
         return terms
     return [attrs.evolve(t, nbytes=2 * t.nbytes, formula=t.formula.replace(" x 2 B", " x 4 B") + " (fp32 in OLMo 2)")
@@ -310,7 +300,6 @@ def _olmo2_adjust(kind, plan, placement, terms):
 def _phi3_adjust(kind, plan, placement, terms):
     """Partial rotary: RoPE's tables and inv_freq buffers are that share of head_dim (the
     family's rotary_fraction is 1: the model's own factor scales them here)."""
-    terms = _adjust(kind, plan, placement, terms)
     fraction = _rotary_fraction(plan.model)
     if fraction == 1.0:
         return terms
@@ -369,7 +358,7 @@ def _assumptions(arch):
     return assumptions
 
 
-def _family(arch, *, description, weights, tensors, matrices, layer, norm=RMS_NORM, adjust=_adjust,
+def _family(arch, *, description, weights, tensors, matrices, layer, norm=RMS_NORM, adjust=None,
             layout=SEPARATE_QKV, layouts=()):
     return ArchitectureFamily(
         name=arch, label={"qwen2": "Qwen2", "qwen3": "Qwen3", "olmo2": "OLMo 2", "phi3": "Phi-3"}[arch],
