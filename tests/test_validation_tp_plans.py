@@ -124,3 +124,7 @@ def test_phase_within_ten_percent(rid, phase):
 def test_median_error_per_plan_within_five_percent(plan):
     errs = [abs(r["error"]) for r in TABLE if r["plan"] == plan]
     assert statistics.median(errs) <= 0.05
+
+
+def test_the_tp_table_in_docs_is_current():
+    assert ctp.update_doc(TABLE, check=True) == 0, "run: python validation/parallel/tp_plans/compare_tp_plans.py --doc"
