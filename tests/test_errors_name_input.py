@@ -254,12 +254,14 @@ def test_a_parameter_count_off_its_shapes_warns_under_the_measured_profile():
 
 
 def test_no_catalog_model_warns_or_errors_for_its_parameter_count():
+    from mlsysim_plugins.measured.families import family_for
     from mlsysim_plugins.measured.shapes import parameter_check
+    families = MEASURED.registry.extensions["mlsysim_measured_architectures"]     # the families a solve chooses from
     for entry in list_models():
         model = entry.value
         if model.hidden_dim is None or model.heads is None or model.vocab_size is None:
             continue      # the measured profile refuses it for its missing shapes, as before
-        assert parameter_check(model) == (), entry.key
+        assert parameter_check(model, family_for(model, families)[0]) == (), entry.key
     r = MEASURED.solve("mlsysim:llama3-8b", "h100", 8, 1024)          # the reference's 8.03e9: within 5 %
     assert not any("WARNING" in n for n in r.notes)
 
