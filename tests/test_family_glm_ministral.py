@@ -246,3 +246,12 @@ def test_catalog_style_models_hear_the_defaults():
     assert any("first_k_dense_replace=1 assumed" in n for n in gm.GLM4_MOE.assumptions(glm))
     ministral = attrs.evolve(model_of("ministral-tiny"), details={})
     assert any("no sliding window assumed" in n for n in gm.MINISTRAL_FAMILY.assumptions(ministral))
+
+
+def test_ministral_mean_layer_note_past_the_window():
+    # masked and unmasked layers differ only past the window under SDPA: then checkpointing's one-layer
+    # working set is the mean layer's (said); below the window, or eager, the layers are alike
+    assert any("costed as their mean (3 masked sliding-window, 1 full" in n
+               for n in solve(run_of("ministral-tiny-fp32-sdpa-full")).notes)
+    assert not any("mean" in n for n in solve(run_of("ministral-tiny-fp32-sdpa")).notes)
+    assert not any("mean" in n for n in solve(run_of("ministral-tiny-fp32-sdpa-full"), attention="eager").notes)

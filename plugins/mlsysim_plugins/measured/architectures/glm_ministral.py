@@ -449,6 +449,16 @@ def _ministral_check(version: int):
                                    f"sliding window {window}", "the sliding-window masks are modelled for those "
                                    "kernels only")
         notes = []
+        L = plan.model.layers
+        if 0 < n < L and window and plan.seq_len >= window and kernel == "sdpa" and not o.regime.main_grad:
+            where = []
+            if plan.pp_size > 1:
+                where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
+            if plan.activation_checkpointing != "none":
+                where.append("the one-layer recompute working set is the mean layer's")
+            if where:
+                notes.append(f"approximation: the {arch} layers are costed as their mean ({n} masked sliding-window, "
+                             f"{L - n} full: exact in sum on one device); " + "; ".join(where))
         if o.regime.main_grad:
             notes.append(f"approximation: {arch} under Megatron-Core is costed as Megatron's Llama layers"
                          + (" (its sliding-window masks not modelled)" if n and window and plan.seq_len >= window
