@@ -679,9 +679,9 @@ def _llama4_text(c):
 
 
 def _ministral(c):
-    # MinistralForCausalLM / Ministral3ForCausalLM: Mistral's blocks; the window only where
-    # layer_types (or sliding_window) says
-    return _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False)
+    # MinistralForCausalLM / Ministral3ForCausalLM: Mistral's blocks; the window where layer_types
+    # says, else (a sliding_window without layer_types) in every layer, as transformers builds them
+    return _llama_like(c, qkv_bias=False, out_bias=False, mlp_bias=False, sliding_all=True)
 
 
 _FAMILIES: dict[str, Callable] = {
