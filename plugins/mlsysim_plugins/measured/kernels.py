@@ -85,11 +85,12 @@ def _sdpa_separate(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, toke
     if dropout:
         # CPU SDPA with dropout runs the math kernel in fp32 on heads-expanded k, v:
         # softmax, noise and dropout output all fp32.
-        return (Part("q/k/v (fp32, math kernel)", 3 * 4 * q),
-                Part("attention scores", 12 * heads * seq_len, recomputed_by_selective=True),
-                Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True))
-    return (Part("q/k/v", c * (q + 2 * kv_dim)),
-            Part("attention output + logsumexp", c * q + 4 * heads))
+        return (Part("q/k/v (fp32, math kernel)", 3 * 4 * q, op="_to_copy"),
+                Part("attention scores", 12 * heads * seq_len, recomputed_by_selective=True, op="_softmax+dropout"),
+                Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True, op="clone"))
+    # q, k: the rotary embedding's outputs (add); v: a view of v_proj's mm output.
+    return (Part("q/k/v", c * (q + 2 * kv_dim), op="add+add+mm"),
+            Part("attention output + logsumexp", c * q + 4 * heads, op="sdpa"))
 
 
 def _sdpa_fused(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):
@@ -123,9 +124,9 @@ def _eager_separate(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tok
         scores += noise * S + c * S           # noise + what the matmul saves
     elif kind != "fp32":
         scores += 2 * S                       # bf16 copy / AMP cast saved by the matmul
-    return (Part("q/k/v (k, v repeated to all heads)", qkv),
-            Part("attention scores", scores, recomputed_by_selective=True),
-            Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True))
+    return (Part("q/k/v (k, v repeated to all heads)", qkv, op="add+clone+clone"),
+            Part("attention scores", scores, recomputed_by_selective=True, op="_softmax+_to_copy"),
+            Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True, op="clone"))
 
 
 def _eager_fused(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):

@@ -102,13 +102,20 @@ class Part:
     """A named piece of what a layer saves: its bytes (per token inside a layer walker, per
     layer in ``LayerBytes.parts``), how tensor parallelism splits it, whether selective
     recompute drops it (recomputed in the backward), and whether it is kept only for the
-    weight gradient of the linear that reads it (a frozen linear, under LoRA, keeps none)."""
+    weight gradient of the linear that reads it (a frozen linear, under LoRA, keeps none).
+
+    ``op``: the aten op(s) whose output the part is ("mm", "sdpa", "mm+silu+mm+mul", ...; "" when
+    not tagged) and ``module``: the HF submodule that saves it ("attention", "mlp", or "" for the
+    norms and the residual stream); per-op and module checkpointing policies read them
+    (``mlsysim_plugins.checkpointing_policies``)."""
 
     name: str
     nbytes: int | float
     split: str = attrs.field(default=TP, validator=_split, kw_only=True)
     recomputed_by_selective: bool = attrs.field(default=False, kw_only=True)
     weight_gradient_only: bool = attrs.field(default=False, kw_only=True)
+    op: str = attrs.field(default="", kw_only=True)
+    module: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -131,16 +138,17 @@ class _Walk:
         self.parts: list[Part] = []
         self.constant: list[Part] = []
 
-    def add(self, name: str, per_token, split: str = TP) -> None:
+    def add(self, name: str, per_token, split: str = TP, *, op: str = "", module: str = "") -> None:
         if per_token:
-            self.parts.append(Part(name, per_token, split=split))
+            self.parts.append(Part(name, per_token, split=split, op=op, module=module))
 
-    def extend(self, parts) -> None:
-        self.parts.extend(p for p in parts if p.nbytes)
+    def extend(self, parts, module: str = "") -> None:
+        self.parts.extend(attrs.evolve(p, module=p.module or module) if module else p for p in parts if p.nbytes)
 
     def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
         per_layer = tuple(Part(p.name, p.nbytes * tokens, split=p.split, recomputed_by_selective=p.recomputed_by_selective,
-                               weight_gradient_only=p.weight_gradient_only) for p in self.parts) + tuple(self.constant)
+                               weight_gradient_only=p.weight_gradient_only, op=p.op, module=p.module)
+                          for p in self.parts) + tuple(self.constant)
         return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
                           output_saved_by_next=output_saved_by_next, parts=per_layer)
 
@@ -202,13 +210,14 @@ def _llama_attention(w: _Walk, attention, *, hidden, heads, kv_heads, head_dim, 
     # RMSNorm: fp32 and bf16 save normalized x + output (bf16: + the fp32 copy of x); AMP only
     # the fp32 normalized x (consumers save their own bf16 casts).
     norm = {"fp32": 8 * h + 4, "bf16": 8 * h + 4, "amp-bf16": 4 * h + 4}[regime]
-    w.add("input norm", norm, REPLICATED)
+    norm_ops = "_to_copy+pow+rsqrt+mul+mul"
+    w.add("input norm", norm, REPLICATED, op=norm_ops)
     if amp:
-        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
+        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED, op="_to_copy", module="attention")
     w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=heads * head_dim,
-                       kv_dim=kv_heads * head_dim, hidden=h, seq_len=seq_len, tokens=tokens))
-    w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
-    w.add("post-attention norm", norm, REPLICATED)
+                       kv_dim=kv_heads * head_dim, hidden=h, seq_len=seq_len, tokens=tokens), module="attention")
+    w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED, op="add")
+    w.add("post-attention norm", norm, REPLICATED, op=norm_ops)
 
 
 def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
@@ -220,8 +229,8 @@ def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, t
     _llama_attention(w, attention, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                      regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
     if regime == "amp-bf16":
-        w.add("gate/up input casts", 2 * 2 * hidden, REPLICATED)
-    w.add("mlp (gate, silu, up, product)", 4 * c * ffn)
+        w.add("gate/up input casts", 2 * 2 * hidden, REPLICATED, op="_to_copy", module="mlp")
+    w.add("mlp (gate, silu, up, product)", 4 * c * ffn, op="mm+silu+mm+mul", module="mlp")
     return w.layer(tokens, r * hidden * tokens, regime != "bf16")   # bf16: the next RMSNorm saves its fp32 copy
 
 
@@ -235,11 +244,14 @@ def mixtral_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts,
                      regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
     ce = 2 if regime == "bf16" else 4         # experts run in the weight dtype
     w.add("router (input cast, probs, top-k, weights)",
-          (2 * h if regime == "amp-bf16" else 0) + 4 * E + 8 * k + 4 + 4 * k, REPLICATED)
-    w.add("expert indices (perm // k, perm, inv_perm)", 3 * 8 * k, REPLICATED)
-    w.add("experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f), EXPERTS)
-    w.add("routing weights", 4 * k, REPLICATED)
-    w.constant.append(Part("expert offsets", 4 * E, split=REPLICATED))
+          (2 * h if regime == "amp-bf16" else 0) + 4 * E + 8 * k + 4 + 4 * k, REPLICATED,
+          op="_to_copy+_softmax+topk+sum+div", module="mlp")
+    w.add("expert indices (perm // k, perm, inv_perm)", 3 * 8 * k, REPLICATED, op="sort+floor_divide+argsort",
+          module="mlp")
+    w.add("experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f), EXPERTS,
+          op="index+_grouped_mm+silu+mul+_grouped_mm", module="mlp")
+    w.add("routing weights", 4 * k, REPLICATED, op="index", module="mlp")
+    w.constant.append(Part("expert offsets", 4 * E, split=REPLICATED, op="cumsum", module="mlp"))
     return w.layer(tokens, r * h * tokens, regime != "bf16")
 
 

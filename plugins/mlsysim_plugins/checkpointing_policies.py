@@ -1,0 +1,430 @@
+"""Activation-checkpointing policies beyond none/selective/full, as checkpointing strategies:
+
+* ``op-sac`` -- torchtitan's per-op selective activation checkpointing (``selective_ac_option = "op"``):
+  every decoder layer is checkpointed with ``torch.utils.checkpoint`` and a policy
+  (``create_selective_checkpoint_contexts``) that saves the outputs of the ops in its save list
+  (``aten.mm``, the SDPA attention ops, ``aten.max``, ``reduce_scatter``) except every second
+  ``aten.mm``, counted per layer. torchtitan v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce):
+  torchtitan/distributed/activation_checkpoint.py lines 98-137 (the policy), models/llama3/infra/
+  parallelize.py lines 36-51 (``_op_sac_save_list``). In a Llama layer the mms run q, k, v, o, gate,
+  up, down: q, v, gate and down are saved; in a Mixtral layer q, k, v, o, router: q, v, router (the
+  experts' ``_grouped_mm`` and the router's ``topk`` are not in v0.2.2's list). On the CPU, SDPA
+  dispatches ``_scaled_dot_product_flash_attention_for_cpu``, not in torchtitan's list: the
+  validation adds it as the stand-in for the GPU's ``_scaled_dot_product_flash_attention`` (both
+  return the attention output and its fp32 logsumexp, the bytes that matter).
+* ``save-list`` -- a per-op policy of your own: ``plugin_options={"save-list": {"ops": ["mm", "sdpa"]}}``
+  saves every output of the ops named (no alternation) and recomputes the rest. Op names: mm, sdpa,
+  bmm, softmax, topk, grouped_mm.
+* ``every-k`` -- torchtitan's layer selective AC (``selective_ac_option = "k"``, activation_checkpoint.py
+  lines 24-49): full checkpointing of the blocks whose 1-based index is a multiple of k
+  (``plugin_options={"every-k": {"k": 2}}``), floor(L / k) of the L layers.
+* ``mlp-only`` / ``attention-only`` -- a non-reentrant checkpoint around each layer's MLP (the MoE
+  block for Mixtral) or its attention module.
+
+Megatron's selective recompute stays the ``selective`` strategy; full recompute ``full``.
+
+Under a per-op policy a layer keeps its input and the outputs of its saved ops (the policy's cache,
+whether or not autograd would save them); the backward recomputes one layer at a time (its working
+set: everything the layer saves for backward, as under full recompute). The op outputs come from
+the family's op sequence below (Llama-style and Mixtral-style layers, whose walker parts carry
+``Part.op`` tags); other families are refused by name. Under a module policy the layer keeps every
+part outside the checkpointed module (``Part.module``) plus the module's input.
+
+Validated against PyTorch's MemTracker on Hugging Face Llama and Mixtral tiny models
+(validation/techniques/checkpointing/). ``added_step_time`` prices each policy by the forward
+FLOPs it recomputes.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mlsysim_core import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, CheckpointingSpec, MemoryTerm, hookimpl
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+
+from ._lazy import lazy_module
+from . import _korthikanti
+
+model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
+layers = lazy_module(globals(), "layers", "mlsysim_plugins.measured.layers")
+
+SAVED = (FORWARD, BACKWARD)
+OP_NAMES = ("mm", "sdpa", "bmm", "softmax", "topk", "grouped_mm")
+# torchtitan v0.2.2's save list, as op names of the sequence below (its max and reduce_scatter never
+# run in these layers; its SDPA variants are "sdpa").
+TORCHTITAN_SAVE_LIST = ("mm", "sdpa", "max", "reduce_scatter")
+PER_OP = ("op-sac", "save-list")
+MODULE = {"mlp-only": "mlp", "attention-only": "attention"}
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
+# --- options --------------------------------------------------------------------------------
+
+def _k(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError("plugin_options['every-k'].k", value, "an integer >= 1 (checkpoint every k-th layer)")
+
+
+def _ops(value):
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInputError("plugin_options['save-list'].ops", value, f"a list of op names: {', '.join(OP_NAMES)}")
+    for op in value:
+        if op not in OP_NAMES:
+            raise InvalidInputError("plugin_options['save-list'].ops", op, f"one of {', '.join(OP_NAMES)}")
+    return tuple(dict.fromkeys(value))
+
+
+@attrs.frozen(kw_only=True)
+class EveryKOptions:
+    """``k``: checkpoint the layers whose 1-based index is a multiple of k (torchtitan's
+    ``selective_ac_option = "k"``; k = 1 is full recompute)."""
+    k: int = attrs.field(default=2, validator=_k)
+
+
+@attrs.frozen(kw_only=True)
+class SaveListOptions:
+    """``ops``: the ops whose outputs are saved (mm, sdpa, bmm, softmax, topk, grouped_mm)."""
+    ops: tuple = attrs.field(default=("mm", "sdpa"), converter=_ops)
+
+
+# --- the op sequence of a layer -------------------------------------------------------------
+
+@attrs.frozen
+class OpOutput:
+    """One forward op of a decoder layer whose output a per-op policy may save: its op name,
+    what it computes, its output bytes per token (``constant``: per layer), its tensor-parallel
+    split and its module (attention / mlp)."""
+    op: str
+    name: str
+    nbytes: float
+    split: str = "tp"
+    module: str = ""
+
+
+def op_sequence(shape, kind: str, kernel_name: str, seq_len: int) -> tuple[OpOutput, ...]:
+    """The ops of one Llama- or Mixtral-style HF decoder layer (transformers 5.23, torch 2.13), in
+    forward order, with their output bytes per token. ``kind``: fp32 / amp-bf16 / bf16 (AMP: the
+    matmuls' outputs are bf16; Mixtral's grouped-mm experts run in the weights' fp32)."""
+    fam = shape.family
+    c = 4 if kind == "fp32" else 2
+    h, f, q, kv, a = shape.hidden, shape.ffn, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.heads
+    S = a * seq_len
+    att = "attention"
+    ops = [OpOutput("mm", "q_proj", c * q, module=att), OpOutput("mm", "k_proj", c * kv, module=att),
+           OpOutput("mm", "v_proj", c * kv, module=att)]
+    if kernel_name == "sdpa":
+        # CPU: _scaled_dot_product_flash_attention_for_cpu; GPU: _scaled_dot_product_flash_attention.
+        ops.append(OpOutput("sdpa", "attention output + logsumexp (fp32)", c * q + 4 * a, module=att))
+    else:   # eager: q @ k^T (bmm), softmax in fp32, weights @ v (bmm)
+        ops += [OpOutput("bmm", "scores q @ k^T", c * S, module=att),
+                OpOutput("softmax", "softmax (fp32)", 4 * S, module=att),
+                OpOutput("bmm", "weights @ v", c * q, module=att)]
+    ops.append(OpOutput("mm", "o_proj", c * h, split="replicated", module=att))
+    if fam.layer is layers.llama_layer:
+        ops += [OpOutput("mm", "gate_proj", c * f, module="mlp"), OpOutput("mm", "up_proj", c * f, module="mlp"),
+                OpOutput("mm", "down_proj", c * h, split="replicated", module="mlp")]
+    else:
+        E, k = shape.experts, shape.top_k
+        ce = 2 if kind == "bf16" else 4
+        ops += [OpOutput("mm", "router logits", c * E, split="replicated", module="mlp"),
+                OpOutput("softmax", "router probabilities (fp32)", 4 * E, split="replicated", module="mlp"),
+                OpOutput("topk", "top-k weights (fp32) and indices (int64)", 12 * k, split="replicated", module="mlp"),
+                OpOutput("grouped_mm", "experts gate_up", ce * k * 2 * f, split="experts", module="mlp"),
+                OpOutput("grouped_mm", "experts down", ce * k * h, split="experts", module="mlp")]
+    return tuple(ops)
+
+
+def saved_ops(ops, save: tuple[str, ...], alternate_mm: bool) -> tuple[OpOutput, ...]:
+    """The op outputs a policy saves: those of the listed ops; with ``alternate_mm`` (torchtitan)
+    every second mm of the layer is recomputed instead (its count is per layer: 1st, 3rd... saved)."""
+    out, mm = [], 0
+    for op in ops:
+        if op.op == "mm":
+            mm += 1
+            if alternate_mm and mm % 2 == 0:
+                continue
+        if op.op in save:
+            out.append(op)
+    return tuple(out)
+
+
+def _policy(plan, options=None):
+    name = plan.activation_checkpointing
+    if name == "op-sac":
+        return TORCHTITAN_SAVE_LIST, True
+    return (options or _options(plan, name)).ops, False
+
+
+def _options(plan, name):
+    opts = plan.options.get(name) if plan.options else None
+    if opts is None:
+        return EveryKOptions() if name == "every-k" else SaveListOptions()
+    return opts
+
+
+# --- what the measured profile cannot describe: refused by name --------------------------------
+
+def _check(plan, *, per_op=False, module=None):
+    from .measured.model import megatron
+    name = plan.activation_checkpointing
+    o = plan.profile_options
+    if o.lora is not None:
+        raise NotModelledError("activation_checkpointing", name, "none, selective or full under LoRA",
+                               "the checkpointing policies are validated for full training only")
+    if megatron(o.regime) and (per_op or module):
+        raise NotModelledError("activation_checkpointing", name, "none, selective, full or every-k under "
+                               "Megatron-Core regimes", "Megatron-Core's layers are not Hugging Face's ops")
+    if plan.rank is not None and (per_op or module) and plan.tp_size * plan.cp_size * plan.pp_size > 1:
+        raise NotModelledError("activation_checkpointing", name, "one device, data or expert parallelism",
+                               "per-op and module policies are not modelled under tensor, context or pipeline "
+                               "parallelism")
+    if (per_op or module) and o.dropout:
+        raise NotModelledError("activation_checkpointing", name, "dropout 0",
+                               "with dropout CPU SDPA runs the math kernel; per-op policies are modelled without it")
+    if per_op:
+        fam = o.architecture
+        if fam.layer not in (layers.llama_layer, layers.mixtral_layer):
+            raise NotModelledError("activation_checkpointing", name, "a family whose layer ops are tagged "
+                                   "(llama, mixtral)", f"family {fam.name!r} has no op sequence")
+        if o.attention not in ("sdpa", "eager"):
+            raise NotModelledError("activation_checkpointing", name, "attention sdpa or eager",
+                                   f"attention kernel {o.attention!r} has no op outputs")
+
+
+# --- measured terms -------------------------------------------------------------------------
+
+def _mlp_grads(ctx):
+    s = ctx.shape
+    return 2 * ctx.tokens * max(s.top_k, 1) * s.ffn * ctx.regime.compute
+
+
+def _autocast_copies(ctx, module=None):
+    if not ctx.regime.autocast:
+        return 0
+    att = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    return 2 * sum(w.elements for w in ctx.shape.layer_weights() if w.autocast and not w.bias
+                   and (module is None or (w.name in att) == (module == "attention")))
+
+
+def per_op_terms(plan, placement, options):
+    """Every layer checkpointed with a per-op policy: it keeps its input and its saved ops'
+    outputs; the backward recomputes one layer at a time."""
+    _check(plan, per_op=True)
+    ctx = model.context(plan, placement)
+    kind = model._regime_kind(ctx.regime)
+    save, alternate = _policy(plan, options)
+    ops = op_sequence(ctx.shape, kind, plan.profile_options.attention, ctx.seq_len)
+    kept = saved_ops(ops, save, alternate)
+    T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
+    r = ctx.regime.residual
+    per_layer = r * T * h + T * sum(o.nbytes for o in kept)
+    listed = ", ".join(f"{o.name} ({o.op}) {_n(o.nbytes * T)}" for o in kept) or "no op outputs"
+    lb = model.layer_bytes(plan, ctx)
+    work = lb.saved + lb.output + _mlp_grads(ctx) + _autocast_copies(ctx)
+    return [
+        MemoryTerm(component=ACTIVATIONS, label=f"{plan.activation_checkpointing} layers: input and saved op outputs",
+                   nbytes=L * per_layer, phases=SAVED,
+                   formula=f"{L} layers x (input T x h x {r} B {_n(r * T * h)} + {listed})"),
+        MemoryTerm(component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
+                   formula=f"one layer's saved tensors recomputed, its output and MLP activation gradients: {_n(work)} B"),
+    ]
+
+
+def module_terms(plan, placement, options):
+    """A checkpoint around each layer's MLP or attention: the layer keeps every part outside the
+    module, plus the module's input where nothing else keeps it (under AMP the norm's fp32 output,
+    whose consumers otherwise save their own bf16 casts)."""
+    _check(plan, module=True)
+    module = MODULE[plan.activation_checkpointing]
+    ctx = model.context(plan, placement)
+    lb = model.layer_bytes(plan, ctx)
+    if not any(p.module for p in lb.parts):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "a family whose layer parts name their module (llama, mixtral)",
+                               f"family {ctx.shape.family.name!r} does not tag its parts")
+    T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
+    inside = sum(p.nbytes for p in lb.parts if p.module == module)
+    module_input = 4 * T * h if ctx.regime.autocast else 0
+    out = lb.output if lb.output_saved_by_next else 0
+    per_layer = lb.saved - inside + module_input + out
+    terms = [MemoryTerm(component=ACTIVATIONS, label=f"decoder layers ({module} recomputed): saved for backward",
+                        nbytes=L * per_layer, phases=SAVED,
+                        formula=f"{L} layers x ({_n(lb.saved)} saved - {_n(inside)} in the {module} + its input "
+                                f"{_n(module_input)} + output {_n(out)})")]
+    if ctx.regime.autocast:
+        # The modules not recomputed keep their matmuls' bf16 weight copies into the backward.
+        other = _autocast_copies(ctx, "mlp" if module == "attention" else "attention")
+        terms.append(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit weight copies saved by the modules not "
+                                "recomputed", nbytes=L * other, phases=(BACKWARD,),
+                                formula=f"{L} layers x {_n(other)} B"))
+    mlp_grads = _mlp_grads(ctx) if module == "mlp" else 0
+    # Layer 0's recompute: its module's saved tensors, with the rest of layer 0 still alive.
+    work = lb.saved + module_input + lb.output + mlp_grads + _autocast_copies(ctx, module)
+    terms.append(MemoryTerm(component=ACTIVATIONS, label=f"recompute working set (layer 0, its {module})", nbytes=work,
+                            phases=(BACKWARD_END,),
+                            formula=f"layer 0's saved tensors {_n(lb.saved)} (its {module} recomputed), its "
+                                    f"output {_n(lb.output)}" + (f", MLP activation gradients {_n(mlp_grads)}"
+                                                                 if mlp_grads else "")))
+    return terms
+
+
+def every_k_terms(plan, placement, options):
+    """torchtitan's layer SAC: floor(L / k) layers (the k-th, 2k-th, ...) fully checkpointed, the
+    others keep everything. With k > 1 layer 0 is not recomputed: the backward's last moment has
+    no recompute; the lowest checkpointed layer (k - 1) is recomputed while layers 0..k-2 still
+    hold their activations and the gradients of layers 0..k-1 are not born yet."""
+    _check(plan)
+    k = (options or _options(plan, "every-k")).k
+    L = placement.layers_per_stage
+    ckpt = L // k
+    terms = list(model.layer_terms(plan, placement, kept_layers=L - ckpt))
+    if k == 1 or not ckpt:
+        return terms
+    terms = [t for t in terms if t.phases != (BACKWARD_END,)]
+    ctx = model.context(plan, placement)
+    lb = model.layer_bytes(plan, ctx)
+    out = lb.output if lb.output_saved_by_next else 0
+    work = lb.saved + lb.output + _mlp_grads(ctx) + _autocast_copies(ctx)
+    b = ctx.regime.gradient or 0
+    grads = k * ctx.shape.layer_parameters() * b
+    below = (k - 1) * (lb.saved + out)
+    extra = work + below - grads
+    if extra > 0:
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label=f"layer {k - 1}'s recompute, layers below it still saved", nbytes=extra,
+            phases=(BACKWARD_END,),
+            formula=f"working set {_n(work)} + {k - 1} layers' saved {_n(below)} - the gradients of layers "
+                    f"0..{k - 1} not yet born {_n(grads)} (the later of the two backward moments)"))
+    return terms
+
+
+def recomputes_first_layer(plan) -> bool:
+    """Is layer 0 (or a module of it) recomputed at the end of the backward? Then its gradients are
+    born after the recompute (``model.gradient_terms(first_layer_late=True)``) and AMP's cached weight
+    copies die with the forward."""
+    name = plan.activation_checkpointing
+    if name == "every-k":
+        return _options(plan, name).k == 1
+    return name in PER_OP or name in MODULE
+
+
+# --- reference grade (Korthikanti et al.'s 16-bit GPT layer, bytes per s*b*h) ----------------------
+
+def _reference(per_token, label):
+    def terms(plan, placement, options):
+        return _korthikanti.activation_terms(plan, placement, per_token, 0, label)
+    return terms
+
+
+def _every_k_reference(plan, placement, options):
+    k = (options or EveryKOptions()).k
+    L = placement.layers_per_stage
+    ckpt = L // k
+    per_token = (34 * (L - ckpt) + 2 * ckpt) / L if L else 2
+    return _korthikanti.activation_terms(plan, placement, per_token, 0, f"every-{k} layer checkpointing "
+                                         "(34 B kept, 2 B checkpointed per s*b*h; flash attention)")
+
+
+def _save_list_reference(plan, placement, options):
+    # Korthikanti's GPT layer (fused qkv 6, proj 2, fc1 8, fc2 2 B per s*b*h as mm outputs; flash
+    # attention output 2) plus the layer input 2.
+    ops = (options or SaveListOptions()).ops
+    per_token = 2 + (18 if "mm" in ops else 0) + (2 if "sdpa" in ops else 0)
+    return _korthikanti.activation_terms(plan, placement, per_token, 0, f"save-list {','.join(ops)}")
+
+
+# --- step time ----------------------------------------------------------------------------
+
+def recomputed_flops(plan) -> tuple[float, str]:
+    """Forward FLOPs the backward recomputes per micro-batch and rank under the plan's policy:
+    2 x tokens x weights of each recomputed matmul (Mixtral's experts: the top-k routed copies), and
+    the attention core 4 x T x s x q_dim / 2 (QK^T and PV, causal) where it is recomputed."""
+    from .measured.shapes import shape_of
+    shape = shape_of(plan)
+    T, s = plan.microbatch * plan.seq_len, plan.seq_len
+    L = plan.model.layers
+    q = shape.heads * shape.head_dim
+    mats = {w.name: w.elements for w in shape.layer_weights() if not w.bias}
+    if shape.experts:
+        for name in ("experts.gate_up", "experts.down"):
+            if name in mats:
+                mats[name] = mats[name] * shape.top_k / shape.experts
+    core = 2 * T * s * q         # 4 x T x s x q / 2 (causal)
+    mm = {n: 2 * T * e for n, e in mats.items()}
+    att = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    name = plan.activation_checkpointing
+    eager = plan.profile_options.attention == "eager" if plan.profile_options else False
+    if name == "none":
+        return 0.0, "no recomputation"
+    if name == "selective":
+        f = L * core if eager else 0.0
+        return f, "the attention core (eager scores) of every layer" if eager else "nothing (fused attention keeps no scores)"
+    layer = sum(mm.values()) + core
+    if name == "full":
+        return L * layer, f"{L} layers' forward"
+    if name == "every-k":
+        k = _options(plan, name).k
+        return (L // k) * layer, f"{L // k} layers' forward (every {k}-th)"
+    if name == "mlp-only":
+        return L * sum(v for n, v in mm.items() if n not in att), f"{L} layers' MLP"
+    if name == "attention-only":
+        return L * (sum(v for n, v in mm.items() if n in att) + core), f"{L} layers' attention"
+    save, alternate = _policy(plan)
+    order = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "router")
+             if n in mats]
+    recomputed, count = [], 0
+    for n in order:
+        count += 1
+        if "mm" not in save or (alternate and count % 2 == 0):
+            recomputed.append(n)
+    f = sum(mm[n] for n in recomputed)
+    if "grouped_mm" not in save:
+        f += sum(mm.get(n, 0) for n in ("experts.gate_up", "experts.down"))
+        recomputed += [n for n in ("experts.gate_up", "experts.down") if n in mats]
+    if "sdpa" not in save or eager:
+        f += core
+        recomputed.append("attention core")
+    return L * f, f"{L} layers x ({', '.join(recomputed) or 'no matmul'})"
+
+
+def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
+    """Seconds the policy adds to one optimizer step: recomputed forward FLOPs x micro-batches
+    (gradient accumulation) / ``hardware_flops`` (the device's achieved FLOP/s). ``None`` seconds
+    when ``hardware_flops`` is not given (the FLOPs are in ``how``). No host traffic."""
+    flops, what = recomputed_flops(plan)
+    flops *= plan.gradient_accumulation_steps
+    how = f"recomputed forward FLOPs {flops:.3e} ({what}) per step"
+    if not flops:
+        return 0.0, how
+    if not hardware_flops:
+        return None, how + "; give hardware_flops (FLOP/s) for seconds"
+    return flops / hardware_flops, how + f" / {hardware_flops:.3e} FLOP/s"
+
+
+@hookimpl
+def mlsysim_checkpointing_strategies():
+    return [
+        CheckpointingSpec(name="op-sac", description="torchtitan per-op selective AC: saves attention outputs and "
+                          "every other matmul's output, recomputes the rest (measured: Llama, Mixtral)",
+                          activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
+                                                          "output: 20*s*b*h)"),
+                          measured_activation_terms=per_op_terms),
+        CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
+                          "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
+                          activation_terms=_save_list_reference, options_type=SaveListOptions,
+                          measured_activation_terms=per_op_terms),
+        CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "
+                          "plugin_options k, default 2)", activation_terms=_every_k_reference,
+                          options_type=EveryKOptions, measured_activation_terms=every_k_terms),
+        CheckpointingSpec(name="mlp-only", description="recompute each layer's MLP (MoE block) only",
+                          activation_terms=_reference(17, "layers, MLP recomputed (17*s*b*h)"),
+                          measured_activation_terms=module_terms),
+        CheckpointingSpec(name="attention-only", description="recompute each layer's attention module only",
+                          activation_terms=_reference(25, "layers, attention recomputed (25*s*b*h)"),
+                          measured_activation_terms=module_terms),
+    ]
