@@ -135,6 +135,12 @@ class MeasuredOptions:
     device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
                           "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
                           "as the validation runs measured)", choices=("cuda", "cpu"))
+    optimizer_in_backward: Any = _option(
+        "the optimizer step fused into the backward (torchtune's optimizer_in_bwd: one optimizer per parameter, "
+        "stepped by its post-accumulate-grad hook): gradients freed parameter by parameter (one device, no "
+        "gradient accumulation)", kind=None,
+        flags=({"flag": "--optimizer-in-backward", "const": True,
+                "help": "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd)"},))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
@@ -213,6 +219,9 @@ def prepare(plan, registry):
         plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
+    if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
+        from .optimizer_in_backward import prepare_option
+        plan = prepare_option(plan, o.optimizer_in_backward)
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
