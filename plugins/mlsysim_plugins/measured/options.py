@@ -141,6 +141,13 @@ class MeasuredOptions:
         "gradient accumulation)", kind=None,
         flags=({"flag": "--optimizer-in-backward", "const": True,
                 "help": "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd)"},))
+    float8: Any = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
+                          "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
+                          "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
+                          "RECIPE", choices=("tensorwise", "rowwise", "transformer-engine"))
+    compile: Any = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
+                           kind=None, flags=({"flag": "--compile", "const": True,
+                                              "help": "torch.compile (refused: not modelled)"},))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
@@ -222,6 +229,12 @@ def prepare(plan, registry):
     if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
         from .optimizer_in_backward import prepare_option
         plan = prepare_option(plan, o.optimizer_in_backward)
+    if o.compile is not None:                   # float8.py: torch.compile is refused, with the reason
+        from .float8 import check_compile
+        check_compile(plan, o.compile)
+    if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
+        from .float8 import check as float8_check
+        plan = float8_check(plan, o.float8)
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
