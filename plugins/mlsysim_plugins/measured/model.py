@@ -283,6 +283,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output",
                        nbytes=regime.residual * T * h / grad_split, phases=(BACKWARD_END,),
                        formula=f"T x h x {regime.residual} B" + (f" / {grad_split}" if grad_split != 1 else "")))
+    if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
+        from .loss import loss_terms
+        terms = loss_terms(plan, ctx, terms)
     if getattr(plan.profile_options, "float8", None) is not None:    # float8.py: the casts' excess, TE's buffers
         from .float8 import terms as float8_terms
         terms = terms + float8_terms(plan, placement, terms, layer_bytes(plan, ctx))

@@ -135,6 +135,13 @@ class MeasuredOptions:
     device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
                           "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
                           "as the validation runs measured)", choices=("cuda", "cpu"))
+    loss: Any = _option("the loss: cross_entropy (default; Hugging Face's, the logits upcast to fp32 whole), chunked "
+                        "(torchtune's chunked cross-entropy: the fp32 copy and backward temporaries one chunk at a "
+                        "time) or fused_linear (Liger's fused linear cross-entropy: the logits one chunk at a time, "
+                        "the LM head's gradients computed in the forward; unvalidated)", "LOSS",
+                        choices=("cross_entropy", "chunked", "fused_linear"))
+    loss_chunks: Any = _option("with --loss chunked: the number of chunks (default 8, torchtune's num_output_chunks)",
+                               "N", kind=int)
     optimizer_in_backward: Any = _option(
         "the optimizer step fused into the backward (torchtune's optimizer_in_bwd: one optimizer per parameter, "
         "stepped by its post-accumulate-grad hook): gradients freed parameter by parameter (one device, no "
@@ -231,6 +238,9 @@ def prepare(plan, registry):
         plan = prepare_option(plan, o.optimizer_in_backward)
     if o.compile is not None:                   # float8.py: torch.compile is refused, with the reason
         from .float8 import check_compile
+    if o.loss is not None or o.loss_chunks is not None:     # loss.py: chunked / fused linear cross-entropy
+        from .loss import prepare as loss_prepare
+        plan = loss_prepare(plan)
         check_compile(plan, o.compile)
     if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
         from .float8 import check as float8_check
