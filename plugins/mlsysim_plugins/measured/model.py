@@ -289,6 +289,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if getattr(plan.profile_options, "float8", None) is not None:    # float8.py: the casts' excess, TE's buffers
         from .float8 import terms as float8_terms
         terms = terms + float8_terms(plan, placement, terms, layer_bytes(plan, ctx))
+    if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
+        from .offload_activations import offload_terms
+        terms = offload_terms(plan, terms, "model")
     return shape.family.adjusted("model_activations", plan, placement, terms)
 
 
@@ -343,6 +346,9 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
             phases=(BACKWARD_END,),
             formula=f"one layer's forward recomputed in the backward, with its MLP's activation gradients "
                     f"(2 x T x {max(s.top_k, 1)} x ffn x {regime.compute} B): {_n(work)} B"))
+    if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
+        from .offload_activations import offload_terms
+        terms = offload_terms(plan, terms, "layers")
     return terms
 
 

@@ -155,6 +155,11 @@ class MeasuredOptions:
     compile: Any = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
                            kind=None, flags=({"flag": "--compile", "const": True,
                                               "help": "torch.compile (refused: not modelled)"},))
+    activation_offload: Any = _option(
+        "activation offloading to host memory: save_on_cpu (torch.autograd.graph.save_on_cpu around the model) or "
+        "torchtune (torchtune's OffloadActivations: tensors >= 1 KiB that are not parameters, the LM head and "
+        "loss left on the device, the last tensors in flight kept on the device)", "HOW",
+        choices=("save_on_cpu", "torchtune"))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
@@ -245,6 +250,9 @@ def prepare(plan, registry):
     if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
         from .float8 import check as float8_check
         plan = float8_check(plan, o.float8)
+    if o.activation_offload is not None:        # offload_activations.py
+        from .offload_activations import prepare_option as offload_prepare
+        plan = offload_prepare(plan, o.activation_offload)
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))

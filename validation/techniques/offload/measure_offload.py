@@ -37,6 +37,7 @@ import platform
 import sys
 import time
 import traceback
+import types
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,6 +112,43 @@ def optimizer_in_backward(model, cfg, mt_cell):
     return list(optims.values())
 
 
+class _Examples:
+    """validation/examples/measure_examples.py's save_on_cpu as it behaves with a GPU (``SimulatedSaveOnCpu``:
+    pack copies each saved tensor into a host tensor made outside the tracker, tallied by ``HostLedger``;
+    unpack copies it back to a new tracked "device" tensor), imported, not copied."""
+
+    module = None
+
+    @classmethod
+    def get(cls):
+        if cls.module is None:
+            sys.path.insert(0, os.path.join(VALIDATION, "examples"))
+            sys.path.insert(0, os.path.join(VALIDATION, "parallel"))
+            cls.module = _load("measure_examples", os.path.join(VALIDATION, "examples", "measure_examples.py"))
+        return cls.module
+
+
+class _BaseModelOffloaded(torch.nn.Module):
+    """The training step's ``model(input_ids=..., labels=...)``, with the offload context around the base
+    model only, as torchtune's recipes place ``activations_handling_ctx``: ``with ctx: logits =
+    model(tokens)``, the output head excluded (``get_act_offloading_ctx_manager``'s NoOpManager on
+    ``model.output``) and the loss computed outside. Same ops as Hugging Face's ``LlamaForCausalLM.forward``
+    (``hidden = self.model(...)``; ``logits = self.lm_head(hidden)``; ``self.loss_function(...)``)."""
+
+    def __init__(self, model, ctx):
+        super().__init__()
+        self.inner, self.ctx = model, ctx
+
+    def forward(self, input_ids, labels, use_cache=False):
+        m = self.inner
+        with self.ctx():
+            hidden = m.model(input_ids=input_ids, use_cache=use_cache).last_hidden_state
+        logits = m.lm_head(hidden)
+        del hidden
+        loss = m.loss_function(logits=logits, labels=labels, vocab_size=m.config.vocab_size)
+        return types.SimpleNamespace(loss=loss)
+
+
 def measure_run(cfg: dict) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -121,13 +159,37 @@ def measure_run(cfg: dict) -> dict:
             optims = optimizer_in_backward(model, cfg, mt_cell)
             loop_optimizer = _Nothing()
             tracked = optims
+            runner, point = model, None
+        elif cfg["technique"] == "save_on_cpu":
+            ex = _Examples.get()
+            loop_optimizer = _measure.build_optimizer(list(model.parameters()), cfg["optimizer"],
+                                                      cfg["optimizer_impl"])
+            tracked = [loop_optimizer]
+            holder = {}
+            runner = _BaseModelOffloaded(model, lambda: ex.SimulatedSaveOnCpu(holder["ledger"]))
+
+            def point():
+                d = _measure._point(mt_cell[0])
+                d["host_bytes"] = holder["ledger"].current
+                return d
         else:
             raise ValueError(cfg["technique"])
         layers, named = _measure._submodules(model)
         mt = _measure.PhaseMemTracker()
         mt_cell.append(mt)
         mt.track_external(model, *tracked, input_ids)
-        alive, t_measured = _measure.run_protocol(mt, model, loop_optimizer, input_ids)
+        if cfg["technique"] == "save_on_cpu":
+            ledger = holder["ledger"] = ex.HostLedger(mt, model)
+            reset = mt.reset_phase_stats
+
+            def reset_both():       # run_protocol calls it just before the measured iteration
+                reset()
+                ledger.reset()
+            mt.reset_phase_stats = reset_both
+        alive, t_measured = _measure.run_protocol(mt, runner, loop_optimizer, input_ids, point=point)
+        if cfg["technique"] == "save_on_cpu":
+            extra["host"] = {"peak_by_phase": ledger.peak_by_phase, "end_of_forward": alive["end_of_forward"]["host_bytes"],
+                             "packed_in_measured_forward": {k: v for k, v in ledger.packed.items() if k != "detail"}}
         t_end = time.perf_counter()
         record = _measure.peak_record(mt)
         phases = record["peak_by_phase"]
