@@ -253,6 +253,9 @@ def prepare(plan, registry):
     if o.activation_offload is not None:        # offload_activations.py
         from .offload_activations import prepare_option as offload_prepare
         plan = offload_prepare(plan, o.activation_offload)
+    from mlsysim_plugins.lowbit_optimizers import notes as optimizer_notes    # lowbit_optimizers.py
+    if optimizer_notes(plan):                   # the compiled torchao step; paged bnb unvalidated
+        plan = attrs.evolve(plan, notes=plan.notes + optimizer_notes(plan))
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))

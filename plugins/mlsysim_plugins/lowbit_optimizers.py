@@ -1,0 +1,191 @@
+"""Low-bit AdamW optimizers: torchao's AdamW8bit, AdamW4bit and AdamWFp8, bitsandbytes'
+AdamW8bit and its paged variant (issue 16, item 5).
+
+Names: ``adamw-8bit-torchao``, ``adamw-4bit-torchao``, ``adamw-fp8-torchao``,
+``adamw-8bit-bnb``, ``paged-adamw-8bit-bnb``. (``adam-8bit`` is the older bitsandbytes
+``Adam8bit`` plugin; its measured numbers are kept as they were, 2 KiB of shared quantization
+maps short of bitsandbytes: see ``adamw-8bit-bnb`` for the exact layout.)
+
+Reference grade: an fp32 master 4 B + two moments at the state's bits per parameter
+(8-bit and fp8: 6 B, 4-bit: 5 B), as for ``adam-8bit``.
+
+Measured grade, from the libraries' source (torchao 0.18.0, bitsandbytes 0.50.2) and measured
+on real CPU runs (validation/techniques/optimizers/):
+
+* torchao (``torchao/optim/adam.py`` ``_AdamBase._new_buffer``): a tensor is quantized only if
+  ``numel >= 4096 and numel % block_size == 0``; the others keep ``zeros_like(p)`` moments (the
+  parameters' dtype). A quantized moment (``subclass_8bit.py``/``subclass_4bit.py``/
+  ``subclass_fp8.py`` ``zeros``) holds its codes (8-bit: 1 B/element uint8; 4-bit: 1/2 B, two
+  codes packed per byte; fp8: 1 B float8_e4m3fn), one fp32 scale per block (block 256 for 8-bit
+  and fp8, 128 for 4-bit) and, for 8-bit and 4-bit, its own fp32 dynamic quantization map
+  (``torch.tensor(create_dynamic_map(...))``: 256 and 16 entries, per moment tensor). Every
+  parameter tensor has a 4-byte fp32 ``step`` tensor. No master copy.
+  The step (``_AdamBase.step``) runs ``torch.compile(single_param_adam)`` one parameter at a
+  time: dequantize, update, requantize. What the compiled step allocates was measured with
+  torch.profiler (inductor's CPU code, both moments' fp32 values realized): per quantized tensor
+  of n elements, 8-bit 8 n B, fp8 2 n B, 4-bit 26 n B, plus both moments' new scale vectors;
+  the largest quantized tensor sets it (full-precision tensors allocate nothing). Inductor's
+  CUDA code may fuse differently: said in a note.
+* bitsandbytes (``bitsandbytes/optim/optimizer.py`` ``Optimizer2State.init_state``): tensors
+  with fewer than ``min_8bit_size`` = 4096 elements keep fp32 ``state1``/``state2``; the others
+  uint8 states + one fp32 absmax per 256-element block (the last block partial), and the two
+  256-entry fp32 quantization maps ``qmap1``/``qmap2`` shared by every tensor (2 KiB in all);
+  ``step`` is a Python int. The update is one fused in-place kernel: no temporaries.
+* The paged variant keeps the same states in CUDA unified memory (``get_state_buffer``: tensors
+  of >= 1e5 elements, ``F.get_paged``), outside PyTorch's caching allocator, paged to the host
+  only under memory pressure: at the step they are resident on the device, so they are counted
+  on the accelerator. Not measurable here (CUDA only): unvalidated, said in a note.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from ._flat_state import flat_state_terms
+from ._fmt import n
+from ._lazy import lazy_module
+
+measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
+
+MIN_QUANTIZED = 4096   # torchao _new_buffer and bitsandbytes min_8bit_size: smaller tensors stay full precision
+SCALE_BYTES = 4        # fp32 scale / absmax per block
+
+
+# name: (label, code bytes per element, block, qmap entries per moment tensor, compiled step bytes per element)
+TORCHAO = {
+    "adamw-8bit-torchao": ("torchao AdamW8bit", 1.0, 256, 256, 8),
+    "adamw-4bit-torchao": ("torchao AdamW4bit", 0.5, 128, 16, 26),
+    "adamw-fp8-torchao": ("torchao AdamWFp8", 1.0, 256, 0, 2),
+}
+BNB_BLOCK = 256
+BNB_QMAPS = 2 * 256 * 4   # the signed and unsigned dynamic maps, shared by every tensor
+
+UNVALIDATED_PAGED = ("paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
+                     "its states (tensors of >= 100,000 elements, outside PyTorch's allocator, so not in "
+                     "torch.cuda.memory_allocated) are counted as resident on the accelerator, where they are "
+                     "at the step; under memory pressure the driver pages them to the host")
+COMPILED_NOTE = ("{name}: the step's temporaries are those of torchao's torch.compile'd per-parameter step as "
+                 "inductor's CPU code allocates them (measured); CUDA code may fuse differently")
+
+
+def _torchao_layout(plan, name):
+    label, code, block, qmap, _ = TORCHAO[name]
+    tensors = measured.trainable_tensors(plan)
+    quantized = [t for t in tensors if t >= MIN_QUANTIZED and t % block == 0]
+    small = sum(t for t in tensors if not (t >= MIN_QUANTIZED and t % block == 0))
+    return tensors, quantized, small
+
+
+def torchao_state_terms(plan, placement, options, *, name):
+    label, code, block, qmap, per_element = TORCHAO[name]
+    tensors, quantized, small = _torchao_layout(plan, name)
+    share = measured.tensor_share(plan, placement)
+    b = plan.profile_options.regime.state
+    q = sum(quantized)
+    blocks = sum(t // block for t in quantized)
+    per_moment = q * code + blocks * SCALE_BYTES + len(quantized) * qmap * 4 + small * b
+    terms = [*measured.master_terms(plan, placement), MemoryTerm(
+        component=OPTIMIZER_STATE, label=f"{name} moments ({label}, block-wise)", phases=measured.STEADY,
+        nbytes=2 * per_moment * share,
+        formula=f"2 moments x ({n(q)} quantized x {code:g} B + {n(blocks)} blocks of {block} x 4 B scale"
+                + (f" + {len(quantized)} tensors x {qmap} x 4 B map" if qmap else "")
+                + f" + {n(small)} unquantized x {b} B)"),
+        MemoryTerm(component=OPTIMIZER_STATE, label=f"{name} step counters", phases=measured.STEADY,
+                   nbytes=round(len(tensors) * share) * 4,
+                   formula=f"{len(tensors)} parameter tensors x 4 B (one fp32 step tensor each)")]
+    if quantized:
+        big = max(quantized)
+        step = per_element * big + 2 * (big // block) * SCALE_BYTES
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, label=f"{name} compiled step temporaries", phases=(measured.OPTIMIZER_STEP,),
+            nbytes=step * share,
+            formula=f"largest quantized tensor {n(big)} x {per_element} B + 2 x {big // block} new scales x 4 B"))
+    return terms
+
+
+def bnb_state_terms(plan, placement, options, *, name):
+    tensors = measured.trainable_tensors(plan)
+    quantized = sum(t for t in tensors if t >= MIN_QUANTIZED)
+    small = sum(t for t in tensors if t < MIN_QUANTIZED)
+    blocks = sum(-(-t // BNB_BLOCK) for t in tensors if t >= MIN_QUANTIZED)
+    share = measured.tensor_share(plan, placement)
+    terms = [*measured.master_terms(plan, placement), MemoryTerm(
+        component=OPTIMIZER_STATE, label=f"{name} moments (8-bit, block-wise)", phases=measured.STEADY,
+        nbytes=2 * (quantized + 4 * blocks + 4 * small) * share,
+        formula=f"2 moments x ({n(quantized)} x 1 B + {n(blocks)} blocks x 4 B absmax + {n(small)} small x 4 B fp32)")]
+    if quantized:
+        terms.append(MemoryTerm(component=OPTIMIZER_STATE, label=f"{name} quantization maps", phases=measured.STEADY,
+                                nbytes=BNB_QMAPS, formula="2 dynamic maps x 256 x 4 B (shared by all tensors)"))
+    return terms
+
+
+def notes(plan) -> tuple[str, ...]:
+    """What a result with one of these optimizers says (called from options.prepare)."""
+    name = plan.optimizer
+    if name in TORCHAO:
+        return (COMPILED_NOTE.format(name=name),)
+    if name == "paged-adamw-8bit-bnb":
+        return (UNVALIDATED_PAGED,)
+    return ()
+
+
+def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None, memory_bandwidth=None):
+    """Extra step time over a fused fp32 AdamW: (seconds or None, how).
+
+    The update is memory-bound. A fused fp32 AdamW reads and writes both moments at 4 B each
+    (16 B per parameter); a low-bit one moves them at their own bits (8-bit and fp8: 4 B,
+    4-bit: 2 B). torchao's compiled step also writes and reads back its realized temporaries
+    (the module docstring: 8, 26 and 2 B per element), bitsandbytes' fused kernel none. So
+    ``extra B/param = 2 x realized - (16 - low-bit moment traffic)`` and the time is
+    ``max(0, extra) x trainable parameters / memory bandwidth`` (``memory_bandwidth`` in B/s,
+    else the plan's hardware's; ``None`` without one). Paged states that were paged out cost
+    host-link traffic as well: not priced (it depends on the memory pressure).
+    """
+    name = plan.optimizer
+    realized = {"adamw-8bit-torchao": 8, "adamw-4bit-torchao": 26, "adamw-fp8-torchao": 2}.get(name, 0)
+    moments = 2.0 if name == "adamw-4bit-torchao" else 4.0
+    extra = max(0.0, 2 * realized - (16 - moments))
+    params = plan.model.parameters * plan.trainable_fraction
+    how = (f"{name}: {extra:g} B more moved per trainable parameter than a fused fp32 AdamW "
+           f"(2 x {realized} B realized temporaries - {16 - moments:g} B saved on the moments) / memory bandwidth")
+    bandwidth = memory_bandwidth or getattr(plan.hardware, "memory_bandwidth", None)
+    if not extra:
+        return 0.0, how
+    if not bandwidth:
+        return None, how + " (no memory bandwidth known)"
+    return extra * params / bandwidth, how
+
+
+@hookimpl
+def mlsysim_optimizers():
+    specs = []
+    ref = {"adamw-8bit-torchao": (6.0, "6 B (master 4 + m 1 + v 1)"),
+           "adamw-4bit-torchao": (5.0, "5 B (master 4 + m 0.5 + v 0.5)"),
+           "adamw-fp8-torchao": (6.0, "6 B (master 4 + m 1 + v 1)")}
+    for name, (label, code, block, qmap, _) in TORCHAO.items():
+        bpp, how = ref[name]
+        specs.append(OptimizerSpec(
+            name=name,
+            description=f"{label}: block-wise {'fp8' if 'fp8' in name else label[-4:]} moments (block {block}), "
+                        f"tensors < 4096 or not a block multiple in full precision; compiled step",
+            state_terms=_flat(name, bpp, how),
+            measured_state_terms=functools.partial(torchao_state_terms, name=name)))
+    specs.append(OptimizerSpec(
+        name="adamw-8bit-bnb",
+        description="bitsandbytes AdamW8bit: 8-bit moments, 256-block fp32 absmax, fp32 under 4096 elements",
+        state_terms=_flat("adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
+        measured_state_terms=functools.partial(bnb_state_terms, name="adamw-8bit-bnb")))
+    specs.append(OptimizerSpec(
+        name="paged-adamw-8bit-bnb",
+        description="bitsandbytes PagedAdamW8bit (unvalidated: CUDA unified memory): states as adamw-8bit-bnb, "
+                    "counted resident on the device at the step",
+        state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
+        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb")))
+    return specs
+
+
+def _flat(name, bpp, how):
+    def state_terms(plan, placement, options):
+        return flat_state_terms(placement, f"{name} master copy (fp32) + 2 low-bit moments", bpp, how)
+    return state_terms
