@@ -32,4 +32,10 @@ CONFIGS = [
          optimizer=o, optimizer_impl="foreach", checkpointing="none", attention="sdpa", dropout=0.0,
          method="real", sweep=None)
     for m, (h, b, s, r) in MODELS.items() for o in OPTIMIZERS
+] + [
+    # Muon's AdamW part fused (no temporaries): the step's transient is the Newton-Schulz peak
+    dict(id=f"{m}-muon-fused", family=h["model_type"], model=m, hf_config=h, batch_size=b, seq_len=s, regime=r,
+         optimizer="muon", optimizer_impl="fused", checkpointing="none", attention="sdpa", dropout=0.0,
+         method="real", sweep=None)
+    for m, (h, b, s, r) in MODELS.items()
 ]

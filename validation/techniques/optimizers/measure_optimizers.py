@@ -51,6 +51,9 @@ _COMPILE = torch.compile
 TORCHAO = {"adamw-8bit-torchao": "AdamW8bit", "adamw-4bit-torchao": "AdamW4bit", "adamw-fp8-torchao": "AdamWFp8"}
 
 
+IMPL_KW = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
+
+
 def muon_split(model):
     """torch.optim.Muon for every 2-D hidden matrix; the embedding, the LM head, the norms,
     biases and 3-D (fused expert) weights go to AdamW (Muon accepts only 2-D parameters)."""
@@ -88,7 +91,7 @@ def build(cfg, model):
         return cls(params, lr=1e-4), None
     if name == "muon":
         hidden, rest = muon_split(model)
-        pair = (torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=1e-4, foreach=True))
+        pair = (torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=1e-4, **IMPL_KW[cfg["optimizer_impl"]]))
         return Pair(*pair), pair
     raise ValueError(name)
 
