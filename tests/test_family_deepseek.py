@@ -6,13 +6,13 @@ probabilities); the family chosen with no approximation note; what it refuses.""
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from mlsysim_core import HardwareNode, TrainingMemoryModel
+from familytools import abs_errors_by_architecture, family_configs, family_runs
+from familytools import run_errors as errors
+from familytools import solve_run as solve
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_plugins.measured import architectures
@@ -20,46 +20,13 @@ from mlsysim_plugins.measured.architectures import deepseek
 from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, architecture_notes, family_for
 from mlsysim_plugins.measured.kernels import EAGER, SDPA
 
-ROOT = Path(__file__).resolve().parent.parent
-RUNS = json.loads((ROOT / "validation/families/deepseek/measurements.json").read_text(encoding="utf-8"))["runs"]
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+RUNS = family_runs("deepseek")
 FAMILIES = {**BUILTIN_FAMILIES, **{f.name: f for f in architectures.mlsysim_measured_architectures()}}
 FAMILY = deepseek.FAMILIES[0]
-PHASES = ("forward", "backward", "optimizer")
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}     # validation/report.py REFERENCE_PRECISION
 
 
 def _config(model: str) -> dict:
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("deepseek_configs", ROOT / "validation/families/deepseek/configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module.MODELS[model])
-
-
-def solve(run, model=None, **changes):
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
-                   device="cpu", dropout=run["dropout"], runtime_overheads=False)
-    options.update(changes)
-    return TrainingMemoryModel().solve(model or from_hf_config(run["hf_config"], name=run["id"]), BIG,
-                                       run["batch_size"], run["seq_len"], PRECISION[run["regime"]], run["optimizer"],
-                                       run["checkpointing"], profile="measured", **options)
-
-
-def phases(result):
-    t = result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-
-
-def errors(run):
-    result = solve(run)
-    measured = run["measured"]
-    predicted = phases(result)
-    out = {p: (predicted[p] - measured["peak_by_phase"][p]["bytes"]) / measured["peak_by_phase"][p]["bytes"]
-           for p in PHASES}
-    out["peak"] = (result.total_memory - measured["peak_bytes"]) / measured["peak_bytes"]
-    return out
+    return dict(family_configs("deepseek").MODELS[model])
 
 
 # --- the measured runs ---------------------------------------------------------------------
@@ -81,13 +48,8 @@ def test_run_phase_by_phase(run):
 
 
 def test_targets_per_architecture():
-    by_arch = {}
-    for run in RUNS:
-        e = errors(run)
-        by_arch.setdefault(run["hf_config"]["model_type"], []).append(e)
-    for arch, rows in by_arch.items():
-        peaks = [abs(r["peak"]) for r in rows]
-        every = [abs(r[p]) for r in rows for p in PHASES]
+    for arch, s in abs_errors_by_architecture(RUNS).items():
+        peaks, every = s["peak"], s["phases"]
         assert statistics.median(peaks) <= 0.03 and max(peaks) <= 0.10, (arch, peaks)
         assert statistics.median(every) <= 0.03 and max(every) <= 0.10, (arch, every)
 

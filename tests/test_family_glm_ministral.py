@@ -7,37 +7,22 @@ approximation note; what they refuse."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from mlsysim_core import HardwareNode, TrainingMemoryModel
+from familytools import abs_errors_by_architecture, family_configs, family_runs
+from familytools import run_errors as errors
+from familytools import solve_run as solve
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_plugins.measured import architectures, layers
 from mlsysim_plugins.measured.architectures import glm_ministral as gm
 from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, architecture_notes, family_for
 
-ROOT = Path(__file__).resolve().parent.parent
-DIR = ROOT / "validation/families/glm_ministral"
-RUNS = json.loads((DIR / "measurements.json").read_text(encoding="utf-8"))["runs"]
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+RUNS = family_runs("glm_ministral")
 FAMILIES = {**BUILTIN_FAMILIES, **{f.name: f for f in architectures.mlsysim_measured_architectures()}}
-PHASES = ("forward", "backward", "optimizer")
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}     # validation/report.py REFERENCE_PRECISION
-
-
-def _models() -> dict:
-    spec = importlib.util.spec_from_file_location("glm_ministral_configs", DIR / "configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.MODELS
-
-
-MODELS = _models()
+MODELS = family_configs("glm_ministral").MODELS
 
 
 def model_of(name, **changes):
@@ -46,30 +31,6 @@ def model_of(name, **changes):
 
 def run_of(rid):
     return next(r for r in RUNS if r["id"] == rid)
-
-
-def solve(run, model=None, **changes):
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
-                   device="cpu", dropout=run["dropout"], runtime_overheads=False)
-    options.update(changes)
-    return TrainingMemoryModel().solve(model or from_hf_config(run["hf_config"], name=run["id"]), BIG,
-                                       run["batch_size"], run["seq_len"], PRECISION[run["regime"]], run["optimizer"],
-                                       run["checkpointing"], profile="measured", **options)
-
-
-def phases(result):
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-
-
-def errors(run):
-    result = solve(run)
-    predicted = phases(result)
-    out = {p: (predicted[p] - run["measured"]["peak_by_phase"][p]["bytes"]) / run["measured"]["peak_by_phase"][p]["bytes"]
-           for p in PHASES}
-    out["peak"] = (result.total_memory - run["measured"]["peak_bytes"]) / run["measured"]["peak_bytes"]
-    return out
 
 
 # --- the measurements -------------------------------------------------------------------------------
@@ -92,13 +53,7 @@ def test_run_phase_by_phase(run):
 
 
 def test_targets_per_architecture():
-    by_arch = {}
-    for run in RUNS:
-        e = errors(run)
-        s = by_arch.setdefault(run["hf_config"]["model_type"], {"peak": [], "phases": []})
-        s["peak"].append(abs(e["peak"]))
-        s["phases"] += [abs(e[p]) for p in PHASES]
-    for arch, s in by_arch.items():
+    for arch, s in abs_errors_by_architecture(RUNS).items():
         assert statistics.median(s["peak"]) <= 0.03 and max(s["peak"]) <= 0.10, arch
         assert statistics.median(s["phases"]) <= 0.03 and max(s["phases"]) <= 0.10, arch
 

@@ -3,37 +3,20 @@ measurements (validation/families/gpt_oss), its hand-derived bytes, and what it 
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
 
-from mlsysim_core import TrainingMemoryModel
+from familytools import PHASES, family_configs, family_runs, phase_errors, solve_run
 from mlsysim_core.errors import InvalidInputError, NotModelledError
-from mlsysim_core.types import HardwareNode, SparseTransformerWorkload
+from mlsysim_core.types import SparseTransformerWorkload
 from mlsysim_plugins.measured.architectures import gpt_oss
 from mlsysim_plugins.measured.families import family_for
 from mlsysim_plugins.measured.kernels import EAGER
 
-ROOT = Path(__file__).resolve().parent.parent
-DIR = ROOT / "validation" / "families" / "gpt_oss"
-RUNS = [r for r in json.loads((DIR / "measurements.json").read_text())["runs"] if "measured" in r]
-PHASES = ("forward", "backward", "optimizer")
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}   # validation/report.py's REFERENCE_PRECISION
-
-
-def _configs():
-    spec = importlib.util.spec_from_file_location("gpt_oss_configs", DIR / "configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CONFIGS = _configs()
+RUNS = [r for r in family_runs("gpt_oss") if "measured" in r]
+CONFIGS = family_configs("gpt_oss")
 RAW = ("layer_types", "sliding_window", "attention_bias", "head_dim", "swiglu_limit", "quantization_config")
 
 
@@ -60,23 +43,11 @@ def workload(hf: dict, name: str = "gpt-oss", **details) -> SparseTransformerWor
 
 
 def solve(run: dict, model=None, **options):
-    model = model or workload(run["hf_config"], run["id"])
-    opts = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"], device="cpu",
-                dropout=0.0, runtime_overheads=False)
-    opts.update(options)
-    return TrainingMemoryModel().solve(model, BIG, run["batch_size"], run["seq_len"], PRECISION[run["regime"]],
-                                       run["optimizer"], run["checkpointing"], profile="measured", **opts)
+    return solve_run(run, model or workload(run["hf_config"], run["id"]), **options)
 
 
 def errors(run: dict) -> dict:
-    r = solve(run)
-    t = r.phase_totals
-    predicted = {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-                 "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-    m = run["measured"]
-    out = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
-    out["peak"] = (r.total_memory - m["peak_bytes"]) / m["peak_bytes"]
-    return out
+    return phase_errors(run, solve(run))
 
 
 # --- the measurements --------------------------------------------------------------------------------

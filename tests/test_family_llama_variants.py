@@ -8,13 +8,13 @@ phase by phase; hand-derived byte counts check the mechanisms each family adds t
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-from mlsysim_core import HardwareNode, NotModelledError, TrainingMemoryModel
+from familytools import family_runs, phase_errors, solve_model, solve_run
+from mlsysim_core import NotModelledError, TrainingMemoryModel
 from mlsysim_core.hf import from_hf_config
 from mlsysim_plugins.measured.architectures import llama_variants as lv
 from mlsysim_plugins.measured.families import LLAMA, family_for
@@ -22,12 +22,8 @@ from mlsysim_plugins.measured.kernels import BUILTIN_KERNELS
 from mlsysim_plugins.measured.shapes import ModelShape
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASUREMENTS = ROOT / "validation" / "families" / "llama_variants" / "measurements.json"
-RUNS = [r for r in json.loads(MEASUREMENTS.read_text(encoding="utf-8"))["runs"] if "measured" in r]
+RUNS = [r for r in family_runs("llama_variants") if "measured" in r]
 CONFIGS = ROOT / "tests" / "data" / "hf_configs"
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-REFERENCE_PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}
-PHASES = ("forward", "backward", "optimizer")
 ARCHES = ("qwen2", "qwen3", "olmo2", "phi3")
 MIB = 2**20
 
@@ -45,29 +41,15 @@ def _tiny(model_type, **extra):
     return d
 
 
-def _solve(measured, run_or_model, *, batch=2, seq=256, regime="fp32", attention="sdpa", checkpointing="none",
-           optimizer_impl="foreach", **options):
+def _solve(measured, run_or_model, *, batch=2, regime="fp32", **options):
     model = run_or_model if not isinstance(run_or_model, dict) else from_hf_config(run_or_model, name="m")
-    return measured.solve(model, BIG, batch, seq, REFERENCE_PRECISION[regime], "adamw", checkpointing,
-                          regime=regime, attention=attention, optimizer_impl=optimizer_impl, device="cpu",
-                          runtime_overheads=False, **options)
-
-
-def _phases(result) -> dict:
-    t = result.phase_totals if isinstance(result.phase_totals, dict) else result.phase_totals()
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
+    return solve_model(model, batch=batch, regime=regime, solver=measured, **options)
 
 
 def _errors(measured, run) -> dict:
-    r = _solve(measured, run["hf_config"], batch=run["batch_size"], seq=run["seq_len"], regime=run["regime"],
-               attention=run["attention"], checkpointing=run["checkpointing"], optimizer_impl=run["optimizer_impl"])
-    m = run["measured"]
-    out = {p: (v - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"]
-           for p, v in _phases(r).items() if p in m["peak_by_phase"]}
-    out["peak"] = (r.total_memory - m["peak_bytes"]) / m["peak_bytes"]
+    r = solve_run(run, solver=measured)
     assert not [n for n in r.notes if n.startswith("approximation")], r.notes
-    return out
+    return phase_errors(run, r)
 
 
 # --- the measured runs ----------------------------------------------------------------------------

@@ -4,54 +4,21 @@ what the mechanisms add, the family chosen with no approximation note, and what 
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from mlsysim_core import HardwareNode, TrainingMemoryModel
+from familytools import family_runs, run_model
+from familytools import run_errors as _errors
+from familytools import solve_run as solve
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.hf import from_hf_config
 from mlsysim_plugins.measured import architectures
 from mlsysim_plugins.measured.architectures import moe_2025
 from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, architecture_notes, family_for
 from mlsysim_plugins.measured.kernels import EAGER, SDPA
 
-ROOT = Path(__file__).resolve().parent.parent
-RUNS = json.loads((ROOT / "validation/families/moe_2025/measurements.json").read_text(encoding="utf-8"))["runs"]
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}     # validation/report.py REFERENCE_PRECISION
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+RUNS = family_runs("moe_2025")
 FAMILIES = {**BUILTIN_FAMILIES, **{f.name: f for f in architectures.mlsysim_measured_architectures()}}
-
-
-def workload(run):
-    return from_hf_config(run["hf_config"], name=run["id"])
-
-
-def solve(run, model=None, **changes):
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
-                   device="cpu", dropout=run["dropout"], runtime_overheads=False)
-    options.update(changes)
-    return TrainingMemoryModel().solve(model or workload(run), BIG, run["batch_size"], run["seq_len"],
-                                       PRECISION[run["regime"]], run["optimizer"], run["checkpointing"],
-                                       profile="measured", **options)
-
-
-def phases(result):
-    t = result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-
-
-def _errors(run):
-    result = solve(run)
-    measured = run["measured"]
-    predicted = phases(result)
-    out = {p: (predicted[p] - measured["peak_by_phase"][p]["bytes"]) / measured["peak_by_phase"][p]["bytes"]
-           for p in ("forward", "backward", "optimizer")}
-    out["peak"] = (result.total_memory - measured["peak_bytes"]) / measured["peak_bytes"]
-    return out
 
 
 def by_id(run_id):
@@ -83,13 +50,13 @@ def test_median_peak_error_per_architecture(arch):
 def test_parameter_counts_are_exact():
     """The family's count (what model.parameters is checked against) is what PyTorch built."""
     for run in RUNS:
-        assert moe_2025.count_parameters(workload(run)) == run["measured"]["parameters"], run["id"]
+        assert moe_2025.count_parameters(run_model(run)) == run["measured"]["parameters"], run["id"]
         assert len(moe_2025.parameter_tensors(_shape(run))) == run["measured"]["parameter_tensors"], run["id"]
 
 
 def _shape(run):
     from mlsysim_plugins.measured.shapes import ModelShape
-    model = workload(run)
+    model = run_model(run)
     return ModelShape.of(model, family_for(model, FAMILIES)[0])
 
 
@@ -97,7 +64,7 @@ def _shape(run):
 
 def _layer(run_id, kernel=SDPA, **changes):
     run = by_id(run_id)
-    model = workload(run)
+    model = run_model(run)
     shape = _shape(run)
     kw = dict(hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
               ffn=shape.ffn, experts=shape.experts, top_k=shape.top_k, regime=run["regime"], dropout=False,
@@ -156,7 +123,7 @@ def test_llama4_rope_table_is_complex64():
 @pytest.mark.parametrize("run_id,name", [("qwen2-moe-tiny-fp32-sdpa", "qwen_moe"), ("qwen3-moe-tiny-fp32-sdpa", "qwen_moe"),
                                          ("llama4-tiny-fp32-sdpa", "llama4_text")])
 def test_family_chosen_without_approximation_note(run_id, name):
-    model = workload(by_id(run_id))
+    model = run_model(by_id(run_id))
     family, notes = family_for(model, FAMILIES)
     assert family.name == name and notes == ()
     assert architecture_notes(model, family, FAMILIES) == ()
@@ -170,7 +137,7 @@ def test_dropout_refused():
 
 def test_llama4_past_one_chunk_refused():
     run = dict(by_id("llama4-tiny-fp32-sdpa"))
-    model = workload(run)
+    model = run_model(run)
     details = dict(model.details, attention_chunk_size=128)
     import attrs
     with pytest.raises(NotModelledError, match="attention_chunk_size=128"):

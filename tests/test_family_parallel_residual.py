@@ -4,67 +4,23 @@ hand-derived bytes, and what they refuse. No torch."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from mlsysim_core import TrainingMemoryModel
+from familytools import PHASES, family_configs, family_runs, run_errors
+from familytools import solve_model as solve
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured.architectures import parallel_residual as pr
 from mlsysim_plugins.measured.families import BUILTIN_FAMILIES, family_for
 from mlsysim_plugins.measured.kernels import EAGER, SDPA
 from mlsysim_plugins.measured.layers import layer_forward_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
-DIR = ROOT / "validation" / "families" / "parallel_residual"
-RUNS = [r for r in json.loads((DIR / "measurements.json").read_text())["runs"] if "measured" in r]
-PHASES = ("forward", "backward", "optimizer")
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}   # validation/report.py's REFERENCE_PRECISION
+RUNS = [r for r in family_runs("parallel_residual") if "measured" in r]
 FAMILIES = {**BUILTIN_FAMILIES, **{f.name: f for f in pr.FAMILIES}}
-
-
-def _configs():
-    spec = importlib.util.spec_from_file_location("parallel_residual_configs", DIR / "configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CONFIGS = _configs()
-
-
-def solve(model, *, batch=1, seq=256, regime="bf16", attention="sdpa", checkpointing="none", **options):
-    opts = dict(regime=regime, optimizer_impl="foreach", attention=attention, device="cpu", dropout=0.0,
-                runtime_overheads=False)
-    opts.update(options)
-    return TrainingMemoryModel().solve(model, BIG, batch, seq, PRECISION[regime], "adamw", checkpointing,
-                                       profile="measured", **opts)
-
-
-def _totals(result) -> dict:
-    t = result.phase_totals
-    return t() if callable(t) else t
-
-
-def errors(run: dict) -> dict:
-    r = solve(from_hf_config(run["hf_config"], name=run["id"]), batch=run["batch_size"], seq=run["seq_len"],
-              regime=run["regime"], attention=run["attention"], checkpointing=run["checkpointing"])
-    t = _totals(r)
-    predicted = {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-                 "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-    m = run["measured"]
-    out = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
-    out["peak"] = (r.total_memory - m["peak_bytes"]) / m["peak_bytes"]
-    return out
-
-
-ERRORS = {r["id"]: errors(r) for r in RUNS}
+CONFIGS = family_configs("parallel_residual")
+ERRORS = {r["id"]: run_errors(r) for r in RUNS}
 
 
 # --- against the measurements -------------------------------------------------------------------------

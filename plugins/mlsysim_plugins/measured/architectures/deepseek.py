@@ -229,11 +229,11 @@ def _mlp_tensors(z: Sizes, f: int, prefix: str) -> list:
     return out
 
 
-def _layer_tensors(z: Sizes, moe: bool) -> list:
-    """One decoder layer's parameters in registration order: self_attn, mlp, the two norms.
-    Expert stacks (E, r, c) as E matrices (r, c), the way a factored optimizer sees them."""
+def _layer_tensors(z: Sizes, moe: bool, attention: list) -> list:
+    """One decoder layer's parameters in registration order: self_attn (``attention``), mlp, the
+    two norms. Expert stacks (E, r, c) as E matrices (r, c), the way a factored optimizer sees them."""
     h, E, f = z.hidden, z.experts, z.expert_ffn
-    out = _attention_tensors(z)
+    out = list(attention)
     if moe:
         out += [("experts.gate_up_proj", (E, 2 * f, h)), ("experts.down_proj", (E, h, f)), ("gate", (E, h))]
         out += _mlp_tensors(z, z.shared_ffn, "shared_experts.")
@@ -242,10 +242,13 @@ def _layer_tensors(z: Sizes, moe: bool) -> list:
     return out + [("input_layernorm", (h, 0)), ("post_attention_layernorm", (h, 0))]
 
 
-def _model_tensors(z: Sizes) -> list:
+def _model_tensors(z: Sizes, attention: list | None = None) -> list:
+    """The model's parameters in registration order; ``attention``: one layer's attention tensors
+    (default MLA's, ``_attention_tensors``; GLM-4.5 gives its own)."""
+    attention = _attention_tensors(z) if attention is None else attention
     out = [("embed_tokens", (z.vocab, z.hidden))]
     for i in range(z.layers):
-        out += _layer_tensors(z, i >= z.dense_layers)
+        out += _layer_tensors(z, i >= z.dense_layers, attention)
     out.append(("norm", (z.hidden, 0)))
     if not z.tied:
         out.append(("lm_head", (z.vocab, z.hidden)))
@@ -263,11 +266,16 @@ def _parameter_tensors(shape) -> tuple[int, ...]:
     return tuple(_elements(s) for _, s in _model_tensors(sizes(shape.model)))
 
 
-def _matrix_shapes(shape) -> list:
+def _matrices(tensors) -> list:
+    """(rows, cols) of each matrix of ``tensors`` ((name, shape) pairs), an expert stack as E matrices."""
     out = []
-    for _, s in _model_tensors(sizes(shape.model)):
+    for _, s in tensors:
         out += [(s[1], s[2])] * s[0] if len(s) == 3 else [s]
     return out
+
+
+def _matrix_shapes(shape) -> list:
+    return _matrices(_model_tensors(sizes(shape.model)))
 
 
 def _count_parameters(model) -> int:
@@ -283,13 +291,20 @@ def _weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None) -> tuple[LayerW
     projections (q_a, kv_a) and the latent norms replicated, q_b / q_proj / kv_b column-parallel,
     o_proj row-parallel; the router replicated, the experts over ep x expert_tp."""
     z = sizes(model)
-    dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
     replicated = {"q_a_proj", "q_a_proj.bias", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_proj_with_mqa.bias",
                   "kv_a_layernorm", "o_proj.bias"}
     out = []
     for name, s in _attention_tensors(z):
         out.append(W(name, _elements(s), split=REPLICATED if name in replicated else TP,
                      autocast=s[1] != 0, bias=name.endswith(".bias")))
+    return tuple(out) + _mlp_weights(z)
+
+
+def _mlp_weights(z: Sizes) -> tuple[LayerWeight, ...]:
+    """The mean layer's dense MLP x dense/L and MoE block x MoE/L weights (the router replicated,
+    the experts over ep x expert_tp, not autocast: grouped_mm)."""
+    dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
+    out = []
     if dense:
         out += [W(f"dense mlp x {z.dense_layers}/{z.layers}: {n}", _elements(s) * dense,
                   split=REPLICATED if n == "down_proj.bias" else TP, bias=n.endswith(".bias"))
@@ -380,7 +395,6 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
     if dropout:
         raise _dropout_refused()
     amp = regime == "amp-bf16"
-    c = _c(regime)
     h = hidden
     # RMSNorm: fp32 / bf16 keep the normalized x and the output (bf16: + its fp32 copy); AMP the fp32
     # normalized x only, every consuming linear its own bf16 cast of the output.
@@ -405,6 +419,15 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
     w.extend(parts)
     w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
     w.add("post-attention norm", norm, REPLICATED)
+    _add_mlp(w, z, regime, h)
+    r = 2 if regime == "bf16" else 4
+    return w.layer(tokens, r * h * tokens, regime != "bf16")
+
+
+def _add_mlp(w: _Walk, z: Sizes, regime: str, h: int) -> None:
+    """The mean layer's dense MLP x dense/L and MoE block x MoE/L (router, grouped_mm experts,
+    shared experts) added to ``w`` (module docstring); ``h`` the hidden size."""
+    amp, c = regime == "amp-bf16", _c(regime)
     dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
     casts = 2 * 2 * h if amp else 0                   # gate / up input casts under autocast
     if dense:
@@ -425,8 +448,6 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
         w.constant.append(Part(f"{label}: expert offsets", 4 * E * moe, split=REPLICATED))
         if regime == "bf16":
             w.constant.append(Part(f"{label}: router weight's fp32 copy", 4 * E * h * moe, split=REPLICATED))
-    r = 2 if regime == "bf16" else 4
-    return w.layer(tokens, r * h * tokens, regime != "bf16")
 
 
 def _megatron_mlp(*, hidden, ffn, experts, top_k):
@@ -462,15 +483,29 @@ def _check(plan) -> tuple[str, ...]:
             "the memory-efficient kernel (no flash kernel for unequal q/k and v head dims; not measured: "
             "validation ran on CPU)"))
     if z.dense_layers and z.moe_layers:
-        where = []
-        if plan.pp_size > 1:
-            where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
-        if plan.activation_checkpointing != "none":
-            where.append("the one-layer recompute working set is the mean layer's")
-        if where:
-            notes.append(f"approximation: the DeepSeek layers are costed as their mean ({z.dense_layers} dense, "
-                         f"{z.moe_layers} MoE: exact in sum on one device); " + "; ".join(where))
+        notes += mean_layer_note(plan, "DeepSeek", f"{z.dense_layers} dense, {z.moe_layers} MoE")
     return tuple(notes)
+
+
+def mean_layer_note(plan, layers: str, mix: str) -> list[str]:
+    """The note, if any, that ``layers`` layers (``mix``: the kinds mixed) costed as their mean are
+    an approximation: where one stage's own mix or one layer's recompute working set counts."""
+    where = []
+    if plan.pp_size > 1:
+        where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
+    if plan.activation_checkpointing != "none":
+        where.append("the one-layer recompute working set is the mean layer's")
+    if not where:
+        return []
+    return [f"approximation: the {layers} layers are costed as their mean ({mix}: exact in sum on one device); "
+            + "; ".join(where)]
+
+
+def score_bias_buffers(experts: int, layers: float) -> MemoryTerm:
+    """The routers' fp32 ``e_score_correction_bias`` buffers: E per MoE layer (``layers`` on this stage)."""
+    return MemoryTerm(component=WEIGHTS, label="routers' e_score_correction_bias buffers (fp32)",
+                      nbytes=4 * experts * layers, phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
+                      formula=f"{layers:g} MoE layers x {experts} experts x 4 B")
 
 
 def _adjust(kind, plan, placement, terms):
@@ -495,10 +530,7 @@ def _adjust(kind, plan, placement, terms):
         out.append(t)
     if kind == "weights" and z.v3 and z.moe_layers:
         share = placement.layers_per_stage / z.layers
-        layers = z.moe_layers * share
-        out.append(MemoryTerm(component=WEIGHTS, label="routers' e_score_correction_bias buffers (fp32)",
-                              nbytes=4 * z.experts * layers, phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
-                              formula=f"{layers:g} MoE layers x {z.experts} experts x 4 B"))
+        out.append(score_bias_buffers(z.experts, z.moe_layers * share))
     return out
 
 

@@ -313,6 +313,22 @@ def _assumptions(version):
 
 # --- outside the layers ----------------------------------------------------------------------------------
 
+def checkpointed_masks(plan, *, eager: bool, layer_types: int, masked: bool, s: int) -> list[MemoryTerm]:
+    """The attention masks full checkpointing keeps as the checkpointed layers' inputs: ``eager``'s
+    additive masks, one per layer type, in the embeddings' dtype; else, where the sliding layers are
+    ``masked`` (past the window), SDPA's bool mask (b x s x s)."""
+    b, cp = plan.microbatch, plan.cp_size
+    if eager:
+        r = plan.profile_options.regime.residual
+        return [MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpoints)",
+                           nbytes=layer_types * b * s * s * r / cp, phases=SAVED,
+                           formula=f"{layer_types} x b x s x s x {r} B")]
+    if masked:
+        return [MemoryTerm(component=ACTIVATIONS, label="sliding-window mask (bool, kept by the checkpoints)",
+                           nbytes=b * s * s / cp, phases=SAVED, formula=f"b x s x s = {b} x {s} x {s} x 1 B")]
+    return []
+
+
 def _adjust(version):
     def adjust(kind, plan, placement, terms):
         from ..model import context, megatron
@@ -351,15 +367,9 @@ def _adjust(version):
             # additive masks in the embeddings' dtype, one per layer type (full and sliding); SDPA only
             # the sliding layers' bool mask, past the window.
             window = _fact(model, "sliding_window")
-            types = 2 if 0 < sliding < model.layers else 1
-            if plan.profile_options.attention == "eager" or version == 2:
-                r = regime.residual
-                terms.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpoints)",
-                                        nbytes=types * b * s * s * r / cp, phases=SAVED,
-                                        formula=f"{types} x b x s x s x {r} B"))
-            elif sliding and window and s >= window:
-                terms.append(MemoryTerm(component=ACTIVATIONS, label="sliding-window mask (bool, kept by the checkpoints)",
-                                        nbytes=b * s * s / cp, phases=SAVED, formula=f"b x s x s = {b} x {s} x {s} x 1 B"))
+            terms += checkpointed_masks(plan, eager=plan.profile_options.attention == "eager" or version == 2,
+                                        layer_types=2 if 0 < sliding < model.layers else 1,
+                                        masked=bool(sliding and window and s >= window), s=s)
             terms = _tied_partials_after_recompute(plan, placement, shape, terms)
         # (Under autocast the final norm's fp32 output, held until the loss, is model.py's, as for every family.)
         softcap = _fact(model, "final_logit_softcapping")

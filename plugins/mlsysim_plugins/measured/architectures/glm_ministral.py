@@ -26,9 +26,9 @@ GLM-4.5 (``modeling_glm4_moe.py``)
 * The MoE block (``Glm4MoeMoE``, ``Glm4MoeTopkRouter``) is DeepSeek-V3's, line for line (sigmoid
   scores, ``e_score_correction_bias``, group-limited top-k, ``norm_topk_prob``,
   ``routed_scaling_factor``; grouped_mm experts; one shared gated MLP of n_shared x
-  moe_intermediate_size): what it saves is ``deepseek._router_per_token`` (imported, private there)
-  and the expert and shared-expert parts of ``deepseek.deepseek_layer``. The first
-  ``first_k_dense_replace`` layers have a dense gated MLP of ``intermediate_size``.
+  moe_intermediate_size): what it saves, its weights and its tensors are DeepSeek's (``deepseek``'s
+  ``_add_mlp`` with ``_router_per_token``, ``_mlp_weights``, ``_model_tensors``: imported, private
+  there). The first ``first_k_dense_replace`` layers have a dense gated MLP of ``intermediate_size``.
 * The layers differ (dense first, then MoE): the family's layer is the MEAN layer (the attention
   whole, the dense MLP x dense/L, the MoE block x MoE/L, their weights likewise), as the DeepSeek
   family's: exact in sum on one device; where one layer or one stage counts (a pipeline stage's
@@ -64,19 +64,18 @@ import types
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import EAGER, SDPA, SEPARATE_QKV
-from ..layers import EXPERTS, REPLICATED, TP, Part, _Walk, megatron_gated_mlp
-from .deepseek import Sizes, _elements, _mlp_tensors, _router_per_token
-from .gemma import _attention_parts
+from ..layers import REPLICATED, TP, Part, _Walk, megatron_gated_mlp
+from .deepseek import (Sizes, _add_mlp, _elements, _matrices, _mlp_weights, _model_tensors, mean_layer_note,
+                       score_bias_buffers)
+from .gemma import _attention_parts, checkpointed_masks
 from .llama_variants import _input_norm, _qwen3_qk_norm
 
 GLM = "glm4_moe"
 GLM_ATTENTION = "glm4-moe-concatenated-rotary"   # Llama's GQA, q and k rebuilt by torch.cat after rotary
 MINISTRAL, MINISTRAL3 = "ministral", "ministral3"
-SAVED = (FORWARD, BACKWARD)
 W = LayerWeight
 
 
@@ -168,27 +167,11 @@ def _head_dim(model) -> int:
     return model.head_dim or model.hidden_dim // model.heads
 
 
-def _glm_layer_tensors(model, g: Glm, moe: bool) -> list:
-    """self_attn, mlp (``Glm4MoeMoE``: experts, gate, shared_experts; or a dense MLP), the two norms."""
-    z, h = g.moe, model.hidden_dim
-    out = _glm_attention_tensors(model, g)
-    if moe:
-        E, f = z.experts, z.expert_ffn
-        out += [("experts.gate_up_proj", (E, 2 * f, h)), ("experts.down_proj", (E, h, f)), ("gate", (E, h))]
-        out += _mlp_tensors(z, z.shared_ffn, "shared_experts.")
-    else:
-        out += _mlp_tensors(z, z.dense_ffn, "")
-    return out + [("input_layernorm", (h, 0)), ("post_attention_layernorm", (h, 0))]
-
-
 def _glm_model_tensors(model) -> list:
+    """DeepSeek's model tensors (``deepseek._model_tensors``: its layers' mlp, ``Glm4MoeMoE``'s experts,
+    gate, shared_experts or a dense MLP, and the two norms) with GLM's attention."""
     g = glm(model)
-    z = g.moe
-    out = [("embed_tokens", (z.vocab, z.hidden))]
-    for i in range(z.layers):
-        out += _glm_layer_tensors(model, g, i >= z.dense_layers)
-    out.append(("norm", (z.hidden, 0)))
-    return out + ([] if z.tied else [("lm_head", (z.vocab, z.hidden))])
+    return _model_tensors(g.moe, _glm_attention_tensors(model, g))
 
 
 def _glm_parameter_tensors(shape) -> tuple[int, ...]:
@@ -196,10 +179,7 @@ def _glm_parameter_tensors(shape) -> tuple[int, ...]:
 
 
 def _glm_matrix_shapes(shape) -> list:
-    out = []
-    for _, s in _glm_model_tensors(shape.model):
-        out += [(s[1], s[2])] * s[0] if len(s) == 3 else [s]
-    return out
+    return _matrices(_glm_model_tensors(shape.model))
 
 
 def _glm_count(model) -> int:
@@ -209,26 +189,14 @@ def _glm_count(model) -> int:
 def _glm_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None) -> tuple[LayerWeight, ...]:
     """The mean layer's weights: the attention whole (column-parallel q/k/v and their biases, the
     QK-norm weights replicated and not autocast), the dense MLP x dense/L, the MoE block x MoE/L
-    (the router replicated, the experts over ep x expert_tp, not autocast: grouped_mm)."""
+    (``deepseek._mlp_weights``: the router replicated, the experts over ep x expert_tp, not autocast)."""
     g = glm(model)
-    z = g.moe
     out = []
     for name, s in _glm_attention_tensors(model, g):
         norm = name in ("q_norm", "k_norm")
         out.append(W(name, _elements(s), split=REPLICATED if norm else TP, autocast=not norm,
                      bias=name.endswith(".bias")))
-    dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
-    if dense:
-        out += [W(f"dense mlp x {z.dense_layers}/{z.layers}: {n}", _elements(s) * dense)
-                for n, s in _mlp_tensors(z, z.dense_ffn, "")]
-    if moe:
-        label = f"moe x {z.moe_layers}/{z.layers}"
-        out += [W(f"{label}: router", z.experts * z.hidden * moe, split=REPLICATED),
-                W(f"{label}: experts.gate_up", z.experts * 2 * z.expert_ffn * z.hidden * moe, split=EXPERTS,
-                  autocast=False),
-                W(f"{label}: experts.down", z.experts * z.hidden * z.expert_ffn * moe, split=EXPERTS, autocast=False)]
-        out += [W(f"{label}: {n}", _elements(s) * moe) for n, s in _mlp_tensors(z, z.shared_ffn, "shared_experts.")]
-    return tuple(out)
+    return tuple(out) + _mlp_weights(g.moe)
 
 
 # --- GLM-4.5: the (mean) layer ---------------------------------------------------------------------
@@ -239,8 +207,7 @@ def glm_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top
     if dropout:
         raise _dropout_refused(GLM)
     g = glm(model)
-    z = g.moe
-    h, c = hidden, _c(regime)
+    h = hidden
     q, kv = heads * head_dim, kv_heads * head_dim
     amp = regime == "amp-bf16"
     w = _Walk()
@@ -253,26 +220,7 @@ def glm_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top
                        tokens=tokens))
     w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
     w.add("post-attention norm", _input_norm(regime, h), REPLICATED)
-    dense, moe = z.dense_layers / z.layers, z.moe_layers / z.layers
-    casts = 2 * 2 * h if amp else 0                   # gate / up input casts under autocast
-    if dense:
-        w.add(f"dense mlp x {z.dense_layers}/{z.layers} (input casts, gate, silu, up, product)",
-              (casts + 4 * c * z.dense_ffn) * dense)
-    if moe:
-        # deepseek.deepseek_layer's MoE block (Glm4MoeMoE is DeepseekV3MoE)
-        E, k, f = z.experts, z.top_k, z.expert_ffn
-        ce = 2 if regime == "bf16" else 4              # grouped_mm runs in the weights' dtype
-        label = f"moe x {z.moe_layers}/{z.layers}"
-        w.add(f"{label}: router (sigmoid, group-limited top-k)", _router_per_token(z, regime) * moe, REPLICATED)
-        w.add(f"{label}: expert indices (perm // k, perm, inv_perm)", 3 * 8 * k * moe, REPLICATED)
-        w.add(f"{label}: experts (input, gate_up, silu, product, down)", ce * k * (2 * h + 4 * f) * moe, EXPERTS)
-        w.add(f"{label}: routing weights", (2 if amp else 4) * k * moe, REPLICATED)
-        if z.shared:
-            w.add(f"{label}: shared experts (input casts, gate, silu, up, product)",
-                  (casts + 4 * c * z.shared_ffn) * moe)
-        w.constant.append(Part(f"{label}: expert offsets", 4 * E * moe, split=REPLICATED))
-        if regime == "bf16":
-            w.constant.append(Part(f"{label}: router weight's fp32 copy", 4 * E * h * moe, split=REPLICATED))
+    _add_mlp(w, g.moe, regime, h)    # deepseek.deepseek_layer's dense MLP and MoE block (Glm4MoeMoE is DeepseekV3MoE)
     r = 2 if regime == "bf16" else 4
     return w.layer(tokens, r * h * tokens, regime != "bf16")   # bf16: the next norm saves its fp32 copy
 
@@ -310,17 +258,9 @@ def _glm_check(plan) -> tuple[str, ...]:
     if o.dropout:
         raise _dropout_refused(GLM)
     z = glm(plan.model).moe
-    notes = []
     if z.dense_layers and z.moe_layers:
-        where = []
-        if plan.pp_size > 1:
-            where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
-        if plan.activation_checkpointing != "none":
-            where.append("the one-layer recompute working set is the mean layer's")
-        if where:
-            notes.append(f"approximation: the GLM-4.5 layers are costed as their mean ({z.dense_layers} dense, "
-                         f"{z.moe_layers} MoE: exact in sum on one device); " + "; ".join(where))
-    return tuple(notes)
+        return tuple(mean_layer_note(plan, "GLM-4.5", f"{z.dense_layers} dense, {z.moe_layers} MoE"))
+    return ()
 
 
 def _glm_assumptions(model) -> tuple[str, ...]:
@@ -344,10 +284,7 @@ def _glm_adjust(kind, plan, placement, terms):
         out.append(t)
     z = g.moe
     if kind == "weights" and z.moe_layers:
-        layers = z.moe_layers * placement.layers_per_stage / z.layers
-        out.append(MemoryTerm(component=WEIGHTS, label="routers' e_score_correction_bias buffers (fp32)",
-                              nbytes=4 * z.experts * layers, phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
-                              formula=f"{layers:g} MoE layers x {z.experts} experts x 4 B"))
+        out.append(score_bias_buffers(z.experts, z.moe_layers * placement.layers_per_stage / z.layers))
     return out
 
 
@@ -451,14 +388,7 @@ def _ministral_check(version: int):
         notes = []
         L = plan.model.layers
         if 0 < n < L and window and plan.seq_len >= window and kernel == "sdpa" and not o.regime.main_grad:
-            where = []
-            if plan.pp_size > 1:
-                where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
-            if plan.activation_checkpointing != "none":
-                where.append("the one-layer recompute working set is the mean layer's")
-            if where:
-                notes.append(f"approximation: the {arch} layers are costed as their mean ({n} masked sliding-window, "
-                             f"{L - n} full: exact in sum on one device); " + "; ".join(where))
+            notes += mean_layer_note(plan, arch, f"{n} masked sliding-window, {L - n} full")
         if o.regime.main_grad:
             notes.append(f"approximation: {arch} under Megatron-Core is costed as Megatron's Llama layers"
                          + (" (its sliding-window masks not modelled)" if n and window and plan.seq_len >= window
@@ -489,19 +419,11 @@ def _ministral_adjust(kind, plan, placement, terms):
         return terms
     from ..model import context
     ctx = context(plan, placement)
-    s, b, cp = ctx.seq_len, plan.microbatch, plan.cp_size
+    s = ctx.seq_len
     window, n = sliding(plan.model)
-    L = plan.model.layers
-    if plan.profile_options.attention == "eager":
-        kinds = 2 if 0 < n < L else 1
-        r = plan.profile_options.regime.residual
-        terms.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpoints)",
-                                nbytes=kinds * b * s * s * r / cp, phases=SAVED,
-                                formula=f"{kinds} x b x s x s x {r} B"))
-    elif n and window and s >= window:
-        terms.append(MemoryTerm(component=ACTIVATIONS, label="sliding-window mask (bool, kept by the checkpoints)",
-                                nbytes=b * s * s / cp, phases=SAVED, formula=f"b x s x s = {b} x {s} x {s} x 1 B"))
-    return terms
+    return terms + checkpointed_masks(plan, eager=plan.profile_options.attention == "eager",
+                                      layer_types=2 if 0 < n < plan.model.layers else 1,
+                                      masked=bool(n and window and s >= window), s=s)
 
 
 # --- the families ------------------------------------------------------------------------------------
