@@ -37,7 +37,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, WEIGHTS, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
 TORCHAO = ("tensorwise", "rowwise")
 TRANSFORMER_ENGINE = "transformer-engine"
@@ -159,6 +159,23 @@ def _backward_cast(lin, T, c, rowwise):
                2 * g + w + c * n_in + n_in + c * w + g) + scales
 
 
+def _backward_steps(linears, mixtral, T, c, gb, rowwise):
+    """(name, bytes) of each modelled backward moment of a layer, above the alive bytes before its first
+    converted linear's backward. Llama's MLP, as autograd runs it: down_proj (its casts); up_proj (down's
+    weight gradient born, down's input and the product's saved silu and up outputs freed, the product's two
+    input gradients alive: one is up's grad_output); gate_proj (up's gradient born, silu's saved gate output
+    freed too, gate's grad_output from silu's backward and up's grad_input waiting to be summed with gate's).
+    Mixtral: o_proj (its casts)."""
+    by = {lin.name: lin for lin in linears}
+    if mixtral:
+        return [("o_proj", _backward_cast(by["o_proj"], T, c, rowwise))]
+    down, up, gate = by["down_proj"], by["up_proj"], by["gate_proj"]
+    w, f, h = down.fan_in * down.fan_out, down.fan_in, down.fan_out
+    return [("down_proj", _backward_cast(down, T, c, rowwise)),
+            ("up_proj", gb * w - c * T * f + _backward_cast(up, T, c, rowwise)),
+            ("gate_proj", 2 * gb * w - 3 * c * T * f + c * T * h + _backward_cast(gate, T, c, rowwise))]
+
+
 def torchao_terms(plan, placement, terms, lb) -> list[MemoryTerm]:
     """The casts' excess over each phase's modelled moment (see the module docstring)."""
     from .shapes import shape_of
@@ -174,7 +191,12 @@ def torchao_terms(plan, placement, terms, lb) -> list[MemoryTerm]:
     mlp_parts = sum(p.nbytes for p in lb.parts if p.module == "mlp")
     mid_norm = parts.get("mid residual (post-attention norm input)", 0) + parts.get("post-attention norm", 0)
     out_last = lb.output if lb.output_saved_by_next else 0
-    residual_alive = 0 if lb.output_saved_by_next else c * T * h   # bf16: the residual is nobody's saved tensor
+    # Alive during the forward though nobody saves them in bf16 (the norms save fp32 copies): the layer's
+    # input (the decoder loop's reference), the mid residual (after the attention's add), the embedding
+    # output (LlamaModel.forward's ``inputs_embeds`` local, another tensor than the last layer's input when
+    # L > 1). In fp32 each is saved by a norm and counted already. Position ids (int64, 1 x s) both ways.
+    streams = (1 + (not mixtral) + (plan.model.layers > 1)) if not lb.output_saved_by_next else 0
+    residual_alive = streams * c * T * h + 8 * plan.seq_len
 
     def post(labels, phase):
         return sum(t.nbytes for t in terms if phase in t.phases and t.label.startswith(labels))
@@ -190,35 +212,48 @@ def torchao_terms(plan, placement, terms, lb) -> list[MemoryTerm]:
             component=ACTIVATIONS, label=f"float8 casts: last layer's {last.name} forward ({o.float8})",
             nbytes=moment - gone, phases=(FORWARD,),
             formula=f"{last.name} cast moment {_n(moment)} B (fp8 input, weight cast at 9 B/element, mm output"
-                    f"{' and residual' if residual_alive else ''}) - the loss's {_n(gone)} B it precedes"))
-    # Backward: the last layer's first converted linear in the backward (down_proj; Mixtral: o_proj, after
-    # the MoE block's backward: its saved tensors freed, its gradients born).
+                    f", residual streams and position ids) - the loss's {_n(gone)} B it precedes"))
+    # Backward: the MLP's linears of the last layer (Mixtral: o_proj, after the MoE block's backward: its
+    # saved tensors freed, its gradients born), each at its own moment, relative to the first one's.
     first = linears[-1]
+    steps = _backward_steps(linears, mixtral, T, c, gb, rowwise)
+    name, step = max(steps, key=lambda item: item[1])
     lm_head_grad = gb * s.embedding_parameters
     born = lm_head_grad + gb * h                       # LM head and final norm gradients
     if mixtral:
         moe = sum(wt.elements for wt in s.layer_weights() if wt.name not in ("q_proj", "k_proj", "v_proj", "o_proj"))
         born += gb * moe
-    moment = born + c * T * h + _backward_cast(first, T, c, rowwise)
+    moment = born + c * T * h + step
     gone = post(_POST_BACKWARD, BACKWARD) + out_last + (after if mixtral else 0)
     if moment > gone:
         out.append(MemoryTerm(
-            component=ACTIVATIONS, label=f"float8 casts: last layer's {first.name} backward ({o.float8})",
+            component=ACTIVATIONS, label=f"float8 casts: last layer's {name} backward ({o.float8})",
             nbytes=moment - gone, phases=(BACKWARD,),
-            formula=f"LM head/final norm gradients {_n(born)} B + grad_output {_n(c * T * h)} B + the casts' locals "
-                    f"- the cross-entropy's moment {_n(gone)} B"))
-    # End of the backward: the first layer's linears, before the embedding's gradient exists (approximate).
-    layer_grads = gb * s.layer_parameters()
+            formula=f"LM head/final norm gradients {_n(born)} B + grad_output {_n(c * T * h)} B + {name}'s casts and "
+                    f"the gradients/activations changed since {first.name} {_n(step)} B - the cross-entropy's moment "
+                    f"{_n(gone)} B"))
+    # End of the backward: layer 0's MLP linears (Mixtral: o_proj), against the modelled end (every gradient
+    # but the embedding's, which is being computed, and the embedding output's gradient). At layer 0's first
+    # converted linear, its saved tensors (less the MoE block's, freed) and the RoPE tables are alive, its
+    # gradients (less the MoE block's) are not, nor the embedding's; the residual gradient stands where the
+    # embedding output's will. Llama's attention linears (later, with most of the layer's gradients born
+    # and its MLP activations freed) are costed with their casts alone (approximate, an upper bound on
+    # their moments; their casts are the smaller ones).
+    attention = sum(wt.elements for wt in s.layer_weights() if wt.name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    missing = gb * ((attention + h) if mixtral else s.layer_parameters())
     emb = gb * s.embedding_parameters
-    best = max(_backward_cast(lin, T, c, rowwise) + (lb.saved if lin is linears[-1] else 0)
-               - (layer_grads if lin is linears[-1] else 0) for lin in linears)
+    rope = post(("RoPE cos/sin tables",), BACKWARD)
+    embedded = post(("embedding output (saved by the first norm)",), BACKWARD)
+    first_moments = [st + lb.saved - after + rope + embedded - missing for _, st in steps]
+    best = max(first_moments + [_backward_cast(lin, T, c, rowwise) for lin in linears
+                                if lin.name in ("q_proj", "k_proj", "v_proj") or (lin.name == "o_proj" and not mixtral)])
     excess = best - emb
     if excess > 0:
         out.append(MemoryTerm(
             component=ACTIVATIONS, label=f"float8 casts: first layer's backward ({o.float8}, approximate)",
             nbytes=excess, phases=(BACKWARD_END,),
-            formula=f"the largest cast moment of layer 0's linears {_n(best)} B - the embedding gradient {_n(emb)} B "
-                    "not yet computed"))
+            formula=f"layer 0's largest cast moment {_n(best)} B over the backward's modelled end (saved tensors "
+                    f"still alive less gradients not yet born) - the embedding gradient {_n(emb)} B not yet computed"))
     return out
 
 
@@ -245,11 +280,11 @@ def transformer_engine_terms(plan, placement) -> list[MemoryTerm]:
     matrices = sum(w.elements for w in s.layer_weights() if not w.bias and w.name not in ("router",)) / t
     history = 1024 * (3 + 2) * 4 + (3 + 2) * 4
     return [
-        MemoryTerm(component=WEIGHTS, label="TransformerEngine fp8 weight workspaces (data + transpose, unvalidated)",
-                   nbytes=2 * matrices * L, phases=(FORWARD, BACKWARD, BACKWARD_END, "optimizer_step"),
+        MemoryTerm(component=ACTIVATIONS, label="TransformerEngine fp8 weight workspaces (data + transpose, unvalidated)",
+                   nbytes=2 * matrices * L, phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
                    formula=f"{L} layers x {_n(matrices)} matrix elements x 2 B (module/linear.py _fp8_workspaces)"),
-        MemoryTerm(component=WEIGHTS, label="TransformerEngine amax histories and scales (unvalidated)",
-                   nbytes=4 * L * history, phases=(FORWARD, BACKWARD, BACKWARD_END, "optimizer_step"),
+        MemoryTerm(component=ACTIVATIONS, label="TransformerEngine amax histories and scales (unvalidated)",
+                   nbytes=4 * L * history, phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
                    formula=f"{L} layers x 4 TE linears x (1024 x 5 + 5) x 4 B (amax_history_len 1024, 3 fwd + 2 bwd "
                            "quantizers)"),
     ]

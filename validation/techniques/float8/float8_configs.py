@@ -20,6 +20,9 @@ _MIXTRAL_A = dict(model_type="mixtral", hidden_size=256, intermediate_size=512, 
                   tie_word_embeddings=False)
 _MIXTRAL_B = dict(_MIXTRAL_A, hidden_size=512, intermediate_size=768, num_local_experts=8, num_attention_heads=8,
                   num_key_value_heads=4, vocab_size=2048)
+# Wide attention, narrow experts: the o_proj casts set the peaks.
+_MIXTRAL_C = dict(_MIXTRAL_A, hidden_size=512, intermediate_size=128, num_local_experts=2, num_experts_per_tok=1,
+                  num_attention_heads=8, num_key_value_heads=8)
 # Public shapes (FakeTensorMode), a few layers: Llama-3.1-8B and Mixtral-8x7B.
 _LLAMA_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, use_cache=False,
@@ -52,6 +55,9 @@ CONFIGS = [
     _run("mixtral-a-fp32-tensorwise", "mixtral", "mixtral-tiny-a", _MIXTRAL_A, "fp32", "tensorwise", 2, 128),
     _run("mixtral-b-bf16-tensorwise", "mixtral", "mixtral-tiny-b", _MIXTRAL_B, "bf16", "tensorwise", 2, 128),
     _run("mixtral-b-bf16-rowwise", "mixtral", "mixtral-tiny-b", _MIXTRAL_B, "bf16", "rowwise", 2, 128),
+    _run("mixtral-c-bf16-tensorwise", "mixtral", "mixtral-tiny-c", _MIXTRAL_C, "bf16", "tensorwise", 1, 64),
+    _run("mixtral-c-bf16-rowwise", "mixtral", "mixtral-tiny-c", _MIXTRAL_C, "bf16", "rowwise", 2, 64),
+    _run("mixtral-c-fp32-tensorwise", "mixtral", "mixtral-tiny-c", _MIXTRAL_C, "fp32", "tensorwise", 1, 64),
     _run("llama3-8b-2l-bf16-tensorwise-fake", "llama", "llama-3.1-8b (2 layers)", _LLAMA_8B, "bf16", "tensorwise",
          1, 2048, method="fake"),
     _run("llama3-8b-2l-bf16-rowwise-fake", "llama", "llama-3.1-8b (2 layers)", _LLAMA_8B, "bf16", "rowwise",
