@@ -138,7 +138,7 @@ class MeasuredOptions:
     loss: Any = _option("the loss: cross_entropy (default; Hugging Face's, the logits upcast to fp32 whole), chunked "
                         "(torchtune's chunked cross-entropy: the fp32 copy and backward temporaries one chunk at a "
                         "time) or fused_linear (Liger's fused linear cross-entropy: the logits one chunk at a time, "
-                        "the LM head's gradients computed in the forward; unvalidated)", "LOSS",
+                        "the LM head's gradients computed in the forward; unvalidated)",
                         choices=("cross_entropy", "chunked", "fused_linear"))
     loss_chunks: Any = _option("with --loss chunked: the number of chunks (default 8, torchtune's num_output_chunks)",
                                "N", kind=int)
@@ -148,18 +148,18 @@ class MeasuredOptions:
         "gradient accumulation)", kind=None,
         flags=({"flag": "--optimizer-in-backward", "const": True,
                 "help": "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd)"},))
-    float8: Any = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
-                          "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
-                          "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
-                          "RECIPE", choices=("tensorwise", "rowwise", "transformer-engine"))
-    compile: Any = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
-                           kind=None, flags=({"flag": "--compile", "const": True,
-                                              "help": "torch.compile (refused: not modelled)"},))
     activation_offload: Any = _option(
         "activation offloading to host memory: save_on_cpu (torch.autograd.graph.save_on_cpu around the model) or "
         "torchtune (torchtune's OffloadActivations: tensors >= 1 KiB that are not parameters, the LM head and "
-        "loss left on the device, the last tensors in flight kept on the device)", "HOW",
+        "loss left on the device, the last tensors in flight kept on the device)",
         choices=("save_on_cpu", "torchtune"))
+    float8: Any = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
+                          "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
+                          "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
+                          choices=("tensorwise", "rowwise", "transformer-engine"))
+    compile: Any = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
+                           kind=None, flags=({"flag": "--compile", "const": True,
+                                              "help": "torch.compile (refused: not modelled)"},))
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
@@ -238,21 +238,21 @@ def prepare(plan, registry):
         plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
-    if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
-        from .optimizer_in_backward import prepare_option
-        plan = prepare_option(plan, o.optimizer_in_backward)
-    if o.compile is not None:                   # float8.py: torch.compile is refused, with the reason
-        from .float8 import check_compile
     if o.loss is not None or o.loss_chunks is not None:     # loss.py: chunked / fused linear cross-entropy
         from .loss import prepare as loss_prepare
         plan = loss_prepare(plan)
+    if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
+        from .optimizer_in_backward import prepare_option
+        plan = prepare_option(plan, o.optimizer_in_backward)
+    if o.activation_offload is not None:        # offload_activations.py
+        from .offload_activations import prepare_option as offload_prepare
+        plan = offload_prepare(plan, o.activation_offload)
+    if o.compile is not None:                   # float8.py: torch.compile is refused, with the reason
+        from .float8 import check_compile
         check_compile(plan, o.compile)
     if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
         from .float8 import check as float8_check
         plan = float8_check(plan, o.float8)
-    if o.activation_offload is not None:        # offload_activations.py
-        from .offload_activations import prepare_option as offload_prepare
-        plan = offload_prepare(plan, o.activation_offload)
     from mlsysim_plugins.lowbit_optimizers import notes as optimizer_notes    # lowbit_optimizers.py
     if optimizer_notes(plan):                   # the compiled torchao step; paged bnb unvalidated
         plan = attrs.evolve(plan, notes=plan.notes + optimizer_notes(plan))
