@@ -10,15 +10,14 @@ weight and grouped-mm expert tensors): only q/k/v/o are converted there.
 What it changes in memory, derived from torchao/float8/float8_linear.py (0.18):
 
 * **Saved activations: nothing.** ``matmul_with_hp_or_float8_args.forward`` calls
-  ``ctx.save_for_backward(input_hp, weight_hp_t)`` before any cast (float8_linear.py, first line
-  of ``forward``): the linear's high-precision input and a view of its weight are saved, exactly
+  ``ctx.save_for_backward(input_hp, weight_hp_t)`` before any cast (float8_linear.py line 45): the linear's high-precision input and a view of its weight are saved, exactly
   what ``nn.Linear`` saves. No fp8 activation and no fp8 weight copy outlives its matmul in eager
   mode (fp8 activations saved for backward need torch.compile's partitioner, not modelled).
 * **Transient casts.** Each operand is cast on the fly by ``hp_tensor_to_float8_dynamic``
-  (float8_scaling_utils.py): ``abs`` (freed once the amax is taken), then in
-  ``_ToFloat8ConstrFunc.forward`` (float8_training_tensor.py) ``tensor.to(float32) * scale``
-  (4 B/element, kept in a local), ``clamp`` (4 B) and ``.to(float8)`` (1 B): 9 bytes per element
-  alive at the last op. The forward casts the input then the weight and runs the mm (its output in
+  (float8_scaling_utils.py): ``abs`` (freed once the amax is taken, float8_utils.py lines 65/69),
+  then in ``_ToFloat8ConstrFunc.forward`` ``tensor.to(float32) * scale`` (float8_training_tensor.py
+  line 153: 4 B/element, kept in a local), ``clamp`` (4 B) and ``.to(float8)`` (1 B; float8_utils.py
+  lines 136-137): 9 bytes per element alive at the last op. The forward casts the input then the weight and runs the mm (its output in
   the compute dtype); the backward keeps its locals until it returns: grad_output in fp8 (dim 0),
   the weight in fp8, grad_input, grad_output in fp8 again (dim 1), then casts the input (9 B) and
   runs the weight-gradient mm. Tensorwise scales are fp32 scalars; rowwise ones one fp32 per row
