@@ -23,9 +23,11 @@ on real CPU runs (validation/techniques/optimizers/):
   The step (``_AdamBase.step``) runs ``torch.compile(single_param_adam)`` one parameter at a
   time: dequantize, update, requantize. What the compiled step allocates was measured with
   torch.profiler (inductor's CPU code, both moments' fp32 values realized): per quantized tensor
-  of n elements, 8-bit 8 n B, fp8 2 n B, 4-bit 26 n B, plus both moments' new scale vectors;
-  the largest quantized tensor sets it (full-precision tensors allocate nothing). Inductor's
-  CUDA code may fuse differently: said in a note.
+  of n elements, 8-bit 8 n B, fp8 2 n B (0 with 16-bit parameters), 4-bit 26 n B, plus both
+  moments' new scale vectors; the largest quantized tensor sets it (full-precision tensors
+  allocate nothing). Not modelled, measured: a 3-D expert stack took 10 n (8-bit, bf16) and
+  30 n (4-bit, fp32) (validation/techniques/optimizers/README.md). Inductor's CUDA code may
+  fuse differently: said in a note.
 * bitsandbytes (``bitsandbytes/optim/optimizer.py`` ``Optimizer2State.init_state``): tensors
   with fewer than ``min_8bit_size`` = 4096 elements keep fp32 ``state1``/``state2``; the others
   uint8 states + one fp32 absmax per 256-element block (the last block partial), and the two
@@ -94,6 +96,8 @@ def torchao_state_terms(plan, placement, options, *, name):
         MemoryTerm(component=OPTIMIZER_STATE, label=f"{name} step counters", phases=measured.STEADY,
                    nbytes=round(len(tensors) * share) * 4,
                    formula=f"{len(tensors)} parameter tensors x 4 B (one fp32 step tensor each)")]
+    if name == "adamw-fp8-torchao" and b < 4:
+        per_element = 0     # measured: with 16-bit parameters inductor writes the fp8 codes in place
     if quantized:
         big = max(quantized)
         step = per_element * big + 2 * (big // block) * SCALE_BYTES

@@ -46,7 +46,8 @@ def table(rows) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         run, e = r["run"], r["errors"]
-        lines.append(f"| {run['model']} | `{run['optimizer']}` | {run['regime']} | "
+        impl = "" if run["optimizer_impl"] == "foreach" else f" ({run['optimizer_impl']} AdamW part)"
+        lines.append(f"| {run['model']} | `{run['optimizer']}`{impl} | {run['regime']} | "
                      f"{max(r['measured'].values()) / 2**20:.2f} MiB | {r['peak_error']:+.2%} | "
                      + " | ".join(f"{e[p]:+.2%}" for p in PHASES) + " |")
     errs = [abs(r["peak_error"]) for r in rows]
