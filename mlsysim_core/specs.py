@@ -47,6 +47,8 @@ class OptimizerSpec:
     options_type: type | None = _options
     measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
     """The same, for measured-grade profiles (``None``: they refuse this optimizer). Plugin API 1.2."""
+    measured_notes: Callable[..., tuple[str, ...]] | None = _optional_callable
+    """``measured_notes(plan)``: what a measured-grade result with it says (unvalidated, ...). API 2.1."""
 
 
 @attrs.frozen(kw_only=True)

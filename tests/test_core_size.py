@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RATCHET = 2540   # issue 15: +workload.details (what families read), +the profile's sequence-parallel default
+RATCHET = 2545   # issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes
 EDGE_AT_SPLIT = {"cli.py": 1344, "render.py": 510, "plots.py": 674, "hf.py": 619, "search.py": 887,
                  "inverse.py": 350, "scenario.py": 470, "finetune.py": 531, "testing.py": 221, "__main__.py": 3}
 CATALOG_AT_SPLIT = 837

@@ -125,7 +125,7 @@ def bnb_state_terms(plan, placement, options, *, name):
 
 
 def notes(plan) -> tuple[str, ...]:
-    """What a result with one of these optimizers says (called from options.prepare)."""
+    """What a measured result with one of these optimizers says (``OptimizerSpec.measured_notes``)."""
     name = plan.optimizer
     if name in TORCHAO:
         return (COMPILED_NOTE.format(name=name),)
@@ -174,7 +174,7 @@ def mlsysim_optimizers():
             description=f"{label}: block-wise {'fp8' if 'fp8' in name else label[-4:]} moments (block {block}), "
                         f"tensors < 4096 or not a block multiple in full precision; compiled step",
             state_terms=_flat(name, bpp, how),
-            measured_state_terms=functools.partial(torchao_state_terms, name=name)))
+            measured_state_terms=functools.partial(torchao_state_terms, name=name), measured_notes=notes))
     specs.append(OptimizerSpec(
         name="adamw-8bit-bnb",
         description="bitsandbytes AdamW8bit: 8-bit moments, 256-block fp32 absmax, fp32 under 4096 elements",
@@ -185,7 +185,7 @@ def mlsysim_optimizers():
         description="bitsandbytes PagedAdamW8bit (unvalidated: CUDA unified memory): states as adamw-8bit-bnb, "
                     "counted resident on the device at the step",
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb")))
+        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"), measured_notes=notes))
     return specs
 
 

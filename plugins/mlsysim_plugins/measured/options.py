@@ -253,9 +253,9 @@ def prepare(plan, registry):
     if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
         from .float8 import check as float8_check
         plan = float8_check(plan, o.float8)
-    from mlsysim_plugins.lowbit_optimizers import notes as optimizer_notes    # lowbit_optimizers.py
-    if optimizer_notes(plan):                   # the compiled torchao step; paged bnb unvalidated
-        plan = attrs.evolve(plan, notes=plan.notes + optimizer_notes(plan))
+    said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
+    if said is not None:
+        plan = attrs.evolve(plan, notes=plan.notes + tuple(said(plan)))
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
