@@ -340,7 +340,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         max_tp = _checks.count("max_tp", max_tp)
     recompute = _recompute(recompute, registry.checkpointing)
     strategies = (_names("checkpointing", checkpointing, registry.checkpointing) if checkpointing is not None
-                  else sorted(registry.checkpointing))
+                  else sorted(n for n, s in registry.checkpointing.items() if s.searched))
     if model.heads is None:
         strategies = [s for s in strategies if not registry.checkpointing[s].requires_heads]
     installed_rules = registry.rules_for_axis(DATA)

@@ -63,6 +63,8 @@ class CheckpointingSpec:
     options_type: type | None = _options
     measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
     """The same, for measured-grade profiles, with phases. Plugin API 1.2."""
+    searched: bool = True
+    """Enumerated by ``search`` when no strategies are named (False: only when named). API 2.1."""
 
 
 # The axes a sharding rule can own, in the order the solver applies them.

@@ -413,18 +413,18 @@ def mlsysim_checkpointing_strategies():
                           "every other matmul's output, recomputes the rest (measured: Llama, Mixtral)",
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
-                          measured_activation_terms=per_op_terms),
+                          measured_activation_terms=per_op_terms, searched=False),
         CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
                           "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
                           activation_terms=_save_list_reference, options_type=SaveListOptions,
-                          measured_activation_terms=per_op_terms),
+                          measured_activation_terms=per_op_terms, searched=False),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "
                           "plugin_options k, default 2)", activation_terms=_every_k_reference,
-                          options_type=EveryKOptions, measured_activation_terms=every_k_terms),
+                          options_type=EveryKOptions, measured_activation_terms=every_k_terms, searched=False),
         CheckpointingSpec(name="mlp-only", description="recompute each layer's MLP (MoE block) only",
                           activation_terms=_reference(17, "layers, MLP recomputed (17*s*b*h)"),
-                          measured_activation_terms=module_terms),
+                          measured_activation_terms=module_terms, searched=False),
         CheckpointingSpec(name="attention-only", description="recompute each layer's attention module only",
                           activation_terms=_reference(25, "layers, attention recomputed (25*s*b*h)"),
-                          measured_activation_terms=module_terms),
+                          measured_activation_terms=module_terms, searched=False),
     ]
