@@ -250,8 +250,14 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                     "devices: the fewest devices for the layout shape --tp/--pp/--ep (dp grows; "
                     "--batch-size is the global batch). Same flags as `estimate`, except the one for the searched value "
                     "(--batch-size for batch, --seq-len for seq, --dp-size for devices), which is refused. "
-                    "seq searches only sequences that --cp-size divides.")
-    fit.add_argument("question", choices=("batch", "seq", "devices"), help="what to search")
+                    "seq searches only sequences that --cp-size divides. "
+                    "techniques: the memory-saving techniques that make the run fit with the least added step "
+                    "time, as a ladder (measured profile; docs/profiles.md).")
+    fit.add_argument("question", choices=("batch", "seq", "devices", "techniques"), help="what to search")
+    for flag, what in (("--flops", "the device's FLOP/s (default: the catalog's peak bf16 dense, if any)"),
+                       ("--host-link-gbps", "host-link bandwidth in GB/s (10^9 bytes/s, not gigabits)"),
+                       ("--host-memory-gbps", "host-memory bandwidth in GB/s, for a CPU optimizer step")):
+        fit.add_argument(flag, type=float, help=f"techniques: {what}")
     fit.add_argument("--multiple-of", type=int, help="seq: only multiples of this (e.g. 128; default 1)")
     fit.add_argument("--json", action="store_true", help="the answer and both bracketing results as JSON")
     _add_solve_flags(fit, registry)
@@ -1097,6 +1103,11 @@ _FIT_SEARCHED = {"batch": ("--batch-size", "batch_size", "`fit batch` searches t
 
 def _check_fit_flags(args) -> None:
     """`fit` refuses the flag of the value it searches, and --multiple-of outside `fit seq`."""
+    for name in ("flops", "host_link_gbps", "host_memory_gbps"):
+        if args.question != "techniques" and getattr(args, name) is not None:
+            raise InvalidInputError(f"--{name.replace('_', '-')}", getattr(args, name), "only with `fit techniques`")
+    if args.question == "techniques":
+        return
     flag, dest, why = _FIT_SEARCHED[args.question]
     if getattr(args, dest) is not None:
         raise InvalidInputError(flag, getattr(args, dest), f"not given: {why}", f"leave out {flag}")
@@ -1113,6 +1124,8 @@ def cmd_fit(args, out) -> int:
     from . import inverse
     from .solver import TrainingMemoryModel
     _check_fit_flags(args)
+    if args.question == "techniques":
+        return _fit_techniques(args, out)
     scenario = scenario_from_args(args)
     flag, searched, why = _FIT_SEARCHED[args.question]
     left_out = ""      # a scenario file's value of the searched field: left out, and said
@@ -1179,6 +1192,28 @@ def cmd_fit(args, out) -> int:
         out.write(answer.describe() + "\n")
         for line in note_lines(solved.notes):     # the answer's own notes, as `estimate` prints them
             out.write(line + "\n")
+    return 0
+
+
+def _fit_techniques(args, out) -> int:
+    """`fit techniques` (mlsysim_core.technique_fit): the ladder, or its JSON."""
+    from .solver import TrainingMemoryModel
+    from .technique_fit import fit_techniques
+    scenario = scenario_from_args(args)
+    kwargs = scenario.solve_kwargs()
+    kwargs["profile"] = kwargs.get("profile") or "measured"
+    gbps = {name: None if getattr(args, name) is None else getattr(args, name) * 1e9
+            for name in ("host_link_gbps", "host_memory_gbps")}
+    ladder = fit_techniques(*_resolved(scenario), kwargs.pop("batch_size"), kwargs.pop("seq_len"),
+                            solver=TrainingMemoryModel(plugin_manager=_manager(args)), hardware_flops=args.flops,
+                            host_link_bytes_per_s=gbps["host_link_gbps"],
+                            host_memory_bytes_per_s=gbps["host_memory_gbps"], **kwargs)
+    if args.json:
+        out.write(json.dumps(_json_document(ladder.to_dict(), scenario, None, ladder.baseline), indent=2,
+                             sort_keys=True, default=str) + "\n")
+    else:
+        b = ladder.baseline
+        out.write(f"{b.model} on {b.hardware}  (profile: {b.profile})\n{ladder.describe()}\n")
     return 0
 
 

@@ -1,0 +1,398 @@
+"""``fit techniques``: the memory-saving techniques that make a run fit, with the least added
+step time, printed as a ladder (issue 16, item 8).
+
+The techniques are the measured profile's plugins and options, each with its documented
+``added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None)`` (seconds or None,
+how it was computed):
+
+==========================  ====================================================================
+lever                       alternatives (solve keywords)                  step time priced by
+==========================  ====================================================================
+activation checkpointing    selective, attention-only, mlp-only, every-k,  recomputed forward FLOPs
+                            op-sac, full                                   / hardware FLOP/s
+loss                        chunked, fused_linear                          extra kernel launches
+optimizer in backward       optimizer_in_backward=True                     0 (same arithmetic)
+activation offload          save_on_cpu, torchtune                         2 x bytes / host link
+offload (host optimizer)    optimizer, optimizer+gradients(+parameters)    state / host memory bw +
+                                                                           (g + w) / host link
+low-bit optimizer           adamw-8bit-torchao, adamw-4bit-torchao,        extra bytes moved /
+                            adamw-8bit-bnb (from adam/adamw)               memory bandwidth
+float8                      tensorwise, rowwise                            cast traffic / memory bw
+==========================  ====================================================================
+
+The search (``fit_techniques``) is best-first over combinations: the baseline, then each
+combination one technique larger than one already visited, visited in order of added step
+time (combinations with a step whose time is unknown after every combination whose time is
+known; then by memory). The first visited combination that fits is the answer: the cheapest,
+as long as switching a technique on never makes a run cheaper (true of the functions above
+except that checkpointing shrinks what activation offload moves; the search visits such a
+pair through both of its subsets). A combination the profile refuses (NotModelledError,
+InvalidInputError: e.g. the optimizer in the backward with a low-bit optimizer) is skipped
+and counted. Each solve is memoized.
+
+The ladder is the greedy path from the baseline to that combination: at each step the
+remaining technique with the least added time per byte saved is switched on.
+
+Hardware figures: FLOP/s from the catalog entry's ``extra["performance"]["peak_bf16_dense_flops"]``
+(a peak: the recompute time it gives is a lower bound), the host link from
+``extra["performance"]["host_link_bytes_per_s"]`` where an entry records it (none does yet),
+the memory bandwidth from ``HardwareNode.memory_bandwidth``; else the caller's options; else
+the time is shown as unknown, never guessed. Numerical caveats (8-bit or 4-bit optimizer
+states, fp8 matmuls) are shown beside a step, not priced.
+"""
+
+from __future__ import annotations
+
+import heapq
+import inspect
+import math
+
+import attrs
+
+from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+from .result import TrainingMemoryResult
+
+MAX_SOLVES = 2000      # combinations evaluated at most (each a memoized solve, a few ms)
+GIB = 2**30
+
+# (lever, solve keyword, value, label, numerical caveat or None)
+_AC = ("selective", "attention-only", "mlp-only", "every-k", "op-sac", "full")
+TECHNIQUES: tuple = (
+    *(("checkpointing", "activation_checkpointing", name, f"activation checkpointing: {name}", None) for name in _AC),
+    ("loss", "loss", "chunked", "chunked cross-entropy (torchtune)", None),
+    ("loss", "loss", "fused_linear", "fused linear cross-entropy (Liger)", None),
+    ("optimizer_in_backward", "optimizer_in_backward", True, "optimizer step in the backward", None),
+    ("activation_offload", "activation_offload", "save_on_cpu", "activation offload: save_on_cpu", None),
+    ("activation_offload", "activation_offload", "torchtune", "activation offload: torchtune", None),
+    ("offload", "offload", "optimizer", "optimizer state on the host (CPU step)", None),
+    ("offload", "offload", "optimizer+gradients", "optimizer state and gradients on the host", None),
+    ("offload", "offload", "optimizer+gradients+parameters", "optimizer, gradients, parameters on the host", None),
+    ("optimizer", "optimizer", "adamw-8bit-torchao", "torchao AdamW8bit",
+     "8-bit block-quantized moments: convergence may differ from fp32 AdamW"),
+    ("optimizer", "optimizer", "adamw-4bit-torchao", "torchao AdamW4bit",
+     "4-bit block-quantized moments: convergence may differ from fp32 AdamW"),
+    ("optimizer", "optimizer", "adamw-8bit-bnb", "bitsandbytes AdamW8bit",
+     "8-bit block-quantized moments: convergence may differ from fp32 AdamW"),
+    ("float8", "float8", "tensorwise", "float8 training: tensorwise", "fp8 matmuls: numerics differ from bf16"),
+    ("float8", "float8", "rowwise", "float8 training: rowwise", "fp8 matmuls: numerics differ from bf16"),
+)
+_LOWBIT_FROM = ("adam", "adamw")
+
+
+@attrs.frozen
+class Step:
+    """One rung: the technique switched on, the run's memory after it, the time it adds."""
+    label: str
+    keyword: str
+    value: object
+    result: TrainingMemoryResult
+    added_seconds: float | None       # this step's added time (None: unknown)
+    total_seconds: float | None       # the combination's added time so far (None: unknown)
+    how: tuple[str, ...]              # how each technique's time was computed, at this step
+    caveat: str | None
+
+
+@attrs.frozen
+class TechniqueLadder:
+    baseline: TrainingMemoryResult
+    steps: tuple[Step, ...]           # empty when the baseline fits, or when nothing fits
+    fits: bool
+    combination: dict                 # the chosen solve keywords (empty: nothing needed / found)
+    added_seconds: float | None
+    evaluated: int
+    refused: int
+    alternatives: tuple = ()          # other fitting combinations found: (combination, seconds, GiB)
+    figures: dict = attrs.field(factory=dict)     # hardware figures used, and where from
+    message: str = ""
+
+    def describe(self) -> str:
+        b = self.baseline
+        out = [f"baseline: {_mem(b.total_memory)} of {_mem(b.available_memory)} "
+               f"({'fits' if b.feasible else 'does not fit'})"]
+        for name, (value, where) in self.figures.items():
+            out.append(f"{name}: {where}" if value is None else f"{name}: {value:.4g} ({where})")
+        if self.message:
+            out.append(self.message)
+        for i, s in enumerate(self.steps, 1):
+            out.append(f"{i}. + {s.label}: {_mem(s.result.total_memory)}"
+                       f"{'' if s.result.host_memory == 0 else f', host {_mem(s.result.host_memory)}'}; "
+                       f"added {_sec(s.added_seconds)} (total {_sec(s.total_seconds)})"
+                       f"{' - fits' if s.result.feasible else ''}")
+            out += [f"     time: {h}" for h in s.how]
+            if s.caveat:
+                out.append(f"     caveat (not priced): {s.caveat}")
+        out.append(f"searched {self.evaluated} combinations ({self.refused} refused by the profile)")
+        for combo, seconds, gib in self.alternatives:
+            out.append(f"also fits: {_combo(combo)}: added {_sec(seconds)}, {gib:,.2f} GiB")
+        return "\n".join(out)
+
+    def to_dict(self) -> dict:
+        return {"fits": self.fits, "combination": self.combination, "added_seconds": self.added_seconds,
+                "evaluated": self.evaluated, "refused": self.refused, "message": self.message,
+                "figures": {k: {"value": v, "source": w} for k, (v, w) in self.figures.items()},
+                "baseline": {"total_memory": self.baseline.total_memory, "feasible": self.baseline.feasible},
+                "steps": [{"technique": s.label, "keyword": s.keyword, "value": s.value,
+                           "total_memory": s.result.total_memory, "host_memory": s.result.host_memory,
+                           "feasible": s.result.feasible, "added_seconds": s.added_seconds,
+                           "total_seconds": s.total_seconds, "how": list(s.how), "caveat": s.caveat}
+                          for s in self.steps],
+                "alternatives": [{"combination": c, "added_seconds": t, "total_gib": g}
+                                 for c, t, g in self.alternatives]}
+
+
+def _mem(n) -> str:
+    return f"{n / GIB:,.2f} GiB ({n * 1e-9:,.2f} GB)"
+
+
+def _sec(s) -> str:
+    return "unknown" if s is None else f"{s:.4g} s"
+
+
+def _combo(combo: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in combo.items()) or "nothing"
+
+
+def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host_link_bytes_per_s=None,
+                     host_memory_bytes_per_s=None, memory_bandwidth=None) -> dict:
+    """{name: (value or None, where it comes from)}: the caller's value, else the catalog's."""
+    perf, node = {}, hardware
+    if isinstance(hardware, str):
+        from .catalog import find_hardware
+        entry = find_hardware(hardware, plugin_manager=plugin_manager)
+        perf, node = dict(entry.extra.get("performance") or {}), entry.value
+    figures = {}
+    for name, given, key, what in (
+            ("hardware FLOP/s", hardware_flops, "peak_bf16_dense_flops", "no FLOP/s for this hardware"),
+            ("host link B/s", host_link_bytes_per_s, "host_link_bytes_per_s", "no host-link bandwidth for this hardware"),
+            ("host memory B/s", host_memory_bytes_per_s, None, "no host-memory bandwidth given"),
+            ("memory bandwidth B/s", memory_bandwidth, None, "no memory bandwidth for this hardware")):
+        if given is not None:
+            if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 < given < math.inf:
+                raise InvalidInputError(name, given, "a positive number (per second)")
+            figures[name] = (float(given), "given")
+        elif key and key in perf:
+            figures[name] = (float(perf[key]), f"catalog: performance.{key}")
+        elif name == "memory bandwidth B/s" and getattr(node, "memory_bandwidth", None):
+            figures[name] = (float(node.memory_bandwidth), "catalog: memory_bandwidth")
+        else:
+            figures[name] = (None, f"unknown ({what})")
+    return figures
+
+
+def _prepared(solver, model, hardware, batch_size, seq_len, kwargs):
+    """The prepared plan of a solve (what the step-time functions read)."""
+    from .inputs import check_plan, profile_plan
+    bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    options = a.pop("profile_options")
+    registry = solver.registry
+    profile = a["profile"] or solver._profile
+    if isinstance(model, str):
+        from .catalog import get_model
+        model = get_model(model, plugin_manager=solver.plugin_manager)
+    if isinstance(hardware, str):
+        from .catalog import get_hardware
+        hardware = get_hardware(hardware, plugin_manager=solver.plugin_manager)
+    include = a["include_plugins"]
+    plan = check_plan(registry, profile, model, hardware, *(a[k] for k in (
+        "batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing", "tp_size", "pp_size",
+        "dp_size", "ep_size", "zero_stage", "gradient_accumulation_steps", "trainable_fraction",
+        "communication_buffer_fraction", "sequence_parallel", "data_parallel", "sharding_rules",
+        "plugin_options")), tuple(include) if type(include) is list else include, a["cp_size"])
+    return profile_plan(registry, registry.profiles[profile], plan, options)
+
+
+def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
+    """The step time the techniques the prepared plan switches on add (``only``: just those solve
+    keywords): (seconds, or None when any is unknown; how each was computed; how many unknown)."""
+    from mlsysim_plugins import checkpointing_policies, lowbit_optimizers
+    from mlsysim_plugins.measured import float8, loss, offload_activations, optimizer_in_backward
+    flops, link = figures["hardware FLOP/s"][0], figures["host link B/s"][0]
+    host_mem, bw = figures["host memory B/s"][0], figures["memory bandwidth B/s"][0]
+    o = plan.profile_options
+    on = {"activation_checkpointing": plan.activation_checkpointing != "none",
+          "loss": getattr(o, "loss", None) not in (None, "cross_entropy"),
+          "optimizer_in_backward": bool(getattr(o, "optimizer_in_backward", None)),
+          "activation_offload": bool(getattr(o, "activation_offload", None)),
+          "offload": bool(getattr(o, "offload", None)),
+          "optimizer": plan.optimizer in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao",
+                                          "adamw-8bit-bnb"),
+          "float8": bool(getattr(o, "float8", None))}
+    parts = []
+    for name in (k for k, v in on.items() if v and (only is None or k in only)):
+        if name == "activation_checkpointing":
+            s, how = checkpointing_policies.added_step_time(plan, hardware_flops=flops)
+            peak = " (at peak FLOP/s: a lower bound)" if s and figures["hardware FLOP/s"][1] != "given" else ""
+            parts.append((s, f"checkpointing {plan.activation_checkpointing}: {how}{peak}"))
+        elif name == "loss":
+            parts.append(loss.added_step_time(plan))
+        elif name == "optimizer_in_backward":
+            parts.append(optimizer_in_backward.added_step_time(plan))
+        elif name == "activation_offload":
+            parts.append(offload_activations.added_step_time(plan, host_link_bytes_per_s=link))
+        elif name == "offload":
+            parts.append(offload_activations.optimizer_offload_step_time(
+                plan, host_memory_bytes_per_s=host_mem, host_link_bytes_per_s=link))
+        elif name == "optimizer":
+            parts.append(lowbit_optimizers.added_step_time(plan, memory_bandwidth=bw))
+        else:
+            parts.append(float8.added_step_time(plan, memory_bandwidth=bw))
+    unknown = sum(1 for s, _ in parts if s is None)
+    return (None if unknown else sum(s for s, _ in parts)), [how for _, how in parts], unknown
+
+
+@attrs.frozen
+class _Node:
+    combo: tuple            # indices into the candidate techniques, sorted
+    result: TrainingMemoryResult
+    seconds: float | None   # added over the baseline (None: unknown)
+    unknown: int            # techniques whose time is unknown
+    how: tuple
+
+
+def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, hardware_flops=None,
+                   host_link_bytes_per_s=None, host_memory_bytes_per_s=None, memory_bandwidth=None,
+                   techniques=None, max_solves: int = MAX_SOLVES, **solve_kwargs) -> TechniqueLadder:
+    """The combination of techniques that makes a run fit with the least added step time, as a
+    ladder (module docstring). ``solve_kwargs`` are ``solve``'s (the run as it is, under the
+    measured profile by default); ``techniques``: the solve keywords to consider (default all:
+    activation_checkpointing, loss, optimizer_in_backward, activation_offload, offload,
+    optimizer, float8); the figures (per second) override the catalog's."""
+    from .inverse import _check_keywords, _solver
+    solver = _solver(solver)
+    solve_kwargs.setdefault("profile", "measured")
+    _check_keywords(solve_kwargs, (), solver)
+    spec = solver.registry.profiles.get(solve_kwargs["profile"])
+    if spec is None or spec.grade != "measured":
+        raise NotModelledError("profile", solve_kwargs["profile"], "a measured-grade profile (measured)",
+                               "the techniques are options of the measured profile")
+    keywords = sorted({t[1] for t in TECHNIQUES})
+    if techniques is not None:
+        if isinstance(techniques, str) or not all(isinstance(t, str) for t in techniques):
+            raise InvalidInputTypeError("techniques", techniques, f"a list of: {', '.join(keywords)}")
+        for name in techniques:
+            if name not in keywords:
+                raise InvalidInputError("techniques", name, f"one of: {', '.join(keywords)}")
+    max_solves = int(max_solves) if not isinstance(max_solves, bool) and isinstance(max_solves, int) else None
+    if max_solves is None or max_solves < 1:
+        raise InvalidInputError("max_solves", max_solves, "an integer >= 1")
+    figures = hardware_figures(hardware, solver.plugin_manager, hardware_flops=hardware_flops,
+                               host_link_bytes_per_s=host_link_bytes_per_s,
+                               host_memory_bytes_per_s=host_memory_bytes_per_s, memory_bandwidth=memory_bandwidth)
+    base_kwargs = dict(solve_kwargs)
+    baseline = solver.solve(model, hardware, batch_size, seq_len, **base_kwargs)    # errors here are the user's
+    base_plan = _prepared(solver, model, hardware, batch_size, seq_len, base_kwargs)
+    base_ac = step_time(base_plan, figures, only=("activation_checkpointing",))[0]     # replaced, not added to
+    if baseline.feasible:
+        return TechniqueLadder(baseline=baseline, steps=(), fits=True, combination={}, added_seconds=0.0,
+                               evaluated=1, refused=0, figures=figures, message="the run fits as it is")
+    # The candidates: the levers the run leaves at their defaults (a given value is kept).
+    given = {**{"activation_checkpointing": baseline.activation_checkpointing, "optimizer": baseline.optimizer},
+             **{k: v for k, v in base_kwargs.items() if v is not None}}
+    ac_order = {name: i for i, name in enumerate(("none", *_AC))}
+    candidates = []
+    for lever, key, value, label, caveat in TECHNIQUES:
+        if techniques is not None and key not in techniques:
+            continue
+        if key == "activation_checkpointing":
+            if ac_order.get(given[key], len(ac_order)) >= ac_order[value]:
+                continue           # only a policy that saves more than the run's
+        elif key == "optimizer":
+            if given["optimizer"] not in _LOWBIT_FROM:
+                continue
+        elif key in given:
+            continue
+        candidates.append((lever, key, value, label, caveat))
+    evaluated, refused = 1, 0
+
+    def evaluate(combo):
+        nonlocal evaluated, refused
+        kwargs = dict(base_kwargs)
+        for i in combo:
+            kwargs[candidates[i][1]] = candidates[i][2]
+        evaluated += 1
+        switched = {candidates[i][1] for i in combo}
+        try:
+            result = solver.solve(model, hardware, batch_size, seq_len, **kwargs)
+            seconds, how, unknown = step_time(_prepared(solver, model, hardware, batch_size, seq_len, kwargs),
+                                              figures, only=switched)
+        except (NotModelledError, InvalidInputError):
+            refused += 1
+            return None
+        if "activation_checkpointing" in switched and base_ac is None and seconds is not None:
+            seconds, unknown = None, unknown + 1      # the run's own policy's time is unknown: so is the change
+        elif "activation_checkpointing" in switched and seconds is not None:
+            seconds -= base_ac
+        return _Node(combo, result, seconds, unknown, tuple(how))
+
+    def key(node):     # known times first, then the least time, the fewest techniques, the least memory
+        return (node.unknown, node.seconds or 0.0, len(node.combo), node.result.total_memory, node.combo)
+
+    start = _Node((), baseline, 0.0, 0, ())
+    # A technique that changes no phase of this run (e.g. selective checkpointing under fused
+    # attention, which keeps no scores) is left out: it can only add steps.
+    alone = {j: evaluate((j,)) for j in range(len(candidates))}
+    useless = {j for j, n in alone.items() if n is not None and n.result.phase_totals == baseline.phase_totals}
+    heap, seen, found = [(key(start), start)], {()}, []
+    while heap and evaluated < max_solves:
+        _, node = heapq.heappop(heap)
+        if node.result.feasible:
+            found.append(node)
+            if len(found) == 4:
+                break
+            continue
+        levers = {candidates[i][0] for i in node.combo}
+        for j, c in enumerate(candidates):
+            combo = tuple(sorted((*node.combo, j)))
+            if c[0] in levers or j in useless or combo in seen or evaluated >= max_solves:
+                continue
+            seen.add(combo)
+            child = evaluate(combo)
+            if child is not None:
+                heapq.heappush(heap, (key(child), child))
+    found += [n for _, n in sorted(heap) if n.result.feasible][:max(0, 4 - len(found))]   # others seen fitting
+    if not found:
+        why = (f"no combination of the techniques fits within the {max_solves} combinations searched"
+               if evaluated >= max_solves else "no combination of the techniques fits")
+        return TechniqueLadder(baseline=baseline, steps=(), fits=False, combination={}, added_seconds=None,
+                               evaluated=evaluated, refused=refused, figures=figures, message=why)
+    best = found[0]
+    steps = _ladder(best.combo, candidates, evaluate, start)
+    combination = {candidates[i][1]: candidates[i][2] for i in best.combo}
+    alternatives = tuple(({candidates[i][1]: candidates[i][2] for i in n.combo}, n.seconds,
+                          n.result.total_memory / GIB) for n in found[1:])
+    return TechniqueLadder(baseline=baseline, steps=steps, fits=True, combination=combination,
+                           added_seconds=best.seconds, evaluated=evaluated, refused=refused,
+                           alternatives=alternatives, figures=figures)
+
+
+def _ladder(combo, candidates, evaluate, start) -> tuple[Step, ...]:
+    """The greedy path to ``combo``: each step the remaining technique with the least added time
+    per byte saved (an unknown time, or no bytes saved, after those; then the most bytes saved).
+    Where the profile refuses every next subset (e.g. one technique needs another), the rest is
+    switched on together."""
+    steps, node, left = [], start, list(combo)
+    while left:
+        options = []
+        for i in left:
+            child = evaluate(tuple(sorted((*node.combo, i))))
+            if child is None:
+                continue
+            saved = node.result.total_memory - child.result.total_memory
+            dt = None if child.seconds is None or node.seconds is None else child.seconds - node.seconds
+            priced = dt is not None and saved > 0
+            options.append(((not priced, dt / saved if priced else 0.0, -saved, i), child, (i,)))
+        if not options:
+            options = [((), evaluate(tuple(sorted((*node.combo, *left)))), tuple(left))]
+        _, child, switched = min(options, key=lambda o: o[0])
+        for i in switched:
+            left.remove(i)
+        dt = None if child.seconds is None or node.seconds is None else child.seconds - node.seconds
+        c = candidates[switched[0]]
+        how = tuple(h for h in child.how if h not in node.how)    # what this step adds or changes
+        steps.append(Step(label=" + ".join(candidates[i][3] for i in switched), keyword=c[1], value=c[2],
+                          result=child.result, added_seconds=dt, total_seconds=child.seconds, how=how,
+                          caveat="; ".join(candidates[i][4] for i in switched if candidates[i][4]) or None))
+        node = child
+    return tuple(steps)
