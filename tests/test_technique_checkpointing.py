@@ -91,6 +91,24 @@ def test_op_sac_keeps_the_input_and_every_other_mm_and_the_attention_output():
     assert _term(r, "op-sac layers") == 4 * 512 * (4 * 256 + 4 * 256 + 4 * 64 + 4 * 256 + 32 + 4 * 8)
 
 
+def test_the_backward_end_is_layer_0s_moe_backward_or_the_embeddings_not_both():
+    # mixtral-tiny op-sac fp32: T = 512, h = 256, f = 512, E = 8, top-2: S = 1024 routed rows, 4 B everywhere.
+    # Layer 0's gate_up grouped_mm backward (MemTracker's backward peak): its weight gradient 2 E f h and the
+    # down weight gradient E h f born, the gate_up output, silu and product freed (-2 S f), inv_perm and the
+    # routing weights freed, their gradient born (-8 S): 4 x (3 x 8 x 512 x 256 - 2 x 1024 x 512) - 8 x 1024.
+    moe = 4 * (3 * 8 * 512 * 256 - 2 * 1024 * 512) - 8 * 1024
+    assert moe == 8_380_416
+    # + the layer's saved tensors 14,497,824, its input and output gradient 2 x T h 4, RoPE 2 x s x 32 x 4, and the
+    # gradients of every layer but 0 and of the LM head (17,344,768 - 2,048,000 - 3,312,128 params x 4 B); the
+    # embedding's gradient (V h 4) is not born yet. With the weights, AdamW state and input ids:
+    layer0 = moe + 14_497_824 + 2 * 512 * 256 * 4 + 2 * 256 * 32 * 4 + (17_344_768 - 2_048_000 - 3_312_128) * 4
+    r = _solve("mixtral-tiny")
+    end = sum(t.nbytes for t in r.terms if "backward_end" in [str(p) for p in t.phases])
+    assert end == 17_344_768 * 4 + 128 + 17_344_768 * 8 + 156 + 512 * 8 + layer0
+    # Measured 280,074,564 B: 2,056 B more (position ids, loss scalars).
+    assert 280_074_564 - end == 2_056
+
+
 def test_every_k_checkpoints_floor_l_over_k_layers():
     none = _solve(policy="none")
     full = _solve(policy="full")

@@ -198,17 +198,99 @@ def _check(plan, *, per_op=False, module=None):
 
 # --- measured terms -------------------------------------------------------------------------
 
-def _mlp_grads(ctx):
-    s = ctx.shape
-    return 2 * ctx.tokens * max(s.top_k, 1) * s.ffn * ctx.regime.compute
-
-
 def _autocast_copies(ctx, module=None):
     if not ctx.regime.autocast:
         return 0
     att = {"q_proj", "k_proj", "v_proj", "o_proj"}
     return 2 * sum(w.elements for w in ctx.shape.layer_weights() if w.autocast and not w.bias
                    and (module is None or (w.name in att) == (module == "attention")))
+
+
+def _mlp_backward_peak(ctx, lb, regime, accumulating):
+    """The MLP backward's highest moment in layer 0, in bytes above "everything the layer saves
+    alive", and how: the MLP's own saved tensors are freed as its backward consumes them, its
+    activation gradients and weight gradients are born (the latter stay as .grad unless gradients
+    accumulate). Derived op by op from the MemTracker trace of mixtral-tiny op-sac (validation/
+    techniques/checkpointing/README.md) and transformers 5.23's integrations/moe.py
+    grouped_mm_experts_forward; S = T x top_k routed rows, u the experts' bytes (the weights' dtype),
+    c the compute bytes, gb the gradient bytes.
+
+    Dense (Llama) MLP down(silu(gate(x)) * up(x)): down's backward makes its input gradient T f c and
+    weight gradient h f gb; the product's backward then holds grad_up and grad_act beside grad_prod
+    (the product, saved by down, is gone): 2 T f c + h f gb.
+
+    MoE (grouped_mm experts): weighted_out[inv_perm] backward: the sum's expanded gradient made
+    contiguous, zeros and their index_put, 3 S h u; the routing-weight mul: 3 S h u - 8 S (inv_perm
+    freed); down's grouped_mm backward: + E h f gb + S f u - 8 S (its output, saved by the mul, freed);
+    the silu-mul backward: + 2 S f u + (E h f gb born) - S h u - 8 S; gate_up's grouped_mm backward
+    after the cat: its E 2f h gb weight gradient and S h u input gradient, the gate_up output, silu
+    and product freed: 2 E f h gb + (E h f gb born) - 2 S f u - 8 S."""
+    s = ctx.shape
+    T, h, f = ctx.tokens, s.hidden, s.ffn
+    gb = regime.gradient or 0
+    if s.experts:
+        E, S = s.experts, ctx.tokens * max(s.top_k, 1)
+        u = 2 if model._regime_kind(regime) == "bf16" else 4
+        born = 0 if accumulating else E * h * f * gb      # down's weight gradient, kept as .grad
+        moments = {"index backward": 3 * S * h * u,
+                   "down grouped_mm backward": E * h * f * gb + S * f * u - 8 * S,
+                   "silu-mul backward": born + 2 * S * f * u - S * h * u - 8 * S,
+                   "gate_up grouped_mm backward": born + 2 * E * f * h * gb - 2 * S * f * u - 8 * S}
+    else:
+        c = regime.compute
+        born = 0 if accumulating else h * f * gb
+        moments = {"down backward": T * f * c + h * f * gb, "silu-mul backward": 2 * T * f * c + born}
+    where = max(moments, key=moments.get)
+    return moments[where], where
+
+
+def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unborn_layers=1):
+    """The backward's end, the later-or-larger of its two last moments (they never coexist):
+
+    * layer 0's MLP backward (recomputed, or with what the policy kept): the other layers'
+      gradients (not the embedding's, not layer 0's except those born here; under every-k the
+      lowest recomputed layer k - 1, whose ``unborn_layers`` = k layers have none yet), layer 0's input
+      (T h r, the embedding output) and RoPE tables, the gradient of its output (T h r), every
+      tensor layer 0 saves (``kept`` more: a module's input, autocast copies), minus what is not
+      recomputed yet (``not_yet_recomputed``: the attention under attention-only), plus the MLP
+      backward's own peak (``_mlp_backward_peak``);
+    * the embedding's backward: every layer's gradients, the embedding gradient being computed and
+      the gradient of the embedding output (model_activation_terms' end-of-backward terms).
+
+    Returned as one term: that maximum less what the gradient and model terms already count at the
+    backward's end (they describe the embedding's moment, with layer 0's gradients born later)."""
+    regime = ctx.regime
+    s = ctx.shape
+    T, h, r = ctx.tokens, s.hidden, regime.residual
+    accumulating = plan.gradient_accumulation_steps > 1
+    gb = regime.gradient or 0
+    grads = model.gradient_terms(plan, placement, first_layer_late=recomputes_first_layer(plan))
+    counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
+    acts = model.model_activation_terms(plan, placement, recompute=True)
+    end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
+    rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+    per_rank = placement.trainable_parameters_per_rank / placement.gradient_shards
+    share = per_rank / plan.model.parameters
+    embedding, layer = share * s.embedding_parameters * gb, share * s.layer_parameters() * gb
+    if accumulating:      # every gradient alive throughout
+        at_layer = at_embedding = counted
+    else:
+        at_embedding, at_layer = per_rank * gb - embedding, per_rank * gb - embedding - unborn_layers * layer
+    peak, where = _mlp_backward_peak(ctx, lb, regime, accumulating)
+    mlp = max(peak - not_yet_recomputed, 0)
+    in_layer = 2 * r * T * h + rope + lb.saved + kept + mlp
+    first = at_layer + in_layer
+    second = at_embedding + end_only
+    nbytes = max(first, second) - counted - end_only
+    which = f"layer {unborn_layers - 1}'s MLP backward" if first >= second else "the embedding's backward"
+    formula = (f"max(layer {unborn_layers - 1}'s MLP backward: other layers' gradients {_n(at_layer)} + input and output gradient "
+               f"2 x T x h x {r} B {_n(2 * r * T * h)} + RoPE {_n(rope)} + saved {_n(lb.saved)}"
+               + (f" + kept {_n(kept)}" if kept else "") + f" + its {where} {_n(mlp)} = {_n(first)}; "
+               f"the embedding's backward: layers' gradients {_n(at_embedding)} + its terms {_n(end_only)} = "
+               f"{_n(second)}) - gradients {_n(counted)} and end-of-backward terms {_n(end_only)} counted "
+               f"elsewhere: {which}")
+    return MemoryTerm(component=ACTIVATIONS, label="recompute working set (layer 0's backward or the embedding's)",
+                      nbytes=nbytes, phases=(BACKWARD_END,), formula=formula)
 
 
 def per_op_terms(plan, placement, options):
@@ -225,13 +307,12 @@ def per_op_terms(plan, placement, options):
     per_layer = r * T * h + T * sum(o.nbytes for o in kept)
     listed = ", ".join(f"{o.name} ({o.op}) {_n(o.nbytes * T)}" for o in kept) or "no op outputs"
     lb = model.layer_bytes(plan, ctx)
-    work = lb.saved + lb.output + _mlp_grads(ctx) + _autocast_copies(ctx)
     return [
         MemoryTerm(component=ACTIVATIONS, label=f"{plan.activation_checkpointing} layers: input and saved op outputs",
                    nbytes=L * per_layer, phases=SAVED,
                    formula=f"{L} layers x (input T x h x {r} B {_n(r * T * h)} + {listed})"),
-        MemoryTerm(component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
-                   formula=f"one layer's saved tensors recomputed, its output and MLP activation gradients: {_n(work)} B"),
+        # Layer 0 is recomputed whole (its saved tensors, the re-cast autocast copies).
+        last_moments(plan, placement, ctx, lb, kept=_autocast_copies(ctx)),
     ]
 
 
@@ -262,14 +343,11 @@ def module_terms(plan, placement, options):
         terms.append(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit weight copies saved by the modules not "
                                 "recomputed", nbytes=L * other, phases=(BACKWARD,),
                                 formula=f"{L} layers x {_n(other)} B"))
-    mlp_grads = _mlp_grads(ctx) if module == "mlp" else 0
-    # Layer 0's recompute: its module's saved tensors, with the rest of layer 0 still alive.
-    work = lb.saved + module_input + lb.output + mlp_grads + _autocast_copies(ctx, module)
-    terms.append(MemoryTerm(component=ACTIVATIONS, label=f"recompute working set (layer 0, its {module})", nbytes=work,
-                            phases=(BACKWARD_END,),
-                            formula=f"layer 0's saved tensors {_n(lb.saved)} (its {module} recomputed), its "
-                                    f"output {_n(lb.output)}" + (f", MLP activation gradients {_n(mlp_grads)}"
-                                                                 if mlp_grads else "")))
+    # Layer 0's backward: its module recomputed (with its autocast copies) beside the rest of the
+    # layer; under attention-only the MLP's backward runs before the attention is recomputed.
+    copies = _autocast_copies(ctx, module)
+    later = inside + copies if module == "attention" else 0
+    terms.append(last_moments(plan, placement, ctx, lb, kept=module_input + copies, not_yet_recomputed=later))
     return terms
 
 
@@ -289,17 +367,10 @@ def every_k_terms(plan, placement, options):
     ctx = model.context(plan, placement)
     lb = model.layer_bytes(plan, ctx)
     out = lb.output if lb.output_saved_by_next else 0
-    work = lb.saved + lb.output + _mlp_grads(ctx) + _autocast_copies(ctx)
-    b = ctx.regime.gradient or 0
-    grads = k * ctx.shape.layer_parameters() * b
+    # Layer k - 1's backward, layers 0..k-2 still saved (their outputs: the next layers' inputs),
+    # the gradients of layers 0..k-1 not yet born.
     below = (k - 1) * (lb.saved + out)
-    extra = work + below - grads
-    if extra > 0:
-        terms.append(MemoryTerm(
-            component=ACTIVATIONS, label=f"layer {k - 1}'s recompute, layers below it still saved", nbytes=extra,
-            phases=(BACKWARD_END,),
-            formula=f"working set {_n(work)} + {k - 1} layers' saved {_n(below)} - the gradients of layers "
-                    f"0..{k - 1} not yet born {_n(grads)} (the later of the two backward moments)"))
+    terms.append(last_moments(plan, placement, ctx, lb, kept=below + _autocast_copies(ctx), unborn_layers=k))
     return terms
 
 
