@@ -134,16 +134,17 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
     if regime.main_grad and not regime.gradient:
         return []   # accumulated straight into the fp32 main-grad buffer (optimizer state)
     params = placement.trainable_parameters_per_rank / placement.gradient_shards
+    per_parameter = params / plan.model.parameters       # this rank's share of each parameter
     shape = shape_of(plan)
     # The embedding's gradient is the backward's last: while it is computed it is a
     # temporary (see model_activation_terms), it becomes .grad for the step.
-    embedding = params / plan.model.parameters * shape.embedding_parameters
+    embedding = per_parameter * shape.embedding_parameters
     terms = [MemoryTerm(component=GRADIENTS, label="gradient of the token embedding", nbytes=embedding * b,
                         phases=(OPTIMIZER_STEP,),
                         formula=f"V x h = {_n(embedding)} params x {b} B (the backward's last gradient)")]
     params -= embedding
     if first_layer_late and plan.model.layers > 1:
-        share = params / plan.model.parameters * shape.layer_parameters()
+        share = per_parameter * shape.layer_parameters()
         terms.append(MemoryTerm(component=GRADIENTS, label=f"gradients of the first layer ({regime.name})",
                                 nbytes=share * b, phases=(OPTIMIZER_STEP,),
                                 formula=f"{_n(share)} params x {b} B (born last, after its recompute)"))
