@@ -1,4 +1,4 @@
-"""The numbers are those of commit bf18132 (issue 15: the measured profile's tensor parallelism), exactly.
+"""The numbers are those of commit 9cc6888 (issue 15: the measured profile's tensor parallelism), exactly.
 
 tests/data/predictions_issue15.json.gz was written by tools/snapshot_predictions.py with the
 package of that commit (a worktree on the path; how: the tool's docstring): every run of the
@@ -21,8 +21,10 @@ outside the layers under PyTorch TP follow the per-rank measurements of validati
 tp_phases and tp_plans (the embedding's backward counts the rank's V x h/tp share once; with
 sequence parallelism the LM head's input is all-gathered and the embedding output's gradient
 whole; fp32 gathered logits peak at the all-gather); and under autocast the final norm's fp32
-output is alive until the loss (a forward-phase term, issue 15's family validation). Any other
-difference is a regression, or a new baseline that says so in CHANGELOG.md.
+output is alive until the loss (a forward-phase term, issue 15's family validation); and under
+recomputation the first layer's late gradients are its share of each parameter (the end of the
+backward only). Any other difference is a regression, or a new baseline that says so in
+CHANGELOG.md.
 """
 
 import importlib.util
@@ -57,7 +59,7 @@ def recorded(tool):
 
 
 def test_the_snapshot_is_issue_15s_commit_and_covers_every_case_family(recorded):
-    assert recorded["commit"].startswith("bf18132")
+    assert recorded["commit"].startswith("9cc6888")
     groups = Counter(case_id.split("/")[0] for case_id in recorded["cases"])
     assert groups["validation"] == groups["validation-reference"] >= 96
     assert groups["parallel"] == groups["parallel-reference"] >= 65
@@ -87,7 +89,8 @@ def _intended(case_id, fields, previous, baseline) -> bool:
     a measured result not told its ``sequence_parallel`` reports the profile's default, off;
     tensor-parallel cases not told it now run without it (every number may change); (3, issue
     15) any tensor-parallel case: the activations outside the layers (validation/parallel/tp_plans);
-    (4, issue 15) any case: the forward phase's activations alone (autocast's final norm output)."""
+    (4, issue 15) any case: the forward phase's activations alone (autocast's final norm output);
+    (5, issue 16) any case: the end of the backward alone (the first layer's late gradients)."""
     old, new = previous[case_id], baseline.get(case_id, {})
     if _cp_only(old["params"]):
         return "result" in old and "result" in new and _grew_by_nccl(old["result"], new["result"]) \
@@ -102,7 +105,17 @@ def _intended(case_id, fields, previous, baseline) -> bool:
     peak_fields = ("activations:", "total_memory:", "memory_utilization:", "runtime_overheads:") \
         if new.get("result", {}).get("peak_phase") == "forward" else ()
     forward_only = all("forward" in f or "term_nbytes.activations" in f or f.startswith(peak_fields) for f in rest)
-    return _tp(case_id, old["params"]) or forward_only
+    # (the end of the backward: the gradients split between it and the step; its totals where it is the peak)
+    end_fields = ("gradients:", "total_memory:", "memory_utilization:", "runtime_overheads:", "activations:") \
+        if new.get("result", {}).get("peak_phase") == "backward_end" else ()
+    end_only = all("backward_end" in f or "term_nbytes." in f or f.startswith(end_fields) for f in rest)
+    return _tp(case_id, old["params"]) or forward_only or end_only or _both(rest, peak_fields, end_fields)
+
+
+def _both(fields, peak_fields, end_fields) -> bool:
+    """Changes (4) and (5) together in one case."""
+    return all("forward" in f or "backward_end" in f or "term_nbytes." in f or f.startswith(peak_fields + end_fields)
+               for f in fields)
 
 
 def _grew_by_nccl(a: dict, b: dict) -> bool:
@@ -120,7 +133,7 @@ def test_predictions_unchanged(tool, recorded):
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)
-    lines = [f"{len(diffs)} of {len(recorded['cases'])} cases differ from commit bf18132 "
+    lines = [f"{len(diffs)} of {len(recorded['cases'])} cases differ from commit 9cc6888 "
              f"({', '.join(f'{g}: {n}' for g, n in sorted(by_group.items()))}); the first {SHOWN_CASES}:"]
     for case_id, params, fields in diffs[:SHOWN_CASES]:
         lines.append(case_id if case_id.startswith("extra/") else f"{case_id} {json.dumps(params, sort_keys=True)}")
