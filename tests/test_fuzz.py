@@ -122,7 +122,7 @@ API_CORRUPTIONS = {
     "gradient_accumulation_steps": (("gradient_accumulation_steps",), (*NOT_A_COUNT, *API_GARBAGE)),
     "trainable_fraction": (("trainable_fraction",), (-0.1, 1.5, float("nan"), "x", [], None, True)),
     "communication_buffer_fraction": (("communication_buffer_fraction",), (-0.1, 2.0, float("inf"), "x", {}, None)),
-    "sequence_parallel": (("sequence_parallel",), ("yes", 1, [], None)),
+    "sequence_parallel": (("sequence_parallel",), ("yes", 1, [])),     # (None: the profile's default)
     "data_parallel": (("data_parallel",), ("zero9", [], {}, 3)),
     "profile": (("profile",), ("nope", [], {}, 3)),
     "cp_size": (("cp_size",), (*NOT_A_COUNT, *API_GARBAGE)),
@@ -530,8 +530,8 @@ def hf_case(draw):
     if draw(st.integers(0, 3)) > 0:
         table = HF_CORRUPTIONS + (MOE_CORRUPTIONS if "num_experts_per_tok" in config else ())
         field, accepted, value = draw(st.sampled_from(table))
-        if field not in config and field != "model_type":
-            field, accepted, value = HF_CORRUPTIONS[0]
+        if (field not in config and field != "model_type") or (field == "num_key_value_heads" and "kv_lora_rank" in config):
+            field, accepted, value = HF_CORRUPTIONS[0]      # (multi-head latent attention reads no KV head count)
         if value == "DELETE":
             config.pop(field, None)
         elif value == "NOT A DIVISOR":   # of the head count, and fewer
