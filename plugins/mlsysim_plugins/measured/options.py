@@ -118,8 +118,10 @@ class MeasuredOptions:
     stage_layers: Any = _option("decoder layers on each pipeline stage (default: an even split)", "N,N,...",
                                 kind=_layer_counts, layout="a stage split is per layout", from_file=_layer_list)
     offload: Any = _option("what lives in host memory: optimizer, optimizer+gradients or "
-                           "optimizer+gradients+parameters (name=nvme for NVMe, e.g. optimizer=nvme), "
-                           "or {name: cpu|nvme}", "WHAT", parse=_offload_parts)
+                           "optimizer+gradients+parameters (DeepSpeed ZeRO-Offload / FSDP CPUOffload; "
+                           "name=nvme for NVMe, e.g. optimizer=nvme), or {name: cpu|nvme}; or torchao, "
+                           "torchao+gradients (torchao's CPUOffloadOptimizer, offload_gradients with +gradients)",
+                           "WHAT", parse=_offload_parts)
     moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
                                        "(default dropless)", "CF", kind=float)
     loss_parallel: Any = _option("with tp > 1: PyTorch's loss_parallel (torchtitan's default): the LM head's logits "
@@ -163,6 +165,7 @@ class MeasuredOptions:
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
+    cpu_offload_optimizer: Any = attrs.field(default=None, metadata={"internal": True})  # offload=torchao[+gradients]
 
 
 REGIMES_HOOK = "mlsysim_measured_regimes"
@@ -182,6 +185,11 @@ def prepare(plan, registry):
     o = plan.profile_options
     regimes, schedules, kernels, families = (_registered(registry, hook) for hook in (
         REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
+    if o.offload is not None:                   # cpu_offload.py: offload=torchao[+gradients] is its own machinery
+        from .cpu_offload import is_torchao, take_option
+        if is_torchao(o.offload):
+            plan = take_option(plan)
+            o = plan.profile_options
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    IMPLEMENTATIONS)
@@ -253,6 +261,9 @@ def prepare(plan, registry):
     if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
         from .float8 import check as float8_check
         plan = float8_check(plan, o.float8)
+    if plan.profile_options.cpu_offload_optimizer is not None:      # cpu_offload.py: torchao's refusals, note
+        from .cpu_offload import prepare_option as cpu_offload_prepare
+        plan = cpu_offload_prepare(plan)
     said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
     if said is not None:
         plan = attrs.evolve(plan, notes=plan.notes + tuple(said(plan)))

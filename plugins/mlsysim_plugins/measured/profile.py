@@ -53,6 +53,9 @@ def _ranks(plan):
 
 
 def _offload(plan, weights, gradients, optimizer_state):
+    if getattr(plan.profile_options, "cpu_offload_optimizer", None):     # offload=torchao: cpu_offload.py
+        from .cpu_offload import relocate as torchao_relocate
+        return torchao_relocate(plan, weights, gradients, optimizer_state)
     if getattr(plan.profile_options, "optimizer_in_backward", None):     # gradients freed one by one
         from .optimizer_in_backward import relocate
         weights, gradients, optimizer_state = relocate(plan, weights, gradients, optimizer_state)
