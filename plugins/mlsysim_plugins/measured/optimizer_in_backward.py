@@ -51,8 +51,23 @@ STEP_TEMPORARIES = {
     "lion": {"foreach": 1, "for-loop": 1, "fused": 0},
     "sgd": {"foreach": 0, "for-loop": 0, "fused": 0},
     "sgd-momentum": {"foreach": 0, "for-loop": 0, "fused": 0},
+    # bitsandbytes' 8-bit update is one in-place kernel per tensor (optimizer_update_8bit_blockwise,
+    # optimizer_update_32bit under min_8bit_size): nothing beside the gradient (measured,
+    # validation/techniques/oib_combinations). The paged variant keeps the same states.
+    "adamw-8bit-bnb": {"foreach": 0, "for-loop": 0, "fused": 0},
+    "paged-adamw-8bit-bnb": {"foreach": 0, "for-loop": 0, "fused": 0},
 }
 OPTION = "optimizer_in_backward"
+_TORCHAO = ("torchao's per-parameter step is torch.compile'd (single_param_adam), which dynamo refuses to trace "
+            "under MemTracker: its temporaries were measured with torch.profiler outside the backward only "
+            "(validation/techniques/optimizers), not inside the post-accumulate-grad hook")
+REFUSED_OPTIMIZERS = {
+    "adamw-8bit-torchao": _TORCHAO, "adamw-4bit-torchao": _TORCHAO, "adamw-fp8-torchao": _TORCHAO,
+    "adam-8bit": "bitsandbytes' Adam8bit (the older plugin) is not measured with optimizer_in_backward; "
+                 "adamw-8bit-bnb and paged-adamw-8bit-bnb are",
+    "muon": "torch.optim.Muon with its AdamW part: the Newton-Schulz step per matrix inside the backward is "
+            "not measured",
+}
 
 
 def prepare_option(plan, value):
@@ -81,11 +96,12 @@ def prepare_option(plan, value):
         raise NotModelledError(OPTION, value, "a regime without fp32 master weights or main-grad buffer "
                                "(fp32, bf16, amp-bf16)", f"regime {regime.name} keeps them")
     if plan.optimizer not in STEP_TEMPORARIES:
-        raise NotModelledError(OPTION, value, f"optimizer one of {sorted(STEP_TEMPORARIES)}",
-                               f"the single-tensor step of {plan.optimizer!r} is not modelled")
-    if getattr(o, "loss", None) not in (None, "cross_entropy"):
-        raise NotModelledError(OPTION, value, "loss='cross_entropy'",
-                               f"the LM head's step moment with loss={o.loss!r} is not measured")
+        why = REFUSED_OPTIMIZERS.get(plan.optimizer, f"the single-tensor step of {plan.optimizer!r} is not modelled")
+        raise NotModelledError(OPTION, value, f"optimizer one of {sorted(STEP_TEMPORARIES)}", why)
+    if getattr(o, "loss", None) not in (None, "cross_entropy", "chunked"):
+        raise NotModelledError(OPTION, value, "loss='cross_entropy' or 'chunked'",
+                               f"the LM head's step moment with loss={o.loss!r} is not measured (Liger's fused "
+                               "linear cross-entropy computes the LM head's weight gradient in the forward)")
     return attrs.evolve(plan, notes=plan.notes + notes(plan))
 
 
@@ -120,7 +136,7 @@ def relocate(plan, weights, gradients, optimizer_state):
         tensors.remove(E)
     largest_layer = max(tensors, default=0)
     per = g + k * s
-    freed = 12 * T * V + 8 * T
+    freed, freed_how, head_moments = _loss_moment(plan, T, h, V, c, g, E, per)
     terms = []
     if shape.tied:
         n, what = largest_layer, "the largest layer tensor (tied LM head: its gradient is the embedding's, last)"
@@ -129,13 +145,14 @@ def relocate(plan, weights, gradients, optimizer_state):
                                   "counted as still alive")
     else:
         n, what = E, "the LM head (V x h), the first gradient"
-    extra = n * per - freed
+    moment, how = n * per, f"{n:,} params ({what}) x ({g} B gradient + {k} x {s} B step temporaries)"
+    if n == E and not shape.tied:       # the LM head's own moments (oib_combinations: chunked, 8-bit, AMP)
+        moment, how = max(head_moments)
+    extra = moment - freed
     terms.append(MemoryTerm(
         component=GRADIENTS, label="optimizer in backward: a gradient and its step, over the loss moment",
         nbytes=max(0, extra), phases=(BACKWARD,),
-        formula=f"max(0, {n:,} params ({what}) x ({g} B gradient + {k} x {s} B step temporaries) - "
-                f"(12 T V + 8 T = {freed:,} B: the log-softmax, labels and cross-entropy gradients freed by "
-                f"then)) = {max(0, extra):,.0f} B"))
+        formula=f"max(0, {how} - ({freed_how} = {freed:,} B: freed by then)) = {max(0, extra):,.0f} B"))
     work = _recompute_working_set(plan)
     tied_sum = 2 * E * g if shape.tied else 0      # the tied partials, freed once summed into .grad
     last = k * E * s - res * T * h - work - tied_sum
@@ -148,7 +165,74 @@ def relocate(plan, weights, gradients, optimizer_state):
                 + (f" - 2 x V x h x {g} B (the tied partials)" if tied_sum else "")
                 + f") = {max(0, last):,.0f} B"))
     state = [t for t in optimizer_state if tuple(t.phases) != (OPTIMIZER_STEP,)]
-    return weights, terms, state
+    return weights, terms, state + _per_parameter_maps(plan)
+
+
+def _loss_moment(plan, T, h, V, c, g, E, per):
+    """The loss's backward bytes that the LM head's moments are set against, how, and the LM
+    head's moments besides its step ([(bytes, how)]), measured in validation/techniques/oib_combinations.
+
+    * default cross-entropy: 12 T V + 8 T (the fp32 log-softmax, ``nll_loss_backward`` and
+      ``_log_softmax_backward_data``'s outputs, the labels). The LM head's weight-gradient matmul
+      runs while the logits' gradient (c T V) and its input's gradient (c T h, computed first) are
+      alive: c T V + c T h + V h c (the peak with an optimizer that keeps no step temporary, e.g.
+      bitsandbytes' 8-bit AdamW, in fp32).
+    * ``loss='chunked'``: the chunked loss's own backward moment (loss.py: every chunk's
+      log-softmax 4 T V + labels 8 T + its backward term; the weight-gradient partials and their
+      sum are counted there). The LM head's post-accumulate-grad hook fires once, after the last
+      chunk's partial is summed (one AccumulateGrad for the n uses of the weight): every logits
+      gradient and log-softmax is freed by then, and the n chunks' input gradients (c T h) wait
+      for the split's backward: its step is V h x (g + k s) + c T h.
+    * under autocast (measured, AMP runs): the LM head's matmul saved its 16-bit weight copy
+      (``autocast 16-bit copy of the LM head``, c V h), released once the last matmul backward
+      ran, before the hook; the gradient of the LM head's input is there (c T h): the step is
+      V h x (g + k s) - c V h + c T h. (With the chunked loss this moment stayed below the loss's
+      own in every measured run: derived there, the input gradients counted once.)"""
+    o = plan.profile_options
+    regime = o.regime
+    moments = []
+    amp = bool(regime.autocast)
+    copy = f" - {c} x {E:,} (the 16-bit weight copy, freed)" if amp else ""
+    if getattr(o, "loss", None) == "chunked":
+        from .loss import _chunked
+        x = _chunked(plan, T, h, V, c, o.loss_chunks, regime)[-1].nbytes
+        freed, how = 4 * T * V + 8 * T + x, "the chunked loss's backward moment: 4 T V + 8 T + its backward term"
+        moments.append((E * per + c * T * h - (c * E if amp else 0),
+                        f"{E:,} (the LM head, hooked after its last chunk) x ({g} B gradient + step temporaries) + "
+                        f"{c} x T x h (the chunks' input gradients){copy}"))
+    else:
+        freed, how = 12 * T * V + 8 * T, "12 T V + 8 T: the log-softmax, labels and cross-entropy gradients"
+        moments.append((c * T * V + c * T * h + E * c,
+                        f"{c} x T x V (the logits' gradient) + {c} x T x h (the LM head input's gradient) + "
+                        f"{E:,} x {c} B (the weight gradient's matmul)"))
+        if amp:
+            moments.append((E * per - c * E + c * T * h,
+                            f"{E:,} x ({g} B gradient + step temporaries){copy} + {c} x T x h (the LM head input's "
+                            "gradient)"))
+        else:       # its input's gradient replaces its saved input (the final norm's output, saved by it only)
+            moments.append((E * per, f"{E:,} (the LM head) x ({g} B gradient + step temporaries)"))
+    return freed, how, moments
+
+
+BNB = ("adamw-8bit-bnb", "paged-adamw-8bit-bnb")
+BNB_MAPS = 2 * 256 * 4      # bitsandbytes Optimizer8bit.fill_qmap: two 256-entry fp32 maps per optimizer
+
+
+def _per_parameter_maps(plan) -> list[MemoryTerm]:
+    """bitsandbytes' 8-bit optimizers fill their two quantization maps in ``__init__``
+    (bitsandbytes/optim/optimizer.py ``Optimizer8bit.__init__``: ``if optim_bits == 8:
+    self.fill_qmap()``) and move them to the device for the first 8-bit tensor
+    (``Optimizer2State.init_state``). One optimizer per parameter: one pair per tensor of at least
+    ``min_8bit_size`` (4096) elements, where the shared optimizer has one (the state terms count it)."""
+    if plan.optimizer not in BNB:
+        return []
+    from .optimizers import STEADY, trainable_tensors
+    quantized = sum(1 for t in trainable_tensors(plan) if t >= 4096)
+    if quantized < 2:
+        return []
+    return [MemoryTerm(component=OPTIMIZER_STATE, label=f"{plan.optimizer} quantization maps, one pair per parameter's "
+                       "optimizer", nbytes=(quantized - 1) * BNB_MAPS, phases=STEADY,
+                       formula=f"({quantized} tensors of >= 4096 elements - 1 counted) x 2 maps x 256 x 4 B")]
 
 
 def notes(plan) -> tuple[str, ...]:
@@ -156,7 +240,24 @@ def notes(plan) -> tuple[str, ...]:
     from .shapes import shape_of
     if shape_of(plan).tied:
         shape_notes.append("optimizer_in_backward with tied embeddings: the LM head's gradient joins the "
-                           "embedding's at the backward's end (derived, not measured)")
+                           "embedding's at the backward's end (the backward's peak measured with the default and "
+                           "the chunked loss; the end moment itself derived, not measured)")
+    o = plan.profile_options
+    if (plan.activation_checkpointing == "full" and o.checkpointed_layers != 0
+            and STEP_TEMPORARIES[plan.optimizer][o.optimizer_impl] == 0):
+        shape_notes.append("optimizer_in_backward with full checkpointing and a step without temporaries: the "
+                           "backward's end counts layer 0's recompute working set beside the embedding's backward, "
+                           "which follows it (an upper bound by one layer's working set; measured 1.8-2.6 MB over "
+                           "on a moment below the loss's)")
+    if plan.activation_checkpointing in ("op-sac", "save-list", "every-k", "mlp-only", "attention-only"):
+        from ..checkpointing_policies import recomputes_first_layer
+        if recomputes_first_layer(plan):
+            shape_notes.append(
+                f"optimizer_in_backward with {plan.activation_checkpointing!r} checkpointing: the backward's end "
+                "keeps the policy's layer-0 recompute moment as counted without the option (with every other "
+                "layer's gradient, which the hooks have stepped and freed by then): an upper bound on that moment "
+                "(measured 2.8-13.2 MB over; below the LM head's moment except in the Mixtral mlp-only run, "
+                "+1.96 % of its peak)")
     return tuple(shape_notes)
 
 
