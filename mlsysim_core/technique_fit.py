@@ -13,8 +13,8 @@ activation checkpointing    selective, attention-only, mlp-only, every-k,  recom
 loss                        chunked, fused_linear                          extra kernel launches
 optimizer in backward       optimizer_in_backward=True                     0 (same arithmetic)
 activation offload          save_on_cpu, torchtune                         2 x bytes / host link
-offload (host optimizer)    optimizer, optimizer+gradients(+parameters)    state / host memory bw +
-                                                                           (g + w) / host link
+offload (host optimizer)    optimizer, optimizer+gradients(+parameters),   state / host memory bw +
+                            torchao, torchao+gradients                     (g + w) / host link
 low-bit optimizer           adamw-8bit-torchao, adamw-4bit-torchao,        extra bytes moved /
                             adamw-8bit-bnb (from adam/adamw)               memory bandwidth
 float8                      tensorwise, rowwise                            cast traffic / memory bw
@@ -67,6 +67,8 @@ TECHNIQUES: tuple = (
     ("offload", "offload", "optimizer", "optimizer state on the host (CPU step)", None),
     ("offload", "offload", "optimizer+gradients", "optimizer state and gradients on the host", None),
     ("offload", "offload", "optimizer+gradients+parameters", "optimizer, gradients, parameters on the host", None),
+    ("offload", "offload", "torchao", "torchao CPUOffloadOptimizer (host states and parameter copies)", None),
+    ("offload", "offload", "torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True", None),
     ("optimizer", "optimizer", "adamw-8bit-torchao", "torchao AdamW8bit",
      "8-bit block-quantized moments: convergence may differ from fp32 AdamW"),
     ("optimizer", "optimizer", "adamw-4bit-torchao", "torchao AdamW4bit",
@@ -207,7 +209,7 @@ def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
     """The step time the techniques the prepared plan switches on add (``only``: just those solve
     keywords): (seconds, or None when any is unknown; how each was computed; how many unknown)."""
     from mlsysim_plugins import checkpointing_policies, lowbit_optimizers
-    from mlsysim_plugins.measured import float8, loss, offload_activations, optimizer_in_backward
+    from mlsysim_plugins.measured import cpu_offload, float8, loss, offload_activations, optimizer_in_backward
     flops, link = figures["hardware FLOP/s"][0], figures["host link B/s"][0]
     host_mem, bw = figures["host memory B/s"][0], figures["memory bandwidth B/s"][0]
     o = plan.profile_options
@@ -215,7 +217,7 @@ def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
           "loss": getattr(o, "loss", None) not in (None, "cross_entropy"),
           "optimizer_in_backward": bool(getattr(o, "optimizer_in_backward", None)),
           "activation_offload": bool(getattr(o, "activation_offload", None)),
-          "offload": bool(getattr(o, "offload", None)),
+          "offload": bool(getattr(o, "offload", None) or getattr(o, "cpu_offload_optimizer", None)),
           "optimizer": plan.optimizer in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao",
                                           "adamw-8bit-bnb"),
           "float8": bool(getattr(o, "float8", None))}
@@ -231,6 +233,8 @@ def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
             parts.append(optimizer_in_backward.added_step_time(plan))
         elif name == "activation_offload":
             parts.append(offload_activations.added_step_time(plan, host_link_bytes_per_s=link))
+        elif name == "offload" and getattr(o, "cpu_offload_optimizer", None):
+            parts.append(cpu_offload.added_step_time(plan, host_link_bytes_per_s=link, host_memory_bytes_per_s=host_mem))
         elif name == "offload":
             parts.append(offload_activations.optimizer_offload_step_time(
                 plan, host_memory_bytes_per_s=host_mem, host_link_bytes_per_s=link))

@@ -483,6 +483,13 @@ PERFORMANCE = {
     "amd/mi300x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
     "amd/mi325x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
     "nvidia/l40s": {"peak_bf16_dense_flops": 362_000_000_000_000},
+    # torchtitan's get_peak_flops (tools/utils.py at 0258167): A100, H100 SXM/PCIe, H200, MI250X per GCD
+    **{k: {"peak_bf16_dense_flops": 312_000_000_000_000} for k in (
+        "nvidia/a100-sxm4-40gb", "nvidia/a100-sxm4-80gb", "nvidia/a100-pcie-80gb")},
+    "nvidia/h100-sxm5-80gb": {"peak_bf16_dense_flops": 989_000_000_000_000},
+    "nvidia/h100-pcie-80gb": {"peak_bf16_dense_flops": 756_000_000_000_000},
+    "nvidia/h200-sxm-141gb": {"peak_bf16_dense_flops": 989_000_000_000_000},
+    "amd/mi250x-gcd": {"peak_bf16_dense_flops": 191_500_000_000_000},
     "google/tpu-v5p": {"peak_bf16_dense_flops": 459_000_000_000_000, "intra_node_bandwidth_bytes_per_s": 600_000_000_000},
     "google/tpu-v6e": {"peak_bf16_dense_flops": 918_000_000_000_000, "peak_int8_ops": 1_836_000_000_000_000,
                        "intra_node_bandwidth_bytes_per_s": 800_000_000_000},

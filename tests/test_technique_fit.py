@@ -13,7 +13,7 @@ from mlsysim_core.technique_fit import fit_techniques, hardware_figures
 
 MODEL, GPU = "meta-llama/llama-3.2-3b", "nvidia/a100-sxm4-40gb"
 RUN = dict(precision="bf16", optimizer="adamw", activation_checkpointing="none", regime="bf16")
-FLOPS, LINK = 312e12, 32e9      # A100 bf16 dense peak and a PCIe 4 x16 link, given (the catalog has neither)
+FLOPS, LINK = 312e12, 32e9      # A100 bf16 dense peak (as the catalog's) and a PCIe 4 x16 link (the catalog has none), given
 
 
 def run(*argv):
@@ -57,9 +57,10 @@ def test_a_run_that_fits_needs_no_step():
 
 
 def test_unknown_times_are_said_never_guessed():
-    """No FLOP/s or host link for the A100 in the catalog: the recompute and offload times are unknown,
+    """A device without FLOP/s or host link in the catalog: the recompute and offload times are unknown,
     and combinations with an unknown time are ranked after every one whose time is known."""
-    fitted = fit_techniques(MODEL, GPU, 2, 4096, **RUN)
+    bare = HardwareNode(name="A100-like, no figures", memory_capacity=40 * 2**30)
+    fitted = fit_techniques(MODEL, bare, 2, 4096, **RUN)
     assert fitted.figures["hardware FLOP/s"] == (None, "unknown (no FLOP/s for this hardware)")
     assert fitted.fits and fitted.added_seconds is None
     assert "added unknown" in fitted.describe() and "no FLOP/s for this hardware" in fitted.describe()
