@@ -28,10 +28,20 @@ checkpointing), the backward has two moments that can be its peak besides the cr
 ``k`` is the single-tensor step's temporaries in units of the tensor (AdamW: foreach 1, the
 ``_foreach_sqrt(exp_avg_sq)``; for-loop 2, ``exp_avg_sq.sqrt() / bias_correction2_sqrt``; fused 0).
 
+Combined (measured, ``validation/techniques/oib_combinations/``: torchtune 0.6.1's chunked loss,
+bitsandbytes 0.50.2's AdamW8bit one per parameter, AMP, tied embeddings, save_on_cpu, full
+checkpointing and the per-op / module / every-k policies): the LM head's moments are set against
+the selected loss's backward moment (``_loss_moment``); bitsandbytes' update keeps no temporary
+(k = 0) and each per-parameter optimizer holds its own pair of quantization maps
+(``_per_parameter_maps``); activation offloading changes no gradient moment (its terms are the
+activations'); checkpointing policies that recompute layer 0 keep their end moment as counted
+without the option (an upper bound, said in a note).
+
 Refused (``NotModelledError``): gradient accumulation (torchtune refuses it: "Gradient accumulation
 is not supported with optimizer in bwd"), any parallel layout (DDP would step on unreduced
 gradients; FSDP/ZeRO gradient sharding is not modelled), offload, LoRA, regimes with an fp32
-master copy or main-grad buffer, and optimizers whose single-tensor step is not tabled here.
+master copy or main-grad buffer, ``loss='fused_linear'``, and optimizers whose single-tensor step
+is not tabled here (torchao's compiled low-bit steps, Adam8bit, Muon: ``REFUSED_OPTIMIZERS``).
 """
 
 from __future__ import annotations
