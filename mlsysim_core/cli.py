@@ -1204,7 +1204,10 @@ def _fit_techniques(args, out) -> int:
     kwargs["profile"] = kwargs.get("profile") or "measured"
     gbps = {name: None if getattr(args, name) is None else getattr(args, name) * 1e9
             for name in ("host_link_gbps", "host_memory_gbps")}
-    ladder = fit_techniques(*_resolved(scenario), kwargs.pop("batch_size"), kwargs.pop("seq_len"),
+    model, hardware = _resolved(scenario)
+    if isinstance(scenario.hardware, str):      # a catalog name: its entry's performance figures count
+        hardware = scenario.hardware
+    ladder = fit_techniques(model, hardware, kwargs.pop("batch_size"), kwargs.pop("seq_len"),
                             solver=TrainingMemoryModel(plugin_manager=_manager(args)), hardware_flops=args.flops,
                             host_link_bytes_per_s=gbps["host_link_gbps"],
                             host_memory_bytes_per_s=gbps["host_memory_gbps"], **kwargs)
