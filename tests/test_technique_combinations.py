@@ -5,54 +5,26 @@ counts, and the combinations still refused. No torch."""
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.types import HardwareNode
+from techniquetools import BIG, errors, measurements, run_by_id, solve
+from techniquetools import phases as _phases
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = json.loads((ROOT / "validation/techniques/oib_combinations/measurements.json").read_text(encoding="utf-8"))
-RUNS = [r for r in DATA["runs"] if "measured" in r]
-PHASES = ("forward", "backward", "optimizer")
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}
-
-
-def solve(run, **more):
-    model = from_hf_config(run["hf_config"], name=run["id"])
-    policy = run["checkpointing"]
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
-                   device="cpu", dropout=0.0, runtime_overheads=False, **{**run["solve_options"], **more})
-    return TrainingMemoryModel().solve(model, BIG, run["batch_size"], run["seq_len"], PRECISION[run["regime"]],
-                                       run["optimizer"], policy, profile="measured",
-                                       plugin_options={policy: run["policy_options"]} if run["policy_options"] else None,
-                                       **options)
+DATA, RUNS = measurements("oib_combinations")
 
 
 def phases(result):
     t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0)),
-            "backward_only": t.get("backward", 0), "backward_end": t.get("backward_end", 0)}
-
-
-def errors(run):
-    result = solve(run)
-    predicted = phases(result)
-    m = run["measured"]
-    out = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
-    out["peak"] = (result.total_memory - m["peak_bytes"]) / m["peak_bytes"]
-    return out
+    return {**_phases(result), "backward_only": t.get("backward", 0), "backward_end": t.get("backward_end", 0)}
 
 
 def _run(run_id):
-    return next(r for r in RUNS if r["id"] == run_id)
+    return run_by_id(RUNS, run_id)
 
 
 def _models(pred):

@@ -4,46 +4,16 @@ byte counts, and refusals. No torch."""
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.types import HardwareNode
+from techniquetools import BIG, errors, measurements, phases, run_by_id, solve
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = json.loads((ROOT / "validation/techniques/offload/measurements.json").read_text(encoding="utf-8"))
-RUNS = [r for r in DATA["runs"] if "measured" in r]
-PHASES = ("forward", "backward", "optimizer")
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}
-
-
-def solve(run, **more):
-    model = from_hf_config(run["hf_config"], name=run["id"])
-    options = dict(regime=run["regime"], optimizer_impl=run["optimizer_impl"], attention=run["attention"],
-                   device="cpu", dropout=0.0, runtime_overheads=False, **{**run["solve_options"], **more})
-    return TrainingMemoryModel().solve(model, BIG, run["batch_size"], run["seq_len"], PRECISION[run["regime"]],
-                                       run["optimizer"], run["checkpointing"], profile="measured", **options)
-
-
-def phases(result):
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
-
-
-def errors(run):
-    result = solve(run)
-    predicted = phases(result)
-    m = run["measured"]
-    out = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
-    out["peak"] = (result.total_memory - m["peak_bytes"]) / m["peak_bytes"]
-    return out
+DATA, RUNS = measurements("offload")
 
 
 def test_the_measurements_cover_both_families_at_two_sizes():
@@ -70,7 +40,7 @@ def test_median_error_within_three_percent(technique):
 # --- optimizer in backward ----------------------------------------------------------------------
 
 def _run(run_id):
-    return next(r for r in RUNS if r["id"] == run_id)
+    return run_by_id(RUNS, run_id)
 
 
 def test_optimizer_in_backward_is_exact_where_measured():
