@@ -36,38 +36,23 @@ optimizer state; the host tensors are counted beside it (``measured.host``). Eve
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import importlib.metadata
-import importlib.util
-import json
 import os
-import platform
 import sys
 import time
-import traceback
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VALIDATION = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, VALIDATION)
+sys.path.insert(0, os.path.dirname(HERE))
 
-import measure as _measure  # noqa: E402  (validation/measure.py)
+import _harness  # noqa: E402  (validation/techniques/_harness.py)
+from _harness import _measure  # noqa: E402  (validation/measure.py)
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CONFIGS = _load("cpu_offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
+CONFIGS = _harness.load("cpu_offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 import torchao.optim.cpu_offload as _co  # noqa: E402
 
@@ -185,15 +170,7 @@ def measure_run(cfg: dict) -> dict:
     host: list = []
     with warnings.catch_warnings(), _simulated_accelerator(host):
         warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        kw = dict(cfg["hf_config"])
-        hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        if cfg["checkpointing"] == "full":
-            model.gradient_checkpointing_enable()
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+        model, input_ids = _harness.build_model(cfg)
         opt = _co.CPUOffloadOptimizer(list(model.parameters()), torch.optim.AdamW,
                                       offload_gradients=opts["offload_gradients"], minimal_size=opts["minimal_size"],
                                       lr=1e-4, weight_decay=0.01, **opts["optimizer_kwargs"])
@@ -202,16 +179,11 @@ def measure_run(cfg: dict) -> dict:
         layers, _ = _measure._submodules(model)
         mt = _Tracker(list(opt.optim_dict.values()))
         mt.track_external(model, input_ids, *([opt.d_opt] if opt.d_opt is not None else []))
-        autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if cfg["regime"] == "amp-bf16"
-                    else contextlib.nullcontext)
-        alive, t_measured = _measure.run_protocol(mt, model, opt, input_ids, autocast=autocast)
+        alive, t_measured = _measure.run_protocol(mt, model, opt, input_ids, autocast=_harness.autocast_for(cfg))
         t_end = time.perf_counter()
         record = _measure.peak_record(mt)
-        phases = record["peak_by_phase"]
-        if "optimizer" not in phases:     # no op ran on the device in the step: the bytes alive are the phase's
-            end = alive["end_of_step"]
-            phases["optimizer"] = {"bytes": end["bytes"], "by_category": end["by_category"], "op": None,
-                                   "module": "(no device op ran: the bytes alive at the step's end)"}
+        # no op ran on the device in the step: the bytes alive are the phase's
+        _harness.fill_optimizer_phase(record, alive, "(no device op ran: the bytes alive at the step's end)")
         small = [p for p in model.parameters() if p.numel() < opts["minimal_size"]]
         measured = {
             **record,
@@ -223,10 +195,8 @@ def measure_run(cfg: dict) -> dict:
                 "state_bytes": sum(_nbytes(v) for s in (opt.d_opt.state.values() if opt.d_opt else ())
                                    for v in s.values() if isinstance(v, torch.Tensor))},
             "layer_forward_retained_bytes": _measure.layer_forward_deltas(mt, layers),
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "parameter_tensors": len(list(model.parameters())),
+            **_harness.model_facts(model),
             "offloaded_tensors": len(opt.param_d2h_map),
-            "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "wall_s": round(time.perf_counter() - t0, 1),
             "measured_iteration_wall_s": round(t_end - t_measured, 1),
         }
@@ -236,43 +206,17 @@ def measure_run(cfg: dict) -> dict:
 
 
 def _versions() -> dict:
-    def ver(dist):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-    return {"torch": torch.__version__, "transformers": ver("transformers"), "torchao": ver("torchao")}
+    return _harness.versions("transformers", "torchao")
+
+
+def _summary(m) -> str:
+    return (f"peak {m['peak_bytes']:>12,} B in {m['peak_phase']:<9} host {m['host']['total']:>12,} B "
+            f"{m['wall_s']:5.1f}s")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    by_id = {c["id"]: c for c in CONFIGS}
-    todo = [by_id[i] for i in args.only] if args.only else CONFIGS
-    previous = _measure.previous_runs(OUT, _versions())[0] if args.only else {}
-    results = {}
-    for n, cfg in enumerate(todo, 1):
-        run = dict(cfg)
-        try:
-            run["measured"] = m = measure_run(cfg)
-            msg = (f"peak {m['peak_bytes']:>12,} B in {m['peak_phase']:<9} host {m['host']['total']:>12,} B "
-                   f"{m['wall_s']:5.1f}s")
-        except Exception as e:  # record and go on
-            run["error"] = f"{type(e).__name__}: {e}"[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
-            msg = "ERROR " + run["error"][:300]
-        results[cfg["id"]] = run
-        print(f"[{n:2d}/{len(todo)}] {cfg['id']:<44} {msg}", flush=True)
-    runs = [results.get(c["id"]) or previous.get(c["id"]) for c in CONFIGS]
-    doc = {"generator": GENERATOR + (" --only " + " ".join(args.only) if args.only else ""),
-           "environment": SETUP, "python": platform.python_version(), **_versions(), "device": "cpu",
-           "runs": [r for r in runs if r is not None]}
-    with open(OUT, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    return 0 if all("error" not in r for r in results.values()) else 1
+    return _harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
+                         out=OUT, generator=GENERATOR, setup=SETUP, versions=_versions, summary=_summary)
 
 
 if __name__ == "__main__":
