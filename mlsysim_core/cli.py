@@ -284,6 +284,8 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     srch.add_argument("--profile", help=_PROFILE_HELP)
     fields, layout = _add_option_flags(srch, registry, search=True)
     srch.description = srch.description.replace("{layout}", "".join(", " + flags[0] for flags, _, _ in layout))
+    srch.add_argument("--headroom", metavar="GIB|N%", help="memory kept free on top of the total (which already has "
+                      "the runtime overheads): GiB (e.g. 4) or a share of the capacity (e.g. 10%%); default 0")
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
@@ -1195,6 +1197,13 @@ def cmd_fit(args, out) -> int:
     return 0
 
 
+def _headroom(text):
+    """``--headroom 4`` is 4 GiB, ``--headroom 10%`` a tenth of the capacity (search.headroom_bytes)."""
+    if text is None or text.strip().endswith(("%", "B")):
+        return text
+    return text.strip() + "GiB"
+
+
 def _fit_techniques(args, out) -> int:
     """`fit techniques` (mlsysim_core.technique_fit): the ladder, or its JSON."""
     from .solver import TrainingMemoryModel
@@ -1244,7 +1253,8 @@ def cmd_search(args, out) -> int:
                                    seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                                    checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
                                    workers=args.workers, progress=progress, profile=profile,
-                                   trainable_fraction=trainable_fraction, **options)
+                                   trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
+                                   **options)
 
     if args.cp is not None:    # checked here, so that the error names the flag
         for size in args.cp:

@@ -301,7 +301,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  solver: TrainingMemoryModel | None = None, workers: int | None = None,
                  progress: Callable[[int, int], None] | None = None, profile: str | None = None,
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
-                 dropout: float | None = None, runtime_overheads=None, lora=None) -> PlanSearch:
+                 dropout: float | None = None, runtime_overheads=None, lora=None,
+                 headroom: float | str | None = None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -310,6 +311,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``workers``: processes evaluating layouts (None: one per usable CPU when the search has
     at least PARALLEL_MIN candidates; 1: in this process).
     ``profile``: the profile every layout is solved under (default: the solver's).
+    ``headroom``: a margin kept free on top of the total (which already has the runtime
+    overheads): bytes, or a string ``"8GiB"``, ``"8GB"`` or ``"10%"`` (of the capacity); a layout
+    fits when total + margin <= capacity (default 0).
     ``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
     ``lora``: measured-grade options, passed to every ``solve`` (as ``solve`` reads them).
     """
@@ -401,10 +405,12 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                        data_parallel=data_parallel, cp_allowed=cp_allowed, sequence_parallel=sequence_parallel,
                        max_tp=max_tp)
 
+    margin = headroom_bytes(headroom, hardware.memory_capacity)
+    run["headroom"] = margin
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options)
+               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options, margin)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
@@ -539,11 +545,13 @@ def describe_search_run(run: Mapping) -> str:
     if run.get("communication_buffer_fraction", 0.05) != 0.05:
         parts.append(f"communication buffer fraction {run['communication_buffer_fraction']}")
     ckpt = f"checkpointing {', '.join(run.get('checkpointing') or ())}"
-    ckpt += " (as asked)" if run.get("checkpointing_restricted") else " (every installed strategy"
+    ckpt += " (as asked)" if run.get("checkpointing_restricted") else " (every strategy searched by default"
     if not run.get("checkpointing_restricted"):
         left = run.get("checkpointing_left_out")
         ckpt += f"; left out: {', '.join(left)})" if left else ")"
     parts.append(ckpt)
+    if run.get("headroom"):
+        parts.append(f"headroom {run['headroom'] / 2**30:.2f} GiB kept free")
     if run.get("data_parallel_restricted"):
         parts.append(f"data-parallel rules {', '.join(run.get('data_parallel') or ())}")
     if run.get("context_parallel") is not None:
@@ -779,11 +787,11 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
     ``rows``; return (solves, layouts evaluated)."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options) = context
+     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options, margin) = context
     solves = done = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
-    limit_gb = capacity * 1e-9
+    limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
     parameters = model.parameters
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
         n, plan = len(micro), None
@@ -840,6 +848,30 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
             progress(done, total)
             last_report = time.perf_counter()
     return solves, done
+
+
+def headroom_bytes(headroom, capacity: int) -> float:
+    """``headroom`` as bytes: a number of bytes, or "8GiB", "8GB", "10%" (of ``capacity``)."""
+    if headroom is None:
+        return 0
+    allowed = "bytes >= 0, or a string like '8GiB', '8GB' or '10%' (of the capacity), below the capacity"
+    value = headroom
+    if isinstance(headroom, str):
+        text = headroom.strip().replace(" ", "")
+        for suffix, scale in (("%", capacity / 100), ("GiB", 2**30), ("GB", 1e9), ("B", 1)):
+            if text.endswith(suffix):
+                try:
+                    value = float(text[:-len(suffix)]) * scale
+                except ValueError:
+                    raise InvalidInputError("headroom", headroom, allowed) from None
+                break
+        else:
+            raise InvalidInputError("headroom", headroom, allowed, "say the unit: GiB, GB, B or %")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputTypeError("headroom", headroom, allowed)
+    if not 0 <= value < capacity:
+        raise InvalidInputError("headroom", headroom, allowed, f"the capacity is {capacity:,} B")
+    return value
 
 
 def precision_bytes(precision: str) -> int | float:
