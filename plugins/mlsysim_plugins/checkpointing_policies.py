@@ -379,6 +379,8 @@ def recomputes_first_layer(plan) -> bool:
     born after the recompute (``model.gradient_terms(first_layer_late=True)``) and AMP's cached weight
     copies die with the forward."""
     name = plan.activation_checkpointing
+    if name == "full":
+        return plan.profile_options.checkpointed_layers != 0
     if name == "every-k":
         return _options(plan, name).k == 1
     return name in PER_OP or name in MODULE
