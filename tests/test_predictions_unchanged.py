@@ -1,4 +1,4 @@
-"""The numbers are those of commit 9cc6888 (issue 15: the measured profile's tensor parallelism), exactly.
+"""The numbers are those of commit e1a32f2 (issue 15: the measured profile's tensor parallelism), exactly.
 
 tests/data/predictions_issue15.json.gz was written by tools/snapshot_predictions.py with the
 package of that commit (a worktree on the path; how: the tool's docstring): every run of the
@@ -22,8 +22,9 @@ tp_phases and tp_plans (the embedding's backward counts the rank's V x h/tp shar
 sequence parallelism the LM head's input is all-gathered and the embedding output's gradient
 whole; fp32 gathered logits peak at the all-gather); and under autocast the final norm's fp32
 output is alive until the loss (a forward-phase term, issue 15's family validation); and under
-recomputation the first layer's late gradients are its share of each parameter (the end of the
-backward only). Any other difference is a regression, or a new baseline that says so in
+recomputation the first layer's late gradients are its share of each parameter, and full
+checkpointing's last moment is the larger of layer 0's recomputed MLP backward and the embedding's
+backward (the end of the backward only). Any other difference is a regression, or a new baseline that says so in
 CHANGELOG.md.
 """
 
@@ -59,7 +60,7 @@ def recorded(tool):
 
 
 def test_the_snapshot_is_issue_15s_commit_and_covers_every_case_family(recorded):
-    assert recorded["commit"].startswith("9cc6888")
+    assert recorded["commit"].startswith("e1a32f2")
     groups = Counter(case_id.split("/")[0] for case_id in recorded["cases"])
     assert groups["validation"] == groups["validation-reference"] >= 96
     assert groups["parallel"] == groups["parallel-reference"] >= 65
@@ -90,7 +91,8 @@ def _intended(case_id, fields, previous, baseline) -> bool:
     tensor-parallel cases not told it now run without it (every number may change); (3, issue
     15) any tensor-parallel case: the activations outside the layers (validation/parallel/tp_plans);
     (4, issue 15) any case: the forward phase's activations alone (autocast's final norm output);
-    (5, issue 16) any case: the end of the backward alone (the first layer's late gradients)."""
+    (5, issue 16) any case: the end of the backward alone (the first layer's late gradients; full
+    checkpointing's last moment)."""
     old, new = previous[case_id], baseline.get(case_id, {})
     if _cp_only(old["params"]):
         return "result" in old and "result" in new and _grew_by_nccl(old["result"], new["result"]) \
@@ -133,7 +135,7 @@ def test_predictions_unchanged(tool, recorded):
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)
-    lines = [f"{len(diffs)} of {len(recorded['cases'])} cases differ from commit 9cc6888 "
+    lines = [f"{len(diffs)} of {len(recorded['cases'])} cases differ from commit e1a32f2 "
              f"({', '.join(f'{g}: {n}' for g, n in sorted(by_group.items()))}); the first {SHOWN_CASES}:"]
     for case_id, params, fields in diffs[:SHOWN_CASES]:
         lines.append(case_id if case_id.startswith("extra/") else f"{case_id} {json.dumps(params, sort_keys=True)}")
