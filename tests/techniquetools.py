@@ -6,16 +6,15 @@ by phase. No torch."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.types import HardwareNode
 
-ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("forward", "backward", "optimizer")
-BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "bf16"}
+from familytools import BIG, PHASES, PRECISION, REPORT, ROOT
+
+# The solved peaks of the measured phases (the backward: its own and its end's, the larger),
+# as the family table computes them.
+phases = REPORT.predicted_phases
 
 
 def measurements(directory: str) -> tuple[dict, list[dict]]:
@@ -35,13 +34,6 @@ def solve(run, **more):
                                        plugin_options={policy: run["policy_options"]} if run.get("policy_options")
                                        else None,
                                        **options)
-
-
-def phases(result):
-    """The solved peaks of the measured phases (the backward: its own and its end's, the larger)."""
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
-    return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
-            "backward": max(t.get("backward", 0), t.get("backward_end", 0))}
 
 
 def phase_errors(run, result) -> dict:

@@ -19,7 +19,7 @@ DATA, RUNS = measurements("oib_combinations")
 
 
 def phases(result):
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
+    t = result.phase_totals
     return {**_phases(result), "backward_only": t.get("backward", 0), "backward_end": t.get("backward_end", 0)}
 
 

@@ -17,6 +17,8 @@ from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured import float8
 
+from techniquetools import phases as _phases     # (the family table's phases)
+
 ROOT = Path(__file__).resolve().parent.parent
 DIR = ROOT / "validation" / "techniques" / "float8"
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
@@ -46,10 +48,6 @@ def _solve(cfg, **more):
                                        **{k: v for k, v in options.items() if k != "checkpointing"})
 
 
-def _phases(result):
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
-    return {"forward": t["forward"], "backward": max(t["backward"], t.get("backward_end", 0)),
-            "optimizer": t["optimizer_step"]}
 
 
 def _errors(run):

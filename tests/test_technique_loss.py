@@ -40,7 +40,7 @@ def solve_run(run):
 
 
 def totals(result):
-    return result.phase_totals() if callable(result.phase_totals) else result.phase_totals
+    return result.phase_totals
 
 
 def errors(run):

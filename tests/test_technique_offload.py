@@ -78,7 +78,7 @@ def test_optimizer_in_backward_sub_moments():
         if not sub or "wide" in run["model"]:
             continue
         r = solve(run)
-        t = r.phase_totals() if callable(r.phase_totals) else r.phase_totals
+        t = r.phase_totals
         assert abs(t["backward_end"] - sub["backward_after_lm_head"]["bytes"]) <= 16, run["id"]
 
 

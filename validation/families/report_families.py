@@ -53,7 +53,7 @@ def solve(run: dict):
 
 
 def predicted_phases(result) -> dict[str, float]:
-    totals = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
+    totals = result.phase_totals
     return {"forward": totals.get("forward", 0), "optimizer": totals.get("optimizer_step", 0),
             "backward": max(totals.get("backward", 0), totals.get("backward_end", 0))}
 

@@ -36,7 +36,7 @@ def solve(run: dict, **more):
 
 
 def predicted_phases(result) -> dict:
-    t = result.phase_totals() if callable(result.phase_totals) else result.phase_totals
+    t = result.phase_totals
     return {"forward": t.get("forward", 0), "optimizer": t.get("optimizer_step", 0),
             "backward": max(t.get("backward", 0), t.get("backward_end", 0)),
             "backward_only": t.get("backward", 0), "backward_end": t.get("backward_end", 0)}
