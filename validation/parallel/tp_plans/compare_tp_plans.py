@@ -153,18 +153,13 @@ def doc_table(table: list[dict]) -> str:
 
 
 def update_doc(table: list[dict], check: bool) -> int:
-    doc = Path(__file__).resolve().parents[3] / "docs" / "validation.md"
-    text = doc.read_text(encoding="utf-8")
-    section = doc_table(table)
-    if DOC_BEGIN in text:
-        head, rest = text.split(DOC_BEGIN, 1)
-        new = head + section + rest.split(DOC_END, 1)[1]
-    else:
-        new = text.rstrip() + "\n\n## Tensor-parallel plans: every phase of a rank against PyTorch\n\n" + section + "\n"
-    if check:
-        return 0 if new == text else 1
-    doc.write_text(new, encoding="utf-8")
-    return 0
+    """Write the table into docs/validation.md (``check``: exit status 1 if it is stale), with
+    validation/report.py's section writer."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from report import DOC, update_doc as write_section, write_or_check
+    new = write_section(doc_table(table), DOC, begin=DOC_BEGIN, end=DOC_END,
+                        heading="Tensor-parallel plans: every phase of a rank against PyTorch")
+    return write_or_check(new, check, "parallel/tp_plans/compare_tp_plans.py --doc", DOC)
 
 
 def main() -> int:
