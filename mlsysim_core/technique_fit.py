@@ -33,8 +33,7 @@ and counted. Each solve is memoized.
 The ladder is the greedy path from the baseline to that combination: at each step the
 remaining technique with the least added time per byte saved is switched on.
 
-Hardware figures: FLOP/s from the catalog entry's ``extra["performance"]["peak_bf16_dense_flops"]``
-(a peak: the recompute time it gives is a lower bound), the host link from
+Hardware figures: FLOP/s from ``HardwareNode.peak_bf16_flops`` (a peak: the recompute time it gives is a lower bound), the host link from
 ``extra["performance"]["host_link_bytes_per_s"]`` where an entry records it (none does yet),
 the memory bandwidth from ``HardwareNode.memory_bandwidth``; else the caller's options; else
 the time is shown as unknown, never guessed. Numerical caveats (8-bit or 4-bit optimizer
@@ -164,7 +163,7 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
         perf, node = dict(entry.extra.get("performance") or {}), entry.value
     figures = {}
     for name, given, key, what in (
-            ("hardware FLOP/s", hardware_flops, "peak_bf16_dense_flops", "no FLOP/s for this hardware"),
+            ("hardware FLOP/s", hardware_flops, None, "no FLOP/s for this hardware"),
             ("host link B/s", host_link_bytes_per_s, "host_link_bytes_per_s", "no host-link bandwidth for this hardware"),
             ("host memory B/s", host_memory_bytes_per_s, None, "no host-memory bandwidth given"),
             ("memory bandwidth B/s", memory_bandwidth, None, "no memory bandwidth for this hardware")):
@@ -174,6 +173,8 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
             figures[name] = (float(given), "given")
         elif key and key in perf:
             figures[name] = (float(perf[key]), f"catalog: performance.{key}")
+        elif name == "hardware FLOP/s" and getattr(node, "peak_bf16_flops", None):
+            figures[name] = (float(node.peak_bf16_flops), "catalog: peak_bf16_flops")
         elif name == "memory bandwidth B/s" and getattr(node, "memory_bandwidth", None):
             figures[name] = (float(node.memory_bandwidth), "catalog: memory_bandwidth")
         else:

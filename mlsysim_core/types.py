@@ -115,7 +115,10 @@ class SparseTransformerWorkload(TransformerWorkload):
 class HardwareNode:
     """One accelerator: ``memory_capacity`` in bytes (``80 * 2**30`` for an 80 GiB H100);
     ``devices_per_node`` and ``host_memory`` (CPU bytes per node) matter for hierarchical
-    sharding and offload."""
+    sharding and offload. The planner's topology: dense (no 2:4 sparsity) ``peak_bf16_flops``
+    and ``peak_fp8_flops`` in FLOP/s; ``intra_node_bandwidth`` (the scale-up fabric: NVLink,
+    xGMI, ICI) and ``inter_node_bandwidth`` (the scale-out network's share per device) in
+    bytes/s per device, one direction."""
 
     name: str = _name
     memory_capacity: int = _count(1, 2**64)   # compared, not multiplied: up to 16 EiB
@@ -123,6 +126,10 @@ class HardwareNode:
     devices_per_node: int | None = _count(default=None)
     host_memory: int | None = _count(maximum=2**64, default=None)
     vendor: str | None = _optional_str
+    peak_bf16_flops: int | None = _count(maximum=10**30, default=None)    # FLOP/s, dense
+    peak_fp8_flops: int | None = _count(maximum=10**30, default=None)
+    intra_node_bandwidth: int | None = _count(maximum=10**30, default=None)   # B/s per device, one way
+    inter_node_bandwidth: int | None = _count(maximum=10**30, default=None)
 
     def __attrs_post_init__(self):
         capacity = self.memory_capacity

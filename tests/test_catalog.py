@@ -473,35 +473,28 @@ def test_curated_hardware_extras():
     assert find_hardware("nvidia/rtx-4090").extra["tier"] == "workstation"
 
 
-# Planner figures (issue 15): peak dense FLOP/s and interconnect bandwidth, kept in
-# extra["performance"] (HardwareNode has no fields for them), each with its own source.
-PERFORMANCE = {
-    "nvidia/b200": {"peak_bf16_dense_flops": 2_250_000_000_000_000, "peak_fp8_dense_flops": 4_500_000_000_000_000,
-                    "intra_node_bandwidth_bytes_per_s": 1_800_000_000_000},
-    "nvidia/gb200": {"peak_bf16_dense_flops": 2_500_000_000_000_000, "peak_fp8_dense_flops": 5_000_000_000_000_000,
-                     "intra_node_bandwidth_bytes_per_s": 1_800_000_000_000, "nvlink_domain_devices": 72},
-    "amd/mi300x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
-    "amd/mi325x": {"peak_bf16_dense_flops": 1_300_000_000_000_000},
-    "nvidia/l40s": {"peak_bf16_dense_flops": 362_000_000_000_000},
-    # torchtitan's get_peak_flops (tools/utils.py at 0258167): A100, H100 SXM/PCIe, H200, MI250X per GCD
-    **{k: {"peak_bf16_dense_flops": 312_000_000_000_000} for k in (
-        "nvidia/a100-sxm4-40gb", "nvidia/a100-sxm4-80gb", "nvidia/a100-pcie-80gb")},
-    "nvidia/h100-sxm5-80gb": {"peak_bf16_dense_flops": 989_000_000_000_000},
-    "nvidia/h100-pcie-80gb": {"peak_bf16_dense_flops": 756_000_000_000_000},
-    "nvidia/h200-sxm-141gb": {"peak_bf16_dense_flops": 989_000_000_000_000},
-    "amd/mi250x-gcd": {"peak_bf16_dense_flops": 191_500_000_000_000},
-    "google/tpu-v5p": {"peak_bf16_dense_flops": 459_000_000_000_000, "intra_node_bandwidth_bytes_per_s": 600_000_000_000},
-    "google/tpu-v6e": {"peak_bf16_dense_flops": 918_000_000_000_000, "peak_int8_ops": 1_836_000_000_000_000,
-                       "intra_node_bandwidth_bytes_per_s": 800_000_000_000},
+# Planner figures (issue 17): dense peak FLOP/s and per-device, one-direction bandwidths are
+# HardwareNode fields, each with its own quoted source; what has no field stays in extra.
+TOPOLOGY = {
+    "nvidia/h100-sxm5-80gb": (989e12, 1979e12, 450e9, 50e9),       # NVLink 4: 900 GB/s both ways; 8 x 400 Gb/s NICs
+    "nvidia/h200-sxm-141gb": (989e12, 1979e12, 450e9, 50e9),
+    "nvidia/b200": (2.25e15, 4.5e15, 900e9, 50e9),                 # NVLink 5: 1.8 TB/s both ways
+    "nvidia/a100-sxm4-80gb": (312e12, None, 300e9, None),          # NVLink 3: 600 GB/s both ways
+    "google/tpu-v5p": (459e12, 459e12, 600e9, 6.25e9),
 }
+FIELDS = ("peak_bf16_flops", "peak_fp8_flops", "intra_node_bandwidth", "inter_node_bandwidth")
 
 
-def test_curated_hardware_performance_figures_are_sourced():
+def test_curated_hardware_topology_is_sourced():
+    for key, values in TOPOLOGY.items():
+        node = get_hardware(key)
+        assert tuple(getattr(node, f) for f in FIELDS) == values, key
     for key, entry in curated_hardware().items():
-        figures = entry.extra.get("performance", {})
-        assert figures == PERFORMANCE.get(key, {}), key
-        for name in figures:
-            assert len(entry.sources.get(f"performance.{name}", "")) > 20, (key, name)
+        for name in FIELDS:
+            if getattr(entry.value, name) is not None:
+                assert len(entry.sources.get(name, "")) > 20, (key, name)
+        assert set(entry.extra.get("performance", {})) <= {"nvlink_domain_devices", "peak_int8_ops"}, key
+    assert find_hardware("nvidia/gb200").extra["performance"]["nvlink_domain_devices"] == 72
     assert get_hardware("google/tpu-v6e").host_memory == 1536 * GiB
     assert "docs.cloud.google.com/tpu/docs/v6e" in find_hardware("google/tpu-v6e").sources["host_memory"]
 

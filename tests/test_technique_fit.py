@@ -68,7 +68,7 @@ def test_unknown_times_are_said_never_guessed():
 
 def test_hardware_figures_come_from_the_catalog_else_the_caller():
     figures = hardware_figures("nvidia/b200")
-    assert figures["hardware FLOP/s"] == (2.25e15, "catalog: performance.peak_bf16_dense_flops")
+    assert figures["hardware FLOP/s"] == (2.25e15, "catalog: peak_bf16_flops")
     assert figures["memory bandwidth B/s"][1] == "catalog: memory_bandwidth"
     assert hardware_figures("nvidia/b200", hardware_flops=1e15)["hardware FLOP/s"] == (1e15, "given")
     node = HardwareNode(name="x", memory_capacity=40 * 2**30)

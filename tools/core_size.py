@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "mlsysim_core"
 EDGE = {"cli.py", "render.py", "plots.py", "hf.py", "search.py", "inverse.py", "scenario.py", "finetune.py",
-        "testing.py", "__main__.py", "technique_fit.py"}
+        "testing.py", "__main__.py", "technique_fit.py", "steptime.py"}
 CORE_LIMIT, SOLVER_LIMIT = 2000, 500
 
 
