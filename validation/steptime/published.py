@@ -1,0 +1,402 @@
+"""Published training-throughput measurements (issue 17's calibration and held-out checks). Every row cites its source exactly.
+
+Sources (all read from the repositories' git objects or from a stored copy of the paper; nothing here is
+computed by this project except where a note says 'derived', with the arithmetic shown):
+
+* pytorch/torchtitan at commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21):
+  - benchmarks/llama3_h100_202412_torchtitan.md (last changed in 820504e20d1149fbf0b98c567af24c4b0433b22d),
+    Tables 1-6: Llama 3.1 8B/70B/405B on 8-512 H100 (96 GB HBM2e, 500 W power limit), torchtitan 9dec370
+    (2024-12-26). Throughput is 'TPS/GPU' read at iteration 90; memory is the maximum over GPUs. It reports
+    no per-row MFU: 'the 1D Llama 3.1 8B model training on 8 or 128 H100 GPUs without Float8 achieves 33% to
+    39% MFU (with or without torch.compile, respectively)' and its footnote 2 says that MFU used the SXM peak
+    although the GPUs' peak is 'between SXM and NVL'.
+  - benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (last changed in 2887250bbd9103d0bc997ea2efb3a525b5e5dbc0):
+    vanilla vs async TP, Llama 3 8B (64 H100) and 70B (256 H100), bf16 / float8 tensorwise / float8 rowwise.
+  - benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (last changed in 4a61bd87d3c7e92bcfeb5d5464d9e6bd13ef440a):
+    Llama 3.1 8B, FSDP + compile + float8 on 32 and 64 H200.
+  - torchtitan/components/quantization/mxfp8.md (last changed in 5b5f578a4663552393854f63c8917e237e2d2ad4):
+    8x B200 dense (model not named in the file) and a Llama 4 Scout run on GB200.
+  - torchtitan/components/quantization/nvfp4.md (last changed in 73aed7f6c09c04041dae2d2c185bb4c6384ebb3f):
+    Llama 3 8B and Qwen3 8B on 4 Blackwell GPUs (exact SKU not stated).
+  Unstated fields of the 2024-12 tables come from the torchtitan commit those tables name (9dec370ad26b5f8e9a7333a0e36165018262644b):
+  train_configs/llama3_8b.toml ('seq_len = 8192', "mode = 'selective'", "selective_ac_option = 'op'"),
+  train_configs/llama3_70b.toml and llama3_405b.toml ('seq_len = 8192'), torchtitan/config_manager.py
+  (pipeline_parallel_microbatches: 'The default value will be the number of pipeline stages, if unspecified.').
+  torchtitan's FLOP count for MFU at that commit (torchtitan/utils.py get_num_flop_per_token):
+  'flop_per_token = 6 * num_params + 12 * l * h * q * t' with num_params excluding the embedding
+  (train.py: get_num_params(model, exclude_embedding=True)), l layers, h heads, q head dim, t seq_len,
+  'we follow the convention and do not account for sparsity in causal attention', recomputation not counted;
+  peak 989e12 for H100 SXM (835e12 NVL, 756e12 PCIe), 989e12 for H200 (get_peak_flops).
+
+* NVIDIA/Megatron-LM at commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22):
+  - README.md (last changed in 71e2246e1a3b5b95b15358eb60dceace3d99bf93), section 'Performance Benchmarking':
+    the table is an IMAGE, images/model_table.png (last changed in f2e5db402c44ae309aa6448bcb4ae87e8ae0f5f4,
+    2024-07-15); its nine rows are transcribed here from the image. README: 'Vocabulary size: 131,072 tokens',
+    'Sequence length: 4,096 tokens', 'Fine-grained overlapping with DP (--overlap-grad-reduce,
+    --overlap-param-gather), TP (--tp-comm-overlap), and PP (enabled by default)', 'Throughputs include all
+    operations (data loading, optimizer steps, communication, and logging)'; the weak/strong scaling figures
+    (images/weak_scaling.png, images/strong_scaling.png) are labelled 'Megatron-Core r0.8.0'. The strong-scaling
+    figure (GPT-3 175B, 96 to 4,608 H100, batch 1,152, 'MFU from 47% to 42%') gives no per-point numbers or
+    layouts, so it is not recorded.
+  - examples/llama/README.md (last changed in bd32927e7e9ea7be86dfad58fc44b9b34a305774), 'FP8 Performance'.
+  - megatron/core/transformer/moe/README.md at 4015ff17658cc7ac622cc0f5a3be254dc384f26f (the version before
+    0888a06d26a39d3ecdb2613c731166c7190e7870 removed it): '468 TFLOPS for Mixtral 8X7B bf16 training'.
+  Megatron's FLOP count (megatron/training/training.py num_floating_point_operations, e.g. at
+  b5a7b5ff8311aa98137df24b15b9032f7345f098, 2024-07-19): 12 * B * s * l * h^2 * ((1 + g/a + s/h) * (a*kv/h)
+  + (ffn/h) * experts_routed_to * (3/2 if swiglu) + V/(2*l*h)), i.e. forward + wgrad + dgrad GEMMs only,
+  the full (non-causal) s^2 attention term, logits included, recomputation not counted
+  ('see APPENDIX: FLOATING-POINT OPERATIONS in https://arxiv.org/abs/2104.04473').
+
+* The Llama 3 Herd of Models (arXiv 2407.21783), section 3.3.2, p. 10, Table 4 'Scaling configurations and MFU
+  for each stage of Llama 3 405B pre-training'. No page of the paper itself was reachable; the rows are quoted
+  from a stored text extraction of the arXiv PDF (find_string id 55567177796, and the same rows in ids
+  39822971701 and 70888892482). The paper defines MFU only by citing Chowdhery et al. (2023) (PaLM); its FLOP formula and peak are not
+  restated. The paper text quoted in notes: 'H100 GPUs, each running at 700W TDP with 80GB HBM3' (3.3.1).
+
+Not found: the torchtitan paper's own tables (arXiv 2410.06511) could not be read from any stored copy (a third
+party quotes 6,258 -> 9,409 tok/s for its 8-GPU Table 1, different from the benchmark file above; not recorded);
+MosaicML llm-foundry and NeMo performance tables were not mined in the time available.
+
+Field conventions: devices = total GPUs; dp_shard = FSDP (sharded data-parallel) degree, dp_replicate = plain
+replicas; local_batch = sequences per data-parallel rank per optimizer step as the source states it (for
+Megatron its micro-batch is given separately in notes when stated); global_batch in sequences; memory_gib as
+the source prints it (GiB for torchtitan; the nvfp4 file prints 'GiB'); None = the source does not say.
+"""
+
+_TT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
+_TT_2412 = f"pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md at commit {_TT}"
+_TT_ATP = f"pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md at commit {_TT}"
+_TT_H200 = f"pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md at commit {_TT}"
+_TT_MX = f"pytorch/torchtitan torchtitan/components/quantization/mxfp8.md at commit {_TT}"
+_TT_FP4 = f"pytorch/torchtitan torchtitan/components/quantization/nvfp4.md at commit {_TT}"
+_TT9 = "9dec370ad26b5f8e9a7333a0e36165018262644b"
+_MG = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+_MG_TABLE = f"NVIDIA/Megatron-LM README.md 'Performance Benchmarking' at commit {_MG}, table image images/model_table.png (transcribed)"
+_MG_LLAMA = f"NVIDIA/Megatron-LM examples/llama/README.md at commit {_MG}, table 'FP8 Performance'"
+_L3 = "The Llama 3 Herd of Models, arXiv 2407.21783, section 3.3.2 p. 10, Table 4 'Scaling configurations and MFU for each stage of Llama 3 405B pre-training'"
+
+_H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth', "
+            "'400 Gb/s per GPU' RDMA between hosts, 'default 500W power limit'. ")
+_TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
+             "peak 989e12 (H100 SXM). ")
+
+_BASE = dict(model=None, model_note=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
+             dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
+             compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
+             mfu=None, memory_gib=None, notes="")
+
+
+def _row(**kw):
+    row = dict(_BASE)
+    row.update(kw)
+    return row
+
+
+# --- torchtitan, benchmarks/llama3_h100_202412_torchtitan.md -----------------------------------------------
+
+_T1 = ("Table 1** 1D Parallelism (FSDP). Llama 3.1 8B model. 8 GPUs. Local batch size 2, global batch size 16. "
+       "Selective activation checkpointing.")
+_T2 = ("Table 2** FSDP + CP + torch.compile + Float8. Llama 3.1 8B model. 8 GPUs. Local batch size 1. "
+       "Full activation checkpointing.")
+_T3 = ("Table 3** 1D Parallelism (FSDP). Llama 3.1 8B model. 128 GPUs. Local batch size 2, global batch size 256. "
+       "Selective activation checkpointing.")
+_T4 = ("Table 4** 2D parallelism (FSDP + TP) + torch.compile + Float8. Llama 3.1 70B model. 256 GPUs (FSDP 32, TP 8). "
+       "Local batch size 16, global batch size 512. Full activation checkpointing.")
+_T5 = ("Table 5** 3D parallelism (FSDP + TP + PP) + torch.compile + Float8 + AsyncTP. Llama 3.1 405B model. "
+       "512 GPUs (FSDP 8, TP 8, PP8). Local batch size 32, global batch size 256. Full activation checkpointing.")
+_T6 = ("Table 6** 4D parallelism (FSDP + TP + PP + CP) + torch.compile + Float8 + AsyncTP + 1F1B. Llama 3.1 405B model. "
+       "512 GPUs (TP 8, PP8). Local batch size 8. Full activation checkpointing.")
+_SEQ8B = (f"seq_len 8192 not stated in the table: torchtitan {_TT9} train_configs/llama3_8b.toml 'seq_len = 8192'. ")
+_SAC = (f"'Selective' = per-op SAC by the default of torchtitan {_TT9} train_configs/llama3_8b.toml "
+        "(\"mode = 'selective'\", \"selective_ac_option = 'op'\"). ")
+_F8 = "Float8 = torchao Float8Linear on nn.Linear (tensorwise scaling at that time). "
+
+CASES = [
+    _row(id="torchtitan-2412-llama3.1-8b-8xh100-fsdp", source=f"{_TT_2412}, table '{_T1}' row '| FSDP | 5,762 | 82.4 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=8, dp_shard=8, local_batch=2, global_batch=16,
+         seq_len=8192, checkpointing="selective-op", compile=False, tokens_per_s_per_gpu=5762, memory_gib=82.4,
+         notes=_H100_GT + _SEQ8B + _SAC + "Text: 1D 8B without Float8 on 8 or 128 GPUs 'achieves 33% to 39% MFU (with or without torch.compile, respectively)' (not per row). " + _TT_FLOPS),
+    _row(id="torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile", source=f"{_TT_2412}, table '{_T1}' row '| FSDP + torch.compile | 6,667 | 77.0 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=8, dp_shard=8, local_batch=2, global_batch=16,
+         seq_len=8192, checkpointing="selective-op", compile=True, tokens_per_s_per_gpu=6667, memory_gib=77.0,
+         notes=_H100_GT + _SEQ8B + _SAC + _TT_FLOPS),
+    _row(id="torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile-float8", source=f"{_TT_2412}, table '{_T1}' row '| FSDP + torch.compile + Float8 | 8,532 | 76.8 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=8, dp_shard=8, local_batch=2, global_batch=16,
+         seq_len=8192, checkpointing="selective-op", compile=True, float8=True, tokens_per_s_per_gpu=8532, memory_gib=76.8,
+         notes=_H100_GT + _SEQ8B + _SAC + _F8 + "The file reports no MFU with Float8 ('the definition of MFU under such scenario is not well-defined')."),
+]
+
+for _fsdp, _cp, _seq, _tps, _mem, _txt in [
+        (8, 1, 32768, 3890, 83.9, "| FSDP 8, CP 1 | 32768 | 3,890 | 83.9 |"),
+        (4, 2, 65536, 2540, 84.2, "| FSDP 4, CP 2 | 65536 | 2,540 | 84.2 |"),
+        (2, 4, 131072, 1071, 84.0, "| FSDP 2, CP 4 | 131072 | 1,071 | 84.0 |"),
+        (1, 8, 262144, 548, 84.5, "| FSDP 1, CP 8 | 262144 | 548 | 84.5 |")]:
+    CASES.append(_row(
+        id=f"torchtitan-2412-llama3.1-8b-8xh100-fsdp{_fsdp}-cp{_cp}-seq{_seq}", source=f"{_TT_2412}, table '{_T2}' row '{_txt}'",
+        model="meta-llama/llama-3.1-8b", hardware="h100", devices=8, cp=_cp, dp_shard=_fsdp, local_batch=1,
+        global_batch=_fsdp, seq_len=_seq, checkpointing="full", compile=True, float8=True, tokens_per_s_per_gpu=_tps,
+        memory_gib=_mem,
+        notes=_H100_GT + _F8 + f"global_batch derived: local batch 1 x FSDP {_fsdp} data-parallel ranks (CP ranks share one sequence)."))
+
+CASES += [
+    _row(id="torchtitan-2412-llama3.1-8b-128xh100-fsdp", source=f"{_TT_2412}, table '{_T3}' row '| FSDP | 5,605 | 67.0 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=128, dp_shard=128, local_batch=2, global_batch=256,
+         seq_len=8192, checkpointing="selective-op", compile=False, tokens_per_s_per_gpu=5605, memory_gib=67.0,
+         notes=_H100_GT + _SEQ8B + _SAC + "16 hosts over RDMA. " + _TT_FLOPS),
+    _row(id="torchtitan-2412-llama3.1-8b-128xh100-fsdp-compile", source=f"{_TT_2412}, table '{_T3}' row '| FSDP + torch.compile | 6,514 | 62.0 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=128, dp_shard=128, local_batch=2, global_batch=256,
+         seq_len=8192, checkpointing="selective-op", compile=True, tokens_per_s_per_gpu=6514, memory_gib=62.0,
+         notes=_H100_GT + _SEQ8B + _SAC + "16 hosts over RDMA. " + _TT_FLOPS),
+    _row(id="torchtitan-2412-llama3.1-8b-128xh100-fsdp-compile-float8", source=f"{_TT_2412}, table '{_T3}' row '| FSDP + torch.compile + Float8 | 8,380 | 61.8 |'",
+         model="meta-llama/llama-3.1-8b", hardware="h100", devices=128, dp_shard=128, local_batch=2, global_batch=256,
+         seq_len=8192, checkpointing="selective-op", compile=True, float8=True, tokens_per_s_per_gpu=8380, memory_gib=61.8,
+         notes=_H100_GT + _SEQ8B + _SAC + _F8 + "16 hosts over RDMA."),
+    _row(id="torchtitan-2412-llama3.1-70b-256xh100-fsdp32-tp8", source=f"{_TT_2412}, table '{_T4}' row '| 2D | 829 | 71.9 |'",
+         model="meta-llama/llama-3.1-70b", hardware="h100", devices=256, tp=8, dp_shard=32, local_batch=16, global_batch=512,
+         seq_len=8192, checkpointing="full", compile=True, float8=True, async_tp=False, tokens_per_s_per_gpu=829, memory_gib=71.9,
+         notes=_H100_GT + _F8 + f"seq_len from torchtitan {_TT9} train_configs/llama3_70b.toml 'seq_len = 8192'. TP within a host (8 GPUs per host)."),
+    _row(id="torchtitan-2412-llama3.1-70b-256xh100-fsdp32-tp8-asynctp", source=f"{_TT_2412}, table '{_T4}' row '| 2D + AsyncTP | 876 | 67.6 |'",
+         model="meta-llama/llama-3.1-70b", hardware="h100", devices=256, tp=8, dp_shard=32, local_batch=16, global_batch=512,
+         seq_len=8192, checkpointing="full", compile=True, float8=True, async_tp=True, tokens_per_s_per_gpu=876, memory_gib=67.6,
+         notes=_H100_GT + _F8 + f"seq_len from torchtitan {_TT9} train_configs/llama3_70b.toml 'seq_len = 8192'."),
+    _row(id="torchtitan-2412-llama3.1-405b-512xh100-fsdp8-tp8-pp8-1f1b", source=f"{_TT_2412}, table '{_T5}' row '| 1F1B | 100 | 82.5 |'",
+         model="meta-llama/llama-3.1-405b", hardware="h100", devices=512, tp=8, pp=8, pp_schedule="1F1B", dp_shard=8,
+         local_batch=32, global_batch=256, seq_len=8192, checkpointing="full", compile=True, float8=True, async_tp=True,
+         tokens_per_s_per_gpu=100, memory_gib=82.5,
+         notes=_H100_GT + _F8 + f"seq_len from torchtitan {_TT9} train_configs/llama3_405b.toml 'seq_len = 8192'. Microbatch count not stated; "
+               f"{_TT9} torchtitan/config_manager.py pipeline_parallel_microbatches default: 'the number of pipeline stages' (8 for 1F1B). Memory: 'the maximum across all GPUs'."),
+    _row(id="torchtitan-2412-llama3.1-405b-512xh100-fsdp8-tp8-pp8-interleaved1f1b", source=f"{_TT_2412}, table '{_T5}' row '| Interleaved 1F1B | 128 | 72.7 |'",
+         model="meta-llama/llama-3.1-405b", hardware="h100", devices=512, tp=8, pp=8, pp_schedule="Interleaved1F1B", dp_shard=8,
+         local_batch=32, global_batch=256, seq_len=8192, checkpointing="full", compile=True, float8=True, async_tp=True,
+         tokens_per_s_per_gpu=128, memory_gib=72.7,
+         notes=_H100_GT + _F8 + f"seq_len from {_TT9} train_configs/llama3_405b.toml. Stages per rank and microbatch count not stated "
+               "(default microbatches = number of pipeline stages). Memory: 'the maximum across all GPUs'."),
+]
+
+for _fsdp, _cp, _seq, _tps, _mem, _txt in [
+        (8, 1, 32768, 76, 75.3, "| FSDP 8, CP 1 | 32768 | 76 | 75.3 |"),
+        (4, 2, 65536, 47, 75.9, "| FSDP 4, CP 2 | 65536 | 47 | 75.9 |"),
+        (2, 4, 131072, 31, 77.1, "| FSDP 2, CP 4 | 131072 | 31 | 77.1 |"),
+        (1, 8, 262144, 16, 84.9, "| FSDP 1, CP 8 | 262144 | 16 | 84.9 |")]:
+    CASES.append(_row(
+        id=f"torchtitan-2412-llama3.1-405b-512xh100-fsdp{_fsdp}-tp8-pp8-cp{_cp}-seq{_seq}", source=f"{_TT_2412}, table '{_T6}' row '{_txt}'",
+        model="meta-llama/llama-3.1-405b", hardware="h100", devices=512, tp=8, pp=8, pp_schedule="1F1B", cp=_cp, dp_shard=_fsdp,
+        local_batch=8, global_batch=8 * _fsdp, seq_len=_seq, checkpointing="full", compile=True, float8=True, async_tp=True,
+        tokens_per_s_per_gpu=_tps, memory_gib=_mem,
+        notes=_H100_GT + _F8 + f"global_batch derived: local batch 8 x FSDP {_fsdp}. Microbatch count not stated (default = number of pipeline stages). "
+              "Memory: 'the maximum across all GPUs'."))
+
+# --- torchtitan, benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md ------------------------------------------
+
+_A70 = "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC,  local batch size 16"
+_A8 = "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12"
+_ATP_NOTE = (_H100_GT + "Column header is 'Vanilla TP tokens/sec' / 'Async TP tokens/sec'; read here as per GPU (the 2024-12 file's "
+             "same 70B float8 2D layout gives 829 TPS/GPU; an assumption, the file does not say 'per GPU'). Model named 'Llama3' "
+             "(section 'Models: Llama 3.1 8B, 70B'). torchtitan 820504e (2025-06-13), torch 38410cf9. "
+             "seq_len not stated: torchtitan 820504e20d1149fbf0b98c567af24c4b0433b22d torchtitan/models/llama3/train_configs/"
+             "llama3_{8b,70b}.toml 'seq_len = 8192'. ")
+for _size, _title, _rows in [
+        ("70b", _A70, [("bf16", False, 597.3, 652.4, "| None (bfloat16)   | 597.3 | 652.4 | 1.09 |"),
+                       ("float8-tensorwise", True, 809.8, 942.4, "| float8 tensorwise | 809.8 | 942.4 | 1.16 |"),
+                       ("float8-rowwise", True, 599.6, 624.8, "| float8 rowwise    | 599.6 | 624.8 | 1.04 |")]),
+        ("8b", _A8, [("bf16", False, 4378, 4809.4, "| None (bfloat16)   | 4378   | 4809.4 | 1.10 |"),
+                     ("float8-tensorwise", True, 5078.1, 5570.1, "| float8 tensorwise | 5078.1 | 5570.1 | 1.10 |"),
+                     ("float8-rowwise", True, 3708.5, 3914.9, "| float8 rowwise    | 3708.5 | 3914.9 | 1.06 |")])]:
+    for _q, _f8, _van, _asy, _txt in _rows:
+        for _async, _tps in [(False, _van), (True, _asy)]:
+            CASES.append(_row(
+                id=f"torchtitan-2506-asynctp-llama3-{_size}-{'256' if _size == '70b' else '64'}xh100-{_q}-{'asynctp' if _async else 'vanillatp'}",
+                source=f"{_TT_ATP}, table '#### {_title}' row '{_txt}' ({'Async TP' if _async else 'Vanilla TP'} tokens/sec column)",
+                model="meta-llama/llama-3.1-70b" if _size == "70b" else "meta-llama/llama-3.1-8b", hardware="h100",
+                devices=256 if _size == "70b" else 64, tp=8, dp_shard=32 if _size == "70b" else 8,
+                local_batch=16 if _size == "70b" else 12,
+                global_batch=16 * 32 if _size == "70b" else 12 * 8, seq_len=8192,
+                checkpointing="full" if _size == "70b" else "selective-op", compile=True, float8=_f8, async_tp=_async,
+                tokens_per_s_per_gpu=_tps,
+                notes=_ATP_NOTE + f"Quantization: {_q}. global_batch derived: local batch x FSDP degree. "
+                      + ("Float8 rowwise: the file notes 'the low baseline performance of the vanilla TP float8 rowwise training is being addressed' (torchtitan issue 1207). " if _q == "float8-rowwise" else "")))
+
+# --- torchtitan, benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md -----------------------------------------
+
+_H200_CFG = ("Command: '--job.config-file torchtitan/models/llama3/train_configs/llama3_8b.toml --training.local_batch_size=2 "
+             "--training.compile --model.converters=\"quantize.linear.float8\" --quantize.linear.float8.enable_fsdp_float8_all_gather "
+             "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp --quantize.linear.float8.force_recompute_fp8_weight_in_bwd'; "
+             "torchtitan e7c0cae934df78d6e9c2835f42ff1f757dc3fddc, whose llama3_8b.toml has 'seq_len = 8192', 'data_parallel_shard_degree = -1', "
+             "'tensor_parallel_degree = 1', mode = \"selective\", selective_ac_option = \"op\". Hardware: '8 NVIDIA H200 GPUs connected via NVLink', "
+             "'400Gb/s (Mellanox CX-7) per GPU'. TPS and memory 'arbitrarily sampled at the 100th iteration'. Trainy team on WhiteFiber, June 2025. ")
+CASES += [
+    _row(id="torchtitan-2506-trainy-llama3.1-8b-32xh200-fsdp-compile-float8",
+         source=f"{_TT_H200}, table under '### Results' row '| 4 | 10938 | 47.96 |' (NUM_NODES 4)",
+         model="meta-llama/llama-3.1-8b", hardware="h200", devices=32, dp_shard=32, local_batch=2, global_batch=64,
+         seq_len=8192, checkpointing="selective-op", compile=True, float8=True, tokens_per_s_per_gpu=10938, memory_gib=47.96,
+         notes=_H200_CFG + "global_batch derived: 2 x 32."),
+    _row(id="torchtitan-2506-trainy-llama3.1-8b-64xh200-fsdp-compile-float8",
+         source=f"{_TT_H200}, table under '### Results' row '| 8 | 10753 | 46.97 |' (NUM_NODES 8)",
+         model="meta-llama/llama-3.1-8b", hardware="h200", devices=64, dp_shard=64, local_batch=2, global_batch=128,
+         seq_len=8192, checkpointing="selective-op", compile=True, float8=True, tokens_per_s_per_gpu=10753, memory_gib=46.97,
+         notes=_H200_CFG + "global_batch derived: 2 x 64."),
+]
+
+# --- torchtitan, quantization docs (Blackwell) -----------------------------------------------------------------
+
+_MX_T = ("Single-node training on 8x power limited B200 GPUs, batch size 1, sequence length 8192, steps 100, torch.compile, "
+         "FSDP2, per-op SAC:")
+_MX_NOTE = ("The file does not name the model of this table (it cites 'TorchAO MX Formats Benchmarks', "
+            "pytorch/ao torchao/prototype/mx_formats README); 'power limited B200' (limit not stated); 'Peak Memory (GB)' column "
+            "recorded in memory_gib as printed (unit GB); tokens/s is the 'Median tokens/s' (per GPU not stated). "
+            "torchtitan 6fc499f6f5b32151a799188be2208cfb09faed30, pytorch 2.9.0.dev20250815+cu128. ")
+for _q, _f8, _mem, _tps, _txt in [
+        ("bf16", False, 33.71, 8307.5, "| None (bfloat16)        | 33.71           | 8307.5          | -                 |"),
+        ("mxfp8-cublas", True, 33.88, 9969.0, "| mxfp8_cublas           | 33.88           | 9969.0          | +20.0%            |"),
+        ("mxfp8-cublas-rceil", True, 33.88, 9642.0, "| mxfp8_cublas_rceil     | 33.88           | 9642.0          | +16.1%            |"),
+        ("float8-tensorwise", True, 33.38, 10417.0, "| float8 tensorwise      | 33.38           | 10417.0         | +25.4%            |")]:
+    CASES.append(_row(
+        id=f"torchtitan-mxfp8doc-dense-8xb200-{_q}", source=f"{_TT_MX}, section '#### Dense Models', table '{_MX_T}' row '{_txt}'",
+        model=None, hardware="b200", devices=8, dp_shard=8, local_batch=1, global_batch=8, seq_len=8192,
+        checkpointing="selective-op", compile=True, float8=_f8, tokens_per_s_per_gpu=_tps, memory_gib=_mem,
+        notes=_MX_NOTE + f"Recipe: {_q} (float8=True here means any 8-bit recipe: mxfp8 or float8). global_batch derived: 1 x 8.",
+        model_note="not named in the source"))
+
+_SCOUT_NOTE = ("Text: '512 GPU training on 64 node GB200 cluster' but the config list says 'Parallelisms (64 nodes of 4 devices each = 256 "
+               "chips)', 'FSDP=256 (on attention layers, shared experts, dense layer FFNs) and 256/4=64 (on routed experts)', 'EP=16 (on "
+               "routed experts)', 'Sequence length: 8192', 'Local batch size: 10', \"Activation checkpointing mode: `none`\", "
+               "'`torch.compile` enabled', mxfp8 on routed experts' grouped GEMMs and on linears except output, router.gate, wk, wv. "
+               "devices recorded as 256 (the config list; the '512 GPU' heading conflicts, perhaps counting the GB200's two dies). "
+               "'Median tokens/s' (per GPU not stated). Llama 4 Scout is not in the catalog (catalog has llama-4-maverick-17b-128e only). ")
+CASES += [
+    _row(id="torchtitan-mxfp8doc-llama4-scout-gb200-bf16",
+         source=f"{_TT_MX}, section '#### MoE models', table after '512 GPU training on 64 node GB200 cluster:' row '| None (bfloat16)        | 6169            | -                 |'",
+         model=None, model_note="Llama4 Scout (torchtitan llama4 flavor; dimensions not given in this source)", hardware="gb200",
+         devices=256, dp_shard=256, ep=16, local_batch=10, global_batch=2560, seq_len=8192, checkpointing="none", compile=True,
+         float8=False, tokens_per_s_per_gpu=6169, notes=_SCOUT_NOTE + "global_batch derived: 10 x 256."),
+    _row(id="torchtitan-mxfp8doc-llama4-scout-gb200-mxfp8",
+         source=f"{_TT_MX}, section '#### MoE models', table after '512 GPU training on 64 node GB200 cluster:' row '| mxfp8                  | 7401            | +20.3%            |'",
+         model=None, model_note="Llama4 Scout (torchtitan llama4 flavor; dimensions not given in this source)", hardware="gb200",
+         devices=256, dp_shard=256, ep=16, local_batch=10, global_batch=2560, seq_len=8192, checkpointing="none", compile=True,
+         float8=True, tokens_per_s_per_gpu=7401, notes=_SCOUT_NOTE + "float8=True here means mxfp8. global_batch derived: 10 x 256."),
+]
+
+_FP4_L = ("### Llama 3 8B 200M-Token Evidence: 'eager + `torch.compile` runs trained Llama 3 8B on C4 for 200M tokens with global batch "
+          "size 128 (local batch size 32, FSDP degree 4). Results are reported at step 760.'")
+_FP4_Q = ("### Qwen3 8B 200M-Token Evidence / #### Random Initialization: 'global batch size 64 (local batch size 16, FSDP degree 4), "
+          "sequence length 2048'")
+_FP4_NOTE = ("Hardware: the file requires 'NVIDIA Blackwell SM100 or later GPU' and does not name the SKU; memory percentages imply a "
+             "capacity of about 184 GiB (110.95 GiB = 60.2%). Usage command for Llama: 'torchrun --standalone --nproc_per_node 4', "
+             "'--training.num_tokens_per_microbatch_per_dp_rank 65536', '--training.max_context_length 2048' (65536 = 32 x 2048). "
+             "Activation checkpointing not stated. PyTorch 2.14.0a0+gitd9abf9e, TorchAO 0.18.0+gitcb76f29. 'Tokens/sec (per GPU)'. ")
+for _name, _q, _tps, _mem, _txt in [
+        ("llama", "nvfp4-bf16-tail", 30040, 110.95, "| NVFP4 (bf16 tail) | 1.2715 | 30,040 | 110.95 GiB (60.2%) |"),
+        ("llama", "mxfp8", 28084, 179.94, "| MXFP8 | 1.2671 | 28,084 | 179.94 GiB (97.6%) |"),
+        ("llama", "bf16", 21919, 174.49, "| BF16 | 1.2738 | 21,919 | 174.49 GiB (94.7%) |"),
+        ("qwen", "nvfp4-bf16-tail", 26732, 78.63, "| NVFP4 (bf16 tail) | 3.82986 | 26,732 | 78.63 GiB (42.67%) |"),
+        ("qwen", "mxfp8", 27587, 112.63, "| MXFP8 | 3.81545 | 27,587 | 112.63 GiB (61.12%) |"),
+        ("qwen", "bf16", 20913, 112.88, "| BF16 | 3.81439 | 20,913 | 112.88 GiB (61.25%) |")]:
+    _llama = _name == "llama"
+    CASES.append(_row(
+        id=f"torchtitan-nvfp4doc-{'llama3-8b' if _llama else 'qwen3-8b'}-4xblackwell-{_q}",
+        source=f"{_TT_FP4}, section '{_FP4_L if _llama else _FP4_Q}' row '{_txt}'",
+        model="meta-llama/llama-3.1-8b" if _llama else "qwen/qwen3-8b", hardware="blackwell-unspecified", devices=4, dp_shard=4,
+        local_batch=32 if _llama else 16, global_batch=128 if _llama else 64, seq_len=2048, compile=True,
+        float8=_q != "bf16", tokens_per_s_per_gpu=_tps, memory_gib=_mem,
+        notes=_FP4_NOTE + ("Model named 'Llama 3 8B' (config 'llama3_8b_first_85_pct_layers_nvfp4'; 32 layers; torchtitan's llama3 8B flavor is Llama 3.1 8B); seq_len 2048 from the usage command. "
+                           if _llama else "Qwen3 8B, 'Peak Reserved Memory'; 1,526 optimizer steps, reported at step 1,520. ")
+              + f"Recipe: {_q} (float8=True means any sub-16-bit recipe; NVFP4 'layers 0-26 use NVFP4 and layers 27-31 remain bf16' for Llama)."))
+
+# --- Megatron-LM, README.md 'Performance Benchmarking' (images/model_table.png) --------------------------------
+
+_MG_NOTE = ("GPT models, 'Vocabulary size: 131,072 tokens', 'Sequence length: 4,096 tokens'; H100 ('up to 47% Model FLOP Utilization "
+            "(MFU) on H100 clusters'); Megatron-Core r0.8.0 (figure legends). Overlap flags: --overlap-grad-reduce, --overlap-param-gather, "
+            "--tp-comm-overlap, PP overlap by default. Precision, micro-batch, FFN size, activation recomputation, virtual-pipeline size "
+            "and sequence parallelism are not stated. Data parallel is the distributed optimizer / DDP (not FSDP): recorded as "
+            "dp_replicate. 'Batch size' is the global batch in sequences. MFU/TFLOP/s use Megatron's num_floating_point_operations "
+            "(12*B*s*l*h^2*(...), full non-causal attention term, logits included, no recomputation); MFU ~ TFLOP/s / 989 "
+            "(e.g. 465.9/989 = 0.471). async_tp is set True where TP > 1 because of --tp-comm-overlap (Transformer Engine's overlap of TP communication with the GEMMs, Megatron's counterpart of async TP); float8 None: precision not stated. ")
+for _size, _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg in [
+        ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8, 0.41, 19.6),
+        ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9, 0.47, 44.7),
+        ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1, 0.49, 93.9),
+        ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6, 0.46, 176.5),
+        ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7, 0.42, 322.3),
+        ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5, 0.43, 645.9),
+        ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8, 0.44, 997.2),
+        ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4, 0.48, 1457.4),
+        ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9, 0.47, 2825.6)]:
+    CASES.append(_row(
+        id=f"megatron-readme-gpt-{_size.lower()}-{_gpus}xh100-tp{_tp}-pp{_pp}",
+        source=(f"{_MG_TABLE}, columns 'Model size | Attention heads | Hidden size | Number of layers | Tensor MP size | Pipeline MP size | "
+                f"Data-parallel size | Number of GPUs | Batch size | Per-GPU teraFLOP/s | MFU | Aggregate petaFLOP/s', row "
+                f"'{_size} | {_heads} | {_hidden} | {_layers} | {_tp} | {_pp} | {_dp} | {_gpus} | {_batch} | {_tf} | {round(_mfu * 100)}% | {_agg}'"),
+        model=None,
+        model_note=f"GPT-style {_size}: {_layers} layers, hidden {_hidden}, {_heads} heads, vocab 131072 (ffn size not stated)",
+        hardware="h100", devices=_gpus, tp=_tp, pp=_pp, pp_schedule=None, dp_shard=1, dp_replicate=_dp, local_batch=_batch // _dp,
+        global_batch=_batch, seq_len=4096, compile=None, float8=None, async_tp=(_tp > 1) or None, tflops_per_gpu=_tf, mfu=_mfu,
+        notes=_MG_NOTE + f"local_batch derived: {_batch} / DP {_dp}. Aggregate petaFLOP/s {_agg}. "
+              + ("The 177B row is the README's 'standard GPT-3 model (slightly more than 175 billion parameters due to larger vocabulary size)'; "
+                 "the catalog's openai/gpt-3-175b has a smaller vocabulary. " if _size == "177B" else "")))
+
+# --- Megatron-LM, examples/llama/README.md 'FP8 Performance' ---------------------------------------------------
+
+_MGL_NOTE = ("Columns 'Model | #-GPUs | GBS | MBS | Seq Length | TP | PP | CP | VP | EP | GA | Tokens/sec/GPU | TFLOP/sec/GPU'. "
+             "Hardware not printed in the table; the section's script is examples/llama/train_llama3_8b_h100_fp8.sh ('FP8 format: hybrid') "
+             "and 'This configuration follows those defined in NeMo Framework's performance scripts'. Recomputation not stated. "
+             "DP = GPUs / (TP*PP*CP) derived; local_batch = GBS/DP = MBS x GA (derived). Precision FP8 (hybrid). "
+             "TFLOP/s use Megatron's FLOP count (see module docstring); MFU against an FP8 peak is not given. ")
+for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
+        ("llama3-8b", 8, 128, 1, 1, 1, 2, 1, 32, 13812, 800, "| LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 1 | 32 | 13812 | 800 |", "meta-llama/meta-llama-3-8b"),
+        ("llama3-70b", 64, 128, 1, 4, 8, 1, 5, 64, 1621, 780, "| LLAMA3-70B | 64 | 128 | 1 | 8192 | 4 | 8 | 1 | 5 | 1 | 64 | 1621 | 780 |", "meta-llama/meta-llama-3-70b"),
+        ("llama3-405b", 1024, 512, 1, 8, 8, 2, 8, 64, 315, 834, "| LLAMA3-405B | 1024 | 512 | 1 | 8192 | 8 | 8 | 2 | 8 | 1 | 64 | 315 | 834 |", "meta-llama/llama-3.1-405b")]:
+    _dp = _g // (_tp * _pp * _cp)
+    CASES.append(_row(
+        id=f"megatron-examples-{_m}-{_g}xh100-fp8", source=f"{_MG_LLAMA} row '{_txt}'",
+        model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp, pp=_pp,
+        pp_schedule="Interleaved1F1B" if _vp > 1 else ("1F1B" if _pp > 1 else None), dp_shard=1, dp_replicate=_dp,
+        local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True, async_tp=None,
+        tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf,
+        notes=_MGL_NOTE + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
+              + ("405B exists only as Llama 3.1. " if _m == "llama3-405b" else "")))
+
+# --- Megatron-LM, MoE README (v0.9 claim) ---------------------------------------------------------------------
+
+CASES.append(_row(
+    id="megatron-moe-readme-mixtral-8x7b-bf16-468tflops",
+    source=("NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md at commit 4015ff17658cc7ac622cc0f5a3be254dc384f26f, line 3: "
+            "'With MCore v0.9, we've achieved remarkable performance of **468 TFLOPS** for Mixtral 8X7B bf16 training.'"),
+    model="mistralai/mixtral-8x7b-v0.1", hardware="h100", devices=None, tp=None, cp=None, pp=None, dp_shard=None, dp_replicate=None,
+    ep=None, seq_len=None, compile=None, float8=False, async_tp=None, tflops_per_gpu=468,
+    notes=("The claim gives no layout. The same file's 'Reference Best Parallel Mapping' (MCore v0.8) lists '| Mixtral 8x7B(Dropless)  |   32K     "
+           "| All-to-All | BF16      | 64    | 4096    | 1  | 8  | 4  | 8  | 1   | 256 |' (Vocab, Dispatcher, Precision, #GPUs, SEQ LEN, TP, EP, PP, "
+           "VP, MBS, GBS) with 'Detailed Benchmark Information: Server: 8xH100 80GB HBM3, NVLink 4th Generation, InfiniBand 8x400 Gbit/s'; "
+           "whether the 468 TFLOPS was measured with that mapping is not said, so the layout fields stay None. Hardware H100 is from that "
+           "benchmark-information block (an inference). Megatron's FLOP count for MoE counts topk routed experts (see module docstring).")))
+
+# --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
+
+_L3_NOTE = ("H100 80GB HBM3 at 700W (section 3.3.1), RoCE 400 Gbps. 'Batch size/DP' (sequences per DP group per step) recorded as "
+            "local_batch; global_batch derived = DP x Batch size/DP. DP is FSDP ('DP stands for FSDP'); 'for model shards we do not "
+            "reshard after forward computation'. Order of dimensions [TP, CP, PP, DP]. Pipeline: 'an interleaved schedule (Narayanan "
+            "et al., 2021) with V pipeline stages on one pipeline rank' with a tunable number N of contiguous micro-batches (V, N not "
+            "stated); first and last stages each have one fewer Transformer layer. 'BF16 Model FLOPs Utilization (MFU; Chowdhery et al. "
+            "(2023))'; the FLOP formula and the peak are not restated (430 TFLOPs at 43% puts the peak near 1000 TFLOP/s, i.e. H100 SXM dense BF16). "
+            "tokens_per_s_per_gpu is not printed. ")
+CASES += [
+    _row(id="llama3-paper-table4-405b-8192xh100-tp8-pp16-dp64", source=f"{_L3}, row '8,192 | 8 | 1 | 16 | 64 | 8,192 | 32 | 16M | 430 | 43%'",
+         model="meta-llama/llama-3.1-405b", hardware="h100", devices=8192, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
+         dp_shard=64, local_batch=32, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=430, mfu=0.43,
+         notes=_L3_NOTE + "Checkpointing: 'we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing.' "
+               "global_batch 64 x 32 = 2048 sequences = 16.8M tokens ('16M')."),
+    _row(id="llama3-paper-table4-405b-16384xh100-tp8-pp16-dp128", source=f"{_L3}, row '16,384 | 8 | 1 | 16 | 128 | 8,192 | 16 | 16M | 400 | 41%'",
+         model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
+         dp_shard=128, local_batch=16, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=400, mfu=0.41,
+         notes=_L3_NOTE + "Checkpointing as the 8K row. Text: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs "
+               "with DP=64 is due to the lower batch size per DP group needed to keep the global tokens per batch constant during training.'"),
+    _row(id="llama3-paper-table4-405b-16384xh100-tp8-cp16-pp16-seq131072", source=f"{_L3}, row '16,384 | 8 | 16 | 16 | 4 | 131,072 | 16 | 16M | 380 | 38%'",
+         model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=16, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
+         dp_shard=8, local_batch=16, global_batch=128, seq_len=131072, checkpointing=None, compile=None, async_tp=None, tflops_per_gpu=380, mfu=0.38,
+         notes=_L3_NOTE + "DP: the arXiv PDF prints 4 (some copies print 8); dp_shard 8 is derived: 16,384 / (8 x 16 x 16) = 8, and 8 x 16 x 131,072 "
+               "= 16.8M tokens matches '16M' (DP 4 would give 8,192 GPUs and 8.4M tokens). global_batch derived 8 x 16 = 128 sequences. "
+               "CP is all-gather based (K, V all-gathered), input split into 2 x CP chunks for load balance. Activation checkpointing "
+               "for 128K is not stated."),
+]
+
+del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
+del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
