@@ -55,7 +55,11 @@ computed by this project except where a note says 'derived', with the arithmetic
 
 Not found: the torchtitan paper's own tables (arXiv 2410.06511) could not be read from any stored copy (a third
 party quotes 6,258 -> 9,409 tok/s for its 8-GPU Table 1, different from the benchmark file above; not recorded);
-MosaicML llm-foundry and NeMo performance tables were not mined in the time available.
+NVIDIA NeMo / Megatron Bridge performance tables were not mined in the time available.
+
+* mosaicml/llm-foundry at commit 8c8dd48f72168c5d51e2f7b151595892a8fba43d: scripts/train/benchmarking/README.md,
+  table 'H100 80GB BF16 (Large Scale, >= 128 GPUs)' (18 rows, MPT 1B-70B on 128-512 H100, FSDP, seq 2048). Its
+  other tables (H100 single-node, A100 40/80GB, fp8) were not transcribed in the time available.
 
 Field conventions: devices = total GPUs; dp_shard = FSDP (sharded data-parallel) degree, dp_replicate = plain
 replicas; local_batch = sequences per data-parallel rank per optimizer step as the source states it (for
@@ -368,6 +372,53 @@ CASES.append(_row(
            "VP, MBS, GBS) with 'Detailed Benchmark Information: Server: 8xH100 80GB HBM3, NVLink 4th Generation, InfiniBand 8x400 Gbit/s'; "
            "whether the 468 TFLOPS was measured with that mapping is not said, so the layout fields stay None. Hardware H100 is from that "
            "benchmark-information block (an inference). Megatron's FLOP count for MoE counts topk routed experts (see module docstring).")))
+
+# --- MosaicML llm-foundry, scripts/train/benchmarking/README.md 'H100 80GB BF16 (Large Scale, >= 128 GPUs)' -------
+
+_LF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48f72168c5d51e2f7b151595892a8fba43d "
+       "(file last changed in 495218376830947dce625efabc4d86be7c47cc45), table '## H100 80GB BF16 (Large Scale, >= 128 GPUs)'")
+_LF_COLS = ("Model | SeqLen (T) | # GPUs | GPU | MFU | HFU | Model TFLOP | MicroBatchSize | GradAccum | GlobalBatchSize | "
+            "Throughput (S/s) | Throughput (T/s) | Throughput (T/s/GPU) | GlobalBatchSize (T) | Precision | MP Mode | Sharding Strategy | "
+            "Activation Checkpointing | Activation CPUOffload | NumParams")
+_LF_NOTE = ("MPT models (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; dimensions not in the table), trained with Composer FSDP on "
+            "the MosaicML platform. MFU convention (same file, '### MFU'): (3 * 2 * n_params * seq_len + 3 * n_layers * 2 * 2 * d_model * "
+            "seq_len**2) * seq_per_sec / (gpu_num * GPU_AVAILABLE_FLOPS); 'All FLOP calculations exclude the operations required for "
+            "normalization, activation, and residuals'; HFU adds one forward for activation checkpointing. local_batch = MicroBatchSize x "
+            "GradAccum (per GPU per step; GlobalBatchSize / # GPUs). Sharding FULL_SHARD = FSDP (ZeRO-3), SHARD_GRAD_OP = ZeRO-2 (gradients "
+            "and optimizer state sharded, parameters kept whole after forward); both recorded as dp_shard = # GPUs. Activation "
+            "Checkpointing True recorded as 'full' (the HFU formula counts one extra forward pass). torch.compile not stated. ")
+_LF_ROWS = """
+|  70b | 2048 | 512 | h100_80gb | 41.25 | 55.0 | 408 | 8 | 1 | 4096 | 251 | 515636 | 1007 | 8388608 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 64862437376 |
+|  70b | 2048 | 256 | h100_80gb | 42.42 | 56.56 | 419 | 8 | 1 | 2048 | 129 | 265149 | 1035 | 4194304 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 64862437376 |
+|  70b | 2048 | 128 | h100_80gb | 43.36 | 57.81 | 428 | 8 | 1 | 1024 | 66 | 135490 | 1058 | 2097152 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 64862437376 |
+|  30b | 2048 | 512 | h100_80gb | 40.27 | 53.69 | 398 | 8 | 1 | 4096 | 528 | 1083366 | 2115 | 8388608 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 2048 | 256 | h100_80gb | 40.89 | 54.52 | 404 | 8 | 1 | 2048 | 268 | 550022 | 2148 | 4194304 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 2048 | 128 | h100_80gb | 41.85 | 55.8 | 414 | 8 | 1 | 1024 | 137 | 281491 | 2199 | 2097152 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  13b | 2048 | 512 | h100_80gb | 41.12 | 54.83 | 406 | 16 | 1 | 8192 | 1238 | 2535811 | 4952 | 16777216 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12853954560 |
+|  13b | 2048 | 256 | h100_80gb | 41.42 | 55.23 | 409 | 16 | 1 | 4096 | 623 | 1277214 | 4989 | 8388608 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12853954560 |
+|  13b | 2048 | 128 | h100_80gb | 42.18 | 56.24 | 417 | 16 | 1 | 2048 | 317 | 650264 | 5080 | 4194304 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12853954560 |
+|  7b | 2048 | 512 | h100_80gb | 42.2 | 42.2 | 417 | 6 | 1 | 3072 | 2417 | 4951479 | 9670 | 6291456 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 6658859008 |
+|  7b | 2048 | 256 | h100_80gb | 44.15 | 44.15 | 436 | 6 | 1 | 1536 | 1264 | 2590548 | 10119 | 3145728 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 6658859008 |
+|  7b | 2048 | 128 | h100_80gb | 45.71 | 45.71 | 452 | 6 | 1 | 768 | 654 | 1340830 | 10475 | 1572864 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 6658859008 |
+|  3b | 2048 | 512 | h100_80gb | 39.24 | 39.24 | 388 | 8 | 1 | 4096 | 5416 | 11092218 | 21664 | 8388608 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 2651837440 |
+|  3b | 2048 | 256 | h100_80gb | 41.25 | 41.25 | 408 | 8 | 1 | 2048 | 2846 | 5829686 | 22772 | 4194304 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 2651837440 |
+|  3b | 2048 | 128 | h100_80gb | 42.43 | 42.43 | 419 | 8 | 1 | 1024 | 1463 | 2998098 | 23422 | 2097152 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 2651837440 |
+|  1b | 2048 | 512 | h100_80gb | 36.65 | 36.65 | 362 | 12 | 1 | 6144 | 9959 | 20396905 | 39837 | 12582912 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 1315950592 |
+|  1b | 2048 | 256 | h100_80gb | 39.15 | 39.15 | 387 | 12 | 1 | 3072 | 5319 | 10894207 | 42555 | 6291456 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 1315950592 |
+|  1b | 2048 | 128 | h100_80gb | 40.6 | 40.6 | 401 | 12 | 1 | 1536 | 2757 | 5647854 | 44123 | 3145728 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 1315950592 |
+"""
+for _line in _LF_ROWS.strip().splitlines():
+    _c = [x.strip() for x in _line.strip().strip("|").split("|")]
+    _gpus, _mb, _ga, _gbs = int(_c[2]), int(_c[7]), int(_c[8]), int(_c[9])
+    CASES.append(_row(
+        id=f"llmfoundry-mpt-{_c[0]}-{_gpus}xh100-seq{_c[1]}", source=f"{_LF}, columns '{_LF_COLS}', row '{_line.strip()}'",
+        model=None, model_note=f"MPT-{_c[0]}, NumParams {_c[19]}", hardware="h100", devices=_gpus, dp_shard=_gpus,
+        local_batch=_gbs // _gpus, global_batch=_gbs, seq_len=int(_c[1]),
+        checkpointing="full" if _c[17] == "True" else "none", compile=None, float8=False,
+        tokens_per_s_per_gpu=int(_c[12]), tflops_per_gpu=float(_c[6]), mfu=round(float(_c[4]) / 100, 4),
+        notes=_LF_NOTE + f"MicroBatchSize {_mb}, GradAccum {_ga}; sharding {_c[16]}; precision {_c[14]}; HFU {_c[5]}%; "
+              f"Throughput {_c[10]} sequences/s, {_c[11]} tokens/s in all."))
+del _line, _c, _mb
 
 # --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
 
