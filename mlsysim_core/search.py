@@ -1,5 +1,5 @@
 """Plan search: every valid parallel layout for a device count, the ones that fit, and the
-Pareto front of memory headroom against a documented cost proxy.
+Pareto front of memory headroom against step time (seconds per optimizer step).
 
 A candidate is (tp, cp, pp, dp, ep, data-parallel rule, checkpointing strategy, sequence
 parallelism, micro-batch); dp = devices / (tp x cp x pp), the micro-batch divides
@@ -44,27 +44,22 @@ plugin pipeline; rows are merged in enumeration order, so the result (counts, fi
 front) is the in-process one, field for field. ``workers=1`` evaluates in-process, which
 is also the fallback wherever workers cannot run.
 
-**Cost proxy** (seconds per step, one device; lower is better, assumptions overridable;
-s_r = seq_len / cp is the sequence one rank holds):
+**Step time** (``mlsysim_core.steptime``, derived in docs/planner.md): every layout that fits
+gets seconds per optimizer step, tokens/s and MFU from a model of compute at per-op
+efficiency (matmuls, the fused attention kernel, memory-bound ops, kernel overheads), the
+recompute its checkpointing strategy declares (``CheckpointingSpec.recompute``), the exposed
+communication of each axis (TP collectives on the critical path, the CP ring behind the
+attention it feeds, the EP all-to-all, pipeline send/receive and the 1F1B bubble, the
+data-parallel rule's gathers and reductions behind the compute they overlap) and the
+optimizer step's memory traffic. Layouts are ranked by step time, fastest first; no term is
+keyed on a tp or cp value. The efficiencies are calibrated per accelerator against published
+runs (``steptime.CALIBRATIONS``); other hardware is labelled uncalibrated.
 
-    compute  = 6 x active_params x tokens_per_step / devices / flops x (1 + recompute)
-    bubble   = (pp - 1) / (gas + pp - 1)                      (1F1B / GPipe)
-    tp_comm  = 4 x layers/pp x 2(t-1)/t x s_r x b x h x bytes x gas / tp_bandwidth
-    cp_comm  = 2 x (c-1)/c x b x s x kv_width x bytes x layers/pp x gas / cp_bandwidth   (cp > 1)
-    dp_comm  = 2(d-1)/d x gradient bytes (x1.5 for ZeRO-3) / network_bandwidth,  d = dp x cp
-    pp_comm  = 2 x s_r x b x h x bytes x gas / network_bandwidth        (pp > 1)
-    ep_comm  = 4 x k x s_r x b x h x bytes x gas x layers/pp / network_bandwidth (ep > 1)
-    cost     = compute / (1 - bubble) + tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
-
-cp_comm is ring attention's K/V traffic: each of the c ranks passes its K and V chunk
-(b x s/c tokens x kv_width = kv_heads x head_dim values) around the ring c - 1 times per
-layer, forward and backward together counted as twice the forward's K/V (the backward's
-dK/dV ring traffic is of the same order); cp_bandwidth is tp_bandwidth when tp x cp fits
-in a node, else network_bandwidth. recompute is the extra forward work: 0 (none), 0.03
-(selective; Korthikanti et al. 2023 report 2-4 %), 1/3 (full: one more forward pass over
-fwd + bwd = 3 units); a third-party strategy counts 0 unless ``recompute`` maps its name.
-No overlap of communication and compute is assumed: the proxy ranks layouts, it does not
-predict seconds.
+**Topology**: the hardware's ``peak_bf16_flops``, ``intra_node_bandwidth``,
+``inter_node_bandwidth`` and ``devices_per_node`` (or the ``flops``, ``tp_bandwidth``,
+``network_bandwidth`` overrides); a search on hardware without them is an error naming the
+missing fields. Tensor- and expert-parallel groups stay inside a node (tp x ep <= devices per
+node) unless ``allow_cross_node_tp``; ``max_tp`` caps tp.
 """
 
 from __future__ import annotations
@@ -88,8 +83,7 @@ from .inputs import _hardware as _resolve_hardware, _model as _resolve_model, ch
 from .solver import TrainingMemoryModel, solve_plan
 from .plan import TrainingPlan
 from .specs import DATA
-
-RECOMPUTE = {"none": 0.0, "selective": 0.03, "full": 1 / 3}
+from . import steptime
 
 # The built-in data-parallel rules: each shards over dp x cp ranks, so with dp x cp = 1 each
 # is zero0 (the search enumerates that layout once, as zero0).
@@ -97,7 +91,7 @@ SHARDING_DP_RULES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 
 
 class Candidate(NamedTuple):
-    """One layout that fits, with its memory and cost proxy.
+    """One layout that fits, with its memory and step time.
 
     A named tuple (built in C: a search makes tens of thousands of them): fields by name
     or position, compared and hashed as the tuple of its fields."""
@@ -114,10 +108,11 @@ class Candidate(NamedTuple):
     gradient_accumulation_steps: int
     total_memory: int | float
     headroom: int | float
-    cost: float
-    bubble: float
-    recompute: float
-    communication_bytes: float
+    step_time: float        # seconds per optimizer step
+    tokens_per_s: float     # the whole run's
+    mfu: float              # model FLOPs / (step time x devices x dense bf16 peak)
+    bubble: float           # the pipeline's idle share, (pp - 1) / (gas + pp - 1)
+    recompute: float        # the share of the forward the backward runs again
     pareto: bool = False
 
     def as_row(self) -> dict:
@@ -148,6 +143,20 @@ class PlanSearch:
     # The notes that hold for the whole search (the model's and the run's, the same for every
     # layout: "WARNING:", "approximation:", catalog provenance, LoRA's default targets).
     notes: tuple[str, ...] = ()
+    # What the step-time model read (model figures, hardware, calibration): components() uses it.
+    timing: Mapping[str, object] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def components(self, candidate: Candidate) -> dict:
+        """The candidate's step time, every component in seconds (see ``mlsysim_core.steptime``)."""
+        c = candidate
+        return steptime.step_time(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
+                                  recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
+                                  gas=c.gradient_accumulation_steps, **self.timing)
+
+    def _row(self, candidate: Candidate) -> dict:
+        row = candidate.as_row()
+        row["step_time_components"] = self.components(candidate) if self.timing else {}
+        return row
 
     def to_dict(self) -> dict:
         from .serialization import SCHEMA_VERSION
@@ -155,8 +164,9 @@ class PlanSearch:
                 "model": self.model, "hardware": self.hardware, "devices": self.devices,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "candidates": self.candidates,
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
-                "run": dict(self.run), "notes": list(self.notes),
-                "fits": [c.as_row() for c in self.fits], "pareto": [c.as_row() for c in self.pareto]}
+                "run": dict(self.run), "notes": list(self.notes), "units": UNITS,
+                "calibrated": bool(self.timing) and self.timing["cal"].calibrated,
+                "fits": [self._row(c) for c in self.fits], "pareto": [self._row(c) for c in self.pareto]}
 
     def describe_run(self) -> str:
         """One line: what changes the numbers beside the layout (``run``), in words."""
@@ -173,12 +183,14 @@ class PlanSearch:
         from html import escape
         chosen = (self.pareto if pareto_only else self.fits)[:_rows(rows)]
         head = ("tp", "cp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
-                "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "cost proxy s", "bubble", "Pareto")
+                "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "step s", "tokens/s", "MFU", "bubble",
+                "Pareto")
         body = "".join(
             "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
                 c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "yes" if c.sequence_parallel else "no",
                 c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
-                f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.cost:.4f}", f"{c.bubble:.3f}",
+                f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.step_time:.3f}",
+                f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", f"{c.bubble:.3f}",
                 "*" if c.pareto else "")) + "</tr>" for c in chosen)
         caption = escape(self._summary() + f". {self.describe_run()}"
                          + "".join(f". note: {n}" for n in self.notes)
@@ -196,23 +208,31 @@ class PlanSearch:
         chosen = self.pareto if pareto_only else self.fits
         if rows is None:
             rows = len(chosen)
-        head = f"{self._summary()} (headroom vs cost) [{self.seconds:.2f} s]\n{self.describe_run()}"
+        head = f"{self._summary()} (headroom vs step time) [{self.seconds:.2f} s]\n{self.describe_run()}"
         head += "".join(f"\nnote: {n}" for n in self.notes)
         if self.profile_note:
             head = f"{self.profile_note}\n\n{head}"
         cols = ("tp", "cp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
-                "headroom GB", "cost s", "bubble", "P")
+                "headroom GB", "step s", "tokens/s", "MFU", "bubble", "P")
         lines = [head, "  ".join(f"{c:>11}" if i >= 10 else f"{c:>9}" for i, c in enumerate(cols))]
         for c in chosen[:rows]:
             values = (c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing,
                       "y" if c.sequence_parallel else "n", c.microbatch, c.gradient_accumulation_steps)
             lines.append("  ".join(f"{v:>9}" for v in values) + "  " + "  ".join((
                 f"{c.total_memory * 1e-9:>11.2f}", f"{c.total_memory / 2**30:>11.2f}",
-                f"{c.headroom * 1e-9:>11.2f}", f"{c.cost:>11.4f}", f"{c.bubble:>11.3f}",
+                f"{c.headroom * 1e-9:>11.2f}", f"{c.step_time:>11.3f}", f"{c.tokens_per_s:>11,.0f}",
+                f"{c.mfu:>11.1%}", f"{c.bubble:>11.3f}",
                 f"{'*' if c.pareto else '':>11}")))
         if len(chosen) > rows:
             lines.append(f"... {len(chosen) - rows} more (--json for all)")
         return "\n".join(lines)
+
+
+# The units of a search's JSON rows (what a number means without reading the code).
+UNITS = {"total_memory": "bytes", "headroom": "bytes (capacity - total)", "step_time": "seconds per optimizer step",
+         "tokens_per_s": "tokens per second, the whole run", "mfu": "share of the dense bf16 peak (0-1)",
+         "bubble": "share of the pipeline idle (0-1)", "recompute": "share of the forward run again (0-1)",
+         "step_time_components": "seconds per optimizer step", "assumptions": "FLOP/s, bytes/s, seconds, shares"}
 
 
 def _rows(rows):
@@ -258,7 +278,7 @@ def _one_rank_rules(dp_rules: Sequence[str], installed) -> list[str]:
 
 
 def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-               sequence_parallel, one_rank_rules=None) -> list[tuple]:
+               sequence_parallel, one_rank_rules=None, node=None) -> list[tuple]:
     """Every valid layout, grouped by all but the micro-batch (see the module docstring)."""
     layers = model.layers
     experts = model.experts if model.is_sparse else 1
@@ -279,7 +299,8 @@ def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rul
                 if global_batch % dp:
                     continue
                 micro = _divisors(global_batch // dp)
-                eps = [e for e in _divisors(dp * cp) if e <= experts and experts % e == 0] if model.is_sparse else [1]
+                eps = ([e for e in _divisors(dp * cp) if e <= experts and experts % e == 0
+                        and (node is None or tp * e <= node)] if model.is_sparse else [1])
                 rules = one_rank_rules if dp * cp == 1 else dp_rules    # nothing to shard over: zero0
                 sps = sequence_parallel if tp > 1 else no_tp_sp
                 for ep in eps:
@@ -296,13 +317,15 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  sequence_parallel: Sequence[bool] = (True, False), max_tp: int | None = None,
                  context_parallel: Sequence[int] | None = None,
                  trainable_fraction: float = 1.0, communication_buffer_fraction: float = 0.05,
-                 flops: float = 4e14, tp_bandwidth: float = 450e9, network_bandwidth: float = 50e9,
+                 flops: float | None = None, tp_bandwidth: float | None = None,
+                 network_bandwidth: float | None = None,
                  recompute: Mapping[str, float] | None = None, assume_monotone: bool = True,
                  solver: TrainingMemoryModel | None = None, workers: int | None = None,
                  progress: Callable[[int, int], None] | None = None, profile: str | None = None,
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
                  dropout: float | None = None, runtime_overheads=None, lora=None,
-                 headroom: float | str | None = None) -> PlanSearch:
+                 headroom: float | str | None = None, allow_cross_node_tp: bool = False,
+                 calibration: steptime.Calibration | None = None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -316,6 +339,10 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     fits when total + margin <= capacity (default 0).
     ``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
     ``lora``: measured-grade options, passed to every ``solve`` (as ``solve`` reads them).
+    ``flops``, ``tp_bandwidth``, ``network_bandwidth``: override the hardware's dense bf16 peak
+    FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction).
+    ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
+    step-time efficiencies (default: the accelerator's fitted ones, else ``steptime.DEFAULT``).
     """
     started = time.perf_counter()
     if solver is None:
@@ -335,8 +362,21 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     global_batch = _checks.count("global_batch", global_batch, maximum=SEARCH_MAX)
     seq_len = _checks.count("seq_len", seq_len)
     for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise InvalidInputError(name, value, "a positive finite number")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0 or math.isinf(value)):
+            raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
+    allow_cross_node_tp = _checks.flag("allow_cross_node_tp", allow_cross_node_tp)
+    missing = steptime.missing_topology(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
+                                                   "inter_node_bandwidth": network_bandwidth})
+    if missing:
+        raise InvalidInputError("hardware", hardware.name, "hardware with the planner's topology: "
+                                + ", ".join(steptime.TOPOLOGY_FIELDS),
+                                f"{hardware.name} has no {', '.join(missing)}: add them to its catalog entry or "
+                                "JSON file (or pass flops=, tp_bandwidth=, network_bandwidth=)")
+    if calibration is None:
+        calibration = steptime.calibration_for(hardware.name)
+    elif not isinstance(calibration, steptime.Calibration):
+        raise InvalidInputTypeError("calibration", calibration, "a steptime.Calibration, or None")
     cp_allowed = None
     if context_parallel is not None:
         cp_allowed = _context_sizes(context_parallel, devices, seq_len)
@@ -351,18 +391,17 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     dp_rules = (_names("data_parallel", data_parallel, installed_rules) if data_parallel is not None
                 else sorted(installed_rules))
     sequence_parallel = _flags("sequence_parallel", sequence_parallel)
-    recompute = {**RECOMPUTE, **recompute}
     bytes_ = precision_bytes(precision)
-    max_tp = max_tp or hardware.devices_per_node or 8
-    node = hardware.devices_per_node or 8
+    node = hardware.devices_per_node
+    max_tp = max_tp or (devices if allow_cross_node_tp else node)
+    if not allow_cross_node_tp:
+        max_tp = min(max_tp, node)
     layers = model.layers
-    top_k = model.active_experts_per_token if model.is_sparse else 0
-    active = getattr(model, "active_parameters", model.parameters)
     tokens = global_batch * seq_len
-    h = model.hidden_dim or 4096
-    head_dim = model.head_dim or (h // model.heads if model.heads else None)
-    kv = model.kv_heads or model.heads
-    kv_width = kv * head_dim if kv and head_dim else h
+    fig = steptime.model_figures(model)
+    hw = {"flops": flops or hardware.peak_bf16_flops, "intra": tp_bandwidth or hardware.intra_node_bandwidth,
+          "inter": network_bandwidth or hardware.inter_node_bandwidth,
+          "memory": hardware.memory_bandwidth or 1e12}
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
     measured = registry.profiles[profile].grade == "measured"
     options = {name: value for name, value in (
@@ -376,6 +415,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     first = None
     left_out: list[str] = []
     refusal = None
+    undeclared: list[str] = []
+    shapeless: list[str] = []
     for ckpt in strategies:
         try:
             checked = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1,
@@ -390,11 +431,37 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             continue
         if first is None:
             first = checked
+        if ckpt not in recompute:
+            declared = registry.checkpointing[ckpt].recompute
+            if declared is None:
+                undeclared.append(ckpt)
+            try:
+                recompute[ckpt] = float(declared(_one_device_plan(solver, model, hardware, seq_len, precision,
+                                                                  optimizer, ckpt, profile, options))) if declared else 0.0
+            except NotModelledError:    # (its share needs the model's shapes): a full recompute is 1, else 0
+                recompute[ckpt] = 1.0 if ckpt == "full" else 0.0
+                shapeless.append(ckpt)
     if first is None and refusal is not None:    # no strategy the profile models: say why, for the first
         raise refusal
     if left_out:
         strategies = [s for s in strategies if s not in left_out]
     notes = _whole_search_notes(first)
+    if undeclared:
+        notes += (f"checkpointing {', '.join(undeclared)} declares no recompute (CheckpointingSpec.recompute): "
+                  "its step time counts none (recompute= sets it)",)
+    if shapeless:
+        notes += (f"checkpointing {', '.join(shapeless)}: its recompute share needs the model's shapes; counted as "
+                  "1 for full, 0 otherwise",)
+    if not calibration.calibrated:
+        notes += (f"step time uncalibrated for {hardware.name}: assumed efficiencies (steptime.DEFAULT), no "
+                  "published measurement fitted",)
+    known_rules = ("zero0", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
+    if any(r not in known_rules for r in dp_rules):
+        notes += ("data-parallel rules " + ", ".join(r for r in dp_rules if r not in known_rules)
+                  + ": the step time counts their communication as fsdp's (gather, gather, reduce-scatter "
+                    "per micro-batch)",)
+    notes += _attention_note(options) + fig["notes"]
+    state = (2 * first.optimizer_state + 2 * first.weights + first.gradients) / model.parameters
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
@@ -408,14 +475,17 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     margin = headroom_bytes(headroom, hardware.memory_capacity)
     run["headroom"] = margin
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
+    timing = dict(fig=fig, hw=hw, cal=calibration, seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=state,
+                  fused_attention=options.get("attention", "sdpa") != "eager")
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
-               trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-               devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options, margin)
+               trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
+               devices, node, options, margin, timing, allow_cross_node_tp)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
         groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-                            sequence_parallel, _one_rank_rules(dp_rules, installed_rules))
+                            sequence_parallel, _one_rank_rules(dp_rules, installed_rules),
+                            None if allow_cross_node_tp else node)
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total, measured)
         found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
@@ -427,12 +497,12 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             del rows
         if progress is not None:
             progress(total, total)
-        # Cheapest first, then the most headroom: two stable sorts with keys read in C (the
-        # same order as one sort on (cost, -headroom), ties kept in enumeration order).
+        # Fastest first, then the most headroom: two stable sorts with keys read in C (the
+        # same order as one sort on (step time, -headroom), ties kept in enumeration order).
         fits.sort(key=operator.itemgetter(11), reverse=True)
         fits.sort(key=operator.itemgetter(12))
-        # The Pareto front of (headroom: more is better, cost: less is better): in cost order,
-        # each layout with more headroom than every cheaper one (running maxima, in C).
+        # The Pareto front of (headroom: more is better, step time: less is better): in step-time
+        # order, each layout with more headroom than every faster one (running maxima, in C).
         headroom = list(map(operator.itemgetter(11), fits))
         best_before = [-math.inf, *itertools.accumulate(headroom, max)][:-1]
         for index in itertools.compress(itertools.count(), map(operator.gt, headroom, best_before)):
@@ -444,15 +514,34 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
                       seq_len=seq_len, candidates=total, solves=solves,
                       seconds=time.perf_counter() - started, fits=fits,
-                      pareto=tuple(c for c in fits if c[16]), profile=profile, run=run, notes=notes,
-                      assumptions={"flops": flops, "tp_bandwidth": tp_bandwidth,
-                                   "network_bandwidth": network_bandwidth, **{f"recompute.{k}": v for k, v in recompute.items()}})
+                      pareto=tuple(c for c in fits if c[17]), profile=profile, run=run, notes=notes,
+                      assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
+                                   "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
+                                   "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
+                                   **{f"calibration.{k}": v for k, v in calibration.as_dict().items()},
+                                   **{f"recompute.{k}": v for k, v in recompute.items()}},
+                      timing=timing)
 
 
 # The notes of a result that hold for the whole search (the model's, the accelerator's and
 # the run's, the same for every layout), by how they start; the others (a sharding rule's)
 # belong to a layout.
 WHOLE_SEARCH_NOTES = ("approximation:", "WARNING:", "model:", "hardware:", "lora.", "seq_len ")
+
+
+def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckpt, profile, options):
+    """The prepared one-device plan a strategy's ``recompute(plan)`` reads (its share does not
+    depend on the layout)."""
+    from .technique_fit import _prepared
+    return _prepared(solver, model, hardware, 1, seq_len, dict(precision=precision, optimizer=optimizer,
+                                                              activation_checkpointing=ckpt, profile=profile, **options))
+
+
+def _attention_note(options) -> tuple[str, ...]:
+    if options.get("attention") == "eager":
+        return ("step time: eager attention is timed as the fused kernel's FLOPs (its s x s memory traffic is "
+                "not), so it is optimistic",)
+    return ()
 
 
 def _whole_search_notes(result) -> tuple[str, ...]:
@@ -786,34 +875,20 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
     ``rows``; return (solves, layouts evaluated)."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
-     trainable_fraction, communication_buffer_fraction, assume_monotone, layers, recompute, active, tokens,
-     devices, flops, node, tp_bandwidth, network_bandwidth, h, kv_width, top_k, bytes_, options, margin) = context
+     trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
+     devices, node, options, margin, timing, cross_node) = context
     solves = done = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
     limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
-    parameters = model.parameters
+    step_time, peak = steptime.step_time, timing["hw"]["flops"]
+    flops_per_token = steptime.model_flops_per_token(timing["fig"], seq_len)
+    mfu_scale = flops_per_token * tokens / (devices * peak)
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
         n, plan = len(micro), None
-        # The cost proxy's per-layout parts. Every micro-batch b of a layout runs gas =
-        # global_batch / (dp x b) steps, so b x gas = global_batch / dp: the communication
-        # per step is the same for all of them; only the pipeline bubble changes.
-        layer_share = math.ceil(layers / pp)
         rec = recompute.get(ckpt, 0.0)
-        compute = 6 * active * tokens / devices / flops * (1 + rec)
-        group = dp * cp
         samples = global_batch // dp        # b x gas
-        act = seq_len / cp * samples * h * bytes_      # one boundary activation, every micro-batch
-        grad_bytes = parameters / (tp * pp * ep) * bytes_
-        dp_comm = (2 * (group - 1) / group * grad_bytes * (1.5 if rule == "zero3" else 1.0)) / network_bandwidth
-        tp_comm = 4 * layer_share * 2 * (tp - 1) / tp * act / tp_bandwidth if tp > 1 else 0.0
-        cp_bandwidth = tp_bandwidth if tp * cp <= node else network_bandwidth
-        cp_comm = (2 * (cp - 1) / cp * samples * seq_len * kv_width * bytes_ * layer_share / cp_bandwidth
-                   if cp > 1 else 0.0)
-        pp_comm = 2 * act / network_bandwidth if pp > 1 else 0.0
-        ep_comm = 4 * top_k * act * layer_share / network_bandwidth if ep > 1 else 0.0
-        comm = tp_comm + cp_comm + dp_comm + pp_comm + ep_comm
-        comm_bytes = tp_comm * tp_bandwidth + cp_comm * cp_bandwidth + (dp_comm + pp_comm + ep_comm) * network_bandwidth
+        stages = pp - 1
         stages = pp - 1
         for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
             done += 1
@@ -841,9 +916,10 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                     done += n - index - 1
                     break
                 continue
-            bubble = stages / (gas + stages)
+            seconds = step_time(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb, gas=gas,
+                                **timing)["step"]
             rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory,
-                         compute / (1 - bubble) + comm, bubble, rec, comm_bytes, False))
+                         seconds, tokens / seconds, mfu_scale / seconds, stages / (gas + stages), rec, False))
         if progress is not None and time.perf_counter() - last_report > 0.2:
             progress(done, total)
             last_report = time.perf_counter()

@@ -65,6 +65,9 @@ class CheckpointingSpec:
     """The same, for measured-grade profiles, with phases. Plugin API 1.2."""
     searched: bool = True
     """Enumerated by ``search`` when no strategies are named (False: only when named). API 2.1."""
+    recompute: Callable[..., float] | None = _optional_callable
+    """``recompute(plan)``: the share of the layers' forward FLOPs the backward runs again (0: none,
+    1: all); the planner's step time reads it (None: counted as 0, and said). API 2.2."""
 
 
 # The axes a sharding rule can own, in the order the solver applies them.

@@ -465,6 +465,27 @@ def recomputed_flops(plan) -> tuple[float, str]:
     return L * f, f"{L} layers x ({', '.join(recomputed) or 'no matmul'})"
 
 
+def recompute_share(plan) -> float:
+    """The share of the layers' forward FLOPs the backward recomputes (CheckpointingSpec.recompute):
+    recomputed_flops over every matmul and the attention core of every layer."""
+    flops = recomputed_flops(plan)[0]
+    if not flops:
+        return 0.0
+    return flops / _forward_flops(plan)
+
+
+def _forward_flops(plan) -> float:
+    from .measured.shapes import shape_of
+    shape = shape_of(plan)
+    T, s = plan.microbatch * plan.seq_len, plan.seq_len
+    total = 2 * T * s * shape.heads * shape.head_dim
+    for w in shape.layer_weights():
+        if not w.bias:
+            routed = w.name in ("experts.gate_up", "experts.down") and shape.experts
+            total += 2 * T * w.elements * (shape.top_k / shape.experts if routed else 1)
+    return plan.model.layers * total
+
+
 def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
     """Seconds the policy adds to one optimizer step: recomputed forward FLOPs x micro-batches
     (gradient accumulation) / ``hardware_flops`` (the device's achieved FLOP/s). ``None`` seconds
@@ -486,18 +507,18 @@ def mlsysim_checkpointing_strategies():
                           "every other matmul's output, recomputes the rest (measured: Llama, Mixtral)",
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
-                          measured_activation_terms=per_op_terms, searched=False),
+                          measured_activation_terms=per_op_terms, searched=False, recompute=recompute_share),
         CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
                           "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
                           activation_terms=_save_list_reference, options_type=SaveListOptions,
-                          measured_activation_terms=per_op_terms, searched=False),
+                          measured_activation_terms=per_op_terms, searched=False, recompute=recompute_share),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "
                           "plugin_options k, default 2)", activation_terms=_every_k_reference,
-                          options_type=EveryKOptions, measured_activation_terms=every_k_terms, searched=False),
+                          options_type=EveryKOptions, measured_activation_terms=every_k_terms, searched=False, recompute=recompute_share),
         CheckpointingSpec(name="mlp-only", description="recompute each layer's MLP (MoE block) only",
                           activation_terms=_reference(17, "layers, MLP recomputed (17*s*b*h)"),
-                          measured_activation_terms=module_terms, searched=False),
+                          measured_activation_terms=module_terms, searched=False, recompute=recompute_share),
         CheckpointingSpec(name="attention-only", description="recompute each layer's attention module only",
                           activation_terms=_reference(25, "layers, attention recomputed (25*s*b*h)"),
-                          measured_activation_terms=module_terms, searched=False),
+                          measured_activation_terms=module_terms, searched=False, recompute=recompute_share),
     ]

@@ -48,8 +48,15 @@ def _plain_one_device(plan) -> bool:
         and getattr(o, "loss", None) in (None, "cross_entropy")
 
 
+def recompute(plan):
+    """The share of the forward the backward runs again (the planner's step time)."""
+    from .checkpointing_policies import recompute_share
+    return recompute_share(plan)
+
+
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="full", description="recompute every layer; 2*s*b*h B/layer",
                               activation_terms=activation_terms,
-                              measured_activation_terms=measured_activation_terms)]
+                              measured_activation_terms=measured_activation_terms,
+                              recompute=recompute)]

@@ -22,8 +22,15 @@ def measured_activation_terms(plan, placement, options):
     return model.layer_terms(plan, placement, selective=True)
 
 
+def recompute(plan):
+    """The share of the forward the backward runs again (the planner's step time)."""
+    from .checkpointing_policies import recompute_share
+    return recompute_share(plan)
+
+
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="selective", description="recompute attention core; 34*s*b*h B/layer",
                               activation_terms=activation_terms,
-                              measured_activation_terms=measured_activation_terms)]
+                              measured_activation_terms=measured_activation_terms,
+                              recompute=recompute)]
