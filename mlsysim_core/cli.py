@@ -266,8 +266,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
         "search", parents=[common], help="every parallel layout for a device count: what fits, the Pareto front",
         description="Enumerate every valid layout (tp, cp, pp, dp, ep, data-parallel rule, checkpointing, "
                     "sequence parallelism, micro-batch) of --devices accelerators for --global-batch, keep "
-                    "those that fit, rank them by the cost proxy (see `mlsysim_core.search`), and show the "
-                    "Pareto front of memory headroom against cost. Every layout is solved under one profile "
+                    "those that fit, rank them by step time (seconds per step, tokens/s and MFU: "
+                    "`mlsysim_core.steptime`, docs/planner.md), and show the Pareto front of memory headroom against "
+                    "step time. The hardware needs its topology (peak FLOP/s, intra- and inter-node bandwidth, "
+                    "devices per node); TP and EP groups stay inside a node. Every layout is solved under one profile "
                     "(default measured; reference, with a printed note, when the measured profile cannot "
                     "describe the run). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
                     "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel{layout}) are refused: "
@@ -289,6 +291,9 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     srch.add_argument("--all", action="store_true", help="list every layout that fits, not only the Pareto front")
     srch.add_argument("--rows", type=int, default=25, help="rows to print (default 25; 0: all of them)")
     srch.add_argument("--json", action="store_true", help="every layout that fits and the front, as JSON")
+    srch.add_argument("--max-tp", type=int, metavar="N", help="the largest tensor-parallel size (default: a node's devices)")
+    srch.add_argument("--allow-cross-node-tp", action="store_true",
+                      help="let tensor- and expert-parallel groups span nodes (default: inside a node)")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
     srch.add_argument("--workers", type=int, default=None, metavar="N",
@@ -1252,6 +1257,7 @@ def cmd_search(args, out) -> int:
         return search.search_plans(model, hardware, devices=args.devices, global_batch=args.global_batch,
                                    seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                                    checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
+                                   max_tp=args.max_tp, allow_cross_node_tp=args.allow_cross_node_tp,
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
                                    **options)

@@ -497,6 +497,11 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             del rows
         if progress is not None:
             progress(total, total)
+        fits, same = _one_row_per_answer(fits)
+        if same:
+            notes += (f"{same:,} layouts the same as another but for the checkpointing strategy's name (the same "
+                      "memory and step time, e.g. selective with a fused attention kernel, which recomputes nothing) "
+                      "are listed once, under the first strategy",)
         # Fastest first, then the most headroom: two stable sorts with keys read in C (the
         # same order as one sort on (step time, -headroom), ties kept in enumeration order).
         fits.sort(key=operator.itemgetter(11), reverse=True)
@@ -527,6 +532,18 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
 # the run's, the same for every layout), by how they start; the others (a sharding rule's)
 # belong to a layout.
 WHOLE_SEARCH_NOTES = ("approximation:", "WARNING:", "model:", "hardware:", "lora.", "seq_len ")
+
+
+def _one_row_per_answer(fits: list) -> tuple[list, int]:
+    """The rows without those identical to an earlier one in everything but the strategy's
+    name (layout, micro-batch, memory and step time); how many were dropped."""
+    seen, out = set(), []
+    for c in fits:
+        key = (c[:6], c[7:13])
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out, len(fits) - len(out)
 
 
 def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckpt, profile, options):

@@ -61,6 +61,7 @@ class Calibration:
     inter_link: float        # share of inter_node_bandwidth
     kernel_overhead: float   # seconds each kernel pays beyond its FLOPs (launch, tail)
     latency: float           # seconds per collective
+    overlap_sm_share: float  # share of the SMs a collective's kernel takes from the compute it overlaps
     calibrated: bool = False
     source: str = ""
 
@@ -71,9 +72,12 @@ class Calibration:
 # Assumed, not fitted: what a well-tuned bf16 stack reaches on a large problem. Every row
 # solved with it says "uncalibrated". attention: FlashAttention-2 (PyTorch SDPA's flash
 # kernel) "achieves only 35% utilization on H100 GPUs" (Shah et al. 2024, FlashAttention-3,
-# arXiv 2407.08608, abstract).
+# arXiv 2407.08608, abstract). overlap_sm_share: an H100 (132 SMs) running FSDP's prefetch
+# pattern, "the concurrent ncclAllGather kernel launches 24 blocks, preemptively occupying a
+# few SMs" (forums.developer.nvidia.com/t/337991, an nsys profile): while a collective hides
+# behind compute, the compute runs on the SMs left.
 DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, inter_link=0.8,
-                      kernel_overhead=4e-6, latency=20e-6,
+                      kernel_overhead=4e-6, latency=20e-6, overlap_sm_share=24 / 132,
                       source="assumed (no published measurement fitted for this hardware)")
 
 # Fitted by validation/steptime/calibrate.py (it prints the fitted values); keyed by catalog
@@ -81,8 +85,8 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # the fit and the held-out checks.
 CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h100-sxm5-80gb": Calibration(
-        matmul=0.45, attention=0.35, memory=0.8, intra_link=0.56, inter_link=0.8, kernel_overhead=4e-6,
-        latency=20e-6, calibrated=True,
+        matmul=0.455, attention=0.35, memory=0.8, intra_link=0.57, inter_link=0.8, kernel_overhead=4e-6,
+        latency=20e-6, overlap_sm_share=24 / 132, calibrated=True,
         source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) "
                "on torchtitan's compiled bf16 Llama 3.1 8B FSDP (8 GPUs), 8B FSDP x TP=8 (64) and 70B FSDP x TP=8 "
                "(256) runs (validation/steptime/published.py); the rest assumed (steptime.DEFAULT)"),
@@ -193,7 +197,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     if cp > 1:
         ring = (cp - 1) * T * 2 * h_kv * bytes_ / link(cp, tp, node, hw, cal) + (cp - 1) * cal.latency
         attn_layer = attention / layers
-        cp_comm = layers * max(0.0, ring * (3 + r) - attn_layer)
+        cp_comm = layers * hidden(ring * (3 + r), attn_layer, cal)
     ep_comm = 0.0
     if ep > 1:
         a2a = (ep - 1) / ep * T * fig["k"] * h * bytes_ / link(ep, tp, node, hw, cal) + cal.latency
@@ -224,6 +228,12 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     return parts
 
 
+def hidden(comm: float, compute: float, cal: Calibration) -> float:
+    """Exposed seconds of a collective overlapping ``compute``: what outlasts it, plus the
+    compute slowed while they overlap (the collective's kernel holds overlap_sm_share of the SMs)."""
+    return max(0.0, comm - compute) + cal.overlap_sm_share * min(comm, compute)
+
+
 def _data_parallel(rule, d, grads, bw, latency, fwd, bwd, gas, layers, shard_group, node, tp, hw, cal) -> float:
     """Exposed seconds per step of the data-parallel rule's collectives. Each overlaps the
     compute it runs beside (bucketed gradient reduction: the backward; FSDP's prefetched
@@ -231,20 +241,22 @@ def _data_parallel(rule, d, grads, bw, latency, fwd, bwd, gas, layers, shard_gro
     if d <= 1:
         return 0.0
     once = ring_time(grads, d, bw, latency)         # one all-gather or reduce-scatter of the shard
-    if rule in ("zero0", "zero1"):      # once per step: reduce beside the last backward, gather beside the next forward
-        return max(0.0, once - bwd) + max(0.0, once - fwd) if rule == "zero1" else max(0.0, 2 * once - bwd)
+    if rule == "zero0":                 # one all-reduce beside the last backward
+        return hidden(2 * once, bwd, cal)
+    if rule == "zero1":                 # reduce-scatter beside the last backward, gather beside the next forward
+        return hidden(once, bwd, cal) + hidden(once, fwd, cal)
     if rule == "zero2":                 # reduce-scatter every micro-batch, gather once
-        return gas * max(0.0, once - bwd) + max(0.0, once - fwd)
+        return gas * hidden(once, bwd, cal) + hidden(once, fwd, cal)
     if rule == "fsdp-grad-op":          # gather before each forward (kept to the backward), reduce after
-        return gas * (max(0.0, once - fwd) + max(0.0, once - bwd) + once / layers)
+        return gas * (hidden(once, fwd, cal) + hidden(once, bwd, cal) + once / layers)
     if rule == "hsdp":                  # fsdp in the shard group, an all-reduce across the replicas
         g = shard_group or min(d, node)
         inner = ring_time(grads, g, link(g, tp, node, hw, cal), latency)
         across = ring_time(grads / g, d // g, link(d // g, tp * g, node, hw, cal), latency, 2)
-        return gas * (max(0.0, inner - fwd) + max(0.0, 2 * inner - bwd) + inner / layers) + max(0.0, across - bwd)
+        return gas * (hidden(inner, fwd, cal) + hidden(2 * inner, bwd, cal) + inner / layers) + hidden(across, bwd, cal)
     # zero3, fsdp (and a rule the model does not know, said in the run's notes): gather for the
     # forward, again for the backward, reduce-scatter after it, every micro-batch
-    return gas * (max(0.0, once - fwd) + max(0.0, 2 * once - bwd) + once / layers)
+    return gas * (hidden(once, fwd, cal) + hidden(2 * once, bwd, cal) + once / layers)
 
 
 def summary(parts: dict, *, tokens: int, devices: int, fig: dict, seq_len: int, peak: float) -> dict:

@@ -179,3 +179,23 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def search_rank(case) -> tuple[int | None, int, str]:
+    """Where the published layout (tp, cp, pp, dp) first appears in the measured search's
+    ranking of the same run (devices, global batch, seq, bf16), counting distinct
+    (tp, cp, pp, dp) layouts; (rank or None, layouts ranked, the top layout)."""
+    from mlsysim_core.search import search_plans
+    found = search_plans(case["model"], case["hardware"], devices=case["devices"], global_batch=case["global_batch"],
+                         seq_len=case["seq_len"], precision="bf16", optimizer="adamw", profile="measured",
+                         checkpointing=["none", "full"])
+    lay = layout(case)
+    want, order = (lay["tp"], lay["cp"], lay["pp"], lay["dp"]), []
+    for c in found.fits:
+        key = (c.tp, c.cp, c.pp, c.dp)
+        if key not in order:
+            order.append(key)
+    top = found.fits[0]
+    text = (f"tp{top.tp} cp{top.cp} pp{top.pp} dp{top.dp} {top.data_parallel} {top.checkpointing} "
+            f"mb{top.microbatch}")
+    return (order.index(want) + 1 if want in order else None), len(order), text
