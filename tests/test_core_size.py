@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RATCHET = 2548   # issue 17: +the hardware topology fields; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
+RATCHET = 2551   # issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
 EDGE_AT_SPLIT = {"cli.py": 1344, "render.py": 510, "plots.py": 674, "hf.py": 619, "search.py": 887,
                  "inverse.py": 350, "scenario.py": 470, "finetune.py": 531, "testing.py": 221, "__main__.py": 3,
                  "technique_fit.py": 398,   # issue 16: `fit techniques`, a new edge module (cli.py, inverse.py capped)

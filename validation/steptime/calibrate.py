@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     shipped = steptime.CALIBRATIONS.get("nvidia/h100-sxm5-80gb")
     if shipped is None or (shipped.matmul, shipped.intra_link) != (cal.matmul, cal.intra_link):
         print("note: steptime.CALIBRATIONS['nvidia/h100-sxm5-80gb'] differs from this fit: update it")
-    text = table(steptime.CALIBRATIONS.get("nvidia/h100-sxm5-80gb", cal))
+    text = table(steptime.CALIBRATIONS.get("nvidia/h100-sxm5-80gb", cal)) + "\n\n" + ranks() + "\n\n" + target()
     print(text)
     if args.doc or args.check:
         doc = DOC.read_text(encoding="utf-8")
@@ -177,8 +177,35 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+
+def ranks() -> str:
+    """Where each comparable published layout ranks in the measured search of its run."""
+    rows = ["| run | published layout (tp/cp/pp/dp) | its rank among distinct layouts | the search's first row |",
+            "|---|---|---|---|"]
+    for case in CASES:
+        if comparable(case) is None and case["devices"] <= 256:
+            rank, count, top = search_rank(case)
+            lay = layout(case)
+            rows.append(f"| {case['id']} | {lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']} | "
+                        f"{rank if rank else 'does not fit'} of {count} | {top} |")
+    return "\n".join(rows)
+
+
+def target() -> str:
+    """Issue 17's case: Llama-3-70B on 64 H100 (8 per node), global batch 512, seq 4096, the
+    CLI's defaults (measured profile, fp16 autocast, adam)."""
+    from mlsysim_core.search import search_plans
+    found = search_plans("llama3-70b", "h100", devices=64, global_batch=512, seq_len=4096, profile="measured")
+    rows = ["| rank | tp/cp/pp/dp | dp rule | ckpt | mb x gas | memory GiB | step s | MFU |", "|---|---|---|---|---|---|---|---|"]
+    shown = list(enumerate(found.fits[:5], 1))
+    first = next(((i, c) for i, c in enumerate(found.fits, 1) if c.tp == 8 and c.cp == 1), None)
+    if first and first[0] > 5:
+        shown.append(first)
+    for i, c in shown:
+        rows.append(f"| {i} | {c.tp}/{c.cp}/{c.pp}/{c.dp} | {c.data_parallel} | {c.checkpointing} | "
+                    f"{c.microbatch} x {c.gradient_accumulation_steps} | {c.total_memory / 2**30:.1f} | "
+                    f"{c.step_time:.2f} | {c.mfu:.1%} |")
+    return "\n".join(rows)
 
 
 def search_rank(case) -> tuple[int | None, int, str]:
@@ -199,3 +226,7 @@ def search_rank(case) -> tuple[int | None, int, str]:
     text = (f"tp{top.tp} cp{top.cp} pp{top.pp} dp{top.dp} {top.data_parallel} {top.checkpointing} "
             f"mb{top.microbatch}")
     return (order.index(want) + 1 if want in order else None), len(order), text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

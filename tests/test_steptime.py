@@ -1,0 +1,149 @@
+"""The planner's step-time model (mlsysim_core.steptime, docs/planner.md): each mechanism
+by hand, recompute declared by the strategies, the calibration and what a search says."""
+
+import json
+import runpy
+from pathlib import Path
+
+import attrs
+import pytest
+
+from mlsysim_core import (CheckpointingSpec, HardwareNode, InvalidInputError, TrainingMemoryModel,
+                          TransformerWorkload, hookimpl, search, steptime)
+from mlsysim_core.manager import PluginManager
+
+ROOT = Path(__file__).resolve().parents[1]
+CAL = attrs.evolve(steptime.DEFAULT, intra_link=0.5, inter_link=0.8, latency=0.0)
+HW = {"flops": 1e15, "intra": 400e9, "inter": 50e9, "memory": 3e12}
+
+
+def test_group_bandwidth_inside_and_across_nodes():
+    assert steptime.link(8, 1, 8, HW, CAL) == 200e9                 # one node: the intra link
+    assert steptime.link(4, 2, 8, HW, CAL) == 200e9                 # 4 ranks 2 apart: still one node
+    assert steptime.link(8, 8, 8, HW, CAL) == 40e9                  # one member per node: one rail
+    assert steptime.link(16, 2, 8, HW, CAL) == min(200e9, 4 * 40e9)  # four members per node: four rails
+    assert steptime.link(64, 1, 8, HW, CAL) == 200e9                # eight rails outrun NVLink: NVLink bounds
+
+
+def test_ring_collectives_and_overlap():
+    assert steptime.ring_time(1e9, 1, 1e9, 1e-3) == 0.0
+    assert steptime.ring_time(1e9, 4, 1e9, 1e-3) == pytest.approx(3 / 4 + 1e-3)
+    assert steptime.ring_time(1e9, 4, 1e9, 0.0, factor=2) == pytest.approx(1.5)    # an all-reduce
+    share = steptime.DEFAULT.overlap_sm_share
+    assert share == pytest.approx(24 / 132)
+    assert steptime.hidden(1.0, 3.0, steptime.DEFAULT) == pytest.approx(share)               # all hidden
+    assert steptime.hidden(3.0, 1.0, steptime.DEFAULT) == pytest.approx(2.0 + share)         # 2 s outlast it
+
+
+def test_data_parallel_rules_by_hand():
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    args = dict(d=4, grads=4e9, bw=1e9, latency=0.0, fwd=1.0, bwd=2.0, gas=3, layers=10, shard_group=None,
+                node=8, tp=1, hw=HW, cal=cal)
+    once = 3 / 4 * 4e9 / 1e9           # 3 s: one gather or reduce-scatter of the shard
+    dp = steptime._data_parallel
+    assert dp("zero0", **args) == pytest.approx(2 * once - 2.0)                     # one all-reduce, beside a backward
+    assert dp("zero1", **args) == pytest.approx((once - 2.0) + (once - 1.0))
+    assert dp("zero2", **args) == pytest.approx(3 * (once - 2.0) + (once - 1.0))
+    assert dp("fsdp", **args) == pytest.approx(3 * ((once - 1.0) + (2 * once - 2.0) + once / 10))
+    assert dp("fsdp-grad-op", **args) == pytest.approx(3 * ((once - 1.0) + (once - 2.0) + once / 10))
+    assert dp("zero0", **{**args, "d": 1}) == 0.0
+
+
+FIG = steptime.model_figures(TransformerWorkload(name="t", parameters=1_000_000_000, layers=8, hidden_dim=2048,
+                                                 heads=16, vocab_size=32000, ffn_dim=8192, gated_mlp=True))
+
+
+def _time(**layout):
+    base = dict(tp=1, cp=1, pp=1, dp=1, ep=1, rule="zero0", recompute=0.0, sp=False, mb=1, gas=1, seq_len=1024,
+                bytes_=2, node=8, optimizer_bytes=36.0)
+    return steptime.step_time(FIG, HW, CAL, **{**base, **layout})
+
+
+def test_pipeline_bubble_and_p2p():
+    one = _time(pp=4, gas=8)
+    micro = sum(one[k] for k in ("matmul", "attention", "memory", "kernels", "tp", "cp", "ep", "p2p")) / 8
+    assert one["bubble"] == pytest.approx(3 * micro)
+    assert one["p2p"] == pytest.approx(8 * 2 * 1024 * 2048 * 2 / (400e9 * 0.5))      # stages in one node
+    across = _time(pp=4, gas=8, dp=8)            # stages 8 ranks apart: another node
+    assert across["p2p"] == pytest.approx(8 * 2 * 1024 * 2048 * 2 / (50e9 * 0.8))
+
+
+def test_recompute_costs_a_forward_and_its_collectives():
+    none, full = _time(tp=2), _time(tp=2, recompute=1.0)
+    assert full["matmul"] - none["matmul"] == pytest.approx(2 * 1024 * FIG["layer_active"] / 2 * 8 / (CAL.matmul * 1e15))
+    assert full["tp"] / none["tp"] == pytest.approx(6 / 4)        # the recomputed forward's two all-reduces
+
+
+def test_context_parallel_ring_hides_behind_attention():
+    cp = _time(cp=4, mb=1, seq_len=8192)
+    parts = cp["attention"] / FIG["layers"]
+    ring = 3 * 2048 * 2 * FIG["h_kv"] * 2 / (400e9 * 0.5) * 3        # (cp-1) passes of K,V; 3 passes
+    expected = FIG["layers"] * steptime.hidden(ring, parts, CAL)
+    assert cp["cp"] == pytest.approx(expected)
+
+
+def test_strategies_declare_their_recompute(solver):
+    from mlsysim_core.technique_fit import _prepared
+    shares = {}
+    for ckpt in ("none", "selective", "full", "every-k", "mlp-only", "attention-only"):
+        plan = _prepared(solver, "llama3-8b", "h100", 1, 2048, dict(activation_checkpointing=ckpt, profile="measured"))
+        shares[ckpt] = solver.registry.checkpointing[ckpt].recompute(plan)
+    assert shares["none"] == shares["selective"] == 0.0          # sdpa keeps no scores to recompute
+    assert shares["full"] == 1.0 and shares["every-k"] == 0.5
+    assert shares["mlp-only"] + shares["attention-only"] == pytest.approx(1.0)
+
+
+def test_a_strategy_without_recompute_is_said(builtin_pm):
+    class Mine:
+        @hookimpl
+        def mlsysim_checkpointing_strategies(self):
+            return [CheckpointingSpec(name="test.mine", activation_terms=lambda plan, placement, options: [])]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Mine(), name="test_mine")
+    found = search.search_plans("llama3-8b", "h100", devices=2, global_batch=2, solver=TrainingMemoryModel(plugin_manager=pm),
+                                checkpointing=["test.mine"])
+    assert any("test.mine declares no recompute" in n for n in found.notes)
+    assert all(c.recompute == 0.0 for c in found.fits)
+
+
+def test_calibration_and_uncalibrated_hardware(solver):
+    h100 = search.search_plans("llama3-8b", "h100", devices=8, global_batch=8, solver=solver)
+    assert h100.timing["cal"] is steptime.CALIBRATIONS["nvidia/h100-sxm5-80gb"] and h100.timing["cal"].calibrated
+    assert not any("uncalibrated" in n for n in h100.notes)
+    b200 = search.search_plans("llama3-8b", "b200", devices=8, global_batch=8, solver=solver)
+    assert any(n.startswith("step time uncalibrated for NVIDIA B200") for n in b200.notes)
+    data = json.loads(json.dumps(b200.to_dict()))
+    assert data["calibrated"] is False and data["units"]["step_time"] == "seconds per optimizer step"
+    row = data["fits"][0]
+    assert set(steptime.COMPONENTS) | {"step"} == set(row["step_time_components"])
+    assert row["step_time_components"]["step"] == pytest.approx(row["step_time"])
+    assert data["assumptions"]["peak_bf16_flops"] == 2.25e15 and "calibration.matmul" in data["assumptions"]
+    with pytest.raises(InvalidInputError, match="calibration"):
+        search.search_plans("llama3-8b", "h100", devices=8, global_batch=8, solver=solver, calibration=0.5)
+
+
+def test_published_measurements_are_cited():
+    cases = runpy.run_path(str(ROOT / "validation" / "steptime" / "published.py"))["CASES"]
+    assert len({c["id"] for c in cases}) == len(cases) >= 60
+    for c in cases:
+        assert len(c["source"]) > 40, c["id"]
+        if None not in (c["tp"], c["cp"], c["pp"], c["dp_shard"]):
+            assert c["tp"] * c["cp"] * c["pp"] * c["dp_shard"] * (c["dp_replicate"] or 1) == c["devices"], c["id"]
+
+
+def test_calibration_table_is_current():
+    """docs/planner.md's first table is what calibrate.py computes with the shipped constants,
+    and the shipped H100 constants are the fit."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "validation" / "steptime" / "calibrate.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    fitted = calibrate.fit()
+    shipped = steptime.CALIBRATIONS["nvidia/h100-sxm5-80gb"]
+    assert (fitted.matmul, fitted.intra_link) == (shipped.matmul, shipped.intra_link)
+    assert calibrate.table(shipped) in (ROOT / "docs" / "planner.md").read_text(encoding="utf-8")
+    # the held-out compiled FSDP run on 128 GPUs: step time within 15 %
+    case = next(c for c in calibrate.CASES if c["id"] == "torchtitan-2412-llama3.1-8b-128xh100-fsdp-compile")
+    assert abs(calibrate.predict(case, shipped)["step_s"] / calibrate.published_step(case) - 1) < 0.15
