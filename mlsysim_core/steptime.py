@@ -16,9 +16,11 @@ The model (docs/planner.md derives each line; all per rank of the slowest pipeli
     cp        = the ring's K/V (and dK/dV) passes, hidden behind the attention they feed:
                 only what exceeds it is exposed
     ep        = (4 + 2r) all-to-alls of T k h bytes per MoE layer, on the critical path
-    p2p       = the stage boundary's activation and its gradient, per micro-batch
+    p2p       = the stage boundary's activation and its gradient, per micro-batch (x v model
+                chunks per rank under an interleaved schedule)
     micro     = matmul + attention + memory + kernels + tp + cp + ep + p2p
-    pipeline  = (gas + pp - 1) x micro       (1F1B: the bubble is (pp - 1) / (gas + pp - 1))
+    pipeline  = (gas + idle) x micro        idle: the schedule's bubble in micro-batch slots,
+                pp - 1 for 1F1B and GPipe, (pp - 1) / v interleaved, less for zero-bubble ones
     dp        = the data-parallel rule's collectives, each hidden behind the compute it
                 overlaps (see _data_parallel), only the excess exposed
     optimizer = the optimizer step's memory traffic over the local shard, at eff_memory
@@ -172,8 +174,11 @@ COMPONENTS = ("matmul", "attention", "memory", "kernels", "tp", "cp", "ep", "p2p
 
 def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str,
               recompute: float, sp: bool, mb: int, gas: int, seq_len: int, bytes_: float, node: int,
-              optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None) -> dict:
-    """Every component of one layout's step, in seconds (see the module docstring)."""
+              optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
+              idle_slots: float | None = None, chunks: int = 1) -> dict:
+    """Every component of one layout's step, in seconds (see the module docstring).
+    ``idle_slots``: the pipeline schedule's bubble in micro-batch slots (None: 1F1B's pp - 1);
+    ``chunks``: model chunks per rank (an interleaved schedule's v: v times the sends)."""
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
     layers = math.ceil(fig["layers"] / pp)
     T = mb * seq_len / cp
@@ -206,9 +211,9 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     if pp > 1:
         stride = tp * cp * dp       # (consecutive stages are this many ranks apart)
         bw = hw["intra"] * cal.intra_link if stride < node else hw["inter"] * cal.inter_link
-        p2p = 2 * (T * h * bytes_ / bw + cal.latency)
+        p2p = 2 * chunks * (T * h * bytes_ / bw + cal.latency)
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
-    bubble = (pp - 1) * micro
+    bubble = (pp - 1 if idle_slots is None else idle_slots) * micro
     # data parallelism: the local shard's gradients and parameters
     d = dp * cp
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
