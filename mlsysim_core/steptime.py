@@ -11,8 +11,10 @@ The model (docs/planner.md derives each line; all per rank of the slowest pipeli
                 eff_memory x memory bandwidth; norms and residuals are divided by tp only
                 under sequence parallelism
     kernels   = kernel count x kernel_overhead  (launch and tail time every kernel pays)
-    tp        = (4 + 2r) collectives of T h bytes per layer (all-reduce, or all-gather +
-                reduce-scatter under SP: the same volume), on the critical path
+    tp        = (4 + 2r) collectives of T h bytes per layer (all-reduces, or all-gather +
+                reduce-scatter pairs under SP: a ring's volume), on the critical path; a
+                switch that reduces in the network (NVLink SHARP) sends an all-reduce's
+                buffer once
     cp        = the ring's K/V (and dK/dV) passes, hidden behind the attention they feed:
                 only what exceeds it is exposed
     ep        = (4 + 2r) all-to-alls of T k h bytes per MoE layer, on the critical path
@@ -64,6 +66,7 @@ class Calibration:
     kernel_overhead: float   # seconds each kernel pays beyond its FLOPs (launch, tail)
     latency: float           # seconds per collective
     overlap_sm_share: float  # share of the SMs a collective's kernel takes from the compute it overlaps
+    switch_allreduce: bool = False   # the node's switch reduces in the network (NVLink SHARP)
     calibrated: bool = False
     source: str = ""
 
@@ -84,11 +87,14 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 
 # Fitted by validation/steptime/calibrate.py (it prints the fitted values); keyed by catalog
 # name. H100: torchtitan's compiled bf16 runs (Grand Teton H100s, 500 W); docs/planner.md has
-# the fit and the held-out checks.
+# the fit and the held-out checks. switch_allreduce: the third-generation NVSwitch "incorporates
+# hardware acceleration for collective operations with multicast and NVIDIA SHARP in-network
+# reductions" (developer.nvidia.com/blog/upgrading-multi-gpu-interconnectivity-with-the-third-
+# generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once.
 CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h100-sxm5-80gb": Calibration(
         matmul=0.455, attention=0.35, memory=0.8, intra_link=0.57, inter_link=0.8, kernel_overhead=4e-6,
-        latency=20e-6, overlap_sm_share=24 / 132, calibrated=True,
+        latency=20e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
         source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) "
                "on torchtitan's compiled bf16 Llama 3.1 8B FSDP (8 GPUs), 8B FSDP x TP=8 (64) and 70B FSDP x TP=8 "
                "(256) runs (validation/steptime/published.py); the rest assumed (steptime.DEFAULT)"),
@@ -160,6 +166,18 @@ def link(members: int, stride: int, node: int, hw, cal: Calibration) -> float:
     return min(intra, per_node * hw["inter"] * cal.inter_link)
 
 
+def allreduce_time(volume: float, members: int, bandwidth: float, latency: float, in_node: bool,
+                   cal: Calibration) -> float:
+    """An all-reduce: a ring (2 (n-1)/n of the buffer each way), or, inside a node whose
+    switch reduces (``switch_allreduce``), each rank sends its buffer once and receives the
+    reduced one once (both directions at once)."""
+    if members <= 1:
+        return 0.0
+    if in_node and cal.switch_allreduce:
+        return volume / bandwidth + latency
+    return ring_time(volume, members, bandwidth, latency, 2)
+
+
 def ring_time(volume: float, members: int, bandwidth: float, latency: float, factor: float = 1.0) -> float:
     """A ring collective over ``members`` ranks moving ``volume`` bytes per rank's buffer:
     factor 1 for all-gather / reduce-scatter, 2 for all-reduce."""
@@ -197,7 +215,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
     # communication inside a micro-batch
     tp_bw = link(tp, 1, node, hw, cal)
-    tp_comm = (4 + 2 * r) * layers * ring_time(T * h * bytes_, tp, tp_bw, cal.latency, 2) if tp > 1 else 0.0
+    # under SP an all-gather and a reduce-scatter per all-reduce: a ring's volume, whatever the switch
+    one = (ring_time(T * h * bytes_, tp, tp_bw, cal.latency, 2) if sp
+           else allreduce_time(T * h * bytes_, tp, tp_bw, cal.latency, tp <= node, cal))
+    tp_comm = (4 + 2 * r) * layers * one if tp > 1 else 0.0
     cp_comm = 0.0
     if cp > 1:
         ring = (cp - 1) * T * 2 * h_kv * bytes_ / link(cp, tp, node, hw, cal) + (cp - 1) * cal.latency
@@ -247,7 +268,7 @@ def _data_parallel(rule, d, grads, bw, latency, fwd, bwd, gas, layers, shard_gro
         return 0.0
     once = ring_time(grads, d, bw, latency)         # one all-gather or reduce-scatter of the shard
     if rule == "zero0":                 # one all-reduce beside the last backward
-        return hidden(2 * once, bwd, cal)
+        return hidden(allreduce_time(grads, d, bw, latency, d * tp <= node, cal), bwd, cal)
     if rule == "zero1":                 # reduce-scatter beside the last backward, gather beside the next forward
         return hidden(once, bwd, cal) + hidden(once, fwd, cal)
     if rule == "zero2":                 # reduce-scatter every micro-batch, gather once
