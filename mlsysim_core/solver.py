@@ -29,7 +29,7 @@ from .errors import InvalidInputTypeError, NotModelledError, PluginContractError
 from .hookspecs import COMPONENT_HOOKS
 from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
-from .memo import memoize
+from .memo import memoize, read_keyed
 from .plan import FrozenMap, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
@@ -128,7 +128,7 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
-    ranks = spec.ranks(plan) if spec.ranks is not None else None
+    ranks = read_keyed(spec.ranks, spec.ranks, (), (plan,)) if spec.ranks is not None else None
     if not ranks:
         return run_pipeline(registry, plan, total_only)
     if total_only:
@@ -138,16 +138,71 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
 
 # --- 2. select -----------------------------------------------------------------------------
 
-@attrs.frozen
+@attrs.frozen(eq=False)     # (compared by identity: the memo makes one per combination)
 class _Selection:
     """What one combination of specs and plugins calls: (provider, callable, name) per role."""
     profile: Any
     optimizer: tuple
     checkpointing: tuple
     rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers, call site)
-    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site), ...)
+    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site, _Call), ...)
+    placer: "_Placer"              # step 3 for these rules (shared by the selections with the same rules)
+    spec_calls: Mapping[str, "_Call"]     # the optimizer's state terms, the strategy's activation terms
+    buffer_calls: tuple                   # the rules' measured buffer terms (_Call each)
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
+
+
+class _Placer:
+    """The selected rules of step 3, one object per set of rules: ``_placed``'s results are
+    remembered per set of rules (``memo.read_keyed``), whatever the optimizer and strategy."""
+
+    __slots__ = ("rules",)
+
+    def __init__(self, rules):
+        self.rules = rules
+
+
+_PLACERS: dict = {}
+
+
+class _Call:
+    """One term-giving call of a selection (a component hook, a spec's or a rule's terms),
+    run through ``memo.read_keyed``: its terms are remembered keyed on what it read of the
+    plan and the placement (and its third argument), so a search's layouts that agree on
+    those reuse them. Every call still decides its terms; only identical reads are reused."""
+
+    __slots__ = ("info", "where", "hook", "component", "function", "pick", "option")
+
+    def __init__(self, info, where, hook, component, function, pick, option):
+        self.info, self.where, self.hook, self.component = info, where, hook, component
+        self.function, self.pick, self.option = function, pick, option
+
+    def __call__(self, extra, plan, placement):
+        if self.option is None:
+            args = self.pick((plan, placement, extra))
+        else:   # a spec's function: (plan, placement, the spec's options, given as ``extra``)
+            args = (plan, placement, extra)
+        return tuple(_checked(self.info, self.where, self.hook, _call(self.info, self.where, self.hook,
+                                                                     self.function, *args), self.component))
+
+    def terms(self, plan, placement, extra=None) -> list:
+        if self.option is not None:
+            extra = plan.options.get(self.option)
+        return list(read_keyed(self, self, (extra,), (plan, placement)))
+
+
+_CALLS: dict = {}
+
+
+def _call_of(info, where, hook, component, function, argnames, option=None) -> _Call:
+    """One ``_Call`` per call site, shared by every selection that makes it (the cache is the call's)."""
+    key = (info, where, hook, component, function, argnames, option)
+    call = _CALLS.get(key)
+    if call is None:
+        call = _CALLS[key] = _Call(info, where, hook, component, function,
+                                   _arguments(argnames) if argnames is not None else None, option)
+    return call
 
 
 @memoize
@@ -180,13 +235,25 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
                         s.measured_buffer_terms if measured else None, f"sharding rule '{s.name}' apply")
                        for axis, s in rule_specs)
     wanted = set(spec.component_plugins) | set(include)
-    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}")
+    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}",
+                               _call_of(i.plugin, f"hook {hook}", hook, component, i.function, i.argnames))
                               for i in registry.component_impls[hook] if i.plugin.name in wanted)
              for component, hook in COMPONENT_HOOKS.items()}
     infos = [chosen[0][0], chosen[1][0], *(rule[2] for rule in rule_calls),
              *(call[0] for component_calls in calls.values() for call in component_calls)]
+    spec_calls = {OPTIMIZER_STATE: _call_of(*chosen[0][::2], "state_terms", OPTIMIZER_STATE, chosen[0][1], None,
+                                            optimizer),
+                  ACTIVATIONS: _call_of(*chosen[1][::2], "activation_terms", ACTIVATIONS, chosen[1][1], None,
+                                        checkpointing)}
+    buffer_calls = tuple(_call_of(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
+                                  COMMUNICATION_BUFFERS, measured, None, name)
+                         for _, name, info, _, _, measured, _ in rule_calls if measured is not None)
+    placer = _PLACERS.get(rule_calls)
+    if placer is None:
+        placer = _PLACERS[rule_calls] = _Placer(rule_calls)
     return _Selection(
-        profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls,
+        profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls, placer=placer,
+        spec_calls=spec_calls, buffer_calls=buffer_calls,
         selected=types.MappingProxyType({"profile": profile, "optimizer": optimizer,
                                          "activation_checkpointing": checkpointing,
                                          **{f"{axis}_rule": rules[axis] for axis in AXES}}),
@@ -263,6 +330,15 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     return placement, buffers, tuple(n for axis in _NOTE_ORDER for n in notes.get(axis, ()))
 
 
+def _placed(selection, plan: TrainingPlan) -> tuple:
+    """Step 3 for one rank: the rules' placement (and this rank's own counts, for a profile
+    that tells ranks apart), the rules' buffer terms, their notes."""
+    placement, buffers, notes = _place(selection, plan)
+    if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
+        placement = plan.rank.place(plan, placement)
+    return placement, tuple(buffers), notes
+
+
 # --- 4. collect ----------------------------------------------------------------------------
 
 def _checked(info: PluginInfo, where: str, hook: str, items, component: str) -> list[MemoryTerm]:
@@ -297,10 +373,9 @@ def _hooked(selection: _Selection, component: str, plan, placement, extra=None) 
     calls = selection.calls[component]
     if not calls:
         return []
-    hook = COMPONENT_HOOKS[component]
     terms = []
-    for info, function, pick, where in calls:
-        terms += _terms(info, where, hook, component, function, *pick((plan, placement, extra)))
+    for call in calls:
+        terms += call[4].terms(plan, placement, extra)
     return terms
 
 
@@ -325,27 +400,21 @@ def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = Fals
 
 
 def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
-    placement, rule_buffers, notes = _place(selection, plan)
-    if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
-        placement = plan.rank.place(plan, placement)
+    placement, rule_buffers, notes = read_keyed(selection.placer, _placed, (selection.placer,), (plan,))
     weights = _ordered(_hooked(selection, WEIGHTS, plan, placement))
     gradients = _ordered(_hooked(selection, GRADIENTS, plan, placement))
-    (info, function, where), (ck_info, ck_function, ck_where) = selection.optimizer, selection.checkpointing
-    optimizer_state = _ordered(_terms(info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement,
-                                      plan.options.get(plan.optimizer))
+    spec_calls = selection.spec_calls
+    optimizer_state = _ordered(spec_calls[OPTIMIZER_STATE].terms(plan, placement)
                                + _hooked(selection, OPTIMIZER_STATE, plan, placement))
-    activations = _ordered(_terms(ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
-                                  plan.options.get(plan.activation_checkpointing))
+    activations = _ordered(spec_calls[ACTIVATIONS].terms(plan, placement)
                            + _hooked(selection, ACTIVATIONS, plan, placement))
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
     buffers = list(rule_buffers)
-    for _, name, info, _, _, measured_buffers, _ in selection.rules:
-        if measured_buffers is not None:
-            buffers += _terms(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
-                              COMMUNICATION_BUFFERS, measured_buffers, plan, placement, plan.options.get(name))
-    model_states = {WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
-                    OPTIMIZER_STATE: _on_accelerator(optimizer_state)}
+    for call in selection.buffer_calls:
+        buffers += call.terms(plan, placement)
+    model_states = FrozenMap({WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
+                              OPTIMIZER_STATE: _on_accelerator(optimizer_state)})
     buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
     terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
     peak = selection.profile.combine == "peak"
