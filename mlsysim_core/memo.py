@@ -111,15 +111,19 @@ class _Log:
 class _Tracked:
     """A read-only view of an object that records the attributes read (see above)."""
 
-    __slots__ = ("_t", "_log", "_i", "_changed")
+    __slots__ = ("_t", "_log", "_i", "_changed", "_seen")
 
     def __init__(self, target, log, index, changed=frozenset()):
         object.__setattr__(self, "_t", target)
         object.__setattr__(self, "_log", log)
         object.__setattr__(self, "_i", index)
         object.__setattr__(self, "_changed", changed)
+        object.__setattr__(self, "_seen", {})     # name -> what a read returned (recorded already)
 
     def __getattribute__(self, name):
+        seen = _get(self, "_seen")
+        if name in seen:        # (read and recorded before: the same value)
+            return seen[name]
         target = _get(self, "_t")
         log = _get(self, "_log")
         if name == "__class__":
@@ -134,15 +138,17 @@ class _Tracked:
             log.copied.add(name)
             return value
         if type(value) is types.MethodType and value.__self__ is target:
-            return types.MethodType(value.__func__, self)    # the method's own reads are tracked
+            value = seen[name] = types.MethodType(value.__func__, self)    # its own reads are tracked
+            return value
         changed = _get(self, "_changed")
         if name in _fields_of(type(target)):
             if name not in changed:
                 log.read(_get(self, "_i"), name, value)
         elif changed:       # e.g. a derived attribute of a copy: it may depend on any field
-            self._read_inherited()
+            _Tracked._read_inherited(self)
         else:
             log.read(_get(self, "_i"), name, value)
+        seen[name] = value
         return value
 
     def _read_inherited(self):

@@ -147,8 +147,7 @@ class _Selection:
     rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers, call site)
     calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site, _Call), ...)
     placer: "_Placer"              # step 3 for these rules (shared by the selections with the same rules)
-    spec_calls: Mapping[str, "_Call"]     # the optimizer's state terms, the strategy's activation terms
-    buffer_calls: tuple                   # the rules' measured buffer terms (_Call each)
+    components: tuple              # a _Component per component, in COMPONENTS order
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
 
@@ -178,7 +177,12 @@ class _Call:
         self.info, self.where, self.hook, self.component = info, where, hook, component
         self.function, self.pick, self.option = function, pick, option
 
-    def __call__(self, extra, plan, placement):
+    def __call__(self, *args):
+        *values, plan, placement = args
+        if self.component == COMMUNICATION_BUFFERS and self.option is None:    # model_states, as three numbers
+            extra = FrozenMap(zip((WEIGHTS, GRADIENTS, OPTIMIZER_STATE), values))
+        else:
+            extra = values[0]
         if self.option is None:
             args = self.pick((plan, placement, extra))
         else:   # a spec's function: (plan, placement, the spec's options, given as ``extra``)
@@ -186,10 +190,73 @@ class _Call:
         return tuple(_checked(self.info, self.where, self.hook, _call(self.info, self.where, self.hook,
                                                                      self.function, *args), self.component))
 
-    def terms(self, plan, placement, extra=None) -> list:
-        if self.option is not None:
-            extra = plan.options.get(self.option)
-        return list(read_keyed(self, self, (extra,), (plan, placement)))
+
+
+class _Terms:
+    """One component's terms, ordered, with their accelerator bytes added up in order (from 0,
+    as ``_combine`` and ``_on_accelerator`` add them): per phase (``peak``) and in all (``total``)."""
+
+    __slots__ = ("terms", "peak", "total")
+
+    def __init__(self, terms):
+        peak = [0] * len(PHASES)
+        total = 0
+        for term in terms:
+            if term.tier == ACCELERATOR:
+                nbytes = term.nbytes
+                total += nbytes
+                for phase in term.phases:
+                    peak[_PHASE_INDEX[phase]] += nbytes
+        self.terms, self.peak, self.total = tuple(terms), peak, total
+
+
+_NO_TERMS = _Terms(())
+
+
+class _Component:
+    """Every term-giving call of one component, in the pipeline's order (the spec's function,
+    the rules' measured buffers, then the component hooks in plugin-name order). Each call's
+    terms are remembered (``memo.read_keyed``) keyed on its options or extra argument and on
+    what it read of the plan and placement; the component's terms, ordered by (source,
+    label), and their sums are remembered per combination of those results (by identity)."""
+
+    __slots__ = ("calls", "merged")
+
+    def __init__(self, calls):
+        self.calls, self.merged = calls, {}
+
+    def collect(self, plan, placement, extra=None, prefix=()) -> _Terms:
+        if not self.calls and not prefix:
+            return _NO_TERMS
+        results = [prefix] if prefix else []
+        get = plan.options.get
+        for call in self.calls:
+            if call.option is not None:
+                values = (get(call.option),)
+            elif call.component == COMMUNICATION_BUFFERS:
+                values = extra          # (weights, gradients, optimizer state) on the accelerator
+            else:
+                values = (extra,)
+            results.append(read_keyed(call, call, values, (plan, placement)))
+        key = tuple(map(id, results))
+        known = self.merged.get(key)
+        if known is not None and all(map(operator.is_, known[0], results)):
+            return known[1]
+        terms = _Terms(_ordered([term for result in results for term in result]))
+        if len(self.merged) >= 20000:
+            self.merged.clear()
+        self.merged[key] = (results, terms)
+        return terms
+
+
+_COMPONENTS: dict = {}
+
+
+def _component_of(calls: tuple, options=None) -> _Component:
+    component = _COMPONENTS.get(calls)
+    if component is None:
+        component = _COMPONENTS[calls] = _Component(calls)
+    return component
 
 
 _CALLS: dict = {}
@@ -248,12 +315,20 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
     buffer_calls = tuple(_call_of(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
                                   COMMUNICATION_BUFFERS, measured, None, name)
                          for _, name, info, _, _, measured, _ in rule_calls if measured is not None)
+    components = (
+        _component_of(tuple(c[4] for c in calls[WEIGHTS]), ()),
+        _component_of(tuple(c[4] for c in calls[GRADIENTS]), ()),
+        _component_of((spec_calls[OPTIMIZER_STATE], *(c[4] for c in calls[OPTIMIZER_STATE])), (optimizer,)),
+        _component_of((spec_calls[ACTIVATIONS], *(c[4] for c in calls[ACTIVATIONS])), (checkpointing,)),
+        _component_of((*buffer_calls, *(c[4] for c in calls[COMMUNICATION_BUFFERS])),
+                      tuple(call.option for call in buffer_calls)),
+        _component_of(tuple(c[4] for c in calls[RUNTIME_OVERHEADS]), ()))
     placer = _PLACERS.get(rule_calls)
     if placer is None:
         placer = _PLACERS[rule_calls] = _Placer(rule_calls)
     return _Selection(
         profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls, placer=placer,
-        spec_calls=spec_calls, buffer_calls=buffer_calls,
+        components=components,
         selected=types.MappingProxyType({"profile": profile, "optimizer": optimizer,
                                          "activation_checkpointing": checkpointing,
                                          **{f"{axis}_rule": rules[axis] for axis in AXES}}),
@@ -401,28 +476,35 @@ def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = Fals
 
 def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
     placement, rule_buffers, notes = read_keyed(selection.placer, _placed, (selection.placer,), (plan,))
-    weights = _ordered(_hooked(selection, WEIGHTS, plan, placement))
-    gradients = _ordered(_hooked(selection, GRADIENTS, plan, placement))
-    spec_calls = selection.spec_calls
-    optimizer_state = _ordered(spec_calls[OPTIMIZER_STATE].terms(plan, placement)
-                               + _hooked(selection, OPTIMIZER_STATE, plan, placement))
-    activations = _ordered(spec_calls[ACTIVATIONS].terms(plan, placement)
-                           + _hooked(selection, ACTIVATIONS, plan, placement))
+    weights_c, gradients_c, optimizer_c, activations_c, buffers_c, runtime_c = selection.components
+    w_terms = weights_c.collect(plan, placement)
+    g_terms = gradients_c.collect(plan, placement)
+    o_terms = optimizer_c.collect(plan, placement)
+    a_terms = activations_c.collect(plan, placement)
     if selection.profile.relocate is not None:     # e.g. offload to host memory
-        weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
-    buffers = list(rule_buffers)
-    for call in selection.buffer_calls:
-        buffers += call.terms(plan, placement)
-    model_states = FrozenMap({WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
-                              OPTIMIZER_STATE: _on_accelerator(optimizer_state)})
-    buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
-    terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
+        before = (list(w_terms.terms), list(g_terms.terms), list(o_terms.terms))
+        after = selection.profile.relocate(plan, *before)
+        if any(len(a) != len(b) or not all(map(operator.is_, a, b)) for a, b in zip(after, (
+                w_terms.terms, g_terms.terms, o_terms.terms))) or len(after) != 3:
+            w_terms, g_terms, o_terms = map(_Terms, after)
+    c_terms = buffers_c.collect(plan, placement, (w_terms.total, g_terms.total, o_terms.total), rule_buffers)
+    parts = (w_terms, g_terms, o_terms, a_terms, c_terms)
     peak = selection.profile.combine == "peak"
-    phase, alive = _combine(terms, peak)
-    runtime = _ordered(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)))
-    if runtime:
-        terms = (*terms, *runtime)
-        phase, alive = _combine(terms, peak)
+    if peak:    # per phase, the components' bytes alive (as _combine adds them); the heaviest phase
+        rows = [[part.peak[p] for part in parts] + [0] for p in range(len(PHASES))]
+        best = max(range(len(PHASES)), key=lambda p: (sum(rows[p]), -p))
+        phase, alive = PHASES[best], rows[best]
+    else:
+        phase, alive = None, [part.total for part in parts] + [0]
+    r_terms = runtime_c.collect(plan, placement, sum(alive))
+    if r_terms.terms:
+        if peak:
+            for p in range(len(PHASES)):
+                rows[p][5] = r_terms.peak[p]
+            best = max(range(len(PHASES)), key=lambda p: (sum(rows[p]), -p))
+            phase, alive = PHASES[best], rows[best]
+        else:
+            alive[5] = r_terms.total
     w, g, o, a, c, r = alive
     total = w + g + o + a + c      # the reference adds the five components left to right, in float64
     if r:
@@ -440,7 +522,9 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c,
         precision=plan.precision, optimizer=plan.optimizer, activation_checkpointing=plan.activation_checkpointing,
         parallelism=types.MappingProxyType(parallelism), notes=plan.notes + notes,
-        profile=plan.profile, terms=terms, host_memory=_host(terms), model=plan.model.name,
+        profile=plan.profile, terms=(terms := (*w_terms.terms, *g_terms.terms, *o_terms.terms, *a_terms.terms,
+                                               *c_terms.terms, *r_terms.terms)),
+        host_memory=_host(terms), model=plan.model.name,
         hardware=plan.hardware.name, microbatch=plan.microbatch, layers_per_stage=placement.layers_per_stage,
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,
