@@ -144,22 +144,29 @@ def bench_search(results: dict) -> None:
         lambda: inverse.largest_batch("llama3-8b", "h100", seq_len=2048), 20, repeat=5)
     results["inverse: longest sequence (Llama-3.1-8B, H100, B=1)"] = _median_per_call(
         lambda: inverse.longest_sequence("llama3-8b", "h100", batch_size=1), 20, repeat=5)
-    for name, (model, devices, batch) in SEARCHES.items():
+    for name, (model, devices, batch, *more) in SEARCHES.items():
+        options = more[0] if more else {}
         t = time.perf_counter()
-        plan = search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096)
+        plan = search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096, **options)
         elapsed = time.perf_counter() - t
         results[f"plan search: {name} (whole search)"] = elapsed
         results[f"plan search: {name}: candidates evaluated"] = plan.candidates
         results[f"plan search: {name}: candidates solved"] = plan.solves
         results[f"plan search: {name}: candidates per second"] = plan.candidates / elapsed
+        if "workers" in options:
+            continue
         t = time.perf_counter()     # the same search in this process only (no worker processes)
-        search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096, workers=1)
+        search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=4096, workers=1, **options)
         results[f"plan search: {name}, in-process (workers=1)"] = time.perf_counter() - t
 
 
-SEARCHES = {   # model, H100s, global batch (seq 4096); every layout incl. cp, every dp rule and strategy
+SEARCHES = {   # model, H100s, global batch (seq 4096)[, search options]; every layout incl. cp, every dp rule
+    # and strategy
     "Llama-3-70B on 64 H100, B=512": ("llama3-70b", 64, 512),
     "Mixtral-8x7B on 128 H100, B=1024": ("mixtral-8x7b", 128, 1024),
+    # issue 17's speed case: the measured profile, two worker processes
+    "Mixtral-8x7B on 128 H100, B=1024, measured, 2 workers": ("mixtral-8x7b", 128, 1024,
+                                                               {"profile": "measured", "workers": 2}),
 }
 
 

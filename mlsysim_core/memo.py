@@ -22,8 +22,8 @@ def memoize(function):
 
     @functools.wraps(function)
     def memoised(*args, **kwargs):
-        if not _enabled or _depth:     # (while a function runs tracked: see read_keyed)
-            return function(*args, **kwargs)
+        if not _enabled or (_depth and (_Tracked in map(type, args) or _Tracked in map(type, kwargs.values()))):
+            return function(*args, **kwargs)    # (a tracking view is no key: read_keyed records its reads)
         key = (*args, *map(type, args))      # the values and their types, flat (one tuple to hash)
         if kwargs:
             key += (_KEYWORDS, *kwargs.items(), *(type(v) for v in kwargs.values()))

@@ -30,7 +30,7 @@ from .hookspecs import COMPONENT_HOOKS
 from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
 from .memo import memoize, read_keyed
-from .plan import FrozenMap, Placement, TrainingPlan
+from .plan import FrozenMap, Placement, TrainingPlan, replaced
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar
@@ -132,8 +132,8 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     if not ranks:
         return run_pipeline(registry, plan, total_only)
     if total_only:
-        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank))) for rank in ranks])
+        return max(run_pipeline(registry, replaced(plan, rank=rank), True) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(registry, replaced(plan, rank=rank))) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -156,10 +156,11 @@ class _Placer:
     """The selected rules of step 3, one object per set of rules: ``_placed``'s results are
     remembered per set of rules (``memo.read_keyed``), whatever the optimizer and strategy."""
 
-    __slots__ = ("rules",)
+    __slots__ = ("rules", "names")
 
     def __init__(self, rules):
         self.rules = rules
+        self.names = tuple(rule[1] for rule in rules)
 
 
 _PLACERS: dict = {}
@@ -362,15 +363,16 @@ _shard_factors = operator.attrgetter(*_SHARD_FIELDS)
 _UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
 
-def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, tuple]:
+def _place(selection: _Selection, plan: TrainingPlan, options=None) -> tuple[Placement, list, tuple]:
     """Every selected rule in axis order (tp, cp, pp, ep, dp), each seeing what the earlier
-    ones did; their shard factors multiply (integers: the order never changes a number)."""
+    ones did; their shard factors multiply (integers: the order never changes a number).
+    ``options``: the rules' options in that order (default: the plan's)."""
     shards = dict.fromkeys(_SHARD_FIELDS, 1)
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
     layers_per_stage = layers_rule = None
     buffers, notes = [], {}
-    for axis, name, info, apply, takes_split, measured_buffers, where in selection.rules:
-        option = plan.options.get(name)
+    for index, (axis, name, info, apply, takes_split, measured_buffers, where) in enumerate(selection.rules):
+        option = plan.options.get(name) if options is None else options[index]
         if takes_split:
             split = SplitSoFar(**shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
                                layers_per_stage=layers_per_stage)
@@ -405,10 +407,11 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     return placement, buffers, tuple(n for axis in _NOTE_ORDER for n in notes.get(axis, ()))
 
 
-def _placed(selection, plan: TrainingPlan) -> tuple:
+def _placed(selection, options, plan: TrainingPlan) -> tuple:
     """Step 3 for one rank: the rules' placement (and this rank's own counts, for a profile
-    that tells ranks apart), the rules' buffer terms, their notes."""
-    placement, buffers, notes = _place(selection, plan)
+    that tells ranks apart), the rules' buffer terms, their notes. ``options``: the rules'
+    (given, not read from the plan: the plan's options hold every selected spec's)."""
+    placement, buffers, notes = _place(selection, plan, options)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
     return placement, tuple(buffers), notes
@@ -475,7 +478,8 @@ def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = Fals
 
 
 def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
-    placement, rule_buffers, notes = read_keyed(selection.placer, _placed, (selection.placer,), (plan,))
+    placement, rule_buffers, notes = read_keyed(selection.placer, _placed, (
+        selection.placer, tuple(map(plan.options.get, selection.placer.names))), (plan,))
     weights_c, gradients_c, optimizer_c, activations_c, buffers_c, runtime_c = selection.components
     w_terms = weights_c.collect(plan, placement)
     g_terms = gradients_c.collect(plan, placement)
