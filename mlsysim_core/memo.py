@@ -1,6 +1,8 @@
 """The one caching mechanism: a memo keyed on every argument of a pure function, and on each
-argument's type (``True == 1``, but a check may refuse one), so it cannot go stale by omission.
-``set_enabled(False)`` switches every memo off (tests check that answers are identical either way).
+argument's type (``True == 1``, but a check may refuse one), so it cannot go stale by omission;
+and ``read_keyed``, the same keyed on what a function read of its objects (a plan, a
+placement) instead of their whole value (below). ``set_enabled(False)`` switches both off
+(tests check that answers are identical either way).
 """
 
 from __future__ import annotations
@@ -297,10 +299,19 @@ def _lookup(node, objects):
         if value is node.last:
             node = node.next
             continue
-        try:
-            child = node.children.get(_key(value))
-        except TypeError:
-            return _MISS
+        kind = type(value)
+        if kind in _PRIMITIVE:
+            key = kind, value
+        else:
+            known = _TOKENS.get(id(value))
+            if known is not None and known[0] is value:
+                key = known[1]
+            else:
+                try:
+                    key = _token(value)
+                except TypeError:
+                    return _MISS
+        child = node.children.get(key)
         if child is None:
             return _MISS
         node.last, node.next = value, child

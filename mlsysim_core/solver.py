@@ -13,7 +13,8 @@
 Only selected specs are called, so an installed but unselected plugin contributes nothing.
 Shard factors are integer products and each component's terms are ordered by (source,
 label) before they are added, so pluggy's registration order never decides a number. The
-only cache is ``mlsysim_core.memo`` (keyed on every argument; ``memo.set_enabled(False)``).
+only cache is ``mlsysim_core.memo`` (keyed on every argument, or with ``memo.read_keyed`` on
+what a plugin function read of the plan and placement; ``memo.set_enabled(False)``).
 """
 
 from __future__ import annotations
