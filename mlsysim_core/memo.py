@@ -198,7 +198,9 @@ def _evolved_class(cls):
 
 def _make_evolved(cls):
     def __new__(klass, **changes):
-        log = _CURRENT[0]
+        # (called by attrs.evolve(view, ...): the view is its ``inst``; its log, not a global,
+        # so a tracked call in another thread cannot be mixed up with this one)
+        log = _get(_getframe(1).f_locals["inst"], "_log")
         view, copied = log.evolving, log.copied
         log.evolving = log.copied = None
         real = cls(**changes)
@@ -207,7 +209,6 @@ def _make_evolved(cls):
     return __new__
 
 
-_CURRENT = [None]       # the log of the function running tracked
 
 
 # The key of a value read: a primitive as (type, value); any other object as a token (an int)
@@ -369,8 +370,8 @@ def read_keyed(site, function, values: tuple, objects: tuple):
     if result is not _MISS:
         entry[3] += 1
         if type(result) is _Delta:
-            import attrs
-            return attrs.evolve(everything[result.index], **result.changes)
+            from .plan import replaced     # (attrs.evolve, faster for a plan's rank or options)
+            return replaced(everything[result.index], **result.changes)
         return result
     if _EVOLVE_CODE is None:
         import attrs
@@ -380,19 +381,18 @@ def read_keyed(site, function, values: tuple, objects: tuple):
     for index, value in enumerate(values):
         log.read(index, None, value)
     views = tuple(_Tracked(obj, log, offset + i) for i, obj in enumerate(objects))
-    previous = _CURRENT[0]
-    _CURRENT[0] = log
     _depth += 1
     try:
         result = function(*values, *views)
     except Exception:
+        failed = True
+    else:
+        failed = False
+    finally:
         log.active = False
         _depth -= 1
-        _CURRENT[0] = previous
+    if failed:
         return function(*values, *objects)     # the untracked run decides (and raises)
-    log.active = False
-    _depth -= 1
-    _CURRENT[0] = previous
     stored = result
     if type(result) is _Tracked:
         real = _get(result, "_t")

@@ -86,7 +86,7 @@ class TrainingPlan:
 _UNDERIVED = frozenset(("rank", "profile_options", "notes"))
 
 
-def replaced(plan: TrainingPlan, **changes) -> TrainingPlan:
+def replaced(plan: TrainingPlan, /, **changes) -> TrainingPlan:
     """``attrs.evolve(plan, **changes)``, field for field, without running ``__init__`` when
     only fields no derived attribute reads change (``rank``, ``profile_options``, ``notes``:
     TrainingPlan has no validators or converters): the solver does this per rank class."""
