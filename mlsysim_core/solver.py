@@ -149,6 +149,9 @@ class _Selection:
     calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site, _Call), ...)
     placer: "_Placer"              # step 3 for these rules (shared by the selections with the same rules)
     components: tuple              # a _Component per component, in COMPONENTS order
+    # Remember the calls' answers by what they read (memo.read_keyed)? Under a measured-grade
+    # profile, whose functions cost far more than a lookup; the reference profile's cost less.
+    keyed: bool
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
 
@@ -200,15 +203,16 @@ class _Terms:
 
     __slots__ = ("terms", "peak", "total")
 
-    def __init__(self, terms):
-        peak = [0] * len(PHASES)
+    def __init__(self, terms, phases: bool = True):
+        peak = [0] * len(PHASES) if phases else None     # (phases=False: a "sum" profile reads total only)
         total = 0
         for term in terms:
             if term.tier == ACCELERATOR:
                 nbytes = term.nbytes
                 total += nbytes
-                for phase in term.phases:
-                    peak[_PHASE_INDEX[phase]] += nbytes
+                if phases:
+                    for phase in term.phases:
+                        peak[_PHASE_INDEX[phase]] += nbytes
         self.terms, self.peak, self.total = tuple(terms), peak, total
 
 
@@ -227,7 +231,7 @@ class _Component:
     def __init__(self, calls):
         self.calls, self.merged = calls, {}
 
-    def collect(self, plan, placement, extra=None, prefix=()) -> _Terms:
+    def collect(self, plan, placement, extra=None, prefix=(), keyed=True, peak=True) -> _Terms:
         if not self.calls and not prefix:
             return _NO_TERMS
         results = [prefix] if prefix else []
@@ -239,7 +243,10 @@ class _Component:
                 values = extra          # (weights, gradients, optimizer state) on the accelerator
             else:
                 values = (extra,)
-            results.append(read_keyed(call, call, values, (plan, placement)))
+            results.append(read_keyed(call, call, values, (plan, placement)) if keyed
+                           else call(*values, plan, placement))
+        if not keyed:
+            return _Terms(_ordered([term for result in results for term in result]), peak)
         key = tuple(map(id, results))
         known = self.merged.get(key)
         if known is not None and all(map(operator.is_, known[0], results)):
@@ -330,7 +337,7 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
         placer = _PLACERS[rule_calls] = _Placer(rule_calls)
     return _Selection(
         profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls, placer=placer,
-        components=components,
+        components=components, keyed=measured,
         selected=types.MappingProxyType({"profile": profile, "optimizer": optimizer,
                                          "activation_checkpointing": checkpointing,
                                          **{f"{axis}_rule": rules[axis] for axis in AXES}}),
@@ -479,29 +486,31 @@ def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = Fals
 
 
 def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
-    placement, rule_buffers, notes = read_keyed(selection.placer, _placed, (
-        selection.placer, tuple(map(plan.options.get, selection.placer.names))), (plan,))
+    keyed = selection.keyed
+    peak = selection.profile.combine == "peak"
+    placement, rule_buffers, notes = (read_keyed(selection.placer, _placed, (
+        selection.placer, tuple(map(plan.options.get, selection.placer.names))), (plan,)) if keyed
+        else _placed(selection.placer, None, plan))
     weights_c, gradients_c, optimizer_c, activations_c, buffers_c, runtime_c = selection.components
-    w_terms = weights_c.collect(plan, placement)
-    g_terms = gradients_c.collect(plan, placement)
-    o_terms = optimizer_c.collect(plan, placement)
-    a_terms = activations_c.collect(plan, placement)
+    w_terms = weights_c.collect(plan, placement, keyed=keyed, peak=peak)
+    g_terms = gradients_c.collect(plan, placement, keyed=keyed, peak=peak)
+    o_terms = optimizer_c.collect(plan, placement, keyed=keyed, peak=peak)
+    a_terms = activations_c.collect(plan, placement, keyed=keyed, peak=peak)
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         before = (list(w_terms.terms), list(g_terms.terms), list(o_terms.terms))
         after = selection.profile.relocate(plan, *before)
         if any(len(a) != len(b) or not all(map(operator.is_, a, b)) for a, b in zip(after, (
                 w_terms.terms, g_terms.terms, o_terms.terms))) or len(after) != 3:
-            w_terms, g_terms, o_terms = map(_Terms, after)
-    c_terms = buffers_c.collect(plan, placement, (w_terms.total, g_terms.total, o_terms.total), rule_buffers)
+            w_terms, g_terms, o_terms = (_Terms(terms, peak) for terms in after)
+    c_terms = buffers_c.collect(plan, placement, (w_terms.total, g_terms.total, o_terms.total), rule_buffers, keyed, peak)
     parts = (w_terms, g_terms, o_terms, a_terms, c_terms)
-    peak = selection.profile.combine == "peak"
     if peak:    # per phase, the components' bytes alive (as _combine adds them); the heaviest phase
         rows = [[part.peak[p] for part in parts] + [0] for p in range(len(PHASES))]
         best = max(range(len(PHASES)), key=lambda p: (sum(rows[p]), -p))
         phase, alive = PHASES[best], rows[best]
     else:
         phase, alive = None, [part.total for part in parts] + [0]
-    r_terms = runtime_c.collect(plan, placement, sum(alive))
+    r_terms = runtime_c.collect(plan, placement, sum(alive), keyed=keyed, peak=peak)
     if r_terms.terms:
         if peak:
             for p in range(len(PHASES)):
