@@ -74,6 +74,7 @@ def set_enabled(enabled: bool) -> None:
 # to the next call's object with ``attrs.evolve``. While a function is tracked, ``memoize``
 # calls straight through (a memo key would hash the view, i.e. read everything).
 
+import itertools
 import sys
 import types
 
@@ -223,6 +224,8 @@ _MUTABLE = (list, dict, set, bytearray)
 _TOKENS: dict = {}              # id(object) -> (object, token)
 _INTERNED: dict = {}            # typed structure -> token
 TOKENS_MAX = 200000
+INTERNED_MAX = 500000
+_TOKEN_NUMBERS = itertools.count()
 
 
 def _key(value):
@@ -270,7 +273,9 @@ def _token(value):
     structure = _structure(value)
     token = _INTERNED.get(structure)
     if token is None:
-        token = _INTERNED[structure] = len(_INTERNED)
+        if len(_INTERNED) >= INTERNED_MAX:     # (numbers are never reused: a tree keyed on an old one misses)
+            _INTERNED.clear()
+        token = _INTERNED[structure] = next(_TOKEN_NUMBERS)
     if len(_TOKENS) >= TOKENS_MAX:
         _TOKENS.clear()
     _TOKENS[id(value)] = (value, token)
