@@ -12,8 +12,7 @@ import attrs
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
 from .hookspecs import COMPONENT_HOOKS
-from .memo import memoize
-from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan, replaced
+from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
 from .terms import _source_cell
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .specs import DATA, DEFAULT_RULES
@@ -242,12 +241,8 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
     if spec.options_type is None:
         return plan
     info = registry.providers[(PROFILE, spec.name)]
-    if all(type(value) in _SIMPLE for value in given.values()):     # one object per set of such options
-        options = call_plugin(info, "options_type", "mlsysim_profiles", _options, spec.options_type,
-                              *(part for item in sorted(given.items()) for part in item))
-    else:
-        options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
-    plan = replaced(plan, profile_options=options)
+    options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
+    plan = attrs.evolve(plan, profile_options=options)
     if spec.prepare is not None:
         plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:
@@ -255,16 +250,6 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
                                       f"{type(plan).__name__}; expected TrainingPlan",
                                       plugin=info.name, source=info.source, hook="prepare")
     return plan
-
-
-_SIMPLE = frozenset((int, float, str, bool, type(None)))
-
-
-@memoize
-def _options(options_type, *given):
-    """A profile's options object built from ``given`` (name, value, name, value, ...: plain
-    values, each a memo key with its type); frozen, so one object serves every solve that gives them."""
-    return options_type(**dict(zip(given[::2], given[1::2])))
 
 
 def options_fields(spec) -> dict[str, attrs.Attribute]:

@@ -82,24 +82,6 @@ class TrainingPlan:
         return self.options.get(spec_name)
 
 
-# Fields no derived attribute (bytes_per_value, microbatch, hidden_dim, hidden_dim_note) reads.
-_UNDERIVED = frozenset(("rank", "profile_options", "notes"))
-
-
-def replaced(plan: TrainingPlan, /, **changes) -> TrainingPlan:
-    """``attrs.evolve(plan, **changes)``, field for field, without running ``__init__`` when
-    only fields no derived attribute reads change (``rank``, ``profile_options``, ``notes``:
-    TrainingPlan has no validators or converters): the solver does this per rank class."""
-    if type(plan) is not TrainingPlan or not _UNDERIVED.issuperset(changes):
-        return attrs.evolve(plan, **changes)
-    new = object.__new__(TrainingPlan)
-    state = new.__dict__
-    state.update(plan.__dict__)
-    state.update(changes)
-    state["_attrs_cached_hash"] = None      # (attrs' cache_hash slot: computed again on first use)
-    return new
-
-
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Placement:
     """How the selected sharding rules split the model, for one rank: shard factors are

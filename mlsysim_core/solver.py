@@ -13,8 +13,7 @@
 Only selected specs are called, so an installed but unselected plugin contributes nothing.
 Shard factors are integer products and each component's terms are ordered by (source,
 label) before they are added, so pluggy's registration order never decides a number. The
-only cache is ``mlsysim_core.memo`` (keyed on every argument, or with ``memo.read_keyed`` on
-what a plugin function read of the plan and placement; ``memo.set_enabled(False)``).
+only cache is ``mlsysim_core.memo`` (keyed on every argument; ``memo.set_enabled(False)``).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from .errors import InvalidInputTypeError, NotModelledError, PluginContractError
 from .hookspecs import COMPONENT_HOOKS
 from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
-from .memo import memoize, read_keyed
-from .plan import FrozenMap, Placement, TrainingPlan, replaced
+from .memo import memoize
+from .plan import FrozenMap, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
 from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar
@@ -129,156 +128,26 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
-    ranks = read_keyed(spec.ranks, spec.ranks, (), (plan,)) if spec.ranks is not None else None
+    ranks = spec.ranks(plan) if spec.ranks is not None else None
     if not ranks:
         return run_pipeline(registry, plan, total_only)
     if total_only:
-        return max(run_pipeline(registry, replaced(plan, rank=rank), True) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, replaced(plan, rank=rank))) for rank in ranks])
+        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank))) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
 
-@attrs.frozen(eq=False)     # (compared by identity: the memo makes one per combination)
+@attrs.frozen
 class _Selection:
     """What one combination of specs and plugins calls: (provider, callable, name) per role."""
     profile: Any
     optimizer: tuple
     checkpointing: tuple
     rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers, call site)
-    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site, _Call), ...)
-    placer: "_Placer"              # step 3 for these rules (shared by the selections with the same rules)
-    components: tuple              # a _Component per component, in COMPONENTS order
-    # Remember the calls' answers by what they read (memo.read_keyed)? Under a measured-grade
-    # profile, whose functions cost far more than a lookup; the reference profile's cost less.
-    keyed: bool
+    calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site), ...)
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
-
-
-class _Placer:
-    """The selected rules of step 3, one object per set of rules: ``_placed``'s results are
-    remembered per set of rules (``memo.read_keyed``), whatever the optimizer and strategy."""
-
-    __slots__ = ("rules", "names")
-
-    def __init__(self, rules):
-        self.rules = rules
-        self.names = tuple(rule[1] for rule in rules)
-
-
-_PLACERS: dict = {}
-
-
-class _Call:
-    """One term-giving call of a selection (a component hook, a spec's or a rule's terms),
-    run through ``memo.read_keyed``: its terms are remembered keyed on what it read of the
-    plan and the placement (and its third argument), so a search's layouts that agree on
-    those reuse them. Every call still decides its terms; only identical reads are reused."""
-
-    __slots__ = ("info", "where", "hook", "component", "function", "pick", "option")
-
-    def __init__(self, info, where, hook, component, function, pick, option):
-        self.info, self.where, self.hook, self.component = info, where, hook, component
-        self.function, self.pick, self.option = function, pick, option
-
-    def __call__(self, *args):
-        *values, plan, placement = args
-        if self.component == COMMUNICATION_BUFFERS and self.option is None:    # model_states, as three numbers
-            extra = FrozenMap(zip((WEIGHTS, GRADIENTS, OPTIMIZER_STATE), values))
-        else:
-            extra = values[0]
-        if self.option is None:
-            args = self.pick((plan, placement, extra))
-        else:   # a spec's function: (plan, placement, the spec's options, given as ``extra``)
-            args = (plan, placement, extra)
-        return tuple(_checked(self.info, self.where, self.hook, _call(self.info, self.where, self.hook,
-                                                                     self.function, *args), self.component))
-
-
-
-class _Terms:
-    """One component's terms, ordered, with their accelerator bytes added up in order (from 0,
-    as ``_combine`` and ``_on_accelerator`` add them): per phase (``peak``) and in all (``total``)."""
-
-    __slots__ = ("terms", "peak", "total")
-
-    def __init__(self, terms, phases: bool = True):
-        peak = [0] * len(PHASES) if phases else None     # (phases=False: a "sum" profile reads total only)
-        total = 0
-        for term in terms:
-            if term.tier == ACCELERATOR:
-                nbytes = term.nbytes
-                total += nbytes
-                if phases:
-                    for phase in term.phases:
-                        peak[_PHASE_INDEX[phase]] += nbytes
-        self.terms, self.peak, self.total = tuple(terms), peak, total
-
-
-_NO_TERMS = _Terms(())
-
-
-class _Component:
-    """Every term-giving call of one component, in the pipeline's order (the spec's function,
-    the rules' measured buffers, then the component hooks in plugin-name order). Each call's
-    terms are remembered (``memo.read_keyed``) keyed on its options or extra argument and on
-    what it read of the plan and placement; the component's terms, ordered by (source,
-    label), and their sums are remembered per combination of those results (by identity)."""
-
-    __slots__ = ("calls", "merged")
-
-    def __init__(self, calls):
-        self.calls, self.merged = calls, {}
-
-    def collect(self, plan, placement, extra=None, prefix=(), keyed=True, peak=True) -> _Terms:
-        if not self.calls and not prefix:
-            return _NO_TERMS
-        results = [prefix] if prefix else []
-        get = plan.options.get
-        for call in self.calls:
-            if call.option is not None:
-                values = (get(call.option),)
-            elif call.component == COMMUNICATION_BUFFERS:
-                values = extra          # (weights, gradients, optimizer state) on the accelerator
-            else:
-                values = (extra,)
-            results.append(read_keyed(call, call, values, (plan, placement)) if keyed
-                           else call(*values, plan, placement))
-        if not keyed:
-            return _Terms(_ordered([term for result in results for term in result]), peak)
-        key = tuple(map(id, results))
-        known = self.merged.get(key)
-        if known is not None and all(map(operator.is_, known[0], results)):
-            return known[1]
-        terms = _Terms(_ordered([term for result in results for term in result]))
-        if len(self.merged) >= 20000:
-            self.merged.clear()
-        self.merged[key] = (results, terms)
-        return terms
-
-
-_COMPONENTS: dict = {}
-
-
-def _component_of(calls: tuple, options=None) -> _Component:
-    component = _COMPONENTS.get(calls)
-    if component is None:
-        component = _COMPONENTS[calls] = _Component(calls)
-    return component
-
-
-_CALLS: dict = {}
-
-
-def _call_of(info, where, hook, component, function, argnames, option=None) -> _Call:
-    """One ``_Call`` per call site, shared by every selection that makes it (the cache is the call's)."""
-    key = (info, where, hook, component, function, argnames, option)
-    call = _CALLS.get(key)
-    if call is None:
-        call = _CALLS[key] = _Call(info, where, hook, component, function,
-                                   _arguments(argnames) if argnames is not None else None, option)
-    return call
 
 
 @memoize
@@ -311,33 +180,13 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
                         s.measured_buffer_terms if measured else None, f"sharding rule '{s.name}' apply")
                        for axis, s in rule_specs)
     wanted = set(spec.component_plugins) | set(include)
-    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}",
-                               _call_of(i.plugin, f"hook {hook}", hook, component, i.function, i.argnames))
+    calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}")
                               for i in registry.component_impls[hook] if i.plugin.name in wanted)
              for component, hook in COMPONENT_HOOKS.items()}
     infos = [chosen[0][0], chosen[1][0], *(rule[2] for rule in rule_calls),
              *(call[0] for component_calls in calls.values() for call in component_calls)]
-    spec_calls = {OPTIMIZER_STATE: _call_of(*chosen[0][::2], "state_terms", OPTIMIZER_STATE, chosen[0][1], None,
-                                            optimizer),
-                  ACTIVATIONS: _call_of(*chosen[1][::2], "activation_terms", ACTIVATIONS, chosen[1][1], None,
-                                        checkpointing)}
-    buffer_calls = tuple(_call_of(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
-                                  COMMUNICATION_BUFFERS, measured, None, name)
-                         for _, name, info, _, _, measured, _ in rule_calls if measured is not None)
-    components = (
-        _component_of(tuple(c[4] for c in calls[WEIGHTS]), ()),
-        _component_of(tuple(c[4] for c in calls[GRADIENTS]), ()),
-        _component_of((spec_calls[OPTIMIZER_STATE], *(c[4] for c in calls[OPTIMIZER_STATE])), (optimizer,)),
-        _component_of((spec_calls[ACTIVATIONS], *(c[4] for c in calls[ACTIVATIONS])), (checkpointing,)),
-        _component_of((*buffer_calls, *(c[4] for c in calls[COMMUNICATION_BUFFERS])),
-                      tuple(call.option for call in buffer_calls)),
-        _component_of(tuple(c[4] for c in calls[RUNTIME_OVERHEADS]), ()))
-    placer = _PLACERS.get(rule_calls)
-    if placer is None:
-        placer = _PLACERS[rule_calls] = _Placer(rule_calls)
     return _Selection(
-        profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls, placer=placer,
-        components=components, keyed=measured,
+        profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls,
         selected=types.MappingProxyType({"profile": profile, "optimizer": optimizer,
                                          "activation_checkpointing": checkpointing,
                                          **{f"{axis}_rule": rules[axis] for axis in AXES}}),
@@ -371,16 +220,15 @@ _shard_factors = operator.attrgetter(*_SHARD_FIELDS)
 _UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
 
-def _place(selection: _Selection, plan: TrainingPlan, options=None) -> tuple[Placement, list, tuple]:
+def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, tuple]:
     """Every selected rule in axis order (tp, cp, pp, ep, dp), each seeing what the earlier
-    ones did; their shard factors multiply (integers: the order never changes a number).
-    ``options``: the rules' options in that order (default: the plan's)."""
+    ones did; their shard factors multiply (integers: the order never changes a number)."""
     shards = dict.fromkeys(_SHARD_FIELDS, 1)
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
     layers_per_stage = layers_rule = None
     buffers, notes = [], {}
-    for index, (axis, name, info, apply, takes_split, measured_buffers, where) in enumerate(selection.rules):
-        option = plan.options.get(name) if options is None else options[index]
+    for axis, name, info, apply, takes_split, measured_buffers, where in selection.rules:
+        option = plan.options.get(name)
         if takes_split:
             split = SplitSoFar(**shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
                                layers_per_stage=layers_per_stage)
@@ -413,16 +261,6 @@ def _place(selection: _Selection, plan: TrainingPlan, options=None) -> tuple[Pla
                           layers_per_stage=layers_per_stage if layers_per_stage is not None else plan.model.layers,
                           shard_sources=FrozenMap(split_by))
     return placement, buffers, tuple(n for axis in _NOTE_ORDER for n in notes.get(axis, ()))
-
-
-def _placed(selection, options, plan: TrainingPlan) -> tuple:
-    """Step 3 for one rank: the rules' placement (and this rank's own counts, for a profile
-    that tells ranks apart), the rules' buffer terms, their notes. ``options``: the rules'
-    (given, not read from the plan: the plan's options hold every selected spec's)."""
-    placement, buffers, notes = _place(selection, plan, options)
-    if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
-        placement = plan.rank.place(plan, placement)
-    return placement, tuple(buffers), notes
 
 
 # --- 4. collect ----------------------------------------------------------------------------
@@ -459,9 +297,10 @@ def _hooked(selection: _Selection, component: str, plan, placement, extra=None) 
     calls = selection.calls[component]
     if not calls:
         return []
+    hook = COMPONENT_HOOKS[component]
     terms = []
-    for call in calls:
-        terms += call[4].terms(plan, placement, extra)
+    for info, function, pick, where in calls:
+        terms += _terms(info, where, hook, component, function, *pick((plan, placement, extra)))
     return terms
 
 
@@ -486,39 +325,35 @@ def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = Fals
 
 
 def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
-    keyed = selection.keyed
-    peak = selection.profile.combine == "peak"
-    placement, rule_buffers, notes = (read_keyed(selection.placer, _placed, (
-        selection.placer, tuple(map(plan.options.get, selection.placer.names))), (plan,)) if keyed
-        else _placed(selection.placer, None, plan))
-    weights_c, gradients_c, optimizer_c, activations_c, buffers_c, runtime_c = selection.components
-    w_terms = weights_c.collect(plan, placement, keyed=keyed, peak=peak)
-    g_terms = gradients_c.collect(plan, placement, keyed=keyed, peak=peak)
-    o_terms = optimizer_c.collect(plan, placement, keyed=keyed, peak=peak)
-    a_terms = activations_c.collect(plan, placement, keyed=keyed, peak=peak)
+    placement, rule_buffers, notes = _place(selection, plan)
+    if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
+        placement = plan.rank.place(plan, placement)
+    weights = _ordered(_hooked(selection, WEIGHTS, plan, placement))
+    gradients = _ordered(_hooked(selection, GRADIENTS, plan, placement))
+    (info, function, where), (ck_info, ck_function, ck_where) = selection.optimizer, selection.checkpointing
+    optimizer_state = _ordered(_terms(info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement,
+                                      plan.options.get(plan.optimizer))
+                               + _hooked(selection, OPTIMIZER_STATE, plan, placement))
+    activations = _ordered(_terms(ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
+                                  plan.options.get(plan.activation_checkpointing))
+                           + _hooked(selection, ACTIVATIONS, plan, placement))
     if selection.profile.relocate is not None:     # e.g. offload to host memory
-        before = (list(w_terms.terms), list(g_terms.terms), list(o_terms.terms))
-        after = selection.profile.relocate(plan, *before)
-        if any(len(a) != len(b) or not all(map(operator.is_, a, b)) for a, b in zip(after, (
-                w_terms.terms, g_terms.terms, o_terms.terms))) or len(after) != 3:
-            w_terms, g_terms, o_terms = (_Terms(terms, peak) for terms in after)
-    c_terms = buffers_c.collect(plan, placement, (w_terms.total, g_terms.total, o_terms.total), rule_buffers, keyed, peak)
-    parts = (w_terms, g_terms, o_terms, a_terms, c_terms)
-    if peak:    # per phase, the components' bytes alive (as _combine adds them); the heaviest phase
-        rows = [[part.peak[p] for part in parts] + [0] for p in range(len(PHASES))]
-        best = max(range(len(PHASES)), key=lambda p: (sum(rows[p]), -p))
-        phase, alive = PHASES[best], rows[best]
-    else:
-        phase, alive = None, [part.total for part in parts] + [0]
-    r_terms = runtime_c.collect(plan, placement, sum(alive), keyed=keyed, peak=peak)
-    if r_terms.terms:
-        if peak:
-            for p in range(len(PHASES)):
-                rows[p][5] = r_terms.peak[p]
-            best = max(range(len(PHASES)), key=lambda p: (sum(rows[p]), -p))
-            phase, alive = PHASES[best], rows[best]
-        else:
-            alive[5] = r_terms.total
+        weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
+    buffers = list(rule_buffers)
+    for _, name, info, _, _, measured_buffers, _ in selection.rules:
+        if measured_buffers is not None:
+            buffers += _terms(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
+                              COMMUNICATION_BUFFERS, measured_buffers, plan, placement, plan.options.get(name))
+    model_states = {WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
+                    OPTIMIZER_STATE: _on_accelerator(optimizer_state)}
+    buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
+    terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
+    peak = selection.profile.combine == "peak"
+    phase, alive = _combine(terms, peak)
+    runtime = _ordered(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)))
+    if runtime:
+        terms = (*terms, *runtime)
+        phase, alive = _combine(terms, peak)
     w, g, o, a, c, r = alive
     total = w + g + o + a + c      # the reference adds the five components left to right, in float64
     if r:
@@ -536,9 +371,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c,
         precision=plan.precision, optimizer=plan.optimizer, activation_checkpointing=plan.activation_checkpointing,
         parallelism=types.MappingProxyType(parallelism), notes=plan.notes + notes,
-        profile=plan.profile, terms=(terms := (*w_terms.terms, *g_terms.terms, *o_terms.terms, *a_terms.terms,
-                                               *c_terms.terms, *r_terms.terms)),
-        host_memory=_host(terms), model=plan.model.name,
+        profile=plan.profile, terms=terms, host_memory=_host(terms), model=plan.model.name,
         hardware=plan.hardware.name, microbatch=plan.microbatch, layers_per_stage=placement.layers_per_stage,
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,

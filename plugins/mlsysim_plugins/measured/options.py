@@ -90,7 +90,7 @@ _LORA_FLAGS = (
      "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"})
 
 
-@attrs.frozen(kw_only=True, cache_hash=True)     # (hashed by every read-keyed lookup)
+@attrs.frozen(kw_only=True)
 class MeasuredOptions:
     """The measured profile's options. See docs/profiles.md for each one's mechanism."""
 
@@ -175,19 +175,7 @@ ARCHITECTURES_HOOK = "mlsysim_measured_architectures"
 
 
 def prepare(plan, registry):
-    """The plan with its measured options checked and completed (``ProfileSpec.prepare``).
-
-    Remembered keyed on what it reads of the plan (``mlsysim_core.memo.read_keyed``): a
-    search's micro-batches of one layout share it. The whole-micro-batch check, the one read
-    of the accumulation steps, runs on every call."""
-    from mlsysim_core.memo import read_keyed
-    plan = read_keyed(_prepare, _prepare, (registry,), (plan,))
-    if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
-        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
-    return plan
-
-
-def _prepare(registry, plan):
+    """The plan with its measured options checked and completed (``ProfileSpec.prepare``)."""
     from .model import RuntimeOverheads
     from .optimizers import IMPLEMENTATIONS
     from .parallel import check_option_values, layout_options
@@ -282,6 +270,8 @@ def _prepare(registry, plan):
     plan = layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
+    if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
+        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan
 
 

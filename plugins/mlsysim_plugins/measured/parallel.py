@@ -180,7 +180,7 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
 
 # --- rank classes -------------------------------------------------------------------------
 
-@attrs.frozen(cache_hash=True)
+@attrs.frozen
 class RankClass:
     """One kind of rank of a parallel layout: a pipeline stage (or the stages that are
     alike) with every tensor-, context-, expert- and data-parallel rank inside it.
