@@ -156,6 +156,7 @@ class PlanSearch:
     def _row(self, candidate: Candidate) -> dict:
         row = candidate.as_row()
         row["step_time_components"] = self.components(candidate) if self.timing else {}
+        row["profile"], row["units"] = self.profile, ROW_UNITS
         return row
 
     def to_dict(self) -> dict:
@@ -233,6 +234,9 @@ UNITS = {"total_memory": "bytes", "headroom": "bytes (capacity - total)", "step_
          "tokens_per_s": "tokens per second, the whole run", "mfu": "share of the dense bf16 peak (0-1)",
          "bubble": "share of the pipeline idle (0-1)", "recompute": "share of the forward run again (0-1)",
          "step_time_components": "seconds per optimizer step", "assumptions": "FLOP/s, bytes/s, seconds, shares"}
+
+
+ROW_UNITS = "memory in bytes, times in seconds per step, tokens per second; mfu, bubble, recompute: shares (0-1)"
 
 
 def _rows(rows):
