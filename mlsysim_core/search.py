@@ -464,7 +464,10 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         notes += ("data-parallel rules " + ", ".join(r for r in dp_rules if r not in known_rules)
                   + ": the step time counts their communication as fsdp's (gather, gather, reduce-scatter "
                     "per micro-batch)",)
-    notes += _attention_note(options) + fig["notes"]
+    if options.get("attention") == "eager":
+        notes += ("step time: eager attention is timed as the fused kernel's FLOPs (its s x s memory traffic is "
+                  "not), so it is optimistic",)
+    notes += fig["notes"]
     state = (2 * first.optimizer_state + 2 * first.weights + first.gradients) / model.parameters
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
@@ -556,13 +559,6 @@ def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckp
     from .technique_fit import _prepared
     return _prepared(solver, model, hardware, 1, seq_len, dict(precision=precision, optimizer=optimizer,
                                                               activation_checkpointing=ckpt, profile=profile, **options))
-
-
-def _attention_note(options) -> tuple[str, ...]:
-    if options.get("attention") == "eager":
-        return ("step time: eager attention is timed as the fused kernel's FLOPs (its s x s memory traffic is "
-                "not), so it is optimistic",)
-    return ()
 
 
 def _whole_search_notes(result) -> tuple[str, ...]:
