@@ -45,21 +45,11 @@ front) is the in-process one, field for field. ``workers=1`` evaluates in-proces
 is also the fallback wherever workers cannot run.
 
 **Step time** (``mlsysim_core.steptime``, derived in docs/planner.md): every layout that fits
-gets seconds per optimizer step, tokens/s and MFU from a model of compute at per-op
-efficiency (matmuls, the fused attention kernel, memory-bound ops, kernel overheads), the
-recompute its checkpointing strategy declares (``CheckpointingSpec.recompute``), the exposed
-communication of each axis (TP collectives on the critical path, the CP ring behind the
-attention it feeds, the EP all-to-all, pipeline send/receive and the 1F1B bubble, the
-data-parallel rule's gathers and reductions behind the compute they overlap) and the
-optimizer step's memory traffic. Layouts are ranked by step time, fastest first; no term is
-keyed on a tp or cp value. The efficiencies are calibrated per accelerator against published
-runs (``steptime.CALIBRATIONS``); other hardware is labelled uncalibrated.
-
-**Topology**: the hardware's ``peak_bf16_flops``, ``intra_node_bandwidth``,
-``inter_node_bandwidth`` and ``devices_per_node`` (or the ``flops``, ``tp_bandwidth``,
-``network_bandwidth`` overrides); a search on hardware without them is an error naming the
-missing fields. Tensor- and expert-parallel groups stay inside a node (tp x ep <= devices per
-node) unless ``allow_cross_node_tp``; ``max_tp`` caps tp.
+gets seconds per optimizer step, tokens/s and MFU; layouts are ranked fastest first. The
+hardware needs its topology (``steptime.TOPOLOGY_FIELDS``, or the ``flops``,
+``tp_bandwidth``, ``network_bandwidth`` overrides): without it the search is an error naming
+the missing fields. TP and EP groups stay inside a node (tp x ep <= devices per node) unless
+``allow_cross_node_tp``; ``max_tp`` caps tp.
 """
 
 from __future__ import annotations
@@ -149,9 +139,9 @@ class PlanSearch:
     def components(self, candidate: Candidate) -> dict:
         """The candidate's step time, every component in seconds (see ``mlsysim_core.steptime``)."""
         c = candidate
-        return steptime.step_time(tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
-                                  recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
-                                  gas=c.gradient_accumulation_steps, **self.timing)
+        return steptime.layout_time(self.timing, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
+                                    recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
+                                    gas=c.gradient_accumulation_steps)
 
     def _row(self, candidate: Candidate) -> dict:
         row = candidate.as_row()
@@ -327,7 +317,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  solver: TrainingMemoryModel | None = None, workers: int | None = None,
                  progress: Callable[[int, int], None] | None = None, profile: str | None = None,
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
-                 dropout: float | None = None, runtime_overheads=None, lora=None,
+                 dropout: float | None = None, runtime_overheads=None, lora=None, pipeline_schedule: str | None = None,
                  headroom: float | str | None = None, allow_cross_node_tp: bool = False,
                  calibration: steptime.Calibration | None = None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
@@ -342,7 +332,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     overheads): bytes, or a string ``"8GiB"``, ``"8GB"`` or ``"10%"`` (of the capacity); a layout
     fits when total + margin <= capacity (default 0).
     ``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
-    ``lora``: measured-grade options, passed to every ``solve`` (as ``solve`` reads them).
+    ``lora``, ``pipeline_schedule``: measured-grade options, passed to every ``solve`` (as ``solve``
+    reads them); the schedule's ``idle_slots`` is the step time's bubble.
     ``flops``, ``tp_bandwidth``, ``network_bandwidth``: override the hardware's dense bf16 peak
     FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction).
     ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
@@ -410,7 +401,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     measured = registry.profiles[profile].grade == "measured"
     options = {name: value for name, value in (
         ("regime", regime), ("optimizer_impl", optimizer_impl), ("attention", attention), ("dropout", dropout),
-        ("runtime_overheads", runtime_overheads), ("lora", lora)) if value is not None}
+        ("runtime_overheads", runtime_overheads), ("lora", lora), ("pipeline_schedule", pipeline_schedule))
+        if value is not None}
     # What does not depend on the layout is checked now, once per strategy at one device:
     # a bad option or a run the profile cannot describe raises here, not as "no layout fits".
     # Under a measured-grade profile, a strategy the profile cannot model is left out (and
@@ -469,6 +461,11 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                   "not), so it is optimistic",)
     notes += fig["notes"]
     state = (2 * first.optimizer_state + 2 * first.weights + first.gradients) / model.parameters
+    # The measured profile's pipeline schedule (its PipelineSchedule: idle slots, model chunks)
+    prepared = _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, strategies[0], profile, options)
+    schedule = getattr(prepared.profile_options, "pipeline_schedule", None)
+    if schedule is not None and getattr(schedule, "idle_slots", None) is None:
+        notes += (f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's",)
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
@@ -483,7 +480,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     run["headroom"] = margin
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     timing = dict(fig=fig, hw=hw, cal=calibration, seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=state,
-                  fused_attention=options.get("attention", "sdpa") != "eager")
+                  fused_attention=options.get("attention", "sdpa") != "eager",
+                  idle=getattr(schedule, "idle_slots", None), chunks=getattr(prepared.profile_options, "virtual_stages",
+                                                                               None) or 1)
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
                devices, node, options, margin, timing, allow_cross_node_tp)
@@ -898,7 +897,7 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
     limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
-    step_time, peak = steptime.step_time, timing["hw"]["flops"]
+    step_time, peak = steptime.layout_time, timing["hw"]["flops"]
     flops_per_token = steptime.model_flops_per_token(timing["fig"], seq_len)
     mfu_scale = flops_per_token * tokens / (devices * peak)
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
@@ -933,10 +932,11 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                     done += n - index - 1
                     break
                 continue
-            seconds = step_time(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb, gas=gas,
-                                **timing)["step"]
-            rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory,
-                         seconds, tokens / seconds, mfu_scale / seconds, stages / (gas + stages), rec, False))
+            seconds = step_time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb,
+                                gas=gas)["step"]
+            idle = timing["idle"](pp, gas, timing["chunks"]) if timing["idle"] and pp > 1 else stages
+            rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory, seconds,
+                         tokens / seconds, mfu_scale / seconds, idle / (gas + idle) if idle else 0.0, rec, False))
         if progress is not None and time.perf_counter() - last_report > 0.2:
             progress(done, total)
             last_report = time.perf_counter()

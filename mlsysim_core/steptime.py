@@ -254,6 +254,15 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     return parts
 
 
+def layout_time(timing: dict, *, pp: int, gas: int, **layout) -> dict:
+    """``step_time`` for one layout from a search's ``timing`` (the model, hardware and
+    calibration, and the pipeline schedule's ``idle`` slots function and model chunks)."""
+    idle = timing.get("idle")
+    fixed = {k: v for k, v in timing.items() if k != "idle"}
+    slots = idle(pp, gas, fixed.get("chunks", 1)) if idle is not None and pp > 1 else None
+    return step_time(pp=pp, gas=gas, idle_slots=slots, **fixed, **layout)
+
+
 def hidden(comm: float, compute: float, cal: Calibration) -> float:
     """Exposed seconds of a collective overlapping ``compute``: what outlasts it, plus the
     compute slowed while they overlap (the collective's kernel holds overlap_sm_share of the SMs)."""

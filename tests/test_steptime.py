@@ -147,3 +147,26 @@ def test_calibration_table_is_current():
     # the held-out compiled FSDP run on 128 GPUs: step time within 15 %
     case = next(c for c in calibrate.CASES if c["id"] == "torchtitan-2412-llama3.1-8b-128xh100-fsdp-compile")
     assert abs(calibrate.predict(case, shipped)["step_s"] / calibrate.published_step(case) - 1) < 0.15
+
+
+def test_the_pipeline_schedule_sets_the_bubble_and_the_memory(solver):
+    """Interleaved 1F1B idles (pp - 1)/v slots (and sends v times as often), zero bubble H1 a
+    third of 1F1B's; each layout's memory is the measured solve under that schedule."""
+    args = dict(devices=8, global_batch=16, seq_len=1024, profile="measured", checkpointing=["full"],
+                data_parallel=["zero1"], context_parallel=[1], max_tp=1)
+    rows = {}
+    for schedule in ("1f1b", "interleaved-1f1b", "zb-h1"):
+        found = search.search_plans("llama3-8b", "h100", solver=solver, pipeline_schedule=schedule, **args)
+        rows[schedule] = next(c for c in found.fits if (c.pp, c.microbatch) == (4, 1))
+        c = rows[schedule]
+        assert c.total_memory == solver.solve("llama3-8b", "h100", 16, 1024, activation_checkpointing="full", pp_size=4,
+                                              dp_size=2, zero_stage=1, gradient_accumulation_steps=8,
+                                              profile="measured", pipeline_schedule=schedule).total_memory
+        parts = found.components(c)
+        micro = sum(parts[k] for k in ("matmul", "attention", "memory", "kernels", "tp", "cp", "ep", "p2p")) / 8
+        slots = {"1f1b": 3, "interleaved-1f1b": 3 / 2, "zb-h1": 1}[schedule]
+        assert parts["bubble"] == pytest.approx(slots * micro) and c.bubble == pytest.approx(slots / (8 + slots))
+    assert found.components(rows["zb-h1"])["p2p"] * 2 == pytest.approx(
+        search.search_plans("llama3-8b", "h100", solver=solver, pipeline_schedule="interleaved-1f1b", **args)
+        .components(rows["interleaved-1f1b"])["p2p"])
+    assert rows["interleaved-1f1b"].total_memory > rows["1f1b"].total_memory
