@@ -93,7 +93,7 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once.
 CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h100-sxm5-80gb": Calibration(
-        matmul=0.455, attention=0.35, memory=0.8, intra_link=0.57, inter_link=0.8, kernel_overhead=4e-6,
+        matmul=0.45, attention=0.35, memory=0.8, intra_link=0.57, inter_link=0.8, kernel_overhead=4e-6,
         latency=20e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
         source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) "
                "on torchtitan's compiled bf16 Llama 3.1 8B FSDP (8 GPUs), 8B FSDP x TP=8 (64) and 70B FSDP x TP=8 "
@@ -193,10 +193,12 @@ COMPONENTS = ("matmul", "attention", "memory", "kernels", "tp", "cp", "ep", "p2p
 def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str,
               recompute: float, sp: bool, mb: int, gas: int, seq_len: int, bytes_: float, node: int,
               optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
-              idle_slots: float | None = None, chunks: int = 1) -> dict:
+              idle_slots: float | None = None, chunks: int = 1, compiled: bool = False) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``idle_slots``: the pipeline schedule's bubble in micro-batch slots (None: 1F1B's pp - 1);
-    ``chunks``: model chunks per rank (an interleaved schedule's v: v times the sends)."""
+    ``chunks``: model chunks per rank (an interleaved schedule's v: v times the sends);
+    ``compiled``: torch.compile fuses the memory-bound ops (default: eager, as the measured
+    memory profile models)."""
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
     layers = math.ceil(fig["layers"] / pp)
     T = mb * seq_len / cp
@@ -208,8 +210,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     matmul = (layer_fwd * layers * (3 + r) + head_fwd * 3) / (cal.matmul * peak)
     attn_fwd = 2 * T * seq_len * h_q / tp
     attention = attn_fwd * layers * (3.5 + (r if r >= 1 or not fused_attention else 0)) / (cal.attention * peak)
-    replicated = (4 * h + 6 * h) / (tp if sp else 1)
-    elementwise = (replicated + (2 * (h_q + h_kv) + (fig["mats"] + 1) * fig["ffn"] * fig["k"]) / tp) * T * bytes_
+    elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
     logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
     memory = (elementwise * layers * (3 + r) + logits) / (cal.memory * mem_bw)
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
@@ -252,6 +253,21 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                  dp=dp_comm, optimizer=optimizer)
     parts["step"] = sum(parts.values())
     return parts
+
+
+def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
+    """Bytes per token one layer pass of the memory-bound ops reads and writes (bf16 activations,
+    fp32 inside the norms and RoPE). Two RMSNorms: fused, read x and write y (4 B per element);
+    eager (torchtitan's RMSNorm: x.float(), pow, mean, x * rsqrt, type_as, * weight), 36 B. Two
+    residual adds, 6 B either way. RoPE on q and k: fused 4 B; eager (complex: .float(), multiply,
+    type_as) 20 B. The gated MLP's act: fused silu(g) * u 6 B per element, eager (silu, mul) 10 B;
+    a plain MLP's GELU 4 B. (Scaled by the precision's bytes over bf16's.)
+    Norms and residuals are replicated across TP ranks unless sequence-parallel."""
+    h, mlp = fig["h"], fig["ffn"] * fig["k"]
+    gated = fig["mats"] == 3
+    norm, rope, act = (4, 4, 6 if gated else 4) if compiled else (36, 20, 10 if gated else 4)
+    replicated = (2 * norm + 12) * h / (tp if sp else 1)
+    return replicated + (rope * (fig["h_q"] + fig["h_kv"]) + act * mlp) / tp
 
 
 def layout_time(timing: dict, *, pp: int, gas: int, **layout) -> dict:

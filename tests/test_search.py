@@ -105,7 +105,9 @@ def test_step_time_by_hand(solver):
     layer = (1e9 - 2 * V * h) / L                          # untied: embedding and LM head out
     matmul = (2 * T * layer * L * (3 + 1) + 2 * T * V * h * 3) / (cal.matmul * 4e14)
     attention = 2 * T * s * h * L * (3.5 + 1) / (cal.attention * 4e14)      # full recompute reruns the kernel
-    memory = ((10 * h + 2 * (2 * h) + 4 * f) * T * 2 * L * 4 + 16 * T * V) / (cal.memory * 2e12)
+    # eager memory-bound ops per token and layer pass: two norms of 36 B and two residual adds of
+    # 6 B per element of h, RoPE on q and k at 20 B, silu then mul at 10 B per MLP element
+    memory = ((2 * 36 * h + 12 * h + 20 * (2 * h) + 10 * f) * T * L * 4 + 16 * T * V) / (cal.memory * 2e12)
     assert parts["matmul"] == pytest.approx(2 * matmul) and parts["attention"] == pytest.approx(2 * attention)
     assert parts["memory"] == pytest.approx(2 * memory)
     assert parts["kernels"] == pytest.approx(2 * 20 * L * 4 * cal.kernel_overhead)

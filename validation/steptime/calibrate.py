@@ -11,8 +11,9 @@ node (compute-bound, no tensor parallelism) and its 8B and 70B FSDP x TP=8 runs 
 collectives). Everything else keeps
 steptime.DEFAULT. Every other bf16 run with a layout the model describes is HELD OUT.
 Runs with float8, async TP or an unknown model are listed as not comparable (the model has
-no float8 or async-TP term). torch.compile fuses the memory-bound ops the model times
-separately: compiled runs are marked.
+no float8 or async-TP term). Compiled runs are timed with their memory-bound ops fused
+(``compiled=True``), the others eager, as the search times every layout (the measured
+memory profile models eager PyTorch).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def predict(case, cal: steptime.Calibration) -> dict:
     parts = steptime.step_time(fig, hw, cal, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
                                rule=lay["rule"], recompute=share, sp=lay["tp"] > 1, mb=lay["mb"], gas=lay["gas"],
                                seq_len=case["seq_len"], bytes_=precision_bytes("bf16"),
-                               node=hardware.devices_per_node, optimizer_bytes=state)
+                               node=hardware.devices_per_node, optimizer_bytes=state, compiled=bool(case["compile"]))
     tokens = case["global_batch"] * case["seq_len"]
     return steptime.summary(parts, tokens=tokens, devices=case["devices"], fig=fig, seq_len=case["seq_len"],
                             peak=hardware.peak_bf16_flops) | {"parts": parts, "layout": lay, "checkpointing": ckpt}
