@@ -394,9 +394,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     layers = model.layers
     tokens = global_batch * seq_len
     fig = steptime.model_figures(model)
-    hw = {"flops": flops or hardware.peak_bf16_flops, "intra": tp_bandwidth or hardware.intra_node_bandwidth,
-          "inter": network_bandwidth or hardware.inter_node_bandwidth,
-          "memory": hardware.memory_bandwidth or 1e12}
+    hw = steptime.hardware_figures(hardware, flops=flops, intra=tp_bandwidth, inter=network_bandwidth)
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
     measured = registry.profiles[profile].grade == "measured"
     options = {name: value for name, value in (
@@ -413,6 +411,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     refusal = None
     undeclared: list[str] = []
     shapeless: list[str] = []
+    # a strategy's prepared one-device plan (what its recompute and the pipeline schedule read), made once
+    prepared = functools.cache(lambda ckpt: _one_device_plan(solver, model, hardware, seq_len, precision, optimizer,
+                                                             ckpt, profile, options))
     for ckpt in strategies:
         try:
             checked = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1,
@@ -432,8 +433,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
             if declared is None:
                 undeclared.append(ckpt)
             try:
-                recompute[ckpt] = float(declared(_one_device_plan(solver, model, hardware, seq_len, precision,
-                                                                  optimizer, ckpt, profile, options))) if declared else 0.0
+                recompute[ckpt] = float(declared(prepared(ckpt))) if declared else 0.0
             except NotModelledError:    # (its share needs the model's shapes): a full recompute is 1, else 0
                 recompute[ckpt] = 1.0 if ckpt == "full" else 0.0
                 shapeless.append(ckpt)
@@ -451,19 +451,19 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     if not calibration.calibrated:
         notes += (f"step time uncalibrated for {hardware.name}: assumed efficiencies (steptime.DEFAULT), no "
                   "published measurement fitted",)
-    known_rules = ("zero0", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
-    if any(r not in known_rules for r in dp_rules):
-        notes += ("data-parallel rules " + ", ".join(r for r in dp_rules if r not in known_rules)
-                  + ": the step time counts their communication as fsdp's (gather, gather, reduce-scatter "
-                    "per micro-batch)",)
+    untimed = [r for r in dp_rules if r not in ("zero0", *SHARDING_DP_RULES)]     # (steptime._data_parallel's)
+    if untimed:
+        notes += (f"data-parallel rules {', '.join(untimed)}: the step time counts their communication as fsdp's "
+                  "(gather, gather, reduce-scatter per micro-batch)",)
     if options.get("attention") == "eager":
-        notes += ("step time: eager attention is timed as the fused kernel's FLOPs (its s x s memory traffic is "
-                  "not), so it is optimistic",)
+        notes += ("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic",)
+    if hardware.memory_bandwidth is None:
+        notes += (f"step time: {hardware.name} has no memory_bandwidth: {steptime.ASSUMED_MEMORY_BANDWIDTH:.0e} B/s",)
     notes += fig["notes"]
-    state = (2 * first.optimizer_state + 2 * first.weights + first.gradients) / model.parameters
+    state = steptime.optimizer_step_bytes(first, model.parameters)
     # The measured profile's pipeline schedule (its PipelineSchedule: idle slots, model chunks)
-    prepared = _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, strategies[0], profile, options)
-    schedule = getattr(prepared.profile_options, "pipeline_schedule", None)
+    schedule_options = prepared(strategies[0]).profile_options
+    schedule = getattr(schedule_options, "pipeline_schedule", None)
     if schedule is not None and getattr(schedule, "idle_slots", None) is None:
         notes += (f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's",)
     if left_out:
@@ -481,8 +481,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     timing = dict(fig=fig, hw=hw, cal=calibration, seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=state,
                   fused_attention=options.get("attention", "sdpa") != "eager",
-                  idle=getattr(schedule, "idle_slots", None), chunks=getattr(prepared.profile_options, "virtual_stages",
-                                                                               None) or 1)
+                  idle=getattr(schedule, "idle_slots", None),
+                  chunks=getattr(schedule_options, "virtual_stages", None) or 1)
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
                devices, node, options, margin, timing, allow_cross_node_tp)
@@ -556,8 +556,8 @@ def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckp
     """The prepared one-device plan a strategy's ``recompute(plan)`` reads (its share does not
     depend on the layout)."""
     from .technique_fit import _prepared
-    return _prepared(solver, model, hardware, 1, seq_len, dict(precision=precision, optimizer=optimizer,
-                                                              activation_checkpointing=ckpt, profile=profile, **options))
+    return _prepared(solver, model, hardware, 1, seq_len, dict(
+        precision=precision, optimizer=optimizer, activation_checkpointing=ckpt, profile=profile, **options))
 
 
 def _whole_search_notes(result) -> tuple[str, ...]:

@@ -49,7 +49,6 @@ from typing import Mapping
 
 import attrs
 
-from .errors import InvalidInputError  # noqa: F401 (re-exported for plugins timing their own layouts)
 
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
 
@@ -112,6 +111,21 @@ def calibration_for(hardware_name: str) -> Calibration:
 
 def missing_topology(hardware, overrides: Mapping[str, object] = {}) -> list[str]:
     return [f for f in TOPOLOGY_FIELDS if getattr(hardware, f, None) is None and overrides.get(f) is None]
+
+
+ASSUMED_MEMORY_BANDWIDTH = 10**12     # B/s, for hardware that does not say (the search notes it)
+
+
+def hardware_figures(hardware, *, flops=None, intra=None, inter=None) -> dict:
+    """What ``step_time`` reads of the hardware (``hw``), overrides first."""
+    return {"flops": flops or hardware.peak_bf16_flops, "intra": intra or hardware.intra_node_bandwidth,
+            "inter": inter or hardware.inter_node_bandwidth,
+            "memory": hardware.memory_bandwidth or ASSUMED_MEMORY_BANDWIDTH}
+
+
+def optimizer_step_bytes(result, parameters: int) -> float:
+    """Bytes per parameter the optimizer step moves: its state and weights read and written, gradients read."""
+    return (2 * result.optimizer_state + 2 * result.weights + result.gradients) / parameters
 
 
 def model_figures(model) -> dict:
@@ -242,7 +256,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     local = dense + fig["expert_params"] / (tp * pp * ep)
     grads = local * bytes_
     dp_bw = link(d, tp, node, hw, cal)
-    fwd = (matmul + attention + memory) / (3 + r) * 1.0
+    fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
     dp_comm = _data_parallel(rule, d, grads, dp_bw, cal.latency, fwd, bwd, gas, fig["layers"] / pp,
                              shard_group, node, tp, hw, cal)

@@ -124,6 +124,14 @@ def test_calibration_and_uncalibrated_hardware(solver):
         search.search_plans("llama3-8b", "h100", devices=8, global_batch=8, solver=solver, calibration=0.5)
 
 
+def test_hardware_without_memory_bandwidth_is_timed_with_a_note(solver):
+    gpu = HardwareNode(name="no-hbm-figure", memory_capacity=80 * 2**30, devices_per_node=8,
+                       peak_bf16_flops=10**15, intra_node_bandwidth=4 * 10**11, inter_node_bandwidth=5 * 10**10)
+    found = search.search_plans("llama3-8b", gpu, devices=2, global_batch=2, solver=solver)
+    assert "step time: no-hbm-figure has no memory_bandwidth: 1e+12 B/s" in found.notes
+    assert found.timing["hw"]["memory"] == steptime.ASSUMED_MEMORY_BANDWIDTH == 10**12
+
+
 def test_published_measurements_are_cited():
     cases = runpy.run_path(str(ROOT / "validation" / "steptime" / "published.py"))["CASES"]
     assert len({c["id"] for c in cases}) == len(cases) >= 60

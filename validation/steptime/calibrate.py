@@ -71,19 +71,18 @@ _SHARES: dict = {}
 
 
 def predict(case, cal: steptime.Calibration) -> dict:
-    solver = TrainingMemoryModel()
     model, hardware = _model(case["model"]), _hardware(case["hardware"])
     ckpt = CKPT[case["checkpointing"]]
     key = (case["model"], ckpt, case["seq_len"])
-    if key not in _SHARES:
+    if key not in _SHARES:      # (once per model, strategy and sequence: the fit calls this thousands of times)
+        solver = TrainingMemoryModel()
         plan = _one_device_plan(solver, model, hardware, case["seq_len"], "bf16", "adamw", ckpt, "measured", {})
         first = solver.solve(model, hardware, 1, case["seq_len"], "bf16", "adamw", ckpt, profile="measured")
-        state = (2 * first.optimizer_state + 2 * first.weights + first.gradients) / model.parameters
-        _SHARES[key] = (solver.registry.checkpointing[ckpt].recompute(plan), state)
+        _SHARES[key] = (solver.registry.checkpointing[ckpt].recompute(plan),
+                        steptime.optimizer_step_bytes(first, model.parameters))
     share, state = _SHARES[key]
     fig = steptime.model_figures(model)
-    hw = {"flops": hardware.peak_bf16_flops, "intra": hardware.intra_node_bandwidth,
-          "inter": hardware.inter_node_bandwidth, "memory": hardware.memory_bandwidth}
+    hw = steptime.hardware_figures(hardware)
     lay = layout(case)
     parts = steptime.step_time(fig, hw, cal, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
                                rule=lay["rule"], recompute=share, sp=lay["tp"] > 1, mb=lay["mb"], gas=lay["gas"],
