@@ -18,8 +18,14 @@ Four sources, each entry stamped with its ``origin``:
 
 Names are looked up case-insensitively, with ``_`` and spaces read as ``-``
 (``Llama3_8B`` finds ``llama3-8b``); the key, every alias and the display name all work.
-A name claimed by two entries is an error that names both providers; an unknown name gets
-the closest names (``l40s``: did you mean ``nvidia/l40s``?). Built-in files are
+A name none of them matches is then compared without its separators (``-``, ``_``, spaces,
+``/``: ``RTX4090`` finds ``rtx-4090``) and against the names without their ``vendor/`` or
+``owner/`` prefix (``qwen2.5-7b`` finds ``qwen/qwen2.5-7b``): one entry found is the
+answer, two or more are refused, naming them (``gpt-2``: ``gpt2`` or
+``openai-community/gpt2``?). A name claimed by two entries is an error that names both
+providers; an unknown name gets the closest names (``h10``: did you mean
+``nvidia/h100-sxm5-80gb``, ...?). An alias that means something other than what people
+usually mean by it carries a note (``alias_note("model", "gpt2")``). Built-in files are
 parsed once; the user directory is re-read when its files change. Looking up a built-in or
 user name never loads plugins: they are collected (once per plugin manager) only to list
 the catalog or to find a name the other sources lack. See docs/catalog.md.
@@ -51,7 +57,7 @@ if TYPE_CHECKING:
     from ..manager import PluginManager
 
 __all__ = [
-    "CatalogEntry", "CatalogError", "ENV_CATALOG_DIR", "SCHEMA", "ParameterCount", "clear_cache",
+    "CatalogEntry", "CatalogError", "ENV_CATALOG_DIR", "SCHEMA", "ParameterCount", "alias_note", "clear_cache",
     "count_parameters", "count_workload_parameters", "find_hardware", "find_model", "get_hardware",
     "get_model", "list_hardware", "list_models", "NAMESPACE", "normalise", "provenance_notes",
     "read_catalog_file", "user_catalog_dir",
@@ -70,7 +76,8 @@ _MODEL_KINDS = {"transformer": TransformerWorkload, "sparse_transformer": Sparse
 # Descriptive keys a row may carry besides the object's fields; they go to ``extra``.
 _DESCRIPTIVE = ("notes", "paper", "hf_repo", "counting", "reference_path", "reference_provenance",
                 "tier", "node", "memory_capacity_stated", "memory_bandwidth_stated",
-                "memory_capacity_reported", "origin", "provided_by", "plugin", "curated_counterpart")
+                "memory_capacity_reported", "origin", "provided_by", "plugin", "curated_counterpart",
+                "alias_notes")
 _ROW_KEYS = ("key", "aliases", "name", "sources", "extra")
 _FILE_KEYS = ("schema", "source", "description", "models", "hardware")
 _BUILTIN_FILES = {MODEL: (("models.json", "reference"), ("curated_models.json", "curated")),
@@ -93,6 +100,20 @@ def normalise(name: str) -> str:
     if not isinstance(name, str):
         raise InvalidInputTypeError("name", name, "a model or hardware name (a string)", f"got {type(name).__name__}")
     return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+_SEPARATORS = re.compile(r"[-\s_/]+")
+
+
+def _compact(norm: str) -> str:
+    """A normalised name without its separators (``-``, ``_``, whitespace, ``/``):
+    ``nvidia/rtx-4090`` and ``NVIDIA RTX4090`` are both ``nvidiartx4090``."""
+    return _SEPARATORS.sub("", norm)
+
+
+def _tail(norm: str) -> str | None:
+    """A normalised name without its ``vendor/`` or ``owner/`` prefix (``None`` if it has none)."""
+    return norm.rsplit("/", 1)[1] if "/" in norm else None
 
 
 # --- entries ------------------------------------------------------------------------------
@@ -223,6 +244,18 @@ class CatalogEntry:
         extra = {k: row[k] for k in row if k in extra_keys}
         if kind == MODEL:
             extra["kind"] = model_kind
+        notes = extra.get("alias_notes")
+        if notes is not None:
+            names = {normalise(n) for n in (key, *aliases, value.name)}
+            if not isinstance(notes, Mapping) or not all(
+                    isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in notes.items()):
+                raise CatalogError(f"{label}: field 'alias_notes' must map names of the entry to notes "
+                                   f"(strings), got {notes!r}", parameter=f"{where}.alias_notes", value=notes)
+            stray = [k for k in notes if normalise(k) not in names]
+            if stray:
+                raise CatalogError(f"{label}: field 'alias_notes' names {stray[0]!r}, which is not a name of "
+                                   f"this entry (its key, an alias or its display name)",
+                                   parameter=f"{where}.alias_notes", value=stray[0])
         extra.update(free)
         return cls(key=key, aliases=tuple(aliases), value=value, sources=dict(sources), extra=extra)
 
@@ -509,6 +542,9 @@ def _collect(pm, kind: str) -> tuple[CatalogEntry, ...]:
 class _Table:
     entries: tuple[CatalogEntry, ...]
     index: Mapping[str, CatalogEntry]
+    # compact form (no separators) of every name and of every name's part after its
+    # "vendor/" -> the entries, each with the name that gave it
+    fuzzy: Mapping[str, tuple[tuple[str, CatalogEntry], ...]] = attrs.field(factory=dict)
 
 
 def _index(entries: Iterable[CatalogEntry], kind: str) -> _Table:
@@ -530,7 +566,18 @@ def _index(entries: Iterable[CatalogEntry], kind: str) -> _Table:
                 raise PluginConflictError(message + " (or block the plugin with MLSYSIM_DISABLED_PLUGINS)",
                                           plugin=plugins[-1].extra.get("plugin"), hook=CATALOG_HOOKS[kind])
             raise CatalogError(message, parameter=f"{kind} name", value=norm)
-    return _Table(entries, {norm: claimants[0][1] for norm, claimants in claims.items()})
+    fuzzy: dict[str, list[tuple[str, CatalogEntry]]] = defaultdict(list)
+    for norm, claimants in claims.items():
+        entry = claimants[0][1]
+        tail = _tail(norm)
+        for form in (norm, tail):
+            if form is None:
+                continue
+            bucket = fuzzy[_compact(form)]
+            if not any(e is entry for _, e in bucket):
+                bucket.append((claimants[0][0], entry))
+    return _Table(entries, {norm: claimants[0][1] for norm, claimants in claims.items()},
+                  {form: tuple(found) for form, found in fuzzy.items()})
 
 
 @functools.lru_cache(maxsize=16)
@@ -588,31 +635,69 @@ def _find(kind: str, name: object, plugin_manager, command: str) -> CatalogEntry
         return entry
     table = _full_table(kind, _manager(plugin_manager))
     entry = table.index.get(norm)
-    if entry is None:
-        keys = [e.key for e in table.entries]
-        close = _close_keys(norm, table)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise InvalidInputError(kind, name, f"{hint}one of: {', '.join(keys)} "
-                                            f"(or an alias: `mlsysim-core {command} --json` lists them)")
-    return entry
+    if entry is not None:
+        return entry
+    found = table.fuzzy.get(_compact(norm), ()) if norm else ()
+    if len(found) == 1:
+        return found[0][1]
+    if found:
+        which = ", ".join(f"{e.key} (as {n!r})" if normalise(n) != e.key else e.key for n, e in found)
+        raise InvalidInputError(kind, name, f"a name that means one entry; {name!r} could be any of: "
+                                            f"{which}: give one of those names")
+    keys = [e.key for e in table.entries]
+    close = _close_keys(norm, table)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise InvalidInputError(kind, name, f"{hint}one of: {', '.join(keys)} "
+                                        f"(or an alias: `mlsysim-core {command} --json` lists them)")
+
+
+_MAX_SUGGESTIONS = 6
 
 
 def _close_keys(norm: str, table: _Table) -> list[str]:
-    """The keys of the entries whose names are closest to ``norm``: whole names, and names
-    without their ``vendor/`` or ``mlsysim:`` prefix (``l40s`` finds ``nvidia/l40s``)."""
-    tails: dict[str, list[str]] = defaultdict(list)
-    for name in table.index:
-        tail = name.rsplit("/", 1)[-1]
-        tail = tail[len(NAMESPACE):] if tail.startswith(NAMESPACE) else tail
-        if tail != name:
-            tails[tail].append(name)
-    bare = norm.rsplit("/", 1)[-1]
-    bare = bare[len(NAMESPACE):] if bare.startswith(NAMESPACE) else bare
-    found = list(tails.get(bare, ()))
-    found += difflib.get_close_matches(norm, list(table.index), n=3, cutoff=0.6)
-    for tail in difflib.get_close_matches(bare, list(tails), n=3, cutoff=0.75):
-        found += tails[tail]
-    return list(dict.fromkeys(table.index[n].key for n in found))[:4]
+    """The keys of the entries whose names are closest to ``norm``: first those with a name
+    that begins with it (``h10``: the H100s), then the most similar names; names are
+    compared without separators, whole and without their ``vendor/``, ``owner/`` or
+    ``mlsysim:`` prefix (``l40`` finds ``nvidia/l40s``, ``rtx4009`` ``nvidia/rtx-4090``).
+    Curated, user and plugin entries come before the reference's ``mlsysim:`` ones."""
+    keys = _prefixed_keys(norm, table) + _similar_keys(norm, table)
+    return list(dict.fromkeys(keys))[:_MAX_SUGGESTIONS]
+
+
+def _bare(form: str) -> str:
+    """A name without its ``vendor/`` part and ``mlsysim:`` namespace."""
+    form = form.rsplit("/", 1)[-1]
+    return form[len(NAMESPACE):] if form.startswith(NAMESPACE) else form
+
+
+def _prefixed_keys(norm: str, table: _Table) -> list[str]:
+    """Keys of the entries one of whose names begins with ``norm`` (whole, or without its
+    prefix), compared without separators; nothing for fewer than two characters."""
+    short, bare_short = _compact(norm), _compact(_bare(norm))
+    if len(bare_short) < 2:
+        return []
+    found = []
+    for form, entries in table.fuzzy.items():
+        bare = _bare(form)
+        if form.startswith(short) or bare.startswith(bare_short):
+            found += [(e.key.startswith(NAMESPACE), len(bare), e.key) for _, e in entries]
+    return [key for *_, key in sorted(found)]
+
+
+def _similar_keys(norm: str, table: _Table, cutoff: float = 0.8) -> list[str]:
+    """Keys of the entries with a name similar to ``norm`` (difflib ratio at least ``cutoff``,
+    whole or without prefixes, without separators), the most similar first."""
+    whole, bare = _compact(norm), _compact(_bare(norm))
+    scored = []
+    for form, entries in table.fuzzy.items():
+        best = 0.0
+        for query, name in ((whole, form), (bare, _bare(form))):
+            matcher = difflib.SequenceMatcher(None, query, name)
+            if matcher.real_quick_ratio() >= cutoff and matcher.quick_ratio() >= cutoff:
+                best = max(best, matcher.ratio())
+        if best >= cutoff:
+            scored += [(-best, e.key.startswith(NAMESPACE), e.key) for _, e in entries]
+    return [key for *_, key in sorted(scored)]
 
 
 def find_model(name: str, *, plugin_manager: "PluginManager | None" = None) -> CatalogEntry:
@@ -623,6 +708,28 @@ def find_model(name: str, *, plugin_manager: "PluginManager | None" = None) -> C
 def find_hardware(name: str, *, plugin_manager: "PluginManager | None" = None) -> CatalogEntry:
     """The ``CatalogEntry`` of an accelerator, by key, alias or display name."""
     return _find(HARDWARE, name, plugin_manager, "hardware")
+
+
+def alias_note(kind: str, name: str, *, plugin_manager: "PluginManager | None" = None) -> str | None:
+    """What a short name means when that is not what people usually mean by it, else ``None``.
+
+    ``kind`` is ``"model"`` or ``"hardware"``; ``name`` is looked up as ``find_model`` /
+    ``find_hardware`` do (an unknown name raises the same error). The note comes from the
+    entry's ``alias_notes`` (a name of the entry -> the note), matched without case or
+    separators: ``alias_note("model", "gpt2")`` is "'gpt2' is GPT-2 XL (1.5B parameters,
+    openai-community/gpt2-xl); the 124M GPT-2 is 'gpt2-small' (openai-community/gpt2)".
+    """
+    if kind not in (MODEL, HARDWARE):
+        raise InvalidInputError("kind", kind, "'model' or 'hardware'")
+    entry = _find(kind, name, plugin_manager, "models" if kind == MODEL else "hardware")
+    notes = entry.extra.get("alias_notes")
+    if not notes:
+        return None
+    given = _compact(normalise(name))
+    for alias, note in notes.items():
+        if _compact(normalise(alias)) == given:
+            return note
+    return None
 
 
 def get_model(name: str, *, plugin_manager: "PluginManager | None" = None) -> TransformerWorkload:
