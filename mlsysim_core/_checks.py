@@ -54,16 +54,12 @@ def flag(name: str, value: object) -> bool:
 
 
 def name(parameter: str, value: object, choices) -> str:
-    """A name (case-insensitive) from ``choices``; the error lists every choice."""
+    """A name from ``choices``, case and separators ignored (``registry.resolve_name``: the one
+    lookup of every name a user gives); the error lists every choice and the likely one."""
     if type(value) is str and value in choices:   # already canonical: the common case
         return value
-    listing = ", ".join(sorted(choices)) or "(none installed)"
-    if not isinstance(value, str):
-        raise InvalidInputTypeError(parameter, value, f"one of: {listing}", f"got {type(value).__name__}")
-    key = value.lower()
-    if key not in choices:
-        raise InvalidInputError(parameter, value, f"one of: {listing}")
-    return key
+    from .registry import resolve_name
+    return resolve_name(parameter, value, choices)
 
 
 def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False):

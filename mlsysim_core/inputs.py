@@ -14,7 +14,7 @@ from .errors import InvalidInputError, InvalidInputTypeError, PluginContractErro
 from .hookspecs import COMPONENT_HOOKS
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
 from .terms import _source_cell
-from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
+from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry, resolve_name
 from .specs import DATA, DEFAULT_RULES
 from .types import HardwareNode, TransformerWorkload
 
@@ -30,15 +30,9 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
     profile = _checks.name("profile", profile, registry.profiles)
     model, hardware = _model(model), _hardware(hardware)
     precision = _checks.name("precision", precision, PRECISION_BYTES)
-    if not isinstance(optimizer, str) or optimizer.lower() not in registry.optimizers:
-        raise (InvalidInputError if isinstance(optimizer, str) else InvalidInputTypeError)(
-            "optimizer", optimizer,
-            f"an installed optimizer: {registry.describe_choices(OPTIMIZER, registry.optimizers)}")
-    if not isinstance(activation_checkpointing, str) or activation_checkpointing not in registry.checkpointing:
-        # Case-sensitive, as the reference: 'Selective' is not a strategy name.
-        raise (InvalidInputError if isinstance(activation_checkpointing, str) else InvalidInputTypeError)(
-            "activation_checkpointing", activation_checkpointing,
-            f"one of: {registry.describe_choices(CHECKPOINTING, registry.checkpointing)}")
+    # Names: case and separators ignored, a near miss named (Registry.resolve, the one lookup).
+    optimizer = registry.resolve(OPTIMIZER, "optimizer", optimizer)
+    activation_checkpointing = registry.resolve(CHECKPOINTING, "activation_checkpointing", activation_checkpointing)
     count = _checks.count
     sizes = {name: count(name, value) for name, value in (
         ("batch_size", batch_size), ("seq_len", seq_len), ("tp_size", tp_size), ("pp_size", pp_size),
@@ -84,7 +78,6 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
             f"strategy '{activation_checkpointing}' needs model.heads"
             + (": the 5*a*s^2*b attention-score term scales with the head count (Korthikanti et al. "
                "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
-    optimizer = optimizer.lower()
     rules = _rules(registry, sharding_rules, data_parallel, zero_stage)
     include = tuple(sorted(set(include_plugins))) if include_plugins else ()
     for plugin in include:
@@ -164,12 +157,10 @@ def _rule(registry: Registry, axis: str, name: object, parameter: str) -> str:
     choices = registry.rules_for_axis(axis)
     if type(name) is str and name in choices:
         return name
-    if not isinstance(name, str) or name.strip().lower() not in choices:
-        label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
-                 "ep": "expert-parallel", "cp": "context-parallel"}[axis]
-        raise (InvalidInputTypeError if not isinstance(name, str) else InvalidInputError)(
-            parameter, name, f"an installed {label} rule: {registry.describe_choices(SHARDING, choices)}")
-    return name.strip().lower()
+    label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
+             "ep": "expert-parallel", "cp": "context-parallel"}[axis]
+    return resolve_name(parameter, name.strip() if isinstance(name, str) else name, choices,
+                        f"an installed {label} rule: {registry.describe_choices(SHARDING, choices)}")
 
 
 def _check_included(registry: Registry, profile: str, include: tuple) -> None:

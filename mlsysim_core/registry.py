@@ -3,10 +3,13 @@ implementations in a fixed order (a solve never depends on pluggy's order). Immu
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import difflib
+import re
+from typing import Callable, Iterable, Mapping
 
 import attrs
 
+from .errors import InvalidInputError, InvalidInputTypeError
 from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 
@@ -62,6 +65,56 @@ class Registry:
     def provider(self, kind: str, name: str) -> PluginInfo:
         return self.providers[(kind, name)]
 
+    def resolve(self, kind: str, parameter: str, value: object, choices: Iterable[str] | None = None) -> str:
+        """``value`` as the canonical name of an installed spec of ``kind`` (``resolve_name``);
+        the error lists each choice with its provider. ``choices``: a subset (an axis' rules)."""
+        pool = {OPTIMIZER: self.optimizers, CHECKPOINTING: self.checkpointing, SHARDING: self.sharding_rules,
+                PROFILE: self.profiles}[kind] if choices is None else choices
+        label = {OPTIMIZER: "an installed optimizer: ", SHARDING: "an installed sharding rule: "}.get(kind, "one of: ")
+        return resolve_name(parameter, value, pool, label + self.describe_choices(kind, pool))
+
     def describe_choices(self, kind: str, names) -> str:
         """``"adam (mlsysim-core 0.1.0), demo.lion (mlsysim-demo 0.1)"``."""
         return ", ".join(f"{n} ({self.providers[(kind, n)].source})" for n in sorted(names)) or "(none installed)"
+
+
+# --- names, as users type them ----------------------------------------------------------
+
+_SEPARATORS = re.compile(r"[-_ ]+")
+
+
+def name_key(name: str) -> str:
+    """What two spellings of one name share: case and the separators ``-``, ``_`` and space
+    ignored (``Interleaved_1F1B`` and ``interleaved-1f1b`` are one name)."""
+    return _SEPARATORS.sub("", name.casefold())
+
+
+def resolve_name(parameter: str, value: object, choices: Iterable[str], allowed: str | None = None) -> str:
+    """The one lookup of a name a user gives (an optimizer, a checkpointing strategy, a
+    sharding rule, a profile, a regime, an attention kernel, a pipeline schedule, ...):
+    ``value`` itself when it is one of ``choices``, else the one choice it names with case and
+    separators (``-``, ``_``, space) ignored. Surrounding whitespace is never ignored (as in
+    the reference, ``"fp16 "`` is not ``"fp16"``). Anything else is an ``InvalidInputError``
+    naming ``parameter``, listing ``allowed`` (default: every choice, sorted), and saying
+    which choice was probably meant (difflib)."""
+    if type(value) is str and value in choices:     # already canonical: the common case
+        return value
+    names = sorted(choices)
+    allowed = allowed if allowed is not None else "one of: " + (", ".join(names) or "(none installed)")
+    if not isinstance(value, str):
+        raise InvalidInputTypeError(parameter, value, allowed, f"got {type(value).__name__}")
+    by_key: dict[str, list[str]] = {}
+    for name in names:
+        by_key.setdefault(name_key(name), []).append(name)
+    key = name_key(value)
+    same = by_key.get(key, []) if value == value.strip() else []
+    if len(same) == 1:
+        return same[0]
+    if len(same) > 1:
+        raise InvalidInputError(parameter, value, allowed,
+                                f"ambiguous: it names {' and '.join(map(repr, same))} (give one exactly)")
+    close = [name for k in difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.6) for name in by_key[k]]
+    detail = "surrounding whitespace is not ignored" if value != value.strip() and key in by_key else ""
+    if close:
+        detail += ("; " if detail else "") + f"did you mean {' or '.join(map(repr, close))}?"
+    raise InvalidInputError(parameter, value, allowed, detail)

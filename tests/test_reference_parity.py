@@ -145,6 +145,25 @@ def test_grid_errors_are_errors_here_too(solver, reference_grid):
     # deliberate difference: they solve here.
     added = [c for c in errors if str(c["kwargs"]["optimizer"]).lower() in ADDED_OPTIMIZERS]
     assert [c["kwargs"]["optimizer"] for c in added] == ["ADAFACTOR", "sgd-momentum"]
+    # The second: names are case- and separator-insensitive here (registry.resolve_name), so
+    # 'Selective', 'NONE' or 'adam w' name an installed spec; nothing else was wrong in these.
+    from mlsysim_core.registry import name_key
+    tables = {"optimizer": solver.registry.optimizers, "activation_checkpointing": solver.registry.checkpointing}
+
+    def respelled(case):     # every name installed up to case and separators, and one not exactly
+        names = {k: case["kwargs"][k] for k in tables}
+        return (all(isinstance(v, str) and name_key(v) in map(name_key, tables[k]) for k, v in names.items())
+                and any(v not in tables[k] for k, v in names.items()))
+    def solves(case):
+        try:
+            return _solve(solver, case).total_memory > 0
+        except InvalidInputError:
+            return False
+    spelled = [c for c in errors if c not in added and respelled(c) and solves(c)]
+    assert sorted((c["kwargs"]["optimizer"], c["kwargs"]["activation_checkpointing"]) for c in spelled) == [
+        ("adam", "FULL"), ("adam", "Full"), ("adam", "NONE"), ("adam", "None"), ("adam", "Selective"),
+        ("adam", "Selective"), ("adam w", "selective"), ("adam8bit", "selective")]
+    added += spelled
     for case in errors:
         if case in added:
             assert _solve(solver, case).total_memory > 0

@@ -17,8 +17,8 @@ GPU = HardwareNode(name="gpu", memory_capacity=2**30)
     ({"precision": "fp16 "}, InvalidInputError, ["precision='fp16 '"]),
     ({"optimizer": "mystery"}, InvalidInputError, ["optimizer='mystery'", "adam (mlsysim-core", "sgd ("]),
     ({"optimizer": None}, InvalidInputTypeError, ["optimizer=None"]),
-    ({"activation_checkpointing": "Selective"}, InvalidInputError,
-     ["activation_checkpointing='Selective'", "full (", "none (", "selective ("]),
+    ({"activation_checkpointing": "Selectve"}, InvalidInputError,     # ("Selective" is selective)
+     ["activation_checkpointing='Selectve'", "full (", "none (", "selective (", "did you mean 'selective'?"]),
     ({"activation_checkpointing": None}, InvalidInputTypeError, ["activation_checkpointing=None"]),
     ({"batch_size": 0}, InvalidInputError, ["batch_size=0", "an integer >= 1"]),
     ({"seq_len": -4}, InvalidInputError, ["seq_len=-4"]),

@@ -12,7 +12,7 @@ from typing import Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+from mlsysim_core.errors import NotModelledError
 
 
 @attrs.frozen(kw_only=True)
@@ -87,12 +87,8 @@ def regime_for(regime, precision: str, regimes: Mapping[str, Regime] = REGIMES) 
         return regimes[name]
     if isinstance(regime, Regime):
         return check_modelled(regime)
-    if not isinstance(regime, str):
-        raise InvalidInputTypeError("regime", regime, f"one of {', '.join(regimes)}")
-    key = regime.strip().lower()
-    if key not in regimes:
-        raise InvalidInputError("regime", regime, f"one of {', '.join(regimes)}")
-    return check_modelled(regimes[key])
+    from mlsysim_core.registry import resolve_name     # case and separators ignored, a likely name said
+    return check_modelled(regimes[resolve_name("regime", regime, regimes, f"one of {', '.join(regimes)}")])
 
 
 # The dtype layouts the activation formulas describe: (compute, residual, autocast).
