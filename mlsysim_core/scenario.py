@@ -141,7 +141,7 @@ class Scenario:
             raise InvalidInputError("scenario", str(path), "a readable .json or .toml file",
                                     err.strerror or str(err)) from None
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")     # a BOM is allowed (Windows editors write one); CRLF too
         except UnicodeDecodeError as err:
             raise InvalidInputError("scenario", str(path), "a UTF-8 text file (.json or .toml)",
                                     f"byte {err.start} is not UTF-8: {err.reason}") from None
@@ -207,7 +207,7 @@ class Scenario:
                     from .catalog.files import structure_model
                     from .serialization import parse_json
                     path = path / "config.json" if path.is_dir() else path
-                    data = parse_json(path.read_text(encoding="utf-8"), "model", where=str(path))
+                    data = parse_json(path.read_text(encoding="utf-8-sig"), "model", where=str(path))
                     return from_hf_config(data) if "model_type" in data else structure_model(data)
                 from .catalog import get_model
                 return get_model(self.model)
