@@ -6,9 +6,9 @@ import attrs
 import pytest
 
 from mlsysim_core import InvalidInputError
-from mlsysim_core.catalog import (NAMESPACE, CatalogEntry, count_parameters, count_workload_parameters,
-                                  find_hardware, find_model, get_hardware, get_model, list_hardware, list_models,
-                                  normalise, provenance_notes)
+from mlsysim_core.catalog import (NAMESPACE, CatalogEntry, CatalogError, alias_note, count_parameters,
+                                  count_workload_parameters, find_hardware, find_model, get_hardware, get_model,
+                                  list_hardware, list_models, normalise, provenance_notes)
 
 GiB = 2**30
 
@@ -114,19 +114,93 @@ def test_unknown_name_suggests():
 
 
 @pytest.mark.parametrize("name,suggested", [
-    ("l40s", "nvidia/l40s"), ("L40S", "nvidia/l40s"), ("rtx4090", "nvidia/rtx-4090"),
-    ("tpu-v5e", "google/tpu-v5e"), ("mi250x-gcd1", "amd/mi250x-gcd"), ("mlsysim:l40s", "nvidia/l40s"),
+    ("l40", "nvidia/l40s"), ("mi250x-gcd1", "amd/mi250x-gcd"), ("mlsysim:l40s", "nvidia/l40s"),
+    ("h10", "nvidia/h100-sxm5-80gb"), ("rtx4009", "nvidia/rtx-4090"), ("H1000", "nvidia/h100-sxm5-80gb"),
+    ("a10", "nvidia/a100-sxm4-80gb"), ("rtx-6000", "nvidia/rtx-6000-ada"), ("tpu-v5", "google/tpu-v5e"),
 ])
-def test_unknown_hardware_suggests_the_product_without_its_vendor(name, suggested):
+def test_a_near_miss_hardware_name_suggests_the_closest_first(name, suggested):
+    """A name that begins a name, or is a typo of one, is refused with the closest names first
+    (``mlsysim:l40s`` asks for reference data that does not exist: it is not taken as ``l40s``)."""
     with pytest.raises(InvalidInputError, match=rf"hardware='{name}' is not allowed: did you mean {suggested}[,?]"):
         get_hardware(name)
 
 
-def test_unknown_model_suggests_the_repo_without_its_owner():
-    with pytest.raises(InvalidInputError, match=r"did you mean qwen/qwen2\.5-7b[,?]"):
-        get_model("qwen2.5-7b")
-    with pytest.raises(InvalidInputError, match=r"did you mean google/gemma-2-9b[,?]"):
-        get_model("Gemma-2-9B")
+@pytest.mark.parametrize("name,suggested", [
+    ("lama3-8b", "meta-llama/llama-3.1-8b"), ("deepsek-v3", "deepseek-ai/deepseek-v3"),
+    ("qwen2.5-7", "qwen/qwen2.5-7b"), ("meta-llama/llama-3.1-8c", "meta-llama/llama-3.1-8b"),
+    ("mixtral-8x22", "mistralai/mixtral-8x22b-v0.1"), ("gemma-2-9", "google/gemma-2-9b"),
+])
+def test_a_near_miss_model_name_suggests_the_closest_first(name, suggested):
+    with pytest.raises(InvalidInputError, match=rf"model='{re.escape(name)}' is not allowed: did you mean "
+                                                rf"{re.escape(suggested)}[,?]"):
+        get_model(name)
+
+
+def test_a_suggestion_lists_the_candidates_a_prefix_begins():
+    with pytest.raises(InvalidInputError) as err:
+        get_hardware("h10")
+    hint = str(err.value).split("did you mean ", 1)[1].split("?", 1)[0].split(", ")
+    assert {"nvidia/h100-sxm5-80gb", "nvidia/h100-pcie-80gb", "nvidia/h100-nvl"} <= set(hint)
+    assert hint.index("nvidia/h100-sxm5-80gb") < hint.index("mlsysim:h100")     # curated before reference
+    with pytest.raises(InvalidInputError, match=r"did you mean google/tpu-v5e, google/tpu-v5p[,?]"):
+        get_hardware("tpu-v5")
+
+
+# The names people type for the accelerators they rent, and what each means.
+SHORT_HARDWARE_NAMES = {
+    "rtx-4090": "nvidia/rtx-4090", "4090": "nvidia/rtx-4090", "RTX4090": "nvidia/rtx-4090",
+    "rtx_4090": "nvidia/rtx-4090", "NVIDIA GeForce RTX 4090": "nvidia/rtx-4090", "nvidia rtx 4090": "nvidia/rtx-4090",
+    "rtx-5090": "nvidia/rtx-5090", "5090": "nvidia/rtx-5090", "RTX 5090": "nvidia/rtx-5090",
+    "h100-80gb": "nvidia/h100-sxm5-80gb", "H100 80GB": "nvidia/h100-sxm5-80gb", "NVIDIA H100 80GB HBM3": "nvidia/h100-sxm5-80gb",
+    "h100-sxm": "nvidia/h100-sxm5-80gb", "h100_sxm": "nvidia/h100-sxm5-80gb", "h100": "nvidia/h100-sxm5-80gb",
+    "h100-pcie": "nvidia/h100-pcie-80gb", "h100-nvl": "nvidia/h100-nvl", "H100 NVL": "nvidia/h100-nvl",
+    "l40s": "nvidia/l40s", "L40S": "nvidia/l40s", "l4": "nvidia/l4", "a10g": "nvidia/a10g", "A10G": "nvidia/a10g",
+    "h200": "nvidia/h200-sxm-141gb", "gh200": "nvidia/gh200", "b200": "nvidia/b200", "gb200": "nvidia/gb200",
+    "mi300x": "amd/mi300x", "MI300X": "amd/mi300x", "mi325x": "amd/mi325x", "mi355x": "amd/mi355x",
+    "a6000": "nvidia/rtx-a6000", "RTX A6000": "nvidia/rtx-a6000", "rtx-6000-ada": "nvidia/rtx-6000-ada",
+    "RTX 6000 Ada": "nvidia/rtx-6000-ada", "tpu-v5e": "google/tpu-v5e", "tpu v5p": "google/tpu-v5p",
+    "TPU_v6e": "google/tpu-v6e", "gaudi3": "intel/gaudi3", "Gaudi 3": "intel/gaudi3", "aws/trn2": "aws/trainium2",
+    "nvidia/rtx4090": "nvidia/rtx-4090", "amd/mi-300x": "amd/mi300x",
+}
+
+
+@pytest.mark.parametrize("name,key", sorted(SHORT_HARDWARE_NAMES.items()))
+def test_the_short_names_people_type_find_the_card(name, key):
+    assert find_hardware(name).key == key
+
+
+@pytest.mark.parametrize("name,key", [
+    ("qwen2.5-7b", "qwen/qwen2.5-7b"), ("Gemma-2-9B", "google/gemma-2-9b"), ("mixtral-8x22b", "mistralai/mixtral-8x22b-v0.1"),
+    ("llama-3.2-1b", "meta-llama/llama-3.2-1b"), ("Llama3_8B", "meta-llama/llama-3.1-8b"), ("phi-3-mini-4k-instruct",
+    "microsoft/phi-3-mini-4k-instruct"), ("meta-llama-3-8b", "meta-llama/meta-llama-3-8b"), ("qwen/qwen2.5 7b", "qwen/qwen2.5-7b"),
+])
+def test_a_model_is_found_without_its_owner_and_separators(name, key):
+    assert find_model(name).key == key
+
+
+@pytest.mark.parametrize("kind,name,candidates", [
+    ("model", "gpt-2", ("openai-community/gpt2", "openai-community/gpt2-xl (as 'gpt2')")),
+    ("hardware", "trainium-2", ("mlsysim:trainium2 (as 'trainium2')", "aws/trainium2")),
+])
+def test_an_ambiguous_name_is_refused_naming_the_candidates(kind, name, candidates):
+    """``gpt-2`` is ``gpt2`` (GPT-2 XL) without its hyphen and ``openai-community/gpt2`` (124M)
+    without its owner: neither is taken."""
+    find = find_model if kind == "model" else find_hardware
+    with pytest.raises(InvalidInputError) as err:
+        find(name)
+    message = str(err.value)
+    assert message.startswith(f"{kind}={name!r} is not allowed: a name that means one entry; {name!r} could be any of: ")
+    assert all(c in message for c in candidates) and message.endswith("give one of those names")
+
+
+def test_an_ambiguous_name_between_user_entries_is_refused(tmp_path, monkeypatch):
+    import json
+    rows = [{"key": "vendor-a/card-1", "memory_capacity": 8 * GiB}, {"key": "vendor-b/card-1", "memory_capacity": 16 * GiB}]
+    (tmp_path / "cards.json").write_text(json.dumps({"schema": 1, "hardware": rows}), encoding="utf-8")
+    monkeypatch.setenv("MLSYSIM_CATALOG_DIR", str(tmp_path))
+    with pytest.raises(InvalidInputError, match=r"'card-1' could be any of: vendor-a/card-1, vendor-b/card-1"):
+        get_hardware("card-1")
+    assert get_hardware("vendor-b/card 1").memory_capacity == 16 * GiB     # separators differ: still one entry
 
 
 # --- one model, one answer: short names are the curated entries, mlsysim: the reference's data --
@@ -195,6 +269,38 @@ def test_notes_name_reference_data_and_nothing_else():
         "model: mlsysim:bert-base is mlsysim 0.3.0's reference catalog data (textbook numbers)",)
     assert provenance_notes(get_model("llama3-8b"), get_hardware("h100")) == ()       # curated
     assert provenance_notes(attrs.evolve(ref), attrs.evolve(gpu)) == ()     # equal, but built by hand
+
+
+def test_alias_notes_say_what_a_misleading_short_name_means():
+    assert alias_note("model", "gpt2") == (
+        "'gpt2' is GPT-2 XL (1.5B parameters, openai-community/gpt2-xl), as in mlsysim 0.3.0; the 124M GPT-2 "
+        "(Hugging Face's 'gpt2') is 'gpt2-small' (openai-community/gpt2)")
+    assert alias_note("model", "GPT2") == alias_note("model", "gpt2")          # any case
+    assert find_model("gpt2").value.parameters == 1_557_611_200 and find_model("gpt2-small").value.parameters == 124_439_808
+    assert "Llama 3.1 8B" in alias_note("model", "llama3-8b") and "meta-llama/meta-llama-3-8b" in alias_note("model", "llama3-8b")
+    assert get_model("meta-llama/meta-llama-3-8b").context_length == 8192 != get_model("llama3-8b").context_length
+    assert "Llama 3.1 70B" in alias_note("model", "llama3_70b")
+    assert "Mixtral 8x22B is 'mixtral-8x22b'" in alias_note("model", "mixtral")
+    assert "'h100-pcie'" in alias_note("hardware", "h100") and "'h100-pcie'" in alias_note("hardware", "H100-80GB")
+    assert "'a100-40gb'" in alias_note("hardware", "a100") and "mi250x-gcd" in alias_note("hardware", "mi250x")
+    # names that mean what they say carry none
+    for kind, name in (("model", "gpt2-xl"), ("model", "openai-community/gpt2"), ("model", "meta-llama/llama-3.1-8b"),
+                       ("hardware", "nvidia/h100-sxm5-80gb"), ("hardware", "rtx-4090"), ("hardware", "mlsysim:h100")):
+        assert alias_note(kind, name) is None, name
+    with pytest.raises(InvalidInputError, match="model='gpt-5' is not allowed"):
+        alias_note("model", "gpt-5")
+    with pytest.raises(InvalidInputError, match="kind='gpu' is not allowed: 'model' or 'hardware'"):
+        alias_note("gpu", "h100")
+
+
+def test_alias_notes_must_name_the_entry():
+    row = {"key": "myorg/card", "aliases": ["card"], "memory_capacity": GiB}
+    assert CatalogEntry.from_dict({**row, "alias_notes": {"Card": "the 1 GiB card"}}).extra["alias_notes"] == {
+        "Card": "the 1 GiB card"}
+    with pytest.raises(CatalogError, match=r"field 'alias_notes' names 'other', which is not a name of this entry"):
+        CatalogEntry.from_dict({**row, "alias_notes": {"other": "a note"}})
+    with pytest.raises(CatalogError, match=r"field 'alias_notes' must map names of the entry to notes"):
+        CatalogEntry.from_dict({**row, "alias_notes": ["card"]})
 
 
 # --- the counting helper ----------------------------------------------------------------------
@@ -431,7 +537,7 @@ HARDWARE = {
     "nvidia/gb200": (186 * GiB, 8_000_000_000_000, 4),
     "nvidia/l4": (24 * GiB, 300_000_000_000, None),
     "nvidia/l40s": (48 * GiB, 864_000_000_000, None),
-    "nvidia/rtx-4090": (24 * GiB, 1_008_000_000_000, None),
+    "nvidia/rtx-4090": (24 * GiB, 1_008_000_000_000, 8),                # a renter's 8-card server
     "nvidia/t4": (16 * GiB, 320_000_000_000, None),
     "nvidia/v100-sxm2-16gb": (16 * GiB, 900_000_000_000, 8),
     "nvidia/v100-sxm2-32gb": (32 * GiB, 900_000_000_000, 8),
@@ -450,6 +556,12 @@ HARDWARE = {
     "nvidia/h20": (96 * GiB, 4_000_000_000_000, None),
     "nvidia/rtx-a6000": (48 * GiB, 768_000_000_000, None),
     "nvidia/rtx-5090": (32 * GiB, 1_792_000_000_000, None),
+    # issue 23: the accelerators people rent
+    "nvidia/a10g": (24 * GiB, 600_000_000_000, 8),
+    "nvidia/rtx-6000-ada": (48 * GiB, 960_000_000_000, None),
+    "nvidia/h100-nvl": (94 * GiB, 3_930_000_000_000, None),
+    "nvidia/gh200": (96 * GiB, None, None),
+    "aws/trainium2": (96 * GiB, 2_900_000_000_000, 16),
 }
 
 
@@ -458,7 +570,7 @@ def test_curated_hardware_numbers():
     for key, (capacity, bandwidth, per_node) in HARDWARE.items():
         hw = get_hardware(key)
         assert (hw.memory_capacity, hw.memory_bandwidth, hw.devices_per_node) == (capacity, bandwidth, per_node), key
-        assert hw.vendor in ("NVIDIA", "AMD", "Intel", "Google"), key
+        assert hw.vendor in ("NVIDIA", "AMD", "Intel", "Google", "AWS"), key
         stated = find_hardware(key).extra["memory_capacity_stated"]
         assert re.match(rf"{capacity // GiB} ?Gi?B", stated), (key, stated)   # the vendor's figure, as GiB
 
@@ -483,6 +595,44 @@ TOPOLOGY = {
     "google/tpu-v5p": (459e12, 459e12, 600e9, 6.25e9),
 }
 FIELDS = ("peak_bf16_flops", "peak_fp8_flops", "intra_node_bandwidth", "inter_node_bandwidth")
+
+
+# Issue 23: planner figures of the cards people rent; None = no citable figure (docs/catalog.md
+# lists them). (bf16 dense, fp8 dense, intra-node, inter-node, devices per node)
+RENTED = {
+    "nvidia/rtx-4090": (165.2e12, None, 32e9, 312.5e6, 8),       # BF16 165.2 dense (330.3 sparse); PCIe Gen4; 2 x 10GbE / 8
+    "nvidia/a10g": (None, None, None, 1.5625e9, 8),              # g5.48xlarge: 8 GPUs, 100 Gb/s
+    "nvidia/l4": (121e12, 242e12, 32e9, None, None),             # 242 / 485 TFLOPS sparse, halved
+    "nvidia/l40s": (362e12, 733e12, 32e9, None, None),
+    "nvidia/rtx-a6000": (154.8e12, None, 32e9, None, None),
+    "nvidia/rtx-5090": (None, None, 64e9, None, None),           # PCIe Gen5: 128 GB/s both ways
+    "nvidia/rtx-6000-ada": (None, None, 32e9, None, None),
+    "nvidia/h100-pcie-80gb": (756e12, 1513e12, 64e9, None, None),
+    "nvidia/h100-nvl": (None, None, 64e9, None, None),
+    "nvidia/gh200": (None, None, None, None, None),
+    "aws/trainium2": (667e12, 1299e12, None, None, 16),          # sparse 2,563 listed apart
+    "amd/mi355x": (None, None, None, None, 8),
+}
+
+
+@pytest.mark.parametrize("key", sorted(RENTED))
+def test_rented_cards_planner_figures_are_quoted_and_converted(key):
+    entry = find_hardware(key)
+    assert tuple(getattr(entry.value, f) for f in (*FIELDS, "devices_per_node")) == RENTED[key]
+    for field in (*FIELDS, "devices_per_node", "memory_capacity", "memory_bandwidth"):
+        if getattr(entry.value, field) is None:
+            continue
+        source = entry.sources[field]
+        assert re.search(r"https?://|\w\.(com|org)\b|datasheet|documentation|whitepaper|same (page|table|SPECS)",
+                         source), (key, field)                                              # names its page
+        if field in FIELDS:
+            assert "'" in source, (key, field)                                          # and quotes it
+        if field.endswith("bandwidth") and field != "memory_bandwidth":
+            assert "one direction" in source, (key, field)            # the field is one direction per device
+        if field.startswith("peak_"):
+            assert "sparse" in source.lower() or "sparsity" in source.lower(), (key, field)  # says which it is
+    if entry.value.intra_node_bandwidth is not None and "nvlink" not in entry.sources["intra_node_bandwidth"].lower():
+        assert "PCIe" in entry.sources["intra_node_bandwidth"]
 
 
 def test_curated_hardware_topology_is_sourced():
@@ -637,5 +787,21 @@ def test_the_estimate_header_says_when_the_reference_data_is_used():
 
 def test_an_unknown_hardware_name_from_the_cli_suggests_the_curated_card(capsys):
     from mlsysim_core.cli import main
-    assert main(["estimate", "-g", "l40s"]) == 2
-    assert "hardware='l40s' is not allowed: did you mean nvidia/l40s?" in capsys.readouterr().err
+    assert main(["estimate", "-g", "l40"]) == 2
+    assert "hardware='l40' is not allowed: did you mean nvidia/l40s, nvidia/l4?" in capsys.readouterr().err
+
+
+def test_search_and_fit_techniques_work_on_an_rtx_4090(capsys):
+    """The issue: `-g rtx-4090` was refused, and the card had no FLOP/s or topology, so `search`
+    refused it and `fit techniques` printed unknown times."""
+    import json
+    from mlsysim_core.cli import main
+    assert main(["search", "-m", "qwen3-0.6b", "-g", "rtx-4090", "-n", "16", "--global-batch", "16", "-s", "512",
+                 "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    text = json.dumps(found)
+    assert "NVIDIA GeForce RTX 4090 24GB" in text and "no peak_bf16_flops" not in text
+    assert main(["fit", "techniques", "-m", "qwen3-0.6b", "-g", "4090", "-b", "8", "-s", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "hardware FLOP/s: 1.652e+14 (catalog: peak_bf16_flops)" in out
+    assert "- fits" in out and "recomputed forward FLOPs" in out and "added unknown" not in out
