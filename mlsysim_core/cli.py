@@ -64,7 +64,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
     parser.add_argument("--include-plugin", action="append", default=[], metavar="NAME",
                         help="let this plugin's component hooks add their terms too")
     parser.add_argument("--profile", help=_PROFILE_HELP)
-    parser.set_defaults(option_fields=_add_option_flags(parser, registry)[0])
+    parser.set_defaults(option_fields=_add_option_flags(parser, registry)[0],
+                        defer_conflicts=True)     # (refused by scenario_from_args, an InvalidInputError)
 
 
 _PROFILE_HELP = ("profile to use (see `plugins`; default measured, or reference with a printed note when the "
@@ -191,19 +192,99 @@ def _builtin_registry():
         return None
 
 
+# --- flags given twice, or two flags that set one value -------------------------------------
+# Every single-valued flag is recorded as it is parsed (`_Parser`'s actions): the same value set
+# twice with different values (--sequence-parallel --no-sequence-parallel, --precision bf16
+# --precision fp32) is refused, naming both, never the last silently winning. The solve commands
+# refuse it in `scenario_from_args` (an InvalidInputError, exit 2); other commands at parse time.
+
+def _record(namespace, action, option_string, value) -> None:
+    """``namespace._given[dest] = (flag, value, as typed)``; the first value set twice
+    differently is ``namespace._conflict``."""
+    given = namespace.__dict__.setdefault("_given", {})
+    flag = option_string or action.dest
+    typed = flag if action.nargs == 0 else f"{flag} {value}"
+    first = given.setdefault(action.dest, (flag, value, typed))
+    if first[1] != value and not getattr(namespace, "_conflict", None):
+        namespace._conflict = (action.dest, first, (flag, value, typed))
+
+
+class _Store(argparse._StoreAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        _record(namespace, self, option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _StoreConst(argparse._StoreConstAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        _record(namespace, self, option_string, self.const)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _StoreTrue(argparse._StoreTrueAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        _record(namespace, self, option_string, self.const)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _StoreFalse(argparse._StoreFalseAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        _record(namespace, self, option_string, self.const)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _conflict_error(conflict) -> InvalidInputError:
+    """The error for one value given twice: both flags and both values named."""
+    dest, (first, one, typed_first), (second, other, typed_second) = conflict
+    if first == second:
+        return InvalidInputError(second, other, f"{second} once (or twice with one value)",
+                                 f"{typed_first} and {typed_second} contradict each other: the last would "
+                                 "silently win")
+    return InvalidInputError(second, other, f"one of {first} and {second}, not both",
+                             f"{typed_first} ({dest}={one!r}) and {typed_second} ({dest}={other!r}) contradict "
+                             "each other: the last would silently win")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The command's parsers: flags recorded as parsed (`_record`); a parser whose command
+    does not refuse a conflict itself (``defer_conflicts``) refuses it here (exit 2)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, cls in ((None, _Store), ("store", _Store), ("store_const", _StoreConst),
+                          ("store_true", _StoreTrue), ("store_false", _StoreFalse)):
+            self.register("action", name, cls)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        if getattr(namespace, "defer_conflicts", False):
+            return namespace, rest
+        conflict = getattr(namespace, "_conflict", None)
+        if conflict:
+            self.error(str(_conflict_error(conflict)))
+        given = getattr(namespace, "_given", {})
+        if "regime" in given and "precision" in given:     # (`search`: no scenario_from_args)
+            from .scenario import check_contradictions
+            try:
+                check_contradictions({dest: (flag, value) for dest, (flag, value, _) in given.items()})
+            except InvalidInputError as err:
+                self.error(str(err))
+        return namespace, rest
+
+
 def _parser(registry=None) -> argparse.ArgumentParser:
     """The command's parser; the profile-option flags are those of ``registry``'s profiles
     (default: the built-in plugins')."""
     if registry is None:
         registry = _builtin_registry()
     # Plugin-loading flags work before or after the subcommand.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--disable-plugin", action="append", metavar="NAME", default=argparse.SUPPRESS,
                         help="skip this plugin (repeatable; also MLSYSIM_DISABLED_PLUGINS=a,b)")
     common.add_argument("--no-third-party-plugins", action="store_true", default=argparse.SUPPRESS,
                         help="load only the built-in plugins (also MLSYSIM_DISABLE_PLUGIN_AUTOLOAD=1)")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mlsysim-core", parents=[common],
         description="How much memory one accelerator needs to train a model, and does it fit. "
                     "GB = 1e9 bytes, GiB = 2^30 bytes.")
@@ -524,12 +605,18 @@ def _blocked_provider(err, args) -> str:
 
 def scenario_from_args(args):
     """The scenario file (if any), overridden by every flag given on the command line."""
-    from .scenario import SOLVE_FIELDS, Scenario
+    from .scenario import SOLVE_FIELDS, Scenario, read_table
     if args.scenario is not None and not args.scenario.strip():
         raise InvalidInputError("--scenario", args.scenario, "a .json or .toml scenario file",
                                 "an empty name; leave --scenario out for the built-in default")
+    conflict = getattr(args, "_conflict", None)
+    if conflict:     # one value given twice, differently: never the last silently
+        raise _conflict_error(conflict)
     options = getattr(args, "option_fields", None)
-    data = Scenario.load(args.scenario, options=options).to_dict() if args.scenario else {}
+    data, where = read_table(args.scenario) if args.scenario else ({}, "")
+    if args.scenario:
+        Scenario.from_dict(data, where=where, options=options)     # the file's own errors, named by it
+        data = {name: value for name, value in data.items() if name != "description"}
     args._scenario_fields = set(data)      # what the file itself set (before the defaults)
     args._from_scenario = {name for name in ("model", "hardware")
                            if name in data and getattr(args, name) is None}
@@ -549,7 +636,26 @@ def scenario_from_args(args):
         data.setdefault("plugin_options", {}).setdefault(spec, {}).update(fields)
     if args.include_plugin:
         data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
+    _check_given(args, data, where)
     return Scenario.from_dict(data, options=options)
+
+
+def _check_given(args, data: dict, where: str) -> None:
+    """Inputs given explicitly (a flag, or the scenario file's field) that contradict each
+    other (`scenario.check_contradictions`), each named as it was given; and --zero-stage beside
+    --data-parallel naming another rule."""
+    from .scenario import check_contradictions
+    flags = {dest: flag for dest, (flag, _value, _typed) in getattr(args, "_given", {}).items()}
+    given = {name: (flags.get(name) or f"{where}'s {name}", value) for name, value in data.items()
+             if name in flags or name in args._scenario_fields}
+    check_contradictions(given, _manager(args).registry)
+    if "zero_stage" in flags and "data_parallel" in flags and isinstance(args.data_parallel, str):
+        from .registry import name_key
+        if name_key(args.data_parallel.strip()) != f"zero{args.zero_stage}":
+            raise InvalidInputError(flags["zero_stage"], args.zero_stage, f"one of {flags['zero_stage']} and "
+                                    "--data-parallel (which names the data-parallel rule itself)",
+                                    f"{flags['zero_stage']} {args.zero_stage} (the rule zero{args.zero_stage}) and "
+                                    f"--data-parallel {args.data_parallel} contradict each other")
 
 
 def _resolved(scenario):

@@ -127,6 +127,8 @@ class Scenario:
             raise InvalidInputError(where, ", ".join(missing), "model, hardware and batch_size are required",
                                     "missing field(s)")
         _check_fields(data, where, options)
+        check_contradictions({name: (f"{where}'s {name}" if where != "scenario" else name, data[name])
+                              for name in data})
         # Values are checked by solve() itself, with the same messages as from Python.
         data = _normalised(data, options, where)
         return cls(**{k: v for k, v in data.items() if k in own},
@@ -134,48 +136,18 @@ class Scenario:
 
     @classmethod
     def load(cls, path: str | Path, *, options=None) -> "Scenario":
-        path = _path(path, "scenario")
-        try:
-            raw = path.read_bytes()
-        except OSError as err:
-            raise InvalidInputError("scenario", str(path), "a readable .json or .toml file",
-                                    err.strerror or str(err)) from None
-        try:
-            text = raw.decode("utf-8-sig")     # a BOM is allowed (Windows editors write one); CRLF too
-        except UnicodeDecodeError as err:
-            raise InvalidInputError("scenario", str(path), "a UTF-8 text file (.json or .toml)",
-                                    f"byte {err.start} is not UTF-8: {err.reason}") from None
-        if path.suffix.lower() == ".toml":
-            try:
-                import tomllib
-            except ImportError as err:  # Python 3.10
-                raise InvalidInputError("scenario", str(path), "a .json file (TOML needs Python 3.11+)") from err
-            try:
-                data = tomllib.loads(text)
-            except RecursionError:
-                raise InvalidInputError("scenario", str(path), "TOML nested at most a few hundred levels deep",
-                                        "too deeply nested") from None
-            except ValueError as err:     # TOMLDecodeError, or an integer too long to read
-                raise InvalidInputError("scenario", str(path), "valid TOML", _parse_error(err)) from None
-        else:
-            try:
-                data = json.loads(text)
-            except RecursionError:
-                raise InvalidInputError("scenario", str(path), "JSON nested at most a few hundred levels deep",
-                                        "too deeply nested") from None
-            except ValueError as err:     # JSONDecodeError, or an integer over Python's 4300 digits
-                raise InvalidInputError("scenario", str(path), "valid JSON", _parse_error(err)) from None
-        if isinstance(data, dict):     # relative file paths: relative to the scenario's own folder
-            folder = path.absolute().parent
-            data = {**data, **{name: anchored(data[name], folder) for name in ("model", "hardware")
-                               if name in data}}
-        return cls.from_dict(data, where=f"scenario {path.name}", options=options)
+        data, where = read_table(path)
+        return cls.from_dict(data, where=where, options=options)
 
     def to_dict(self) -> dict:
         """The file's table: the profile options top-level, as `from_dict` reads them."""
         data = attrs.asdict(self)
         options, description = data.pop("profile_options"), data.pop("description")
         data = {**data, **options, "description": description}
+        if isinstance(options.get("regime"), str) and data["precision"] == _DEFAULT_PRECISION:
+            regime = _registered_regime(options["regime"])     # the default precision is not what it runs at:
+            if regime is not None and data["precision"] not in regime_precisions(regime):     # left out, as given
+                del data["precision"]
         return {k: v for k, v in data.items() if v not in (None, {}, [], "") or k in ("model", "hardware")}
 
     def dump(self, path: str | Path) -> None:
@@ -311,6 +283,111 @@ class Scenario:
                                         "model (the workload)")
         solver = TrainingMemoryModel() if model is None else model
         return solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+
+
+_DEFAULT_PRECISION = "fp16"     # (Scenario.precision's default)
+
+
+# --- inputs that contradict each other --------------------------------------------------
+
+REGIMES_HOOK = "mlsysim_measured_regimes"     # (the measured profile's regimes, by name)
+
+
+def regime_precisions(regime) -> tuple[str, ...]:
+    """The ``precision`` values that agree with a training regime (a ``Regime``): those whose
+    bytes are the regime's compute bytes, and of the 16-bit ones only the one its name says
+    (``mixed-bf16``: bf16; ``fp32``: fp32 or tf32; ``amp-fp16``: fp16)."""
+    from .plan import PRECISION_BYTES
+    from .registry import name_key
+    fits = tuple(p for p, size in PRECISION_BYTES.items() if size == getattr(regime, "compute", None))
+    named = tuple(p for p in fits if p in ("bf16", "fp16") and p in name_key(str(getattr(regime, "name", ""))))
+    return named or fits
+
+
+def check_contradictions(given: dict[str, tuple[str, Any]], registry=None) -> None:
+    """Refuse inputs that contradict each other, each given explicitly: ``given`` maps a
+    field to ``(how it was given, value)``, e.g. ``{"precision": ("--precision", "fp32"),
+    "regime": ("--regime", "bf16")}``. The pairs: ``regime`` and a ``precision`` it does not
+    run at (the regime decides the dtypes: the precision would be silently ignored). (A
+    ``zero_stage`` beside ``data_parallel`` is refused by solve.) The error names both inputs
+    and their values."""
+    def refuse(first: str, second: str, allowed: str, why: str):
+        (label, value), (other, other_value) = given[first], given[second]
+        raise InvalidInputError(label, value, allowed, f"{label}={value!r} and {other}={other_value!r} contradict "
+                                f"each other: {why}")
+
+    if isinstance(given.get("regime", (0, None))[1], str) and isinstance(given.get("precision", (0, None))[1], str):
+        regime = _registered_regime(given["regime"][1], registry)
+        if regime is not None:
+            from .plan import PRECISION_BYTES
+            from .registry import resolve_name
+            try:
+                precision = resolve_name("precision", given["precision"][1], PRECISION_BYTES)
+            except InvalidInputError:
+                precision = None     # (solve names a bad precision)
+            agree = regime_precisions(regime)
+            if precision is not None and precision not in agree:
+                refuse("precision", "regime", f"{' or '.join(agree) or 'none'} with regime {regime.name!r}, or leave "
+                       "one of them out", f"regime {regime.name!r} decides every dtype ({regime.description}), "
+                       f"and precision {precision!r} would be ignored")
+
+
+def _registered_regime(name: str, registry=None):
+    """The registered regime ``name`` resolves to (None: not one; solve says so)."""
+    if registry is None:
+        try:
+            from .manager import get_plugin_manager
+            registry = get_plugin_manager().registry
+        except Exception:     # (no installed plugins to ask)
+            return None
+    regimes = registry.extensions.get(REGIMES_HOOK) or {}
+    from .registry import resolve_name
+    try:
+        return regimes[resolve_name("regime", name, regimes)]
+    except InvalidInputError:
+        return None
+
+
+def read_table(path: str | Path) -> tuple[Any, str]:
+    """``(table, where)``: a scenario file's table as written (a UTF-8 BOM and CRLF line ends
+    allowed), its relative file paths made absolute against its folder (`anchored`), and the
+    name its errors use (``"scenario NAME"``). ``Scenario.load`` checks it (``from_dict``)."""
+    path = _path(path, "scenario")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise InvalidInputError("scenario", str(path), "a readable .json or .toml file",
+                                err.strerror or str(err)) from None
+    try:
+        text = raw.decode("utf-8-sig")     # a BOM is allowed (Windows editors write one); CRLF too
+    except UnicodeDecodeError as err:
+        raise InvalidInputError("scenario", str(path), "a UTF-8 text file (.json or .toml)",
+                                f"byte {err.start} is not UTF-8: {err.reason}") from None
+    if path.suffix.lower() == ".toml":
+        try:
+            import tomllib
+        except ImportError as err:  # Python 3.10
+            raise InvalidInputError("scenario", str(path), "a .json file (TOML needs Python 3.11+)") from err
+        try:
+            data = tomllib.loads(text)
+        except RecursionError:
+            raise InvalidInputError("scenario", str(path), "TOML nested at most a few hundred levels deep",
+                                    "too deeply nested") from None
+        except ValueError as err:     # TOMLDecodeError, or an integer too long to read
+            raise InvalidInputError("scenario", str(path), "valid TOML", _parse_error(err)) from None
+    else:
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise InvalidInputError("scenario", str(path), "JSON nested at most a few hundred levels deep",
+                                    "too deeply nested") from None
+        except ValueError as err:     # JSONDecodeError, or an integer over Python's 4300 digits
+            raise InvalidInputError("scenario", str(path), "valid JSON", _parse_error(err)) from None
+    if isinstance(data, dict):     # relative file paths: relative to the scenario's own folder
+        folder = path.absolute().parent
+        data = {**data, **{name: anchored(data[name], folder) for name in ("model", "hardware")
+                           if name in data}}
+    return data, f"scenario {path.name}"
 
 
 def anchored(value, folder: str | Path):
