@@ -64,6 +64,9 @@ HELP = ("torchao (torchao's CPUOffloadOptimizer: a pinned host copy of each para
         "the device) or torchao+gradients (offload_gradients=True: each device gradient freed after its copy)")
 
 
+TORCHAO_FORMS = ("torchao", "torchao+gradients")     # offload= values that select torchao's optimizer
+
+
 def is_torchao(value) -> bool:
     """Does ``offload``'s value name torchao's optimizer (``torchao``, ``torchao+gradients``)?"""
     return isinstance(value, str) and "torchao" in (p.strip() for p in value.split("+"))
@@ -75,7 +78,7 @@ def take_option(plan):
     ``optimizer_impl`` is given (lines 38-40)."""
     o = plan.profile_options
     parts = sorted(p.strip() for p in o.offload.split("+"))
-    if parts not in (["torchao"], ["gradients", "torchao"]):
+    if parts not in [sorted(form.split("+")) for form in TORCHAO_FORMS]:
         raise InvalidInputError("offload", o.offload, "torchao or torchao+gradients (torchao's CPUOffloadOptimizer; "
                                 "offload_gradients=True with +gradients)",
                                 "torchao's optimizer keeps parameters and state where it does itself: it combines "

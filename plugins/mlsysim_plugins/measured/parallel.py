@@ -125,8 +125,21 @@ def _dp_for(plan, ep: int, etp: int) -> int:
     return -(-plan.dp_size // step) * step
 
 
-_OFFLOAD_FORMS = ("'optimizer', 'optimizer+gradients', 'optimizer+gradients+parameters', a list of names, "
-                  "{name: 'cpu'|'nvme'}, or None for none")
+def _offload_values() -> tuple[str, ...]:
+    """Every string ``offload`` takes, as listed in its errors (its names in any order): the
+    optimizer with any of the other names (`_offload`: nothing leaves without the optimizer
+    step), and torchao's forms (cpu_offload.py)."""
+    import itertools
+    from .cpu_offload import TORCHAO_FORMS
+    others = OFFLOADABLE[1:]
+    return tuple("+".join((OFFLOADABLE[0], *combo)) for k in range(len(others) + 1)
+                 for combo in itertools.combinations(others, k)) + TORCHAO_FORMS
+
+
+OFFLOAD_VALUES = _offload_values()
+_OFFLOAD_FORMS = (", ".join(map(repr, OFFLOAD_VALUES)) + " (names in any order; each but torchao's may name its "
+                  f"tier: name={' or name='.join(OFFLOAD_TARGETS)}, e.g. 'optimizer=nvme+gradients'), a list of "
+                  f"names, {{name: {'|'.join(map(repr, OFFLOAD_TARGETS))}}}, or None for none")
 
 
 def check_option_values(pipeline_schedule, virtual_stages, offload, schedules=None) -> None:
@@ -160,7 +173,12 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
         raise InvalidInputTypeError("offload", given, _OFFLOAD_FORMS, f"got {type(given).__name__}")
     out = {}
     for name, target in pairs:
-        what = _checks.name("offload", name, OFFLOADABLE)
+        try:
+            what = _checks.name("offload", name, OFFLOADABLE)
+        except InvalidInputError as err:     # the values offload= takes, not only its names
+            raise InvalidInputError("offload", given, _OFFLOAD_FORMS,
+                                    f"{name!r} is not one of {', '.join(OFFLOADABLE)}"
+                                    + (f"; {err.detail}" if err.detail else "")) from err
         where = _checks.name(f"offload.{what}", target, OFFLOAD_TARGETS)
         if what in out:         # twice (to one target or two): a mistake, never the last one silently
             raise InvalidInputError("offload", given, f"{_OFFLOAD_FORMS}, each name once",
@@ -172,8 +190,7 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
     # offload_optimizer, with offload_param; FSDP's CPUOffload steps the optimizer on the
     # host). Gradients alone would leave the step on the accelerator reading them back.
     if out and "optimizer" not in out:      # ({} means nothing offloaded)
-        raise InvalidInputError("offload", given, "a set that includes optimizer: optimizer, optimizer+gradients, "
-                                "optimizer+parameters or optimizer+gradients+parameters",
+        raise InvalidInputError("offload", given, _OFFLOAD_FORMS,
                                 "gradients and parameters go to host memory only with the optimizer step")
     return tuple(sorted(out.items(), key=lambda kv: OFFLOADABLE.index(kv[0])))
 
