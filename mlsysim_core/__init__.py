@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 PLUGIN_API_VERSION = (2, 2)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
-_LAZY = {"TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
+_LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
          "Placement": "plan", "PluginManager": "manager", "get_plugin_manager": "manager"}
 
 
@@ -43,7 +43,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
+    "estimate", "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager", "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
     "ProfileSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",

@@ -13,10 +13,7 @@ from pathlib import Path
 
 from .errors import InvalidInputError, MlsysimError, NotModelledError
 
-DEFAULT_MODEL = "llama3-8b"
-DEFAULT_HARDWARE = "h100"
-DEFAULT_BATCH = 8
-DEFAULT_PROFILE = "measured"     # every command's, unless --profile or the scenario names one
+from .defaults import DEFAULT_BATCH, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_PROFILE  # noqa: F401 (re-exported)
 
 
 def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
@@ -68,8 +65,8 @@ def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
                         defer_conflicts=True)     # (refused by scenario_from_args, an InvalidInputError)
 
 
-_PROFILE_HELP = ("profile to use (see `plugins`; default measured, or reference with a printed note when the "
-                 "measured profile cannot describe the run)")
+_PROFILE_HELP = ("profile to use (see `plugins`; default measured: a run it does not model is refused, naming "
+                 "what is missing; --profile reference gives the textbook estimate)")
 
 
 # --- the profiles' own options -------------------------------------------------------------
@@ -425,7 +422,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
 
 def _load_json_file(parameter: str, path: str) -> dict:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))     # (a BOM is allowed)
     except (OSError, ValueError) as err:     # (ValueError: bad JSON, not UTF-8, a 5000-digit number)
         from .scenario import _parse_error
         raise InvalidInputError(parameter, path, "a catalog name or a readable JSON file",
@@ -442,14 +439,14 @@ def _load_json_file(parameter: str, path: str) -> dict:
     return data
 
 
-def _model(text: str):
+def _model(text: str, parameter: str = "--model"):
     if not text.strip():
-        raise InvalidInputError("--model", text, "a catalog name (see `models`), a JSON file, or a directory "
+        raise InvalidInputError(parameter, text, "a catalog name (see `models`), a JSON file, or a directory "
                                 "holding a Hugging Face config.json", "an empty name")
     path = Path(text)
     if not text.endswith(".json") and path.is_dir():      # a Hugging Face checkpoint's directory
         if not (path / "config.json").is_file():
-            raise InvalidInputError("--model", text, "a catalog name, a JSON file, or a directory holding a "
+            raise InvalidInputError(parameter, text, "a catalog name, a JSON file, or a directory holding a "
                                     "Hugging Face config.json", f"{path / 'config.json'} does not exist")
         path = path / "config.json"
         text = str(path)
@@ -459,16 +456,16 @@ def _model(text: str):
             return get_model(text)     # a name with a slash: a catalog key such as meta-llama/llama-3.1-8b
         except InvalidInputError as err:
             hint = str(err.allowed).split("?")[0] + "?" if str(err.allowed).startswith("did you mean") else ""
-            raise InvalidInputError("--model", text, "a catalog name (see `models`), a JSON file, or a directory "
+            raise InvalidInputError(parameter, text, "a catalog name (see `models`), a JSON file, or a directory "
                                     "holding a Hugging Face config.json",
                                     "no such file or directory, and not a catalog name"
                                     + (f"; {hint}" if hint else "")) from err
     if text.endswith(".json") and not path.is_file():
-        raise InvalidInputError("--model", text, "a readable JSON file (a model's fields or a Hugging Face "
+        raise InvalidInputError(parameter, text, "a readable JSON file (a model's fields or a Hugging Face "
                                 "config.json)", "no such file" if not path.exists() else "not a file")
     if text.endswith(".json"):
         from .catalog.files import structure_model
-        data = _load_json_file("--model", text)
+        data = _load_json_file(parameter, text)
         if "model_type" in data:     # a Hugging Face config.json
             from .hf import from_hf_config
             return from_hf_config(data, name=Path(text).parent.name or None)
@@ -477,13 +474,13 @@ def _model(text: str):
     return get_model(text)
 
 
-def _hardware(text: str):
+def _hardware(text: str, parameter: str = "--hardware"):
     if not text.strip():
-        raise InvalidInputError("--hardware", text, "a catalog name (see `hardware`) or a JSON file",
+        raise InvalidInputError(parameter, text, "a catalog name (see `hardware`) or a JSON file",
                                 "an empty name")
     if text.endswith(".json"):
         from .catalog.files import structure_hardware
-        return structure_hardware(_load_json_file("--hardware", text))   # errors name hardware.<field>
+        return structure_hardware(_load_json_file(parameter, text))   # errors name hardware.<field>
     from .catalog import get_hardware
     return get_hardware(text)
 
@@ -672,45 +669,75 @@ def _solve(solver, scenario):
 
 def _measured_cannot_describe(err) -> bool:
     """Errors that mean "this run is outside the measured profile", not "bad input": a
-    ``NotModelledError`` (raised by the profile, its plugins or a third party's). A bad
-    value, e.g. a parameter count the model's shapes cannot hold, stays an error."""
+    ``NotModelledError`` (raised by the profile, its plugins or a third party's)."""
     return isinstance(err, NotModelledError)
+
+
+def not_modelled_refusal(err: NotModelledError, model=None) -> NotModelledError:
+    """``err`` as the CLI says it when the user named no profile: the run is refused (never
+    answered by another profile), naming what the default profile does not model, the
+    nearest thing it does (``err.allowed``), and ``--profile reference`` spelled out for
+    those who want the textbook number."""
+    hint = (f"refused under the default profile, {DEFAULT_PROFILE}: no other profile answers for it; "
+            "--profile reference gives the textbook estimate")
+    counterpart = _curated_counterpart(model)
+    if counterpart:
+        hint = (f"{model!r} is the reference package's entry, without architecture facts: -m {counterpart} "
+                f"is the curated entry of the same model; " + hint)
+    detail = f"{err.detail}; {hint}" if err.detail else hint
+    new = NotModelledError(err.parameter, err.value, err.allowed, detail)
+    new.__cause__ = err
+    return new
+
+
+def _curated_counterpart(model) -> str | None:
+    """For a catalog name of the reference package's own data (``mlsysim:NAME``, no
+    architecture facts), the name of the curated entry for the same model, if any."""
+    from .catalog import find_model
+    if not isinstance(model, str):
+        return None
+    try:
+        entry = find_model(model)
+        if entry.origin != "reference":
+            return None
+        for name in entry.names:
+            bare = name.split(":", 1)[-1]
+            if find_model(bare).origin == "curated":
+                return bare
+    except InvalidInputError:
+        pass
+    return None
 
 
 def resolve_profile(solver, scenario, *, probe=None):
     """The profile every command solves under: ``(scenario, note)``.
 
-    A scenario that names its profile (``--profile`` or the file's ``profile``) keeps it
-    and the note is ``""``. Otherwise the measured profile, unless it cannot describe the
-    run (a third-party optimizer or checkpointing strategy without a measured-grade model,
-    a model without shapes, an 8- or 4-bit precision): then the reference profile, and the
-    note says why. ``probe`` is the scenario to try under the measured profile (default:
-    ``scenario`` at one micro-batch per replica, so a question that searches the batch or
-    the sequence can ask before it searches), or a callable that asks the whole question
-    of the scenario under the measured profile (``fit devices``: a rule may refuse some dp). Errors that are not "outside the
-    measured profile" are raised as they are.
+    A scenario that names its profile (``--profile`` or the file's ``profile``) keeps it.
+    Otherwise the measured profile; a run it cannot describe (a ``NotModelledError``: a
+    third-party optimizer without a measured-grade model, a model without architecture
+    facts, ...) is refused with ``not_modelled_refusal``: never answered by another
+    profile. ``probe`` is the scenario to ask first (default: ``scenario`` at one
+    micro-batch per replica, so a question that searches the batch or the sequence is
+    refused before it searches), or a callable that asks the whole question of the
+    scenario (``fit devices``: a rule may refuse some dp). The note is always ``""`` (kept
+    for the callers' signature).
     """
     import attrs
     if scenario.profile is not None:
         return scenario, ""
+    chosen = attrs.evolve(scenario, profile=DEFAULT_PROFILE)
     if probe is None:
         probe, sizes = scenario, (scenario.dp_size, scenario.gradient_accumulation_steps)
         if all(type(n) is int and n >= 1 for n in sizes):   # else the solve names the bad one
             probe = attrs.evolve(scenario, batch_size=sizes[0] * sizes[1])
     try:
         if callable(probe):    # the question itself, asked under the measured profile
-            probe(attrs.evolve(scenario, profile=DEFAULT_PROFILE))
+            probe(chosen)
         else:
             _solve(solver, attrs.evolve(probe, profile=DEFAULT_PROFILE))
-    except InvalidInputError as err:
-        if not _measured_cannot_describe(err):
-            raise
-        # e.g. a third-party optimizer with no measured-grade model, or a model without
-        # shapes: the reference profile can still answer; say so, and what it left out.
-        scenario, stood_in = reference_stand_in(scenario, solver.registry)
-        note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
-        return scenario, note + (f"; {stood_in}" if stood_in else "")
-    return attrs.evolve(scenario, profile=DEFAULT_PROFILE), ""
+    except NotModelledError as err:
+        raise not_modelled_refusal(err, scenario.model) from err
+    return chosen, ""
 
 
 def reference_stand_in(scenario, registry=None):
@@ -949,18 +976,11 @@ def _varied_bars(args, solver, scenario, out):
     if scenario.profile is not None:
         return [_solve(solver, s) for s in scenarios], labels
     results = []
-    try:
-        for s in scenarios:
+    for s, label in zip(scenarios, labels):
+        try:
             results.append(_solve(solver, attrs.evolve(s, profile=DEFAULT_PROFILE)))
-    except InvalidInputError as err:
-        if not _measured_cannot_describe(err):
-            raise
-        stood_in = [reference_stand_in(s, solver.registry) for s in scenarios]
-        said = list(dict.fromkeys(text for _, text in stood_in if text))
-        out.write(f"note: profile reference for every bar (one picture, one profile), because the measured profile "
-                  f"cannot describe {labels[len(results)]}: {err}" + ("; " + "; ".join(said) if said else "")
-                  + "\n\n")
-        return [_solve(solver, s) for s, _ in stood_in], labels
+        except NotModelledError as err:     # one picture, one profile: never another one's bars
+            raise not_modelled_refusal(err, s.model) from err
     return results, labels
 
 
@@ -1341,8 +1361,8 @@ def _fit_techniques(args, out) -> int:
 
 
 def cmd_search(args, out) -> int:
-    """Every layout under one profile: measured by default, else reference with a note
-    (the whole search reruns: one ranking never mixes profiles)."""
+    """Every layout under one profile: measured by default (a run it does not model is
+    refused, never ranked under another profile), or the one --profile names."""
     import attrs
     from . import search
     from .solver import TrainingMemoryModel
@@ -1377,26 +1397,8 @@ def cmd_search(args, out) -> int:
     else:
         try:
             found = run(DEFAULT_PROFILE, options)
-        except InvalidInputError as err:
-            if not search._cannot_describe(err):
-                raise
-            # e.g. a third-party optimizer or strategy with no measured-grade model, a model
-            # without shapes, LoRA on several devices: the reference profile can still
-            # answer, for every layout.
-            note = f"note: profile reference, because the measured profile cannot describe this run: {err}"
-            fraction = 1.0
-            if lora:     # the reference's stand-in for LoRA, as `estimate` uses: the adapters' share trains
-                from .finetune import trainable_fraction
-                fraction = trainable_fraction(model, lora)
-                note += f"; LoRA stands in as trainable fraction {fraction:.6g}"
-            fields = args.option_fields
-            left_out = [_flag_of(name, fields[name]) for name in options if name != "lora"]
-            if lora and lora.get("quantization") is not None:     # (nothing stands in for it)
-                left_out += [_flags(spec)[0] for spec in fields["lora"].metadata["flags"]
-                             if spec.get("key") == "quantization"]
-            if left_out:
-                note += f"; measured-profile options left out: {', '.join(left_out)}"
-            found = attrs.evolve(run("reference", {}, fraction), profile_note=note)
+        except NotModelledError as err:     # never answered by another profile
+            raise not_modelled_refusal(err, args.model) from err
     if args.json:
         out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
     else:

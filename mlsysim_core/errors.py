@@ -33,8 +33,9 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 
 class NotModelledError(InvalidInputError):
-    """A valid input the selected profile does not model (the CLI, when no profile was named,
-    falls back to the reference profile and says why)."""
+    """A valid input the selected profile does not model (the CLI refuses the run with it,
+    exit 2, and names ``--profile reference`` for the textbook estimate: never another
+    profile's answer)."""
 
 
 class LayoutError(InvalidInputError):

@@ -89,7 +89,7 @@ from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["LoRAConfig", "FineTuneCounts", "lora_counts", "TARGET_MODULES", "QUANTIZATIONS",
-           "ALL_LINEAR", "default_target_modules"]
+           "ALL_LINEAR", "default_target_modules", "checkpoint_quantization"]
 
 ALL_LINEAR = "all-linear"
 _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -267,7 +267,7 @@ class _Linear:
 
 def _need(model, field_name: str, value=None):
     value = getattr(model, field_name) if value is None else value
-    if value is None:     # valid, but unknown: the adapters cannot be sized (CLI: falls back, or says so)
+    if value is None:     # valid, but unknown: the adapters cannot be sized (a NotModelledError: refused)
         raise NotModelledError(f"model.{field_name}", None,
                                "known: " + ("true or false (a gated MLP has 3 matrices, a plain one 2)"
                                             if field_name == "gated_mlp" else "a positive integer"),
@@ -483,10 +483,52 @@ def _config(value) -> LoRAConfig:
     raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
 
 
+def checkpoint_quantization(model, config: LoRAConfig | None) -> tuple[LoRAConfig | None, tuple[str, ...]]:
+    """``(config, notes)``: the LoRA configuration a run of ``model`` trains with, given the
+    quantization of the checkpoint it was imported from (``hf.checkpoint_quantization``,
+    ``details["quantization"]``), never ignored.
+
+    A bitsandbytes checkpoint (4-bit nf4/fp4, 8-bit int8) trains only adapters: ``config``
+    ``None`` (full training) is refused with ``NotModelledError``; a ``LoRAConfig`` without
+    ``quantization`` takes the checkpoint's (QLoRA: its quantization, ``double_quant`` and
+    bitsandbytes' 64-element blocks), with a note; one that names another quantization,
+    double quantization or block size is refused, naming the field. An mxfp4 checkpoint
+    (gpt-oss: trained dequantized to bf16, the gpt_oss family's note) changes nothing here;
+    an unquantized model returns ``config`` unchanged."""
+    from .hf import checkpoint_quantization as of_model
+    q = of_model(model)
+    if q is None or q.get("method") != "bitsandbytes":
+        return config, ()
+    kind = q["quantization"]
+    said = (f"bitsandbytes {kind}" + (" with double quantization" if q.get("double_quant") else "")
+            + (f", compute dtype {q['compute_dtype']}" if q.get("compute_dtype") else ""))
+    name = getattr(model, "name", "the model")
+    if config is None:
+        raise NotModelledError(
+            "lora", None, f"a LoRA configuration (lora=LoRAConfig(rank=...), --lora-rank): {name!r} is a {said} "
+            "checkpoint, which fine-tunes as QLoRA",
+            "full training of a quantized checkpoint is not modelled: its quantized weights are frozen (bitsandbytes "
+            "has no gradients for them) and transformers refuses to train a purely quantized model without adapters; "
+            "drop the config's quantization_config to cost full training of the model in its own dtype")
+    wanted = {"quantization": kind, "double_quant": bool(q.get("double_quant", False)),
+              "quant_blocksize": q.get("quant_blocksize", 64)}
+    if config.quantization is None:
+        config = attrs.evolve(config, **wanted)
+        return config, (f"the checkpoint's quantization_config ({said}) is applied: QLoRA, its base linears "
+                        f"stored as {kind}" + (", 64-element blocks" if kind != "int8" else ""),)
+    for field, value in wanted.items():
+        if getattr(config, field) != value:
+            raise InvalidInputError(f"lora.{field}", getattr(config, field),
+                                    f"{value!r} (the checkpoint's), or lora.quantization left out to take it",
+                                    f"{name!r} is a {said} checkpoint: its weights are stored that way")
+    return config, ()
+
+
 def lora_option(plan, value):
     """The ``lora=`` option of a measured-grade solve: a ``LoRAConfig`` or a dict of its
-    fields, checked against the model (its linears must be countable)."""
-    config = _config(value)
+    fields, checked against the model (its linears must be countable); a quantized
+    checkpoint's quantization applied (``checkpoint_quantization``)."""
+    config, quantized = checkpoint_quantization(plan.model, _config(value))
     sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
              "ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
@@ -516,7 +558,7 @@ def lora_option(plan, value):
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
     from mlsysim_plugins.measured.lora import lora_regime
     options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
-    return attrs.evolve(plan, profile_options=options, notes=plan.notes + notes,
+    return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
                         trainable_fraction=_exact_fraction(counts.trainable_parameters, plan.model.parameters))
 
 

@@ -28,8 +28,8 @@ shapes), raises there, before anything is enumerated. A layout the rules reject 
 not fitting; an error saying the measured profile cannot describe the run (its
 ``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision``, ``model.*``,
 or ``lora``: the measured profile models LoRA/QLoRA on one device only) stops the search
-instead: one ranking never mixes profiles (the CLI then reruns the whole search on the
-reference profile, with a note).
+instead: one ranking never mixes profiles (the CLI refuses the search, naming what is not
+modelled).
 
 **Candidates evaluated** counts every layout enumerated. Each is either solved through the
 whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
@@ -405,7 +405,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     # a bad option or a run the profile cannot describe raises here, not as "no layout fits".
     # Under a measured-grade profile, a strategy the profile cannot model is left out (and
     # said) when the strategies were not named; a named one stops the search (the CLI then
-    # reruns the whole search on the reference profile).
+    # refuses it, naming what is not modelled).
     first = None
     left_out: list[str] = []
     refusal = None
@@ -921,7 +921,7 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                 total_memory = solve_plan(registry, plan, options, total_only=True)
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
                 if measured and _cannot_describe(err):
-                    raise       # one ranking never mixes profiles: the caller decides (the CLI falls back)
+                    raise       # one ranking never mixes profiles: the caller decides (the CLI refuses)
                 if index == 0 and (plan is None or not measured):
                     done += n - 1       # the layout itself is rejected (e.g. an option constraint)
                     break

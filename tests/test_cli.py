@@ -86,7 +86,7 @@ def test_custom_model_and_hardware_files(tmp_path, solver):
                                  "hidden_dim": 64, "heads": 4}))
     gpu = tmp_path / "gpu.json"
     gpu.write_text(json.dumps({"name": "toy", "memory_capacity": 2**30}))
-    code, text = run("estimate", "--model", str(model), "--hardware", str(gpu), "--json")
+    code, text = run("estimate", "--model", str(model), "--hardware", str(gpu), "--json", "--profile", "reference")
     assert code == 0
     data = json.loads(text)
     assert data["model"] == "tiny" and data["available_memory"] == 2**30
@@ -183,14 +183,13 @@ def test_estimate_measured_profile_flags_match_python():
     assert data["runtime_overheads"] == 0 and data["profile"] == "measured"
 
 
-def test_estimate_falls_back_to_the_reference_when_the_measured_profile_cannot_describe_the_run(tmp_path):
+def test_estimate_refuses_a_run_the_measured_profile_cannot_describe(tmp_path):
     model = tmp_path / "opaque.json"
     model.write_text(json.dumps({"name": "opaque", "parameters": 7_000_000_000, "layers": 32}))
-    code, text = run("estimate", "--model", str(model))
-    assert code == 0
-    assert text.startswith("note: profile reference, because the measured profile cannot describe this run: "
-                           "model.hidden_dim=None is not allowed")
-    assert "(profile: reference)" in text
-    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--model", str(model),
-                           "--profile", "measured"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "model.hidden_dim=None" in proc.stderr
+    for profile, hint in (((), True), (("--profile", "measured"), False)):    # the default and the named one
+        proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--model", str(model), *profile],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stdout == "" and "model.hidden_dim=None" in proc.stderr
+        assert ("--profile reference gives the textbook estimate" in proc.stderr) == hint
+    code, text = run("estimate", "--model", str(model), "--profile", "reference")
+    assert code == 0 and "(profile: reference)" in text

@@ -11,7 +11,7 @@ import pytest
 from mlsysim_core import HardwareNode, TrainingMemoryModel, TransformerWorkload
 from mlsysim_core.catalog import get_model, list_hardware, list_models
 from mlsysim_core.catalog.files import structure_model
-from mlsysim_core.errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError,
+from mlsysim_core.errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError, NotModelledError,
                                  PluginError)
 from mlsysim_core.finetune import trainable_fraction
 from mlsysim_core.hf import from_hf_config
@@ -240,7 +240,7 @@ def test_a_capacity_in_gib_instead_of_bytes_is_an_error_suggesting_gib():
 
 
 def test_a_parameter_count_off_its_shapes_warns_under_the_measured_profile():
-    model = TransformerWorkload(name="off", parameters=7_000_000_000, **SHAPES_8B)
+    model = TransformerWorkload(name="off", parameters=7_000_000_000, architecture="llama", **SHAPES_8B)
     r = MEASURED.solve(model, "h100", 8, 1024)
     warning = [n for n in r.notes if n.startswith("WARNING")]
     assert len(warning) == 1 and "-12.8 %" in warning[0] and "8,030,261,248" in warning[0]
@@ -249,7 +249,8 @@ def test_a_parameter_count_off_its_shapes_warns_under_the_measured_profile():
     parallel = MEASURED.solve(model, "h100", 16, 1024, tp_size=2, pp_size=2, dp_size=2)
     assert warning[0] in parallel.notes
     assert not any("WARNING" in n for n in REFERENCE.solve(model, "h100", 8, 1024).notes)   # reads no shapes
-    close = TransformerWorkload(name="close", parameters=7_700_000_000, **SHAPES_8B)    # -4.1 %: no warning
+    close = TransformerWorkload(name="close", parameters=7_700_000_000, architecture="llama",
+                                **SHAPES_8B)    # -4.1 %: no warning
     assert not any("WARNING" in n for n in MEASURED.solve(close, "h100", 8, 1024).notes)
 
 
@@ -262,8 +263,8 @@ def test_no_catalog_model_warns_or_errors_for_its_parameter_count():
         if model.hidden_dim is None or model.heads is None or model.vocab_size is None:
             continue      # the measured profile refuses it for its missing shapes, as before
         assert parameter_check(model, family_for(model, families)[0]) == (), entry.key
-    r = MEASURED.solve("mlsysim:llama3-8b", "h100", 8, 1024)          # the reference's 8.03e9: within 5 %
-    assert not any("WARNING" in n for n in r.notes)
+    # the reference's own entries give no architecture: refused under the measured profile
+    raises(NotModelledError, lambda: MEASURED.solve("mlsysim:llama3-8b", "h100", 8, 1024), "model.architecture")
 
 
 def test_only_the_librarys_errors_escape_for_hostile_solve_values():

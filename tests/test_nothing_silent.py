@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from mlsysim_core.errors import NotModelledError
+
 from mlsysim_core import TrainingMemoryModel, TransformerWorkload, cli
 from mlsysim_plugins.measured.shapes import MODELLED_ARCHITECTURES, NOT_MODELLED
 
@@ -56,15 +58,26 @@ def test_every_family_the_hf_import_reads_is_modelled_or_says_what_it_leaves_out
 
 def test_a_hand_built_model_hears_what_was_assumed():
     model = TransformerWorkload(name="x", parameters=1_300_000_000, layers=24, hidden_dim=2048, heads=16,
-                                vocab_size=50_304)
+                                vocab_size=50_304, architecture="llama")
     notes = approximations(MEASURED.solve(model, "h100", 1, 1024))
     assert notes == [
-        "approximation: model.architecture is not given; costed as Llama-style layers",
         "approximation: gated MLP assumed (model.gated_mlp unknown)",
         "approximation: MLP width 4 x hidden = 8192 assumed (model.ffn_dim unknown)",
         "approximation: untied embeddings assumed (model.tied_embeddings unknown)",
     ]
     assert approximations(TrainingMemoryModel().solve(model, "h100", 1, 1024)) == []   # reference: none
+
+
+def test_a_model_without_an_architecture_is_refused_not_costed_as_llama():
+    # its layer layout (MLP, norms, positions) is unknown: the measured profile refuses it,
+    # naming the architectures its families model; the reference profile answers.
+    model = TransformerWorkload(name="x", parameters=1_300_000_000, layers=24, hidden_dim=2048, heads=16,
+                                vocab_size=50_304)
+    with pytest.raises(NotModelledError) as info:
+        MEASURED.solve(model, "h100", 1, 1024)
+    assert info.value.parameter == "model.architecture" and info.value.value is None
+    assert "gpt2, gpt3, gpt_neox" in info.value.allowed and "architecture='llama'" in info.value.allowed
+    assert TrainingMemoryModel().solve(model, "h100", 1, 1024).profile == "reference"
 
 
 def test_the_notes_reach_the_json_the_table_and_explain():

@@ -101,18 +101,15 @@ def test_vary_profile_refuses_when_no_profile_can_describe(capsys, tmp_path, mpl
     assert code == 2 and "--values='measured'" in err
 
 
-# 3. one picture, one profile: a value that needs the fallback sends every bar to the reference
+# 3. one picture, one profile: a value the measured profile cannot describe refuses the picture
 
 @pytest.mark.parametrize("argv, failing", [
-    (["--vary", "dp_size", "--values", "1,2", "--lora-rank", "8"], "dp_size=2"),
-    (["--vary", "precision", "--values", "fp32,bf16,int8"], "precision=int8")])
-def test_vary_falls_back_for_every_bar(tmp_path, drawn, argv, failing):
-    code, text = run("plot", "bars", *argv, "-o", str(tmp_path / "p.png"))
-    assert code == 0, text
-    assert {r.profile for r in drawn["results"]} == {"reference"}
-    assert text.startswith("note: profile reference for every bar (one picture, one profile), because the measured "
-                           f"profile cannot describe {failing}")
-    assert text.splitlines()[-1].endswith("(profile reference)")
+    (["--vary", "dp_size", "--values", "1,2", "--lora-rank", "8"], "lora="),
+    (["--vary", "precision", "--values", "fp32,bf16,int8"], "precision='int8'")])
+def test_vary_refuses_when_one_value_is_not_modelled(capsys, tmp_path, drawn, argv, failing):
+    code, err = error_of(capsys, "plot", "bars", *argv, "-o", str(tmp_path / "p.png"))
+    assert code == 2 and not (tmp_path / "p.png").exists() and not drawn.get("results")
+    assert err.startswith(f"mlsysim-core: error: {failing}") and "--profile reference" in err
 
 
 def test_vary_keeps_the_measured_profile_when_every_value_fits_it(tmp_path, drawn):
@@ -204,7 +201,7 @@ def test_sweep_values_twice_refused(capsys, tmp_path, mpl):
 # 7. a scenario's relative file paths: relative to the scenario's folder; saved absolute
 
 MODEL = {"name": "qa-mine", "parameters": 1000000000, "layers": 8, "hidden_dim": 2048, "heads": 16,
-         "vocab_size": 32000}
+         "vocab_size": 32000, "architecture": "llama"}
 HARDWARE = {"name": "qa-hw", "memory_capacity": 80000000000}
 
 

@@ -217,45 +217,35 @@ def test_cli_defaults_to_the_measured_profile_and_names_it(solver):
     assert [r["total_memory"] for r in data["fits"]] == [c.total_memory for c in reference.fits]
 
 
-def test_cli_falls_back_to_reference_for_the_whole_search_with_the_note(tmp_path, solver):
+def test_cli_refuses_a_search_the_measured_profile_cannot_describe(tmp_path, solver, capsys):
     model = tmp_path / "shapeless.json"
     model.write_text(json.dumps({"name": "shapeless", "parameters": 7_000_000_000, "layers": 32}))
     code, text = run("search", "-n", "8", "--global-batch", "16", "-m", str(model), "--no-progress")
-    assert code == 0
-    note = "note: profile reference, because the measured profile cannot describe this run: model."
-    assert text.startswith(note) and "profile reference," in text
-    code, text = run("search", "-n", "8", "--global-batch", "16", "-m", str(model), "--no-progress", "--json")
+    err = capsys.readouterr().err
+    assert code == 2 and text == "" and "model.hidden_dim=None" in err and "--profile reference" in err
+    # asked for by name, the reference profile ranks it
+    code, text = run("search", "-n", "8", "--global-batch", "16", "-m", str(model), "--no-progress", "--json",
+                     "--profile", "reference")
     data = json.loads(text)
-    assert data["profile"] == "reference" and data["profile_note"].startswith(note)
     reference = search.search_plans(SHAPELESS, "h100", devices=8, global_batch=16, solver=solver)
+    assert data["profile"] == "reference" and data["profile_note"] is None
     assert [r["total_memory"] for r in data["fits"]] == [c.total_memory for c in reference.fits]
-    # an explicit profile is never replaced
-    code, _ = run("search", "-n", "8", "--global-batch", "16", "-m", str(model), "--profile", "measured")
-    assert code == 2
 
 
-def test_cli_falls_back_for_a_third_party_optimizer(builtin_pm, monkeypatch):
+def test_cli_refuses_a_third_party_optimizer_without_a_measured_model(builtin_pm, monkeypatch, capsys):
     from mlsysim_core import cli
     pm = _with_optimizer_without_measured_model(builtin_pm)
     monkeypatch.setattr(cli, "_manager", lambda args: pm)
     code, text = run("search", "-n", "8", "--global-batch", "16", "--optimizer", "test.reference-only",
                      "--no-progress", "--json", "--regime", "bf16")
-    data = json.loads(text)
-    assert code == 0 and data["profile"] == "reference"
-    assert "cannot describe this run: optimizer=" in data["profile_note"]
-    assert "measured-profile options left out: --regime" in data["profile_note"]
+    err = capsys.readouterr().err
+    assert code == 2 and text == "" and "optimizer='test.reference-only'" in err and "--profile reference" in err
 
 
-def test_cli_lora_on_several_devices_falls_back_with_the_trainable_fraction(solver):
-    from mlsysim_core.catalog import get_model
-    from mlsysim_core.finetune import trainable_fraction
+def test_cli_lora_on_several_devices_is_refused(capsys):
     code, text = run("search", "-n", "8", "--global-batch", "16", "--lora-rank", "16", "--no-progress", "--json")
-    data = json.loads(text)
-    assert code == 0 and data["profile"] == "reference" and "parallel layout" in data["profile_note"]
-    fraction = trainable_fraction(get_model("llama3-8b"), {"rank": 16})
-    reference = search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, solver=solver,
-                                    trainable_fraction=fraction)
-    assert [r["total_memory"] for r in data["fits"]] == [c.total_memory for c in reference.fits]
+    err = capsys.readouterr().err
+    assert code == 2 and text == "" and "lora=" in err and "single-device runs" in err
     code, text = run("search", "-n", "1", "--global-batch", "4", "--lora-rank", "16", "--no-progress", "--json")
     assert json.loads(text)["profile"] == "measured"       # one device: the measured profile models it
 

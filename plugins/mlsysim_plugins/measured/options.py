@@ -227,6 +227,14 @@ def prepare(plan, registry):
     family, _ = family_for(plan.model, families, third_party)
     ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
     notes = parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
+    if not plan.model.architecture and not family.claims_model(plan.model):
+        raise NotModelledError(
+            "model.architecture", plan.model.architecture,
+            f"an architecture a registered family models ({', '.join(_architectures(families))}), e.g. "
+            f"{type(plan.model).__name__}(..., architecture='llama') for Llama-style layers, or a model imported "
+            "from its config.json (mlsysim_core.hf.from_hf_config)",
+            f"{plan.model.name!r} gives no architecture, so its layers (MLP, norms, positions, attention) are "
+            "unknown; profile='reference' is the textbook estimate from its sizes alone")
     notes += approximation_notes(plan.model, family, families)    # what is costed as something else: said
     if plan.model.context_length is not None or plan.seq_len > 1024:
         notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
@@ -329,3 +337,8 @@ def _registered(registry, hook: str) -> Mapping[str, Any]:
         raise NotModelledError("profile", "measured", f"a plugin that implements {hook}",
                                "no installed plugin registers any (is the built-in plugin blocked?)")
     return items
+
+
+def _architectures(families: Mapping[str, Any]) -> list[str]:
+    """Every ``model.architecture`` value a registered family lists, sorted."""
+    return sorted({a for f in families.values() for a in getattr(f, "architectures", ())})
