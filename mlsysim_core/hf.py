@@ -36,6 +36,7 @@ transformers 5.23 does not build (MTP layers) or keeps as a buffer
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Callable, Mapping
@@ -44,13 +45,37 @@ import attrs
 
 from .catalog.counting import count_parameters
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError
+from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["from_hf_config", "architecture_of", "load_hf_config", "HFArchitecture",
-           "SUPPORTED_MODEL_TYPES", "ARCHITECTURES"]
+           "SUPPORTED_MODEL_TYPES", "ARCHITECTURES", "transformers_defaults", "TRANSFORMERS_VERSION",
+           "checkpoint_quantization", "QUANTIZATION_METHODS"]
 
 _REQUIRED = object()
+
+# transformers' config defaults of every model type read here (tools/make_hf_defaults.py writes
+# them from transformers' config classes; the file says which transformers version).
+_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "catalog", "hf_defaults.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults_table() -> dict:
+    with open(_DEFAULTS_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+TRANSFORMERS_VERSION: str = _defaults_table()["transformers_version"]
+
+
+def transformers_defaults(model_type: str) -> dict | None:
+    """The defaults transformers' config class of ``model_type`` declares (a copy of
+    ``hf_defaults.json``'s entry: ``config_class``, ``defaults``, ``attribute_map``,
+    ``default_theta``, ``sub_configs``), or ``None`` where transformers has no class for the
+    type (``kimi_k2``). These fill every key a config.json leaves out."""
+    entry = _defaults_table()["model_types"].get(model_type)
+    return json.loads(json.dumps(entry)) if entry is not None else None
+
 
 # The largest size a config.json key may give (layers, widths, heads, vocabulary, experts,
 # positions, windows): 2**31 - 1. Far beyond any real model; a larger value is a typo or
@@ -112,6 +137,7 @@ class HFArchitecture:
     mla: bool = False                   # DeepSeek's multi-head latent attention (ranks in the raw keys)
     mtp_layers_not_built: int = 0       # num_nextn_predict_layers: in the checkpoint, not in the HF model
     config_model_type: str | None = None   # the config.json's own model_type where it differs
+    quantization: Mapping[str, Any] | None = attrs.field(default=None, hash=False)   # checkpoint_quantization()
     embedding_parameters: int = 0
     lm_head_parameters: int = 0
 
@@ -151,28 +177,71 @@ def load_hf_config(config) -> dict:
 
 
 class _Config:
-    """Typed access to a config dict with the family's defaults and clear errors."""
+    """Typed access to a config dict with transformers' defaults and clear errors.
 
-    def __init__(self, data: Mapping[str, Any], model_type: str, prefix: str = "config"):
+    A key the config sets (under any of the names a reader tries) wins; a key it leaves out
+    takes ``defaults``, the declared default of the model type's transformers config class
+    (``hf_defaults.json``); a key it sets to ``null`` stays null (DeepSeek-V2-Lite's
+    ``q_lora_rank``: no query compression), so a size set to null is refused. ``defaults`` is
+    ``None`` for a type transformers has no class for (``kimi_k2``): nothing is filled in.
+    """
+
+    def __init__(self, data: Mapping[str, Any], model_type: str, prefix: str = "config",
+                 entry: Mapping[str, Any] | None = None, config_type: str | None = None):
+        self.config_type = config_type or model_type     # the config.json's own (kimi_k2, read as deepseek_v3)
+        entry = entry or {}
+        aliases = entry.get("attribute_map") or {}
+        if any(alias in data and real not in data for alias, real in aliases.items()):
+            data = dict(data)       # GPT-2's hidden_size is its n_embd: the key a reader tries first
+            for alias, real in aliases.items():
+                if alias in data and real not in data:
+                    data[real] = data[alias]
         self.data = data
         self.model_type = model_type
         self.prefix = prefix        # "config.text_config" for a multimodal config's language model
+        self.defaults = entry.get("defaults")      # None: no transformers class, nothing filled in
+        self.config_class = entry.get("config_class")
+        self.default_theta = entry.get("default_theta")
 
     def _missing(self, key):
-        return InvalidInputError(f"{self.prefix}.{key}", None,
-                                 f"present in a {self.model_type!r} config.json",
-                                 "the field that defines this size is missing")
+        if key in self.data:        # set to null: a size cannot be null
+            default = (self.defaults or {}).get(key)
+            return InvalidInputError(f"{self.prefix}.{key}", None, "an integer of at least 1",
+                                     "the config sets it to null"
+                                     + (f" (left out, it would take transformers {TRANSFORMERS_VERSION}'s "
+                                        f"{self.config_class} default, {default})" if default is not None else ""))
+        if self.defaults is None:
+            return InvalidInputError(f"{self.prefix}.{key}", None, f"present in a {self.config_type!r} config.json",
+                                     f"transformers {TRANSFORMERS_VERSION} has no {self.config_type!r} config class "
+                                     "to take a default from, and this field defines the model's size")
+        return InvalidInputError(f"{self.prefix}.{key}", None, f"present in a {self.model_type!r} config.json",
+                                 f"transformers {TRANSFORMERS_VERSION}'s {self.config_class} has no default for it, "
+                                 "and this field defines the model's size")
+
+    def given(self, key) -> bool:
+        """Whether the config itself sets ``key`` (not null)."""
+        return self.data.get(key) is not None
+
+    def _values(self, keys):
+        """The candidate values of ``keys`` in order: those the config sets, then (when the
+        config names none of them, not even as null) their transformers defaults."""
+        set_ = [(k, self.data[k]) for k in keys if self.data.get(k) is not None]
+        if set_ or any(k in self.data for k in keys) or not self.defaults:
+            return set_
+        return [(k, self.defaults[k]) for k in keys if self.defaults.get(k) is not None]
+
+    def get(self, key):
+        """The config's value of ``key``, else its transformers default (``None`` if neither)."""
+        values = self._values((key,))
+        return values[0][1] if values else None
 
     def raw(self, key, default=None):
-        value = self.data.get(key)
+        value = self.get(key)
         return default if value is None else value
 
     def count(self, *keys, default=_REQUIRED, minimum=1):
-        """The first of ``keys`` that is set, as a positive int (``minimum`` 0 allows 0)."""
-        for key in keys:
-            value = self.data.get(key)
-            if value is None:
-                continue
+        """The first of ``keys`` that is set (else defaulted), as a positive int (``minimum`` 0 allows 0)."""
+        for key, value in self._values(keys):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 if isinstance(value, float) and value.is_integer() and value >= minimum:
                     value = int(value)
@@ -188,7 +257,7 @@ class _Config:
         return default
 
     def flag(self, key, default: bool) -> bool:
-        value = self.data.get(key)
+        value = self.get(key)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -196,17 +265,22 @@ class _Config:
         return value
 
     def number(self, *keys, default=None):
-        for key in keys:
-            value = self.data.get(key)
-            if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)):
+        for key, value in self._values(keys):
+            if not isinstance(value, bool) and isinstance(value, (int, float)):
                 return value
         return default
 
     def int_list(self, key) -> list:
-        value = self.data.get(key) or []
+        value = self.get(key) or []
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
             raise InvalidInputError(f"{self.prefix}.{key}", value, "a list of layer indices")
         return list(value)
+
+    def whence(self, key) -> str:
+        """How an error names where a value came from: the config, or transformers' default."""
+        if self.given(key):
+            return ""
+        return f" (the config leaves {key} out: transformers {TRANSFORMERS_VERSION}'s {self.config_class} default)"
 
 
 # --- per-family readers -----------------------------------------------------------------------
@@ -217,13 +291,22 @@ class _Config:
 def _rope(c: _Config):
     params = c.data.get("rope_parameters")
     params = params if isinstance(params, Mapping) else {}
-    theta = c.number("rope_theta") or params.get("rope_theta")
+    theta = c.number("rope_theta") or params.get("rope_theta") or _default_theta(c)
     scaling = c.data.get("rope_scaling")
     if not isinstance(scaling, Mapping):
         scaling = None
         if params.get("rope_type") not in (None, "default"):
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
+
+
+def _default_theta(c: _Config):
+    """The class's RoPE base when the config gives none (``default_theta``; Gemma 3 has one per
+    attention type: the full-attention layers' ``global``)."""
+    theta = c.default_theta
+    if isinstance(theta, Mapping):
+        theta = theta.get("global", theta.get("full_attention"))
+    return theta
 
 
 def _dtype(c: _Config):
@@ -259,7 +342,7 @@ def _llama_like(c: _Config, *, tie_default: bool = False, head_dim_default: int 
     hidden = c.count("hidden_size")
     heads = c.count("num_attention_heads")
     kv_heads = c.count("num_key_value_heads", default=heads)
-    if c.data.get("head_dim") is None and not head_dim_default and heads > hidden:
+    if c.get("head_dim") is None and not head_dim_default and heads > hidden:
         raise InvalidInputError(f"{c.prefix}.num_attention_heads", heads, f"at most hidden_size={hidden}, or set head_dim",
                                 "each head is hidden_size / num_attention_heads wide")
     head_dim = c.count("head_dim", default=head_dim_default or hidden // heads)
@@ -467,7 +550,7 @@ def _top_k(c: _Config, experts: int) -> int:
         key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
                     if c.data.get(k) is not None), "num_experts")
         raise InvalidInputError(f"{c.prefix}.num_experts_per_tok", top_k, f"at most {key}={experts}",
-                                "a token is routed to top-k of the experts")
+                                "a token is routed to top-k of the experts" + c.whence("num_experts_per_tok"))
     return top_k
 
 
@@ -564,7 +647,7 @@ def _deepseek(c, *, v3: bool):
     heads = c.count("num_attention_heads")
     vocab = c.count("vocab_size")
     ffn = c.count("intermediate_size")
-    if "q_lora_rank" not in c.data:
+    if "q_lora_rank" not in c.data and (c.defaults or {}).get("q_lora_rank") is None:
         raise c._missing("q_lora_rank")          # null (no query compression) must be said
     q_lora = c.count("q_lora_rank", default=None)
     kv_lora = c.count("kv_lora_rank")
@@ -732,20 +815,23 @@ def _read(config):
             raise InvalidInputError(prefix, text, "an object: the language model's config",
                                     f"a {outer_type!r} config.json keeps its language model there")
         text = dict(text)
-        text.setdefault("model_type", _NESTED[outer_type])
-        if text.get("model_type") is None:
+        if text.get("model_type") is None:     # the type the outer class reads a text_config as
             text["model_type"] = _NESTED[outer_type]
         model_type = _model_type(text, prefix, tuple(sorted(_FAMILIES)))
+        entry = transformers_defaults(model_type)
     else:
         model_type = _ALIASES.get(outer_type, outer_type)
-    c = _Config(text, model_type, prefix)
+        entry = transformers_defaults(outer_type)      # kimi_k2: none (no transformers class)
+    c = _Config(text, model_type, prefix, entry, config_type=text.get("model_type") if text is not data else outer_type)
     workload, counting, arch = _FAMILIES[model_type](c)
     if workload["hidden_dim"] % workload["heads"] and model_type in ("gpt2", "gpt_neox", "falcon", "deepseek_v2"):
-        raise InvalidInputError(f"{prefix}.num_attention_heads", workload["heads"],
-                                f"a divisor of the hidden size {workload['hidden_dim']}")
+        key = next((k for k in ("num_attention_heads", "n_head") if c.given(k)), "num_attention_heads")
+        raise InvalidInputError(f"{prefix}.{key}", workload["heads"],
+                                f"a divisor of the hidden size {workload['hidden_dim']}", c.whence(key).strip() or None)
     if workload["kv_heads"] > workload["heads"] or workload["heads"] % workload["kv_heads"]:
         raise InvalidInputError(f"{prefix}.num_key_value_heads", workload["kv_heads"],
-                                f"a divisor of num_attention_heads={workload['heads']}")
+                                f"a divisor of num_attention_heads={workload['heads']}"
+                                + c.whence("num_attention_heads"), c.whence("num_key_value_heads").strip() or None)
     count = count_parameters(**counting)
     if count.total > _checks.MAX_COUNT:
         _blame_oversized(text, prefix, workload, count.total)
@@ -754,8 +840,132 @@ def _read(config):
     arch.setdefault("torch_dtype", _dtype(c) or _dtype(_Config(data, outer_type)))
     arch.update(model_type=model_type, embedding_parameters=(vocab + positions) * hidden,
                 lm_head_parameters=0 if workload["tied_embeddings"] else vocab * hidden,
-                config_model_type=outer_type if outer_type != model_type else None)
+                config_model_type=outer_type if outer_type != model_type else None,
+                quantization=_quantization(data, text, prefix, model_type, workload["layers"]))
     return data, text, prefix, workload, count, HFArchitecture(**arch)
+
+
+# --- quantized checkpoints ------------------------------------------------------------------------
+#
+# A config.json's quantization_config says how the checkpoint's weights are stored. The measured
+# profile models two kinds, and every other is refused by name (never read as the unquantized model):
+#
+# * bitsandbytes 4-bit (nf4, fp4) and 8-bit (LLM.int8): the storage mlsysim_core.finetune counts for
+#   QLoRA (packed codes, absmax, nested statistics, code tables; int8 weights and row scales) and the
+#   4-bit dequantization transient of measured/lora.py. Such a checkpoint trains only adapters: with
+#   lora= it is QLoRA (finetune.lora_option applies the checkpoint's quantization); full training
+#   is refused (finetune.check_checkpoint_quantization).
+# * mxfp4, gpt-oss's own: transformers trains it on weights dequantized to bf16 (the gpt_oss family's
+#   check says so, and refuses sub-16-bit weights).
+
+QUANTIZATION_METHODS = ("bitsandbytes", "mxfp4")
+_LINEAR_PATHS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_GPT2_PATHS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+_ALLOWED_QUANTIZATION = ("a bitsandbytes checkpoint (load_in_4bit with bnb_4bit_quant_type 'nf4' or 'fp4', or "
+                         "load_in_8bit), fine-tuned with LoRA (QLoRA); an 'mxfp4' gpt-oss checkpoint (trained on its "
+                         "weights dequantized to bf16); or no quantization_config (the model in its own dtype)")
+
+
+def _quantization(data, text, prefix, model_type, layers) -> dict | None:
+    """The checkpoint's quantization, read from ``quantization_config`` (the outer config's, or
+    the language model's): a dict (``method`` and what the measured profile models) or None.
+    Methods the measured profile cannot model are refused with ``NotModelledError``."""
+    q, where = data.get("quantization_config"), "config.quantization_config"
+    if q is None and text is not data:
+        q, where = text.get("quantization_config"), f"{prefix}.quantization_config"
+    if q is None:
+        return None
+    if not isinstance(q, Mapping):
+        raise InvalidInputTypeError(where, q, "an object (a transformers quantization config)",
+                                    f"got {type(q).__name__}")
+    table = _defaults_table()["quantization"]
+    method = q.get("quant_method")
+    if q.get("load_in_4bit") is True or q.get("load_in_8bit") is True:
+        method = "bitsandbytes"        # transformers' AutoQuantizationConfig: the load flags decide
+    if method is None:
+        raise InvalidInputError(f"{where}.quant_method", None, f"one of {', '.join(table['methods'])}",
+                                "a quantization_config without quant_method (or a bitsandbytes load_in_4bit / "
+                                "load_in_8bit) does not say how the weights are stored")
+    if not isinstance(method, str):
+        raise InvalidInputTypeError(f"{where}.quant_method", method, "a string", f"got {type(method).__name__}")
+    if method not in table["methods"]:
+        raise InvalidInputError(f"{where}.quant_method", method,
+                                f"one of transformers {TRANSFORMERS_VERSION}'s: {', '.join(table['methods'])}",
+                                "an unknown quantization method")
+    if method == "mxfp4" and model_type == "gpt_oss":
+        return {"method": "mxfp4"}
+    if method != "bitsandbytes":
+        raise NotModelledError(
+            f"{where}.quant_method", method, _ALLOWED_QUANTIZATION,
+            f"the measured profile has no formula for {method!r} weights (their storage, scales and dequantization); "
+            "never costed as the unquantized model. Without quantization_config the config is read as the model in "
+            "its own dtype (full training, or LoRA of the 16-bit base)")
+    return _bitsandbytes(q, where, table["bitsandbytes"], layers)
+
+
+def _bitsandbytes(q, where, spec, layers) -> dict:
+    """A bitsandbytes quantization_config, its omitted keys at BitsAndBytesConfig's defaults."""
+    cfg = dict(spec["defaults"])
+    cfg.update((k, v) for k, v in q.items() if k in cfg)
+
+    def flag(key):
+        if not isinstance(cfg[key], bool):
+            raise InvalidInputError(f"{where}.{key}", cfg[key], "true or false")
+        return cfg[key]
+
+    four, eight = flag("load_in_4bit"), flag("load_in_8bit")
+    if four and eight:
+        raise InvalidInputError(f"{where}.load_in_8bit", True, "false when load_in_4bit is true",
+                                "BitsAndBytesConfig refuses both: a checkpoint is 4-bit or 8-bit")
+    if not (four or eight):
+        raise InvalidInputError(f"{where}.load_in_4bit", cfg["load_in_4bit"],
+                                "true (or load_in_8bit true) for quant_method 'bitsandbytes'",
+                                "neither load_in_4bit nor load_in_8bit: transformers cannot tell the bit width")
+    skipped = cfg["llm_int8_skip_modules"] or []
+    if not isinstance(skipped, (list, tuple)) or not all(isinstance(m, str) for m in skipped):
+        raise InvalidInputError(f"{where}.llm_int8_skip_modules", skipped, "a list of module names, or null")
+    paths = [f"{base}.{i}.{part}" for i in range(layers)
+             for base, parts in (("model.layers", _LINEAR_PATHS), ("model.language_model.layers", _LINEAR_PATHS),
+                                 ("transformer.h", _GPT2_PATHS)) for part in parts]
+    for name in skipped:            # transformers keeps a module unquantized when a listed name is in its path
+        hit = next((path for path in paths if name in path), None)
+        if hit is not None:
+            raise NotModelledError(
+                f"{where}.llm_int8_skip_modules", name,
+                "modules outside the decoder blocks' linears (lm_head, a vision tower, a projector), or null",
+                f"{name!r} keeps linears of the decoder blocks unquantized ({hit}, ...): the measured profile's "
+                "QLoRA quantizes every linear of the blocks, and a checkpoint that mixes 16-bit and quantized "
+                "block linears is not modelled")
+    out = {"method": "bitsandbytes"}
+    if eight:
+        if flag("llm_int8_has_fp16_weight"):
+            raise NotModelledError(f"{where}.llm_int8_has_fp16_weight", True, "false (int8 weights)",
+                                   "LLM.int8 with fp16 weights keeps a 16-bit copy of every weight beside the "
+                                   "int8 one for training: not modelled")
+        out.update(quantization="int8")
+        return out
+    quant_type = cfg["bnb_4bit_quant_type"]
+    if quant_type not in ("nf4", "fp4"):
+        raise InvalidInputError(f"{where}.bnb_4bit_quant_type", quant_type, "'nf4' or 'fp4'")
+    storage = cfg["bnb_4bit_quant_storage"] or "uint8"
+    if storage != "uint8":
+        raise NotModelledError(f"{where}.bnb_4bit_quant_storage", storage, "'uint8' (bitsandbytes' default), or null",
+                               "the 4-bit storage modelled (and measured) packs two codes a byte in uint8 tensors; "
+                               "another storage dtype (FSDP-QLoRA's) is not modelled")
+    out.update(quantization=quant_type, double_quant=flag("bnb_4bit_use_double_quant"),
+               quant_blocksize=64, compute_dtype=str(cfg["bnb_4bit_compute_dtype"] or "float32").replace("torch.", ""))
+    return out
+
+
+def checkpoint_quantization(model) -> dict | None:
+    """The quantization of the checkpoint a workload was imported from (``from_hf_config``
+    records it as ``details["quantization"]``): ``{"method": "bitsandbytes", "quantization":
+    "nf4" | "fp4" | "int8", "double_quant": ..., "quant_blocksize": 64, "compute_dtype": ...}``,
+    ``{"method": "mxfp4"}`` (gpt-oss), or None for an unquantized model."""
+    details = getattr(model, "details", None) or {}
+    q = details.get("quantization")
+    return dict(q) if isinstance(q, Mapping) else None
 
 
 def architecture_of(config) -> HFArchitecture:

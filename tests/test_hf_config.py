@@ -51,6 +51,12 @@ EXACT = {
     "OLMo-2-1124-7B.json": (7_298_617_344, None, "allenai/olmo-2-1124-7b"),
     "OLMo-2-1124-13B.json": (13_716_198_400, None, "allenai/olmo-2-1124-13b"),
     "Llama-4-Maverick-17B-128E.json": (400_711_848_960, 17_184_691_200, "meta-llama/llama-4-maverick-17b-128e"),
+    # The multimodal Gemma 3 checkpoints' config.json (tests/data/hf_configs/README.md): their
+    # text_config omits what Gemma3TextConfig defaults (vocab_size 262208, and for 4B the heads).
+    # The count is the language model's, what a text fine-tune trains (tests/test_hf_defaults.py).
+    "gemma-3-4b-it.json": (3_880_263_168, None, None),
+    "gemma-3-12b-it.json": (11_766_034_176, None, None),
+    "gemma-3-27b-it.json": (27_009_346_304, None, None),
 }
 
 # The catalog entries written from these copies: equal to from_hf_config, details included.
@@ -180,9 +186,12 @@ def test_family_defaults_for_omitted_fields():
     # gemma's head_dim defaults to 256, not hidden_size / heads
     del gemma["head_dim"]
     assert from_hf_config(gemma).head_dim == 256
-    # num_key_value_heads defaults to the head count
+    # num_key_value_heads: LlamaConfig declares None (its __post_init__ takes the head count),
+    # MistralConfig declares 8 (configuration_mistral.py: `num_key_value_heads: int | None = 8`)
+    llama = {k: v for k, v in load("Llama-3.2-1B.json").items() if k != "num_key_value_heads"}
+    assert from_hf_config(llama).kv_heads == 32
     mistral = {k: v for k, v in load("Mistral-7B-v0.1.json").items() if k != "num_key_value_heads"}
-    assert from_hf_config(mistral).kv_heads == 32
+    assert from_hf_config(mistral).kv_heads == 8
 
 
 def test_paths_and_names(tmp_path):
@@ -203,21 +212,30 @@ def test_unknown_model_type_lists_the_supported_ones():
         from_hf_config({"hidden_size": 768})
 
 
-@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "num_attention_heads",
-                                   "vocab_size", "intermediate_size"])
-def test_missing_size_is_named(field):
-    cfg = {k: v for k, v in load("Llama-3.2-1B.json").items() if k != field}
-    with pytest.raises(InvalidInputError, match=f"config.{field}"):
-        from_hf_config(cfg)
+# LlamaConfig's declared defaults (transformers 5.23 configuration_llama.py: vocab_size 32000,
+# hidden_size 4096, intermediate_size 11008, num_hidden_layers 32, num_attention_heads 32)
+@pytest.mark.parametrize("field, default", [("num_hidden_layers", 32), ("hidden_size", 4096),
+                                            ("num_attention_heads", 32), ("vocab_size", 32000),
+                                            ("intermediate_size", 11008)])
+def test_omitted_size_takes_the_transformers_default_and_null_is_named(field, default):
+    cfg = {k: v for k, v in load("Llama-3.2-1B.json").items() if k not in (field, "head_dim")}
+    w = from_hf_config(cfg)
+    assert {"num_hidden_layers": w.layers, "hidden_size": w.hidden_dim, "num_attention_heads": w.heads,
+            "vocab_size": w.vocab_size, "intermediate_size": w.ffn_dim}[field] == default
+    with pytest.raises(InvalidInputError, match=f"config.{field}=None.*sets it to null.*LlamaConfig default, {default}"):
+        from_hf_config(dict(cfg, **{field: None}))
 
 
-def test_missing_moe_fields_are_named():
+def test_omitted_moe_fields_take_defaults_and_null_is_named():
+    # MixtralConfig: num_local_experts 8; Qwen2MoeConfig: moe_intermediate_size 1408 (both the published models')
     cfg = {k: v for k, v in load("Mixtral-8x7B-v0.1.json").items() if k != "num_local_experts"}
+    assert from_hf_config(cfg).parameters == 46_702_792_704
     with pytest.raises(InvalidInputError, match="config.num_local_experts"):
-        from_hf_config(cfg)
+        from_hf_config(dict(cfg, num_local_experts=None))
     cfg = {k: v for k, v in load("Qwen1.5-MoE-A2.7B.json").items() if k != "moe_intermediate_size"}
+    assert from_hf_config(cfg).parameters == 14_315_784_192
     with pytest.raises(InvalidInputError, match="config.moe_intermediate_size"):
-        from_hf_config(cfg)
+        from_hf_config(dict(cfg, moe_intermediate_size=None))
 
 
 def test_bad_values_and_inputs(tmp_path):
@@ -349,10 +367,18 @@ def test_deepseek_v3_published_config():
 
 def test_mla_errors_name_the_key():
     cfg = dict(_TINY, model_type="deepseek_v3", **_MLA, **_DS_MOE)
-    for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok"):
-        with pytest.raises(InvalidInputError, match=f"config.{key}"):
-            from_hf_config({k: v for k, v in cfg.items() if k != key})
+    # omitted, each takes DeepseekV3Config's default; kimi_k2 (no transformers class) has none
+    defaults = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "n_routed_experts": 256, "moe_intermediate_size": 2048, "num_experts_per_tok": 8}
+    for key, default in defaults.items():
+        if key == "num_experts_per_tok":     # the default, 8, is more than these 6 experts: said
+            with pytest.raises(InvalidInputError, match="num_experts_per_tok=8.*leaves num_experts_per_tok out"):
+                from_hf_config({k: v for k, v in cfg.items() if k != key})
+            continue
+        w = from_hf_config({k: v for k, v in cfg.items() if k != key})
+        assert from_hf_config(dict(cfg, **{key: default})).parameters == w.parameters, key
+        with pytest.raises(InvalidInputError, match=f"config.{key}.*no 'kimi_k2' config class"):
+            from_hf_config({k: v for k, v in dict(cfg, model_type="kimi_k2").items() if k != key})
     with pytest.raises(InvalidInputError, match="config.num_experts_per_tok.*n_routed_experts=6"):
         from_hf_config(dict(cfg, num_experts_per_tok=7))
     with pytest.raises(InvalidInputError, match="config.kv_lora_rank"):
@@ -394,8 +420,10 @@ def test_llama4_text_by_hand():
     assert (w.details["moe_layers"], w.details["dense_layers"], w.details["qk_norm"]) == (2, 2, "l2")
     listed = from_hf_config(dict(cfg, moe_layers=[0, 1, 3]))
     assert listed.details["moe_layers"] == 3
+    # omitted: Llama4TextConfig's intermediate_size_mlp, 16384; null: refused by name
+    assert from_hf_config({k: v for k, v in cfg.items() if k != "intermediate_size_mlp"}).ffn_dim == 16384
     with pytest.raises(InvalidInputError, match="config.intermediate_size_mlp"):
-        from_hf_config({k: v for k, v in cfg.items() if k != "intermediate_size_mlp"})
+        from_hf_config(dict(cfg, intermediate_size_mlp=None))
     # every block MoE: intermediate_size_mlp is not needed
     all_moe = {k: v for k, v in cfg.items() if k not in ("intermediate_size_mlp", "interleave_moe_layer_step")}
     assert from_hf_config(all_moe).ffn_dim == 96
@@ -430,7 +458,10 @@ def test_nested_text_configs():
     with pytest.raises(InvalidInputError, match="config.text_config"):
         from_hf_config({"model_type": "gemma3"})
     with pytest.raises(InvalidInputError, match="config.text_config.hidden_size"):
-        from_hf_config({"model_type": "gemma3", "text_config": {k: v for k, v in text.items() if k != "hidden_size"}})
+        from_hf_config({"model_type": "gemma3", "text_config": dict(text, hidden_size=None)})
+    # omitted: Gemma3TextConfig's hidden_size, 2304
+    assert from_hf_config({"model_type": "gemma3", "text_config": {k: v for k, v in text.items()
+                                                                   if k != "hidden_size"}}).hidden_dim == 2304
     with pytest.raises(InvalidInputError, match="config.text_config.model_type"):
         from_hf_config({"model_type": "mistral3", "text_config": dict(text, model_type="bert")})
     with pytest.raises(InvalidInputError, match="config.text_config.num_key_value_heads"):
