@@ -13,10 +13,17 @@ and norm, tied embeddings counted once. ``architecture_of()`` returns the facts 
 workload has no field for (norm kind, biases, position embeddings, dropout, activation,
 RoPE, parallel residual, sliding window, soft-capping, dtype, ...) as an ``HFArchitecture``.
 
-Fields missing from a ``config.json`` take the value the family's transformers config
-class gives them (``tie_word_embeddings`` is true by default for gpt2, gemma, gemma2,
-gemma3_text and falcon, false for the others), except the sizes that define the model
-(layers, widths, heads, vocabulary, experts): a config without one of those is refused.
+Fields missing from a ``config.json`` (top-level, or in a multimodal config's
+``text_config``) take the default the model type's transformers config class declares, read
+from ``catalog/hf_defaults.json`` (written by ``tools/make_hf_defaults.py`` from transformers
+5.23.0; ``transformers_defaults(model_type)``): ``LlamaConfig``'s 32000-entry vocabulary,
+``Gemma3TextConfig``'s 262208. A key set to ``null`` stays null; a size that is null, or that
+transformers gives no default (``kimi_k2`` has no transformers class), is refused naming it.
+
+A ``quantization_config`` is read into ``details["quantization"]``: bitsandbytes 4-bit
+(nf4, fp4) and 8-bit checkpoints are QLoRA under ``lora=`` (``finetune.checkpoint_quantization``),
+gpt-oss's mxfp4 is trained dequantized (the gpt_oss family); every other method is refused
+with ``NotModelledError`` naming it.
 
 ``ffn_dim`` is ``intermediate_size`` (GPT-2: ``n_inner`` or ``4 * n_embd``), the dense MLP
 width. In a mixture of experts whose every block is sparse it is the expert width
