@@ -128,10 +128,41 @@ def _grew_by_nccl(a: dict, b: dict) -> bool:
         all(b.get(k) == a[k] for k in same)
 
 
+def _respelled_names(diffs, current) -> list:
+    """Issue 23: names resolve case- and separator-insensitively (``registry.resolve_name``),
+    so a parity case the reference refused only for a spelling ('Selective', 'adam w') now
+    solves, to the very numbers of the name it spells. Those differences, each checked so."""
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_core.registry import name_key
+    solver = TrainingMemoryModel()
+    grid = {c["id"]: c for c in json.loads((ROOT / "tests" / "data" / "reference_grid.json").read_text())["cases"]}
+    tables = {"optimizer": solver.registry.optimizers, "activation_checkpointing": solver.registry.checkpointing}
+    tool = _tool()
+    parity = tool._module(ROOT, "tests/test_reference_parity.py", "_respelled_parity")
+    explained = []
+    for case_id, params, fields in diffs:
+        if not (case_id.startswith("parity/") and len(fields) == 1 and fields[0].endswith("-> solved")):
+            continue
+        case = grid[params["grid_id"]]
+        spelled = {k: case["kwargs"][k] for k in tables}
+        canonical = {k: next((n for n in tables[k] if name_key(n) == name_key(v)), None) if isinstance(v, str)
+                     else None for k, v in spelled.items()}
+        if None in canonical.values() or canonical == spelled:
+            continue
+        as_named = parity._solve(solver, {**case, "kwargs": {**case["kwargs"], **canonical}})
+        if tool.record(as_named) == current[case_id]["result"]:
+            explained.append(case_id)
+    return explained
+
+
 def test_predictions_unchanged(tool, recorded):
-    """Every recorded case's numbers, recomputed now, exactly (every case: the whole run takes seconds)."""
+    """Every recorded case's numbers, recomputed now, exactly (every case: the whole run takes seconds),
+    but for the deliberate change of issue 23 (``_respelled_names``)."""
     current = tool.snapshot(ROOT)
     diffs = tool.differences(recorded["cases"], current)
+    respelled = set(_respelled_names(diffs, current))
+    assert len(respelled) == 8      # the grid's 'Selective', 'NONE', 'None', 'FULL', 'Full', 'adam w', 'adam8bit'
+    diffs = [d for d in diffs if d[0] not in respelled]
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)
