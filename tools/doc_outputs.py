@@ -35,7 +35,8 @@ not import, the block is skipped and reported.
 
 **Python blocks** marked ``run`` are executed in order, the blocks of one page sharing their
 names, in a fresh interpreter. Where a bare expression has a comment (``r.feasible  # False``),
-the comment's first word must be the value's ``repr``; where a ``print(...)`` has a comment
+the comment must start with the value's ``repr`` (words may follow: ``# 0.5 GB``); where a
+``print(...)`` has a comment
 ``# -> TEXT`` (on its line, or on the line under it), TEXT must be what it printed. In
 either, ``...`` stands for any text.
 
@@ -460,7 +461,13 @@ def check_python(sources: list[str], sandbox: Sandbox) -> list[list[str]]:
             else:
                 if not comment:
                     continue
-                expected, actual = comment.split()[0], r["repr"]
+                # the value, then maybe words about it: some words from the start must be it
+                words = comment.split(" ")
+                actual = r["repr"]
+                prefixes = [" ".join(words[:k]).strip() for k in range(len(words), 0, -1)]
+                expected = next((p for p in prefixes if p and _wildcard(p, actual)), comment)
+                if comment.startswith(actual) and not re.match(r"[\w.]", comment[len(actual):]):
+                    expected = actual          # followed by punctuation: "(1, 2): the ..."
             if not _wildcard(expected, actual):
                 wrong.append(f"line {r['last']}: the comment says {expected!r}, it is {actual!r}")
         problems.append(wrong)
