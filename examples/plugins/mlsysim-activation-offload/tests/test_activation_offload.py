@@ -109,7 +109,7 @@ def measured(model):
 
 
 def test_measured_grade_every_layer_offloaded(measured):
-    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, precision="fp32", regime="fp32",
+    r = measured.solve("llama3-8b", "mlsysim:h100", 1, 2048, precision="fp32", regime="fp32",
                        activation_checkpointing=NAME, plugin_options={NAME: {"layers_on_device": 0}})
     assert HOST_LAYER == 1_833_238_528
     assert r.host_memory == 32 * HOST_LAYER
@@ -122,9 +122,9 @@ def test_measured_grade_every_layer_offloaded(measured):
 
 def test_measured_grade_kept_layers_keep_what_they_save(measured):
     kw = dict(precision="fp32", regime="fp32")
-    plain = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing="selective", **kw)
+    plain = measured.solve("llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing="selective", **kw)
     [layers] = [t for t in plain.terms_of("activations") if t.label.startswith("decoder layers")]
-    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing=NAME,
+    r = measured.solve("llama3-8b", "mlsysim:h100", 1, 2048, activation_checkpointing=NAME,
                        plugin_options={NAME: {"layers_on_device": 2}}, **kw)
     [kept] = [t for t in r.terms_of("activations") if t.label.startswith("activations kept")]
     assert kept.nbytes == 2 * layers.nbytes / 32
@@ -133,7 +133,7 @@ def test_measured_grade_kept_layers_keep_what_they_save(measured):
 
 def test_measured_grade_says_what_it_approximates(measured):
     """Outside the measured case the host bytes are the profile's saved bytes plus the weights."""
-    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME)
+    r = measured.solve("llama3-8b", "mlsysim:h100", 8, 2048, activation_checkpointing=NAME)
     [host] = [t for t in r.terms if t.tier == "host"]
     assert "approximation (regime amp-fp16)" in host.formula
 

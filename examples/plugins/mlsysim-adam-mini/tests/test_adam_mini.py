@@ -25,6 +25,7 @@ LLAMA8B_BLOCKS = (
     + 2 * 32 + 1                     # norms: 2 per layer + the final norm
 )
 LLAMA8B_PARAMS = 8_030_000_000
+LLAMA8B_COUNTED = 8_030_261_248     # the curated llama3-8b's exact count (the measured-grade tests' model)
 ADAM_MINI_STATE = 8 * LLAMA8B_PARAMS + 4 * LLAMA8B_BLOCKS   # master + m + one v per block
 
 
@@ -128,11 +129,11 @@ def _state(result):
 
 
 def test_measured_grade_keeps_m_and_one_v_per_block_in_the_parameters_dtype(measured):
-    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="fp32",
+    r = measured.solve("llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="fp32",
                        regime="fp32")
     steady = ("forward", "backward", "backward_end", "optimizer_step")
     assert _state(r) == {
-        "adam-mini first moment m (fp32, 4 B)": (4 * LLAMA8B_PARAMS, steady),           # no master copy
+        "adam-mini first moment m (fp32, 4 B)": (4 * LLAMA8B_COUNTED, steady),           # no master copy
         "adam-mini second moment v (4 B, one per block)": (4 * LLAMA8B_BLOCKS, steady),  # no step tensors
         # The embedding's update and -update, and its three (V, 1) vectors: 4 x (2 V h + 3 V).
         "adam-mini step temporaries (per-tensor loop)": (4 * (2 * V * H + 3 * V), ("optimizer_step",)),
@@ -140,18 +141,18 @@ def test_measured_grade_keeps_m_and_one_v_per_block_in_the_parameters_dtype(meas
 
 
 def test_measured_grade_follows_the_regime(measured):
-    bf16 = _state(measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="bf16",
+    bf16 = _state(measured.solve("llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, precision="bf16",
                                  regime="bf16"))
-    assert bf16["adam-mini first moment m (bf16, 2 B)"][0] == 2 * LLAMA8B_PARAMS
+    assert bf16["adam-mini first moment m (bf16, 2 B)"][0] == 2 * LLAMA8B_COUNTED
     assert bf16["adam-mini second moment v (2 B, one per block)"][0] == 2 * LLAMA8B_BLOCKS
-    mixed = _state(measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME,
+    mixed = _state(measured.solve("llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME,
                                   precision="bf16", regime="mixed-bf16"))
-    assert mixed["fp32 master weights"][0] == 4 * LLAMA8B_PARAMS
+    assert mixed["fp32 master weights"][0] == 4 * LLAMA8B_COUNTED
 
 
 @pytest.mark.parametrize("impl", ["foreach", "fused", "for-loop"])
 def test_measured_grade_loops_whatever_the_implementation(measured, impl):
-    r = measured.solve("mlsysim:llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, optimizer_impl=impl)
+    r = measured.solve("llama3-8b", "mlsysim:h100", 8, 1024, optimizer=NAME, optimizer_impl=impl)
     [step] = [t for t in r.terms_of("optimizer_state") if "step" in t.label]
     assert step.nbytes == 4 * (2 * V * H + 3 * V) and "changes nothing" in step.formula
 

@@ -125,8 +125,8 @@ def measured(model):
 def test_measured_grade_every_layers_secondary_shard(measured, regime, precision, gathered):
     kw = dict(regime=regime, precision=precision, runtime_overheads=False, **LAYOUT)   # (the allocator's 5 %
     # of the peak would grow with it)
-    r = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **kw)
-    zero3 = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **kw)
+    r = measured.solve("llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **kw)
+    zero3 = measured.solve("llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **kw)
     [term] = _secondary(r)
     assert LAYER_70B == 855_654_400
     assert term.nbytes == 80 * LAYER_70B / 8 * gathered          # the gathered dtype, not the precision
@@ -136,7 +136,7 @@ def test_measured_grade_every_layers_secondary_shard(measured, regime, precision
 
 
 def test_measured_grade_pipeline_stages_hold_their_own_layers(measured):
-    r = measured.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, pp_size=4,
+    r = measured.solve("llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, pp_size=4,
                        regime="fp32", precision="fp32", **LAYOUT)
     for rank in r.ranks:
         [term] = [t for t in rank.terms if t.label.startswith("hpZ")]
