@@ -406,7 +406,8 @@ def test_vary_cases_cover_every_allowed_field():
 @pytest.mark.parametrize("profile", ["reference", "measured"])
 @pytest.mark.parametrize("field,values,extra", VARY_CASES, ids=[c[0] for c in VARY_CASES])
 def test_every_vary_field_under_both_profiles(mpl, tmp_path, drawn, profile, field, values, extra, capsys):
-    argv = ["plot", "bars", "--profile", profile, "-m", "llama3-8b", "-b", "16", "-s", "1024", *extra,
+    model = [] if "-m" in extra else ["-m", "llama3-8b"]      # (a flag given twice differently is refused)
+    argv = ["plot", "bars", "--profile", profile, *model, "-b", "16", "-s", "1024", *extra,
             "--vary", field, "--values", values, "-o", str(tmp_path / "v.png")]
     if field == "communication_buffer_fraction" and profile == "measured":    # the reference's knob
         code, _ = run(*argv)
