@@ -138,7 +138,7 @@ def test_cli_lists_the_installed_plugin(galore_venv):
     # The CLI solves with it too.
     est = galore_venv.cli("estimate", "--model", "mlsysim:llama3-8b", "--hardware", "mlsysim:h100", "-b", "8",
                           "-s", "1024", "--optimizer", "demo.galore", "--option", "demo.galore.rank=64",
-                          "--json")
+                          "--json", "--profile", "reference")     # (reference-grade only: asked for by name)
     assert json.loads(est.stdout)["optimizer_state"] == GALORE_STATE
     # Without third-party autoload the plugin is listed as skipped, not loaded.
     off = json.loads(galore_venv.cli("--no-third-party-plugins", "plugins", "--json").stdout)
