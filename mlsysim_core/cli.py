@@ -791,8 +791,28 @@ def _batch_given(args) -> bool:
     return args.batch_size is not None or bool(args.scenario)
 
 
-def _profile_note_lines(note: str) -> str:
-    return note + "\n\n" if note else ""
+def _profile_note_lines(note: str, scenario=None) -> str:
+    """What a text answer says first: a note on the profile, and what a catalog name the
+    user typed means where it differs from a common meaning (``-m gpt2``: GPT-2 XL)."""
+    lines = [note] if note else []
+    lines += [f"note: {text}" for text in alias_notes(scenario)]
+    return "\n".join(lines) + "\n\n" if lines else ""
+
+
+def alias_notes(scenario) -> list[str]:
+    """The catalog's notes on the model and hardware names a scenario gives (``alias_note``)."""
+    from .catalog import alias_note
+    notes = []
+    for kind in ("model", "hardware"):
+        name = getattr(scenario, kind, None)
+        if isinstance(name, str):
+            try:
+                text = alias_note(kind, name)
+            except InvalidInputError:
+                text = None
+            if text:
+                notes.append(text)
+    return notes
 
 
 def _json_document(data: dict, scenario, note: str, result=None) -> dict:
@@ -803,6 +823,7 @@ def _json_document(data: dict, scenario, note: str, result=None) -> dict:
     data["schema_version"] = SCHEMA_VERSION
     data["profile"] = result.profile if result is not None else scenario.profile
     data["profile_note"] = note or None
+    data["name_notes"] = alias_notes(scenario)
     data["run"] = scenario.run_details(result)
     return data
 
@@ -843,7 +864,7 @@ def cmd_estimate(args, out) -> int:
         out.write(json.dumps(_json_document(result.to_dict(), scenario, note, result), indent=2, sort_keys=True)
                   + "\n")
         return 0
-    out.write(_profile_note_lines(note))
+    out.write(_profile_note_lines(note, scenario))
     reference = None
     if scenario.profile != "reference":   # the reference profile's total beside it
         reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
@@ -1068,7 +1089,7 @@ def cmd_plot(args, out) -> int:
             if all(type(n) is int and n >= 1 for n in (scenario.dp_size, scenario.gradient_accumulation_steps)) \
             else attrs.evolve(scenario, seq_len=first)
     scenario, note = resolve_profile(solver, scenario, probe=probe)
-    out.write(_profile_note_lines(note))
+    out.write(_profile_note_lines(note, scenario))
     if args.kind == "bars":
         results = [_solve(solver, scenario)]
         fig = plots.plot_bars(results, None, title=args.title)
@@ -1314,7 +1335,7 @@ def cmd_fit(args, out) -> int:
         out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
     else:
         from .render import describe_run, note_lines, plan_header
-        out.write(_profile_note_lines(note))
+        out.write(_profile_note_lines(note, scenario))
         if left_out:
             out.write(left_out + "\n")
         out.write(f"{solved.model} on {solved.hardware}  (profile: {solved.profile})\n")

@@ -457,3 +457,31 @@ def test_offload_without_the_optimizer_is_refused(spec):
     assert err.parameter == "offload" and "only with the optimizer step" in str(err)
     assert "'optimizer', 'optimizer+gradients', 'optimizer+parameters'" in str(err)
     assert run("estimate", "--offload", "optimizer+parameters", "--zero", "3", "--dp", "8")[0] == 0
+
+
+def test_a_name_that_means_something_else_says_so_in_the_header_and_the_json():
+    # -m gpt2 is GPT-2 XL (1.5B), as in mlsysim 0.3.0, not Hugging Face's 124M 'gpt2'
+    code, text = run("estimate", "-m", "gpt2", "-s", "1024", "--no-chart")
+    first = text.splitlines()[0]
+    assert code == 0 and first.startswith("note: 'gpt2' is GPT-2 XL (1.5B parameters") and "'gpt2-small'" in first
+    code, text = run("estimate", "-m", "gpt2", "-s", "1024", "--json")
+    assert [n[:30] for n in json.loads(text)["name_notes"]] == ["'gpt2' is GPT-2 XL (1.5B param"]
+    code, text = run("fit", "batch", "-m", "gpt2", "-s", "1024")
+    assert text.startswith("note: 'gpt2' is GPT-2 XL")
+    code, text = run("estimate", "--no-chart")       # the defaults name what they are in the header
+    assert code == 0 and not text.startswith("note:")
+    assert json.loads(run("estimate", "--json")[1])["name_notes"] == []
+
+
+def test_python_estimate_answers_as_the_cli():
+    import mlsysim_core
+    r = mlsysim_core.estimate()
+    code, text = run("estimate", "--json")
+    assert r.profile == "measured" and r.total_memory == json.loads(text)["total_memory"]
+    assert mlsysim_core.estimate(profile="reference").total_memory == \
+        TrainingMemoryModel().solve("llama3-8b", "h100", 8).total_memory
+    with pytest.raises(NotModelledError) as info:       # never answered by another profile
+        mlsysim_core.estimate("mlsysim:llama3-8b")
+    assert info.value.parameter == "model.architecture"
+    with pytest.raises(InvalidInputError, match="batch_size=7 is not allowed: a multiple of"):
+        mlsysim_core.estimate(batch_size=7, dp_size=2)

@@ -256,9 +256,12 @@ def _layer(plan, grad_in: bool) -> _Layer:
     shape = shape_of(plan)
     family = shape.family
     if family.lora_layer is None:
+        from .families import BUILTIN_FAMILIES
+        modelled = sorted({a for f in BUILTIN_FAMILIES.values() if f.lora_layer is not None for a in f.architectures})
         raise NotModelledError("lora", plan.profile_options.lora,
-                               f"None for the {family.name!r} architecture family",
-                               "its layers' LoRA activations are not modelled")
+                               f"None for the {family.name!r} architecture family; LoRA/QLoRA is modelled for "
+                               f"architectures {', '.join(modelled)} (one device)",
+                               f"the {family.name!r} family's layers under LoRA are not modelled")
     walk = Walk(plan, shape)
     kernel = kernel_of(plan)
 
