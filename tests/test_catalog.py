@@ -41,7 +41,7 @@ COUNTERPARTS = {
     "h100": "nvidia/h100-sxm5-80gb", "h100-pcie": "nvidia/h100-pcie-80gb", "h200": "nvidia/h200-sxm-141gb",
     "gaudi2": "intel/gaudi2", "gaudi3": "intel/gaudi3", "mi250x": "amd/mi250x", "mi300x": "amd/mi300x",
     "mi325x": "amd/mi325x", "t4": "nvidia/t4", "tpuv4": "google/tpu-v4", "tpuv5p": "google/tpu-v5p",
-    "tpuv6e": "google/tpu-v6e", "v100": "nvidia/v100-sxm2-32gb",
+    "tpuv6e": "google/tpu-v6e", "v100": "nvidia/v100-sxm2-32gb", "trainium2": "aws/trainium2",
 }
 
 
@@ -180,7 +180,6 @@ def test_a_model_is_found_without_its_owner_and_separators(name, key):
 
 @pytest.mark.parametrize("kind,name,candidates", [
     ("model", "gpt-2", ("openai-community/gpt2", "openai-community/gpt2-xl (as 'gpt2')")),
-    ("hardware", "trainium-2", ("mlsysim:trainium2 (as 'trainium2')", "aws/trainium2")),
 ])
 def test_an_ambiguous_name_is_refused_naming_the_candidates(kind, name, candidates):
     """``gpt-2`` is ``gpt2`` (GPT-2 XL) without its hyphen and ``openai-community/gpt2`` (124M)
@@ -806,3 +805,11 @@ def test_search_and_fit_techniques_work_on_an_rtx_4090(capsys):
     out = capsys.readouterr().out
     assert "hardware FLOP/s: 1.652e+14 (catalog: peak_bf16_flops)" in out
     assert "- fits" in out and "recomputed forward FLOPs" in out and "added unknown" not in out
+
+
+def test_trainium2_is_the_curated_entry():
+    # mlsysim 0.3.0's trainium2 (memory only) is mlsysim:trainium2; the short names are the
+    # curated aws/trainium2, which carries the planner's figures
+    for name in ("trainium2", "trn2", "trainium-2", "Trainium 2"):
+        assert find_hardware(name).key == "aws/trainium2", name
+    assert find_hardware("mlsysim:trainium2").origin == "reference"

@@ -66,6 +66,7 @@ COUNTERPARTS = {
     "tpuv4": "google/tpu-v4",
     "tpuv5p": "google/tpu-v5p",
     "tpuv6e": "google/tpu-v6e",
+    "trainium2": "aws/trainium2",
     "v100": "nvidia/v100-sxm2-32gb",
 }
 
