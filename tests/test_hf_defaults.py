@@ -174,8 +174,6 @@ def test_full_training_of_a_bitsandbytes_checkpoint_is_refused():
     assert checkpoint_quantization(from_hf_config(LLAMA), None) == (None, ())
 
 
-@pytest.mark.xfail(strict=True, reason="the measured profile's prepare (plugins/mlsysim_plugins/measured/options.py) "
-                                       "does not yet call finetune.checkpoint_quantization when lora is None")
 def test_full_training_of_a_bitsandbytes_checkpoint_is_refused_by_solve():
     quantized = from_hf_config(dict(LLAMA, quantization_config=NF4))
     with pytest.raises(NotModelledError, match="full training of a quantized checkpoint"):

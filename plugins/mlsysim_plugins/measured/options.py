@@ -245,6 +245,9 @@ def prepare(plan, registry):
     if o.lora is not None:
         from mlsysim_core.finetune import lora_option
         plan = lora_option(plan, o.lora)
+    else:     # a quantized checkpoint (bitsandbytes) trains only adapters: full training is refused
+        from mlsysim_core.finetune import checkpoint_quantization
+        checkpoint_quantization(plan.model, None)
     if cf is not None:
         if not plan.model.is_sparse:
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
