@@ -104,6 +104,21 @@ def _argparse_type(convert):
     return typed
 
 
+def _choice_spelling(convert, choices):
+    """``convert``, then the one choice a value spells with case and separators ignored (as
+    every other name: ``registry.name_key``); anything else is left for argparse to refuse."""
+    from .registry import name_key
+
+    def spelled(text: str):
+        value = convert(text)
+        if isinstance(value, str) and value not in choices:
+            same = [c for c in choices if isinstance(c, str) and name_key(c) == name_key(value)]
+            if len(same) == 1:
+                return same[0]
+        return value
+    return spelled
+
+
 def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = False):
     """The flags of every installed profile's options: ``(fields, refused)``. ``search``: only
     the options `search_plans` takes; ``refused`` holds (flags, why, takes a value) of the
@@ -137,7 +152,10 @@ def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = 
                 continue
             metavar = spec.get("metavar") or (None if spec.get("choices") else
                                               spec["flag"][0].lstrip("-").replace("-", "_").upper())
-            parser.add_argument(*spec["flag"], dest=dest, type=_argparse_type(spec.get("type") or str),
+            convert = _argparse_type(spec.get("type") or str)
+            if spec.get("choices"):     # a spelling of a choice (case, -, _, space) is that choice
+                convert = _choice_spelling(convert, spec["choices"])
+            parser.add_argument(*spec["flag"], dest=dest, type=convert,
                                 choices=spec.get("choices"), metavar=metavar, help=help)
     return fields, refused
 

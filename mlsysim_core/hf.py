@@ -161,7 +161,7 @@ def load_hf_config(config) -> dict:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 data = json.load(f)
         except OSError as exc:
             raise InvalidInputError("config", os.fspath(config), "a readable config.json file",

@@ -324,3 +324,45 @@ def test_the_cli_offload_error_lists_the_same_values(capsys, measured):
     assert code == 2
     for value in _listed_offload_values(measured):
         assert f"'{value}'" in err
+
+
+# --- flags with fixed choices, and files read from Python or the user catalog ----------------
+
+@pytest.mark.parametrize("argv, spelled", [(["--device", "CPU"], ["--device", "cpu"]),
+                                           (["--lora-rank", "8", "--quantization", "NF4"],
+                                            ["--lora-rank", "8", "--quantization", "nf4"])])
+def test_a_choice_flag_takes_any_spelling_of_its_choice(argv, spelled):
+    code, text = run("estimate", *argv, "--json")
+    code_canonical, canonical = run("estimate", *spelled, "--json")
+    assert code == code_canonical == 0 and json.loads(text) == json.loads(canonical)
+
+
+def test_a_choice_flag_still_refuses_what_is_no_choice():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--device", "gpu"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--device: invalid choice: 'gpu' (choose from 'cuda', 'cpu')" in proc.stderr
+
+
+def test_a_bom_in_an_hf_config_read_from_python(tmp_path):
+    from mlsysim_core.hf import from_hf_config
+    config = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 512, "vocab_size": 1000}
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(config, indent=2).replace("\n", "\r\n").encode())
+    assert from_hf_config(str(path)).parameters == from_hf_config(config).parameters
+
+
+def test_a_bom_in_a_user_catalog_file(tmp_path, monkeypatch):
+    from mlsysim_core.catalog import clear_cache, find_hardware
+    entry = {"schema": 1, "hardware": [{"key": "myorg/card", "name": "My card", "memory_capacity": 24 * 2**30}]}
+    (tmp_path / "mine.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(entry).replace(",", ",\r\n").encode())
+    monkeypatch.setenv("MLSYSIM_CATALOG_DIR", str(tmp_path))
+    clear_cache()
+    try:
+        assert find_hardware("myorg/card").value.memory_capacity == 24 * 2**30
+    finally:
+        monkeypatch.delenv("MLSYSIM_CATALOG_DIR")
+        clear_cache()

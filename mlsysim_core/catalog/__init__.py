@@ -321,7 +321,7 @@ def read_catalog_file(path: str | os.PathLike) -> dict[str, list[CatalogEntry]]:
                                     f"got {type(path).__name__}")
     try:
         path = Path(path)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise CatalogError(f"catalog file {path}: not UTF-8 text: {err}", parameter=str(path)) from None
     except (OSError, ValueError) as err:    # (a path with a NUL byte is a ValueError)
