@@ -944,24 +944,24 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
 
 
 def headroom_bytes(headroom, capacity: int) -> float:
-    """``headroom`` as bytes: a number of bytes, or "8GiB", "8GB", "10%" (of ``capacity``)."""
+    """``headroom`` as bytes: a number of bytes, a size ("8GiB", "8GB": ``units.parse_bytes``)
+    or a share of ``capacity`` ("10%")."""
     if headroom is None:
         return 0
     allowed = "bytes >= 0, or a string like '8GiB', '8GB' or '10%' (of the capacity), below the capacity"
-    value = headroom
-    if isinstance(headroom, str):
-        text = headroom.strip().replace(" ", "")
-        for suffix, scale in (("%", capacity / 100), ("GiB", 2**30), ("GB", 1e9), ("B", 1)):
-            if text.endswith(suffix):
-                try:
-                    value = float(text[:-len(suffix)]) * scale
-                except ValueError:
-                    raise InvalidInputError("headroom", headroom, allowed) from None
-                break
-        else:
+    if isinstance(headroom, str) and headroom.strip().endswith("%"):
+        try:
+            value = float(headroom.strip()[:-1]) * capacity / 100
+        except ValueError:
+            raise InvalidInputError("headroom", headroom, allowed) from None
+    else:
+        from .units import parse_bytes
+        if isinstance(headroom, str) and not headroom.strip()[-1:].isalpha():    # "10": 10 what?
             raise InvalidInputError("headroom", headroom, allowed, "say the unit: GiB, GB, B or %")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputTypeError("headroom", headroom, allowed)
+        try:
+            value = parse_bytes(headroom, "headroom", whole=False)
+        except InvalidInputError as err:
+            raise type(err)("headroom", headroom, allowed, err.detail) from None
     if not 0 <= value < capacity:
         raise InvalidInputError("headroom", headroom, allowed, f"the capacity is {capacity:,} B")
     return value

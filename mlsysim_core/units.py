@@ -22,11 +22,13 @@ _BY_KEY = {unit.lower(): scale for unit, scale in BYTE_UNITS.items()}
 _SIZE = re.compile(r"\s*(?P<number>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*(?P<unit>[A-Za-z]*)\s*")
 
 
-def parse_bytes(value: object, parameter: str = "size", *, maximum: int | None = None) -> int:
+def parse_bytes(value: object, parameter: str = "size", *, maximum: int | None = None,
+                whole: bool = True) -> int | float:
     """``value`` as a whole number of bytes >= 0: an int, an integral float, or a string of a
     number and an optional unit (B, KB, MB, GB, TB, PB, KiB, MiB, GiB, TiB, PiB; a space
-    between them is allowed). ``parse_bytes("24GiB") == 24 * 2**30``."""
-    return _parse(value, parameter, "", maximum)
+    between them is allowed). ``parse_bytes("24GiB") == 24 * 2**30``. ``whole=False``: an
+    amount rather than a size (a margin, ``"4.3GiB"``), a float where it is not whole."""
+    return _parse(value, parameter, "", maximum, whole)
 
 
 def parse_bandwidth(value: object, parameter: str = "bandwidth", *, maximum: int | None = None) -> int:
@@ -41,8 +43,8 @@ def _allowed(per: str) -> str:
             f"(units {', '.join(unit + per for unit in BYTE_UNITS)}; GB = 1e9 B, GiB = 2^30 B)")
 
 
-def _parse(value: object, parameter: str, per: str, maximum: int | None) -> int:
-    allowed = _allowed(per)
+def _parse(value: object, parameter: str, per: str, maximum: int | None, whole: bool = True) -> int | float:
+    allowed = _allowed(per) if whole else _allowed(per).replace("a whole number of bytes", "a number of bytes")
     if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
         raise InvalidInputTypeError(parameter, value, allowed, f"got {type(value).__name__}")
     if isinstance(value, str):
@@ -53,11 +55,11 @@ def _parse(value: object, parameter: str, per: str, maximum: int | None) -> int:
         amount = Fraction(value)
     if amount < 0:
         raise InvalidInputError(parameter, value, allowed, "negative")
-    if amount.denominator != 1:
+    if amount.denominator != 1 and whole:
         raise InvalidInputError(parameter, value, allowed, f"{float(amount):,} is not a whole number of bytes")
     if maximum is not None and amount > maximum:
         raise InvalidInputError(parameter, value, allowed, f"larger than {maximum:,} bytes{per}")
-    return int(amount)
+    return int(amount) if amount.denominator == 1 else float(amount)
 
 
 def _from_text(text: str, parameter: str, per: str, allowed: str) -> Fraction:

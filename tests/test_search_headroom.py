@@ -34,8 +34,8 @@ def test_the_margin_is_kept_free_and_nothing_else_changes(plain, headroom, margi
 
 
 @pytest.mark.parametrize("bad,error,fragment", [
-    ("x", InvalidInputError, "say the unit"), ("10", InvalidInputError, "say the unit"),
-    ("-1GiB", InvalidInputError, "the capacity is 85,899,345,920 B"),
+    ("x", InvalidInputError, "not a number followed by an optional unit"), ("10", InvalidInputError, "say the unit"),
+    ("-1GiB", InvalidInputError, "negative"), ("4.5 parsecs", InvalidInputError, "unknown unit 'parsecs'"),
     ("120%", InvalidInputError, "below the capacity"), (True, InvalidInputTypeError, "headroom=True"),
 ])
 def test_a_bad_headroom_names_the_parameter(bad, error, fragment):
