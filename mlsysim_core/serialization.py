@@ -20,7 +20,7 @@ _converter = make_converter(forbid_extra_keys=True)
 # the catalog and plugin listings): bumped when a key changes meaning or goes away, not for new keys.
 SCHEMA_VERSION = 1
 # Keys a result's JSON carries beside its fields (derived views, the CLI's additions): dropped on reading.
-_NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "run")
+_NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "name_notes", "run")
 _TO_JSON = "TrainingMemoryResult.to_json"
 
 

@@ -519,7 +519,9 @@ def test_the_measured_runs_from_the_cli(env, workdir):
 @slow
 def test_all_three_from_a_scenario_file_under_the_measured_profile(env, workdir):
     path = workdir / "scenario-measured.json"
-    path.write_text(json.dumps({k: v for k, v in SCENARIO.items() if k != "profile"}, indent=2))
+    measured = {k: v for k, v in SCENARIO.items() if k != "profile"}
+    measured["model"] = "llama3-8b"      # (the curated entry: the measured profile refuses mlsysim:llama3-8b)
+    path.write_text(json.dumps(measured, indent=2))
     r = env.cli_json("--scenario", str(path))
     _measured_without_fallback(r)
     assert {t["source"] for t in r["terms"]} >= {"adam_mini", "zeropp_hpz", "activation_offload"}
