@@ -229,11 +229,12 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
         raise InvalidInputTypeError(name, value, "a keyword of solve" + (
             f" or an option of profile {plan.profile!r}: {', '.join(known)}" if known else ""),
             "no such keyword" + (f"; did you mean {close[0]!r}?" if close else ""))
-    if spec.options_type is None:
+    if spec.options_type is None and spec.prepare is None:
         return plan
     info = registry.providers[(PROFILE, spec.name)]
-    options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
-    plan = attrs.evolve(plan, profile_options=options)
+    if spec.options_type is not None:
+        options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
+        plan = attrs.evolve(plan, profile_options=options)
     if spec.prepare is not None:
         plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:

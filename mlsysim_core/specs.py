@@ -148,7 +148,8 @@ class ProfileSpec:
     registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     """Its own registration hooks, collected into ``registry.extensions[hook]``. Plugin API 2.0."""
     prepare: Callable | None = _optional_callable
-    """``prepare(plan, registry) -> plan``: checks and completes the options. Plugin API 2.0."""
+    """``prepare(plan, registry) -> plan``: checks and completes the options (and may add notes);
+    called with or without ``options_type``. Plugin API 2.0."""
     ranks: Callable | None = _optional_callable
     """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
     relocate: Callable | None = _optional_callable

@@ -224,3 +224,15 @@ def test_bad_quantization_configs():
         from_hf_config(dict(LLAMA, quantization_config="nf4"))
     with pytest.raises(NotModelledError, match="llm_int8_has_fp16_weight"):
         from_hf_config(dict(LLAMA, quantization_config={"load_in_8bit": True, "llm_int8_has_fp16_weight": True}))
+
+
+def test_the_reference_profile_says_it_does_not_read_a_quantization_config():
+    # mlsysim 0.3.0 never reads a checkpoint's quantization: its numbers stay the unquantized
+    # model's, and a note says so (nothing read is silently ignored)
+    from mlsysim_core import TrainingMemoryModel
+    quantized, plain = from_hf_config(dict(LLAMA, quantization_config=NF4)), from_hf_config(LLAMA)
+    r = TrainingMemoryModel().solve(quantized, "h100", 4, 1024)
+    assert r.total_memory == TrainingMemoryModel().solve(plain, "h100", 4, 1024).total_memory
+    assert r.notes == ("approximation: the checkpoint's quantization_config (bitsandbytes nf4) is not read by the "
+                       "reference profile: its weights count at fp16, as an unquantized model's",)
+    assert TrainingMemoryModel().solve(plain, "h100", 4, 1024).notes == ()
