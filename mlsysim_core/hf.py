@@ -407,7 +407,7 @@ def _gemma2(c):
     w, k, a = _llama_like(c, tie_default=True, head_dim_default=256, mlp_bias=False,
                           norms_per_layer=4, act_key="hidden_activation")
     layers = w["layers"]
-    if "layer_types" not in c.data and a["sliding_window"] is None:
+    if c.data.get("layer_types") is None and a["sliding_window"] is None:     # (null: transformers fills it too)
         window = c.count("sliding_window", default=4096)
         a.update(sliding_window=window, sliding_window_layers=(layers + 1) // 2)
     a.update(embedding_scale=True, attn_logit_softcapping=c.number("attn_logit_softcapping"),
@@ -420,7 +420,7 @@ def _gemma3_text(c):
     w, k, a = _llama_like(c, tie_default=True, head_dim_default=256, mlp_bias=False,
                           norms_per_layer=4, qk_norm="head", act_key="hidden_activation")
     layers = w["layers"]
-    if "layer_types" not in c.data:
+    if c.data.get("layer_types") is None:      # omitted or null: transformers fills in the pattern
         pattern = c.count("sliding_window_pattern", default=6)
         window = c.count("sliding_window", default=4096)
         n = sum(1 for i in range(layers) if (i + 1) % pattern)
