@@ -200,7 +200,7 @@ class Scenario:
             "global_batch": microbatch * per_step, "requested_global_batch": self.batch_size,
             "microbatch": microbatch, "dp_size": self.dp_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps, "seq_len": self.seq_len,
-            "precision": self.precision}
+            "precision": getattr(result, "precision", None) or self.precision}   # (the name it resolved to)
         o = self.profile_options
         regime = getattr(result, "regime", None) or o.get("regime")
         if regime is not None:
