@@ -49,8 +49,10 @@ def providers(pm, hook=ARCHITECTURES):
 
 
 def toy_family(name="test.toy", architectures=("toyarch",), **changes) -> ArchitectureFamily:
-    """A third party's family: Llama's physics under its own name and architecture."""
-    return attrs.evolve(LLAMA, name=name, label="Toy", architectures=architectures, approximations={}, **changes)
+    """A third party's family: Llama's physics under its own name and architecture (not a fallback:
+    ``attrs.evolve`` would copy Llama's ``fallback=True``, and two equal fallbacks are a conflict)."""
+    return attrs.evolve(LLAMA, name=name, label="Toy", architectures=architectures, approximations={},
+                        **{"fallback": False, **changes})
 
 
 class Registers:

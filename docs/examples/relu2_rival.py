@@ -7,7 +7,7 @@ from mlsysim_core import hookimpl
 from mlsysim_plugins.measured.families import GPT2
 
 RIVAL = attrs.evolve(GPT2, name="otherorg.relu2", label="other ReLU²", architectures=("myorg_relu2",),
-                     approximations={})
+                     approximations={}, fallback=False)     # GPT-2's own declaration, not copied
 
 
 @hookimpl

@@ -47,6 +47,7 @@ from . import _korthikanti
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 layers = lazy_module(globals(), "layers", "mlsysim_plugins.measured.layers")
+measured_kernels = lazy_module(globals(), "measured_kernels", "mlsysim_plugins.measured.kernels")
 
 SAVED = (FORWARD, BACKWARD)
 OP_NAMES = ("mm", "sdpa", "bmm", "softmax", "topk", "grouped_mm")
@@ -106,10 +107,11 @@ class OpOutput:
     module: str = ""
 
 
-def op_sequence(shape, kind: str, kernel_name: str, seq_len: int) -> tuple[OpOutput, ...]:
+def op_sequence(shape, kind: str, kernel, seq_len: int) -> tuple[OpOutput, ...]:
     """The ops of one Llama- or Mixtral-style HF decoder layer (transformers 5.23, torch 2.13), in
     forward order, with their output bytes per token. ``kind``: fp32 / amp-bf16 / bf16 (AMP: the
-    matmuls' outputs are bf16; Mixtral's grouped-mm experts run in the weights' fp32)."""
+    matmuls' outputs are bf16; Mixtral's grouped-mm experts run in the weights' fp32). ``kernel``: the
+    ``AttentionKernel``, whose declared ``computes`` ("sdpa" or "eager") gives the attention's ops."""
     fam = shape.family
     c = 4 if kind == "fp32" else 2
     h, f, q, kv, a = shape.hidden, shape.ffn, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.heads
@@ -117,7 +119,7 @@ def op_sequence(shape, kind: str, kernel_name: str, seq_len: int) -> tuple[OpOut
     att = "attention"
     ops = [OpOutput("mm", "q_proj", c * q, module=att), OpOutput("mm", "k_proj", c * kv, module=att),
            OpOutput("mm", "v_proj", c * kv, module=att)]
-    if kernel_name == "sdpa":
+    if kernel.sdpa:     # declared, not named
         # CPU: _scaled_dot_product_flash_attention_for_cpu; GPU: _scaled_dot_product_flash_attention.
         ops.append(OpOutput("sdpa", "attention output + logsumexp (fp32)", c * q + 4 * a, module=att))
     else:   # eager: q @ k^T (bmm), softmax in fp32, weights @ v (bmm)
@@ -191,9 +193,11 @@ def _check(plan, *, per_op=False, module=None):
         if fam.layer not in (layers.llama_layer, layers.mixtral_layer):
             raise NotModelledError("activation_checkpointing", name, "a family whose layer ops are tagged "
                                    "(llama, mixtral)", f"family {fam.name!r} has no op sequence")
-        if o.attention not in ("sdpa", "eager"):
+        kernel = measured_kernels.kernel_of(plan)
+        if not (kernel.sdpa or kernel.eager):     # what the kernel declares it computes, not its name
             raise NotModelledError("activation_checkpointing", name, "attention sdpa or eager",
-                                   f"attention kernel {o.attention!r} has no op outputs")
+                                   f"attention kernel {kernel.name!r} has no op outputs (it declares no "
+                                   "computes='sdpa' or 'eager')")
 
 
 # --- measured terms -------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def per_op_terms(plan, placement, options):
     ctx = model.context(plan, placement)
     kind = model._regime_kind(ctx.regime)
     save, alternate = _policy(plan, options)
-    ops = op_sequence(ctx.shape, kind, plan.profile_options.attention, ctx.seq_len)
+    ops = op_sequence(ctx.shape, kind, measured_kernels.kernel_of(plan), ctx.seq_len)
     kept = saved_ops(ops, save, alternate)
     T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
     r = ctx.regime.residual
@@ -431,7 +435,8 @@ def recomputed_flops(plan) -> tuple[float, str]:
     mm = {n: 2 * T * e for n, e in mats.items()}
     att = {"q_proj", "k_proj", "v_proj", "o_proj"}
     name = plan.activation_checkpointing
-    eager = plan.profile_options.attention == "eager" if plan.profile_options else False
+    o = plan.profile_options     # eager: the kernel declares it materialises the scores (not its name)
+    eager = measured_kernels.kernel_of(plan).eager if o and o.attention is not None else False
     if name == "none":
         return 0.0, "no recomputation"
     if name == "selective":

@@ -5,8 +5,11 @@ An ``ArchitectureFamily`` is registered through ``mlsysim_measured_architectures
 one models a workload is the family's own claim (``family_for``): the family whose
 ``architectures`` list ``model.architecture`` (Hugging Face ``model_type``) and that fits
 the model (experts or not, gated MLP or not), or whose ``claims(model)`` says so. Two
-claimants are an error naming both; none, the fallback the profile has always used (with
-experts: Mixtral; a plain MLP: GPT-2; else Llama), with a note saying so.
+claimants are an error naming both; none, the registered family that declares itself the
+``fallback`` for the model's structure (with the built-ins: with experts Mixtral; a plain MLP
+GPT-2; else Llama), with a note saying so; no such family registered (``measured_families``
+blocked), a ``NotModelledError`` naming the architecture. The physics reads what a family
+declares (``pack_hook_copies``, ``fallback``, ``sparse``, ...), never its name or identity.
 
 A family gives: its layer weights (``LayerWeight``: elements, how tensor/expert parallelism
 splits them, whether autocast copies them), its parameter tensors in registration order,
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import PluginConflictError, PluginContractError
+from mlsysim_core.errors import NotModelledError, PluginConflictError, PluginContractError
 from mlsysim_core.memo import memoize
 
 from . import layers
@@ -187,8 +190,18 @@ class ArchitectureFamily:
     # logits, a scaled embedding). None: the Llama/GPT-2 model around the layers as it is.
     adjust_terms: Callable[..., list] | None = None
     # Attention formulas for a layout of the family's own (MLA, sinks, soft-capped scores), per
-    # kernel name: used when the chosen kernel has no formula for ``attention_layout``.
+    # what a kernel computes (``AttentionKernel.computes``: "sdpa", "eager"): used when the chosen
+    # kernel has no formula for ``attention_layout``.
     attention_layouts: tuple[tuple[str, Callable[..., tuple]], ...] = attrs.field(default=(), converter=_formulas)
+    # ``pack_hook_copies(shape, tokens, seq_len)`` -> the elements a saved-tensor pack hook copies per
+    # decoder layer, one copy per op that saves a tensor (``activation_offload``), in fp32 with a
+    # kernel that computes SDPA, no dropout, no recompute; None: not derived (the offload counts each
+    # saved tensor once, said as an approximation). Plugin API 2.3.
+    pack_hook_copies: Callable[[ModelShape, int, int], int] | None = None
+    # Offered as the fallback for a model no registered family claims, when its structure fits
+    # (routed experts as ``sparse``; a gated MLP, or unknown, as ``gated_mlp``): Llama, GPT-2 and
+    # Mixtral declare it. Plugin API 2.3.
+    fallback: bool = False
 
     @property
     def display(self) -> str:
@@ -227,9 +240,9 @@ class ArchitectureFamily:
         """``kernel``'s attention formula for this family's layout, as a callable of keywords.
         A family's own formula (``attention_layouts``) also gets ``device`` (``"cuda"`` or
         ``"cpu"``): CPU SDPA falls back to the math kernel for layouts a GPU runs fused."""
-        if not any(name == self.attention_layout for name, _ in kernel.layouts):
-            for name, formula in self.attention_layouts:
-                if name == kernel.name:
+        if not any(name == self.attention_layout for name, _ in kernel.layouts) and kernel.computes:
+            for computes, formula in self.attention_layouts:
+                if computes == kernel.computes:     # what the kernel declares it computes, never its name
                     return functools.partial(_own_attention, formula, device=device)
         return functools.partial(kernel.saved, self.attention_layout)
 
@@ -329,6 +342,14 @@ def _llama_lora(walk, grad_in, attention):
     return llama_layer(walk, grad_in, attention)
 
 
+def _llama_pack_hook_copies(shape, tokens, seq_len) -> int:
+    """Llama's fp32 SDPA layer, one copy per save (``offload_activations.host_layers``): each RMSNorm
+    3 T h + 2 T; q, k, v each save the normed input; RoPE cos and sin for q and for k; SDPA q, k, v,
+    output, the fp32 logsumexp; o_proj its input; the MLP 2 T h + 4 T f."""
+    T, h, q, kv, a, f = tokens, shape.hidden, shape.q_dim, shape.kv_dim, shape.heads, shape.ffn
+    return 11 * T * h + 3 * T * q + 2 * T * kv + T * a + 4 * T + 4 * T * f + 4 * seq_len * shape.rotary_dim
+
+
 def _gated_mlp_assumed(model) -> tuple[str, ...]:
     return ("gated MLP assumed (model.gated_mlp unknown)",) if model.gated_mlp is None else ()
 
@@ -346,7 +367,7 @@ LLAMA = ArchitectureFamily(
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_llama_weights,
     parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_dense_mlp_shapes),
     layer=layers.llama_layer, megatron_mlp=layers.megatron_gated_mlp, lora_layer=_llama_lora,
-    assumptions=_gated_mlp_assumed)
+    assumptions=_gated_mlp_assumed, pack_hook_copies=_llama_pack_hook_copies, fallback=True)
 
 GPT2 = ArchitectureFamily(
     name="gpt2", label="GPT-2", gated_mlp=False,
@@ -362,7 +383,7 @@ GPT2 = ArchitectureFamily(
     norm=LAYER_NORM, positions="learned", rotary_architectures=("olmo",),
     attention_layout=FUSED_QKV, layer_weights=_gpt2_weights, parameter_tensors=_gpt2_parameter_tensors,
     matrix_shapes=_gpt2_matrix_shapes, layer=layers.gpt2_layer, megatron_mlp=layers.megatron_plain_mlp,
-    lora_layer=_gpt2_lora)
+    lora_layer=_gpt2_lora, fallback=True)
 
 MIXTRAL = ArchitectureFamily(
     name="mixtral", label="Mixtral", sparse=True,
@@ -376,18 +397,33 @@ MIXTRAL = ArchitectureFamily(
     },
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_mixtral_weights,
     parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),
-    layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora)
+    layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora, fallback=True)
 
 BUILTIN_FAMILIES: Mapping[str, ArchitectureFamily] = {f.name: f for f in (LLAMA, GPT2, MIXTRAL)}
 
 
-def _fallback(model) -> ArchitectureFamily:
-    """Who models what no family claims: the nearest built-in by structure."""
-    if model.is_sparse:
-        return MIXTRAL
-    if model.gated_mlp is False:
-        return GPT2
-    return LLAMA
+def _fallback(model, families: Mapping[str, ArchitectureFamily], providers) -> ArchitectureFamily:
+    """Who models what no family claims: among the registered families that declare ``fallback``,
+    the nearest by structure (routed experts as the model's; then a gated MLP as the model's, an
+    unknown one counted as gated). With the built-ins that is Mixtral for experts, GPT-2 for a
+    plain MLP, else Llama. Two equally near: a ``PluginConflictError``; none: a
+    ``NotModelledError`` naming the architecture (the built-in families blocked, say)."""
+    sparse, gated = bool(model.is_sparse), model.gated_mlp is not False
+    fits = [f for f in families.values() if f.fallback and f.sparse == sparse]
+    nearest = [f for f in fits if f.gated_mlp == gated] or fits
+    if len(nearest) == 1:
+        return nearest[0]
+    if nearest:
+        raise _conflict(model, nearest, providers, "is claimed by no architecture family, and more than one "
+                        "declares itself the fallback for its structure")
+    known = sorted({a for f in families.values() for a in f.architectures})
+    arch = model.architecture or "(not given)"
+    raise NotModelledError(
+        "model.architecture", arch,
+        "an architecture a registered family claims" + (f" ({', '.join(known)})" if known else ""),
+        f"no registered architecture family claims {model.name!r}, and none declares itself the fallback for "
+        f"a model {'with' if sparse else 'without'} routed experts (ArchitectureFamily.fallback; the built-in "
+        "families, plugin measured_families, declare it: is it blocked?)")
 
 
 # --- choosing ------------------------------------------------------------------------------------------
@@ -398,7 +434,8 @@ def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFa
     and the approximation notes that choice carries (nothing is costed as something else
     silently). More than one claimant is a ``PluginConflictError`` naming them (and, from
     ``providers``, family name -> plugin name, the plugins to block); none, the nearest
-    built-in by structure, with a note."""
+    registered family that declares ``fallback`` (``_fallback``), with a note, or a
+    ``NotModelledError`` when none is registered."""
     for name, f in families.items():
         if not isinstance(f, ArchitectureFamily):
             raise PluginContractError(f"{HOOK} registered {type(f).__name__} {name!r}; expected an ArchitectureFamily",
@@ -409,11 +446,12 @@ def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFa
         claimants = exact       # a family that models the architecture as it is beats approximations of it
     if len(claimants) > 1:
         raise _conflict(model, claimants, providers or {})
-    family = claimants[0] if claimants else _fallback(model)
+    family = claimants[0] if claimants else _fallback(model, families, providers or {})
     return family, architecture_notes(model, family, families)
 
 
-def _conflict(model, claimants, providers) -> PluginConflictError:
+def _conflict(model, claimants, providers, what="is claimed by more than one architecture family") \
+        -> PluginConflictError:
     def who(f):
         plugin = providers.get(f.name)
         return f"{f.name!r} (" + (f"plugin {plugin}" if plugin else f"defined in {f.layer.__module__}") + ")"
@@ -423,7 +461,7 @@ def _conflict(model, claimants, providers) -> PluginConflictError:
     block = " or ".join(f"MLSYSIM_DISABLED_PLUGINS={p}" for p in plugins) or "MLSYSIM_DISABLED_PLUGINS=<plugin>"
     arch = model.architecture or "(not given)"
     return PluginConflictError(
-        f"architecture {arch!r} of model {model.name!r} is claimed by more than one architecture family: "
+        f"architecture {arch!r} of model {model.name!r} {what}: "
         f"{', '.join(who(f) for f in claimants)}. One family models an architecture: block the plugin of the "
         f"one not wanted ({block}, or --disable-plugin), or uninstall it",
         plugin=plugins[-1] if plugins else None, hook=HOOK)

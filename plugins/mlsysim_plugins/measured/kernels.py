@@ -20,6 +20,17 @@ require grad (all three in full training; LoRA leaves some frozen). It returns t
 per token, in the order the layer saves them; what the layer's out-projection keeps only
 for its own weight gradient is marked ``weight_gradient_only``. See ``layers.py`` for the
 derivations (op by op, as PyTorch 2.13 on CPU saves them).
+
+What a kernel *computes* is declared, never read off its name (plugin API 2.3): ``computes``
+is ``"sdpa"`` (torch's ``scaled_dot_product_attention``: one fused op that keeps its output
+and an fp32 logsumexp, no s x s scores; on the CPU with dropout, or for a layout a GPU runs
+in its math kernel, PyTorch's math fallback), ``"eager"`` (``q @ k^T``, softmax, dropout and
+``weights @ v`` as separate ops: the s x s scores and an additive mask materialised) or ``""``
+(anything else). The physics asks it where the computation matters beyond the formula: a
+family's own attention formulas (``ArchitectureFamily.attention_layouts``) and per-op
+checkpointing policies are keyed by it, SDPA's sliding-window masks and eager's additive masks
+follow it. A kernel under another name that declares ``computes="sdpa"`` and the built-in's
+layouts gives the built-in ``sdpa``'s bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +50,11 @@ MEGATRON = "megatron"
 
 ALL_GRAD = (True, True, True)
 
+# What a kernel computes (``AttentionKernel.computes``): machine keys, distinct from kernel names.
+COMPUTES_SDPA = "sdpa"
+COMPUTES_EAGER = "eager"
+COMPUTES = (COMPUTES_SDPA, COMPUTES_EAGER, "")
+
 
 def _layouts(value) -> tuple[tuple[str, Callable], ...]:
     """A mapping of layout -> formula, kept as sorted pairs (the kernel stays hashable:
@@ -47,13 +63,30 @@ def _layouts(value) -> tuple[tuple[str, Callable], ...]:
     return tuple(sorted((str(name), formula) for name, formula in items))
 
 
+def _computes(instance, attribute, value):
+    if value not in COMPUTES:
+        raise ValueError(f"AttentionKernel.computes {value!r}; expected one of {COMPUTES}")
+
+
 @attrs.frozen(kw_only=True, cache_hash=True)
 class AttentionKernel:
-    """An attention implementation: per attention layout, what it saves for backward."""
+    """An attention implementation: per attention layout, what it saves for backward, and
+    what it computes (``computes``: ``"sdpa"``, ``"eager"`` or ``""``, the module docstring)."""
 
     name: str
     description: str
     layouts: tuple[tuple[str, Callable[..., tuple]], ...] = attrs.field(converter=_layouts)
+    computes: str = attrs.field(default="", validator=_computes)
+
+    @property
+    def sdpa(self) -> bool:
+        """Does it run torch's fused ``scaled_dot_product_attention`` (output + logsumexp kept)?"""
+        return self.computes == COMPUTES_SDPA
+
+    @property
+    def eager(self) -> bool:
+        """Does it run attention as separate ops, materialising the s x s scores and the mask?"""
+        return self.computes == COMPUTES_EAGER
 
     def formula(self, layout: str) -> Callable[..., tuple]:
         """The formula for ``layout``; a ``NotModelledError`` naming the kernel, the layout
@@ -151,10 +184,12 @@ def _eager_megatron(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tok
 SDPA = AttentionKernel(
     name="sdpa", description="torch scaled_dot_product_attention (fused: no s x s scores; with dropout on CPU "
                              "the fp32 math kernel), FlashAttention under Megatron-Core",
-    layouts={SEPARATE_QKV: _sdpa_separate, FUSED_QKV: _sdpa_fused, MEGATRON: _flash_megatron})
+    layouts={SEPARATE_QKV: _sdpa_separate, FUSED_QKV: _sdpa_fused, MEGATRON: _flash_megatron},
+    computes=COMPUTES_SDPA)
 EAGER = AttentionKernel(
     name="eager", description="eager attention: q @ k^T, softmax and its s x s scores kept for backward",
-    layouts={SEPARATE_QKV: _eager_separate, FUSED_QKV: _eager_fused, MEGATRON: _eager_megatron})
+    layouts={SEPARATE_QKV: _eager_separate, FUSED_QKV: _eager_fused, MEGATRON: _eager_megatron},
+    computes=COMPUTES_EAGER)
 
 BUILTIN_KERNELS: Mapping[str, AttentionKernel] = {k.name: k for k in (SDPA, EAGER)}
 

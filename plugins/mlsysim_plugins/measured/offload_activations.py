@@ -109,17 +109,19 @@ def offload_terms(plan, terms, where: str) -> list[MemoryTerm]:
 
 
 def _exact(plan) -> bool:
-    """Llama-style fp32 layers with SDPA, no dropout, no recompute: the per-save host count measured to
-    the byte (validation/techniques/offload, and validation/examples for save_on_cpu around the whole
-    model)."""
+    """fp32 layers of a family that declares its per-save copies (``ArchitectureFamily.pack_hook_copies``:
+    Llama's) with a kernel that declares it computes SDPA, no dropout, no recompute: the per-save host
+    count measured to the byte (validation/techniques/offload, and validation/examples for save_on_cpu
+    around the whole model). Declarations, never a family's or a kernel's name."""
     from .kernels import kernel_of
     from .shapes import shape_of
     o, shape = plan.profile_options, shape_of(plan)
     architecture = (plan.model.architecture or "").lower()
     regime = o.regime
-    return (shape.family.name == "llama" and not (architecture and shape.family.approximation(architecture))
+    return (shape.family.pack_hook_copies is not None
+            and not (architecture and shape.family.approximation(architecture))
             and (regime.weight, regime.compute, regime.residual, regime.autocast) == (4, 4, 4, False)
-            and kernel_of(plan).name == "sdpa" and not o.dropout and plan.activation_checkpointing == "none")
+            and kernel_of(plan).sdpa and not o.dropout and plan.activation_checkpointing == "none")
 
 
 def host_layers(plan, device_bytes) -> tuple[float, str]:
@@ -138,9 +140,7 @@ def host_layers(plan, device_bytes) -> tuple[float, str]:
     weights = shape.layer_parameters() if plan.profile_options.activation_offload == "save_on_cpu" else 0
     wb = plan.profile_options.regime.weight
     if _exact(plan):
-        T, s_, h, q, kv, a, f = (plan.microbatch * plan.seq_len, plan.seq_len, shape.hidden, shape.q_dim,
-                                 shape.kv_dim, shape.heads, shape.ffn)
-        elements = 11 * T * h + 3 * T * q + 2 * T * kv + T * a + 4 * T + 4 * T * f + 4 * s_ * shape.rotary_dim
+        elements = shape.family.pack_hook_copies(shape, plan.microbatch * plan.seq_len, plan.seq_len)
         total = L * 4 * (elements + weights)
         return total, (f"{L} layers x 4 B x ({elements:,} saved elements, one copy per save"
                        + (f" + {weights:,} weights" if weights else "") + f") = {total:,.0f} B on the host")

@@ -75,6 +75,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
+from ..kernels import kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, LayerBytes, Part, _Walk
 
 MLA = "mla"
@@ -470,13 +471,14 @@ def _check(plan) -> tuple[str, ...]:
         raise _megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
     if o.dropout:
         raise _dropout_refused()
-    kernel = o.attention_kernel.name if o.attention_kernel is not None else o.attention
-    if kernel not in ("sdpa", "eager"):
-        raise NotModelledError("attention", kernel, "sdpa or eager for a DeepSeek model",
-                               "multi-head latent attention has formulas for those kernels only")
+    kernel = kernel_of(plan)
+    if not (kernel.sdpa or kernel.eager):       # what the kernel declares it computes, not its name
+        raise NotModelledError("attention", kernel.name, "sdpa or eager for a DeepSeek model",
+                               "multi-head latent attention has formulas for those kernels only (a kernel "
+                               "declaring computes='sdpa' or 'eager')")
     z = sizes(plan.model)
     notes = []
-    if kernel == "sdpa":
+    if kernel.sdpa:
         notes.append("MLA attention under sdpa: " + (
             "the CPU math kernel (unequal q/k and v head dims: fp32 q, k, v and s x s probabilities)"
             if o.device == "cpu" else

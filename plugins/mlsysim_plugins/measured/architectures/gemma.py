@@ -55,7 +55,7 @@ from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
-from ..kernels import EAGER, SEPARATE_QKV
+from ..kernels import EAGER, SEPARATE_QKV, kernel_of
 from ..layers import REPLICATED, LayerBytes, Part, _Walk, megatron_gated_mlp
 
 SAVED = (FORWARD, BACKWARD)
@@ -285,8 +285,8 @@ def _check(version):
         if o.regime.main_grad:
             notes.append("approximation: Gemma under Megatron-Core is costed as Megatron's layers (its extra "
                          "norms" + (", QK-norm" if version == 3 else "") + " and soft-capping not modelled)")
-        if version == 2 and o.attention != "eager":
-            notes.append(f"Gemma 2 has no {o.attention} attention in transformers 5.23 "
+        if version == 2 and not kernel_of(plan).eager:     # what the kernel declares it computes
+            notes.append(f"Gemma 2 has no {kernel_of(plan).name} attention in transformers 5.23 "
                          "(Gemma2PreTrainedModel._supports_sdpa = False: SDPA has no logit soft-capping; "
                          "attn_implementation='sdpa' raises, the default falls back to eager): costed as eager "
                          "attention, with its s x s scores")
@@ -367,7 +367,7 @@ def _adjust(version):
             # additive masks in the embeddings' dtype, one per layer type (full and sliding); SDPA only
             # the sliding layers' bool mask, past the window.
             window = _fact(model, "sliding_window")
-            terms += checkpointed_masks(plan, eager=plan.profile_options.attention == "eager" or version == 2,
+            terms += checkpointed_masks(plan, eager=kernel_of(plan).eager or version == 2,
                                         layer_types=2 if 0 < sliding < model.layers else 1,
                                         masked=bool(sliding and window and s >= window), s=s)
             terms = _tied_partials_after_recompute(plan, placement, shape, terms)

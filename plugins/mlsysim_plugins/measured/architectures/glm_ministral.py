@@ -66,7 +66,7 @@ import attrs
 from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
-from ..kernels import EAGER, SDPA, SEPARATE_QKV
+from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
 from ..layers import REPLICATED, TP, Part, _Walk, megatron_gated_mlp
 from .deepseek import (Sizes, _add_mlp, _elements, _matrices, _mlp_weights, _model_tensors, mean_layer_note,
                        score_bias_buffers)
@@ -380,14 +380,14 @@ def _ministral_check(version: int):
         if o.dropout:
             raise _dropout_refused(arch)
         window, n = sliding(plan.model)
-        kernel = o.attention_kernel.name if o.attention_kernel is not None else o.attention
-        if n and window and plan.seq_len >= window and kernel not in ("sdpa", "eager"):
-            raise NotModelledError("attention", kernel, f"sdpa or eager for {plan.model.name!r} at seq_len >= its "
+        kernel = kernel_of(plan)     # what it declares it computes, not its name
+        if n and window and plan.seq_len >= window and not (kernel.sdpa or kernel.eager):
+            raise NotModelledError("attention", kernel.name, f"sdpa or eager for {plan.model.name!r} at seq_len >= its "
                                    f"sliding window {window}", "the sliding-window masks are modelled for those "
                                    "kernels only")
         notes = []
         L = plan.model.layers
-        if 0 < n < L and window and plan.seq_len >= window and kernel == "sdpa" and not o.regime.main_grad:
+        if 0 < n < L and window and plan.seq_len >= window and kernel.sdpa and not o.regime.main_grad:
             notes += mean_layer_note(plan, arch, f"{n} masked sliding-window, {L - n} full")
         if o.regime.main_grad:
             notes.append(f"approximation: {arch} under Megatron-Core is costed as Megatron's Llama layers"
@@ -421,7 +421,7 @@ def _ministral_adjust(kind, plan, placement, terms):
     ctx = context(plan, placement)
     s = ctx.seq_len
     window, n = sliding(plan.model)
-    return terms + checkpointed_masks(plan, eager=plan.profile_options.attention == "eager",
+    return terms + checkpointed_masks(plan, eager=kernel_of(plan).eager,
                                       layer_types=2 if 0 < n < plan.model.layers else 1,
                                       masked=bool(n and window and s >= window), s=s)
 

@@ -69,6 +69,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
+from ..kernels import kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, _Walk
 
 ARCHITECTURE = "gpt_oss"
@@ -323,17 +324,17 @@ def check(plan) -> tuple[str, ...]:
     """Refuse what transformers cannot run or the profile has not measured; say what the MXFP4
     checkpoint means for training."""
     o = plan.profile_options
-    kernel = o.attention_kernel
-    name = getattr(kernel, "name", o.attention)
-    own = any(layout == LAYOUT for layout, _ in getattr(kernel, "layouts", ()))   # a kernel that knows sinks
+    kernel = kernel_of(plan)
+    name = kernel.name
+    own = any(layout == LAYOUT for layout, _ in kernel.layouts)   # a kernel that knows sinks
     notes = []
-    if name == "sdpa" and not own:
+    if kernel.sdpa and not own:     # what the kernel declares it computes, not its name
         notes.append(
             "gpt-oss has no SDPA attention in transformers 5.23 (GptOssPreTrainedModel._supports_sdpa = False: SDPA "
             "has no attention sinks; attn_implementation='sdpa' raises, the default falls back to eager): costed as "
             "eager attention, with its s x (s + 1) scores (the hub's flash-attention kernels with sinks keep no scores "
             "and are not modelled)")
-    elif name != "eager" and not own:
+    elif not kernel.eager and not own:
         raise NotModelledError(
             "attention", name, "'eager' (or 'sdpa', costed as the eager attention transformers falls back to) for a "
             "gpt-oss model",

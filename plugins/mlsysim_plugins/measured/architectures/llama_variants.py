@@ -68,7 +68,7 @@ import attrs
 from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
-from ..kernels import EAGER, SDPA, SEPARATE_QKV
+from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
 from ..layers import REPLICATED, Part, _Walk, megatron_gated_mlp
 
 W = LayerWeight
@@ -324,7 +324,7 @@ def _check(arch):
         window = details.get("sliding_window")
         if arch == "phi3":
             # masking_utils._ignore_causal_mask_sdpa: no mask while kv_length < sliding_window.
-            if window and plan.seq_len >= window and o.attention != "eager":
+            if window and plan.seq_len >= window and not kernel_of(plan).eager:    # declared, not named
                 raise NotModelledError(
                     "seq_len", plan.seq_len, f"below the sliding window {window} of {model.name!r} (or eager attention)",
                     "from the window on transformers passes SDPA a mask (which also turns its GQA path into "

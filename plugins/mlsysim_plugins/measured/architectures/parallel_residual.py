@@ -332,7 +332,7 @@ def falcon_adjust(kind, plan, placement, terms):
     new, _ = _falcon_layout(plan.model)
     regime = _regime_kind(plan.profile_options.regime)
     rank = plan.rank
-    if not new or kernel_of(plan).name != "sdpa" or regime == "amp-bf16" or (rank is not None and not rank.last
+    if not new or not kernel_of(plan).sdpa or regime == "amp-bf16" or (rank is not None and not rank.last
                                                                               and not rank.first):
         return terms
     b = 4 if regime == "fp32" else 2
