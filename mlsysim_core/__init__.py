@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 # 1.2: the backward_end phase, runtime_overheads and its hook, measured-grade spec callables,
 # ProfileSpec.grade. 2.0: profiles own their options and hooks (ProfileSpec.options_type, prepare,
 # ranks, relocate; mlsysim_addhooks; measured_buffer_terms; TrainingPlan.profile_options, rank, notes).
-PLUGIN_API_VERSION = (2, 2)
+PLUGIN_API_VERSION = (2, 3)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",

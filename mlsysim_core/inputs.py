@@ -77,7 +77,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
             f"{', '.join(usable)}",
             f"strategy '{activation_checkpointing}' needs model.heads"
             + (": the 5*a*s^2*b attention-score term scales with the head count (Korthikanti et al. "
-               "2023, Sec. 4.1)" if activation_checkpointing == "none" else ""))
+               "2023, Sec. 4.1)" if registry.checkpointing[activation_checkpointing].recomputes == "nothing" else ""))
     rules = _rules(registry, sharding_rules, data_parallel, zero_stage)
     include = tuple(sorted(set(include_plugins))) if include_plugins else ()
     for plugin in include:

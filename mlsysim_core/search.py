@@ -434,8 +434,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                 undeclared.append(ckpt)
             try:
                 recompute[ckpt] = float(declared(prepared(ckpt))) if declared else 0.0
-            except NotModelledError:    # (its share needs the model's shapes): a full recompute is 1, else 0
-                recompute[ckpt] = 1.0 if ckpt == "full" else 0.0
+            except NotModelledError:    # (its share needs the model's shapes): whole-layer recompute is 1, else 0
+                recompute[ckpt] = 1.0 if registry.checkpointing[ckpt].recomputes == "layers" else 0.0
                 shapeless.append(ckpt)
     if first is None and refusal is not None:    # no strategy the profile models: say why, for the first
         raise refusal

@@ -36,6 +36,14 @@ _description = attrs.field(default="", validator=attrs.validators.instance_of(st
 _options = attrs.field(default=None, validator=_options_type)
 _optional_callable = attrs.field(default=None, validator=_callable)
 
+# What a checkpointing strategy recomputes, as it declares it (CheckpointingSpec.recomputes).
+RECOMPUTES = ("nothing", "layers", "part")
+
+
+def _recomputes(instance, attribute, value):
+    if value not in RECOMPUTES:
+        raise ValueError(f"{type(instance).__name__}.recomputes={value!r} is not one of {', '.join(RECOMPUTES)}")
+
 
 @attrs.frozen(kw_only=True)
 class OptimizerSpec:
@@ -68,6 +76,16 @@ class CheckpointingSpec:
     recompute: Callable[..., float] | None = _optional_callable
     """``recompute(plan)``: the share of the layers' forward FLOPs the backward runs again (0: none,
     1: all); the planner's step time reads it (None: counted as 0, and said). API 2.2."""
+    recomputes: str = attrs.field(default="part", validator=_recomputes)
+    """What the backward recomputes, which the profiles' physics reads (never the strategy's name):
+    ``"nothing"`` (every layer keeps all it saves), ``"layers"`` (every decoder layer keeps only its
+    input and is recomputed whole, one layer at a time; a profile's block option, the measured
+    ``checkpointed_layers=k``, limits it to the first k layers), ``"part"`` (the default: anything
+    else, part of each layer or some of the layers, as the strategy's own terms say). API 2.3."""
+    recomputes_first_layer: Callable[..., bool] | None = _optional_callable
+    """``recomputes_first_layer(plan)``: is layer 0 (or a module of it) recomputed at the backward's
+    end, so its gradients are born after the recompute? Asked for ``"part"`` strategies (None: no);
+    ``"nothing"`` never, ``"layers"`` unless the block option leaves every layer kept. API 2.3."""
 
 
 # The axes a sharding rule can own, in the order the solver applies them.

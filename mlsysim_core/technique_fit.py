@@ -211,10 +211,11 @@ def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
     keywords): (seconds, or None when any is unknown; how each was computed; how many unknown)."""
     from mlsysim_plugins import checkpointing_policies, lowbit_optimizers
     from mlsysim_plugins.measured import cpu_offload, float8, loss, offload_activations, optimizer_in_backward
+    from mlsysim_plugins.measured.checkpointing import keeps_everything
     flops, link = figures["hardware FLOP/s"][0], figures["host link B/s"][0]
     host_mem, bw = figures["host memory B/s"][0], figures["memory bandwidth B/s"][0]
     o = plan.profile_options
-    on = {"activation_checkpointing": plan.activation_checkpointing != "none",
+    on = {"activation_checkpointing": not keeps_everything(plan),     # declared, not named
           "loss": getattr(o, "loss", None) not in (None, "cross_entropy"),
           "optimizer_in_backward": bool(getattr(o, "optimizer_in_backward", None)),
           "activation_offload": bool(getattr(o, "activation_offload", None)),

@@ -17,7 +17,10 @@ measured-grade profile its specs support, and checks:
 * every term is a ``MemoryTerm`` with finite, non-negative bytes, stamped with the plugin;
 * solving twice, and with plugins registered in reverse order, gives byte-identical JSON;
 * when none of its specs is selected (and it is not included), it changes no number;
-* its options round-trip through a scenario file (JSON) to the same result.
+* its options round-trip through a scenario file (JSON) to the same result;
+* a checkpointing strategy that declares ``recomputes="layers"`` honours the block option of
+  a measured-grade profile that has one (``checkpointed_layers=0``, every layer kept, changes
+  its terms), as the profile's physics then assumes.
 
 ``layouts`` overrides the solve arguments tried per kind (e.g. a rule that needs dp_size
 divisible by 8, a family's model); ``options`` gives plugin options per spec name.
@@ -207,6 +210,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
                 again = Scenario.load(path)
             if again != scenario or again.solve(solver).to_json() != result.to_json():
                 failures.append(f"{label}: options do not round-trip through a scenario file")
+    failures += _declared_checkpointing(plugin, provides.get(CHECKPOINTING, ()), registry, solver, measured)
     # Unselected, the plugin must not change a number.
     for layout in ({**BASE, "model": DENSE, "dp_size": 8, "zero_stage": 2},
                    {**BASE, "model": MOE, "tp_size": 2, "pp_size": 2, "ep_size": 2, "dp_size": 2}):
@@ -222,6 +226,33 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     return ConformanceReport(plugin=plugin, source=info.source,
                              provides={k: tuple(sorted(v)) for k, v in provides.items()},
                              solves=solves, failures=tuple(failures))
+
+
+def _declared_checkpointing(plugin, names, registry, solver, measured) -> list[str]:
+    """A strategy declaring whole-layer recompute must honour a profile's ``checkpointed_layers``
+    (the profile reads the declaration: it accepts the option and adds what follows from it)."""
+    failures = []
+    for name in sorted(names):
+        spec = registry.checkpointing[name]
+        if spec.recomputes != "layers" or spec.measured_activation_terms is None:
+            continue
+        for profile in measured:
+            options = registry.profiles[profile].options_type
+            if options is None or "checkpointed_layers" not in attrs.fields_dict(options):
+                continue
+            own = []
+            for blocks in (None, 0):
+                try:
+                    result = solver.solve(DENSE, BASE["hardware"], BASE["batch_size"], BASE["seq_len"], profile=profile,
+                                          activation_checkpointing=name, checkpointed_layers=blocks)
+                except NotModelledError:
+                    break
+                own.append(sorted(t.nbytes for t in result.terms if t.source == plugin))
+            if len(own) == 2 and own[0] == own[1]:
+                failures.append(f"checkpointing {name!r} under {profile!r} declares recomputes='layers' but "
+                                "checkpointed_layers=0 (every layer kept) changes none of its terms: honour "
+                                "plan.profile_options.checkpointed_layers, or declare recomputes='part'")
+    return failures
 
 
 def assert_plugin_conforms(plugin: str, **kwargs) -> ConformanceReport:

@@ -37,6 +37,8 @@ FLOPs it recomputes.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from mlsysim_core import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, CheckpointingSpec, MemoryTerm, hookimpl
@@ -155,17 +157,21 @@ def saved_ops(ops, save: tuple[str, ...], alternate_mm: bool) -> tuple[OpOutput,
     return tuple(out)
 
 
-def _policy(plan, options=None):
-    name = plan.activation_checkpointing
-    if name == "op-sac":
+def _policy(policy, plan, options=None):
+    """The save list of a per-op ``policy`` ("op-sac": torchtitan's, every other mm recomputed;
+    "save-list": the strategy's options). ``policy`` is bound by the spec's callables
+    (``functools.partial``), never read from the plan's strategy name."""
+    if policy == "op-sac":
         return TORCHTITAN_SAVE_LIST, True
-    return (options or _options(plan, name)).ops, False
+    return (options or _options(plan, policy)).ops, False
 
 
-def _options(plan, name):
-    opts = plan.options.get(name) if plan.options else None
+def _options(plan, policy):
+    """The selected strategy's own options (``plugin_options`` under the name it was selected by),
+    or ``policy``'s defaults."""
+    opts = plan.options.get(plan.activation_checkpointing) if plan.options else None
     if opts is None:
-        return EveryKOptions() if name == "every-k" else SaveListOptions()
+        return EveryKOptions() if policy == "every-k" else SaveListOptions()
     return opts
 
 
@@ -297,13 +303,14 @@ def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unbo
                       nbytes=nbytes, phases=(BACKWARD_END,), formula=formula)
 
 
-def per_op_terms(plan, placement, options):
-    """Every layer checkpointed with a per-op policy: it keeps its input and its saved ops'
-    outputs; the backward recomputes one layer at a time."""
+def per_op_terms(plan, placement, options, *, policy="save-list"):
+    """Every layer checkpointed with a per-op policy (``policy``: "op-sac" or "save-list", bound
+    by the spec): it keeps its input and its saved ops' outputs; the backward recomputes one layer
+    at a time."""
     _check(plan, per_op=True)
     ctx = model.context(plan, placement)
     kind = model._regime_kind(ctx.regime)
-    save, alternate = _policy(plan, options)
+    save, alternate = _policy(policy, plan, options)
     ops = op_sequence(ctx.shape, kind, measured_kernels.kernel_of(plan), ctx.seq_len)
     kept = saved_ops(ops, save, alternate)
     T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
@@ -320,12 +327,11 @@ def per_op_terms(plan, placement, options):
     ]
 
 
-def module_terms(plan, placement, options):
-    """A checkpoint around each layer's MLP or attention: the layer keeps every part outside the
-    module, plus the module's input where nothing else keeps it (under AMP the norm's fp32 output,
-    whose consumers otherwise save their own bf16 casts)."""
+def module_terms(plan, placement, options, *, module="mlp"):
+    """A checkpoint around each layer's MLP or attention (``module``, bound by the spec): the layer
+    keeps every part outside the module, plus the module's input where nothing else keeps it (under
+    AMP the norm's fp32 output, whose consumers otherwise save their own bf16 casts)."""
     _check(plan, module=True)
-    module = MODULE[plan.activation_checkpointing]
     ctx = model.context(plan, placement)
     lb = model.layer_bytes(plan, ctx)
     if not any(p.module for p in lb.parts):
@@ -381,13 +387,20 @@ def every_k_terms(plan, placement, options):
 def recomputes_first_layer(plan) -> bool:
     """Is layer 0 (or a module of it) recomputed at the end of the backward? Then its gradients are
     born after the recompute (``model.gradient_terms(first_layer_late=True)``) and AMP's cached weight
-    copies die with the forward."""
-    name = plan.activation_checkpointing
-    if name == "full":
-        return plan.profile_options.checkpointed_layers != 0
-    if name == "every-k":
-        return _options(plan, name).k == 1
-    return name in PER_OP or name in MODULE
+    copies die with the forward. What the selected strategy declares
+    (``measured.checkpointing.recomputes_first_layer``)."""
+    from .measured.checkpointing import recomputes_first_layer as declared
+    return declared(plan)
+
+
+def _always(plan) -> bool:
+    """Per-op and module policies: every layer, layer 0 included, is recomputed (in part)."""
+    return True
+
+
+def _every_k_first_layer(plan) -> bool:
+    """every-k: layer 0 (1-based index 1) is checkpointed only when k = 1."""
+    return _options(plan, "every-k").k == 1
 
 
 # --- reference grade (Korthikanti et al.'s 16-bit GPT layer, bytes per s*b*h) ----------------------
@@ -417,10 +430,15 @@ def _save_list_reference(plan, placement, options):
 
 # --- step time ----------------------------------------------------------------------------
 
-def recomputed_flops(plan) -> tuple[float, str]:
+def recomputed_flops(plan, policy: str | None = None) -> tuple[float, str]:
     """Forward FLOPs the backward recomputes per micro-batch and rank under the plan's policy:
     2 x tokens x weights of each recomputed matmul (Mixtral's experts: the top-k routed copies), and
-    the attention core 4 x T x s x q_dim / 2 (QK^T and PV, causal) where it is recomputed."""
+    the attention core 4 x T x s x q_dim / 2 (QK^T and PV, causal) where it is recomputed.
+    ``policy``: which built-in policy (bound by its spec's ``Recompute``); None: the selected
+    strategy's declared ``recompute`` (its FLOPs if it is a ``Recompute``, else its share of the
+    forward)."""
+    if policy is None:
+        return _declared_flops(plan)
     from .measured.shapes import shape_of
     shape = shape_of(plan)
     T, s = plan.microbatch * plan.seq_len, plan.seq_len
@@ -434,7 +452,7 @@ def recomputed_flops(plan) -> tuple[float, str]:
     core = 2 * T * s * q         # 4 x T x s x q / 2 (causal)
     mm = {n: 2 * T * e for n, e in mats.items()}
     att = {"q_proj", "k_proj", "v_proj", "o_proj"}
-    name = plan.activation_checkpointing
+    name = policy
     o = plan.profile_options     # eager: the kernel declares it materialises the scores (not its name)
     eager = measured_kernels.kernel_of(plan).eager if o and o.attention is not None else False
     if name == "none":
@@ -452,7 +470,7 @@ def recomputed_flops(plan) -> tuple[float, str]:
         return L * sum(v for n, v in mm.items() if n not in att), f"{L} layers' MLP"
     if name == "attention-only":
         return L * (sum(v for n, v in mm.items() if n in att) + core), f"{L} layers' attention"
-    save, alternate = _policy(plan)
+    save, alternate = _policy(policy, plan)
     order = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "router")
              if n in mats]
     recomputed, count = [], 0
@@ -470,13 +488,47 @@ def recomputed_flops(plan) -> tuple[float, str]:
     return L * f, f"{L} layers x ({', '.join(recomputed) or 'no matmul'})"
 
 
+class Recompute:
+    """A built-in strategy's ``CheckpointingSpec.recompute``: ``recompute(plan)`` is the share of
+    the layers' forward FLOPs the backward recomputes (``recomputed_flops`` over every matmul and the
+    attention core of every layer), ``flops(plan)`` those FLOPs and what they are, for ``policy``."""
+
+    def __init__(self, policy: str):
+        self.policy = policy
+
+    def flops(self, plan) -> tuple[float, str]:
+        return recomputed_flops(plan, self.policy)
+
+    def __call__(self, plan) -> float:
+        flops = self.flops(plan)[0]
+        if not flops:
+            return 0.0
+        return flops / _forward_flops(plan)
+
+    def __repr__(self):
+        return f"Recompute({self.policy!r})"
+
+
+none_share, selective_share, full_share = Recompute("none"), Recompute("selective"), Recompute("full")
+
+
+def _declared_flops(plan) -> tuple[float, str]:
+    from .measured.checkpointing import spec_of
+    declared = spec_of(plan).recompute
+    if isinstance(declared, Recompute):
+        return declared.flops(plan)
+    if declared is None:
+        return 0.0, "no recompute share declared (CheckpointingSpec.recompute is None)"
+    share = float(declared(plan))
+    return share * _forward_flops(plan), f"the declared share {share:g} of the layers' forward"
+
+
 def recompute_share(plan) -> float:
-    """The share of the layers' forward FLOPs the backward recomputes (CheckpointingSpec.recompute):
-    recomputed_flops over every matmul and the attention core of every layer."""
-    flops = recomputed_flops(plan)[0]
-    if not flops:
-        return 0.0
-    return flops / _forward_flops(plan)
+    """The share of the layers' forward FLOPs the backward recomputes under the selected strategy
+    (its ``CheckpointingSpec.recompute``; 0 where it declares none)."""
+    from .measured.checkpointing import spec_of
+    declared = spec_of(plan).recompute
+    return float(declared(plan)) if declared is not None else 0.0
 
 
 def _forward_flops(plan) -> float:
@@ -512,18 +564,28 @@ def mlsysim_checkpointing_strategies():
                           "every other matmul's output, recomputes the rest (measured: Llama, Mixtral)",
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
-                          measured_activation_terms=per_op_terms, searched=False, recompute=recompute_share),
+                          measured_activation_terms=functools.partial(per_op_terms, policy="op-sac"),
+                          searched=False, recompute=Recompute("op-sac"), recomputes="part",
+                          recomputes_first_layer=_always),
         CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
                           "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
                           activation_terms=_save_list_reference, options_type=SaveListOptions,
-                          measured_activation_terms=per_op_terms, searched=False, recompute=recompute_share),
+                          measured_activation_terms=functools.partial(per_op_terms, policy="save-list"),
+                          searched=False, recompute=Recompute("save-list"), recomputes="part",
+                          recomputes_first_layer=_always),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "
                           "plugin_options k, default 2)", activation_terms=_every_k_reference,
-                          options_type=EveryKOptions, measured_activation_terms=every_k_terms, searched=False, recompute=recompute_share),
+                          options_type=EveryKOptions, measured_activation_terms=every_k_terms, searched=False,
+                          recompute=Recompute("every-k"), recomputes="part",
+                          recomputes_first_layer=_every_k_first_layer),
         CheckpointingSpec(name="mlp-only", description="recompute each layer's MLP (MoE block) only",
                           activation_terms=_reference(17, "layers, MLP recomputed (17*s*b*h)"),
-                          measured_activation_terms=module_terms, searched=False, recompute=recompute_share),
+                          measured_activation_terms=functools.partial(module_terms, module="mlp"),
+                          searched=False, recompute=Recompute("mlp-only"), recomputes="part",
+                          recomputes_first_layer=_always),
         CheckpointingSpec(name="attention-only", description="recompute each layer's attention module only",
                           activation_terms=_reference(25, "layers, attention recomputed (25*s*b*h)"),
-                          measured_activation_terms=module_terms, searched=False, recompute=recompute_share),
+                          measured_activation_terms=functools.partial(module_terms, module="attention"),
+                          searched=False, recompute=Recompute("attention-only"), recomputes="part",
+                          recomputes_first_layer=_always),
     ]

@@ -24,8 +24,8 @@ def measured_activation_terms(plan, placement, options):
 
 def recompute(plan):
     """The share of the forward the backward runs again (the planner's step time)."""
-    from .checkpointing_policies import recompute_share
-    return recompute_share(plan)
+    from .checkpointing_policies import selective_share
+    return selective_share(plan)
 
 
 @hookimpl
@@ -33,4 +33,4 @@ def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="selective", description="recompute attention core; 34*s*b*h B/layer",
                               activation_terms=activation_terms,
                               measured_activation_terms=measured_activation_terms,
-                              recompute=recompute)]
+                              recompute=recompute, recomputes="part")]

@@ -38,6 +38,8 @@ import attrs
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
+from .checkpointing import keeps_everything as _keeps_everything
+
 TORCHAO = ("tensorwise", "rowwise")
 TRANSFORMER_ENGINE = "transformer-engine"
 CHOICES = TORCHAO + (TRANSFORMER_ENGINE,)
@@ -92,7 +94,7 @@ def check(plan, value):
                "linears torchao converts and when their casts happen)")
     elif o.lora is not None:
         why = "LoRA with float8 linears is not modelled"
-    elif plan.activation_checkpointing != "none":
+    elif not _keeps_everything(plan):     # declared, not named
         why = (f"activation_checkpointing={plan.activation_checkpointing!r}: the recomputed forward's casts "
                "are not modelled (measured without checkpointing only)")
     elif plan.rank is not None or plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size * plan.dp_size > 1:

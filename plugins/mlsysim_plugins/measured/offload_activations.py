@@ -63,7 +63,8 @@ def prepare_option(plan, value):
     if value == "torchtune":
         notes.append("activation_offload=torchtune is derived from torchtune 0.6.1's OffloadActivations source "
                      "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated")
-    if plan.activation_checkpointing not in ("none", "full"):
+    from .checkpointing import recomputes
+    if recomputes(plan) not in ("nothing", "layers"):     # declared, not named: none and full measured
         notes.append(f"activation_offload with {plan.activation_checkpointing!r} checkpointing: the strategy's "
                      "saved tensors are offloaded as counted (measured with none only)")
     plan = attrs.evolve(plan, profile_options=attrs.evolve(o, activation_offload=value),
@@ -115,13 +116,14 @@ def _exact(plan) -> bool:
     around the whole model). Declarations, never a family's or a kernel's name."""
     from .kernels import kernel_of
     from .shapes import shape_of
+    from .checkpointing import keeps_everything
     o, shape = plan.profile_options, shape_of(plan)
     architecture = (plan.model.architecture or "").lower()
     regime = o.regime
     return (shape.family.pack_hook_copies is not None
             and not (architecture and shape.family.approximation(architecture))
             and (regime.weight, regime.compute, regime.residual, regime.autocast) == (4, 4, 4, False)
-            and kernel_of(plan).sdpa and not o.dropout and plan.activation_checkpointing == "none")
+            and kernel_of(plan).sdpa and not o.dropout and keeps_everything(plan))
 
 
 def host_layers(plan, device_bytes) -> tuple[float, str]:
@@ -180,7 +182,8 @@ def offloaded_bytes(plan) -> float:
     ctx = model.Context(shape=shape, tokens=T, seq_len=plan.seq_len, layers=plan.model.layers, shards=1,
                         regime=regime)
     lb = model.layer_bytes(plan, ctx)
-    per_layer = (regime.residual * T * shape.hidden if plan.activation_checkpointing == "full"
+    from .checkpointing import whole_layers
+    per_layer = (regime.residual * T * shape.hidden if whole_layers(plan)
                  else lb.saved + (lb.output if lb.output_saved_by_next else 0))
     rope = 2 * plan.seq_len * shape.rotary_dim * (4 if regime.residual == 4 else 2)
     return plan.model.layers * per_layer + regime.residual * T * shape.hidden + rope

@@ -117,7 +117,8 @@ def prepare_option(plan, value):
 
 def _recompute_working_set(plan) -> float:
     """model.layer_terms' "recompute working set (one layer)" (one device: the whole model, no shards)."""
-    if plan.activation_checkpointing != "full" or plan.profile_options.checkpointed_layers == 0:
+    from .checkpointing import whole_layers
+    if not whole_layers(plan) or plan.profile_options.checkpointed_layers == 0:
         return 0
     from . import model
     from .shapes import shape_of
@@ -253,14 +254,15 @@ def notes(plan) -> tuple[str, ...]:
                            "embedding's at the backward's end (the backward's peak measured with the default and "
                            "the chunked loss; the end moment itself derived, not measured)")
     o = plan.profile_options
-    if (plan.activation_checkpointing == "full" and o.checkpointed_layers != 0
+    from .checkpointing import PART, recomputes, recomputes_first_layer
+    declared = recomputes(plan)
+    if (declared == "layers" and o.checkpointed_layers != 0
             and STEP_TEMPORARIES[plan.optimizer][o.optimizer_impl] == 0):
         shape_notes.append("optimizer_in_backward with full checkpointing and a step without temporaries: the "
                            "backward's end counts layer 0's recompute working set beside the embedding's backward, "
                            "which follows it (an upper bound by one layer's working set; measured 1.8-2.6 MB over "
                            "on a moment below the loss's)")
-    if plan.activation_checkpointing in ("op-sac", "save-list", "every-k", "mlp-only", "attention-only"):
-        from ..checkpointing_policies import recomputes_first_layer
+    if declared == PART:     # a per-op, module or every-k policy (declared, not named)
         if recomputes_first_layer(plan):
             shape_notes.append(
                 f"optimizer_in_backward with {plan.activation_checkpointing!r} checkpointing: the backward's end "

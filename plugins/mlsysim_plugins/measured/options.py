@@ -165,6 +165,7 @@ class MeasuredOptions:
     # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
     architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
+    checkpointing: Any = attrs.field(default=None, metadata={"internal": True})      # the CheckpointingSpec
     cpu_offload_optimizer: Any = attrs.field(default=None, metadata={"internal": True})  # offload=torchao[+gradients]
 
 
@@ -199,11 +200,14 @@ def prepare(plan, registry):
     if p >= 1.0:
         raise InvalidInputError("dropout", o.dropout, "a probability in [0.0, 1.0)")
     blocks = None
+    checkpointing = registry.checkpointing[plan.activation_checkpointing]     # what it declares, read below
     if o.checkpointed_layers is not None:
         blocks = _checks.count("checkpointed_layers", o.checkpointed_layers, minimum=0)
-        if plan.activation_checkpointing != "full":
+        if checkpointing.recomputes != "layers":
+            whole = sorted(n for n, s in registry.checkpointing.items() if s.recomputes == "layers")
             raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
-                                    "None unless activation_checkpointing='full'",
+                                    "None unless the strategy recomputes whole layers (recomputes='layers': "
+                                    f"{', '.join(whole)})",
                                     f"activation_checkpointing={plan.activation_checkpointing!r}")
         if blocks > plan.model.layers:
             raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
@@ -240,7 +244,7 @@ def prepare(plan, registry):
         notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
     o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
                      attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
-                     checkpointed_layers=blocks, runtime_overheads=overheads)
+                     checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     if o.lora is not None:
         from mlsysim_core.finetune import lora_option

@@ -19,13 +19,9 @@ buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 
 
 def _recomputes(plan) -> bool:
-    if plan.activation_checkpointing in _POLICIES:     # checkpointing_policies.py: per-op, every-k, module
-        from ..checkpointing_policies import recomputes_first_layer
-        return recomputes_first_layer(plan)
-    return plan.activation_checkpointing == "full" and plan.profile_options.checkpointed_layers != 0
-
-
-_POLICIES = ("op-sac", "save-list", "every-k", "mlp-only", "attention-only")
+    """Is layer 0 recomputed at the backward's end? What the selected strategy declares."""
+    from .checkpointing import recomputes_first_layer
+    return recomputes_first_layer(plan)
 
 
 @hookimpl

@@ -495,7 +495,8 @@ def mean_layer_note(plan, layers: str, mix: str) -> list[str]:
     where = []
     if plan.pp_size > 1:
         where.append("a pipeline stage holds the mean of the model's layers, not its own mix")
-    if plan.activation_checkpointing != "none":
+    from ..checkpointing import keeps_everything
+    if not keeps_everything(plan):
         where.append("the one-layer recompute working set is the mean layer's")
     if not where:
         return []

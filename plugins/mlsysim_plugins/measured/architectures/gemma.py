@@ -349,6 +349,7 @@ def _adjust(version):
             return terms
         if megatron(regime):
             return terms
+        from ..checkpointing import whole_layers
         ctx = context(plan, placement)
         T, s, V, h = ctx.tokens, ctx.seq_len, shape.vocab, shape.hidden
         rank = plan.rank
@@ -361,7 +362,7 @@ def _adjust(version):
             # Gemma3TextModel.forward: cos/sin for each layer type (local and global rotary).
             for t in [t for t in terms if t.label == "RoPE cos/sin tables"]:
                 terms.append(attrs.evolve(t, label="RoPE cos/sin tables (second rotary: local and global layers)"))
-        if plan.activation_checkpointing == "full":
+        if whole_layers(plan):     # declared (recomputes="layers"), not named
             # The masks are the checkpointed layers' inputs: kept through the backward (without
             # checkpointing they die with the model's forward, before the logits). Eager builds
             # additive masks in the embeddings' dtype, one per layer type (full and sliding); SDPA only

@@ -415,7 +415,8 @@ def _ministral_adjust(kind, plan, placement, terms):
     logits): SDPA's sliding-window bool mask once s >= window; eager's additive masks, one per
     layer type, in the embeddings' dtype."""
     terms = list(terms)
-    if kind != "model_activations" or plan.activation_checkpointing != "full" or plan.profile_options.regime.main_grad:
+    from ..checkpointing import whole_layers
+    if kind != "model_activations" or not whole_layers(plan) or plan.profile_options.regime.main_grad:
         return terms
     from ..model import context
     ctx = context(plan, placement)

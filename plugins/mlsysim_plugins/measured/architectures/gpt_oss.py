@@ -270,13 +270,13 @@ def adjust_terms(kind, plan, placement, terms):
     regime = o.regime
     r = regime.residual
     b, s = plan.microbatch, plan.seq_len
-    if plan.activation_checkpointing == "full" and (o.checkpointed_layers is None
-                                                    or o.checkpointed_layers < placement.layers_per_stage):
+    from ..checkpointing import keeps_everything, whole_layers
+    if whole_layers(plan) and (o.checkpointed_layers is None or o.checkpointed_layers < placement.layers_per_stage):
         n = _mask_kinds(plan.model)
         out.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpointed layers)",
                               nbytes=n * b * s * s * r, phases=(FORWARD, BACKWARD),
                               formula=f"{n} layer type(s) x b x s x s x {r} B (one additive (b, 1, s, s) mask each)"))
-    if plan.activation_checkpointing == "none":
+    if keeps_everything(plan):
         out += _first_layer_backward(plan, placement, out)
     # (Under autocast the final norm's fp32 output, held until the loss, is model.py's, as for every family.)
     return out

@@ -61,6 +61,7 @@ from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.memo import memoize
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, MemoryTerm
 
+from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
 from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, _Walk
@@ -445,7 +446,7 @@ def adjust_terms(kind, plan, placement, terms):
         out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", nbytes=4 * plan.seq_len * s.head_dim / cp,
                             formula="s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
                if t.label == "RoPE cos/sin tables" else t for t in out]
-    if plan.activation_checkpointing == "full" and s.moe_layers and plan.profile_options.lora is None:
+    if whole_layers(plan) and s.moe_layers and plan.profile_options.lora is None:
         c = plan.profile_options.regime.compute
         T = plan.microbatch * plan.seq_len
         widths = (s.experts - s.top_k) * s.expert_ffn if s.arch == "llama4_text" else 0
@@ -464,7 +465,7 @@ def check(plan) -> tuple[str, ...]:
     s = spec_of(plan.model)
     _check_chunk(s, plan.seq_len)
     mixed = 0 < s.moe_layers < s.layers or (s.arch == "llama4_text" and 0 < s.rope_layers < s.layers)
-    apart = plan.pp_size > 1 or plan.activation_checkpointing not in (None, "none") or plan.dp_size * plan.cp_size > 1
+    apart = plan.pp_size > 1 or not keeps_everything(plan) or plan.dp_size * plan.cp_size > 1
     notes = []
     if mixed and apart:
         notes.append(
