@@ -23,6 +23,11 @@
 
 Megatron's selective recompute stays the ``selective`` strategy; full recompute ``full``.
 
+Each declares ``recomputes="part"`` and ``recomputes_first_layer`` (the per-op and module policies:
+always; every-k: when k = 1), which the measured profile reads; their callables bind their own
+policy (``functools.partial``, ``Recompute``) and never read the plan's strategy name, so the same
+spec under another name is the same strategy.
+
 Under a per-op policy a layer keeps its input and the outputs of its saved ops (the policy's cache,
 whether or not autograd would save them); the backward recomputes one layer at a time (its working
 set: everything the layer saves for backward, as under full recompute). The op outputs come from
@@ -56,8 +61,6 @@ OP_NAMES = ("mm", "sdpa", "bmm", "softmax", "topk", "grouped_mm")
 # torchtitan v0.2.2's save list, as op names of the sequence below (its max and reduce_scatter never
 # run in these layers; its SDPA variants are "sdpa").
 TORCHTITAN_SAVE_LIST = ("mm", "sdpa", "max", "reduce_scatter")
-PER_OP = ("op-sac", "save-list")
-MODULE = {"mlp-only": "mlp", "attention-only": "attention"}
 
 
 def _n(x) -> str:
