@@ -57,6 +57,8 @@ class OptimizerSpec:
     """The same, for measured-grade profiles (``None``: they refuse this optimizer). Plugin API 1.2."""
     measured_notes: Callable[..., tuple[str, ...]] | None = _optional_callable
     """``measured_notes(plan)``: what a measured-grade result with it says (unvalidated, ...). API 2.1."""
+    step: object | None = None
+    """Its state and step, declared for a profile's techniques (measured: ``OptimizerStep``). API 2.3."""
 
 
 @attrs.frozen(kw_only=True)

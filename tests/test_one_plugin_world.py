@@ -50,14 +50,6 @@ SCHEDULES = "mlsysim_measured_pipeline_schedules"
 # What fails today, (kind, built-in name) -> the difference measured (tests/test_one_plugin_world.py
 # prints it on failure). Delete an entry once its test passes: strict xfail fails on a pass.
 STILL_NAMED: dict[tuple[str, str], str] = {
-    ('optimizer', 'adamw-4bit-torchao'):
-        "80 of 156 cases differ (all measured): numbers equal, but the note 'adamw-4bit-torchao: the step's temporaries are those of torchao's torch.compile'd per-parameter step ...' is missing (lowbit_optimizers.notes compares plan.optimizer with its names)",
-    ('optimizer', 'adamw-8bit-torchao'):
-        "80 of 156 cases differ (all measured): numbers equal, but the note 'adamw-8bit-torchao: the step's temporaries are those of torchao's torch.compile'd per-parameter step ...' is missing (lowbit_optimizers.notes compares plan.optimizer with its names)",
-    ('optimizer', 'adamw-fp8-torchao'):
-        "80 of 156 cases differ (all measured): numbers equal, but the note 'adamw-fp8-torchao: the step's temporaries are those of torchao's torch.compile'd per-parameter step ...' is missing (lowbit_optimizers.notes compares plan.optimizer with its names)",
-    ('optimizer', 'paged-adamw-8bit-bnb'):
-        "80 of 156 cases differ (all measured): numbers equal, but the note 'paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory ...' is missing (lowbit_optimizers.notes compares plan.optimizer)",
     ('shards-nothing', 'measured'):
         "llama3-8b tp2 dp2 ZeRO-1 bf16 on an H100: a tp rule sharding nothing gives 165.490 GB, exactly the built-in tp's (weights 16.061 GB both): the measured rank classes recount the placement from plan.tp_size",
     ('blocked', 'measured_profile'):

@@ -9,6 +9,7 @@ a fused kernel none, the for-loop one per parameter.
 
 from mlsysim_core import OptimizerSpec, hookimpl
 from ._lazy import lazy_module
+from .measured.optimizer_step import OPTIMIZER_IN_BACKWARD, OptimizerStep
 from ._flat_state import flat_state_terms
 
 measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
@@ -18,12 +19,17 @@ def state_terms(plan, placement, options):
     return flat_state_terms(placement, "lion master copy + momentum (fp32)", 8.0, "8 B (master 4 + momentum 4)")
 
 
+# One momentum, no step tensor; one temporary per step (foreach over all tensors, the for-loop per tensor).
+STEP = OptimizerStep(moments=1, foreach=1, loop_current=1, loop_previous=0, measured_with=(OPTIMIZER_IN_BACKWARD,))
+
+
 def measured_state_terms(plan, placement, options):
-    return [*measured.moment_terms(plan, placement, "lion", 1, step_counters=False),
-            *measured.step_transient(plan, placement, "lion", foreach=1, loop_current=1, loop_previous=0)]
+    return [*measured.moment_terms(plan, placement, "lion", STEP.moments, step_counters=STEP.step_counters),
+            *measured.step_transient(plan, placement, "lion", foreach=STEP.foreach, loop_current=STEP.loop_current,
+                                     loop_previous=STEP.loop_previous)]
 
 
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="lion", description="Lion: master + one momentum, 8 B/param",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms)]
+                          state_terms=state_terms, measured_state_terms=measured_state_terms, step=STEP)]

@@ -47,6 +47,7 @@ from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
 from ._flat_state import flat_state_terms
 from ._fmt import n
 from ._lazy import lazy_module
+from .measured.optimizer_step import OPTIMIZER_IN_BACKWARD, OptimizerStep
 
 measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
@@ -62,6 +63,20 @@ TORCHAO = {
 }
 BNB_BLOCK = 256
 BNB_QMAPS = 2 * 256 * 4   # the signed and unsigned dynamic maps, shared by every tensor
+
+_TORCHAO_IN_BACKWARD = (
+    "torchao's per-parameter step is torch.compile'd (single_param_adam), which dynamo refuses to trace under "
+    "MemTracker: its temporaries were measured with torch.profiler outside the backward only "
+    "(validation/techniques/optimizers), not inside the post-accumulate-grad hook")
+# What the optimizers declare (OptimizerStep): torchao's compiled step is refused inside the backward;
+# bitsandbytes' 8-bit update is one in-place kernel per tensor (optimizer_update_8bit_blockwise,
+# optimizer_update_32bit under min_8bit_size): no temporary beside the gradient, and each optimizer
+# instance fills its two quantization maps once it holds a tensor of >= min_8bit_size elements
+# (Optimizer8bit.fill_qmap; measured, validation/techniques/oib_combinations). The paged variant
+# keeps the same states.
+TORCHAO_STEP = OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN_BACKWARD})
+BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
+                         measured_with=(OPTIMIZER_IN_BACKWARD,))
 
 UNVALIDATED_PAGED = ("paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
                      "its states (tensors of >= 100,000 elements, outside PyTorch's allocator, so not in "
@@ -124,9 +139,10 @@ def bnb_state_terms(plan, placement, options, *, name):
     return terms
 
 
-def notes(plan) -> tuple[str, ...]:
-    """What a measured result with one of these optimizers says (``OptimizerSpec.measured_notes``)."""
-    name = plan.optimizer
+def notes(plan, *, name=None) -> tuple[str, ...]:
+    """What a measured result with one of these optimizers says (``OptimizerSpec.measured_notes``):
+    ``name`` is bound by the spec (the optimizer it describes, whatever it is selected as)."""
+    name = plan.optimizer if name is None else name
     if name in TORCHAO:
         return (COMPILED_NOTE.format(name=name),)
     if name == "paged-adamw-8bit-bnb":
@@ -174,18 +190,20 @@ def mlsysim_optimizers():
             description=f"{label}: block-wise {'fp8' if 'fp8' in name else label[-4:]} moments (block {block}), "
                         f"tensors < 4096 or not a block multiple in full precision; compiled step",
             state_terms=_flat(name, bpp, how),
-            measured_state_terms=functools.partial(torchao_state_terms, name=name), measured_notes=notes))
+            measured_state_terms=functools.partial(torchao_state_terms, name=name),
+            measured_notes=functools.partial(notes, name=name), step=TORCHAO_STEP))
     specs.append(OptimizerSpec(
         name="adamw-8bit-bnb",
         description="bitsandbytes AdamW8bit: 8-bit moments, 256-block fp32 absmax, fp32 under 4096 elements",
         state_terms=_flat("adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        measured_state_terms=functools.partial(bnb_state_terms, name="adamw-8bit-bnb")))
+        measured_state_terms=functools.partial(bnb_state_terms, name="adamw-8bit-bnb"), step=BNB_STEP))
     specs.append(OptimizerSpec(
         name="paged-adamw-8bit-bnb",
         description="bitsandbytes PagedAdamW8bit (unvalidated: CUDA unified memory): states as adamw-8bit-bnb, "
                     "counted resident on the device at the step",
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"), measured_notes=notes))
+        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"),
+        measured_notes=functools.partial(notes, name="paged-adamw-8bit-bnb"), step=BNB_STEP))
     return specs
 
 

@@ -35,6 +35,7 @@ from mlsysim_core.errors import NotModelledError
 from ._flat_state import flat_state_terms
 from ._fmt import n
 from ._lazy import lazy_module
+from .measured.optimizer_step import OPTIMIZER_IN_BACKWARD, OptimizerStep
 
 measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
@@ -154,4 +155,7 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="muon", description=DESCRIPTION, state_terms=state_terms,
-                          measured_state_terms=measured_state_terms)]
+                          measured_state_terms=measured_state_terms,
+                          step=OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: (
+                              "torch.optim.Muon with its AdamW part: the Newton-Schulz step per matrix inside the "
+                              "backward is not measured")}))]

@@ -3,6 +3,7 @@
 from mlsysim_core import MemoryTerm, OPTIMIZER_STATE, OptimizerSpec, hookimpl
 
 from ._lazy import lazy_module
+from .measured.optimizer_step import OPTIMIZER_IN_BACKWARD, OptimizerStep
 from ._fmt import n, shard
 from mlsysim_core.memo import memoize
 
@@ -33,4 +34,5 @@ def measured_state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="sgd", description="SGD without momentum: fp32 master, 4 B/param",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms)]
+                          state_terms=state_terms, measured_state_terms=measured_state_terms,
+                          step=OptimizerStep(moments=0, measured_with=(OPTIMIZER_IN_BACKWARD,)))]

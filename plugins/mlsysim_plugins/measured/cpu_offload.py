@@ -37,7 +37,10 @@ harness answers ``cuda`` and stands in for the streams and pinned memory; the ho
 allocated outside the tracker and counted beside it).
 
 Refused (``NotModelledError``): parallel layouts (torchao: "for single-GPU training", line 28),
-gradient accumulation with ``offload_gradients`` (line 34), optimizers other than Adam/AdamW,
+gradient accumulation with ``offload_gradients`` (line 34), optimizers that do not declare their
+state measured with it (``OptimizerSpec.step``: ``measured_with`` naming ``torchao_offload``, as
+Adam and AdamW do; their moments, step counters and step temporaries are read from it, never
+their names),
 regimes with an fp32 master copy or main-grad buffer, LoRA, float8 and the optimizer step in the
 backward.
 """
@@ -53,11 +56,7 @@ from mlsysim_core.terms import (BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, HOST
 MODES = ("torchao", "torchao+gradients")
 MINIMAL_SIZE = 4096         # CPUOffloadOptimizer(minimal_size=4096), line 25
 STEADY = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
-OPTIMIZERS = ("adam", "adamw")
-# torch/optim/adamw.py's step temporaries in units of the tensor (as the adam plugin's
-# measured_state_terms): foreach one (_foreach_sqrt), for-loop two for the current tensor and one
-# for the previous, fused none.
-FOREACH, LOOP_CURRENT, LOOP_PREVIOUS = 1, 2, 1
+TECHNIQUE = "torchao_offload"     # optimizer_step.TORCHAO_OFFLOAD: what an optimizer declares measured with
 SOURCE = "torchao 0.18 torchao/optim/cpu_offload.py"
 HELP = ("torchao (torchao's CPUOffloadOptimizer: a pinned host copy of each parameter >= 4,096 elements, its host "
         "gradient buffer and its AdamW state on the host, the step on the CPU; smaller tensors and their optimizer on "
@@ -89,8 +88,9 @@ def take_option(plan):
     return attrs.evolve(plan, profile_options=o)
 
 
-def prepare_option(plan):
-    """Refuse what is not modelled with torchao's optimizer; the plan with its note."""
+def prepare_option(plan, optimizers=None):
+    """Refuse what is not modelled with torchao's optimizer (``optimizers``: the registered specs, named
+    in a refusal); the plan with its note."""
     o = plan.profile_options
     mode = o.cpu_offload_optimizer
 
@@ -103,9 +103,13 @@ def prepare_option(plan):
         refuse("gradient_accumulation_steps=1 with torchao+gradients",
                "offload_gradients 'Not compatible with gradient accumulation' (cpu_offload.py line 34): each "
                "micro-batch's device gradient is freed after its copy")
-    if plan.optimizer not in OPTIMIZERS:
-        refuse(f"optimizer one of {', '.join(OPTIMIZERS)}",
-               f"the host and device states of {plan.optimizer!r} under torchao's optimizer are not modelled")
+    step = _declared(plan)
+    if step is None or TECHNIQUE not in step.measured_with:     # what the optimizer declares, not its name
+        from .optimizer_step import measured_with
+        measured = sorted(n for n, spec in (optimizers or {}).items() if measured_with(spec, TECHNIQUE))
+        refuse(f"optimizer one of {', '.join(measured)} (declaring OptimizerStep(measured_with=({TECHNIQUE!r},)))",
+               (step and step.why_not(TECHNIQUE))
+               or f"the host and device states of {plan.optimizer!r} under torchao's optimizer are not modelled")
     regime = o.regime
     if regime.master or regime.main_grad or regime.gather:
         refuse("a regime without fp32 master weights, main-grad buffer or FSDP gather (fp32, bf16, amp-bf16)",
@@ -138,18 +142,27 @@ def _split(plan):
     return small, [n for n in tensors if n >= MINIMAL_SIZE]
 
 
-def _step_temporaries(impl: str, tensors, b: int):
+def _declared(plan):
+    """The selected optimizer's ``OptimizerStep`` (None: it declares none)."""
+    from .optimizer_step import step_of
+    return step_of(plan.profile_options.optimizer_spec)
+
+
+def _step_temporaries(step, impl: str, tensors, b: int):
     """(elements, how) of one optimizer's step temporaries over ``tensors`` (one optimizer over
-    all of them: d_opt; or one per tensor: pass the largest alone)."""
+    all of them: d_opt; or one per tensor: pass the largest alone), as ``step`` declares them
+    (torch/optim/adamw.py for Adam/AdamW: foreach one, _foreach_sqrt; for-loop two for the current
+    tensor and one for the previous; fused none)."""
     if impl == "fused" or not tensors:
         return 0, "fused: none"
     if impl == "foreach":
-        return FOREACH * sum(tensors), f"foreach: {FOREACH} x {sum(tensors):,} elements"
+        return step.foreach * sum(tensors), f"foreach: {step.foreach} x {sum(tensors):,} elements"
+    current, before = step.loop_current, step.loop_previous
     worst, previous = 0, 0
     for n in tensors:
-        worst = max(worst, LOOP_CURRENT * n + LOOP_PREVIOUS * previous)
+        worst = max(worst, current * n + before * previous)
         previous = n
-    return worst, f"for-loop: max of {LOOP_CURRENT} x n_i + {LOOP_PREVIOUS} x n_(i-1) = {worst:,} elements"
+    return worst, f"for-loop: max of {current} x n_i + {before} x n_(i-1) = {worst:,} elements"
 
 
 def relocate(plan, weights, gradients, optimizer_state):
@@ -163,24 +176,26 @@ def relocate(plan, weights, gradients, optimizer_state):
     small, big = _split(plan)
     n_small, n_big = sum(small), sum(big)
     impl = o.optimizer_impl
+    step = _declared(plan)
+    m, c = step.moments, 4 if step.step_counters else 0      # declared moments and 4-byte step tensors
     state = []
     if small:
         state.append(MemoryTerm(
             component=OPTIMIZER_STATE, label=f"{plan.optimizer} state of the tensors under {MINIMAL_SIZE:,} elements "
-            "(device optimizer)", nbytes=n_small * 2 * s + 4 * len(small), phases=STEADY,
+            "(device optimizer)", nbytes=n_small * m * s + c * len(small), phases=STEADY,
             formula=f"{n_small:,} elements ({len(small)} tensors < minimal_size {MINIMAL_SIZE:,}, kept on the device "
-                    f"with d_opt, cpu_offload.py lines 94-96, 110-114) x 2 moments x {s} B + {len(small)} x 4 B step"))
-        temp, how = _step_temporaries(impl, small, s)
+                    f"with d_opt, cpu_offload.py lines 94-96, 110-114) x {m} moments x {s} B + {len(small)} x {c} B step"))
+        temp, how = _step_temporaries(step, impl, small, s)
         if temp:
             state.append(MemoryTerm(
                 component=OPTIMIZER_STATE, label="device optimizer step temporaries (small tensors)",
                 nbytes=temp * s, phases=(OPTIMIZER_STEP,), formula=f"{how} x {s} B (d_opt.step(), line 124)"))
     state.append(MemoryTerm(
         component=OPTIMIZER_STATE, tier=HOST, label=f"{plan.optimizer} state on the host (torchao)",
-        nbytes=n_big * 2 * w + 4 * len(big), phases=STEADY,
-        formula=f"{n_big:,} offloaded elements ({len(big)} tensors) x 2 moments x {w} B (the host copy's dtype) + "
-                f"{len(big)} x 4 B step (one host optimizer per tensor, lines 106-108)"))
-    temp, how = _step_temporaries(impl, [max(big)] if big else [], w)
+        nbytes=n_big * m * w + c * len(big), phases=STEADY,
+        formula=f"{n_big:,} offloaded elements ({len(big)} tensors) x {m} moments x {w} B (the host copy's dtype) + "
+                f"{len(big)} x {c} B step (one host optimizer per tensor, lines 106-108)"))
+    temp, how = _step_temporaries(step, impl, [max(big)] if big else [], w)
     if temp:
         state.append(MemoryTerm(
             component=OPTIMIZER_STATE, tier=HOST, label="host optimizer step temporaries (largest tensor)",

@@ -40,8 +40,11 @@ without the option (an upper bound, said in a note).
 Refused (``NotModelledError``): gradient accumulation (torchtune refuses it: "Gradient accumulation
 is not supported with optimizer in bwd"), any parallel layout (DDP would step on unreduced
 gradients; FSDP/ZeRO gradient sharding is not modelled), offload, LoRA, regimes with an fp32
-master copy or main-grad buffer, ``loss='fused_linear'``, and optimizers whose single-tensor step
-is not tabled here (torchao's compiled low-bit steps, Adam8bit, Muon: ``REFUSED_OPTIMIZERS``).
+master copy or main-grad buffer, ``loss='fused_linear'``, and optimizers that do not declare their
+step measured with it (``OptimizerSpec.step``, an ``OptimizerStep`` whose ``measured_with`` names
+``optimizer_in_backward``; torchao's compiled low-bit steps, Adam8bit and Muon declare why not).
+Everything about the optimizer is read from the selected spec's declaration (``k`` is
+``step.temporaries(optimizer_impl)``, the maps ``step.quantization_maps``), never from its name.
 """
 
 from __future__ import annotations
@@ -52,36 +55,27 @@ from mlsysim_core import _checks
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, GRADIENTS, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
 
-# The single-tensor step's temporaries, in units of the tensor's elements x the state dtype, per
-# implementation (torch/optim/adamw.py: _multi_tensor_adamw's _foreach_sqrt; _single_tensor_adamw's
-# sqrt and division alive together; _fused_adamw none). SGD keeps no temporary; Lion one.
-STEP_TEMPORARIES = {
-    "adam": {"foreach": 1, "for-loop": 2, "fused": 0},
-    "adamw": {"foreach": 1, "for-loop": 2, "fused": 0},
-    "lion": {"foreach": 1, "for-loop": 1, "fused": 0},
-    "sgd": {"foreach": 0, "for-loop": 0, "fused": 0},
-    "sgd-momentum": {"foreach": 0, "for-loop": 0, "fused": 0},
-    # bitsandbytes' 8-bit update is one in-place kernel per tensor (optimizer_update_8bit_blockwise,
-    # optimizer_update_32bit under min_8bit_size): nothing beside the gradient (measured,
-    # validation/techniques/oib_combinations). The paged variant keeps the same states.
-    "adamw-8bit-bnb": {"foreach": 0, "for-loop": 0, "fused": 0},
-    "paged-adamw-8bit-bnb": {"foreach": 0, "for-loop": 0, "fused": 0},
-}
-OPTION = "optimizer_in_backward"
-_TORCHAO = ("torchao's per-parameter step is torch.compile'd (single_param_adam), which dynamo refuses to trace "
-            "under MemTracker: its temporaries were measured with torch.profiler outside the backward only "
-            "(validation/techniques/optimizers), not inside the post-accumulate-grad hook")
-REFUSED_OPTIMIZERS = {
-    "adamw-8bit-torchao": _TORCHAO, "adamw-4bit-torchao": _TORCHAO, "adamw-fp8-torchao": _TORCHAO,
-    "adam-8bit": "bitsandbytes' Adam8bit (the older plugin) is not measured with optimizer_in_backward; "
-                 "adamw-8bit-bnb and paged-adamw-8bit-bnb are",
-    "muon": "torch.optim.Muon with its AdamW part: the Newton-Schulz step per matrix inside the backward is "
-            "not measured",
-}
+from .optimizer_step import OPTIMIZER_IN_BACKWARD, step_of
+
+OPTION = OPTIMIZER_IN_BACKWARD
 
 
-def prepare_option(plan, value):
-    """Check ``optimizer_in_backward`` against the plan (``options.prepare``); the plan with it set."""
+def _step(plan):
+    """The selected optimizer's declaration (``OptimizerSpec.step``; prepare put the spec in the options)."""
+    return step_of(plan.profile_options.optimizer_spec)
+
+
+def _k(plan) -> int:
+    """The single-tensor step's temporaries, in units of the tensor's elements x the state dtype, for the
+    plan's implementation, as the optimizer declares them (AdamW: foreach 1, torch/optim/adamw.py
+    _multi_tensor_adamw's _foreach_sqrt; for-loop 2, _single_tensor_adamw's sqrt and division alive
+    together; fused none. SGD keeps no temporary; Lion one; bitsandbytes' in-place 8-bit kernel none)."""
+    return _step(plan).temporaries(plan.profile_options.optimizer_impl)
+
+
+def prepare_option(plan, value, optimizers=None):
+    """Check ``optimizer_in_backward`` against the plan (``options.prepare``; ``optimizers``: the
+    registered specs, named in a refusal); the plan with it set."""
     value = _checks.flag(OPTION, value)
     plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, optimizer_in_backward=value))
     if not value:
@@ -105,9 +99,13 @@ def prepare_option(plan, value):
     if regime.master or regime.main_grad:
         raise NotModelledError(OPTION, value, "a regime without fp32 master weights or main-grad buffer "
                                "(fp32, bf16, amp-bf16)", f"regime {regime.name} keeps them")
-    if plan.optimizer not in STEP_TEMPORARIES:
-        why = REFUSED_OPTIMIZERS.get(plan.optimizer, f"the single-tensor step of {plan.optimizer!r} is not modelled")
-        raise NotModelledError(OPTION, value, f"optimizer one of {sorted(STEP_TEMPORARIES)}", why)
+    step = _step(plan)
+    if step is None or OPTION not in step.measured_with:     # what the optimizer declares, not its name
+        why = (step and step.why_not(OPTION)) or f"the single-tensor step of {plan.optimizer!r} is not modelled"
+        measured = sorted(n for n, spec in (optimizers or {}).items()
+                          if (s := step_of(spec)) is not None and OPTION in s.measured_with)
+        raise NotModelledError(OPTION, value, f"optimizer one of {measured} (declaring OptimizerStep("
+                               f"measured_with=({OPTION!r},)))", why)
     if getattr(o, "loss", None) not in (None, "cross_entropy", "chunked"):
         raise NotModelledError(OPTION, value, "loss='cross_entropy' or 'chunked'",
                                f"the LM head's step moment with loss={o.loss!r} is not measured (Liger's fused "
@@ -138,7 +136,7 @@ def relocate(plan, weights, gradients, optimizer_state):
     from .shapes import shape_of
     o = plan.profile_options
     regime, shape = o.regime, shape_of(plan)
-    k = STEP_TEMPORARIES[plan.optimizer][o.optimizer_impl]
+    k = _k(plan)
     g, s, c, res = regime.gradient or 4, regime.state, regime.compute, regime.residual
     T, h, V = plan.microbatch * plan.seq_len, shape.hidden, shape.vocab
     E = shape.embedding_parameters
@@ -225,25 +223,24 @@ def _loss_moment(plan, T, h, V, c, g, E, per):
     return freed, how, moments
 
 
-BNB = ("adamw-8bit-bnb", "paged-adamw-8bit-bnb")
-BNB_MAPS = 2 * 256 * 4      # bitsandbytes Optimizer8bit.fill_qmap: two 256-entry fp32 maps per optimizer
-
-
 def _per_parameter_maps(plan) -> list[MemoryTerm]:
-    """bitsandbytes' 8-bit optimizers fill their two quantization maps in ``__init__``
-    (bitsandbytes/optim/optimizer.py ``Optimizer8bit.__init__``: ``if optim_bits == 8:
-    self.fill_qmap()``) and move them to the device for the first 8-bit tensor
-    (``Optimizer2State.init_state``). One optimizer per parameter: one pair per tensor of at least
-    ``min_8bit_size`` (4096) elements, where the shared optimizer has one (the state terms count it)."""
-    if plan.optimizer not in BNB:
+    """An optimizer that declares quantization maps per instance (``OptimizerStep.quantization_maps``):
+    bitsandbytes' 8-bit optimizers fill their two in ``__init__`` (bitsandbytes/optim/optimizer.py
+    ``Optimizer8bit.__init__``: ``if optim_bits == 8: self.fill_qmap()``) and move them to the device
+    for the first 8-bit tensor (``Optimizer2State.init_state``). One optimizer per parameter: one pair
+    per tensor of at least ``quantized_from`` (``min_8bit_size``, 4096) elements, where the shared
+    optimizer has one (the state terms count it)."""
+    step = _step(plan)
+    if not step.quantization_maps:
         return []
     from .optimizers import STEADY, trainable_tensors
-    quantized = sum(1 for t in trainable_tensors(plan) if t >= 4096)
+    least, maps = step.quantized_from, step.quantization_maps
+    quantized = sum(1 for t in trainable_tensors(plan) if t >= least)
     if quantized < 2:
         return []
     return [MemoryTerm(component=OPTIMIZER_STATE, label=f"{plan.optimizer} quantization maps, one pair per parameter's "
-                       "optimizer", nbytes=(quantized - 1) * BNB_MAPS, phases=STEADY,
-                       formula=f"({quantized} tensors of >= 4096 elements - 1 counted) x 2 maps x 256 x 4 B")]
+                       "optimizer", nbytes=(quantized - 1) * maps, phases=STEADY,
+                       formula=f"({quantized} tensors of >= {least} elements - 1 counted) x {maps:,} B of maps")]
 
 
 def notes(plan) -> tuple[str, ...]:
@@ -257,7 +254,7 @@ def notes(plan) -> tuple[str, ...]:
     from .checkpointing import PART, recomputes, recomputes_first_layer
     declared = recomputes(plan)
     if (declared == "layers" and o.checkpointed_layers != 0
-            and STEP_TEMPORARIES[plan.optimizer][o.optimizer_impl] == 0):
+            and _k(plan) == 0):
         shape_notes.append("optimizer_in_backward with full checkpointing and a step without temporaries: the "
                            "backward's end counts layer 0's recompute working set beside the embedding's backward, "
                            "which follows it (an upper bound by one layer's working set; measured 1.8-2.6 MB over "

@@ -167,6 +167,7 @@ class MeasuredOptions:
     attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
     checkpointing: Any = attrs.field(default=None, metadata={"internal": True})      # the CheckpointingSpec
     cpu_offload_optimizer: Any = attrs.field(default=None, metadata={"internal": True})  # offload=torchao[+gradients]
+    optimizer_spec: Any = attrs.field(default=None, metadata={"internal": True})   # the OptimizerSpec (its .step)
 
 
 REGIMES_HOOK = "mlsysim_measured_regimes"
@@ -264,9 +265,12 @@ def prepare(plan, registry):
     if o.loss is not None or o.loss_chunks is not None:     # loss.py: chunked / fused linear cross-entropy
         from .loss import prepare as loss_prepare
         plan = loss_prepare(plan)
+    # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
+    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options,
+                                                           optimizer_spec=registry.optimizers[plan.optimizer]))
     if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
         from .optimizer_in_backward import prepare_option
-        plan = prepare_option(plan, o.optimizer_in_backward)
+        plan = prepare_option(plan, o.optimizer_in_backward, registry.optimizers)
     if o.activation_offload is not None:        # offload_activations.py
         from .offload_activations import prepare_option as offload_prepare
         plan = offload_prepare(plan, o.activation_offload)
@@ -278,7 +282,7 @@ def prepare(plan, registry):
         plan = float8_check(plan, o.float8)
     if plan.profile_options.cpu_offload_optimizer is not None:      # cpu_offload.py: torchao's refusals, note
         from .cpu_offload import prepare_option as cpu_offload_prepare
-        plan = cpu_offload_prepare(plan)
+        plan = cpu_offload_prepare(plan, registry.optimizers)
     said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
     if said is not None:
         plan = attrs.evolve(plan, notes=plan.notes + tuple(said(plan)))
