@@ -524,44 +524,6 @@ def checkpoint_quantization(model, config: LoRAConfig | None) -> tuple[LoRAConfi
     return config, ()
 
 
-def lora_option(plan, value):
-    """The ``lora=`` option of a measured-grade solve: a ``LoRAConfig`` or a dict of its
-    fields, checked against the model (its linears must be countable); a quantized
-    checkpoint's quantization applied (``checkpoint_quantization``)."""
-    config, quantized = checkpoint_quantization(plan.model, _config(value))
-    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
-             "ep_size": plan.ep_size, "cp_size": plan.cp_size}
-    parallel = {k: v for k, v in sizes.items() if v != 1}
-    if parallel:
-        raise NotModelledError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
-                                "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
-                                + ", ".join(f"{k}={v}" for k, v in parallel.items()))
-    if plan.model.is_sparse:
-        raise NotModelledError("lora", config, "a dense model",
-                                f"{plan.model.name!r} is a mixture of experts: transformers 5 fuses the experts "
-                                "into 3-D parameters, whose LoRA/QLoRA activations are not modelled")
-    if plan.trainable_fraction != 1.0:
-        raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
-                                "the adapters are what trains; lora= sets the trainable count")
-    notes = ()
-    if config.target_modules is None:       # said, never silent: which modules the default means
-        config = config.for_model(plan.model)
-        gpt2 = config.target_modules == _GPT2_DEFAULT_TARGETS
-        notes = (f"lora.target_modules not given: the attention projections "
-                 f"{', '.join(config.target_modules)}"
-                 + (" (GPT-2 fuses Q, K and V into c_attn; peft's default for gpt2)" if gpt2 else ""),)
-    try:
-        counts = lora_counts(plan.model, config)   # a clear error now if the model cannot be adapted
-    except InvalidInputError as e:
-        if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
-            raise     # already names the LoRA or model field
-        raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
-    from mlsysim_plugins.measured.lora import lora_regime
-    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
-    return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
-                        trainable_fraction=_exact_fraction(counts.trainable_parameters, plan.model.parameters))
-
-
 def _exact_fraction(part: int, whole: int) -> float:
     """A float f with ``whole * f == part`` exactly where one exists near ``part / whole``,
     so that ``placement.trainable_parameters_per_rank`` is the adapter count to the unit."""

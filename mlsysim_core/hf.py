@@ -860,7 +860,7 @@ def _read(config):
 # * bitsandbytes 4-bit (nf4, fp4) and 8-bit (LLM.int8): the storage mlsysim_core.finetune counts for
 #   QLoRA (packed codes, absmax, nested statistics, code tables; int8 weights and row scales) and the
 #   4-bit dequantization transient of measured/lora.py. Such a checkpoint trains only adapters: with
-#   lora= it is QLoRA (finetune.lora_option applies the checkpoint's quantization); full training
+#   lora= it is QLoRA (measured.lora.lora_option applies the checkpoint's quantization); full training
 #   is refused (finetune.check_checkpoint_quantization).
 # * mxfp4, gpt-oss's own: transformers trains it on weights dequantized to bf16 (the gpt_oss family's
 #   check says so, and refuses sub-16-bit weights).

@@ -17,7 +17,7 @@ What changes against full training
   and, with its default ``autocast_adapter_dtype=True``, keeps them in **fp32 over a
   bf16/fp16 base** (it casts 16-bit adapters up); over a fp32 base they are fp32. Under the
   Megatron-style ``mixed-*`` regimes the adapters are taken in the regime's 16-bit weight
-  dtype with its fp32 master copy. ``finetune.lora_option`` records this as the plan's
+  dtype with its fp32 master copy. ``lora_option`` records this as the plan's
   regime: the regime of the *trainable* parameters (``lora_regime``).
 * **Gradients and optimizer state**: only the adapters' (``placement.trainable_parameters_per_rank``
   is the adapter count). The optimizer's per-tensor quantities (Adam's ``step`` tensors,
@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import attrs
 
-from mlsysim_core.errors import NotModelledError
+from mlsysim_core import finetune
+from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.memo import memoize
 
 from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
@@ -94,6 +95,44 @@ def lora_regime(regime):
     return regime
 
 
+def lora_option(plan, value):
+    """The ``lora=`` option of a measured solve (the profile's ``prepare`` calls it): a
+    ``LoRAConfig`` or a dict of its fields, checked against the model (its linears must be
+    countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``)."""
+    config, quantized = finetune.checkpoint_quantization(plan.model, finetune._config(value))
+    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
+             "ep_size": plan.ep_size, "cp_size": plan.cp_size}
+    parallel = {k: v for k, v in sizes.items() if v != 1}
+    if parallel:
+        raise NotModelledError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
+                                "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
+                                + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    if plan.model.is_sparse:
+        raise NotModelledError("lora", config, "a dense model",
+                                f"{plan.model.name!r} is a mixture of experts: transformers 5 fuses the experts "
+                                "into 3-D parameters, whose LoRA/QLoRA activations are not modelled")
+    if plan.trainable_fraction != 1.0:
+        raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
+                                "the adapters are what trains; lora= sets the trainable count")
+    notes = ()
+    if config.target_modules is None:       # said, never silent: which modules the default means
+        config = config.for_model(plan.model)
+        gpt2 = config.target_modules == finetune._GPT2_DEFAULT_TARGETS
+        notes = (f"lora.target_modules not given: the attention projections "
+                 f"{', '.join(config.target_modules)}"
+                 + (" (GPT-2 fuses Q, K and V into c_attn; peft's default for gpt2)" if gpt2 else ""),)
+    try:
+        counts = finetune.lora_counts(plan.model, config)   # a clear error now if the model cannot be adapted
+    except InvalidInputError as e:
+        if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
+            raise     # already names the LoRA or model field
+        raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
+    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
+    return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
+                        trainable_fraction=finetune._exact_fraction(counts.trainable_parameters,
+                                                                    plan.model.parameters))
+
+
 def _kind(regime) -> str:
     if regime.autocast:
         return "amp-bf16"
@@ -102,8 +141,7 @@ def _kind(regime) -> str:
 
 @memoize
 def _counts(model, config):
-    from mlsysim_core.finetune import lora_counts
-    return lora_counts(model, config)
+    return finetune.lora_counts(model, config)
 
 
 def counts(plan):
@@ -443,7 +481,6 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
 
 
 def _quantized_linears(plan):
-    from mlsysim_core.finetune import _attention, _check_model, _mlp
-    arch = _check_model(plan.model)
+    arch = finetune._check_model(plan.model)
     return [(lin.module, lin.in_features, lin.out_features)
-            for lin in _attention(plan.model, arch) + _mlp(plan.model, arch)]
+            for lin in finetune._attention(plan.model, arch) + finetune._mlp(plan.model, arch)]

@@ -248,7 +248,7 @@ def prepare(plan, registry):
                      checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     if o.lora is not None:
-        from mlsysim_core.finetune import lora_option
+        from .lora import lora_option
         plan = lora_option(plan, o.lora)
     else:     # a quantized checkpoint (bitsandbytes) trains only adapters: full training is refused
         from mlsysim_core.finetune import checkpoint_quantization
