@@ -97,3 +97,10 @@ class Placement:
     gradient_shards: int
     optimizer_state_shards: int
     shard_sources: Mapping[str, tuple[str, ...]]   # quantity -> rules that split it
+    # What the rules declare they split (ShardingEffect; plugin API 2.4), for profiles that price
+    # tensors one by one: each weight matrix (tp), the sequence (cp), the experts (ep), the layer
+    # stack into stages (pp). Integer products over the rules, as the factors above.
+    tensor_shards: int = 1
+    sequence_shards: int = 1
+    expert_shards: int = 1
+    pipeline_stages: int = 1

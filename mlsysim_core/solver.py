@@ -18,6 +18,7 @@ only cache is ``mlsysim_core.memo`` (keyed on every argument; ``memo.set_enabled
 
 from __future__ import annotations
 
+import functools
 import operator
 import types
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -128,7 +129,14 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
-    ranks = spec.ranks(plan) if spec.ranks is not None else None
+    ranks = None
+    if spec.ranks is not None:
+        if _positional(spec.ranks) >= 2:      # ranks(plan, placement): the stages of the rules' placement
+            selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
+                                   plan.activation_checkpointing, plan.rules)
+            ranks = spec.ranks(plan, _place(selection, plan)[0])
+        else:
+            ranks = spec.ranks(plan)
     if not ranks:
         return run_pipeline(registry, plan, total_only)
     if total_only:
@@ -204,13 +212,30 @@ def _arguments(argnames: tuple) -> Callable:
 
 def _takes_split(apply) -> bool:
     """Does a rule's apply take the optional third parameter (SplitSoFar)?"""
+    return _positional(apply) >= 3
+
+
+def _positional(function) -> int:
+    """How many positional arguments ``function`` takes (a large number for ``*args``; 0 when
+    its signature cannot be read)."""
+    try:
+        return _positional_cached(function)
+    except TypeError:           # an unhashable callable object
+        return _positional_count(function)
+
+
+def _positional_count(function) -> int:
     import inspect
     try:
-        parameters = list(inspect.signature(apply).parameters.values())
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+        return 0
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 1 << 30
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+
+_positional_cached = functools.lru_cache(maxsize=256)(_positional_count)
 
 
 # --- 3. place ------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ DATA = "dp"
 AXES = (TENSOR, CONTEXT, PIPELINE, EXPERT, DATA)
 DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
 
-_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards")
+_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards",
+                 "tensor_shards", "sequence_shards", "expert_shards", "pipeline_stages")
 
 
 @attrs.frozen(kw_only=True)
@@ -111,6 +112,20 @@ class ShardingEffect:
     weight_shards: int = 1
     gradient_shards: int = 1
     optimizer_state_shards: int = 1
+    # What the rule splits, declared for a profile that prices tensors one by one (the measured
+    # profile reads these, never plan.tp_size and friends). Plugin API 2.4.
+    tensor_shards: int = 1
+    """Ranks each weight matrix is split over, as its tensor class says (Megatron's column- and
+    row-parallel linears, the vocabulary-parallel embedding; norms and routers replicated)."""
+    sequence_shards: int = 1
+    """Ranks the tokens of each sequence are split over (context parallelism): every per-token
+    tensor, the token ids, logits and attention scores included. A rule that splits the sequence
+    declares it in ``activation_shards`` too; the rest of ``activation_shards`` is the tensor-parallel
+    ranks' split of the residual stream (sequence parallelism)."""
+    expert_shards: int = 1
+    """Ranks the routed experts are distributed over (expert parallelism)."""
+    pipeline_stages: int = 1
+    """Pipeline stages the layer stack is split into (a rank holds one stage's layers)."""
     layers_per_stage: int | None = None
     buffer_terms: tuple[MemoryTerm, ...] = ()
     notes: tuple[str, ...] = ()
@@ -137,6 +152,10 @@ class SplitSoFar:
     optimizer_state_shards: int
     parameters_per_rank: float
     layers_per_stage: int | None      # None until a pipeline rule sets it
+    tensor_shards: int = 1
+    sequence_shards: int = 1
+    expert_shards: int = 1
+    pipeline_stages: int = 1
 
 
 @attrs.frozen(kw_only=True)

@@ -246,6 +246,12 @@ def _plan(tp, sp=False, etp=None, regime="mixed-bf16-main-grad"):
     return SimpleNamespace(tp_size=tp, cp_size=1, sequence_parallel=sp, rank=rank, profile_options=options)
 
 
+def _split(ctx, tp, sp=False, etp=None):
+    """The activation formulas' context with what the rules split (tp; with sequence
+    parallelism the residual stream too; the experts over etp)."""
+    return SimpleNamespace(**vars(ctx), tensor=tp, sequence=1, residual=tp if sp else 1, expert_tensor=etp or tp)
+
+
 def _with(lb: LayerBytes, name: str, **changes) -> LayerBytes:
     parts = tuple(attrs.evolve(p, **changes) if p.name == name else p for p in lb.parts)
     return attrs.evolve(lb, parts=parts)
@@ -255,17 +261,17 @@ def test_a_parts_split_drives_what_tensor_parallelism_divides():
     lb = megatron_layer_bytes(family="mixtral", attention="eager", dropout=True, tokens=64, seq_len=32, **SHAPE)
     ctx = SimpleNamespace(tokens=64, shape=SimpleNamespace(hidden=SHAPE["hidden"]))
     t = 4
-    base = rank_layer_saved(_plan(t, etp=2), ctx, lb, False)[0]
+    base = rank_layer_saved(_plan(t, etp=2), _split(ctx, t, etp=2), lb, False)[0]
     mlp_input = next(p for p in lb.parts if p.name == "mlp input")
     assert mlp_input.split == REPLICATED
-    split = rank_layer_saved(_plan(t, etp=2), ctx, _with(lb, "mlp input", split=TP), False)[0]
+    split = rank_layer_saved(_plan(t, etp=2), _split(ctx, t, etp=2), _with(lb, "mlp input", split=TP), False)[0]
     assert split == pytest.approx(base - mlp_input.nbytes * (1 - 1 / t))
     experts = next(p for p in lb.parts if p.split == EXPERTS)
-    as_tp = rank_layer_saved(_plan(t, etp=2), ctx, _with(lb, experts.name, split=TP), False)[0]
+    as_tp = rank_layer_saved(_plan(t, etp=2), _split(ctx, t, etp=2), _with(lb, experts.name, split=TP), False)[0]
     assert as_tp == pytest.approx(base - experts.nbytes / 2 + experts.nbytes / t)
     # With sequence parallelism every replicated part is divided too: the flag no longer matters.
-    sp = rank_layer_saved(_plan(t, sp=True, etp=2), ctx, lb, False)[0]
-    assert rank_layer_saved(_plan(t, sp=True, etp=2), ctx, _with(lb, "mlp input", split=TP), False)[0] == sp
+    sp = rank_layer_saved(_plan(t, sp=True, etp=2), _split(ctx, t, True, 2), lb, False)[0]
+    assert rank_layer_saved(_plan(t, sp=True, etp=2), _split(ctx, t, True, 2), _with(lb, "mlp input", split=TP), False)[0] == sp
 
 
 def test_a_parts_recompute_flag_drives_selective_recompute():
@@ -273,12 +279,12 @@ def test_a_parts_recompute_flag_drives_selective_recompute():
     ctx = SimpleNamespace(tokens=64, shape=SimpleNamespace(hidden=SHAPE["hidden"]))
     t = 2
     scores = next(p for p in lb.parts if p.recomputed_by_selective)
-    full, selective = (rank_layer_saved(_plan(t), ctx, lb, s)[0] for s in (False, True))
+    full, selective = (rank_layer_saved(_plan(t), _split(ctx, t), lb, s)[0] for s in (False, True))
     assert full - selective == pytest.approx(scores.nbytes / t)
     qkv = next(p for p in lb.parts if p.name == "q/k/v")
     flagged = _with(lb, "q/k/v", recomputed_by_selective=True)
-    assert rank_layer_saved(_plan(t), ctx, flagged, True)[0] == pytest.approx(selective - qkv.nbytes / t)
-    assert rank_layer_saved(_plan(t), ctx, flagged, False)[0] == pytest.approx(full)
+    assert rank_layer_saved(_plan(t), _split(ctx, t), flagged, True)[0] == pytest.approx(selective - qkv.nbytes / t)
+    assert rank_layer_saved(_plan(t), _split(ctx, t), flagged, False)[0] == pytest.approx(full)
 
 
 # --- kernels ------------------------------------------------------------------------------------------

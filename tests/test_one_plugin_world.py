@@ -50,8 +50,6 @@ SCHEDULES = "mlsysim_measured_pipeline_schedules"
 # What fails today, (kind, built-in name) -> the difference measured (tests/test_one_plugin_world.py
 # prints it on failure). Delete an entry once its test passes: strict xfail fails on a pass.
 STILL_NAMED: dict[tuple[str, str], str] = {
-    ('shards-nothing', 'measured'):
-        "llama3-8b tp2 dp2 ZeRO-1 bf16 on an H100: a tp rule sharding nothing gives 165.490 GB, exactly the built-in tp's (weights 16.061 GB both): the measured rank classes recount the placement from plan.tp_size",
     ('blocked', 'measured_profile'):
         "refused, but the error blames another plugin: plugin 'measured_architectures' implements unknown hook 'mlsysim_measured_architectures' (a misspelling?) ... set MLSYSIM_DISABLED_PLUGINS=measured_architectures; measured_profile is not named",
     ('technique', 'offload'):

@@ -42,8 +42,12 @@ def test_korthikanti_fig1_within_5_percent(row):
 S, B, H, A, T8 = 2048, 1, 12288, 96, 8
 
 
-class _Ctx:
-    tokens, seq_len = S * B, S
+def _ctx(tp, sp):
+    """What the rules split, as the activation formulas' context carries it (tp's split of the
+    matrices, and of the residual stream with sequence parallelism)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(tokens=S * B, seq_len=S, tensor=tp, sequence=1, residual=tp if sp and tp > 1 else 1,
+                           expert_tensor=tp)
 
 
 def _plan(tp, sp, rank_in_flight=1.0):
@@ -71,7 +75,7 @@ def test_megatron_layer_reproduces_table_2(tp, sp, selective, expected):
     from mlsysim_plugins.measured.parallel import rank_layer_saved
     lb = megatron_layer_bytes(style="gpt2", hidden=H, heads=A, kv_heads=A, head_dim=H // A, ffn=4 * H,
                               attention="eager", dropout=True, tokens=S * B, seq_len=S)
-    per_layer, _, n = rank_layer_saved(_plan(tp, sp), _Ctx, lb, selective)
+    per_layer, _, n = rank_layer_saved(_plan(tp, sp), _ctx(tp, sp), lb, selective)
     assert per_layer == pytest.approx(expected, rel=1e-12) and n == 1
 
 
@@ -132,7 +136,7 @@ def test_default_split_puts_the_remainder_on_middle_stages():
         pp_size = 4
         profile_options = SimpleNamespace(stage_layers=None)
     Plan.model = model
-    assert stage_layer_counts(Plan) == (7, 8, 8, 7)
+    assert stage_layer_counts(Plan, 4) == (7, 8, 8, 7)
 
 
 def test_parameters_per_rank_add_up_to_the_model():
@@ -147,11 +151,12 @@ def test_parameters_per_rank_add_up_to_the_model():
         plan = SimpleNamespace(model=model, tp_size=2, ep_size=ep, pp_size=4, gradient_accumulation_steps=8,
                                cp_size=1, dp_size=8, profile_options=SimpleNamespace(
                                    expert_tp_size=2, stage_layers=None, virtual_stages=1, pipeline_schedule="1f1b"))
+        placement = SimpleNamespace(tensor_shards=2, expert_shards=ep, pipeline_stages=4)     # the rules' split
         total = 0.0
-        for rank in rank_classes(plan):
+        for rank in rank_classes(plan, placement):
             for stage in rank.stages:
-                one = attrs.evolve(rank, stage=stage, layers=stage_layer_counts(plan)[stage])
-                groups = rank_parameters(plan, one)
+                one = attrs.evolve(rank, stage=stage, layers=stage_layer_counts(plan, 4)[stage])
+                groups = rank_parameters(plan, one, placement)
                 total += groups["dense"] * plan.tp_size + groups["experts"] * ep * plan.profile_options.expert_tp_size
         shape = ModelShape.of(model)
         replicated = shape.layers * (2 * shape.hidden + shape.experts * shape.hidden) + shape.hidden

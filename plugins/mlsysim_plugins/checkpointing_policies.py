@@ -55,6 +55,7 @@ from . import _korthikanti
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 layers = lazy_module(globals(), "layers", "mlsysim_plugins.measured.layers")
 measured_kernels = lazy_module(globals(), "measured_kernels", "mlsysim_plugins.measured.kernels")
+parallel = lazy_module(globals(), "parallel", "mlsysim_plugins.measured.parallel")
 
 SAVED = (FORWARD, BACKWARD)
 OP_NAMES = ("mm", "sdpa", "bmm", "softmax", "topk", "grouped_mm")
@@ -282,7 +283,7 @@ def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unbo
     acts = model.model_activation_terms(plan, placement, recompute=True)
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
     rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
-    per_rank = placement.trainable_parameters_per_rank / placement.gradient_shards
+    per_rank = placement.trainable_parameters_per_rank / parallel.gradient_divisor(placement)
     share = per_rank / plan.model.parameters
     embedding, layer = share * s.embedding_parameters * gb, share * s.layer_parameters() * gb
     if accumulating:      # every gradient alive throughout

@@ -34,7 +34,7 @@ def effect(c, tokens, kv_width, q_width, tp, b, style="ring"):
             nbytes=2 * chunk * width * b / tp, phases=(FORWARD, BACKWARD),
             formula=f"2 (send, recv) x b*s/cp={chunk:,} tokens x (2 x q {q_width:,} + 2 x kv {kv_width:,})"
                     + (f" / tp={tp}" if tp > 1 else "") + f" x {b} B"),)
-    return ShardingEffect(activation_shards=c, buffer_terms=buffers)
+    return ShardingEffect(activation_shards=c, sequence_shards=c, buffer_terms=buffers)
 
 
 def apply(plan, options, *, style="ring"):

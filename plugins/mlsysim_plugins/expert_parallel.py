@@ -27,7 +27,7 @@ def apply(plan, options):
 
 @memoize
 def effect(e):
-    return ShardingEffect(parameter_shards=e, notes=(MOE_NOTE,) if e > 1 else ())
+    return ShardingEffect(parameter_shards=e, expert_shards=e, notes=(MOE_NOTE,) if e > 1 else ())
 
 
 def all_to_all(plan, placement, options):

@@ -17,7 +17,7 @@ def effect(p, layers, mb, s, h, b, note):
             component=COMMUNICATION_BUFFERS, label="pipeline send + receive buffers",
             nbytes=2 * mb * s * h * b, phases=(FORWARD, BACKWARD),
             formula=f"2 x b={mb} x s={s} x h={h} x {b} B{note}"),)
-    return ShardingEffect(parameter_shards=p, layers_per_stage=max(1, math.ceil(layers / p)),
+    return ShardingEffect(parameter_shards=p, pipeline_stages=p, layers_per_stage=max(1, math.ceil(layers / p)),
                           buffer_terms=buffers)
 
 

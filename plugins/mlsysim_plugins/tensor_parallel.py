@@ -8,7 +8,8 @@ from mlsysim_core.memo import memoize
 
 @memoize
 def effect(t, sequence_parallel):
-    return ShardingEffect(parameter_shards=t, activation_shards=t if t > 1 and sequence_parallel else 1)
+    return ShardingEffect(parameter_shards=t, tensor_shards=t,
+                          activation_shards=t if t > 1 and sequence_parallel else 1)
 
 
 def apply(plan, options):

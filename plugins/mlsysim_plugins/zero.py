@@ -31,8 +31,9 @@ def make_apply(stage):
 
 
 def ddp_buffers(plan, placement, options):
-    """Measured grade, plain data parallelism: PyTorch DDP's gradient buckets."""
-    return buffers.ddp_buckets(plan, placement)
+    """Measured grade, plain data parallelism: PyTorch DDP's gradient buckets, when the
+    gradients are all-reduced over more than one replica (this rule's group, dp x cp)."""
+    return buffers.ddp_buckets(plan, placement, plan.dp_size * plan.cp_size)
 
 
 def zero3_buffers(plan, placement, options):

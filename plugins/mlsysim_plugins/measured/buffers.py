@@ -25,17 +25,22 @@ def gathered_bytes(plan) -> int | float:
     return regime.gather or regime.weight
 
 
-def layer_parameters(plan) -> float:
-    """One decoder layer's matrix parameters on a rank, before data-parallel sharding."""
+def layer_parameters(plan, placement=None) -> float:
+    """One decoder layer's matrix parameters on a rank, as the rules split them (pass the
+    ``placement`` the rule's callable receives), before data-parallel sharding."""
     from .parallel import layer_parameters_on_rank
-    return layer_parameters_on_rank(plan)
+    return layer_parameters_on_rank(plan, placement)
 
 
 @cached_terms
-def ddp_buckets(plan, placement) -> list[MemoryTerm]:
-    """PyTorch DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False)."""
+def ddp_buckets(plan, placement, replicas: int | None = None) -> list[MemoryTerm]:
+    """PyTorch DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False),
+    when ``replicas`` (the ranks the gradient all-reduce spans: the data-parallel rule's group;
+    by default the layout's dp x cp ranks) is more than one."""
     regime = plan.profile_options.regime
-    if plan.dp_size * plan.cp_size == 1 or not regime.gradient:
+    if replicas is None:
+        replicas = plan.dp_size * plan.cp_size      # the layout's data-parallel group (the collective's span)
+    if replicas == 1 or not regime.gradient:
         return []
     params = placement.trainable_parameters_per_rank
     return [MemoryTerm(
@@ -50,12 +55,12 @@ def layer_gather(plan, placement) -> list[MemoryTerm]:
     reduce-scatter its unsharded gradients during its backward."""
     if placement.weight_shards == 1:
         return []
-    return _layer_gather(plan)
+    return _layer_gather(plan, placement)
 
 
-def _layer_gather(plan) -> list[MemoryTerm]:
+def _layer_gather(plan, placement) -> list[MemoryTerm]:
     regime = plan.profile_options.regime
-    layer, gathered = layer_parameters(plan), gathered_bytes(plan)
+    layer, gathered = layer_parameters(plan, placement), gathered_bytes(plan)
     return [
         MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
                    nbytes=layer * gathered, phases=(FORWARD, BACKWARD),
@@ -74,7 +79,7 @@ def fsdp_root(plan, placement) -> list[MemoryTerm]:
         return []
     from .shapes import shape_of
     shape = shape_of(plan)
-    root = shape.embedding_parameters * (1 if shape.tied else 2) / plan.tp_size + shape.hidden
+    root = shape.embedding_parameters * (1 if shape.tied else 2) / placement.tensor_shards + shape.hidden
     gathered = gathered_bytes(plan)
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="root group unsharded (embedding, LM head, final norm)",
@@ -99,15 +104,16 @@ def kept_unsharded(plan, placement) -> list[MemoryTerm]:
 @cached_terms
 def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
     """The dispatch and combine buffers of the experts' all-to-all."""
-    if plan.ep_size == 1:
+    if placement.expert_shards == 1:
         return []
+    from .parallel import residual_shards
     from .shapes import shape_of
     shape = shape_of(plan)
-    o, t = plan.profile_options, plan.tp_size
-    tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
+    o = plan.profile_options
+    tokens = plan.microbatch * plan.seq_len / placement.sequence_shards / residual_shards(placement)
     cf = o.moe_capacity_factor or 1.0
     from .routing import imbalance_factor
-    f = imbalance_factor(plan)       # the busiest rank receives f x its share (it sends its own copies)
+    f = imbalance_factor(plan, placement)       # the busiest rank receives f x its share (it sends its own copies)
     nbytes = (1 + f) * tokens * shape.top_k * shape.hidden * o.regime.compute * cf
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="expert all-to-all dispatch + combine buffers", nbytes=nbytes,
@@ -124,9 +130,9 @@ def offload_staging(plan, placement) -> list[MemoryTerm]:
     offloaded = dict(plan.profile_options.offload)
     terms = []
     if "parameters" in offloaded and placement.weight_shards == 1:
-        terms += _layer_gather(plan)
+        terms += _layer_gather(plan, placement)
     if "gradients" in offloaded:
-        regime, layer = plan.profile_options.regime, layer_parameters(plan)
+        regime, layer = plan.profile_options.regime, layer_parameters(plan, placement)
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="gradient offload staging (one layer)",
             nbytes=layer * (regime.gradient or 4), phases=(BACKWARD, BACKWARD_END),

@@ -277,7 +277,7 @@ def transformer_engine_terms(plan, placement) -> list[MemoryTerm]:
     from .shapes import shape_of
     s = shape_of(plan)
     L = placement.layers_per_stage
-    t = plan.tp_size
+    t = placement.tensor_shards
     matrices = sum(w.elements for w in s.layer_weights() if not w.bias and w.name not in ("router",)) / t
     history = 1024 * (3 + 2) * 4 + (3 + 2) * 4
     return [

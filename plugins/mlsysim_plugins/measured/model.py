@@ -20,6 +20,7 @@ from mlsysim_core.memo import memoize
 from ._cache import cached_terms
 from .kernels import kernel_of
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
+from .parallel import expert_tensor_shards, gradient_divisor, residual_shards, weight_divisor
 from .shapes import ModelShape, shape_of
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
@@ -40,12 +41,21 @@ class Context:
     layers: int          # decoder layers on this rank
     shards: int          # activation shards (tensor/sequence parallelism)
     regime: object
+    # What the selected rules split (their placement), never plan.tp_size and friends:
+    tensor: int = 1          # each weight matrix's split (tensor parallelism)
+    sequence: int = 1        # the sequence's split (context parallelism)
+    residual: int = 1        # the residual stream's split over the tensor-parallel ranks (sequence parallelism)
+    experts: int = 1         # the routed experts' split (expert parallelism)
+    expert_tensor: int = 1   # each expert's matrices' split (expert_tp_size, else the tensor split)
 
 
 def context(plan, placement) -> Context:
     shape = shape_of(plan)
     return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,
-                   layers=placement.layers_per_stage, shards=placement.activation_shards, regime=plan.profile_options.regime)
+                   layers=placement.layers_per_stage, shards=placement.activation_shards,
+                   regime=plan.profile_options.regime, tensor=placement.tensor_shards,
+                   sequence=placement.sequence_shards, residual=residual_shards(placement),
+                   experts=placement.expert_shards, expert_tensor=expert_tensor_shards(plan, placement))
 
 
 def layer_bytes(plan, ctx: Context):
@@ -68,10 +78,10 @@ def layer_bytes(plan, ctx: Context):
         # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
         parts = tuple(attrs.evolve(p, nbytes=p.nbytes * cf) if p.split == EXPERTS else p for p in lb.parts)
         lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
-    elif plan.rank is not None and plan.ep_size > 1:
+    elif plan.rank is not None and ctx.experts > 1:
         # Dropless routing: the busiest expert-parallel rank computes more than the mean T x k copies.
         from .routing import imbalance_factor
-        f = imbalance_factor(plan)
+        f = imbalance_factor(plan, ctx)
         if f != 1.0:
             parts = tuple(attrs.evolve(p, nbytes=p.nbytes * f) if p.split == EXPERTS else p for p in lb.parts)
             lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
@@ -102,7 +112,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
         return lora.weight_terms(plan, placement)
     regime = plan.profile_options.regime
     shape = shape_of(plan)
-    params = placement.parameters_per_rank / placement.weight_shards
+    params = placement.parameters_per_rank / weight_divisor(placement)
     terms = [MemoryTerm(component=WEIGHTS, label=f"parameters ({regime.name}, {regime.weight} B)",
                         nbytes=params * regime.weight, phases=ALL,
                         formula=f"{_n(params)} params/rank x {regime.weight} B")]
@@ -133,7 +143,7 @@ def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[M
         return []
     if regime.main_grad and not regime.gradient:
         return []   # accumulated straight into the fp32 main-grad buffer (optimizer state)
-    params = placement.trainable_parameters_per_rank / placement.gradient_shards
+    params = placement.trainable_parameters_per_rank / gradient_divisor(placement)
     per_parameter = params / plan.model.parameters       # this rank's share of each parameter
     shape = shape_of(plan)
     # The embedding's gradient is the backward's last: while it is computed it is a
@@ -181,11 +191,11 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     h, V = shape.hidden, shape.vocab
     rank = plan.rank
     first, last, n = (True, True, 1) if rank is None else (rank.first, rank.last, rank.in_flight)
-    t, cp = plan.tp_size, plan.cp_size
+    t, cp = ctx.tensor, ctx.sequence
     seq = ctx.shards                                  # the residual stream's split: cp x (tp with SP)
     # PyTorch's loss_parallel keeps the logits sharded over the vocabulary, as Megatron's does.
     loss_parallel = bool(plan.profile_options.loss_parallel) and t > 1 and not megatron(regime)
-    dtensor_sp = plan.sequence_parallel and t > 1 and not megatron(regime)
+    dtensor_sp = ctx.residual != 1 and not megatron(regime)
     vocab = (t if megatron(regime) or loss_parallel else 1) * cp
     c = regime.compute
     kind = _regime_kind(regime)
@@ -256,7 +266,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            nbytes=2 * shape.embedding_parameters / t, phases=SAVED,
                            formula=f"{_n(shape.embedding_parameters / t)} params x 2 B (saved by the LM head matmul)"))
         layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
-        share = ctx.layers / shape.layers / placement.weight_shards / t
+        share = ctx.layers / shape.layers / weight_divisor(placement) / t
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
                        nbytes=2 * layer_params * share, phases=(FORWARD,) if recompute else SAVED,
                        formula=f"{_n(layer_params * share)} matmul params x 2 B"

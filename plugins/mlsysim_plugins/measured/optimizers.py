@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
 from ._cache import cached_terms
+from .parallel import optimizer_state_divisor
 from .shapes import shape_of
 
 IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
@@ -32,8 +33,8 @@ def _fmt(x) -> str:
 def _scale(plan, placement) -> float:
     """The share of ``trainable_tensors(plan)`` one rank holds state for."""
     if plan.profile_options.lora is not None:     # the adapters themselves
-        return 1 / placement.optimizer_state_shards
-    return placement.trainable_parameters_per_rank / plan.model.parameters / placement.optimizer_state_shards
+        return 1 / optimizer_state_divisor(placement)
+    return placement.trainable_parameters_per_rank / plan.model.parameters / optimizer_state_divisor(placement)
 
 
 tensor_share = _scale
@@ -53,7 +54,7 @@ def master_terms(plan, placement) -> list[MemoryTerm]:
     """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
     regime = plan.profile_options.regime
     terms = []
-    params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+    params = placement.trainable_parameters_per_rank / optimizer_state_divisor(placement)
     if regime.master:
         terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="fp32 master weights", phases=STEADY,
                                 nbytes=params * regime.master,
@@ -70,7 +71,7 @@ def moment_terms(plan, placement, name: str, moments: int, *, step_counters: boo
     """``moments`` parameter-shaped buffers in the regime's state dtype (Adam: 2, SGD with
     momentum and Lion: 1), plus Adam's 4-byte fp32 ``step`` tensor per parameter tensor."""
     b = plan.profile_options.regime.state
-    params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+    params = placement.trainable_parameters_per_rank / optimizer_state_divisor(placement)
     terms = master_terms(plan, placement)
     if moments:
         terms.append(MemoryTerm(
@@ -102,7 +103,7 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
     if impl == "fused" or (impl == "foreach" and not foreach):
         return []
     if impl == "foreach":
-        params = placement.trainable_parameters_per_rank / placement.optimizer_state_shards
+        params = placement.trainable_parameters_per_rank / optimizer_state_divisor(placement)
         return [MemoryTerm(
             component=OPTIMIZER_STATE, label=f"{name} foreach step temporaries", phases=(OPTIMIZER_STEP,),
             nbytes=params * foreach * b,

@@ -3,6 +3,13 @@
 A parallel layout's ranks are not alike: the first pipeline stage holds the embedding and
 the most micro-batches in flight, the last one the LM head and the loss. This module
 checks the layout options, names the distinct rank classes and solves each one.
+
+The split itself is the selected rules' (``Placement``: ``tensor_shards``, ``sequence_shards``,
+``expert_shards``, ``pipeline_stages``, the activation and state shard factors): a rank class
+selects a stage of that placement and adds what is in flight; nothing here recounts the
+split from ``plan.tp_size`` and friends. What still reads the layout's sizes reads the
+devices themselves (how many ranks a class has, which collectives exist at all, how the
+expert ranks are carved out of a stage's devices), each saying so.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import attrs
 from mlsysim_core.memo import memoize
 
 from mlsysim_core import _checks
+from mlsysim_core.plan import Placement
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, LayoutError
 from ._cache import cached_terms
 
@@ -45,6 +53,9 @@ def layout_options(plan, schedules=None):
     if plan.model.is_sparse and plan.model.experts % plan.ep_size:
         raise LayoutError("ep_size", plan.ep_size, f"a divisor of the model's {plan.model.experts} experts",
                           "expert parallelism places the same number of experts on every rank")
+    # (The layout checks below are about the devices: tp must divide the heads and ep the experts
+    # for the layout the user asked for, and expert_tp x ep ranks are carved out of the tp x cp x dp
+    # devices of a stage; what the rules split is priced from their placement.)
     etp = plan.tp_size if expert_tp_size is None else _checks.count("expert_tp_size", expert_tp_size)
     if expert_tp_size is not None and not plan.model.is_sparse:      # never silently ignored
         raise LayoutError("expert_tp_size", expert_tp_size, "None for a dense model",
@@ -79,7 +90,8 @@ def layout_options(plan, schedules=None):
                           f"{v} model chunks per stage, or set virtual_stages",
                           f"{layers} layers in {p} x {v} chunks")
     return attrs.evolve(plan, profile_options=attrs.evolve(o, pipeline_schedule=schedule, virtual_stages=v,
-                                                           expert_tp_size=etp, stage_layers=layers,
+                                                           expert_tp_size=None if expert_tp_size is None else etp,
+                                                           stage_layers=layers,
                                                            offload=_offload(offload)))
 
 
@@ -218,37 +230,100 @@ class RankClass:
     ranks: int                     # devices in this class
 
     def place(self, plan, placement):
-        """This rank's own placement: its parameters (by group) and its data-parallel shards."""
-        groups = rank_parameters(plan, self)
+        """This rank's own placement, a stage of the rules' one: its parameters (by group) and
+        layers. The rules' shard factors stay as they are (integers); on a mixture-of-experts
+        rank the experts' states shard over their own data-parallel group, so the divisor of
+        the rank's parameters is a weighted one (``RankPlacement``, read with ``divisor``)."""
+        groups = rank_parameters(plan, self, placement)
         dense, experts = groups["dense"], groups["experts"]
         total = dense + experts
-        edp = expert_data_parallel(plan)
+        if not experts:
+            return attrs.evolve(placement, parameters_per_rank=total,
+                                trainable_parameters_per_rank=total * plan.trainable_fraction,
+                                layers_per_stage=self.layers)
+        edp = expert_data_parallel(plan, placement)
+        # A rule sharding over the whole data-parallel group of a stage (the dp x cp ranks the
+        # ZeRO/FSDP collectives span: the layout's devices) shards the experts over the whole
+        # expert-data-parallel group; a smaller group (HSDP) at most over that.
+        whole = plan.dp_size * plan.cp_size
 
         def effective(factor):
-            if factor == 1 or not experts:
+            if factor == 1:
                 return factor
-            expert_factor = edp if factor == plan.dp_size * plan.cp_size else min(factor, edp)
+            expert_factor = edp if factor == whole else min(factor, edp)
             return total / (dense / factor + experts / expert_factor)
 
-        return attrs.evolve(
-            placement, parameters_per_rank=total, trainable_parameters_per_rank=total * plan.trainable_fraction,
-            layers_per_stage=self.layers, weight_shards=effective(placement.weight_shards),
-            gradient_shards=effective(placement.gradient_shards),
-            optimizer_state_shards=effective(placement.optimizer_state_shards))
+        return RankPlacement(
+            **{f.name: getattr(placement, f.name) for f in attrs.fields(type(placement))
+               if f.name in _PLACEMENT_FIELDS},
+            parameters_per_rank=total, trainable_parameters_per_rank=total * plan.trainable_fraction,
+            layers_per_stage=self.layers, weight_divisor=effective(placement.weight_shards),
+            gradient_divisor=effective(placement.gradient_shards),
+            optimizer_state_divisor=effective(placement.optimizer_state_shards))
 
 
-def expert_data_parallel(plan) -> int:
-    """Ranks that hold the same experts: the tp x cp x dp devices of a stage over expert_tp x ep."""
-    return max(1, plan.tp_size * plan.cp_size * plan.dp_size // ((plan.profile_options.expert_tp_size or plan.tp_size) * plan.ep_size))
+@attrs.frozen(kw_only=True, cache_hash=True)
+class RankPlacement(Placement):
+    """A mixture-of-experts rank's placement: the rules' (integer) factors unchanged, and what
+    the rank's parameters divide by, dense and expert groups weighted
+    (``dense + experts`` over ``dense / factor + experts / expert_factor``)."""
+
+    weight_divisor: float
+    gradient_divisor: float
+    optimizer_state_divisor: float
 
 
-def stage_layer_counts(plan) -> tuple[int, ...]:
-    """Decoder layers per stage: ``stage_layers`` as given, else an even split whose
-    remainder goes to the middle stages (then the last): the first stage already holds
-    the embedding and the most micro-batches in flight."""
-    if plan.profile_options.stage_layers is not None:
-        return plan.profile_options.stage_layers
-    p, L = plan.pp_size, plan.model.layers
+_PLACEMENT_FIELDS = frozenset(f.name for f in attrs.fields(Placement)) - {
+    "parameters_per_rank", "trainable_parameters_per_rank", "layers_per_stage"}
+
+
+def weight_divisor(placement):
+    """What this rank's parameters divide by for its weight bytes: the rules' ``weight_shards``,
+    or on a mixture-of-experts rank the weighted divisor (``RankPlacement``)."""
+    return placement.weight_divisor if type(placement) is RankPlacement else placement.weight_shards
+
+
+def gradient_divisor(placement):
+    """As ``weight_divisor``, for the gradients."""
+    return placement.gradient_divisor if type(placement) is RankPlacement else placement.gradient_shards
+
+
+def optimizer_state_divisor(placement):
+    """As ``weight_divisor``, for the optimizer state."""
+    return placement.optimizer_state_divisor if type(placement) is RankPlacement else placement.optimizer_state_shards
+
+
+def expert_tensor_shards(plan, placement) -> int:
+    """Ranks each expert's matrices are split over: ``expert_tp_size`` as given, else what the
+    rules split every matrix over (``placement.tensor_shards``)."""
+    return plan.profile_options.expert_tp_size or placement.tensor_shards
+
+
+def residual_shards(placement):
+    """The tensor-parallel ranks' split of the residual stream (sequence parallelism): the
+    rules' activation split beyond the sequence split (1 without sequence parallelism)."""
+    a, c = placement.activation_shards, placement.sequence_shards
+    return a // c if a % c == 0 else a / c
+
+
+def expert_data_parallel(plan, placement) -> int:
+    """Ranks that hold the same experts: the tp x cp x dp devices of a stage (the layout's) over
+    the ranks the rules split an expert over (expert_tp x ep)."""
+    return max(1, plan.tp_size * plan.cp_size * plan.dp_size
+               // (expert_tensor_shards(plan, placement) * placement.expert_shards))
+
+
+def stage_layer_counts(plan, stages: int) -> tuple[int, ...]:
+    """Decoder layers on each of the rules' ``stages`` pipeline stages: ``stage_layers`` as
+    given, else an even split whose remainder goes to the middle stages (then the last): the
+    first stage already holds the embedding and the most micro-batches in flight."""
+    given = plan.profile_options.stage_layers
+    if given is not None:
+        if len(given) != stages:
+            raise LayoutError("stage_layers", list(given), f"{stages} counts, one per pipeline stage of the "
+                              f"selected pipeline rule '{plan.rules.get('pp', 'pp')}'")
+        return given
+    p, L = stages, plan.model.layers
     counts = [L // p] * p
     order = list(range(1, p - 1)) + [p - 1, 0] if p > 2 else list(range(p - 1, -1, -1))
     for i in order[:L % p]:
@@ -267,13 +342,14 @@ def in_flight(schedule, p: int, stage: int, m: int, v: int = 1) -> float:
     return schedule.in_flight(p, stage, m, v)
 
 
-def rank_classes(plan) -> tuple[RankClass, ...]:
+def rank_classes(plan, placement) -> tuple[RankClass, ...]:
     """The distinct ranks of the layout: the first stage, the heaviest middle stages (those
     no other middle stage dominates in both layers and micro-batches in flight) and the last
-    stage. Every tp x cp x dp rank inside a stage is alike (experts split evenly)."""
-    p, m, v = plan.pp_size, plan.gradient_accumulation_steps, plan.profile_options.virtual_stages
-    counts = stage_layer_counts(plan)
-    width = plan.tp_size * plan.cp_size * plan.dp_size
+    stage of the rules' placement (``placement.pipeline_stages``). Every tp x cp x dp rank
+    inside a stage is alike (experts split evenly)."""
+    p, m, v = placement.pipeline_stages, plan.gradient_accumulation_steps, plan.profile_options.virtual_stages
+    counts = stage_layer_counts(plan, p)
+    width = plan.tp_size * plan.cp_size * plan.dp_size       # (the devices of one stage: RankClass.ranks)
     flight = [in_flight(plan.profile_options.pipeline_schedule, p, i, m, v) for i in range(p)]
     if p == 1:
         return (RankClass(name="every rank", stage=0, stages=(0,), layers=counts[0], in_flight=1, first=True,
@@ -302,12 +378,13 @@ def rank_classes(plan) -> tuple[RankClass, ...]:
 
 # --- parameters of one rank --------------------------------------------------------------
 
-def rank_parameters(plan, rank: RankClass) -> dict:
+def rank_parameters(plan, rank: RankClass, placement) -> dict:
     """``{"dense": ..., "experts": ...}``: the parameters one rank of this class holds
-    before data-parallel sharding (see ``_rank_parameters``; cached, do not modify)."""
+    before data-parallel sharding, as the rules split them (see ``_rank_parameters``;
+    cached, do not modify)."""
     from .families import family_of
-    return _rank_parameters(plan.model, family_of(plan), plan.tp_size, plan.ep_size,
-                            plan.profile_options.expert_tp_size or plan.tp_size, rank.layers, rank.first, rank.last)
+    return _rank_parameters(plan.model, family_of(plan), placement.tensor_shards, placement.expert_shards,
+                            expert_tensor_shards(plan, placement), rank.layers, rank.first, rank.last)
 
 
 @memoize
@@ -350,7 +427,8 @@ def _rank_parameters(model, family, t, e, etp, layers, first, last) -> dict:
 
 def is_parallel(plan) -> bool:
     """Does this measured-grade solve describe a parallel layout (rank classes, NCCL
-    communicators)? Every axis counts, context parallelism too."""
+    communicators)? Every axis counts, context parallelism too. (The layout's device
+    counts, not the rules' split: ranks that replicate everything still communicate.)"""
     return plan.tp_size * plan.cp_size * plan.pp_size * plan.dp_size * plan.ep_size > 1
 
 
@@ -364,9 +442,8 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     / cp (the sequence split). ``selective`` drops the parts ``recomputed_by_selective``."""
     from .layers import EXPERTS, REPLICATED, Part
     from .model import megatron
-    t, c = plan.tp_size, plan.cp_size
-    etp = plan.profile_options.expert_tp_size or t
-    sp = plan.sequence_parallel and t > 1
+    t, c, r, etp = ctx.tensor, ctx.sequence, ctx.residual, ctx.expert_tensor
+    sp = r != 1
     total = 0.0
     if sp and not megatron(plan.profile_options.regime):
         # PyTorch's sequence parallelism (DTensor, torchtitan's plan) keeps the all-gathered
@@ -380,11 +457,11 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
         if part.split == EXPERTS:
             total += part.nbytes / etp
         elif part.split == REPLICATED:
-            total += part.nbytes / (t if sp else 1)
+            total += part.nbytes / r
         else:
             total += part.nbytes / t
     if lb.output_saved_by_next:
-        total += lb.output / (t if sp else 1)
+        total += lb.output / r
     total /= c
     how = []
     if t > 1:
@@ -409,13 +486,13 @@ def rank_gradient_terms(plan, placement):
         return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
     from .model import megatron
     from .shapes import shape_of
-    params = placement.trainable_parameters_per_rank / placement.gradient_shards
+    params = placement.trainable_parameters_per_rank / gradient_divisor(placement)
     accumulating = plan.gradient_accumulation_steps > 1
     phases = ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP)
     terms = [MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)", nbytes=params * b,
                         phases=phases, formula=f"{params:,.0f} trainable params/rank x {b} B"
                         + (" (accumulated over micro-batches: alive throughout)" if accumulating else ""))]
-    t = plan.tp_size
+    t = placement.tensor_shards
     if plan.rank.first and t > 1 and not megatron(regime) and placement.gradient_shards == 1:
         # DTensor's row-sharded embedding receives its gradient as a full V x h tensor, and
         # it stays that way in .grad: every rank holds the whole embedding gradient.
@@ -447,11 +524,16 @@ def _layer_matrices_on_rank(shape, t, e, etp) -> tuple[float, float]:
     return dense, experts
 
 
-def layer_parameters_on_rank(plan) -> float:
-    """One decoder layer's matrix parameters on a rank (before data-parallel sharding)."""
+def layer_parameters_on_rank(plan, placement=None) -> float:
+    """One decoder layer's matrix parameters on a rank, as the rules split them (before
+    data-parallel sharding). Without ``placement`` (the form of plugin API 2.3 and earlier) the
+    layout's tp and ep sizes stand for the rules' split, as they did then."""
     from .shapes import shape_of
-    return sum(_layer_matrices_on_rank(shape_of(plan), plan.tp_size, plan.ep_size,
-                                       plan.profile_options.expert_tp_size or plan.tp_size))
+    if placement is None:
+        t = plan.tp_size
+        return sum(_layer_matrices_on_rank(shape_of(plan), t, plan.ep_size, plan.profile_options.expert_tp_size or t))
+    return sum(_layer_matrices_on_rank(shape_of(plan), placement.tensor_shards, placement.expert_shards,
+                                       expert_tensor_shards(plan, placement)))
 
 
 def offload_terms(plan, weights, gradients, optimizer_state):

@@ -42,10 +42,10 @@ def mlsysim_profiles():
                         sequence_parallel=False)]
 
 
-def _ranks(plan):
-    """The distinct ranks of a parallel layout (first, middle and last pipeline stages);
-    None for one device."""
-    return parallel.rank_classes(plan) if parallel.is_parallel(plan) else None
+def _ranks(plan, placement):
+    """The distinct ranks of a parallel layout (first, middle and last pipeline stages of the
+    rules' placement); None for one device."""
+    return parallel.rank_classes(plan, placement) if parallel.is_parallel(plan) else None
 
 
 def _offload(plan, weights, gradients, optimizer_state):
@@ -63,15 +63,16 @@ def mlsysim_weight_terms(plan, placement):
     return model.weight_terms(plan, placement)
 
 
-def _split_model(plan) -> bool:
-    """Is the model itself split (pipeline stages, tensor or context parallelism)? Data and
-    expert parallelism alone leave every rank the whole model's activations and loss."""
-    return plan.rank is not None and plan.pp_size * plan.tp_size * plan.cp_size > 1
+def _split_model(plan, placement) -> bool:
+    """Do the rules split the model itself (pipeline stages, tensor or context parallelism)?
+    Data and expert parallelism alone leave every rank the whole model's activations and loss."""
+    return plan.rank is not None and \
+        placement.pipeline_stages * placement.tensor_shards * placement.sequence_shards > 1
 
 
 @hookimpl
 def mlsysim_gradient_terms(plan, placement):
-    if _split_model(plan):     # a parallel layout: this rank's own stage
+    if _split_model(plan, placement):     # a parallel layout: this rank's own stage
         return parallel.rank_gradient_terms(plan, placement)
     return model.gradient_terms(plan, placement, first_layer_late=_recomputes(plan))
 

@@ -72,16 +72,26 @@ def imbalance_value(value) -> float | str:
     return float(value)
 
 
-def imbalance_factor(plan) -> float:
-    """The factor the busiest rank's expert load carries for a prepared plan (1: balanced)."""
+def imbalance_factor(plan, split=None) -> float:
+    """The factor the busiest rank's expert load carries for a prepared plan (1: balanced).
+    ``split``: what the rules split (a ``Placement``, or the activation formulas' ``Context``);
+    ``None`` only for the note ``prepare`` writes before any rule has run, which reads the
+    layout's sizes."""
     o = plan.profile_options
     value = getattr(o, "moe_routing_imbalance", None)
-    if value is None or plan.ep_size == 1:
+    if split is None:
+        t = plan.tp_size
+        e, c, r = plan.ep_size, plan.cp_size, t if plan.sequence_parallel and t > 1 else 1
+    elif hasattr(split, "expert_shards"):
+        from .parallel import residual_shards
+        e, c, r = split.expert_shards, split.sequence_shards, residual_shards(split)
+    else:
+        e, c, r = split.experts, split.sequence, split.residual
+    if value is None or e == 1:
         return 1.0
     if value != UNIFORM:
         return float(value)
     from .shapes import shape_of
     shape = shape_of(plan)
-    t = plan.tp_size
-    tokens = plan.microbatch * plan.seq_len / plan.cp_size / (t if plan.sequence_parallel and t > 1 else 1)
-    return uniform_imbalance(tokens, shape.top_k, shape.experts, plan.ep_size)
+    tokens = plan.microbatch * plan.seq_len / c / r
+    return uniform_imbalance(tokens, shape.top_k, shape.experts, e)

@@ -522,7 +522,7 @@ def _adjust(kind, plan, placement, terms):
         if t.label == "RoPE frequency buffers":
             t = attrs.evolve(t, nbytes=4 * z.rope, formula=f"2 x qk_rope_head_dim/2 = {z.rope // 2} x 4 B (fp32)")
         elif t.label == "RoPE cos/sin tables":
-            cp = plan.cp_size
+            cp = placement.sequence_shards
             if z.v3:
                 b = 4 if plan.profile_options.regime.residual == 4 else 2
                 nbytes, formula = 2 * plan.seq_len * z.rope * b, f"cos, sin: 2 x s x qk_rope_head_dim x {b} B"

@@ -313,11 +313,11 @@ def _assumptions(version):
 
 # --- outside the layers ----------------------------------------------------------------------------------
 
-def checkpointed_masks(plan, *, eager: bool, layer_types: int, masked: bool, s: int) -> list[MemoryTerm]:
+def checkpointed_masks(plan, placement, *, eager: bool, layer_types: int, masked: bool, s: int) -> list[MemoryTerm]:
     """The attention masks full checkpointing keeps as the checkpointed layers' inputs: ``eager``'s
     additive masks, one per layer type, in the embeddings' dtype; else, where the sliding layers are
     ``masked`` (past the window), SDPA's bool mask (b x s x s)."""
-    b, cp = plan.microbatch, plan.cp_size
+    b, cp = plan.microbatch, placement.sequence_shards
     if eager:
         r = plan.profile_options.regime.residual
         return [MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpoints)",
@@ -354,7 +354,7 @@ def _adjust(version):
         T, s, V, h = ctx.tokens, ctx.seq_len, shape.vocab, shape.hidden
         rank = plan.rank
         last = True if rank is None else rank.last
-        cp = plan.cp_size
+        cp = ctx.sequence
         c = regime.compute
         b = plan.microbatch
         sliding = _sliding_layers(model) if version > 1 else 0
@@ -368,7 +368,7 @@ def _adjust(version):
             # additive masks in the embeddings' dtype, one per layer type (full and sliding); SDPA only
             # the sliding layers' bool mask, past the window.
             window = _fact(model, "sliding_window")
-            terms += checkpointed_masks(plan, eager=kernel_of(plan).eager or version == 2,
+            terms += checkpointed_masks(plan, placement, eager=kernel_of(plan).eager or version == 2,
                                         layer_types=2 if 0 < sliding < model.layers else 1,
                                         masked=bool(sliding and window and s >= window), s=s)
             terms = _tied_partials_after_recompute(plan, placement, shape, terms)

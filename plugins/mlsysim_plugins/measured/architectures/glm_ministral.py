@@ -422,7 +422,7 @@ def _ministral_adjust(kind, plan, placement, terms):
     ctx = context(plan, placement)
     s = ctx.seq_len
     window, n = sliding(plan.model)
-    return terms + checkpointed_masks(plan, eager=kernel_of(plan).eager,
+    return terms + checkpointed_masks(plan, placement, eager=kernel_of(plan).eager,
                                       layer_types=2 if 0 < n < plan.model.layers else 1,
                                       masked=bool(n and window and s >= window), s=s)
 

@@ -442,7 +442,7 @@ def adjust_terms(kind, plan, placement, terms):
     s = spec_of(plan.model)
     out = list(terms)
     if s.arch == "llama4_text":
-        cp = plan.cp_size
+        cp = placement.sequence_shards
         out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", nbytes=4 * plan.seq_len * s.head_dim / cp,
                             formula="s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
                if t.label == "RoPE cos/sin tables" else t for t in out]

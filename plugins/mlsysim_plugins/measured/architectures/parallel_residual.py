@@ -337,7 +337,7 @@ def falcon_adjust(kind, plan, placement, terms):
         return terms
     b = 4 if regime == "fp32" else 2
     s = plan.seq_len
-    nbytes = b * plan.microbatch * s * s / plan.cp_size
+    nbytes = b * plan.microbatch * s * s / placement.sequence_shards
     return list(terms) + [MemoryTerm(
         component=ACTIVATIONS, label="causal mask (materialized; saved by the fused SDPA)", nbytes=nbytes,
         phases=(FORWARD, BACKWARD), formula=f"b x 1 x s x s x {b} B = {plan.microbatch} x {s}^2 x {b}")]
