@@ -141,6 +141,7 @@ def reports():
         return dict(zip(PAGES, pool.map(doc_outputs.process, PAGES)))
 
 
+@pytest.mark.long     # every page's commands run (about 45 s on one core): `pytest --long`, .ci/run
 @pytest.mark.parametrize("path", PAGES, ids=[doc_outputs.shown_name(p) for p in PAGES])
 def test_the_page_shows_what_its_commands_print(path, reports):
     report = reports[path]

@@ -140,6 +140,7 @@ def test_api_reference_covers_the_public_names():
 
 @pytest.mark.skipif(not _have("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"),
                     reason='the docs tools are not installed: pip install -e ".[docs]"')
+@pytest.mark.long     # a whole mkdocs build (seconds): `pytest --long`, .ci/run (which also builds the site)
 def test_site_builds_strictly(tmp_path):
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],

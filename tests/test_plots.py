@@ -16,6 +16,9 @@ from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.scenario import Scenario
 from mlsysim_core import plots
 
+# Long (about 25 s: sweeps and matplotlib renderings): `pytest --long` and .ci/run run them.
+pytestmark = pytest.mark.long
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -17,6 +17,7 @@ def plain():
     return search.search_plans("llama3-8b", "h100", **KW)
 
 
+@pytest.mark.long     # five whole searches (about 7 s): `pytest --long` and .ci/run
 @pytest.mark.parametrize("headroom,margin", [("10GiB", 10 * 2**30), ("8 GB", 8e9), ("25%", CAPACITY / 4),
                                              (2**33, 2**33), ("0B", 0)])
 def test_the_margin_is_kept_free_and_nothing_else_changes(plain, headroom, margin):

@@ -9,6 +9,9 @@ from mlsysim_core import TrainingMemoryModel, memo, search
 from mlsysim_core.catalog import get_hardware, get_model
 from mlsysim_core.errors import InvalidInputError
 
+# Long (about 13 s: whole searches, each layout solved again): `pytest --long` and .ci/run run them.
+pytestmark = pytest.mark.long
+
 MODEL, GPU = "mixtral-8x7b", "h100"
 ARGS = dict(devices=16, global_batch=8, seq_len=1024, profile="measured", checkpointing=["full", "selective"],
             data_parallel=["fsdp", "zero1", "hsdp"], assume_monotone=False)
