@@ -251,6 +251,17 @@ def _parallel_cases() -> list[Case]:
 
 
 @functools.lru_cache(maxsize=None)
+def _family_parallel_cases() -> tuple[Case, ...]:
+    """Each catalog model of MODELS split over 4 ranks (tp2 dp2 ZeRO-3, or ep2 dp2 with experts),
+    measured: compared for the families only (the rest have the layouts above)."""
+    out = []
+    for m in MODELS:
+        layout = dict(ep_size=2, dp_size=2) if get_model(m).is_sparse else dict(tp_size=2, dp_size=2, zero_stage=3)
+        out.append(Case(f"{m}-4ranks", m, "h100", 8, 2048, dict(profile="measured", precision="bf16", **layout)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
 def _all_cases() -> tuple[Case, ...]:
     return (*_grid_cases(), *_single_cases(), *_family_run_cases(), *_parallel_cases())
 
@@ -290,6 +301,8 @@ def _cases_for(kind: str, name: str) -> list[tuple[Case, dict, dict]]:
         else:
             continue
         out.append((case, {**kw, **pair[0]}, {**kw, **pair[1]}))
+    if kind == "family":
+        out += [(case, case.kwargs, case.kwargs) for case in _family_parallel_cases() if _claims(name, case)]
     return out
 
 
