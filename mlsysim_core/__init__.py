@@ -28,7 +28,9 @@ __version__ = "0.1.0"
 # 1.2: the backward_end phase, runtime_overheads and its hook, measured-grade spec callables,
 # ProfileSpec.grade. 2.0: profiles own their options and hooks (ProfileSpec.options_type, prepare,
 # ranks, relocate; mlsysim_addhooks; measured_buffer_terms; TrainingPlan.profile_options, rank, notes).
-PLUGIN_API_VERSION = (2, 3)
+# 2.4: profiles declare what they do (ProfileSpec.callables, checks_layouts, exact_batch, sequence_limit,
+# solve_cost); ProfileSpec.grade deprecated.
+PLUGIN_API_VERSION = (2, 4)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",

@@ -989,10 +989,11 @@ def _varied_bars(args, solver, scenario, out):
     for s in scenarios:
         check_global_batch(s, _batch_given(args) or args.vary == "batch_size")
     if args.vary == "profile":
+        from .inputs import options_fields
         results, kept = [], []
         for s, label in zip(scenarios, labels):
             spec = solver.registry.profiles.get(s.profile) if isinstance(s.profile, str) else None
-            if spec is not None and spec.grade != "measured":     # none of the measured-only options
+            if spec is not None and not set(s.profile_options) <= set(options_fields(spec)):   # it lacks some
                 plain, said = reference_stand_in(s, solver.registry)
                 if said:
                     out.write(f"note: {label}: {said} (the {s.profile} profile has none of the measured-profile "

@@ -226,12 +226,12 @@ def longest_sequence(model, hardware, batch_size, *, solver: TrainingMemoryModel
 
 
 def _position_rows(solver: TrainingMemoryModel, model, profile) -> int | None:
-    """The rows of the model's learned position table when the profile is measured grade (it
-    refuses longer sequences), else None."""
+    """The longest sequence the profile accepts for the model, as it declares it
+    (``ProfileSpec.sequence_limit``: the measured profile's learned position table), else None."""
     registry = solver.registry
     spec = registry.profiles.get(profile if profile is not None else solver._profile) \
         if isinstance(profile, (str, type(None))) else None
-    if spec is None or spec.grade != "measured":
+    if spec is None or spec.sequence_limit is None:
         return None
     if isinstance(model, str):
         from .catalog import get_model
@@ -239,8 +239,7 @@ def _position_rows(solver: TrainingMemoryModel, model, profile) -> int | None:
     from .types import TransformerWorkload
     if not isinstance(model, TransformerWorkload):
         return None     # (solve says what is wrong with it)
-    from mlsysim_plugins.measured.shapes import position_table_rows
-    return position_table_rows(model)
+    return spec.sequence_limit(model)
 
 
 def refuses_dp(err: LayoutError) -> bool:
@@ -260,9 +259,9 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
     micro-batch shrinks). ``batch_size`` is the global batch; with ``powers_of_two`` only
     dp = 1, 2, 4, ... is tried. ``ep_size`` must divide dp. With ``exact_batch`` only a dp
     whose replicas take whole micro-batches (``batch_size`` a multiple of dp x
-    gradient_accumulation_steps) is tried; the default is exact under a measured-grade
-    profile, which never rounds the micro-batch, and rounding as the reference does under
-    the others."""
+    gradient_accumulation_steps) is tried; the default is what the profile declares
+    (``ProfileSpec.exact_batch``: the measured profile never rounds the micro-batch; the
+    reference rounds)."""
     for name in ("dp_size",):
         if name in solve_kwargs:
             raise InvalidInputError(name, solve_kwargs[name], "not given: it is what is searched")
@@ -283,7 +282,7 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
                                 "must divide)" if powers_of_two else f"at most {MAX_DP}")
     if exact_batch is None:
         spec = solver.registry.profiles.get(solve_kwargs.get("profile") or solver._profile)
-        exact_batch = spec is not None and spec.grade == "measured"
+        exact_batch = spec is not None and spec.exact_batch
     gas = solve_kwargs.get("gradient_accumulation_steps", 1)
     if exact_batch and type(batch_size) is int and type(gas) is int and gas >= 1:
         steps = [d for d in steps if batch_size % (d * gas) == 0]

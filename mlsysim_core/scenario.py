@@ -204,10 +204,9 @@ class Scenario:
         o = self.profile_options
         regime = getattr(result, "regime", None) or o.get("regime")
         if regime is not None:
-            from mlsysim_plugins.measured.regimes import REGIMES
             details["regime"] = regime
             details["regime_source"] = "regime" if "regime" in o else "precision"
-            spec = REGIMES.get(regime)
+            spec = _registered_regime(regime)       # (the profile's regimes, through the registry)
             if spec is not None:
                 details["regime_description"] = spec.description
         if "lora" in o:

@@ -37,8 +37,8 @@ built-in plugin, so once a micro-batch does not fit, the larger ones of the same
 are counted as not fitting without solving them (``assume_monotone=False`` solves them
 all). Every layout reported as fitting was solved.
 
-**Workers**: a large search (``PARALLEL_MIN`` candidates or more, ``PARALLEL_MIN_MEASURED``
-under a measured-grade profile, or ``workers=N``) is
+**Workers**: a large search (``PARALLEL_MIN`` candidates or more, divided by the profile's
+declared ``solve_cost``: 500 under the measured profile; or ``workers=N``) is
 evaluated in chunks of whole layouts by forked worker processes, each running the same
 plugin pipeline; rows are merged in enumeration order, so the result (counts, fits, the
 front) is the in-process one, field for field. ``workers=1`` evaluates in-process, which
@@ -396,7 +396,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     fig = steptime.model_figures(model)
     hw = steptime.hardware_figures(hardware, flops=flops, intra=tp_bandwidth, inter=network_bandwidth)
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
-    measured = registry.profiles[profile].grade == "measured"
+    measured = registry.profiles[profile].checks_layouts    # (declared: it refuses runs it cannot describe)
     options = {name: value for name, value in (
         ("regime", regime), ("optimizer_impl", optimizer_impl), ("attention", attention), ("dropout", dropout),
         ("runtime_overheads", runtime_overheads), ("lora", lora), ("pipeline_schedule", pipeline_schedule))
@@ -469,8 +469,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
-    run = _run_details(first, profile=profile, measured=measured, precision=precision, optimizer=optimizer,
-                       options=options, model=model, trainable_fraction=trainable_fraction,
+    run = _run_details(first, registry=registry, profile=profile, measured=measured, precision=precision,
+                       optimizer=optimizer, options=options, model=model, trainable_fraction=trainable_fraction,
                        communication_buffer_fraction=communication_buffer_fraction, strategies=strategies,
                        checkpointing=checkpointing, left_out=left_out, dp_rules=dp_rules,
                        data_parallel=data_parallel, cp_allowed=cp_allowed, sequence_parallel=sequence_parallel,
@@ -493,7 +493,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                             sequence_parallel, _one_rank_rules(dp_rules, installed_rules),
                             None if allow_cross_node_tp else node)
         total = sum(len(g[-1]) for g in groups)
-        pool_size = _pool_size(workers, total, measured)
+        pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
         found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
         if found is not None:
             fits, solves, done = found
@@ -578,7 +578,7 @@ def _jsonable(value):
     return value
 
 
-def _run_details(result, *, profile, measured, precision, optimizer, options, model, trainable_fraction,
+def _run_details(result, *, registry, profile, measured, precision, optimizer, options, model, trainable_fraction,
                  communication_buffer_fraction, strategies, checkpointing, left_out, dp_rules, data_parallel,
                  cp_allowed, sequence_parallel, max_tp) -> dict:
     """What changes the numbers beside the layout, the same for every layout (``PlanSearch.run``)."""
@@ -586,10 +586,10 @@ def _run_details(result, *, profile, measured, precision, optimizer, options, mo
     regime = getattr(result, "regime", None)
     if measured:
         if regime is not None:
-            from mlsysim_plugins.measured.regimes import REGIMES
+            from .scenario import _registered_regime
             run["regime"] = regime
             run["regime_source"] = "regime" if options.get("regime") is not None else "precision"
-            spec = REGIMES.get(regime)
+            spec = _registered_regime(regime, registry)
             if spec is not None:
                 run["regime_description"] = spec.description
         run["optimizer_impl"] = options.get("optimizer_impl") or "foreach"
@@ -753,7 +753,6 @@ def _cannot_describe(err: InvalidInputError) -> bool:
 # plugin pipeline, every selected plugin called, in its own copy of this process), and the
 # rows are merged in enumeration order: the result is the in-process one, field for field.
 PARALLEL_MIN = 8000      # candidates; below this, starting the workers costs more than it saves
-PARALLEL_MIN_MEASURED = 500   # the same under a measured-grade profile (a solve there costs ~30 x more)
 _CHUNKS_PER_WORKER = 16  # more chunks: finer progress and load balance; fewer: less overhead
 _JOB = None              # (groups, context) while a pool runs: forked workers inherit it
 
@@ -765,15 +764,15 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _pool_size(workers, total: int, measured: bool = False) -> int:
+def _pool_size(workers, total: int, solve_cost: float = 1.0) -> int:
     """How many worker processes: ``workers`` when given (1: in-process), else the CPUs this
-    process may use when the search has at least PARALLEL_MIN candidates (PARALLEL_MIN_MEASURED
-    under a measured-grade profile)."""
+    process may use when the search has at least PARALLEL_MIN candidates, divided by the
+    profile's declared ``solve_cost`` (the measured profile's 16: 500)."""
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidInputError("workers", workers, "a positive integer (1: in-process) or None (automatic)")
         return workers
-    return _usable_cpus() if total >= (PARALLEL_MIN_MEASURED if measured else PARALLEL_MIN) else 1
+    return _usable_cpus() if total >= PARALLEL_MIN / solve_cost else 1
 
 
 def _evaluate_chunk(bounds: tuple[int, int]):

@@ -169,23 +169,23 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
             f"profile '{profile}' ({info.source}) needs plugin(s) {', '.join(missing)}, which "
             "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
             plugin=info.name, source=info.source, hook="mlsysim_profiles")
-    measured = spec.grade == "measured"
+    callables = spec.callables      # which callable of each spec the profile calls (it declares them)
     chosen = []
     for kind, name, parameter, table, field in (
-            (OPTIMIZER, optimizer, "optimizer", registry.optimizers,
-             "measured_state_terms" if measured else "state_terms"),
+            (OPTIMIZER, optimizer, "optimizer", registry.optimizers, callables["optimizer"]),
             (CHECKPOINTING, checkpointing, "activation_checkpointing", registry.checkpointing,
-             "measured_activation_terms" if measured else "activation_terms")):
+             callables["checkpointing"])):
         function = getattr(table[name], field)
         if function is None:
             usable = sorted(n for n, s in table.items() if getattr(s, field) is not None)
-            raise NotModelledError(parameter, name, f"one with a measured-grade model under profile {profile!r}: "
+            raise NotModelledError(parameter, name, f"one with a {field} callable under profile {profile!r}: "
                                    f"{', '.join(usable)}", f"{registry.providers[(kind, name)].describe()} gives "
                                    f"no {field}; profile='reference' accepts it")
         chosen.append((registry.providers[(kind, name)], function, f"{kind} '{name}' {field}"))
     rule_specs = [(axis, registry.sharding_rules[rules[axis]]) for axis in AXES]
     rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _takes_split(s.apply),
-                        s.measured_buffer_terms if measured else None, f"sharding rule '{s.name}' apply")
+                        getattr(s, callables["sharding"]) if callables["sharding"] else None,
+                        f"sharding rule '{s.name}' apply")
                        for axis, s in rule_specs)
     wanted = set(spec.component_plugins) | set(include)
     calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}")

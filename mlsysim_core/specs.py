@@ -5,10 +5,11 @@ plugin never adds a byte), with the plan (and placement) and its options object.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import attrs
 
+from .plan import FrozenMap
 from .terms import MemoryTerm
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$"
@@ -172,16 +173,36 @@ class ShardingRuleSpec:
     profile, replacing the effect's ``buffer_terms`` there. Plugin API 2.0."""
 
 
+# Which callable of each selected spec a profile calls (ProfileSpec.callables): the textbook's.
+SPEC_CALLABLES = {"optimizer": "state_terms", "checkpointing": "activation_terms", "sharding": None}
+_CALLABLE_FIELDS = {"optimizer": OptimizerSpec, "checkpointing": CheckpointingSpec, "sharding": ShardingRuleSpec}
+
+
+def _spec_callables(value) -> FrozenMap:
+    out = {**SPEC_CALLABLES, **dict(value)}
+    for kind, field in out.items():
+        spec = _CALLABLE_FIELDS.get(kind)
+        if spec is None or (field is not None and field not in attrs.fields_dict(spec)):
+            raise ValueError(f"ProfileSpec.callables: {kind!r}: {field!r} is not a field of the spec it names "
+                             f"(kinds: {', '.join(SPEC_CALLABLES)})")
+    if out["optimizer"] is None or out["checkpointing"] is None:
+        raise ValueError("ProfileSpec.callables: the optimizer's and strategy's terms are always called")
+    return FrozenMap(out)
+
+
 @attrs.frozen(kw_only=True)
 class ProfileSpec:
     """A named set of plugins whose component hooks take part, and a rule combining the terms:
-    ``"sum"`` (as the reference) or ``"peak"`` (the most accelerator bytes alive in one phase)."""
+    ``"sum"`` (as the reference) or ``"peak"`` (the most accelerator bytes alive in one phase).
+    What the profile does is declared by its fields; the core never asks for a profile by name."""
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
     combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))
-    grade: str = attrs.field(default="reference", validator=attrs.validators.in_(("reference", "measured")))
-    """Whether the specs' ``measured_*`` callables are called. Plugin API 1.2."""
+    grade: str | None = attrs.field(default=None, validator=attrs.validators.in_((None, "reference", "measured")))
+    """Deprecated (plugin API 2.4): declare ``callables`` and the fields below instead.
+    ``grade="measured"`` still declares what the measured profile declares (except
+    ``sequence_limit``), with a ``DeprecationWarning``. Plugin API 1.2."""
     options_type: type | None = _options
     """The profile's own options (``plan.profile_options``): keywords of ``solve``. Plugin API 2.0."""
     registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -195,9 +216,43 @@ class ProfileSpec:
     """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""
     sequence_parallel: bool = True
     """What ``sequence_parallel`` not given (None) means under this profile. Plugin API 2.1."""
+    callables: Mapping[str, str | None] = attrs.field(factory=dict, converter=_spec_callables)
+    """Which callable of each selected spec it calls, by field name: ``{"optimizer": "state_terms",
+    "checkpointing": "activation_terms", "sharding": None}`` by default (None: the rules' effect's
+    ``buffer_terms``; a name, e.g. ``"measured_buffer_terms"``, replaces them). A selected spec
+    whose named callable is ``None`` is refused (``NotModelledError``). Plugin API 2.4."""
+    checks_layouts: bool = False
+    """Its ``prepare`` and callables refuse runs they cannot describe (``NotModelledError``) and may
+    refuse one micro-batch but not another: ``search`` asks every micro-batch of a layout and stops
+    (rather than skipping the layout) at a ``NotModelledError``. Plugin API 2.4."""
+    exact_batch: bool = False
+    """It never rounds the micro-batch: ``fewest_devices`` tries only data-parallel sizes that
+    split the global batch into whole micro-batches, by default. Plugin API 2.4."""
+    sequence_limit: Callable | None = _optional_callable
+    """``sequence_limit(model) -> int | None``: the longest sequence the profile accepts for a
+    model (e.g. a learned position table's rows), which ``longest_sequence`` caps at. API 2.4."""
+    solve_cost: float = 1.0
+    """About how many reference solves one of its solves costs: ``search`` parallelises a search
+    of at least ``8000 / solve_cost`` candidates. Plugin API 2.4."""
 
     def __attrs_post_init__(self):
-        if self.grade == "measured" and self.options_type is None:    # the measured callables read them
-            raise TypeError(f"ProfileSpec {self.name!r}: a measured-grade profile declares its options_type (the "
-                            "measured profile's are mlsysim_plugins.measured.options.MeasuredOptions, with its "
-                            "prepare): the specs' measured-grade callables read plan.profile_options")
+        if self.grade is None:
+            return
+        import warnings
+        warnings.warn(f"ProfileSpec {self.name!r}: grade= is deprecated (plugin API 2.4); declare callables=, "
+                      "checks_layouts=, exact_batch=, sequence_limit= and solve_cost= (docs/migrating.md)",
+                      DeprecationWarning, stacklevel=3)
+        if self.grade == "measured":
+            if self.options_type is None:    # the measured callables read them
+                raise TypeError(f"ProfileSpec {self.name!r}: a measured-grade profile declares its options_type (the "
+                                "measured profile's are mlsysim_plugins.measured.options.MeasuredOptions, with its "
+                                "prepare): the specs' measured-grade callables read plan.profile_options")
+            declared = {"callables": _spec_callables(MEASURED_CALLABLES), "checks_layouts": True,
+                        "exact_batch": True, "solve_cost": 16.0}
+            for field, value in declared.items():
+                object.__setattr__(self, field, value)
+
+
+# What ``grade="measured"`` (deprecated) declares: the specs' measured_* callables.
+MEASURED_CALLABLES = {"optimizer": "measured_state_terms", "checkpointing": "measured_activation_terms",
+                      "sharding": "measured_buffer_terms"}

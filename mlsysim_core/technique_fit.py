@@ -270,8 +270,11 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
     solve_kwargs.setdefault("profile", "measured")
     _check_keywords(solve_kwargs, (), solver)
     spec = solver.registry.profiles.get(solve_kwargs["profile"])
-    if spec is None or spec.grade != "measured":
-        raise NotModelledError("profile", solve_kwargs["profile"], "a measured-grade profile (measured)",
+    from .inputs import options_fields
+    options = {t[1] for t in TECHNIQUES} - {"activation_checkpointing", "optimizer"}   # (solve's own keywords)
+    if spec is None or not options <= set(options_fields(spec)):
+        raise NotModelledError("profile", solve_kwargs["profile"], "a profile whose options are the techniques' "
+                               f"({', '.join(sorted(options))}): the measured-grade one, measured",
                                "the techniques are options of the measured profile")
     keywords = sorted({t[1] for t in TECHNIQUES})
     if techniques is not None:

@@ -41,7 +41,7 @@ from .manager import PluginManager
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
 from .scenario import Scenario
 from .solver import TrainingMemoryModel
-from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+from .specs import SPEC_CALLABLES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 from .terms import MemoryTerm
 
 DENSE = "llama3-8b"
@@ -73,7 +73,7 @@ DEFAULT_LAYOUTS = {
                    "dp_size": 4, "zero_stage": 2}],
 }
 
-_MEASURED = {OPTIMIZER: "measured_state_terms", CHECKPOINTING: "measured_activation_terms"}
+_CALLABLE_KIND = {OPTIMIZER: "optimizer", CHECKPOINTING: "checkpointing"}   # (ProfileSpec.callables' keys)
 _SPEC_TYPES = {OPTIMIZER: OptimizerSpec, CHECKPOINTING: CheckpointingSpec, SHARDING: ShardingRuleSpec,
                PROFILE: ProfileSpec}
 
@@ -155,14 +155,15 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     layouts = {**DEFAULT_LAYOUTS, **(layouts or {})}
     options = dict(options or {})
     cases: list[tuple[str, dict]] = []
-    measured = sorted(p.name for p in registry.profiles.values() if p.grade == "measured")
+    # the profiles that call callables of their own (ProfileSpec.callables, e.g. the measured one's measured_*)
+    measured = sorted(p.name for p in registry.profiles.values() if p.callables != SPEC_CALLABLES)
     for kind, names in provides.items():
         for name in sorted(names):
             key = registry.sharding_rules[name].axis if kind == SHARDING else kind
-            # Rules work under every profile; an optimizer or strategy under a measured one if it has its callable.
-            graded = measured if kind == SHARDING or getattr(registry.optimizers.get(name) if kind == OPTIMIZER else
-                                                             registry.checkpointing.get(name), _MEASURED.get(kind, ""),
-                                                             None) else []
+            # Rules work under every profile; an optimizer or strategy under such a profile if it has its callable.
+            graded = measured if kind == SHARDING else [
+                p for p in measured if kind in _CALLABLE_KIND
+                and getattr(tables[kind][name], registry.profiles[p].callables[_CALLABLE_KIND[kind]]) is not None]
             if key not in layouts:
                 failures.append(f"{kind} {name!r}: no layout to solve it in; give layouts={{{key!r}: [...]}}")
             for layout in (_fill(x, name) for x in layouts.get(key, ())):   # default profile, then measured ones
@@ -234,9 +235,11 @@ def _declared_checkpointing(plugin, names, registry, solver, measured) -> list[s
     failures = []
     for name in sorted(names):
         spec = registry.checkpointing[name]
-        if spec.recomputes != "layers" or spec.measured_activation_terms is None:
+        if spec.recomputes != "layers":
             continue
         for profile in measured:
+            if getattr(spec, registry.profiles[profile].callables["checkpointing"]) is None:
+                continue
             options = registry.profiles[profile].options_type
             if options is None or "checkpointed_layers" not in attrs.fields_dict(options):
                 continue

@@ -178,7 +178,7 @@ def test_errors_name_the_parameter(solver):
         solve(solver, optimizer="adafactor", optimizer_impl="fused")
     with pytest.raises(InvalidInputError, match="runtime_overheads"):
         solve(solver, runtime_overheads=3)
-    with pytest.raises(InvalidInputError, match="regime='bf16' is not allowed: None under a reference-grade"):
+    with pytest.raises(InvalidInputError, match="regime='bf16' is not allowed: None under profile 'reference'"):
         TrainingMemoryModel().solve(LLAMA_TINY, BIG, 8, 256, regime="bf16")
     shapeless = TransformerWorkload(name="opaque", parameters=10**9, layers=24)
     with pytest.raises(InvalidInputError, match=r"model.hidden_dim=None is not allowed.*from_hf_config"):
@@ -201,8 +201,8 @@ def test_an_optimizer_without_a_measured_model_is_refused_by_name(builtin_pm):
     pm.register(Old(), name="test_old")
     model = TrainingMemoryModel(plugin_manager=pm)
     assert model.solve(LLAMA_TINY, BIG, 8, 256, optimizer="test.old").optimizer_state == 1   # reference grade
-    with pytest.raises(InvalidInputError, match=r"optimizer='test.old' is not allowed: one with a measured-grade "
-                                                r"model under profile 'measured': adafactor, adam, adam-8bit"):
+    with pytest.raises(InvalidInputError, match=r"optimizer='test.old' is not allowed: one with a measured_state_terms "
+                                                r"callable under profile 'measured': adafactor, adam, adam-8bit"):
         model.solve(LLAMA_TINY, BIG, 8, 256, optimizer="test.old", profile="measured")
 
 

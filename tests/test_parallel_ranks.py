@@ -251,7 +251,7 @@ def test_layout_options_are_checked(kwargs, message):
 
 
 def test_reference_profile_refuses_per_rank_options():
-    with pytest.raises(InvalidInputError, match="pipeline_schedule='gpipe' is not allowed: None under a reference"):
+    with pytest.raises(InvalidInputError, match="pipeline_schedule='gpipe' is not allowed: None under profile 'reference'"):
         TrainingMemoryModel().solve("llama3-8b", "h100", 8, pipeline_schedule="gpipe")
 
 

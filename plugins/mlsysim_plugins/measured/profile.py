@@ -31,7 +31,7 @@ def mlsysim_addhooks(pluginmanager):
 
 @hookimpl
 def mlsysim_profiles():
-    return [ProfileSpec(name="measured", grade="measured", combine="peak",
+    return [ProfileSpec(name="measured", combine="peak",
                         description="architecture-aware, peak over the phases of an iteration; validated "
                                     "against PyTorch's MemTracker",
                         component_plugins=("measured_profile",), options_type=MeasuredOptions,
@@ -39,7 +39,22 @@ def mlsysim_profiles():
                         prepare=prepare, ranks=_ranks, relocate=_offload,
                         # PyTorch's and Hugging Face's TP plans keep the norms' activations replicated
                         # (validation/parallel/tp_phases: the forward and backward exact without SP).
-                        sequence_parallel=False)]
+                        sequence_parallel=False,
+                        # what it declares (plugin API 2.4): the specs' measured_* callables; its prepare
+                        # refuses runs it cannot describe, per micro-batch; whole micro-batches only; a
+                        # learned position table caps the sequence; a solve costs ~16 reference ones
+                        callables=CALLABLES, checks_layouts=True, exact_batch=True,
+                        sequence_limit=_sequence_limit, solve_cost=16.0)]
+
+
+CALLABLES = {"optimizer": "measured_state_terms", "checkpointing": "measured_activation_terms",
+             "sharding": "measured_buffer_terms"}
+
+
+def _sequence_limit(model):
+    """The rows of the model's learned position table (None: no table, no limit)."""
+    from .shapes import position_table_rows
+    return position_table_rows(model)
 
 
 def _ranks(plan, placement):
