@@ -1376,12 +1376,16 @@ def _headroom(text):
 
 
 def _fit_techniques(args, out) -> int:
-    """`fit techniques` (mlsysim_core.technique_fit): the ladder, or its JSON."""
+    """`fit techniques` (the profile's ladder, ProfileSpec.techniques): the ladder, or its JSON."""
     from .solver import TrainingMemoryModel
-    from .technique_fit import fit_techniques
     scenario = scenario_from_args(args)
     kwargs = scenario.solve_kwargs()
     kwargs["profile"] = kwargs.get("profile") or "measured"
+    spec = _manager(args).registry.profiles.get(kwargs["profile"])
+    fit_techniques = getattr(spec, "techniques", None)
+    if fit_techniques is None:
+        raise NotModelledError("profile", kwargs["profile"], "a profile with a technique ladder (ProfileSpec."
+                               "techniques): the measured-grade one, measured", "the techniques are its options")
     gbps = {name: None if getattr(args, name) is None else getattr(args, name) * 1e9
             for name in ("host_link_gbps", "host_memory_gbps")}
     model, hardware = _resolved(scenario)

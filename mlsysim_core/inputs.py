@@ -5,6 +5,7 @@ completes them. Nothing past this module re-checks an input.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable, Mapping
 
 import attrs
@@ -271,3 +272,27 @@ def _catalog_notes(model, hardware) -> tuple[str, ...]:
     import sys
     catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects
     return catalog.provenance_notes(model, hardware) if catalog is not None else ()
+
+
+def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):
+    """The prepared plan of ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)``: checked
+    and completed by the profile's ``prepare`` (what step-time functions read)."""
+    bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    options = a.pop("profile_options")
+    registry = solver.registry
+    profile = a["profile"] or solver._profile
+    if isinstance(model, str):
+        from .catalog import get_model
+        model = get_model(model, plugin_manager=solver.plugin_manager)
+    if isinstance(hardware, str):
+        from .catalog import get_hardware
+        hardware = get_hardware(hardware, plugin_manager=solver.plugin_manager)
+    include = a["include_plugins"]
+    plan = check_plan(registry, profile, model, hardware, *(a[k] for k in (
+        "batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing", "tp_size", "pp_size",
+        "dp_size", "ep_size", "zero_stage", "gradient_accumulation_steps", "trainable_fraction",
+        "communication_buffer_fraction", "sequence_parallel", "data_parallel", "sharding_rules",
+        "plugin_options")), tuple(include) if type(include) is list else include, a["cp_size"])
+    return profile_plan(registry, registry.profiles[profile], plan, options)

@@ -555,8 +555,8 @@ def _one_row_per_answer(fits: list) -> tuple[list, int]:
 def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckpt, profile, options):
     """The prepared one-device plan a strategy's ``recompute(plan)`` reads (its share does not
     depend on the layout)."""
-    from .technique_fit import _prepared
-    return _prepared(solver, model, hardware, 1, seq_len, dict(
+    from .inputs import prepared_plan
+    return prepared_plan(solver, model, hardware, 1, seq_len, dict(
         precision=precision, optimizer=optimizer, activation_checkpointing=ckpt, profile=profile, **options))
 
 

@@ -234,6 +234,10 @@ class ProfileSpec:
     solve_cost: float = 1.0
     """About how many reference solves one of its solves costs: ``search`` parallelises a search
     of at least ``8000 / solve_cost`` candidates. Plugin API 2.4."""
+    techniques: Callable | None = _optional_callable
+    """``techniques(model, hardware, batch_size, seq_len, **keywords) -> ladder``: the profile's
+    technique ladder, which ``fit techniques`` calls (the measured one's: ``mlsysim_plugins.measured.
+    technique_fit.fit_techniques``). Plugin API 2.4."""
 
     def __attrs_post_init__(self):
         if self.grade is None:

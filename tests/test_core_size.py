@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Issue 24, item 6: counted as that issue counts (steptime.py and technique_fit.py included: 737 lines);
 # 2,758 before issue 24 (the ratchet was stale), +57 for ProfileSpec's declared capabilities (callables,
 # checks_layouts, exact_batch, sequence_limit, solve_cost) and grade's deprecation, +51 for the rules'
-# declared placement (item 2: ShardingEffect/Placement tensor_shards, ...). 1,603 over the 2,000 aim.
-RATCHET = 3603   # issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
+# declared placement (item 2: ShardingEffect/Placement tensor_shards, ...): 3,603; then technique_fit.py
+# moved to mlsysim_plugins.measured (the profile's ladder, ProfileSpec.techniques; -378 net). 1,225 over 2,000.
+RATCHET = 3225   # issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
 EDGE_AT_SPLIT = {"cli.py": 1613,   # re-based at issue 23 (was 1344; 1,613 then): contradictory flags refused
                  # naming both, refusals instead of fallbacks, names' notes, choice spellings
                  "render.py": 510, "plots.py": 674, "hf.py": 619,

@@ -83,7 +83,7 @@ def test_context_parallel_ring_hides_behind_attention():
 
 
 def test_strategies_declare_their_recompute(solver):
-    from mlsysim_core.technique_fit import _prepared
+    from mlsysim_core.inputs import prepared_plan as _prepared
     shares = {}
     for ckpt in ("none", "selective", "full", "every-k", "mlp-only", "attention-only"):
         plan = _prepared(solver, "llama3-8b", "h100", 1, 2048, dict(activation_checkpointing=ckpt, profile="measured"))

@@ -1,4 +1,4 @@
-"""`fit techniques` (mlsysim_core.technique_fit): the ladder on a hand-checkable case, the
+"""`fit techniques` (mlsysim_plugins.measured.technique_fit): the ladder on a hand-checkable case, the
 hardware figures' sources, and errors for bad input. No torch."""
 
 import io
@@ -9,7 +9,7 @@ import pytest
 from mlsysim_core import HardwareNode, TrainingMemoryModel
 from mlsysim_core.cli import main
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from mlsysim_core.technique_fit import fit_techniques, hardware_figures
+from mlsysim_plugins.measured.technique_fit import fit_techniques, hardware_figures
 
 MODEL, GPU = "meta-llama/llama-3.2-3b", "nvidia/a100-sxm4-40gb"
 RUN = dict(precision="bf16", optimizer="adamw", activation_checkpointing="none", regime="bf16")

@@ -44,11 +44,17 @@ def mlsysim_profiles():
                         # refuses runs it cannot describe, per micro-batch; whole micro-batches only; a
                         # learned position table caps the sequence; a solve costs ~16 reference ones
                         callables=CALLABLES, checks_layouts=True, exact_batch=True,
-                        sequence_limit=_sequence_limit, solve_cost=16.0)]
+                        sequence_limit=_sequence_limit, solve_cost=16.0, techniques=_fit_techniques)]
 
 
 CALLABLES = {"optimizer": "measured_state_terms", "checkpointing": "measured_activation_terms",
              "sharding": "measured_buffer_terms"}
+
+
+def _fit_techniques(*args, **kwargs):
+    """The technique ladder (``fit techniques``): ``technique_fit.fit_techniques``."""
+    from .technique_fit import fit_techniques
+    return fit_techniques(*args, **kwargs)
 
 
 def _sequence_limit(model):

@@ -1,5 +1,7 @@
 """``fit techniques``: the memory-saving techniques that make a run fit, with the least added
-step time, printed as a ladder (issue 16, item 8).
+step time, printed as a ladder (issue 16, item 8). The measured profile's technique ladder
+(``ProfileSpec.techniques``, which ``mlsysim-core fit techniques`` calls; issue 24 moved it
+out of ``mlsysim_core``).
 
 The techniques are the measured profile's plugins and options, each with its documented
 ``added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None)`` (seconds or None,
@@ -43,13 +45,13 @@ states, fp8 matmuls) are shown beside a step, not priced.
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 
 import attrs
 
-from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from .result import TrainingMemoryResult
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+from mlsysim_core.inputs import prepared_plan
+from mlsysim_core.result import TrainingMemoryResult
 
 MAX_SOLVES = 2000      # combinations evaluated at most (each a memoized solve, a few ms)
 GIB = 2**30
@@ -158,7 +160,7 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
     """{name: (value or None, where it comes from)}: the caller's value, else the catalog's."""
     perf, node = {}, hardware
     if isinstance(hardware, str):
-        from .catalog import find_hardware
+        from mlsysim_core.catalog import find_hardware
         entry = find_hardware(hardware, plugin_manager=plugin_manager)
         perf, node = dict(entry.extra.get("performance") or {}), entry.value
     figures = {}
@@ -180,30 +182,6 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
         else:
             figures[name] = (None, f"unknown ({what})")
     return figures
-
-
-def _prepared(solver, model, hardware, batch_size, seq_len, kwargs):
-    """The prepared plan of a solve (what the step-time functions read)."""
-    from .inputs import check_plan, profile_plan
-    bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
-    bound.apply_defaults()
-    a = dict(bound.arguments)
-    options = a.pop("profile_options")
-    registry = solver.registry
-    profile = a["profile"] or solver._profile
-    if isinstance(model, str):
-        from .catalog import get_model
-        model = get_model(model, plugin_manager=solver.plugin_manager)
-    if isinstance(hardware, str):
-        from .catalog import get_hardware
-        hardware = get_hardware(hardware, plugin_manager=solver.plugin_manager)
-    include = a["include_plugins"]
-    plan = check_plan(registry, profile, model, hardware, *(a[k] for k in (
-        "batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing", "tp_size", "pp_size",
-        "dp_size", "ep_size", "zero_stage", "gradient_accumulation_steps", "trainable_fraction",
-        "communication_buffer_fraction", "sequence_parallel", "data_parallel", "sharding_rules",
-        "plugin_options")), tuple(include) if type(include) is list else include, a["cp_size"])
-    return profile_plan(registry, registry.profiles[profile], plan, options)
 
 
 def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
@@ -265,12 +243,12 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
     measured profile by default); ``techniques``: the solve keywords to consider (default all:
     activation_checkpointing, loss, optimizer_in_backward, activation_offload, offload,
     optimizer, float8); the figures (per second) override the catalog's."""
-    from .inverse import _check_keywords, _solver
+    from mlsysim_core.inverse import _check_keywords, _solver
     solver = _solver(solver)
     solve_kwargs.setdefault("profile", "measured")
     _check_keywords(solve_kwargs, (), solver)
     spec = solver.registry.profiles.get(solve_kwargs["profile"])
-    from .inputs import options_fields
+    from mlsysim_core.inputs import options_fields
     options = {t[1] for t in TECHNIQUES} - {"activation_checkpointing", "optimizer"}   # (solve's own keywords)
     if spec is None or not options <= set(options_fields(spec)):
         raise NotModelledError("profile", solve_kwargs["profile"], "a profile whose options are the techniques' "
@@ -291,7 +269,7 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
                                host_memory_bytes_per_s=host_memory_bytes_per_s, memory_bandwidth=memory_bandwidth)
     base_kwargs = dict(solve_kwargs)
     baseline = solver.solve(model, hardware, batch_size, seq_len, **base_kwargs)    # errors here are the user's
-    base_plan = _prepared(solver, model, hardware, batch_size, seq_len, base_kwargs)
+    base_plan = prepared_plan(solver, model, hardware, batch_size, seq_len, base_kwargs)
     base_ac = step_time(base_plan, figures, only=("activation_checkpointing",))[0]     # replaced, not added to
     if baseline.feasible:
         return TechniqueLadder(baseline=baseline, steps=(), fits=True, combination={}, added_seconds=0.0,
@@ -324,7 +302,7 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
         switched = {candidates[i][1] for i in combo}
         try:
             result = solver.solve(model, hardware, batch_size, seq_len, **kwargs)
-            seconds, how, unknown = step_time(_prepared(solver, model, hardware, batch_size, seq_len, kwargs),
+            seconds, how, unknown = step_time(prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs),
                                               figures, only=switched)
         except (NotModelledError, InvalidInputError):
             refused += 1
