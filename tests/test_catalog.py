@@ -791,6 +791,7 @@ def test_an_unknown_hardware_name_from_the_cli_suggests_the_curated_card(capsys)
     assert "hardware='l40' is not allowed: did you mean nvidia/l40s, nvidia/l4?" in capsys.readouterr().err
 
 
+@pytest.mark.long     # a whole search and fit techniques from the CLI: `pytest --long`, .ci/run
 def test_search_and_fit_techniques_work_on_an_rtx_4090(capsys):
     """The issue: `-g rtx-4090` was refused, and the card had no FLOP/s or topology, so `search`
     refused it and `fit techniques` printed unknown times."""

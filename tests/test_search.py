@@ -214,6 +214,7 @@ def _same_search(a, b):
     assert a.to_dict() | {"seconds": 0} == b.to_dict() | {"seconds": 0}
 
 
+@pytest.mark.long     # four whole searches in forked workers: `pytest --long`, .ci/run
 def test_parallel_search_is_the_in_process_search(solver):
     """Chunks evaluated by forked workers, merged in enumeration order: field for field the same."""
     kwargs = dict(devices=16, global_batch=32, seq_len=4096, solver=solver, context_parallel=[1, 2])
@@ -231,6 +232,7 @@ def test_parallel_search_is_the_in_process_search(solver):
         assert r.total_memory == c.total_memory and r.headroom == c.headroom
 
 
+@pytest.mark.long     # two whole searches: `pytest --long`, .ci/run
 def test_parallel_search_falls_back_in_process(solver, monkeypatch):
     import multiprocessing
     here = search.search_plans(MODEL, GPU, devices=16, global_batch=32, solver=solver, workers=1)
@@ -250,6 +252,7 @@ def _builtins_and(builtin_pm, plugin, name: str) -> TrainingMemoryModel:
     return TrainingMemoryModel(plugin_manager=pm)
 
 
+@pytest.mark.long     # whole searches in forked workers: `pytest --long`, .ci/run
 def test_parallel_progress_and_third_party_rules(builtin_pm, tmp_path):
     import os
     pids = set()

@@ -52,6 +52,7 @@ def _with_optimizer_without_measured_model(builtin_pm):
 
 # --- Python: one profile, options passed through, every row a standalone solve -------------
 
+@pytest.mark.long     # a whole search, each row solved again: `pytest --long`, .ci/run
 @pytest.mark.parametrize("workers", [1, 2])
 def test_every_row_is_a_standalone_solve_under_the_search_profile(solver, workers):
     found = search.search_plans("llama3-8b", "h100", devices=4, global_batch=8, seq_len=1024, solver=solver,
@@ -134,6 +135,7 @@ def _effective(tp, cp, dp, rule, sp):
     return ("zero0" if dp * cp == 1 and rule in search.SHARDING_DP_RULES else rule), (sp and tp > 1)
 
 
+@pytest.mark.long     # whole searches without the monotone shortcut: `pytest --long`, .ci/run
 @pytest.mark.parametrize("profile", ["reference", "measured"])
 def test_no_two_rows_are_the_same_layout(solver, profile):
     found = search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, seq_len=1024, solver=solver,
