@@ -220,8 +220,20 @@ def _record(namespace, action, option_string, value) -> None:
     flag = option_string or action.dest
     typed = flag if action.nargs == 0 else f"{flag} {value}"
     first = given.setdefault(action.dest, (flag, value, typed))
-    if first[1] != value and not getattr(namespace, "_conflict", None):
+    if not _same_value(first[1], value) and not getattr(namespace, "_conflict", None):
         namespace._conflict = (action.dest, first, (flag, value, typed))
+
+
+def _same_value(a, b) -> bool:
+    """Two values of one flag that say the same: equal, or two spellings of one name (case and
+    separators, as every name is read: ``bf16`` and ``BF16``); file paths are compared as written."""
+    if a == b:
+        return True
+    if not (isinstance(a, str) and isinstance(b, str)) or any("/" in v or v.endswith((".json", ".toml"))
+                                                              for v in (a, b)):
+        return False
+    from .registry import name_key
+    return name_key(a) == name_key(b)
 
 
 class _Store(argparse._StoreAction):

@@ -186,14 +186,16 @@ def test_families_renamed_with_the_builtins_blocked_give_the_same_bytes(model, o
     assert _outcome(ACME_FAMILIES, model, **options) == _outcome(BUILTIN, model, **options)
 
 
-def test_a_model_no_family_claims_falls_back_by_declaration():
-    """An architecture nobody claims: the registered fallback by structure (a renamed Llama here),
-    with its note, as the built-in Llama was."""
+def test_a_model_no_family_claims_is_refused_whoever_registered_the_families():
+    """An architecture nobody claims is refused by name (issue 23: never costed as another
+    family behind a note), under the built-ins and a renamed copy of them alike."""
     from mlsysim_core.catalog import get_model
     odd = attrs.evolve(get_model("llama3-8b"), architecture="acme_unknown")
-    want, got = _solve(BUILTIN, odd), _solve(ACME_FAMILIES, odd)
-    assert _bytes(got) == _bytes(want) and got.notes == want.notes
-    assert any("costed as Llama-style layers" in n for n in got.notes)
+    for solver in (BUILTIN, ACME_FAMILIES):
+        with pytest.raises(NotModelledError) as info:
+            _solve(solver, odd)
+        assert info.value.parameter == "model.architecture" and info.value.value == "acme_unknown"
+        assert "no registered family models 'acme_unknown'" in str(info.value)
 
 
 def test_blocking_the_builtin_families_removes_them():

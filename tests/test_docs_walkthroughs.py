@@ -132,11 +132,13 @@ def test_a_family_is_chosen_for_its_architecture_and_its_layer_is_costed():
     assert term(adam, "adam step counters").nbytes == (1 + 16 * 8 + 1 + 1) * 4
 
 
-def test_without_the_family_the_model_is_costed_as_the_nearest_built_in_and_said():
-    result = TrainingMemoryModel("measured", plugin_manager=manager()).solve(TOY, GPU, 1, 2048, **RUN)
-    assert result.notes == ("approximation: architecture 'myorg_relu2' has no measured-grade model of its own; "
-                            "costed as GPT-2-style layers",)
-    assert result.notes[0] in page()
+def test_without_the_family_the_model_is_refused_naming_its_architecture():
+    with pytest.raises(NotModelledError) as info:
+        TrainingMemoryModel("measured", plugin_manager=manager()).solve(TOY, GPU, 1, 2048, **RUN)
+    message = str(info.value)
+    assert info.value.parameter == "model.architecture" and info.value.value == "myorg_relu2"
+    shown = message.split(" (bert")[0] + " (...) (" + message.split(") (", 1)[1]
+    assert f"NotModelledError: {shown}" in page()
 
 
 def test_a_family_refuses_a_regime_it_was_not_derived_for():

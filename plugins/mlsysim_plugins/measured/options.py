@@ -232,14 +232,17 @@ def prepare(plan, registry):
     family, _ = family_for(plan.model, families, third_party)
     ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
     notes = parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
-    if not plan.model.architecture and not family.claims_model(plan.model):
+    if not family.claims_model(plan.model):     # no registered family models it: never costed as another
+        arch = plan.model.architecture
         raise NotModelledError(
-            "model.architecture", plan.model.architecture,
+            "model.architecture", arch,
             f"an architecture a registered family models ({', '.join(_architectures(families))}), e.g. "
             f"{type(plan.model).__name__}(..., architecture='llama') for Llama-style layers, or a model imported "
             "from its config.json (mlsysim_core.hf.from_hf_config)",
-            f"{plan.model.name!r} gives no architecture, so its layers (MLP, norms, positions, attention) are "
-            "unknown; profile='reference' is the textbook estimate from its sizes alone")
+            (f"{plan.model.name!r} gives no architecture" if not arch else
+             f"no registered family models {arch!r} (or its shapes do not fit the family that lists it)")
+            + ", so its layers (MLP, norms, positions, attention) are unknown; profile='reference' is the "
+            "textbook estimate from its sizes alone")
     notes += approximation_notes(plan.model, family, families)    # what is costed as something else: said
     if plan.model.context_length is not None or plan.seq_len > 1024:
         notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
