@@ -75,5 +75,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter, config):
     n = getattr(config, "_mlsysim_long_deselected", 0)
     if n:
-        terminalreporter.write_line(f"{n} long tests not run (the fuzz, documentation pages, examples, plugin installs, "
-                                    "plots, whole searches): `pytest --long` runs everything, as .ci/run does")
+        terminalreporter.write_line(f"{n} long tests not run (the fuzz, documentation pages, examples, plugin "
+                                    "installs, plots, whole searches): `pytest --long` runs everything, "
+                                    "as .ci/run does")
