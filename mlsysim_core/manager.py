@@ -191,8 +191,11 @@ class PluginManager(pluggy.PluginManager):
             if not isinstance(caller, pluggy.HookCaller) or caller.spec is not None:
                 continue
             for impl in caller.get_hookimpls():
+                blocked = sorted(i.name for i in self.blocked_entry_points)
+                why = (f"; or the plugin that adds this hook is blocked ({', '.join(blocked)}): block the plugins "
+                       f"that implement it too, or unblock it" if blocked else "")
                 raise self._contract_error(impl, hook_name, f"implements unknown hook '{hook_name}' "
-                                                            f"(a misspelling?). Known hooks: {', '.join(known)}")
+                                                            f"(a misspelling?{why}). Known hooks: {', '.join(known)}")
 
     @property
     def registry(self) -> Registry:

@@ -50,11 +50,6 @@ SCHEDULES = "mlsysim_measured_pipeline_schedules"
 # What fails today, (kind, built-in name) -> the difference measured (tests/test_one_plugin_world.py
 # prints it on failure). Delete an entry once its test passes: strict xfail fails on a pass.
 STILL_NAMED: dict[tuple[str, str], str] = {
-    ('blocked', 'measured_profile'): (
-        "refused, but the error blames another plugin: plugin 'measured_architectures' implements unknown "
-        "hook 'mlsysim_measured_architectures' (a misspelling?) ... set "
-        'MLSYSIM_DISABLED_PLUGINS=measured_architectures; measured_profile is not named'
-    ),
     ('technique', 'offload'): (
         "no hook registers techniques: offload is a branch of the measured profile's options and prepare "
         '(issue 24 item 3)'
