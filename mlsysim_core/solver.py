@@ -129,19 +129,26 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
-    ranks = None
+    ranks = placed = None
     if spec.ranks is not None:
-        if _positional(spec.ranks) >= 2:      # ranks(plan, placement): the stages of the rules' placement
+        if _positional(spec.ranks) >= 2:
+            # ranks(plan, placement): the rules place the layout once (they see no rank); each
+            # rank the profile names is a stage of that placement (RankClass.place).
             selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
                                    plan.activation_checkpointing, plan.rules)
-            ranks = spec.ranks(plan, _place(selection, plan)[0])
+            token = _source_cell.set([""])
+            try:
+                placed = selection, _place(selection, plan)
+            finally:
+                _source_cell.reset(token)
+            ranks = spec.ranks(plan, placed[1][0])
         else:
             ranks = spec.ranks(plan)
     if not ranks:
-        return run_pipeline(registry, plan, total_only)
+        return run_pipeline(registry, plan, total_only, placed)
     if total_only:
-        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank))) for rank in ranks])
+        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True, placed) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank), False, placed)) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -275,7 +282,9 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
                     f"{info.describe()} sharding rule '{name}' sets layers_per_stage, which the "
                     f"'{layers_rule}' rule already set", plugin=info.name, source=info.source, hook="apply")
             layers_rule = name
-            layers_per_stage = _checks.count(f"{name}.layers_per_stage", effect.layers_per_stage)
+            layers_per_stage = effect.layers_per_stage
+            if type(layers_per_stage) is not int or not 1 <= layers_per_stage <= _checks.MAX_COUNT:   # (no f-string)
+                layers_per_stage = _checks.count(f"{name}.layers_per_stage", layers_per_stage)
         if effect.buffer_terms and measured_buffers is None:    # (a rule's measured buffers replace them)
             buffers += _checked(info, where, "apply", effect.buffer_terms, COMMUNICATION_BUFFERS)
         if effect.notes:
@@ -338,19 +347,26 @@ def _ordered(terms: list) -> list:
     return terms
 
 
-def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False) -> TrainingMemoryResult:
-    """Steps 2-5 for one checked plan (one rank)."""
-    selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
-                           plan.activation_checkpointing, plan.rules)
+def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False,
+                 placed: tuple | None = None) -> TrainingMemoryResult:
+    """Steps 2-5 for one checked plan (one rank); ``placed``: the selection and what ``_place``
+    made of the plan before its rank was chosen (the rules' placement of the layout), else
+    both are made here."""
+    if placed is None:
+        selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
+                               plan.activation_checkpointing, plan.rules)
+    else:
+        selection, placed = placed
     token = _source_cell.set([""])
     try:
-        return _collect_and_combine(selection, plan, total_only)
+        return _collect_and_combine(selection, plan, total_only, placed)
     finally:
         _source_cell.reset(token)
 
 
-def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool) -> TrainingMemoryResult:
-    placement, rule_buffers, notes = _place(selection, plan)
+def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool,
+                         placed: tuple | None = None) -> TrainingMemoryResult:
+    placement, rule_buffers, notes = placed if placed is not None else _place(selection, plan)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
     weights = _ordered(_hooked(selection, WEIGHTS, plan, placement))

@@ -13,6 +13,7 @@ from mlsysim_core.terms import (BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, F
                                 MemoryTerm)
 
 from ._cache import cached_terms
+from .parallel import layer_parameters_on_rank, residual_shards
 
 
 def _fmt(x) -> str:
@@ -28,7 +29,6 @@ def gathered_bytes(plan) -> int | float:
 def layer_parameters(plan, placement=None) -> float:
     """One decoder layer's matrix parameters on a rank, as the rules split them (pass the
     ``placement`` the rule's callable receives), before data-parallel sharding."""
-    from .parallel import layer_parameters_on_rank
     return layer_parameters_on_rank(plan, placement)
 
 
@@ -106,7 +106,6 @@ def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
     """The dispatch and combine buffers of the experts' all-to-all."""
     if placement.expert_shards == 1:
         return []
-    from .parallel import residual_shards
     from .shapes import shape_of
     shape = shape_of(plan)
     o = plan.profile_options

@@ -49,6 +49,7 @@ class Context:
     expert_tensor: int = 1   # each expert's matrices' split (expert_tp_size, else the tensor split)
 
 
+@memoize
 def context(plan, placement) -> Context:
     shape = shape_of(plan)
     return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,

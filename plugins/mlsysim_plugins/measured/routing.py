@@ -23,6 +23,9 @@ import math
 
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
 from mlsysim_core.memo import memoize
+from mlsysim_core.plan import Placement
+
+from .parallel import residual_shards
 
 UNIFORM = "uniform"
 
@@ -82,8 +85,7 @@ def imbalance_factor(plan, split=None) -> float:
     if split is None:
         t = plan.tp_size
         e, c, r = plan.ep_size, plan.cp_size, t if plan.sequence_parallel and t > 1 else 1
-    elif hasattr(split, "expert_shards"):
-        from .parallel import residual_shards
+    elif isinstance(split, Placement):
         e, c, r = split.expert_shards, split.sequence_shards, residual_shards(split)
     else:
         e, c, r = split.experts, split.sequence, split.residual
