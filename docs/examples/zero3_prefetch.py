@@ -29,7 +29,7 @@ def measured_buffer_terms(plan, placement, options):
     reduce-scattered), plus the prefetched layer, in the regime's gathered dtype."""
     terms = buffers.layer_gather(plan, placement)       # [] when nothing is sharded
     if terms:
-        layer, b = buffers.layer_parameters(plan), buffers.gathered_bytes(plan)
+        layer, b = buffers.layer_parameters(plan, placement), buffers.gathered_bytes(plan)
         terms.append(MemoryTerm(component=COMMUNICATION_BUFFERS, label="prefetched parameters of the next layer",
                                 nbytes=layer * b, phases=(FORWARD, BACKWARD),
                                 formula=f"{layer:,.0f} params of one layer x {b} B"))
