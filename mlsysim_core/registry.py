@@ -70,6 +70,8 @@ class Registry:
         the error lists each choice with its provider. ``choices``: a subset (an axis' rules)."""
         pool = {OPTIMIZER: self.optimizers, CHECKPOINTING: self.checkpointing, SHARDING: self.sharding_rules,
                 PROFILE: self.profiles}[kind] if choices is None else choices
+        if type(value) is str and value in pool:     # already canonical: every solve's case, kept cheap
+            return value
         label = {OPTIMIZER: "an installed optimizer: ", SHARDING: "an installed sharding rule: "}.get(kind, "one of: ")
         return resolve_name(parameter, value, pool, label + self.describe_choices(kind, pool))
 
