@@ -13,7 +13,8 @@ import pluggy as _pluggy
 from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError, NotInstalledError,
                      NotModelledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
-from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec, SplitSoFar
+from .specs import (CheckpointingSpec, Collective, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec,
+                    SplitSoFar, StepTimeSpec)
 from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, COMPONENTS,
                     FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, RUNTIME_OVERHEADS,
                     WEIGHTS, MemoryTerm)
@@ -29,8 +30,9 @@ __version__ = "0.1.0"
 # ProfileSpec.grade. 2.0: profiles own their options and hooks (ProfileSpec.options_type, prepare,
 # ranks, relocate; mlsysim_addhooks; measured_buffer_terms; TrainingPlan.profile_options, rank, notes).
 # 2.4: profiles declare what they do (ProfileSpec.callables, checks_layouts, exact_batch, sequence_limit,
-# solve_cost); ProfileSpec.grade deprecated.
-PLUGIN_API_VERSION = (2, 4)
+# solve_cost); ProfileSpec.grade deprecated. 2.5: step-time models (mlsysim_step_time_models, StepTimeSpec),
+# the rules' declared collectives (ShardingRuleSpec.collectives, Collective).
+PLUGIN_API_VERSION = (2, 5)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
@@ -48,7 +50,7 @@ __all__ = [
     "estimate", "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager", "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
-    "ProfileSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
+    "ProfileSpec", "Collective", "StepTimeSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
     "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES",
     "ACCELERATOR", "HOST", "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError",
     "NotModelledError", "NotInstalledError", "PluginError", "PluginLoadError", "PluginConflictError",

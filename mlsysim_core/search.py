@@ -44,11 +44,12 @@ plugin pipeline; rows are merged in enumeration order, so the result (counts, fi
 front) is the in-process one, field for field. ``workers=1`` evaluates in-process, which
 is also the fallback wherever workers cannot run.
 
-**Step time** (``mlsysim_core.steptime``, derived in docs/planner.md): every layout that fits
-gets seconds per optimizer step, tokens/s and MFU; layouts are ranked fastest first. The
-hardware needs its topology (``steptime.TOPOLOGY_FIELDS``, or the ``flops``,
-``tp_bandwidth``, ``network_bandwidth`` overrides): without it the search is an error naming
-the missing fields. TP and EP groups stay inside a node (tp x ep <= devices per node) unless
+**Step time**: a registered step-time model (``StepTimeSpec``, the hook
+``mlsysim_step_time_models``; the built-in ``roofline``, ``mlsysim_plugins.steptime``, is
+derived in docs/planner.md) gives every layout that fits seconds per optimizer step, tokens/s
+and MFU; layouts are ranked fastest first. Its ``check`` refuses hardware it cannot time (the
+built-in: without its topology, or the ``flops``, ``tp_bandwidth``, ``network_bandwidth``
+overrides, an error naming the missing fields) before anything is solved. TP and EP groups stay inside a node (tp x ep <= devices per node) unless
 ``allow_cross_node_tp``; ``max_tp`` caps tp.
 """
 
@@ -73,7 +74,6 @@ from .inputs import _hardware as _resolve_hardware, _model as _resolve_model, ch
 from .solver import TrainingMemoryModel, solve_plan
 from .plan import TrainingPlan
 from .specs import DATA
-from . import steptime
 
 # The built-in data-parallel rules: each shards over dp x cp ranks, so with dp x cp = 1 each
 # is zero0 (the search enumerates that layout once, as zero0).
@@ -137,11 +137,11 @@ class PlanSearch:
     timing: Mapping[str, object] = attrs.field(factory=dict, eq=False, repr=False)
 
     def components(self, candidate: Candidate) -> dict:
-        """The candidate's step time, every component in seconds (see ``mlsysim_core.steptime``)."""
+        """The candidate's step time, every component in seconds (the step-time model's)."""
         c = candidate
-        return steptime.layout_time(self.timing, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
-                                    recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
-                                    gas=c.gradient_accumulation_steps)
+        return self.timing["time"](self.timing, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
+                                   recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
+                                   gas=c.gradient_accumulation_steps)
 
     def _row(self, candidate: Candidate) -> dict:
         row = candidate.as_row()
@@ -156,7 +156,7 @@ class PlanSearch:
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "candidates": self.candidates,
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
                 "run": dict(self.run), "notes": list(self.notes), "units": UNITS,
-                "calibrated": bool(self.timing) and self.timing["cal"].calibrated,
+                "calibrated": bool(self.timing) and self.timing["calibrated"],
                 "fits": [self._row(c) for c in self.fits], "pareto": [self._row(c) for c in self.pareto]}
 
     def describe_run(self) -> str:
@@ -319,7 +319,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
                  dropout: float | None = None, runtime_overheads=None, lora=None, pipeline_schedule: str | None = None,
                  headroom: float | str | None = None, allow_cross_node_tp: bool = False,
-                 calibration: steptime.Calibration | None = None) -> PlanSearch:
+                 calibration=None, step_time_model: str | None = None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -338,6 +338,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction).
     ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
     step-time efficiencies (default: the accelerator's fitted ones, else ``steptime.DEFAULT``).
+    ``step_time_model``: a registered one's name (default: the only one, else ``roofline``).
     """
     started = time.perf_counter()
     if solver is None:
@@ -361,17 +362,11 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                   or not value > 0 or math.isinf(value)):
             raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
     allow_cross_node_tp = _checks.flag("allow_cross_node_tp", allow_cross_node_tp)
-    missing = steptime.missing_topology(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
-                                                   "inter_node_bandwidth": network_bandwidth})
-    if missing:
-        raise InvalidInputError("hardware", hardware.name, "hardware with the planner's topology: "
-                                + ", ".join(steptime.TOPOLOGY_FIELDS),
-                                f"{hardware.name} has no {', '.join(missing)}: add them to its catalog entry or "
-                                "JSON file (or pass flops=, tp_bandwidth=, network_bandwidth=)")
-    if calibration is None:
-        calibration = steptime.calibration_for(hardware.name)
-    elif not isinstance(calibration, steptime.Calibration):
-        raise InvalidInputTypeError("calibration", calibration, "a steptime.Calibration, or None")
+    models = registry.step_time_models      # (the step time's physics is a plugin's)
+    timer = models[_checks.name("step_time_model", step_time_model or (next(iter(models)) if len(models) == 1
+                                                                        else "roofline"), models)]
+    timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
+                           "inter_node_bandwidth": network_bandwidth}, calibration)
     cp_allowed = None
     if context_parallel is not None:
         cp_allowed = _context_sizes(context_parallel, devices, seq_len)
@@ -393,8 +388,6 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         max_tp = min(max_tp, node)
     layers = model.layers
     tokens = global_batch * seq_len
-    fig = steptime.model_figures(model)
-    hw = steptime.hardware_figures(hardware, flops=flops, intra=tp_bandwidth, inter=network_bandwidth)
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
     measured = registry.profiles[profile].checks_layouts    # (declared: it refuses runs it cannot describe)
     options = {name: value for name, value in (
@@ -448,24 +441,14 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     if shapeless:
         notes += (f"checkpointing {', '.join(shapeless)}: its recompute share needs the model's shapes; counted as "
                   "1 for full, 0 otherwise",)
-    if not calibration.calibrated:
-        notes += (f"step time uncalibrated for {hardware.name}: assumed efficiencies (steptime.DEFAULT), no "
-                  "published measurement fitted",)
-    untimed = [r for r in dp_rules if r not in ("zero0", *SHARDING_DP_RULES)]     # (steptime._data_parallel's)
-    if untimed:
-        notes += (f"data-parallel rules {', '.join(untimed)}: the step time counts their communication as fsdp's "
-                  "(gather, gather, reduce-scatter per micro-batch)",)
-    if options.get("attention") == "eager":
-        notes += ("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic",)
-    if hardware.memory_bandwidth is None:
-        notes += (f"step time: {hardware.name} has no memory_bandwidth: {steptime.ASSUMED_MEMORY_BANDWIDTH:.0e} B/s",)
-    notes += fig["notes"]
-    state = steptime.optimizer_step_bytes(first, model.parameters)
     # The measured profile's pipeline schedule (its PipelineSchedule: idle slots, model chunks)
     schedule_options = prepared(strategies[0]).profile_options
-    schedule = getattr(schedule_options, "pipeline_schedule", None)
-    if schedule is not None and getattr(schedule, "idle_slots", None) is None:
-        notes += (f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's",)
+    timing = dict(timer.prepare(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
+                                precision_bytes=bytes_, node=node, flops=flops, intra=tp_bandwidth,
+                                inter=network_bandwidth, calibration=calibration, attention=options.get("attention"),
+                                schedule=getattr(schedule_options, "pipeline_schedule", None), dp_rules=dp_rules,
+                                chunks=getattr(schedule_options, "virtual_stages", None) or 1), time=timer.time)
+    notes += timing["notes"]
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
@@ -479,10 +462,6 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     margin = headroom_bytes(headroom, hardware.memory_capacity)
     run["headroom"] = margin
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
-    timing = dict(fig=fig, hw=hw, cal=calibration, seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=state,
-                  fused_attention=options.get("attention", "sdpa") != "eager",
-                  idle=getattr(schedule, "idle_slots", None),
-                  chunks=getattr(schedule_options, "virtual_stages", None) or 1)
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
                devices, node, options, margin, timing, allow_cross_node_tp)
@@ -526,11 +505,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                       seq_len=seq_len, candidates=total, solves=solves,
                       seconds=time.perf_counter() - started, fits=fits,
                       pareto=tuple(c for c in fits if c[17]), profile=profile, run=run, notes=notes,
-                      assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
-                                   "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
-                                   "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
-                                   **{f"calibration.{k}": v for k, v in calibration.as_dict().items()},
-                                   **{f"recompute.{k}": v for k, v in recompute.items()}},
+                      assumptions={**timing["assumptions"], **{f"recompute.{k}": v for k, v in recompute.items()}},
                       timing=timing)
 
 
@@ -896,9 +871,8 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
     limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
-    step_time, peak = steptime.layout_time, timing["hw"]["flops"]
-    flops_per_token = steptime.model_flops_per_token(timing["fig"], seq_len)
-    mfu_scale = flops_per_token * tokens / (devices * peak)
+    step_time, peak = timing["time"], timing["peak"]
+    mfu_scale = timing["flops_per_token"] * tokens / (devices * peak)
     for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
         n, plan = len(micro), None
         rec = recompute.get(ckpt, 0.0)

@@ -35,7 +35,7 @@ def base(solver, **kw):
 
 def test_every_hook_has_a_test():
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 13
+    assert len(hooks) == 14
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
                if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
@@ -43,7 +43,39 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (2, 4)
+    assert mlsysim_core.PLUGIN_API_VERSION == (2, 5)
+
+
+def test_hook_mlsysim_step_time_models(builtin_pm):
+    """A third party's step-time model, selected by name, ranks the search; its check refuses first."""
+    from mlsysim_core import InvalidInputError, StepTimeSpec, search
+
+    def check(hardware, overrides, calibration):
+        if calibration is not None:
+            raise InvalidInputError("calibration", calibration, "None: this model has none")
+
+    def prepare(*, model, seq_len, **run):
+        return dict(calibrated=False, notes=("test: one second a step",), assumptions={"test.seconds": 1.0},
+                    flops_per_token=6 * model.parameters, peak=1e15, idle=None, chunks=1)
+
+    class Flat:
+        @hookimpl
+        def mlsysim_step_time_models(self):
+            return [StepTimeSpec(name="test.flat", check=check, prepare=prepare, components=("all",),
+                                 time=lambda timing, **layout: {"all": 1.0 * layout["gas"], "step": 1.0 * layout["gas"]})]
+    solver = solver_with(Flat(), builtin_pm=builtin_pm)
+    assert set(solver.registry.step_time_models) == {"roofline", "test.flat"}
+    found = search.search_plans("llama3-8b", "h100", devices=2, global_batch=4, solver=solver,
+                                step_time_model="test.flat", workers=1)
+    assert found.fits and all(c.step_time == c.gradient_accumulation_steps for c in found.fits)
+    assert "test: one second a step" in found.notes and found.assumptions["test.seconds"] == 1.0
+    assert found.components(found.fits[0]) == {"all": 1.0 * found.fits[0].gradient_accumulation_steps,
+                                               "step": found.fits[0].step_time}
+    with pytest.raises(InvalidInputError, match="calibration"):
+        search.search_plans("llama3-8b", "h100", devices=2, global_batch=4, solver=solver,
+                            step_time_model="test.flat", calibration=0.5)
+    default = search.search_plans("llama3-8b", "h100", devices=2, global_batch=4, solver=solver, workers=1)
+    assert default.timing["cal"].calibrated      # the built-in roofline, when none is named
 
 
 def test_hook_mlsysim_optimizers(builtin_pm):

@@ -39,7 +39,7 @@ from mlsysim_core import (HardwareNode, ShardingEffect, ShardingRuleSpec, Sparse
 from mlsysim_core.catalog import get_model
 from mlsysim_core.errors import MlsysimError, PluginError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
-from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo
+from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, PluginInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = "mlsysim_measured_architectures"
@@ -500,6 +500,8 @@ def _naming(kind: str, name: str):
         return "llama3-8b", dict(regime=name, **profile)
     if kind == SCHEDULES:
         return "llama3-8b", dict(pipeline_schedule=name, pp_size=2, gradient_accumulation_steps=4, **profile)
+    if kind == STEP_TIME:       # (named by a search, not a solve)
+        return "llama3-8b", dict(step_time_model=name)
     raise AssertionError(kind)
 
 
@@ -534,7 +536,11 @@ def test_blocking_a_builtin_removes_it_or_is_refused(kind, name):
     still = []
     for kind_, item, model, kwargs in checks:
         try:
-            solver.solve(model, "h100", 16, 2048, **kwargs)
+            if kind_ == STEP_TIME:
+                from mlsysim_core.search import search_plans
+                search_plans(model, "h100", devices=2, global_batch=2, solver=solver, **kwargs)
+            else:
+                solver.solve(model, "h100", 16, 2048, **kwargs)
         except MlsysimError as err:
             # the item or the plugin; for a measured hook's items, the hook (none left registered)
             if not any(said in str(err) for said in (item, name, *[kind_] * kind_.startswith("mlsysim_"))):

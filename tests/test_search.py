@@ -96,7 +96,7 @@ SHAPED = TransformerWorkload(name="shaped", parameters=1_000_000_000, layers=8, 
 
 def test_step_time_by_hand(solver):
     """One rank, no communication: every component derived by hand (steptime's docstring)."""
-    from mlsysim_core.steptime import DEFAULT as cal
+    from mlsysim_plugins.steptime import DEFAULT as cal
     found = search.search_plans(SHAPED, GPU, devices=1, global_batch=2, seq_len=1024, solver=solver,
                                 checkpointing=["full"], precision="bf16")
     (c,) = [c for c in found.fits if c.microbatch == 1]
@@ -119,7 +119,7 @@ def test_step_time_by_hand(solver):
 
 
 def test_tensor_parallel_collectives_by_hand(solver):
-    from mlsysim_core.steptime import DEFAULT as cal
+    from mlsysim_plugins.steptime import DEFAULT as cal
     found = search.search_plans(SHAPED, GPU, devices=4, global_batch=1, seq_len=1024, solver=solver,
                                 checkpointing=["none"], precision="bf16", context_parallel=[1])
     (c,) = [c for c in found.fits if (c.tp, c.pp, c.sequence_parallel) == (4, 1, True)]

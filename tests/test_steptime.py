@@ -1,5 +1,6 @@
-"""The planner's step-time model (mlsysim_core.steptime, docs/planner.md): each mechanism
-by hand, recompute declared by the strategies, the calibration and what a search says."""
+"""The planner's step-time model (the plugin mlsysim_plugins.steptime, docs/planner.md): each
+mechanism by hand, the rules' declared collectives, recompute declared by the strategies, the
+calibration and what a search says."""
 
 import json
 import runpy
@@ -9,8 +10,9 @@ import attrs
 import pytest
 
 from mlsysim_core import (CheckpointingSpec, HardwareNode, InvalidInputError, TrainingMemoryModel,
-                          TransformerWorkload, hookimpl, search, steptime)
+                          TransformerWorkload, hookimpl, search)
 from mlsysim_core.manager import PluginManager
+from mlsysim_plugins import steptime
 
 ROOT = Path(__file__).resolve().parents[1]
 CAL = attrs.evolve(steptime.DEFAULT, intra_link=0.5, inter_link=0.8, latency=0.0)
@@ -35,18 +37,60 @@ def test_ring_collectives_and_overlap():
     assert steptime.hidden(3.0, 1.0, steptime.DEFAULT) == pytest.approx(2.0 + share)         # 2 s outlast it
 
 
-def test_data_parallel_rules_by_hand():
+def test_data_parallel_rules_by_hand(solver):
+    """Each built-in data-parallel rule's declared collectives (ShardingRuleSpec.collectives), timed."""
     cal = attrs.evolve(CAL, overlap_sm_share=0.0)
-    args = dict(d=4, grads=4e9, bw=1e9, latency=0.0, fwd=1.0, bwd=2.0, gas=3, layers=10, shard_group=None,
-                node=8, tp=1, hw=HW, cal=cal)
+    rules = solver.registry.sharding_rules
+
+    def dp(name, d=4):
+        size = dict(groups={"dp": (d, 1), "dp-node": (min(d, 8), 1), "dp-across": (d // min(d, 8), min(d, 8))},
+                    volumes={"gradients": (4e9,)}, node=8, hw={"intra": 2e9, "inter": 50e9}, cal=cal, sp=False)
+        return steptime._data_parallel(rules[name].collectives, 3, 10, {"forward": 1.0, "backward": 2.0}, size)
     once = 3 / 4 * 4e9 / 1e9           # 3 s: one gather or reduce-scatter of the shard
-    dp = steptime._data_parallel
-    assert dp("zero0", **args) == pytest.approx(2 * once - 2.0)                     # one all-reduce, beside a backward
-    assert dp("zero1", **args) == pytest.approx((once - 2.0) + (once - 1.0))
-    assert dp("zero2", **args) == pytest.approx(3 * (once - 2.0) + (once - 1.0))
-    assert dp("fsdp", **args) == pytest.approx(3 * ((once - 1.0) + (2 * once - 2.0) + once / 10))
-    assert dp("fsdp-grad-op", **args) == pytest.approx(3 * ((once - 1.0) + (once - 2.0) + once / 10))
-    assert dp("zero0", **{**args, "d": 1}) == 0.0
+    assert dp("zero0") == pytest.approx(2 * once - 2.0)                     # one all-reduce, beside a backward
+    assert dp("zero1") == pytest.approx((once - 2.0) + (once - 1.0))
+    assert dp("zero2") == pytest.approx(3 * (once - 2.0) + (once - 1.0))
+    assert dp("fsdp") == pytest.approx(3 * ((once - 1.0) + (2 * once - 2.0) + once / 10))
+    assert dp("zero3") == dp("fsdp") == pytest.approx(dp("hsdp"))          # (4 ranks: one shard group)
+    assert dp("fsdp-grad-op") == pytest.approx(3 * ((once - 1.0) + (once - 2.0) + once / 10))
+    assert dp("zero0", d=1) == 0.0
+
+
+def test_the_step_time_reads_declarations_never_names(builtin_pm):
+    """Every rule registered again under another name (the same declarations) is timed the same;
+    a data-parallel rule that declares nothing is timed as fsdp's, and said."""
+    class Renamed:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            rules = builtin_pm.registry.sharding_rules
+            return [attrs.evolve(rules[n], name=f"test.{n}") for n in ("zero1", "fsdp", "hsdp")] + [
+                attrs.evolve(rules["fsdp"], name="test.silent", collectives=None)]
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(Renamed(), name="test_renamed")
+    args = dict(devices=32, global_batch=64, seq_len=2048, solver=TrainingMemoryModel(plugin_manager=pm),
+                checkpointing=["full"], context_parallel=[1], max_tp=2, workers=1)
+    found = search.search_plans("llama3-8b", "h100", data_parallel=["zero1", "fsdp", "hsdp", "test.zero1",
+                                                                     "test.fsdp", "test.hsdp", "test.silent"], **args)
+    rows = {}
+    for c in found.fits:
+        rows.setdefault((c.tp, c.pp, c.dp, c.sequence_parallel, c.microbatch), {})[c.data_parallel] = c.step_time
+    assert len(rows) > 10 and any(r.get("hsdp") != r.get("fsdp") for r in rows.values())
+    for by_rule in rows.values():
+        if "fsdp" not in by_rule:       # (one data-parallel rank: the search enumerates built-ins once, as zero0)
+            continue
+        for name in ("zero1", "fsdp", "hsdp"):
+            assert by_rule.get(f"test.{name}") == by_rule.get(name)
+        assert by_rule.get("test.silent") == by_rule.get("fsdp")
+    assert any("data-parallel rules test.silent: the step time counts their communication as fsdp's" in n
+               for n in found.notes)
+
+
+def test_search_reaches_the_step_time_through_the_registry():
+    text = (ROOT / "mlsysim_core" / "search.py").read_text(encoding="utf-8")
+    assert "from mlsysim_plugins" not in text and "import mlsysim_plugins" not in text and "steptime import" not in text
+    assert not (ROOT / "mlsysim_core" / "steptime.py").exists()
 
 
 FIG = steptime.model_figures(TransformerWorkload(name="t", parameters=1_000_000_000, layers=8, hidden_dim=2048,

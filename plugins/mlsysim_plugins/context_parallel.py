@@ -10,7 +10,7 @@ divides by cp. Two rules for the ``cp`` axis:
 Parameters are replicated over cp (the ZeRO rules shard over dp x cp, as Megatron's
 distributed optimizer does)."""
 
-from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
+from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, Collective, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
 
 from mlsysim_core.memo import memoize
@@ -59,9 +59,15 @@ def apply_ulysses(plan, options):
     return apply(plan, options, style="all-to-all")
 
 
+# Ring attention, declared for the step time: the K/V chunk passed around the ring (cp - 1 sends)
+# in each forward of a layer, K/V and dK/dV in its backward, hidden behind the layer's attention.
+RING = (Collective(kind="ring-pass", volume="kv", group="cp", per="layer", forward=1, backward=2,
+                   overlaps="attention"),)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply,
+    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, collectives=RING,
                              description="activations / cp (sequence split); ring-attention K/V buffers"),
             ShardingRuleSpec(name="cp-ulysses", axis="cp", apply=apply_ulysses,
                              description="activations / cp (sequence split); Ulysses all-to-all q/k/v/output buffers")]

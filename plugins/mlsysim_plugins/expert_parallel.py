@@ -2,7 +2,7 @@
 (an approximation: dense weights are really replicated). Only mixture-of-experts models
 can use it, and with at most one rank per expert."""
 
-from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
@@ -35,7 +35,14 @@ def all_to_all(plan, placement, options):
     return buffers.expert_all_to_all(plan, placement)
 
 
+# Declared for the step time: dispatch and combine all-to-alls of the routed tokens (tokens x
+# experts per token x hidden) per layer in each forward (recomputed ones too) and two in its
+# backward, on the critical path (no overlap modelled).
+COLLECTIVES = (Collective(kind="all-to-all", volume="routed", group="ep", per="layer", forward=2, backward=2),)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, measured_buffer_terms=all_to_all,
+                             collectives=COLLECTIVES,
                              description="parameters / ep (mixture-of-experts models only)")]

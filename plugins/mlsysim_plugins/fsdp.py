@@ -12,7 +12,7 @@ unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
 
 import attrs
 
-from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
@@ -76,15 +76,35 @@ def grad_op_buffers(plan, placement, options):
     return buffers.kept_unsharded(plan, placement)
 
 
+def _gather(group, per, overlaps, **more):
+    return Collective(volume="gradients", group=group, per=per, overlaps=overlaps, **{overlaps: 1}, **more)
+
+
+# What each rule communicates, declared for the step time (per micro-batch, each hidden behind the
+# compute it overlaps): FULL_SHARD gathers a layer's parameters for the forward (the first layer's
+# not hidden) and again for the backward, and reduce-scatters its gradients; SHARD_GRAD_OP gathers
+# once (kept to the backward); HYBRID_SHARD does FULL_SHARD's inside a node and all-reduces the
+# reduced shard across the nodes once per step.
+FULL_SHARD = (_gather("dp", "micro-batch", "forward", kind="all-gather", first_layer_exposed=True),
+              _gather("dp", "micro-batch", "backward", kind="all-gather"),
+              _gather("dp", "micro-batch", "backward", kind="reduce-scatter"))
+SHARD_GRAD_OP = (_gather("dp", "micro-batch", "forward", kind="all-gather", first_layer_exposed=True),
+                 _gather("dp", "micro-batch", "backward", kind="reduce-scatter"))
+HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
+                _gather("dp-across", "step", "backward", kind="all-reduce", shard="dp-node", in_network=False))
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, measured_buffer_terms=full_shard_buffers,
+                         collectives=FULL_SHARD,
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op, measured_buffer_terms=grad_op_buffers,
+                         collectives=SHARD_GRAD_OP,
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
-                         measured_buffer_terms=full_shard_buffers,
+                         measured_buffer_terms=full_shard_buffers, collectives=HYBRID_SHARD,
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

@@ -3,7 +3,7 @@ a stage, and one send plus one receive buffer of a boundary activation (2*b*s*h 
 
 import math
 
-from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
+from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, Collective, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
 
 from mlsysim_core.memo import memoize
@@ -32,7 +32,13 @@ def apply(plan, options):
                   plan.hidden_dim_note)
 
 
+# Declared for the step time: the stage boundary's activation sent forward and its gradient sent
+# back, per micro-batch (and model chunk), on the critical path.
+COLLECTIVES = (Collective(kind="send-recv", volume="activations", group="pp", per="micro-batch", forward=1,
+                          backward=1),)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply,
+    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply, collectives=COLLECTIVES,
                              description="parameters / pp; ceil(layers/pp) layers per stage; p2p buffers")]

@@ -4,7 +4,7 @@ Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
 weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel rule.
 """
 
-from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import Collective, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
@@ -44,8 +44,28 @@ def zero3_buffers(plan, placement, options):
 MEASURED_BUFFERS = {0: ddp_buffers, 3: zero3_buffers}
 
 
+def _dp(kind, per, overlaps, first_layer_exposed=False):
+    """One collective of the rank's gradient (or parameter) shard over the dp x cp ranks."""
+    return Collective(kind=kind, volume="gradients", group="dp", per=per, overlaps=overlaps,
+                      first_layer_exposed=first_layer_exposed, **{overlaps: 1})
+
+
+# What each stage communicates, declared for the step time: stage 0 all-reduces the gradients
+# beside the last backward; 1 reduce-scatters them there and all-gathers the updated shard beside
+# the next forward; 2 reduce-scatters every micro-batch; 3 gathers the weights for each forward
+# and again for each backward (the first layer's not hidden) and reduce-scatters after it.
+COLLECTIVES = {
+    0: (_dp("all-reduce", "step", "backward"),),
+    1: (_dp("reduce-scatter", "step", "backward"), _dp("all-gather", "step", "forward")),
+    2: (_dp("reduce-scatter", "micro-batch", "backward"), _dp("all-gather", "step", "forward")),
+    3: (_dp("all-gather", "micro-batch", "forward", True), _dp("all-gather", "micro-batch", "backward"),
+        _dp("reduce-scatter", "micro-batch", "backward")),
+}
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
                              description=f"ZeRO-{stage}: {WHAT[stage]}",
-                             measured_buffer_terms=MEASURED_BUFFERS.get(stage)) for stage in range(4)]
+                             measured_buffer_terms=MEASURED_BUFFERS.get(stage), collectives=COLLECTIVES[stage])
+            for stage in range(4)]

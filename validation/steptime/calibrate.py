@@ -1,4 +1,4 @@
-"""Calibrate the planner's step-time model (mlsysim_core/steptime.py) per accelerator against
+"""Calibrate the planner's step-time model (plugins/mlsysim_plugins/steptime.py) per accelerator against
 published training throughput (validation/steptime/published.py), and check it on held-out runs.
 
     python validation/steptime/calibrate.py            # fit, print the Calibration and the table
@@ -29,7 +29,7 @@ import attrs
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mlsysim_core import steptime                      # noqa: E402
+from mlsysim_plugins import steptime                   # noqa: E402
 from mlsysim_core.inputs import _hardware, _model       # noqa: E402
 from mlsysim_core.search import _one_device_plan, precision_bytes   # noqa: E402
 from mlsysim_core.solver import TrainingMemoryModel     # noqa: E402

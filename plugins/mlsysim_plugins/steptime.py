@@ -11,20 +11,23 @@ The model (docs/planner.md derives each line; all per rank of the slowest pipeli
                 eff_memory x memory bandwidth; norms and residuals are divided by tp only
                 under sequence parallelism
     kernels   = kernel count x kernel_overhead  (launch and tail time every kernel pays)
-    tp        = (4 + 2r) collectives of T h bytes per layer (all-reduces, or all-gather +
+    tp, cp, ep, p2p = the collectives the tensor, context, expert and pipeline rules declare
+                (ShardingRuleSpec.collectives; see _collectives), each built-in's:
+        tp    (4 + 2r) collectives of T h bytes per layer (all-reduces, or all-gather +
                 reduce-scatter pairs under SP: a ring's volume), on the critical path; a
                 switch that reduces in the network (NVLink SHARP) sends an all-reduce's
                 buffer once
-    cp        = the ring's K/V (and dK/dV) passes, hidden behind the attention they feed:
+        cp    the ring's K/V (and dK/dV) passes, hidden behind the attention they feed:
                 only what exceeds it is exposed
-    ep        = (4 + 2r) all-to-alls of T k h bytes per MoE layer, on the critical path
-    p2p       = the stage boundary's activation and its gradient, per micro-batch (x v model
+        ep    (4 + 2r) all-to-alls of T k h bytes per MoE layer, on the critical path
+        p2p   the stage boundary's activation and its gradient, per micro-batch (x v model
                 chunks per rank under an interleaved schedule)
     micro     = matmul + attention + memory + kernels + tp + cp + ep + p2p
     pipeline  = (gas + idle) x micro        idle: the schedule's bubble in micro-batch slots,
                 pp - 1 for 1F1B and GPipe, (pp - 1) / v interleaved, less for zero-bubble ones
-    dp        = the data-parallel rule's collectives, each hidden behind the compute it
-                overlaps (see _data_parallel), only the excess exposed
+    dp        = the data-parallel rule's declared collectives, each hidden behind the compute it
+                overlaps (see _data_parallel), only the excess exposed; a rule that declares
+                none is timed as fsdp's (UNDECLARED_DP, said in the search's notes)
     optimizer = the optimizer step's memory traffic over the local shard, at eff_memory
     step      = pipeline + dp + optimizer
 
@@ -40,6 +43,11 @@ x h_q x seq per token, torchtitan/models/utils.py get_dense_model_nparams_and_fl
 the dense bf16 peak. The efficiencies are fitted per accelerator (CALIBRATIONS, fitted by
 validation/steptime/calibrate.py on the cases it names); other hardware uses DEFAULT, and
 every row says "uncalibrated".
+
+A plugin (entry point ``steptime``): it registers the step-time model ``roofline``
+(``mlsysim_step_time_models``), which ``mlsysim_core.search`` reaches through the registry.
+The step time reads the rules' declarations, never their names: a rule registered again under
+another name is timed the same.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ import math
 from typing import Mapping
 
 import attrs
+
+from mlsysim_core import Collective, InvalidInputError, InvalidInputTypeError, StepTimeSpec, hookimpl
 
 
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
@@ -102,7 +112,7 @@ CALIBRATIONS: dict[str, Calibration] = {
 
 def calibration_for(hardware_name: str) -> Calibration:
     """The accelerator's fitted calibration (matched by the catalog entry's name), else DEFAULT."""
-    from .catalog import get_hardware
+    from mlsysim_core.catalog import get_hardware
     for key, cal in CALIBRATIONS.items():
         if get_hardware(key).name == hardware_name:
             return cal
@@ -207,12 +217,20 @@ COMPONENTS = ("matmul", "attention", "memory", "kernels", "tp", "cp", "ep", "p2p
 def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str,
               recompute: float, sp: bool, mb: int, gas: int, seq_len: int, bytes_: float, node: int,
               optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
-              idle_slots: float | None = None, chunks: int = 1, compiled: bool = False) -> dict:
+              idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
+              rules: Mapping[str, tuple] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
+    ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
+    from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
+    (default: the installed default rules');
     ``idle_slots``: the pipeline schedule's bubble in micro-batch slots (None: 1F1B's pp - 1);
     ``chunks``: model chunks per rank (an interleaved schedule's v: v times the sends);
     ``compiled``: torch.compile fuses the memory-bound ops (default: eager, as the measured
     memory profile models)."""
+    if rules is None or isinstance(rule, str):      # (a direct call: the installed rules' declarations)
+        axes, by_name = declarations()
+        rules = axes if rules is None else rules
+        rule = by_name[rule] if isinstance(rule, str) else rule
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
     layers = math.ceil(fig["layers"] / pp)
     T = mb * seq_len / cp
@@ -228,39 +246,30 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
     memory = (elementwise * layers * (3 + r) + logits) / (cal.memory * mem_bw)
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
-    # communication inside a micro-batch
-    tp_bw = link(tp, 1, node, hw, cal)
-    # under SP an all-gather and a reduce-scatter per all-reduce: a ring's volume, whatever the switch
-    one = (ring_time(T * h * bytes_, tp, tp_bw, cal.latency, 2) if sp
-           else allreduce_time(T * h * bytes_, tp, tp_bw, cal.latency, tp <= node, cal))
-    tp_comm = (4 + 2 * r) * layers * one if tp > 1 else 0.0
-    cp_comm = 0.0
-    if cp > 1:
-        ring = (cp - 1) * T * 2 * h_kv * bytes_ / link(cp, tp, node, hw, cal) + (cp - 1) * cal.latency
-        attn_layer = attention / layers
-        cp_comm = layers * hidden(ring * (3 + r), attn_layer, cal)
-    ep_comm = 0.0
-    if ep > 1:
-        a2a = (ep - 1) / ep * T * fig["k"] * h * bytes_ / link(ep, tp, node, hw, cal) + cal.latency
-        ep_comm = (4 + 2 * r) * layers * a2a
-    p2p = 0.0
-    if pp > 1:
-        stride = tp * cp * dp       # (consecutive stages are this many ranks apart)
-        bw = hw["intra"] * cal.intra_link if stride < node else hw["inter"] * cal.inter_link
-        p2p = 2 * chunks * (T * h * bytes_ / bw + cal.latency)
+    # communication inside a micro-batch: what the tp, cp, ep and pp rules declare
+    d = dp * cp
+    g = shard_group or min(d, node)
+    groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (d, tp), "pp": (pp, tp * cp * dp),
+              "dp-node": (g, tp), "dp-across": (d // g, tp * g)}
+    dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
+    local = dense + fig["expert_params"] / (tp * pp * ep)
+    volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
+               "gradients": (local * bytes_,)}
+    size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp)
+    fwd = (matmul + attention + memory) / (3 + r)
+    bwd = fwd * (2 + r)
+    per_layer = {"attention": attention / layers, "forward": fwd / layers, "backward": bwd / layers}
+    tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size)
+                                 for axis in ("tp", "cp", "ep"))
+    p2p = _per_micro_batch(rules.get("pp") or (), chunks, size)
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
     bubble = (pp - 1 if idle_slots is None else idle_slots) * micro
     # data parallelism: the local shard's gradients and parameters
-    d = dp * cp
-    dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
-    local = dense + fig["expert_params"] / (tp * pp * ep)
-    grads = local * bytes_
-    dp_bw = link(d, tp, node, hw, cal)
-    fwd = (matmul + attention + memory) / (3 + r)
-    bwd = fwd * (2 + r)
-    dp_comm = _data_parallel(rule, d, grads, dp_bw, cal.latency, fwd, bwd, gas, fig["layers"] / pp,
-                             shard_group, node, tp, hw, cal)
-    shards = d if rule != "zero0" else 1
+    declared = UNDECLARED_DP if rule is None else rule
+    dp_comm = _data_parallel(declared, gas, fig["layers"] / pp, {"forward": fwd, "backward": bwd,
+                                                                 "attention": attention}, size)
+    # a rule that reduce-scatters the gradients steps the optimizer on its shard of dp x cp
+    shards = d if any(c.kind == "reduce-scatter" for c in declared) else 1
     optimizer = local / shards * optimizer_bytes / (cal.memory * mem_bw)
     parts = dict(matmul=matmul * gas, attention=attention * gas, memory=memory * gas, kernels=kernels * gas,
                  tp=tp_comm * gas, cp=cp_comm * gas, ep=ep_comm * gas, p2p=p2p * gas, bubble=bubble,
@@ -284,13 +293,75 @@ def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
     return replicated + (rope * (fig["h_q"] + fig["h_kv"]) + act * mlp) / tp
 
 
-def layout_time(timing: dict, *, pp: int, gas: int, **layout) -> dict:
-    """``step_time`` for one layout from a search's ``timing`` (the model, hardware and
-    calibration, and the pipeline schedule's ``idle`` slots function and model chunks)."""
-    idle = timing.get("idle")
-    fixed = {k: v for k, v in timing.items() if k != "idle"}
-    slots = idle(pp, gas, fixed.get("chunks", 1)) if idle is not None and pp > 1 else None
-    return step_time(pp=pp, gas=gas, idle_slots=slots, **fixed, **layout)
+def declarations(registry=None) -> tuple[dict, dict]:
+    """The installed rules' declared collectives: ({axis: the default tp, cp, ep and pp rule's},
+    {data-parallel rule name: its, or None}), from ``registry`` (default: the process's)."""
+    if registry is None:
+        from mlsysim_core.manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    from mlsysim_core.specs import DATA, DEFAULT_RULES
+    axes = {axis: registry.sharding_rules[name].collectives or () for axis, name in DEFAULT_RULES.items()
+            if name in registry.sharding_rules}
+    return axes, {name: spec.collectives for name, spec in registry.rules_for_axis(DATA).items()}
+
+
+def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str, recompute: float,
+                sp: bool, mb: int, gas: int) -> dict:
+    """``step_time`` for one layout from a search's ``timing`` (``prepare``'s: the model, hardware,
+    calibration, the rules' declarations, the pipeline schedule's ``idle`` slots and model chunks)."""
+    idle = timing["idle"]
+    slots = idle(pp, gas, timing["chunks"]) if idle is not None and pp > 1 else None
+    return step_time(timing["fig"], timing["hw"], timing["cal"], tp=tp, cp=cp, pp=pp, dp=dp, ep=ep,
+                     rule=timing["dp_rules"].get(rule), recompute=recompute, sp=sp, mb=mb, gas=gas,
+                     seq_len=timing["seq_len"], bytes_=timing["bytes_"], node=timing["node"],
+                     optimizer_bytes=timing["optimizer_bytes"], fused_attention=timing["fused_attention"],
+                     idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"])
+
+
+def check(hardware, overrides: Mapping[str, object], calibration) -> None:
+    """Before anything is solved: the hardware has the topology (or overrides), ``calibration`` is one."""
+    missing = missing_topology(hardware, overrides)
+    if missing:
+        raise InvalidInputError("hardware", hardware.name, "hardware with the planner's topology: "
+                                + ", ".join(TOPOLOGY_FIELDS),
+                                f"{hardware.name} has no {', '.join(missing)}: add them to its catalog entry or "
+                                "JSON file (or pass flops=, tp_bandwidth=, network_bandwidth=)")
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise InvalidInputTypeError("calibration", calibration, "a steptime.Calibration, or None")
+
+
+def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes: float, node: int, flops=None,
+            intra=None, inter=None, calibration: Calibration | None = None, attention: str | None = None,
+            schedule=None, chunks: int = 1, dp_rules=()) -> dict:
+    """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says."""
+    cal = calibration_for(hardware.name) if calibration is None else calibration
+    fig = model_figures(model)
+    hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter)
+    axes, declared = declarations(registry)
+    notes = []
+    if not cal.calibrated:
+        notes.append(f"step time uncalibrated for {hardware.name}: assumed efficiencies (steptime.DEFAULT), no "
+                     "published measurement fitted")
+    untimed = [r for r in dp_rules if declared.get(r) is None]
+    if untimed:
+        notes.append(f"data-parallel rules {', '.join(untimed)}: the step time counts their communication as fsdp's "
+                     "(gather, gather, reduce-scatter per micro-batch)")
+    if attention == "eager":
+        notes.append("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic")
+    if hardware.memory_bandwidth is None:
+        notes.append(f"step time: {hardware.name} has no memory_bandwidth: {ASSUMED_MEMORY_BANDWIDTH:.0e} B/s")
+    notes += fig["notes"]
+    if schedule is not None and getattr(schedule, "idle_slots", None) is None:
+        notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
+    state = optimizer_step_bytes(result, model.parameters)
+    return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
+                fused_attention=attention != "eager", idle=getattr(schedule, "idle_slots", None), chunks=chunks,
+                rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
+                flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],
+                assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
+                             "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
+                             "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
+                             **{f"calibration.{k}": v for k, v in cal.as_dict().items()}})
 
 
 def hidden(comm: float, compute: float, cal: Calibration) -> float:
@@ -299,32 +370,110 @@ def hidden(comm: float, compute: float, cal: Calibration) -> float:
     return max(0.0, comm - compute) + cal.overlap_sm_share * min(comm, compute)
 
 
-def _data_parallel(rule, d, grads, bw, latency, fwd, bwd, gas, layers, shard_group, node, tp, hw, cal) -> float:
-    """Exposed seconds per step of the data-parallel rule's collectives. Each overlaps the
-    compute it runs beside (bucketed gradient reduction: the backward; FSDP's prefetched
-    all-gathers: the forward and backward, layer by layer, the first layer's not hidden)."""
-    if d <= 1:
+# A data-parallel rule that declares no collectives is timed as fsdp's: gather for the forward,
+# again for the backward, reduce-scatter after it, every micro-batch.
+UNDECLARED_DP = (
+    Collective(kind="all-gather", volume="gradients", group="dp", per="micro-batch", forward=1, overlaps="forward",
+               first_layer_exposed=True),
+    Collective(kind="all-gather", volume="gradients", group="dp", per="micro-batch", backward=1, overlaps="backward"),
+    Collective(kind="reduce-scatter", volume="gradients", group="dp", per="micro-batch", backward=1,
+               overlaps="backward"))
+
+
+def _seconds(c: Collective, size: dict) -> float:
+    """One call of a declared collective: its kind's time over its group's link (module docstring)."""
+    n, stride = size["groups"][c.group]
+    if n <= 1:
         return 0.0
-    once = ring_time(grads, d, bw, latency)         # one all-gather or reduce-scatter of the shard
-    if rule == "zero0":                 # one all-reduce beside the last backward
-        return hidden(allreduce_time(grads, d, bw, latency, d * tp <= node, cal), bwd, cal)
-    if rule == "zero1":                 # reduce-scatter beside the last backward, gather beside the next forward
-        return hidden(once, bwd, cal) + hidden(once, fwd, cal)
-    if rule == "zero2":                 # reduce-scatter every micro-batch, gather once
-        return gas * hidden(once, bwd, cal) + hidden(once, fwd, cal)
-    if rule == "fsdp-grad-op":          # gather before each forward (kept to the backward), reduce after
-        return gas * (hidden(once, fwd, cal) + hidden(once, bwd, cal) + once / layers)
-    if rule == "hsdp":                  # fsdp in the shard group, an all-reduce across the replicas
-        g = shard_group or min(d, node)
-        inner = ring_time(grads, g, link(g, tp, node, hw, cal), latency)
-        across = ring_time(grads / g, d // g, link(d // g, tp * g, node, hw, cal), latency, 2)
-        return gas * (hidden(inner, fwd, cal) + hidden(2 * inner, bwd, cal) + inner / layers) + hidden(across, bwd, cal)
-    # zero3, fsdp (and a rule the model does not know, said in the run's notes): gather for the
-    # forward, again for the backward, reduce-scatter after it, every micro-batch
-    return gas * (hidden(once, fwd, cal) + hidden(2 * once, bwd, cal) + once / layers)
+    node, hw, cal = size["node"], size["hw"], size["cal"]
+    factors = size["volumes"][c.volume]
+    if c.kind in ("all-to-all", "ring-pass"):       # (the factors multiplied in the formula's order)
+        x = (n - 1) / n if c.kind == "all-to-all" else n - 1
+        for f in factors:
+            x = x * f
+        bw = link(n, stride, node, hw, cal)
+        return x / bw + (cal.latency if c.kind == "all-to-all" else (n - 1) * cal.latency)
+    volume = factors[0]
+    for f in factors[1:]:
+        volume = volume * f
+    if c.shard is not None:
+        volume = volume / size["groups"][c.shard][0]
+    if c.kind == "send-recv":   # to the neighbouring stage, ``stride`` ranks away
+        bw = hw["intra"] * cal.intra_link if stride < node else hw["inter"] * cal.inter_link
+        return volume / bw + cal.latency
+    bw = link(n, stride, node, hw, cal)
+    if c.kind == "all-reduce":
+        if c.in_network:
+            return allreduce_time(volume, n, bw, cal.latency, n * stride <= node, cal)
+        return ring_time(volume, n, bw, cal.latency, 2)
+    return ring_time(volume, n, bw, cal.latency)        # all-gather, reduce-scatter
+
+
+def _applies(c: Collective, size: dict) -> bool:
+    return c.sequence_parallel is None or c.sequence_parallel == size["sp"]
+
+
+def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict) -> float:
+    """Exposed seconds per micro-batch of an axis' per-layer collectives: ``forward`` calls per
+    forward (recomputed ones too), ``backward`` per backward; those overlapping one compute are
+    added and hidden behind it, layer by layer."""
+    exposed, overlapping = 0.0, {}
+    for c in declared:
+        if c.per != "layer" or not _applies(c, size):
+            continue
+        t = _seconds(c, size)
+        calls = (c.forward + c.backward) + c.forward * r
+        if c.overlaps is None:
+            exposed += calls * layers * t
+        else:
+            overlapping[c.overlaps] = overlapping.get(c.overlaps, 0.0) + t * calls
+    for target, comm in overlapping.items():
+        exposed += layers * hidden(comm, compute[target], size["cal"])
+    return exposed
+
+
+def _per_micro_batch(declared, chunks: int, size: dict) -> float:
+    """Exposed seconds per micro-batch of the pipeline rule's sends (x the model chunks per rank)."""
+    return sum(((c.forward + c.backward) * chunks * _seconds(c, size) for c in declared
+                if c.per == "micro-batch" and _applies(c, size)), 0.0)
+
+
+def _data_parallel(declared, gas: int, layers: float, compute: Mapping[str, float], size: dict) -> float:
+    """Exposed seconds per step of the data-parallel rule's declared collectives. Each overlaps
+    the compute it runs beside (one micro-batch's backward for a bucketed gradient reduction;
+    its forward and backward, layer by layer, for FSDP's prefetched all-gathers, the first
+    layer's not hidden); those beside one compute are added and hidden together, per
+    micro-batch (x gas) or once per step."""
+    total = {}
+    for per in ("micro-batch", "step"):
+        overlapping, exposed = {}, []
+        for c in declared:
+            if c.per != per or not _applies(c, size):
+                continue
+            t = (c.forward + c.backward) * _seconds(c, size)
+            if c.overlaps is None:
+                exposed.append(t)
+            else:
+                overlapping[c.overlaps] = overlapping.get(c.overlaps, 0.0) + t
+            if c.first_layer_exposed:
+                exposed.append(_seconds(c, size) / layers)
+        seconds = 0.0
+        for target, comm in overlapping.items():
+            seconds += hidden(comm, compute[target], size["cal"])
+        for t in exposed:
+            seconds += t
+        total[per] = seconds
+    return gas * total["micro-batch"] + total["step"]
 
 
 def summary(parts: dict, *, tokens: int, devices: int, fig: dict, seq_len: int, peak: float) -> dict:
     step = parts["step"]
     return {"step_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_device": tokens / step / devices,
             "mfu": model_flops_per_token(fig, seq_len) * tokens / (step * devices * peak)}
+
+
+@hookimpl
+def mlsysim_step_time_models():
+    return [StepTimeSpec(name="roofline", check=check, prepare=prepare, time=time_layout, components=COMPONENTS,
+                         description="FLOPs and bytes at fitted shares of the peaks, the rules' declared collectives "
+                                     "over the group's link, hidden behind what they overlap (docs/planner.md)")]
