@@ -324,13 +324,17 @@ class PluginManager(pluggy.PluginManager):
                                        if (info := self.info(impl.plugin_name)).name not in broken)
                            for hook in hookspecs.COMPONENT_HOOKS.values()}
         plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin()) if plugin is not None}
-        return Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
+        registry = Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE], step_time_models=tables[STEP_TIME],
                         providers=providers, component_impls=component_impls, plugins=plugins,
                         rules_by_axis={axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis}
                                        for axis in AXES},
                         broken=broken,
                         extensions={kind: table for kind, table in tables.items() if kind.startswith("mlsysim_")})
+        for name, spec in tables[PROFILE].items():     # a profile completed from its hooks' items
+            if spec.assemble is not None:
+                tables[PROFILE][name] = spec.assemble(spec, registry)
+        return registry
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:

@@ -274,6 +274,10 @@ class ProfileSpec:
     """``techniques(model, hardware, batch_size, seq_len, **keywords) -> ladder``: the profile's
     technique ladder, which ``fit techniques`` calls (the measured one's: ``mlsysim_plugins.measured.
     technique_fit.fit_techniques``). Plugin API 2.4."""
+    assemble: Callable | None = _optional_callable
+    """``assemble(spec, registry) -> ProfileSpec``: the profile completed from what its registration hooks
+    collected (the measured profile's options type from the registered techniques), once per
+    registry; the registry keeps what it returns. Plugin API 2.5."""
 
     def __attrs_post_init__(self):
         if self.grade is None:

@@ -50,26 +50,6 @@ SCHEDULES = "mlsysim_measured_pipeline_schedules"
 # What fails today, (kind, built-in name) -> the difference measured (tests/test_one_plugin_world.py
 # prints it on failure). Delete an entry once its test passes: strict xfail fails on a pass.
 STILL_NAMED: dict[tuple[str, str], str] = {
-    ('technique', 'offload'): (
-        "no hook registers techniques: offload is a branch of the measured profile's options and prepare "
-        '(issue 24 item 3)'
-    ),
-    ('technique', 'lora'): (
-        "no hook registers techniques: lora is a branch of the measured profile's options and prepare (issue "
-        '24 item 3)'
-    ),
-    ('technique', 'loss'): (
-        "no hook registers techniques: loss is a branch of the measured profile's options and prepare (issue "
-        '24 item 3)'
-    ),
-    ('technique', 'float8'): (
-        "no hook registers techniques: float8 is a branch of the measured profile's options and prepare "
-        '(issue 24 item 3)'
-    ),
-    ('technique', 'optimizer_in_backward'): (
-        "no hook registers techniques: optimizer_in_backward is a branch of the measured profile's options "
-        'and prepare (issue 24 item 3)'
-    ),
 }
 
 # --- the built-in world ----------------------------------------------------------------------------
@@ -562,13 +542,38 @@ def test_blocking_a_builtin_removes_it_or_is_refused(kind, name):
 # --- techniques -----------------------------------------------------------------------------------------------
 
 TECHNIQUES = ("offload", "lora", "loss", "float8", "optimizer_in_backward")
+TECHNIQUE_RUNS = {   # technique -> the options of a measured llama3-8b run (h100, 4 x 1024, bf16 AdamW) using it
+    "offload": [dict(offload="optimizer+gradients"), dict(offload="torchao")],
+    "lora": [dict(lora={"rank": 16, "quantization": "nf4"})],
+    "loss": [dict(loss="chunked", loss_chunks=4), dict(loss="fused_linear")],
+    "float8": [dict(float8="rowwise", regime="bf16", activation_checkpointing="none")],
+    "optimizer_in_backward": [dict(optimizer_in_backward=True)],
+}
 
 
 @pytest.mark.parametrize(("kind", "name"), [_marked(("technique", t)) for t in TECHNIQUES])
 def test_a_technique_is_a_registration(kind, name):
-    """A technique is an item of a measured hook, which a third party could register again under
-    another name (item 3). Once it is, extend the renamed-builtin test above to techniques."""
+    """A technique is an item of a measured hook (item 3): registered again under another name by a
+    third party (the built-in techniques' plugin replaced by one providing the same items, that one
+    renamed), it gives byte-identical results (tests/test_techniques_registered.py does every one,
+    and the ladder)."""
     hooks = [h for h in _REGISTRY.profiles["measured"].registration_hooks if "technique" in h]
     assert hooks, "the measured profile has no hook registering techniques"
     names = {n.replace("-", "_") for h in hooks for n in _REGISTRY.extensions.get(h, {})}
     assert name in names, f"technique {name!r} is not registered (registered: {sorted(names)})"
+    hook, new = hooks[0], f"acme-tec-{TECHNIQUES.index(name):02d}x"     # sharing no part of the old name
+    provider = _REGISTRY.provider(hook, name).name
+    items = [attrs.evolve(t, name=new) if t.name == name else t for t in _REGISTRY.extensions[hook].values()]
+    pm = PluginManager()
+    for plugin_name, plugin in sorted(_BUILTIN_PM.list_name_plugin()):
+        if plugin is not None and plugin_name != provider:
+            pm.register(plugin, name=plugin_name, info=_BUILTIN_PM.info(plugin_name))
+    pm.register(_Module(hook, items), name=THIRD.name, info=THIRD)
+    renamed = TrainingMemoryModel(plugin_manager=pm)
+    assert new in renamed.registry.extensions[hook] and name not in renamed.registry.extensions[hook]
+    for options in TECHNIQUE_RUNS[name]:
+        kwargs = dict(profile="measured", precision="bf16", optimizer="adamw", **options)
+        before = _SOLVER.solve("llama3-8b", "h100", 4, 1024, **kwargs).to_dict()
+        after = renamed.solve("llama3-8b", "h100", 4, 1024, **kwargs).to_dict()
+        assert json.dumps(after, sort_keys=True, default=str).replace(THIRD.name, provider) == \
+            json.dumps(before, sort_keys=True, default=str), f"{name} renamed {new!r}: {options}"

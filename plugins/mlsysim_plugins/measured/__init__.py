@@ -13,4 +13,5 @@ PLUGIN_MODULES = {
     "measured_profile": "profile",
     "measured_regimes": "regimes",
     "measured_schedules": "schedules",
+    "measured_techniques": "builtin_techniques",
 }

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .kernels import AttentionKernel
     from .regimes import Regime
     from .schedules import PipelineSchedule
+    from .techniques import Technique
 
 _hookspec = pluggy.HookspecMarker("mlsysim")
 
@@ -49,5 +50,13 @@ def mlsysim_measured_pipeline_schedules() -> Iterable[PipelineSchedule]:
     (``pipeline_schedule=``)."""
 
 
+@_hookspec
+def mlsysim_measured_techniques() -> Iterable[Technique]:
+    """Techniques (``techniques.Technique``): the options each owns (solve keywords, CLI flags,
+    scenario fields, assembled into the profile's options), how it changes the plan at each
+    stage of ``prepare``, what it moves to the host, and its candidates, added step time and
+    caveats for ``fit techniques``."""
+
+
 HOOKS = ("mlsysim_measured_architectures", "mlsysim_measured_regimes", "mlsysim_measured_attention_kernels",
-         "mlsysim_measured_pipeline_schedules")
+         "mlsysim_measured_pipeline_schedules", "mlsysim_measured_techniques")

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import attrs
 
 from mlsysim_core import _checks
-from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError, PluginContractError
 
 
 def _option(help: str, metavar: str | None = None, kind=str, choices=None, flag=None, **more):
@@ -90,90 +90,131 @@ _LORA_FLAGS = (
      "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"})
 
 
-@attrs.frozen(kw_only=True)
-class MeasuredOptions:
-    """The measured profile's options. See docs/profiles.md for each one's mechanism."""
-
-    regime: Any = _option("training regime: which dtype weights, gradients, master copy, optimizer state and "
+# The profile's own options (the techniques add theirs: ``options_type``). ``None`` means the default.
+OWN_OPTIONS: dict[str, Any] = {
+    "regime": _option("training regime: which dtype weights, gradients, master copy, optimizer state and "
                           "activations have, e.g. fp32, amp-bf16, bf16, mixed-bf16, fsdp-bf16 (default: from "
-                          "--precision: 16-bit means autocast)", "REGIME")
-    optimizer_impl: Any = _option("PyTorch's optimizer step implementation (its temporaries): foreach (default), "
-                                  "fused or for-loop", "IMPL")
-    attention: Any = _option("attention kernel: sdpa (default; fused, no s x s scores) or eager", "KERNEL")
-    dropout: Any = _option("the layers' dropout probability (default 0.0)", "P", kind=float)
-    checkpointed_layers: Any = _option("with --checkpointing full: recompute only this many layers (block recompute)",
-                                       "N", kind=int)
-    runtime_overheads: Any = _option("CUDA context, allocator reserve, cuBLAS workspaces, NCCL buffers: "
+                          "--precision: 16-bit means autocast)", "REGIME"),
+    "optimizer_impl": _option("PyTorch's optimizer step implementation (its temporaries): foreach (default), "
+                                  "fused or for-loop", "IMPL"),
+    "attention": _option("attention kernel: sdpa (default; fused, no s x s scores) or eager", "KERNEL"),
+    "dropout": _option("the layers' dropout probability (default 0.0)", "P", kind=float),
+    "checkpointed_layers": _option("with --checkpointing full: recompute only this many layers (block recompute)",
+                                       "N", kind=int),
+    "runtime_overheads": _option("CUDA context, allocator reserve, cuBLAS workspaces, NCCL buffers: "
                                      "a RuntimeOverheads, a dict of its fields, or False for none", kind=None,
                                      flags=({"flag": "--no-runtime-overheads", "const": False,
-                                             "help": "leave out the CUDA context, allocator reserve and workspaces"},))
-    lora: Any = _option("LoRA/QLoRA fine-tuning: a mlsysim_core.finetune.LoRAConfig or a dict of its fields",
-                        kind=None, flags=_LORA_FLAGS, what="a LoRA/QLoRA run", from_file=_lora_table)
-    pipeline_schedule: Any = _option("pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2",
-                                     "SCHEDULE")
-    virtual_stages: Any = _option("with interleaved-1f1b: model chunks per pipeline rank (default 2)", "V", kind=int,
-                                  layout="virtual stages are per layout")
-    expert_tp_size: Any = _option("tensor parallelism inside the experts (default --tp)", "N", kind=int,
-                                  flag=("--expert-tp-size", "--etp"), layout="expert tp is per layout")
-    stage_layers: Any = _option("decoder layers on each pipeline stage (default: an even split)", "N,N,...",
-                                kind=_layer_counts, layout="a stage split is per layout", from_file=_layer_list)
-    offload: Any = _option("what lives in host memory: optimizer, optimizer+gradients or "
-                           "optimizer+gradients+parameters (DeepSpeed ZeRO-Offload / FSDP CPUOffload; "
-                           "name=nvme for NVMe, e.g. optimizer=nvme), or {name: cpu|nvme}; or torchao, "
-                           "torchao+gradients (torchao's CPUOffloadOptimizer, offload_gradients with +gradients)",
-                           "WHAT", parse=_offload_parts)
-    moe_capacity_factor: Any = _option("mixture of experts: token dropping with this capacity factor "
-                                       "(default dropless)", "CF", kind=float)
-    loss_parallel: Any = _option("with tp > 1: PyTorch's loss_parallel (torchtitan's default): the LM head's logits "
+                                             "help": "leave out the CUDA context, allocator reserve and workspaces"},)),
+    "pipeline_schedule": _option("pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2",
+                                     "SCHEDULE"),
+    "virtual_stages": _option("with interleaved-1f1b: model chunks per pipeline rank (default 2)", "V", kind=int,
+                                  layout="virtual stages are per layout"),
+    "expert_tp_size": _option("tensor parallelism inside the experts (default --tp)", "N", kind=int,
+                                  flag=("--expert-tp-size", "--etp"), layout="expert tp is per layout"),
+    "stage_layers": _option("decoder layers on each pipeline stage (default: an even split)", "N,N,...",
+                                kind=_layer_counts, layout="a stage split is per layout", from_file=_layer_list),
+    "moe_capacity_factor": _option("mixture of experts: token dropping with this capacity factor "
+                                       "(default dropless)", "CF", kind=float),
+    "loss_parallel": _option("with tp > 1: PyTorch's loss_parallel (torchtitan's default): the LM head's logits "
                                  "stay sharded over the vocabulary and the cross-entropy runs on the shards "
                                  "(default: off, the logits gathered on every rank as Hugging Face's tp_plan does)",
                                  kind=None, flags=({"flag": "--loss-parallel", "const": True,
                                                     "help": "with tp > 1, vocabulary-parallel logits and "
-                                                            "cross-entropy (torch loss_parallel; torchtitan)"},))
-    moe_routing_imbalance: Any = _option("dropless mixture of experts under expert parallelism: the busiest rank's "
+                                                            "cross-entropy (torch loss_parallel; torchtitan)"},)),
+    "moe_routing_imbalance": _option("dropless mixture of experts under expert parallelism: the busiest rank's "
                                          "routed tokens over the mean, a number >= 1 from your router's statistics, "
                                          "or uniform (the expected maximum under uniform random top-k routing, a lower "
-                                         "bound); default balanced", "X|uniform")
-    device: Any = _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
+                                         "bound); default balanced", "X|uniform"),
+    "device": _option("what runs the kernels: cuda (default: a GPU's fused attention kernels) or cpu "
                           "(PyTorch's CPU kernels, which fall back to the math attention for some layouts, "
-                          "as the validation runs measured)", choices=("cuda", "cpu"))
-    loss: Any = _option("the loss: cross_entropy (default; Hugging Face's, the logits upcast to fp32 whole), chunked "
-                        "(torchtune's chunked cross-entropy: the fp32 copy and backward temporaries one chunk at a "
-                        "time) or fused_linear (Liger's fused linear cross-entropy: the logits one chunk at a time, "
-                        "the LM head's gradients computed in the forward; unvalidated)",
-                        choices=("cross_entropy", "chunked", "fused_linear"))
-    loss_chunks: Any = _option("with --loss chunked: the number of chunks (default 8, torchtune's num_output_chunks)",
-                               "N", kind=int)
-    optimizer_in_backward: Any = _option(
-        "the optimizer step fused into the backward (torchtune's optimizer_in_bwd: one optimizer per parameter, "
-        "stepped by its post-accumulate-grad hook): gradients freed parameter by parameter (one device, no "
-        "gradient accumulation)", kind=None,
-        flags=({"flag": "--optimizer-in-backward", "const": True,
-                "help": "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd)"},))
-    activation_offload: Any = _option(
-        "activation offloading to host memory: save_on_cpu (torch.autograd.graph.save_on_cpu around the model) or "
-        "torchtune (torchtune's OffloadActivations: tensors >= 1 KiB that are not parameters, the LM head and "
-        "loss left on the device, the last tensors in flight kept on the device)",
-        choices=("save_on_cpu", "torchtune"))
-    float8: Any = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
-                          "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
-                          "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
-                          choices=("tensorwise", "rowwise", "transformer-engine"))
-    compile: Any = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
-                           kind=None, flags=({"flag": "--compile", "const": True,
-                                              "help": "torch.compile (refused: not modelled)"},))
-    # Chosen by prepare, never given (metadata "internal": not a keyword, flag or scenario field):
-    architecture: Any = attrs.field(default=None, metadata={"internal": True})       # the ArchitectureFamily
-    attention_kernel: Any = attrs.field(default=None, metadata={"internal": True})   # the AttentionKernel
-    checkpointing: Any = attrs.field(default=None, metadata={"internal": True})      # the CheckpointingSpec
-    cpu_offload_optimizer: Any = attrs.field(default=None, metadata={"internal": True})  # offload=torchao[+gradients]
-    optimizer_spec: Any = attrs.field(default=None, metadata={"internal": True})   # the OptimizerSpec (its .step)
+                          "as the validation runs measured)", choices=("cuda", "cpu")),
+    "architecture": attrs.field(default=None, metadata={"internal": True}),       # the ArchitectureFamily
+    "attention_kernel": attrs.field(default=None, metadata={"internal": True}),   # the AttentionKernel
+    "checkpointing": attrs.field(default=None, metadata={"internal": True}),      # the CheckpointingSpec
+    "optimizer_spec": attrs.field(default=None, metadata={"internal": True}),   # the OptimizerSpec (its .step)
+    "techniques": attrs.field(default=None, metadata={"internal": True}),   # the registered Techniques, in order
+}
+
+
+
+def options_type(techniques, providers=None) -> type:
+    """The profile's options type: its own options and the techniques' (``Technique.options``),
+    each technique's after the option it names in ``after`` (else at the end, in the techniques'
+    order), then the internal ones. One class per set of techniques (``MeasuredOptions`` for the
+    built-ins). A field owned twice is an error naming both owners (``providers``: technique name
+    -> its plugin's ``PluginInfo``)."""
+    techniques = tuple(techniques)
+    key = tuple(map(id, techniques))
+    if key not in _TYPES:
+        owner = {name: "the measured profile" for name in OWN_OPTIONS}
+        listed = [n for n, f in OWN_OPTIONS.items() if not f.metadata.get("internal")]
+        placed: list[tuple[str | None, list[str]]] = []
+        for t in techniques:
+            for name in t.options:
+                if name in owner:
+                    info = (providers or {}).get(t.name)
+                    raise PluginContractError(
+                        f"{info.describe() + ' ' if info else ''}technique {t.name!r} declares option {name!r}, "
+                        f"which {owner[name]} owns already: each option has one owner", hook=TECHNIQUES_HOOK,
+                        plugin=info and info.name, source=info and info.source)
+                owner[name] = f"technique {t.name!r}"
+            mine = [n for n, f in t.options.items() if not f.metadata.get("internal")]
+            if t.after is None:
+                listed += mine
+            else:
+                placed.append((t.after, mine))
+        while placed:       # after an option placed itself: after it is there
+            ready = [p for p in placed if p[0] in listed] or placed[:1]
+            for after, mine in ready:
+                at = listed.index(after) + 1 if after in listed else len(listed)
+                listed[at:at] = mine
+                placed.remove((after, mine))
+        fields = {n: _field(n, techniques) for n in listed}
+        fields.update({n: f for n, f in OWN_OPTIONS.items() if f.metadata.get("internal")})
+        fields.update({n: f for t in techniques for n, f in t.options.items() if f.metadata.get("internal")})
+        cls = attrs.make_class("MeasuredOptions", fields, frozen=True, kw_only=True)
+        cls.__module__, cls.__doc__ = __name__, MEASURED_OPTIONS_DOC
+        _TYPES[key] = (cls, techniques)      # (the techniques kept: their ids stay theirs)
+    return _TYPES[key][0]
+
+
+def _field(name, techniques):
+    return OWN_OPTIONS.get(name) or next(t.options[name] for t in techniques if name in t.options)
+
+
+_TYPES: dict[tuple, tuple[type, tuple]] = {}
+MEASURED_OPTIONS_DOC = ("The measured profile's options: its own (``OWN_OPTIONS``) and the registered techniques' "
+                        "(``Technique.options``). See docs/profiles.md for each one's mechanism.")
+
+
+def assemble(spec, registry):
+    """``ProfileSpec.assemble``: the profile with the options of the registered techniques."""
+    from .techniques import registered
+    techniques = registered(registry)
+    providers = {t.name: registry.provider(TECHNIQUES_HOOK, t.name) for t in techniques}
+    cls = options_type(techniques, providers)
+    missing = [n for n in READ_BY_THE_PHYSICS if n not in attrs.fields_dict(cls)]
+    if missing:     # essential (as pytest's essential plugins are): refused, never an AttributeError later
+        info = registry.provider("profile", spec.name)
+        raise PluginContractError(
+            f"the measured profile's physics reads the options {', '.join(missing)}, which no registered technique "
+            f"declares: the built-in techniques (plugin measured_techniques, hook {TECHNIQUES_HOOK}) are essential "
+            "to it; unblock that plugin", plugin=info.name, source=info.source, hook=TECHNIQUES_HOOK)
+    return attrs.evolve(spec, options_type=cls)
+
+
+# The built-in techniques' options that the measured physics (model.py, parallel.py, buffers.py, ...)
+# still reads directly: a technique registered again under another name keeps them; blocking them all is
+# refused by ``assemble``.
+READ_BY_THE_PHYSICS = ("lora", "offload", "cpu_offload_optimizer", "loss", "loss_chunks", "optimizer_in_backward",
+                       "activation_offload", "float8")
 
 
 REGIMES_HOOK = "mlsysim_measured_regimes"
 KERNELS_HOOK = "mlsysim_measured_attention_kernels"
 SCHEDULES_HOOK = "mlsysim_measured_pipeline_schedules"
 ARCHITECTURES_HOOK = "mlsysim_measured_architectures"
+TECHNIQUES_HOOK = "mlsysim_measured_techniques"
 
 
 def prepare(plan, registry):
@@ -184,14 +225,13 @@ def prepare(plan, registry):
     from .regimes import regime_for
     from .families import family_for
     from .shapes import ModelShape, approximation_notes, parameter_check, sequence_check
-    o = plan.profile_options
+    from .techniques import registered, run_stage
     regimes, schedules, kernels, families = (_registered(registry, hook) for hook in (
         REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
-    if o.offload is not None:                   # cpu_offload.py: offload=torchao[+gradients] is its own machinery
-        from .cpu_offload import is_torchao, take_option
-        if is_torchao(o.offload):
-            plan = take_option(plan)
-            o = plan.profile_options
+    techniques = tuple(registered(registry))     # the registered techniques, in order (techniques.py)
+    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, techniques=techniques))
+    plan = run_stage(plan, registry, "given", techniques)     # e.g. offload=torchao, its own machinery
+    o = plan.profile_options
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    IMPLEMENTATIONS)
@@ -218,7 +258,7 @@ def prepare(plan, registry):
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6):
         raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
                else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
-    check_option_values(o.pipeline_schedule, o.virtual_stages, o.offload, schedules)
+    check_option_values(o.pipeline_schedule, o.virtual_stages, getattr(o, "offload", None), schedules)
     # Then what the profile can describe, and what it approximates.
     if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
         raise NotModelledError(
@@ -250,12 +290,7 @@ def prepare(plan, registry):
                      attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
                      checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
-    if o.lora is not None:
-        from .lora import lora_option
-        plan = lora_option(plan, o.lora)
-    else:     # a quantized checkpoint (bitsandbytes) trains only adapters: full training is refused
-        from mlsysim_core.finetune import checkpoint_quantization
-        checkpoint_quantization(plan.model, None)
+    plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
         if not plan.model.is_sparse:
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
@@ -265,27 +300,11 @@ def prepare(plan, registry):
         plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
-    if o.loss is not None or o.loss_chunks is not None:     # loss.py: chunked / fused linear cross-entropy
-        from .loss import prepare as loss_prepare
-        plan = loss_prepare(plan)
     # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
     plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options,
                                                            optimizer_spec=registry.optimizers[plan.optimizer]))
-    if o.optimizer_in_backward is not None:     # optimizer_in_backward.py
-        from .optimizer_in_backward import prepare_option
-        plan = prepare_option(plan, o.optimizer_in_backward, registry.optimizers)
-    if o.activation_offload is not None:        # offload_activations.py
-        from .offload_activations import prepare_option as offload_prepare
-        plan = offload_prepare(plan, o.activation_offload)
-    if o.compile is not None:                   # float8.py: torch.compile is refused, with the reason
-        from .float8 import check_compile
-        check_compile(plan, o.compile)
-    if o.float8 is not None:                    # float8.py: torchao float8 / TransformerEngine FP8
-        from .float8 import check as float8_check
-        plan = float8_check(plan, o.float8)
-    if plan.profile_options.cpu_offload_optimizer is not None:      # cpu_offload.py: torchao's refusals, note
-        from .cpu_offload import prepare_option as cpu_offload_prepare
-        plan = cpu_offload_prepare(plan, registry.optimizers)
+    plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
+    plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
     said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
     if said is not None:
         plan = attrs.evolve(plan, notes=plan.notes + tuple(said(plan)))
@@ -356,3 +375,13 @@ def _registered(registry, hook: str) -> Mapping[str, Any]:
 def _architectures(families: Mapping[str, Any]) -> list[str]:
     """Every ``model.architecture`` value a registered family lists, sorted."""
     return sorted({a for f in families.values() for a in getattr(f, "architectures", ())})
+
+
+
+def __getattr__(name):
+    """``MeasuredOptions``: the options with the built-in techniques' (what ``ProfileSpec.options_type``
+    declares before the registry assembles the registered ones: ``assemble``)."""
+    if name == "MeasuredOptions":
+        from .builtin_techniques import TECHNIQUES
+        return options_type(TECHNIQUES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

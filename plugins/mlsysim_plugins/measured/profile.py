@@ -11,7 +11,7 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 from mlsysim_core import ProfileSpec, hookimpl
 from .._lazy import lazy_module
 from . import hookspecs
-from .options import MeasuredOptions, prepare
+from .options import MeasuredOptions, assemble, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
 parallel = lazy_module(globals(), "parallel", "mlsysim_plugins.measured.parallel")
@@ -35,7 +35,7 @@ def mlsysim_profiles():
                         description="architecture-aware, peak over the phases of an iteration; validated "
                                     "against PyTorch's MemTracker",
                         component_plugins=("measured_profile",), options_type=MeasuredOptions,
-                        registration_hooks=hookspecs.HOOKS,
+                        registration_hooks=hookspecs.HOOKS, assemble=assemble,
                         prepare=prepare, ranks=_ranks, relocate=_offload,
                         # PyTorch's and Hugging Face's TP plans keep the norms' activations replicated
                         # (validation/parallel/tp_phases: the forward and backward exact without SP).
@@ -70,13 +70,9 @@ def _ranks(plan, placement):
 
 
 def _offload(plan, weights, gradients, optimizer_state):
-    if getattr(plan.profile_options, "cpu_offload_optimizer", None):     # offload=torchao: cpu_offload.py
-        from .cpu_offload import relocate as torchao_relocate
-        return torchao_relocate(plan, weights, gradients, optimizer_state)
-    if getattr(plan.profile_options, "optimizer_in_backward", None):     # gradients freed one by one
-        from .optimizer_in_backward import relocate
-        weights, gradients, optimizer_state = relocate(plan, weights, gradients, optimizer_state)
-    return parallel.offload_terms(plan, weights, gradients, optimizer_state)
+    """What the techniques move to the host or free (``Technique.relocate``, in their order)."""
+    from .techniques import relocate
+    return relocate(plan, weights, gradients, optimizer_state)
 
 
 @hookimpl

@@ -3,9 +3,12 @@ step time, printed as a ladder (issue 16, item 8). The measured profile's techni
 (``ProfileSpec.techniques``, which ``mlsysim-core fit techniques`` calls; issue 24 moved it
 out of ``mlsysim_core``).
 
-The techniques are the measured profile's plugins and options, each with its documented
-``added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None)`` (seconds or None,
-how it was computed):
+The techniques are what is registered through the measured hook ``mlsysim_measured_techniques``
+(``techniques.Technique``; the built-ins in ``builtin_techniques.py``), in their ``order``: each
+one's ``candidates`` (value, label, numerical caveat), offered where its ``offered(value, given)``
+says (default: the run leaves its keyword unset), and priced by its ``added_step_time(plan,
+figures)`` (seconds or None, how it was computed) where ``active(plan)``. A third-party technique
+registered through the hook is in the ladder as the built-ins are. The built-ins:
 
 ==========================  ====================================================================
 lever                       alternatives (solve keywords)                  step time priced by
@@ -21,6 +24,9 @@ low-bit optimizer           adamw-8bit-torchao, adamw-4bit-torchao,        extra
                             adamw-8bit-bnb (from adam/adamw)               memory bandwidth
 float8                      tensorwise, rowwise                            cast traffic / memory bw
 ==========================  ====================================================================
+
+A technique that ``replaces`` the run's own value (checkpointing: a policy that saves more) is
+priced over the run's own value's time.
 
 The search (``fit_techniques``) is best-first over combinations: the baseline, then each
 combination one technique larger than one already visited, visited in order of added step
@@ -45,6 +51,7 @@ states, fp8 matmuls) are shown beside a step, not priced.
 from __future__ import annotations
 
 import heapq
+import inspect
 import math
 
 import attrs
@@ -56,30 +63,12 @@ from mlsysim_core.result import TrainingMemoryResult
 MAX_SOLVES = 2000      # combinations evaluated at most (each a memoized solve, a few ms)
 GIB = 2**30
 
-# (lever, solve keyword, value, label, numerical caveat or None)
-_AC = ("selective", "attention-only", "mlp-only", "every-k", "op-sac", "full")
-TECHNIQUES: tuple = (
-    *(("checkpointing", "activation_checkpointing", name, f"activation checkpointing: {name}", None) for name in _AC),
-    ("loss", "loss", "chunked", "chunked cross-entropy (torchtune)", None),
-    ("loss", "loss", "fused_linear", "fused linear cross-entropy (Liger)", None),
-    ("optimizer_in_backward", "optimizer_in_backward", True, "optimizer step in the backward", None),
-    ("activation_offload", "activation_offload", "save_on_cpu", "activation offload: save_on_cpu", None),
-    ("activation_offload", "activation_offload", "torchtune", "activation offload: torchtune", None),
-    ("offload", "offload", "optimizer", "optimizer state on the host (CPU step)", None),
-    ("offload", "offload", "optimizer+gradients", "optimizer state and gradients on the host", None),
-    ("offload", "offload", "optimizer+gradients+parameters", "optimizer, gradients, parameters on the host", None),
-    ("offload", "offload", "torchao", "torchao CPUOffloadOptimizer (host states and parameter copies)", None),
-    ("offload", "offload", "torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True", None),
-    ("optimizer", "optimizer", "adamw-8bit-torchao", "torchao AdamW8bit",
-     "8-bit block-quantized moments: convergence may differ from fp32 AdamW"),
-    ("optimizer", "optimizer", "adamw-4bit-torchao", "torchao AdamW4bit",
-     "4-bit block-quantized moments: convergence may differ from fp32 AdamW"),
-    ("optimizer", "optimizer", "adamw-8bit-bnb", "bitsandbytes AdamW8bit",
-     "8-bit block-quantized moments: convergence may differ from fp32 AdamW"),
-    ("float8", "float8", "tensorwise", "float8 training: tensorwise", "fp8 matmuls: numerics differ from bf16"),
-    ("float8", "float8", "rowwise", "float8 training: rowwise", "fp8 matmuls: numerics differ from bf16"),
-)
-_LOWBIT_FROM = ("adam", "adamw")
+
+
+def candidates_of(techniques) -> list[tuple]:
+    """(lever, solve keyword, value, label, numerical caveat or None) of every registered technique's
+    candidates (``Technique.candidates``), in the techniques' order: the ladder's closed list no more."""
+    return [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in techniques for c in t.candidates]
 
 
 @attrs.frozen
@@ -184,44 +173,16 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
     return figures
 
 
-def step_time(plan, figures, only=None) -> tuple[float | None, list[str], int]:
+def step_time(plan, figures, only=None, techniques=None) -> tuple[float | None, list[str], int]:
     """The step time the techniques the prepared plan switches on add (``only``: just those solve
-    keywords): (seconds, or None when any is unknown; how each was computed; how many unknown)."""
-    from mlsysim_plugins import checkpointing_policies, lowbit_optimizers
-    from mlsysim_plugins.measured import cpu_offload, float8, loss, offload_activations, optimizer_in_backward
-    from mlsysim_plugins.measured.checkpointing import keeps_everything
-    flops, link = figures["hardware FLOP/s"][0], figures["host link B/s"][0]
-    host_mem, bw = figures["host memory B/s"][0], figures["memory bandwidth B/s"][0]
-    o = plan.profile_options
-    on = {"activation_checkpointing": not keeps_everything(plan),     # declared, not named
-          "loss": getattr(o, "loss", None) not in (None, "cross_entropy"),
-          "optimizer_in_backward": bool(getattr(o, "optimizer_in_backward", None)),
-          "activation_offload": bool(getattr(o, "activation_offload", None)),
-          "offload": bool(getattr(o, "offload", None) or getattr(o, "cpu_offload_optimizer", None)),
-          "optimizer": plan.optimizer in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao",
-                                          "adamw-8bit-bnb"),
-          "float8": bool(getattr(o, "float8", None))}
-    parts = []
-    for name in (k for k, v in on.items() if v and (only is None or k in only)):
-        if name == "activation_checkpointing":
-            s, how = checkpointing_policies.added_step_time(plan, hardware_flops=flops)
-            peak = " (at peak FLOP/s: a lower bound)" if s and figures["hardware FLOP/s"][1] != "given" else ""
-            parts.append((s, f"checkpointing {plan.activation_checkpointing}: {how}{peak}"))
-        elif name == "loss":
-            parts.append(loss.added_step_time(plan))
-        elif name == "optimizer_in_backward":
-            parts.append(optimizer_in_backward.added_step_time(plan))
-        elif name == "activation_offload":
-            parts.append(offload_activations.added_step_time(plan, host_link_bytes_per_s=link))
-        elif name == "offload" and getattr(o, "cpu_offload_optimizer", None):
-            parts.append(cpu_offload.added_step_time(plan, host_link_bytes_per_s=link, host_memory_bytes_per_s=host_mem))
-        elif name == "offload":
-            parts.append(offload_activations.optimizer_offload_step_time(
-                plan, host_memory_bytes_per_s=host_mem, host_link_bytes_per_s=link))
-        elif name == "optimizer":
-            parts.append(lowbit_optimizers.added_step_time(plan, memory_bandwidth=bw))
-        else:
-            parts.append(float8.added_step_time(plan, memory_bandwidth=bw))
+    keywords; ``techniques``: default the plan's, as ``prepare`` put them): (seconds, or None when
+    any is unknown; how each was computed; how many unknown). Each registered technique with an
+    ``added_step_time`` that is ``active`` in the plan adds its part, in the techniques' order."""
+    if techniques is None:
+        techniques = getattr(plan.profile_options, "techniques", None) or ()
+    parts = [t.added_step_time(plan, figures) for t in techniques
+             if t.added_step_time is not None and t.active is not None
+             and (only is None or t.ladder_keyword in only) and t.active(plan)]
     unknown = sum(1 for s, _ in parts if s is None)
     return (None if unknown else sum(s for s, _ in parts)), [how for _, how in parts], unknown
 
@@ -249,12 +210,16 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
     _check_keywords(solve_kwargs, (), solver)
     spec = solver.registry.profiles.get(solve_kwargs["profile"])
     from mlsysim_core.inputs import options_fields
-    options = {t[1] for t in TECHNIQUES} - {"activation_checkpointing", "optimizer"}   # (solve's own keywords)
+    from .techniques import registered
+    registrations = registered(solver.registry)     # every technique registered (techniques.py), in order
+    every = candidates_of(registrations)
+    own = set(inspect.signature(type(solver).solve).parameters)     # solve's own keywords (not options)
+    options = {t[1] for t in every} - own
     if spec is None or not options <= set(options_fields(spec)):
         raise NotModelledError("profile", solve_kwargs["profile"], "a profile whose options are the techniques' "
                                f"({', '.join(sorted(options))}): the measured-grade one, measured",
                                "the techniques are options of the measured profile")
-    keywords = sorted({t[1] for t in TECHNIQUES})
+    keywords = sorted({t[1] for t in every})
     if techniques is not None:
         if isinstance(techniques, str) or not all(isinstance(t, str) for t in techniques):
             raise InvalidInputTypeError("techniques", techniques, f"a list of: {', '.join(keywords)}")
@@ -270,27 +235,19 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
     base_kwargs = dict(solve_kwargs)
     baseline = solver.solve(model, hardware, batch_size, seq_len, **base_kwargs)    # errors here are the user's
     base_plan = prepared_plan(solver, model, hardware, batch_size, seq_len, base_kwargs)
-    base_ac = step_time(base_plan, figures, only=("activation_checkpointing",))[0]     # replaced, not added to
+    replaced = {t.ladder_keyword for t in registrations if t.replaces and t.candidates}
+    base_times = {k: step_time(base_plan, figures, only=(k,), techniques=registrations)[0]
+                  for k in replaced}     # a replaced value's time: replaced, not added to
     if baseline.feasible:
         return TechniqueLadder(baseline=baseline, steps=(), fits=True, combination={}, added_seconds=0.0,
                                evaluated=1, refused=0, figures=figures, message="the run fits as it is")
     # The candidates: the levers the run leaves at their defaults (a given value is kept).
-    given = {**{"activation_checkpointing": baseline.activation_checkpointing, "optimizer": baseline.optimizer},
-             **{k: v for k, v in base_kwargs.items() if v is not None}}
-    ac_order = {name: i for i, name in enumerate(("none", *_AC))}
-    candidates = []
-    for lever, key, value, label, caveat in TECHNIQUES:
-        if techniques is not None and key not in techniques:
-            continue
-        if key == "activation_checkpointing":
-            if ac_order.get(given[key], len(ac_order)) >= ac_order[value]:
-                continue           # only a policy that saves more than the run's
-        elif key == "optimizer":
-            if given["optimizer"] not in _LOWBIT_FROM:
-                continue
-        elif key in given:
-            continue
-        candidates.append((lever, key, value, label, caveat))
+    given = {k: v for k, v in base_kwargs.items() if v is not None}
+    for t in registrations:      # solve's own keywords the run leaves unset: as the result resolved them
+        if t.offered is not None and t.ladder_keyword not in given and hasattr(baseline, t.ladder_keyword):
+            given[t.ladder_keyword] = getattr(baseline, t.ladder_keyword)
+    candidates = [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in registrations for c in t.candidates
+                  if (techniques is None or t.ladder_keyword in techniques) and t.is_offered(c.value, given)]
     evaluated, refused = 1, 0
 
     def evaluate(combo):
@@ -303,14 +260,15 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
         try:
             result = solver.solve(model, hardware, batch_size, seq_len, **kwargs)
             seconds, how, unknown = step_time(prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs),
-                                              figures, only=switched)
+                                              figures, only=switched, techniques=registrations)
         except (NotModelledError, InvalidInputError):
             refused += 1
             return None
-        if "activation_checkpointing" in switched and base_ac is None and seconds is not None:
-            seconds, unknown = None, unknown + 1      # the run's own policy's time is unknown: so is the change
-        elif "activation_checkpointing" in switched and seconds is not None:
-            seconds -= base_ac
+        for k in sorted(replaced & switched):
+            if base_times[k] is None and seconds is not None:
+                seconds, unknown = None, unknown + 1      # the run's own value's time is unknown: so is the change
+            elif seconds is not None:
+                seconds -= base_times[k]
         return _Node(combo, result, seconds, unknown, tuple(how))
 
     def key(node):     # known times first, then the least time, the fewest techniques, the least memory

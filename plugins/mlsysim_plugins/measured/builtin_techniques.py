@@ -1,0 +1,272 @@
+"""The measured profile's built-in techniques, registered through its own hook
+``mlsysim_measured_techniques`` exactly as a third party registers one (``techniques.py``):
+LoRA, the loss, the optimizer step in the backward, activation offload, offload (DeepSpeed's and
+FSDP's, and torchao's CPUOffloadOptimizer), float8 and torch.compile's refusal; and, for the
+ladder of ``fit techniques`` only, the checkpointing policies and the low-bit optimizers (solve's
+own keywords, no option of the profile). Each one's physics is in its module; this is what the
+profile's ``prepare``, ``relocate`` and the ladder call."""
+
+from __future__ import annotations
+
+import attrs
+
+from mlsysim_core import hookimpl
+from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
+from .techniques import Candidate, Technique
+
+_INTERNAL = {"internal": True}
+
+# --- the options the built-in techniques own (solve keywords, CLI flags, scenario fields) ---------------
+
+LORA = _option("LoRA/QLoRA fine-tuning: a mlsysim_core.finetune.LoRAConfig or a dict of its fields",
+    kind=None, flags=_LORA_FLAGS, what="a LoRA/QLoRA run", from_file=_lora_table)
+OFFLOAD = _option("what lives in host memory: optimizer, optimizer+gradients or "
+    "optimizer+gradients+parameters (DeepSpeed ZeRO-Offload / FSDP CPUOffload; "
+    "name=nvme for NVMe, e.g. optimizer=nvme), or {name: cpu|nvme}; or torchao, "
+    "torchao+gradients (torchao's CPUOffloadOptimizer, offload_gradients with +gradients)",
+    "WHAT", parse=_offload_parts)
+LOSS = _option("the loss: cross_entropy (default; Hugging Face's, the logits upcast to fp32 whole), chunked "
+    "(torchtune's chunked cross-entropy: the fp32 copy and backward temporaries one chunk at a "
+    "time) or fused_linear (Liger's fused linear cross-entropy: the logits one chunk at a time, "
+    "the LM head's gradients computed in the forward; unvalidated)",
+    choices=("cross_entropy", "chunked", "fused_linear"))
+LOSS_CHUNKS = _option("with --loss chunked: the number of chunks (default 8, torchtune's num_output_chunks)",
+    "N", kind=int)
+OPTIMIZER_IN_BACKWARD = _option(
+    "the optimizer step fused into the backward (torchtune's optimizer_in_bwd: one optimizer per parameter, "
+    "stepped by its post-accumulate-grad hook): gradients freed parameter by parameter (one device, no "
+    "gradient accumulation)", kind=None,
+    flags=({"flag": "--optimizer-in-backward", "const": True,
+            "help": "fuse the optimizer step into the backward (torchtune's optimizer_in_bwd)"},))
+ACTIVATION_OFFLOAD = _option(
+    "activation offloading to host memory: save_on_cpu (torch.autograd.graph.save_on_cpu around the model) or "
+    "torchtune (torchtune's OffloadActivations: tensors >= 1 KiB that are not parameters, the LM head and "
+    "loss left on the device, the last tensors in flight kept on the device)",
+    choices=("save_on_cpu", "torchtune"))
+FLOAT8 = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
+    "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
+    "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
+    choices=("tensorwise", "rowwise", "transformer-engine"))
+COMPILE = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
+    kind=None, flags=({"flag": "--compile", "const": True,
+            "help": "torch.compile (refused: not modelled)"},))
+
+
+# --- LoRA / QLoRA (lora.py) -------------------------------------------------------------------------
+
+def _lora(plan, registry):
+    o = plan.profile_options
+    if o.lora is not None:
+        from .lora import lora_option
+        return lora_option(plan, o.lora)
+    from mlsysim_core.finetune import checkpoint_quantization    # a quantized checkpoint trains only adapters:
+    checkpoint_quantization(plan.model, None)                      # full training is refused
+    return plan
+
+
+# --- the loss (loss.py) -----------------------------------------------------------------------------
+
+def _loss(plan, registry):
+    o = plan.profile_options
+    if o.loss is None and o.loss_chunks is None:
+        return plan
+    from .loss import prepare
+    return prepare(plan)
+
+
+def _loss_time(plan, figures):
+    from .loss import added_step_time
+    return added_step_time(plan)
+
+
+# --- the optimizer step in the backward (optimizer_in_backward.py) ----------------------------------
+
+def _oib(plan, registry):
+    value = plan.profile_options.optimizer_in_backward
+    if value is None:
+        return plan
+    from .optimizer_in_backward import prepare_option
+    return prepare_option(plan, value, registry.optimizers)
+
+
+def _oib_relocate(plan, weights, gradients, optimizer_state):
+    if not plan.profile_options.optimizer_in_backward:     # gradients freed one by one
+        return weights, gradients, optimizer_state
+    from .optimizer_in_backward import relocate
+    return relocate(plan, weights, gradients, optimizer_state)
+
+
+def _oib_time(plan, figures):
+    from .optimizer_in_backward import added_step_time
+    return added_step_time(plan)
+
+
+# --- activation offload (offload_activations.py) ----------------------------------------------------
+
+def _activation_offload(plan, registry):
+    value = plan.profile_options.activation_offload
+    if value is None:
+        return plan
+    from .offload_activations import prepare_option
+    return prepare_option(plan, value)
+
+
+def _activation_offload_time(plan, figures):
+    from .offload_activations import added_step_time
+    return added_step_time(plan, host_link_bytes_per_s=figures["host link B/s"][0])
+
+
+# --- offload: DeepSpeed ZeRO-Offload / FSDP CPUOffload (parallel.py), torchao's (cpu_offload.py) ----
+
+def _offload_given(plan, registry):
+    """``offload=torchao[+gradients]``: torchao's optimizer, its own machinery (``cpu_offload.take_option``)."""
+    from .cpu_offload import is_torchao, take_option
+    return take_option(plan) if plan.profile_options.offload is not None and is_torchao(plan.profile_options.offload) \
+        else plan
+
+
+def _offload_last(plan, registry):
+    """torchao's refusals and note (``cpu_offload.prepare_option``)."""
+    if plan.profile_options.cpu_offload_optimizer is None:
+        return plan
+    from .cpu_offload import prepare_option
+    return prepare_option(plan, registry.optimizers)
+
+
+def _offload_relocate(plan, weights, gradients, optimizer_state):
+    if plan.profile_options.cpu_offload_optimizer:
+        from .cpu_offload import relocate
+        return relocate(plan, weights, gradients, optimizer_state)
+    from .parallel import offload_terms
+    return offload_terms(plan, weights, gradients, optimizer_state)
+
+
+def _offload_on(plan) -> bool:
+    o = plan.profile_options
+    return bool(o.offload or o.cpu_offload_optimizer)
+
+
+def _offload_time(plan, figures):
+    link, host = figures["host link B/s"][0], figures["host memory B/s"][0]
+    if plan.profile_options.cpu_offload_optimizer:
+        from .cpu_offload import added_step_time
+        return added_step_time(plan, host_link_bytes_per_s=link, host_memory_bytes_per_s=host)
+    from .offload_activations import optimizer_offload_step_time
+    return optimizer_offload_step_time(plan, host_memory_bytes_per_s=host, host_link_bytes_per_s=link)
+
+
+# --- float8 and torch.compile (float8.py) -----------------------------------------------------------
+
+def _float8(plan, registry):
+    value = plan.profile_options.float8
+    if value is None:
+        return plan
+    from .float8 import check
+    return check(plan, value)
+
+
+def _float8_time(plan, figures):
+    from .float8 import added_step_time
+    return added_step_time(plan, memory_bandwidth=figures["memory bandwidth B/s"][0])
+
+
+def _compile(plan, registry):
+    value = plan.profile_options.compile
+    if value is None:
+        return plan
+    from .float8 import check_compile
+    check_compile(plan, value)     # refused, with the reason
+    return plan
+
+
+# --- the ladder's levers that are solve's own keywords ----------------------------------------------
+
+CHECKPOINTING_LADDER = ("selective", "attention-only", "mlp-only", "every-k", "op-sac", "full")
+
+
+def _saves_more(value, given) -> bool:
+    """Only a policy that saves more than the run's own."""
+    order = {name: i for i, name in enumerate(("none", *CHECKPOINTING_LADDER))}
+    return order.get(given, len(order)) < order[value]
+
+
+def _checkpointing_on(plan) -> bool:
+    from .checkpointing import keeps_everything
+    return not keeps_everything(plan)     # declared, not named
+
+
+def _checkpointing_time(plan, figures):
+    from mlsysim_plugins.checkpointing_policies import added_step_time
+    s, how = added_step_time(plan, hardware_flops=figures["hardware FLOP/s"][0])
+    peak = " (at peak FLOP/s: a lower bound)" if s and figures["hardware FLOP/s"][1] != "given" else ""
+    return s, f"checkpointing {plan.activation_checkpointing}: {how}{peak}"
+
+
+LOWBIT = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb")
+_LOWBIT_CAVEAT = "{} block-quantized moments: convergence may differ from fp32 AdamW"
+
+
+def _lowbit_time(plan, figures):
+    from mlsysim_plugins.lowbit_optimizers import added_step_time
+    return added_step_time(plan, memory_bandwidth=figures["memory bandwidth B/s"][0])
+
+
+_FP8 = "fp8 matmuls: numerics differ from bf16"
+
+TECHNIQUES = (
+    Technique(name="activation_checkpointing", order=0, keyword="activation_checkpointing", replaces=True,
+              description="activation checkpointing (solve's activation_checkpointing): in the ladder only",
+              candidates=[Candidate(n, f"activation checkpointing: {n}") for n in CHECKPOINTING_LADDER],
+              offered=_saves_more, active=_checkpointing_on, added_step_time=_checkpointing_time),
+    Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora},
+              description="LoRA/QLoRA fine-tuning (lora.py)",
+              options={"lora": LORA}),
+    Technique(name="loss", order=10, apply=_loss, description="chunked / fused linear cross-entropy (loss.py)",
+              options={"loss": LOSS, "loss_chunks": LOSS_CHUNKS},
+              candidates=[Candidate("chunked", "chunked cross-entropy (torchtune)"),
+                          Candidate("fused_linear", "fused linear cross-entropy (Liger)")],
+              active=lambda plan: plan.profile_options.loss not in (None, "cross_entropy"),
+              added_step_time=_loss_time),
+    Technique(name="optimizer_in_backward", order=20, apply=_oib, relocate=_oib_relocate,
+              description="the optimizer step in the backward (optimizer_in_backward.py)",
+              options={"optimizer_in_backward": OPTIMIZER_IN_BACKWARD},
+              candidates=[Candidate(True, "optimizer step in the backward")],
+              active=lambda plan: bool(plan.profile_options.optimizer_in_backward), added_step_time=_oib_time),
+    Technique(name="activation_offload", order=30, apply=_activation_offload,
+              description="activation offload to host memory (offload_activations.py)",
+              options={"activation_offload": ACTIVATION_OFFLOAD},
+              candidates=[Candidate("save_on_cpu", "activation offload: save_on_cpu"),
+                          Candidate("torchtune", "activation offload: torchtune")],
+              active=lambda plan: bool(plan.profile_options.activation_offload),
+              added_step_time=_activation_offload_time),
+    Technique(name="offload", order=35, after="stage_layers", apply={"given": _offload_given, "last": _offload_last},
+              relocate=_offload_relocate,
+              description="optimizer state, gradients, parameters in host memory (parallel.py; torchao's "
+                          "CPUOffloadOptimizer: cpu_offload.py)",
+              options={"offload": OFFLOAD, "cpu_offload_optimizer": attrs.field(default=None, metadata=_INTERNAL)},
+              candidates=[Candidate("optimizer", "optimizer state on the host (CPU step)"),
+                          Candidate("optimizer+gradients", "optimizer state and gradients on the host"),
+                          Candidate("optimizer+gradients+parameters", "optimizer, gradients, parameters on the host"),
+                          Candidate("torchao", "torchao CPUOffloadOptimizer (host states and parameter copies)"),
+                          Candidate("torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True")],
+              active=_offload_on, added_step_time=_offload_time),
+    Technique(name="low_bit_optimizer", order=37, keyword="optimizer",
+              description="a low-bit AdamW (solve's optimizer, from adam or adamw): in the ladder only",
+              candidates=[Candidate("adamw-8bit-torchao", "torchao AdamW8bit", _LOWBIT_CAVEAT.format("8-bit")),
+                          Candidate("adamw-4bit-torchao", "torchao AdamW4bit", _LOWBIT_CAVEAT.format("4-bit")),
+                          Candidate("adamw-8bit-bnb", "bitsandbytes AdamW8bit", _LOWBIT_CAVEAT.format("8-bit"))],
+              offered=lambda value, given: given in ("adam", "adamw"),
+              active=lambda plan: plan.optimizer in LOWBIT, added_step_time=_lowbit_time),
+    Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE},
+              description="torch.compile: refused, with the reason (float8.py)"),
+    Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
+              options={"float8": FLOAT8},
+              candidates=[Candidate("tensorwise", "float8 training: tensorwise", _FP8),
+                          Candidate("rowwise", "float8 training: rowwise", _FP8)],
+              active=lambda plan: bool(plan.profile_options.float8), added_step_time=_float8_time),
+)
+
+
+@hookimpl
+def mlsysim_measured_techniques():
+    return list(TECHNIQUES)

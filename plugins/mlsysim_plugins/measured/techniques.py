@@ -1,0 +1,115 @@
+"""Techniques: what a measured run switches on (offload, LoRA, a chunked loss, float8, ...), each a
+registration of the measured hook ``mlsysim_measured_techniques`` (issue 24, item 3).
+
+A ``Technique`` declares, with nothing the profile recognises by name:
+
+- ``options``: the option fields it owns (``attrs.field`` with the metadata that ``solve``
+  keywords, CLI flags and scenario fields are made from: help, metavar, type, choices, flag,
+  flags, parse, from_file, layout, what; see ``options._option``). The profile's options type
+  is assembled from the registered techniques' fields (``options_type``), so a third-party
+  technique adds a keyword, a flag and a scenario field. Two techniques owning one field, or a
+  technique owning one of the profile's own fields, is an error naming both.
+- ``apply``: ``apply(plan, registry) -> plan``, the plan with its options checked and completed
+  (notes, refusals), at one or more of the stages of the profile's ``prepare`` (``STAGES``); a
+  callable alone runs at ``"optimizer"``. Called whatever its options' values: a technique that
+  is off returns the plan as it is.
+- ``relocate``: ``relocate(plan, weights, gradients, optimizer_state) -> (weights, gradients,
+  optimizer_state)``: what it moves to the host (or frees), the plan's terms as they are when off.
+- ``order``: where it runs among the techniques, at each stage and in the ladder (lower first,
+  then by name), so a technique registered again under another name runs where it did.
+- for ``fit techniques``: ``keyword`` (the solve keyword the ladder sets; default its first
+  option), ``candidates`` (``Candidate(value, label, caveat)``), ``offered(value, given)``
+  (default: only when the run leaves the keyword unset), ``active(plan)`` (is it on in a
+  prepared plan), ``added_step_time(plan, figures) -> (seconds or None, how)`` (``figures``:
+  ``technique_fit.hardware_figures``), and ``replaces`` (its value replaces the run's own, whose
+  time is taken off: checkpointing).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import attrs
+
+HOOK = "mlsysim_measured_techniques"
+
+STAGES = ("given", "completed", "optimizer", "last")
+"""The stages of ``prepare`` at which a technique's ``apply`` runs: ``given`` (the options as
+given, before the profile checks and completes them), ``completed`` (the regime, kernel, family
+and checkpointing completed), ``optimizer`` (the MoE and loss-parallel options checked, the
+optimizer's spec on the options) and ``last`` (after every technique's ``optimizer`` step)."""
+
+
+@attrs.frozen
+class Candidate:
+    """One value the ladder may switch on: the value, its label, a numerical caveat (not priced)."""
+    value: Any
+    label: str
+    caveat: str | None = None
+
+
+def _stages(value) -> dict[str, Callable]:
+    if value is None:
+        return {}
+    if callable(value):
+        return {"optimizer": value}
+    stages = dict(value)
+    for stage, function in stages.items():
+        if stage not in STAGES or not callable(function):
+            raise ValueError(f"Technique.apply: stage {stage!r} -> {function!r}; expected one of {STAGES} -> a "
+                             "callable")
+    return stages
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Technique:
+    """A technique of the measured profile (the module docstring)."""
+    name: str
+    description: str = ""
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    after: str | None = None             # the option its fields follow in the listing (default: the end)
+    apply: Mapping[str, Callable] = attrs.field(default=None, converter=_stages)
+    relocate: Callable | None = None
+    order: float = 100.0
+    keyword: str | None = None
+    candidates: tuple[Candidate, ...] = attrs.field(default=(), converter=tuple)
+    offered: Callable | None = None
+    active: Callable | None = None
+    added_step_time: Callable | None = None
+    replaces: bool = False
+
+    @property
+    def ladder_keyword(self) -> str | None:
+        """The solve keyword the ladder sets for it (None: not in the ladder)."""
+        if not self.candidates:
+            return None
+        return self.keyword or next(iter(self.options), None)
+
+    def is_offered(self, value, given: Mapping[str, Any]) -> bool:
+        key = self.ladder_keyword
+        if self.offered is not None:
+            return bool(self.offered(value, given.get(key)))
+        return key not in given
+
+
+def registered(registry) -> list[Technique]:
+    """The registered techniques, in the order they run (``order``, then name)."""
+    items = (registry.extensions.get(HOOK) or {}).values()
+    return sorted(items, key=lambda t: (t.order, t.name))
+
+
+def run_stage(plan, registry, stage: str, techniques=None):
+    """``plan`` through every registered technique's ``apply`` at ``stage``."""
+    for technique in registered(registry) if techniques is None else techniques:
+        function = technique.apply.get(stage)
+        if function is not None:
+            plan = function(plan, registry)
+    return plan
+
+
+def relocate(plan, weights, gradients, optimizer_state):
+    """The terms with what each technique of the prepared plan moves (``Technique.relocate``), in order."""
+    for technique in plan.profile_options.techniques or ():
+        if technique.relocate is not None:
+            weights, gradients, optimizer_state = technique.relocate(plan, weights, gradients, optimizer_state)
+    return weights, gradients, optimizer_state
