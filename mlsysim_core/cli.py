@@ -375,7 +375,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
         description="Enumerate every valid layout (tp, cp, pp, dp, ep, data-parallel rule, checkpointing, "
                     "sequence parallelism, micro-batch) of --devices accelerators for --global-batch, keep "
                     "those that fit, rank them by step time (seconds per step, tokens/s and MFU: "
-                    "`mlsysim_core.steptime`, docs/planner.md), and show the Pareto front of memory headroom against "
+                    "the step-time model, docs/planner.md), and show the Pareto front of memory headroom against "
                     "step time. The hardware needs its topology (peak FLOP/s, intra- and inter-node bandwidth, "
                     "devices per node); TP and EP groups stay inside a node. Every layout is solved under one profile "
                     "(default measured; reference, with a printed note, when the measured profile cannot "
