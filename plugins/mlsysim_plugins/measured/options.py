@@ -229,7 +229,6 @@ def prepare(plan, registry):
     regimes, schedules, kernels, families = (_registered(registry, hook) for hook in (
         REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
     techniques = tuple(registered(registry))     # the registered techniques, in order (techniques.py)
-    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, techniques=techniques))
     plan = run_stage(plan, registry, "given", techniques)     # e.g. offload=torchao, its own machinery
     o = plan.profile_options
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
@@ -288,7 +287,8 @@ def prepare(plan, registry):
         notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
     o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
                      attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
-                     checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing)
+                     checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing,
+                     techniques=techniques)
     plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
     plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
