@@ -1419,7 +1419,6 @@ def _fit_techniques(args, out) -> int:
 def cmd_search(args, out) -> int:
     """Every layout under one profile: measured by default (a run it does not model is
     refused, never ranked under another profile), or the one --profile names."""
-    import attrs
     from . import search
     from .solver import TrainingMemoryModel
     for flag, dest, why in args.search_refused:
@@ -1429,7 +1428,6 @@ def cmd_search(args, out) -> int:
     if args.rows < 0:
         raise InvalidInputError("--rows", args.rows, "a whole number of rows >= 1, or 0 for all of them")
     options = _option_values(args, {})
-    lora = options.get("lora")
     model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())

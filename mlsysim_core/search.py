@@ -386,7 +386,6 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     max_tp = max_tp or (devices if allow_cross_node_tp else node)
     if not allow_cross_node_tp:
         max_tp = min(max_tp, node)
-    layers = model.layers
     tokens = global_batch * seq_len
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
     measured = registry.profiles[profile].checks_layouts    # (declared: it refuses runs it cannot describe)

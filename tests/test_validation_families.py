@@ -10,7 +10,6 @@ step; each relative to that phase's measured bytes) median abs. error at most 3 
 from __future__ import annotations
 
 import importlib.util
-import statistics
 from pathlib import Path
 
 import pytest
