@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import NotModelledError, PluginConflictError, PluginContractError
+from mlsysim_core.errors import MlsysimError, NotModelledError, PluginConflictError, PluginContractError
 from mlsysim_core.memo import memoize
 
 from . import layers
@@ -251,6 +251,74 @@ class ArchitectureFamily:
         return terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
 
 
+# --- one family, one description: its layer weights, parameter tensors, matrices and count agree -------
+
+def description_disagreements(family: ArchitectureFamily, model: TransformerWorkload) -> tuple[str, ...]:
+    """Where ``family``'s descriptions of ``model``'s parameters disagree, as sentences (none: they
+    agree). A family describes the same tensors up to four times: its ``layer_weights`` (one decoder
+    layer: elements and the tensor-parallel split), ``parameter_tensors`` (every tensor's elements,
+    what the optimizers walk), ``matrix_shapes`` (what factored optimizers and Muon read) and
+    ``count_parameters`` (the exact count). Checked:
+
+    * ``matrix_shapes`` against ``parameter_tensors``: one entry per tensor (a vector, cols 0, of its
+      elements; a matrix's factors no larger than it: an expert stack or a convolution is given as a
+      factored optimizer factors it, over its last two dimensions), or, where a stack is listed as
+      one matrix per expert, the same total;
+    * ``count_parameters`` (when the family gives one) equal to the sum of ``parameter_tensors``;
+    * the layer weights inside the parameter tensors: ``layers`` x (one layer's weights and norms)
+      plus the embedding no more than their sum.
+
+    (The catalog's transformer counter, used when ``count_parameters`` is None, is an approximation
+    that leaves biases out: it is not compared; ``shapes.parameter_check`` warns about a model whose
+    declared count is far from it.)"""
+    from .shapes import ModelShape
+    shape = ModelShape.of(model, family)
+    tensors = tuple(shape.parameter_tensors())
+    matrices = list(shape.matrix_shapes())
+    total = sum(tensors)
+    found = []
+    if len(matrices) == len(tensors):
+        for i, (n, (rows, cols)) in enumerate(zip(tensors, matrices)):
+            if (rows != n) if not cols else not (0 < rows <= n and cols <= n):
+                found.append(f"parameter tensor {i} has {n:,} elements but matrix_shapes gives it ({rows}, {cols})"
+                             + (": a vector's rows are its elements" if not cols else ": a factor larger than it"))
+                break
+    else:
+        listed = sum(rows * cols if cols else rows for rows, cols in matrices)
+        if listed != total:
+            found.append(f"matrix_shapes lists {len(matrices)} tensors of {listed:,} elements, parameter_tensors "
+                         f"{len(tensors)} of {total:,}")
+    if family.count_parameters is not None:
+        counted = family.count_parameters(model)
+        if counted != total:
+            found.append(f"count_parameters gives {counted:,}, parameter_tensors sum to {total:,} "
+                         f"({counted - total:+,})")
+    inside = shape.layers * shape.layer_parameters() + shape.embedding_parameters
+    if inside > total * (1 + 1e-9):
+        found.append(f"its layer weights ({shape.layers} layers x {shape.layer_parameters():,} with norms) and the "
+                     f"embedding ({shape.embedding_parameters:,}) come to {inside:,.0f}, more than the "
+                     f"{total:,} of parameter_tensors")
+    return tuple(found)
+
+
+@memoize
+def check_description(family: ArchitectureFamily, model: TransformerWorkload, plugin: str | None = None) -> None:
+    """A ``PluginContractError`` naming ``family``, its ``plugin`` and the disagreement when its
+    descriptions of ``model``'s parameters disagree (``description_disagreements``); run once per
+    family and model (memoised) when ``family_for`` chooses the family."""
+    from .shapes import ModelShape
+    try:
+        ModelShape.of(model, family)
+    except MlsysimError:
+        return          # a model the family cannot shape: prepare says so with its own error
+    found = description_disagreements(family, model)
+    if found:
+        where = f"plugin {plugin}" if plugin else f"defined in {family.layer.__module__}"
+        raise PluginContractError(
+            f"{HOOK}: architecture family {family.name!r} ({where}) describes the parameters of {model.name!r} "
+            f"inconsistently: {'; '.join(found)}", plugin=plugin, hook=HOOK)
+
+
 def _own_attention(formula, *, grads=(True, True, True), **keywords) -> tuple:
     return tuple(formula(grads=grads, **keywords))
 
@@ -447,6 +515,7 @@ def family_for(model: TransformerWorkload, families: Mapping[str, ArchitectureFa
     if len(claimants) > 1:
         raise _conflict(model, claimants, providers or {})
     family = claimants[0] if claimants else _fallback(model, families, providers or {})
+    check_description(family, model, (providers or {}).get(family.name))    # once per family and model
     return family, architecture_notes(model, family, families)
 
 

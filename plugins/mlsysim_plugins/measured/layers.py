@@ -131,8 +131,20 @@ class LayerBytes:
         return self.saved + self.output
 
 
-class _Walk:
-    """The parts of one layer, per token (and per layer: ``constant``), as a walker adds them."""
+class LayerWalk:
+    """The parts of one layer, per token (and per layer: ``constant``), as a walker adds them: the
+    public helper a family's ``layer`` walker builds its ``LayerBytes`` with (the built-in walkers
+    below and every family in ``architectures/`` use it)::
+
+        w = LayerWalk()
+        w.add("input norm", 4 * hidden + 4, REPLICATED, op="rsqrt")      # bytes per token, TP split
+        w.extend(attention(kind=regime, ...), module="attention")         # the kernel's parts
+        w.add("mlp", 4 * c * ffn, op="mm+silu+mm+mul", module="mlp")
+        w.constant.append(Part("expert offsets", 4 * experts, split=REPLICATED))   # per layer
+        return w.layer(tokens, output_bytes, output_saved_by_next)
+
+    ``add`` skips a zero part; ``layer(tokens, output, output_saved_by_next)`` multiplies the per-token
+    parts by ``tokens`` and sums them into ``LayerBytes.saved``."""
 
     def __init__(self):
         self.parts: list[Part] = []
@@ -151,6 +163,9 @@ class _Walk:
                           for p in self.parts) + tuple(self.constant)
         return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
                           output_saved_by_next=output_saved_by_next, parts=per_layer)
+
+
+_Walk = LayerWalk       # its former, private name (kept for families written against it)
 
 
 def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_heads: int, head_dim: int,
@@ -185,7 +200,7 @@ def gpt2_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, to
     h, f = hidden, ffn
     c = 4 if regime == "fp32" else 2          # compute dtype: linear / matmul outputs
     r = 2 if regime == "bf16" else 4          # residual stream
-    w = _Walk()
+    w = LayerWalk()
     ln = 2 * (2 if regime == "bf16" else 4)   # mean + rstd
     w.add("ln_1 (mean, rstd)", ln, REPLICATED)
     w.add("c_attn input (ln_1 output or its AMP cast)", c * h, REPLICATED)
@@ -202,7 +217,7 @@ def gpt2_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, to
     return w.layer(tokens, r * h * tokens, True)      # LayerNorm saves its input in every regime
 
 
-def _llama_attention(w: _Walk, attention, *, hidden, heads, kv_heads, head_dim, regime, dropout, tokens,
+def _llama_attention(w: LayerWalk, attention, *, hidden, heads, kv_heads, head_dim, regime, dropout, tokens,
                      seq_len) -> None:
     """The input RMSNorm, attention and the post-attention RMSNorm of a Llama-style layer."""
     h = hidden
@@ -225,7 +240,7 @@ def llama_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, t
     """Llama style: RMSNorm, rotary, separate q/k/v/o, gated SiLU MLP."""
     c = 4 if regime == "fp32" else 2
     r = 2 if regime == "bf16" else 4
-    w = _Walk()
+    w = LayerWalk()
     _llama_attention(w, attention, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                      regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
     if regime == "amp-bf16":
@@ -239,7 +254,7 @@ def mixtral_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts,
     """Mixtral style: Llama attention, a sparse MoE block (experts_implementation="grouped_mm")."""
     h, f, k, E = hidden, ffn, top_k, experts
     r = 2 if regime == "bf16" else 4
-    w = _Walk()
+    w = LayerWalk()
     _llama_attention(w, attention, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                      regime=regime, dropout=dropout, tokens=tokens, seq_len=seq_len)
     ce = 2 if regime == "bf16" else 4         # experts run in the weight dtype
@@ -289,7 +304,7 @@ def megatron_layer_bytes(*, family=None, style=None, hidden: int, heads: int, kv
     family, kernel = _resolve(family, style, attention)
     h, f = hidden, ffn
     q, kv = heads * head_dim, kv_heads * head_dim
-    w = _Walk()
+    w = LayerWalk()
     w.add("layernorm inputs", 2 * 2 * h, REPLICATED)
     w.add("qkv input", 2 * h, REPLICATED)
     w.add("q/k/v", 2 * (q + 2 * kv))

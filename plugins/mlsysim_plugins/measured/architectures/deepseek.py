@@ -76,7 +76,7 @@ from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, 
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import kernel_of
-from ..layers import EXPERTS, REPLICATED, TP, LayerBytes, Part, _Walk
+from ..layers import EXPERTS, REPLICATED, TP, LayerBytes, Part, LayerWalk
 
 MLA = "mla"
 V2, V3 = "deepseek_v2", "deepseek_v3"
@@ -400,7 +400,7 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
     # RMSNorm: fp32 / bf16 keep the normalized x and the output (bf16: + its fp32 copy); AMP the fp32
     # normalized x only, every consuming linear its own bf16 cast of the output.
     norm = 4 * h + 4 if amp else 8 * h + 4
-    w = _Walk()
+    w = LayerWalk()
     w.add("input norm", norm, REPLICATED)
     if amp:
         w.add("q / kv_a input casts", 2 * 2 * h, REPLICATED)
@@ -425,7 +425,7 @@ def deepseek_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
     return w.layer(tokens, r * h * tokens, regime != "bf16")
 
 
-def _add_mlp(w: _Walk, z: Sizes, regime: str, h: int) -> None:
+def _add_mlp(w: LayerWalk, z: Sizes, regime: str, h: int) -> None:
     """The mean layer's dense MLP x dense/L and MoE block x MoE/L (router, grouped_mm experts,
     shared experts) added to ``w`` (module docstring); ``h`` the hidden size."""
     amp, c = regime == "amp-bf16", _c(regime)

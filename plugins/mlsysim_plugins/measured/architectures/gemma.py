@@ -56,7 +56,7 @@ from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTe
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
 from ..kernels import EAGER, SEPARATE_QKV, kernel_of
-from ..layers import REPLICATED, LayerBytes, Part, _Walk, megatron_gated_mlp
+from ..layers import REPLICATED, LayerBytes, Part, LayerWalk, megatron_gated_mlp
 
 SAVED = (FORWARD, BACKWARD)
 GEMMA2_EAGER = "gemma2-eager"     # Gemma 2's own layout: eager attention whatever the kernel's name
@@ -184,7 +184,7 @@ def _gemma_layer(version: int):
         c = 4 if regime == "fp32" else 2
         r = 2 if regime == "bf16" else 4
         bf16, amp = regime == "bf16", regime == "amp-bf16"
-        w = _Walk()
+        w = LayerWalk()
         # input norm: its fp32 input is the layer's input, except in bf16 (a copy)
         w.add("input norm (GemmaRMSNorm, fp32)", _norm_bytes(regime, h, input_saved=bf16, output_saved=True),
               REPLICATED)

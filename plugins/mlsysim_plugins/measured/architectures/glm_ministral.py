@@ -67,7 +67,7 @@ from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
-from ..layers import REPLICATED, TP, Part, _Walk, megatron_gated_mlp
+from ..layers import REPLICATED, TP, Part, LayerWalk, megatron_gated_mlp
 from .deepseek import (Sizes, _add_mlp, _elements, _matrices, _mlp_weights, _model_tensors, mean_layer_note,
                        score_bias_buffers)
 from .gemma import _attention_parts, checkpointed_masks
@@ -210,7 +210,7 @@ def glm_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top
     h = hidden
     q, kv = heads * head_dim, kv_heads * head_dim
     amp = regime == "amp-bf16"
-    w = _Walk()
+    w = LayerWalk()
     w.add("input norm", _input_norm(regime, h), REPLICATED)
     if amp:
         w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
@@ -329,7 +329,7 @@ def _ministral_layer(version: int):
         if dropout:
             raise _dropout_refused(MINISTRAL3 if version == 3 else MINISTRAL)
         h, c = hidden, _c(regime)
-        w = _Walk()
+        w = LayerWalk()
         w.add("input norm", _input_norm(regime, h), REPLICATED)
         if regime == "amp-bf16":
             w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)

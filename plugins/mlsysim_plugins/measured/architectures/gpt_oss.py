@@ -70,7 +70,7 @@ from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import kernel_of
-from ..layers import EXPERTS, REPLICATED, TP, Part, _Walk
+from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
 
 ARCHITECTURE = "gpt_oss"
 LAYOUT = "gpt-oss-sinks"          # the attention layout: q/k/v/o with biases, GQA, sinks concatenated to the scores
@@ -137,7 +137,7 @@ def gpt_oss_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts,
     c = 4 if regime == "fp32" else 2           # linears, the router, the attention
     ce = 2 if bf16 else 4                      # the experts run in the weights' dtype
     r = 2 if bf16 else 4                       # the residual stream
-    w = _Walk()
+    w = LayerWalk()
     w.add("input norm", _norm_bytes(regime, h), REPLICATED)
     if amp:
         w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)

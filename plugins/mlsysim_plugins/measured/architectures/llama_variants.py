@@ -69,7 +69,7 @@ from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
-from ..layers import REPLICATED, Part, _Walk, megatron_gated_mlp
+from ..layers import REPLICATED, Part, LayerWalk, megatron_gated_mlp
 
 W = LayerWeight
 
@@ -194,7 +194,7 @@ def _pre_norm_layer(arch):
         q, kv = heads * head_dim, kv_heads * head_dim
         amp = regime == "amp-bf16"
         fused = arch == "phi3"
-        w = _Walk()
+        w = LayerWalk()
         w.add("input norm", _input_norm(regime, h), REPLICATED)
         if amp:
             w.add("qkv_proj input cast" if fused else "q/k/v input casts", (1 if fused else 3) * 2 * h, REPLICATED)
@@ -249,7 +249,7 @@ def olmo2_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, t
     h, c, r = hidden, _c(regime), _r(regime)
     q, kv = heads * head_dim, kv_heads * head_dim
     amp = regime == "amp-bf16"
-    w = _Walk()
+    w = LayerWalk()
     if amp:
         w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
     w.add("q_norm, k_norm (full width)", _olmo2_norm(q) + _olmo2_norm(kv))

@@ -64,7 +64,7 @@ from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, MemoryTerm
 from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
-from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, _Walk
+from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, LayerWalk
 
 W = LayerWeight
 LLAMA4_LAYOUT = "llama4-separate-qkv"
@@ -306,7 +306,7 @@ def _norm(regime, h):
     return {"fp32": 8 * h + 4, "bf16": 8 * h + 4, "amp-bf16": 4 * h + 4}[regime]
 
 
-def _scaled(w: _Walk, parts, share, label):
+def _scaled(w: LayerWalk, parts, share, label):
     for p in parts:
         if p.nbytes and share:
             w.parts.append(attrs.evolve(p, name=f"{label}: {p.name}", nbytes=p.nbytes * share))
@@ -323,7 +323,7 @@ def _grouped_experts(regime, *, h, f, E, k, norm_topk) -> list[Part]:
             Part("routing weights (gathered)", cr * k, split=REPLICATED)]
 
 
-def _attention(w: _Walk, attention, s: Spec, regime, tokens, seq_len):
+def _attention(w: LayerWalk, attention, s: Spec, regime, tokens, seq_len):
     h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
     amp = regime == "amp-bf16"
     w.add("input norm", _norm(regime, h), REPLICATED)
@@ -388,7 +388,7 @@ def moe_2025_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
         raise InvalidInputError("model", None, "the workload (the layer reads model.details)")
     s = spec_of(model)
     _check_chunk(s, seq_len)
-    w = _Walk()
+    w = LayerWalk()
     _attention(w, attention, s, regime, tokens, seq_len)
     L, m = s.layers, s.moe_layers
     moe = _llama4_moe(regime, s) if s.arch == "llama4_text" else _qwen_moe(regime, s)

@@ -61,7 +61,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
 from ..families import LAYER_NORM, ArchitectureFamily, LayerWeight
-from ..layers import REPLICATED, TP, Part, _Walk, megatron_plain_mlp
+from ..layers import REPLICATED, TP, Part, LayerWalk, megatron_plain_mlp
 
 W = LayerWeight
 NEOX_LAYOUT = "gpt-neox-qkv"
@@ -167,7 +167,7 @@ def neox_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, to
     _no_dropout(dropout)
     h, f, c, r = hidden, ffn, _c(regime), _r(regime)
     sequential = _parallel(model, "use_parallel_residual") is False
-    w = _Walk()
+    w = LayerWalk()
     w.add("input_layernorm (mean, rstd)", 2 * r, REPLICATED)
     w.add("query_key_value input (input_layernorm output or its AMP cast)", c * h, REPLICATED)
     w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=heads * head_dim,
@@ -204,7 +204,7 @@ def falcon_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, 
     new, norms = _falcon_layout(model)
     h, f, c, r = hidden, ffn, _c(regime), _r(regime)
     q = heads * head_dim
-    w = _Walk()
+    w = LayerWalk()
     w.add("layer norms (mean, rstd)", norms * 2 * r, REPLICATED)
     if regime == "amp-bf16":
         w.add("query_key_value and dense_h_to_4h input casts (bf16)", 2 * 2 * h, REPLICATED)
