@@ -11,8 +11,14 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core import hookimpl
+from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
 from .techniques import Candidate, Technique
+
+# Imported on first use (the physics never when the plugins load): module-level stand-ins rather than
+# imports in the functions that every solve runs, which cost on each call.
+_finetune = lazy_module(globals(), "_finetune", "mlsysim_core.finetune")
+_parallel = lazy_module(globals(), "_parallel", "mlsysim_plugins.measured.parallel")
 
 _INTERNAL = {"internal": True}
 
@@ -59,8 +65,8 @@ def _lora(plan, registry):
     if o.lora is not None:
         from .lora import lora_option
         return lora_option(plan, o.lora)
-    from mlsysim_core.finetune import checkpoint_quantization    # a quantized checkpoint trains only adapters:
-    checkpoint_quantization(plan.model, None)                      # full training is refused
+    _finetune.checkpoint_quantization(plan.model, None)     # a quantized checkpoint trains only adapters: full
+                                                            # training is refused
     return plan
 
 
@@ -120,9 +126,10 @@ def _activation_offload_time(plan, figures):
 
 def _offload_given(plan, registry):
     """``offload=torchao[+gradients]``: torchao's optimizer, its own machinery (``cpu_offload.take_option``)."""
+    if plan.profile_options.offload is None:
+        return plan
     from .cpu_offload import is_torchao, take_option
-    return take_option(plan) if plan.profile_options.offload is not None and is_torchao(plan.profile_options.offload) \
-        else plan
+    return take_option(plan) if is_torchao(plan.profile_options.offload) else plan
 
 
 def _offload_last(plan, registry):
@@ -137,8 +144,7 @@ def _offload_relocate(plan, weights, gradients, optimizer_state):
     if plan.profile_options.cpu_offload_optimizer:
         from .cpu_offload import relocate
         return relocate(plan, weights, gradients, optimizer_state)
-    from .parallel import offload_terms
-    return offload_terms(plan, weights, gradients, optimizer_state)
+    return _parallel.offload_terms(plan, weights, gradients, optimizer_state)
 
 
 def _offload_on(plan) -> bool:

@@ -20,7 +20,8 @@ from mlsysim_core.memo import memoize
 from ._cache import cached_terms
 from .kernels import kernel_of
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
-from .parallel import expert_tensor_shards, gradient_divisor, residual_shards, weight_divisor
+from .parallel import (expert_tensor_shards, gradient_divisor, is_parallel, rank_layer_saved, residual_shards,
+                       weight_divisor)
 from .shapes import ModelShape, shape_of
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
@@ -329,7 +330,6 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     out = lb.output if lb.output_saved_by_next else 0
     per_layer, split, n = (saved + out) / k, (f" / {k} shards" if k > 1 else ""), 1
     if plan.rank is not None:     # a parallel layout: what tp splits, and the micro-batches in flight
-        from .parallel import rank_layer_saved
         per_layer, split, n = rank_layer_saved(plan, ctx, lb, selective)
     flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
     terms = []
@@ -399,7 +399,6 @@ class RuntimeOverheads:
 def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
     """The runtime-overhead terms: NCCL's buffers only when the layout communicates (any
     parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``)."""
-    from .parallel import is_parallel
     return list(_runtime_terms(overheads, is_parallel(plan), allocated))
 
 

@@ -16,6 +16,18 @@ import attrs
 
 from mlsysim_core import _checks
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError, PluginContractError
+from .._evolve import evolve
+from .._lazy import lazy_module
+from .families import family_for
+from .regimes import regime_for
+from .techniques import registered, run_stage
+
+# The physics, imported on a measured solve's first use (never when the plugins load: tests/test_fast_paths.py);
+# module-level stand-ins, not imports in prepare, which would cost on every solve.
+_model = lazy_module(globals(), "_model", "mlsysim_plugins.measured.model")
+_optimizers = lazy_module(globals(), "_optimizers", "mlsysim_plugins.measured.optimizers")
+_parallel = lazy_module(globals(), "_parallel", "mlsysim_plugins.measured.parallel")
+_shapes = lazy_module(globals(), "_shapes", "mlsysim_plugins.measured.shapes")
 
 
 def _option(help: str, metavar: str | None = None, kind=str, choices=None, flag=None, **more):
@@ -219,13 +231,6 @@ TECHNIQUES_HOOK = "mlsysim_measured_techniques"
 
 def prepare(plan, registry):
     """The plan with its measured options checked and completed (``ProfileSpec.prepare``)."""
-    from .model import RuntimeOverheads
-    from .optimizers import IMPLEMENTATIONS
-    from .parallel import check_option_values, layout_options
-    from .regimes import regime_for
-    from .families import family_for
-    from .shapes import ModelShape, approximation_notes, parameter_check, sequence_check
-    from .techniques import registered, run_stage
     regimes, schedules, kernels, families = (_registered(registry, hook) for hook in (
         REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
     techniques = tuple(registered(registry))     # the registered techniques, in order (techniques.py)
@@ -233,7 +238,7 @@ def prepare(plan, registry):
     o = plan.profile_options
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
-                                                                   IMPLEMENTATIONS)
+                                                                   _optimizers.IMPLEMENTATIONS)
     kernel = "sdpa" if o.attention is None else _checks.name("attention", o.attention, kernels)
     device = "cuda" if o.device is None else _checks.name("device", o.device, ("cuda", "cpu"))
     p = 0.0 if o.dropout is None else _checks.fraction("dropout", o.dropout)
@@ -252,12 +257,12 @@ def prepare(plan, registry):
         if blocks > plan.model.layers:
             raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
                                     f"at most the model's {plan.model.layers} layers")
-    overheads = _runtime_overheads(o.runtime_overheads, RuntimeOverheads)
+    overheads = _runtime_overheads(o.runtime_overheads, _model.RuntimeOverheads)
     cf = o.moe_capacity_factor
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6):
         raise (InvalidInputTypeError if not isinstance(cf, (int, float)) or isinstance(cf, bool)
                else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
-    check_option_values(o.pipeline_schedule, o.virtual_stages, getattr(o, "offload", None), schedules)
+    _parallel.check_option_values(o.pipeline_schedule, o.virtual_stages, getattr(o, "offload", None), schedules)
     # Then what the profile can describe, and what it approximates.
     if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
         raise NotModelledError(
@@ -269,8 +274,8 @@ def prepare(plan, registry):
     third_party = {name: info.name for name in families
                    if (info := registry.provider(ARCHITECTURES_HOOK, name)).distribution != "mlsysim-core"}
     family, _ = family_for(plan.model, families, third_party)
-    ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
-    notes = parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
+    _shapes.ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
+    notes = _shapes.parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
     if not family.claims_model(plan.model):     # no registered family models it: never costed as another
         arch = plan.model.architecture
         raise NotModelledError(
@@ -282,35 +287,35 @@ def prepare(plan, registry):
              f"no registered family models {arch!r} (or its shapes do not fit the family that lists it)")
             + ", so its layers (MLP, norms, positions, attention) are unknown; profile='reference' is the "
             "textbook estimate from its sizes alone")
-    notes += approximation_notes(plan.model, family, families)    # what is costed as something else: said
+    notes += _shapes.approximation_notes(plan.model, family, families)    # what is costed as something else: said
     if plan.model.context_length is not None or plan.seq_len > 1024:
-        notes += sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
-    o = attrs.evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
+        notes += _shapes.sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
+    o = evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
                      attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
                      checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing,
                      techniques=techniques)
-    plan = attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
+    plan = evolve(plan, profile_options=o, notes=plan.notes + notes)
     plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
         if not plan.model.is_sparse:
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
-        plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_capacity_factor=float(cf)))
+        plan = evolve(plan, profile_options=evolve(plan.profile_options, moe_capacity_factor=float(cf)))
     if o.loss_parallel is not None:
         plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
     # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
-    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options,
+    plan = evolve(plan, profile_options=evolve(plan.profile_options,
                                                            optimizer_spec=registry.optimizers[plan.optimizer]))
     plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
     plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
     said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
     if said is not None:
-        plan = attrs.evolve(plan, notes=plan.notes + tuple(said(plan)))
-    plan = layout_options(plan, schedules)
+        plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
+    plan = _parallel.layout_options(plan, schedules)
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
-        plan = attrs.evolve(plan, notes=plan.notes + tuple(family.check(plan)))
+        plan = evolve(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan
@@ -318,12 +323,12 @@ def prepare(plan, registry):
 
 def _loss_parallel(plan, value):
     value = _checks.flag("loss_parallel", value)
-    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, loss_parallel=value))
+    plan = evolve(plan, profile_options=evolve(plan.profile_options, loss_parallel=value))
     from .model import megatron
     if value and (plan.tp_size == 1 or megatron(plan.profile_options.regime)):
         why = ("without tensor parallelism the logits are whole" if plan.tp_size == 1 else
                "Megatron-Core's cross-entropy is vocabulary-parallel already")
-        plan = attrs.evolve(plan, notes=plan.notes + (f"loss_parallel changes nothing here: {why}",))
+        plan = evolve(plan, notes=plan.notes + (f"loss_parallel changes nothing here: {why}",))
     return plan
 
 
@@ -338,7 +343,7 @@ def _routing_imbalance(plan, value, cf):
         raise InvalidInputError("moe_routing_imbalance", value, "None with moe_capacity_factor",
                                 "routing imbalance is for dropless routing; a capacity factor caps every expert's "
                                 "load (the experts' activations scale with it instead)")
-    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options, moe_routing_imbalance=value))
+    plan = evolve(plan, profile_options=evolve(plan.profile_options, moe_routing_imbalance=value))
     if plan.ep_size == 1:
         note = ("moe_routing_imbalance changes nothing without expert parallelism: one device computes every "
                 "routed copy, T x top-k rows however they are spread over its experts")
@@ -346,7 +351,7 @@ def _routing_imbalance(plan, value, cf):
         note = (f"routing imbalance: the busiest expert-parallel rank computes {imbalance_factor(plan):.4f} x the "
                 f"mean routed tokens ({value if value == 'uniform' else 'given'}); its experts' activations and "
                 "all-to-all receive buffer scale with it")
-    return attrs.evolve(plan, notes=plan.notes + (note,))
+    return evolve(plan, notes=plan.notes + (note,))
 
 
 def _runtime_overheads(value, RuntimeOverheads):

@@ -24,7 +24,17 @@ from mlsysim_core.memo import memoize
 from mlsysim_core import _checks
 from mlsysim_core.plan import Placement
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, LayoutError
+from mlsysim_core.terms import BACKWARD_END, GRADIENTS, OPTIMIZER_STEP, MemoryTerm
+from .._lazy import lazy_module
 from ._cache import cached_terms
+from .families import family_of
+from .layers import EXPERTS, REPLICATED, Part
+from .schedules import SCHEDULES
+from .shapes import ModelShape, shape_of
+
+# model.py imports this module: reached through a stand-in that becomes the module on first use
+# (module-level, not in the functions: an import statement in a function costs on every solve).
+_model = lazy_module(globals(), "_model", "mlsysim_plugins.measured.model")
 
 OFFLOADABLE = ("optimizer", "gradients", "parameters")
 OFFLOAD_TARGETS = ("cpu", "nvme")
@@ -33,7 +43,6 @@ OFFLOAD_TARGETS = ("cpu", "nvme")
 def layout_options(plan, schedules=None):
     """The plan with the parallel-layout options of a measured-grade solve checked and with
     defaults; ``pipeline_schedule`` becomes the registered ``PipelineSchedule``."""
-    from .schedules import SCHEDULES
     schedules = schedules or SCHEDULES
     o = plan.profile_options
     pipeline_schedule, virtual_stages, expert_tp_size, stage_layers, offload = (
@@ -159,7 +168,6 @@ def check_option_values(pipeline_schedule, virtual_stages, offload, schedules=No
     about the model is asked: a bad value is an error even where the profile then finds it
     cannot describe the run."""
     if pipeline_schedule is not None:
-        from .schedules import SCHEDULES
         _checks.name("pipeline_schedule", pipeline_schedule, schedules or SCHEDULES)
     if virtual_stages is not None:
         _checks.count("virtual_stages", virtual_stages)
@@ -337,7 +345,6 @@ def in_flight(schedule, p: int, stage: int, m: int, v: int = 1) -> float:
     if p == 1:
         return 1
     if isinstance(schedule, str):
-        from .schedules import SCHEDULES
         schedule = SCHEDULES[schedule]
     return schedule.in_flight(p, stage, m, v)
 
@@ -382,7 +389,6 @@ def rank_parameters(plan, rank: RankClass, placement) -> dict:
     """``{"dense": ..., "experts": ...}``: the parameters one rank of this class holds
     before data-parallel sharding, as the rules split them (see ``_rank_parameters``;
     cached, do not modify)."""
-    from .families import family_of
     return _rank_parameters(plan.model, family_of(plan), placement.tensor_shards, placement.expert_shards,
                             expert_tensor_shards(plan, placement), rank.layers, rank.first, rank.last)
 
@@ -393,8 +399,6 @@ def _rank_parameters(model, family, t, e, etp, layers, first, last) -> dict:
     (attention / tp, dense MLP / tp, norms and router replicated, the vocabulary-parallel
     embedding and LM head / tp on the first and last stage) and ``experts`` (the routed
     experts of the stage / (ep x expert_tp)), for ``model`` built as ``family`` builds it."""
-    from .layers import REPLICATED
-    from .shapes import ModelShape
     shape = ModelShape.of(model, family)
     h = shape.hidden
     per_layer_dense, per_layer_experts = _layer_matrices_on_rank(shape, t, e, etp)
@@ -440,12 +444,10 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     replicated (the norms, the column-parallel linears' inputs, what follows the row-parallel
     ones) / tp only with sequence parallelism, expert activations / expert_tp; everything
     / cp (the sequence split). ``selective`` drops the parts ``recomputed_by_selective``."""
-    from .layers import EXPERTS, REPLICATED, Part
-    from .model import megatron
     t, c, r, etp = ctx.tensor, ctx.sequence, ctx.residual, ctx.expert_tensor
     sp = r != 1
     total = 0.0
-    if sp and not megatron(plan.profile_options.regime):
+    if sp and not _model.megatron(plan.profile_options.regime):
         # PyTorch's sequence parallelism (DTensor, torchtitan's plan) keeps the all-gathered
         # inputs of attention and of the MLP for the weight gradients: 2 x T x h replicated.
         gathered = 2 * plan.profile_options.regime.compute * ctx.tokens * ctx.shape.hidden
@@ -477,23 +479,18 @@ def rank_gradient_terms(plan, placement):
     """Gradients of one rank's trainable parameters. With more than one micro-batch per
     iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
     they are alive in every phase; with one, they are born in the backward."""
-    from mlsysim_core.terms import GRADIENTS, MemoryTerm
-    from .model import ALL
-    from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP
     regime = plan.profile_options.regime
     b = regime.gradient
     if not b:
         return []      # accumulated straight into an fp32 main-grad buffer (optimizer state)
-    from .model import megatron
-    from .shapes import shape_of
     params = placement.trainable_parameters_per_rank / gradient_divisor(placement)
     accumulating = plan.gradient_accumulation_steps > 1
-    phases = ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP)
+    phases = _model.ALL if accumulating else (BACKWARD_END, OPTIMIZER_STEP)
     terms = [MemoryTerm(component=GRADIENTS, label=f"gradients ({regime.name}, {b} B)", nbytes=params * b,
                         phases=phases, formula=f"{params:,.0f} trainable params/rank x {b} B"
                         + (" (accumulated over micro-batches: alive throughout)" if accumulating else ""))]
     t = placement.tensor_shards
-    if plan.rank.first and t > 1 and not megatron(regime) and placement.gradient_shards == 1:
+    if plan.rank.first and t > 1 and not _model.megatron(regime) and placement.gradient_shards == 1:
         # DTensor's row-sharded embedding receives its gradient as a full V x h tensor, and
         # it stays that way in .grad: every rank holds the whole embedding gradient.
         extra = shape_of(plan).embedding_parameters * (1 - 1 / t)
@@ -510,7 +507,6 @@ def _layer_matrices_on_rank(shape, t, e, etp) -> tuple[float, float]:
     """One decoder layer's matrices on a rank, as each weight's ``split`` says: (dense:
     attention and MLP / tp, the replicated ones (a router) whole; routed experts / (ep x
     expert_tp))."""
-    from .layers import EXPERTS, REPLICATED
     dense = experts = 0
     for w in shape.layer_weights():
         if w.bias:
@@ -528,7 +524,6 @@ def layer_parameters_on_rank(plan, placement=None) -> float:
     """One decoder layer's matrix parameters on a rank, as the rules split them (before
     data-parallel sharding). Without ``placement`` (the form of plugin API 2.3 and earlier) the
     layout's tp and ep sizes stand for the rules' split, as they did then."""
-    from .shapes import shape_of
     if placement is None:
         t = plan.tp_size
         return sum(_layer_matrices_on_rank(shape_of(plan), t, plan.ep_size, plan.profile_options.expert_tp_size or t))

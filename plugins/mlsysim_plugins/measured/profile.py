@@ -11,6 +11,8 @@ and strategy's ``measured_activation_terms`` do the rest; the total is the peak 
 from mlsysim_core import ProfileSpec, hookimpl
 from .._lazy import lazy_module
 from . import hookspecs
+from .checkpointing import recomputes_first_layer
+from .techniques import relocate
 from .options import MeasuredOptions, assemble, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
@@ -20,7 +22,6 @@ buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 
 def _recomputes(plan) -> bool:
     """Is layer 0 recomputed at the backward's end? What the selected strategy declares."""
-    from .checkpointing import recomputes_first_layer
     return recomputes_first_layer(plan)
 
 
@@ -71,7 +72,6 @@ def _ranks(plan, placement):
 
 def _offload(plan, weights, gradients, optimizer_state):
     """What the techniques move to the host or free (``Technique.relocate``, in their order)."""
-    from .techniques import relocate
     return relocate(plan, weights, gradients, optimizer_state)
 
 

@@ -27,6 +27,7 @@ A ``Technique`` declares, with nothing the profile recognises by name:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -94,22 +95,35 @@ class Technique:
 
 def registered(registry) -> list[Technique]:
     """The registered techniques, in the order they run (``order``, then name)."""
-    items = (registry.extensions.get(HOOK) or {}).values()
-    return sorted(items, key=lambda t: (t.order, t.name))
+    return list(_in_order(tuple((registry.extensions.get(HOOK) or {}).values())))
+
+
+# Every solve asks for the techniques in order and for each stage's functions: worked out once per
+# set of techniques (a tuple of them: hashed and compared by identity, Technique being eq=False).
+@functools.lru_cache(maxsize=16)
+def _in_order(techniques: tuple) -> tuple:
+    return tuple(sorted(techniques, key=lambda t: (t.order, t.name)))
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_functions(techniques: tuple, stage: str) -> tuple[Callable, ...]:
+    return tuple(t.apply[stage] for t in techniques if t.apply.get(stage) is not None)
+
+
+@functools.lru_cache(maxsize=16)
+def _relocations(techniques: tuple) -> tuple[Callable, ...]:
+    return tuple(t.relocate for t in techniques if t.relocate is not None)
 
 
 def run_stage(plan, registry, stage: str, techniques=None):
     """``plan`` through every registered technique's ``apply`` at ``stage``."""
-    for technique in registered(registry) if techniques is None else techniques:
-        function = technique.apply.get(stage)
-        if function is not None:
-            plan = function(plan, registry)
+    for function in _stage_functions(tuple(registered(registry) if techniques is None else techniques), stage):
+        plan = function(plan, registry)
     return plan
 
 
 def relocate(plan, weights, gradients, optimizer_state):
     """The terms with what each technique of the prepared plan moves (``Technique.relocate``), in order."""
-    for technique in plan.profile_options.techniques or ():
-        if technique.relocate is not None:
-            weights, gradients, optimizer_state = technique.relocate(plan, weights, gradients, optimizer_state)
+    for function in _relocations(tuple(plan.profile_options.techniques or ())):
+        weights, gradients, optimizer_state = function(plan, weights, gradients, optimizer_state)
     return weights, gradients, optimizer_state
