@@ -59,13 +59,18 @@ class LayerWeight:
     parallel ranks), ``"replicated"`` (whole on every one: a router, a row-parallel linear's
     bias) or ``"experts"`` (over ep x expert_tp); ``autocast``: torch.autocast casts it to
     16 bits for its matmul (grouped-mm experts run in the weights' own dtype); ``bias``: a
-    linear's bias vector (``ModelShape.layer_matrices`` lists the matrices only)."""
+    linear's bias vector (``ModelShape.layer_matrices`` lists the matrices only); ``shape``: the
+    matrix's (rows, cols), from which a family that gives no ``matrix_shapes`` has them derived."""
 
     name: str
     elements: int
     split: str = attrs.field(default=TP, validator=_weight_split, kw_only=True)
     autocast: bool = attrs.field(default=True, kw_only=True)
     bias: bool = attrs.field(default=False, kw_only=True)
+    # (rows, cols) of the matrix (out, in features, as nn.Linear stores it), for the parameter
+    # description a family derives from its layer weights (``matrix_shapes`` None); a bias is a
+    # vector (rows its elements). None: not given (then the family gives ``matrix_shapes``).
+    shape: tuple[int, int] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -158,24 +163,28 @@ class ArchitectureFamily:
     """
 
     name: str
-    description: str
+    description: str = ""
     architectures: tuple[str, ...] = attrs.field(converter=_names)
     claims: Callable[[TransformerWorkload], bool] | None = None
     sparse: bool = False
     gated_mlp: bool = True
     label: str = ""
     approximations: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
-    norm: Norm
+    norm: Norm = RMS_NORM
     layer_norms: int = 2
-    positions: str = attrs.field(validator=_one_of(POSITIONS))
+    positions: str = attrs.field(default="rotary", validator=_one_of(POSITIONS))
     rotary_architectures: tuple[str, ...] = attrs.field(default=(), converter=_names)
     rotary_fraction: float = 1.0     # the share of head_dim that rotary embeddings rotate (partial rotary)
-    attention_layout: str
+    attention_layout: str = SEPARATE_QKV
     layer_weights: Callable[..., tuple[LayerWeight, ...]]
-    parameter_tensors: Callable[[ModelShape], tuple[int, ...]]
-    matrix_shapes: Callable[[ModelShape], list]
     layer: Callable[..., LayerBytes]
-    megatron_mlp: Callable[..., tuple[Part, ...]]
+    # None: derived from the layer weights (``derived_parameter_tensors``, ``derived_matrix_shapes``):
+    # the embedding, a learned position table, each layer's weights then its norms, the final norm,
+    # the LM head unless tied; give them where the model registers its tensors otherwise.
+    parameter_tensors: Callable[[ModelShape], tuple[int, ...]] | None = None
+    matrix_shapes: Callable[[ModelShape], list] | None = None
+    # None: the MLP's parts by structure (routed experts, a gated or a plain MLP: ``layers.megatron_*``).
+    megatron_mlp: Callable[..., tuple[Part, ...]] | None = None
     lora_layer: Callable | None = None
     assumptions: Callable[[TransformerWorkload], tuple[str, ...]] | None = None
     # The exact parameter count of a model the family builds (None: the transformer counter of
@@ -246,9 +255,53 @@ class ArchitectureFamily:
                     return functools.partial(_own_attention, formula, device=device)
         return functools.partial(kernel.saved, self.attention_layout)
 
+    def megatron_mlp_parts(self, **shape) -> tuple[Part, ...]:
+        """The MLP's parts of a Megatron-Core layer: the family's ``megatron_mlp``, else by its
+        structure (routed experts, a gated MLP, a plain one)."""
+        if self.megatron_mlp is not None:
+            return tuple(self.megatron_mlp(**shape))
+        default = (layers.megatron_moe_mlp if self.sparse else
+                   layers.megatron_gated_mlp if self.gated_mlp else layers.megatron_plain_mlp)
+        return default(**shape)
+
     def adjusted(self, kind: str, plan, placement, terms: list) -> list:
         """``terms`` as the family changes them (``adjust_terms``), else as they are."""
         return terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
+
+
+# --- what a family derives from its layer weights ------------------------------------------------------
+
+def derived_parameter_tensors(shape: ModelShape) -> tuple[int, ...]:
+    """Every parameter tensor's elements, derived from the family's layer weights (a family that
+    gives no ``parameter_tensors``): the embedding, a learned position table, per layer its weights
+    (matrices and biases, as ``layer_weights`` lists them) then ``layer_norms`` norms of
+    ``norm.parameters`` vectors, the final norm, the LM head unless tied."""
+    h, norm = shape.hidden, shape.family.norm
+    head = (shape.embedding_parameters,) + ((shape.learned_positions * h,) if shape.learned_positions else ())
+    block = tuple(w.elements for w in shape.layer_weights()) + (h,) * (shape.family.layer_norms * norm.parameters)
+    tail = (h,) * norm.parameters + (() if shape.tied else (shape.embedding_parameters,))
+    return head + block * shape.layers + tail
+
+
+def derived_matrix_shapes(shape: ModelShape) -> list:
+    """(rows, cols) of the tensors ``derived_parameter_tensors`` lists, from the layer weights'
+    ``shape`` (a bias a vector); a layer weight without one is a ``PluginContractError`` naming the
+    family (give ``LayerWeight.shape`` or the family's ``matrix_shapes``)."""
+    h, V, norm = shape.hidden, shape.vocab, shape.family.norm
+    block = []
+    for w in shape.layer_weights():
+        if w.bias:
+            block.append((w.elements, 0))
+        elif w.shape is None:
+            raise PluginContractError(
+                f"{HOOK}: architecture family {shape.family.name!r} gives no matrix_shapes and its layer weight "
+                f"{w.name!r} no shape: give LayerWeight(..., shape=(rows, cols)) or ArchitectureFamily.matrix_shapes",
+                hook=HOOK)
+        else:
+            block.append(tuple(w.shape))
+    block += [(h, 0)] * (shape.family.layer_norms * norm.parameters)
+    head = [(V, h)] + ([(shape.learned_positions, h)] if shape.learned_positions else [])
+    return head + block * shape.layers + [(h, 0)] * norm.parameters + ([] if shape.tied else [(V, h)])
 
 
 # --- one family, one description: its layer weights, parameter tensors, matrices and count agree -------
@@ -333,12 +386,14 @@ W = LayerWeight
 
 
 def _attention_weights(h, q, kv):
-    return (W("q_proj", h * q), W("k_proj", h * kv), W("v_proj", h * kv), W("o_proj", q * h))
+    return (W("q_proj", h * q, shape=(q, h)), W("k_proj", h * kv, shape=(kv, h)), W("v_proj", h * kv, shape=(kv, h)),
+            W("o_proj", q * h, shape=(h, q)))
 
 
 def _llama_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     h, f = hidden, ffn
-    return _attention_weights(h, q_dim, kv_dim) + (W("gate_proj", h * f), W("up_proj", h * f), W("down_proj", f * h))
+    return _attention_weights(h, q_dim, kv_dim) + (W("gate_proj", h * f, shape=(f, h)), W("up_proj", h * f, shape=(f, h)),
+                                                   W("down_proj", f * h, shape=(h, f)))
 
 
 def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
@@ -356,13 +411,6 @@ def _gpt2_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     return (W("c_attn", 3 * h * h), W("attn.c_proj", h * h), W("c_fc", h * f), W("mlp.c_proj", f * h),
             W("c_attn.bias", 3 * h, bias=True), W("attn.c_proj.bias", h, split=REPLICATED, bias=True),
             W("c_fc.bias", f, bias=True), W("mlp.c_proj.bias", h, split=REPLICATED, bias=True))
-
-
-def _rms_parameter_tensors(shape):
-    h = shape.hidden
-    block = tuple(n for _, n in shape.layer_matrices()) + (h, h)                 # + the two RMSNorms
-    tail = (h,) if shape.tied else (h, shape.embedding_parameters)
-    return (shape.embedding_parameters,) + block * shape.layers + tail
 
 
 def _gpt2_parameter_tensors(shape):
@@ -387,11 +435,6 @@ def _rms_matrix_shapes(mlp):
         out = [(V, h)] + block * shape.layers + [(h, 0)]
         return out + ([] if shape.tied else [(V, h)])
     return shapes
-
-
-def _dense_mlp_shapes(shape):
-    f, h = shape.ffn, shape.hidden
-    return [(f, h), (f, h), (h, f)]
 
 
 def _moe_mlp_shapes(shape):
@@ -432,8 +475,8 @@ LLAMA = ArchitectureFamily(
         "ministral": "the masks SDPA saves in its sliding-window layers when seq_len reaches the window",
         "ministral3": "the Llama-4 attention scale on q and the masks SDPA saves with a sliding window",
     },
+    # its parameter tensors and matrix shapes derived from its layer weights (one description)
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_llama_weights,
-    parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_dense_mlp_shapes),
     layer=layers.llama_layer, megatron_mlp=layers.megatron_gated_mlp, lora_layer=_llama_lora,
     assumptions=_gated_mlp_assumed, pack_hook_copies=_llama_pack_hook_copies, fallback=True)
 
@@ -463,8 +506,9 @@ MIXTRAL = ArchitectureFamily(
         "glm4_moe": "its dense first layers, shared expert, sigmoid group-limited routing, partial rotary "
                     "embeddings, attention biases and QK-norm",
     },
+    # its parameter tensors derived from its layer weights; the expert stacks' matrices one per expert
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_mixtral_weights,
-    parameter_tensors=_rms_parameter_tensors, matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),
+    matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),
     layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora, fallback=True)
 
 BUILTIN_FAMILIES: Mapping[str, ArchitectureFamily] = {f.name: f for f in (LLAMA, GPT2, MIXTRAL)}

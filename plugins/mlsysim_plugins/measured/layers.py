@@ -314,7 +314,7 @@ def megatron_layer_bytes(*, family=None, style=None, hidden: int, heads: int, kv
     if dropout:
         w.add("dropout masks (attention, mlp)", 2 * h, REPLICATED)
     w.add("mlp input", 2 * h, REPLICATED)
-    w.extend(family.megatron_mlp(hidden=h, ffn=f, experts=experts, top_k=top_k))
+    w.extend(family.megatron_mlp_parts(hidden=h, ffn=f, experts=experts, top_k=top_k))
     return w.layer(tokens, 2 * h * tokens, False)
 
 

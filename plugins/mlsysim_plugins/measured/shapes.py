@@ -19,7 +19,8 @@ from mlsysim_core.memo import memoize
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.types import TransformerWorkload
 
-from .families import BUILTIN_FAMILIES, ArchitectureFamily, LayerWeight, architecture_notes, default_family, family_of
+from .families import (BUILTIN_FAMILIES, ArchitectureFamily, LayerWeight, architecture_notes, default_family,
+                       derived_matrix_shapes, derived_parameter_tensors, family_of)
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)
@@ -85,11 +86,13 @@ class ModelShape:
     def parameter_tensors(self) -> tuple[int, ...]:
         """Element counts of every parameter tensor, in the order the model registers them
         (what a for-loop optimizer step walks through)."""
-        return tuple(self.family.parameter_tensors(self))
+        given = self.family.parameter_tensors
+        return tuple(derived_parameter_tensors(self) if given is None else given(self))
 
     def matrix_shapes(self) -> list[tuple[int, int]]:
         """(rows, cols) of every parameter tensor, cols 0 for vectors (factored optimizers)."""
-        return list(self.family.matrix_shapes(self))
+        given = self.family.matrix_shapes
+        return list(derived_matrix_shapes(self) if given is None else given(self))
 
     @property
     def tensor_count(self) -> int:
