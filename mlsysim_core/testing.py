@@ -20,7 +20,10 @@ measured-grade profile its specs support, and checks:
 * its options round-trip through a scenario file (JSON) to the same result;
 * a checkpointing strategy that declares ``recomputes="layers"`` honours the block option of
   a measured-grade profile that has one (``checkpointed_layers=0``, every layer kept, changes
-  its terms), as the profile's physics then assumes.
+  its terms), as the profile's physics then assumes;
+* an item of a profile's own hook that can check itself (``conformance_failures(models)``) passes
+  on every catalog model: a measured architecture family's descriptions of the parameters of each
+  model it claims agree (its layer weights, parameter tensors, matrix shapes and count).
 
 ``layouts`` overrides the solve arguments tried per kind (e.g. a rule that needs dp_size
 divisible by 8, a family's model); ``options`` gives plugin options per spec name.
@@ -212,6 +215,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
             if again != scenario or again.solve(solver).to_json() != result.to_json():
                 failures.append(f"{label}: options do not round-trip through a scenario file")
     failures += _declared_checkpointing(plugin, provides.get(CHECKPOINTING, ()), registry, solver, measured)
+    failures += _self_checks(provides, tables, pm)
     # Unselected, the plugin must not change a number.
     for layout in ({**BASE, "model": DENSE, "dp_size": 8, "zero_stage": 2},
                    {**BASE, "model": MOE, "tp_size": 2, "pp_size": 2, "ep_size": 2, "dp_size": 2}):
@@ -227,6 +231,23 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     return ConformanceReport(plugin=plugin, source=info.source,
                              provides={k: tuple(sorted(v)) for k, v in provides.items()},
                              solves=solves, failures=tuple(failures))
+
+
+def _self_checks(provides, tables, pm) -> list[str]:
+    """What the plugin's registered items say about themselves against the catalog: an item of a
+    profile's own hook that has ``conformance_failures(models)`` (a measured architecture family: its
+    descriptions of each catalog model it claims agree) is asked with every catalog model."""
+    failures, models = [], None
+    for kind, names in provides.items():
+        for name in names:
+            check = getattr(tables[kind][name], "conformance_failures", None)
+            if not callable(check):
+                continue
+            if models is None:
+                from .catalog import list_models
+                models = [entry.value for entry in list_models(plugin_manager=pm)]
+            failures += [f"{kind} {name!r} {found}" for found in check(models)]
+    return failures
 
 
 def _declared_checkpointing(plugin, names, registry, solver, measured) -> list[str]:

@@ -255,6 +255,22 @@ class ArchitectureFamily:
                     return functools.partial(_own_attention, formula, device=device)
         return functools.partial(kernel.saved, self.attention_layout)
 
+    def conformance_failures(self, models) -> tuple[str, ...]:
+        """What the conformance kit (``mlsysim_core.testing``) reports about this family: for each of
+        ``models`` (the catalog's) the family claims and can shape, where its descriptions of the
+        model's parameters disagree (``description_disagreements``)."""
+        from .shapes import ModelShape
+        failures = []
+        for model in models:
+            if not self.claims_model(model):
+                continue
+            try:
+                ModelShape.of(model, self)
+            except MlsysimError:
+                continue
+            failures += [f"on {model.name!r}: {found}" for found in description_disagreements(self, model)]
+        return tuple(failures)
+
     def megatron_mlp_parts(self, **shape) -> tuple[Part, ...]:
         """The MLP's parts of a Megatron-Core layer: the family's ``megatron_mlp``, else by its
         structure (routed experts, a gated MLP, a plain one)."""
