@@ -160,6 +160,13 @@ class ArchitectureFamily:
     layer; ``lora_layer(walk, grad_in, attention)`` -> one layer under LoRA (``lora.py``), None
     where LoRA is not modelled; ``assumptions(model)`` -> what the family assumes about fields
     the model leaves unknown (notes).
+
+    One description: ``layer_weights`` is the source; ``parameter_tensors`` and ``matrix_shapes``
+    default to ``derived_parameter_tensors`` and ``derived_matrix_shapes`` (from the weights and
+    their ``shape``), and every description is checked against the others and ``count_parameters``
+    when the family is chosen (``check_description``). Required: ``name``, ``architectures``,
+    ``layer_weights``, ``layer``; the rest has defaults (an RMSNorm, rotary, separate q/k/v
+    family with its Megatron-Core MLP by structure).
     """
 
     name: str
