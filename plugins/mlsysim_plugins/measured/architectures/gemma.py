@@ -351,7 +351,7 @@ def _adjust(version):
             return terms
         from ..checkpointing import whole_layers
         ctx = context(plan, placement)
-        T, s, V, h = ctx.tokens, ctx.seq_len, shape.vocab, shape.hidden
+        T, s, V = ctx.tokens, ctx.seq_len, shape.vocab
         rank = plan.rank
         last = True if rank is None else rank.last
         cp = ctx.sequence

@@ -61,7 +61,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
 from ..families import LAYER_NORM, ArchitectureFamily, LayerWeight
-from ..layers import REPLICATED, TP, Part, LayerWalk, megatron_plain_mlp
+from ..layers import REPLICATED, Part, LayerWalk, megatron_plain_mlp
 
 W = LayerWeight
 NEOX_LAYOUT = "gpt-neox-qkv"
