@@ -1,0 +1,32 @@
+"""The uncached solve that issue 24's speed target names: Llama-3.1-8B on an H100, tp2 pp2 dp8
+ZeRO-2, every call at a batch size not seen before (no memo hit), after one warm-up solve.
+
+    python benchmarks/uncached.py PROFILE N      # PROFILE: reference or measured
+
+Count it with callgrind, twice, and take the difference (imports and plugin loading cancel):
+
+    PYTHONHASHSEED=0 setarch $(uname -m) -R valgrind --tool=callgrind \\
+        --callgrind-out-file=/dev/null python benchmarks/uncached.py measured 45
+    (the same with 5; instructions per solve = (count(45) - count(5)) / 40)
+
+To compare a revision, check it out into a worktree and put it first on PYTHONPATH
+(``PYTHONPATH=TREE:TREE/plugins``), as benchmarks/instructions.py does.
+"""
+
+import sys
+
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.catalog import get_hardware, get_model
+
+
+def main(profile: str, n: int) -> None:
+    model, gpu = get_model("llama3-8b"), get_hardware("h100")
+    layout = dict(tp_size=2, pp_size=2, dp_size=8, zero_stage=2)
+    solver = TrainingMemoryModel(profile)
+    solver.solve(model, gpu, 16, 2048, **layout)          # warm-up: plugins loaded
+    for i in range(n):
+        solver.solve(model, gpu, 16 * (i + 2), 2048, **layout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
