@@ -697,12 +697,6 @@ def _solve(solver, scenario):
     return solver.solve(model, hardware, **scenario.solve_kwargs())
 
 
-def _measured_cannot_describe(err) -> bool:
-    """Errors that mean "this run is outside the measured profile", not "bad input": a
-    ``NotModelledError`` (raised by the profile, its plugins or a third party's)."""
-    return isinstance(err, NotModelledError)
-
-
 def not_modelled_refusal(err: NotModelledError, model=None) -> NotModelledError:
     """``err`` as the CLI says it when the user named no profile: the run is refused (never
     answered by another profile), naming what the default profile does not model, the
@@ -980,9 +974,9 @@ def _result_notes(results, labels=None) -> list[str]:
 
 def _varied_bars(args, solver, scenario, out):
     """`plot bars --vary FIELD`: ``(results, labels)``. One picture, one profile: when the
-    measured profile cannot describe one of the values, every bar is the reference profile's
-    (`reference_stand_in` of each), and a note says so. ``--vary profile`` draws each profile
-    asked for; a profile that cannot describe the run is left out, and a note says why."""
+    measured profile cannot describe one of the values, the picture is refused
+    (`not_modelled_refusal`). ``--vary profile`` draws each profile asked for; a profile that
+    cannot describe the run is left out, and a note says why."""
     import attrs
     from .scenario import SOLVE_FIELDS
     allowed = (*SOLVE_FIELDS, *VARY_FIELDS)
@@ -1014,9 +1008,7 @@ def _varied_bars(args, solver, scenario, out):
             else:
                 try:
                     results.append(_solve(solver, s))
-                except InvalidInputError as err:
-                    if not _measured_cannot_describe(err):
-                        raise
+                except NotModelledError as err:
                     out.write(f"note: {label} is left out: the {s.profile} profile cannot describe this run: "
                               f"{err}\n")
                     continue

@@ -42,18 +42,17 @@ def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch
 
 def _model(value):
     """Catalog names, model files and checkpoint folders as the CLI reads them; objects as they are."""
-    if isinstance(value, Path):
-        value = str(value)
-    if not isinstance(value, str):
-        return value
     from .cli import _model as read
-    return read(value, parameter="model")
+    return _read(value, read, "model")
 
 
 def _hardware(value):
+    from .cli import _hardware as read
+    return _read(value, read, "hardware")
+
+
+def _read(value, read, parameter: str):
+    """A name or path (str or Path) through the CLI's reader, naming ``parameter``; anything else as it is."""
     if isinstance(value, Path):
         value = str(value)
-    if not isinstance(value, str):
-        return value
-    from .cli import _hardware as read
-    return read(value, parameter="hardware")
+    return read(value, parameter=parameter) if isinstance(value, str) else value

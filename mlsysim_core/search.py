@@ -125,7 +125,7 @@ class PlanSearch:
     pareto: tuple[Candidate, ...]
     assumptions: Mapping[str, float]
     profile: str = "reference"          # the profile every layout was solved under
-    profile_note: str | None = None     # why this profile (the CLI's fallback note), if anything to say
+    profile_note: str | None = None     # a note on the profile from the caller, if anything to say
     # Everything about the run that changes the numbers and is the same for every layout
     # (precision and regime, optimizer, LoRA/QLoRA, the measured options, the strategies and
     # rules searched, strategies left out): see ``search_plans``.

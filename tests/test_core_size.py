@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # 3,246 at 7ceef66 (the rules' placement and registry.resolve landed over the ratchet); then steptime.py
 # (330 lines, the planner's physics) moved to the plugin mlsysim_plugins.steptime, registered through
 # mlsysim_step_time_models (+65: StepTimeSpec, the rules' declared Collective, the hook): 2,981, 981 over 2,000.
-RATCHET = 2989   # issue 24 item 3: +8 for ProfileSpec.assemble (the measured options assembled from the registered techniques); issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
+RATCHET = 2988   # issue 24 item 3: +8 for ProfileSpec.assemble (the measured options assembled from the registered techniques); issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
 EDGE_AT_SPLIT = {"cli.py": 1613,   # re-based at issue 23 (was 1344; 1,613 then): contradictory flags refused
                  # naming both, refusals instead of fallbacks, names' notes, choice spellings
                  "render.py": 510, "plots.py": 674, "hf.py": 619,
