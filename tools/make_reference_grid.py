@@ -23,7 +23,7 @@ Case format (one JSON object per line inside "cases"):
     plus the informational keys model_ref / hardware_ref (registry paths or null).
     mlsysim-core's catalog holds those registry entries under the mlsysim: namespace,
     each recording its path as reference_path (Models.Language.Llama3_8B is
-    mlsysim:llama3-8b); tests/test_reference_parity.py solves the cases by those names too.
+    mlsysim:llama3-8b); tests/validation/test_reference_parity.py solves the cases by those names too.
 Only plain ints for integer arguments, real floats for fractions and bools
 for sequence_parallel are used (no quirk inputs such as bools-as-ints or NaN).
 """
@@ -430,7 +430,7 @@ def spec_formula(case):
     if m["kind"] == "sparse_transformer" and e > 1:
         # The reference's own words, checked against its recorded output. mlsysim-core prints
         # the note without the clause naming MoERoutingModel (a class it does not have);
-        # tests/test_reference_parity.py compares with that one difference.
+        # tests/validation/test_reference_parity.py compares with that one difference.
         trace.append("MoE memory approximation: total expert parameters are evenly sharded by "
                      "expert parallelism; routing imbalance is modeled separately by MoERoutingModel.")
     return dict(zip(["weights_gb", "gradients_gb", "optimizer_state_gb", "activations_gb",

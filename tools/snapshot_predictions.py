@@ -4,7 +4,7 @@
 
 ``tests/data/predictions_issue13.json`` was written by this script with the package as of
 commit 98d9a2c (the commit that closed issue 13), installed in a scratch venv from a
-worktree; ``tests/test_predictions_unchanged.py`` recomputes every case with the current
+worktree; ``tests/validation/test_predictions_unchanged.py`` recomputes every case with the current
 code and compares the numbers exactly. To regenerate at that commit::
 
     git worktree add --detach /tmp/old13 98d9a2c
@@ -21,11 +21,11 @@ mapping from a run to a solve imported from the code that owns it (never re-deri
 * ``validation/<id>`` and ``validation-reference/<id>``: every run of
   ``validation/measurements.json`` as ``validation/report.py`` solves it (``measured_result``,
   ``reference_prediction``);
-* ``lora/<id>``: ``validation/lora_measurements.json`` as ``tests/test_lora_solve.py`` (``_solve``);
+* ``lora/<id>``: ``validation/lora_measurements.json`` as ``tests/measured/test_lora_solve.py`` (``_solve``);
 * ``parallel/<id>``, ``parallel-reference/<id>``: ``validation/parallel/measurements.json`` as
   ``validation/parallel/compare.py`` (``predict``, ``reference``);
 * ``parity/<n>``: every case of ``tests/data/reference_grid.json`` (mlsysim 0.3.0's grid) as
-  ``tests/test_reference_parity.py`` solves it (``_solve``), with ``TrainingMemoryModel()``;
+  ``tests/validation/test_reference_parity.py`` solves it (``_solve``), with ``TrainingMemoryModel()``;
 * ``korthikanti/<name>/<recompute>``: the solves of ``validation/published/korthikanti.py``'s
   ``predict``, and ``korthikanti/rows`` (what it reports);
 * ``extra/<params>``: a few hundred measured-profile solves spanning the options (``EXTRA``).
@@ -275,7 +275,7 @@ def validation_cases(root: Path):
 
 def lora_cases(root: Path):
     from mlsysim_core import TrainingMemoryModel
-    lora = _module(root, "tests/test_lora_solve.py", "_snapshot_test_lora_solve")
+    lora = _module(root, "tests/measured/test_lora_solve.py", "_snapshot_test_lora_solve")
     solver = TrainingMemoryModel("measured")
     runs = json.loads((root / "validation" / "lora_measurements.json").read_text(encoding="utf-8"))["runs"]
     for run in runs:
@@ -297,7 +297,7 @@ def parallel_cases(root: Path):
 
 def parity_cases(root: Path):
     from mlsysim_core import TrainingMemoryModel
-    parity = _module(root, "tests/test_reference_parity.py", "_snapshot_test_reference_parity")
+    parity = _module(root, "tests/validation/test_reference_parity.py", "_snapshot_test_reference_parity")
     solver = TrainingMemoryModel()
     grid = json.loads((root / "tests" / "data" / "reference_grid.json").read_text(encoding="utf-8"))["cases"]
     for case in grid:

@@ -88,7 +88,7 @@ def summary(rows: list[dict]) -> dict[str, dict]:
 
 def render(rows: list[dict]) -> str:
     lines = [BEGIN, "",
-             "Regenerate with `python validation/families/report_families.py`; `tests/test_validation_families.py` "
+             "Regenerate with `python validation/families/report_families.py`; `tests/validation/test_validation_families.py` "
              "checks the targets (peak and every phase: median at most 3 %, max at most 10 %) and that this table is "
              "current. Errors are relative to each phase's measured bytes.", "",
              "| architecture | runs | peak: median abs. error | max | every phase: median abs. error | max |",

@@ -136,7 +136,7 @@ def doc_table(table: list[dict]) -> str:
     lines = [DOC_BEGIN, "",
              "Per rank (rank 0; the TP ranks are identical), every phase, against the measured profile solved with the "
              "plan's `sequence_parallel` and `loss_parallel` (`python validation/parallel/tp_plans/compare_tp_plans.py "
-             "--doc` regenerates this table; `tests/test_validation_tp_plans.py` checks it and the targets: median at "
+             "--doc` regenerates this table; `tests/validation/test_validation_tp_plans.py` checks it and the targets: median at "
              "most 5 %, max at most 10 %). Llama-3-8B shapes (bf16, b=1, s=2048, 2 and 4 layers, tp 2, 4, 8) and a "
              "125M Llama with 4 KV heads (fp32, tp 4); sources of each plan: validation/parallel/tp_plans/README.md.",
              "", "| plan | SP | loss parallel | runs | phase | median abs. error | max abs. error |",

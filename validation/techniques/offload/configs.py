@@ -4,7 +4,7 @@
 
 Models: a Llama-style dense model (GQA) and a Mixtral-style MoE, each at two sizes, real
 tensors on the CPU, b = 2, s = 256. Every run is also predicted with the options in
-``solve_options`` (``tests/test_technique_offload.py``).
+``solve_options`` (``tests/measured/test_technique_offload.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ technique applied as the library does it:
 * activation offload: see ``measure_activation_offload``.
 
 The runs are written to ``measurements.json`` beside this file with the exact command and
-environment; ``tests/test_technique_offload.py`` compares them with the estimator (no torch).
+environment; ``tests/measured/test_technique_offload.py`` compares them with the estimator (no torch).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run with the package installed: ``pip install -e ".[test]" && pytest``. The measured numbers are
 copied from ``validation/mamba2/measurements.json`` of mlsysim-core (transformers 5.23, torch 2.13,
-CPU, MemTracker); mlsysim-core's ``tests/test_example_mamba2.py`` checks all 17 runs, phase by phase.
+CPU, MemTracker); mlsysim-core's ``tests/plugins/test_example_mamba2.py`` checks all 17 runs, phase by phase.
 """
 
 import pytest
