@@ -14,7 +14,7 @@ from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, Mlsy
                      NotModelledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
 from .specs import (CheckpointingSpec, Collective, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec,
-                    SplitSoFar, StepTimeSpec)
+                    SplitSoFar, StepTimeSpec, LaunchFormatSpec)
 from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, COMPONENTS,
                     FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, RUNTIME_OVERHEADS,
                     WEIGHTS, MemoryTerm)
@@ -31,8 +31,9 @@ __version__ = "0.1.0"
 # ranks, relocate; mlsysim_addhooks; measured_buffer_terms; TrainingPlan.profile_options, rank, notes).
 # 2.4: profiles declare what they do (ProfileSpec.callables, checks_layouts, exact_batch, sequence_limit,
 # solve_cost); ProfileSpec.grade deprecated. 2.5: step-time models (mlsysim_step_time_models, StepTimeSpec),
-# the rules' declared collectives (ShardingRuleSpec.collectives, Collective).
-PLUGIN_API_VERSION = (2, 5)
+# the rules' declared collectives (ShardingRuleSpec.collectives, Collective). 2.6: launch-config readers
+# (mlsysim_launch_formats, LaunchFormatSpec).
+PLUGIN_API_VERSION = (2, 6)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
@@ -50,7 +51,7 @@ __all__ = [
     "estimate", "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager", "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
-    "ProfileSpec", "Collective", "StepTimeSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
+    "ProfileSpec", "Collective", "StepTimeSpec", "LaunchFormatSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
     "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES",
     "ACCELERATOR", "HOST", "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError",
     "NotModelledError", "NotInstalledError", "PluginError", "PluginLoadError", "PluginConflictError",

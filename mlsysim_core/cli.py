@@ -65,6 +65,24 @@ def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
                         defer_conflicts=True)     # (refused by scenario_from_args, an InvalidInputError)
 
 
+def _add_launch_flags(parser: argparse.ArgumentParser, search: bool = False) -> None:
+    """The launch-file flags (docs/launch.md), shared by `estimate`, `fit` and `search`."""
+    parser.add_argument("--from", dest="launch_from", action="append", default=[], metavar="FILE",
+                        help="a launch config the run is started with (torchtune recipe YAML, LitGPT YAML, "
+                             "torchtitan TOML/JSON, ... see docs/launch.md); repeatable: several files make one "
+                             "run; flags given as well override its values")
+    if not search:
+        parser.add_argument("--gpus", type=int, metavar="N", help="with --from: the number of GPUs the run uses "
+                            "(the world size; the data-parallel size is N / (tp x pp x cp))")
+    parser.add_argument("--nodes", type=int, metavar="N", help="with --from: nodes (x --gpus-per-node: the world size)")
+    parser.add_argument("--gpus-per-node", type=int, metavar="N", help="with --from: GPUs per node")
+    parser.add_argument("--framework-version", metavar="VERSION",
+                        help="with --from: the framework version whose implicit defaults apply (default: the "
+                             "version each reader names)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --from: a recipe override, as `tune run ... KEY=VALUE` (repeatable)")
+
+
 _PROFILE_HELP = ("profile to use (see `plugins`; default measured: a run it does not model is refused, naming "
                  "what is missing; --profile reference gives the textbook estimate)")
 
@@ -322,6 +340,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                                      "H100, global batch 8, sequence 2048, fp16 Adam, selective "
                                      "checkpointing.")
     _add_solve_flags(est, registry)
+    _add_launch_flags(est)
     est.add_argument("--save-scenario", metavar="FILE",
                      help="write the scenario solved to a file: TOML for a .toml name, JSON otherwise")
     est.add_argument("--json", action="store_true", help="print the full result as JSON (bytes)")
@@ -369,6 +388,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     fit.add_argument("--multiple-of", type=int, help="seq: only multiples of this (e.g. 128; default 1)")
     fit.add_argument("--json", action="store_true", help="the answer and both bracketing results as JSON")
     _add_solve_flags(fit, registry)
+    _add_launch_flags(fit)
 
     srch = sub.add_parser(
         "search", parents=[common], help="every parallel layout for a device count: what fits, the Pareto front",
@@ -382,8 +402,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                     "describe the run). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
                     "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel{layout}) are refused: "
                     "search enumerates the layout itself.")
-    srch.add_argument("--devices", "-n", type=int, required=True, help="number of accelerators")
-    srch.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    srch.add_argument("--devices", "-n", "--gpus", type=int, help="number of accelerators (required, except with "
+                      "--from: the launch files' world size)")
+    srch.add_argument("--global-batch", type=int, help="sequences per optimizer step (required, except with --from)")
+    _add_launch_flags(srch, search=True)
     srch.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"catalog name or JSON file (default {DEFAULT_MODEL})")
     srch.add_argument("--hardware", "-g", default=DEFAULT_HARDWARE, help=f"catalog name or JSON file (default {DEFAULT_HARDWARE})")
     srch.add_argument("--seq-len", "-s", type=int, default=2048, help="sequence length (default 2048)")
@@ -644,6 +666,9 @@ def scenario_from_args(args):
     if args.scenario:
         Scenario.from_dict(data, where=where, options=options)     # the file's own errors, named by it
         data = {name: value for name, value in data.items() if name != "description"}
+    launch = _launch(args)
+    if launch is not None:     # the launch files' run, as a scenario file's fields
+        data, where = {k: v for k, v in launch.scenario.to_dict().items() if k != "description"}, "launch files"
     args._scenario_fields = set(data)      # what the file itself set (before the defaults)
     args._from_scenario = {name for name in ("model", "hardware")
                            if name in data and getattr(args, name) is None}
@@ -664,7 +689,68 @@ def scenario_from_args(args):
     if args.include_plugin:
         data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
     _check_given(args, data, where)
-    return Scenario.from_dict(data, options=options)
+    scenario = Scenario.from_dict(data, options=options)
+    if launch is not None:     # the flags that replaced a file's value, said
+        flags = {dest: flag for dest, (flag, _value, _typed) in getattr(args, "_given", {}).items()}
+        before = launch.scenario.to_dict()
+        after = scenario.to_dict()
+        args._launch = launch.with_overrides(
+            (name, before.get(name), flags.get(name, f"--{name.replace('_', '-')}"), after.get(name))
+            for name in sorted(set(before) | set(after))
+            if name not in ("model", "hardware", "description") and before.get(name) != after.get(name))
+    return scenario
+
+
+def _launch(args):
+    """The `Launch` of ``--from`` files (None without them): read with --gpus (or --nodes x
+    --gpus-per-node), -g, -m, --seq-len, --framework-version and --override."""
+    paths = getattr(args, "launch_from", None) or []
+    if not paths:
+        for flag, dest in (("--gpus", "gpus"), ("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node"),
+                           ("--framework-version", "framework_version")):
+            if getattr(args, dest, None) is not None:
+                raise InvalidInputError(flag, getattr(args, dest), "given with --from FILE (a launch config)",
+                                        f"{flag} describes the run of a launch file")
+        if getattr(args, "override", None):
+            raise InvalidInputError("--override", args.override, "given with --from FILE (a launch config)")
+        return None
+    if getattr(args, "scenario", None):
+        raise InvalidInputError("--from", paths, "one of --scenario and --from, not both",
+                                "each describes the whole run")
+    from .scenario import from_launch
+    return from_launch(paths, gpus=_launch_gpus(args), hardware=args.hardware, model=args.model,
+                       framework_version=args.framework_version, seq_len=getattr(args, "seq_len", None),
+                       overrides=args.override, registry=_manager(args).registry)
+
+
+def _launch_gpus(args) -> int | None:
+    """--gpus, or --nodes x --gpus-per-node (both or neither; with --gpus, agreeing with it)."""
+    gpus, nodes, per_node = getattr(args, "gpus", None), args.nodes, args.gpus_per_node
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", per_node)):
+        if value is not None and value < 1:
+            raise InvalidInputError(flag, value, "a whole number >= 1")
+    if (nodes is None) != (per_node is None):
+        flag, value = ("--nodes", nodes) if nodes is not None else ("--gpus-per-node", per_node)
+        raise InvalidInputError(flag, value, "--nodes with --gpus-per-node (the world size is their product)")
+    if nodes is not None:
+        if gpus is not None and gpus != nodes * per_node:
+            raise InvalidInputError("--gpus", gpus, f"{nodes * per_node} (--nodes {nodes} x --gpus-per-node "
+                                    f"{per_node}), or one of them")
+        gpus = nodes * per_node
+    return gpus
+
+
+def _with_launch(document: dict, args) -> dict:
+    """A JSON answer with the launch files' provenance under ``launch`` (when --from was given)."""
+    launch = getattr(args, "_launch", None)
+    if launch is not None:
+        document["launch"] = launch.to_dict()
+    return document
+
+
+def _launch_section(args) -> str:
+    launch = getattr(args, "_launch", None)
+    return "" if launch is None else "\n" + launch.describe() + "\n"
 
 
 def _check_given(args, data: dict, where: str) -> None:
@@ -812,7 +898,7 @@ def check_global_batch(scenario, given: bool = True) -> None:
 
 
 def _batch_given(args) -> bool:
-    return args.batch_size is not None or bool(args.scenario)
+    return args.batch_size is not None or bool(args.scenario) or bool(getattr(args, "launch_from", None))
 
 
 def _profile_note_lines(note: str, scenario=None) -> str:
@@ -885,8 +971,8 @@ def cmd_estimate(args, out) -> int:
         except OSError as err:
             raise InvalidInputError("--save-scenario", args.save_scenario, "a writable file", str(err)) from err
     if args.json:
-        out.write(json.dumps(_json_document(result.to_dict(), scenario, note, result), indent=2, sort_keys=True)
-                  + "\n")
+        out.write(json.dumps(_with_launch(_json_document(result.to_dict(), scenario, note, result), args), indent=2,
+                             sort_keys=True) + "\n")
         return 0
     out.write(_profile_note_lines(note, scenario))
     reference = None
@@ -896,6 +982,7 @@ def cmd_estimate(args, out) -> int:
                              plan_line=describe_run(scenario.run_details(result))) + "\n")
     if args.explain:
         out.write("\n" + result.explain() + "\n")
+    out.write(_launch_section(args))
     return 0
 
 
@@ -1355,7 +1442,8 @@ def cmd_fit(args, out) -> int:
             data["multiple_of"] = unit
         if left_out:
             data["scenario_note"] = left_out
-        out.write(json.dumps(_json_document(data, scenario, note, solved), indent=2, sort_keys=True) + "\n")
+        out.write(json.dumps(_with_launch(_json_document(data, scenario, note, solved), args), indent=2,
+                             sort_keys=True) + "\n")
     else:
         from .render import describe_run, note_lines, plan_header
         out.write(_profile_note_lines(note, scenario))
@@ -1369,6 +1457,7 @@ def cmd_fit(args, out) -> int:
         out.write(answer.describe() + "\n")
         for line in note_lines(solved.notes):     # the answer's own notes, as `estimate` prints them
             out.write(line + "\n")
+        out.write(_launch_section(args))
     return 0
 
 
@@ -1400,11 +1489,12 @@ def _fit_techniques(args, out) -> int:
                             host_link_bytes_per_s=gbps["host_link_gbps"],
                             host_memory_bytes_per_s=gbps["host_memory_gbps"], **kwargs)
     if args.json:
-        out.write(json.dumps(_json_document(ladder.to_dict(), scenario, None, ladder.baseline), indent=2,
-                             sort_keys=True, default=str) + "\n")
+        out.write(json.dumps(_with_launch(_json_document(ladder.to_dict(), scenario, None, ladder.baseline), args),
+                             indent=2, sort_keys=True, default=str) + "\n")
     else:
         b = ladder.baseline
         out.write(f"{b.model} on {b.hardware}  (profile: {b.profile})\n{ladder.describe()}\n")
+        out.write(_launch_section(args))
     return 0
 
 
@@ -1420,6 +1510,11 @@ def cmd_search(args, out) -> int:
     if args.rows < 0:
         raise InvalidInputError("--rows", args.rows, "a whole number of rows >= 1, or 0 for all of them")
     options = _option_values(args, {})
+    if args.launch_from:
+        options = _search_from_launch(args, options)
+    for flag, dest in (("--devices", "devices"), ("--global-batch", "global_batch")):
+        if getattr(args, dest) is None:
+            raise InvalidInputError(flag, None, "a whole number (required, except with --from FILE)")
     model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
@@ -1446,10 +1541,50 @@ def cmd_search(args, out) -> int:
         except NotModelledError as err:     # never answered by another profile
             raise not_modelled_refusal(err, args.model) from err
     if args.json:
-        out.write(json.dumps(found.to_dict(), indent=2, sort_keys=True) + "\n")
+        out.write(json.dumps(_with_launch(found.to_dict(), args), indent=2, sort_keys=True) + "\n")
     else:
         out.write(found.table(rows=args.rows or None, pareto_only=not args.all) + "\n")
+        out.write(_launch_section(args))
     return 0
+
+
+def _search_from_launch(args, options: dict) -> dict:
+    """`search --from`: the launch files give the device count, the global batch, the model, the
+    sequence, precision, optimizer, checkpointing and the profile options search takes; flags given
+    override them (said); the files' layout (tp, pp, dp, ZeRO...) is left to the search (said)."""
+    from .scenario import from_launch
+    given = {dest: flag for dest, (flag, _value, _typed) in getattr(args, "_given", {}).items()}
+    args.gpus = args.devices
+    launch = from_launch(args.launch_from, gpus=_launch_gpus(args), model=args.model if "model" in given else None,
+                         hardware=args.hardware if "hardware" in given else None,
+                         framework_version=args.framework_version,
+                         seq_len=args.seq_len if "seq_len" in given else None, overrides=args.override,
+                         registry=_manager(args).registry)
+    sc = launch.scenario
+    world = sc.dp_size * sc.tp_size * sc.pp_size * sc.cp_size
+    overridden, notes = [], []
+    for dest, value in (("devices", world), ("global_batch", sc.batch_size), ("model", sc.model),
+                        ("hardware", sc.hardware), ("seq_len", sc.seq_len), ("precision", sc.precision),
+                        ("optimizer", sc.optimizer), ("checkpointing", [sc.activation_checkpointing])):
+        if dest not in given:
+            setattr(args, dest, value)
+        elif getattr(args, dest) != value:     # (model, hardware, devices: given to from_launch)
+            overridden.append((dest, value, given[dest], getattr(args, dest)))
+    merged = dict(options)
+    for name, value in sc.profile_options.items():
+        if name not in args.option_fields:
+            notes.append(f"{name}={value!r} from the files is left to the search (it enumerates the layout)")
+        elif name in options and options[name] != value:
+            overridden.append((name, value, name, options[name]))
+        else:
+            merged.setdefault(name, value)
+    layout = {n: getattr(sc, n) for n in ("tp_size", "pp_size", "cp_size", "ep_size", "zero_stage",
+                                         "data_parallel", "gradient_accumulation_steps") if getattr(sc, n) not in (1, 0, None)}
+    if layout:
+        notes.append(f"the files' layout {layout} is not imposed: search enumerates every layout of {world} devices")
+    import attrs
+    args._launch = attrs.evolve(launch.with_overrides(overridden), notes=(*launch.notes, *notes))
+    return merged
 
 
 COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "fit": cmd_fit, "search": cmd_search, "plugins": cmd_plugins, "models": cmd_models,

@@ -19,8 +19,10 @@ import pluggy
 
 from . import hookspecs
 from .errors import NotInstalledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError
-from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, ComponentImpl, PluginInfo, Registry
-from .specs import AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
+from .registry import (CHECKPOINTING, LAUNCH_FORMAT, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, ComponentImpl,
+                       PluginInfo, Registry)
+from .specs import (AXES, CheckpointingSpec, LaunchFormatSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec,
+                    StepTimeSpec)
 
 ENTRY_POINT_GROUP = "mlsysim_core"
 OWN_DISTRIBUTION = "mlsysim-core"
@@ -31,7 +33,8 @@ _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
                  "mlsysim_checkpointing_strategies": (CHECKPOINTING, CheckpointingSpec),
                  "mlsysim_sharding_rules": (SHARDING, ShardingRuleSpec),
                  "mlsysim_profiles": (PROFILE, ProfileSpec),
-                 "mlsysim_step_time_models": (STEP_TIME, StepTimeSpec)}
+                 "mlsysim_step_time_models": (STEP_TIME, StepTimeSpec),
+                 "mlsysim_launch_formats": (LAUNCH_FORMAT, LaunchFormatSpec)}
 
 
 class PluginWarning(UserWarning):
@@ -326,6 +329,7 @@ class PluginManager(pluggy.PluginManager):
         plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin()) if plugin is not None}
         registry = Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE], step_time_models=tables[STEP_TIME],
+                        launch_formats=tables[LAUNCH_FORMAT],
                         providers=providers, component_impls=component_impls, plugins=plugins,
                         rules_by_axis={axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis}
                                        for axis in AXES},

@@ -135,6 +135,12 @@ class Scenario:
                    profile_options={k: v for k, v in data.items() if k not in own})
 
     @classmethod
+    def from_launch(cls, paths, **kwargs) -> "Launch":
+        """The scenario of a run's launch files (a torchtune recipe, a torchtitan TOML, ...):
+        `from_launch` (``.scenario``, and how each value was found)."""
+        return from_launch(paths, **kwargs)
+
+    @classmethod
     def load(cls, path: str | Path, *, options=None) -> "Scenario":
         data, where = read_table(path)
         return cls.from_dict(data, where=where, options=options)
@@ -562,3 +568,439 @@ def to_toml(data: dict) -> str:
 
     table(data, ())
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+# --- launch configs: the files users already launch with (estimate --from) -------------------
+# A launch format (a LaunchFormatSpec registered through ``mlsysim_launch_formats``) reads one
+# parsed file into a `LaunchReading`: every field it read and what it became, the fields it
+# approximated (with a note), the fields it ignored as not changing memory, the implicit
+# defaults it applied (with the framework version assumed and a source). `from_launch` merges
+# the readings of several files into one Scenario (docs/launch.md).
+
+# Fields a reading may set besides Scenario's and the profiles' options: the batch as the
+# frameworks write it (a per-device micro-batch, or a global batch with a micro-batch), which
+# `from_launch` turns into the global ``batch_size`` once the data-parallel size is known.
+LAUNCH_BATCH_FIELDS = ("micro_batch_size", "global_batch_size")
+# World-size hints a reading may carry (``LaunchReading.world``): the file's own device counts.
+LAUNCH_WORLD_HINTS = ("gpus", "nodes", "gpus_per_node", "single_device")
+
+
+@attrs.frozen(kw_only=True)
+class LaunchField:
+    """One field of a launch file and what it became: ``key`` (dotted, as in the file, e.g.
+    ``optimizer._component_``) had ``value``; it set the scenario field or profile option
+    ``field`` to ``becomes``. ``approximated``: the run's memory is close to, not exactly, what
+    ``becomes`` describes; ``note`` says how (or, when not approximated, anything worth saying)."""
+    key: str
+    value: Any
+    field: str
+    becomes: Any
+    note: str = ""
+    approximated: bool = False
+
+    def to_dict(self) -> dict:
+        data = {"key": self.key, "value": self.value, "field": self.field, "becomes": self.becomes}
+        if self.note:
+            data["note"] = self.note
+        if self.approximated:
+            data["approximated"] = True
+        return data
+
+
+@attrs.frozen(kw_only=True)
+class LaunchDefault:
+    """An implicit default the framework applies when ``key`` is absent from the file: the
+    scenario ``field`` becomes ``value``, as ``framework`` ``version`` does (``source``: where
+    that default is written, e.g. a file and line of the framework's repository)."""
+    key: str
+    field: str
+    value: Any
+    version: str
+    source: str
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        data = {"key": self.key, "field": self.field, "value": self.value, "version": self.version,
+                "source": self.source}
+        if self.note:
+            data["note"] = self.note
+        return data
+
+
+@attrs.frozen(kw_only=True)
+class LaunchReading:
+    """What one launch format made of one file (``LaunchFormatSpec.read`` returns it).
+
+    ``fields``: every memory-relevant key read (`LaunchField`), the model included (field
+    ``model``). ``defaults``: the implicit defaults applied (`LaunchDefault`). ``ignored``: keys
+    that do not change memory (logging, paths, learning rate...), listed once. ``world``: the
+    file's device-count hints (``gpus``, ``nodes``, ``gpus_per_node``: ``(key, value)``;
+    ``single_device``: ``(key, True)`` for a recipe that runs on one device by construction).
+    ``framework_version``: the framework version its defaults assume. ``notes``: anything else
+    the user should read. A key that changes memory but is not modelled is never here: the reader
+    raises ``NotModelledError`` naming the file, the key and the value."""
+    format: str
+    path: str
+    fields: tuple[LaunchField, ...] = attrs.field(default=(), converter=tuple)
+    defaults: tuple[LaunchDefault, ...] = attrs.field(default=(), converter=tuple)
+    ignored: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    world: dict[str, tuple[str, Any]] = attrs.field(factory=dict)
+    framework_version: str = ""
+    notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def model(self) -> LaunchField | None:
+        """The field that named the model (None: the file does not say)."""
+        return next((f for f in self.fields if f.field == "model"), None)
+
+    def values(self) -> dict[str, Any]:
+        """field -> value: the defaults, then the fields read (a field read wins)."""
+        data = {d.field: d.value for d in self.defaults}
+        for f in self.fields:
+            if f.field in ("lora",) and isinstance(f.becomes, dict) and isinstance(data.get(f.field), dict):
+                data[f.field] = {**data[f.field], **f.becomes}     # (a table built from several keys)
+            else:
+                data[f.field] = f.becomes
+        return data
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "path": self.path, "framework_version": self.framework_version,
+                "fields": [f.to_dict() for f in self.fields], "defaults": [d.to_dict() for d in self.defaults],
+                "ignored": list(self.ignored), "world": {k: list(v) for k, v in self.world.items()},
+                "notes": list(self.notes)}
+
+
+@attrs.define(kw_only=True)
+class LaunchContext:
+    """What a reader is told beside the file: the ``--gpus``/``-g``/``--framework-version``/
+    ``--seq-len`` given (None: not given), the ``overrides`` (``key=value`` strings, as
+    ``tune run ... key=value``; a reader that applies them calls `take_overrides`), and the
+    registry (the installed plugins)."""
+    gpus: int | None = None
+    hardware: Any = None
+    framework_version: str | None = None
+    seq_len: int | None = None
+    overrides: tuple[str, ...] = ()
+    registry: Any = None
+    taken: list = attrs.field(factory=list)
+
+    def take_overrides(self, path) -> list[tuple[str, str]]:
+        """The overrides as ``(dotted key, value text)``, marked applied to ``path``."""
+        pairs = []
+        for item in self.overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise InvalidInputError("--override", item, "KEY=VALUE, e.g. batch_size=4 (as `tune run ... "
+                                        "key=value`)")
+            pairs.append((key.strip(), value.strip()))
+        if self.overrides:
+            self.taken.append(str(path))
+        return pairs
+
+
+@attrs.frozen(kw_only=True)
+class Launch:
+    """`from_launch`'s answer: the ``scenario`` and how every value of it was found.
+    ``readings``: one per file; ``sources``: scenario field -> where its value came from (a file
+    and key, ``"default (...)"``, or a flag); ``notes``: what the merge said (the world size,
+    the batch, the sequence)."""
+    scenario: Scenario
+    readings: tuple[LaunchReading, ...]
+    sources: dict[str, str] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
+    overridden: tuple[tuple[str, Any, str, Any], ...] = ()     # (field, file value, flag, value)
+
+    def with_overrides(self, overridden) -> "Launch":
+        return attrs.evolve(self, overridden=tuple(overridden))
+
+    def to_dict(self) -> dict:
+        return {"files": [r.to_dict() for r in self.readings], "sources": dict(self.sources),
+                "notes": list(self.notes),
+                "overridden": [{"field": f, "file_value": v, "flag": flag, "value": new}
+                               for f, v, flag, new in self.overridden]}
+
+    def describe(self) -> str:
+        """The "from launch files" section of a text answer."""
+        lines = ["from launch files:"]
+        for r in self.readings:
+            version = f", defaults of {r.framework_version}" if r.framework_version else ""
+            lines.append(f"  {r.path}  ({r.format}{version})")
+            for f in r.fields:
+                if f.approximated:
+                    continue
+                lines.append(f"    {f.key} = {_short(f.value)}  ->  {f.field} = {_short(f.becomes)}"
+                             + (f"  ({f.note})" if f.note else ""))
+            approximated = [f for f in r.fields if f.approximated]
+            if approximated:
+                lines.append("    approximated:")
+                lines += [f"      {f.key} = {_short(f.value)}  ->  {f.field} = {_short(f.becomes)}: {f.note}"
+                          for f in approximated]
+            if r.defaults:
+                lines.append("    implicit defaults:")
+                lines += [f"      {d.key} (absent)  ->  {d.field} = {_short(d.value)}  ({d.version}; {d.source}"
+                          + (f"; {d.note}" if d.note else "") + ")" for d in r.defaults]
+            if r.ignored:
+                lines.append(f"    ignored (no effect on memory): {', '.join(r.ignored)}")
+            lines += [f"    note: {n}" for n in r.notes]
+        lines += [f"  {n}" for n in self.notes]
+        lines += [f"  {flag} {_short(new)} overrides {field} = {_short(old)} from the files"
+                  for field, old, flag, new in self.overridden]
+        return "\n".join(lines)
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (dict, list, tuple, bool)) or value is None \
+        else str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def parse_launch_file(path: str | Path) -> Any:
+    """A launch file parsed by its suffix: ``.json`` (json), ``.toml`` (tomllib), else YAML
+    (PyYAML's ``safe_load``, imported here: a run without ``--from`` never loads it). A
+    ``.py`` file is refused: a framework's Python is never executed."""
+    path = _path(path, "--from")
+    suffix = path.suffix.lower()
+    if suffix == ".py":
+        raise InvalidInputError("--from", str(path), "a resolved config the framework writes (YAML, TOML or JSON)",
+                                "a Python file is never executed: dump the resolved config instead (torchtitan: "
+                                "--job.print_config / debug.save_config_file; Megatron-Bridge: --dryrun or "
+                                "save_config_filepath; torchtune: tune cp then the YAML)")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except OSError as err:
+        raise InvalidInputError("--from", str(path), "a readable launch file", err.strerror or str(err)) from None
+    except UnicodeDecodeError as err:
+        raise InvalidInputError("--from", str(path), "a UTF-8 text file", f"byte {err.start}: {err.reason}") from None
+    try:
+        if suffix == ".json":
+            return json.loads(text)
+        if suffix == ".toml":
+            import tomllib
+            return tomllib.loads(text)
+        import yaml
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise InvalidInputError("--from", str(path), "a file nested at most a few hundred levels deep",
+                                "too deeply nested") from None
+    except ImportError as err:
+        raise InvalidInputError("--from", str(path), "a .json file (TOML needs Python 3.11+, YAML needs PyYAML)",
+                                str(err)) from None
+    except Exception as err:     # JSONDecodeError, TOMLDecodeError, yaml.YAMLError
+        kind = {".json": "JSON", ".toml": "TOML"}.get(suffix, "YAML")
+        raise InvalidInputError("--from", str(path), f"valid {kind}", _parse_error(err)) from None
+
+
+def launch_format_for(path, document, registry):
+    """The one registered launch format that recognizes ``document`` (parsed ``path``): none is
+    an error listing the formats, two an error naming both (and their plugins)."""
+    from .errors import PluginContractError
+    from .registry import LAUNCH_FORMAT
+    formats = registry.launch_formats
+    claims = []
+    for name, spec in sorted(formats.items()):
+        try:
+            if spec.recognizes(Path(path), document):
+                claims.append(name)
+        except Exception as err:     # a reader that breaks on a file it does not read is the reader's bug
+            info = registry.providers.get((LAUNCH_FORMAT, name))
+            raise PluginContractError(f"launch format {name!r} (plugin {getattr(info, 'name', '?')}) raised "
+                                      f"{type(err).__name__} in recognizes({str(path)!r}): {err}",
+                                      plugin=getattr(info, "name", None), hook="mlsysim_launch_formats") from err
+    listing = "; ".join(f"{n} ({s.framework}: {s.description})" for n, s in sorted(formats.items())) or "(none installed)"
+    if not claims:
+        raise InvalidInputError("--from", str(path), f"a file one of the installed launch formats reads: {listing}",
+                                "no launch format recognizes it")
+    if len(claims) > 1:
+        who = " and ".join(f"{n!r} (plugin {getattr(registry.providers.get((LAUNCH_FORMAT, n)), 'name', '?')})"
+                           for n in claims)
+        raise InvalidInputError("--from", str(path), "a file exactly one launch format recognizes",
+                                f"{who} both recognize it: two readers claim one file")
+    return formats[claims[0]]
+
+
+def _read_one(path, spec, context, registry) -> LaunchReading:
+    from .errors import MlsysimError, PluginContractError
+    from .registry import LAUNCH_FORMAT
+    document = parse_launch_file(path)
+    try:
+        reading = spec.read(Path(path), document, context)
+    except MlsysimError:
+        raise
+    except Exception as err:     # never a traceback: the reader's bug, named
+        info = registry.providers.get((LAUNCH_FORMAT, spec.name))
+        raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) raised "
+                                  f"{type(err).__name__} reading {str(path)!r}: {err}",
+                                  plugin=getattr(info, "name", None), hook="mlsysim_launch_formats") from err
+    if not isinstance(reading, LaunchReading):
+        info = registry.providers.get((LAUNCH_FORMAT, spec.name))
+        raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) returned "
+                                  f"{type(reading).__name__} from read(), not a LaunchReading",
+                                  plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
+    return reading
+
+
+def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_version: str | None = None,
+                seq_len: int | None = None, overrides=(), registry=None, model=None) -> Launch:
+    """The Scenario of a run described by its launch files (``paths``: one or several files that
+    make one run), with how each value was found (`Launch`).
+
+    Each file is parsed (JSON, TOML, YAML), recognized by exactly one registered launch format
+    and read. Values that two files give differently are refused, naming both files and keys.
+    The world size is ``gpus`` (``--gpus``), else the files' own device counts, else 1 for a
+    recipe that is single-device by construction; else refused. The data-parallel size is the
+    world over tp x pp x cp (unless a file gives it); the global batch is the per-device
+    micro-batch x dp x accumulation. ``hardware``: ``-g`` (default: the CLI's, h100, said).
+    ``model``: ``-m``, replacing the files' model (said). ``seq_len``: ``--seq-len``, which a
+    reader uses where the file's length is data-dependent (no packing)."""
+    from .defaults import DEFAULT_HARDWARE
+    if registry is None:
+        from .manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise InvalidInputError("--from", paths, "one or more launch files")
+    for name, value in (("--gpus", gpus), ("--seq-len", seq_len)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise InvalidInputError(name, value, "a whole number >= 1")
+    context = LaunchContext(gpus=gpus, hardware=hardware, framework_version=framework_version, seq_len=seq_len,
+                            overrides=tuple(overrides), registry=registry)
+    readings = []
+    for path in paths:
+        spec = launch_format_for(path, parse_launch_file(path), registry)
+        readings.append(_read_one(path, spec, context, registry))
+    if context.overrides and not context.taken:
+        raise InvalidInputError("--override", list(context.overrides), "with a launch file whose format takes "
+                                "key=value overrides (torchtune)", "no file's reader applies them")
+    # Merge: a value two files give differently is refused; an explicit value beats a default.
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    where: dict[str, tuple[str, str]] = {}
+    for r in readings:
+        for d in r.defaults:
+            if d.field not in where:
+                values.setdefault(d.field, d.value)
+                sources.setdefault(d.field, f"default ({r.path}: {d.key} absent; {d.version})")
+    for r in readings:
+        for field, value in r.values().items():
+            explicit = [f for f in r.fields if f.field == field]
+            if not explicit:
+                continue
+            key = "/".join(dict.fromkeys(f.key for f in explicit))
+            if field in where and not _same(values[field], value):
+                (other, other_key) = where[field]
+                raise InvalidInputError("--from", r.path, f"files that agree on {field}",
+                                        f"{other}'s {other_key}={values[field]!r} and {r.path}'s {key}={value!r} "
+                                        "contradict each other")
+            values[field], where[field] = value, (r.path, key)
+            sources[field] = f"{r.path}: {key}"
+    notes: list[str] = []
+    # Hardware and model.
+    if hardware is not None:
+        values["hardware"], sources["hardware"] = hardware, "-g/--hardware"
+    else:
+        values["hardware"], sources["hardware"] = DEFAULT_HARDWARE, "default (launch files name no hardware; -g)"
+        notes.append(f"hardware: the default {DEFAULT_HARDWARE} (launch files do not name the accelerator; give -g)")
+    if model is not None:
+        if "model" in values:
+            notes.append(f"-m {model} replaces the model {values['model']!r} from {sources['model']}")
+        values["model"], sources["model"] = model, "-m/--model"
+    if "model" not in values:
+        raise InvalidInputError("--from", ", ".join(str(p) for p in paths), "launch files that name the model, or -m",
+                                "none of the files names a model")
+    # World size.
+    world, world_source = _world_size(readings, gpus)
+    tp, pp, cp = (values.get(n, 1) for n in ("tp_size", "pp_size", "cp_size"))
+    if world is None:
+        if any(values.get(n, 1) != 1 for n in ("tp_size", "pp_size", "cp_size", "ep_size")) or "dp_size" in values:
+            world = values.get("dp_size", 1) * tp * pp * cp
+            world_source = "the files' parallel sizes (dp x tp x pp x cp)"
+        else:
+            raise InvalidInputError("--gpus", None, "the number of GPUs the run uses (or --nodes x --gpus-per-node)",
+                                    f"{', '.join(str(p) for p in paths)}: a distributed recipe whose files do not say "
+                                    "how many GPUs")
+    model_parallel = tp * pp * cp
+    if world % model_parallel:
+        raise InvalidInputError("--gpus", world, f"a multiple of tp x pp x cp = {model_parallel}",
+                                f"world size {world} from {world_source}")
+    dp = world // model_parallel
+    if "dp_size" in values and values["dp_size"] != dp:
+        raise InvalidInputError("--gpus", world, f"{values['dp_size'] * model_parallel} GPUs (dp {values['dp_size']} "
+                                f"from {sources['dp_size']} x tp {tp} x pp {pp} x cp {cp})",
+                                f"world size {world} from {world_source}")
+    values["dp_size"] = dp
+    sources.setdefault("dp_size", f"world size {world} ({world_source}) / (tp {tp} x pp {pp} x cp {cp})")
+    notes.append(f"world size {world} GPUs ({world_source}): dp {dp} x tp {tp} x pp {pp} x cp {cp}")
+    # The batch: the global batch solve takes.
+    accum = values.get("gradient_accumulation_steps", 1)
+    micro, global_batch = values.pop("micro_batch_size", None), values.pop("global_batch_size", None)
+    if micro is not None and global_batch is not None and "gradient_accumulation_steps" not in where:
+        if global_batch % (micro * dp):
+            raise InvalidInputError("--from", global_batch, f"a global batch that is a multiple of micro-batch {micro} "
+                                    f"x dp {dp}", f"{sources.get('global_batch_size')}")
+        accum = global_batch // (micro * dp)
+        values["gradient_accumulation_steps"] = accum
+        sources["gradient_accumulation_steps"] = f"global batch {global_batch} / (micro-batch {micro} x dp {dp})"
+    if micro is not None:
+        values["batch_size"] = micro * dp * accum
+        sources["batch_size"] = f"micro-batch {micro} ({sources.pop('micro_batch_size', '')}) x dp {dp} x accumulation {accum}"
+    elif global_batch is not None:
+        values["batch_size"] = global_batch
+        sources["batch_size"] = sources.pop("global_batch_size", "")
+    sources.pop("global_batch_size", None)
+    if "batch_size" not in values:
+        raise InvalidInputError("--from", ", ".join(str(p) for p in paths), "launch files that give the batch size",
+                                "none of the files gives one")
+    notes.append(f"global batch {values['batch_size']} = micro-batch {values['batch_size'] // (dp * accum)} x dp {dp}"
+                 f" x accumulation {accum}")
+    if "seq_len" not in values:
+        if seq_len is None:
+            raise InvalidInputError("--seq-len", None, "the sequence length (the files give none)",
+                                    "the memory depends on the longest batch")
+        values["seq_len"], sources["seq_len"] = seq_len, "--seq-len"
+    unset = [f"{name} ({attrs.fields_dict(Scenario)[name].default!r})" for name in
+             ("precision", "optimizer", "activation_checkpointing") if name not in values]
+    if unset:
+        notes.append(f"not given by the files (mlsysim's defaults): {', '.join(unset)}")
+    scenario = Scenario.from_dict(values, where="launch files")
+    return Launch(scenario=scenario, readings=tuple(readings), sources=sources, notes=tuple(notes))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        from .registry import name_key
+        return name_key(a) == name_key(b)
+    return a == b
+
+
+def _world_size(readings, gpus) -> tuple[int | None, str]:
+    """``(world size, where it came from)``: ``--gpus``, else the files' device counts (two files
+    that disagree are refused), else 1 for a single-device recipe; ``(None, "")`` when unknown."""
+    hinted = []
+    for r in readings:
+        w = r.world
+        if "gpus" in w:
+            hinted.append((w["gpus"][1], f"{r.path}: {w['gpus'][0]}"))
+        elif "nodes" in w and "gpus_per_node" in w:
+            hinted.append((w["nodes"][1] * w["gpus_per_node"][1],
+                           f"{r.path}: {w['nodes'][0]} x {w['gpus_per_node'][0]}"))
+    single = [r for r in readings if "single_device" in r.world]
+    if single and gpus not in (None, 1):
+        raise InvalidInputError("--gpus", gpus, "1, or leave --gpus out", f"{single[0].path}: "
+                                f"{single[0].world['single_device'][0]} is a single-device recipe")
+    if gpus is not None:
+        for value, where in hinted:
+            if value != gpus:
+                raise InvalidInputError("--gpus", gpus, f"{value} (what {where} says), or leave --gpus out",
+                                        f"--gpus {gpus} and {where} = {value} contradict each other")
+        return gpus, "--gpus"
+    if hinted:
+        values = {v for v, _ in hinted}
+        if len(values) > 1:
+            raise InvalidInputError("--from", hinted[1][1], f"files that agree on the device count ({hinted[0][1]} "
+                                    f"says {hinted[0][0]})", "they contradict each other")
+        return hinted[0][0], hinted[0][1]
+    if single:
+        return 1, f"{single[0].path}: {single[0].world['single_device'][0]} (a single-device recipe)"
+    return None, ""
