@@ -58,10 +58,12 @@ from __future__ import annotations
 import array
 import functools
 import gc
+import heapq
 import itertools
 import math
 import operator
 import os
+import shutil
 import sys
 import time
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -135,6 +137,9 @@ class PlanSearch:
     notes: tuple[str, ...] = ()
     # What the step-time model read (model figures, hardware, calibration): components() uses it.
     timing: Mapping[str, object] = attrs.field(factory=dict, eq=False, repr=False)
+    # When no layout fits: the CLOSEST ones (least memory first), each a mapping of its layout,
+    # its total and how much it is over the capacity less the headroom (bytes).
+    closest: tuple[Mapping[str, object], ...] = ()
 
     def components(self, candidate: Candidate) -> dict:
         """The candidate's step time, every component in seconds (the step-time model's)."""
@@ -157,7 +162,8 @@ class PlanSearch:
                 "solves": self.solves, "seconds": self.seconds, "assumptions": dict(self.assumptions),
                 "run": dict(self.run), "notes": list(self.notes), "units": UNITS,
                 "calibrated": bool(self.timing) and self.timing["calibrated"],
-                "fits": [self._row(c) for c in self.fits], "pareto": [self._row(c) for c in self.pareto]}
+                "fits": [self._row(c) for c in self.fits], "pareto": [self._row(c) for c in self.pareto],
+                "closest": [dict(c) for c in self.closest]}
 
     def describe_run(self) -> str:
         """One line: what changes the numbers beside the layout (``run``), in words."""
@@ -192,9 +198,11 @@ class PlanSearch:
     def _repr_html_(self) -> str:   # Jupyter shows a search as this table
         return self.to_html()
 
-    def table(self, rows: int | None = 20, pareto_only: bool = True) -> str:
+    def table(self, rows: int | None = 20, pareto_only: bool = True, width: int | None = None) -> str:
         """The CLI's table: the note on the profile (if any), a header naming the profile,
-        then ``rows`` layouts (``None``: all of them) of the front (or of every fit)."""
+        then ``rows`` layouts (``None``: all of them) of the front (or of every fit), in at most
+        ``width`` characters (default: the terminal's, ``COLUMNS``, else 120): the columns a
+        narrower table cannot hold are left out, least useful first, and named under it."""
         rows = _rows(rows)
         chosen = self.pareto if pareto_only else self.fits
         if rows is None:
@@ -203,20 +211,84 @@ class PlanSearch:
         head += "".join(f"\nnote: {n}" for n in self.notes)
         if self.profile_note:
             head = f"{self.profile_note}\n\n{head}"
-        cols = ("tp", "cp", "pp", "dp", "ep", "dp rule", "ckpt", "sp", "mb", "gas", "memory GB", "GiB",
-                "headroom GB", "step s", "tokens/s", "MFU", "bubble", "P")
-        lines = [head, "  ".join(f"{c:>11}" if i >= 10 else f"{c:>9}" for i, c in enumerate(cols))]
-        for c in chosen[:rows]:
-            values = (c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing,
-                      "y" if c.sequence_parallel else "n", c.microbatch, c.gradient_accumulation_steps)
-            lines.append("  ".join(f"{v:>9}" for v in values) + "  " + "  ".join((
-                f"{c.total_memory * 1e-9:>11.2f}", f"{c.total_memory / 2**30:>11.2f}",
-                f"{c.headroom * 1e-9:>11.2f}", f"{c.step_time:>11.3f}", f"{c.tokens_per_s:>11,.0f}",
-                f"{c.mfu:>11.1%}", f"{c.bubble:>11.3f}",
-                f"{'*' if c.pareto else '':>11}")))
+        if not chosen:
+            return head + "\n" + _nothing_fits(self)
+        shown = chosen[:rows]
+        columns = [(name, [cell(c) for c in shown]) for name, cell, _ in _TABLE_COLUMNS]
+        widths = [max(len(name), *map(len, cells)) for name, cells in columns]
+        limit = max(width if width is not None else shutil.get_terminal_size((120, 24)).columns, 20)
+        dropped: list[str] = []
+        for i in sorted(range(len(columns)), key=lambda i: _TABLE_COLUMNS[i][2]):
+            if sum(w for j, w in enumerate(widths) if columns[j][0] not in dropped) + 2 * (
+                    len(columns) - len(dropped) - 1) <= limit or _TABLE_COLUMNS[i][2] >= _KEEP:
+                break
+            dropped.append(columns[i][0])
+        kept = [(name, cells, w) for (name, cells), w in zip(columns, widths) if name not in dropped]
+        lines = [head, "  ".join(f"{name:>{w}}" for name, _, w in kept)]
+        lines += ["  ".join(f"{cells[r]:>{w}}" for _, cells, w in kept) for r in range(len(shown))]
         if len(chosen) > rows:
             lines.append(f"... {len(chosen) - rows} more (--json for all)")
+        if dropped:
+            lines.append(f"(left out to fit {limit} columns: {', '.join(dropped)}; --json has every field, "
+                         "COLUMNS sets the width)")
         return "\n".join(lines)
+
+
+# The text table's columns: (header, cell, priority); the lowest priority is left out first
+# when the table is wider than the terminal, and nothing below _KEEP ever is.
+_TABLE_COLUMNS = (
+    ("tp", lambda c: str(c.tp), 9), ("cp", lambda c: str(c.cp), 9), ("pp", lambda c: str(c.pp), 9),
+    ("dp", lambda c: str(c.dp), 9), ("ep", lambda c: str(c.ep), 9),
+    ("dp rule", lambda c: c.data_parallel, 9), ("ckpt", lambda c: c.checkpointing, 9),
+    ("sp", lambda c: "y" if c.sequence_parallel else "n", 5), ("mb", lambda c: str(c.microbatch), 9),
+    ("gas", lambda c: str(c.gradient_accumulation_steps), 6),
+    ("memory GB", lambda c: f"{c.total_memory * 1e-9:.2f}", 9), ("GiB", lambda c: f"{c.total_memory / 2**30:.2f}", 2),
+    ("headroom GB", lambda c: f"{c.headroom * 1e-9:.2f}", 7), ("step s", lambda c: f"{c.step_time:.3f}", 9),
+    ("tokens/s", lambda c: f"{c.tokens_per_s:,.0f}", 4), ("MFU", lambda c: f"{c.mfu:.1%}", 3),
+    ("bubble", lambda c: f"{c.bubble:.3f}", 1), ("P", lambda c: "*" if c.pareto else "", 8),
+)
+_KEEP = 9
+
+
+CLOSEST = 5     # layouts a search where none fits shows
+
+
+def _closest(near: list, capacity: int, margin: float) -> tuple[dict, ...]:
+    """The ``near`` heap's layouts, least memory first, as mappings."""
+    keys = ("tp", "cp", "pp", "dp", "ep", "data_parallel", "checkpointing", "sequence_parallel", "microbatch",
+            "gradient_accumulation_steps")
+    best, seen = [], set()
+    for e in sorted(near, key=lambda e: (-e[0], e[1:])):
+        if (e[0], e[1:7]) not in seen and len(best) < CLOSEST:   # (one row per layout and memory)
+            seen.add((e[0], e[1:7]))
+            best.append(e)
+    return tuple({**dict(zip(keys, e[1:])), "total_memory": -e[0], "over": -e[0] - (capacity - margin)}
+                 for e in best)
+
+
+def _nothing_fits(found: "PlanSearch") -> str:
+    """What a search where no layout fits says instead of an empty table: the closest layouts,
+    by how much each is over, and the `fit` command that explains one."""
+    if not found.closest:
+        return f"No layout of the {found.candidates:,} enumerated fits (none could be solved)."
+    lines = [f"No layout of the {found.candidates:,} enumerated fits. The closest (micro-batch 1 each):",
+             f"{'tp':>4}{'cp':>4}{'pp':>4}{'dp':>6}{'ep':>4}  {'dp rule':<12}{'ckpt':<12}{'sp':>3}"
+             f"{'memory GB':>11}{'over GB':>9}{'GiB over':>9}"]
+    for c in found.closest:
+        lines.append(f"{c['tp']:>4}{c['cp']:>4}{c['pp']:>4}{c['dp']:>6}{c['ep']:>4}  {c['data_parallel']:<12}"
+                     f"{c['checkpointing']:<12}{'y' if c['sequence_parallel'] else 'n':>3}"
+                     f"{c['total_memory'] * 1e-9:>11.2f}{c['over'] * 1e-9:>9.2f}{c['over'] / 2**30:>9.2f}")
+    c = found.closest[0]
+    import shlex
+    command = ["mlsysim-core", "fit", "techniques", "-m", found.model, "-g", found.hardware, "-b",
+               str(found.global_batch), "-s", str(found.seq_len), "--tp-size", str(c["tp"]), "--cp-size", str(c["cp"]),
+               "--pp-size", str(c["pp"]), "--dp-size", str(c["dp"]), "--ep-size", str(c["ep"]), "--data-parallel",
+               c["data_parallel"], "--activation-checkpointing", c["checkpointing"],
+               "--sequence-parallel" if c["sequence_parallel"] else "--no-sequence-parallel",
+               "--profile", found.profile]
+    lines.append("What would make the closest fit, with the least added step time (the run's other "
+                 f"options as given to search):\n  {shlex.join(command)}")
+    return "\n".join(lines)
 
 
 # The units of a search's JSON rows (what a number means without reading the code).
@@ -472,11 +544,13 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                             None if allow_cross_node_tp else node)
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
-        found = _evaluate_parallel(groups, context, pool_size, total, progress) if pool_size > 1 else None
+        near: list[tuple] = []
+        found = _evaluate_parallel(groups, context, pool_size, total, progress, near) if pool_size > 1 else None
         if found is not None:
             fits, solves, done = found
         else:
-            solves, done = _evaluate(groups, rows, context, total, progress)
+            near.clear()
+            solves, done = _evaluate(groups, rows, context, total, progress, near)
             fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
             del rows
         if progress is not None:
@@ -505,7 +579,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                       seconds=time.perf_counter() - started, fits=fits,
                       pareto=tuple(c for c in fits if c[17]), profile=profile, run=run, notes=notes,
                       assumptions={**timing["assumptions"], **{f"recompute.{k}": v for k, v in recompute.items()}},
-                      timing=timing)
+                      timing=timing, closest=() if fits else _closest(near, hardware.memory_capacity, margin))
 
 
 # The notes of a result that hold for the whole search (the model's, the accelerator's and
@@ -755,13 +829,14 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     start, stop = bounds
     groups, context = _JOB
     rows: list[tuple] = []
+    near: list[tuple] = []
     try:
-        solves, done = _evaluate(groups[start:stop], rows, context, 0, None)
+        solves, done = _evaluate(groups[start:stop], rows, context, 0, None, near)
     except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
-        return start, _RAISES if _cannot_describe(err) else None, 0, 0
+        return start, _RAISES if _cannot_describe(err) else None, 0, 0, []
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
-        return start, None, 0, 0
-    return start, _columns(rows), solves, done
+        return start, None, 0, 0, []
+    return start, _columns(rows), solves, done, near
 
 
 _RAISES = "raises"      # a chunk whose evaluation stops the search (re-run in the parent to raise)
@@ -806,7 +881,7 @@ def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _evaluate_parallel(groups, context, workers: int, total: int, progress):
+def _evaluate_parallel(groups, context, workers: int, total: int, progress, near: list):
     """(the fitting layouts as Candidates in enumeration order, solves, done) from forked
     workers, or None when they cannot run here (no
     fork start method, a daemon process, the pool fails to start or a worker fails)."""
@@ -832,7 +907,8 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                start, rows, chunk_solves, chunk_done = future.result()
+                start, rows, chunk_solves, chunk_done, chunk_near = future.result()
+                near += chunk_near
                 if isinstance(rows, str):     # _RAISES
                     stop = dict(bounds)[start]
                     _evaluate(groups[start:stop], [], context, 0, None)    # raises the error
@@ -860,9 +936,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress):
 _PLAN_FIELDS = tuple(field.name for field in attrs.fields(TrainingPlan))
 
 
-def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
+def _evaluate(groups, rows, context, total, progress, near=None) -> tuple[int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
-    ``rows``; return (solves, layouts evaluated)."""
+    ``rows``; return (solves, layouts evaluated). ``near`` (a list, kept as a heap): the
+    CLOSEST layouts that do not fit, as (-total memory, layout fields), for a search where none does."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
      devices, node, options, margin, timing, cross_node) = context
@@ -900,6 +977,9 @@ def _evaluate(groups, rows, context, total, progress) -> tuple[int, int]:
                 continue
             solves += 1
             if not total_memory * 1e-9 <= limit_gb:     # feasibility in GB, as the reference
+                if near is not None and index == 0 and not rows:
+                    entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas)
+                    (heapq.heappush if len(near) < 10 * CLOSEST else heapq.heappushpop)(near, entry)
                 if assume_monotone:
                     done += n - index - 1
                     break
@@ -944,16 +1024,29 @@ def precision_bytes(precision: str) -> int | float:
     return PRECISION_BYTES[_checks.name("precision", precision, PRECISION_BYTES)]
 
 
-def text_progress(stream=sys.stderr, delay: float = 0.5) -> Callable[[int, int], None]:
-    """A progress bar: ``[#####.....] 51,234 / 100,000 layouts``, drawn only once the search
-    has run ``delay`` seconds (a quick search prints nothing)."""
+def text_progress(stream=sys.stderr, delay: float = 0.5, bar: bool | None = None,
+                  every: float = 5.0) -> Callable[[int, int], None]:
+    """A progress report, drawn only once the search has run ``delay`` seconds (a quick search
+    prints nothing): on a terminal (``bar``; default: whether ``stream`` is one) a bar redrawn in
+    place, ``[#####.....] 51,234 / 100,000 layouts``; elsewhere (a pipe, a CI log) one line
+    every ``every`` seconds and at the end, which a log keeps readable."""
     started = time.perf_counter()
-    shown = [False]
+    if bar is None:
+        bar = bool(getattr(stream, "isatty", lambda: False)())
+    last = [None]
 
     def report(done: int, total: int) -> None:
-        if not shown[0] and time.perf_counter() - started < delay:
+        now = time.perf_counter()
+        if now - started < delay or (not bar and done < total and last[0] is not None and now - last[0] < every):
             return
-        shown[0] = True
+        if last[0] is None and not bar and done >= total:
+            return      # (a search that ended before its first line: nothing to say)
+        last[0] = now
+        if not bar:
+            stream.write(f"searched {done:,} / {total:,} layouts ({done / total if total else 1:.0%}, "
+                         f"{now - started:.0f} s)\n")
+            stream.flush()
+            return
         width = 30
         filled = int(width * done / total) if total else width
         stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,} / {total:,} layouts")

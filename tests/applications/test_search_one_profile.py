@@ -189,9 +189,9 @@ def test_rows_must_be_a_positive_count_or_none(solver):
         with pytest.raises(InvalidInputError) as err:
             found.table(rows=bad)
         assert err.value.parameter == "rows"
-    every = found.table(rows=None, pareto_only=False).splitlines()
+    every = found.table(rows=None, pareto_only=False, width=1000).splitlines()
     assert len(every) == 3 + len(found.fits) and "more" not in every[-1]     # summary, run, columns
-    one = found.table(rows=1).splitlines()
+    one = found.table(rows=1, width=1000).splitlines()
     assert len(one) == 5 and one[-1] == f"... {len(found.pareto) - 1} more (--json for all)"
     assert found.to_html(rows=None, pareto_only=False).count("<tr>") == 1 + len(found.fits)
 
