@@ -430,10 +430,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                       help="processes evaluating layouts (default: every usable CPU for a large search, "
                            "see mlsysim_core.search.PARALLEL_MIN; 1: in this process)")
     srch.add_argument("--progress", dest="progress", action="store_const", const="always", default="auto",
-                      help="a progress bar on stderr even when it is not a terminal (default: on a terminal, "
-                           "once a search has run for half a second)")
+                      help="progress on stderr from the start (default: a bar on a terminal once a search has run "
+                           "half a second; elsewhere, e.g. piped, a line every 5 s once it has run 3 s)")
     srch.add_argument("--no-progress", dest="progress", action="store_const", const="never",
-                      help="no progress bar on stderr")
+                      help="no progress on stderr")
     # `estimate`'s layout flags: accepted by the parser (hidden) so that cmd_search refuses
     # them by name (exit 2) instead of argparse's "unrecognized arguments".
     refused = []
@@ -1517,10 +1517,12 @@ def cmd_search(args, out) -> int:
             raise InvalidInputError(flag, None, "a whole number (required, except with --from FILE)")
     model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
-    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    show = args.progress != "never"     # (auto: a bar on a terminal after 0.5 s; in a pipe a line every 5 s after 3 s)
+    tty = sys.stderr.isatty()
 
     def run(profile, options, trainable_fraction=1.0):
-        progress = search.text_progress(delay=0.0 if args.progress == "always" else 0.5) if show else None
+        delay = 0.0 if args.progress == "always" else 0.5 if tty else 3.0
+        progress = search.text_progress(delay=delay, bar=tty) if show else None
         return search.search_plans(model, hardware, devices=args.devices, global_batch=args.global_batch,
                                    seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                                    checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
