@@ -605,6 +605,10 @@ def _attributed(err, args):
     blocked = _blocked_provider(err, args)
     if blocked:
         detail = (f"{detail}; " if detail else "") + blocked
+    launch = getattr(args, "_launch", None)     # a value from a launch file: the file and key named
+    source = launch.sources.get(str(parameter).split(".")[0]) if launch is not None else None
+    if source and str(parameter).split(".")[0] not in ("hardware",):
+        detail = (f"{detail}; " if detail else "") + f"{parameter} comes from {source}"
     if (parameter, detail) == original:
         return err
     try:

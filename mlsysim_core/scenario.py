@@ -655,12 +655,12 @@ class LaunchReading:
 
     def values(self) -> dict[str, Any]:
         """field -> value: the defaults, then the fields read (a field read wins)."""
-        data = {d.field: d.value for d in self.defaults}
-        for f in self.fields:
-            if f.field in ("lora",) and isinstance(f.becomes, dict) and isinstance(data.get(f.field), dict):
-                data[f.field] = {**data[f.field], **f.becomes}     # (a table built from several keys)
+        data: dict[str, Any] = {}
+        for item, value in [(d, d.value) for d in self.defaults] + [(f, f.becomes) for f in self.fields]:
+            if isinstance(value, dict) and isinstance(data.get(item.field), dict):
+                data[item.field] = {**data[item.field], **value}     # (a table built from several keys)
             else:
-                data[f.field] = f.becomes
+                data[item.field] = value
         return data
 
     def to_dict(self) -> dict:
@@ -673,7 +673,8 @@ class LaunchReading:
 @attrs.define(kw_only=True)
 class LaunchContext:
     """What a reader is told beside the file: the ``--gpus``/``-g``/``--framework-version``/
-    ``--seq-len`` given (None: not given), the ``overrides`` (``key=value`` strings, as
+    ``--seq-len`` given (None: not given), ``model`` (``-m``, which replaces the files' model: a
+    reader need not resolve its own then), the ``overrides`` (``key=value`` strings, as
     ``tune run ... key=value``; a reader that applies them calls `take_overrides`), and the
     registry (the installed plugins)."""
     gpus: int | None = None
@@ -683,6 +684,7 @@ class LaunchContext:
     overrides: tuple[str, ...] = ()
     registry: Any = None
     taken: list = attrs.field(factory=list)
+    model: Any = None     # -m: replaces the files' model (a reader need not resolve its own then)
 
     def take_overrides(self, path) -> list[tuple[str, str]]:
         """The overrides as ``(dotted key, value text)``, marked applied to ``path``."""
@@ -865,7 +867,7 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
         if value is not None and (type(value) is not int or value < 1):
             raise InvalidInputError(name, value, "a whole number >= 1")
     context = LaunchContext(gpus=gpus, hardware=hardware, framework_version=framework_version, seq_len=seq_len,
-                            overrides=tuple(overrides), registry=registry)
+                            overrides=tuple(overrides), registry=registry, model=model)
     readings = []
     for path in paths:
         spec = launch_format_for(path, parse_launch_file(path), registry)
@@ -959,6 +961,8 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
             raise InvalidInputError("--seq-len", None, "the sequence length (the files give none)",
                                     "the memory depends on the longest batch")
         values["seq_len"], sources["seq_len"] = seq_len, "--seq-len"
+    if "profile" not in values:     # the readers describe the run in the measured profile's options
+        values["profile"], sources["profile"] = "measured", "the launch formats' (their options are the measured profile's)"
     unset = [f"{name} ({attrs.fields_dict(Scenario)[name].default!r})" for name in
              ("precision", "optimizer", "activation_checkpointing") if name not in values]
     if unset:

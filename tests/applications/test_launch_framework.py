@@ -93,7 +93,7 @@ def test_third_party_reader_gives_the_scenario(files):
     assert "tt.mbs = 2  ->  micro_batch_size = 2" in text and "ignored (no effect on memory): tt.lr" in text
     assert "tt.dtype (absent)  ->  regime = bf16  (myorg.trainer 1.0; demo/config.py:1)" in text
     # the same run through solve keywords
-    direct = Scenario(model="llama3-8b", hardware="a100", batch_size=64, seq_len=1024, dp_size=8,
+    direct = Scenario(model="llama3-8b", hardware="a100", batch_size=64, seq_len=1024, dp_size=8, profile="measured",
                       gradient_accumulation_steps=4, profile_options={"regime": "bf16"})
     assert s == direct
 

@@ -61,6 +61,13 @@ class Reading:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def values_of(self, field: str):
+        """The value a field has so far (a key read, else a default; None: neither)."""
+        for f in reversed(self.fields):
+            if f.field == field:
+                return f.becomes
+        return next((d.value for d in self.defaults if d.field == field), None)
+
     def has(self, field: str) -> bool:
         return any(f.field == field for f in self.fields)
 
@@ -85,11 +92,13 @@ def not_modelled(path, key: str, value, allowed: str, why: str = "") -> NotModel
 _VARIANTS = re.compile(r"[-_](instruct|chat|it|base|hf|sft|dpo)$", re.I)
 
 
-def catalog_model(name: str, key: str, path, *, registry=None) -> tuple[str, str]:
+def catalog_model(name: str, key: str, path, *, context=None) -> tuple[str, str]:
     """``(catalog name, note)`` of a model name or Hugging Face id; an instruct/chat variant is its
     base model's architecture (said in the note). A local ``config.json`` (or its folder) is kept
-    as a path. Unknown: an error naming ``key``."""
+    as a path. Unknown: an error naming ``key``. With ``-m`` (``context.model``), that model."""
     from mlsysim_core.catalog import find_model
+    if context is not None and getattr(context, "model", None) is not None:
+        return context.model, f"-m {context.model} replaces {name}"
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(key, name, "a model name: a catalog name or Hugging Face id", str(path))
     candidate = Path(name).expanduser()
@@ -128,7 +137,8 @@ def sequence(reading: Reading, key: str, value, *, packed: bool, context, packed
                     + (f" (the config's maximum is {value})" if value is not None else ""))
         return
     if value is None:
-        raise InvalidInputError("--seq-len", None, "a sequence length (the file gives no maximum and no packing)",
+        raise InvalidInputError("--seq-len", None, "a sequence length (the longest batch's): the file gives no "
+                                f"maximum ({key} is not set) and no packing",
                                 f"{reading.path}: without packing the memory depends on the longest batch")
     reading.set(key, value, "seq_len", value, "not packed: the longest batch decides; the config's maximum taken "
                 "(an upper bound; --seq-len gives another)")

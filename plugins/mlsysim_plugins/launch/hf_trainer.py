@@ -71,7 +71,10 @@ FOREIGN = {"finetuning_type", "stage", "template", "cutoff_len", "base_model", "
 
 def recognizes(path, document) -> bool:
     return (isinstance(document, dict) and bool(MARKERS & set(document)) and not (FOREIGN & set(document))
-            and "zero_optimization" not in document and "distributed_type" not in document)
+            and "zero_optimization" not in document and "distributed_type" not in document
+            and not any(isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.")
+                        for v in document.values())      # (a torchtune recipe: the torchtune reader's)
+            and not isinstance(document.get("train"), dict))     # (a LitGPT config: the litgpt reader's)
 
 
 def read(path, document, context):

@@ -1,0 +1,218 @@
+"""LitGPT finetune and pretrain configs (``litgpt finetune_full|finetune_lora|pretrain --config FILE``,
+the YAMLs of ``config_hub/``), as LitGPT 0.5.x runs them (docs/launch.md, "LitGPT").
+
+Which command a file is for follows from its keys: ``lora_r`` -> ``finetune_lora``;
+``model_name`` -> ``pretrain``; else ``finetune_full``. The model is ``checkpoint_dir``'s
+Hugging Face id (``checkpoints/meta-llama/Llama-3.2-1B``), or a local ``config.json`` in it.
+``precision`` is Lightning's (``bf16-true``: pure bf16; ``bf16-mixed``: autocast), ``quantize``
+bitsandbytes' QLoRA, ``devices`` x ``num_nodes`` the world size, ``train.global_batch_size`` and
+``train.micro_batch_size`` the batch and accumulation, ``train.max_seq_length`` the sequence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+
+from ._common import PRECISION_OF_REGIME, Reading, as_bool, as_int, catalog_model, flatten, regime_of, sequence
+
+VERSION = "litgpt 0.5.13"
+REPO = "Lightning-AI/litgpt 26857050 (v0.5.13)"
+
+QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("fp4", False),
+            "bnb.fp4-dq": ("fp4", True), "bnb.int8-training": ("int8", False)}
+LORA_TARGETS = (("lora_query", ("q_proj",)), ("lora_key", ("k_proj",)), ("lora_value", ("v_proj",)),
+                ("lora_projection", ("o_proj",)), ("lora_mlp", ("gate_proj", "up_proj", "down_proj")))
+# LitGPT's setup() defaults for the LoRA switches (litgpt/finetune/lora.py).
+LORA_DEFAULTS = {"lora_r": 8, "lora_query": True, "lora_key": False, "lora_value": True, "lora_projection": False,
+                 "lora_mlp": False, "lora_head": False}
+OPTIMIZERS = {"torch.optim.AdamW": "adamw", "AdamW": "adamw", "torch.optim.Adam": "adam", "Adam": "adam",
+              "torch.optim.SGD": "sgd", "SGD": "sgd", "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit-bnb",
+              "bitsandbytes.optim.AdamW8bit": "adamw-8bit-bnb"}
+IGNORED = {"out_dir", "resume", "logger_name", "seed", "access_token", "tokenizer_dir", "initial_checkpoint_dir",
+           "train.save_interval", "train.log_interval", "train.lr_warmup_steps", "train.lr_warmup_fraction",
+           "train.epochs", "train.max_tokens", "train.max_steps", "train.max_norm", "train.min_lr", "log"}
+# LitGPT's chunked_cross_entropy splits the sequence in 128-token chunks (litgpt/utils.py).
+CHUNK_TOKENS = 128
+
+
+def _recognizes(path, document) -> bool:
+    return (isinstance(document, dict) and isinstance(document.get("train"), dict)
+            and ("checkpoint_dir" in document or "model_name" in document or "model_config" in document)
+            and ("micro_batch_size" in document["train"] or "global_batch_size" in document["train"]))
+
+
+def _read(path, document, context):
+    path = Path(path)
+    version = f"litgpt {context.framework_version}" if context is not None and context.framework_version else VERSION
+    r = Reading("litgpt", path, version)
+    cfg = flatten(document)
+    lora = any(k.startswith("lora_") for k in document)
+    pretrain = "model_name" in document or "model_config" in document
+    command = "finetune_lora" if lora else "pretrain" if pretrain else "finetune_full"
+    r.note(f"read as `litgpt {command.replace('_', ' ', 1) if command != 'pretrain' else 'pretrain'}` (its keys say so)")
+    seen: set[str] = set()
+
+    def take(key, default=None):
+        seen.add(key)
+        return cfg.get(key, default)
+
+    # --- the model ------------------------------------------------------------------------
+    if pretrain:
+        if document.get("model_config") and getattr(context, "model", None) is None:
+            raise NotModelledError("model_config", document["model_config"], "model_name of a catalog model, or -m",
+                                   f"{path}: LitGPT's own model_config fields are not read")
+        take("model_config")
+        name = take("model_name")
+        resolved, note = catalog_model(str(name), "model_name", path, context=context)
+        r.set("model_name", name, "model", resolved, note)
+    else:
+        directory = str(take("checkpoint_dir"))
+        hf_id = directory.split("checkpoints/", 1)[-1].strip("/")
+        local = Path(directory) if Path(directory).is_absolute() else path.parent / directory
+        resolved, note = catalog_model(str(local) if (local / "config.json").is_file() else hf_id, "checkpoint_dir",
+                                       path, context=context)
+        r.set("checkpoint_dir", directory, "model", resolved, note or f"the Hugging Face id {hf_id}")
+    # --- precision and quantization -------------------------------------------------------
+    precision = take("precision")
+    if precision is None:
+        raise InvalidInputError("precision", None, "bf16-true, bf16-mixed, 32-true, 16-mixed", str(path))
+    regime = regime_of(precision, "precision", path)
+    r.set("precision", precision, "regime", regime, {"bf16": "Lightning's bf16-true: the model, gradients and "
+          "optimizer state in bf16", "amp-bf16": "Lightning's bf16-mixed: fp32 weights, autocast"}.get(regime, ""))
+    r.set("precision", precision, "precision", PRECISION_OF_REGIME[regime])
+    quantize = take("quantize")
+    if quantize:
+        if not lora:
+            raise NotModelledError("quantize", quantize, "no quantization (QLoRA: with the LoRA command)", str(path))
+        if quantize not in QUANTIZE:
+            raise NotModelledError("quantize", quantize, ", ".join(QUANTIZE), str(path))
+        kind, dq = QUANTIZE[quantize]
+        r.set("quantize", quantize, "lora", {"quantization": kind, "double_quant": dq}, "bitsandbytes (QLoRA)")
+    # --- world and batch ------------------------------------------------------------------
+    devices, nodes = take("devices"), take("num_nodes", 1)
+    nodes = as_int(nodes if nodes is not None else 1, "num_nodes", path)
+    if devices not in (None, "auto", -1):
+        devices = as_int(devices, "devices", path)
+        r.world["nodes"] = ("num_nodes", nodes)
+        r.world["gpus_per_node"] = ("devices", devices)
+    world = devices * nodes if isinstance(devices, int) and devices > 0 else None
+    micro = as_int(take("train.micro_batch_size"), "train.micro_batch_size", path)
+    r.set("train.micro_batch_size", micro, "micro_batch_size", micro, "per device")
+    global_batch = take("train.global_batch_size")
+    if global_batch is not None:
+        r.set("train.global_batch_size", global_batch, "global_batch_size",
+              as_int(global_batch, "train.global_batch_size", path),
+              "accumulation = global // (devices x nodes) // micro-batch (litgpt/args.py)")
+    # --- sequence -------------------------------------------------------------------------
+    length = take("train.max_seq_length")
+    data = document.get("data")
+    seen.update(k for k in cfg if k == "data" or k.startswith("data."))
+    if data is not None:
+        r.ignore("data")
+    sequence(r, "train.max_seq_length", length, packed=pretrain, context=context,
+             packed_key="pretraining data (fixed-length blocks)")
+    # --- strategy: FSDP and checkpointing -------------------------------------------------
+    if lora:
+        if world is not None and world > 1:
+            r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_lora: ModelParallelStrategy "
+                  "(FSDP2 fully_shard per Block)")
+        r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_lora: no checkpointing")
+    elif pretrain:
+        r.set("devices", devices, "activation_checkpointing", "none", "litgpt pretrain: FSDPStrategy without "
+              "checkpointing")
+        if world is None or world > 1:
+            r.approx("devices", devices, "data_parallel", "fsdp", "litgpt pretrain: FSDP HYBRID_SHARD (sharded "
+                     "within a node, replicated across nodes), counted as FSDP over all ranks: exact on one node")
+    else:
+        if world is None or world > 1:
+            r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_full: FSDPStrategy(auto_wrap_policy="
+                  "{Block}), full shard")
+            r.set("devices", devices, "activation_checkpointing", "full", "litgpt finetune_full on several devices: "
+                  "activation_checkpointing_policy={Block}")
+        else:
+            r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_full on one device: "
+                  "strategy auto, no checkpointing")
+    # --- the loss -------------------------------------------------------------------------
+    seq = r.values_of("seq_len")
+    chunks = max(1, -(-int(seq) // CHUNK_TOKENS)) if seq else 1
+    r.approx("train.max_seq_length", length, "loss", "chunked",
+             f"LitGPT's chunked_cross_entropy: the sequence in {CHUNK_TOKENS}-token chunks, in the logits' dtype "
+             f"(counted as the chunked loss in {chunks} chunks, each upcast to fp32)")
+    r.set("train.max_seq_length", length, "loss_chunks", chunks)
+    # --- optimizer ------------------------------------------------------------------------
+    optimizer = document.get("optimizer")
+    seen.update(k for k in cfg if k == "optimizer" or k.startswith("optimizer."))
+    if isinstance(optimizer, str):
+        optimizer = {"class_path": optimizer}
+    if optimizer is None:
+        r.default("optimizer", "optimizer", "adamw", f"{REPO}: litgpt/finetune/full.py setup(optimizer='AdamW')")
+    else:
+        component = optimizer.get("class_path")
+        name = OPTIMIZERS.get(component)
+        if name is None:
+            raise NotModelledError("optimizer.class_path", component, ", ".join(OPTIMIZERS), str(path))
+        r.set("optimizer.class_path", component, "optimizer", name)
+        for key, value in (optimizer.get("init_args") or {}).items():
+            if key in ("lr", "weight_decay", "betas", "eps", "momentum"):
+                r.ignore(f"optimizer.init_args.{key}")
+            elif key == "fused" and as_bool(value, "optimizer.init_args.fused", path):
+                r.set("optimizer.init_args.fused", value, "optimizer_impl", "fused")
+            else:
+                raise InvalidInputError(f"optimizer.init_args.{key}", value, "lr, weight_decay, betas, eps, momentum, "
+                                        "fused", f"{path}: refused rather than dropped")
+        if not (optimizer.get("init_args") or {}).get("fused"):
+            r.default("optimizer.init_args.fused", "optimizer_impl", "foreach",
+                      "PyTorch torch.optim: foreach on CUDA when neither is given")
+    # --- LoRA -----------------------------------------------------------------------------
+    if lora:
+        rank = take("lora_r", None)
+        if rank is None:
+            r.default("lora_r", "lora", {"rank": 8}, f"{REPO}: litgpt/finetune/lora.py setup(lora_r=8)")
+            rank = 8
+        else:
+            r.set("lora_r", rank, "lora", {"rank": as_int(rank, "lora_r", path)})
+        targets = []
+        for key, names in LORA_TARGETS:
+            value = take(key, None)
+            on = LORA_DEFAULTS[key] if value is None else as_bool(value, key, path)
+            if on:
+                targets += names
+            if value is None:
+                r.default(key, "lora", {}, f"{REPO}: litgpt/finetune/lora.py setup({key}={LORA_DEFAULTS[key]})")
+        if not targets:
+            raise InvalidInputError("lora_query", False, "at least one LoRA target switched on", str(path))
+        r.set("lora_query/lora_key/lora_value/lora_projection/lora_mlp", [k for k, _ in LORA_TARGETS if cfg.get(
+            k, LORA_DEFAULTS[k])], "lora", {"target_modules": targets},
+            "LitGPT's fused qkv linear with LoRA on the enabled parts: the same adapter shapes as separate q/k/v")
+        if as_bool(take("lora_head", False), "lora_head", path):
+            raise NotModelledError("lora_head", True, "false (LoRA on the decoder layers)",
+                                   f"{path}: a LoRA adapter on the output head is not modelled")
+        if take("lora_alpha") is not None:
+            r.ignore("lora_alpha")
+        dropout = take("lora_dropout")
+        if dropout:
+            r.approx("lora_dropout", dropout, "lora", {"rank": as_int(rank, "lora_r", path)},
+                     "the adapters' dropout mask and dropped input are not counted")
+    tie = take("train.tie_embeddings")
+    if tie is not None:
+        raise NotModelledError("train.tie_embeddings", tie, "null (the checkpoint's own)", f"{path}: retying the "
+                               "embeddings changes the parameters")
+    for key in cfg:
+        if key in seen:
+            continue
+        top = key.split(".")[0]
+        if key in IGNORED or top in IGNORED or top == "eval":
+            r.ignore(key if top != "eval" else "eval")
+        else:
+            raise InvalidInputError(key, cfg[key], "a LitGPT config key this reader knows (docs/launch.md, LitGPT)",
+                                    f"{path}: refused rather than dropped, as it may change memory")
+    return r.done()
+
+
+@hookimpl
+def mlsysim_launch_formats():
+    return [LaunchFormatSpec(name="litgpt", description="LitGPT finetune/pretrain config YAML (0.5.x)",
+                             framework="litgpt", suffixes=(".yaml", ".yml"), recognizes=_recognizes, read=_read)]

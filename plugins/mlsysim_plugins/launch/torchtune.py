@@ -1,0 +1,479 @@
+"""torchtune recipe configs (0.6.x): ``tune run RECIPE --config FILE key=value ...``.
+
+The reader maps every key of a recipe YAML to the measured profile's parameters (docs/launch.md,
+"torchtune"): the model builder (``torchtune.models.llama3_2.lora_llama3_2_3b``) to a catalog
+model and LoRA/QLoRA options, ``dtype`` to the regime (torchtune trains in pure bf16: no
+autocast, no fp32 master copy), ``batch_size`` (per device), ``gradient_accumulation_steps``,
+``enable_activation_checkpointing`` (torchtune checkpoints every decoder layer whole: ``full``),
+``enable_activation_offloading``, ``optimizer._component_`` and ``fused``, ``optimizer_in_bwd``,
+``loss._component_`` (``CEWithChunkedOutputLoss`` -> the chunked loss), the FSDP2 keys of the
+distributed recipes, ``tensor_parallel_dim``, and the sequence (``tokenizer.max_seq_len``,
+``dataset.packed``). ``--override key=value`` applies ``tune run``'s overrides first. Keys that do
+not change memory (paths, logging, learning rate...) are listed as ignored; any other key is
+refused, naming it.
+
+Which recipe runs a config is not written in it: configs named ``*_single_device*`` run the
+single-device recipes (no ``--gpus`` needed); every other config a distributed recipe
+(FSDP2 over ``--gpus``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+
+from ._common import PRECISION_OF_REGIME, Reading, as_bool, as_int, catalog_model, flatten, sequence
+
+VERSION = "torchtune 0.6.1"
+REPO = "pytorch/torchtune v0.6.1"
+
+# torchtune model builder (the function name, lora_/qlora_ stripped) -> Hugging Face id in the catalog.
+BUILDERS = {
+    "llama2_7b": "meta-llama/Llama-2-7b-hf", "llama2_13b": "meta-llama/Llama-2-13b-hf",
+    "llama2_70b": "meta-llama/Llama-2-70b-hf",
+    "llama3_8b": "meta-llama/Meta-Llama-3-8B", "llama3_70b": "meta-llama/Meta-Llama-3-70B",
+    "llama3_1_8b": "meta-llama/Llama-3.1-8B", "llama3_1_70b": "meta-llama/Llama-3.1-70B",
+    "llama3_1_405b": "meta-llama/Llama-3.1-405B",
+    "llama3_2_1b": "meta-llama/Llama-3.2-1B", "llama3_2_3b": "meta-llama/Llama-3.2-3B",
+    "mistral_7b": "mistralai/Mistral-7B-v0.1",
+    "qwen2_5_0_5b": "Qwen/Qwen2.5-0.5B", "qwen2_5_1_5b": "Qwen/Qwen2.5-1.5B", "qwen2_5_7b": "Qwen/Qwen2.5-7B",
+    "qwen2_5_14b": "Qwen/Qwen2.5-14B", "qwen2_5_32b": "Qwen/Qwen2.5-32B", "qwen2_5_72b": "Qwen/Qwen2.5-72B",
+    "qwen3_0_6b": "Qwen/Qwen3-0.6B", "qwen3_1_7b": "Qwen/Qwen3-1.7B", "qwen3_4b": "Qwen/Qwen3-4B",
+    "qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "qwen3_32b": "Qwen/Qwen3-32B",
+    "gemma2_2b": "google/gemma-2-2b", "gemma2_9b": "google/gemma-2-9b", "gemma2_27b": "google/gemma-2-27b",
+    "phi3_mini": "microsoft/Phi-3-mini-4k-instruct",
+}
+# Builders whose architecture is another's (same shapes): the catalog entry used, and why.
+SAME_AS = {"llama3_3_70b": ("llama3_1_70b", "Llama 3.3 70B has Llama 3.1 70B's architecture (torchtune's "
+                                            "llama3_3_70b calls llama3_1_70b)")}
+
+# torchtune's LoRA module names -> the measured profile's (peft's) target names.
+LORA_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")      # torchtune's w1, w3, w2
+
+# optimizer._component_ -> the registered optimizer (None: refused, with why).
+OPTIMIZERS = {
+    "torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam", "torch.optim.SGD": "sgd",
+    "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit-bnb", "bitsandbytes.optim.AdamW8bit": "adamw-8bit-bnb",
+    "bitsandbytes.optim.PagedAdamW": None, "bitsandbytes.optim.PagedAdamW32bit": None,
+    "torchao.optim.AdamW8bit": "adamw-8bit-torchao", "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit-torchao",
+    "torchao.optim.AdamW4bit": "adamw-4bit-torchao", "torchao.prototype.low_bit_optim.AdamW4bit": "adamw-4bit-torchao",
+    "torchao.optim.AdamWFp8": "adamw-fp8-torchao", "torchao.prototype.low_bit_optim.AdamWFp8": "adamw-fp8-torchao",
+}
+# Optimizer keys that do not change memory (hyperparameters).
+OPTIMIZER_HYPER = ("lr", "weight_decay", "betas", "eps", "momentum_dtype", "nesterov", "dampening", "maximize",
+                   "capturable", "differentiable", "percentile_clipping", "block_wise", "min_8bit_size")
+
+LOSSES = {
+    "torchtune.modules.loss.CEWithChunkedOutputLoss": ("chunked", False, ""),
+    "torch.nn.CrossEntropyLoss": ("cross_entropy", False, ""),
+    "torchtune.modules.loss.LinearCrossEntropyLoss": (
+        "chunked", True, "torchtune's LinearCrossEntropyLoss projects and upcasts one chunk of the hidden states at a "
+        "time, as the chunked loss holds one fp32 chunk; its bf16 chunk logits saved for backward are counted as the "
+        "chunked loss's (torchtune > 0.6.1)"),
+}
+
+# Top-level keys that do not change memory.
+IGNORED_TOP = {"output_dir", "seed", "shuffle", "epochs", "max_steps_per_epoch", "resume_from_checkpoint",
+               "checkpointer", "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "log_level", "profiler",
+               "lr_scheduler", "save_adapter_weights_only", "enable_async_checkpointing", "cudnn_deterministic_mode",
+               "profile_memory", "clip_grad_norm", "low_cpu_ram", "collate_fn", "dataloader", "run_val_every_n_steps",
+               "keep_last_n_checkpoints", "save_every_n_steps"}
+# Keys of a training recipe that make it something the measured profile does not describe.
+REFUSED_TOP = {
+    "teacher_model": "knowledge distillation: a second (teacher) model on the device",
+    "teacher_checkpointer": "knowledge distillation: a second (teacher) model on the device",
+    "kd_loss": "knowledge distillation: a second (teacher) model on the device",
+    "ref_checkpointer": "preference optimization with a reference model on the device",
+    "policy_model": "PPO: policy, value and reference models on the device",
+    "reward_and_value_model": "PPO: policy, value and reference models on the device",
+    "quantizer": "quantization-aware training: fake-quantized weights and activations",
+    "ac_mode": "torchtune's selective activation checkpointing (ac_mode/ac_option, a prototype)",
+    "ac_option": "torchtune's selective activation checkpointing (ac_mode/ac_option, a prototype)",
+    "datasets": "a multi-dataset recipe (lora_finetune_distributed_multi_dataset)",
+}
+
+
+def _recognizes(path, document) -> bool:
+    """A YAML whose tables name torchtune components (``_component_: torchtune....``)."""
+    return isinstance(document, dict) and any(
+        isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.") for v in document.values())
+
+
+def _apply_overrides(document: dict, overrides, path) -> dict:
+    """``tune run``'s ``key=value`` overrides: the value read as YAML (as OmegaConf does)."""
+    import yaml
+    document = copy.deepcopy(document)
+    for key, text in overrides:
+        try:
+            value = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError:
+            value = text
+        if key.startswith("~"):
+            raise InvalidInputError("--override", f"{key}={text}", "key=value (deleting a key with ~ is not read)")
+        node = document
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return document
+
+
+def _read(path, document, context) -> Reading:
+    path = Path(path)
+    overrides = context.take_overrides(path) if context is not None and context.overrides else []
+    document = _apply_overrides(document, overrides, path) if overrides else document
+    overridden = {key for key, _ in overrides}
+    version = VERSION if context is None or not context.framework_version else f"torchtune {context.framework_version}"
+    r = Reading("torchtune", path, version)
+    if overrides:
+        r.note("overrides applied first, as `tune run ... key=value`: " + ", ".join(f"{k}={v}" for k, v in overrides))
+    cfg = document
+    single = "single_device" in path.stem
+    recipe = f"{'lora' if _is_lora(cfg) else 'full'}_finetune_{'single_device' if single else 'distributed'}"
+    r.note(f"read as torchtune's {recipe} recipe (the config's name {'says' if single else 'does not say'} "
+           "single_device)")
+    if single:
+        r.world["single_device"] = (f"config name {path.name}", True)
+    if "optimizer" not in cfg:
+        raise NotModelledError("optimizer", None, "a training recipe config (with optimizer)",
+                               f"{path}: no optimizer: not a training config (generation, evaluation or "
+                               "quantization recipes do not train)")
+    for key, why in REFUSED_TOP.items():
+        if key in cfg:
+            raise NotModelledError(key, _short(cfg[key]), "a fine-tuning recipe (full, LoRA or QLoRA SFT)",
+                                   f"{path}: {why} is not modelled")
+    if not isinstance(cfg.get("model"), dict):
+        raise InvalidInputError("model._component_", None, "a torchtune model builder", str(path))
+    seen = set()
+
+    def take(key):
+        seen.add(key)
+        return cfg.get(key)
+
+    def source(key, recipe_name=recipe):
+        return f"{REPO}: recipes/{recipe_name}.py, cfg.get({key!r}, ...)"
+
+    # --- the model (and LoRA/QLoRA) -----------------------------------------------------
+    _model(r, take("model"), path, context)
+    # --- precision ------------------------------------------------------------------------
+    dtype = take("dtype")
+    if dtype is None:
+        raise InvalidInputError("dtype", None, "bf16 or fp32 (every torchtune recipe config sets it)", str(path))
+    regime = {"bf16": "bf16", "fp32": "fp32"}.get(str(dtype))
+    if regime is None:
+        raise NotModelledError("dtype", dtype, "bf16 or fp32 (torchtune refuses fp16 training)", str(path))
+    r.set("dtype", dtype, "regime", regime, "torchtune trains in pure " + regime + (": weights, gradients and "
+          "optimizer state bf16, no autocast, no fp32 master copy" if regime == "bf16" else ""))
+    r.set("dtype", dtype, "precision", PRECISION_OF_REGIME[regime])
+    device = take("device")
+    if device not in (None, "cuda"):
+        raise NotModelledError("device", device, "cuda", f"{path}: the recipe's device")
+    # --- batch ----------------------------------------------------------------------------
+    r.set("batch_size", take("batch_size"), "micro_batch_size", as_int(cfg.get("batch_size"), "batch_size", path),
+          "per device")
+    accum = take("gradient_accumulation_steps")
+    if accum is None:
+        r.default("gradient_accumulation_steps", "gradient_accumulation_steps", 1, source("gradient_accumulation_steps"))
+    else:
+        r.set("gradient_accumulation_steps", accum, "gradient_accumulation_steps",
+              as_int(accum, "gradient_accumulation_steps", path))
+    # --- sequence -------------------------------------------------------------------------
+    _sequence(r, cfg, seen, path, context)
+    # --- activations ----------------------------------------------------------------------
+    for key, field, on, off, default in (
+            ("enable_activation_checkpointing", "activation_checkpointing", "full", "none", False),
+            ("enable_activation_offloading", "activation_offload", "torchtune", None, False)):
+        value = take(key)
+        if value is None:
+            r.default(key, field, off if not default else on, source(key))
+        else:
+            flag = as_bool(value, key, path)
+            becomes = on if flag else off
+            r.set(key, value, field, becomes, "torchtune checkpoints each decoder layer whole" if becomes == "full"
+                  else "torchtune's OffloadActivations" if becomes == "torchtune" else "")
+    if r.values_of("activation_offload") == "torchtune" and r.values_of("activation_checkpointing") != "full":
+        raise InvalidInputError("enable_activation_offloading", True, "with enable_activation_checkpointing: True",
+                                f"{path}: torchtune refuses activation offloading without checkpointing")
+    compile_ = take("compile")
+    if compile_ is not None and as_bool(compile_, "compile", path):
+        raise NotModelledError("compile", compile_, "compile: False (or --override compile=False)",
+                               f"{path}: torch.compile is not modelled by the measured profile (inductor fuses "
+                               "ops and its partitioner chooses what is saved for backward)")
+    if compile_ is None:
+        r.default("compile", "compile", False, source("compile"))
+    else:
+        r.ignore("compile")     # (False: eager, what is modelled)
+    # --- optimizer ------------------------------------------------------------------------
+    _optimizer(r, take("optimizer"), path)
+    in_bwd = take("optimizer_in_bwd")
+    if in_bwd is None:
+        r.default("optimizer_in_bwd", "optimizer_in_backward", False, source("optimizer_in_bwd"))
+    elif as_bool(in_bwd, "optimizer_in_bwd", path):
+        r.set("optimizer_in_bwd", in_bwd, "optimizer_in_backward", True)
+    else:
+        r.ignore("optimizer_in_bwd")
+    _loss(r, take("loss"), path)
+    # --- distribution ---------------------------------------------------------------------
+    _distributed(r, cfg, take, single, path, source)
+    # --- everything else ------------------------------------------------------------------
+    for key in cfg:
+        if key in seen:
+            continue
+        if key in IGNORED_TOP:
+            r.ignore(key)
+        elif key == "tokenizer" or key == "dataset":
+            pass     # (read in _sequence)
+        else:
+            raise InvalidInputError(key, _short(cfg[key]), "a key of torchtune's fine-tuning recipes this reader knows "
+                                    "(docs/launch.md, torchtune)", f"{path}: refused rather than dropped, as it may "
+                                    "change memory")
+    for key in overridden:
+        r.note(f"{key} comes from --override")
+    return r.done()
+
+
+def _is_lora(cfg) -> bool:
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    name = str(model.get("_component_", "")).rsplit(".", 1)[-1]
+    return name.startswith(("lora_", "qlora_"))
+
+
+def _short(value):
+    text = repr(value)
+    return value if len(text) < 200 else text[:197] + "..."
+
+
+def _model(r: Reading, model, path, context) -> None:
+    component = str(model.get("_component_"))
+    name = component.rsplit(".", 1)[-1]
+    qlora = name.startswith("qlora_")
+    lora = qlora or name.startswith("lora_")
+    base = name.split("_", 1)[1] if lora else name
+    base = base.removesuffix("_instruct").removesuffix("_base")
+    note = ""
+    if base in SAME_AS:
+        base, note = SAME_AS[base]
+    if base not in BUILDERS and getattr(context, "model", None) is not None:
+        r.set("model._component_", component, "model", context.model, f"-m {context.model} replaces this builder")
+    elif base not in BUILDERS:
+        raise NotModelledError("model._component_", component, "a builder of a model in the catalog: "
+                               + ", ".join(sorted(f"{p}{b}" for b in BUILDERS for p in ("",))) + " (with lora_/qlora_)",
+                               f"{path}: no catalog model for this builder (a vision, Gemma 1, Phi-4, Qwen2 or "
+                               "Code Llama model is not in the catalog)")
+    else:
+        resolved, more = catalog_model(BUILDERS[base], "model._component_", path, context=context)
+        r.set("model._component_", component, "model", resolved, "; ".join(n for n in (note, more) if n))
+    keys = {k: v for k, v in model.items() if k != "_component_"}
+    if not lora:
+        if keys:
+            key = next(iter(keys))
+            raise InvalidInputError(f"model.{key}", keys[key], "no other model key (a builder's own arguments are "
+                                    "not read)", f"{path}: refused rather than dropped")
+        return
+    rank = keys.pop("lora_rank", None)
+    if rank is None:
+        raise InvalidInputError("model.lora_rank", None, "the adapters' rank", f"{path}: a LoRA builder without it")
+    modules = keys.pop("lora_attn_modules", None)
+    if not isinstance(modules, list) or not modules:
+        raise InvalidInputError("model.lora_attn_modules", modules, "a list of q_proj, k_proj, v_proj, output_proj",
+                                str(path))
+    unknown = [m for m in modules if m not in LORA_MODULES]
+    if unknown:
+        raise InvalidInputError("model.lora_attn_modules", modules, "q_proj, k_proj, v_proj, output_proj", str(path))
+    targets = [LORA_MODULES[m] for m in modules]
+    mlp = keys.pop("apply_lora_to_mlp", False)
+    if as_bool(mlp, "model.apply_lora_to_mlp", path):
+        targets += MLP_MODULES
+    output = keys.pop("apply_lora_to_output", False)
+    if as_bool(output, "model.apply_lora_to_output", path):
+        raise NotModelledError("model.apply_lora_to_output", output, "False (LoRA on the decoder layers' linears)",
+                               f"{path}: a LoRA adapter on the output projection is not modelled")
+    table = {"rank": as_int(rank, "model.lora_rank", path), "target_modules": targets}
+    r.set("model.lora_rank", rank, "lora", {"rank": table["rank"]})
+    r.set("model.lora_attn_modules", modules, "lora", {"target_modules": targets},
+          "with apply_lora_to_mlp: gate_proj, up_proj, down_proj (torchtune's w1, w3, w2)" if mlp else "")
+    r.set("model.apply_lora_to_mlp", mlp, "lora", {"target_modules": targets})
+    if "apply_lora_to_output" in model:
+        r.ignore("model.apply_lora_to_output")
+    for key in ("lora_alpha",):
+        if keys.pop(key, None) is not None:
+            r.ignore(f"model.{key}")
+    dropout = keys.pop("lora_dropout", 0.0)
+    if dropout:
+        r.approx("model.lora_dropout", dropout, "lora", {"rank": table["rank"]},
+                 "the adapters' dropout mask and dropped input (one per adapted linear) are not counted")
+    elif "lora_dropout" in model:
+        r.ignore("model.lora_dropout")
+    if as_bool(keys.pop("use_dora", False), "model.use_dora", path):
+        raise NotModelledError("model.use_dora", True, "False (LoRA)", f"{path}: DoRA's magnitude vectors and "
+                               "weight-norm activations are not modelled")
+    quantize = keys.pop("quantize_base", qlora)
+    if as_bool(quantize, "model.quantize_base", path):
+        r.approx("model._component_" if "quantize_base" not in model else "model.quantize_base",
+                 component if "quantize_base" not in model else quantize, "lora",
+                 {"quantization": "nf4", "double_quant": True},
+                 "torchao's NF4Tensor (4-bit, blocks of 64, its scalers quantized to 8 bits in blocks of 256) counted "
+                 "as bitsandbytes nf4 with double quantization: the same bits per parameter")
+    if keys:
+        key = next(iter(keys))
+        raise InvalidInputError(f"model.{key}", keys[key], "a LoRA builder argument this reader knows: lora_rank, "
+                                "lora_alpha, lora_dropout, lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, "
+                                "use_dora, quantize_base", f"{path}: refused rather than dropped")
+
+
+def _sequence(r: Reading, cfg, seen, path, context) -> None:
+    tokenizer = cfg.get("tokenizer") or {}
+    dataset = cfg.get("dataset") or {}
+    seen.update(("tokenizer", "dataset"))
+    datasets = dataset if isinstance(dataset, list) else [dataset]
+    packed = any(as_bool(d.get("packed", False), "dataset.packed", path) for d in datasets if isinstance(d, dict))
+    for key in flatten(tokenizer, "tokenizer"):
+        if key != "tokenizer.max_seq_len":
+            r.ignore(key)
+    for i, d in enumerate(datasets):
+        for key in flatten(d, "dataset" if len(datasets) == 1 else f"dataset[{i}]"):
+            if not key.endswith(".packed"):
+                r.ignore(key)
+    length = tokenizer.get("max_seq_len") if isinstance(tokenizer, dict) else None
+    if packed and length is None:
+        raise InvalidInputError("tokenizer.max_seq_len", None, "a length (packing needs it)",
+                                f"{path}: dataset.packed is True")
+    sequence(r, "tokenizer.max_seq_len", length, packed=packed, context=context, packed_key="dataset.packed")
+
+
+def _optimizer(r: Reading, optimizer, path) -> None:
+    if not isinstance(optimizer, dict) or "_component_" not in optimizer:
+        raise InvalidInputError("optimizer._component_", optimizer, "an optimizer component", str(path))
+    component = optimizer["_component_"]
+    keys = {k: v for k, v in optimizer.items() if k != "_component_"}
+    if component == "torchao.prototype.low_bit_optim.CPUOffloadOptimizer" or component.endswith("CPUOffloadOptimizer"):
+        inner = keys.pop("optimizer_class", "torch.optim.AdamW")
+        grads = as_bool(keys.pop("offload_gradients", False), "optimizer.offload_gradients", path)
+        r.set("optimizer._component_", component, "offload", "torchao+gradients" if grads else "torchao")
+        component = inner
+    name = OPTIMIZERS.get(component, "?")
+    if name is None:
+        raise NotModelledError("optimizer._component_", component, "one of " + ", ".join(
+            k for k, v in OPTIMIZERS.items() if v), f"{path}: bitsandbytes' 32-bit paged AdamW (fp32 states in "
+                               "paged memory) is not a registered optimizer")
+    if name == "?":
+        raise NotModelledError("optimizer._component_", component, "one of " + ", ".join(
+            k for k, v in OPTIMIZERS.items() if v), f"{path}: no registered optimizer for it")
+    if name == "sgd" and float(keys.pop("momentum", 0) or 0):
+        name = "sgd-momentum"
+    r.set("optimizer._component_", component, "optimizer", name)
+    fused = keys.pop("fused", None)
+    foreach = keys.pop("foreach", None)
+    if component.startswith("torch.optim."):
+        if fused is not None and as_bool(fused, "optimizer.fused", path):
+            r.set("optimizer.fused", fused, "optimizer_impl", "fused")
+        elif foreach is not None and not as_bool(foreach, "optimizer.foreach", path):
+            r.set("optimizer.foreach", foreach, "optimizer_impl", "for-loop")
+        else:
+            r.default("optimizer.fused", "optimizer_impl", "foreach",
+                      "PyTorch torch.optim: foreach=None and fused=None take the foreach implementation on CUDA")
+            if fused is not None:
+                r.ignore("optimizer.fused")
+    elif fused is not None or foreach is not None:
+        raise InvalidInputError("optimizer.fused", fused, "no fused/foreach for " + component, str(path))
+    if as_bool(keys.pop("amsgrad", False), "optimizer.amsgrad", path):
+        raise NotModelledError("optimizer.amsgrad", True, "False", f"{path}: AMSGrad's third state is not modelled")
+    for key in list(keys):
+        if key in OPTIMIZER_HYPER or key == "momentum":
+            r.ignore(f"optimizer.{key}")
+            keys.pop(key)
+    if keys:
+        key = next(iter(keys))
+        raise InvalidInputError(f"optimizer.{key}", keys[key], "an optimizer argument this reader knows",
+                                f"{path}: refused rather than dropped")
+
+
+def _loss(r: Reading, loss, path) -> None:
+    if not isinstance(loss, dict) or "_component_" not in loss:
+        raise InvalidInputError("loss._component_", loss, "a loss component", str(path))
+    component = loss["_component_"]
+    if component not in LOSSES:
+        raise NotModelledError("loss._component_", component, "one of " + ", ".join(LOSSES),
+                               f"{path}: a loss the measured profile does not model (preference and RL losses "
+                               "need a reference or value model)")
+    name, approximated, note = LOSSES[component]
+    (r.approx if approximated else r.set)("loss._component_", component, "loss", name, note)
+    if name == "chunked":
+        chunks = loss.get("num_output_chunks")
+        if chunks is None:
+            r.default("loss.num_output_chunks", "loss_chunks", 8,
+                      f"{REPO}: torchtune/modules/loss/ce_chunked_output_loss.py:30 (num_output_chunks=8)")
+        else:
+            r.set("loss.num_output_chunks", chunks, "loss_chunks", as_int(chunks, "loss.num_output_chunks", path))
+    for key in loss:
+        if key not in ("_component_", "num_output_chunks"):
+            if key in ("ignore_index", "label_smoothing", "reduction"):
+                r.ignore(f"loss.{key}")
+            else:
+                raise InvalidInputError(f"loss.{key}", loss[key], "a loss argument this reader knows", str(path))
+
+
+def _distributed(r: Reading, cfg, take, single, path, source) -> None:
+    keys = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "tensor_parallel_dim", "tensor_parallel_plan",
+            "custom_sharded_layers", "fsdp")
+    if single:
+        for key in keys:
+            if key in cfg:
+                raise InvalidInputError(key, _short(cfg[key]), "no distributed key in a single-device config",
+                                        f"{path}: a *_single_device config runs on one device")
+        return
+    recipe = f"{'lora' if _is_lora(cfg) else 'full'}_finetune_distributed"
+    offload = take("fsdp_cpu_offload")
+    if isinstance(cfg.get("fsdp"), dict):      # (older spelling: fsdp.cpu_offload)
+        take("fsdp")
+        offload = cfg["fsdp"].get("cpu_offload", offload)
+        if set(cfg["fsdp"]) - {"cpu_offload"}:
+            raise InvalidInputError("fsdp", cfg["fsdp"], "fsdp.cpu_offload", str(path))
+    reshard = take("fsdp_reshard_after_forward")
+    if reshard is None:
+        r.default("fsdp_reshard_after_forward", "data_parallel", "fsdp", source("fsdp_reshard_after_forward", recipe),
+                  "FSDP2 fully_shard per decoder layer, resharded after the forward")
+    else:
+        r.set("fsdp_reshard_after_forward", reshard, "data_parallel",
+              "fsdp" if as_bool(reshard, "fsdp_reshard_after_forward", path) else "fsdp-grad-op")
+    if offload is None:
+        r.default("fsdp_cpu_offload", "offload", None, source("fsdp_cpu_offload", recipe), "no offload")
+    elif as_bool(offload, "fsdp_cpu_offload", path):
+        r.set("fsdp_cpu_offload", offload, "offload", "optimizer+gradients+parameters",
+              "FSDP2 CPUOffloadPolicy: sharded parameters, gradients and the optimizer step on the host")
+    else:
+        r.ignore("fsdp_cpu_offload")
+    tp = take("tensor_parallel_dim")
+    if tp is None:
+        r.default("tensor_parallel_dim", "tp_size", 1, source("tensor_parallel_dim", "full_finetune_distributed"))
+    else:
+        tp = as_int(tp, "tensor_parallel_dim", path)
+        r.set("tensor_parallel_dim", cfg["tensor_parallel_dim"], "tp_size", tp)
+        if tp > 1:
+            r.set("tensor_parallel_dim", cfg["tensor_parallel_dim"], "sequence_parallel", False,
+                  "torchtune's base_llama_tp_plan: column/row-wise linears, no sequence parallelism; the output "
+                  "projection's logits replicated")
+    plan = take("tensor_parallel_plan")
+    if plan is not None:
+        component = plan.get("_component_") if isinstance(plan, dict) else plan
+        if not str(component).endswith("base_llama_tp_plan"):
+            raise NotModelledError("tensor_parallel_plan._component_", component, "torchtune.models.llama3."
+                                   "base_llama_tp_plan", f"{path}: another tensor-parallel plan is not read")
+        r.ignore("tensor_parallel_plan")
+    layers = take("custom_sharded_layers")
+    if layers:
+        r.approx("custom_sharded_layers", layers, "data_parallel", r.values_of("data_parallel") or "fsdp",
+                 "the embedding and output projection sharded as their own FSDP units: their gathered copies are "
+                 "counted as the decoder layers' are")
+
+
+@hookimpl
+def mlsysim_launch_formats():
+    return [LaunchFormatSpec(name="torchtune", description="torchtune recipe config (0.6.x), with tune run overrides",
+                             framework="torchtune", suffixes=(".yaml", ".yml"), recognizes=_recognizes, read=_read)]

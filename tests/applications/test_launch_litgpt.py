@@ -1,0 +1,87 @@
+"""LitGPT config_hub YAMLs read by the built-in `litgpt` launch format (issue 26): every copied
+file reads end to end (an answer or a refusal naming the field), hand-derived checks, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
+from mlsysim_core.scenario import from_launch
+
+from clitools import run
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launch" / "litgpt"
+FILES = sorted(DATA.rglob("*.yaml"))
+
+
+def test_the_copies_are_listed_with_their_source():
+    listed = (DATA / "SOURCES.md").read_text()
+    assert len(FILES) >= 6
+    for path in FILES:
+        assert f"| {path.relative_to(DATA)} | config_hub/{path.relative_to(DATA)} |" in listed
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_config_reads_end_to_end(path):
+    gpus = None if "devices: auto" not in path.read_text() else 8
+    try:
+        launch = from_launch([path], gpus=gpus)
+    except MlsysimError as err:
+        assert isinstance(err, InvalidInputError), err
+        assert err.parameter.split(".")[0] in path.read_text(), err
+        return
+    try:
+        launch.scenario.solve()
+    except NotModelledError as err:
+        assert err.parameter.split(".")[0] in launch.sources or err.parameter.startswith("model."), err
+
+
+def test_full_finetune_one_device_hand_derived():
+    launch = from_launch([DATA / "finetune" / "llama-3.2-1B" / "full.yaml"])
+    s = launch.scenario
+    # devices 1: global 64 = micro 4 x accumulation 16; no FSDP, no checkpointing; bf16-true: pure bf16
+    assert (s.model, s.dp_size, s.batch_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.2-1b", 1, 64, 16)
+    assert s.activation_checkpointing == "none" and s.data_parallel is None and s.optimizer == "adamw"
+    assert s.profile_options["regime"] == "bf16" and s.seq_len == 512
+    # LitGPT's 128-token chunked cross-entropy: 512 / 128 = 4 chunks
+    assert s.profile_options["loss"] == "chunked" and s.profile_options["loss_chunks"] == 4
+
+
+def test_full_finetune_four_devices_is_fsdp_with_checkpointing():
+    s = from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"]).scenario
+    # devices 4 (the file's world size): FSDP per Block with activation checkpointing per Block
+    assert (s.dp_size, s.data_parallel, s.activation_checkpointing) == (4, "fsdp", "full")
+    with pytest.raises(InvalidInputError, match="--gpus 8 and"):
+        from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"], gpus=8)
+
+
+def test_lora_and_qlora():
+    lora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "lora.yaml"]).scenario.profile_options["lora"]
+    assert lora == {"rank": 32, "target_modules": ["q_proj", "v_proj"]}
+    qlora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "qlora.yaml"]).scenario.profile_options["lora"]
+    assert qlora["quantization"] == "nf4" and qlora["double_quant"] is False
+
+
+@pytest.mark.parametrize("name, key", [("finetune/phi-3/lora.yaml", "lora_head"),
+                                       ("pretrain/tinystories.yaml", "model_config")])
+def test_refusals_name_the_key(name, key):
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / name], gpus=8)
+    assert err.value.parameter == key and name in str(err.value)
+
+
+def test_unknown_model_can_be_replaced_with_m():
+    with pytest.raises(InvalidInputError, match="checkpoint_dir"):
+        from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"])
+    launch = from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"], model="google/gemma-2-2b")
+    assert launch.scenario.model == "google/gemma-2-2b"
+
+
+def test_cli_json():
+    code, out = run("estimate", "--from", str(DATA / "finetune" / "llama-3.2-1B" / "full.yaml"), "-g", "a10g", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["run"]["global_batch"] == 64 and data["launch"]["files"][0]["format"] == "litgpt"

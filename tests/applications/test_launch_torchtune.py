@@ -1,0 +1,149 @@
+"""torchtune recipe configs (0.6.1) read by the built-in `torchtune` launch format (issue 26):
+every real config copied under tests/data/launch/torchtune/ reads end to end (an answer or a
+refusal naming the field), hand-derived checks of what the fields became, overrides, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
+from mlsysim_core.scenario import Scenario, from_launch
+
+from clitools import error_of, run
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launch" / "torchtune"
+FILES = sorted(DATA.rglob("*.yaml"))
+
+
+def test_the_copies_are_listed_with_their_source():
+    listed = (DATA / "SOURCES.md").read_text()
+    assert len(FILES) >= 6
+    for path in FILES:
+        assert f"| {path.relative_to(DATA)} | recipes/configs/{path.relative_to(DATA)} |" in listed
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_config_reads_end_to_end(path):
+    """An answer, or a refusal that names a key of the file (or the profile option it became)."""
+    gpus = None if "single_device" in path.stem else 8
+    try:
+        launch = from_launch([path], gpus=gpus, seq_len=2048)
+    except MlsysimError as err:
+        assert isinstance(err, InvalidInputError), err
+        key = err.parameter.split(".")[0].split("[")[0]
+        # the file's key, or one it lacks (value None), or a flag it needs
+        assert key in path.read_text() or err.value is None or err.parameter in ("--from", "--seq-len"), err
+        return
+    try:
+        launch.scenario.solve()
+    except NotModelledError as err:      # the measured profile's refusal, of a field the file set
+        assert err.parameter.split(".")[0] in launch.sources, err
+
+
+def _fields(launch):
+    return {(f.key, f.field): f.becomes for r in launch.readings for f in r.fields}
+
+
+def test_llama3_2_3b_full_single_device_hand_derived():
+    path = DATA / "llama3_2" / "3B_full_single_device.yaml"
+    launch = from_launch([path], seq_len=1024)
+    s = launch.scenario
+    # batch_size: 4 per device, one device (the config's name), accumulation 1
+    assert (s.model, s.batch_size, s.dp_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.2-3b", 4, 1, 1)
+    assert s.optimizer == "paged-adamw-8bit-bnb" and s.activation_checkpointing == "full"
+    o = s.profile_options
+    assert o["regime"] == "bf16" and o["optimizer_in_backward"] is True and o["loss"] == "chunked"
+    assert o["loss_chunks"] == 8          # CEWithChunkedOutputLoss's default, applied as an implicit default
+    assert s.seq_len == 1024              # not packed, max_seq_len null: --seq-len
+    [reading] = launch.readings
+    assert {d.key for d in reading.defaults} >= {"loss.num_output_chunks"}
+    assert "output_dir" in reading.ignored and "optimizer.lr" in reading.ignored
+    assert "single_device" in reading.world
+
+
+def test_llama3_1_8b_full_distributed_hand_derived():
+    launch = from_launch([DATA / "llama3_1" / "8B_full.yaml"], gpus=8, seq_len=2048)
+    s = launch.scenario
+    # FSDP2 over 8 GPUs, batch 2 per device: global 16; resharded after forward (the recipe's default)
+    assert (s.dp_size, s.batch_size, s.data_parallel, s.tp_size) == (8, 16, "fsdp", 1)
+    assert s.profile_options["regime"] == "bf16" and s.profile_options["optimizer_impl"] == "fused"
+    defaults = {d.key: d for r in launch.readings for d in r.defaults}
+    assert defaults["fsdp_reshard_after_forward"].version == "torchtune 0.6.1"
+    approximated = [f.key for r in launch.readings for f in r.fields if f.approximated]
+    assert approximated == ["custom_sharded_layers"]
+    with pytest.raises(InvalidInputError, match="--gpus"):
+        from_launch([DATA / "llama3_1" / "8B_full.yaml"], seq_len=2048)     # distributed: --gpus needed
+
+
+def test_70b_fsdp_cpu_offload():
+    s = from_launch([DATA / "llama3_1" / "70B_full.yaml"], gpus=8, seq_len=2048).scenario
+    assert s.profile_options["offload"] == "optimizer+gradients+parameters"
+
+
+def test_lora_and_qlora_builders():
+    lora = from_launch([DATA / "llama3_2" / "3B_lora_single_device.yaml"], seq_len=2048).scenario
+    assert lora.profile_options["lora"] == {"rank": 64, "target_modules": ["q_proj", "v_proj", "o_proj",
+                                                                          "gate_proj", "up_proj", "down_proj"]}
+    qlora = from_launch([DATA / "llama3_2" / "3B_qlora_single_device.yaml"], seq_len=2048)
+    table = qlora.scenario.profile_options["lora"]
+    assert table["quantization"] == "nf4" and table["double_quant"] is True
+    assert any(f.approximated and "NF4Tensor" in f.note for r in qlora.readings for f in r.fields)
+
+
+@pytest.mark.parametrize("name, key", [
+    ("llama3_3/70B_full_multinode.yaml", "compile"),
+    ("llama3/8B_dora.yaml", "model.use_dora"),
+    ("llama2/7B_full_low_memory.yaml", "optimizer._component_"),
+    ("mistral/7B_lora.yaml", "model.apply_lora_to_output"),
+    ("llama3_2/evaluation.yaml", "optimizer"),
+    ("dev/8B_full_experimental.yaml", "ac_mode"),
+])
+def test_refusals_name_the_key(name, key):
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / name], gpus=8, seq_len=2048)
+    assert err.value.parameter == key and name in str(err.value)
+
+
+def test_overrides_as_tune_run(tmp_path):
+    path = DATA / "llama3_2" / "3B_full_single_device.yaml"
+    launch = from_launch([path], overrides=["dataset.packed=True", "tokenizer.max_seq_len=4096", "batch_size=2",
+                                            "enable_activation_checkpointing=False"])
+    s = launch.scenario
+    assert (s.seq_len, s.batch_size, s.activation_checkpointing) == (4096, 2, "none")
+    assert any("packed" in f.note for r in launch.readings for f in r.fields if f.field == "seq_len")
+    with pytest.raises(NotModelledError, match="compile"):
+        from_launch([path], seq_len=512, overrides=["compile=True"])
+
+
+def test_unknown_key_is_refused(tmp_path):
+    text = (DATA / "llama3_2" / "3B_full_single_device.yaml").read_text() + "\nmy_new_memory_knob: 3\n"
+    path = tmp_path / "3B_full_single_device.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([path], seq_len=512)
+    assert err.value.parameter == "my_new_memory_knob" and "refused rather than dropped" in str(err.value)
+
+
+def test_same_answer_as_the_flags():
+    launch = Scenario.from_launch([DATA / "llama3_1" / "8B_full_single_device.yaml"], seq_len=2048, hardware="a100")
+    code, out = run("estimate", "--from", str(DATA / "llama3_1" / "8B_full_single_device.yaml"), "-s", "2048",
+                    "-g", "a100", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["total_memory"] == launch.scenario.solve().total_memory
+    assert data["launch"]["files"][0]["format"] == "torchtune"
+
+
+def test_cli_text_and_refusal(capsys):
+    path = DATA / "llama3_2" / "3B_lora_single_device.yaml"
+    code, err = error_of(capsys, "estimate", "--from", str(path), "-s", "2048")
+    assert code == 2 and "loss comes from" in err and "loss._component_" in err
+    code, text = run("estimate", "--from", str(DATA / "llama3_2" / "3B_full_single_device.yaml"), "-s", "2048",
+                     "--override", "batch_size=1", "--no-chart", "--optimizer", "adamw")
+    assert code == 0
+    section = text.split("from launch files:")[1]
+    assert "--optimizer adamw overrides optimizer = paged-adamw-8bit-bnb from the files" in section
+    assert "batch_size = 1  ->  micro_batch_size = 1" in section
