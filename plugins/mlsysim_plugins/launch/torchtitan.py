@@ -1,0 +1,257 @@
+"""torchtitan job configs: the v0.2.x TOML files (``--job.config_file``) and the JSON v0.2.x writes
+with ``--job.save_config_file`` (the same sections), as torchtitan v0.2.2 runs them
+(docs/launch.md, "torchtitan"). torchtitan's current version describes a run in Python
+(``config_registry``); its resolved dump (``--debug.save_config_file``, a ``model_spec`` table) is
+recognized and refused, naming what is not read yet. Defaults are v0.2.2's
+``torchtitan/config/job_config.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+
+from ._common import Reading, as_bool, as_int, catalog_model, flatten
+
+VERSION = "torchtitan 0.2.2"
+SOURCE = "pytorch/torchtitan v0.2.2: torchtitan/config/job_config.py"
+
+# model.name / flavor -> the catalog's Hugging Face id.
+FLAVORS = {
+    ("llama3", "8B"): "meta-llama/Llama-3.1-8B", ("llama3", "70B"): "meta-llama/Llama-3.1-70B",
+    ("llama3", "405B"): "meta-llama/Llama-3.1-405B",
+    ("qwen3", "0.6B"): "Qwen/Qwen3-0.6B", ("qwen3", "1.7B"): "Qwen/Qwen3-1.7B", ("qwen3", "4B"): "Qwen/Qwen3-4B",
+    ("qwen3", "8B"): "Qwen/Qwen3-8B", ("qwen3", "14B"): "Qwen/Qwen3-14B", ("qwen3", "32B"): "Qwen/Qwen3-32B",
+    ("qwen3", "30B-A3B"): "Qwen/Qwen3-30B-A3B", ("qwen3", "235B-A22B"): "Qwen/Qwen3-235B-A22B-Instruct-2507",
+    ("deepseek_v3", "671B"): "deepseek-ai/DeepSeek-V3",
+    ("llama4", "17bx128e"): "meta-llama/Llama-4-Maverick-17B-128E",
+    ("gpt_oss", "20b"): "openai/gpt-oss-20b", ("gpt_oss", "120b"): "openai/gpt-oss-120b",
+}
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved-1f1b"}
+# Sections and keys that do not change memory.
+IGNORED_SECTIONS = {"job", "profiling", "metrics", "lr_scheduler", "checkpoint", "validation", "comm",
+                    "fault_tolerance", "memory_estimation", "experimental", "float8", "mx"}
+IGNORED_KEYS = {"model.hf_assets_path", "model.tokenizer_path", "model.print_after_conversion", "optimizer.lr",
+                "optimizer.eps", "optimizer.weight_decay", "optimizer.beta1", "optimizer.beta2", "training.dataset",
+                "training.dataset_path", "training.max_norm", "training.steps", "training.gc_freq",
+                "training.gc_debug", "training.seed", "training.deterministic", "training.mixed_precision_reduce",
+                "parallelism.enable_async_tensor_parallel", "parallelism.context_parallel_load_balancer",
+                "parallelism.context_parallel_rotate_method", "parallelism.expert_parallel_comm_backend",
+                "parallelism.pipeline_parallel_expert_parallel_overlap", "compile.components", "compile.backend",
+                "activation_checkpoint.preserve_rng_state", "activation_checkpoint.determinism_check",
+                "activation_checkpoint.debug", "activation_checkpoint.early_stop",
+                "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+                "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "quantize.linear.float8.filter_fqns",
+                "quantize.linear.float8.emulate", "quantize.grouped_mm.float8.fqns", "quantize.linear.mx.filter_fqns",
+                "quantize.linear.mx.recipe_name", "quantize.grouped_mm.mx.recipe_name", "quantize.grouped_mm.mx.fqns"}
+
+
+def _recognizes(path, document) -> bool:
+    if not isinstance(document, dict):
+        return False
+    if "model_spec" in document and "parallelism" in document:     # torchtitan main's resolved dump
+        return True
+    model, parallelism = document.get("model"), document.get("parallelism")
+    return isinstance(model, dict) and "flavor" in model and (
+        isinstance(parallelism, dict) or isinstance(document.get("training"), dict) or "job" in document)
+
+
+def _read(path, document, context):
+    path = Path(path)
+    if "model_spec" in document:
+        raise NotModelledError("model_spec", (document.get("model_spec") or {}).get("name"),
+                               "a torchtitan v0.2.x job config (TOML, or the JSON --job.save_config_file writes)",
+                               f"{path}: the resolved config of torchtitan's current version (Python "
+                               "config_registry, model_spec) is not read yet")
+    version = f"torchtitan {context.framework_version}" if context is not None and context.framework_version \
+        else VERSION
+    r = Reading("torchtitan", path, version)
+    cfg = flatten(document)
+    seen: set[str] = set()
+
+    def take(key, default=None):
+        seen.add(key)
+        return cfg.get(key, default)
+
+    def get(key, default, field=None, note=""):
+        """The file's value of ``key``, or torchtitan's default (recorded when ``field`` is given)."""
+        seen.add(key)
+        if key in cfg:
+            return cfg[key], True
+        if field is not None:
+            r.default(key, field, default, SOURCE, note)
+        return default, False
+
+    # --- model ------------------------------------------------------------------------------
+    name, flavor = take("model.name", "llama3"), take("model.flavor")
+    hf = FLAVORS.get((str(name), str(flavor)))
+    if hf is None and getattr(context, "model", None) is None:
+        raise NotModelledError("model.flavor", f"{name}/{flavor}", "a flavor of a model in the catalog: "
+                               + ", ".join(f"{n}/{f}" for n, f in FLAVORS) + "; or give -m",
+                               f"{path}: no catalog model for this model.name and model.flavor")
+    resolved, note = catalog_model(hf or "", "model.flavor", path, context=context)
+    r.set("model.name/model.flavor", f"{name}/{flavor}", "model", resolved, note)
+    converters = take("model.converters") or []
+    if isinstance(converters, str):
+        converters = [c for c in converters.split(",") if c]
+    for converter in converters:
+        if converter == "float8":
+            recipe = take("quantize.linear.float8.recipe_name") or "tensorwise"
+            if recipe not in ("tensorwise", "rowwise"):
+                raise NotModelledError("quantize.linear.float8.recipe_name", recipe, "tensorwise or rowwise", str(path))
+            r.set("model.converters", converters, "float8", recipe, "torchao float8 training")
+        else:
+            raise NotModelledError("model.converters", converters, "float8, or none", f"{path}: the converter "
+                                   f"{converter!r} is not modelled")
+    # --- batch and sequence -----------------------------------------------------------------
+    local, _ = get("training.local_batch_size", 8)
+    r.set("training.local_batch_size", local, "micro_batch_size", as_int(local, "training.local_batch_size", path),
+          "per data-parallel rank")
+    global_batch, given = get("training.global_batch_size", -1)
+    if given and as_int(global_batch, "training.global_batch_size", path, minimum=-1) > 0:
+        r.set("training.global_batch_size", global_batch, "global_batch_size", global_batch,
+              "accumulation = global // (local x dp)")
+    seq, given = get("training.seq_len", 2048)
+    r.set("training.seq_len", seq, "seq_len", as_int(seq, "training.seq_len", path),
+          "torchtitan's datasets are packed into fixed-length sequences" + ("" if given else
+                                                                            " (the default, 2048)"))
+    # --- precision --------------------------------------------------------------------------
+    dtype, dtype_given = get("training.dtype", "float32")
+    param, param_given = get("training.mixed_precision_param", "bfloat16")
+    if dtype == "bfloat16":
+        r.set("training.dtype", dtype, "regime", "bf16", "pure bf16 training")
+    elif dtype == "float32":
+        regime = "fsdp-bf16" if param == "bfloat16" else "fp32"
+        note = ("FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 parameters"
+                if regime == "fsdp-bf16" else "fp32")
+        if dtype_given or param_given:
+            r.set("training.mixed_precision_param" if param_given else "training.dtype",
+                  param if param_given else dtype, "regime", regime, note)
+        else:
+            r.default("training.dtype/training.mixed_precision_param", "regime", regime, SOURCE,
+                      "dtype float32, mixed_precision_param bfloat16: " + note)
+    else:
+        raise NotModelledError("training.dtype", dtype, "bfloat16 or float32", str(path))
+    if as_bool(get("training.enable_cpu_offload", False)[0], "training.enable_cpu_offload", path):
+        r.set("training.enable_cpu_offload", True, "offload", "optimizer+gradients+parameters", "FSDP2 CPUOffloadPolicy")
+    # --- optimizer --------------------------------------------------------------------------
+    opt, _ = get("optimizer.name", "AdamW")
+    optimizer = {"AdamW": "adamw", "Adam": "adam"}.get(str(opt))
+    if optimizer is None:
+        raise NotModelledError("optimizer.name", opt, "AdamW or Adam", str(path))
+    r.set("optimizer.name", opt, "optimizer", optimizer)
+    impl, given = get("optimizer.implementation", "fused", None if "optimizer.implementation" in cfg
+                      else "optimizer_impl")
+    if given:
+        r.set("optimizer.implementation", impl, "optimizer_impl", impl)
+    if as_bool(get("optimizer.early_step_in_backward", False)[0], "optimizer.early_step_in_backward", path):
+        r.set("optimizer.early_step_in_backward", True, "optimizer_in_backward", True)
+    # --- parallelism ------------------------------------------------------------------------
+    sizes = {}
+    for key, field in (("tensor_parallel_degree", "tp_size"), ("pipeline_parallel_degree", "pp_size"),
+                       ("context_parallel_degree", "cp_size"), ("expert_parallel_degree", "ep_size")):
+        value, given = get(f"parallelism.{key}", 1)
+        sizes[field] = as_int(value, f"parallelism.{key}", path)
+        if given:
+            r.set(f"parallelism.{key}", value, field, sizes[field])
+    etp, given = get("parallelism.expert_tensor_parallel_degree", 1)
+    if given and sizes["ep_size"] > 1:
+        r.set("parallelism.expert_tensor_parallel_degree", etp, "expert_tp_size", as_int(etp, "etp", path))
+    replicate, _ = get("parallelism.data_parallel_replicate_degree", 1)
+    shard, _ = get("parallelism.data_parallel_shard_degree", -1)
+    replicate = as_int(replicate, "parallelism.data_parallel_replicate_degree", path)
+    shard = as_int(shard, "parallelism.data_parallel_shard_degree", path, minimum=-1)
+    world = context.gpus if context is not None else None
+    model_parallel = sizes["tp_size"] * sizes["pp_size"] * sizes["cp_size"]
+    if shard == -1:
+        if world is None:
+            raise InvalidInputError("--gpus", None, "the number of GPUs (data_parallel_shard_degree = -1 takes what "
+                                    "the world leaves)", str(path))
+        shard = world // (replicate * model_parallel)
+    elif shard >= 1:
+        r.world["gpus"] = ("parallelism.*_degree", replicate * shard * model_parallel)
+    r.set("parallelism.data_parallel_shard_degree", cfg.get("parallelism.data_parallel_shard_degree", -1),
+          "dp_size", replicate * shard, f"dp = replicate {replicate} x shard {shard}")
+    reshard, _ = get("parallelism.fsdp_reshard_after_forward", "default")
+    if shard > 1 or (replicate == 1 and (world or 1) > model_parallel):
+        grad_op = reshard == "never" or (reshard == "default" and sizes["pp_size"] > 1)
+        rule = "hsdp" if replicate > 1 else ("fsdp-grad-op" if grad_op else "fsdp")
+        r.set("parallelism.data_parallel_shard_degree", shard, "data_parallel", rule,
+              "FSDP2 fully_shard per block" + ("; replicated across data_parallel_replicate_degree" if
+                                               rule == "hsdp" else ""))
+    elif replicate > 1:
+        r.set("parallelism.data_parallel_replicate_degree", replicate, "zero_stage", 0, "DDP (replicate only)")
+    if sizes["tp_size"] > 1:
+        r.set("parallelism.tensor_parallel_degree", sizes["tp_size"], "sequence_parallel", True,
+              "torchtitan's TP plan: sequence parallel norms")
+        disable, _ = get("parallelism.disable_loss_parallel", False, "loss_parallel",
+                         "loss parallel on when tp > 1")
+        r.set("parallelism.disable_loss_parallel", disable, "loss_parallel", not as_bool(disable, "loss", path))
+    else:
+        take("parallelism.disable_loss_parallel")
+    if sizes["pp_size"] > 1:
+        schedule, _ = get("parallelism.pipeline_parallel_schedule", "1F1B")
+        mapped = SCHEDULES.get(str(schedule).lower())
+        if mapped is None:
+            raise NotModelledError("parallelism.pipeline_parallel_schedule", schedule, ", ".join(SCHEDULES), str(path))
+        r.set("parallelism.pipeline_parallel_schedule", schedule, "pipeline_schedule", mapped)
+        pp_micro, _ = get("parallelism.pipeline_parallel_microbatch_size", 1)
+        r.approx("parallelism.pipeline_parallel_microbatch_size", pp_micro, "micro_batch_size",
+                 as_int(pp_micro, "pipeline_parallel_microbatch_size", path),
+                 "the local batch split into pipeline micro-batches, counted as accumulation steps")
+        r.set("training.local_batch_size", local, "gradient_accumulation_steps",
+              max(1, as_int(local, "training.local_batch_size", path) // as_int(pp_micro, "pp micro", path)))
+        r.fields[:] = [f for f in r.fields if not (f.key == "training.local_batch_size"
+                                                   and f.field == "micro_batch_size")]
+    for key in ("pipeline_parallel_layers_per_stage", "module_fqns_per_model_part", "pipeline_parallel_schedule_csv"):
+        value = take(f"parallelism.{key}")
+        if value not in (None, "", []):
+            raise NotModelledError(f"parallelism.{key}", value, "unset (an even split)", str(path))
+    for key in ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"):
+        if take(f"parallelism.{key}") not in (None, 1) and sizes["pp_size"] > 1:
+            raise NotModelledError(f"parallelism.{key}", cfg[f"parallelism.{key}"], "1", str(path))
+    # --- activation checkpointing -----------------------------------------------------------
+    mode, given = get("activation_checkpoint.mode", "selective", None)
+    option, option_given = get("activation_checkpoint.selective_ac_option", "2")
+    if not given:
+        r.default("activation_checkpoint.mode", "activation_checkpointing", "every-k" if str(option) != "op"
+                  else "op-sac", SOURCE, "mode selective, selective_ac_option '2': every second layer recomputed")
+    if mode == "none":
+        r.set("activation_checkpoint.mode", mode, "activation_checkpointing", "none")
+    elif mode == "full":
+        r.set("activation_checkpoint.mode", mode, "activation_checkpointing", "full")
+    elif mode == "selective":
+        if str(option) == "op":
+            r.set("activation_checkpoint.selective_ac_option", option, "activation_checkpointing", "op-sac",
+                  "torchtitan's per-op SAC policy")
+        else:
+            k = as_int(option, "activation_checkpoint.selective_ac_option", path)
+            if given:
+                r.set("activation_checkpoint.selective_ac_option", option, "activation_checkpointing", "every-k",
+                      f"every {k}-th layer recomputed whole")
+            r.set("activation_checkpoint.selective_ac_option", option, "plugin_options", {"every-k": {"k": k}})
+    else:
+        raise NotModelledError("activation_checkpoint.mode", mode, "none, full or selective", str(path))
+    if as_bool(get("compile.enable", False)[0], "compile.enable", path):
+        raise NotModelledError("compile.enable", True, "false", f"{path}: torch.compile is not modelled by the "
+                               "measured profile")
+    # --- the rest ---------------------------------------------------------------------------
+    for key, value in cfg.items():
+        if key in seen:
+            continue
+        section = key.split(".")[0]
+        if section in IGNORED_SECTIONS or key in IGNORED_KEYS or key.startswith("training.dataloader."):
+            r.ignore(key if section not in IGNORED_SECTIONS else section)
+        else:
+            raise InvalidInputError(key, value, "a torchtitan v0.2 job config key this reader knows "
+                                    "(docs/launch.md, torchtitan)", f"{path}: refused rather than dropped")
+    return r.done()
+
+
+@hookimpl
+def mlsysim_launch_formats():
+    return [LaunchFormatSpec(name="torchtitan", description="torchtitan v0.2.x job config (TOML, or its saved JSON)",
+                             framework="torchtitan", suffixes=(".toml", ".json"), recognizes=_recognizes, read=_read)]

@@ -1,0 +1,84 @@
+"""torchtitan v0.2.2 job configs read by the built-in `torchtitan` launch format (issue 26)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
+from mlsysim_core.scenario import from_launch
+
+from clitools import run
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launch" / "torchtitan"
+FILES = sorted(DATA.rglob("*.toml"))
+
+
+def test_the_copies_are_listed_with_their_source():
+    listed = (DATA / "SOURCES.md").read_text()
+    assert len(FILES) >= 6
+    for path in FILES:
+        rel = path.relative_to(DATA)
+        assert f"| {rel} | torchtitan/models/{rel.parent}/train_configs/{rel.name} |" in listed
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_config_reads_end_to_end(path):
+    try:
+        launch = from_launch([path], gpus=64)
+    except MlsysimError as err:
+        assert isinstance(err, InvalidInputError), err
+        assert err.parameter.split(".")[-1] in path.read_text() or err.parameter == "model.flavor", err
+        return
+    try:
+        launch.scenario.solve()
+    except NotModelledError as err:
+        assert err.parameter.split(".")[0] in launch.sources, err
+
+
+def test_llama3_70b_hand_derived():
+    launch = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=64)
+    s = launch.scenario
+    # tp 8, dp_shard -1 -> 64 / 8 = 8; local batch 8 per dp rank -> global 64; FSDP2 + fp32 params, bf16 compute
+    assert (s.model, s.tp_size, s.dp_size, s.batch_size, s.seq_len) == ("meta-llama/llama-3.1-70b", 8, 8, 64, 8192)
+    assert s.data_parallel == "fsdp" and s.activation_checkpointing == "full" and s.sequence_parallel is True
+    o = s.profile_options
+    assert o["regime"] == "fsdp-bf16" and o["loss_parallel"] is True and o["optimizer_impl"] == "fused"
+    defaults = {d.key: d for r in launch.readings for d in r.defaults}
+    assert defaults["optimizer.implementation"].version == "torchtitan 0.2.2"
+    assert "job" in launch.readings[0].ignored
+
+
+def test_selective_op_and_default_every_k():
+    s = from_launch([DATA / "llama3" / "llama3_8b.toml"], gpus=8).scenario
+    assert s.activation_checkpointing == "op-sac"     # selective_ac_option = "op"
+    with pytest.raises(InvalidInputError, match="--gpus"):
+        from_launch([DATA / "llama3" / "llama3_8b.toml"])     # data_parallel_shard_degree = -1 needs the world
+
+
+def test_refusals_name_the_key():
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / "llama3" / "llama3_405b.toml"], gpus=512)
+    assert err.value.parameter == "compile.enable"
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / "llama3" / "debug_model.toml"], gpus=8)
+    assert err.value.parameter == "model.flavor"
+
+
+def test_saved_json_reads_as_the_toml(tmp_path):
+    import tomllib
+    path = DATA / "llama3" / "llama3_70b.toml"
+    saved = tmp_path / "job_config.json"
+    saved.write_text(json.dumps(tomllib.loads(path.read_text())))
+    assert from_launch([saved], gpus=64).scenario == from_launch([path], gpus=64).scenario
+    main = tmp_path / "resolved.json"
+    main.write_text(json.dumps({"model_spec": {"name": "llama3", "flavor": "8B"}, "parallelism": {}}))
+    with pytest.raises(NotModelledError, match="model_spec"):
+        from_launch([main], gpus=8)
+
+
+def test_cli_search_from():
+    code, out = run("estimate", "--from", str(DATA / "llama3" / "llama3_70b.toml"), "--gpus", "64", "--json")
+    assert code == 0 and json.loads(out)["launch"]["files"][0]["format"] == "torchtitan"
