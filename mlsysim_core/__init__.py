@@ -33,7 +33,10 @@ __version__ = "0.1.0"
 # solve_cost); ProfileSpec.grade deprecated. 2.5: step-time models (mlsysim_step_time_models, StepTimeSpec),
 # the rules' declared collectives (ShardingRuleSpec.collectives, Collective). 2.6: launch-config readers
 # (mlsysim_launch_formats, LaunchFormatSpec).
-PLUGIN_API_VERSION = (2, 6)
+# 3.0: the core knows no profile: the specs' measured_* fields, MEASURED_CALLABLES and ProfileSpec.grade
+# removed (a profile's callables name a field or a dotted key of the specs' new ``extensions``: the measured
+# profile's "measured.state_terms", ...); TrainingMemoryResult.regime is ``details`` (ProfileSpec.details).
+PLUGIN_API_VERSION = (3, 0)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",

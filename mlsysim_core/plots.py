@@ -666,7 +666,7 @@ def plot_sweep(data: Sweep, *, title: str | None = None, path=None, figsize=(8.0
              else f"micro-batch {first.microbatch}" if data.parameter == "seq" else "")
     heaviest = "; each value: its heaviest rank class" if any(len(r.ranks) > 1 for r in results) else ""
     _title(ax, fig, title or f"Memory vs {data.label}: {first.model} on {first.hardware}"
-                             + (f"\n{fixed}, {first.regime or first.precision}, {first.optimizer}, "
+                             + (f"\n{fixed}, {first.details.get('regime') or first.precision}, {first.optimizer}, "
                                 f"{_checkpointing(first)}{_layout(first)}{heaviest}" if fixed else heaviest))
     _legend(fig, handles, 3)
     _fit_texts(fig, ax)

@@ -140,7 +140,8 @@ def plan_header(result, plan_line: str = "") -> str:
     """The header's plan: micro-batch, regime or precision, optimizer, checkpointing, the
     layout (tp, cp, pp, dp, ep) and the dp rule, then ``plan_line`` (`describe_run`)."""
     p = result.parallelism
-    regime = f"regime {result.regime}" if result.regime else result.precision
+    regime = result.details.get("regime")      # (the measured profile's details say its regime)
+    regime = f"regime {regime}" if regime else result.precision
     cp = f" cp={p['cp']}" if p.get("cp", 1) != 1 else ""
     return (f"micro-batch {result.microbatch}, {regime}, optimizer {result.optimizer}, "
             f"checkpointing {result.activation_checkpointing}, "
@@ -346,8 +347,9 @@ def why(result, component: str) -> str:
     per_value = f" ({b:g} B per value)" if b is not None else ""
     share = _model_parallel_share(result)
     share_text = f" Only this accelerator's share counts: {share}." if share else ""
-    if result.regime:      # measured grade: the regime, not the precision, sets the dtypes
-        copy, per_value = f"stored as the {result.regime} regime keeps them", ""
+    regime = result.details.get("regime")
+    if regime:      # measured grade: the regime, not the precision, sets the dtypes
+        copy, per_value = f"stored as the {regime} regime keeps them", ""
     else:
         copy = f"one {precision} copy"
     if result.heaviest_rank:
@@ -358,7 +360,7 @@ def why(result, component: str) -> str:
                 f"forward and backward pass." + share_text
                 + _sharded_by_zero(result, 3, "them"))
     if component == "gradients":
-        what = f"One gradient per trainable parameter ({result.regime} regime)" if result.regime else \
+        what = f"One gradient per trainable parameter ({regime} regime)" if regime else \
             f"One {precision} gradient{per_value} per trainable parameter"
         return (f"{what}: written by the backward pass, read by the optimizer step." + share_text
                 + _sharded_by_zero(result, 2, "them"))
@@ -366,8 +368,8 @@ def why(result, component: str) -> str:
         text = _OPTIMIZER_WHY.get(result.optimizer,
                                   f"The state the optimizer '{result.optimizer}' keeps between steps; "
                                   "its terms below say how it is counted.")
-        if result.regime:    # the measured grade's dtypes differ from the textbook's 12 B
-            text = (f"The state the optimizer '{result.optimizer}' keeps between steps, in the {result.regime} "
+        if regime:    # the measured grade's dtypes differ from the textbook's 12 B
+            text = (f"The state the optimizer '{result.optimizer}' keeps between steps, in the {regime} "
                     "regime's dtypes (an fp32 master copy only where the weights are 16-bit), and what its step "
                     "allocates while it runs; the terms below count each.")
         return text + _sharded_by_zero(result, 1, "it")
@@ -392,7 +394,7 @@ def why(result, component: str) -> str:
                 "gradients for the data-parallel all-reduce")
         if result.parallelism.get("pp", 1) > 1:
             text += ", and the pipeline's send and receive buffers for one boundary activation"
-        if result.regime:
+        if regime:
             text += ("; under the measured profile also what the data-parallel and expert-parallel machinery "
                      "allocates (DDP buckets, ZeRO-3/FSDP gathered layers, all-to-all buffers): see the terms")
         return text + "."

@@ -96,10 +96,10 @@ class TrainingMemoryResult:
     # A "peak" profile: the phase whose live bytes are the total (and the components). None: summed.
     peak_phase: str | None = None
     plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
-    # Measured-grade profiles: CUDA context, allocator, workspaces (in total_memory); the regime.
+    # CUDA context, allocator, workspaces (in total_memory); what the profile says of the run (its details).
     runtime_overheads: int | float = 0
-    regime: str | None = None
-    # Parallel layouts (measured grade): every distinct rank class; the fields above are the heaviest's.
+    details: Mapping[str, str] = attrs.field(factory=dict)
+    # Parallel layouts (ProfileSpec.ranks): every distinct rank class; the fields above are the heaviest's.
     ranks: tuple["RankReport", ...] = ()
     heaviest_rank: str | None = None
 

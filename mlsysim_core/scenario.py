@@ -208,7 +208,7 @@ class Scenario:
             "gradient_accumulation_steps": self.gradient_accumulation_steps, "seq_len": self.seq_len,
             "precision": getattr(result, "precision", None) or self.precision}   # (the name it resolved to)
         o = self.profile_options
-        regime = getattr(result, "regime", None) or o.get("regime")
+        regime = (result.details.get("regime") if result is not None else None) or o.get("regime")
         if regime is not None:
             details["regime"] = regime
             details["regime_source"] = "regime" if "regime" in o else "precision"

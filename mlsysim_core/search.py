@@ -631,7 +631,7 @@ def _run_details(result, *, registry, profile, measured, precision, optimizer, o
                  cp_allowed, sequence_parallel, max_tp) -> dict:
     """What changes the numbers beside the layout, the same for every layout (``PlanSearch.run``)."""
     run: dict = {"profile": profile, "precision": precision, "optimizer": optimizer}
-    regime = getattr(result, "regime", None)
+    regime = result.details.get("regime") if result is not None else None
     if measured:
         if regime is not None:
             from .scenario import _registered_regime

@@ -18,7 +18,8 @@ _converter = make_converter(forbid_extra_keys=True)
 
 # The version of every JSON document this package writes (results, the CLI's --json output,
 # the catalog and plugin listings): bumped when a key changes meaning or goes away, not for new keys.
-SCHEMA_VERSION = 1
+# 2: a result's "regime" is its "details" (the profile's own: {"regime": ...}); version 1 is still read.
+SCHEMA_VERSION = 2
 # Keys a result's JSON carries beside its fields (derived views, the CLI's additions): dropped on reading.
 _NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "name_notes", "run")
 _TO_JSON = "TrainingMemoryResult.to_json"
@@ -79,6 +80,9 @@ def result_from_json(text):
         if not 1 <= version <= SCHEMA_VERSION:
             raise InvalidInputError("result.schema_version", version, allowed,
                                     "written by a newer mlsysim-core" if version > SCHEMA_VERSION else "")
+    if (not versioned or data["schema_version"] == 1) and "regime" in data:   # (version 1: its own field)
+        data = {**data, "details": {"regime": data["regime"]} if data["regime"] is not None else {}}
+        del data["regime"]
     data = {k: v for k, v in data.items() if k not in _NOT_FIELDS}
     # What to_json always writes must be there: every field of each rank, and with a schema_version
     # every field of the result (an older file may leave out those with defaults).

@@ -34,7 +34,7 @@ from .memo import memoize
 from .plan import FrozenMap, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
-from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar
+from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar, declared
 from .terms import (ACCELERATOR, COMMUNICATION_BUFFERS, COMPONENTS, HOST, OPTIMIZER_STATE, ACTIVATIONS,
                     PHASES, RUNTIME_OVERHEADS, WEIGHTS, GRADIENTS, MemoryTerm, _source_cell)
 
@@ -182,16 +182,16 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
             (OPTIMIZER, optimizer, "optimizer", registry.optimizers, callables["optimizer"]),
             (CHECKPOINTING, checkpointing, "activation_checkpointing", registry.checkpointing,
              callables["checkpointing"])):
-        function = getattr(table[name], field)
+        function = declared(table[name], field)
         if function is None:
-            usable = sorted(n for n, s in table.items() if getattr(s, field) is not None)
+            usable = sorted(n for n, s in table.items() if declared(s, field) is not None)
             raise NotModelledError(parameter, name, f"one with a {field} callable under profile {profile!r}: "
                                    f"{', '.join(usable)}", f"{registry.providers[(kind, name)].describe()} gives "
                                    f"no {field}; profile='reference' accepts it")
         chosen.append((registry.providers[(kind, name)], function, f"{kind} '{name}' {field}"))
     rule_specs = [(axis, registry.sharding_rules[rules[axis]]) for axis in AXES]
     rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _takes_split(s.apply),
-                        getattr(s, callables["sharding"]) if callables["sharding"] else None,
+                        declared(s, callables["sharding"]) if callables["sharding"] else None,
                         f"sharding rule '{s.name}' apply")
                        for axis, s in rule_specs)
     wanted = set(spec.component_plugins) | set(include)
@@ -383,7 +383,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     buffers = list(rule_buffers)
     for _, name, info, _, _, measured_buffers, _ in selection.rules:
         if measured_buffers is not None:
-            buffers += _terms(info, f"sharding rule '{name}' measured_buffer_terms", "measured_buffer_terms",
+            buffers += _terms(info, f"sharding rule '{name}' {selection.profile.callables['sharding']}", "buffer_terms",
                               COMMUNICATION_BUFFERS, measured_buffers, plan, placement, plan.options.get(name))
     model_states = {WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
                     OPTIMIZER_STATE: _on_accelerator(optimizer_state)}
@@ -405,7 +405,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size}
     if plan.cp_size != 1:
         parallelism["cp"] = plan.cp_size
-    regime = getattr(plan.profile_options, "regime", None)
+    details = selection.profile.details
     return TrainingMemoryResult(
         feasible=total * 1e-9 <= capacity * 1e-9, total_memory=total, available_memory=capacity,
         memory_utilization=(total * 1e-9) / (capacity * 1e-9),      # in GB, exactly as the reference
@@ -416,7 +416,10 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         hardware=plan.hardware.name, microbatch=plan.microbatch, layers_per_stage=placement.layers_per_stage,
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,
-        regime=getattr(regime, "name", regime))
+        details=_EMPTY if details is None else FrozenMap(details(plan)))
+
+
+_EMPTY = FrozenMap()
 
 
 def _on_accelerator(terms) -> int | float:

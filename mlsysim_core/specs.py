@@ -36,6 +36,9 @@ _name_field = attrs.field(validator=_spec_name)
 _description = attrs.field(default="", validator=attrs.validators.instance_of(str))
 _options = attrs.field(default=None, validator=_options_type)
 _optional_callable = attrs.field(default=None, validator=_callable)
+# What profiles read from a spec beyond the core's fields, under dotted keys each profile documents
+# (the measured profile's: "measured.state_terms", ...); the core never reads one. Plugin API 3.0.
+_extensions = attrs.field(factory=dict, converter=lambda value: FrozenMap(value or {}))
 
 # What a checkpointing strategy recomputes, as it declares it (CheckpointingSpec.recomputes).
 RECOMPUTES = ("nothing", "layers", "part")
@@ -54,10 +57,7 @@ class OptimizerSpec:
     description: str = _description
     state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_state_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
-    """The same, for measured-grade profiles (``None``: they refuse this optimizer). Plugin API 1.2."""
-    measured_notes: Callable[..., tuple[str, ...]] | None = _optional_callable
-    """``measured_notes(plan)``: what a measured-grade result with it says (unvalidated, ...). API 2.1."""
+    extensions: Mapping[str, object] = _extensions
     step: object | None = None
     """Its state and step, declared for a profile's techniques (measured: ``OptimizerStep``). API 2.3."""
 
@@ -72,8 +72,7 @@ class CheckpointingSpec:
     activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     requires_heads: bool = False
     options_type: type | None = _options
-    measured_activation_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
-    """The same, for measured-grade profiles, with phases. Plugin API 1.2."""
+    extensions: Mapping[str, object] = _extensions
     searched: bool = True
     """Enumerated by ``search`` when no strategies are named (False: only when named). API 2.1."""
     recompute: Callable[..., float] | None = _optional_callable
@@ -200,9 +199,7 @@ class ShardingRuleSpec:
     description: str = _description
     apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
     options_type: type | None = _options
-    measured_buffer_terms: Callable[..., Iterable[MemoryTerm]] | None = _optional_callable
-    """``(plan, placement, options) -> terms``: the rule's own buffers under a measured-grade
-    profile, replacing the effect's ``buffer_terms`` there. Plugin API 2.0."""
+    extensions: Mapping[str, object] = _extensions
     collectives: tuple[Collective, ...] | None = attrs.field(default=None,
                                                              converter=attrs.converters.optional(tuple))
     """What the rule communicates, declared for a step-time model (``Collective``s; None: nothing
@@ -216,14 +213,20 @@ _CALLABLE_FIELDS = {"optimizer": OptimizerSpec, "checkpointing": CheckpointingSp
 
 def _spec_callables(value) -> FrozenMap:
     out = {**SPEC_CALLABLES, **dict(value)}
-    for kind, field in out.items():
+    for kind, key in out.items():
         spec = _CALLABLE_FIELDS.get(kind)
-        if spec is None or (field is not None and field not in attrs.fields_dict(spec)):
-            raise ValueError(f"ProfileSpec.callables: {kind!r}: {field!r} is not a field of the spec it names "
-                             f"(kinds: {', '.join(SPEC_CALLABLES)})")
+        if spec is None or (key is not None and "." not in key and key not in attrs.fields_dict(spec)):
+            raise ValueError(f"ProfileSpec.callables: {kind!r}: {key!r} is neither a field of the spec it names nor "
+                             f"a dotted key of its extensions (kinds: {', '.join(SPEC_CALLABLES)})")
     if out["optimizer"] is None or out["checkpointing"] is None:
         raise ValueError("ProfileSpec.callables: the optimizer's and strategy's terms are always called")
     return FrozenMap(out)
+
+
+def declared(spec, key: str):
+    """What ``ProfileSpec.callables`` names on a spec: a field, or (a dotted key) an item of its
+    ``extensions``; None when the spec declares none."""
+    return spec.extensions.get(key) if "." in key else getattr(spec, key)
 
 
 @attrs.frozen(kw_only=True)
@@ -235,10 +238,6 @@ class ProfileSpec:
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
     combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))
-    grade: str | None = attrs.field(default=None, validator=attrs.validators.in_((None, "reference", "measured")))
-    """Deprecated (plugin API 2.4): declare ``callables`` and the fields below instead.
-    ``grade="measured"`` still declares what the measured profile declares (except
-    ``sequence_limit``), with a ``DeprecationWarning``. Plugin API 1.2."""
     options_type: type | None = _options
     """The profile's own options (``plan.profile_options``): keywords of ``solve``. Plugin API 2.0."""
     registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -253,10 +252,11 @@ class ProfileSpec:
     sequence_parallel: bool = True
     """What ``sequence_parallel`` not given (None) means under this profile. Plugin API 2.1."""
     callables: Mapping[str, str | None] = attrs.field(factory=dict, converter=_spec_callables)
-    """Which callable of each selected spec it calls, by field name: ``{"optimizer": "state_terms",
+    """Which callable of each selected spec it calls: a field name, or a dotted key of the spec's
+    ``extensions`` (the measured profile's ``"measured.state_terms"``): ``{"optimizer": "state_terms",
     "checkpointing": "activation_terms", "sharding": None}`` by default (None: the rules' effect's
-    ``buffer_terms``; a name, e.g. ``"measured_buffer_terms"``, replaces them). A selected spec
-    whose named callable is ``None`` is refused (``NotModelledError``). Plugin API 2.4."""
+    ``buffer_terms``; a key, e.g. ``"measured.buffer_terms"``, replaces them where a rule declares it).
+    A selected spec that declares none is refused (``NotModelledError``). Plugin API 2.4 (keys: 3.0)."""
     checks_layouts: bool = False
     """Its ``prepare`` and callables refuse runs they cannot describe (``NotModelledError``) and may
     refuse one micro-batch but not another: ``search`` asks every micro-batch of a layout and stops
@@ -279,27 +279,9 @@ class ProfileSpec:
     collected (the measured profile's options type from the registered techniques), once per
     registry; the registry keeps what it returns. Plugin API 2.5."""
 
-    def __attrs_post_init__(self):
-        if self.grade is None:
-            return
-        import warnings
-        warnings.warn(f"ProfileSpec {self.name!r}: grade= is deprecated (plugin API 2.4); declare callables=, "
-                      "checks_layouts=, exact_batch=, sequence_limit= and solve_cost= (docs/migrating.md)",
-                      DeprecationWarning, stacklevel=3)
-        if self.grade == "measured":
-            if self.options_type is None:    # the measured callables read them
-                raise TypeError(f"ProfileSpec {self.name!r}: a measured-grade profile declares its options_type (the "
-                                "measured profile's are mlsysim_plugins.measured.options.MeasuredOptions, with its "
-                                "prepare): the specs' measured-grade callables read plan.profile_options")
-            declared = {"callables": _spec_callables(MEASURED_CALLABLES), "checks_layouts": True,
-                        "exact_batch": True, "solve_cost": 16.0}
-            for field, value in declared.items():
-                object.__setattr__(self, field, value)
-
-
-# What ``grade="measured"`` (deprecated) declares: the specs' measured_* callables.
-MEASURED_CALLABLES = {"optimizer": "measured_state_terms", "checkpointing": "measured_activation_terms",
-                      "sharding": "measured_buffer_terms"}
+    details: Callable | None = _optional_callable
+    """``details(plan) -> {str: str}``: what a result says about the run beyond the core's fields
+    (``TrainingMemoryResult.details``; the measured profile's ``{"regime": ...}``). Plugin API 3.0."""
 
 
 @attrs.frozen(kw_only=True)

@@ -44,7 +44,7 @@ from .manager import PluginManager
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
 from .scenario import Scenario
 from .solver import TrainingMemoryModel
-from .specs import SPEC_CALLABLES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
+from .specs import SPEC_CALLABLES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, declared
 from .terms import MemoryTerm
 
 DENSE = "llama3-8b"
@@ -158,7 +158,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     layouts = {**DEFAULT_LAYOUTS, **(layouts or {})}
     options = dict(options or {})
     cases: list[tuple[str, dict]] = []
-    # the profiles that call callables of their own (ProfileSpec.callables, e.g. the measured one's measured_*)
+    # the profiles that call callables of their own (ProfileSpec.callables, e.g. the measured one's measured.*)
     measured = sorted(p.name for p in registry.profiles.values() if p.callables != SPEC_CALLABLES)
     for kind, names in provides.items():
         for name in sorted(names):
@@ -166,7 +166,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
             # Rules work under every profile; an optimizer or strategy under such a profile if it has its callable.
             graded = measured if kind == SHARDING else [
                 p for p in measured if kind in _CALLABLE_KIND
-                and getattr(tables[kind][name], registry.profiles[p].callables[_CALLABLE_KIND[kind]]) is not None]
+                and declared(tables[kind][name], registry.profiles[p].callables[_CALLABLE_KIND[kind]]) is not None]
             if key not in layouts:
                 failures.append(f"{kind} {name!r}: no layout to solve it in; give layouts={{{key!r}: [...]}}")
             for layout in (_fill(x, name) for x in layouts.get(key, ())):   # default profile, then measured ones
@@ -259,7 +259,7 @@ def _declared_checkpointing(plugin, names, registry, solver, measured) -> list[s
         if spec.recomputes != "layers":
             continue
         for profile in measured:
-            if getattr(spec, registry.profiles[profile].callables["checkpointing"]) is None:
+            if declared(spec, registry.profiles[profile].callables["checkpointing"]) is None:
                 continue
             options = registry.profiles[profile].options_type
             if options is None or "checkpointed_layers" not in attrs.fields_dict(options):

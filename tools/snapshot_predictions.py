@@ -88,7 +88,7 @@ def record(result) -> dict:
                layers_per_stage=result.layers_per_stage, sequence_parallel=result.sequence_parallel,
                parallelism=dict(sorted(result.parallelism.items())), precision=result.precision,
                optimizer=result.optimizer, activation_checkpointing=result.activation_checkpointing,
-               regime=result.regime, profile=result.profile, heaviest_rank=result.heaviest_rank,
+               regime=result.details.get("regime"), profile=result.profile, heaviest_rank=result.heaviest_rank,
                terms=[_term(t) for t in result.terms], sums=_sums(result.terms),
                notes=list(result.notes), selected=dict(sorted(result.selected.items())))
     out["ranks"] = [dict({f: num(getattr(r, f)) for f in RANK_SCALARS}, name=r.name, stages=list(r.stages),

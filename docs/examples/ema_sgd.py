@@ -27,4 +27,4 @@ def measured_state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="myorg.ema-sgd", description="SGD with momentum and an fp32 EMA of the weights",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms)]
+                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms})]

@@ -30,4 +30,4 @@ def mlsysim_checkpointing_strategies():
                               description="checkpoint every other layer",
                               recomputes="part",     # some of the layers (layer 0 kept whole)
                               activation_terms=activation_terms,
-                              measured_activation_terms=measured_activation_terms)]
+                              extensions={"measured.activation_terms": measured_activation_terms})]

@@ -39,5 +39,5 @@ def measured_buffer_terms(plan, placement, options):
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name="myorg.zero3-prefetch", axis="dp", apply=apply,
-                             measured_buffer_terms=measured_buffer_terms,
+                             extensions={"measured.buffer_terms": measured_buffer_terms},
                              description="ZeRO-3, the next layer prefetched while one runs")]

@@ -33,4 +33,4 @@ def measured_state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adafactor", description="Adafactor: factored second moment, ~4 B/param",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms)]
+                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms})]

@@ -48,4 +48,5 @@ def measured_state_terms(plan, placement, options, *, name="adam"):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adam", description="Adam: fp32 master + m + v, 12 B/param",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms, step=STEP)]
+                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms},
+                          step=STEP)]

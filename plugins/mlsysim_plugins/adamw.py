@@ -11,5 +11,6 @@ from . import adam
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adamw", description="AdamW: fp32 master + m + v, 12 B/param",
                           state_terms=functools.partial(adam.state_terms, name="adamw"),
-                          measured_state_terms=functools.partial(adam.measured_state_terms, name="adamw"),
+                          extensions={"measured.state_terms": functools.partial(adam.measured_state_terms,
+                                                                                name="adamw")},
                           step=adam.STEP)]

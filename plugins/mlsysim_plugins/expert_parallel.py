@@ -43,6 +43,6 @@ COLLECTIVES = (Collective(kind="all-to-all", volume="routed", group="ep", per="l
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, measured_buffer_terms=all_to_all,
+    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, extensions={"measured.buffer_terms": all_to_all},
                              collectives=COLLECTIVES,
                              description="parameters / ep (mixture-of-experts models only)")]

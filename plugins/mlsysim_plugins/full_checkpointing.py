@@ -34,5 +34,5 @@ def recompute(plan):
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="full", description="recompute every layer; 2*s*b*h B/layer",
                               activation_terms=activation_terms,
-                              measured_activation_terms=measured_activation_terms,
+                              extensions={"measured.activation_terms": measured_activation_terms},
                               recompute=recompute, recomputes="layers")]

@@ -32,4 +32,5 @@ def measured_state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="lion", description="Lion: master + one momentum, 8 B/param",
-                          state_terms=state_terms, measured_state_terms=measured_state_terms, step=STEP)]
+                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms},
+                          step=STEP)]

@@ -140,7 +140,7 @@ def bnb_state_terms(plan, placement, options, *, name):
 
 
 def notes(plan, *, name=None) -> tuple[str, ...]:
-    """What a measured result with one of these optimizers says (``OptimizerSpec.measured_notes``):
+    """What a measured result with one of these optimizers says (its ``measured.notes`` extension):
     ``name`` is bound by the spec (the optimizer it describes, whatever it is selected as)."""
     name = plan.optimizer if name is None else name
     if name in TORCHAO:
@@ -190,20 +190,21 @@ def mlsysim_optimizers():
             description=f"{label}: block-wise {'fp8' if 'fp8' in name else label[-4:]} moments (block {block}), "
                         f"tensors < 4096 or not a block multiple in full precision; compiled step",
             state_terms=_flat(name, bpp, how),
-            measured_state_terms=functools.partial(torchao_state_terms, name=name),
-            measured_notes=functools.partial(notes, name=name), step=TORCHAO_STEP))
+            extensions={"measured.state_terms": functools.partial(torchao_state_terms, name=name),
+                        "measured.notes": functools.partial(notes, name=name)}, step=TORCHAO_STEP))
     specs.append(OptimizerSpec(
         name="adamw-8bit-bnb",
         description="bitsandbytes AdamW8bit: 8-bit moments, 256-block fp32 absmax, fp32 under 4096 elements",
         state_terms=_flat("adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        measured_state_terms=functools.partial(bnb_state_terms, name="adamw-8bit-bnb"), step=BNB_STEP))
+        extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="adamw-8bit-bnb")},
+        step=BNB_STEP))
     specs.append(OptimizerSpec(
         name="paged-adamw-8bit-bnb",
         description="bitsandbytes PagedAdamW8bit (unvalidated: CUDA unified memory): states as adamw-8bit-bnb, "
                     "counted resident on the device at the step",
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        measured_state_terms=functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"),
-        measured_notes=functools.partial(notes, name="paged-adamw-8bit-bnb"), step=BNB_STEP))
+        extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"),
+                    "measured.notes": functools.partial(notes, name="paged-adamw-8bit-bnb")}, step=BNB_STEP))
     return specs
 
 

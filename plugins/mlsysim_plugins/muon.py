@@ -155,7 +155,7 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="muon", description=DESCRIPTION, state_terms=state_terms,
-                          measured_state_terms=measured_state_terms,
+                          extensions={"measured.state_terms": measured_state_terms},
                           step=OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: (
                               "torch.optim.Muon with its AdamW part: the Newton-Schulz step per matrix inside the "
                               "backward is not measured")}))]

@@ -32,5 +32,5 @@ def recompute(plan):
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="none", description="store everything; 34*s*b*h + 5*a*s^2*b B/layer",
                               activation_terms=activation_terms, requires_heads=True,
-                              measured_activation_terms=measured_activation_terms,
+                              extensions={"measured.activation_terms": measured_activation_terms},
                               recompute=recompute, recomputes="nothing")]

@@ -10,4 +10,4 @@ def state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="none", description="no optimizer state, 0 B/param",
-                          state_terms=state_terms, measured_state_terms=state_terms)]
+                          state_terms=state_terms, extensions={"measured.state_terms": state_terms})]

@@ -32,5 +32,5 @@ def recompute(plan):
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="selective", description="recompute attention core; 34*s*b*h B/layer",
                               activation_terms=activation_terms,
-                              measured_activation_terms=measured_activation_terms,
+                              extensions={"measured.activation_terms": measured_activation_terms},
                               recompute=recompute, recomputes="part")]

@@ -166,7 +166,7 @@ def test_blocking_one_claimant_leaves_the_other():
 def test_a_regime_sets_the_bytes_of_each_kind_of_tensor():
     result = measured("bf16_fp32_state").solve("llama3-8b", GPU, 1, 1024, regime="myorg.bf16-fp32-state",
                                                optimizer_impl="fused")
-    assert result.regime == "myorg.bf16-fp32-state"
+    assert result.details["regime"] == "myorg.bf16-fp32-state"
     assert term(result, "parameters (myorg.bf16-fp32-state, 2 B)").nbytes == P8B * 2 == 16_060_522_496
     assert term(result, "adam state (2 x 32-bit)").nbytes == P8B * 2 * 4 == 64_242_089_984
     assert term(result, "adam step counters").nbytes == 291 * 4
@@ -242,7 +242,7 @@ def test_a_rules_measured_buffers_replace_its_reference_grade_ones():
 def test_an_optimizers_measured_state():
     solver = measured("ema_sgd")
     amp = solver.solve("llama3-8b", GPU, 1, 1024, optimizer="myorg.ema-sgd")
-    assert amp.regime == "amp-fp16" and amp.optimizer_state == P8B * (4 + 4) == 64_242_089_984
+    assert amp.details["regime"] == "amp-fp16" and amp.optimizer_state == P8B * (4 + 4) == 64_242_089_984
     mixed = solver.solve("llama3-8b", GPU, 1, 1024, optimizer="myorg.ema-sgd", regime="mixed-bf16")
     assert term(mixed, "fp32 master weights").nbytes == P8B * 4
     assert mixed.optimizer_state == P8B * 12 == 96_363_134_976 and shown(mixed.optimizer_state)

@@ -43,7 +43,7 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (2, 5)
+    assert mlsysim_core.PLUGIN_API_VERSION == (3, 0)
 
 
 def test_hook_mlsysim_step_time_models(builtin_pm):

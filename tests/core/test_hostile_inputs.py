@@ -153,7 +153,7 @@ def test_names_ignore_case_and_separators(measured, kwargs, canonical):
 
 def test_the_canonical_name_is_what_the_result_says(measured):
     r = solve(measured, optimizer="AdamW", regime="Mixed_BF16", profile="Measured")
-    assert (r.optimizer, r.regime, r.profile) == ("adamw", "mixed-bf16", "measured")
+    assert (r.optimizer, r.details["regime"], r.profile) == ("adamw", "mixed-bf16", "measured")
     assert TrainingMemoryModel().solve("llama3-8b", "h100", 8, profile="REFERENCE").profile == "reference"
 
 

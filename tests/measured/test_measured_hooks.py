@@ -34,7 +34,7 @@ def test_a_registered_regime_is_selected_by_name_and_priced_by_its_bytes():
     solver = _solver(("myorg_regimes", FP8Master()))
     mine = solver.solve(MODEL, GPU, 8, 2048, regime="myorg.bf16-copy")
     bf16 = solver.solve(MODEL, GPU, 8, 2048, regime="bf16")
-    assert mine.total_memory == bf16.total_memory and mine.regime == "myorg.bf16-copy"
+    assert mine.total_memory == bf16.total_memory and mine.details["regime"] == "myorg.bf16-copy"
 
 
 def test_two_plugins_registering_one_regime_name_is_an_error_naming_both():
@@ -105,7 +105,7 @@ class Variant:
     @hookimpl
     def mlsysim_sharding_rules(self):
         return [ShardingRuleSpec(name="myorg.zero3-prefetch", axis="dp", apply=self.apply,
-                                 measured_buffer_terms=self.measured)]
+                                 extensions={"measured.buffer_terms": self.measured})]
 
 
 def test_a_third_party_zero_variant_owns_its_measured_buffers():

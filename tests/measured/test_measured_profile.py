@@ -75,8 +75,8 @@ def test_regimes_choose_the_dtypes(solver):
     mixed = solve(solver, regime="mixed-bf16")
     assert term(mixed, "fp32 master weights").nbytes == 4 * P and term(mixed, "parameters").nbytes == 2 * P
     # precision alone picks autocast for 16-bit training
-    assert solver.solve(LLAMA_TINY, BIG, 8, 256, "bf16").regime == "amp-bf16"
-    assert solver.solve(LLAMA_TINY, BIG, 8, 256, "fp32").regime == "fp32"
+    assert solver.solve(LLAMA_TINY, BIG, 8, 256, "bf16").details["regime"] == "amp-bf16"
+    assert solver.solve(LLAMA_TINY, BIG, 8, 256, "fp32").details["regime"] == "fp32"
 
 
 def test_loss_terms_are_the_cross_entropy_mechanism(solver):
@@ -201,12 +201,12 @@ def test_an_optimizer_without_a_measured_model_is_refused_by_name(builtin_pm):
     pm.register(Old(), name="test_old")
     model = TrainingMemoryModel(plugin_manager=pm)
     assert model.solve(LLAMA_TINY, BIG, 8, 256, optimizer="test.old").optimizer_state == 1   # reference grade
-    with pytest.raises(InvalidInputError, match=r"optimizer='test.old' is not allowed: one with a measured_state_terms "
+    with pytest.raises(InvalidInputError, match=r"optimizer='test.old' is not allowed: one with a measured.state_terms "
                                                 r"callable under profile 'measured': adafactor, adam, adam-8bit"):
         model.solve(LLAMA_TINY, BIG, 8, 256, optimizer="test.old", profile="measured")
 
 
 def test_reference_numbers_do_not_move():
     r = TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8)
-    assert r.profile == "reference" and r.runtime_overheads == 0 and r.regime is None
+    assert r.profile == "reference" and r.runtime_overheads == 0 and r.details == {}
     assert r.total_memory == pytest.approx(202.297e9, rel=1e-5)

@@ -51,24 +51,24 @@ class AcmeStrategies:
         return [
             CheckpointingSpec(name="acme.recompute-layers", description="whole-layer recompute",
                               activation_terms=_reference(2), recomputes="layers",
-                              measured_activation_terms=checkpointing.whole_layer_terms),
+                              extensions={"measured.activation_terms": checkpointing.whole_layer_terms}),
             CheckpointingSpec(name="acme.keep-all", description="no recompute", requires_heads=True,
                               activation_terms=_reference(34), recomputes="nothing",
-                              measured_activation_terms=_keep_everything),
+                              extensions={"measured.activation_terms": _keep_everything}),
             # A per-op policy on the library's per-op accounting (the default save list: mm, sdpa).
             CheckpointingSpec(name="acme.save-mm", description="per-op: saves mm and sdpa outputs",
                               activation_terms=_reference(22), recomputes="part",
                               recomputes_first_layer=_first_layer,
-                              measured_activation_terms=checkpointing_policies.per_op_terms),
+                              extensions={"measured.activation_terms": checkpointing_policies.per_op_terms}),
             CheckpointingSpec(name="acme.torchtitan", description="torchtitan's op SAC",
                               activation_terms=_reference(20), recomputes="part",
                               recomputes_first_layer=_first_layer,
-                              measured_activation_terms=functools.partial(checkpointing_policies.per_op_terms,
-                                                                          policy="op-sac")),
+                              extensions={"measured.activation_terms": functools.partial(
+                                  checkpointing_policies.per_op_terms, policy="op-sac")}),
             # The same whole-layer accounting, undeclared (the default "part"): the host cannot know.
             CheckpointingSpec(name="acme.undeclared", description="whole-layer recompute, not declared",
                               activation_terms=_reference(2),
-                              measured_activation_terms=checkpointing.whole_layer_terms),
+                              extensions={"measured.activation_terms": checkpointing.whole_layer_terms}),
         ]
 
 
@@ -207,8 +207,8 @@ class _IgnoresBlocks:
     def mlsysim_checkpointing_strategies(self):
         return [CheckpointingSpec(name="acme.layers-ignoring-blocks", recomputes="layers",
                                   activation_terms=_reference(2),
-                                  measured_activation_terms=lambda plan, placement, options:
-                                  model.layer_terms(plan, placement, kept_layers=0))]
+                                  extensions={"measured.activation_terms": lambda plan, placement, options:
+                                              model.layer_terms(plan, placement, kept_layers=0)})]
 
 
 def test_the_conformance_kit_checks_a_whole_layer_declaration():

@@ -37,7 +37,7 @@ UNDECLARED_SDPA = AttentionKernel(name="acme.undeclared", description="sdpa's fo
 MY_ADAMW = OptimizerSpec(
     name="acme.adamw", description="AdamW, as acme declares it",
     state_terms=functools.partial(adam.state_terms, name="adamw"),
-    measured_state_terms=functools.partial(adam.measured_state_terms, name="adamw"),
+    extensions={"measured.state_terms": functools.partial(adam.measured_state_terms, name="adamw")},
     step=OptimizerStep(moments=2, step_counters=True, foreach=1, loop_current=2, loop_previous=1,
                        measured_with=(OPTIMIZER_IN_BACKWARD, TORCHAO_OFFLOAD)))
 UNDECLARED_ADAMW = attrs.evolve(MY_ADAMW, name="acme.adamw-undeclared", step=None)

@@ -159,7 +159,7 @@ def _all_to_all(plan, placement, options):      # the experts' dispatch and comb
 
 
 _SCRATCH_WORLD = _world(_Rules(*(ShardingRuleSpec(name=f"acme.{axis}", axis=axis, apply=apply,
-                                                  measured_buffer_terms=_all_to_all if axis == "ep" else None)
+                                                  extensions={"measured.buffer_terms": _all_to_all if axis == "ep" else None})
                                  for axis, apply in SCRATCH.items())))
 
 LAYOUTS = [

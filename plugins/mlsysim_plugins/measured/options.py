@@ -310,7 +310,7 @@ def prepare(plan, registry):
                                                            optimizer_spec=registry.optimizers[plan.optimizer]))
     plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
     plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
-    said = registry.optimizers[plan.optimizer].measured_notes     # e.g. an unvalidated optimizer says so
+    said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
     if said is not None:
         plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
     plan = _parallel.layout_options(plan, schedules)

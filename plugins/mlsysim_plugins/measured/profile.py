@@ -4,8 +4,9 @@ PyTorch measures (``validation/``, ``docs/validation.md``).
 This plugin gives the terms that belong to no optimizer or checkpointing strategy:
 weights and gradients in the regime's dtypes, the activations outside the decoder layers
 (embedding, final norm, logits and cross-entropy, AMP's weight copies, the end of the
-backward) and the runtime overheads. The selected optimizer's ``measured_state_terms``
-and strategy's ``measured_activation_terms`` do the rest; the total is the peak phase.
+backward) and the runtime overheads. What the selected optimizer, strategy and rules declare
+under the measured profile's keys of their ``extensions`` (``CALLABLES``: ``measured.state_terms``,
+``measured.activation_terms``, ``measured.buffer_terms``) does the rest; the total is the peak phase.
 """
 
 from mlsysim_core import ProfileSpec, hookimpl
@@ -41,15 +42,24 @@ def mlsysim_profiles():
                         # PyTorch's and Hugging Face's TP plans keep the norms' activations replicated
                         # (validation/parallel/tp_phases: the forward and backward exact without SP).
                         sequence_parallel=False,
-                        # what it declares (plugin API 2.4): the specs' measured_* callables; its prepare
+                        # what it declares (plugin API 2.4): the specs' measured.* extensions; its prepare
                         # refuses runs it cannot describe, per micro-batch; whole micro-batches only; a
                         # learned position table caps the sequence; a solve costs ~16 reference ones
                         callables=CALLABLES, checks_layouts=True, exact_batch=True,
-                        sequence_limit=_sequence_limit, solve_cost=16.0, techniques=_fit_techniques)]
+                        sequence_limit=_sequence_limit, solve_cost=16.0, techniques=_fit_techniques,
+                        details=_details)]
 
 
-CALLABLES = {"optimizer": "measured_state_terms", "checkpointing": "measured_activation_terms",
-             "sharding": "measured_buffer_terms"}
+# The keys of a spec's extensions the measured profile calls (plugin API 3.0; docs/hooks.md): an
+# optimizer's state terms, a strategy's activation terms, a rule's buffers (replacing its effect's).
+CALLABLES = {"optimizer": "measured.state_terms", "checkpointing": "measured.activation_terms",
+             "sharding": "measured.buffer_terms"}
+NOTES = "measured.notes"     # an optimizer's notes(plan): what a result with it says (unvalidated, ...)
+
+
+def _details(plan):
+    """What a measured result says beyond the core's fields: the regime it ran in."""
+    return {"regime": plan.profile_options.regime.name}
 
 
 def _fit_techniques(*args, **kwargs):

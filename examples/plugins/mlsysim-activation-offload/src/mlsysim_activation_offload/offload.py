@@ -179,6 +179,6 @@ def measured_activation_terms(plan, placement, options):
 @hookimpl
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name=NAME, activation_terms=activation_terms, options_type=OffloadOptions,
-                              measured_activation_terms=measured_activation_terms,
+                              extensions={"measured.activation_terms": measured_activation_terms},
                               description="selective recompute; all but layers_on_device layers "
                                           "offloaded to host memory")]

@@ -227,4 +227,4 @@ def state_terms(plan, placement, options):
 def mlsysim_optimizers():
     return [OptimizerSpec(name=NAME, state_terms=state_terms,
                           description="Adam-mini: fp32 master + m per param, one fp32 v per block",
-                          measured_state_terms=measured_state_terms)]
+                          extensions={"measured.state_terms": measured_state_terms})]

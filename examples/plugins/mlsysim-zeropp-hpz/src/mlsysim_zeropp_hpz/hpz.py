@@ -127,5 +127,5 @@ def measured_buffer_terms(plan, placement, options):
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=NAME, axis="dp", apply=apply, options_type=HpzOptions,
-                             measured_buffer_terms=measured_buffer_terms,
+                             extensions={"measured.buffer_terms": measured_buffer_terms},
                              description="ZeRO++ hpZ: ZeRO-3 + 16-bit weights / secondary group (one node)")]
