@@ -2,7 +2,9 @@
 
 The reference model sizes every communication bucket as
 ``communication_buffer_fraction`` (default 5 %) of the gradient bytes after ZeRO-2
-sharding. Pipeline send/receive buffers belong to the pipeline rule.
+sharding. Pipeline send/receive buffers belong to the pipeline rule. A selected rule whose
+options declare ``replaces_communication_buffer_fraction`` (DeepSpeed's buckets given to a
+ZeRO rule: ``deepspeed_buckets``) prices its own buckets instead, and this one is left out.
 """
 
 from mlsysim_core import BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, MemoryTerm, hookimpl
@@ -18,4 +20,7 @@ def bucket_term(c, gradients):
 
 @hookimpl
 def mlsysim_communication_buffer_terms(plan, placement, model_states):
+    for options in plan.options.values():
+        if getattr(options, "replaces_communication_buffer_fraction", False):
+            return []
     return [bucket_term(plan.communication_buffer_fraction, model_states["gradients"])]

@@ -17,15 +17,17 @@ from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSp
 from mlsysim_core.memo import memoize
 
 from ._lazy import lazy_module
+from .deepspeed_buckets import FsdpGatherOptions, fsdp_note, fsdp_prefetch_terms
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 
 
 @attrs.frozen(kw_only=True)
-class HybridOptions:
+class HybridOptions(FsdpGatherOptions):
     """``shard_group_size``: ranks that shard the model states among themselves (FSDP's
     intra-node group); ``None``: the devices of one node (``hardware.devices_per_node``,
-    else 8), capped at the data-parallel size."""
+    else 8), capped at the data-parallel size. And FSDP's all-gather limits
+    (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
 
     shard_group_size: int | None = attrs.field(
         default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int),
@@ -39,8 +41,14 @@ def effect(shards, kind):
     return ShardingEffect(optimizer_state_shards=shards, gradient_shards=shards, weight_shards=shards, notes=notes)
 
 
+def _noted(e, rule, options):
+    """The effect with the all-gather limit's note, when one is given."""
+    note = fsdp_note(rule, options) if options is not None else ()
+    return attrs.evolve(e, notes=e.notes + note) if note else e
+
+
 def full(plan, options):
-    return effect(plan.dp_size * plan.cp_size, "FULL_SHARD")
+    return _noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options)
 
 
 def grad_op(plan, options):
@@ -62,13 +70,18 @@ def shard_group(plan, options) -> int:
 
 
 def hybrid(plan, options):
-    return effect(shard_group(plan, options), "HYBRID_SHARD")
+    return _noted(effect(shard_group(plan, options), "HYBRID_SHARD"), "hsdp", options)
 
 
 def full_shard_buffers(plan, placement, options):
     """Measured grade: the root group stays gathered; each layer is gathered and its
-    gradients reduce-scattered, one at a time."""
-    return buffers.fsdp_root(plan, placement) + buffers.layer_gather(plan, placement)
+    gradients reduce-scattered, one at a time; with an all-gather limit given (``prefetch_layers``,
+    ``limit_all_gathers``), the layers gathered ahead of it too."""
+    terms = buffers.fsdp_root(plan, placement) + buffers.layer_gather(plan, placement)
+    if options is not None and placement.weight_shards > 1:
+        terms = terms + fsdp_prefetch_terms(options, buffers.layer_parameters(plan, placement),
+                                            placement.layers_per_stage, buffers.gathered_bytes(plan))
+    return terms
 
 
 def grad_op_buffers(plan, placement, options):
@@ -97,15 +110,15 @@ HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
 @hookimpl
 def mlsysim_sharding_rules():
     return [
-        ShardingRuleSpec(name="fsdp", axis="dp", apply=full, extensions={"measured.buffer_terms": full_shard_buffers},
+        ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FsdpGatherOptions,
+                         measured_buffer_terms=full_shard_buffers,
                          collectives=FULL_SHARD,
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
-        ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
-                         extensions={"measured.buffer_terms": grad_op_buffers},
+        ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op, measured_buffer_terms=grad_op_buffers,
                          collectives=SHARD_GRAD_OP,
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
-                         extensions={"measured.buffer_terms": full_shard_buffers}, collectives=HYBRID_SHARD,
+                         measured_buffer_terms=full_shard_buffers, collectives=HYBRID_SHARD,
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

@@ -4,10 +4,13 @@ Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
 weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel rule.
 """
 
+import attrs
+
 from mlsysim_core import Collective, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
+from . import deepspeed_buckets as ds_options
 from ._lazy import lazy_module
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
@@ -26,8 +29,22 @@ def effect(stage, d):
 
 def make_apply(stage):
     def apply(plan, options):   # the distributed optimizer shards over dp x cp (Megatron-Core)
-        return effect(stage, plan.dp_size * plan.cp_size)
+        e = effect(stage, plan.dp_size * plan.cp_size)
+        if options is None or not options.replaces_communication_buffer_fraction:
+            return e
+        return _with_buckets(stage, e, plan, options)
     return apply
+
+
+def _with_buckets(stage, e, plan, options):
+    """DeepSpeed's buffers, its options given (``deepspeed_buckets``): the reference profile's
+    terms (the measured profile's zero3 prices its own, ``zero3_buffers``) and the note."""
+    from . import deepspeed_buckets as ds
+    b, params = plan.bytes_per_value, plan.model.parameters / (plan.tp_size * plan.pp_size)   # the rank's, unsharded
+    terms = (ds.zero12_terms(options, b, params * plan.trainable_fraction) if stage < 3
+             else ds.zero3_reference_terms(options, b, params))
+    return attrs.evolve(e, buffer_terms=e.buffer_terms + tuple(terms),
+                        notes=e.notes + (ds.given_note(f"zero{stage}", options),))
 
 
 def ddp_buffers(plan, placement, options):
@@ -37,11 +54,16 @@ def ddp_buffers(plan, placement, options):
 
 
 def zero3_buffers(plan, placement, options):
-    """Measured grade, ZeRO-3: one layer gathered at a time, its gradients reduce-scattered."""
-    return buffers.layer_gather(plan, placement)
+    """Measured grade, ZeRO-3: one layer gathered at a time, its gradients reduce-scattered;
+    with DeepSpeed's options given, its ipg bucket, prefetch, reuse and persistent parameters."""
+    terms = buffers.layer_gather(plan, placement)
+    if options is not None and options.replaces_communication_buffer_fraction and placement.weight_shards > 1:
+        terms = terms + buffers.deepspeed_zero3(plan, placement, options)
+    return terms
 
 
 MEASURED_BUFFERS = {0: ddp_buffers, 3: zero3_buffers}
+OPTIONS = {1: ds_options.ZeroBucketOptions, 2: ds_options.ZeroBucketOptions, 3: ds_options.Zero3BucketOptions}
 
 
 def _dp(kind, per, overlaps, first_layer_exposed=False):
@@ -66,7 +88,7 @@ COLLECTIVES = {
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
-                             description=f"ZeRO-{stage}: {WHAT[stage]}",
-                             extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage)},
+                             description=f"ZeRO-{stage}: {WHAT[stage]}", options_type=OPTIONS.get(stage),
+                             measured_buffer_terms=MEASURED_BUFFERS.get(stage),
                              collectives=COLLECTIVES[stage])
             for stage in range(4)]

@@ -137,3 +137,16 @@ def offload_staging(plan, placement) -> list[MemoryTerm]:
             nbytes=layer * (regime.gradient or 4), phases=(BACKWARD, BACKWARD_END),
             formula=f"{_fmt(layer)} params x {regime.gradient or 4} B copied to the host as they are produced"))
     return terms
+
+
+def deepspeed_zero3(plan, placement, options) -> list[MemoryTerm]:
+    """DeepSpeed ZeRO-3's buffers beside the gathered layer, its options given
+    (``mlsysim_plugins.deepspeed_buckets.zero3_terms``): the ipg bucket in the run's precision
+    (DeepSpeed's 16-bit parameter dtype), the prefetched and reused layers and the persistent tensors, gathered."""
+    from mlsysim_plugins import deepspeed_buckets as ds
+    from .shapes import shape_of
+    shape = shape_of(plan)
+    layer = layer_parameters(plan, placement)
+    head = shape.embedding_parameters / placement.tensor_shards + shape.hidden     # final norm and LM head
+    return ds.zero3_terms(options, plan.bytes_per_value, gathered_bytes(plan), layer, placement.layers_per_stage, head,
+                          tuple(shape.parameter_tensors()))
