@@ -89,6 +89,6 @@ COLLECTIVES = {
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
                              description=f"ZeRO-{stage}: {WHAT[stage]}", options_type=OPTIONS.get(stage),
-                             measured_buffer_terms=MEASURED_BUFFERS.get(stage),
+                             extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage)},
                              collectives=COLLECTIVES[stage])
             for stage in range(4)]
