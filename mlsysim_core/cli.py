@@ -1576,9 +1576,12 @@ def _search_from_launch(args, options: dict) -> dict:
             setattr(args, dest, value)
         elif getattr(args, dest) != value:     # (model, hardware, devices: given to from_launch)
             overridden.append((dest, value, given[dest], getattr(args, dest)))
+    import inspect
+    from .search import search_plans
+    taken = inspect.signature(search_plans).parameters
     merged = dict(options)
     for name, value in sc.profile_options.items():
-        if name not in args.option_fields:
+        if name not in args.option_fields or name not in taken:
             notes.append(f"{name}={value!r} from the files is left to the search (it enumerates the layout)")
         elif name in options and options[name] != value:
             overridden.append((name, value, name, options[name]))

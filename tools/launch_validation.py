@@ -1,0 +1,109 @@
+"""The launch readers against the memory the frameworks published for their own configs (issue 26).
+
+    python tools/launch_validation.py            # the markdown table docs/launch.md records
+
+Each row reads a real config (tests/data/launch/...) with the overrides the published run used,
+solves it under the measured profile, and compares like with like: allocated (or active, which
+PyTorch counts from the same blocks) against the prediction without runtime overheads
+(``allocated_memory``: what ``torch.cuda.max_memory_allocated`` counts); reserved against the
+total. A run the profile cannot describe is listed with the field that switches it on.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "launch"
+
+TT = "pytorch/torchtune v0.6.1 README.md"
+TT_PACKED = ["dataset.packed=True", "batch_size=2", "gradient_accumulation_steps=1", "compile=True"]
+LIT = "Lightning-AI/litgpt 26857050 config_hub/finetune/README.md"
+
+# (source and line, what was published, config file, overrides, gpus, hardware, metric, value, unit)
+ROWS = [
+    (f"{TT}:119", "Llama 3.1 8B full, 1x 4090", "torchtune/llama3_1/8B_full_single_device.yaml",
+     [*TT_PACKED, "tokenizer.max_seq_len=2048"], None, "rtx-4090", "peak (unspecified)", 18.9, "GiB"),
+    (f"{TT}:121", "Llama 3.1 8B LoRA, 1x 4090", "torchtune/llama3_1/8B_lora_single_device.yaml",
+     [*TT_PACKED, "tokenizer.max_seq_len=2048"], None, "rtx-4090", "peak (unspecified)", 16.2, "GiB"),
+    (f"{TT}:141", "Llama 3.2 3B baseline (not packed), A100", "torchtune/llama3_2/3B_full_single_device.yaml",
+     ["batch_size=2", "tokenizer.max_seq_len=4096", "loss._component_=torch.nn.CrossEntropyLoss",
+      "enable_activation_checkpointing=False", "optimizer_in_bwd=False", "optimizer._component_=torch.optim.AdamW"],
+     None, "a100", "active", 25.5, "GiB"),
+    (f"{TT}:142", "Llama 3.2 3B + packed dataset, A100", "torchtune/llama3_2/3B_full_single_device.yaml",
+     ["dataset.packed=True", "batch_size=2", "tokenizer.max_seq_len=4096", "loss._component_=torch.nn.CrossEntropyLoss",
+      "enable_activation_checkpointing=False", "optimizer_in_bwd=False", "optimizer._component_=torch.optim.AdamW",
+      "gradient_accumulation_steps=1"], None, "a100", "active", 60.0, "GiB"),
+    (f"{TT}:143", "Llama 3.2 3B + compile, A100", "torchtune/llama3_2/3B_full_single_device.yaml",
+     ["dataset.packed=True", "batch_size=2", "tokenizer.max_seq_len=4096", "loss._component_=torch.nn.CrossEntropyLoss",
+      "enable_activation_checkpointing=False", "optimizer_in_bwd=False", "optimizer._component_=torch.optim.AdamW",
+      "compile=True"], None, "a100", "active", 51.0, "GiB"),
+    (f"{TT}:149", "Llama 3.2 3B LoRA (README's command), A100", "torchtune/llama3_2/3B_lora_single_device.yaml",
+     ["dataset.packed=True", "compile=True", "tokenizer.max_seq_len=4096", "batch_size=2"], None, "a100", "active",
+     8.5, "GiB"),
+    (f"{LIT}:46", "llama-3.2-1b full, 1x A10G", "litgpt/finetune/llama-3.2-1B/full.yaml", [], None, "a10g",
+     "allocated", 8.70, "GB"),
+    (f"{LIT}:51", "llama-3.2-3b full, 1x A10G", "litgpt/finetune/llama-3.2-3B/full.yaml", [], None, "a10g",
+     "allocated", 16.51, "GB"),
+    (f"{LIT}:66", "Phi-3-mini full, 1x A10G", "litgpt/finetune/phi-3/full.yaml", [], None, "a10g", "allocated",
+     17.01, "GB"),
+    (f"{LIT}:47", "llama-3.2-1b LoRA, 1x A10G", "litgpt/finetune/llama-3.2-1B/lora.yaml", [], None, "a10g",
+     "allocated", 4.49, "GB"),
+    (f"{LIT}:52", "llama-3.2-3b QLoRA, 1x A10G", "litgpt/finetune/llama-3.2-3B/qlora.yaml", [], None, "a10g",
+     "allocated", 10.30, "GB"),
+    (f"{LIT}:33", "llama-3-8b full, 4x A10G", "litgpt/finetune/llama-3-8b/full.yaml", [], None, "a10g", "OOM",
+     None, ""),
+    (f"{LIT}:38", "llama-3.1-8b full (README: 1x A10G; the config: devices 4)", "litgpt/finetune/llama-3.1-8b/full.yaml",
+     [], None, "a10g", "OOM", None, ""),
+    (f"{TT}:123", "Llama 3.1 8B QLoRA, 1x 4090", "torchtune/llama3_1/8B_qlora_single_device.yaml",
+     [*TT_PACKED, "tokenizer.max_seq_len=2048"], None, "rtx-4090", "peak (unspecified)", 7.4, "GiB"),
+    (f"{LIT}:27", "llama-2-7b full, 4x A10G", "litgpt/finetune/llama-2-7b/full.yaml", [], None, "a10g", "OOM",
+     None, ""),
+]
+
+
+def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> str:
+    from mlsysim_core.errors import MlsysimError
+    from mlsysim_core.scenario import from_launch
+    import attrs
+    try:
+        launch = from_launch([DATA / file], gpus=gpus, hardware=hardware, overrides=overrides)
+        result = launch.scenario.solve()
+    except MlsysimError as err:
+        field = getattr(err, "parameter", "?")
+        return (f"| {what} | `{file}` {' '.join(overrides) or ''} | {value or 'OOM'} {unit} ({metric}) | refused: "
+                f"`{field}`={getattr(err, 'value', '')!r} | - | {source} |")
+    scale = 2**30 if unit == "GiB" else 1e9
+    if metric == "OOM":
+        fits = "fits" if result.feasible else "does not fit"
+        return (f"| {what} | `{file}` | OOM | {result.total_memory / 2**30:.2f} GiB total: {fits} in "
+                f"{result.hardware} | {'agrees' if not result.feasible else 'disagrees'} | {source} |")
+    unexpressed = "not packed" in " ".join(f.note for r in launch.readings for f in r.fields if f.field == "seq_len")
+    if metric in ("allocated", "active"):
+        predicted = result.allocated_memory / scale
+        label = "allocated"
+    else:
+        predicted = result.total_memory / scale
+        label = "total"
+    del attrs
+    if unexpressed:     # the longest batch is the data's: no like-with-like comparison
+        return (f"| {what} | `{file}` {' '.join(overrides)} | {value} {unit} ({metric}) | {predicted:.2f} {unit} "
+                f"({label}) at the config's maximum length | not comparable: not packed, the peak is the longest "
+                f"batch of the data | {source} |")
+    error = (predicted - value) / value * 100
+    return (f"| {what} | `{file}` {' '.join(overrides)} | {value} {unit} ({metric}) | {predicted:.2f} {unit} "
+            f"({label}) | {error:+.1f} % | {source} |")
+
+
+def main() -> int:
+    print("| run | config and overrides | published | predicted (measured profile) | error | source |")
+    print("|---|---|---|---|---|---|")
+    for spec in ROWS:
+        print(row(*spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
