@@ -79,7 +79,7 @@ from .specs import DATA
 
 # The built-in data-parallel rules: each shards over dp x cp ranks, so with dp x cp = 1 each
 # is zero0 (the search enumerates that layout once, as zero0).
-SHARDING_DP_RULES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
+SHARDING_DP_RULES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "mcore-distopt", "mcore-ddp")
 
 
 class Candidate(NamedTuple):

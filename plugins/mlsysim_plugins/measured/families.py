@@ -433,24 +433,29 @@ def _mixtral_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
 def _gpt2_weights(*, hidden, q_dim, kv_dim, ffn, experts, model=None):
     """Conv1D weights, then their biases: the column-parallel ones' (c_attn, c_fc) split with
     them, the row-parallel ones' (the two c_proj) replicated."""
-    h, f = hidden, ffn
-    return (W("c_attn", 3 * h * h), W("attn.c_proj", h * h), W("c_fc", h * f), W("mlp.c_proj", f * h),
-            W("c_attn.bias", 3 * h, bias=True), W("attn.c_proj.bias", h, split=REPLICATED, bias=True),
+    h, f, qkv = hidden, ffn, q_dim + 2 * kv_dim      # (grouped-query attention: kv_dim = kv_heads x head_dim)
+    return (W("c_attn", h * qkv), W("attn.c_proj", q_dim * h), W("c_fc", h * f), W("mlp.c_proj", f * h),
+            W("c_attn.bias", qkv, bias=True), W("attn.c_proj.bias", h, split=REPLICATED, bias=True),
             W("c_fc.bias", f, bias=True), W("mlp.c_proj.bias", h, split=REPLICATED, bias=True))
 
 
 def _gpt2_parameter_tensors(shape):
-    h, f = shape.hidden, shape.ffn
-    block = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h)   # ln_1, c_attn, c_proj, ln_2, mlp
+    h, f, qkv, q = shape.hidden, shape.ffn, shape.q_dim + 2 * shape.kv_dim, shape.q_dim
+    # ln_1, c_attn, c_proj, ln_2, mlp; c_attn has q + 2 kv columns (grouped-query attention: kv_heads)
+    block = (h, h, h * qkv, qkv, q * h, h, h, h, h * f, f, f * h, h)
     head = (shape.embedding_parameters, shape.learned_positions * h)
-    return head + block * shape.layers + (h, h)
+    # an output layer of its own only where the model says so (Megatron's
+    # --untie-embeddings-and-output-weights); GPT-2 ties it
+    untied = (shape.embedding_parameters,) if shape.model.tied_embeddings is False else ()
+    return head + block * shape.layers + (h, h) + untied
 
 
 def _gpt2_matrix_shapes(shape):
-    h, f, V = shape.hidden, shape.ffn, shape.vocab
-    block = [(h, 0), (h, 0), (h, 3 * h), (3 * h, 0), (h, h), (h, 0), (h, 0), (h, 0), (h, f), (f, 0),
+    h, f, V, qkv, q = shape.hidden, shape.ffn, shape.vocab, shape.q_dim + 2 * shape.kv_dim, shape.q_dim
+    block = [(h, 0), (h, 0), (h, qkv), (qkv, 0), (q, h), (h, 0), (h, 0), (h, 0), (h, f), (f, 0),
              (f, h), (h, 0)]
-    return [(V, h), (shape.learned_positions, h)] + block * shape.layers + [(h, 0), (h, 0)]
+    untied = [(V, h)] if shape.model.tied_embeddings is False else []
+    return [(V, h), (shape.learned_positions, h)] + block * shape.layers + [(h, 0), (h, 0)] + untied
 
 
 def _rms_matrix_shapes(mlp):

@@ -126,17 +126,29 @@ def _sdpa_separate(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, toke
             Part("attention output + logsumexp", c * q + 4 * heads, op="sdpa"))
 
 
+def _expanded_kv(c, q_dim, kv_dim):
+    """A fused c_attn with fewer key/value heads than query heads (a Megatron GPT's
+    ``num_query_groups``) under attention that runs on all query heads (eager, the CPU math
+    kernel): k and v expanded to the query heads' width, two contiguous copies the matmuls keep
+    (as Llama's eager ``repeat_kv``). Derived, not measured: no Hugging Face layer runs it."""
+    return 2 * c * q_dim if kv_dim != q_dim else 0
+
+
 def _sdpa_fused(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):
-    c, h = _c(kind), hidden
+    c = _c(kind)
     if dropout:
         # CPU SDPA with dropout runs the math kernel in fp32: its batched matmuls save contiguous
         # fp32 q, k, v (12h; in bf16/AMP these replace the bf16 qkv). In fp32 with batch 1, v is
         # a view of qkv that needs no copy, so qkv (12h) is saved next to the q, k copies (8h).
-        return (Part("q/k/v (fp32, math kernel)", 20 * h if kind == "fp32" and tokens == seq_len else 12 * h),
+        # (Fewer kv heads: k, v expanded to the query heads, q_dim wide; GPT-2: q_dim = h.)
+        q = q_dim
+        qkv = 4 * (q + 2 * kv_dim) + 8 * q if kind == "fp32" and tokens == seq_len else 12 * q
+        return (Part("q/k/v (fp32, math kernel)", qkv),
                 Part("attention scores", 12 * heads * seq_len, recomputed_by_selective=True),
-                Part("attention output (contiguous, c_proj input)", c * h, weight_gradient_only=True))
-    return (Part("qkv (c_attn output)", 3 * c * h),
-            Part("attention output + logsumexp", c * h + 4 * heads))
+                Part("attention output (contiguous, c_proj input)", c * q, weight_gradient_only=True))
+    # c_attn's output: q + 2 kv columns (GPT-2: 3h); the output has the query heads' width
+    return (Part("qkv (c_attn output)", c * (q_dim + 2 * kv_dim)),
+            Part("attention output + logsumexp", c * q_dim + 4 * heads))
 
 
 def _flash_megatron(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):
@@ -163,16 +175,16 @@ def _eager_separate(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tok
 
 
 def _eager_fused(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):
-    c, h, S = _c(kind), hidden, heads * seq_len
+    c, S = _c(kind), heads * seq_len
     amp = kind == "amp-bf16"
     scores = (4 if amp else c) * S            # softmax output (fp32 under AMP)
     if dropout:
         scores += 2 * c * S                   # noise + dropout output (saved by the matmul)
     elif amp:
         scores += 2 * S                       # .type(v.dtype): the bf16 copy the matmul saves
-    return (Part("qkv (c_attn output)", 3 * c * h),
+    return (Part("qkv (c_attn output)", c * (q_dim + 2 * kv_dim) + _expanded_kv(c, q_dim, kv_dim)),
             Part("attention scores", scores, recomputed_by_selective=True),
-            Part("attention output (contiguous, c_proj input)", c * h, weight_gradient_only=True))
+            Part("attention output (contiguous, c_proj input)", c * q_dim, weight_gradient_only=True))
 
 
 def _eager_megatron(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads):

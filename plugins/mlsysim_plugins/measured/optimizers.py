@@ -59,7 +59,12 @@ def master_terms(plan, placement) -> list[MemoryTerm]:
         terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="fp32 master weights", phases=STEADY,
                                 nbytes=params * regime.master,
                                 formula=f"{_fmt(params)} trainable params/rank x {regime.master} B ({regime.name})"))
-    if regime.main_grad:
+    # A data-parallel rule that lays the main-grad buffer out its own way (Megatron's distributed
+    # optimizer keeps it whole) says so through its options object's ``main_grad_terms``.
+    layout = getattr(plan.options.get(plan.rules.get("dp")), "main_grad_terms", None)
+    if layout is not None:
+        terms += layout(plan, placement)
+    elif regime.main_grad:
         terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="fp32 main-grad buffer",
                                 phases=STEADY, nbytes=params * regime.main_grad,
                                 formula=f"{_fmt(params)} trainable params/rank x {regime.main_grad} B"))

@@ -1,0 +1,145 @@
+"""Megatron-Core's distributed optimizer as a data-parallel rule: ``mcore-distopt``.
+
+Megatron-Core (``--use-distributed-optimizer``) keeps every parameter's gradient in one
+contiguous buffer per dtype (``megatron/core/distributed/param_and_grad_buffer.py``,
+``_ParamAndGradBuffer``: ``self.grad_data = torch.zeros(self.numel, dtype=self.grad_dtype)``),
+the whole model's, on every data-parallel rank; the reduce-scatter runs in place inside it. Only
+the fp32 main parameters and the Adam moments are sharded over the data-parallel ranks (with
+context parallelism: dp x cp, ``data_parallel_group(with_context_parallel=True)``;
+``megatron/core/optimizer/distrib_optimizer.py``). Per parameter, with bf16 parameters and fp32
+gradients (``docs/user-guide/features/dist_optimizer.md``): ``6 + 12/d`` bytes (2 bf16 weight +
+4 fp32 main-grad + (4 master + 4 + 4 Adam) / d), not ZeRO-1's ``2 + 16/d``.
+
+``--grad-reduce-in-bf16`` (``grad_reduce_in_bf16=True``; also Megatron's ``--fp16`` without
+``--accumulate-allreduce-grads-in-fp32``) keeps a 16-bit grad buffer (2 B per parameter), and
+the optimizer step copies its shard to fp32 (``_copy_model_grads_to_main_grads``:
+``shard_main_param.grad = shard_model_grad.float()``, a new 4 B / d tensor, alive from the step
+until ``zero_grad`` at the next iteration's start): ``4 + 16/d`` during the step, as the docs'
+fp16 row. With fp32 grads ``.float()`` is the buffer's own view: no copy.
+
+The bucket buffers are the grad buffer itself (reduce-scatter in place; the parameter
+all-gather in place into the contiguous bf16 ``param_data``): no bytes beyond it. Not
+modelled: the alignment padding (each parameter's start at a multiple of 64 elements, each
+bucket's end at a multiple of lcm(dp, 128), ``megatron/core/optimizer/param_layout.py``): at
+most 63 elements per parameter tensor plus lcm(dp, 128) - 1 per bucket, in the weight and
+grad buffers' dtypes (kilobytes on the models here).
+
+Measured grade: needs a regime with Megatron's main-grad buffer (``mixed-bf16-main-grad``).
+The rule's options object carries ``main_grad_terms(plan, placement)``, which the measured
+profile's optimizer state calls instead of its own main-grad term (``optimizers.master_terms``):
+a data-parallel rule that lays the main-grad buffer out its own way declares it there.
+
+Source: NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.memo import memoize
+from mlsysim_core.terms import OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, MemoryTerm
+
+NAME = "mcore-distopt"
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+
+
+def _fmt(x) -> str:
+    return f"{x:,.0f}"
+
+
+@attrs.frozen(kw_only=True)
+class DistOptOptions:
+    """``grad_reduce_in_bf16``: Megatron's ``--grad-reduce-in-bf16`` (a 16-bit grad buffer; the
+    step copies the rank's shard to fp32). False: the fp32 main-grad buffer (bf16 training's
+    default, ``accumulate_allreduce_grads_in_fp32``)."""
+
+    grad_reduce_in_bf16: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def main_grad_terms(self, plan, placement) -> list[MemoryTerm]:
+        """The grad buffer, whole on every rank, and (16-bit buffer) the step's fp32 copy of
+        this rank's shard. Called by the measured profile's optimizer state."""
+        from mlsysim_plugins.measured.parallel import gradient_divisor, optimizer_state_divisor
+        regime = plan.profile_options.regime
+        if not regime.main_grad:
+            if placement.optimizer_state_shards == 1:
+                return []       # one rank, no main-grad buffer: nothing of its own (zero0)
+            raise NotModelledError(
+                "data_parallel", NAME,
+                "a regime with Megatron's main-grad buffer (regime='mixed-bf16-main-grad')",
+                f"regime {regime.name!r} has no main-grad buffer: Megatron-Core always accumulates into one")
+        params = placement.trainable_parameters_per_rank / gradient_divisor(placement)
+        b = 2 if self.grad_reduce_in_bf16 else regime.main_grad
+        terms = [MemoryTerm(
+            component=OPTIMIZER_STATE, label=f"main-grad buffer ({8 * b}-bit, whole on every data-parallel rank)",
+            phases=PHASES, nbytes=params * b,
+            formula=f"{_fmt(params)} trainable params/rank x {b} B (Megatron-Core's grad buffer, not sharded "
+                    "by the distributed optimizer)")]
+        if b < 4:
+            shard = placement.trainable_parameters_per_rank / optimizer_state_divisor(placement)
+            terms.append(MemoryTerm(
+                component=OPTIMIZER_STATE, label="fp32 copy of the grad shard (optimizer step)",
+                phases=(OPTIMIZER_STEP,), nbytes=shard * 4,
+                formula=f"{_fmt(shard)} params/rank (the rank's shard) x 4 B (shard_main_param.grad = "
+                        "shard_model_grad.float())"))
+        return terms
+
+
+@attrs.frozen(kw_only=True)
+class DDPOptions(DistOptOptions):
+    """Megatron-Core's DDP without the distributed optimizer: the same grad buffer; the fp32
+    master weights and Adam state whole on every rank (18 B per parameter with bf16 weights)."""
+
+
+@memoize
+def effect(d):
+    notes = (f"Megatron-Core distributed optimizer: fp32 master weights and optimizer state sharded over "
+             f"{d} data-parallel ranks; the main-grad buffer and the 16-bit weights whole on every rank.",) \
+        if d > 1 else ()
+    return ShardingEffect(optimizer_state_shards=d, notes=notes)
+
+
+def _megatron_regime(plan, name):
+    """Megatron-Core always accumulates into its main-grad buffer: under a profile with regimes
+    (measured), a regime without one is not a Megatron run, refused as a layout this rule cannot
+    place (a search leaves the rule out there, as any impossible layout). On one data-parallel
+    rank nothing is sharded: the rule is zero0, as every built-in dp rule (search.SHARDING_DP_RULES)."""
+    regime = getattr(plan.profile_options, "regime", None)
+    if plan.dp_size * plan.cp_size > 1 and regime is not None and not getattr(regime, "main_grad", 0):
+        raise LayoutError("data_parallel", name, "a regime with Megatron's main-grad buffer "
+                          f"(regime='mixed-bf16-main-grad'); regime {regime.name!r} has none")
+
+
+def apply(plan, options):
+    _megatron_regime(plan, NAME)
+    return effect(plan.dp_size * plan.cp_size)
+
+
+def _dp(kind, overlaps):
+    return Collective(kind=kind, volume="gradients", group="dp", per="step", overlaps=overlaps, **{overlaps: 1})
+
+
+# With --overlap-grad-reduce the buckets are reduce-scattered beside the last micro-batch's
+# backward; with --overlap-param-gather the updated shards are all-gathered beside the next
+# forward (distributed_data_parallel.py, distrib_optimizer.py): once per step each.
+COLLECTIVES = (_dp("reduce-scatter", "backward"), _dp("all-gather", "forward"))
+
+
+def ddp_apply(plan, options):
+    _megatron_regime(plan, "mcore-ddp")
+    return ShardingEffect()
+
+
+DDP_COLLECTIVES = (_dp("all-reduce", "backward"),)
+
+
+@hookimpl
+def mlsysim_sharding_rules():
+    return [ShardingRuleSpec(
+        name="mcore-ddp", axis="dp", apply=ddp_apply, options_type=DDPOptions, collectives=DDP_COLLECTIVES,
+        description="Megatron-Core DDP (no distributed optimizer): nothing sharded; gradients all-reduced in "
+                    "place in the main-grad buffer (no bucket copies)"), ShardingRuleSpec(
+        name=NAME, axis="dp", apply=apply, options_type=DistOptOptions, collectives=COLLECTIVES,
+        description="Megatron-Core distributed optimizer: fp32 master weights and Adam state / dp; the whole "
+                    "main-grad buffer on every rank (6 + 12/d B per parameter, bf16 weights, fp32 grads)")]

@@ -1,0 +1,120 @@
+"""Megatron-LM launch configs (issue 26): every real file under tests/data/launch/megatron/ read
+end to end (an answer, or a refusal naming the field: never a traceback), hand-derived numbers."""
+
+from pathlib import Path
+
+import pytest
+
+import mlsysim_core
+from mlsysim_core.errors import MlsysimError
+from mlsysim_core.scenario import from_launch
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "launch" / "megatron"
+CONFIGS = sorted(DATA.glob("*.model_config.yaml"))
+SCRIPTS = sorted(DATA.glob("*.sh"))
+REFUSED = {"gpt3_mcore_te_tp2_pp2_mla": "--multi-latent-attention",
+           "train_bert_340m_distributed": "pretrain_bert.py", "train_llama3_8b_h100_fp8": "--num-layers"}
+
+
+def _solve(launch):
+    s = launch.scenario
+    kwargs = {k: v for k, v in s.solve_kwargs().items() if k not in ("model", "hardware")}
+    return mlsysim_core.TrainingMemoryModel("measured").solve(s.resolve_model(), s.resolve_hardware(), **kwargs)
+
+
+def test_enough_real_files():
+    assert len(CONFIGS) >= 8 and (DATA / "SOURCES.md").is_file()
+    sources = (DATA / "SOURCES.md").read_text()
+    assert all(p.name in sources for p in CONFIGS + SCRIPTS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name.removesuffix(".model_config.yaml"))
+def test_model_config_end_to_end(path):
+    name = path.name.removesuffix(".model_config.yaml")
+    if name in REFUSED:
+        with pytest.raises(MlsysimError, match=REFUSED[name]):
+            from_launch([path], gpus=8)
+        return
+    launch = from_launch([path], gpus=8)
+    assert launch.readings[0].format == "megatron-args"
+    result = _solve(launch)
+    assert result.total_memory > 0
+    assert launch.scenario.profile_options["regime"] == "mixed-bf16-main-grad"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_example_scripts_end_to_end(path):
+    from mlsysim_plugins.launch.megatron import read_arguments
+    name = path.name.removesuffix(".sh")
+    if name in REFUSED:
+        with pytest.raises(MlsysimError, match=REFUSED[name]):
+            read_arguments(path.read_text(), path=path)
+        return
+    reading = read_arguments(path.read_text(), path=path)
+    assert reading.model is not None
+
+
+def test_gpt3_175b_example_by_hand():
+    from mlsysim_plugins.launch.megatron import read_arguments
+    reading = read_arguments((DATA / "train_gpt3_175b_distributed.sh").read_text())
+    model = reading.model.becomes
+    # GPT-2 BPE 50,257 padded to a multiple of 128 x tp 8 = 1,024 -> 51,200; h 12,288, 96 layers, ffn 4h
+    h, V, L, f = 12288, 51200, 96, 4 * 12288
+    layer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h + h * f + f + f * h + h
+    assert model["vocab_size"] == V and model["parameters"] == V * h + 2048 * h + L * layer + 2 * h
+    values = reading.values()
+    assert (values["tp_size"], values["pp_size"], values["precision"]) == (8, 16, "fp16")
+    assert values["plugin_options"] == {"mcore-ddp": {"grad_reduce_in_bf16": True}}     # --fp16: 16-bit grads
+
+
+def test_7b_gqa_by_hand():
+    launch = from_launch([DATA / "gpt3_7b_tp1_pp4_memory_speed.model_config.yaml"], gpus=8)
+    m = launch.scenario.model
+    # 32 layers, h 4096, 32 heads, 8 query groups (kv 1,024 wide), ffn 4h, vocab 131,073 -> 131,200, untied,
+    # learned positions 8,192
+    h, kv, f, V = 4096, 8 * 128, 4 * 4096, 131200
+    layer = 2 * h + h * (h + 2 * kv) + (h + 2 * kv) + h * h + h + 2 * h + h * f + f + f * h + h
+    assert m["kv_heads"] == 8 and m["vocab_size"] == V
+    assert m["parameters"] == 32 * layer + 2 * V * h + 8192 * h + 2 * h == 6_747_004_928
+    s = launch.scenario
+    assert (s.pp_size, s.dp_size, s.data_parallel, s.gradient_accumulation_steps) == (4, 2, "mcore-distopt", 4)
+
+
+def test_small_gpt_by_hand():
+    launch = from_launch([DATA / "gpt3_mcore_te_tp1_pp1_uniform_full_recompute.model_config.yaml"], gpus=8)
+    s = launch.scenario
+    h, f, V = 512, 2048, 50304        # GPT-2 BPE padded to a multiple of 128
+    layer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h + h * f + f + f * h + h
+    assert s.model["parameters"] == V * h + 1024 * h + 12 * layer + 2 * h == 64_109_568
+    assert (s.activation_checkpointing, s.data_parallel, s.profile_options["attention"]) == ("full", "mcore-ddp", "eager")
+    assert s.profile_options["dropout"] == 0.1       # Megatron's default hidden and attention dropout
+
+
+def test_unknown_flag_refused_not_dropped():
+    from mlsysim_plugins.launch.megatron import read_arguments
+    with pytest.raises(MlsysimError, match="--some-new-flag"):
+        read_arguments("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 "
+                       "--bf16 --some-new-flag 3")
+
+
+def test_mixed_dropout_refused_naming_the_flag():
+    from mlsysim_plugins.launch.megatron import read_arguments
+    with pytest.raises(MlsysimError, match="--attention-dropout"):
+        read_arguments("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 "
+                       "--bf16 --hidden-dropout 0.0 --attention-dropout 0.1")
+
+
+def test_python_file_refused(tmp_path):
+    py = tmp_path / "recipe.py"
+    py.write_text("print('never run')\n")
+    with pytest.raises(MlsysimError, match="never executed"):
+        from_launch([py], gpus=8)
+
+
+def test_validation_table_is_current():
+    import subprocess
+    import sys
+    root = DATA.parent.parent.parent.parent
+    done = subprocess.run([sys.executable, str(root / "tools" / "launch_validation_megatron.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,111 @@
+"""Megatron-LM functional tests' ``mem-max-allocated-bytes`` golden values against the measured
+profile's prediction for the same rank (issue 26, docs/launch-megatron.md).
+
+Each ``tests/data/launch/megatron/<case>.model_config.yaml`` is read with ``--from`` (8 GPUs: one
+DGX node, as the functional tests run) and solved; the golden value is the peak allocated memory
+(``torch.cuda.memory_stats()["allocated_bytes.all.peak"]``) that the tensorboard writer's rank logs:
+the last rank (``args.rank == world_size - 1``, megatron/training/global_vars.py), which is on the
+last pipeline stage. Compared like with like: allocated bytes, without the runtime overheads
+(CUDA context, allocator reserve), which ``max_memory_allocated`` does not count.
+
+    python tools/launch_validation_megatron.py            # the Markdown table
+    python tools/launch_validation_megatron.py --check    # exit 1 if docs/launch-megatron.md differs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "launch" / "megatron"
+DOC = ROOT / "docs" / "launch-megatron.md"
+BEGIN, END = "<!-- validation-table: begin -->", "<!-- validation-table: end -->"
+GPUS = 8
+
+
+def cases():
+    for config in sorted(DATA.glob("*.model_config.yaml")):
+        name = config.name.removesuffix(".model_config.yaml")
+        golden = sorted(DATA.glob(f"{name}.golden_values_*.json"))
+        yield name, config, (golden[0] if golden else None)
+
+
+def golden_value(path: Path) -> tuple[float, str]:
+    data = json.loads(path.read_text())["mem-max-allocated-bytes"]
+    values = {int(k): v for k, v in data["values"].items() if isinstance(v, (int, float))}
+    step = max(values)
+    machine = path.name.removesuffix(".json").split("golden_values_")[1]
+    return float(values[step]), f"{machine}, step {step}"
+
+
+def predict(config: Path):
+    import os
+    os.chdir(ROOT)
+    import mlsysim_core
+    from mlsysim_core.scenario import from_launch
+    launch = from_launch([config.relative_to(ROOT)], gpus=GPUS, hardware="h100")
+    s = launch.scenario
+    result = mlsysim_core.TrainingMemoryModel("measured").solve(s.resolve_model(), s.resolve_hardware(),
+                                                                **{k: v for k, v in s.solve_kwargs().items()
+                                                                   if k not in ("model", "hardware")})
+    ranks = result.ranks or ()
+    last = ranks[-1] if ranks else result
+    return last, launch
+
+
+def rows():
+    from mlsysim_core.errors import MlsysimError
+    out = []
+    for name, config, golden in cases():
+        if golden is None:
+            continue
+        value, where = golden_value(golden)
+        try:
+            rank, launch = predict(config)
+        except MlsysimError as err:
+            out.append((name, where, value, None, f"refused: {str(err).splitlines()[0][:160]}"))
+            continue
+        s = launch.scenario
+        layout = f"tp{s.tp_size} pp{s.pp_size} cp{s.cp_size} dp{s.dp_size}, mb {s.batch_size // (s.dp_size * s.gradient_accumulation_steps)}"
+        allocated = rank.total_memory - rank.runtime_overheads
+        out.append((name, where, value, allocated, layout + f", {getattr(rank, 'name', 'every rank')}"))
+    return out
+
+
+def table() -> str:
+    lines = ["| functional test (model_config.yaml) | golden (machine, step) | golden GB | predicted GB allocated (last rank) | error | layout, rank |",
+             "|---|---|---:|---:|---:|---|"]
+    for name, where, value, predicted, what in rows():
+        if predicted is None:
+            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | — | — | {what} |")
+        else:
+            err = (predicted - value) / value * 100
+            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | {predicted / 1e9:.3f} | {err:+.1f} % | {what} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = table()
+    if "--check" in argv:
+        doc = DOC.read_text()
+        current = doc.split(BEGIN)[1].split(END)[0].strip() if BEGIN in doc else ""
+        if current != text.strip():
+            print("docs/launch-megatron.md's validation table is stale: run python tools/launch_validation_megatron.py "
+                  "--write", file=sys.stderr)
+            return 1
+        return 0
+    if "--write" in argv:
+        doc = DOC.read_text()
+        head, rest = doc.split(BEGIN)
+        _, tail = rest.split(END)
+        DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        return 0
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
