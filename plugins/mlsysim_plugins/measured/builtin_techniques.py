@@ -31,13 +31,20 @@ OFFLOAD = _option("what lives in host memory: optimizer, optimizer+gradients or 
     "name=nvme for NVMe, e.g. optimizer=nvme), or {name: cpu|nvme}; or torchao, "
     "torchao+gradients (torchao's CPUOffloadOptimizer, offload_gradients with +gradients)",
     "WHAT", parse=_offload_parts)
-LOSS = _option("the loss: cross_entropy (default; Hugging Face's, the logits upcast to fp32 whole), chunked "
-    "(torchtune's chunked cross-entropy: the fp32 copy and backward temporaries one chunk at a "
-    "time) or fused_linear (Liger's fused linear cross-entropy: the logits one chunk at a time, "
-    "the LM head's gradients computed in the forward; unvalidated)",
-    choices=("cross_entropy", "chunked", "fused_linear"))
-LOSS_CHUNKS = _option("with --loss chunked: the number of chunks (default 8, torchtune's num_output_chunks)",
+LOSS = _option("the loss implementation (a registered name; mlsysim-core plugins lists them): cross_entropy "
+    "(default; Hugging Face's, the logits upcast to fp32 whole), chunked (torchtune's chunked cross-entropy: the "
+    "fp32 copy and backward temporaries one chunk at a time), fused_linear (Liger's fused linear cross-entropy: the "
+    "logits one chunk at a time, the LM head's gradients computed in the forward; unvalidated), torchtune_linear "
+    "(torchtune's LinearCrossEntropyLoss), torchtitan_chunked (torchtitan's ChunkedLossWrapper), trl_chunked_nll "
+    "(TRL's chunked_nll), litgpt_chunked (LitGPT's chunked_cross_entropy), cut_cross_entropy (Apple's Cut "
+    "Cross-Entropy; unvalidated), megatron_fused (Megatron-Core's fused vocab-parallel cross-entropy)",
+    "NAME")
+LOSS_CHUNKS = _option("with a chunked loss: the number of chunks (default 8, torchtune's num_output_chunks), or "
+    "for trl_chunked_nll and litgpt_chunked the tokens per chunk (their chunk_size: 256, 128)",
     "N", kind=int)
+LOSS_TOKEN_SHARE = _option("the share of the tokens whose label is not ignored (default 1.0): a loss that skips "
+    "ignored tokens (torchtune_linear, trl_chunked_nll, cut_cross_entropy) computes only these", "FRACTION",
+    kind=float)
 OPTIMIZER_IN_BACKWARD = _option(
     "the optimizer step fused into the backward (torchtune's optimizer_in_bwd: one optimizer per parameter, "
     "stepped by its post-accumulate-grad hook): gradients freed parameter by parameter (one device, no "
@@ -74,10 +81,10 @@ def _lora(plan, registry):
 
 def _loss(plan, registry):
     o = plan.profile_options
-    if o.loss is None and o.loss_chunks is None:
+    if o.loss is None and o.loss_chunks is None and o.loss_token_share is None:
         return plan
     from .loss import prepare
-    return prepare(plan)
+    return prepare(plan, registry)
 
 
 def _loss_time(plan, figures):
@@ -227,8 +234,11 @@ TECHNIQUES = (
     Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora},
               description="LoRA/QLoRA fine-tuning (lora.py)",
               options={"lora": LORA}),
-    Technique(name="loss", order=10, apply=_loss, description="chunked / fused linear cross-entropy (loss.py)",
-              options={"loss": LOSS, "loss_chunks": LOSS_CHUNKS},
+    Technique(name="loss", order=10, apply=_loss,
+              description="the loss implementation: chunked, fused and published losses (loss.py, registered through "
+                          "mlsysim_measured_losses: loss_implementations.py)",
+              options={"loss": LOSS, "loss_chunks": LOSS_CHUNKS, "loss_token_share": LOSS_TOKEN_SHARE,
+                       "loss_implementation": attrs.field(default=None, metadata=_INTERNAL)},
               candidates=[Candidate("chunked", "chunked cross-entropy (torchtune)"),
                           Candidate("fused_linear", "fused linear cross-entropy (Liger)")],
               active=lambda plan: plan.profile_options.loss not in (None, "cross_entropy"),

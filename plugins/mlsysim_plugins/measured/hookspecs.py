@@ -19,6 +19,7 @@ import pluggy
 if TYPE_CHECKING:
     from .families import ArchitectureFamily
     from .kernels import AttentionKernel
+    from .loss_implementations import LossImplementation
     from .regimes import Regime
     from .schedules import PipelineSchedule
     from .techniques import Technique
@@ -58,5 +59,12 @@ def mlsysim_measured_techniques() -> Iterable[Technique]:
     caveats for ``fit techniques``."""
 
 
+@_hookspec
+def mlsysim_measured_losses() -> Iterable[LossImplementation]:
+    """Loss implementations (``loss_implementations.LossImplementation``): what each keeps for the
+    backward and its forward and backward temporaries, in place of the default cross-entropy's
+    (``loss=`` selects one by name)."""
+
+
 HOOKS = ("mlsysim_measured_architectures", "mlsysim_measured_regimes", "mlsysim_measured_attention_kernels",
-         "mlsysim_measured_pipeline_schedules", "mlsysim_measured_techniques")
+         "mlsysim_measured_pipeline_schedules", "mlsysim_measured_techniques", "mlsysim_measured_losses")

@@ -63,7 +63,9 @@ from mlsysim_core import _checks
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
-LOSSES = ("cross_entropy", "chunked", "fused_linear")
+from .loss_implementations import LossContext
+
+LOSSES = ("cross_entropy", "chunked", "fused_linear")     # the first built-ins (loss_implementations.py: all)
 DEFAULT_CHUNKS = 8      # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 SAVED = (FORWARD, BACKWARD)
 # model.model_activation_terms' cross-entropy terms, replaced here.
@@ -75,62 +77,94 @@ UNVALIDATED = ("loss='fused_linear' is unvalidated: Liger's fused linear cross-e
                "not on Liger itself")
 # A kernel launch on a GPU: the documented cost of an extra kernel (CUDA launch latency, ~5 us).
 LAUNCH_S = 5e-6
+_REFUSALS = {   # what a loss implementation does not declare it allows: (allowed, detail)
+    "lora": "cross_entropy with LoRA",
+    "megatron": "cross_entropy in the Megatron-Core regime",
+    "tensor_parallel": "cross_entropy with tensor parallelism",
+    "context_parallel": "cross_entropy with context parallelism",
+    "softcapping": "cross_entropy with final logit soft-capping",
+    "autocast": "a regime without autocast",
+}
 
 
 def _n(x) -> str:
     return f"{x:,.0f}"
 
 
-def prepare(plan):
-    """Check ``loss`` and ``loss_chunks`` (called by ``options.prepare``) and keep them
-    completed; refuse what is not modelled, by name."""
+def implementations(registry) -> dict:
+    from .loss_implementations import registered
+    return registered(registry)
+
+
+def prepare(plan, registry=None):
+    """Check ``loss``, ``loss_chunks`` and ``loss_token_share`` (called by the loss technique)
+    against the registered loss implementations and keep them completed, with the implementation
+    itself (``loss_implementation``); refuse what is not modelled, by name."""
+    from .loss_implementations import BUILTIN
+    impls = implementations(registry) if registry is not None else {i.name: i for i in BUILTIN}
     o = plan.profile_options
-    loss = "cross_entropy" if o.loss is None else _checks.name("loss", o.loss, LOSSES)
+    loss = "cross_entropy" if o.loss is None else _checks.name("loss", o.loss, tuple(impls))
+    impl = impls[loss]
     chunks = o.loss_chunks
     if chunks is not None:
         chunks = _checks.count("loss_chunks", chunks, minimum=1)
-        if loss != "chunked":
-            raise InvalidInputError("loss_chunks", chunks, "None unless loss='chunked'", f"loss={loss!r}")
-    elif loss == "chunked":
-        chunks = DEFAULT_CHUNKS
+        if impl.chunks is None:
+            chunked = [n for n, i in impls.items() if i.chunks is not None]
+            raise InvalidInputError("loss_chunks", chunks, f"None unless loss is one of {', '.join(chunked)}",
+                                    f"loss={loss!r}")
+    elif impl.chunks is not None:
+        chunks = impl.chunks
+    share = getattr(o, "loss_token_share", None)
     notes = ()
-    if loss != "cross_entropy":
-        _refuse(plan, loss)
-        if loss == "chunked" and chunks > plan.seq_len:
+    if share is not None:
+        share = _checks.fraction("loss_token_share", share)
+        if share == 0:
+            raise InvalidInputError("loss_token_share", share, "a share of the tokens in (0, 1]", "no token counted")
+        if not impl.token_share:
+            notes += (f"loss_token_share={share:g} changes nothing here: loss={loss!r} computes every token's logits "
+                      "(its ignored tokens too)",)
+    if loss != "cross_entropy" or impl is not BUILTIN[0]:
+        _refuse(plan, loss, impl)
+        if impl.chunk_unit == "chunks" and chunks is not None and chunks > plan.seq_len:
             raise InvalidInputError("loss_chunks", chunks, f"at most the sequence length {plan.seq_len}",
-                                    "torchtune chunks the sequence dimension")
-        if loss == "chunked":
-            notes = (f"loss: torchtune's chunked cross-entropy ({chunks} chunks): the fp32 copy of the logits and the "
-                     "cross-entropy backward's temporaries shrink to one chunk; the 16-bit logits and the fp32 "
-                     "log-softmax stay whole",)
-        else:
-            notes = ("loss: fused linear cross-entropy (Liger): the logits exist one chunk at a time; the LM head's "
-                     "weight and input gradients are computed in the forward and held until the backward", UNVALIDATED)
-    o = attrs.evolve(o, loss=loss, loss_chunks=chunks)
+                                    f"{loss} chunks the sequence dimension" if loss != "chunked"
+                                    else "torchtune chunks the sequence dimension")
+        if impl.check is not None:
+            impl.check(plan, chunks)
+        if impl.note:
+            notes += (impl.note.format(chunks=chunks, share=share if share is not None else 1.0),)
+        notes += tuple(impl.notes)
+    o = attrs.evolve(o, loss=loss, loss_chunks=chunks, loss_implementation=impl,
+                     **({"loss_token_share": share} if share is not None else {}))
     return attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
 
 
-def _refuse(plan, loss):
+def _refuse(plan, loss, impl):
     from .model import megatron
     o = plan.profile_options
     what = f"loss={loss!r}"
-    if o.lora is not None:
-        raise NotModelledError("loss", loss, "cross_entropy with LoRA",
+    allows = impl.allows
+    if o.lora is not None and "lora" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["lora"],
                                f"{what} under LoRA: lora.model_activation_terms keeps the default cross-entropy")
-    if megatron(o.regime):
-        raise NotModelledError("loss", loss, "cross_entropy in the Megatron-Core regime",
-                               "Megatron-Core's cross-entropy is vocabulary-parallel and fused already")
-    if plan.tp_size > 1:
-        raise NotModelledError("loss", loss, "cross_entropy with tensor parallelism",
+    if megatron(o.regime) and "megatron" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["megatron"],
+                               "Megatron-Core's cross-entropy is vocabulary-parallel and fused already"
+                               " (loss='megatron_fused' models it)")
+    if plan.tp_size > 1 and "tensor_parallel" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["tensor_parallel"],
                                f"{what} over tp={plan.tp_size}: the gathered or loss_parallel logits are not "
                                "modelled chunked or fused")
-    if plan.cp_size > 1:
-        raise NotModelledError("loss", loss, "cross_entropy with context parallelism",
+    if plan.cp_size > 1 and "context_parallel" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["context_parallel"],
                                f"{what} over cp={plan.cp_size} is not modelled")
     details = getattr(plan.model, "details", None) or {}
-    if details.get("final_logit_softcapping"):
-        raise NotModelledError("loss", loss, "cross_entropy with final logit soft-capping",
+    if details.get("final_logit_softcapping") and "softcapping" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["softcapping"],
                                f"{what}: the soft-capped logits (Gemma 2) are not modelled chunked or fused")
+    if o.regime is not None and getattr(o.regime, "autocast", False) and "autocast" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["autocast"],
+                               f"{what} under autocast ({o.regime.name}) is not modelled")
 
 
 def fused_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
@@ -148,9 +182,12 @@ def chunk_tokens(plan, chunks: int) -> int:
 
 def loss_terms(plan, ctx, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     """The rank's model activation terms with the default cross-entropy's replaced by the
-    chosen loss's (the last pipeline stage only; ``model.model_activation_terms`` calls it)."""
+    chosen loss implementation's (the last pipeline stage only; ``model.model_activation_terms``
+    calls it): its declared terms, the LM head's input and autocast weight copy taken off where it
+    declares it saves them not."""
     o = plan.profile_options
-    if plan.rank is not None and not plan.rank.last:
+    impl = getattr(o, "loss_implementation", None)
+    if impl is None or impl.terms is None or (plan.rank is not None and not plan.rank.last):
         return terms
     keep = [t for t in terms if t.label not in _DEFAULT_LABELS and not (
         t.label.startswith(_LOGITS_PREFIX) and t.label.endswith("(at the loss)"))]
@@ -159,9 +196,49 @@ def loss_terms(plan, ctx, terms: list[MemoryTerm]) -> list[MemoryTerm]:
                            f"{len(terms) - len(keep)}")
     s, regime = ctx.shape, ctx.regime
     T, h, V, c = ctx.tokens, s.hidden, s.vocab, regime.compute
-    if o.loss == "chunked":
-        return keep + _chunked(plan, T, h, V, c, o.loss_chunks, regime)
-    return _fused(plan, keep, T, h, V, c, regime)
+    from .model import megatron
+    split = ctx.tensor if megatron(regime) else 1      # Megatron's vocabulary-parallel logits
+    if ctx.sequence != 1:                                # context parallelism: the rank's tokens
+        T = T / ctx.sequence
+    share = getattr(o, "loss_token_share", None) if impl.token_share else None
+    valid = T if share is None else max(1, math.ceil(T * share))
+    lctx = LossContext(plan=plan, tokens=T, valid=valid, hidden=h, vocab=V / split if split != 1 else V, compute=c,
+                       weight=regime.weight,
+                       gradient=regime.gradient or 4, chunks=o.loss_chunks, regime=regime, shape=s)
+    if not impl.saves_lm_head_input or not impl.saves_lm_head_weight_copy:
+        keep = _lm_head_kept(keep, impl, T, h, c, bool(regime.autocast))
+    return keep + list(impl.terms(lctx))
+
+
+def _lm_head_kept(keep, impl, T, h, c, autocast) -> list[MemoryTerm]:
+    """``keep`` without the LM head's saved input (the final norm's output, c x T x h: alive until
+    the loss unless autocast's fp32 output holds it) or its autocast weight copy's saving."""
+    out = []
+    for term in keep:
+        if term.label == "final norm" and not impl.saves_lm_head_input:
+            out.append(attrs.evolve(term, nbytes=term.nbytes - c * T * h,
+                                    formula=term.formula + f" - {c} x T x h (the {impl.name} loss keeps no LM head "
+                                                           "input)" if impl.name != "fused_linear" else
+                                    term.formula + f" - {c} x T x h (the fused loss keeps no LM head input)"))
+            if not autocast:
+                out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (alive until the loss)",
+                                      nbytes=c * T * h, phases=(FORWARD,), formula=f"{c} x T x h (the last hidden state)"))
+        elif term.label == "autocast 16-bit copy of the LM head" and not impl.saves_lm_head_weight_copy:
+            out.append(attrs.evolve(term, phases=(FORWARD,), formula=term.formula.replace(
+                "saved by the LM head matmul", "cached until autocast exits; the fused loss saves no weight")))
+        else:
+            out.append(term)
+    return out
+
+
+def chunked_terms(ctx) -> list[MemoryTerm]:
+    """torchtune 0.6.1's CEWithChunkedOutputLoss (the module docstring)."""
+    return _chunked(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.chunks, ctx.regime)
+
+
+def fused_terms(ctx) -> list[MemoryTerm]:
+    """Liger's fused linear cross-entropy (the module docstring)."""
+    return _fused(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.regime)
 
 
 def _chunked(plan, T, h, V, c, n, regime) -> list[MemoryTerm]:
@@ -199,26 +276,12 @@ def _chunked(plan, T, h, V, c, n, regime) -> list[MemoryTerm]:
     return out
 
 
-def _fused(plan, keep, T, h, V, c, regime) -> list[MemoryTerm]:
+def _fused(plan, T, h, V, c, regime) -> list[MemoryTerm]:
     autocast = bool(regime.autocast)
     x = 4 if autocast else c                 # the LM head's input: the final norm's output (fp32 under autocast)
     w = regime.weight                        # zeros_like(weight): the LM head's weight dtype
     t = fused_chunk_tokens(T, h, V)
     out = []
-    for term in keep:
-        if term.label == "final norm":
-            # The LM head's input (c x T x h: the norm's output, or its bf16 cast under autocast)
-            # is no longer saved: Liger keeps the gradients instead.
-            out.append(attrs.evolve(term, nbytes=term.nbytes - c * T * h,
-                                    formula=term.formula + f" - {c} x T x h (the fused loss keeps no LM head input)"))
-            if not autocast:
-                out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (alive until the loss)",
-                                      nbytes=c * T * h, phases=(FORWARD,), formula=f"{c} x T x h (the last hidden state)"))
-        elif term.label == "autocast 16-bit copy of the LM head":
-            out.append(attrs.evolve(term, phases=(FORWARD,), formula=term.formula.replace(
-                "saved by the LM head matmul", "cached until autocast exits; the fused loss saves no weight")))
-        else:
-            out.append(term)
     cuda_addmm = autocast and (plan.profile_options.device or "cuda") == "cuda" and w == 4
     if cuda_addmm:
         step, how = 2 * t * h, "2 x t x h (addmm out_dtype fp32: the input chunk's bf16 cast)"
@@ -257,13 +320,27 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
     ``host_link_bytes_per_s`` is unused (nothing moves over the host link)."""
     o = plan.profile_options
     loss = getattr(o, "loss", None) or "cross_entropy"
-    if loss == "cross_entropy":
-        return 0.0, "the default cross-entropy: nothing added"
-    if loss == "chunked":
-        n = o.loss_chunks or DEFAULT_CHUNKS
-        launches = 13 * (n - 1)
-        return launches * LAUNCH_S, (f"no extra FLOPs; {launches} more kernel launches (13 x (n - 1), n = {n}) "
-                                     f"x {LAUNCH_S * 1e6:g} us")
+    impl = getattr(o, "loss_implementation", None)
+    if impl is None:
+        from .loss_implementations import BUILTIN
+        impl = next((i for i in BUILTIN if i.name == loss), None)
+    if loss == "cross_entropy" or impl is None or impl.added_step_time is None:
+        return (0.0, "the default cross-entropy: nothing added") if loss == "cross_entropy" else \
+            (None, f"loss={loss!r} declares no added step time")
+    return impl.added_step_time(plan)
+
+
+def chunked_step_time(plan):
+    """torchtune's chunked cross-entropy: ``added_step_time``'s ``chunked``."""
+    o = plan.profile_options
+    n = o.loss_chunks or DEFAULT_CHUNKS
+    launches = 13 * (n - 1)
+    return launches * LAUNCH_S, (f"no extra FLOPs; {launches} more kernel launches (13 x (n - 1), n = {n}) "
+                                 f"x {LAUNCH_S * 1e6:g} us")
+
+
+def fused_step_time(plan):
+    """Liger's fused linear cross-entropy: ``added_step_time``'s ``fused_linear``."""
     from .shapes import shape_of
     s = shape_of(plan)
     T = plan.microbatch * plan.seq_len

@@ -14,6 +14,7 @@ from .._lazy import lazy_module
 from . import hookspecs
 from .checkpointing import recomputes_first_layer
 from .techniques import relocate
+from .loss_implementations import mlsysim_measured_losses  # noqa: F401  (the built-in loss implementations)
 from .options import MeasuredOptions, assemble, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")

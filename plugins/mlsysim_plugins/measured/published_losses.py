@@ -1,0 +1,320 @@
+"""The published loss implementations beyond the first three (issue 25, item 5), each derived
+from its library's source at a commit and registered through ``mlsysim_measured_losses``
+(``loss_implementations.py``). Notation as loss.py's: T the rank's tokens, T' the tokens a loss
+computes (T x ``loss_token_share`` when it skips ignored tokens), V vocabulary, h hidden, c bytes of
+the compute dtype (the logits), w the LM head weight's bytes, g its gradient's, n chunks, t the
+tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
+
+* ``torchtune_linear``: torchtune's ``LinearCrossEntropyLoss`` (pytorch/torchtune
+  bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1, torchtune/modules/loss/cross_entropy_loss.py, lines
+  19-200; mask_ignored_tokens=True, num_output_chunks=8, eager). The model skips its output layer;
+  the loss masks the ignored tokens out of the hidden state (``index_select``: a copy, c T' h, which
+  the LM head's chunks then save instead of the final norm's output, and the indices, 8 T'), splits
+  it in n chunks (``tensor_split``: ceil(T'/n) tokens) and per chunk computes the logits (c t V),
+  their fp32 copy (4 t V, freed once its log-softmax exists) and ``F.cross_entropy`` (the fp32
+  log-softmax saved, 4 t V, every chunk's: 4 T' V). Each chunk's graph is separate, so the engine
+  runs the backward chunk by chunk (last first): the first chunk's nll and log-softmax backward
+  (2 x 4 t V) beside every saved log-softmax; then its logits gradient (c t V) and the LM head's
+  weight-gradient partial (c V h), the second chunk's partial meeting the first in the engine's
+  input buffer (their out-of-place sum: 3 x c V h), each chunk's log-softmax freed as its backward
+  ends.
+* ``torchtitan_chunked``: torchtitan's ``ChunkedLossWrapper`` (pytorch/torchtitan
+  b5bcd76c66d0acb1a08b176d9639425bc55e0b2a, torchtitan/components/loss.py lines 383-790,
+  num_chunks=8): the whole loss and its backward run inside the forward, chunk by chunk
+  (``chunk_loss.backward()`` per chunk on detached chunks of the hidden state, which must divide
+  into n equal chunks), each chunk's input gradient copied into a ``GradAccumulator`` (``zeros_like``
+  in fp32: 4 T h), cast at the end to the hidden state's dtype (c T h, or the buffer itself in fp32)
+  and returned by ``_DecoderOutputGradientBackProp`` as the hidden state's gradient in the backward.
+  So the LM head saves nothing for the backward (no input, no weight copy); its weight gradient
+  exists from the first chunk, in the forward (V h g); per chunk the logits (c t V, held by the
+  loop's variable until the next chunk's replace them), the fp32 copy and log-softmax (4 t V each,
+  the copy being the logits themselves in fp32) and the cross-entropy backward's two fp32
+  temporaries (2 x 4 t V), then the logits gradient (c t V), the weight-gradient partial (c V h)
+  and the chunk's input gradient (c t h). The backward adds nothing.
+* ``trl_chunked_nll``: TRL's ``loss_type="chunked_nll"`` (huggingface/trl
+  f2cd57710ae345ea6428ae95363267fcf38a3dc8, trl/trainer/sft_trainer.py lines 87-230,
+  ``_chunked_cross_entropy_loss`` and ``_chunk``, chunk_size 256): the shifted hidden state is
+  packed valid tokens first (``hidden[order]``: a copy of every token, c T h, with the labels and
+  the order, 2 x 8 T) and only ceil(T'/t) chunks of t = 256 tokens are computed, each under
+  non-reentrant activation checkpointing (the chunk's views are all it saves). Per chunk
+  ``h.float() @ w.float().t()`` (fp32 copies of the chunk, 4 t h, and of the LM head, 4 V h, where
+  they are not fp32 already), the fp32 logits (4 t V), ``log_softmax`` (4 t V), and for the entropy
+  metric ``log_p.exp()`` and its product (4 t V each): 4 x 4 t V in the forward. The backward
+  recomputes the chunk with its graph (the fp32 copies, log_p and exp saved) and adds the nll and
+  log-softmax gradients (2 x 4 t V), the matmul's fp32 gradients (4 t h, 4 V h) and their casts
+  back (c t h, w V h). Refused under autocast (its explicit fp32 matmul under autocast is not
+  modelled).
+* ``litgpt_chunked``: LitGPT's ``chunked_cross_entropy`` (Lightning-AI/litgpt
+  26857050fe3ff627cd714fe92f5838f51a3d5efa, litgpt/utils.py lines 302-350, chunk_size 128, as
+  litgpt/finetune/full.py lines 282-285 calls it: the whole logits, ``logits.split(128)``). The
+  logits (c T V) stay alive through the backward (the training loop's variable); no upcast: each
+  chunk's log-softmax is saved in the compute dtype (c T V in all; fp32 under autocast, whose
+  log_softmax runs in fp32: 4 T V, with one chunk's fp32 cast, 4 t V, in the forward). The backward
+  collects every chunk's logits gradient for the split's concatenation (c T V) and the slice
+  ``logits[..., :-1, :]``'s backward writes it into a zero-filled whole (c T V) as the log-softmaxes
+  are freed: c T V beyond the saved tensors.
+* ``cut_cross_entropy``: Apple's Cut Cross-Entropy (apple/ml-cross-entropy
+  d42911f9b1a1f98289bb601c35c8151562603d74, cut_cross_entropy/cce.py lines 51-170, 280-320,
+  cce_lse_forward.py lines 190-205, cce_backward.py lines 386-425): Triton kernels that never
+  materialise the logits. The forward keeps the log-sum-exp (fp32, 4 T') and the valid tokens'
+  indices (int32, 4 T'; ignored tokens filtered) beside the LM head's input and weight (saved, as
+  the LM head's own matmul saves them), with the per-token dot product (4 T') transient; the
+  backward recomputes the logits block by block inside the kernel and allocates only the input's
+  and weight's gradients (``zeros_like(e)``, ``zeros_like(c)``: what the LM head's backward makes
+  anyway). Needs an Ampere GPU (cce.py raises otherwise): derived from source, not measured.
+* ``megatron_fused``: Megatron-Core's fused vocab-parallel cross-entropy (NVIDIA/Megatron-LM
+  d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/core/fusions/fused_cross_entropy.py lines
+  1-150, megatron/core/tensor_parallel/cross_entropy.py lines 13-200): the rank's logits shard
+  (V/tp) is upcast once (``.float()``: 4 T V/tp beside the 16-bit logits, c T V/tp, which the
+  model's forward holds until the loss returns), then worked in place: the max subtracted, exp
+  taken into the same tensor, divided by the sum: the softmax saved for the backward (4 T V/tp)
+  with the target mask (bool, T) and the masked target (int64, 8 T); per-token fp32 statistics
+  (max, predicted logit and sum of exp concatenated, loss: 4 x 4 T) in the forward. The backward
+  subtracts the one-hot in place and casts the gradient to bf16 (``grad_input.to(torch.bfloat16)``:
+  c T V/tp) beside the softmax. In fp32 the upcast is the logits themselves (no copy) and the
+  unfused path returns the fp32 gradient in place. Runs under Megatron-Core's regimes with its
+  tensor parallelism (the logits split over tp x cp) or on one device.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
+
+from .loss_implementations import LossImplementation
+
+SAVED = (FORWARD, BACKWARD)
+LAUNCH_S = 5e-6
+TORCHTUNE = "pytorch/torchtune bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1 torchtune/modules/loss/cross_entropy_loss.py"
+TORCHTITAN = "pytorch/torchtitan b5bcd76c66d0acb1a08b176d9639425bc55e0b2a torchtitan/components/loss.py"
+TRL = "huggingface/trl f2cd57710ae345ea6428ae95363267fcf38a3dc8 trl/trainer/sft_trainer.py"
+LITGPT = "Lightning-AI/litgpt 26857050fe3ff627cd714fe92f5838f51a3d5efa litgpt/utils.py"
+CCE = "apple/ml-cross-entropy d42911f9b1a1f98289bb601c35c8151562603d74 cut_cross_entropy/cce.py"
+MEGATRON = ("NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/core/fusions/fused_cross_entropy.py, "
+            "megatron/core/tensor_parallel/cross_entropy.py")
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
+def _term(label, nbytes, phases, formula):
+    return MemoryTerm(component=ACTIVATIONS, label=label, nbytes=nbytes, phases=phases, formula=formula)
+
+
+# --- torchtune LinearCrossEntropyLoss -------------------------------------------------------------
+
+def torchtune_linear_terms(ctx) -> list[MemoryTerm]:
+    T, Tv, h, V, c, n = ctx.tokens, ctx.valid, ctx.hidden, ctx.vocab, ctx.compute, ctx.chunks
+    t = math.ceil(Tv / n)
+    copy = 4 * t * V if c != 4 else 0
+    out = []
+    if ctx.autocast:   # the masked hidden state is the final norm's fp32 output; each chunk's bf16 cast is saved
+        out.append(_term("masked hidden state (index_select, fp32)", 4 * Tv * h, (FORWARD,),
+                         f"4 x T' x h, T' = {_n(Tv)} (alive until the loss returns)"))
+    out += [
+        _term("LM head input: the masked hidden state", c * Tv * h, SAVED,
+              f"{c} x T' x h, T' = {_n(Tv)} tokens not ignored (index_select's copy, saved by the chunks' matmuls)"),
+        _term("log-softmax of every chunk's logits (fp32)", 4 * Tv * V, SAVED,
+              f"4 x T' x V = 4 x {_n(Tv)} x {_n(V)} (each chunk's, saved by cross_entropy)"),
+        _term("labels: shifted, masked and their indices (int64)", 8 * T + 16 * Tv, SAVED,
+              "8 x T (the recipe's shifted labels) + 8 x T' (index_select of the targets) + 8 x T' (the indices)"),
+        _term(f"logits, one chunk ({c} B)" + (" + its fp32 copy" if copy else ""), c * t * V + copy, (FORWARD,),
+              f"{c} x t x V" + (" + 4 x t x V" if copy else "") + f", t = ceil(T'/{n}) = {_n(t)} tokens")]
+    moments = [8 * t * V, c * t * V + V * h * c + c * t * h - 4 * t * V]
+    if n >= 2:
+        moments.append(c * t * V + 3 * V * h * c + 2 * c * t * h - 8 * t * V)
+    k = moments.index(max(moments))
+    how = ("the first chunk's nll and log-softmax backward: 2 x 4 x t x V" if k == 0 else
+           f"{c} x t x V (a chunk's logits gradient) + {2 * k - 1} x V x h x {c} (weight-gradient partials"
+           f"{', their sum' if k == 2 else ''}) + {k} x t x h x {c} - {4 * k} x t x V (log-softmaxes freed)")
+    out.append(_term("chunked linear cross-entropy backward, one chunk at a time", max(max(moments), 0), (BACKWARD,),
+                     how))
+    return out
+
+
+# --- torchtitan ChunkedLossWrapper ----------------------------------------------------------------
+
+def _titan_check(plan, chunks):
+    T = plan.microbatch * plan.seq_len
+    if T % chunks:
+        from mlsysim_core.errors import InvalidInputError
+        raise InvalidInputError("loss_chunks", chunks, f"a divisor of the micro-batch's {T} tokens",
+                                "torchtitan's ChunkedLossWrapper splits the tokens into equal chunks (torch._check)")
+
+
+def torchtitan_chunked_terms(ctx) -> list[MemoryTerm]:
+    T, h, V, c, n, g = ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.chunks, ctx.gradient
+    t = T // n
+    x = 4 if ctx.autocast else c        # the hidden state's dtype: the accumulated gradient's
+    chunk_a = c * t * V + 12 * t * V
+    chunk_b = 2 * c * t * V + V * h * c + c * t * h + (V * h * g if g != c else 0)
+    out = [
+        _term("chunked loss: the hidden state's gradient (accumulated in the forward)", x * T * h, SAVED,
+              f"{x} x T x h (GradAccumulator's result, returned by the backward)"),
+        _term("chunked loss: the LM head's weight gradient (from the first chunk, in the forward)", V * h * g,
+              (FORWARD,), f"V x h x {g} B (lm_head.weight.grad, accumulated chunk by chunk)"),
+        _term("chunked loss: labels (int64)", 8 * T, SAVED, "8 x T (the data loader's labels)"),
+        _term("chunked loss: one chunk's forward and backward", max(chunk_a, chunk_b), (FORWARD,),
+              f"max({c} x t x V + 12 x t x V (logits, fp32 copy, log-softmax, two backward temporaries), "
+              f"2 x {c} x t x V + V x h x {c}" + (f" + V x h x {g}" if g != c else "")
+              + f" + {c} x t x h (logits, their gradient, weight and input gradients)), t = T/{n} = {_n(t)}")]
+    if x != 4:
+        out.append(_term("chunked loss: GradAccumulator's fp32 buffer", 4 * T * h, (FORWARD,),
+                         "4 x T x h (zeros_like(hidden, float32), cast to the hidden dtype at the end)"))
+    return out
+
+
+# --- TRL chunked_nll ------------------------------------------------------------------------------
+
+TRL_CHUNK = 256
+
+
+def trl_chunked_nll_terms(ctx) -> list[MemoryTerm]:
+    T, Tv, h, V, c, w = ctx.tokens, ctx.valid, ctx.hidden, ctx.vocab, ctx.compute, ctx.weight
+    t = min(ctx.chunks, T)                    # hidden[start:start + chunk_size]
+    up_h = 4 * t * h if c != 4 else 0
+    up_w = 4 * V * h if w != 4 else 0
+    fwd = max(up_h + up_w + 4 * t * V, 16 * t * V)
+    bwd_a = up_h + up_w + 16 * t * V
+    bwd_b = up_h + up_w + 12 * t * V + 4 * t * h + 4 * V * h + (c * t * h if c != 4 else 0) + (w * V * h if w != 4 else 0)
+    return [
+        _term("packed hidden state (hidden[order], every shifted token)", c * T * h, SAVED,
+              f"{c} x T x h (the chunks' checkpointed inputs)"),
+        _term("packed labels and the sort order (int64)", 16 * T, SAVED, "2 x 8 x T"),
+        _term("chunked nll: one checkpointed chunk's forward", fwd, (FORWARD,),
+              f"max(fp32 copies {_n(up_h + up_w)} + 4 x t x V, 4 x 4 x t x V (logits, log_p, exp, product)), "
+              f"t = {_n(t)} of {_n(Tv)} tokens computed"),
+        _term("chunked nll: one chunk recomputed and its backward", max(bwd_a, bwd_b), (BACKWARD,),
+              f"max(fp32 copies + 4 x 4 x t x V, fp32 copies + 3 x 4 x t x V + 4 x t x h + 4 x V x h"
+              f" + the casts back), t = {_n(t)}")]
+
+
+# --- LitGPT chunked_cross_entropy -----------------------------------------------------------------
+
+def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
+    T, V, c, t = ctx.tokens, ctx.vocab, ctx.compute, min(ctx.chunks, ctx.tokens)
+    lsm = 4 if ctx.autocast else c
+    out = [
+        _term(f"logits ({c} B, held through the backward)", c * T * V, SAVED,
+              f"{c} x T x V (the training loop's logits)"),
+        _term(f"log-softmax of every chunk ({lsm} B)", lsm * T * V, SAVED,
+              f"{lsm} x T x V (no upcast" + ("; autocast runs log_softmax in fp32" if ctx.autocast else "") + ")"),
+        _term("shifted targets (int64) and per-token losses", 8 * T + lsm * T, SAVED, f"8 x T + {lsm} x T"),
+        _term("chunks' logits gradients and their concatenation", c * T * V, (BACKWARD,),
+              f"{c} x T x V beyond the saved tensors (the split's and the slice's backward make the whole "
+              "gradient as the log-softmaxes are freed)")]
+    if ctx.autocast:
+        out.append(_term("one chunk's fp32 cast", 4 * t * V, (FORWARD,), f"4 x t x V, t = {_n(t)}"))
+    return out
+
+
+# --- Cut Cross-Entropy ----------------------------------------------------------------------------
+
+def cut_cross_entropy_terms(ctx) -> list[MemoryTerm]:
+    T, Tv = ctx.tokens, ctx.valid
+    return [
+        _term("CCE: log-sum-exp (fp32) and the valid tokens' indices (int32)", 8 * Tv, SAVED,
+              f"4 x T' + 4 x T', T' = {_n(Tv)}"),
+        _term("CCE: shifted labels (int64)", 8 * T, SAVED, "8 x T (the targets, saved)"),
+        _term("CCE: per-token dot product (fp32)", 4 * Tv, (FORWARD,), "4 x T'"),
+        _term("CCE: backward's per-token scale (fp32)", 4 * Tv, (BACKWARD,),
+              "4 x T' (the logits are recomputed block by block inside the kernel)")]
+
+
+# --- Megatron-Core fused vocab-parallel cross-entropy ---------------------------------------------
+
+def megatron_fused_terms(ctx) -> list[MemoryTerm]:
+    T, V, c = ctx.tokens, ctx.vocab, ctx.compute
+    on = " (the rank's vocabulary shard)" if V != ctx.shape.vocab else ""
+    up = 4 * T * V if c != 4 else 0
+    return [
+        _term("softmax, made in place in the logits' fp32 copy (saved)", 4 * T * V, SAVED,
+              f"4 x T x V{on} (upcast once, max subtracted, exp and divide in place)"),
+        _term("target mask (bool) and masked target (int64)", 9 * T, SAVED, "T + 8 x T"),
+        _term(f"logits ({c} B, held until the loss returns)", c * T * V if c != 4 else 0, (FORWARD,),
+              f"{c} x T x V{on}" if c != 4 else "0 (fp32: the upcast is the logits themselves)"),
+        _term("per-token statistics (fp32): max, predicted logit and sum of exp, loss", 16 * T, (FORWARD,),
+              "4 x 4 x T"),
+        _term("logits gradient cast to bf16 beside the softmax", 2 * T * V if up else 0, (BACKWARD,),
+              f"2 x T x V{on} (grad_input.to(torch.bfloat16))" if up else "0 (fp32: the gradient in place)")]
+
+
+def _megatron_check(plan, chunks):
+    from .model import megatron
+    if plan.tp_size > 1 and not megatron(plan.profile_options.regime):
+        raise NotModelledError("loss", "megatron_fused", "a Megatron-Core regime (regime='mixed-bf16-main-grad') under tp > 1",
+                               "Megatron's vocabulary-parallel cross-entropy splits the logits its own way")
+
+
+def _launches(per_chunk, chunks_of):
+    def added(plan):
+        n = chunks_of(plan)
+        launches = per_chunk * max(n - 1, 0)
+        return launches * LAUNCH_S, (f"no extra FLOPs; {launches} more kernel launches ({per_chunk} x (chunks - 1), "
+                                     f"{n} chunks) x {LAUNCH_S * 1e6:g} us")
+    return added
+
+
+def _count(plan):
+    return plan.profile_options.loss_chunks or 8
+
+
+def _tokens_per(plan):
+    T = plan.microbatch * plan.seq_len
+    return math.ceil(T / (plan.profile_options.loss_chunks or 1))
+
+
+UNVALIDATED_CCE = ("loss='cut_cross_entropy' is unvalidated: Cut Cross-Entropy's kernels are Triton and need an "
+                   "Ampere GPU; its bytes are derived from apple/ml-cross-entropy's source, not measured")
+
+PUBLISHED = (
+    LossImplementation(
+        name="torchtune_linear", source=TORCHTUNE, terms=torchtune_linear_terms, chunks=8, token_share=True,
+        saves_lm_head_input=False,
+        description="torchtune's LinearCrossEntropyLoss: ignored tokens masked out, the LM head and cross-entropy "
+                    "chunk by chunk",
+        note="loss: torchtune's LinearCrossEntropyLoss ({chunks} chunks, {share:g} of the tokens not ignored): the "
+             "logits and their fp32 copy one chunk at a time; the fp32 log-softmax of the tokens not ignored saved",
+        added_step_time=_launches(11, _count)),
+    LossImplementation(
+        name="torchtitan_chunked", source=TORCHTITAN, terms=torchtitan_chunked_terms, chunks=8,
+        saves_lm_head_input=False, saves_lm_head_weight_copy=False, check=_titan_check,
+        description="torchtitan's ChunkedLossWrapper: the LM head, loss and their backward chunk by chunk inside "
+                    "the forward",
+        note="loss: torchtitan's ChunkedLossWrapper ({chunks} chunks): the loss and the LM head's backward run in "
+             "the forward chunk by chunk; the hidden state's gradient is held until the backward",
+        added_step_time=_launches(13, _count)),
+    LossImplementation(
+        name="trl_chunked_nll", source=TRL, terms=trl_chunked_nll_terms, chunks=TRL_CHUNK, chunk_unit="tokens",
+        token_share=True, saves_lm_head_input=False, allows=(),
+        description="TRL's chunked_nll: valid tokens packed first, chunks of 256 under activation checkpointing",
+        note="loss: TRL's chunked_nll ({chunks} tokens per chunk, {share:g} of the tokens not ignored): one "
+             "checkpointed chunk of fp32 logits at a time",
+        added_step_time=lambda plan: (None, "TRL's chunked_nll recomputes each chunk's LM head in the backward "
+                                            "(2 x T' x h x V more FLOPs): not priced")),
+    LossImplementation(
+        name="litgpt_chunked", source=LITGPT, terms=litgpt_chunked_terms, chunks=128, chunk_unit="tokens",
+        description="LitGPT's chunked_cross_entropy (chunk_size 128): no upcast, the logits held through the "
+                    "backward",
+        note="loss: LitGPT's chunked_cross_entropy ({chunks} tokens per chunk): the log-softmax in the compute "
+             "dtype, the logits held through the backward",
+        added_step_time=_launches(5, _tokens_per)),
+    LossImplementation(
+        name="cut_cross_entropy", source=CCE, terms=cut_cross_entropy_terms, token_share=True,
+        description="Apple's Cut Cross-Entropy: the logits never materialised (Triton; unvalidated)",
+        note="loss: Cut Cross-Entropy: no logits in memory; the log-sum-exp per token saved, the logits recomputed "
+             "in the backward's kernel",
+        notes=(UNVALIDATED_CCE,),
+        added_step_time=lambda plan: (None, "Cut Cross-Entropy recomputes the logits in its backward (2 x T' x h x V "
+                                            "more FLOPs): not priced")),
+    LossImplementation(
+        name="megatron_fused", source=MEGATRON, terms=megatron_fused_terms, check=_megatron_check,
+        allows=("autocast", "tensor_parallel", "context_parallel", "megatron"),
+        description="Megatron-Core's fused vocab-parallel cross-entropy: upcast once, softmax in place",
+        note="loss: Megatron-Core's fused vocab-parallel cross-entropy: the logits upcast once and worked in place "
+             "(the softmax saved); the backward's bf16 gradient beside it",
+        added_step_time=lambda plan: (0.0, "Megatron's fused cross-entropy: no extra FLOPs or launches")),
+)

@@ -1,0 +1,242 @@
+"""Loss implementations are registrations (issue 25 item 5; measured/loss_implementations.py,
+published_losses.py): each published loss's bytes by hand, every phase; a third-party loss
+registered through ``mlsysim_measured_losses`` gives the same bytes as the built-in it copies;
+what is refused names the option and the value. No torch (the measurements: validation/
+techniques/loss/, compared by test_technique_loss.py)."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+
+from mlsysim_core import TrainingMemoryModel, hookimpl
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.hf import from_hf_config
+from mlsysim_core.manager import PluginManager
+from mlsysim_core.registry import PluginInfo
+from mlsysim_core.terms import BACKWARD, FORWARD, PHASES
+from mlsysim_core.types import HardwareNode
+from mlsysim_plugins.measured.loss_implementations import HOOK, LossImplementation
+from mlsysim_plugins.measured.published_losses import PUBLISHED
+
+BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+LLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=4096,
+             rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0, use_cache=False)
+MODEL = from_hf_config(LLAMA, name="llama")
+V, h, B, S = 32000, 256, 2, 256
+T = B * S
+SAVED = (FORWARD, BACKWARD)
+NEW = ("torchtune_linear", "torchtitan_chunked", "trl_chunked_nll", "litgpt_chunked", "cut_cross_entropy",
+       "megatron_fused")
+
+
+def solve(solver=None, regime="bf16", **options):
+    solver = solver or TrainingMemoryModel()
+    return solver.solve(MODEL, BIG, B, S, "fp32" if regime == "fp32" else "bf16", "adamw", "none",
+                        profile="measured", regime=regime, attention="sdpa", device="cpu", runtime_overheads=False,
+                        **options)
+
+
+def terms(result):
+    return {t.label: t for t in result.terms if t.component == "activations"}
+
+
+def check(result, label, nbytes, phases):
+    term = terms(result)[label]
+    assert term.nbytes == nbytes, (label, term.nbytes, nbytes, term.formula)
+    assert tuple(term.phases) == tuple(phases), (label, term.phases)
+
+
+def test_every_published_loss_is_registered():
+    names = set(TrainingMemoryModel().registry.extensions[HOOK])
+    assert {"cross_entropy", "chunked", "fused_linear", *NEW} <= names
+    for impl in PUBLISHED:
+        assert impl.source and "/" in impl.source       # library, path and commit
+
+
+def test_default_unchanged_by_the_registry():
+    """loss=None and loss='cross_entropy' solve to the same bytes (the default's four terms)."""
+    a, b = solve(), solve(loss="cross_entropy")
+    assert a.total_memory == b.total_memory and a.phase_totals == b.phase_totals
+    assert "log-softmax of the logits (fp32)" in terms(a)
+
+
+# --- each implementation by hand (bf16: c = w = g = 2) -----------------------------------------------
+
+def test_torchtune_linear_by_hand():
+    for share, Tv in ((None, T), (0.5, 256)):
+        r = solve(loss="torchtune_linear", **({"loss_token_share": share} if share else {}))
+        t = math.ceil(Tv / 8)
+        check(r, "LM head input: the masked hidden state", 2 * Tv * h, SAVED)
+        check(r, "log-softmax of every chunk's logits (fp32)", 4 * Tv * V, SAVED)
+        check(r, "labels: shifted, masked and their indices (int64)", 8 * T + 16 * Tv, SAVED)
+        check(r, "logits, one chunk (2 B) + its fp32 copy", 2 * t * V + 4 * t * V, (FORWARD,))
+        moments = [8 * t * V, 2 * t * V + 2 * V * h + 2 * t * h - 4 * t * V,
+                   2 * t * V + 3 * 2 * V * h + 2 * 2 * t * h - 8 * t * V]
+        check(r, "chunked linear cross-entropy backward, one chunk at a time", max(moments), (BACKWARD,))
+        check(r, "final norm output (alive until the loss)", 2 * T * h, (FORWARD,))
+        assert any("torchtune's LinearCrossEntropyLoss" in n for n in r.notes)
+
+
+def test_torchtitan_chunked_by_hand():
+    r = solve(loss="torchtitan_chunked")
+    t = T // 8
+    check(r, "chunked loss: the hidden state's gradient (accumulated in the forward)", 2 * T * h, SAVED)
+    check(r, "chunked loss: GradAccumulator's fp32 buffer", 4 * T * h, (FORWARD,))
+    check(r, "chunked loss: the LM head's weight gradient (from the first chunk, in the forward)", 2 * V * h,
+          (FORWARD,))
+    check(r, "chunked loss: labels (int64)", 8 * T, SAVED)
+    check(r, "chunked loss: one chunk's forward and backward",
+          max(2 * t * V + 12 * t * V, 2 * 2 * t * V + 2 * V * h + 2 * t * h), (FORWARD,))
+    assert "cross-entropy backward temporaries (fp32)" not in terms(r)
+    # fp32: the accumulator is the gradient itself, no separate buffer
+    r32 = solve(regime="fp32", loss="torchtitan_chunked")
+    assert "chunked loss: GradAccumulator's fp32 buffer" not in terms(r32)
+    check(r32, "chunked loss: the hidden state's gradient (accumulated in the forward)", 4 * T * h, SAVED)
+
+
+def test_trl_chunked_nll_by_hand():
+    r = solve(loss="trl_chunked_nll")
+    t = 256                                                # TRL's chunk_size
+    up = 4 * t * h + 4 * V * h                             # h.float(), w.float() (bf16 model)
+    check(r, "packed hidden state (hidden[order], every shifted token)", 2 * T * h, SAVED)
+    check(r, "packed labels and the sort order (int64)", 16 * T, SAVED)
+    check(r, "chunked nll: one checkpointed chunk's forward", max(up + 4 * t * V, 16 * t * V), (FORWARD,))
+    check(r, "chunked nll: one chunk recomputed and its backward",
+          max(up + 16 * t * V, up + 12 * t * V + 4 * t * h + 4 * V * h + 2 * t * h + 2 * V * h), (BACKWARD,))
+    small = solve(loss="trl_chunked_nll", loss_chunks=64)
+    check(small, "chunked nll: one checkpointed chunk's forward",
+          max(4 * 64 * h + 4 * V * h + 4 * 64 * V, 16 * 64 * V), (FORWARD,))
+
+
+def test_litgpt_chunked_by_hand():
+    r = solve(loss="litgpt_chunked")
+    check(r, "logits (2 B, held through the backward)", 2 * T * V, SAVED)
+    check(r, "log-softmax of every chunk (2 B)", 2 * T * V, SAVED)
+    check(r, "shifted targets (int64) and per-token losses", 8 * T + 2 * T, SAVED)
+    check(r, "chunks' logits gradients and their concatenation", 2 * T * V, (BACKWARD,))
+    amp = solve(regime="amp-bf16", loss="litgpt_chunked")
+    check(amp, "log-softmax of every chunk (4 B)", 4 * T * V, SAVED)
+    check(amp, "one chunk's fp32 cast", 4 * 128 * V, (FORWARD,))
+
+
+def test_cut_cross_entropy_by_hand():
+    r = solve(loss="cut_cross_entropy", loss_token_share=0.25)
+    Tv = 128
+    check(r, "CCE: log-sum-exp (fp32) and the valid tokens' indices (int32)", 8 * Tv, SAVED)
+    check(r, "CCE: shifted labels (int64)", 8 * T, SAVED)
+    check(r, "CCE: per-token dot product (fp32)", 4 * Tv, (FORWARD,))
+    check(r, "CCE: backward's per-token scale (fp32)", 4 * Tv, (BACKWARD,))
+    assert not any(t.nbytes >= T * V for t in terms(r).values() if "CCE" in t.label)
+    assert any("unvalidated" in n for n in r.notes)
+
+
+def test_megatron_fused_by_hand():
+    r = solve(loss="megatron_fused")
+    check(r, "softmax, made in place in the logits' fp32 copy (saved)", 4 * T * V, SAVED)
+    check(r, "target mask (bool) and masked target (int64)", 9 * T, SAVED)
+    check(r, "logits (2 B, held until the loss returns)", 2 * T * V, (FORWARD,))
+    check(r, "per-token statistics (fp32): max, predicted logit and sum of exp, loss", 16 * T, (FORWARD,))
+    check(r, "logits gradient cast to bf16 beside the softmax", 2 * T * V, (BACKWARD,))
+    r32 = solve(regime="fp32", loss="megatron_fused")
+    check(r32, "logits (4 B, held until the loss returns)", 0, (FORWARD,))
+    check(r32, "logits gradient cast to bf16 beside the softmax", 0, (BACKWARD,))
+
+
+def test_megatron_fused_under_megatron_tp_splits_the_vocabulary():
+    big = TrainingMemoryModel()
+    kw = dict(profile="measured", regime="mixed-bf16-main-grad", runtime_overheads=False, tp_size=2, loss="megatron_fused")
+    r = big.solve(MODEL, BIG, B, S, "bf16", "adamw", "none", **kw)
+    ranks = r.ranks if getattr(r, "ranks", None) else (r,)
+    found = [t for k in ranks for t in k.terms if t.label.startswith("softmax, made in place")]
+    assert found and all(t.nbytes == 4 * T * V / 2 for t in found)
+
+
+def test_every_phase_moves_as_declared():
+    """Against the default: the phase totals differ by exactly what the terms declare."""
+    base = solve()
+    for name in NEW:
+        r = solve(loss=name)
+        for phase in PHASES:
+            declared = sum(t.nbytes for t in r.terms if phase in t.phases)
+            assert r.phase_totals[phase] == pytest.approx(declared), (name, phase)
+        assert r.phase_totals["optimizer_step"] == base.phase_totals["optimizer_step"], name
+
+
+# --- a third party's loss, registered through the hook ----------------------------------------------
+
+THIRD = PluginInfo(name="acme_losses", distribution="acme-losses", version="1.0")
+
+
+class _Module:
+    def __init__(self, items):
+        setattr(self, HOOK, hookimpl(lambda: list(items)))
+
+
+def _world(items) -> TrainingMemoryModel:
+    builtin = PluginManager.from_environment(autoload=False, blocked=())
+    pm = PluginManager()
+    for name, plugin in sorted(builtin.list_name_plugin()):
+        if plugin is not None:
+            pm.register(plugin, name=name, info=builtin.info(name))
+    pm.register(_Module(items), name=THIRD.name, info=THIRD)
+    pm.check()
+    return TrainingMemoryModel(plugin_manager=pm)
+
+
+@pytest.mark.parametrize("name", ["chunked", "fused_linear", *NEW])
+def test_a_third_party_copy_gives_the_same_bytes(name):
+    builtin = {i.name: i for i in TrainingMemoryModel().registry.extensions[HOOK].values()}[name]
+    copy = attrs.evolve(builtin, name=f"acme_{name}")
+    solver = _world([copy])
+    assert f"acme_{name}" in solver.registry.extensions[HOOK]
+    regime = "fp32" if name == "trl_chunked_nll" else "amp-bf16"
+    a, b = solve(regime=regime, loss=name), solve(solver, regime=regime, loss=f"acme_{name}")
+    assert [(t.label, t.nbytes, t.phases) for t in a.terms] == [(t.label, t.nbytes, t.phases) for t in b.terms]
+    assert a.phase_totals == b.phase_totals and a.total_memory == b.total_memory
+
+
+def test_a_third_party_loss_declares_its_memory():
+    from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
+
+    def acme_terms(ctx):
+        return [MemoryTerm(component=ACTIVATIONS, label="acme: lse", nbytes=4 * ctx.valid, phases=SAVED),
+                MemoryTerm(component=ACTIVATIONS, label="acme: tile", nbytes=ctx.compute * 128 * ctx.vocab,
+                           phases=(FORWARD,))]
+    acme = LossImplementation(name="acme_tiled", terms=acme_terms, token_share=True, note="loss: acme's tiled loss")
+    r = solve(_world([acme]), loss="acme_tiled", loss_token_share=0.5)
+    check(r, "acme: lse", 4 * 256, SAVED)
+    check(r, "acme: tile", 2 * 128 * V, (FORWARD,))
+    assert "loss: acme's tiled loss" in r.notes
+
+
+# --- refused, naming the option and the value ----------------------------------------------------------
+
+@pytest.mark.parametrize("options, name", [
+    ({"loss": "focal"}, "loss"), ({"loss": "cut_cross_entropy", "loss_chunks": 4}, "loss_chunks"),
+    ({"loss": "torchtune_linear", "loss_chunks": 0}, "loss_chunks"), ({"loss_token_share": 0.0}, "loss_token_share"),
+    ({"loss": "torchtune_linear", "loss_token_share": 1.5}, "loss_token_share"),
+    ({"loss": "torchtitan_chunked", "loss_chunks": 7}, "loss_chunks")])
+def test_bad_values_refused(options, name):
+    with pytest.raises(InvalidInputError) as err:
+        solve(**options)
+    text = str(err.value)
+    assert name in text and repr(options[name]) in text
+
+
+def test_not_modelled_is_refused_by_name():
+    with pytest.raises(NotModelledError, match="trl_chunked_nll.*autocast"):
+        solve(regime="amp-bf16", loss="trl_chunked_nll")
+    with pytest.raises(NotModelledError, match="megatron_fused"):
+        TrainingMemoryModel().solve(MODEL, BIG, B, S, "bf16", "adamw", "none", tp_size=2, profile="measured",
+                                    regime="bf16", loss="megatron_fused")
+    with pytest.raises(NotModelledError, match="LoRA"):
+        solve(loss="torchtune_linear", lora={"rank": 8})
+
+
+def test_share_said_when_it_changes_nothing():
+    r = solve(loss="chunked", loss_token_share=0.5)
+    assert any("loss_token_share=0.5 changes nothing here" in n for n in r.notes)
