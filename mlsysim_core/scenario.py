@@ -590,13 +590,17 @@ class LaunchField:
     """One field of a launch file and what it became: ``key`` (dotted, as in the file, e.g.
     ``optimizer._component_``) had ``value``; it set the scenario field or profile option
     ``field`` to ``becomes``. ``approximated``: the run's memory is close to, not exactly, what
-    ``becomes`` describes; ``note`` says how (or, when not approximated, anything worth saying)."""
+    ``becomes`` describes; ``note`` says how (or, when not approximated, anything worth saying).
+    ``yields``: read from the file, but another file's value for the same field wins without a
+    contradiction (e.g. the trainer's bf16 regime, which a DeepSpeed or FSDP config recasts); it
+    still beats an implicit default."""
     key: str
     value: Any
     field: str
     becomes: Any
     note: str = ""
     approximated: bool = False
+    yields: bool = False
 
     def to_dict(self) -> dict:
         data = {"key": self.key, "value": self.value, "field": self.field, "becomes": self.becomes}
@@ -604,6 +608,8 @@ class LaunchField:
             data["note"] = self.note
         if self.approximated:
             data["approximated"] = True
+        if self.yields:
+            data["yields"] = True
         return data
 
 
@@ -875,10 +881,13 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     if context.overrides and not context.taken:
         raise InvalidInputError("--override", list(context.overrides), "with a launch file whose format takes "
                                 "key=value overrides (torchtune)", "no file's reader applies them")
-    # Merge: a value two files give differently is refused; an explicit value beats a default.
+    # Merge: a value two files give differently is refused; an explicit value beats a default; a
+    # value read with ``yields`` gives way to another file's (said in the notes).
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     where: dict[str, tuple[str, str]] = {}
+    yielding: set[str] = set()
+    notes: list[str] = []
     for r in readings:
         for d in r.defaults:
             if d.field not in where:
@@ -890,14 +899,25 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
             if not explicit:
                 continue
             key = "/".join(dict.fromkeys(f.key for f in explicit))
+            weak = all(f.yields for f in explicit)
             if field in where and not _same(values[field], value):
                 (other, other_key) = where[field]
-                raise InvalidInputError("--from", r.path, f"files that agree on {field}",
-                                        f"{other}'s {other_key}={values[field]!r} and {r.path}'s {key}={value!r} "
-                                        "contradict each other")
+                if weak and field not in yielding:
+                    notes.append(f"{field}: {r.path}'s {key}={value!r} yields to {other}'s {other_key}="
+                                 f"{values[field]!r}")
+                    continue
+                if not weak and field in yielding:
+                    notes.append(f"{field}: {other}'s {other_key}={values[field]!r} yields to {r.path}'s "
+                                 f"{key}={value!r}")
+                else:
+                    raise InvalidInputError("--from", r.path, f"files that agree on {field}",
+                                            f"{other}'s {other_key}={values[field]!r} and {r.path}'s {key}="
+                                            f"{value!r} contradict each other")
+            elif field in where and weak:
+                continue
             values[field], where[field] = value, (r.path, key)
             sources[field] = f"{r.path}: {key}"
-    notes: list[str] = []
+            (yielding.add if weak else yielding.discard)(field)
     # Hardware and model.
     if hardware is not None:
         values["hardware"], sources["hardware"] = hardware, "-g/--hardware"

@@ -1,0 +1,135 @@
+"""The axolotl launch reader (plugins/mlsysim_plugins/launch/axolotl.py): every copied config read
+end to end (an answer or a refusal naming the field, never a traceback), every key accounted
+for, hand-derived checks of what the fields became, its deepspeed: JSON, and the CLI."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import MlsysimError, PluginContractError
+from mlsysim_core.manager import get_plugin_manager
+from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, parse_launch_file
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
+AX = DATA / "axolotl"
+FILES = sorted(p for p in (AX / "examples").rglob("*.y*ml"))
+REFUSED = {"llama-3/3b-fp8-fsdp2.yaml": "torch_compile", "llama-3/lora-8b.yml": "lora_modules_to_save",
+           "llama-3/qlora.yml": "optimizer",     # paged_adamw_32bit: not modelled
+           "ministral/ministral-small-qlora.yaml": "base_model",     # Ministral-8B: not in the catalog
+           "mistral/bigstral/bigstral-ds-zero3.yaml": "unfrozen_parameters"}
+
+
+def accounted(reading):
+    import re
+    keys = {re.split(r"[.\[ /]", f.key)[0] for f in reading.fields}
+    keys.update(reading.ignored)
+    keys.update(n.split("=")[0] for n in reading.notes)
+    return keys
+
+
+def test_enough_files():
+    assert len(FILES) >= 12
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(AX / "examples")))
+def test_every_file_read_or_refused_naming_the_field(path):
+    registry = get_plugin_manager().registry
+    document = parse_launch_file(path)
+    assert launch_format_for(path, document, registry).name == "axolotl"
+    name = str(path.relative_to(AX / "examples"))
+    try:
+        reading = registry.launch_formats["axolotl"].read(path, document, LaunchContext(registry=registry))
+    except PluginContractError:
+        raise
+    except MlsysimError as err:
+        assert name in REFUSED, f"unexpected refusal: {err}"
+        assert str(path) in err.parameter and err.parameter.endswith(REFUSED[name]), err.parameter
+        return
+    assert name not in REFUSED
+    missing = set(document) - accounted(reading)
+    assert not missing, f"keys not accounted for: {missing}"
+    assert from_launch([path], gpus=1, hardware="h100").scenario.model
+
+
+def test_full_fine_tune_8b():
+    """fft-8b.yaml: bf16 auto -> the model in bf16 (pure bf16 bytes), paged 8-bit AdamW, packed
+    8192-token rows, micro-batch 1 x accumulation 8, checkpointing on."""
+    launch = from_launch([AX / "examples/llama-3/fft-8b.yaml"], gpus=1, hardware="h100")
+    s = launch.scenario
+    assert (s.model, s.seq_len, s.batch_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.1-8b", 8192, 8, 8)
+    assert s.optimizer == "paged-adamw-8bit-bnb" and s.activation_checkpointing == "full"
+    assert s.profile_options["regime"] == "bf16" and s.profile_options["attention"] == "sdpa"
+    result = s.solve()
+    params = 8_030_261_248
+    assert result.weights == pytest.approx(2 * params, rel=1e-6)     # bf16 weights
+    assert result.gradients == pytest.approx(2 * params, rel=1e-6)   # bf16 gradients
+
+
+def test_defaults_are_the_schemas(tmp_path):
+    f = tmp_path / "c.yml"
+    f.write_text("base_model: meta-llama/Llama-3.2-1B\ndatasets:\n  - path: x\n    type: alpaca\n")
+    launch = from_launch([f], gpus=1, hardware="h100")
+    s = launch.scenario
+    # sequence_len 512 (no packing: the maximum), micro_batch_size 1, accumulation 1,
+    # optimizer adamw_torch_fused, gradient checkpointing off, bf16 auto
+    assert (s.seq_len, s.batch_size, s.optimizer, s.activation_checkpointing) == (512, 1, "adamw", "none")
+    assert s.profile_options["optimizer_impl"] == "fused" and s.precision == "bf16"
+    sources = {d.key: d.source for r in launch.readings for d in r.defaults}
+    assert "schemas/config.py:665" in sources["sequence_len"] and "schemas/training.py:122" in sources["optimizer"]
+    assert all(d.version == "axolotl 0.18.0" for r in launch.readings for d in r.defaults if d.key != "attn_implementation")
+
+
+def test_lora_8bit_and_length(tmp_path):
+    launch = from_launch([AX / "examples/llama-3/instruct-lora-8b.yml"], gpus=1, hardware="h100", seq_len=1024)
+    s = launch.scenario
+    assert s.profile_options["lora"] == {"rank": 32, "target_modules": "all-linear", "quantization": "int8"}
+    assert s.seq_len == 1024     # not packed: --seq-len, not the config's 4096
+    assert any(f.key == "lora_dropout" and f.approximated for r in launch.readings for f in r.fields)
+
+
+def test_qlora_nf4_double_quant_and_fsdp():
+    launch = from_launch([AX / "examples/llama-3/qlora-fsdp-70b.yaml"], gpus=2, hardware="h100")
+    o = launch.scenario.profile_options
+    assert o["lora"]["quantization"] == "nf4" and o["lora"]["double_quant"] is True
+    assert o["regime"] == "fsdp-bf16" and o["offload"] == "optimizer+gradients+parameters"
+    assert launch.scenario.data_parallel == "fsdp" and launch.scenario.seq_len == 512
+
+
+def test_liger_fused_linear_loss():
+    launch = from_launch([AX / "examples/llama-3/fft-8b-liger-fsdp.yaml"], gpus=8, hardware="h100")
+    assert launch.scenario.profile_options["loss"] == "fused_linear"
+    assert any(n.startswith("liger_rms_norm=") for r in launch.readings for n in r.notes)
+
+
+def test_deepspeed_json_from_the_config(tmp_path):
+    (tmp_path / "deepspeed_configs").mkdir()
+    shutil.copy(AX / "deepspeed_configs/zero2.json", tmp_path / "deepspeed_configs/zero2.json")
+    f = tmp_path / "c.yml"
+    f.write_text("base_model: mistralai/Mistral-7B-v0.1\nsequence_len: 2048\nsample_packing: true\n"
+                 "micro_batch_size: 2\ngradient_checkpointing: true\ndeepspeed: deepspeed_configs/zero2.json\n")
+    launch = from_launch([f], gpus=4, hardware="h100")
+    s = launch.scenario
+    assert s.zero_stage == 2 and s.profile_options["regime"] == "mixed-bf16"     # DeepSpeed's engine
+    assert s.batch_size == 2 * 4
+
+
+def test_unknown_key_refused(tmp_path):
+    f = tmp_path / "c.yml"
+    f.write_text("base_model: meta-llama/Llama-3.2-1B\nfrobnicate: 1\n")
+    with pytest.raises(MlsysimError, match="frobnicate"):
+        from_launch([f], gpus=1, hardware="h100")
+
+
+def test_cli():
+    out = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
+                          str(AX / "examples/llama-3/fft-8b.yaml"), "--gpus", "1", "-g", "h100"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "paged_adamw_8bit" in out.stdout and "from launch files" in out.stdout
+    refused = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
+                              str(AX / "examples/llama-3/lora-8b.yml"), "--gpus", "1", "-g", "h100"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "lora_modules_to_save" in refused.stderr and "Traceback" not in refused.stderr

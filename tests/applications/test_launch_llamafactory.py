@@ -1,0 +1,147 @@
+"""The LLaMA-Factory launch reader (plugins/mlsysim_plugins/launch/llamafactory.py): every copied
+recipe read end to end (an answer or a refusal naming the field, never a traceback), every key
+of each file accounted for, hand-derived checks of what the fields became, the trainer's
+precision yielding to an accelerate FSDP file, and the CLI."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import MlsysimError, PluginContractError
+from mlsysim_core.manager import get_plugin_manager
+from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, parse_launch_file
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
+LF = DATA / "llamafactory" / "examples"
+FILES = sorted(p for p in LF.rglob("*.yaml"))
+# file -> the field its refusal names
+REFUSED = {"extras/adam_mini/qwen2_full_sft.yaml": "use_adam_mini", "extras/badam/llama3_full_sft.yaml": "use_badam",
+           "extras/fp8/llama3_fp8_deepspeed_sft.yaml": "fp8", "extras/galore/llama3_full_sft.yaml": "use_galore",
+           "extras/llama_pro/llama3_freeze_sft.yaml": "use_llama_pro",
+           "extras/muon/qwen2_full_sft.yaml": "model_name_or_path",     # Qwen2-1.5B: not in the catalog
+           "train_lora/qwen3_lora_dpo.yaml": "stage", "train_lora/qwen3_lora_reward.yaml": "stage",
+           "train_qlora/llama3_lora_sft_gptq.yaml": "model_name_or_path"}
+
+
+def accounted(reading, document):
+    """The top-level keys the reading mentions: read, approximated, ignored or said in a note."""
+    import re
+    keys = set()
+    for f in reading.fields:
+        keys.update(re.split(r"[.\[ /]", f.key)[:1])
+    keys.update(reading.ignored)
+    keys.update(n.split("=")[0] for n in reading.notes)
+    keys.update(d.key for d in reading.defaults)
+    return keys
+
+
+def test_enough_files():
+    assert len(FILES) >= 15
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(LF)))
+def test_every_file_read_or_refused_naming_the_field(path):
+    registry = get_plugin_manager().registry
+    document = parse_launch_file(path)
+    assert launch_format_for(path, document, registry).name == "llamafactory"
+    spec = registry.launch_formats["llamafactory"]
+    name = str(path.relative_to(LF))
+    try:
+        reading = spec.read(path, document, LaunchContext(registry=registry))
+    except PluginContractError:
+        raise
+    except MlsysimError as err:
+        assert name in REFUSED, f"unexpected refusal: {err}"
+        assert str(path) in err.parameter and err.parameter.endswith(REFUSED[name]), err.parameter
+        return
+    assert name not in REFUSED
+    missing = set(document) - accounted(reading, document)
+    assert not missing, f"keys not accounted for: {missing}"
+    launch = from_launch([path], gpus=2, hardware="h100")     # the merge takes it too
+    assert launch.scenario.model
+
+
+def test_lora_sft_fields_and_defaults():
+    launch = from_launch([LF / "train_lora/qwen3_lora_sft.yaml"], gpus=2, hardware="h100")
+    s = launch.scenario
+    # micro-batch 1 x dp 2 x accumulation 8; cutoff_len 2048, not packed (sft): the maximum
+    assert (s.model, s.batch_size, s.gradient_accumulation_steps, s.seq_len) == ("qwen/qwen3-4b", 16, 8, 2048)
+    o = s.profile_options
+    assert o["lora"] == {"rank": 8, "target_modules": "all-linear"}
+    assert o["regime"] == "bf16" and o["attention"] == "sdpa" and o["optimizer_impl"] == "fused"
+    assert s.activation_checkpointing == "full" and s.optimizer == "adamw"     # LLaMA-Factory's default checkpointing
+    defaults = {d.key: d for r in launch.readings for d in r.defaults}
+    assert "checkpointing.py:184" in defaults["disable_gradient_checkpointing"].source
+    assert defaults["disable_gradient_checkpointing"].version == "LLaMA-Factory 0.9.6.dev0"
+    assert "Qwen3-4B-Instruct-2507" in launch.readings[0].fields[0].note     # the variant said
+
+
+def test_pretraining_packs_cutoff_len_minus_one():
+    s = from_launch([LF / "train_lora/qwen3_lora_pretrain.yaml"], gpus=1, hardware="h100").scenario
+    assert s.seq_len == 2047       # stage pt packs (parser.py:645); a packed row is cutoff_len - 1 (data_args.py:189)
+
+
+def test_qlora_is_nf4_with_double_quantization():
+    s = from_launch([LF / "train_qlora/qwen3_lora_sft_otfq.yaml"], gpus=1, hardware="h100").scenario
+    assert s.profile_options["lora"] == {"rank": 8, "target_modules": "all-linear", "quantization": "nf4",
+                                         "double_quant": True}
+
+
+def test_full_with_zero3_takes_deepspeeds_engine():
+    launch = from_launch([LF / "train_full/qwen3_full_sft.yaml"], gpus=4, hardware="h100")
+    s = launch.scenario
+    assert s.zero_stage == 3 and s.profile_options["regime"] == "mixed-bf16"
+    assert s.batch_size == 1 * 4 * 2
+    assert "lora" not in s.profile_options
+    result = s.solve()
+    assert result.total_memory > 0
+
+
+def test_trainer_precision_yields_to_an_fsdp_file():
+    """LLaMA-Factory's bf16 regime is read from the file, but the accelerate FSDP config recasts
+    the model: its regime wins without a contradiction, and the merge says so."""
+    launch = from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml",
+                          DATA / "accelerate/llamafactory/fsdp_config.yaml"], hardware="h100")
+    assert launch.scenario.profile_options["regime"] == "fsdp-bf16"
+    assert any("yields to" in n and "fsdp_config" in n for n in launch.notes)
+    field = next(f for f in launch.readings[0].fields if f.field == "regime")
+    assert field.yields and field.to_dict()["yields"] is True
+    # alone, the file's own regime is taken (it beats mlsysim's default)
+    alone = from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml"], gpus=1, hardware="h100")
+    assert alone.scenario.profile_options["regime"] == "bf16"
+
+
+def test_full_bf16_upcasts_and_pure_bf16_does_not(tmp_path):
+    """model/adapter.py:337-349: trainable parameters upcast to fp32 under bf16 (amp-bf16), kept in
+    bf16 with pure_bf16."""
+    base = "model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfinetuning_type: full\ncutoff_len: 512\n"
+    for extra, regime in (("bf16: true\n", "amp-bf16"), ("pure_bf16: true\n", "bf16"), ("", "fp32")):
+        f = tmp_path / "r.yaml"
+        f.write_text(base + extra)
+        assert from_launch([f], gpus=1, hardware="h100").scenario.profile_options["regime"] == regime
+
+
+def test_unknown_key_refused_never_dropped(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("model_name_or_path: meta-llama/Llama-3.2-1B\nstage: sft\nfrobnicate: 3\n")
+    with pytest.raises(MlsysimError, match="frobnicate"):
+        from_launch([f], gpus=1, hardware="h100")
+
+
+def test_model_flag_replaces_an_unresolved_model():
+    launch = from_launch([LF / "extras/muon/qwen2_full_sft.yaml"], gpus=1, hardware="h100", model="qwen/qwen2.5-1.5b")
+    assert launch.scenario.model == "qwen/qwen2.5-1.5b" and launch.scenario.optimizer == "muon"
+
+
+def test_cli():
+    out = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
+                          str(LF / "extras/fsdp_qlora/llama3_lora_sft.yaml"), "--gpus", "1", "-g", "h100"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "quantization_bit = 4" in out.stdout and "checkpointing.py:184" in out.stdout
+    refused = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
+                              str(LF / "train_lora/qwen3_lora_dpo.yaml"), "--gpus", "2", "-g", "h100"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "stage='dpo'" in refused.stderr and "Traceback" not in refused.stderr
