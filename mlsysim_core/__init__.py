@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 PLUGIN_API_VERSION = (3, 0)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
-_LAZY = {"estimate": "defaults", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
+_LAZY = {"estimate": "scenario", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
          "Placement": "plan", "PluginManager": "manager", "get_plugin_manager": "manager"}
 
 

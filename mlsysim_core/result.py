@@ -142,7 +142,7 @@ class TrainingMemoryResult:
         return tuple(t for t in self.terms if t.component == component)
 
     def to_dict(self) -> dict:
-        from .serialization import unstructure_result
+        from .render import unstructure_result
         return unstructure_result(self)
 
     def to_json(self, **kwargs) -> str:
@@ -153,7 +153,7 @@ class TrainingMemoryResult:
         """Read back a result written by ``to_json``, checked to be one a solve could give;
         anything else raises ``InvalidInputError`` naming the field (``result.ranks[1].weights``).
         A document without ``schema_version`` (older) may leave out fields with defaults."""
-        from .serialization import result_from_json
+        from .render import result_from_json
         return result_from_json(text)
 
     def explain(self) -> str:

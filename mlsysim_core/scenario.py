@@ -35,6 +35,13 @@ import attrs
 
 from .errors import InvalidInputError, InvalidInputTypeError
 
+# The command line's defaults (and estimate()'s): the measured profile unless --profile or the
+# scenario names one; Llama-3.1-8B on an H100 at global batch 8 when nothing is given.
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_HARDWARE = "h100"
+DEFAULT_BATCH = 8
+DEFAULT_PROFILE = "measured"     # every command's, unless --profile or the scenario names one
+
 SOLVE_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing",
                 "tp_size", "pp_size", "dp_size", "ep_size", "zero_stage",
                 "gradient_accumulation_steps", "trainable_fraction", "communication_buffer_fraction")
@@ -860,7 +867,6 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     micro-batch x dp x accumulation. ``hardware``: ``-g`` (default: the CLI's, h100, said).
     ``model``: ``-m``, replacing the files' model (said). ``seq_len``: ``--seq-len``, which a
     reader uses where the file's length is data-dependent (no packing)."""
-    from .defaults import DEFAULT_HARDWARE
     if registry is None:
         from .manager import get_plugin_manager
         registry = get_plugin_manager().registry
@@ -1028,3 +1034,49 @@ def _world_size(readings, gpus) -> tuple[int | None, str]:
     if single:
         return 1, f"{single[0].path}: {single[0].world['single_device'][0]} (a single-device recipe)"
     return None, ""
+
+
+# --- estimate(): the CLI's `estimate` in Python ------------------------------------------------------
+# ``TrainingMemoryModel()`` keeps the reference package's contract (the ``reference`` profile by
+# default); ``estimate()`` answers as the command line does: the ``measured`` profile unless
+# ``profile`` says otherwise, and a run the profile does not model refused (``NotModelledError``),
+# never answered by another profile.
+
+def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch_size: int = DEFAULT_BATCH,
+             seq_len: int = 2048, *, profile: str = DEFAULT_PROFILE, plugin_manager=None, **solve_options):
+    """``mlsysim-core estimate`` in Python: a ``TrainingMemoryResult``.
+
+    ``model``: a catalog name, a model's JSON file, a Hugging Face ``config.json`` (or the
+    folder holding it), or a ``TransformerWorkload``; ``hardware``: a catalog name, a JSON
+    file or a ``HardwareNode``. ``batch_size`` is the GLOBAL batch, which must be a whole
+    number of micro-batches over ``dp_size`` x ``gradient_accumulation_steps`` (as the CLI
+    asks; ``solve`` does too). ``solve_options``: every other keyword of
+    ``TrainingMemoryModel.solve`` (``precision``, ``tp_size``, ``zero_stage``, the measured
+    profile's ``regime``, ``lora``, ...). ``profile="reference"`` for the textbook
+    estimate: ``TrainingMemoryModel().solve`` with the same arguments.
+    """
+    from ._checks import whole_microbatches
+    from .solver import TrainingMemoryModel
+    sizes = (batch_size, solve_options.get("dp_size", 1), solve_options.get("gradient_accumulation_steps", 1))
+    if all(type(n) is int and n >= 1 for n in sizes):      # (else the solve names the bad one)
+        whole_microbatches(*sizes)
+    solver = TrainingMemoryModel(profile, plugin_manager=plugin_manager)
+    return solver.solve(_cli_model(model), _cli_hardware(hardware), batch_size, seq_len, **solve_options)
+
+
+def _cli_model(value):
+    """Catalog names, model files and checkpoint folders as the CLI reads them; objects as they are."""
+    from .cli import _model as read
+    return _cli_read(value, read, "model")
+
+
+def _cli_hardware(value):
+    from .cli import _hardware as read
+    return _cli_read(value, read, "hardware")
+
+
+def _cli_read(value, read, parameter: str):
+    """A name or path (str or Path) through the CLI's reader, naming ``parameter``; anything else as it is."""
+    if isinstance(value, Path):
+        value = str(value)
+    return read(value, parameter=parameter) if isinstance(value, str) else value

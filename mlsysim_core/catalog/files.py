@@ -37,7 +37,7 @@ def structure_model(data: dict):
     return _structure_fields(cls, data, "model", f"a value: a {kind} model needs {required}")
 
 
-# Fields of a hardware file that may be written with a unit (mlsysim_core.units): sizes in
+# Fields of a hardware file that may be written with a unit (catalog.units): sizes in
 # bytes ("80GB", "24 GiB") and bandwidths in bytes per second ("3.35TB/s"). Numbers are bytes.
 SIZE_FIELDS = ("memory_capacity", "host_memory")
 BANDWIDTH_FIELDS = ("memory_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth")
@@ -46,7 +46,7 @@ BANDWIDTH_FIELDS = ("memory_bandwidth", "intra_node_bandwidth", "inter_node_band
 def structure_hardware(data: dict):
     """A ``HardwareNode`` from a dict, checked like ``structure_model`` (``hardware.<field>``);
     a size or bandwidth may be a string with a unit (``"memory_capacity": "24GiB"``)."""
-    from ..units import parse_bandwidth, parse_bytes
+    from .units import parse_bandwidth, parse_bytes
     data = dict(_json_object(data, "hardware", "HardwareNode"))
     for fields, parse in ((SIZE_FIELDS, parse_bytes), (BANDWIDTH_FIELDS, parse_bandwidth)):
         for name in fields:
