@@ -145,3 +145,11 @@ def test_cli():
                               str(LF / "train_lora/qwen3_lora_dpo.yaml"), "--gpus", "2", "-g", "h100"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "stage='dpo'" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_validation_table_in_the_docs_is_the_tools_output():
+    """docs/launch-hf.md's validation table is what tools/launch_validation_hf.py prints."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "tools" / "launch_validation_hf.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
