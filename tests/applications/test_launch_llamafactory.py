@@ -153,3 +153,20 @@ def test_validation_table_in_the_docs_is_the_tools_output():
     out = subprocess.run([sys.executable, str(root / "tools" / "launch_validation_hf.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_yields_in_either_order_and_two_yielding_values_contradict(tmp_path):
+    files = [LF / "extras/fsdp_qlora/llama3_lora_sft.yaml", DATA / "accelerate/llamafactory/fsdp_config.yaml"]
+    for order in (files, files[::-1]):
+        launch = from_launch(order, hardware="h100")
+        assert launch.scenario.profile_options["regime"] == "fsdp-bf16"
+        assert sum("yields to" in n for n in launch.notes) == 1
+    other = tmp_path / "ax.yml"     # axolotl's regime also yields: two yielding values that differ contradict
+    other.write_text("base_model: meta-llama/Meta-Llama-3-8B\nbf16: false\n")     # fp32, yielding
+    with pytest.raises(MlsysimError, match="regime.*contradict"):
+        from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml", other], gpus=1, hardware="h100")
+
+
+def test_framework_version_other_than_the_readers_is_said():
+    launch = from_launch([LF / "train_lora/qwen3_lora_sft.yaml"], gpus=1, hardware="h100", framework_version="0.8.3")
+    assert any("--framework-version 0.8.3" in n for n in launch.readings[0].notes)

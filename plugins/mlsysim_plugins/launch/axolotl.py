@@ -56,6 +56,9 @@ def recognizes(path, document) -> bool:
 
 def read(path, document, context):
     r = Reading("axolotl", path, VERSION, context)
+    asked = getattr(context, "framework_version", None)
+    if asked and str(asked).strip() not in VERSION:
+        r.notes.append(f"--framework-version {asked}: this reader knows {VERSION}'s defaults only; those are applied")
     doc = document
     get = doc.get
     # Refusals first: what changes memory and is not modelled.

@@ -100,6 +100,9 @@ def recognizes(path, document) -> bool:
 
 def read(path, document, context):
     r = Reading("llamafactory", path, VERSION, context)
+    asked = getattr(context, "framework_version", None)
+    if asked and str(asked).strip() not in VERSION:
+        r.notes.append(f"--framework-version {asked}: this reader knows {VERSION}'s defaults only; those are applied")
     doc = document
     get = doc.get
     # The stage: what the measured profile can describe.
