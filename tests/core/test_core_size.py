@@ -29,8 +29,8 @@ EDGE_AT_SPLIT = {"cli.py": 1613,   # re-based at issue 23 (was 1344; 1,613 then)
                  "plots.py": 674, "hf.py": 619,
                  "search.py": 901,   # issue 17: +14 at the split for ranking by step time (the model: a plugin's)
                  "inverse.py": 350,
-                 "scenario.py": 565,   # re-based at issue 23 (was 470): the file's table as written, contradictions,
-                 # units in hardware tables
+                 "scenario.py": 1083,   # re-based at issue 26 (was 565; re-based at issue 23 from 470): +518 for
+                 # the launch-config framework (LaunchReading, from_launch, --from), which issue 26 puts in this edge module
                  "finetune.py": 531, "__main__.py": 3,
                  "testing.py": 277,   # re-based at issue 24 (was 221; 274 then: the declared-checkpointing
                  # conformance check of issue 24 item 1; +3 asking ProfileSpec.callables instead of grade)

@@ -35,7 +35,7 @@ def base(solver, **kw):
 
 def test_every_hook_has_a_test():
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 14
+    assert len(hooks) == 15
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
                if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
@@ -44,6 +44,36 @@ def test_every_hook_has_a_test():
 
 def test_plugin_api_version_is_declared():
     assert mlsysim_core.PLUGIN_API_VERSION == (3, 0)
+
+
+def test_hook_mlsysim_launch_formats(builtin_pm, tmp_path):
+    """A third party's launch format reads a file into the scenario; a file it does not recognize is not its."""
+    from mlsysim_core import LaunchFormatSpec, hookimpl
+    from mlsysim_core.manager import PluginManager
+    from mlsysim_core.scenario import LaunchField, LaunchReading, from_launch
+
+    def read(path, document, context):
+        cfg = document["acme_trainer"]
+        return LaunchReading(format="acme.trainer", path=str(path), world={"single_device": ("acme_trainer", True)},
+                             fields=[LaunchField(key=f"acme_trainer.{k}", value=v, field=f, becomes=v)
+                                     for k, f, v in (("model", "model", cfg["model"]), ("mbs", "micro_batch_size",
+                                                     cfg["mbs"]), ("seq", "seq_len", cfg["seq"]))])
+
+    class Acme:
+        @hookimpl
+        def mlsysim_launch_formats(self):
+            return [LaunchFormatSpec(name="acme.trainer", description="ACME trainer", framework="acme",
+                                     suffixes=(".json",), recognizes=lambda p, d: "acme_trainer" in d, read=read)]
+
+    pm = PluginManager()
+    for name, plugin in builtin_pm.list_name_plugin():
+        pm.register(plugin, name=name, info=builtin_pm.info(name))
+    pm.register(Acme(), name="acme")
+    assert pm.registry.launch_formats["acme.trainer"].framework == "acme"
+    path = tmp_path / "run.json"
+    path.write_text('{"acme_trainer": {"model": "llama3-8b", "mbs": 3, "seq": 512}}')
+    s = from_launch([path], registry=pm.registry).scenario
+    assert (s.model, s.batch_size, s.seq_len, s.dp_size) == ("llama3-8b", 3, 512, 1)
 
 
 def test_hook_mlsysim_step_time_models(builtin_pm):
