@@ -170,3 +170,14 @@ def test_yields_in_either_order_and_two_yielding_values_contradict(tmp_path):
 def test_framework_version_other_than_the_readers_is_said():
     launch = from_launch([LF / "train_lora/qwen3_lora_sft.yaml"], gpus=1, hardware="h100", framework_version="0.8.3")
     assert any("--framework-version 0.8.3" in n for n in launch.readings[0].notes)
+
+
+def test_trainer_arguments_regime_yields_to_deepspeed():
+    """The Trainer's bf16 + torch_dtype is read (not a default) and gives way to the accelerate
+    file's DeepSpeed engine."""
+    launch = from_launch([DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml",
+                          DATA / "accelerate/alignment-handbook/zero3.yaml"], hardware="h100")
+    assert launch.scenario.profile_options["regime"] == "mixed-bf16"
+    read = next(f for f in launch.readings[0].fields if f.field == "regime")
+    assert read.yields and read.becomes == "bf16" and "torch_dtype" in read.key
+    assert any("yields to" in n and "zero3.yaml" in n for n in launch.notes)

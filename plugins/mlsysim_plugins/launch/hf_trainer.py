@@ -12,6 +12,7 @@ loaded in float32 unless ``dtype`` says otherwise: trl/trainer/utils.py ``create
 from __future__ import annotations
 
 from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core.scenario import LaunchField
 
 from . import _hf
 from ._hf import TA_SOURCE, TRANSFORMERS, TRL, Reading, is_true, whole
@@ -151,8 +152,16 @@ def trainer_args(r: Reading, doc: dict, *, trl: bool, prefix: str = "", foreign=
         src = ("transformers 5.x from_pretrained(dtype='auto'): the checkpoint's dtype, assumed bf16 (the model is "
                "loaded by the user's script)")
     regime = _hf.regime_of(weights, mixed)
-    r.default(f"{p}bf16/fp16 + model dtype", "regime", regime, src, "when no DeepSpeed or FSDP config (another file) "
-              "casts the model; theirs wins", version=TRL if trl else TRANSFORMERS)
+    given = [k for k in ("bf16", "fp16") if k in doc] + ([dtype_key] if dtype_key else [])
+    if given:     # read from the file, but a DeepSpeed or FSDP config (another file) recasts the model: theirs wins
+        r.seen.update(f"{p}{k}" for k in given)
+        value = {k: dtype_val if k == dtype_key else get(k) for k in given}
+        r.fields.append(LaunchField(key=" + ".join(f"{p}{k}" for k in given), value=value, field="regime",
+                                    becomes=regime, note=f"{src}; a DeepSpeed or FSDP config (another file) recasts "
+                                    "the model and wins", yields=True))
+    else:
+        r.default(f"{p}bf16/fp16 + model dtype", "regime", regime, src, "when no DeepSpeed or FSDP config (another "
+                  "file) casts the model; theirs wins", version=TRL if trl else TRANSFORMERS)
     # Optimizer.
     if "optim" in doc:
         _hf.optimizer(r, f"{p}optim", doc["optim"])
