@@ -12,7 +12,7 @@ Compares the tracker's byte counts with hand counts, exactly (to the byte):
    at once), or that plus max_i(2*n_i + n_(i-1)) elements (for-loop: ``exp_avg_sq.sqrt() /
    bias_correction2_sqrt`` makes two temporaries of parameter i while the previous parameter's ``denom``
    is still bound to the loop variable).
-2. A tiny HF Llama through ``measure.py``'s own code path: the same counts (in fp32 and in pure bf16, where
+2. A tiny HF Llama through ``harness.py``'s own code path (``measure.py``'s runs): the same counts (in fp32 and in pure bf16, where
    everything is 2 bytes per parameter except the fp32 ``step`` tensors), and the fp32 logits mechanism:
    the first backward op of the cross-entropy (``_log_softmax_backward_data``) holds two fp32 tensors of
    b*s*V elements as ``temp``.
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
 import configs  # noqa: E402
-import measure  # noqa: E402
+import harness  # noqa: E402  (validation/harness.py)
 
 FAILED = []
 
@@ -51,7 +51,7 @@ def linear_stack(impl: str) -> None:
     torch.manual_seed(0)
     widths = [256, 512, 384, 128]
     model = torch.nn.Sequential(*[torch.nn.Linear(a, b, bias=False) for a, b in zip(widths, widths[1:])])
-    opt = measure.build_optimizer(model.parameters(), "adamw", impl)
+    opt = harness.build_optimizer(model.parameters(), "adamw", impl)
     x = torch.randn(2, widths[0])
     sizes = [p.numel() for p in model.parameters()]
     n = sum(sizes)
@@ -90,7 +90,7 @@ def hf_llama() -> None:
     for regime, bpe in (("fp32", 4), ("bf16", 2)):
         for impl in ("fused", "foreach"):
             cfg = dict(base, regime=regime, optimizer_impl=impl, id=f"check-{regime}-{impl}")
-            m = measure.measure(cfg)
+            m = harness.measure(cfg)
             n, n_tensors = m["parameters"], m["parameter_tensors"]
             buffers = m["alive"]["end_of_step"]["by_category"]["buffer"]
             inputs = 8 * cfg["batch_size"] * cfg["seq_len"]  # int64 input_ids ("other")
@@ -108,8 +108,8 @@ def hf_llama() -> None:
 
 
 def real_vs_fake() -> None:
-    real = measure.measure(next(c for c in configs.CONFIGS if c["id"] == "twin-gpt2-tiny-fp32-eager-drop-b2-s256-real"))
-    fake = measure.measure(next(c for c in configs.CONFIGS if c["id"] == "twin-gpt2-tiny-fp32-eager-drop-b2-s256-fake"))
+    real = harness.measure(next(c for c in configs.CONFIGS if c["id"] == "twin-gpt2-tiny-fp32-eager-drop-b2-s256-real"))
+    fake = harness.measure(next(c for c in configs.CONFIGS if c["id"] == "twin-gpt2-tiny-fp32-eager-drop-b2-s256-fake"))
     check("gpt2-tiny eager+dropout: real vs fake peak", fake["peak_bytes"], real["peak_bytes"])
     for cat, v in real["by_category_at_peak"].items():
         check(f"gpt2-tiny: real vs fake {cat} at peak", fake["by_category_at_peak"][cat], v)

@@ -17,28 +17,22 @@ three iterations in ``MemTracker``, the third measured (steady state).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import gc
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
-import traceback
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf  # noqa: E402
-from measure import PhaseMemTracker, _submodules  # noqa: E402
-from measure import build_optimizer, layer_forward_deltas, peak_record, previous_runs, run_protocol  # noqa: E402
+import harness  # noqa: E402  (validation/harness.py)
+from harness import PhaseMemTracker, _submodules, layer_forward_deltas, peak_record, run_protocol  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 
 
@@ -110,8 +104,7 @@ CONFIGS = [
 def build_model(cfg: dict):
     """The base model (quantized for QLoRA) wrapped by peft."""
     from peft import LoraConfig, get_peft_model
-    hf_kwargs = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(hf_kwargs.pop("model_type"), **hf_kwargs)
+    hf_config = harness.hf_config_of(cfg)
     dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
     lora = cfg["lora"]
     model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
@@ -138,21 +131,17 @@ def build_model(cfg: dict):
 
 
 def measure(cfg: dict) -> dict:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    amp = cfg["regime"] == "amp-bf16"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, hf_config = build_model(cfg)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
-        layers, named = _submodules(model.get_base_model())
+    cell = {}
 
-        mt = FrozenAwareMemTracker()
-        mt.track_external(model, optimizer, input_ids)
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
-        alive, _ = run_protocol(mt, model, optimizer, input_ids, autocast=autocast)
+    def build(cfg):
+        model, cell["hf_config"] = build_model(cfg)
+        return model, torch.randint(0, cell["hf_config"].vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+
+    torch.manual_seed(0)
+    with harness.training_run(cfg, build=build, tracker=FrozenAwareMemTracker) as run:
+        model, mt, params = run.model, run.mt, run.params
+        layers, _ = _submodules(model.get_base_model())
+        alive, _ = run_protocol(mt, model, run.optimizer, run.input_ids, autocast=harness.autocast_for(cfg))
         t_end = time.perf_counter()
 
         storage = {}
@@ -185,10 +174,9 @@ def measure(cfg: dict) -> dict:
             "trainable_dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params}),
             "parameter_tensors": len(params),
             "peft_trainable_total": list(model.get_nb_trainable_parameters()),
-            "wall_s": round(t_end - t0, 1),
+            "wall_s": round(t_end - run.t0, 1),
         }
-    gc.collect()
-    return measured
+        return measured
 
 
 def _versions() -> dict:
@@ -198,45 +186,22 @@ def _versions() -> dict:
             "bitsandbytes": bitsandbytes.__version__}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="measurements JSON to write")
-    ap.add_argument("--only", nargs="+", metavar="ID", help="measure only these configuration ids (merge into --out)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    by_id = {c["id"]: c for c in CONFIGS}
-    todo = [by_id[i] for i in args.only] if args.only else list(CONFIGS)
-    previous = previous_runs(args.out, _versions())[0] if args.only else {}
-    t0 = time.perf_counter()
-    results = {}
-    for n, cfg in enumerate(todo, 1):
-        run = dict(cfg)
-        try:
-            run["measured"] = m = measure(cfg)
-            gc.collect()
-            msg = f"peak {m['peak_bytes'] / 2**20:9.2f} MiB in {m['peak_phase']:<9} ({m['peak_op']}) {m['wall_s']:5.1f}s"
-        except Exception as e:  # record and go on
-            run["error"] = f"{type(e).__name__}: {e}".strip()[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
-            msg = f"ERROR {run['error'][:200]}"
-        results[cfg["id"]] = run
-        print(f"[{n:2d}/{len(todo)}] {cfg['id']:<48} {msg}", flush=True)
-    runs = [results.get(c["id"]) or previous.get(c["id"]) for c in CONFIGS]
-    runs = [r for r in runs if r is not None]
-    doc = {
+def document(args, runs, ctx) -> dict:
+    return {
         "generator": "/tmp/ftvenv/bin/python validation/measure_lora.py --out validation/lora_measurements.json",
         "environment": "python3 -m venv --system-site-packages /tmp/ftvenv && /tmp/ftvenv/bin/pip install "
                        "--no-deps peft==0.21.2 bitsandbytes==0.50.2 (torch==2.13.0, transformers==5.23.0 "
                        "from validation/requirements.txt)",
         "python": platform.python_version(), **_versions(), "device": "cpu",
-        "total_wall_s": None if args.only else round(time.perf_counter() - t0, 1),
+        "total_wall_s": None if args.only else round(ctx.elapsed, 1),
         "runs": runs,
     }
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(args.out + ".tmp", args.out)
-    print(f"wrote {args.out}: {len(runs)} runs, {sum(1 for r in runs if r.get('error'))} errors", flush=True)
+
+
+def main(argv=None) -> int:
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+                 document=document, versions=_versions, summary=harness.mib_summary(9, 2, wall=5),
+                 line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<48} {msg}")
     return 0
 
 

@@ -36,17 +36,13 @@ every run next to its baseline, phase by phase, with the closed-form deltas (``e
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import gc
 import importlib.metadata
-import json
 import os
 import platform
 import re
 import sys
 import time
-import warnings
 import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,13 +51,12 @@ sys.path.insert(0, VALIDATION)
 sys.path.insert(0, os.path.join(VALIDATION, "parallel"))
 
 import configs as _configs  # noqa: E402
-import measure as _measure  # noqa: E402
+import harness  # noqa: E402  (validation/harness.py)
 import measure_parallel as _parallel  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 GENERATOR = ("/tmp/valvenv/bin/python validation/examples/measure_examples.py "
              "--out validation/examples/measurements.json")
@@ -136,7 +131,7 @@ def shapes(hf: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- single-device runs
-class LayerPeakTracker(_measure.PhaseMemTracker):
+class LayerPeakTracker(harness.PhaseMemTracker):
     """``../measure.py``'s tracker, also recording the forward's peak over the ops run inside a decoder layer
     (ModTracker's active modules include ``...layers.N``): what the layers' forward holds at most. (Not in the
     backward, where ModTracker's module attribution can be stale, see ../README.md.)"""
@@ -150,78 +145,58 @@ class LayerPeakTracker(_measure.PhaseMemTracker):
         if self.phase != "forward" or not any(".layers." in p for p in self._mod_tracker.parents):
             return
         for dev_snap in self._curr_mem_snap.values():
-            tot = dev_snap[_measure.TOTAL]
+            tot = dev_snap[harness.TOTAL]
             lp = self.layer_peaks.get(self.phase)
             if lp is None or lp["bytes"] < tot:
-                self.layer_peaks[self.phase] = {"bytes": int(tot), "by_category": _measure._cats(dev_snap),
+                self.layer_peaks[self.phase] = {"bytes": int(tot), "by_category": harness._cats(dev_snap),
                                                 **self._where()}
 
 
-def _build(cfg):
-    torch.manual_seed(0)
-    kw = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
-    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=torch.float32)
-    model.train()
-    input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
-    return model, input_ids
-
-
-def _make_optimizer(cfg, model):
+def _make_optimizer(run):
+    cfg, model = run.cfg, run.model
     if cfg["optimizer"] == "adam-mini":
         from adam_mini import Adam_mini
 
         kw = dict(cfg["optimizer_kwargs"])
         kw["betas"] = tuple(kw["betas"])
         return Adam_mini(model.named_parameters(), **kw)
-    return _measure.build_optimizer([p for p in model.parameters() if p.requires_grad],
-                                    cfg["optimizer"], cfg["optimizer_impl"])
+    return harness.build_optimizer(run.params, cfg["optimizer"], cfg["optimizer_impl"])
 
 
 def measure_single(cfg, forward_ctx=None, extra_point=None, after=None, setup=None) -> dict:
-    """``../measure.py``'s protocol and records, with the optimizer of ``cfg`` and ``forward_ctx(mt)`` (a
+    """The harness's protocol and records, with the optimizer of ``cfg`` and ``forward_ctx(mt)`` (a
     context-manager factory) around the forward and the loss. ``extra_point()`` adds fields to every alive
     point; ``after(mt, model, optimizer)`` returns more fields for ``measured``."""
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, input_ids = _build(cfg)
-        optimizer = _make_optimizer(cfg, model)
-        layers, named = _measure._submodules(model)
-        mt = LayerPeakTracker()
-        mt.track_external(model, optimizer, input_ids)
+    with harness.training_run(cfg, optimizer=_make_optimizer, tracker=LayerPeakTracker) as run:
+        model, optimizer, mt = run.model, run.optimizer, run.mt
         if setup:
             setup(mt, model)
 
         def point():
-            d = _measure._point(mt)
+            d = harness._point(mt)
             if extra_point:
                 d.update(extra_point())
             return d
 
         ctx = (lambda: forward_ctx(mt)) if forward_ctx else contextlib.nullcontext
-        alive, t_measured = _measure.run_protocol(mt, model, optimizer, input_ids, autocast=ctx, point=point)
+        alive, t_measured = harness.run_protocol(mt, model, optimizer, run.input_ids, autocast=ctx, point=point)
         t_end = time.perf_counter()
         measured = {
-            **_measure.peak_record(mt),
+            **harness.peak_record(mt),
             "alive": alive,
-            "layer_forward_retained_bytes": _measure.layer_forward_deltas(mt, layers),
+            "layer_forward_retained_bytes": harness.layer_forward_deltas(mt, run.layers),
             "forward_peak_inside_decoder_layers": {k: v for k, v in mt.layer_peaks.get("forward", {}).items()
                                                    if k not in ("in_backward_pass", "phase")},
-            "module_snapshots": {n: _measure._mod_totals(mt, m) for n, m in named.items() if m is not None},
-            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "module_snapshots": {n: harness._mod_totals(mt, m) for n, m in run.named.items() if m is not None},
+            **harness.parameter_facts(model, list(model.parameters())),
             "trainable_parameters": int(sum(p.numel() for p in model.parameters() if p.requires_grad)),
-            "parameter_tensors": len(list(model.parameters())),
-            "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "attn_implementation": model.config._attn_implementation,
         }
         if after:
             measured.update(after(mt, model, optimizer))
-        measured["wall_s"] = round(time.perf_counter() - t0, 1)
+        measured["wall_s"] = round(time.perf_counter() - run.t0, 1)
         measured["measured_iteration_wall_s"] = round(t_end - t_measured, 1)
-    del model, optimizer, mt, input_ids
-    gc.collect()
-    return measured
+        return measured
 
 
 # --------------------------------------------------------------------------- Adam-mini
@@ -416,20 +391,7 @@ def _secondary_bytes(model) -> dict:
 
 
 def measure_fsdp(cfg) -> dict:
-    orig = _parallel._measure.run_protocol
-
-    def run_protocol(mt, model, optimizer, input_ids, *, point=None, **kw):
-        def point2():
-            d = point()
-            d.update(_secondary_bytes(model))
-            return d
-        return orig(mt, model, optimizer, input_ids, point=point2, **kw)
-
-    _parallel._measure.run_protocol = run_protocol
-    try:
-        return _parallel.measure_parallel(cfg)
-    finally:
-        _parallel._measure.run_protocol = orig
+    return _parallel.measure_parallel(cfg, extra_point=_secondary_bytes)
 
 
 # --------------------------------------------------------------------------- comparisons (no torch needed)
@@ -588,38 +550,24 @@ def measure_run(cfg: dict) -> dict:
     return measure_single(cfg, after=after)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    t0 = time.perf_counter()
-    runs = {}
-    for n, cfg in enumerate(RUNS, 1):
-        run = dict(cfg)
-        run["measured"] = measure_run(cfg)
-        m = run["measured"]
-        print(f"[{n:2d}/{len(RUNS)}] {cfg['id']:<56} peak {m['peak_bytes']:>11,} B in {m['peak_phase']:<9} "
-              f"({m['peak_op']}) {m['wall_s']:5.1f}s", flush=True)
-        runs[cfg["id"]] = run
-    elapsed = time.perf_counter() - t0
-    doc = {
+def document(args, runs, ctx) -> dict:
+    by_id = {r["id"]: r for r in runs}
+    return {
         "generator": GENERATOR,
         "environment": _environment(),
-        "model": {"id": MODEL, "hf_config": runs[BASE]["hf_config"], "shapes": shapes(runs[BASE]["hf_config"])},
-        "total_wall_s": round(elapsed, 1),
-        "runs": list(runs.values()),
-        "comparisons": compare(runs),
+        "model": {"id": MODEL, "hf_config": by_id[BASE]["hf_config"], "shapes": shapes(by_id[BASE]["hf_config"])},
+        "total_wall_s": None if args.only else round(ctx.elapsed, 1),
+        "runs": runs,
+        "comparisons": compare(by_id),
     }
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, args.out)
-    bad = [(c["run"], k) for c in doc["comparisons"] for k, r in c["phases"].items() if r.get("exact") is False]
-    bad += [(c["run"], k) for c in doc["comparisons"] for k in ("host", "forward_peak_inside_decoder_layers")
-            if k in c and not c[k]["exact"]]
-    print(f"wrote {args.out}: {len(runs)} runs, {elapsed:.0f}s; formulas not exact: {bad or 'none'}", flush=True)
+
+
+def main(argv=None) -> int:
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=RUNS, measure_run=measure_run,
+                 document=document, catch=False,
+                 summary=lambda m: f"peak {m['peak_bytes']:>11,} B in {m['peak_phase']:<9} ({m['peak_op']}) "
+                                   f"{m['wall_s']:5.1f}s",
+                 line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<56} {msg}")
     return 0
 
 

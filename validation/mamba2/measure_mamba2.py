@@ -4,10 +4,10 @@
     /tmp/m2venv/bin/python validation/mamba2/measure_mamba2.py --out validation/mamba2/measurements.json [--only ID ...]
 
 Needs ``torch==2.13.0`` (CPU build) and ``transformers==5.23.0`` (``validation/requirements.txt``). It reuses
-``validation/measure.py`` (imported, not copied): its ``PhaseMemTracker``, optimizer builder, three-iteration
-protocol (two warm-ups, then the tracker is re-entered and iteration 3 is measured), peak record and per-layer
-forward deltas. Only what ``measure.measure`` cannot do for this family is here: Bamba's final norm is
-``model.model.final_layernorm`` (``measure._submodules`` looks for ``norm`` / ``ln_f``); every run also
+``validation/harness.py`` (imported, not copied): its ``PhaseMemTracker``, optimizer builder, three-iteration
+protocol (two warm-ups, then the tracker is re-entered and iteration 3 is measured), peak record, per-layer
+forward deltas and command line. Only what ``harness.measure`` cannot do for this family is here: Bamba's final norm is
+``model.model.final_layernorm`` (``harness._submodules`` looks for ``norm`` / ``ln_f``); every run also
 records which decoder layers are Mamba-2 mixers and which are attention (``layer_types``), each layer's
 parameter count (``layer_parameters``), and the peak while each decoder layer's backward is active
 (``layer_backward_peaks``: bytes, split and op at that peak, and the layer's ``Pre-Backward`` total and split).
@@ -20,23 +20,16 @@ mixer runs transformers' pure-torch path (``mamba_ssm`` / ``causal_conv1d`` are 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import gc
-import json
 import os
 import platform
 import sys
 import time
-import traceback
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))          # validation/: measure.py (and its configs.py)
+sys.path.insert(0, os.path.dirname(HERE))          # validation/: harness.py
 
-import measure as M  # noqa: E402  (torch, transformers, the tracker and the HF patches)
-import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+import harness as M  # noqa: E402  (torch, transformers, the tracker, the protocol and the HF patches)
 
 GENERATOR = "/tmp/m2venv/bin/python validation/mamba2/measure_mamba2.py --out validation/mamba2/measurements.json"
 ENVIRONMENT = "python3 -m venv /tmp/m2venv && /tmp/m2venv/bin/pip install -r validation/requirements.txt"
@@ -144,104 +137,49 @@ def _submodules(model):
 
 
 def measure(cfg: dict) -> dict:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    hf_kwargs = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(hf_kwargs.pop("model_type"), **hf_kwargs)
     if cfg["method"] != "real" or cfg["regime"] not in ("fp32", "bf16") or cfg["checkpointing"] != "none":
         raise ValueError("this harness measures real fp32 / pure-bf16 runs without checkpointing only")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = M.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+
+    def tracker():
+        return LayerBackwardTracker([f"{type(run_model[0]).__name__}.model.layers.{i}" for i in range(len(layers))])
+
+    run_model, layers = [], []
+
+    def prepare(model):
+        run_model.append(model)
+        layers.extend(model.model.layers)
+
+    with M.training_run(cfg, prepare=prepare, tracker=tracker) as run:
+        model, mt = run.model, run.mt
         layers, named = _submodules(model)
-
-        mt = LayerBackwardTracker([f"{type(model).__name__}.model.layers.{i}" for i in range(len(layers))])
-        mt.track_external(model, optimizer, input_ids)
-        alive, t_measured = M.run_protocol(mt, model, optimizer, input_ids)
+        alive, t_measured = M.run_protocol(mt, model, run.optimizer, run.input_ids)
         t_end = time.perf_counter()
-
-        measured = {
+        return {
             **M.peak_record(mt),
             "alive": alive,
             "layer_forward_retained_bytes": M.layer_forward_deltas(mt, layers),
             "layer_backward_peaks": layer_backward_peaks(mt, layers),
             "layer_types": [layer.block_type for layer in layers],
             "module_snapshots": {name: M._mod_totals(mt, m) for name, m in named.items() if m is not None},
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "trainable_parameters": int(sum(p.numel() for p in params)),
-            "parameter_tensors": len(params),
-            "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            **M.parameter_facts(model, run.params),
             "layer_parameters": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
             "attn_implementation": model.config._attn_implementation,
             "experts_implementation": None,
-            "wall_s": round(t_end - t0, 1),
+            "wall_s": round(t_end - run.t0, 1),
             "measured_iteration_wall_s": round(t_end - t_measured, 1),
         }
-    del model, optimizer, input_ids, mt, params, layers, named
-    gc.collect()
-    return measured
 
 
 # --------------------------------------------------------------------------- main
+def document(args, runs, ctx) -> dict:
+    return {"generator": GENERATOR, "environment": ENVIRONMENT, "python": platform.python_version(),
+            **M._versions(), "device": "cpu", "threads": M.torch.get_num_threads(),
+            "total_wall_s": None if args.only else round(ctx.elapsed, 1), "runs": runs}
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="measurements JSON to write")
-    ap.add_argument("--only", nargs="+", metavar="ID", help="measure only these configuration ids (merge into --out)")
-    args = ap.parse_args(argv)
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    by_id = {c["id"]: c for c in CONFIGS}
-    if args.only:
-        unknown = [i for i in args.only if i not in by_id]
-        if unknown:
-            ap.error(f"unknown configuration ids: {unknown}")
-        todo = [by_id[i] for i in args.only]
-    else:
-        todo = list(CONFIGS)
-    previous = M.previous_runs(args.out, M._versions())[0] if args.only else {}
-
-    t0 = time.perf_counter()
-    results = {}
-    for n, cfg in enumerate(todo, 1):
-        run = dict(cfg)
-        try:
-            run["measured"] = m = measure(cfg)
-            msg = (f"peak {m['peak_bytes'] / 2**20:8.2f} MiB in {m['peak_phase']:<9} "
-                   f"({m['peak_op']}) {m['wall_s']:6.1f}s")
-        except Exception as e:  # record and go on
-            run["error"] = f"{type(e).__name__}: {e}".strip()[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
-            msg = f"ERROR {run['error'][:200]}"
-            gc.collect()
-        results[cfg["id"]] = run
-        print(f"[{n:3d}/{len(todo)}] {cfg['id']:<36} {msg}", flush=True)
-    elapsed = time.perf_counter() - t0
-
-    runs = [results.get(c["id"]) or previous.get(c["id"]) for c in CONFIGS]
-    doc = {
-        "generator": GENERATOR,
-        "environment": ENVIRONMENT,
-        "python": platform.python_version(),
-        **M._versions(),
-        "device": "cpu",
-        "threads": torch.get_num_threads(),
-        "total_wall_s": None if args.only else round(elapsed, 1),
-        "runs": [r for r in runs if r is not None],
-    }
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, args.out)
-    errors = [r["id"] for r in doc["runs"] if r.get("error")]
-    print(f"wrote {args.out}: {len(doc['runs'])} runs, {len(errors)} errors, {elapsed:.0f}s", flush=True)
-    for i in errors:
-        print(f"  error: {i}", flush=True)
+    M.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure, document=document,
+           summary=M.mib_summary(8, 2), line=lambda n, t, c, msg: f"[{n:3d}/{t}] {c['id']:<36} {msg}")
     return 0
 
 

@@ -27,7 +27,6 @@ import os
 import platform
 import sys
 import time
-import traceback
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,7 +34,7 @@ VALIDATION = os.path.dirname(HERE)
 sys.path.insert(0, VALIDATION)
 
 import configs as _configs  # noqa: E402
-import measure as _measure  # noqa: E402  (also installs measure.py's HF patches for fake tensors)
+import harness  # noqa: E402  (validation/harness.py; also installs its HF patches for fake tensors)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -54,7 +53,6 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 TOTAL = "Total"
 MEM_CATEGORY = {  # MemTracker (tensor parallelism)
@@ -264,13 +262,13 @@ _check()
 
 
 # --------------------------------------------------------------------------- tracker with phases
-class PhaseMemTracker(_measure.PhaseTracking, MemTracker):
+class PhaseMemTracker(harness.PhaseTracking, MemTracker):
     def __init__(self) -> None:
         MemTracker.__init__(self)
         self._phase_init()
 
 
-class PhaseFSDPMemTracker(_measure.PhaseTracking, FSDPMemTracker):
+class PhaseFSDPMemTracker(harness.PhaseTracking, FSDPMemTracker):
     def __init__(self, mod, optm=None) -> None:
         FSDPMemTracker.__init__(self, mod, optm)
         self._phase_init()
@@ -433,46 +431,46 @@ def _is_fake(t) -> bool:
 
 
 # --------------------------------------------------------------------------- one configuration
-def measure_parallel(cfg: dict) -> dict:
+def measure_parallel(cfg: dict, extra_point=None) -> dict:
+    """One rank of one layout. ``extra_point(model)``: more fields of every alive point."""
     t0 = time.perf_counter()
     lay = cfg["layout"]
     world, rank, kind = lay["world_size"], lay["rank"], lay["kind"]
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        return _measure_in_pg(cfg, kind, world, t0)
+        return _measure_in_pg(cfg, kind, world, t0, extra_point)
     finally:
         dist.destroy_process_group()
         gc.collect()
 
 
-def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float) -> dict:
+def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float, extra_point=None) -> dict:
     lay = cfg["layout"]
     mesh = init_device_mesh("cpu", tuple(lay["mesh_shape"]), mesh_dim_names=tuple(lay["mesh_dim_names"]))
     # sub-meshes are sliced outside FakeTensorMode (slicing builds small int tensors)
     tp_mesh = mesh["tp"] if "tp" in lay["mesh_dim_names"] else None
     dp_mesh = mesh["dp"] if "dp" in lay["mesh_dim_names"] else None
-    torch.manual_seed(0)
-    hf_kwargs = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(hf_kwargs.pop("model_type"), **hf_kwargs)
     fake = cfg["method"] == "fake"
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     fsdp = kind in ("fsdp2", "2d")
-    with mode, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        tp_plan = None
+    plan = {}
+
+    def prepare(model):  # the layout, between the build and the optimizer
+        plan["tp"] = None
         if tp_mesh is not None:
-            tp_plan = apply_tp(model, tp_mesh, sp=kind == "tp+sp")
+            plan["tp"] = apply_tp(model, tp_mesh, sp=kind == "tp+sp")
         if fsdp:
             mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if cfg["regime"] == "mp-bf16" else None)
             apply_fsdp(model, dp_mesh, lay["reshard_after_forward"],
                        lay["root_reshard_after_forward"], mp)
+
+    with mode, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, input_ids = harness.build_model(cfg, prepare=prepare)
+        tp_plan = plan["tp"]
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = _measure.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+        optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
         extra = {}
         if kind == "tp+sp":
             extra["position_ids"] = torch.arange(cfg["seq_len"]).unsqueeze(0)
@@ -490,13 +488,16 @@ def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float) -> dict:
 
         def point() -> dict:
             snap = _one_device(mt.get_tracker_snapshot("current"))
-            return {"bytes": int(snap[TOTAL]) if snap else 0, "by_category": _cats(snap, names)}
+            d = {"bytes": int(snap[TOTAL]) if snap else 0, "by_category": _cats(snap, names)}
+            if extra_point is not None:
+                d.update(extra_point(model))
+            return d
 
-        alive, t_measured = _measure.run_protocol(mt, model, optimizer, input_ids, point=point, model_kwargs=extra)
+        alive, t_measured = harness.run_protocol(mt, model, optimizer, input_ids, point=point, model_kwargs=extra)
         t_end = time.perf_counter()
 
         measured = {
-            **_measure.peak_record(mt, lambda snapshot: _cats(snapshot, names)),
+            **harness.peak_record(mt, lambda snapshot: _cats(snapshot, names)),
             "alive": alive,
             **pstats,
             "optimizer_state_tensors": int(sum(
@@ -509,7 +510,7 @@ def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float) -> dict:
         if fsdp:
             measured["fsdp_unit_snapshots"] = _fsdp_unit_snapshots(mt, model, layers)
         else:
-            measured["layer_forward_retained_bytes"] = _measure.layer_forward_deltas(mt, layers)
+            measured["layer_forward_retained_bytes"] = harness.layer_forward_deltas(mt, layers)
         measured["wall_s"] = round(time.perf_counter() - t0, 1)
     return measured  # the model, optimizer and tracker die with this frame (gc.collect() in the caller)
 
@@ -538,7 +539,7 @@ def _fsdp_unit_snapshots(mt, model, layers) -> dict:
 
 
 def measure_single(cfg: dict) -> dict:
-    m = _measure.measure(cfg)
+    m = harness.measure(cfg)
     keep = ("peak_bytes", "by_category_at_peak", "peak_phase", "peak_op", "peak_module", "peak_by_phase", "alive",
             "layer_forward_retained_bytes", "parameters", "parameter_tensors", "parameter_dtype", "wall_s",
             "measured_iteration_wall_s")
@@ -570,76 +571,24 @@ def _run_isolated(cfg: dict) -> dict:
 GENERATOR = "python3 validation/parallel/measure_parallel.py --out validation/parallel/measurements.json"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="measurements JSON to write")
-    ap.add_argument("--only", nargs="+", metavar="ID", help="measure only these ids (merged into --out)")
-    ap.add_argument("--list", action="store_true", help="print the ids and exit")
-    ap.add_argument("--child", nargs=2, metavar=("ID", "JSON"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:  # one 2-D configuration in a fresh process (see _run_isolated)
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-        cfg = next(c for c in CONFIGS if c["id"] == args.child[0])
-        with open(args.child[1], "w") as f:
-            json.dump(measure_parallel(cfg), f)
-        return 0
-    if args.list:
-        for c in SINGLE_CONFIGS + CONFIGS:
-            print(c["id"])
-        print(f"{len(CONFIGS)} parallel configurations, {len(SINGLE_CONFIGS)} single-device baselines")
-        return 0
-    if not args.out:
-        ap.error("--out is required")
+def measure_any(cfg: dict) -> dict:
+    if cfg["id"] in SINGLE_IDS:
+        return measure_single(cfg)
+    if cfg["layout"]["kind"] == "2d":
+        return _run_isolated(cfg)
+    try:
+        return measure_parallel(cfg)
+    except Exception:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    all_cfgs = {c["id"]: ("single", c) for c in SINGLE_CONFIGS}
-    all_cfgs.update({c["id"]: ("parallel", c) for c in CONFIGS})
-    if args.only:
-        unknown = [i for i in args.only if i not in all_cfgs]
-        if unknown:
-            ap.error(f"unknown ids: {unknown}")
-        todo = [i for i in all_cfgs if i in set(args.only)]
-    else:
-        todo = list(all_cfgs)
 
-    previous, old = _measure.previous_runs(args.out, _versions(), ("single_device", "runs")) if args.only else ({}, {})
+SINGLE_IDS = {c["id"] for c in SINGLE_CONFIGS}
 
-    t0 = time.perf_counter()
-    results = {}
-    for n, cid in enumerate(todo, 1):
-        what, cfg = all_cfgs[cid]
-        run = dict(cfg)
-        try:
-            if what == "single":
-                run["measured"] = measure_single(cfg)
-            elif cfg["layout"]["kind"] == "2d":
-                run["measured"] = _run_isolated(cfg)
-            else:
-                run["measured"] = measure_parallel(cfg)
-            m = run["measured"]
-            msg = (f"peak {m['peak_bytes'] / 2**20:9.2f} MiB in {m['peak_phase']:<9} "
-                   f"({m['peak_op']}) {m['wall_s']:6.1f}s")
-        except Exception as e:  # record and go on
-            run["error"] = f"{type(e).__name__}: {e}".strip()[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-8:]
-            msg = f"ERROR {run['error'][:300]}"
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            gc.collect()
-        results[cid] = run
-        print(f"[{n:3d}/{len(todo)}] {cid:<52} {msg}", flush=True)
-    elapsed = time.perf_counter() - t0
 
-    single, runs = [], []
-    for c in SINGLE_CONFIGS:
-        r = results.get(c["id"]) or previous.get(c["id"])
-        if r:
-            single.append(r)
-    for c in CONFIGS:
-        r = results.get(c["id"]) or previous.get(c["id"])
-        if r:
-            runs.append(r)
-    doc = {
+def document(args, runs, ctx) -> dict:
+    return {
         "generator": GENERATOR,
         "environment": "system python3 with torch==2.13.0 (CPU build) and transformers==5.23.0 "
                        "(or the venv of validation/README.md)",
@@ -648,20 +597,37 @@ def main(argv=None) -> int:
         "device": "cpu",
         "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), one rank per configuration",
         "threads": torch.get_num_threads(),
-        "total_wall_s": round(elapsed, 1) if not args.only else (old.get("total_wall_s") if previous else None),
-        "single_device": single,
-        "runs": runs,
+        "total_wall_s": round(ctx.elapsed, 1) if not args.only else (ctx.previous.get("total_wall_s")
+                                                                     if ctx.previous.get("runs") else None),
+        "single_device": [r for r in runs if r["id"] in SINGLE_IDS],
+        "runs": [r for r in runs if r["id"] not in SINGLE_IDS],
     }
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, args.out)
-    errors = [r["id"] for r in single + runs if r.get("error")]
-    print(f"wrote {args.out}: {len(runs)} runs, {len(single)} single-device, {len(errors)} errors, {elapsed:.0f}s",
-          flush=True)
-    for i in errors:
-        print(f"  error: {i}", flush=True)
+
+
+def main(argv=None) -> int:
+    def arguments(ap):
+        ap.add_argument("--list", action="store_true", help="print the ids and exit")
+        ap.add_argument("--child", nargs=2, metavar=("ID", "JSON"), help=argparse.SUPPRESS)
+
+    def before(args):
+        if args.child:  # one 2-D configuration in a fresh process (see _run_isolated)
+            torch.set_num_threads(max(1, os.cpu_count() or 1))
+            cfg = next(c for c in CONFIGS if c["id"] == args.child[0])
+            with open(args.child[1], "w") as f:
+                json.dump(measure_parallel(cfg), f)
+            return 0
+        if args.list:
+            for c in SINGLE_CONFIGS + CONFIGS:
+                print(c["id"])
+            print(f"{len(CONFIGS)} parallel configurations, {len(SINGLE_CONFIGS)} single-device baselines")
+            return 0
+        return None
+
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=SINGLE_CONFIGS + CONFIGS,
+                 measure_run=measure_any, document=document, arguments=arguments, before=before,
+                 sections=("single_device", "runs"), versions=_versions, tail=8,
+                 summary=harness.mib_summary(9, 2),
+                 line=lambda n, t, c, msg: f"[{n:3d}/{t}] {c['id']:<52} {msg}")
     return 0
 
 

@@ -28,11 +28,7 @@ reduce-scatter streams' overlap (the fake process group runs collectives synchro
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib.util
-import json
-import os
 import platform
 import sys
 import time
@@ -43,7 +39,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "parallel"))
 sys.path.insert(0, str(HERE.parent))
 
-import measure_parallel as mp  # noqa: E402  (imports validation/measure.py and its fake-tensor patches)
+import harness  # noqa: E402  (validation/harness.py: the protocol, the records, the command line)
+import measure_parallel as mp  # noqa: E402  (its FSDP tracker; imports the harness's fake-tensor patches)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
@@ -53,12 +50,8 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "measure_checkpointing", HERE.parent / "techniques" / "checkpointing" / "measure_checkpointing.py")
-ckpt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ckpt)
+ckpt = harness.load("measure_checkpointing", HERE.parent / "techniques" / "checkpointing" / "measure_checkpointing.py")
 
 OUT = HERE / "torchtitan_measurements.json"
 # meta-llama/Llama-3.1-8B config.json widths (torchtitan's "8B" ModelArgs: dim 4096, 32 heads, 8 KV heads,
@@ -100,17 +93,12 @@ def measure(cfg: dict) -> dict:
     dist.init_process_group("fake", store=FakeStore(), rank=cfg["rank"], world_size=cfg["world_size"])
     try:
         mesh = init_device_mesh("cpu", (cfg["world_size"],), mesh_dim_names=("dp",))
-        torch.manual_seed(0)
-        kw = dict(cfg["hf_config"])
-        hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
         with FakeTensorMode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.float32)
-            model.train()
-            apply_torchtitan(model, mesh)
+            model, input_ids = harness.build_model(cfg, prepare=lambda m: apply_torchtitan(m, mesh),
+                                                   dtype=torch.float32)
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = mp._measure.build_optimizer(params, "adamw", "foreach")
-            input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+            optimizer = harness.build_optimizer(params, "adamw", "foreach")
             mt = mp.PhaseFSDPMemTracker(model, optimizer)
             mt.track_inputs((input_ids,))
 
@@ -118,39 +106,30 @@ def measure(cfg: dict) -> dict:
                 snap = mp._one_device(mt.get_tracker_snapshot("current"))
                 return {"bytes": int(snap[mp.TOTAL]) if snap else 0, "by_category": mp._cats(snap, mp.FSDP_CATEGORY)}
 
-            alive, _ = mp._measure.run_protocol(mt, model, optimizer, input_ids, point=point)
-            out = {**mp._measure.peak_record(mt, lambda s: mp._cats(s, mp.FSDP_CATEGORY)), "alive": alive,
+            alive, _ = harness.run_protocol(mt, model, optimizer, input_ids, point=point)
+            out = {**harness.peak_record(mt, lambda s: mp._cats(s, mp.FSDP_CATEGORY)), "alive": alive,
                    "parameters": int(sum(mp._local(p).numel() for p in model.parameters())),
                    "wall_s": round(time.perf_counter() - t0, 1)}
-        del model, optimizer, mt, params
         return out
     finally:
         dist.destroy_process_group()
         gc.collect()
 
 
+def document(args, runs, ctx) -> dict:
+    return {"generator": "/tmp/valvenv/bin/python validation/published/torchtitan_measure.py",
+            "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
+                            "python": platform.python_version()},
+            "runs": runs}
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    old = json.loads(OUT.read_text())["runs"] if OUT.exists() else []
-    runs = {r["id"]: r for r in old}
-    for cfg in CONFIGS:
-        if args.only and cfg["id"] not in args.only:
-            continue
-        run = dict(cfg)
-        run["measured"] = measure(cfg)
-        m = run["measured"]
-        print(f"{cfg['id']:40} peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']} ({m['peak_op']}) "
-              f"{m['wall_s']}s", flush=True)
-        runs[cfg["id"]] = run
-    OUT.write_text(json.dumps({
-        "generator": "/tmp/valvenv/bin/python validation/published/torchtitan_measure.py",
-        "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
-                        "python": platform.python_version()},
-        "runs": [runs[c["id"]] for c in CONFIGS if c["id"] in runs]}, indent=1) + "\n")
-    return 0
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+                        document=document, out=str(OUT), threads=1, keep_previous="always", catch=False,
+                        sort_keys=False, atomic=False, versions=dict,
+                        summary=lambda m: f"peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']} "
+                                          f"({m['peak_op']}) {m['wall_s']}s",
+                        line=lambda n, t, c, msg: f"{c['id']:40} {msg}")
 
 
 if __name__ == "__main__":

@@ -18,19 +18,18 @@ identical, see ../README.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import sys
-import time
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARALLEL = os.path.dirname(HERE)
 sys.path.insert(0, PARALLEL)
 
-import measure_parallel as mp  # noqa: E402  (puts validation/ on sys.path, imports configs, measure)
+import measure_parallel as mp  # noqa: E402  (puts validation/ on sys.path, imports configs, harness)
+import harness  # noqa: E402  (validation/harness.py)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -216,25 +215,9 @@ def measure_one(cfg: dict) -> dict:
     return m
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
-    ap.add_argument("--tp", type=int, nargs="+", default=list(TPS))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    t0 = time.perf_counter()
-    runs = []
-    for cfg in configs_to_run(args.layers, args.tp):
-        run = dict(cfg)
-        run["measured"] = measure_one(cfg)
-        m = run["measured"]
-        print(f"{cfg['id']:50} peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']} "
-              + " ".join(f"{ph}={v['bytes'] / 2**30:.3f}" for ph, v in m["peak_by_phase"].items())
-              + f" ({m['wall_s']}s)", flush=True)
-        runs.append(run)
-    argv_s = " ".join(sys.argv[1:]) if argv is None else " ".join(argv)
-    doc = {
+def document(args, runs, ctx) -> dict:
+    argv_s = " ".join(ctx.argv)
+    return {
         "generator": f"python3 validation/parallel/tp_phases/measure_tp_phases.py {argv_s}".strip(),
         "environment": "python venv with torch==2.13.0 (CPU build) and transformers==5.23.0 "
                        "(pip install -r validation/requirements.txt); fake process group, FakeTensorMode",
@@ -243,15 +226,33 @@ def main(argv=None) -> int:
         "transformers": transformers.__version__,
         "device": "cpu",
         "threads": torch.get_num_threads(),
-        "total_wall_s": round(time.perf_counter() - t0, 1),
+        "total_wall_s": round(ctx.elapsed, 1),
         "runs": runs,
     }
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(args.out + ".tmp", args.out)
-    print(f"wrote {args.out}: {len(runs)} runs in {doc['total_wall_s']}s")
-    return 0
+
+
+def _summary(m) -> str:
+    return (f"peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']} "
+            + " ".join(f"{ph}={v['bytes'] / 2**30:.3f}" for ph, v in m["peak_by_phase"].items())
+            + f" ({m['wall_s']}s)")
+
+
+def main(argv=None) -> int:
+    def arguments(ap):
+        ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
+        ap.add_argument("--tp", type=int, nargs="+", default=list(TPS))
+
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    return harness.main(argv, description=__doc__.split("\n\n")[0],
+                        configs=lambda args: configs_to_run(args.layers, args.tp), measure_run=measure_one,
+                        document=lambda args, runs, ctx: document(args, runs, _with_argv(ctx, args_list)),
+                        arguments=arguments, catch=False, summary=_summary,
+                        line=lambda n, t, c, msg: f"{c['id']:50} {msg}")
+
+
+def _with_argv(ctx, argv):
+    ctx.argv = argv
+    return ctx
 
 
 if __name__ == "__main__":

@@ -34,13 +34,10 @@ backward must run inside it too). Needs torch==2.13.0 (CPU) and transformers==5.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARALLEL = os.path.dirname(HERE)
@@ -51,6 +48,7 @@ import measure_tp_phases as tpp  # noqa: E402  (installs its provenance tracker 
 
 mp = tpp.mp
 configs = mp._configs
+harness = mp.harness
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -240,7 +238,7 @@ def _split_param_groups():
     one group (aten._foreach_* on DTensor and Tensor lists). The HF Trainer already separates them
     (trainer.py get_decay_parameter_names: norm weights and biases get weight_decay 0 in their own group), so
     the run does the same: one group of DTensors, one of plain tensors, in parameter order."""
-    orig = mp._measure.build_optimizer
+    orig = harness.build_optimizer
 
     def build(params, name, impl):
         params = list(params)
@@ -252,11 +250,11 @@ def _split_param_groups():
         opt.add_param_group({"params": plain, "weight_decay": 0.0})
         return opt
 
-    mp._measure.build_optimizer = build
+    harness.build_optimizer = build
     try:
         yield
     finally:
-        mp._measure.build_optimizer = orig
+        harness.build_optimizer = orig
 
 
 # --------------------------------------------------------------------------- configurations
@@ -311,39 +309,8 @@ def measure(cfg: dict) -> dict:
     return m
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out")
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    ap.add_argument("--list", action="store_true")
-    args = ap.parse_args(argv)
-    if args.list:
-        for c in CONFIGS:
-            print(c["id"])
-        return 0
-    if not args.out:
-        ap.error("--out is required")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    todo = [c for c in CONFIGS if not args.only or c["id"] in args.only]
-    if args.only and len(todo) != len(set(args.only)):
-        ap.error(f"unknown ids: {sorted(set(args.only) - {c['id'] for c in todo})}")
-    previous = {}
-    if args.only and os.path.exists(args.out):
-        with open(args.out) as f:
-            previous = {r["id"]: r for r in json.load(f)["runs"]}
-    t0 = time.perf_counter()
-    results = {}
-    for cfg in todo:
-        run = dict(cfg)
-        run["measured"] = measure(cfg)
-        m = run["measured"]
-        print(f"{cfg['id']:52} peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']:<9} "
-              + " ".join(f"{ph}={v / 2**30:.3f}" for ph, v in m["phase_peaks"].items())
-              + f" ({m['wall_s']}s)", flush=True)
-        results[cfg["id"]] = run
-    runs = [results.get(c["id"]) or previous.get(c["id"]) for c in CONFIGS]
-    runs = [r for r in runs if r]
-    doc = {
+def document(args, runs, ctx) -> dict:
+    return {
         "generator": "python3 validation/parallel/tp_plans/measure_tp_plans.py --out "
                      "validation/parallel/tp_plans/measurements.json",
         "environment": "python venv with torch==2.13.0 (CPU build) and transformers==5.23.0 "
@@ -353,15 +320,28 @@ def main(argv=None) -> int:
         "transformers": transformers.__version__,
         "device": "cpu",
         "threads": torch.get_num_threads(),
-        "wall_s_this_invocation": round(time.perf_counter() - t0, 1),
+        "wall_s_this_invocation": round(ctx.elapsed, 1),
         "runs": runs,
     }
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(args.out + ".tmp", args.out)
-    print(f"wrote {args.out}: {len(runs)} runs ({len(results)} measured now) in {doc['wall_s_this_invocation']}s")
-    return 0
+
+
+def main(argv=None) -> int:
+    def arguments(ap):
+        ap.add_argument("--list", action="store_true")
+
+    def before(args):
+        if args.list:
+            for c in CONFIGS:
+                print(c["id"])
+            return 0
+        return None
+
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+                        document=document, arguments=arguments, before=before, catch=False,
+                        summary=lambda m: f"peak {m['peak_bytes'] / 2**30:8.3f} GiB in {m['peak_phase']:<9} "
+                        + " ".join(f"{ph}={v / 2**30:.3f}" for ph, v in m["phase_peaks"].items())
+                        + f" ({m['wall_s']}s)",
+                        line=lambda n, t, c, msg: f"{c['id']:52} {msg}")
 
 
 if __name__ == "__main__":

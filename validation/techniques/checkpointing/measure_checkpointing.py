@@ -27,28 +27,19 @@ torch==2.13.0 CPU build, transformers==5.23.0; torchtitan itself is not installe
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import functools
-import gc
-import importlib.util
-import json
-import os
 import platform
 import sys
 import time
-import traceback
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-import measure as harness  # noqa: E402  (validation/measure.py)
+import harness  # noqa: E402  (validation/harness.py)
 import torch  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -153,88 +144,43 @@ def apply_policy(model, policy: str, options: dict) -> None:
 
 
 def measure(cfg: dict) -> dict:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    kw = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
-    amp = cfg["regime"] == "amp-bf16"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        apply_policy(model, cfg["checkpointing"], cfg["policy_options"])
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
-        layers, named = harness._submodules(model)
-        mt = harness.PhaseMemTracker()
-        mt.track_external(model, optimizer, input_ids)
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
-        alive, t_measured = harness.run_protocol(mt, model, optimizer, input_ids, autocast=autocast)
+    with harness.training_run(cfg, apply_policy=apply_policy) as run:
+        model, mt = run.model, run.mt
+        alive, t_measured = harness.run_protocol(mt, model, run.optimizer, run.input_ids,
+                                                 autocast=harness.autocast_for(cfg))
         t_end = time.perf_counter()
-        measured = {
+        return {
             **harness.peak_record(mt),
             "alive": alive,
-            "layer_forward_retained_bytes": harness.layer_forward_deltas(mt, layers),
+            "layer_forward_retained_bytes": harness.layer_forward_deltas(mt, run.layers),
             "parameters": int(sum(p.numel() for p in model.parameters())),
             "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "attn_implementation": model.config._attn_implementation,
-            "wall_s": round(t_end - t0, 1),
+            "wall_s": round(t_end - run.t0, 1),
             "measured_iteration_wall_s": round(t_end - t_measured, 1),
         }
-    del model, optimizer, input_ids, mt, params, layers, named
-    gc.collect()
-    return measured
 
 
 def configs() -> list[dict]:
-    spec = importlib.util.spec_from_file_location("checkpointing_configs", HERE / "configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.CONFIGS)
+    return list(harness.load("checkpointing_configs", HERE / "configs.py").CONFIGS)
+
+
+def document(args, runs, ctx) -> dict:
+    return {"generator": "/tmp/valvenv/bin/python validation/techniques/checkpointing/measure_checkpointing.py",
+            "environment": "python3 -m venv /tmp/valvenv && /tmp/valvenv/bin/pip install -r validation/requirements.txt"
+                           " (torch==2.13.0 CPU, transformers==5.23.0)",
+            "torchtitan_reference": "pytorch/torchtitan v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce): "
+                                    "torchtitan/distributed/activation_checkpoint.py, "
+                                    "torchtitan/models/llama3/infra/parallelize.py",
+            "python": platform.python_version(), **harness._versions(), "runs": runs}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    ap.add_argument("--out", default=str(HERE / "measurements.json"), help="where to write (runs merged by id)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    all_configs = configs()
-    by_id = {c["id"]: c for c in all_configs}
-    unknown = [i for i in args.only or () if i not in by_id]
-    if unknown:
-        ap.error(f"unknown ids {unknown}")
-    todo = [by_id[i] for i in args.only] if args.only else all_configs
-    out = Path(args.out)
-    previous = harness.previous_runs(str(out), harness._versions())[0] if args.only else {}
-    results = {}
-    for n, cfg in enumerate(todo, 1):
-        run = dict(cfg)
-        try:
-            run["measured"] = m = measure(cfg)
-            msg = f"peak {m['peak_bytes'] / 2**20:9.1f} MiB in {m['peak_phase']:<9} {m['wall_s']:5.1f}s"
-        except Exception as e:
-            run["error"] = f"{type(e).__name__}: {e}"[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
-            msg = "ERROR " + run["error"][:300]
-        results[cfg["id"]] = run
-        print(f"[{n:3d}/{len(todo)}] {cfg['id']:<60} {msg}", flush=True)
-        _write(out, all_configs, results, previous)      # after every run: a long sweep keeps what it measured
-    return 0 if all("error" not in r for r in results.values()) else 1
-
-
-def _write(out, all_configs, results, previous):
-    runs = [results.get(c["id"]) or previous.get(c["id"]) for c in all_configs]
-    doc = {"generator": "/tmp/valvenv/bin/python validation/techniques/checkpointing/measure_checkpointing.py",
-           "environment": "python3 -m venv /tmp/valvenv && /tmp/valvenv/bin/pip install -r validation/requirements.txt"
-                          " (torch==2.13.0 CPU, transformers==5.23.0)",
-           "torchtitan_reference": "pytorch/torchtitan v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce): "
-                                   "torchtitan/distributed/activation_checkpoint.py, "
-                                   "torchtitan/models/llama3/infra/parallelize.py",
-           "python": platform.python_version(), **harness._versions(), "runs": [r for r in runs if r is not None]}
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    # the file is written after every run: a long sweep keeps what it measured
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=configs(), measure_run=measure,
+                        document=document, out=str(HERE / "measurements.json"), incremental=True, atomic=False,
+                        summary=harness.mib_summary(9, 1, op=False, wall=5),
+                        line=lambda n, t, c, msg: f"[{n:3d}/{t}] {c['id']:<60} {msg}")
 
 
 if __name__ == "__main__":

@@ -46,10 +46,11 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import _harness  # noqa: E402  (validation/techniques/_harness.py)
-from _harness import _measure  # noqa: E402  (validation/measure.py)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))      # validation/
 
-CONFIGS = _harness.load("cpu_offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
+import harness  # noqa: E402  (validation/harness.py)
+
+CONFIGS = harness.load("cpu_offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
@@ -127,7 +128,7 @@ def _simulated_accelerator(host: list):
         _co.torch, _co.get_available_devices, torch.Tensor.record_stream = saved
 
 
-class _Tracker(_measure.PhaseMemTracker):
+class _Tracker(harness.PhaseMemTracker):
     """The phase tracker, blind to the host optimizers' states, and to a gradient torchao has
     already freed when the tracker's own post-accumulate-grad hook runs (``p.grad`` is None)."""
 
@@ -170,20 +171,20 @@ def measure_run(cfg: dict) -> dict:
     host: list = []
     with warnings.catch_warnings(), _simulated_accelerator(host):
         warnings.simplefilter("ignore")
-        model, input_ids = _harness.build_model(cfg)
+        model, input_ids = harness.build_model(cfg)
         opt = _co.CPUOffloadOptimizer(list(model.parameters()), torch.optim.AdamW,
                                       offload_gradients=opts["offload_gradients"], minimal_size=opts["minimal_size"],
                                       lr=1e-4, weight_decay=0.01, **opts["optimizer_kwargs"])
         for o in opt.optim_dict.values():
             _untracked_step(o)
-        layers, _ = _measure._submodules(model)
+        layers, _ = harness._submodules(model)
         mt = _Tracker(list(opt.optim_dict.values()))
         mt.track_external(model, input_ids, *([opt.d_opt] if opt.d_opt is not None else []))
-        alive, t_measured = _measure.run_protocol(mt, model, opt, input_ids, autocast=_harness.autocast_for(cfg))
+        alive, t_measured = harness.run_protocol(mt, model, opt, input_ids, autocast=harness.autocast_for(cfg))
         t_end = time.perf_counter()
-        record = _measure.peak_record(mt)
+        record = harness.peak_record(mt)
         # no op ran on the device in the step: the bytes alive are the phase's
-        _harness.fill_optimizer_phase(record, alive, "(no device op ran: the bytes alive at the step's end)")
+        harness.fill_optimizer_phase(record, alive, "(no device op ran: the bytes alive at the step's end)")
         small = [p for p in model.parameters() if p.numel() < opts["minimal_size"]]
         measured = {
             **record,
@@ -194,8 +195,8 @@ def measure_run(cfg: dict) -> dict:
                 "tensors": len(small), "elements": sum(p.numel() for p in small),
                 "state_bytes": sum(_nbytes(v) for s in (opt.d_opt.state.values() if opt.d_opt else ())
                                    for v in s.values() if isinstance(v, torch.Tensor))},
-            "layer_forward_retained_bytes": _measure.layer_forward_deltas(mt, layers),
-            **_harness.model_facts(model),
+            "layer_forward_retained_bytes": harness.layer_forward_deltas(mt, layers),
+            **harness.model_facts(model),
             "offloaded_tensors": len(opt.param_d2h_map),
             "wall_s": round(time.perf_counter() - t0, 1),
             "measured_iteration_wall_s": round(t_end - t_measured, 1),
@@ -206,7 +207,7 @@ def measure_run(cfg: dict) -> dict:
 
 
 def _versions() -> dict:
-    return _harness.versions("transformers", "torchao")
+    return harness.versions("transformers", "torchao")
 
 
 def _summary(m) -> str:
@@ -215,7 +216,7 @@ def _summary(m) -> str:
 
 
 def main(argv=None) -> int:
-    return _harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
+    return harness.technique_main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
                          out=OUT, generator=GENERATOR, setup=SETUP, versions=_versions, summary=_summary)
 
 

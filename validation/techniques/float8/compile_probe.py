@@ -12,7 +12,7 @@ inductor saves cannot be measured here and the profile refuses ``compile``.
 import sys, json, time
 import os
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import measure as M
+import harness as M  # validation/harness.py
 import torch, torch._dynamo
 from torch._dynamo.utils import counters
 from transformers import AutoConfig, AutoModelForCausalLM

@@ -23,15 +23,9 @@ MemTracker, the third measured); only the forward that computes the loss differs
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import gc
-import json
-import os
 import sys
 import time
 import types
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,10 +37,9 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 import torchtune  # noqa: E402
 from torchtune.modules.loss import CEWithChunkedOutputLoss  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from measure import (PhaseMemTracker, build_optimizer, peak_record, previous_runs,  # noqa: E402
-                     run_protocol)
+import harness  # noqa: E402  (validation/harness.py)
+from harness import peak_record, run_protocol  # noqa: E402
 from loss_configs import CONFIGS  # noqa: E402
 from liger_emulation import liger_causal_lm_loss  # noqa: E402
 
@@ -86,63 +79,38 @@ def fused_forward(model):
 
 
 def measure(cfg: dict) -> dict:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    kw = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
-    amp = cfg["regime"] == "amp-bf16"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        if cfg["checkpointing"] == "full":
-            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
-        loss = cfg["loss"]
+    with harness.training_run(cfg) as run:
+        model, mt = run.model, run.mt
         step = {"cross_entropy": lambda: model, "chunked": lambda: chunked_forward(model, cfg["loss_chunks"]),
-                "fused_linear": lambda: fused_forward(model)}[loss]()
-        mt = PhaseMemTracker()
-        mt.track_external(model, optimizer, input_ids)
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
-        alive, t_measured = run_protocol(mt, step, optimizer, input_ids, autocast=autocast)
+                "fused_linear": lambda: fused_forward(model)}[cfg["loss"]]()
+        alive, t_measured = run_protocol(mt, step, run.optimizer, run.input_ids, autocast=harness.autocast_for(cfg))
         t_end = time.perf_counter()
-        measured = {**peak_record(mt), "alive": alive,
-                    "parameters": int(sum(p.numel() for p in model.parameters())),
-                    "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                    "wall_s": round(t_end - t0, 1)}
-    del model, optimizer, input_ids, mt, params, step
-    gc.collect()
-    return measured
+        return {**peak_record(mt), "alive": alive,
+                "parameters": int(sum(p.numel() for p in model.parameters())),
+                "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                "wall_s": round(t_end - run.t0, 1)}
 
 
 def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "torchtune": torchtune.__version__}
 
 
+def document(args, runs, ctx) -> dict:
+    return {"command": "/tmp/lossvenv/bin/python validation/techniques/loss/measure_loss.py",
+            "environment": "/tmp/lossvenv: torch==2.13.0 (CPU) transformers==5.23.0 torchtune==0.6.1 torchao==0.13.0",
+            **_versions(), "runs": runs}
+
+
+def _summary(m) -> str:
+    return (f"peak {m['peak_bytes'] / 2**20:9.2f} MiB ({m['peak_phase']}, {m['peak_op']})  "
+            + "  ".join(f"{p} {v['bytes'] / 2**20:.2f}" for p, v in m["peak_by_phase"].items()))
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(HERE / "measurements.json"))
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    by_id = {c["id"]: c for c in CONFIGS}
-    todo = [by_id[i] for i in args.only] if args.only else list(CONFIGS)
-    previous = previous_runs(args.out, _versions())[0] if args.only else {}
-    for cfg in todo:
-        run = dict(cfg)
-        run["measured"] = measure(cfg)
-        previous[cfg["id"]] = run
-        m = run["measured"]
-        print(f"{cfg['id']:<45} peak {m['peak_bytes'] / 2**20:9.2f} MiB ({m['peak_phase']}, {m['peak_op']})  "
-              + "  ".join(f"{p} {v['bytes'] / 2**20:.2f}" for p, v in m["peak_by_phase"].items()), flush=True)
-        runs = [previous[c["id"]] for c in CONFIGS if c["id"] in previous]
-        out = {"command": "/tmp/lossvenv/bin/python validation/techniques/loss/measure_loss.py",
-               "environment": "/tmp/lossvenv: torch==2.13.0 (CPU) transformers==5.23.0 torchtune==0.6.1 torchao==0.13.0",
-               **_versions(), "runs": runs}
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+                 document=document, out=str(HERE / "measurements.json"), versions=_versions, threads=2,
+                 catch=False, incremental=True, sort_keys=False, atomic=False, summary=_summary,
+                 line=lambda n, t, c, msg: f"{c['id']:<45} {msg}")
     return 0
 
 

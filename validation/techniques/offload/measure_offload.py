@@ -36,10 +36,11 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import _harness  # noqa: E402  (validation/techniques/_harness.py)
-from _harness import _measure  # noqa: E402  (validation/measure.py)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))      # validation/
 
-CONFIGS = _harness.load("offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
+import harness  # noqa: E402  (validation/harness.py)
+
+CONFIGS = harness.load("offload_configs", os.path.join(HERE, "configs.py")).CONFIGS
 
 OUT = os.path.join(HERE, "measurements.json")
 GENERATOR = "/tmp/offloadvenv/bin/python validation/techniques/offload/measure_offload.py"
@@ -48,52 +49,52 @@ SETUP = ("python3 -m venv /tmp/offloadvenv && /tmp/offloadvenv/bin/pip install t
 
 
 def optimizer_in_backward(model, cfg, mt_cell):
-    """torchtune's optimizer in the backward (``_harness.optimizer_in_backward``), one
+    """torchtune's optimizer in the backward (``harness.optimizer_in_backward``), one
     ``validation/measure.py`` optimizer of the run's kind per parameter."""
-    return _harness.optimizer_in_backward(
-        model, lambda params: _measure.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"]), mt_cell)
+    return harness.optimizer_in_backward(
+        model, lambda params: harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"]), mt_cell)
 
 
 def measure_run(cfg: dict) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, input_ids = _harness.build_model(cfg)
+        model, input_ids = harness.build_model(cfg)
         extra, mt_cell = {}, []
         offload = None
         if cfg["technique"] == "optimizer_in_backward":
             optims = optimizer_in_backward(model, cfg, mt_cell)
-            loop_optimizer = _harness.Nothing()
+            loop_optimizer = harness.Nothing()
             tracked = optims
             runner, point = model, None
         elif cfg["technique"] == "save_on_cpu":
-            offload = _harness.SimulatedSaveOnCpu(mt_cell)
-            loop_optimizer = _measure.build_optimizer(list(model.parameters()), cfg["optimizer"],
+            offload = harness.SimulatedSaveOnCpu(mt_cell)
+            loop_optimizer = harness.build_optimizer(list(model.parameters()), cfg["optimizer"],
                                                       cfg["optimizer_impl"])
             tracked = [loop_optimizer]
-            runner = _harness._BaseModelOffloaded(model, offload.ctx)
+            runner = harness._BaseModelOffloaded(model, offload.ctx)
             point = offload.point
         else:
             raise ValueError(cfg["technique"])
-        layers, named = _measure._submodules(model)
-        mt = _measure.PhaseMemTracker()
+        layers, named = harness._submodules(model)
+        mt = harness.PhaseMemTracker()
         mt_cell.append(mt)
         mt.track_external(model, *tracked, input_ids)
         if offload is not None:
             ledger = offload.attach(mt, model)
-        alive, t_measured = _measure.run_protocol(mt, runner, loop_optimizer, input_ids, point=point)
+        alive, t_measured = harness.run_protocol(mt, runner, loop_optimizer, input_ids, point=point)
         if offload is not None:
             extra["host"] = {"peak_by_phase": ledger.peak_by_phase, "end_of_forward": alive["end_of_forward"]["host_bytes"],
                              "packed_in_measured_forward": {k: v for k, v in ledger.packed.items() if k != "detail"}}
         t_end = time.perf_counter()
-        record = _measure.peak_record(mt)
-        _harness.fold_backward_sub_phases(record)
-        _harness.fill_optimizer_phase(record, alive)
+        record = harness.peak_record(mt)
+        harness.fold_backward_sub_phases(record)
+        harness.fill_optimizer_phase(record, alive)
         measured = {
             **record,
             "alive": alive,
-            "layer_forward_retained_bytes": _measure.layer_forward_deltas(mt, layers),
-            **_harness.model_facts(model),
+            "layer_forward_retained_bytes": harness.layer_forward_deltas(mt, layers),
+            **harness.model_facts(model),
             "largest_parameter_tensor": max(p.numel() for p in model.parameters()),
             **extra,
             "wall_s": round(time.perf_counter() - t0, 1),
@@ -105,11 +106,11 @@ def measure_run(cfg: dict) -> dict:
 
 
 def _versions() -> dict:
-    return _harness.versions("transformers", "torchtune", "torchao")
+    return harness.versions("transformers", "torchtune", "torchao")
 
 
 def main(argv=None) -> int:
-    return _harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
+    return harness.technique_main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
                          out=OUT, generator=GENERATOR, setup=SETUP, versions=_versions)
 
 

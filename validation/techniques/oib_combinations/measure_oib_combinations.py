@@ -44,12 +44,13 @@ TECHNIQUES = os.path.dirname(HERE)
 sys.path.insert(0, TECHNIQUES)
 sys.path.insert(0, os.path.join(TECHNIQUES, "loss"))
 
-import _harness  # noqa: E402  (validation/techniques/_harness.py)
-from _harness import _measure  # noqa: E402  (validation/measure.py)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))      # validation/
 
-CONFIGS = _harness.load("oib_combinations_configs", os.path.join(HERE, "configs.py")).CONFIGS
-loss_harness = _harness.load("measure_loss", os.path.join(TECHNIQUES, "loss", "measure_loss.py"))
-ckpt_harness = _harness.load("measure_checkpointing",
+import harness  # noqa: E402  (validation/harness.py)
+
+CONFIGS = harness.load("oib_combinations_configs", os.path.join(HERE, "configs.py")).CONFIGS
+loss_harness = harness.load("measure_loss", os.path.join(TECHNIQUES, "loss", "measure_loss.py"))
+ckpt_harness = harness.load("measure_checkpointing",
                              os.path.join(TECHNIQUES, "checkpointing", "measure_checkpointing.py"))
 
 import torch  # noqa: E402
@@ -66,13 +67,13 @@ def _optimizer(params, cfg):
     if cfg["optimizer"] == "adamw-8bit-bnb":
         import bitsandbytes as bnb
         return bnb.optim.AdamW8bit(params, lr=1e-4)
-    return _measure.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
+    return harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
 
 
 def optimizer_in_backward(model, cfg, mt_cell):
-    """``_harness.optimizer_in_backward`` (as ``measure_offload`` uses it) with the run's optimizer class
+    """``harness.optimizer_in_backward`` (as ``measure_offload`` uses it) with the run's optimizer class
     (torchtune builds ``{p: config.instantiate(cfg_optimizer, [p]) for p in model.parameters()}``)."""
-    return _harness.optimizer_in_backward(model, lambda params: _optimizer(params, cfg), mt_cell)
+    return harness.optimizer_in_backward(model, lambda params: _optimizer(params, cfg), mt_cell)
 
 
 def _forward(model, cfg, ctx):
@@ -81,7 +82,7 @@ def _forward(model, cfg, ctx):
     if cfg["loss"] == "cross_entropy":
         if ctx is None:
             return model
-        return _harness._BaseModelOffloaded(model, ctx)
+        return harness._BaseModelOffloaded(model, ctx)
     if ctx is None:
         return loss_harness.chunked_forward(model, cfg["loss_chunks"])
     n = cfg["loss_chunks"]
@@ -103,33 +104,33 @@ def measure_run(cfg: dict) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, input_ids = _harness.build_model(cfg, ckpt_harness.apply_policy)
+        model, input_ids = harness.build_model(cfg, ckpt_harness.apply_policy)
         mt_cell, extra = [], {}
         optims = optimizer_in_backward(model, cfg, mt_cell)
         offload, point = None, None
         if cfg["offload"] == "save_on_cpu":
-            offload = _harness.SimulatedSaveOnCpu(mt_cell)
+            offload = harness.SimulatedSaveOnCpu(mt_cell)
             runner = _forward(model, cfg, offload.ctx)
             point = offload.point
         else:
             runner = _forward(model, cfg, None)
-        layers, _ = _measure._submodules(model)
-        mt = _measure.PhaseMemTracker()
+        layers, _ = harness._submodules(model)
+        mt = harness.PhaseMemTracker()
         mt_cell.append(mt)
         mt.track_external(model, *optims, input_ids)
         if offload is not None:
             offload.attach(mt, model)
-        alive, t_measured = _measure.run_protocol(mt, runner, _harness.Nothing(), input_ids, point=point,
-                                                  autocast=_harness.autocast_for(cfg))
+        alive, t_measured = harness.run_protocol(mt, runner, harness.Nothing(), input_ids, point=point,
+                                                  autocast=harness.autocast_for(cfg))
         if offload is not None:
             extra["host"] = {"end_of_forward": alive["end_of_forward"]["host_bytes"]}
         t_end = time.perf_counter()
-        record = _measure.peak_record(mt)
-        _harness.fold_backward_sub_phases(record)
-        _harness.fill_optimizer_phase(record, alive)
+        record = harness.peak_record(mt)
+        harness.fold_backward_sub_phases(record)
+        harness.fill_optimizer_phase(record, alive)
         measured = {
             **record, "alive": alive,
-            **_harness.model_facts(model),
+            **harness.model_facts(model),
             **extra,
             "wall_s": round(time.perf_counter() - t0, 1),
             "measured_iteration_wall_s": round(t_end - t_measured, 1),
@@ -140,11 +141,11 @@ def measure_run(cfg: dict) -> dict:
 
 
 def _versions() -> dict:
-    return _harness.versions("transformers", "torchtune", "torchao", "bitsandbytes")
+    return harness.versions("transformers", "torchtune", "torchao", "bitsandbytes")
 
 
 def main(argv=None) -> int:
-    return _harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
+    return harness.technique_main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_run,
                          out=OUT, generator=GENERATOR, setup=SETUP, versions=_versions, threads=2, id_width=60,
                          incremental=True)
 

@@ -20,32 +20,21 @@ plus that transient (inductor's CPU code; see README.md).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import gc
-import json
 import os
 import platform
 import sys
 import time
-import traceback
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
-import measure as harness  # noqa: E402  (validation/measure.py)
-import importlib.util  # noqa: E402
+import harness  # noqa: E402  (validation/harness.py)
 
-_spec = importlib.util.spec_from_file_location("optimizer_configs", os.path.join(HERE, "configs.py"))
-_configs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_configs)
-CONFIGS = _configs.CONFIGS
+CONFIGS = harness.load("optimizer_configs", os.path.join(HERE, "configs.py")).CONFIGS
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 _COMPILE = torch.compile
 TORCHAO = {"adamw-8bit-torchao": "AdamW8bit", "adamw-4bit-torchao": "AdamW4bit", "adamw-fp8-torchao": "AdamWFp8"}
@@ -97,65 +86,48 @@ def build(cfg, model):
 
 
 def compiled_step_transient(model, optimizer, input_ids) -> int:
-    """The peak of one compiled ``optimizer.step()``'s own allocations (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
+    """The peak of one compiled ``optimizer.step()``'s own allocations (the profiler's memory timeline,
+    ``harness.profiled_iteration``: two compiled warm-up iterations, then the measured one; its
+    ``optimizer`` phase above the bytes alive at the end of the backward)."""
     torch.compile = _COMPILE
-
-    def fwd_bwd():
-        optimizer.zero_grad(set_to_none=True)
-        model(input_ids=input_ids, labels=input_ids, use_cache=False).loss.backward()
-
-    for _ in range(2):
-        fwd_bwd()
-        optimizer.step()
-    fwd_bwd()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        optimizer.step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    alive = peak = 0
-    for e in events:
-        alive += e.nbytes()
-        peak = max(peak, alive)
-    return int(peak)
+    timeline = harness.memory_timeline(harness.profiled_iteration(model, optimizer, input_ids))
+    return int(timeline["peak_by_phase"]["optimizer"] - timeline["alive"]["end_of_backward"])
 
 
 def measure(cfg: dict) -> dict:
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    kw = dict(cfg["hf_config"])
-    hf_config = AutoConfig.for_model(kw.pop("model_type"), **kw)
     compiled = cfg["optimizer"] in TORCHAO
     if compiled:
         torch.compile = lambda fn, **_: fn          # the tracked run: the step eagerly
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg["attention"], dtype=dtype)
-        model.train()
-        optimizer, parts = build(cfg, model)
-        input_ids = torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
-        mt = harness.PhaseMemTracker()
-        mt.track_external(model, *(parts or (optimizer,)), input_ids)
-        alive, _ = harness.run_protocol(mt, model, optimizer, input_ids)
-        record = harness.peak_record(mt)
-        params = [p for p in model.parameters()]
-        record.update(alive=alive, parameters=sum(p.numel() for p in params), parameter_tensors=len(params),
-                      parameter_dtype=str(params[0].dtype).replace("torch.", ""))
-        if compiled:
-            transient = compiled_step_transient(model, optimizer, input_ids)
-            phases = record["peak_by_phase"]
-            phases["optimizer_eager"] = phases.pop("optimizer")
-            phases["optimizer"] = {"bytes": alive["end_of_backward"]["bytes"] + transient,
-                                   "how": "end_of_backward (MemTracker) + compiled step transient (torch.profiler)"}
-            record["compiled_step_transient_bytes"] = transient
-            record["peak_bytes"] = max(phases["forward"]["bytes"], phases["backward"]["bytes"],
-                                       phases["optimizer"]["bytes"])
-        record["wall_s"] = round(time.perf_counter() - t0, 1)
-    torch.compile = _COMPILE
-    del model, optimizer, mt
-    gc.collect()
-    return record
+    box = {}
+
+    def optimizer(run):
+        opt, box["parts"] = build(cfg, run.model)
+        return opt
+
+    def track(run):
+        run.mt.track_external(run.model, *(box["parts"] or (run.optimizer,)), run.input_ids)
+
+    try:
+        with harness.training_run(cfg, optimizer=optimizer, track=track) as run:
+            model, mt, input_ids = run.model, run.mt, run.input_ids
+            alive, _ = harness.run_protocol(mt, model, run.optimizer, input_ids)
+            record = harness.peak_record(mt)
+            params = [p for p in model.parameters()]
+            record.update(alive=alive, parameters=sum(p.numel() for p in params), parameter_tensors=len(params),
+                          parameter_dtype=str(params[0].dtype).replace("torch.", ""))
+            if compiled:
+                transient = compiled_step_transient(model, run.optimizer, input_ids)
+                phases = record["peak_by_phase"]
+                phases["optimizer_eager"] = phases.pop("optimizer")
+                phases["optimizer"] = {"bytes": alive["end_of_backward"]["bytes"] + transient,
+                                       "how": "end_of_backward (MemTracker) + compiled step transient (torch.profiler)"}
+                record["compiled_step_transient_bytes"] = transient
+                record["peak_bytes"] = max(phases["forward"]["bytes"], phases["backward"]["bytes"],
+                                           phases["optimizer"]["bytes"])
+            record["wall_s"] = round(time.perf_counter() - run.t0, 1)
+            return record
+    finally:
+        torch.compile = _COMPILE
 
 
 def _versions() -> dict:
@@ -164,38 +136,18 @@ def _versions() -> dict:
             "torchao": md.version("torchao"), "bitsandbytes": md.version("bitsandbytes")}
 
 
+def document(args, runs, ctx) -> dict:
+    return {"generator": "/tmp/lowbitvenv/bin/python validation/techniques/optimizers/measure_optimizers.py",
+            "environment": "python3 -m venv /tmp/lowbitvenv && /tmp/lowbitvenv/bin/pip install torch==2.13.0 "
+                           "transformers==5.23.0 torchao==0.18.0 bitsandbytes==0.50.2",
+            "python": platform.python_version(), **_versions(), "device": "cpu", "runs": runs}
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", metavar="ID")
-    ap.add_argument("--out", default=os.path.join(HERE, "measurements.json"))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    by_id = {c["id"]: c for c in CONFIGS}
-    todo = [by_id[i] for i in args.only] if args.only else list(CONFIGS)
-    previous = harness.previous_runs(args.out, _versions())[0]
-    results = {}
-    for n, cfg in enumerate(todo, 1):
-        run = dict(cfg)
-        try:
-            run["measured"] = measure(cfg)
-            msg = f"peak {run['measured']['peak_bytes']:,} B {run['measured']['wall_s']}s"
-        except Exception as e:  # record and go on
-            torch.compile = _COMPILE
-            run["error"] = f"{type(e).__name__}: {e}"[:2000]
-            run["error_traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
-            msg = "ERROR " + run["error"][:200]
-        results[cfg["id"]] = run
-        print(f"[{n}/{len(todo)}] {cfg['id']:<34} {msg}", flush=True)
-        runs = [results.get(c["id"]) or previous.get(c["id"]) for c in CONFIGS]
-        doc = {"generator": "/tmp/lowbitvenv/bin/python validation/techniques/optimizers/measure_optimizers.py",
-               "environment": "python3 -m venv /tmp/lowbitvenv && /tmp/lowbitvenv/bin/pip install torch==2.13.0 "
-                              "transformers==5.23.0 torchao==0.18.0 bitsandbytes==0.50.2",
-               "python": platform.python_version(), **_versions(), "device": "cpu",
-               "runs": [r for r in runs if r]}
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(args.out + ".tmp", args.out)
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure, document=document,
+                 out=os.path.join(HERE, "measurements.json"), versions=_versions, keep_previous="always",
+                 incremental=True, summary=lambda m: f"peak {m['peak_bytes']:,} B {m['wall_s']}s",
+                 line=lambda n, t, c, msg: f"[{n}/{t}] {c['id']:<34} {msg}")
     return 0
 
 
