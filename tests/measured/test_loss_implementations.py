@@ -75,7 +75,7 @@ def test_torchtune_linear_by_hand():
         check(r, "labels: shifted, masked and their indices (int64)", 8 * T + 16 * Tv, SAVED)
         check(r, "logits, one chunk (2 B) + its fp32 copy", 2 * t * V + 4 * t * V, (FORWARD,))
         moments = [8 * t * V, 2 * t * V + 2 * V * h + 2 * t * h - 4 * t * V,
-                   2 * t * V + 3 * 2 * V * h + 2 * 2 * t * h - 8 * t * V]
+                   3 * 2 * V * h + 2 * 2 * t * h - 8 * t * V]
         check(r, "chunked linear cross-entropy backward, one chunk at a time", max(moments), (BACKWARD,))
         check(r, "final norm output (alive until the loss)", 2 * T * h, (FORWARD,))
         assert any("torchtune's LinearCrossEntropyLoss" in n for n in r.notes)
@@ -114,7 +114,7 @@ def test_trl_chunked_nll_by_hand():
 
 def test_litgpt_chunked_by_hand():
     r = solve(loss="litgpt_chunked")
-    check(r, "logits (2 B, held through the backward)", 2 * T * V, SAVED)
+    check(r, "logits (2 B, held through the backward and the step)", 2 * T * V, PHASES)
     check(r, "log-softmax of every chunk (2 B)", 2 * T * V, SAVED)
     check(r, "shifted targets (int64) and per-token losses", 8 * T + 2 * T, SAVED)
     check(r, "chunks' logits gradients and their concatenation", 2 * T * V, (BACKWARD,))
@@ -141,9 +141,8 @@ def test_megatron_fused_by_hand():
     check(r, "logits (2 B, held until the loss returns)", 2 * T * V, (FORWARD,))
     check(r, "per-token statistics (fp32): max, predicted logit and sum of exp, loss", 16 * T, (FORWARD,))
     check(r, "logits gradient cast to bf16 beside the softmax", 2 * T * V, (BACKWARD,))
-    r32 = solve(regime="fp32", loss="megatron_fused")
-    check(r32, "logits (4 B, held until the loss returns)", 0, (FORWARD,))
-    check(r32, "logits gradient cast to bf16 beside the softmax", 0, (BACKWARD,))
+    with pytest.raises(NotModelledError, match="16-bit logits"):
+        solve(regime="fp32", loss="megatron_fused")
 
 
 def test_megatron_fused_under_megatron_tp_splits_the_vocabulary():
@@ -163,7 +162,8 @@ def test_every_phase_moves_as_declared():
         for phase in PHASES:
             declared = sum(t.nbytes for t in r.terms if phase in t.phases)
             assert r.phase_totals[phase] == pytest.approx(declared), (name, phase)
-        assert r.phase_totals["optimizer_step"] == base.phase_totals["optimizer_step"], name
+        if name != "litgpt_chunked":          # LitGPT's loop holds the logits through the step
+            assert r.phase_totals["optimizer_step"] == base.phase_totals["optimizer_step"], name
 
 
 # --- a third party's loss, registered through the hook ----------------------------------------------
@@ -240,3 +240,4 @@ def test_not_modelled_is_refused_by_name():
 def test_share_said_when_it_changes_nothing():
     r = solve(loss="chunked", loss_token_share=0.5)
     assert any("loss_token_share=0.5 changes nothing here" in n for n in r.notes)
+

@@ -17,7 +17,7 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   (2 x 4 t V) beside every saved log-softmax; then its logits gradient (c t V) and the LM head's
   weight-gradient partial (c V h), the second chunk's partial meeting the first in the engine's
   input buffer (their out-of-place sum: 3 x c V h), each chunk's log-softmax freed as its backward
-  ends.
+  ends (the logits gradient is freed when the matmul's backward returns, before the sum).
 * ``torchtitan_chunked``: torchtitan's ``ChunkedLossWrapper`` (pytorch/torchtitan
   b5bcd76c66d0acb1a08b176d9639425bc55e0b2a, torchtitan/components/loss.py lines 383-790,
   num_chunks=8): the whole loss and its backward run inside the forward, chunk by chunk
@@ -47,7 +47,8 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
 * ``litgpt_chunked``: LitGPT's ``chunked_cross_entropy`` (Lightning-AI/litgpt
   26857050fe3ff627cd714fe92f5838f51a3d5efa, litgpt/utils.py lines 302-350, chunk_size 128, as
   litgpt/finetune/full.py lines 282-285 calls it: the whole logits, ``logits.split(128)``). The
-  logits (c T V) stay alive through the backward (the training loop's variable); no upcast: each
+  logits (c T V) stay alive through the backward and the step (the training loop's variable, replaced
+  when the next forward's are assigned); no upcast: each
   chunk's log-softmax is saved in the compute dtype (c T V in all; fp32 under autocast, whose
   log_softmax runs in fp32: 4 T V, with one chunk's fp32 cast, 4 t V, in the forward). The backward
   collects every chunk's logits gradient for the split's concatenation (c T V) and the slice
@@ -71,8 +72,7 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   with the target mask (bool, T) and the masked target (int64, 8 T); per-token fp32 statistics
   (max, predicted logit and sum of exp concatenated, loss: 4 x 4 T) in the forward. The backward
   subtracts the one-hot in place and casts the gradient to bf16 (``grad_input.to(torch.bfloat16)``:
-  c T V/tp) beside the softmax. In fp32 the upcast is the logits themselves (no copy) and the
-  unfused path returns the fp32 gradient in place. Runs under Megatron-Core's regimes with its
+  c T V/tp) beside the softmax. Refused with fp32 logits (Megatron's unfused path). Runs under Megatron-Core's regimes with its
   tensor parallelism (the logits split over tp x cp) or on one device.
 """
 
@@ -81,7 +81,7 @@ from __future__ import annotations
 import math
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, PHASES, MemoryTerm
 
 from .loss_implementations import LossImplementation
 
@@ -125,11 +125,13 @@ def torchtune_linear_terms(ctx) -> list[MemoryTerm]:
               f"{c} x t x V" + (" + 4 x t x V" if copy else "") + f", t = ceil(T'/{n}) = {_n(t)} tokens")]
     moments = [8 * t * V, c * t * V + V * h * c + c * t * h - 4 * t * V]
     if n >= 2:
-        moments.append(c * t * V + 3 * V * h * c + 2 * c * t * h - 8 * t * V)
+        moments.append(3 * V * h * c + 2 * c * t * h - 8 * t * V)
     k = moments.index(max(moments))
     how = ("the first chunk's nll and log-softmax backward: 2 x 4 x t x V" if k == 0 else
-           f"{c} x t x V (a chunk's logits gradient) + {2 * k - 1} x V x h x {c} (weight-gradient partials"
-           f"{', their sum' if k == 2 else ''}) + {k} x t x h x {c} - {4 * k} x t x V (log-softmaxes freed)")
+           f"{c} x t x V (the chunk's logits gradient) + V x h x {c} (its weight-gradient partial) + t x h x {c} "
+           "- 4 x t x V (its log-softmax freed)" if k == 1 else
+           f"3 x V x h x {c} (two weight-gradient partials and their out-of-place sum, the logits gradient freed) "
+           f"+ 2 x t x h x {c} - 8 x t x V (two log-softmaxes freed)")
     out.append(_term("chunked linear cross-entropy backward, one chunk at a time", max(max(moments), 0), (BACKWARD,),
                      how))
     return out
@@ -198,8 +200,9 @@ def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
     T, V, c, t = ctx.tokens, ctx.vocab, ctx.compute, min(ctx.chunks, ctx.tokens)
     lsm = 4 if ctx.autocast else c
     out = [
-        _term(f"logits ({c} B, held through the backward)", c * T * V, SAVED,
-              f"{c} x T x V (the training loop's logits)"),
+        _term(f"logits ({c} B, held through the backward and the step)", c * T * V, PHASES,
+              f"{c} x T x V (the training loop's logits, replaced only by the next forward's: the previous "
+              "iteration's are freed when the new ones are assigned, a moment no larger than the log-softmax's)"),
         _term(f"log-softmax of every chunk ({lsm} B)", lsm * T * V, SAVED,
               f"{lsm} x T x V (no upcast" + ("; autocast runs log_softmax in fp32" if ctx.autocast else "") + ")"),
         _term("shifted targets (int64) and per-token losses", 8 * T + lsm * T, SAVED, f"8 x T + {lsm} x T"),
@@ -244,6 +247,10 @@ def megatron_fused_terms(ctx) -> list[MemoryTerm]:
 
 def _megatron_check(plan, chunks):
     from .model import megatron
+    if plan.profile_options.regime.compute == 4:
+        raise NotModelledError("loss", "megatron_fused", "16-bit logits (bf16 or fp16 compute)",
+                               "the fused cross-entropy casts its gradient to bf16 (fused_cross_entropy.py "
+                               "calculate_gradients); Megatron runs fp32 logits through the unfused path")
     if plan.tp_size > 1 and not megatron(plan.profile_options.regime):
         raise NotModelledError("loss", "megatron_fused", "a Megatron-Core regime (regime='mixed-bf16-main-grad') under tp > 1",
                                "Megatron's vocabulary-parallel cross-entropy splits the logits its own way")
