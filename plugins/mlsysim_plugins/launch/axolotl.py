@@ -236,6 +236,8 @@ def read(path, document, context):
     if get("ddp_bucket_cap_mb") is not None:
         r.approx("ddp_bucket_cap_mb", doc["ddp_bucket_cap_mb"], "communication_buffer_fraction", 0.05,
                  "DDP's bucket cap: the measured profile prices PyTorch's default 25 MB buckets")
+    elif "ddp_bucket_cap_mb" in doc:
+        r.ignore("ddp_bucket_cap_mb")
     # Everything else.
     for key, value in doc.items():
         if key in r.seen:

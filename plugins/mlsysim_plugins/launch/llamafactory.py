@@ -114,7 +114,7 @@ def read(path, document, context):
                 "dpo": "DPO/ORPO/SimPO: chosen and rejected sequences in one batch, and a reference model",
                 "kto": "KTO: a reference model and paired batches", "ppo": "PPO: a policy, a value head, a reward "
                 "model and a reference, with generation"}.get(stage, "an unknown stage") + ": not modelled")
-        r.ignore("stage")
+        r.note("stage", get("stage"), STAGES[stage])
     else:
         r.notes.append(f"stage absent: sft ({FT}: stage = \"sft\")")
     for k, why in NOT_MODELLED.items():
@@ -124,6 +124,8 @@ def read(path, document, context):
             r.ignore(k)
     if is_true(get("auto_find_batch_size")):
         r.refuse("auto_find_batch_size", True, "false", "the batch is found at run time by retrying after OOM")
+    elif "auto_find_batch_size" in doc:
+        r.ignore("auto_find_batch_size")
     # The model.
     model = None
     if "model_name_or_path" in doc:
