@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure LoRA and QLoRA training iterations with PyTorch's own tracker (as ``measure.py`` does).
+"""Measure LoRA and QLoRA training iterations with PyTorch's own tracker (as ``harness.py`` does).
 
     python3 -m venv --system-site-packages /tmp/ftvenv
     /tmp/ftvenv/bin/pip install --no-deps peft==0.21.2 bitsandbytes==0.50.2
@@ -11,7 +11,7 @@ is downloaded): ``AutoModelForCausalLM.from_config``; for QLoRA the model is sav
 directory and reloaded with ``BitsAndBytesConfig`` (bitsandbytes quantizes on the CPU). Then
 ``peft.get_peft_model(model, LoraConfig(r, lora_alpha=2r, target_modules, lora_dropout, bias="none"))``
 (peft's defaults otherwise: ``autocast_adapter_dtype=True`` keeps the adapters in fp32 over a 16-bit
-base). The optimizer takes the trainable parameters (the adapters) and the protocol is measure.py's:
+base). The optimizer takes the trainable parameters (the adapters) and the protocol is harness.py's:
 three iterations in ``MemTracker``, the third measured (steady state).
 """
 

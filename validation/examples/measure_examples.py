@@ -6,7 +6,7 @@
     /tmp/valvenv/bin/pip install --no-deps adam-mini==1.1.1            # pure Python; --no-deps keeps torch 2.13.0
     /tmp/valvenv/bin/python validation/examples/measure_examples.py --out validation/examples/measurements.json
 
-Every run is the steady-state protocol of ``../measure.py`` (``run_protocol``: three iterations of
+Every run is the steady-state protocol of ``../harness.py`` (``run_protocol``: three iterations of
 ``zero_grad(set_to_none=True)``; ``loss = model(input_ids=ids, labels=ids, use_cache=False).loss``;
 ``backward``; ``step``; the third is measured) on the same model and regime as its baseline, so that the
 difference is the technique's mechanism only:
@@ -132,7 +132,7 @@ def shapes(hf: dict) -> dict:
 
 # --------------------------------------------------------------------------- single-device runs
 class LayerPeakTracker(harness.PhaseMemTracker):
-    """``../measure.py``'s tracker, also recording the forward's peak over the ops run inside a decoder layer
+    """``../harness.py``'s tracker, also recording the forward's peak over the ops run inside a decoder layer
     (ModTracker's active modules include ``...layers.N``): what the layers' forward holds at most. (Not in the
     backward, where ModTracker's module attribution can be stale, see ../README.md.)"""
 

@@ -4,7 +4,7 @@ Each family has a directory here with a ``configs.py`` whose ``CONFIGS`` list ha
 of ``validation/configs.py`` (``id``, ``family``, ``model``, ``hf_config``, ``batch_size``,
 ``seq_len``, ``regime``, ``optimizer``, ``optimizer_impl``, ``checkpointing``, ``attention``,
 ``dropout``, ``method``: ``real`` at small sizes, ``fake`` (FakeTensorMode) at public shapes).
-Each run is measured with ``validation/measure.py``'s protocol (three iterations, the third
+Each run is measured with ``validation/harness.py``'s protocol (three iterations, the third
 measured; every phase's peak) and written to that directory's ``measurements.json``.
 
     /tmp/valvenv/bin/python validation/families/measure_families.py gemma

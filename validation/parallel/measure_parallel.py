@@ -7,10 +7,10 @@ Needs ``torch==2.13.0`` (CPU build) and ``transformers==5.23.0`` (see ../README.
 rank ``r`` of a world of ``W`` ranks: ``torch.distributed.init_process_group("fake", store=FakeStore(), rank=r,
 world_size=W)`` (PyTorch's fake process group: collectives allocate their outputs but move no data), a CPU device
 mesh, a Hugging Face model built from its config with random weights, the parallelism applied to it, and the
-training protocol of ``../measure.py`` (AdamW foreach, ``zero_grad(set_to_none=True)``, ``loss = model(input_ids,
+training protocol of ``../harness.py`` (AdamW foreach, ``zero_grad(set_to_none=True)``, ``loss = model(input_ids,
 labels=input_ids).loss``, ``backward``, ``step``; iterations 1-2 warm up, the 3rd is measured) inside
 ``FSDPMemTracker`` (FSDP2 and 2-D) or ``MemTracker`` (tensor parallelism). The process group is destroyed after
-every configuration. It also measures, with ``../measure.py``'s own ``measure()``, the single-device run of every
+every configuration. It also measures, with ``../harness.py``'s own ``measure()``, the single-device run of every
 (model, regime, micro-batch, sequence) used, so that each rank can be compared to one device.
 
 With ``--only`` the named configurations (parallel or single-device ids) are measured and merged into an existing

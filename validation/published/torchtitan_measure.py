@@ -21,7 +21,7 @@ bf16 logits with ``.float()`` and returns only the loss, so the bf16 logits are 
 2 or 3 layers (the per-layer bytes are the difference), b = 2, s = 8192, under FakeTensorMode, as rank 0 of a fake
 process group of 8 (or 128) ranks; each block wrapped with torch's checkpoint_wrapper and torchtitan's policy
 (validation/techniques/checkpointing: the CPU SDPA kernel stands in for the GPU's flash attention), then
-fully_shard'ed exactly as apply_fsdp does; AdamW foreach; validation/measure.py's protocol (iteration 3 measured)
+fully_shard'ed exactly as apply_fsdp does; AdamW foreach; validation/harness.py's protocol (iteration 3 measured)
 inside FSDPMemTracker. What this cannot show: the CUDA caching allocator's reserved bytes, and the all-gather /
 reduce-scatter streams' overlap (the fake process group runs collectives synchronously).
 """

@@ -48,7 +48,7 @@ import measure_tp_phases as tpp  # noqa: E402  (installs its provenance tracker 
 
 mp = tpp.mp
 configs = mp._configs
-harness = mp.harness
+import harness  # noqa: E402  (validation/harness.py)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

@@ -31,7 +31,7 @@ unchanged, with only what it asks of the accelerator stood in for (``_simulated_
 So the tracker sees exactly what stays on the "device": the model, the activations, the device
 gradients (freed one by one after their copy with ``offload_gradients=True``), the small tensors'
 optimizer state; the host tensors are counted beside it (``measured.host``). Every run is
-``validation/measure.py``'s protocol (three iterations, the third measured).
+``validation/harness.py``'s protocol (three iterations, the third measured).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Measure float8 training (torchao) runs with validation/measure.py's protocol.
+"""Measure float8 training (torchao) runs with validation/harness.py's protocol.
 
     /tmp/fp8venv/bin/python validation/techniques/float8/measure_float8.py [--only ID ...]
 
 Environment (its own venv, pinned): ``python3 -m venv /tmp/fp8venv && /tmp/fp8venv/bin/pip install
-torch==2.13.0 transformers==5.23.0 torchao==0.18.0``. Each run builds the HF model as measure.py does
+torch==2.13.0 transformers==5.23.0 torchao==0.18.0``. Each run builds the HF model as harness.py does
 (random weights, FakeTensorMode for method=fake), converts it with
 ``torchao.float8.convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-module_filter_fn=<not the LM head>)``, then runs measure.py's three-iteration protocol (``run_protocol``)
+module_filter_fn=<not the LM head>)``, then runs harness.py's three-iteration protocol (``run_protocol``)
 inside its ``PhaseMemTracker`` and records ``peak_record`` (every phase's peak). Writes
 measurements.json next to this file.
 """
@@ -19,7 +19,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))          # validation/: measure.py
+sys.path.insert(0, os.path.join(HERE, "..", ".."))          # validation/: harness.py
 sys.path.insert(0, HERE)
 
 import harness as M  # noqa: E402  (validation/harness.py; also applies its fake-tensor patches to transformers)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Measure the loss-technique runs of ``loss_configs.py`` with validation/measure.py's protocol.
+"""Measure the loss-technique runs of ``loss_configs.py`` with validation/harness.py's protocol.
 
     /tmp/lossvenv/bin/python validation/techniques/loss/measure_loss.py [--only ID ...]
 
 Environment (/tmp/lossvenv): torch==2.13.0 (CPU), transformers==5.23.0, torchtune==0.6.1,
-torchao==0.13.0 (torchtune 0.6.1 needs torchao <= 0.13). Each run is validation/measure.py's
+torchao==0.13.0 (torchtune 0.6.1 needs torchao <= 0.13). Each run is validation/harness.py's
 (random-weight ``AutoModelForCausalLM.from_config``, AdamW foreach, three iterations inside
 MemTracker, the third measured); only the forward that computes the loss differs:
 

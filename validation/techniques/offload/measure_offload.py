@@ -9,7 +9,7 @@ Environment (its own, pinned; torchtune 0.6.1 needs torchao <= 0.13)::
     /tmp/offloadvenv/bin/pip install torch==2.13.0 transformers==5.23.0
     /tmp/offloadvenv/bin/pip install --no-deps torchtune==0.6.1 torchao==0.13.0
 
-Every run is ``validation/measure.py``'s protocol (``run_protocol``: three iterations, the third
+Every run is ``validation/harness.py``'s protocol (``run_protocol``: three iterations, the third
 measured, every phase's peak from ``PhaseMemTracker``) on the model of ``configs.py``, with the
 technique applied as the library does it:
 
@@ -50,7 +50,7 @@ SETUP = ("python3 -m venv /tmp/offloadvenv && /tmp/offloadvenv/bin/pip install t
 
 def optimizer_in_backward(model, cfg, mt_cell):
     """torchtune's optimizer in the backward (``harness.optimizer_in_backward``), one
-    ``validation/measure.py`` optimizer of the run's kind per parameter."""
+    ``validation/harness.py`` optimizer of the run's kind per parameter."""
     return harness.optimizer_in_backward(
         model, lambda params: harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"]), mt_cell)
 

@@ -12,7 +12,7 @@ Environment (its own, pinned; torchtune 0.6.1 needs torchao <= 0.13)::
     /tmp/oibcombovenv/bin/pip install bitsandbytes==0.50.2
     # torchtune's own imports (datasets, omegaconf, ...): the pins of /tmp/lossvenv, --no-deps
 
-Each run is ``validation/measure.py``'s protocol (three iterations, the third measured, every
+Each run is ``validation/harness.py``'s protocol (three iterations, the third measured, every
 phase's peak) with the pieces the other technique harnesses already use, imported, not copied:
 
 * the optimizer in the backward: ``../offload/measure_offload.py``'s ``optimizer_in_backward``

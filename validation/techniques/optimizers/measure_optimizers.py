@@ -6,7 +6,7 @@ Environment (torchao and bitsandbytes pinned, torch 2.13.0 CPU build):
     python3 -m venv /tmp/lowbitvenv && /tmp/lowbitvenv/bin/pip install torch==2.13.0 \
         transformers==5.23.0 torchao==0.18.0 bitsandbytes==0.50.2
 
-Each run uses validation/measure.py's protocol (three iterations inside MemTracker, the third
+Each run uses validation/harness.py's protocol (three iterations inside MemTracker, the third
 measured, every phase's peak). torchao's optimizers ``torch.compile`` their per-parameter step,
 which cannot be traced under MemTracker (a TorchDispatchMode; dynamo refuses to trace it), so for
 them the tracked run takes the step eagerly (``torch.compile`` replaced by the identity: the
