@@ -985,7 +985,7 @@ def cmd_estimate(args, out) -> int:
     out.write(estimate_table(result, reference=reference, chart=args.chart,
                              plan_line=describe_run(scenario.run_details(result))) + "\n")
     if args.explain:
-        out.write("\n" + result.explain() + "\n")
+        out.write("\n" + result.explain(solver.registry) + "\n")
     out.write(_launch_section(args))
     return 0
 

@@ -294,35 +294,25 @@ def bar_chart(result, *, width: int = 80) -> str:
 
 # --- the explanation -----------------------------------------------------------------------
 
-_OPTIMIZER_WHY = {
-    "adam": "Adam keeps an fp32 master copy of every trainable parameter and two fp32 moments "
-            "(momentum and variance): 12 B per trainable parameter, kept for the whole run.",
-    "adamw": "AdamW (Adam with decoupled weight decay) keeps the same state as Adam: an fp32 "
-             "master copy and two fp32 moments per trainable parameter, 12 B each, kept for "
-             "the whole run.",
-    "sgd": "SGD without momentum keeps only an fp32 master copy of each trainable parameter "
-           "(4 B each), which the update is applied to before it is cast back to the weights.",
-    "none": "No optimizer is selected, so no state is kept between steps (useful to see the "
-            "weights and activations alone).",
-}
-
-_CHECKPOINTING_WHY = {   # strategy -> (what is kept, how much and why)
-    "selective": ("the tensors the forward pass saves for the backward pass",
-                  "34·s·b·h bytes per layer at 16 bit (Korthikanti et al. 2023); the attention "
-                  "core is recomputed in the backward pass instead of stored."),
-    "full": ("only the input of each layer",
-             "2·s·b·h bytes per layer at 16 bit, kept for the backward pass; everything else is "
-             "recomputed in the backward pass, trading extra compute for memory."),
-    "none": ("every tensor the forward pass makes",
-             "34·s·b·h + 5·a·s²·b bytes per layer at 16 bit, attention scores included, all kept "
-             "for the backward pass. Nothing is recomputed: the most memory, growing with the "
-             "square of the sequence length."),
-}
+# What a plugin says about itself in the explanation (``explain``), under these keys of its spec's
+# ``extensions`` (docs/hooks.md): read from the registered spec, never keyed on its name.
+EXPLAIN_WHY = "explain.why"          # optimizer: a sentence; checkpointing strategy: (what is kept, how much)
+EXPLAIN_SHARDS = "explain.shards"    # data-parallel rule: the components it shards over every dp rank
+EXPLAIN_LABEL = "explain.label"      # data-parallel rule: how a sentence names it ("ZeRO-2")
 
 
-def _zero_stage(result) -> int | None:
-    match = re.fullmatch(r"zero([0-3])", result.selected.get("dp_rule", ""))
-    return int(match.group(1)) if match else None
+def _declared(registry, kind: str, name: str | None, key: str):
+    """What ``registry``'s (None: the installed plugins') ``kind`` spec (``optimizers``,
+    ``checkpointing``, ``sharding_rules``) named ``name`` declares under ``key``; None when
+    nothing is (or no such spec is registered)."""
+    try:
+        if registry is None:
+            from .manager import get_plugin_manager
+            registry = get_plugin_manager().registry
+        spec = getattr(registry, kind).get(name)
+    except Exception:       # (a broken installation: the explanation stays generic)
+        return None
+    return None if spec is None else spec.extensions.get(key)
 
 
 def _model_parallel_share(result) -> str:
@@ -337,15 +327,18 @@ def _model_parallel_share(result) -> str:
     return "; ".join(parts)
 
 
-def _sharded_by_zero(result, min_stage: int, what: str) -> str:
-    stage, dp = _zero_stage(result), result.parallelism.get("dp", 1)
-    if stage is not None and stage >= min_stage and dp > 1:
-        return f" ZeRO-{stage} shards {what} over the {dp} data-parallel ranks."
+def _sharded_by_rule(result, component: str, what: str, registry=None) -> str:
+    """The data-parallel rule's sharding of ``component``, as its spec declares it."""
+    rule, dp = result.selected.get("dp_rule"), result.parallelism.get("dp", 1)
+    if dp > 1 and component in (_declared(registry, "sharding_rules", rule, EXPLAIN_SHARDS) or ()):
+        label = _declared(registry, "sharding_rules", rule, EXPLAIN_LABEL) or f"the data-parallel rule '{rule}'"
+        return f" {label} shards {what} over the {dp} data-parallel ranks."
     return ""
 
 
-def why(result, component: str) -> str:
-    """One or two plain sentences: what this component is and why it takes memory."""
+def why(result, component: str, registry=None) -> str:
+    """One or two plain sentences: what this component is and why it takes memory (what the
+    selected plugins declare under ``explain.*`` in ``registry``, default the installed ones)."""
     precision = result.precision
     b = PRECISION_BYTES.get(precision)
     per_value = f" ({b:g} B per value)" if b is not None else ""
@@ -362,26 +355,25 @@ def why(result, component: str) -> str:
     if component == "weights":
         return (f"The model's parameters, {copy}{per_value}, read by every "
                 f"forward and backward pass." + share_text
-                + _sharded_by_zero(result, 3, "them"))
+                + _sharded_by_rule(result, "weights", "them", registry))
     if component == "gradients":
         what = f"One gradient per trainable parameter ({regime} regime)" if regime else \
             f"One {precision} gradient{per_value} per trainable parameter"
         return (f"{what}: written by the backward pass, read by the optimizer step." + share_text
-                + _sharded_by_zero(result, 2, "them"))
+                + _sharded_by_rule(result, "gradients", "them", registry))
     if component == "optimizer_state":
-        text = _OPTIMIZER_WHY.get(result.optimizer,
-                                  f"The state the optimizer '{result.optimizer}' keeps between steps; "
-                                  "its terms below say how it is counted.")
+        text = _declared(registry, "optimizers", result.optimizer, EXPLAIN_WHY) or (
+            f"The state the optimizer '{result.optimizer}' keeps between steps; its terms below say how it is counted.")
         if regime:    # the measured grade's dtypes differ from the textbook's 12 B
             text = (f"The state the optimizer '{result.optimizer}' keeps between steps, in the {regime} "
                     "regime's dtypes (an fp32 master copy only where the weights are 16-bit), and what its step "
                     "allocates while it runs; the terms below count each.")
-        return text + _sharded_by_zero(result, 1, "it")
+        return text + _sharded_by_rule(result, "optimizer_state", "it", registry)
     if component == "activations":
         ckpt = result.activation_checkpointing
-        what, how = _CHECKPOINTING_WHY.get(ckpt, (
+        what, how = _declared(registry, "checkpointing", ckpt, EXPLAIN_WHY) or (
             f"the tensors the forward pass keeps for the backward pass, as the checkpointing "
-            f"strategy '{ckpt}' decides", "its terms below say how they are counted."))
+            f"strategy '{ckpt}' decides", "its terms below say how they are counted.")
         layers, mb = result.layers_per_stage, result.microbatch
         heaviest = next((r for r in result.ranks if r.name == result.heaviest_rank), None)
         if heaviest is not None:
@@ -416,7 +408,7 @@ def _wrap(text: str, prefix: str, width: int) -> list[str]:
                                                       break_on_hyphens=False)]
 
 
-def explain(result, *, width: int = 100) -> str:
+def explain(result, *, width: int = 100, registry=None) -> str:
     """A tree of where every byte comes from, in plain language.
 
     For each component: its bytes (GB and GiB), its share of the total, one or two
@@ -443,7 +435,7 @@ def explain(result, *, width: int = 100) -> str:
             head += f"; plus {_gb(host)} GB ({_gib(host)} GiB) on host memory"
         lines.append(head)
         stem = "   " if last_c else "│  "
-        lines.extend(_wrap(why(result, component), stem + "│  ", width))
+        lines.extend(_wrap(why(result, component, registry), stem + "│  ", width))
         if not terms:
             lines.append(f"{stem}└─ (nothing: no selected plugin puts bytes here)")
         for ti, term in enumerate(terms):

@@ -156,10 +156,11 @@ class TrainingMemoryResult:
         from .render import result_from_json
         return result_from_json(text)
 
-    def explain(self) -> str:
-        """A plain-text tree of where every byte comes from."""
+    def explain(self, registry=None) -> str:
+        """A plain-text tree of where every byte comes from (``registry``: the plugins whose
+        declared explanations it quotes; default the installed ones)."""
         from .render import explain
-        return explain(self)
+        return explain(self, registry=registry)
 
     def to_html(self) -> str:
         """An HTML table: components (GB, GiB, share, plugins), total, capacity, verdict."""

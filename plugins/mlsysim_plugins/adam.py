@@ -14,6 +14,8 @@ from mlsysim_core.memo import memoize
 measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
 BYTES_PER_PARAMETER = 12.0   # fp32 master 4 + momentum 4 + variance 4
+WHY = ("Adam keeps an fp32 master copy of every trainable parameter and two fp32 moments "   # (explain)
+       "(momentum and variance): 12 B per trainable parameter, kept for the whole run.")
 
 # What torch.optim.Adam/AdamW keep and allocate (torch/optim/adamw.py): two moments and a step tensor
 # per parameter tensor; foreach one temporary (_foreach_sqrt of the second moment), the for-loop two
@@ -48,5 +50,6 @@ def measured_state_terms(plan, placement, options, *, name="adam"):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adam", description="Adam: fp32 master + m + v, 12 B/param",
-                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms},
+                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms,
+                                                                "explain.why": WHY},
                           step=STEP)]

@@ -111,12 +111,14 @@ HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
 def mlsysim_sharding_rules():
     return [
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FsdpGatherOptions,
-                         extensions={"measured.buffer_terms": full_shard_buffers},
+                         extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
+                                     "explain.shards": ("optimizer_state", "gradients", "weights")},
                          collectives=FULL_SHARD,
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
-                         extensions={"measured.buffer_terms": grad_op_buffers},
+                         extensions={"measured.buffer_terms": grad_op_buffers, "explain.label": "FSDP (SHARD_GRAD_OP)",
+                                     "explain.shards": ("optimizer_state", "gradients", "weights")},
                          collectives=SHARD_GRAD_OP,
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,

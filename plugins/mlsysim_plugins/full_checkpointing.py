@@ -34,5 +34,10 @@ def recompute(plan):
 def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="full", description="recompute every layer; 2*s*b*h B/layer",
                               activation_terms=activation_terms,
-                              extensions={"measured.activation_terms": measured_activation_terms},
+                              extensions={"measured.activation_terms": measured_activation_terms,
+                                          "explain.why": (
+                                              "only the input of each layer",
+                                              "2·s·b·h bytes per layer at 16 bit, kept for the backward pass; "
+                                              "everything else is recomputed in the backward pass, trading extra "
+                                              "compute for memory.")},
                               recompute=recompute, recomputes="layers")]

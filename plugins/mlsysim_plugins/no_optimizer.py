@@ -10,4 +10,7 @@ def state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="none", description="no optimizer state, 0 B/param",
-                          state_terms=state_terms, extensions={"measured.state_terms": state_terms})]
+                          state_terms=state_terms, extensions={
+                              "measured.state_terms": state_terms,
+                              "explain.why": "No optimizer is selected, so no state is kept between steps (useful to "
+                                             "see the weights and activations alone)."})]

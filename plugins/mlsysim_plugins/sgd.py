@@ -34,5 +34,9 @@ def measured_state_terms(plan, placement, options):
 @hookimpl
 def mlsysim_optimizers():
     return [OptimizerSpec(name="sgd", description="SGD without momentum: fp32 master, 4 B/param",
-                          state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms},
+                          state_terms=state_terms, extensions={
+                              "measured.state_terms": measured_state_terms,
+                              "explain.why": "SGD without momentum keeps only an fp32 master copy of each trainable "
+                                             "parameter (4 B each), which the update is applied to before it is cast "
+                                             "back to the weights."},
                           step=OptimizerStep(moments=0, measured_with=(OPTIMIZER_IN_BACKWARD,)))]

@@ -85,10 +85,16 @@ COLLECTIVES = {
 }
 
 
+# What each stage shards over the data-parallel ranks, said by `explain` (render.EXPLAIN_SHARDS).
+EXPLAIN_SHARDS = {0: (), 1: ("optimizer_state",), 2: ("optimizer_state", "gradients"),
+                  3: ("optimizer_state", "gradients", "weights")}
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
                              description=f"ZeRO-{stage}: {WHAT[stage]}", options_type=OPTIONS.get(stage),
-                             extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage)},
+                             extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage),
+                                         "explain.shards": EXPLAIN_SHARDS[stage], "explain.label": f"ZeRO-{stage}"},
                              collectives=COLLECTIVES[stage])
             for stage in range(4)]
