@@ -81,6 +81,7 @@ records those numbers.
 from __future__ import annotations
 
 import math
+import re
 
 import attrs
 
@@ -104,6 +105,7 @@ _FP32 = 4
 _4BIT_CODE_BYTES = 16 * _FP32          # quant_map: get_4bit_type("nf4"/"fp4"), 16 fp32
 _DYNAMIC_CODE_BYTES = 256 * _FP32      # nested_quant_map: create_dynamic_map(), 256 fp32
 _FUSED_ARCHITECTURES = ("phi3", "gpt_neox", "falcon")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 _DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -157,8 +159,11 @@ def _check_targets(instance, attribute, value):
         if not isinstance(name, str):
             raise InvalidInputTypeError("lora.target_modules", name, allowed,
                                         f"got {type(name).__name__}")
-        if name not in TARGET_MODULES:
-            raise InvalidInputError("lora.target_modules", name, allowed)
+        if name not in TARGET_MODULES and not _MODULE_NAME.fullmatch(name):
+            # any module name a family's layers may have (qkv_proj, query_key_value, ...): which ones a
+            # model has is checked against the model (lora_counts, the measured profile's family)
+            raise InvalidInputError("lora.target_modules", name, allowed + ", or another module name "
+                                    "(letters, digits, '_' and '.')")
     if len(set(value)) != len(value):
         raise InvalidInputError("lora.target_modules", value, "each module named once",
                                 "a module is listed twice")

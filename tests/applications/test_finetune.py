@@ -272,9 +272,13 @@ def test_config_errors():
     _raises(InvalidInputTypeError, r"lora.rank=True .*bools are not counts", LoRAConfig,
             rank=True)
     _raises(InvalidInputError, r"not a whole number", LoRAConfig, rank=2.5)
-    e = _raises(InvalidInputError, r"lora.target_modules='qkv' is not allowed: a non-empty "
-                r"tuple of: q_proj, .*all-linear", LoRAConfig, target_modules=("q_proj", "qkv"))
-    assert e.value == "qkv"
+    e = _raises(InvalidInputError, r"lora.target_modules='q-proj' is not allowed: a non-empty "
+                r"tuple of: q_proj, .*all-linear", LoRAConfig, target_modules=("q_proj", "q-proj"))
+    assert e.value == "q-proj"
+    # another family's module name is a name (qkv_proj: Phi-3's); the model decides whether it has it
+    assert LoRAConfig(target_modules=("qkv_proj",)).target_modules == ("qkv_proj",)
+    _raises(InvalidInputError, r"lora.target_modules='qkv'.*this architecture one of: q_proj", lora_counts,
+            LLAMA2_7B, LoRAConfig(target_modules=("qkv",)))
     _raises(InvalidInputError, r"target_modules=\(\) is not allowed", LoRAConfig,
             target_modules=())
     _raises(InvalidInputTypeError, r"target_modules=3 ", LoRAConfig, target_modules=(3,))

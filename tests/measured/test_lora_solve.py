@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import HardwareNode, InvalidInputError, TrainingMemoryModel, TransformerWorkload
+from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig, lora_counts
 from mlsysim_core.hf import from_hf_config
 
@@ -153,9 +154,15 @@ def test_lora_needs_the_measured_profile():
         TrainingMemoryModel("reference").solve(LLAMA_TINY, BIG, 8, 256, lora={"rank": 8})
 
 
-def test_lora_on_a_mixture_of_experts_is_refused():
-    with pytest.raises(InvalidInputError, match="mixture of experts"):
-        TrainingMemoryModel("measured").solve("mixtral-8x7b", "h100", 1, 256, lora={"rank": 8})
+def test_lora_on_a_mixture_of_experts():
+    """The attention of a mixture of experts is adapted (derived from its family's description,
+    tests/measured/test_lora_families.py); its fused 3-D experts are refused, naming the target."""
+    result = TrainingMemoryModel("measured").solve("mixtral-8x7b", "h100", 1, 256, lora={"rank": 8})
+    assert any("q_proj 4096x4096" in n and "derived from the family's description" in n for n in result.notes)
+    with pytest.raises(NotModelledError, match="3-D parameters") as info:
+        TrainingMemoryModel("measured").solve("mixtral-8x7b", "h100", 1, 256,
+                                              lora={"rank": 8, "target_modules": ["experts.gate_up"]})
+    assert (info.value.parameter, info.value.value) == ("lora.target_modules", "experts.gate_up")
 
 
 def test_cli_flags_and_scenario_field(tmp_path):

@@ -193,6 +193,14 @@ class ArchitectureFamily:
     # None: the MLP's parts by structure (routed experts, a gated or a plain MLP: ``layers.megatron_*``).
     megatron_mlp: Callable[..., tuple[Part, ...]] | None = None
     lora_layer: Callable | None = None
+    # Under LoRA, the layer weights peft's ``target_modules`` cannot adapt, with why: (weight name, why).
+    # Weights split over the experts (transformers 5's fused 3-D expert parameters) are excluded without
+    # being listed. The other matrices of ``layer_weights`` are the linears LoRA may adapt (``lora.py``:
+    # a target name selects a weight whose module name is it or ends with ``.<target>``, as peft
+    # matches). ``lora_default_targets``: what LoRA adapts when no target is given (None: the linears
+    # one of whose sides is the attention's q or kv width and neither the MLP's).
+    lora_excluded: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    lora_default_targets: tuple[str, ...] | None = None
     assumptions: Callable[[TransformerWorkload], tuple[str, ...]] | None = None
     # The exact parameter count of a model the family builds (None: the transformer counter of
     # catalog.counting), against which model.parameters is checked.

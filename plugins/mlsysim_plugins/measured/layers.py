@@ -116,6 +116,13 @@ class Part:
     weight_gradient_only: bool = attrs.field(default=False, kw_only=True)
     op: str = attrs.field(default="", kw_only=True)
     module: str = attrs.field(default="", kw_only=True)
+    # Under LoRA (``lora.generic_layer``): ``inputs_of`` names the linears (module names as the family's
+    # layer weights give them, or their last component) that read this tensor as their input; with
+    # ``weight_gradient_only`` it is kept only for their weight gradients (under autocast: their casts, one
+    # per linear). ``lora``: what this part is made of, for LoRA (sub-parts, so tagged); empty: itself.
+    # Neither changes full training's bytes.
+    inputs_of: tuple[str, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    lora: tuple = attrs.field(default=(), converter=tuple, kw_only=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -150,16 +157,17 @@ class LayerWalk:
         self.parts: list[Part] = []
         self.constant: list[Part] = []
 
-    def add(self, name: str, per_token, split: str = TP, *, op: str = "", module: str = "") -> None:
+    def add(self, name: str, per_token, split: str = TP, *, op: str = "", module: str = "",
+            lora=()) -> None:
         if per_token:
-            self.parts.append(Part(name, per_token, split=split, op=op, module=module))
+            self.parts.append(Part(name, per_token, split=split, op=op, module=module, lora=lora))
 
     def extend(self, parts, module: str = "") -> None:
         self.parts.extend(attrs.evolve(p, module=p.module or module) if module else p for p in parts if p.nbytes)
 
     def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
-        per_layer = tuple(Part(p.name, p.nbytes * tokens, split=p.split, recomputed_by_selective=p.recomputed_by_selective,
-                               weight_gradient_only=p.weight_gradient_only, op=p.op, module=p.module)
+        per_layer = tuple(attrs.evolve(p, nbytes=p.nbytes * tokens,
+                                       lora=tuple(attrs.evolve(q, nbytes=q.nbytes * tokens) for q in p.lora))
                           for p in self.parts) + tuple(self.constant)
         return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
                           output_saved_by_next=output_saved_by_next, parts=per_layer)

@@ -107,14 +107,12 @@ def lora_option(plan, value):
         raise NotModelledError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
                                 "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
                                 + ", ".join(f"{k}={v}" for k, v in parallel.items()))
-    if plan.model.is_sparse:
-        raise NotModelledError("lora", config, "a dense model",
-                                f"{plan.model.name!r} is a mixture of experts: transformers 5 fuses the experts "
-                                "into 3-D parameters, whose LoRA/QLoRA activations are not modelled")
     if plan.trainable_fraction != 1.0:
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
     notes = ()
+    if generic(plan):
+        return _generic_option(plan, config, quantized)
     if config.target_modules is None:       # said, never silent: which modules the default means
         config = config.for_model(plan.model)
         gpt2 = config.target_modules == finetune._GPT2_DEFAULT_TARGETS
@@ -133,6 +131,28 @@ def lora_option(plan, value):
                                                                     plan.model.parameters))
 
 
+def _generic_option(plan, config, quantized):
+    """``lora_option`` for a family whose LoRA is derived from its description."""
+    shape = shape_of(plan)
+    family = shape.family
+    notes = list(quantized)
+    if config.target_modules is None:
+        config = attrs.evolve(config, target_modules=family_default_targets(shape))
+        notes.append(f"lora.target_modules not given: the attention projections of the {family.display} layers, "
+                     f"{', '.join(config.target_modules)}")
+    c = generic_counts(shape, config)
+    if c.adapted_linear_parameters > plan.model.parameters:
+        raise InvalidInputError("model.parameters", plan.model.parameters, f"at least {c.adapted_linear_parameters}",
+                                "the adapted linear layers alone hold more parameters")
+    notes.append(f"LoRA of the {family.display} layers derived from the family's description: its linears "
+                 + ", ".join(f"{m} {i}x{o}" for m, i, o, _ in c.per_module) + f" adapted (rank {config.rank}); "
+                 "the layers keep what full training keeps but the tensors the family marks as kept only for a "
+                 "frozen weight's gradient, plus the adapters' own (an upper bound where the family marks none)")
+    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
+    return attrs.evolve(plan, profile_options=options, notes=plan.notes + tuple(notes),
+                        trainable_fraction=finetune._exact_fraction(c.trainable_parameters, plan.model.parameters))
+
+
 def _kind(regime) -> str:
     if regime.autocast:
         return "amp-bf16"
@@ -144,8 +164,149 @@ def _counts(model, config):
     return finetune.lora_counts(model, config)
 
 
+def generic(plan) -> bool:
+    """Is the plan's LoRA derived from its family's description (``family_linears``,
+    ``generic_layer``)? Every family without a LoRA walk of its own (``lora_layer``), and every
+    mixture of experts (transformers 5's fused experts: the built-in Mixtral walk treated them as
+    one MLP)."""
+    return shape_of(plan).family.lora_layer is None or bool(plan.model.is_sparse)
+
+
 def counts(plan):
+    if generic(plan):
+        return generic_counts(shape_of(plan), plan.profile_options.lora)
     return _counts(plan.model, plan.profile_options.lora)
+
+
+# --- the adapters from the family's description ---------------------------------------------------
+
+@attrs.frozen
+class FamilyLinear:
+    """One linear of a decoder layer, as the family describes it: ``module`` (the layer weight's
+    name without ``.weight``), ``in_features``, ``out_features``; ``weight`` the ``LayerWeight``."""
+
+    module: str
+    in_features: int
+    out_features: int
+    weight: object
+
+    def selected_by(self, target: str) -> bool:
+        """peft's match: the module's dotted name is the target or ends with ``.<target>``."""
+        return self.module == target or self.module.endswith("." + target)
+
+
+def _vector_name(name: str) -> bool:
+    return name.endswith(("bias", "sinks")) or "," in name
+
+
+@memoize
+def family_linears(shape) -> tuple[tuple[FamilyLinear, ...], tuple[tuple[str, str], ...]]:
+    """``(linears, excluded)``: the matrices of one decoder layer that LoRA may adapt, in
+    registration order, and ``(module, why)`` for those it cannot (the family's ``lora_excluded``;
+    weights split over the experts: transformers 5's 3-D expert parameters, which peft's
+    ``target_modules`` does not reach). Derived from the family's own description: its
+    ``layer_weights`` (names, elements, how they split) and, for each weight's (out, in) shape,
+    its ``LayerWeight.shape`` or else the first layer's matrices in ``matrix_shapes`` (the next
+    2-D entry, in registration order, with the weight's element count). Never from the family's
+    name."""
+    family = shape.family
+    said = dict(family.lora_excluded)
+    weights = [w for w in shape.layer_weights() if w.elements and not w.bias and not _vector_name(w.name)]
+    matrices = [m for m in shape.matrix_shapes()[1:] if m[1]]     # after the embedding; 2-D only
+    at = 0
+    linears, excluded = [], []
+    for w in weights:
+        module = w.name[:-len(".weight")] if w.name.endswith(".weight") else w.name
+        if w.name.lower() in said or module.lower() in said:
+            excluded.append((module, said.get(w.name.lower()) or said[module.lower()]))
+            continue
+        if w.split == "experts":
+            excluded.append((module, "an expert weight: transformers 5 fuses the experts into 3-D parameters, "
+                                     "which peft's target_modules does not reach (its target_parameters LoRA is "
+                                     "not modelled)"))
+            continue
+        if w.shape is not None:
+            out_f, in_f = w.shape
+        else:
+            for k in range(at, len(matrices)):
+                if matrices[k][0] * matrices[k][1] == w.elements:
+                    out_f, in_f = matrices[k]
+                    at = k + 1
+                    break
+            else:
+                excluded.append((module, "its (out, in) shape is not in the family's description (no "
+                                         "LayerWeight.shape, no matrix of its size in matrix_shapes)"))
+                continue
+        if int(w.elements) != w.elements:
+            excluded.append((module, "not a whole matrix in every layer"))
+            continue
+        linears.append(FamilyLinear(module, int(in_f), int(out_f), w))
+    return tuple(linears), tuple(excluded)
+
+
+def family_default_targets(shape) -> tuple[str, ...]:
+    """The family's ``lora_default_targets``, else its attention projections: the adaptable
+    linears one of whose sides is the q or kv width and none the MLP's."""
+    if shape.family.lora_default_targets is not None:
+        return tuple(shape.family.lora_default_targets)
+    linears, _ = family_linears(shape)
+    widths = {shape.q_dim, shape.kv_dim}
+    out = []
+    for lin in linears:
+        sides = {lin.in_features, lin.out_features}
+        if sides & widths and not (shape.ffn in sides and shape.ffn not in widths):
+            out.append(lin.module.rsplit(".", 1)[-1])
+    return tuple(out)
+
+
+def _selected(shape, config) -> list[FamilyLinear]:
+    linears, excluded = family_linears(shape)
+    targets = config.target_modules
+    if targets is None:
+        targets = family_default_targets(shape)
+    if targets == (finetune.ALL_LINEAR,):
+        return list(linears)
+    chosen = []
+    for t in targets:
+        hit = [lin for lin in linears if lin.selected_by(t)]
+        if not hit:
+            why = [w for m, w in excluded if m == t or m.endswith("." + t)]
+            have = sorted({lin.module.rsplit(".", 1)[-1] for lin in linears}) + [finetune.ALL_LINEAR]
+            if why:
+                raise NotModelledError("lora.target_modules", t, f"one of {', '.join(have)} for the "
+                                       f"{shape.family.name!r} family", f"{t}: {why[0]}")
+            raise InvalidInputError("lora.target_modules", t, f"a module of the {shape.family.name!r} family's "
+                                    f"layers: {', '.join(have)}", f"{shape.model.name!r} has no {t}")
+        chosen += [lin for lin in hit if lin not in chosen]
+    return [lin for lin in linears if lin in chosen]
+
+
+@memoize
+def generic_counts(shape, config) -> finetune.FineTuneCounts:
+    """``FineTuneCounts`` from the family's linears (``family_linears``): per adapted linear
+    ``r x (in + out)`` per layer; under QLoRA every adaptable linear stored by bitsandbytes
+    (``finetune._tensor_bytes``; bitsandbytes replaces ``nn.Linear`` modules, not the fused
+    3-D expert parameters nor the families' excluded weights)."""
+    adapted = _selected(shape, config)
+    linears, _ = family_linears(shape)
+    layers, r = shape.layers, config.rank
+    finetune._check_rank_fits(r, [finetune._Linear(lin.module, lin.in_features, lin.out_features, 1, frozenset())
+                                  for lin in adapted])
+    per_module = tuple((lin.module, lin.in_features, lin.out_features, r * (lin.in_features + lin.out_features))
+                       for lin in adapted)
+    quantized = weight_bytes = constant_bytes = 0
+    if config.quantization is not None:
+        for lin in linears:
+            n = lin.in_features * lin.out_features
+            w, c = finetune._tensor_bytes(n, lin.out_features, config)
+            quantized += layers * n
+            weight_bytes += layers * w
+            constant_bytes += layers * c
+    return finetune.FineTuneCounts(
+        trainable_parameters=layers * sum(row[3] for row in per_module), frozen_parameters=shape.model.parameters,
+        adapted_linear_parameters=layers * sum(lin.in_features * lin.out_features for lin in adapted),
+        quantized_parameters=quantized, quantized_weight_bytes=weight_bytes,
+        quantization_constant_bytes=constant_bytes, per_module=per_module)
 
 
 def _adapted(plan) -> dict[str, tuple[int, int]]:
@@ -194,6 +355,8 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                     f"adapted linear, x {ab} B"))
     from .model import rope_buffer_terms      # (model imports this module)
     terms += rope_buffer_terms(shape)
+    if generic(plan):       # the family's own buffers (Gemma's embedding scale, a second rotary)
+        return shape.family.adjusted("weights", plan, placement, terms)
     return terms
 
 
@@ -219,6 +382,8 @@ class _Layer:
     output: int             # bytes per token of the layer's output
     output_saved: bool      # the next layer / final norm keeps it
     grad_out: bool          # the output requires grad
+    recomputable: int = 0   # bytes per layer selective recompute drops beyond the parts' (derived layers)
+    tagged: bool = True     # derived layers: the family marks its linears' inputs (else an upper bound)
 
     def saved(self, tokens: int) -> int:
         return sum(p.nbytes for p in self.parts) * tokens + sum(n for _, n in self.constant)
@@ -288,11 +453,13 @@ class Walk:
         return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out)
 
 
-def _layer(plan, grad_in: bool) -> _Layer:
+def _layer(plan, grad_in: bool, placement=None) -> _Layer:
     """One decoder layer's saved tensors under LoRA, walking which tensors require grad
     (the family's own walk)."""
     shape = shape_of(plan)
     family = shape.family
+    if generic(plan):
+        return generic_layer(plan, shape, grad_in, placement)
     if family.lora_layer is None:
         from .families import BUILTIN_FAMILIES
         modelled = sorted({a for f in BUILTIN_FAMILIES.values() if f.lora_layer is not None for a in f.architectures})
@@ -308,6 +475,79 @@ def _layer(plan, grad_in: bool) -> _Layer:
                             q_dim=shape.q_dim, kv_dim=shape.kv_dim, hidden=shape.hidden, seq_len=plan.seq_len,
                             tokens=1, grads=grads)
     return family.lora_layer(walk, grad_in, attention)
+
+
+def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
+    """One layer under LoRA, derived from the family's own full-training layer (``family.layer``)
+    and its linears (``family_linears``). Each part of the full layer (or, where the family gives
+    them, its ``lora`` sub-parts) is kept, but:
+
+    * a part ``weight_gradient_only`` (kept only for a frozen weight's gradient: a norm's normalized
+      tensor, a linear's input) is dropped, unless it is the input (``inputs_of``) of an adapted
+      linear whose lora_A saves the same tensor: in fp32 (the adapters' dtype), and under autocast,
+      where such a part is the linears' 16-bit casts (one per linear: the adapted ones' share kept,
+      lora_A's own cast being the same size);
+    * in pure 16-bit training over fp32 adapters (peft's ``autocast_adapter_dtype``) every adapted
+      linear's lora_A saves a 4 B copy of its input, and the 16-bit input kept only for the frozen
+      weight goes;
+    * an adapted linear whose input no part names keeps it anyway (a tensor kept by another op, the
+      attention kernel's output): lora_A shares it in fp32, saves its own cast under autocast (2 B)
+      or its 4 B copy in pure 16-bit;
+    * every adapted linear adds lora_B's r-wide input; under autocast every frozen linear its
+      16-bit weight cast (autocast caches only leaves that require grad) and the adapted ones their
+      adapters' cached casts.
+
+    A family that marks no part as some linear's input (``inputs_of``) gets the upper bound: full
+    training's parts but the ``weight_gradient_only`` ones, plus the adapters' (said in a note).
+    Whole per layer (``constant``); ``recomputable``: what selective recompute drops."""
+    from .model import context, layer_bytes
+    walk = Walk(plan, shape)
+    lb = layer_bytes(plan, context(plan, placement))
+    T = plan.microbatch * plan.seq_len
+    linears, _ = family_linears(shape)
+    adapted = [lin for lin in linears if lin.module in walk.adapted]
+    parts = [q for p in lb.parts for q in (p.lora or (p,))]
+    tagged = any(q.inputs_of for q in parts)
+    copy16 = not walk.amp and walk.ab != walk.c          # pure 16-bit base, fp32 adapters
+
+    def reads(q):
+        return [lin for lin in adapted if any(lin.selected_by(n) for n in q.inputs_of)]
+
+    constant, recomputable, covered = [], 0, set()
+    for q in parts:
+        keep = q.nbytes
+        if q.inputs_of:
+            mine = reads(q)
+            covered.update(lin.module for lin in mine)
+            if q.weight_gradient_only:
+                if copy16 or not mine:
+                    keep = 0
+                elif walk.amp:
+                    keep = q.nbytes * len(mine) / len(q.inputs_of)
+            elif walk.amp:
+                constant += [(f"{lin.module} LoRA input (bf16 cast)", 2 * lin.in_features * T) for lin in mine]
+        elif q.weight_gradient_only:
+            keep = 0
+        if keep:
+            constant.append((q.name, keep))
+            if q.recomputed_by_selective:
+                recomputable += keep
+    for lin in adapted:
+        if copy16:
+            constant.append((f"{lin.module} LoRA input ({walk.ab} B copy)", walk.ab * lin.in_features * T))
+        elif tagged and walk.amp and lin.module not in covered:
+            constant.append((f"{lin.module} LoRA input (bf16 cast)", 2 * lin.in_features * T))
+        constant.append((f"{lin.module} LoRA intermediate (r={walk.r})", walk.a_c * walk.r * T))
+    if walk.amp:
+        for lin in linears:
+            if lin.weight.autocast:
+                constant.append((f"{lin.module} weight 16-bit copy (autocast, frozen)",
+                                 2 * lin.in_features * lin.out_features))
+        for lin in adapted:
+            constant.append((f"{lin.module} adapter 16-bit copies (autocast cache)",
+                             2 * walk.r * (lin.in_features + lin.out_features)))
+    return _Layer((), tuple(constant), lb.output / T if T else 0, lb.output_saved_by_next, True,
+                  recomputable=recomputable, tagged=tagged)
 
 
 def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
@@ -383,10 +623,10 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     return walk.layer(out_grad and not walk.bf16, out_grad)
 
 
-def _layers(plan):
-    """The first layer (its input requires no grad) and the others."""
-    first = _layer(plan, grad_in=False)
-    return first, _layer(plan, grad_in=first.grad_out)
+def _layers(plan, placement=None):
+    """The first layer (its input requires no grad) and the others (derived layers: the same)."""
+    first = _layer(plan, False, placement)
+    return first, _layer(plan, first.grad_out, placement)
 
 
 @cached_terms
@@ -394,12 +634,12 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     L = placement.layers_per_stage
     T = plan.microbatch * plan.seq_len
     kept = L if kept_layers is None else min(kept_layers, L)
-    first, other = _layers(plan)
+    first, other = _layers(plan, placement)
 
     def saved(layer):
         n = layer.saved(T)
         if selective:
-            n -= T * sum(p.nbytes for p in layer.parts if p.recomputed_by_selective)
+            n -= T * sum(p.nbytes for p in layer.parts if p.recomputed_by_selective) + layer.recomputable
         return n + (layer.output * T if layer.output_saved else 0)
 
     terms = []
@@ -477,10 +717,14 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        nbytes=largest * c, phases=(BACKWARD_END,),
                        formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
                                "(dequantize_4bit in the backward's matmul)"))
+    if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
+        return shape.family.adjusted("model_activations", plan, placement, terms)
     return terms
 
 
 def _quantized_linears(plan):
+    if generic(plan):
+        return [(lin.module, lin.in_features, lin.out_features) for lin in family_linears(shape_of(plan))[0]]
     arch = finetune._check_model(plan.model)
     return [(lin.module, lin.in_features, lin.out_features)
             for lin in finetune._attention(plan.model, arch) + finetune._mlp(plan.model, arch)]

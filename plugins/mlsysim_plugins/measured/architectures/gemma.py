@@ -438,5 +438,62 @@ GEMMA3 = _family(
                 "embeddings, sliding windows (SDPA repeats k, v where masked) (validated against PyTorch's "
                 "MemTracker)")
 
+
+
+# --- under LoRA: what each part is made of (lora.generic_layer reads it) ------------------------------
+
+_QKV, _GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+
+
+def _lora_tagged(layer):
+    """The Gemma layer with its parts split for LoRA, bytes unchanged. A GemmaRMSNorm multiplies the fp32
+    normalized x by ``1 + w``: with w frozen the normalized x (4 B) is kept only for w's gradient (``1 + w``,
+    kept for x's, is the per-layer constant); its rsqrt (and, where the input is a new fp32 copy, that copy)
+    stays; its output is the next linears' input (q/k/v after the input norm, gate/up after the pre-feedforward
+    norm; none after the post-norms, whose output joins the residual); under AMP those linears' casts. The
+    QK-norm's normalized q and k (4 B) are its weights'. The GeGLU's product is down_proj's input (c f of its
+    4 c f). The attention kernel's part kept only for o_proj's weight is o_proj's input."""
+    def tagged(**kw):
+        lb = layer(**kw)
+        regime, h, T = kw["regime"], kw["hidden"], kw["tokens"]
+        q, kv = kw["heads"] * kw["head_dim"], kw["kv_heads"] * kw["head_dim"]
+        c = 4 if regime == "fp32" else 2
+
+        def norm(p, readers):
+            out = 0 if regime == "amp-bf16" or not readers else c * h * T
+            parts = [attrs.evolve(p, nbytes=p.nbytes - 4 * h * T - out),
+                     Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True)]
+            if out:
+                parts.append(Part("output", out, weight_gradient_only=True, inputs_of=readers))
+            return tuple(parts)
+
+        def split(p):
+            n = p.name
+            if n.startswith("input norm"):
+                return norm(p, _QKV)
+            if n.startswith(("pre-feedforward norm", "post-attention norm (GemmaRMSNorm")):
+                return norm(p, _GATE_UP)
+            if n.startswith(("post-attention norm of", "post-feedforward norm of")):
+                return norm(p, ())
+            if n == "q/k/v input casts":
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=_QKV),)
+            if n == "gate/up input casts":
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=_GATE_UP),)
+            if n.startswith("QK-norm"):
+                return (attrs.evolve(p, nbytes=p.nbytes - 4 * (q + kv) * T),
+                        Part("QK-norm normalized (its weights')", 4 * (q + kv) * T, weight_gradient_only=True))
+            if n.startswith("mlp ("):
+                return (attrs.evolve(p, nbytes=p.nbytes * 3 / 4),
+                        Part("product (down_proj's input)", c * kw["ffn"] * T, weight_gradient_only=True,
+                             inputs_of=("down_proj",)))
+            if p.weight_gradient_only:
+                return (attrs.evolve(p, inputs_of=("o_proj",)),)
+            return ()
+        return attrs.evolve(lb, parts=tuple(attrs.evolve(p, lora=split(p)) for p in lb.parts))
+    return tagged
+
+
+GEMMA, GEMMA2, GEMMA3 = (attrs.evolve(f, layer=_lora_tagged(f.layer)) for f in (GEMMA, GEMMA2, GEMMA3))
+
 FAMILY_OF_VERSION = {1: GEMMA, 2: GEMMA2, 3: GEMMA3}
 FAMILIES = (GEMMA, GEMMA2, GEMMA3)

@@ -385,5 +385,63 @@ PHI3 = _family("phi3", description="Llama layers with fused qkv_proj and gate_up
                weights=_phi3_weights, tensors=_phi3_tensors, matrices=_phi3_matrices, layer=_pre_norm_layer("phi3"),
                adjust=_phi3_adjust, layout=PHI3_QKV, layouts={"sdpa": _phi3_sdpa, "eager": _phi3_eager})
 
+
+
+# --- under LoRA: what each part is made of (lora.generic_layer reads it) ------------------------------
+
+def _lora_tagged(layer, arch):
+    """The pre-norm layer (Qwen2, Qwen3, Phi-3) with its parts split for LoRA, bytes unchanged: a
+    RMSNorm keeps its normalized x only for its weight's gradient and its output for the q/k/v (or
+    gate/up) weights' (fp32 8h + 4 = normalized 4h + output 4h + rsqrt; bf16 = fp32 copy 4h + rsqrt +
+    normalized 2h + output 2h; AMP = normalized 4h + rsqrt, the consumers' casts apart); the QK-norm's
+    normalized q, k (fp32 4n, else 2n) are its weight's; the MLP's product is down_proj's input (c f of
+    its 4 c f); the attention kernel's part kept only for o_proj's weight is o_proj's input. The same
+    ops as llama_layer's LoRA walk (lora.py), validated against peft (validation/lora_family_measurements.json)."""
+    fused = arch == "phi3"
+    qkv = ("qkv_proj",) if fused else ("q_proj", "k_proj", "v_proj")
+    gate_up = ("gate_up_proj",) if fused else ("gate_proj", "up_proj")
+
+    def tagged(**kw):
+        lb = layer(**kw)
+        regime, h, T = kw["regime"], kw["hidden"], kw["tokens"]
+        q, kv = kw["heads"] * kw["head_dim"], kw["kv_heads"] * kw["head_dim"]
+        c = _c(regime)
+
+        def norm(readers):
+            if regime == "amp-bf16":
+                return (Part("rsqrt", 4 * T), Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True))
+            b = 4 if regime == "fp32" else 2
+            return (Part("rsqrt" + (" + fp32 copy of the input" if regime == "bf16" else ""),
+                         (4 + (4 * h if regime == "bf16" else 0)) * T),
+                    Part("normalized (its weight's)", b * h * T, weight_gradient_only=True),
+                    Part("output", b * h * T, weight_gradient_only=True, inputs_of=readers))
+
+        def split(p):
+            n = p.name
+            if n == "input norm":
+                return norm(qkv)
+            if n == "post-attention norm":
+                return norm(gate_up)
+            if n in ("q/k/v input casts", "qkv_proj input cast"):
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=qkv),)
+            if n in ("gate/up input casts", "gate_up_proj input cast"):
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=gate_up),)
+            if n.startswith("QK-norm"):
+                normalized = (4 if regime == "fp32" else 2) * (q + kv) * T
+                return (attrs.evolve(p, nbytes=p.nbytes - normalized),
+                        Part("QK-norm normalized (its weights')", normalized, weight_gradient_only=True))
+            if n.startswith("mlp ("):
+                return (attrs.evolve(p, nbytes=p.nbytes * 3 / 4),
+                        Part("product (down_proj's input)", c * kw["ffn"] * T, weight_gradient_only=True,
+                             inputs_of=("down_proj",)))
+            if p.weight_gradient_only:
+                return (attrs.evolve(p, inputs_of=("o_proj",)),)
+            return ()
+        return attrs.evolve(lb, parts=tuple(attrs.evolve(p, lora=split(p)) for p in lb.parts))
+    return tagged
+
+
+QWEN2, QWEN3, PHI3 = (attrs.evolve(f, layer=_lora_tagged(f.layer, f.name)) for f in (QWEN2, QWEN3, PHI3))
+
 FAMILIES = (QWEN2, QWEN3, OLMO2, PHI3)
 _BY_ARCH = {f.name: f for f in FAMILIES}
