@@ -93,6 +93,10 @@ def test_torchtitan_chunked_by_hand():
           max(2 * t * V + 12 * t * V, 2 * 2 * t * V + 2 * V * h + 2 * t * h), (FORWARD,))
     assert "cross-entropy backward temporaries (fp32)" not in terms(r)
     # fp32: the accumulator is the gradient itself, no separate buffer
+    amp = solve(regime="amp-bf16", loss="torchtitan_chunked")
+    check(amp, "chunked loss: one chunk's forward and backward",
+          max(2 * t * V + 12 * t * V, 2 * 2 * t * V + 2 * V * h + 2 * t * h, 2 * t * V + 2 * V * h + 4 * V * h + 2 * t * h),
+          (FORWARD,))
     r32 = solve(regime="fp32", loss="torchtitan_chunked")
     assert "chunked loss: GradAccumulator's fp32 buffer" not in terms(r32)
     check(r32, "chunked loss: the hidden state's gradient (accumulated in the forward)", 4 * T * h, SAVED)
@@ -105,8 +109,13 @@ def test_trl_chunked_nll_by_hand():
     check(r, "packed hidden state (hidden[order], every shifted token)", 2 * T * h, SAVED)
     check(r, "packed labels and the sort order (int64)", 16 * T, SAVED)
     check(r, "chunked nll: one checkpointed chunk's forward", max(up + 4 * t * V, 16 * t * V), (FORWARD,))
+    grad = 2 * V * h                                       # two chunks: the first's LM head gradient exists
     check(r, "chunked nll: one chunk recomputed and its backward",
-          max(up + 16 * t * V, up + 12 * t * V + 4 * t * h + 4 * V * h + 2 * t * h + 2 * V * h), (BACKWARD,))
+          max(up + 16 * t * V + grad, up + 12 * t * V + 4 * t * h + 4 * V * h + grad,
+              up + 8 * t * V + 4 * V * h + 2 * V * h + 4 * t * h + grad), (BACKWARD,))
+    one = solve(loss="trl_chunked_nll", loss_token_share=0.5)      # 256 tokens: one chunk, no gradient before it
+    check(one, "chunked nll: one chunk recomputed and its backward",
+          max(up + 16 * t * V, up + 12 * t * V + 4 * t * h + 4 * V * h), (BACKWARD,))
     small = solve(loss="trl_chunked_nll", loss_chunks=64)
     check(small, "chunked nll: one checkpointed chunk's forward",
           max(4 * 64 * h + 4 * V * h + 4 * 64 * V, 16 * 64 * V), (FORWARD,))
@@ -118,6 +127,7 @@ def test_litgpt_chunked_by_hand():
     check(r, "log-softmax of every chunk (2 B)", 2 * T * V, SAVED)
     check(r, "shifted targets (int64) and per-token losses", 8 * T + 2 * T, SAVED)
     check(r, "chunks' logits gradients and their concatenation", 2 * T * V, (BACKWARD,))
+    check(r, "the shifted logits' copy (2 B, reshape of logits[..., :-1, :])", 2 * (T - B) * V, (FORWARD,))
     amp = solve(regime="amp-bf16", loss="litgpt_chunked")
     check(amp, "log-softmax of every chunk (4 B)", 4 * T * V, SAVED)
     check(amp, "one chunk's fp32 cast", 4 * 128 * V, (FORWARD,))
@@ -241,3 +251,40 @@ def test_share_said_when_it_changes_nothing():
     r = solve(loss="chunked", loss_token_share=0.5)
     assert any("loss_token_share=0.5 changes nothing here" in n for n in r.notes)
 
+
+# --- against the measurements (validation/techniques/loss/published_measurements.json) ----------------
+
+def _report():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "validation/techniques/loss/report_published.py"
+    spec = importlib.util.spec_from_file_location("report_published", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPORT = _report()
+PUBLISHED_RUNS = REPORT.runs()
+PUBLISHED_ERRORS = {r["id"]: REPORT.errors(r) for r in PUBLISHED_RUNS}
+
+
+def test_every_cpu_runnable_published_loss_is_measured():
+    measured = {r["loss"] for r in PUBLISHED_RUNS}
+    assert {"torchtune_linear", "torchtitan_chunked", "trl_chunked_nll", "litgpt_chunked", "megatron_fused"} <= measured
+    assert {r["regime"] for r in PUBLISHED_RUNS if r["loss"] == "torchtune_linear"} >= {"bf16", "fp32"}
+
+
+@pytest.mark.parametrize("rid", sorted(PUBLISHED_ERRORS))
+def test_each_published_run_every_phase(rid):
+    """Every phase within 5 % of PyTorch's measurement (the issue's max)."""
+    for phase, err in PUBLISHED_ERRORS[rid].items():
+        assert abs(err) <= 0.05, (rid, phase, f"{100 * err:+.2f} %")
+
+
+def test_published_medians_every_phase():
+    """Median |error| per phase over the runs within 1 % (the issue's target)."""
+    import statistics
+    for phase in ("peak", "forward", "backward", "optimizer"):
+        values = [abs(e[phase]) for e in PUBLISHED_ERRORS.values()]
+        assert statistics.median(values) <= 0.01, (phase, values)

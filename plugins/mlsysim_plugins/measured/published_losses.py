@@ -42,14 +42,18 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   metric ``log_p.exp()`` and its product (4 t V each): 4 x 4 t V in the forward. The backward
   recomputes the chunk with its graph (the fp32 copies, log_p and exp saved) and adds the nll and
   log-softmax gradients (2 x 4 t V), the matmul's fp32 gradients (4 t h, 4 V h) and their casts
-  back (c t h, w V h). Refused under autocast (its explicit fp32 matmul under autocast is not
+  back (c t h, w V h); from the second chunk on the LM head's gradient of the chunks done exists
+  (w V h) beside them (the recompute's four fp32 t x V tensors or the matmul's backward are the
+  moment). Refused under autocast (its explicit fp32 matmul under autocast is not
   modelled).
 * ``litgpt_chunked``: LitGPT's ``chunked_cross_entropy`` (Lightning-AI/litgpt
   26857050fe3ff627cd714fe92f5838f51a3d5efa, litgpt/utils.py lines 302-350, chunk_size 128, as
   litgpt/finetune/full.py lines 282-285 calls it: the whole logits, ``logits.split(128)``). The
   logits (c T V) stay alive through the backward and the step (the training loop's variable, replaced
   when the next forward's are assigned); no upcast: each
-  chunk's log-softmax is saved in the compute dtype (c T V in all; fp32 under autocast, whose
+  chunk's log-softmax is saved in the compute dtype (the chunks are views of ``logits[..., :-1,
+  :].reshape(-1, V)``, a copy of c b (s - 1) V with more than one sequence per micro-batch, alive until
+  the loss returns) (c T V in all; fp32 under autocast, whose
   log_softmax runs in fp32: 4 T V, with one chunk's fp32 cast, 4 t V, in the forward). The backward
   collects every chunk's logits gradient for the split's concatenation (c T V) and the slice
   ``logits[..., :-1, :]``'s backward writes it into a zero-filled whole (c T V) as the log-softmaxes
@@ -152,7 +156,9 @@ def torchtitan_chunked_terms(ctx) -> list[MemoryTerm]:
     t = T // n
     x = 4 if ctx.autocast else c        # the hidden state's dtype: the accumulated gradient's
     chunk_a = c * t * V + 12 * t * V
-    chunk_b = 2 * c * t * V + V * h * c + c * t * h + (V * h * g if g != c else 0)
+    chunk_b = 2 * c * t * V + V * h * c + c * t * h
+    if g != c:       # the partial cast to the gradient's dtype once the chunk's logits gradient is freed
+        chunk_b = max(chunk_b, c * t * V + V * h * c + V * h * g + c * t * h)
     out = [
         _term("chunked loss: the hidden state's gradient (accumulated in the forward)", x * T * h, SAVED,
               f"{x} x T x h (GradAccumulator's result, returned by the backward)"),
@@ -161,8 +167,9 @@ def torchtitan_chunked_terms(ctx) -> list[MemoryTerm]:
         _term("chunked loss: labels (int64)", 8 * T, SAVED, "8 x T (the data loader's labels)"),
         _term("chunked loss: one chunk's forward and backward", max(chunk_a, chunk_b), (FORWARD,),
               f"max({c} x t x V + 12 x t x V (logits, fp32 copy, log-softmax, two backward temporaries), "
-              f"2 x {c} x t x V + V x h x {c}" + (f" + V x h x {g}" if g != c else "")
-              + f" + {c} x t x h (logits, their gradient, weight and input gradients)), t = T/{n} = {_n(t)}")]
+              f"2 x {c} x t x V + V x h x {c} + {c} x t x h (logits, their gradient, weight and input gradients)"
+              + (f", {c} x t x V + V x h x {c} + V x h x {g} + {c} x t x h (the partial's cast)" if g != c else "")
+              + f"), t = T/{n} = {_n(t)}")]
     if x != 4:
         out.append(_term("chunked loss: GradAccumulator's fp32 buffer", 4 * T * h, (FORWARD,),
                          "4 x T x h (zeros_like(hidden, float32), cast to the hidden dtype at the end)"))
@@ -177,21 +184,27 @@ TRL_CHUNK = 256
 def trl_chunked_nll_terms(ctx) -> list[MemoryTerm]:
     T, Tv, h, V, c, w = ctx.tokens, ctx.valid, ctx.hidden, ctx.vocab, ctx.compute, ctx.weight
     t = min(ctx.chunks, T)                    # hidden[start:start + chunk_size]
+    n = math.ceil(Tv / ctx.chunks)            # the chunks computed: ceil(valid / chunk_size)
     up_h = 4 * t * h if c != 4 else 0
     up_w = 4 * V * h if w != 4 else 0
+    # From the second chunk on, the LM head's gradient of the chunks already done exists (w V h: the
+    # gradients' term counts it only from the backward's end).
+    grad = w * V * h if n >= 2 else 0
     fwd = max(up_h + up_w + 4 * t * V, 16 * t * V)
-    bwd_a = up_h + up_w + 16 * t * V
-    bwd_b = up_h + up_w + 12 * t * V + 4 * t * h + 4 * V * h + (c * t * h if c != 4 else 0) + (w * V * h if w != 4 else 0)
+    recompute = up_h + up_w + 16 * t * V + grad
+    matmul = up_h + up_w + 12 * t * V + 4 * t * h + 4 * V * h + grad
+    cast = up_h + up_w + 8 * t * V + 4 * V * h + (w * V * h if w != 4 else 0) + 4 * t * h + grad
     return [
         _term("packed hidden state (hidden[order], every shifted token)", c * T * h, SAVED,
               f"{c} x T x h (the chunks' checkpointed inputs)"),
         _term("packed labels and the sort order (int64)", 16 * T, SAVED, "2 x 8 x T"),
         _term("chunked nll: one checkpointed chunk's forward", fwd, (FORWARD,),
               f"max(fp32 copies {_n(up_h + up_w)} + 4 x t x V, 4 x 4 x t x V (logits, log_p, exp, product)), "
-              f"t = {_n(t)} of {_n(Tv)} tokens computed"),
-        _term("chunked nll: one chunk recomputed and its backward", max(bwd_a, bwd_b), (BACKWARD,),
-              f"max(fp32 copies + 4 x 4 x t x V, fp32 copies + 3 x 4 x t x V + 4 x t x h + 4 x V x h"
-              f" + the casts back), t = {_n(t)}")]
+              f"t = {_n(t)}, {n} chunk{'s' if n != 1 else ''} of {_n(Tv)} tokens computed"),
+        _term("chunked nll: one chunk recomputed and its backward", max(recompute, matmul, cast), (BACKWARD,),
+              f"max(the recompute: 4 x 4 x t x V, the matmul's backward: 3 x 4 x t x V + 4 x t x h + 4 x V x h, "
+              f"the casts back) + the fp32 copies {_n(up_h + up_w)}"
+              + (f" + the LM head's gradient of the chunks done ({w} x V x h)" if grad else "") + f", t = {_n(t)}")]
 
 
 # --- LitGPT chunked_cross_entropy -----------------------------------------------------------------
@@ -209,6 +222,10 @@ def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
         _term("chunks' logits gradients and their concatenation", c * T * V, (BACKWARD,),
               f"{c} x T x V beyond the saved tensors (the split's and the slice's backward make the whole "
               "gradient as the log-softmaxes are freed)")]
+    b = ctx.plan.microbatch
+    if b > 1:    # logits[..., :-1, :] is not contiguous across the batch: reshape(-1, V) copies it
+        out.append(_term(f"the shifted logits' copy ({c} B, reshape of logits[..., :-1, :])", c * (T - b) * V,
+                         (FORWARD,), f"{c} x b (s - 1) x V, b = {b} (freed when the loss returns)"))
     if ctx.autocast:
         out.append(_term("one chunk's fp32 cast", 4 * t * V, (FORWARD,), f"4 x t x V, t = {_n(t)}"))
     return out
