@@ -195,6 +195,13 @@ class FamilyLinear:
         return self.module == target or self.module.endswith("." + target)
 
 
+def _names_it(key: str, module: str) -> bool:
+    """A ``lora_excluded`` key names a module: itself, its last dotted components, or either followed by a
+    space (a weight averaged over the layers, ``"router x 4/4"``)."""
+    return any(m == key or m.startswith(key + " ") for m in (module, module.rsplit(".", 1)[-1])) or \
+        module.endswith("." + key) or (" " in module and module.split(" ", 1)[0].endswith("." + key))
+
+
 def _vector_name(name: str) -> bool:
     return name.endswith(("bias", "sinks")) or "," in name
 
@@ -217,8 +224,9 @@ def family_linears(shape) -> tuple[tuple[FamilyLinear, ...], tuple[tuple[str, st
     linears, excluded = [], []
     for w in weights:
         module = w.name[:-len(".weight")] if w.name.endswith(".weight") else w.name
-        if w.name.lower() in said or module.lower() in said:
-            excluded.append((module, said.get(w.name.lower()) or said[module.lower()]))
+        why = next((why for key, why in said.items() if _names_it(key, module.lower())), None)
+        if why is not None:
+            excluded.append((module, why))
             continue
         if w.split == "experts":
             excluded.append((module, "an expert weight: transformers 5 fuses the experts into 3-D parameters, "

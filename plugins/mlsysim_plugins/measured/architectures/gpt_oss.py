@@ -379,6 +379,61 @@ GPT_OSS = ArchitectureFamily(
     positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks, "sdpa": eager_sinks},
     layer_weights=gpt_oss_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
     layer=gpt_oss_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=assumptions,
-    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
+    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms,
+    lora_excluded={"mlp.router": "GptOssTopKRouter holds its weight as a Parameter (F.linear), not an nn.Linear: "
+                                 "peft's target_modules does not adapt it"})
+
+
+# --- under LoRA: what each part is made of (lora.generic_layer reads it) ------------------------------
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _lora_tagged(layer):
+    """The gpt-oss layer with its parts split for LoRA, bytes unchanged (the ops of the module docstring,
+    with the router and the experts frozen): a norm keeps its fp32 normalized x only for its weight's
+    gradient (4h) and its output for the next linears' (fp32 4h, bf16 2h; AMP: their casts): q/k/v after
+    the input norm, the router after the post-attention norm (the experts' gather needs no input); the
+    router's input cast (AMP) is its weight's; of the experts' ce x k x (2h + 7f) the gathered input (h,
+    gate_up's weight) and the product (f, down's weight) go, the gate_up output, the clamped SwiGLU's four
+    f-wide tensors and the down output (the routing weights' gradient) stay; the contiguous attention
+    output is o_proj's input."""
+    def tagged(**kw):
+        lb = layer(**kw)
+        regime, h, T, f, k = kw["regime"], kw["hidden"], kw["tokens"], kw["ffn"], kw["top_k"]
+        ce = 2 if regime == "bf16" else 4
+
+        def norm(p, readers):
+            out = 0 if regime == "amp-bf16" else (4 if regime == "fp32" else 2) * h * T
+            parts = [attrs.evolve(p, nbytes=p.nbytes - 4 * h * T - out),
+                     Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True)]
+            if out:
+                parts.append(Part("output", out, weight_gradient_only=True, inputs_of=readers))
+            return tuple(parts)
+
+        def split(p):
+            n = p.name
+            if n == "input norm":
+                return norm(p, _QKV)
+            if n == "post-attention norm":
+                return norm(p, ("router",))
+            if n == "q/k/v input casts":
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=_QKV),)
+            if n.startswith("router (") and regime == "amp-bf16":
+                return (attrs.evolve(p, nbytes=p.nbytes - 2 * h * T),
+                        Part("router input cast (its weight's)", 2 * h * T, weight_gradient_only=True,
+                             inputs_of=("router",)))
+            if n.startswith("experts ("):
+                return (attrs.evolve(p, nbytes=p.nbytes - ce * k * (h + f) * T),
+                        Part("experts' gathered input and product (their weights')", ce * k * (h + f) * T,
+                             weight_gradient_only=True, split=EXPERTS))
+            if p.weight_gradient_only:
+                return (attrs.evolve(p, inputs_of=("o_proj",)),)
+            return ()
+        return attrs.evolve(lb, parts=tuple(attrs.evolve(p, lora=split(p)) for p in lb.parts))
+    return tagged
+
+
+GPT_OSS = attrs.evolve(GPT_OSS, layer=_lora_tagged(GPT_OSS.layer))
 
 FAMILIES = (GPT_OSS,)

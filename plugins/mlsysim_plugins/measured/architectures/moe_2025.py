@@ -503,3 +503,70 @@ LLAMA4 = ArchitectureFamily(
     count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
 
 FAMILIES = (QWEN_MOE, LLAMA4)
+
+
+# --- under LoRA: what each part is made of (lora.generic_layer reads it) ------------------------------
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _lora_tagged(layer):
+    """The Qwen-MoE layer with its parts split for LoRA, bytes unchanged (the router and the experts frozen):
+    a RMSNorm keeps its normalized x (fp32 4h, bf16 2h) only for its weight's gradient and its output for the
+    next linears' (q/k/v after the input norm; after the post-attention norm the router's, a dense layer's
+    gate/up's, the shared expert's: the experts' gather needs no input); the QK-norm's normalized q and k are
+    its weights'; of the grouped_mm experts' ce x k x (2h + 4f) the gathered input (h) and the product (f) are
+    their weights' (the gate_up output, silu output and down output stay: SiLU's and the routing weights'
+    gradients); a dense MLP's product is down_proj's input. The shared expert (Qwen 1.5/2) and Llama 4's dense
+    experts are not split (their parts stay whole: an upper bound)."""
+    def tagged(**kw):
+        lb = layer(**kw)
+        regime, h, T = kw["regime"], kw["hidden"], kw["tokens"]
+        q, kv = kw["heads"] * kw["head_dim"], kw["kv_heads"] * kw["head_dim"]
+        readers_mid = ("router", "gate_proj", "up_proj", "shared_expert_gate")
+
+        def norm(readers):
+            if regime == "amp-bf16":
+                return (Part("rsqrt", 4 * T), Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True))
+            b = 4 if regime == "fp32" else 2
+            return (Part("rsqrt" + (" + fp32 copy of the input" if regime == "bf16" else ""),
+                         (4 + (4 * h if regime == "bf16" else 0)) * T),
+                    Part("normalized (its weight's)", b * h * T, weight_gradient_only=True),
+                    Part("output", b * h * T, weight_gradient_only=True, inputs_of=readers))
+
+        def split(p):
+            n = p.name.split(": ", 1)[-1]
+            if n == "input norm":
+                return norm(_QKV)
+            if n == "post-attention norm":
+                return norm(readers_mid)
+            if n == "q/k/v input casts":
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=_QKV),)
+            if n.startswith("QK-norm"):
+                normalized = (4 if regime == "fp32" else 2) * (q + kv) * T
+                return (attrs.evolve(p, nbytes=p.nbytes - normalized),
+                        Part("QK-norm normalized (its weights')", normalized, weight_gradient_only=True))
+            if n.startswith("linear input casts (router") or n == "gate/up input casts":
+                return (attrs.evolve(p, weight_gradient_only=True, inputs_of=readers_mid),)
+            if n.startswith("experts (input, gate_up, silu, product, down)"):
+                f = kw["ffn"]
+                gone = p.nbytes * (h + f) / (2 * h + 4 * f)
+                return (attrs.evolve(p, nbytes=p.nbytes - gone),
+                        Part("experts' gathered input and product (their weights')", gone,
+                             weight_gradient_only=True, split=EXPERTS))
+            if n.startswith("mlp ("):
+                return (attrs.evolve(p, nbytes=p.nbytes * 3 / 4),
+                        Part("product (down_proj's input)", p.nbytes / 4, weight_gradient_only=True,
+                             inputs_of=("down_proj",)))
+            if p.weight_gradient_only:
+                return (attrs.evolve(p, inputs_of=("o_proj",)),)
+            return ()
+        return attrs.evolve(lb, parts=tuple(attrs.evolve(p, lora=split(p)) for p in lb.parts))
+    return tagged
+
+
+_ROUTER = ("a TopKRouter holding its weight as a Parameter (F.linear), not an nn.Linear: peft's target_modules "
+           "does not adapt it")
+QWEN_MOE = attrs.evolve(QWEN_MOE, layer=_lora_tagged(QWEN_MOE.layer), lora_excluded={"router": _ROUTER})
+LLAMA4 = attrs.evolve(LLAMA4, lora_excluded={"router": _ROUTER})
+FAMILIES = (QWEN_MOE, LLAMA4)
