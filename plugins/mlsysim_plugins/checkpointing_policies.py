@@ -31,9 +31,17 @@ spec under another name is the same strategy.
 Under a per-op policy a layer keeps its input and the outputs of its saved ops (the policy's cache,
 whether or not autograd would save them); the backward recomputes one layer at a time (its working
 set: everything the layer saves for backward, as under full recompute). The op outputs come from
-the family's op sequence below (Llama-style and Mixtral-style layers, whose walker parts carry
-``Part.op`` tags); other families are refused by name. Under a module policy the layer keeps every
-part outside the checkpointed module (``Part.module``) plus the module's input.
+the family's declared op sequence (``ArchitectureFamily.op_outputs``, ``measured.layer_ops``: Llama,
+Mixtral, Qwen3, Qwen3-MoE, Ministral); other families are refused by name. Under a module policy the
+layer keeps every part outside the checkpointed module (``Part.module``) plus the module's input.
+
+Under tensor, context and pipeline parallelism (``split_model``: the rules' placement splits the
+model) a rank keeps, per layer and micro-batch in flight, the layer's input and the saved outputs as
+the placement splits them (``OpOutput.split``; with sequence parallelism the reduce-scattered
+row-parallel outputs a list naming ``reduce_scatter`` keeps), the module policies the parts outside
+the module as ``parallel.rank_layer_saved`` splits them; the backward's end is the larger of the
+stage's first layer recomputed and the embedding's backward (``_rank_last_moment``). Measured per rank
+under the fake process group: validation/parallel/policies/.
 
 Validated against PyTorch's MemTracker on Hugging Face Llama and Mixtral tiny models
 (validation/techniques/checkpointing/). ``added_step_time`` prices each policy by the forward
@@ -101,50 +109,17 @@ class SaveListOptions:
 
 # --- the op sequence of a layer -------------------------------------------------------------
 
-@attrs.frozen
-class OpOutput:
-    """One forward op of a decoder layer whose output a per-op policy may save: its op name,
-    what it computes, its output bytes per token (``constant``: per layer), its tensor-parallel
-    split and its module (attention / mlp)."""
-    op: str
-    name: str
-    nbytes: float
-    split: str = "tp"
-    module: str = ""
+from .measured.layer_ops import OpOutput  # noqa: E402  (re-exported: its former home)
 
 
 def op_sequence(shape, kind: str, kernel, seq_len: int) -> tuple[OpOutput, ...]:
-    """The ops of one Llama- or Mixtral-style HF decoder layer (transformers 5.23, torch 2.13), in
-    forward order, with their output bytes per token. ``kind``: fp32 / amp-bf16 / bf16 (AMP: the
-    matmuls' outputs are bf16; Mixtral's grouped-mm experts run in the weights' fp32). ``kernel``: the
-    ``AttentionKernel``, whose declared ``computes`` ("sdpa" or "eager") gives the attention's ops."""
-    fam = shape.family
-    c = 4 if kind == "fp32" else 2
-    h, f, q, kv, a = shape.hidden, shape.ffn, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.heads
-    S = a * seq_len
-    att = "attention"
-    ops = [OpOutput("mm", "q_proj", c * q, module=att), OpOutput("mm", "k_proj", c * kv, module=att),
-           OpOutput("mm", "v_proj", c * kv, module=att)]
-    if kernel.sdpa:     # declared, not named
-        # CPU: _scaled_dot_product_flash_attention_for_cpu; GPU: _scaled_dot_product_flash_attention.
-        ops.append(OpOutput("sdpa", "attention output + logsumexp (fp32)", c * q + 4 * a, module=att))
-    else:   # eager: q @ k^T (bmm), softmax in fp32, weights @ v (bmm)
-        ops += [OpOutput("bmm", "scores q @ k^T", c * S, module=att),
-                OpOutput("softmax", "softmax (fp32)", 4 * S, module=att),
-                OpOutput("bmm", "weights @ v", c * q, module=att)]
-    ops.append(OpOutput("mm", "o_proj", c * h, split="replicated", module=att))
-    if fam.layer is layers.llama_layer:
-        ops += [OpOutput("mm", "gate_proj", c * f, module="mlp"), OpOutput("mm", "up_proj", c * f, module="mlp"),
-                OpOutput("mm", "down_proj", c * h, split="replicated", module="mlp")]
-    else:
-        E, k = shape.experts, shape.top_k
-        ce = 2 if kind == "bf16" else 4
-        ops += [OpOutput("mm", "router logits", c * E, split="replicated", module="mlp"),
-                OpOutput("softmax", "router probabilities (fp32)", 4 * E, split="replicated", module="mlp"),
-                OpOutput("topk", "top-k weights (fp32) and indices (int64)", 12 * k, split="replicated", module="mlp"),
-                OpOutput("grouped_mm", "experts gate_up", ce * k * 2 * f, split="experts", module="mlp"),
-                OpOutput("grouped_mm", "experts down", ce * k * h, split="experts", module="mlp")]
-    return tuple(ops)
+    """The forward ops of one decoder layer whose outputs a per-op policy may save, as the family
+    declares them (``ArchitectureFamily.op_outputs``; ``measured.layer_ops``), in forward order."""
+    declared = shape.family.op_outputs
+    if declared is None:
+        raise NotModelledError("activation_checkpointing", "a per-op policy", "a family whose layer ops are tagged "
+                               "(ArchitectureFamily.op_outputs)", f"family {shape.family.name!r} has no op sequence")
+    return tuple(declared(shape, kind, kernel, seq_len))
 
 
 def saved_ops(ops, save: tuple[str, ...], alternate_mm: bool) -> tuple[OpOutput, ...]:
@@ -191,18 +166,15 @@ def _check(plan, *, per_op=False, module=None):
     if megatron(o.regime) and (per_op or module):
         raise NotModelledError("activation_checkpointing", name, "none, selective, full or every-k under "
                                "Megatron-Core regimes", "Megatron-Core's layers are not Hugging Face's ops")
-    if plan.rank is not None and (per_op or module) and plan.tp_size * plan.cp_size * plan.pp_size > 1:
-        raise NotModelledError("activation_checkpointing", name, "one device, data or expert parallelism",
-                               "per-op and module policies are not modelled under tensor, context or pipeline "
-                               "parallelism")
     if (per_op or module) and o.dropout:
         raise NotModelledError("activation_checkpointing", name, "dropout 0",
                                "with dropout CPU SDPA runs the math kernel; per-op policies are modelled without it")
     if per_op:
         fam = o.architecture
-        if fam.layer not in (layers.llama_layer, layers.mixtral_layer):
+        if fam.op_outputs is None:
             raise NotModelledError("activation_checkpointing", name, "a family whose layer ops are tagged "
-                                   "(llama, mixtral)", f"family {fam.name!r} has no op sequence")
+                                   "(ArchitectureFamily.op_outputs: llama, mixtral, qwen3, qwen_moe, ministral, ...)",
+                                   f"family {fam.name!r} declares no op outputs (op_outputs)")
         kernel = measured_kernels.kernel_of(plan)
         if not (kernel.sdpa or kernel.eager):     # what the kernel declares it computes, not its name
             raise NotModelledError("activation_checkpointing", name, "attention sdpa or eager",
@@ -307,6 +279,127 @@ def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unbo
                       nbytes=nbytes, phases=(BACKWARD_END,), formula=formula)
 
 
+def split_model(plan, placement) -> bool:
+    """Do the rules split the model itself on this rank (pipeline stages, tensor or context
+    parallelism: their placement's ``pipeline_stages``, ``tensor_shards``, ``sequence_shards``)?
+    Then the policies' terms are the rank's (``_rank_per_op_terms``, ``_rank_module_terms``):
+    data and expert parallelism alone leave a rank the whole model's activations."""
+    return plan.rank is not None and \
+        placement.pipeline_stages * placement.tensor_shards * placement.sequence_shards > 1
+
+
+def _on_rank(ctx, nbytes, split):
+    """``nbytes`` of one micro-batch as the rules split it on this rank: ``split`` "tp" / the tensor
+    shards, "replicated" whole, "residual" / the residual stream's shards (sequence parallelism),
+    "experts" / the expert tensor shards; every one / the sequence shards (context parallelism)."""
+    div = {"tp": ctx.tensor, "replicated": 1, "residual": ctx.residual, "experts": ctx.expert_tensor}[split]
+    return nbytes / div / ctx.sequence
+
+
+def _working_set(plan, ctx, lb):
+    """One layer recomputed in the backward on this rank (per micro-batch): everything it saves,
+    as the rules split it (``parallel.rank_layer_saved``), and its MLP's two activation gradients
+    (/ the tensor shards, / the expert shards for routed copies)."""
+    saved = parallel.rank_layer_saved(plan, ctx, lb, False)[0]
+    s = ctx.shape
+    split = ctx.expert_tensor if s.experts else ctx.tensor
+    mlp_grads = 2 * ctx.tokens * max(s.top_k, 1) * s.ffn * ctx.regime.compute / split / ctx.sequence
+    copies = _autocast_copies(ctx) / ctx.tensor
+    return saved + mlp_grads + copies, (f"{_n(saved)} saved + MLP activation gradients {_n(mlp_grads)}"
+                                        + (f" + autocast copies {_n(copies)}" if copies else ""))
+
+
+def _rank_terms(plan, placement, ctx, lb, label, per_layer, listed):
+    """The layers of this rank's stage (``ctx.layers``) keeping ``per_layer`` bytes each per
+    micro-batch in flight, and one layer's recompute working set at the backward's end."""
+    n = plan.rank.in_flight
+    flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
+    L = ctx.layers
+    return [MemoryTerm(component=ACTIVATIONS, label=label, nbytes=L * per_layer * n, phases=SAVED,
+                       formula=f"{L} layers x ({listed}){flying}"),
+            _rank_last_moment(plan, placement, ctx, lb)]
+
+
+def _rank_last_moment(plan, placement, ctx, lb):
+    """The backward's end on one rank of a split model, the larger of its two last moments (as
+    ``last_moments`` on one device): the stage's first layer recomputed (its working set,
+    ``_working_set``, its input and output gradient, the RoPE tables, every gradient but that
+    layer's and the embedding's), or the embedding's backward (every gradient, the end-of-backward
+    terms). Returned as one term: that maximum less what the gradient and model terms count there."""
+    regime = ctx.regime
+    T, h, r = ctx.tokens, ctx.shape.hidden, regime.residual
+    grads = parallel.rank_gradient_terms(plan, placement)
+    counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
+    acts = model.model_activation_terms(plan, placement, recompute=True)
+    end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
+    rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+    gb = regime.gradient or 0
+    if plan.gradient_accumulation_steps > 1 or not gb:
+        at_layer = counted         # every gradient alive throughout (or none: a main-grad buffer)
+    else:
+        divisor = parallel.gradient_divisor(placement)
+        layer = parallel.layer_parameters_on_rank(plan, placement) / divisor * gb
+        embedding = 0.0
+        if plan.rank.first:
+            embedding = ctx.shape.embedding_parameters / ctx.tensor / divisor * gb
+            embedding += sum(t.nbytes for t in grads[1:])      # PyTorch TP: the embedding gradient in full
+        at_layer = counted - embedding - layer
+    work, how = _working_set(plan, ctx, lb)
+    grads_in = 2 * _on_rank(ctx, r * T * h, "residual")
+    first = at_layer + grads_in + rope + work
+    second = counted + end_only
+    nbytes = max(first, second) - counted - end_only
+    which = "the first layer's recompute" if first >= second else "the embedding's backward"
+    return MemoryTerm(component=ACTIVATIONS, label="recompute working set (the stage's first layer or the "
+                      "embedding's backward, this rank)", nbytes=nbytes, phases=(BACKWARD_END,),
+                      formula=f"max(first layer recomputed: gradients {_n(at_layer)} + input and output gradient "
+                              f"{_n(grads_in)} + RoPE {_n(rope)} + {how} = {_n(first)}; the embedding's backward: "
+                              f"gradients {_n(counted)} + its terms {_n(end_only)} = {_n(second)}) - gradients and "
+                              f"end-of-backward terms counted elsewhere: {which}")
+
+
+def _rank_per_op_terms(plan, placement, ctx, ops, save, alternate):
+    """A per-op policy on one rank of a split model: each layer keeps its input (the residual
+    stream, / its shards) and its saved ops' outputs as the rules split them (``OpOutput.split``);
+    with sequence parallelism a row-parallel output (``OpOutput.reduced``) is reduce-scattered,
+    and a list naming ``reduce_scatter`` keeps that T x h / tp output too."""
+    T, h, r = ctx.tokens, ctx.shape.hidden, ctx.regime.residual
+    c = ctx.regime.compute
+    kept = list(saved_ops(ops, save, alternate))
+    if ctx.residual != 1 and "reduce_scatter" in save:
+        kept += [OpOutput("reduce_scatter", f"{o.name} reduce-scattered", c * h, split="residual", module=o.module)
+                 for o in ops if o.reduced]
+    layer_input = _on_rank(ctx, r * T * h, "residual")
+    outputs = [(o, _on_rank(ctx, T * o.nbytes, o.split)) for o in kept]
+    per_layer = layer_input + sum(b for _, b in outputs)
+    listed = (f"input {_n(layer_input)} + " + (", ".join(f"{o.name} ({o.op}) {_n(b)}" for o, b in outputs)
+                                               or "no op outputs"))
+    return _rank_terms(plan, placement, ctx, model.layer_bytes(plan, ctx),
+                       f"{plan.activation_checkpointing} layers: input and saved op outputs (this rank)",
+                       per_layer, listed)
+
+
+def _rank_module_terms(plan, placement, ctx, lb, module):
+    """A module policy on one rank of a split model: each layer keeps the parts outside the
+    checkpointed module as the rules split them (``parallel.rank_layer_saved`` over those parts:
+    with PyTorch's sequence parallelism the all-gathered inputs of attention and MLP too, the
+    module's own being the checkpoint's input), plus the module's input under AMP."""
+    outside = attrs.evolve(lb, parts=tuple(p for p in lb.parts if p.module != module))
+    kept = parallel.rank_layer_saved(plan, ctx, outside, False)[0]
+    T, h = ctx.tokens, ctx.shape.hidden
+    module_input = _on_rank(ctx, 4 * T * h, "residual") if ctx.regime.autocast else 0
+    per_layer = kept + module_input
+    listed = f"{_n(kept)} saved outside the {module}" + (f" + its input {_n(module_input)}" if module_input else "")
+    terms = _rank_terms(plan, placement, ctx, lb, f"decoder layers ({module} recomputed): saved for backward (this rank)",
+                        per_layer, listed)
+    if ctx.regime.autocast:
+        other = _autocast_copies(ctx, "mlp" if module == "attention" else "attention") / ctx.tensor
+        terms.append(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit weight copies saved by the modules not "
+                                "recomputed", nbytes=ctx.layers * other, phases=(BACKWARD,),
+                                formula=f"{ctx.layers} layers x {_n(other)} B"))
+    return terms
+
+
 def per_op_terms(plan, placement, options, *, policy="save-list"):
     """Every layer checkpointed with a per-op policy (``policy``: "op-sac" or "save-list", bound
     by the spec): it keeps its input and its saved ops' outputs; the backward recomputes one layer
@@ -315,7 +408,13 @@ def per_op_terms(plan, placement, options, *, policy="save-list"):
     ctx = model.context(plan, placement)
     kind = model._regime_kind(ctx.regime)
     save, alternate = _policy(policy, plan, options)
-    ops = op_sequence(ctx.shape, kind, measured_kernels.kernel_of(plan), ctx.seq_len)
+    try:
+        ops = op_sequence(ctx.shape, kind, measured_kernels.kernel_of(plan), ctx.seq_len)
+    except NotModelledError as e:
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing, e.allowed,
+                               e.detail) from None
+    if split_model(plan, placement):
+        return _rank_per_op_terms(plan, placement, ctx, ops, save, alternate)
     kept = saved_ops(ops, save, alternate)
     T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
     r = ctx.regime.residual
@@ -340,8 +439,11 @@ def module_terms(plan, placement, options, *, module="mlp"):
     lb = model.layer_bytes(plan, ctx)
     if not any(p.module for p in lb.parts):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
-                               "a family whose layer parts name their module (llama, mixtral)",
+                               "a family whose layer parts name their module (Part.module: llama, mixtral, qwen3, "
+                               "qwen_moe's Qwen3-MoE, ministral, ...)",
                                f"family {ctx.shape.family.name!r} does not tag its parts")
+    if split_model(plan, placement):
+        return _rank_module_terms(plan, placement, ctx, lb, module)
     T, h, L = ctx.tokens, ctx.shape.hidden, ctx.layers
     inside = sum(p.nbytes for p in lb.parts if p.module == module)
     module_input = 4 * T * h if ctx.regime.autocast else 0
@@ -375,7 +477,9 @@ def every_k_terms(plan, placement, options):
     L = placement.layers_per_stage
     ckpt = L // k
     terms = list(model.layer_terms(plan, placement, kept_layers=L - ckpt))
-    if k == 1 or not ckpt:
+    if k == 1 or not ckpt or split_model(plan, placement):
+        # (A pipeline stage, or a tensor/context split: the layers' terms per rank, with the
+        # micro-batches in flight, and one layer's recompute working set, as under full.)
         return terms
     terms = [t for t in terms if t.phases != (BACKWARD_END,)]
     ctx = model.context(plan, placement)

@@ -154,9 +154,7 @@ def test_what_is_not_modelled_is_refused_by_name():
         _solve(policy="op-sac", dropout=0.1)
     with pytest.raises(NotModelledError, match="LoRA"):
         _solve(policy="mlp-only", lora={"rank": 8})
-    with pytest.raises(NotModelledError, match="parallelism"):
-        TrainingMemoryModel().solve(from_hf_config(CONFIGS.MODELS["llama-tiny"][1], name="m"), BIG, 2, 256, "fp32",
-                                    "adamw", "op-sac", profile="measured", tp_size=2, regime="fp32")
+    # (Under tensor, context and pipeline parallelism the policies are modelled: test_policies_parallel.py.)
 
 
 def test_the_policies_are_registered():

@@ -33,7 +33,7 @@ from mlsysim_core import hookimpl
 from mlsysim_core.errors import MlsysimError, NotModelledError, PluginConflictError, PluginContractError
 from mlsysim_core.memo import memoize
 
-from . import layers
+from . import layer_ops, layers
 from .kernels import FUSED_QKV, SEPARATE_QKV
 from .layers import EXPERTS, REPLICATED, SPLITS, TP, LayerBytes, Part
 
@@ -226,6 +226,10 @@ class ArchitectureFamily:
     # (routed experts as ``sparse``; a gated MLP, or unknown, as ``gated_mlp``): Llama, GPT-2 and
     # Mixtral declare it. Plugin API 2.3.
     fallback: bool = False
+    # ``op_outputs(shape, kind, kernel, seq_len)`` -> the forward ops of one layer whose outputs a
+    # per-op checkpointing policy may save (``layer_ops.OpOutput``, in forward order); None: the
+    # family declares none and op-sac / save-list are refused for it by name (``layer_ops``).
+    op_outputs: Callable[..., tuple] | None = None
 
     @property
     def display(self) -> str:
@@ -517,7 +521,8 @@ LLAMA = ArchitectureFamily(
     # its parameter tensors and matrix shapes derived from its layer weights (one description)
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_llama_weights,
     layer=layers.llama_layer, megatron_mlp=layers.megatron_gated_mlp, lora_layer=_llama_lora,
-    assumptions=_gated_mlp_assumed, pack_hook_copies=_llama_pack_hook_copies, fallback=True)
+    assumptions=_gated_mlp_assumed, pack_hook_copies=_llama_pack_hook_copies, fallback=True,
+    op_outputs=layer_ops.llama_ops)
 
 GPT2 = ArchitectureFamily(
     name="gpt2", label="GPT-2", gated_mlp=False,
@@ -548,7 +553,8 @@ MIXTRAL = ArchitectureFamily(
     # its parameter tensors derived from its layer weights; the expert stacks' matrices one per expert
     norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV, layer_weights=_mixtral_weights,
     matrix_shapes=_rms_matrix_shapes(_moe_mlp_shapes),
-    layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora, fallback=True)
+    layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora, fallback=True,
+    op_outputs=layer_ops.mixtral_ops)
 
 BUILTIN_FAMILIES: Mapping[str, ArchitectureFamily] = {f.name: f for f in (LLAMA, GPT2, MIXTRAL)}
 

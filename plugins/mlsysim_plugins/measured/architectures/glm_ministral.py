@@ -67,6 +67,7 @@ from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
+from ..layer_ops import llama_ops
 from ..layers import REPLICATED, TP, Part, LayerWalk, megatron_gated_mlp
 from .deepseek import (Sizes, _add_mlp, _elements, _matrices, _mlp_weights, _model_tensors, mean_layer_note,
                        score_bias_buffers)
@@ -332,9 +333,9 @@ def _ministral_layer(version: int):
         w = LayerWalk()
         w.add("input norm", _input_norm(regime, h), REPLICATED)
         if regime == "amp-bf16":
-            w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
+            w.add("q/k/v input casts", 3 * 2 * h, REPLICATED, module="attention")
         w.extend(_masked_attention(attention, model, regime=regime, dropout=False, heads=heads, kv_heads=kv_heads,
-                                   head_dim=head_dim, hidden=h, seq_len=seq_len, tokens=tokens))
+                                   head_dim=head_dim, hidden=h, seq_len=seq_len, tokens=tokens), module="attention")
         if version == 3:
             # the Llama-4 scale (1, 1, s, 1), saved by q's multiply: a bf16 cast in bf16, fp32 otherwise
             w.constant.append(Part("Llama-4 attention scale (1 x 1 x s x 1, saved by q's multiply)",
@@ -342,8 +343,8 @@ def _ministral_layer(version: int):
         w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
         w.add("post-attention norm", _input_norm(regime, h), REPLICATED)
         if regime == "amp-bf16":
-            w.add("gate/up input casts", 2 * 2 * h, REPLICATED)
-        w.add("mlp (gate, silu, up, product)", 4 * c * ffn)
+            w.add("gate/up input casts", 2 * 2 * h, REPLICATED, module="mlp")
+        w.add("mlp (gate, silu, up, product)", 4 * c * ffn, module="mlp")
         return w.layer(tokens, (2 if regime == "bf16" else 4) * h * tokens, regime != "bf16")
     return layer
 
@@ -447,7 +448,7 @@ def _ministral_family(version: int, *, name, label, description):
         attention_layout=SEPARATE_QKV, layer_weights=_ministral_weights, parameter_tensors=_ministral_tensors,
         matrix_shapes=_ministral_matrices, layer=_ministral_layer(version), megatron_mlp=megatron_gated_mlp,
         lora_layer=None, assumptions=_ministral_assumptions(version), count_parameters=_ministral_count,
-        check=_ministral_check(version), adjust_terms=_ministral_adjust)
+        check=_ministral_check(version), adjust_terms=_ministral_adjust, op_outputs=llama_ops)
 
 
 MINISTRAL_FAMILY = _ministral_family(

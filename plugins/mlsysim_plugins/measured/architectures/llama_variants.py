@@ -69,6 +69,7 @@ from mlsysim_core.errors import NotModelledError
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
+from ..layer_ops import llama_ops
 from ..layers import REPLICATED, Part, LayerWalk, megatron_gated_mlp
 
 W = LayerWeight
@@ -194,20 +195,23 @@ def _pre_norm_layer(arch):
         q, kv = heads * head_dim, kv_heads * head_dim
         amp = regime == "amp-bf16"
         fused = arch == "phi3"
+        att, mlp = ("attention", "mlp") if arch == "qwen3" else ("", "")     # Qwen3 tags its modules
         w = LayerWalk()
         w.add("input norm", _input_norm(regime, h), REPLICATED)
         if amp:
-            w.add("qkv_proj input cast" if fused else "q/k/v input casts", (1 if fused else 3) * 2 * h, REPLICATED)
+            w.add("qkv_proj input cast" if fused else "q/k/v input casts", (1 if fused else 3) * 2 * h, REPLICATED,
+                  module=att)
         if arch == "qwen3":
-            w.add("QK-norm (fp32 q, k; normalized; rsqrt per head)", _qwen3_qk_norm(regime, q, kv, heads, kv_heads))
+            w.add("QK-norm (fp32 q, k; normalized; rsqrt per head)", _qwen3_qk_norm(regime, q, kv, heads, kv_heads),
+                  module=att)
         w.extend(attention(kind=regime, dropout=dropout, heads=heads, q_dim=q, kv_dim=kv, hidden=h,
-                           seq_len=seq_len, tokens=tokens))
+                           seq_len=seq_len, tokens=tokens), module=att)
         w.add("mid residual (post-attention norm input)", 0 if regime == "bf16" else 4 * h, REPLICATED)
         w.add("post-attention norm", _input_norm(regime, h), REPLICATED)
         if amp:
             w.add("gate_up_proj input cast" if fused else "gate/up input casts", (1 if fused else 2) * 2 * h,
-                  REPLICATED)
-        w.add("mlp (gate" + ("_up storage 2f" if fused else ", up") + ", silu, product)", 4 * c * ffn)
+                  REPLICATED, module=mlp)
+        w.add("mlp (gate" + ("_up storage 2f" if fused else ", up") + ", silu, product)", 4 * c * ffn, module=mlp)
         return w.layer(tokens, r * h * tokens, regime != "bf16")   # bf16: the next norm saves its fp32 copy
     return layer
 
@@ -359,13 +363,14 @@ def _assumptions(arch):
 
 
 def _family(arch, *, description, weights, tensors, matrices, layer, norm=RMS_NORM, adjust=None,
-            layout=SEPARATE_QKV, layouts=()):
+            layout=SEPARATE_QKV, layouts=(), op_outputs=None):
     return ArchitectureFamily(
         name=arch, label={"qwen2": "Qwen2", "qwen3": "Qwen3", "olmo2": "OLMo 2", "phi3": "Phi-3"}[arch],
         description=description, architectures=(arch,), norm=norm, positions="rotary",
         attention_layout=layout, attention_layouts=layouts, layer_weights=weights, parameter_tensors=tensors,
         matrix_shapes=_shapes(matrices), layer=layer, megatron_mlp=megatron_gated_mlp, lora_layer=None,
-        assumptions=_assumptions(arch), count_parameters=_count(tensors), check=_check(arch), adjust_terms=adjust)
+        assumptions=_assumptions(arch), count_parameters=_count(tensors), check=_check(arch), adjust_terms=adjust,
+        op_outputs=op_outputs)
 
 
 QWEN2 = _family("qwen2", description="Llama layers with q/k/v biases (Qwen2, Qwen2.5; validated against "
@@ -375,7 +380,7 @@ QWEN2 = _family("qwen2", description="Llama layers with q/k/v biases (Qwen2, Qwe
 QWEN3 = _family("qwen3", description="Llama layers with per-head QK-norm and head_dim 128 (Qwen3; validated "
                                      "against PyTorch's MemTracker)",
                 weights=_llama_weights, tensors=_qwen3_tensors, matrices=_qwen3_matrices,
-                layer=_pre_norm_layer("qwen3"))
+                layer=_pre_norm_layer("qwen3"), op_outputs=llama_ops)
 OLMO2 = _family("olmo2", description="full-width QK-norm, norms after attention and MLP, no input norm "
                                      "(OLMo 2; validated against PyTorch's MemTracker)",
                 weights=_llama_weights, tensors=_olmo2_tensors, matrices=_olmo2_matrices, layer=olmo2_layer,

@@ -64,6 +64,7 @@ from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, MemoryTerm
 from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
+from ..layer_ops import qwen_moe_ops
 from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, LayerWalk
 
 W = LayerWeight
@@ -306,10 +307,16 @@ def _norm(regime, h):
     return {"fp32": 8 * h + 4, "bf16": 8 * h + 4, "amp-bf16": 4 * h + 4}[regime]
 
 
-def _scaled(w: LayerWalk, parts, share, label):
+def _module(s, module: str) -> str:
+    """The module tag of a part (checkpointing's mlp-only / attention-only read it): Qwen3-MoE tags
+    its parts; the other architectures of these families do not (the module policies refuse them)."""
+    return module if s.arch == "qwen3_moe" else ""
+
+
+def _scaled(w: LayerWalk, parts, share, label, module=""):
     for p in parts:
         if p.nbytes and share:
-            w.parts.append(attrs.evolve(p, name=f"{label}: {p.name}", nbytes=p.nbytes * share))
+            w.parts.append(attrs.evolve(p, name=f"{label}: {p.name}", nbytes=p.nbytes * share, module=module))
 
 
 def _grouped_experts(regime, *, h, f, E, k, norm_topk) -> list[Part]:
@@ -326,18 +333,19 @@ def _grouped_experts(regime, *, h, f, E, k, norm_topk) -> list[Part]:
 def _attention(w: LayerWalk, attention, s: Spec, regime, tokens, seq_len):
     h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
     amp = regime == "amp-bf16"
+    att = _module(s, "attention")
     w.add("input norm", _norm(regime, h), REPLICATED)
     if amp:
-        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED)
+        w.add("q/k/v input casts", 3 * 2 * h, REPLICATED, module=att)
     if s.arch == "qwen3_moe":
         per = 8 if regime == "fp32" else 6
-        w.add("QK-norm (fp32 input, rsqrt, normalized)", per * (q + kv) + 4 * (s.heads + s.kv_heads))
+        w.add("QK-norm (fp32 input, rsqrt, normalized)", per * (q + kv) + 4 * (s.heads + s.kv_heads), module=att)
     elif s.arch == "llama4_text" and s.qk_norm and s.rope_layers:
         share = s.rope_layers / s.layers
         w.add(f"L2 QK-norm on the RoPE layers x {s.rope_layers}/{s.layers} (fp32 input, rsqrt)",
               share * (4 * (q + kv) + 4 * (s.heads + s.kv_heads)))
     w.extend(attention(kind=regime, dropout=False, heads=s.heads, q_dim=q, kv_dim=kv, hidden=h, seq_len=seq_len,
-                       tokens=tokens))
+                       tokens=tokens), module=att)
     if s.arch == "llama4_text" and s.temperature_tuning and s.layers > s.rope_layers:
         share = (s.layers - s.rope_layers) / s.layers
         w.constant.append(Part(f"attention temperature scales (fp32, NoPE layers x {s.layers - s.rope_layers}/"
@@ -392,10 +400,12 @@ def moe_2025_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts
     _attention(w, attention, s, regime, tokens, seq_len)
     L, m = s.layers, s.moe_layers
     moe = _llama4_moe(regime, s) if s.arch == "llama4_text" else _qwen_moe(regime, s)
-    _scaled(w, moe, m / L, f"MoE x {m}/{L}")
-    _scaled(w, _dense_mlp(regime, s.hidden, s.dense_ffn), (L - m) / L, f"dense MLP x {L - m}/{L}")
+    mlp = _module(s, "mlp")
+    _scaled(w, moe, m / L, f"MoE x {m}/{L}", mlp)
+    _scaled(w, _dense_mlp(regime, s.hidden, s.dense_ffn), (L - m) / L, f"dense MLP x {L - m}/{L}", mlp)
     if s.arch != "llama4_text" and m:
-        w.constant.append(Part(f"expert offsets (int32) x {m}/{L}", 4 * s.experts * m / L, split=REPLICATED))
+        w.constant.append(Part(f"expert offsets (int32) x {m}/{L}", 4 * s.experts * m / L, split=REPLICATED,
+                               module=mlp))
     r = 2 if regime == "bf16" else 4
     return w.layer(tokens, r * s.hidden * tokens, regime != "bf16")
 
@@ -489,7 +499,7 @@ QWEN_MOE = ArchitectureFamily(
     architectures=("qwen2_moe", "qwen3_moe"), norm=RMS_NORM, positions="rotary", attention_layout=SEPARATE_QKV,
     layer_weights=layer_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
     layer=moe_2025_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=_assumptions,
-    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms)
+    count_parameters=count_parameters, check=check, adjust_terms=adjust_terms, op_outputs=qwen_moe_ops)
 
 LLAMA4 = ArchitectureFamily(
     name="llama4_text", label="Llama 4", sparse=True,
