@@ -61,6 +61,9 @@ def layer_gather(plan, placement) -> list[MemoryTerm]:
 def _layer_gather(plan, placement) -> list[MemoryTerm]:
     regime = plan.profile_options.regime
     layer, gathered = layer_parameters(plan, placement), gathered_bytes(plan)
+    if plan.profile_options.lora is not None:      # a frozen base and its adapters (lora.py)
+        from .lora import gathered_layer
+        return gathered_layer(plan, layer)
     return [
         MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
                    nbytes=layer * gathered, phases=(FORWARD, BACKWARD),
@@ -81,6 +84,9 @@ def fsdp_root(plan, placement) -> list[MemoryTerm]:
     shape = shape_of(plan)
     root = shape.embedding_parameters * (1 if shape.tied else 2) / placement.tensor_shards + shape.hidden
     gathered = gathered_bytes(plan)
+    if plan.profile_options.lora is not None:      # frozen: gathered in the base's dtype (lora.py)
+        from .lora import frozen_gather_bytes
+        gathered = frozen_gather_bytes(plan)
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="root group unsharded (embedding, LM head, final norm)",
         nbytes=root * gathered, phases=(FORWARD, BACKWARD),
@@ -94,6 +100,10 @@ def kept_unsharded(plan, placement) -> list[MemoryTerm]:
     if placement.weight_shards == 1:
         return []
     params, gathered = placement.parameters_per_rank, gathered_bytes(plan)
+    if plan.profile_options.lora is not None:      # the frozen base in its dtype, the adapters in theirs
+        from .lora import frozen_gather_bytes
+        adapters = placement.trainable_parameters_per_rank      # beside the base's parameters_per_rank
+        gathered = (frozen_gather_bytes(plan) * params + gathered * adapters) / params
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
         nbytes=params * gathered, phases=(FORWARD, BACKWARD),

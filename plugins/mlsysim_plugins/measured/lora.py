@@ -100,13 +100,13 @@ def lora_option(plan, value):
     ``LoRAConfig`` or a dict of its fields, checked against the model (its linears must be
     countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``)."""
     config, quantized = finetune.checkpoint_quantization(plan.model, finetune._config(value))
-    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "dp_size": plan.dp_size,
-             "ep_size": plan.ep_size, "cp_size": plan.cp_size}
+    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
     if parallel:
-        raise NotModelledError("lora", config, "single-device runs (tp, pp, dp, ep and cp sizes of 1)",
-                                "LoRA/QLoRA with a parallel layout is not modelled by the measured profile yet: "
-                                + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+        raise NotModelledError("lora", config, "data-parallel layouts only (tp, pp, ep and cp sizes of 1; any dp "
+                                "with DDP, ZeRO-1/2/3 or FSDP)",
+                                "LoRA/QLoRA split by tensor, pipeline, expert or context parallelism is not modelled "
+                                "by the measured profile yet: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
     if plan.trainable_fraction != 1.0:
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
@@ -136,6 +136,11 @@ def _generic_option(plan, config, quantized):
     shape = shape_of(plan)
     family = shape.family
     notes = list(quantized)
+    mean = [lin.module for lin in family_linears(shape)[0] if " " in lin.module]
+    if mean:
+        raise NotModelledError("lora", config, "a family whose decoder layers are alike",
+                               f"the {family.name!r} family describes a mean layer ({', '.join(mean)}): which layers "
+                               "hold which linears is not described, so their adapters cannot be placed")
     if config.target_modules is None:
         config = attrs.evolve(config, target_modules=family_default_targets(shape))
         notes.append(f"lora.target_modules not given: the attention projections of the {family.display} layers, "
@@ -283,6 +288,11 @@ def _selected(shape, config) -> list[FamilyLinear]:
             if why:
                 raise NotModelledError("lora.target_modules", t, f"one of {', '.join(have)} for the "
                                        f"{shape.family.name!r} family", f"{t}: {why[0]}")
+            if t in finetune.TARGET_MODULES:      # another layout's name: a part of a fused matrix (LitGPT)
+                raise NotModelledError("lora.target_modules", t, f"one of {', '.join(have)} for the "
+                                       f"{shape.family.name!r} family",
+                                       f"its layers have no {t} of their own (LoRA on a part of a fused matrix, as "
+                                       "LitGPT's lora_query on a fused qkv, is not modelled)")
             raise InvalidInputError("lora.target_modules", t, f"a module of the {shape.family.name!r} family's "
                                     f"layers: {', '.join(have)}", f"{shape.model.name!r} has no {t}")
         chosen += [lin for lin in hit if lin not in chosen]
@@ -334,6 +344,23 @@ def adapter_matrices(plan) -> list[tuple[int, int]]:
 
 # --- weights and gradients -------------------------------------------------------------------
 
+def _weight_shards(placement) -> int:
+    """What the data-parallel rule shards every parameter over (FSDP, ZeRO-3: the placement's
+    ``weight_shards``; DDP, ZeRO-1/2: 1), frozen or not: FSDP2 shards each parameter on its own
+    (requires_grad or not), FSDP1 with ``use_orig_params`` shards the flat parameters it is given."""
+    from .parallel import weight_divisor
+    return weight_divisor(placement)
+
+
+def _gradient_shards(placement) -> int:
+    from .parallel import gradient_divisor
+    return gradient_divisor(placement)
+
+
+def _per_rank(n, shards):
+    return n if shards == 1 else n / shards
+
+
 @cached_terms
 def weight_terms(plan, placement) -> list[MemoryTerm]:
     c = counts(plan)
@@ -341,26 +368,31 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     base_b = base_weight_bytes(plan.profile_options.regime)
     ab = plan.profile_options.regime.weight
     shape = shape_of(plan)
+    d = _weight_shards(placement)
+    per = "" if d == 1 else f" / {d} (sharded)"
     plain = c.frozen_parameters - c.quantized_parameters
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
     terms = [MemoryTerm(component=WEIGHTS, label=f"frozen base parameters ({base_b} B)", phases=ALL,
-                        nbytes=plain * base_b, formula=f"{_n(plain)} params ({what}) x {base_b} B")]
+                        nbytes=_per_rank(plain * base_b, d), formula=f"{_n(plain)} params ({what}) x {base_b} B" + per)]
     if cfg.quantization:
         kind = "int8" if cfg.quantization == "int8" else f"4-bit {cfg.quantization}"
         terms.append(MemoryTerm(component=WEIGHTS, label=f"quantized base linears ({kind})", phases=ALL,
-                                nbytes=c.quantized_weight_bytes,
+                                nbytes=_per_rank(c.quantized_weight_bytes, d),
                                 formula=f"{_n(c.quantized_parameters)} params x "
-                                        + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")))
+                                        + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
+                                        + per))
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
                f"absmax per {cfg.quant_blocksize}-element block"
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
                + " + code tables, per weight")
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
-                                nbytes=c.quantization_constant_bytes, formula=how))
+                                nbytes=c.quantization_constant_bytes,
+                                formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
+                                                                 "parameters: every rank keeps them whole)")))
     terms.append(MemoryTerm(component=WEIGHTS, label=f"LoRA adapters (rank {cfg.rank}, {ab} B)", phases=ALL,
-                            nbytes=c.trainable_parameters * ab,
+                            nbytes=_per_rank(c.trainable_parameters * ab, d),
                             formula=f"{_n(c.trainable_parameters)} params = layers x r x (in + out) per "
-                                    f"adapted linear, x {ab} B"))
+                                    f"adapted linear, x {ab} B" + per))
     from .model import rope_buffer_terms      # (model imports this module)
     terms += rope_buffer_terms(shape)
     if generic(plan):       # the family's own buffers (Gemma's embedding scale, a second rotary)
@@ -376,9 +408,41 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
     if not b:
         return []   # mixed-*-main-grad: accumulated in the fp32 main-grad buffer (optimizer state)
     params = counts(plan).trainable_parameters
-    return [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=params * b,
+    d = _gradient_shards(placement)
+    return [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
                        phases=(BACKWARD_END, OPTIMIZER_STEP),
-                       formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)")]
+                       formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)"
+                               + ("" if d == 1 else f" / {d} (reduce-scattered: sharded)"))]
+
+
+# --- data-parallel sharding (ZeRO-3, FSDP): what the rules' buffers gather --------------------------
+
+def frozen_gather_bytes(plan) -> int:
+    """Bytes of one gathered frozen parameter: the regime's gather dtype (FSDP2's mixed precision),
+    else the base's own dtype (not the adapters')."""
+    regime = plan.profile_options.regime
+    return regime.gather or base_weight_bytes(regime)
+
+
+def gathered_layer(plan, layer_params) -> list[MemoryTerm]:
+    """ZeRO-3 / FSDP under LoRA: one layer's frozen matrices gathered in the base's dtype and its
+    adapters in theirs for the forward and backward; the reduce-scatter's input is the adapters'
+    gradients only (the frozen base has none: FSDP2 reduce-scatters the parameters that have a
+    gradient; FSDP1 needs the adapters wrapped apart from the base, as peft's
+    ``fsdp_auto_wrap_policy`` does, else its flat gradient covers the frozen parameters too)."""
+    from mlsysim_core.terms import COMMUNICATION_BUFFERS
+    regime = plan.profile_options.regime
+    adapters = sum(row[3] for row in counts(plan).per_module)
+    frozen_b, adapter_b = frozen_gather_bytes(plan), regime.gather or regime.weight
+    grad_b = regime.gradient or 4
+    return [
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
+                   nbytes=layer_params * frozen_b + adapters * adapter_b, phases=(FORWARD, BACKWARD),
+                   formula=f"{_n(layer_params)} frozen params of one layer x {frozen_b} B + {_n(adapters)} adapter "
+                           f"params x {adapter_b} B (one layer at a time)"),
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="reduce-scatter input: one layer's unsharded gradients",
+                   nbytes=adapters * grad_b, phases=(BACKWARD_END,),
+                   formula=f"{_n(adapters)} adapter params of one layer x {grad_b} B (the frozen base has no gradients)")]
 
 
 # --- the decoder layers -----------------------------------------------------------------------------
