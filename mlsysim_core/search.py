@@ -77,9 +77,16 @@ from .solver import TrainingMemoryModel, solve_plan
 from .plan import TrainingPlan
 from .specs import DATA
 
-# The built-in data-parallel rules: each shards over dp x cp ranks, so with dp x cp = 1 each
-# is zero0 (the search enumerates that layout once, as zero0).
-SHARDING_DP_RULES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "mcore-distopt", "mcore-ddp")
+# A data-parallel rule that shards over dp x cp ranks only, and so does at dp x cp = 1 what the
+# unsharded rule (zero0, the contract's zero_stage=0) does, declares it under this key of its
+# extensions: the search then enumerates that layout once, as zero0. A rule that declares nothing
+# is enumerated as itself (the search cannot know what it does at one rank).
+ONE_RANK_UNSHARDED = "search.unsharded_at_one_rank"
+
+
+def unsharded_at_one_rank(rules) -> tuple[str, ...]:
+    """The names of ``rules`` (name -> ShardingRuleSpec) that declare ``ONE_RANK_UNSHARDED``."""
+    return tuple(name for name, spec in rules.items() if spec.extensions.get(ONE_RANK_UNSHARDED))
 
 
 class Candidate(NamedTuple):
@@ -330,14 +337,13 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 
 def _one_rank_rules(dp_rules: Sequence[str], installed) -> list[str]:
-    """The data-parallel rules to enumerate when dp x cp = 1: the built-in ones are all
-    zero0 there (see SHARDING_DP_RULES), so they count once, as zero0; third-party rules
-    stay (the search cannot know what they do at one rank)."""
+    """The data-parallel rules to enumerate when dp x cp = 1: those that declare they are
+    zero0 there (ONE_RANK_UNSHARDED) count once, as zero0; the others stay as themselves."""
     if "zero0" not in installed:
         return list(dp_rules)
     out = []
     for rule in dp_rules:
-        rule = "zero0" if rule in SHARDING_DP_RULES else rule
+        rule = "zero0" if installed[rule].extensions.get(ONE_RANK_UNSHARDED) else rule
         if rule not in out:
             out.append(rule)
     return out

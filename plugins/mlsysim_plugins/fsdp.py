@@ -112,16 +112,19 @@ def mlsysim_sharding_rules():
     return [
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FsdpGatherOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
-                                     "explain.shards": ("optimizer_state", "gradients", "weights")},
+                                     "explain.shards": ("optimizer_state", "gradients", "weights"),
+                                     "search.unsharded_at_one_rank": True},
                          collectives=FULL_SHARD,
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
                          extensions={"measured.buffer_terms": grad_op_buffers, "explain.label": "FSDP (SHARD_GRAD_OP)",
-                                     "explain.shards": ("optimizer_state", "gradients", "weights")},
+                                     "explain.shards": ("optimizer_state", "gradients", "weights"),
+                                     "search.unsharded_at_one_rank": True},
                          collectives=SHARD_GRAD_OP,
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
-                         extensions={"measured.buffer_terms": full_shard_buffers}, collectives=HYBRID_SHARD,
+                         extensions={"measured.buffer_terms": full_shard_buffers,
+                                     "search.unsharded_at_one_rank": True}, collectives=HYBRID_SHARD,
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

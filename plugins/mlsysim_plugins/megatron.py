@@ -104,7 +104,8 @@ def _megatron_regime(plan, name):
     """Megatron-Core always accumulates into its main-grad buffer: under a profile with regimes
     (measured), a regime without one is not a Megatron run, refused as a layout this rule cannot
     place (a search leaves the rule out there, as any impossible layout). On one data-parallel
-    rank nothing is sharded: the rule is zero0, as every built-in dp rule (search.SHARDING_DP_RULES)."""
+    rank nothing is sharded: the rule is zero0, as every built-in dp rule (it declares
+    search.unsharded_at_one_rank)."""
     regime = getattr(plan.profile_options, "regime", None)
     if plan.dp_size * plan.cp_size > 1 and regime is not None and not getattr(regime, "main_grad", 0):
         raise LayoutError("data_parallel", name, "a regime with Megatron's main-grad buffer "
@@ -138,8 +139,10 @@ DDP_COLLECTIVES = (_dp("all-reduce", "backward"),)
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(
         name="mcore-ddp", axis="dp", apply=ddp_apply, options_type=DDPOptions, collectives=DDP_COLLECTIVES,
+        extensions={"search.unsharded_at_one_rank": True},
         description="Megatron-Core DDP (no distributed optimizer): nothing sharded; gradients all-reduced in "
                     "place in the main-grad buffer (no bucket copies)"), ShardingRuleSpec(
         name=NAME, axis="dp", apply=apply, options_type=DistOptOptions, collectives=COLLECTIVES,
+        extensions={"search.unsharded_at_one_rank": True},
         description="Megatron-Core distributed optimizer: fp32 master weights and Adam state / dp; the whole "
                     "main-grad buffer on every rank (6 + 12/d B per parameter, bf16 weights, fp32 grads)")]

@@ -95,6 +95,7 @@ def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name=f"zero{stage}", axis="dp", apply=make_apply(stage),
                              description=f"ZeRO-{stage}: {WHAT[stage]}", options_type=OPTIONS.get(stage),
                              extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage),
-                                         "explain.shards": EXPLAIN_SHARDS[stage], "explain.label": f"ZeRO-{stage}"},
+                                         "explain.shards": EXPLAIN_SHARDS[stage], "explain.label": f"ZeRO-{stage}",
+                                         "search.unsharded_at_one_rank": stage > 0},
                              collectives=COLLECTIVES[stage])
             for stage in range(4)]

@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from mlsysim_core.errors import LayoutError
+
 from mlsysim_core import (InvalidInputError, OptimizerSpec, TrainingMemoryModel, TransformerWorkload, hookimpl,
                           search)
 from mlsysim_core.cli import main
@@ -131,8 +133,22 @@ def test_a_run_the_measured_profile_cannot_describe_is_raised_never_mixed(builti
 
 # --- item 11: no duplicate layouts ----------------------------------------------------------
 
+def _sharding_rules():
+    """The installed dp rules that declare they are zero0 at one rank (every built-in but zero0)."""
+    from mlsysim_core.manager import PluginManager
+    return search.unsharded_at_one_rank(PluginManager.from_environment(autoload=False).registry.rules_for_axis("dp"))
+
+
+SHARDING_DP_RULES = _sharding_rules()
+
+
+def test_every_builtin_dp_rule_but_zero0_declares_it_is_zero0_at_one_rank():
+    assert set(SHARDING_DP_RULES) == {"zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "mcore-distopt",
+                                      "mcore-ddp"}
+
+
 def _effective(tp, cp, dp, rule, sp):
-    return ("zero0" if dp * cp == 1 and rule in search.SHARDING_DP_RULES else rule), (sp and tp > 1)
+    return ("zero0" if dp * cp == 1 and rule in SHARDING_DP_RULES else rule), (sp and tp > 1)
 
 
 @pytest.mark.long     # whole searches without the monotone shortcut: `pytest --long`, .ci/run
@@ -145,7 +161,15 @@ def test_no_two_rows_are_the_same_layout(solver, profile):
     assert len(effective) == len(set(effective)) == len(found.fits)
     assert not any(c.tp == 1 and c.sequence_parallel for c in found.fits)
     assert not any(c.dp * c.cp == 1 and c.data_parallel != "zero0" for c in found.fits)
-    assert {c.data_parallel for c in found.fits if c.dp * c.cp > 1} >= set(search.SHARDING_DP_RULES)
+    placeable = set()       # the rules that can place this run at all (Megatron's need its main-grad regime)
+    for rule in SHARDING_DP_RULES:
+        try:
+            solver.solve("llama3-8b", "h100", 16, 1024, dp_size=8, data_parallel=rule, profile=profile)
+            placeable.add(rule)
+        except LayoutError:
+            pass
+    assert placeable >= {"zero1", "zero2", "zero3", "fsdp"}
+    assert {c.data_parallel for c in found.fits if c.dp * c.cp > 1} >= placeable
     # the count reported is the deduplicated count: every layout once, by its effective key
     rules = sorted(solver.registry.rules_for_axis("dp"))
     layouts = set()
@@ -157,7 +181,10 @@ def test_no_two_rows_are_the_same_layout(solver, profile):
                                                      range(1, 16 // dp + 1)):
             if (16 // dp) % mb == 0:
                 layouts.add((tp, cp, pp, dp, *_effective(tp, cp, dp, rule, sp), ckpt, mb))
-    assert found.candidates == found.solves == len(layouts)
+    assert found.candidates == len(layouts)
+    # every layout is solved but those of a rule that cannot place the run (refused, never ranked)
+    refused = [layout for layout in layouts if layout[4] not in placeable and layout[4] in SHARDING_DP_RULES]
+    assert found.solves == len(layouts) - len(refused)
 
 
 def test_dropped_duplicates_are_truly_the_same_memory(solver):
@@ -165,7 +192,7 @@ def test_dropped_duplicates_are_truly_the_same_memory(solver):
         for tp, cp, pp in ((1, 1, 8), (2, 1, 4), (8, 1, 1)):
             base = dict(tp_size=tp, cp_size=cp, pp_size=pp, dp_size=1, gradient_accumulation_steps=4, profile=profile)
             zero0 = solver.solve("llama3-8b", "h100", 8, 1024, data_parallel="zero0", **base).total_memory
-            for rule in search.SHARDING_DP_RULES:
+            for rule in SHARDING_DP_RULES:
                 assert solver.solve("llama3-8b", "h100", 8, 1024, data_parallel=rule, **base).total_memory == zero0
         one = dict(tp_size=1, pp_size=8, gradient_accumulation_steps=4, profile=profile)
         assert solver.solve("llama3-8b", "h100", 8, 1024, sequence_parallel=True, **one).total_memory == \
