@@ -106,6 +106,7 @@ class PolicyTracker(_BASE_TRACKER):
                 pp = self.phase_peaks.get(FIRST_LAYER_BW)
                 if pp is None or pp["bytes"] < tot:
                     self.phase_peaks[FIRST_LAYER_BW] = {"bytes": tot, "snap": dict(dev_snap), **self._where()}
+                    self._pending.add(FIRST_LAYER_BW)      # its provenance dumped after the op (../tp_phases)
 
 
 def _mark_first_layer(model) -> None:
