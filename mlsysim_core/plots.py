@@ -65,9 +65,10 @@ def _name(component: str) -> str:
     return component.replace("_", " ")
 
 
-def _checkpointing(result) -> str:
+def _checkpointing(result) -> str:     # how the strategy names itself (its explain.label), else by name
+    from .render import EXPLAIN_LABEL, _declared
     ckpt = result.activation_checkpointing
-    return "no activation checkpointing" if ckpt == "none" else f"{ckpt} checkpointing"
+    return _declared(None, "checkpointing", ckpt, EXPLAIN_LABEL) or f"{ckpt} checkpointing"
 
 
 # --- the numbers behind the pictures (no matplotlib) ----------------------------------------
@@ -204,9 +205,10 @@ def sweep(scenario, parameter: str, values: Iterable[int], *, solver=None, model
 
 def default_labels(results: Sequence) -> list[str]:
     """Labels for several results: the settings in which they differ (or their position)."""
-    def zero(r):
+    def zero(r):     # how the rule names itself in a sentence (its explain.label), else its name
+        from .render import EXPLAIN_LABEL, _declared
         rule = r.selected.get("dp_rule", "?")
-        return f"ZeRO-{rule[4:]}" if rule in ("zero0", "zero1", "zero2", "zero3") else rule
+        return _declared(None, "sharding_rules", rule, EXPLAIN_LABEL) or rule
 
     def par(r):
         return " ".join(f"{k}={v}" for k, v in sorted(r.parallelism.items()) if v != 1) or "1 rank"

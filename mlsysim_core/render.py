@@ -298,7 +298,7 @@ def bar_chart(result, *, width: int = 80) -> str:
 # ``extensions`` (docs/hooks.md): read from the registered spec, never keyed on its name.
 EXPLAIN_WHY = "explain.why"          # optimizer: a sentence; checkpointing strategy: (what is kept, how much)
 EXPLAIN_SHARDS = "explain.shards"    # data-parallel rule: the components it shards over every dp rank
-EXPLAIN_LABEL = "explain.label"      # data-parallel rule: how a sentence names it ("ZeRO-2")
+EXPLAIN_LABEL = "explain.label"      # dp rule, strategy: how a sentence or a plot names it ("ZeRO-2")
 
 
 def _declared(registry, kind: str, name: str | None, key: str):

@@ -33,6 +33,7 @@ def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="none", description="store everything; 34*s*b*h + 5*a*s^2*b B/layer",
                               activation_terms=activation_terms, requires_heads=True,
                               extensions={"measured.activation_terms": measured_activation_terms,
+                                          "explain.label": "no activation checkpointing",
                                           "explain.why": (
                                               "every tensor the forward pass makes",
                                               "34·s·b·h + 5·a·s²·b bytes per layer at 16 bit, attention scores "

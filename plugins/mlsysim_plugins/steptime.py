@@ -346,7 +346,10 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     if untimed:
         notes.append(f"data-parallel rules {', '.join(untimed)}: the step time counts their communication as fsdp's "
                      "(gather, gather, reduce-scatter per micro-batch)")
-    if attention == "eager":
+    # What the kernel computes, as it declares it (a kernel registered under another name is the same kernel)
+    kernel = (registry.extensions.get("mlsysim_measured_attention_kernels") or {}).get(attention) if attention else None
+    eager = kernel is not None and getattr(kernel, "eager", False)
+    if eager:
         notes.append("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic")
     if hardware.memory_bandwidth is None:
         notes.append(f"step time: {hardware.name} has no memory_bandwidth: {ASSUMED_MEMORY_BANDWIDTH:.0e} B/s")
@@ -355,7 +358,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
         notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
     state = optimizer_step_bytes(result, model.parameters)
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
-                fused_attention=attention != "eager", idle=getattr(schedule, "idle_slots", None), chunks=chunks,
+                fused_attention=not eager, idle=getattr(schedule, "idle_slots", None), chunks=chunks,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
                 flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],
                 assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
