@@ -80,8 +80,9 @@ def _n(x) -> str:
 # --- regimes ------------------------------------------------------------------------------------
 
 def base_weight_bytes(regime) -> int:
-    """The frozen base's bytes per element: fp32 in fp32 and autocast regimes, else 16-bit."""
-    return 4 if regime.compute == 4 or regime.autocast else 2
+    """The frozen base's bytes per element: fp32 in fp32 and autocast regimes, and under FSDP2's mixed
+    precision (fp32 sharded parameters, gathered in 16 bits: ``regime.gather``), else 16-bit."""
+    return 4 if regime.compute == 4 or regime.autocast or regime.gather else 2
 
 
 def lora_regime(regime):
@@ -474,7 +475,8 @@ class Walk:
         self.amp, self.bf16 = kind == "amp-bf16", kind == "bf16"
         self.c = 4 if kind == "fp32" else 2                 # matmul outputs
         self.res = 2 if self.bf16 else 4                    # residual stream
-        self.ab = plan.profile_options.regime.weight        # adapter dtype (bytes)
+        # the adapters' dtype in the forward (bytes): FSDP2's mixed precision gathers them in 16 bits too
+        self.ab = plan.profile_options.regime.gather or plan.profile_options.regime.weight
         self.a_c = 2 if self.amp else self.ab               # the adapters' compute dtype
         self.r = plan.profile_options.lora.rank
         self.adapted = _adapted(plan)
