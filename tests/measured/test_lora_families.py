@@ -164,3 +164,33 @@ def test_refusals_name_the_target(model, target, error, fragment):
         TrainingMemoryModel("measured").solve(model, "h100", 1, 256, lora={"rank": 8, "target_modules": [target]})
     assert (info.value.parameter, info.value.value) == ("lora.target_modules", target)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("model, defaults", [
+    ("openai/gpt-oss-20b", "q_proj, k_proj, v_proj, o_proj"),          # its MLP width equals hidden
+    ("microsoft/phi-3-mini-4k-instruct", "qkv_proj, o_proj"),          # fused q/k/v; not gate_up_proj
+    ("tiiuae/falcon-7b", "query_key_value, dense"),
+    ("deepseek-ai/deepseek-v3", "q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj"),   # the family's own
+    ("mistralai/mixtral-8x7b-v0.1", "q_proj, k_proj, v_proj, o_proj"),  # not its router
+])
+def test_default_targets_are_the_attention_projections(model, defaults):
+    result = TrainingMemoryModel("measured").solve(model, "h200", 1, 512, "bf16", lora={"rank": 8}, regime="bf16")
+    assert any(n.endswith(f"layers, {defaults}") for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("model", ["meta-llama/llama-4-maverick-17b-128e", "qwen/qwen1.5-moe-a2.7b"])
+def test_a_mean_layer_adapts_its_attention_and_refuses_the_rest(model):
+    """Llama 4 and Qwen 1.5-MoE describe a mean layer (dense and MoE layers averaged): the attention every
+    layer has is adapted; all-linear would place adapters on linears only some layers have: refused."""
+    solver = TrainingMemoryModel("measured")
+    assert solver.solve(model, "h200", 1, 512, "bf16", lora={"rank": 8}, regime="bf16").total_memory > 0
+    with pytest.raises(NotModelledError) as info:
+        solver.solve(model, "h200", 1, 512, "bf16", lora={"rank": 8, "target_modules": "all-linear"}, regime="bf16")
+    assert info.value.parameter == "lora" and "mean layer" in str(info.value)
+
+
+def test_mixtral_router_is_not_a_linear():
+    with pytest.raises(NotModelledError) as info:
+        TrainingMemoryModel("measured").solve("mixtral-8x7b", "h200", 1, 512, lora={"rank": 8,
+                                                                                    "target_modules": ["router"]})
+    assert (info.value.parameter, info.value.value) == ("lora.target_modules", "router")

@@ -556,6 +556,10 @@ MIXTRAL = ArchitectureFamily(
     layer=layers.mixtral_layer, megatron_mlp=layers.megatron_moe_mlp, lora_layer=_llama_lora, fallback=True,
     op_outputs=layer_ops.mixtral_ops)
 
+# transformers 5.23's MixtralTopKRouter holds its weight as an nn.Parameter, not an nn.Linear
+MIXTRAL = attrs.evolve(MIXTRAL, lora_excluded={"router": "MixtralTopKRouter holds its weight as a Parameter, not an "
+                                                         "nn.Linear: peft's target_modules does not adapt it"})
+
 BUILTIN_FAMILIES: Mapping[str, ArchitectureFamily] = {f.name: f for f in (LLAMA, GPT2, MIXTRAL)}
 
 

@@ -137,15 +137,11 @@ def _generic_option(plan, config, quantized):
     shape = shape_of(plan)
     family = shape.family
     notes = list(quantized)
-    mean = [lin.module for lin in family_linears(shape)[0] if " " in lin.module]
-    if mean:
-        raise NotModelledError("lora", config, "a family whose decoder layers are alike",
-                               f"the {family.name!r} family describes a mean layer ({', '.join(mean)}): which layers "
-                               "hold which linears is not described, so their adapters cannot be placed")
     if config.target_modules is None:
         config = attrs.evolve(config, target_modules=family_default_targets(shape))
         notes.append(f"lora.target_modules not given: the attention projections of the {family.display} layers, "
                      f"{', '.join(config.target_modules)}")
+    _check_alike(shape, config)
     c = generic_counts(shape, config)
     if c.adapted_linear_parameters > plan.model.parameters:
         raise InvalidInputError("model.parameters", plan.model.parameters, f"at least {c.adapted_linear_parameters}",
@@ -157,6 +153,23 @@ def _generic_option(plan, config, quantized):
     options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + tuple(notes),
                         trainable_fraction=finetune._exact_fraction(c.trainable_parameters, plan.model.parameters))
+
+
+def _check_alike(shape, config):
+    """A family may describe a mean layer (weights averaged over layers that differ: ``"q_proj x 1/4"``,
+    ``"dense mlp x 1/27: gate_proj"``): adapters on such a weight cannot be placed, and are refused
+    naming ``lora`` (not silently left out of ``all-linear``)."""
+    linears, excluded = family_linears(shape)
+    mean = {}
+    for module in [lin.module for lin in linears] + [m for m, _ in excluded]:
+        if " x " in module:
+            mean[module] = module.rsplit(":", 1)[-1].strip().split(" ")[0].rsplit(".", 1)[-1]
+    targets = config.target_modules
+    hit = [m for m, name in mean.items() if targets == (finetune.ALL_LINEAR,) or name in targets]
+    if hit:
+        raise NotModelledError("lora", config, "targets on linears every decoder layer has",
+                               f"the {shape.family.name!r} family describes a mean layer ({', '.join(hit)}): which "
+                               "layers hold these linears is not described, so their adapters cannot be placed")
 
 
 def _kind(regime) -> str:
@@ -259,17 +272,19 @@ def family_linears(shape) -> tuple[tuple[FamilyLinear, ...], tuple[tuple[str, st
 
 
 def family_default_targets(shape) -> tuple[str, ...]:
-    """The family's ``lora_default_targets``, else its attention projections: the adaptable
-    linears one of whose sides is the q or kv width and none the MLP's."""
-    if shape.family.lora_default_targets is not None:
-        return tuple(shape.family.lora_default_targets)
+    """The family's ``lora_default_targets`` (those the model has), else its attention projections:
+    the adaptable linears whose sides are the hidden, q, kv or fused q + 2 kv widths, one of them
+    not the hidden width."""
     linears, _ = family_linears(shape)
-    widths = {shape.q_dim, shape.kv_dim}
+    if shape.family.lora_default_targets is not None:     # those of them the model has
+        return tuple(t for t in shape.family.lora_default_targets if any(lin.selected_by(t) for lin in linears))
+    q, kv = shape.q_dim, shape.kv_dim
+    attention = {shape.hidden, q, kv, q + 2 * kv}
     out = []
     for lin in linears:
         sides = {lin.in_features, lin.out_features}
-        if sides & widths and not (shape.ffn in sides and shape.ffn not in widths):
-            out.append(lin.module.rsplit(".", 1)[-1])
+        if sides <= attention and sides & {q, kv, q + 2 * kv}:
+            out.append(lin.module.rsplit(".", 1)[-1].split(" ")[0])      # (a mean layer's "q_proj x 1/4": q_proj)
     return tuple(out)
 
 

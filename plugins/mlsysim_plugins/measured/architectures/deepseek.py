@@ -547,5 +547,7 @@ FAMILIES = (
         norm=RMS_NORM, positions="rotary", attention_layout=MLA, layer_weights=_weights,
         parameter_tensors=_parameter_tensors, matrix_shapes=_matrix_shapes, layer=deepseek_layer,
         megatron_mlp=_megatron_mlp, assumptions=_assumptions, count_parameters=_count_parameters, check=_check,
-        adjust_terms=_adjust, attention_layouts={"sdpa": _mla_sdpa, "eager": _mla_eager}),
+        adjust_terms=_adjust, attention_layouts={"sdpa": _mla_sdpa, "eager": _mla_eager},
+        # LoRA without targets: the latent attention's projections (those the model has)
+        lora_default_targets=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
 )
