@@ -6,13 +6,15 @@ completes them. Nothing past this module re-checks an input.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable, Mapping
+import sys
+from typing import Callable, Iterable, Mapping
 
 import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
 from .hookspecs import COMPONENT_HOOKS
+from .memo import memoize
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
 from .terms import _source_cell
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry, resolve_name
@@ -20,6 +22,7 @@ from .specs import DATA, DEFAULT_RULES
 from .types import HardwareNode, TransformerWorkload
 
 _ZERO_RULES = ("zero0", "zero1", "zero2", "zero3")
+_RULES_ALLOWED = f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None"
 
 
 def check_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
@@ -32,8 +35,10 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
     model, hardware = _model(model), _hardware(hardware)
     precision = _checks.name("precision", precision, PRECISION_BYTES)
     # Names: case and separators ignored, a near miss named (Registry.resolve, the one lookup).
-    optimizer = registry.resolve(OPTIMIZER, "optimizer", optimizer)
-    activation_checkpointing = registry.resolve(CHECKPOINTING, "activation_checkpointing", activation_checkpointing)
+    if type(optimizer) is not str or optimizer not in registry.optimizers:     # (canonical: every solve's case)
+        optimizer = registry.resolve(OPTIMIZER, "optimizer", optimizer)
+    if type(activation_checkpointing) is not str or activation_checkpointing not in registry.checkpointing:
+        activation_checkpointing = registry.resolve(CHECKPOINTING, "activation_checkpointing", activation_checkpointing)
     count = _checks.count
     sizes = {name: count(name, value) for name, value in (
         ("batch_size", batch_size), ("seq_len", seq_len), ("tp_size", tp_size), ("pp_size", pp_size),
@@ -57,7 +62,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
     # Wrong types are errors, even when falsy (0, "", [] are not "not given"): only None and
     # the documented empty forms ({} for the mappings, an empty sequence of names) are.
     for name, value, allowed in (
-            ("sharding_rules", sharding_rules, f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None"),
+            ("sharding_rules", sharding_rules, _RULES_ALLOWED),
             ("plugin_options", plugin_options, "a mapping of spec name -> options, or None")):
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
@@ -87,10 +92,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
                                     f"an installed plugin: {', '.join(sorted(registry.plugins))}")
     if include:
         _check_included(registry, profile, include)
-    selected = {optimizer: registry.optimizers[optimizer],
-                activation_checkpointing: registry.checkpointing[activation_checkpointing],
-                **{name: registry.sharding_rules[name] for name in rules.values()}}
-    options = FrozenMap(_structure_options(plugin_options or {}, selected))
+    options = _options(registry, optimizer, activation_checkpointing, rules, plugin_options or None)
     return TrainingPlan(model=model, hardware=hardware, precision=precision, optimizer=optimizer,
                         activation_checkpointing=activation_checkpointing, zero_stage=zero_stage,
                         trainable_fraction=trainable_fraction,
@@ -133,6 +135,7 @@ def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
                           "more ranks than columns leaves ranks with nothing")
 
 
+@memoize     # (a sharding_rules dict is not remembered: nothing to key it by)
 def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> FrozenMap:
     """One installed rule per axis: the defaults, those named in ``sharding_rules``, and the
     data-parallel rule ``data_parallel`` names (else ``zero<zero_stage>``)."""
@@ -141,8 +144,7 @@ def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> Fro
         if axis not in DEFAULT_RULES:
             raise InvalidInputError("sharding_rules", requested,
                                     f"keys among {', '.join(DEFAULT_RULES)} (use data_parallel= for 'dp')")
-    rules = {axis: _rule(registry, axis, requested.get(axis, default), f"sharding_rules[{axis!r}]")
-             for axis, default in DEFAULT_RULES.items()}
+    rules = {axis: _rule(registry, axis, requested.get(axis, default)) for axis, default in DEFAULT_RULES.items()}
     if data_parallel is None:
         rules[DATA] = _rule(registry, DATA, _ZERO_RULES[zero_stage], "zero_stage")
     else:
@@ -154,10 +156,11 @@ def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> Fro
     return FrozenMap(rules)
 
 
-def _rule(registry: Registry, axis: str, name: object, parameter: str) -> str:
-    choices = registry.rules_for_axis(axis)
+def _rule(registry: Registry, axis: str, name: object, parameter: str | None = None) -> str:
+    choices = registry.rules_by_axis.get(axis, {})
     if type(name) is str and name in choices:
         return name
+    parameter = parameter or f"sharding_rules[{axis!r}]"
     label = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel",
              "ep": "expert-parallel", "cp": "context-parallel"}[axis]
     return resolve_name(parameter, name.strip() if isinstance(name, str) else name, choices,
@@ -187,8 +190,12 @@ def _check_included(registry: Registry, profile: str, include: tuple) -> None:
                                 + (", ".join(names) if names else "(none installed)"), why)
 
 
-def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) -> dict[str, Any]:
+@memoize     # (plugin_options given as a dict are structured on every call)
+def _options(registry: Registry, optimizer: str, checkpointing: str, rules: FrozenMap, given) -> FrozenMap:
     """Each selected spec's options object: structured from ``given``, else its defaults."""
+    selected = {optimizer: registry.optimizers[optimizer], checkpointing: registry.checkpointing[checkpointing],
+                **{name: registry.sharding_rules[name] for name in rules.values()}}
+    given = given or {}
     for name in given:
         if name not in selected:
             raise InvalidInputError("plugin_options", name,
@@ -210,13 +217,13 @@ def _structure_options(given: Mapping[str, Any], selected: Mapping[str, Any]) ->
             except TypeError as err:
                 raise InvalidInputError(f"plugin_options[{name!r}]", None,
                                         f"values for the required options of '{name}'", str(err)) from err
-    return options
+    return FrozenMap(options)
 
 
 def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> TrainingPlan:
     """The plan with the profile's own options: built from the keywords given (an unknown one
     is an error naming it), then checked against the model by the profile's ``prepare``."""
-    known = options_fields(spec)
+    known = options_fields(spec) if given else ()
     for name, value in given.items():
         if name in known:
             continue
@@ -269,7 +276,6 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
 
 def _catalog_notes(model, hardware) -> tuple[str, ...]:
     """A note for a model or accelerator that is the reference's catalog data (``mlsysim:``)."""
-    import sys
     catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects
     return catalog.provenance_notes(model, hardware) if catalog is not None else ()
 

@@ -18,7 +18,6 @@ only cache is ``mlsysim_core.memo`` (keyed on every argument; ``memo.set_enabled
 
 from __future__ import annotations
 
-import functools
 import operator
 import types
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -34,7 +33,7 @@ from .memo import memoize
 from .plan import FrozenMap, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
-from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar, declared
+from .specs import _SHARD_FIELDS, AXES, DATA, ShardingEffect, SplitSoFar, _shard_factors, declared
 from .terms import (ACCELERATOR, COMMUNICATION_BUFFERS, COMPONENTS, HOST, OPTIMIZER_STATE, ACTIVATIONS,
                     PHASES, RUNTIME_OVERHEADS, WEIGHTS, GRADIENTS, MemoryTerm, _source_cell)
 
@@ -95,18 +94,17 @@ class TrainingMemoryModel:
         every rank fits.
         """
         registry = self.registry
-        if type(model) is str:       # catalog names, including entries this manager's plugins add
-            from .catalog import get_model
-            model = get_model(model, plugin_manager=self.plugin_manager)
-        if type(hardware) is str:
-            from .catalog import get_hardware
-            hardware = get_hardware(hardware, plugin_manager=self.plugin_manager)
+        if type(model) is str or type(hardware) is str:   # catalog names, with this manager's plugins' entries
+            from .catalog import get_hardware, get_model
+            model = get_model(model, plugin_manager=self.plugin_manager) if type(model) is str else model
+            hardware = get_hardware(hardware, plugin_manager=self.plugin_manager) if type(hardware) is str else hardware
         return _solve(registry, self._profile if profile is None else profile, model, hardware, batch_size, seq_len,
                       precision, optimizer, activation_checkpointing, tp_size, pp_size, dp_size, ep_size,
                       zero_stage, gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
                       sequence_parallel, data_parallel, sharding_rules, plugin_options,
                       tuple(include_plugins) if type(include_plugins) is list else include_plugins, cp_size,
-                      tuple((name, value, _kinds(value)) for name, value in profile_options.items()))
+                      tuple((name, value, _kinds(value)) for name, value in profile_options.items())
+                      if profile_options else ())
 
 
 def _kinds(value):
@@ -159,7 +157,8 @@ class _Selection:
     profile: Any
     optimizer: tuple
     checkpointing: tuple
-    rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, measured buffers, call site)
+    rules: tuple                   # (axis, name, provider, apply, takes SplitSoFar, its own buffers, call site)
+    buffers: tuple                 # the rules' own buffers (ProfileSpec.callables): (provider, function, name, site)
     calls: Mapping[str, tuple]     # component -> ((provider, function, argument picker, call site), ...)
     selected: Mapping[str, str]
     plugin_sources: Mapping[str, str]
@@ -190,7 +189,7 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
                                    f"no {field}; profile='reference' accepts it")
         chosen.append((registry.providers[(kind, name)], function, f"{kind} '{name}' {field}"))
     rule_specs = [(axis, registry.sharding_rules[rules[axis]]) for axis in AXES]
-    rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _takes_split(s.apply),
+    rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _positional(s.apply) >= 3,
                         declared(s, callables["sharding"]) if callables["sharding"] else None,
                         f"sharding rule '{s.name}' apply")
                        for axis, s in rule_specs)
@@ -200,8 +199,11 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
              for component, hook in COMPONENT_HOOKS.items()}
     infos = [chosen[0][0], chosen[1][0], *(rule[2] for rule in rule_calls),
              *(call[0] for component_calls in calls.values() for call in component_calls)]
+    own = callables["sharding"]
     return _Selection(
         profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls,
+        buffers=tuple((info, buffers, name, f"sharding rule '{name}' {own}")
+                      for _, name, info, _, _, buffers, _ in rule_calls if buffers is not None),
         selected=types.MappingProxyType({"profile": profile, "optimizer": optimizer,
                                          "activation_checkpointing": checkpointing,
                                          **{f"{axis}_rule": rules[axis] for axis in AXES}}),
@@ -217,21 +219,10 @@ def _arguments(argnames: tuple) -> Callable:
     return (lambda values: (values[index[0]],)) if index else (lambda values: ())
 
 
-def _takes_split(apply) -> bool:
-    """Does a rule's apply take the optional third parameter (SplitSoFar)?"""
-    return _positional(apply) >= 3
-
-
+@memoize     # (an unhashable callable object is counted on every call)
 def _positional(function) -> int:
     """How many positional arguments ``function`` takes (a large number for ``*args``; 0 when
     its signature cannot be read)."""
-    try:
-        return _positional_cached(function)
-    except TypeError:           # an unhashable callable object
-        return _positional_count(function)
-
-
-def _positional_count(function) -> int:
     import inspect
     try:
         parameters = list(inspect.signature(function).parameters.values())
@@ -242,13 +233,9 @@ def _positional_count(function) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
 
 
-_positional_cached = functools.lru_cache(maxsize=256)(_positional_count)
-
-
 # --- 3. place ------------------------------------------------------------------------------
 
 _NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
-_shard_factors = operator.attrgetter(*_SHARD_FIELDS)
 _UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
 
@@ -257,13 +244,14 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
     ones did; their shard factors multiply (integers: the order never changes a number)."""
     shards = dict.fromkeys(_SHARD_FIELDS, 1)
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
-    layers_per_stage = layers_rule = None
+    layers_per_stage = layers_rule = split = None
     buffers, notes = [], {}
-    for axis, name, info, apply, takes_split, measured_buffers, where in selection.rules:
+    for axis, name, info, apply, takes_split, own_buffers, where in selection.rules:
         option = plan.options.get(name)
         if takes_split:
-            split = SplitSoFar(**shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
-                               layers_per_stage=layers_per_stage)
+            if split is None:      # (what the rules before did: the same object until one splits something)
+                split = SplitSoFar(**shards, parameters_per_rank=plan.model.parameters / shards["parameter_shards"],
+                                   layers_per_stage=layers_per_stage)
             effect = _call(info, where, "apply", apply, plan, option, split)
         else:
             effect = _call(info, where, "apply", apply, plan, option)
@@ -272,11 +260,13 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
                                       "ShardingEffect", plugin=info.name, source=info.source, hook="apply")
         factors = _shard_factors(effect)
         if factors != _UNSPLIT:
+            split = None
             for field, factor in zip(_SHARD_FIELDS, factors):
                 if factor != 1:
                     shards[field] *= factor
                     split_by[field] += (name,)
         if effect.layers_per_stage is not None:
+            split = None
             if layers_rule is not None:
                 raise PluginContractError(
                     f"{info.describe()} sharding rule '{name}' sets layers_per_stage, which the "
@@ -285,7 +275,7 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
             layers_per_stage = effect.layers_per_stage
             if type(layers_per_stage) is not int or not 1 <= layers_per_stage <= _checks.MAX_COUNT:   # (no f-string)
                 layers_per_stage = _checks.count(f"{name}.layers_per_stage", layers_per_stage)
-        if effect.buffer_terms and measured_buffers is None:    # (a rule's measured buffers replace them)
+        if effect.buffer_terms and own_buffers is None:    # (a rule's own buffers replace them: selection.buffers)
             buffers += _checked(info, where, "apply", effect.buffer_terms, COMMUNICATION_BUFFERS)
         if effect.notes:
             notes[axis] = effect.notes
@@ -381,12 +371,11 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
     buffers = list(rule_buffers)
-    for _, name, info, _, _, measured_buffers, _ in selection.rules:
-        if measured_buffers is not None:
-            buffers += _terms(info, f"sharding rule '{name}' {selection.profile.callables['sharding']}", "buffer_terms",
-                              COMMUNICATION_BUFFERS, measured_buffers, plan, placement, plan.options.get(name))
-    model_states = {WEIGHTS: _on_accelerator(weights), GRADIENTS: _on_accelerator(gradients),
-                    OPTIMIZER_STATE: _on_accelerator(optimizer_state)}
+    for info, function, name, where in selection.buffers:      # a rule's own buffers replace its effect's
+        buffers += _terms(info, where, "buffer_terms", COMMUNICATION_BUFFERS, function, plan, placement,
+                          plan.options.get(name))
+    model_states = {WEIGHTS: _bytes_on(ACCELERATOR, weights), GRADIENTS: _bytes_on(ACCELERATOR, gradients),
+                    OPTIMIZER_STATE: _bytes_on(ACCELERATOR, optimizer_state)}
     buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
     terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
     peak = selection.profile.combine == "peak"
@@ -412,7 +401,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         weights=w, gradients=g, optimizer_state=o, activations=a, communication_buffers=c,
         precision=plan.precision, optimizer=plan.optimizer, activation_checkpointing=plan.activation_checkpointing,
         parallelism=types.MappingProxyType(parallelism), notes=plan.notes + notes,
-        profile=plan.profile, terms=terms, host_memory=_host(terms), model=plan.model.name,
+        profile=plan.profile, terms=terms, host_memory=_bytes_on(HOST, terms), model=plan.model.name,
         hardware=plan.hardware.name, microbatch=plan.microbatch, layers_per_stage=placement.layers_per_stage,
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,
@@ -422,18 +411,10 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
 _EMPTY = FrozenMap()
 
 
-def _on_accelerator(terms) -> int | float:
+def _bytes_on(tier: str, terms) -> int | float:
     total = 0
     for term in terms:
-        if term.tier == ACCELERATOR:
-            total += term.nbytes
-    return total
-
-
-def _host(terms) -> int | float:
-    total = 0
-    for term in terms:
-        if term.tier == HOST:      # (NVMe-tier terms are neither accelerator nor host memory)
+        if term.tier == tier:      # (NVMe-tier terms are neither accelerator nor host memory)
             total += term.nbytes
     return total
 

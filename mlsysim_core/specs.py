@@ -4,6 +4,7 @@ plugin never adds a byte), with the plan (and placement) and its options object.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Callable, Iterable, Mapping
 
@@ -39,6 +40,11 @@ _optional_callable = attrs.field(default=None, validator=_callable)
 # What profiles read from a spec beyond the core's fields, under dotted keys each profile documents
 # (the measured profile's: "measured.state_terms", ...); the core never reads one. Plugin API 3.0.
 _extensions = attrs.field(factory=dict, converter=lambda value: FrozenMap(value or {}))
+
+
+def _among(*allowed, default=attrs.NOTHING):
+    return attrs.field(default=default, validator=attrs.validators.in_(allowed))
+
 
 # What a checkpointing strategy recomputes, as it declares it (CheckpointingSpec.recomputes).
 RECOMPUTES = ("nothing", "layers", "part")
@@ -101,6 +107,8 @@ DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # 
 
 _SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards",
                  "tensor_shards", "sequence_shards", "expert_shards", "pipeline_stages")
+_shard_factors = operator.attrgetter(*_SHARD_FIELDS)
+_INT = {int}
 
 
 @attrs.frozen(kw_only=True)
@@ -132,13 +140,15 @@ class ShardingEffect:
 
     # Hand-written checks (effects are built on every solve; attrs validators cost more).
     def __attrs_post_init__(self):
-        for name in _SHARD_FIELDS:
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"ShardingEffect.{name} must be an int >= 1, got {value!r}")
-        for name in ("buffer_terms", "notes"):
-            if type(getattr(self, name)) is not tuple:
-                object.__setattr__(self, name, tuple(getattr(self, name)))
+        factors = _shard_factors(self)
+        if set(map(type, factors)) != _INT or min(factors) < 1:      # (in C: the common case)
+            for name, value in zip(_SHARD_FIELDS, factors):
+                if type(value) is not int or value < 1:
+                    raise ValueError(f"ShardingEffect.{name} must be an int >= 1, got {value!r}")
+        if type(self.buffer_terms) is not tuple:
+            object.__setattr__(self, "buffer_terms", tuple(self.buffer_terms))
+        if type(self.notes) is not tuple:
+            object.__setattr__(self, "notes", tuple(self.notes))
 
 
 @attrs.frozen(kw_only=True)
@@ -156,10 +166,6 @@ class SplitSoFar:
     sequence_shards: int = 1
     expert_shards: int = 1
     pipeline_stages: int = 1
-
-
-def _among(*allowed, default=attrs.NOTHING):
-    return attrs.field(default=default, validator=attrs.validators.in_(allowed))
 
 
 @attrs.frozen(kw_only=True)

@@ -131,7 +131,8 @@ def _flag(name):
 
 
 def _given(options) -> dict:
-    return {f.name: getattr(options, f.name) for f in attrs.fields(type(options)) if getattr(options, f.name) is not None}
+    return {f.name: getattr(options, f.name) for f in type(options).__attrs_attrs__   # (attrs.fields, cheaper)
+            if getattr(options, f.name) is not None}
 
 
 @attrs.frozen(kw_only=True)
