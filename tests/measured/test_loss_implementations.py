@@ -288,3 +288,10 @@ def test_published_medians_every_phase():
     for phase in ("peak", "forward", "backward", "optimizer"):
         values = [abs(e[phase]) for e in PUBLISHED_ERRORS.values()]
         assert statistics.median(values) <= 0.01, (phase, values)
+
+
+def test_validation_table_in_the_docs_is_the_tools_output():
+    """docs/validation.md's "Published loss implementations" rows are report_published.py's."""
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs/validation.md").read_text(encoding="utf-8")
+    assert REPORT.table() in page, "run: python validation/techniques/loss/report_published.py"
