@@ -36,7 +36,8 @@ ZeRO-3 (deepspeed/runtime/zero/stage3.py, partitioned_param_coordinator.py, para
 
 * ``reduce_bucket_size`` with ``contiguous_gradients``: one ipg buffer of ``reduce_bucket_size``
   elements per communication dtype, allocated at initialisation (stage3.py lines 731-735) and
-  never freed: every phase.
+  never freed: every phase. ``overlap_comm`` (default True for stage 3) only moves the reduction to
+  a side stream (stage3.py line 336): no buffer of its own, accepted for the DeepSpeed config's sake.
 * ``stage3_prefetch_bucket_size`` (default 5e7) and ``stage3_max_live_parameters`` (1e9): after
   fetching a submodule's parameters, the coordinator all-gathers the next ones in the trace
   while fewer than ``min(max_live - available, prefetch_bucket_size)`` elements are in flight
