@@ -208,7 +208,8 @@ class LoRAConfig:
     ``quantization`` is ``None`` (base in its own dtype), ``"nf4"``/``"fp4"``
     (bitsandbytes 4-bit, ``bnb_4bit_quant_type``) or ``"int8"`` (LLM.int8).
     ``double_quant`` is ``bnb_4bit_use_double_quant``; ``quant_blocksize`` the 4-bit
-    block size (64 in bitsandbytes).
+    block size (64 in bitsandbytes). ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
+    default; below 1): it changes the saved activations, not the counts.
     """
 
     rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
@@ -217,12 +218,16 @@ class LoRAConfig:
     quantization: str | None = attrs.field(default=None, validator=_check_quantization)
     double_quant: bool = attrs.field(default=False, validator=_check_double_quant)
     quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
+    dropout: float = attrs.field(default=0.0, converter=lambda v: _checks.fraction("lora.dropout", v))
 
     def __attrs_post_init__(self):
         if self.double_quant and self.quantization not in ("nf4", "fp4"):
             raise InvalidInputError("lora.double_quant", self.double_quant,
                                     "False unless quantization is 'nf4' or 'fp4'",
                                     f"quantization={self.quantization!r}")
+        if self.dropout == 1.0:
+            raise InvalidInputError("lora.dropout", self.dropout, "a probability in [0.0, 1.0)",
+                                    "1.0 drops every input to the adapters")
         if self.quant_blocksize != 64 and self.quantization not in ("nf4", "fp4"):
             raise InvalidInputError("lora.quant_blocksize", self.quant_blocksize,
                                     "the default 64 unless quantization is 'nf4' or 'fp4'",

@@ -24,6 +24,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402
 import measure_lora  # noqa: E402
+from configs import LLAMA_TINY, _hf  # noqa: E402
 from families.gemma.configs import MODELS as GEMMA  # noqa: E402
 from families.gpt_oss.configs import MODELS as GPT_OSS  # noqa: E402
 from families.llama_variants.configs import MODELS as VARIANTS  # noqa: E402
@@ -32,21 +33,23 @@ from families.moe_2025.configs import MODELS as MOE  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-BASES = {"qwen3-tiny": ("qwen3", VARIANTS["qwen3-tiny"], "sdpa"),
+BASES = {"llama-tiny": ("llama", _hf(LLAMA_TINY, 0.0), "sdpa"),
+         "qwen3-tiny": ("qwen3", VARIANTS["qwen3-tiny"], "sdpa"),
          "gemma3-tiny": ("gemma3_text", GEMMA["gemma3-tiny"], "sdpa"),
          "gpt-oss-tiny": ("gpt_oss", GPT_OSS["gpt-oss-tiny"], "eager"),
          "qwen3-moe-tiny": ("qwen3_moe", MOE["qwen3-moe-tiny"][1], "sdpa")}
 
 
-def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", checkpointing="none"):
+def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", checkpointing="none", lora_dropout=0.0):
     family, base, attention = BASES[model]
     hf = copy.deepcopy(base)
     hf.update(use_cache=False, attention_dropout=0.0)
     return {"id": id, "family": family, "model": model, "hf_config": hf, "batch_size": batch_size,
             "seq_len": seq_len, "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach",
             "checkpointing": checkpointing, "attention": attention, "dropout": 0.0, "method": "real", "sweep": None,
-            "lora": {"rank": rank, "target_modules": targets, "quantization": None, "double_quant": False},
-            "lora_dropout": 0.0}
+            "lora": {"rank": rank, "target_modules": targets, "quantization": None, "double_quant": False,
+                     **({"dropout": lora_dropout} if lora_dropout else {})},
+            "lora_dropout": lora_dropout}
 
 
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -60,6 +63,15 @@ CONFIGS = [
     _cfg("lora-gpt-oss-tiny-fp32-r16-qkvo-b2-s256", "gpt-oss-tiny", 2, 256, rank=16, targets=QKVO),
     _cfg("lora-gpt-oss-tiny-bf16-r8-all-b2-s256", "gpt-oss-tiny", 2, 256, rank=8, targets=ALL, regime="bf16"),
     _cfg("lora-qwen3-moe-tiny-fp32-r16-qkvo-b2-s256", "qwen3-moe-tiny", 2, 256, rank=16, targets=QKVO),
+    # peft's lora_dropout > 0: each adapted linear's dropout mask and output
+    _cfg("lora-qwen3-tiny-fp32-r16-all-dropout-b2-s256", "qwen3-tiny", 2, 256, rank=16, targets=ALL, lora_dropout=0.1),
+    _cfg("lora-qwen3-tiny-bf16-r8-qkvo-dropout-b2-s256", "qwen3-tiny", 2, 256, rank=8, targets=QKVO, regime="bf16",
+         lora_dropout=0.1),
+    _cfg("lora-qwen3-tiny-amp-r16-all-dropout-b2-s256", "qwen3-tiny", 2, 256, rank=16, targets=ALL,
+         regime="amp-bf16", lora_dropout=0.1),
+    _cfg("lora-llama-tiny-fp32-r16-all-dropout-b2-s256", "llama-tiny", 2, 256, rank=16, targets=ALL, lora_dropout=0.1),
+    _cfg("lora-llama-tiny-fp32-r8-qv-dropout-b2-s256", "llama-tiny", 2, 256, rank=8, targets=["q_proj", "v_proj"],
+         lora_dropout=0.05),
 ]
 
 

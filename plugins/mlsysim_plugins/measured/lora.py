@@ -496,6 +496,10 @@ class Walk:
         self.r = plan.profile_options.lora.rank
         self.adapted = _adapted(plan)
         self.dropout = plan.profile_options.dropout > 0
+        self.lora_dropout = plan.profile_options.lora.dropout > 0     # peft's lora_dropout
+        # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
+        # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
+        self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
         self.parts: list = []
         self.constant: list = []
 
@@ -515,6 +519,8 @@ class Walk:
         (one per adapted linear)."""
         if module not in self.adapted:
             return
+        if self.lora_dropout:
+            self.add(f"{module} LoRA dropout mask ({self.mask} B)", self.mask * width)
         if self.amp:
             # peft casts a bf16 input up to the fp32 adapters' dtype (a transient), autocast casts
             # that (or an fp32 input) down again: lora_A saves a fresh bf16 copy either way
@@ -524,6 +530,8 @@ class Walk:
             b = self.ab
         if own:
             self.add(f"{module} LoRA input ({'bf16 cast' if self.amp else f'{b} B copy'})", b * width)
+        elif self.lora_dropout:     # lora_A reads the dropout's output, a tensor of its own
+            self.add(f"{module} LoRA input (dropout output)", b * width)
         elif "x" not in shared_with:
             shared_with.add("x")
             self.add(f"{module} LoRA input", b * width)
@@ -609,7 +617,7 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
             mine = reads(q)
             covered.update(lin.module for lin in mine)
             if q.weight_gradient_only:
-                if copy16 or not mine:
+                if copy16 or not mine or (walk.lora_dropout and not walk.amp):   # lora_A reads another tensor
                     keep = 0
                 elif walk.amp:
                     keep = q.nbytes * len(mine) / len(q.inputs_of)
@@ -622,10 +630,14 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
             if q.recomputed_by_selective:
                 recomputable += keep
     for lin in adapted:
+        if walk.lora_dropout:       # peft: lora_A(dropout(x)): the mask (bool), and lora_A's input is its output
+            constant.append((f"{lin.module} LoRA dropout mask ({walk.mask} B)", walk.mask * lin.in_features * T))
         if copy16:
             constant.append((f"{lin.module} LoRA input ({walk.ab} B copy)", walk.ab * lin.in_features * T))
         elif tagged and walk.amp and lin.module not in covered:
             constant.append((f"{lin.module} LoRA input (bf16 cast)", 2 * lin.in_features * T))
+        elif walk.lora_dropout and not walk.amp:
+            constant.append((f"{lin.module} LoRA input (dropout output)", walk.ab * lin.in_features * T))
         constant.append((f"{lin.module} LoRA intermediate (r={walk.r})", walk.a_c * walk.r * T))
     if walk.amp:
         for lin in linears:

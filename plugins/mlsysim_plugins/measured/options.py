@@ -99,7 +99,10 @@ _LORA_FLAGS = (
     {"key": "quantization", "flag": "--quantization", "choices": ("nf4", "fp4", "int8"),
      "help": "QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)"},
     {"key": "double_quant", "flag": "--double-quant", "const": True,
-     "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"})
+     "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"},
+    {"key": "dropout", "flag": "--lora-dropout", "type": float, "metavar": "P",
+     "help": "with --lora-rank: peft's lora_dropout (default 0.0): each adapted linear keeps its dropout mask "
+             "and output"})
 
 
 # The profile's own options (the techniques add theirs: ``options_type``). ``None`` means the default.
