@@ -98,6 +98,9 @@ _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 _GPT2_TARGETS = ("c_attn", "c_proj", "attn.c_proj", "c_fc", "mlp.c_proj")
 TARGET_MODULES = _LLAMA_TARGETS + _GPT2_TARGETS + (ALL_LINEAR,)
 QUANTIZATIONS = (None, "nf4", "fp4", "int8")
+# peft's autocast_adapter_dtype: True (its default) keeps fp32 adapters over a 16-bit base; False ("base")
+# leaves them in the base's dtype (as torchtune's recipes train them)
+ADAPTER_DTYPES = ("fp32", "base")
 # bitsandbytes.functional.quantize_4bit: "Valid values are 32, 64, ..., 4096"
 _4BIT_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 _NESTED_BLOCKSIZE = 256        # quantize_4bit: quantize_blockwise(absmax - offset, blocksize=256)
@@ -195,6 +198,12 @@ def _check_blocksize(instance, attribute, value):
         raise InvalidInputError("lora.quant_blocksize", value, allowed)
 
 
+def _check_adapter_dtype(value):
+    if value not in ADAPTER_DTYPES:
+        raise InvalidInputError("lora.adapter_dtype", value, "'fp32' (peft's autocast_adapter_dtype=True) or 'base' "
+                                "(autocast_adapter_dtype=False: the base's dtype)")
+
+
 @attrs.frozen(kw_only=True)
 class LoRAConfig:
     """A LoRA adapter and, for QLoRA, how the base model is quantized.
@@ -209,7 +218,9 @@ class LoRAConfig:
     (bitsandbytes 4-bit, ``bnb_4bit_quant_type``) or ``"int8"`` (LLM.int8).
     ``double_quant`` is ``bnb_4bit_use_double_quant``; ``quant_blocksize`` the 4-bit
     block size (64 in bitsandbytes). ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
-    default; below 1): it changes the saved activations, not the counts.
+    default; below 1): it changes the saved activations, not the counts. ``adapter_dtype``:
+    ``"fp32"`` (peft's default ``autocast_adapter_dtype=True``: fp32 adapters over a 16-bit
+    base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype).
     """
 
     rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
@@ -219,6 +230,7 @@ class LoRAConfig:
     double_quant: bool = attrs.field(default=False, validator=_check_double_quant)
     quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
     dropout: float = attrs.field(default=0.0, converter=lambda v: _checks.fraction("lora.dropout", v))
+    adapter_dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_adapter_dtype(v))
 
     def __attrs_post_init__(self):
         if self.double_quant and self.quantization not in ("nf4", "fp4"):

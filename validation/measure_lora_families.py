@@ -40,7 +40,8 @@ BASES = {"llama-tiny": ("llama", _hf(LLAMA_TINY, 0.0), "sdpa"),
          "qwen3-moe-tiny": ("qwen3_moe", MOE["qwen3-moe-tiny"][1], "sdpa")}
 
 
-def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", checkpointing="none", lora_dropout=0.0):
+def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", checkpointing="none", lora_dropout=0.0,
+         adapter_dtype=None):
     family, base, attention = BASES[model]
     hf = copy.deepcopy(base)
     hf.update(use_cache=False, attention_dropout=0.0)
@@ -48,7 +49,8 @@ def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", checkp
             "seq_len": seq_len, "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach",
             "checkpointing": checkpointing, "attention": attention, "dropout": 0.0, "method": "real", "sweep": None,
             "lora": {"rank": rank, "target_modules": targets, "quantization": None, "double_quant": False,
-                     **({"dropout": lora_dropout} if lora_dropout else {})},
+                     **({"dropout": lora_dropout} if lora_dropout else {}),
+                     **({"adapter_dtype": adapter_dtype} if adapter_dtype else {})},
             "lora_dropout": lora_dropout}
 
 
@@ -72,7 +74,25 @@ CONFIGS = [
     _cfg("lora-llama-tiny-fp32-r16-all-dropout-b2-s256", "llama-tiny", 2, 256, rank=16, targets=ALL, lora_dropout=0.1),
     _cfg("lora-llama-tiny-fp32-r8-qv-dropout-b2-s256", "llama-tiny", 2, 256, rank=8, targets=["q_proj", "v_proj"],
          lora_dropout=0.05),
+    # adapters in the base's dtype (peft's autocast_adapter_dtype=False, torchtune's recipes)
+    _cfg("lora-qwen3-tiny-bf16-r16-all-bf16adapters-b2-s256", "qwen3-tiny", 2, 256, rank=16, targets=ALL,
+         regime="bf16", adapter_dtype="base"),
+    _cfg("lora-llama-tiny-bf16-r16-all-bf16adapters-b2-s256", "llama-tiny", 2, 256, rank=16, targets=ALL,
+         regime="bf16", adapter_dtype="base"),
 ]
+
+
+def measure(cfg: dict) -> dict:
+    """measure_lora.py's run; ``adapter_dtype`` "base": get_peft_model(..., autocast_adapter_dtype=False)."""
+    import peft
+    if cfg["lora"].get("adapter_dtype") != "base":
+        return measure_lora.measure(cfg)
+    original = peft.get_peft_model
+    peft.get_peft_model = lambda model, config, **kw: original(model, config, autocast_adapter_dtype=False, **kw)
+    try:
+        return measure_lora.measure(cfg)
+    finally:
+        peft.get_peft_model = original
 
 
 def _versions() -> dict:
@@ -93,7 +113,7 @@ def document(args, runs, ctx) -> dict:
 
 
 def main(argv=None) -> int:
-    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure_lora.measure,
+    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
                  document=document, versions=_versions, summary=harness.mib_summary(9, 2, wall=5),
                  line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<48} {msg}")
     return 0

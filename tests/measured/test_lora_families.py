@@ -211,3 +211,18 @@ def test_mixtral_router_is_not_a_linear():
         TrainingMemoryModel("measured").solve("mixtral-8x7b", "h200", 1, 512, lora={"rank": 8,
                                                                                     "target_modules": ["router"]})
     assert (info.value.parameter, info.value.value) == ("lora.target_modules", "router")
+
+
+def test_adapters_in_the_base_dtype():
+    """peft's autocast_adapter_dtype=False (torchtune's recipes): bf16 adapters, gradients and Adam state over a
+    bf16 base; lora_A shares the layer's bf16 input (no fp32 copy)."""
+    run = _by_id("lora-qwen3-tiny-bf16-r16-all-bf16adapters")
+    assert run["measured"]["trainable_dtypes"] == ["bfloat16"]
+    base, fp32 = _solve(run), _solve(run, lora={**run["lora"], "adapter_dtype": "fp32"})
+    terms = {t.label: t.nbytes for t in base.terms}
+    n = run["measured"]["trainable_parameters"]
+    assert terms["LoRA adapters (rank 16, 2 B)"] == 2 * n and terms["LoRA adapter gradients (2 B)"] == 2 * n
+    assert base.activations < fp32.activations
+    with pytest.raises(InvalidInputError) as info:
+        _solve(run, lora={**run["lora"], "adapter_dtype": "bf16"})
+    assert (info.value.parameter, info.value.value) == ("lora.adapter_dtype", "bf16")

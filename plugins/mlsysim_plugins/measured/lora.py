@@ -85,10 +85,13 @@ def base_weight_bytes(regime) -> int:
     return 4 if regime.compute == 4 or regime.autocast or regime.gather else 2
 
 
-def lora_regime(regime):
+def lora_regime(regime, config=None):
     """The regime of the trainable parameters (the adapters). peft keeps adapters in fp32 over a
     pure bf16/fp16 base (``autocast_adapter_dtype=True``), so their gradients and optimizer state
     are fp32 too; every other regime is unchanged (mixed-*: 16-bit adapters, fp32 master)."""
+    if config is not None and config.adapter_dtype == "base":
+        return attrs.evolve(regime, description=regime.description + "; LoRA adapters in the base's dtype "
+                            "(peft's autocast_adapter_dtype=False)")
     if regime.compute == 2 and not regime.autocast and not regime.master and regime.weight == 2:
         return attrs.evolve(regime, weight=4, gradient=4, state=4,
                             description=regime.description + "; LoRA adapters, their gradients and "
@@ -126,7 +129,7 @@ def lora_option(plan, value):
         if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
             raise     # already names the LoRA or model field
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
-    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
+    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime, config))
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
                         trainable_fraction=finetune._exact_fraction(counts.trainable_parameters,
                                                                     plan.model.parameters))
@@ -150,7 +153,7 @@ def _generic_option(plan, config, quantized):
                  + ", ".join(f"{m} {i}x{o}" for m, i, o, _ in c.per_module) + f" adapted (rank {config.rank}); "
                  "the layers keep what full training keeps but the tensors the family marks as kept only for a "
                  "frozen weight's gradient, plus the adapters' own (an upper bound where the family marks none)")
-    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime))
+    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime, config))
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + tuple(notes),
                         trainable_fraction=finetune._exact_fraction(c.trainable_parameters, plan.model.parameters))
 

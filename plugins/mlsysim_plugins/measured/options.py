@@ -102,7 +102,10 @@ _LORA_FLAGS = (
      "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"},
     {"key": "dropout", "flag": "--lora-dropout", "type": float, "metavar": "P",
      "help": "with --lora-rank: peft's lora_dropout (default 0.0): each adapted linear keeps its dropout mask "
-             "and output"})
+             "and output"},
+    {"key": "adapter_dtype", "flag": "--lora-adapter-dtype", "choices": ("fp32", "base"),
+     "help": "with --lora-rank: fp32 adapters over a 16-bit base (default, peft's autocast_adapter_dtype) or the "
+             "base's dtype (autocast_adapter_dtype=False, torchtune)"})
 
 
 # The profile's own options (the techniques add theirs: ``options_type``). ``None`` means the default.
