@@ -46,24 +46,23 @@ def test_the_measurements_cover_the_families():
 
 @pytest.mark.parametrize("run", RUNS, ids=[r["id"] for r in RUNS])
 def test_every_phase_against_the_measurement(run):
-    """Within 1 %; with peft's lora_dropout within 2.5 % (predicted high: +0.3 to +2.0 %, not yet
-    explained op by op)."""
     e = phase_errors(run, _solve(run))
-    bound = 0.025 if run["lora_dropout"] else 0.01
-    assert all(abs(v) <= bound for v in e.values()), e
+    assert all(abs(v) <= 0.01 for v in e.values()), e
 
 
 def test_lora_dropout_keeps_the_mask_and_the_output():
     """Per adapted linear, peft's lora_A(dropout(x)): on the CPU the bernoulli noise in the adapters' dtype
-    (fp32) and the dropout's output (lora_A's input) -- 2 x 4 B x in per token; on CUDA a bool mask."""
+    (fp32) and the dropout's output (lora_A's input) -- 2 x 4 B x in per token; on CUDA a bool mask. In the
+    first layer q and v read an input that requires no grad: the multiply by the noise keeps nothing."""
     run = _by_id("lora-llama-tiny-fp32-r8-qv-dropout")
     with_dropout, without = _solve(run), _solve(run, lora={**run["lora"], "dropout": 0.0})
     layers = lambda r: next(t.nbytes for t in r.terms if t.label.startswith("decoder layers"))   # noqa: E731
     T, h = run["batch_size"] * run["seq_len"], run["hf_config"]["hidden_size"]
-    # q and v share the norm output without dropout (one tensor kept); with it each keeps noise and output
-    assert layers(with_dropout) - layers(without) == 4 * (2 * (4 + 4) * h * T - 4 * h * T)
+    # without dropout q and v share the norm output (one 4h tensor); with it each keeps its own output (4h)
+    # and, past the first layer, its noise (4h)
+    assert layers(with_dropout) - layers(without) == (2 * 4 - 4) * h * T + 3 * (2 * (4 + 4) - 4) * h * T
     cuda = _solve(run, device="cuda")
-    assert layers(with_dropout) - layers(cuda) == 4 * 2 * 3 * h * T
+    assert layers(with_dropout) - layers(cuda) == 3 * 2 * 3 * h * T
 
 
 def test_median_and_max_per_family():

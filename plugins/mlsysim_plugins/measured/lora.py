@@ -517,12 +517,12 @@ class Walk:
         self.parts.extend(p for p in parts if p.nbytes and not p.weight_gradient_only)
         return set() if any(p.weight_gradient_only for p in parts) else {"x"}
 
-    def lora_in(self, module, width, dtype_bytes, shared_with: set):
+    def lora_in(self, module, width, dtype_bytes, shared_with: set, grad: bool = True):
         """lora_A saves its input: the tensor itself when the dtypes agree, else a cast copy
-        (one per adapted linear)."""
+        (one per adapted linear). ``grad``: the input requires grad (else a dropout keeps no mask)."""
         if module not in self.adapted:
             return
-        if self.lora_dropout:
+        if self.lora_dropout and grad:
             self.add(f"{module} LoRA dropout mask ({self.mask} B)", self.mask * width)
         if self.amp:
             # peft casts a bf16 input up to the fp32 adapters' dtype (a transient), autocast casts
@@ -632,8 +632,12 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
             constant.append((q.name, keep))
             if q.recomputed_by_selective:
                 recomputable += keep
+    # the first layer's input requires no grad: the linears reading it (the first part naming its readers)
+    # keep no dropout mask (the multiply by the noise saves it only for its input's gradient)
+    first_readers = next((q.inputs_of for q in parts if q.inputs_of), ()) if not grad_in else ()
     for lin in adapted:
-        if walk.lora_dropout:       # peft: lora_A(dropout(x)): the mask (bool), and lora_A's input is its output
+        no_grad = any(lin.selected_by(n) for n in first_readers)
+        if walk.lora_dropout and not no_grad:    # peft: lora_A(dropout(x)): the mask, and lora_A reads the output
             constant.append((f"{lin.module} LoRA dropout mask ({walk.mask} B)", walk.mask * lin.in_features * T))
         if copy16:
             constant.append((f"{lin.module} LoRA input ({walk.ab} B copy)", walk.ab * lin.in_features * T))
@@ -663,7 +667,7 @@ def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
     if g:
         add("ln_1 (mean, rstd)", ln)
     shared: set = set()
-    walk.lora_in("c_attn", h, n_dtype, shared)
+    walk.lora_in("c_attn", h, n_dtype, shared, g)
     walk.frozen_copy("c_attn", 3 * h * h, g)
     qkv_grad = g or "c_attn" in adapted
     attn_shared: set = set()
@@ -671,18 +675,18 @@ def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
         attn_shared = walk.add_attention(attention((True, True, True)))
         if walk.dropout:
             add("resid dropout noise (attention)", c * h)
-    walk.lora_in("attn.c_proj", h, c, attn_shared)
+    walk.lora_in("attn.c_proj", h, c, attn_shared, qkv_grad)
     walk.frozen_copy("attn.c_proj", h * h, qkv_grad)
     mid_grad = g or qkv_grad or "attn.c_proj" in adapted
     if mid_grad:
         add("mid residual (ln_2 input)", res * h)
         add("ln_2 (mean, rstd)", ln)
-    walk.lora_in("c_fc", h, n_dtype, set())
+    walk.lora_in("c_fc", h, n_dtype, set(), mid_grad)
     walk.frozen_copy("c_fc", h * f, mid_grad)
     fc_grad = mid_grad or "c_fc" in adapted
     if fc_grad:
         add("mlp gelu_new (4 f-sized tensors)", 4 * c * f)
-    walk.lora_in("mlp.c_proj", f, c, set())
+    walk.lora_in("mlp.c_proj", f, c, set(), fc_grad)
     walk.frozen_copy("mlp.c_proj", f * h, fc_grad)
     out_grad = fc_grad or "mlp.c_proj" in adapted
     if out_grad and walk.dropout:
@@ -701,27 +705,27 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
         add("input norm (rsqrt" + (", fp32 copy of the input)" if walk.bf16 else ")"), 4 + (4 * h if walk.bf16 else 0))
     shared = set()
     for m, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        walk.lora_in(m, h, n_dtype, shared)
+        walk.lora_in(m, h, n_dtype, shared, g)
         walk.frozen_copy(m, h * width, g)
     q_grad, k_grad, v_grad = (g or m in adapted for m in ("q_proj", "k_proj", "v_proj"))
     any_grad = q_grad or k_grad or v_grad
     attn_shared: set = set()
     if any_grad:
         attn_shared = walk.add_attention(attention((q_grad, k_grad, v_grad)))
-    walk.lora_in("o_proj", q, c, attn_shared)
+    walk.lora_in("o_proj", q, c, attn_shared, any_grad)
     walk.frozen_copy("o_proj", q * h, any_grad)
     mid_grad = g or any_grad or "o_proj" in adapted
     if mid_grad:
         add("mid residual + post-attention norm (rsqrt)", 4 * h + 4)
     shared = set()
     for m in ("gate_proj", "up_proj"):
-        walk.lora_in(m, h, n_dtype, shared)
+        walk.lora_in(m, h, n_dtype, shared, mid_grad)
         walk.frozen_copy(m, h * f, mid_grad)
     gate_grad = mid_grad or "gate_proj" in adapted
     up_grad = mid_grad or "up_proj" in adapted
     add("mlp (gate out, silu out, up out)", c * f * (int(gate_grad) + int(up_grad) + int(gate_grad)))
     prod_grad = gate_grad or up_grad
-    walk.lora_in("down_proj", f, c, set())
+    walk.lora_in("down_proj", f, c, set(), prod_grad)
     walk.frozen_copy("down_proj", f * h, prod_grad)
     out_grad = prod_grad or "down_proj" in adapted
     return walk.layer(out_grad and not walk.bf16, out_grad)
