@@ -17,7 +17,7 @@ from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSp
 from mlsysim_core.memo import memoize
 
 from ._lazy import lazy_module
-from .deepspeed_buckets import FsdpGatherOptions, fsdp_note, fsdp_prefetch_terms
+from ._deepspeed_buckets import FsdpGatherOptions, fsdp_note, fsdp_prefetch_terms
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 

@@ -10,7 +10,7 @@ from mlsysim_core import Collective, ShardingEffect, ShardingRuleSpec, hookimpl
 
 from mlsysim_core.memo import memoize
 
-from . import deepspeed_buckets as ds_options
+from . import _deepspeed_buckets as ds_options
 from ._lazy import lazy_module
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
@@ -39,7 +39,7 @@ def make_apply(stage):
 def _with_buckets(stage, e, plan, options):
     """DeepSpeed's buffers, its options given (``deepspeed_buckets``): the reference profile's
     terms (the measured profile's zero3 prices its own, ``zero3_buffers``) and the note."""
-    from . import deepspeed_buckets as ds
+    from . import _deepspeed_buckets as ds
     b, params = plan.bytes_per_value, plan.model.parameters / (plan.tp_size * plan.pp_size)   # the rank's, unsharded
     terms = (ds.zero12_terms(options, b, params * plan.trainable_fraction) if stage < 3
              else ds.zero3_reference_terms(options, b, params))

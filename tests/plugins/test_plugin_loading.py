@@ -321,6 +321,7 @@ def test_autoload_off_loads_only_builtins(add_dists, monkeypatch, how):
         solve(pm, "mlsysim:llama3-8b", "h100", 8, 1024, dp_size=8, data_parallel="demo.hpz")
     assert exc.value.parameter == "data_parallel"
     assert (f"an installed data-parallel rule: fsdp ({CORE}), fsdp-grad-op ({CORE}), hsdp ({CORE}), "
+            f"mcore-ddp ({CORE}), mcore-distopt ({CORE}), "
             f"zero0 ({CORE}), zero1 ({CORE}), zero2 ({CORE}), zero3 ({CORE})") in str(exc.value)
 
 

@@ -1,5 +1,5 @@
 """DeepSpeed's ZeRO buffers and FSDP's all-gather limits as options of their rules (issue 25
-item 5; plugins/mlsysim_plugins/deepspeed_buckets.py): hand-derived bytes per option, every
+item 5; plugins/mlsysim_plugins/_deepspeed_buckets.py): hand-derived bytes per option, every
 phase, the default unchanged, bad values refused naming the option and the value."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, PHASES
-from mlsysim_plugins import deepspeed_buckets as ds
+from mlsysim_plugins import _deepspeed_buckets as ds
 
 MODEL, HW, BATCH, SEQ = "llama3-8b", "h100", 8, 2048
 

@@ -151,9 +151,9 @@ def offload_staging(plan, placement) -> list[MemoryTerm]:
 
 def deepspeed_zero3(plan, placement, options) -> list[MemoryTerm]:
     """DeepSpeed ZeRO-3's buffers beside the gathered layer, its options given
-    (``mlsysim_plugins.deepspeed_buckets.zero3_terms``): the ipg bucket in the run's precision
+    (``mlsysim_plugins._deepspeed_buckets.zero3_terms``): the ipg bucket in the run's precision
     (DeepSpeed's 16-bit parameter dtype), the prefetched and reused layers and the persistent tensors, gathered."""
-    from mlsysim_plugins import deepspeed_buckets as ds
+    from mlsysim_plugins import _deepspeed_buckets as ds
     from .shapes import shape_of
     shape = shape_of(plan)
     layer = layer_parameters(plan, placement)
