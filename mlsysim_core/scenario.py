@@ -769,10 +769,15 @@ def _short(value) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+RAW_TEXT_SUFFIXES = (".sh", ".bash", ".args")     # launch scripts: handed to the readers as text
+
+
 def parse_launch_file(path: str | Path) -> Any:
-    """A launch file parsed by its suffix: ``.json`` (json), ``.toml`` (tomllib), else YAML
-    (PyYAML's ``safe_load``, imported here: a run without ``--from`` never loads it). A
-    ``.py`` file is refused: a framework's Python is never executed."""
+    """A launch file parsed by its suffix: ``.json`` (json), ``.toml`` (tomllib), a launch script
+    (``.sh``, ``.bash``, ``.args``: an argument list, not a document) as its raw text for the
+    reader that recognizes it (Megatron's ``read_arguments``), else YAML (PyYAML's ``safe_load``,
+    imported here: a run without ``--from`` never loads it). A ``.py`` file is refused: a
+    framework's Python is never executed."""
     path = _path(path, "--from")
     suffix = path.suffix.lower()
     if suffix == ".py":
@@ -786,6 +791,8 @@ def parse_launch_file(path: str | Path) -> Any:
         raise InvalidInputError("--from", str(path), "a readable launch file", err.strerror or str(err)) from None
     except UnicodeDecodeError as err:
         raise InvalidInputError("--from", str(path), "a UTF-8 text file", f"byte {err.start}: {err.reason}") from None
+    if suffix in RAW_TEXT_SUFFIXES:
+        return text
     try:
         if suffix == ".json":
             return json.loads(text)

@@ -101,6 +101,8 @@ def test_qlora_nf4_double_quant_and_fsdp():
 def test_liger_fused_linear_loss():
     launch = from_launch([AX / "examples/llama-3/fft-8b-liger-fsdp.yaml"], gpus=8, hardware="h100")
     assert launch.scenario.profile_options["loss"] == "fused_linear"
+    field = next(f for r in launch.readings for f in r.fields if f.field == "loss")     # liger_fused_linear_cross_entropy
+    assert field.key == "liger_fused_linear_cross_entropy" and not field.approximated     # -> --loss fused_linear
     assert any(n.startswith("liger_rms_norm=") for r in launch.readings for n in r.notes)
 
 
@@ -133,3 +135,23 @@ def test_cli():
                               str(AX / "examples/llama-3/lora-8b.yml"), "--gpus", "1", "-g", "h100"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "lora_modules_to_save" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_cut_cross_entropy_plugin(tmp_path):
+    # plugins: [...CutCrossEntropyPlugin] (cut_cross_entropy not false) -> --loss cut_cross_entropy (read)
+    import yaml
+    doc = yaml.safe_load((AX / "examples/llama-3/fft-8b-liger-fsdp.yaml").read_text())
+    for key in [k for k in doc if k.startswith("liger_")]:
+        doc.pop(key)
+    doc["plugins"] = ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]
+    doc["cut_cross_entropy"] = True
+    f = tmp_path / "cce.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    launch = from_launch([f], gpus=8, hardware="h100")
+    field = next(f for r in launch.readings for f in r.fields if f.field == "loss")
+    assert (field.key, field.becomes, field.approximated) == ("plugins", "cut_cross_entropy", False)
+    assert launch.scenario.solve().total_memory > 0
+    # the ministral QLoRA example's CCE plugin: the same mapping (its model is not in the catalog: -m)
+    launch = from_launch([AX / "examples/ministral/ministral-small-qlora.yaml"], gpus=1, hardware="h100",
+                         model="mistralai/Mistral-7B-v0.1")
+    assert launch.scenario.profile_options["loss"] == "cut_cross_entropy"

@@ -109,3 +109,44 @@ def test_cli(run_cli=None):
                           str(DATA / "accelerate/trl/fsdp2.yaml"), "-g", "h100"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "fsdp_config.fsdp_reshard_after_forward" in out.stdout and "adamw_torch_fused" in out.stdout
+
+
+def _trl(tmp_path, **extra):
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc.update(extra)
+    f = tmp_path / "sft.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    return f
+
+
+def _loss_of(launch):
+    fields = [f for r in launch.readings for f in r.fields if f.field == "loss"]
+    defaults = [d for r in launch.readings for d in r.defaults if d.field == "loss"]
+    return launch.scenario.profile_options.get("loss"), fields, defaults
+
+
+def test_trl_and_liger_losses(tmp_path):
+    # TRL 1.9's SFTConfig: loss_type unset -> chunked_nll (trl_chunked_nll, an implicit default) unless
+    # use_liger_kernel; use_liger_kernel -> fused_linear (Liger's fused linear cross-entropy, read);
+    # loss_type nll -> cross_entropy; chunked_nll -> trl_chunked_nll; dft and chunked_nll + Liger refused by name.
+    loss, fields, defaults = _loss_of(from_launch([_trl(tmp_path)], gpus=8))
+    assert loss == "trl_chunked_nll" and not fields and defaults[0].key == "loss_type"
+    loss, fields, _ = _loss_of(from_launch([_trl(tmp_path, loss_type="chunked_nll")], gpus=8))
+    assert loss == "trl_chunked_nll" and fields[0].key == "loss_type" and not fields[0].approximated
+    loss, fields, _ = _loss_of(from_launch([_trl(tmp_path, loss_type="nll")], gpus=8))
+    assert loss == "cross_entropy" and fields[0].key == "loss_type"
+    loss, fields, defaults = _loss_of(from_launch([_trl(tmp_path, use_liger_kernel=True)], gpus=8))
+    assert loss == "fused_linear" and fields[0].key == "use_liger_kernel" and not fields[0].approximated
+    assert not defaults
+    for extra in ({"loss_type": "dft"}, {"loss_type": "chunked_nll", "use_liger_kernel": True}):
+        with pytest.raises(MlsysimError, match="loss_type"):
+            from_launch([_trl(tmp_path, **extra)], gpus=8)
+    assert from_launch([_trl(tmp_path)], gpus=8).scenario.solve().total_memory > 0
+
+
+def test_trl_chunked_nll_under_lora_is_refused_naming_loss_type():
+    launch = from_launch([DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_qlora.yaml"], gpus=8)
+    assert launch.scenario.profile_options["loss"] == "trl_chunked_nll"
+    with pytest.raises(MlsysimError, match="trl_chunked_nll.*LoRA"):
+        launch.scenario.solve()

@@ -46,8 +46,10 @@ def test_full_finetune_one_device_hand_derived():
     assert (s.model, s.dp_size, s.batch_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.2-1b", 1, 64, 16)
     assert s.activation_checkpointing == "none" and s.data_parallel is None and s.optimizer == "adamw"
     assert s.profile_options["regime"] == "bf16" and s.seq_len == 512
-    # LitGPT's 128-token chunked cross-entropy: 512 / 128 = 4 chunks
-    assert s.profile_options["loss"] == "chunked" and s.profile_options["loss_chunks"] == 4
+    # LitGPT's chunked_cross_entropy (finetune/full.py:282-285): loss='litgpt_chunked', 128 tokens per chunk
+    assert s.profile_options["loss"] == "litgpt_chunked" and s.profile_options["loss_chunks"] == 128
+    loss = next(f for r in launch.readings for f in r.fields if f.field == "loss")
+    assert loss.key == "train.max_seq_length" and not loss.approximated
 
 
 def test_full_finetune_four_devices_is_fsdp_with_checkpointing():
@@ -85,3 +87,15 @@ def test_cli_json():
     assert code == 0
     data = json.loads(out)
     assert data["run"]["global_batch"] == 64 and data["launch"]["files"][0]["format"] == "litgpt"
+
+
+def test_loss_mapping_per_command():
+    # finetune_full: exactly litgpt_chunked; pretrain (no shifted copy) and finetune_lora (chunked LM head):
+    # litgpt_chunked as an approximation; under LoRA the profile refuses it, naming the field it came from.
+    pre = from_launch([DATA / "pretrain" / "tinyllama.yaml"], gpus=8, model="meta-llama/Llama-3.2-1B")
+    field = next(f for r in pre.readings for f in r.fields if f.field == "loss")
+    assert pre.scenario.profile_options["loss"] == "litgpt_chunked" and field.approximated
+    lora = from_launch([DATA / "finetune" / "llama-3.2-1B" / "lora.yaml"])
+    assert lora.scenario.profile_options["loss"] == "litgpt_chunked"
+    with pytest.raises(MlsysimError, match="loss='litgpt_chunked'.*LoRA"):
+        lora.scenario.solve()

@@ -181,3 +181,18 @@ def test_trainer_arguments_regime_yields_to_deepspeed():
     read = next(f for f in launch.readings[0].fields if f.field == "regime")
     assert read.yields and read.becomes == "bf16" and "torch_dtype" in read.key
     assert any("yields to" in n and "zero3.yaml" in n for n in launch.notes)
+
+
+def test_enable_liger_kernel_is_the_fused_linear_loss(tmp_path):
+    # enable_liger_kernel: true -> --loss fused_linear (LLaMA-Factory keeps Liger's fused linear cross-entropy for
+    # the sft and pt stages: liger_kernel.py, require_logits=False)
+    import yaml
+    doc = yaml.safe_load((LF / "train_full" / "qwen3_full_sft.yaml").read_text())
+    doc["enable_liger_kernel"] = True
+    doc.pop("deepspeed", None)
+    f = tmp_path / "liger.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    launch = from_launch([f], gpus=1, hardware="h100")
+    field = next(f for r in launch.readings for f in r.fields if f.field == "loss")
+    assert (field.key, field.becomes, field.approximated) == ("enable_liger_kernel", "fused_linear", False)
+    assert launch.scenario.solve().total_memory > 0

@@ -8,6 +8,7 @@ import pytest
 import mlsysim_core
 from mlsysim_core.errors import MlsysimError
 from mlsysim_core.scenario import from_launch
+from mlsysim_plugins.launch.megatron import read_arguments
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "launch" / "megatron"
 CONFIGS = sorted(DATA.glob("*.model_config.yaml"))
@@ -63,7 +64,9 @@ def test_gpt3_175b_example_by_hand():
     layer = 2 * h + h * 3 * h + 3 * h + h * h + h + 2 * h + h * f + f + f * h + h
     assert model["vocab_size"] == V and model["parameters"] == V * h + 2048 * h + L * layer + 2 * h
     values = reading.values()
-    assert (values["tp_size"], values["pp_size"], values["precision"]) == (8, 16, "fp16")
+    assert (values["tp_size"], values["pp_size"], values["regime"]) == (8, 16, "mixed-bf16-main-grad")
+    fp16 = next(f for f in reading.fields if f.key == "--fp16" and f.field == "regime")
+    assert fp16.approximated and "precision" not in values      # fp16 priced as the bf16 regime, said
     assert values["plugin_options"] == {"mcore-ddp": {"grad_reduce_in_bf16": True}}     # --fp16: 16-bit grads
 
 
@@ -118,3 +121,37 @@ def test_validation_table_is_current():
     done = subprocess.run([sys.executable, str(root / "tools" / "launch_validation_megatron.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_launch_script_is_read_with_from():
+    # A .sh file is handed to the reader as its text (not parsed as YAML): the real GPT-3 175B script
+    # (Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh) reads as read_arguments reads it.
+    path = DATA / "train_gpt3_175b_distributed.sh"
+    launch = from_launch([path], gpus=1024, hardware="h100")
+    direct = read_arguments(path.read_text(), path=path)
+    assert launch.readings[0].format == "megatron-args"
+    assert launch.readings[0].values() == direct.values()
+    s = launch.scenario
+    assert (s.tp_size, s.pp_size, s.dp_size) == (8, 16, 8)
+    assert _solve(launch).total_memory > 0
+    # a script of another model is refused by name, not as bad YAML
+    with pytest.raises(MlsysimError, match="pretrain_bert.py"):
+        from_launch([DATA / "train_bert_340m_distributed.sh"], gpus=8)
+
+
+def test_loss_mapping():
+    # --cross-entropy-loss-fusion (native) -> megatron_fused, read; absent -> megatron_fused as the implicit
+    # default: the unfused vocab_parallel_cross_entropy keeps the same bytes (the fp32 softmax made in place and
+    # saved, the 16-bit gradient autograd casts beside it)
+    fused = from_launch([DATA / "gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion.model_config.yaml"], gpus=8)
+    field = next(f for r in fused.readings for f in r.fields if f.field == "loss")
+    assert (field.key, field.becomes, field.approximated) == ("--cross-entropy-loss-fusion", "megatron_fused", False)
+    plain = from_launch([DATA / "gpt3_mcore_te_tp2_pp2.model_config.yaml"], gpus=8)
+    assert plain.scenario.profile_options["loss"] == "megatron_fused"
+    default = next(d for r in plain.readings for d in r.defaults if d.field == "loss")
+    assert default.key == "--cross-entropy-loss-fusion" and "tensor_parallel/cross_entropy.py" in default.source
+    args = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+            "--vocab-size 100 --micro-batch-size 1 --global-batch-size 1 --bf16 --cross-entropy-loss-fusion ")
+    assert read_arguments(args + "--cross-entropy-fusion-impl native").values()["loss"] == "megatron_fused"
+    with pytest.raises(MlsysimError, match="--cross-entropy-fusion-impl"):
+        read_arguments(args + "--cross-entropy-fusion-impl te")

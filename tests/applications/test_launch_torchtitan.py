@@ -82,3 +82,12 @@ def test_saved_json_reads_as_the_toml(tmp_path):
 def test_cli_search_from():
     code, out = run("estimate", "--from", str(DATA / "llama3" / "llama3_70b.toml"), "--gpus", "64", "--json")
     assert code == 0 and json.loads(out)["launch"]["files"][0]["format"] == "torchtitan"
+
+
+def test_the_loss_is_v0_2_2s_cross_entropy():
+    # torchtitan v0.2.2 has no loss section: components/loss.py cross_entropy_loss upcasts the whole logits and
+    # calls F.cross_entropy -> loss='cross_entropy', an implicit default with its source
+    launch = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=64)
+    assert launch.scenario.profile_options["loss"] == "cross_entropy"
+    default = next(d for r in launch.readings for d in r.defaults if d.field == "loss")
+    assert "v0.2.2 torchtitan/components/loss.py" in default.source

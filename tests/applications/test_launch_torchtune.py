@@ -147,3 +147,30 @@ def test_cli_text_and_refusal(capsys):
     section = text.split("from launch files:")[1]
     assert "--optimizer adamw overrides optimizer = paged-adamw-8bit-bnb from the files" in section
     assert "batch_size = 1  ->  micro_batch_size = 1" in section
+
+
+def test_loss_components_map_to_the_registered_implementations():
+    # loss._component_ -> --loss: CEWithChunkedOutputLoss -> chunked (num_output_chunks 8, its default);
+    # LinearCrossEntropyLoss -> torchtune_linear (read, not approximated; num_output_chunks given or 8);
+    # torch.nn.CrossEntropyLoss -> cross_entropy.
+    path = DATA / "llama3_2" / "3B_full_single_device.yaml"
+    cases = (("torchtune.modules.loss.CEWithChunkedOutputLoss", (), "chunked", 8),
+             ("torchtune.modules.loss.LinearCrossEntropyLoss", (), "torchtune_linear", 8),
+             ("torchtune.modules.loss.LinearCrossEntropyLoss", ("loss.num_output_chunks=16",), "torchtune_linear",
+              16),
+             ("torch.nn.CrossEntropyLoss", (), "cross_entropy", None))
+    for component, more, loss, chunks in cases:
+        launch = from_launch([path], seq_len=2048, overrides=(f"loss._component_={component}",) + more)
+        o = launch.scenario.profile_options
+        assert (o["loss"], o.get("loss_chunks")) == (loss, chunks)
+        field = next(f for r in launch.readings for f in r.fields if f.field == "loss")
+        assert field.key == "loss._component_" and not field.approximated
+    linear = from_launch([path], seq_len=2048, overrides=("loss._component_=torchtune.modules.loss.LinearCrossEntropyLoss",))
+    with pytest.raises(NotModelledError, match="optimizer_in_backward.*torchtune_linear"):
+        linear.scenario.solve()       # the config's optimizer_in_bwd: True with this loss is refused, by name
+    linear = from_launch([path], seq_len=2048, overrides=(
+        "loss._component_=torchtune.modules.loss.LinearCrossEntropyLoss", "optimizer_in_bwd=False"))
+    assert linear.scenario.solve().total_memory > 0
+    with pytest.raises(NotModelledError, match="loss.mask_ignored_tokens"):
+        from_launch([path], seq_len=2048, overrides=("loss._component_=torchtune.modules.loss.LinearCrossEntropyLoss",
+                                                     "loss.mask_ignored_tokens=false"))

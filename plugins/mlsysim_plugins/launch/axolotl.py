@@ -202,8 +202,8 @@ def read(path, document, context):
     plugins = [str(p) for p in (get("plugins") or [])]
     cce = any("cut_cross_entropy" in p for p in plugins) and get("cut_cross_entropy", True) is not False
     if is_true(get("liger_fused_linear_cross_entropy")):
-        r.approx("liger_fused_linear_cross_entropy", True, "loss", "fused_linear", "Liger's fused linear "
-                 "cross-entropy (no logits)")
+        r.set("liger_fused_linear_cross_entropy", True, "loss", "fused_linear", "Liger's fused linear "
+              "cross-entropy (axolotl's LigerPlugin: liger_kernel's fused_linear_cross_entropy; no logits)")
     elif cce:
         r.set("plugins", plugins, "loss", "cut_cross_entropy", "Apple's Cut Cross-Entropy (no logits; the measured "
               "profile's cut_cross_entropy is unvalidated)")

@@ -49,7 +49,7 @@ TA_IGNORED = {
 TRL_IGNORED = {
     "model_init_kwargs", "router_aux_loss_coef", "trust_remote_code", "chat_template_path", "dataset_text_field",
     "dataset_kwargs", "dataset_num_proc", "eos_token", "pad_token", "truncation_mode", "shuffle_dataset",
-    "pad_to_multiple_of", "eval_packing", "completion_only_loss", "assistant_only_loss", "loss_type",
+    "pad_to_multiple_of", "eval_packing", "completion_only_loss", "assistant_only_loss",
     "model_revision", "lora_alpha", "lora_task_type", "use_rslora", "lora_target_parameters",
     "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
     "gradient_checkpointing_use_reentrant", "ignore_bias_buffers", "chat_template", "dataset_mixture",
@@ -212,11 +212,36 @@ def trainer_args(r: Reading, doc: dict, *, trl: bool, prefix: str = "", foreign=
     attn_key = next((k for k in ("attn_implementation",) if k in doc), None)
     if attn_key:
         _hf.attention(r, f"{p}{attn_key}", doc[attn_key])
-    if is_true(get("use_liger_kernel")):
-        r.approx(f"{p}use_liger_kernel", True, "loss", "fused_linear", "Liger's fused linear cross-entropy (no "
-                 "logits); its RMSNorm/RoPE/SwiGLU kernels' savings are not priced (an upper bound)")
+    liger = is_true(get("use_liger_kernel"))
+    if liger:
+        r.set(f"{p}use_liger_kernel", True, "loss", "fused_linear", "Liger's fused linear cross-entropy "
+              "(transformers' _apply_liger_kernel_to_instance: LigerForCausalLMLoss, no logits)")
+        r.notes.append(f"{p}use_liger_kernel=True: Liger's RMSNorm/RoPE/SwiGLU kernels are applied too; what they "
+                       "save against the eager ops is not priced (an upper bound)")
     elif "use_liger_kernel" in doc:
         r.ignore(f"{p}use_liger_kernel")
+    # TRL's loss_type (trl/trainer/sft_config.py; sft_trainer.py lines 1287-1326): unset -> "chunked_nll"
+    # unless use_liger_kernel, then "nll"; "chunked_nll" is refused by TRL with Liger.
+    if trl or "loss_type" in doc:
+        loss_type = get("loss_type")
+        if loss_type is None and trl and not liger:
+            r.default(f"{p}loss_type", "loss", "trl_chunked_nll", f"{TRL_SOURCE} trl/trainer/sft_config.py: "
+                      "loss_type unset -> 'chunked_nll' unless use_liger_kernel (__post_init__)", version=TRL)
+        elif loss_type == "chunked_nll":
+            if liger:
+                r.refuse(f"{p}loss_type", loss_type, "nll with use_liger_kernel", "TRL raises: `loss_type="
+                         "'chunked_nll'` is not compatible with `use_liger_kernel=True` (sft_trainer.py)")
+            r.set(f"{p}loss_type", loss_type, "loss", "trl_chunked_nll", f"{TRL_SOURCE} trl/trainer/sft_trainer.py "
+                  "_chunked_cross_entropy_loss: valid tokens first, 256-token checkpointed chunks of fp32 logits")
+        elif loss_type == "nll":
+            if liger:
+                r.ignore(f"{p}loss_type")
+            else:
+                r.set(f"{p}loss_type", loss_type, "loss", "cross_entropy", "TRL's nll: the model's own loss "
+                      "(transformers ForCausalLMLoss)")
+        elif loss_type is not None:
+            r.refuse(f"{p}loss_type", loss_type, "chunked_nll or nll", "TRL's dft loss (probability-weighted: "
+                     "extra logits-sized tensors) is not modelled")
     if "liger_kernel_config" in doc:
         if get("liger_kernel_config"):
             r.note(f"{p}liger_kernel_config", doc["liger_kernel_config"], "priced as use_liger_kernel")

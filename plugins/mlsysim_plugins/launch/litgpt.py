@@ -136,12 +136,23 @@ def _read(path, document, context):
             r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_full on one device: "
                   "strategy auto, no checkpointing")
     # --- the loss -------------------------------------------------------------------------
-    seq = r.values_of("seq_len")
-    chunks = max(1, -(-int(seq) // CHUNK_TOKENS)) if seq else 1
-    r.approx("train.max_seq_length", length, "loss", "chunked",
-             f"LitGPT's chunked_cross_entropy: the sequence in {CHUNK_TOKENS}-token chunks, in the logits' dtype "
-             f"(counted as the chunked loss in {chunks} chunks, each upcast to fp32)")
-    r.set("train.max_seq_length", length, "loss_chunks", chunks)
+    # litgpt/utils.py chunked_cross_entropy (chunk_size 128), registered as loss='litgpt_chunked' from
+    # finetune/full.py's call (lines 282-285: the whole logits, logits[..., :-1, :]).
+    if command == "finetune_full":
+        r.set("train.max_seq_length", length, "loss", "litgpt_chunked", f"{REPO}: litgpt/finetune/full.py:282-285 "
+              f"chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]): {CHUNK_TOKENS}-token chunks in the "
+              "logits' dtype, the logits held through the backward")
+    elif command == "pretrain":
+        r.approx("train.max_seq_length", length, "loss", "litgpt_chunked", f"{REPO}: litgpt/pretrain.py:353-354 "
+                 "chunked_cross_entropy(logits, targets): the logits unshifted, so the reshape is a view; counted as "
+                 "finetune_full's call, whose shifted copy (micro-batch > 1) and the slice's zero-filled gradient "
+                 "pretrain does not make (an upper bound)")
+    else:
+        r.approx("train.max_seq_length", length, "loss", "litgpt_chunked", f"{REPO}: litgpt/finetune/lora.py:355-358 "
+                 "model(input_ids, lm_head_chunk_size=128) then chunked_cross_entropy(logits, ...): the LM head "
+                 "chunked as well (a list of 128-token logits), counted as finetune_full's call")
+    r.default("chunked_cross_entropy.chunk_size", "loss_chunks", CHUNK_TOKENS,
+              f"{REPO}: litgpt/utils.py chunked_cross_entropy(chunk_size=128) (tokens per chunk)")
     # --- optimizer ------------------------------------------------------------------------
     optimizer = document.get("optimizer")
     seen.update(k for k in cfg if k == "optimizer" or k.startswith("optimizer."))

@@ -244,8 +244,11 @@ def read(path, document, context):
     else:
         r.default("flash_attn", "attention", "sdpa", f"{MA}:117 flash_attn = auto (transformers picks sdpa)")
     if is_true(get("enable_liger_kernel")):
-        r.approx("enable_liger_kernel", True, "loss", "fused_linear", "Liger's fused linear cross-entropy (no "
-                 "logits); its RMSNorm/RoPE/SwiGLU kernels' savings are not priced (an upper bound)")
+        r.set("enable_liger_kernel", True, "loss", "fused_linear", f"Liger's fused linear cross-entropy ({REPO} "
+              "src/llamafactory/model/model_utils/liger_kernel.py: fused_linear_cross_entropy kept for the sft and pt "
+              "stages, require_logits=False; no logits)")
+        r.notes.append("enable_liger_kernel=True: Liger's RMSNorm/RoPE/SwiGLU kernels are applied too; what they save "
+                       "against the eager ops is not priced (an upper bound)")
     elif "enable_liger_kernel" in doc:
         r.ignore("enable_liger_kernel")
     # Distributed: DeepSpeed and FSDP through the trainer arguments.

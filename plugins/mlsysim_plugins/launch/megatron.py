@@ -8,7 +8,8 @@ Two shapes of one thing, read by one reader (format ``megatron-args``):
 * an argument list, as a string (``read_arguments("--num-layers 12 ...")``) or a launch script
   (``.sh``/``.args``, the ``pretrain_gpt.py`` arguments after it or in bash arrays; shell
   variables are not expanded: a ``$VAR`` value is refused naming its flag). The launch framework
-  parses files by suffix; ``read_arguments`` is the entry point for a string or a script.
+  hands a ``.sh``/``.bash``/``.args`` file's raw text to this reader (``--from script.sh``);
+  ``read_arguments`` is the entry point for a string.
 
 The model is built from the explicit architecture arguments (Megatron's GPT: LayerNorm or RMSNorm,
 learned or rotary positions, GELU or SwiGLU MLP, biases, grouped-query attention with
@@ -37,6 +38,8 @@ MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 VERSION = f"Megatron-LM {MEGATRON_COMMIT[:10]} (2026-08-22)"
 ARGS = "megatron/training/arguments.py"
 TC = "megatron/core/transformer/transformer_config.py"
+LOSS_FUSED = f"NVIDIA/Megatron-LM {MEGATRON_COMMIT[:10]} megatron/core/fusions/fused_cross_entropy.py"
+LOSS_UNFUSED = f"NVIDIA/Megatron-LM {MEGATRON_COMMIT[:10]} megatron/core/tensor_parallel/cross_entropy.py"
 GPT2_BPE_VOCAB = 50257      # --vocab-file gpt2-vocab.json (GPT2BPETokenizer)
 
 # Flags that change nothing a memory estimate sees: logging, paths, data, schedules of the learning
@@ -253,9 +256,15 @@ def _read(args: dict, path, context):
     used.update(("--bf16", "--fp16"))
     if not (bf16 or fp16):
         refuse("--bf16", "fp32 Megatron training (neither --bf16 nor --fp16) is not modelled", "--bf16 or --fp16")
-    r.set("--bf16" if bf16 else "--fp16", True, "regime", "mixed-bf16-main-grad",
-          "Megatron mixed precision: 16-bit weights, fp32 master weights and Adam state, the main-grad buffer")
-    r.set("--bf16" if bf16 else "--fp16", True, "precision", "bf16" if bf16 else "fp16")
+    if bf16:
+        r.set("--bf16", True, "regime", "mixed-bf16-main-grad",
+              "Megatron mixed precision: 16-bit weights, fp32 master weights and Adam state, the main-grad buffer")
+        r.set("--bf16", True, "precision", "bf16")
+    else:     # the regime decides every dtype: fp16's bytes are bf16's (the loss scaler's few scalars aside)
+        r.approx("--fp16", True, "regime", "mixed-bf16-main-grad",
+                 "Megatron fp16 mixed precision priced as the bf16 regime (the same 2-byte weights and activations, "
+                 "fp32 master weights, Adam state and main-grad buffer); the dynamic loss scaler's state is not "
+                 "counted")
     optimizer = str(take("--optimizer", "adam"))
     if optimizer != "adam":
         refuse("--optimizer", "only Megatron's Adam (AdamW) is read", "adam")
@@ -382,11 +391,28 @@ def _read(args: dict, path, context):
     if "--attention-backend" not in args:
         r.default("--attention-backend", "attention", "sdpa", f"{TC} (attention_backend=AttnBackend.auto: "
                   "TransformerEngine's fused/flash attention on Hopper/Ampere)")
+    # The loss: Megatron-Core's vocabulary-parallel cross-entropy, fused or not (language_module.py
+    # compute_language_model_loss). Both upcast the rank's logits shard once (.float()), work it in place
+    # into the softmax they save, and hand the backward a 16-bit gradient beside it (the fused path's
+    # grad_input.to(torch.bfloat16); the unfused path returns the fp32 gradient and autograd casts it to
+    # the logits' dtype): the same bytes, registered as loss='megatron_fused'.
+    impl = args.get("--cross-entropy-fusion-impl", "native")
+    if "--cross-entropy-fusion-impl" in args:
+        used.add("--cross-entropy-fusion-impl")
     if _flag(args, "--cross-entropy-loss-fusion", path):
-        used.add("--cross-entropy-loss-fusion")
-        r.approx("--cross-entropy-loss-fusion", True, "loss", "megatron-vocab-parallel",
-                 "Megatron's fused vocab-parallel cross-entropy is the loss implementation's to model "
-                 "(measured/loss.py); the unfused vocab-parallel loss is what is costed here")
+        if impl != "native":
+            refuse("--cross-entropy-fusion-impl", "TransformerEngine's cross-entropy fusion is refused by Megatron "
+                   f"itself at this commit ({ARGS} validate_args: 'disabled due to stability issues')", "native")
+        r.set("--cross-entropy-loss-fusion", True, "loss", "megatron_fused", f"{LOSS_FUSED} "
+              "(cross_entropy_fusion_impl native): the logits shard upcast once, the softmax made in place and saved, "
+              "the backward's bf16 gradient beside it")
+    else:
+        r.default("--cross-entropy-loss-fusion", "loss", "megatron_fused", f"{LOSS_UNFUSED} (vocab_parallel_"
+                  "cross_entropy, cross_entropy_loss_fusion=False)", "the unfused vocabulary-parallel cross-entropy "
+                  "keeps what the fused one keeps: the logits shard upcast once (.float()), max, exp and divide in "
+                  "place, the softmax saved (4 B per token x V/tp), and in the backward the fp32 gradient made in "
+                  "place and cast to the logits' dtype by autograd (2 B per token x V/tp) beside it; it differs by "
+                  "per-token int64 temporaries only (target.clone(), 8 B per token): registered as megatron_fused")
     used.add("--cross-entropy-loss-fusion")
 
     # --- world -------------------------------------------------------------------------------------
@@ -399,8 +425,6 @@ def _read(args: dict, path, context):
             r.note("torchrun's --nproc_per_node/--nnodes are shell variables here: give --gpus")
 
     # --- every other key: ignored (listed) or refused ---------------------------------------------
-    # (the loss option is dropped from the fields: its reader is elsewhere; keep the fields solve takes)
-    r.fields = [f for f in r.fields if f.field != "loss"]
     for key in args:
         if key in used or any(f.key.split("/")[0] == key for f in r.fields):
             continue
@@ -434,7 +458,7 @@ def read(path, document, context):
     args = _model_args(document)
     if args is not None:
         return _read(_normalise_mapping(args, path), path, context)
-    return read_arguments(Path(path).read_text() if Path(path).is_file() else document, path=path, context=context)
+    return read_arguments(document, path=path, context=context)     # a launch script's text (parse_launch_file)
 
 
 @hookimpl

@@ -184,6 +184,12 @@ def _read(path, document, context):
                                                rule == "hsdp" else ""))
     elif replicate > 1:
         r.set("parallelism.data_parallel_replicate_degree", replicate, "zero_stage", 0, "DDP (replicate only)")
+    # The loss: v0.2.x has no loss section; torchtitan/components/loss.py cross_entropy_loss upcasts the whole
+    # logits (pred.flatten(0, 1).float()) and calls F.cross_entropy: the default implementation's bytes.
+    # (ChunkedLossWrapper, loss='torchtitan_chunked', is torchtitan main's, after v0.2.2.)
+    r.default("loss", "loss", "cross_entropy", "pytorch/torchtitan v0.2.2 torchtitan/components/loss.py "
+              "cross_entropy_loss (F.cross_entropy(pred.flatten(0, 1).float(), ...)): the logits upcast whole, the "
+              "fp32 log-softmax saved; no chunked loss before torchtitan main's ChunkedLossWrapper")
     if sizes["tp_size"] > 1:
         r.set("parallelism.tensor_parallel_degree", sizes["tp_size"], "sequence_parallel", True,
               "torchtitan's TP plan: sequence parallel norms")

@@ -6,7 +6,8 @@ model and LoRA/QLoRA options, ``dtype`` to the regime (torchtune trains in pure 
 autocast, no fp32 master copy), ``batch_size`` (per device), ``gradient_accumulation_steps``,
 ``enable_activation_checkpointing`` (torchtune checkpoints every decoder layer whole: ``full``),
 ``enable_activation_offloading``, ``optimizer._component_`` and ``fused``, ``optimizer_in_bwd``,
-``loss._component_`` (``CEWithChunkedOutputLoss`` -> the chunked loss), the FSDP2 keys of the
+``loss._component_`` (``CEWithChunkedOutputLoss`` -> ``chunked``, ``LinearCrossEntropyLoss`` ->
+``torchtune_linear``), the FSDP2 keys of the
 distributed recipes, ``tensor_parallel_dim``, and the sequence (``tokenizer.max_seq_len``,
 ``dataset.packed``). ``--override key=value`` applies ``tune run``'s overrides first. Keys that do
 not change memory (paths, logging, learning rate...) are listed as ignored; any other key is
@@ -67,13 +68,19 @@ OPTIMIZERS = {
 OPTIMIZER_HYPER = ("lr", "weight_decay", "betas", "eps", "momentum_dtype", "nesterov", "dampening", "maximize",
                    "capturable", "differentiable", "percentile_clipping", "block_wise", "min_8bit_size")
 
+LINEAR_CE = "pytorch/torchtune bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1 torchtune/modules/loss/cross_entropy_loss.py"
 LOSSES = {
     "torchtune.modules.loss.CEWithChunkedOutputLoss": ("chunked", False, ""),
     "torch.nn.CrossEntropyLoss": ("cross_entropy", False, ""),
+    # After 0.6.1: the recipe's model skips its output layer and the loss projects chunk by chunk.
     "torchtune.modules.loss.LinearCrossEntropyLoss": (
-        "chunked", True, "torchtune's LinearCrossEntropyLoss projects and upcasts one chunk of the hidden states at a "
-        "time, as the chunked loss holds one fp32 chunk; its bf16 chunk logits saved for backward are counted as the "
-        "chunked loss's (torchtune > 0.6.1)"),
+        "torchtune_linear", False, f"torchtune's LinearCrossEntropyLoss ({LINEAR_CE}): the ignored tokens masked out "
+        "of the hidden state, the LM head and cross-entropy one chunk at a time (torchtune > 0.6.1)"),
+}
+# Each loss's default chunk count and where it is written.
+CHUNK_DEFAULTS = {
+    "chunked": f"{REPO}: torchtune/modules/loss/ce_chunked_output_loss.py:30 (num_output_chunks=8)",
+    "torchtune_linear": f"{LINEAR_CE}: LinearCrossEntropyLoss.__init__ (num_output_chunks=8)",
 }
 
 # Top-level keys that do not change memory.
@@ -404,19 +411,26 @@ def _loss(r: Reading, loss, path) -> None:
                                "need a reference or value model)")
     name, approximated, note = LOSSES[component]
     (r.approx if approximated else r.set)("loss._component_", component, "loss", name, note)
-    if name == "chunked":
+    if name in CHUNK_DEFAULTS:
         chunks = loss.get("num_output_chunks")
         if chunks is None:
-            r.default("loss.num_output_chunks", "loss_chunks", 8,
-                      f"{REPO}: torchtune/modules/loss/ce_chunked_output_loss.py:30 (num_output_chunks=8)")
+            r.default("loss.num_output_chunks", "loss_chunks", 8, CHUNK_DEFAULTS[name])
         else:
             r.set("loss.num_output_chunks", chunks, "loss_chunks", as_int(chunks, "loss.num_output_chunks", path))
+    linear = name == "torchtune_linear"
     for key in loss:
-        if key not in ("_component_", "num_output_chunks"):
-            if key in ("ignore_index", "label_smoothing", "reduction"):
-                r.ignore(f"loss.{key}")
-            else:
-                raise InvalidInputError(f"loss.{key}", loss[key], "a loss argument this reader knows", str(path))
+        if key in ("_component_", "num_output_chunks"):
+            continue
+        if key in ("ignore_index", "label_smoothing", "reduction") or (linear and key == "tp_enabled"):
+            r.ignore(f"loss.{key}")
+        elif linear and key == "mask_ignored_tokens":
+            if not as_bool(loss[key], "loss.mask_ignored_tokens", path):
+                raise NotModelledError("loss.mask_ignored_tokens", loss[key], "true (the default)",
+                                       f"{path}: loss='torchtune_linear' models LinearCrossEntropyLoss with the "
+                                       "ignored tokens masked out (index_select), as torchtune's default")
+            r.ignore(f"loss.{key}")
+        else:
+            raise InvalidInputError(f"loss.{key}", loss[key], "a loss argument this reader knows", str(path))
 
 
 def _distributed(r: Reading, cfg, take, single, path, source) -> None:
