@@ -12,8 +12,10 @@ which cannot be traced under MemTracker (a TorchDispatchMode; dynamo refuses to 
 them the tracked run takes the step eagerly (``torch.compile`` replaced by the identity: the
 same state tensors, the eager step's temporaries recorded as ``optimizer_eager``), and the
 compiled step's temporaries are measured on their own, in the same process after two compiled
-warm-up steps: ``torch.profiler`` with ``profile_memory=True`` records every CPU allocation and
-free of one ``optimizer.step()``; the peak of their running sum is the step's transient. The
+warm-up iterations, by the harness's memory timeline (``harness.profiled_iteration``:
+``torch.profiler`` with ``profile_memory=True`` records every CPU allocation and free of the
+iteration; the optimizer phase's peak of their running sum above the end of the backward is the
+step's transient). The
 optimizer phase of the record is then the bytes alive at the end of the backward (MemTracker)
 plus that transient (inductor's CPU code; see README.md).
 """
