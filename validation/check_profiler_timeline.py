@@ -11,7 +11,8 @@ inside Inductor's kernels too) as ``[memory]`` events; their running sum, from t
 ``zero_grad`` on, is the bytes allocated above what was alive then (parameters, buffers, optimizer state,
 inputs). On an eager run that must equal MemTracker's figure minus MemTracker's ``alive.after_zero_grad``:
 
-* the iteration's peak, and the forward's and the backward's peaks, to the byte;
+* the forward's and the backward's peaks, to the byte (the iteration's peak is the largest phase peak in
+  both, so it agrees to the byte too unless it falls in the step, see next);
 * the bytes alive at the end of the forward, the backward and the step, to the byte;
 * the optimizer phase's peak within 64 bytes (the profiler also sees allocations that no op returns, e.g.
   10-12 bytes inside foreach AdamW's step on the CPU, which a tracker of op outputs cannot);
@@ -24,8 +25,9 @@ inputs). On an eager run that must equal MemTracker's figure minus MemTracker's 
 
 Configurations: configs.py's llama-tiny with 2 decoder layers (hidden 256, FFN 688, 8 heads, vocabulary
 32,000), AdamW foreach, SDPA: bf16 b=2 s=512 (issue 25's case), fp32 b=1 s=512 and fp32 with full
-checkpointing b=1 s=256, and gqa-tiny under amp-bf16 b=1 s=256 (``--quick``: the first only). It then measures
-the first configuration compiled (``torch.compile(model)``) and prints both peaks.
+checkpointing b=1 s=256 (its peak is in the step), and gqa-tiny under amp-bf16 b=1 s=256 (``--quick``: the
+first only). It then measures the first configuration compiled (``torch.compile(model)``) and prints both
+peaks. bf16 matmuls are slow on CPUs without native bf16: the bf16 cases take minutes each.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def check(cfg) -> dict:
     mt = memtracker_record(cfg)
     tl = harness.timeline_measure(cfg)
     extra = untracked_bytes(cfg)
-    assert tl["peak_bytes"] == mt["peak_bytes"] + extra, (cfg["id"], "peak", tl["peak_bytes"], mt["peak_bytes"])
+    # the peak is the largest phase peak in both; its difference is its phase's (below)
+    assert tl["peak_bytes"] == max(tl["peak_by_phase"].values()), (cfg["id"], "peak", tl)
+    assert mt["peak_bytes"] == max(mt["peak_by_phase"].values()), (cfg["id"], "peak", mt)
     for ph in ("forward", "backward"):
         assert tl["peak_by_phase"][ph] == mt["peak_by_phase"][ph] + extra, \
             (cfg["id"], ph, tl["peak_by_phase"], mt["peak_by_phase"])
@@ -78,7 +82,8 @@ def check(cfg) -> dict:
     for point in ("end_of_backward", "end_of_step"):
         assert tl["alive"][point] == mt["alive"][point], (cfg["id"], point, tl["alive"], mt["alive"])
     print(f"ok {cfg['id']:<34} peak above zero_grad {tl['peak_bytes']:>12,} B = MemTracker "
-          f"{mt['peak_bytes_absolute']:>12,} - {mt['after_zero_grad_bytes']:>11,} + {extra:,} B; optimizer phase "
+          f"{mt['peak_bytes_absolute']:>12,} - {mt['after_zero_grad_bytes']:>11,} B + {tl['peak_bytes'] - mt['peak_bytes']:,} B "
+          f"({tl['peak_phase']}); forward/backward +{extra:,} B, optimizer phase "
           f"+{tl['peak_by_phase']['optimizer'] - mt['peak_by_phase']['optimizer']} B", flush=True)
     return tl
 
