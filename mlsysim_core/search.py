@@ -551,14 +551,19 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
         near: list[tuple] = []
-        found = _evaluate_parallel(groups, context, pool_size, total, progress, near) if pool_size > 1 else None
+        refused: dict[str, int] = {}
+        found = (_evaluate_parallel(groups, context, pool_size, total, progress, near, refused)
+                 if pool_size > 1 else None)
         if found is not None:
             fits, solves, done = found
         else:
             near.clear()
-            solves, done = _evaluate(groups, rows, context, total, progress, near)
+            refused.clear()
+            solves, done = _evaluate(groups, rows, context, total, progress, near, refused)
             fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
             del rows
+        notes += tuple(f"{count:,} layouts left out, the profile cannot describe them: {reason}"
+                       for reason, count in sorted(refused.items()))
         if progress is not None:
             progress(total, total)
         fits, same = _one_row_per_answer(fits)
@@ -795,6 +800,13 @@ def _flags(parameter: str, values) -> tuple[bool, ...]:
     return tuple(out)
 
 
+def _not_modelled_reason(err: InvalidInputError) -> str:
+    """What a layout's ``NotModelledError`` says is not modelled, without the layout's own sizes
+    (one reason for every layout it refuses)."""
+    reason = f"{err.parameter}: {err.allowed}"
+    return reason if len(reason) <= 200 else reason[:197] + "..."
+
+
 def _cannot_describe(err: InvalidInputError) -> bool:
     """Does this error, raised for a layout, mean "the profile cannot describe this run"
     (not a layout the rules reject)? A ``NotModelledError``, e.g. the measured profile's
@@ -836,13 +848,14 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     groups, context = _JOB
     rows: list[tuple] = []
     near: list[tuple] = []
+    refused: dict[str, int] = {}
     try:
-        solves, done = _evaluate(groups[start:stop], rows, context, 0, None, near)
+        solves, done = _evaluate(groups[start:stop], rows, context, 0, None, near, refused)
     except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
-        return start, _RAISES if _cannot_describe(err) else None, 0, 0, []
+        return start, _RAISES if _cannot_describe(err) else None, 0, 0, [], {}
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
-        return start, None, 0, 0, []
-    return start, _columns(rows), solves, done, near
+        return start, None, 0, 0, [], {}
+    return start, _columns(rows), solves, done, near, refused
 
 
 _RAISES = "raises"      # a chunk whose evaluation stops the search (re-run in the parent to raise)
@@ -887,7 +900,7 @@ def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _evaluate_parallel(groups, context, workers: int, total: int, progress, near: list):
+def _evaluate_parallel(groups, context, workers: int, total: int, progress, near: list, refused: dict):
     """(the fitting layouts as Candidates in enumeration order, solves, done) from forked
     workers, or None when they cannot run here (no
     fork start method, a daemon process, the pool fails to start or a worker fails)."""
@@ -913,8 +926,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                start, rows, chunk_solves, chunk_done, chunk_near = future.result()
+                start, rows, chunk_solves, chunk_done, chunk_near, chunk_refused = future.result()
                 near += chunk_near
+                for reason, count in chunk_refused.items():
+                    refused[reason] = refused.get(reason, 0) + count
                 if isinstance(rows, str):     # _RAISES
                     stop = dict(bounds)[start]
                     _evaluate(groups[start:stop], [], context, 0, None)    # raises the error
@@ -942,10 +957,13 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
 _PLAN_FIELDS = tuple(field.name for field in attrs.fields(TrainingPlan))
 
 
-def _evaluate(groups, rows, context, total, progress, near=None) -> tuple[int, int]:
+def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -> tuple[int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
     ``rows``; return (solves, layouts evaluated). ``near`` (a list, kept as a heap): the
-    CLOSEST layouts that do not fit, as (-total memory, layout fields), for a search where none does."""
+    CLOSEST layouts that do not fit, as (-total memory, layout fields), for a search where none does.
+    ``refused`` (a dict): the layouts the profile cannot describe (a ``NotModelledError`` for this
+    layout, e.g. LoRA split by tensor parallelism), left out and counted by what is not modelled;
+    without it such a layout stops the search."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
      devices, node, options, margin, timing, cross_node) = context
@@ -976,7 +994,12 @@ def _evaluate(groups, rows, context, total, progress, near=None) -> tuple[int, i
                 total_memory = solve_plan(registry, plan, options, total_only=True)
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
                 if measured and _cannot_describe(err):
-                    raise       # one ranking never mixes profiles: the caller decides (the CLI refuses)
+                    if refused is None:
+                        raise       # one ranking never mixes profiles: the caller decides (the CLI refuses)
+                    reason = _not_modelled_reason(err)
+                    refused[reason] = refused.get(reason, 0) + n - index
+                    done += n - index - 1
+                    break
                 if index == 0 and (plan is None or not measured):
                     done += n - 1       # the layout itself is rejected (e.g. an option constraint)
                     break

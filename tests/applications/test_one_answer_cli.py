@@ -346,7 +346,7 @@ def test_reference_catalog_entries_are_refused_under_measured_naming_the_curated
 
 @pytest.mark.parametrize("kwargs, parameter", [
     ({"precision": "fp8"}, "precision"),
-    ({"lora": {"rank": 8}, "dp_size": 2, "batch_size": 2}, "lora"),
+    ({"lora": {"rank": 8}, "tp_size": 2, "batch_size": 2}, "lora"),
 ])
 def test_not_modelled_errors_name_the_input(kwargs, parameter):
     kwargs = {"batch_size": 1, **kwargs}
@@ -388,7 +388,7 @@ def test_lora_on_several_devices_is_refused_never_answered_by_the_reference():
     for argv in (("estimate",), ("fit", "batch"), ("fit", "seq")):
         err = error_of(*argv, "--lora-rank", "8", "--tp", "2", "--regime", "amp-bf16")
         assert isinstance(err, NotModelledError) and err.parameter == "lora", argv
-        assert "single-device runs" in str(err) and "--profile reference" in str(err)
+        assert "data-parallel layouts only" in str(err) and "--profile reference" in str(err)
 
 
 @pytest.mark.parametrize("question, field", [("batch", "batch_size"), ("seq", "seq_len"), ("devices", "dp_size")])

@@ -70,7 +70,7 @@ def drawn(monkeypatch, mpl):
 # 2. --vary profile: a value the measured profile cannot describe is never drawn as "measured"
 
 def test_vary_profile_leaves_out_a_measured_bar_it_cannot_describe(tmp_path, drawn):
-    code, text = run("plot", "bars", "--vary", "profile", "--lora-rank", "8", "--dp", "2",
+    code, text = run("plot", "bars", "--vary", "profile", "--lora-rank", "8", "--tp", "2",
                      "-o", str(tmp_path / "p.png"))
     assert code == 0, text
     assert [r.profile for r in drawn["results"]] == ["reference"] and drawn["labels"] == ["profile=reference"]
@@ -104,7 +104,7 @@ def test_vary_profile_refuses_when_no_profile_can_describe(capsys, tmp_path, mpl
 # 3. one picture, one profile: a value the measured profile cannot describe refuses the picture
 
 @pytest.mark.parametrize("argv, failing", [
-    (["--vary", "dp_size", "--values", "1,2", "--lora-rank", "8"], "lora="),
+    (["--vary", "tp_size", "--values", "1,2", "--lora-rank", "8"], "lora="),
     (["--vary", "precision", "--values", "fp32,bf16,int8"], "precision='int8'")])
 def test_vary_refuses_when_one_value_is_not_modelled(capsys, tmp_path, drawn, argv, failing):
     code, err = error_of(capsys, "plot", "bars", *argv, "-o", str(tmp_path / "p.png"))
