@@ -74,7 +74,7 @@ tensor of ``n = in * out`` elements:
 
 These layouts were checked against bitsandbytes 0.50.2 on CPU (``quantize_4bit`` and
 ``int8_vectorwise_quant`` on 4096x4096, 11008x4096, 7x9 and 1000x37 tensors), and the
-LoRA counts against peft 0.21.2 with transformers 5.23.0; ``tests/test_finetune.py``
+LoRA counts against peft 0.21.2 with transformers 5.23.0; ``tests/applications/test_finetune.py``
 records those numbers.
 """
 

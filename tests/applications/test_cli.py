@@ -179,7 +179,7 @@ def test_estimate_measured_profile_flags_match_python():
     expected = TrainingMemoryModel("measured").solve(
         "llama3-8b", "h100", 2, 1024, activation_checkpointing="full", regime="bf16", optimizer_impl="fused",
         attention="eager", dropout=0.1, checkpointed_layers=8, runtime_overheads=False)
-    assert data["total_memory"] == expected.total_memory and data["regime"] == "bf16"
+    assert data["total_memory"] == expected.total_memory and data["details"]["regime"] == "bf16"
     assert data["runtime_overheads"] == 0 and data["profile"] == "measured"
 
 

@@ -22,7 +22,7 @@ from .families import family_for
 from .regimes import regime_for
 from .techniques import registered, run_stage
 
-# The physics, imported on a measured solve's first use (never when the plugins load: tests/test_fast_paths.py);
+# The physics, imported on a measured solve's first use (never when the plugins load: tests/core/test_fast_paths.py);
 # module-level stand-ins, not imports in prepare, which would cost on every solve.
 _model = lazy_module(globals(), "_model", "mlsysim_plugins.measured.model")
 _optimizers = lazy_module(globals(), "_optimizers", "mlsysim_plugins.measured.optimizers")
