@@ -979,11 +979,14 @@ def cmd_estimate(args, out) -> int:
                              sort_keys=True) + "\n")
         return 0
     out.write(_profile_note_lines(note, scenario))
-    reference = None
-    if scenario.profile != "reference":   # the reference profile's total beside it
-        reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
+    reference, no_reference = None, ""
+    if scenario.profile != "reference":   # the reference profile's total beside it, when it has one
+        try:
+            reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
+        except InvalidInputError as err:  # (the answer stands; the comparison is left out, and said)
+            no_reference = f"(no reference-profile total beside it: the reference profile refuses this run: {err})\n"
     out.write(estimate_table(result, reference=reference, chart=args.chart,
-                             plan_line=describe_run(scenario.run_details(result))) + "\n")
+                             plan_line=describe_run(scenario.run_details(result))) + "\n" + no_reference)
     if args.explain:
         out.write("\n" + result.explain(solver.registry) + "\n")
     out.write(_launch_section(args))

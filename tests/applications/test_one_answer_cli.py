@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -485,3 +486,18 @@ def test_python_estimate_answers_as_the_cli():
     assert info.value.parameter == "model.architecture"
     with pytest.raises(InvalidInputError, match="batch_size=7 is not allowed: a multiple of"):
         mlsysim_core.estimate(batch_size=7, dp_size=2)
+
+
+def test_text_and_json_give_one_answer_when_the_reference_cannot_stand_beside_it(tmp_path):
+    # QLoRA on GPT-NeoX's fused query_key_value: the measured profile answers; the reference
+    # profile's LoRA counts refuse it. The text output used to fail on that comparison column
+    # (exit 2) while --json answered: now both answer, and the text says why the column is missing.
+    config = json.loads((Path(HF).parent / "pythia-160m.json").read_text(encoding="utf-8"))
+    config["quantization_config"] = {"load_in_4bit": True}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    argv = ["estimate", "-m", str(tmp_path / "config.json"), "-b", "1", "-s", "128", "--lora-rank", "8"]
+    code, text = run(*argv)
+    code_json, data = run(*argv, "--json")
+    assert code == code_json == 0
+    assert "no reference-profile total beside it: the reference profile refuses this run: model.architecture" in text
+    assert f"{json.loads(data)['total_memory'] * 1e-9:.2f}" in text

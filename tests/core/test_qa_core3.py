@@ -125,11 +125,14 @@ def test_search_reference_run_and_catalog_notes():
     assert found.to_dict()["notes"] == list(found.notes)
 
 
-def test_search_with_lora_on_several_devices_is_refused_not_answered_by_the_reference():
+def test_search_with_lora_on_several_devices_ranks_what_the_measured_profile_describes():
     out = io.StringIO()
     assert cli.main(["search", "-n", "8", "--global-batch", "16", "--lora-rank", "16", "--no-progress", "--json"],
-                    out=out) == 2
-    assert out.getvalue() == ""
+                    out=out) == 0
+    found = json.loads(out.getvalue())
+    assert found["profile"] == "measured" and found["fits"]      # never the reference's answer
+    assert all(r["tp"] == r["pp"] == 1 for r in found["fits"])     # LoRA split by tp/pp: left out, said
+    assert any("cannot describe them: lora:" in n for n in found["notes"])
 
 
 def test_search_approximation_and_warning_notes_reach_the_header():
