@@ -48,7 +48,7 @@ def reference_grid():
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
                      help="also run the tests marked long (the fuzz, documentation pages, examples, plugin "
-                          "installs, plots, whole searches): what .ci/run runs")
+                          "installs, plots, whole searches, subprocess checks): what .ci/run runs")
 
 
 def _is_long(item) -> bool:
@@ -76,5 +76,5 @@ def pytest_terminal_summary(terminalreporter, config):
     n = getattr(config, "_mlsysim_long_deselected", 0)
     if n:
         terminalreporter.write_line(f"{n} long tests not run (the fuzz, documentation pages, examples, plugin "
-                                    "installs, plots, whole searches): `pytest --long` runs everything, "
+                                    "installs, plots, whole searches, subprocess checks): `pytest --long` runs everything, "
                                     "as .ci/run does")

@@ -31,6 +31,7 @@ def page(tmp_path: Path, text: str) -> Path:
 
 # --- the tool -----------------------------------------------------------------------------
 
+@pytest.mark.long     # runs documentation commands in subprocesses: `pytest --long`, .ci/run
 def test_a_stale_output_is_rewritten_and_check_mode_shows_the_diff(tmp_path):
     path = page(tmp_path, "Text.\n\n```console\n$ mlsysim-core estimate --profile reference -s 1024 --no-chart\n"
                           "an old line\n```\n\nMore text.\n")
@@ -46,6 +47,7 @@ def test_a_stale_output_is_rewritten_and_check_mode_shows_the_diff(tmp_path):
     assert doc_outputs.main(["--check", str(path)]) == 0
 
 
+@pytest.mark.long     # runs documentation commands in subprocesses: `pytest --long`, .ci/run
 def test_markers_select_mask_skip_and_expect_an_exit_code(tmp_path):
     text = ("<!-- doc-output: lines='^(total|available) +\\d' -->\n"
             "```console\n$ mlsysim-core estimate --profile reference -s 1024 --no-chart\n```\n\n"
@@ -94,6 +96,7 @@ def test_a_bad_marker_is_a_problem(tmp_path):
     assert report.ran == 0 and "unknown marker option 'hed=3'" in report.problems[0]
 
 
+@pytest.mark.long     # runs documentation commands in subprocesses: `pytest --long`, .ci/run
 def test_commands_never_write_into_the_repository(tmp_path):
     """``-o`` and ``--save-scenario`` write into the scratch copy, even over a file the
     repository has; the files a page shows (``file=``) are found by its commands."""

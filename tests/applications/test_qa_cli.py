@@ -52,7 +52,9 @@ def write(tmp_path, name, data) -> str:
 
 
 # --- 1. closed or full standard streams -------------------------------------------------------
+# (each runs the installed command in a subprocess, about a second each: long tests, `pytest --long`, .ci/run)
 
+@pytest.mark.long
 def test_closed_stdout_is_one_line_and_exit_2():
     proc = shell(">&-", "estimate")
     assert proc.returncode == 2
@@ -62,6 +64,7 @@ def test_closed_stdout_is_one_line_and_exit_2():
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.long
 @pytest.mark.parametrize("argv", [("estimate",), ("estimate", "--json"), ("plugins",), ("models",),
                                   ("hardware", "--json")])
 def test_full_stdout_is_one_line_and_exit_2(argv):
@@ -72,15 +75,18 @@ def test_full_stdout_is_one_line_and_exit_2(argv):
         "mlsysim-core: error: writing the output failed: No space left on device"]
 
 
+@pytest.mark.long
 def test_closed_stderr_keeps_exit_code_2():
     assert shell("2>&-", "estimate", "-b", "0").returncode == 2
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_full_stderr_keeps_exit_code_2():
     assert shell("2> /dev/full", "estimate", "-b", "0").returncode == 2
 
 
+@pytest.mark.long
 def test_broken_pipe_stays_exit_0():
     proc = subprocess.Popen([*command(), "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.read(10)

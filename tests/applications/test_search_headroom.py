@@ -45,6 +45,7 @@ def test_a_bad_headroom_names_the_parameter(bad, error, fragment):
     assert fragment in str(info.value)
 
 
+@pytest.mark.long     # three whole measured searches from the CLI: `pytest --long`, .ci/run
 def test_the_cli_flag_reads_gib_or_a_share():
     code, out = run_cli("search", "-n", "8", "--global-batch", "64", "-m", "llama3-8b", "--headroom", "10",
                         "--workers", "1", "--no-progress")

@@ -185,6 +185,7 @@ def test_published_measurements_are_cited():
             assert c["tp"] * c["cp"] * c["pp"] * c["dp_shard"] * (c["dp_replicate"] or 1) == c["devices"], c["id"]
 
 
+@pytest.mark.long     # the planner page regenerated: `pytest --long`, .ci/run
 def test_calibration_table_is_current():
     """docs/planner.md's first table is what calibrate.py computes with the shipped constants,
     and the shipped H100 constants are the fit."""

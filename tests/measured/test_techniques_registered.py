@@ -177,6 +177,7 @@ def no_memo():
     memo.set_enabled(True)
 
 
+@pytest.mark.long     # every technique re-registered, memo off (15 s): `pytest --long`, .ci/run
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_builtin_technique_renamed_gives_identical_results(name, solver, no_memo):
     renamed = _renamed_solver(name)
