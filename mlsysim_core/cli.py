@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -433,7 +434,7 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                       help="progress on stderr from the start (default: a bar on a terminal once a search has run "
                            "half a second; elsewhere, e.g. piped, a line every 5 s once it has run 3 s)")
     srch.add_argument("--no-progress", dest="progress", action="store_const", const="never",
-                      help="no progress on stderr")
+                      help="no progress on stderr (also MLSYSIM_NO_PROGRESS=1)")
     # `estimate`'s layout flags: accepted by the parser (hidden) so that cmd_search refuses
     # them by name (exit 2) instead of argparse's "unrecognized arguments".
     refused = []
@@ -1524,7 +1525,8 @@ def cmd_search(args, out) -> int:
             raise InvalidInputError(flag, None, "a whole number (required, except with --from FILE)")
     model, hardware = _model(args.model), _hardware(args.hardware)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
-    show = args.progress != "never"     # (auto: a bar on a terminal after 0.5 s; in a pipe a line every 5 s after 3 s)
+    # auto: a bar on a terminal after 0.5 s; in a pipe a line every 5 s after 3 s; MLSYSIM_NO_PROGRESS=1: none
+    show = args.progress == "always" or (args.progress == "auto" and not os.environ.get("MLSYSIM_NO_PROGRESS"))
     tty = sys.stderr.isatty()
 
     def run(profile, options, trainable_fraction=1.0):

@@ -1062,15 +1062,16 @@ def text_progress(stream=sys.stderr, delay: float = 0.5, bar: bool | None = None
     started = time.perf_counter()
     if bar is None:
         bar = bool(getattr(stream, "isatty", lambda: False)())
-    last = [None]
+    last, ended = [None], [False]
 
     def report(done: int, total: int) -> None:
         now = time.perf_counter()
-        if now - started < delay or (not bar and done < total and last[0] is not None and now - last[0] < every):
+        if ended[0] or now - started < delay or (not bar and done < total and last[0] is not None
+                                                 and now - last[0] < every):
             return
         if last[0] is None and not bar and done >= total:
             return      # (a search that ended before its first line: nothing to say)
-        last[0] = now
+        last[0], ended[0] = now, done >= total      # (the end is said once, however often it is reported)
         if not bar:
             stream.write(f"searched {done:,} / {total:,} layouts ({done / total if total else 1:.0%}, "
                          f"{now - started:.0f} s)\n")

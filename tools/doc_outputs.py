@@ -44,7 +44,8 @@ either, ``...`` stands for any text.
 to the repository's files (so ``examples/scenarios/lora.json`` is found), with the folders
 a command writes to (``-o``, ``--output``, ``--save-scenario``) made real, so the repository
 is never written to (``-o docs/img/x.png`` does not replace the picture). The environment is
-minimal: no ``MLSYSIM_*`` variables, ``HOME`` and ``XDG_CONFIG_HOME`` in the scratch folder
+minimal: no ``MLSYSIM_*`` variables but ``MLSYSIM_NO_PROGRESS=1`` (a search's progress lines
+depend on how fast the machine is; a page shows what a terminal keeps), ``HOME`` and ``XDG_CONFIG_HOME`` in the scratch folder
 (no user catalog), UTF-8 output, unbuffered (stdout and stderr in the order printed),
 ``COLUMNS=100``, the ``mlsysim-core`` of this interpreter's environment first on ``PATH``.
 Third-party plugins installed in that environment would change the outputs: the tool warns.
@@ -277,6 +278,7 @@ def clean_environment(scratch: Path) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "COLUMNS": "100", "LINES": "50", "TERM": "dumb", "TZ": "UTC",
         "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(scratch / ".home" / "mpl"),
+        "MLSYSIM_NO_PROGRESS": "1",
     }
     if "VIRTUAL_ENV" in os.environ:
         env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]

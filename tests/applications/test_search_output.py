@@ -151,3 +151,26 @@ def test_progress_on_a_terminal_is_a_bar():
     report(100, 100)
     assert stream.getvalue().startswith("\r[###############...............] 50 / 100 layouts")
     assert stream.getvalue().endswith("100 / 100 layouts\n")
+
+
+def test_the_end_is_said_once():
+    stream = io.StringIO()
+    report = search.text_progress(stream, delay=0.0, bar=False, every=0.0)
+    for done in (50, 100, 100):      # (a pool reports the end, then the search does)
+        report(done, 100)
+    assert [line.split(" (")[0] for line in stream.getvalue().splitlines()] == [
+        "searched 50 / 100 layouts", "searched 100 / 100 layouts"]
+
+
+@pytest.mark.parametrize("env, flag, shown", [(None, None, True), ("1", None, False), ("1", "--progress", True),
+                                              (None, "--no-progress", False)])
+def test_MLSYSIM_NO_PROGRESS_silences_the_automatic_progress(monkeypatch, env, flag, shown):
+    made = []
+    real = search.text_progress
+    monkeypatch.setattr(search, "text_progress", lambda *a, **kw: made.append(kw) or real(*a, **kw))
+    if env is None:
+        monkeypatch.delenv("MLSYSIM_NO_PROGRESS", raising=False)
+    else:
+        monkeypatch.setenv("MLSYSIM_NO_PROGRESS", env)
+    code, _ = run("search", "-n", "2", "--global-batch", "4", "--profile", "reference", *([flag] if flag else []))
+    assert code == 0 and bool(made) == shown
