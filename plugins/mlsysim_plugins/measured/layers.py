@@ -127,6 +127,21 @@ class Part:
     lora: tuple = attrs.field(default=(), converter=tuple, kw_only=True)
 
 
+def rms_norm_lora_parts(regime: str, hidden: int, tokens: int, readers: tuple[str, ...]) -> tuple[Part, ...]:
+    """What an RMSNorm saves, split for LoRA (``Part.lora``): the rsqrt (with the bf16 regime's fp32
+    copy of the input), the normalized input its weight's gradient reads and, outside autocast,
+    the output the ``readers`` linears keep for their weight gradients (under autocast those keep
+    their own casts)."""
+    T, h = tokens, hidden
+    if regime == "amp-bf16":
+        return (Part("rsqrt", 4 * T), Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True))
+    b = 4 if regime == "fp32" else 2
+    return (Part("rsqrt" + (" + fp32 copy of the input" if regime == "bf16" else ""),
+                 (4 + (4 * h if regime == "bf16" else 0)) * T),
+            Part("normalized (its weight's)", b * h * T, weight_gradient_only=True),
+            Part("output", b * h * T, weight_gradient_only=True, inputs_of=readers))
+
+
 @attrs.frozen(kw_only=True)
 class LayerBytes:
     saved: int                   # kept for backward; excludes the layer's input and AMP weight copies

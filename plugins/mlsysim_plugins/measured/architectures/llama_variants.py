@@ -70,7 +70,7 @@ from mlsysim_core.errors import NotModelledError
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
 from ..layer_ops import llama_ops
-from ..layers import REPLICATED, Part, LayerWalk, megatron_gated_mlp
+from ..layers import REPLICATED, Part, LayerWalk, megatron_gated_mlp, rms_norm_lora_parts
 
 W = LayerWeight
 
@@ -413,13 +413,7 @@ def _lora_tagged(layer, arch):
         c = _c(regime)
 
         def norm(readers):
-            if regime == "amp-bf16":
-                return (Part("rsqrt", 4 * T), Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True))
-            b = 4 if regime == "fp32" else 2
-            return (Part("rsqrt" + (" + fp32 copy of the input" if regime == "bf16" else ""),
-                         (4 + (4 * h if regime == "bf16" else 0)) * T),
-                    Part("normalized (its weight's)", b * h * T, weight_gradient_only=True),
-                    Part("output", b * h * T, weight_gradient_only=True, inputs_of=readers))
+            return rms_norm_lora_parts(regime, h, T, readers)
 
         def split(p):
             n = p.name

@@ -65,7 +65,7 @@ from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
 from ..layer_ops import qwen_moe_ops
-from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, LayerWalk
+from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, LayerWalk, rms_norm_lora_parts
 
 W = LayerWeight
 LLAMA4_LAYOUT = "llama4-separate-qkv"
@@ -536,13 +536,7 @@ def _lora_tagged(layer):
         readers_mid = ("router", "gate_proj", "up_proj", "shared_expert_gate")
 
         def norm(readers):
-            if regime == "amp-bf16":
-                return (Part("rsqrt", 4 * T), Part("normalized (its weight's)", 4 * h * T, weight_gradient_only=True))
-            b = 4 if regime == "fp32" else 2
-            return (Part("rsqrt" + (" + fp32 copy of the input" if regime == "bf16" else ""),
-                         (4 + (4 * h if regime == "bf16" else 0)) * T),
-                    Part("normalized (its weight's)", b * h * T, weight_gradient_only=True),
-                    Part("output", b * h * T, weight_gradient_only=True, inputs_of=readers))
+            return rms_norm_lora_parts(regime, h, T, readers)
 
         def split(p):
             n = p.name.split(": ", 1)[-1]
