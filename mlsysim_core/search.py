@@ -1084,3 +1084,115 @@ def text_progress(stream=sys.stderr, delay: float = 0.5, bar: bool | None = None
             stream.write("\n")
         stream.flush()
     return report
+
+
+def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: int = 1, cp: int = 1, pp: int = 1,
+              dp: int = 1, ep: int = 1, vp: int | None = None, data_parallel: str = "zero0",
+              checkpointing: str = "selective", microbatch: int = 1, sequence_parallel: bool | None = None,
+              precision: str = "fp16", optimizer: str = "adam", profile: str | None = None,
+              pipeline_schedule: str | None = None, compiled: bool = False, float8: bool = False,
+              async_tp: bool = False, ep_overlap: bool = False, power: float | None = None,
+              memory_bandwidth: float | None = None, flops: float | None = None, tp_bandwidth: float | None = None,
+              network_bandwidth: float | None = None, recompute: float | None = None, calibration=None,
+              step_time_model: str | None = None, solver: TrainingMemoryModel | None = None,
+              memory: bool = True, **options) -> dict:
+    """One layout timed on its own, as ``search_plans`` times it (issue 27 item 6): the same
+    one-device solve, recompute share, step-time ``prepare`` and ``time``, so its ``components``
+    equal ``PlanSearch.components`` for that row. ``vp``: model chunks per pipeline rank (an
+    interleaved schedule, ``interleaved-1f1b`` unless ``pipeline_schedule`` names another);
+    ``microbatch`` sequences per micro-batch, ``global_batch / (dp x microbatch)`` of them per step.
+    What a search does not enumerate, said by the caller: ``compiled`` (memory-bound ops fused),
+    ``float8`` (float8 GEMMs and casts), ``async_tp`` (TP collectives decomposed and overlapped),
+    ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``power`` (the run's
+    power limit, W) and ``memory_bandwidth`` (B/s). ``memory``: also solve the layout's memory
+    (the heaviest rank's total, as ``estimate``; a run the profile cannot describe is said in
+    ``notes``, its memory None). Returns {"step_s", "tokens_per_s", "tokens_per_s_per_device",
+    "mfu", "components" (seconds), "bubble", "memory_bytes", "fits", "calibrated", "notes",
+    "layout", "assumptions"}."""
+    if solver is None:
+        solver = TrainingMemoryModel()
+    registry = solver.registry
+    model = _resolve_model(model)
+    hardware = _resolve_hardware(hardware)
+    tp, cp, pp, dp, ep = (_checks.count(n, v) for n, v in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("ep", ep)))
+    global_batch = _checks.count("global_batch", global_batch)
+    seq_len = _checks.count("seq_len", seq_len)
+    microbatch = _checks.count("microbatch", microbatch)
+    if global_batch % (dp * microbatch):
+        raise InvalidInputError("microbatch", microbatch, f"a micro-batch that with dp={dp} divides global_batch="
+                                f"{global_batch}", f"{global_batch} / ({dp} x {microbatch}) is not whole")
+    gas = global_batch // (dp * microbatch)
+    if vp is not None:
+        vp = _checks.count("vp", vp)
+        options["virtual_stages"] = vp
+        if vp > 1 and pipeline_schedule is None:
+            pipeline_schedule = "interleaved-1f1b"
+    if pipeline_schedule is not None:
+        options["pipeline_schedule"] = pipeline_schedule
+    models = registry.step_time_models
+    timer = models[_checks.name("step_time_model", step_time_model or (next(iter(models)) if len(models) == 1
+                                                                        else "roofline"), models)]
+    timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
+                           "inter_node_bandwidth": network_bandwidth}, calibration)
+    profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
+    rule = _checks.name("data_parallel", data_parallel, registry.rules_for_axis(DATA))
+    ckpt = _checks.name("checkpointing", checkpointing, registry.checkpointing)
+    sp = (registry.profiles[profile].sequence_parallel if sequence_parallel is None
+          else _checks.flag("sequence_parallel", sequence_parallel)) and tp > 1
+    notes: list[str] = []
+    # the one-device plan (recompute share, optimizer bytes), as search_plans makes it
+    one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule")}
+    first = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
+                         global_batch, profile=profile, **one)
+    if recompute is None:
+        declared = registry.checkpointing[ckpt].recompute
+        try:
+            recompute = float(declared(_one_device_plan(solver, model, hardware, seq_len, precision, optimizer,
+                                                        ckpt, profile, one))) if declared else 0.0
+        except NotModelledError:
+            recompute = 1.0 if registry.checkpointing[ckpt].recomputes == "layers" else 0.0
+            notes.append(f"checkpointing {ckpt}: its recompute share needs the model's shapes; counted as "
+                         f"{recompute:g}")
+        if declared is None:
+            notes.append(f"checkpointing {ckpt} declares no recompute: its step time counts none")
+    layout = dict(batch_size=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                  activation_checkpointing=ckpt, tp_size=tp, pp_size=pp, dp_size=dp, ep_size=ep,
+                  gradient_accumulation_steps=gas, sequence_parallel=sp, data_parallel=rule, cp_size=cp,
+                  profile=profile, **options)
+    schedule, chunks, total = None, vp or 1, None
+    try:
+        from .inputs import prepared_plan
+        prepared = prepared_plan(solver, model, hardware, global_batch, seq_len,
+                                 {k: v for k, v in layout.items() if k not in ("batch_size", "seq_len")})
+        schedule = getattr(prepared.profile_options, "pipeline_schedule", None)
+        chunks = getattr(prepared.profile_options, "virtual_stages", None) or chunks
+        if memory:
+            result = solver.solve(model, hardware, **layout)
+            total = result.total_memory
+    except NotModelledError as err:
+        notes.append(f"memory not solved: {err}")
+    extras = {k: v for k, v in (("compiled", compiled), ("float8", float8), ("power", power),
+                                ("memory_bandwidth", memory_bandwidth),
+                                ("overlap", {**({"tp": "decomposed"} if async_tp else {}),
+                                             **({"ep": "batched"} if ep_overlap else {})})) if v}
+    timing = dict(timer.prepare(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
+                                precision_bytes=precision_bytes(precision), node=hardware.devices_per_node,
+                                flops=flops, intra=tp_bandwidth, inter=network_bandwidth, calibration=calibration,
+                                attention=options.get("attention"), schedule=schedule, dp_rules=[rule],
+                                chunks=chunks, **extras))
+    parts = dict(timer.time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=recompute, sp=sp,
+                            mb=microbatch, gas=gas))
+    step = parts["step"]
+    devices = tp * cp * pp * dp
+    tokens = global_batch * seq_len
+    idle = timing["idle"](pp, gas, chunks) if timing.get("idle") and pp > 1 else pp - 1
+    return {"step_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_device": tokens / step / devices,
+            "mfu": timing["flops_per_token"] * tokens / (step * devices * timing["peak"]),
+            "components": parts, "bubble": idle / (gas + idle) if idle else 0.0, "memory_bytes": total,
+            "fits": None if total is None else total <= hardware.memory_capacity,
+            "calibrated": timing["calibrated"], "notes": tuple(notes) + tuple(timing["notes"]),
+            "layout": dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vp=chunks, data_parallel=rule, checkpointing=ckpt,
+                           microbatch=microbatch, gradient_accumulation_steps=gas, sequence_parallel=sp,
+                           devices=devices, recompute=recompute, compiled=compiled, float8=float8,
+                           async_tp=async_tp, ep_overlap=ep_overlap),
+            "assumptions": timing["assumptions"]}

@@ -76,6 +76,9 @@ class Calibration:
     latency: float           # seconds per collective
     overlap_sm_share: float  # share of the SMs a collective's kernel takes from the compute it overlaps
     switch_allreduce: bool = False   # the node's switch reduces in the network (NVLink SHARP)
+    hop_intra: float = 3.4e-6        # seconds per ring step inside a node (NCCL's NVLink Simple hwLat)
+    hop_inter: float = 14.0e-6       # seconds per ring or tree step between nodes (NCCL's NET Simple hwLat)
+    nvls_latency: float = 25e-6      # an in-network (NVLS) all-reduce inside a node (NCCL's NVLS hwLat)
     calibrated: bool = False
     source: str = ""
 
@@ -91,8 +94,15 @@ class Calibration:
 # few SMs" (forums.developer.nvidia.com/t/337991, an nsys profile): while a collective hides
 # behind compute, the compute runs on the SMs left.
 DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, inter_link=0.8,
-                      kernel_overhead=4e-6, latency=20e-6, overlap_sm_share=24 / 132,
+                      kernel_overhead=4e-6, latency=8.4e-6, overlap_sm_share=24 / 132,
                       source="assumed (no published measurement fitted for this hardware)")
+# latency, hop_intra, hop_inter, nvls_latency: NCCL's own cost model for the Simple protocol (the
+# one large messages use), NVIDIA/nccl src/graph/tuning.cc (ncclTopoTuneModel): 'baseLat' Ring and
+# Tree Simple 8.4 us; 'hwLat' NVLink Ring Simple 3.4 us and Tree Simple 4.0 us per step, NET Ring
+# and Tree Simple 14.0 us per step, NVLS Simple 25 us; a ring's latency is baseLat + (nsteps -
+# nInterSteps) x intraLat + nInterSteps x interLat (nsteps = n - 1 for all-gather and
+# reduce-scatter, 2 (n - 1) for all-reduce; nInterSteps the same over nodes), a tree all-reduce's
+# baseLat + 2 ((ranks per node - 1) x intraLat + log2(nodes) x interLat); NCCL picks the faster.
 
 # Fitted by validation/steptime/calibrate.py (it prints the fitted values); keyed by catalog
 # name. H100: torchtitan's compiled bf16 runs (Grand Teton H100s, 500 W); docs/planner.md has
@@ -126,11 +136,46 @@ def missing_topology(hardware, overrides: Mapping[str, object] = {}) -> list[str
 ASSUMED_MEMORY_BANDWIDTH = 10**12     # B/s, for hardware that does not say (the search notes it)
 
 
-def hardware_figures(hardware, *, flops=None, intra=None, inter=None) -> dict:
-    """What ``step_time`` reads of the hardware (``hw``), overrides first."""
-    return {"flops": flops or hardware.peak_bf16_flops, "intra": intra or hardware.intra_node_bandwidth,
+def envelope(hardware) -> dict:
+    """The accelerator's power and clock envelope as its catalog entry records it (``extra``:
+    ``power_limit_watts``, the board's TDP; ``streaming_multiprocessors``, the compute units a
+    GEMM's tiles are spread over), each with its source in the entry's ``sources``; {} for
+    hardware outside the catalog (or a node that is not the catalog's object)."""
+    from mlsysim_core.catalog import find_hardware
+    try:
+        entry = find_hardware(hardware.name)
+    except Exception:       # (not in the catalog: a user's HardwareNode)
+        return {}
+    if entry.value != hardware:
+        return {}
+    return {k: entry.extra[k] for k in ("power_limit_watts", "streaming_multiprocessors") if k in entry.extra}
+
+
+def clock_share(power: float | None, tdp: float | None) -> float:
+    """The share of its full-power clock a matmul-bound accelerator keeps when capped at ``power``
+    watts (its board TDP ``tdp``): dynamic power P = C V^2 f with the voltage scaled with the
+    frequency, so P ~ f^3 and f ~ P^(1/3) (Hennessy & Patterson, Computer Architecture: A
+    Quantitative Approach, 6th ed., section 1.5, 'Trends in Power and Energy'); 1 at or above the
+    TDP, or when either is unknown."""
+    if not power or not tdp or power >= tdp:
+        return 1.0
+    return (power / tdp) ** (1 / 3)
+
+
+def hardware_figures(hardware, *, flops=None, intra=None, inter=None, power=None, memory=None) -> dict:
+    """What ``step_time`` reads of the hardware (``hw``), overrides first. ``power``: the run's
+    power limit in watts (default the catalog's TDP): the tensor cores' clock scales by
+    ``clock_share``; ``memory``: the memory bandwidth, B/s (a variant the source names)."""
+    env = envelope(hardware)
+    tdp = env.get("power_limit_watts")
+    peak = flops or hardware.peak_bf16_flops
+    fp8 = hardware.peak_fp8_flops or (2 * peak if peak else None)
+    return {"flops": peak, "intra": intra or hardware.intra_node_bandwidth,
             "inter": inter or hardware.inter_node_bandwidth,
-            "memory": hardware.memory_bandwidth or ASSUMED_MEMORY_BANDWIDTH}
+            "memory": memory or hardware.memory_bandwidth or ASSUMED_MEMORY_BANDWIDTH,
+            "fp8": fp8, "fp8_stated": hardware.peak_fp8_flops is not None,
+            "sms": env.get("streaming_multiprocessors"), "tdp": tdp, "power": power or tdp,
+            "clock": clock_share(power, tdp)}
 
 
 def optimizer_step_bytes(result, parameters: int) -> float:
@@ -171,7 +216,11 @@ def model_figures(model) -> dict:
     # head when untied); norms and biases are a rounding error here.
     layer_active = max(0.0, (active - embedding - (0 if tied else head)) / layers)
     expert_params = min(layers * experts * mats * h * ffn, model.parameters) if sparse else 0
-    return dict(h=h, h_q=heads * head_dim, h_kv=kv * head_dim, ffn=ffn, k=k, experts=experts, mats=mats,
+    # The layer's GEMMs, forward (N outputs, K inputs, split by tp along N or K, routed or not):
+    # fused q/k/v, the output projection, the MLP's fused up (and gate) and its down projection.
+    gemms = ((heads * head_dim + 2 * kv * head_dim, h, "n", False), (h, heads * head_dim, "k", False),
+             ((mats - 1) * ffn, h, "n", sparse), (h, ffn, "k", sparse))
+    return dict(h=h, h_q=heads * head_dim, h_kv=kv * head_dim, ffn=ffn, k=k, experts=experts, mats=mats, gemms=gemms,
                 layers=layers, vocab=vocab, layer_active=layer_active, head=head, parameters=model.parameters,
                 expert_params=expert_params, non_embedding_active=active - embedding, notes=tuple(notes))
 
@@ -179,6 +228,80 @@ def model_figures(model) -> dict:
 def model_flops_per_token(fig: dict, seq_len: int) -> float:
     """torchtitan's MFU numerator: 6 x non-embedding active parameters + 12 x layers x h_q x seq."""
     return 6 * fig["non_embedding_active"] + 12 * fig["layers"] * fig["h_q"] * seq_len
+
+
+# The output tile of Hopper's large bf16 GEMM kernels (cuBLAS / CUTLASS 128 x 256): a GEMM of an
+# M x N output runs ceil(M/128) x ceil(N/256) tiles in waves of one tile per SM, so a partial tile
+# (tile quantization) and a partial last wave (wave quantization) cost a whole one (NVIDIA, "Matrix
+# Multiplication Background User's Guide", docs.nvidia.com/deeplearning/performance/dl-performance-
+# matrix-multiplication, sections "Tile Quantization" and "Wave Quantization").
+TILE = (128, 256)
+FLOAT8_CAST_BYTES = 5       # per element cast to float8 with a dynamic tensorwise scale: amax reads
+                            # 2 B, the scaled cast reads 2 B and writes 1 (torchao Float8Linear)
+FLOAT8_TRANSPOSE_BYTES = 2  # per element of the backward's transposed float8 copy: read 1, write 1
+
+
+def gemm_seconds(m: float, n: float, k: float, hw: dict, cal: Calibration, operand_bytes: float) -> float:
+    """One GEMM (M x K by K x N): a roofline of its tensor-core time (whole tiles, whole waves,
+    at ``cal.matmul`` of the peak, the float8 one for 1-byte operands, times the power
+    envelope's clock share) and its memory time (operands read, bf16 output written, at
+    ``cal.memory`` of the bandwidth); the slower. Without an SM count, no quantization."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    peak = ((hw.get("fp8") or 2 * hw["flops"]) if operand_bytes < 2 else hw["flops"]) * hw.get("clock", 1.0) * cal.matmul
+    sms = hw.get("sms")
+    if sms:
+        tm, tn = TILE
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        compute = math.ceil(tiles / sms) * sms * tm * tn * 2 * k / peak
+    else:
+        compute = 2 * m * n * k / peak
+    traffic = operand_bytes * (m * k + k * n) + 2 * m * n
+    return max(compute, traffic / (cal.memory * hw["memory"]))
+
+
+_GEMM_CACHE: dict = {}
+
+
+def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: int, operand_bytes: float) -> dict:
+    """Seconds per FLOP of one layer's GEMMs (``fig['gemms']``), forward and backward (the input
+    gradient M x K from M x N and N x K, the weight gradient N x K over the M tokens), and of the
+    LM head; ``cast``: the float8 casts' bytes per forward and per backward (0 in bf16). A routed
+    GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each."""
+    key = (fig["gemms"], fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
+           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory)
+    got = _GEMM_CACHE.get(key)
+    if got is not None:
+        return got
+    flops = fwd = bwd = cast_f = cast_b = 0.0
+    for n, k, split, routed in fig["gemms"]:
+        if split == "n":
+            n = n / tp
+        else:
+            k = k / tp
+        m, count = T, 1
+        if routed:
+            count = max(1, fig["experts"] // ep)
+            m = T * fig["k"] * ep / fig["experts"]
+        if n <= 0 or k <= 0:
+            continue
+        flops += count * 2 * m * n * k
+        fwd += count * gemm_seconds(m, n, k, hw, cal, operand_bytes)
+        bwd += count * (gemm_seconds(m, k, n, hw, cal, operand_bytes) + gemm_seconds(k, n, m, hw, cal, operand_bytes))
+        if operand_bytes < 2:
+            cast_f += count * FLOAT8_CAST_BYTES * (m * k + n * k)
+            cast_b += count * (FLOAT8_CAST_BYTES * m * n + FLOAT8_TRANSPOSE_BYTES * (m * k + n * k))
+    v = fig["vocab"] / tp
+    head_flops = 2 * T * v * fig["h"]
+    # (the LM head stays in bf16: torchtitan's float8 converts leave out the output projection)
+    head = (gemm_seconds(T, v, fig["h"], hw, cal, 2) + gemm_seconds(T, fig["h"], v, hw, cal, 2)
+            + gemm_seconds(fig["h"], v, T, hw, cal, 2)) if v else 0.0
+    got = {"fwd": fwd / flops if flops else 0.0, "bwd": bwd / (2 * flops) if flops else 0.0,
+           "head": head / (3 * head_flops) if head_flops else 0.0, "cast_fwd": cast_f, "cast_bwd": cast_b}
+    if len(_GEMM_CACHE) > 50_000:
+        _GEMM_CACHE.clear()
+    _GEMM_CACHE[key] = got
+    return got
 
 
 def link(members: int, stride: int, node: int, hw, cal: Calibration) -> float:
@@ -194,20 +317,42 @@ def allreduce_time(volume: float, members: int, bandwidth: float, latency: float
                    cal: Calibration) -> float:
     """An all-reduce: a ring (2 (n-1)/n of the buffer each way), or, inside a node whose
     switch reduces (``switch_allreduce``), each rank sends its buffer once and receives the
-    reduced one once (both directions at once)."""
+    reduced one once (both directions at once), at NCCL's NVLS latency."""
     if members <= 1:
         return 0.0
     if in_node and cal.switch_allreduce:
-        return volume / bandwidth + latency
+        return volume / bandwidth + cal.nvls_latency
     return ring_time(volume, members, bandwidth, latency, 2)
 
 
 def ring_time(volume: float, members: int, bandwidth: float, latency: float, factor: float = 1.0) -> float:
     """A ring collective over ``members`` ranks moving ``volume`` bytes per rank's buffer:
-    factor 1 for all-gather / reduce-scatter, 2 for all-reduce."""
+    factor 1 for all-gather / reduce-scatter, 2 for all-reduce; ``latency``: its alpha
+    (``alpha``'s)."""
     if members <= 1:
         return 0.0
     return factor * (members - 1) / members * volume / bandwidth + latency
+
+
+def alpha(kind: str, members: int, stride: int, node: int, cal: Calibration) -> float:
+    """A collective's latency by NCCL's model (DEFAULT's comment): a ring's steps, those that cross
+    a node at the network's step latency; for an all-reduce across nodes the faster of the ring
+    and the tree. ``members`` ranks ``stride`` apart; ``node`` devices per node."""
+    if members <= 1:
+        return 0.0
+    per_node = max(1, min(members, node // stride)) if stride < node else 1
+    nodes = math.ceil(members / per_node)
+    if kind == "all-reduce":
+        steps, inter = 2 * (members - 1), 2 * (nodes - 1)
+    elif kind in ("all-gather", "reduce-scatter", "all-to-all", "ring-pass"):
+        steps, inter = members - 1, nodes - 1
+    else:       # send-recv: one message
+        return cal.latency + (cal.hop_inter if stride >= node else cal.hop_intra)
+    ring = cal.latency + (steps - inter) * cal.hop_intra + inter * cal.hop_inter
+    if kind == "all-reduce" and nodes > 1:
+        tree = cal.latency + 2 * ((per_node - 1) * cal.hop_intra + math.log2(nodes) * cal.hop_inter)
+        return min(ring, tree)
+    return ring
 
 
 KERNELS_PER_LAYER = 20      # forward kernels of a pre-norm layer: 7 matmuls, attention, norms, RoPE, act, adds
@@ -218,7 +363,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               recompute: float, sp: bool, mb: int, gas: int, seq_len: int, bytes_: float, node: int,
               optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
               idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
-              rules: Mapping[str, tuple] | None = None) -> dict:
+              rules: Mapping[str, tuple] | None = None, float8: bool = False,
+              overlap: Mapping[str, str] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
     from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
@@ -226,31 +372,38 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     ``idle_slots``: the pipeline schedule's bubble in micro-batch slots (None: 1F1B's pp - 1);
     ``chunks``: model chunks per rank (an interleaved schedule's v: v times the sends);
     ``compiled``: torch.compile fuses the memory-bound ops (default: eager, as the measured
-    memory profile models)."""
+    memory profile models); ``float8``: the layers' linears run float8 GEMMs (the LM head and
+    attention stay bf16) and pay their casts; ``overlap``: {axis: how} for the collectives an
+    implementation overlaps that the rule declares on the critical path (``_per_layer``:
+    ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap)."""
     if rules is None or isinstance(rule, str):      # (a direct call: the installed rules' declarations)
         axes, by_name = declarations()
         rules = axes if rules is None else rules
         rule = by_name[rule] if isinstance(rule, str) else rule
+    overlap = overlap or {}
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
     layers = math.ceil(fig["layers"] / pp)
     T = mb * seq_len / cp
     r = recompute
     peak, mem_bw = hw["flops"], hw["memory"]
-    # compute, one micro-batch on the slowest (last) stage
+    # compute, one micro-batch on the slowest (last) stage: each GEMM's roofline (layer_gemms)
+    g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2)
     layer_fwd = 2 * T * fig["layer_active"] / tp
     head_fwd = 2 * T * fig["head"] / tp
-    matmul = (layer_fwd * layers * (3 + r) + head_fwd * 3) / (cal.matmul * peak)
+    matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
     attn_fwd = 2 * T * seq_len * h_q / tp
-    attention = attn_fwd * layers * (3.5 + (r if r >= 1 or not fused_attention else 0)) / (cal.attention * peak)
+    attention = attn_fwd * layers * (3.5 + (r if r >= 1 or not fused_attention else 0)) / (
+        cal.attention * peak * hw.get("clock", 1.0))
     elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
     logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
-    memory = (elementwise * layers * (3 + r) + logits) / (cal.memory * mem_bw)
+    casts = (g["cast_fwd"] * (1 + r) + g["cast_bwd"]) * layers
+    memory = (elementwise * layers * (3 + r) + logits + casts) / (cal.memory * mem_bw)
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
     # communication inside a micro-batch: what the tp, cp, ep and pp rules declare
     d = dp * cp
-    g = shard_group or min(d, node)
+    gs = shard_group or min(d, node)
     groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (d, tp), "pp": (pp, tp * cp * dp),
-              "dp-node": (g, tp), "dp-across": (d // g, tp * g)}
+              "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs)}
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
     local = dense + fig["expert_params"] / (tp * pp * ep)
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
@@ -258,8 +411,9 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp)
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
-    per_layer = {"attention": attention / layers, "forward": fwd / layers, "backward": bwd / layers}
-    tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size)
+    per_layer = {"attention": attention / layers, "forward": fwd / layers, "backward": bwd / layers,
+                 "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers}
+    tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis))
                                  for axis in ("tp", "cp", "ep"))
     p2p = _per_micro_batch(rules.get("pp") or (), chunks, size)
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
@@ -315,7 +469,9 @@ def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int,
                      rule=timing["dp_rules"].get(rule), recompute=recompute, sp=sp, mb=mb, gas=gas,
                      seq_len=timing["seq_len"], bytes_=timing["bytes_"], node=timing["node"],
                      optimizer_bytes=timing["optimizer_bytes"], fused_attention=timing["fused_attention"],
-                     idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"])
+                     idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"],
+                     compiled=timing.get("compiled", False), float8=timing.get("float8", False),
+                     overlap=timing.get("overlap"))
 
 
 def check(hardware, overrides: Mapping[str, object], calibration) -> None:
@@ -332,11 +488,21 @@ def check(hardware, overrides: Mapping[str, object], calibration) -> None:
 
 def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes: float, node: int, flops=None,
             intra=None, inter=None, calibration: Calibration | None = None, attention: str | None = None,
-            schedule=None, chunks: int = 1, dp_rules=()) -> dict:
-    """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says."""
+            schedule=None, chunks: int = 1, dp_rules=(), compiled: bool = False, float8: bool = False,
+            overlap: Mapping[str, str] | None = None, power: float | None = None,
+            memory_bandwidth: float | None = None) -> dict:
+    """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says.
+    The implementation choices a search does not enumerate (``compiled``, ``float8``,
+    ``overlap``: {"tp": "decomposed"} for async TP, {"ep": "batched"} for EP all-to-all overlap)
+    and the run's ``power`` limit (watts) and ``memory_bandwidth`` (B/s) apply to every layout."""
     cal = calibration_for(hardware.name) if calibration is None else calibration
     fig = model_figures(model)
-    hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter)
+    hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter, power=power, memory=memory_bandwidth)
+    overlap = dict(overlap or {})
+    for axis, how in overlap.items():
+        if axis not in ("tp", "ep") or how not in ("decomposed", "batched"):
+            raise InvalidInputError("overlap", overlap, "{'tp': 'decomposed'} (async TP) and/or {'ep': 'batched'} "
+                                    "(EP all-to-all overlap)")
     axes, declared = declarations(registry)
     notes = []
     if not cal.calibrated:
@@ -351,18 +517,29 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     eager = kernel is not None and getattr(kernel, "eager", False)
     if eager:
         notes.append("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic")
-    if hardware.memory_bandwidth is None:
+    if hardware.memory_bandwidth is None and memory_bandwidth is None:
         notes.append(f"step time: {hardware.name} has no memory_bandwidth: {ASSUMED_MEMORY_BANDWIDTH:.0e} B/s")
+    if hw["sms"] is None:
+        notes.append(f"step time: {hardware.name} records no streaming_multiprocessors: GEMMs timed without tile "
+                     "and wave quantization")
+    if power is not None and hw["tdp"] is None:
+        notes.append(f"step time: {hardware.name} records no power_limit_watts: the power limit {power:g} W is not "
+                     "applied")
+    if float8 and not hw["fp8_stated"]:
+        notes.append(f"step time: {hardware.name} has no peak_fp8_flops: float8 GEMMs timed at 2 x its bf16 peak")
     notes += fig["notes"]
     if schedule is not None and getattr(schedule, "idle_slots", None) is None:
         notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
     state = optimizer_step_bytes(result, model.parameters)
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
                 fused_attention=not eager, idle=getattr(schedule, "idle_slots", None), chunks=chunks,
+                compiled=compiled, float8=float8, overlap=overlap,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
                 flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],
                 assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
                              "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
+                             "streaming_multiprocessors": hw["sms"], "power_limit_watts": hw["power"],
+                             "clock_share": hw["clock"],
                              "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
                              **{f"calibration.{k}": v for k, v in cal.as_dict().items()}})
 
@@ -384,18 +561,20 @@ UNDECLARED_DP = (
 
 
 def _seconds(c: Collective, size: dict) -> float:
-    """One call of a declared collective: its kind's time over its group's link (module docstring)."""
+    """One call of a declared collective: its kind's time over its group's link, plus its
+    latency by NCCL's model (``alpha``)."""
     n, stride = size["groups"][c.group]
     if n <= 1:
         return 0.0
     node, hw, cal = size["node"], size["hw"], size["cal"]
     factors = size["volumes"][c.volume]
+    lat = alpha(c.kind, n, stride, node, cal)
     if c.kind in ("all-to-all", "ring-pass"):       # (the factors multiplied in the formula's order)
         x = (n - 1) / n if c.kind == "all-to-all" else n - 1
         for f in factors:
             x = x * f
         bw = link(n, stride, node, hw, cal)
-        return x / bw + (cal.latency if c.kind == "all-to-all" else (n - 1) * cal.latency)
+        return x / bw + lat
     volume = factors[0]
     for f in factors[1:]:
         volume = volume * f
@@ -403,30 +582,44 @@ def _seconds(c: Collective, size: dict) -> float:
         volume = volume / size["groups"][c.shard][0]
     if c.kind == "send-recv":   # to the neighbouring stage, ``stride`` ranks away
         bw = hw["intra"] * cal.intra_link if stride < node else hw["inter"] * cal.inter_link
-        return volume / bw + cal.latency
+        return volume / bw + lat
     bw = link(n, stride, node, hw, cal)
     if c.kind == "all-reduce":
         if c.in_network:
-            return allreduce_time(volume, n, bw, cal.latency, n * stride <= node, cal)
-        return ring_time(volume, n, bw, cal.latency, 2)
-    return ring_time(volume, n, bw, cal.latency)        # all-gather, reduce-scatter
+            return allreduce_time(volume, n, bw, lat, n * stride <= node, cal)
+        return ring_time(volume, n, bw, lat, 2)
+    return ring_time(volume, n, bw, lat)        # all-gather, reduce-scatter
 
 
 def _applies(c: Collective, size: dict) -> bool:
     return c.sequence_parallel is None or c.sequence_parallel == size["sp"]
 
 
-def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict) -> float:
+def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict, overlap: str | None = None,
+               ) -> float:
     """Exposed seconds per micro-batch of an axis' per-layer collectives: ``forward`` calls per
     forward (recomputed ones too), ``backward`` per backward; those overlapping one compute are
-    added and hidden behind it, layer by layer."""
+    added and hidden behind it, layer by layer. ``overlap`` (an implementation's choice for
+    the collectives declared on the critical path): ``"decomposed"`` (async TP, Megatron's TP
+    communication overlap: each GEMM split into n chunks over the group, each chunk's collective
+    beside the next chunk's GEMM; Wang et al. 2023, 'Overlap Communication with Dependent
+    Computation via Decomposition', ASPLOS; torchtitan's async TP): the first chunk's share
+    1/n is exposed, the rest hidden behind the layer's matmuls; ``"batched"`` (DeepEP-style EP
+    overlap: one micro-batch's all-to-all beside another's compute): hidden behind the layer's
+    compute."""
     exposed, overlapping = 0.0, {}
     for c in declared:
         if c.per != "layer" or not _applies(c, size):
             continue
         t = _seconds(c, size)
         calls = (c.forward + c.backward) + c.forward * r
-        if c.overlaps is None:
+        if c.overlaps is None and overlap == "decomposed":
+            n = size["groups"][c.group][0]
+            exposed += layers * t * calls / n
+            overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (n - 1) / n
+        elif c.overlaps is None and overlap == "batched":
+            overlapping["layer"] = overlapping.get("layer", 0.0) + t * calls
+        elif c.overlaps is None:
             exposed += calls * layers * t
         else:
             overlapping[c.overlaps] = overlapping.get(c.overlaps, 0.0) + t * calls
