@@ -14,7 +14,7 @@ from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, Mlsy
                      NotModelledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
 from .specs import (CheckpointingSpec, Collective, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec,
-                    SplitSoFar, StepTimeSpec, LaunchFormatSpec)
+                    SplitSoFar, StepTimeSpec)
 from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, COMPONENTS,
                     FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, RUNTIME_OVERHEADS,
                     WEIGHTS, MemoryTerm)
@@ -36,14 +36,26 @@ __version__ = "0.1.0"
 # 3.0: the core knows no profile: the specs' measured_* fields, MEASURED_CALLABLES and ProfileSpec.grade
 # removed (a profile's callables name a field or a dotted key of the specs' new ``extensions``: the measured
 # profile's "measured.state_terms", ...); TrainingMemoryResult.regime is ``details`` (ProfileSpec.details).
-PLUGIN_API_VERSION = (3, 0)
+# 3.1: a hook-spec module's REGISTRATION_HOOK_TYPES are collected (registry.extensions); the launch formats'
+# hook and LaunchFormatSpec moved to the plugin that owns them, mlsysim_plugins.launch (the old name warns).
+PLUGIN_API_VERSION = (3, 1)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "scenario", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
          "Placement": "plan", "PluginManager": "manager", "get_plugin_manager": "manager"}
 
 
+# Moved out of the core to the plugins that own them (still importable from here, with a warning).
+_MOVED = {"LaunchFormatSpec": "mlsysim_plugins.launch"}
+
+
 def __getattr__(name):
+    if name in _MOVED:
+        import importlib
+        import warnings
+        warnings.warn(f"mlsysim_core.{name} moved to {_MOVED[name]} (plugin API 3.1); import it from there",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
     if name in _LAZY:
         import importlib
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
@@ -54,7 +66,7 @@ __all__ = [
     "estimate", "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager", "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
-    "ProfileSpec", "Collective", "StepTimeSpec", "LaunchFormatSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
+    "ProfileSpec", "Collective", "StepTimeSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
     "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES",
     "ACCELERATOR", "HOST", "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError",
     "NotModelledError", "NotInstalledError", "PluginError", "PluginLoadError", "PluginConflictError",

@@ -1303,6 +1303,7 @@ def cmd_plugins(args, out) -> int:
                                  for kind, names in p["provides"].items())     # (a profile's hooks: by name)
             hooks = [h for h in p["hooks"] if h.endswith("_terms")]
             what = provided or ("component hooks: " + ", ".join(hooks) if hooks else "")
+            what = what or ("adds hook specs (mlsysim_addhooks)" if "mlsysim_addhooks" in p["hooks"] else "")
             what = f"BROKEN: {p['error']}" if p["error"] else what
             out.write(f"{p['name'].ljust(width)}  {p['distribution']} {p['version']}  {what}\n")
         for name in pm.blocked_names:

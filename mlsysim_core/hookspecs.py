@@ -11,7 +11,7 @@ import pluggy
 if TYPE_CHECKING:
     from .catalog import CatalogEntry
     from .plan import Placement, TrainingPlan
-    from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, LaunchFormatSpec, ShardingRuleSpec, StepTimeSpec
+    from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
     from .terms import MemoryTerm
 
 PROJECT = "mlsysim"
@@ -53,15 +53,6 @@ def mlsysim_step_time_models() -> Iterable[StepTimeSpec]:
     """Register named step-time models (what ``search`` ranks layouts by).
 
     .. versionadded:: plugin API 2.5
-    """
-
-
-@_hookspec
-def mlsysim_launch_formats() -> Iterable[LaunchFormatSpec]:
-    """Register named launch-config readers (``estimate --from FILE``): a framework's recipe,
-    trainer arguments, a DeepSpeed JSON, an in-house trainer's config.
-
-    .. versionadded:: plugin API 2.6
     """
 
 

@@ -19,9 +19,9 @@ import pluggy
 
 from . import hookspecs
 from .errors import NotInstalledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError
-from .registry import (CHECKPOINTING, LAUNCH_FORMAT, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, ComponentImpl,
+from .registry import (CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, ComponentImpl,
                        PluginInfo, Registry)
-from .specs import (AXES, CheckpointingSpec, LaunchFormatSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec,
+from .specs import (AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec,
                     StepTimeSpec)
 
 ENTRY_POINT_GROUP = "mlsysim_core"
@@ -33,8 +33,7 @@ _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
                  "mlsysim_checkpointing_strategies": (CHECKPOINTING, CheckpointingSpec),
                  "mlsysim_sharding_rules": (SHARDING, ShardingRuleSpec),
                  "mlsysim_profiles": (PROFILE, ProfileSpec),
-                 "mlsysim_step_time_models": (STEP_TIME, StepTimeSpec),
-                 "mlsysim_launch_formats": (LAUNCH_FORMAT, LaunchFormatSpec)}
+                 "mlsysim_step_time_models": (STEP_TIME, StepTimeSpec)}
 
 
 class PluginWarning(UserWarning):
@@ -60,6 +59,7 @@ class PluginManager(pluggy.PluginManager):
     """pluggy's manager with mlsysim's loading rules and a frozen registry."""
 
     def __init__(self) -> None:
+        self._collected: dict[str, type] = {}    # plugins' own registration hooks -> item type
         super().__init__(hookspecs.PROJECT)
         self.add_hookspecs(hookspecs)
         self.hook.mlsysim_addhooks.call_historic(kwargs={"pluginmanager": self})   # plugins' own hook specs
@@ -70,6 +70,12 @@ class PluginManager(pluggy.PluginManager):
         # nothing (-> did-you-mean candidates).
         self.blocked_names = self.skipped_third_party = self.blocked_entry_points = ()
         self.unknown_blocked: dict[str, tuple[str, ...]] = {}
+
+    def add_hookspecs(self, module_or_class) -> None:
+        """pluggy's; a module's ``REGISTRATION_HOOK_TYPES`` (``{hook name: item type}``) are registration
+        hooks of its own, whose named items are collected into ``registry.extensions[hook]``."""
+        super().add_hookspecs(module_or_class)
+        self._collected.update(getattr(module_or_class, "REGISTRATION_HOOK_TYPES", {}))
 
     def parse_hookimpl_opts(self, plugin, name):
         # mlsysim_* functions are hook implementations even without the marker: check() then
@@ -285,13 +291,15 @@ class PluginManager(pluggy.PluginManager):
         broken: dict[str, PluginError] = {}
         hooks = dict(_REGISTRATION)      # hook name -> (kind, spec type)
         claims = {kind: self._claims(hook, spec_type, broken) for hook, (kind, spec_type) in _REGISTRATION.items()}
-        # A profile's own registration hooks (added with mlsysim_addhooks): named items kept
-        # under the hook's name. A hook not there belongs to a blocked or broken plugin.
-        for hook in sorted({h for items in claims[PROFILE].values() for spec, _ in items
-                            for h in spec.registration_hooks}):
+        # Plugins' own registration hooks (added with mlsysim_addhooks, or named by a profile):
+        # named items kept under the hook's name. A hook not there belongs to a blocked plugin.
+        added = dict(self._collected)
+        added.update((h, object) for items in claims[PROFILE].values() for spec, _ in items
+                     for h in spec.registration_hooks if h not in added)
+        for hook, item_type in sorted(added.items()):
             if hasattr(self.hook, hook):
-                hooks[hook] = (hook, object)
-                claims[hook] = self._claims(hook, object, broken)
+                hooks[hook] = (hook, item_type)
+                claims[hook] = self._claims(hook, item_type, broken)
 
         # Two plugins claiming one name: every third-party claimant is set aside (a built-in
         # keeps its name); the error names all of them.
@@ -329,12 +337,11 @@ class PluginManager(pluggy.PluginManager):
         plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin()) if plugin is not None}
         registry = Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
                         sharding_rules=tables[SHARDING], profiles=tables[PROFILE], step_time_models=tables[STEP_TIME],
-                        launch_formats=tables[LAUNCH_FORMAT],
                         providers=providers, component_impls=component_impls, plugins=plugins,
                         rules_by_axis={axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis}
                                        for axis in AXES},
                         broken=broken,
-                        extensions={kind: table for kind, table in tables.items() if kind.startswith("mlsysim_")})
+                        extensions={hook: tables[hook] for hook in added if hook in tables})
         for name, spec in tables[PROFILE].items():     # a profile completed from its hooks' items
             if spec.assemble is not None:
                 tables[PROFILE][name] = spec.assemble(spec, registry)

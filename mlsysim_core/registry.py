@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Mapping
 import attrs
 
 from .errors import InvalidInputError, InvalidInputTypeError
-from .specs import CheckpointingSpec, LaunchFormatSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
+from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -45,7 +45,6 @@ CHECKPOINTING = "activation checkpointing strategy"
 SHARDING = "sharding rule"
 PROFILE = "profile"
 STEP_TIME = "step-time model"
-LAUNCH_FORMAT = "launch format"
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -59,9 +58,8 @@ class Registry:
     plugins: Mapping[str, PluginInfo]                         # every registered plugin
     rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
     broken: Mapping[str, Exception] = attrs.field(factory=dict)   # plugin -> its error (survey() only)
-    extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)   # profiles' own hooks' items
+    extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)   # plugins' own hooks' items
     step_time_models: Mapping[str, StepTimeSpec] = attrs.field(factory=dict)
-    launch_formats: Mapping[str, LaunchFormatSpec] = attrs.field(factory=dict)
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
         return self.rules_by_axis.get(axis, {})

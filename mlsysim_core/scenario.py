@@ -812,12 +812,19 @@ def parse_launch_file(path: str | Path) -> Any:
         raise InvalidInputError("--from", str(path), f"valid {kind}", _parse_error(err)) from None
 
 
+LAUNCH_FORMAT = "mlsysim_launch_formats"     # the hook, added by the built-in plugin ``launch``
+
+
+def launch_formats(registry) -> dict:
+    """The registered launch formats by name (``LaunchFormatSpec``s, mlsysim_plugins.launch)."""
+    return registry.extensions.get(LAUNCH_FORMAT, {})
+
+
 def launch_format_for(path, document, registry):
     """The one registered launch format that recognizes ``document`` (parsed ``path``): none is
     an error listing the formats, two an error naming both (and their plugins)."""
     from .errors import PluginContractError
-    from .registry import LAUNCH_FORMAT
-    formats = registry.launch_formats
+    formats = launch_formats(registry)
     claims = []
     for name, spec in sorted(formats.items()):
         try:
@@ -842,7 +849,6 @@ def launch_format_for(path, document, registry):
 
 def _read_one(path, spec, context, registry) -> LaunchReading:
     from .errors import MlsysimError, PluginContractError
-    from .registry import LAUNCH_FORMAT
     document = parse_launch_file(path)
     try:
         reading = spec.read(Path(path), document, context)

@@ -303,18 +303,3 @@ class StepTimeSpec:
     prepare: Callable = attrs.field(validator=_callable)
     time: Callable = attrs.field(validator=_callable)
     components: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-
-
-@attrs.frozen(kw_only=True)
-class LaunchFormatSpec:
-    """A named reader of launch configs (plugin API 2.6): a framework's recipe, trainer arguments,
-    a DeepSpeed JSON. ``recognizes(path, document) -> bool`` says whether a parsed file
-    (``document``: what json/tomllib/yaml made of it) is of this format; ``read(path, document,
-    context) -> LaunchReading`` (mlsysim_core.scenario) maps every field to solve arguments,
-    refusals, approximations, ignored fields and implicit defaults. ``suffixes``: the file names it reads."""
-    name: str = _name_field
-    description: str = _description
-    framework: str = attrs.field(validator=attrs.validators.instance_of(str))
-    suffixes: tuple[str, ...] = attrs.field(converter=tuple)
-    recognizes: Callable = attrs.field(validator=_callable)
-    read: Callable = attrs.field(validator=_callable)

@@ -11,7 +11,7 @@ import pytest
 
 from mlsysim_core.errors import MlsysimError, PluginContractError
 from mlsysim_core.manager import get_plugin_manager
-from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, parse_launch_file
+from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, launch_formats, parse_launch_file
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
 AX = DATA / "axolotl"
@@ -41,7 +41,7 @@ def test_every_file_read_or_refused_naming_the_field(path):
     assert launch_format_for(path, document, registry).name == "axolotl"
     name = str(path.relative_to(AX / "examples"))
     try:
-        reading = registry.launch_formats["axolotl"].read(path, document, LaunchContext(registry=registry))
+        reading = launch_formats(registry)["axolotl"].read(path, document, LaunchContext(registry=registry))
     except PluginContractError:
         raise
     except MlsysimError as err:

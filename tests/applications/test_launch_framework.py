@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
+from mlsysim_plugins.launch import LaunchFormatSpec
 from mlsysim_core.errors import InvalidInputError, NotModelledError, PluginContractError
 from mlsysim_core.manager import PluginManager
 from mlsysim_core.scenario import LaunchDefault, LaunchField, LaunchReading, Scenario, from_launch

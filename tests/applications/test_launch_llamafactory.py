@@ -11,7 +11,7 @@ import pytest
 
 from mlsysim_core.errors import MlsysimError, PluginContractError
 from mlsysim_core.manager import get_plugin_manager
-from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, parse_launch_file
+from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for, launch_formats, parse_launch_file
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
 LF = DATA / "llamafactory" / "examples"
@@ -46,7 +46,7 @@ def test_every_file_read_or_refused_naming_the_field(path):
     registry = get_plugin_manager().registry
     document = parse_launch_file(path)
     assert launch_format_for(path, document, registry).name == "llamafactory"
-    spec = registry.launch_formats["llamafactory"]
+    spec = launch_formats(registry)["llamafactory"]
     name = str(path.relative_to(LF))
     try:
         reading = spec.read(path, document, LaunchContext(registry=registry))

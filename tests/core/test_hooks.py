@@ -34,7 +34,9 @@ def base(solver, **kw):
 
 
 def test_every_hook_has_a_test():
-    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("mlsysim_")]
+    from mlsysim_plugins.launch import hookspecs as launch_hookspecs    # a built-in plugin's own hook
+    hooks = [n for module in (hookspecs, launch_hookspecs)
+             for n, f in inspect.getmembers(module, inspect.isfunction) if n.startswith("mlsysim_")]
     assert len(hooks) == 15
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
@@ -43,14 +45,16 @@ def test_every_hook_has_a_test():
 
 
 def test_plugin_api_version_is_declared():
-    assert mlsysim_core.PLUGIN_API_VERSION == (3, 0)
+    assert mlsysim_core.PLUGIN_API_VERSION == (3, 1)
 
 
 def test_hook_mlsysim_launch_formats(builtin_pm, tmp_path):
-    """A third party's launch format reads a file into the scenario; a file it does not recognize is not its."""
-    from mlsysim_core import LaunchFormatSpec, hookimpl
+    """A third party's launch format reads a file into the scenario; a file it does not recognize is not its.
+    The hook is the ``launch`` plugin's own (mlsysim_plugins.launch), collected like a core hook's items."""
+    from mlsysim_core import hookimpl
+    from mlsysim_plugins.launch import LaunchFormatSpec
     from mlsysim_core.manager import PluginManager
-    from mlsysim_core.scenario import LaunchField, LaunchReading, from_launch
+    from mlsysim_core.scenario import LaunchField, LaunchReading, from_launch, launch_formats
 
     def read(path, document, context):
         cfg = document["acme_trainer"]
@@ -69,7 +73,8 @@ def test_hook_mlsysim_launch_formats(builtin_pm, tmp_path):
     for name, plugin in builtin_pm.list_name_plugin():
         pm.register(plugin, name=name, info=builtin_pm.info(name))
     pm.register(Acme(), name="acme")
-    assert pm.registry.launch_formats["acme.trainer"].framework == "acme"
+    assert launch_formats(pm.registry)["acme.trainer"].framework == "acme"
+    assert pm.registry.providers[("mlsysim_launch_formats", "acme.trainer")].name == "acme"
     path = tmp_path / "run.json"
     path.write_text('{"acme_trainer": {"model": "llama3-8b", "mbs": 3, "seq": 512}}')
     s = from_launch([path], registry=pm.registry).scenario
@@ -346,3 +351,61 @@ def test_hook_mlsysim_addhooks():
     pm.register(Late(), "late")
     assert sorted(w for ws in pm.hook.myorg_widgets() for w in ws) == ["early", "late"]
     pm.check()     # no pending implementation: the hook has its spec
+
+
+def test_launch_format_spec_moved_with_a_warning():
+    """Plugin API 3.1: LaunchFormatSpec is the launch plugin's; the core's old name still works, and warns."""
+    import warnings
+    from mlsysim_plugins.launch import LaunchFormatSpec
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = mlsysim_core.LaunchFormatSpec
+    assert old is LaunchFormatSpec
+    assert [str(w.message) for w in caught] == [
+        "mlsysim_core.LaunchFormatSpec moved to mlsysim_plugins.launch (plugin API 3.1); import it from there"]
+    assert all(w.category is DeprecationWarning for w in caught)
+
+
+def test_a_plugins_own_registration_hook_is_collected_and_checked():
+    """A hook-spec module's REGISTRATION_HOOK_TYPES: items collected into registry.extensions, each
+    checked to be the declared type (the error names the plugin and the hook), providers recorded."""
+    import types
+    import attrs
+    import pluggy
+    from mlsysim_core.manager import PluginManager
+
+    @attrs.frozen
+    class Widget:
+        name: str
+
+    specs = types.ModuleType("myorg_widget_specs")
+
+    @pluggy.HookspecMarker("mlsysim")
+    def myorg_widgets():
+        """Register widgets."""
+    specs.myorg_widgets, specs.REGISTRATION_HOOK_TYPES = myorg_widgets, {"myorg_widgets": Widget}
+
+    class Owner:
+        @mlsysim_core.hookimpl
+        def mlsysim_addhooks(self, pluginmanager):
+            pluginmanager.add_hookspecs(specs)
+
+    class Good:
+        @mlsysim_core.hookimpl
+        def myorg_widgets(self):
+            return [Widget("myorg.gear")]
+
+    class Bad:
+        @mlsysim_core.hookimpl
+        def myorg_widgets(self):
+            return ["not a widget"]
+
+    pm = PluginManager()
+    for plugin, name in ((Owner(), "owner"), (Good(), "good")):
+        pm.register(plugin, name)
+    assert pm.registry.extensions["myorg_widgets"] == {"myorg.gear": Widget("myorg.gear")}
+    assert pm.registry.providers[("myorg_widgets", "myorg.gear")].name == "good"
+    pm.register(Bad(), "bad")
+    with pytest.raises(mlsysim_core.PluginContractError, match=r"plugin 'bad' .*hook myorg_widgets returned str "
+                                                               r"'not a widget'; expected Widget"):
+        pm.registry

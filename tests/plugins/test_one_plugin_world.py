@@ -37,9 +37,10 @@ from familytools import BIG, FAMILIES_DIR, PRECISION, run_model
 from mlsysim_core import (HardwareNode, ShardingEffect, ShardingRuleSpec, SparseTransformerWorkload,
                           TrainingMemoryModel, TransformerWorkload, hookimpl)
 from mlsysim_core.catalog import get_model
+from mlsysim_core.scenario import LAUNCH_FORMAT, launch_formats
 from mlsysim_core.errors import MlsysimError, PluginError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
-from mlsysim_core.registry import CHECKPOINTING, LAUNCH_FORMAT, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, PluginInfo
+from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, PluginInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = "mlsysim_measured_architectures"
@@ -518,7 +519,7 @@ def test_blocking_a_builtin_removes_it_or_is_refused(kind, name):
     still = []
     for kind_, item, model, kwargs in checks:
         if kind_ == LAUNCH_FORMAT:
-            if item in pm.registry.launch_formats:
+            if item in launch_formats(pm.registry):
                 still.append(f"{kind_} {item!r} is still registered")
             continue
         try:

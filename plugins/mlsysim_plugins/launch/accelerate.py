@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 
+from .hookspecs import LaunchFormatSpec
 from . import _hf
 from ._hf import ACCELERATE, Reading, is_true, whole
 

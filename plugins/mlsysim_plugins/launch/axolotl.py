@@ -15,8 +15,9 @@ bf16); 4-bit as nf4 with double quantization (src/axolotl/loaders/model.py:717-7
 
 from __future__ import annotations
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 
+from .hookspecs import LaunchFormatSpec
 from . import _hf, _recipes
 from ._hf import Reading, is_true, whole
 from .hf_trainer import _fsdp_arg

@@ -5,8 +5,9 @@ deepspeed/runtime/zero/config.py otherwise)."""
 
 from __future__ import annotations
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 
+from .hookspecs import LaunchFormatSpec
 from . import _hf
 
 DS_KEYS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer"}

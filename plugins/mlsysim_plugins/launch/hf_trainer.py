@@ -11,9 +11,10 @@ loaded in float32 unless ``dtype`` says otherwise: trl/trainer/utils.py ``create
 
 from __future__ import annotations
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 from mlsysim_core.scenario import LaunchField
 
+from .hookspecs import LaunchFormatSpec
 from . import _hf
 from ._hf import TA_SOURCE, TRANSFORMERS, TRL, Reading, is_true, whole
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
+from .hookspecs import LaunchFormatSpec
 from ._common import PRECISION_OF_REGIME, Reading, as_bool, as_int, catalog_model, flatten, regime_of, sequence
 
 VERSION = "litgpt 0.5.13"

@@ -21,8 +21,9 @@ ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30), each with its file and line:
 
 from __future__ import annotations
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 
+from .hookspecs import LaunchFormatSpec
 from . import _hf, _recipes
 from ._hf import Reading, is_true, whole
 from .hf_trainer import TA_IGNORED, _fsdp_arg

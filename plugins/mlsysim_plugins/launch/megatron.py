@@ -29,9 +29,10 @@ import re
 import shlex
 from pathlib import Path
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
+from .hookspecs import LaunchFormatSpec
 from ._common import Reading, as_bool, as_int
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"

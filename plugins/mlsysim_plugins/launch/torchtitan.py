@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
+from .hookspecs import LaunchFormatSpec
 from ._common import Reading, as_bool, as_int, catalog_model, flatten
 
 VERSION = "torchtitan 0.2.2"

@@ -23,9 +23,10 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from mlsysim_core import LaunchFormatSpec, hookimpl
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
+from .hookspecs import LaunchFormatSpec
 from ._common import PRECISION_OF_REGIME, Reading, as_bool, as_int, catalog_model, flatten, sequence
 
 VERSION = "torchtune 0.6.1"
