@@ -1,19 +1,28 @@
 """Calibrate the planner's step-time model (plugins/mlsysim_plugins/steptime.py) per accelerator against
 published training throughput (validation/steptime/published.py), and check it on held-out runs.
 
-    python validation/steptime/calibrate.py            # fit, print the Calibration and the table
-    python validation/steptime/calibrate.py --doc      # also rewrite the table in docs/planner.md
+    python validation/steptime/calibrate.py            # fit, print the Calibration and the tables
+    python validation/steptime/calibrate.py --doc      # also rewrite the tables in docs/planner.md
     python validation/steptime/calibrate.py --check    # exit 1 if docs/planner.md is stale
 
-Two constants are fitted on H100 (FIT, least squares on log step time): the matmul efficiency
-and the intra-node link efficiency, on torchtitan's compiled bf16 Llama 3.1 8B FSDP run on one
-node (compute-bound, no tensor parallelism) and its 8B and 70B FSDP x TP=8 runs (the TP
-collectives). Everything else keeps
-steptime.DEFAULT. Every other bf16 run with a layout the model describes is HELD OUT.
-Runs with float8, async TP or an unknown model are listed as not comparable (the model has
-no float8 or async-TP term). Compiled runs are timed with their memory-bound ops fused
-(``compiled=True``), the others eager, as the search times every layout (the measured
-memory profile models eager PyTorch).
+Every run is timed by ``mlsysim_core.search.time_plan`` (the public one-layout timing, `mlsysim-core time`),
+with the layout, schedule and implementation choices the source states (``layout``).
+
+THE SPLIT (decided before any fit and committed before the fitted constants were: FIT below). Per accelerator a
+small set of physically meaningful constants is fitted by least squares on log step time over the runs named in
+FIT, and nothing else; every other comparable run is HELD OUT and reported as such.
+
+* H100 (two constants: ``matmul``, the share of the dense peak a large wave-aligned GEMM reaches at the board's
+  full power, and ``intra_link``, the NVLink bus-bandwidth share): torchtitan's compiled Llama 3.1 8B FSDP on
+  one node (500 W, compute-bound), llm-foundry's MPT-7B on one node (700 W, compute-bound: the power envelope
+  between them is a formula, not fitted) and torchtitan's Llama 3 70B FSDP x TP=8 (the TP collectives).
+* A100 (one constant: ``matmul``): llm-foundry's MPT-7B and MPT-30B at sequence 2048 on one node.
+* H200: nothing fitted; the H100's constants are carried over (the same GH100 die and NVLink 4; said in the
+  Calibration's source) and checked on the held-out H200 runs.
+
+Everything else is a documented constant or formula (steptime.DEFAULT and its comments): attention's share of
+the peak is FlashAttention-2's stated utilization (H100: 35 %; A100: 50 %, the low end of '50-73%'), memory-bound
+kernels 80 % of the bandwidth, collective latency NCCL's model, the overlap cost 24/132 of the SMs.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import runpy
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,143 +40,257 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mlsysim_plugins import steptime                   # noqa: E402
-from mlsysim_core.inputs import _hardware, _model       # noqa: E402
-from mlsysim_core.search import _one_device_plan, precision_bytes   # noqa: E402
-from mlsysim_core.solver import TrainingMemoryModel     # noqa: E402
+from mlsysim_core import TransformerWorkload            # noqa: E402
+from mlsysim_core.search import time_plan              # noqa: E402
 
 CASES = runpy.run_path(str(Path(__file__).with_name("published.py")))["CASES"]
-FIT = ("torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile", "torchtitan-2506-asynctp-llama3-8b-64xh100-bf16-vanillatp",
-       "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp")
+FIT = {
+    "h100": ("torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile", "llmfoundry-mpt-7b-8xh100-seq2048",
+             "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp"),
+    "a100": ("llmfoundry-mpt-7b-8xa100-seq2048", "llmfoundry-mpt-30b-8xa100-seq2048"),
+}
+CATALOG = {"h100": "nvidia/h100-sxm5-80gb", "a100": "nvidia/a100-sxm4-80gb", "h200": "nvidia/h200-sxm-141gb"}
+# What each accelerator fits (the rest of its Calibration is DEFAULT's, attention as the module docstring says)
+FITTED = {"h100": ("matmul", "intra_link"), "a100": ("matmul",)}
+ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none"}
+RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1",
+        "no-reshard-after-forward": "fsdp-grad-op"}
 DOC = ROOT / "docs" / "planner.md"
 BEGIN, END = "<!-- calibration table: begin -->", "<!-- calibration table: end -->"
+LF, MG, L3 = "mosaicml/llm-foundry", "NVIDIA/Megatron-LM", "The Llama 3 Herd"
 
 
 def comparable(case) -> str | None:
     """Why a published run cannot be compared (None: it can)."""
-    if case["model"] is None:
-        return "model not in the catalog"
-    if case["float8"]:
-        return "float8 (no float8 term)"
-    if case["async_tp"]:
-        return "async TP (no overlap term for TP)"
-    if case["hardware"] != "h100":
-        return "not an H100 (no calibration)"
-    if None in (case["tp"], case["cp"], case["pp"], case["seq_len"], case["global_batch"]):
+    if case["model"] is None and case["model_dims"] is None:
+        return "model not in the catalog and its dimensions not stated"
+    if case["hardware"] not in CATALOG:
+        return f"{case['hardware']}: no calibration (no comparable published run with a named model)"
+    if None in (case["tp"], case["cp"], case["pp"], case["seq_len"], case["global_batch"], case["devices"]):
         return "layout not stated"
     return None
 
 
+def model_for(case):
+    """The catalog model, or the source's stated dimensions as a workload (its position table, not a
+    matmul, left out of the parameters)."""
+    if case["model"]:
+        return case["model"]
+    dims = {k: v for k, v in case["model_dims"].items() if k not in ("source", "position_table")}
+    dims["parameters"] -= case["model_dims"].get("position_table") or 0
+    return TransformerWorkload(**dims)
+
+
+def fused(case) -> tuple[bool, str]:
+    """Whether the memory-bound ops run as fused kernels (one read, one write each), and why."""
+    if case["compile"]:
+        return True, "torch.compile"
+    if case["source"].startswith(LF):
+        return True, "llm-foundry's ops are single kernels (low_precision_layernorm = F.layer_norm, GELU, ALiBi in flash-attn)"
+    if case["source"].startswith((MG, L3)):
+        return True, "fused kernels (Transformer Engine / production kernels): assumed"
+    return False, "eager PyTorch"
+
+
 def layout(case) -> dict:
+    """``time_plan``'s keywords for the published run, and the assumptions made (``assumed``)."""
+    assumed = []
     dp = (case["dp_shard"] or 1) * (case["dp_replicate"] or 1)
     pp = case["pp"]
-    mb = 1 if pp > 1 else case["local_batch"]       # torchtitan's and Megatron's pipeline micro-batch: 1
-    gas = case["global_batch"] // (dp * mb)
-    rule = ("fsdp-grad-op" if case["id"].startswith("llama3-paper")      # "we do not reshard after forward"
-            else "fsdp" if (case["dp_shard"] or 1) > 1 else "zero1" if dp > 1 else "zero0")
-    return dict(tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, rule=rule, mb=mb, gas=gas)
+    mb = case["micro_batch"] or (1 if pp > 1 else case["local_batch"])
+    if case["micro_batch"] is None and pp > 1:
+        assumed.append("micro-batch 1")
+    if case["sharding"] in RULE:
+        rule = RULE[case["sharding"]]
+    else:
+        rule = "fsdp" if (case["dp_shard"] or 1) > 1 else "zero1" if dp > 1 else "zero0"
+    vp = case["virtual_stages"]
+    if vp is None and "nterleaved" in (case["pp_schedule"] or ""):
+        vp = 2
+        assumed.append("interleaved with 2 stages per rank (not stated)")
+    is_fused, why = fused(case)
+    if case["float8"] is None:
+        assumed.append("bf16 (precision not stated)")
+    if case["checkpointing"] is None:
+        assumed.append("no activation checkpointing (not stated)")
+    return dict(tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
+                data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
+                sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
+                async_tp=bool(case["async_tp"]) and case["tp"] > 1, power=case["power_watts"],
+                memory_bandwidth=case["memory_bandwidth"], network_bandwidth=case["network_bandwidth"],
+                assumed=tuple(assumed), fused_why=why)
 
 
-_SHARES: dict = {}
+_MODELS: dict = {}
 
 
 def predict(case, cal: steptime.Calibration) -> dict:
-    model, hardware = _model(case["model"]), _hardware(case["hardware"])
-    ckpt = CKPT[case["checkpointing"]]
-    key = (case["model"], ckpt, case["seq_len"])
-    if key not in _SHARES:      # (once per model, strategy and sequence: the fit calls this thousands of times)
-        solver = TrainingMemoryModel()
-        plan = _one_device_plan(solver, model, hardware, case["seq_len"], "bf16", "adamw", ckpt, "measured", {})
-        first = solver.solve(model, hardware, 1, case["seq_len"], "bf16", "adamw", ckpt, profile="measured")
-        _SHARES[key] = (solver.registry.checkpointing[ckpt].recompute(plan),
-                        steptime.optimizer_step_bytes(first, model.parameters))
-    share, state = _SHARES[key]
-    fig = steptime.model_figures(model)
-    hw = steptime.hardware_figures(hardware)
     lay = layout(case)
-    parts = steptime.step_time(fig, hw, cal, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
-                               rule=lay["rule"], recompute=share, sp=lay["tp"] > 1, mb=lay["mb"], gas=lay["gas"],
-                               seq_len=case["seq_len"], bytes_=precision_bytes("bf16"),
-                               node=hardware.devices_per_node, optimizer_bytes=state, compiled=bool(case["compile"]))
-    tokens = case["global_batch"] * case["seq_len"]
-    return steptime.summary(parts, tokens=tokens, devices=case["devices"], fig=fig, seq_len=case["seq_len"],
-                            peak=hardware.peak_bf16_flops) | {"parts": parts, "layout": lay, "checkpointing": ckpt}
+    kw = {k: v for k, v in lay.items() if k not in ("assumed", "fused_why")}
+    if case["id"] not in _MODELS:
+        _MODELS[case["id"]] = model_for(case)
+    return time_plan(_MODELS[case["id"]], case["hardware"], global_batch=case["global_batch"], seq_len=case["seq_len"],
+                     precision="bf16", optimizer="adamw", profile="measured", calibration=cal, memory=False, **kw)
+
+
+def megatron_flops(dims: dict, batch: int, s: int) -> float:
+    """Megatron-LM's num_floating_point_operations (training.py, e.g. at b5a7b5ff8311aa98137df24b15b9032f7345f098):
+    12 B s l h^2 ((1 + g/a + s/h) (a kv / h) + (ffn / h) (3/2 if swiglu) + V / (2 l h)), here MHA (g = a, a kv = h)."""
+    l, h = dims["layers"], dims["hidden_dim"]
+    gated = 1.5 if dims["gated_mlp"] else 1.0
+    return 12 * batch * s * l * h * h * ((2 + s / h) + dims["ffn_dim"] / h * gated + dims["vocab_size"] / (2 * l * h))
 
 
 def published_step(case) -> float | None:
+    """Seconds per step the source's figures give: tokens/s/GPU, or TFLOP/s per GPU under the source's own FLOP
+    count (Megatron's; the Llama 3 paper's 'MFU (Chowdhery et al. 2023)', PaLM's 6 N + 12 L H Q T per token)."""
     tokens = case["global_batch"] * case["seq_len"]
     if case["tokens_per_s_per_gpu"]:
         return tokens / (case["tokens_per_s_per_gpu"] * case["devices"])
+    if case["flops_convention"] == "megatron":
+        return megatron_flops(case["model_dims"], case["global_batch"], case["seq_len"]) / (
+            case["tflops_per_gpu"] * 1e12 * case["devices"])
+    if case["flops_convention"] == "palm":
+        fig = steptime.model_figures(_model_object(case))
+        return tokens * steptime.model_flops_per_token(fig, case["seq_len"]) / (case["tflops_per_gpu"] * 1e12 * case["devices"])
     return None
 
 
+def _model_object(case):
+    m = model_for(case)
+    if isinstance(m, str):
+        from mlsysim_core.catalog import get_model
+        m = get_model(m)
+    return m
+
+
 def error(case, cal) -> float:
-    """log(predicted / published) of the step time, or of the MFU where only MFU is published."""
-    p = predict(case, cal)
-    step = published_step(case)
-    if step:
-        return math.log(p["step_s"] / step)
-    return math.log(case["mfu"] / p["mfu"])
+    """log(predicted / published) step time."""
+    return math.log(predict(case, cal)["step_s"] / published_step(case))
 
 
-def fit() -> steptime.Calibration:
-    """Least squares on the log step time of the FIT runs over (matmul, intra_link): a grid
-    of 0.005 steps (both errors are monotone in each constant; the grid is the whole search)."""
-    # (the H100 node's switch reduces in the network: a hardware fact, not fitted)
-    cal = attrs.evolve(steptime.DEFAULT, calibrated=True, switch_allreduce=True)
-    cases = [c for c in CASES if c["id"] in FIT]
+def base_calibration(acc: str) -> steptime.Calibration:
+    return attrs.evolve(steptime.DEFAULT, attention=ATTENTION[acc], calibrated=True,
+                        switch_allreduce=acc in ("h100", "h200"))
+
+
+def fit(acc: str = "h100") -> steptime.Calibration:
+    """Least squares on the log step time of FIT[acc] over FITTED[acc]: a grid of 0.005 steps for matmul, 0.01
+    for intra_link (each run's error is monotone in each constant; the grid is the whole search)."""
+    cal = base_calibration(acc)
+    cases = [c for c in CASES if c["id"] in FIT[acc]]
+    assert len(cases) == len(FIT[acc]), "a FIT run is missing from published.py"
     best = None
-    for m in range(60, 181):        # matmul 0.300-0.900
-        for i in range(30, 301, 2):  # intra_link 0.15-1.50
-            trial = attrs.evolve(cal, matmul=m / 200, intra_link=i / 200)
+    links = range(20, 151) if "intra_link" in FITTED[acc] else (round(cal.intra_link * 100),)
+    for i in links:
+        for m in range(60, 191):        # matmul 0.300-0.950
+            trial = attrs.evolve(cal, matmul=m / 200, intra_link=i / 100)
             loss = sum(error(c, trial) ** 2 for c in cases)
             if best is None or loss < best[0]:
                 best = (loss, trial)
-    return attrs.evolve(best[1], source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares "
-                        "on log step time) on " + ", ".join(FIT) + " (validation/steptime/published.py); the rest "
-                        "assumed (steptime.DEFAULT)")
+    return attrs.evolve(best[1], source=f"validation/steptime/calibrate.py: {', '.join(FITTED[acc])} fitted (least "
+                        f"squares on log step time) on {', '.join(FIT[acc])} (validation/steptime/published.py); "
+                        f"attention {ATTENTION[acc]} (FlashAttention-2's stated utilization); the rest steptime.DEFAULT")
 
 
-def table(cal) -> str:
-    rows = ["| run | layout (tp/cp/pp/dp, rule, ckpt, mb x gas) | role | published | predicted | error |",
-            "|---|---|---|---|---|---|"]
+def shipped(acc: str) -> steptime.Calibration:
+    return steptime.CALIBRATIONS[CATALOG[acc]]
+
+
+def rows(acc: str):
+    """(case, prediction, published step, role) of every comparable run on ``acc``."""
+    out = []
     for case in CASES:
-        why = comparable(case)
-        if why:
+        if comparable(case) or case["hardware"] != acc:
             continue
-        p = predict(case, cal)
-        lay = p["layout"]
-        role = "fit" if case["id"] in FIT else "held out"
-        shape = (f"{lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']}, {lay['rule']}, {p['checkpointing']}, "
-                 f"{lay['mb']} x {lay['gas']}" + (", compiled" if case["compile"] else ""))
-        step = published_step(case)
-        if step:
-            pub = f"{case['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
-            pred = f"{p['tokens_per_s_per_device']:,.0f} tok/s/GPU (MFU {p['mfu']:.1%})"
-            err = p["step_s"] / step - 1
-            rows.append(f"| {case['id']} | {shape} | {role} | {pub} | {pred} | step time {err:+.1%} |")
-        else:
-            pub = f"MFU {case['mfu']:.0%}"
-            pred = f"MFU {p['mfu']:.1%} ({p['step_s']:.2f} s/step)"
-            rows.append(f"| {case['id']} | {shape} | {role} | {pub} | {pred} | MFU {p['mfu'] / case['mfu'] - 1:+.1%} |")
-    skipped = sorted({comparable(c) for c in CASES if comparable(c)})
-    counts = {w: sum(1 for c in CASES if comparable(c) == w) for w in skipped}
-    rows.append("")
-    rows.append("Not comparable: " + "; ".join(f"{n} runs: {w}" for w, n in counts.items()) + ".")
-    return "\n".join(rows)
+        p = predict(case, shipped(acc))
+        out.append((case, p, published_step(case), "fit" if case["id"] in FIT.get(acc, ()) else "held out"))
+    return out
+
+
+def summary(acc: str, found=None) -> dict:
+    found = rows(acc) if found is None else found
+    held = [abs(p["step_s"] / s - 1) for c, p, s, role in found if role == "held out"]
+    slower = sum(1 for c, p, s, role in found if role == "held out" and p["step_s"] > s)
+    return {"held_out": len(held), "median": statistics.median(held) if held else None,
+            "max": max(held) if held else None, "slower": slower,
+            "fit": sum(1 for r in found if r[3] == "fit")}
+
+
+def _source_name(case) -> str:
+    src = case["source"]
+    for key, name in (("pytorch/torchtitan", "torchtitan"), (LF, "llm-foundry"), (MG, "Megatron-LM"), (L3, "Llama 3 paper")):
+        if src.startswith(key) or key in src[:80]:
+            return name
+    return "other"
+
+
+def table() -> str:
+    lines = []
+    for acc in ("h100", "a100", "h200"):
+        found = rows(acc)
+        s = summary(acc, found)
+        lines.append(f"**{acc.upper()}** ({CATALOG[acc]}): {s['fit']} runs fitted, {s['held_out']} held out; held-out "
+                     f"step time median |error| {s['median']:.1%}, max {s['max']:.1%}, predicted slower than "
+                     f"published on {s['slower']} of {s['held_out']}.")
+        lines.append("")
+        by = {}
+        for c, p, st, role in found:
+            if role == "held out":
+                by.setdefault(_source_name(c), []).append(abs(p["step_s"] / st - 1))
+        lines.append("| source | held-out runs | median abs error | max |")
+        lines.append("|---|---|---|---|")
+        for name, errs in sorted(by.items()):
+            lines.append(f"| {name} | {len(errs)} | {statistics.median(errs):.1%} | {max(errs):.1%} |")
+        lines.append("")
+        lines.append("| run | layout (tp/cp/pp/dp, vp, rule, ckpt, mb x gas; choices) | role | published | predicted | step time error |")
+        lines.append("|---|---|---|---|---|---|")
+        for c, p, st, role in found:
+            lay, L = layout(c), p["layout"]
+            choices = [x for x, on in (("fused ops", lay["compiled"]), ("float8", lay["float8"]),
+                                       ("async TP", lay["async_tp"])) if on]
+            if lay["power"]:
+                choices.append(f"{lay['power']} W")
+            choices += [f"assumed {a}" for a in lay["assumed"]]
+            shape = (f"{L['tp']}/{L['cp']}/{L['pp']}/{L['dp']}" + (f", vp {L['vp']}" if L["vp"] > 1 else "")
+                     + f", {L['data_parallel']}, {L['checkpointing']}, {L['microbatch']} x "
+                     f"{L['gradient_accumulation_steps']}" + (f"; {', '.join(choices)}" if choices else ""))
+            if c["tokens_per_s_per_gpu"]:
+                pub = f"{c['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
+                pred = f"{p['tokens_per_s_per_device']:,.0f} tok/s/GPU"
+            else:
+                pub = f"{c['tflops_per_gpu']:g} TFLOP/s/GPU ({c['flops_convention']} count): {st:.2f} s/step"
+                pred = f"{p['step_s']:.2f} s/step"
+            lines.append(f"| {c['id']} | {shape} | {role} | {pub} | {pred} | {p['step_s'] / st - 1:+.1%} |")
+        lines.append("")
+    skipped = {}
+    for c in CASES:
+        why = comparable(c)
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+    lines.append("Not comparable: " + "; ".join(f"{n} runs: {w}" for w, n in sorted(skipped.items())) + ".")
+    return "\n".join(lines)
+
+
+def command() -> str:
+    return "python validation/steptime/calibrate.py"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--doc", action="store_true", help="rewrite the table in docs/planner.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/planner.md's table is stale")
+    parser.add_argument("--doc", action="store_true", help="rewrite the tables in docs/planner.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/planner.md's tables are stale")
+    parser.add_argument("--no-fit", action="store_true", help="skip the fit (print the tables of the shipped constants)")
     args = parser.parse_args(argv)
-    cal = fit()
-    print(f"fitted: {cal!r}")
-    shipped = steptime.CALIBRATIONS.get("nvidia/h100-sxm5-80gb")
-    if shipped is None or (shipped.matmul, shipped.intra_link) != (cal.matmul, cal.intra_link):
-        print("note: steptime.CALIBRATIONS['nvidia/h100-sxm5-80gb'] differs from this fit: update it")
-    text = table(steptime.CALIBRATIONS.get("nvidia/h100-sxm5-80gb", cal)) + "\n\n" + ranks() + "\n\n" + target()
+    if not args.no_fit:
+        for acc in FIT:
+            cal = fit(acc)
+            print(f"fitted {acc}: " + ", ".join(f"{k}={getattr(cal, k)}" for k in FITTED[acc]))
+            ship = shipped(acc)
+            if any(getattr(ship, k) != getattr(cal, k) for k in FITTED[acc]):
+                print(f"note: steptime.CALIBRATIONS[{CATALOG[acc]!r}] differs from this fit: update it")
+    text = table() + "\n\n" + ranks() + "\n\n" + target()
     print(text)
     if args.doc or args.check:
         doc = DOC.read_text(encoding="utf-8")
@@ -178,18 +302,19 @@ def main(argv=None) -> int:
     return 0
 
 
-
 def ranks() -> str:
-    """Where each comparable published layout ranks in the measured search of its run."""
-    rows = ["| run | published layout (tp/cp/pp/dp) | its rank among distinct layouts | the search's first row |",
-            "|---|---|---|---|"]
+    """Where each comparable published bf16 layout of a catalog model on up to 256 H100 ranks in the measured
+    search of its run."""
+    rows_ = ["| run | published layout (tp/cp/pp/dp) | its rank among distinct layouts | the search's first row |",
+             "|---|---|---|---|"]
     for case in CASES:
-        if comparable(case) is None and case["devices"] <= 256:
+        if (comparable(case) is None and case["model"] and case["hardware"] == "h100" and case["devices"] <= 256
+                and not case["float8"] and not case["async_tp"]):
             rank, count, top = search_rank(case)
             lay = layout(case)
-            rows.append(f"| {case['id']} | {lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']} | "
-                        f"{rank if rank else 'does not fit'} of {count} | {top} |")
-    return "\n".join(rows)
+            rows_.append(f"| {case['id']} | {lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']} | "
+                         f"{rank if rank else 'does not fit'} of {count} | {top} |")
+    return "\n".join(rows_)
 
 
 def target() -> str:
@@ -197,16 +322,16 @@ def target() -> str:
     CLI's defaults (measured profile, fp16 autocast, adam)."""
     from mlsysim_core.search import search_plans
     found = search_plans("llama3-70b", "h100", devices=64, global_batch=512, seq_len=4096, profile="measured")
-    rows = ["| rank | tp/cp/pp/dp | dp rule | ckpt | mb x gas | memory GiB | step s | MFU |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| rank | tp/cp/pp/dp | dp rule | ckpt | mb x gas | memory GiB | step s | MFU |", "|---|---|---|---|---|---|---|---|"]
     shown = list(enumerate(found.fits[:5], 1))
     first = next(((i, c) for i, c in enumerate(found.fits, 1) if c.tp == 8 and c.cp == 1), None)
     if first and first[0] > 5:
         shown.append(first)
     for i, c in shown:
-        rows.append(f"| {i} | {c.tp}/{c.cp}/{c.pp}/{c.dp} | {c.data_parallel} | {c.checkpointing} | "
-                    f"{c.microbatch} x {c.gradient_accumulation_steps} | {c.total_memory / 2**30:.1f} | "
-                    f"{c.step_time:.2f} | {c.mfu:.1%} |")
-    return "\n".join(rows)
+        out.append(f"| {i} | {c.tp}/{c.cp}/{c.pp}/{c.dp} | {c.data_parallel} | {c.checkpointing} | "
+                   f"{c.microbatch} x {c.gradient_accumulation_steps} | {c.total_memory / 2**30:.1f} | "
+                   f"{c.step_time:.2f} | {c.mfu:.1%} |")
+    return "\n".join(out)
 
 
 def search_rank(case) -> tuple[int | None, int, str]:

@@ -84,10 +84,11 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(model=None, model_note=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
+_BASE = dict(model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+             power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
-             mfu=None, memory_gib=None, notes="")
+             mfu=None, memory_gib=None, notes="", flops_convention=None)
 
 
 def _row(**kw):
@@ -334,6 +335,14 @@ for _size, _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _a
         model_note=f"GPT-style {_size}: {_layers} layers, hidden {_hidden}, {_heads} heads, vocab 131072 (ffn size not stated)",
         hardware="h100", devices=_gpus, tp=_tp, pp=_pp, pp_schedule=None, dp_shard=1, dp_replicate=_dp, local_batch=_batch // _dp,
         global_batch=_batch, seq_len=4096, compile=None, float8=None, async_tp=(_tp > 1) or None, tflops_per_gpu=_tf, mfu=_mfu,
+        flops_convention="megatron", sharding="distributed-optimizer",
+        model_dims=dict(name=f"GPT {_size} (Megatron-LM README)", layers=_layers, hidden_dim=_hidden, heads=_heads,
+                        ffn_dim=4 * _hidden, vocab_size=131072, gated_mlp=False, tied_embeddings=True,
+                        parameters=12 * _layers * _hidden ** 2 + 13 * _layers * _hidden + 131072 * _hidden + 4096 * _hidden,
+                        position_table=4096 * _hidden, architecture="gpt3", context_length=4096,
+                        source="the row's layers, hidden size and heads; vocabulary 131,072 and sequence 4,096 from the "
+                               "README; ffn 4 x hidden, GELU, learned positions and tied embeddings ASSUMED (Megatron's GPT "
+                               "defaults: --ffn-hidden-size defaults to 4 * hidden_size; not stated by the table)"),
         notes=_MG_NOTE + f"local_batch derived: {_batch} / DP {_dp}. Aggregate petaFLOP/s {_agg}. "
               + ("The 177B row is the README's 'standard GPT-3 model (slightly more than 175 billion parameters due to larger vocabulary size)'; "
                  "the catalog's openai/gpt-3-175b has a smaller vocabulary. " if _size == "177B" else "")))
@@ -355,7 +364,7 @@ for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp, pp=_pp,
         pp_schedule="Interleaved1F1B" if _vp > 1 else ("1F1B" if _pp > 1 else None), dp_shard=1, dp_replicate=_dp,
         local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True, async_tp=None,
-        tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf,
+        tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, virtual_stages=_vp, micro_batch=_mbs, sharding="distributed-optimizer",
         notes=_MGL_NOTE + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
               + ("405B exists only as Llama 3.1. " if _m == "llama3-405b" else "")))
 
@@ -407,18 +416,186 @@ _LF_ROWS = """
 |  1b | 2048 | 256 | h100_80gb | 39.15 | 39.15 | 387 | 12 | 1 | 3072 | 5319 | 10894207 | 42555 | 6291456 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 1315950592 |
 |  1b | 2048 | 128 | h100_80gb | 40.6 | 40.6 | 401 | 12 | 1 | 1536 | 2757 | 5647854 | 44123 | 3145728 | amp_bf16 | DEFAULT | SHARD_GRAD_OP | False | False | 1315950592 |
 """
-for _line in _LF_ROWS.strip().splitlines():
-    _c = [x.strip() for x in _line.strip().strip("|").split("|")]
-    _gpus, _mb, _ga, _gbs = int(_c[2]), int(_c[7]), int(_c[8]), int(_c[9])
-    CASES.append(_row(
-        id=f"llmfoundry-mpt-{_c[0]}-{_gpus}xh100-seq{_c[1]}", source=f"{_LF}, columns '{_LF_COLS}', row '{_line.strip()}'",
-        model=None, model_note=f"MPT-{_c[0]}, NumParams {_c[19]}", hardware="h100", devices=_gpus, dp_shard=_gpus,
-        local_batch=_gbs // _gpus, global_batch=_gbs, seq_len=int(_c[1]),
-        checkpointing="full" if _c[17] == "True" else "none", compile=None, float8=False,
-        tokens_per_s_per_gpu=int(_c[12]), tflops_per_gpu=float(_c[6]), mfu=round(float(_c[4]) / 100, 4),
-        notes=_LF_NOTE + f"MicroBatchSize {_mb}, GradAccum {_ga}; sharding {_c[16]}; precision {_c[14]}; HFU {_c[5]}%; "
-              f"Throughput {_c[10]} sequences/s, {_c[11]} tokens/s in all."))
-del _line, _c, _mb
+# The MPT models' dimensions (d_model, n_heads, n_layers; expansion_ratio 4, vocab_size 50368, GELU MLP, tied
+# embeddings, ALiBi) from the same commit's yamls, scripts/train/yamls/pretrain/mpt-<size>.yaml ('d_model', 'n_heads',
+# 'n_layers', 'expansion_ratio: 4', 'vocab_size: 50368'); scripts/train/benchmarking/submit_benchmarks.py sets
+# "parameters['model']['norm_type'] = 'low_precision_layernorm'" and attn_impl 'flash' by default. NumParams (the
+# table's column) grows with the sequence by seq x d_model: a position table, counted as an embedding here.
+_MPT_YAML = ("mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-{size}.yaml at commit 8c8dd48f72168c5d51e2f7b151595892a8fba43d: "
+             "'d_model: {h}', 'n_heads: {a}', 'n_layers: {l}', 'expansion_ratio: 4', 'vocab_size: 50368'")
+_MPT_DIMS = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32),
+             "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
+
+
+def _mpt(size: str, params: int, seq: int) -> dict:
+    h, a, l = _MPT_DIMS[size]
+    return dict(name=f"MPT-{size} (llm-foundry)", parameters=params, layers=l, hidden_dim=h, heads=a, ffn_dim=4 * h,
+                vocab_size=50368, gated_mlp=False, tied_embeddings=True, position_table=seq * h, architecture="gpt3",
+                context_length=seq,
+                source=_MPT_YAML.format(size=size, h=h, a=a, l=l))
+
+
+def _lf_rows(text: str, table: str, hardware: str, tag: str, notes: str = "") -> list:
+    rows = []
+    for line in text.strip().splitlines():
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        gpus, mb, ga, gbs = int(c[2]), int(c[7]), int(c[8]), int(c[9])
+        ident = f"llmfoundry-mpt-{c[0]}-{gpus}x{tag}-seq{c[1]}"
+        if any(r["id"] == ident for r in [*CASES, *rows]):      # (two rows of one run at other micro-batches)
+            ident += f"-mb{mb}"
+        rows.append(_row(
+            id=ident, source=f"{table}, columns '{_LF_COLS}', row '{line.strip()}'",
+            model=None, model_note=f"MPT-{c[0]}, NumParams {c[19]}", model_dims=_mpt(c[0], int(c[19]), int(c[1])),
+            hardware=hardware, devices=gpus, dp_shard=gpus, local_batch=gbs // gpus, global_batch=gbs, seq_len=int(c[1]),
+            micro_batch=mb, sharding=c[16], checkpointing="full" if c[17] == "True" else "none", compile=False,
+            float8=c[14] == "amp_fp8", tokens_per_s_per_gpu=int(c[12]), tflops_per_gpu=float(c[6]),
+            mfu=round(float(c[4]) / 100, 4),
+            notes=_LF_NOTE + notes + f"MicroBatchSize {mb}, GradAccum {ga}; sharding {c[16]}; precision {c[14]}; HFU {c[5]}%; "
+                  f"Throughput {c[10]} sequences/s, {c[11]} tokens/s in all. compile=False: Composer's FSDP at that time "
+                  "(the benchmark scripts set no compile)."))
+    return rows
+
+
+CASES += _lf_rows(_LF_ROWS, _LF, "h100", "h100")
+
+_LF_BASE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48f72168c5d51e2f7b151595892a8fba43d "
+            "(file last changed in 495218376830947dce625efabc4d86be7c47cc45), table ")
+_LF_H100 = """
+|  70b | 2048 | 64 | h100_80gb | 42.57 | 56.76 | 421 | 8 | 4 | 2048 | 32 | 66523 | 1039 | 4194304 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 64862437376 |
+|  70b | 2048 | 32 | h100_80gb | 36.15 | 48.2 | 357 | 2 | 16 | 1024 | 13 | 28242 | 882 | 2097152 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 64862437376 |
+|  30b | 8192 | 8 | h100_80gb | 29.92 | 39.9 | 296 | 1 | 21 | 168 | 1 | 11072 | 1384 | 1376256 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 30019254272 |
+|  30b | 4096 | 8 | h100_80gb | 35.86 | 47.81 | 354 | 1 | 21 | 168 | 3 | 14419 | 1802 | 688128 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29989894144 |
+|  30b | 2048 | 32 | h100_80gb | 43.92 | 58.57 | 434 | 14 | 3 | 1344 | 36 | 73860 | 2308 | 2752512 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 2048 | 16 | h100_80gb | 43.07 | 57.42 | 426 | 10 | 3 | 480 | 17 | 36209 | 2263 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 2048 | 8 | h100_80gb | 38.11 | 50.82 | 377 | 3 | 21 | 504 | 7 | 16022 | 2002 | 1032192 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 1024 | 8 | h100_80gb | 38.76 | 51.68 | 383 | 6 | 21 | 1008 | 16 | 16672 | 2084 | 1032192 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29967874048 |
+|  13b | 32768 | 8 | h100_80gb | 31.68 | 42.24 | 313 | 1 | 3 | 24 | 0 | 15812 | 1976 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 13011240960 |
+|  13b | 16384 | 8 | h100_80gb | 35.55 | 47.4 | 351 | 3 | 3 | 72 | 1 | 23881 | 2985 | 1179648 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12927354880 |
+|  13b | 4096 | 8 | h100_80gb | 41.6 | 55.47 | 411 | 10 | 3 | 240 | 9 | 37740 | 4717 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12864440320 |
+|  13b | 2048 | 64 | h100_80gb | 39.86 | 39.86 | 394 | 2 | 1 | 128 | 150 | 307209 | 4800 | 262144 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 12853954560 |
+|  13b | 2048 | 32 | h100_80gb | 39.95 | 39.95 | 395 | 2 | 1 | 64 | 75 | 153960 | 4811 | 131072 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 12853954560 |
+|  13b | 2048 | 16 | h100_80gb | 39.58 | 39.58 | 391 | 2 | 1 | 32 | 37 | 76280 | 4767 | 65536 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 12853954560 |
+|  13b | 2048 | 8 | h100_80gb | 39.79 | 39.79 | 393 | 2 | 1 | 16 | 18 | 38336 | 4792 | 32768 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 12853954560 |
+|  13b | 1024 | 8 | h100_80gb | 44.27 | 59.03 | 438 | 40 | 3 | 960 | 42 | 44019 | 5502 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12848711680 |
+|  7b | 65536 | 8 | h100_80gb | 28.59 | 38.13 | 282 | 1 | 2 | 16 | 0 | 15654 | 1956 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6918905856 |
+|  7b | 32768 | 8 | h100_80gb | 30.94 | 41.25 | 306 | 2 | 2 | 32 | 0 | 26550 | 3318 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6784688128 |
+|  7b | 8192 | 8 | h100_80gb | 37.14 | 49.52 | 367 | 8 | 2 | 128 | 6 | 55481 | 6935 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6684024832 |
+|  7b | 4096 | 8 | h100_80gb | 40.42 | 53.9 | 399 | 16 | 2 | 256 | 16 | 68893 | 8611 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6667247616 |
+|  7b | 2048 | 8 | h100_80gb | 46.44 | 46.44 | 459 | 6 | 1 | 48 | 41 | 85144 | 10643 | 98304 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 6658859008 |
+|  7b | 1024 | 8 | h100_80gb | 42.83 | 57.11 | 423 | 64 | 2 | 1024 | 79 | 81628 | 10203 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6654664704 |
+|  3b | 65536 | 8 | h100_80gb | 26.81 | 35.74 | 265 | 1 | 2 | 16 | 0 | 26099 | 3262 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 2814366720 |
+|  3b | 32768 | 8 | h100_80gb | 28.84 | 38.46 | 285 | 3 | 6 | 144 | 1 | 46984 | 5873 | 4718592 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 2730480640 |
+|  3b | 16384 | 8 | h100_80gb | 36.34 | 36.34 | 359 | 1 | 6 | 48 | 5 | 89223 | 11152 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2688537600 |
+|  3b | 8192 | 8 | h100_80gb | 40.31 | 40.31 | 398 | 3 | 6 | 144 | 16 | 132626 | 16578 | 1179648 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2667566080 |
+|  3b | 4096 | 8 | h100_80gb | 42.31 | 42.31 | 418 | 5 | 6 | 240 | 40 | 167712 | 20964 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2657080320 |
+|  3b | 2048 | 64 | h100_80gb | 40.8 | 40.8 | 403 | 6 | 3 | 1152 | 703 | 1441663 | 22525 | 2359296 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2651837440 |
+|  3b | 2048 | 32 | h100_80gb | 41.7 | 41.7 | 412 | 6 | 3 | 576 | 359 | 736701 | 23021 | 1179648 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2651837440 |
+|  3b | 2048 | 16 | h100_80gb | 43.73 | 43.73 | 432 | 10 | 3 | 480 | 188 | 386285 | 24142 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2651837440 |
+|  3b | 1024 | 8 | h100_80gb | 46.2 | 46.2 | 457 | 20 | 6 | 960 | 211 | 216369 | 27046 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2649216000 |
+|  3b | 512 | 8 | h100_80gb | 46.32 | 46.32 | 458 | 40 | 6 | 1920 | 436 | 223721 | 27965 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2647905280 |
+|  1b | 65536 | 8 | h100_80gb | 26.34 | 35.12 | 260 | 1 | 2 | 16 | 0 | 44050 | 5506 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 1445974016 |
+|  1b | 32768 | 8 | h100_80gb | 33.54 | 33.54 | 331 | 1 | 4 | 32 | 2 | 96203 | 12025 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1378865152 |
+|  1b | 16384 | 8 | h100_80gb | 35.22 | 35.22 | 348 | 2 | 4 | 64 | 9 | 157194 | 19649 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1345310720 |
+|  1b | 8192 | 8 | h100_80gb | 37.73 | 37.73 | 373 | 3 | 4 | 96 | 28 | 233256 | 29157 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1328533504 |
+|  1b | 4096 | 8 | h100_80gb | 40.26 | 40.26 | 398 | 7 | 4 | 224 | 75 | 308282 | 38535 | 917504 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1320144896 |
+|  1b | 2048 | 64 | h100_80gb | 40.85 | 40.85 | 404 | 20 | 1 | 1280 | 1387 | 2841754 | 44402 | 2621440 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1315950592 |
+|  1b | 2048 | 32 | h100_80gb | 41.52 | 41.52 | 410 | 20 | 1 | 640 | 705 | 1444183 | 45130 | 1310720 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1315950592 |
+|  1b | 2048 | 16 | h100_80gb | 42.36 | 42.36 | 419 | 20 | 1 | 320 | 359 | 736596 | 46037 | 655360 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1315950592 |
+|  1b | 2048 | 8 | h100_80gb | 41.82 | 41.82 | 413 | 14 | 1 | 112 | 177 | 363645 | 45455 | 229376 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1315950592 |
+|  1b | 1024 | 8 | h100_80gb | 41.95 | 41.95 | 415 | 18 | 4 | 576 | 382 | 391287 | 48910 | 589824 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1313853440 |
+|  1b | 512 | 8 | h100_80gb | 43.21 | 43.21 | 427 | 56 | 4 | 1792 | 816 | 418201 | 52275 | 917504 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1312804864 |
+|  760m | 32768 | 8 | h100_80gb | 31.84 | 31.84 | 315 | 1 | 2 | 16 | 3 | 130333 | 16291 | 524288 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 807656448 |
+|  760m | 16384 | 8 | h100_80gb | 33.57 | 33.57 | 332 | 3 | 2 | 48 | 13 | 222521 | 27815 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 782490624 |
+|  760m | 8192 | 8 | h100_80gb | 34.84 | 34.84 | 344 | 6 | 2 | 96 | 40 | 334602 | 41825 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 769907712 |
+|  760m | 4096 | 8 | h100_80gb | 35.83 | 35.83 | 354 | 12 | 2 | 192 | 108 | 443674 | 55459 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 763616256 |
+|  760m | 2048 | 32 | h100_80gb | 37.57 | 37.57 | 371 | 24 | 1 | 768 | 1062 | 2175091 | 67971 | 1572864 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 760470528 |
+|  760m | 2048 | 16 | h100_80gb | 37.89 | 37.89 | 374 | 24 | 1 | 384 | 535 | 1096819 | 68551 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 760470528 |
+|  760m | 2048 | 8 | h100_80gb | 34.9 | 34.9 | 345 | 24 | 2 | 384 | 246 | 505177 | 63147 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 760470528 |
+|  760m | 1024 | 8 | h100_80gb | 39.76 | 39.76 | 393 | 48 | 2 | 768 | 613 | 628648 | 78581 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 758897664 |
+|  760m | 512 | 8 | h100_80gb | 40.42 | 40.42 | 399 | 96 | 2 | 1536 | 1308 | 669998 | 83749 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 758111232 |
+"""
+_LF_FP8 = """
+|  3b | 32768 | 8 | h100_80gb | 14.38 | 19.18 | 284 | 3 | 6 | 144 | 1 | 46853 | 5856 | 4718592 | amp_fp8 | DEFAULT | FULL_SHARD | True | False | 2730480640 |
+|  3b | 8192 | 8 | h100_80gb | 23.28 | 23.28 | 460 | 3 | 6 | 144 | 18 | 153174 | 19146 | 1179648 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 2667566080 |
+|  3b | 2048 | 8 | h100_80gb | 27.7 | 27.7 | 548 | 10 | 6 | 480 | 119 | 244692 | 30586 | 983040 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 2651837440 |
+|  3b | 512 | 8 | h100_80gb | 30.25 | 30.25 | 598 | 40 | 6 | 1920 | 570 | 292217 | 36527 | 983040 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 2647905280 |
+|  1b | 32768 | 8 | h100_80gb | 17.55 | 17.55 | 347 | 1 | 4 | 32 | 3 | 100643 | 12580 | 1048576 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 1378865152 |
+|  1b | 8192 | 8 | h100_80gb | 20.71 | 20.71 | 409 | 2 | 4 | 64 | 31 | 256087 | 32010 | 524288 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 1328533504 |
+|  1b | 512 | 8 | h100_80gb | 29.06 | 29.06 | 575 | 56 | 4 | 1792 | 1098 | 562523 | 70315 | 917504 | amp_fp8 | DEFAULT | FULL_SHARD | False | False | 1312804864 |
+"""
+_LF_A100 = """
+|  70b | 2048 | 64 | a100_80gb | 53.33 | 71.1 | 166 | 8 | 4 | 2048 | 12 | 26274 | 410 | 4194304 | bf16 | PURE | FULL_SHARD | True | False | 64862437376 |
+|  70b | 2048 | 32 | a100_80gb | 48.56 | 64.75 | 151 | 2 | 16 | 1024 | 5 | 11962 | 373 | 2097152 | bf16 | PURE | FULL_SHARD | True | False | 64862437376 |
+|  30b | 8192 | 8 | a100_80gb | 39.38 | 52.5 | 122 | 1 | 21 | 168 | 0 | 4594 | 574 | 1376256 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 30019254272 |
+|  30b | 4096 | 8 | a100_80gb | 51.37 | 68.49 | 160 | 1 | 21 | 168 | 1 | 6513 | 814 | 688128 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29989894144 |
+|  30b | 2048 | 8 | a100_80gb | 55.3 | 73.74 | 172 | 3 | 21 | 504 | 3 | 7330 | 916 | 1032192 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29975214080 |
+|  30b | 1024 | 8 | a100_80gb | 55.82 | 74.43 | 174 | 6 | 21 | 1008 | 7 | 7571 | 946 | 1032192 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29967874048 |
+|  30b | 512 | 8 | a100_80gb | 56.4 | 75.2 | 175 | 12 | 21 | 2016 | 15 | 7739 | 967 | 1032192 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 29964204032 |
+|  13b | 32768 | 8 | a100_80gb | 51.69 | 68.92 | 161 | 1 | 3 | 24 | 0 | 8134 | 1016 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 13011240960 |
+|  13b | 16384 | 8 | a100_80gb | 54.07 | 72.1 | 168 | 3 | 3 | 72 | 0 | 11454 | 1431 | 1179648 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12927354880 |
+|  13b | 8192 | 8 | a100_80gb | 56.07 | 74.76 | 174 | 5 | 3 | 120 | 1 | 14362 | 1795 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12885411840 |
+|  13b | 4096 | 8 | a100_80gb | 57.62 | 76.82 | 179 | 10 | 3 | 240 | 4 | 16482 | 2060 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12864440320 |
+|  13b | 2048 | 8 | a100_80gb | 59.57 | 59.57 | 185 | 2 | 3 | 48 | 8 | 18097 | 2262 | 98304 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 12853954560 |
+|  13b | 1024 | 8 | a100_80gb | 59.48 | 79.3 | 185 | 40 | 3 | 960 | 18 | 18647 | 2330 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 12848711680 |
+|  7b | 65536 | 8 | a100_80gb | 46.97 | 62.63 | 146 | 1 | 2 | 16 | 0 | 8108 | 1013 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6918905856 |
+|  7b | 32768 | 8 | a100_80gb | 49.46 | 65.94 | 154 | 2 | 2 | 32 | 0 | 13382 | 1672 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6784688128 |
+|  7b | 16384 | 8 | a100_80gb | 51.96 | 69.28 | 162 | 4 | 2 | 64 | 1 | 19629 | 2453 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6717579264 |
+|  7b | 8192 | 8 | a100_80gb | 54.47 | 72.62 | 169 | 8 | 2 | 128 | 3 | 25655 | 3206 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6684024832 |
+|  7b | 4096 | 8 | a100_80gb | 54.84 | 73.12 | 171 | 16 | 2 | 256 | 7 | 29472 | 3684 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6667247616 |
+|  7b | 2048 | 8 | a100_80gb | 64.23 | 64.23 | 200 | 6 | 2 | 96 | 18 | 37130 | 4641 | 196608 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 6658859008 |
+|  7b | 1024 | 8 | a100_80gb | 58.01 | 77.35 | 180 | 64 | 2 | 1024 | 34 | 34857 | 4357 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 6654664704 |
+|  3b | 65536 | 8 | a100_80gb | 46.05 | 61.41 | 143 | 1 | 2 | 16 | 0 | 14137 | 1767 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 2814366720 |
+|  3b | 32768 | 8 | a100_80gb | 47.18 | 62.91 | 147 | 3 | 6 | 144 | 0 | 24235 | 3029 | 4718592 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 2730480640 |
+|  3b | 16384 | 8 | a100_80gb | 57.13 | 57.13 | 178 | 1 | 6 | 48 | 2 | 44233 | 5529 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2688537600 |
+|  3b | 8192 | 8 | a100_80gb | 59.34 | 59.34 | 185 | 3 | 6 | 144 | 7 | 61567 | 7695 | 1179648 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2667566080 |
+|  3b | 4096 | 8 | a100_80gb | 60.53 | 60.53 | 188 | 5 | 6 | 240 | 18 | 75658 | 9457 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2657080320 |
+|  3b | 2048 | 8 | a100_80gb | 62.11 | 62.11 | 193 | 10 | 2 | 160 | 42 | 86491 | 10811 | 327680 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2651837440 |
+|  3b | 1024 | 8 | a100_80gb | 62.73 | 62.73 | 195 | 20 | 6 | 960 | 90 | 92643 | 11580 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2649216000 |
+|  3b | 512 | 8 | a100_80gb | 63.71 | 63.71 | 198 | 40 | 6 | 1920 | 189 | 97019 | 12127 | 983040 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 2647905280 |
+|  1b | 65536 | 8 | a100_80gb | 46.18 | 61.57 | 144 | 1 | 2 | 16 | 0 | 24353 | 3044 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 1445974016 |
+|  1b | 32768 | 8 | a100_80gb | 55.52 | 55.52 | 173 | 1 | 4 | 32 | 1 | 50207 | 6275 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1378865152 |
+|  1b | 16384 | 8 | a100_80gb | 56.6 | 56.6 | 176 | 2 | 4 | 64 | 4 | 79650 | 9956 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1345310720 |
+|  1b | 8192 | 8 | a100_80gb | 56.69 | 56.69 | 176 | 3 | 4 | 96 | 13 | 110516 | 13814 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1328533504 |
+|  1b | 4096 | 8 | a100_80gb | 59.0 | 59.0 | 184 | 7 | 4 | 224 | 34 | 142457 | 17807 | 917504 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1320144896 |
+|  1b | 2048 | 8 | a100_80gb | 59.86 | 59.86 | 186 | 14 | 4 | 448 | 80 | 164109 | 20513 | 917504 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1315950592 |
+|  1b | 1024 | 8 | a100_80gb | 60.15 | 60.15 | 187 | 18 | 4 | 576 | 172 | 176898 | 22112 | 589824 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1313853440 |
+|  1b | 512 | 8 | a100_80gb | 60.68 | 60.68 | 189 | 56 | 4 | 1792 | 361 | 185186 | 23148 | 917504 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 1312804864 |
+|  760m | 65536 | 8 | a100_80gb | 45.34 | 60.45 | 141 | 1 | 2 | 16 | 0 | 33150 | 4143 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | True | False | 857988096 |
+|  760m | 32768 | 8 | a100_80gb | 54.57 | 54.57 | 170 | 1 | 2 | 16 | 2 | 70417 | 8802 | 524288 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 807656448 |
+|  760m | 16384 | 8 | a100_80gb | 54.64 | 54.64 | 170 | 3 | 2 | 48 | 6 | 114198 | 14274 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 782490624 |
+|  760m | 8192 | 8 | a100_80gb | 55.31 | 55.31 | 172 | 6 | 2 | 96 | 20 | 167471 | 20933 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 769907712 |
+|  760m | 4096 | 8 | a100_80gb | 56.05 | 56.05 | 174 | 12 | 2 | 192 | 53 | 218808 | 27351 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 763616256 |
+|  760m | 2048 | 8 | a100_80gb | 56.85 | 56.85 | 177 | 24 | 2 | 384 | 126 | 259472 | 32434 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 760470528 |
+|  760m | 1024 | 8 | a100_80gb | 47.76 | 47.76 | 149 | 48 | 2 | 768 | 232 | 238122 | 29765 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 758897664 |
+|  760m | 512 | 8 | a100_80gb | 45.07 | 45.07 | 140 | 96 | 2 | 1536 | 460 | 235571 | 29446 | 786432 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 758111232 |
+|  350m | 65536 | 8 | a100_80gb | 52.7 | 52.7 | 164 | 1 | 2 | 16 | 0 | 60195 | 7524 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 420997120 |
+|  350m | 32768 | 8 | a100_80gb | 52.46 | 52.46 | 163 | 2 | 2 | 32 | 3 | 109222 | 13652 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 387442688 |
+|  350m | 16384 | 8 | a100_80gb | 53.28 | 53.28 | 166 | 4 | 2 | 64 | 11 | 188478 | 23559 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 370665472 |
+|  350m | 8192 | 8 | a100_80gb | 53.8 | 53.8 | 167 | 8 | 2 | 128 | 35 | 292559 | 36569 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 362276864 |
+|  350m | 4096 | 8 | a100_80gb | 53.31 | 53.31 | 166 | 16 | 2 | 256 | 96 | 396442 | 49555 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 358082560 |
+|  350m | 2048 | 8 | a100_80gb | 51.62 | 51.62 | 161 | 32 | 2 | 512 | 229 | 470263 | 58782 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 355985408 |
+|  350m | 1024 | 8 | a100_80gb | 50.51 | 50.51 | 157 | 64 | 2 | 1024 | 506 | 518504 | 64813 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 354936832 |
+|  350m | 512 | 8 | a100_80gb | 50.61 | 50.61 | 157 | 128 | 2 | 2048 | 1083 | 554643 | 69330 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 354412544 |
+|  125m | 65536 | 8 | a100_80gb | 54.13 | 54.13 | 168 | 1 | 2 | 16 | 2 | 162946 | 20368 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 174070272 |
+|  125m | 32768 | 8 | a100_80gb | 52.71 | 52.71 | 164 | 2 | 2 | 32 | 8 | 291256 | 36407 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 148904448 |
+|  125m | 16384 | 8 | a100_80gb | 50.61 | 50.61 | 157 | 4 | 2 | 64 | 29 | 480322 | 60040 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 136321536 |
+|  125m | 8192 | 8 | a100_80gb | 48.85 | 48.85 | 152 | 8 | 2 | 128 | 88 | 723142 | 90392 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 130030080 |
+|  125m | 4096 | 8 | a100_80gb | 46.08 | 46.08 | 143 | 16 | 2 | 256 | 231 | 947172 | 118396 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 126884352 |
+|  125m | 2048 | 8 | a100_80gb | 44.79 | 44.79 | 139 | 40 | 2 | 640 | 557 | 1142641 | 142830 | 1310720 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 125311488 |
+|  125m | 2048 | 8 | a100_80gb | 44.45 | 44.45 | 138 | 32 | 2 | 512 | 553 | 1133901 | 141737 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 125311488 |
+|  125m | 1024 | 8 | a100_80gb | 43.15 | 43.15 | 134 | 64 | 2 | 1024 | 1222 | 1251751 | 156468 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 124525056 |
+|  125m | 512 | 8 | a100_80gb | 42.56 | 42.56 | 132 | 128 | 2 | 2048 | 2588 | 1325455 | 165681 | 1048576 | amp_bf16 | DEFAULT | FULL_SHARD | False | False | 124131840 |
+"""
+CASES += _lf_rows(_LF_H100, _LF_BASE + "'## H100 80GB BF16'", "h100", "h100")
+CASES += _lf_rows(_LF_FP8, _LF_BASE + "'## H100 80GB FP8'", "h100", "h100-fp8",
+                  "amp_fp8: TransformerEngine's float8 linears (Composer's 'amp_fp8'). ")
+CASES += _lf_rows(_LF_A100, _LF_BASE + "'## A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "a100", "a100",
+                  "A100 80GB (form factor not stated: the catalog's SXM4 80GB assumed); '1600 Gbps node-node interconnect "
+                  "(RoCE)' = 200e9 B/s per node of 8 GPUs, 25e9 B/s per GPU (recorded in network_bandwidth). Rows on 32 and "
+                  "64 GPUs have 'MP Mode' PURE and precision bf16 (the others amp_bf16). ")
+for _c in CASES:
+    if _c["hardware"] == "a100" and _c["source"].startswith(_LF_BASE):
+        _c["network_bandwidth"] = 25e9
 
 # --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
 
@@ -433,21 +610,34 @@ CASES += [
     _row(id="llama3-paper-table4-405b-8192xh100-tp8-pp16-dp64", source=f"{_L3}, row '8,192 | 8 | 1 | 16 | 64 | 8,192 | 32 | 16M | 430 | 43%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=8192, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=64, local_batch=32, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=430, mfu=0.43,
+         flops_convention="palm", sharding="no-reshard-after-forward",
          notes=_L3_NOTE + "Checkpointing: 'we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing.' "
                "global_batch 64 x 32 = 2048 sequences = 16.8M tokens ('16M')."),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-pp16-dp128", source=f"{_L3}, row '16,384 | 8 | 1 | 16 | 128 | 8,192 | 16 | 16M | 400 | 41%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=128, local_batch=16, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=400, mfu=0.41,
+         flops_convention="palm", sharding="no-reshard-after-forward",
          notes=_L3_NOTE + "Checkpointing as the 8K row. Text: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs "
                "with DP=64 is due to the lower batch size per DP group needed to keep the global tokens per batch constant during training.'"),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-cp16-pp16-seq131072", source=f"{_L3}, row '16,384 | 8 | 16 | 16 | 4 | 131,072 | 16 | 16M | 380 | 38%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=16, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=8, local_batch=16, global_batch=128, seq_len=131072, checkpointing=None, compile=None, async_tp=None, tflops_per_gpu=380, mfu=0.38,
+         flops_convention="palm", sharding="no-reshard-after-forward",
          notes=_L3_NOTE + "DP: the arXiv PDF prints 4 (some copies print 8); dp_shard 8 is derived: 16,384 / (8 x 16 x 16) = 8, and 8 x 16 x 131,072 "
                "= 16.8M tokens matches '16M' (DP 4 would give 8,192 GPUs and 8.4M tokens). global_batch derived 8 x 16 = 128 sequences. "
                "CP is all-gather based (K, V all-gathered), input split into 2 x CP chunks for load balance. Activation checkpointing "
                "for 128K is not stated."),
 ]
 
+# The hardware the torchtitan H100 files state (_H100_GT): 500 W power limit, 2.4 TB/s HBM2e. Their pipeline
+# micro-batch count: 'the number of pipeline stages' by default (config_manager.py at 9dec370, quoted above).
+for _c in CASES:
+    if _c["source"].startswith((_TT_2412, _TT_ATP)):
+        _c["power_watts"], _c["memory_bandwidth"] = 500, 2.4e12
+        if _c["pp"] > 1:
+            _c["micro_batch"] = _c["local_batch"] // _c["pp"]
+    if _c["source"].startswith(_TT_2412) and _c["pp_schedule"] == "Interleaved1F1B":
+        _c["notes"] += "Stages per rank not stated: timed with 2 (virtual_stages None here; calibrate.py says so). "
+del _c
 del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
 del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
