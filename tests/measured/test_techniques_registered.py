@@ -100,7 +100,8 @@ def test_a_third_party_technique_is_a_flag_and_a_scenario_field(acme_pm, capsys,
         cli.main(["estimate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--acme-state-host yes|no measured profile: acme: keep the optimizer state in host memory" in text
-    assert "--compile measured profile: torch.compile (refused: not modelled)" in text     # the built-ins' too
+    assert "--compile measured profile: torch.compile the model (Inductor, default options; see docs/compile.md)" \
+        in text     # the built-ins' too
     code, out = run("estimate", "--precision", "bf16", "--optimizer", "adamw", "--acme-state-host", "yes", "--json")
     assert code == 0 and json.loads(out)["host_memory"] > 0
     assert "acme_state_host" in option_fields(acme_pm.registry)

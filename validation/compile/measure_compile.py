@@ -57,6 +57,24 @@ def _cfg(regime: str, checkpointing: str, b: int) -> dict:
 CONFIGS = [_cfg(r, c, b) for c in ("none", "full") for r in ("bf16", "fp32") for b in (1, 2)]
 
 
+def _small_vocab(regime: str, checkpointing: str, b: int, seq: int, layers: int, vocab: int = 1024) -> dict:
+    """A llama-tiny whose decoder layers dominate (a small vocabulary: the logits are b x s x 1,024): more
+    layers or a longer sequence than the grid above (issue 25 item 1: the cells where the layers set the
+    peak)."""
+    cfg = dict(copy.deepcopy(_configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab)
+    run = _cfg(regime, checkpointing, b)
+    run.update(id=f"llama-tiny-{layers}l-v{vocab}-{regime}-{'ckpt' if checkpointing == 'full' else 'nockpt'}-b{b}-s{seq}",
+               model=f"llama-tiny-{layers}l-v{vocab}", hf_config=_configs._hf(cfg, 0.0), seq_len=seq)
+    return run
+
+
+# Layer-dominated cells: fp32 (fast on the CPU) at 4 layers and at a 2,048-token sequence; bf16 small (bf16
+# matmuls are slow on this CPU).
+CONFIGS += [_small_vocab("fp32", c, 2, 512, 4) for c in ("none", "full")]
+CONFIGS += [_small_vocab("fp32", "none", 1, 2048, 2)]
+CONFIGS += [_small_vocab("bf16", c, 1, 256, 2) for c in ("none", "full")]
+
+
 def memtracker_record(cfg: dict) -> dict:
     """The eager run in ``PhaseMemTracker``: its peak, phase peaks and alive points, absolute and above
     ``alive.after_zero_grad`` (the profiler timeline's zero)."""

@@ -1,7 +1,7 @@
 """The measured profile's built-in techniques, registered through its own hook
 ``mlsysim_measured_techniques`` exactly as a third party registers one (``techniques.py``):
 LoRA, the loss, the optimizer step in the backward, activation offload, offload (DeepSpeed's and
-FSDP's, and torchao's CPUOffloadOptimizer), float8 and torch.compile's refusal; and, for the
+FSDP's, and torchao's CPUOffloadOptimizer), float8 and torch.compile; and, for the
 ladder of ``fit techniques`` only, the checkpointing policies and the low-bit optimizers (solve's
 own keywords, no option of the profile). Each one's physics is in its module; this is what the
 profile's ``prepare``, ``relocate`` and the ladder call."""
@@ -60,9 +60,11 @@ FLOAT8 = _option("float8 training: tensorwise or rowwise (torchao convert_to_flo
     "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
     "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
     choices=("tensorwise", "rowwise", "transformer-engine"))
-COMPILE = _option("torch.compile: not modelled (always refused, with the reason; see docs/validation.md)",
-    kind=None, flags=({"flag": "--compile", "const": True,
-            "help": "torch.compile (refused: not modelled)"},))
+COMPILE = _option("torch.compile(model) with Inductor's default options (torchtune compile: True, torchtitan "
+    "compile.enable, HF torch_compile): AOTAutograd's partitioner's saved set, the fused loss (compile.py); one "
+    "device, fp32 or bf16, checkpointing none or full", kind=None,
+    flags=({"flag": "--compile", "const": True,
+            "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},))
 
 
 # --- LoRA / QLoRA (lora.py) -------------------------------------------------------------------------
@@ -168,7 +170,7 @@ def _offload_time(plan, figures):
     return optimizer_offload_step_time(plan, host_memory_bytes_per_s=host, host_link_bytes_per_s=link)
 
 
-# --- float8 and torch.compile (float8.py) -----------------------------------------------------------
+# --- float8 (float8.py) and torch.compile (compile.py) ---------------------------------------
 
 def _float8(plan, registry):
     value = plan.profile_options.float8
@@ -185,11 +187,10 @@ def _float8_time(plan, figures):
 
 def _compile(plan, registry):
     value = plan.profile_options.compile
-    if value is None:
+    if value is None or value is False:
         return plan
-    from .float8 import check_compile
-    check_compile(plan, value)     # refused, with the reason
-    return plan
+    from .compile import prepare     # what is modelled, checked; the rest refused by name
+    return prepare(plan, registry)
 
 
 # --- the ladder's levers that are solve's own keywords ----------------------------------------------
@@ -274,7 +275,7 @@ TECHNIQUES = (
               offered=lambda value, given: given in ("adam", "adamw"),
               active=lambda plan: plan.optimizer in LOWBIT, added_step_time=_lowbit_time),
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE},
-              description="torch.compile: refused, with the reason (float8.py)"),
+              description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)"),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},
               candidates=[Candidate("tensorwise", "float8 training: tensorwise", _FP8),

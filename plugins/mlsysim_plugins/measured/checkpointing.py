@@ -59,7 +59,7 @@ def plain_one_device(plan) -> bool:
     if plan.rank is not None or o.lora is not None or o.regime.main_grad or o.dropout:
         return False
     return not any(getattr(o, name, None) for name in ("optimizer_in_backward", "activation_offload", "offload",
-                                                       "cpu_offload_optimizer", "float8")) \
+                                                       "cpu_offload_optimizer", "float8", "compile")) \
         and getattr(o, "loss", None) in (None, "cross_entropy")
 
 

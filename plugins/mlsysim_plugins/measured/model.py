@@ -305,6 +305,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
         from .offload_activations import offload_terms
         terms = offload_terms(plan, terms, "model")
+    if getattr(plan.profile_options, "compile", None):     # compile.py: the compiled forward's saved set, its loss
+        from .compile import model_terms as compiled_model_terms
+        terms = compiled_model_terms(plan, placement, terms)
     return shape.family.adjusted("model_activations", plan, placement, terms)
 
 
@@ -319,6 +322,9 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     if plan.profile_options.lora is not None:
         from . import lora
         return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
+    if getattr(plan.profile_options, "compile", None):     # compile.py: the partitioner's saved set
+        from .compile import layer_terms as compiled_layer_terms
+        return compiled_layer_terms(plan, placement)
     ctx = context(plan, placement)
     L, k = ctx.layers, ctx.shards
     kept = L if kept_layers is None else min(kept_layers, L)

@@ -1,0 +1,238 @@
+"""``torch.compile`` (Inductor, default options) around the model: what AOTAutograd's partitioner saves for
+the backward and what Inductor's fused kernels hold (issue 25, item 1; the technique ``compile``,
+``compile=True``, ``--compile``).
+
+Derived from torch 2.13's source and measured with the profiler's memory timeline (a harness that never
+runs compiled code under a dispatch mode: validation/compile/). Notation: T = b x s tokens, h hidden,
+V vocabulary, f MLP width, c bytes of the compute dtype (fp32 4, bf16 2; the residual stream is in it
+too), L layers.
+
+**What the forward saves** (``torch/_functorch/partitioners.py``, ``min_cut_rematerialization_partition``
+with Inductor's defaults: ``ban_if_not_in_allowlist``, ``ban_if_materialized_backward``,
+``ban_if_reduction``): the joint forward-backward graph is cut at the cheapest set of tensors from which
+the backward can be computed, where
+
+* compute-intensive ops (``mm``, ``bmm``, SDPA: not in the recomputable allow-list) are never recomputed:
+  each declared op output of a layer (``ArchitectureFamily.op_outputs``: q, k, v, the attention's output
+  and fp32 log-sum-exp, o, gate, up, down) is saved at its own size, as the op's output or a same-sized
+  pointwise result of it (RoPE's q and k, the residual sums after o and down);
+* a pointwise result that a non-fusible backward op reads is "materialized in the backward" and banned
+  from recompute: each norm's output (the next matmuls' input, read by their weight gradients: c x h per
+  token per norm) and the input of a row-parallel linear that follows another matmul (SiLU(gate) x up, the
+  down projection's input: the preceding op's size);
+* a reduction whose output is 4x smaller than its input is saved rather than recomputed: each norm's fp32
+  ``rsqrt`` (4 B per token);
+* everything else pointwise is recomputed in the backward from these: RMSNorm's fp32 copies and
+  normalized x, SiLU's output, RoPE's cos/sin tables (from the fp32 ``inv_freq`` buffer), dropout-free
+  casts. The residual stream entering each layer is saved (the norm's backward reads it), so every
+  layer's input (the embedding output for the first) is kept in every regime.
+
+Per layer: ``sum(op outputs) + norms x (c h + 4) + c f`` per token (Llama: the eager layer's normalized
+x (4h per norm in fp32), SiLU's output (c f) and, in bf16, RMSNorm's fp32 copies are gone).
+
+**The loss** (Hugging Face's ``ForCausalLMLoss`` traced into the same graph): the logits (c T V, the
+LM head's ``mm`` output and a graph output) are saved; ``logits.float()``, ``log_softmax`` and
+``nll_loss`` are fused into reductions that keep only the per-token max and log-sum-exp (2 x 4 T) and the
+padded labels (``pad(labels, (0, 1))``: 8 b (s + 1)); no fp32 copy and no fp32 log-softmax exist. The
+backward's top is its first kernel: the logits' tangent (``torch.compile`` returns the logits, a graph
+output that needs a gradient input: the autograd engine materializes zeros, c T V), the fused kernel's
+gradient of the logits (c T V) and a per-token fp32 buffer (4 T + 4), beside everything saved.
+
+**The attention mask**: Hugging Face's ``sdpa_mask`` does not skip the causal mask while tracing: the
+mask is materialized once per forward as ``where(mask, 0, -inf)`` in the compute dtype, (b, 1, s, s),
+and saved for SDPA's backward (c b s^2; kernels that declare ``computes="sdpa"``).
+
+**Full checkpointing** (``torch.utils.checkpoint`` around each layer, HF's
+``gradient_checkpointing_enable``): the checkpointed regions' nodes are ``MUST_RECOMPUTE``; the forward
+keeps each layer's input (c T h), the mask, and on the CPU each layer's RNG state (``torch.get_rng_state()``,
+5,056 B: the CPU generator's; a CUDA run keeps that on the host); the last layer's output is recomputed
+with it (not saved), the final norm's output and statistic, the loss's part are saved as without
+checkpointing.
+
+Not modelled (refused, naming the parameter and what is allowed): autocast and Megatron regimes, other
+checkpointing strategies than none and full (every layer), other loss implementations than the default
+cross-entropy, attention kernels that do not compute SDPA, families whose declared layer ops include
+others than mm and SDPA (routers, grouped mms), dropout, parallel layouts, and the techniques that reshape
+the backward (LoRA, offload, the optimizer step in the backward, activation offload, float8).
+
+CPU and CUDA lowering (docs/compile.md): the saved set is chosen on device-independent graphs and
+transfers; the transient peaks are measured on the CPU's Inductor (C++ kernels) and may differ on CUDA
+(Triton kernels, SDPA's flash or memory-efficient backend and its log-sum-exp padding): every result says so.
+"""
+
+from __future__ import annotations
+
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, MemoryTerm
+
+SAVED = (FORWARD, BACKWARD)
+COMPUTE_INTENSIVE = ("mm", "bmm", "sdpa")   # the declared op kinds the partitioner never recomputes
+                                           # (partitioners.py get_default_op_list: compute_intensive_ops)
+CPU_RNG_STATE = 5056                       # torch.get_rng_state() on the CPU: the generator's state, bytes
+NOTE = ("compile=True: torch.compile (Inductor, default options) modelled from AOTAutograd's min-cut partitioner "
+        "(what the forward saves: device-independent) and validated on the CPU (torch 2.13); the backward's "
+        "transients (the loss's first kernel, a recomputed layer) follow the CPU's Inductor lowering and may "
+        "differ under CUDA's Triton kernels and SDPA backends (docs/compile.md)")
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
+def on(plan) -> bool:
+    """Is ``compile`` on in this plan (True; None and False are off)?"""
+    return bool(getattr(plan.profile_options, "compile", None))
+
+
+# --- what is refused ---------------------------------------------------------------------------
+
+_TECHNIQUES = ("lora", "offload", "cpu_offload_optimizer", "optimizer_in_backward", "activation_offload", "float8")
+
+
+def prepare(plan, registry=None):
+    """``compile``: checked against what is modelled (the module docstring), the note added; off: the plan."""
+    o = plan.profile_options
+    value = o.compile
+    if value is None or value is False:
+        return plan
+    if value is not True:
+        raise NotModelledError("compile", value, "True or False", "torch.compile with its default options "
+                               "(mode, backend and options other than Inductor's defaults are not modelled)")
+    from .checkpointing import LAYERS, NOTHING, spec_of
+    from .kernels import kernel_of
+    from .model import megatron
+    from .shapes import shape_of
+    regime = o.regime
+    if megatron(regime) or regime.autocast:
+        raise NotModelledError("regime", regime.name, "a pure fp32 or bf16 regime with compile=True",
+                               "the compiled graph under autocast or Megatron-Core's layers is not modelled")
+    if plan.rank is not None:
+        raise NotModelledError("compile", value, "compile=True on one device (no parallel layout)",
+                               "a compiled run's per-rank graphs (collectives, FSDP's hooks) are not modelled")
+    for name in _TECHNIQUES:
+        if getattr(o, name, None):
+            raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
+                                   "a technique that reshapes the compiled backward is not modelled with it")
+    if o.dropout:
+        raise NotModelledError("dropout", o.dropout, "0 with compile=True",
+                               "dropout's functionalized RNG under the partitioner is not modelled")
+    if o.loss not in (None, "cross_entropy"):
+        raise NotModelledError("loss", o.loss, "cross_entropy with compile=True",
+                               "the compiled forms of the other loss implementations are not modelled")
+    spec = spec_of(plan)
+    blocks = o.checkpointed_layers
+    if spec.recomputes not in (NOTHING, LAYERS) or (spec.recomputes == LAYERS and blocks is not None
+                                                     and blocks < plan.model.layers):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "none or full (every layer) with compile=True",
+                               f"{plan.activation_checkpointing!r} recomputes part of a layer (or "
+                               f"checkpointed_layers={blocks}): its compiled recompute schedule is not modelled")
+    kernel = kernel_of(plan)
+    if not kernel.sdpa:
+        raise NotModelledError("attention", kernel.name, "an attention kernel that computes SDPA with compile=True",
+                               "eager attention's softmax and scores under the partitioner are not modelled")
+    shape = shape_of(plan)
+    ops = _ops(shape, regime, kernel, plan.seq_len)
+    return plan if ops is None else _noted(plan)
+
+
+def _noted(plan):
+    import attrs
+    return attrs.evolve(plan, notes=plan.notes + (NOTE,))
+
+
+def _ops(shape, regime, kernel, seq_len):
+    """The family's declared op outputs of one layer, every one compute-intensive; else refused by name."""
+    family = shape.family
+    if family.op_outputs is None:
+        raise NotModelledError("compile", True, "a family that declares its layer ops (op_outputs)",
+                               f"family {family.name!r} declares no op outputs: what the partitioner saves is "
+                               "derived from them")
+    ops = tuple(family.op_outputs(shape, "fp32" if regime.compute == 4 else "bf16", kernel, seq_len))
+    other = sorted({op.op for op in ops} - set(COMPUTE_INTENSIVE))
+    if other:
+        raise NotModelledError("compile", True, f"a family whose declared layer ops are {', '.join(COMPUTE_INTENSIVE)}",
+                               f"family {family.name!r} declares {', '.join(other)} (a router, grouped mms, eager "
+                               "softmax): their compiled saved set is not modelled")
+    return ops
+
+
+# --- the bytes ---------------------------------------------------------------------------------
+
+def layer_saved(shape, regime, kernel, seq_len) -> tuple[float, str]:
+    """Bytes per token one compiled layer saves (its input, the previous layer's output, not included:
+    counted as the residual the reduced op makes), and how."""
+    c = regime.compute
+    ops = _ops(shape, regime, kernel, seq_len)
+    declared = sum(op.nbytes for op in ops)
+    norms = shape.family.layer_norms * (c * shape.hidden + 4)
+    # The input of a row-parallel (reduced) linear that follows another matmul is a fused pointwise
+    # product of matmul outputs (SiLU(gate) x up; GELU(fc)): materialized, the preceding op's size.
+    products = sum(prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm")
+    how = (f"op outputs {_n(declared)} ({', '.join(op.name for op in ops)}) + {shape.family.layer_norms} norms x "
+           f"(c h + 4) {_n(norms)} + matmul-fed products {_n(products)}")
+    return declared + norms + products, how
+
+
+def _context(plan, placement):
+    from .kernels import kernel_of
+    from .model import context
+    ctx = context(plan, placement)
+    return ctx, kernel_of(plan)
+
+
+def _full(plan) -> bool:
+    from .checkpointing import whole_layers
+    return whole_layers(plan)
+
+
+def _rng(plan) -> int:
+    return CPU_RNG_STATE if (plan.profile_options.device or "cuda") == "cpu" else 0
+
+
+def layer_terms(plan, placement) -> list[MemoryTerm]:
+    """The decoder layers, compiled: every layer's saved set, or under full checkpointing their inputs."""
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
+    c = regime.compute
+    if not _full(plan):
+        per_token, how = layer_saved(s, regime, kernel, plan.seq_len)
+        return [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (compiled)",
+                           nbytes=L * per_token * T, phases=SAVED,
+                           formula=f"{L} layers x T={_n(T)} x {_n(per_token)} B ({how}; the partitioner's "
+                                   "saved set)")]
+    rng = _rng(plan)
+    return [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled)",
+                       nbytes=L * (c * T * s.hidden + rng), phases=SAVED,
+                       formula=f"{L} layers x (T x h x {c} B" + (f" + {rng:,} B CPU RNG state)" if rng else ")"))]
+
+
+def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+    """Outside the layers, compiled: the eager terms that are the same (the input ids, the end of the
+    backward's embedding gradient) and the compiled forward's saved set and the loss's backward."""
+    ctx, kernel = _context(plan, placement)
+    s, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    h, V, c = s.hidden, s.vocab, regime.compute
+    b, seq = plan.microbatch, plan.seq_len
+    keep = [t for t in terms if tuple(t.phases) == (BACKWARD_END,) or BACKWARD_END in t.phases
+            and FORWARD in t.phases]      # the input ids (every phase) and the backward's end, as eager
+    out = list(keep)
+    add = out.append
+    if not _full(plan):
+        add(MemoryTerm(component=ACTIVATIONS, label="embedding output (the first layer's input, compiled)",
+                       nbytes=c * T * h, phases=SAVED, formula=f"T x h x {c} B (saved for the first norm's backward)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="attention mask (materialized under compile)", nbytes=c * b * seq * seq,
+                   phases=SAVED, formula=f"b x s x s x {c} B (Hugging Face's sdpa_mask while tracing: (b, 1, s, s), "
+                                         "saved for SDPA's backward)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="final norm (compiled: output and fp32 statistic)",
+                   nbytes=(c * h + 4) * T, phases=SAVED, formula=f"T x (h x {c} + 4) B"))
+    add(MemoryTerm(component=ACTIVATIONS, label="logits (saved by the compiled loss)", nbytes=c * T * V, phases=SAVED,
+                   formula=f"{c} x T x V = {c} x {_n(T)} x {_n(V)} (the LM head's output; no fp32 copy, no log-softmax)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="fused cross-entropy: per-token max and log-sum-exp, padded labels",
+                   nbytes=8 * T + 8 * b * (seq + 1) + 8, phases=SAVED,
+                   formula="2 x 4 x T (fp32) + 8 x b x (s + 1) (pad(labels, (0, 1)), int64) + 2 x 4 (the loss, a scalar)"))
+    add(MemoryTerm(component=ACTIVATIONS, label="compiled loss backward: the logits' tangent and gradient",
+                   nbytes=2 * c * T * V + 4 * T + 4, phases=(BACKWARD,),
+                   formula=f"2 x {c} x T x V (zeros for the returned logits' gradient, the fused kernel's gradient) "
+                           "+ 4 x T + 4 (fp32 per-token buffer)"))
+    return out
