@@ -104,19 +104,36 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # reduce-scatter, 2 (n - 1) for all-reduce; nInterSteps the same over nodes), a tree all-reduce's
 # baseLat + 2 ((ranks per node - 1) x intraLat + log2(nodes) x interLat); NCCL picks the faster.
 
-# Fitted by validation/steptime/calibrate.py (it prints the fitted values); keyed by catalog
-# name. H100: torchtitan's compiled bf16 runs (Grand Teton H100s, 500 W); docs/planner.md has
-# the fit and the held-out checks. switch_allreduce: the third-generation NVSwitch "incorporates
-# hardware acceleration for collective operations with multicast and NVIDIA SHARP in-network
-# reductions" (developer.nvidia.com/blog/upgrading-multi-gpu-interconnectivity-with-the-third-
-# generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once.
+# Fitted by validation/steptime/calibrate.py (it prints the fitted values) on the runs its FIT names, the split
+# recorded there before the fit; keyed by catalog name. matmul: the share of the dense peak a large, wave-aligned
+# GEMM reaches at the board's full power (a run capped lower keeps clock_share of it); intra_link: the NVLink bus
+# bandwidth share (at most 1). attention: FlashAttention-2's stated utilization, "only 35% utilization on H100
+# GPUs" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract) and "50-73% of the theoretical maximum
+# FLOPs/s on A100" (Dao 2023, FlashAttention-2, arXiv 2307.08691, abstract; the low end). switch_allreduce: the
+# third-generation NVSwitch "incorporates hardware acceleration for collective operations with multicast and NVIDIA
+# SHARP in-network reductions" (developer.nvidia.com/blog/upgrading-multi-gpu-interconnectivity-with-the-third-
+# generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once. docs/planner.md has the
+# fit and every held-out run.
+_H100 = Calibration(
+    matmul=0.52, attention=0.35, memory=0.8, intra_link=1.0, inter_link=0.8, kernel_overhead=4e-6,
+    latency=8.4e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
+    source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) on "
+           "torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile, llmfoundry-mpt-7b-8xh100-seq2048, "
+           "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp (validation/steptime/published.py); "
+           "attention 0.35 (FlashAttention-2's stated H100 utilization); the rest steptime.DEFAULT")
 CALIBRATIONS: dict[str, Calibration] = {
-    "nvidia/h100-sxm5-80gb": Calibration(
-        matmul=0.45, attention=0.35, memory=0.8, intra_link=0.57, inter_link=0.8, kernel_overhead=4e-6,
-        latency=20e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
-        source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) "
-               "on torchtitan's compiled bf16 Llama 3.1 8B FSDP (8 GPUs), 8B FSDP x TP=8 (64) and 70B FSDP x TP=8 "
-               "(256) runs (validation/steptime/published.py); the rest assumed (steptime.DEFAULT)"),
+    "nvidia/h100-sxm5-80gb": _H100,
+    # the same GH100 die, NVLink 4 and NVSwitch: H100's constants carried over, not fitted (checked on the
+    # held-out H200 runs in docs/planner.md)
+    "nvidia/h200-sxm-141gb": attrs.evolve(_H100, source="H100's calibration carried over (the same GH100 die, "
+                                          "NVLink 4 and NVSwitch; nothing fitted on H200): " + _H100.source),
+    "nvidia/a100-sxm4-80gb": Calibration(
+        matmul=0.745, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
+        latency=8.4e-6, overlap_sm_share=24 / 132, calibrated=True,
+        source="validation/steptime/calibrate.py: matmul fitted (least squares on log step time) on "
+               "llmfoundry-mpt-7b-8xa100-seq2048, llmfoundry-mpt-30b-8xa100-seq2048 (validation/steptime/"
+               "published.py); attention 0.5 (FlashAttention-2's stated A100 utilization, low end); the rest "
+               "steptime.DEFAULT"),
 }
 
 
@@ -581,6 +598,10 @@ def _seconds(c: Collective, size: dict) -> float:
     if c.shard is not None:
         volume = volume / size["groups"][c.shard][0]
     if c.kind == "send-recv":   # to the neighbouring stage, ``stride`` ranks away
+        if c.volume == "activations" and size["sp"]:
+            # under sequence parallelism the boundary activation is sequence-sharded over the tp ranks:
+            # each sends its 1/tp (Narayanan et al. 2021, section 4.1, scatter/gather optimization)
+            volume = volume / size["groups"]["tp"][0]
         bw = hw["intra"] * cal.intra_link if stride < node else hw["inter"] * cal.inter_link
         return volume / bw + lat
     bw = link(n, stride, node, hw, cal)

@@ -103,6 +103,8 @@ def layout(case) -> dict:
         assumed.append("micro-batch 1")
     if case["sharding"] in RULE:
         rule = RULE[case["sharding"]]
+    elif case["source"].startswith("pytorch/torchtitan") and dp * case["cp"] > 1:
+        rule = "fsdp"       # (torchtitan's FSDP shards over dp_shard x cp)
     else:
         rule = "fsdp" if (case["dp_shard"] or 1) > 1 else "zero1" if dp > 1 else "zero0"
     vp = case["virtual_stages"]
@@ -176,20 +178,30 @@ def base_calibration(acc: str) -> steptime.Calibration:
 
 
 def fit(acc: str = "h100") -> steptime.Calibration:
-    """Least squares on the log step time of FIT[acc] over FITTED[acc]: a grid of 0.005 steps for matmul, 0.01
-    for intra_link (each run's error is monotone in each constant; the grid is the whole search)."""
+    """Least squares on the log step time of FIT[acc] over FITTED[acc]: a grid (matmul 0.300-0.950 in steps of
+    0.025, intra_link 0.20-1.00 in 0.05: a share of a physical bandwidth is at most 1), then a finer one around its
+    best (0.005, 0.01): each run's error is monotone in each constant."""
     cal = base_calibration(acc)
     cases = [c for c in CASES if c["id"] in FIT[acc]]
     assert len(cases) == len(FIT[acc]), "a FIT run is missing from published.py"
-    best = None
-    links = range(20, 151) if "intra_link" in FITTED[acc] else (round(cal.intra_link * 100),)
-    for i in links:
-        for m in range(60, 191):        # matmul 0.300-0.950
-            trial = attrs.evolve(cal, matmul=m / 200, intra_link=i / 100)
-            loss = sum(error(c, trial) ** 2 for c in cases)
-            if best is None or loss < best[0]:
-                best = (loss, trial)
-    return attrs.evolve(best[1], source=f"validation/steptime/calibrate.py: {', '.join(FITTED[acc])} fitted (least "
+    has_link = "intra_link" in FITTED[acc]
+
+    def best_of(matmuls, links):
+        best = None
+        for i in links:
+            for m in matmuls:
+                trial = attrs.evolve(cal, matmul=m, intra_link=i)
+                loss = sum(error(c, trial) ** 2 for c in cases)
+                if best is None or loss < best[0]:
+                    best = (loss, trial)
+        return best[1]
+
+    coarse = best_of([round(0.3 + 0.025 * k, 3) for k in range(27)],
+                     [round(0.2 + 0.05 * k, 2) for k in range(17)] if has_link else [cal.intra_link])
+    fine = best_of([round(coarse.matmul + 0.005 * k, 3) for k in range(-5, 6)],
+                   [x for x in (round(coarse.intra_link + 0.01 * k, 2) for k in range(-5, 6)) if x <= 1.0]
+                   if has_link else [cal.intra_link])
+    return attrs.evolve(fine, source=f"validation/steptime/calibrate.py: {', '.join(FITTED[acc])} fitted (least "
                         f"squares on log step time) on {', '.join(FIT[acc])} (validation/steptime/published.py); "
                         f"attention {ATTENTION[acc]} (FlashAttention-2's stated utilization); the rest steptime.DEFAULT")
 
