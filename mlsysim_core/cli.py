@@ -464,6 +464,50 @@ def _parser(registry=None) -> argparse.ArgumentParser:
         refused.append((flags[-1] if flags[-1].startswith("--") else flags[0], dest, why))
     srch.set_defaults(search_refused=tuple(refused), option_fields=fields)
 
+    tim = sub.add_parser(
+        "time", parents=[common], help="one layout's step time, every component (as a search times it)",
+        description="Time one parallel layout the way `search` times each of its rows (the step-time model, "
+                    "docs/planner.md): seconds per optimizer step, tokens/s, MFU and every component (matmul, "
+                    "attention, memory-bound ops, kernels, tp, cp, ep, p2p, bubble, dp, optimizer), with the "
+                    "layout's memory under the profile. Devices = tp x cp x pp x dp. Implementation choices a search "
+                    "does not enumerate (--compiled, --float8, --async-tp, --ep-overlap, --power-limit) are said "
+                    "here.")
+    tim.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"catalog name or JSON file (default {DEFAULT_MODEL})")
+    tim.add_argument("--hardware", "-g", default=DEFAULT_HARDWARE,
+                     help=f"catalog name or JSON file (default {DEFAULT_HARDWARE})")
+    tim.add_argument("--global-batch", "--batch-size", "-b", dest="global_batch", type=int, default=8,
+                     help="sequences per optimizer step (default 8)")
+    tim.add_argument("--seq-len", "-s", type=int, default=2048, help="sequence length (default 2048)")
+    tim.add_argument("--precision", default="fp16", help="default fp16")
+    tim.add_argument("--optimizer", default="adam", help="default adam")
+    tim.add_argument("--profile", help=_PROFILE_HELP)
+    for flags, dest, what in ((("--tp-size", "--tp"), "tp", "tensor"), (("--cp-size", "--cp"), "cp", "context"),
+                              (("--pp-size", "--pp"), "pp", "pipeline"), (("--dp-size", "--dp"), "dp", "data"),
+                              (("--ep-size", "--ep"), "ep", "expert (inside dp x cp)")):
+        tim.add_argument(*flags, dest=dest, type=int, default=1, help=f"{what}-parallel size (default 1)")
+    tim.add_argument("--vp", "--virtual-stages", dest="vp", type=int,
+                     help="model chunks per pipeline rank (interleaved 1F1B unless --pipeline-schedule names another)")
+    tim.add_argument("--pipeline-schedule", help="a registered pipeline schedule (default 1f1b)")
+    tim.add_argument("--data-parallel", metavar="RULE", help="the data-parallel rule (default zero0, or zero<N> "
+                     "with --zero-stage N): zero0-zero3, fsdp, fsdp-grad-op, hsdp, ...")
+    tim.add_argument("--zero-stage", "--zero", dest="zero_stage", type=int, help="the rule zero<N>")
+    tim.add_argument("--activation-checkpointing", "--checkpointing", dest="checkpointing", default="selective",
+                     help="the checkpointing strategy (default selective)")
+    tim.add_argument("--micro-batch", "--microbatch", dest="microbatch", type=int,
+                     help="sequences per micro-batch (default: global batch / dp, or from --grad-accum)")
+    tim.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="grad_accum", type=int,
+                     help="micro-batches per step (the micro-batch is global batch / (dp x this))")
+    tim.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
+                     help="tensor parallelism without sequence parallelism (default: the profile's)")
+    tim.add_argument("--compiled", action="store_true", help="the memory-bound ops fused (torch.compile, fused kernels)")
+    tim.add_argument("--float8", action="store_true", help="the layers' linears in float8 (casts counted)")
+    tim.add_argument("--async-tp", action="store_true",
+                     help="TP collectives decomposed and overlapped with the GEMMs (async TP, TP comm overlap)")
+    tim.add_argument("--ep-overlap", action="store_true", help="EP all-to-alls beside another micro-batch's compute")
+    tim.add_argument("--power-limit", type=float, metavar="WATTS",
+                     help="the run's power limit (default: the catalog's TDP); the clock scales as (P/TDP)^(1/3)")
+    tim.add_argument("--json", action="store_true", help="the whole answer as JSON (seconds, bytes)")
+
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
     plug.add_argument("--json", action="store_true")
     mod = sub.add_parser("models", parents=[common], help="models in the catalog")
@@ -1602,8 +1646,59 @@ def _search_from_launch(args, options: dict) -> dict:
     return merged
 
 
+def cmd_time(args, out) -> int:
+    """One layout timed as a search times it (mlsysim_core.search.time_plan)."""
+    from . import search
+    from .solver import TrainingMemoryModel
+    if args.data_parallel is not None and args.zero_stage is not None:
+        raise InvalidInputError("--zero-stage", args.zero_stage, "one of --data-parallel and --zero-stage, not both")
+    rule = args.data_parallel or (f"zero{args.zero_stage}" if args.zero_stage is not None else "zero0")
+    if args.microbatch is not None and args.grad_accum is not None:
+        raise InvalidInputError("--grad-accum", args.grad_accum, "one of --micro-batch and --grad-accum, not both")
+    dp = max(args.dp, 1)
+    microbatch = args.microbatch
+    if microbatch is None:
+        steps = args.grad_accum or 1
+        if steps < 1 or args.global_batch % (dp * steps):
+            raise InvalidInputError("--grad-accum", steps, f"a count of micro-batches that with --dp {dp} divides "
+                                    f"--global-batch {args.global_batch}")
+        microbatch = args.global_batch // (dp * steps)
+    solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    r = search.time_plan(_model(args.model), _hardware(args.hardware), global_batch=args.global_batch,
+                         seq_len=args.seq_len, tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp, ep=args.ep, vp=args.vp,
+                         data_parallel=rule, checkpointing=args.checkpointing, microbatch=microbatch,
+                         sequence_parallel=args.sequence_parallel, precision=args.precision,
+                         optimizer=args.optimizer, profile=args.profile or DEFAULT_PROFILE,
+                         pipeline_schedule=args.pipeline_schedule, compiled=args.compiled, float8=args.float8,
+                         async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver)
+    if args.json:
+        out.write(json.dumps(r, indent=2, sort_keys=True, default=str) + "\n")
+        return 0
+    L = r["layout"]
+    lines = [f"{args.model} on {L['devices']} x {args.hardware}: tp {L['tp']}, cp {L['cp']}, pp {L['pp']}"
+             + (f" (vp {L['vp']})" if L["vp"] > 1 else "") + f", dp {L['dp']} ({L['data_parallel']}), ep {L['ep']}, "
+             f"{L['checkpointing']} checkpointing (recompute {L['recompute']:.2f}), micro-batch {L['microbatch']} x "
+             f"{L['gradient_accumulation_steps']}" + (", sequence parallel" if L["sequence_parallel"] else ""),
+             f"step {r['step_s']:.4g} s   {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_per_device']:,.0f} per "
+             f"device)   MFU {r['mfu']:.1%}   bubble {r['bubble']:.1%}"
+             + ("" if r["calibrated"] else "   (uncalibrated)")]
+    if r["memory_bytes"] is not None:
+        lines.append(f"memory {r['memory_bytes'] / 1e9:.2f} GB ({r['memory_bytes'] / 2**30:.2f} GiB) on the heaviest "
+                     f"rank: {'fits' if r['fits'] else 'does NOT fit'}")
+    lines.append("")
+    lines.append(f"{'component':<10} {'seconds':>12} {'share':>7}")
+    for name, value in r["components"].items():
+        if name != "step":
+            lines.append(f"{name:<10} {value:>12.4g} {value / r['step_s']:>7.1%}")
+    lines.append(f"{'step':<10} {r['step_s']:>12.4g}")
+    for note in r["notes"]:
+        lines.append(f"note: {note}")
+    out.write("\n".join(lines) + "\n")
+    return 0
+
+
 COMMANDS = {"estimate": cmd_estimate, "plot": cmd_plot, "fit": cmd_fit, "search": cmd_search, "plugins": cmd_plugins, "models": cmd_models,
-            "hardware": cmd_hardware}
+            "hardware": cmd_hardware, "time": cmd_time}
 
 
 class _Printable:

@@ -1,0 +1,178 @@
+"""The step-time mechanisms of issue 27 item 2, each by hand (plugins/mlsysim_plugins/steptime.py,
+docs/planner.md): GEMM tiles and waves, the power envelope, float8, TP and EP overlap, NCCL's latency;
+and one layout timed on its own (item 6: search.time_plan, `mlsysim-core time`) equal to a search's row."""
+
+import json
+import math
+import runpy
+from pathlib import Path
+
+import attrs
+import pytest
+
+from mlsysim_core import TransformerWorkload, search
+from mlsysim_core.catalog import find_hardware
+from mlsysim_plugins import steptime
+
+from clitools import error_of, run
+
+ROOT = Path(__file__).resolve().parents[2]
+CAL = attrs.evolve(steptime.DEFAULT, matmul=0.5, memory=1.0, latency=0.0, hop_intra=0.0, hop_inter=0.0,
+                   nvls_latency=0.0)
+HW = {"flops": 1e15, "fp8": 2e15, "intra": 400e9, "inter": 50e9, "memory": 1e30, "sms": 132, "clock": 1.0}
+
+
+def test_gemm_tiles_and_waves():
+    """A GEMM runs whole 128 x 256 tiles, 132 at a time on an H100: one more tile than a wave costs a wave."""
+    k = 4096
+    one_wave = steptime.gemm_seconds(128 * 132, 256, k, HW, CAL, 2)
+    assert one_wave == pytest.approx(2 * 128 * 132 * 256 * k / (0.5 * 1e15))       # 132 tiles: exactly one wave
+    assert steptime.gemm_seconds(128 * 132 + 1, 256, k, HW, CAL, 2) == pytest.approx(2 * one_wave)   # 133 tiles
+    assert steptime.gemm_seconds(100, 200, k, HW, CAL, 2) == pytest.approx(one_wave)     # one partial tile: a wave
+    no_sms = dict(HW, sms=None)          # without an SM count: the FLOPs at the share of the peak
+    assert steptime.gemm_seconds(100, 200, k, no_sms, CAL, 2) == pytest.approx(2 * 100 * 200 * k / 0.5e15)
+    slow = dict(no_sms, memory=1e12)     # memory-bound: operands read, bf16 output written
+    assert steptime.gemm_seconds(4096, 4096, 8, slow, CAL, 2) == pytest.approx((2 * (4096 * 8 * 2) + 2 * 4096 ** 2) / 1e12)
+
+
+def test_power_envelope_is_a_sourced_catalog_field():
+    entry = find_hardware("h100")
+    assert entry.extra["power_limit_watts"] == 700 and entry.extra["streaming_multiprocessors"] == 132
+    assert "700W" in entry.sources["power_limit_watts"] and "132 SMs" in entry.sources["streaming_multiprocessors"]
+    assert steptime.clock_share(500, 700) == pytest.approx((5 / 7) ** (1 / 3)) == pytest.approx(0.8939, abs=1e-4)
+    assert steptime.clock_share(700, 700) == steptime.clock_share(None, 700) == steptime.clock_share(500, None) == 1.0
+    hw = steptime.hardware_figures(entry.value, power=500)
+    assert hw["clock"] == pytest.approx(0.8939, abs=1e-4) and hw["sms"] == 132 and hw["tdp"] == 700
+    # a capped clock slows a compute-bound GEMM by exactly its share
+    t700 = steptime.gemm_seconds(8192, 8192, 8192, steptime.hardware_figures(entry.value), CAL, 2)
+    assert steptime.gemm_seconds(8192, 8192, 8192, hw, CAL, 2) == pytest.approx(t700 / hw["clock"])
+
+
+def test_nccl_latency_steps_and_node_boundaries():
+    cal = attrs.evolve(steptime.DEFAULT)
+    base, intra, inter = 8.4e-6, 3.4e-6, 14.0e-6
+    assert steptime.alpha("all-gather", 8, 1, 8, cal) == pytest.approx(base + 7 * intra)             # one node
+    assert steptime.alpha("all-gather", 16, 1, 8, cal) == pytest.approx(base + 14 * intra + 1 * inter)   # two nodes
+    assert steptime.alpha("all-reduce", 8, 1, 8, cal) == pytest.approx(base + 14 * intra)
+    # 64 nodes, 8 per node: the ring's 2 x 63 network steps lose to the tree's 2 log2(64)
+    ring = base + (2 * 511 - 126) * intra + 126 * inter
+    tree = base + 2 * (7 * intra + 6 * inter)
+    assert steptime.alpha("all-reduce", 512, 1, 8, cal) == pytest.approx(min(ring, tree)) == pytest.approx(tree)
+    assert steptime.alpha("send-recv", 2, 64, 8, cal) == pytest.approx(base + inter)
+
+
+FIG = steptime.model_figures(TransformerWorkload(name="t", parameters=1_000_000_000, layers=8, hidden_dim=2048,
+                                                 heads=16, vocab_size=32000, ffn_dim=8192, gated_mlp=True))
+BASE = dict(cp=1, pp=1, dp=1, ep=1, rule="zero0", recompute=0.0, mb=1, gas=1, seq_len=4096, bytes_=2, node=8,
+            optimizer_bytes=36.0)
+HW_NOSM = dict(HW, sms=None, memory=3e12)
+
+
+def test_async_tp_exposes_one_chunk_and_hides_the_rest():
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    plain = steptime.step_time(FIG, HW_NOSM, cal, tp=4, sp=True, **BASE)
+    overlapped = steptime.step_time(FIG, HW_NOSM, cal, tp=4, sp=True, overlap={"tp": "decomposed"}, **BASE)
+    per_layer_comm = plain["tp"] / FIG["layers"]
+    matmul_layer = plain["matmul"] / FIG["layers"]
+    assert per_layer_comm < matmul_layer * 3 / 4          # (this case: the rest hides entirely)
+    assert overlapped["tp"] == pytest.approx(plain["tp"] / 4)
+
+
+def test_ep_overlap_hides_the_all_to_all_behind_the_layer():
+    moe = steptime.model_figures(_moe())
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    plain = steptime.step_time(moe, HW_NOSM, cal, tp=1, sp=False, **{**BASE, "ep": 8, "dp": 8})
+    hidden = steptime.step_time(moe, HW_NOSM, cal, tp=1, sp=False, overlap={"ep": "batched"}, **{**BASE, "ep": 8, "dp": 8})
+    layer = (plain["matmul"] + plain["attention"] + plain["memory"]) / moe["layers"]
+    assert plain["ep"] > 0
+    assert hidden["ep"] == pytest.approx(moe["layers"] * max(0.0, plain["ep"] / moe["layers"] - layer))
+
+
+def _moe():
+    from mlsysim_core import SparseTransformerWorkload
+    return SparseTransformerWorkload(name="m", parameters=8_000_000_000, active_parameters=2_000_000_000, layers=8,
+                                     hidden_dim=2048, heads=16, vocab_size=32000, ffn_dim=8192, gated_mlp=True,
+                                     experts=32, active_experts_per_token=2)
+
+
+def test_float8_halves_compute_bound_gemms_and_pays_its_casts():
+    bf16 = steptime.step_time(FIG, HW_NOSM, CAL, tp=1, sp=False, **BASE)
+    f8 = steptime.step_time(FIG, HW_NOSM, CAL, tp=1, sp=False, float8=True, **BASE)
+    g = steptime.layer_gemms(FIG, HW_NOSM, CAL, 4096, 1, 1, 1)
+    # every layer GEMM compute-bound here: float8 halves the layers' share; the LM head stays bf16
+    head = 2 * 4096 * FIG["head"] * 3 / (0.5 * 1e15)
+    assert f8["matmul"] - head == pytest.approx((bf16["matmul"] - head) / 2)
+    # casts: 5 B per element of each input and weight forward, 5 B per output element and 2 B per transposed
+    # input and weight element backward
+    T, h, f, q, kv = 4096, 2048, 8192, 2048, 2048
+    shapes = [(q + 2 * kv, h), (h, q), (2 * f, h), (h, f)]
+    fwd = sum(5 * (T * k + n * k) for n, k in shapes)
+    bwd = sum(5 * T * n + 2 * (T * k + n * k) for n, k in shapes)
+    assert (g["cast_fwd"], g["cast_bwd"]) == (fwd, bwd)
+    assert f8["memory"] - bf16["memory"] == pytest.approx(FIG["layers"] * (fwd + bwd) / 3e12)
+
+
+def test_pipeline_send_under_sequence_parallelism_moves_its_shard():
+    no_sp = steptime.step_time(FIG, HW_NOSM, CAL, tp=4, sp=False, **{**BASE, "pp": 2, "gas": 4})
+    sp = steptime.step_time(FIG, HW_NOSM, CAL, tp=4, sp=True, **{**BASE, "pp": 2, "gas": 4})
+    assert sp["p2p"] == pytest.approx(no_sp["p2p"] / 4)
+
+
+def test_one_layout_timed_alone_equals_the_search_row(solver):
+    found = search.search_plans("llama3-8b", "h100", devices=16, global_batch=32, seq_len=2048, solver=solver,
+                                checkpointing=["full"], data_parallel=["zero1"], context_parallel=[1], workers=1)
+    row = next(c for c in found.fits if c.tp == 2 and c.pp == 2)
+    alone = search.time_plan("llama3-8b", "h100", global_batch=32, seq_len=2048, tp=row.tp, cp=row.cp, pp=row.pp,
+                             dp=row.dp, data_parallel=row.data_parallel, checkpointing=row.checkpointing,
+                             microbatch=row.microbatch, sequence_parallel=row.sequence_parallel, solver=solver)
+    assert alone["components"] == found.components(row)
+    assert alone["step_s"] == row.step_time and alone["mfu"] == pytest.approx(row.mfu)
+    assert alone["memory_bytes"] == row.total_memory and alone["fits"] is True
+    assert alone["bubble"] == pytest.approx(row.bubble)
+
+
+def test_time_command_answers_as_the_python_call(solver, capsys):
+    code, out = run(*["time", "-m", "llama3-8b", "-g", "h100", "-b", "16", "-s", "8192", "--dp", "8",
+                              "--data-parallel", "fsdp", "--checkpointing", "op-sac", "--precision", "bf16",
+                              "--optimizer", "adamw", "--compiled", "--power-limit", "500", "--json"])
+    assert code == 0
+    data = json.loads(out)
+    alone = search.time_plan("llama3-8b", "h100", global_batch=16, seq_len=8192, dp=8, data_parallel="fsdp",
+                             checkpointing="op-sac", microbatch=2, precision="bf16", optimizer="adamw",
+                             profile="measured", compiled=True, power=500, solver=solver)
+    assert data["step_s"] == pytest.approx(alone["step_s"]) and data["layout"]["microbatch"] == 2
+    assert data["assumptions"]["clock_share"] == pytest.approx((5 / 7) ** (1 / 3))
+    code, text = run("time", "-m", "llama3-8b", "--tp", "2", "--pp", "2", "--dp", "2", "-b", "8", "--vp", "2",
+                     "--zero-stage", "1")
+    assert code == 0
+    assert "tp 2, cp 1, pp 2 (vp 2), dp 2 (zero1)" in text and "bubble" in text and "matmul" in text
+    code, err = error_of(capsys, "time", "--data-parallel", "fsdp", "--zero-stage", "1")
+    assert code == 2 and "--zero-stage" in err
+
+
+def test_the_calibration_split_is_recorded_and_every_other_run_held_out():
+    """calibrate.py names its fitted runs; they are few, in published.py, and the rest is reported held out."""
+    calibrate = runpy.run_path(str(ROOT / "validation" / "steptime" / "calibrate.py"), run_name="calibrate")
+    ids = {c["id"] for c in calibrate["CASES"]}
+    fit = calibrate["FIT"]
+    assert set(fit) == {"h100", "a100"} and all(set(runs) <= ids for runs in fit.values())
+    assert sum(len(r) for r in fit.values()) == 5 and calibrate["FITTED"] == {"h100": ("matmul", "intra_link"),
+                                                                              "a100": ("matmul",)}
+    comparable = [c for c in calibrate["CASES"] if calibrate["comparable"](c) is None]
+    assert len(comparable) >= 180
+
+
+def test_published_rows_cite_their_source_and_dimensions():
+    cases = runpy.run_path(str(ROOT / "validation" / "steptime" / "published.py"))["CASES"]
+    mpt = [c for c in cases if c["id"].startswith("llmfoundry-mpt-")]
+    assert len(mpt) == 18 + 52 + 7 + 61
+    for c in mpt:
+        assert "8c8dd48f72168c5d51e2f7b151595892a8fba43d" in c["source"] and c["model_dims"]["source"]
+        assert c["micro_batch"] * c["devices"] <= c["global_batch"]
+    seven = next(c for c in cases if c["id"] == "llmfoundry-mpt-7b-8xh100-seq2048")
+    d = seven["model_dims"]
+    assert seven["tokens_per_s_per_gpu"] == 10643 and d["parameters"] == 6658859008     # the row's NumParams
+    assert (d["layers"], d["hidden_dim"], d["heads"], d["vocab_size"]) == (32, 4096, 32, 50368)   # mpt-7b.yaml
+    # the matmuls are 99.7 % of it: 32 x 12 x 4096^2 + the tied 50,368 x 4096 table + the 2048 x 4096 positions
+    assert 32 * 12 * 4096 ** 2 + 50368 * 4096 + 2048 * 4096 == pytest.approx(6658859008, rel=3e-4)
+    assert math.isclose(sum(1 for c in cases if c["power_watts"] == 500), 30)
