@@ -27,6 +27,10 @@ the backward can be computed, where
   casts. The residual stream entering each layer is saved (the norm's backward reads it), so every
   layer's input (the embedding output for the first) is kept in every regime.
 
+Grouped-query attention: with the mask materialized (below) Hugging Face's ``sdpa_attention_forward``
+passes no ``enable_gqa`` and repeats k and v to every query head; SDPA saves the repeated copies (k and v
+at the query's width: 2 c (q - kv) more per token than the declared k and v).
+
 Per layer: ``sum(op outputs) + norms x (c h + 4) + c f`` per token (Llama: the eager layer's normalized
 x (4h per norm in fp32), SiLU's output (c f) and, in bf16, RMSNorm's fp32 copies are gone).
 
@@ -189,9 +193,15 @@ def layer_saved(shape, regime, kernel, seq_len) -> tuple[float, str]:
     # The input of a row-parallel (reduced) linear that follows another matmul is a fused pointwise
     # product of matmul outputs (SiLU(gate) x up; GELU(fc)): materialized, the preceding op's size.
     products = sum(prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm")
+    # With the mask materialized (below), Hugging Face's sdpa_attention_forward does not pass enable_gqa
+    # (use_gqa_in_sdpa needs attention_mask None): k and v are repeated to every query head (repeat_kv) and
+    # SDPA saves the repeated copies, at the query's width.
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    repeated = 2 * c * (q - kv) if kernel.sdpa else 0
     how = (f"op outputs {_n(declared)} ({', '.join(op.name for op in ops)}) + {shape.family.layer_norms} norms x "
-           f"(c h + 4) {_n(norms)} + matmul-fed products {_n(products)}")
-    return declared + norms + products, how
+           f"(c h + 4) {_n(norms)} + matmul-fed products {_n(products)}"
+           + (f" + k, v repeated to the {shape.heads} query heads {_n(repeated)}" if repeated else ""))
+    return declared + norms + products + repeated, how
 
 
 def _context(plan, placement):
