@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
-from mlsysim_core.errors import NotModelledError
 
 PATH = Path(__file__).resolve().parents[2] / "validation" / "published" / "torchtune_ladder.py"
 
@@ -37,13 +36,16 @@ def test_the_published_table_as_shipped(ladder):
 
 
 def test_the_skipped_rows_are_skipped_for_a_reason_that_holds(ladder):
-    """Every row from + Compile on runs compiled; the profile refuses compile, by name."""
+    """Every row from + Compile on runs compiled, torchtune's way (each layer and the loss apart, the LM head
+    eager); the profile's compile=True models the Hugging Face model compiled whole (compile.py), so the
+    rows are not compared and say why."""
     skipped = {r[0]: why for r in ladder.ROWS for why in [r[3]] if why}
     assert set(skipped) == {r[0] for r in ladder.ROWS} - {"+ Packed Dataset"}
     assert all("compile" in why for name, why in skipped.items() if name != "Baseline")
-    with pytest.raises(NotModelledError, match="compile"):
-        TrainingMemoryModel("measured").solve(ladder.MODEL, ladder.HARDWARE, 2, 4096, "bf16", "adamw", "none",
+    assert "each layer and the loss apart" in skipped["+ Compile"]
+    r = TrainingMemoryModel("measured").solve(ladder.MODEL, ladder.HARDWARE, 2, 4096, "bf16", "adamw", "none",
                                               regime="bf16", compile=True)
+    assert any(n.startswith("compile=True") for n in r.notes)
 
 
 def test_the_packed_row_is_the_same_for_foreach_and_fused_adamw(ladder):
