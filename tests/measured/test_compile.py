@@ -181,7 +181,7 @@ def test_the_result_says_what_is_modelled():
 
 @pytest.mark.parametrize("options, parameter", [
     (dict(activation_checkpointing="selective"), "activation_checkpointing"),
-    (dict(activation_checkpointing="full", checkpointed_layers=1), "activation_checkpointing"),
+    (dict(activation_checkpointing="full", checkpointed_layers=1), "checkpointed_layers"),
     (dict(loss="chunked"), "loss"),
     (dict(regime="amp-bf16"), "regime"),
     (dict(attention="eager"), "attention"),

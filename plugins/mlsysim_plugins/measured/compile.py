@@ -131,12 +131,14 @@ def prepare(plan, registry=None):
                                "the compiled forms of the other loss implementations are not modelled")
     spec = spec_of(plan)
     blocks = o.checkpointed_layers
-    if spec.recomputes not in (NOTHING, LAYERS) or (spec.recomputes == LAYERS and blocks is not None
-                                                     and blocks < plan.model.layers):
+    if spec.recomputes not in (NOTHING, LAYERS):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                "none or full (every layer) with compile=True",
-                               f"{plan.activation_checkpointing!r} recomputes part of a layer (or "
-                               f"checkpointed_layers={blocks}): its compiled recompute schedule is not modelled")
+                               f"{plan.activation_checkpointing!r} recomputes part of a layer: its compiled "
+                               "recompute schedule is not modelled")
+    if spec.recomputes == LAYERS and blocks is not None and blocks < plan.model.layers:
+        raise NotModelledError("checkpointed_layers", blocks, f"None or {plan.model.layers} (every layer) with "
+                               "compile=True", "some layers checkpointed and some not: not modelled compiled")
     kernel = kernel_of(plan)
     if not kernel.sdpa:
         raise NotModelledError("attention", kernel.name, "an attention kernel that computes SDPA with compile=True",
