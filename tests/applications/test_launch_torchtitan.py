@@ -1,4 +1,5 @@
-"""torchtitan v0.2.2 job configs read by the built-in `torchtitan` launch format (issue 26)."""
+"""torchtitan v0.2.2 job configs and torchtitan 0.3.0's resolved dumps read by the built-in `torchtitan`
+launch format (issue 26)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from clitools import run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launch" / "torchtitan"
 FILES = sorted(DATA.rglob("*.toml"))
+RESOLVED = sorted((DATA / "resolved_0.3.0").glob("*.json"))
 
 
 def test_the_copies_are_listed_with_their_source():
@@ -73,10 +75,88 @@ def test_saved_json_reads_as_the_toml(tmp_path):
     saved = tmp_path / "job_config.json"
     saved.write_text(json.dumps(tomllib.loads(path.read_text())))
     assert from_launch([saved], gpus=64).scenario == from_launch([path], gpus=64).scenario
-    main = tmp_path / "resolved.json"
-    main.write_text(json.dumps({"model_spec": {"name": "llama3", "flavor": "8B"}, "parallelism": {}}))
-    with pytest.raises(NotModelledError, match="model_spec"):
+    main = tmp_path / "resolved.json"      # a model_spec that is not the flavor's: refused, naming the key
+    main.write_text(json.dumps({"model_spec": {"name": "llama3", "flavor": "8B", "model": {}}, "parallelism": {}}))
+    with pytest.raises(NotModelledError, match="model_spec.model"):
         from_launch([main], gpus=8)
+
+
+# --- torchtitan 0.3.0's resolved dumps (written by torchtitan itself; SOURCES.md) --------------------------
+
+def test_the_dumps_are_listed_with_their_command():
+    listed = (DATA / "SOURCES.md").read_text()
+    assert len(RESOLVED) >= 10
+    for path in RESOLVED:
+        assert f"| resolved_0.3.0/{path.name} |" in listed
+        assert json.loads(path.read_text())["debug"]["save_config_file"] == path.name     # torchtitan's own dump
+
+
+@pytest.mark.parametrize("path", RESOLVED, ids=lambda p: p.name)
+def test_every_dump_reads_end_to_end(path):
+    try:
+        launch = from_launch([path], gpus=64)
+    except MlsysimError as err:
+        assert isinstance(err, (InvalidInputError, NotModelledError)), err
+        assert err.parameter in ("model_spec.flavor", "compile.enable") or ".attention.wo." in err.parameter, err
+        return
+    try:
+        launch.scenario.solve()
+    except NotModelledError as err:
+        assert err.parameter.split(".")[0] in launch.sources, err
+
+
+def test_llama3_8b_dump_hand_derived():
+    launch = from_launch([DATA / "resolved_0.3.0" / "llama3_8b.json"], gpus=8)
+    s, o = launch.scenario, launch.scenario.profile_options
+    # llama3_8b(): local batch 1, seq 8192, SelectiveAC (per-op), ChunkedLossWrapper(num_chunks=8), FSDP over 8
+    assert (s.model, s.dp_size, s.batch_size, s.seq_len) == ("meta-llama/llama-3.1-8b", 8, 8, 8192)
+    assert s.data_parallel == "fsdp" and s.activation_checkpointing == "op-sac"
+    assert o["loss"] == "torchtitan_chunked" and o["loss_chunks"] == 8 and o["regime"] == "fsdp-bf16"
+    reading = launch.readings[0]
+    assert reading.framework_version == "torchtitan 0.3.0" and not reading.defaults     # resolved: no defaults
+    approx = [f for f in reading.fields if f.approximated]
+    assert [f.key for f in approx] == ["training.disable_cuda_graphs"]     # CUDA graphs on by default in 0.3.0
+    assert "debug" in reading.ignored and "profiler" in reading.ignored
+    s.solve()
+
+
+def test_the_dump_and_the_v0_2_toml_of_one_run_agree_but_the_loss():
+    toml = from_launch([DATA / "llama3" / "llama3_8b.toml"], gpus=8).scenario
+    dump = from_launch([DATA / "resolved_0.3.0" / "llama3_8b.json"], gpus=8).scenario
+    for field in ("model", "dp_size", "batch_size", "seq_len", "data_parallel", "activation_checkpointing"):
+        assert getattr(toml, field) == getattr(dump, field), field
+    assert (toml.profile_options["loss"], dump.profile_options["loss"]) == ("cross_entropy", "torchtitan_chunked")
+
+
+def test_dump_with_cli_overrides_and_full_ac():
+    s = from_launch([DATA / "resolved_0.3.0" / "llama3_8b_tp2_noac.json"], gpus=8).scenario
+    assert (s.tp_size, s.dp_size, s.batch_size, s.activation_checkpointing, s.sequence_parallel) == (
+        2, 4, 8, "none", True)
+    s = from_launch([DATA / "resolved_0.3.0" / "llama3_70b.json"], gpus=64).scenario
+    assert (s.tp_size, s.activation_checkpointing) == (8, "full")     # FullAC: the base fields only
+
+
+def test_dump_refusals_name_the_key(tmp_path):
+    lora = DATA / "resolved_0.3.0" / "llama3_debugmodel_float8_emulate_lora.json"
+    with pytest.raises(NotModelledError, match=r"model_spec\.model\.layers\.0\.attention\.wo\."):
+        from_launch([lora], gpus=8, model="meta-llama/Llama-3.1-8B")     # -m does not skip the key check
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / "resolved_0.3.0" / "deepseek_v3_671b.json"], gpus=64)
+    assert err.value.parameter == "compile.enable"
+    doc = json.loads((DATA / "resolved_0.3.0" / "qwen3_0_6b.json").read_text())
+    doc["model_spec"]["model"]["layers"] = doc["model_spec"]["model"]["layers"][:-1]
+    doc["override"]["imports"] = []
+    changed = tmp_path / "qwen3.json"
+    changed.write_text(json.dumps(doc))
+    with pytest.raises(NotModelledError) as err:
+        from_launch([changed], gpus=8)
+    assert err.value.parameter == "model_spec.model.layers"
+    doc = json.loads((DATA / "resolved_0.3.0" / "qwen3_0_6b.json").read_text())
+    doc["activation_checkpoint"] = {"preserve_rng_state": True, "determinism_check": "default", "debug": False,
+                                    "memory_budget": 0.5, "visualize_memory_budget_pareto": False}
+    changed.write_text(json.dumps(doc))
+    with pytest.raises(NotModelledError, match="memory_budget"):
+        from_launch([changed], gpus=8)
 
 
 def test_cli_search_from():

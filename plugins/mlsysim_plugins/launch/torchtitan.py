@@ -1,9 +1,9 @@
 """torchtitan job configs: the v0.2.x TOML files (``--job.config_file``) and the JSON v0.2.x writes
-with ``--job.save_config_file`` (the same sections), as torchtitan v0.2.2 runs them
-(docs/launch.md, "torchtitan"). torchtitan's current version describes a run in Python
-(``config_registry``); its resolved dump (``--debug.save_config_file``, a ``model_spec`` table) is
-recognized and refused, naming what is not read yet. Defaults are v0.2.2's
-``torchtitan/config/job_config.py``.
+with ``--job.save_config_file`` (the same sections), as torchtitan v0.2.2 runs them; and the
+resolved JSON torchtitan 0.3.0 writes with ``--debug.save_config_file`` (``Trainer.Config.to_dict``:
+a ``model_spec`` table with the whole model config, the loss, the activation-checkpointing policy's
+fields). docs/launch.md, "torchtitan". Defaults are v0.2.2's ``torchtitan/config/job_config.py``;
+a 0.3.0 dump is resolved: every value is in it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,176 @@ IGNORED_KEYS = {"model.hf_assets_path", "model.tokenizer_path", "model.print_aft
                 "quantize.linear.mx.recipe_name", "quantize.grouped_mm.mx.recipe_name", "quantize.grouped_mm.mx.fqns"}
 
 
+RESOLVED_VERSION = "torchtitan 0.3.0"
+RESOLVED_SOURCE = "pytorch/torchtitan 0.3.0 (PyPI): torchtitan/trainer.py Trainer.Config.to_dict"
+# The sections of a 0.3.0 dump that do not change memory (hf_assets_path and dump_folder are scalars).
+RESOLVED_IGNORED = {"hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "lr_scheduler",
+                    "checkpoint", "comm", "validator", "debug"}
+RESOLVED_IGNORED_KEYS = {"parallelism.enable_fsdp_symm_mem", "parallelism.spmd_backend",
+                         "parallelism.context_parallel_ptrr_mask_key", "training.disable_cuda_graphs",
+                         "compile.enable_async_tensor_parallel"}
+# Every key name a model config of torchtitan 0.3.0's registries holds (llama3, qwen3, deepseek_v3, gpt_oss):
+# a name outside these (a converter's or LoRA's fields, e.g. ``rank``/``alpha``) is refused, never dropped.
+MODEL_KEYS = frozenset(
+    "attention attention_norm beta_fast beta_slow bias block_size dim elementwise_affine embedding_dim "
+    "enable_weight_tying eps feed_forward ffn_norm gate head_dim hidden_dim high_freq_factor in_features "
+    "inner_attention inner_experts kernel_options kv_lora_rank kv_norm layers lm_head load_balance_coeff "
+    "low_freq_factor max_seq_len mlp1_bias_EG mlp1_weight_EGD mlp2_bias_ED mlp2_weight_EDF moe mscale mtp_layers "
+    "n_heads n_kv_heads norm normalized_shape num_embeddings num_expert_groups num_experts num_limited_groups "
+    "original_max_position_embeddings original_seq_len out_features param_init q_lora_rank q_norm qk_nope_head_dim "
+    "qk_norm qk_rope_head_dim qkv_linear rope rope_factor route_norm route_scale routed_experts router scaling "
+    "scaling_factor score_func sharding_config shared_experts sinks sliding_window_size swiglu_limit theta "
+    "tok_embeddings token_dispatcher top_k truncate v_head_dim vocab_size w1 w1_EFD w2 w2_EDF w3 w3_EFD weight "
+    "window_size wkv_a wkv_b wo wq wq_a wq_b wqkv".split())
+
+
+def _model_keys(tree, prefix="model_spec.model"):
+    """Every (dotted key, value) of the model tree (list items numbered)."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield f"{prefix}.{key}", key, value
+            yield from _model_keys(value, f"{prefix}.{key}")
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from _model_keys(value, f"{prefix}.{i}")
+
+
+def _check_keys(model, path) -> None:
+    """Every key of the dump's model config is one the registries' models have (a converter's or LoRA's
+    fields are refused, naming the key), whichever model prices it."""
+    for dotted, key, value in _model_keys(model):
+        if key not in MODEL_KEYS and ".param_init." not in dotted:
+            raise NotModelledError(dotted, value, "a model config of torchtitan 0.3.0's registries (no converter or "
+                                   "LoRA fields)", f"{path}: a model-config key the reader does not know; refused "
+                                   "rather than dropped")
+
+
+def _check_model(model, hf: str, path) -> str:
+    """The dump's model config against the catalog's: the sizes memory depends on must agree."""
+    from mlsysim_core.catalog import find_model
+    want = find_model(hf).value
+    layers = model.get("layers") or []
+    got = {"model_spec.model.dim": (model.get("dim"), want.hidden_dim),
+           "model_spec.model.vocab_size": (model.get("vocab_size"), want.vocab_size),
+           "model_spec.model.layers": (len(layers), want.layers),
+           "model_spec.model.enable_weight_tying": (bool(model.get("enable_weight_tying")), bool(want.tied_embeddings))}
+    for i, layer in enumerate(layers):
+        attention = layer.get("attention") or {}
+        got[f"model_spec.model.layers.{i}.attention.n_heads"] = (attention.get("n_heads"), want.heads)
+        if attention.get("n_kv_heads") is not None:
+            got[f"model_spec.model.layers.{i}.attention.n_kv_heads"] = (attention["n_kv_heads"], want.kv_heads)
+        ffn, moe = layer.get("feed_forward"), layer.get("moe")
+        if ffn and not getattr(want, "is_sparse", False):
+            got[f"model_spec.model.layers.{i}.feed_forward.w1.out_features"] = (ffn["w1"]["out_features"],
+                                                                               want.ffn_dim)
+        if moe:
+            got[f"model_spec.model.layers.{i}.moe.num_experts"] = (moe.get("num_experts"), getattr(want, "experts", 0))
+            got[f"model_spec.model.layers.{i}.moe.router.top_k"] = ((moe.get("router") or {}).get("top_k"),
+                                                                  getattr(want, "active_experts_per_token", 0))
+    for key, (value, expected) in got.items():
+        if value != expected:
+            raise NotModelledError(key, value, f"{expected} (the catalog's {hf})", f"{path}: the dump's model "
+                                   "config differs from the flavor's in the catalog; give -m with a config.json")
+    if model.get("mtp_layers"):
+        raise NotModelledError("model_spec.model.mtp_layers", f"{len(model['mtp_layers'])} layers", "none",
+                               f"{path}: multi-token-prediction layers are not modelled")
+    return (f"the dump's model config checked against the catalog's {hf} (hidden size, vocabulary, layers, heads, "
+            "MLP or experts); its attention (FlexAttention or varlen: fused, no s x s scores) priced as sdpa")
+
+
+def _from_resolved(document, path, r: Reading, model=None):
+    """A torchtitan 0.3.0 dump as the v0.2 keys the reader knows (same names where they are the same), the
+    flavor's catalog id, and the model check's note. The dump writes each config's fields, not its class:
+    the activation-checkpointing policy and the loss are told apart by their fields (classes of
+    torchtitan 0.3.0: FullAC, SelectiveAC, MemoryBudgetAC; ChunkedLossWrapper, CrossEntropyLoss)."""
+    spec = document.get("model_spec") or {}
+    hf = FLAVORS.get((str(spec.get("name")), str(spec.get("flavor"))))
+    _check_keys(spec.get("model") or {}, path)
+    note = _check_model(spec.get("model") or {}, hf, path) if hf is not None and model is None else ""
+    r.note("torchtitan 0.3.0's dump names no config class: a model converter that only swaps a Linear config's "
+           "class (Float8LinearConverter, MXFP8, NVFP4) leaves no trace in it; the linears are priced as written "
+           "(bf16 compute)")
+    cfg: dict = {}
+    for section in ("training", "parallelism", "compile"):
+        cfg.update(flatten({section: document.get(section) or {}}))
+    for key, value in document.items():
+        if key in ("model_spec", "training", "parallelism", "compile", "optimizer", "activation_checkpoint", "loss",
+                   "override"):
+            continue
+        if key in RESOLVED_IGNORED:
+            r.ignore(key)
+        else:
+            raise InvalidInputError(key, value, "a section of torchtitan 0.3.0's Trainer.Config this reader knows "
+                                    "(docs/launch.md, torchtitan)", f"{path}: refused rather than dropped")
+    imports = (document.get("override") or {}).get("imports")
+    if imports:
+        raise NotModelledError("override.imports", imports, "[] (no imported overrides)",
+                               f"{path}: imported Python overrides change the model; Python is never executed")
+    r.ignore("override")
+    # The optimizer: one optimizer over every parameter group.
+    opt = document.get("optimizer") or {}
+    groups = opt.get("param_groups") or []
+    names = {g.get("optimizer_name") for g in groups if isinstance(g, dict)}
+    if len(names) != 1:
+        raise NotModelledError("optimizer.param_groups", [g.get("optimizer_name") for g in groups],
+                               "one optimizer for every group", f"{path}: several optimizers are not modelled")
+    cfg["optimizer.name"] = names.pop()
+    cfg["optimizer.implementation"] = opt.get("implementation", "fused")
+    if opt.get("optimizer_factory_kwargs_by_name"):
+        raise NotModelledError("optimizer.optimizer_factory_kwargs_by_name", opt["optimizer_factory_kwargs_by_name"],
+                               "{}", str(path))
+    for key in opt:
+        if key not in ("param_groups", "implementation", "optimizer_factory_kwargs_by_name"):
+            raise InvalidInputError(f"optimizer.{key}", opt[key], "param_groups, implementation, "
+                                    "optimizer_factory_kwargs_by_name", f"{path}: refused rather than dropped")
+    r.ignore("optimizer.param_groups.optimizer_kwargs")
+    # Activation checkpointing: None, FullAC (the base fields only), SelectiveAC (per-op SAC: every second
+    # matmul recomputed, the attention and the rest of its save list kept), MemoryBudgetAC (memory_budget).
+    ac = document.get("activation_checkpoint")
+    base = {"preserve_rng_state", "determinism_check", "debug"}
+    if ac is None:
+        cfg["activation_checkpoint.mode"] = "none"
+    elif not isinstance(ac, dict) or not set(ac) >= base:
+        raise InvalidInputError("activation_checkpoint", ac, "null or a torchtitan 0.3.0 policy's fields", str(path))
+    elif set(ac) == base:
+        cfg["activation_checkpoint.mode"] = "full"
+    elif set(ac) == base | {"force_recompute_mm_shapes_by_fqns"}:
+        cfg["activation_checkpoint.mode"] = "selective"
+        cfg["activation_checkpoint.selective_ac_option"] = "op"
+        r.note("activation_checkpoint: SelectiveAC (its fields force_recompute_mm_shapes_by_fqns): torchtitan "
+               "0.3.0's per-op policy, v0.2.2's selective_ac_option 'op' (torchtitan/distributed/"
+               "activation_checkpoint.py: the save list's outputs kept, every second matmul recomputed)")
+    elif "memory_budget" in ac:
+        raise NotModelledError("activation_checkpoint.memory_budget", ac["memory_budget"], "another policy",
+                               f"{path}: MemoryBudgetAC (the compiler's min-cut under a budget) is not modelled")
+    else:
+        raise InvalidInputError("activation_checkpoint", ac, "the fields of FullAC, SelectiveAC or MemoryBudgetAC",
+                                f"{path}: an activation-checkpointing policy this reader does not know")
+    if isinstance(ac, dict):
+        r.ignore("activation_checkpoint.preserve_rng_state/determinism_check/debug")
+    return cfg, hf, note
+
+
+def _resolved_loss(document, cfg, seen, r: Reading, path) -> None:
+    """The loss of a 0.3.0 dump: ChunkedLossWrapper (num_chunks, loss_fn) or the plain CrossEntropyLoss."""
+    loss = document.get("loss")
+    source = ("pytorch/torchtitan 0.3.0 torchtitan/components/loss.py ChunkedLossWrapper (the loss and its "
+              "backward inside the forward, chunk by chunk along the sequence; the measured profile's "
+              "torchtitan_chunked, derived from b5bcd76c's, which chunks the flattened tokens: the same chunk sizes)")
+    if isinstance(loss, dict) and set(loss) == {"num_chunks", "loss_fn"} and set(loss["loss_fn"] or {}) <= {
+            "global_vocab_size"}:
+        r.set("loss", "ChunkedLossWrapper", "loss", "torchtitan_chunked", source)
+        r.set("loss.num_chunks", loss["num_chunks"], "loss_chunks", as_int(loss["num_chunks"], "loss.num_chunks",
+                                                                           path))
+    elif isinstance(loss, dict) and set(loss) <= {"global_vocab_size"}:
+        r.set("loss", "CrossEntropyLoss", "loss", "cross_entropy", "torchtitan/components/loss.py cross_entropy_loss "
+              "(F.cross_entropy(pred.flatten(0, 1).float(), ...)): the logits upcast whole")
+    else:
+        raise NotModelledError("loss", loss, "ChunkedLossWrapper's or CrossEntropyLoss's fields",
+                               f"{path}: a loss this reader does not know")
+    r.ignore("loss.loss_fn.global_vocab_size")
+
+
 def _recognizes(path, document) -> bool:
     if not isinstance(document, dict):
         return False
@@ -62,15 +232,15 @@ def _recognizes(path, document) -> bool:
 
 def _read(path, document, context):
     path = Path(path)
-    if "model_spec" in document:
-        raise NotModelledError("model_spec", (document.get("model_spec") or {}).get("name"),
-                               "a torchtitan v0.2.x job config (TOML, or the JSON --job.save_config_file writes)",
-                               f"{path}: the resolved config of torchtitan's current version (Python "
-                               "config_registry, model_spec) is not read yet")
-    version = f"torchtitan {context.framework_version}" if context is not None and context.framework_version \
-        else VERSION
-    r = Reading("torchtitan", path, version)
-    cfg = flatten(document)
+    resolved = "model_spec" in document
+    if resolved:
+        r = Reading("torchtitan", path, RESOLVED_VERSION)
+        cfg, hf, model_note = _from_resolved(document, path, r, getattr(context, "model", None))
+    else:
+        version = f"torchtitan {context.framework_version}" if context is not None and context.framework_version \
+            else VERSION
+        r = Reading("torchtitan", path, version)
+        cfg = flatten(document)
     seen: set[str] = set()
 
     def take(key, default=None):
@@ -87,14 +257,24 @@ def _read(path, document, context):
         return default, False
 
     # --- model ------------------------------------------------------------------------------
-    name, flavor = take("model.name", "llama3"), take("model.flavor")
-    hf = FLAVORS.get((str(name), str(flavor)))
-    if hf is None and getattr(context, "model", None) is None:
-        raise NotModelledError("model.flavor", f"{name}/{flavor}", "a flavor of a model in the catalog: "
-                               + ", ".join(f"{n}/{f}" for n, f in FLAVORS) + "; or give -m",
-                               f"{path}: no catalog model for this model.name and model.flavor")
-    resolved, note = catalog_model(hf or "", "model.flavor", path, context=context)
-    r.set("model.name/model.flavor", f"{name}/{flavor}", "model", resolved, note)
+    if resolved:
+        name, flavor = document["model_spec"].get("name"), document["model_spec"].get("flavor")
+        if hf is None and getattr(context, "model", None) is None:
+            raise NotModelledError("model_spec.flavor", f"{name}/{flavor}", "a flavor of a model in the catalog: "
+                                   + ", ".join(f"{n}/{f}" for n, f in FLAVORS) + "; or give -m",
+                                   f"{path}: no catalog model for this model_spec name and flavor")
+        model, note = catalog_model(hf or "", "model_spec.flavor", path, context=context)
+        r.set("model_spec.name/model_spec.flavor", f"{name}/{flavor}", "model", model,
+              "; ".join(n for n in (note, model_note) if n))
+    else:
+        name, flavor = take("model.name", "llama3"), take("model.flavor")
+        hf = FLAVORS.get((str(name), str(flavor)))
+        if hf is None and getattr(context, "model", None) is None:
+            raise NotModelledError("model.flavor", f"{name}/{flavor}", "a flavor of a model in the catalog: "
+                                   + ", ".join(f"{n}/{f}" for n, f in FLAVORS) + "; or give -m",
+                                   f"{path}: no catalog model for this model.name and model.flavor")
+        model, note = catalog_model(hf or "", "model.flavor", path, context=context)
+        r.set("model.name/model.flavor", f"{name}/{flavor}", "model", model, note)
     converters = take("model.converters") or []
     if isinstance(converters, str):
         converters = [c for c in converters.split(",") if c]
@@ -187,18 +367,25 @@ def _read(path, document, context):
         r.set("parallelism.data_parallel_replicate_degree", replicate, "zero_stage", 0, "DDP (replicate only)")
     # The loss: v0.2.x has no loss section; torchtitan/components/loss.py cross_entropy_loss upcasts the whole
     # logits (pred.flatten(0, 1).float()) and calls F.cross_entropy: the default implementation's bytes.
-    # (ChunkedLossWrapper, loss='torchtitan_chunked', is torchtitan main's, after v0.2.2.)
-    r.default("loss", "loss", "cross_entropy", "pytorch/torchtitan v0.2.2 torchtitan/components/loss.py "
-              "cross_entropy_loss (F.cross_entropy(pred.flatten(0, 1).float(), ...)): the logits upcast whole, the "
-              "fp32 log-softmax saved; no chunked loss before torchtitan main's ChunkedLossWrapper")
+    # (ChunkedLossWrapper, loss="torchtitan_chunked", is torchtitan 0.3.0's: _resolved_loss.)
+    if resolved:
+        _resolved_loss(document, cfg, seen, r, path)
+    else:
+        r.default("loss", "loss", "cross_entropy", "pytorch/torchtitan v0.2.2 torchtitan/components/loss.py "
+                  "cross_entropy_loss (F.cross_entropy(pred.flatten(0, 1).float(), ...)): the logits upcast whole, "
+                  "the fp32 log-softmax saved; no chunked loss before torchtitan main's ChunkedLossWrapper")
     if sizes["tp_size"] > 1:
-        r.set("parallelism.tensor_parallel_degree", sizes["tp_size"], "sequence_parallel", True,
-              "torchtitan's TP plan: sequence parallel norms")
+        sp = as_bool(take("parallelism.enable_sequence_parallel") if resolved else True,
+                     "parallelism.enable_sequence_parallel", path)
+        r.set("parallelism.enable_sequence_parallel" if resolved else "parallelism.tensor_parallel_degree",
+              sp if resolved else sizes["tp_size"], "sequence_parallel", sp,
+              "torchtitan's TP plan: sequence parallel norms" if sp else "no sequence parallelism")
         disable, _ = get("parallelism.disable_loss_parallel", False, "loss_parallel",
                          "loss parallel on when tp > 1")
         r.set("parallelism.disable_loss_parallel", disable, "loss_parallel", not as_bool(disable, "loss", path))
     else:
         take("parallelism.disable_loss_parallel")
+        take("parallelism.enable_sequence_parallel")
     if sizes["pp_size"] > 1:
         schedule, _ = get("parallelism.pipeline_parallel_schedule", "1F1B")
         mapped = SCHEDULES.get(str(schedule).lower())
@@ -213,6 +400,10 @@ def _read(path, document, context):
               max(1, as_int(local, "training.local_batch_size", path) // as_int(pp_micro, "pp micro", path)))
         r.fields[:] = [f for f in r.fields if not (f.key == "training.local_batch_size"
                                                    and f.field == "micro_batch_size")]
+    elif resolved:       # a resolved dump writes the pipeline's settings without a pipeline: no effect
+        for key in ("pipeline_parallel_schedule", "pipeline_parallel_microbatch_size"):
+            take(f"parallelism.{key}")
+            r.ignore(f"parallelism.{key} (pp 1)")
     for key in ("pipeline_parallel_layers_per_stage", "module_fqns_per_model_part", "pipeline_parallel_schedule_csv"):
         value = take(f"parallelism.{key}")
         if value not in (None, "", []):
@@ -245,20 +436,30 @@ def _read(path, document, context):
     if as_bool(get("compile.enable", False)[0], "compile.enable", path):
         raise NotModelledError("compile.enable", True, "false", f"{path}: torch.compile is not modelled by the "
                                "measured profile")
+    if resolved:
+        graphs = not as_bool(take("training.disable_cuda_graphs"), "training.disable_cuda_graphs", path)
+        if graphs:
+            r.approx("training.disable_cuda_graphs", False, "regime", r.values_of("regime"),
+                     "CUDA graphs capture the forward and backward (torchtitan 0.3.0's default; trainer.py "
+                     "wrap_with_cuda_graph): the capture allocates what an eager step allocates, priced so; the "
+                     "graph's private pool stays reserved between steps, so reserved memory exceeds the eager "
+                     "run's (not priced)")
     # --- the rest ---------------------------------------------------------------------------
     for key, value in cfg.items():
         if key in seen:
             continue
         section = key.split(".")[0]
-        if section in IGNORED_SECTIONS or key in IGNORED_KEYS or key.startswith("training.dataloader."):
+        if section in IGNORED_SECTIONS or key in IGNORED_KEYS or key.startswith("training.dataloader.") or (
+                resolved and key in RESOLVED_IGNORED_KEYS):
             r.ignore(key if section not in IGNORED_SECTIONS else section)
         else:
-            raise InvalidInputError(key, value, "a torchtitan v0.2 job config key this reader knows "
+            raise InvalidInputError(key, value, "a torchtitan job config key this reader knows "
                                     "(docs/launch.md, torchtitan)", f"{path}: refused rather than dropped")
     return r.done()
 
 
 @hookimpl
 def mlsysim_launch_formats():
-    return [LaunchFormatSpec(name="torchtitan", description="torchtitan v0.2.x job config (TOML, or its saved JSON)",
+    return [LaunchFormatSpec(name="torchtitan", description="torchtitan v0.2.x job config (TOML, or its saved JSON); "
+                             "torchtitan 0.3.0's resolved dump (--debug.save_config_file)",
                              framework="torchtitan", suffixes=(".toml", ".json"), recognizes=_recognizes, read=_read)]
