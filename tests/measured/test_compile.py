@@ -84,13 +84,13 @@ APPROXIMATE = {i for i in ERRORS if "-ckpt-" in i and "-v1024" in i}   # full ch
 def test_targets_every_phase(phase):
     """Issue 25's target (median |error| <= 1 %, max <= 5 %) on every phase of every run but the approximate
     moments of full checkpointing where the layers set the peaks; those within 7 %, and the ones beyond 5 %
-    named (the grouped-query run's forward and backward peaks: docs/compile.md)."""
+    named (the grouped-query run's forward peak: docs/compile.md)."""
     values = [abs(e[phase]) for e in ERRORS.values()]
     assert statistics.median(values) <= 0.01, values
     assert max(abs(e[phase]) for i, e in ERRORS.items() if i not in APPROXIMATE) <= 0.05
     assert max(abs(ERRORS[i][phase]) for i in APPROXIMATE) <= 0.07
     beyond = sorted(i for i in APPROXIMATE if abs(ERRORS[i][phase]) > 0.05)
-    assert beyond == (["llama-tiny-3l-v1024-kv2-fp32-ckpt-b2-s512"] if phase in ("forward", "backward") else [])
+    assert beyond == (["llama-tiny-3l-v1024-kv2-fp32-ckpt-b2-s512"] if phase == "forward" else [])
 
 
 @pytest.mark.parametrize("rid", sorted(i for i in ERRORS if "-nockpt-" in i or "-v1024" not in i))
@@ -160,6 +160,20 @@ def test_full_checkpointing_keeps_the_inputs_and_the_rng_states_on_the_cpu():
     cuda = solve(LLAMA, checkpointing="full", compile=True, device="cuda")
     assert next(t for t in cuda.terms if t.label.startswith("checkpointed layers")).nbytes == 2 * 2 * 512 * 256
     assert any("approximate moments" in n for n in r.notes)
+
+
+def test_the_embedding_backward_accumulates_in_fp32():
+    """embedding_dense_backward's decomposition: new_zeros in the computation dtype (fp32 for bf16), an
+    accumulating index_put, a cast: V x h x (4 + 2) in bf16 beside the first layer's input gradient (the
+    residual's, q, k and v's input gradients, their sum: 5 x T x h x 2). llama-tiny-2l, V = 1,024, bf16,
+    s = 256: 262,144 x 6 + 5 x 256 x 256 x 2 = 2,228,224 B (the CPU timeline's end of the backward: 1,048,576
+    and 524,288 allocated beside five 131,072-byte buffers)."""
+    hf = dict(LLAMA, vocab_size=1024)
+    end = next(t for t in solve(hf, s=256, compile=True).terms if t.label.startswith("compiled backward's end"))
+    assert end.nbytes == 1024 * 256 * 6 + 5 * 256 * 256 * 2 and tuple(end.phases) == (BACKWARD_END,)
+    fp32 = next(t for t in solve(hf, s=256, regime="fp32", compile=True).terms
+                if t.label.startswith("compiled backward's end"))
+    assert fp32.nbytes == 1024 * 256 * 4 + 5 * 256 * 256 * 4       # no accumulator of another dtype
 
 
 # --- the default unchanged, the option named ---------------------------------------------------------------
