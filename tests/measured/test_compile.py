@@ -222,6 +222,11 @@ def test_refused_families_by_what_they_declare():
     qwen3 = dict(LLAMA, model_type="qwen3", head_dim=32)
     with pytest.raises(NotModelledError, match="more parameters"):
         solve(qwen3, compile=True)
+    mistral = dict(LLAMA, model_type="mistral", sliding_window=128)
+    with pytest.raises(NotModelledError, match="sliding_window=128"):
+        solve(mistral, compile=True)
+    assert solve(dict(LLAMA, model_type="mistral", sliding_window=None), compile=True).total_memory == \
+        solve(LLAMA, compile=True).total_memory
     gpt2 = dict(model_type="gpt2", n_embd=256, n_layer=2, n_head=8, vocab_size=1024, n_positions=1024)
     with pytest.raises(NotModelledError, match="op_outputs"):
         solve(gpt2, compile=True)

@@ -151,6 +151,15 @@ def prepare(plan, registry=None):
                                "eager attention's softmax and scores under the partitioner are not modelled")
     shape = shape_of(plan)
     _ops(shape, regime, kernel, plan.seq_len)
+    if shape.family.adjust_terms is not None:
+        raise NotModelledError("compile", True, "a family that adjusts none of the measured terms (adjust_terms)",
+                               f"family {shape.family.name!r} adjusts the eager terms (its masks, scales): their "
+                               "compiled counterparts are not modelled")
+    window = (getattr(plan.model, "details", None) or {}).get("sliding_window")
+    if window:
+        raise NotModelledError("compile", True, "a model without sliding-window attention",
+                               f"sliding_window={window}: the masks Hugging Face materializes per layer type while "
+                               "tracing are not modelled (one causal mask is)")
     extra = undeclared_layer_parameters(shape)
     if extra:
         raise NotModelledError("compile", True, "a family whose layer parameters are its declared linears and "
