@@ -24,12 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # reference solve made cheaper (+~20 lines) and the core simplified by more than that: one memo for
 # _positional (was an lru_cache beside the memo), one byte counter per tier (_bytes_on), one catalog lookup in solve.
 RATCHET = 2667   # issue 24: -8, the launch formats' hook to its plugin (the manager collects plugins' own registration hooks); item 3: +8 for ProfileSpec.assemble (the measured options assembled from the registered techniques); issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
-EDGE_AT_SPLIT = {"cli.py": 1613,   # re-based at issue 23 (was 1344; 1,613 then): contradictory flags refused
+EDGE_AT_SPLIT = {"cli.py": 1704,   # re-based at issue 27 item 6 (was 1613): +91, the `time` subcommand (one
+                 # layout timed as a search times it); at issue 23 (was 1344; 1,613 then): contradictory flags refused
                  # naming both, refusals instead of fallbacks, names' notes, choice spellings
                  "render.py": 723,   # re-based at issue 24 item 6 (was 510; 512 then): +211, a result's JSON
                  # and reading it back checked (render.unstructure_result, result_from_json) moved from serialization.py
                  "plots.py": 674, "hf.py": 619,
-                 "search.py": 1056,   # re-based at issue 27 item 7 (was 901; 963 then): +93, a table that fits the
+                 "search.py": 1168,   # re-based at issue 27 item 6 (was 1056): +112, time_plan (one layout timed
+                 # as a search times it); at issue 27 item 7 (was 901; 963 then): +93, a table that fits the
                  # terminal, the closest layouts when nothing fits, progress a pipe can log
                  "inverse.py": 350,
                  "scenario.py": 1083,   # re-based at issue 26 (was 565; re-based at issue 23 from 470): +518 for
