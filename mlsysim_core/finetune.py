@@ -204,6 +204,25 @@ def _check_adapter_dtype(value):
                                 "(autocast_adapter_dtype=False: the base's dtype)")
 
 
+def _modules(value):
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, list):
+        value = tuple(value)
+    return () if value is None else value
+
+
+def _check_modules_to_save(instance, attribute, value):
+    allowed = "a tuple of module names (peft's modules_to_save: e.g. ('embed_tokens', 'lm_head'))"
+    if not isinstance(value, tuple):
+        raise InvalidInputTypeError("lora.modules_to_save", value, allowed, f"got {type(value).__name__}")
+    for name in value:
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+            raise InvalidInputError("lora.modules_to_save", name, allowed + " (letters, digits, '_' and '.')")
+    if len(set(value)) != len(value):
+        raise InvalidInputError("lora.modules_to_save", value, "each module named once", "a module is listed twice")
+
+
 @attrs.frozen(kw_only=True)
 class LoRAConfig:
     """A LoRA adapter and, for QLoRA, how the base model is quantized.
@@ -220,7 +239,11 @@ class LoRAConfig:
     block size (64 in bitsandbytes). ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
     default; below 1): it changes the saved activations, not the counts. ``adapter_dtype``:
     ``"fp32"`` (peft's default ``autocast_adapter_dtype=True``: fp32 adapters over a 16-bit
-    base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype).
+    base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype). ``use_dora``: peft's
+    DoRA (a trainable magnitude vector of ``out_features`` per adapted linear, counted with the
+    adapters). ``modules_to_save``: peft's ``modules_to_save``, whole modules trained beside the
+    adapters (a trainable copy of each, the original kept frozen): the token embedding and the LM
+    head, by the architecture's names (``embed_tokens``/``wte`` and ``lm_head``).
     """
 
     rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
@@ -231,6 +254,8 @@ class LoRAConfig:
     quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
     dropout: float = attrs.field(default=0.0, converter=lambda v: _checks.fraction("lora.dropout", v))
     adapter_dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_adapter_dtype(v))
+    use_dora: bool = attrs.field(default=False, validator=lambda i, a, v: _checks.flag("lora.use_dora", v))
+    modules_to_save: tuple[str, ...] = attrs.field(default=(), converter=_modules, validator=_check_modules_to_save)
 
     def __attrs_post_init__(self):
         if self.double_quant and self.quantization not in ("nf4", "fp4"):
@@ -261,7 +286,9 @@ class FineTuneCounts:
 
     ``per_module`` has one row per adapted linear kind:
     ``(module, in_features, out_features, LoRA parameters in one layer)``; for the experts
-    of a mixture the last number covers all ``experts`` copies.
+    of a mixture the last number covers all ``experts`` copies. With DoRA the LoRA parameters
+    include the magnitude vector (``out_features`` per adapted linear). ``saved_modules``:
+    ``(module, parameters)`` of each ``modules_to_save`` copy (counted in ``trainable_parameters``).
     """
 
     trainable_parameters: int
@@ -271,6 +298,8 @@ class FineTuneCounts:
     quantized_weight_bytes: int
     quantization_constant_bytes: int
     per_module: tuple[tuple[str, int, int, int], ...]
+    # peft's modules_to_save: (module, parameters) of each trainable copy (in trainable_parameters)
+    saved_modules: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_parameters(self) -> int:
@@ -403,8 +432,10 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     layers, r = model.layers, config.rank
     _check_rank_fits(r, adapted)
     per_module = tuple((lin.module, lin.in_features, lin.out_features,
-                        lin.copies * r * (lin.in_features + lin.out_features)) for lin in adapted)
-    trainable = layers * sum(row[3] for row in per_module)
+                        lin.copies * adapter_parameters(r, lin.in_features, lin.out_features, config))
+                       for lin in adapted)
+    saved = saved_modules(model, config, "wte" if arch == "gpt2" else "embed_tokens", "lm_head")
+    trainable = layers * sum(row[3] for row in per_module) + sum(n for _, n in saved)
     adapted_params = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in adapted)
 
     quantized = weight_bytes = constant_bytes = 0
@@ -428,7 +459,28 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     return FineTuneCounts(trainable_parameters=trainable, frozen_parameters=model.parameters,
                           adapted_linear_parameters=adapted_params, quantized_parameters=quantized,
                           quantized_weight_bytes=weight_bytes,
-                          quantization_constant_bytes=constant_bytes, per_module=per_module)
+                          quantization_constant_bytes=constant_bytes, per_module=per_module, saved_modules=saved)
+
+
+def adapter_parameters(rank: int, in_features: int, out_features: int, config: LoRAConfig) -> int:
+    """One adapted linear's trainable parameters: ``lora_A`` (r x in) and ``lora_B`` (out x r), and with
+    DoRA its magnitude vector (peft's ``lora_magnitude_vector``: one per output feature)."""
+    return rank * (in_features + out_features) + (out_features if config.use_dora else 0)
+
+
+def saved_modules(model, config: LoRAConfig, embedding: str, lm_head: str) -> tuple[tuple[str, int], ...]:
+    """``(module, parameters)`` of each ``modules_to_save`` copy: the token embedding (named ``embedding``
+    by the architecture) and the LM head (``lm_head``), vocab x hidden each (a tied LM head too: peft copies
+    the module, the copy is its own parameter). Anything else is refused, naming the field."""
+    out = []
+    for name in config.modules_to_save:
+        if name not in (embedding, lm_head):
+            raise NotModelledError("lora.modules_to_save", name, f"{embedding!r} (the token embedding) or "
+                                   f"{lm_head!r} (the LM head)",
+                                   f"a trainable copy of {name!r} is not modelled: only the embedding and the LM "
+                                   "head, whole modules outside the decoder layers")
+        out.append((name, _need(model, "vocab_size") * _need(model, "hidden_dim")))
+    return tuple(out)
 
 
 # Linears whose output is a handful of gate values (the MoE router, Qwen's shared-expert

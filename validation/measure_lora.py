@@ -121,8 +121,9 @@ def build_model(cfg: dict):
             model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=dtype,
                                                          attn_implementation=cfg["attention"], device_map="cpu")
     targets = lora["target_modules"]
+    variants = {k: lora[k] for k in ("use_dora", "modules_to_save") if lora.get(k)}    # measure_lora_variants.py
     config = LoraConfig(r=lora["rank"], lora_alpha=2 * lora["rank"], lora_dropout=cfg["lora_dropout"],
-                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
+                        target_modules=targets, bias="none", task_type="CAUSAL_LM", **variants)
     model = get_peft_model(model, config)
     model.train()
     if cfg["checkpointing"] == "full":
@@ -130,7 +131,9 @@ def build_model(cfg: dict):
     return model, hf_config
 
 
-def measure(cfg: dict) -> dict:
+def measure(cfg: dict, step=None) -> dict:
+    """One run; ``step(model)``: what the protocol calls instead of the peft model (a loss of its own:
+    measure_lora_variants.py)."""
     cell = {}
 
     def build(cfg):
@@ -141,7 +144,8 @@ def measure(cfg: dict) -> dict:
     with harness.training_run(cfg, build=build, tracker=FrozenAwareMemTracker) as run:
         model, mt, params = run.model, run.mt, run.params
         layers, _ = _submodules(model.get_base_model())
-        alive, _ = run_protocol(mt, model, run.optimizer, run.input_ids, autocast=harness.autocast_for(cfg))
+        alive, _ = run_protocol(mt, model if step is None else step(model), run.optimizer, run.input_ids,
+                                autocast=harness.autocast_for(cfg))
         t_end = time.perf_counter()
 
         storage = {}

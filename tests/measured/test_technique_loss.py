@@ -184,8 +184,9 @@ def test_bad_values():
 @pytest.mark.parametrize("loss", ["chunked", "fused_linear"])
 def test_not_modelled(loss):
     m = from_hf_config(LLAMA, name="llama")
-    with pytest.raises(NotModelledError, match="LoRA"):
-        solve(m, loss=loss, lora={"rank": 8})
+    if loss != "chunked":       # (torchtune's chunked loss declares LoRA: tests/measured/test_lora_variants.py)
+        with pytest.raises(NotModelledError, match="LoRA"):
+            solve(m, loss=loss, lora={"rank": 8})
     with pytest.raises(NotModelledError, match="tensor parallelism"):
         TrainingMemoryModel().solve(m, BIG, 2, 256, "bf16", "adamw", "none", tp_size=2, profile="measured",
                                     regime="bf16", loss=loss)

@@ -201,6 +201,9 @@ class ArchitectureFamily:
     # one of whose sides is the attention's q or kv width and neither the MLP's).
     lora_excluded: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     lora_default_targets: tuple[str, ...] | None = None
+    # The model's token embedding and LM head as peft's ``modules_to_save`` names them (``lora.py``).
+    embedding_module: str = "embed_tokens"
+    lm_head_module: str = "lm_head"
     assumptions: Callable[[TransformerWorkload], tuple[str, ...]] | None = None
     # The exact parameter count of a model the family builds (None: the transformer counter of
     # catalog.counting), against which model.parameters is checked.
@@ -538,7 +541,7 @@ GPT2 = ArchitectureFamily(
     norm=LAYER_NORM, positions="learned", rotary_architectures=("olmo",),
     attention_layout=FUSED_QKV, layer_weights=_gpt2_weights, parameter_tensors=_gpt2_parameter_tensors,
     matrix_shapes=_gpt2_matrix_shapes, layer=layers.gpt2_layer, megatron_mlp=layers.megatron_plain_mlp,
-    lora_layer=_gpt2_lora, fallback=True)
+    lora_layer=_gpt2_lora, embedding_module="wte", fallback=True)
 
 MIXTRAL = ArchitectureFamily(
     name="mixtral", label="Mixtral", sparse=True,

@@ -114,6 +114,7 @@ def lora_option(plan, value):
     if plan.trainable_fraction != 1.0:
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
+    _check_variants(plan, config)
     notes = ()
     if generic(plan):
         return _generic_option(plan, config, quantized)
@@ -133,6 +134,42 @@ def lora_option(plan, value):
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
                         trainable_fraction=finetune._exact_fraction(counts.trainable_parameters,
                                                                     plan.model.parameters))
+
+
+def _check_variants(plan, config):
+    """DoRA and ``modules_to_save`` where they were measured (validation/measure_lora_variants.py): one device;
+    DoRA over a dense or 4-bit base without lora_dropout; ``modules_to_save`` where the copies and the adapters
+    share a dtype (peft casts the adapters to fp32 over a 16-bit base, never the copies), with the default
+    cross-entropy. The rest is refused, naming the field, its value and what is modelled."""
+    dora, saved = config.use_dora, config.modules_to_save
+    if not (dora or saved):
+        return
+    what = "lora.use_dora" if dora else "lora.modules_to_save"
+    value = True if dora else saved
+    if plan.dp_size != 1:
+        raise NotModelledError(what, value, "one device (dp_size=1)",
+                               f"{'DoRA' if dora else 'modules_to_save'} is validated on one device only; "
+                               f"dp_size={plan.dp_size} (its sharded or replicated magnitude vectors / copies under "
+                               "the data-parallel rules) is not modelled")
+    if dora and config.dropout > 0:
+        raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora",
+                               "DoRA with lora_dropout recomputes the base layer on the dropped input "
+                               "(peft's DoraLinearVariant.forward): not modelled")
+    if dora and config.quantization == "int8":
+        raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
+                               "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
+                               "measured")
+    if saved:
+        regime = lora_regime(plan.profile_options.regime, config)
+        if regime.weight != base_weight_bytes(plan.profile_options.regime) and not regime.master:
+            raise NotModelledError("lora.modules_to_save", saved, "() under a 16-bit base with fp32 adapters, or "
+                                   "lora.adapter_dtype='base'",
+                                   "peft casts the adapters to fp32 (autocast_adapter_dtype) but keeps the copies in "
+                                   "the base's 16-bit dtype: one optimizer over tensors of two dtypes is not modelled")
+        loss = getattr(plan.profile_options, "loss", None)
+        if loss not in (None, "cross_entropy"):
+            raise NotModelledError("loss", loss, "cross_entropy with lora.modules_to_save",
+                                   f"loss={loss!r} with a trainable embedding or LM head copy is not measured")
 
 
 def _generic_option(plan, config, quantized):
@@ -329,8 +366,9 @@ def generic_counts(shape, config) -> finetune.FineTuneCounts:
     layers, r = shape.layers, config.rank
     finetune._check_rank_fits(r, [finetune._Linear(lin.module, lin.in_features, lin.out_features, 1, frozenset())
                                   for lin in adapted])
-    per_module = tuple((lin.module, lin.in_features, lin.out_features, r * (lin.in_features + lin.out_features))
-                       for lin in adapted)
+    per_module = tuple((lin.module, lin.in_features, lin.out_features,
+                        finetune.adapter_parameters(r, lin.in_features, lin.out_features, config)) for lin in adapted)
+    saved = finetune.saved_modules(shape.model, config, shape.family.embedding_module, shape.family.lm_head_module)
     quantized = weight_bytes = constant_bytes = 0
     if config.quantization is not None:
         for lin in linears:
@@ -340,7 +378,8 @@ def generic_counts(shape, config) -> finetune.FineTuneCounts:
             weight_bytes += layers * w
             constant_bytes += layers * c
     return finetune.FineTuneCounts(
-        trainable_parameters=layers * sum(row[3] for row in per_module), frozen_parameters=shape.model.parameters,
+        trainable_parameters=layers * sum(row[3] for row in per_module) + sum(n for _, n in saved),
+        frozen_parameters=shape.model.parameters, saved_modules=saved,
         adapted_linear_parameters=layers * sum(lin.in_features * lin.out_features for lin in adapted),
         quantized_parameters=quantized, quantized_weight_bytes=weight_bytes,
         quantization_constant_bytes=constant_bytes, per_module=per_module)
@@ -352,13 +391,37 @@ def _adapted(plan) -> dict[str, tuple[int, int]]:
 
 
 def adapter_matrices(plan) -> list[tuple[int, int]]:
-    """(rows, cols) of every adapter tensor in the order the optimizer sees them: per layer,
-    per adapted linear, ``lora_A`` (r x in) then ``lora_B`` (out x r)."""
-    r = plan.profile_options.lora.rank
+    """(rows, cols) of every trainable tensor in the order the optimizer sees them (cols 0 for a
+    vector): per layer, per adapted linear, ``lora_A`` (r x in) then ``lora_B`` (out x r), with DoRA
+    its magnitude vector (out); the ``modules_to_save`` copies (vocab x hidden) where the model
+    registers them: the embedding's before the layers, the LM head's after."""
+    config = plan.profile_options.lora
+    r = config.rank
     block = []
     for _, (i, o) in _adapted(plan).items():
-        block += [(r, i), (o, r)]
-    return block * plan.model.layers
+        block += [(r, i), (o, r)] + ([(o, 0)] if config.use_dora else [])
+    embedding, _ = _saved_roles(plan)
+    head, tail = [], []
+    for module, n in counts(plan).saved_modules:
+        (head if module == embedding else tail).append((shape_of(plan).vocab, n // shape_of(plan).vocab))
+    return head + block * plan.model.layers + tail
+
+
+def _saved_roles(plan) -> tuple[str, str]:
+    """The names the model's token embedding and LM head go by (``modules_to_save``): the family's
+    declaration (the built-in GPT-2 walk's ``wte``)."""
+    family = shape_of(plan).family
+    return family.embedding_module, family.lm_head_module
+
+
+def trains_embedding(plan) -> bool:
+    """A ``modules_to_save`` copy of the token embedding trains: the first layer's input requires grad."""
+    return _saved_roles(plan)[0] in plan.profile_options.lora.modules_to_save
+
+
+def trains_lm_head(plan) -> bool:
+    """A ``modules_to_save`` copy of the LM head trains: it keeps its input for its weight's gradient."""
+    return _saved_roles(plan)[1] in plan.profile_options.lora.modules_to_save
 
 
 # --- weights and gradients -------------------------------------------------------------------
@@ -408,10 +471,19 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                 nbytes=c.quantization_constant_bytes,
                                 formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
                                                                  "parameters: every rank keeps them whole)")))
+    copies = sum(n for _, n in c.saved_modules)
+    adapters = c.trainable_parameters - copies
     terms.append(MemoryTerm(component=WEIGHTS, label=f"LoRA adapters (rank {cfg.rank}, {ab} B)", phases=ALL,
-                            nbytes=_per_rank(c.trainable_parameters * ab, d),
-                            formula=f"{_n(c.trainable_parameters)} params = layers x r x (in + out) per "
-                                    f"adapted linear, x {ab} B" + per))
+                            nbytes=_per_rank(adapters * ab, d),
+                            formula=f"{_n(adapters)} params = layers x r x (in + out) per adapted linear"
+                                    + (" + layers x out (DoRA's magnitude vectors)" if cfg.use_dora else "")
+                                    + f", x {ab} B" + per))
+    if copies:
+        terms.append(MemoryTerm(component=WEIGHTS, label=f"modules_to_save: trainable copies ({ab} B)", phases=ALL,
+                                nbytes=_per_rank(copies * ab, d),
+                                formula=" + ".join(f"{m} {_n(n)}" for m, n in c.saved_modules)
+                                        + f" params x {ab} B (peft's ModulesToSaveWrapper: the original stays, frozen)"
+                                        + per))
     from .model import rope_buffer_terms      # (model imports this module)
     terms += rope_buffer_terms(shape)
     if generic(plan):       # the family's own buffers (Gemma's embedding scale, a second rotary)
@@ -500,6 +572,7 @@ class Walk:
         self.adapted = _adapted(plan)
         self.dropout = plan.profile_options.dropout > 0
         self.lora_dropout = plan.profile_options.lora.dropout > 0     # peft's lora_dropout
+        self.dora = plan.profile_options.lora.use_dora                # peft's use_dora
         # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
@@ -539,6 +612,11 @@ class Walk:
             shared_with.add("x")
             self.add(f"{module} LoRA input", b * width)
         self.add(f"{module} LoRA intermediate (r={self.r})", self.a_c * self.r)
+        if self.dora:
+            o = self.adapted[module][1]
+            for name, n in dora_parts(self, o):
+                self.add(f"{module} {name}", n)
+            self.constant.append((f"{module} DoRA scale vectors", dora_vectors(self, o, grad)))
 
     def frozen_copy(self, module, params, input_grad):
         # autocast casts a frozen weight afresh (no cache) and the matmul saves the cast for the
@@ -551,6 +629,47 @@ class Walk:
 
     def layer(self, output_saved: bool, grad_out: bool) -> _Layer:
         return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out)
+
+
+# --- DoRA (peft 0.21.2 tuners/lora/dora.py DoraLinearLayer.forward, variants.py DoraLinearVariant) ---------------
+
+def dora_parts(walk: Walk, out_features: int) -> tuple[tuple[str, int], ...]:
+    """What one DoRA linear saves per token beyond LoRA's: ``result_dora = (m / ||W + s B A|| - 1) *
+    base_result + (m / ||.||) * lora_B(lora_A(x)) * s`` keeps both products' tensor operands for the
+    magnitude's gradient: the base layer's output (the matmul's dtype, ``walk.c``) and the LoRA result
+    (the adapters' compute dtype)."""
+    return (("DoRA: base result (saved by the magnitude's product)", walk.c * out_features),
+            ("DoRA: LoRA result (saved by the magnitude's product)", walk.a_c * out_features))
+
+
+def dora_vectors(walk: Walk, out_features: int, grad: bool) -> int:
+    """Per DoRA linear and layer: the detached weight norm (saved by ``m / norm``), ``m / norm`` (saved by the
+    LoRA result's product) and, when the input requires grad, ``m / norm - 1`` (saved by the base result's
+    product): out_features each, in the magnitude's dtype."""
+    return (3 if grad else 2) * out_features * walk.ab
+
+
+def dora_transient(plan) -> tuple[int, str]:
+    """DoRA's weight norm, computed in every forward (``get_lora_weight``, ``get_weight_norm``): ``lora_B(
+    lora_A(eye(in)))`` (the identity saved by lora_A while the product lives: in x in; its 16-bit cast under
+    autocast), lora_A's output (in x r), the product (in x out, cast to the input's dtype under autocast), the
+    base weight in the input's dtype (a copy when the base's dtype differs: a 16-bit base under fp32
+    adapters, a dequantized 4-bit weight), ``s x lora_weight`` and ``W + s x lora_weight`` (out x in each),
+    all freed once the norm is taken (the norm is detached). The largest over the adapted linears, and how."""
+    walk = Walk(plan, shape_of(plan))
+    cfg = plan.profile_options.lora
+    xb = walk.ab                                      # peft casts x to the adapters' dtype
+    eye = 2 if walk.amp else walk.ab
+    base = base_weight_bytes(plan.profile_options.regime)
+    cast = bool(cfg.quantization) or base != xb
+    best, how = 0, ""
+    for module, (i, o) in _adapted(plan).items():
+        n = i * i * eye + i * walk.r * walk.a_c + o * i * xb * (3 + int(cast))
+        if n > best:
+            best = n
+            how = (f"{module}: in^2 x {eye} (eye) + in x r x {walk.a_c} + (3{' + 1 (W cast)' if cast else ''}) "
+                   f"x out x in x {xb}, in={i}, out={o}")
+    return best, how
 
 
 def _layer(plan, grad_in: bool, placement=None) -> _Layer:
@@ -646,6 +765,9 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
         elif walk.lora_dropout and not walk.amp:
             constant.append((f"{lin.module} LoRA input (dropout output)", walk.ab * lin.in_features * T))
         constant.append((f"{lin.module} LoRA intermediate (r={walk.r})", walk.a_c * walk.r * T))
+        if walk.dora:
+            constant += [(f"{lin.module} {name}", n * T) for name, n in dora_parts(walk, lin.out_features)]
+            constant.append((f"{lin.module} DoRA scale vectors", dora_vectors(walk, lin.out_features, not no_grad)))
     if walk.amp:
         for lin in linears:
             if lin.weight.autocast:
@@ -732,8 +854,9 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
 
 
 def _layers(plan, placement=None):
-    """The first layer (its input requires no grad) and the others (derived layers: the same)."""
-    first = _layer(plan, False, placement)
+    """The first layer (its input requires no grad, unless the embedding trains: ``modules_to_save``) and
+    the others (derived layers: the same)."""
+    first = _layer(plan, trains_embedding(plan), placement)
     return first, _layer(plan, first.grad_out, placement)
 
 
@@ -783,7 +906,15 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
 def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTerm]:
     """Token ids, RoPE tables, the final norm, logits and cross-entropy (as in full training:
     the frozen LM head's input requires grad), AMP's copy of the LM head; no embedding output
-    (nothing needs its gradient) and no embedding gradient at the backward's end."""
+    (nothing needs its gradient) and no embedding gradient at the backward's end.
+
+    ``modules_to_save``: a trainable LM head keeps its input (the final norm's output, in the matmul's
+    dtype) for its weight's gradient; a trainable embedding makes its output require grad (the first
+    norm saves it, as in full training) and the backward runs to it (the embedding output's gradient at
+    the backward's end; its weight's gradient is with the others). DoRA: the weight norm's transient
+    in the forward, where it exceeds the loss's moment (``dora_transient``). A loss implementation
+    that declares LoRA (``allows``) replaces the cross-entropy's terms (``loss.loss_terms``, the LM head
+    frozen unless ``modules_to_save`` trains it)."""
     shape = shape_of(plan)
     regime = plan.profile_options.regime
     kind = _kind(regime)
@@ -797,7 +928,19 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         b = 4 if regime.residual == 4 else 2
         add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
                        nbytes=2 * plan.seq_len * shape.rotary_dim * b, formula=f"2 x s x head_dim x {b} B"))
+    if trains_embedding(plan):
+        if shape.family.norm.saves_input_in_16bit or not regime.pure_16bit:
+            add(MemoryTerm(component=ACTIVATIONS, label="embedding output (saved by the first norm)",
+                           nbytes=regime.residual * T * h, phases=SAVED,
+                           formula=f"T x h x {regime.residual} B (modules_to_save: the embedding trains)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output", phases=(BACKWARD_END,),
+                       nbytes=regime.residual * T * h,
+                       formula=f"T x h x {regime.residual} B (the backward runs to the trainable embedding)"))
+    through_layers = {id(t) for t in terms}      # alive while the layers run (the rest: at the loss)
     final, how = shape.family.norm.lora_final_saved(kind, T, h)
+    if trains_lm_head(plan):
+        final += c * T * h
+        how += f" + the LM head's input ({c} x T x h: its trainable copy's weight gradient)"
     add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
     add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
                    phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
@@ -815,16 +958,29 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
         if recompute:
             r = plan.profile_options.lora.rank
-            adapters = counts(plan).trainable_parameters
+            adapters = counts(plan).trainable_parameters - sum(n for _, n in counts(plan).saved_modules)
             add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the adapters",
                            nbytes=2 * adapters, phases=(FORWARD,),
                            formula=f"{_n(adapters)} adapter params (rank {r}) x 2 B (cached until autocast exits)"))
+            through_layers.add(id(terms[-1]))
     if plan.profile_options.lora.quantization in ("nf4", "fp4"):
         largest = max(i * o for _, i, o in _quantized_linears(plan))
         add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
                        nbytes=largest * c, phases=(BACKWARD_END,),
                        formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
                                "(dequantize_4bit in the backward's matmul)"))
+    if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
+        from .loss import loss_terms
+        from .model import context
+        terms = loss_terms(plan, context(plan, placement), terms, lm_head_trainable=trains_lm_head(plan))
+    if plan.profile_options.lora.use_dora:
+        transient, how = dora_transient(plan)
+        at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
+        add = terms.append
+        add(MemoryTerm(component=ACTIVATIONS, label="DoRA weight norm (transient), beyond the loss's moment",
+                       nbytes=max(0, transient - at_loss), phases=(FORWARD,),
+                       formula=f"max(0, {_n(transient)} B ({how}) - {_n(at_loss)} B (what the forward's end holds "
+                               "beyond the layers: final norm, logits, loss))"))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return terms

@@ -180,10 +180,11 @@ def chunk_tokens(plan, chunks: int) -> int:
     return plan.microbatch * math.ceil(plan.seq_len / chunks)
 
 
-def loss_terms(plan, ctx, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+def loss_terms(plan, ctx, terms: list[MemoryTerm], *, lm_head_trainable: bool = True) -> list[MemoryTerm]:
     """The rank's model activation terms with the default cross-entropy's replaced by the
     chosen loss implementation's (the last pipeline stage only; ``model.model_activation_terms``
-    calls it): its declared terms, the LM head's input and autocast weight copy taken off where it
+    calls it, and ``lora.model_activation_terms`` with ``lm_head_trainable=False`` for a frozen LM
+    head): its declared terms, the LM head's input and autocast weight copy taken off where it
     declares it saves them not."""
     o = plan.profile_options
     impl = getattr(o, "loss_implementation", None)
@@ -204,7 +205,8 @@ def loss_terms(plan, ctx, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     valid = T if share is None else max(1, math.ceil(T * share))
     lctx = LossContext(plan=plan, tokens=T, valid=valid, hidden=h, vocab=V / split if split != 1 else V, compute=c,
                        weight=regime.weight,
-                       gradient=regime.gradient or 4, chunks=o.loss_chunks, regime=regime, shape=s)
+                       gradient=regime.gradient or 4, chunks=o.loss_chunks, regime=regime, shape=s,
+                       lm_head_trainable=lm_head_trainable)
     if not impl.saves_lm_head_input or not impl.saves_lm_head_weight_copy:
         keep = _lm_head_kept(keep, impl, T, h, c, bool(regime.autocast))
     return keep + list(impl.terms(lctx))
@@ -233,7 +235,8 @@ def _lm_head_kept(keep, impl, T, h, c, autocast) -> list[MemoryTerm]:
 
 def chunked_terms(ctx) -> list[MemoryTerm]:
     """torchtune 0.6.1's CEWithChunkedOutputLoss (the module docstring)."""
-    return _chunked(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.chunks, ctx.regime)
+    return _chunked(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.chunks, ctx.regime,
+                    trainable=ctx.lm_head_trainable)
 
 
 def fused_terms(ctx) -> list[MemoryTerm]:
@@ -241,7 +244,7 @@ def fused_terms(ctx) -> list[MemoryTerm]:
     return _fused(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.regime)
 
 
-def _chunked(plan, T, h, V, c, n, regime) -> list[MemoryTerm]:
+def _chunked(plan, T, h, V, c, n, regime, trainable=True) -> list[MemoryTerm]:
     t = chunk_tokens(plan, n)
     copy = 4 * t * V if c != 4 else 0
     out = [MemoryTerm(component=ACTIVATIONS, label="log-softmax of every chunk's logits (fp32)", nbytes=4 * T * V,
@@ -258,8 +261,13 @@ def _chunked(plan, T, h, V, c, n, regime) -> list[MemoryTerm]:
     # second chunk's partial meets the first in the engine's input buffer and their out-of-place
     # sum makes three V x h at once, with n - 2 chunks' logits gradients still waiting.
     ce = 8 * t * V
-    moments = [c * T * V + V * h * c + c * t * h]
-    if n >= 2:
+    if not trainable:
+        # a frozen LM head (LoRA): no weight-gradient partials; its backward's moment is the logits
+        # gradients and one chunk's input gradient
+        moments = [c * T * V + c * t * h]
+    else:
+        moments = [c * T * V + V * h * c + c * t * h]
+    if n >= 2 and trainable:
         moments += [c * T * V * (n - 1) / n + 2 * V * h * c + 2 * c * t * h,
                     c * T * V * (n - 2) / n + 3 * V * h * c + 2 * c * t * h]
     head = max(moments) - 4 * T * V
@@ -273,6 +281,12 @@ def _chunked(plan, T, h, V, c, n, regime) -> list[MemoryTerm]:
                f"partials{', their sum' if k == 2 else ''}) + {min(k + 1, 2)} x t x h x {c} (input gradients) "
                "- 4 x T x V (every log-softmax freed)")
     out.append(MemoryTerm(component=ACTIVATIONS, label=label, nbytes=nbytes, phases=(BACKWARD,), formula=how))
+    if not trainable and regime.autocast and n > 1:
+        # autocast caches the casts of weights that require grad only: each chunk's matmul casts the frozen
+        # LM head afresh and saves its cast for the input's gradient (the model's term counts the first)
+        out.append(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit casts of the frozen LM head, one per "
+                              "further chunk", nbytes=(n - 1) * 2 * V * h, phases=SAVED,
+                              formula=f"({n} - 1) chunks x V x h x 2 B (each chunk's matmul saves its own cast)"))
     return out
 
 

@@ -82,6 +82,7 @@ class LossContext:
     chunks: int | None
     regime: Any
     shape: Any
+    lm_head_trainable: bool = True     # False under LoRA: the LM head is frozen (no weight gradient)
 
     @property
     def autocast(self) -> bool:
@@ -114,6 +115,7 @@ BUILTIN = (
     LossImplementation(
         name="chunked", description="torchtune's CEWithChunkedOutputLoss: the fp32 copy and backward temporaries one "
         "chunk at a time", source=TORCHTUNE_061, terms=_lazy("loss", "chunked_terms"), chunks=8,
+        allows=("autocast", "lora"),
         note="loss: torchtune's chunked cross-entropy ({chunks} chunks): the fp32 copy of the logits and the "
              "cross-entropy backward's temporaries shrink to one chunk; the 16-bit logits and the fp32 "
              "log-softmax stay whole",

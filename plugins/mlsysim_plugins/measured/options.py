@@ -105,7 +105,13 @@ _LORA_FLAGS = (
              "and output"},
     {"key": "adapter_dtype", "flag": "--lora-adapter-dtype", "choices": ("fp32", "base"),
      "help": "with --lora-rank: fp32 adapters over a 16-bit base (default, peft's autocast_adapter_dtype) or the "
-             "base's dtype (autocast_adapter_dtype=False, torchtune)"})
+             "base's dtype (autocast_adapter_dtype=False, torchtune)"},
+    {"key": "use_dora", "flag": "--lora-dora", "const": True,
+     "help": "with --lora-rank: DoRA (peft's use_dora): a trainable magnitude per output feature, the weight norm "
+             "in every forward"},
+    {"key": "modules_to_save", "flag": "--lora-modules-to-save", "metavar": "NAME,NAME,...", "parse": _names,
+     "help": "with --lora-rank: peft's modules_to_save, a trainable copy of the token embedding and/or the LM head "
+             "(e.g. embed_tokens,lm_head)"})
 
 
 # The profile's own options (the techniques add theirs: ``options_type``). ``None`` means the default.
