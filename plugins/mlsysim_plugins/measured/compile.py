@@ -273,7 +273,7 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
     sdpa_grads = 3 * c * s.heads * s.head_dim if kernel.sdpa else 0
     work = (per_token + rotary + c * h + c * h + 3 * product + sdpa_grads) * T
     inputs = L * (c * T * h + rng)
-    return [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled)",
+    return [t for t in (MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled)",
                        nbytes=inputs, phases=SAVED,
                        formula=f"{L} layers x (T x h x {c} B" + (f" + {rng:,} B CPU RNG state)" if rng else ")")),
             MemoryTerm(component=ACTIVATIONS, label="compiled checkpointed forward: the top layer's MLP",
@@ -287,7 +287,8 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
                 f"{_n(mask)} + T x ({_n(per_token)} (the layer's compiled saved set, recomputed) + {_n(rotary)} (q, k "
                 f"before RoPE) + h x {c} (o's output beside the residual) + h x {c} (the residual's gradient) + 3 x "
                 f"{_n(product)} (the gradients of the gated product, gate and up) + {_n(sdpa_grads)} (SDPA's input "
-                "gradients)); approximate: Inductor's schedule of the recomputation inside one backward graph"))]
+                "gradients)); approximate: Inductor's schedule of the recomputation inside one backward graph")))
+            if t.nbytes or FORWARD not in t.phases or BACKWARD in t.phases]     # (no forward excess: no term)
 
 
 def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
