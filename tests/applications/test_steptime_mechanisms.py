@@ -176,3 +176,17 @@ def test_published_rows_cite_their_source_and_dimensions():
     # the matmuls are 99.7 % of it: 32 x 12 x 4096^2 + the tied 50,368 x 4096 table + the 2048 x 4096 positions
     assert 32 * 12 * 4096 ** 2 + 50368 * 4096 + 2048 * 4096 == pytest.approx(6658859008, rel=3e-4)
     assert math.isclose(sum(1 for c in cases if c["power_watts"] == 500), 30)
+
+
+def test_narayanan_rows_reproduce_the_papers_parameter_counts():
+    """Table 1's GPT models from their stated shapes: the paper's P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))
+    gives the billions the table prints."""
+    cases = runpy.run_path(str(ROOT / "validation" / "steptime" / "published.py"))["CASES"]
+    rows = [c for c in cases if c["id"].startswith("narayanan2021-table1-")]
+    assert len(rows) == 10
+    stated = {"1.7b": 1.7, "145.6b": 145.6, "1008b": 1008.0, "529.6b": 529.6}
+    for c in rows:
+        size = c["id"].split("-gpt-")[1].split("-")[0]
+        if size in stated:
+            assert c["model_dims"]["parameters"] / 1e9 == pytest.approx(stated[size], rel=0.03), c["id"]
+        assert c["tp"] * c["pp"] * c["dp_replicate"] == c["devices"]

@@ -54,11 +54,11 @@ CATALOG = {"h100": "nvidia/h100-sxm5-80gb", "a100": "nvidia/a100-sxm4-80gb", "h2
 FITTED = {"h100": ("matmul", "intra_link"), "a100": ("matmul",)}
 ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none"}
-RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1",
+RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1", "ddp": "zero0",
         "no-reshard-after-forward": "fsdp-grad-op"}
 DOC = ROOT / "docs" / "planner.md"
 BEGIN, END = "<!-- calibration table: begin -->", "<!-- calibration table: end -->"
-LF, MG, L3 = "mosaicml/llm-foundry", "NVIDIA/Megatron-LM", "The Llama 3 Herd"
+LF, MG, L3, NAR = "mosaicml/llm-foundry", "NVIDIA/Megatron-LM", "The Llama 3 Herd", "Efficient Large-Scale"
 
 
 def comparable(case) -> str | None:
@@ -88,6 +88,8 @@ def fused(case) -> tuple[bool, str]:
         return True, "torch.compile"
     if case["source"].startswith(LF):
         return True, "llm-foundry's ops are single kernels (low_precision_layernorm = F.layer_norm, GELU, ALiBi in flash-attn)"
+    if case["source"].startswith(NAR):
+        return True, "the paper's fused kernels (bias+GeLU, bias+dropout+add, scale+mask+softmax; section 4.2)"
     if case["source"].startswith((MG, L3)):
         return True, "fused kernels (Transformer Engine / production kernels): assumed"
     return False, "eager PyTorch"
@@ -153,6 +155,11 @@ def published_step(case) -> float | None:
     if case["flops_convention"] == "megatron":
         return megatron_flops(case["model_dims"], case["global_batch"], case["seq_len"]) / (
             case["tflops_per_gpu"] * 1e12 * case["devices"])
+    if case["flops_convention"] == "megatron-2021":      # the paper's F, recomputation included
+        d = case["model_dims"]
+        l, h, s, V = d["layers"], d["hidden_dim"], case["seq_len"], d["vocab_size"]
+        f = 96 * case["global_batch"] * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+        return f / (case["tflops_per_gpu"] * 1e12 * case["devices"])
     if case["flops_convention"] == "palm":
         fig = steptime.model_figures(_model_object(case))
         return tokens * steptime.model_flops_per_token(fig, case["seq_len"]) / (case["tflops_per_gpu"] * 1e12 * case["devices"])
@@ -232,7 +239,8 @@ def summary(acc: str, found=None) -> dict:
 
 def _source_name(case) -> str:
     src = case["source"]
-    for key, name in (("pytorch/torchtitan", "torchtitan"), (LF, "llm-foundry"), (MG, "Megatron-LM"), (L3, "Llama 3 paper")):
+    for key, name in (("pytorch/torchtitan", "torchtitan"), (LF, "llm-foundry"), (MG, "Megatron-LM"), (L3, "Llama 3 paper"),
+                      (NAR, "Narayanan et al. 2021")):
         if src.startswith(key) or key in src[:80]:
             return name
     return "other"

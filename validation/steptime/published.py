@@ -597,6 +597,43 @@ for _c in CASES:
     if _c["hardware"] == "a100" and _c["source"].startswith(_LF_BASE):
         _c["network_bandwidth"] = 25e9
 
+# --- Narayanan et al. 2021 (Megatron-LM, SC21), Table 1 -------------------------------------------------------
+
+_NAR = ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM (Narayanan et al. 2021, arXiv "
+        "2104.04473), Table 1 (weak scaling, columns 'Number of parameters (billion) | Attention heads | Hidden size | Number "
+        "of layers | Tensor model-parallel size | Pipeline model-parallel size | Number of GPUs | Batch size | Achieved "
+        "teraFLOP/s per GPU | Percentage of theoretical peak FLOP/s | Achieved aggregate petaFLOP/s')")
+_NAR_NOTE = ("No page of the paper itself was reachable; the rows are quoted from stored public transcriptions of Table 1 "
+             "that agree row for row (find_string ids 66766946069, 55320678230, 66890646596, 63236651303). Selene: A100 80GB, "
+             "8 per node with NVLink/NVSwitch and 8 x 200 Gb/s HDR InfiniBand per node (25e9 B/s per GPU, recorded in "
+             "network_bandwidth); vocabulary 51,200, sequence 2048, mixed precision; the FLOP count is the paper's "
+             "F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), which counts activation recomputation (checkpointing 'full'); "
+             "parameters P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)). Micro-batch size, pipeline schedule (1F1B or "
+             "interleaved) not stated per row; data parallelism is Megatron's DDP (2021: no distributed optimizer, no "
+             "sequence parallelism). ")
+for _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct, _agg in [
+        (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 4.4), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 8.8),
+        (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 18.2), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 34.6),
+        (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 70.8), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 143.8),
+        (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 227.1), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 297.4),
+        (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 410.2),
+        (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 502.0)]:
+    _dp = _n // (_t * _p)
+    CASES.append(_row(
+        id=f"narayanan2021-table1-gpt-{_b:g}b-{_n}xa100-tp{_t}-pp{_p}",
+        source=f"{_NAR}, row '{_b} | {_a} | {_h} | {_l} | {_t} | {_p} | {_n} | {_bs} | {_x} | {_pct}% | {_agg}'",
+        model=None, model_note=f"GPT {_b:g}B: {_l} layers, hidden {_h}, {_a} heads, vocabulary 51,200",
+        model_dims=dict(name=f"GPT {_b:g}B (Narayanan et al. 2021)", layers=_l, hidden_dim=_h, heads=_a, ffn_dim=4 * _h,
+                        vocab_size=51200, gated_mlp=False, tied_embeddings=True, architecture="gpt3", context_length=2048,
+                        parameters=round(12 * _l * _h ** 2 * (1 + 13 / (12 * _h) + (51200 + 2048) / (12 * _l * _h))),
+                        position_table=2048 * _h,
+                        source="the row's heads, hidden size and layers; the paper's vocabulary 51,200, sequence 2048 and "
+                               "parameter formula (4h MLP, learned positions, tied embeddings)"),
+        hardware="a100", devices=_n, tp=_t, pp=_p, dp_shard=1, dp_replicate=_dp, local_batch=_bs // _dp, global_batch=_bs,
+        seq_len=2048, checkpointing="full", compile=None, float8=False, async_tp=False, tflops_per_gpu=_x,
+        mfu=_pct / 100, flops_convention="megatron-2021", sharding="ddp", network_bandwidth=25e9,
+        notes=_NAR_NOTE + f"dp {_dp} derived: {_n} / ({_t} x {_p}). Aggregate petaFLOP/s {_agg}."))
+
 # --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
 
 _L3_NOTE = ("H100 80GB HBM3 at 700W (section 3.3.1), RoCE 400 Gbps. 'Batch size/DP' (sequences per DP group per step) recorded as "
@@ -640,4 +677,5 @@ for _c in CASES:
         _c["notes"] += "Stages per rank not stated: timed with 2 (virtual_stages None here; calibrate.py says so). "
 del _c
 del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
+del _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct
 del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
