@@ -5,8 +5,14 @@ Each ``tests/data/launch/megatron/<case>.model_config.yaml`` is read with ``--fr
 DGX node, as the functional tests run) and solved; the golden value is the peak allocated memory
 (``torch.cuda.memory_stats()["allocated_bytes.all.peak"]``) that the tensorboard writer's rank logs:
 the last rank (``args.rank == world_size - 1``, megatron/training/global_vars.py), which is on the
-last pipeline stage. Compared like with like: allocated bytes, without the runtime overheads
-(CUDA context, allocator reserve), which ``max_memory_allocated`` does not count.
+last pipeline stage. Compared like with like: allocated bytes, without the runtime overheads that
+``max_memory_allocated`` does not count (CUDA context, NCCL buffers, allocator reserve), with the one it
+counts: the cuBLAS workspace, which PyTorch allocates through its caching allocator
+(pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp,
+``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate``). The golden files also log
+``mem-allocated-bytes`` (allocated after the step: weights, gradients, optimizer state), so each
+row is split: that static part against the prediction's, and the peak above it against the
+prediction's.
 
     python tools/launch_validation_megatron.py            # the Markdown table
     python tools/launch_validation_megatron.py --check    # exit 1 if docs/launch-megatron.md differs
@@ -32,12 +38,20 @@ def cases():
         yield name, config, (golden[0] if golden else None)
 
 
-def golden_value(path: Path) -> tuple[float, str]:
-    data = json.loads(path.read_text())["mem-max-allocated-bytes"]
+def golden_value(path: Path, metric: str = "mem-max-allocated-bytes") -> tuple[float, str]:
+    data = json.loads(path.read_text())[metric]
     values = {int(k): v for k, v in data["values"].items() if isinstance(v, (int, float))}
     step = max(values)
     machine = path.name.removesuffix(".json").split("golden_values_")[1]
     return float(values[step]), f"{machine}, step {step}"
+
+
+def allocated(rank) -> tuple[float, float]:
+    """(allocated at the peak, static: weights + gradients + optimizer state), in bytes: the runtime
+    overheads left out but the cuBLAS workspace, which PyTorch's caching allocator counts."""
+    workspace = sum(t.nbytes for t in rank.terms if t.component == "runtime_overheads" and "cuBLAS" in t.label)
+    static = rank.weights + rank.gradients + rank.optimizer_state + workspace
+    return rank.total_memory - rank.runtime_overheads + workspace, static
 
 
 def predict(config: Path):
@@ -62,27 +76,37 @@ def rows():
         if golden is None:
             continue
         value, where = golden_value(golden)
+        static, _ = golden_value(golden, "mem-allocated-bytes")
         try:
             rank, launch = predict(config)
         except MlsysimError as err:
-            out.append((name, where, value, None, f"refused: {str(err).splitlines()[0][:160]}"))
+            out.append((name, where, value, static, None, None, f"refused: {str(err).splitlines()[0][:160]}"))
             continue
         s = launch.scenario
         layout = f"tp{s.tp_size} pp{s.pp_size} cp{s.cp_size} dp{s.dp_size}, mb {s.batch_size // (s.dp_size * s.gradient_accumulation_steps)}"
-        allocated = rank.total_memory - rank.runtime_overheads
-        out.append((name, where, value, allocated, layout + f", {getattr(rank, 'name', 'every rank')}"))
+        peak, predicted_static = allocated(rank)
+        out.append((name, where, value, static, peak, predicted_static,
+                    layout + f", {getattr(rank, 'name', 'every rank')}"))
     return out
 
 
+def _err(predicted, value) -> str:
+    return f"{(predicted - value) / value * 100:+.1f} %"
+
+
 def table() -> str:
-    lines = ["| functional test (model_config.yaml) | golden (machine, step) | golden GB | predicted GB allocated (last rank) | error | layout, rank |",
-             "|---|---|---:|---:|---:|---|"]
-    for name, where, value, predicted, what in rows():
+    lines = ["| functional test (model_config.yaml) | golden (machine, step) | golden GB | predicted GB allocated "
+             "(last rank) | error | static: golden / predicted GB | above static: golden / predicted GB (error) "
+             "| layout, rank |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, where, value, static, predicted, predicted_static, what in rows():
         if predicted is None:
-            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | — | — | {what} |")
+            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | — | — | {static / 1e9:.3f} / — | — | {what} |")
         else:
-            err = (predicted - value) / value * 100
-            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | {predicted / 1e9:.3f} | {err:+.1f} % | {what} |")
+            lines.append(f"| {name} | {where} | {value / 1e9:.3f} | {predicted / 1e9:.3f} | {_err(predicted, value)} "
+                         f"| {static / 1e9:.3f} / {predicted_static / 1e9:.3f} | {(value - static) / 1e9:.3f} / "
+                         f"{(predicted - predicted_static) / 1e9:.3f} ({_err(predicted - predicted_static, value - static)})"
+                         f" | {what} |")
     return "\n".join(lines)
 
 

@@ -140,12 +140,15 @@ def test_a_launch_script_is_read_with_from():
 
 
 def test_loss_mapping():
-    # --cross-entropy-loss-fusion (native) -> megatron_fused, read; absent -> megatron_fused as the implicit
+    # --cross-entropy-loss-fusion (native) -> megatron_fused, approximated; absent -> megatron_fused as the implicit
     # default: the unfused vocab_parallel_cross_entropy keeps the same bytes (the fp32 softmax made in place and
     # saved, the 16-bit gradient autograd casts beside it)
     fused = from_launch([DATA / "gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion.model_config.yaml"], gpus=8)
     field = next(f for r in fused.readings for f in r.fields if f.field == "loss")
-    assert (field.key, field.becomes, field.approximated) == ("--cross-entropy-loss-fusion", "megatron_fused", False)
+    # approximated: the fused path's backward is torch.compile'd (jit_fuser) and Inductor makes a fresh fp32
+    # [T, V/tp] buffer of the in-place one-hot subtraction, which megatron_fused does not price
+    assert (field.key, field.becomes, field.approximated) == ("--cross-entropy-loss-fusion", "megatron_fused", True)
+    assert "torch.compile" in field.note and "fp32 buffer" in field.note
     plain = from_launch([DATA / "gpt3_mcore_te_tp2_pp2.model_config.yaml"], gpus=8)
     assert plain.scenario.profile_options["loss"] == "megatron_fused"
     default = next(d for r in plain.readings for d in r.defaults if d.field == "loss")
@@ -155,3 +158,27 @@ def test_loss_mapping():
     assert read_arguments(args + "--cross-entropy-fusion-impl native").values()["loss"] == "megatron_fused"
     with pytest.raises(MlsysimError, match="--cross-entropy-fusion-impl"):
         read_arguments(args + "--cross-entropy-fusion-impl te")
+
+
+def test_the_peak_above_the_static_part_agrees():
+    # The golden files log mem-allocated-bytes (between steps) beside the peak: above that static part, every row
+    # but the fused cross-entropy one is within 3 % (the compiled fused loss's fp32 buffer: docs/launch-megatron.md)
+    import sys
+    root = DATA.parent.parent.parent.parent
+    sys.path.insert(0, str(root / "tools"))
+    try:
+        import launch_validation_megatron as tool
+    finally:
+        sys.path.remove(str(root / "tools"))
+    checked = 0
+    for name, _, value, static, predicted, predicted_static, _ in tool.rows():
+        if predicted is None:
+            continue
+        error = ((predicted - predicted_static) - (value - static)) / (value - static)
+        if name.endswith("cross_entropy_loss_fusion"):
+            # 0.413 GB under: 4 B x 4,096 tokens x 25,216 (V/tp), the compiled backward's buffer
+            assert abs((value - static) - (predicted - predicted_static) - 4 * 4096 * 25216) < 0.02e9
+        else:
+            assert abs(error) < 0.03, (name, error)
+            checked += 1
+    assert checked >= 12

@@ -404,9 +404,13 @@ def _read(args: dict, path, context):
         if impl != "native":
             refuse("--cross-entropy-fusion-impl", "TransformerEngine's cross-entropy fusion is refused by Megatron "
                    f"itself at this commit ({ARGS} validate_args: 'disabled due to stability issues')", "native")
-        r.set("--cross-entropy-loss-fusion", True, "loss", "megatron_fused", f"{LOSS_FUSED} "
-              "(cross_entropy_fusion_impl native): the logits shard upcast once, the softmax made in place and saved, "
-              "the backward's bf16 gradient beside it")
+        r.approx("--cross-entropy-loss-fusion", True, "loss", "megatron_fused", f"{LOSS_FUSED} "
+                 "(cross_entropy_fusion_impl native): the logits shard upcast once, the softmax made in place and "
+                 "saved, the backward's bf16 gradient beside it; not priced: the fused path's functions are "
+                 "torch.compile'd (megatron/core/jit.py: jit_fuser = torch.compile from PyTorch 2.2), and Inductor "
+                 "compiles calculate_gradients' in-place one-hot subtraction on the saved softmax (an index_put on "
+                 "its view) into a fresh fp32 buffer (4 B per token x V/tp) beside the softmax and the bf16 "
+                 "gradient (its generated code, torch 2.13 CPU), while the eager unfused path works in place")
     else:
         r.default("--cross-entropy-loss-fusion", "loss", "megatron_fused", f"{LOSS_UNFUSED} (vocab_parallel_"
                   "cross_entropy, cross_entropy_loss_fusion=False)", "the unfused vocabulary-parallel cross-entropy "
