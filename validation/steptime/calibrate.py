@@ -90,7 +90,7 @@ def fused(case) -> tuple[bool, str]:
         return True, "llm-foundry's ops are single kernels (low_precision_layernorm = F.layer_norm, GELU, ALiBi in flash-attn)"
     if case["source"].startswith(NAR):
         return True, "the paper's fused kernels (bias+GeLU, bias+dropout+add, scale+mask+softmax; section 4.2)"
-    if case["source"].startswith((MG, L3)):
+    if case["source"].startswith((MG, L3, "NVIDIA-NeMo/Megatron-Bridge")):
         return True, "fused kernels (Transformer Engine / production kernels): assumed"
     return False, "eager PyTorch"
 
@@ -118,7 +118,10 @@ def layout(case) -> dict:
         assumed.append("bf16 (precision not stated)")
     if case["checkpointing"] is None:
         assumed.append("no activation checkpointing (not stated)")
-    return dict(tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
+    extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}
+    if extra:
+        assumed.append(f"expert tensor parallelism {case['expert_tp']}")
+    return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
                 sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
                 async_tp=bool(case["async_tp"]) and case["tp"] > 1, power=case["power_watts"],
@@ -240,7 +243,7 @@ def summary(acc: str, found=None) -> dict:
 def _source_name(case) -> str:
     src = case["source"]
     for key, name in (("pytorch/torchtitan", "torchtitan"), (LF, "llm-foundry"), (MG, "Megatron-LM"), (L3, "Llama 3 paper"),
-                      (NAR, "Narayanan et al. 2021")):
+                      (NAR, "Narayanan et al. 2021"), ("NVIDIA-NeMo/Megatron-Bridge", "Megatron-Bridge (NeMo)")):
         if src.startswith(key) or key in src[:80]:
             return name
     return "other"

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -634,6 +634,39 @@ for _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct, _agg in [
         mfu=_pct / 100, flops_convention="megatron-2021", sharding="ddp", network_bandwidth=25e9,
         notes=_NAR_NOTE + f"dp {_dp} derived: {_n} / ({_t} x {_p}). Aggregate petaFLOP/s {_agg}."))
 
+# --- NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, '26.04.01 NeMo Container' ---------------------
+
+_MB = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit 067f987df03b8355b03192d88d70f1709fedf51a "
+       "(file last changed in 4ab94dfad36641cabdeb96452b21bf676aac4772), section '## 26.04.01 NeMo Container' / "
+       "'### Pre-Training Performance', columns '| System | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP | TP | PP "
+       "| CP | VP | EP | Tokens / sec / GPU | Model TFLOP / sec / GPU |'")
+_MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge performance recipes (scripts/performance); "
+            "data parallelism recorded as Megatron's distributed optimizer (the recipes' default; the table does not say), "
+            "TP communication overlap and the MoE dispatcher's overlap not stated (timed without them); H100 FP8 is "
+            "Transformer Engine's recipe (timed as tensorwise casts). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
+            "MBS) derived. ")
+for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in [
+        ("LLAMA3_70B", "meta-llama/meta-llama-3-70b", 64, "FP8", 256, 1, 8192, 4, 8, 1, 5, None, 1664, 731),
+        ("LLAMA3.1_405B", "meta-llama/llama-3.1-405b", 1024, "FP8", 1536, 1, 8192, 8, 8, 2, 8, None, 328, 827),
+        ("GPT OSS 120B", "openai/gpt-oss-120b", 64, "BF16", 1280, 1, 4096, 1, 4, 1, None, 8, 5824, 158),
+        ("Qwen3_30B_a3B", "qwen/qwen3-30b-a3b", 16, "FP8", 1024, 1, 4096, 1, 1, 1, None, 16, 8960, 206),
+        ("Qwen3_235B_a22B", "qwen/qwen3-235b-a22b-instruct-2507", 256, "FP8", 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, 253)]:
+    _dp = _g // (_tp * _pp * _cp)
+    _txt = (f"| DGX-H100 | {_g} | {_prec} | {_gbs} | {_mbs} | {_seq} | 0 | {_tp} | {_pp} | {_cp} | {_vp or 'n/a'} | "
+            f"{_ep or 'n/a'} | {_tps} | {_tf} |")
+    CASES.append(_row(
+        id=f"megatron-bridge-2604-{_m.lower().replace(' ', '-').replace('_', '-')}-{_g}xh100-{_prec.lower()}",
+        source=f"{_MB}, '#### Model: {_m}' row '{_txt}'", model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp,
+        pp=_pp, ep=_ep or 1, virtual_stages=_vp, pp_schedule="Interleaved1F1B" if _vp else ("1F1B" if _pp > 1 else None),
+        dp_shard=1, dp_replicate=_dp, micro_batch=_mbs, local_batch=_gbs // _dp, global_batch=_gbs, seq_len=_seq,
+        checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=False, tokens_per_s_per_gpu=_tps,
+        tflops_per_gpu=_tf, sharding="distributed-optimizer", expert_tp=1 if _ep and _tp > 1 else None,
+        notes=_MB_NOTE + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
+                                          "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
+                                          "architecture as the pre-trained one). " if "235" in _m else "")
+              + ("GPT-OSS alternates sliding-window (128) and full attention: timed as full causal attention. "
+                 if "OSS" in _m else "")))
+
 # --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
 
 _L3_NOTE = ("H100 80GB HBM3 at 700W (section 3.3.1), RoCE 400 Gbps. 'Batch size/DP' (sequences per DP group per step) recorded as "
@@ -677,5 +710,5 @@ for _c in CASES:
         _c["notes"] += "Stages per rank not stated: timed with 2 (virtual_stages None here; calibrate.py says so). "
 del _c
 del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
-del _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct
+del _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct, _prec, _ep
 del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
