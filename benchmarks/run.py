@@ -130,9 +130,37 @@ def bench_cli(results: dict, runs: int = 7) -> None:
             env["PYTHONPYCACHEPREFIX"] = cache
             subprocess.run(exe, capture_output=True, check=True, env=env)     # writes the bytecode
             results[f"CLI {shown} wall time"] = _wall(exe, runs, env)
+            bench_cli_from(results, exe, shown, runs, env)
     else:
         results[f"CLI {shown} wall time"] = _wall(exe, runs)
+        bench_cli_from(results, exe, shown, runs)
     results["python -c pass wall time (the interpreter alone, for scale)"] = _wall([sys.executable, "-c", "pass"], runs)
+
+
+# `estimate --from` (issue 26: "adds at most 50 ms to estimate's wall time"): the example recipe
+# (torchtune's llama3_1/8B_full.yaml, packed at 4096) read from the file, and the same run given as
+# flags, timed alternately in one run so both see the same machine load.
+FROM_ARGS = ["--from", "examples/launch/recipe.yaml", "--gpus", "8", "-g", "h100"]
+AS_FLAGS = ["-m", "meta-llama/llama-3.1-8b", "-g", "h100", "-b", "16", "-s", "4096", "--precision", "bf16",
+            "--optimizer", "adamw", "--activation-checkpointing", "full", "--dp", "8", "--data-parallel", "fsdp",
+            "--profile", "measured", "--regime", "bf16", "--optimizer-impl", "fused", "--loss", "chunked",
+            "--loss-chunks", "8"]
+
+
+def bench_cli_from(results: dict, exe: list, shown: str, runs: int, env=None) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    walls: dict[str, list[float]] = {"flags": [], "from": []}
+    for command in (exe + AS_FLAGS, exe + FROM_ARGS):     # warm both (bytecode, page cache)
+        subprocess.run(command, capture_output=True, check=True, env=env, cwd=root)
+    for _ in range(runs):
+        for name, command in (("flags", exe + AS_FLAGS), ("from", exe + FROM_ARGS)):
+            t = time.perf_counter()
+            subprocess.run(command, capture_output=True, check=True, env=env, cwd=root)
+            walls[name].append(time.perf_counter() - t)
+    flags, from_file = statistics.median(walls["flags"]), statistics.median(walls["from"])
+    results[f"CLI {shown} wall time, the recipe's run given as flags"] = flags
+    results[f"CLI {shown} --from examples/launch/recipe.yaml wall time"] = from_file
+    results["CLI estimate --from: added wall time (s; the issue's budget 0.050)"] = from_file - flags
 
 
 def bench_search(results: dict) -> None:
