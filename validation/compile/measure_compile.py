@@ -58,16 +58,16 @@ CONFIGS = [_cfg(r, c, b) for c in ("none", "full") for r in ("bf16", "fp32") for
 
 
 def _small_vocab(regime: str, checkpointing: str, b: int, seq: int, layers: int, vocab: int = 1024,
-                 kv_heads: int = 8) -> dict:
+                 kv_heads: int = 8, base: dict | None = None, name: str = "llama-tiny") -> dict:
     """A llama-tiny whose decoder layers dominate (a small vocabulary: the logits are b x s x 1,024): more
     layers or a longer sequence than the grid above (issue 25 item 1: the cells where the layers set the
     peak); ``kv_heads`` < 8: grouped-query attention (k and v narrower than q)."""
-    cfg = dict(copy.deepcopy(_configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab,
+    cfg = dict(copy.deepcopy(base or _configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab,
                num_key_value_heads=kv_heads)
     gqa = f"-kv{kv_heads}" if kv_heads != 8 else ""
     run = _cfg(regime, checkpointing, b)
-    run.update(id=f"llama-tiny-{layers}l-v{vocab}{gqa}-{regime}-{'ckpt' if checkpointing == 'full' else 'nockpt'}"
-                  f"-b{b}-s{seq}", model=f"llama-tiny-{layers}l-v{vocab}{gqa}", hf_config=_configs._hf(cfg, 0.0),
+    run.update(id=f"{name}-{layers}l-v{vocab}{gqa}-{regime}-{'ckpt' if checkpointing == 'full' else 'nockpt'}"
+                  f"-b{b}-s{seq}", model=f"{name}-{layers}l-v{vocab}{gqa}", hf_config=_configs._hf(cfg, 0.0),
                seq_len=seq)
     return run
 
@@ -79,6 +79,9 @@ CONFIGS += [_small_vocab("fp32", "none", 1, 2048, 2)]
 CONFIGS += [_small_vocab("bf16", c, 1, 256, 2) for c in ("none", "full")]
 # Grouped-query attention (2 key/value heads for 8 query heads), 3 layers, the layers dominating.
 CONFIGS += [_small_vocab("fp32", c, 2, 512, 3, kv_heads=2) for c in ("none", "full")]
+# bf16 with grouped-query attention; a wider model (configs.py's llama-small: hidden 512, FFN 1,376).
+CONFIGS += [_small_vocab("bf16", "none", 1, 256, 3, kv_heads=2)]
+CONFIGS += [_small_vocab("fp32", c, 1, 512, 3, base=_configs.LLAMA_SMALL, name="llama-small") for c in ("none", "full")]
 
 
 def memtracker_record(cfg: dict) -> dict:
