@@ -176,6 +176,10 @@ def test_the_embedding_backward_accumulates_in_fp32():
     fp32 = next(t for t in solve(hf, s=256, regime="fp32", compile=True).terms
                 if t.label.startswith("compiled backward's end"))
     assert fp32.nbytes == 1024 * 256 * 4 + 5 * 256 * 256 * 4       # no accumulator of another dtype
+    tied = next(t for t in solve(dict(hf, tie_word_embeddings=True), s=256, compile=True).terms
+                if t.label.startswith("compiled backward's end"))
+    # tied (derived): the LM head's partial + the fp32 accumulator + the fused cast-and-sum
+    assert tied.nbytes == 1024 * 256 * (2 + 4 + 2) + 5 * 256 * 256 * 2 and "derived" in tied.formula
 
 
 # --- the default unchanged, the option named ---------------------------------------------------------------

@@ -309,6 +309,11 @@ def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
     embedding = E * g + accumulator + (2 + readers) * c * T * s.hidden
     how = (f"V x h x {g} (the embedding's gradient)" + (" + V x h x 4 (its fp32 accumulator)" if accumulator else "")
            + f" + {2 + readers} x T x h x {c} (the residual's gradient, {readers} matmuls' input gradients, their sum)")
+    if s.tied:
+        # One weight: the LM head's partial (born at the backward's start) waits for the lookup's; the cast and
+        # the sum fuse into one kernel: partial + fp32 accumulator + their sum (derived; the cells are untied).
+        embedding += E * g + (0 if accumulator else 4 * E)
+        how += f" + V x h x {g} (tied: the LM head's partial; the cast and the sum fused; derived, not measured)"
     if recompute is not None:
         first = s.layer_parameters() * g      # the first layer's gradients (gradient_terms: born last)
         if embedding + first >= recompute[0]:
