@@ -43,7 +43,10 @@ def test_full_finetune_one_device_hand_derived():
     launch = from_launch([DATA / "finetune" / "llama-3.2-1B" / "full.yaml"])
     s = launch.scenario
     # devices 1: global 64 = micro 4 x accumulation 16; no FSDP, no checkpointing; bf16-true: pure bf16
-    assert (s.model, s.dp_size, s.batch_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.2-1b", 1, 64, 16)
+    # LitGPT's GPT keeps lm_head apart from the embedding (litgpt/model.py lines 28-31): Llama-3.2-1B untied,
+    # 1,235,814,400 + 128,256 x 2,048 = 1,498,482,688 parameters
+    assert s.model["tied_embeddings"] is False and s.model["parameters"] == 1_235_814_400 + 128_256 * 2048
+    assert (s.dp_size, s.batch_size, s.gradient_accumulation_steps) == (1, 64, 16)
     assert s.activation_checkpointing == "none" and s.data_parallel is None and s.optimizer == "adamw"
     assert s.profile_options["regime"] == "bf16" and s.seq_len == 512
     # LitGPT's chunked_cross_entropy (finetune/full.py:282-285): loss='litgpt_chunked', 128 tokens per chunk
@@ -52,12 +55,21 @@ def test_full_finetune_one_device_hand_derived():
     assert loss.key == "train.max_seq_length" and not loss.approximated
 
 
-def test_full_finetune_four_devices_is_fsdp_with_checkpointing():
-    s = from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"]).scenario
+def test_full_finetune_four_devices_is_fsdp_with_checkpointing(tmp_path):
+    # global 64 = micro 4 x devices 4 x accumulation 4: litgpt accumulates under fabric.no_backward_sync, which
+    # Lightning's FSDPStrategy makes FSDP1's no_sync(): the whole model's gradients unsharded on every rank
+    # (16 GB for Llama-3-8B in bf16: the README's OOM on 4x A10G). Refused, naming the key.
+    with pytest.raises(NotModelledError) as err:
+        from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"])
+    assert err.value.parameter == "train.global_batch_size" and "no_sync" in str(err.value)
+    one_step = tmp_path / "full.yaml"
+    one_step.write_text((DATA / "finetune" / "llama-3-8b" / "full.yaml").read_text().replace(
+        "global_batch_size: 64", "global_batch_size: 16"))
+    s = from_launch([one_step]).scenario
     # devices 4 (the file's world size): FSDP per Block with activation checkpointing per Block
     assert (s.dp_size, s.data_parallel, s.activation_checkpointing) == (4, "fsdp", "full")
     with pytest.raises(InvalidInputError, match="--gpus 8 and"):
-        from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"], gpus=8)
+        from_launch([one_step], gpus=8)
 
 
 def test_lora_and_qlora():
@@ -75,10 +87,16 @@ def test_refusals_name_the_key(name, key):
     assert err.value.parameter == key and name in str(err.value)
 
 
-def test_unknown_model_can_be_replaced_with_m():
+def test_unknown_model_can_be_replaced_with_m(tmp_path):
     with pytest.raises(InvalidInputError, match="checkpoint_dir"):
         from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"])
-    launch = from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"], model="google/gemma-2-2b")
+    # (the file accumulates micro-batches under FSDP1's no_sync: refused, naming train.global_batch_size)
+    with pytest.raises(NotModelledError, match="no_sync"):
+        from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"], model="google/gemma-2-2b")
+    text = (DATA / "finetune" / "gemma-2b" / "full.yaml").read_text()
+    one_step = tmp_path / "full.yaml"
+    one_step.write_text(text.replace("global_batch_size: 16", "global_batch_size: 4"))
+    launch = from_launch([one_step], model="google/gemma-2-2b")
     assert launch.scenario.model == "google/gemma-2-2b"
 
 

@@ -128,6 +128,13 @@ def test_the_dump_and_the_v0_2_toml_of_one_run_agree_but_the_loss():
     assert (toml.profile_options["loss"], dump.profile_options["loss"]) == ("cross_entropy", "torchtitan_chunked")
 
 
+def test_a_profile_refusal_names_the_dumps_key(capsys):
+    # ChunkedLossWrapper under tp 2: the measured profile refuses the combination, naming where loss came from
+    code, _ = run("estimate", "--from", str(DATA / "resolved_0.3.0" / "llama3_8b_tp2_noac.json"), "--gpus", "8")
+    err = capsys.readouterr().err
+    assert code == 2 and "loss comes from" in err and "llama3_8b_tp2_noac.json: loss" in err
+
+
 def test_dump_with_cli_overrides_and_full_ac():
     s = from_launch([DATA / "resolved_0.3.0" / "llama3_8b_tp2_noac.json"], gpus=8).scenario
     assert (s.tp_size, s.dp_size, s.batch_size, s.activation_checkpointing, s.sequence_parallel) == (

@@ -45,6 +45,36 @@ def _recognizes(path, document) -> bool:
             and ("micro_batch_size" in document["train"] or "global_batch_size" in document["train"]))
 
 
+_WORKLOAD_FIELDS = ("name", "parameters", "layers", "hidden_dim", "heads", "kv_heads", "head_dim", "vocab_size",
+                    "ffn_dim", "gated_mlp", "tied_embeddings", "context_length", "kv_lora_rank", "qk_rope_head_dim",
+                    "architecture", "details")
+
+
+def _untied(name, context):
+    """LitGPT's GPT has its own ``lm_head`` beside ``transformer.wte`` (Lightning-AI/litgpt 26857050
+    litgpt/model.py lines 28-31; its Llama-3.2 configs in litgpt/config.py set no tying, and
+    ``train.tie_embeddings`` is unsupported by finetune, litgpt/finetune/full.py line 445): a catalog model
+    whose Hugging Face config ties them is built untied, one more V x h matrix of weights, gradients and
+    optimizer state. Returns ``(model, note)``; ``note`` empty when nothing changes (or -m is given)."""
+    if getattr(context, "model", None) is not None or not isinstance(name, str):
+        return name, ""
+    from mlsysim_core.catalog import find_model
+    try:
+        entry = find_model(name)
+    except Exception:
+        return name, ""
+    data = entry.to_dict()
+    if not data.get("tied_embeddings") or data.get("kind") != "transformer" or "counting" in data:
+        return name, ""     # (a catalog entry with its own counting rules, e.g. Falcon's, is kept as it is)
+    fields = {k: v for k, v in data.items() if k in _WORKLOAD_FIELDS}
+    fields["tied_embeddings"] = False
+    fields["parameters"] = data["parameters"] + data["vocab_size"] * data["hidden_dim"]
+    fields["name"] = f"{data['name']} (LitGPT: untied lm_head)"
+    return fields, (f"{data['name']} as LitGPT builds it: its GPT keeps lm_head apart from the embedding "
+                    "(Lightning-AI/litgpt 26857050 litgpt/model.py lines 28-31, no tying in its config), so "
+                    f"{data['vocab_size'] * data['hidden_dim']:,} more parameters than the tied Hugging Face model")
+
+
 def _read(path, document, context):
     path = Path(path)
     version = f"litgpt {context.framework_version}" if context is not None and context.framework_version else VERSION
@@ -76,6 +106,11 @@ def _read(path, document, context):
         resolved, note = catalog_model(str(local) if (local / "config.json").is_file() else hf_id, "checkpoint_dir",
                                        path, context=context)
         r.set("checkpoint_dir", directory, "model", resolved, note or f"the Hugging Face id {hf_id}")
+    model, untied = _untied(r.values_of("model"), context)
+    if untied:
+        first = next(f for f in r.fields if f.field == "model")
+        r.fields.remove(first)
+        r.set(first.key, first.value, "model", model, untied)
     # --- precision and quantization -------------------------------------------------------
     precision = take("precision")
     if precision is None:
@@ -129,6 +164,21 @@ def _read(path, document, context):
                      "within a node, replicated across nodes), counted as FSDP over all ranks: exact on one node")
     else:
         if world is None or world > 1:
+            ranks = world or getattr(context, "gpus", None)
+            if global_batch is not None and ranks and as_int(global_batch, "train.global_batch_size", path) \
+                    // ranks // micro > 1:
+                # litgpt/finetune/full.py line 281: fabric.no_backward_sync(model, enabled=is_accumulating); Lightning
+                # Fabric's FSDPStrategy turns it into FullyShardedDataParallel.no_sync() (FSDP1), which accumulates
+                # the gradients unsharded on every rank until the synchronizing micro-batch.
+                raise NotModelledError(
+                    "train.global_batch_size", global_batch, f"{ranks * micro} (micro-batch x devices: no "
+                    "accumulation), or one device", f"{path}: litgpt finetune_full on several devices accumulates "
+                    f"{as_int(global_batch, 'train.global_batch_size', path) // ranks // micro} micro-batches under "
+                    "fabric.no_backward_sync (Lightning-AI/litgpt 26857050 litgpt/finetune/full.py line 281), which "
+                    "Lightning's FSDPStrategy makes FSDP1's no_sync() (Lightning-AI/pytorch-lightning 2d347d0b "
+                    "src/lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl): every rank keeps the whole "
+                    "model's gradients unsharded between the synchronizing steps (2 B per parameter in bf16-true), "
+                    "which the fsdp rule does not model")
             r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_full: FSDPStrategy(auto_wrap_policy="
                   "{Block}), full shard")
             r.set("devices", devices, "activation_checkpointing", "full", "litgpt finetune_full on several devices: "
