@@ -168,11 +168,11 @@ def test_refused_variants_name_the_field(change, parameter, value):
     assert e.value.parameter == parameter and e.value.value == value
 
 
-def test_dora_under_data_parallelism_is_refused():
+def test_modules_to_save_under_data_parallelism_is_refused():
     with pytest.raises(NotModelledError) as e:
-        TrainingMemoryModel("measured").solve("llama-3.1-8b", "h100", 2, 1024, "bf16", lora={"rank": 16, "use_dora": True},
-                                              regime="bf16", dp_size=2)
-    assert e.value.parameter == "lora.use_dora" and "one device" in str(e.value)
+        TrainingMemoryModel("measured").solve("llama-3.1-8b", "h100", 2, 1024, "bf16", regime="bf16", dp_size=2,
+                                              lora={"rank": 16, "modules_to_save": ["lm_head"], "adapter_dtype": "base"})
+    assert e.value.parameter == "lora.modules_to_save" and "dp_size" in str(e.value)
 
 
 def test_other_losses_with_lora_are_still_refused():

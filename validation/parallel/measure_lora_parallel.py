@@ -22,15 +22,18 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import harness  # noqa: E402
 import measure_parallel as mp  # noqa: E402
+from measure_lora_variants import _collect_after_dora  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 
-def _cfg(model, world, rank, *, raf, regime="fp32", rank_r=16, targets="all-linear", b=2, s=256):
+def _cfg(model, world, rank, *, raf, regime="fp32", rank_r=16, targets="all-linear", b=2, s=256, use_dora=False):
     cfg = mp._cfg("fsdp2", model, world, rank, raf=raf, regime=regime, b=b, s=s)
-    cfg["id"] = "lora-" + cfg["id"]
+    cfg["id"] = ("dora-" if use_dora else "lora-") + cfg["id"]
     cfg["lora"] = {"rank": rank_r, "target_modules": targets, "quantization": None, "double_quant": False}
+    if use_dora:
+        cfg["lora"]["use_dora"] = True
     return cfg
 
 
@@ -39,6 +42,9 @@ CONFIGS = [
     _cfg("llama-tiny", 4, 0, raf=False),
     _cfg("llama-tiny", 4, 0, raf=True, regime="mp-bf16"),
     _cfg("gqa-tiny", 2, 1, raf=True, targets=["q_proj", "v_proj"], rank_r=8),
+    # DoRA (measure_lora_variants.py): the magnitude vectors sharded with the adapters, the norm from the gathered W
+    _cfg("llama-tiny", 4, 0, raf=True, use_dora=True),
+    _cfg("gqa-tiny", 2, 1, raf=False, targets=["q_proj", "v_proj"], rank_r=8, use_dora=True),
 ]
 
 
@@ -49,17 +55,20 @@ def measure(cfg: dict) -> dict:
 
     def apply_fsdp(model, mesh, raf, root_raf, mp_policy):
         config = LoraConfig(r=lora["rank"], lora_alpha=2 * lora["rank"], lora_dropout=0.0,
-                            target_modules=lora["target_modules"], bias="none")
+                            target_modules=lora["target_modules"], bias="none", use_dora=lora.get("use_dora", False))
         inject_adapter_in_model(config, model)
         for name, p in model.named_parameters():
             p.requires_grad_("lora_" in name)
         return original(model, mesh, raf, root_raf, mp_policy)
 
     mp.apply_fsdp = apply_fsdp
+    # the tracker's module hooks make DoRA's norm graph cyclic garbage: collected where a plain run frees it
+    undo = _collect_after_dora() if lora.get("use_dora") else (lambda: None)
     try:
         out = mp.measure_parallel(cfg)
     finally:
         mp.apply_fsdp = original
+        undo()
     return out
 
 

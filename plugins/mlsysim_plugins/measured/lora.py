@@ -46,6 +46,18 @@ What changes against full training
   inside the kernel and in the backward (``dequantize_4bit`` then a matmul): a transient of
   one linear's weight (``dequantized weight (transient)``), alive while that linear runs.
 
+Variants (``validation/measure_lora_variants.py``, ``validation/lora_variant_measurements.json``):
+
+* **DoRA** (``use_dora``): a magnitude vector per adapted linear (trainable, counted with the adapters);
+  per adapted linear and token the base result and the LoRA result saved by the magnitude's products, per
+  linear three out-sized vectors (``dora_parts``, ``dora_vectors``); the weight norm's transient in every
+  forward (``dora_transient``), counted where it exceeds the loss's moment.
+* **modules_to_save**: trainable copies of the embedding / LM head (the family's ``embedding_module``,
+  ``lm_head_module``), their gradients and optimizer state; the LM head's input kept, the backward down to a
+  trainable embedding (``model_activation_terms``).
+* **a loss implementation that allows LoRA** (torchtune's ``chunked``): its terms with a frozen LM head
+  (``loss.loss_terms(..., lm_head_trainable=False)``).
+
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
 the input requires grad (and, in bf16, the fp32 copy of the input); LayerNorm keeps mean
@@ -137,20 +149,19 @@ def lora_option(plan, value):
 
 
 def _check_variants(plan, config):
-    """DoRA and ``modules_to_save`` where they were measured (validation/measure_lora_variants.py): one device;
-    DoRA over a dense or 4-bit base without lora_dropout; ``modules_to_save`` where the copies and the adapters
-    share a dtype (peft casts the adapters to fp32 over a 16-bit base, never the copies), with the default
-    cross-entropy. The rest is refused, naming the field, its value and what is modelled."""
+    """DoRA and ``modules_to_save`` where they were measured (validation/measure_lora_variants.py, and DoRA
+    under FSDP2: validation/parallel/measure_lora_parallel.py): DoRA over a dense or 4-bit base without
+    lora_dropout, on one device or under the data-parallel rules (its magnitude vectors are parameters like the
+    adapters); ``modules_to_save`` on one device, where the copies and the adapters share a dtype (peft casts
+    the adapters to fp32 over a 16-bit base, never the copies), with the default cross-entropy. The rest is
+    refused, naming the field, its value and what is modelled."""
     dora, saved = config.use_dora, config.modules_to_save
     if not (dora or saved):
         return
-    what = "lora.use_dora" if dora else "lora.modules_to_save"
-    value = True if dora else saved
-    if plan.dp_size != 1:
-        raise NotModelledError(what, value, "one device (dp_size=1)",
-                               f"{'DoRA' if dora else 'modules_to_save'} is validated on one device only; "
-                               f"dp_size={plan.dp_size} (its sharded or replicated magnitude vectors / copies under "
-                               "the data-parallel rules) is not modelled")
+    if saved and plan.dp_size != 1:
+        raise NotModelledError("lora.modules_to_save", saved, "() with dp_size > 1 (one device)",
+                               f"modules_to_save is validated on one device only; dp_size={plan.dp_size}: the copies' "
+                               "gathers and gradient reduction under the data-parallel rules are not modelled")
     if dora and config.dropout > 0:
         raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora",
                                "DoRA with lora_dropout recomputes the base layer on the dropped input "
