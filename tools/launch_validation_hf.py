@@ -31,6 +31,7 @@ DOC = ROOT / "docs" / "launch-hf.md"
 BEGIN, END = "<!-- validation-table: begin -->", "<!-- validation-table: end -->"
 
 AX = "axolotl-ai-cloud/axolotl@067b021c"
+AX_README = "axolotl-ai-cloud/axolotl@15f7910d"     # the README's lines 7-13, unchanged since
 LF = "hiyouga/LLaMA-Factory@ff6d4d12 README.md"
 PEFT = "huggingface/peft@5d602fdb method_comparison/MetaMathQA/results"
 VRAM = "VRAM (nvidia-smi-like: reserved + CUDA context)"
@@ -38,12 +39,14 @@ ESTIMATE = "LLaMA-Factory's estimate (not a measurement)"
 
 # (source, what was published, config files, gpus, hardware, -m, metric, value, unit)
 ROWS = [
-    (f"{AX} examples/llama-3/README.md:7", "Llama-3 8B full fine-tune, single GPU",
-     ["axolotl/examples/llama-3/fft-8b.yaml"], 1, "nvidia/l40s", None, VRAM, 48, "GiB"),
-    (f"{AX} examples/llama-3/README.md:9", "Llama-3 8B LoRA, single GPU",
-     ["axolotl/examples/llama-3/lora-8b.yml"], 1, "nvidia/l40s", None, VRAM, 11, "GiB"),
-    (f"{AX} examples/llama-3/README.md:13", "Llama-3 70B QLoRA + FSDP, two GPUs",
-     ["axolotl/examples/llama-3/qlora-fsdp-70b.yaml"], 2, "nvidia/l40s", None, VRAM, 21, "GiB"),
+    # The README's figures were written with the configs of 15f7910d (2024-04-18): those are read
+    # (tests/data/launch/axolotl/SOURCES.md); lora-8b.yml was then a Llama-2-7B 8-bit LoRA.
+    (f"{AX_README} examples/llama-3/README.md:7", "Llama-3 8B full fine-tune, single GPU",
+     ["axolotl/readme_15f7910d/llama-3/fft-8b.yaml"], 1, "nvidia/l40s", None, VRAM, 48, "GiB"),
+    (f"{AX_README} examples/llama-3/README.md:9", "\"Llama-3 8B LoRA\" (the config then: Llama-2-7B, 8-bit base), single GPU",
+     ["axolotl/readme_15f7910d/llama-3/lora-8b.yml"], 1, "nvidia/l40s", None, VRAM, 11, "GiB"),
+    (f"{AX_README} examples/llama-3/README.md:13", "Llama-3 70B QLoRA + FSDP, two GPUs",
+     ["axolotl/readme_15f7910d/llama-3/qlora-fsdp-70b.yaml"], 2, "nvidia/l40s", None, VRAM, 21, "GiB"),
     (f"{AX} examples/ministral/README.md:30", "Ministral 8B QLoRA (\"about 8.76 GiB VRAM\")",
      ["axolotl/examples/ministral/ministral-small-qlora.yaml"], 1, "h100", None, VRAM, 8.76, "GiB"),
     (f"{LF}:509", "7B full (bf16), README table: the full example (ZeRO-3 on one GPU)",

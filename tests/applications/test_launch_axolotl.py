@@ -155,3 +155,18 @@ def test_cut_cross_entropy_plugin(tmp_path):
     launch = from_launch([AX / "examples/ministral/ministral-small-qlora.yaml"], gpus=1, hardware="h100",
                          model="mistralai/Mistral-7B-v0.1")
     assert launch.scenario.profile_options["loss"] == "cut_cross_entropy"
+
+
+def test_the_readme_era_configs_read():
+    # examples/llama-3/README.md's VRAM lines were written with the configs of 15f7910d (SOURCES.md): read them
+    listed = (AX / "SOURCES.md").read_text()
+    era = sorted((AX / "readme_15f7910d").rglob("*.y*ml"))
+    assert len(era) == 3
+    for path in era:
+        assert f"`{path.relative_to(AX)}`" in listed and "15f7910d33b41282f8c4fc1c4ca374b1b5965f2b" in listed
+        launch = from_launch([path], gpus=2 if "70b" in path.name else 1, hardware="nvidia/l40s")
+        assert launch.scenario.seq_len == {"fft-8b.yaml": 8192, "lora-8b.yml": 4096,
+                                           "qlora-fsdp-70b.yaml": 512}[path.name]
+        launch.scenario.solve()
+    lora = from_launch([AX / "readme_15f7910d" / "llama-3" / "lora-8b.yml"], gpus=1).scenario
+    assert lora.model == "meta-llama/llama-2-7b-hf" and lora.profile_options["lora"]["quantization"] == "int8"

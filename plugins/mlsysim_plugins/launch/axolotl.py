@@ -46,6 +46,7 @@ IGNORED = {
     "dataloader_drop_last", "ddp_timeout", "ddp_find_unused_parameters", "ddp_bucket_cap_mb_ignored",
     "special_tokens_fix", "default_system_message", "is_llama_derived_model", "is_mistral_derived_model",
     "lora_on_cpu", "gptq", "base_model_config", "revision_of_model", "hf_use_auth_token",
+    "local_rank",    # set by the launcher (older configs list it empty)
 }
 LIGER = ("liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_swiglu",
          "liger_cross_entropy")
