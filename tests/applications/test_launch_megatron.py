@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import mlsysim_core
-from mlsysim_core.errors import MlsysimError
+from mlsysim_core.errors import MlsysimError, NotModelledError
 from mlsysim_core.scenario import from_launch
 from mlsysim_plugins.launch.megatron import read_arguments
 
@@ -182,3 +182,13 @@ def test_the_peak_above_the_static_part_agrees():
             assert abs(error) < 0.03, (name, error)
             checked += 1
     assert checked >= 12
+
+
+def test_a_megatron_bridge_container_is_refused_by_name(tmp_path):
+    # Megatron-Bridge's resolved ConfigContainer (its to_yaml's top-level _target_): recognized, refused naming
+    # _target_ (no real dump to test a reader against: docs/launch-megatron.md). A minimal stand-in document.
+    path = tmp_path / "config.yaml"
+    path.write_text("_target_: megatron.bridge.training.config.ConfigContainer\nmodel:\n  num_layers: 2\n")
+    with pytest.raises(NotModelledError) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == "_target_" and "not read yet" in str(err.value)
