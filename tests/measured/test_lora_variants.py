@@ -20,10 +20,7 @@ from mlsysim_core.hf import from_hf_config
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "validation" / "lora_variant_measurements.json").read_text(encoding="utf-8"))
 RUNS = DATA["runs"]
-# measured to show what the profile refuses: the modules_to_save copies stay bf16 while peft casts the
-# adapters to fp32 (their recorded dtypes)
-REFUSED = {"mts-llama-tiny-bf16-r8-qv-embed-lmhead-b2-s256"}
-COMPARED = [r for r in RUNS if r["id"] not in REFUSED]
+COMPARED = RUNS
 
 
 def _by_id(prefix):
@@ -135,12 +132,21 @@ def test_a_trainable_lm_head_keeps_its_input():
     assert _term(_solve(run), "final norm") - _term(frozen, "final norm") == 4 * T * h
 
 
-def test_the_bf16_copies_beside_fp32_adapters_are_refused():
+def test_bf16_copies_beside_fp32_adapters():
+    """Over a bf16 base peft casts the adapters to fp32 but not the copies (the run's trainable dtypes): the copies'
+    gradients, AdamW's two moments and its foreach temporary in bf16 (2 B), the adapters' in fp32."""
     run = _by_id("mts-llama-tiny-bf16-r8-qv-embed-lmhead")
     assert run["measured"]["trainable_dtypes"] == ["bfloat16", "float32"]
+    copies = 2 * 32000 * 256
+    result = _solve(run)
+    assert _term(result, "modules_to_save: trainable copies (2 B)") == copies * 2
+    assert _term(result, "modules_to_save: the copies' gradients (2 B)") == copies * 2
+    assert _term(result, "modules_to_save: the copies' optimizer state") == copies * 2 * 2
+    assert _term(result, "modules_to_save: the copies' foreach") == copies * 2
+    assert _term(result, "LoRA adapter gradients (4 B)") == 2 * 4 * 8 * (256 + 256) * 4
     with pytest.raises(NotModelledError) as e:
-        _solve(run)
-    assert e.value.parameter == "lora.modules_to_save" and "adapter_dtype='base'" in str(e.value)
+        _solve(run, optimizer_impl="for-loop")
+    assert e.value.parameter == "lora.modules_to_save" and "for-loop" in str(e.value)
 
 
 # --- a chunked loss with LoRA ------------------------------------------------------------------------

@@ -79,6 +79,13 @@ def _lora(plan, registry):
     return plan
 
 
+def _lora_relocate(plan, weights, gradients, optimizer_state):
+    if plan.profile_options.lora is None:      # the modules_to_save copies' state in their own dtype (lora.py)
+        return weights, gradients, optimizer_state
+    from .lora import relocate
+    return relocate(plan, weights, gradients, optimizer_state)
+
+
 # --- the loss (loss.py) -----------------------------------------------------------------------------
 
 def _loss(plan, registry):
@@ -232,7 +239,7 @@ TECHNIQUES = (
               description="activation checkpointing (solve's activation_checkpointing): in the ladder only",
               candidates=[Candidate(n, f"activation checkpointing: {n}") for n in CHECKPOINTING_LADDER],
               offered=_saves_more, active=_checkpointing_on, added_step_time=_checkpointing_time),
-    Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora},
+    Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora}, relocate=_lora_relocate,
               description="LoRA/QLoRA fine-tuning (lora.py)",
               options={"lora": LORA}),
     Technique(name="loss", order=10, apply=_loss,

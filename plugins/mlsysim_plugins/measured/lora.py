@@ -142,9 +142,10 @@ def lora_option(plan, value):
         if e.parameter.startswith(("lora.", "model.")) or isinstance(e, NotModelledError):
             raise     # already names the LoRA or model field
         raise InvalidInputError("lora", config, "a LoRA configuration this model can take", str(e)) from e
-    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime, config))
+    regime = lora_regime(plan.profile_options.regime, config)
+    options = attrs.evolve(plan.profile_options, lora=config, regime=regime)
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
-                        trainable_fraction=finetune._exact_fraction(counts.trainable_parameters,
+                        trainable_fraction=finetune._exact_fraction(_uniform_trainable(counts, regime),
                                                                     plan.model.parameters))
 
 
@@ -171,12 +172,6 @@ def _check_variants(plan, config):
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
                                "measured")
     if saved:
-        regime = lora_regime(plan.profile_options.regime, config)
-        if regime.weight != base_weight_bytes(plan.profile_options.regime) and not regime.master:
-            raise NotModelledError("lora.modules_to_save", saved, "() under a 16-bit base with fp32 adapters, or "
-                                   "lora.adapter_dtype='base'",
-                                   "peft casts the adapters to fp32 (autocast_adapter_dtype) but keeps the copies in "
-                                   "the base's 16-bit dtype: one optimizer over tensors of two dtypes is not modelled")
         loss = getattr(plan.profile_options, "loss", None)
         if loss not in (None, "cross_entropy"):
             raise NotModelledError("loss", loss, "cross_entropy with lora.modules_to_save",
@@ -201,9 +196,32 @@ def _generic_option(plan, config, quantized):
                  + ", ".join(f"{m} {i}x{o}" for m, i, o, _ in c.per_module) + f" adapted (rank {config.rank}); "
                  "the layers keep what full training keeps but the tensors the family marks as kept only for a "
                  "frozen weight's gradient, plus the adapters' own (an upper bound where the family marks none)")
-    options = attrs.evolve(plan.profile_options, lora=config, regime=lora_regime(plan.profile_options.regime, config))
+    regime = lora_regime(plan.profile_options.regime, config)
+    options = attrs.evolve(plan.profile_options, lora=config, regime=regime)
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + tuple(notes),
-                        trainable_fraction=finetune._exact_fraction(c.trainable_parameters, plan.model.parameters))
+                        trainable_fraction=finetune._exact_fraction(_uniform_trainable(c, regime),
+                                                                    plan.model.parameters))
+
+
+def copy_bytes(regime) -> int:
+    """Bytes per element of a ``modules_to_save`` copy: the base's dtype (peft casts the adapters, not the
+    copies)."""
+    return base_weight_bytes(regime)
+
+
+def mixed_copies(regime, counts) -> bool:
+    """Are the ``modules_to_save`` copies in another dtype than the adapters (a 16-bit base with peft's fp32
+    adapters)? Then the optimizer steps tensors of two dtypes: the regime's terms cover the adapters, the
+    copies' own terms (``gradient_terms``) the rest."""
+    return bool(counts.saved_modules) and copy_bytes(regime) != regime.weight and not regime.master
+
+
+def _uniform_trainable(counts, regime) -> int:
+    """The trainable parameters the regime's dtypes describe (the plan's ``trainable_fraction``): all of
+    them, but the copies when they are in another dtype (``mixed_copies``)."""
+    if mixed_copies(regime, counts):
+        return counts.trainable_parameters - sum(n for _, n in counts.saved_modules)
+    return counts.trainable_parameters
 
 
 def _check_alike(shape, config):
@@ -490,11 +508,12 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                     + (" + layers x out (DoRA's magnitude vectors)" if cfg.use_dora else "")
                                     + f", x {ab} B" + per))
     if copies:
-        terms.append(MemoryTerm(component=WEIGHTS, label=f"modules_to_save: trainable copies ({ab} B)", phases=ALL,
-                                nbytes=_per_rank(copies * ab, d),
+        cb = copy_bytes(plan.profile_options.regime)
+        terms.append(MemoryTerm(component=WEIGHTS, label=f"modules_to_save: trainable copies ({cb} B)", phases=ALL,
+                                nbytes=_per_rank(copies * cb, d),
                                 formula=" + ".join(f"{m} {_n(n)}" for m, n in c.saved_modules)
-                                        + f" params x {ab} B (peft's ModulesToSaveWrapper: the original stays, frozen)"
-                                        + per))
+                                        + f" params x {cb} B (peft's ModulesToSaveWrapper: the original stays, frozen; "
+                                          "the base's dtype)" + per))
     from .model import rope_buffer_terms      # (model imports this module)
     terms += rope_buffer_terms(shape)
     if generic(plan):       # the family's own buffers (Gemma's embedding scale, a second rotary)
@@ -509,12 +528,65 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
     b = regime.gradient
     if not b:
         return []   # mixed-*-main-grad: accumulated in the fp32 main-grad buffer (optimizer state)
-    params = counts(plan).trainable_parameters
+    c = counts(plan)
+    params = _uniform_trainable(c, regime)
     d = _gradient_shards(placement)
-    return [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
-                       phases=(BACKWARD_END, OPTIMIZER_STEP),
-                       formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)"
-                               + ("" if d == 1 else f" / {d} (reduce-scattered: sharded)"))]
+    terms = [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
+                        phases=(BACKWARD_END, OPTIMIZER_STEP),
+                        formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)"
+                                + ("" if d == 1 else f" / {d} (reduce-scattered: sharded)"))]
+    if mixed_copies(regime, c):
+        terms += [t for t in _mixed_copy_terms(plan, c) if t.component == GRADIENTS]
+    return terms
+
+
+def relocate(plan, weights, gradients, optimizer_state):
+    """The LoRA technique's ``relocate``: the ``modules_to_save`` copies' optimizer state and step temporaries in
+    their own dtype beside the fp32 adapters' (``mixed_copies``; the optimizer's terms cover the adapters)."""
+    c = counts(plan)
+    if not mixed_copies(plan.profile_options.regime, c):
+        return weights, gradients, optimizer_state
+    extra = [t for t in _mixed_copy_terms(plan, c) if t.component != GRADIENTS]
+    return weights, gradients, list(optimizer_state) + extra
+
+
+def _mixed_copy_terms(plan, c) -> list[MemoryTerm]:
+    """The ``modules_to_save`` copies' gradients and optimizer state in their own (16-bit) dtype, beside the
+    fp32 adapters (``mixed_copies``): the optimizer's declared moments per element; torch's foreach step groups
+    its tensors by dtype and keeps one group's temporaries bound while the next group's are made (adam.py
+    ``_multi_tensor_adam``: no ``del`` of ``exp_avg_sq_sqrt``), so its declared temporaries add up over the
+    groups. The step counters are counted with the adapters' (one per tensor)."""
+    from mlsysim_core.terms import OPTIMIZER_STATE
+    from .optimizer_step import step_of
+    o = plan.profile_options
+    copies = sum(n for _, n in c.saved_modules)
+    cb = copy_bytes(o.regime)
+    step = step_of(o.optimizer_spec)
+    value = c.saved_modules and tuple(m for m, _ in c.saved_modules)
+    if step is None or step.moments is None:
+        raise NotModelledError("lora.modules_to_save", value, "() with this optimizer, or lora.adapter_dtype='base'",
+                               f"optimizer {plan.optimizer!r} declares no parameter-shaped moments: its state over "
+                               f"copies in {cb} B beside fp32 adapters is not modelled")
+    if o.optimizer_impl == "for-loop":
+        raise NotModelledError("lora.modules_to_save", value, "() with optimizer_impl='for-loop', or "
+                               "lora.adapter_dtype='base'",
+                               "the for-loop step's temporaries over tensors of two dtypes are not modelled")
+    what = " + ".join(m for m, _ in c.saved_modules)
+    terms = [MemoryTerm(component=GRADIENTS, label=f"modules_to_save: the copies' gradients ({cb} B)",
+                        nbytes=copies * cb, phases=(BACKWARD_END, OPTIMIZER_STEP),
+                        formula=f"{_n(copies)} params ({what}) x {cb} B (the base's dtype, beside fp32 adapters)")]
+    if step.moments:
+        terms.append(MemoryTerm(component=OPTIMIZER_STATE, label=f"modules_to_save: the copies' optimizer state "
+                                f"({step.moments} x {cb} B)", nbytes=copies * step.moments * cb,
+                                phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
+                                formula=f"{_n(copies)} params x {step.moments} moments x {cb} B (torch keeps an "
+                                        "optimizer's state in its parameter's dtype)"))
+    if o.optimizer_impl == "foreach" and step.foreach:
+        terms.append(MemoryTerm(component=OPTIMIZER_STATE, label="modules_to_save: the copies' foreach step "
+                                "temporaries", nbytes=copies * step.foreach * cb, phases=(OPTIMIZER_STEP,),
+                                formula=f"{step.foreach} x {_n(copies)} params x {cb} B (their dtype's group, still "
+                                        "bound while the adapters' group steps)"))
+    return terms
 
 
 # --- data-parallel sharding (ZeRO-3, FSDP): what the rules' buffers gather --------------------------
