@@ -58,13 +58,13 @@ CONFIGS = [_cfg(r, c, b) for c in ("none", "full") for r in ("bf16", "fp32") for
 
 
 def _small_vocab(regime: str, checkpointing: str, b: int, seq: int, layers: int, vocab: int = 1024,
-                 kv_heads: int = 8, base: dict | None = None, name: str = "llama-tiny") -> dict:
+                 kv_heads: int = 8, base: dict | None = None, name: str = "llama-tiny", tied: bool = False) -> dict:
     """A llama-tiny whose decoder layers dominate (a small vocabulary: the logits are b x s x 1,024): more
     layers or a longer sequence than the grid above (issue 25 item 1: the cells where the layers set the
     peak); ``kv_heads`` < 8: grouped-query attention (k and v narrower than q)."""
     cfg = dict(copy.deepcopy(base or _configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab,
-               num_key_value_heads=kv_heads)
-    gqa = f"-kv{kv_heads}" if kv_heads != 8 else ""
+               num_key_value_heads=kv_heads, tie_word_embeddings=tied)
+    gqa = (f"-kv{kv_heads}" if kv_heads != 8 else "") + ("-tied" if tied else "")
     run = _cfg(regime, checkpointing, b)
     run.update(id=f"{name}-{layers}l-v{vocab}{gqa}-{regime}-{'ckpt' if checkpointing == 'full' else 'nockpt'}"
                   f"-b{b}-s{seq}", model=f"{name}-{layers}l-v{vocab}{gqa}", hf_config=_configs._hf(cfg, 0.0),
@@ -82,6 +82,8 @@ CONFIGS += [_small_vocab("fp32", c, 2, 512, 3, kv_heads=2) for c in ("none", "fu
 # bf16 with grouped-query attention; a wider model (configs.py's llama-small: hidden 512, FFN 1,376).
 CONFIGS += [_small_vocab("bf16", "none", 1, 256, 3, kv_heads=2)]
 CONFIGS += [_small_vocab("fp32", c, 1, 512, 3, base=_configs.LLAMA_SMALL, name="llama-small") for c in ("none", "full")]
+# Tied embeddings with a short sequence: the backward's end (the embedding's gradient) sets the peak.
+CONFIGS += [_small_vocab(r, "none", 1, 64, 2, vocab=32000, tied=True) for r in ("fp32", "bf16")]
 
 
 def memtracker_record(cfg: dict) -> dict:

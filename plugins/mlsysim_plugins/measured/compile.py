@@ -309,13 +309,21 @@ def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
     embedding = E * g + accumulator + (2 + readers) * c * T * s.hidden
     how = (f"V x h x {g} (the embedding's gradient)" + (" + V x h x 4 (its fp32 accumulator)" if accumulator else "")
            + f" + {2 + readers} x T x h x {c} (the residual's gradient, {readers} matmuls' input gradients, their sum)")
+    deferred = 0
     if s.tied:
-        # One weight: the LM head's partial (born at the backward's start) waits for the lookup's; the cast and
-        # the sum fuse into one kernel: partial + fp32 accumulator + their sum (derived; the cells are untied).
-        embedding += E * g + (0 if accumulator else 4 * E)
-        how += f" + V x h x {g} (tied: the LM head's partial; the cast and the sum fused; derived, not measured)"
+        # One weight: Inductor computes the LM head's weight gradient last, beside the lookup's, so the logits'
+        # gradient (c T V) and the LM head's input (c T h) stay alive through the backward; at the end the
+        # LM head's partial, the fp32 accumulator and the logits' gradient (measured: llama-tiny tied, s = 64).
+        deferred = c * T * s.vocab + c * T * s.hidden
+        embedding = E * g + 4 * E + c * T * s.vocab + (2 + readers) * c * T * s.hidden
+        how = (f"V x h x {g} (tied: the LM head's partial) + V x h x 4 (the lookup's fp32 accumulator) + {c} x T x V "
+               f"(the logits' gradient, kept for the LM head's weight gradient computed last) + {2 + readers} x T x h "
+               f"x {c} (the first layer's input gradient being assembled)")
     if recompute is not None:
         first = s.layer_parameters() * g      # the first layer's gradients (gradient_terms: born last)
+        if deferred:
+            recompute = (recompute[0] + deferred, recompute[1] + f" + {_n(deferred)} (tied: the logits' gradient and "
+                                                                  "the LM head's input, kept for its weight gradient)")
         if embedding + first >= recompute[0]:
             return MemoryTerm(component=ACTIVATIONS, label="compiled backward's end: the embedding's gradient",
                               nbytes=embedding + first, phases=(BACKWARD_END,),
@@ -391,4 +399,7 @@ def _top_layer_backward(plan, shape, regime, kernel, T, b, seq) -> float:
     down_weight = (prev.nbytes / c) * (down.nbytes / c) * g
     born = V * h * g + h * g + c * T * h + down_weight + 2 * product
     freed = _loss_side(plan, shape, c) + c * T * h + product
+    if shape.tied:      # the LM head's weight gradient is computed last: its inputs stay, its partial waits
+        born += c * T * V - V * h * g
+        freed -= c * T * h
     return born - freed
