@@ -117,6 +117,11 @@ CONFIGS = [
          loss="chunked", loss_chunks=8),
     _cfg("chunked-lora-gqa-tiny-amp-r8-qv-n8-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
          loss="chunked", loss_chunks=8),
+    # the chunked loss over a trainable LM head copy (modules_to_save): the weight-gradient partials return
+    _cfg("chunked-mts-llama-tiny-fp32-r8-qv-lmhead-n8-b2-s256", "llama-tiny", 2, 256, rank=8, targets=QV,
+         modules_to_save=["lm_head"], loss="chunked", loss_chunks=8),
+    _cfg("chunked-mts-gqa-tiny-amp-r8-qv-lmhead-n8-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
+         modules_to_save=["lm_head"], loss="chunked", loss_chunks=8),
 ]
 
 _LOSS = {}

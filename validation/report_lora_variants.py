@@ -36,7 +36,7 @@ PHASES = ("forward", "backward", "optimizer")
 
 def kind(run: dict) -> str:
     lora = run["lora"]
-    return "DoRA" if lora.get("use_dora") else "modules_to_save" if lora.get("modules_to_save") else "chunked loss"
+    return "DoRA" if lora.get("use_dora") else "chunked loss" if run.get("loss") else "modules_to_save"
 
 
 def solve(run: dict, **changes):

@@ -43,8 +43,7 @@ def _term(result, prefix):
 
 
 def _kind(run):
-    return "dora" if run["lora"].get("use_dora") else "modules_to_save" if run["lora"].get("modules_to_save") \
-        else "chunked loss"
+    return "dora" if run["lora"].get("use_dora") else "chunked loss" if run.get("loss") else "modules_to_save"
 
 
 def test_the_measurements():
@@ -186,9 +185,19 @@ def test_other_losses_with_lora_are_still_refused():
     with pytest.raises(NotModelledError) as e:
         _solve(run, loss="fused_linear", loss_chunks=None)
     assert e.value.parameter == "loss" and e.value.value == "fused_linear"
-    with pytest.raises(NotModelledError) as e:
-        _solve(run, lora={**run["lora"], "modules_to_save": ["lm_head"]})
-    assert e.value.parameter == "loss"
+
+
+
+def test_chunked_loss_over_a_trainable_lm_head_copy():
+    """With modules_to_save=["lm_head"] the chunked loss's LM head trains: its weight-gradient partials return
+    (fp32: the second chunk's partial beside the first and their sum, 3 x V x h x 4, with 6 of 8 chunks' logits
+    gradients and two chunks' input gradients, less the freed log-softmaxes)."""
+    run = _by_id("chunked-mts-llama-tiny-fp32")
+    T, V, h, n = 512, 32000, 256, 8
+    t = T // n
+    expected = 4 * T * V * (n - 2) / n + 3 * V * h * 4 + 2 * 4 * t * h - 4 * T * V
+    assert _term(_solve(run), "LM head backward") == expected
+    assert _term(_solve(run, lora={**run["lora"], "modules_to_save": []}), "LM head backward") == 0
 
 
 def test_defaults_are_off():

@@ -153,9 +153,9 @@ def _check_variants(plan, config):
     """DoRA and ``modules_to_save`` where they were measured (validation/measure_lora_variants.py, and DoRA
     under FSDP2: validation/parallel/measure_lora_parallel.py): DoRA over a dense or 4-bit base without
     lora_dropout, on one device or under the data-parallel rules (its magnitude vectors are parameters like the
-    adapters); ``modules_to_save`` on one device, where the copies and the adapters share a dtype (peft casts
-    the adapters to fp32 over a 16-bit base, never the copies), with the default cross-entropy. The rest is
-    refused, naming the field, its value and what is modelled."""
+    adapters); ``modules_to_save`` on one device (copies in another dtype than the adapters: ``mixed_copies``).
+    The rest is refused, naming the field, its value and what is modelled. (A loss implementation is checked by
+    the loss technique: one that allows LoRA gets the LM head's trainability, ``loss.loss_terms``.)"""
     dora, saved = config.use_dora, config.modules_to_save
     if not (dora or saved):
         return
@@ -171,11 +171,6 @@ def _check_variants(plan, config):
         raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
                                "measured")
-    if saved:
-        loss = getattr(plan.profile_options, "loss", None)
-        if loss not in (None, "cross_entropy"):
-            raise NotModelledError("loss", loss, "cross_entropy with lora.modules_to_save",
-                                   f"loss={loss!r} with a trainable embedding or LM head copy is not measured")
 
 
 def _generic_option(plan, config, quantized):
@@ -1036,7 +1031,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
                    phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
     if regime.autocast:
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the frozen LM head",
+        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
+                       + ("LM head's trainable copy" if trains_lm_head(plan) else "frozen LM head"),
                        nbytes=2 * shape.embedding_parameters, phases=SAVED,
                        formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))
         if recompute:
