@@ -3,6 +3,7 @@
 outputs beyond the model's own (the saved tensors), each with its shape, dtype, bytes and the op that makes it.
 
     /tmp/valvenv/bin/python validation/compile/saved_for_backward.py ID [--json FILE]   # a measure_compile.py id
+    /tmp/valvenv/bin/python validation/compile/saved_for_backward.py ID --events backward   # its allocations
 
 It wraps ``torch._inductor.compile_fx``'s partition function (``min_cut_rematerialization_partition``,
 called with Inductor's default options) and records what it returns; the model is compiled and run once
@@ -66,12 +67,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("id", help="a measure_compile.py id, or small[:REGIME:CHECKPOINTING:B:S:LAYERS] (vocabulary 1,024)")
     ap.add_argument("--json")
+    ap.add_argument("--events", choices=("forward", "backward", "optimizer"),
+                    help="instead: the compiled run's allocations and frees in this phase (bytes, running total above "
+                         "the timeline's zero; the profiler's memory timeline)")
     args = ap.parse_args(argv)
     if args.id.startswith("small"):      # a quick look: default 2 layers, vocabulary 1,024, s = 128, fp32
         regime, ckpt, b, s, layers = (args.id.split(":")[1:] + ["fp32", "none", "1", "128", "2"][len(args.id.split(":")) - 1:])
         cfg = measure_compile._small_vocab(regime, ckpt, int(b), int(s), int(layers))
     else:
         cfg = next(c for c in measure_compile.CONFIGS if c["id"] == args.id)
+    if args.events:
+        for n, total in allocations(cfg, args.events):
+            print(f"{n:>14,} {total:>14,}")
+        return 0
     graphs = saved_tensors(cfg)
     for i, g in enumerate(graphs):
         total = sum(s["bytes"] for s in g["saved"])
