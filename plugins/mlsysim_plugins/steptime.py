@@ -78,6 +78,7 @@ class Calibration:
     switch_allreduce: bool = False   # the node's switch reduces in the network (NVLink SHARP)
     hop_intra: float = 3.4e-6        # seconds per ring step inside a node (NCCL's NVLink Simple hwLat)
     hop_inter: float = 14.0e-6       # seconds per ring or tree step between nodes (NCCL's NET Simple hwLat)
+    hop_tree_intra: float = 4.0e-6   # seconds per tree step inside a node (NCCL's NVLink Tree Simple hwLat)
     nvls_latency: float = 25e-6      # an in-network (NVLS) all-reduce inside a node (NCCL's NVLS hwLat)
     calibrated: bool = False
     source: str = ""
@@ -96,11 +97,12 @@ class Calibration:
 DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, inter_link=0.8,
                       kernel_overhead=4e-6, latency=8.4e-6, overlap_sm_share=24 / 132,
                       source="assumed (no published measurement fitted for this hardware)")
-# latency, hop_intra, hop_inter, nvls_latency: NCCL's own cost model for the Simple protocol (the
-# one large messages use), NVIDIA/nccl src/graph/tuning.cc (ncclTopoTuneModel): 'baseLat' Ring and
-# Tree Simple 8.4 us; 'hwLat' NVLink Ring Simple 3.4 us and Tree Simple 4.0 us per step, NET Ring
-# and Tree Simple 14.0 us per step, NVLS Simple 25 us; a ring's latency is baseLat + (nsteps -
-# nInterSteps) x intraLat + nInterSteps x interLat (nsteps = n - 1 for all-gather and
+# latency, hop_intra, hop_tree_intra, hop_inter, nvls_latency: NCCL's own cost model for the Simple protocol
+# (the one large messages use), NVIDIA/nccl src/graph/tuning.cc at 5067397c2676d5aed50042fc39e5c8ee96eb0027
+# (last changed in 50bf0bca1a6b88b2a3e3cebf41f3b827fc9fb19e), ncclTunerConstantsDefaults: 'baseLatencies' Tree
+# and Ring Simple 8.4 us; 'hwLatencies' NVLink Ring Simple 3.4 us and Tree Simple 4.0 us per step, NET Ring and
+# Tree Simple 14.0 us per step, NVLink NVLS Simple 25 us; ncclTopoTuneModel: a ring's latency is baseLat +
+# (nsteps - nInterSteps) x intraLat + nInterSteps x interLat (nsteps = n - 1 for all-gather and
 # reduce-scatter, 2 (n - 1) for all-reduce; nInterSteps the same over nodes), a tree all-reduce's
 # baseLat + 2 ((ranks per node - 1) x intraLat + log2(nodes) x interLat); NCCL picks the faster.
 
@@ -367,7 +369,7 @@ def alpha(kind: str, members: int, stride: int, node: int, cal: Calibration) -> 
         return cal.latency + (cal.hop_inter if stride >= node else cal.hop_intra)
     ring = cal.latency + (steps - inter) * cal.hop_intra + inter * cal.hop_inter
     if kind == "all-reduce" and nodes > 1:
-        tree = cal.latency + 2 * ((per_node - 1) * cal.hop_intra + math.log2(nodes) * cal.hop_inter)
+        tree = cal.latency + 2 * ((per_node - 1) * cal.hop_tree_intra + math.log2(nodes) * cal.hop_inter)
         return min(ring, tree)
     return ring
 

@@ -16,7 +16,7 @@ from mlsysim_plugins import steptime
 
 ROOT = Path(__file__).resolve().parents[2]
 CAL = attrs.evolve(steptime.DEFAULT, intra_link=0.5, inter_link=0.8, latency=0.0, hop_intra=0.0, hop_inter=0.0,
-                   nvls_latency=0.0)
+                   hop_tree_intra=0.0, nvls_latency=0.0)
 HW = {"flops": 1e15, "intra": 400e9, "inter": 50e9, "memory": 3e12}
 
 
