@@ -122,6 +122,14 @@ CONFIGS = [
          modules_to_save=["lm_head"], loss="chunked", loss_chunks=8),
     _cfg("chunked-mts-gqa-tiny-amp-r8-qv-lmhead-n8-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
          modules_to_save=["lm_head"], loss="chunked", loss_chunks=8),
+    # torchtune's LinearCrossEntropyLoss (after 0.6.1: the model skips its output layer, the loss projects chunk by
+    # chunk; validation/techniques/loss/published_sources.py's copy at the commit the profile cites) over LoRA
+    _cfg("ttlinear-lora-llama-tiny-fp32-r16-all-n8-b2-s256", "llama-tiny", 2, 256, rank=16, targets=ALL,
+         loss="torchtune_linear", loss_chunks=8),
+    _cfg("ttlinear-lora-qwen3-tiny-bf16-r16-qkvo-bf16adapters-n8-b2-s256", "qwen3-tiny", 2, 256, rank=16,
+         targets=QKVO, regime="bf16", adapter_dtype="base", loss="torchtune_linear", loss_chunks=8),
+    _cfg("ttlinear-lora-gqa-tiny-amp-r8-qv-n8-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
+         loss="torchtune_linear", loss_chunks=8),
 ]
 
 _LOSS = {}
@@ -176,9 +184,32 @@ def _collect_after_dora():
     return lambda: setattr(dora.DoraLinearLayer, "forward", original)
 
 
+def linear_ce_step(n):
+    """measure_published.py's ``torchtune_linear`` over the peft model: the base model's hidden state, torchtune's
+    LinearCrossEntropyLoss (published_sources.py) with the (frozen) LM head as ``F.linear`` on its weight."""
+    spec = importlib.util.spec_from_file_location(
+        "published_sources", os.path.join(HERE, "techniques", "loss", "published_sources.py"))
+    src = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(src)
+
+    def step(model):
+        base = model.get_base_model()
+
+        def head(x):
+            return F.linear(x, base.lm_head.weight)
+
+        def forward(input_ids, labels, use_cache=False):
+            hidden = base.model(input_ids=input_ids, use_cache=use_cache).last_hidden_state
+            shifted = torch.hstack((labels[..., 1:], torch.full_like(labels[..., :1], IGNORE)))
+            return types.SimpleNamespace(loss=src.LinearCrossEntropyLoss(head, num_output_chunks=n).forward(hidden, shifted))
+        return forward
+    return step
+
+
 def measure(cfg: dict) -> dict:
     import peft
-    step = chunked_step(cfg["loss_chunks"]) if cfg.get("loss") == "chunked" else None
+    step = {"chunked": chunked_step, "torchtune_linear": linear_ce_step}[cfg["loss"]](cfg["loss_chunks"]) \
+        if cfg.get("loss") else None
     undo = _collect_after_dora() if cfg["lora"].get("use_dora") else (lambda: None)
     original = peft.get_peft_model
     if cfg["lora"].get("adapter_dtype") == "base":      # measure_lora_families.py's: autocast_adapter_dtype=False

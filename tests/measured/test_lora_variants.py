@@ -188,6 +188,21 @@ def test_other_losses_with_lora_are_still_refused():
 
 
 
+def test_torchtune_linear_loss_with_a_frozen_lm_head():
+    """torchtune's LinearCrossEntropyLoss under LoRA: the chunks' matmuls keep no input (the masked copy lives
+    through the loss only) and no weight-gradient partials; the backward's moment is one chunk's cross-entropy
+    temporaries, 2 x 4 x t x V; under autocast every chunk saves its own 16-bit cast of the frozen LM head."""
+    run = _by_id("ttlinear-lora-llama-tiny-fp32")
+    T, V, h, n = 512, 32000, 256, 8
+    result = _solve(run)
+    assert _term(result, "chunked linear cross-entropy backward") == 8 * (T // n) * V
+    assert _term(result, "LM head input") == 0
+    masked = next(t for t in result.terms if t.label.startswith("masked hidden state"))
+    assert masked.nbytes == 4 * T * h and masked.phases == ("forward",)
+    amp = _solve(_by_id("ttlinear-lora-gqa-tiny-amp"))
+    assert _term(amp, "autocast 16-bit casts of the frozen LM head") == (n - 1) * 2 * V * h
+
+
 def test_chunked_loss_over_a_trainable_lm_head_copy():
     """With modules_to_save=["lm_head"] the chunked loss's LM head trains: its weight-gradient partials return
     (fp32: the second chunk's partial beside the first and their sum, 3 x V x h x 4, with 6 of 8 chunks' logits

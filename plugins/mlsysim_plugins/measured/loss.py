@@ -207,17 +207,18 @@ def loss_terms(plan, ctx, terms: list[MemoryTerm], *, lm_head_trainable: bool = 
                        weight=regime.weight,
                        gradient=regime.gradient or 4, chunks=o.loss_chunks, regime=regime, shape=s,
                        lm_head_trainable=lm_head_trainable)
-    if not impl.saves_lm_head_input or not impl.saves_lm_head_weight_copy:
-        keep = _lm_head_kept(keep, impl, T, h, c, bool(regime.autocast))
+    if (not impl.saves_lm_head_input and lm_head_trainable) or not impl.saves_lm_head_weight_copy:
+        # (a frozen LM head's input is in no term: lora.model_activation_terms)
+        keep = _lm_head_kept(keep, impl, T, h, c, bool(regime.autocast), input_kept=lm_head_trainable)
     return keep + list(impl.terms(lctx))
 
 
-def _lm_head_kept(keep, impl, T, h, c, autocast) -> list[MemoryTerm]:
+def _lm_head_kept(keep, impl, T, h, c, autocast, input_kept=True) -> list[MemoryTerm]:
     """``keep`` without the LM head's saved input (the final norm's output, c x T x h: alive until
     the loss unless autocast's fp32 output holds it) or its autocast weight copy's saving."""
     out = []
     for term in keep:
-        if term.label == "final norm" and not impl.saves_lm_head_input:
+        if term.label == "final norm" and not impl.saves_lm_head_input and input_kept:
             out.append(attrs.evolve(term, nbytes=term.nbytes - c * T * h,
                                     formula=term.formula + f" - {c} x T x h (the {impl.name} loss keeps no LM head "
                                                            "input)" if impl.name != "fused_linear" else

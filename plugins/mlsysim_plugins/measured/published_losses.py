@@ -118,22 +118,32 @@ def torchtune_linear_terms(ctx) -> list[MemoryTerm]:
     if ctx.autocast:   # the masked hidden state is the final norm's fp32 output; each chunk's bf16 cast is saved
         out.append(_term("masked hidden state (index_select, fp32)", 4 * Tv * h, (FORWARD,),
                          f"4 x T' x h, T' = {_n(Tv)} (alive until the loss returns)"))
+    frozen = not ctx.lm_head_trainable       # LoRA: the chunks' matmuls save no input, no weight-gradient partials
+    if not frozen:
+        out.append(_term("LM head input: the masked hidden state", c * Tv * h, SAVED,
+                         f"{c} x T' x h, T' = {_n(Tv)} tokens not ignored (index_select's copy, saved by the chunks' "
+                         "matmuls)"))
+    elif not ctx.autocast:
+        out.append(_term("masked hidden state (index_select)", c * Tv * h, (FORWARD,),
+                         f"{c} x T' x h, T' = {_n(Tv)} (alive until the loss returns; a frozen LM head saves no input)"))
+    if frozen and ctx.autocast and n > 1:
+        out.append(_term("autocast 16-bit casts of the frozen LM head, one per further chunk", (n - 1) * 2 * V * h,
+                         SAVED, f"({n} - 1) chunks x V x h x 2 B (each chunk's matmul saves its own cast)"))
     out += [
-        _term("LM head input: the masked hidden state", c * Tv * h, SAVED,
-              f"{c} x T' x h, T' = {_n(Tv)} tokens not ignored (index_select's copy, saved by the chunks' matmuls)"),
         _term("log-softmax of every chunk's logits (fp32)", 4 * Tv * V, SAVED,
               f"4 x T' x V = 4 x {_n(Tv)} x {_n(V)} (each chunk's, saved by cross_entropy)"),
         _term("labels: shifted, masked and their indices (int64)", 8 * T + 16 * Tv, SAVED,
               "8 x T (the recipe's shifted labels) + 8 x T' (index_select of the targets) + 8 x T' (the indices)"),
         _term(f"logits, one chunk ({c} B)" + (" + its fp32 copy" if copy else ""), c * t * V + copy, (FORWARD,),
               f"{c} x t x V" + (" + 4 x t x V" if copy else "") + f", t = ceil(T'/{n}) = {_n(t)} tokens")]
-    moments = [8 * t * V, c * t * V + V * h * c + c * t * h - 4 * t * V]
-    if n >= 2:
+    moments = [8 * t * V, c * t * V + (0 if frozen else V * h * c) + c * t * h - 4 * t * V]
+    if n >= 2 and not frozen:
         moments.append(3 * V * h * c + 2 * c * t * h - 8 * t * V)
     k = moments.index(max(moments))
     how = ("the first chunk's nll and log-softmax backward: 2 x 4 x t x V" if k == 0 else
-           f"{c} x t x V (the chunk's logits gradient) + V x h x {c} (its weight-gradient partial) + t x h x {c} "
-           "- 4 x t x V (its log-softmax freed)" if k == 1 else
+           f"{c} x t x V (the chunk's logits gradient) + "
+           + ("" if frozen else f"V x h x {c} (its weight-gradient partial) + ")
+           + f"t x h x {c} - 4 x t x V (its log-softmax freed)" if k == 1 else
            f"3 x V x h x {c} (two weight-gradient partials and their out-of-place sum, the logits gradient freed) "
            f"+ 2 x t x h x {c} - 8 x t x V (two log-softmaxes freed)")
     out.append(_term("chunked linear cross-entropy backward, one chunk at a time", max(max(moments), 0), (BACKWARD,),
@@ -297,7 +307,7 @@ UNVALIDATED_CCE = ("loss='cut_cross_entropy' is unvalidated: Cut Cross-Entropy's
 PUBLISHED = (
     LossImplementation(
         name="torchtune_linear", source=TORCHTUNE, terms=torchtune_linear_terms, chunks=8, token_share=True,
-        saves_lm_head_input=False,
+        saves_lm_head_input=False, allows=("autocast", "lora"),
         description="torchtune's LinearCrossEntropyLoss: ignored tokens masked out, the LM head and cross-entropy "
                     "chunk by chunk",
         note="loss: torchtune's LinearCrossEntropyLoss ({chunks} chunks, {share:g} of the tokens not ignored): the "
