@@ -379,11 +379,11 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
     terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
     peak = selection.profile.combine == "peak"
-    phase, alive = _combine(terms, peak)
+    phase, alive, table = _combine(terms, peak)
     runtime = _ordered(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)))
     if runtime:
         terms = (*terms, *runtime)
-        phase, alive = _combine(terms, peak)
+        phase, alive, _ = _combine(runtime, peak, table)     # (added after the others, as if combined anew)
     w, g, o, a, c, r = alive
     total = w + g + o + a + c      # the reference adds the five components left to right, in float64
     if r:
@@ -425,23 +425,23 @@ _COMPONENT_INDEX = {component: i for i, component in enumerate(COMPONENTS)}
 _PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
 
 
-def _combine(terms, peak: bool) -> tuple[str | None, list]:
-    """Accelerator bytes per component, added in term order: of every term ("sum"), or of
-    those alive in the phase with the most bytes alive, the earliest on a tie ("peak")."""
+def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
+    """Accelerator bytes per component, added in term order: of every term ("sum"), or of those alive in the
+    phase with the most bytes alive, the earliest on a tie ("peak"); and the table a later call continues."""
     if not peak:
-        alive = [0] * len(COMPONENTS)
+        alive = [0] * len(COMPONENTS) if table is None else table
         for term in terms:
             if term.tier == ACCELERATOR:
                 alive[_COMPONENT_INDEX[term.component]] += term.nbytes
-        return None, alive
-    table = [[0] * len(COMPONENTS) for _ in PHASES]
+        return None, alive, alive
+    table = [[0] * len(COMPONENTS) for _ in PHASES] if table is None else table
     for term in terms:
         if term.tier == ACCELERATOR:
             i = _COMPONENT_INDEX[term.component]
             for phase in term.phases:
                 table[_PHASE_INDEX[phase]][i] += term.nbytes
     best = max(range(len(PHASES)), key=lambda p: (sum(table[p]), -p))
-    return PHASES[best], table[best]
+    return PHASES[best], list(table[best]), table
 
 
 def _heaviest(results: list) -> TrainingMemoryResult:

@@ -1,11 +1,19 @@
-"""Measured-grade term lists, memoised with ``mlsysim_core.memo`` (the one mechanism): the
-key is every argument (the frozen plan and placement, whole), so it cannot go stale."""
+"""Measured-grade term lists, memoised with ``mlsysim_core.memo`` (the one mechanism).
+
+``cached_terms``: keyed on every argument (the frozen plan and placement, whole), so it cannot
+go stale. ``per_layout``: for the terms that do not depend on the batch (weights, gradients,
+optimizer state, the data-parallel buffers), keyed on the plan without its batch: a sweep or a
+search that changes only the batch size or the micro-batch reuses them (issue 27, item 5)."""
 
 from __future__ import annotations
 
 import functools
+import operator
+
+import attrs
 
 from mlsysim_core.memo import memoize
+from mlsysim_core.plan import TrainingPlan
 
 
 def cached_terms(fn):
@@ -15,4 +23,71 @@ def cached_terms(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kw):
         return list(frozen(*args, **kw))
+    return wrapper
+
+
+# What a per-layout term may read of the plan: every field but the batch.
+_BATCH_FIELDS = ("batch_size", "gradient_accumulation_steps")
+_LAYOUT_FIELDS = operator.attrgetter(*(f.name for f in attrs.fields(TrainingPlan) if f.name not in _BATCH_FIELDS))
+
+
+class Layout:
+    """A plan without its batch, as a memo key: every field of the plan but ``batch_size`` and
+    ``gradient_accumulation_steps``, and whether there is more than one accumulation step (what
+    a gradient's lifetime depends on). Hashed once; ``plan`` (not part of the key) is the plan
+    it was made from."""
+
+    __slots__ = ("fields", "plan", "_hash")
+
+    def __init__(self, plan):
+        if type(plan) is TrainingPlan:
+            self.fields = (*_LAYOUT_FIELDS(plan), plan.gradient_accumulation_steps > 1)
+        else:       # a stand-in for a plan (a test's namespace): itself, by identity (``plan`` keeps it alive)
+            self.fields = (id(plan),)
+        self.plan = plan
+        self._hash = hash(self.fields)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return type(other) is Layout and self.fields == other.fields
+
+
+def same_object_first(cls):
+    """``cls`` (an attrs class) whose ``==`` answers at once for the same object: attrs compares
+    field by field, and a family's or a kernel's fields are dozens of callables and tables (the
+    memos compare the options that hold them on every solve)."""
+    fields_equal = cls.__eq__
+    cls.__eq__ = lambda self, other: self is other or fields_equal(self, other)
+    return cls
+
+
+layout_of = memoize(Layout)
+
+
+@functools.cache
+def _values_of(cls) -> operator.attrgetter:
+    return operator.attrgetter(*(f.name for f in attrs.fields(cls)), "__class__")    # (always a tuple)
+
+
+def kinds(options) -> tuple:
+    """The types of an options object's values: part of the key of a memo on options (``True == 1``
+    for the memo, but a check may refuse one: the memo keys every argument's type, not its fields')."""
+    return tuple(map(type, _values_of(type(options))(options)))     # once per plan object (a plan caches its own hash)
+
+
+def per_layout(fn):
+    """``fn(plan, placement, *extra, **kw)``, memoised on the plan's ``Layout`` (the plan
+    without its batch), the placement and the rest; each call gets a new list.
+
+    Only for functions whose terms, and whatever they call (a family's ``adjust_terms`` for
+    the weights, a data-parallel rule's ``main_grad_terms``), read neither ``batch_size``,
+    ``microbatch`` nor the number of accumulation steps beyond whether it is more than one:
+    the model's states and the buffers sized by them (``tests/measured/test_per_layout.py``)."""
+    frozen = memoize(lambda layout, *args, **kw: tuple(fn(layout.plan, *args, **kw)))
+
+    @functools.wraps(fn)
+    def wrapper(plan, *args, **kw):
+        return list(frozen(layout_of(plan), *args, **kw))
     return wrapper

@@ -12,7 +12,7 @@ from __future__ import annotations
 from mlsysim_core.terms import (BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, PHASES as ALL_PHASES,
                                 MemoryTerm)
 
-from ._cache import cached_terms
+from ._cache import cached_terms, per_layout
 from .parallel import layer_parameters_on_rank, residual_shards
 
 
@@ -32,7 +32,7 @@ def layer_parameters(plan, placement=None) -> float:
     return layer_parameters_on_rank(plan, placement)
 
 
-@cached_terms
+@per_layout
 def ddp_buckets(plan, placement, replicas: int | None = None) -> list[MemoryTerm]:
     """PyTorch DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False),
     when ``replicas`` (the ranks the gradient all-reduce spans: the data-parallel rule's group;
@@ -49,7 +49,7 @@ def ddp_buckets(plan, placement, replicas: int | None = None) -> list[MemoryTerm
                                    "gradient into its flat buckets (gradient_as_bucket_view=False)")]
 
 
-@cached_terms
+@per_layout
 def layer_gather(plan, placement) -> list[MemoryTerm]:
     """ZeRO-3 / FSDP gather one layer's parameters for its forward and backward, and
     reduce-scatter its unsharded gradients during its backward."""
@@ -74,7 +74,7 @@ def _layer_gather(plan, placement) -> list[MemoryTerm]:
                    formula=f"{_fmt(layer)} params x {regime.gradient or 4} B (during each layer's backward)")]
 
 
-@cached_terms
+@per_layout
 def fsdp_root(plan, placement) -> list[MemoryTerm]:
     """fully_shard on the model: its own parameters (embedding, LM head, final norm) stay
     gathered from the forward to the backward."""
@@ -94,7 +94,7 @@ def fsdp_root(plan, placement) -> list[MemoryTerm]:
                 "gathered from the forward to the backward)")]
 
 
-@cached_terms
+@per_layout
 def kept_unsharded(plan, placement) -> list[MemoryTerm]:
     """SHARD_GRAD_OP (reshard_after_forward=False): every gathered layer stays until its backward."""
     if placement.weight_shards == 1:
@@ -132,7 +132,7 @@ def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
                 + (f" x capacity factor {cf:g}" if cf != 1.0 else ""))]
 
 
-@cached_terms
+@per_layout
 def offload_staging(plan, placement) -> list[MemoryTerm]:
     """Offloaded parameters stream in one layer at a time (when no rule already gathers
     layers: weights not sharded); offloaded gradients stream out one layer at a time."""

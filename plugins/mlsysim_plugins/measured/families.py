@@ -34,6 +34,7 @@ from mlsysim_core.errors import MlsysimError, NotModelledError, PluginConflictEr
 from mlsysim_core.memo import memoize
 
 from . import layer_ops, layers
+from ._cache import same_object_first
 from .kernels import FUSED_QKV, SEPARATE_QKV
 from .layers import EXPERTS, REPLICATED, SPLITS, TP, LayerBytes, Part
 
@@ -136,6 +137,7 @@ def _one_of(choices):
     return check
 
 
+@same_object_first
 @attrs.frozen(kw_only=True, cache_hash=True)
 class ArchitectureFamily:
     """How one kind of decoder-only transformer is built, for the measured profile.

@@ -42,6 +42,7 @@ import attrs
 from mlsysim_core import hookimpl
 from mlsysim_core.errors import NotModelledError
 
+from ._cache import same_object_first
 from .layers import Part
 
 SEPARATE_QKV = "separate-qkv"
@@ -68,6 +69,7 @@ def _computes(instance, attribute, value):
         raise ValueError(f"AttentionKernel.computes {value!r}; expected one of {COMPUTES}")
 
 
+@same_object_first
 @attrs.frozen(kw_only=True, cache_hash=True)
 class AttentionKernel:
     """An attention implementation: per attention layout, what it saves for backward, and

@@ -17,7 +17,7 @@ from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GR
 from mlsysim_core import _checks
 from mlsysim_core.memo import memoize
 
-from ._cache import cached_terms
+from ._cache import cached_terms, per_layout
 from .kernels import kernel_of
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
 from .parallel import (expert_tensor_shards, gradient_divisor, is_parallel, rank_layer_saved, residual_shards,
@@ -61,32 +61,38 @@ def context(plan, placement) -> Context:
 
 
 def layer_bytes(plan, ctx: Context):
-    s = ctx.shape
-    kernel = kernel_of(plan)
-    if megatron(plan.profile_options.regime):
+    o = plan.profile_options
+    cf, imbalance = o.moe_capacity_factor, 1.0
+    if cf is None and plan.rank is not None and ctx.experts > 1:
+        # Dropless routing: the busiest expert-parallel rank computes more than the mean T x k copies.
+        from .routing import imbalance_factor
+        imbalance = imbalance_factor(plan, ctx)
+    return _layer_bytes(ctx.shape, ctx.regime, kernel_of(plan), o.dropout > 0, o.device or "cuda", ctx.tokens,
+                        ctx.seq_len, plan.model, cf, imbalance)
+
+
+@memoize
+def _layer_bytes(s: ModelShape, regime, kernel, dropout: bool, device: str, tokens: int, seq_len: int, model, cf,
+                 imbalance: float):
+    """One layer's ``LayerBytes`` from exactly what it depends on (a search meets the same layer
+    under every data-parallel rule and checkpointing strategy)."""
+    if megatron(regime):
         lb = megatron_layer_bytes(
             family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            attention=kernel, dropout=plan.profile_options.dropout > 0, tokens=ctx.tokens, seq_len=ctx.seq_len,
-            experts=s.experts, top_k=s.top_k)
+            attention=kernel, dropout=dropout, tokens=tokens, seq_len=seq_len, experts=s.experts, top_k=s.top_k)
     else:
         lb = layer_forward_bytes(
             family=s.family, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, ffn=s.ffn,
-            regime=_regime_kind(ctx.regime), attention=kernel, dropout=plan.profile_options.dropout > 0,
-            tokens=ctx.tokens, seq_len=ctx.seq_len, experts=s.experts, top_k=s.top_k, model=plan.model,
-            device=plan.profile_options.device or "cuda")
-    cf = plan.profile_options.moe_capacity_factor
+            regime=_regime_kind(regime), attention=kernel, dropout=dropout, tokens=tokens, seq_len=seq_len,
+            experts=s.experts, top_k=s.top_k, model=model, device=device)
     if cf is not None:
         # Token dropping with a capacity factor pads every expert's batch to its capacity:
         # the experts' activations scale with cf x the routed tokens (dropless: cf = None).
         parts = tuple(attrs.evolve(p, nbytes=p.nbytes * cf) if p.split == EXPERTS else p for p in lb.parts)
         lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
-    elif plan.rank is not None and ctx.experts > 1:
-        # Dropless routing: the busiest expert-parallel rank computes more than the mean T x k copies.
-        from .routing import imbalance_factor
-        f = imbalance_factor(plan, ctx)
-        if f != 1.0:
-            parts = tuple(attrs.evolve(p, nbytes=p.nbytes * f) if p.split == EXPERTS else p for p in lb.parts)
-            lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
+    elif imbalance != 1.0:
+        parts = tuple(attrs.evolve(p, nbytes=p.nbytes * imbalance) if p.split == EXPERTS else p for p in lb.parts)
+        lb = attrs.evolve(lb, parts=parts, saved=sum(p.nbytes for p in parts))
     return lb
 
 
@@ -107,7 +113,7 @@ def _regime_kind(regime) -> str:
 
 # --- weights and gradients -----------------------------------------------------------------
 
-@cached_terms
+@per_layout
 def weight_terms(plan, placement) -> list[MemoryTerm]:
     if plan.profile_options.lora is not None:     # (LoRA's module is imported only for LoRA plans)
         from . import lora
@@ -130,7 +136,7 @@ def rope_buffer_terms(shape: ModelShape) -> list[MemoryTerm]:
                        formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)")]
 
 
-@cached_terms
+@per_layout
 def gradient_terms(plan, placement, *, first_layer_late: bool = False) -> list[MemoryTerm]:
     """Gradients live from the backward's end through the step (``zero_grad(set_to_none=True)``
     frees them before the next forward). With recomputation the deepest-first backward
@@ -408,8 +414,18 @@ def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> 
     return list(_runtime_terms(overheads, is_parallel(plan), allocated))
 
 
-@memoize
 def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float) -> tuple:
+    terms = _fixed_runtime_terms(overheads, parallel)
+    if overheads.allocator_fraction:
+        terms += (MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
+                             nbytes=allocated * overheads.allocator_fraction, phases=ALL,
+                             formula=f"{overheads.allocator_fraction:g} x {_n(allocated)} B allocated at the peak"),)
+    return terms
+
+
+@memoize
+def _fixed_runtime_terms(overheads: RuntimeOverheads, parallel: bool) -> tuple:
+    """The runtime overheads that do not depend on the bytes allocated (all but the allocator's)."""
     terms = []
     if overheads.cuda_context:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
@@ -421,8 +437,4 @@ def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int |
     if parallel and overheads.nccl_buffers:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="NCCL buffers", nbytes=overheads.nccl_buffers,
                                 phases=ALL, formula=f"{overheads.nccl_buffers / 2**20:,.0f} MiB (parallel layout)"))
-    if overheads.allocator_fraction:
-        terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
-                                nbytes=allocated * overheads.allocator_fraction, phases=ALL,
-                                formula=f"{overheads.allocator_fraction:g} x {_n(allocated)} B allocated at the peak"))
     return tuple(terms)

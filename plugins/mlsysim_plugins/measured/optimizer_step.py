@@ -13,6 +13,8 @@ from typing import Mapping
 
 import attrs
 
+from ._cache import same_object_first
+
 OPTIMIZER_IN_BACKWARD = "optimizer_in_backward"
 TORCHAO_OFFLOAD = "torchao_offload"
 TECHNIQUES = (OPTIMIZER_IN_BACKWARD, TORCHAO_OFFLOAD)
@@ -31,6 +33,7 @@ def _reasons(value) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
+@same_object_first
 @attrs.frozen(kw_only=True)
 class OptimizerStep:
     """An optimizer's state and step, as it declares them.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STATE, OPTIMIZER_STEP, MemoryTerm
-from ._cache import cached_terms
+from ._cache import per_layout
 from .parallel import optimizer_state_divisor
 from .shapes import shape_of
 
@@ -49,7 +49,7 @@ def trainable_tensors(plan) -> tuple[int, ...]:
     return shape_of(plan).parameter_tensors()
 
 
-@cached_terms
+@per_layout
 def master_terms(plan, placement) -> list[MemoryTerm]:
     """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
     regime = plan.profile_options.regime
@@ -71,7 +71,7 @@ def master_terms(plan, placement) -> list[MemoryTerm]:
     return terms
 
 
-@cached_terms
+@per_layout
 def moment_terms(plan, placement, name: str, moments: int, *, step_counters: bool) -> list[MemoryTerm]:
     """``moments`` parameter-shaped buffers in the regime's state dtype (Adam: 2, SGD with
     momentum and Lion: 1), plus Adam's 4-byte fp32 ``step`` tensor per parameter tensor."""
@@ -93,7 +93,7 @@ def moment_terms(plan, placement, name: str, moments: int, *, step_counters: boo
     return terms
 
 
-@cached_terms
+@per_layout
 def step_transient(plan, placement, name: str, *, foreach: int, loop_current: int, loop_previous: int,
                    element_bytes: int | None = None) -> list[MemoryTerm]:
     """What one optimizer step allocates on top of the state, alive only during the step.
@@ -131,7 +131,7 @@ def step_transient(plan, placement, name: str, *, foreach: int, loop_current: in
                 f"{_fmt(worst)} elements (tensor #{at}) x {b} B")]
 
 
-@cached_terms
+@per_layout
 def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     """torch.optim.Adafactor: a factored second moment (a row and a column vector per
     matrix, the full vector for 1-D parameters) in the parameters' dtype, one fp32 step

@@ -16,8 +16,10 @@ import attrs
 
 from mlsysim_core import _checks
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError, PluginContractError
+from mlsysim_core.memo import memoize
 from .._evolve import evolve
 from .._lazy import lazy_module
+from ._cache import kinds
 from .families import family_for
 from .regimes import regime_for
 from .techniques import registered, run_stage
@@ -196,7 +198,8 @@ def options_type(techniques, providers=None) -> type:
         fields = {n: _field(n, techniques) for n in listed}
         fields.update({n: f for n, f in OWN_OPTIONS.items() if f.metadata.get("internal")})
         fields.update({n: f for t in techniques for n, f in t.options.items() if f.metadata.get("internal")})
-        cls = attrs.make_class("MeasuredOptions", fields, frozen=True, kw_only=True)
+        cls = attrs.make_class("MeasuredOptions", fields, frozen=True, kw_only=True,
+                               cache_hash=True)     # (memo keys hash it: once per object)
         cls.__module__, cls.__doc__ = __name__, MEASURED_OPTIONS_DOC
         _TYPES[key] = (cls, techniques)      # (the techniques kept: their ids stay theirs)
     return _TYPES[key][0]
@@ -247,7 +250,56 @@ def prepare(plan, registry):
         REGIMES_HOOK, SCHEDULES_HOOK, KERNELS_HOOK, ARCHITECTURES_HOOK))
     techniques = tuple(registered(registry))     # the registered techniques, in order (techniques.py)
     plan = run_stage(plan, registry, "given", techniques)     # e.g. offload=torchao, its own machinery
-    o = plan.profile_options
+    cf = plan.profile_options.moe_capacity_factor
+    o, notes = _completed(registry, plan.profile_options, kinds(plan.profile_options), techniques,
+                          plan.activation_checkpointing, plan.model, plan.precision, plan.seq_len,
+                          plan.communication_buffer_fraction)
+    plan = evolve(plan, profile_options=o, notes=plan.notes + notes)
+    plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
+    if cf is not None:
+        if not plan.model.is_sparse:
+            raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
+                                    f"{plan.model.name!r} has no experts")
+        plan = evolve(plan, profile_options=with_option(plan.profile_options, "moe_capacity_factor", float(cf)))
+    if o.loss_parallel is not None:
+        plan = _loss_parallel(plan, o.loss_parallel)
+    if o.moe_routing_imbalance is not None:
+        plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
+    # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
+    plan = evolve(plan, profile_options=with_option(plan.profile_options, "optimizer_spec",
+                                                    registry.optimizers[plan.optimizer]))
+    plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
+    plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
+    said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
+    if said is not None:
+        plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
+    plan = _parallel.layout_options(plan, schedules)
+    family = o.architecture
+    if family.check is not None:      # the family's word on this run: notes, or a refusal by name
+        plan = evolve(plan, notes=plan.notes + tuple(family.check(plan)))
+    if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
+        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
+    return plan
+
+
+def with_option(o, name: str, value):
+    """The options ``o`` with one of them set: one object for the same options (and types of their
+    values) and value, so the per-layout memos compare options by identity."""
+    return _with_option(o, kinds(o), name, value)
+
+
+@memoize
+def _with_option(o, o_kinds: tuple, name: str, value):
+    return evolve(o, **{name: value})
+
+
+@memoize
+def _completed(registry, o, o_kinds: tuple, techniques, activation_checkpointing, model, precision, seq_len,
+               communication_buffer_fraction) -> tuple:
+    """``prepare``'s first part: the options as given (after the ``given`` stage) checked and
+    completed, and the notes about the model: the same for every batch, so kept."""
+    regimes, schedules, kernels = (_registered(registry, hook) for hook in (REGIMES_HOOK, SCHEDULES_HOOK,
+                                                                             KERNELS_HOOK))
     chosen = regime_for(o.regime, "fp32", regimes) if o.regime is not None else None   # the name, before the model
     impl = "foreach" if o.optimizer_impl is None else _checks.name("optimizer_impl", o.optimizer_impl,
                                                                    _optimizers.IMPLEMENTATIONS)
@@ -257,7 +309,7 @@ def prepare(plan, registry):
     if p >= 1.0:
         raise InvalidInputError("dropout", o.dropout, "a probability in [0.0, 1.0)")
     blocks = None
-    checkpointing = registry.checkpointing[plan.activation_checkpointing]     # what it declares, read below
+    checkpointing = registry.checkpointing[activation_checkpointing]     # what it declares, read below
     if o.checkpointed_layers is not None:
         blocks = _checks.count("checkpointed_layers", o.checkpointed_layers, minimum=0)
         if checkpointing.recomputes != "layers":
@@ -265,10 +317,10 @@ def prepare(plan, registry):
             raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
                                     "None unless the strategy recomputes whole layers (recomputes='layers': "
                                     f"{', '.join(whole)})",
-                                    f"activation_checkpointing={plan.activation_checkpointing!r}")
-        if blocks > plan.model.layers:
+                                    f"activation_checkpointing={activation_checkpointing!r}")
+        if blocks > model.layers:
             raise InvalidInputError("checkpointed_layers", o.checkpointed_layers,
-                                    f"at most the model's {plan.model.layers} layers")
+                                    f"at most the model's {model.layers} layers")
     overheads = _runtime_overheads(o.runtime_overheads, _model.RuntimeOverheads)
     cf = o.moe_capacity_factor
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < 1e6):
@@ -276,61 +328,45 @@ def prepare(plan, registry):
                else InvalidInputError)("moe_capacity_factor", cf, "a number > 0 (e.g. 1.25), or None")
     _parallel.check_option_values(o.pipeline_schedule, o.virtual_stages, getattr(o, "offload", None), schedules)
     # Then what the profile can describe, and what it approximates.
-    if plan.communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
+    if communication_buffer_fraction != 0.05:     # the reference's knob: never silently ignored
         raise NotModelledError(
-            "communication_buffer_fraction", plan.communication_buffer_fraction,
+            "communication_buffer_fraction", communication_buffer_fraction,
             "the default 0.05 under a measured-grade profile",
             "the measured profile sizes communication buffers from the sharding rules' own buckets; "
             "this is the reference profile's knob (profile='reference' uses it)")
-    # Who models this architecture: one registered family, or the nearest built-in, said.
-    third_party = {name: info.name for name in families
-                   if (info := registry.provider(ARCHITECTURES_HOOK, name)).distribution != "mlsysim-core"}
-    family, _ = family_for(plan.model, families, third_party)
-    _shapes.ModelShape.of(plan.model, family)     # the shapes the profile needs, or a clear error now
-    notes = _shapes.parameter_check(plan.model, family)     # parameters that contradict the shapes: an error or a warning
-    if not family.claims_model(plan.model):     # no registered family models it: never costed as another
-        arch = plan.model.architecture
-        raise NotModelledError(
-            "model.architecture", arch,
-            f"an architecture a registered family models ({', '.join(_architectures(families))}), e.g. "
-            f"{type(plan.model).__name__}(..., architecture='llama') for Llama-style layers, or a model imported "
-            "from its config.json (mlsysim_core.hf.from_hf_config)",
-            (f"{plan.model.name!r} gives no architecture" if not arch else
-             f"no registered family models {arch!r} (or its shapes do not fit the family that lists it)")
-            + ", so its layers (MLP, norms, positions, attention) are unknown; profile='reference' is the "
-            "textbook estimate from its sizes alone")
-    notes += _shapes.approximation_notes(plan.model, family, families)    # what is costed as something else: said
-    if plan.model.context_length is not None or plan.seq_len > 1024:
-        notes += _shapes.sequence_check(plan.model, plan.seq_len, family)    # past a position table: an error
-    o = evolve(o, regime=chosen or regime_for(None, plan.precision, regimes), optimizer_impl=impl,
+    family, notes = _family_and_notes(registry, model, seq_len)
+    o = evolve(o, regime=chosen or regime_for(None, precision, regimes), optimizer_impl=impl,
                      attention=kernel, attention_kernel=kernels[kernel], architecture=family, dropout=p, device=device,
                      checkpointed_layers=blocks, runtime_overheads=overheads, checkpointing=checkpointing,
                      techniques=techniques)
-    plan = evolve(plan, profile_options=o, notes=plan.notes + notes)
-    plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
-    if cf is not None:
-        if not plan.model.is_sparse:
-            raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
-                                    f"{plan.model.name!r} has no experts")
-        plan = evolve(plan, profile_options=evolve(plan.profile_options, moe_capacity_factor=float(cf)))
-    if o.loss_parallel is not None:
-        plan = _loss_parallel(plan, o.loss_parallel)
-    if o.moe_routing_imbalance is not None:
-        plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
-    # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
-    plan = evolve(plan, profile_options=evolve(plan.profile_options,
-                                                           optimizer_spec=registry.optimizers[plan.optimizer]))
-    plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
-    plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
-    said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
-    if said is not None:
-        plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
-    plan = _parallel.layout_options(plan, schedules)
-    if family.check is not None:      # the family's word on this run: notes, or a refusal by name
-        plan = evolve(plan, notes=plan.notes + tuple(family.check(plan)))
-    if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
-        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
-    return plan
+    return o, notes
+
+
+@memoize
+def _family_and_notes(registry, model, seq_len) -> tuple:
+    """The family that models ``model`` (one registered family, or the nearest built-in, said) and
+    the notes about the model and the sequence: the same for every solve of them, so kept."""
+    families = _registered(registry, ARCHITECTURES_HOOK)
+    third_party = {name: info.name for name in families
+                   if (info := registry.provider(ARCHITECTURES_HOOK, name)).distribution != "mlsysim-core"}
+    family, _ = family_for(model, families, third_party)
+    _shapes.ModelShape.of(model, family)     # the shapes the profile needs, or a clear error now
+    notes = _shapes.parameter_check(model, family)     # parameters that contradict the shapes: an error or a warning
+    if not family.claims_model(model):     # no registered family models it: never costed as another
+        arch = model.architecture
+        raise NotModelledError(
+            "model.architecture", arch,
+            f"an architecture a registered family models ({', '.join(_architectures(families))}), e.g. "
+            f"{type(model).__name__}(..., architecture='llama') for Llama-style layers, or a model imported "
+            "from its config.json (mlsysim_core.hf.from_hf_config)",
+            (f"{model.name!r} gives no architecture" if not arch else
+             f"no registered family models {arch!r} (or its shapes do not fit the family that lists it)")
+            + ", so its layers (MLP, norms, positions, attention) are unknown; profile='reference' is the "
+            "textbook estimate from its sizes alone")
+    notes += _shapes.approximation_notes(model, family, families)    # what is costed as something else: said
+    if model.context_length is not None or seq_len > 1024:
+        notes += _shapes.sequence_check(model, seq_len, family)    # past a position table: an error
+    return family, notes
 
 
 def _loss_parallel(plan, value):

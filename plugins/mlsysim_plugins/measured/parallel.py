@@ -25,8 +25,9 @@ from mlsysim_core import _checks
 from mlsysim_core.plan import Placement
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, LayoutError
 from mlsysim_core.terms import BACKWARD_END, GRADIENTS, OPTIMIZER_STEP, MemoryTerm
+from .._evolve import evolve
 from .._lazy import lazy_module
-from ._cache import cached_terms
+from ._cache import kinds, layout_of, per_layout
 from .families import family_of
 from .layers import EXPERTS, REPLICATED, Part
 from .schedules import SCHEDULES
@@ -98,10 +99,16 @@ def layout_options(plan, schedules=None):
         raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule.name}'s default "
                           f"{v} model chunks per stage, or set virtual_stages",
                           f"{layers} layers in {p} x {v} chunks")
-    return attrs.evolve(plan, profile_options=attrs.evolve(o, pipeline_schedule=schedule, virtual_stages=v,
-                                                           expert_tp_size=None if expert_tp_size is None else etp,
-                                                           stage_layers=layers,
-                                                           offload=_offload(offload)))
+    return evolve(plan, profile_options=_laid_out(o, kinds(o), schedule, v, None if expert_tp_size is None else etp,
+                                                  layers, _offload(offload)))
+
+
+@memoize
+def _laid_out(o, o_kinds: tuple, pipeline_schedule, virtual_stages: int, expert_tp_size, stage_layers, offload):
+    """The options with the layout's (one object for the same values, whatever the batch: the
+    per-layout memos compare them by identity)."""
+    return evolve(o, pipeline_schedule=pipeline_schedule, virtual_stages=virtual_stages,
+                  expert_tp_size=expert_tp_size, stage_layers=stage_layers, offload=offload)
 
 
 def _tp_fits(t: int, heads: int, kv_heads: int) -> bool:
@@ -242,32 +249,39 @@ class RankClass:
         layers. The rules' shard factors stay as they are (integers); on a mixture-of-experts
         rank the experts' states shard over their own data-parallel group, so the divisor of
         the rank's parameters is a weighted one (``RankPlacement``, read with ``divisor``)."""
-        groups = rank_parameters(plan, self, placement)
-        dense, experts = groups["dense"], groups["experts"]
-        total = dense + experts
-        if not experts:
-            return attrs.evolve(placement, parameters_per_rank=total,
-                                trainable_parameters_per_rank=total * plan.trainable_fraction,
-                                layers_per_stage=self.layers)
-        edp = expert_data_parallel(plan, placement)
-        # A rule sharding over the whole data-parallel group of a stage (the dp x cp ranks the
-        # ZeRO/FSDP collectives span: the layout's devices) shards the experts over the whole
-        # expert-data-parallel group; a smaller group (HSDP) at most over that.
-        whole = plan.dp_size * plan.cp_size
+        return _rank_placement(self, layout_of(plan), placement)
 
-        def effective(factor):
-            if factor == 1:
-                return factor
-            expert_factor = edp if factor == whole else min(factor, edp)
-            return total / (dense / factor + experts / expert_factor)
 
-        return RankPlacement(
-            **{f.name: getattr(placement, f.name) for f in attrs.fields(type(placement))
-               if f.name in _PLACEMENT_FIELDS},
-            parameters_per_rank=total, trainable_parameters_per_rank=total * plan.trainable_fraction,
-            layers_per_stage=self.layers, weight_divisor=effective(placement.weight_shards),
-            gradient_divisor=effective(placement.gradient_shards),
-            optimizer_state_divisor=effective(placement.optimizer_state_shards))
+@memoize
+def _rank_placement(rank: RankClass, layout, placement):
+    """``RankClass.place``, kept per layout (a rank's parameters do not depend on the batch)."""
+    plan = layout.plan
+    groups = rank_parameters(plan, rank, placement)
+    dense, experts = groups["dense"], groups["experts"]
+    total = dense + experts
+    if not experts:
+        return attrs.evolve(placement, parameters_per_rank=total,
+                            trainable_parameters_per_rank=total * plan.trainable_fraction,
+                            layers_per_stage=rank.layers)
+    edp = expert_data_parallel(plan, placement)
+    # A rule sharding over the whole data-parallel group of a stage (the dp x cp ranks the
+    # ZeRO/FSDP collectives span: the layout's devices) shards the experts over the whole
+    # expert-data-parallel group; a smaller group (HSDP) at most over that.
+    whole = plan.dp_size * plan.cp_size
+
+    def effective(factor):
+        if factor == 1:
+            return factor
+        expert_factor = edp if factor == whole else min(factor, edp)
+        return total / (dense / factor + experts / expert_factor)
+
+    return RankPlacement(
+        **{f.name: getattr(placement, f.name) for f in attrs.fields(type(placement))
+           if f.name in _PLACEMENT_FIELDS},
+        parameters_per_rank=total, trainable_parameters_per_rank=total * plan.trainable_fraction,
+        layers_per_stage=rank.layers, weight_divisor=effective(placement.weight_shards),
+        gradient_divisor=effective(placement.gradient_shards),
+        optimizer_state_divisor=effective(placement.optimizer_state_shards))
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)
@@ -354,7 +368,14 @@ def rank_classes(plan, placement) -> tuple[RankClass, ...]:
     no other middle stage dominates in both layers and micro-batches in flight) and the last
     stage of the rules' placement (``placement.pipeline_stages``). Every tp x cp x dp rank
     inside a stage is alike (experts split evenly)."""
-    p, m, v = placement.pipeline_stages, plan.gradient_accumulation_steps, plan.profile_options.virtual_stages
+    return _rank_classes(layout_of(plan), plan.gradient_accumulation_steps, placement)
+
+
+@memoize
+def _rank_classes(layout, m: int, placement) -> tuple[RankClass, ...]:
+    """``rank_classes``, kept per layout and number of micro-batches ``m`` (what the stages hold)."""
+    plan = layout.plan
+    p, v = placement.pipeline_stages, plan.profile_options.virtual_stages
     counts = stage_layer_counts(plan, p)
     width = plan.tp_size * plan.cp_size * plan.dp_size       # (the devices of one stage: RankClass.ranks)
     flight = [in_flight(plan.profile_options.pipeline_schedule, p, i, m, v) for i in range(p)]
@@ -474,7 +495,7 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     return total, (" [" + "; ".join(how) + "]" if how else ""), plan.rank.in_flight
 
 
-@cached_terms
+@per_layout
 def rank_gradient_terms(plan, placement):
     """Gradients of one rank's trainable parameters. With more than one micro-batch per
     iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
