@@ -20,6 +20,7 @@ DATA = ROOT / "tests" / "data" / "launch"
 TT = "pytorch/torchtune v0.6.1 README.md"
 TT_PACKED = ["dataset.packed=True", "batch_size=2", "gradient_accumulation_steps=1", "compile=True"]
 LIT = "Lightning-AI/litgpt 26857050 config_hub/finetune/README.md"
+TITAN = "pytorch/torchtitan b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md"
 
 # (source and line, what was published, config file, overrides, gpus, hardware, metric, value, unit)
 ROWS = [
@@ -60,6 +61,12 @@ ROWS = [
      [*TT_PACKED, "tokenizer.max_seq_len=2048"], None, "rtx-4090", "peak (unspecified)", 7.4, "GiB"),
     (f"{LIT}:27", "llama-2-7b full, 4x A10G", "litgpt/finetune/llama-2-7b/full.yaml", [], None, "a10g", "OOM",
      None, ""),
+    # torchtitan's Table 1 "FSDP" row (no compile, no float8): Llama 3.1 8B, 8 GPUs, local batch 2, selective
+    # (per-op) AC; run at torchtitan 9dec370 with train_configs/llama3_8b.toml (batch_size 1 there, 2 in the
+    # table; its keys renamed in v0.2: training.batch_size -> training.local_batch_size). Its "Memory(GiB)" is
+    # torchtitan's logged max_reserved_gib: reserved, against the total less the CUDA context.
+    (f"{TITAN}:27", "Llama 3.1 8B FSDP (no compile), 8x H100 (96 GB)", "torchtitan/llama3/llama3_8b.toml",
+     ["training.local_batch_size=2"], 8, "h100", "reserved", 82.4, "GiB"),
 ]
 
 
@@ -67,8 +74,26 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
     from mlsysim_core.errors import MlsysimError
     from mlsysim_core.scenario import from_launch
     import attrs
+    path = DATA / file
+    if path.suffix == ".toml" and overrides:     # torchtitan takes no key=value overrides: the same TOML, edited,
+        import json                              # read as the JSON --job.save_config_file would write
+        import tempfile
+        import tomllib
+        document = tomllib.loads(path.read_text())
+        for item in overrides:
+            key, _, text = item.partition("=")
+            *parents, last = key.split(".")
+            table = document
+            for name in parents:
+                table = table.setdefault(name, {})
+            table[last] = int(text) if text.lstrip("-").isdigit() else text
+        edited = Path(tempfile.mkdtemp()) / (path.stem + ".json")
+        edited.write_text(json.dumps(document))
+        path, overrides_given = edited, []
+    else:
+        overrides_given = overrides
     try:
-        launch = from_launch([DATA / file], gpus=gpus, hardware=hardware, overrides=overrides)
+        launch = from_launch([path], gpus=gpus, hardware=hardware, overrides=overrides_given)
         result = launch.scenario.solve()
     except MlsysimError as err:
         field = getattr(err, "parameter", "?")
@@ -83,6 +108,10 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
     if metric in ("allocated", "active"):
         predicted = result.allocated_memory / scale
         label = "allocated"
+    elif metric == "reserved":       # reserved: the total less the CUDA context (not PyTorch's)
+        context = sum(t.nbytes for t in result.terms if t.component == "runtime_overheads" and t.label == "CUDA context")
+        predicted = (result.total_memory - context) / scale
+        label = "total less the CUDA context"
     else:
         predicted = result.total_memory / scale
         label = "total"
