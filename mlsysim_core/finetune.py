@@ -204,23 +204,10 @@ def _check_adapter_dtype(value):
                                 "(autocast_adapter_dtype=False: the base's dtype)")
 
 
-def _modules(value):
-    if isinstance(value, str):
-        value = (value,)
-    if isinstance(value, list):
-        value = tuple(value)
-    return () if value is None else value
-
-
 def _check_modules_to_save(instance, attribute, value):
-    allowed = "a tuple of module names (peft's modules_to_save: e.g. ('embed_tokens', 'lm_head'))"
-    if not isinstance(value, tuple):
-        raise InvalidInputTypeError("lora.modules_to_save", value, allowed, f"got {type(value).__name__}")
-    for name in value:
-        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
-            raise InvalidInputError("lora.modules_to_save", name, allowed + " (letters, digits, '_' and '.')")
-    if len(set(value)) != len(value):
-        raise InvalidInputError("lora.modules_to_save", value, "each module named once", "a module is listed twice")
+    if not isinstance(value, tuple) or len(set(value)) != len(value) or not all(
+            isinstance(n, str) and _MODULE_NAME.fullmatch(n) for n in value):
+        raise InvalidInputError("lora.modules_to_save", value, "distinct module names, e.g. ('embed_tokens', 'lm_head')")
 
 
 @attrs.frozen(kw_only=True)
@@ -239,11 +226,8 @@ class LoRAConfig:
     block size (64 in bitsandbytes). ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
     default; below 1): it changes the saved activations, not the counts. ``adapter_dtype``:
     ``"fp32"`` (peft's default ``autocast_adapter_dtype=True``: fp32 adapters over a 16-bit
-    base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype). ``use_dora``: peft's
-    DoRA (a trainable magnitude vector of ``out_features`` per adapted linear, counted with the
-    adapters). ``modules_to_save``: peft's ``modules_to_save``, whole modules trained beside the
-    adapters (a trainable copy of each, the original kept frozen): the token embedding and the LM
-    head, by the architecture's names (``embed_tokens``/``wte`` and ``lm_head``).
+    base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype). ``use_dora``: DoRA; ``modules_to_save``:
+    peft's trainable copies of the embedding (``embed_tokens``/``wte``) and the LM head (``lm_head``).
     """
 
     rank: int = attrs.field(default=16, converter=_checks.to_int, validator=_check_rank)
@@ -255,7 +239,8 @@ class LoRAConfig:
     dropout: float = attrs.field(default=0.0, converter=lambda v: _checks.fraction("lora.dropout", v))
     adapter_dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_adapter_dtype(v))
     use_dora: bool = attrs.field(default=False, validator=lambda i, a, v: _checks.flag("lora.use_dora", v))
-    modules_to_save: tuple[str, ...] = attrs.field(default=(), converter=_modules, validator=_check_modules_to_save)
+    modules_to_save: tuple[str, ...] = attrs.field(default=(), converter=lambda v: _targets(v) or (),
+                                                   validator=_check_modules_to_save)
 
     def __attrs_post_init__(self):
         if self.double_quant and self.quantization not in ("nf4", "fp4"):
@@ -286,9 +271,7 @@ class FineTuneCounts:
 
     ``per_module`` has one row per adapted linear kind:
     ``(module, in_features, out_features, LoRA parameters in one layer)``; for the experts
-    of a mixture the last number covers all ``experts`` copies. With DoRA the LoRA parameters
-    include the magnitude vector (``out_features`` per adapted linear). ``saved_modules``:
-    ``(module, parameters)`` of each ``modules_to_save`` copy (counted in ``trainable_parameters``).
+    of a mixture the last number covers all ``experts`` copies (with DoRA: and the magnitude vector).
     """
 
     trainable_parameters: int
@@ -298,7 +281,6 @@ class FineTuneCounts:
     quantized_weight_bytes: int
     quantization_constant_bytes: int
     per_module: tuple[tuple[str, int, int, int], ...]
-    # peft's modules_to_save: (module, parameters) of each trainable copy (in trainable_parameters)
     saved_modules: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -432,8 +414,7 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     layers, r = model.layers, config.rank
     _check_rank_fits(r, adapted)
     per_module = tuple((lin.module, lin.in_features, lin.out_features,
-                        lin.copies * adapter_parameters(r, lin.in_features, lin.out_features, config))
-                       for lin in adapted)
+                        lin.copies * adapter_parameters(lin, r, config)) for lin in adapted)
     saved = saved_modules(model, config, "wte" if arch == "gpt2" else "embed_tokens", "lm_head")
     trainable = layers * sum(row[3] for row in per_module) + sum(n for _, n in saved)
     adapted_params = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in adapted)
@@ -462,25 +443,18 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
                           quantization_constant_bytes=constant_bytes, per_module=per_module, saved_modules=saved)
 
 
-def adapter_parameters(rank: int, in_features: int, out_features: int, config: LoRAConfig) -> int:
-    """One adapted linear's trainable parameters: ``lora_A`` (r x in) and ``lora_B`` (out x r), and with
-    DoRA its magnitude vector (peft's ``lora_magnitude_vector``: one per output feature)."""
-    return rank * (in_features + out_features) + (out_features if config.use_dora else 0)
+def adapter_parameters(linear, rank: int, config: LoRAConfig) -> int:
+    """One linear's (``in_features``, ``out_features``): ``lora_A``, ``lora_B`` and with DoRA the magnitude."""
+    return rank * (linear.in_features + linear.out_features) + (linear.out_features if config.use_dora else 0)
 
 
 def saved_modules(model, config: LoRAConfig, embedding: str, lm_head: str) -> tuple[tuple[str, int], ...]:
-    """``(module, parameters)`` of each ``modules_to_save`` copy: the token embedding (named ``embedding``
-    by the architecture) and the LM head (``lm_head``), vocab x hidden each (a tied LM head too: peft copies
-    the module, the copy is its own parameter). Anything else is refused, naming the field."""
-    out = []
+    """``(module, vocab x hidden)`` per ``modules_to_save`` copy (tied too: its own parameter); others refused."""
     for name in config.modules_to_save:
         if name not in (embedding, lm_head):
-            raise NotModelledError("lora.modules_to_save", name, f"{embedding!r} (the token embedding) or "
-                                   f"{lm_head!r} (the LM head)",
-                                   f"a trainable copy of {name!r} is not modelled: only the embedding and the LM "
-                                   "head, whole modules outside the decoder layers")
-        out.append((name, _need(model, "vocab_size") * _need(model, "hidden_dim")))
-    return tuple(out)
+            raise NotModelledError("lora.modules_to_save", name, f"{embedding!r} (the embedding) or {lm_head!r}",
+                                   f"a trainable copy of {name!r} is not modelled")
+    return tuple((n, _need(model, "vocab_size") * _need(model, "hidden_dim")) for n in config.modules_to_save)
 
 
 # Linears whose output is a handful of gate values (the MoE router, Qwen's shared-expert

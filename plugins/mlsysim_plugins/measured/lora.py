@@ -391,7 +391,7 @@ def generic_counts(shape, config) -> finetune.FineTuneCounts:
     finetune._check_rank_fits(r, [finetune._Linear(lin.module, lin.in_features, lin.out_features, 1, frozenset())
                                   for lin in adapted])
     per_module = tuple((lin.module, lin.in_features, lin.out_features,
-                        finetune.adapter_parameters(r, lin.in_features, lin.out_features, config)) for lin in adapted)
+                        finetune.adapter_parameters(lin, r, config)) for lin in adapted)
     saved = finetune.saved_modules(shape.model, config, shape.family.embedding_module, shape.family.lm_head_module)
     quantized = weight_bytes = constant_bytes = 0
     if config.quantization is not None:
