@@ -525,8 +525,8 @@ def _config(value) -> LoRAConfig:
             raise InvalidInputError("lora.rank", None, "an integer >= 1: the adapters' rank, e.g. {'rank': 16}",
                                     f"lora={_shown_dict(value)} has no rank; a dict of LoRAConfig fields must name it")
         value = dict(value)
-        if isinstance(value.get("target_modules"), str):     # "all-linear" or one name
-            value["target_modules"] = [value["target_modules"]]
+        for key in [k for k in ("target_modules", "modules_to_save") if isinstance(value.get(k), str)]:
+            value[key] = [value[key]]     # "all-linear" or one name
         return structure_options("lora", "lora", LoRAConfig, value)
     raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
 

@@ -220,6 +220,19 @@ def test_defaults_are_off():
     assert config.use_dora is False and config.modules_to_save == ()
 
 
+def test_the_fields_as_a_dict_and_their_errors():
+    from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
+    from mlsysim_core.finetune import _config
+    assert _config({"rank": 8, "modules_to_save": "lm_head"}).modules_to_save == ("lm_head",)
+    assert _config({"rank": 8, "modules_to_save": ["embed_tokens", "lm_head"], "use_dora": True}).use_dora is True
+    with pytest.raises(InvalidInputError) as e:
+        _config({"rank": 8, "modules_to_save": ["lm_head", "lm_head"]})
+    assert e.value.parameter == "lora.modules_to_save"
+    with pytest.raises(InvalidInputTypeError) as e:
+        _config({"rank": 8, "use_dora": "yes"})
+    assert e.value.parameter == "lora.use_dora"
+
+
 def test_the_table_in_the_docs_is_current():
     import importlib.util
     spec = importlib.util.spec_from_file_location("report_lora_variants", ROOT / "validation" / "report_lora_variants.py")
