@@ -106,6 +106,8 @@ CONFIGS = [
     # (refused by the profile: the copies stay bf16 while peft casts the adapters to fp32; measured to show it)
     _cfg("mts-qwen3-tiny-bf16-r16-qkvo-embed-lmhead-bf16adapters-b2-s256", "qwen3-tiny", 2, 256, rank=16,
          targets=QKVO, regime="bf16", modules_to_save=["embed_tokens", "lm_head"], adapter_dtype="base"),
+    _cfg("mts-gpt2-tiny-fp32-r8-cattn-wte-lmhead-b2-s128", "gpt2-tiny", 2, 128, rank=8, targets=["c_attn"],
+         modules_to_save=["wte", "lm_head"]),
     _cfg("mts-gqa-tiny-amp-r8-qv-lmhead-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
          modules_to_save=["lm_head"]),
     # torchtune's chunked cross-entropy over a LoRA model (the LM head frozen)
