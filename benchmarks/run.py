@@ -69,6 +69,7 @@ def bench_solve(results: dict) -> None:
     model, hardware, args, kwargs = MEASURED_CASES["measured, Llama-3.1-8B, H100, B=8, s=2048"]
     results["solve: measured, Llama-3.1-8B, H100, B=8, s=2048, catalog names"] = _median_per_call(
         lambda: measured.solve(model, hardware, *args, **kwargs), 500)
+    bench_uncached(results, measured)
     # The reference implementation, on the same inputs, if installed here.
     try:
         from mlsysim import Hardware, Models
@@ -82,6 +83,26 @@ def bench_solve(results: dict) -> None:
         m, h = paths[model], paths[hardware]
         results[f"reference mlsysim 0.3.0 solve: {name}"] = _median_per_call(
             lambda: ref.solve(m, h, *args, **kwargs), 300)
+
+
+UNCACHED = dict(tp_size=2, pp_size=2, dp_size=8, zero_stage=2)     # benchmarks/uncached.py's layout (issue 27, item 5)
+
+
+def bench_uncached(results: dict, measured) -> None:
+    """What a measured solve costs when the memo cannot answer it (Llama-3.1-8B, H100, tp2 pp2 dp8
+    ZeRO-2, s=2048): a batch size not seen before on a layout seen before (what a sweep or a search
+    pays: the per-layout memos answer what does not depend on the batch), and a layout never seen
+    before (a new sequence length every call: nothing kept applies), beside the memo hit above."""
+    from mlsysim_core.catalog import get_hardware, get_model
+    m, h = get_model("llama3-8b"), get_hardware("h100")
+    batches = iter(range(10**6, 10**9))
+    results["solve: measured, tp2 pp2 dp8 ZeRO-2, a new batch size every call (uncached)"] = _median_per_call(
+        lambda: measured.solve(m, h, 16 * next(batches), 2048, **UNCACHED), 200)
+    lengths = iter(range(1024, 10**9, 8))
+    results["solve: measured, tp2 pp2 dp8 ZeRO-2, a layout never seen before (new seq_len)"] = _median_per_call(
+        lambda: measured.solve(m, h, 16, next(lengths), **UNCACHED), 100, repeat=5)
+    results["solve: measured, tp2 pp2 dp8 ZeRO-2, repeated (a memo hit)"] = _median_per_call(
+        lambda: measured.solve(m, h, 16, 2048, **UNCACHED), 500)
 
 
 def bench_import(results: dict, runs: int = 9) -> None:

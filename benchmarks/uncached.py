@@ -1,7 +1,10 @@
 """The uncached solve that issue 24's speed target names: Llama-3.1-8B on an H100, tp2 pp2 dp8
 ZeRO-2, every call at a batch size not seen before (no memo hit), after one warm-up solve.
 
-    python benchmarks/uncached.py PROFILE N      # PROFILE: reference or measured
+    python benchmarks/uncached.py PROFILE N [layout]    # PROFILE: reference or measured
+
+With ``layout``, every call is a layout never seen before instead (a new sequence length:
+none of the per-layout memos applies), the other figure ``benchmarks/run.py`` reports.
 
 Count it with callgrind, twice, and take the difference (imports and plugin loading cancel):
 
@@ -19,14 +22,17 @@ from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.catalog import get_hardware, get_model
 
 
-def main(profile: str, n: int) -> None:
+def main(profile: str, n: int, new_layouts: bool = False) -> None:
     model, gpu = get_model("llama3-8b"), get_hardware("h100")
     layout = dict(tp_size=2, pp_size=2, dp_size=8, zero_stage=2)
     solver = TrainingMemoryModel(profile)
     solver.solve(model, gpu, 16, 2048, **layout)          # warm-up: plugins loaded
     for i in range(n):
-        solver.solve(model, gpu, 16 * (i + 2), 2048, **layout)
+        if new_layouts:
+            solver.solve(model, gpu, 16, 2056 + 8 * i, **layout)
+        else:
+            solver.solve(model, gpu, 16 * (i + 2), 2048, **layout)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["layout"])

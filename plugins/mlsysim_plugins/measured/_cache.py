@@ -63,7 +63,17 @@ def same_object_first(cls):
     return cls
 
 
-layout_of = memoize(Layout)
+_last: tuple = (None, None)     # (a plan, its Layout): a rank's pipeline asks for the same plan's several times
+
+
+def layout_of(plan) -> Layout:
+    """The plan's ``Layout``, made once per plan object (the last one asked for is kept)."""
+    global _last
+    last_plan, layout = _last
+    if plan is not last_plan:
+        layout = Layout(plan)
+        _last = (plan, layout)
+    return layout
 
 
 @functools.cache

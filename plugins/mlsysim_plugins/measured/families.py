@@ -273,11 +273,7 @@ class ArchitectureFamily:
         """``kernel``'s attention formula for this family's layout, as a callable of keywords.
         A family's own formula (``attention_layouts``) also gets ``device`` (``"cuda"`` or
         ``"cpu"``): CPU SDPA falls back to the math kernel for layouts a GPU runs fused."""
-        if not any(name == self.attention_layout for name, _ in kernel.layouts) and kernel.computes:
-            for computes, formula in self.attention_layouts:
-                if computes == kernel.computes:     # what the kernel declares it computes, never its name
-                    return functools.partial(_own_attention, formula, device=device)
-        return functools.partial(kernel.saved, self.attention_layout)
+        return _attention_of(self, kernel, device)
 
     def conformance_failures(self, models) -> tuple[str, ...]:
         """What the conformance kit (``mlsysim_core.testing``) reports about this family: for each of
@@ -307,6 +303,15 @@ class ArchitectureFamily:
     def adjusted(self, kind: str, plan, placement, terms: list) -> list:
         """``terms`` as the family changes them (``adjust_terms``), else as they are."""
         return terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
+
+
+@memoize     # (every solve walks a layer with it)
+def _attention_of(family: ArchitectureFamily, kernel: AttentionKernel, device: str) -> Callable[..., tuple]:
+    if not any(name == family.attention_layout for name, _ in kernel.layouts) and kernel.computes:
+        for computes, formula in family.attention_layouts:
+            if computes == kernel.computes:     # what the kernel declares it computes, never its name
+                return functools.partial(_own_attention, formula, device=device)
+    return functools.partial(kernel.saved, family.attention_layout)
 
 
 # --- what a family derives from its layer weights ------------------------------------------------------

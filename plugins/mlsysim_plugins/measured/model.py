@@ -386,7 +386,7 @@ def _fraction(instance, attribute, value):
     _checks.fraction(f"runtime_overheads.{attribute.name}", value)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class RuntimeOverheads:
     """Memory a CUDA process uses beyond its tensors. None of it appears in
     ``torch.cuda.max_memory_allocated`` (or in MemTracker); all of it counts against the

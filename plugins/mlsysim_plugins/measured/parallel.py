@@ -224,7 +224,7 @@ def _offload(value) -> tuple[tuple[str, str], ...]:
 
 # --- rank classes -------------------------------------------------------------------------
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)     # (memo keys hash it: once per object)
 class RankClass:
     """One kind of rank of a parallel layout: a pipeline stage (or the stages that are
     alike) with every tensor-, context-, expert- and data-parallel rank inside it.

@@ -15,7 +15,7 @@ from mlsysim_core import hookimpl
 from mlsysim_core.errors import NotModelledError
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class Regime:
     """How one training regime stores and computes.
 

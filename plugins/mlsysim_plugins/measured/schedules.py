@@ -17,7 +17,7 @@ import attrs
 from mlsysim_core import hookimpl
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class PipelineSchedule:
     """``virtual_stages``: the default number of model chunks per rank; ``chunked``: the
     schedule takes more than one (``virtual_stages=`` is refused otherwise)."""
