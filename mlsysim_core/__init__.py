@@ -13,8 +13,7 @@ import pluggy as _pluggy
 from .errors import (InvalidInputError, InvalidInputTypeError, LayoutError, MlsysimError, NotInstalledError,
                      NotModelledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError)
 from .hookspecs import PROJECT as _PROJECT
-from .specs import (CheckpointingSpec, Collective, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec,
-                    SplitSoFar, StepTimeSpec)
+from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingEffect, ShardingRuleSpec, SplitSoFar
 from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, COMPONENTS,
                     FORWARD, GRADIENTS, HOST, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, RUNTIME_OVERHEADS,
                     WEIGHTS, MemoryTerm)
@@ -37,7 +36,9 @@ __version__ = "0.1.0"
 # removed (a profile's callables name a field or a dotted key of the specs' new ``extensions``: the measured
 # profile's "measured.state_terms", ...); TrainingMemoryResult.regime is ``details`` (ProfileSpec.details).
 # 3.1: a hook-spec module's REGISTRATION_HOOK_TYPES are collected (registry.extensions); the launch formats'
-# hook and LaunchFormatSpec moved to the plugin that owns them, mlsysim_plugins.launch (the old name warns).
+# and the step time's hooks moved to the plugins that own them (mlsysim_plugins.launch: LaunchFormatSpec;
+# mlsysim_plugins.steptime_hookspecs: StepTimeSpec, Collective; the old names warn), a rule's collectives
+# to its extensions["steptime.collectives"].
 PLUGIN_API_VERSION = (3, 1)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
@@ -46,7 +47,8 @@ _LAZY = {"estimate": "scenario", "TrainingMemoryModel": "solver", "TrainingMemor
 
 
 # Moved out of the core to the plugins that own them (still importable from here, with a warning).
-_MOVED = {"LaunchFormatSpec": "mlsysim_plugins.launch"}
+_MOVED = {"LaunchFormatSpec": "mlsysim_plugins.launch", "StepTimeSpec": "mlsysim_plugins.steptime_hookspecs",
+          "Collective": "mlsysim_plugins.steptime_hookspecs"}
 
 
 def __getattr__(name):
@@ -66,7 +68,7 @@ __all__ = [
     "estimate", "hookimpl", "PLUGIN_API_VERSION", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingPlan", "Placement",
     "PluginManager", "get_plugin_manager", "TransformerWorkload", "SparseTransformerWorkload", "HardwareNode",
     "MemoryTerm", "OptimizerSpec", "CheckpointingSpec", "ShardingRuleSpec", "ShardingEffect", "SplitSoFar",
-    "ProfileSpec", "Collective", "StepTimeSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
+    "ProfileSpec", "WEIGHTS", "GRADIENTS", "OPTIMIZER_STATE", "ACTIVATIONS", "COMMUNICATION_BUFFERS",
     "RUNTIME_OVERHEADS", "COMPONENTS", "FORWARD", "BACKWARD", "BACKWARD_END", "OPTIMIZER_STEP", "PHASES",
     "ACCELERATOR", "HOST", "MlsysimError", "InvalidInputError", "InvalidInputTypeError", "LayoutError",
     "NotModelledError", "NotInstalledError", "PluginError", "PluginLoadError", "PluginConflictError",

@@ -11,7 +11,7 @@ import pluggy
 if TYPE_CHECKING:
     from .catalog import CatalogEntry
     from .plan import Placement, TrainingPlan
-    from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
+    from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
     from .terms import MemoryTerm
 
 PROJECT = "mlsysim"
@@ -46,14 +46,6 @@ def mlsysim_sharding_rules() -> Iterable[ShardingRuleSpec]:
 @_hookspec
 def mlsysim_profiles() -> Iterable[ProfileSpec]:
     """Register named profiles (a set of component plugins and a combine rule)."""
-
-
-@_hookspec
-def mlsysim_step_time_models() -> Iterable[StepTimeSpec]:
-    """Register named step-time models (what ``search`` ranks layouts by).
-
-    .. versionadded:: plugin API 2.5
-    """
 
 
 # --- component hooks ----------------------------------------------------------------------
@@ -95,7 +87,6 @@ def mlsysim_runtime_overhead_terms(plan: TrainingPlan, placement: Placement,
 
 
 REGISTRATION_HOOKS = ("mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
-                      "mlsysim_step_time_models",
                       "mlsysim_profiles")
 COMPONENT_HOOKS = {"weights": "mlsysim_weight_terms", "gradients": "mlsysim_gradient_terms",
                    "optimizer_state": "mlsysim_optimizer_state_terms", "activations": "mlsysim_activation_terms",

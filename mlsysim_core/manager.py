@@ -19,10 +19,8 @@ import pluggy
 
 from . import hookspecs
 from .errors import NotInstalledError, PluginConflictError, PluginContractError, PluginError, PluginLoadError
-from .registry import (CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, ComponentImpl,
-                       PluginInfo, Registry)
-from .specs import (AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec,
-                    StepTimeSpec)
+from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, ComponentImpl, PluginInfo, Registry
+from .specs import AXES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 ENTRY_POINT_GROUP = "mlsysim_core"
 OWN_DISTRIBUTION = "mlsysim-core"
@@ -32,8 +30,7 @@ ENV_DISABLED_PLUGINS = "MLSYSIM_DISABLED_PLUGINS"
 _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
                  "mlsysim_checkpointing_strategies": (CHECKPOINTING, CheckpointingSpec),
                  "mlsysim_sharding_rules": (SHARDING, ShardingRuleSpec),
-                 "mlsysim_profiles": (PROFILE, ProfileSpec),
-                 "mlsysim_step_time_models": (STEP_TIME, StepTimeSpec)}
+                 "mlsysim_profiles": (PROFILE, ProfileSpec)}
 
 
 class PluginWarning(UserWarning):
@@ -336,7 +333,7 @@ class PluginManager(pluggy.PluginManager):
                            for hook in hookspecs.COMPONENT_HOOKS.values()}
         plugins = {name: self.info(name) for name, plugin in sorted(self.list_name_plugin()) if plugin is not None}
         registry = Registry(optimizers=tables[OPTIMIZER], checkpointing=tables[CHECKPOINTING],
-                        sharding_rules=tables[SHARDING], profiles=tables[PROFILE], step_time_models=tables[STEP_TIME],
+                        sharding_rules=tables[SHARDING], profiles=tables[PROFILE],
                         providers=providers, component_impls=component_impls, plugins=plugins,
                         rules_by_axis={axis: {n: s for n, s in tables[SHARDING].items() if s.axis == axis}
                                        for axis in AXES},

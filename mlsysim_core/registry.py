@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Mapping
 import attrs
 
 from .errors import InvalidInputError, InvalidInputTypeError
-from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, StepTimeSpec
+from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -44,7 +44,6 @@ OPTIMIZER = "optimizer"
 CHECKPOINTING = "activation checkpointing strategy"
 SHARDING = "sharding rule"
 PROFILE = "profile"
-STEP_TIME = "step-time model"
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -59,7 +58,6 @@ class Registry:
     rules_by_axis: Mapping[str, Mapping[str, ShardingRuleSpec]] = attrs.field(factory=dict)
     broken: Mapping[str, Exception] = attrs.field(factory=dict)   # plugin -> its error (survey() only)
     extensions: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict)   # plugins' own hooks' items
-    step_time_models: Mapping[str, StepTimeSpec] = attrs.field(factory=dict)
 
     def rules_for_axis(self, axis: str) -> Mapping[str, ShardingRuleSpec]:
         return self.rules_by_axis.get(axis, {})
@@ -71,7 +69,7 @@ class Registry:
         """``value`` as the canonical name of an installed spec of ``kind`` (``resolve_name``);
         the error lists each choice with its provider. ``choices``: a subset (an axis' rules)."""
         pool = {OPTIMIZER: self.optimizers, CHECKPOINTING: self.checkpointing, SHARDING: self.sharding_rules,
-                PROFILE: self.profiles, STEP_TIME: self.step_time_models}[kind] if choices is None else choices
+                PROFILE: self.profiles}[kind] if choices is None else choices
         if type(value) is str and value in pool:     # already canonical: every solve's case, kept cheap
             return value
         label = {OPTIMIZER: "an installed optimizer: ", SHARDING: "an installed sharding rule: "}.get(kind, "one of: ")

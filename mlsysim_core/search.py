@@ -440,9 +440,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                   or not value > 0 or math.isinf(value)):
             raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
     allow_cross_node_tp = _checks.flag("allow_cross_node_tp", allow_cross_node_tp)
-    models = registry.step_time_models      # (the step time's physics is a plugin's)
-    timer = models[_checks.name("step_time_model", step_time_model or (next(iter(models)) if len(models) == 1
-                                                                        else "roofline"), models)]
+    timer = step_time_model_named(registry, step_time_model)      # (the step time's physics is a plugin's)
     timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
                            "inter_node_bandwidth": network_bandwidth}, calibration)
     cp_allowed = None
@@ -1129,9 +1127,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
             pipeline_schedule = "interleaved-1f1b"
     if pipeline_schedule is not None:
         options["pipeline_schedule"] = pipeline_schedule
-    models = registry.step_time_models
-    timer = models[_checks.name("step_time_model", step_time_model or (next(iter(models)) if len(models) == 1
-                                                                        else "roofline"), models)]
+    timer = step_time_model_named(registry, step_time_model)
     timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
                            "inter_node_bandwidth": network_bandwidth}, calibration)
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
@@ -1196,3 +1192,18 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                            devices=devices, recompute=recompute, compiled=compiled, float8=float8,
                            async_tp=async_tp, ep_overlap=ep_overlap),
             "assumptions": timing["assumptions"]}
+
+
+STEP_TIME_HOOK = "mlsysim_step_time_models"     # the hook, added by the built-in plugin ``steptime``
+
+
+def step_time_model_named(registry, name: str | None):
+    """The registered step-time model ``name`` (``StepTimeSpec``, mlsysim_plugins.steptime_hookspecs);
+    None: the only one installed, else ``roofline``. None installed is an error saying so."""
+    models = registry.extensions.get(STEP_TIME_HOOK, {})
+    if not models:
+        raise InvalidInputError("step_time_model", name, "an installed step-time model: (none installed)",
+                                "the planner needs one (the built-in plugin 'steptime' registers 'roofline'; "
+                                "is it blocked?)")
+    default = next(iter(models)) if len(models) == 1 else "roofline"
+    return models[_checks.name("step_time_model", name or default, models)]

@@ -42,10 +42,6 @@ _optional_callable = attrs.field(default=None, validator=_callable)
 _extensions = attrs.field(factory=dict, converter=lambda value: FrozenMap(value or {}))
 
 
-def _among(*allowed, default=attrs.NOTHING):
-    return attrs.field(default=default, validator=attrs.validators.in_(allowed))
-
-
 # What a checkpointing strategy recomputes, as it declares it (CheckpointingSpec.recomputes).
 RECOMPUTES = ("nothing", "layers", "part")
 
@@ -169,34 +165,6 @@ class SplitSoFar:
 
 
 @attrs.frozen(kw_only=True)
-class Collective:
-    """One collective a sharding rule runs, declared for the step time (plugin API 2.5; the
-    step-time model sizes and times it, docs/planner.md). ``kind``: a ``ring-pass`` is n-1 sends
-    of the buffer around the group (ring attention). ``volume``: what one call moves per rank:
-    ``gradients`` (the rank's parameter shard), ``activations`` (a micro-batch's hidden states),
-    ``kv`` (its keys and values), ``routed`` (its tokens x experts per token x hidden); ``shard``: a
-    group whose size divides it. ``group``: an axis (``pp``: neighbouring stages, ``dp``: dp x cp
-    ranks), ``dp-node`` (those inside one node) or ``dp-across`` (one per node). ``per``: ``layer``
-    (``forward`` calls per forward of each layer, recomputed ones included, ``backward`` per
-    backward), ``micro-batch`` or ``step`` (``forward + backward`` calls). ``overlaps``: the
-    compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
-    ``attention``), None: on the critical path. ``in_network``: a switch that reduces in the
-    network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
-    share is not hidden. ``sequence_parallel``: only with (True) or without (False) it."""
-    kind: str = _among("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "ring-pass")
-    volume: str = _among("gradients", "activations", "kv", "routed")
-    group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across")
-    per: str = _among("layer", "micro-batch", "step")
-    forward: int = 0
-    backward: int = 0
-    overlaps: str | None = _among(None, "forward", "backward", "attention", default=None)
-    shard: str | None = _among(None, "dp-node", default=None)
-    in_network: bool = True
-    first_layer_exposed: bool = False
-    sequence_parallel: bool | None = None
-
-
-@attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
     """A named sharding rule for one axis: ``apply(plan, options) -> ShardingEffect`` (a third parameter
     receives ``SplitSoFar``; rules run in axis order), raising ``LayoutError`` for an impossible layout."""
@@ -206,10 +174,6 @@ class ShardingRuleSpec:
     apply: Callable[..., ShardingEffect] = attrs.field(validator=_callable)
     options_type: type | None = _options
     extensions: Mapping[str, object] = _extensions
-    collectives: tuple[Collective, ...] | None = attrs.field(default=None,
-                                                             converter=attrs.converters.optional(tuple))
-    """What the rule communicates, declared for a step-time model (``Collective``s; None: nothing
-    declared, which the step-time model says and times as it documents). Plugin API 2.5."""
 
 
 # Which callable of each selected spec a profile calls (ProfileSpec.callables): the textbook's.
@@ -288,18 +252,3 @@ class ProfileSpec:
     details: Callable | None = _optional_callable
     """``details(plan) -> {str: str}``: what a result says about the run beyond the core's fields
     (``TrainingMemoryResult.details``; the measured profile's ``{"regime": ...}``). Plugin API 3.0."""
-
-
-@attrs.frozen(kw_only=True)
-class StepTimeSpec:
-    """A named step-time model, which ``search`` ranks the layouts that fit by (plugin API 2.5):
-    ``check(hardware, overrides, calibration)`` refuses what it cannot time before anything is
-    solved; ``prepare(**run) -> timing`` once per search (a mapping: ``search`` reads its
-    ``calibrated``, ``notes``, ``assumptions``, ``flops_per_token``, ``peak``, ``idle`` and ``chunks``);
-    ``time(timing, **layout) -> {component: seconds, "step": total}`` per layout; ``components``."""
-    name: str = _name_field
-    description: str = _description
-    check: Callable = attrs.field(validator=_callable)
-    prepare: Callable = attrs.field(validator=_callable)
-    time: Callable = attrs.field(validator=_callable)
-    components: tuple[str, ...] = attrs.field(default=(), converter=tuple)

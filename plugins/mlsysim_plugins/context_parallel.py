@@ -10,8 +10,9 @@ divides by cp. Two rules for the ``cp`` axis:
 Parameters are replicated over cp (the ZeRO rules shard over dp x cp, as Megatron's
 distributed optimizer does)."""
 
-from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, Collective, LayoutError, MemoryTerm,
+from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -67,7 +68,7 @@ RING = (Collective(kind="ring-pass", volume="kv", group="cp", per="layer", forwa
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, collectives=RING,
+    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, extensions={STEPTIME_COLLECTIVES: RING},
                              description="activations / cp (sequence split); ring-attention K/V buffers"),
             ShardingRuleSpec(name="cp-ulysses", axis="cp", apply=apply_ulysses,
                              description="activations / cp (sequence split); Ulysses all-to-all q/k/v/output buffers")]

@@ -2,7 +2,8 @@
 (an approximation: dense weights are really replicated). Only mixture-of-experts models
 can use it, and with at most one rank per expert."""
 
-from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -43,6 +44,6 @@ COLLECTIVES = (Collective(kind="all-to-all", volume="routed", group="ep", per="l
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, extensions={"measured.buffer_terms": all_to_all},
-                             collectives=COLLECTIVES,
+    return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, extensions={"measured.buffer_terms": all_to_all,
+                                                                           STEPTIME_COLLECTIVES: COLLECTIVES},
                              description="parameters / ep (mixture-of-experts models only)")]

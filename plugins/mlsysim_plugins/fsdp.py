@@ -12,7 +12,8 @@ unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
 
 import attrs
 
-from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -113,18 +114,16 @@ def mlsysim_sharding_rules():
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FsdpGatherOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
-                                     "search.unsharded_at_one_rank": True},
-                         collectives=FULL_SHARD,
+                                     "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: FULL_SHARD},
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op,
                          extensions={"measured.buffer_terms": grad_op_buffers, "explain.label": "FSDP (SHARD_GRAD_OP)",
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
-                                     "search.unsharded_at_one_rank": True},
-                         collectives=SHARD_GRAD_OP,
+                                     "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: SHARD_GRAD_OP},
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers,
-                                     "search.unsharded_at_one_rank": True}, collectives=HYBRID_SHARD,
+                                     "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: HYBRID_SHARD},
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import attrs
 
-from mlsysim_core import Collective, LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.memo import memoize
 from mlsysim_core.terms import OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, MemoryTerm
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 NAME = "mcore-distopt"
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -138,11 +139,11 @@ DDP_COLLECTIVES = (_dp("all-reduce", "backward"),)
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(
-        name="mcore-ddp", axis="dp", apply=ddp_apply, options_type=DDPOptions, collectives=DDP_COLLECTIVES,
-        extensions={"search.unsharded_at_one_rank": True},
+        name="mcore-ddp", axis="dp", apply=ddp_apply, options_type=DDPOptions,
+        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: DDP_COLLECTIVES},
         description="Megatron-Core DDP (no distributed optimizer): nothing sharded; gradients all-reduced in "
                     "place in the main-grad buffer (no bucket copies)"), ShardingRuleSpec(
-        name=NAME, axis="dp", apply=apply, options_type=DistOptOptions, collectives=COLLECTIVES,
-        extensions={"search.unsharded_at_one_rank": True},
+        name=NAME, axis="dp", apply=apply, options_type=DistOptOptions,
+        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: COLLECTIVES},
         description="Megatron-Core distributed optimizer: fp32 master weights and Adam state / dp; the whole "
                     "main-grad buffer on every rank (6 + 12/d B per parameter, bf16 weights, fp32 grads)")]

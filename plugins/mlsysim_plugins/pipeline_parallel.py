@@ -3,8 +3,9 @@ a stage, and one send plus one receive buffer of a boundary activation (2*b*s*h 
 
 import math
 
-from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, Collective, LayoutError, MemoryTerm,
+from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -40,5 +41,5 @@ COLLECTIVES = (Collective(kind="send-recv", volume="activations", group="pp", pe
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply, collectives=COLLECTIVES,
+    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply, extensions={STEPTIME_COLLECTIVES: COLLECTIVES},
                              description="parameters / pp; ceil(layers/pp) layers per stage; p2p buffers")]

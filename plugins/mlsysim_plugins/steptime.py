@@ -12,7 +12,7 @@ The model (docs/planner.md derives each line; all per rank of the slowest pipeli
                 under sequence parallelism
     kernels   = kernel count x kernel_overhead  (launch and tail time every kernel pays)
     tp, cp, ep, p2p = the collectives the tensor, context, expert and pipeline rules declare
-                (ShardingRuleSpec.collectives; see _collectives), each built-in's:
+                (extensions["steptime.collectives"]; see declarations), each built-in's:
         tp    (4 + 2r) collectives of T h bytes per layer (all-reduces, or all-gather +
                 reduce-scatter pairs under SP: a ring's volume), on the critical path; a
                 switch that reduces in the network (NVLink SHARP) sends an all-reduce's
@@ -57,7 +57,9 @@ from typing import Mapping
 
 import attrs
 
-from mlsysim_core import Collective, InvalidInputError, InvalidInputTypeError, StepTimeSpec, hookimpl
+from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
+from mlsysim_plugins import steptime_hookspecs
+from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives
 
 
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
@@ -473,9 +475,9 @@ def declarations(registry=None) -> tuple[dict, dict]:
         from mlsysim_core.manager import get_plugin_manager
         registry = get_plugin_manager().registry
     from mlsysim_core.specs import DATA, DEFAULT_RULES
-    axes = {axis: registry.sharding_rules[name].collectives or () for axis, name in DEFAULT_RULES.items()
+    axes = {axis: collectives(registry.sharding_rules[name]) or () for axis, name in DEFAULT_RULES.items()
             if name in registry.sharding_rules}
-    return axes, {name: spec.collectives for name, spec in registry.rules_for_axis(DATA).items()}
+    return axes, {name: collectives(spec) for name, spec in registry.rules_for_axis(DATA).items()}
 
 
 def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str, recompute: float,
@@ -689,6 +691,11 @@ def summary(parts: dict, *, tokens: int, devices: int, fig: dict, seq_len: int, 
     step = parts["step"]
     return {"step_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_device": tokens / step / devices,
             "mfu": model_flops_per_token(fig, seq_len) * tokens / (step * devices * peak)}
+
+
+@hookimpl
+def mlsysim_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(steptime_hookspecs)      # the planner's hook, this plugin's own
 
 
 @hookimpl

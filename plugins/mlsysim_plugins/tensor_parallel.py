@@ -1,7 +1,8 @@
 """Tensor parallelism (Megatron): every parameter split over tp ranks; with sequence
 parallelism, activations too (Korthikanti Table 2: everything divides by t)."""
 
-from mlsysim_core import Collective, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -25,5 +26,5 @@ COLLECTIVES = tuple(Collective(kind="all-reduce", volume="activations", group="t
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="tp", axis="tp", apply=apply, collectives=COLLECTIVES,
+    return [ShardingRuleSpec(name="tp", axis="tp", apply=apply, extensions={STEPTIME_COLLECTIVES: COLLECTIVES},
                              description="parameters / tp; activations / tp with sequence parallelism")]

@@ -6,7 +6,8 @@ weights. ``zero_stage`` selects ``zero<stage>``; each stage is one data-parallel
 
 import attrs
 
-from mlsysim_core import Collective, ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_core import ShardingEffect, ShardingRuleSpec, hookimpl
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 from mlsysim_core.memo import memoize
 
@@ -96,6 +97,6 @@ def mlsysim_sharding_rules():
                              description=f"ZeRO-{stage}: {WHAT[stage]}", options_type=OPTIONS.get(stage),
                              extensions={"measured.buffer_terms": MEASURED_BUFFERS.get(stage),
                                          "explain.shards": EXPLAIN_SHARDS[stage], "explain.label": f"ZeRO-{stage}",
-                                         "search.unsharded_at_one_rank": stage > 0},
-                             collectives=COLLECTIVES[stage])
+                                         "search.unsharded_at_one_rank": stage > 0,
+                                         STEPTIME_COLLECTIVES: COLLECTIVES[stage]})
             for stage in range(4)]

@@ -13,6 +13,7 @@ from mlsysim_core import (CheckpointingSpec, HardwareNode, InvalidInputError, Tr
                           TransformerWorkload, hookimpl, search)
 from mlsysim_core.manager import PluginManager
 from mlsysim_plugins import steptime
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES, collectives
 
 ROOT = Path(__file__).resolve().parents[2]
 CAL = attrs.evolve(steptime.DEFAULT, intra_link=0.5, inter_link=0.8, latency=0.0, hop_intra=0.0, hop_inter=0.0,
@@ -39,14 +40,14 @@ def test_ring_collectives_and_overlap():
 
 
 def test_data_parallel_rules_by_hand(solver):
-    """Each built-in data-parallel rule's declared collectives (ShardingRuleSpec.collectives), timed."""
+    """Each built-in data-parallel rule's declared collectives (extensions["steptime.collectives"]), timed."""
     cal = attrs.evolve(CAL, overlap_sm_share=0.0)
     rules = solver.registry.sharding_rules
 
     def dp(name, d=4):
         size = dict(groups={"dp": (d, 1), "dp-node": (min(d, 8), 1), "dp-across": (d // min(d, 8), min(d, 8))},
                     volumes={"gradients": (4e9,)}, node=8, hw={"intra": 2e9, "inter": 50e9}, cal=cal, sp=False)
-        return steptime._data_parallel(rules[name].collectives, 3, 10, {"forward": 1.0, "backward": 2.0}, size)
+        return steptime._data_parallel(collectives(rules[name]), 3, 10, {"forward": 1.0, "backward": 2.0}, size)
     once = 3 / 4 * 4e9 / 1e9           # 3 s: one gather or reduce-scatter of the shard
     assert dp("zero0") == pytest.approx(2 * once - 2.0)                     # one all-reduce, beside a backward
     assert dp("zero1") == pytest.approx((once - 2.0) + (once - 1.0))
@@ -65,7 +66,8 @@ def test_the_step_time_reads_declarations_never_names(builtin_pm):
         def mlsysim_sharding_rules(self):
             rules = builtin_pm.registry.sharding_rules
             return [attrs.evolve(rules[n], name=f"test.{n}") for n in ("zero1", "fsdp", "hsdp")] + [
-                attrs.evolve(rules["fsdp"], name="test.silent", collectives=None)]
+                attrs.evolve(rules["fsdp"], name="test.silent",
+                             extensions={k: v for k, v in rules["fsdp"].extensions.items() if k != COLLECTIVES})]
     pm = PluginManager()
     for name in sorted(builtin_pm.registry.plugins):
         pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))

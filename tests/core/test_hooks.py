@@ -34,8 +34,9 @@ def base(solver, **kw):
 
 
 def test_every_hook_has_a_test():
-    from mlsysim_plugins.launch import hookspecs as launch_hookspecs    # a built-in plugin's own hook
-    hooks = [n for module in (hookspecs, launch_hookspecs)
+    from mlsysim_plugins import steptime_hookspecs                     # built-in plugins' own hooks
+    from mlsysim_plugins.launch import hookspecs as launch_hookspecs
+    hooks = [n for module in (hookspecs, launch_hookspecs, steptime_hookspecs)
              for n, f in inspect.getmembers(module, inspect.isfunction) if n.startswith("mlsysim_")]
     assert len(hooks) == 15
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
@@ -83,7 +84,8 @@ def test_hook_mlsysim_launch_formats(builtin_pm, tmp_path):
 
 def test_hook_mlsysim_step_time_models(builtin_pm):
     """A third party's step-time model, selected by name, ranks the search; its check refuses first."""
-    from mlsysim_core import InvalidInputError, StepTimeSpec, search
+    from mlsysim_core import InvalidInputError, search
+    from mlsysim_plugins.steptime_hookspecs import StepTimeSpec
 
     def check(hardware, overrides, calibration):
         if calibration is not None:
@@ -99,7 +101,7 @@ def test_hook_mlsysim_step_time_models(builtin_pm):
             return [StepTimeSpec(name="test.flat", check=check, prepare=prepare, components=("all",),
                                  time=lambda timing, **layout: {"all": 1.0 * layout["gas"], "step": 1.0 * layout["gas"]})]
     solver = solver_with(Flat(), builtin_pm=builtin_pm)
-    assert set(solver.registry.step_time_models) == {"roofline", "test.flat"}
+    assert set(solver.registry.extensions["mlsysim_step_time_models"]) == {"roofline", "test.flat"}
     found = search.search_plans("llama3-8b", "h100", devices=2, global_batch=4, solver=solver,
                                 step_time_model="test.flat", workers=1)
     assert found.fits and all(c.step_time == c.gradient_accumulation_steps for c in found.fits)
@@ -353,17 +355,21 @@ def test_hook_mlsysim_addhooks():
     pm.check()     # no pending implementation: the hook has its spec
 
 
-def test_launch_format_spec_moved_with_a_warning():
-    """Plugin API 3.1: LaunchFormatSpec is the launch plugin's; the core's old name still works, and warns."""
+@pytest.mark.parametrize(("name", "home"), [("LaunchFormatSpec", "mlsysim_plugins.launch"),
+                                           ("StepTimeSpec", "mlsysim_plugins.steptime_hookspecs"),
+                                           ("Collective", "mlsysim_plugins.steptime_hookspecs")])
+def test_moved_specs_still_import_with_a_warning(name, home):
+    """Plugin API 3.1: these specs are their plugins'; the core's old names still work, and warn."""
+    import importlib
     import warnings
-    from mlsysim_plugins.launch import LaunchFormatSpec
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        old = mlsysim_core.LaunchFormatSpec
-    assert old is LaunchFormatSpec
+        old = getattr(mlsysim_core, name)
+    assert old is getattr(importlib.import_module(home), name)
     assert [str(w.message) for w in caught] == [
-        "mlsysim_core.LaunchFormatSpec moved to mlsysim_plugins.launch (plugin API 3.1); import it from there"]
+        f"mlsysim_core.{name} moved to {home} (plugin API 3.1); import it from there"]
     assert all(w.category is DeprecationWarning for w in caught)
+    assert name not in mlsysim_core.__all__
 
 
 def test_a_plugins_own_registration_hook_is_collected_and_checked():

@@ -9,6 +9,7 @@ import mlsysim_core
 from mlsysim_core import TransformerWorkload
 from mlsysim_core.errors import MlsysimError
 from mlsysim_core.terms import OPTIMIZER_STEP
+from mlsysim_plugins.steptime_hookspecs import collectives
 
 P = 8_030_261_248           # llama3-8b's parameters
 MEGATRON = dict(precision="bf16", regime="mixed-bf16-main-grad", optimizer_impl="fused")
@@ -55,9 +56,9 @@ def test_refused_outside_the_megatron_regime():
 def test_collectives_declared():
     from mlsysim_core.manager import get_plugin_manager
     rules = get_plugin_manager().registry.sharding_rules
-    kinds = [(c.kind, c.per, c.overlaps) for c in rules["mcore-distopt"].collectives]
+    kinds = [(c.kind, c.per, c.overlaps) for c in collectives(rules["mcore-distopt"])]
     assert kinds == [("reduce-scatter", "step", "backward"), ("all-gather", "step", "forward")]
-    assert [c.kind for c in rules["mcore-ddp"].collectives] == ["all-reduce"]
+    assert [c.kind for c in collectives(rules["mcore-ddp"])] == ["all-reduce"]
 
 
 # --- grouped-query attention in the non-gated GPT layer ------------------------------------------

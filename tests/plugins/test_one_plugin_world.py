@@ -40,7 +40,8 @@ from mlsysim_core.catalog import get_model
 from mlsysim_core.scenario import LAUNCH_FORMAT, launch_formats
 from mlsysim_core.errors import MlsysimError, PluginError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
-from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, STEP_TIME, PluginInfo
+from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo
+from mlsysim_core.search import STEP_TIME_HOOK as STEP_TIME
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = "mlsysim_measured_architectures"

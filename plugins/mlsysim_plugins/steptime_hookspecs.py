@@ -1,0 +1,85 @@
+"""The planner's hook and the declarations it reads (added by the built-in plugin ``steptime``,
+collected into ``registry.extensions["mlsysim_step_time_models"]``; in the core until plugin API
+3.1). A third party imports them from here: a step-time model registers a ``StepTimeSpec``; a
+sharding rule declares what it communicates as ``Collective``s under its
+``extensions["steptime.collectives"]`` (``collectives(spec)`` reads them; None: nothing declared,
+which the step-time model says and times as it documents)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import attrs
+import pluggy
+
+from mlsysim_core.specs import _callable, _description, _name_field
+
+_hookspec = pluggy.HookspecMarker("mlsysim")
+
+HOOK = "mlsysim_step_time_models"
+COLLECTIVES = "steptime.collectives"     # the sharding rules' extension key
+
+
+def _among(*allowed, default=attrs.NOTHING):
+    return attrs.field(default=default, validator=attrs.validators.in_(allowed))
+
+
+@attrs.frozen(kw_only=True)
+class Collective:
+    """One collective a sharding rule runs, declared for the step time in the rule's
+    ``extensions["steptime.collectives"]`` (a tuple of them; the step-time model sizes and times
+    each, docs/planner.md). ``kind``: a ``ring-pass`` is n-1 sends
+    of the buffer around the group (ring attention). ``volume``: what one call moves per rank:
+    ``gradients`` (the rank's parameter shard), ``activations`` (a micro-batch's hidden states),
+    ``kv`` (its keys and values), ``routed`` (its tokens x experts per token x hidden); ``shard``: a
+    group whose size divides it. ``group``: an axis (``pp``: neighbouring stages, ``dp``: dp x cp
+    ranks), ``dp-node`` (those inside one node) or ``dp-across`` (one per node). ``per``: ``layer``
+    (``forward`` calls per forward of each layer, recomputed ones included, ``backward`` per
+    backward), ``micro-batch`` or ``step`` (``forward + backward`` calls). ``overlaps``: the
+    compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
+    ``attention``), None: on the critical path. ``in_network``: a switch that reduces in the
+    network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
+    share is not hidden. ``sequence_parallel``: only with (True) or without (False) it."""
+    kind: str = _among("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "ring-pass")
+    volume: str = _among("gradients", "activations", "kv", "routed")
+    group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across")
+    per: str = _among("layer", "micro-batch", "step")
+    forward: int = 0
+    backward: int = 0
+    overlaps: str | None = _among(None, "forward", "backward", "attention", default=None)
+    shard: str | None = _among(None, "dp-node", default=None)
+    in_network: bool = True
+    first_layer_exposed: bool = False
+    sequence_parallel: bool | None = None
+
+
+def collectives(rule) -> tuple[Collective, ...] | None:
+    """What a sharding rule declares it communicates (None: nothing declared)."""
+    declared = rule.extensions.get(COLLECTIVES)
+    return None if declared is None else tuple(declared)
+
+
+@attrs.frozen(kw_only=True)
+class StepTimeSpec:
+    """A named step-time model, which ``search`` ranks the layouts that fit by (plugin API 2.5):
+    ``check(hardware, overrides, calibration)`` refuses what it cannot time before anything is
+    solved; ``prepare(**run) -> timing`` once per search (a mapping: ``search`` reads its
+    ``calibrated``, ``notes``, ``assumptions``, ``flops_per_token``, ``peak``, ``idle`` and ``chunks``);
+    ``time(timing, **layout) -> {component: seconds, "step": total}`` per layout; ``components``."""
+    name: str = _name_field
+    description: str = _description
+    check: Callable = attrs.field(validator=_callable)
+    prepare: Callable = attrs.field(validator=_callable)
+    time: Callable = attrs.field(validator=_callable)
+    components: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+
+@_hookspec
+def mlsysim_step_time_models() -> Iterable[StepTimeSpec]:
+    """Register named step-time models (what ``search`` ranks layouts by).
+
+    .. versionadded:: plugin API 2.5 (here since 3.1)
+    """
+
+
+REGISTRATION_HOOK_TYPES = {HOOK: StepTimeSpec}     # the plugin manager checks and collects them
