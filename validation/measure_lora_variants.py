@@ -51,7 +51,7 @@ BASES = {"llama-tiny": ("llama", _hf(LLAMA_TINY, 0.0)), "gqa-tiny": ("llama-gqa"
 
 
 def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", use_dora=False, modules_to_save=None,
-         quantization=None, loss=None, loss_chunks=None, adapter_dtype=None):
+         quantization=None, loss=None, loss_chunks=None, adapter_dtype=None, lora_dropout=0.0):
     family, base = BASES[model]
     hf = copy.deepcopy(base)
     hf.update(use_cache=False, attention_dropout=0.0)
@@ -62,9 +62,11 @@ def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", use_do
         lora["modules_to_save"] = list(modules_to_save)
     if adapter_dtype:
         lora["adapter_dtype"] = adapter_dtype
+    if lora_dropout:
+        lora["dropout"] = lora_dropout
     cfg = {"id": id, "family": family, "model": model, "hf_config": hf, "batch_size": batch_size, "seq_len": seq_len,
            "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "none",
-           "attention": "sdpa", "dropout": 0.0, "method": "real", "sweep": None, "lora": lora, "lora_dropout": 0.0}
+           "attention": "sdpa", "dropout": 0.0, "method": "real", "sweep": None, "lora": lora, "lora_dropout": lora_dropout}
     if loss:
         cfg.update(loss=loss, loss_chunks=loss_chunks)
     return cfg
@@ -91,6 +93,13 @@ CONFIGS = [
     _cfg("dora-llama-wide-fp32-r16-all-b1-s64", "llama-wide", 1, 64, rank=16, targets=ALL, use_dora=True),
     _cfg("dora-llama-wide-bf16-r8-mlp-b1-s64", "llama-wide", 1, 64, rank=8, targets=["up_proj", "down_proj"],
          regime="bf16", use_dora=True),
+    # DoRA with lora_dropout: peft's DoraLinearVariant recomputes the base layer on the dropped input
+    _cfg("dora-qwen3-tiny-fp32-r16-all-dropout-b2-s256", "qwen3-tiny", 2, 256, rank=16, targets=ALL, use_dora=True,
+         lora_dropout=0.1),
+    _cfg("dora-qwen3-tiny-bf16-r16-qkvo-dropout-b2-s256", "qwen3-tiny", 2, 256, rank=16, targets=QKVO, regime="bf16",
+         use_dora=True, lora_dropout=0.1),
+    _cfg("dora-gqa-tiny-amp-r8-qv-dropout-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
+         use_dora=True, lora_dropout=0.05),
     _cfg("dora-gpt2-tiny-fp32-r8-cattn-b2-s128", "gpt2-tiny", 2, 128, rank=8, targets=["c_attn"], use_dora=True),
     # modules_to_save: a trainable copy of the LM head and/or the embedding
     _cfg("mts-llama-tiny-fp32-r8-qv-lmhead-b2-s256", "llama-tiny", 2, 256, rank=8, targets=QV,

@@ -97,6 +97,20 @@ def test_dora_saves_the_base_and_lora_results():
     assert _term(dora, "decoder layers") - _term(plain, "decoder layers") == 2 * layers * per_linear + vectors
 
 
+def test_dora_with_lora_dropout_keeps_its_own_base_matmul_weight():
+    """With lora_dropout DoRA recomputes the base layer on the dropped input, F.linear(dropout(x), W.to(fp32)):
+    over a bf16 base with fp32 adapters each adapted linear whose input requires grad keeps its fp32 copy of W
+    (4 B x in x out; Qwen3 tiny: q 256 -> 512, k 256 -> 128), and the base result is fp32 (4 B x out per token)."""
+    run = _by_id("dora-qwen3-tiny-bf16-r16-qkvo-dropout")
+    layers = next(t for t in _solve(run).terms if t.label.startswith("decoder layers"))
+    assert "q_proj DoRA: weight saved by its dropped-input matmul 524,288" in layers.formula
+    assert "k_proj DoRA: weight saved by its dropped-input matmul 131,072" in layers.formula
+    assert f"q_proj DoRA: base result (saved by the magnitude's product) {4 * 512 * 512:,}" in layers.formula
+    fp32 = next(t for t in _solve(_by_id("dora-qwen3-tiny-fp32-r16-all-dropout")).terms
+                if t.label.startswith("decoder layers"))
+    assert "dropped-input matmul" not in fp32.formula        # W itself is fp32: the parameter, nothing new
+
+
 def test_dora_weight_norm_transient_is_the_forward_peak_of_a_wide_mlp():
     """llama-wide (h 256, ffn 2048, vocab 1024, T 64): down_proj's norm, in^2 x 4 (the identity) + in x r x 4 +
     3 x in x out x 4, outgrows the loss's moment; the term is the excess."""
@@ -163,7 +177,8 @@ def test_chunked_loss_with_a_frozen_lm_head():
 # --- refusals ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change, parameter, value", [
-    ({"use_dora": True, "dropout": 0.1}, "lora.dropout", 0.1),
+    ({"use_dora": True, "dropout": 0.1, "quantization": "nf4"}, "lora.dropout", 0.1),
+    ({"use_dora": True, "quantization": "int8"}, "lora.quantization", "int8"),
     ({"modules_to_save": ["norm"]}, "lora.modules_to_save", "norm"),
 ])
 def test_refused_variants_name_the_field(change, parameter, value):

@@ -163,10 +163,10 @@ def _check_variants(plan, config):
         raise NotModelledError("lora.modules_to_save", saved, "() with dp_size > 1 (one device)",
                                f"modules_to_save is validated on one device only; dp_size={plan.dp_size}: the copies' "
                                "gathers and gradient reduction under the data-parallel rules are not modelled")
-    if dora and config.dropout > 0:
-        raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora",
-                               "DoRA with lora_dropout recomputes the base layer on the dropped input "
-                               "(peft's DoraLinearVariant.forward): not modelled")
+    if dora and config.dropout > 0 and config.quantization is not None:
+        raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora over a quantized base",
+                               "QDoRA with lora_dropout (the base layer recomputed on the dropped input from the "
+                               "dequantized weight) is not measured")
     if dora and config.quantization == "int8":
         raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
@@ -651,6 +651,7 @@ class Walk:
         self.dropout = plan.profile_options.dropout > 0
         self.lora_dropout = plan.profile_options.lora.dropout > 0     # peft's lora_dropout
         self.dora = plan.profile_options.lora.use_dora                # peft's use_dora
+        self.base = base_weight_bytes(plan.profile_options.regime)    # the frozen base's bytes per element
         # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
@@ -695,6 +696,9 @@ class Walk:
             for name, n in dora_parts(self, o):
                 self.add(f"{module} {name}", n)
             self.constant.append((f"{module} DoRA scale vectors", dora_vectors(self, o, grad)))
+            copy = dora_dropout_weight(self, width, o, grad)
+            if copy:
+                self.constant.append((f"{module} DoRA: weight saved by its dropped-input matmul", copy))
 
     def frozen_copy(self, module, params, input_grad):
         # autocast casts a frozen weight afresh (no cache) and the matmul saves the cast for the
@@ -715,9 +719,23 @@ def dora_parts(walk: Walk, out_features: int) -> tuple[tuple[str, int], ...]:
     """What one DoRA linear saves per token beyond LoRA's: ``result_dora = (m / ||W + s B A|| - 1) *
     base_result + (m / ||.||) * lora_B(lora_A(x)) * s`` keeps both products' tensor operands for the
     magnitude's gradient: the base layer's output (the matmul's dtype, ``walk.c``) and the LoRA result
-    (the adapters' compute dtype)."""
-    return (("DoRA: base result (saved by the magnitude's product)", walk.c * out_features),
+    (the adapters' compute dtype). With lora_dropout the base result is DoRA's own ``F.linear`` of the
+    dropped input (already in the adapters' dtype; 16-bit under autocast)."""
+    base = (2 if walk.amp else walk.ab) if walk.lora_dropout else walk.c
+    return (("DoRA: base result (saved by the magnitude's product)", base * out_features),
             ("DoRA: LoRA result (saved by the magnitude's product)", walk.a_c * out_features))
+
+
+def dora_dropout_weight(walk: Walk, in_features: int, out_features: int, grad: bool) -> int:
+    """With lora_dropout DoRA recomputes the base layer on the dropped input, ``F.linear(dropout(x),
+    W.to(x.dtype))``, which keeps its weight for the input's gradient (when the input requires grad): a copy
+    of W in the adapters' dtype over a 16-bit base (fp32 adapters), a fresh 16-bit cast under autocast (a
+    frozen weight is not cached), nothing where W itself is in that dtype."""
+    if not (walk.dora and walk.lora_dropout and grad):
+        return 0
+    if walk.amp:
+        return 2 * in_features * out_features
+    return walk.ab * in_features * out_features if walk.base != walk.ab else 0
 
 
 def dora_vectors(walk: Walk, out_features: int, grad: bool) -> int:
@@ -846,6 +864,9 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
         if walk.dora:
             constant += [(f"{lin.module} {name}", n * T) for name, n in dora_parts(walk, lin.out_features)]
             constant.append((f"{lin.module} DoRA scale vectors", dora_vectors(walk, lin.out_features, not no_grad)))
+            copy = dora_dropout_weight(walk, lin.in_features, lin.out_features, not no_grad)
+            if copy:
+                constant.append((f"{lin.module} DoRA: weight saved by its dropped-input matmul", copy))
     if walk.amp:
         for lin in linears:
             if lin.weight.autocast:
