@@ -95,8 +95,20 @@ def _n(x) -> str:
 
 
 def on(plan) -> bool:
-    """Is ``compile`` on in this plan (True; None and False are off)?"""
+    """Is ``compile`` on in this plan (True or "blocks"; None and False are off)?"""
     return bool(getattr(plan.profile_options, "compile", None))
+
+
+BLOCKS = "blocks"       # compile="blocks": each decoder block compiled apart (torchtune, torchtitan)
+BLOCKS_NOTE = ("compile='blocks': each decoder block torch.compile'd apart (torchtune compile_model, torchtitan "
+               "apply_compile): the blocks' saved set is the partitioner's (no mask: SDPA is_causal; k and v expanded "
+               "to the query heads as torchtune's and torchtitan's attention do); the embedding, final norm, LM head "
+               "and loss run eagerly and are priced as eager (validation/compile/measure_blocks.py, torchtune 0.6.1)")
+
+
+def blocks(plan) -> bool:
+    """Is the plan's compile per block (``compile="blocks"``)?"""
+    return getattr(plan.profile_options, "compile", None) == BLOCKS
 
 
 # --- what is refused ---------------------------------------------------------------------------
@@ -110,9 +122,10 @@ def prepare(plan, registry=None):
     value = o.compile
     if value is None or value is False:
         return plan
-    if value is not True:
-        raise NotModelledError("compile", value, "True or False", "torch.compile with its default options "
-                               "(mode, backend and options other than Inductor's defaults are not modelled)")
+    if value is not True and value != BLOCKS:
+        raise NotModelledError("compile", value, f"True (the whole model), {BLOCKS!r} (each decoder block) or False",
+                               "torch.compile with its default options (mode, backend and options other than "
+                               "Inductor's defaults are not modelled)")
     from .checkpointing import LAYERS, NOTHING, spec_of
     from .kernels import kernel_of
     from .model import megatron
@@ -122,8 +135,19 @@ def prepare(plan, registry=None):
         raise NotModelledError("regime", regime.name, "a pure fp32 or bf16 regime with compile=True",
                                "the compiled graph under autocast or Megatron-Core's layers is not modelled")
     from .parallel import is_parallel
-    if plan.rank is not None or is_parallel(plan):
-        raise NotModelledError("compile", value, "compile=True on one device (no parallel layout)",
+    if value == BLOCKS:
+        # Data parallelism (DDP, FSDP/FSDP2, ZeRO) leaves each block's graph as on one device: the block's
+        # forward and backward see gathered parameters and the rank's micro-batch; the rules price the
+        # rest (shards, gathers, buckets). Tensor, context, pipeline and expert parallelism change the graph.
+        other = {k: getattr(plan, k) for k in ("tp_size", "cp_size", "pp_size", "ep_size") if getattr(plan, k) > 1}
+        if other:
+            name, size = next(iter(other.items()))
+            raise NotModelledError(name, size, f"1 with compile={BLOCKS!r} (data parallelism only: dp_size, "
+                                   "data_parallel)", "a compiled block under tensor, context, pipeline or expert "
+                                   "parallelism (its collectives and DTensor graphs) is not modelled")
+    elif plan.rank is not None or is_parallel(plan):
+        raise NotModelledError("compile", value, f"compile=True on one device (no parallel layout; {BLOCKS!r} "
+                               "allows data parallelism)",
                                "a compiled run's per-rank graphs (collectives, FSDP's hooks) are not modelled")
     for name in _TECHNIQUES:
         if getattr(o, name, None):
@@ -132,12 +156,18 @@ def prepare(plan, registry=None):
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, "0 with compile=True",
                                "dropout's functionalized RNG under the partitioner is not modelled")
-    if o.loss not in (None, "cross_entropy"):
-        raise NotModelledError("loss", o.loss, "cross_entropy with compile=True",
+    if o.loss not in (None, "cross_entropy") and not (value == BLOCKS and o.loss == "chunked"):
+        raise NotModelledError("loss", o.loss, "cross_entropy with compile=True (cross_entropy or chunked with "
+                               f"compile={BLOCKS!r})",
                                "the compiled forms of the other loss implementations are not modelled")
     spec = spec_of(plan)
+    per_block = value == BLOCKS
+    if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac":
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               f"none or op-sac with compile={BLOCKS!r}", "a checkpointed block compiled apart (its recompute "
+                               "inside the block's backward graph) is not modelled")
     blocks = o.checkpointed_layers
-    if spec.recomputes not in (NOTHING, LAYERS):
+    if spec.recomputes not in (NOTHING, LAYERS) and not per_block:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                "none or full (every layer) with compile=True",
                                f"{plan.activation_checkpointing!r} recomputes part of a layer: its compiled "
@@ -167,7 +197,7 @@ def prepare(plan, registry=None):
                                f"family {shape.family.name!r} has {_n(extra)} more parameters per model in its layers "
                                "(a QK-norm, biases outside the linears): their ops' compiled saved tensors are not "
                                "declared")
-    notes = (NOTE,)
+    notes = (BLOCKS_NOTE,) if per_block else (NOTE,)
     if spec.recomputes == LAYERS:
         notes += (APPROXIMATE,)
     import attrs
@@ -244,10 +274,22 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
     c = regime.compute
     if not _full(plan):
         per_token, how = layer_saved(s, regime, kernel, plan.seq_len)
-        return [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (compiled)",
-                           nbytes=L * per_token * T, phases=SAVED,
-                           formula=f"{L} layers x T={_n(T)} x {_n(per_token)} B ({how}; the partitioner's "
-                                   "saved set)")]
+        out = [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (compiled)",
+                          nbytes=L * per_token * T, phases=SAVED,
+                          formula=f"{L} layers x T={_n(T)} x {_n(per_token)} B ({how}; the partitioner's "
+                                  "saved set)")]
+        if blocks(plan):
+            # The first block's input, the eager embedding's output, is a graph input it saves (its norm's
+            # backward); the last block's output is the eager final norm's input, which torchtune's RMSNorm
+            # (F.rms_norm(x.float(), ...)) saves only where x.float() is x (fp32): in 16 bits it saves the fp32
+            # copy instead (final_norm_terms), and the last output, counted in the set above, is freed.
+            last = c * T * s.hidden if c != 4 else 0
+            out.append(MemoryTerm(component=ACTIVATIONS, label="embedding output (the first block's input, saved)",
+                                  nbytes=c * T * s.hidden - last, phases=SAVED,
+                                  formula=f"T x h x {c} B (saved by the first compiled block for its norm's backward)"
+                                          + (f" - T x h x {c} B (the last block's output, counted in the blocks' "
+                                             "set: the eager final norm keeps its fp32 copy, not it)" if last else "")))
+        return out
     rng = _rng(plan)
     h, b, seq = s.hidden, plan.microbatch, plan.seq_len
     per_token, how = layer_saved(s, regime, kernel, seq)
@@ -335,6 +377,77 @@ def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
                       nbytes=embedding, phases=(BACKWARD_END,), formula=how)
 
 
+_CHUNKED_EAGER = ("log-softmax of every chunk's logits (fp32)", "logits, every chunk",
+                  "cross-entropy backward temporaries, one chunk (fp32)", "LM head backward: ")
+
+
+def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+    """compile="blocks" with loss="chunked": torchtune's ``compile_loss`` compiles the chunked loss's
+    ``compute_cross_entropy`` (``F.cross_entropy(logits.float(), labels, reduction="sum")``, one graph per
+    chunk; torchtune/training/_compile.py:76-79). Its partitioner saves each chunk's logits (the graph's
+    input, in the compute dtype: the upcast is recomputed) and the per-token max and log-sum-exp (2 x 4 B per
+    token), not the fp32 log-softmax; its backward writes one chunk's logits gradient (c t V) and a per-token
+    fp32 buffer; the LM head's backward (loss.py's moments: every chunk's logits gradient waiting, the
+    weight-gradient partials and their sum) then runs with every chunk's saved logits freed (c T V) where
+    the eager loss frees every log-softmax (4 T V). The larger of the two is the backward's top."""
+    from .loss import chunk_tokens
+    ctx, _ = _context(plan, placement)
+    T, h, V, c = ctx.tokens, ctx.shape.hidden, ctx.shape.vocab, ctx.regime.compute
+    n = plan.profile_options.loss_chunks or 8
+    t = chunk_tokens(plan, n)
+    eager = [x for x in terms if x.label.startswith(_CHUNKED_EAGER)]
+    if len(eager) != 3:      # never silently: the chunked loss's three terms are what is replaced
+        raise RuntimeError(f"compile='blocks', loss='chunked': expected the chunked loss's three terms, found "
+                           f"{[x.label for x in eager]}")
+    out = [x for x in terms if x not in eager]
+    out.append(MemoryTerm(component=ACTIVATIONS, label="every chunk's logits, saved by the compiled cross-entropy",
+                          nbytes=c * T * V + 8 * T, phases=SAVED,
+                          formula=f"{c} x T x V (each chunk's logits, the compiled graph's input) + 2 x 4 x T (the "
+                                  "per-token max and log-sum-exp)"))
+    ce = c * t * V + 4 * t
+    # loss.py's moments of the LM head's backward (the chunks' logits gradients waiting, the weight-gradient
+    # partials and their out-of-place sum), here with every chunk's saved logits freed (c T V) in place of
+    # the eager log-softmax (4 T V)
+    g = ctx.regime.gradient or 4
+    moments = [c * T * V + V * h * g + c * t * h]
+    if n >= 2:
+        moments += [c * T * V * (n - 1) / n + 2 * V * h * g + 2 * c * t * h,
+                    c * T * V * (n - 2) / n + 3 * V * h * g + 2 * c * t * h]
+    head = max(moments) - c * T * V
+    if head > ce:
+        k = moments.index(max(moments))
+        out.append(MemoryTerm(component=ACTIVATIONS, label="LM head backward: the chunks' logits gradients and the "
+                              "weight gradient partials (compiled loss)", nbytes=head, phases=(BACKWARD,),
+                              formula=f"{c} x T x V x {n - k}/{n} (logits gradients left) + {k + 1} x V x h x {g} "
+                                      f"(weight gradient partials{', their sum' if k == 2 else ''}) + {min(k + 1, 2)} x "
+                                      f"t x h x {c} (input gradients) - {c} x T x V (every chunk's saved logits freed)"))
+    else:
+        out.append(MemoryTerm(component=ACTIVATIONS, label="compiled cross-entropy backward, one chunk", nbytes=ce,
+                              phases=(BACKWARD,), formula=f"{c} x t x V + 4 x t, t = {_n(t)} tokens of {n} chunks "
+                                                          "(the chunk's logits gradient, a per-token fp32 buffer)"))
+    return out
+
+
+def final_norm_term(plan, placement) -> MemoryTerm:
+    """compile="blocks": the eager final norm of torchtune 0.6.1 (torchtune/modules/rms_norm.py:38-43:
+    ``F.rms_norm(x.float(), normalized_shape, weight=self.scale, eps).to(x.dtype)``). In fp32 the input and
+    the weight share a dtype and ATen's fused kernel runs: it saves its input (the last block's output,
+    counted with the blocks) and the fp32 rstd; the output is the LM head's input. In 16 bits the weight's
+    dtype differs ("Mismatch dtype between input and weight ... Cannot dispatch to fused implementation") and
+    the composite runs on the fp32 copy: the copy, rsqrt, the normalized fp32 product (saved by the weight's
+    multiply) and the 16-bit output. Measured: validation/compile/measure_blocks.py."""
+    ctx, _ = _context(plan, placement)
+    T, h, c = ctx.tokens, ctx.shape.hidden, ctx.regime.compute
+    if c == 4:
+        return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(4 * h + 4) * T, phases=SAVED,
+                          formula="T x (h x 4 (the output, the LM head's input) + 4 (rstd)) (torchtune's RMSNorm: "
+                                  "F.rms_norm's fused kernel in fp32; its input is the last block's output)")
+    return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(8 * h + c * h + 4) * T, phases=SAVED,
+                      formula=f"T x (h x 4 (fp32 copy) + h x 4 (normalized x scale, fp32) + h x {c} (the output, the "
+                              "LM head's input) + 4 (rsqrt)) (torchtune's RMSNorm: F.rms_norm's composite, the weight's "
+                              "dtype differing from x.float()'s)")
+
+
 def _loss_side(plan, shape, c) -> float:
     """What the end of the forward holds after the layers: the final norm's part, the logits, the loss's."""
     T, b, seq = plan.microbatch * plan.seq_len, plan.microbatch, plan.seq_len
@@ -344,6 +457,11 @@ def _loss_side(plan, shape, c) -> float:
 def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     """Outside the layers, compiled: the eager terms that are the same (the input ids, the end of the
     backward's embedding gradient) and the compiled forward's saved set and the loss's backward."""
+    if blocks(plan):      # compile="blocks": the embedding, final norm, LM head and loss run eagerly
+        terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
+        if plan.profile_options.loss == "chunked":
+            terms = compiled_chunked_terms(plan, placement, terms)
+        return terms
     ctx, kernel = _context(plan, placement)
     s, regime, T = ctx.shape, ctx.regime, ctx.tokens
     h, V, c = s.hidden, s.vocab, regime.compute

@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""The measured profile against blocks_measurements.json (torchtune's model, eager and per-block compiled),
+every phase.
+
+    python validation/compile/compare_blocks.py          # the project's environment (mlsysim-core), no torch
+
+Each run is solved with the same shape (its ``hf_config``), batch, sequence, regime, AdamW foreach, SDPA on the
+CPU, no runtime overheads, and ``compile="blocks"`` for the per-block compiled runs (``None`` for the eager
+ones); ``policy="op-sac"``: ``activation_checkpointing="op-sac"``; ``loss="chunked"``: ``loss="chunked"``;
+an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch.
+A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compare import PHASES, TITLES  # noqa: E402
+
+PATH = os.path.join(HERE, "blocks_measurements.json")
+
+
+def solve(run):
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_core.hf import from_hf_config
+    from mlsysim_core.types import HardwareNode
+    model = from_hf_config(run["hf_config"], name=run["id"])
+    extra = {"loss": "chunked"} if run["loss"] == "chunked" else {}
+    world = 1
+    if run.get("layout"):      # FSDP2, every block resharded after forward: the rank of a world of dp ranks
+        world = run["layout"]["world_size"]
+        extra.update(dp_size=world, data_parallel="fsdp")
+    return TrainingMemoryModel().solve(
+        model, HardwareNode(name="unbounded", memory_capacity=2**60), run["batch_size"] * world, run["seq_len"],
+        run["regime"],
+        "adamw", "op-sac" if run["policy"] == "op-sac" else "none", profile="measured", regime=run["regime"],
+        attention="sdpa", device="cpu", runtime_overheads=False,
+        compile="blocks" if run["compile"] == "blocks" else None, **extra)
+
+
+def rows(path: str = PATH):
+    """(id, predicted phases or the refusal, measured phases, baseline bytes) per measured run."""
+    from mlsysim_core.errors import MlsysimError
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP
+    with open(path) as f:
+        runs = [r for r in json.load(f)["runs"] if r.get("measured")]
+    for run in runs:
+        m = run["measured"]
+        base = m["baseline_bytes"]
+        meas = {"forward": m["peak_by_phase"]["forward"], "backward": m["peak_by_phase"]["backward"],
+                "optimizer": m["peak_by_phase"]["optimizer"], "end_of_forward": m["alive"]["end_of_forward"],
+                "end_of_backward": m["alive"]["end_of_backward"]}
+        meas = {k: base + v for k, v in meas.items()}
+        try:
+            r = solve(run)
+        except MlsysimError as err:
+            yield run["id"], err, meas, base
+            continue
+        t = r.phase_totals
+        pred = {"forward": t[FORWARD], "backward": max(t[BACKWARD], t[BACKWARD_END]), "optimizer": t[OPTIMIZER_STEP],
+                "end_of_forward": sum(x.nbytes for x in r.terms if FORWARD in x.phases and BACKWARD in x.phases),
+                "end_of_backward": sum(x.nbytes for x in r.terms if OPTIMIZER_STEP in x.phases and (
+                    tuple(x.phases) != (OPTIMIZER_STEP,) or x.component == GRADIENTS))}
+        yield run["id"], pred, meas, base
+
+
+def table(path: str = PATH) -> str:
+    out = ["| run | " + " | ".join(f"{t}: predicted / measured (error)" for t in TITLES) + " |",
+           "|---|" + "---:|" * len(PHASES)]
+    errs = {p: [] for p in PHASES}
+    for rid, pred, meas, _base in rows(path):
+        if not isinstance(pred, dict):
+            out.append(f"| {rid} | refused: {pred} |" + " |" * (len(PHASES) - 1))
+            continue
+        cells = []
+        for p in PHASES:
+            e = (pred[p] - meas[p]) / meas[p]
+            errs[p].append(abs(e))
+            cells.append(f"{pred[p] / 1e6:,.3f} / {meas[p] / 1e6:,.3f} MB ({100 * e:+.2f} %)")
+        out.append(f"| {rid} | " + " | ".join(cells) + " |")
+    if errs[PHASES[0]]:
+        out.append("| **median / max \\|error\\|** | " + " | ".join(
+            f"{100 * statistics.median(errs[p]):.2f} % / {100 * max(errs[p]):.2f} %" for p in PHASES) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(print(table()) or 0)

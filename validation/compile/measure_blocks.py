@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Per-block ``torch.compile`` (torchtune ``compile: True``, torchtitan ``compile.enable``) measured with the
+profiler's memory timeline, on torchtune's own model builders.
+
+    nice -n 10 /tmp/lossvenv/bin/python validation/compile/measure_blocks.py [--only ID ...]
+    # writes validation/compile/blocks_measurements.json; /tmp/lossvenv: torch==2.13.0 (CPU), torchtune==0.6.1,
+    # torchao==0.13.0 (torchtune 0.6.1 imports torchao.dtypes.nf4tensor, gone from torchao 0.18)
+
+What runs, as torchtune 0.6.1's ``full_finetune_single_device`` recipe runs it:
+
+* the model: ``torchtune.models.llama3_2._component_builders.llama3_2`` (Llama 3.2's layers: RMSNorm, its
+  scaled RoPE, SDPA with ``is_causal`` and no mask, k and v expanded to the query heads when grouped
+  (torchtune/modules/attention.py:285-291), SwiGLU; tied embeddings: ``TiedLinear``), in the run's dtype
+  (pure bf16 or fp32: ``model.to(dtype)``);
+* compile: ``torchtune.training.compile_model(model)`` (every ``TransformerSelfAttentionLayer`` compiled in
+  place with ``m.compile(backend="inductor")``; the embedding, the final norm and the LM head
+  ``self.output(h).float()`` stay eager);
+* the loss: ``torch.nn.CrossEntropyLoss`` as the recipe's ``_loss_step`` calls it (labels shifted by
+  ``hstack`` with an ignore column, logits and labels flattened, ``del logits``). The recipe calls
+  ``training.compile_loss(self._loss_fn)`` and discards its return value
+  (recipes/full_finetune_single_device.py:293-294): for a loss other than the chunked ones
+  (``compile_loss`` patches ``compute_cross_entropy`` in place only for ``CEWithChunkedOutputLoss``) the loss
+  the recipe runs is the eager module. ``loss="chunked"``: ``CEWithChunkedOutputLoss`` with
+  ``model.set_num_output_chunks`` and ``compile_loss`` (its ``compute_cross_entropy`` compiled);
+* ``policy="op-sac"``: torchtitan's per-op selective checkpointing around each block (parallelize_llama.py
+  ``_apply_ac_to_transformer_block`` of 9dec370: ``create_selective_checkpoint_contexts`` with ``_save_list``
+  {mm, SDPA's flash/efficient/CPU-flash ops, max, abs}, every second mm recomputed) applied with
+  ``checkpoint_wrapper`` before the block is compiled (torchtitan's order: apply_ac, then apply_compile);
+* AdamW (foreach), the harness's protocol (two warm-ups, the third iteration measured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import harness  # noqa: E402  (validation/harness.py)
+import torch  # noqa: E402
+
+TINY = dict(vocab_size=32000, num_layers=2, num_heads=8, num_kv_heads=8, embed_dim=256, max_seq_len=512,
+            intermediate_dim=688, tie_word_embeddings=True)
+
+
+def _cfg(regime, compile, *, b=1, seq=512, layers=2, kv=8, vocab=32000, tied=True, loss="ce", policy="none",
+         layout=None):
+    tt = dict(TINY, num_layers=layers, num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_seq_len=seq)
+    rid = (f"tt-llama3_2-{layers}l-v{vocab}" + (f"-kv{kv}" if kv != 8 else "") + ("" if tied else "-untied")
+           + f"-{regime}-{compile}" + (f"-{policy}" if policy != "none" else "") + (f"-{loss}" if loss != "ce" else "")
+           + (f"-{layout}-w2r0" if layout else "") + f"-b{b}-s{seq}")
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": tt["embed_dim"],
+          "intermediate_size": tt["intermediate_dim"], "num_hidden_layers": layers, "num_attention_heads": 8,
+          "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied, "head_dim": 32,
+          "max_position_embeddings": seq, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+    return {"id": rid, "torchtune": tt, "hf_config": hf, "batch_size": b, "seq_len": seq, "regime": regime,
+            "compile": compile, "loss": loss, "policy": policy, "optimizer": "adamw", "optimizer_impl": "foreach",
+            **({"layout": {"kind": layout, "world_size": 2, "rank": 0}} if layout else {})}
+
+
+CONFIGS = [
+    _cfg("bf16", "eager"), _cfg("bf16", "blocks"),
+    _cfg("fp32", "eager"), _cfg("fp32", "blocks"),
+    _cfg("fp32", "blocks", kv=2),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3),
+    _cfg("fp32", "eager", policy="op-sac"), _cfg("fp32", "blocks", policy="op-sac"),
+    _cfg("fp32", "blocks", loss="chunked"), _cfg("bf16", "blocks", loss="chunked"),
+    # FSDP2 (rank 0 of 2, the fake process group; torchtitan's order: each block compiled, then fully_shard on
+    # it, reshard_after_forward True, the root fully_shard'ed last): eager and per-block compiled.
+    _cfg("fp32", "eager", layout="fsdp2"), _cfg("fp32", "blocks", layout="fsdp2"),
+]
+
+
+def _op_sac_context():
+    """torchtitan 9dec370 parallelize_llama.py ``_apply_ac_to_transformer_block``, mode "selective", "op"."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default, aten.abs.default, aten.max.default}
+
+    def policy():
+        meta = {"forward_mm_count": 0, "recompute_mm_count": 0}
+
+        def fn(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            key = f"{mode}_mm_count"
+            if func == aten.mm.default:
+                meta[key] += 1
+            to_save = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(fn)
+    return policy
+
+
+class Step(torch.nn.Module):
+    """The recipe's ``_loss_step`` behind the harness's ``model(input_ids=, labels=, use_cache=).loss``."""
+
+    def __init__(self, model, loss_fn, ignore_index=-100):
+        super().__init__()
+        self.model, self.loss_fn, self.ignore_index = model, loss_fn, ignore_index
+
+    def forward(self, input_ids, labels, use_cache=False):
+        logits = self.model(input_ids)
+        ignore = torch.full((labels.shape[0], 1), self.ignore_index, dtype=labels.dtype, device=labels.device)
+        labels = torch.hstack((labels[..., 1:], ignore))
+        if not isinstance(logits, list):
+            labels = labels.reshape(-1)
+            logits = logits.reshape(-1, logits.size(-1))
+        loss = self.loss_fn(logits, labels)
+        del logits
+        return types.SimpleNamespace(loss=loss)
+
+
+def measure(cfg: dict) -> dict:
+    if not cfg.get("layout"):
+        return _measure(cfg)
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    lay = cfg["layout"]
+    dist.init_process_group("fake", store=FakeStore(), rank=lay["rank"], world_size=lay["world_size"])
+    try:
+        return _measure(cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp2(model, world):
+    """torchtitan's apply_fsdp (9dec370) without a mixed-precision policy: every block, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh)
+
+
+def _measure(cfg: dict) -> dict:
+    from torchtune import training
+    from torchtune.models.llama3_2._component_builders import llama3_2
+    from torchtune.modules import TransformerSelfAttentionLayer
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    torch.manual_seed(0)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg["regime"]]
+    model = llama3_2(**cfg["torchtune"]).to(dtype)
+    if cfg["policy"] == "op-sac":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(layer, context_fn=_op_sac_context(), preserve_rng_state=False)
+    if cfg["compile"] == "blocks":
+        if cfg["policy"] == "none" and not cfg.get("layout"):
+            training.compile_model(model, verbose=False)        # torchtune: each TransformerSelfAttentionLayer
+        else:                                                   # torchtitan: each (wrapped) block
+            for i, layer in enumerate(model.layers):
+                model.layers[i] = torch.compile(layer, fullgraph=True)
+        assert any(isinstance(m, TransformerSelfAttentionLayer) for m in model.modules())
+    if cfg.get("layout"):
+        _fsdp2(model, cfg["layout"]["world_size"])
+    if cfg["loss"] == "chunked":
+        loss_fn = CEWithChunkedOutputLoss()
+        if cfg["compile"] == "blocks":
+            training.compile_loss(loss_fn, verbose=False)
+        model.set_num_output_chunks(loss_fn.num_output_chunks)
+    else:
+        loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
+        if cfg["compile"] == "blocks":
+            training.compile_loss(loss_fn, verbose=False)        # the recipe discards the return value
+    step = Step(model, loss_fn)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, cfg["torchtune"]["vocab_size"], (cfg["batch_size"], cfg["seq_len"]), generator=g)
+    t0 = time.perf_counter()
+    prof = harness.profiled_iteration(step, optimizer, input_ids, warmup=2)
+    wall = time.perf_counter() - t0
+    tensors = [*model.parameters(), *model.buffers(), input_ids,
+               *(v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))]
+    tensors = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]      # FSDP2's DTensors: the shard
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    record = harness.memory_timeline(prof)
+    del prof
+    torch._dynamo.reset()
+    return {**record, "baseline_bytes": int(sum(storages.values())), "wall_s": round(wall, 1),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def document(args, runs, ctx) -> dict:
+    import torchtune
+    return {"generator": "/tmp/lossvenv/bin/python validation/compile/measure_blocks.py", "python": platform.python_version(),
+            "torch": torch.__version__, "torchtune": torchtune.__version__, "device": "cpu",
+            "threads": torch.get_num_threads(), "timeline": "harness.profiled_iteration / memory_timeline", "runs": runs}
+
+
+def main(argv=None) -> int:
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+                        document=document, out=os.path.join(HERE, "blocks_measurements.json"), incremental=True,
+                        keep_previous="always", summary=lambda m: f"peak {m['peak_bytes']:>12,} B {m['wall_s']}s",
+                        line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<50} {msg}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
