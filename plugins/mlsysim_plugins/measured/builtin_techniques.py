@@ -60,11 +60,15 @@ FLOAT8 = _option("float8 training: tensorwise or rowwise (torchao convert_to_flo
     "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
     "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
     choices=("tensorwise", "rowwise", "transformer-engine"))
-COMPILE = _option("torch.compile(model) with Inductor's default options (torchtune compile: True, torchtitan "
-    "compile.enable, HF torch_compile): AOTAutograd's partitioner's saved set, the fused loss (compile.py); one "
-    "device, fp32 or bf16, checkpointing none or full", kind=None,
+COMPILE = _option("torch.compile with Inductor's default options: True, the whole model (HF torch_compile): "
+    "AOTAutograd's partitioner's saved set, the fused loss; one device, checkpointing none or full; 'blocks', each "
+    "decoder block apart (torchtune compile: True, torchtitan compile.enable): the loss and LM head eager (torchtune's "
+    "compiled chunked loss), checkpointing none or op-sac, data parallelism allowed (compile.py); fp32 or bf16",
+    kind=None,
     flags=({"flag": "--compile", "const": True,
-            "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},))
+            "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},
+           {"flag": "--compile-blocks", "const": "blocks",
+            "help": "torch.compile each decoder block apart (torchtune, torchtitan; see docs/compile.md)"}))
 
 
 # --- LoRA / QLoRA (lora.py) -------------------------------------------------------------------------

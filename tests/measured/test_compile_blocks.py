@@ -1,0 +1,157 @@
+"""``compile="blocks"`` (torchtune ``compile: True``, torchtitan ``compile.enable``): each decoder block compiled
+apart, against validation/compile/blocks_measurements.json (torchtune 0.6.1's own builders, the profiler's memory
+timeline; every phase), hand-derived bytes, what it shares with the eager profile, and what is refused. No torch."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.hf import from_hf_config
+from mlsysim_core.types import HardwareNode
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "validation" / "compile"))
+import compare_blocks  # noqa: E402
+
+RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_measurements.json").read_text(
+    encoding="utf-8"))["runs"] if r.get("measured")}
+ROWS = {rid: (pred, meas, base) for rid, pred, meas, base in compare_blocks.rows()}
+BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+PHASES = ("forward", "backward", "optimizer", "end_of_forward", "end_of_backward")
+
+
+def err(rid, phase):
+    pred, meas, _ = ROWS[rid]
+    return (pred[phase] - meas[phase]) / meas[phase]
+
+
+def test_every_run_is_measured_and_predicted():
+    assert len(RUNS) == 12
+    assert all(isinstance(pred, dict) for pred, _, _ in ROWS.values()), [r for r, v in ROWS.items()
+                                                                         if not isinstance(v[0], dict)]
+
+
+def test_every_compiled_run_every_phase_within_the_issue_targets():
+    """Issue 25's targets (median <= 1 %, max <= 5 %) on every phase of the compiled runs but the bf16 forward
+    (the eager torchtune LM head, not the blocks: test below)."""
+    compiled = [r for r in RUNS if "-blocks-" in r and "fsdp2" not in r]      # FSDP2: the next tests
+    assert len(compiled) == 7
+    for phase in PHASES:
+        errors = [abs(err(r, phase)) for r in compiled if not (phase == "forward" and "-bf16-blocks-b1" in r)]
+        assert statistics.median(errors) <= 0.01, phase
+        assert max(errors) <= 0.005, (phase, max(errors))
+
+
+def test_the_backward_peak_within_a_fifth_of_a_percent():
+    for rid in RUNS:
+        if "fsdp2" not in rid:
+            assert abs(err(rid, "backward")) < (0.005 if "-eager-" in rid else 0.0019), (rid, err(rid, "backward"))
+
+
+def test_fsdp2_runs_carry_the_eager_rules_offset():
+    """The FSDP2 runs (torchtune's tied model, rank 0 of 2) are 3,227,656 B above the prediction from the forward
+    to the backward's peak, eager and compiled alike: the eager FSDP rule's part on this model, not compile's
+    (+1.0 % on the backward peak)."""
+    for rid in ("tt-llama3_2-2l-v32000-fp32-eager-fsdp2-w2r0-b1-s512", "tt-llama3_2-2l-v32000-fp32-blocks-fsdp2-w2r0-b1-s512"):
+        pred, meas, _ = ROWS[rid]
+        assert pred["forward"] - meas["forward"] == 3_227_656
+        assert abs(err(rid, "backward")) < 0.011 and abs(err(rid, "optimizer")) < 0.001
+
+
+def test_the_compile_delta_under_fsdp2_is_exact():
+    """FSDP2 (rank 0 of 2, the fake process group): the rule's part is the same in the eager and the compiled
+    run, so their difference is the blocks' alone: predicted to the byte."""
+    e, c = ("tt-llama3_2-2l-v32000-fp32-eager-fsdp2-w2r0-b1-s512", "tt-llama3_2-2l-v32000-fp32-blocks-fsdp2-w2r0-b1-s512")
+    for phase in PHASES:
+        assert ROWS[c][0][phase] - ROWS[e][0][phase] == ROWS[c][1][phase] - ROWS[e][1][phase], phase
+    assert ROWS[c][1]["backward"] - ROWS[e][1]["backward"] == -4_915_200
+
+
+def test_the_bf16_forward_is_torchtunes_lm_head():
+    """torchtune returns ``self.output(h).float()``: the bf16 logits are freed when the model returns, where the
+    priced Hugging Face path keeps them beside the fp32 copy (2 x T x V, 32,768,000 B at s 512, V 32,000); the
+    eager torchtune run shows the same excess, less its layers' 1.3 MB under-prediction."""
+    pred, meas, _ = ROWS["tt-llama3_2-2l-v32000-bf16-blocks-b1-s512"]
+    assert 0.999 < (pred["forward"] - meas["forward"]) / (2 * 512 * 32000) < 1.002
+
+
+def test_grouped_query_blocks_save_k_and_v_at_the_query_width():
+    """torchtune expands k and v to the query heads before SDPA (attention.py:285-291): the kv2 run's
+    activations equal the kv8 run's (only the parameters differ)."""
+    a = RUNS["tt-llama3_2-2l-v32000-fp32-blocks-b1-s512"]["measured"]
+    b = RUNS["tt-llama3_2-2l-v32000-kv2-fp32-blocks-b1-s512"]["measured"]
+    assert a["peak_bytes"] == b["peak_bytes"]
+
+
+def model(**over):
+    hf = dict(RUNS["tt-llama3_2-2l-v32000-fp32-blocks-b1-s512"]["hf_config"], **over)
+    return from_hf_config(hf, name="tt-tiny")
+
+
+def solve(regime="fp32", compile="blocks", checkpointing="none", **kw):
+    return TrainingMemoryModel().solve(model(), BIG, 1, 512, regime, "adamw", checkpointing, profile="measured",
+                                       regime=regime, attention="sdpa", device="cpu", runtime_overheads=False,
+                                       compile=compile, **kw)
+
+
+def terms(r):
+    return {t.label: t.nbytes for t in r.terms}
+
+
+def test_hand_derived_blocks():
+    """fp32, h 256, FFN 688, 8 heads, T 512: per block and token q, k, v, SDPA's output 4 x 1,024 + fp32
+    log-sum-exp 8 x 4 + o 1,024 + gate, up 2 x 2,752 + down 1,024 + 2 norms x (1,024 + 4) + the product 2,752
+    = 16,488 B; the first block's input 1,024 per token; torchtune's fused fp32 final norm: output + rstd."""
+    t = terms(solve())
+    assert t["decoder layers: saved for backward (compiled)"] == 2 * 512 * 16_488
+    assert t["embedding output (the first block's input, saved)"] == 512 * 1024
+    assert t["final norm"] == 512 * (1024 + 4)
+    assert "attention mask (materialized under compile)" not in t
+    bf = terms(solve("bf16"))
+    assert bf["embedding output (the first block's input, saved)"] == 0      # the last block's output freed instead
+    assert bf["final norm"] == 512 * (8 * 256 + 2 * 256 + 4)
+
+
+def test_off_is_eager_and_blocks_keeps_the_eager_loss():
+    eager, blocks = terms(solve(compile=None)), terms(solve())
+    for label in ("log-softmax of the logits (fp32)", "cross-entropy backward temporaries (fp32)",
+                  "tied embedding gradient: two partials and their sum"):
+        assert eager[label] == blocks[label]
+    assert solve(compile=None).total_memory == solve(compile=False).total_memory
+
+
+def test_op_sac_blocks_is_the_policys_saved_set():
+    eager, blocks = terms(solve(compile=None, checkpointing="op-sac")), terms(solve(checkpointing="op-sac"))
+    assert eager["op-sac layers: input and saved op outputs"] == blocks["op-sac layers: input and saved op outputs"]
+
+
+def test_compiled_chunked_loss_saves_the_chunks_logits_not_the_log_softmax():
+    t = terms(solve(loss="chunked"))
+    assert t["every chunk's logits, saved by the compiled cross-entropy"] == 4 * 512 * 32000 + 8 * 512
+    assert "log-softmax of every chunk's logits (fp32)" not in t
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(checkpointing="full"), "activation_checkpointing"),
+    (dict(checkpointing="selective"), "activation_checkpointing"),
+    (dict(loss="fused_linear"), "loss"),
+    (dict(tp_size=2), "tp_size"),
+    (dict(compile="max-autotune"), "compile"),
+])
+def test_refused_by_name(kw, name):
+    checkpointing = kw.pop("checkpointing", "none")
+    with pytest.raises(NotModelledError, match=name):
+        solve(checkpointing=checkpointing, **kw)
+
+
+def test_whole_model_compile_still_refuses_data_parallelism():
+    with pytest.raises(NotModelledError, match="blocks"):
+        TrainingMemoryModel().solve(model(), BIG, 2, 512, "fp32", "adamw", "none", profile="measured", regime="fp32",
+                                    attention="sdpa", device="cpu", compile=True, dp_size=2, data_parallel="fsdp")
