@@ -65,6 +65,17 @@ cross-entropy, attention kernels that do not compute SDPA, families whose declar
 others than mm and SDPA (routers, grouped mms), dropout, parallel layouts, and the techniques that reshape
 the backward (LoRA, offload, the optimizer step in the backward, activation offload, float8).
 
+``compile="blocks"`` (docs/compile.md, "Per-block compile"): each decoder block compiled apart, as torchtune
+0.6.1 (``training.compile_model``) and torchtitan (``apply_compile``) do: the blocks' saved set as above with
+no mask (SDPA ``is_causal``) and k, v expanded to the query heads (torchtune attention.py:285-291), the first
+block's input saved; the embedding, final norm (torchtune's ``F.rms_norm(x.float(), ...)``: fused in fp32,
+composite in 16 bits), LM head and loss eager, the loss as the eager profile prices it (torchtune's recipe
+discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune's compiled
+``compute_cross_entropy`` (each chunk's logits and a per-token max and log-sum-exp saved, no fp32
+log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
+partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged). Measured on
+torchtune's builders: validation/compile/measure_blocks.py.
+
 CPU and CUDA lowering (docs/compile.md): the saved set is chosen on device-independent graphs and
 transfers; the transient peaks are measured on the CPU's Inductor (C++ kernels) and may differ on CUDA
 (Triton kernels, SDPA's flash or memory-efficient backend and its log-sum-exp padding): every result says so.
