@@ -100,6 +100,8 @@ CONFIGS = [
          use_dora=True, lora_dropout=0.1),
     _cfg("dora-gqa-tiny-amp-r8-qv-dropout-b2-s256", "gqa-tiny", 2, 256, rank=8, targets=QV, regime="amp-bf16",
          use_dora=True, lora_dropout=0.05),
+    _cfg("qdora-llama-tiny-bf16-nf4-r8-qv-dropout-b2-s256", "llama-tiny", 2, 256, rank=8, targets=QV, regime="bf16",
+         use_dora=True, quantization="nf4", lora_dropout=0.1),
     _cfg("dora-gpt2-tiny-fp32-r8-cattn-b2-s128", "gpt2-tiny", 2, 128, rank=8, targets=["c_attn"], use_dora=True),
     # modules_to_save: a trainable copy of the LM head and/or the embedding
     _cfg("mts-llama-tiny-fp32-r8-qv-lmhead-b2-s256", "llama-tiny", 2, 256, rank=8, targets=QV,

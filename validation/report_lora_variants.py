@@ -6,7 +6,9 @@ No torch.
     python validation/report_lora_variants.py --check   # exit 1 if it is stale
 
 Each measured phase (MemTracker's peak in the forward, the backward, the optimizer step) is compared with the
-prediction's bytes alive in that phase (the backward: the larger of the backward and its end), and the bytes
+prediction's bytes alive in that phase (the backward: the larger of the backward and its end; bitsandbytes'
+quantization state, which the tracker cannot see, added to every measured phase as measure_lora.py records it),
+and the bytes
 alive at the forward's end (``alive.end_of_forward``) with the prediction's saved tensors, weights and
 optimizer state (every term of the forward but those the forward frees: the phase's transients). Runs the
 profile refuses are listed with the refusal's field.
@@ -71,11 +73,13 @@ def compare(runs: list[dict]) -> list[dict]:
             rows.append({"run": run, "refused": e})
             continue
         predicted = predicted_phases(result)
-        errors = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"]) / m["peak_by_phase"][p]["bytes"] for p in PHASES}
-        eof = m["alive"]["end_of_forward"]["bytes"]
+        q = m.get("quant_state_bytes", 0)       # bitsandbytes' QuantState tensors: alive, unseen by the tracker
+        errors = {p: (predicted[p] - m["peak_by_phase"][p]["bytes"] - q) / (m["peak_by_phase"][p]["bytes"] + q)
+                  for p in PHASES}
+        eof = m["alive"]["end_of_forward"]["bytes"] + q
         rows.append({"run": run, "result": result, "errors": errors,
                      "end_of_forward": (end_of_forward(result) - eof) / eof,
-                     "peak": (result.total_memory - m["peak_bytes"]) / m["peak_bytes"]})
+                     "peak": (result.total_memory - m["peak_bytes"] - q) / (m["peak_bytes"] + q)})
     return rows
 
 

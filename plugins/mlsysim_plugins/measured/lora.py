@@ -163,10 +163,10 @@ def _check_variants(plan, config):
         raise NotModelledError("lora.modules_to_save", saved, "() with dp_size > 1 (one device)",
                                f"modules_to_save is validated on one device only; dp_size={plan.dp_size}: the copies' "
                                "gathers and gradient reduction under the data-parallel rules are not modelled")
-    if dora and config.dropout > 0 and config.quantization is not None:
-        raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora over a quantized base",
-                               "QDoRA with lora_dropout (the base layer recomputed on the dropped input from the "
-                               "dequantized weight) is not measured")
+    if dora and config.dropout > 0 and config.quantization is not None and plan.profile_options.regime.autocast:
+        raise NotModelledError("lora.dropout", config.dropout, "0.0 with lora.use_dora over a quantized base under "
+                               "autocast", "QDoRA with lora_dropout under autocast (the dequantized weight recomputed "
+                               "on the dropped input and cast by autocast) is not measured")
     if dora and config.quantization == "int8":
         raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
@@ -652,6 +652,7 @@ class Walk:
         self.lora_dropout = plan.profile_options.lora.dropout > 0     # peft's lora_dropout
         self.dora = plan.profile_options.lora.use_dora                # peft's use_dora
         self.base = base_weight_bytes(plan.profile_options.regime)    # the frozen base's bytes per element
+        self.quantized = plan.profile_options.lora.quantization is not None
         # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
@@ -730,12 +731,13 @@ def dora_dropout_weight(walk: Walk, in_features: int, out_features: int, grad: b
     """With lora_dropout DoRA recomputes the base layer on the dropped input, ``F.linear(dropout(x),
     W.to(x.dtype))``, which keeps its weight for the input's gradient (when the input requires grad): a copy
     of W in the adapters' dtype over a 16-bit base (fp32 adapters), a fresh 16-bit cast under autocast (a
-    frozen weight is not cached), nothing where W itself is in that dtype."""
+    frozen weight is not cached), the dequantized weight (in that dtype) over a 4-bit base, nothing where W
+    itself is in that dtype."""
     if not (walk.dora and walk.lora_dropout and grad):
         return 0
     if walk.amp:
         return 2 * in_features * out_features
-    return walk.ab * in_features * out_features if walk.base != walk.ab else 0
+    return walk.ab * in_features * out_features if walk.base != walk.ab or walk.quantized else 0
 
 
 def dora_vectors(walk: Walk, out_features: int, grad: bool) -> int:
