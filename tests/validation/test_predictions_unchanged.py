@@ -155,6 +155,19 @@ def _respelled_names(diffs, current) -> list:
     return explained
 
 
+CUBLAS_SM90, CUBLAS_OTHER = 32 * 2**20, 8 * 2**20 + 128 * 2**10
+
+
+def _cublas_by_capability(params, fields) -> bool:
+    """The deliberate change of the cuBLAS workspace (PyTorch's default by the GPU's compute capability,
+    pytorch/pytorch 26a39059 aten/src/ATen/cuda/CublasHandlePool.cpp): an A100 case (8.0) whose only
+    difference is its workspace, 32 MiB -> 8 MiB + 128 KiB, in the runtime overheads and the totals."""
+    delta = f"delta {CUBLAS_OTHER - CUBLAS_SM90:g}"
+    swapped = f"gone ['{CUBLAS_SM90}'], new ['{CUBLAS_OTHER}']"
+    return "a100" in str(params.get("hardware", "")).lower() and any(swapped in f for f in fields) and all(
+        delta in f or swapped in f or f.startswith("memory_utilization:") for f in fields)
+
+
 def test_predictions_unchanged(tool, recorded):
     """Every recorded case's numbers, recomputed now, exactly (every case: the whole run takes seconds),
     but for the deliberate change of issue 23 (``_respelled_names``)."""
@@ -162,7 +175,7 @@ def test_predictions_unchanged(tool, recorded):
     diffs = tool.differences(recorded["cases"], current)
     respelled = set(_respelled_names(diffs, current))
     assert len(respelled) == 8      # the grid's 'Selective', 'NONE', 'None', 'FULL', 'Full', 'adam w', 'adam8bit'
-    diffs = [d for d in diffs if d[0] not in respelled]
+    diffs = [d for d in diffs if d[0] not in respelled and not _cublas_by_capability(d[1], d[2])]
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)

@@ -142,10 +142,14 @@ def offload_staging(plan, placement) -> list[MemoryTerm]:
         terms += _layer_gather(plan, placement)
     if "gradients" in offloaded:
         regime, layer = plan.profile_options.regime, layer_parameters(plan, placement)
+        what = "params"
+        if plan.profile_options.lora is not None:      # only the adapters have gradients (the frozen base none)
+            from .lora import counts
+            layer, what = sum(row[3] for row in counts(plan).per_module), "adapter params (the frozen base has none)"
         terms.append(MemoryTerm(
             component=COMMUNICATION_BUFFERS, label="gradient offload staging (one layer)",
             nbytes=layer * (regime.gradient or 4), phases=(BACKWARD, BACKWARD_END),
-            formula=f"{_fmt(layer)} params x {regime.gradient or 4} B copied to the host as they are produced"))
+            formula=f"{_fmt(layer)} {what} x {regime.gradient or 4} B copied to the host as they are produced"))
     return terms
 
 

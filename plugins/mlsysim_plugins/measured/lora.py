@@ -598,16 +598,30 @@ def gathered_layer(plan, layer_params) -> list[MemoryTerm]:
     adapters in theirs for the forward and backward; the reduce-scatter's input is the adapters'
     gradients only (the frozen base has none: FSDP2 reduce-scatters the parameters that have a
     gradient; FSDP1 needs the adapters wrapped apart from the base, as peft's
-    ``fsdp_auto_wrap_policy`` does, else its flat gradient covers the frozen parameters too)."""
+    ``fsdp_auto_wrap_policy`` does, else its flat gradient covers the frozen parameters too).
+
+    QLoRA: the quantized linears are gathered as stored, their packed codes (Params4bit keeps
+    ``quantize_4bit``'s packed output as its data, viewed as ``quant_storage``: 1/2 B per parameter;
+    int8: 1 B), not in the base's dtype; their quantization state is no parameter (a module attribute
+    that ``Linear4bit.forward`` restores onto the gathered weight, ``fix_4bit_weight_quant_state_from_module``:
+    "the quant state got lost when the parameter got converted. This happens for example for fsdp"), so
+    it is not gathered: every rank keeps it whole (the weights' term). bitsandbytes-foundation/bitsandbytes
+    005a63c2badadd7fb2c45a4b67c1dcbabb72b297 bitsandbytes/nn/modules.py (Params4bit._quantize, Linear4bit)."""
     from mlsysim_core.terms import COMMUNICATION_BUFFERS
     regime = plan.profile_options.regime
-    adapters = sum(row[3] for row in counts(plan).per_module)
+    c = counts(plan)
+    adapters = sum(row[3] for row in c.per_module)
     frozen_b, adapter_b = frozen_gather_bytes(plan), regime.gather or regime.weight
     grad_b = regime.gradient or 4
+    q = c.quantized_parameters // plan.model.layers if plan.profile_options.lora.quantization else 0
+    q_bytes = c.quantized_weight_bytes // plan.model.layers if q else 0
+    plain = max(layer_params - q, 0)
+    codes = (f"{_n(q)} quantized params of one layer as stored ({_n(q_bytes)} B of packed codes; the quantization "
+             f"state stays whole on every rank, not gathered) + " if q else "")
     return [
         MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
-                   nbytes=layer_params * frozen_b + adapters * adapter_b, phases=(FORWARD, BACKWARD),
-                   formula=f"{_n(layer_params)} frozen params of one layer x {frozen_b} B + {_n(adapters)} adapter "
+                   nbytes=plain * frozen_b + q_bytes + adapters * adapter_b, phases=(FORWARD, BACKWARD),
+                   formula=codes + f"{_n(plain)} frozen params of one layer x {frozen_b} B + {_n(adapters)} adapter "
                            f"params x {adapter_b} B (one layer at a time)"),
         MemoryTerm(component=COMMUNICATION_BUFFERS, label="reduce-scatter input: one layer's unsharded gradients",
                    nbytes=adapters * grad_b, phases=(BACKWARD_END,),

@@ -397,25 +397,70 @@ class RuntimeOverheads:
       the first allocation; 300-600 MiB with lazy module loading).
     * ``allocator_fraction``: the caching allocator's reserve over the peak allocated
       (segment rounding and fragmentation: ``max_memory_reserved / max_memory_allocated - 1``).
-    * ``cublas_workspace``: cuBLAS/cuBLASLt workspaces (CUBLAS_WORKSPACE_CONFIG=:4096:8
-      is 8 x 4 MiB per stream; Hopper uses 32 MiB).
+    * ``cublas_workspace``: the cuBLAS workspace of the one (handle, stream) pair a training step
+      uses (cuBLASLt shares it: TORCH_CUBLASLT_UNIFIED_WORKSPACE is on by default). None (the
+      default): PyTorch's default for the accelerator's compute capability (``cublas_workspace_bytes``),
+      read from its catalog entry's ``extra["compute_capability"]``; an int: those bytes.
     * ``nccl_buffers``: NCCL's communicator buffers, only when a parallel layout communicates.
     """
 
     cuda_context: int = attrs.field(default=500 * 2**20, converter=_checks.to_int, validator=_bytes)
     allocator_fraction: float = attrs.field(default=0.05, validator=_fraction)
-    cublas_workspace: int = attrs.field(default=32 * 2**20, converter=_checks.to_int, validator=_bytes)
+    cublas_workspace: int | None = attrs.field(default=None, converter=attrs.converters.optional(_checks.to_int),
+                                               validator=attrs.validators.optional(_bytes))
     nccl_buffers: int = attrs.field(default=256 * 2**20, converter=_checks.to_int, validator=_bytes)
+
+
+# PyTorch's default cuBLAS workspace, per (handle, stream) (pytorch/pytorch
+# 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize
+# / getChosenWorkspaceSize, allocated by getNewWorkspace through the caching allocator): ":4096:8"
+# (8 x 4096 KiB = 32 MiB) where ``properties->major == 9 && properties->minor == 0`` (Hopper, sm90: exactly
+# 9.0), ":4096:2:16:8" (2 x 4096 KiB + 8 x 16 KiB = 8 MiB + 128 KiB) on every other compute capability.
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_SOURCE = ("pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp "
+                 "parseChosenWorkspaceSize")
+
+
+@memoize
+def compute_capability(hardware) -> str | None:
+    """The accelerator's CUDA compute capability ("9.0") as its catalog entry records it
+    (``extra["compute_capability"]``, sourced in the entry); None for hardware the catalog does not
+    say it of (or a node that is not the catalog's object)."""
+    from mlsysim_core.catalog import find_hardware
+    try:
+        entry = find_hardware(hardware.name)
+    except Exception:       # (not in the catalog: a user's HardwareNode)
+        return None
+    if entry.value != hardware:
+        return None
+    cc = entry.extra.get("compute_capability")
+    return None if cc is None else str(cc)
+
+
+def cublas_workspace_bytes(capability: str | None) -> tuple[int, str]:
+    """PyTorch's default cuBLAS workspace for a compute capability, and how (None: the accelerator does not
+    say: 32 MiB, the Hopper default this profile has always priced, said in a note)."""
+    if capability is None:
+        return CUBLAS_WORKSPACE_SM90, ("32 MiB: the accelerator records no compute capability (catalog extra "
+                                       "'compute_capability'); PyTorch's sm90 default (:4096:8) assumed, "
+                                       f"other GPUs' is 8 MiB + 128 KiB (:4096:2:16:8; {CUBLAS_SOURCE})")
+    if capability == "9.0":
+        return CUBLAS_WORKSPACE_SM90, f"32 MiB (:4096:8, PyTorch's default on sm90; {CUBLAS_SOURCE})"
+    return CUBLAS_WORKSPACE_OTHER, (f"8 MiB + 128 KiB (:4096:2:16:8, PyTorch's default on compute capability "
+                                    f"{capability}: 32 MiB is sm90's only; {CUBLAS_SOURCE})")
 
 
 def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
     """The runtime-overhead terms: NCCL's buffers only when the layout communicates (any
-    parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``)."""
-    return list(_runtime_terms(overheads, is_parallel(plan), allocated))
+    parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``); the cuBLAS
+    workspace PyTorch's default for the hardware's compute capability unless the overheads set it."""
+    cc = compute_capability(plan.hardware) if overheads.cublas_workspace is None else None
+    return list(_runtime_terms(overheads, is_parallel(plan), allocated, cc))
 
 
-def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float) -> tuple:
-    terms = _fixed_runtime_terms(overheads, parallel)
+def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float, capability=None) -> tuple:
+    terms = _fixed_runtime_terms(overheads, parallel, capability)
     if overheads.allocator_fraction:
         terms += (MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
                              nbytes=allocated * overheads.allocator_fraction, phases=ALL,
@@ -424,16 +469,19 @@ def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int |
 
 
 @memoize
-def _fixed_runtime_terms(overheads: RuntimeOverheads, parallel: bool) -> tuple:
+def _fixed_runtime_terms(overheads: RuntimeOverheads, parallel: bool, capability=None) -> tuple:
     """The runtime overheads that do not depend on the bytes allocated (all but the allocator's)."""
     terms = []
     if overheads.cuda_context:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
                                 phases=ALL, formula=f"{overheads.cuda_context / 2**20:,.0f} MiB (runtime_overheads.cuda_context)"))
-    if overheads.cublas_workspace:
+    if overheads.cublas_workspace is None:
+        workspace, how = cublas_workspace_bytes(capability)
+    else:
+        workspace, how = overheads.cublas_workspace, f"{overheads.cublas_workspace / 2**20:,.0f} MiB"
+    if workspace:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="cuBLAS workspaces",
-                                nbytes=overheads.cublas_workspace, phases=ALL,
-                                formula=f"{overheads.cublas_workspace / 2**20:,.0f} MiB"))
+                                nbytes=workspace, phases=ALL, formula=how))
     if parallel and overheads.nccl_buffers:
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="NCCL buffers", nbytes=overheads.nccl_buffers,
                                 phases=ALL, formula=f"{overheads.nccl_buffers / 2**20:,.0f} MiB (parallel layout)"))

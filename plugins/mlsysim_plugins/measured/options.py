@@ -271,6 +271,9 @@ def prepare(plan, registry):
     plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
     plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
     said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
+    ro = plan.profile_options.runtime_overheads
+    if ro is not None and ro.cublas_workspace is None and _model.compute_capability(plan.hardware) is None:
+        plan = evolve(plan, notes=plan.notes + (_model.cublas_workspace_bytes(None)[1],))    # cuBLAS: not said
     if said is not None:
         plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
     plan = _parallel.layout_options(plan, schedules)
