@@ -6,7 +6,7 @@ every phase.
 
 Each run is solved with the same shape (its ``hf_config``), batch, sequence, regime, AdamW foreach, SDPA on the
 CPU, no runtime overheads, and ``compile="blocks"`` for the per-block compiled runs (``None`` for the eager
-ones); ``policy="op-sac"``: ``activation_checkpointing="op-sac"``; ``loss="chunked"``: ``loss="chunked"``;
+ones); ``policy="op-sac"`` or ``"full"``: that ``activation_checkpointing``; ``loss="chunked"``: ``loss="chunked"``;
 an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch.
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
 """
@@ -38,7 +38,7 @@ def solve(run):
     return TrainingMemoryModel().solve(
         model, HardwareNode(name="unbounded", memory_capacity=2**60), run["batch_size"] * world, run["seq_len"],
         run["regime"],
-        "adamw", "op-sac" if run["policy"] == "op-sac" else "none", profile="measured", regime=run["regime"],
+        "adamw", {"op-sac": "op-sac", "full": "full"}.get(run["policy"], "none"), profile="measured", regime=run["regime"],
         attention="sdpa", device="cpu", runtime_overheads=False,
         compile="blocks" if run["compile"] == "blocks" else None, **extra)
 

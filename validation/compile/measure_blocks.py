@@ -26,6 +26,9 @@ What runs, as torchtune 0.6.1's ``full_finetune_single_device`` recipe runs it:
   ``_apply_ac_to_transformer_block`` of 9dec370: ``create_selective_checkpoint_contexts`` with ``_save_list``
   {mm, SDPA's flash/efficient/CPU-flash ops, max, abs}, every second mm recomputed) applied with
   ``checkpoint_wrapper`` before the block is compiled (torchtitan's order: apply_ac, then apply_compile);
+* ``policy="full"``: torchtune's ``training.set_activation_checkpointing(model, auto_wrap_policy=
+  {TransformerSelfAttentionLayer})`` after ``compile_model`` (the recipe's order: each compiled layer wrapped
+  in ``checkpoint_wrapper``, non-reentrant);
 * AdamW (foreach), the harness's protocol (two warm-ups, the third iteration measured).
 """
 
@@ -70,6 +73,11 @@ CONFIGS = [
     _cfg("fp32", "blocks", vocab=1024, b=2, layers=3),
     _cfg("fp32", "eager", policy="op-sac"), _cfg("fp32", "blocks", policy="op-sac"),
     _cfg("fp32", "blocks", loss="chunked"), _cfg("bf16", "blocks", loss="chunked"),
+    # torchtune's full activation checkpointing with compile: compile_model first, then
+    # set_activation_checkpointing wraps each (compiled) layer in checkpoint_wrapper (the recipe's _setup_model).
+    _cfg("fp32", "eager", policy="full"), _cfg("fp32", "blocks", policy="full"),
+    _cfg("fp32", "eager", vocab=1024, b=2, layers=3, policy="full"),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, policy="full"),
     # FSDP2 (rank 0 of 2, the fake process group; torchtitan's order: each block compiled, then fully_shard on
     # it, reshard_after_forward True, the root fully_shard'ed last): eager and per-block compiled.
     _cfg("fp32", "eager", layout="fsdp2"), _cfg("fp32", "blocks", layout="fsdp2"),
@@ -154,12 +162,14 @@ def _measure(cfg: dict) -> dict:
         for i, layer in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(layer, context_fn=_op_sac_context(), preserve_rng_state=False)
     if cfg["compile"] == "blocks":
-        if cfg["policy"] == "none" and not cfg.get("layout"):
+        if cfg["policy"] in ("none", "full") and not cfg.get("layout"):
             training.compile_model(model, verbose=False)        # torchtune: each TransformerSelfAttentionLayer
         else:                                                   # torchtitan: each (wrapped) block
             for i, layer in enumerate(model.layers):
                 model.layers[i] = torch.compile(layer, fullgraph=True)
         assert any(isinstance(m, TransformerSelfAttentionLayer) for m in model.modules())
+    if cfg["policy"] == "full":     # torchtune recipes: after compile_model
+        training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
     if cfg.get("layout"):
         _fsdp2(model, cfg["layout"]["world_size"])
     if cfg["loss"] == "chunked":
