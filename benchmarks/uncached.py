@@ -1,5 +1,6 @@
-"""The uncached solve that issue 24's speed target names: Llama-3.1-8B on an H100, tp2 pp2 dp8
-ZeRO-2, every call at a batch size not seen before (no memo hit), after one warm-up solve.
+"""The uncached solve that issue 24's and issue 27's (item 5) speed targets name: Llama-3.1-8B on an
+H100, tp2 pp2 dp8 ZeRO-2, every call at a batch size not seen before (no memo hit for the solve;
+what is kept per layout still applies), after one warm-up solve.
 
     python benchmarks/uncached.py PROFILE N [layout]    # PROFILE: reference or measured
 
