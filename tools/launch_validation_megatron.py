@@ -9,7 +9,9 @@ last pipeline stage. Compared like with like: allocated bytes, without the runti
 ``max_memory_allocated`` does not count (CUDA context, NCCL buffers, allocator reserve), with the one it
 counts: the cuBLAS workspace, which PyTorch allocates through its caching allocator
 (pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp,
-``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate``). The golden files also log
+``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate``), whose default size depends on the GPU's
+compute capability (32 MiB on sm90, 8 MiB + 128 KiB otherwise): each row is solved on the golden's machine
+(``dev_dgx_a100``: an A100 SXM4 80GB, ``dev_dgx_h100``: an H100 SXM5). The golden files also log
 ``mem-allocated-bytes`` (allocated after the step: weights, gradients, optimizer state), so each
 row is split: that static part against the prediction's, and the peak above it against the
 prediction's.
@@ -54,12 +56,17 @@ def allocated(rank) -> tuple[float, float]:
     return rank.total_memory - rank.runtime_overheads + workspace, static
 
 
-def predict(config: Path):
+# The golden's machine -> the catalog's accelerator (a DGX A100 node's GPUs are A100 SXM4; 40 and 80 GB alike
+# have compute capability 8.0, and the allocated bytes do not depend on the capacity).
+MACHINES = {"dev_dgx_a100": "nvidia/a100-sxm4-80gb", "dev_dgx_h100": "h100"}
+
+
+def predict(config: Path, hardware: str = "h100"):
     import os
     os.chdir(ROOT)
     import mlsysim_core
     from mlsysim_core.scenario import from_launch
-    launch = from_launch([config.relative_to(ROOT)], gpus=GPUS, hardware="h100")
+    launch = from_launch([config.relative_to(ROOT)], gpus=GPUS, hardware=hardware)
     s = launch.scenario
     result = mlsysim_core.TrainingMemoryModel("measured").solve(s.resolve_model(), s.resolve_hardware(),
                                                                 **{k: v for k, v in s.solve_kwargs().items()
@@ -78,7 +85,7 @@ def rows():
         value, where = golden_value(golden)
         static, _ = golden_value(golden, "mem-allocated-bytes")
         try:
-            rank, launch = predict(config)
+            rank, launch = predict(config, MACHINES[where.split(",")[0]])
         except MlsysimError as err:
             out.append((name, where, value, static, None, None, f"refused: {str(err).splitlines()[0][:160]}"))
             continue

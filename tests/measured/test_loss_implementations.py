@@ -30,7 +30,7 @@ V, h, B, S = 32000, 256, 2, 256
 T = B * S
 SAVED = (FORWARD, BACKWARD)
 NEW = ("torchtune_linear", "torchtitan_chunked", "trl_chunked_nll", "litgpt_chunked", "cut_cross_entropy",
-       "megatron_fused")
+       "megatron_fused", "megatron_vocab_parallel")
 
 
 def solve(solver=None, regime="bf16", **options):
@@ -145,14 +145,37 @@ def test_cut_cross_entropy_by_hand():
 
 
 def test_megatron_fused_by_hand():
+    """Compiled (jit_fuser = torch.compile): the eager steps' bytes + Inductor's fresh fp32 [T, V] buffer of the
+    one-hot subtraction in the backward, beside the softmax and the bf16 gradient."""
     r = solve(loss="megatron_fused")
     check(r, "softmax, made in place in the logits' fp32 copy (saved)", 4 * T * V, SAVED)
     check(r, "target mask (bool) and masked target (int64)", 9 * T, SAVED)
     check(r, "logits (2 B, held until the loss returns)", 2 * T * V, (FORWARD,))
-    check(r, "per-token statistics (fp32): max, predicted logit and sum of exp, loss", 16 * T, (FORWARD,))
+    check(r, "per-token statistics (fp32): max, predicted logit and sum of exp concatenated, loss", 16 * T, (FORWARD,))
     check(r, "logits gradient cast to bf16 beside the softmax", 2 * T * V, (BACKWARD,))
+    check(r, "compiled calculate_gradients: Inductor's fresh fp32 buffer for the one-hot subtraction", 4 * T * V,
+          (BACKWARD,))
     with pytest.raises(NotModelledError, match="16-bit logits"):
         solve(regime="fp32", loss="megatron_fused")
+
+
+def test_megatron_vocab_parallel_by_hand():
+    """Unfused, eager: in place; the fp32 gradient cast by autograd beside the softmax; no compiled buffer.
+    The backward is the fused one's less 4 x T x V, exactly; fp32 logits are worked in place."""
+    r = solve(loss="megatron_vocab_parallel")
+    check(r, "softmax, made in place in the logits' fp32 copy (saved)", 4 * T * V, SAVED)
+    check(r, "target mask (bool) and masked target (int64)", 9 * T, SAVED)
+    check(r, "logits (2 B, held until the loss returns)", 2 * T * V, (FORWARD,))
+    check(r, "per-token statistics (fp32): max, predicted logit, sum of exp, loss (target.clone() beside them)",
+          16 * T, (FORWARD,))
+    check(r, "logits gradient cast to the logits dtype beside the softmax", 2 * T * V, (BACKWARD,))
+    assert not any(t.label.startswith("compiled") for t in r.terms)
+    fused = solve(loss="megatron_fused")
+    assert fused.phase_totals[BACKWARD] - r.phase_totals[BACKWARD] == 4 * T * V
+    assert fused.phase_totals[FORWARD] == r.phase_totals[FORWARD]
+    fp32 = solve(regime="fp32", loss="megatron_vocab_parallel")
+    check(fp32, "logits (4 B, held until the loss returns)", 0, (FORWARD,))
+    check(fp32, "logits gradient cast to the logits dtype beside the softmax", 0, (BACKWARD,))
 
 
 def test_megatron_fused_under_megatron_tp_splits_the_vocabulary():
@@ -271,7 +294,10 @@ PUBLISHED_ERRORS = {r["id"]: REPORT.errors(r) for r in PUBLISHED_RUNS}
 
 def test_every_cpu_runnable_published_loss_is_measured():
     measured = {r["loss"] for r in PUBLISHED_RUNS}
-    assert {"torchtune_linear", "torchtitan_chunked", "trl_chunked_nll", "litgpt_chunked", "megatron_fused"} <= measured
+    assert {"torchtune_linear", "torchtitan_chunked", "trl_chunked_nll", "litgpt_chunked", "megatron_fused",
+            "megatron_vocab_parallel"} <= measured
+    # Megatron's runs by the profiler's memory timeline (a compiled loss runs under no dispatch mode)
+    assert all(r["measured"]["method"].startswith("torch.profiler") for r in PUBLISHED_RUNS if r["loss"].startswith("megatron"))
     assert {r["regime"] for r in PUBLISHED_RUNS if r["loss"] == "torchtune_linear"} >= {"bf16", "fp32"}
 
 

@@ -393,10 +393,12 @@ def _read(args: dict, path, context):
         r.default("--attention-backend", "attention", "sdpa", f"{TC} (attention_backend=AttnBackend.auto: "
                   "TransformerEngine's fused/flash attention on Hopper/Ampere)")
     # The loss: Megatron-Core's vocabulary-parallel cross-entropy, fused or not (language_module.py
-    # compute_language_model_loss). Both upcast the rank's logits shard once (.float()), work it in place
-    # into the softmax they save, and hand the backward a 16-bit gradient beside it (the fused path's
-    # grad_input.to(torch.bfloat16); the unfused path returns the fp32 gradient and autograd casts it to
-    # the logits' dtype): the same bytes, registered as loss='megatron_fused'.
+    # compute_language_model_loss). Both upcast the rank's logits shard once (.float()) and work it in place
+    # into the softmax they save. The fused path's functions are decorated with jit_fuser, torch.compile from
+    # PyTorch 2.2 (megatron/core/jit.py), and its compiled backward computes the one-hot subtraction on the
+    # saved softmax into a fresh fp32 buffer beside the softmax and the bf16 gradient: loss='megatron_fused'.
+    # The unfused path is not compiled and works in place (the fp32 gradient cast to the logits' dtype by
+    # autograd beside the softmax): loss='megatron_vocab_parallel'.
     impl = args.get("--cross-entropy-fusion-impl", "native")
     if "--cross-entropy-fusion-impl" in args:
         used.add("--cross-entropy-fusion-impl")
@@ -404,20 +406,17 @@ def _read(args: dict, path, context):
         if impl != "native":
             refuse("--cross-entropy-fusion-impl", "TransformerEngine's cross-entropy fusion is refused by Megatron "
                    f"itself at this commit ({ARGS} validate_args: 'disabled due to stability issues')", "native")
-        r.approx("--cross-entropy-loss-fusion", True, "loss", "megatron_fused", f"{LOSS_FUSED} "
-                 "(cross_entropy_fusion_impl native): the logits shard upcast once, the softmax made in place and "
-                 "saved, the backward's bf16 gradient beside it; not priced: the fused path's functions are "
-                 "torch.compile'd (megatron/core/jit.py: jit_fuser = torch.compile from PyTorch 2.2), and Inductor "
-                 "compiles calculate_gradients' in-place one-hot subtraction on the saved softmax (an index_put on "
-                 "its view) into a fresh fp32 buffer (4 B per token x V/tp) beside the softmax and the bf16 "
-                 "gradient (its generated code, torch 2.13 CPU), while the eager unfused path works in place")
+        r.set("--cross-entropy-loss-fusion", True, "loss", "megatron_fused", f"{LOSS_FUSED} "
+              "(cross_entropy_fusion_impl native), torch.compile'd as Megatron runs it (megatron/core/jit.py: "
+              "jit_fuser = torch.compile from PyTorch 2.2): the logits shard upcast once, the softmax made in place "
+              "and saved; the compiled calculate_gradients computes the one-hot subtraction on the saved softmax "
+              "into a fresh fp32 buffer (4 B per token x V/tp) beside the softmax and the bf16 gradient")
     else:
-        r.default("--cross-entropy-loss-fusion", "loss", "megatron_fused", f"{LOSS_UNFUSED} (vocab_parallel_"
-                  "cross_entropy, cross_entropy_loss_fusion=False)", "the unfused vocabulary-parallel cross-entropy "
-                  "keeps what the fused one keeps: the logits shard upcast once (.float()), max, exp and divide in "
+        r.default("--cross-entropy-loss-fusion", "loss", "megatron_vocab_parallel", f"{LOSS_UNFUSED} (vocab_"
+                  "parallel_cross_entropy, cross_entropy_loss_fusion=False)", "the unfused vocabulary-parallel "
+                  "cross-entropy, not compiled: the logits shard upcast once (.float()), max, exp and divide in "
                   "place, the softmax saved (4 B per token x V/tp), and in the backward the fp32 gradient made in "
-                  "place and cast to the logits' dtype by autograd (2 B per token x V/tp) beside it; it differs by "
-                  "per-token int64 temporaries only (target.clone(), 8 B per token): registered as megatron_fused")
+                  "place and cast to the logits' dtype by autograd (2 B per token x V/tp) beside it")
     used.add("--cross-entropy-loss-fusion")
 
     # --- world -------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ LOSS = _option("the loss implementation (a registered name; mlsysim-core plugins
     "logits one chunk at a time, the LM head's gradients computed in the forward; unvalidated), torchtune_linear "
     "(torchtune's LinearCrossEntropyLoss), torchtitan_chunked (torchtitan's ChunkedLossWrapper), trl_chunked_nll "
     "(TRL's chunked_nll), litgpt_chunked (LitGPT's chunked_cross_entropy), cut_cross_entropy (Apple's Cut "
-    "Cross-Entropy; unvalidated), megatron_fused (Megatron-Core's fused vocab-parallel cross-entropy)",
+    "Cross-Entropy; unvalidated), megatron_fused (Megatron-Core's fused vocab-parallel cross-entropy, torch.compile'd as Megatron runs it), "
+    "megatron_vocab_parallel (Megatron-Core's unfused vocab-parallel cross-entropy)",
     "NAME")
 LOSS_CHUNKS = _option("with a chunked loss: the number of chunks (default 8, torchtune's num_output_chunks), or "
     "for trl_chunked_nll and litgpt_chunked the tokens per chunk (their chunk_size: 256, 128)",

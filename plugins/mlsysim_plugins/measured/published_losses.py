@@ -69,15 +69,30 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   anyway). Needs an Ampere GPU (cce.py raises otherwise): derived from source, not measured.
 * ``megatron_fused``: Megatron-Core's fused vocab-parallel cross-entropy (NVIDIA/Megatron-LM
   d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/core/fusions/fused_cross_entropy.py lines
-  1-150, megatron/core/tensor_parallel/cross_entropy.py lines 13-200): the rank's logits shard
-  (V/tp) is upcast once (``.float()``: 4 T V/tp beside the 16-bit logits, c T V/tp, which the
-  model's forward holds until the loss returns), then worked in place: the max subtracted, exp
-  taken into the same tensor, divided by the sum: the softmax saved for the backward (4 T V/tp)
-  with the target mask (bool, T) and the masked target (int64, 8 T); per-token fp32 statistics
-  (max, predicted logit and sum of exp concatenated, loss: 4 x 4 T) in the forward. The backward
-  subtracts the one-hot in place and casts the gradient to bf16 (``grad_input.to(torch.bfloat16)``:
-  c T V/tp) beside the softmax. Refused with fp32 logits (Megatron's unfused path). Runs under Megatron-Core's regimes with its
-  tensor parallelism (the logits split over tp x cp) or on one device.
+  1-150, megatron/core/tensor_parallel/cross_entropy.py lines 13-200), as Megatron runs it: its four
+  functions are decorated with ``jit_fuser``, which is ``torch.compile`` from PyTorch 2.2
+  (megatron/core/jit.py; NVIDIA/Megatron-LM 00caa53af30912914981c86f39db123961678bbd, the same at both
+  commits). The rank's logits shard (V/tp) is upcast once (``.float()``: 4 T V/tp beside the 16-bit
+  logits, c T V/tp, which the model's forward holds until the loss returns), then worked in place: the
+  max subtracted, exp taken into the same tensor, divided by the sum: the softmax saved for the
+  backward (4 T V/tp) with the target mask (bool, T) and the masked target (int64, 8 T); per-token fp32
+  statistics (max, predicted logit and sum of exp concatenated, loss: 4 x 4 T) in the forward. The
+  backward (``calculate_gradients``, compiled) subtracts the one-hot on a view of the saved softmax
+  (``grad_2d[arange_1d, masked_target_1d] -= softmax_update``, an index_put on the input): Inductor
+  does not keep that mutation in place but computes the new value into a fresh fp32 [T, V/tp] buffer
+  (4 T V/tp) beside the softmax, and casts the gradient to bf16 (``grad_input.to(torch.bfloat16)``:
+  c T V/tp) beside both. Measured compiled (torch 2.13, CPU, the profiler's memory timeline): the
+  backward is the eager path's + 4 T V - 12 T (the eager path's arange and float mask, int64 and fp32
+  per token, fused away), the forward the eager path's - 8 T. Refused with fp32 logits (Megatron's
+  unfused path). Runs under Megatron-Core's regimes with its tensor parallelism (the logits split over
+  tp x cp) or on one device.
+* ``megatron_vocab_parallel``: Megatron-Core's unfused ``vocab_parallel_cross_entropy``
+  (tensor_parallel/cross_entropy.py lines 119-210, ``cross_entropy_loss_fusion=False``, label_smoothing
+  0), not compiled: the same steps eagerly, in place (the logits shard upcast once, the softmax made
+  in it and saved, 4 T V/tp), the statistics returned apart (no concatenation; ``target.clone()``,
+  8 T, instead), and the backward works the one-hot subtraction and the scaling in place in the
+  saved softmax and returns it in fp32; autograd casts it to the logits' dtype (c T V/tp) beside it.
+  With fp32 logits the upcast is the logits themselves and the gradient is returned in place.
 """
 
 from __future__ import annotations
@@ -97,7 +112,10 @@ TRL = "huggingface/trl f2cd57710ae345ea6428ae95363267fcf38a3dc8 trl/trainer/sft_
 LITGPT = "Lightning-AI/litgpt 26857050fe3ff627cd714fe92f5838f51a3d5efa litgpt/utils.py"
 CCE = "apple/ml-cross-entropy d42911f9b1a1f98289bb601c35c8151562603d74 cut_cross_entropy/cce.py"
 MEGATRON = ("NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/core/fusions/fused_cross_entropy.py, "
-            "megatron/core/tensor_parallel/cross_entropy.py")
+            "megatron/core/tensor_parallel/cross_entropy.py; jit_fuser = torch.compile: megatron/core/jit.py at "
+            "00caa53af30912914981c86f39db123961678bbd")
+MEGATRON_UNFUSED = ("NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 "
+                    "megatron/core/tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy)")
 
 
 def _n(x) -> str:
@@ -254,33 +272,59 @@ def cut_cross_entropy_terms(ctx) -> list[MemoryTerm]:
               "4 x T' (the logits are recomputed block by block inside the kernel)")]
 
 
-# --- Megatron-Core fused vocab-parallel cross-entropy ---------------------------------------------
+# --- Megatron-Core vocab-parallel cross-entropy, fused (compiled) and unfused ---------------------
 
-def megatron_fused_terms(ctx) -> list[MemoryTerm]:
+def _megatron_terms(ctx, *, fused: bool) -> list[MemoryTerm]:
     T, V, c = ctx.tokens, ctx.vocab, ctx.compute
     on = " (the rank's vocabulary shard)" if V != ctx.shape.vocab else ""
     up = 4 * T * V if c != 4 else 0
-    return [
+    stats = ("max, predicted logit and sum of exp concatenated, loss" if fused else
+             "max, predicted logit, sum of exp, loss (target.clone() beside them)")
+    cast = "grad_input.to(torch.bfloat16)" if fused else "autograd's cast of the fp32 gradient to the logits' dtype"
+    out = [
         _term("softmax, made in place in the logits' fp32 copy (saved)", 4 * T * V, SAVED,
               f"4 x T x V{on} (upcast once, max subtracted, exp and divide in place)"),
         _term("target mask (bool) and masked target (int64)", 9 * T, SAVED, "T + 8 x T"),
         _term(f"logits ({c} B, held until the loss returns)", c * T * V if c != 4 else 0, (FORWARD,),
               f"{c} x T x V{on}" if c != 4 else "0 (fp32: the upcast is the logits themselves)"),
-        _term("per-token statistics (fp32): max, predicted logit and sum of exp, loss", 16 * T, (FORWARD,),
-              "4 x 4 x T"),
-        _term("logits gradient cast to bf16 beside the softmax", 2 * T * V if up else 0, (BACKWARD,),
-              f"2 x T x V{on} (grad_input.to(torch.bfloat16))" if up else "0 (fp32: the gradient in place)")]
+        _term(f"per-token statistics (fp32): {stats}", 16 * T, (FORWARD,), "4 x 4 x T"),
+        _term(f"logits gradient cast to {'bf16' if fused else 'the logits dtype'} beside the softmax",
+              c * T * V if up else 0, (BACKWARD,),
+              f"{c} x T x V{on} ({cast})" if up else "0 (fp32: the gradient in place)")]
+    if fused:
+        out.append(_term("compiled calculate_gradients: Inductor's fresh fp32 buffer for the one-hot subtraction",
+                         4 * T * V, (BACKWARD,),
+                         f"4 x T x V{on} (jit_fuser = torch.compile: the index_put on the saved softmax's view is "
+                         "computed into a new [T, V] buffer beside the softmax and the bf16 gradient, not in place)"))
+    return out
+
+
+def megatron_fused_terms(ctx) -> list[MemoryTerm]:
+    return _megatron_terms(ctx, fused=True)
+
+
+def megatron_vocab_parallel_terms(ctx) -> list[MemoryTerm]:
+    return _megatron_terms(ctx, fused=False)
+
+
+def _megatron_tp_check(name, plan):
+    from .model import megatron
+    if plan.tp_size > 1 and not megatron(plan.profile_options.regime):
+        raise NotModelledError("loss", name, "a Megatron-Core regime (regime='mixed-bf16-main-grad') under tp > 1",
+                               "Megatron's vocabulary-parallel cross-entropy splits the logits its own way")
 
 
 def _megatron_check(plan, chunks):
-    from .model import megatron
     if plan.profile_options.regime.compute == 4:
         raise NotModelledError("loss", "megatron_fused", "16-bit logits (bf16 or fp16 compute)",
                                "the fused cross-entropy casts its gradient to bf16 (fused_cross_entropy.py "
-                               "calculate_gradients); Megatron runs fp32 logits through the unfused path")
-    if plan.tp_size > 1 and not megatron(plan.profile_options.regime):
-        raise NotModelledError("loss", "megatron_fused", "a Megatron-Core regime (regime='mixed-bf16-main-grad') under tp > 1",
-                               "Megatron's vocabulary-parallel cross-entropy splits the logits its own way")
+                               "calculate_gradients); Megatron runs fp32 logits through the unfused path "
+                               "(loss='megatron_vocab_parallel')")
+    _megatron_tp_check("megatron_fused", plan)
+
+
+def _megatron_unfused_check(plan, chunks):
+    _megatron_tp_check("megatron_vocab_parallel", plan)
 
 
 def _launches(per_chunk, chunks_of):
@@ -347,8 +391,18 @@ PUBLISHED = (
     LossImplementation(
         name="megatron_fused", source=MEGATRON, terms=megatron_fused_terms, check=_megatron_check,
         allows=("autocast", "tensor_parallel", "context_parallel", "megatron"),
-        description="Megatron-Core's fused vocab-parallel cross-entropy: upcast once, softmax in place",
-        note="loss: Megatron-Core's fused vocab-parallel cross-entropy: the logits upcast once and worked in place "
-             "(the softmax saved); the backward's bf16 gradient beside it",
+        description="Megatron-Core's fused vocab-parallel cross-entropy, torch.compile'd as Megatron runs it "
+                    "(jit_fuser): upcast once, softmax in place; the compiled backward's fresh fp32 buffer",
+        note="loss: Megatron-Core's fused vocab-parallel cross-entropy (jit_fuser = torch.compile): the logits "
+             "upcast once and worked in place (the softmax saved); the compiled backward computes the one-hot "
+             "subtraction into a fresh fp32 buffer beside the softmax and the bf16 gradient",
         added_step_time=lambda plan: (0.0, "Megatron's fused cross-entropy: no extra FLOPs or launches")),
+    LossImplementation(
+        name="megatron_vocab_parallel", source=MEGATRON_UNFUSED, terms=megatron_vocab_parallel_terms,
+        check=_megatron_unfused_check, allows=("autocast", "tensor_parallel", "context_parallel", "megatron"),
+        description="Megatron-Core's unfused vocab-parallel cross-entropy (not compiled): upcast once, softmax "
+                    "and gradient in place",
+        note="loss: Megatron-Core's unfused vocab-parallel cross-entropy: the logits upcast once and worked in "
+             "place (the softmax saved); the backward's gradient made in place, cast to the logits' dtype beside it",
+        added_step_time=lambda plan: (0.0, "Megatron's vocab-parallel cross-entropy: no extra FLOPs or launches")),
 )

@@ -24,7 +24,16 @@ library's own code copied at the cited commit (published_sources.py):
   backward and the step and replaced only when the next forward's are assigned (kept here in a
   holder that the next forward rebinds after its LM head).
 * ``megatron_fused``: the logits (``F.linear``), Megatron's fused vocab-parallel cross-entropy at
-  tp = 1 on targets shifted by one (Megatron's dataset gives them shifted), mean over tokens.
+  tp = 1 on targets shifted by one (Megatron's dataset gives them shifted), mean over tokens, as
+  Megatron runs it: its four functions ``torch.compile``d (``jit_fuser``, megatron/core/jit.py). A
+  TorchDispatchMode (MemTracker) stops Dynamo, so these runs are measured by the profiler's memory
+  timeline instead (``harness.profiled_iteration`` / ``memory_timeline``: two warm-up iterations,
+  which compile, then the measured one, every phase), plus what was alive at the timeline's zero
+  (``baseline_bytes``: parameters, buffers, optimizer state, inputs; the absolute bytes are their
+  sum, as MemTracker's). The first run also measures the same code eagerly by the timeline
+  (``eager_timeline``: the eager fused path, what the profile priced before).
+* ``megatron_vocab_parallel``: the same with Megatron's unfused ``vocab_parallel_cross_entropy``
+  (eager, as Megatron runs it), measured by the same timeline.
 
 ``share`` runs ignore the first half of each sequence's labels (-100: a prompt masked out, as in
 SFT), solved with ``loss_token_share=0.5``. Writes published_measurements.json; compared by
@@ -66,13 +75,17 @@ def _run(model, b, s, regime, loss, share=None):
 # gqa-tiny in bf16 for every loss first, then fp32, the share runs, autocast, then a Mixtral (the order measured).
 _LOSSES = (("torchtune_linear", ("bf16", "fp32", "amp-bf16")), ("torchtitan_chunked", ("bf16", "fp32", "amp-bf16")),
            ("trl_chunked_nll", ("bf16", "fp32")), ("litgpt_chunked", ("bf16", "fp32", "amp-bf16")),
-           ("megatron_fused", ("bf16", "amp-bf16")))
+           ("megatron_fused", ("bf16", "amp-bf16")), ("megatron_vocab_parallel", ("bf16", "amp-bf16")))
+TIMELINE = ("megatron_fused", "megatron_vocab_parallel")
 CONFIGS = [_run("gqa-tiny", 2, 256, regime, loss) for regime in ("bf16", "fp32") for loss, regimes in _LOSSES
            if regime in regimes]
 CONFIGS += [_run("gqa-tiny", 2, 256, "bf16", "torchtune_linear", 0.5),
             _run("gqa-tiny", 2, 256, "bf16", "trl_chunked_nll", 0.5)]
 CONFIGS += [_run("gqa-tiny", 2, 256, "amp-bf16", loss) for loss, regimes in _LOSSES if "amp-bf16" in regimes]
 CONFIGS += [_run("mixtral-tiny", 2, 256, "bf16", loss) for loss, _ in _LOSSES]
+
+
+CONFIGS_EAGER_CHECK = "published-gqa-tiny-b2-s256-bf16-megatron_fused"
 
 
 def _base(model):
@@ -116,10 +129,13 @@ def make_forward(model, cfg):
             logits = head(hidden)
             held[0] = logits                 # the loop's `logits = model(input_ids)`: the previous freed now
             loss = src.litgpt_chunked_cross_entropy(logits[..., :-1, :], labels[..., 1:])
-        elif loss_name == "megatron_fused":
+        elif loss_name in TIMELINE:
             logits = head(hidden)
             target = torch.cat((labels[:, 1:], labels[:, :1]), dim=1)
-            losses = src.MegatronFusedVocabParallelCrossEntropy.apply(logits, target)
+            fn = {"megatron_fused": src.CompiledMegatronFusedVocabParallelCrossEntropy,
+                  "megatron_vocab_parallel": src.MegatronVocabParallelCrossEntropy,
+                  "megatron_fused_eager": src.MegatronFusedVocabParallelCrossEntropy}[cfg.get("variant", loss_name)]
+            losses = fn.apply(logits, target)
             loss = losses.sum() / losses.numel()
         else:
             raise ValueError(loss_name)
@@ -128,7 +144,33 @@ def make_forward(model, cfg):
     return forward
 
 
+def _timeline(cfg: dict, variant=None) -> dict:
+    """The profiler's memory timeline of the measured iteration, absolute (+ what was alive at its zero)."""
+    with harness.training_run(cfg, tracker=False) as run:
+        model = run.model
+        step = make_forward(model, {**cfg, **({"variant": variant} if variant else {})})
+        prof = harness.profiled_iteration(step, run.optimizer, run.input_ids, autocast=harness.autocast_for(cfg))
+        tensors = [*model.parameters(), *model.buffers(), run.input_ids,
+                   *(v for st in run.optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))]
+        base = int(sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values()))
+        tl = harness.memory_timeline(prof)
+        del prof
+        return {"method": "torch.profiler memory timeline (harness.profiled_iteration)", "baseline_bytes": base,
+                "timeline": tl, "peak_bytes": base + tl["peak_bytes"], "peak_phase": tl["peak_phase"],
+                "peak_op": None,
+                "peak_by_phase": {p: {"bytes": base + v} for p, v in tl["peak_by_phase"].items()},
+                "alive": {k: {"bytes": base + v} for k, v in tl["alive"].items()},
+                "parameters": int(sum(p.numel() for p in model.parameters())),
+                "parameter_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                "wall_s": round(time.perf_counter() - run.t0, 1)}
+
+
 def measure(cfg: dict) -> dict:
+    if cfg["loss"] in TIMELINE:
+        record = _timeline(cfg)
+        if cfg["loss"] == "megatron_fused" and cfg["id"] == CONFIGS_EAGER_CHECK:
+            record["eager_timeline"] = _timeline(cfg, "megatron_fused_eager")
+        return record
     with harness.training_run(cfg) as run:
         model, mt = run.model, run.mt
         step = make_forward(model, cfg)
@@ -151,7 +193,8 @@ def document(args, runs, ctx) -> dict:
                         "torchtitan": "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a",
                         "trl": "f2cd57710ae345ea6428ae95363267fcf38a3dc8",
                         "litgpt": "26857050fe3ff627cd714fe92f5838f51a3d5efa",
-                        "megatron-lm": "d98e8a64ddf34856e74b24714e3bedb2f5a39553"},
+                        "megatron-lm": "d98e8a64ddf34856e74b24714e3bedb2f5a39553",
+                        "megatron-lm jit_fuser": "00caa53af30912914981c86f39db123961678bbd megatron/core/jit.py"},
             **_versions(), "runs": runs}
 
 

@@ -19,7 +19,13 @@ need their distributed stacks; TRL and LitGPT would pull their trainers).
   d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/core/tensor_parallel/cross_entropy.py lines
   13-110 (the VocabParallelCrossEntropy steps) and megatron/core/fusions/fused_cross_entropy.py
   lines 1-150 (the fused Function), at tp = 1: the all-reduces over a group of one are identities
-  and left out; ``jit_fuser`` (torch.compile on GPUs) is not applied (eager, as on a CPU).
+  and left out. ``MegatronFusedVocabParallelCrossEntropy`` runs the fused functions eagerly;
+  ``CompiledMegatronFusedVocabParallelCrossEntropy`` as Megatron runs them: each of the four decorated
+  with ``jit_fuser``, which is ``torch.compile`` from PyTorch 2.2 (megatron/core/jit.py, NVIDIA/Megatron-LM
+  00caa53af30912914981c86f39db123961678bbd; fused_cross_entropy.py is the same at both commits).
+  ``MegatronVocabParallelCrossEntropy``: the unfused ``_VocabParallelCrossEntropy``
+  (tensor_parallel/cross_entropy.py lines 119-210, label_smoothing=0; not compiled): no concatenation,
+  the fp32 gradient returned (autograd casts it to the logits' dtype).
 """
 
 from __future__ import annotations
@@ -279,4 +285,76 @@ class MegatronFusedVocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         softmax, target_mask, masked_target_1d = ctx.saved_tensors
         grad_input = _calculate_gradients(softmax, grad_output, target_mask, masked_target_1d)
+        return grad_input, None
+
+
+class MegatronVocabParallelCrossEntropy(torch.autograd.Function):
+    """tensor_parallel/cross_entropy._VocabParallelCrossEntropy at tp = 1, label_smoothing = 0 (eager)."""
+
+    @staticmethod
+    def forward(ctx, vocab_parallel_logits, target):
+        vocab_parallel_logits, logits_max = _calculate_logits_max(vocab_parallel_logits)
+        vocab_start_index, vocab_end_index = 0, vocab_parallel_logits.size()[-1]
+        # VocabParallelCrossEntropy.calculate_predicted_logits (no torch.cat)
+        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
+        target_mask = (target < vocab_start_index) | (target >= vocab_end_index)
+        masked_target = target.clone() - vocab_start_index
+        masked_target[target_mask] = 0
+        partition_vocab_size = vocab_parallel_logits.size()[-1]
+        logits_2d = vocab_parallel_logits.view(-1, partition_vocab_size)
+        masked_target_1d = masked_target.view(-1)
+        arange_1d = torch.arange(start=0, end=logits_2d.size()[0], device=logits_2d.device)
+        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
+        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
+        predicted_logits = predicted_logits_1d.view_as(target)
+        predicted_logits[target_mask] = 0.0
+        exp_logits = vocab_parallel_logits
+        torch.exp(vocab_parallel_logits, out=exp_logits)
+        sum_exp_logits = exp_logits.sum(dim=-1)
+        # VocabParallelCrossEntropy.calculate_cross_entropy_loss
+        loss = torch.log(sum_exp_logits) - predicted_logits
+        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_input = softmax
+        partition_vocab_size = softmax.size()[-1]
+        grad_2d = grad_input.view(-1, partition_vocab_size)
+        arange_1d = torch.arange(start=0, end=grad_2d.size()[0], device=grad_2d.device)
+        softmax_update = 1.0 - target_mask.view(-1).float()
+        grad_2d[arange_1d, masked_target_1d] -= softmax_update
+        grad_input.mul_(grad_output.unsqueeze(dim=-1))
+        return grad_input, None
+
+
+_COMPILED = {}
+
+
+def _compiled(fn):
+    """``jit_fuser`` = ``torch.compile`` (megatron/core/jit.py), made once per function."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
+
+
+class CompiledMegatronFusedVocabParallelCrossEntropy(torch.autograd.Function):
+    """fused_cross_entropy._VocabParallelCrossEntropy at tp = 1, its four functions torch.compile'd."""
+
+    @staticmethod
+    def forward(ctx, vocab_parallel_logits, target):
+        vocab_parallel_logits, logits_max = _compiled(_calculate_logits_max)(vocab_parallel_logits)
+        vocab_start_index, vocab_end_index = 0, vocab_parallel_logits.size()[-1]
+        (target_mask, masked_target_1d, predicted_logits_sum_exp_logits, exp_logits) = _compiled(
+            _calculate_predicted_logits)(vocab_parallel_logits, target, logits_max, vocab_start_index, vocab_end_index)
+        exp_logits, loss = _compiled(_calculate_cross_entropy_loss)(exp_logits, predicted_logits_sum_exp_logits)
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_input = _compiled(_calculate_gradients)(softmax, grad_output, target_mask, masked_target_1d)
         return grad_input, None
