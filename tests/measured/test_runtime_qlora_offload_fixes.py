@@ -72,3 +72,14 @@ def test_gradient_offload_staging_under_lora_is_the_adapters():
     assert [t.nbytes for t in staging] == [ADAPTERS * 4]          # fp32 adapter gradients (peft's autocast dtype)
     full = _solve("h100", regime="bf16", offload="optimizer+gradients")
     assert [t.nbytes for t in full.terms if t.label == "gradient offload staging (one layer)"] == [LAYER * 2]
+
+
+def test_qlora_under_shard_grad_op_keeps_the_packed_codes():
+    """reshard_after_forward=False: every layer stays gathered, its quantized linears as stored (1/2 B), the
+    embeddings, norms and LM head at 2 B, the fp32 adapters beside them."""
+    r = _solve("h100", lora={"rank": 16, "quantization": "nf4"}, regime="bf16", dp_size=8,
+               data_parallel="fsdp-grad-op")
+    kept = {t.label: t.nbytes for t in r.terms}["unsharded parameters kept from forward to backward"]
+    base, quantized = 8_030_261_248, 32 * LAYER
+    assert kept == pytest.approx(quantized // 2 + (base - quantized) * 2 + 32 * ADAPTERS * 4, abs=1e-3)
+    assert int(kept) == 5_646_065_664

@@ -101,9 +101,11 @@ def kept_unsharded(plan, placement) -> list[MemoryTerm]:
         return []
     params, gathered = placement.parameters_per_rank, gathered_bytes(plan)
     if plan.profile_options.lora is not None:      # the frozen base in its dtype, the adapters in theirs
-        from .lora import frozen_gather_bytes
+        from .lora import counts, frozen_gather_bytes
         adapters = placement.trainable_parameters_per_rank      # beside the base's parameters_per_rank
-        gathered = (frozen_gather_bytes(plan) * params + gathered * adapters) / params
+        c = counts(plan)        # QLoRA: the quantized linears gathered as stored (lora.gathered_layer)
+        frozen = frozen_gather_bytes(plan) * (params - c.quantized_parameters) + c.quantized_weight_bytes
+        gathered = (frozen + gathered * adapters) / params
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
         nbytes=params * gathered, phases=(FORWARD, BACKWARD),
