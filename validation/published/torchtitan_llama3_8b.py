@@ -39,8 +39,9 @@ torchtitan 9dec370's ``apply_compile`` (parallelize_llama.py) replaces every Tra
 ``torch.compile(block, fullgraph=True)`` after ``apply_ac`` and before ``apply_fsdp``; the loss and the LM
 head stay eager (that train.py compiles nothing else): ``compile="blocks"``. Inside a checkpointed block
 the partitioner keeps what the op-SAC policy tags ``MUST_SAVE`` and recomputes what it tags
-``PREFER_RECOMPUTE`` (torch/_functorch/partitioners.py, torch 2.13: ``must_recompute`` / ``has_recomputable_ops``;
-``_is_tagged_must_save``... the nodes' ``recompute`` meta from the SAC context), so the blocks' saved set is
+``PREFER_RECOMPUTE`` (torch/_functorch/partitioners.py, torch 2.13: the SAC context writes each node's
+``meta["recompute"]``; ``must_recompute`` treats MUST_/PREFER_RECOMPUTE nodes as recomputed and
+``min_cut_rematerialization_partition``'s ``should_ban_recomputation`` bans ``MUST_SAVE`` ones), so the blocks' saved set is
 the policy's, as eager (measured on the CPU on torchtune's blocks with torchtitan's policy: +0.18 % on the
 backward peak, validation/compile/measure_blocks.py); FSDP2's part is the rule's, unchanged by compile
 (measured on rank 0 of 2 with the fake process group). The model therefore predicts nearly the eager row's
