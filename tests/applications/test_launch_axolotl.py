@@ -16,7 +16,7 @@ from mlsysim_core.scenario import LaunchContext, from_launch, launch_format_for,
 DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
 AX = DATA / "axolotl"
 FILES = sorted(p for p in (AX / "examples").rglob("*.y*ml"))
-REFUSED = {"llama-3/3b-fp8-fsdp2.yaml": "torch_compile", "llama-3/lora-8b.yml": "lora_modules_to_save",
+REFUSED = {"llama-3/3b-fp8-fsdp2.yaml": "fp8",     # torch_compile is read (compile=True); fp8 is not modelled
            "llama-3/qlora.yml": "optimizer",     # paged_adamw_32bit: not modelled
            "ministral/ministral-small-qlora.yaml": "base_model",     # Ministral-8B: not in the catalog
            "mistral/bigstral/bigstral-ds-zero3.yaml": "unfrozen_parameters"}
@@ -85,9 +85,21 @@ def test_defaults_are_the_schemas(tmp_path):
 def test_lora_8bit_and_length(tmp_path):
     launch = from_launch([AX / "examples/llama-3/instruct-lora-8b.yml"], gpus=1, hardware="h100", seq_len=1024)
     s = launch.scenario
-    assert s.profile_options["lora"] == {"rank": 32, "target_modules": "all-linear", "quantization": "int8"}
+    assert s.profile_options["lora"] == {"rank": 32, "target_modules": "all-linear", "quantization": "int8",
+                                         "dropout": 0.05}      # peft's lora_dropout, priced (issue 25 item 2)
     assert s.seq_len == 1024     # not packed: --seq-len, not the config's 4096
-    assert any(f.key == "lora_dropout" and f.approximated for r in launch.readings for f in r.fields)
+    assert any(f.key == "lora_dropout" and not f.approximated for r in launch.readings for f in r.fields)
+
+
+def test_modules_to_save_dora_and_compile_read(tmp_path):
+    """lora_modules_to_save, peft_use_dora and torch_compile become the measured profile's options."""
+    launch = from_launch([AX / "examples/llama-3/lora-8b.yml"], gpus=1, hardware="h100", seq_len=1024)
+    assert "modules_to_save" in launch.scenario.profile_options["lora"]
+    text = (AX / "examples/llama-3/instruct-lora-8b.yml").read_text() + "\npeft_use_dora: true\ntorch_compile: true\n"
+    path = tmp_path / "instruct-lora-8b.yml"
+    path.write_text(text)
+    s = from_launch([path], gpus=1, hardware="h100", seq_len=1024).scenario
+    assert s.profile_options["lora"]["use_dora"] is True and s.profile_options["compile"] is True
 
 
 def test_qlora_nf4_double_quant_and_fsdp():

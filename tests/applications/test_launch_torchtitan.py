@@ -60,10 +60,16 @@ def test_selective_op_and_default_every_k():
         from_launch([DATA / "llama3" / "llama3_8b.toml"])     # data_parallel_shard_degree = -1 needs the world
 
 
-def test_refusals_name_the_key():
-    with pytest.raises(NotModelledError) as err:
+def test_refusals_name_the_key(tmp_path):
+    with pytest.raises(NotModelledError) as err:     # compile.components = ["model", "loss"]: a compiled loss
         from_launch([DATA / "llama3" / "llama3_405b.toml"], gpus=512)
-    assert err.value.parameter == "compile.enable"
+    assert err.value.parameter == "compile.components" and err.value.value == ["model", "loss"]
+    blocks = tmp_path / "llama3_8b.toml"      # the blocks alone: modelled (compile="blocks", docs/compile.md)
+    blocks.write_text((DATA / "llama3" / "llama3_8b.toml").read_text().replace(
+        'enable=false\ncomponents = ["model", "loss"]', 'enable=true\ncomponents = ["model"]'))
+    launch = from_launch([blocks], gpus=8)
+    assert launch.scenario.profile_options["compile"] == "blocks"
+    assert any(f.key == "compile.enable" and f.becomes == "blocks" for r in launch.readings for f in r.fields)
     with pytest.raises(NotModelledError) as err:
         from_launch([DATA / "llama3" / "debug_model.toml"], gpus=8)
     assert err.value.parameter == "model.flavor"
@@ -97,7 +103,7 @@ def test_every_dump_reads_end_to_end(path):
         launch = from_launch([path], gpus=64)
     except MlsysimError as err:
         assert isinstance(err, (InvalidInputError, NotModelledError)), err
-        assert err.parameter in ("model_spec.flavor", "compile.enable") or ".attention.wo." in err.parameter, err
+        assert err.parameter in ("model_spec.flavor", "compile.components") or ".attention.wo." in err.parameter, err
         return
     try:
         launch.scenario.solve()
@@ -149,7 +155,7 @@ def test_dump_refusals_name_the_key(tmp_path):
         from_launch([lora], gpus=8, model="meta-llama/Llama-3.1-8B")     # -m does not skip the key check
     with pytest.raises(NotModelledError) as err:
         from_launch([DATA / "resolved_0.3.0" / "deepseek_v3_671b.json"], gpus=64)
-    assert err.value.parameter == "compile.enable"
+    assert err.value.parameter == "compile.components"     # ["loss"]: a compiled loss, not modelled
     doc = json.loads((DATA / "resolved_0.3.0" / "qwen3_0_6b.json").read_text())
     doc["model_spec"]["model"]["layers"] = doc["model_spec"]["model"]["layers"][:-1]
     doc["override"]["imports"] = []

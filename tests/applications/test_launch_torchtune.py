@@ -94,8 +94,6 @@ def test_lora_and_qlora_builders():
 
 
 @pytest.mark.parametrize("name, key", [
-    ("llama3_3/70B_full_multinode.yaml", "compile"),
-    ("llama3/8B_dora.yaml", "model.use_dora"),
     ("llama2/7B_full_low_memory.yaml", "optimizer._component_"),
     ("mistral/7B_lora.yaml", "model.apply_lora_to_output"),
     ("llama3_2/evaluation.yaml", "optimizer"),
@@ -114,8 +112,19 @@ def test_overrides_as_tune_run(tmp_path):
     s = launch.scenario
     assert (s.seq_len, s.batch_size, s.activation_checkpointing) == (4096, 2, "none")
     assert any("packed" in f.note for r in launch.readings for f in r.fields if f.field == "seq_len")
-    with pytest.raises(NotModelledError, match="compile"):
-        from_launch([path], seq_len=512, overrides=["compile=True"])
+    compiled = from_launch([path], seq_len=512, overrides=["compile=True"])     # each layer compiled apart
+    assert compiled.scenario.profile_options["compile"] == "blocks"
+
+
+def test_compile_dora_and_dropout_mapped():
+    """compile: True is torchtune's per-layer compile; DoRA is priced as peft's (said); dropout is read."""
+    multinode = from_launch([DATA / "llama3_3" / "70B_full_multinode.yaml"], gpus=8, seq_len=2048)
+    assert multinode.scenario.profile_options["compile"] == "blocks"
+    dora = from_launch([DATA / "llama3" / "8B_dora.yaml"], gpus=8, seq_len=2048)
+    table = dora.scenario.profile_options["lora"]
+    assert table["use_dora"] is True
+    assert any(f.key == "model.use_dora" and f.approximated and "peft" in f.note for r in dora.readings
+               for f in r.fields)
 
 
 def test_unknown_key_is_refused(tmp_path):

@@ -76,13 +76,14 @@ def model(r: Reading, key, value, context=None):
 
 
 def lora_dropout(r: Reading, key, value):
-    """peft's dropout on the adapters' input: a mask and a copy per adapted linear, not priced."""
+    """peft's dropout on the adapters' input (the measured profile's ``lora.dropout``: a mask and a
+    dropped copy of each adapted linear's input)."""
     try:
         p = float(value or 0)
     except (TypeError, ValueError):
         raise InvalidInputError(f"{r.path}: {key}", value, "a probability") from None
     if p > 0:
-        r.approx(key, value, "lora", {}, "peft's lora_dropout > 0 keeps a dropout mask and a dropped copy of each "
-                 "adapted linear's input per layer: not priced (the prediction is below the run by that)")
+        r.set(key, value, "lora", {"dropout": p}, "peft's lora_dropout: a dropout mask and a dropped copy of each "
+              "adapted linear's input")
     else:
         r.ignore(key)

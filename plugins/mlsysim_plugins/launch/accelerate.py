@@ -71,9 +71,14 @@ def read(path, document, context):
         r.ignore("deepspeed_config")
     _parallelism(r, doc.get("parallelism_config"))
     dyn = doc.get("dynamo_config")
-    if isinstance(dyn, dict) and str(dyn.get("dynamo_backend", "NO")).upper() not in ("NO", "NONE"):
-        r.refuse("dynamo_config.dynamo_backend", dyn.get("dynamo_backend"), "NO", "torch.compile is not modelled "
-                 "(the measured profile refuses compile)")
+    backend = str(dyn.get("dynamo_backend", "NO")).upper() if isinstance(dyn, dict) else "NO"
+    if backend == "INDUCTOR" and str(dyn.get("dynamo_mode") or "default") == "default":
+        # accelerate's prepare: torch.compile(model, backend="inductor") around the whole model
+        r.set("dynamo_config.dynamo_backend", dyn.get("dynamo_backend"), "compile", True,
+              "torch.compile of the whole model by accelerate (docs/compile.md)")
+    elif backend not in ("NO", "NONE"):
+        r.refuse("dynamo_config.dynamo_backend", dyn.get("dynamo_backend"), "NO or INDUCTOR (mode default)",
+                 "a compile backend or mode other than Inductor's defaults: not modelled (docs/compile.md)")
     elif "dynamo_config" in doc:
         r.ignore("dynamo_config")
     if is_true(doc.get("use_cpu")):

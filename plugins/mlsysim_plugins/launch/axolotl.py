@@ -67,8 +67,12 @@ def read(path, document, context):
     if get("unfrozen_parameters"):
         r.refuse("unfrozen_parameters", doc["unfrozen_parameters"], "unset", "only the parameters matching these "
                  "patterns train (a partly frozen model): not modelled")
-    for key, why in (("torch_compile", "torch.compile (the measured profile refuses compile: docs/validation.md)"),
-                     ("fp8", "fp8 training through torchao: not modelled from the file (the measured profile's float8 "
+    if is_true(get("torch_compile")):     # passed to the HF Trainer, which compiles the whole model
+        r.set("torch_compile", doc["torch_compile"], "compile", True, "the HF Trainer's torch.compile of the whole "
+              "model (docs/compile.md)")
+    elif "torch_compile" in doc:
+        r.ignore("torch_compile")
+    for key, why in (("fp8", "fp8 training through torchao: not modelled from the file (the measured profile's float8 "
                       "option is torchtitan's; give it by hand)"),
                      ("relora", "ReLoRA"), ("qat", "quantization-aware training"),
                      ("activation_offloading", "axolotl's activation offloading"),
@@ -77,7 +81,7 @@ def read(path, document, context):
                      ("sequence_parallel_degree", "Ulysses sequence parallelism from the axolotl config"),
                      ("context_parallel_size", "ring-attention context parallelism from the axolotl config"),
                      ("tensor_parallel_size", "tensor parallelism from the axolotl config"),
-                     ("dp_shard_size", None), ("peft_use_dora", "DoRA"), ("lora_mlp_kernel", "axolotl's LoRA "
+                     ("dp_shard_size", None), ("lora_mlp_kernel", "axolotl's LoRA "
                       "kernels"), ("lora_qkv_kernel", "axolotl's LoRA kernels"), ("lora_o_kernel", "axolotl's LoRA "
                       "kernels"), ("unsloth_lora_mlp", "Unsloth's LoRA kernels"), ("unsloth_lora_qkv", "Unsloth's "
                       "LoRA kernels"), ("unsloth_lora_o", "Unsloth's LoRA kernels"),
@@ -277,10 +281,15 @@ def _lora(r: Reading, doc: dict, adapter: str, q4: bool, q8: bool):
     if "lora_target_linear" in doc and not is_true(get("lora_target_linear")):
         r.ignore("lora_target_linear")
     if get("lora_modules_to_save"):
-        r.refuse("lora_modules_to_save", doc["lora_modules_to_save"], "unset", "whole modules trained beside the "
-                 "adapters (peft modules_to_save: a trainable copy, its gradients and optimizer state): not modelled")
+        r.set("lora_modules_to_save", doc["lora_modules_to_save"], "lora",
+              {"modules_to_save": _hf.lora_targets(doc["lora_modules_to_save"])},
+              "peft modules_to_save: a trainable copy of each, its gradients and optimizer state")
     elif "lora_modules_to_save" in doc:
         r.ignore("lora_modules_to_save")
+    if is_true(get("peft_use_dora")):
+        r.set("peft_use_dora", True, "lora", {"use_dora": True}, "DoRA: magnitude vectors and the weight norm")
+    elif "peft_use_dora" in doc:
+        r.ignore("peft_use_dora")
     if get("lora_target_parameters"):
         r.refuse("lora_target_parameters", doc["lora_target_parameters"], "unset", "LoRA on raw parameters (MoE "
                  "experts): not modelled")

@@ -15,7 +15,7 @@ from mlsysim_core import hookimpl
 from mlsysim_core.scenario import LaunchField
 
 from .hookspecs import LaunchFormatSpec
-from . import _hf
+from . import _hf, _recipes
 from ._hf import TA_SOURCE, TRANSFORMERS, TRL, Reading, is_true, whole
 
 TRL_SOURCE = "huggingface/trl@f2cd5771"
@@ -248,10 +248,14 @@ def trainer_args(r: Reading, doc: dict, *, trl: bool, prefix: str = "", foreign=
             r.note(f"{p}liger_kernel_config", doc["liger_kernel_config"], "priced as use_liger_kernel")
         else:
             r.ignore(f"{p}liger_kernel_config")
-    for k in ("torch_compile", "torch_compile_backend", "torch_compile_mode"):
-        if get(k):
-            r.refuse(f"{p}{k}", doc[k], "false / unset", "torch.compile is not modelled (the measured profile "
-                     "refuses compile: its fusions change the saved activations; docs/validation.md)")
+    if is_true(get("torch_compile")):     # Trainer: the whole model torch.compile'd (docs/compile.md)
+        r.set(f"{p}torch_compile", doc["torch_compile"], "compile", True, "torch.compile of the whole model")
+    elif "torch_compile" in doc:
+        r.ignore(f"{p}torch_compile")
+    for k in ("torch_compile_backend", "torch_compile_mode"):
+        if get(k) and get(k) not in ("inductor", "default"):
+            r.refuse(f"{p}{k}", doc[k], "inductor / default / unset", "a compile backend or mode other than Inductor's "
+                     "defaults: not modelled (docs/compile.md)")
         elif k in doc:
             r.ignore(f"{p}{k}")
     if "activation_offloading" in doc:
@@ -360,12 +364,13 @@ def _peft(r: Reading, doc: dict, p: str):
             table["double_quant"] = is_true(get("use_bnb_nested_quant"))
         r.set(f"{p}load_in_{'8' if q == 'int8' else '4'}bit", True, "lora", table, "QLoRA: bitsandbytes " + q)
     if get("lora_modules_to_save"):
-        r.refuse(f"{p}lora_modules_to_save", doc["lora_modules_to_save"], "empty", "whole modules trained beside "
-                 "the adapters (a trainable copy, its gradients and state): not modelled")
+        r.set(f"{p}lora_modules_to_save", doc["lora_modules_to_save"], "lora",
+              {"modules_to_save": _hf.lora_targets(doc["lora_modules_to_save"])},
+              "peft modules_to_save: a trainable copy of each, its gradients and optimizer state")
     if is_true(get("use_dora")):
-        r.refuse(f"{p}use_dora", True, "false", "DoRA (magnitude vectors and the weight norm): not modelled")
+        r.set(f"{p}use_dora", True, "lora", {"use_dora": True}, "DoRA: magnitude vectors and the weight norm")
     if get("lora_dropout"):
-        r.note(f"{p}lora_dropout", doc["lora_dropout"], "the adapters' dropout mask on their input: not priced")
+        _recipes.lora_dropout(r, f"{p}lora_dropout", doc["lora_dropout"])
     for k in ("lora_alpha", "lora_task_type", "use_rslora", "use_dora", "lora_dropout", "lora_modules_to_save"):
         if k in doc:
             r.seen.add(f"{p}{k}")

@@ -69,7 +69,6 @@ NOT_MODELLED = {
     "use_adam_mini": "Adam-mini (one second moment per block; install the mlsysim-adam-mini example plugin and "
                      "give --optimizer adam-mini by hand)",
     "use_llama_pro": "LLaMA Pro (expanded, partly frozen blocks)",
-    "use_dora": "DoRA (magnitude vectors and the weight norm)",
     "pissa_init": "PiSSA initialisation (an SVD of every adapted weight at start-up)",
     "use_unsloth": "Unsloth's patched kernels",
     "use_unsloth_gc": "Unsloth's gradient checkpointing (checkpoints offloaded to the host)",
@@ -87,7 +86,6 @@ NOT_MODELLED = {
     "use_eaft_loss": "the EAFT loss",
     "enable_torch_profiler": None,
     "fp8": "fp8 training (torchao / Transformer Engine through accelerate)",
-    "torch_compile": "torch.compile (the measured profile refuses compile: docs/validation.md)",
     "freeze_vision_tower": None, "freeze_multi_modal_projector": None, "freeze_language_model":
         "a multimodal model with the language model frozen",
 }
@@ -123,6 +121,11 @@ def read(path, document, context):
             if is_true(doc[k]) and why:
                 r.refuse(k, doc[k], "false", why + ": not modelled")
             r.ignore(k)
+    if is_true(get("torch_compile")):     # a TrainingArguments field: the HF Trainer compiles the whole model
+        r.set("torch_compile", doc["torch_compile"], "compile", True, "the HF Trainer's torch.compile of the whole "
+              "model (docs/compile.md)")
+    elif "torch_compile" in doc:
+        r.ignore("torch_compile")
     if is_true(get("auto_find_batch_size")):
         r.refuse("auto_find_batch_size", True, "false", "the batch is found at run time by retrying after OOM")
     elif "auto_find_batch_size" in doc:
@@ -304,11 +307,16 @@ def _lora(r: Reading, doc: dict, quant):
             r.default("double_quantization", "lora", {"double_quant": True}, f"{MA}:291 double_quantization = True")
         if "quantization_type" not in doc and quant["quantization"] != "int8":
             r.default("quantization_type", "lora", {"quantization": "nf4"}, f"{MA}:287 quantization_type = \"nf4\"")
-    if get("additional_target"):
-        r.refuse("additional_target", doc["additional_target"], "unset", "whole modules trained beside the adapters "
-                 "(peft modules_to_save: a trainable copy, its gradients and state): not modelled")
+    if get("additional_target"):     # comma-separated module names -> peft modules_to_save
+        r.set("additional_target", doc["additional_target"], "lora",
+              {"modules_to_save": _hf.lora_targets(doc["additional_target"])},
+              "peft modules_to_save: a trainable copy of each, its gradients and optimizer state")
     elif "additional_target" in doc:
         r.ignore("additional_target")
+    if is_true(get("use_dora")):
+        r.set("use_dora", True, "lora", {"use_dora": True}, "DoRA: magnitude vectors and the weight norm")
+    elif "use_dora" in doc:
+        r.ignore("use_dora")
     if "lora_dropout" in doc:
         _recipes.lora_dropout(r, "lora_dropout", doc["lora_dropout"])
 

@@ -434,8 +434,18 @@ def _read(path, document, context):
     else:
         raise NotModelledError("activation_checkpoint.mode", mode, "none, full or selective", str(path))
     if as_bool(get("compile.enable", False)[0], "compile.enable", path):
-        raise NotModelledError("compile.enable", True, "false", f"{path}: torch.compile is not modelled by the "
-                               "measured profile")
+        # apply_compile: each TransformerBlock torch.compile'd apart; "loss" in compile.components compiles the
+        # loss function too (job_config.py Compile.components, default ["model", "loss"]), which is not modelled
+        components = take("compile.components")
+        given = components is not None
+        components = ["model", "loss"] if components is None else components
+        components = [str(c) for c in (components if isinstance(components, (list, tuple)) else [components])]
+        if components != ["model"]:
+            raise NotModelledError("compile.components", components, '["model"] (the blocks compiled, the loss '
+                                   'eager)', f"{path}: a compiled loss (torch.compile(loss_fn)) is not modelled"
+                                   + ("" if given else " (torchtitan's default components: model and loss)"))
+        r.set("compile.enable", True, "compile", "blocks", "each TransformerBlock torch.compile'd apart "
+              "(torchtitan apply_compile; docs/compile.md)")
     if resolved:
         graphs = not as_bool(take("training.disable_cuda_graphs"), "training.disable_cuda_graphs", path)
         if graphs:

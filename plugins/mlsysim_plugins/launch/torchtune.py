@@ -209,11 +209,10 @@ def _read(path, document, context) -> Reading:
         raise InvalidInputError("enable_activation_offloading", True, "with enable_activation_checkpointing: True",
                                 f"{path}: torchtune refuses activation offloading without checkpointing")
     compile_ = take("compile")
-    if compile_ is not None and as_bool(compile_, "compile", path):
-        raise NotModelledError("compile", compile_, "compile: False (or --override compile=False)",
-                               f"{path}: torch.compile is not modelled by the measured profile (inductor fuses "
-                               "ops and its partitioner chooses what is saved for backward)")
-    if compile_ is None:
+    if compile_ is not None and as_bool(compile_, "compile", path):   # training.compile_model: block by block
+        r.set("compile", compile_, "compile", "blocks", "torchtune compiles each decoder layer apart and the loss "
+              "(training.compile_model, compile_loss; docs/compile.md)")
+    elif compile_ is None:
         r.default("compile", "compile", False, source("compile"))
     else:
         r.ignore("compile")     # (False: eager, what is modelled)
@@ -314,13 +313,13 @@ def _model(r: Reading, model, path, context) -> None:
             r.ignore(f"model.{key}")
     dropout = keys.pop("lora_dropout", 0.0)
     if dropout:
-        r.approx("model.lora_dropout", dropout, "lora", {"rank": table["rank"]},
-                 "the adapters' dropout mask and dropped input (one per adapted linear) are not counted")
+        r.set("model.lora_dropout", dropout, "lora", {"dropout": float(dropout)},
+              "LoRALinear's nn.Dropout on the adapters' input: a mask and a dropped copy per adapted linear")
     elif "lora_dropout" in model:
         r.ignore("model.lora_dropout")
     if as_bool(keys.pop("use_dora", False), "model.use_dora", path):
-        raise NotModelledError("model.use_dora", True, "False (LoRA)", f"{path}: DoRA's magnitude vectors and "
-                               "weight-norm activations are not modelled")
+        r.approx("model.use_dora", True, "lora", {"use_dora": True}, "torchtune's DoRALinear counted as peft's "
+                 "DoRA (the measured one): a magnitude vector per adapted linear, the weight norm in the forward")
     quantize = keys.pop("quantize_base", qlora)
     if as_bool(quantize, "model.quantize_base", path):
         r.approx("model._component_" if "quantize_base" not in model else "model.quantize_base",
