@@ -334,6 +334,22 @@ def link(members: int, stride: int, node: int, hw, cal: Calibration) -> float:
     return min(intra, per_node * hw["inter"] * cal.inter_link)
 
 
+def all_to_all_across_nodes(factors, members: int, stride: int, node: int, hw, cal: Calibration) -> float:
+    """An all-to-all whose group spans nodes (``members`` ranks ``stride`` apart, ``m`` of them in
+    each node): each rank sends 1/members of its buffer to every other member, (members - m)/members
+    of it to members in other nodes, through its own share of the node's NICs (``inter``, per
+    device), and (m - 1)/members to members in its node over NVLink, both at once: the slower. (A
+    ring's m rails, ``link``, do not apply: the bytes of an all-to-all that leave a node are not
+    relayed, every rank's own leave through its own NIC share.)"""
+    volume = 1.0
+    for f in factors:
+        volume = volume * f
+    m = max(1, min(members, node // stride)) if stride < node else 1
+    across = (members - m) / members * volume / (hw["inter"] * cal.inter_link)
+    inside = (m - 1) / members * volume / (hw["intra"] * cal.intra_link)
+    return max(across, inside)
+
+
 def allreduce_time(volume: float, members: int, bandwidth: float, latency: float, in_node: bool,
                    cal: Calibration) -> float:
     """An all-reduce: a ring (2 (n-1)/n of the buffer each way), or, inside a node whose
@@ -591,6 +607,8 @@ def _seconds(c: Collective, size: dict) -> float:
     factors = size["volumes"][c.volume]
     lat = alpha(c.kind, n, stride, node, cal)
     if c.kind in ("all-to-all", "ring-pass"):       # (the factors multiplied in the formula's order)
+        if c.kind == "all-to-all" and n * stride > node:
+            return all_to_all_across_nodes(factors, n, stride, node, hw, cal) + lat
         x = (n - 1) / n if c.kind == "all-to-all" else n - 1
         for f in factors:
             x = x * f
