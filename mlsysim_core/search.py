@@ -113,6 +113,9 @@ class Candidate(NamedTuple):
     bubble: float           # the pipeline's idle share, (pp - 1) / (gas + pp - 1)
     recompute: float        # the share of the forward the backward runs again
     pareto: bool = False
+    vp: int = 1             # model chunks per pipeline rank (> 1: interleaved 1F1B; 1 when pp = 1)
+    compiled: bool = False  # torch.compile'd blocks (compile="blocks"): memory-bound ops fused
+    float8: bool = False    # float8 linears (float8="tensorwise")
 
     def as_row(self) -> dict:
         return self._asdict()
@@ -151,7 +154,8 @@ class PlanSearch:
     def components(self, candidate: Candidate) -> dict:
         """The candidate's step time, every component in seconds (the step-time model's)."""
         c = candidate
-        return self.timing["time"](self.timing, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
+        timing = _variant_timing(self.timing, c)
+        return timing["time"](timing, tp=c.tp, cp=c.cp, pp=c.pp, dp=c.dp, ep=c.ep, rule=c.data_parallel,
                                    recompute=c.recompute, sp=c.sequence_parallel, mb=c.microbatch,
                                    gas=c.gradient_accumulation_steps)
 
@@ -186,12 +190,13 @@ class PlanSearch:
         ``rows=None``: all of them."""
         from html import escape
         chosen = (self.pareto if pareto_only else self.fits)[:_rows(rows)]
-        head = ("tp", "cp", "pp", "dp", "ep", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
+        head = ("tp", "cp", "pp", "dp", "ep", "vp", "impl", "dp rule", "checkpointing", "seq. parallel", "micro-batch", "grad. accum.",
                 "memory GB (1e9 B)", "memory GiB (2^30 B)", "headroom GB", "step s", "tokens/s", "MFU", "bubble",
                 "Pareto")
         body = "".join(
             "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
-                c.tp, c.cp, c.pp, c.dp, c.ep, c.data_parallel, c.checkpointing, "yes" if c.sequence_parallel else "no",
+                c.tp, c.cp, c.pp, c.dp, c.ep, c.vp, _AXIS_COLUMNS[1][1](c), c.data_parallel, c.checkpointing,
+                "yes" if c.sequence_parallel else "no",
                 c.microbatch, c.gradient_accumulation_steps, f"{c.total_memory * 1e-9:,.2f}",
                 f"{c.total_memory / 2**30:,.2f}", f"{c.headroom * 1e-9:,.2f}", f"{c.step_time:.3f}",
                 f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", f"{c.bubble:.3f}",
@@ -221,13 +226,19 @@ class PlanSearch:
         if not chosen:
             return head + "\n" + _nothing_fits(self)
         shown = chosen[:rows]
-        columns = [(name, [cell(c) for c in shown]) for name, cell, _ in _TABLE_COLUMNS]
+        spec = list(_TABLE_COLUMNS)
+        at = 5      # (after "ep")
+        for name, cell, priority, off_default in _AXIS_COLUMNS:
+            if any(map(off_default, shown)):
+                spec.insert(at, (name, cell, priority))
+                at += 1
+        columns = [(name, [cell(c) for c in shown]) for name, cell, _ in spec]
         widths = [max(len(name), *map(len, cells)) for name, cells in columns]
         limit = max(width if width is not None else shutil.get_terminal_size((120, 24)).columns, 20)
         dropped: list[str] = []
-        for i in sorted(range(len(columns)), key=lambda i: _TABLE_COLUMNS[i][2]):
+        for i in sorted(range(len(columns)), key=lambda i: spec[i][2]):
             if sum(w for j, w in enumerate(widths) if columns[j][0] not in dropped) + 2 * (
-                    len(columns) - len(dropped) - 1) <= limit or _TABLE_COLUMNS[i][2] >= _KEEP:
+                    len(columns) - len(dropped) - 1) <= limit or spec[i][2] >= _KEEP:
                 break
             dropped.append(columns[i][0])
         kept = [(name, cells, w) for (name, cells), w in zip(columns, widths) if name not in dropped]
@@ -254,6 +265,13 @@ _TABLE_COLUMNS = (
     ("tokens/s", lambda c: f"{c.tokens_per_s:,.0f}", 4), ("MFU", lambda c: f"{c.mfu:.1%}", 3),
     ("bubble", lambda c: f"{c.bubble:.3f}", 1), ("P", lambda c: "*" if c.pareto else "", 8),
 )
+# The searched axes' columns, shown only when a shown row is off their default (a search without
+# --interleave, --allow-compile or --allow-float8 prints the table it always did): placed after "ep".
+_AXIS_COLUMNS = (
+    ("vp", lambda c: str(c.vp), 9, lambda c: c.vp != 1),
+    ("impl", lambda c: "+".join(n for n, on in (("compile", c.compiled), ("fp8", c.float8)) if on) or "eager", 9,
+     lambda c: c.compiled or c.float8),
+)
 _KEEP = 9
 
 
@@ -263,7 +281,7 @@ CLOSEST = 5     # layouts a search where none fits shows
 def _closest(near: list, capacity: int, margin: float) -> tuple[dict, ...]:
     """The ``near`` heap's layouts, least memory first, as mappings."""
     keys = ("tp", "cp", "pp", "dp", "ep", "data_parallel", "checkpointing", "sequence_parallel", "microbatch",
-            "gradient_accumulation_steps")
+            "gradient_accumulation_steps", "vp", "compiled", "float8")
     best, seen = [], set()
     for e in sorted(near, key=lambda e: (-e[0], e[1:])):
         if (e[0], e[1:7]) not in seen and len(best) < CLOSEST:   # (one row per layout and memory)
@@ -293,6 +311,12 @@ def _nothing_fits(found: "PlanSearch") -> str:
                c["data_parallel"], "--activation-checkpointing", c["checkpointing"],
                "--sequence-parallel" if c["sequence_parallel"] else "--no-sequence-parallel",
                "--profile", found.profile]
+    if c.get("vp", 1) > 1:
+        command += ["--pipeline-schedule", "interleaved-1f1b", "--virtual-stages", str(c["vp"])]
+    if c.get("compiled"):
+        command.append("--compile-blocks")
+    if c.get("float8"):
+        command += ["--float8", FLOAT8_RECIPE]
     lines.append("What would make the closest fit, with the least added step time (the run's other "
                  f"options as given to search):\n  {shlex.join(command)}")
     return "\n".join(lines)
@@ -349,9 +373,120 @@ def _one_rank_rules(dp_rules: Sequence[str], installed) -> list[str]:
     return out
 
 
+def _variant_timing(timing: Mapping, c: Candidate) -> Mapping:
+    """The timing a row was timed with: the base one, or its variant's (interleave factor,
+    compile, float8: ``search_plans``'s opt-in axes)."""
+    v = c.vp if c.vp > 1 and timing.get("chunks", 1) == 1 else None
+    key = (v, bool(c.compiled), bool(c.float8))
+    if key == (None, False, False):
+        return timing
+    return timing["variants"][key]
+
+
+def _variant_note(interleave: bool, allow_compile: bool, allow_float8: bool) -> str:
+    axes = []
+    if interleave:
+        axes.append("the interleave factor (interleaved 1F1B with v model chunks per rank, v dividing a stage's layers; "
+                    "column vp)")
+    if allow_compile:
+        axes.append(f"compile={COMPILE_MODE!r} (memory-bound ops timed fused)")
+    if allow_float8:
+        axes.append(f"float8={FLOAT8_RECIPE!r} (float8 GEMMs and casts)")
+    return "searched as axes: " + "; ".join(axes) + " (column impl: eager, compile, fp8)"
+
+
+def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, base, base_chunks, base_schedule,
+                   options, strategies,
+                   solver, hardware, global_batch, seq_len, precision, optimizer, profile, trainable_fraction,
+                   communication_buffer_fraction, prepare):
+    """The opt-in axes' variants: (table, variants) where table[i] = (solve options, timing, label,
+    key) (table[0] the base, unused) and ``variants(pp)`` the (vp, compiled, float8, index) of a
+    layout of pp stages. An option the profile does not take at all (not a refusal of one layout)
+    is an error naming the axis."""
+    impls = [(False, False)]
+    if allow_compile:
+        impls.append((True, False))
+    if allow_float8:
+        impls.append((False, True))
+    if allow_compile and allow_float8:
+        impls.append((True, True))
+    vps = [None]
+    if interleave:
+        vps += sorted({v for pp in range(2, model.layers + 1) for v in interleave_factors(model.layers, pp)})
+    for flag, name, on, extra in (("allow_compile", "compile", allow_compile, {"compile": COMPILE_MODE}),
+                                  ("allow_float8", "float8", allow_float8, {"float8": FLOAT8_RECIPE})):
+        if not on:
+            continue
+        try:    # (one device, one micro-batch: what a layout can refuse is counted per layout)
+            solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, strategies[0], 1, 1, 1, 1, 0,
+                         1, trainable_fraction, communication_buffer_fraction, profile=profile,
+                         **{**options, **extra})
+        except NotModelledError:
+            pass
+        except InvalidInputError as err:
+            raise InvalidInputError(flag, True, f"a profile that models {name}= (the measured profile; this search's "
+                                    f"is {profile!r})", f"{name}={extra[name]!r} was refused: {err}") from None
+    table: list = [(options, base, None, (None, False, False))]
+    index: dict = {}
+    for v in vps:
+        for compiled, float8 in impls:
+            if v is None and not (compiled or float8):
+                continue
+            extra = {}
+            if v is not None:
+                extra.update(pipeline_schedule="interleaved-1f1b", virtual_stages=v)
+            if compiled:
+                extra["compile"] = COMPILE_MODE
+            if float8:
+                extra["float8"] = FLOAT8_RECIPE
+            chunks, schedule = base_chunks, base_schedule
+            if v is not None:
+                from .inputs import prepared_plan
+                plan = prepared_plan(solver, model, hardware, 1, seq_len, dict(
+                    precision=precision, optimizer=optimizer, activation_checkpointing=strategies[0], profile=profile,
+                    **options, **extra))
+                schedule, chunks = plan.profile_options.pipeline_schedule, v
+            # the optimizer step's bytes from the one-device solve of the variant's options, as time_plan
+            # reads them (compile="blocks" changes them); a variant refused there keeps the base run's
+            implementation = {k: v for k, v in extra.items() if k in ("compile", "float8")}
+            result = prepare["result"]
+            if implementation:
+                try:
+                    result = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, strategies[0],
+                                          1, 1, 1, 1, 0, global_batch, trainable_fraction,
+                                          communication_buffer_fraction, profile=profile,
+                                          **{**options, **implementation})
+                except NotModelledError:
+                    pass
+            timing = dict(timer.prepare(**{**prepare, "result": result}, schedule=schedule, chunks=chunks,
+                                        compiled=compiled, float8=float8), time=timer.time, schedule=schedule)
+            label = ", ".join(([f"compile={COMPILE_MODE!r}"] if compiled else [])
+                              + ([f"float8={FLOAT8_RECIPE!r}"] if float8 else [])) or None
+            index[(v, compiled, float8)] = len(table)
+            table.append(({**options, **extra}, timing, label, (v, compiled, float8)))
+
+    def variants(pp: int) -> tuple:
+        row_vp = base_chunks if pp > 1 else 1
+        out = []
+        for v in [None, *interleave_factors(model.layers, pp)] if interleave else [None]:
+            for compiled, float8 in impls:
+                out.append((v or row_vp, compiled, float8, index.get((v, compiled, float8), 0)))
+        return tuple(out)
+    return table, variants
+
+
+BASE_VARIANT = (1, False, False, 0)     # (vp, compiled, float8, index into the search's variant table)
+
+
 def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-               sequence_parallel, one_rank_rules=None, node=None) -> list[tuple]:
-    """Every valid layout, grouped by all but the micro-batch (see the module docstring)."""
+               sequence_parallel, one_rank_rules=None, node=None, variants=None, ep_node=None) -> list[tuple]:
+    """Every valid layout, grouped by all but the micro-batch (see the module docstring).
+    ``node``: tp x ep stays inside it (None: no limit); ``ep_node``: when given, the limit
+    ``node`` puts on tp x ep is lifted (expert parallelism across nodes: ep any divisor of
+    dp x cp and the experts). ``variants(pp)``: the (vp, compiled, float8, index) variants
+    of a layout with pp stages (default: the base one only), innermost but for the micro-batch."""
+    if variants is None:
+        variants = _base_variants
     layers = model.layers
     experts = model.experts if model.is_sparse else 1
     if one_rank_rules is None:
@@ -372,15 +507,34 @@ def _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rul
                     continue
                 micro = _divisors(global_batch // dp)
                 eps = ([e for e in _divisors(dp * cp) if e <= experts and experts % e == 0
-                        and (node is None or tp * e <= node)] if model.is_sparse else [1])
+                        and (node is None or ep_node is not None or tp * e <= node)] if model.is_sparse else [1])
                 rules = one_rank_rules if dp * cp == 1 else dp_rules    # nothing to shard over: zero0
                 sps = sequence_parallel if tp > 1 else no_tp_sp
+                kinds = variants(pp)
                 for ep in eps:
                     for rule in rules:
                         for ckpt in strategies:
                             for sp in sps:
-                                groups.append((tp, cp, pp, dp, ep, rule, ckpt, sp, micro))
+                                for variant in kinds:
+                                    groups.append((tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro))
     return groups
+
+
+def _base_variants(pp: int) -> tuple:
+    return (BASE_VARIANT,)
+
+
+FLOAT8_RECIPE = "tensorwise"    # what --allow-float8 tries: torchao's dynamic tensorwise scaling (what the step time models)
+COMPILE_MODE = "blocks"         # what --allow-compile tries: torch.compile per decoder block (data parallelism composes)
+
+
+def interleave_factors(layers: int, pp: int) -> tuple[int, ...]:
+    """The interleave factors (model chunks per pipeline rank, > 1) the search tries at ``pp``
+    stages of ``layers`` layers: the divisors of a stage's layers ceil(layers / pp) (the step
+    time's L_s) with at least one layer in each of the pp x v chunks; none at pp = 1."""
+    if pp <= 1:
+        return ()
+    return tuple(v for v in _divisors(-(-layers // pp)) if v > 1 and pp * v <= layers)
 
 
 def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
@@ -397,7 +551,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
                  dropout: float | None = None, runtime_overheads=None, lora=None, pipeline_schedule: str | None = None,
                  headroom: float | str | None = None, allow_cross_node_tp: bool = False,
-                 calibration=None, step_time_model: str | None = None) -> PlanSearch:
+                 calibration=None, step_time_model: str | None = None, allow_cross_node_ep: bool = False,
+                 interleave: bool = False, allow_compile: bool = False, allow_float8: bool = False) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -417,6 +572,16 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
     step-time efficiencies (default: the accelerator's fitted ones, else ``steptime.DEFAULT``).
     ``step_time_model``: a registered one's name (default: the only one, else ``roofline``).
+
+    The opt-in axes (each off by default: the search is then the one it always was; docs/planner.md,
+    "The search space"): ``allow_cross_node_ep``: expert-parallel groups may span nodes (tp stays
+    inside one unless ``allow_cross_node_tp``, which lifts both limits). ``interleave``: every
+    pp > 1 layout also runs the interleaved 1F1B schedule with v model chunks per rank, v each of
+    ``interleave_factors(layers, pp)`` (``pipeline_schedule`` must then be None or ``"1f1b"``,
+    the schedule of v = 1). ``allow_compile``: every layout is also tried with
+    ``compile="blocks"`` (timed with fused memory-bound ops); ``allow_float8``: with
+    ``float8="tensorwise"`` (timed with float8 GEMMs and casts); both: also with both. A variant
+    the profile refuses for a layout is left out and counted in ``notes`` by reason.
     """
     started = time.perf_counter()
     if solver is None:
@@ -440,6 +605,14 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                   or not value > 0 or math.isinf(value)):
             raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
     allow_cross_node_tp = _checks.flag("allow_cross_node_tp", allow_cross_node_tp)
+    allow_cross_node_ep = _checks.flag("allow_cross_node_ep", allow_cross_node_ep)
+    interleave = _checks.flag("interleave", interleave)
+    allow_compile = _checks.flag("allow_compile", allow_compile)
+    allow_float8 = _checks.flag("allow_float8", allow_float8)
+    if interleave and pipeline_schedule not in (None, "1f1b"):
+        raise InvalidInputError("pipeline_schedule", pipeline_schedule, "None or '1f1b' with interleave=True "
+                                "(--interleave)", "the interleave axis runs each pp > 1 layout under 1F1B (v = 1) "
+                                "and interleaved 1F1B (v > 1): it chooses the schedule itself")
     timer = step_time_model_named(registry, step_time_model)      # (the step time's physics is a plugin's)
     timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
                            "inter_node_bandwidth": network_bandwidth}, calibration)
@@ -524,6 +697,21 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                 schedule=getattr(schedule_options, "pipeline_schedule", None), dp_rules=dp_rules,
                                 chunks=getattr(schedule_options, "virtual_stages", None) or 1), time=timer.time)
     notes += timing["notes"]
+    base_chunks = timing["chunks"]
+    table, variants = _variant_table(
+        interleave=interleave, allow_compile=allow_compile, allow_float8=allow_float8, model=model, timer=timer,
+        base=timing, base_chunks=base_chunks, base_schedule=getattr(schedule_options, "pipeline_schedule", None),
+        options=options, strategies=strategies, solver=solver,
+        hardware=hardware, global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
+        profile=profile, trainable_fraction=trainable_fraction,
+        communication_buffer_fraction=communication_buffer_fraction,
+        prepare=dict(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
+                     precision_bytes=bytes_, node=node, flops=flops, intra=tp_bandwidth, inter=network_bandwidth,
+                     calibration=calibration, attention=options.get("attention"), dp_rules=dp_rules))
+    for entry in table[1:]:
+        notes += tuple(n for n in entry[1]["notes"] if n not in notes)
+    if len(table) > 1:
+        notes += (_variant_note(interleave, allow_compile, allow_float8),)
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
@@ -533,19 +721,24 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                        checkpointing=checkpointing, left_out=left_out, dp_rules=dp_rules,
                        data_parallel=data_parallel, cp_allowed=cp_allowed, sequence_parallel=sequence_parallel,
                        max_tp=max_tp)
+    run["allow_cross_node_ep"] = allow_cross_node_ep or allow_cross_node_tp
+    run["interleave"] = interleave
+    run["allow_compile"] = allow_compile
+    run["allow_float8"] = allow_float8
 
     margin = headroom_bytes(headroom, hardware.memory_capacity)
     run["headroom"] = margin
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
-               devices, node, options, margin, timing, allow_cross_node_tp)
+               devices, node, options, margin, timing, allow_cross_node_tp, table)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
         groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
                             sequence_parallel, _one_rank_rules(dp_rules, installed_rules),
-                            None if allow_cross_node_tp else node)
+                            None if allow_cross_node_tp else node, variants,
+                            node if allow_cross_node_ep else None)
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
         near: list[tuple] = []
@@ -588,7 +781,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                       seconds=time.perf_counter() - started, fits=fits,
                       pareto=tuple(c for c in fits if c[17]), profile=profile, run=run, notes=notes,
                       assumptions={**timing["assumptions"], **{f"recompute.{k}": v for k, v in recompute.items()}},
-                      timing=timing, closest=() if fits else _closest(near, hardware.memory_capacity, margin))
+                      timing={**timing, "variants": {key: t for _, t, _, key in table[1:]}},
+                      closest=() if fits else _closest(near, hardware.memory_capacity, margin))
 
 
 # The notes of a result that hold for the whole search (the model's, the accelerator's and
@@ -602,7 +796,7 @@ def _one_row_per_answer(fits: list) -> tuple[list, int]:
     name (layout, micro-batch, memory and step time); how many were dropped."""
     seen, out = set(), []
     for c in fits:
-        key = (c[:6], c[7:13])
+        key = (c[:6], c[7:13], c[18:])
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -964,18 +1158,23 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
     without it such a layout stops the search."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
-     devices, node, options, margin, timing, cross_node) = context
+     devices, node, options, margin, timing, cross_node, table) = context
     solves = done = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
     limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
     step_time, peak = timing["time"], timing["peak"]
     mfu_scale = timing["flops_per_token"] * tokens / (devices * peak)
-    for tp, cp, pp, dp, ep, rule, ckpt, sp, micro in groups:
+    base_options, base_timing = options, timing
+    for tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro in groups:
         n, plan = len(micro), None
+        vp, compiled, float8, which = variant
+        if which:
+            options, timing, label, _ = table[which]
+        else:
+            options, timing, label = base_options, base_timing, None
         rec = recompute.get(ckpt, 0.0)
         samples = global_batch // dp        # b x gas
-        stages = pp - 1
         stages = pp - 1
         for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
             done += 1
@@ -995,6 +1194,11 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
                     if refused is None:
                         raise       # one ranking never mixes profiles: the caller decides (the CLI refuses)
                     reason = _not_modelled_reason(err)
+                    if label:
+                        reason = f"{label}: {reason}"
+                        if plan is not None:    # (an implementation choice may depend on the micro-batch, e.g.
+                            refused[reason] = refused.get(reason, 0) + 1    # float8 without accumulation)
+                            continue
                     refused[reason] = refused.get(reason, 0) + n - index
                     done += n - index - 1
                     break
@@ -1005,7 +1209,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
             solves += 1
             if not total_memory * 1e-9 <= limit_gb:     # feasibility in GB, as the reference
                 if near is not None and index == 0 and not rows:
-                    entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas)
+                    entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, vp, compiled, float8)
                     (heapq.heappush if len(near) < 10 * CLOSEST else heapq.heappushpop)(near, entry)
                 if assume_monotone:
                     done += n - index - 1
@@ -1015,7 +1219,8 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
                                 gas=gas)["step"]
             idle = timing["idle"](pp, gas, timing["chunks"]) if timing["idle"] and pp > 1 else stages
             rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory, seconds,
-                         tokens / seconds, mfu_scale / seconds, idle / (gas + idle) if idle else 0.0, rec, False))
+                         tokens / seconds, mfu_scale / seconds, idle / (gas + idle) if idle else 0.0, rec, False,
+                         vp, compiled, float8))
         if progress is not None and time.perf_counter() - last_report > 0.2:
             progress(done, total)
             last_report = time.perf_counter()
