@@ -425,6 +425,18 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     srch.add_argument("--max-tp", type=int, metavar="N", help="the largest tensor-parallel size (default: a node's devices)")
     srch.add_argument("--allow-cross-node-tp", action="store_true",
                       help="let tensor- and expert-parallel groups span nodes (default: inside a node)")
+    srch.add_argument("--allow-cross-node-ep", action="store_true",
+                      help="let expert-parallel groups span nodes, tensor-parallel ones staying inside a node "
+                           "(the EP all-to-all timed over the inter-node link); default: tp x ep inside a node")
+    srch.add_argument("--interleave", action="store_true",
+                      help="also try every pp > 1 layout under interleaved 1F1B with v model chunks per rank, v each "
+                           "divisor > 1 of a stage's layers (column vp; --pipeline-schedule must then be 1f1b or unset)")
+    srch.add_argument("--allow-compile", action="store_true",
+                      help="also try every layout with torch.compile per block (compile='blocks', timed with fused "
+                           "ops) where the profile models it; refusals counted in a note")
+    srch.add_argument("--allow-float8", action="store_true",
+                      help="also try every layout with float8 linears (float8='tensorwise', timed with float8 GEMMs "
+                           "and casts) where the profile models it; refusals counted in a note")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
     srch.add_argument("--workers", type=int, default=None, metavar="N",
@@ -1581,6 +1593,8 @@ def cmd_search(args, out) -> int:
                                    seq_len=args.seq_len, precision=args.precision, optimizer=args.optimizer,
                                    checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
                                    max_tp=args.max_tp, allow_cross_node_tp=args.allow_cross_node_tp,
+                                   allow_cross_node_ep=args.allow_cross_node_ep, interleave=args.interleave,
+                                   allow_compile=args.allow_compile, allow_float8=args.allow_float8,
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
                                    **options)

@@ -444,7 +444,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
                 from .inputs import prepared_plan
                 plan = prepared_plan(solver, model, hardware, 1, seq_len, dict(
                     precision=precision, optimizer=optimizer, activation_checkpointing=strategies[0], profile=profile,
-                    **options, **extra))
+                    **options, pipeline_schedule="interleaved-1f1b", virtual_stages=v))
                 schedule, chunks = plan.profile_options.pipeline_schedule, v
             # the optimizer step's bytes from the one-device solve of the variant's options, as time_plan
             # reads them (compile="blocks" changes them); a variant refused there keeps the base run's

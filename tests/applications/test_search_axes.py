@@ -209,3 +209,27 @@ def test_compile_under_a_profile_without_it_is_an_error():
         search_plans("llama3-8b", "h100", devices=8, global_batch=8, seq_len=2048, profile="reference",
                      allow_compile=True, workers=1)
     assert err.value.parameter == "allow_compile" and "measured" in err.value.allowed
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def test_cli_flags_reach_the_search(capsys):
+    import io
+    import json
+
+    from mlsysim_core import cli
+    out = io.StringIO()
+    code = cli.main(["search", "-m", "llama3-8b", "-g", "h100", "-n", "8", "--global-batch", "16", "-s", "2048",
+                     "--precision", "bf16", "--optimizer", "adamw", "--checkpointing", "full", "--cp", "1",
+                     "--workers", "1", "--no-progress", "--interleave", "--allow-cross-node-ep", "--allow-compile",
+                     "--allow-float8", "--json"], out=out)
+    assert code == 0
+    found = json.loads(out.getvalue())
+    assert {k: found["run"][k] for k in ("interleave", "allow_cross_node_ep", "allow_compile", "allow_float8")} == dict(
+        interleave=True, allow_cross_node_ep=True, allow_compile=True, allow_float8=True)
+    assert any(row["vp"] > 1 for row in found["fits"])
+    assert any("compile='blocks'" in n for n in found["notes"])
+    with pytest.raises(SystemExit):
+        cli.main(["search", "--help"])
+    text = capsys.readouterr().out
+    assert all(flag in text for flag in ("--allow-cross-node-ep", "--interleave", "--allow-compile", "--allow-float8"))
