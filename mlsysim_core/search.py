@@ -50,7 +50,13 @@ derived in docs/planner.md) gives every layout that fits seconds per optimizer s
 and MFU; layouts are ranked fastest first. Its ``check`` refuses hardware it cannot time (the
 built-in: without its topology, or the ``flops``, ``tp_bandwidth``, ``network_bandwidth``
 overrides, an error naming the missing fields) before anything is solved. TP and EP groups stay inside a node (tp x ep <= devices per node) unless
-``allow_cross_node_tp``; ``max_tp`` caps tp.
+``allow_cross_node_tp`` (both may span nodes) or ``allow_cross_node_ep`` (EP groups may); ``max_tp`` caps tp.
+
+**Opt-in axes** (``search_plans``'s ``allow_cross_node_ep``, ``interleave``, ``allow_compile``,
+``allow_float8``; docs/planner.md, "The search space"): each off by default, the search then the
+one it always was; on, each layout is also tried with the axis' variants (a group's ``variant``:
+vp, compiled, float8 and its index in the search's table of solve options and timings), solved and
+timed exactly as ``time_plan`` would, a refused variant counted in ``notes``.
 """
 
 from __future__ import annotations

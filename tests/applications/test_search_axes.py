@@ -233,3 +233,22 @@ def test_cli_flags_reach_the_search(capsys):
         cli.main(["search", "--help"])
     text = capsys.readouterr().out
     assert all(flag in text for flag in ("--allow-cross-node-ep", "--interleave", "--allow-compile", "--allow-float8"))
+
+
+def test_axes_in_worker_processes_equal_in_process():
+    run = dict(devices=8, global_batch=16, seq_len=2048, precision="bf16", optimizer="adamw", profile="measured",
+               regime="bf16", checkpointing=["none"], data_parallel=["zero1", "fsdp"], interleave=True,
+               allow_compile=True)
+    alone = search_plans("llama3-8b", "h100", workers=1, **run)
+    forked = search_plans("llama3-8b", "h100", workers=2, **run)
+    assert any(c.vp > 1 for c in alone.fits) and any(c.compiled for c in alone.fits)
+    assert (forked.fits, forked.notes, forked.solves, forked.candidates) == (
+        alone.fits, alone.notes, alone.solves, alone.candidates)
+
+
+def test_nothing_fits_names_the_variant_of_the_closest():
+    found = search_plans("llama3-70b", "h100", devices=2, global_batch=2, seq_len=4096, precision="bf16",
+                         optimizer="adamw", profile="measured", interleave=True, workers=1)
+    assert not found.fits and found.closest
+    assert all({"vp", "compiled", "float8"} <= set(c) for c in found.closest)
+    assert "No layout of the" in found.table()
