@@ -425,18 +425,11 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     srch.add_argument("--max-tp", type=int, metavar="N", help="the largest tensor-parallel size (default: a node's devices)")
     srch.add_argument("--allow-cross-node-tp", action="store_true",
                       help="let tensor- and expert-parallel groups span nodes (default: inside a node)")
-    srch.add_argument("--allow-cross-node-ep", action="store_true",
-                      help="let expert-parallel groups span nodes, tensor-parallel ones staying inside a node "
-                           "(the EP all-to-all timed over the inter-node link); default: tp x ep inside a node")
-    srch.add_argument("--interleave", action="store_true",
-                      help="also try every pp > 1 layout under interleaved 1F1B with v model chunks per rank, v each "
-                           "divisor > 1 of a stage's layers (column vp; --pipeline-schedule must then be 1f1b or unset)")
-    srch.add_argument("--allow-compile", action="store_true",
-                      help="also try every layout with torch.compile per block (compile='blocks', timed with fused "
-                           "ops) where the profile models it; refusals counted in a note")
-    srch.add_argument("--allow-float8", action="store_true",
-                      help="also try every layout with float8 linears (float8='tensorwise', timed with float8 GEMMs "
-                           "and casts) where the profile models it; refusals counted in a note")
+    for flag, what in (("--allow-cross-node-ep", "let EP groups span nodes, TP ones not (all-to-all over the NICs)"),
+                       ("--interleave", "also try interleaved 1F1B at pp > 1, v chunks per rank dividing a stage's layers"),
+                       ("--allow-compile", "also try each layout with compile='blocks' (fused ops), refusals counted"),
+                       ("--allow-float8", "also try each layout with float8='tensorwise', refusals counted")):
+        srch.add_argument(flag, action="store_true", help=what + " (docs/planner.md: the search space)")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
     srch.add_argument("--workers", type=int, default=None, metavar="N",
