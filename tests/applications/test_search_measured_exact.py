@@ -38,7 +38,8 @@ def test_measured_search_fits_equal_each_layout_solved_alone(workers):
     groups = search._enumerate(model, 16, 8, 1024, 8, None, rules, ARGS["checkpointing"], (True, False),
                                search._one_rank_rules(rules, registry.rules_for_axis("dp")),
                                get_hardware(GPU).devices_per_node)
-    layouts = [(*g[:-1], mb) for g in groups for mb in g[-1]]
+    assert all(g[8] == search.BASE_VARIANT for g in groups)     # (no opt-in axis: the base variant only)
+    layouts = [(*g[:8], mb) for g in groups for mb in g[-1]]
     assert found.candidates == found.solves == len(layouts)
     memo.set_enabled(False)
     try:
