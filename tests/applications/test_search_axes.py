@@ -252,3 +252,17 @@ def test_nothing_fits_names_the_variant_of_the_closest():
     assert not found.fits and found.closest
     assert all({"vp", "compiled", "float8"} <= set(c) for c in found.closest)
     assert "No layout of the" in found.table()
+
+
+def test_a_published_interleaved_layout_is_a_row_and_ranks_higher_than_its_1f1b_twin():
+    """Megatron-Bridge's Llama 3 70B on 64 H100 (tp 4, pp 8, vp 5; validation/steptime/published.py):
+    80 layers, 10 a stage, so v in 2, 5, 10."""
+    found = search_plans("llama3-70b", "h100", devices=64, global_batch=256, seq_len=8192, checkpointing=["full"],
+                         data_parallel=["zero1"], sequence_parallel=[True], context_parallel=[1], interleave=True,
+                         **MEASURED)
+    rank = {(c.tp, c.pp, c.dp, c.vp, c.microbatch): i for i, c in reversed(list(enumerate(found.fits)))}
+    assert rank[(4, 8, 2, 5, 1)] < rank[(4, 8, 2, 1, 1)]
+    row = found.fits[rank[(4, 8, 2, 5, 1)]]
+    twin = found.fits[rank[(4, 8, 2, 1, 1)]]
+    assert row.bubble < twin.bubble and row.step_time < twin.step_time
+    _same(found, row, vp=5)
