@@ -918,6 +918,8 @@ def describe_search_run(run: Mapping) -> str:
         parts.append(f"data-parallel rules {', '.join(run.get('data_parallel') or ())}")
     if run.get("context_parallel") is not None:
         parts.append(f"cp {', '.join(map(str, run['context_parallel']))}")
+    if run.get("allow_cross_node_ep"):
+        parts.append("expert parallelism across nodes")
     if list(run.get("sequence_parallel") or ()) not in ([True, False], [False, True]):
         parts.append(f"sequence parallel {'on' if run.get('sequence_parallel') == [True] else 'off'}")
     return "run: " + "; ".join(parts)
