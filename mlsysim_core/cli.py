@@ -398,9 +398,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                     "those that fit, rank them by step time (seconds per step, tokens/s and MFU: "
                     "the step-time model, docs/planner.md), and show the Pareto front of memory headroom against "
                     "step time. The hardware needs its topology (peak FLOP/s, intra- and inter-node bandwidth, "
-                    "devices per node); TP and EP groups stay inside a node. Every layout is solved under one profile "
-                    "(default measured; reference, with a printed note, when the measured profile cannot "
-                    "describe the run). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
+                    "devices per node); TP and EP groups stay inside a node unless --allow-cross-node-tp / "
+                    "--allow-cross-node-ep. Every layout is solved under one profile (default measured; a run it "
+                    "cannot describe is refused, naming what is not modelled, never answered by another profile; "
+                    "layouts it cannot describe are left out and counted). The layout flags of `estimate` (--tp, --pp, --dp, --ep, --cp-size, "
                     "--zero-stage, --data-parallel, --grad-accum, --no-sequence-parallel{layout}) are refused: "
                     "search enumerates the layout itself.")
     srch.add_argument("--devices", "-n", "--gpus", type=int, help="number of accelerators (required, except with "

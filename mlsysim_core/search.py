@@ -26,10 +26,10 @@ first, by one solve per checkpointing strategy at one device: a bad option, or a
 profile cannot describe (e.g. an optimizer without a measured-grade model, a model without
 shapes), raises there, before anything is enumerated. A layout the rules reject counts as
 not fitting; an error saying the measured profile cannot describe the run (its
-``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision``, ``model.*``,
-or ``lora``: the measured profile models LoRA/QLoRA on one device only) stops the search
-instead: one ranking never mixes profiles (the CLI refuses the search, naming what is not
-modelled).
+``parameter`` is ``optimizer``, ``activation_checkpointing``, ``precision`` or ``model.*``)
+stops the search instead; a layout the profile cannot describe (LoRA split by tp, compile under
+a layout it refuses, ...) is left out and counted in a note: one ranking never mixes profiles
+(the CLI refuses the search, naming what is not modelled).
 
 **Candidates evaluated** counts every layout enumerated. Each is either solved through the
 whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
