@@ -485,6 +485,8 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      help="sequences per optimizer step (default 8)")
     tim.add_argument("--seq-len", "-s", type=int, default=2048, help="sequence length (default 2048)")
     tim.add_argument("--precision", default="fp16", help="default fp16")
+    tim.add_argument("--regime", help="the measured profile's training regime (default: the precision's; e.g. "
+                     "bf16, pure bf16, which --compiled needs: docs/compile.md)")
     tim.add_argument("--optimizer", default="adam", help="default adam")
     tim.add_argument("--profile", help=_PROFILE_HELP)
     for flags, dest, what in ((("--tp-size", "--tp"), "tp", "tensor"), (("--cp-size", "--cp"), "cp", "context"),
@@ -505,8 +507,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      help="micro-batches per step (the micro-batch is global batch / (dp x this))")
     tim.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
                      help="tensor parallelism without sequence parallelism (default: the profile's)")
-    tim.add_argument("--compiled", action="store_true", help="the memory-bound ops fused (torch.compile, fused kernels)")
-    tim.add_argument("--float8", action="store_true", help="the layers' linears in float8 (casts counted)")
+    tim.add_argument("--compiled", action="store_true", help="each decoder block torch.compile'd (compile='blocks'): "
+                     "the memory-bound ops fused, and the memory of the compiled run")
+    tim.add_argument("--float8", action="store_true", help="the layers' linears timed in float8 (casts counted); "
+                     "the memory is the 16-bit run's, said in a note")
     tim.add_argument("--async-tp", action="store_true",
                      help="TP collectives decomposed and overlapped with the GEMMs (async TP, TP comm overlap)")
     tim.add_argument("--ep-overlap", action="store_true", help="EP all-to-alls beside another micro-batch's compute")
@@ -1672,13 +1676,18 @@ def cmd_time(args, out) -> int:
                                     f"--global-batch {args.global_batch}")
         microbatch = args.global_batch // (dp * steps)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
+    # --compiled: the run is compiled block by block for its memory too, as the search's --allow-compile
+    # rows are (a run the profile cannot describe compiled is refused, naming why).
+    run = {**({"compile": search.COMPILE_MODE} if args.compiled else {}),
+           **({"regime": args.regime} if args.regime else {})}
     r = search.time_plan(_model(args.model), _hardware(args.hardware), global_batch=args.global_batch,
                          seq_len=args.seq_len, tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp, ep=args.ep, vp=args.vp,
                          data_parallel=rule, checkpointing=args.checkpointing, microbatch=microbatch,
                          sequence_parallel=args.sequence_parallel, precision=args.precision,
                          optimizer=args.optimizer, profile=args.profile or DEFAULT_PROFILE,
                          pipeline_schedule=args.pipeline_schedule, compiled=args.compiled, float8=args.float8,
-                         async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver)
+                         async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
+                         **run)
     if args.json:
         out.write(json.dumps(r, indent=2, sort_keys=True, default=str) + "\n")
         return 0

@@ -1333,6 +1333,13 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
         raise InvalidInputError("microbatch", microbatch, f"a micro-batch that with dp={dp} divides global_batch="
                                 f"{global_batch}", f"{global_batch} / ({dp} x {microbatch}) is not whole")
     gas = global_batch // (dp * microbatch)
+    # A run compiled for the memory is timed so too, as a search's row is; a timing choice the memory
+    # does not share is said.
+    compiled = bool(compiled) or bool(options.get("compile"))
+    said = ([f"compiled: the memory-bound ops timed as compiled kernels; the memory is the eager run's "
+             f"(compile={COMPILE_MODE!r} prices the compiled one)"] if compiled and not options.get("compile") else [])
+    said += (["float8: the linears timed in float8 GEMMs with their casts; the memory is the 16-bit run's"]
+             if float8 else [])
     if vp is not None:
         vp = _checks.count("vp", vp)
         options["virtual_stages"] = vp
@@ -1348,7 +1355,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     ckpt = _checks.name("checkpointing", checkpointing, registry.checkpointing)
     sp = (registry.profiles[profile].sequence_parallel if sequence_parallel is None
           else _checks.flag("sequence_parallel", sequence_parallel)) and tp > 1
-    notes: list[str] = []
+    notes: list[str] = said
     # the one-device plan (recompute share, optimizer bytes), as search_plans makes it
     one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule")}
     first = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,

@@ -226,3 +226,18 @@ def test_the_pipeline_schedule_sets_the_bubble_and_the_memory(solver):
         search.search_plans("llama3-8b", "h100", solver=solver, pipeline_schedule="interleaved-1f1b", **args)
         .components(rows["interleaved-1f1b"])["p2p"])
     assert rows["interleaved-1f1b"].total_memory > rows["1f1b"].total_memory
+
+
+def test_time_plan_says_when_the_memory_is_not_the_timed_run():
+    """A compiled run's memory is timed compiled too; a timing-only choice (compiled, float8) is said."""
+    common = dict(global_batch=16, seq_len=1024, dp=8, data_parallel="fsdp", checkpointing="none", microbatch=2,
+                  precision="bf16", profile="measured")
+    both = search.time_plan("llama3-8b", "h100", regime="bf16", compile="blocks", **common)
+    assert both["layout"]["compiled"] is True and not any("compiled:" in n for n in both["notes"])
+    eager = search.time_plan("llama3-8b", "h100", regime="bf16", **common)
+    assert both["memory_bytes"] != eager["memory_bytes"]          # the compiled run's memory
+    timed = search.time_plan("llama3-8b", "h100", regime="bf16", compiled=True, float8=True, **common)
+    assert timed["memory_bytes"] == eager["memory_bytes"]
+    assert any(n.startswith("compiled: ") and "eager run's" in n for n in timed["notes"])
+    assert any(n.startswith("float8: ") and "16-bit run's" in n for n in timed["notes"])
+    assert timed["components"]["step"] < both["components"]["step"]     # float8 GEMMs on top of compile
