@@ -134,13 +134,16 @@ def test_one_layout_timed_alone_equals_the_search_row(solver):
 def test_time_command_answers_as_the_python_call(solver, capsys):
     code, out = run(*["time", "-m", "llama3-8b", "-g", "h100", "-b", "16", "-s", "8192", "--dp", "8",
                               "--data-parallel", "fsdp", "--checkpointing", "op-sac", "--precision", "bf16",
-                              "--optimizer", "adamw", "--compiled", "--power-limit", "500", "--json"])
+                              "--regime", "bf16", "--optimizer", "adamw", "--compiled", "--power-limit", "500",
+                              "--json"])
     assert code == 0
     data = json.loads(out)
     alone = search.time_plan("llama3-8b", "h100", global_batch=16, seq_len=8192, dp=8, data_parallel="fsdp",
                              checkpointing="op-sac", microbatch=2, precision="bf16", optimizer="adamw",
-                             profile="measured", compiled=True, power=500, solver=solver)
+                             profile="measured", compiled=True, power=500, solver=solver, regime="bf16",
+                             compile="blocks")      # --compiled: the compiled run's memory too
     assert data["step_s"] == pytest.approx(alone["step_s"]) and data["layout"]["microbatch"] == 2
+    assert data["memory_bytes"] == alone["memory_bytes"]
     assert data["assumptions"]["clock_share"] == pytest.approx((5 / 7) ** (1 / 3))
     code, text = run("time", "-m", "llama3-8b", "--tp", "2", "--pp", "2", "--dp", "2", "-b", "8", "--vp", "2",
                      "--zero-stage", "1")

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # reference solve made cheaper (+~20 lines) and the core simplified by more than that: one memo for
 # _positional (was an lru_cache beside the memo), one byte counter per tier (_bytes_on), one catalog lookup in solve.
 RATCHET = 2604   # issue 24: -71, the launch formats' and the step time's hooks (and Collective, StepTimeSpec) to their plugins (the manager collects plugins' own registration hooks); item 3: +8 for ProfileSpec.assemble (the measured options assembled from the registered techniques); issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
-EDGE_AT_SPLIT = {"cli.py": 1704,   # re-based at issue 27 item 6 (was 1613): +91, the `time` subcommand (one
+EDGE_AT_SPLIT = {"cli.py": 1882,   # re-based at issue 27 items 3 and 6: the search axes' flags and `time --regime`/--compiled with its memory (+178); before: 1704, re-based at issue 27 item 6 (was 1613): +91, the `time` subcommand (one
                  # layout timed as a search times it); at issue 23 (was 1344; 1,613 then): contradictory flags refused
                  # naming both, refusals instead of fallbacks, names' notes, choice spellings
                  "render.py": 723,   # re-based at issue 24 item 6 (was 510; 512 then): +211, a result's JSON
