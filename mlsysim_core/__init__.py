@@ -23,43 +23,26 @@ hookimpl = _pluggy.HookimplMarker(_PROJECT)
 
 __version__ = "0.1.0"
 
-# The plugin API's (major, minor) version: a minor bump only adds (hooks, hook arguments, optional
-# spec fields); a major one removes or changes something, after a release that warns. 1.1: SplitSoFar.
-# 1.2: the backward_end phase, runtime_overheads and its hook, measured-grade spec callables,
-# ProfileSpec.grade. 2.0: profiles own their options and hooks (ProfileSpec.options_type, prepare,
-# ranks, relocate; mlsysim_addhooks; measured_buffer_terms; TrainingPlan.profile_options, rank, notes).
-# 2.4: profiles declare what they do (ProfileSpec.callables, checks_layouts, exact_batch, sequence_limit,
-# solve_cost); ProfileSpec.grade deprecated. 2.5: step-time models (mlsysim_step_time_models, StepTimeSpec),
-# the rules' declared collectives (ShardingRuleSpec.collectives, Collective). 2.6: launch-config readers
-# (mlsysim_launch_formats, LaunchFormatSpec).
-# 3.0: the core knows no profile: the specs' measured_* fields, MEASURED_CALLABLES and ProfileSpec.grade
-# removed (a profile's callables name a field or a dotted key of the specs' new ``extensions``: the measured
-# profile's "measured.state_terms", ...); TrainingMemoryResult.regime is ``details`` (ProfileSpec.details).
-# 3.1: a hook-spec module's REGISTRATION_HOOK_TYPES are collected (registry.extensions); the launch formats'
-# and the step time's hooks moved to the plugins that own them (mlsysim_plugins.launch: LaunchFormatSpec;
-# mlsysim_plugins.steptime_hookspecs: StepTimeSpec, Collective; the old names warn), a rule's collectives
-# to its extensions["steptime.collectives"].
+# The plugin API's (major, minor) version: a minor bump only adds, a major one removes or changes
+# (after a release that warns). History: docs/hooks.md#evolving-the-hooks.
 PLUGIN_API_VERSION = (3, 1)
 
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "scenario", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
          "Placement": "plan", "PluginManager": "manager", "get_plugin_manager": "manager"}
-
-
 # Moved out of the core to the plugins that own them (still importable from here, with a warning).
 _MOVED = {"LaunchFormatSpec": "mlsysim_plugins.launch", "StepTimeSpec": "mlsysim_plugins.steptime_hookspecs",
           "Collective": "mlsysim_plugins.steptime_hookspecs"}
 
 
 def __getattr__(name):
+    import importlib
     if name in _MOVED:
-        import importlib
         import warnings
         warnings.warn(f"mlsysim_core.{name} moved to {_MOVED[name]} (plugin API 3.1); import it from there",
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(_MOVED[name]), name)
     if name in _LAZY:
-        import importlib
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'mlsysim_core' has no attribute {name!r}")
 

@@ -9,8 +9,7 @@ class MlsysimError(Exception):
 
 
 class InvalidInputError(MlsysimError, ValueError):
-    """An input is out of range, unknown or inconsistent; the message names the ``parameter``,
-    the ``value`` given and what would be ``allowed``."""
+    """An input out of range, unknown or inconsistent: names ``parameter``, ``value`` and ``allowed``."""
 
     def __init__(self, parameter: str, value: object, allowed: str, detail: str = ""):
         self.parameter, self.value, self.allowed, self.detail = parameter, value, allowed, detail
@@ -33,13 +32,11 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 
 class NotModelledError(InvalidInputError):
-    """A valid input the selected profile does not model (the CLI refuses the run with it,
-    exit 2, and names ``--profile reference`` for the textbook estimate: never another
-    profile's answer)."""
+    """A valid input the selected profile does not model (refused: never another profile's answer)."""
 
 
 class LayoutError(InvalidInputError):
-    """A parallel layout that cannot exist (raised by sharding rules, passed through unchanged)."""
+    """A parallel layout that cannot exist (raised by sharding rules)."""
 
 
 class NotInstalledError(MlsysimError):

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError, PluginError
+from .errors import InvalidInputError, InvalidInputTypeError, PluginError
 from .hookspecs import COMPONENT_HOOKS
 from .memo import memoize
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
@@ -246,9 +246,8 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
     if spec.prepare is not None:
         plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:
-            raise PluginContractError(f"{info.describe()} profile '{spec.name}' prepare returned "
-                                      f"{type(plan).__name__}; expected TrainingPlan",
-                                      plugin=info.name, source=info.source, hook="prepare")
+            raise info.error(f"profile '{spec.name}' prepare returned {type(plan).__name__}; expected "
+                             "TrainingPlan", "prepare")
     return plan
 
 
@@ -270,8 +269,7 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
     except (InvalidInputError, PluginError):      # a user error, or a plugin error already naming its plugin
         raise
     except Exception as err:
-        raise PluginContractError(f"{info.describe()} {where} raised {type(err).__name__}: {err}",
-                                  plugin=info.name, source=info.source, hook=hook) from err
+        raise info.error(f"{where} raised {type(err).__name__}: {err}", hook) from err
 
 
 def _catalog_notes(model, hardware) -> tuple[str, ...]:

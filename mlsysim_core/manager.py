@@ -248,8 +248,7 @@ class PluginManager(pluggy.PluginManager):
 
     def _contract_error(self, impl, hook: str, message: str) -> PluginContractError:
         info = self.info(impl.plugin_name)
-        return PluginContractError(f"{info.describe()} {message}{self._workaround(info.name)}",
-                                   plugin=info.name, source=info.source, hook=hook)
+        return info.error(f"{message}{self._workaround(info.name)}", hook)
 
     def _claims(self, hook: str, spec_type: type, broken: dict) -> dict[str, list]:
         """name -> [(item, provider)] of one registration hook; a plugin that fails goes to ``broken``."""

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Mapping
 
 import attrs
 
-from .errors import InvalidInputError, InvalidInputTypeError
+from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError
 from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 
@@ -28,6 +28,10 @@ class PluginInfo:
 
     def describe(self) -> str:
         return f"plugin '{self.name}' ({self.source})"
+
+    def error(self, message: str, hook: str, kind: type = PluginContractError):
+        """A ``kind`` error naming this plugin, its distribution and ``hook``."""
+        return kind(f"{self.describe()} {message}", plugin=self.name, source=self.source, hook=hook)
 
 
 @attrs.frozen(kw_only=True)

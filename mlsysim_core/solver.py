@@ -1,19 +1,12 @@
 """The solver: one fixed pipeline, read top to bottom.
 
-    1. check     (inputs.py) the inputs become a frozen ``TrainingPlan``, nothing unchecked past here;
-                 the profile's own options are built and its ``prepare`` completes them
-    2. select    one spec per role: optimizer, checkpointing strategy, a rule per axis
-                 (tp, cp, pp, ep, dp), and the profile's component plugins
-    3. place     the rules' effects multiply into a ``Placement`` (tp, cp, pp, ep, then dp);
-                 a profile that tells ranks apart (``ProfileSpec.ranks``) runs 3-5 per rank
-    4. collect   terms per component: weights, gradients, optimizer state, activations,
-                 communication buffers, runtime overheads (selected specs + component hooks)
+    1. check     (inputs.py) the inputs become a frozen ``TrainingPlan``; the profile's ``prepare``
+    2. select    one spec per role (optimizer, strategy, a rule per axis) and the component plugins
+    3. place     the rules' integer factors multiply into a ``Placement``; per rank if ranks differ
+    4. collect   terms per component, from the selected specs and the component hooks
     5. combine   the profile's rule ("sum", or "peak" over the phases) -> result
 
-Only selected specs are called, so an installed but unselected plugin contributes nothing.
-Shard factors are integer products and each component's terms are ordered by (source,
-label) before they are added, so pluggy's registration order never decides a number. The
-only cache is ``mlsysim_core.memo`` (keyed on every argument; ``memo.set_enabled(False)``).
+Terms are ordered by (source, label) before they are added: pluggy's order never decides a number.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from . import _checks
-from .errors import InvalidInputTypeError, NotModelledError, PluginContractError, PluginError
+from .errors import InvalidInputTypeError, NotModelledError, PluginError
 from .hookspecs import COMPONENT_HOOKS
 from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
@@ -41,13 +34,8 @@ DEFAULT_PROFILE = "reference"
 
 
 class TrainingMemoryModel:
-    """How much memory one accelerator needs to train a model, and whether it fits.
-
-    ``TrainingMemoryModel()`` uses the ``reference`` profile, which reproduces the
-    reference model (mlsysim 0.3.0) exactly. ``plugin_manager`` lets tests and embedders
-    supply their own set of plugins; by default every installed plugin is loaded once
-    per process.
-    """
+    """How much memory one accelerator needs to train a model, and whether it fits. The default
+    ``reference`` profile is mlsysim 0.3.0's model, exactly; ``plugin_manager``: other plugins."""
 
     def __init__(self, profile: str = DEFAULT_PROFILE, *, plugin_manager: PluginManager | None = None):
         if plugin_manager is not None and not isinstance(plugin_manager, PluginManager):
@@ -78,21 +66,9 @@ class TrainingMemoryModel:
               plugin_options: Mapping[str, Any] | None = None,
               include_plugins: Sequence[str] = (), profile: str | None = None, cp_size: int = 1,
               **profile_options) -> TrainingMemoryResult:
-        """Solve for the memory of one accelerator (every parameter: docs/api.md).
-
-        The positional parameters are the reference model's, in its order, with its
-        defaults; ``batch_size`` is the GLOBAL batch (all DP replicas and accumulation
-        steps). Keyword-only: ``sequence_parallel`` (None: the profile's default: on for the
-        reference, off for the measured profile); ``data_parallel`` (a data-parallel rule
-        by name, instead of ``zero_stage``); ``sharding_rules`` (``{"tp"|"cp"|"pp"|"ep": rule}``);
-        ``plugin_options`` (``{spec name: options}``); ``include_plugins`` (component hooks
-        added to the profile's own); ``profile``; ``cp_size`` (context parallelism); and
-        ``**profile_options``, the selected profile's own options (the fields of its
-        ``ProfileSpec.options_type``: the measured profile's ``regime``, ``attention``,
-        ``pipeline_schedule``, ``offload``, ``lora``, ...). A profile that tells ranks apart
-        describes each in ``result.ranks``; the totals are the heaviest's, ``feasible`` means
-        every rank fits.
-        """
+        """The memory of one accelerator (every parameter: docs/api.md). The positional parameters are
+        the reference model's; ``batch_size`` is the global batch; ``**profile_options`` are the
+        profile's own. Ranks that differ are each in ``result.ranks``; the totals are the heaviest's."""
         registry = self.registry
         if type(model) is str or type(hardware) is str:   # catalog names, with this manager's plugins' entries
             from .catalog import get_hardware, get_model
@@ -171,10 +147,9 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
     missing = sorted(n for n in spec.component_plugins if n not in registry.plugins)
     if missing:
         info = registry.providers[(PROFILE, profile)]
-        raise PluginError(
-            f"profile '{profile}' ({info.source}) needs plugin(s) {', '.join(missing)}, which "
-            "are not loaded (blocked or uninstalled?); unblock them or choose another profile",
-            plugin=info.name, source=info.source, hook="mlsysim_profiles")
+        raise PluginError(f"profile '{profile}' ({info.source}) needs plugin(s) {', '.join(missing)}, which are not "
+                          "loaded (blocked or uninstalled?); unblock them or choose another profile",
+                          plugin=info.name, source=info.source, hook="mlsysim_profiles")
     callables = spec.callables      # which callable of each spec the profile calls (it declares them)
     chosen = []
     for kind, name, parameter, table, field in (
@@ -256,8 +231,7 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
         else:
             effect = _call(info, where, "apply", apply, plan, option)
         if type(effect) is not ShardingEffect:
-            raise PluginContractError(f"{info.describe()} {where} returned {type(effect).__name__}; expected "
-                                      "ShardingEffect", plugin=info.name, source=info.source, hook="apply")
+            raise info.error(f"{where} returned {type(effect).__name__}; expected ShardingEffect", "apply")
         factors = _shard_factors(effect)
         if factors != _UNSPLIT:
             split = None
@@ -268,9 +242,8 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
         if effect.layers_per_stage is not None:
             split = None
             if layers_rule is not None:
-                raise PluginContractError(
-                    f"{info.describe()} sharding rule '{name}' sets layers_per_stage, which the "
-                    f"'{layers_rule}' rule already set", plugin=info.name, source=info.source, hook="apply")
+                raise info.error(f"sharding rule '{name}' sets layers_per_stage, which the '{layers_rule}' "
+                                 "rule already set", "apply")
             layers_rule = name
             layers_per_stage = effect.layers_per_stage
             if type(layers_per_stage) is not int or not 1 <= layers_per_stage <= _checks.MAX_COUNT:   # (no f-string)
@@ -296,18 +269,15 @@ def _checked(info: PluginInfo, where: str, hook: str, items, component: str) -> 
         if items is None:
             return []
         if isinstance(items, (str, bytes, MemoryTerm)) or not isinstance(items, Iterable):
-            raise PluginContractError(f"{info.describe()} {where} returned {type(items).__name__}; expected a "
-                                      "list of MemoryTerm", plugin=info.name, source=info.source, hook=hook)
+            raise info.error(f"{where} returned {type(items).__name__}; expected a list of MemoryTerm", hook)
         items = _call(info, where, hook, list, items)      # a generator runs plugin code here
     terms = []
     for term in items:
         if type(term) is not MemoryTerm and not isinstance(term, MemoryTerm):
-            raise PluginContractError(f"{info.describe()} {where} returned {type(term).__name__} {term!r}; "
-                                      "expected MemoryTerm", plugin=info.name, source=info.source, hook=hook)
+            raise info.error(f"{where} returned {type(term).__name__} {term!r}; expected MemoryTerm", hook)
         if term.component != component:
-            raise PluginContractError(f"{info.describe()} {where} returned a '{term.component}' term "
-                                      f"({term.label!r}); expected component '{component}'",
-                                      plugin=info.name, source=info.source, hook=hook)
+            raise info.error(f"{where} returned a '{term.component}' term ({term.label!r}); expected "
+                             f"component '{component}'", hook)
         terms.append(term if term.source == info.name else attrs.evolve(term, source=info.name))
     return terms
 

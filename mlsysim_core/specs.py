@@ -1,6 +1,5 @@
-"""What plugins register: named optimizers, checkpointing strategies, sharding rules and profiles,
-each a frozen attrs object of callables called only when a solve selects it by name (so an unselected
-plugin never adds a byte), with the plan (and placement) and its options object. See docs/hooks.md."""
+"""What plugins register: named optimizers, checkpointing strategies, sharding rules and profiles, each
+called only when a solve selects it (every field: docs/hooks.md)."""
 
 from __future__ import annotations
 
@@ -37,12 +36,8 @@ _name_field = attrs.field(validator=_spec_name)
 _description = attrs.field(default="", validator=attrs.validators.instance_of(str))
 _options = attrs.field(default=None, validator=_options_type)
 _optional_callable = attrs.field(default=None, validator=_callable)
-# What profiles read from a spec beyond the core's fields, under dotted keys each profile documents
-# (the measured profile's: "measured.state_terms", ...); the core never reads one. Plugin API 3.0.
+# What profiles read beyond the core's fields, under dotted keys ("measured.state_terms"); the core never does.
 _extensions = attrs.field(factory=dict, converter=lambda value: FrozenMap(value or {}))
-
-
-# What a checkpointing strategy recomputes, as it declares it (CheckpointingSpec.recomputes).
 RECOMPUTES = ("nothing", "layers", "part")
 
 
@@ -53,53 +48,33 @@ def _recomputes(instance, attribute, value):
 
 @attrs.frozen(kw_only=True)
 class OptimizerSpec:
-    """A named optimizer: ``state_terms(plan, placement, options)`` returns the optimizer-state
-    terms of ONE rank, already divided by ``placement.optimizer_state_shards``."""
+    """A named optimizer: ``state_terms(plan, placement, options)``, one rank's optimizer-state terms."""
     name: str = _name_field
     description: str = _description
     state_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     options_type: type | None = _options
     extensions: Mapping[str, object] = _extensions
-    step: object | None = None
-    """Its state and step, declared for a profile's techniques (measured: ``OptimizerStep``). API 2.3."""
+    step: object | None = None     # its state and step, for a profile (measured: OptimizerStep)
 
 
 @attrs.frozen(kw_only=True)
 class CheckpointingSpec:
-    """A named activation-checkpointing strategy: ``activation_terms(plan, placement, options)``
-    returns one rank's activation terms (``placement.layers_per_stage`` layers, divided by
-    ``placement.activation_shards``)."""
+    """A named activation-checkpointing strategy: ``activation_terms(plan, placement, options)``."""
     name: str = _name_field
     description: str = _description
     activation_terms: Callable[..., Iterable[MemoryTerm]] = attrs.field(validator=_callable)
     requires_heads: bool = False
     options_type: type | None = _options
     extensions: Mapping[str, object] = _extensions
-    searched: bool = True
-    """Enumerated by ``search`` when no strategies are named (False: only when named). API 2.1."""
-    recompute: Callable[..., float] | None = _optional_callable
-    """``recompute(plan)``: the share of the layers' forward FLOPs the backward runs again (0: none,
-    1: all); the planner's step time reads it (None: counted as 0, and said). API 2.2."""
-    recomputes: str = attrs.field(default="part", validator=_recomputes)
-    """What the backward recomputes, which the profiles' physics reads (never the strategy's name):
-    ``"nothing"`` (every layer keeps all it saves), ``"layers"`` (every decoder layer keeps only its
-    input and is recomputed whole, one layer at a time; a profile's block option, the measured
-    ``checkpointed_layers=k``, limits it to the first k layers), ``"part"`` (the default: anything
-    else, part of each layer or some of the layers, as the strategy's own terms say). API 2.3."""
-    recomputes_first_layer: Callable[..., bool] | None = _optional_callable
-    """``recomputes_first_layer(plan)``: is layer 0 (or a module of it) recomputed at the backward's
-    end, so its gradients are born after the recompute? Asked for ``"part"`` strategies (None: no);
-    ``"nothing"`` never, ``"layers"`` unless the block option leaves every layer kept. API 2.3."""
+    searched: bool = True       # enumerated by search when no strategies are named
+    recompute: Callable[..., float] | None = _optional_callable    # (plan) -> share of forward FLOPs rerun
+    recomputes: str = attrs.field(default="part", validator=_recomputes)   # "nothing", "layers" or "part"
+    recomputes_first_layer: Callable[..., bool] | None = _optional_callable   # (plan) -> layer 0 rerun last?
 
 
-# The axes a sharding rule can own, in the order the solver applies them.
-TENSOR = "tp"
-CONTEXT = "cp"
-PIPELINE = "pp"
-EXPERT = "ep"
 DATA = "dp"
-AXES = (TENSOR, CONTEXT, PIPELINE, EXPERT, DATA)
-DEFAULT_RULES = {TENSOR: "tp", CONTEXT: "cp", PIPELINE: "pp", EXPERT: "ep"}   # data parallel: zero<stage>
+AXES = ("tp", "cp", "pp", "ep", DATA)     # the axes a rule can own, in the order the solver applies them
+DEFAULT_RULES = {"tp": "tp", "cp": "cp", "pp": "pp", "ep": "ep"}   # data parallel: zero<stage>
 
 _SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards",
                  "tensor_shards", "sequence_shards", "expert_shards", "pipeline_stages")
@@ -109,27 +84,16 @@ _INT = {int}
 
 @attrs.frozen(kw_only=True)
 class ShardingEffect:
-    """What one sharding rule does to one rank, as plain numbers (1: "does not split it").
-    The solver multiplies the factors of all selected rules and divides once."""
+    """What one sharding rule splits for one rank: integer factors (1: not split), multiplied over the rules."""
     parameter_shards: int = 1
     activation_shards: int = 1
     weight_shards: int = 1
     gradient_shards: int = 1
     optimizer_state_shards: int = 1
-    # What the rule splits, declared for a profile that prices tensors one by one (the measured
-    # profile reads these, never plan.tp_size and friends). Plugin API 2.4.
-    tensor_shards: int = 1
-    """Ranks each weight matrix is split over, as its tensor class says (Megatron's column- and
-    row-parallel linears, the vocabulary-parallel embedding; norms and routers replicated)."""
-    sequence_shards: int = 1
-    """Ranks the tokens of each sequence are split over (context parallelism): every per-token
-    tensor, the token ids, logits and attention scores included. A rule that splits the sequence
-    declares it in ``activation_shards`` too; the rest of ``activation_shards`` is the tensor-parallel
-    ranks' split of the residual stream (sequence parallelism)."""
-    expert_shards: int = 1
-    """Ranks the routed experts are distributed over (expert parallelism)."""
-    pipeline_stages: int = 1
-    """Pipeline stages the layer stack is split into (a rank holds one stage's layers)."""
+    tensor_shards: int = 1      # ranks each weight matrix is split over (as its tensor class says)
+    sequence_shards: int = 1    # ranks each sequence's tokens are split over (context parallel)
+    expert_shards: int = 1      # ranks the routed experts are spread over
+    pipeline_stages: int = 1    # stages the layer stack is split into
     layers_per_stage: int | None = None
     buffer_terms: tuple[MemoryTerm, ...] = ()
     notes: tuple[str, ...] = ()
@@ -149,8 +113,7 @@ class ShardingEffect:
 
 @attrs.frozen(kw_only=True)
 class SplitSoFar:
-    """What the sharding rules applied before this one did, for one rank
-    (``parameters_per_rank = model.parameters / parameter_shards``, fractional)."""
+    """What the rules applied before this one split, for one rank."""
     parameter_shards: int
     activation_shards: int
     weight_shards: int
@@ -166,8 +129,7 @@ class SplitSoFar:
 
 @attrs.frozen(kw_only=True)
 class ShardingRuleSpec:
-    """A named sharding rule for one axis: ``apply(plan, options) -> ShardingEffect`` (a third parameter
-    receives ``SplitSoFar``; rules run in axis order), raising ``LayoutError`` for an impossible layout."""
+    """A named rule for one axis: ``apply(plan, options[, split_so_far]) -> ShardingEffect`` or ``LayoutError``."""
     name: str = _name_field
     axis: str = attrs.field(validator=attrs.validators.in_(AXES))
     description: str = _description
@@ -194,61 +156,30 @@ def _spec_callables(value) -> FrozenMap:
 
 
 def declared(spec, key: str):
-    """What ``ProfileSpec.callables`` names on a spec: a field, or (a dotted key) an item of its
-    ``extensions``; None when the spec declares none."""
+    """A spec's field, or (a dotted key) an item of its ``extensions``; None if it declares none."""
     return spec.extensions.get(key) if "." in key else getattr(spec, key)
 
 
 @attrs.frozen(kw_only=True)
 class ProfileSpec:
-    """A named set of plugins whose component hooks take part, and a rule combining the terms:
-    ``"sum"`` (as the reference) or ``"peak"`` (the most accelerator bytes alive in one phase).
-    What the profile does is declared by its fields; the core never asks for a profile by name."""
+    """A named set of component plugins and a combine rule (``"sum"``, or ``"peak"``: the phase with most
+    bytes alive). What it does is declared by its fields (docs/hooks.md); the core never asks for its name."""
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)
     combine: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "peak")))
-    options_type: type | None = _options
-    """The profile's own options (``plan.profile_options``): keywords of ``solve``. Plugin API 2.0."""
-    registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Its own registration hooks, collected into ``registry.extensions[hook]``. Plugin API 2.0."""
-    prepare: Callable | None = _optional_callable
-    """``prepare(plan, registry) -> plan``: checks and completes the options (and may add notes);
-    called with or without ``options_type``. Plugin API 2.0."""
-    ranks: Callable | None = _optional_callable
-    """``ranks(plan)``: the distinct ranks of a layout, or ``None`` for one kind. Plugin API 2.0."""
-    relocate: Callable | None = _optional_callable
-    """``relocate(plan, weights, gradients, optimizer_state)``: memory tiers (offload). Plugin API 2.0."""
-    sequence_parallel: bool = True
-    """What ``sequence_parallel`` not given (None) means under this profile. Plugin API 2.1."""
+    options_type: type | None = _options     # its own options: keywords of solve (plan.profile_options)
+    registration_hooks: tuple[str, ...] = attrs.field(default=(), converter=tuple)   # -> registry.extensions
+    prepare: Callable | None = _optional_callable     # (plan, registry) -> plan: checks, completes the options
+    ranks: Callable | None = _optional_callable       # (plan[, placement]) -> the distinct ranks, or None
+    relocate: Callable | None = _optional_callable    # (plan, weights, gradients, optimizer_state): tiers
+    sequence_parallel: bool = True                    # what sequence_parallel=None means
+    # Which callable of each selected spec it calls: a field, or a dotted key of the spec's extensions.
     callables: Mapping[str, str | None] = attrs.field(factory=dict, converter=_spec_callables)
-    """Which callable of each selected spec it calls: a field name, or a dotted key of the spec's
-    ``extensions`` (the measured profile's ``"measured.state_terms"``): ``{"optimizer": "state_terms",
-    "checkpointing": "activation_terms", "sharding": None}`` by default (None: the rules' effect's
-    ``buffer_terms``; a key, e.g. ``"measured.buffer_terms"``, replaces them where a rule declares it).
-    A selected spec that declares none is refused (``NotModelledError``). Plugin API 2.4 (keys: 3.0)."""
-    checks_layouts: bool = False
-    """Its ``prepare`` and callables refuse runs they cannot describe (``NotModelledError``) and may
-    refuse one micro-batch but not another: ``search`` asks every micro-batch of a layout and stops
-    (rather than skipping the layout) at a ``NotModelledError``. Plugin API 2.4."""
-    exact_batch: bool = False
-    """It never rounds the micro-batch: ``fewest_devices`` tries only data-parallel sizes that
-    split the global batch into whole micro-batches, by default. Plugin API 2.4."""
-    sequence_limit: Callable | None = _optional_callable
-    """``sequence_limit(model) -> int | None``: the longest sequence the profile accepts for a
-    model (e.g. a learned position table's rows), which ``longest_sequence`` caps at. API 2.4."""
-    solve_cost: float = 1.0
-    """About how many reference solves one of its solves costs: ``search`` parallelises a search
-    of at least ``8000 / solve_cost`` candidates. Plugin API 2.4."""
-    techniques: Callable | None = _optional_callable
-    """``techniques(model, hardware, batch_size, seq_len, **keywords) -> ladder``: the profile's
-    technique ladder, which ``fit techniques`` calls (the measured one's: ``mlsysim_plugins.measured.
-    technique_fit.fit_techniques``). Plugin API 2.4."""
-    assemble: Callable | None = _optional_callable
-    """``assemble(spec, registry) -> ProfileSpec``: the profile completed from what its registration hooks
-    collected (the measured profile's options type from the registered techniques), once per
-    registry; the registry keeps what it returns. Plugin API 2.5."""
-
-    details: Callable | None = _optional_callable
-    """``details(plan) -> {str: str}``: what a result says about the run beyond the core's fields
-    (``TrainingMemoryResult.details``; the measured profile's ``{"regime": ...}``). Plugin API 3.0."""
+    checks_layouts: bool = False     # it may refuse one micro-batch of a layout but not another
+    exact_batch: bool = False        # it never rounds the micro-batch
+    sequence_limit: Callable | None = _optional_callable   # (model) -> the longest sequence, or None
+    solve_cost: float = 1.0          # about how many reference solves one of its solves costs
+    techniques: Callable | None = _optional_callable       # the technique ladder that fit techniques calls
+    assemble: Callable | None = _optional_callable         # (spec, registry) -> the spec completed
+    details: Callable | None = _optional_callable          # (plan) -> {str: str}: result.details
