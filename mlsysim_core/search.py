@@ -1302,8 +1302,8 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
               checkpointing: str = "selective", microbatch: int = 1, sequence_parallel: bool | None = None,
               precision: str = "fp16", optimizer: str = "adam", profile: str | None = None,
               pipeline_schedule: str | None = None, compiled: bool = False, float8: bool = False,
-              async_tp: bool = False, ep_overlap: bool = False, power: float | None = None,
-              memory_bandwidth: float | None = None, flops: float | None = None, tp_bandwidth: float | None = None,
+              async_tp: bool = False, ep_overlap: bool = False, ep_dispatch: str | None = None,
+              power: float | None = None, memory_bandwidth: float | None = None, flops: float | None = None, tp_bandwidth: float | None = None,
               network_bandwidth: float | None = None, recompute: float | None = None, calibration=None,
               step_time_model: str | None = None, solver: TrainingMemoryModel | None = None,
               memory: bool = True, **options) -> dict:
@@ -1314,7 +1314,8 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     ``microbatch`` sequences per micro-batch, ``global_batch / (dp x microbatch)`` of them per step.
     What a search does not enumerate, said by the caller: ``compiled`` (memory-bound ops fused),
     ``float8`` (float8 GEMMs and casts), ``async_tp`` (TP collectives decomposed and overlapped),
-    ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``power`` (the run's
+    ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``ep_dispatch``
+    (``"node-forwarded"``: DeepEP-style, once per destination node), ``power`` (the run's
     power limit, W) and ``memory_bandwidth`` (B/s). ``memory``: also solve the layout's memory
     (the heaviest rank's total, as ``estimate``; a run the profile cannot describe is said in
     ``notes``, its memory None). Returns {"step_s", "tokens_per_s", "tokens_per_s_per_device",
@@ -1390,7 +1391,8 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     extras = {k: v for k, v in (("compiled", compiled), ("float8", float8), ("power", power),
                                 ("memory_bandwidth", memory_bandwidth),
                                 ("overlap", {**({"tp": "decomposed"} if async_tp else {}),
-                                             **({"ep": "batched"} if ep_overlap else {})})) if v}
+                                             **({"ep": "batched"} if ep_overlap else {})}),
+                                ("dispatch", {"ep": ep_dispatch} if ep_dispatch else {})) if v}
     timing = dict(timer.prepare(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
                                 precision_bytes=precision_bytes(precision), node=hardware.devices_per_node,
                                 flops=flops, intra=tp_bandwidth, inter=network_bandwidth, calibration=calibration,
@@ -1410,7 +1412,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
             "layout": dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vp=chunks, data_parallel=rule, checkpointing=ckpt,
                            microbatch=microbatch, gradient_accumulation_steps=gas, sequence_parallel=sp,
                            devices=devices, recompute=recompute, compiled=compiled, float8=float8,
-                           async_tp=async_tp, ep_overlap=ep_overlap),
+                           async_tp=async_tp, ep_overlap=ep_overlap, ep_dispatch=ep_dispatch),
             "assumptions": timing["assumptions"]}
 
 
