@@ -182,3 +182,20 @@ def test_the_readme_era_configs_read():
         launch.scenario.solve()
     lora = from_launch([AX / "readme_15f7910d" / "llama-3" / "lora-8b.yml"], gpus=1).scenario
     assert lora.model == "meta-llama/llama-2-7b-hf" and lora.profile_options["lora"]["quantization"] == "int8"
+
+
+def test_lora_8b_readme_figure_is_below_the_configs_floor():
+    # docs/launch-hf.md: the README's "11GB" for lora-8b.yml (15f7910d) is below what the file must hold at
+    # the loss on its pinned stack (transformers 4.40: fp32 logits, their shifted copy, the log-softmax):
+    # weights + 32 checkpointed inputs + three fp32 (T - 1) x V, T = 2 x 4096 packed into one row.
+    launch = from_launch([AX / "readme_15f7910d" / "llama-3" / "lora-8b.yml"], gpus=1, hardware="nvidia/l40s")
+    result = launch.scenario.solve()
+    int8_linears = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)              # 6,476,005,376 B at 1 B
+    bf16_frozen = 2 * (2 * 32000 * 4096 + (2 * 32 + 1) * 4096)            # embeddings, LM head, norms
+    adapters = 4 * 32 * 32 * (4 * (4096 + 4096) + 3 * (4096 + 11008))    # fp32, rank 32, every linear
+    scales = 4 * 32 * (4 * 4096 + 2 * 11008 + 4096)                        # one fp32 per output row
+    rope = 2 * 64 * 4                                                       # the inv_freq buffers (fp32)
+    assert result.weights == int8_linears + bf16_frozen + adapters + scales + rope == 7_326_081_536
+    floor = result.weights + 32 * 8192 * 4096 * 2 + 3 * 4 * 8191 * 32000
+    assert floor == 12_618_909_184 and floor / 2**30 > 11.75 > 11
+    assert result.allocated_memory >= floor
