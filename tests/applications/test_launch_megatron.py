@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import mlsysim_core
-from mlsysim_core.errors import MlsysimError, NotModelledError
+from mlsysim_core.errors import InvalidInputError, MlsysimError
 from mlsysim_core.scenario import from_launch
 from mlsysim_plugins.launch.megatron import read_arguments
 
@@ -215,11 +215,12 @@ def test_the_cublas_workspace_is_the_goldens_machines():
         assert [t.nbytes for t in rank.terms if t.label == "cuBLAS workspaces"] == [nbytes]
 
 
-def test_a_megatron_bridge_container_is_refused_by_name(tmp_path):
-    # Megatron-Bridge's resolved ConfigContainer (its to_yaml's top-level _target_): recognized, refused naming
-    # _target_ (no real dump to test a reader against: docs/launch-megatron.md). A minimal stand-in document.
+def test_a_megatron_bridge_container_is_the_bridge_readers(tmp_path):
+    # Megatron-Bridge's resolved ConfigContainer (its to_yaml's top-level _target_) is read by its own reader
+    # (launch/megatron_bridge.py, tests/applications/test_launch_megatron_bridge.py): a stand-in without the
+    # resolved sections is refused naming the first one missing.
     path = tmp_path / "config.yaml"
     path.write_text("_target_: megatron.bridge.training.config.ConfigContainer\nmodel:\n  num_layers: 2\n")
-    with pytest.raises(NotModelledError) as err:
+    with pytest.raises(InvalidInputError) as err:
         from_launch([path], gpus=8)
-    assert err.value.parameter == "_target_" and "not read yet" in str(err.value)
+    assert err.value.parameter == "mixed_precision" and "every section" in str(err.value)

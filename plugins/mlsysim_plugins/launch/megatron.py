@@ -452,26 +452,19 @@ def _model_args(document):
     return None
 
 
-BRIDGE = "megatron.bridge.training.config.ConfigContainer"
-
-
-def _is_bridge(document) -> bool:
-    return isinstance(document, dict) and document.get("_target_") == BRIDGE
+def read_mapping(args: dict, path, context=None):
+    """A ``LaunchReading`` of a ``{--flag: value}`` mapping (the Megatron-Bridge reader,
+    ``megatron_bridge.py``, builds one from a resolved ConfigContainer)."""
+    return _read(_normalise_mapping(args, path), path, context)
 
 
 def recognizes(path, document) -> bool:
-    if _model_args(document) is not None or _is_bridge(document):
+    if _model_args(document) is not None:
         return True
     return isinstance(document, str) and "--num-layers" in document
 
 
 def read(path, document, context):
-    if _is_bridge(document):
-        # Megatron-Bridge's resolved ConfigContainer (save_config_filepath / --dryrun): recognized, not read
-        # (docs/launch-megatron.md says what blocked a real dump to test a reader against).
-        raise NotModelledError("_target_", BRIDGE, "a Megatron-LM argument list or MODEL_ARGS YAML",
-                               f"{path}: Megatron-Bridge's resolved ConfigContainer YAML is not read yet (no real "
-                               "dump could be obtained to test a reader against: docs/launch-megatron.md)")
     args = _model_args(document)
     if args is not None:
         return _read(_normalise_mapping(args, path), path, context)
