@@ -529,7 +529,8 @@ def result_from_json(text):
     naming the first bad field."""
     import cattrs
     from .result import RankReport, TrainingMemoryResult
-    from .serialization import SCHEMA_VERSION, _converter, _format_exception, _shown, parse_json
+    from .catalog.files import _shown, parse_json
+    from .serialization import SCHEMA_VERSION, _converter, _format_exception
     if not isinstance(text, (str, bytes, bytearray)):
         raise InvalidInputTypeError("text", _shown(text), f"a JSON string written by {_TO_JSON}",
                                     f"got {type(text).__name__}")
@@ -586,7 +587,7 @@ _PATH_STEP = re.compile(r"\.(\w+)|\[(\d+)\]|\['([^']*)'\]")
 def _error_path(messages, data):
     """The input a cattrs error is about, from the path its first message ends with
     (``... @ result.ranks[1].terms[0]``): its parameter name and the value found there."""
-    from .serialization import _shown
+    from .catalog.files import _shown
     path = messages[0].rpartition(" @ ")[2] if messages and " @ " in messages[0] else ""
     if not path.startswith("result"):
         return None, None
@@ -610,7 +611,7 @@ def _is_bytes(value) -> bool:
 def _check_memory(where: str, report, available) -> None:
     """Memory fields finite and >= 0, the total the components' sum, ``feasible`` as the totals
     say against ``available`` (in GB, as the solver decides): for the result and each rank."""
-    from .serialization import _require
+    from .catalog.files import _require
     for field in ("total_memory", *COMPONENTS, "host_memory"):
         _require(_is_bytes(getattr(report, field)), f"{where}.{field}", getattr(report, field),
                  "a finite number of bytes >= 0")
@@ -626,7 +627,7 @@ def _check_memory(where: str, report, available) -> None:
 
 def _check_result(result) -> None:
     """A result read back must be one a solve could give (each rank too), ``selected`` consistent."""
-    from .serialization import _require
+    from .catalog.files import _require
     for field, allowed in (("available_memory", "a finite number of bytes >= 0"),
                            ("memory_utilization", "a finite number >= 0")):
         _require(_is_bytes(getattr(result, field)), f"result.{field}", getattr(result, field), allowed)
@@ -678,7 +679,7 @@ _SELECTED_RULES = ("tp_rule", "pp_rule", "dp_rule", "ep_rule", "cp_rule")
 def _check_selected(result) -> None:
     """``selected`` names the result's own profile, optimizer and checkpointing strategy, and
     one sharding rule per axis, each as the installed plugins spell it."""
-    from .serialization import _require
+    from .catalog.files import _require
     selected, keys = result.selected, _SELECTED_OWN + _SELECTED_RULES
     for key in sorted(set(selected) - set(keys)):
         raise InvalidInputError(f"result.selected.{key}", selected[key], f"one of the keys {', '.join(keys)}",
@@ -713,3 +714,15 @@ def _first_field(err: BaseException) -> str | None:
             if isinstance(exc, cattrs.ForbiddenExtraKeysError):
                 return sorted(exc.extra_fields)[0]
     return None
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def format_gb(nbytes) -> str:
+    """The reference's rendering of bytes in GB (pint's ``~P``): the float's repr, ``×10⁻⁵`` exponents."""
+    text = repr(float(nbytes * 1e-9))
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+    return f"{text} GB"

@@ -14,8 +14,7 @@ _MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENT
 
 
 class MemoryView:
-    """The memory fields of a result in one unit: ``result.gb.total_memory`` (``bytes * 1e-9``,
-    exactly as the reference converts) or ``result.gib.total_memory`` (``bytes / 2**30``)."""
+    """A result's memory fields in GB (``bytes * 1e-9``, as the reference) or GiB (``bytes / 2**30``)."""
 
     __slots__ = ("_result", "_unit", "_gb")
 
@@ -37,8 +36,7 @@ class MemoryView:
 
 @attrs.frozen(kw_only=True)
 class RankReport:
-    """The memory of one rank class of a parallel layout (a pipeline stage, or the middle
-    stages that are alike), in bytes as in ``TrainingMemoryResult``."""
+    """The memory of one rank class of a parallel layout (a stage, or the middle stages alike), in bytes."""
 
     name: str                       # "first stage", "middle stage 1", "last stage", "every rank"
     stages: tuple[int, ...]         # the pipeline stages (0-based) in this class
@@ -65,9 +63,8 @@ class RankReport:
 
 @attrs.frozen(kw_only=True)
 class TrainingMemoryResult:
-    """Memory of one accelerator for one training configuration, every memory field in
-    **bytes** (exact); ``result.gb`` and ``result.gib`` are unit views. The reference
-    result's fields are all here, under the same names."""
+    """Memory of one accelerator for one training configuration, in bytes (``result.gb``, ``.gib``:
+    unit views); the reference result's fields under the same names."""
 
     feasible: bool
     total_memory: int | float
@@ -126,6 +123,7 @@ class TrainingMemoryResult:
     @property
     def constraint_trace(self) -> tuple[str, ...]:
         """The reference's trace: a summary line in GB, then the rules' notes (ZeRO, MoE)."""
+        from .render import format_gb
         summary = (f"Training Memory: weights={format_gb(self.weights)}, gradients={format_gb(self.gradients)}, "
                    f"optimizer={format_gb(self.optimizer_state)}, activations={format_gb(self.activations)}, "
                    f"buffers={format_gb(self.communication_buffers)}.")
@@ -141,7 +139,7 @@ class TrainingMemoryResult:
             raise InvalidInputError("component", component, f"one of {', '.join(COMPONENTS)}")
         return tuple(t for t in self.terms if t.component == component)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict:     # (the output edge, render.py, writes and reads a result's JSON)
         from .render import unstructure_result
         return unstructure_result(self)
 
@@ -150,15 +148,13 @@ class TrainingMemoryResult:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainingMemoryResult":
-        """Read back a result written by ``to_json``, checked to be one a solve could give;
-        anything else raises ``InvalidInputError`` naming the field (``result.ranks[1].weights``).
-        A document without ``schema_version`` (older) may leave out fields with defaults."""
+        """A result written by ``to_json``, checked (``InvalidInputError`` naming the field); without
+        ``schema_version`` (older) fields with defaults may be left out."""
         from .render import result_from_json
         return result_from_json(text)
 
     def explain(self, registry=None) -> str:
-        """A plain-text tree of where every byte comes from (``registry``: the plugins whose
-        declared explanations it quotes; default the installed ones)."""
+        """A plain-text tree of where every byte comes from (``registry``: whose explanations it quotes)."""
         from .render import explain
         return explain(self, registry=registry)
 
@@ -177,16 +173,3 @@ def _phase_totals(terms, component: str | None = None) -> dict:
             for phase in term.phases:
                 totals[phase] += term.nbytes
     return totals
-
-
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def format_gb(nbytes) -> str:
-    """The reference's rendering of bytes in GB (pint's ``~P``): the float's repr, ``×10⁻⁵`` exponents."""
-    text = repr(float(nbytes * 1e-9))
-    if "e" in text:
-        mantissa, exponent = text.split("e")
-        text = f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
-    return f"{text} GB"
-

@@ -190,7 +190,7 @@ class Scenario:
                 if path.is_dir() or self.model.endswith(".json"):
                     from .hf import from_hf_config
                     from .catalog.files import structure_model
-                    from .serialization import parse_json
+                    from .catalog.files import parse_json
                     path = path / "config.json" if path.is_dir() else path
                     data = parse_json(path.read_text(encoding="utf-8-sig"), "model", where=str(path))
                     return from_hf_config(data) if "model_type" in data else structure_model(data)

@@ -1,10 +1,8 @@
 """The cattrs converter (imported lazily: cattrs is not needed to solve): options objects from dicts,
-strictly checked, and the helpers of every reader of JSON a user writes (a result's JSON is read
-back by ``render.result_from_json``)."""
+strictly checked. The JSON readers are at the edges (``catalog/files.py``, ``render.py``)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import attrs
@@ -48,31 +46,6 @@ def _format_exception(exc: BaseException, type_) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unknown field(s) {', '.join(sorted(exc.extra_fields))}"
     return str(exc) or type(exc).__name__
-
-
-def _require(ok, parameter: str, value, allowed: str, detail: str = "") -> None:
-    if not ok:
-        raise InvalidInputError(parameter, value, allowed, detail)
-
-
-def parse_json(text, parameter: str, where: str | None = None):
-    """``json.loads(text)``, malformed or too deeply nested JSON an ``InvalidInputError`` naming
-    ``parameter`` (its value shown as ``where``, e.g. the file's path)."""
-    try:
-        return json.loads(text)
-    except ValueError as err:   # malformed JSON, bytes that are not UTF-8, a number too long to read
-        raise InvalidInputError(parameter, where if where is not None else _shown(text), "valid JSON",
-                                str(err)) from None
-    except RecursionError:
-        raise InvalidInputError(parameter, where if where is not None else "(nested too deeply)",
-                                "JSON nested less deeply", "nested too deeply to read") from None
-
-
-def _shown(value):
-    """A value for an error message: long strings cut short."""
-    if isinstance(value, (str, bytes, bytearray)) and len(value) > 80:
-        return value[:80] + (b"..." if not isinstance(value, str) else "...")
-    return value
 
 
 def structure_options(parameter: str, spec_name: str, options_type: type, value: Any):

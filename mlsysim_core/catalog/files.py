@@ -1,15 +1,43 @@
 """The model and hardware file readers: a dict read from a JSON file (the CLI's ``--model``
 and ``--hardware``, a scenario's model or hardware) turned into a workload or a ``HardwareNode``,
-every problem an ``InvalidInputError`` naming ``model.<field>`` or ``hardware.<field>``."""
+every problem an ``InvalidInputError`` naming ``model.<field>`` or ``hardware.<field>``; and the
+helpers of every reader of JSON a user writes (scenarios, a result's JSON read back by ``render``)."""
 
 from __future__ import annotations
+
+import json
 
 import attrs
 
 from ..errors import InvalidInputError
-from ..serialization import _require, _shown
 from ..types import HardwareNode
 from . import _MODEL_KINDS
+
+
+def _require(ok, parameter: str, value, allowed: str, detail: str = "") -> None:
+    if not ok:
+        raise InvalidInputError(parameter, value, allowed, detail)
+
+
+def parse_json(text, parameter: str, where: str | None = None):
+    """``json.loads(text)``, malformed or too deeply nested JSON an ``InvalidInputError`` naming
+    ``parameter`` (its value shown as ``where``, e.g. the file's path)."""
+    try:
+        return json.loads(text)
+    except ValueError as err:   # malformed JSON, bytes that are not UTF-8, a number too long to read
+        raise InvalidInputError(parameter, where if where is not None else _shown(text), "valid JSON",
+                                str(err)) from None
+    except RecursionError:
+        raise InvalidInputError(parameter, where if where is not None else "(nested too deeply)",
+                                "JSON nested less deeply", "nested too deeply to read") from None
+
+
+def _shown(value):
+    """A value for an error message: long strings cut short."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > 80:
+        return value[:80] + (b"..." if not isinstance(value, str) else "...")
+    return value
+
 
 # Keys of a Hugging Face config.json that no model file has: such a dict without
 # ``model_type`` is an HF config missing its family, not a model file with odd fields.

@@ -43,8 +43,9 @@ EDGE_AT_SPLIT = {"cli.py": 1882,   # re-based at issue 27 items 3 and 6: the sea
                  # conformance check of issue 24 item 1; +3 asking ProfileSpec.callables instead of grade)
                  # issue 24, item 6: technique_fit.py and steptime.py are no edge modules (both now plugins')
                  }
-CATALOG_AT_SPLIT = 1027   # re-based at issue 23 (was 837): short names without vendor or separators, ambiguity,
-# alias notes
+CATALOG_AT_SPLIT = 1052   # re-based at issue 24 item 6 (was 1027): +25, the JSON readers' helpers (parse_json,
+# _require, _shown) moved from serialization.py to catalog/files.py, used only by the edges; at issue 23 (was 837):
+# short names without vendor or separators, ambiguity, alias notes
 
 
 def _tool():
