@@ -977,6 +977,9 @@ def _layers(plan, placement=None):
 
 @cached_terms
 def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: bool = False) -> list[MemoryTerm]:
+    if getattr(plan.profile_options, "compile", None):      # compile.py: the compiled blocks' saved set
+        from .compile import lora_layer_terms
+        return lora_layer_terms(plan, placement)
     L = placement.layers_per_stage
     T = plan.microbatch * plan.seq_len
     kept = L if kept_layers is None else min(kept_layers, L)
