@@ -50,19 +50,25 @@ import torch  # noqa: E402
 TINY = dict(vocab_size=32000, num_layers=2, num_heads=8, num_kv_heads=8, embed_dim=256, max_seq_len=512,
             intermediate_dim=688, tie_word_embeddings=True)
 
+# peft-style module names of each torchtune LoRA set (the profile's LoRAConfig target_modules)
+LORA = {"qv": {"attn": ["q_proj", "v_proj"], "mlp": False, "targets": ["q_proj", "v_proj"]},
+        "all": {"attn": ["q_proj", "k_proj", "v_proj", "output_proj"], "mlp": True,
+                "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+
 
 def _cfg(regime, compile, *, b=1, seq=512, layers=2, kv=8, vocab=32000, tied=True, loss="ce", policy="none",
-         layout=None):
+         layout=None, lora=None):
     tt = dict(TINY, num_layers=layers, num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_seq_len=seq)
     rid = (f"tt-llama3_2-{layers}l-v{vocab}" + (f"-kv{kv}" if kv != 8 else "") + ("" if tied else "-untied")
            + f"-{regime}-{compile}" + (f"-{policy}" if policy != "none" else "") + (f"-{loss}" if loss != "ce" else "")
-           + (f"-{layout}-w2r0" if layout else "") + f"-b{b}-s{seq}")
+           + (f"-{layout}-w2r0" if layout else "") + (f"-lora-{lora}" if lora else "") + f"-b{b}-s{seq}")
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": tt["embed_dim"],
           "intermediate_size": tt["intermediate_dim"], "num_hidden_layers": layers, "num_attention_heads": 8,
           "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied, "head_dim": 32,
           "max_position_embeddings": seq, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
     return {"id": rid, "torchtune": tt, "hf_config": hf, "batch_size": b, "seq_len": seq, "regime": regime,
             "compile": compile, "loss": loss, "policy": policy, "optimizer": "adamw", "optimizer_impl": "foreach",
+            **({"lora": dict(LORA[lora], rank=8, alpha=16)} if lora else {}),
             **({"layout": {"kind": layout, "world_size": 2, "rank": 0}} if layout else {})}
 
 
@@ -81,7 +87,17 @@ CONFIGS = [
     # FSDP2 (rank 0 of 2, the fake process group; torchtitan's order: each block compiled, then fully_shard on
     # it, reshard_after_forward True, the root fully_shard'ed last): eager and per-block compiled.
     _cfg("fp32", "eager", layout="fsdp2"), _cfg("fp32", "blocks", layout="fsdp2"),
+    # LoRA (torchtune 0.6.1's lora_llama3_2 builder, lora_finetune_single_device with compile: True): rank 8,
+    # alpha 16, no dropout, adapters in the model's dtype; "qv": q_proj and v_proj (the recipes' smallest
+    # set), "all": q, k, v, output_proj and the MLP (w1, w2, w3); the LM head frozen.
+    _cfg("fp32", "eager", vocab=1024, b=2, layers=3, lora="qv"), _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, lora="qv"),
+    _cfg("fp32", "eager", vocab=1024, b=2, layers=3, lora="all"),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, lora="all"),
+    _cfg("fp32", "eager", lora="qv"), _cfg("fp32", "blocks", lora="qv"),
+    _cfg("bf16", "eager", vocab=1024, layers=3, seq=256, lora="all"),
+    _cfg("bf16", "blocks", vocab=1024, layers=3, seq=256, lora="all"),
 ]
+
 
 
 def _op_sac_context():
@@ -156,7 +172,15 @@ def _measure(cfg: dict) -> dict:
 
     torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg["regime"]]
-    model = llama3_2(**cfg["torchtune"]).to(dtype)
+    if cfg.get("lora"):
+        from torchtune.models.llama3_2._component_builders import lora_llama3_2
+        from torchtune.modules.peft import get_adapter_params, set_trainable_params
+        lo = cfg["lora"]
+        model = lora_llama3_2(lo["attn"], lo["mlp"], False, **cfg["torchtune"], lora_rank=lo["rank"],
+                              lora_alpha=lo["alpha"]).to(dtype)
+        set_trainable_params(model, get_adapter_params(model))
+    else:
+        model = llama3_2(**cfg["torchtune"]).to(dtype)
     if cfg["policy"] == "op-sac":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         for i, layer in enumerate(model.layers):
@@ -182,7 +206,7 @@ def _measure(cfg: dict) -> dict:
         if cfg["compile"] == "blocks":
             training.compile_loss(loss_fn, verbose=False)        # the recipe discards the return value
     step = Step(model, loss_fn)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, cfg["torchtune"]["vocab_size"], (cfg["batch_size"], cfg["seq_len"]), generator=g)
     t0 = time.perf_counter()

@@ -63,7 +63,7 @@ Not modelled (refused, naming the parameter and what is allowed): autocast and M
 checkpointing strategies than none and full (every layer), other loss implementations than the default
 cross-entropy, attention kernels that do not compute SDPA, families whose declared layer ops include
 others than mm and SDPA (routers, grouped mms), dropout, parallel layouts, and the techniques that reshape
-the backward (LoRA, offload, the optimizer step in the backward, activation offload, float8).
+the backward (LoRA but per block, offload, the optimizer step in the backward, activation offload, float8).
 
 ``compile="blocks"`` (docs/compile.md, "Per-block compile"): each decoder block compiled apart, as torchtune
 0.6.1 (``training.compile_model``) and torchtitan (``apply_compile``) do: the blocks' saved set as above with
@@ -73,8 +73,11 @@ composite in 16 bits), LM head and loss eager, the loss as the eager profile pri
 discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune's compiled
 ``compute_cross_entropy`` (each chunk's logits and a per-token max and log-sum-exp saved, no fp32
 log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
-partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged). Measured on
-torchtune's builders: validation/compile/measure_blocks.py.
+partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged). With LoRA
+(torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype, no checkpointing): the
+blocks' saved set on a joint graph whose base weights need no gradient (``lora_layer_saved``: a frozen matmul's
+input is not saved; the first block's input needs no gradient). Measured on torchtune's builders:
+validation/compile/measure_blocks.py.
 
 CPU and CUDA lowering (docs/compile.md): the saved set is chosen on device-independent graphs and
 transfers; the transient peaks are measured on the CPU's Inductor (C++ kernels) and may differ on CUDA
@@ -160,7 +163,11 @@ def prepare(plan, registry=None):
         raise NotModelledError("compile", value, f"compile=True on one device (no parallel layout; {BLOCKS!r} "
                                "allows data parallelism)",
                                "a compiled run's per-rank graphs (collectives, FSDP's hooks) are not modelled")
+    if o.lora is not None:
+        _check_lora(plan, value)
     for name in _TECHNIQUES:
+        if name == "lora" and value == BLOCKS:
+            continue
         if getattr(o, name, None):
             raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
                                    "a technique that reshapes the compiled backward is not modelled with it")
@@ -215,6 +222,35 @@ def prepare(plan, registry=None):
     return attrs.evolve(plan, notes=plan.notes + notes)
 
 
+def _check_lora(plan, value):
+    """LoRA with compile: per block (torchtune's LoRA recipes with ``compile: True``), plain LoRA adapters in
+    the model's dtype, no checkpointing; else refused by name."""
+    config = plan.profile_options.lora
+    if value != BLOCKS:
+        raise NotModelledError("lora", config, f"None with compile=True (LoRA is modelled with compile={BLOCKS!r})",
+                               "the whole model compiled with peft's adapters (Hugging Face's torch_compile) is not "
+                               "measured: its loss, LM head and embedding inside one graph with frozen weights")
+    why = ("its 4-bit or int8 base's dequantizing matmuls inside the compiled block (torchtune's linear_nf4, "
+           "bitsandbytes) are not modelled" if config.quantization else
+           "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
+           "the adapters' dropout (functionalized RNG under the partitioner) is not modelled" if config.dropout else
+           "trainable copies of the embedding or LM head with compiled blocks are not modelled"
+           if config.modules_to_save else None)
+    if why:
+        raise NotModelledError("lora", config, f"plain LoRA (no quantization, DoRA, dropout or modules_to_save) with "
+                               f"compile={BLOCKS!r}", why)
+    regime = plan.profile_options.regime
+    if regime.compute != 4 and config.adapter_dtype != "base":
+        raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, f"'base' in a 16-bit regime with "
+                               f"compile={BLOCKS!r} (torchtune's adapters, in the model's dtype)",
+                               "peft's fp32 adapters over a 16-bit base (their input's casts) inside a compiled "
+                               "block are not measured")
+    if plan.activation_checkpointing not in (None, "none"):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               f"none with LoRA and compile={BLOCKS!r}",
+                               "a checkpointed LoRA block compiled apart is not modelled")
+
+
 def undeclared_layer_parameters(shape) -> int:
     """Parameters in the layers beyond the declared linears and ``layer_norms`` norms (a QK-norm's vectors):
     0 for a family whose layers the compiled saved set describes whole."""
@@ -260,6 +296,102 @@ def layer_saved(shape, regime, kernel, seq_len) -> tuple[float, str]:
            f"(c h + 4) {_n(norms)} + matmul-fed products {_n(products)}"
            + (f" + k, v repeated to the {shape.heads} query heads {_n(repeated)}" if repeated else ""))
     return declared + norms + products + repeated, how
+
+
+def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float, float, str]:
+    """Bytes per token one compiled block saves under LoRA (torchtune's ``LoRALinear``:
+    ``F.linear(x, W) + (alpha / r) * lora_b(lora_a(x))``, adapters in the model's dtype), its input not
+    included, and the block's output, saved by its reader when the output requires grad; and how.
+
+    The partitioner's rules as in full training, on a joint graph where the base weights need no gradient
+    (torch/_functorch/partitioners.py: only what the backward reads is saved): a frozen matmul's input is
+    read only by its weight's gradient, so it is not saved; the input gradient needs the weight, a
+    parameter. Walking each module (attention, then MLP) in the family's declared op order, with ``g``:
+    does the residual stream entering it require grad (the first block's input does not: the embedding is
+    frozen; after any adapter it does):
+
+    * the module's norm: its fp32 rsqrt (4 B) when ``g`` (the input's gradient), its output (c h) when one
+      of the matmuls that read it is adapted (lora_a's weight gradient);
+    * the module's inner tensors (q, k, v expanded to the query heads and SDPA's output and log-sum-exp; gate
+      and up) when a gradient flows through them: ``g``, or one of its first matmuls adapted;
+    * the row-parallel matmul's input (SDPA's output, the gated product) when it is adapted and not already
+      saved; every adapted matmul's r-wide lora_a output (c r, lora_b's weight gradient);
+    * the residual sum after the module when it requires grad (the next norm's input gradient): the
+      attention's here, the MLP's as the block's output (the next block's saved input, or the final norm's).
+
+    Measured: validation/compile/saved_for_backward-style probe of torchtune 0.6.1's ``lora_llama3_2``
+    (docs/compile.md, "Per-block compile with LoRA")."""
+    from .lora import _adapted
+    c, h = regime.compute, shape.hidden
+    r = plan.profile_options.lora.rank
+    ops = _ops(shape, regime, kernel, plan.seq_len)
+    adapted = set(_adapted(plan))
+    named = {op.name for op in ops if op.op == "mm"}
+    if not adapted <= named:
+        raise NotModelledError("lora", plan.profile_options.lora, f"target modules among the declared layer ops "
+                               f"({', '.join(sorted(named))}) with compile={BLOCKS!r}",
+                               f"{', '.join(sorted(adapted - named))}: adapted linears the family's declared ops do "
+                               "not name")
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    g, total, parts = grad_in, 0.0, []
+
+    def add(name, n):
+        nonlocal total
+        if n:
+            total += n
+            parts.append(f"{name} {_n(n)}")
+    modules = list(dict.fromkeys(op.module for op in ops))
+    output = 0.0
+    for i, module in enumerate(modules):
+        mops = [op for op in ops if op.module == module]
+        first = [op for op in mops if op.op == "mm" and not op.reduced]
+        rest = [op for op in mops if op.op != "mm"]
+        last = [op for op in mops if op.reduced]
+        if g:
+            add(f"{module} norm rsqrt", 4)
+        if any(op.name in adapted for op in first):
+            add(f"{module} norm output (lora_a's input)", c * h)
+        inner = g or any(op.name in adapted for op in first)
+        if inner:
+            add(f"{module} " + ", ".join(op.name for op in first), sum(op.nbytes for op in first))
+            add(", ".join(op.name for op in rest), sum(op.nbytes for op in rest))
+            if rest and kernel.sdpa:
+                add("k, v expanded to the query heads", 2 * c * (q - kv))
+        for op in last:
+            if op.name in adapted and not (inner and rest):      # SDPA's output is saved when inner
+                add(f"{op.name}'s input (lora_a's)", rest[0].nbytes - 4 * shape.heads if rest else
+                    first[-1].nbytes)
+        add(f"{module} lora_a outputs", c * r * sum(1 for op in mops if op.name in adapted))
+        g = g or any(op.name in adapted for op in mops)
+        if g:
+            if i < len(modules) - 1:
+                add(f"residual after {module}", sum(op.nbytes for op in last))
+            else:
+                output = sum(op.nbytes for op in last)
+    return total, output, "; ".join(parts)
+
+
+def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
+    """compile="blocks" with LoRA: every block's compiled saved set (``lora_layer_saved``): the first block's
+    input needs no gradient (a frozen embedding), the others' does; each block's output saved by the next
+    block (its input) or, after the last, by the final norm (its fused kernel's input)."""
+    ctx, kernel = _context(plan, placement)
+    s, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    L = placement.layers_per_stage
+    first, out1, how1 = lora_layer_saved(plan, s, regime, kernel, False)
+    other, out, how = lora_layer_saved(plan, s, regime, kernel, True)
+    # The last block's output is the eager final norm's input: torchtune's RMSNorm (F.rms_norm(x.float(), ...))
+    # saves it in fp32 (the fused kernel) and keeps its fp32 copy instead in 16 bits (the composite: lora.py's
+    # final norm term), as without LoRA (layer_terms).
+    last = (out if L > 1 else out1) if regime.compute != 4 else 0
+    total = (first + out1 + (L - 1) * (other + out) - last) * T
+    return [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA, compiled)",
+                       nbytes=total, phases=SAVED,
+                       formula=f"T={_n(T)} x (first block {_n(first + out1)} B ({how1}; output {_n(out1)}) + {L - 1} "
+                               f"blocks x {_n(other + out)} B ({how}; output {_n(out)})"
+                               + (f" - {_n(last)} B (the last block's output: the 16-bit final norm keeps its fp32 "
+                                  "copy, not it)" if last else "") + ") (the partitioner's saved set, base weights "
+                               "frozen)")]
 
 
 def _context(plan, placement):
@@ -469,7 +601,8 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     """Outside the layers, compiled: the eager terms that are the same (the input ids, the end of the
     backward's embedding gradient) and the compiled forward's saved set and the loss's backward."""
     if blocks(plan):      # compile="blocks": the embedding, final norm, LM head and loss run eagerly
-        terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
+        if plan.profile_options.lora is None:     # (LoRA: the frozen LM head keeps no input; lora.py's norm)
+            terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
         if plan.profile_options.loss == "chunked":
             terms = compiled_chunked_terms(plan, placement, terms)
         return terms
