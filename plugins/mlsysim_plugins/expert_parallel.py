@@ -38,8 +38,30 @@ def all_to_all(plan, placement, options):
 
 # Declared for the step time: dispatch and combine all-to-alls of the routed tokens (tokens x
 # experts per token x hidden) per layer in each forward (recomputed ones too) and two in its
-# backward, on the critical path (no overlap modelled).
-COLLECTIVES = (Collective(kind="all-to-all", volume="routed", group="ep", per="layer", forward=2, backward=2),)
+# backward, on the critical path. The implementations a run may choose (the step time applies
+# them only when the run says so): "batched", one micro-batch's all-to-all beside another's
+# compute (Megatron's --overlap-moe-expert-parallel-comm, Megatron-Bridge's moe_a2a_overlap);
+# "node-forwarded", each token sent once to each other node holding one of its experts and
+# forwarded there over NVLink (DeepEP's normal kernels, "forwarding data from NVLink domain to
+# RDMA domain", deepseek-ai/DeepEP README.md at 0aaa6744c890c5af051f622252975c4393795000;
+# Megatron's --moe-token-dispatcher-type flex).
+#
+# Under sequence parallelism each tensor-parallel rank holds 1/tp of the tokens and sends only its
+# own (Megatron-LM megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher:
+# the EP all-to-all of the rank's permuted local tokens, then, with expert tensor parallelism,
+# gather_from_sequence_parallel_region over the tensor-parallel group, a reduce-scatter before the
+# combine; at bed33f89945f41ae792d7b36a0d770b00f61ed42): the all-to-all moves tokens / tp, and the
+# experts, split over the tp ranks as the step time's GEMMs are, all-gather the routed tokens
+# (reduce-scatter them back) inside the tp group. Without sequence parallelism every tp rank sends
+# the micro-batch's tokens.
+_A2A = dict(kind="all-to-all", volume="routed", group="ep", per="layer", forward=2, backward=2,
+            implementations=("batched", "node-forwarded"))
+COLLECTIVES = (Collective(**_A2A, sequence_parallel=False),
+               Collective(**_A2A, sequence_parallel=True, shard="tp"),
+               Collective(kind="all-gather", volume="routed", group="tp", per="layer", forward=1, backward=1,
+                          sequence_parallel=True, implementations=("batched",)),
+               Collective(kind="reduce-scatter", volume="routed", group="tp", per="layer", forward=1, backward=1,
+                          sequence_parallel=True, implementations=("batched",)))
 
 
 @hookimpl

@@ -65,6 +65,14 @@ from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collect
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
 
 
+# The fused attention kernel's backward runs below its forward: FlashAttention-2 reaches "up to 73% of the
+# theoretical max throughput in the forward pass, and up to 63% of the theoretical max throughput in the backward
+# pass" (Dao 2023, FlashAttention-2, arXiv 2307.08691, section 1, on A100). ``Calibration.attention`` is the
+# forward's share; the backward runs at attention x 63/73 (the ratio of the two stated peaks, carried to H100,
+# where the same FlashAttention-2 kernel is what torch's SDPA and the sources' stacks run).
+ATTENTION_BACKWARD = 63 / 73
+
+
 @attrs.frozen(kw_only=True)
 class Calibration:
     """The achieved shares of the hardware's peaks, and fixed costs, for one accelerator."""
@@ -82,6 +90,7 @@ class Calibration:
     hop_inter: float = 14.0e-6       # seconds per ring or tree step between nodes (NCCL's NET Simple hwLat)
     hop_tree_intra: float = 4.0e-6   # seconds per tree step inside a node (NCCL's NVLink Tree Simple hwLat)
     nvls_latency: float = 25e-6      # an in-network (NVLS) all-reduce inside a node (NCCL's NVLS hwLat)
+    attention_backward: float = ATTENTION_BACKWARD  # the backward kernel's share of the peak over the forward's
     calibrated: bool = False
     source: str = ""
 
@@ -113,18 +122,20 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # GEMM reaches at the board's full power (a run capped lower keeps clock_share of it); intra_link: the NVLink bus
 # bandwidth share (at most 1). attention: FlashAttention-2's stated utilization, "only 35% utilization on H100
 # GPUs" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract) and "50-73% of the theoretical maximum
-# FLOPs/s on A100" (Dao 2023, FlashAttention-2, arXiv 2307.08691, abstract; the low end). switch_allreduce: the
+# FLOPs/s on A100" (Dao 2023, FlashAttention-2, arXiv 2307.08691, abstract; the low end), taken as the forward's
+# share, the backward at ATTENTION_BACKWARD of it (not fitted). switch_allreduce: the
 # third-generation NVSwitch "incorporates hardware acceleration for collective operations with multicast and NVIDIA
 # SHARP in-network reductions" (developer.nvidia.com/blog/upgrading-multi-gpu-interconnectivity-with-the-third-
 # generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once. docs/planner.md has the
 # fit and every held-out run.
 _H100 = Calibration(
-    matmul=0.52, attention=0.35, memory=0.8, intra_link=1.0, inter_link=0.8, kernel_overhead=4e-6,
+    matmul=0.53, attention=0.35, memory=0.8, intra_link=1.0, inter_link=0.8, kernel_overhead=4e-6,
     latency=8.4e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
     source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) on "
            "torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile, llmfoundry-mpt-7b-8xh100-seq2048, "
            "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp (validation/steptime/published.py); "
-           "attention 0.35 (FlashAttention-2's stated H100 utilization); the rest steptime.DEFAULT")
+           "attention 0.35 (FlashAttention-2's stated H100 utilization; its backward at 63/73 of it); the rest "
+           "steptime.DEFAULT")
 CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h100-sxm5-80gb": _H100,
     # the same GH100 die, NVLink 4 and NVSwitch: H100's constants carried over, not fitted (checked on the
@@ -132,11 +143,12 @@ CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h200-sxm-141gb": attrs.evolve(_H100, source="H100's calibration carried over (the same GH100 die, "
                                           "NVLink 4 and NVSwitch; nothing fitted on H200): " + _H100.source),
     "nvidia/a100-sxm4-80gb": Calibration(
-        matmul=0.745, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
+        matmul=0.75, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
         latency=8.4e-6, overlap_sm_share=24 / 132, calibrated=True,
         source="validation/steptime/calibrate.py: matmul fitted (least squares on log step time) on "
                "llmfoundry-mpt-7b-8xa100-seq2048, llmfoundry-mpt-30b-8xa100-seq2048 (validation/steptime/"
-               "published.py); attention 0.5 (FlashAttention-2's stated A100 utilization, low end); the rest "
+               "published.py); attention 0.5 (FlashAttention-2's stated A100 utilization, low end; its backward at "
+               "63/73 of it); the rest "
                "steptime.DEFAULT"),
 }
 
@@ -241,7 +253,11 @@ def model_figures(model) -> dict:
     # fused q/k/v, the output projection, the MLP's fused up (and gate) and its down projection.
     gemms = ((heads * head_dim + 2 * kv * head_dim, h, "n", False), (h, heads * head_dim, "k", False),
              ((mats - 1) * ffn, h, "n", sparse), (h, ffn, "k", sparse))
+    details = getattr(model, "details", None) or {}
+    window = details.get("sliding_window") or None
+    windowed = min(layers, details.get("sliding_window_layers") or 0) if window else 0
     return dict(h=h, h_q=heads * head_dim, h_kv=kv * head_dim, ffn=ffn, k=k, experts=experts, mats=mats, gemms=gemms,
+                window=window, windowed=windowed,
                 layers=layers, vocab=vocab, layer_active=layer_active, head=head, parameters=model.parameters,
                 expert_params=expert_params, non_embedding_active=active - embedding, notes=tuple(notes))
 
@@ -334,17 +350,44 @@ def link(members: int, stride: int, node: int, hw, cal: Calibration) -> float:
     return min(intra, per_node * hw["inter"] * cal.inter_link)
 
 
-def all_to_all_across_nodes(factors, members: int, stride: int, node: int, hw, cal: Calibration) -> float:
+def remote_nodes(experts: int, k: int, nodes: float) -> float:
+    """The expected number of other nodes a token's top-``k`` experts lie on, ``experts`` spread evenly
+    over ``nodes`` nodes (E / N each) and routing balanced (the k experts a uniformly random k-subset):
+    a given node holds none of them with probability C(E - E/N, k) / C(E, k), so E[distinct nodes] =
+    N (1 - C(E - E/N, k) / C(E, k)) and, by linearity, (N - 1) (1 - C(E - E/N, k) / C(E, k)) of them
+    are not the token's own."""
+    if nodes <= 1 or experts <= 0:
+        return 0.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(min(k, experts)):        # C(E - e, k) / C(E, k) as a product (e need not be whole)
+        miss *= max(0.0, experts - per_node - i) / (experts - i)
+    return (nodes - 1) * (1 - miss)
+
+
+def all_to_all_across_nodes(factors, members: int, stride: int, node: int, hw, cal: Calibration,
+                            forwarded: tuple[int, int] | None = None) -> float:
     """An all-to-all whose group spans nodes (``members`` ranks ``stride`` apart, ``m`` of them in
     each node): each rank sends 1/members of its buffer to every other member, (members - m)/members
     of it to members in other nodes, through its own share of the node's NICs (``inter``, per
     device), and (m - 1)/members to members in its node over NVLink, both at once: the slower. (A
     ring's m rails, ``link``, do not apply: the bytes of an all-to-all that leave a node are not
-    relayed, every rank's own leave through its own NIC share.)"""
+    relayed, every rank's own leave through its own NIC share.)
+
+    ``forwarded`` = (experts, experts per token k) for a routed all-to-all sent node-forwarded
+    (DeepEP's normal kernels, Megatron's flex dispatcher): a token crosses the network once to each
+    other node that holds one of its k experts (``remote_nodes``, over members / m nodes), instead
+    of once per expert, and is forwarded inside that node over NVLink; the buffer's k copies each
+    cross NVLink once unless they land on the rank that received them, (m - 1) / m of them."""
     volume = 1.0
     for f in factors:
         volume = volume * f
     m = max(1, min(members, node // stride)) if stride < node else 1
+    if forwarded is not None:
+        experts, k = forwarded
+        across = volume / k * remote_nodes(experts, k, members / m) / (hw["inter"] * cal.inter_link)
+        inside = (m - 1) / m * volume / (hw["intra"] * cal.intra_link)
+        return max(across, inside)
     across = (members - m) / members * volume / (hw["inter"] * cal.inter_link)
     inside = (m - 1) / members * volume / (hw["intra"] * cal.intra_link)
     return max(across, inside)
@@ -401,7 +444,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
               idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
               rules: Mapping[str, tuple] | None = None, float8: bool = False,
-              overlap: Mapping[str, str] | None = None) -> dict:
+              overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
     from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
@@ -412,12 +455,13 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     memory profile models); ``float8``: the layers' linears run float8 GEMMs (the LM head and
     attention stay bf16) and pay their casts; ``overlap``: {axis: how} for the collectives an
     implementation overlaps that the rule declares on the critical path (``_per_layer``:
-    ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap)."""
+    ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap);
+    ``dispatch``: {"ep": "node-forwarded"} for a DeepEP-style all-to-all (``all_to_all_across_nodes``)."""
     if rules is None or isinstance(rule, str):      # (a direct call: the installed rules' declarations)
         axes, by_name = declarations()
         rules = axes if rules is None else rules
         rule = by_name[rule] if isinstance(rule, str) else rule
-    overlap = overlap or {}
+    overlap, dispatch = overlap or {}, dispatch or {}
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
     layers = math.ceil(fig["layers"] / pp)
     T = mb * seq_len / cp
@@ -428,8 +472,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     layer_fwd = 2 * T * fig["layer_active"] / tp
     head_fwd = 2 * T * fig["head"] / tp
     matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
-    attn_fwd = 2 * T * seq_len * h_q / tp
-    attention = attn_fwd * layers * (3.5 + (r if r >= 1 or not fused_attention else 0)) / (
+    attn_fwd = 2 * T * attention_span(fig, seq_len) * h_q / tp
+    # forward passes (the first and any recomputed one) at cal.attention, the backward's 2.5 forwards (it
+    # recomputes the scores) at cal.attention x cal.attention_backward (ATTENTION_BACKWARD)
+    attention = attn_fwd * layers * (1 + (r if r >= 1 or not fused_attention else 0) + 2.5 / cal.attention_backward) / (
         cal.attention * peak * hw.get("clock", 1.0))
     elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
     logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
@@ -445,12 +491,14 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     local = dense + fig["expert_params"] / (tp * pp * ep)
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
                "gradients": (local * bytes_,)}
-    size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp)
+    size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
     per_layer = {"attention": attention / layers, "forward": fwd / layers, "backward": bwd / layers,
                  "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers}
-    tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis))
+    # (the expert rule's collectives move routed tokens: a dense model has none)
+    tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis),
+                                            dispatch.get(axis)) if axis != "ep" or fig["experts"] > 1 else 0.0
                                  for axis in ("tp", "cp", "ep"))
     p2p = _per_micro_batch(rules.get("pp") or (), chunks, size)
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
@@ -467,6 +515,22 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                  dp=dp_comm, optimizer=optimizer)
     parts["step"] = sum(parts.values())
     return parts
+
+
+def attention_span(fig: dict, seq_len: int) -> float:
+    """Twice the mean number of keys a query attends to, averaged over the layers (the attention
+    FLOPs per token are 2 x span x h_q forward: QK^T and PV, 2 FLOPs per key and width each). A
+    causal layer: ``seq_len`` (its (s + 1) / 2 keys, as the FLOP count the sources use); a
+    sliding-window layer (``fig['window']`` keys, itself included, in ``fig['windowed']`` of the
+    layers, as the family's ``sliding_window`` and ``sliding_window_layers`` describe it): the
+    first w queries see 1..w keys, the rest w, so 2 (w (w + 1) / 2 + (s - w) w) / s (a window
+    at least the sequence is causal). The kernel's block granularity is not modelled."""
+    w, n = fig.get("window"), fig.get("windowed", 0)
+    if not w or not n or w >= seq_len:
+        return seq_len
+    windowed = 2 * (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+    layers = fig["layers"]
+    return ((layers - n) * seq_len + n * windowed) / layers
 
 
 def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
@@ -508,7 +572,7 @@ def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int,
                      optimizer_bytes=timing["optimizer_bytes"], fused_attention=timing["fused_attention"],
                      idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"],
                      compiled=timing.get("compiled", False), float8=timing.get("float8", False),
-                     overlap=timing.get("overlap"))
+                     overlap=timing.get("overlap"), dispatch=timing.get("dispatch"))
 
 
 def check(hardware, overrides: Mapping[str, object], calibration) -> None:
@@ -527,10 +591,11 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
             intra=None, inter=None, calibration: Calibration | None = None, attention: str | None = None,
             schedule=None, chunks: int = 1, dp_rules=(), compiled: bool = False, float8: bool = False,
             overlap: Mapping[str, str] | None = None, power: float | None = None,
-            memory_bandwidth: float | None = None) -> dict:
+            memory_bandwidth: float | None = None, dispatch: Mapping[str, str] | None = None) -> dict:
     """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says.
     The implementation choices a search does not enumerate (``compiled``, ``float8``,
-    ``overlap``: {"tp": "decomposed"} for async TP, {"ep": "batched"} for EP all-to-all overlap)
+    ``overlap``: {"tp": "decomposed"} for async TP, {"ep": "batched"} for EP all-to-all overlap;
+    ``dispatch``: {"ep": "node-forwarded"} for DeepEP-style node-level deduplication)
     and the run's ``power`` limit (watts) and ``memory_bandwidth`` (B/s) apply to every layout."""
     cal = calibration_for(hardware.name) if calibration is None else calibration
     fig = model_figures(model)
@@ -540,6 +605,10 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
         if axis not in ("tp", "ep") or how not in ("decomposed", "batched"):
             raise InvalidInputError("overlap", overlap, "{'tp': 'decomposed'} (async TP) and/or {'ep': 'batched'} "
                                     "(EP all-to-all overlap)")
+    dispatch = dict(dispatch or {})
+    if any(axis != "ep" or how != "node-forwarded" for axis, how in dispatch.items()):
+        raise InvalidInputError("dispatch", dispatch, "{'ep': 'node-forwarded'} (a DeepEP-style all-to-all: once per "
+                                "destination node, forwarded inside it)")
     axes, declared = declarations(registry)
     notes = []
     if not cal.calibrated:
@@ -570,7 +639,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     state = optimizer_step_bytes(result, model.parameters)
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
                 fused_attention=not eager, idle=getattr(schedule, "idle_slots", None), chunks=chunks,
-                compiled=compiled, float8=float8, overlap=overlap,
+                compiled=compiled, float8=float8, overlap=overlap, dispatch=dispatch,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
                 flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],
                 assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
@@ -597,9 +666,10 @@ UNDECLARED_DP = (
                overlaps="backward"))
 
 
-def _seconds(c: Collective, size: dict) -> float:
+def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
     """One call of a declared collective: its kind's time over its group's link, plus its
-    latency by NCCL's model (``alpha``)."""
+    latency by NCCL's model (``alpha``). ``choice``: the run's implementation choice for its axis
+    (``node-forwarded`` applies to a routed all-to-all across nodes that declares it)."""
     n, stride = size["groups"][c.group]
     if n <= 1:
         return 0.0
@@ -607,8 +677,12 @@ def _seconds(c: Collective, size: dict) -> float:
     factors = size["volumes"][c.volume]
     lat = alpha(c.kind, n, stride, node, cal)
     if c.kind in ("all-to-all", "ring-pass"):       # (the factors multiplied in the formula's order)
+        if c.shard is not None:     # (a buffer split over another group: each rank sends its part)
+            factors = (*factors, 1 / size["groups"][c.shard][0])
         if c.kind == "all-to-all" and n * stride > node:
-            return all_to_all_across_nodes(factors, n, stride, node, hw, cal) + lat
+            fwd = ((size["experts"], size["k"]) if choice == "node-forwarded" and c.volume == "routed"
+                   and "node-forwarded" in c.implementations else None)
+            return all_to_all_across_nodes(factors, n, stride, node, hw, cal, fwd) + lat
         x = (n - 1) / n if c.kind == "all-to-all" else n - 1
         for f in factors:
             x = x * f
@@ -639,7 +713,7 @@ def _applies(c: Collective, size: dict) -> bool:
 
 
 def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict, overlap: str | None = None,
-               ) -> float:
+               dispatch: str | None = None) -> float:
     """Exposed seconds per micro-batch of an axis' per-layer collectives: ``forward`` calls per
     forward (recomputed ones too), ``backward`` per backward; those overlapping one compute are
     added and hidden behind it, layer by layer. ``overlap`` (an implementation's choice for
@@ -649,18 +723,19 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
     Computation via Decomposition', ASPLOS; torchtitan's async TP): the first chunk's share
     1/n is exposed, the rest hidden behind the layer's matmuls; ``"batched"`` (DeepEP-style EP
     overlap: one micro-batch's all-to-all beside another's compute): hidden behind the layer's
-    compute."""
+    compute, for the collectives that declare it (or declare no implementations); ``dispatch``:
+    ``"node-forwarded"`` (``_seconds``)."""
     exposed, overlapping = 0.0, {}
     for c in declared:
         if c.per != "layer" or not _applies(c, size):
             continue
-        t = _seconds(c, size)
+        t = _seconds(c, size, dispatch)
         calls = (c.forward + c.backward) + c.forward * r
         if c.overlaps is None and overlap == "decomposed":
             n = size["groups"][c.group][0]
             exposed += layers * t * calls / n
             overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (n - 1) / n
-        elif c.overlaps is None and overlap == "batched":
+        elif c.overlaps is None and overlap == "batched" and (not c.implementations or "batched" in c.implementations):
             overlapping["layer"] = overlapping.get("layer", 0.0) + t * calls
         elif c.overlaps is None:
             exposed += calls * layers * t

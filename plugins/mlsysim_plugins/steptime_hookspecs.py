@@ -39,7 +39,12 @@ class Collective:
     compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
     ``attention``), None: on the critical path. ``in_network``: a switch that reduces in the
     network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
-    share is not hidden. ``sequence_parallel``: only with (True) or without (False) it."""
+    share is not hidden. ``sequence_parallel``: only with (True) or without (False) it.
+    ``implementations``: the implementation choices a run may make for it (the step time applies
+    a run's choice to the collectives that declare it; one that declares none takes ``batched``
+    as before): ``batched`` (beside another micro-batch's compute), ``node-forwarded`` (a
+    ``routed`` all-to-all that crosses the network once per destination node and is forwarded
+    inside it over NVLink, DeepEP-style)."""
     kind: str = _among("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "ring-pass")
     volume: str = _among("gradients", "activations", "kv", "routed")
     group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across")
@@ -47,10 +52,13 @@ class Collective:
     forward: int = 0
     backward: int = 0
     overlaps: str | None = _among(None, "forward", "backward", "attention", default=None)
-    shard: str | None = _among(None, "dp-node", default=None)
+    shard: str | None = _among(None, "dp-node", "tp", default=None)
     in_network: bool = True
     first_layer_exposed: bool = False
     sequence_parallel: bool | None = None
+    implementations: tuple[str, ...] = attrs.field(
+        default=(), converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.in_(("batched", "node-forwarded"))))
 
 
 def collectives(rule) -> tuple[Collective, ...] | None:

@@ -104,7 +104,9 @@ def test_step_time_by_hand(solver):
     T, s, h, L, V, f = 1024, 1024, 2048, 8, 32000, 8192
     layer = (1e9 - 2 * V * h) / L                          # untied: embedding and LM head out
     matmul = (2 * T * layer * L * (3 + 1) + 2 * T * V * h * 3) / (cal.matmul * 4e14)
-    attention = 2 * T * s * h * L * (3.5 + 1) / (cal.attention * 4e14)      # full recompute reruns the kernel
+    # the forward and its full recompute at cal.attention, the backward's 2.5 forwards at 63/73 of it
+    # (FlashAttention-2: "up to 73%" forward, "up to 63%" backward)
+    attention = 2 * T * s * h * L * (1 + 1 + 2.5 * 73 / 63) / (cal.attention * 4e14)
     # eager memory-bound ops per token and layer pass: two norms of 36 B and two residual adds of
     # 6 B per element of h, RoPE on q and k at 20 B, silu then mul at 10 B per MLP element
     memory = ((2 * 36 * h + 12 * h + 20 * (2 * h) + 10 * f) * T * L * 4 + 16 * T * V) / (cal.memory * 2e12)

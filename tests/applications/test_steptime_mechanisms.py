@@ -193,3 +193,116 @@ def test_narayanan_rows_reproduce_the_papers_parameter_counts():
         if size in stated:
             assert c["model_dims"]["parameters"] / 1e9 == pytest.approx(stated[size], rel=0.03), c["id"]
         assert c["tp"] * c["pp"] * c["dp_replicate"] == c["devices"]
+
+
+# --- issue 27: the EP all-to-all's implementations, attention per pass, sliding windows ----------
+
+def test_remote_nodes_is_the_hypergeometric_expectation_enumerated():
+    """E[other nodes a token's top-k experts lie on] = (N - 1)(1 - C(E - E/N, k) / C(E, k)), checked
+    against every k-subset of a small case, and against math.comb on the Qwen3 shapes."""
+    import itertools
+    E, k, N = 8, 3, 4                   # experts 0-1 on node 0 (the token's), 2-3 on node 1, ...
+    subsets = list(itertools.combinations(range(E), k))
+    mean = sum(len({e // (E // N) for e in s} - {0}) for s in subsets) / len(subsets)
+    assert steptime.remote_nodes(E, k, N) == pytest.approx(mean)
+    assert steptime.remote_nodes(E, k, N) == pytest.approx((N - 1) * (1 - math.comb(E - E // N, k) / math.comb(E, k)))
+    # Qwen3 (128 experts, top 8) on 2 nodes: nearly always the other one; on 8 nodes 4.67 of 7
+    assert steptime.remote_nodes(128, 8, 2) == pytest.approx(1 - math.comb(64, 8) / math.comb(128, 8))
+    assert steptime.remote_nodes(128, 8, 8) == pytest.approx(7 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert steptime.remote_nodes(128, 8, 8) == pytest.approx(4.672, abs=1e-3)
+    assert steptime.remote_nodes(128, 8, 1) == 0.0
+
+
+def test_node_forwarded_all_to_all_crosses_the_network_once_per_node():
+    hw, cal = {"intra": 450e9, "inter": 50e9}, steptime.DEFAULT
+    T, k, h, b = 4096, 8, 2048, 2
+    volume = T * k * h * b
+    plain = steptime.all_to_all_across_nodes((T, k, h, b), 16, 1, 8, hw, cal)
+    forwarded = steptime.all_to_all_across_nodes((T, k, h, b), 16, 1, 8, hw, cal, (128, 8))
+    assert plain == pytest.approx(8 / 16 * volume / (50e9 * cal.inter_link))        # 4 of 8 copies leave the node
+    # once per token to the other node (if it holds one of the 8 experts), then NVLink: 7/8 of the copies
+    across = T * h * b * steptime.remote_nodes(128, 8, 2) / (50e9 * cal.inter_link)
+    assert forwarded == pytest.approx(max(across, 7 / 8 * volume / (450e9 * cal.intra_link))) == pytest.approx(across)
+    assert plain / forwarded == pytest.approx(4 / steptime.remote_nodes(128, 8, 2))   # about 4x fewer bytes
+
+
+def _qwen_like():
+    from mlsysim_core import SparseTransformerWorkload
+    return SparseTransformerWorkload(name="q", parameters=30_000_000_000, active_parameters=3_000_000_000, layers=8,
+                                     hidden_dim=2048, heads=32, kv_heads=4, head_dim=128, vocab_size=32000,
+                                     ffn_dim=768, gated_mlp=True, experts=128, active_experts_per_token=8)
+
+
+def test_the_run_chooses_node_forwarding_and_the_rule_must_declare_it():
+    from mlsysim_plugins.expert_parallel import COLLECTIVES
+    from mlsysim_plugins.steptime_hookspecs import Collective
+    moe = steptime.model_figures(_qwen_like())
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    axes, _ = steptime.declarations()
+    run = dict(tp=1, sp=False, **{**BASE, "ep": 16, "dp": 16})
+    plain = steptime.step_time(moe, HW_NOSM, cal, **run)
+    fwd = steptime.step_time(moe, HW_NOSM, cal, dispatch={"ep": "node-forwarded"}, **run)
+    T, h, b, layers = 4096, 2048, 2, moe["layers"]
+    one = T * h * b * steptime.remote_nodes(128, 8, 2) / (50e9 * cal.inter_link)      # (CAL: no latency)
+    assert fwd["ep"] == pytest.approx(layers * 4 * one)                    # 2 forward + 2 backward per layer
+    assert plain["ep"] == pytest.approx(layers * 4 * (T * 8 * h * b / 2 / (50e9 * cal.inter_link)))
+    # a rule that does not declare the implementation is not deduplicated
+    bare = {**axes, "ep": (attrs.evolve(COLLECTIVES[0], implementations=()),)}
+    assert steptime.step_time(moe, HW_NOSM, cal, rules=bare, dispatch={"ep": "node-forwarded"}, **run)["ep"] == \
+        pytest.approx(plain["ep"])
+    assert all(isinstance(c, Collective) for c in COLLECTIVES)
+    with pytest.raises(steptime.InvalidInputError, match="node-forwarded"):
+        steptime.prepare(model=_qwen_like(), hardware=find_hardware("h100").value, registry=_registry(),
+                         result=None, seq_len=4096, precision_bytes=2, node=8, dispatch={"ep": "dedup"})
+
+
+def _registry():
+    from mlsysim_core.manager import get_plugin_manager
+    return get_plugin_manager().registry
+
+
+def test_ep_all_to_all_under_sequence_parallelism_moves_the_ranks_own_tokens():
+    """Megatron's all-to-all dispatcher: each tp rank sends its 1/tp of the tokens, then the experts
+    (split over tp) all-gather them in the tp group and reduce-scatter them back."""
+    moe = steptime.model_figures(_qwen_like())
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    run = dict(**{**BASE, "ep": 8, "dp": 8, "node": 64})      # (one 64-device node: every group on NVLink)
+    no_sp = steptime.step_time(moe, HW_NOSM, cal, tp=2, sp=False, **run)
+    sp = steptime.step_time(moe, HW_NOSM, cal, tp=2, sp=True, **run)
+    T, k, h, b, layers = 4096, 8, 2048, 2, moe["layers"]
+    a2a = 7 / 8 * T * k * h * b / (400e9 * cal.intra_link)
+    assert no_sp["ep"] == pytest.approx(layers * 4 * a2a)
+    gather = 1 / 2 * T * k * h * b / (400e9 * cal.intra_link)                 # a ring all-gather (and reduce-scatter) over 2 ranks
+    assert sp["ep"] == pytest.approx(layers * (4 * a2a / 2 + 4 * gather))
+
+
+def test_attention_backward_runs_at_63_73_of_the_forward():
+    """FlashAttention-2 (Dao 2023, section 1): up to 73 % of the peak forward, 63 % backward."""
+    assert steptime.ATTENTION_BACKWARD == pytest.approx(63 / 73)
+    assert steptime.DEFAULT.attention_backward == steptime.CALIBRATIONS["nvidia/h100-sxm5-80gb"].attention_backward
+    run = dict(tp=1, sp=False, **BASE)
+    same = attrs.evolve(CAL, attention_backward=1.0)
+    slow = steptime.step_time(FIG, HW_NOSM, CAL, **run)["attention"]
+    flat = steptime.step_time(FIG, HW_NOSM, same, **run)["attention"]
+    assert flat == pytest.approx(2 * 4096 * 4096 * 2048 * 8 * 3.5 / (CAL.attention * 1e15))
+    assert slow / flat == pytest.approx((1 + 2.5 * 73 / 63) / 3.5)
+
+
+def test_sliding_window_layers_are_timed_over_their_window():
+    fig = dict(FIG, window=128, windowed=4)           # half the 8 layers windowed
+    s, w = 4096, 128
+    windowed = 2 * (w * (w + 1) / 2 + (s - w) * w) / s    # the first w queries see 1..w keys, the rest w
+    assert steptime.attention_span(fig, s) == pytest.approx((4 * s + 4 * windowed) / 8)
+    assert steptime.attention_span(FIG, s) == s and steptime.attention_span(dict(fig, window=8192), s) == s
+    run = dict(tp=1, sp=False, **BASE)
+    ratio = steptime.step_time(fig, HW_NOSM, CAL, **run)["attention"] / steptime.step_time(FIG, HW_NOSM, CAL, **run)["attention"]
+    assert ratio == pytest.approx((s + windowed) / (2 * s))
+    from mlsysim_core.catalog import get_model
+    gpt_oss = steptime.model_figures(get_model("openai/gpt-oss-120b"))
+    assert (gpt_oss["window"], gpt_oss["windowed"], gpt_oss["layers"]) == (128, 18, 36)
+
+
+def test_a_dense_model_pays_no_expert_collectives():
+    """The expert rule's collectives move routed tokens; a dense model under TP and SP has none."""
+    dense = steptime.step_time(FIG, HW_NOSM, CAL, tp=4, sp=True, **BASE)
+    assert dense["ep"] == 0.0 and dense["tp"] > 0

@@ -21,7 +21,8 @@ FIT, and nothing else; every other comparable run is HELD OUT and reported as su
   Calibration's source) and checked on the held-out H200 runs.
 
 Everything else is a documented constant or formula (steptime.DEFAULT and its comments): attention's share of
-the peak is FlashAttention-2's stated utilization (H100: 35 %; A100: 50 %, the low end of '50-73%'), memory-bound
+the peak is FlashAttention-2's stated utilization (H100: 35 %; A100: 50 %, the low end of '50-73%'), the forward's,
+its backward at 63/73 of it (the paper's 'up to 73%' forward and 'up to 63%' backward), memory-bound
 kernels 80 % of the bandwidth, collective latency NCCL's model, the overlap cost 24/132 of the SMs.
 """
 
@@ -53,6 +54,10 @@ CATALOG = {"h100": "nvidia/h100-sxm5-80gb", "a100": "nvidia/a100-sxm4-80gb", "h2
 # What each accelerator fits (the rest of its Calibration is DEFAULT's, attention as the module docstring says)
 FITTED = {"h100": ("matmul", "intra_link"), "a100": ("matmul",)}
 ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
+# The EP all-to-all a dispatcher sends (published.py's ep_dispatcher, as the source's recipe names it): Megatron's
+# 'flex' dispatcher runs DeepEP / HybridEP kernels, a token once per destination node ("node-forwarded"); its
+# 'alltoall' dispatcher an NCCL all-to-all of every copy (the EP rule's default); not stated: the default.
+EP_DISPATCH = {"flex": "node-forwarded", "alltoall": None, None: None}
 CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none"}
 RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1", "ddp": "zero0",
         "no-reshard-after-forward": "fsdp-grad-op"}
@@ -125,6 +130,8 @@ def layout(case) -> dict:
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
                 sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
                 async_tp=bool(case["async_tp"]) and case["tp"] > 1, power=case["power_watts"],
+                ep_overlap=bool(case["ep_overlap"]) and (case["ep"] or 1) > 1,
+                ep_dispatch=EP_DISPATCH.get(case["ep_dispatcher"]) if (case["ep"] or 1) > 1 else None,
                 memory_bandwidth=case["memory_bandwidth"], network_bandwidth=case["network_bandwidth"],
                 assumed=tuple(assumed), fused_why=why)
 
@@ -213,7 +220,8 @@ def fit(acc: str = "h100") -> steptime.Calibration:
                    if has_link else [cal.intra_link])
     return attrs.evolve(fine, source=f"validation/steptime/calibrate.py: {', '.join(FITTED[acc])} fitted (least "
                         f"squares on log step time) on {', '.join(FIT[acc])} (validation/steptime/published.py); "
-                        f"attention {ATTENTION[acc]} (FlashAttention-2's stated utilization); the rest steptime.DEFAULT")
+                        f"attention {ATTENTION[acc]} (FlashAttention-2's stated utilization; its backward at 63/73 of "
+                        "it); the rest steptime.DEFAULT")
 
 
 def shipped(acc: str) -> steptime.Calibration:
@@ -272,7 +280,8 @@ def table() -> str:
         for c, p, st, role in found:
             lay, L = layout(c), p["layout"]
             choices = [x for x, on in (("fused ops", lay["compiled"]), ("float8", lay["float8"]),
-                                       ("async TP", lay["async_tp"])) if on]
+                                       ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
+                                       ("EP node-forwarded", lay["ep_dispatch"])) if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")
             choices += [f"assumed {a}" for a in lay["assumed"]]

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -642,9 +642,25 @@ _MB = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commi
        "| CP | VP | EP | Tokens / sec / GPU | Model TFLOP / sec / GPU |'")
 _MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge performance recipes (scripts/performance); "
             "data parallelism recorded as Megatron's distributed optimizer (the recipes' default; the table does not say), "
-            "TP communication overlap and the MoE dispatcher's overlap not stated (timed without them); H100 FP8 is "
+            "TP communication overlap and the MoE dispatcher not stated in the table (timed without them unless the row's "
+            "recipe, _MB_RECIPE, says); H100 FP8 is "
             "Transformer Engine's recipe (timed as tensorwise casts). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
             "MBS) derived. ")
+# The recipes behind the table's MoE rows (a later version than the table's commit: the table names no dispatcher).
+# NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py at commit
+# f29a269f8728ff9075f88a226f92e554196a7e41: QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 (V1's TP 2, PP 8, VP 4, EP 32,
+# 'moe_a2a_overlap=True', with 'global_batch_size=8192', the table's GBS); QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1
+# ('num_gpus=16', 'global_batch_size=1024', 'expert_model_parallel_size=16', 'moe_a2a_overlap=False',
+# 'moe_flex_dispatcher_backend="hybridep"'). scripts/performance/configs/qwen/qwen3_llm_pretrain.py at commit
+# 826618be9ea5c3b4cf11e582089dc1dee8586fe9: qwen3_235b_a22b_pretrain_config_h100 sets
+# 'cfg.model.moe_token_dispatcher_type = "alltoall"', qwen3_30b_a3b_pretrain_config_h100 '"flex"'.
+_MB_RECIPE = {
+    "Qwen3_235B_a22B": ("alltoall", True, "Recipe (_MB_RECIPE): dispatcher 'alltoall' (NCCL all-to-all: every copy of a "
+                        "token to each expert's rank), moe_a2a_overlap=True (timed as EP overlap). "),
+    "Qwen3_30B_a3B": ("flex", False, "Recipe (_MB_RECIPE): dispatcher 'flex' with the 'hybridep' backend (timed "
+                      "node-forwarded: a token sent once to each other node holding one of its experts; assumed of "
+                      "HybridEP, which the recipe names, not its traffic), moe_a2a_overlap=False. "),
+}
 for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in [
         ("LLAMA3_70B", "meta-llama/meta-llama-3-70b", 64, "FP8", 256, 1, 8192, 4, 8, 1, 5, None, 1664, 731),
         ("LLAMA3.1_405B", "meta-llama/llama-3.1-405b", 1024, "FP8", 1536, 1, 8192, 8, 8, 2, 8, None, 328, 827),
@@ -661,10 +677,11 @@ for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in
         dp_shard=1, dp_replicate=_dp, micro_batch=_mbs, local_batch=_gbs // _dp, global_batch=_gbs, seq_len=_seq,
         checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=False, tokens_per_s_per_gpu=_tps,
         tflops_per_gpu=_tf, sharding="distributed-optimizer", expert_tp=1 if _ep and _tp > 1 else None,
-        notes=_MB_NOTE + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
+        ep_dispatcher=_MB_RECIPE.get(_m, (None,))[0], ep_overlap=_MB_RECIPE.get(_m, (None, None))[1],
+        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
                                           "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
                                           "architecture as the pre-trained one). " if "235" in _m else "")
-              + ("GPT-OSS alternates sliding-window (128) and full attention: timed as full causal attention. "
+              + ("GPT-OSS alternates sliding-window (128) and full attention: its windowed layers timed as windowed. "
                  if "OSS" in _m else "")))
 
 # --- Llama 3 Herd of Models, Table 4 -------------------------------------------------------------------------
