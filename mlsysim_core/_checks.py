@@ -1,6 +1,4 @@
-"""Input checks shared by the types and the solver: each returns the normalised value or
-raises ``InvalidInputError`` naming the parameter. Stricter than the reference on purpose:
-bools, NaN/inf and non-integral counts are refused, not propagated."""
+"""Input checks shared by the types and the solver: the normalised value, or an ``InvalidInputError``."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ def flag(name: str, value: object) -> bool:
 
 
 def name(parameter: str, value: object, choices) -> str:
-    """A name from ``choices``, case and separators ignored (``registry.resolve_name``: the one
-    lookup of every name a user gives); the error lists every choice and the likely one."""
+    """A name from ``choices``, case and separators ignored (``registry.resolve_name``)."""
     if type(value) is str and value in choices:   # already canonical: the common case
         return value
     from .registry import resolve_name
@@ -81,8 +78,7 @@ def to_int(value):
 
 
 def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_steps: int, note: str = "") -> None:
-    """The global batch must be a multiple of dp_size x gradient_accumulation_steps (whole
-    micro-batches); the error names the nearest valid ones."""
+    """The global batch must be whole micro-batches (a multiple of dp_size x accumulation steps)."""
     per_step = dp_size * gradient_accumulation_steps
     if batch_size % per_step == 0:
         return

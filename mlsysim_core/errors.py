@@ -1,5 +1,4 @@
-"""Every error mlsysim-core raises on purpose: bad user input (``InvalidInputError``, a
-``ValueError``) or a misbehaving plugin (``PluginError``); ``MlsysimError`` catches both."""
+"""Every error raised on purpose: bad input (``InvalidInputError``) or a plugin's (``PluginError``)."""
 
 from __future__ import annotations
 

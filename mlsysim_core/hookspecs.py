@@ -1,6 +1,5 @@
-"""The hooks a plugin can implement (with ``@mlsysim_core.hookimpl``; see docs/hooks.md): registration
-hooks return specs or catalog entries, once per process; component hooks return one rank's
-``MemoryTerm``s, once per solve. No hook's meaning depends on pluggy's call order."""
+"""The hooks a plugin can implement (docs/hooks.md): registration hooks return specs, once per
+process; component hooks return one rank's ``MemoryTerm``s, once per solve."""
 
 from __future__ import annotations
 
@@ -21,11 +20,7 @@ _hookspec = pluggy.HookspecMarker(PROJECT)
 # --- registration hooks -------------------------------------------------------------------
 @_hookspec(historic=True)
 def mlsysim_addhooks(pluginmanager) -> None:
-    """Add hook specs of your own (``pluginmanager.add_hookspecs(module)``, as pytest's
-    ``pytest_addhooks``), e.g. a profile's extension hooks. Called once per plugin.
-
-    .. versionadded:: plugin API 2.0
-    """
+    """Add hook specs of your own (``pluginmanager.add_hookspecs(module)``), as pytest_addhooks. API 2.0."""
 
 
 @_hookspec
@@ -72,18 +67,13 @@ def mlsysim_activation_terms(plan: TrainingPlan, placement: Placement) -> Iterab
 @_hookspec
 def mlsysim_communication_buffer_terms(plan: TrainingPlan, placement: Placement,
                                        model_states: Mapping[str, float]) -> Iterable[MemoryTerm]:
-    """Communication-buffer terms of one rank; ``model_states`` maps ``"weights"``,
-    ``"gradients"`` and ``"optimizer_state"`` to this rank's bytes (e.g. to size a bucket)."""
+    """Communication-buffer terms of one rank; ``model_states``: this rank's model-state bytes."""
 
 
 @_hookspec
 def mlsysim_runtime_overhead_terms(plan: TrainingPlan, placement: Placement,
                                    allocated: float) -> Iterable[MemoryTerm]:
-    """Runtime-overhead terms of one rank (CUDA context, allocator reserve, workspaces);
-    ``allocated`` is the peak of every other component, e.g. to size an allocator reserve.
-
-    .. versionadded:: plugin API 1.2
-    """
+    """Runtime-overhead terms of one rank; ``allocated``: the peak of every other component. API 1.2."""
 
 
 REGISTRATION_HOOKS = ("mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
@@ -97,8 +87,7 @@ COMPONENT_HOOKS = {"weights": "mlsysim_weight_terms", "gradients": "mlsysim_grad
 # --- catalog hooks: collected lazily by ``mlsysim_core.catalog`` (see docs/catalog.md) -----
 @_hookspec
 def mlsysim_catalog_models() -> Iterable[CatalogEntry]:
-    """Add models to the catalog: ``CatalogEntry``s whose ``value`` is a ``TransformerWorkload``
-    (e.g. ``CatalogEntry.from_dict({"key": "myorg/lm-1b", ...}, kind="model")``)."""
+    """Add models to the catalog: ``CatalogEntry``s whose ``value`` is a ``TransformerWorkload``."""
 
 
 @_hookspec

@@ -1,7 +1,5 @@
-"""Step 1 of the pipeline: the inputs of a solve, checked once, become a frozen
-``TrainingPlan``; then the selected profile's own options are built and its ``prepare``
-completes them. Nothing past this module re-checks an input.
-"""
+"""Step 1 of the pipeline: the inputs, checked once, become a frozen ``TrainingPlan``; then the
+profile's options are built and its ``prepare`` completes them. Nothing later re-checks an input."""
 
 from __future__ import annotations
 
@@ -122,8 +120,7 @@ def _catalog_value(value, kind: str, cls: type, allowed: str):
 
 
 def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
-    """A tensor-parallel rank holds at least one column of the hidden size (under every profile;
-    the heads are the measured profile's to check: the reference grid has tp=16 on 12 heads)."""
+    """A tensor-parallel rank holds at least one column of the hidden size (the heads are the profile's)."""
     hidden = model.hidden_dim or 4096
     if tp_size > hidden:
         from .errors import LayoutError
@@ -137,8 +134,7 @@ def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
 
 @memoize     # (a sharding_rules dict is not remembered: nothing to key it by)
 def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> FrozenMap:
-    """One installed rule per axis: the defaults, those named in ``sharding_rules``, and the
-    data-parallel rule ``data_parallel`` names (else ``zero<zero_stage>``)."""
+    """One installed rule per axis: the defaults, those named, and the data-parallel rule."""
     requested = dict(sharding_rules) if sharding_rules else {}
     for axis in requested:
         if axis not in DEFAULT_RULES:
@@ -168,10 +164,7 @@ def _rule(registry: Registry, axis: str, name: object, parameter: str | None = N
 
 
 def _check_included(registry: Registry, profile: str, include: tuple) -> None:
-    """``include_plugins`` may name plugins that add component terms the profile does not
-    already have: not a plugin that provides a profile or is part of one (its hooks are that
-    profile's model, not an add-on), nor one the selected profile already runs (its terms
-    would count twice), nor one without component hooks (including it would change nothing)."""
+    """``include_plugins``: only plugins whose component hooks the profile does not already run."""
     providers = {info.name for (kind, _), info in registry.providers.items() if kind == PROFILE}
     providers |= {name for spec in registry.profiles.values() for name in spec.component_plugins
                   if spec.name != profile}
@@ -221,8 +214,7 @@ def _options(registry: Registry, optimizer: str, checkpointing: str, rules: Froz
 
 
 def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> TrainingPlan:
-    """The plan with the profile's own options: built from the keywords given (an unknown one
-    is an error naming it), then checked against the model by the profile's ``prepare``."""
+    """The plan with the profile's own options (an unknown keyword named), completed by ``prepare``."""
     known = options_fields(spec) if given else ()
     for name, value in given.items():
         if name in known:
@@ -252,8 +244,7 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
 
 
 def options_fields(spec) -> dict[str, attrs.Attribute]:
-    """A profile's options that users give (keywords of solve, CLI flags, scenario fields):
-    the fields of its ``options_type``, but those marked ``metadata={"internal": True}``."""
+    """A profile's options users give: its ``options_type``'s fields, but ``metadata={"internal": True}``."""
     if spec.options_type is None:
         return {}
     return {f.name: f for f in attrs.fields(spec.options_type) if not f.metadata.get("internal")}
@@ -279,8 +270,7 @@ def _catalog_notes(model, hardware) -> tuple[str, ...]:
 
 
 def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):
-    """The prepared plan of ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)``: checked
-    and completed by the profile's ``prepare`` (what step-time functions read)."""
+    """The plan ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)`` prices, prepared."""
     bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
     bound.apply_defaults()
     a = dict(bound.arguments)

@@ -1,5 +1,5 @@
-"""Plugin loading, deterministic and loud: every plugin is an entry point of the ``mlsysim_core``
-group, loaded sorted by name, and anything wrong names the plugin, its distribution and the hook."""
+"""Plugin loading, deterministic and loud: entry points of the ``mlsysim_core`` group, sorted by
+name; anything wrong names the plugin, its distribution and the hook."""
 
 from __future__ import annotations
 
@@ -63,20 +63,17 @@ class PluginManager(pluggy.PluginManager):
         self._info: dict[str, PluginInfo] = {}
         self._registry = self._survey = None     # the registry, and the one with broken plugins set aside
         self._allow_broken, self._entry_point_names = 0, set()
-        # What load_entrypoints blocked and skipped (PluginInfos), and the blocked names that match
-        # nothing (-> did-you-mean candidates).
+        # What load_entrypoints blocked and skipped, and the blocked names that match nothing.
         self.blocked_names = self.skipped_third_party = self.blocked_entry_points = ()
         self.unknown_blocked: dict[str, tuple[str, ...]] = {}
 
     def add_hookspecs(self, module_or_class) -> None:
-        """pluggy's; a module's ``REGISTRATION_HOOK_TYPES`` (``{hook name: item type}``) are registration
-        hooks of its own, whose named items are collected into ``registry.extensions[hook]``."""
+        """pluggy's; a module's ``REGISTRATION_HOOK_TYPES`` ({hook: item type}) go to ``registry.extensions``."""
         super().add_hookspecs(module_or_class)
         self._collected.update(getattr(module_or_class, "REGISTRATION_HOOK_TYPES", {}))
 
     def parse_hookimpl_opts(self, plugin, name):
-        # mlsysim_* functions are hook implementations even without the marker: check() then
-        # catches a misspelled hook name instead of ignoring it.
+        # mlsysim_* functions are hook implementations even unmarked: check() catches a misspelled hook.
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("mlsysim_") and inspect.isroutine(getattr(plugin, name, None)):
             return {}
@@ -240,11 +237,9 @@ class PluginManager(pluggy.PluginManager):
         """Implementations of a hook, sorted by plugin name (never pluggy's order)."""
         return sorted(getattr(self.hook, hook_name).get_hookimpls(), key=lambda i: i.plugin_name)
 
-    def _workaround(self, name: str) -> str:
-        """How to run without a plugin (only entry-point plugins can be blocked)."""
-        if name not in self._entry_point_names:
-            return ""
-        return f". To run without it, set {ENV_DISABLED_PLUGINS}={name} (or pass --disable-plugin {name})"
+    def _workaround(self, name: str) -> str:     # (only entry-point plugins can be blocked)
+        return (f". To run without it, set {ENV_DISABLED_PLUGINS}={name} (or pass --disable-plugin {name})"
+                if name in self._entry_point_names else "")
 
     def _contract_error(self, impl, hook: str, message: str) -> PluginContractError:
         info = self.info(impl.plugin_name)
@@ -287,8 +282,7 @@ class PluginManager(pluggy.PluginManager):
         broken: dict[str, PluginError] = {}
         hooks = dict(_REGISTRATION)      # hook name -> (kind, spec type)
         claims = {kind: self._claims(hook, spec_type, broken) for hook, (kind, spec_type) in _REGISTRATION.items()}
-        # Plugins' own registration hooks (added with mlsysim_addhooks, or named by a profile):
-        # named items kept under the hook's name. A hook not there belongs to a blocked plugin.
+        # Plugins' own registration hooks (mlsysim_addhooks, or a profile's); absent: a blocked plugin's.
         added = dict(self._collected)
         added.update((h, object) for items in claims[PROFILE].values() for spec, _ in items
                      for h in spec.registration_hooks if h not in added)
@@ -297,8 +291,7 @@ class PluginManager(pluggy.PluginManager):
                 hooks[hook] = (hook, item_type)
                 claims[hook] = self._claims(hook, item_type, broken)
 
-        # Two plugins claiming one name: every third-party claimant is set aside (a built-in
-        # keeps its name); the error names all of them.
+        # Two plugins claiming one name: every third-party claimant is set aside (a built-in keeps it).
         for kind, table in claims.items():
             hook = next(h for h, (k, _) in hooks.items() if k == kind)
             for name in sorted(table):
@@ -345,7 +338,7 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:
-    """Up to three close matches, about as close as the best (compared normalised)."""
+    """Up to three close matches, about as close as the best."""
     key = _normalise_dist(name)
     scored = sorted((-ratio, c) for c in set(candidates)
                     if (ratio := difflib.SequenceMatcher(None, key, _normalise_dist(c)).ratio()) >= 0.6)
@@ -371,7 +364,7 @@ def _duplicate_hint(name: str, infos: list[PluginInfo], own_names: set[str]) -> 
 
 @contextlib.contextmanager
 def plugin_warnings_to_stderr():
-    """A context in which each ``PluginWarning`` is printed once on stderr, as the command line does."""
+    """Each ``PluginWarning`` printed once on stderr, as the command line does."""
     with warnings.catch_warnings():
         warnings.simplefilter("always", PluginWarning)
         previous, seen = warnings.showwarning, set()
@@ -388,7 +381,7 @@ def plugin_warnings_to_stderr():
 
 
 def _ep_info(ep, dists: dict) -> PluginInfo:
-    """An entry point's provenance; ``dists`` keeps each distribution's (every read parses METADATA)."""
+    """An entry point's provenance; ``dists`` caches each distribution's (a read parses METADATA)."""
     if ep.dist is None:
         return PluginInfo(name=ep.name)
     if id(ep.dist) not in dists:

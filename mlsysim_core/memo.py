@@ -1,7 +1,5 @@
-"""The one caching mechanism: a memo keyed on every argument of a pure function, and on each
-argument's type (``True == 1``, but a check may refuse one), so it cannot go stale by omission.
-``set_enabled(False)`` switches every memo off (tests check that answers are identical either way).
-"""
+"""The one cache: a memo keyed on every argument and its type (``True == 1``, but a check may
+refuse one); ``set_enabled(False)`` switches every memo off."""
 
 from __future__ import annotations
 

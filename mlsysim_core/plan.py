@@ -1,5 +1,4 @@
-"""What plugins receive: the checked inputs of one solve (``TrainingPlan``) and what the rules made
-of them (``Placement``)."""
+"""What plugins receive: the checked inputs of a solve (``TrainingPlan``) and the rules' ``Placement``."""
 
 from __future__ import annotations
 
@@ -38,10 +37,8 @@ class FrozenMap(dict):
 
 @attrs.frozen(kw_only=True, slots=False, cache_hash=True)
 class TrainingPlan:
-    """Everything a solve was asked, normalised and checked: names canonical, counts ints,
-    mappings frozen (a plan is hashable, a memo key). ``bytes_per_value``, ``microbatch``,
-    ``hidden_dim`` and ``hidden_dim_note`` are derived attributes, not fields: equality,
-    hashing and ``attrs.evolve`` see only the inputs."""
+    """Everything a solve was asked, checked and hashable; ``bytes_per_value``, ``microbatch``,
+    ``hidden_dim`` and ``hidden_dim_note`` are derived attributes, not fields."""
 
     model: TransformerWorkload
     hardware: HardwareNode
@@ -84,9 +81,7 @@ class TrainingPlan:
 
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Placement:
-    """How the selected sharding rules split the model, for one rank: shard factors are
-    integer products over the rules; per-rank parameters are divided once (fractional, as
-    the reference keeps them)."""
+    """How the selected rules split the model for one rank: integer products over the rules."""
 
     parameter_shards: int
     parameters_per_rank: float

@@ -1,5 +1,4 @@
-"""The registry: every installed spec by name, who provided it, and the component-hook
-implementations in a fixed order (a solve never depends on pluggy's order). Immutable."""
+"""The registry, immutable: every installed spec by name, its provider, the component hooks in order."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ class Registry:
         return self.providers[(kind, name)]
 
     def resolve(self, kind: str, parameter: str, value: object, choices: Iterable[str] | None = None) -> str:
-        """``value`` as the canonical name of an installed spec of ``kind`` (``resolve_name``);
-        the error lists each choice with its provider. ``choices``: a subset (an axis' rules)."""
+        """``value`` as an installed ``kind``'s name; the error lists each choice with its provider."""
         pool = {OPTIMIZER: self.optimizers, CHECKPOINTING: self.checkpointing, SHARDING: self.sharding_rules,
                 PROFILE: self.profiles}[kind] if choices is None else choices
         if type(value) is str and value in pool:     # already canonical: every solve's case, kept cheap
@@ -90,19 +88,14 @@ _SEPARATORS = re.compile(r"[-_ ]+")
 
 
 def name_key(name: str) -> str:
-    """What two spellings of one name share: case and the separators ``-``, ``_`` and space
-    ignored (``Interleaved_1F1B`` and ``interleaved-1f1b`` are one name)."""
+    """What two spellings of one name share: case and the separators ``-``, ``_``, space ignored."""
     return _SEPARATORS.sub("", name.casefold())
 
 
 def resolve_name(parameter: str, value: object, choices: Iterable[str], allowed: str | None = None) -> str:
-    """The one lookup of a name a user gives (an optimizer, a checkpointing strategy, a
-    sharding rule, a profile, a regime, an attention kernel, a pipeline schedule, ...):
-    ``value`` itself when it is one of ``choices``, else the one choice it names with case and
-    separators (``-``, ``_``, space) ignored. Surrounding whitespace is never ignored (as in
-    the reference, ``"fp16 "`` is not ``"fp16"``). Anything else is an ``InvalidInputError``
-    naming ``parameter``, listing ``allowed`` (default: every choice, sorted), and saying
-    which choice was probably meant (difflib)."""
+    """The one lookup of a name a user gives: ``value`` if in ``choices``, else the one choice it
+    names with case and separators ignored (never whitespace around it); else an ``InvalidInputError``
+    listing ``allowed`` and the likely choice."""
     if type(value) is str and value in choices:     # already canonical: the common case
         return value
     names = sorted(choices)

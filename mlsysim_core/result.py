@@ -63,8 +63,7 @@ class RankReport:
 
 @attrs.frozen(kw_only=True)
 class TrainingMemoryResult:
-    """Memory of one accelerator for one training configuration, in bytes (``result.gb``, ``.gib``:
-    unit views); the reference result's fields under the same names."""
+    """Memory of one accelerator for one configuration, in bytes; the reference result's fields."""
 
     feasible: bool
     total_memory: int | float

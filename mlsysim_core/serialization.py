@@ -1,5 +1,4 @@
-"""The cattrs converter (imported lazily: cattrs is not needed to solve): options objects from dicts,
-strictly checked. The JSON readers are at the edges (``catalog/files.py``, ``render.py``)."""
+"""The cattrs converter (imported lazily): options objects from dicts, strictly checked."""
 
 from __future__ import annotations
 

@@ -34,8 +34,7 @@ DEFAULT_PROFILE = "reference"
 
 
 class TrainingMemoryModel:
-    """How much memory one accelerator needs to train a model, and whether it fits. The default
-    ``reference`` profile is mlsysim 0.3.0's model, exactly; ``plugin_manager``: other plugins."""
+    """How much memory one accelerator needs to train a model, and whether it fits."""
 
     def __init__(self, profile: str = DEFAULT_PROFILE, *, plugin_manager: PluginManager | None = None):
         if plugin_manager is not None and not isinstance(plugin_manager, PluginManager):
@@ -66,9 +65,7 @@ class TrainingMemoryModel:
               plugin_options: Mapping[str, Any] | None = None,
               include_plugins: Sequence[str] = (), profile: str | None = None, cp_size: int = 1,
               **profile_options) -> TrainingMemoryResult:
-        """The memory of one accelerator (every parameter: docs/api.md). The positional parameters are
-        the reference model's; ``batch_size`` is the global batch; ``**profile_options`` are the
-        profile's own. Ranks that differ are each in ``result.ranks``; the totals are the heaviest's."""
+        """The memory of one accelerator (every parameter: docs/api.md)."""
         registry = self.registry
         if type(model) is str or type(hardware) is str:   # catalog names, with this manager's plugins' entries
             from .catalog import get_hardware, get_model
@@ -98,9 +95,7 @@ def _solve(registry: Registry, profile, model, hardware, *args) -> TrainingMemor
 
 def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[str, Any], *,
                total_only: bool = False) -> TrainingMemoryResult | int | float:
-    """Steps 1 (the profile's part) to 5 for a plan ``check_plan`` made (or one evolved from
-    it: a plan search varies the accumulation steps of one checked layout). ``total_only``:
-    just the (heaviest rank's) total, every plugin still called (what a search ranks by)."""
+    """Steps 1 (the profile's part) to 5 for a checked plan; ``total_only``: the heaviest rank's total."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
     ranks = placed = None
@@ -186,8 +181,7 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
 
 
 def _arguments(argnames: tuple) -> Callable:
-    """A hook implementation's arguments, picked by name from (plan, placement, extra), where
-    extra is the component's third hook argument (``model_states``, ``allocated``)."""
+    """A hook's arguments picked by name from (plan, placement, the component's third argument)."""
     index = tuple({"plan": 0, "placement": 1}.get(a, 2) for a in argnames)
     if len(index) >= 2:
         return operator.itemgetter(*index)      # a tuple, in C
@@ -196,8 +190,7 @@ def _arguments(argnames: tuple) -> Callable:
 
 @memoize     # (an unhashable callable object is counted on every call)
 def _positional(function) -> int:
-    """How many positional arguments ``function`` takes (a large number for ``*args``; 0 when
-    its signature cannot be read)."""
+    """How many positional arguments ``function`` takes (many for ``*args``; 0 if unreadable)."""
     import inspect
     try:
         parameters = list(inspect.signature(function).parameters.values())
@@ -215,8 +208,7 @@ _UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
 
 def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, tuple]:
-    """Every selected rule in axis order (tp, cp, pp, ep, dp), each seeing what the earlier
-    ones did; their shard factors multiply (integers: the order never changes a number)."""
+    """Every selected rule in axis order, each seeing what the earlier ones split; integer factors."""
     shards = dict.fromkeys(_SHARD_FIELDS, 1)
     split_by = dict.fromkeys(_SHARD_FIELDS, ())
     layers_per_stage = layers_rule = split = None
@@ -263,8 +255,7 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
 # --- 4. collect ----------------------------------------------------------------------------
 
 def _checked(info: PluginInfo, where: str, hook: str, items, component: str) -> list[MemoryTerm]:
-    """What a plugin returned, as a new list of its terms: each a MemoryTerm of
-    ``component``, stamped with the plugin's name (re-stamped if it claims another)."""
+    """What a plugin returned, as a new list of ``component`` terms stamped with its name."""
     if type(items) is not list and type(items) is not tuple:
         if items is None:
             return []
@@ -309,9 +300,7 @@ def _ordered(terms: list) -> list:
 
 def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False,
                  placed: tuple | None = None) -> TrainingMemoryResult:
-    """Steps 2-5 for one checked plan (one rank); ``placed``: the selection and what ``_place``
-    made of the plan before its rank was chosen (the rules' placement of the layout), else
-    both are made here."""
+    """Steps 2-5 for one plan (one rank); ``placed``: the selection and the layout's placement."""
     if placed is None:
         selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
                                plan.activation_checkpointing, plan.rules)
@@ -396,8 +385,7 @@ _PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
 
 
 def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
-    """Accelerator bytes per component, added in term order: of every term ("sum"), or of those alive in the
-    phase with the most bytes alive, the earliest on a tie ("peak"); and the table a later call continues."""
+    """Accelerator bytes per component: of every term ("sum"), or of the phase with most alive ("peak")."""
     if not peak:
         alive = [0] * len(COMPONENTS) if table is None else table
         for term in terms:
@@ -415,8 +403,7 @@ def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
 
 
 def _heaviest(results: list) -> TrainingMemoryResult:
-    """A layout whose ranks differ: every rank's report, the heaviest rank's totals (the
-    first on a tie), feasible only if every rank fits."""
+    """Every rank's report, the heaviest rank's totals; feasible only if every rank fits."""
     reports = tuple(RankReport(
         name=rank.name, stages=rank.stages, ranks=rank.ranks, layers=rank.layers, in_flight=rank.in_flight,
         total_memory=r.total_memory, weights=r.weights, gradients=r.gradients, optimizer_state=r.optimizer_state,

@@ -1,5 +1,4 @@
-"""What plugins register: named optimizers, checkpointing strategies, sharding rules and profiles, each
-called only when a solve selects it (every field: docs/hooks.md)."""
+"""What plugins register, each called only when a solve selects it (every field: docs/hooks.md)."""
 
 from __future__ import annotations
 
@@ -162,8 +161,7 @@ def declared(spec, key: str):
 
 @attrs.frozen(kw_only=True)
 class ProfileSpec:
-    """A named set of component plugins and a combine rule (``"sum"``, or ``"peak"``: the phase with most
-    bytes alive). What it does is declared by its fields (docs/hooks.md); the core never asks for its name."""
+    """A named set of component plugins and a combine rule ("sum" or "peak"), declared (docs/hooks.md)."""
     name: str = _name_field
     description: str = _description
     component_plugins: tuple[str, ...] = attrs.field(converter=tuple)

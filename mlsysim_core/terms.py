@@ -45,9 +45,8 @@ def _default_source() -> str:
 
 @attrs.frozen(kw_only=True)
 class MemoryTerm:
-    """One explainable amount of memory: its component, exact bytes (finite, >= 0), a label, the
-    formula with the numbers put in, and the plugin that made it (stamped by the solver). ``phases``:
-    when the bytes are alive; ``tier``: where; ``pipeline_stage``, ``rank``: ``None`` for every one."""
+    """One explainable amount of memory: component, exact bytes, label, formula, the plugin that made it;
+    ``phases``: when alive; ``tier``: where."""
 
     component: str
     label: str

@@ -1,5 +1,4 @@
-"""The things a solve is about: a model (workload) and an accelerator (hardware node), as frozen
-attrs classes with keyword-only fields; counts are ints, memory is in bytes."""
+"""The things a solve is about: a model and an accelerator, frozen; counts are ints, memory bytes."""
 
 from __future__ import annotations
 
@@ -39,9 +38,7 @@ _optional_flag = attrs.field(default=None, validator=_checks.attrs_optional_flag
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class TransformerWorkload:
-    """A dense transformer. Only ``name``, ``parameters`` (the TOTAL, embeddings included)
-    and ``layers`` are required; the reference profile also reads ``hidden_dim`` and ``heads``,
-    architecture-aware profiles the rest (``None``: unknown)."""
+    """A dense transformer: ``name``, ``parameters`` (total) and ``layers`` required; None: unknown."""
 
     name: str = _name
     parameters: int = _count()
@@ -88,9 +85,7 @@ def _frozen(value):     # a hashable copy of a JSON-like value: read-only maps, 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class SparseTransformerWorkload(TransformerWorkload):
-    """A mixture-of-experts transformer: ``parameters`` over all experts, ``active_parameters``
-    what one token uses; ``experts`` routed experts per MoE layer, ``active_experts_per_token``
-    (top-k) of them per token."""
+    """A mixture-of-experts transformer: ``parameters`` over all experts, ``active_parameters`` per token."""
 
     active_parameters: int = _count()
     experts: int = _count()
@@ -113,12 +108,7 @@ class SparseTransformerWorkload(TransformerWorkload):
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class HardwareNode:
-    """One accelerator: ``memory_capacity`` in bytes (``80 * 2**30`` for an 80 GiB H100);
-    ``devices_per_node`` and ``host_memory`` (CPU bytes per node) matter for hierarchical
-    sharding and offload. The planner's topology: dense (no 2:4 sparsity) ``peak_bf16_flops``
-    and ``peak_fp8_flops`` in FLOP/s; ``intra_node_bandwidth`` (the scale-up fabric: NVLink,
-    xGMI, ICI) and ``inter_node_bandwidth`` (the scale-out network's share per device) in
-    bytes/s per device, one direction."""
+    """One accelerator: memory in bytes, peak FLOP/s dense, bandwidths in bytes/s per device one way."""
 
     name: str = _name
     memory_capacity: int = _count(1, 2**64)   # compared, not multiplied: up to 16 EiB
