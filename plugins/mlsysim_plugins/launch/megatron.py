@@ -49,7 +49,7 @@ IGNORED_PREFIXES = ("--log-", "--tensorboard", "--wandb", "--save", "--load", "-
                     "--min-lr", "--ckpt-", "--no-ckpt-", "--no-save-", "--no-load-", "--dist-ckpt", "--async-save", "--use-persistent-ckpt",
                     "--exit-", "--timing-", "--train-", "--split", "--vocab-file", "--merge-file",
                     "--tokenizer-", "--mock-data", "--seed", "--init-method", "--adam-", "--weight-decay",
-                    "--clip-grad", "--distributed-backend", "--deterministic-mode", "--use-mcore-models",
+                    "--clip-grad", "--distributed-backend", "--use-mcore-models",
                     "--no-mmap-bin-files", "--fim-", "--override-opt", "--rerun-", "--check-", "--num-workers",
                     "--no-create-attention-mask", "--manual-gc", "--straggler", "--no-load-", "--finetune",
                     "--use-checkpoint-", "--auto-detect-ckpt", "--ft-", "--enable-ft", "--decoupled-lr",
@@ -141,6 +141,107 @@ def _flag(args, name, path) -> bool:
     return False if value is None else as_bool(value, name, path)
 
 
+# The functional-test YAML's environment (``ENV_VARS``): the one variable that changes allocated bytes is
+# CUBLAS_WORKSPACE_CONFIG (PyTorch's cuBLAS workspace per (handle, stream): ":SIZE_KiB:COUNT[:SIZE_KiB:COUNT...]",
+# pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp
+# parseChosenWorkspaceSize). The others steer kernels, NCCL's algorithm or the launcher, not the bytes.
+ENV_IGNORED = ("CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NCCL_ALGO",
+               "NVTE_FWD_LAYERNORM_SM_MARGIN", "NVTE_BWD_LAYERNORM_SM_MARGIN")
+# The functional-test YAML's other top-level keys: the test harness's (how it launches and what it compares).
+HARNESS_KEYS = ("TEST_TYPE", "LAUNCHER", "METRICS", "MODE", "SPEC")
+# --deterministic-mode: Megatron setdefaults CUBLAS_WORKSPACE_CONFIG=":4096:8" (NVIDIA/Megatron-LM d98e8a64
+# megatron/training/determinism.py DETERMINISM_ENV_VAR_DEFAULTS, apply_determinism_env); before that file
+# (2026-07) the test configs set it in ENV_VARS themselves (torch.use_deterministic_algorithms needs it).
+DETERMINISTIC_WORKSPACE = ":4096:8"
+DETERMINISM = f"NVIDIA/Megatron-LM {MEGATRON_COMMIT[:10]} megatron/training/determinism.py"
+# TransformerEngine's GEMMs use TE's own workspace, one per device, allocated by torch.empty through the caching
+# allocator (NVIDIA/TransformerEngine 4329ff84bfbdaa778a33cba02a15fb0807c64689, the revision Megatron-LM d98e8a64
+# pyproject.toml pins, transformer_engine/pytorch/cpp_extensions/gemm.py get_cublas_workspace_size_bytes /
+# get_cublas_workspace): 32 MiB + 1,024 B where the compute capability's major is 9 or more, 4 MiB below.
+TE_WORKSPACE_SM90 = 32 * 2**20 + 1024
+TE_WORKSPACE_OTHER = 4 * 2**20
+TE_SOURCE = ("NVIDIA/TransformerEngine 4329ff84 transformer_engine/pytorch/cpp_extensions/gemm.py "
+             "get_cublas_workspace_size_bytes")
+
+
+def workspace_config_bytes(text, key="CUBLAS_WORKSPACE_CONFIG", path="<env>") -> int:
+    """The bytes of a CUBLAS_WORKSPACE_CONFIG value (":4096:8" -> 8 x 4096 KiB = 32 MiB), as PyTorch's
+    parseChosenWorkspaceSize sums it: each ``:SIZE:COUNT`` pair is COUNT buffers of SIZE KiB."""
+    pairs = re.fullmatch(r"(?::\d+:\d+)+", str(text).strip())
+    if pairs is None:
+        raise InvalidInputError(key, text, "':SIZE_KiB:COUNT' pairs, e.g. ':4096:8' (32 MiB) or ':16:8'",
+                                f"{path}: PyTorch's CUBLAS_WORKSPACE_CONFIG syntax")
+    numbers = [int(n) for n in str(text).strip().split(":")[1:]]
+    return sum(size * 1024 * count for size, count in zip(numbers[::2], numbers[1::2]))
+
+
+def _capability(hardware) -> str | None:
+    """The compute capability the catalog records for the hardware priced (``-g``; h100 when not
+    given, as ``from_launch``'s default); None where it records none."""
+    from mlsysim_core.catalog import find_hardware
+    name = "h100" if hardware is None else (hardware if isinstance(hardware, str) else getattr(hardware, "name", None))
+    try:
+        cc = find_hardware(name).extra.get("compute_capability")
+    except Exception:       # (not in the catalog: a user's hardware file)
+        return None
+    return None if cc is None else str(cc)
+
+
+def _read_env(r: Reading, env, args, impl, path, context) -> None:
+    """The cuBLAS workspaces this launch allocates through PyTorch's caching allocator, as the measured
+    profile's ``runtime_overheads.cublas_workspace`` (bytes): PyTorch's workspace (CUBLAS_WORKSPACE_CONFIG,
+    the ``:4096:8`` that --deterministic-mode implies, else PyTorch's default for the GPU) for each of the
+    two threads that run GEMMs, plus TransformerEngine's. Two threads: the workspace is kept per (handle,
+    stream) and cuBLAS handles are per thread (CublasHandlePool.cpp: the thread_local PoolWindow reserves
+    its own handle, ``cublas_handle_stream_to_workspace`` keys the workspace on it); the autograd engine runs
+    the CUDA backward on its device thread, so the forward's PyTorch GEMMs (the output layer's, Megatron's
+    ColumnParallelLinear) and the backward's each hold one. Nothing is set where the GPU's compute
+    capability is unknown and the environment does not say."""
+    from mlsysim_plugins.measured.model import cublas_workspace_bytes
+    env = dict(env or {})
+    key, torch_ws, how, value = None, None, "", None
+    if "CUBLAS_WORKSPACE_CONFIG" in env:
+        value = env.pop("CUBLAS_WORKSPACE_CONFIG")
+        key, torch_ws = "ENV_VARS.CUBLAS_WORKSPACE_CONFIG", workspace_config_bytes(value, path=path)
+        how = f"CUBLAS_WORKSPACE_CONFIG={value}: {torch_ws / 2**20:g} MiB"
+    elif _flag(args, "--deterministic-mode", path):
+        key, value = "--deterministic-mode", args["--deterministic-mode"]
+        torch_ws = workspace_config_bytes(DETERMINISTIC_WORKSPACE)
+        how = (f"CUBLAS_WORKSPACE_CONFIG={DETERMINISTIC_WORKSPACE} ({DETERMINISM}: --deterministic-mode "
+               f"setdefaults it): {torch_ws / 2**20:g} MiB")
+    for name in sorted(env):
+        if name not in ENV_IGNORED:
+            raise InvalidInputError(f"ENV_VARS.{name}", env[name], "an environment variable this reader knows: "
+                                    f"CUBLAS_WORKSPACE_CONFIG, {', '.join(ENV_IGNORED)}",
+                                    f"{path}: {name} is not read; it is refused rather than dropped, as it may "
+                                    "change memory")
+        r.ignore(f"ENV_VARS.{name}")
+    capability = _capability(getattr(context, "hardware", None))
+    if capability is None:
+        if key is not None:
+            r.note(f"{key}: the cuBLAS workspaces are not set (the GPU's compute capability is not in the "
+                   "catalog: TransformerEngine's workspace depends on it)")
+        return
+    if torch_ws is None:
+        torch_ws, default_how = cublas_workspace_bytes(capability)
+        key, how = "--transformer-impl" if impl == "transformer_engine" else None, default_how
+    if key is None:      # the local implementation without a workspace setting: the profile's default
+        return
+    te = (TE_WORKSPACE_SM90 if int(capability.split(".")[0]) >= 9 else TE_WORKSPACE_OTHER) \
+        if impl == "transformer_engine" else 0
+    total = 2 * torch_ws + te
+    why = (f"the cuBLAS workspaces: PyTorch's, {how}, x 2 (the forward's thread and the autograd engine's device "
+           "thread each hold a cuBLAS handle, and the workspace is kept per (handle, stream): pytorch/pytorch "
+           "26a39059 aten/src/ATen/cuda/CublasHandlePool.cpp)"
+           + (f" + TransformerEngine's, {te:,} B on compute capability {capability} ({TE_SOURCE})" if te else "")
+           + f" = {total:,} B")
+    if key == "--transformer-impl" and key not in args:
+        r.default(key, "runtime_overheads", {"cublas_workspace": total}, TE_SOURCE, why)
+    else:
+        r.set(key, value if value is not None else args.get(key, impl), "runtime_overheads",
+              {"cublas_workspace": total}, why)
+
+
 def read_arguments(source, *, path: str | Path = "<arguments>", context=None):
     """A ``LaunchReading`` of a Megatron argument list: a string of arguments, a dict of
     ``--flag: value``, or the text of a launch script."""
@@ -158,9 +259,11 @@ def read_arguments(source, *, path: str | Path = "<arguments>", context=None):
 
 # --- the mapping ---------------------------------------------------------------------------------
 
-def _read(args: dict, path, context):
+def _read(args: dict, path, context, env=None, harness=()):
     r = Reading("megatron-args", path, VERSION)
-    used: set[str] = set()
+    for key in harness:     # the functional-test harness's keys (TEST_TYPE, LAUNCHER, ...): no effect on memory
+        r.ignore(key)
+    used: set[str] = {"--deterministic-mode"}     # read with the environment (_read_env)
 
     def take(name, default=None):
         used.add(name)
@@ -379,6 +482,7 @@ def _read(args: dict, path, context):
     impl = str(take("--transformer-impl", "transformer_engine"))
     if impl not in ("transformer_engine", "local"):
         refuse("--transformer-impl", "unknown implementation", "transformer_engine or local")
+    _read_env(r, env, args, impl, path, context)
     if "--attention-backend" not in args:
         pass
     elif backend == "unfused" or backend == "local":
@@ -467,7 +571,16 @@ def recognizes(path, document) -> bool:
 def read(path, document, context):
     args = _model_args(document)
     if args is not None:
-        return _read(_normalise_mapping(args, path), path, context)
+        env = document.get("ENV_VARS") if "MODEL_ARGS" in document else None
+        if env is not None and not isinstance(env, dict):
+            raise InvalidInputError("ENV_VARS", env, "a mapping of environment variables", str(path))
+        for key in document:
+            if "MODEL_ARGS" in document and key not in ("MODEL_ARGS", "ENV_VARS", *HARNESS_KEYS):
+                raise InvalidInputError(key, document[key], f"MODEL_ARGS, ENV_VARS or the harness's keys "
+                                        f"({', '.join(HARNESS_KEYS)})", f"{path}: {key} is not read; it is refused "
+                                        "rather than dropped, as it may change memory")
+        return _read(_normalise_mapping(args, path), path, context, env,
+                     harness=[k for k in document if k in HARNESS_KEYS])
     return read_arguments(document, path=path, context=context)     # a launch script's text (parse_launch_file)
 
 
