@@ -20,13 +20,9 @@ from .terms import (ACCELERATOR, ACTIVATIONS, BACKWARD, BACKWARD_END, COMMUNICAT
 from .types import HardwareNode, SparseTransformerWorkload, TransformerWorkload
 
 hookimpl = _pluggy.HookimplMarker(_PROJECT)
-
 __version__ = "0.1.0"
-
-# The plugin API's (major, minor) version: a minor bump only adds, a major one removes or changes
-# (after a release that warns). History: docs/hooks.md#evolving-the-hooks.
+# The plugin API's (major, minor): a minor bump only adds (history: docs/hooks.md#evolving-the-hooks).
 PLUGIN_API_VERSION = (3, 1)
-
 # Imported on first use: the solver pulls in the plugin manager, and plugin modules import this package.
 _LAZY = {"estimate": "scenario", "TrainingMemoryModel": "solver", "TrainingMemoryResult": "result", "TrainingPlan": "plan",
          "Placement": "plan", "PluginManager": "manager", "get_plugin_manager": "manager"}

@@ -7,8 +7,7 @@ import numbers
 
 from .errors import InvalidInputError, InvalidInputTypeError
 
-# The largest count accepted: every integer up to it is exactly a float64, so bytes made from
-# counts stay exact and finite; anything larger is a typo or hostile input (10**400 overflows).
+# The largest count accepted: every integer up to it is exact as a float64, so bytes stay exact.
 MAX_COUNT = 2**53
 
 

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from .plan import Placement, TrainingPlan
     from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
     from .terms import MemoryTerm
-
 PROJECT = "mlsysim"
 _hookspec = pluggy.HookspecMarker(PROJECT)
 

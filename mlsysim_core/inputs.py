@@ -57,8 +57,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
     sequence_parallel = _checks.flag("sequence_parallel", sequence_parallel)
     if sizes["tp_size"] > 1:
         _check_tp(model, sizes["tp_size"])
-    # Wrong types are errors, even when falsy (0, "", [] are not "not given"): only None and
-    # the documented empty forms ({} for the mappings, an empty sequence of names) are.
+    # Wrong types are errors, even falsy ones: only None, {} and () mean "not given".
     for name, value, allowed in (
             ("sharding_rules", sharding_rules, _RULES_ALLOWED),
             ("plugin_options", plugin_options, "a mapping of spec name -> options, or None")):
@@ -273,20 +272,13 @@ def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):
     """The plan ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)`` prices, prepared."""
     bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
     bound.apply_defaults()
-    a = dict(bound.arguments)
-    options = a.pop("profile_options")
-    registry = solver.registry
-    profile = a["profile"] or solver._profile
-    if isinstance(model, str):
-        from .catalog import get_model
-        model = get_model(model, plugin_manager=solver.plugin_manager)
-    if isinstance(hardware, str):
-        from .catalog import get_hardware
-        hardware = get_hardware(hardware, plugin_manager=solver.plugin_manager)
-    include = a["include_plugins"]
-    plan = check_plan(registry, profile, model, hardware, *(a[k] for k in (
-        "batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing", "tp_size", "pp_size",
-        "dp_size", "ep_size", "zero_stage", "gradient_accumulation_steps", "trainable_fraction",
-        "communication_buffer_fraction", "sequence_parallel", "data_parallel", "sharding_rules",
-        "plugin_options")), tuple(include) if type(include) is list else include, a["cp_size"])
-    return profile_plan(registry, registry.profiles[profile], plan, options)
+    a = dict(bound.arguments)      # solve's parameters, named as check_plan's
+    options, profile, registry = a.pop("profile_options"), a.pop("profile") or solver._profile, solver.registry
+    if isinstance(model, str) or isinstance(hardware, str):
+        from .catalog import get_hardware, get_model
+        pm = solver.plugin_manager
+        a["model"] = get_model(model, plugin_manager=pm) if isinstance(model, str) else model
+        a["hardware"] = get_hardware(hardware, plugin_manager=pm) if isinstance(hardware, str) else hardware
+    if type(a["include_plugins"]) is list:
+        a["include_plugins"] = tuple(a["include_plugins"])
+    return profile_plan(registry, registry.profiles[profile], check_plan(registry, profile, **a), options)

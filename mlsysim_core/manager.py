@@ -26,7 +26,6 @@ ENTRY_POINT_GROUP = "mlsysim_core"
 OWN_DISTRIBUTION = "mlsysim-core"
 ENV_DISABLE_AUTOLOAD = "MLSYSIM_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLED_PLUGINS = "MLSYSIM_DISABLED_PLUGINS"
-
 _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
                  "mlsysim_checkpointing_strategies": (CHECKPOINTING, CheckpointingSpec),
                  "mlsysim_sharding_rules": (SHARDING, ShardingRuleSpec),
@@ -290,7 +289,6 @@ class PluginManager(pluggy.PluginManager):
             if hasattr(self.hook, hook):
                 hooks[hook] = (hook, item_type)
                 claims[hook] = self._claims(hook, item_type, broken)
-
         # Two plugins claiming one name: every third-party claimant is set aside (a built-in keeps it).
         for kind, table in claims.items():
             hook = next(h for h, (k, _) in hooks.items() if k == kind)
@@ -312,7 +310,6 @@ class PluginManager(pluggy.PluginManager):
                 entries = [(item, i) for item, i in table[name] if i.name not in broken]
                 if entries:
                     tables[kind][name], providers[(kind, name)] = entries[0]
-
         for hook in hookspecs.COMPONENT_HOOKS.values():    # component hooks return terms, never wrap
             for impl in self._impls(hook):
                 if impl.wrapper or impl.hookwrapper:

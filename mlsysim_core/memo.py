@@ -8,8 +8,6 @@ import functools
 MAX_ENTRIES = 4096
 _enabled = True
 _memos: list[dict] = []
-
-
 _KEYWORDS = object()     # separates positional from keyword arguments in a key
 
 

@@ -12,7 +12,6 @@ from .types import HardwareNode, TransformerWorkload
 # Bytes per element of each precision, as in the reference model (weights, gradients, activations).
 PRECISION_BYTES: Mapping[str, int | float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1,
                                                "int8": 1, "int4": 0.5}
-
 # The reference model's stand-in for a missing hidden size (spec §6.2).
 FALLBACK_HIDDEN_DIM = 4096
 
@@ -92,9 +91,7 @@ class Placement:
     gradient_shards: int
     optimizer_state_shards: int
     shard_sources: Mapping[str, tuple[str, ...]]   # quantity -> rules that split it
-    # What the rules declare they split (ShardingEffect; plugin API 2.4), for profiles that price
-    # tensors one by one: each weight matrix (tp), the sequence (cp), the experts (ep), the layer
-    # stack into stages (pp). Integer products over the rules, as the factors above.
+    # What the rules declare they split (ShardingEffect), for profiles that price tensors one by one.
     tensor_shards: int = 1
     sequence_shards: int = 1
     expert_shards: int = 1

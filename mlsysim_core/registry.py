@@ -83,7 +83,6 @@ class Registry:
 
 
 # --- names, as users type them ----------------------------------------------------------
-
 _SEPARATORS = re.compile(r"[-_ ]+")
 
 

@@ -92,7 +92,7 @@ class TrainingMemoryResult:
     # A "peak" profile: the phase whose live bytes are the total (and the components). None: summed.
     peak_phase: str | None = None
     plugin_sources: Mapping[str, str] = attrs.field(factory=dict)  # plugin -> "dist version"
-    # CUDA context, allocator, workspaces (in total_memory); what the profile says of the run (its details).
+    # CUDA context, allocator, workspaces (in total_memory); what the profile says of the run.
     runtime_overheads: int | float = 0
     details: Mapping[str, str] = attrs.field(factory=dict)
     # Parallel layouts (ProfileSpec.ranks): every distinct rank class; the fields above are the heaviest's.

@@ -11,15 +11,12 @@ from cattrs.preconf.json import make_converter
 from .errors import InvalidInputError, InvalidInputTypeError
 
 _converter = make_converter(forbid_extra_keys=True)
-
-# The version of every JSON document this package writes (results, the CLI's --json output,
-# the catalog and plugin listings): bumped when a key changes meaning or goes away, not for new keys.
-# 2: a result's "regime" is its "details" (the profile's own: {"regime": ...}); version 1 is still read.
+# The version of every JSON document written: bumped when a key changes meaning or goes away.
+# 2: a result's "regime" is its "details"; version 1 is still read.
 SCHEMA_VERSION = 2
 
 
-# cattrs' default hooks call int()/float()/bool() (4.5 would become 4, "yes" True); options are
-# user input, so they are checked strictly, like every solve argument.
+# Strict: cattrs' default hooks call int()/float()/bool() (4.5 would become 4, "yes" True).
 def _expect(value, allowed: str, ok: bool):
     if not ok:
         raise ValueError(f"expected {allowed}, got {value!r}")

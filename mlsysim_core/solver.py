@@ -101,8 +101,7 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     ranks = placed = None
     if spec.ranks is not None:
         if _positional(spec.ranks) >= 2:
-            # ranks(plan, placement): the rules place the layout once (they see no rank); each
-            # rank the profile names is a stage of that placement (RankClass.place).
+            # ranks(plan, placement): the rules place the layout once; each rank is a stage of it.
             selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
                                    plan.activation_checkpointing, plan.rules)
             token = _source_cell.set([""])
@@ -121,7 +120,6 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
 
 
 # --- 2. select -----------------------------------------------------------------------------
-
 @attrs.frozen
 class _Selection:
     """What one combination of specs and plugins calls: (provider, callable, name) per role."""
@@ -202,7 +200,6 @@ def _positional(function) -> int:
 
 
 # --- 3. place ------------------------------------------------------------------------------
-
 _NOTE_ORDER = (DATA, "tp", "cp", "pp", "ep")
 _UNSPLIT = (1,) * len(_SHARD_FIELDS)
 
@@ -253,7 +250,6 @@ def _place(selection: _Selection, plan: TrainingPlan) -> tuple[Placement, list, 
 
 
 # --- 4. collect ----------------------------------------------------------------------------
-
 def _checked(info: PluginInfo, where: str, hook: str, items, component: str) -> list[MemoryTerm]:
     """What a plugin returned, as a new list of ``component`` terms stamped with its name."""
     if type(items) is not list and type(items) is not tuple:
@@ -379,7 +375,6 @@ def _bytes_on(tier: str, terms) -> int | float:
 
 
 # --- 5. combine ----------------------------------------------------------------------------
-
 _COMPONENT_INDEX = {component: i for i, component in enumerate(COMPONENTS)}
 _PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
 

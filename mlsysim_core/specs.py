@@ -74,7 +74,6 @@ class CheckpointingSpec:
 DATA = "dp"
 AXES = ("tp", "cp", "pp", "ep", DATA)     # the axes a rule can own, in the order the solver applies them
 DEFAULT_RULES = {"tp": "tp", "cp": "cp", "pp": "pp", "ep": "ep"}   # data parallel: zero<stage>
-
 _SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards",
                  "tensor_shards", "sequence_shards", "expert_shards", "pipeline_stages")
 _shard_factors = operator.attrgetter(*_SHARD_FIELDS)

@@ -15,25 +15,19 @@ ACTIVATIONS = "activations"
 COMMUNICATION_BUFFERS = "communication_buffers"
 RUNTIME_OVERHEADS = "runtime_overheads"   # CUDA context, allocator, library workspaces (measured profile)
 COMPONENTS = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS)
-
-# Phases of one training iteration, as the instants where memory peaks: the end of the forward
-# (every saved activation alive), the first backward ops (the loss gradients on top), the end
-# of the backward (every gradient alive, activations freed), the optimizer step.
+# Phases of one iteration, the instants where memory peaks: the forward's end, the first backward ops,
+# the backward's end, the optimizer step.
 FORWARD = "forward"
 BACKWARD = "backward"
 BACKWARD_END = "backward_end"
 OPTIMIZER_STEP = "optimizer_step"
 PHASES = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
-
 ACCELERATOR = "accelerator"    # memory tiers
 HOST = "host"
 NVME = "nvme"
 TIERS = (ACCELERATOR, HOST, NVME)
-
 _COMPONENT_SET, _PHASE_SET, _TIER_SET = frozenset(COMPONENTS), frozenset(PHASES), frozenset(TIERS)
-
-# The solver's pipeline sets this to a one-item list and writes the name of each plugin it
-# calls into it: terms that plugin creates are stamped with it by default, at no cost.
+# The solver writes the name of each plugin it calls here: terms it creates are stamped with it.
 _source_cell = contextvars.ContextVar("mlsysim_term_source_cell", default=None)   # [plugin name] or None
 _get_cell = _source_cell.get
 

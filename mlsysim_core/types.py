@@ -55,8 +55,7 @@ class TransformerWorkload:
     kv_lora_rank: int | None = _count(default=None)   # MLA (DeepSeek)
     qk_rope_head_dim: int | None = _count(default=None)
     architecture: str | None = _optional_str
-    # What an architecture family reads beyond these fields (HF config keys: soft-capping, sliding
-    # windows, QK-norm, MLA ranks, dense and MoE layers; ``hf.from_hf_config`` fills it). Read-only.
+    # What an architecture family reads beyond these fields (HF config keys), read-only.
     details: Mapping = attrs.field(factory=dict, converter=lambda v: _frozen(v or {}))
 
     def __attrs_post_init__(self):
