@@ -14,6 +14,7 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "launch" / "megatron"
 CONFIGS = sorted(DATA.glob("*.model_config.yaml"))
 SCRIPTS = sorted(DATA.glob("*.sh"))
 REFUSED = {"gpt3_mcore_te_tp2_pp2_mla": "--multi-latent-attention",
+           "gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline": "--decoder-first-pipeline-num-layers",
            "train_bert_340m_distributed": "pretrain_bert.py", "train_llama3_8b_h100_fp8": "--num-layers"}
 
 
@@ -233,13 +234,17 @@ def test_the_cublas_workspaces_are_the_goldens_machines():
 
 
 def test_the_static_part_is_within_a_few_mib():
-    # mem-allocated-bytes (between steps: weights, gradients, optimizer state, the workspaces): the one-stage rows
-    # within 6 MiB (the H100 ones within 1 MiB), every other row within 30 MiB (the pipelined rows keep 6 to 28 MiB
-    # more, not derived) but the 7B pp4 one
+    # mem-allocated-bytes (between steps: weights, gradients, optimizer state, the workspaces): TransformerEngine's
+    # one-stage rows within 6 MiB (the H100 ones within 1 MiB), its pipelined rows within 45 MiB (6 to 40 MiB more,
+    # not derived), the local implementation's within 80 MiB (18 to 74 MiB more, not derived); the 7B pp4 row apart
+    checked = 0
     for name, _, _, static, predicted, predicted_static, layout in _tool().rows():
         if predicted is None or name == "gpt3_7b_tp1_pp4_memory_speed":      # 1.3 GB short: docs/launch-megatron.md
             continue
-        assert abs(static - predicted_static) < (6 * MiB if "pp1" in layout else 30 * MiB), name
+        bound = 80 * MiB if name.startswith("gpt3_mcore_tp") else 6 * MiB if "pp1" in layout else 45 * MiB
+        assert abs(static - predicted_static) < bound, name
+        checked += 1
+    assert checked >= 20
 
 
 def test_the_workspace_config_and_deterministic_mode(tmp_path):
@@ -270,9 +275,12 @@ def test_the_workspace_config_and_deterministic_mode(tmp_path):
     # the local implementation (no TransformerEngine) with no setting: the profile's default, one workspace
     got, _ = workspaces(f"MODEL_ARGS:\n  {args}  --transformer-impl: local\n")
     assert got == [8 * MiB + 128 * 1024]
-    # an environment variable the reader does not know is refused, naming it
-    with pytest.raises(InvalidInputError, match="PYTORCH_CUDA_ALLOC_CONF"):
-        workspaces(f"ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True\nMODEL_ARGS:\n  {args}")
+    # expandable segments: the allocated bytes unchanged, said in a note; an environment variable the reader does not
+    # know is refused, naming it (NCCL_BUFFSIZE sizes NCCL's buffers)
+    _, launch = workspaces(f"ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True\nMODEL_ARGS:\n  {args}")
+    assert any(n.startswith("ENV_VARS.PYTORCH_CUDA_ALLOC_CONF=") for r in launch.readings for n in r.notes)
+    with pytest.raises(InvalidInputError, match="NCCL_BUFFSIZE"):
+        workspaces(f"ENV_VARS:\n  NCCL_BUFFSIZE: 8388608\nMODEL_ARGS:\n  {args}")
 
 
 def test_a_megatron_bridge_container_is_the_bridge_readers(tmp_path):

@@ -54,6 +54,7 @@ IGNORED_PREFIXES = ("--log-", "--tensorboard", "--wandb", "--save", "--load", "-
                     "--no-create-attention-mask", "--manual-gc", "--straggler", "--no-load-", "--finetune",
                     "--use-checkpoint-", "--auto-detect-ckpt", "--ft-", "--enable-ft", "--decoupled-lr",
                     "--decoupled-min-lr", "--calculate-per-token-loss", "--attention-softmax-in-fp32",
+                    "--apply-query-key-layer-scaling",
                     "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
                     "--tp-comm-overlap", "--ddp-average-in-collective", "--no-bias-swiglu-fusion",
                     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-masked-softmax-fusion",
@@ -209,6 +210,10 @@ def _read_env(r: Reading, env, args, impl, path, context) -> None:
         torch_ws = workspace_config_bytes(DETERMINISTIC_WORKSPACE)
         how = (f"CUBLAS_WORKSPACE_CONFIG={DETERMINISTIC_WORKSPACE} ({DETERMINISM}: --deterministic-mode "
                f"setdefaults it): {torch_ws / 2**20:g} MiB")
+    if str(env.get("PYTORCH_CUDA_ALLOC_CONF", "")).replace(" ", "") == "expandable_segments:True":
+        r.note(f"ENV_VARS.PYTORCH_CUDA_ALLOC_CONF={env.pop('PYTORCH_CUDA_ALLOC_CONF')}: approximated: the caching "
+               "allocator grows segments in place; the bytes allocated are unchanged, the reserve above them is "
+               "priced as without it (runtime_overheads.allocator_fraction)")
     for name in sorted(env):
         if name not in ENV_IGNORED:
             raise InvalidInputError(f"ENV_VARS.{name}", env[name], "an environment variable this reader knows: "
@@ -483,7 +488,16 @@ def _read(args: dict, path, context, env=None, harness=()):
     if impl not in ("transformer_engine", "local"):
         refuse("--transformer-impl", "unknown implementation", "transformer_engine or local")
     _read_env(r, env, args, impl, path, context)
-    if "--attention-backend" not in args:
+    if impl == "local":
+        # The local spec's core attention is Megatron's own DotProductAttention, unfused, whatever the backend
+        # (NVIDIA/Megatron-LM d98e8a64 megatron/core/models/backends.py LocalSpecProvider.core_attention)
+        if backend not in ("auto", "local", "unfused"):
+            refuse("--attention-backend", "the local implementation has only Megatron's unfused DotProductAttention",
+                   "auto, local or unfused with --transformer-impl local")
+        r.set("--transformer-impl", impl, "attention", "eager",
+              "the local spec's DotProductAttention (megatron/core/models/backends.py LocalSpecProvider): unfused, "
+              "the s x s softmax output (16-bit), dropout mask and output kept per head")
+    elif "--attention-backend" not in args:
         pass
     elif backend == "unfused" or backend == "local":
         r.set("--attention-backend", backend, "attention", "eager",
@@ -493,7 +507,7 @@ def _read(args: dict, path, context, env=None, harness=()):
               "fused/flash attention: the output and the fp32 log-sum-exp, no s x s scores")
     else:
         refuse("--attention-backend", "unknown backend", "auto, flash, fused, unfused or local")
-    if "--attention-backend" not in args:
+    if "--attention-backend" not in args and impl != "local":
         r.default("--attention-backend", "attention", "sdpa", f"{TC} (attention_backend=AttnBackend.auto: "
                   "TransformerEngine's fused/flash attention on Hopper/Ampere)")
     # The loss: Megatron-Core's vocabulary-parallel cross-entropy, fused or not (language_module.py
