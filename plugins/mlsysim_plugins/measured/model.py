@@ -386,6 +386,21 @@ def _fraction(instance, attribute, value):
     _checks.fraction(f"runtime_overheads.{attribute.name}", value)
 
 
+def _allocator(instance, attribute, value):
+    if value not in ALLOCATOR_MODELS:
+        from mlsysim_core.errors import InvalidInputError
+        raise InvalidInputError(f"runtime_overheads.{attribute.name}", value, " or ".join(ALLOCATOR_MODELS))
+
+
+def _flag(instance, attribute, value):
+    if not isinstance(value, bool):
+        from mlsysim_core.errors import InvalidInputTypeError
+        raise InvalidInputTypeError(f"runtime_overheads.{attribute.name}", value, "True or False")
+
+
+ALLOCATOR_MODELS = ("fraction", "segments")
+
+
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
 class RuntimeOverheads:
     """Memory a CUDA process uses beyond its tensors. None of it appears in
@@ -395,8 +410,16 @@ class RuntimeOverheads:
 
     * ``cuda_context``: the CUDA context and kernels loaded (nvidia-smi shows it before
       the first allocation; 300-600 MiB with lazy module loading).
-    * ``allocator_fraction``: the caching allocator's reserve over the peak allocated
-      (segment rounding and fragmentation: ``max_memory_reserved / max_memory_allocated - 1``).
+    * ``allocator``: how the caching allocator's reserve is priced. ``"fraction"`` (the default):
+      ``allocator_fraction`` of the peak allocated (segment rounding and fragmentation:
+      ``max_memory_reserved / max_memory_allocated - 1``). ``"segments"``: the mechanism of
+      ``allocator.py``, derived from PyTorch's allocator source: the block and segment rounding of
+      the rank's model states and the side-stream pools its data-parallel rule declares (FSDP2's
+      reduce-scatter and all-gather streams); the default stream's fragmentation is not priced
+      (said in the term's formula).
+    * ``allocator_fraction``: with ``allocator="fraction"``, the reserve over the peak allocated.
+    * ``expandable_segments``: with ``allocator="segments"``, ``PYTORCH_CUDA_ALLOC_CONF=
+      expandable_segments:True`` (one segment per stream grown in 20 MiB pages).
     * ``cublas_workspace``: the cuBLAS workspace of the one (handle, stream) pair a training step
       uses (cuBLASLt shares it: TORCH_CUBLASLT_UNIFIED_WORKSPACE is on by default). None (the
       default): PyTorch's default for the accelerator's compute capability (``cublas_workspace_bytes``),
@@ -406,6 +429,8 @@ class RuntimeOverheads:
 
     cuda_context: int = attrs.field(default=500 * 2**20, converter=_checks.to_int, validator=_bytes)
     allocator_fraction: float = attrs.field(default=0.05, validator=_fraction)
+    allocator: str = attrs.field(default="fraction", validator=_allocator)
+    expandable_segments: bool = attrs.field(default=False, validator=_flag)
     cublas_workspace: int | None = attrs.field(default=None, converter=attrs.converters.optional(_checks.to_int),
                                                validator=attrs.validators.optional(_bytes))
     nccl_buffers: int = attrs.field(default=256 * 2**20, converter=_checks.to_int, validator=_bytes)
@@ -451,11 +476,17 @@ def cublas_workspace_bytes(capability: str | None) -> tuple[int, str]:
                                     f"{capability}: 32 MiB is sm90's only; {CUBLAS_SOURCE})")
 
 
-def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float) -> list[MemoryTerm]:
+def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float, placement=None) -> list[MemoryTerm]:
     """The runtime-overhead terms: NCCL's buffers only when the layout communicates (any
     parallel axis, context parallelism included: the one predicate, ``parallel.is_parallel``); the cuBLAS
-    workspace PyTorch's default for the hardware's compute capability unless the overheads set it."""
+    workspace PyTorch's default for the hardware's compute capability unless the overheads set it; the
+    allocator's reserve as ``overheads.allocator`` says (``"segments"``: ``allocator.reserve_terms``,
+    which needs the rank's ``placement``)."""
     cc = compute_capability(plan.hardware) if overheads.cublas_workspace is None else None
+    if overheads.allocator == "segments":
+        from .allocator import reserve_terms
+        return list(_fixed_runtime_terms(overheads, is_parallel(plan), cc)) + reserve_terms(plan, placement,
+                                                                                            overheads)
     return list(_runtime_terms(overheads, is_parallel(plan), allocated, cc))
 
 
