@@ -170,8 +170,8 @@ def test_compile_is_opt_in_and_refusals_are_counted(compile_searches):
     eager, both = compile_searches
     assert not any(c.compiled for c in eager.fits)
     compiled = [c for c in both.fits if c.compiled]
-    # compile="blocks" composes with data parallelism only: tp, pp (and cp, ep) are refused and counted
-    assert compiled and all(c.tp == c.pp == c.cp == 1 for c in compiled)
+    # compile="blocks" composes with data and pipeline parallelism: tp (and cp, ep) are refused and counted
+    assert compiled and all(c.tp == c.cp == 1 for c in compiled)
     refusals = [n for n in both.notes if n.startswith(tuple(f"{k:,} layouts left out" for k in range(1, 10**4)))
                 and "compile='blocks'" in n]
     assert refusals, both.notes
