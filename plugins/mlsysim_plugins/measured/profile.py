@@ -120,4 +120,4 @@ def mlsysim_communication_buffer_terms(plan, placement, model_states):
 def mlsysim_runtime_overhead_terms(plan, placement, allocated):
     if plan.profile_options.runtime_overheads is None:
         return []
-    return model.runtime_terms(plan, plan.profile_options.runtime_overheads, allocated)
+    return model.runtime_terms(plan, plan.profile_options.runtime_overheads, allocated, placement)
