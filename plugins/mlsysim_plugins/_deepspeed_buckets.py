@@ -294,6 +294,12 @@ class FsdpGatherOptions:
     prefetch_layers: Any = attrs.field(default=None, converter=_layers_option)
     limit_all_gathers: Any = _flag("limit_all_gathers")
 
+    def allocator_streams(self, plan, placement):
+        """FSDP2's side-stream allocations, for the caching allocator's per-stream pools
+        (``runtime_overheads.allocator="segments"``; ``measured/allocator.py``)."""
+        from mlsysim_plugins.measured.allocator import fsdp2_streams
+        return fsdp2_streams(plan, placement)
+
     def __attrs_post_init__(self):
         if self.prefetch_layers is not None and self.limit_all_gathers is not None:
             raise InvalidInputError("limit_all_gathers", self.limit_all_gathers,
