@@ -73,7 +73,9 @@ composite in 16 bits), LM head and loss eager, the loss as the eager profile pri
 discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune's compiled
 ``compute_cross_entropy`` (each chunk's logits and a per-token max and log-sum-exp saved, no fp32
 log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
-partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged). With LoRA
+partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
+stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
+validation/compile/measure_blocks_pp.py). With LoRA
 (torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype, no checkpointing): the
 blocks' saved set on a joint graph whose base weights need no gradient (``lora_layer_saved``: a frozen matmul's
 input is not saved; the first block's input needs no gradient). Measured on torchtune's builders:
@@ -153,12 +155,20 @@ def prepare(plan, registry=None):
         # Data parallelism (DDP, FSDP/FSDP2, ZeRO) leaves each block's graph as on one device: the block's
         # forward and backward see gathered parameters and the rank's micro-batch; the rules price the
         # rest (shards, gathers, buckets). Tensor, context, pipeline and expert parallelism change the graph.
-        other = {k: getattr(plan, k) for k in ("tp_size", "cp_size", "pp_size", "ep_size") if getattr(plan, k) > 1}
+        # Pipeline parallelism (torchtitan compiles each block of each stage's model chunk) leaves each block's
+        # graph as on one device too: the stage holds its blocks' saved sets for each micro-batch in flight.
+        other = {k: getattr(plan, k) for k in ("tp_size", "cp_size", "ep_size") if getattr(plan, k) > 1}
         if other:
             name, size = next(iter(other.items()))
-            raise NotModelledError(name, size, f"1 with compile={BLOCKS!r} (data parallelism only: dp_size, "
-                                   "data_parallel)", "a compiled block under tensor, context, pipeline or expert "
-                                   "parallelism (its collectives and DTensor graphs) is not modelled")
+            raise NotModelledError(name, size, f"1 with compile={BLOCKS!r} (data and pipeline parallelism only: "
+                                   "dp_size, data_parallel, pp_size)", "a compiled block under tensor, context or "
+                                   "expert parallelism (its collectives and DTensor graphs) is not modelled")
+        if plan.pp_size > 1 and (o.lora is not None or plan.activation_checkpointing not in (None, "none")):
+            name = "lora" if o.lora is not None else "activation_checkpointing"
+            raise NotModelledError(name, getattr(o, name, None) if name == "lora" else plan.activation_checkpointing,
+                                   f"{'None' if name == 'lora' else 'none'} with compile={BLOCKS!r} and pp_size > 1",
+                                   "compiled blocks under pipeline parallelism are measured without LoRA and "
+                                   "checkpointing (validation/compile/measure_blocks_pp.py)")
     elif plan.rank is not None or is_parallel(plan):
         raise NotModelledError("compile", value, f"compile=True on one device (no parallel layout; {BLOCKS!r} "
                                "allows data parallelism)",
@@ -417,21 +427,33 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
     c = regime.compute
     if not _full(plan):
         per_token, how = layer_saved(s, regime, kernel, plan.seq_len)
+        # A pipeline stage (compile="blocks"): its blocks' sets for each micro-batch in flight.
+        n = plan.rank.in_flight if plan.rank is not None else 1
+        flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
         out = [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (compiled)",
-                          nbytes=L * per_token * T, phases=SAVED,
+                          nbytes=L * per_token * T * n, phases=SAVED,
                           formula=f"{L} layers x T={_n(T)} x {_n(per_token)} B ({how}; the partitioner's "
-                                  "saved set)")]
+                                  "saved set)" + flying)]
         if blocks(plan):
-            # The first block's input, the eager embedding's output, is a graph input it saves (its norm's
-            # backward); the last block's output is the eager final norm's input, which torchtune's RMSNorm
-            # (F.rms_norm(x.float(), ...)) saves only where x.float() is x (fp32): in 16 bits it saves the fp32
-            # copy instead (final_norm_terms), and the last output, counted in the set above, is freed.
-            last = c * T * s.hidden if c != 4 else 0
-            out.append(MemoryTerm(component=ACTIVATIONS, label="embedding output (the first block's input, saved)",
-                                  nbytes=c * T * s.hidden - last, phases=SAVED,
-                                  formula=f"T x h x {c} B (saved by the first compiled block for its norm's backward)"
-                                          + (f" - T x h x {c} B (the last block's output, counted in the blocks' "
-                                             "set: the eager final norm keeps its fp32 copy, not it)" if last else "")))
+            # The first block's input (the embedding output, on a later pipeline stage the received activation)
+            # is a graph input the block saves for its norm's backward: the eager terms count it where the eager
+            # norm saves its input (fp32: model_activation_terms, "saved by the first norm"); in 16 bits they do
+            # not (Hugging Face's norm keeps an fp32 copy instead) and it is counted here. On the last stage the
+            # last block's output is the eager final norm's input, which torchtune's RMSNorm in 16 bits does not
+            # keep (final_norm_term: its fp32 copy instead): freed, counted in the blocks' set. A non-last stage's
+            # output is kept for its backward (the schedule's).
+            norm = s.family.norm
+            counted = norm.saves_input_in_16bit or not regime.pure_16bit
+            on_last = plan.rank is None or plan.rank.last
+            last = c * T * s.hidden if c != 4 and on_last else 0
+            what = "embedding output" if plan.rank is None or plan.rank.first else "stage input"
+            if not counted:
+                out.append(MemoryTerm(
+                    component=ACTIVATIONS, label=f"{what} (the first block's input, saved)",
+                    nbytes=(c * T * s.hidden - last) * n, phases=SAVED,
+                    formula=f"(T x h x {c} B (saved by the first compiled block for its norm's backward)"
+                            + (f" - T x h x {c} B (the last block's output, counted in the blocks' set: the eager "
+                               "final norm keeps its fp32 copy, not it)" if last else "") + ")" + flying))
         return out
     rng = _rng(plan)
     h, b, seq = s.hidden, plan.microbatch, plan.seq_len
@@ -573,18 +595,20 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[Mem
 
 def final_norm_term(plan, placement) -> MemoryTerm:
     """compile="blocks": the eager final norm of torchtune 0.6.1 (torchtune/modules/rms_norm.py:38-43:
-    ``F.rms_norm(x.float(), normalized_shape, weight=self.scale, eps).to(x.dtype)``). In fp32 the input and
-    the weight share a dtype and ATen's fused kernel runs: it saves its input (the last block's output,
-    counted with the blocks) and the fp32 rstd; the output is the LM head's input. In 16 bits the weight's
-    dtype differs ("Mismatch dtype between input and weight ... Cannot dispatch to fused implementation") and
-    the composite runs on the fp32 copy: the copy, rsqrt, the normalized fp32 product (saved by the weight's
-    multiply) and the 16-bit output. Measured: validation/compile/measure_blocks.py."""
+    ``F.rms_norm(x.float(), normalized_shape, weight=self.scale, eps).to(x.dtype)``). On the CPU ATen runs the
+    composite in fp32 too (its saved tensors, read with ``saved_tensors_hooks``: the input, rsqrt and the
+    normalized fp32 product the weight's multiply keeps): the input is the last block's output (counted with
+    the blocks), the normalized product h x 4 and rsqrt per token, the output the LM head's input. In 16 bits
+    the weight's dtype differs ("Mismatch dtype between input and weight ... Cannot dispatch to fused
+    implementation") and the composite runs on the fp32 copy: the copy, rsqrt, the normalized fp32 product
+    and the 16-bit output. Measured: validation/compile/measure_blocks.py, measure_blocks_pp.py."""
     ctx, _ = _context(plan, placement)
     T, h, c = ctx.tokens, ctx.shape.hidden, ctx.regime.compute
     if c == 4:
-        return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(4 * h + 4) * T, phases=SAVED,
-                          formula="T x (h x 4 (the output, the LM head's input) + 4 (rstd)) (torchtune's RMSNorm: "
-                                  "F.rms_norm's fused kernel in fp32; its input is the last block's output)")
+        return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(8 * h + 4) * T, phases=SAVED,
+                          formula="T x (h x 4 (normalized x, saved by the weight's multiply) + h x 4 (the output, "
+                                  "the LM head's input) + 4 (rsqrt)) (torchtune's RMSNorm: F.rms_norm's composite "
+                                  "on the CPU; its input is the last block's output)")
     return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(8 * h + c * h + 4) * T, phases=SAVED,
                       formula=f"T x (h x 4 (fp32 copy) + h x 4 (normalized x scale, fp32) + h x {c} (the output, the "
                               "LM head's input) + 4 (rsqrt)) (torchtune's RMSNorm: F.rms_norm's composite, the weight's "
@@ -603,7 +627,7 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     if blocks(plan):      # compile="blocks": the embedding, final norm, LM head and loss run eagerly
         if plan.profile_options.lora is None:     # (LoRA: the frozen LM head keeps no input; lora.py's norm)
             terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
-        if plan.profile_options.loss == "chunked":
+        if plan.profile_options.loss == "chunked" and (plan.rank is None or plan.rank.last):
             terms = compiled_chunked_terms(plan, placement, terms)
         return terms
     ctx, kernel = _context(plan, placement)
