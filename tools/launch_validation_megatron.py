@@ -7,10 +7,11 @@ DGX node, as the functional tests run) and solved; the golden value is the peak 
 the last rank (``args.rank == world_size - 1``, megatron/training/global_vars.py), which is on the
 last pipeline stage. Compared like with like: allocated bytes, without the runtime overheads that
 ``max_memory_allocated`` does not count (CUDA context, NCCL buffers, allocator reserve), with the one it
-counts: the cuBLAS workspace, which PyTorch allocates through its caching allocator
+counts: the cuBLAS workspaces, which PyTorch allocates through its caching allocator
 (pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp,
-``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate``), whose default size depends on the GPU's
-compute capability (32 MiB on sm90, 8 MiB + 128 KiB otherwise): each row is solved on the golden's machine
+``getNewWorkspace``: ``CUDACachingAllocator::get()->allocate``; TransformerEngine's by ``torch.empty``), as the
+reader prices them (PyTorch's per thread, sized by CUBLAS_WORKSPACE_CONFIG or the GPU's default, plus TE's, which
+depends on the compute capability): each row is solved on the golden's machine
 (``dev_dgx_a100``: an A100 SXM4 80GB, ``dev_dgx_h100``: an H100 SXM5). The golden files also log
 ``mem-allocated-bytes`` (allocated after the step: weights, gradients, optimizer state), so each
 row is split: that static part against the prediction's, and the peak above it against the
