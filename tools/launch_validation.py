@@ -21,6 +21,7 @@ TT = "pytorch/torchtune v0.6.1 README.md"
 TT_PACKED = ["dataset.packed=True", "batch_size=2", "gradient_accumulation_steps=1", "compile=True"]
 LIT = "Lightning-AI/litgpt 26857050 config_hub/finetune/README.md"
 TITAN = "pytorch/torchtitan b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md"
+BRIDGE = "verdimrc/playground-nemo-2.0-gh 6129a1ad 05-byoc-te-mb/with-ngc-pytorch-25.06-cleanup.md"
 
 # (source and line, what was published, config file, overrides, gpus, hardware, metric, value, unit)
 ROWS = [
@@ -67,6 +68,13 @@ ROWS = [
     # torchtitan's logged max_reserved_gib: reserved, against the total less the CUDA context.
     (f"{TITAN}:27", "Llama 3.1 8B FSDP (no compile), 8x H100 (96 GB)", "torchtitan/llama3/llama3_8b.toml",
      ["training.local_batch_size=2"], 8, "h100", "reserved", 82.4, "GiB"),
+    # Megatron-Bridge's llama32_1b_pretrain_config (seq 1024, tp 1, dp 8) on 8 H100 80GB: the resolved
+    # ConfigContainer its log prints, and its report_memory line after 10 iterations ("MB" is MiB:
+    # torch.cuda.max_memory_allocated() / 2**20; tests/data/launch/megatron_bridge/SOURCE.md).
+    (f"{BRIDGE}:1330", "Llama 3.2 1B pretrain (Megatron-Bridge), 8x H100", "megatron_bridge/llama32_1b_pretrain_h100x8.yaml",
+     [], 8, "h100", "allocated", 12003.60400390625, "MiB"),
+    (f"{BRIDGE}:1330", "Llama 3.2 1B pretrain (Megatron-Bridge), 8x H100", "megatron_bridge/llama32_1b_pretrain_h100x8.yaml",
+     [], 8, "h100", "reserved", 12232.0, "MiB"),
 ]
 
 
@@ -99,7 +107,7 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
         field = getattr(err, "parameter", "?")
         return (f"| {what} | `{file}` {' '.join(overrides) or ''} | {value or 'OOM'} {unit} ({metric}) | refused: "
                 f"`{field}`={getattr(err, 'value', '')!r} | - | {source} |")
-    scale = 2**30 if unit == "GiB" else 1e9
+    scale = {"GiB": 2**30, "MiB": 2**20}.get(unit, 1e9)
     if metric == "OOM":
         fits = "fits" if result.feasible else "does not fit"
         return (f"| {what} | `{file}` | OOM | {result.total_memory / 2**30:.2f} GiB total: {fits} in "

@@ -27,6 +27,7 @@ import attrs
 
 from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
+from mlsysim_core.scenario import LaunchField
 
 from . import megatron
 from .hookspecs import LaunchFormatSpec
@@ -81,7 +82,7 @@ MODEL_ARGS = {
 }
 # model keys read alongside (not a Megatron-LM argument of their own): the GLU and its activation make
 # --swiglu; should_pad_vocab decides the padding; bf16/fp16/params_dtype mirror mixed_precision.
-MODEL_CHECKED = ("gated_linear_unit", "activation_func", "should_pad_vocab", "bf16", "fp16", "params_dtype",
+MODEL_CHECKED = ("gradient_accumulation_fusion", "gated_linear_unit", "activation_func", "should_pad_vocab", "bf16", "fp16", "params_dtype",
                  "expert_model_parallel_size", "num_moe_experts", "multi_latent_attention", "mtp_num_layers", "fp8",
                  "fp4", "_target_")
 
@@ -145,7 +146,7 @@ MODEL_IGNORED = {
     "disable_bf16_reduced_precision_matmul", "disable_parameter_transpose_cache", "embedding_init_method",
     "embedding_init_method_std", "expert_tensor_parallel_size", "finalize_model_grads_func", "first_last_layers_bf16",
     "flash_decode", "fused_single_qkv_rope", "generation_config", "glu_linear_offset", "grad_scale_func",
-    "grad_sync_func", "gradient_accumulation_fusion", "hetereogenous_dist_checkpoint", "high_freq_factor",
+    "grad_sync_func", "hetereogenous_dist_checkpoint", "high_freq_factor",
     "inference_rng_tracker", "inference_sampling_seed", "init_method", "init_method_std", "init_model_with_meta_device",
     "layernorm_epsilon", "layernorm_zero_centered_gamma", "low_freq_factor", "masked_softmax_fusion",
     "microbatch_group_size_per_vp_stage", "mlp_chunks_for_prefill", "no_rope_freq", "no_sync_func",
@@ -248,10 +249,13 @@ def _refuse(path, key, value, allowed, why):
                            f"{path}: {why} (Megatron-Bridge)")
 
 
-def _check(path, section: str, table: dict, key: str, value) -> None:
+def _check(path, section: str, table: dict, key: str, value, walk=None) -> None:
+    """A key refused unless at an allowed value; at it, the key changes nothing (listed as ignored)."""
     allowed, why = table[key]
     if plain(value) not in allowed:
         _refuse(path, f"{section}.{key}", plain(value), allowed, why)
+    if walk is not None:
+        walk.ignore(f"{section}.{key}")
 
 
 class _Walk:
@@ -301,9 +305,13 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     if model.get("expert_model_parallel_size", 1) not in (1, None):
         _refuse(path, "model.expert_model_parallel_size", model["expert_model_parallel_size"], (1,),
                 "expert parallelism needs num_moe_experts, which is not read")
+    for key in ("num_moe_experts", "multi_latent_attention", "mtp_num_layers", "fp8", "fp4",
+                "expert_model_parallel_size", "_target_"):
+        if key in model:
+            walk.ignore(f"model.{key}")      # checked above: off (the provider class: its fields are what is read)
     for key, value in model.items():
         if key in MODEL_REFUSED_UNLESS:
-            _check(path, "model", MODEL_REFUSED_UNLESS, key, value)
+            _check(path, "model", MODEL_REFUSED_UNLESS, key, value, walk)
     gated = as_bool(model.get("gated_linear_unit", False), "model.gated_linear_unit", path)
     activation = str(model.get("activation_func", ""))
     if gated and not activation.endswith(".silu"):
@@ -325,6 +333,8 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
         origin["--recompute-granularity"] = "model.recompute_granularity"
     for key, flag in MODEL_ARGS.items():
         if key not in model or model[key] is None or key in unused:
+            if key in model and model[key] is None and key not in unused and key != "recompute_granularity":
+                walk.ignore(f"model.{key}")      # null: the feature off (Megatron's default for the argument)
             continue
         value = model[key]
         if key in ("add_bias_linear", "share_embeddings_and_output_weights"):
@@ -382,7 +392,7 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     mixed = {k: plain(v) for k, v in _section(doc, "mixed_precision", path).items()}
     for key, value in mixed.items():
         if key in MIXED_REFUSED_UNLESS:
-            _check(path, "mixed_precision", MIXED_REFUSED_UNLESS, key, value)
+            _check(path, "mixed_precision", MIXED_REFUSED_UNLESS, key, value, walk)
     bf16 = as_bool(mixed.get("bf16"), "mixed_precision.bf16", path)
     fp16 = as_bool(mixed.get("fp16"), "mixed_precision.fp16", path)
     if bf16:
@@ -399,8 +409,14 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
             if name in table and as_bool(table[name], f"{where}.{name}", path) != on:
                 _refuse(path, f"{where}.{name}", table[name], (on,),
                         f"disagrees with mixed_precision.{name} (Bridge applies the mixed precision to every section)")
+    for where, table in (("mixed_precision", mixed), ("model", model)):
+        for key in ("params_dtype", "bf16", "fp16"):       # checked above: the mixed precision's
+            if key in table and not (where == "mixed_precision" and key in ("bf16", "fp16") and table[key]):
+                walk.ignore(f"{where}.{key}")
     for key in mixed:
         if key in ("_target_", "bf16", "fp16", "params_dtype", "grad_reduce_in_fp32") or key in MIXED_REFUSED_UNLESS:
+            if key in ("_target_", "grad_reduce_in_fp32"):
+                walk.ignore(f"mixed_precision.{key}")
             continue
         if key in MIXED_IGNORED:
             walk.ignore(f"mixed_precision.{key}")
@@ -412,15 +428,16 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     optim = {k: plain(v) for k, v in _section(doc, "optimizer", path).items()}
     for key, value in ddp.items():
         if key in DDP_REFUSED_UNLESS:
-            _check(path, "ddp", DDP_REFUSED_UNLESS, key, value)
+            _check(path, "ddp", DDP_REFUSED_UNLESS, key, value, walk)
     for key, value in optim.items():
         if key in OPTIM_REFUSED_UNLESS:
-            _check(path, "optimizer", OPTIM_REFUSED_UNLESS, key, value)
+            _check(path, "optimizer", OPTIM_REFUSED_UNLESS, key, value, walk)
     distopt = as_bool(ddp.get("use_distributed_optimizer"), "ddp.use_distributed_optimizer", path)
     if as_bool(optim.get("use_distributed_optimizer"), "optimizer.use_distributed_optimizer", path) != distopt:
         _refuse(path, "optimizer.use_distributed_optimizer", optim.get("use_distributed_optimizer"), (distopt,),
                 "disagrees with ddp.use_distributed_optimizer (Bridge's ConfigContainer.validate asserts they agree)")
     put("--use-distributed-optimizer", distopt, "ddp.use_distributed_optimizer")
+    walk.ignore("optimizer.use_distributed_optimizer")       # checked: the same as ddp's
     put("--optimizer", optim.get("optimizer", "adam"), "optimizer.optimizer")
     fp32_grads = as_bool(ddp.get("grad_reduce_in_fp32", True), "ddp.grad_reduce_in_fp32", path)
     if "grad_reduce_in_fp32" in mixed and as_bool(mixed["grad_reduce_in_fp32"], "mixed_precision.grad_reduce_in_fp32",
@@ -429,6 +446,9 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
                 "disagrees with ddp.grad_reduce_in_fp32")
     if bf16:
         put("--grad-reduce-in-bf16", not fp32_grads, "ddp.grad_reduce_in_fp32")
+        if fp32_grads:
+            walk.notes.append("ddp.grad_reduce_in_fp32 true: the main-grad buffer is fp32 (the Megatron-Core rules' "
+                              "default, no option set)")
     elif fp32_grads:
         put("--accumulate-allreduce-grads-in-fp32", True, "ddp.grad_reduce_in_fp32")
     if not as_bool(optim.get("use_precision_aware_optimizer", False), "optimizer.use_precision_aware_optimizer", path):
@@ -441,6 +461,8 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
                           "distrib_optimizer.py read them under use_precision_aware_optimizer)")
     for key in ddp:
         if key in ("_target_", "use_distributed_optimizer", "grad_reduce_in_fp32") or key in DDP_REFUSED_UNLESS:
+            if key == "_target_":
+                walk.ignore("ddp._target_")
             continue
         if key == "bucket_size" or key == "pad_buckets_for_high_nccl_busbw":
             walk.ignore(f"ddp.{key}")
@@ -455,6 +477,8 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     for key in optim:
         if key in ("_target_", "use_distributed_optimizer", "optimizer") or key in OPTIM_REFUSED_UNLESS \
                 or key in OPTIM_PRECISION_AWARE:
+            if key == "_target_":
+                walk.ignore("optimizer._target_")
             continue
         if key in OPTIM_IGNORED:
             walk.ignore(f"optimizer.{key}")
@@ -484,9 +508,9 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
         _refuse(path, "dataset.skip_getting_attention_mask_from_dataset", False, (True,),
                 "the dataset's [b, 1, s, s] attention mask moved to the device is not modelled")
     for key in dataset:
-        if key in ("_target_", "sequence_length"):
+        if key == "sequence_length":
             continue
-        if key in DATASET_IGNORED or key in ("create_attention_mask", "skip_getting_attention_mask_from_dataset"):
+        if key in DATASET_IGNORED or key == "_target_" or key in ("create_attention_mask", "skip_getting_attention_mask_from_dataset"):
             walk.ignore(f"dataset.{key}")
         else:
             walk.unknown(f"dataset.{key}", dataset[key])
@@ -495,9 +519,9 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     if train.get("global_batch_size") is not None:
         put("--global-batch-size", train["global_batch_size"], "train.global_batch_size")
     for key in train:
-        if key in ("_target_", "micro_batch_size", "global_batch_size"):
+        if key in ("micro_batch_size", "global_batch_size"):
             continue
-        if key in TRAIN_IGNORED:
+        if key in TRAIN_IGNORED or key == "_target_":
             walk.ignore(f"train.{key}")
         else:
             walk.unknown(f"train.{key}", train[key])
@@ -510,6 +534,7 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
 
 
 def _rest(doc: dict, path, walk: _Walk) -> None:
+    walk.ignore("_target_")      # the container's class: what recognizes the file
     for name, value in doc.items():
         if name in ("_target_", "model", "mixed_precision", "ddp", "optimizer", "dataset", "train"):
             continue
@@ -567,11 +592,51 @@ def read(path, document, context):
               for f in reading.fields]
     defaults = [attrs.evolve(d, key=_rename(d.key.replace("/", " "), origin).replace(" ", "/"), version=VERSION)
                 for d in reading.defaults]
+    # Keys read whose value changes nothing here (tp 1's sequence_parallel, cp 1, the TE implementation, the
+    # native loss fusion): no field of their own; listed as ignored and said in a note.
+    shown = {part for item in [*fields, *defaults] for part in item.key.split("/")}
+    quiet = sorted({key for key in origin.values() if key not in shown} - set(walk.ignored))
+    notes = [*walk.notes, *(_rename(n, origin) for n in reading.notes)]
+    if quiet:
+        notes.append("read, no effect at their values: " + ", ".join(f"{k}={_value(document, k)!r}" for k in quiet))
     # Megatron-LM's reader applies its own defaults only to flags the mapping lacks; the dump is resolved, so
-    # the only ones left are the optimizer's fused step and what the dump cannot say (said as defaults).
+    # the only ones left are the optimizer's fused step and the null recompute (said as defaults).
+    fusion = document["model"].get("gradient_accumulation_fusion")
+    if fusion is not None:
+        rule = next(f.becomes for f in fields if f.field == "data_parallel")
+        fields.append(_wgrad_fusion(as_bool(fusion, "model.gradient_accumulation_fusion", path), rule,
+                                    reading.model.becomes, reading.values().get("tp_size", 1)))
     return attrs.evolve(reading, format="megatron-bridge", fields=fields, defaults=defaults,
-                        ignored=[*walk.ignored, *reading.ignored], framework_version=VERSION,
-                        notes=[*walk.notes, *(_rename(n, origin) for n in reading.notes)])
+                        ignored=list(dict.fromkeys([*walk.ignored, *quiet, *reading.ignored])),
+                        framework_version=VERSION, notes=notes)
+
+
+def _wgrad_fusion(fused: bool, rule: str, model: dict, tp: int) -> LaunchField:
+    """``model.gradient_accumulation_fusion``: read, approximated (a note with the bytes not priced)."""
+    if not fused:
+        return LaunchField(key="model.gradient_accumulation_fusion", value=False, field="data_parallel", becomes=rule,
+                           approximated=True, note="each weight gradient is made as a 16-bit tensor and added into "
+                           "main_grad by the DDP hook: that transient tensor is not priced")
+    h, q, kv, f = model["hidden_dim"], model["heads"] * model["head_dim"], model["kv_heads"] * model["head_dim"], \
+        model["ffn_dim"]
+    # One cached dummy per distinct (shape, dtype): TransformerEngine's get_dummy_wgrad (NVIDIA/TransformerEngine
+    # v2.7 fedd9ddc73 transformer_engine/pytorch/module/base.py lines 94-107), returned by TE's linear layers'
+    # backward when the gradient went into main_grad (linear.py, layernorm_linear.py), and by megatron-core's
+    # LM head (tensor_parallel/layers.py lines 573-602 at CORE_COMMIT); never freed.
+    shapes = {((q + 2 * kv) // tp, h), (h, q // tp), ((2 if model["gated_mlp"] else 1) * f // tp, h), (h, f // tp),
+              (model["vocab_size"] // tp, h)}
+    nbytes = sum(2 * a * b for a, b in shapes)
+    return LaunchField(key="model.gradient_accumulation_fusion", value=True, field="data_parallel", becomes=rule,
+                       approximated=True, note=f"the weight gradients go into the fp32 main_grad from the GEMM (priced: "
+                       f"the main-grad buffer); not priced: TransformerEngine's cached dummy weight gradients, one "
+                       f"16-bit tensor per distinct weight shape kept for the process's life (TE v2.7 base.py "
+                       f"get_dummy_wgrad), {nbytes:,} B here ({len(shapes)} shapes, the LM head's on the stage that "
+                       f"holds it)")
+
+
+def _value(document: dict, key: str):
+    section, _, name = key.partition(".")
+    return plain(document.get(section, {}).get(name))
 
 
 def recognizes(path, document) -> bool:

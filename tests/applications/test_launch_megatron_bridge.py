@@ -1,0 +1,156 @@
+"""Megatron-Bridge launch configs (issue 26): a real resolved ConfigContainer (an 8 x H100 run's
+logged Task Configuration, tests/data/launch/megatron_bridge/SOURCE.md) read end to end, every key
+accounted for, hand-derived numbers, refusals naming the Bridge key, and the published memory."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.scenario import from_launch
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "launch" / "megatron_bridge"
+DUMP = DATA / "llama32_1b_pretrain_h100x8.yaml"
+MIB = 2**20
+
+
+def _variant(tmp_path, edit) -> Path:
+    """The real dump with one edit (a dict of section -> {key: value}, or a callable on the document)."""
+    document = yaml.safe_load(DUMP.read_text())
+    if callable(edit):
+        edit(document)
+    else:
+        for section, values in edit.items():
+            document[section].update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_the_copy_is_the_sources():
+    source = (DATA / "SOURCE.md").read_text()
+    digest = hashlib.sha256(DUMP.read_bytes()).hexdigest()
+    assert digest in source and DUMP.name in source and "6129a1ad5d345ee9628fa6fba4bbdc48a7d3bce3" in source
+    assert "max allocated: 12003.60400390625" in source and "MIT" in source
+
+
+def test_the_dump_by_hand():
+    launch = from_launch([DUMP], gpus=8, hardware="h100")
+    reading = launch.readings[0]
+    assert reading.format == "megatron-bridge"
+    model = reading.model.becomes
+    # Llama 3.2 1B: 16 layers, h 2048, 32 heads of 64, 8 query groups, SwiGLU ffn 8192, RMSNorm, no biases,
+    # tied embeddings, vocab 128,256 unpadded (should_pad_vocab false): the log's 1,235,814,400 parameters
+    h, L, q, kv, f, V = 2048, 16, 32 * 64, 8 * 64, 8192, 128256
+    layer = h + h * (q + 2 * kv) + q * h + h + 2 * h * f + f * h
+    assert model["parameters"] == V * h + L * layer + h == 1235814400
+    assert (model["vocab_size"], model["kv_heads"], model["tied_embeddings"]) == (V, 8, True)
+    values = reading.values()
+    assert values["seq_len"] == 1024          # dataset.sequence_length, not model.seq_length (131,072)
+    assert (values["tp_size"], values["pp_size"], values["micro_batch_size"], values["global_batch_size"]) == \
+        (1, 1, 1, 512)
+    assert (values["regime"], values["data_parallel"], values["attention"], values["loss"], values["dropout"]) == \
+        ("mixed-bf16-main-grad", "mcore-distopt", "sdpa", "megatron_fused", 0.0)
+    assert "plugin_options" not in values      # ddp.grad_reduce_in_fp32: the fp32 main-grad buffer
+    keys = {f.key: f.field for f in reading.fields}
+    assert keys["dataset.sequence_length"] == "seq_len" and keys["model.attention_backend"] == "attention"
+    assert keys["model.cross_entropy_loss_fusion"] == "loss" and keys["ddp.use_distributed_optimizer"] == "data_parallel"
+    assert any("model.seq_length 131072 only sizes learned position embeddings" in n for n in reading.notes)
+    # gradient_accumulation_fusion: approximated, TE's cached dummy weight gradients (bf16, one per distinct shape:
+    # qkv [(32 + 2 x 8) x 64, h], proj [h, h], fc1 [2f, h], fc2 [h, f], the tied LM head [V, h]) said, not priced
+    fusion = next(f for f in reading.fields if f.key == "model.gradient_accumulation_fusion")
+    dummies = 2 * (48 * 64 * h + h * h + 2 * f * h + h * f + V * h)
+    assert fusion.approximated and dummies == 646971392 and f"{dummies:,} B" in fusion.note
+
+
+def test_every_key_is_accounted_for():
+    reading = from_launch([DUMP], gpus=8, hardware="h100").readings[0]
+    listed = {part for item in [*reading.fields, *reading.defaults] for part in item.key.split("/")}
+    listed |= set(reading.ignored)
+    document = yaml.safe_load(DUMP.read_text())
+    missing = []
+    for section, value in document.items():
+        if section in listed:
+            continue
+        if isinstance(value, dict):
+            missing += [f"{section}.{k}" for k in value if f"{section}.{k}" not in listed]
+        else:
+            missing.append(section)
+    assert missing == []
+    assert len(reading.ignored) == len(set(reading.ignored))
+    assert "checkpoint" in reading.ignored and "model.generation_config" in reading.ignored
+
+
+def test_static_memory_by_hand():
+    result = from_launch([DUMP], gpus=8, hardware="h100").scenario.solve()
+    static = sum(t.nbytes for t in result.terms if t.component in ("weights", "optimizer_state"))
+    # bf16 weights 2 B + fp32 main grads 4 B + (fp32 master 4 B + Adam 8 B) / dp 8 = 7.5 B per parameter (the
+    # log's "weight and optimizer=8839.72 MB"); the RoPE buffer and Adam's step counters are a few bytes
+    assert 0 <= static - 1235814400 * 15 // 2 < 4096
+
+
+@pytest.mark.parametrize("edit, key, kind", [
+    ({"peft": {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 32}}, "peft", NotModelledError),
+    ({"model": {"cpu_offloading": True}}, "model.cpu_offloading", NotModelledError),
+    ({"model": {"num_moe_experts": 8}}, "model.num_moe_experts", NotModelledError),
+    ({"model": {"enable_cuda_graph": True}}, "model.enable_cuda_graph", NotModelledError),
+    ({"mixed_precision": {"fp8": "hybrid"}}, "mixed_precision.fp8", NotModelledError),
+    ({"optimizer": {"use_precision_aware_optimizer": True}}, "optimizer.use_precision_aware_optimizer",
+     NotModelledError),
+    ({"ddp": {"use_megatron_fsdp": True}}, "ddp.use_megatron_fsdp", NotModelledError),
+    ({"comm_overlap": {"tp_comm_overlap": True}}, "comm_overlap", NotModelledError),
+    ({"model": {"tensor_model_parallel_size": 2, "vocab_size": 128257}}, "model.vocab_size", NotModelledError),
+    ({"model": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 2}},
+     "model.recompute_num_layers", NotModelledError),
+    ({"model": {"a_new_field": 1}}, "model.a_new_field", InvalidInputError),
+    ({"ddp": {"a_new_field": 1}}, "ddp.a_new_field", InvalidInputError),
+    ({"a_new_section": {"x": 1}}, "a_new_section", InvalidInputError),
+])
+def test_refusals_name_the_bridge_key(tmp_path, edit, key, kind):
+    if "peft" in edit or "comm_overlap" in edit or "a_new_section" in edit:
+        path = _variant(tmp_path, lambda d: d.update(edit))
+    else:
+        path = _variant(tmp_path, edit)
+    with pytest.raises(kind) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == key
+
+
+def test_variants_map_as_megatron_does(tmp_path):
+    unfused = {"_args_": [3], "_call_": True, "_target_": "megatron.core.transformer.enums.AttnBackend"}
+    path = _variant(tmp_path, {"model": {"attention_backend": unfused, "recompute_granularity": "selective",
+                                         "tensor_model_parallel_size": 2, "sequence_parallel": True,
+                                         "pipeline_model_parallel_size": 2,
+                                         "virtual_pipeline_model_parallel_size": 2},
+                               "ddp": {"grad_reduce_in_fp32": False, "use_distributed_optimizer": False},
+                               "mixed_precision": {"grad_reduce_in_fp32": False},
+                               "optimizer": {"use_distributed_optimizer": False}})
+    values = from_launch([path], gpus=8).readings[0].values()
+    assert values["attention"] == "eager" and values["activation_checkpointing"] == "selective"
+    assert (values["tp_size"], values["sequence_parallel"], values["pp_size"]) == (2, True, 2)
+    # Bridge's virtual_pipeline_model_parallel_size is model chunks per rank: 16 layers / (pp 2 x 2) = 4 per chunk
+    assert (values["pipeline_schedule"], values["virtual_stages"]) == ("interleaved-1f1b", 2)
+    assert values["data_parallel"] == "mcore-ddp"
+    assert values["plugin_options"] == {"mcore-ddp": {"grad_reduce_in_bf16": True}}
+
+
+def test_the_published_row():
+    """The validation row (docs/launch.md, tools/launch_validation.py): -1.3 % of max allocated (the issue's
+    target: 5 %); reserved compared with the total less the CUDA context, within the issue's 10 %."""
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "tools"))
+    try:
+        import launch_validation as tool
+    finally:
+        sys.path.remove(str(root / "tools"))
+    rows = [spec for spec in tool.ROWS if spec[2] == "megatron_bridge/llama32_1b_pretrain_h100x8.yaml"]
+    errors = {spec[6]: float(tool.row(*spec).split("|")[5].strip().rstrip("%").strip()) for spec in rows}
+    assert errors["allocated"] == -1.3 and abs(errors["reserved"]) <= 10
+    result = from_launch([DUMP], gpus=8, hardware="h100").scenario.solve()
+    error = (result.allocated_memory / MIB - 12003.60400390625) / 12003.60400390625
+    assert -0.015 < error < -0.010
