@@ -272,9 +272,9 @@ def test_the_workspace_config_and_deterministic_mode(tmp_path):
     got, _ = workspaces(f"ENV_VARS:\n  CUBLAS_WORKSPACE_CONFIG: ':16:8'\nMODEL_ARGS:\n  {args}"
                         "  --deterministic-mode: true\n")
     assert got == [2 * 128 * 1024 + TE_OTHER]
-    # the local implementation (no TransformerEngine) with no setting: the profile's default, one workspace
+    # the local implementation (no TransformerEngine) with no setting: PyTorch's default for the GPU, per thread
     got, _ = workspaces(f"MODEL_ARGS:\n  {args}  --transformer-impl: local\n")
-    assert got == [8 * MiB + 128 * 1024]
+    assert got == [2 * (8 * MiB + 128 * 1024)]
     # expandable segments: the allocated bytes unchanged, said in a note; an environment variable the reader does not
     # know is refused, naming it (NCCL_BUFFSIZE sizes NCCL's buffers)
     _, launch = workspaces(f"ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True\nMODEL_ARGS:\n  {args}")

@@ -196,8 +196,8 @@ def _read_env(r: Reading, env, args, impl, path, context) -> None:
     stream) and cuBLAS handles are per thread (CublasHandlePool.cpp: the thread_local PoolWindow reserves
     its own handle, ``cublas_handle_stream_to_workspace`` keys the workspace on it); the autograd engine runs
     the CUDA backward on its device thread, so the forward's PyTorch GEMMs (the output layer's, Megatron's
-    ColumnParallelLinear) and the backward's each hold one. Nothing is set where the GPU's compute
-    capability is unknown and the environment does not say."""
+    ColumnParallelLinear) and the backward's each hold one. Left to the profile's default (said in a note)
+    where a size depends on a compute capability the catalog does not record."""
     from mlsysim_plugins.measured.model import cublas_workspace_bytes
     env = dict(env or {})
     key, torch_ws, how, value = None, None, "", None
@@ -222,18 +222,16 @@ def _read_env(r: Reading, env, args, impl, path, context) -> None:
                                     "change memory")
         r.ignore(f"ENV_VARS.{name}")
     capability = _capability(getattr(context, "hardware", None))
-    if capability is None:
-        if key is not None:
-            r.note(f"{key}: the cuBLAS workspaces are not set (the GPU's compute capability is not in the "
-                   "catalog: TransformerEngine's workspace depends on it)")
+    if capability is None and (torch_ws is None or impl == "transformer_engine"):
+        r.note(f"{key or '--transformer-impl'}: the cuBLAS workspaces are left to the profile's default (the GPU's "
+               "compute capability is not in the catalog: PyTorch's default workspace and TransformerEngine's "
+               "depend on it)")
         return
     if torch_ws is None:
         torch_ws, default_how = cublas_workspace_bytes(capability)
-        key, how = "--transformer-impl" if impl == "transformer_engine" else None, default_how
-    if key is None:      # the local implementation without a workspace setting: the profile's default
-        return
-    te = (TE_WORKSPACE_SM90 if int(capability.split(".")[0]) >= 9 else TE_WORKSPACE_OTHER) \
-        if impl == "transformer_engine" else 0
+        key, how = "--transformer-impl", default_how
+    te = 0 if impl != "transformer_engine" else \
+        TE_WORKSPACE_SM90 if int(capability.split(".")[0]) >= 9 else TE_WORKSPACE_OTHER
     total = 2 * torch_ws + te
     why = (f"the cuBLAS workspaces: PyTorch's, {how}, x 2 (the forward's thread and the autograd engine's device "
            "thread each hold a cuBLAS handle, and the workspace is kept per (handle, stream): pytorch/pytorch "
