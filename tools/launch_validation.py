@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "launch"
 
 TT = "pytorch/torchtune v0.6.1 README.md"
+TT_E2E = "pytorch/torchtune v0.6.1 docs/source/tutorials/e2e_flow.rst"
+INIT = "allocated after model init"     # torchtune's "Memory stats after model init": the weights and buffers
 TT_PACKED = ["dataset.packed=True", "batch_size=2", "gradient_accumulation_steps=1", "compile=True"]
 LIT = "Lightning-AI/litgpt 26857050 config_hub/finetune/README.md"
 TITAN = "pytorch/torchtitan b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md"
@@ -62,6 +64,11 @@ ROWS = [
      [*TT_PACKED, "tokenizer.max_seq_len=2048"], None, "rtx-4090", "peak (unspecified)", 7.4, "GiB"),
     (f"{LIT}:27", "llama-2-7b full, 4x A10G", "litgpt/finetune/llama-2-7b/full.yaml", [], None, "a10g", "OOM",
      None, ""),
+    # torchtune's end-to-end tutorial logs the recipe's "Memory stats after model init" (GPU peak memory allocation)
+    # for its default LoRA config: the model's parameters and buffers, before any batch (its length does not
+    # matter: 2048 given since the file sets no maximum), compared with the prediction's weights.
+    (f"{TT_E2E}:116", "Llama 3.2 3B LoRA, after model init", "torchtune/llama3_2/3B_lora_single_device.yaml", [],
+     None, "rtx-4090", INIT, 6.21, "GiB"),
     # torchtitan's Table 1 "FSDP" row (no compile, no float8): Llama 3.1 8B, 8 GPUs, local batch 2, selective
     # (per-op) AC; run at torchtitan 9dec370 with train_configs/llama3_8b.toml (batch_size 1 there, 2 in the
     # table; its keys renamed in v0.2: training.batch_size -> training.local_batch_size). Its "Memory(GiB)" is
@@ -101,7 +108,8 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
     else:
         overrides_given = overrides
     try:
-        launch = from_launch([path], gpus=gpus, hardware=hardware, overrides=overrides_given)
+        launch = from_launch([path], gpus=gpus, hardware=hardware, overrides=overrides_given,
+                             seq_len=2048 if metric == INIT else None)
         result = launch.scenario.solve()
     except MlsysimError as err:
         field = getattr(err, "parameter", "?")
@@ -113,7 +121,9 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
         return (f"| {what} | `{file}` | OOM | {result.total_memory / 2**30:.2f} GiB total: {fits} in "
                 f"{result.hardware} | {'agrees' if not result.feasible else 'disagrees'} | {source} |")
     unexpressed = "not packed" in " ".join(f.note for r in launch.readings for f in r.fields if f.field == "seq_len")
-    if metric in ("allocated", "active"):
+    if metric == INIT:       # before any batch: the weights (parameters and buffers), whatever the data
+        predicted, label, unexpressed = result.weights / scale, "weights: parameters and buffers", False
+    elif metric in ("allocated", "active"):
         predicted = result.allocated_memory / scale
         label = "allocated"
     elif metric == "reserved":       # reserved: the total less the CUDA context (not PyTorch's)

@@ -86,7 +86,13 @@ def test_70b_fsdp_cpu_offload():
 def test_lora_and_qlora_builders():
     lora = from_launch([DATA / "llama3_2" / "3B_lora_single_device.yaml"], seq_len=2048).scenario
     assert lora.profile_options["lora"] == {"rank": 64, "target_modules": ["q_proj", "v_proj", "o_proj",
-                                                                          "gate_proj", "up_proj", "down_proj"]}
+                                                                          "gate_proj", "up_proj", "down_proj"],
+                                            "adapter_dtype": "base"}
+    # torchtune's adapters are in the model's dtype (bf16): rank 64 on q, v, o and the MLP of 28 layers
+    # (h 3072, kv 1024, ffn 8192), 2 B each, beside the 3,212,749,824 bf16 base parameters and 2 x 64 fp32 inv_freq
+    adapters = 28 * 64 * ((3072 + 3072) + (3072 + 1024) + (3072 + 3072) + 3 * (3072 + 8192))
+    assert adapters == 89_915_392
+    assert lora.solve().weights == 2 * 3_212_749_824 + 2 * adapters + 2 * 64 * 4
     qlora = from_launch([DATA / "llama3_2" / "3B_qlora_single_device.yaml"], seq_len=2048)
     table = qlora.scenario.profile_options["lora"]
     assert table["quantization"] == "nf4" and table["double_quant"] is True

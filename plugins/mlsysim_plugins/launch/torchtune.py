@@ -302,6 +302,12 @@ def _model(r: Reading, model, path, context) -> None:
         raise NotModelledError("model.apply_lora_to_output", output, "False (LoRA on the decoder layers' linears)",
                                f"{path}: a LoRA adapter on the output projection is not modelled")
     table = {"rank": as_int(rank, "model.lora_rank", path), "target_modules": targets}
+    # torchtune builds the LoRA model under set_default_dtype(dtype): the adapters are in the base's dtype (bf16
+    # with dtype: bf16), which the recipe asserts (validate_expected_param_dtype(adapter_params, dtype=self._dtype)),
+    # not peft's fp32 adapters over a 16-bit base
+    r.default("model._component_", "lora", {"adapter_dtype": "base"}, f"{REPO} recipes/lora_finetune_single_device.py "
+              "lines 431-481 (_setup_model), recipes/lora_finetune_distributed.py line 497",
+              "LoRALinear's lora_a/lora_b created in the model's dtype (torchtune/modules/peft/lora.py lines 91-92)")
     r.set("model.lora_rank", rank, "lora", {"rank": table["rank"]})
     r.set("model.lora_attn_modules", modules, "lora", {"target_modules": targets},
           "with apply_lora_to_mlp: gate_proj, up_proj, down_proj (torchtune's w1, w3, w2)" if mlp else "")
