@@ -92,7 +92,7 @@ def test_hand_derived_first_stage():
 @pytest.mark.parametrize("kw, name", [
     (dict(lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"), adapter_dtype="base")), "lora"),
     (dict(checkpointing="op-sac"), "activation_checkpointing"),
-    (dict(pp_size=1, tp_size=2, gradient_accumulation_steps=1), "tp_size"),
+    (dict(pp_size=1, cp_size=2, gradient_accumulation_steps=1), "cp_size"),
 ])
 def test_refused_by_name(kw, name):
     with pytest.raises(NotModelledError, match=name):

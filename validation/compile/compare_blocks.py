@@ -7,7 +7,8 @@ every phase.
 Each run is solved with the same shape (its ``hf_config``), batch, sequence, regime, AdamW foreach, SDPA on the
 CPU, no runtime overheads, and ``compile="blocks"`` for the per-block compiled runs (``None`` for the eager
 ones); ``policy="op-sac"`` or ``"full"``: that ``activation_checkpointing``; ``loss="chunked"``: ``loss="chunked"``;
-an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch; a LoRA run:
+an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch; a TP run (rank 0 of 2):
+``tp_size=2``, ``sequence_parallel=False``; a LoRA run:
 ``lora=LoRAConfig(rank, target_modules, adapter_dtype="base")`` (torchtune's adapters, in the model's dtype).
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
 """
@@ -37,7 +38,9 @@ def solve(run):
         lo = run["lora"]
         extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base")
     world = 1
-    if run.get("layout"):      # FSDP2, every block resharded after forward: the rank of a world of dp ranks
+    if run.get("layout", {}).get("kind") == "tp":      # tensor parallelism, no sequence parallelism: one replica
+        extra.update(tp_size=run["layout"]["world_size"], sequence_parallel=False)
+    elif run.get("layout"):      # FSDP2, every block resharded after forward: the rank of a world of dp ranks
         world = run["layout"]["world_size"]
         extra.update(dp_size=world, data_parallel="fsdp")
     return TrainingMemoryModel().solve(

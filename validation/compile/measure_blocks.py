@@ -96,6 +96,12 @@ CONFIGS = [
     _cfg("fp32", "eager", lora="qv"), _cfg("fp32", "blocks", lora="qv"),
     _cfg("bf16", "eager", vocab=1024, layers=3, seq=256, lora="all"),
     _cfg("bf16", "blocks", vocab=1024, layers=3, seq=256, lora="all"),
+    # Tensor parallelism (rank 0 of 2, the fake process group): torchtune 0.6.1's own plan (base_llama_tp_plan:
+    # vocab-parallel embedding, column-parallel q/k/v/w1/w3, row-parallel output_proj/w2, the LM head
+    # column-parallel with its logits all-gathered; the embedding left replicated: _tp) after prepare_mha_for_tp,
+    # then each block compiled (torchtitan's order: apply_tp, then apply_compile); untied.
+    _cfg("fp32", "eager", vocab=1024, layers=2, b=2, tied=False, layout="tp"),
+    _cfg("fp32", "blocks", vocab=1024, layers=2, b=2, tied=False, layout="tp"),
 ]
 
 
@@ -164,6 +170,24 @@ def _fsdp2(model, world):
     fully_shard(model, mesh=mesh)
 
 
+def _tp(model, world):
+    """torchtune 0.6.1's tensor parallelism (recipes/full_finetune_distributed.py: prepare_mha_for_tp, then
+    parallelize_module with base_llama_tp_plan)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtune import training
+    from torchtune.models.llama3._parallelism import base_llama_tp_plan
+    mesh = init_device_mesh("cpu", (world,))
+    training.prepare_mha_for_tp(model, mesh)
+    # The embedding stays replicated: with torch 2.13 the vocab-parallel embedding's all-reduce backward
+    # (RowwiseParallel(input_layouts=Replicate())) receives a plain tensor from the compiled first block's
+    # backward and fails ("AttributeError: 'Tensor' object has no attribute '_local_tensor'",
+    # torch/distributed/tensor/_redistribute.py); the eager twin runs the same plan, and the blocks' graphs do
+    # not depend on it (compare_blocks.py compares the compile delta).
+    plan = {k: v for k, v in base_llama_tp_plan().items() if k != "tok_embeddings"}
+    parallelize_module(model, mesh, plan)
+
+
 def _measure(cfg: dict) -> dict:
     from torchtune import training
     from torchtune.models.llama3_2._component_builders import llama3_2
@@ -181,6 +205,9 @@ def _measure(cfg: dict) -> dict:
         set_trainable_params(model, get_adapter_params(model))
     else:
         model = llama3_2(**cfg["torchtune"]).to(dtype)
+    tp = (cfg.get("layout") or {}).get("kind") == "tp"
+    if tp:
+        _tp(model, cfg["layout"]["world_size"])
     if cfg["policy"] == "op-sac":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         for i, layer in enumerate(model.layers):
@@ -194,7 +221,7 @@ def _measure(cfg: dict) -> dict:
         assert any(isinstance(m, TransformerSelfAttentionLayer) for m in model.modules())
     if cfg["policy"] == "full":     # torchtune recipes: after compile_model
         training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
-    if cfg.get("layout"):
+    if cfg.get("layout") and not tp:
         _fsdp2(model, cfg["layout"]["world_size"])
     if cfg["loss"] == "chunked":
         loss_fn = CEWithChunkedOutputLoss()
@@ -206,7 +233,13 @@ def _measure(cfg: dict) -> dict:
         if cfg["compile"] == "blocks":
             training.compile_loss(loss_fn, verbose=False)        # the recipe discards the return value
     step = Step(model, loss_fn)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if tp:      # the norms' weights stay plain tensors (FSDP makes them DTensors in the recipe): foreach AdamW
+        # refuses a DTensor and a plain tensor in one group, so they are a group of their own (a step's
+        # temporaries are per group: the larger group's, here the sharded one's, set the step's peak)
+        groups = [[p for p in params if hasattr(p, "to_local")], [p for p in params if not hasattr(p, "to_local")]]
+        params = [{"params": g} for g in groups if g]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, cfg["torchtune"]["vocab_size"], (cfg["batch_size"], cfg["seq_len"]), generator=g)
     t0 = time.perf_counter()

@@ -75,7 +75,9 @@ discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune
 log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
 partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
 stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
-validation/compile/measure_blocks_pp.py). With LoRA
+validation/compile/measure_blocks_pp.py), and tensor parallelism without sequence parallelism (torchtune's plan:
+each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
+2 of the fake process group). With LoRA
 (torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype, no checkpointing): the
 blocks' saved set on a joint graph whose base weights need no gradient (``lora_layer_saved``: a frozen matmul's
 input is not saved; the first block's input needs no gradient). Measured on torchtune's builders:
@@ -154,15 +156,37 @@ def prepare(plan, registry=None):
     if value == BLOCKS:
         # Data parallelism (DDP, FSDP/FSDP2, ZeRO) leaves each block's graph as on one device: the block's
         # forward and backward see gathered parameters and the rank's micro-batch; the rules price the
-        # rest (shards, gathers, buckets). Tensor, context, pipeline and expert parallelism change the graph.
+        # rest (shards, gathers, buckets). Context, expert and sequence parallelism change the graph.
         # Pipeline parallelism (torchtitan compiles each block of each stage's model chunk) leaves each block's
         # graph as on one device too: the stage holds its blocks' saved sets for each micro-batch in flight.
-        other = {k: getattr(plan, k) for k in ("tp_size", "cp_size", "ep_size") if getattr(plan, k) > 1}
+        # Tensor parallelism without sequence parallelism (torchtune's plan: column-parallel q, k, v, gate, up,
+        # row-parallel o, down, each output all-reduced; then each block compiled): the partitioner's set of the
+        # rank's DTensor graph is the single-device one with each op's output split as the op declares
+        # (layer_saved(..., tp)); measured on rank 0 of 2 of the fake process group.
+        other = {k: getattr(plan, k) for k in ("cp_size", "ep_size") if getattr(plan, k) > 1}
         if other:
             name, size = next(iter(other.items()))
-            raise NotModelledError(name, size, f"1 with compile={BLOCKS!r} (data and pipeline parallelism only: "
-                                   "dp_size, data_parallel, pp_size)", "a compiled block under tensor, context or "
-                                   "expert parallelism (its collectives and DTensor graphs) is not modelled")
+            raise NotModelledError(name, size, f"1 with compile={BLOCKS!r} (data, pipeline and tensor parallelism "
+                                   "without sequence parallelism: dp_size, data_parallel, pp_size, tp_size)",
+                                   "a compiled block under context or expert parallelism (its collectives and "
+                                   "DTensor graphs) is not modelled")
+        if plan.tp_size > 1 and plan.sequence_parallel:
+            raise NotModelledError("sequence_parallel", True, f"False with compile={BLOCKS!r} and tp_size > 1",
+                                   "sequence parallelism inside a compiled block (torchtitan's TP plan, always "
+                                   "sequence-parallel) is not measured: the partitioner sees the all-gathers before "
+                                   "attention and the MLP and the reduce-scatters after them as functional "
+                                   "collectives, outside its recomputable allow-list, so whether the gathered "
+                                   "inputs are saved (eager keeps them) or re-gathered is its choice; and torch "
+                                   "2.13 fails the backward of a vocabulary-parallel embedding feeding a compiled "
+                                   "block on the CPU (DTensor's redistribute receives a plain tensor)")
+        if plan.tp_size > 1 and (o.lora is not None or o.loss not in (None, "cross_entropy")
+                                 or plan.activation_checkpointing not in (None, "none")):
+            name = ("lora" if o.lora is not None else "loss" if o.loss not in (None, "cross_entropy")
+                    else "activation_checkpointing")
+            value = o.lora if name == "lora" else o.loss if name == "loss" else plan.activation_checkpointing
+            raise NotModelledError(name, value, f"the default with compile={BLOCKS!r} and tp_size > 1",
+                                   "compiled blocks under tensor parallelism are measured without LoRA, a chunked "
+                                   "loss and checkpointing")
         if plan.pp_size > 1 and (o.lora is not None or plan.activation_checkpointing not in (None, "none")):
             name = "lora" if o.lora is not None else "activation_checkpointing"
             raise NotModelledError(name, getattr(o, name, None) if name == "lora" else plan.activation_checkpointing,
@@ -287,24 +311,32 @@ def _ops(shape, regime, kernel, seq_len):
 
 # --- the bytes ---------------------------------------------------------------------------------
 
-def layer_saved(shape, regime, kernel, seq_len) -> tuple[float, str]:
+def layer_saved(shape, regime, kernel, seq_len, tp: int = 1) -> tuple[float, str]:
     """Bytes per token one compiled layer saves (its input, the previous layer's output, not included:
-    counted as the residual the reduced op makes), and how."""
+    counted as the residual the reduced op makes), and how. Under tensor parallelism (``tp`` ranks, no
+    sequence parallelism) the rank's graph saves the same tensors, each op's output split as it declares
+    (``OpOutput.split``: the column-parallel outputs and SDPA's / tp, the all-reduced outputs of the
+    row-parallel ops and the norms whole), the matmul-fed products as the op they follow."""
+    from .layer_ops import TP
     c = regime.compute
     ops = _ops(shape, regime, kernel, seq_len)
-    declared = sum(op.nbytes for op in ops)
+
+    def share(op):
+        return op.nbytes / tp if op.split == TP else op.nbytes
+    declared = sum(share(op) for op in ops)
     norms = shape.family.layer_norms * (c * shape.hidden + 4)
     # The input of a row-parallel (reduced) linear that follows another matmul is a fused pointwise
     # product of matmul outputs (SiLU(gate) x up; GELU(fc)): materialized, the preceding op's size.
-    products = sum(prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm")
+    products = sum(share(prev) for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm")
     # With the mask materialized (below), Hugging Face's sdpa_attention_forward does not pass enable_gqa
     # (use_gqa_in_sdpa needs attention_mask None): k and v are repeated to every query head (repeat_kv) and
     # SDPA saves the repeated copies, at the query's width.
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    repeated = 2 * c * (q - kv) if kernel.sdpa else 0
+    repeated = 2 * c * (q - kv) / tp if kernel.sdpa else 0
     how = (f"op outputs {_n(declared)} ({', '.join(op.name for op in ops)}) + {shape.family.layer_norms} norms x "
            f"(c h + 4) {_n(norms)} + matmul-fed products {_n(products)}"
-           + (f" + k, v repeated to the {shape.heads} query heads {_n(repeated)}" if repeated else ""))
+           + (f" + k, v repeated to the {shape.heads} query heads {_n(repeated)}" if repeated else "")
+           + (f"; tp={tp} splits the column-parallel outputs, norms and residual stream whole" if tp > 1 else ""))
     return declared + norms + products + repeated, how
 
 
@@ -426,7 +458,7 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
     s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
     c = regime.compute
     if not _full(plan):
-        per_token, how = layer_saved(s, regime, kernel, plan.seq_len)
+        per_token, how = layer_saved(s, regime, kernel, plan.seq_len, ctx.tensor)
         # A pipeline stage (compile="blocks"): its blocks' sets for each micro-batch in flight.
         n = plan.rank.in_flight if plan.rank is not None else 1
         flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
