@@ -36,9 +36,10 @@ def err(rid, phase):
 def test_every_run_is_measured_and_predicted():
     """Every run but the two of torchtune's full checkpointing around compiled layers (refused); the LoRA runs:
     test_compile_lora.py."""
-    assert len(RUNS) == 16 + 8 + 2
+    assert len(RUNS) == 16 + 8 + 2 + 2
     refused = sorted(r for r, v in ROWS.items() if not isinstance(v[0], dict))
-    assert refused == ["tt-llama3_2-2l-v32000-fp32-blocks-full-b1-s512", "tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512"]
+    assert refused == ["tt-llama3_2-2l-v32000-fp32-blocks-full-b1-s512", "tt-llama3_2-2l-v32000-fp32-blocks-full-in-b1-s512",
+                       "tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512", "tt-llama3_2-3l-v1024-fp32-blocks-full-in-b2-s512"]
     assert all("activation_checkpointing='full'" in str(ROWS[r][0]) for r in refused)
 
 
@@ -52,6 +53,22 @@ def test_full_checkpointing_around_compiled_layers_what_is_measured():
     assert c["alive"]["end_of_forward"] == e["alive"]["end_of_forward"]
     T = 2 * 512
     assert c["peak_by_phase"]["forward"] == 3 * T * 256 * 4 + 3 * 5056 + 16_488 * T
+
+
+def test_full_checkpointing_in_torchtitans_order_what_is_measured():
+    """torchtitan wraps each block in checkpoint_wrapper, then compiles it (the checkpoint inside the graph): the
+    end of the forward is eager full checkpointing's again, the forward's peak within 0.4 % of eager's; the
+    backward's recompute moment differs from torchtune's order by 4.9 MB on the 3-layer cell (not derived:
+    refused), and on the 32,000-token cell the loss sets every phase, equal in all three runs."""
+    e = RUNS["tt-llama3_2-3l-v1024-fp32-eager-full-b2-s512"]["measured"]
+    tune = RUNS["tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512"]["measured"]
+    titan = RUNS["tt-llama3_2-3l-v1024-fp32-blocks-full-in-b2-s512"]["measured"]
+    assert titan["alive"]["end_of_forward"] == e["alive"]["end_of_forward"]
+    assert abs(titan["peak_by_phase"]["forward"] - e["peak_by_phase"]["forward"]) < 0.004 * e["peak_by_phase"]["forward"]
+    assert titan["peak_by_phase"]["backward"] - tune["peak_by_phase"]["backward"] == 4_931_584
+    big = [RUNS[f"tt-llama3_2-2l-v32000-fp32-{k}-b1-s512"]["measured"] for k in ("eager-full", "blocks-full",
+                                                                               "blocks-full-in")]
+    assert big[0]["peak_by_phase"] == big[1]["peak_by_phase"] == big[2]["peak_by_phase"]
 
 
 def test_every_compiled_run_every_phase_within_the_issue_targets():

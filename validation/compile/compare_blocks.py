@@ -46,7 +46,7 @@ def solve(run):
     return TrainingMemoryModel().solve(
         model, HardwareNode(name="unbounded", memory_capacity=2**60), run["batch_size"] * world, run["seq_len"],
         run["regime"],
-        "adamw", {"op-sac": "op-sac", "full": "full"}.get(run["policy"], "none"), profile="measured", regime=run["regime"],
+        "adamw", {"op-sac": "op-sac", "full": "full", "full-in": "full"}.get(run["policy"], "none"), profile="measured", regime=run["regime"],
         attention="sdpa", device="cpu", runtime_overheads=False,
         compile="blocks" if run["compile"] == "blocks" else None, **extra)
 

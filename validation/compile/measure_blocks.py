@@ -84,6 +84,11 @@ CONFIGS = [
     _cfg("fp32", "eager", policy="full"), _cfg("fp32", "blocks", policy="full"),
     _cfg("fp32", "eager", vocab=1024, b=2, layers=3, policy="full"),
     _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, policy="full"),
+    # torchtitan's order (apply_ac, then apply_compile): each block wrapped in checkpoint_wrapper (full, non-reentrant,
+    # preserve_rng_state False as torchtitan's _apply_ac_to_transformer_block), then the wrapped block compiled
+    # (fullgraph): the checkpoint inside the compiled graph.
+    _cfg("fp32", "blocks", policy="full-in"),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, policy="full-in"),
     # FSDP2 (rank 0 of 2, the fake process group; torchtitan's order: each block compiled, then fully_shard on
     # it, reshard_after_forward True, the root fully_shard'ed last): eager and per-block compiled.
     _cfg("fp32", "eager", layout="fsdp2"), _cfg("fp32", "blocks", layout="fsdp2"),
@@ -212,6 +217,10 @@ def _measure(cfg: dict) -> dict:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         for i, layer in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(layer, context_fn=_op_sac_context(), preserve_rng_state=False)
+    if cfg["policy"] == "full-in":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
     if cfg["compile"] == "blocks":
         if cfg["policy"] in ("none", "full") and not cfg.get("layout"):
             training.compile_model(model, verbose=False)        # torchtune: each TransformerSelfAttentionLayer

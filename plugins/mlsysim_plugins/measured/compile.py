@@ -216,8 +216,12 @@ def prepare(plan, registry=None):
     per_block = value == BLOCKS
     if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac":
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
-                               f"none or op-sac with compile={BLOCKS!r}", "a checkpointed block compiled apart (its recompute "
-                               "inside the block's backward graph) is not modelled")
+                               f"none or op-sac with compile={BLOCKS!r}", "a checkpointed block compiled apart: its "
+                               "forward is eager full checkpointing's (measured), but the backward's recompute moment "
+                               "depends on the order, torchtune's (the compiled block re-run inside checkpoint_wrapper, "
+                               "its whole saved set, then its backward graph) or torchtitan's (the checkpoint inside "
+                               "the compiled graph: the recompute in its backward graph, Inductor's schedule), and is "
+                               "not derived (docs/compile.md)")
     blocks = o.checkpointed_layers
     if spec.recomputes not in (NOTHING, LAYERS) and not per_block:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
