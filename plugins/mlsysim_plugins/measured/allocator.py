@@ -374,7 +374,9 @@ def fsdp2_streams(plan, placement) -> tuple[SideStream, ...]:
     accumulating = plan.gradient_accumulation_steps > 1
     gathered = gathered_bytes(plan)
     return (SideStream("reduce-scatter", grads, f"the sharded gradients ({layers} layers and the root group, "
-                                                  f"{g} B a parameter / {n})",
+                                                  f"{g} B a parameter / {n}; dead from zero_grad to the backward: "
+                                                  "idle at the activations' peak, counted twice were the peak the "
+                                                  "optimizer step's)",
                        counted=sum(grads) if accumulating else 0),
             SideStream("all-gather copy-in", (root * gathered, layer * gathered),
                        f"the flat all-gather outputs of the root group and one layer ({gathered} B a parameter)"))

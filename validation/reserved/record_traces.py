@@ -1,0 +1,136 @@
+"""Record the allocation trace of small training steps on the CPU, for replay through the caching allocator.
+
+    /tmp/valvenv/bin/python validation/reserved/record_traces.py      # torch 2.13.0 CPU; ~1-2 min on 2 cores
+
+Writes ``validation/reserved/traces/<id>.json.gz`` (every allocation and free, in order, from before the
+model is built to the end of the third iteration, with the phase markers of each iteration) and
+``validation/reserved/traces.json`` (the configurations, environment and what each trace holds).
+``replay_traces.py`` replays them through ``mlsysim_plugins.measured.allocator.CachingAllocator``
+(no torch needed) and compares with the measured profile's reserve mechanism.
+
+How: ``torch.profiler.profile(activities=[CPU], profile_memory=True)`` around the whole run records each
+allocation of the CPU allocator (``_EventType.Allocation``: its address and ``alloc_size``, negative for a
+free), in time order, with no dispatch mode; the phases are ``record_function("phase::<iteration>:<name>")``
+ranges (``zero_grad``, ``forward``, ``backward``, ``optimizer``) of harness.py's protocol (two warm-ups, the
+third measured: ``zero_grad(set_to_none=True)``, forward with the loss, backward, ``del loss``, step).
+A free is paired with the latest allocation at its address. What the CPU trace cannot show: the CUDA
+kernels' own workspaces and the CUDA SDPA kernels' temporaries (the CPU runs PyTorch's CPU kernels), and
+side streams (everything here runs on one stream).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+from torch._C._profiler import _EventType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+import harness  # noqa: E402  (validation/harness.py)
+
+PREFIX = "phase::"
+
+
+def llama(hidden, layers, heads, kv, ffn, vocab):
+    return {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+# Widths chosen so the tensors fall in each of the allocator's size classes: at most 1 MiB (small pool),
+# 1-10 MiB (split from 20 MiB segments) and above 10 MiB (a segment each, rounded to 2 MiB).
+CONFIGS = [
+    {"id": "llama-h1024-l2-fp32-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000), "regime": "fp32",
+     "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256, "attention": "sdpa"},
+    {"id": "llama-h512-l4-fp32-b4-s256-forloop", "hf_config": llama(512, 4, 8, 8, 1376, 16000), "regime": "fp32",
+     "optimizer": "adamw", "optimizer_impl": "for-loop", "batch_size": 4, "seq_len": 256, "attention": "sdpa"},
+    {"id": "llama-h1024-l2-fp32-b2-s256-full-ckpt", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
+     "regime": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 2, "seq_len": 256,
+     "attention": "sdpa", "checkpointing": "full"},
+]
+
+
+def record(cfg: dict) -> dict:
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function(PREFIX + "build"):
+            model, input_ids = harness.build_model(cfg)
+            optimizer = harness.build_optimizer(model.parameters(), cfg["optimizer"], cfg["optimizer_impl"])
+        for it in range(3):
+            with record_function(f"{PREFIX}{it}:zero_grad"):
+                optimizer.zero_grad(set_to_none=True)
+            with record_function(f"{PREFIX}{it}:forward"):
+                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            with record_function(f"{PREFIX}{it}:backward"):
+                loss.backward()
+                del loss
+            with record_function(f"{PREFIX}{it}:optimizer"):
+                optimizer.step()
+    allocations = []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation and str(node.extra_fields.device) == "cpu":
+            allocations.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    phases = sorted((e.start_ns(), e.name()[len(PREFIX):]) for e in prof.profiler.kineto_results.events()
+                    if e.name().startswith(PREFIX))
+    marks = [(t, 0, name) for t, name in phases]
+    timeline = sorted([(t, 1, (ptr, n)) for t, ptr, n in allocations] + marks, key=lambda r: (r[0], r[1]))
+    events, live, next_key = [], {}, 0
+    unknown_frees = 0
+    for _, kind, what in timeline:
+        if kind == 0:
+            events.append(["phase", what])
+            continue
+        ptr, n = what
+        if n > 0:
+            live[ptr] = next_key
+            events.append(["alloc", next_key, int(n)])
+            next_key += 1
+        else:
+            key = live.pop(ptr, None)
+            if key is None:
+                unknown_frees += 1
+                continue
+            events.append(["free", key])
+    return {"events": events, "allocations": next_key, "frees_of_unknown_blocks": unknown_frees,
+            "alive_at_end": len(live)}
+
+
+def main() -> None:
+    os.makedirs(os.path.join(HERE, "traces"), exist_ok=True)
+    torch.set_num_threads(2)
+    summary = []
+    for cfg in CONFIGS:
+        t0 = time.perf_counter()
+        rec = record(cfg)
+        path = os.path.join(HERE, "traces", cfg["id"] + ".json.gz")
+        with gzip.GzipFile(path, "wb", mtime=0) as f:
+            f.write(json.dumps(rec["events"], separators=(",", ":")).encode())
+        summary.append({**cfg, "trace": os.path.relpath(path, HERE), "allocations": rec["allocations"],
+                        "frees_of_unknown_blocks": rec["frees_of_unknown_blocks"],
+                        "alive_at_end": rec["alive_at_end"], "wall_s": round(time.perf_counter() - t0, 1)})
+        print(cfg["id"], rec["allocations"], "allocations", f"{time.perf_counter() - t0:.1f} s", flush=True)
+    doc = {"generator": "python validation/reserved/record_traces.py",
+           "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                           **harness.versions("transformers")},
+           "runs": summary}
+    with open(os.path.join(HERE, "traces.json"), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
