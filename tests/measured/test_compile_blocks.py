@@ -34,13 +34,9 @@ def err(rid, phase):
 
 
 def test_every_run_is_measured_and_predicted():
-    """Every run but the two of torchtune's full checkpointing around compiled layers (refused); the LoRA runs:
-    test_compile_lora.py."""
-    assert len(RUNS) == 16 + 8 + 2 + 2
-    refused = sorted(r for r, v in ROWS.items() if not isinstance(v[0], dict))
-    assert refused == ["tt-llama3_2-2l-v32000-fp32-blocks-full-b1-s512", "tt-llama3_2-2l-v32000-fp32-blocks-full-in-b1-s512",
-                       "tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512", "tt-llama3_2-3l-v1024-fp32-blocks-full-in-b2-s512"]
-    assert all("activation_checkpointing='full'" in str(ROWS[r][0]) for r in refused)
+    """Every run is predicted (the LoRA runs: test_compile_lora.py)."""
+    assert len(RUNS) == 16 + 8 + 2 + 2 + 4
+    assert all(isinstance(v[0], dict) for v in ROWS.values())
 
 
 def test_full_checkpointing_around_compiled_layers_what_is_measured():
@@ -58,8 +54,8 @@ def test_full_checkpointing_around_compiled_layers_what_is_measured():
 def test_full_checkpointing_in_torchtitans_order_what_is_measured():
     """torchtitan wraps each block in checkpoint_wrapper, then compiles it (the checkpoint inside the graph): the
     end of the forward is eager full checkpointing's again, the forward's peak within 0.4 % of eager's; the
-    backward's recompute moment differs from torchtune's order by 4.9 MB on the 3-layer cell (not derived:
-    refused), and on the 32,000-token cell the loss sets every phase, equal in all three runs."""
+    backward's recompute moment is 4.9 MB above torchtune's order on the 3-layer cell, and on the 32,000-token
+    cell the loss sets every phase, equal in all three runs."""
     e = RUNS["tt-llama3_2-3l-v1024-fp32-eager-full-b2-s512"]["measured"]
     tune = RUNS["tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512"]["measured"]
     titan = RUNS["tt-llama3_2-3l-v1024-fp32-blocks-full-in-b2-s512"]["measured"]
@@ -71,11 +67,41 @@ def test_full_checkpointing_in_torchtitans_order_what_is_measured():
     assert big[0]["peak_by_phase"] == big[1]["peak_by_phase"] == big[2]["peak_by_phase"]
 
 
+FULL_IN = ("tt-llama3_2-3l-v1024-fp32-blocks-full-in-b2-s512", "tt-llama3_2-3l-v1024-kv2-fp32-blocks-full-in-b2-s512",
+           "tt-llama3_2-3l-v1024-bf16-blocks-full-in-b1-s256", "tt-llama3_2-2l-v32000-fp32-blocks-full-in-b1-s512")
+
+
+def test_full_checkpointing_in_torchtitans_order_is_predicted():
+    """compile="blocks" with full checkpointing is torchtitan's order: every phase of its runs within 3 % (the bf16
+    forward: torchtune's LM head, as its eager twin). The backward peak on the layer-dominated fp32 cells, MHA and
+    GQA alike, is 983,040 B under the measurement: one T x h x 4 tensor alive at layer 0's moment that the eager
+    structure (last_moments) does not count, less the RoPE tables' 65,536 B (the eager MHA twin sits there too,
+    -988,040 B); bf16 -2.2 % (not derived); the loss-dominated cell +0.02 %."""
+    for rid in FULL_IN:
+        for phase in PHASES:
+            assert abs(err(rid, phase)) < 0.03, (rid, phase, err(rid, phase))
+    for rid in FULL_IN[:2]:
+        assert abs(ROWS[rid][0]["backward"] - ROWS[rid][1]["backward"] + 983_040) <= 64, rid
+    e = "tt-llama3_2-3l-v1024-fp32-eager-full-b2-s512"
+    assert ROWS[e][0]["backward"] - ROWS[e][1]["backward"] == -988_040
+
+
+def test_torchtunes_order_differs_as_the_note_says():
+    """torchtune's recipes compile each layer, then wrap it (the `-blocks-full-` rows): priced as torchtitan's
+    order, their forward peak is 10.2 % above the prediction (the top compiled block's whole saved set before
+    the checkpoint drops it) and their backward peak 6.5 % below (the recompute outside the backward graph):
+    what BLOCKS_FULL, the note every such result carries, says."""
+    rid = "tt-llama3_2-3l-v1024-fp32-blocks-full-b2-s512"
+    assert -0.103 < err(rid, "forward") < -0.101 and 0.064 < err(rid, "backward") < 0.066
+    r = compare_blocks.solve(RUNS[rid])
+    assert any("torchtune's recipes compile each layer, then wrap it" in n for n in r.notes)
+
+
 def test_every_compiled_run_every_phase_within_the_issue_targets():
     """Issue 25's targets (median <= 1 %, max <= 5 %) on every phase of the compiled runs but the bf16 forward
     (the eager torchtune LM head, not the blocks: test below); every one within 0.6 % (op-SAC's end of the
     forward: test_op_sac_blocks_keep_one_residual_less_per_block)."""
-    compiled = [r for r in RUNS if "-blocks-" in r and "fsdp2" not in r and "-full-" not in r   # FSDP2: below
+    compiled = [r for r in RUNS if "-blocks-" in r and "fsdp2" not in r and "-full" not in r    # FSDP2: below
                 and "-lora-" not in r and "-tp-" not in r]                    # LoRA: its own tests; TP: below
     assert len(compiled) == 7
     for phase in PHASES:
@@ -86,7 +112,7 @@ def test_every_compiled_run_every_phase_within_the_issue_targets():
 
 def test_the_compiled_backward_peak_within_a_fifth_of_a_percent():
     for rid in RUNS:
-        if "fsdp2" not in rid and "-blocks-full-" not in rid and "-blocks-op-sac-" not in rid and "-tp-" not in rid:
+        if "fsdp2" not in rid and "-full" not in rid and "-blocks-op-sac-" not in rid and "-tp-" not in rid:
             # (the eager full-checkpointing twin: the eager profile's recompute set on torchtune's model, -1.45 %)
             assert abs(err(rid, "backward")) < (0.015 if "-eager-" in rid else 0.0019), (rid, err(rid, "backward"))
 
@@ -187,7 +213,8 @@ def test_compiled_chunked_loss_saves_the_chunks_logits_not_the_log_softmax():
 
 
 @pytest.mark.parametrize("kw, name", [
-    (dict(checkpointing="full"), "activation_checkpointing"),
+    (dict(checkpointing="full", checkpointed_layers=1), "activation_checkpointing"),
+    (dict(checkpointing="full", dp_size=2, data_parallel="fsdp"), "activation_checkpointing"),
     (dict(checkpointing="selective"), "activation_checkpointing"),
     (dict(loss="fused_linear"), "loss"),
     (dict(cp_size=2), "cp_size"),

@@ -89,6 +89,10 @@ CONFIGS = [
     # (fullgraph): the checkpoint inside the compiled graph.
     _cfg("fp32", "blocks", policy="full-in"),
     _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, policy="full-in"),
+    _cfg("fp32", "eager", vocab=1024, b=2, layers=3, kv=2, policy="full"),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, kv=2, policy="full-in"),
+    _cfg("bf16", "eager", vocab=1024, b=1, seq=256, layers=3, policy="full"),
+    _cfg("bf16", "blocks", vocab=1024, b=1, seq=256, layers=3, policy="full-in"),
     # FSDP2 (rank 0 of 2, the fake process group; torchtitan's order: each block compiled, then fully_shard on
     # it, reshard_after_forward True, the root fully_shard'ed last): eager and per-block compiled.
     _cfg("fp32", "eager", layout="fsdp2"), _cfg("fp32", "blocks", layout="fsdp2"),

@@ -73,7 +73,8 @@ composite in 16 bits), LM head and loss eager, the loss as the eager profile pri
 discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune's compiled
 ``compute_cross_entropy`` (each chunk's logits and a per-token max and log-sum-exp saved, no fp32
 log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
-partitioner honours the SAC tags); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
+partitioner honours the SAC tags); full checkpointing in torchtitan's order (``blocks_full_terms``: the
+checkpoint inside each compiled block, its recompute in the block's backward graph); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
 stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
 validation/compile/measure_blocks_pp.py), and tensor parallelism without sequence parallelism (torchtune's plan:
 each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
@@ -89,6 +90,8 @@ transfers; the transient peaks are measured on the CPU's Inductor (C++ kernels) 
 """
 
 from __future__ import annotations
+
+import attrs
 
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, MemoryTerm
@@ -122,6 +125,13 @@ BLOCKS_NOTE = ("compile='blocks': each decoder block torch.compile'd apart (torc
                "apply_compile): the blocks' saved set is the partitioner's (no mask: SDPA is_causal; k and v expanded "
                "to the query heads as torchtune's and torchtitan's attention do); the embedding, final norm, LM head "
                "and loss run eagerly and are priced as eager (validation/compile/measure_blocks.py, torchtune 0.6.1)")
+
+
+BLOCKS_FULL = ("compile='blocks' with full checkpointing: torchtitan's order (apply_ac, then apply_compile: the "
+               "checkpoint inside each compiled block, its recompute in the block's backward graph). torchtune's "
+               "recipes compile each layer, then wrap it in checkpoint_wrapper: measured on a 3-layer cell, their "
+               "forward peak is 10 % above this (the compiled block's whole saved set before the checkpoint drops "
+               "it) and their backward peak 6.5 % below (docs/compile.md)")
 
 
 def blocks(plan) -> bool:
@@ -214,14 +224,13 @@ def prepare(plan, registry=None):
                                "the compiled forms of the other loss implementations are not modelled")
     spec = spec_of(plan)
     per_block = value == BLOCKS
-    if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac":
+    if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac" and not (
+            spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers) and not is_parallel(plan)):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
-                               f"none or op-sac with compile={BLOCKS!r}", "a checkpointed block compiled apart: its "
-                               "forward is eager full checkpointing's (measured), but the backward's recompute moment "
-                               "depends on the order, torchtune's (the compiled block re-run inside checkpoint_wrapper, "
-                               "its whole saved set, then its backward graph) or torchtitan's (the checkpoint inside "
-                               "the compiled graph: the recompute in its backward graph, Inductor's schedule), and is "
-                               "not derived (docs/compile.md)")
+                               f"none, op-sac or full (every layer, one device) with compile={BLOCKS!r}",
+                               "a block checkpointed in part, or under a parallel layout, compiled apart: its "
+                               "recompute inside the block's backward graph is measured for full checkpointing on "
+                               "one device only (docs/compile.md)")
     blocks = o.checkpointed_layers
     if spec.recomputes not in (NOTHING, LAYERS) and not per_block:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
@@ -255,8 +264,7 @@ def prepare(plan, registry=None):
                                "declared")
     notes = (BLOCKS_NOTE,) if per_block else (NOTE,)
     if spec.recomputes == LAYERS:
-        notes += (APPROXIMATE,)
-    import attrs
+        notes += (BLOCKS_FULL,) if per_block else (APPROXIMATE,)
     return attrs.evolve(plan, notes=plan.notes + notes)
 
 
@@ -491,6 +499,8 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
                             + (f" - T x h x {c} B (the last block's output, counted in the blocks' set: the eager "
                                "final norm keeps its fp32 copy, not it)" if last else "") + ")" + flying))
         return out
+    if blocks(plan):
+        return blocks_full_terms(plan, placement)
     rng = _rng(plan)
     h, b, seq = s.hidden, plan.microbatch, plan.seq_len
     per_token, how = layer_saved(s, regime, kernel, seq)
@@ -532,6 +542,40 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
                 f"{_n(product)} (the gradients of the gated product, gate and up) + {_n(sdpa_grads)} (SDPA's input "
                 "gradients)); approximate: Inductor's schedule of the recomputation inside one backward graph")))
             if t.nbytes or FORWARD not in t.phases or BACKWARD in t.phases]     # (no forward excess: no term)
+
+
+def blocks_full_terms(plan, placement) -> list[MemoryTerm]:
+    """compile="blocks" with full checkpointing, in torchtitan's order (parallelize_llama.py: ``apply_ac`` wraps
+    each block in ``checkpoint_wrapper``, then ``apply_compile`` compiles the wrapped block: the checkpoint
+    inside the graph). The partitioner makes the checkpointed region's nodes ``MUST_RECOMPUTE``: the forward
+    keeps each block's input, as eager full checkpointing does (measured: the end of the forward equal to
+    eager's to the byte). The backward graph of a block recomputes its forward and runs its backward in
+    Inductor's order; its peak is the MLP's backward: the recomputed set (the block's compiled saved set,
+    ``layer_saved``, but its output, which is not recomputed) with the gated product's three gradients
+    (the product's, gate's and up's: 3 x T x the product's size) alive, no weight gradient of the block born
+    yet (measured event by event on the 3-layer cell: every block's segment the same). The backward's end is
+    eager's structure (``checkpointing_policies.last_moments``: the other layers' gradients, layer 0's input
+    and output gradient, the RoPE tables, or the embedding's backward, the larger) with this set in place of
+    the eager recompute's."""
+    from . import model
+    from ..checkpointing_policies import _mlp_backward_peak, last_moments
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
+    per_token, how = layer_saved(s, regime, kernel, plan.seq_len, ctx.tensor)
+    ops = _ops(s, regime, kernel, plan.seq_len)
+    product = max((prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm"), default=0)
+    output = ops[-1].nbytes if ops[-1].reduced else 0
+    work = (per_token - output + 3 * product) * T
+    lb = model.layer_bytes(plan, ctx)
+    eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, plan.gradient_accumulation_steps > 1)
+    end = last_moments(plan, placement, ctx, attrs.evolve(lb, saved=work - eager_mlp), kept=0, unborn_layers=1)
+    r = regime.residual
+    return [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=L * r * T * s.hidden,
+                       phases=SAVED, formula=f"{L} layers x T x h x {r} B (the compiled checkpointed blocks' inputs)"),
+            attrs.evolve(end, formula=f"layer 0's compiled recompute: T x ({_n(per_token)} (the block's compiled "
+                                      f"set: {how}) - {_n(output)} (its output, not recomputed) + 3 x {_n(product)} "
+                                      f"(the gated product's, gate's and up's gradients)) = {_n(work)} B in place of "
+                                      "the eager recompute; " + end.formula)]
 
 
 def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
