@@ -284,7 +284,13 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         grad_b = regime.gradient or 4
         E = shape.embedding_parameters / t
         on_tp = f" / tp={t}" if t != 1 else ""
-        if shape.tied and last:
+        # A data-parallel rule whose hook makes the tied gradient its own way (Megatron's with
+        # gradient_accumulation_fusion) says so through its options object's tied_gradient_terms.
+        tied_terms = getattr(plan.options.get(plan.rules.get("dp")), "tied_gradient_terms", None)
+        own = tied_terms(plan, placement) if shape.tied and last and tied_terms is not None else None
+        if own is not None:
+            terms.extend(own)
+        elif shape.tied and last:
             add(MemoryTerm(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
                            nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
                            formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
