@@ -113,12 +113,15 @@ def test_fsdp2_pools_hand_derived():
     218,112,000 parameters, the root group 2 x 128,256 x 4096 + 4096 = 1,050,677,248. Reduce-scatter stream:
     each layer's fp32 shard 218,112,000 / 8 x 4 = 109,056,000 B gets a segment rounded to 2 MiB (53 x 2 MiB
     = 111,149,056 B), the root's 525,338,624 B 251 x 2 MiB = 526,385,152 B: 32 x 111,149,056 + 526,385,152 =
-    4,083,154,944 B. All-gather copy-in stream: the root's bf16 output 2,101,354,496 B (1003 x 2 MiB =
-    2,103,443,456) and one layer's 436,224,000 B (209 x 2 MiB = 438,304,768): 2,541,748,224 B."""
+    4,083,154,944 B. All-gather copy-in stream (bf16 casts of fp32 shards): the root's input copy 262,669,312 B
+    (126 x 2 MiB = 264,241,152), its output 2,101,354,496 B (1003 x 2 MiB = 2,103,443,456); the input freed,
+    a layer's input 54,528,000 B is split from its block, the layer's output 436,224,000 B fits no free block
+    (209 x 2 MiB = 438,304,768); the next layer's output is split from the root's freed output:
+    264,241,152 + 2,103,443,456 + 438,304,768 = 2,805,989,376 B."""
     r = _solve({"cuda_context": 0, "nccl_buffers": 0, "allocator": "segments"})
     terms = {t.label: t for t in r.terms_of("runtime_overheads")}
     assert terms["allocator: reduce-scatter stream pool"].nbytes == 4_083_154_944
-    assert terms["allocator: all-gather copy-in stream pool"].nbytes == 2_541_748_224
+    assert terms["allocator: all-gather copy-in stream pool"].nbytes == 2_805_989_376
     assert "4,015,130,624 B" in terms["allocator: reduce-scatter stream pool"].formula
     rounding = terms["allocator: block and segment rounding (model states)"]
     assert "Not priced: the default stream's fragmentation" in rounding.formula
@@ -149,7 +152,9 @@ def test_expandable_segments_pack_the_pools():
     pools = {t.label: t.nbytes for t in r.terms_of("runtime_overheads")}
     # one segment per stream, 20 MiB pages: ceil(4,015,130,624 / 20 MiB) = 192 pages
     assert pools["allocator: reduce-scatter stream pool"] == 192 * 20 * MiB
-    assert pools["allocator: all-gather copy-in stream pool"] == 122 * 20 * MiB    # 2,537,578,496 B: 121.0 pages
+    # the root's input 13 pages (262,669,312 B), its output the 9,960,448 B left + 100 pages, a layer's input
+    # split from the root's freed input, its output the 5,757,952 B left + 21 pages: 134 pages
+    assert pools["allocator: all-gather copy-in stream pool"] == 134 * 20 * MiB
 
 
 def test_single_device_has_no_side_stream_pools():
@@ -219,3 +224,17 @@ def test_docs_validation_shows_the_generated_tables():
     text = (ROOT / "docs" / "validation.md").read_text()
     assert _script("published").table(json.loads((RESERVED / "published_results.json").read_text())) in text
     assert _script("replay_traces").table(_recorded()) in text
+
+
+def test_fsdp2_side_stream_pools_equal_the_replayed_trace():
+    """The FSDP2 trace (rank 0 of 2, each allocation tagged with its stream) replays to exactly the pools the
+    mechanism declares, with expandable segments off and on; the default stream is not priced."""
+    runs = [r for r in _recorded()["runs"] if "streams" in r]
+    assert runs
+    for run in runs:
+        for kind in ("segments", "expandable"):
+            streams = run["streams"][kind]
+            assert set(streams) == {"default", "reduce-scatter", "all-gather-copy-in"}
+            for name in ("reduce-scatter", "all-gather-copy-in"):
+                assert streams[name]["mechanism"] == streams[name]["replayed_reserved"] > 0
+            assert "mechanism" not in streams["default"]

@@ -1,6 +1,6 @@
 """Record the allocation trace of small training steps on the CPU, for replay through the caching allocator.
 
-    /tmp/valvenv/bin/python validation/reserved/record_traces.py      # torch 2.13.0 CPU; ~1-2 min on 2 cores
+    /tmp/valvenv/bin/python validation/reserved/record_traces.py [ID ...]   # torch 2.13.0 CPU; ~5 min on 2 cores
 
 Writes ``validation/reserved/traces/<id>.json.gz`` (every allocation and free, in order, from before the
 model is built to the end of the third iteration, with the phase markers of each iteration) and
@@ -14,12 +14,13 @@ free), in time order, with no dispatch mode; the phases are ``record_function("p
 ranges (``zero_grad``, ``forward``, ``backward``, ``optimizer``) of harness.py's protocol (two warm-ups, the
 third measured: ``zero_grad(set_to_none=True)``, forward with the loss, backward, ``del loss``, step).
 A free is paired with the latest allocation at its address. What the CPU trace cannot show: the CUDA
-kernels' own workspaces and the CUDA SDPA kernels' temporaries (the CPU runs PyTorch's CPU kernels), and
-side streams (everything here runs on one stream).
+kernels' own workspaces and the CUDA SDPA kernels' temporaries (the CPU runs PyTorch's CPU kernels), and the
+streams' timing. The FSDP2 run tags each allocation with the stream FSDP2 entered (``_Streams``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -58,11 +59,68 @@ CONFIGS = [
 ]
 
 
+# FSDP2 on rank 0 of a fake process group (``init_process_group("fake")``: collectives allocate their outputs,
+# move no data), real CPU tensors, MixedPrecisionPolicy(bf16, fp32) (regime fsdp-bf16), every layer and the
+# root fully_shard'ed (the root kept unsharded after forward, torch's default for it).
+FSDP_CONFIGS = [
+    {"id": "fsdp2-w2-llama-h1024-l2-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000), "regime": "fp32",
+     "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256, "attention": "sdpa",
+     "world_size": 2, "fsdp": "mp-bf16"},
+]
+
+STREAM = "stream::"
+
+
+class _Streams:
+    """``torch.cpu.stream`` wrapped so that each ``with device_handle.stream(s)`` FSDP2 enters is a profiler range
+    ``stream::<id>``: an allocation inside it was made on that stream (FSDP2 on the CPU uses ``torch.cpu``'s
+    device-agnostic Stream objects, one per role, as on CUDA)."""
+
+    def __init__(self):
+        self.original = torch.cpu.stream
+
+    def __enter__(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def stream(s):
+            with self.original(s), record_function(f"{STREAM}{id(s)}"):
+                yield
+        torch.cpu.stream = stream
+        return self
+
+    def __exit__(self, *exc):
+        torch.cpu.stream = self.original
+
+
+def _build_fsdp(cfg):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cfg["world_size"])
+    model, input_ids = harness.build_model(cfg)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model, input_ids
+
+
+def _stream_names(model) -> dict:
+    """id(stream) -> its role, from the FSDP state's communication context."""
+    ctx = model._get_fsdp_state()._comm_ctx
+    names = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream")
+    return {str(id(getattr(ctx, n))): n.removesuffix("_stream").replace("_", "-") for n in names}
+
+
 def record(cfg: dict) -> dict:
     torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    fsdp = "fsdp" in cfg
+    streams = _Streams() if fsdp else contextlib.nullcontext()
+    with streams, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function(PREFIX + "build"):
-            model, input_ids = harness.build_model(cfg)
+            model, input_ids = _build_fsdp(cfg) if fsdp else harness.build_model(cfg)
             optimizer = harness.build_optimizer(model.parameters(), cfg["optimizer"], cfg["optimizer_impl"])
         for it in range(3):
             with record_function(f"{PREFIX}{it}:zero_grad"):
@@ -84,20 +142,29 @@ def record(cfg: dict) -> dict:
 
     for root in prof.profiler.kineto_results.experimental_event_tree():
         walk(root)
-    phases = sorted((e.start_ns(), e.name()[len(PREFIX):]) for e in prof.profiler.kineto_results.events()
-                    if e.name().startswith(PREFIX))
+    kineto = prof.profiler.kineto_results.events()
+    phases = sorted((e.start_ns(), e.name()[len(PREFIX):]) for e in kineto if e.name().startswith(PREFIX))
+    names = _stream_names(model) if fsdp else {}
+    ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), names.get(e.name()[len(STREAM):], "other"))
+                    for e in kineto if e.name().startswith(STREAM))
+
+    def stream_at(t):       # the innermost (latest-starting) stream range holding t; the default stream else
+        inside = [r for r in ranges if r[0] <= t <= r[1]]
+        return max(inside)[2] if inside else None
+
     marks = [(t, 0, name) for t, name in phases]
-    timeline = sorted([(t, 1, (ptr, n)) for t, ptr, n in allocations] + marks, key=lambda r: (r[0], r[1]))
+    timeline = sorted([(t, 1, (ptr, n, t)) for t, ptr, n in allocations] + marks, key=lambda r: (r[0], r[1]))
     events, live, next_key = [], {}, 0
     unknown_frees = 0
     for _, kind, what in timeline:
         if kind == 0:
             events.append(["phase", what])
             continue
-        ptr, n = what
+        ptr, n, t = what
         if n > 0:
             live[ptr] = next_key
-            events.append(["alloc", next_key, int(n)])
+            stream = stream_at(t) if ranges else None
+            events.append(["alloc", next_key, int(n)] + ([stream] if stream else []))
             next_key += 1
         else:
             key = live.pop(ptr, None)
@@ -113,7 +180,10 @@ def main() -> None:
     os.makedirs(os.path.join(HERE, "traces"), exist_ok=True)
     torch.set_num_threads(2)
     summary = []
-    for cfg in CONFIGS:
+    only = sys.argv[1:]
+    for cfg in CONFIGS + FSDP_CONFIGS:
+        if only and cfg["id"] not in only:
+            continue
         t0 = time.perf_counter()
         rec = record(cfg)
         path = os.path.join(HERE, "traces", cfg["id"] + ".json.gz")
@@ -123,10 +193,17 @@ def main() -> None:
                         "frees_of_unknown_blocks": rec["frees_of_unknown_blocks"],
                         "alive_at_end": rec["alive_at_end"], "wall_s": round(time.perf_counter() - t0, 1)})
         print(cfg["id"], rec["allocations"], "allocations", f"{time.perf_counter() - t0:.1f} s", flush=True)
-    doc = {"generator": "python validation/reserved/record_traces.py",
+    kept = []
+    listing = os.path.join(HERE, "traces.json")
+    if only and os.path.exists(listing):       # the runs not re-recorded stay, in the configurations' order
+        with open(listing) as f:
+            kept = [r for r in json.load(f)["runs"] if r["id"] not in only]
+    order = [c["id"] for c in CONFIGS + FSDP_CONFIGS]
+    runs = sorted(kept + summary, key=lambda r: order.index(r["id"]))
+    doc = {"generator": "python validation/reserved/record_traces.py [ID ...]",
            "environment": {"torch": torch.__version__, "python": platform.python_version(),
                            **harness.versions("transformers")},
-           "runs": summary}
+           "runs": runs}
     with open(os.path.join(HERE, "traces.json"), "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -37,26 +37,76 @@ def load_trace(run: dict) -> list:
         return json.load(f)
 
 
-def mechanism(run: dict, expandable: bool) -> int:
-    """The measured profile's rounding term for the run (bytes), from its solve's runtime overheads."""
+def mechanism_terms(run: dict, expandable: bool) -> dict:
+    """The measured profile's allocator terms for the run (label -> bytes), from its solve's runtime overheads
+    (an FSDP run: rank 0 of ``world_size``, regime fsdp-bf16, the ``fsdp`` rule)."""
     from mlsysim_core import HardwareNode, TrainingMemoryModel
     from mlsysim_core.hf import from_hf_config
     model = from_hf_config(run["hf_config"], name=run["id"])
     regime = run["regime"]
+    world = run.get("world_size", 1)
+    layout = dict(dp_size=world, data_parallel="fsdp", regime="fsdp-bf16", precision="bf16") if "fsdp" in run \
+        else dict(regime=regime, precision="fp32" if regime == "fp32" else "bf16")
     result = TrainingMemoryModel("measured").solve(
-        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"],
-        precision="fp32" if regime == "fp32" else "bf16", regime=regime, optimizer=run["optimizer"],
-        optimizer_impl=run["optimizer_impl"], device="cpu", attention=run["attention"],
+        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * world, run["seq_len"],
+        optimizer=run["optimizer"], optimizer_impl=run["optimizer_impl"], device="cpu", attention=run["attention"],
         activation_checkpointing=run.get("checkpointing", "none"),
         runtime_overheads={"cuda_context": 0, "cublas_workspace": 0, "nccl_buffers": 0, "allocator": "segments",
-                           "expandable_segments": expandable})
-    return int(sum(t.nbytes for t in result.terms_of("runtime_overheads")))
+                           "expandable_segments": expandable}, **layout)
+    return {t.label: int(t.nbytes) for t in result.terms_of("runtime_overheads")}
+
+
+def mechanism(run: dict, expandable: bool) -> int:
+    """The mechanism's rounding of the model states for the run (bytes)."""
+    return mechanism_terms(run, expandable)["allocator: block and segment rounding (model states)"]
+
+
+def _build_transients(events) -> set:
+    """Keys allocated and freed inside the ``build`` phase."""
+    phase, allocated, freed = None, set(), set()
+    for e in events:
+        if e[0] == "phase":
+            phase = e[1]
+        elif phase == "build":
+            (allocated if e[0] == "alloc" else freed).add(e[1])
+    return allocated & freed
+
+
+POOLS = {"reduce-scatter": "allocator: reduce-scatter stream pool",
+         "all-gather-copy-in": "allocator: all-gather copy-in stream pool"}
+
+
+def stream_pools(run: dict, events: list, expandable: bool) -> dict:
+    """An FSDP run's side streams: the replayed reserved bytes of each against the mechanism's pool term, and
+    the default stream's replayed reserved against its own peak of bytes requested."""
+    from mlsysim_plugins.measured.allocator import DEFAULT_STREAM, replay
+    r = replay(events, expandable_segments=expandable)
+    terms = mechanism_terms(run, expandable)
+    out = {}
+    for stream, reserved in sorted(r["reserved_by_stream"].items()):
+        if stream == DEFAULT_STREAM:
+            # The trace builds the whole model on the device and then shards it: those blocks, freed before the
+            # first step, stay reserved. torchtitan builds on the meta device and materializes the shards: the
+            # default stream replayed without the blocks the build allocates and frees.
+            own = [e for e in events if e[0] != "alloc" or len(e) < 4]
+            built = _build_transients(own)
+            alone = replay([e for e in own if e[0] == "phase" or e[1] not in built], expandable_segments=expandable)
+            out[stream] = {"replayed_reserved": reserved, "peak_requested": alone["peak_requested"],
+                           "replayed_reserved_without_build_transients": alone["peak_reserved"]}
+        else:
+            predicted = terms[POOLS[stream]]
+            out[stream] = {"replayed_reserved": reserved, "mechanism": predicted,
+                           "error": round(predicted / reserved - 1, 6)}
+    return out
 
 
 def replay_run(run: dict) -> dict:
     from mlsysim_plugins.measured.allocator import replay
     events = [tuple(e) for e in load_trace(run)]
     out = {"id": run["id"], "allocations": run["allocations"]}
+    if "fsdp" in run:
+        out["streams"] = {("expandable" if x else "segments"): stream_pools(run, events, x) for x in (False, True)}
+        return out
     for expandable in (False, True):
         r = replay(events, expandable_segments=expandable)
         rounding = mechanism(run, expandable)
@@ -96,12 +146,30 @@ def table(doc: dict) -> str:
              "error | 5 % MiB | error |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for run in doc["runs"]:
+        if "streams" in run:
+            continue
         for kind, label in (("segments", "default"), ("expandable", "expandable segments")):
             for phase, p in run[kind]["phases"].items():
                 lines.append(f"| {run['id']} | {label} | {phase} | {p['peak_so_far'] / 2**20:,.1f} | "
                              f"{p['max_reserved'] / 2**20:,.1f} | {p['predicted'] / 2**20:,.1f} | "
                              f"{p['error']:+.1%} | {p['fraction_0.05'] / 2**20:,.1f} | "
                              f"{p['error_fraction_0.05']:+.1%} |")
+    streams = [run for run in doc["runs"] if "streams" in run]
+    if streams:
+        lines += ["", "| FSDP2 run (rank 0) | allocator | stream | replayed reserved MiB | mechanism MiB | error |",
+                  "|---|---|---|---:|---:|---:|"]
+        for run in streams:
+            for kind, label in (("segments", "default"), ("expandable", "expandable segments")):
+                for stream, p in run["streams"][kind].items():
+                    if "mechanism" in p:
+                        lines.append(f"| {run['id']} | {label} | {stream} | {p['replayed_reserved'] / 2**20:,.1f} | "
+                                     f"{p['mechanism'] / 2**20:,.1f} | {p['error']:+.1%} |")
+                    else:
+                        lines.append(f"| {run['id']} | {label} | {stream}: not priced (its own peak requested "
+                                     f"{p['peak_requested'] / 2**20:,.1f} MiB; reserved "
+                                     f"{p['replayed_reserved_without_build_transients'] / 2**20:,.1f} MiB without "
+                                     "the unsharded model the build frees) | "
+                                     f"{p['replayed_reserved'] / 2**20:,.1f} | - | - |")
     return "\n".join(lines)
 
 

@@ -334,28 +334,49 @@ class StreamPool:
 
 @attrs.frozen
 class SideStream:
-    """A side stream's allocations at its high-water mark, as a data-parallel rule declares them
-    (its options object's ``allocator_streams(plan, placement)``): ``allocations`` in the order they
-    are made (bytes each), what they hold, and ``counted``: the bytes of them the peak allocated
-    already counts (alive at the peak), so that only the rest is reserve."""
+    """A side stream's allocations and frees over a step, in order, as a data-parallel rule declares them
+    (its options object's ``allocator_streams(plan, placement)``): ``events`` of ``("alloc", key, bytes)``
+    and ``("free", key)``; what they hold; and ``counted``: the bytes of them the peak allocated already
+    counts (alive at the peak), so that only the rest of the pool is reserve."""
     stream: str
-    allocations: tuple[int, ...]
+    events: tuple[tuple, ...]
     holds: str
     counted: int = 0
 
+    @property
+    def blocks(self) -> int:
+        return sum(1 for e in self.events if e[0] == "alloc")
+
+    @property
+    def peak_bytes(self) -> int:
+        live, alive, peak = {}, 0, 0
+        for e in self.events:
+            if e[0] == "alloc":
+                live[e[1]] = e[2]
+                alive += e[2]
+                peak = max(peak, alive)
+            else:
+                alive -= live.pop(e[1])
+        return peak
+
 
 def fsdp2_streams(plan, placement) -> tuple[SideStream, ...]:
-    """FSDP2's side-stream pools (torch 2.13 ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``):
+    """FSDP2's side-stream pools (torch 2.13 ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``),
+    as the CPU trace of ``validation/reserved/record_traces.py`` (FSDP2 on a fake process group, each
+    allocation tagged with the stream FSDP2 entered) shows them:
 
     * ``foreach_reduce`` allocates each group's reduce-scatter output (``reduce_dtype``; it becomes the
       group's sharded gradients) inside ``device_handle.stream(reduce_scatter_stream)``: one flat block a
-      layer and one for the root group (embedding, LM head, final norm), all alive after the backward. They
-      die at ``zero_grad(set_to_none=True)``, so at the activations' peak of the next step (forward, backward)
-      the pool is idle; under gradient accumulation they live through every phase (counted).
-    * ``foreach_all_gather`` allocates the flat all-gather output (the gathered bytes of a group) inside
-      ``device_handle.stream(all_gather_copy_in_stream)``; it is held until the next unshard, so the root
-      group's and the first layer's are alive together (the pool's high-water mark). The profile's
-      allocated terms count the copied-out parameters (the default stream), not these flat outputs.
+      layer (last layer first) and the root group's (embedding, LM head, final norm) last, all alive after
+      the backward. They die at ``zero_grad(set_to_none=True)``, so at the activations' peak of the next
+      step (forward, backward) the pool is idle; under gradient accumulation they live through every phase
+      (counted).
+    * ``foreach_all_gather`` allocates inside ``device_handle.stream(all_gather_copy_in_stream)`` the
+      all-gather input (``_get_param_all_gather_inputs``' foreach copy of the shards into ``param_dtype``,
+      only under a mixed-precision cast) and the flat output (the group's gathered bytes); the input dies
+      when the copy-in returns, the output once the next group's output is allocated. The root group is
+      gathered first, then each layer. The profile's allocated terms count the copied-out parameters (the
+      default stream), not these blocks.
 
     The reduce-scatter input is allocated on the default stream in torch 2.13 (torch of late 2024 allocated
     it on the reduce-scatter stream too: a version difference, docs/profiles.md)."""
@@ -370,16 +391,28 @@ def fsdp2_streams(plan, placement) -> tuple[SideStream, ...]:
     layer = shape.layer_parameters()
     regime = plan.profile_options.regime
     g = regime.gradient or 4
-    grads = tuple([-(-layer // n) * g] * layers + [-(-root // n) * g])
+    grads = [-(-layer // n) * g] * layers + [-(-root // n) * g]
     accumulating = plan.gradient_accumulation_steps > 1
     gathered = gathered_bytes(plan)
-    return (SideStream("reduce-scatter", grads, f"the sharded gradients ({layers} layers and the root group, "
-                                                  f"{g} B a parameter / {n}; dead from zero_grad to the backward: "
-                                                  "idle at the activations' peak, counted twice were the peak the "
-                                                  "optimizer step's)",
-                       counted=sum(grads) if accumulating else 0),
-            SideStream("all-gather copy-in", (root * gathered, layer * gathered),
-                       f"the flat all-gather outputs of the root group and one layer ({gathered} B a parameter)"))
+    cast = gathered != regime.weight          # the shards are copied into param_dtype before the all-gather
+    gather, previous = [], None
+    for i, group in enumerate([root] + [layer] * min(layers, 2)):
+        if cast:
+            gather.append(("alloc", f"in{i}", -(-group // n) * gathered))
+        gather.append(("alloc", f"out{i}", -(-group // n) * n * gathered))
+        if cast:
+            gather.append(("free", f"in{i}"))
+        if previous is not None:
+            gather.append(("free", previous))
+        previous = f"out{i}"
+    inputs = f"the {gathered} B shards' copies and " if cast else ""
+    return (SideStream("reduce-scatter", tuple(("alloc", i, b) for i, b in enumerate(grads)),
+                       f"the sharded gradients ({layers} layers and the root group, {g} B a parameter / {n}; dead "
+                       "from zero_grad to the backward: idle at the activations' peak, counted twice were the peak "
+                       "the optimizer step's)", counted=sum(grads) if accumulating else 0),
+            SideStream("all-gather copy-in", tuple(gather),
+                       f"{inputs}the flat all-gather outputs of the root group, then the layers, each freed once "
+                       f"the next is allocated ({gathered} B a parameter)"))
 
 
 def _refuse(allowed: str, detail: str):
@@ -435,11 +468,16 @@ def _reserve_terms(shape, n: int, weight: int, master: int, gradient: int, momen
     sizes += [(e * master, DEFAULT_STREAM) for e in elements if master]
     sizes += [(e * gradient, DEFAULT_STREAM) for e in elements if gradient]
     sizes += [(e * state, DEFAULT_STREAM) for e in elements for _ in range(moments)]
-    for s in streams:
-        sizes += [(b, s.stream) for b in s.allocations]
     a = CachingAllocator(expandable)
     for nbytes, stream in sizes:
         a.malloc(nbytes, stream)
+    for s in streams:
+        handles = {}
+        for e in s.events:
+            if e[0] == "alloc":
+                handles[e[1]] = a.malloc(e[2], s.stream)
+            else:
+                a.free(handles.pop(e[1]))
     how = ("expandable segments: one segment per stream grown in 20 MiB pages (2 MiB small), blocks of 512 B"
            if expandable else "512 B blocks; at most 1 MiB from 2 MiB segments, up to 10 MiB split from 20 MiB "
                               "ones, larger a segment each rounded to 2 MiB")
@@ -458,7 +496,7 @@ def _reserve_terms(shape, n: int, weight: int, master: int, gradient: int, momen
         terms.append(MemoryTerm(
             component=RUNTIME_OVERHEADS, label=f"allocator: {s.stream} stream pool", nbytes=reserved - s.counted,
             phases=phases,
-            formula=(f"{s.holds}: {len(s.allocations)} blocks, {sum(s.allocations):,} B, {reserved:,} B reserved on "
+            formula=(f"{s.holds}: {s.blocks} blocks, at most {s.peak_bytes:,} B alive, {reserved:,} B reserved on "
                      f"its own stream{counted} (a block freed on one stream is not reused by another: idle "
                      "while the default stream peaks)")))
     return tuple(terms)
