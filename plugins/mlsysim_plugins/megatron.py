@@ -29,6 +29,33 @@ The rule's options object carries ``main_grad_terms(plan, placement)``, which th
 profile's optimizer state calls instead of its own main-grad term (``optimizers.master_terms``):
 a data-parallel rule that lays the main-grad buffer out its own way declares it there.
 
+``gradient_accumulation_fusion`` (Megatron-LM's default: on unless ``--no-gradient-accumulation-fusion``;
+megatron-core's ``ModelParallelConfig`` default and this option's: off): each linear's weight gradient is
+written into ``main_grad`` by its GEMM, and the backward returns a dummy instead:
+TransformerEngine's ``get_dummy_wgrad`` (NVIDIA/TransformerEngine v2.7
+fedd9ddc739a4f28b2ee705df5577d20d33400ec ``transformer_engine/pytorch/module/base.py`` lines
+94-107: a ``torch.empty`` in a module-level dict keyed by (rows, cols, dtype), never freed),
+returned by TE's ``Linear`` (``module/linear.py`` lines 908-926: ``linear_proj``, ``linear_fc2``)
+and ``LayerNormLinear`` (``module/layernorm_linear.py`` lines 956-972: ``linear_qkv``,
+``linear_fc1``) in the weight's dtype, and by megatron-core's LM head (NVIDIA/Megatron-LM
+core_v0.14.0 23e00ed0963c35382dfe8a5a94fb3cda4d21e133 ``megatron/core/tensor_parallel/layers.py``
+lines 573-602, TE's dummy when TE is installed, in the input's dtype). So one 16-bit tensor per
+distinct weight shape of the rank, for the process's life: ``dummy_wgrad_terms``. The dummy is
+a detached view, so autograd's ``AccumulateGrad`` takes it as ``.grad`` without a copy, and the
+DDP hook drops it (``distributed/distributed_data_parallel.py`` lines 519-524: no add once
+``grad_added_to_main_grad``).
+
+With tied embeddings on one stage (``language_module.py`` line 193 sets ``zero_out_wgrad`` on the
+shared weight: the LM head's dummy is zero-filled), the LM head's dummy waits in autograd's input
+buffer of the shared weight until the lookup's gradient arrives; PyTorch adds in place only into
+the first arrival and only if it holds its storage alone (pytorch/pytorch 00d40e7f7a11
+``torch/csrc/autograd/input_buffer.cpp`` ``accumulate``, ``can_accumulate_inplace``: the storage's
+use count 1), which the cached dummy's is not: the sum is a new tensor. New at the end of the
+backward: the lookup's 16-bit [V/tp, h] gradient (``embedding_dense_backward``, the weight's
+dtype) and the out-of-place sum, 2 x V x h / tp x 2 B, which the DDP hook adds into ``main_grad``
+(``tied_gradient_terms``; the measured profile's own term, the fp32 partials and their sum, is
+PyTorch's without Megatron's hook).
+
 Source: NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22).
 """
 
@@ -39,7 +66,7 @@ import attrs
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.memo import memoize
-from mlsysim_core.terms import OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, MemoryTerm
 from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
 
 NAME = "mcore-distopt"
@@ -57,12 +84,22 @@ class DistOptOptions:
     default, ``accumulate_allreduce_grads_in_fp32``)."""
 
     grad_reduce_in_bf16: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # Megatron's gradient_accumulation_fusion: the weight gradients written into main_grad by the
+    # GEMMs, TransformerEngine's cached dummies returned (off: megatron-core's ModelParallelConfig
+    # default, core_v0.14.0 megatron/core/model_parallel_config.py line 145).
+    gradient_accumulation_fusion: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def main_grad_terms(self, plan, placement) -> list[MemoryTerm]:
         """The grad buffer, whole on every rank, and (16-bit buffer) the step's fp32 copy of
-        this rank's shard. Called by the measured profile's optimizer state."""
+        this rank's shard; with ``gradient_accumulation_fusion`` TransformerEngine's cached dummy
+        weight gradients. Called by the measured profile's optimizer state."""
         from mlsysim_plugins.measured.parallel import gradient_divisor, optimizer_state_divisor
         regime = plan.profile_options.regime
+        if self.gradient_accumulation_fusion and not regime.main_grad:
+            raise NotModelledError(
+                "gradient_accumulation_fusion", True,
+                "a regime with Megatron's main-grad buffer (regime='mixed-bf16-main-grad')",
+                f"the fused weight-gradient accumulation writes into main_grad; regime {regime.name!r} has none")
         if not regime.main_grad:
             if placement.optimizer_state_shards == 1:
                 return []       # one rank, no main-grad buffer: nothing of its own (zero0)
@@ -84,7 +121,59 @@ class DistOptOptions:
                 phases=(OPTIMIZER_STEP,), nbytes=shard * 4,
                 formula=f"{_fmt(shard)} params/rank (the rank's shard) x 4 B (shard_main_param.grad = "
                         "shard_model_grad.float())"))
-        return terms
+        return terms + self.dummy_wgrad_terms(plan)
+
+    def dummy_wgrad_terms(self, plan) -> list[MemoryTerm]:
+        """TransformerEngine's cached dummy weight gradients (module docstring): one tensor in the
+        weights' dtype per distinct per-rank shape of Megatron's fused modules, ``linear_qkv``
+        [(heads + 2 kv_heads) x head_dim / tp, h], ``linear_proj`` [h, heads x head_dim / tp],
+        ``linear_fc1`` [(2 if gated) x ffn / tp, h], ``linear_fc2`` [h, ffn / tp], and on the stage
+        with the LM head [V / tp, h]; alive from the first backward on (every phase of a step). Booked
+        beside the main-grad buffer, as optimizer state (the regime's gradients are that buffer)."""
+        if not self.gradient_accumulation_fusion:
+            return []
+        shapes = dummy_wgrad_shapes(plan)
+        b = plan.profile_options.regime.weight
+        nbytes = sum(r * c for r, c in shapes) * b
+        return [MemoryTerm(
+            component=OPTIMIZER_STATE, label="TransformerEngine's dummy weight gradients (gradient_accumulation_fusion)",
+            phases=PHASES, nbytes=nbytes,
+            formula="(" + " + ".join(f"{r:,} x {c:,}" for r, c in shapes) + f") x {b} B (get_dummy_wgrad: one cached "
+                    "tensor per distinct weight shape, never freed)")]
+
+    def tied_gradient_terms(self, plan, placement) -> list[MemoryTerm] | None:
+        """The tied embedding's gradient at the end of the backward, when the LM head and the
+        lookup share one stage (module docstring); None: the measured profile's own term."""
+        if not self.gradient_accumulation_fusion:
+            return None
+        from mlsysim_plugins.measured.shapes import shape_of
+        shape = shape_of(plan)
+        tp = plan.tp_size
+        E = shape.vocab * shape.hidden // tp
+        b = plan.profile_options.regime.weight
+        on_tp = f" / tp={tp}" if tp != 1 else ""
+        return [MemoryTerm(
+            component=ACTIVATIONS, label="tied embedding gradient: the lookup's and its sum with the LM head's dummy",
+            phases=(BACKWARD_END,), nbytes=2 * E * b,
+            formula=f"2 x V x h{on_tp} x {b} B (embedding_dense_backward's output, then its out-of-place sum with "
+                    "the cached zero dummy; the LM head's part is in main_grad)")]
+
+
+def dummy_wgrad_shapes(plan) -> tuple[tuple[int, int], ...]:
+    """The distinct (rows, cols) of the weights whose backward returns TransformerEngine's dummy
+    on this rank (``DistOptOptions.dummy_wgrad_terms``), in first-use order."""
+    from mlsysim_plugins.measured.shapes import shape_of
+    shape = shape_of(plan)
+    if shape.experts:
+        raise NotModelledError("gradient_accumulation_fusion", True, "a dense model",
+                               "the dummy weight gradients of Megatron's expert layers are not derived")
+    tp, h = plan.tp_size, shape.hidden
+    f = shape.ffn * (2 if shape.family.gated_mlp else 1)
+    shapes = [((shape.q_dim + 2 * shape.kv_dim) // tp, h), (h, shape.q_dim // tp), (f // tp, h), (h, shape.ffn // tp)]
+    rank = plan.rank
+    if rank is None or rank.last:       # the LM head (megatron-core's ColumnParallelLinear)
+        shapes.append((shape.vocab // tp, h))
+    return tuple(dict.fromkeys(shapes))
 
 
 @attrs.frozen(kw_only=True)

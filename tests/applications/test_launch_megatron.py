@@ -68,7 +68,22 @@ def test_gpt3_175b_example_by_hand():
     assert (values["tp_size"], values["pp_size"], values["regime"]) == (8, 16, "mixed-bf16-main-grad")
     fp16 = next(f for f in reading.fields if f.key == "--fp16" and f.field == "regime")
     assert fp16.approximated and "precision" not in values      # fp16 priced as the bf16 regime, said
-    assert values["plugin_options"] == {"mcore-ddp": {"grad_reduce_in_bf16": True}}     # --fp16: 16-bit grads
+    # --fp16: 16-bit grads; no --no-gradient-accumulation-fusion: Megatron-LM's default, the fusion on
+    assert values["plugin_options"] == {"mcore-ddp": {"grad_reduce_in_bf16": True, "gradient_accumulation_fusion": True}}
+    (default,) = [d for d in reading.defaults if d.key == "--no-gradient-accumulation-fusion"]
+    assert default.value == values["plugin_options"] and "store_false" in default.source
+
+
+def test_gradient_accumulation_fusion_flag():
+    from mlsysim_plugins.launch.megatron import read_arguments
+    base = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+            "--vocab-size 1000 --micro-batch-size 1 --global-batch-size 8 --bf16")
+    off = read_arguments(base + " --no-gradient-accumulation-fusion").values()
+    assert "plugin_options" not in off
+    on = read_arguments(base + " --grad-reduce-in-bf16")
+    both = {"mcore-ddp": {"grad_reduce_in_bf16": True, "gradient_accumulation_fusion": True}}
+    assert on.values()["plugin_options"] == both       # the two options in the one table
+    assert "--no-gradient-accumulation-fusion" not in on.ignored
 
 
 def test_7b_gqa_by_hand():

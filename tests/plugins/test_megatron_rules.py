@@ -117,3 +117,63 @@ def test_gqa_fused_layer_pytorch_path():
     full = dict(kw, kv_dim=256)
     assert EAGER.saved(FUSED_QKV, dropout=False, **full)[0].nbytes == SDPA.saved(FUSED_QKV, dropout=False,
                                                                                  **full)[0].nbytes == 3 * 2 * 256
+
+
+# --- gradient_accumulation_fusion: TransformerEngine's cached dummy weight gradients -----------------
+# (plugins/mlsysim_plugins/megatron.py: TE v2.7 base.py get_dummy_wgrad, one bf16 tensor per distinct weight
+# shape; megatron-core core_v0.14.0 tensor_parallel/layers.py for the LM head)
+
+FUSED = {"mcore-distopt": {"gradient_accumulation_fusion": True}}
+
+
+def _llama3_8b_dummies(tp, head=True):
+    # llama3-8b: h 4096, 32 heads x 128, 8 KV heads, ffn 14336 (SwiGLU: fc1 2 x 14336), V 128,256, untied
+    h, q, kv, f, V = 4096, 32 * 128, 8 * 128, 14336, 128256
+    shapes = [((q + 2 * kv) // tp, h), (h, q // tp), (2 * f // tp, h), (h, f // tp)] + ([(V // tp, h)] if head else [])
+    return 2 * sum(r * c for r, c in shapes)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_dummy_wgrads_by_hand(tp):
+    r = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=8, tp_size=tp, data_parallel="mcore-distopt",
+                              plugin_options=FUSED, **MEGATRON)
+    (dummy,) = [t for t in r.terms if "dummy weight gradients" in t.label]
+    assert dummy.nbytes == _llama3_8b_dummies(tp)
+    assert dummy.phases == ("forward", "backward", "backward_end", "optimizer_step")
+
+
+def test_dummy_wgrads_lm_head_on_the_last_stage_only():
+    r = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=4, pp_size=2, data_parallel="mcore-distopt",
+                              plugin_options=FUSED, **MEGATRON)
+    first, last = r.ranks[0], r.ranks[-1]
+    (a,) = [t for t in first.terms if "dummy weight gradients" in t.label]
+    (b,) = [t for t in last.terms if "dummy weight gradients" in t.label]
+    assert (a.nbytes, b.nbytes) == (_llama3_8b_dummies(1, head=False), _llama3_8b_dummies(1))
+
+
+def test_fusion_off_by_default_changes_nothing():
+    plain = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=8, data_parallel="mcore-distopt", **MEGATRON)
+    off = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=8, data_parallel="mcore-distopt",
+                                plugin_options={"mcore-distopt": {"gradient_accumulation_fusion": False}}, **MEGATRON)
+    assert [(t.label, t.nbytes) for t in plain.terms] == [(t.label, t.nbytes) for t in off.terms]
+    assert not [t for t in plain.terms if "dummy" in t.label]
+
+
+def test_fusion_refused_without_the_main_grad_buffer():
+    with pytest.raises(MlsysimError, match="gradient_accumulation_fusion"):
+        mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=1, data_parallel="mcore-ddp",
+                              plugin_options={"mcore-ddp": {"gradient_accumulation_fusion": True}},
+                              precision="bf16", regime="mixed-bf16")
+
+
+def test_tied_gradient_with_the_fusion_by_hand():
+    # llama3.2-1b (tied, V 128,256, h 2048) on one stage: the lookup's bf16 [V, h] gradient and its out-of-place
+    # sum with the LM head's held dummy (2 x V x h x 2 B) instead of the profile's 3 fp32 [V, h]
+    V, h = 128256, 2048
+    kw = dict(dp_size=8, data_parallel="mcore-distopt", **MEGATRON)
+    on = mlsysim_core.estimate("llama3.2-1b", "h100", 64, 1024, plugin_options=FUSED, **kw)
+    off = mlsysim_core.estimate("llama3.2-1b", "h100", 64, 1024, **kw)
+    (a,) = [t for t in on.terms if t.label.startswith("tied embedding gradient")]
+    (b,) = [t for t in off.terms if t.label.startswith("tied embedding gradient")]
+    assert (a.nbytes, b.nbytes) == (2 * V * h * 2, 3 * V * h * 4)
+    assert a.phases == b.phases == ("backward_end",)

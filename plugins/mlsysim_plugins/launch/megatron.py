@@ -55,7 +55,7 @@ IGNORED_PREFIXES = ("--log-", "--tensorboard", "--wandb", "--save", "--load", "-
                     "--use-checkpoint-", "--auto-detect-ckpt", "--ft-", "--enable-ft", "--decoupled-lr",
                     "--decoupled-min-lr", "--calculate-per-token-loss", "--attention-softmax-in-fp32",
                     "--apply-query-key-layer-scaling",
-                    "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
+                    "--overlap-grad-reduce", "--overlap-param-gather",
                     "--tp-comm-overlap", "--ddp-average-in-collective", "--no-bias-swiglu-fusion",
                     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-masked-softmax-fusion",
                     "--no-persist-layer-norm", "--accumulate-allreduce-grads-in-fp32", "--step-batch-size-schedule",
@@ -387,9 +387,28 @@ def _read(args: dict, path, context, env=None, harness=()):
     r.set("--use-distributed-optimizer", distopt, "data_parallel", rule,
           "fp32 master weights and Adam state / dp x cp; the main-grad buffer whole" if distopt
           else "Megatron DDP: nothing sharded; gradients all-reduced in place in the main-grad buffer")
-    if grad_bf16:
+    # --gradient-accumulation-fusion is Megatron-LM's default (arguments.py: --no-gradient-accumulation-fusion
+    # is store_false): the weight gradients written into main_grad by the GEMMs, TransformerEngine's cached
+    # dummy weight gradients returned (the rule's option gradient_accumulation_fusion; megatron.py).
+    fused = not _flag(args, "--no-gradient-accumulation-fusion", path)
+    used.add("--no-gradient-accumulation-fusion")
+    options = {**({"grad_reduce_in_bf16": True} if grad_bf16 else {}),
+               **({"gradient_accumulation_fusion": True} if fused else {})}
+    if grad_bf16:       # (each field carries the rule's whole options: a later field's table replaces it)
         r.set("--grad-reduce-in-bf16" if bf16 else "--fp16", True, "plugin_options",
-              {rule: {"grad_reduce_in_bf16": True}}, "a 16-bit main-grad buffer")
+              {rule: options}, "a 16-bit main-grad buffer")
+    if fused:
+        local = "; the local implementation's layers take TransformerEngine's dummy when it is installed, as in " \
+            "NVIDIA's containers (megatron/core/tensor_parallel/layers.py)" \
+            if str(args.get("--transformer-impl", "transformer_engine")) == "local" else ""
+        how = ("the weight gradients go into main_grad from the GEMMs: TransformerEngine's cached dummy weight "
+               "gradients priced (one 16-bit tensor per distinct weight shape), and with tied embeddings the "
+               f"embedding's gradient as Megatron's hook makes it{local}")
+        if "--no-gradient-accumulation-fusion" in args:
+            r.set("--no-gradient-accumulation-fusion", False, "plugin_options", {rule: options}, how)
+        else:
+            r.default("--no-gradient-accumulation-fusion", "plugin_options", {rule: options},
+                      f"{ARGS} (--no-gradient-accumulation-fusion is store_false: the fusion is on)", how)
 
     # --- parallelism -----------------------------------------------------------------------------
     r.set("--tensor-model-parallel-size", tp, "tp_size", tp)

@@ -27,7 +27,6 @@ import attrs
 
 from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
-from mlsysim_core.scenario import LaunchField
 
 from . import megatron
 from .hookspecs import LaunchFormatSpec
@@ -321,6 +320,11 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
         _refuse(path, "model.activation_func", activation, ("torch.nn.functional.gelu",),
                 "a plain MLP with another activation than GELU is not read")
     put("--swiglu", gated, "model.gated_linear_unit")
+    # gradient_accumulation_fusion: Megatron-LM's --no-gradient-accumulation-fusion inverted (the rules' option
+    # gradient_accumulation_fusion, plugins/mlsysim_plugins/megatron.py); absent: megatron-core's default, off
+    # (megatron/core/model_parallel_config.py at CORE_COMMIT)
+    fused = as_bool(model.get("gradient_accumulation_fusion", False), "model.gradient_accumulation_fusion", path)
+    put("--no-gradient-accumulation-fusion", not fused, "model.gradient_accumulation_fusion")
     # recompute_method/num_layers belong to full recompute, recompute_modules to selective: the others unused
     # (megatron/core/transformer/transformer_config.py at CORE_COMMIT)
     granularity = model.get("recompute_granularity")
@@ -601,37 +605,12 @@ def read(path, document, context):
         notes.append("read, no effect at their values: " + ", ".join(f"{k}={_value(document, k)!r}" for k in quiet))
     # Megatron-LM's reader applies its own defaults only to flags the mapping lacks; the dump is resolved, so
     # the only ones left are the optimizer's fused step and the null recompute (said as defaults).
-    fusion = document["model"].get("gradient_accumulation_fusion")
-    if fusion is not None:
-        rule = next(f.becomes for f in fields if f.field == "data_parallel")
-        fields.append(_wgrad_fusion(as_bool(fusion, "model.gradient_accumulation_fusion", path), rule,
-                                    reading.model.becomes, reading.values().get("tp_size", 1)))
+    # (the Megatron-LM flag is the negation of the Bridge key: its value shown as the key's)
+    fields = [attrs.evolve(f, value=not f.value) if f.key == "model.gradient_accumulation_fusion" else f
+              for f in fields]
     return attrs.evolve(reading, format="megatron-bridge", fields=fields, defaults=defaults,
                         ignored=list(dict.fromkeys([*walk.ignored, *quiet, *reading.ignored])),
                         framework_version=VERSION, notes=notes)
-
-
-def _wgrad_fusion(fused: bool, rule: str, model: dict, tp: int) -> LaunchField:
-    """``model.gradient_accumulation_fusion``: read, approximated (a note with the bytes not priced)."""
-    if not fused:
-        return LaunchField(key="model.gradient_accumulation_fusion", value=False, field="data_parallel", becomes=rule,
-                           approximated=True, note="each weight gradient is made as a 16-bit tensor and added into "
-                           "main_grad by the DDP hook: that transient tensor is not priced")
-    h, q, kv, f = model["hidden_dim"], model["heads"] * model["head_dim"], model["kv_heads"] * model["head_dim"], \
-        model["ffn_dim"]
-    # One cached dummy per distinct (shape, dtype): TransformerEngine's get_dummy_wgrad (NVIDIA/TransformerEngine
-    # v2.7 fedd9ddc73 transformer_engine/pytorch/module/base.py lines 94-107), returned by TE's linear layers'
-    # backward when the gradient went into main_grad (linear.py, layernorm_linear.py), and by megatron-core's
-    # LM head (tensor_parallel/layers.py lines 573-602 at CORE_COMMIT); never freed.
-    shapes = {((q + 2 * kv) // tp, h), (h, q // tp), ((2 if model["gated_mlp"] else 1) * f // tp, h), (h, f // tp),
-              (model["vocab_size"] // tp, h)}
-    nbytes = sum(2 * a * b for a, b in shapes)
-    return LaunchField(key="model.gradient_accumulation_fusion", value=True, field="data_parallel", becomes=rule,
-                       approximated=True, note=f"the weight gradients go into the fp32 main_grad from the GEMM (priced: "
-                       f"the main-grad buffer); not priced: TransformerEngine's cached dummy weight gradients, one "
-                       f"16-bit tensor per distinct weight shape kept for the process's life (TE v2.7 base.py "
-                       f"get_dummy_wgrad), {nbytes:,} B here ({len(shapes)} shapes, the LM head's on the stage that "
-                       f"holds it)")
 
 
 def _value(document: dict, key: str):
