@@ -37,8 +37,9 @@ def test_the_published_table_as_shipped(ladder):
 
 def test_the_skipped_rows_are_skipped_for_a_reason_that_holds(ladder):
     """Every row from + Compile on runs compiled, torchtune's way (each layer apart: compile="blocks"); from
-    + Activation Checkpointing on the settings the rows add to it are refused with compile="blocks" by the
-    profile, naming the parameter."""
+    + Fuse optimizer step on the settings the rows add to it are refused with compile="blocks" by the
+    profile, naming the parameter; + Activation Checkpointing is predicted in torchtitan's order (the
+    checkpoint inside the compiled block), not torchtune's: shown, not compared."""
     from mlsysim_core.errors import NotModelledError
     skipped = {r[0]: (settings, why) for r in ladder.ROWS for settings, why in [(r[2], r[3])] if why}
     assert set(skipped) == {r[0] for r in ladder.ROWS} - {"+ Packed Dataset", "+ Compile", "+ Chunked Cross Entropy"}
@@ -48,7 +49,11 @@ def test_the_skipped_rows_are_skipped_for_a_reason_that_holds(ladder):
         assert "compile" in why
         if settings is not None:
             assert settings["compile"] == "blocks"
-            assert isinstance(ladder.predict(settings), NotModelledError), name
+            got = ladder.predict(settings)
+            if name == "+ Activation Checkpointing":
+                assert isinstance(got, float) and "torchtitan's order" in why, name
+            else:
+                assert isinstance(got, NotModelledError), name
 
 
 def test_the_compiled_rows_hand_checked(ladder):

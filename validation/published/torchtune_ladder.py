@@ -70,7 +70,8 @@ ROWS = (
     ("+ Compile", 51.0, {**BLOCKS}, None),
     ("+ Chunked Cross Entropy", 42.9, {**BLOCKS, "loss": "chunked"}, None),
     ("+ Activation Checkpointing", 24.9, {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full"},
-     COMPILE + "full checkpointing around each compiled layer is not modelled"),
+     COMPILE + "torchtune wraps each compiled layer in checkpoint_wrapper; the profile prices torchtitan's order, "
+     "the checkpoint inside the compiled block (its note; docs/compile.md)"),
     ("+ Fuse optimizer step into backward", 23.1,
      {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full", "optimizer_in_backward": True},
      COMPILE + "with full checkpointing and the optimizer step in the backward: not modelled"),
@@ -81,7 +82,8 @@ ROWS = (
                              "optimizer_in_backward": True, "activation_offload": "torchtune",
                              "optimizer": "paged-adamw-8bit-bnb"},
      COMPILE + "with checkpointing, the step in the backward, offloading: not modelled"),
-    ("LoRA", 8.5, None, COMPILE + "LoRA is refused with compile (lora: not modelled compiled)"),
+    ("LoRA", 8.5, None, COMPILE + "LoRA with compile and the rows above it (checkpointing, the step in the "
+     "backward, offloading) is refused (lora: plain LoRA with compiled blocks, no checkpointing)"),
     ("QLoRA", 4.6, None, COMPILE + "QLoRA is refused with compile (lora: not modelled compiled)"),
 )
 
