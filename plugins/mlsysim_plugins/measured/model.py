@@ -426,10 +426,11 @@ class RuntimeOverheads:
     * ``allocator_fraction``: with ``allocator="fraction"``, the reserve over the peak allocated.
     * ``expandable_segments``: with ``allocator="segments"``, ``PYTORCH_CUDA_ALLOC_CONF=
       expandable_segments:True`` (one segment per stream grown in 20 MiB pages).
-    * ``cublas_workspace``: the cuBLAS workspace of the one (handle, stream) pair a training step
-      uses (cuBLASLt shares it: TORCH_CUBLASLT_UNIFIED_WORKSPACE is on by default). None (the
-      default): PyTorch's default for the accelerator's compute capability (``cublas_workspace_bytes``),
-      read from its catalog entry's ``extra["compute_capability"]``; an int: those bytes.
+    * ``cublas_workspace``: the process's cuBLAS workspaces, all of them (cuBLASLt shares them:
+      TORCH_CUBLASLT_UNIFIED_WORKSPACE is on by default). None (the default): PyTorch's default for the
+      accelerator's compute capability (``cublas_workspace_bytes``, read from its catalog entry's
+      ``extra["compute_capability"]``) for each of the ``GEMM_THREADS`` threads that run a step's GEMMs;
+      an int: those bytes in all.
     * ``nccl_buffers``: NCCL's communicator buffers, only when a parallel layout communicates.
     """
 
@@ -451,6 +452,12 @@ CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
 CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
 CUBLAS_SOURCE = ("pytorch/pytorch 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp "
                  "parseChosenWorkspaceSize")
+# A training step runs its GEMMs on two threads, each with its own cuBLAS handle and so its own workspace (kept
+# per (handle, stream): CublasHandlePool.cpp's thread_local PoolWindow, cublas_handle_stream_to_workspace): the
+# thread that runs the forward and the autograd engine's device thread, which runs the CUDA backward
+# (pytorch/pytorch#180283: freeing the workspaces must reach the engine's device threads). Megatron-LM's
+# functional-test goldens' memory between steps is matched to 0.4 MiB with both counted (docs/launch-megatron.md).
+GEMM_THREADS = 2
 
 
 @memoize
@@ -513,7 +520,10 @@ def _fixed_runtime_terms(overheads: RuntimeOverheads, parallel: bool, capability
         terms.append(MemoryTerm(component=RUNTIME_OVERHEADS, label="CUDA context", nbytes=overheads.cuda_context,
                                 phases=ALL, formula=f"{overheads.cuda_context / 2**20:,.0f} MiB (runtime_overheads.cuda_context)"))
     if overheads.cublas_workspace is None:
-        workspace, how = cublas_workspace_bytes(capability)
+        one, how = cublas_workspace_bytes(capability)
+        workspace = GEMM_THREADS * one
+        how = (f"{GEMM_THREADS} x {how}: one per thread that runs GEMMs (the forward's and the autograd engine's "
+               "device thread, each with its own cuBLAS handle)")
     else:
         workspace, how = overheads.cublas_workspace, f"{overheads.cublas_workspace / 2**20:,.0f} MiB"
     if workspace:
