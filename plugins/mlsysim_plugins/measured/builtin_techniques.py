@@ -64,7 +64,8 @@ FLOAT8 = _option("float8 training: tensorwise or rowwise (torchao convert_to_flo
 COMPILE = _option("torch.compile with Inductor's default options: True, the whole model (HF torch_compile): "
     "AOTAutograd's partitioner's saved set, the fused loss; one device, checkpointing none or full; 'blocks', each "
     "decoder block apart (torchtune compile: True, torchtitan compile.enable): the loss and LM head eager (torchtune's "
-    "compiled chunked loss), checkpointing none or op-sac, data parallelism allowed (compile.py); fp32 or bf16",
+    "compiled chunked loss), checkpointing none, op-sac or full; data, pipeline and tensor parallelism (no sequence "
+    "parallelism); plain LoRA on one device (compile.py); fp32 or bf16",
     kind=None,
     flags=({"flag": "--compile", "const": True,
             "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},
