@@ -58,6 +58,23 @@ Variants (``validation/measure_lora_variants.py``, ``validation/lora_variant_mea
 * **a loss implementation that allows LoRA** (torchtune's ``chunked``): its terms with a frozen LM head
   (``loss.loss_terms(..., lm_head_trainable=False)``).
 
+Pipeline parallelism (``stage_of``; validation/lora_parallel/measure_lora_pp.py, pp_measurements.json):
+
+* each stage holds its own decoder layers' frozen weights (QLoRA: their packed codes and quantization state) and
+  adapters, the frozen embedding on the first stage, the final norm and frozen LM head on the last (the rules'
+  placement: ``parallel.rank_parameters``); the adapters' gradients and optimizer state are the stage's
+  (``stage_trainable``, ``adapter_matrices`` per stage), accumulated over the m micro-batches: alive in the
+  forwards that follow the stage's first backward (m > the micro-batches it holds);
+* activations per micro-batch in flight (the schedule's ``in_flight``): the layers' saved tensors, a later
+  stage's received input (``requires_grad=True``: NVIDIA/Megatron-LM 2fd6e2b74efca73a1f2d27b89bb5419384b4d3bf
+  megatron/core/pipeline_parallel/p2p_communication.py ``_communicate``, ``create_tensor_recv_prev``), which makes
+  every layer of that stage keep its input's gradient path, the stage's output where no layer keeps it, the RoPE
+  tables; the gradients received and sent once (``_stage_activation_terms``). The order of forwards and
+  backwards is Megatron-LM's 1F1B (4dabc62385799f8256fb05ccf3dfd4a7218781bd megatron/core/pipeline_parallel/
+  schedules.py ``forward_backward_pipelining_without_interleaving``: min(p - stage - 1, m) warm-up forwards).
+* not measured, refused: interleaved model chunks (a ``chunked`` schedule), DoRA, ``modules_to_save`` and a loss
+  implementation other than the cross-entropy under pp (``_check_pipeline``).
+
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
 the input requires grad (and, in bf16, the fp32 copy of the input); LayerNorm keeps mean
@@ -116,13 +133,15 @@ def lora_option(plan, value):
     ``LoRAConfig`` or a dict of its fields, checked against the model (its linears must be
     countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``)."""
     config, quantized = finetune.checkpoint_quantization(plan.model, finetune._config(value))
-    sizes = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "ep_size": plan.ep_size, "cp_size": plan.cp_size}
+    sizes = {"tp_size": plan.tp_size, "ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
     if parallel:
-        raise NotModelledError("lora", config, "data-parallel layouts only (tp, pp, ep and cp sizes of 1; any dp "
-                                "with DDP, ZeRO-1/2/3 or FSDP)",
-                                "LoRA/QLoRA split by tensor, pipeline, expert or context parallelism is not modelled "
-                                "by the measured profile yet: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+        raise NotModelledError("lora", config, "data-parallel layouts only, and pipeline stages (tp, ep and cp sizes "
+                                "of 1; any dp with DDP, ZeRO-1/2/3 or FSDP; any pp with one model chunk per stage)",
+                                "LoRA/QLoRA split by tensor, expert or context parallelism is not modelled by the "
+                                "measured profile yet: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    if plan.pp_size != 1:
+        _check_pipeline(plan, config)
     if plan.trainable_fraction != 1.0:
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
@@ -147,6 +166,24 @@ def lora_option(plan, value):
     return attrs.evolve(plan, profile_options=options, notes=plan.notes + quantized + notes,
                         trainable_fraction=finetune._exact_fraction(_uniform_trainable(counts, regime),
                                                                     plan.model.parameters))
+
+
+def _check_pipeline(plan, config):
+    """LoRA under pipeline parallelism where it was measured (validation/lora_parallel/measure_lora_pp.py): plain
+    LoRA / QLoRA, one model chunk per stage. The rest is refused, naming the field, its value and what is
+    modelled."""
+    o = plan.profile_options
+    why = f"pp_size={plan.pp_size}: "
+    if config.use_dora:
+        raise NotModelledError("lora.use_dora", True, "False with pp_size > 1",
+                               why + "DoRA's weight norms per pipeline stage are not measured")
+    if config.modules_to_save:
+        raise NotModelledError("lora.modules_to_save", config.modules_to_save, "() with pp_size > 1",
+                               why + "trainable copies of the embedding / LM head on the first / last stage are not "
+                               "measured")
+    if getattr(o, "loss", None) not in (None, "cross_entropy"):
+        raise NotModelledError("loss", o.loss, "the default cross-entropy with lora and pp_size > 1",
+                               why + "a chunked or fused loss on the last stage under LoRA is not measured")
 
 
 def _check_variants(plan, config):
@@ -428,7 +465,8 @@ def adapter_matrices(plan) -> list[tuple[int, int]]:
     head, tail = [], []
     for module, n in counts(plan).saved_modules:
         (head if module == embedding else tail).append((shape_of(plan).vocab, n // shape_of(plan).vocab))
-    return head + block * plan.model.layers + tail
+    layers = plan.rank.layers if plan.rank is not None else plan.model.layers    # this rank's stage's layers
+    return head + block * layers + tail
 
 
 def _saved_roles(plan) -> tuple[str, str]:
@@ -446,6 +484,56 @@ def trains_embedding(plan) -> bool:
 def trains_lm_head(plan) -> bool:
     """A ``modules_to_save`` copy of the LM head trains: it keeps its input for its weight's gradient."""
     return _saved_roles(plan)[1] in plan.profile_options.lora.modules_to_save
+
+
+# --- pipeline stages ---------------------------------------------------------------------------------
+
+@attrs.frozen
+class Stage:
+    """This rank's pipeline stage under LoRA: ``first`` holds the frozen embedding, ``last`` the final norm, the
+    frozen LM head and the loss; ``layers`` its decoder layers (each with its own frozen weights and adapters);
+    ``in_flight`` the micro-batches whose activations it holds at its peak (the schedule's); ``split``: the model
+    is split into stages at all (pp > 1), else the whole model (one device, data parallelism)."""
+
+    first: bool
+    last: bool
+    layers: int
+    in_flight: float
+    split: bool
+
+
+def stage_of(plan, placement) -> Stage:
+    """The stage of the rules' placement this plan's rank holds (``plan.rank``: its class). A schedule that
+    places more than one model chunk on a rank (declared ``chunked``) is refused: a non-first chunk on the first
+    stage receives its input, which this does not model (not measured)."""
+    rank = plan.rank
+    if rank is None or placement.pipeline_stages == 1:
+        return Stage(True, True, placement.layers_per_stage, 1, False)
+    schedule = plan.profile_options.pipeline_schedule
+    if getattr(schedule, "chunked", False):
+        raise NotModelledError("pipeline_schedule", schedule.name, "a schedule with one model chunk per stage "
+                               "(chunked=False) with lora", f"pp_size={plan.pp_size}: LoRA over interleaved model "
+                               "chunks is not measured (validation/lora_parallel/measure_lora_pp.py runs 1F1B)")
+    return Stage(rank.first, rank.last, rank.layers, rank.in_flight, True)
+
+
+def _layer_adapters(plan) -> int:
+    """The trainable parameters of one decoder layer: its adapters (with DoRA their magnitude vectors)."""
+    return sum(row[3] for row in counts(plan).per_module)
+
+
+def stage_trainable(plan, layers: int) -> int:
+    """The trainable parameters of a pipeline stage of ``layers`` decoder layers: their adapters (the frozen
+    embedding and LM head train nothing; ``modules_to_save`` is refused under pp)."""
+    return layers * _layer_adapters(plan)
+
+
+def _accumulating(plan, stage: Stage) -> bool:
+    """Do the adapters' gradients exist while a forward of the stage's peak runs? Under a pipeline the
+    m = gradient_accumulation_steps micro-batches accumulate into them from the first backward on; a forward
+    follows a backward on this stage when m exceeds the micro-batches it holds (1F1B: stage i runs
+    min(p - i - 1, m) warm-up forwards, then one forward and one backward each; GPipe: every forward first)."""
+    return stage.split and plan.gradient_accumulation_steps > stage.in_flight
 
 
 # --- weights and gradients -------------------------------------------------------------------
@@ -476,15 +564,28 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     shape = shape_of(plan)
     d = _weight_shards(placement)
     per = "" if d == 1 else f" / {d} (sharded)"
+    stage = stage_of(plan, placement)
+    quantized, q_bytes, q_constants = c.quantized_parameters, c.quantized_weight_bytes, c.quantization_constant_bytes
     plain = c.frozen_parameters - c.quantized_parameters
+    adapters = c.trainable_parameters - sum(n for _, n in c.saved_modules)
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
+    if stage.split:
+        # A pipeline stage: its own layers' frozen weights (quantized linears as stored) and adapters, the frozen
+        # embedding on the first stage, the final norm and LM head on the last (the rules' placement counts them)
+        L, layers = stage.layers, plan.model.layers
+        quantized, q_bytes, q_constants = (quantized * L // layers, q_bytes * L // layers,
+                                           q_constants * L // layers)
+        plain = placement.parameters_per_rank - quantized
+        adapters = stage_trainable(plan, L)
+        what = (f"this stage's {L} layers" + (" (norms, biases)" if cfg.quantization else "")
+                + (", embedding" if stage.first else "") + (", final norm, lm_head" if stage.last else ""))
     terms = [MemoryTerm(component=WEIGHTS, label=f"frozen base parameters ({base_b} B)", phases=ALL,
                         nbytes=_per_rank(plain * base_b, d), formula=f"{_n(plain)} params ({what}) x {base_b} B" + per)]
     if cfg.quantization:
         kind = "int8" if cfg.quantization == "int8" else f"4-bit {cfg.quantization}"
         terms.append(MemoryTerm(component=WEIGHTS, label=f"quantized base linears ({kind})", phases=ALL,
-                                nbytes=_per_rank(c.quantized_weight_bytes, d),
-                                formula=f"{_n(c.quantized_parameters)} params x "
+                                nbytes=_per_rank(q_bytes, d),
+                                formula=f"{_n(quantized)} params x "
                                         + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
                                         + per))
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
@@ -492,14 +593,14 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
                + " + code tables, per weight")
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
-                                nbytes=c.quantization_constant_bytes,
+                                nbytes=q_constants,
                                 formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
                                                                  "parameters: every rank keeps them whole)")))
     copies = sum(n for _, n in c.saved_modules)
-    adapters = c.trainable_parameters - copies
     terms.append(MemoryTerm(component=WEIGHTS, label=f"LoRA adapters (rank {cfg.rank}, {ab} B)", phases=ALL,
                             nbytes=_per_rank(adapters * ab, d),
-                            formula=f"{_n(adapters)} params = layers x r x (in + out) per adapted linear"
+                            formula=f"{_n(adapters)} params = " + ("this stage's " if stage.split else "")
+                                    + "layers x r x (in + out) per adapted linear"
                                     + (" + layers x out (DoRA's magnitude vectors)" if cfg.use_dora else "")
                                     + f", x {ab} B" + per))
     if copies:
@@ -526,9 +627,18 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
     c = counts(plan)
     params = _uniform_trainable(c, regime)
     d = _gradient_shards(placement)
+    stage = stage_of(plan, placement)
+    phases, how = (BACKWARD_END, OPTIMIZER_STEP), ""
+    if stage.split:
+        params = stage_trainable(plan, stage.layers)
+        how = f" (this stage's {stage.layers} layers)"
+        if _accumulating(plan, stage):
+            phases = ALL
+            how += (f"; accumulated over the m={plan.gradient_accumulation_steps} micro-batches, alive in the forwards "
+                    f"that follow the stage's first backward (m > {stage.in_flight:g} in flight)")
     terms = [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
-                        phases=(BACKWARD_END, OPTIMIZER_STEP),
-                        formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)"
+                        phases=phases,
+                        formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)" + how
                                 + ("" if d == 1 else f" / {d} (reduce-scattered: sharded)"))]
     if mixed_copies(regime, c):
         terms += [t for t in _mixed_copy_terms(plan, c) if t.component == GRADIENTS]
@@ -984,6 +1094,10 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     T = plan.microbatch * plan.seq_len
     kept = L if kept_layers is None else min(kept_layers, L)
     first, other = _layers(plan, placement)
+    stage = stage_of(plan, placement)
+    n = stage.in_flight
+    if not stage.first:      # a later stage's received input requires grad: every layer is like the model's others
+        first = _layer(plan, True, placement)
 
     def saved(layer):
         n = layer.saved(T)
@@ -992,22 +1106,27 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         return n + (layer.output * T if layer.output_saved else 0)
 
     terms = []
+    flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
     if kept:
         total = saved(first) + (kept - 1) * saved(other)
         parts = ", ".join(f"{p.name} {_n(p.nbytes)}" for p in other.parts)
         consts = ", ".join(f"{name} {_n(b)}" for name, b in other.constant)
+        why = "its input needs no gradient" if stage.first else "its received input requires grad"
+        layers = f"first layer {_n(saved(first))} B ({why}) + {kept - 1} layers x {_n(saved(other))} B"
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA)", nbytes=total, phases=SAVED,
-            formula=f"first layer {_n(saved(first))} B (its input needs no gradient) + {kept - 1} layers x "
-                    f"{_n(saved(other))} B; per token: {parts}" + (f"; per layer: {consts}" if consts else "")
+            component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA)", nbytes=total * n if n != 1
+            else total, phases=SAVED,
+            formula=(f"({layers}){flying}" if flying else layers) + f"; per token: {parts}"
+                    + (f"; per layer: {consts}" if consts else "")
                     + (f"; output {_n(other.output)}" if other.output_saved else "")))
     checkpointed = L - kept
     if checkpointed:
         res = plan.profile_options.regime.residual
         h = shape_of(plan).hidden
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * res * T * h,
-            phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B"))
+            component=ACTIVATIONS, label="checkpointed layers: their inputs",
+            nbytes=checkpointed * res * T * h * n if n != 1 else checkpointed * res * T * h,
+            phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B{flying}"))
         s = shape_of(plan)
         c = plan.profile_options.regime.compute
         work = other.saved(T) + other.output * T + 2 * T * s.ffn * c
@@ -1033,6 +1152,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     in the forward, where it exceeds the loss's moment (``dora_transient``). A loss implementation
     that declares LoRA (``allows``) replaces the cross-entropy's terms (``loss.loss_terms``, the LM head
     frozen unless ``modules_to_save`` trains it)."""
+    stage = stage_of(plan, placement)
+    if stage.split:
+        return _stage_activation_terms(plan, placement, stage)
     shape = shape_of(plan)
     regime = plan.profile_options.regime
     kind = _kind(regime)
@@ -1101,6 +1223,98 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        formula=f"max(0, {_n(transient)} B ({how}) - {_n(at_loss)} B (what the forward's end holds "
                                "beyond the layers: final norm, logits, loss))"))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
+        return shape.family.adjusted("model_activations", plan, placement, terms)
+    return terms
+
+
+def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
+    """``model_activation_terms`` of one pipeline stage (validation/lora_parallel/measure_lora_pp.py), with n
+    micro-batches in flight (each its own graph, RoPE tables and autocast casts):
+
+    * the token ids on the first stage (the embedding's input) and the last (the labels), one tensor;
+    * the RoPE cos/sin tables of each micro-batch (every stage computes them in its forward, its layers save them);
+    * a later stage's received input (``requires_grad=True``, as Megatron-LM's ``p2p_communication._communicate``
+      allocates it), kept by the schedule until its backward (``input_tensors``), x n; at the backward's end the
+      gradient it sends back (T x h in the residual stream's dtype);
+    * a stage before the last: its output kept by the schedule until its backward (``output_tensors``) where no
+      next layer saves it (a 16-bit residual stream), x n; the gradient it receives, alive through its backward;
+    * the last stage: the final norm, log-softmax and labels (x n), the logits and the cross-entropy's backward
+      temporaries (one micro-batch at a time), under autocast the frozen LM head's 16-bit cast (x n);
+    * QLoRA: the dequantized weight of the stage's largest 4-bit linear while the backward runs."""
+    shape = shape_of(plan)
+    regime = plan.profile_options.regime
+    kind = _kind(regime)
+    T = plan.microbatch * plan.seq_len
+    h, V = shape.hidden, shape.vocab
+    c, res = regime.compute, regime.residual
+    n = stage.in_flight
+    x = f" x {n:g} micro-batches in flight" if n != 1 else ""
+
+    def times_n(b):
+        return b * n if n != 1 else b
+    terms = []
+    add = terms.append
+    if stage.first or stage.last:
+        add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
+                       formula=f"T={_n(T)} x 8 B (" + ("the embedding's input" if stage.first else "the labels") + ")"))
+    if shape.family.positions == "rotary":
+        b = 4 if res == 4 else 2
+        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
+                       nbytes=times_n(2 * plan.seq_len * shape.rotary_dim * b), formula=f"2 x s x head_dim x {b} B{x}"))
+    if not stage.first:
+        add(MemoryTerm(component=ACTIVATIONS, label="stage input (received; kept for its backward)", phases=SAVED,
+                       nbytes=times_n(res * T * h), formula=f"T x h x {res} B{x} (requires grad: every layer's "
+                                                             "adapters and inputs keep their gradient path)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the stage input (sent to the previous stage)",
+                       nbytes=res * T * h, phases=(BACKWARD_END,), formula=f"T x h x {res} B"))
+    if not stage.last:
+        # The stage's forward and backward peaks are inside its last layer, not at a loss: the model's forward
+        # keeps its input bound until it returns (transformers' LlamaModel.forward: ``inputs_embeds``; on the
+        # first stage the embedding's output, which no layer saves) and its position ids; the backward starts
+        # with the top layer's MLP backward, its activation gradients (2 x T x ffn, as the recompute working set
+        # counts them). Not modelled: the top linear's output transients in the forward (-1 % to -4 % there).
+        if stage.first:
+            add(MemoryTerm(component=ACTIVATIONS, label="embedding output (held by the model's forward)",
+                           nbytes=res * T * h, phases=(FORWARD,),
+                           formula=f"T x h x {res} B (no layer saves it: the forward's peak is in the stage's last "
+                                   "layer, not at a loss)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="position ids (int64, during the forward)", nbytes=8 * plan.seq_len,
+                       phases=(FORWARD,), formula="s x 8 B"))
+        add(MemoryTerm(component=ACTIVATIONS, label="top layer's MLP backward: activation gradients",
+                       nbytes=2 * T * shape.ffn * c, phases=(BACKWARD,),
+                       formula=f"2 x T x ffn x {c} B (the backward's first moment, before any saved tensor is freed)"))
+        other = _layers(plan, placement)[1]
+        if not other.output_saved:
+            add(MemoryTerm(component=ACTIVATIONS, label="stage output (kept by the schedule until its backward)",
+                           phases=SAVED, nbytes=times_n(res * T * h),
+                           formula=f"T x h x {res} B{x} (no next layer on this stage saves it)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the stage output (received)", nbytes=res * T * h,
+                       phases=(BACKWARD, BACKWARD_END), formula=f"T x h x {res} B (the backward starts from it)"))
+    else:
+        final, how = shape.family.norm.lora_final_saved(kind, T, h)
+        add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=times_n(final), phases=SAVED,
+                       formula=f"{how} = {_n(final)} B{x}"))
+        add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=times_n(4 * T * V),
+                       phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{x}"))
+        add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=times_n(8 * T), phases=SAVED,
+                       formula=f"T x 8 B (saved by nll_loss){x}"))
+        logits = c * T * V + (4 * T * V if c != 4 else 0)
+        add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "")
+                       + " (at the loss)", nbytes=logits, phases=(FORWARD,),
+                       formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
+        add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
+                       phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
+        if regime.autocast:
+            add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the frozen LM head",
+                           nbytes=times_n(2 * shape.embedding_parameters), phases=SAVED,
+                           formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul){x}"))
+    if plan.profile_options.lora.quantization in ("nf4", "fp4"):
+        largest = max(i * o for _, i, o in _quantized_linears(plan))
+        add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
+                       nbytes=largest * c, phases=(BACKWARD_END,),
+                       formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
+                               "(dequantize_4bit in the backward's matmul)"))
+    if generic(plan):
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return terms
 
