@@ -260,8 +260,11 @@ def _rank_placement(rank: RankClass, layout, placement):
     dense, experts = groups["dense"], groups["experts"]
     total = dense + experts
     if not experts:
-        return attrs.evolve(placement, parameters_per_rank=total,
-                            trainable_parameters_per_rank=total * plan.trainable_fraction,
+        trainable = total * plan.trainable_fraction
+        if plan.profile_options.lora is not None and placement.pipeline_stages > 1:
+            from .lora import stage_trainable      # a stage's own adapters (the frozen embedding and head train none)
+            trainable = stage_trainable(plan, rank.layers)
+        return attrs.evolve(placement, parameters_per_rank=total, trainable_parameters_per_rank=trainable,
                             layers_per_stage=rank.layers)
     edp = expert_data_parallel(plan, placement)
     # A rule sharding over the whole data-parallel group of a stage (the dp x cp ranks the
@@ -500,6 +503,9 @@ def rank_gradient_terms(plan, placement):
     """Gradients of one rank's trainable parameters. With more than one micro-batch per
     iteration (accumulation, or a pipeline's m micro-batches) they are accumulated, so
     they are alive in every phase; with one, they are born in the backward."""
+    if plan.profile_options.lora is not None:      # the stage's adapters (lora.py)
+        from .lora import gradient_terms
+        return gradient_terms(plan, placement)
     regime = plan.profile_options.regime
     b = regime.gradient
     if not b:
