@@ -118,12 +118,12 @@ def test_a_run_the_measured_profile_cannot_describe_is_raised_never_mixed(builti
         search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, solver=other, profile="measured",
                             optimizer="test.reference-only", workers=workers)
     assert err.value.parameter == "optimizer"
-    # LoRA passes the one-device check; the layouts it is not modelled for (split by tp, pp, cp
-    # or ep) are left out and counted in a note (from a worker's chunk too), never answered by
-    # another profile; the data-parallel ones are ranked, each as solve answers it alone
+    # LoRA passes the one-device check; the layouts it is not modelled for (split by tp, cp or ep)
+    # are left out and counted in a note (from a worker's chunk too), never answered by another
+    # profile; the data-parallel and pipeline ones are ranked, each as solve answers it alone
     found = search.search_plans("llama3-8b", "h100", devices=8, global_batch=16, solver=solver, profile="measured",
                                 lora={"rank": 16}, workers=workers)
-    assert found.fits and all(c.tp == c.pp == c.cp == c.ep == 1 for c in found.fits)
+    assert found.fits and all(c.tp == c.cp == c.ep == 1 for c in found.fits)
     assert any("the profile cannot describe them: lora:" in n for n in found.notes)
     assert all(c.total_memory == standalone(solver, "llama3-8b", "h100", 16, 2048, c, profile="measured",
                                             lora={"rank": 16}).total_memory for c in found.fits[:20])
@@ -278,8 +278,8 @@ def test_cli_lora_layouts_the_profile_cannot_describe_are_left_out_and_said(caps
     code, text = run("search", "-n", "8", "--global-batch", "16", "--lora-rank", "16", "--no-progress", "--json")
     found = json.loads(text)
     assert code == 0 and found["fits"] and found["profile"] == "measured"
-    # LoRA is modelled for data-parallel layouts only: the others are left out, counted, said
-    assert all(r["tp"] == r["pp"] == r["cp"] == r["ep"] == 1 for r in found["fits"])
+    # LoRA is modelled for data-parallel layouts and pipeline stages: the others are left out, counted, said
+    assert all(r["tp"] == r["cp"] == r["ep"] == 1 for r in found["fits"])
     (note,) = [n for n in found["notes"] if "the profile cannot describe them: lora:" in n]
     left_out = int(note.split(" layouts")[0].replace(",", ""))
     assert 0 < left_out < found["candidates"]
