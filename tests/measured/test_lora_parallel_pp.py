@@ -30,6 +30,11 @@ def test_the_measurements():
     assert data["peft"] == "0.21.2" and data["torch"].split("+")[0] == "2.13.0"
     assert data["bitsandbytes"] == "0.50.2" and "measure_lora_pp.py" in data["generator"]
     assert not any(r.get("error") for r in RUNS)
+    # fully checkpointed stages were measured; the profile refuses LoRA with recomputation under pp (the forward of
+    # a stage before the last peaks in a layer's working set, 13 % above the prediction there; the last stage exact)
+    checkpointed = [r for r in RUNS if r["checkpointing"] == "full"]
+    assert checkpointed and all("activation_checkpointing='full' is not allowed" in COMPARE.refused(r)
+                                for r in checkpointed)
     # every stage of the layouts measured, the in-flight micro-batches 1F1B's: min(p - stage, m)
     for run in RUNS:
         lay, m = run["layout"], run["measured"]
@@ -54,7 +59,7 @@ def test_one_stage_every_phase(run, c):
 def test_errors_median_and_max():
     errors = [abs(e) for _, c in COMPARED if c is not None for e in c["errors"].values()]
     peaks = [abs(c["peak"][2]) for _, c in COMPARED if c is not None]
-    assert len(peaks) >= 8
+    assert len(peaks) == 8
     assert statistics.median(errors) <= 0.01 and max(errors) <= 0.06
     assert statistics.median(peaks) <= 0.01 and max(peaks) <= 0.05
 
@@ -84,7 +89,7 @@ def test_layer_adapters_by_hand():
 
 
 def _solve(**kw):
-    base = dict(lora={"rank": 16}, regime="bf16", gradient_accumulation_steps=8)
+    base = dict(lora={"rank": 16}, regime="bf16", gradient_accumulation_steps=8, activation_checkpointing="none")
     base.update(kw)
     return TrainingMemoryModel("measured").solve("llama3-8b", "h100", 8, 2048, "bf16", **base)
 
@@ -117,7 +122,7 @@ def test_pipeline_stages_of_llama3_8b():
 def test_qlora_pipeline_stage_quantized_share():
     r = _solve(pp_size=2, lora={"rank": 16, "quantization": "nf4", "double_quant": True})
     whole = TrainingMemoryModel("measured").solve("llama3-8b", "h100", 8, 2048, "bf16", regime="bf16",
-                                                  gradient_accumulation_steps=8,
+                                                  gradient_accumulation_steps=8, activation_checkpointing="none",
                                                   lora={"rank": 16, "quantization": "nf4", "double_quant": True})
     packed = [{t.label: t.nbytes for t in rank.terms}["quantized base linears (4-bit nf4)"] for rank in r.ranks]
     assert sum(packed) == {t.label: t.nbytes for t in whole.terms}["quantized base linears (4-bit nf4)"]
@@ -133,6 +138,8 @@ def test_qlora_pipeline_stage_quantized_share():
      "trainable copies of the embedding / LM head on the first / last stage are not measured"),
     ({"pp_size": 2, "pipeline_schedule": "interleaved-1f1b"}, "pipeline_schedule",
      "LoRA over interleaved model chunks is not measured"),
+    ({"pp_size": 2, "activation_checkpointing": "full"}, "activation_checkpointing",
+     "the forward working set of a recomputed layer on a stage before the last is not modelled under LoRA"),
 ])
 def test_refused(kw, parameter, message):
     with pytest.raises(NotModelledError) as e:

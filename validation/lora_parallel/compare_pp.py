@@ -42,7 +42,7 @@ def solve(run):
     lora = {k: v for k, v in run["lora"].items() if v is not None}
     return TrainingMemoryModel("measured").solve(
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * lay["microbatches"],
-        run["seq_len"], precision="fp32", optimizer="adamw", activation_checkpointing="none",
+        run["seq_len"], precision="fp32", optimizer="adamw", activation_checkpointing=run["checkpointing"],
         regime=REGIMES[run["regime"]], optimizer_impl="foreach", attention="sdpa", runtime_overheads=False,
         lora=lora, device="cpu", pp_size=lay["pp_size"], dp_size=1, pipeline_schedule="1f1b",
         gradient_accumulation_steps=lay["microbatches"])
@@ -64,7 +64,20 @@ def phases(rank) -> dict[str, float]:
     return out
 
 
+def refused(run):
+    """The message of the profile's refusal of this run (None: it is solved)."""
+    from mlsysim_core.errors import NotModelledError
+    try:
+        solve(run)
+    except NotModelledError as e:
+        return str(e)
+    return None
+
+
 def compare(run):
+    """The comparison, or None where the run has no rank class of its own or is refused (``refused``)."""
+    if refused(run) is not None:
+        return None
     result = solve(run)
     rank = rank_of(result, run["layout"]["stage"])
     if rank is None:
@@ -85,7 +98,9 @@ def table() -> str:
         c = compare(run)
         lay = run["layout"]
         if c is None:
-            skipped.append(f"{run['id']} (stage {lay['stage']}: a middle stage dominated by another, no rank class)")
+            why = refused(run)
+            skipped.append(f"{run['id']} (" + (f"refused by the profile: {why.split(' (')[0]}" if why else
+                           f"stage {lay['stage']}: a middle stage dominated by another, no rank class") + ")")
             continue
         pm, pp, pe = c["peak"]
         peaks.append(abs(pe))

@@ -50,14 +50,16 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 MODELS = {"llama-tiny": ("llama", LLAMA_TINY), "gqa-tiny": ("llama-gqa", GQA_TINY)}
 
 
-def _cfg(model, regime, pp, stage, m, *, rank, targets, b=2, s=256, quantization=None, double_quant=False):
+def _cfg(model, regime, pp, stage, m, *, rank, targets, b=2, s=256, quantization=None, double_quant=False,
+         checkpointing="none"):
     family, base = MODELS[model]
     short = "all" if targets == "all-linear" else "-".join(t.split("_")[0] for t in targets)
     q = f"-{quantization}" + ("-dq" if double_quant else "") if quantization else ""
-    return {"id": f"{'q' if quantization else ''}lora-{model}-{regime}{q}-r{rank}-{short}-pp{pp}-stage{stage}-m{m}"
+    ck = "" if checkpointing == "none" else f"-{checkpointing}"
+    return {"id": f"{'q' if quantization else ''}lora-{model}-{regime}{q}-r{rank}-{short}{ck}-pp{pp}-stage{stage}-m{m}"
                   f"-b{b}-s{s}",
             "family": family, "model": model, "hf_config": _hf(base, 0.0), "batch_size": b, "seq_len": s,
-            "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "none",
+            "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": checkpointing,
             "attention": "sdpa", "dropout": 0.0, "method": "real",
             "layout": {"pp_size": pp, "stage": stage, "microbatches": m, "schedule": "1f1b"},
             "lora": {"rank": rank, "target_modules": targets, "quantization": quantization,
@@ -78,6 +80,9 @@ CONFIGS = [
     # autocast over an fp32 base, grouped-query attention
     _cfg("gqa-tiny", "amp-bf16", 2, 0, 4, rank=16, targets=ALL),
     _cfg("gqa-tiny", "amp-bf16", 2, 1, 4, rank=16, targets=ALL),
+    # full activation checkpointing (transformers' gradient_checkpointing_enable on every layer)
+    _cfg("llama-tiny", "fp32", 2, 0, 2, rank=16, targets=ALL, checkpointing="full"),
+    _cfg("llama-tiny", "fp32", 2, 1, 2, rank=16, targets=ALL, checkpointing="full"),
     # QLoRA: the 4-bit base split the same way
     _cfg("llama-tiny", "bf16", 2, 0, 2, rank=16, targets=ALL, quantization="nf4", double_quant=True),
     _cfg("llama-tiny", "bf16", 2, 1, 2, rank=16, targets=ALL, quantization="nf4", double_quant=True),
@@ -101,8 +106,11 @@ def _base_model(cfg):
                                                          attn_implementation=cfg["attention"], device_map="cpu")
     config = LoraConfig(r=lora["rank"], lora_alpha=2 * lora["rank"], lora_dropout=0.0,
                         target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM")
-    model = get_peft_model(model, config).get_base_model()
+    model = get_peft_model(model, config)
     model.train()
+    if cfg["checkpointing"] == "full":
+        model.gradient_checkpointing_enable()
+    model = model.get_base_model()
     return model, hf_config
 
 
