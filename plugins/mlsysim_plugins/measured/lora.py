@@ -1165,6 +1165,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     in the forward, where it exceeds the loss's moment (``dora_transient``). A loss implementation
     that declares LoRA (``allows``) replaces the cross-entropy's terms (``loss.loss_terms``, the LM head
     frozen unless ``modules_to_save`` trains it)."""
+    if getattr(plan.profile_options, "compile", None) is True:     # compile.py: the whole peft model compiled
+        from .compile import whole_lora_terms
+        return whole_lora_terms(plan, placement)
     stage = stage_of(plan, placement)
     if stage.split:
         return _stage_activation_terms(plan, placement, stage)
