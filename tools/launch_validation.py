@@ -25,6 +25,13 @@ LIT = "Lightning-AI/litgpt 26857050 config_hub/finetune/README.md"
 TITAN = "pytorch/torchtitan b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md"
 BRIDGE = "verdimrc/playground-nemo-2.0-gh 6129a1ad 05-byoc-te-mb/with-ngc-pytorch-25.06-cleanup.md"
 
+# The environment a published run had that its config does not carry ("env:NAME=VALUE" among the overrides), as the
+# measured profile's setting that prices it: expandable segments -> the caching allocator's mechanism
+# (runtime_overheads.allocator='segments', measured/allocator.py; the launch readers keep the fraction, since a
+# config file does not say the environment it runs in).
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+ENV = {EXPANDABLE: {"runtime_overheads": {"allocator": "segments", "expandable_segments": True}}}
+
 # (source and line, what was published, config file, overrides, gpus, hardware, metric, value, unit)
 ROWS = [
     (f"{TT}:119", "Llama 3.1 8B full, 1x 4090", "torchtune/llama3_1/8B_full_single_device.yaml",
@@ -75,6 +82,12 @@ ROWS = [
     # torchtitan's logged max_reserved_gib: reserved, against the total less the CUDA context.
     (f"{TITAN}:27", "Llama 3.1 8B FSDP (no compile), 8x H100 (96 GB)", "torchtitan/llama3/llama3_8b.toml",
      ["training.local_batch_size=2"], 8, "h100", "reserved", 82.4, "GiB"),
+    # The same run with the environment it had: torchtitan 9dec370's run_llama_train.sh exports
+    # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" (validation/published/torchtitan_llama3_8b.py), which the
+    # TOML does not carry: given here as the run's environment (ENV below).
+    (f"{TITAN}:27", "Llama 3.1 8B FSDP (no compile), 8x H100 (96 GB), the launcher's allocator setting",
+     "torchtitan/llama3/llama3_8b.toml", ["training.local_batch_size=2", f"env:{EXPANDABLE}"], 8, "h100",
+     "reserved", 82.4, "GiB"),
     # Megatron-Bridge's llama32_1b_pretrain_config (seq 1024, tp 1, dp 8) on 8 H100 80GB: the resolved
     # ConfigContainer its log prints, and its report_memory line after 10 iterations ("MB" is MiB:
     # torch.cuda.max_memory_allocated() / 2**20; tests/data/launch/megatron_bridge/SOURCE.md).
@@ -90,6 +103,9 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
     from mlsysim_core.scenario import from_launch
     import attrs
     path = DATA / file
+    environment = [item[4:] for item in overrides if item.startswith("env:")]
+    given = overrides
+    overrides = [item for item in overrides if not item.startswith("env:")]
     if path.suffix == ".toml" and overrides:     # torchtitan takes no key=value overrides: the same TOML, edited,
         import json                              # read as the JSON --job.save_config_file would write
         import tempfile
@@ -107,14 +123,25 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
         path, overrides_given = edited, []
     else:
         overrides_given = overrides
+    launch = None
     try:
         launch = from_launch([path], gpus=gpus, hardware=hardware, overrides=overrides_given,
                              seq_len=2048 if metric == INIT else None)
-        result = launch.scenario.solve()
+        scenario = launch.scenario
+        if environment:
+            from mlsysim_core.scenario import Scenario
+            document = scenario.to_dict()
+            for item in environment:
+                document.update(ENV[item])
+            scenario = Scenario.from_dict(document)
+        result = scenario.solve()
     except MlsysimError as err:
         field = getattr(err, "parameter", "?")
+        # a profile's refusal names a scenario field: the file's key it came from said beside it
+        key = launch.sources.get(str(field).split(".")[0]) if launch is not None else None
+        key = f" (from {key.split(': ', 1)[1]})" if key and ": " in key and not key.startswith("default") else ""
         return (f"| {what} | `{file}` {' '.join(overrides) or ''} | {value or 'OOM'} {unit} ({metric}) | refused: "
-                f"`{field}`={getattr(err, 'value', '')!r} | - | {source} |")
+                f"`{field}`={getattr(err, 'value', '')!r}{key} | - | {source} |")
     scale = {"GiB": 2**30, "MiB": 2**20}.get(unit, 1e9)
     if metric == "OOM":
         fits = "fits" if result.feasible else "does not fit"
@@ -139,7 +166,7 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
                 f"({label}) at the config's maximum length | not comparable: not packed, the peak is the longest "
                 f"batch of the data | {source} |")
     error = (predicted - value) / value * 100
-    return (f"| {what} | `{file}` {' '.join(overrides)} | {value} {unit} ({metric}) | {predicted:.2f} {unit} "
+    return (f"| {what} | `{file}` {' '.join(given)} | {value} {unit} ({metric}) | {predicted:.2f} {unit} "
             f"({label}) | {error:+.1f} % | {source} |")
 
 

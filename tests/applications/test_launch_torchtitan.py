@@ -184,3 +184,95 @@ def test_the_loss_is_v0_2_2s_cross_entropy():
     assert launch.scenario.profile_options["loss"] == "cross_entropy"
     default = next(d for r in launch.readings for d in r.defaults if d.field == "loss")
     assert "v0.2.2 torchtitan/components/loss.py" in default.source
+
+
+def test_the_launchers_allocator_setting_said_not_assumed():
+    """torchtitan's launcher exports expandable_segments:True, which a job config does not carry: the reader
+    keeps the profile's fraction and says so, naming the setting that prices it on an FSDP-only layout. Given
+    (as tools/launch_validation.py gives it for the published run), Llama 3.1 8B over 8 ranks: the reduce-scatter
+    pool holds the fp32 gradient shards, 32 layers of 218,112,000 / 8 and the root group (the untied embedding
+    and head, 2 x 128,256 x 4,096, and the final norm, 4,096) / 8, each a multiple of 512 B, the expandable
+    segment mapped in 20 MiB pages (CUDACachingAllocator's kLargeBuffer)."""
+    from mlsysim_core.scenario import Scenario
+    launch = from_launch([DATA / "llama3" / "llama3_8b.toml"], gpus=8, hardware="h100")
+    reading = launch.readings[0]
+    assert not [d for d in reading.defaults if d.field == "runtime_overheads"]
+    assert any("expandable_segments:True" in n and "'allocator': 'segments'" in n for n in reading.notes)
+    plain = launch.scenario.solve()
+    assert not any(t.label.startswith("allocator:") for t in plain.terms)
+    document = launch.scenario.to_dict()
+    document["runtime_overheads"] = {"allocator": "segments", "expandable_segments": True}
+    result = Scenario.from_dict(document).solve()
+    pool = next(t.nbytes for t in result.terms if t.label == "allocator: reduce-scatter stream pool")
+    shards = 32 * (218_112_000 // 8 * 4) + (2 * 128_256 * 4_096 + 4_096) // 8 * 4
+    assert shards == 4_015_130_624
+    assert pool == -(-shards // (20 * 2**20)) * 20 * 2**20 == 4_026_531_840
+    assert result.allocated_memory == plain.allocated_memory
+
+
+def test_the_allocator_setting_noted_where_the_layout_is_not_described():
+    """llama3_70b.toml: tensor parallel 8, which the allocator mechanism does not describe: the fraction,
+    said in a note, no default."""
+    launch = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=8, hardware="h100")
+    reading = launch.readings[0]
+    assert not [d for d in reading.defaults if d.field == "runtime_overheads"]
+    assert any("expandable_segments" in n and "tp_size=8" in n for n in reading.notes)
+    result = launch.scenario.solve()
+    assert not any(t.label.startswith("allocator:") for t in result.terms)
+
+
+def _edited(tmp_path, name, **sets):
+    """A real TOML with some keys set, as the JSON --job.save_config_file writes (the reader takes no
+    key=value overrides)."""
+    import tomllib
+    document = tomllib.loads((DATA / name).read_text())
+    for dotted, value in sets.items():
+        *parents, last = dotted.split("__")
+        table = document
+        for part in parents:
+            table = table.setdefault(part, {})
+        table[last] = value
+    out = tmp_path / (Path(name).stem + ".json")
+    out.write_text(json.dumps(document))
+    return out
+
+
+def test_compiled_blocks_under_pipeline_parallelism(tmp_path):
+    """compile.enable with the blocks only (components ["model"]) under pipeline_parallel_degree 2, without
+    checkpointing: the measured profile describes it (compile='blocks' under pp)."""
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", compile__enable=True, compile__components=["model"],
+                   parallelism__pipeline_parallel_degree=2, activation_checkpoint__mode="none")
+    launch = from_launch([path], gpus=8, hardware="h100")
+    s = launch.scenario
+    assert (s.pp_size, s.compile, s.activation_checkpointing) == (2, "blocks", "none")
+    result = s.solve()
+    assert any(n.startswith("compile='blocks'") for n in result.notes)
+    # pp: the allocator mechanism does not describe it; the fraction, said
+    assert any("pp_size=2" in n for n in launch.readings[0].notes)
+
+
+def test_compiled_blocks_with_full_checkpointing_is_torchtitans_order(tmp_path):
+    """activation_checkpoint.mode full + compile: apply_ac, then apply_compile (the profile's priced order) on
+    one device; under FSDP the profile refuses it, naming activation_checkpointing, which the launch traces to
+    activation_checkpoint.mode."""
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", compile__enable=True, compile__components=["model"],
+                   activation_checkpoint__mode="full")
+    one = from_launch([path], gpus=1, hardware="h100")
+    result = one.scenario.solve()
+    assert any(n.startswith("compile='blocks' with full checkpointing: torchtitan's order") for n in result.notes)
+    eight = from_launch([path], gpus=8, hardware="h100")
+    with pytest.raises(NotModelledError) as err:
+        eight.scenario.solve()
+    assert err.value.parameter == "activation_checkpointing" and err.value.value == "full"
+    assert eight.sources["activation_checkpointing"].endswith("activation_checkpoint.mode")
+
+
+def test_compiled_blocks_under_torchtitans_tp_plan_refused_naming_sequence_parallel(tmp_path):
+    """torchtitan's TP plan is always sequence-parallel: compiled blocks with it are not measured."""
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", compile__enable=True, compile__components=["model"],
+                   parallelism__tensor_parallel_degree=2, activation_checkpoint__mode="none")
+    launch = from_launch([path], gpus=8, hardware="h100")
+    with pytest.raises(NotModelledError) as err:
+        launch.scenario.solve()
+    assert err.value.parameter == "sequence_parallel" and err.value.value is True
+    assert "tensor_parallel_degree" in launch.sources["sequence_parallel"]

@@ -190,3 +190,60 @@ def test_loss_components_map_to_the_registered_implementations():
     with pytest.raises(NotModelledError, match="loss.mask_ignored_tokens"):
         from_launch([path], seq_len=2048, overrides=("loss._component_=torchtune.modules.loss.LinearCrossEntropyLoss",
                                                      "loss.mask_ignored_tokens=false"))
+
+
+def test_compiled_lora_without_checkpointing_is_answered():
+    """compile: True with LoRA (adapters in the model's dtype, no checkpointing): the measured profile's
+    compiled blocks with frozen base weights (compile.lora_layer_saved); the file's own
+    enable_activation_checkpointing: True with compile is refused, naming activation_checkpointing, traced to the
+    recipe's key."""
+    path = DATA / "llama3_1" / "8B_lora_single_device.yaml"
+    launch = from_launch([path], hardware="h100", seq_len=2048,
+                         overrides=["compile=True", "enable_activation_checkpointing=False"])
+    s = launch.scenario
+    assert (s.compile, s.activation_checkpointing, s.profile_options["lora"]["adapter_dtype"]) == \
+        ("blocks", "none", "base")
+    compiled = s.solve()
+    eager = from_launch([path], hardware="h100", seq_len=2048,
+                        overrides=["enable_activation_checkpointing=False"]).scenario.solve()
+    assert compiled.weights == eager.weights and compiled.allocated_memory < eager.allocated_memory
+    assert any(n.startswith("compile='blocks'") for n in compiled.notes)
+    checkpointed = from_launch([path], hardware="h100", seq_len=2048, overrides=["compile=True"])
+    with pytest.raises(NotModelledError) as err:
+        checkpointed.scenario.solve()
+    assert err.value.parameter == "activation_checkpointing" and err.value.value == "full"
+    assert checkpointed.sources["activation_checkpointing"].endswith(": enable_activation_checkpointing")
+
+
+def test_compile_with_checkpointing_answered_in_torchtitans_order_with_torchtunes_difference_said():
+    """torchtune's recipes compile each layer, then wrap it in checkpoint_wrapper; the profile prices the
+    checkpoint inside the compiled block (torchtitan's order). The reading marks compile approximated, naming
+    the measured difference (forward +10.2 %, backward -6.5 % on a 3-layer cell); the answer is the profile's
+    compiled full checkpointing, with its note."""
+    path = DATA / "llama3_2" / "3B_full_single_device.yaml"
+    packed = ["dataset.packed=True", "tokenizer.max_seq_len=4096", "optimizer_in_bwd=False", "compile=True"]
+    launch = from_launch([path], hardware="a100", overrides=packed)
+    field = next(f for r in launch.readings for f in r.fields if f.key == "compile")
+    assert field.approximated and "10.2 %" in field.note and "6.5 %" in field.note
+    assert (launch.scenario.compile, launch.scenario.activation_checkpointing) == ("blocks", "full")
+    result = launch.scenario.solve()
+    assert any(n.startswith("compile='blocks' with full checkpointing: torchtitan's order") for n in result.notes)
+    unchecked = from_launch([path], hardware="a100", overrides=[*packed, "enable_activation_checkpointing=False"])
+    assert not next(f for r in unchecked.readings for f in r.fields if f.key == "compile").approximated
+
+
+def test_compiled_blocks_under_tensor_parallelism_without_sequence_parallelism():
+    """tensor_parallel_dim with torchtune's plan (no sequence parallelism) and compile: True, no checkpointing,
+    torch's cross-entropy: described (compile='blocks' under tp without sp). The file's chunked loss under tp is
+    refused by the profile, naming loss, traced to loss._component_."""
+    path = DATA / "llama3_1" / "8B_full.yaml"
+    tp = ["tensor_parallel_dim=2", "compile=True", "enable_activation_checkpointing=False"]
+    launch = from_launch([path], gpus=8, hardware="h100", seq_len=2048,
+                         overrides=[*tp, "loss._component_=torch.nn.CrossEntropyLoss"])
+    s = launch.scenario
+    assert (s.tp_size, s.sequence_parallel, s.compile, s.dp_size) == (2, False, "blocks", 4)
+    assert any(n.startswith("compile='blocks'") for n in s.solve().notes)
+    chunked = from_launch([path], gpus=8, hardware="h100", seq_len=2048, overrides=tp)
+    with pytest.raises(NotModelledError) as err:
+        chunked.scenario.solve()
+    assert err.value.parameter == "loss" and chunked.sources["loss"].endswith("loss._component_")

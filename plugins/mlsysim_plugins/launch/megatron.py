@@ -213,7 +213,9 @@ def _read_env(r: Reading, env, args, impl, path, context) -> None:
     if str(env.get("PYTORCH_CUDA_ALLOC_CONF", "")).replace(" ", "") == "expandable_segments:True":
         r.note(f"ENV_VARS.PYTORCH_CUDA_ALLOC_CONF={env.pop('PYTORCH_CUDA_ALLOC_CONF')}: approximated: the caching "
                "allocator grows segments in place; the bytes allocated are unchanged, the reserve above them is "
-               "priced as without it (runtime_overheads.allocator_fraction)")
+               "priced as without it (runtime_overheads.allocator_fraction): the measured profile's allocator "
+               "mechanism (runtime_overheads.allocator='segments') prices per-parameter tensors, not Megatron's "
+               "contiguous gradient buffers and the distributed optimizer's shards, nor tp/pp/ep layouts")
     for name in sorted(env):
         if name not in ENV_IGNORED:
             raise InvalidInputError(f"ENV_VARS.{name}", env[name], "an environment variable this reader knows: "

@@ -454,6 +454,7 @@ def _read(path, document, context):
                      "wrap_with_cuda_graph): the capture allocates what an eager step allocates, priced so; the "
                      "graph's private pool stays reserved between steps, so reserved memory exceeds the eager "
                      "run's (not priced)")
+    _allocator(r, sizes)
     # --- the rest ---------------------------------------------------------------------------
     for key, value in cfg.items():
         if key in seen:
@@ -467,6 +468,28 @@ def _read(path, document, context):
                                     "(docs/launch.md, torchtitan)", f"{path}: refused rather than dropped")
     return r.done()
 
+
+# torchtitan's launcher exports the allocator setting for every run it starts: run_llama_train.sh at 9dec370
+# (PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", validation/published/torchtitan_llama3_8b.py) and
+# run_train.sh at 0168bd51 (PYTORCH_ALLOC_CONF="expandable_segments:True", the same setting's newer name).
+LAUNCHER = ("pytorch/torchtitan run_llama_train.sh (9dec370) and run_train.sh (0168bd51): the launcher exports "
+            "expandable_segments:True")
+
+
+def _allocator(r, sizes) -> None:
+    """The launcher's expandable segments, said: a job config does not carry the environment it runs in (the
+    launcher's setting is not this file's), so the reserve stays the profile's fraction; the note says whether
+    the measured profile's ``runtime_overheads.allocator='segments'`` describes this layout (the data-parallel
+    rule alone splits the tensors: no tp, pp, cp or ep; no offload), for a run known to have it."""
+    split = [f"{name}={sizes[name]}" for name in ("tp_size", "pp_size", "cp_size", "ep_size") if sizes[name] > 1]
+    if r.values_of("offload"):
+        split.append("training.enable_cpu_offload")
+    r.note(f"{LAUNCHER}, which this file does not carry: the reserve above the allocated bytes is priced as the "
+           "profile's fraction (runtime_overheads.allocator_fraction); " + (
+               f"the allocator mechanism does not describe {', '.join(split)}" if split else
+               "for a run known to have the setting, runtime_overheads={'allocator': 'segments', "
+               "'expandable_segments': True} prices the caching allocator's segments and FSDP2's stream pools "
+               "(measured/allocator.py)"))
 
 @hookimpl
 def mlsysim_launch_formats():
