@@ -216,7 +216,7 @@ def test_the_result_says_what_is_modelled():
     (dict(regime="amp-bf16"), "regime"),
     (dict(attention="eager"), "attention"),
     (dict(dropout=0.1), "dropout"),
-    (dict(lora={"rank": 8}), "lora"),
+    (dict(lora={"rank": 8, "use_dora": True}), "lora"),          # (plain LoRA: test_compile_lora_whole.py)
     (dict(optimizer_in_backward=True), "optimizer_in_backward"),
     (dict(activation_offload="save_on_cpu"), "activation_offload"),
     (dict(offload="optimizer"), "offload"),

@@ -110,7 +110,6 @@ def test_off_is_eager_lora():
 
 
 @pytest.mark.parametrize("kw, name", [
-    (dict(compile=True), "lora"),                                              # the whole model (HF torch_compile)
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, quantization="nf4")), "lora"),
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, dropout=0.1)), "lora"),
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, use_dora=True)), "lora"),

@@ -63,7 +63,13 @@ Not modelled (refused, naming the parameter and what is allowed): autocast and M
 checkpointing strategies than none and full (every layer), other loss implementations than the default
 cross-entropy, attention kernels that do not compute SDPA, families whose declared layer ops include
 others than mm and SDPA (routers, grouped mms), dropout, parallel layouts, and the techniques that reshape
-the backward (LoRA but per block, offload, the optimizer step in the backward, activation offload, float8).
+the backward (offload, the optimizer step in the backward, activation offload, float8; LoRA but plain).
+
+With peft's LoRA (``compile=True``: Hugging Face's ``torch_compile``, ``torch.compile(peft_model)``, one graph):
+the layers' saved set with frozen base weights (``lora_layer_saved``, peft's fp32 adapters' fp32 copies), the
+mask, the final norm's rsqrt, the compiled loss; no embedding output or gradient (``whole_lora_terms``).
+Measured: validation/compile/measure_lora_whole.py. QLoRA, DoRA, dropout, ``modules_to_save`` and
+checkpointing refused.
 
 ``compile="blocks"`` (docs/compile.md, "Per-block compile"): each decoder block compiled apart, as torchtune
 0.6.1 (``training.compile_model``) and torchtitan (``apply_compile``) do: the blocks' saved set as above with
@@ -94,7 +100,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
 SAVED = (FORWARD, BACKWARD)
 COMPUTE_INTENSIVE = ("mm", "bmm", "sdpa")   # the declared op kinds the partitioner never recomputes
@@ -210,7 +216,7 @@ def prepare(plan, registry=None):
     if o.lora is not None:
         _check_lora(plan, value)
     for name in _TECHNIQUES:
-        if name == "lora" and value == BLOCKS:
+        if name == "lora":      # (_check_lora: what is modelled with LoRA)
             continue
         if getattr(o, name, None):
             raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
@@ -272,10 +278,9 @@ def _check_lora(plan, value):
     """LoRA with compile: per block (torchtune's LoRA recipes with ``compile: True``), plain LoRA adapters in
     the model's dtype, no checkpointing; else refused by name."""
     config = plan.profile_options.lora
-    if value != BLOCKS:
-        raise NotModelledError("lora", config, f"None with compile=True (LoRA is modelled with compile={BLOCKS!r})",
-                               "the whole model compiled with peft's adapters (Hugging Face's torch_compile) is not "
-                               "measured: its loss, LM head and embedding inside one graph with frozen weights")
+    if value is True:
+        _check_whole_lora(plan, config)
+        return
     why = ("its 4-bit or int8 base's dequantizing matmuls inside the compiled block (torchtune's linear_nf4, "
            "bitsandbytes) are not modelled" if config.quantization else
            "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
@@ -295,6 +300,24 @@ def _check_lora(plan, value):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                f"none with LoRA and compile={BLOCKS!r}",
                                "a checkpointed LoRA block compiled apart is not modelled")
+
+
+def _check_whole_lora(plan, config):
+    """``compile=True`` with peft's LoRA (Hugging Face Trainer's ``torch_compile``): plain adapters, no
+    checkpointing; else refused by name."""
+    why = ("bitsandbytes' 4-bit or int8 base (its Params4bit matmuls, a custom autograd function) inside the "
+           "compiled model is not measured" if config.quantization else
+           "DoRA's magnitude and weight norm inside the compiled model are not measured" if config.use_dora else
+           "the adapters' dropout (functionalized RNG under the partitioner) is not measured" if config.dropout else
+           "trainable copies of the embedding or LM head (the partitioner then saves their inputs) are not measured"
+           if config.modules_to_save else None)
+    if why:
+        raise NotModelledError("lora", config, "plain LoRA (no quantization, DoRA, dropout or modules_to_save) with "
+                               "compile=True", why)
+    if plan.activation_checkpointing not in (None, "none"):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "none with LoRA and compile=True",
+                               "Hugging Face's gradient checkpointing of a compiled peft model is not measured")
 
 
 def undeclared_layer_parameters(shape) -> int:
@@ -387,6 +410,11 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
                                f"{', '.join(sorted(adapted - named))}: adapted linears the family's declared ops do "
                                "not name")
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    # The adapters' dtype: peft's fp32 adapters over a 16-bit base (compile=True) cast their input to fp32
+    # (``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``); the partitioner saves the
+    # fp32 copy of a norm's output and lora_a's fp32 output (measured, the bf16 runs of
+    # validation/compile/measure_lora_whole.py). In the model's dtype (torchtune's) both are c bytes.
+    a = 4 if plan.profile_options.lora.adapter_dtype == "fp32" else c
     g, total, parts = grad_in, 0.0, []
 
     def add(name, n):
@@ -404,7 +432,7 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
         if g:
             add(f"{module} norm rsqrt", 4)
         if any(op.name in adapted for op in first):
-            add(f"{module} norm output (lora_a's input)", c * h)
+            add(f"{module} norm output (lora_a's input)", a * h)
         inner = g or any(op.name in adapted for op in first)
         if inner:
             add(f"{module} " + ", ".join(op.name for op in first), sum(op.nbytes for op in first))
@@ -415,7 +443,7 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
             if op.name in adapted and not (inner and rest):      # SDPA's output is saved when inner
                 add(f"{op.name}'s input (lora_a's)", rest[0].nbytes - 4 * shape.heads if rest else
                     first[-1].nbytes)
-        add(f"{module} lora_a outputs", c * r * sum(1 for op in mops if op.name in adapted))
+        add(f"{module} lora_a outputs", a * r * sum(1 for op in mops if op.name in adapted))
         g = g or any(op.name in adapted for op in mops)
         if g:
             if i < len(modules) - 1:
@@ -437,7 +465,9 @@ def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
     # The last block's output is the eager final norm's input: torchtune's RMSNorm (F.rms_norm(x.float(), ...))
     # saves it in fp32 (the fused kernel) and keeps its fp32 copy instead in 16 bits (the composite: lora.py's
     # final norm term), as without LoRA (layer_terms).
-    last = (out if L > 1 else out1) if regime.compute != 4 else 0
+    # compile=True (the whole peft model): the final norm is inside the graph, whose partitioner saves its input
+    # (the last block's output) and rsqrt in every dtype (whole_lora_terms).
+    last = (out if L > 1 else out1) if regime.compute != 4 and blocks(plan) else 0
     total = (first + out1 + (L - 1) * (other + out) - last) * T
     return [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA, compiled)",
                        nbytes=total, phases=SAVED,
@@ -746,6 +776,57 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
                                    "up's in place of up's output), the logits, the loss's part, the final norm's "
                                    "saved tensors, the top layer's output and product freed: larger than the loss's "
                                    "first kernel by this"))
+    return out
+
+
+def _loss_terms(plan, T, V, c) -> list[MemoryTerm]:
+    """The compiled ``ForCausalLMLoss``: the logits it saves, its fused reductions' per-token tensors and the
+    padded labels, and its backward's first kernel (the returned logits' tangent, the fused gradient)."""
+    b, seq = plan.microbatch, plan.seq_len
+    return [MemoryTerm(component=ACTIVATIONS, label="logits (saved by the compiled loss)", nbytes=c * T * V,
+                       phases=SAVED, formula=f"{c} x T x V = {c} x {_n(T)} x {_n(V)} (the LM head's output; no fp32 "
+                                             "copy, no log-softmax)"),
+            MemoryTerm(component=ACTIVATIONS, label="fused cross-entropy: per-token max and log-sum-exp, padded labels",
+                       nbytes=8 * T + 8 * b * (seq + 1) + 8, phases=SAVED,
+                       formula="2 x 4 x T (fp32) + 8 x b x (s + 1) (pad(labels, (0, 1)), int64) + 2 x 4 (the loss, a "
+                               "scalar)"),
+            MemoryTerm(component=ACTIVATIONS, label="compiled loss backward: the logits' tangent and gradient",
+                       nbytes=2 * c * T * V + 4 * T + 4, phases=(BACKWARD,),
+                       formula=f"2 x {c} x T x V (zeros for the returned logits' gradient, the fused kernel's gradient) "
+                               "+ 4 x T + 4 (fp32 per-token buffer)")]
+
+
+def whole_lora_terms(plan, placement) -> list[MemoryTerm]:
+    """compile=True with peft's LoRA (Hugging Face's ``torch_compile``: ``torch.compile(peft_model)``, one graph,
+    no graph break: peft's ``Linear.forward`` traces). Outside the blocks (``lora_layer_terms``) the joint graph
+    with a frozen embedding, final norm weight and LM head saves: the causal mask (Hugging Face's ``sdpa_mask``
+    while tracing, for SDPA's backward), the final norm's fp32 rsqrt (its input, the last block's output, counted
+    with the blocks; its output is read only by the frozen LM head's weight gradient: not saved) and the compiled
+    loss's logits and per-token tensors; no embedding output (the first block's input needs no gradient) and no
+    embedding gradient at the backward's end. The backward's top is the loss's first kernel."""
+    ctx, _ = _context(plan, placement)
+    s, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    c, b, seq = regime.compute, plan.microbatch, plan.seq_len
+    out = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T,
+                      phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP), formula=f"T={_n(T)} x 8 B")]
+    out.append(MemoryTerm(component=ACTIVATIONS, label="attention mask (materialized under compile)",
+                          nbytes=c * b * seq * seq, phases=SAVED,
+                          formula=f"b x s x s x {c} B (Hugging Face's sdpa_mask while tracing: (b, 1, s, s), saved "
+                                  "for SDPA's backward)"))
+    out.append(MemoryTerm(component=ACTIVATIONS, label="final norm (compiled, frozen LM head: fp32 statistic)",
+                          nbytes=4 * T, phases=SAVED, formula="T x 4 B (rsqrt; the output, the frozen LM head's "
+                                                               "input, is not saved)"))
+    out += _loss_terms(plan, T, s.vocab, c)
+    # The forward's top: the LM head writes the logits while its input (the final norm's output, c T h) is
+    # alive, before the loss's reductions and padded labels exist; the input is freed after the matmul.
+    loss_part = 8 * T + 8 * b * (seq + 1) + 8
+    lm_in = c * T * s.hidden - loss_part
+    if lm_in > 0:
+        out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output at the LM head (transient)",
+                              nbytes=lm_in, phases=(FORWARD,),
+                              formula=f"T x h x {c} (the frozen LM head's input, alive while it writes the logits) "
+                                      f"- {_n(loss_part)} (the loss's per-token tensors and padded labels, not yet "
+                                      "allocated)"))
     return out
 
 

@@ -1,0 +1,108 @@
+"""LoRA with ``compile=True`` (Hugging Face Trainer's ``torch_compile`` over a peft model:
+``torch.compile(peft_model)``): the partitioner's saved set with a frozen base, LM head and embedding, against
+validation/compile/lora_whole_measurements.json (peft 0.21.2 on transformers 5.23, the profiler's memory
+timeline, every phase), hand-derived bytes and what is refused. No torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.finetune import LoRAConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("compile_compare_lora_whole",
+                                               ROOT / "validation/compile/compare_lora_whole.py")
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+DOC = json.loads((ROOT / "validation/compile/lora_whole_measurements.json").read_text(encoding="utf-8"))
+RUNS = {r["id"]: r for r in DOC["runs"] if r.get("measured")}
+ROWS = {rid: (pred, meas) for rid, pred, meas, _ in compare.rows()}
+COMPILED = [rid for rid, (pred, _) in ROWS.items() if rid.endswith("-compiled") and isinstance(pred, dict)]
+
+
+def err(rid, phase):
+    pred, meas = ROWS[rid]
+    return (pred[phase] - meas[phase]) / meas[phase]
+
+
+def test_the_trainer_path_compiles_one_graph():
+    """peft's LoRA forward (dropout 0) traces: one Dynamo graph, no graph break, in every measured run."""
+    assert RUNS and all(r["measured"]["compiled"]["graphs"] == 1 and not r["measured"]["compiled"]["graph_breaks"]
+                        for r in RUNS.values())
+
+
+def test_every_compiled_run_within_the_issue_targets():
+    """Every modelled compiled run, every phase: median <= 1 %, max <= 5 % (issue 25); fp32 to the byte but the
+    step's few scalars."""
+    assert len(COMPILED) >= 4
+    for phase in compare.PHASES:
+        errors = [abs(err(r, phase)) for r in COMPILED]
+        assert statistics.median(errors) <= 0.01 and max(errors) <= 0.05, phase
+        for r in COMPILED:
+            if "-fp32-" in r:
+                assert abs(ROWS[r][0][phase] - ROWS[r][1][phase]) <= 64, (r, phase)
+
+
+def _run(rid):
+    return RUNS[rid.rsplit("-", 1)[0]] if rid.endswith(("-compiled", "-eager")) else RUNS[rid]
+
+
+def _label(rid, label):
+    return next(t.nbytes for t in compare.solve(_run(rid)).terms if t.label.startswith(label))
+
+
+def test_hand_derived_q_v():
+    """fp32, h 256, FFN 688, 8 heads, r 8, q and v adapted, b 2, s 512, 3 layers: per token the first layer
+    11,748 B + its output 1,024 (as compile='blocks' with LoRA: the norm's output for lora_a, q, k, v, SDPA's
+    output and log-sum-exp, lora_a's outputs, the residual, the MLP norm's rsqrt, gate and up), the others 4 B
+    more; the last layer's output is the compiled final norm's saved input, in every dtype. Outside the layers:
+    the mask b s^2 x 4, the final norm's rsqrt 4 T (the frozen LM head keeps no input), the logits 4 T V, the
+    loss's per-token max and log-sum-exp 8 T, the padded labels 8 b (s + 1) and the loss 8; no embedding
+    output."""
+    rid = "hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"
+    T = 2 * 512
+    assert _label(rid, "decoder layers") == T * ((11_748 + 1024) + 2 * (11_752 + 1024))
+    assert _label(rid, "attention mask") == 4 * 2 * 512 * 512
+    assert _label(rid, "final norm (compiled") == 4 * T
+    assert _label(rid, "logits (saved") == 4 * T * 1024
+    assert _label(rid, "final norm output at the LM head") == 4 * T * 256 - (8 * T + 8 * 2 * 513 + 8)
+    labels = [t.label for t in compare.solve(RUNS[rid]).terms]
+    assert not any(lab.startswith(("embedding output", "compiled backward's end", "log-softmax")) for lab in labels)
+
+
+def test_peft_fp32_adapters_over_bf16():
+    """bf16 base, peft's fp32 adapters: the attention norm's output is saved as the fp32 copy peft's
+    ``Linear.forward`` casts for lora_a (4 h, not 2 h) and lora_a's outputs in fp32 (4 r each)."""
+    rid = "hf-llama-tiny-3l-v1024-bf16-lora-qv-b1-s256"
+    if rid not in RUNS:
+        pytest.skip("not measured")
+    T = 256
+    first = 4 * 256 + 3 * 512 + 512 + 32 + 2 * 4 * 8 + 512 + 4 + 2 * 2 * 688
+    assert _label(rid, "decoder layers") == T * ((first + 512) + 2 * (first + 4 + 512))
+
+
+def test_off_is_eager_lora():
+    run = RUNS["hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"]
+    eager = compare.solve(run, compile=False)
+    assert eager.total_memory > compare.solve(run).total_memory
+    assert not any(t.label.startswith("attention mask") for t in eager.terms)
+
+
+@pytest.mark.parametrize("lora, ckpt, name", [
+    (dict(quantization="nf4"), "none", "lora"),
+    (dict(dropout=0.1), "none", "lora"),
+    (dict(use_dora=True), "none", "lora"),
+    (dict(modules_to_save=("lm_head",)), "none", "lora"),
+    ({}, "full", "activation_checkpointing"),
+])
+def test_refused_by_name(lora, ckpt, name):
+    run = dict(RUNS["hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"], checkpointing=ckpt)
+    with pytest.raises(NotModelledError, match=name):
+        compare.solve(run, lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"), **lora))
