@@ -500,4 +500,4 @@ def test_text_and_json_give_one_answer_when_the_reference_cannot_stand_beside_it
     code_json, data = run(*argv, "--json")
     assert code == code_json == 0
     assert "no reference-profile total beside it: the reference profile refuses this run: model.architecture" in text
-    assert f"{json.loads(data)['total_memory'] * 1e-9:.2f}" in text
+    assert f"{json.loads(data)['total_memory'] * 1e-9:.3f}" in text      # the text shows GB to 3 places

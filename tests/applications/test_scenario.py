@@ -117,7 +117,7 @@ def test_scenario_carries_the_measured_profile_options(tmp_path):
         regime="mixed-bf16", optimizer_impl="fused", attention="sdpa", dropout=0.0, checkpointed_layers=16,
         runtime_overheads={"cuda_context": 0, "allocator_fraction": 0.1})
     assert result.total_memory == expected.total_memory and result.details["regime"] == "mixed-bf16"
-    assert result.runtime_overheads == pytest.approx(32 * 2**20 + 0.1 * result.allocated_memory)
+    assert result.runtime_overheads == pytest.approx(2 * 32 * 2**20 + 0.1 * result.allocated_memory)  # 2 cuBLAS workspaces
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 2, "profile": "measured",
                                "runtime_overheads": {"cuda_kontext": 1}}))
