@@ -199,3 +199,27 @@ def test_lora_8b_readme_figure_is_below_the_configs_floor():
     floor = result.weights + 32 * 8192 * 4096 * 2 + 3 * 4 * 8191 * 32000
     assert floor == 12_618_909_184 and floor / 2**30 > 11.75 > 11
     assert result.allocated_memory >= floor
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_torch_compile_with_lora_answers_or_names_the_files_key(tmp_path, checkpointing):
+    """axolotl's lora-1b.yml with torch_compile (the HF Trainer compiles the whole peft model): the measured
+    profile answers (compile=True with peft's LoRA) or refuses naming a parameter the launch traces to the
+    file's key (here the all-linear targets in bf16 and the dropout: refused by name), never a traceback."""
+    import yaml
+    from mlsysim_core.errors import NotModelledError
+    source = DATA / "axolotl" / "examples" / "llama-3" / "lora-1b.yml"
+    document = yaml.safe_load(source.read_text())
+    document.update(torch_compile=True, gradient_checkpointing=checkpointing)
+    path = tmp_path / source.name
+    path.write_text(yaml.safe_dump(document))
+    launch = from_launch([path], gpus=1, hardware="h100")
+    assert launch.scenario.compile is True
+    assert any(f.key == "torch_compile" and f.field == "compile" for r in launch.readings for f in r.fields)
+    try:
+        result = launch.scenario.solve()
+    except NotModelledError as err:
+        key = launch.sources[str(err.parameter).split(".")[0]]
+        assert key.startswith(f"{path}: "), (err, key)
+    else:
+        assert any("compile" in n for n in result.notes)
