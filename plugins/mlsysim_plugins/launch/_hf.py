@@ -542,8 +542,8 @@ def deepspeed(r: Reading, prefix: str, doc: dict, trainer: dict | None = None, m
             _ds_checkpointing(r, key, v)
         elif k == "compile":
             if isinstance(v, dict) and not v.get("disable", False) or v is True:
-                r.refuse(key, v, "no torch.compile", "torch.compile is not modelled (the measured profile refuses "
-                         "compile: docs/validation.md)")
+                r.refuse(key, v, "no torch.compile", "DeepSpeed's engine.compile (the module compiled inside the "
+                         "engine, under ZeRO's hooks) is not modelled (docs/compile.md)")
             r.ignore(key)
         elif k == "communication_data_type" and v in (None, "fp32", "bf16", "fp16"):
             r.note(key, v, "the gradient reduction dtype: the buffers are priced in the model's 16-bit dtype")
