@@ -74,6 +74,37 @@ ATTENTION_BACKWARD = 63 / 73
 
 
 @attrs.frozen(kw_only=True)
+class AttentionTiming:
+    """What an attention kernel declares about its speed (its ``step_time`` attribute): the
+    throughput of its forward and of its backward as shares of FlashAttention-2's, whose
+    utilization the calibration's ``attention`` (forward) and ``attention_backward`` describe.
+    A kernel that declares none is timed as FlashAttention-2 (torch's SDPA flash kernel)."""
+
+    forward: float      # the kernel's forward throughput over FlashAttention-2's (1: the same)
+    backward: float     # its backward's over FlashAttention-2's backward
+    source: str = ""
+
+    def __attrs_post_init__(self):
+        for name in ("forward", "backward"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 4:
+                raise InvalidInputError(f"AttentionTiming.{name}", value, "a share of FlashAttention-2's throughput "
+                                        "in (0, 4]")
+
+
+# The FlashAttention kernel written in Triton (Tillet's, as HazyResearch's flash_attn/flash_attn_triton.py and
+# llm-foundry's llmfoundry/models/layers/flash_attn_triton.py run it; llm-foundry's attn_impl 'triton'):
+# "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x
+# faster in the backward pass" (Dao 2023, FlashAttention-2, arXiv 2307.08691, section 4.1, Fig. 5 and 6, A100,
+# causal and not, head dimension 64 and 128): the forward at 1/1.4 (the range's middle) and the backward at 1/2
+# of FlashAttention-2's; the ratios carried to H100, as ATTENTION_BACKWARD is.
+FLASH_ATTENTION_TRITON = AttentionTiming(
+    forward=1 / 1.4, backward=1 / 2,
+    source="Dao 2023 (FlashAttention-2, arXiv 2307.08691) section 4.1: FlashAttention-2 'around 1.3-1.5x faster "
+           "than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass'")
+
+
+@attrs.frozen(kw_only=True)
 class Calibration:
     """The achieved shares of the hardware's peaks, and fixed costs, for one accelerator."""
 
@@ -129,7 +160,7 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once. docs/planner.md has the
 # fit and every held-out run.
 _H100 = Calibration(
-    matmul=0.53, attention=0.35, memory=0.8, intra_link=1.0, inter_link=0.8, kernel_overhead=4e-6,
+    matmul=0.545, attention=0.35, memory=0.8, intra_link=0.95, inter_link=0.8, kernel_overhead=4e-6,
     latency=8.4e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
     source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) on "
            "torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile, llmfoundry-mpt-7b-8xh100-seq2048, "
@@ -143,7 +174,7 @@ CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h200-sxm-141gb": attrs.evolve(_H100, source="H100's calibration carried over (the same GH100 die, "
                                           "NVLink 4 and NVSwitch; nothing fitted on H200): " + _H100.source),
     "nvidia/a100-sxm4-80gb": Calibration(
-        matmul=0.75, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
+        matmul=0.785, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
         latency=8.4e-6, overlap_sm_share=24 / 132, calibrated=True,
         source="validation/steptime/calibrate.py: matmul fitted (least squares on log step time) on "
                "llmfoundry-mpt-7b-8xa100-seq2048, llmfoundry-mpt-30b-8xa100-seq2048 (validation/steptime/"
@@ -444,7 +475,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               optimizer_bytes: float, fused_attention: bool = True, shard_group: int | None = None,
               idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
               rules: Mapping[str, tuple] | None = None, float8: bool = False,
-              overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None) -> dict:
+              overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None,
+              attention_speed: tuple[float, float] = (1.0, 1.0)) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
     from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
@@ -456,7 +488,9 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     attention stay bf16) and pay their casts; ``overlap``: {axis: how} for the collectives an
     implementation overlaps that the rule declares on the critical path (``_per_layer``:
     ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap);
-    ``dispatch``: {"ep": "node-forwarded"} for a DeepEP-style all-to-all (``all_to_all_across_nodes``)."""
+    ``dispatch``: {"ep": "node-forwarded"} for a DeepEP-style all-to-all (``all_to_all_across_nodes``);
+    ``attention_speed``: the attention kernel's declared (forward, backward) throughput over
+    FlashAttention-2's (``AttentionTiming``; (1, 1): FlashAttention-2)."""
     if rules is None or isinstance(rule, str):      # (a direct call: the installed rules' declarations)
         axes, by_name = declarations()
         rules = axes if rules is None else rules
@@ -474,8 +508,11 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
     attn_fwd = 2 * T * attention_span(fig, seq_len) * h_q / tp
     # forward passes (the first and any recomputed one) at cal.attention, the backward's 2.5 forwards (it
-    # recomputes the scores) at cal.attention x cal.attention_backward (ATTENTION_BACKWARD)
-    attention = attn_fwd * layers * (1 + (r if r >= 1 or not fused_attention else 0) + 2.5 / cal.attention_backward) / (
+    # recomputes the scores) at cal.attention x cal.attention_backward (ATTENTION_BACKWARD); each at the kernel's
+    # declared share of FlashAttention-2's (attention_speed, AttentionTiming)
+    speed_fwd, speed_bwd = attention_speed
+    attention = attn_fwd * layers * ((1 + (r if r >= 1 or not fused_attention else 0)) / speed_fwd
+                                     + 2.5 / (cal.attention_backward * speed_bwd)) / (
         cal.attention * peak * hw.get("clock", 1.0))
     elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
     logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
@@ -572,7 +609,8 @@ def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int,
                      optimizer_bytes=timing["optimizer_bytes"], fused_attention=timing["fused_attention"],
                      idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"],
                      compiled=timing.get("compiled", False), float8=timing.get("float8", False),
-                     overlap=timing.get("overlap"), dispatch=timing.get("dispatch"))
+                     overlap=timing.get("overlap"), dispatch=timing.get("dispatch"),
+                     attention_speed=timing.get("attention_speed", (1.0, 1.0)))
 
 
 def check(hardware, overrides: Mapping[str, object], calibration) -> None:
@@ -623,6 +661,13 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     eager = kernel is not None and getattr(kernel, "eager", False)
     if eager:
         notes.append("step time: eager attention is timed as the fused kernel's FLOPs, not its s x s traffic: optimistic")
+    # the kernel's speed, as it declares it (``step_time``: an AttentionTiming); none: FlashAttention-2's
+    declared_speed = getattr(kernel, "step_time", None) if kernel is not None else None
+    if declared_speed is not None and not isinstance(declared_speed, AttentionTiming):
+        raise InvalidInputTypeError(f"attention kernel {attention!r} step_time", declared_speed,
+                                    "a steptime.AttentionTiming, or None (timed as FlashAttention-2)")
+    attention_speed = ((1.0, 1.0) if declared_speed is None
+                       else (float(declared_speed.forward), float(declared_speed.backward)))
     if hardware.memory_bandwidth is None and memory_bandwidth is None:
         notes.append(f"step time: {hardware.name} has no memory_bandwidth: {ASSUMED_MEMORY_BANDWIDTH:.0e} B/s")
     if hw["sms"] is None:
@@ -638,7 +683,8 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
         notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
     state = optimizer_step_bytes(result, model.parameters)
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
-                fused_attention=not eager, idle=getattr(schedule, "idle_slots", None), chunks=chunks,
+                fused_attention=not eager, attention_speed=attention_speed,
+                idle=getattr(schedule, "idle_slots", None), chunks=chunks,
                 compiled=compiled, float8=float8, overlap=overlap, dispatch=dispatch,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
                 flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],

@@ -306,3 +306,42 @@ def test_a_dense_model_pays_no_expert_collectives():
     """The expert rule's collectives move routed tokens; a dense model under TP and SP has none."""
     dense = steptime.step_time(FIG, HW_NOSM, CAL, tp=4, sp=True, **BASE)
     assert dense["ep"] == 0.0 and dense["tp"] > 0
+
+
+# --- issue 27 round 2: the attention kernel's declared speed ---------------------------------------------
+
+
+def test_a_kernel_declares_its_attention_speed():
+    """The Triton FlashAttention kernel (llm-foundry's attn_impl 'triton'): FlashAttention-2 is 'around 1.3-1.5x
+    faster ... in the forward pass and around 2x faster in the backward pass' (Dao 2023, section 4.1)."""
+    t = steptime.FLASH_ATTENTION_TRITON
+    assert (t.forward, t.backward) == (pytest.approx(1 / 1.4), 0.5)
+    run = dict(tp=1, sp=False, **BASE)
+    fa2 = steptime.step_time(FIG, HW_NOSM, CAL, **run)
+    tri = steptime.step_time(FIG, HW_NOSM, CAL, attention_speed=(t.forward, t.backward), **run)
+    forward = 2 * 4096 * 4096 * 2048 * 8 / (CAL.attention * 1e15)          # one forward pass, all 8 layers
+    assert fa2["attention"] == pytest.approx(forward * (1 + 2.5 / CAL.attention_backward))
+    assert tri["attention"] == pytest.approx(forward * (1.4 + 2.5 * 2 / CAL.attention_backward))
+    assert {k: v for k, v in tri.items() if k not in ("attention", "step")} == \
+        {k: v for k, v in fa2.items() if k not in ("attention", "step")}
+    with pytest.raises(Exception, match="AttentionTiming.forward"):
+        steptime.AttentionTiming(forward=0, backward=1)
+
+
+def test_calibration_times_llmfoundry_rows_with_their_triton_kernel():
+    """published.py's llm-foundry rows state attn_impl 'triton' (submit_benchmarks.py's default at the commits
+    that wrote the tables); calibrate.py times them with a kernel that declares FLASH_ATTENTION_TRITON and keeps
+    SDPA's bytes, through the public time_plan."""
+    cal = runpy.run_path(str(ROOT / "validation/steptime/calibrate.py"), run_name="calibrate_test")
+    lf = [c for c in cal["CASES"] if c["source"].startswith("mosaicml/llm-foundry")]
+    assert lf and all(c["attn_impl"] == "triton" for c in lf)
+    assert all(c["attn_impl"] is None for c in cal["CASES"] if c not in lf)
+    case = next(c for c in lf if c["id"] == "llmfoundry-mpt-1b-8xh100-seq32768")
+    shipped = cal["shipped"]("h100")
+    timed = cal["predict"](case, shipped)
+    plain = dict(case, attn_impl=None)
+    fa2 = cal["predict"](plain, shipped)
+    ratio = timed["components"]["attention"] / fa2["components"]["attention"]
+    b = shipped.attention_backward
+    assert ratio == pytest.approx((1.4 + 5 / b) / (1 + 2.5 / b))            # no recompute: one forward pass
+    assert timed["components"]["matmul"] == fa2["components"]["matmul"]

@@ -43,8 +43,40 @@ sys.path.insert(0, str(ROOT))
 from mlsysim_plugins import steptime                   # noqa: E402
 from mlsysim_core import TransformerWorkload            # noqa: E402
 from mlsysim_core.search import time_plan              # noqa: E402
+from mlsysim_core import hookimpl, TrainingMemoryModel  # noqa: E402
+from mlsysim_core.manager import PluginManager          # noqa: E402
 
 CASES = runpy.run_path(str(Path(__file__).with_name("published.py")))["CASES"]
+
+
+# The attention kernel a source states it ran (published.py's attn_impl), as a kernel that declares its speed
+# (``step_time``, steptime.AttentionTiming) and keeps what torch's SDPA keeps (``computes="sdpa"`` and the
+# built-in's layouts: an output and an fp32 logsumexp per head, no s x s scores): llm-foundry's attn_impl
+# 'triton' is the Triton FlashAttention kernel, timed at steptime.FLASH_ATTENTION_TRITON. Not stated: the
+# profile's default (torch's SDPA, FlashAttention-2).
+def _kernels():
+    from mlsysim_plugins.measured import kernels
+
+    @attrs.frozen(kw_only=True)
+    class TimedKernel(kernels.AttentionKernel):
+        step_time: steptime.AttentionTiming
+
+    triton = TimedKernel(name="llmfoundry.flash-attn-triton", computes=kernels.COMPUTES_SDPA,
+                         layouts=dict(kernels.SDPA.layouts), step_time=steptime.FLASH_ATTENTION_TRITON,
+                         description="llm-foundry's attn_impl 'triton' (llmfoundry/models/layers/flash_attn_triton.py)")
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def mlsysim_measured_attention_kernels():
+            return [triton]
+
+    pm = PluginManager.from_environment()
+    pm.register(Plugin(), name="calibrate_attention_kernels")
+    return {"triton": triton.name}, TrainingMemoryModel("measured", plugin_manager=pm)
+
+
+ATTENTION_KERNEL, _SOLVER = _kernels()
 FIT = {
     "h100": ("torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile", "llmfoundry-mpt-7b-8xh100-seq2048",
              "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp"),
@@ -126,6 +158,8 @@ def layout(case) -> dict:
     extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}
     if extra:
         assumed.append(f"expert tensor parallelism {case['expert_tp']}")
+    if case["attn_impl"]:
+        extra["attention"] = ATTENTION_KERNEL[case["attn_impl"]]
     return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
                 sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
@@ -145,7 +179,8 @@ def predict(case, cal: steptime.Calibration) -> dict:
     if case["id"] not in _MODELS:
         _MODELS[case["id"]] = model_for(case)
     return time_plan(_MODELS[case["id"]], case["hardware"], global_batch=case["global_batch"], seq_len=case["seq_len"],
-                     precision="bf16", optimizer="adamw", profile="measured", calibration=cal, memory=False, **kw)
+                     precision="bf16", optimizer="adamw", profile="measured", calibration=cal, memory=False,
+                     solver=_SOLVER, **kw)
 
 
 def megatron_flops(dims: dict, batch: int, s: int) -> float:
@@ -281,7 +316,8 @@ def table() -> str:
             lay, L = layout(c), p["layout"]
             choices = [x for x, on in (("fused ops", lay["compiled"]), ("float8", lay["float8"]),
                                        ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
-                                       ("EP node-forwarded", lay["ep_dispatch"])) if on]
+                                       ("EP node-forwarded", lay["ep_dispatch"]),
+                                       (f"attention {c['attn_impl']}", c["attn_impl"])) if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")
             choices += [f"assumed {a}" for a in lay["assumed"]]

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(attn_impl=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -419,8 +419,16 @@ _LF_ROWS = """
 # The MPT models' dimensions (d_model, n_heads, n_layers; expansion_ratio 4, vocab_size 50368, GELU MLP, tied
 # embeddings, ALiBi) from the same commit's yamls, scripts/train/yamls/pretrain/mpt-<size>.yaml ('d_model', 'n_heads',
 # 'n_layers', 'expansion_ratio: 4', 'vocab_size: 50368'); scripts/train/benchmarking/submit_benchmarks.py sets
-# "parameters['model']['norm_type'] = 'low_precision_layernorm'" and attn_impl 'flash' by default. NumParams (the
-# table's column) grows with the sequence by seq x d_model: a position table, counted as an embedding here.
+# "parameters['model']['norm_type'] = 'low_precision_layernorm'". NumParams (the table's column) grows with the
+# sequence by seq x d_model: a position table, counted as an embedding here.
+# The attention kernel (the table has no column for it): the tables were written by the commits that added them,
+# b2a43a1477a45f40f4086a1c72f851b0ab42d0ac (2023-10-19: the H100 single/multi-node, H100 FP8 and A100 tables) and
+# 5e85bd62d4ec9e13353ca95877477602ab538e5b (2024-01-06: H100 large scale), with that commit's
+# scripts/train/benchmarking/submit_benchmarks.py, whose "parser.add_argument('--attn_impl', type=str,
+# default='triton')" and "parameters['model']['attn_config']['attn_impl'] = args.attn_impl" set every run's
+# attn_impl to 'triton' (the README's own example command passes no --attn_impl): llmfoundry/models/layers/
+# attention.py's triton_flash_attn_fn, the Triton FlashAttention kernel (llmfoundry/models/layers/
+# flash_attn_triton.py, on triton-pre-mlir). The default became 'flash' only in 7f0fdae66d252801c524b47522d6b2e589576d23 (2024-03-26), after both.
 _MPT_YAML = ("mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-{size}.yaml at commit 8c8dd48f72168c5d51e2f7b151595892a8fba43d: "
              "'d_model: {h}', 'n_heads: {a}', 'n_layers: {l}', 'expansion_ratio: 4', 'vocab_size: 50368'")
 _MPT_DIMS = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32),
@@ -448,6 +456,7 @@ def _lf_rows(text: str, table: str, hardware: str, tag: str, notes: str = "") ->
             model=None, model_note=f"MPT-{c[0]}, NumParams {c[19]}", model_dims=_mpt(c[0], int(c[19]), int(c[1])),
             hardware=hardware, devices=gpus, dp_shard=gpus, local_batch=gbs // gpus, global_batch=gbs, seq_len=int(c[1]),
             micro_batch=mb, sharding=c[16], checkpointing="full" if c[17] == "True" else "none", compile=False,
+            attn_impl="triton",
             float8=c[14] == "amp_fp8", tokens_per_s_per_gpu=int(c[12]), tflops_per_gpu=float(c[6]),
             mfu=round(float(c[4]) / 100, 4),
             notes=_LF_NOTE + notes + f"MicroBatchSize {mb}, GradAccum {ga}; sharding {c[16]}; precision {c[14]}; HFU {c[5]}%; "
@@ -643,7 +652,7 @@ _MB = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commi
 _MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge performance recipes (scripts/performance); "
             "data parallelism recorded as Megatron's distributed optimizer (the recipes' default; the table does not say), "
             "TP communication overlap and the MoE dispatcher not stated in the table (timed without them unless the row's "
-            "recipe, _MB_RECIPE, says); H100 FP8 is "
+            "recipe, _MB_RECIPE or _MB_TP_OVERLAP, says); H100 FP8 is "
             "Transformer Engine's recipe (timed as tensorwise casts). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
             "MBS) derived. ")
 # The recipes behind the table's MoE rows (a later version than the table's commit: the table names no dispatcher).
@@ -654,6 +663,20 @@ _MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge perfo
 # 'moe_flex_dispatcher_backend="hybridep"'). scripts/performance/configs/qwen/qwen3_llm_pretrain.py at commit
 # 826618be9ea5c3b4cf11e582089dc1dee8586fe9: qwen3_235b_a22b_pretrain_config_h100 sets
 # 'cfg.model.moe_token_dispatcher_type = "alltoall"', qwen3_30b_a3b_pretrain_config_h100 '"flex"'.
+# The dense Llama rows' recipes, at the table's own commit (067f987df03b8355b03192d88d70f1709fedf51a):
+# src/megatron/bridge/perf_recipes/llama/h100/llama3.py llama3_70b_pretrain_64gpu_h100_fp8cs_config ("TP=4 PP=8,
+# GBS=256": 'virtual_pipeline_model_parallel_size = 5', 'micro_batch_size = 1', 'sequence_parallel = True',
+# 'cfg.comm_overlap.tp_comm_overlap_cfg = userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192', no recompute set) on
+# llama3_70b_pretrain_config = src/megatron/bridge/recipes/llama/h100/llama3.py
+# llama3_70b_pretrain_32gpu_h100_bf16_config ('CommOverlapConfig(tp_comm_overlap=True, ...)'); llama31.py
+# llama31_405b_pretrain_1024gpu_h100_fp8cs_config (TP 8, PP 8, CP 2, VP 8, 'micro_batch_size = 1',
+# 'tp_comm_overlap_cfg = userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192') on llama31_405b_pretrain_config
+# (recipes/llama/h100/llama3.py llama31_405b_pretrain_256gpu_h100_bf16_config, 'tp_comm_overlap=True'):
+# Transformer Engine's userbuffers TP communication overlap, timed as async TP (overlap={"tp": "decomposed"}).
+_MB_TP_OVERLAP = {"LLAMA3_70B": "Recipe: TP communication overlap on (tp_comm_overlap=True, userbuffers; timed as async "
+                                "TP), VP 5, MBS 1, recompute_granularity None in the base recipe. ",
+                  "LLAMA3.1_405B": "Recipe: TP communication overlap on (tp_comm_overlap=True, userbuffers; timed as "
+                                   "async TP), VP 8, MBS 1. "}
 _MB_RECIPE = {
     "Qwen3_235B_a22B": ("alltoall", True, "Recipe (_MB_RECIPE): dispatcher 'alltoall' (NCCL all-to-all: every copy of a "
                         "token to each expert's rank), moe_a2a_overlap=True (timed as EP overlap). "),
@@ -675,10 +698,10 @@ for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in
         source=f"{_MB}, '#### Model: {_m}' row '{_txt}'", model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp,
         pp=_pp, ep=_ep or 1, virtual_stages=_vp, pp_schedule="Interleaved1F1B" if _vp else ("1F1B" if _pp > 1 else None),
         dp_shard=1, dp_replicate=_dp, micro_batch=_mbs, local_batch=_gbs // _dp, global_batch=_gbs, seq_len=_seq,
-        checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=False, tokens_per_s_per_gpu=_tps,
+        checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=_m in _MB_TP_OVERLAP, tokens_per_s_per_gpu=_tps,
         tflops_per_gpu=_tf, sharding="distributed-optimizer", expert_tp=1 if _ep and _tp > 1 else None,
         ep_dispatcher=_MB_RECIPE.get(_m, (None,))[0], ep_overlap=_MB_RECIPE.get(_m, (None, None))[1],
-        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
+        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "") + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
                                           "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
                                           "architecture as the pre-trained one). " if "235" in _m else "")
               + ("GPT-OSS alternates sliding-window (128) and full attention: its windowed layers timed as windowed. "
