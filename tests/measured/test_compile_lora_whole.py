@@ -33,9 +33,11 @@ def err(rid, phase):
 
 
 def test_the_trainer_path_compiles_one_graph():
-    """peft's LoRA forward (dropout 0) traces: one Dynamo graph, no graph break, in every measured run."""
-    assert RUNS and all(r["measured"]["compiled"]["graphs"] == 1 and not r["measured"]["compiled"]["graph_breaks"]
-                        for r in RUNS.values())
+    """peft's LoRA forward traces: one Dynamo graph, no graph break, in every measured run without
+    checkpointing."""
+    plain = [r for r in RUNS.values() if r["checkpointing"] == "none"]
+    assert plain and all(r["measured"]["compiled"]["graphs"] == 1 and not r["measured"]["compiled"]["graph_breaks"]
+                         for r in plain)
 
 
 def test_every_compiled_run_within_the_issue_targets():
@@ -97,7 +99,6 @@ def test_off_is_eager_lora():
 
 @pytest.mark.parametrize("lora, ckpt, name", [
     (dict(quantization="nf4"), "none", "lora"),
-    (dict(dropout=0.1), "none", "lora"),
     (dict(use_dora=True), "none", "lora"),
     (dict(modules_to_save=("lm_head",)), "none", "lora"),
     ({}, "full", "activation_checkpointing"),
@@ -106,3 +107,47 @@ def test_refused_by_name(lora, ckpt, name):
     run = dict(RUNS["hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"], checkpointing=ckpt)
     with pytest.raises(NotModelledError, match=name):
         compare.solve(run, lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"), **lora))
+
+
+def test_measured_but_refused_runs_name_why():
+    """Measured, refused by name: bf16 with an adapted row-parallel linear (peft's fp32 copies' transients),
+    Hugging Face's gradient checkpointing (Dynamo breaks the graph at requires_grad_), QLoRA (a dequantizing
+    transient in the forward)."""
+    refused = {rid: pred for rid, (pred, _) in ROWS.items() if rid.endswith("-compiled") and isinstance(pred, str)}
+    assert "lora.target_modules" in refused["hf-llama-tiny-3l-v1024-bf16-lora-all-b1-s256-compiled"]
+    assert "requires_grad_" in refused["hf-llama-tiny-3l-v1024-fp32-lora-qv-ckpt-b2-s512-compiled"]
+    ckpt = RUNS["hf-llama-tiny-3l-v1024-fp32-lora-qv-ckpt-b2-s512"]["measured"]["compiled"]
+    assert ckpt["graphs"] == 3
+    nf4 = "hf-llama-tiny-3l-v1024-bf16-nf4-lora-qv-b1-s256"
+    if nf4 in RUNS:
+        assert "bitsandbytes" in refused[nf4 + "-compiled"]
+        q, plain = RUNS[nf4]["measured"]["compiled"], RUNS["hf-llama-tiny-3l-v1024-bf16-lora-qv-b1-s256"]["measured"][
+            "compiled"]
+        assert q["alive"] == plain["alive"] and q["peak_by_phase"]["backward"] == plain["peak_by_phase"]["backward"]
+        assert q["peak_by_phase"]["forward"] - plain["peak_by_phase"]["forward"] == 179_200
+
+
+def test_bf16_adapters_in_the_base_dtype_are_refused():
+    run = RUNS["hf-llama-tiny-3l-v1024-bf16-lora-qv-b1-s256"]
+    with pytest.raises(NotModelledError, match="lora.adapter_dtype"):
+        compare.solve(run, lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"), adapter_dtype="base"))
+
+
+def test_hand_derived_dropout():
+    """lora_dropout 0.05, fp32 q and v: each adapter saves its own dropout output (4 h) in place of the shared norm
+    output (4 h), and beyond the first layer (whose norm's output needs no gradient) each bool mask (h): per token
+    1,024 more in the first layer, 1,024 + 2 x 256 in the others."""
+    rid = "hf-llama-tiny-3l-v1024-fp32-lora-qv-drop0.05-b2-s512"
+    T = 2 * 512
+    assert _label(rid, "decoder layers") == T * ((11_748 + 1024 + 1024) + 2 * (11_752 + 1024 + 1024 + 512))
+    m, plain = RUNS[rid]["measured"]["compiled"], RUNS["hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"]["measured"][
+        "compiled"]
+    assert m["alive"]["end_of_forward"] - plain["alive"]["end_of_forward"] == T * (1024 + 2 * 1536)
+
+
+@pytest.mark.parametrize("regime, targets", [("bf16", ("q_proj", "v_proj")), ("fp32", ("q_proj", "o_proj"))])
+def test_dropout_is_refused_where_not_measured(regime, targets):
+    run = RUNS["hf-llama-tiny-3l-v1024-bf16-lora-qv-b1-s256" if regime == "bf16" else
+               "hf-llama-tiny-3l-v1024-fp32-lora-qv-b2-s512"]
+    with pytest.raises(NotModelledError, match="lora.dropout"):
+        compare.solve(run, lora=LoRAConfig(rank=8, target_modules=targets, dropout=0.05))

@@ -78,7 +78,9 @@ def table(path: str = PATH) -> str:
     errs = {p: [] for p in PHASES}
     for rid, pred, meas, _ in rows(path):
         if isinstance(pred, str):
-            out.append(f"| {rid} | refused: {pred[:160]} |" + " |" * (len(PHASES) - 1))
+            name = pred.split("=", 1)[0]
+            why = pred.split(" is not allowed: ", 1)[-1]
+            out.append(f"| {rid} | refused (`{name}`): {why[:240]} |" + " |" * (len(PHASES) - 1))
             continue
         cells = []
         for p in PHASES:

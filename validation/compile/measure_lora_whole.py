@@ -3,7 +3,7 @@
 the profiler's memory timeline.
 
     nice -n 10 /tmp/valvenv/bin/python validation/compile/measure_lora_whole.py [--only ID ...]
-    /tmp/valvenv/bin/python validation/compile/measure_lora_whole.py --saved ID [forward|backward]   # the probe
+    /tmp/valvenv/bin/python validation/compile/measure_lora_whole.py --saved ID [forward,backward]   # the probe
     # writes validation/compile/lora_whole_measurements.json; torch==2.13.0 (CPU), transformers==5.23.0,
     # peft==0.21.2 (validation/measure_lora.py's environment)
 
@@ -41,19 +41,20 @@ QV = ["q_proj", "v_proj"]
 ALL = "all-linear"
 
 
-def _cfg(regime, targets, b, seq, layers, vocab, checkpointing="none", rank=8, quantization=None, kv_heads=8):
+def _cfg(regime, targets, b, seq, layers, vocab, checkpointing="none", rank=8, quantization=None, kv_heads=8,
+         dropout=0.0):
     base = dict(copy.deepcopy(_configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab,
                 num_key_value_heads=kv_heads)
     t = "qv" if targets == QV else "all"
     kv = f"-kv{kv_heads}" if kv_heads != 8 else ""
     q = f"-{quantization}" if quantization else ""
-    ck = "-ckpt" if checkpointing == "full" else ""
+    ck = ("-ckpt" if checkpointing == "full" else "") + (f"-drop{dropout:g}" if dropout else "")
     return {"id": f"hf-llama-tiny-{layers}l-v{vocab}{kv}-{regime}{q}-lora-{t}{ck}-b{b}-s{seq}", "family": "llama",
             "model": f"llama-tiny-{layers}l-v{vocab}{kv}", "hf_config": _configs._hf(base, 0.0),
             "batch_size": b, "seq_len": seq, "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach",
             "checkpointing": checkpointing, "attention": "sdpa", "dropout": 0.0, "method": "real",
             "lora": {"rank": rank, "target_modules": targets, "quantization": quantization, "double_quant": False},
-            "lora_dropout": 0.0,
+            "lora_dropout": dropout,
             "compile": {"backend": "inductor", "mode": None, "dynamic": None, "what": "torch.compile(peft_model)"}}
 
 
@@ -67,6 +68,8 @@ CONFIGS = [
     _cfg("fp32", QV, 2, 512, 3, 1024, checkpointing="full"),
     # QLoRA (bitsandbytes 0.50.2's CPU backend, nf4, the compute dtype bf16): measured, refused by the profile
     _cfg("bf16", QV, 1, 256, 3, 1024, quantization="nf4"),
+    # peft's lora_dropout (axolotl's configs: 0.05): nn.Dropout on lora_A's input, inside the graph
+    _cfg("fp32", QV, 2, 512, 3, 1024, dropout=0.05),
 ]
 
 
@@ -140,11 +143,13 @@ def probe(cfg: dict, phase: str | None = None):
                   for e in events if e.name().startswith(harness.PHASE_PREFIX)}
         mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"
                      and e.device_type().name.lower() == "cpu")
-        total = 0
-        for t, n in mem:
-            total += n
-            if ranges[phase][0] <= t <= ranges[phase][1]:
-                print(f"{n:>14,} {total:>14,}")
+        for ph in phase.split(","):
+            print(f"phase {ph}")
+            total = 0
+            for t, n in mem:
+                total += n
+                if ranges[ph][0] <= t <= ranges[ph][1]:
+                    print(f"{n:>14,} {total:>14,}")
         return
     original = cfx.min_cut_rematerialization_partition
 
