@@ -22,7 +22,8 @@ FIT, and nothing else; every other comparable run is HELD OUT and reported as su
 
 Everything else is a documented constant or formula (steptime.DEFAULT and its comments): attention's share of
 the peak is FlashAttention-2's stated utilization (H100: 35 %; A100: 50 %, the low end of '50-73%'), the forward's,
-its backward at 63/73 of it (the paper's 'up to 73%' forward and 'up to 63%' backward), memory-bound
+its backward at 63/73 of it (the paper's 'up to 73%' forward and 'up to 63%' backward; a source that states
+another attention kernel is timed with that kernel's declared shares of it, ATTENTION_KERNEL), memory-bound
 kernels 80 % of the bandwidth, collective latency NCCL's model, the overlap cost 24/132 of the SMs.
 """
 
