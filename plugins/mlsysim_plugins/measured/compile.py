@@ -67,9 +67,10 @@ the backward (offload, the optimizer step in the backward, activation offload, f
 
 With peft's LoRA (``compile=True``: Hugging Face's ``torch_compile``, ``torch.compile(peft_model)``, one graph):
 the layers' saved set with frozen base weights (``lora_layer_saved``, peft's fp32 adapters' fp32 copies), the
-mask, the final norm's rsqrt, the compiled loss; no embedding output or gradient (``whole_lora_terms``).
-Measured: validation/compile/measure_lora_whole.py. QLoRA, DoRA, dropout, ``modules_to_save`` and
-checkpointing refused.
+mask, the final norm's rsqrt, the compiled loss; no embedding output or gradient (``whole_lora_terms``);
+fp32 ``lora_dropout`` on the matmuls reading a norm's output (each adapter's dropout output and mask).
+Measured: validation/compile/measure_lora_whole.py. Refused: QLoRA, DoRA, ``modules_to_save``, checkpointing,
+and in 16 bits an adapted row-parallel linear, dropout and adapters in the base's dtype.
 
 ``compile="blocks"`` (docs/compile.md, "Per-block compile"): each decoder block compiled apart, as torchtune
 0.6.1 (``training.compile_model``) and torchtitan (``apply_compile``) do: the blocks' saved set as above with
