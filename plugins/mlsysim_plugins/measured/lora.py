@@ -22,7 +22,9 @@ What changes against full training
 * **Gradients and optimizer state**: only the adapters' (``placement.trainable_parameters_per_rank``
   is the adapter count). The optimizer's per-tensor quantities (Adam's ``step`` tensors,
   the for-loop step's temporaries, Adafactor's row and column vectors, 8-bit Adam's blocks)
-  follow the adapter matrices (``adapter_matrices``): two per adapted linear and layer.
+  follow the adapter matrices (``adapter_matrices``): two per adapted linear and layer. Accumulated over
+  ``gradient_accumulation_steps`` > 1 micro-batches the gradients are alive in every phase (``_accumulating``;
+  validation/lora_accumulation/measure.py, measurements.json).
 * **Activations**: a frozen linear does not save its input (autograd saves ``x`` of
   ``x @ W.T`` only to compute ``W``'s gradient); it does need ``W`` for the input's
   gradient, which costs nothing in fp32 and bf16 (the parameter itself) but under autocast
@@ -542,11 +544,16 @@ def stage_trainable(plan, layers: int) -> int:
 
 
 def _accumulating(plan, stage: Stage) -> bool:
-    """Do the adapters' gradients exist while a forward of the stage's peak runs? Under a pipeline the
-    m = gradient_accumulation_steps micro-batches accumulate into them from the first backward on; a forward
-    follows a backward on this stage when m exceeds the micro-batches it holds (1F1B: stage i runs
-    min(p - i - 1, m) warm-up forwards, then one forward and one backward each; GPipe: every forward first)."""
-    return stage.split and plan.gradient_accumulation_steps > stage.in_flight
+    """Do the adapters' gradients exist while a forward of the stage's peak runs? The m =
+    gradient_accumulation_steps micro-batches accumulate into them from the first backward on (PyTorch's
+    AccumulateGrad: the first gradient becomes ``.grad``, later ones are added into it; peft's adapters are
+    ordinary parameters); a forward follows a backward on this stage when m exceeds the micro-batches it holds.
+    Off pipelines the whole model is one stage holding one micro-batch: every micro-batch after the first runs
+    its forward and backward with them (measured: validation/lora_accumulation/measurements.json, the second
+    micro-batch's forward and backward peaks are the first's plus the adapters' gradients, to the byte). Under a
+    pipeline 1F1B's stage i runs min(p - i - 1, m) warm-up forwards, then one forward and one backward each;
+    GPipe every forward first."""
+    return plan.gradient_accumulation_steps > stage.in_flight
 
 
 # --- weights and gradients -------------------------------------------------------------------
@@ -632,7 +639,8 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
 
 @cached_terms
 def gradient_terms(plan, placement) -> list[MemoryTerm]:
-    """Only the adapters have gradients, from the end of the backward through the step."""
+    """Only the adapters have gradients, from the end of the backward through the step; accumulated over
+    micro-batches (``_accumulating``) alive throughout, as full training's (``model.gradient_terms``)."""
     regime = plan.profile_options.regime
     b = regime.gradient
     if not b:
@@ -645,16 +653,18 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
     if stage.split:
         params = stage_trainable(plan, stage.layers)
         how = f" (this stage's {stage.layers} layers)"
-        if _accumulating(plan, stage):
-            phases = ALL
-            how += (f"; accumulated over the m={plan.gradient_accumulation_steps} micro-batches, alive in the forwards "
-                    f"that follow the stage's first backward (m > {stage.in_flight:g} in flight)")
+    if _accumulating(plan, stage):
+        phases, m = ALL, plan.gradient_accumulation_steps
+        how += (f"; accumulated over the m={m} micro-batches, alive in the forwards that follow the stage's first "
+                f"backward (m > {stage.in_flight:g} in flight)" if stage.split else
+                f" (accumulated over the m={m} micro-batches: alive in every forward and backward after the first)")
     terms = [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
                         phases=phases,
                         formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)" + how
                                 + ("" if d == 1 else f" / {d} (reduce-scattered: sharded)"))]
     if mixed_copies(regime, c):
-        terms += [t for t in _mixed_copy_terms(plan, c) if t.component == GRADIENTS]
+        terms += [t if phases != ALL else attrs.evolve(t, phases=ALL, formula=t.formula + " (accumulated over the "
+                  "micro-batches: alive throughout)") for t in _mixed_copy_terms(plan, c) if t.component == GRADIENTS]
     return terms
 
 
