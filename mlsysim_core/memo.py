@@ -22,7 +22,7 @@ def memoize(function):
             return function(*args, **kwargs)
         key = (*args, *map(type, args))      # the values and their types, flat (one tuple to hash)
         if kwargs:
-            key += (_KEYWORDS, *kwargs.items(), *(type(v) for v in kwargs.values()))
+            key += (_KEYWORDS, *kwargs.items(), *map(type, kwargs.values()))
         try:
             return table[key]
         except KeyError:

@@ -31,6 +31,9 @@ from .terms import (ACCELERATOR, COMMUNICATION_BUFFERS, COMPONENTS, HOST, OPTIMI
                     PHASES, RUNTIME_OVERHEADS, WEIGHTS, GRADIENTS, MemoryTerm, _source_cell)
 
 DEFAULT_PROFILE = "reference"
+_EMPTY = FrozenMap()
+_NOT_RANK = tuple(a.name for a in attrs.fields(TrainingPlan) if a.name != "rank")
+_but_rank = operator.attrgetter(*_NOT_RANK)
 
 
 class TrainingMemoryModel:
@@ -114,9 +117,10 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
             ranks = spec.ranks(plan)
     if not ranks:
         return run_pipeline(registry, plan, total_only, placed)
+    fields = dict(zip(_NOT_RANK, _but_rank(plan)))     # attrs.evolve(plan, rank=rank) without its Python loop
     if total_only:
-        return max(run_pipeline(registry, attrs.evolve(plan, rank=rank), True, placed) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, attrs.evolve(plan, rank=rank), False, placed)) for rank in ranks])
+        return max(run_pipeline(registry, TrainingPlan(**fields, rank=rank), True, placed) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(registry, TrainingPlan(**fields, rank=rank), False, placed)) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -289,8 +293,7 @@ _term_key = operator.attrgetter("source", "label")
 
 
 def _ordered(terms: list) -> list:
-    if len(terms) > 1:
-        terms.sort(key=_term_key)     # stable: (source, label), then the order they came in
+    terms.sort(key=_term_key)     # stable: (source, label), then the order they came in
     return terms
 
 
@@ -361,9 +364,6 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,
         details=_EMPTY if details is None else FrozenMap(details(plan)))
-
-
-_EMPTY = FrozenMap()
 
 
 def _bytes_on(tier: str, terms) -> int | float:

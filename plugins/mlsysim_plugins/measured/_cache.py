@@ -14,6 +14,7 @@ import attrs
 
 from mlsysim_core.memo import memoize
 from mlsysim_core.plan import TrainingPlan
+from mlsysim_core.terms import ACCELERATOR, PHASES, MemoryTerm, _default_source
 
 
 def cached_terms(fn):
@@ -81,10 +82,20 @@ def _values_of(cls) -> operator.attrgetter:
     return operator.attrgetter(*(f.name for f in attrs.fields(cls)), "__class__")    # (always a tuple)
 
 
+_last_kinds: tuple = (None, None)     # (an options object, its kinds): a solve asks for the same options' several times
+
+
 def kinds(options) -> tuple:
     """The types of an options object's values: part of the key of a memo on options (``True == 1``
-    for the memo, but a check may refuse one: the memo keys every argument's type, not its fields')."""
-    return tuple(map(type, _values_of(type(options))(options)))     # once per plan object (a plan caches its own hash)
+    for the memo, but a check may refuse one: the memo keys every argument's type, not its fields').
+    The last options object asked for keeps its answer (an options object is frozen; the same tuple
+    also makes the memo's key comparison an identity check)."""
+    global _last_kinds
+    last, answer = _last_kinds
+    if options is not last:
+        answer = tuple(map(type, _values_of(type(options))(options)))
+        _last_kinds = (options, answer)
+    return answer
 
 
 def per_layout(fn):
@@ -101,3 +112,29 @@ def per_layout(fn):
     def wrapper(plan, *args, **kw):
         return list(frozen(layout_of(plan), *args, **kw))
     return wrapper
+
+
+_new, _set, _INF = object.__new__, object.__setattr__, float("inf")
+
+
+def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple = PHASES) -> MemoryTerm:
+    """``MemoryTerm(...)`` for the profile's own formulas (issue 27, item 5: a term per formula, every
+    solve): the same object, built without ``MemoryTerm``'s checks where they cannot fail, i.e. for a
+    ``component`` from ``terms.COMPONENTS``, a str ``label`` and ``formula``, ``phases`` a tuple of
+    ``terms.PHASES`` (the callers pass constants) and ``nbytes`` an int or float in [0, inf), checked
+    here; any other ``nbytes`` goes through ``MemoryTerm`` and its errors. A plugin's own terms are
+    never built here: the solver checks every term a hook returns as before."""
+    kind = type(nbytes)
+    if (kind is int or kind is float) and 0 <= nbytes < _INF:
+        t = _new(MemoryTerm)
+        _set(t, "component", component)
+        _set(t, "label", label)
+        _set(t, "nbytes", nbytes)
+        _set(t, "formula", formula)
+        _set(t, "source", _default_source())
+        _set(t, "phases", phases)
+        _set(t, "tier", ACCELERATOR)
+        _set(t, "pipeline_stage", None)
+        _set(t, "rank", None)
+        return t
+    return MemoryTerm(component=component, label=label, nbytes=nbytes, formula=formula, phases=phases)

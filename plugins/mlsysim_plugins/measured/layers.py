@@ -180,14 +180,43 @@ class LayerWalk:
             self.parts.append(Part(name, per_token, split=split, op=op, module=module, lora=lora))
 
     def extend(self, parts, module: str = "") -> None:
-        self.parts.extend(evolve(p, module=p.module or module) if module else p for p in parts if p.nbytes)
+        self.parts.extend(evolve(p, module=module) if module and not p.module else p for p in parts if p.nbytes)
 
     def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
-        per_layer = tuple(evolve(p, nbytes=p.nbytes * tokens,      # (attrs.evolve's fast twin: every solve)
-                                 lora=tuple(evolve(q, nbytes=q.nbytes * tokens) for q in p.lora) if p.lora else ())
-                          for p in self.parts) + tuple(self.constant)
+        per_layer = tuple(_per_layer(p, tokens) for p in self.parts) + tuple(self.constant)
         return LayerBytes(saved=sum(p.nbytes for p in per_layer), output=output,
                           output_saved_by_next=output_saved_by_next, parts=per_layer)
+
+
+_new, _set = object.__new__, object.__setattr__
+# (``_with`` sets every field of ``Part``: a field added to ``Part`` is added there too.)
+assert tuple(a.name for a in attrs.fields(Part)) == ("name", "nbytes", "split", "recomputed_by_selective",
+                                                     "weight_gradient_only", "op", "module", "inputs_of", "lora")
+
+
+def _per_layer(p: Part, tokens: int) -> Part:
+    """``evolve(p, nbytes=p.nbytes * tokens, lora=<its LoRA sub-parts' bytes x tokens>)``: the part for
+    ``tokens`` tokens (every uncached solve: issue 27, item 5)."""
+    return _with(p, p.nbytes * tokens, tuple(_with(q, q.nbytes * tokens, q.lora) for q in p.lora) if p.lora else ())
+
+
+def _with(p: Part, nbytes, lora: tuple) -> Part:
+    """``evolve(p, nbytes=nbytes, lora=lora)`` (``lora`` a tuple). A ``Part`` itself (checked when it
+    was made; ``nbytes`` has no check) is copied field by field, without ``Part``'s checks and
+    converters; anything else (a subclass) goes through ``evolve``."""
+    if type(p) is not Part:
+        return evolve(p, nbytes=nbytes, lora=lora)
+    q = _new(Part)
+    _set(q, "name", p.name)
+    _set(q, "nbytes", nbytes)
+    _set(q, "split", p.split)
+    _set(q, "recomputed_by_selective", p.recomputed_by_selective)
+    _set(q, "weight_gradient_only", p.weight_gradient_only)
+    _set(q, "op", p.op)
+    _set(q, "module", p.module)
+    _set(q, "inputs_of", p.inputs_of)
+    _set(q, "lora", lora)
+    return q
 
 
 _Walk = LayerWalk       # its former, private name (kept for families written against it)

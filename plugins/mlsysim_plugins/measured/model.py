@@ -18,6 +18,7 @@ from mlsysim_core import _checks
 from mlsysim_core.memo import memoize
 
 from ._cache import cached_terms, per_layout
+from ._cache import term as _term
 from .kernels import kernel_of
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
 from .parallel import (expert_tensor_shards, gradient_divisor, is_parallel, rank_layer_saved, residual_shards,
@@ -213,69 +214,69 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     terms = []
     add = terms.append
     if first or last:
-        add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
+        add(_term(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
                        formula=f"T={_n(T)} x 8 B" + (f" / cp={cp}" if cp != 1 else "")))
     # Does the first norm save its input? (Megatron's layers count their norm inputs themselves.)
     norm = shape.family.norm
     if not megatron(regime) and (norm.saves_input_in_16bit or not regime.pure_16bit):
         what = "embedding output" if first else "stage input (received from the previous stage)"
-        add(MemoryTerm(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
+        add(_term(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
                        nbytes=regime.residual * T * h / seq * n, phases=SAVED,
                        formula=f"T x h x {regime.residual} B{on_seq}{flying}"))
     if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
-        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables",
+        add(_term(component=ACTIVATIONS, label="RoPE cos/sin tables",
                        nbytes=2 * ctx.seq_len * shape.rotary_dim * b / cp, phases=SAVED,
                        formula=f"2 x s x head_dim x {b} B" + (f" / cp={cp}" if cp != 1 else "")))
     if last:
         final, how = norm.final_saved(kind, c, T, h)
-        add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
+        add(_term(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
                        formula=f"{how} = {_n(final)} B{on_seq}"))
         if regime.autocast:
             # Under autocast the final norm's output is fp32 and saved by nobody (the LM head keeps its
             # bf16 cast), but the base model's output (last_hidden_state) holds it until the loss.
-            add(MemoryTerm(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
+            add(_term(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
                            nbytes=4 * T * h / seq, phases=(FORWARD,),
                            formula=f"4 x T x h{on_seq} (the base model's last_hidden_state)"))
         # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
-        add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
+        add(_term(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
                        phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{on_vocab}"))
-        add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
+        add(_term(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
                        formula="T x 8 B (saved by nll_loss)" + (f" / cp={cp}" if cp != 1 else "")))
         logits = c * T * V + (4 * T * V if c != 4 else 0)
-        add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+        add(_term(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
                        nbytes=logits / vocab, phases=(FORWARD,),
                        formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + on_vocab
                                + " (freed once the loss is computed)"))
-        add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
+        add(_term(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
                        nbytes=8 * T * V / vocab, phases=(BACKWARD,),
                        formula=f"nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V{on_vocab}"))
         if t > 1 and not loss_parallel and not megatron(regime) and c == 4:
             # fp32 logits are gathered with no later copy: the forward's peak is the all-gather itself
             # (gathered [tp, T, V/tp], their concatenation and the local shard), T x V/tp more than
             # the log-softmax moment (validation/parallel/tp_plans: 125M fp32 at tp 4).
-            add(MemoryTerm(component=ACTIVATIONS, label="LM head all-gather: the local logits shard (fp32)",
+            add(_term(component=ACTIVATIONS, label="LM head all-gather: the local logits shard (fp32)",
                            nbytes=4 * T * V / t / cp, phases=(FORWARD,), formula=f"4 x T x V / tp={t}"))
         if loss_parallel:
             # torch/distributed/tensor/parallel/loss.py: _log_softmax keeps x - max beside its result,
             # and the backward builds a zeros_like before adding (validation/parallel/tp_plans).
-            add(MemoryTerm(component=ACTIVATIONS, label="loss_parallel: shifted logits (x - max, fp32)",
+            add(_term(component=ACTIVATIONS, label="loss_parallel: shifted logits (x - max, fp32)",
                            nbytes=4 * T * V / vocab, phases=(FORWARD,), formula=f"4 x T x V{on_vocab}"))
-            add(MemoryTerm(component=ACTIVATIONS, label="loss_parallel: zeros_like in the backward (fp32)",
+            add(_term(component=ACTIVATIONS, label="loss_parallel: zeros_like in the backward (fp32)",
                            nbytes=4 * T * V / vocab, phases=(BACKWARD,), formula=f"4 x T x V{on_vocab}"))
         if dtensor_sp:
             # The LM head's input is all-gathered from the sequence shards and kept for its weight gradient.
-            add(MemoryTerm(component=ACTIVATIONS, label="LM head input, all-gathered (sequence parallelism)",
+            add(_term(component=ACTIVATIONS, label="LM head input, all-gathered (sequence parallelism)",
                            nbytes=c * T * h / cp, phases=SAVED,
                            formula=f"T x h x {c} B" + (f" / cp={cp}" if cp != 1 else "")))
     if regime.autocast:
         if last:
-            add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
+            add(_term(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
                            nbytes=2 * shape.embedding_parameters / t, phases=SAVED,
                            formula=f"{_n(shape.embedding_parameters / t)} params x 2 B (saved by the LM head matmul)"))
         layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
         share = ctx.layers / shape.layers / weight_divisor(placement) / t
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
+        add(_term(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
                        nbytes=2 * layer_params * share, phases=(FORWARD,) if recompute else SAVED,
                        formula=f"{_n(layer_params * share)} matmul params x 2 B"
                                + (" (cached until autocast exits; recomputation re-casts them)" if recompute
@@ -291,7 +292,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         if own is not None:
             terms.extend(own)
         elif shape.tied and last:
-            add(MemoryTerm(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
+            add(_term(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
                            nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
                            formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
                                    "then their sum)"))
@@ -299,13 +300,13 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                   and plan.gradient_accumulation_steps == 1):
             # (Under PyTorch TP the full V x h output of embedding_dense_backward becomes the
             # rank's .grad itself, counted with the gradients: parallel.rank_gradient_terms.)
-            add(MemoryTerm(component=ACTIVATIONS, label="embedding gradient (being computed)",
+            add(_term(component=ACTIVATIONS, label="embedding gradient (being computed)",
                            nbytes=E * grad_b, phases=(BACKWARD_END,),
                            formula=f"V x h{on_tp} x {grad_b} B (embedding_dense_backward's output)"))
         # (With DTensor sequence parallelism the embedding's output was reduce-scattered: its
         # gradient arrives all-gathered, whole.)
         grad_split = cp if dtensor_sp else seq
-        add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output",
+        add(_term(component=ACTIVATIONS, label="gradient of the embedding output",
                        nbytes=regime.residual * T * h / grad_split, phases=(BACKWARD_END,),
                        formula=f"T x h x {regime.residual} B" + (f" / {grad_split}" if grad_split != 1 else "")))
     if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
@@ -352,8 +353,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
     terms = []
     if kept:
-        parts = ", ".join(f"{p.name} {_n(p.nbytes)}" for p in lb.parts) if lb.parts else ""
-        terms.append(MemoryTerm(
+        parts = _parts_text(lb)
+        terms.append(_term(
             component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * per_layer * n,
             phases=SAVED, formula=f"{kept} layers x {_n(saved + out)} B ({parts}"
                                   + (f"; output {_n(out)}" if out else "") + ")" + split + flying))
@@ -361,7 +362,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     if checkpointed:
         residual = 2 if megatron(regime) else regime.residual
         inputs = residual * ctx.tokens * ctx.shape.hidden
-        terms.append(MemoryTerm(
+        terms.append(_term(
             component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k * n,
             phases=SAVED, formula=f"{checkpointed} layers x T x h x {residual} B" + flying))
         # The recomputed layer's saved tensors, its output, and the MLP backward's
@@ -371,7 +372,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         work = lb.saved + lb.output + mlp_grads
         if regime.autocast:
             work += 2 * sum(w.elements for w in ctx.shape.layer_weights() if w.autocast and not w.bias)
-        terms.append(MemoryTerm(
+        terms.append(_term(
             component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work / k,
             phases=(BACKWARD_END,),
             formula=f"one layer's forward recomputed in the backward, with its MLP's activation gradients "
@@ -380,6 +381,20 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         from .offload_activations import offload_terms
         terms = offload_terms(plan, terms, "layers")
     return terms
+
+
+_last_parts: tuple = (None, "")      # (a LayerBytes, its parts as text): a layout's ranks share the layer's
+
+
+def _parts_text(lb) -> str:
+    """``lb``'s parts as the decoder layers' formula names them ("name bytes, ..."), made once for the
+    last ``LayerBytes`` asked for (the memoised layer is the same object for every rank of a layout)."""
+    global _last_parts
+    last, text = _last_parts
+    if lb is not last:
+        text = ", ".join(f"{p.name} {_n(p.nbytes)}" for p in lb.parts) if lb.parts else ""
+        _last_parts = (lb, text)
+    return text
 
 
 # --- runtime ------------------------------------------------------------------------------------
@@ -506,7 +521,7 @@ def runtime_terms(plan, overheads: RuntimeOverheads, allocated: int | float, pla
 def _runtime_terms(overheads: RuntimeOverheads, parallel: bool, allocated: int | float, capability=None) -> tuple:
     terms = _fixed_runtime_terms(overheads, parallel, capability)
     if overheads.allocator_fraction:
-        terms += (MemoryTerm(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
+        terms += (_term(component=RUNTIME_OVERHEADS, label="allocator reserve and fragmentation",
                              nbytes=allocated * overheads.allocator_fraction, phases=ALL,
                              formula=f"{overheads.allocator_fraction:g} x {_n(allocated)} B allocated at the peak"),)
     return terms
