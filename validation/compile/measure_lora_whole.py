@@ -70,6 +70,7 @@ CONFIGS = [
     _cfg("bf16", QV, 1, 256, 3, 1024, quantization="nf4"),
     # peft's lora_dropout (axolotl's configs: 0.05): nn.Dropout on lora_A's input, inside the graph
     _cfg("fp32", QV, 2, 512, 3, 1024, dropout=0.05),
+    _cfg("bf16", QV, 1, 256, 3, 1024, dropout=0.05),
 ]
 
 

@@ -68,9 +68,10 @@ the backward (offload, the optimizer step in the backward, activation offload, f
 With peft's LoRA (``compile=True``: Hugging Face's ``torch_compile``, ``torch.compile(peft_model)``, one graph):
 the layers' saved set with frozen base weights (``lora_layer_saved``, peft's fp32 adapters' fp32 copies), the
 mask, the final norm's rsqrt, the compiled loss; no embedding output or gradient (``whole_lora_terms``);
-fp32 ``lora_dropout`` on the matmuls reading a norm's output (each adapter's dropout output and mask).
+``lora_dropout`` on the matmuls reading a norm's output (each adapter's dropout output and mask).
 Measured: validation/compile/measure_lora_whole.py. Refused: QLoRA, DoRA, ``modules_to_save``, checkpointing,
-and in 16 bits an adapted row-parallel linear, dropout and adapters in the base's dtype.
+dropout on an adapted row-parallel linear, and in 16 bits an adapted row-parallel linear and adapters in
+the base's dtype.
 
 ``compile="blocks"`` (docs/compile.md, "Per-block compile"): each decoder block compiled apart, as torchtune
 0.6.1 (``training.compile_model``) and torchtitan (``apply_compile``) do: the blocks' saved set as above with
@@ -323,13 +324,12 @@ def _check_whole_lora(plan, config):
         from .shapes import shape_of
         ops = _ops(shape_of(plan), regime, kernel_of(plan), plan.seq_len)
         rows = sorted({op.name for op in ops if op.reduced} & set(_adapted(plan)))
-        if regime.compute != 4 or rows:
-            raise NotModelledError("lora.dropout", config.dropout, "0 with compile=True"
-                                   + (" in a 16-bit regime" if regime.compute != 4 else
-                                      f", or > 0 with no adapted row-parallel linear ({', '.join(rows)} adapted)"),
-                                   "the adapters' dropout inside the compiled model is measured in fp32 on the "
-                                   "matmuls that read a norm's output (q, k, v, gate, up): each dropout output and "
-                                   "bool mask saved")
+        if rows:
+            raise NotModelledError("lora.dropout", config.dropout, "0 with compile=True, or > 0 with no adapted "
+                                   f"row-parallel linear ({', '.join(rows)} adapted)",
+                                   "the adapters' dropout inside the compiled model is measured on the matmuls "
+                                   "that read a norm's output (q, k, v, gate, up): each dropout output and bool "
+                                   "mask saved")
     if regime.compute != 4:
         if config.adapter_dtype != "fp32":
             raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, "'fp32' in a 16-bit regime with "
@@ -454,7 +454,7 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
     # product; beside the saved 16-bit SDPA output) and lora_a's fp32 output (measured, the bf16 runs of
     # validation/compile/measure_lora_whole.py). In the model's dtype (torchtune's) both are c bytes.
     a = 4 if plan.profile_options.lora.adapter_dtype == "fp32" else c
-    p = plan.profile_options.lora.dropout      # (compile=True, fp32, no adapted row-parallel linear: _check_whole_lora)
+    p = plan.profile_options.lora.dropout      # (compile=True, no adapted row-parallel linear: _check_whole_lora)
     g, total, parts = grad_in, 0.0, []
 
     def add(name, n):
