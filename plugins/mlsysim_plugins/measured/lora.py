@@ -654,10 +654,11 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
         params = stage_trainable(plan, stage.layers)
         how = f" (this stage's {stage.layers} layers)"
     if _accumulating(plan, stage):
-        phases, m = ALL, plan.gradient_accumulation_steps
-        how += (f"; accumulated over the m={m} micro-batches, alive in the forwards that follow the stage's first "
+        # (the text names no m: these terms are memoised per layout, keyed by m > 1 only: _cache.Layout)
+        phases = ALL
+        how += ("; accumulated over the m micro-batches, alive in the forwards that follow the stage's first "
                 f"backward (m > {stage.in_flight:g} in flight)" if stage.split else
-                f" (accumulated over the m={m} micro-batches: alive in every forward and backward after the first)")
+                " (accumulated over the micro-batches: alive in every forward and backward after the first)")
     terms = [MemoryTerm(component=GRADIENTS, label=f"LoRA adapter gradients ({b} B)", nbytes=_per_rank(params * b, d),
                         phases=phases,
                         formula=f"{_n(params)} adapter params x {b} B (the frozen base has none)" + how
