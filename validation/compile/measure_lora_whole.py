@@ -42,15 +42,17 @@ ALL = "all-linear"
 
 
 def _cfg(regime, targets, b, seq, layers, vocab, checkpointing="none", rank=8, quantization=None, kv_heads=8,
-         dropout=0.0):
-    base = dict(copy.deepcopy(_configs.LLAMA_TINY), num_hidden_layers=layers, vocab_size=vocab,
-                num_key_value_heads=kv_heads)
+         dropout=0.0, small=False):
+    base = dict(copy.deepcopy(_configs.LLAMA_SMALL if small else _configs.LLAMA_TINY), num_hidden_layers=layers,
+                vocab_size=vocab, num_key_value_heads=kv_heads)
     t = "qv" if targets == QV else "all"
     kv = f"-kv{kv_heads}" if kv_heads != 8 else ""
     q = f"-{quantization}" if quantization else ""
     ck = ("-ckpt" if checkpointing == "full" else "") + (f"-drop{dropout:g}" if dropout else "")
-    return {"id": f"hf-llama-tiny-{layers}l-v{vocab}{kv}-{regime}{q}-lora-{t}{ck}-b{b}-s{seq}", "family": "llama",
-            "model": f"llama-tiny-{layers}l-v{vocab}{kv}", "hf_config": _configs._hf(base, 0.0),
+    name = "llama-small" if small else "llama-tiny"
+    return {"id": f"hf-{name}-{layers}l-v{vocab}{kv}-{regime}{q}-lora-{t}{ck}-r{rank}-b{b}-s{seq}" if rank != 8 else
+            f"hf-{name}-{layers}l-v{vocab}{kv}-{regime}{q}-lora-{t}{ck}-b{b}-s{seq}", "family": "llama",
+            "model": f"{name}-{layers}l-v{vocab}{kv}", "hf_config": _configs._hf(base, 0.0),
             "batch_size": b, "seq_len": seq, "regime": regime, "optimizer": "adamw", "optimizer_impl": "foreach",
             "checkpointing": checkpointing, "attention": "sdpa", "dropout": 0.0, "method": "real",
             "lora": {"rank": rank, "target_modules": targets, "quantization": quantization, "double_quant": False},
@@ -71,6 +73,8 @@ CONFIGS = [
     # peft's lora_dropout (axolotl's configs: 0.05): nn.Dropout on lora_A's input, inside the graph
     _cfg("fp32", QV, 2, 512, 3, 1024, dropout=0.05),
     _cfg("bf16", QV, 1, 256, 3, 1024, dropout=0.05),
+    # a wider model (configs.py's llama-small: h 512, FFN 1,376), rank 16, every linear
+    _cfg("fp32", ALL, 1, 512, 2, 1024, rank=16, small=True),
 ]
 
 
