@@ -10,8 +10,11 @@ none of the per-layout memos applies), the other figure ``benchmarks/run.py`` re
 Count it with callgrind, twice, and take the difference (imports and plugin loading cancel):
 
     PYTHONHASHSEED=0 setarch $(uname -m) -R valgrind --tool=callgrind \\
-        --callgrind-out-file=/dev/null python benchmarks/uncached.py measured 45
-    (the same with 5; instructions per solve = (count(45) - count(5)) / 40)
+        --callgrind-out-file=/dev/null python benchmarks/uncached.py measured 25
+    (the same with 5; instructions per solve = (count(25) - count(5)) / 20)
+
+Run each tree once first (``... measured 1``): a file compiled during one of the two counted runs
+(a changed ``.py`` whose ``__pycache__`` is stale) adds its compilation to that run's count.
 
 To compare a revision, check it out into a worktree and put it first on PYTHONPATH
 (``PYTHONPATH=TREE:TREE/plugins``), as benchmarks/instructions.py does.

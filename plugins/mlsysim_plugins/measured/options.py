@@ -22,7 +22,7 @@ from .._lazy import lazy_module
 from ._cache import kinds
 from .families import family_for
 from .regimes import regime_for
-from .techniques import _stage_functions, registered, run_stage
+from .techniques import registered, run_stage
 
 # The physics, imported on a measured solve's first use (never when the plugins load: tests/core/test_fast_paths.py);
 # module-level stand-ins, not imports in prepare, which would cost on every solve.
@@ -254,13 +254,6 @@ def prepare(plan, registry):
     o, notes = _completed(registry, plan.profile_options, kinds(plan.profile_options), techniques,
                           plan.activation_checkpointing, plan.model, plan.precision, plan.seq_len,
                           plan.communication_buffer_fraction)
-    if cf is None and o.loss_parallel is None and o.moe_routing_imbalance is None and \
-            not _stage_functions(techniques, "completed"):
-        # Nothing reads the plan between the two: the options completed and the optimizer's spec set at
-        # once (the same options object as one after the other: ``with_option`` is memoised).
-        spec = registry.optimizers[plan.optimizer]
-        return _prepared(evolve(plan, profile_options=with_option(o, "optimizer_spec", spec),
-                                notes=plan.notes + notes), registry, techniques, schedules, o)
     plan = evolve(plan, profile_options=o, notes=plan.notes + notes)
     plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
@@ -275,11 +268,6 @@ def prepare(plan, registry):
     # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
     plan = evolve(plan, profile_options=with_option(plan.profile_options, "optimizer_spec",
                                                     registry.optimizers[plan.optimizer]))
-    return _prepared(plan, registry, techniques, schedules, o)
-
-
-def _prepared(plan, registry, techniques, schedules, o):
-    """``prepare`` from the optimizer's stage on (the optimizer's spec set)."""
     plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
     plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
     said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
