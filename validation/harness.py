@@ -315,31 +315,40 @@ def layer_forward_deltas(mt, layers) -> list:
 
 
 def run_protocol(mt, model, optimizer, input_ids, *, autocast=contextlib.nullcontext,
-                 scalars=contextlib.nullcontext, point=None, model_kwargs=None):
+                 scalars=contextlib.nullcontext, point=None, model_kwargs=None, microbatches=1):
     """Three training iterations inside the tracker ``mt``: two warm-ups (the first step
     creates the optimizer state), then the tracker is left and re-entered, which resets its
     peak to what is alive at that moment, and the third is the measured one. Returns the
     bytes alive at each point of the measured iteration and when it started.
 
     ``point()``: what is alive now (default: ``_point(mt)``); ``model_kwargs``: more inputs
-    of the model's forward (e.g. position ids)."""
+    of the model's forward (e.g. position ids); ``microbatches`` = m > 1: gradient accumulation,
+    m times ``(loss / m).backward()`` before the step, each micro-batch's forward and backward a
+    phase of its own (``forward.0``, ``backward.0``, ``forward.1``, ...; the points likewise)."""
     alive: dict[str, dict] = {}
     point = point or (lambda: _point(mt))
     model_kwargs = model_kwargs or {}
+    m = microbatches
 
     def iteration() -> None:
         alive["start"] = point()
         mt.phase = "zero_grad"
         optimizer.zero_grad(set_to_none=True)
         alive["after_zero_grad"] = point()
-        mt.phase = "forward"
-        with autocast():
-            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False, **model_kwargs).loss
-        alive["end_of_forward"] = point()
-        mt.phase = "backward"
-        loss.backward()
-        del loss
-        alive["end_of_backward"] = point()
+        for i in range(m):
+            at = "" if m == 1 else f".{i}"
+            if i:
+                mt.reset_mod_stats()    # MemTracker's module records take one forward per module; peaks stay
+            mt.phase = "forward" + at
+            with autocast():
+                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False, **model_kwargs).loss
+                if m > 1:
+                    loss = loss / m
+            alive["end_of_forward" + at] = point()
+            mt.phase = "backward" + at
+            loss.backward()
+            del loss
+            alive["end_of_backward" + at] = point()
         mt.phase = "optimizer"
         with scalars():
             optimizer.step()

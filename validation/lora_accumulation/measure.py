@@ -5,7 +5,7 @@
 
 The environment is validation/measure_lora.py's (torch==2.13.0 CPU, transformers==5.23.0, peft==0.21.2,
 bitsandbytes==0.50.2); the models, adapters and tracker are its own (``measure_lora.build_model``,
-``FrozenAwareMemTracker``). The protocol is harness.py's ``run_protocol`` with m micro-batches per iteration, as a
+``FrozenAwareMemTracker``). The protocol is harness.py's ``run_protocol`` with ``microbatches`` = m per iteration, as a
 training loop accumulates them (Hugging Face's Trainer, torchtune, a hand loop): ``zero_grad(set_to_none=True)``,
 then m times ``loss = model(...).loss / m; loss.backward()``, then ``optimizer.step()``; three iterations, the third
 measured. Each micro-batch's forward and backward is a phase of its own (``forward.0``, ``backward.0``,
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import harness  # noqa: E402  (validation/harness.py)
 import measure_lora  # noqa: E402  (validation/measure_lora.py)
-from harness import _point, _submodules, peak_record  # noqa: E402
+from harness import _submodules, peak_record, run_protocol  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -53,42 +53,6 @@ CONFIGS = [
 ]
 
 
-def run_protocol(mt, model, optimizer, input_ids, m, *, autocast):
-    """harness.run_protocol with ``m`` micro-batches accumulated per iteration (the module docstring)."""
-    alive: dict[str, dict] = {}
-
-    def iteration() -> None:
-        alive["start"] = _point(mt)
-        mt.phase = "zero_grad"
-        optimizer.zero_grad(set_to_none=True)
-        for i in range(m):
-            if i:
-                mt.reset_mod_stats()     # MemTracker's per-module records allow one forward per module; the peaks stay
-            mt.phase = f"forward.{i}"
-            with autocast():
-                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss / m
-            alive[f"end_of_forward.{i}"] = _point(mt)
-            mt.phase = f"backward.{i}"
-            loss.backward()
-            del loss
-            alive[f"end_of_backward.{i}"] = _point(mt)
-        mt.phase = "optimizer"
-        optimizer.step()
-        alive["end_of_step"] = _point(mt)
-        mt.phase = "idle"
-
-    with mt:
-        iteration()
-        mt.reset_mod_stats()
-        iteration()
-    mt.reset_mod_stats()
-    mt.reset_phase_stats()
-    with mt:
-        mt.phase = "start"
-        iteration()
-    return alive
-
-
 def measure(cfg: dict) -> dict:
     cell = {}
 
@@ -100,8 +64,8 @@ def measure(cfg: dict) -> dict:
     with harness.training_run(cfg, build=build, tracker=measure_lora.FrozenAwareMemTracker) as run:
         model, mt, params = run.model, run.mt, run.params
         _submodules(model.get_base_model())
-        alive = run_protocol(mt, model, run.optimizer, run.input_ids, cfg["gradient_accumulation_steps"],
-                             autocast=harness.autocast_for(cfg))
+        alive, _ = run_protocol(mt, model, run.optimizer, run.input_ids, autocast=harness.autocast_for(cfg),
+                                microbatches=cfg["gradient_accumulation_steps"])
         t_end = time.perf_counter()
         record = peak_record(mt)
         phases = record["peak_by_phase"]
