@@ -347,7 +347,7 @@ def test_reference_catalog_entries_are_refused_under_measured_naming_the_curated
 
 @pytest.mark.parametrize("kwargs, parameter", [
     ({"precision": "fp8"}, "precision"),
-    ({"lora": {"rank": 8}, "tp_size": 2, "batch_size": 2}, "lora"),
+    ({"lora": {"rank": 8}, "tp_size": 2, "batch_size": 2}, "regime"),    # (autocast: not measured under TP)
 ])
 def test_not_modelled_errors_name_the_input(kwargs, parameter):
     kwargs = {"batch_size": 1, **kwargs}
@@ -383,13 +383,13 @@ def test_explain_shows_the_notes(tmp_path):
 
 
 def test_lora_on_several_devices_is_refused_never_answered_by_the_reference():
-    # LoRA on two tensor-parallel ranks is outside the measured profile: refused, naming
-    # lora and the layout; before, the reference profile answered with LoRA as a trainable
+    # LoRA on two tensor-parallel ranks under autocast is outside the measured profile: refused, naming
+    # the regime and the layout; before, the reference profile answered with LoRA as a trainable
     # fraction (a number 18-129 % off real runs, behind a note).
     for argv in (("estimate",), ("fit", "batch"), ("fit", "seq")):
         err = error_of(*argv, "--lora-rank", "8", "--tp", "2", "--regime", "amp-bf16")
-        assert isinstance(err, NotModelledError) and err.parameter == "lora", argv
-        assert "data-parallel layouts only" in str(err) and "--profile reference" in str(err)
+        assert isinstance(err, NotModelledError) and err.parameter == "regime", argv
+        assert "tp_size=2" in str(err) and "--profile reference" in str(err)
 
 
 @pytest.mark.parametrize("question, field", [("batch", "batch_size"), ("seq", "seq_len"), ("devices", "dp_size")])

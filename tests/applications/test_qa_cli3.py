@@ -104,7 +104,7 @@ def test_vary_profile_refuses_when_no_profile_can_describe(capsys, tmp_path, mpl
 # 3. one picture, one profile: a value the measured profile cannot describe refuses the picture
 
 @pytest.mark.parametrize("argv, failing", [
-    (["--vary", "tp_size", "--values", "1,2", "--lora-rank", "8"], "lora="),
+    (["--vary", "tp_size", "--values", "1,2", "--lora-rank", "8"], "regime="),
     (["--vary", "precision", "--values", "fp32,bf16,int8"], "precision='int8'")])
 def test_vary_refuses_when_one_value_is_not_modelled(capsys, tmp_path, drawn, argv, failing):
     code, err = error_of(capsys, "plot", "bars", *argv, "-o", str(tmp_path / "p.png"))

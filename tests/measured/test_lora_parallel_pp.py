@@ -129,8 +129,8 @@ def test_qlora_pipeline_stage_quantized_share():
 
 
 @pytest.mark.parametrize("kw,parameter,message", [
-    ({"tp_size": 2}, "lora", "LoRA/QLoRA split by tensor, expert or context parallelism is not modelled by the "
-                             "measured profile yet: tp_size=2"),
+    ({"tp_size": 2, "pp_size": 2}, "pp_size", "tp_size=2: LoRA over tensor parallelism combined with data or "
+                                              "pipeline parallelism is not measured"),
     ({"cp_size": 2}, "lora", "cp_size=2"),
     ({"pp_size": 2, "lora": {"rank": 16, "use_dora": True}}, "lora.use_dora",
      "pp_size=2: DoRA's weight norms per pipeline stage are not measured"),
@@ -147,7 +147,7 @@ def test_refused(kw, parameter, message):
     assert e.value.parameter == parameter
     assert message in str(e.value)
     if parameter == "lora":
-        assert "data-parallel layouts only, and pipeline stages" in str(e.value)
+        assert "data-parallel layouts, pipeline stages and tensor parallelism" in str(e.value)
 
 
 def test_one_device_and_data_parallel_unchanged_by_stages():

@@ -81,6 +81,13 @@ Pipeline parallelism (``stage_of``; validation/lora_parallel/measure_lora_pp.py,
   and position ids, the backward starts with the top layer's MLP activation gradients; the top linear's output
   transients in that forward are not modelled (-1.3 % to -6.0 % measured).
 
+Tensor parallelism without sequence parallelism (``_check_tensor``; validation/lora_parallel/measure_lora_tp.py,
+tp_measurements.json): Megatron-Bridge's ``ParallelLinearAdapter`` (NVIDIA-NeMo/Megatron-Bridge
+067f987df03b8355b03192d88d70f1709fedf51a src/megatron/bridge/peft/utils.py), r (in + out) / tp parameters per adapted
+linear and rank (``stage_trainable``), in the base's dtype; the frozen base as the rule places it; each layer walked
+over the split widths with whole r-wide intermediates (``_layer``); the LM head's fp32 logits all-gathered as in full
+training. Sequence parallelism and the rest are refused by name.
+
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
 the input requires grad (and, in bf16, the fp32 copy of the input); LayerNorm keeps mean
@@ -139,13 +146,16 @@ def lora_option(plan, value):
     ``LoRAConfig`` or a dict of its fields, checked against the model (its linears must be
     countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``)."""
     config, quantized = finetune.checkpoint_quantization(plan.model, finetune._config(value))
-    sizes = {"tp_size": plan.tp_size, "ep_size": plan.ep_size, "cp_size": plan.cp_size}
+    sizes = {"ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
     if parallel:
-        raise NotModelledError("lora", config, "data-parallel layouts only, and pipeline stages (tp, ep and cp sizes "
-                                "of 1; any dp with DDP, ZeRO-1/2/3 or FSDP; any pp with one model chunk per stage)",
-                                "LoRA/QLoRA split by tensor, expert or context parallelism is not modelled by the "
+        raise NotModelledError("lora", config, "data-parallel layouts, pipeline stages and tensor parallelism (ep and "
+                                "cp sizes of 1; any dp with DDP, ZeRO-1/2/3 or FSDP; any pp with one model chunk per "
+                                "stage; tp alone, without sequence parallelism, with Megatron-Bridge's adapters)",
+                                "LoRA/QLoRA split by expert or context parallelism is not modelled by the "
                                 "measured profile yet: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    if plan.tp_size != 1:
+        _check_tensor(plan, config)
     if plan.pp_size != 1:
         _check_pipeline(plan, config)
     if plan.trainable_fraction != 1.0:
@@ -199,6 +209,65 @@ def _check_pipeline(plan, config):
     if getattr(o, "loss", None) not in (None, "cross_entropy"):
         raise NotModelledError("loss", o.loss, "the default cross-entropy with lora and pp_size > 1",
                                why + "a chunked or fused loss on the last stage under LoRA is not measured")
+
+
+def _check_tensor(plan, config):
+    """LoRA under tensor parallelism where it was measured (validation/lora_parallel/measure_lora_tp.py): Megatron-
+    Bridge's adapters (``ParallelLinearAdapter``) over a Llama-style model split by the tensor-parallel rule alone,
+    without sequence parallelism, plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
+    Bridge casts them to the model's bf16/fp16), no recomputation, the default loss. The rest is refused, naming the
+    field, its value and what is modelled."""
+    o = plan.profile_options
+    why = f"tp_size={plan.tp_size}: "
+    allowed = ("plain LoRA with tp_size > 1 (measured: Megatron-Bridge's adapters over a Llama-style model, tensor "
+               "parallelism alone)")
+    others = {"dp_size": plan.dp_size, "pp_size": plan.pp_size}
+    if any(v != 1 for v in others.values()):
+        name, value = next((k, v) for k, v in others.items() if v != 1)
+        raise NotModelledError(name, value, "1 with lora and tp_size > 1",
+                               why + "LoRA over tensor parallelism combined with data or pipeline parallelism is not "
+                               "measured")
+    if plan.sequence_parallel:
+        raise NotModelledError("sequence_parallel", True, "False with lora and tp_size > 1",
+                               why + "Megatron-Bridge's adapters under sequence parallelism (the column adapters' "
+                               "sequence all-gather, the row adapters' scatter) are not modelled")
+    family = shape_of(plan).family
+    from .families import SEPARATE_QKV
+    if (generic(plan) or family.lora_layer is None or family.sparse or not family.gated_mlp
+            or family.attention_layout != SEPARATE_QKV):     # (what the measured Llama layer declares)
+        raise NotModelledError("lora", config, allowed, why + f"the {family.display} layers (declared: sparse="
+                               f"{family.sparse}, gated_mlp={family.gated_mlp}, attention_layout="
+                               f"{family.attention_layout!r}) under LoRA and tensor parallelism are not measured")
+    if config.quantization is not None:
+        raise NotModelledError("lora.quantization", config.quantization, "None with tp_size > 1",
+                               why + "a quantized base split by tensor parallelism is not measured")
+    for field, value, ok in (("lora.use_dora", config.use_dora, False), ("lora.dropout", config.dropout, 0.0),
+                             ("lora.modules_to_save", config.modules_to_save, ())):
+        if value and value != ok:
+            raise NotModelledError(field, value, f"{ok!r} with tp_size > 1", why + "not measured under tensor "
+                                   "parallelism")
+    regime = o.regime
+    if regime.autocast or regime.master or regime.gather or regime.main_grad:
+        raise NotModelledError("regime", regime.name, "fp32 or a pure 16-bit regime with lora and tp_size > 1",
+                               why + "Megatron-Bridge's adapters are measured in fp32 and pure bf16 only")
+    if regime.compute == 2 and config.adapter_dtype != "base":
+        raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, "'base' with a 16-bit base and "
+                               "tp_size > 1", why + "Megatron-Bridge casts its adapters to the model's 16-bit dtype "
+                               "(ParallelLinearAdapter: self.bfloat16()); peft's fp32 adapters under TP are not "
+                               "modelled")
+    if config.rank % plan.tp_size:
+        raise InvalidInputError("lora.rank", config.rank, f"a multiple of tp_size={plan.tp_size}",
+                                "Megatron-Bridge splits the column adapters' in-projection over the rank")
+    strategy = getattr(o, "checkpointing", None)
+    if strategy is not None and strategy.recomputes != "nothing":
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "none with lora and tp_size > 1", why + "recomputation under LoRA and tensor "
+                               "parallelism is not measured")
+    if getattr(o, "loss", None) not in (None, "cross_entropy") or getattr(o, "loss_parallel", False):
+        raise NotModelledError("loss", getattr(o, "loss", None), "the default cross-entropy (logits all-gathered) "
+                               "with lora and tp_size > 1", why + "not measured")
+    if getattr(o, "compile", None):
+        raise NotModelledError("compile", o.compile, "False with lora and tp_size > 1", why + "not measured")
 
 
 def _check_variants(plan, config):
@@ -537,10 +606,14 @@ def _layer_adapters(plan) -> int:
     return sum(row[3] for row in counts(plan).per_module)
 
 
-def stage_trainable(plan, layers: int) -> int:
+def stage_trainable(plan, layers: int, tensor: int = 1) -> int:
     """The trainable parameters of a pipeline stage of ``layers`` decoder layers: their adapters (the frozen
-    embedding and LM head train nothing; ``modules_to_save`` is refused under pp)."""
-    return layers * _layer_adapters(plan)
+    embedding and LM head train nothing; ``modules_to_save`` is refused under pp). Split by ``tensor``
+    tensor-parallel ranks: Megatron-Bridge's ``ParallelLinearAdapter`` keeps r/tp x in + out/tp x r of a
+    column-parallel base's adapter and r x in/tp + out/tp x r of a row-parallel one's, r (in + out) / tp either way
+    (NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a src/megatron/bridge/peft/utils.py
+    ``ParallelLinearAdapter.__init__``; r is a multiple of tp, the widths of the rule's split: exact)."""
+    return layers * _layer_adapters(plan) // tensor
 
 
 def _accumulating(plan, stage: Stage) -> bool:
@@ -589,6 +662,14 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     plain = c.frozen_parameters - c.quantized_parameters
     adapters = c.trainable_parameters - sum(n for _, n in c.saved_modules)
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
+    t = placement.tensor_shards
+    if t > 1 and not stage.split:
+        # tensor parallelism (validation/lora_parallel/measure_lora_tp.py): the frozen base as the rule splits it
+        # (its placement), the adapters r (in + out) / tp each (``stage_trainable``)
+        plain = placement.parameters_per_rank
+        plain = int(plain) if float(plain).is_integer() else plain     # (bytes stay exact ints)
+        adapters = stage_trainable(plan, plan.model.layers, t)
+        what = f"this rank's share of the base model, tp={t}"
     if stage.split:
         # A pipeline stage: its own layers' frozen weights (quantized linears as stored) and adapters, the frozen
         # embedding on the first stage, the final norm and LM head on the last (the rules' placement counts them)
@@ -621,6 +702,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                             nbytes=_per_rank(adapters * ab, d),
                             formula=f"{_n(adapters)} params = " + ("this stage's " if stage.split else "")
                                     + "layers x r x (in + out) per adapted linear"
+                                    + (f" / tp={t} (Megatron-Bridge's ParallelLinearAdapter)" if t > 1 else "")
                                     + (" + layers x out (DoRA's magnitude vectors)" if cfg.use_dora else "")
                                     + f", x {ab} B" + per))
     if copies:
@@ -653,6 +735,9 @@ def gradient_terms(plan, placement) -> list[MemoryTerm]:
     if stage.split:
         params = stage_trainable(plan, stage.layers)
         how = f" (this stage's {stage.layers} layers)"
+    elif placement.tensor_shards > 1:
+        params = stage_trainable(plan, stage.layers, placement.tensor_shards)
+        how = f" (this rank's adapter shards: / tp={placement.tensor_shards})"
     if _accumulating(plan, stage):
         # (the text names no m: these terms are memoised per layout, keyed by m > 1 only: _cache.Layout)
         phases = ALL
@@ -932,6 +1017,14 @@ def _layer(plan, grad_in: bool, placement=None) -> _Layer:
                                f"None for the {family.name!r} architecture family; LoRA/QLoRA is modelled for "
                                f"architectures {', '.join(modelled)} (one device)",
                                f"the {family.name!r} family's layers under LoRA are not modelled")
+    t = placement.tensor_shards if placement is not None else 1
+    if t > 1:
+        # One tensor-parallel rank (validation/lora_parallel/measure_lora_tp.py): the column-parallel q/k/v and
+        # gate/up keep heads / tp and ffn / tp, the row-parallel o and down read those shards; the adapters' r-wide
+        # intermediates are whole on every rank (Megatron-Bridge's column adapter all-gathers its r / tp output
+        # before linear_out, the row adapter all-reduces its partial r) and a column base's adapter keeps the
+        # whole (replicated) layer input: the walk over the split widths with the whole r
+        shape = attrs.evolve(shape, heads=shape.heads // t, kv_heads=shape.kv_heads // t, ffn=shape.ffn // t)
     walk = Walk(plan, shape)
     kernel = kernel_of(plan)
 
@@ -1219,6 +1312,12 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                    formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
     add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
                    phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
+    t = placement.tensor_shards
+    if t > 1 and c == 4:
+        # as full training's (model.model_activation_terms): the fp32 logits all-gathered by the column-parallel
+        # LM head with no later copy, the forward's peak at the gather (its local shard beside the whole)
+        add(MemoryTerm(component=ACTIVATIONS, label="LM head all-gather: the local logits shard (fp32)",
+                       nbytes=4 * T * V // t, phases=(FORWARD,), formula=f"4 x T x V / tp={t}"))
     if regime.autocast:
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
                        + ("LM head's trainable copy" if trains_lm_head(plan) else "frozen LM head"),

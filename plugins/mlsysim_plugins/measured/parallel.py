@@ -261,9 +261,9 @@ def _rank_placement(rank: RankClass, layout, placement):
     total = dense + experts
     if not experts:
         trainable = total * plan.trainable_fraction
-        if plan.profile_options.lora is not None and placement.pipeline_stages > 1:
+        if plan.profile_options.lora is not None and (placement.pipeline_stages > 1 or placement.tensor_shards > 1):
             from .lora import stage_trainable      # a stage's own adapters (the frozen embedding and head train none)
-            trainable = stage_trainable(plan, rank.layers)
+            trainable = stage_trainable(plan, rank.layers, placement.tensor_shards)
         return attrs.evolve(placement, parameters_per_rank=total, trainable_parameters_per_rank=trainable,
                             layers_per_stage=rank.layers)
     edp = expert_data_parallel(plan, placement)

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""LoRA per tensor-parallel rank: the measured profile's rank against measure_lora_tp.py's measurements.
+
+    .venv/bin/python validation/lora_parallel/compare_tp.py          # the table
+
+Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, no sequence
+parallelism, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
+compared with the rank's bytes in that phase. The tensor-parallel rule's communication buffers are left out of the
+prediction compared: the fake process group has no transport (what a collective leaves on the rank is in the
+activations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DATA = HERE / "tp_measurements.json"
+PHASES = {"forward": ("forward",), "backward": ("backward", "backward_end"), "optimizer": ("optimizer_step",)}
+
+
+def runs() -> list[dict]:
+    return json.loads(DATA.read_text(encoding="utf-8"))["runs"]
+
+
+def solve(run):
+    from mlsysim_core import HardwareNode, TrainingMemoryModel
+    from mlsysim_core.hf import from_hf_config
+    model = from_hf_config(run["hf_config"], name=run["model"])
+    lay = run["layout"]
+    lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"],
+            "adapter_dtype": "base"}
+    return TrainingMemoryModel("measured").solve(
+        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"], precision="fp32",
+        optimizer="adamw", activation_checkpointing="none", regime=run["regime"], optimizer_impl="foreach",
+        attention="sdpa", runtime_overheads=False, lora=lora, device="cpu", tp_size=lay["world_size"], dp_size=1,
+        sequence_parallel=False)
+
+
+def phases(rank) -> dict[str, float]:
+    from mlsysim_core.terms import ACCELERATOR, COMMUNICATION_BUFFERS
+    return {name: max(sum(t.nbytes for t in rank.terms if t.component != COMMUNICATION_BUFFERS and p in t.phases
+                          and t.tier == ACCELERATOR) for p in ours) for name, ours in PHASES.items()}
+
+
+def compare(run) -> dict:
+    result = solve(run)
+    rank = result.ranks[0]
+    predicted = phases(rank)
+    measured = {p: run["measured"]["peak_by_phase"][p]["bytes"] for p in PHASES}
+    peak_m, peak_p = run["measured"]["peak_bytes"], max(predicted.values())
+    return {"predicted": predicted, "measured": measured,
+            "errors": {p: (predicted[p] - m) / m for p, m in measured.items()},
+            "peak": (peak_m, peak_p, (peak_p - peak_m) / peak_m)}
+
+
+def table() -> str:
+    lines = ["| run | measured peak (B) | predicted (B) | peak | forward | backward | step |",
+             "|---|---|---|---|---|---|---|"]
+    errors, peaks = [], []
+    for run in runs():
+        c = compare(run)
+        pm, pp, pe = c["peak"]
+        peaks.append(abs(pe))
+        errors += [abs(e) for e in c["errors"].values()]
+        lines.append(f"| {run['id']} | {pm:,} | {pp:,.0f} | {pe:+.2%} | "
+                     + " | ".join(f"{c['errors'][p]:+.2%}" for p in PHASES) + " |")
+    lines += ["", f"{len(peaks)} ranks: peak median |err| {statistics.median(peaks):.2%}, max {max(peaks):.2%}; "
+              f"every phase median {statistics.median(errors):.2%}, max {max(errors):.2%}."]
+    return "\n".join(lines).replace("%", " %")
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Measure one tensor-parallel rank (no sequence parallelism) of LoRA training (issue 25 item 2) with Megatron-Bridge's
+adapter layout, re-implemented in PyTorch over a Hugging Face Llama under torch's DTensor TP.
+
+    /tmp/pplvenv/bin/python validation/lora_parallel/measure_lora_tp.py --out validation/lora_parallel/tp_measurements.json
+
+The run is ``../parallel/measure_parallel.py``'s, unchanged (``measure_parallel``: the "fake" process group, one rank
+of a world, ``apply_tp`` with sp=False: ColwiseParallel q/k/v/gate/up, RowwiseParallel o/down, vocab-parallel
+embedding and LM head; ``harness.run_protocol``: three iterations, the third measured, every phase's peak), with one
+addition: after the TP plan every base parameter is frozen and every targeted linear gets Megatron-Bridge's
+``ParallelLinearAdapter`` (NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a
+src/megatron/bridge/peft/utils.py ``ParallelLinearAdapter.__init__``/``forward``; ``lora.py`` builds it with
+``activation="identity"``, ``input_is_parallel`` for a row-parallel base; its ``LoRALinear.forward`` adds the
+adapter's output to the base linear's), re-implemented with the Megatron-Core mappings it calls (megatron/core/
+tensor_parallel/mappings.py: ``copy_to_tensor_model_parallel_region`` identity forward / all-reduce backward,
+``reduce_from_tensor_model_parallel_region`` all-reduce forward / identity backward,
+``gather_from_tensor_model_parallel_region`` all-gather into a (tp x ...) buffer then ``torch.cat`` on the last dim /
+the rank's chunk made contiguous in the backward):
+
+* column-parallel base (q, k, v, gate, up): ``linear_in = ColumnParallelLinear(in, r, gather_output=True)``: the
+  weight r/tp x in on each rank, its input the (replicated) layer input, its output all-gathered to the full r;
+  ``linear_out = ColumnParallelLinear(r, out, gather_output=False)``: out/tp x r, its output this rank's shard of the
+  base's output, added to it;
+* row-parallel base (o, down): ``linear_in = RowParallelLinear(in, r, input_is_parallel=True)``: r x in/tp, its
+  input the base's input shard, its output all-reduced to the full r; ``linear_out = ColumnParallelLinear(r, out,
+  gather_output=True)``: out/tp x r, its output all-gathered to the full ``out`` (the base's all-reduced output);
+* ``x * alpha / dim`` after ``linear_out`` (a scalar: saves nothing); in a bf16 model the adapters are bf16
+  (``model_parallel_config.bf16: self.bfloat16()``), in fp32 fp32;
+* the mapping of module names: Megatron adapts its fused ``linear_qkv`` / ``linear_fc1``; here each of Hugging Face's
+  separate q/k/v (gate/up) projections gets its own adapter, as peft's ``target_modules`` names them (the layout of
+  each adapter is Megatron-Bridge's).
+
+The optimizer (``AdamW`` foreach) takes the adapters only. Needs torch==2.13.0 (CPU), transformers==5.23.0.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VALIDATION = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(VALIDATION, "parallel"))
+
+import measure_parallel as mp  # noqa: E402  (puts validation/ on sys.path)
+import harness  # noqa: E402
+from measure_lora import FrozenAwareMemTracker  # noqa: E402  (grad hooks on the trainable parameters only)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW = ("o_proj", "down_proj")
+
+
+class _CopyToTP(torch.autograd.Function):
+    """mappings.py ``_CopyToModelParallelRegion``: identity forward, all-reduce of the gradient (in place)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        dist.all_reduce(g)
+        return g
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """mappings.py ``_ReduceFromModelParallelRegion``: all-reduce (in place) forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _GatherFromTP(torch.autograd.Function):
+    """mappings.py ``_GatherFromModelParallelRegion`` (``_gather_along_last_dim``: an all-gather into a (tp x ...)
+    buffer, then ``torch.cat`` of its chunks on the last dim; backward ``_split_along_last_dim``: the rank's chunk,
+    contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        world = dist.get_world_size()
+        size = list(x.shape)
+        size[0] *= world
+        buf = torch.empty(size, dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(buf, x.contiguous())
+        return torch.cat(buf.chunk(world, dim=0), dim=-1).contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        return g.chunk(world, dim=-1)[rank].contiguous()
+
+
+class ParallelLinearAdapter(torch.nn.Module):
+    """Megatron-Bridge's adapter (identity activation, no dropout) for one rank: ``row`` = ``input_is_parallel``."""
+
+    def __init__(self, in_features, out_features, dim, alpha, row, tp, dtype):
+        super().__init__()
+        self.row, self.scale = row, alpha / dim
+        a_shape = (dim, in_features // tp) if row else (dim // tp, in_features)
+        self.linear_in = torch.nn.Parameter(torch.randn(a_shape, dtype=dtype) * 0.02)
+        self.linear_out = torch.nn.Parameter(torch.zeros(out_features // tp, dim, dtype=dtype))
+
+    def forward(self, x):
+        if self.row:            # RowParallelLinear(input_is_parallel=True): reduce_from after the matmul
+            y = _ReduceFromTP.apply(torch.nn.functional.linear(x, self.linear_in))
+        else:                   # ColumnParallelLinear(gather_output=True): copy_to before, gather after
+            y = _GatherFromTP.apply(torch.nn.functional.linear(_CopyToTP.apply(x), self.linear_in))
+        z = torch.nn.functional.linear(_CopyToTP.apply(y), self.linear_out)    # ColumnParallelLinear(r, out)
+        if self.row:
+            z = _GatherFromTP.apply(z)                                         # gather_output=True
+        return z * self.scale
+
+
+class LoRALinear(torch.nn.Module):
+    """Megatron-Bridge ``LoRALinear.forward``: the base linear's output plus the adapter's of the same input."""
+
+    def __init__(self, base, adapter):
+        super().__init__()
+        self.base, self.adapter = base, adapter
+
+    def forward(self, x):
+        return self.base(x) + self.adapter(x)
+
+
+def add_adapters(model, cfg, tp) -> dict:
+    lora = cfg["lora"]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
+    targets = COLUMN + ROW if lora["target_modules"] == "all-linear" else tuple(lora["target_modules"])
+    hf = cfg["hf_config"]
+    widths = {"q_proj": (hf["hidden_size"], hf["num_attention_heads"] * (hf["hidden_size"] // hf["num_attention_heads"])),
+              "k_proj": (hf["hidden_size"], hf["num_key_value_heads"] * (hf["hidden_size"] // hf["num_attention_heads"])),
+              "v_proj": (hf["hidden_size"], hf["num_key_value_heads"] * (hf["hidden_size"] // hf["num_attention_heads"])),
+              "o_proj": (hf["num_attention_heads"] * (hf["hidden_size"] // hf["num_attention_heads"]), hf["hidden_size"]),
+              "gate_proj": (hf["hidden_size"], hf["intermediate_size"]),
+              "up_proj": (hf["hidden_size"], hf["intermediate_size"]),
+              "down_proj": (hf["intermediate_size"], hf["hidden_size"])}
+    torch.manual_seed(1)
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in targets:
+                base = getattr(parent, name, None)
+                if base is None:
+                    continue
+                i, o = widths[name]
+                setattr(parent, name, LoRALinear(base, ParallelLinearAdapter(
+                    i, o, lora["rank"], lora["alpha"], name in ROW, tp, dtype)))
+    return {"adapter": "Megatron-Bridge ParallelLinearAdapter (re-implemented)", "targets": list(targets),
+            "adapter_dtype": str(dtype).replace("torch.", "")}
+
+
+def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256):
+    c = mp._cfg("tp", "llama-tiny", world, 0, regime=regime, b=b, s=s)
+    short = "all" if targets == "all-linear" else "-".join(t.split("_")[0] for t in targets)
+    c["id"] = f"lora-tp-llama-tiny-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
+    c["lora"] = {"rank": rank, "alpha": 2 * rank, "target_modules": targets, "implementation": "megatron-bridge"}
+    return c
+
+
+CONFIGS = [
+    _cfg("fp32", 2),
+    _cfg("fp32", 2, targets=["q_proj", "v_proj"]),
+    _cfg("bf16", 2),
+    _cfg("fp32", 4, rank=8),
+]
+
+
+def measure(cfg: dict) -> dict:
+    world = cfg["layout"]["world_size"]
+    orig = mp.apply_tp
+    info = {}
+
+    def apply_tp(model, mesh, sp):
+        plan = orig(model, mesh, sp)
+        info.update(add_adapters(model, cfg, world))
+        return plan
+    tracker = mp.PhaseMemTracker
+    mp.apply_tp, mp.PhaseMemTracker = apply_tp, FrozenAwareMemTracker
+    try:
+        m = mp.measure_parallel(cfg)
+    finally:
+        mp.apply_tp, mp.PhaseMemTracker = orig, tracker
+    m["lora"] = info
+    return m
+
+
+def document(args, runs, ctx) -> dict:
+    return {"generator": "validation/lora_parallel/measure_lora_tp.py" + (" --only" if args.only else ""),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "device": "cpu",
+            "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), rank 0",
+            "megatron_bridge": "NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a",
+            "runs": runs}
+
+
+def main(argv=None) -> int:
+    return harness.main(argv, description=__doc__.splitlines()[1], configs=CONFIGS, measure_run=measure,
+                        document=document, out=os.path.join(HERE, "tp_measurements.json"),
+                        keep_previous="only")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
