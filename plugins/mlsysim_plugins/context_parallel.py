@@ -12,7 +12,8 @@ distributed optimizer does)."""
 
 from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
-from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
+from mlsysim_plugins.steptime_hookspecs import (COLLECTIVES as STEPTIME_COLLECTIVES, TRAFFIC as STEPTIME_TRAFFIC,
+                                                 Collective, RingTraffic)
 
 from mlsysim_core.memo import memoize
 
@@ -60,15 +61,50 @@ def apply_ulysses(plan, options):
     return apply(plan, options, style="all-to-all")
 
 
-# Ring attention, declared for the step time: the K/V chunk passed around the ring (cp - 1 sends)
-# in each forward of a layer, K/V and dK/dV in its backward, hidden behind the layer's attention.
-RING = (Collective(kind="ring-pass", volume="kv", group="cp", per="layer", forward=1, backward=2,
-                   overlaps="attention"),)
+# Ring attention, declared for the step time as PyTorch's context parallelism runs it (torchtitan's CP, the
+# runs validation/steptime/published.py cites): pytorch/pytorch torch/distributed/tensor/experimental/_attention.py
+# (stored version 0123248a484ffe531edb5098b986c1bac08cd296). _ContextParallelOptions: "rotate_method:
+# _RotateMethod = _RotateMethod.ALL_GATHER", "enable_load_balance: bool = True", "convert_to_f32: bool = True".
+# * forward (_templated_ring_attention): _AllGatherRotater "Only one communication will be done": one all-gather
+#   of the rank's K/V (n - 1 chunks received, a ring pass's bytes), issued before step 0's SDPA and waited for at
+#   step 1: hidden behind one step's attention only (load balanced, every step computes 1/n of the rank's pairs);
+# * backward (_templated_ring_attention_backward): the K/V all-gathered again ("kv_rotater"), and
+#   "dkv_rotater = _create_rotater(group, 2, method=_RotateMethod.ALL_TO_ALL)": the dK/dV buffer, accumulated in
+#   float32 ("accum_dtype = torch.float32 if _cp_options.convert_to_f32"), sent to the next rank in every step
+#   (n sends), each waited for after the next step's SDPA backward, the last one after the loop (exposed).
+# K/V are split over tp with the heads (shard="tp").
+RING = (Collective(kind="ring-pass", volume="kv", group="cp", per="layer", forward=1, backward=1,
+                   overlaps="attention-step", shard="tp"),
+        Collective(kind="send-recv", volume="kv", group="cp", per="layer", backward=1, overlaps="attention-step",
+                   per_step=True, element_bytes=4, shard="tp"))
+
+# The same file's elementwise work beside the SDPA calls, eager (bytes read + written per element; bf16 2 B,
+# float32 4 B). Forward, _SDPAMerger with convert_to_f32: each step after the first casts the step's output to
+# float32 (2 + 4) and merges "out = out - F.sigmoid(block_lse - lse) * (out - block_out)" (three float32 ops:
+# 12 + 8 + 12; the per-head lse terms are a rounding error): 38 per q element; "next_kv = torch.cat([key.flatten(),
+# value.flatten()])" before each exchange: 4 per k, v element. Once per pass: the first step's cast (6) and
+# results()' cast back to bf16 (4 + 2): 12 per q element. Backward, each step after the first: "grad_query +=
+# grad_query_" into float32 (4 + 2 + 4 = 10 per q element); per k, v element the float32 accumulation (10), the
+# dK/dV cat for the send (8) and the K/V cat (4): 22. Once per pass: the float32 zeros (4) and the first step's
+# accumulation (10), the final cast of dQ (6): 20 per q element; zeros (4), accumulation (10), cat (8), K/V cat
+# (4) and the final cast of dK/dV (6): 32 per k, v element. (The _partial_update torch.cat copies of the
+# load-balanced half-steps are left out: a lower bound.) Kernels beyond the layer's own, counted from the same
+# code: a forward step after the first launches its SDPA, the K/V cat, the two float32 casts (out, lse) and the
+# merge's eight ops (out: sub, sigmoid, sub, mul, sub; lse: sub, logsigmoid, sub): 12; once per pass the first
+# step's two casts and results()' two: 4. A backward step after the first: the flash backward's three kernels
+# (FlashAttention-2's preprocess, main and dQ conversion), the K/V cat, the dK, dV and dQ accumulations and the
+# dK/dV cat: 8; once per pass three float32 zeros, the first step's three accumulations, two cats and the two
+# final casts: 10 (its SDPA backward is the layer's own).
+TRAFFIC = RingTraffic(forward_step=(38, 4), forward_pass=(12, 0), backward_step=(10, 22), backward_pass=(20, 32),
+                      kernels_step=(12, 8), kernels_pass=(4, 10),
+                      source="pytorch/pytorch torch/distributed/tensor/experimental/_attention.py at "
+                             "0123248a484ffe531edb5098b986c1bac08cd296: _SDPAMerger, "
+                             "_templated_ring_attention(_backward)")
 
 
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, extensions={STEPTIME_COLLECTIVES: RING},
+    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, extensions={STEPTIME_COLLECTIVES: RING, STEPTIME_TRAFFIC: TRAFFIC},
                              description="activations / cp (sequence split); ring-attention K/V buffers"),
             ShardingRuleSpec(name="cp-ulysses", axis="cp", apply=apply_ulysses,
                              description="activations / cp (sequence split); Ulysses all-to-all q/k/v/output buffers")]

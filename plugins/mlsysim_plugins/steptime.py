@@ -17,8 +17,9 @@ The model (docs/planner.md derives each line; all per rank of the slowest pipeli
                 reduce-scatter pairs under SP: a ring's volume), on the critical path; a
                 switch that reduces in the network (NVLink SHARP) sends an all-reduce's
                 buffer once
-        cp    the ring's K/V (and dK/dV) passes, hidden behind the attention they feed:
-                only what exceeds it is exposed
+        cp    the ring as PyTorch runs it: K/V all-gathered per pass behind one ring step's
+                attention, the float32 dK/dV sent every backward step, and the merge's
+                elementwise work and kernels the rule declares (RingTraffic)
         ep    (4 + 2r) all-to-alls of T k h bytes per MoE layer, on the critical path
         p2p   the stage boundary's activation and its gradient, per micro-batch (x v model
                 chunks per rank under an interleaved schedule)
@@ -59,7 +60,7 @@ import attrs
 
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
 from mlsysim_plugins import steptime_hookspecs
-from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives
+from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, traffic
 
 
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
@@ -531,12 +532,20 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
+    attn_r = r if r >= 1 or not fused_attention else 0
+    attn_pass = attn_fwd / (cal.attention * peak * hw.get("clock", 1.0))     # one forward pass, one layer
     per_layer = {"attention": attention / layers, "forward": fwd / layers, "backward": bwd / layers,
-                 "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers}
+                 "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers,
+                 "attention-recompute": attn_r, "attention-forward-pass": attn_pass / speed_fwd,
+                 "attention-backward-pass": attn_pass * 2.5 / (cal.attention_backward * speed_bwd)}
     # (the expert rule's collectives move routed tokens: a dense model has none)
     tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis),
                                             dispatch.get(axis)) if axis != "ep" or fig["experts"] > 1 else 0.0
                                  for axis in ("tp", "cp", "ep"))
+    # the memory-bound work the cp rule declares beside its ring (RingTraffic), per rank's q and k, v elements
+    ring = rules.get("cp.traffic")
+    cp_comm += layers * (_ring_traffic(ring, cp, attn_r, T * h_q / tp, T * 2 * h_kv / tp) / (cal.memory * mem_bw)
+                         + _ring_kernels(ring, cp, attn_r) * cal.kernel_overhead)
     p2p = _per_micro_batch(rules.get("pp") or (), chunks, size)
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
     bubble = (pp - 1 if idle_slots is None else idle_slots) * micro
@@ -594,6 +603,9 @@ def declarations(registry=None) -> tuple[dict, dict]:
     from mlsysim_core.specs import DATA, DEFAULT_RULES
     axes = {axis: collectives(registry.sharding_rules[name]) or () for axis, name in DEFAULT_RULES.items()
             if name in registry.sharding_rules}
+    for axis, name in DEFAULT_RULES.items():     # ("<axis>.traffic": what a rule runs beside its collectives)
+        if name in registry.sharding_rules and traffic(registry.sharding_rules[name]) is not None:
+            axes[f"{axis}.traffic"] = traffic(registry.sharding_rules[name])
     return axes, {name: collectives(spec) for name, spec in registry.rules_for_axis(DATA).items()}
 
 
@@ -721,6 +733,17 @@ def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
         return 0.0
     node, hw, cal = size["node"], size["hw"], size["cal"]
     factors = size["volumes"][c.volume]
+    if c.element_bytes is not None and c.volume != "gradients":     # (the last factor is the element's bytes)
+        factors = (*factors[:-1], c.element_bytes)
+    if c.per_step:      # one send of the buffer to the next rank of the ring (split over ``shard``)
+        volume = 1.0
+        for f in factors:
+            volume = volume * f
+        if c.shard is not None:
+            volume = volume / size["groups"][c.shard][0]
+        inside = n * stride <= node
+        bw = hw["intra"] * cal.intra_link if inside else hw["inter"] * cal.inter_link
+        return volume / bw + cal.latency + (cal.hop_intra if inside else cal.hop_inter)
     lat = alpha(c.kind, n, stride, node, cal)
     if c.kind in ("all-to-all", "ring-pass"):       # (the factors multiplied in the formula's order)
         if c.shard is not None:     # (a buffer split over another group: each rank sends its part)
@@ -777,6 +800,9 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
             continue
         t = _seconds(c, size, dispatch)
         calls = (c.forward + c.backward) + c.forward * r
+        if c.overlaps == "attention-step":
+            exposed += layers * _ring_steps(c, t, compute, size)
+            continue
         if c.overlaps is None and overlap == "decomposed":
             n = size["groups"][c.group][0]
             exposed += layers * t * calls / n
@@ -790,6 +816,44 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
     for target, comm in overlapping.items():
         exposed += layers * hidden(comm, compute[target], size["cal"])
     return exposed
+
+
+def _ring_steps(c: Collective, t: float, compute: Mapping[str, float], size: dict) -> float:
+    """Exposed seconds per layer of a collective hidden step by step behind a ring's attention: each
+    pass (``forward`` per forward, the attention's recomputed forwards too, ``backward`` per backward)
+    runs n steps of 1/n of its attention each; a call hides behind one step of its pass, or, declared
+    ``per_step``, runs once per step, n - 1 of them hidden behind a step and the last exposed (it is
+    waited for after the last step's attention)."""
+    n = size["groups"][c.group][0]
+    seconds = 0.0
+    for passes, attention in ((c.forward * (1 + compute["attention-recompute"]), compute["attention-forward-pass"]),
+                              (c.backward, compute["attention-backward-pass"])):
+        if not passes:
+            continue
+        step = attention / n
+        one = (n - 1) * hidden(t, step, size["cal"]) + t if c.per_step else hidden(t, step, size["cal"])
+        seconds += passes * one
+    return seconds
+
+
+def _ring_traffic(declared, cp: int, recompute: float, q: float, kv: float) -> float:
+    """Bytes per layer of a rule's declared ring traffic (``RingTraffic``) over a cp-rank ring: each
+    forward (1 + the attention's recomputed ones) and the backward, ``pass`` once and ``step`` in
+    each of the cp - 1 steps after the first, per element of the rank's q (output) and k, v."""
+    if declared is None or cp <= 1:
+        return 0.0
+    def bytes_(step, once):
+        return (cp - 1) * (step[0] * q + step[1] * kv) + once[0] * q + once[1] * kv
+    return (1 + recompute) * bytes_(declared.forward_step, declared.forward_pass) + bytes_(
+        declared.backward_step, declared.backward_pass)
+
+
+def _ring_kernels(declared, cp: int, recompute: float) -> float:
+    """Kernels per layer a rule's ring launches beyond the layer's own (``RingTraffic.kernels_*``)."""
+    if declared is None or cp <= 1:
+        return 0.0
+    (fs, bs), (fp, bp) = declared.kernels_step, declared.kernels_pass
+    return (1 + recompute) * ((cp - 1) * fs + fp) + (cp - 1) * bs + bp
 
 
 def _per_micro_batch(declared, chunks: int, size: dict) -> float:

@@ -18,6 +18,7 @@ _hookspec = pluggy.HookspecMarker("mlsysim")
 
 HOOK = "mlsysim_step_time_models"
 COLLECTIVES = "steptime.collectives"     # the sharding rules' extension key
+TRAFFIC = "steptime.traffic"             # a rule's memory-bound work per ring step (``RingTraffic``)
 
 
 def _among(*allowed, default=attrs.NOTHING):
@@ -37,7 +38,10 @@ class Collective:
     (``forward`` calls per forward of each layer, recomputed ones included, ``backward`` per
     backward), ``micro-batch`` or ``step`` (``forward + backward`` calls). ``overlaps``: the
     compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
-    ``attention``), None: on the critical path. ``in_network``: a switch that reduces in the
+    ``attention``; ``attention-step``: one step of a ring, the attention of the pass the call runs
+    in over the group size), None: on the critical path. ``per_step``: the call runs once per ring
+    step (n per pass over an n-rank group), each hidden behind its step, the last one exposed.
+    ``element_bytes``: the bytes of one element it moves (None: the run's precision). ``in_network``: a switch that reduces in the
     network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
     share is not hidden. ``sequence_parallel``: only with (True) or without (False) it.
     ``implementations``: the implementation choices a run may make for it (the step time applies
@@ -51,14 +55,40 @@ class Collective:
     per: str = _among("layer", "micro-batch", "step")
     forward: int = 0
     backward: int = 0
-    overlaps: str | None = _among(None, "forward", "backward", "attention", default=None)
+    overlaps: str | None = _among(None, "forward", "backward", "attention", "attention-step", default=None)
     shard: str | None = _among(None, "dp-node", "tp", default=None)
     in_network: bool = True
     first_layer_exposed: bool = False
     sequence_parallel: bool | None = None
+    per_step: bool = False
+    element_bytes: int | None = None
     implementations: tuple[str, ...] = attrs.field(
         default=(), converter=tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.in_(("batched", "node-forwarded"))))
+
+
+@attrs.frozen(kw_only=True)
+class RingTraffic:
+    """The memory-bound work a ring implementation runs beside its attention kernels, declared for
+    the step time in a rule's ``extensions["steptime.traffic"]``: bytes read and written per element
+    of the rank's attention output (``q``: tokens x query heads x head dim) and of its keys and values
+    (``kv``: tokens x 2 x kv heads x head dim), in each ring step after the first (``*_step``) and once
+    per pass (``*_pass``), in a forward (recomputed ones too) and in a backward. Timed at the
+    memory-bound share of the bandwidth, on the critical path. ``kernels_step`` and ``kernels_pass``:
+    the (forward, backward) kernels it launches beyond the layer's own, each step after the first
+    and once per pass, each paying the calibration's ``kernel_overhead``."""
+    forward_step: tuple[float, float] = (0, 0)      # (per q element, per kv element)
+    forward_pass: tuple[float, float] = (0, 0)
+    backward_step: tuple[float, float] = (0, 0)
+    backward_pass: tuple[float, float] = (0, 0)
+    kernels_step: tuple[int, int] = (0, 0)
+    kernels_pass: tuple[int, int] = (0, 0)
+    source: str = ""
+
+
+def traffic(rule) -> RingTraffic | None:
+    """What memory-bound work a sharding rule declares beside its collectives (None: none)."""
+    return rule.extensions.get(TRAFFIC)
 
 
 def collectives(rule) -> tuple[Collective, ...] | None:

@@ -13,7 +13,7 @@ from mlsysim_core import (CheckpointingSpec, HardwareNode, InvalidInputError, Tr
                           TransformerWorkload, hookimpl, search)
 from mlsysim_core.manager import PluginManager
 from mlsysim_plugins import steptime
-from mlsysim_plugins.steptime_hookspecs import COLLECTIVES, collectives
+from mlsysim_plugins.steptime_hookspecs import COLLECTIVES, RingTraffic, collectives
 
 ROOT = Path(__file__).resolve().parents[2]
 CAL = attrs.evolve(steptime.DEFAULT, intra_link=0.5, inter_link=0.8, latency=0.0, hop_intra=0.0, hop_inter=0.0,
@@ -121,12 +121,40 @@ def test_recompute_costs_a_forward_and_its_collectives():
     assert full["tp"] / none["tp"] == pytest.approx(6 / 4)        # the recomputed forward's two all-reduces
 
 
-def test_context_parallel_ring_hides_behind_attention():
+def test_context_parallel_ring_as_pytorch_runs_it():
+    # the cp rule's declarations (context_parallel.RING, TRAFFIC), by hand: T = 8192 / 4 tokens per rank
     cp = _time(cp=4, mb=1, seq_len=8192)
-    parts = cp["attention"] / FIG["layers"]
-    ring = 3 * 2048 * 2 * FIG["h_kv"] * 2 / (400e9 * 0.5) * 3        # (cp-1) passes of K,V; 3 passes
-    expected = FIG["layers"] * steptime.hidden(ring, parts, CAL)
+    T, hq, hkv, n = 2048, FIG["h_q"], FIG["h_kv"], 4
+    attn_pass = 2 * T * 8192 * hq / (CAL.attention * 1e15)                # one layer's forward attention
+    fstep, bstep = attn_pass / n, attn_pass * 2.5 / CAL.attention_backward / n
+    gather = (n - 1) * T * 2 * hkv * 2 / (400e9 * 0.5)                     # K/V all-gathered: n - 1 chunks in
+    send = T * 2 * hkv * 4 / (400e9 * 0.5)                                 # dK/dV in float32 to the next rank
+    comm = (steptime.hidden(gather, fstep, CAL) + steptime.hidden(gather, bstep, CAL)
+            + (n - 1) * steptime.hidden(send, bstep, CAL) + send)          # the last dK/dV send is waited for
+    q, kv = T * hq, T * 2 * hkv
+    traffic = ((n - 1) * (38 * q + 4 * kv) + 12 * q + (n - 1) * (10 * q + 22 * kv) + 20 * q + 32 * kv)
+    kernels = (n - 1) * 12 + 4 + (n - 1) * 8 + 10
+    expected = FIG["layers"] * (comm + traffic / (CAL.memory * 3e12) + kernels * CAL.kernel_overhead)
     assert cp["cp"] == pytest.approx(expected)
+    # full recompute runs the ring's forward again: another gather, the forward's traffic and kernels again
+    full = _time(cp=4, mb=1, seq_len=8192, recompute=1.0)
+    again = (steptime.hidden(gather, fstep, CAL) + ((n - 1) * (38 * q + 4 * kv) + 12 * q) / (CAL.memory * 3e12)
+             + ((n - 1) * 12 + 4) * CAL.kernel_overhead)
+    assert full["cp"] - cp["cp"] == pytest.approx(FIG["layers"] * again)
+    assert _time(cp=1, mb=1, seq_len=8192)["cp"] == 0.0
+
+
+def test_the_ring_is_timed_as_the_rule_declares_it():
+    # read from the declarations: a rule that declares no traffic pays none; one that declares it is timed
+    axes, _ = steptime.declarations()
+    assert isinstance(axes["cp.traffic"], RingTraffic)
+    run = dict(tp=1, cp=4, pp=1, dp=1, ep=1, rule="zero0", recompute=0.0, sp=False, mb=1, gas=1, seq_len=8192,
+               bytes_=2, node=8, optimizer_bytes=36.0)
+    bare = {k: v for k, v in axes.items() if k != "cp.traffic"}
+    with_, without = (steptime.step_time(FIG, HW, CAL, rules=r, **run)["cp"] for r in (axes, bare))
+    q, kv = 2048 * FIG["h_q"], 2048 * 2 * FIG["h_kv"]
+    traffic = 3 * (38 * q + 4 * kv) + 12 * q + 3 * (10 * q + 22 * kv) + 20 * q + 32 * kv
+    assert with_ - without == pytest.approx(FIG["layers"] * (traffic / (CAL.memory * 3e12) + 74 * CAL.kernel_overhead))
 
 
 def test_strategies_declare_their_recompute(solver):
