@@ -33,7 +33,7 @@ def test_the_measurements():
     assert data["torch"].split("+")[0] == "2.13.0" and data["transformers"] == "5.23.0"
     assert "measure_lora_tp.py" in data["generator"] and "067f987df03b8355b03192d88d70f1709fedf51a" in \
         data["megatron_bridge"]
-    assert len(RUNS) == 4 and not any(r.get("error") for r in RUNS)
+    assert len(RUNS) == 6 and not any(r.get("error") for r in RUNS)
     for run in RUNS:
         assert run["layout"]["kind"] == "tp" and run["measured"]["tp_plan"]["mlp"].startswith("ColwiseParallel")
 
@@ -81,6 +81,21 @@ def test_layer_saved_bytes_per_token_by_hand():
     rank = COMPARE.solve(run).ranks[0]
     layers = next(t for t in rank.terms if t.label == "decoder layers: saved for backward (LoRA)")
     assert layers.nbytes == sum(run["measured"]["layer_forward_retained_bytes"])
+
+
+def test_grouped_query_attention_splits_the_kv_heads():
+    # gqa-tiny: 2 KV heads of 32 (kv = 64), one on each of tp = 2 ranks. Adapters per layer, every linear at r = 16:
+    # q and o 16 x 512, k and v 16 x (256 + 64), the MLP's 3 x 16 x 944: 71,936, x 4 layers / 2 x 4 B; per token a
+    # layer keeps the llama-tiny run's 12,120 B but k and v of one KV head (2 x 128 B) instead of four (2 x 512 B)
+    run = _run("gqa-tiny-fp32-r16-all-w2")
+    m = run["measured"]
+    assert m["alive"]["end_of_backward"]["by_category"]["gradient"] == 4 * 71_936 // 2 * 4 == 575_488
+    T = run["batch_size"] * run["seq_len"]
+    assert m["layer_forward_retained_bytes"][1] == (12_120 - 2 * (512 - 128)) * T
+    rank = COMPARE.solve(run).ranks[0]
+    assert sum(t.nbytes for t in rank.terms if t.component == GRADIENTS) == 575_488
+    layers = next(t for t in rank.terms if t.label == "decoder layers: saved for backward (LoRA)")
+    assert layers.nbytes == sum(m["layer_forward_retained_bytes"])
 
 
 def _solve(**kw):

@@ -161,10 +161,10 @@ def add_adapters(model, cfg, tp) -> dict:
             "adapter_dtype": str(dtype).replace("torch.", "")}
 
 
-def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256):
-    c = mp._cfg("tp", "llama-tiny", world, 0, regime=regime, b=b, s=s)
+def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256, model="llama-tiny"):
+    c = mp._cfg("tp", model, world, 0, regime=regime, b=b, s=s)
     short = "all" if targets == "all-linear" else "-".join(t.split("_")[0] for t in targets)
-    c["id"] = f"lora-tp-llama-tiny-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
+    c["id"] = f"lora-tp-{model}-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
     c["lora"] = {"rank": rank, "alpha": 2 * rank, "target_modules": targets, "implementation": "megatron-bridge"}
     return c
 
@@ -174,6 +174,9 @@ CONFIGS = [
     _cfg("fp32", 2, targets=["q_proj", "v_proj"]),
     _cfg("bf16", 2),
     _cfg("fp32", 4, rank=8),
+    # grouped-query attention: the KV heads split over the ranks too
+    _cfg("fp32", 2, model="gqa-tiny"),
+    _cfg("bf16", 2, targets=["q_proj", "v_proj"], model="gqa-tiny"),
 ]
 
 
