@@ -1331,11 +1331,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            formula=f"{_n(adapters)} adapter params (rank {r}) x 2 B (cached until autocast exits)"))
             through_layers.add(id(terms[-1]))
     if plan.profile_options.lora.quantization in ("nf4", "fp4"):
-        largest = max(i * o for _, i, o in _quantized_linears(plan))
-        add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
-                       nbytes=largest * c, phases=(BACKWARD_END,),
-                       formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
-                               "(dequantize_4bit in the backward's matmul)"))
+        add(_dequantized_weight(plan, c))
     if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
         from .loss import loss_terms
         from .model import context
@@ -1435,14 +1431,19 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
                            nbytes=times_n(2 * shape.embedding_parameters), phases=SAVED,
                            formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul){x}"))
     if plan.profile_options.lora.quantization in ("nf4", "fp4"):
-        largest = max(i * o for _, i, o in _quantized_linears(plan))
-        add(MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
-                       nbytes=largest * c, phases=(BACKWARD_END,),
-                       formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
-                               "(dequantize_4bit in the backward's matmul)"))
+        add(_dequantized_weight(plan, c))
     if generic(plan):
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return terms
+
+
+def _dequantized_weight(plan, c) -> MemoryTerm:
+    """The backward's transient: the largest 4-bit linear dequantized to c bytes (dequantize_4bit)."""
+    largest = max(i * o for _, i, o in _quantized_linears(plan))
+    return MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
+                      nbytes=largest * c, phases=(BACKWARD_END,),
+                      formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
+                              "(dequantize_4bit in the backward's matmul)")
 
 
 def _quantized_linears(plan):
