@@ -368,6 +368,23 @@ def run_protocol(mt, model, optimizer, input_ids, *, autocast=contextlib.nullcon
     return alive, t_measured
 
 
+def quant_state_storages(model) -> dict:
+    """{storage data_ptr: bytes} of bitsandbytes' QuantState tensors (absmax, code tables, nested
+    statistics): attributes of the packed weights, neither parameters nor buffers, so no tracker sees them."""
+    quant = {}
+    for mod in model.modules():
+        qs = getattr(getattr(mod, "weight", None), "quant_state", None)
+        if qs is None:
+            continue
+        for t in (qs.absmax, qs.code, getattr(qs, "offset", None),
+                  getattr(getattr(qs, "state2", None), "absmax", None),
+                  getattr(getattr(qs, "state2", None), "code", None)):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                quant[st.data_ptr()] = st.nbytes()
+    return quant
+
+
 # --------------------------------------------------------------------------- techniques
 def load(name, path):
     """The file at ``path`` as a module named ``name`` (the harness folders are not packages)."""

@@ -157,17 +157,7 @@ def measure(cfg: dict, step=None) -> dict:
             storage[s.data_ptr()] = s.nbytes()
         # bitsandbytes' QuantState tensors (absmax, code tables, nested statistics) are attributes of the
         # packed weights, neither parameters nor buffers: the tracker never sees them. Recorded here.
-        quant = {}
-        for mod in model.modules():
-            qs = getattr(getattr(mod, "weight", None), "quant_state", None)
-            if qs is None:
-                continue
-            for t in (qs.absmax, qs.code, getattr(qs, "offset", None),
-                      getattr(getattr(qs, "state2", None), "absmax", None),
-                      getattr(getattr(qs, "state2", None), "code", None)):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    quant[st.data_ptr()] = st.nbytes()
+        quant = harness.quant_state_storages(model)
         measured = {
             "quant_state_bytes": int(sum(quant.values())),
             **peak_record(mt),

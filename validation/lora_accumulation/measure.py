@@ -72,17 +72,7 @@ def measure(cfg: dict) -> dict:
         for name in ("forward", "backward"):
             each = [v for k, v in phases.items() if k.startswith(name + ".")]
             phases[name] = max(each, key=lambda v: v["bytes"])
-        quant = {}
-        for mod in model.modules():
-            qs = getattr(getattr(mod, "weight", None), "quant_state", None)
-            if qs is None:
-                continue
-            for t in (qs.absmax, qs.code, getattr(qs, "offset", None),
-                      getattr(getattr(qs, "state2", None), "absmax", None),
-                      getattr(getattr(qs, "state2", None), "code", None)):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    quant[st.data_ptr()] = st.nbytes()
+        quant = harness.quant_state_storages(model)
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         return {
             **record,

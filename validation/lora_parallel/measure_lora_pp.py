@@ -244,17 +244,7 @@ def measure(cfg: dict) -> dict:
     with mt:
         mt.phase = "start"
         iteration()
-    quant = {}
-    for mod in net.modules():
-        qs = getattr(getattr(mod, "weight", None), "quant_state", None)
-        if qs is None:
-            continue
-        for t in (qs.absmax, qs.code, getattr(qs, "offset", None),
-                  getattr(getattr(qs, "state2", None), "absmax", None),
-                  getattr(getattr(qs, "state2", None), "code", None)):
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                quant[st.data_ptr()] = st.nbytes()
+    quant = harness.quant_state_storages(net)
     storage = {}
     for t in list(net.parameters()) + list(net.buffers()):
         st = t.untyped_storage()
