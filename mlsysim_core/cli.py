@@ -7,6 +7,7 @@ allowed); 3 a plugin failed to load or broke its contract, or the installation i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -1361,7 +1362,7 @@ def cmd_plugins(args, out) -> int:
             what = f"BROKEN: {p['error']}" if p["error"] else what
             out.write(f"{p['name'].ljust(width)}  {p['distribution']} {p['version']}  {what}\n")
         for name in pm.blocked_names:
-            out.write(f"{name.ljust(width)}  {pm.describe_blocked(name)}\n")
+            out.write(f"{name.ljust(width)}  {describe_blocked(pm, name)}\n")
         for info in pm.skipped_third_party:
             out.write(f"{info.name.ljust(width)}  {info.source}  (skipped: third-party autoload disabled)\n")
     for err in dict.fromkeys(broken.values()):     # exit 3: the other commands fail until it is fixed
@@ -1818,6 +1819,40 @@ def _flags_registry(argv: list[str]):
         return None, argparse.Namespace()
 
 
+def describe_blocked(pm, name: str) -> str:
+    """What a blocked name did, for listings (``(blocked)``, ``(blocked: distribution, ...)``, ...)."""
+    from .manager import _normalise_dist
+    if name in pm.unknown_blocked:
+        close = pm.unknown_blocked[name]
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return f"(blocked: matches no installed plugin or distribution, blocks nothing{hint})"
+    by_dist = sorted({i.name for i in pm.blocked_entry_points
+                      if _normalise_dist(i.distribution) == _normalise_dist(name)})
+    if by_dist and name not in {i.name for i in pm.blocked_entry_points}:
+        return f"(blocked: distribution, entry point(s) {', '.join(by_dist)})"
+    return "(blocked)"
+
+
+@contextlib.contextmanager
+def plugin_warnings_to_stderr():
+    """Each ``PluginWarning`` printed once on stderr, as the command line does."""
+    import warnings
+    from .manager import PluginWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PluginWarning)
+        previous, seen = warnings.showwarning, set()
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, PluginWarning):
+                return previous(message, category, filename, lineno, file, line)
+            if str(message) not in seen:
+                seen.add(str(message))
+                print(f"mlsysim-core: warning: {message}", file=sys.stderr)
+
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
     if sys.stderr is None:     # `2>&-`: messages go nowhere, exit codes stay right
         import os
@@ -1825,7 +1860,6 @@ def main(argv: list[str] | None = None, out=None) -> int:
     _tolerant_std_streams()
     real_stdout = out is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .manager import plugin_warnings_to_stderr
     with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
         registry, known = _flags_registry(argv)
         parser = _parser(registry)

@@ -10,7 +10,6 @@ import importlib.metadata
 import inspect
 import os
 import re
-import sys
 import warnings
 from collections import defaultdict
 from typing import Iterable, Mapping
@@ -97,18 +96,6 @@ class PluginManager(pluggy.PluginManager):
         self._info.pop(name, None)
         self._registry = self._survey = None
         return out
-
-    def describe_blocked(self, name: str) -> str:
-        """What a blocked name did, for listings (``(blocked)``, ``(blocked: distribution, ...)``, ...)."""
-        if name in self.unknown_blocked:
-            close = self.unknown_blocked[name]
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-            return f"(blocked: matches no installed plugin or distribution, blocks nothing{hint})"
-        by_dist = sorted({i.name for i in self.blocked_entry_points
-                          if _normalise_dist(i.distribution) == _normalise_dist(name)})
-        if by_dist and name not in {i.name for i in self.blocked_entry_points}:
-            return f"(blocked: distribution, entry point(s) {', '.join(by_dist)})"
-        return "(blocked)"
 
     def info(self, plugin_name: str) -> PluginInfo:
         return self._info.get(plugin_name, PluginInfo(name=plugin_name))
@@ -357,24 +344,6 @@ def _duplicate_hint(name: str, infos: list[PluginInfo], own_names: set[str]) -> 
     return (f"{uninstall}, or block {'that distribution' if one else 'those distributions'} "
             f"(all of {'its' if one else 'their'} plugins, not the built-in) with "
             f"{ENV_DISABLED_PLUGINS}={','.join(safe)} (or --disable-plugin {' --disable-plugin '.join(safe)})")
-
-
-@contextlib.contextmanager
-def plugin_warnings_to_stderr():
-    """Each ``PluginWarning`` printed once on stderr, as the command line does."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", PluginWarning)
-        previous, seen = warnings.showwarning, set()
-
-        def show(message, category, filename, lineno, file=None, line=None):
-            if not issubclass(category, PluginWarning):
-                return previous(message, category, filename, lineno, file, line)
-            if str(message) not in seen:
-                seen.add(str(message))
-                print(f"mlsysim-core: warning: {message}", file=sys.stderr)
-
-        warnings.showwarning = show
-        yield
 
 
 def _ep_info(ep, dists: dict) -> PluginInfo:

@@ -22,6 +22,30 @@ GIB = 2**30
 
 # What the drawing becomes on a stream that cannot encode it (an ASCII or cp1252 console):
 # box and block characters, and the few symbols the text uses, in plain ASCII.
+_MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENTS
+
+
+class MemoryView:
+    """A result's memory fields in GB (``bytes * 1e-9``, as the reference) or GiB (``bytes / 2**30``)."""
+
+    __slots__ = ("_result", "_unit", "_gb")
+
+    def __init__(self, result, unit: str):
+        self._result, self._unit, self._gb = result, unit, unit == "GB"
+
+    def __getattr__(self, field: str) -> float:
+        if field not in _MEMORY_FIELDS:
+            raise AttributeError(f"{field!r} is not a memory field; choose from {', '.join(_MEMORY_FIELDS)}")
+        value = getattr(self._result, field)
+        return value * 1e-9 if self._gb else value / 2**30
+
+    def as_dict(self) -> dict[str, float]:
+        return {f: getattr(self, f) for f in _MEMORY_FIELDS}
+
+    def __repr__(self) -> str:
+        return f"MemoryView({self._unit}: " + ", ".join(f"{k}={v:.6g}" for k, v in self.as_dict().items()) + ")"
+
+
 _ASCII = str.maketrans({
     "█": "#", "▉": "#", "▊": "#", "▋": "#", "▌": ":", "▍": ":", "▎": ".", "▏": ".",
     "│": "|", "─": "-", "┼": "+", "├": "+", "└": "`", "»": ">", "·": "*", "×": "x", "≤": "<=", "≥": ">=",

@@ -10,29 +10,6 @@ import attrs
 from .errors import InvalidInputError
 from .terms import ACCELERATOR, COMPONENTS, PHASES, MemoryTerm
 
-_MEMORY_FIELDS = ("total_memory", "available_memory", "host_memory") + COMPONENTS
-
-
-class MemoryView:
-    """A result's memory fields in GB (``bytes * 1e-9``, as the reference) or GiB (``bytes / 2**30``)."""
-
-    __slots__ = ("_result", "_unit", "_gb")
-
-    def __init__(self, result: "TrainingMemoryResult", unit: str):
-        self._result, self._unit, self._gb = result, unit, unit == "GB"
-
-    def __getattr__(self, field: str) -> float:
-        if field not in _MEMORY_FIELDS:
-            raise AttributeError(f"{field!r} is not a memory field; choose from {', '.join(_MEMORY_FIELDS)}")
-        value = getattr(self._result, field)
-        return value * 1e-9 if self._gb else value / 2**30
-
-    def as_dict(self) -> dict[str, float]:
-        return {f: getattr(self, f) for f in _MEMORY_FIELDS}
-
-    def __repr__(self) -> str:
-        return f"MemoryView({self._unit}: " + ", ".join(f"{k}={v:.6g}" for k, v in self.as_dict().items()) + ")"
-
 
 @attrs.frozen(kw_only=True)
 class RankReport:
@@ -105,13 +82,15 @@ class TrainingMemoryResult:
         return self.total_memory - self.runtime_overheads
 
     @property
-    def gb(self) -> MemoryView:
-        """Memory fields in decimal GB (1 GB = 1e9 bytes)."""
+    def gb(self):
+        """Memory fields in decimal GB (1 GB = 1e9 bytes): a ``render.MemoryView``."""
+        from .render import MemoryView
         return MemoryView(self, "GB")
 
     @property
-    def gib(self) -> MemoryView:
-        """Memory fields in binary GiB (1 GiB = 2**30 bytes)."""
+    def gib(self):
+        """Memory fields in binary GiB (1 GiB = 2**30 bytes): a ``render.MemoryView``."""
+        from .render import MemoryView
         return MemoryView(self, "GiB")
 
     @property

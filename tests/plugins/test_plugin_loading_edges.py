@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import PluginConflictError, PluginContractError, PluginLoadError
-from mlsysim_core.cli import main
+from mlsysim_core.cli import describe_blocked, main
 from mlsysim_core.manager import PluginManager, PluginWarning
 
 FAKE_DISTS = Path(__file__).resolve().parents[1] / "fixtures" / "fake_dists"
@@ -172,7 +172,7 @@ def test_a_distribution_name_blocks_its_entry_points(dist, spelling):
     assert "edge.a" not in pm.registry.optimizers
     import sys
     assert not set(modules.values()) & set(sys.modules)          # never even imported
-    assert pm.describe_blocked(spelling) == "(blocked: distribution, entry point(s) edge_a, edge_b)"
+    assert describe_blocked(pm, spelling) == "(blocked: distribution, entry point(s) edge_a, edge_b)"
 
 
 def test_a_distribution_name_skips_a_broken_import(dist, capsys):
