@@ -159,6 +159,7 @@ def test_fit_commands(solver):
     assert text.splitlines()[2].startswith("fewest devices: 128, dp 4, tp 8, pp 4")
 
 
+@pytest.mark.long     # two whole searches (about 4 s of the quick suite)
 def test_search_command():
     code, text = run("search", "-n", "16", "--global-batch", "32", "--rows", "1", "--no-progress")
     assert code == 0 and "on the Pareto front" in text and "... " in text
