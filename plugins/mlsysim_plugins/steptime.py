@@ -594,19 +594,24 @@ def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
     return replicated + (rope * (fig["h_q"] + fig["h_kv"]) + act * mlp) / tp
 
 
-def declarations(registry=None) -> tuple[dict, dict]:
+def declarations(registry=None, options: Mapping | None = None) -> tuple[dict, dict]:
     """The installed rules' declared collectives: ({axis: the default tp, cp, ep and pp rule's},
-    {data-parallel rule name: its, or None}), from ``registry`` (default: the process's)."""
+    {data-parallel rule name: its, or None}), from ``registry`` (default: the process's), each under
+    the run's options object for it (``options``: {rule name: options}, a plan's ``options``; a rule
+    not in it: its defaults)."""
     if registry is None:
         from mlsysim_core.manager import get_plugin_manager
         registry = get_plugin_manager().registry
     from mlsysim_core.specs import DATA, DEFAULT_RULES
-    axes = {axis: collectives(registry.sharding_rules[name]) or () for axis, name in DEFAULT_RULES.items()
-            if name in registry.sharding_rules}
+    options = options or {}
+    rules = registry.sharding_rules
+    axes = {axis: collectives(rules[name], options.get(name)) or () for axis, name in DEFAULT_RULES.items()
+            if name in rules}
     for axis, name in DEFAULT_RULES.items():     # ("<axis>.traffic": what a rule runs beside its collectives)
-        if name in registry.sharding_rules and traffic(registry.sharding_rules[name]) is not None:
-            axes[f"{axis}.traffic"] = traffic(registry.sharding_rules[name])
-    return axes, {name: collectives(spec) for name, spec in registry.rules_for_axis(DATA).items()}
+        declared = traffic(rules[name], options.get(name)) if name in rules else None
+        if declared is not None:
+            axes[f"{axis}.traffic"] = declared
+    return axes, {name: collectives(spec, options.get(name)) for name, spec in registry.rules_for_axis(DATA).items()}
 
 
 def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int, rule: str, recompute: float,
@@ -641,12 +646,16 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
             intra=None, inter=None, calibration: Calibration | None = None, attention: str | None = None,
             schedule=None, chunks: int = 1, dp_rules=(), compiled: bool = False, float8: bool = False,
             overlap: Mapping[str, str] | None = None, power: float | None = None,
-            memory_bandwidth: float | None = None, dispatch: Mapping[str, str] | None = None) -> dict:
+            memory_bandwidth: float | None = None, dispatch: Mapping[str, str] | None = None,
+            rule_options: Mapping | None = None) -> dict:
     """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says.
     The implementation choices a search does not enumerate (``compiled``, ``float8``,
     ``overlap``: {"tp": "decomposed"} for async TP, {"ep": "batched"} for EP all-to-all overlap;
     ``dispatch``: {"ep": "node-forwarded"} for DeepEP-style node-level deduplication)
-    and the run's ``power`` limit (watts) and ``memory_bandwidth`` (B/s) apply to every layout."""
+    and the run's ``power`` limit (watts) and ``memory_bandwidth`` (B/s) apply to every layout.
+    ``rule_options``: {rule name: the run's options object} (a plan's ``options``): a rule whose
+    declarations depend on its options (an implementation it lets a run choose) is timed under
+    them; None: every rule's defaults."""
     cal = calibration_for(hardware.name) if calibration is None else calibration
     fig = model_figures(model)
     hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter, power=power, memory=memory_bandwidth)
@@ -659,7 +668,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     if any(axis != "ep" or how != "node-forwarded" for axis, how in dispatch.items()):
         raise InvalidInputError("dispatch", dispatch, "{'ep': 'node-forwarded'} (a DeepEP-style all-to-all: once per "
                                 "destination node, forwarded inside it)")
-    axes, declared = declarations(registry)
+    axes, declared = declarations(registry, rule_options)
     notes = []
     if not cal.calibrated:
         notes.append(f"step time uncalibrated for {hardware.name}: assumed efficiencies (steptime.DEFAULT), no "
@@ -823,7 +832,8 @@ def _ring_steps(c: Collective, t: float, compute: Mapping[str, float], size: dic
     pass (``forward`` per forward, the attention's recomputed forwards too, ``backward`` per backward)
     runs n steps of 1/n of its attention each; a call hides behind one step of its pass, or, declared
     ``per_step``, runs once per step, n - 1 of them hidden behind a step and the last exposed (it is
-    waited for after the last step's attention)."""
+    waited for after the last step's attention); ``trailing=False``: n - 1 per pass, each hidden behind
+    its step and none after the loop."""
     n = size["groups"][c.group][0]
     seconds = 0.0
     for passes, attention in ((c.forward * (1 + compute["attention-recompute"]), compute["attention-forward-pass"]),
@@ -831,7 +841,10 @@ def _ring_steps(c: Collective, t: float, compute: Mapping[str, float], size: dic
         if not passes:
             continue
         step = attention / n
-        one = (n - 1) * hidden(t, step, size["cal"]) + t if c.per_step else hidden(t, step, size["cal"])
+        if not c.per_step:
+            one = hidden(t, step, size["cal"])
+        else:   # n - 1 sends each behind a step, and (trailing) the last waited for after the loop
+            one = (n - 1) * hidden(t, step, size["cal"]) + (t if c.trailing else 0.0)
         seconds += passes * one
     return seconds
 

@@ -40,8 +40,9 @@ class Collective:
     compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
     ``attention``; ``attention-step``: one step of a ring, the attention of the pass the call runs
     in over the group size), None: on the critical path. ``per_step``: the call runs once per ring
-    step (n per pass over an n-rank group), each hidden behind its step, the last one exposed.
-    ``element_bytes``: the bytes of one element it moves (None: the run's precision). ``in_network``: a switch that reduces in the
+    step (n per pass over an n-rank group), each hidden behind its step, the last one exposed;
+    with ``trailing=False`` n - 1 per pass, each waited for within the step it overlaps (none exposed
+    beyond what outlasts its step). ``element_bytes``: the bytes of one element it moves (None: the run's precision). ``in_network``: a switch that reduces in the
     network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
     share is not hidden. ``sequence_parallel``: only with (True) or without (False) it.
     ``implementations``: the implementation choices a run may make for it (the step time applies
@@ -61,6 +62,7 @@ class Collective:
     first_layer_exposed: bool = False
     sequence_parallel: bool | None = None
     per_step: bool = False
+    trailing: bool = True
     element_bytes: int | None = None
     implementations: tuple[str, ...] = attrs.field(
         default=(), converter=tuple,
@@ -86,14 +88,29 @@ class RingTraffic:
     source: str = ""
 
 
-def traffic(rule) -> RingTraffic | None:
-    """What memory-bound work a sharding rule declares beside its collectives (None: none)."""
-    return rule.extensions.get(TRAFFIC)
+def _declared(rule, key, options):
+    """A rule's declaration under ``key``: a value, or a callable of the rule's options object (what the
+    rule communicates depends on an implementation choice its options make), called with ``options``
+    (None: the rule's default options, ``options_type()``)."""
+    declared = rule.extensions.get(key)
+    if callable(declared):
+        if options is None and rule.options_type is not None:
+            options = rule.options_type()
+        declared = declared(options)
+    return declared
 
 
-def collectives(rule) -> tuple[Collective, ...] | None:
-    """What a sharding rule declares it communicates (None: nothing declared)."""
-    declared = rule.extensions.get(COLLECTIVES)
+def traffic(rule, options=None) -> RingTraffic | None:
+    """What memory-bound work a sharding rule declares beside its collectives (None: none), under
+    ``options`` (the run's options object for the rule; None: its defaults)."""
+    return _declared(rule, TRAFFIC, options)
+
+
+def collectives(rule, options=None) -> tuple[Collective, ...] | None:
+    """What a sharding rule declares it communicates (None: nothing declared), under ``options``
+    (the run's options object for the rule; None: its defaults). A rule declares a tuple, or a
+    callable of its options object returning one."""
+    declared = _declared(rule, COLLECTIVES, options)
     return None if declared is None else tuple(declared)
 
 
