@@ -1376,7 +1376,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                   activation_checkpointing=ckpt, tp_size=tp, pp_size=pp, dp_size=dp, ep_size=ep,
                   gradient_accumulation_steps=gas, sequence_parallel=sp, data_parallel=rule, cp_size=cp,
                   profile=profile, **options)
-    schedule, chunks, total = None, vp or 1, None
+    schedule, chunks, total, prepared = None, vp or 1, None, None
     try:
         from .inputs import prepared_plan
         prepared = prepared_plan(solver, model, hardware, global_batch, seq_len,
@@ -1397,7 +1397,10 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                                 precision_bytes=precision_bytes(precision), node=hardware.devices_per_node,
                                 flops=flops, intra=tp_bandwidth, inter=network_bandwidth, calibration=calibration,
                                 attention=options.get("attention"), schedule=schedule, dp_rules=[rule],
-                                chunks=chunks, **extras))
+                                chunks=chunks, **extras,
+                                # (the rules' options a run gives: an implementation a rule lets it choose)
+                                **({"rule_options": prepared.options}
+                                   if prepared is not None and options.get("plugin_options") else {})))
     parts = dict(timer.time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=recompute, sp=sp,
                             mb=microbatch, gas=gas))
     step = parts["step"]
