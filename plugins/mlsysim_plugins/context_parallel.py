@@ -8,7 +8,14 @@ divides by cp. Two rules for the ``cp`` axis:
   and receive buffers of the local q, k, v and output. The heads must divide over tp x cp.
 
 Parameters are replicated over cp (the ZeRO rules shard over dp x cp, as Megatron's
-distributed optimizer does)."""
+distributed optimizer does).
+
+The ring's implementation is the ``cp`` rule's option (``ContextParallelOptions.ring``): what the
+step time counts of it (its collectives and the elementwise work beside them); its memory is the
+same either way. ``"pytorch"`` (the default): PyTorch's context parallelism (torchtitan's);
+``"transformer-engine"``: Transformer Engine's P2P ring (Megatron's ``--cp-comm-type p2p``)."""
+
+import attrs
 
 from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
@@ -102,9 +109,66 @@ TRAFFIC = RingTraffic(forward_step=(38, 4), forward_pass=(12, 0), backward_step=
                              "_templated_ring_attention(_backward)")
 
 
+# Transformer Engine's P2P ring (Megatron-Core's default, --cp-comm-type p2p), as NVIDIA/TransformerEngine
+# transformer_engine/pytorch/attention.py at 6792ecaa4131544b100ac4a552df3a85c560f085 runs it (AttnFuncWithCPAndKVP2P,
+# flash_attn_p2p_communicate):
+# * forward: "for i in range(cp_size + 1)": step i waits for its K/V ("wait until KV is received"), then, "if i <
+#   (cp_size - 1)", sends its K/V buffer to the next rank and receives the next step's (isend/irecv of
+#   "p2p_comm_buffers[i]", bf16 K and V concatenated) before computing step i's attention: n - 1 sends, each beside
+#   one step's attention, none waited for after the loop (trailing=False);
+# * backward: "for i in range(cp_size)": step i sends "p2p_comm_buffers[i % 2]", the K/V at step 0 ("send_tensor[0]"),
+#   the K/V and the dK/dV accumulated so far in between, the dK/dV alone at the last step ("send_tensor[1]"), in
+#   the K/V's dtype ("torch.empty((2, *kv.shape), dtype=kv.dtype"), computes step i's attention backward, then
+#   "wait until dKV is received" and adds its own: n - 1 K/V sends and n - 1 dK/dV sends, each beside one step.
+#   (Declared as two collectives, each hidden behind its step on its own: exact at cp 2; at larger cp the middle
+#   steps carry both, and where their sum outlasts a step this is a lower bound.)
+TE_RING = (Collective(kind="send-recv", volume="kv", group="cp", per="layer", forward=1, backward=1,
+                      overlaps="attention-step", per_step=True, trailing=False, shard="tp"),
+           Collective(kind="send-recv", volume="kv", group="cp", per="layer", backward=1, overlaps="attention-step",
+                      per_step=True, trailing=False, shard="tp"))
+# The same function's elementwise work, in the K/V's and the output's dtype (bf16: 2 B), bytes read + written per
+# element. Forward: "out = torch.empty_like(q).zero_()" (2 per q element) once; after the loop every step's output
+# corrected into it by the fused "flash_attn_fwd_out_correction" (@jit_fuser: out_per_step * exp(lse_step - lse)
+# added to out: read 2 + 2, write 2: 6 per q element per step, the first step's in the pass); the "torch.cat((k...,
+# v...))" of the first buffer (4 per k, v element). (The per-head softmax_lse corrections are a rounding error;
+# the steps after a rank's own correct half its q: counted whole, an upper bound.) Backward: the K/V copied into
+# the first buffer ("p2p_comm_buffers[0][0].copy_(kv)": 4 per k, v element); at step 0 dQ and dK/dV copied into
+# their accumulators (4 each), at every later step added ("dq.add_", "dkv.add_": 6 each). Kernels beyond the
+# layer's own: a forward step after the first, its flash kernel, the softmax_lse correction and the output
+# correction (3); once per pass the zero, the lse clone and its two casts, the cat and the first step's
+# correction (6). A backward step after the first: FlashAttention-2's three backward kernels and the two
+# accumulations (5); once per pass the K/V copy and the first step's two copies (3).
+TE_TRAFFIC = RingTraffic(forward_step=(6, 0), forward_pass=(8, 4), backward_step=(6, 6), backward_pass=(4, 8),
+                         kernels_step=(3, 5), kernels_pass=(6, 3),
+                         source="NVIDIA/TransformerEngine transformer_engine/pytorch/attention.py at "
+                                "6792ecaa4131544b100ac4a552df3a85c560f085: AttnFuncWithCPAndKVP2P")
+
+RINGS = {"pytorch": (RING, TRAFFIC), "transformer-engine": (TE_RING, TE_TRAFFIC)}
+
+
+@attrs.frozen(kw_only=True)
+class ContextParallelOptions:
+    """``ring``: the ring attention's implementation, as the step time counts it (the memory is the
+    same): ``"pytorch"`` (torch.distributed.tensor.experimental's context parallelism, torchtitan's: K/V
+    all-gathered per pass, float32 dK/dV sent every backward step, an eager float32 merge) or
+    ``"transformer-engine"`` (Transformer Engine's P2P ring, Megatron's ``--cp-comm-type p2p``: K/V
+    sent to the next rank beside each step's attention, dK/dV too in the backward, bf16)."""
+
+    ring: str = attrs.field(default="pytorch", validator=attrs.validators.in_(tuple(RINGS)))
+
+
+def ring_collectives(options):
+    return RINGS[options.ring][0]
+
+
+def ring_traffic(options):
+    return RINGS[options.ring][1]
+
+
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, extensions={STEPTIME_COLLECTIVES: RING, STEPTIME_TRAFFIC: TRAFFIC},
+    return [ShardingRuleSpec(name="cp", axis="cp", apply=apply, options_type=ContextParallelOptions,
+                             extensions={STEPTIME_COLLECTIVES: ring_collectives, STEPTIME_TRAFFIC: ring_traffic},
                              description="activations / cp (sequence split); ring-attention K/V buffers"),
             ShardingRuleSpec(name="cp-ulysses", axis="cp", apply=apply_ulysses,
                              description="activations / cp (sequence split); Ulysses all-to-all q/k/v/output buffers")]

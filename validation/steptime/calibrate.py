@@ -161,6 +161,14 @@ def layout(case) -> dict:
         assumed.append(f"expert tensor parallelism {case['expert_tp']}")
     if case["attn_impl"]:
         extra["attention"] = ATTENTION_KERNEL[case["attn_impl"]]
+    # the rules' implementation choices a source states (published.py's cp_ring, dp_gradient_sync): their options
+    rule_options = {}
+    if case["cp_ring"] and case["cp"] > 1:
+        rule_options["cp"] = {"ring": case["cp_ring"]}
+    if case["dp_gradient_sync"]:
+        rule_options[rule] = {"gradient_sync": case["dp_gradient_sync"]}
+    if rule_options:
+        extra["plugin_options"] = rule_options
     return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
                 sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
@@ -318,7 +326,10 @@ def table() -> str:
             choices = [x for x, on in (("fused ops", lay["compiled"]), ("float8", lay["float8"]),
                                        ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
                                        ("EP node-forwarded", lay["ep_dispatch"]),
-                                       (f"attention {c['attn_impl']}", c["attn_impl"])) if on]
+                                       (f"attention {c['attn_impl']}", c["attn_impl"]),
+                                       (f"{c['cp_ring']} ring", c["cp_ring"] and c["cp"] > 1),
+                                       (f"gradients reduced per {c['dp_gradient_sync']}", c["dp_gradient_sync"]))
+                       if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")
             choices += [f"assumed {a}" for a in lay["assumed"]]

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(attn_impl=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(attn_impl=None, cp_ring=None, dp_gradient_sync=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -354,6 +354,12 @@ _MGL_NOTE = ("Columns 'Model | #-GPUs | GBS | MBS | Seq Length | TP | PP | CP | 
              "and 'This configuration follows those defined in NeMo Framework's performance scripts'. Recomputation not stated. "
              "DP = GPUs / (TP*PP*CP) derived; local_batch = GBS/DP = MBS x GA (derived). Precision FP8 (hybrid). "
              "TFLOP/s use Megatron's FLOP count (see module docstring); MFU against an FP8 peak is not given. ")
+# Megatron's context parallelism: Transformer Engine's attention with its P2P ring unless --cp-comm-type says
+# otherwise (NVIDIA/Megatron-LM megatron/training/arguments.py: "'--cp-comm-type', nargs='+', type=str,
+# default=["p2p"]"; Megatron-Core's TEDotProductAttention passes it to Transformer Engine's DotProductAttention, whose
+# "p2p" is AttnFuncWithCPAndKVP2P). Neither table names a cp_comm_type: the default, stated here.
+_CP_TE = ("Context parallelism: Transformer Engine's P2P ring (Megatron's --cp-comm-type default 'p2p'; the source "
+          "names none), timed as the cp rule's ring='transformer-engine'. ")
 for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         ("llama3-8b", 8, 128, 1, 1, 1, 2, 1, 32, 13812, 800, "| LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 1 | 32 | 13812 | 800 |", "meta-llama/meta-llama-3-8b"),
         ("llama3-70b", 64, 128, 1, 4, 8, 1, 5, 64, 1621, 780, "| LLAMA3-70B | 64 | 128 | 1 | 8192 | 4 | 8 | 1 | 5 | 1 | 64 | 1621 | 780 |", "meta-llama/meta-llama-3-70b"),
@@ -365,7 +371,9 @@ for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         pp_schedule="Interleaved1F1B" if _vp > 1 else ("1F1B" if _pp > 1 else None), dp_shard=1, dp_replicate=_dp,
         local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True, async_tp=None,
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, virtual_stages=_vp, micro_batch=_mbs, sharding="distributed-optimizer",
+        cp_ring="transformer-engine" if _cp > 1 else None,
         notes=_MGL_NOTE + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
+              + (_CP_TE if _cp > 1 else "")
               + ("405B exists only as Llama 3.1. " if _m == "llama3-405b" else "")))
 
 # --- Megatron-LM, MoE README (v0.9 claim) ---------------------------------------------------------------------
@@ -700,8 +708,10 @@ for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in
         dp_shard=1, dp_replicate=_dp, micro_batch=_mbs, local_batch=_gbs // _dp, global_batch=_gbs, seq_len=_seq,
         checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=_m in _MB_TP_OVERLAP, tokens_per_s_per_gpu=_tps,
         tflops_per_gpu=_tf, sharding="distributed-optimizer", expert_tp=1 if _ep and _tp > 1 else None,
+        cp_ring="transformer-engine" if _cp > 1 else None,
         ep_dispatcher=_MB_RECIPE.get(_m, (None,))[0], ep_overlap=_MB_RECIPE.get(_m, (None, None))[1],
-        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "") + f"DP {_dp}. " + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
+        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "") + f"DP {_dp}. "
+              + (_CP_TE if _cp > 1 else "") + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
                                           "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
                                           "architecture as the pre-trained one). " if "235" in _m else "")
               + ("GPT-OSS alternates sliding-window (128) and full attention: its windowed layers timed as windowed. "
