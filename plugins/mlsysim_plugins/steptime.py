@@ -528,7 +528,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
     local = dense + fig["expert_params"] / (tp * pp * ep)
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
-               "gradients": (local * bytes_,)}
+               "gradients": (local, bytes_)}
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
@@ -742,7 +742,7 @@ def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
         return 0.0
     node, hw, cal = size["node"], size["hw"], size["cal"]
     factors = size["volumes"][c.volume]
-    if c.element_bytes is not None and c.volume != "gradients":     # (the last factor is the element's bytes)
+    if c.element_bytes is not None:     # (the last factor is the element's bytes)
         factors = (*factors[:-1], c.element_bytes)
     if c.per_step:      # one send of the buffer to the next rank of the ring (split over ``shard``)
         volume = 1.0
