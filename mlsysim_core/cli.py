@@ -201,7 +201,11 @@ def _option_values(args, data: dict) -> dict:
         given = {spec["key"]: (spec, getattr(args, f"{name}.{spec['key']}", None)) for spec in keys}
         given = {key: item for key, item in given.items() if item[1] is not None}
         if given:
-            table = data.get(name) or {}
+            table = {} if data.get(name) is None else data[name]
+            if not isinstance(table, dict):      # e.g. --no-runtime-overheads with --allocator
+                flag, value = next((_flags(spec)[0], value) for spec, value in given.values())
+                raise InvalidInputError(flag, value, f"not given with {_flag_of(name, field)}",
+                                        f"{_flag_of(name, field)} sets {name}={table!r}, which has no {flag}")
             for need in (spec for spec in keys if spec.get("required")):
                 if need["key"] not in given and need["key"] not in table:    # never a silent default
                     flag, value = next((_flags(spec)[0], value) for spec, value in given.values())

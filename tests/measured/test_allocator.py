@@ -238,3 +238,26 @@ def test_fsdp2_side_stream_pools_equal_the_replayed_trace():
             for name in ("reduce-scatter", "all-gather-copy-in"):
                 assert streams[name]["mechanism"] == streams[name]["replayed_reserved"] > 0
             assert "mechanism" not in streams["default"]
+
+
+def test_expandable_segments_without_the_segments_model_is_refused():
+    with pytest.raises(InvalidInputError, match=r"runtime_overheads.expandable_segments=True .*"
+                                                r"False unless allocator='segments'.*allocator='fraction'"):
+        TrainingMemoryModel("measured").solve("llama3-8b", "h100", 8, runtime_overheads={"expandable_segments": True})
+
+
+def test_cli_allocator_flags_are_the_python_options(capsys):
+    from mlsysim_core.cli import main
+    expected = TrainingMemoryModel("measured").solve(
+        "llama3-8b", "h100", 8, runtime_overheads={"allocator": "segments", "expandable_segments": True})
+    assert main(["estimate", "-m", "llama3-8b", "-b", "8", "--allocator", "segments", "--expandable-segments",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total_memory"] == expected.total_memory
+    assert data["runtime_overheads"] == expected.runtime_overheads != TrainingMemoryModel("measured").solve(
+        "llama3-8b", "h100", 8).runtime_overheads
+    assert main(["estimate", "--no-runtime-overheads", "--allocator", "segments"]) == 2
+    assert ("--allocator='segments' is not allowed: not given with --no-runtime-overheads "
+            "(--no-runtime-overheads sets runtime_overheads=False, which has no --allocator)") in capsys.readouterr().err
+    assert main(["estimate", "--expandable-segments"]) == 2
+    assert "False unless allocator='segments'" in capsys.readouterr().err

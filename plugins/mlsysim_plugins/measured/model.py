@@ -457,6 +457,14 @@ class RuntimeOverheads:
                                                validator=attrs.validators.optional(_bytes))
     nccl_buffers: int = attrs.field(default=256 * 2**20, converter=_checks.to_int, validator=_bytes)
 
+    def __attrs_post_init__(self):
+        if self.expandable_segments and self.allocator != "segments":    # a fraction knows no segments
+            from mlsysim_core.errors import InvalidInputError
+            raise InvalidInputError("runtime_overheads.expandable_segments", True,
+                                    "False unless allocator='segments' (expandable segments change the "
+                                    "segments' rounding, which only that allocator model prices)",
+                                    f"allocator={self.allocator!r}")
+
 
 # PyTorch's default cuBLAS workspace, per (handle, stream) (pytorch/pytorch
 # 26a39059ec580351411f180816c47e2ef5134ae1 aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize

@@ -130,7 +130,17 @@ OWN_OPTIONS: dict[str, Any] = {
     "runtime_overheads": _option("CUDA context, allocator reserve, cuBLAS workspaces, NCCL buffers: "
                                      "a RuntimeOverheads, a dict of its fields, or False for none", kind=None,
                                      flags=({"flag": "--no-runtime-overheads", "const": False,
-                                             "help": "leave out the CUDA context, allocator reserve and workspaces"},)),
+                                             "help": "leave out the CUDA context, allocator reserve and workspaces"},
+                                            {"key": "allocator", "flag": "--allocator",
+                                             "choices": ("fraction", "segments"),
+                                             "help": "how the caching allocator's reserve is priced: fraction "
+                                                     "(default: 5 %% of the peak allocated) or segments (the block "
+                                                     "and segment rounding of PyTorch's allocator source; one "
+                                                     "device or FSDP/DDP, see docs/profiles.md)"},
+                                            {"key": "expandable_segments", "flag": "--expandable-segments",
+                                             "const": True,
+                                             "help": "with --allocator segments: PYTORCH_CUDA_ALLOC_CONF="
+                                                     "expandable_segments:True"})),
     "pipeline_schedule": _option("pipeline schedule: 1f1b (default), gpipe, interleaved-1f1b, zb-h1, zb-h2",
                                      "SCHEDULE"),
     "virtual_stages": _option("with interleaved-1f1b: model chunks per pipeline rank (default 2)", "V", kind=int,
