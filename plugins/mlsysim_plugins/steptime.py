@@ -205,13 +205,17 @@ def envelope(hardware) -> dict:
     """The accelerator's power and clock envelope as its catalog entry records it (``extra``:
     ``power_limit_watts``, the board's TDP; ``streaming_multiprocessors``, the compute units a
     GEMM's tiles are spread over), each with its source in the entry's ``sources``; {} for
-    hardware outside the catalog (or a node that is not the catalog's object)."""
+    hardware outside the catalog (or a node that is not the catalog's object). A memory variant of
+    the catalog's chip (the same node but for ``memory_capacity`` and ``memory_bandwidth``, e.g.
+    the 96 GB HBM2e H100s of Meta's Grand Teton that torchtitan's benchmark files state) keeps the
+    chip's envelope: the memory is not the tensor cores' power or SM count."""
     from mlsysim_core.catalog import find_hardware
     try:
         entry = find_hardware(hardware.name)
     except Exception:       # (not in the catalog: a user's HardwareNode)
         return {}
-    if entry.value != hardware:
+    if entry.value != hardware and attrs.evolve(entry.value, memory_capacity=hardware.memory_capacity,
+                                                memory_bandwidth=hardware.memory_bandwidth) != hardware:
         return {}
     return {k: entry.extra[k] for k in ("power_limit_watts", "streaming_multiprocessors") if k in entry.extra}
 
