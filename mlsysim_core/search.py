@@ -556,7 +556,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  progress: Callable[[int, int], None] | None = None, profile: str | None = None,
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
                  dropout: float | None = None, runtime_overheads=None, lora=None, pipeline_schedule: str | None = None,
-                 headroom: float | str | None = None, allow_cross_node_tp: bool = False,
+                 loss_parallel: bool | None = None, headroom: float | str | None = None, allow_cross_node_tp: bool = False,
                  calibration=None, step_time_model: str | None = None, allow_cross_node_ep: bool = False,
                  interleave: bool = False, allow_compile: bool = False, allow_float8: bool = False) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
@@ -571,8 +571,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     overheads): bytes, or a string ``"8GiB"``, ``"8GB"`` or ``"10%"`` (of the capacity); a layout
     fits when total + margin <= capacity (default 0).
     ``regime``, ``optimizer_impl``, ``attention``, ``dropout``, ``runtime_overheads``,
-    ``lora``, ``pipeline_schedule``: measured-grade options, passed to every ``solve`` (as ``solve``
-    reads them); the schedule's ``idle_slots`` is the step time's bubble.
+    ``lora``, ``pipeline_schedule``, ``loss_parallel``: measured-grade options, passed to every ``solve`` (as
+    ``solve`` reads them); the schedule's ``idle_slots`` is the step time's bubble.
     ``flops``, ``tp_bandwidth``, ``network_bandwidth``: override the hardware's dense bf16 peak
     FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction).
     ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
@@ -646,8 +646,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     measured = registry.profiles[profile].checks_layouts    # (declared: it refuses runs it cannot describe)
     options = {name: value for name, value in (
         ("regime", regime), ("optimizer_impl", optimizer_impl), ("attention", attention), ("dropout", dropout),
-        ("runtime_overheads", runtime_overheads), ("lora", lora), ("pipeline_schedule", pipeline_schedule))
-        if value is not None}
+        ("runtime_overheads", runtime_overheads), ("lora", lora), ("pipeline_schedule", pipeline_schedule),
+        ("loss_parallel", loss_parallel)) if value is not None}
     # What does not depend on the layout is checked now, once per strategy at one device:
     # a bad option or a run the profile cannot describe raises here, not as "no layout fits".
     # Under a measured-grade profile, a strategy the profile cannot model is left out (and
