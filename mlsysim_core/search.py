@@ -1359,6 +1359,9 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     notes: list[str] = said
     # the one-device plan (recompute share, optimizer bytes), as search_plans makes it
     one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule")}
+    if one.get("plugin_options"):   # (the layout's rules' options: the one-device plan selects none of its rules)
+        one["plugin_options"] = {n: o for n, o in one["plugin_options"].items()
+                                 if n not in registry.sharding_rules} or None
     first = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
                          global_batch, profile=profile, **one)
     if recompute is None:
