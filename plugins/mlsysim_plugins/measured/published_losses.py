@@ -390,7 +390,10 @@ PUBLISHED = (
                                             "more FLOPs): not priced")),
     LossImplementation(
         name="megatron_fused", source=MEGATRON, terms=megatron_fused_terms, check=_megatron_check,
-        allows=("autocast", "tensor_parallel", "context_parallel", "megatron"),
+        # lora: the loss works on the logits alone; a frozen LM head (megatron-core's LinearWithFrozenWeight,
+        # core_v0.14.0 megatron/core/tensor_parallel/layers.py: saves the weight only) keeps no input, which
+        # lora.model_activation_terms' frozen-head terms already say (Megatron-Bridge's PEFT, launch/megatron_bridge.py)
+        allows=("autocast", "tensor_parallel", "context_parallel", "megatron", "lora"),
         description="Megatron-Core's fused vocab-parallel cross-entropy, torch.compile'd as Megatron runs it "
                     "(jit_fuser): upcast once, softmax in place; the compiled backward's fresh fp32 buffer",
         note="loss: Megatron-Core's fused vocab-parallel cross-entropy (jit_fuser = torch.compile): the logits "
@@ -399,7 +402,7 @@ PUBLISHED = (
         added_step_time=lambda plan: (0.0, "Megatron's fused cross-entropy: no extra FLOPs or launches")),
     LossImplementation(
         name="megatron_vocab_parallel", source=MEGATRON_UNFUSED, terms=megatron_vocab_parallel_terms,
-        check=_megatron_unfused_check, allows=("autocast", "tensor_parallel", "context_parallel", "megatron"),
+        check=_megatron_unfused_check, allows=("autocast", "tensor_parallel", "context_parallel", "megatron", "lora"),
         description="Megatron-Core's unfused vocab-parallel cross-entropy (not compiled): upcast once, softmax "
                     "and gradient in place",
         note="loss: Megatron-Core's unfused vocab-parallel cross-entropy: the logits upcast once and worked in "
