@@ -75,3 +75,65 @@ def test_time_plan_times_the_ring_the_run_chooses():
     assert te["components"]["cp"] < default["components"]["cp"]
     assert {k: v for k, v in te["components"].items() if k not in ("cp", "step")} == \
         {k: v for k, v in default["components"].items() if k not in ("cp", "step")}
+
+
+# --- fsdp-grad-op's gradient_sync (the Llama 3 paper's FSDP: fp32 gradients reduce-scattered once per step) ---
+
+from mlsysim_plugins import fsdp  # noqa: E402
+
+STEP = fsdp.GradOpOptions(gradient_sync="step")
+ACCUMULATING = dict(batch_size=16, seq_len=2048, precision="bf16", optimizer="adamw", activation_checkpointing="full",
+                    dp_size=4, tp_size=2, pp_size=2, data_parallel="fsdp-grad-op", gradient_accumulation_steps=4)
+
+
+def test_gradient_sync_per_step_declares_one_fp32_reduce_scatter():
+    spec = next(s for s in fsdp.mlsysim_sharding_rules() if s.name == "fsdp-grad-op")
+    assert collectives(spec) == fsdp.SHARD_GRAD_OP                  # the default: as before
+    gather, reduce = collectives(spec, STEP)
+    assert gather == fsdp.SHARD_GRAD_OP[0]                          # parameters gathered every micro-batch
+    assert (reduce.kind, reduce.per, reduce.element_bytes) == ("reduce-scatter", "step", 4)
+    # by hand: gas micro-batches each gather (behind their forward, the first layer's share exposed); one fp32
+    # reduce-scatter of the local shard behind one backward
+    run = dict(RUN, cp=1, dp=8, gas=4, seq_len=2048)
+    _, by_rule = steptime.declarations(options={"fsdp-grad-op": STEP})
+    step = steptime.step_time(FIG, HW, CAL, rules=_rules(), **{**run, "rule": by_rule["fsdp-grad-op"]})
+    micro = steptime.step_time(FIG, HW, CAL, rules=_rules(), **{**run, "rule": fsdp.SHARD_GRAD_OP})
+    local = FIG["parameters"]
+    bw = 400e9 * 0.5
+    g16, g32 = 7 / 8 * local * 2 / bw, 7 / 8 * local * 4 / bw
+    fwd = (step["matmul"] + step["attention"] + step["memory"]) / 4 / 3
+    bwd = 2 * fwd
+    expected = 4 * (steptime.hidden(g16, fwd, CAL) + g16 / 8) + steptime.hidden(g32, bwd, CAL)
+    assert step["dp"] == pytest.approx(expected)
+    assert micro["dp"] == pytest.approx(4 * (steptime.hidden(g16, fwd, CAL) + g16 / 8 + steptime.hidden(g16, bwd, CAL)))
+    assert step["optimizer"] == micro["optimizer"]                  # both step on the dp shard
+
+
+def test_gradient_sync_per_step_keeps_the_unsharded_fp32_gradients():
+    solver = TrainingMemoryModel("measured")
+    default = solver.solve("llama3-8b", "h100", **ACCUMULATING)
+    stated = solver.solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {"gradient_sync": "micro-batch"}},
+                          **ACCUMULATING)
+    assert stated.total_memory == default.total_memory              # the default option is the rule as before
+    step = solver.solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {"gradient_sync": "step"}},
+                        **ACCUMULATING)
+    [term] = [t for t in step.terms if "accumulated over micro-batches" in t.label]
+    rank = 8_030_535_680 // 4        # the heaviest rank's tp x pp share of llama3-8b's parameters (2,007,633,920)
+    assert term.nbytes == rank * 4 and term.phases == ("forward", "backward")
+    assert step.total_memory > default.total_memory
+    # one micro-batch: nothing accumulates, the run is the default's
+    one = {**ACCUMULATING, "gradient_accumulation_steps": 1, "batch_size": 4}
+    assert solver.solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {"gradient_sync": "step"}},
+                        **one).total_memory == solver.solve("llama3-8b", "h100", **one).total_memory
+    with pytest.raises(InvalidInputError, match=r"plugin_options\['fsdp-grad-op'\]"):
+        solver.solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {"gradient_sync": "never"}}, **ACCUMULATING)
+
+
+def test_time_plan_times_the_gradient_sync_the_run_chooses():
+    run = dict(global_batch=64, seq_len=4096, tp=8, pp=4, dp=4, data_parallel="fsdp-grad-op", checkpointing="full",
+               microbatch=1, precision="bf16", optimizer="adamw", profile="measured", memory=False)
+    default = time_plan("llama3-70b", "h100", **run)
+    step = time_plan("llama3-70b", "h100", plugin_options={"fsdp-grad-op": {"gradient_sync": "step"}}, **run)
+    assert step["components"]["dp"] < default["components"]["dp"]
+    assert {k: v for k, v in step["components"].items() if k not in ("dp", "step")} == \
+        {k: v for k, v in default["components"].items() if k not in ("dp", "step")}
