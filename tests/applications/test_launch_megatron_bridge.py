@@ -120,7 +120,7 @@ def test_static_memory_by_hand():
 
 
 @pytest.mark.parametrize("edit, key, kind", [
-    ({"peft": {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 32}}, "peft", NotModelledError),
+    ({"peft": {"_target_": "megatron.bridge.peft.dora.DoRA", "dim": 32}}, "peft._target_", NotModelledError),
     ({"model": {"cpu_offloading": True}}, "model.cpu_offloading", NotModelledError),
     ({"model": {"num_moe_experts": 8}}, "model.num_moe_experts", NotModelledError),
     ({"model": {"enable_cuda_graph": True}}, "model.enable_cuda_graph", NotModelledError),
@@ -196,3 +196,193 @@ def test_the_row_split_static_and_above():
     assert abs((static + workspace) / MIB - measured_static) / measured_static < 0.001
     above = measured_peak - measured_static
     assert abs((result.allocated_memory - static) / MIB - above) / above < 0.005
+
+
+# --- peft (LoRA) and finetuning datasets: a file derived from the real dump (SOURCE.md, derive_finetune.py) ----------
+
+DERIVED = DATA / "llama32_1b_lora_squad_derived.yaml"
+LORA = "megatron.bridge.peft.lora.LoRA"
+PACKED_SPECS = {"_target_": "megatron.bridge.data.datasets.packed_sequence.PackedSequenceSpecs",
+                "packed_sequence_size": 4096, "tokenizer_model_name": None, "packed_train_data_path": None,
+                "packed_val_data_path": None, "packed_metadata_path": None, "pad_cu_seqlens": False}
+# Llama 3.2 1B (the dump's model): h, layers, q and kv widths, ffn, r (LoRA() default dim)
+H, L, Q, KV, F, R = 2048, 16, 2048, 512, 8192, 32
+
+
+def _derived(tmp_path, edit) -> Path:
+    """The derived file with one edit (a callable on the document)."""
+    document = yaml.safe_load(DERIVED.read_text())
+    edit(document)
+    path = tmp_path / "finetune.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_the_derived_file_is_the_scripts_output():
+    sys.path.insert(0, str(DATA))
+    try:
+        import derive_finetune
+    finally:
+        sys.path.remove(str(DATA))
+    assert derive_finetune.derive() == DERIVED.read_text()
+    source = (DATA / "SOURCE.md").read_text()
+    assert hashlib.sha256(DERIVED.read_bytes()).hexdigest() in source and "derived" in source
+
+
+def test_lora_reading_by_hand():
+    reading = from_launch([DERIVED], gpus=8, hardware="h100").readings[0]
+    values = reading.values()
+    # LoRA(): the four fused modules mapped to the profile's per-projection names, r 32, no dropout, the adapters in
+    # the model's bf16 (ParallelLinearAdapter: self.bfloat16())
+    assert values["lora"] == {"adapter_dtype": "base", "rank": R, "dropout": 0.0, "target_modules": [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    targets = next(f for f in reading.fields if f.key == "peft.target_modules")
+    # one fused adapter each for linear_qkv and linear_fc1 in Bridge, one per projection in the profile: 2 + 1 more
+    # r x h in-projections per layer
+    assert targets.approximated and f"{L * R * H * 3:,} adapter parameters more" in targets.note
+    assert L * R * H * 3 == 3145728
+    # not packed: dataset.seq_length is what a batch is padded to at most
+    seq = next(f for f in reading.fields if f.field == "seq_len")
+    assert (seq.key, values["seq_len"]) == ("dataset.seq_length", 2048) and "not packed" in seq.note
+    # the frozen base returns no TE dummy: the rule's option off, the adapters' own dummies said (bf16, one per
+    # distinct shape: [r, h] (qkv, proj, fc1 in), [q + 2 kv, r], [h, r] (proj, fc2 out), [2f, r], [r, f] (fc2 in))
+    fusion = next(f for f in reading.fields if f.key == "model.gradient_accumulation_fusion")
+    assert values["plugin_options"] == {"mcore-distopt": {"gradient_accumulation_fusion": False}}
+    dummies = 2 * (R * H + (Q + 2 * KV) * R + H * R + 2 * F * R + R * F)
+    assert fusion.approximated and f"{dummies:,} B in all, not counted" in fusion.note and dummies == 2031616
+    # cross_entropy_loss_fusion false (the recipe's under PEFT): Megatron's unfused vocab-parallel loss, read from the
+    # key (the Megatron-LM mapping's default of an absent flag), not listed as a default
+    loss = next(f for f in reading.fields if f.field == "loss")
+    assert (loss.key, loss.value, values["loss"]) == ("model.cross_entropy_loss_fusion", False,
+                                                      "megatron_vocab_parallel")
+    assert not [d for d in reading.defaults if d.key == "model.cross_entropy_loss_fusion"]
+    assert {"peft.alpha", "peft.params_to_save", "peft.canonical_mapping", "dataset.process_example_fn",
+            "dataset.dataset_kwargs", "dataset.packed_sequence_specs"} <= set(reading.ignored)
+
+
+def test_lora_static_memory_by_hand():
+    """The frozen base in bf16; the adapters (the profile's per-projection layout: r (in + out) each) in bf16, their
+    fp32 main grads whole, fp32 master and Adam / dp 8; no TE dummies, no tied-embedding gradient."""
+    result = from_launch([DERIVED], gpus=8, hardware="h100").scenario.solve()
+    adapters = L * R * ((H + Q) + 2 * (H + KV) + (Q + H) + 2 * (H + F) + (F + H))
+    assert adapters == 22544384
+    bridge = L * R * ((H + Q + 2 * KV) + (Q + H) + (H + 2 * F) + (F + H))     # what the run holds: 3,145,728 fewer
+    assert adapters - bridge == 3145728
+    terms = {t.label: t.nbytes for t in result.terms}
+    assert terms["frozen base parameters (2 B)"] == 2 * 1235814400
+    assert terms[f"LoRA adapters (rank {R}, 2 B)"] == 2 * adapters
+    assert terms["main-grad buffer (32-bit, whole on every data-parallel rank)"] == 4 * adapters
+    assert terms["fp32 master weights"] == 4 * adapters / 8 and terms["adam state (2 x 32-bit)"] == 8 * adapters / 8
+    assert not [t for t in result.terms if "dummy" in t.label or t.label.startswith("tied embedding gradient")]
+    # the loss: Megatron's unfused vocab-parallel cross-entropy over the frozen LM head (its softmax saved in fp32)
+    assert terms["softmax, made in place in the logits' fp32 copy (saved)"] == 4 * 2048 * 128256
+
+
+def _missing(document: dict, listed: set) -> list:
+    def walk(prefix, value):
+        if prefix in listed:
+            return []
+        if isinstance(value, dict) and value:
+            return [m for k, v in value.items() for m in walk(f"{prefix}.{k}", v)]
+        return [prefix]
+    return [m for section, value in document.items() for m in walk(section, value)]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_every_finetune_key_is_accounted_for(tmp_path, packed):
+    path = DERIVED if not packed else _derived(tmp_path, lambda d: (
+        d["dataset"].update(packed_sequence_specs=PACKED_SPECS, seq_length=4096,
+                            dataset_kwargs={"pad_to_max_length": True}), d["model"].update(seq_length=4096)))
+    reading = from_launch([path], gpus=8, hardware="h100").readings[0]
+    listed = {part for item in [*reading.fields, *reading.defaults] for part in item.key.split("/")}
+    listed |= set(reading.ignored)
+    assert _missing(yaml.safe_load(path.read_text()), listed) == []
+    assert len(reading.ignored) == len(set(reading.ignored))
+
+
+def test_packed_sequences(tmp_path):
+    """default_squad_config(4096, packed_sequence=True): one pack of 4096 tokens per micro-batch (padded to it)."""
+    path = _derived(tmp_path, lambda d: (
+        d["dataset"].update(packed_sequence_specs=PACKED_SPECS, seq_length=4096,
+                            dataset_kwargs={"pad_to_max_length": True}), d["model"].update(seq_length=4096)))
+    launch = from_launch([path], gpus=8, hardware="h100", seq_len=512)      # --seq-len: a pack's length is fixed
+    seq = next(f for f in launch.readings[0].fields if f.field == "seq_len")
+    assert (seq.key, launch.scenario.seq_len) == ("dataset.packed_sequence_specs.packed_sequence_size", 4096)
+    assert "packed" in seq.note and "every batch padded to it" in seq.note
+    bigger = _derived(tmp_path, lambda d: (d["dataset"].update(packed_sequence_specs=PACKED_SPECS),
+                                           d["train"].update(micro_batch_size=2)))
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([bigger], gpus=8)
+    assert err.value.parameter == "train.micro_batch_size"
+
+
+def test_unpacked_takes_seq_len_unless_padded(tmp_path):
+    assert from_launch([DERIVED], gpus=8, seq_len=512).scenario.seq_len == 512
+    padded = _derived(tmp_path, lambda d: d["dataset"].update(dataset_kwargs={"pad_to_max_length": True}))
+    assert from_launch([padded], gpus=8, seq_len=512).scenario.seq_len == 2048
+
+
+def test_canonical_lora_maps_exactly(tmp_path):
+    """CanonicalLoRA: one adapter per projection, as the measured profile's: not approximated, the same bytes."""
+    canonical = ["linear_q", "linear_k", "linear_v", "linear_proj", "linear_fc1_up", "linear_fc1_gate", "linear_fc2"]
+    path = _derived(tmp_path, lambda d: d.update(peft={
+        "_target_": "megatron.bridge.peft.canonical_lora.CanonicalLoRA", "alpha": 32, "canonical_mapping": {
+            "linear_qkv": {"linear_q", "linear_k", "linear_v"}, "linear_proj": {"linear_proj"},
+            "linear_fc1": {"linear_fc1_up", "linear_fc1_gate"}, "linear_fc2": {"linear_fc2"}},
+        "dim": R, "dropout": 0.0, "dropout_position": "pre", "exclude_modules": [], "lora_A_init_method": "xavier",
+        "lora_B_init_method": "zero", "params_to_save": set(), "target_modules": canonical}))
+    launch = from_launch([path], gpus=8, hardware="h100")
+    targets = next(f for f in launch.readings[0].fields if f.key == "peft.target_modules")
+    assert not targets.approximated
+    assert launch.readings[0].values()["lora"]["target_modules"] == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj"]
+    assert launch.scenario.solve().allocated_memory == from_launch([DERIVED], gpus=8, hardware="h100") \
+        .scenario.solve().allocated_memory
+
+
+def test_peft_defaults_of_an_edited_dump(tmp_path):
+    path = _derived(tmp_path, lambda d: d.update(peft={"_target_": LORA, "dim": 16}))
+    reading = from_launch([path], gpus=8).readings[0]
+    assert reading.values()["lora"]["rank"] == 16
+    defaults = {d.key: d for d in reading.defaults}
+    assert defaults["peft.target_modules"].value["target_modules"][0] == "q_proj"
+    assert "lora.py" in defaults["peft.target_modules"].source and defaults["peft.dropout"].value == {"dropout": 0.0}
+
+
+@pytest.mark.parametrize("edit, key, kind", [
+    (lambda d: d["peft"].update(_target_="megatron.bridge.peft.dora.DoRA"), "peft._target_", NotModelledError),
+    (lambda d: d["peft"].update(target_modules=["*.layers.0.*.linear_qkv"]), "peft.target_modules", NotModelledError),
+    (lambda d: d["peft"].update(target_modules=[]), "peft.target_modules", NotModelledError),
+    (lambda d: d["peft"].update(exclude_modules=["output_layer"]), "peft.exclude_modules", NotModelledError),
+    (lambda d: d["peft"].update(lora_dtype={"_call_": False, "_target_": "torch.float32"}), "peft.lora_dtype",
+     NotModelledError),
+    (lambda d: d["peft"].update(a2a_experimental=True), "peft.a2a_experimental", NotModelledError),
+    (lambda d: d["peft"].update(dropout=0.1, dropout_position="post"), "peft.dropout_position", NotModelledError),
+    (lambda d: d["peft"].update(a_new_field=1), "peft.a_new_field", InvalidInputError),
+    (lambda d: d["dataset"].update(dataset_kwargs={"get_attention_mask_from_fusion": False}),
+     "dataset.dataset_kwargs.get_attention_mask_from_fusion", NotModelledError),
+    (lambda d: d["dataset"].update(dataset_kwargs={"a_new_kwarg": 1}), "dataset.dataset_kwargs.a_new_kwarg",
+     InvalidInputError),
+    (lambda d: d["dataset"].update(a_new_field=1), "dataset.a_new_field", InvalidInputError),
+    (lambda d: d["dataset"].update(_target_="my.FinetuningDatasetConfig"), "dataset._target_", NotModelledError),
+    (lambda d: d["model"].update(gated_linear_unit=False, activation_func={"_call_": False,
+                                                                           "_target_": "torch.nn.functional.gelu"}),
+     "peft", NotModelledError),
+])
+def test_finetune_refusals_name_the_bridge_key(tmp_path, edit, key, kind):
+    with pytest.raises(kind) as err:
+        from_launch([_derived(tmp_path, edit)], gpus=8)
+    assert err.value.parameter == key
+
+
+@pytest.mark.parametrize("edit, gpus, parameter", [
+    # LoRA with tp > 1 is measured in fp32 / pure bf16 only (lora._check_tensor); Megatron always has its main grads
+    (lambda d: d["model"].update(tensor_model_parallel_size=2), 2, "regime"),
+    # LoRA under pp: the default cross-entropy only (lora._check_pipeline)
+    (lambda d: d["model"].update(pipeline_model_parallel_size=2), 16, "loss"),
+])
+def test_the_profiles_refusals_pass_through(tmp_path, edit, gpus, parameter):
+    scenario = from_launch([_derived(tmp_path, edit)], gpus=gpus, hardware="h100").scenario
+    with pytest.raises(NotModelledError) as err:
+        scenario.solve()
+    assert err.value.parameter == parameter

@@ -14,6 +14,13 @@ in both; each field read is reported under its Bridge key. Every other key is ei
 (memory-relevant and not modelled, naming the key and value), or listed as ignored with the
 reason (a section as a whole where none of its keys changes memory); an unknown key is refused.
 
+Finetuning (docs/launch-megatron.md, "PEFT and finetuning datasets"): ``peft`` (Bridge's ``LoRA`` /
+``CanonicalLoRA``) becomes the measured profile's ``lora`` option (``_peft``: Bridge's module names mapped
+to the profile's per-projection adapters, the fused ``linear_qkv``/``linear_fc1`` approximated with the
+over-count said); a ``FinetuningDatasetConfig`` / ``HFDatasetConfig`` gives the sequence from
+``seq_length`` or the packing (``_finetuning_dataset``). No real dump with either was found: they are read
+from the v0.1.0rc3 dataclasses, tested on a file derived from the real dump (SOURCE.md).
+
 Sources (the versions of the published run, tests/data/launch/megatron_bridge/SOURCE.md):
 NVIDIA-NeMo/Megatron-Bridge v0.1.0rc3 (bf71eba07bae8d36f08b796c106d1197d46ad541) and
 NVIDIA/Megatron-LM core_v0.14.0 (23e00ed0963c35382dfe8a5a94fb3cda4d21e133).
@@ -27,6 +34,7 @@ import attrs
 
 from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
+from mlsysim_core.scenario import LaunchDefault, LaunchField
 
 from . import megatron
 from .hookspecs import LaunchFormatSpec
@@ -217,6 +225,34 @@ DATASET_IGNORED = {   # the loader, the data's sources and splits, its caches: h
     "path_to_cache", "persistent_workers", "pin_memory", "random_seed", "reset_attention_mask", "reset_position_ids",
     "split", "split_matrix", "tokenizer", "add_extra_token_to_sequence",
 }
+# --- finetuning datasets (BRIDGE_COMMIT src/megatron/bridge/training/config.py FinetuningDatasetConfig and its
+# DataloaderConfig; data/builders/hf_dataset.py HFDatasetConfig; data/datasets/packed_sequence.py PackedSequenceSpecs;
+# data/datasets/sft.py create_sft_dataset / GPTSFTDataset / GPTSFTPackedDataset, what dataset_kwargs feeds) --------
+FINETUNING_DATASETS = ("megatron.bridge.training.config.FinetuningDatasetConfig",
+                       "megatron.bridge.data.builders.hf_dataset.HFDatasetConfig")
+FINETUNING_DATASET_IGNORED = {   # the data's source, splits, caches and the loader's workers: host side
+    "dataloader_type", "num_workers", "data_sharding", "pin_memory", "persistent_workers", "dataset_root", "seed",
+    "memmap_workers", "max_train_samples", "do_validation", "do_test",
+    # HFDatasetConfig: which Hugging Face dataset and how it is split and processed into the SFT files
+    "dataset_name", "process_example_fn", "dataset_subset", "dataset_dict", "split", "download_mode",
+    "val_proportion", "split_val_from_train", "delete_raw", "rewrite", "hf_kwargs", "hf_filter_lambda",
+    "hf_filter_lambda_kwargs",
+}
+PACKED_IGNORED = {   # the packed files' paths and the tokenizer they were made with; cu_seqlens padding (a few ints)
+    "tokenizer_model_name", "packed_train_data_path", "packed_val_data_path", "packed_metadata_path",
+    "pad_cu_seqlens",
+}
+SFT_KWARGS_IGNORED = {   # the samples' text, template, truncation and loss mask: what fills a batch, not its size
+    "add_bos", "add_eos", "add_sep", "sep_id", "label_key", "answer_only_loss", "truncation_field", "prompt_template",
+    "truncation_method", "index_mapping_dir", "hf_dataset", "global_sample_mapping", "chat", "special_tokens",
+    "min_seq_length", "max_num_samples", "pad_seq_length_to_mult", "ceil_to_power_2", "tokens_to_generate",
+    "is_test", "output_original_text", "sanity_check_dist_workers", "return_cu_seqlen", "seed", "memmap_workers",
+}
+SFT_KWARGS_REFUSED_UNLESS = {
+    "get_attention_mask_from_fusion": ((True,), "the collated [b, 1, s, s] attention mask moved to the device is not "
+                                                "modelled"),
+    "virtual_tokens": ((0,), "virtual prompt tokens (p-tuning) are not read"),
+}
 TRAIN_IGNORED = {
     "check_weight_hash_across_dp_replicas_interval", "decrease_batch_size_if_needed", "eval_interval", "eval_iters",
     "exit_duration_in_mins", "exit_interval", "exit_signal", "exit_signal_handler", "exit_signal_handler_for_dataloader",
@@ -262,6 +298,7 @@ class _Walk:
 
     def __init__(self, path):
         self.path, self.ignored, self.notes, self.read = path, [], [], {}
+        self.seq_note = None      # a finetuning dataset's sequence rule (the seq_len field's note)
 
     def ignore(self, key: str) -> None:
         self.ignored.append(key)
@@ -280,7 +317,7 @@ def _section(doc: dict, name: str, path) -> dict:
     return value
 
 
-def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
+def _to_arguments(doc: dict, path, walk: _Walk, context=None) -> tuple[dict, dict]:
     """The Megatron-LM argument mapping the container means, and flag -> the Bridge key it came from."""
     args: dict = {}
     origin: dict = {}
@@ -491,33 +528,14 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
 
     # --- data and batch ----------------------------------------------------------------------------
     dataset = _section(doc, "dataset", path)
-    if "sequence_length" not in dataset:
-        raise NotModelledError("dataset._target_", dataset.get("_target_"), "a GPTDatasetConfig (sequence_length)",
-                               f"{path}: only pretraining datasets (GPTDatasetConfig/MockGPTDatasetConfig) are read; a "
-                               "finetuning dataset's lengths depend on its data and packing")
-    # The run's sequence is the data's: the GPT dataset yields micro-batches of dataset.sequence_length tokens
-    # (megatron/core/datasets/gpt_dataset.py: sequence_length + add_extra_token_to_sequence tokens per sample,
-    # shifted into tokens and labels); model.seq_length only sizes learned position embeddings (RoPE's are computed
-    # for the input's length). Bridge's validate asks them to agree (training/config.py at BRIDGE_COMMIT); a dump
-    # where they differ still ran with the data's length.
-    put("--seq-length", dataset["sequence_length"], "dataset.sequence_length")
-    if model.get("seq_length") not in (None, dataset["sequence_length"]):
-        walk.notes.append(f"dataset.sequence_length {dataset['sequence_length']} is the run's sequence (what a "
-                          f"micro-batch holds); model.seq_length {model['seq_length']} only sizes learned position "
-                          "embeddings" + (" (RoPE here: it sizes nothing)" if model.get("position_embedding_type")
-                                          != "learned_absolute" else ""))
-    if as_bool(dataset.get("create_attention_mask", False), "dataset.create_attention_mask", path) and not as_bool(
-            dataset.get("skip_getting_attention_mask_from_dataset", True),
-            "dataset.skip_getting_attention_mask_from_dataset", path):
-        _refuse(path, "dataset.skip_getting_attention_mask_from_dataset", False, (True,),
-                "the dataset's [b, 1, s, s] attention mask moved to the device is not modelled")
-    for key in dataset:
-        if key == "sequence_length":
-            continue
-        if key in DATASET_IGNORED or key == "_target_" or key in ("create_attention_mask", "skip_getting_attention_mask_from_dataset"):
-            walk.ignore(f"dataset.{key}")
-        else:
-            walk.unknown(f"dataset.{key}", dataset[key])
+    if "sequence_length" in dataset:
+        _pretraining_dataset(dataset, model, path, walk, put)
+    elif "seq_length" in dataset:
+        _finetuning_dataset(dataset, model, doc, path, walk, put, context)
+    else:
+        raise NotModelledError("dataset._target_", dataset.get("_target_"), "a GPTDatasetConfig (sequence_length) or "
+                               "a FinetuningDatasetConfig / HFDatasetConfig (seq_length)",
+                               f"{path}: a dataset config with neither sequence_length nor seq_length is not read")
     train = _section(doc, "train", path)
     put("--micro-batch-size", train.get("micro_batch_size", 1), "train.micro_batch_size")
     if train.get("global_batch_size") is not None:
@@ -537,20 +555,116 @@ def _to_arguments(doc: dict, path, walk: _Walk) -> tuple[dict, dict]:
     return args, origin
 
 
+def _pretraining_dataset(dataset: dict, model: dict, path, walk: _Walk, put) -> None:
+    """A GPTDatasetConfig / MockGPTDatasetConfig: every micro-batch is dataset.sequence_length tokens."""
+    # The run's sequence is the data's: the GPT dataset yields micro-batches of dataset.sequence_length tokens
+    # (megatron/core/datasets/gpt_dataset.py: sequence_length + add_extra_token_to_sequence tokens per sample,
+    # shifted into tokens and labels); model.seq_length only sizes learned position embeddings (RoPE's are computed
+    # for the input's length). Bridge's validate asks them to agree (training/config.py at BRIDGE_COMMIT); a dump
+    # where they differ still ran with the data's length.
+    put("--seq-length", dataset["sequence_length"], "dataset.sequence_length")
+    _model_seq_note(model, dataset["sequence_length"], "dataset.sequence_length", walk)
+    if as_bool(dataset.get("create_attention_mask", False), "dataset.create_attention_mask", path) and not as_bool(
+            dataset.get("skip_getting_attention_mask_from_dataset", True),
+            "dataset.skip_getting_attention_mask_from_dataset", path):
+        _refuse(path, "dataset.skip_getting_attention_mask_from_dataset", False, (True,),
+                "the dataset's [b, 1, s, s] attention mask moved to the device is not modelled")
+    for key in dataset:
+        if key == "sequence_length":
+            continue
+        if key in DATASET_IGNORED or key == "_target_" or key in ("create_attention_mask", "skip_getting_attention_mask_from_dataset"):
+            walk.ignore(f"dataset.{key}")
+        else:
+            walk.unknown(f"dataset.{key}", dataset[key])
+
+
+def _model_seq_note(model: dict, length, key: str, walk: _Walk) -> None:
+    if model.get("seq_length") not in (None, length):
+        walk.notes.append(f"{key} {length} is the run's sequence (what a micro-batch holds); model.seq_length "
+                          f"{model['seq_length']} only sizes learned position embeddings"
+                          + (" (RoPE here: it sizes nothing)" if model.get("position_embedding_type")
+                             != "learned_absolute" else ""))
+
+
+def _finetuning_dataset(dataset: dict, model: dict, doc: dict, path, walk: _Walk, put, context) -> None:
+    """A FinetuningDatasetConfig / HFDatasetConfig (``FINETUNING_DATASETS``): the sequence a micro-batch holds, from
+    seq_length and the packing (BRIDGE_COMMIT src/megatron/bridge/data/builders/finetuning_dataset.py
+    ``_create_dataset``: the SFT dataset's max_seq_length is seq_length, or packed_sequence_size when packing;
+    data/datasets/sft.py ``collate_fn``: a batch is padded to its longest sample rounded up to a multiple of
+    pad_seq_length_to_mult (16), at most max_seq_length, or to max_seq_length with pad_to_max_length)."""
+    target = dataset.get("_target_")
+    if target not in FINETUNING_DATASETS:
+        _refuse(path, "dataset._target_", target, tuple(FINETUNING_DATASETS),
+                "a finetuning dataset config of another class (its fields unknown) is not read")
+    walk.ignore("dataset._target_")
+    seq = as_int(dataset["seq_length"], "dataset.seq_length", path)
+    kwargs = dataset.get("dataset_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise InvalidInputError("dataset.dataset_kwargs", kwargs, "a table of the SFT dataset's arguments", str(path))
+    for key, value in kwargs.items():
+        if key in SFT_KWARGS_IGNORED or key == "pad_to_max_length":
+            walk.ignore(f"dataset.dataset_kwargs.{key}")
+        elif key in SFT_KWARGS_REFUSED_UNLESS:
+            _check(path, "dataset.dataset_kwargs", SFT_KWARGS_REFUSED_UNLESS, key, value, walk)
+        else:
+            walk.unknown(f"dataset.dataset_kwargs.{key}", value)
+    if not kwargs and "dataset_kwargs" in dataset:
+        walk.ignore("dataset.dataset_kwargs")
+    padded = as_bool(kwargs.get("pad_to_max_length", False), "dataset.dataset_kwargs.pad_to_max_length", path)
+    specs = dataset.get("packed_sequence_specs")
+    if specs is not None and not isinstance(specs, dict):
+        raise InvalidInputError("dataset.packed_sequence_specs", specs, "a PackedSequenceSpecs table or null", str(path))
+    size = (specs or {}).get("packed_sequence_size", -1)
+    packed = size is not None and as_int(size, "dataset.packed_sequence_specs.packed_sequence_size", path,
+                                         minimum=-(2**62)) > 0
+    for key in specs or {}:
+        if key in PACKED_IGNORED or key == "_target_" or (key == "packed_sequence_size" and not packed):
+            walk.ignore(f"dataset.packed_sequence_specs.{key}")
+        elif key != "packed_sequence_size":
+            walk.unknown(f"dataset.packed_sequence_specs.{key}", specs[key])
+    if specs is None and "packed_sequence_specs" in dataset:
+        walk.ignore("dataset.packed_sequence_specs")
+    how = (" (dataset.dataset_kwargs.pad_to_max_length: every batch padded to it)" if padded else
+           " (an upper bound: a batch is padded to its longest sample rounded up to 16, at most this; "
+           "dataset.dataset_kwargs.pad_to_max_length pads every batch to it)")
+    if packed:
+        micro = doc.get("train", {}).get("micro_batch_size", 1)
+        if micro not in (None, 1):
+            raise InvalidInputError("train.micro_batch_size", micro, "1 with packed sequences",
+                                    f"{path}: Megatron-Bridge refuses a micro-batch above 1 with packed sequences "
+                                    "(ConfigContainer.validate: the packs are the batch)")
+        put("--seq-length", size, "dataset.packed_sequence_specs.packed_sequence_size")
+        walk.ignore("dataset.seq_length")
+        walk.seq_note = (f"packed (dataset.packed_sequence_specs.packed_sequence_size {size}): a micro-batch is one "
+                         f"pack of whole samples (each at most dataset.seq_length {seq} tokens), {size} tokens"
+                         + how + "; the packed samples attend within themselves (THD, cu_seqlens), priced as one "
+                         "sequence of the pack's length (the attention kernels keep per-token tensors)")
+        _model_seq_note(model, size, "dataset.packed_sequence_specs.packed_sequence_size", walk)
+    else:
+        given = getattr(context, "seq_len", None) if not padded else None
+        put("--seq-length", given if given is not None else seq, "dataset.seq_length")
+        walk.seq_note = ((f"not packed: dataset.seq_length {seq}" + how) if given is None else
+                         f"not packed: the longest batch decides; --seq-len {given} taken (dataset.seq_length, the "
+                         f"most a batch is padded to, is {seq})")
+        _model_seq_note(model, seq, "dataset.seq_length", walk)
+    for key in dataset:
+        if key in ("_target_", "seq_length", "dataset_kwargs", "packed_sequence_specs"):
+            continue
+        if key in FINETUNING_DATASET_IGNORED:
+            walk.ignore(f"dataset.{key}")
+        else:
+            walk.unknown(f"dataset.{key}", dataset[key])
+
+
 def _rest(doc: dict, path, walk: _Walk) -> None:
     walk.ignore("_target_")      # the container's class: what recognizes the file
     for name, value in doc.items():
         if name in ("_target_", "model", "mixed_precision", "ddp", "optimizer", "dataset", "train"):
             continue
         if name == "peft":
-            if value is not None:
-                shown = {k: plain(v) for k, v in value.items()} if isinstance(value, dict) else value
-                raise NotModelledError("peft", shown, "null (full training)",
-                                       f"{path}: Megatron-Bridge's PEFT (LoRA/DoRA on the fused linear_qkv, "
-                                       "linear_proj, linear_fc1, linear_fc2 modules, the frozen base under Megatron's "
-                                       "DDP) is not modelled: the measured profile's LoRA is Hugging Face's, on separate "
-                                       "q/k/v and gate/up projections")
-            walk.ignore("peft")
+            if value is None:
+                walk.ignore("peft")
+            # (else: read by _peft)
         elif name == "comm_overlap":
             if value is not None:
                 raise NotModelledError("comm_overlap", value, "null", f"{path}: Megatron-Bridge's communication-overlap "
@@ -568,6 +682,155 @@ def _rest(doc: dict, path, walk: _Walk) -> None:
             walk.unknown(name, value)
 
 
+# --- peft: Megatron-Bridge's LoRA (BRIDGE_COMMIT src/megatron/bridge/peft/) ----------------------------------------
+LORA = "megatron.bridge.peft.lora.LoRA"
+CANONICAL_LORA = "megatron.bridge.peft.canonical_lora.CanonicalLoRA"
+DORA = "megatron.bridge.peft.dora.DoRA"
+# Bridge's module names -> the measured profile's (peft's Llama names), and whether one Bridge adapter spans several
+# of them. LoRA adapts the fused linear_qkv and linear_fc1 with one ParallelLinearAdapter each (lora.py transform);
+# CanonicalLoRA one adapter per projection (canonical_lora.py: LoRALinearSplitQKV, LoRALinearSplitFC1UpGate).
+LORA_TARGETS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+CANONICAL_TARGETS = {"linear_q": ("q_proj",), "linear_k": ("k_proj",), "linear_v": ("v_proj",),
+                     "linear_proj": ("o_proj",), "linear_fc1_up": ("up_proj",), "linear_fc1_gate": ("gate_proj",),
+                     "linear_fc2": ("down_proj",)}
+PEFT_IGNORED = {
+    "alpha": "the adapter's output scale (x * alpha / dim: a scalar multiply, nothing saved)",
+    "lora_A_init_method": "initialization", "lora_B_init_method": "initialization",
+    "params_to_save": "the adapter parameters' names a checkpoint saves (PEFT.set_params_to_save)",
+}
+PEFT_REFUSED_UNLESS = {
+    "exclude_modules": ((None, []), "exclude_modules adapts every other linear, the output layer (LM head) included: "
+                                    "LoRA on the LM head is not modelled"),
+    "a2a_experimental": (_OFF, "the experimental all-to-all of the row adapters' output is not modelled"),
+    "lora_dtype": ((None,), "adapters in another dtype than the model's are not read (the ParallelLinearAdapter "
+                            "takes the model's 16-bit dtype: peft/utils.py, self.bfloat16())"),
+}
+
+
+def _adapter_shapes(model: dict, modules, rank: int) -> tuple[tuple[int, int], ...]:
+    """The (rows, cols) of every adapter weight of a layer on a tensor-parallel rank, as ParallelLinearAdapter makes
+    them (BRIDGE_COMMIT peft/utils.py): a column-parallel base's linear_in = ColumnParallelLinear(in, r) [r / tp, in],
+    a row-parallel base's RowParallelLinear(in, r, input_is_parallel) [r, in / tp]; linear_out =
+    ColumnParallelLinear(r, out) [out / tp, r] either way."""
+    h, t = int(model["hidden_size"]), int(model.get("tensor_model_parallel_size") or 1)
+    head = int(model.get("kv_channels") or h // int(model["num_attention_heads"]))
+    q = int(model["num_attention_heads"]) * head
+    kv = int(model.get("num_query_groups") or model["num_attention_heads"]) * head
+    f = int(model["ffn_hidden_size"])
+    gate = 2 if as_bool(model.get("gated_linear_unit", False), "model.gated_linear_unit", "") else 1
+    column = {"linear_qkv": q + 2 * kv, "linear_q": q, "linear_k": kv, "linear_v": kv, "linear_fc1": gate * f,
+              "linear_fc1_up": f, "linear_fc1_gate": f}
+    row = {"linear_proj": (q, h), "linear_fc2": (f, h)}
+    shapes = []
+    for m in modules:
+        if m in column:
+            shapes += [(rank // t, h), (column[m] // t, rank)]
+        else:
+            fan_in, out = row[m]
+            shapes += [(rank, fan_in // t), (out // t, rank)]
+    return tuple(shapes)
+
+
+def _peft(doc: dict, path, walk: _Walk) -> tuple[list, list, int]:
+    """The ``lora`` option of the measured profile from the dump's ``peft`` section, and the bytes of the adapters'
+    own cached dummy weight gradients (one per distinct adapter weight shape, under gradient_accumulation_fusion: not
+    counted, said); the dataclass's defaults of the keys a dump lacks. None: ([], [], 0)."""
+    peft = doc.get("peft")
+    if peft is None:
+        return [], [], 0
+    if not isinstance(peft, dict):
+        raise InvalidInputError("peft", peft, "a PEFT table (a LoRA) or null", str(path))
+    target = peft.get("_target_")
+    if target == DORA:
+        raise NotModelledError("peft._target_", target, f"{LORA} or {CANONICAL_LORA}",
+                               f"{path}: Megatron-Bridge's DoRA (peft/dora_layers.py DoRALinear: the magnitude over the "
+                               "detached weight norm scales the base + adapter sum, one out-sized tensor saved per "
+                               "token) is not the measured profile's DoRA (peft's: the base and LoRA results saved "
+                               "apart, lora.dora_parts)")
+    if target not in (LORA, CANONICAL_LORA):
+        raise NotModelledError("peft._target_", target, f"{LORA} or {CANONICAL_LORA}",
+                               f"{path}: only Megatron-Bridge's LoRA and CanonicalLoRA are read")
+    model = doc["model"]
+    if not as_bool(model.get("gated_linear_unit", False), "model.gated_linear_unit", path):
+        raise NotModelledError("peft", target, "null with a non-gated MLP",
+                               f"{path}: LoRA is read over Llama-style layers (gated SwiGLU MLP) only")
+    canonical = target == CANONICAL_LORA
+    names = CANONICAL_TARGETS if canonical else LORA_TARGETS
+    fields = [LaunchField(
+        key="peft._target_", value=target, field="lora", becomes={"adapter_dtype": "base"},
+        note=f"Megatron-Bridge's {'CanonicalLoRA' if canonical else 'LoRA'} ({BRIDGE} src/megatron/bridge/peft/"
+             f"{'canonical_lora' if canonical else 'lora'}.py): the base frozen (PEFT.freeze_model), in the model's "
+             "16-bit dtype; each adapted linear gets a ParallelLinearAdapter (linear_in r x in, linear_out out x r) "
+             "cast to that dtype (peft/utils.py: self.bfloat16()); only the adapters are in Megatron's grad buffer "
+             "and optimizer; the layers' saved tensors are the measured profile's LoRA layers' (a frozen linear keeps "
+             "no input, as TransformerEngine's: module/linear.py backward_needs_input = weight.requires_grad)")]
+    defaults = []
+    source = f"{BRIDGE} src/megatron/bridge/peft/{'canonical_lora' if canonical else 'lora'}.py"
+    for key, value in (("target_modules", list(names)), ("dim", 32), ("dropout", 0.0)):
+        if key not in peft:        # (a resolved dump has every field; an edited one may lack some)
+            defaults.append(LaunchDefault(key=f"peft.{key}", field="lora", value={}, version=VERSION,
+                                          source=f"{source} ({'CanonicalLoRA' if canonical else 'LoRA'}.{key} = "
+                                                 f"{value!r})"))
+    modules = peft.get("target_modules", list(names))
+    if not isinstance(modules, list) or not modules:
+        raise NotModelledError("peft.target_modules", modules, "a list of " + ", ".join(names),
+                               f"{path}: an empty target_modules adapts every linear, the output layer (LM head) "
+                               "included: LoRA on the LM head is not modelled")
+    for m in modules:
+        if m not in names:
+            raise NotModelledError("peft.target_modules", modules, "a list of " + ", ".join(names),
+                                   f"{path}: {m!r}: "
+                                   + ("per-layer targets (wildcards) are not read" if "*" in str(m) or "." in str(m)
+                                      else "not a module this reader maps to the measured profile's LoRA"))
+    if len(set(modules)) != len(modules):
+        raise InvalidInputError("peft.target_modules", modules, "distinct module names", str(path))
+    rank = as_int(peft.get("dim", 32), "peft.dim", path)
+    mapped = [p for m in modules for p in names[m]]
+    fused = [m for m in modules if len(names[m]) > 1]
+    h, layers = int(model["hidden_size"]), int(model["num_layers"])
+    dropout = peft.get("dropout", 0.0) or 0.0
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise InvalidInputError("peft.dropout", dropout, "a probability in [0, 1)", str(path))
+    note = f"{', '.join(modules)} -> {', '.join(mapped)}"
+    if fused:
+        extra = layers * rank * h * sum(len(names[m]) - 1 for m in fused)
+        note += (f"; approximated: Megatron-Bridge adapts the fused {' and '.join(fused)} with one adapter each "
+                 f"(r x h in, the fused width out), the measured profile one per projection (Megatron-Bridge's layout "
+                 f"each, validation/lora_parallel/measure_lora_tp.py): {extra:,} adapter parameters more than the run "
+                 f"has ({layers} layers x r {rank} x h {h} x {sum(len(names[m]) - 1 for m in fused)}), and "
+                 f"{sum(len(names[m]) - 1 for m in fused)} more r-wide intermediates per token and layer"
+                 + (", and as many more dropout masks and dropped copies of the h-wide input" if dropout else ""))
+    read = {"target_modules": ({"target_modules": mapped}, note, bool(fused)), "dim": ({"rank": rank}, "", False)}
+    position = peft.get("dropout_position", "pre")
+    if dropout and position != "pre":
+        raise NotModelledError("peft.dropout_position", position, "'pre' with dropout > 0",
+                               f"{path}: dropout on the adapter's output is not modelled")
+    read["dropout"] = ({"dropout": dropout}, "dropout_position pre: on the adapter's input, as peft's lora_dropout"
+                       if dropout else "", False)
+    for key, (becomes, text, approximated) in read.items():
+        if key in peft:
+            fields.append(LaunchField(key=f"peft.{key}", value=peft[key], field="lora", becomes=becomes, note=text,
+                                      approximated=approximated))
+        else:
+            defaults = [attrs.evolve(d, value=becomes, note=text) if d.key == f"peft.{key}" else d for d in defaults]
+    for key, value in peft.items():
+        if key in ("_target_", "target_modules", "dim", "dropout"):
+            continue
+        if key == "dropout_position" or key in PEFT_IGNORED:
+            walk.ignore(f"peft.{key}")
+        elif key == "canonical_mapping":
+            if value and not canonical:
+                _refuse(path, "peft.canonical_mapping", value, (None, {}), "a canonical mapping on LoRA is not read")
+            walk.ignore("peft.canonical_mapping")       # CanonicalLoRA's: made from target_modules (__post_init__)
+        elif key in PEFT_REFUSED_UNLESS:
+            _check(path, "peft", PEFT_REFUSED_UNLESS, key, value, walk)
+        else:
+            walk.unknown(f"peft.{key}", value)
+    dummies = 2 * sum(r * c for r, c in dict.fromkeys(_adapter_shapes(model, modules, rank)))
+    return fields, defaults, dummies
+
+
 # The arguments Megatron-LM's reader builds the model from (its "model" field).
 ARCHITECTURE = ("--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--group-query-attention",
                 "--kv-channels", "--ffn-hidden-size", "--swiglu", "--normalization", "--position-embedding-type",
@@ -582,8 +845,9 @@ def _rename(text: str, origin: dict) -> str:
 
 def read(path, document, context):
     walk = _Walk(path)
-    args, origin = _to_arguments(document, path, walk)
+    args, origin = _to_arguments(document, path, walk, context)
     _rest(document, path, walk)
+    lora, lora_defaults, dummies = _peft(document, path, walk)
     try:
         reading = megatron.read_mapping(args, path, context)
     except MlsysimError as err:      # name the Bridge key, not the argument it became
@@ -608,9 +872,43 @@ def read(path, document, context):
     # (the Megatron-LM flag is the negation of the Bridge key: its value shown as the key's)
     fields = [attrs.evolve(f, value=not f.value) if f.key == "model.gradient_accumulation_fusion" else f
               for f in fields]
+    # A Megatron-LM default whose Bridge key the dump has (a false flag, a null, the optimizer's name: the mapping
+    # drops them as absent) is that key read, not a default.
+    present = [d for d in defaults if "/" not in d.key and _has(document, d.key)]
+    fields += [LaunchField(key=d.key, value=_value(document, d.key), field=d.field, becomes=d.value,
+                           note="; ".join(n for n in (d.note, d.source) if n)) for d in present]
+    defaults = [d for d in defaults if d not in present]
+    if walk.seq_note is not None:       # a finetuning dataset: its own sequence rule
+        fields = [attrs.evolve(f, note=walk.seq_note) if f.field == "seq_len" else f for f in fields]
+    if lora:
+        fields = [_frozen_base(f, dummies) if f.key == "model.gradient_accumulation_fusion" else f
+                  for f in fields] + lora
+        defaults += lora_defaults
+    read = {f.key for f in fields}
     return attrs.evolve(reading, format="megatron-bridge", fields=fields, defaults=defaults,
-                        ignored=list(dict.fromkeys([*walk.ignored, *quiet, *reading.ignored])),
+                        ignored=[k for k in dict.fromkeys([*walk.ignored, *quiet, *reading.ignored]) if k not in read],
                         framework_version=VERSION, notes=notes)
+
+
+def _frozen_base(field, dummies: int):
+    """model.gradient_accumulation_fusion under PEFT: the frozen base's linears and the frozen LM head compute no
+    weight gradient, so no dummy for them and no tied-embedding gradient: the rule's option off, the adapters' own
+    dummies (small) said, not counted."""
+    if not isinstance(field.becomes, dict):
+        return field
+    becomes = {rule: {**options, "gradient_accumulation_fusion": False} for rule, options in field.becomes.items()}
+    return attrs.evolve(field, becomes=becomes, approximated=True, note=(
+        "under peft the frozen linears compute no weight gradient (NVIDIA/TransformerEngine v2.7 "
+        "transformer_engine/pytorch/module/linear.py: ctx.requires_wgrad = weight.requires_grad; the frozen LM head "
+        f"runs megatron-core's LinearWithFrozenWeight, {CORE} megatron/core/tensor_parallel/layers.py): no cached "
+        "dummy for them and no tied-embedding gradient; the adapters' weight gradients go into main_grad and each "
+        "returns a cached dummy of its shape (layers.py LinearWithGradAccumulationAndAsyncCommunication.backward, "
+        f"get_dummy_wgrad), {dummies:,} B in all, not counted"))
+
+
+def _has(document: dict, key: str) -> bool:
+    section, _, name = key.partition(".")
+    return isinstance(document.get(section), dict) and name in document[section]
 
 
 def _value(document: dict, key: str):
