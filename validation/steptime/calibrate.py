@@ -384,15 +384,15 @@ def main(argv=None) -> int:
 
 def ranks() -> str:
     """Where each comparable published bf16 layout of a catalog model on up to 256 H100 ranks in the measured
-    search of its run."""
-    rows_ = ["| run | published layout (tp/cp/pp/dp) | its rank among distinct layouts | the search's first row |",
-             "|---|---|---|---|"]
+    search of its run, searched as its source states the recipe (``search_recipe``)."""
+    rows_ = ["| run | published layout (tp/cp/pp/dp) | searched as | its rank among distinct layouts | "
+             "the search's first row |", "|---|---|---|---|---|"]
     for case in CASES:
         if (comparable(case) is None and case["model"] and case["hardware"] == "h100" and case["devices"] <= 256
                 and not case["float8"] and not case["async_tp"]):
-            rank, count, top = search_rank(case)
+            rank, count, top, how = search_rank(case)
             lay = layout(case)
-            rows_.append(f"| {case['id']} | {lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']} | "
+            rows_.append(f"| {case['id']} | {lay['tp']}/{lay['cp']}/{lay['pp']}/{lay['dp']} | {how} | "
                          f"{rank if rank else 'does not fit'} of {count} | {top} |")
     return "\n".join(rows_)
 
@@ -414,14 +414,62 @@ def target() -> str:
     return "\n".join(out)
 
 
-def search_rank(case) -> tuple[int | None, int, str]:
+# The recipe of a published run as its source states it, for the search of the run (search_rank): what the memory
+# side needs to describe the published layout, the same for every layout the search ranks (no layout is favoured).
+# * torchtitan: FSDP2's MixedPrecisionPolicy (pytorch/torchtitan torchtitan/config_manager.py, e.g. at
+#   0011fb905e9561a51af0f265e35d989f7448b1d8: '--training.mixed_precision_param' default 'bfloat16',
+#   '--training.mixed_precision_reduce' default 'float32'), the measured profile's regime 'fsdp-bf16', as
+#   launch/torchtitan.py reads it; loss parallel with tp > 1 ('--training.enable_loss_parallel' default True; v0.2.2's
+#   parallelism.disable_loss_parallel False). Its H100 files state the card (published.py's _H100_GT: 'Each H100 GPU
+#   is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth'): the catalog's H100 with that memory (96 GB
+#   read as GiB, the catalog's convention, docs/catalog.md), its chip's envelope kept (steptime.envelope).
+# * Megatron-Bridge: its recipes' bf16_mixed (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/
+#   mixed_precision.py at d9f7643bb9609a6a6e0ea1439fb51d8669306434: params_dtype bfloat16, grad_reduce_in_fp32=True),
+#   the regime 'mixed-bf16-main-grad' (Megatron's vocabulary-parallel cross-entropy comes with it).
+# A recipe the profile refuses for the model is said, and the run searched with the profile's default.
+# Checkpointing: none and full, and the run's own strategy (torchtitan's selective op: 'op-sac').
+GRAND_TETON_GIB = 96
+
+
+def search_recipe(case) -> tuple[object, dict, list[str]]:
+    """(hardware, search_plans options, checkpointing strategies) for the search of ``case``'s run."""
+    from mlsysim_core.catalog import get_hardware
+    hardware, options = get_hardware(CATALOG[case["hardware"]]), {}
+    if case["source"].startswith("pytorch/torchtitan"):
+        options = {"regime": "fsdp-bf16", "loss_parallel": True}
+        if case["hardware"] == "h100":
+            hardware = attrs.evolve(hardware, memory_capacity=GRAND_TETON_GIB * 2**30,
+                                    memory_bandwidth=int(case["memory_bandwidth"] or hardware.memory_bandwidth))
+    elif case["source"].startswith("NVIDIA-NeMo/Megatron-Bridge"):
+        options = {"regime": "mixed-bf16-main-grad"}
+    strategies = ["none", "full"]
+    if layout(case)["checkpointing"] not in strategies:
+        strategies.append(layout(case)["checkpointing"])
+    return hardware, options, strategies
+
+
+def search_rank(case) -> tuple[int | None, int, str, str]:
     """Where the published layout (tp, cp, pp, dp) first appears in the measured search's
-    ranking of the same run (devices, global batch, seq, bf16), counting distinct
-    (tp, cp, pp, dp) layouts; (rank or None, layouts ranked, the top layout)."""
+    ranking of the same run (devices, global batch, seq, bf16; the recipe ``search_recipe`` says),
+    counting distinct (tp, cp, pp, dp) layouts; (rank or None, layouts ranked, the top layout, the recipe
+    searched)."""
+    from mlsysim_core.catalog import get_hardware
+    from mlsysim_core.errors import NotModelledError
     from mlsysim_core.search import search_plans
-    found = search_plans(case["model"], case["hardware"], devices=case["devices"], global_batch=case["global_batch"],
-                         seq_len=case["seq_len"], precision="bf16", optimizer="adamw", profile="measured",
-                         checkpointing=["none", "full"])
+    hardware, options, strategies = search_recipe(case)
+    run = dict(devices=case["devices"], global_batch=case["global_batch"], seq_len=case["seq_len"], precision="bf16",
+               optimizer="adamw", profile="measured", checkpointing=strategies)
+    how = ", ".join([options["regime"]] if "regime" in options else []) or "amp-bf16"
+    try:
+        found = search_plans(case["model"], hardware, **run, **options)
+    except NotModelledError as err:
+        if err.parameter != "regime":
+            raise
+        found = search_plans(case["model"], hardware, **run)
+        how = f"amp-bf16 ({options['regime']} not modelled for this family)"
+    how += (", loss parallel" if options.get("loss_parallel") else "") + f", {'/'.join(strategies)}"
+    if hardware.memory_capacity != get_hardware(CATALOG[case["hardware"]]).memory_capacity:
+        how += f", {hardware.memory_capacity / 2**30:.0f} GiB card"
     lay = layout(case)
     want, order = (lay["tp"], lay["cp"], lay["pp"], lay["dp"]), []
     for c in found.fits:
@@ -431,7 +479,7 @@ def search_rank(case) -> tuple[int | None, int, str]:
     top = found.fits[0]
     text = (f"tp{top.tp} cp{top.cp} pp{top.pp} dp{top.dp} {top.data_parallel} {top.checkpointing} "
             f"mb{top.microbatch}")
-    return (order.index(want) + 1 if want in order else None), len(order), text
+    return (order.index(want) + 1 if want in order else None), len(order), text, how
 
 
 if __name__ == "__main__":
