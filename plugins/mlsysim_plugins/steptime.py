@@ -60,7 +60,7 @@ import attrs
 
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
 from mlsysim_plugins import steptime_hookspecs
-from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, traffic
+from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, stages, traffic
 
 
 TOPOLOGY_FIELDS = ("peak_bf16_flops", "intra_node_bandwidth", "inter_node_bandwidth", "devices_per_node")
@@ -481,7 +481,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
               rules: Mapping[str, tuple] | None = None, float8: bool = False,
               overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None,
-              attention_speed: tuple[float, float] = (1.0, 1.0)) -> dict:
+              attention_speed: tuple[float, float] = (1.0, 1.0), _stage: tuple[int, bool] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
     from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
@@ -495,21 +495,33 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap);
     ``dispatch``: {"ep": "node-forwarded"} for a DeepEP-style all-to-all (``all_to_all_across_nodes``);
     ``attention_speed``: the attention kernel's declared (forward, backward) throughput over
-    FlashAttention-2's (``AttentionTiming``; (1, 1): FlashAttention-2)."""
+    FlashAttention-2's (``AttentionTiming``; (1, 1): FlashAttention-2). The pipeline rule's declared
+    stages (``rules["pp.stages"]``, ``steptime_hookspecs.STAGES``): ``"ends-one-fewer"`` times the
+    slower of a middle stage (ceil((L + 2) / pp) layers) and the last (one layer fewer, the LM head);
+    otherwise every stage ceil(L / pp) layers, the head on the last."""
     if rules is None or isinstance(rule, str):      # (a direct call: the installed rules' declarations)
         axes, by_name = declarations()
         rules = axes if rules is None else rules
         rule = by_name[rule] if isinstance(rule, str) else rule
+    if _stage is None and pp > 1 and rules.get("pp.stages") == "ends-one-fewer":
+        middle = math.ceil((fig["layers"] + 2) / pp)
+        run = dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=recompute, sp=sp, mb=mb, gas=gas,
+                   seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=optimizer_bytes,
+                   fused_attention=fused_attention, shard_group=shard_group, idle_slots=idle_slots, chunks=chunks,
+                   compiled=compiled, rules=rules, float8=float8, overlap=overlap, dispatch=dispatch,
+                   attention_speed=attention_speed)
+        return max((step_time(fig, hw, cal, **run, _stage=(middle, False)),
+                    step_time(fig, hw, cal, **run, _stage=(middle - 1, True))), key=lambda parts: parts["step"])
     overlap, dispatch = overlap or {}, dispatch or {}
     h, h_q, h_kv = fig["h"], fig["h_q"], fig["h_kv"]
-    layers = math.ceil(fig["layers"] / pp)
+    layers, head = _stage if _stage is not None else (math.ceil(fig["layers"] / pp), True)
     T = mb * seq_len / cp
     r = recompute
     peak, mem_bw = hw["flops"], hw["memory"]
     # compute, one micro-batch on the slowest (last) stage: each GEMM's roofline (layer_gemms)
     g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2)
     layer_fwd = 2 * T * fig["layer_active"] / tp
-    head_fwd = 2 * T * fig["head"] / tp
+    head_fwd = 2 * T * fig["head"] / tp if head else 0.0
     matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
     attn_fwd = 2 * T * attention_span(fig, seq_len) * h_q / tp
     # forward passes (the first and any recomputed one) at cal.attention, the backward's 2.5 forwards (it
@@ -520,7 +532,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                                      + 2.5 / (cal.attention_backward * speed_bwd)) / (
         cal.attention * peak * hw.get("clock", 1.0))
     elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
-    logits = 4 * T * fig["vocab"] / tp * 4          # fp32 logits: written, read by the loss, its gradient
+    logits = 4 * T * fig["vocab"] / tp * 4 if head else 0.0     # fp32 logits: written, read by the loss, its gradient
     casts = (g["cast_fwd"] * (1 + r) + g["cast_bwd"]) * layers
     memory = (elementwise * layers * (3 + r) + logits + casts) / (cal.memory * mem_bw)
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
@@ -615,6 +627,9 @@ def declarations(registry=None, options: Mapping | None = None) -> tuple[dict, d
         declared = traffic(rules[name], options.get(name)) if name in rules else None
         if declared is not None:
             axes[f"{axis}.traffic"] = declared
+        declared = stages(rules[name], options.get(name)) if name in rules else None
+        if declared is not None:         # ("<axis>.stages": how the pipeline rule splits the layers)
+            axes[f"{axis}.stages"] = declared
     return axes, {name: collectives(spec, options.get(name)) for name, spec in registry.rules_for_axis(DATA).items()}
 
 

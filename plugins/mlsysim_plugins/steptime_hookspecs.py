@@ -19,6 +19,10 @@ _hookspec = pluggy.HookspecMarker("mlsysim")
 HOOK = "mlsysim_step_time_models"
 COLLECTIVES = "steptime.collectives"     # the sharding rules' extension key
 TRAFFIC = "steptime.traffic"             # a rule's memory-bound work per ring step (``RingTraffic``)
+STAGES = "steptime.stages"               # how a pipeline rule splits the layers over its stages (``STAGE_SPLITS``)
+# "even": ceil(L / pp) layers a stage, the LM head beside the last stage's; "ends-one-fewer": the first and the last
+# stage one layer fewer than the others, so the embedding and the LM head do not load them
+STAGE_SPLITS = ("even", "ends-one-fewer")
 
 
 def _among(*allowed, default=attrs.NOTHING):
@@ -104,6 +108,12 @@ def traffic(rule, options=None) -> RingTraffic | None:
     """What memory-bound work a sharding rule declares beside its collectives (None: none), under
     ``options`` (the run's options object for the rule; None: its defaults)."""
     return _declared(rule, TRAFFIC, options)
+
+
+def stages(rule, options=None) -> str | None:
+    """How a pipeline rule declares it splits the layers (one of ``STAGE_SPLITS``; None: ``"even"``),
+    under ``options`` (the run's options object for the rule; None: its defaults)."""
+    return _declared(rule, STAGES, options)
 
 
 def collectives(rule, options=None) -> tuple[Collective, ...] | None:
