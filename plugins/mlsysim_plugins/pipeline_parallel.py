@@ -1,11 +1,20 @@
 """Pipeline parallelism: parameters split evenly over pp stages, ceil(layers/pp) layers on
-a stage, and one send plus one receive buffer of a boundary activation (2*b*s*h values)."""
+a stage, and one send plus one receive buffer of a boundary activation (2*b*s*h values).
+
+Its option ``stages`` (``PipelineOptions``) declares, for the step time only, how the layers are
+split: ``"even"`` (the default) or ``"ends-one-fewer"`` (the first and last stages one layer fewer,
+so the embedding and the LM head do not load them: the Llama 3 paper's pipeline, section 3.3.2).
+The memory is the same either way: every stage's ceil(layers/pp) layers (on the end stages one
+more than they hold under ``"ends-one-fewer"``)."""
 
 import math
 
+import attrs
+
 from mlsysim_core import (BACKWARD, COMMUNICATION_BUFFERS, FORWARD, LayoutError, MemoryTerm,
                           ShardingEffect, ShardingRuleSpec, hookimpl)
-from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
+from mlsysim_plugins.steptime_hookspecs import (COLLECTIVES as STEPTIME_COLLECTIVES, STAGE_SPLITS,
+                                                 STAGES as STEPTIME_STAGES, Collective)
 
 from mlsysim_core.memo import memoize
 
@@ -39,7 +48,23 @@ COLLECTIVES = (Collective(kind="send-recv", volume="activations", group="pp", pe
                           backward=1),)
 
 
+@attrs.frozen(kw_only=True)
+class PipelineOptions:
+    """``stages``: how the step time splits the layers over the stages: ``"even"`` (ceil(L/pp) a
+    stage, the LM head beside the last stage's) or ``"ends-one-fewer"`` (the first and last stages
+    one layer fewer than the others, ceil((L + 2)/pp): "To balance the pipeline, we reduce one
+    Transformer layer each from the first and the last stages, respectively", The Llama 3 Herd of
+    Models, arXiv 2407.21783, section 3.3.2). The memory is the same either way."""
+
+    stages: str = attrs.field(default="even", validator=attrs.validators.in_(STAGE_SPLITS))
+
+
+def stage_split(options):
+    return "even" if options is None else options.stages
+
+
 @hookimpl
 def mlsysim_sharding_rules():
-    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply, extensions={STEPTIME_COLLECTIVES: COLLECTIVES},
+    return [ShardingRuleSpec(name="pp", axis="pp", apply=apply, options_type=PipelineOptions,
+                             extensions={STEPTIME_COLLECTIVES: COLLECTIVES, STEPTIME_STAGES: stage_split},
                              description="parameters / pp; ceil(layers/pp) layers per stage; p2p buffers")]

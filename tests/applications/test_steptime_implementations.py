@@ -137,3 +137,46 @@ def test_time_plan_times_the_gradient_sync_the_run_chooses():
     assert step["components"]["dp"] < default["components"]["dp"]
     assert {k: v for k, v in step["components"].items() if k not in ("dp", "step")} == \
         {k: v for k, v in default["components"].items() if k not in ("dp", "step")}
+
+
+# --- the pipeline rule's stages (the Llama 3 paper's: one layer fewer on the first and last stages) ---
+
+from mlsysim_plugins import pipeline_parallel  # noqa: E402
+
+
+def test_end_stages_one_layer_fewer_time_the_slower_stage():
+    spec = pipeline_parallel.mlsysim_sharding_rules()[0]
+    from mlsysim_plugins.steptime_hookspecs import stages
+    assert stages(spec) == "even"
+    assert stages(spec, pipeline_parallel.PipelineOptions(stages="ends-one-fewer")) == "ends-one-fewer"
+    run = dict(RUN, cp=1, pp=4, dp=1, gas=8, seq_len=2048)
+    even = steptime.step_time(FIG, HW, CAL, rules=_rules(), **run)
+    fewer_rules = _rules({"pp": pipeline_parallel.PipelineOptions(stages="ends-one-fewer")})
+    assert fewer_rules["pp.stages"] == "ends-one-fewer"
+    fewer = steptime.step_time(FIG, HW, CAL, rules=fewer_rules, **run)
+    # 8 layers over 4 stages: even, 2 a stage and the head on the last; ends one fewer, ceil(10 / 4) = 3 in the
+    # middle (no head) and 2 + the head on the last: the slower of the two
+    middle = steptime.step_time(FIG, HW, CAL, rules=fewer_rules, **run, _stage=(3, False))
+    last = steptime.step_time(FIG, HW, CAL, rules=fewer_rules, **run, _stage=(2, True))
+    assert last == even
+    assert fewer == max(middle, last, key=lambda p: p["step"])
+    # the middle stage: 3 layers' matmuls and no LM head, no logits
+    g = steptime.layer_gemms(FIG, HW, CAL, 2048, 1, 1, 2)
+    layer = 2 * 2048 * FIG["layer_active"] * (g["fwd"] + 2 * g["bwd"])
+    assert middle["matmul"] == pytest.approx(8 * 3 * layer)
+    head = 2 * 2048 * FIG["head"] * 3 * g["head"]
+    assert even["matmul"] == pytest.approx(8 * (2 * layer + head))
+    assert steptime.step_time(FIG, HW, CAL, rules=fewer_rules, **dict(run, pp=1)) == \
+        steptime.step_time(FIG, HW, CAL, rules=_rules(), **dict(run, pp=1))        # one stage: nothing to split
+
+
+def test_time_plan_times_the_stages_the_run_chooses_and_the_memory_is_unchanged():
+    run = dict(global_batch=64, seq_len=4096, tp=8, pp=4, dp=2, data_parallel="zero1", checkpointing="full",
+               microbatch=1, precision="bf16", optimizer="adamw", profile="measured")
+    even = time_plan("llama3-70b", "h100", **run)
+    fewer = time_plan("llama3-70b", "h100", plugin_options={"pp": {"stages": "ends-one-fewer"}}, **run)
+    assert fewer["memory_bytes"] == even["memory_bytes"]
+    # 80 layers over 4: even 20 + the head; ends one fewer: 21 in the middle stages, 20 + the head on the last
+    assert fewer["step_s"] != even["step_s"]
+    with pytest.raises(InvalidInputError, match=r"plugin_options\['pp'\]"):
+        time_plan("llama3-70b", "h100", plugin_options={"pp": {"stages": "uneven"}}, **run)

@@ -167,6 +167,8 @@ def layout(case) -> dict:
         rule_options["cp"] = {"ring": case["cp_ring"]}
     if case["dp_gradient_sync"]:
         rule_options[rule] = {"gradient_sync": case["dp_gradient_sync"]}
+    if case["pp_stages"] and pp > 1:
+        rule_options["pp"] = {"stages": case["pp_stages"]}
     if rule_options:
         extra["plugin_options"] = rule_options
     return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
@@ -328,7 +330,8 @@ def table() -> str:
                                        ("EP node-forwarded", lay["ep_dispatch"]),
                                        (f"attention {c['attn_impl']}", c["attn_impl"]),
                                        (f"{c['cp_ring']} ring", c["cp_ring"] and c["cp"] > 1),
-                                       (f"gradients reduced per {c['dp_gradient_sync']}", c["dp_gradient_sync"]))
+                                       (f"gradients reduced per {c['dp_gradient_sync']}", c["dp_gradient_sync"]),
+                                       (f"stages {c['pp_stages']}", c["pp_stages"] and c["pp"] > 1))
                        if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(attn_impl=None, cp_ring=None, dp_gradient_sync=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -728,25 +728,29 @@ _L3_NOTE = ("H100 80GB HBM3 at 700W (section 3.3.1), RoCE 400 Gbps. 'Batch size/
             "Gradients: 'we use FP32 gradient accumulation during backward computation over multiple micro-batches and also "
             "reduce-scatter gradients in FP32 across data parallel workers in FSDP' (section 3.3.2, 'Numerical stability'): "
             "recorded as dp_gradient_sync 'step' (fsdp-grad-op's gradient_sync='step': the unsharded fp32 gradients "
-            "accumulated, reduce-scattered once per step). "
+            "accumulated, reduce-scattered once per step). Stages: 'we reduce one Transformer layer each from the first and "
+            "the last stages, respectively': recorded as pp_stages 'ends-one-fewer' (126 layers over PP 16: 7, 14 x 8, 7). "
             "tokens_per_s_per_gpu is not printed. ")
 CASES += [
     _row(id="llama3-paper-table4-405b-8192xh100-tp8-pp16-dp64", source=f"{_L3}, row '8,192 | 8 | 1 | 16 | 64 | 8,192 | 32 | 16M | 430 | 43%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=8192, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=64, local_batch=32, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=430, mfu=0.43,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
+         pp_stages="ends-one-fewer",
          notes=_L3_NOTE + "Checkpointing: 'we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing.' "
                "global_batch 64 x 32 = 2048 sequences = 16.8M tokens ('16M')."),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-pp16-dp128", source=f"{_L3}, row '16,384 | 8 | 1 | 16 | 128 | 8,192 | 16 | 16M | 400 | 41%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=128, local_batch=16, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=400, mfu=0.41,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
+         pp_stages="ends-one-fewer",
          notes=_L3_NOTE + "Checkpointing as the 8K row. Text: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs "
                "with DP=64 is due to the lower batch size per DP group needed to keep the global tokens per batch constant during training.'"),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-cp16-pp16-seq131072", source=f"{_L3}, row '16,384 | 8 | 16 | 16 | 4 | 131,072 | 16 | 16M | 380 | 38%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=16, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=8, local_batch=16, global_batch=128, seq_len=131072, checkpointing=None, compile=None, async_tp=None, tflops_per_gpu=380, mfu=0.38,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
+         pp_stages="ends-one-fewer",
          notes=_L3_NOTE + "DP: the arXiv PDF prints 4 (some copies print 8); dp_shard 8 is derived: 16,384 / (8 x 16 x 16) = 8, and 8 x 16 x 131,072 "
                "= 16.8M tokens matches '16M' (DP 4 would give 8,192 GPUs and 8.4M tokens). global_batch derived 8 x 16 = 128 sequences. "
                "CP is all-gather based (K, V all-gathered), input split into 2 x CP chunks for load balance. Activation checkpointing "
