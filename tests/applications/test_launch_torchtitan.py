@@ -61,9 +61,11 @@ def test_selective_op_and_default_every_k():
 
 
 def test_refusals_name_the_key(tmp_path):
-    with pytest.raises(NotModelledError) as err:     # compile.components = ["model", "loss"]: a compiled loss
-        from_launch([DATA / "llama3" / "llama3_405b.toml"], gpus=512)
-    assert err.value.parameter == "compile.components" and err.value.value == ["model", "loss"]
+    launch = from_launch([DATA / "llama3" / "llama3_405b.toml"], gpus=512)   # compile.components ["model", "loss"]
+    assert launch.scenario.profile_options["compile"] == "blocks+loss"      # the blocks and the loss compiled
+    with pytest.raises(NotModelledError) as err:      # ... under tp 8: the compiled loss is measured under dp only
+        launch.scenario.solve()
+    assert err.value.parameter == "tp_size" and "compile='blocks+loss'" in str(err.value)
     blocks = tmp_path / "llama3_8b.toml"      # the blocks alone: modelled (compile="blocks", docs/compile.md)
     blocks.write_text((DATA / "llama3" / "llama3_8b.toml").read_text().replace(
         'enable=false\ncomponents = ["model", "loss"]', 'enable=true\ncomponents = ["model"]'))
@@ -73,6 +75,31 @@ def test_refusals_name_the_key(tmp_path):
     with pytest.raises(NotModelledError) as err:
         from_launch([DATA / "llama3" / "debug_model.toml"], gpus=8)
     assert err.value.parameter == "model.flavor"
+
+
+def test_compiled_loss_is_answered(tmp_path):
+    """compile.enable with torchtitan's default components ["model", "loss"] (the blocks and build_cross_entropy_loss's
+    torch.compile(loss_fn)): compile='blocks+loss', the compiled loss's terms in place of the eager cross-entropy's
+    (validation/compile/blocks_extra_measurements.json); components ["model"]: the blocks alone, a larger peak (the
+    fp32 log-softmax and the backward's fp32 temporaries); ["loss"] alone: refused, naming compile.components."""
+    text = (DATA / "llama3" / "llama3_8b.toml").read_text()
+    assert 'enable=false\ncomponents = ["model", "loss"]' in text
+    both, model, loss = (tmp_path / f"{name}.toml" for name in ("both", "model", "loss"))
+    both.write_text(text.replace("enable=false", "enable=true"))
+    model.write_text(text.replace('enable=false\ncomponents = ["model", "loss"]', 'enable=true\ncomponents = ["model"]'))
+    loss.write_text(text.replace('enable=false\ncomponents = ["model", "loss"]', 'enable=true\ncomponents = ["loss"]'))
+    launch = from_launch([both], gpus=8)
+    assert launch.scenario.profile_options["compile"] == "blocks+loss"
+    field = next(f for r in launch.readings for f in r.fields if f.field == "compile")
+    assert field.key == "compile.components" and field.value == ["model", "loss"]
+    compiled = launch.scenario.solve()
+    blocks = from_launch([model], gpus=8).scenario.solve()
+    assert compiled.total_memory < blocks.total_memory
+    assert any(t.label == "logits (saved by the compiled loss)" for t in compiled.terms)
+    assert not any(t.label == "log-softmax of the logits (fp32)" for t in compiled.terms)
+    with pytest.raises(NotModelledError) as err:
+        from_launch([loss], gpus=8)
+    assert err.value.parameter == "compile.components" and err.value.value == ["loss"]
 
 
 def test_saved_json_reads_as_the_toml(tmp_path):

@@ -195,8 +195,8 @@ def test_loss_components_map_to_the_registered_implementations():
 def test_compiled_lora_without_checkpointing_is_answered():
     """compile: True with LoRA (adapters in the model's dtype, no checkpointing): the measured profile's
     compiled blocks with frozen base weights (compile.lora_layer_saved); the file's own
-    enable_activation_checkpointing: True with compile is refused, naming activation_checkpointing, traced to the
-    recipe's key."""
+    enable_activation_checkpointing: True with compile is answered in torchtune's order (compile_model, then
+    set_activation_checkpointing: compile.lora_full_terms), the reading not approximated."""
     path = DATA / "llama3_1" / "8B_lora_single_device.yaml"
     launch = from_launch([path], hardware="h100", seq_len=2048,
                          overrides=["compile=True", "enable_activation_checkpointing=False"])
@@ -209,10 +209,13 @@ def test_compiled_lora_without_checkpointing_is_answered():
     assert compiled.weights == eager.weights and compiled.allocated_memory < eager.allocated_memory
     assert any(n.startswith("compile='blocks'") for n in compiled.notes)
     checkpointed = from_launch([path], hardware="h100", seq_len=2048, overrides=["compile=True"])
-    with pytest.raises(NotModelledError) as err:
-        checkpointed.scenario.solve()
-    assert err.value.parameter == "activation_checkpointing" and err.value.value == "full"
-    assert checkpointed.sources["activation_checkpointing"].endswith(": enable_activation_checkpointing")
+    assert (checkpointed.scenario.compile, checkpointed.scenario.activation_checkpointing) == ("blocks", "full")
+    field = next(f for r in checkpointed.readings for f in r.fields if f.key == "compile")
+    assert not field.approximated and "torchtune's order" in field.note
+    result = checkpointed.scenario.solve()
+    assert any(n.startswith("compile='blocks' with LoRA and full checkpointing: torchtune's order")
+               for n in result.notes)
+    assert any(t.label == "the top block's compiled recompute and MLP backward" for t in result.terms)
 
 
 def test_compile_with_checkpointing_answered_in_torchtitans_order_with_torchtunes_difference_said():

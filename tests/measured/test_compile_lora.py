@@ -114,8 +114,9 @@ def test_off_is_eager_lora():
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, dropout=0.1)), "lora"),
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, use_dora=True)), "lora"),
     (dict(regime="bf16", adapter_dtype="fp32"), "lora.adapter_dtype"),
-    (dict(checkpointing="full"), "activation_checkpointing"),
-])
+    (dict(checkpointing="selective"), "activation_checkpointing"),
+    (dict(targets=("q_proj", "gate_proj"), checkpointing="full"), "lora.target_modules"),   # (full: the MLP
+])                                                     # wholly adapted or frozen, test_compile_blocks_extra.py)
 def test_refused_by_name(kw, name):
     with pytest.raises(NotModelledError, match=name):
         solve(**kw)

@@ -9,7 +9,9 @@ CPU, no runtime overheads, and ``compile="blocks"`` for the per-block compiled r
 ones); ``policy="op-sac"`` or ``"full"``: that ``activation_checkpointing``; ``loss="chunked"``: ``loss="chunked"``;
 an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch; a TP run (rank 0 of 2):
 ``tp_size=2``, ``sequence_parallel=False``; a LoRA run:
-``lora=LoRAConfig(rank, target_modules, adapter_dtype="base")`` (torchtune's adapters, in the model's dtype).
+``lora=LoRAConfig(rank, target_modules, adapter_dtype="base")`` (torchtune's adapters, in the model's dtype);
+torchtitan's compiled loss (``loss="titan-compiled"``, blocks_extra_measurements.json): ``compile="blocks+loss"``
+(its eager twin ``loss="titan"``: ``compile="blocks"``, the default cross-entropy).
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
 """
 
@@ -48,7 +50,8 @@ def solve(run):
         run["regime"],
         "adamw", {"op-sac": "op-sac", "full": "full", "full-in": "full"}.get(run["policy"], "none"), profile="measured", regime=run["regime"],
         attention="sdpa", device="cpu", runtime_overheads=False,
-        compile="blocks" if run["compile"] == "blocks" else None, **extra)
+        compile=("blocks+loss" if run["loss"] == "titan-compiled" else "blocks") if run["compile"] == "blocks" else None,
+        **extra)
 
 
 def rows(path: str = PATH):

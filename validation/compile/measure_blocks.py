@@ -156,6 +156,35 @@ class Step(torch.nn.Module):
         return types.SimpleNamespace(loss=loss)
 
 
+def titan_cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """torchtitan v0.2.2's loss, verbatim (pytorch/torchtitan 73a0e6979dd10b6b1904098eb3c8f62c18ab87ce,
+    torchtitan/components/loss.py ``cross_entropy_loss``; ``build_cross_entropy_loss`` wraps it in
+    ``torch.compile(loss_fn, backend=job_config.compile.backend)`` when ``compile.enable`` and "loss" is in
+    ``compile.components``)."""
+    return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                                             ignore_index=-100)
+
+
+class TitanStep(torch.nn.Module):
+    """torchtitan v0.2.2's ``forward_backward_step`` without pipelining (torchtitan/train.py at 73a0e69, lines
+    527-542): ``pred = model(inputs)``, ``loss_sum = self.loss_fn(pred, labels)``, ``loss = loss_sum /
+    global_valid_tokens``, ``del pred`` before the backward. The labels shifted as ``Step`` shifts them (torchtitan's
+    dataloader gives them shifted: here one int64 tensor made in the forward, as in every other run)."""
+
+    def __init__(self, model, loss_fn, ignore_index=-100):
+        super().__init__()
+        self.model, self.loss_fn, self.ignore_index = model, loss_fn, ignore_index
+
+    def forward(self, input_ids, labels, use_cache=False):
+        pred = self.model(input_ids)
+        ignore = torch.full((labels.shape[0], 1), self.ignore_index, dtype=labels.dtype, device=labels.device)
+        labels = torch.hstack((labels[..., 1:], ignore))
+        loss_sum = self.loss_fn(pred, labels)
+        loss = loss_sum / labels.numel()
+        del pred
+        return types.SimpleNamespace(loss=loss)
+
+
 def measure(cfg: dict) -> dict:
     if not cfg.get("layout"):
         return _measure(cfg)
@@ -241,11 +270,18 @@ def _measure(cfg: dict) -> dict:
         if cfg["compile"] == "blocks":
             training.compile_loss(loss_fn, verbose=False)
         model.set_num_output_chunks(loss_fn.num_output_chunks)
+    elif cfg["loss"] in ("titan", "titan-compiled"):     # torchtitan v0.2.2's loss and step (TitanStep)
+        loss_fn = titan_cross_entropy_loss
+        if cfg["loss"] == "titan-compiled":                # build_cross_entropy_loss, "loss" in compile.components
+            loss_fn = torch.compile(loss_fn, backend="inductor")
+        # torchtitan's Transformer.forward returns ``self.output(h)``: the logits in the model's dtype (torchtune's
+        # unembed upcasts them with .float(): not torchtitan's)
+        model.unembed = types.MethodType(lambda self, h: self.output(self.norm(h)), model)
     else:
         loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
         if cfg["compile"] == "blocks":
             training.compile_loss(loss_fn, verbose=False)        # the recipe discards the return value
-    step = Step(model, loss_fn)
+    step = TitanStep(model, loss_fn) if cfg["loss"].startswith("titan") else Step(model, loss_fn)
     params = [p for p in model.parameters() if p.requires_grad]
     if tp:      # the norms' weights stay plain tensors (FSDP makes them DTensors in the recipe): foreach AdamW
         # refuses a DTensor and a plain tensor in one group, so they are a group of their own (a step's

@@ -434,18 +434,34 @@ def _read(path, document, context):
     else:
         raise NotModelledError("activation_checkpoint.mode", mode, "none, full or selective", str(path))
     if as_bool(get("compile.enable", False)[0], "compile.enable", path):
-        # apply_compile: each TransformerBlock torch.compile'd apart; "loss" in compile.components compiles the
-        # loss function too (job_config.py Compile.components, default ["model", "loss"]), which is not modelled
+        # apply_compile: each TransformerBlock torch.compile'd apart when "model" is in compile.components;
+        # build_cross_entropy_loss wraps the loss function in torch.compile when "loss" is (job_config.py
+        # Compile.components, default ["model", "loss"]; torchtitan/components/loss.py at 73a0e69)
         components = take("compile.components")
         given = components is not None
         components = ["model", "loss"] if components is None else components
         components = [str(c) for c in (components if isinstance(components, (list, tuple)) else [components])]
-        if components != ["model"]:
-            raise NotModelledError("compile.components", components, '["model"] (the blocks compiled, the loss '
-                                   'eager)', f"{path}: a compiled loss (torch.compile(loss_fn)) is not modelled"
-                                   + ("" if given else " (torchtitan's default components: model and loss)"))
-        r.set("compile.enable", True, "compile", "blocks", "each TransformerBlock torch.compile'd apart "
-              "(torchtitan apply_compile; docs/compile.md)")
+        unknown = sorted(set(components) - {"model", "loss"})
+        if unknown:
+            raise InvalidInputError("compile.components", components, '"model" and/or "loss"', str(path))
+        if "loss" in components and "model" not in components:
+            raise NotModelledError("compile.components", components, '["model", "loss"] or ["model"]',
+                                   f"{path}: the loss compiled with the blocks eager is not measured (compile='blocks+loss' "
+                                   "is the blocks and the loss compiled)")
+        if "loss" in components and r.values_of("loss") not in (None, "cross_entropy"):
+            raise NotModelledError("compile.components", components, f'["model"] with the loss {r.values_of("loss")!r}',
+                                   f"{path}: the compiled inner loss of torchtitan's ChunkedLossWrapper is not measured "
+                                   "(the compiled cross_entropy_loss is: compile='blocks+loss')")
+        if components == ["model"]:
+            r.set("compile.enable", True, "compile", "blocks", "each TransformerBlock torch.compile'd apart "
+                  "(torchtitan apply_compile; docs/compile.md)")
+        elif components:
+            r.set("compile.components" if given else "compile.enable", components if given else True, "compile",
+                  "blocks+loss", "each TransformerBlock torch.compile'd apart and the loss function torch.compile'd "
+                  "(apply_compile, build_cross_entropy_loss; docs/compile.md)" + (
+                      "" if given else "; torchtitan's default components: model and loss"))
+        else:
+            r.ignore("compile.enable (compile.components [])")
     if resolved:
         graphs = not as_bool(take("training.disable_cuda_graphs"), "training.disable_cuda_graphs", path)
         if graphs:

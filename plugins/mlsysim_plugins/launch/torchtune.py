@@ -212,7 +212,13 @@ def _read(path, document, context) -> Reading:
     if compile_ is not None and as_bool(compile_, "compile", path):   # training.compile_model: block by block
         what = "torchtune compiles each decoder layer apart and the loss (training.compile_model, compile_loss; " \
                "docs/compile.md)"
-        if r.values_of("activation_checkpointing") == "full":
+        if r.values_of("activation_checkpointing") == "full" and r.has("lora"):
+            # recipes/lora_finetune_*.py _setup_model: compile_model, then set_activation_checkpointing wraps each
+            # compiled layer: with LoRA the profile prices that order (compile.lora_full_terms; docs/compile.md)
+            r.set("compile", compile_, "compile", "blocks", what + "; with enable_activation_checkpointing each "
+                  "compiled layer is wrapped in checkpoint_wrapper (compile_model, then set_activation_checkpointing): "
+                  "torchtune's order, priced as such with LoRA")
+        elif r.values_of("activation_checkpointing") == "full":
             # recipes/*_single_device.py _setup_model: training.compile_model(model), then
             # training.set_activation_checkpointing wraps each compiled layer (the checkpoint outside the graph).
             # The profile prices the other order (torchtitan's); measured on a 3-layer cell torchtune's is 10.2 %

@@ -87,10 +87,18 @@ stages (each block's graph as on one device: a stage holds its blocks' sets per 
 validation/compile/measure_blocks_pp.py), and tensor parallelism without sequence parallelism (torchtune's plan:
 each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
 2 of the fake process group). With LoRA
-(torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype, no checkpointing): the
+(torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype): the
 blocks' saved set on a joint graph whose base weights need no gradient (``lora_layer_saved``: a frozen matmul's
 input is not saved; the first block's input needs no gradient). Measured on torchtune's builders:
-validation/compile/measure_blocks.py.
+validation/compile/measure_blocks.py. With full checkpointing in torchtune's order (``compile_model``, then
+``set_activation_checkpointing``: the checkpoint outside the compiled graph; ``lora_full_terms``): the layers'
+inputs, the top block's compiled forward with its whole saved set before the checkpoint drops it, and its
+recompute and MLP backward (validation/compile/measure_blocks_extra.py).
+
+``compile="blocks+loss"``: the blocks as above and torchtitan's loss function compiled apart
+(``build_cross_entropy_loss``'s ``torch.compile(loss_fn)``, "loss" in ``compile.components``;
+``compiled_loss_terms``): the logits it is given and a per-token max and log-sum-exp saved, no fp32 copy or
+log-softmax, the logits' gradient in their dtype in the backward (validation/compile/measure_blocks_extra.py).
 
 CPU and CUDA lowering (docs/compile.md): the saved set is chosen on device-independent graphs and
 transfers; the transient peaks are measured on the CPU's Inductor (C++ kernels) and may differ on CUDA
@@ -142,9 +150,29 @@ BLOCKS_FULL = ("compile='blocks' with full checkpointing: torchtitan's order (ap
                "it) and their backward peak 6.5 % below (docs/compile.md)")
 
 
+BLOCKS_LOSS = "blocks+loss"     # each decoder block and the loss function compiled apart (torchtitan's default
+                                # compile.components ["model", "loss"])
+LOSS_NOTE = ("compile='blocks+loss': the loss function torch.compile'd apart too, not eager (torchtitan's build_cross_entropy_loss "
+             "with \"loss\" in compile.components): its graph saves the logits it is given (c T V) and a per-token max "
+             "and log-sum-exp, no fp32 copy or log-softmax; its backward writes the logits' gradient in their dtype "
+             "(validation/compile/measure_blocks_extra.py)")
+
+
+BLOCKS_FULL_LORA = ("compile='blocks' with LoRA and full checkpointing: torchtune's order (lora_finetune_single_device "
+                    "_setup_model: compile_model, then set_activation_checkpointing wraps each compiled layer): the top "
+                    "block's compiled forward makes its whole saved set before the checkpoint drops it, and its backward "
+                    "re-runs the compiled forward before the block's backward graph (compile.lora_full_terms; measured "
+                    "with the MLP wholly adapted or frozen, validation/compile/measure_blocks_extra.py)")
+
+
 def blocks(plan) -> bool:
-    """Is the plan's compile per block (``compile="blocks"``)?"""
-    return getattr(plan.profile_options, "compile", None) == BLOCKS
+    """Is the plan's compile per block (``compile="blocks"``, or ``"blocks+loss"`` with the loss compiled too)?"""
+    return getattr(plan.profile_options, "compile", None) in (BLOCKS, BLOCKS_LOSS)
+
+
+def compiled_loss(plan) -> bool:
+    """Is the loss function compiled apart (``compile="blocks+loss"``: torchtitan's ``torch.compile(loss_fn)``)?"""
+    return getattr(plan.profile_options, "compile", None) == BLOCKS_LOSS
 
 
 # --- what is refused ---------------------------------------------------------------------------
@@ -158,8 +186,9 @@ def prepare(plan, registry=None):
     value = o.compile
     if value is None or value is False:
         return plan
-    if value is not True and value != BLOCKS:
-        raise NotModelledError("compile", value, f"True (the whole model), {BLOCKS!r} (each decoder block) or False",
+    if value is not True and value not in (BLOCKS, BLOCKS_LOSS):
+        raise NotModelledError("compile", value, f"True (the whole model), {BLOCKS!r} (each decoder block), "
+                               f"{BLOCKS_LOSS!r} (each decoder block and the loss function) or False",
                                "torch.compile with its default options (mode, backend and options other than "
                                "Inductor's defaults are not modelled)")
     from .checkpointing import LAYERS, NOTHING, spec_of
@@ -171,7 +200,9 @@ def prepare(plan, registry=None):
         raise NotModelledError("regime", regime.name, "a pure fp32 or bf16 regime with compile=True",
                                "the compiled graph under autocast or Megatron-Core's layers is not modelled")
     from .parallel import is_parallel
-    if value == BLOCKS:
+    if value == BLOCKS_LOSS:
+        _check_compiled_loss(plan)
+    if value in (BLOCKS, BLOCKS_LOSS):
         # Data parallelism (DDP, FSDP/FSDP2, ZeRO) leaves each block's graph as on one device: the block's
         # forward and backward see gathered parameters and the rank's micro-batch; the rules price the
         # rest (shards, gathers, buckets). Context, expert and sequence parallelism change the graph.
@@ -231,7 +262,7 @@ def prepare(plan, registry=None):
                                f"compile={BLOCKS!r})",
                                "the compiled forms of the other loss implementations are not modelled")
     spec = spec_of(plan)
-    per_block = value == BLOCKS
+    per_block = value in (BLOCKS, BLOCKS_LOSS)
     if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac" and not (
             spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers) and not is_parallel(plan)):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
@@ -271,9 +302,31 @@ def prepare(plan, registry=None):
                                "(a QK-norm, biases outside the linears): their ops' compiled saved tensors are not "
                                "declared")
     notes = (BLOCKS_NOTE,) if per_block else (NOTE,)
+    if value == BLOCKS_LOSS:
+        notes += (LOSS_NOTE,)
     if spec.recomputes == LAYERS:
-        notes += (BLOCKS_FULL,) if per_block else (APPROXIMATE,)
+        notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL,) if per_block else (APPROXIMATE,)
     return attrs.evolve(plan, notes=plan.notes + notes)
+
+
+def _check_compiled_loss(plan):
+    """``compile="blocks+loss"``: torchtitan's compiled ``cross_entropy_loss`` on one device or under data
+    parallelism (the loss outside FSDP's units sees the rank's logits), no LoRA; else refused by name."""
+    o = plan.profile_options
+    what = f"with compile={BLOCKS_LOSS!r}"
+    if o.loss not in (None, "cross_entropy"):
+        raise NotModelledError("loss", o.loss, f"cross_entropy {what} (torchtitan v0.2.2's cross_entropy_loss)",
+                               "a compiled chunked or fused loss (torchtitan's ChunkedLossWrapper around the "
+                               "compiled loss_fn) is not measured")
+    if o.lora is not None:
+        raise NotModelledError("lora", o.lora, f"None {what}", "torchtitan's compiled loss with LoRA adapters is not "
+                               "measured")
+    for name in ("pp_size", "tp_size", "cp_size", "ep_size"):
+        if getattr(plan, name) > 1:
+            raise NotModelledError(name, getattr(plan, name), f"1 {what} (data parallelism only)",
+                                   "the compiled loss on a pipeline's last stage (the schedule holds the stage's "
+                                   "output) or on vocabulary- or sequence-split logits (loss_parallel, context "
+                                   "parallelism) is not measured")
 
 
 def _check_lora(plan, value):
@@ -299,9 +352,31 @@ def _check_lora(plan, value):
                                "peft's fp32 adapters over a 16-bit base (their input's casts) inside a compiled "
                                "block are not measured")
     if plan.activation_checkpointing not in (None, "none"):
-        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
-                               f"none with LoRA and compile={BLOCKS!r}",
-                               "a checkpointed LoRA block compiled apart is not modelled")
+        from .checkpointing import LAYERS, spec_of
+        if spec_of(plan).recomputes != LAYERS:
+            raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                                   f"none or full with LoRA and compile={BLOCKS!r}",
+                                   "a LoRA block checkpointed in part and compiled apart is not modelled")
+        _lora_full_mlp(plan)
+
+
+def _lora_full_mlp(plan):
+    """The MLP's ops and whether they are adapted, for LoRA with full checkpointing and compiled blocks: measured
+    with every MLP matmul adapted (torchtune's ``apply_lora_to_mlp: True``) or none; else refused by name."""
+    from .kernels import kernel_of
+    from .lora import _adapted
+    from .shapes import shape_of
+    ops = _ops(shape_of(plan), plan.profile_options.regime, kernel_of(plan), plan.seq_len)
+    mlp = [op for op in ops if op.module == ops[-1].module]
+    names = {op.name for op in mlp if op.op == "mm"}
+    adapted = names & set(_adapted(plan))
+    if adapted and adapted != names or not any(op.reduced for op in mlp) or any(op.op != "mm" for op in mlp):
+        raise NotModelledError("lora.target_modules", plan.profile_options.lora.target_modules,
+                               f"every MLP linear ({', '.join(sorted(names))}) or none, with full checkpointing and "
+                               f"compile={BLOCKS!r} (torchtune's apply_lora_to_mlp)",
+                               f"{', '.join(sorted(adapted))} adapted: the compiled MLP backward's buffers are measured "
+                               "with the whole MLP adapted or frozen")
+    return mlp, bool(adapted)
 
 
 def _check_whole_lora(plan, config):
@@ -509,7 +584,10 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
 def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
     """compile="blocks" with LoRA: every block's compiled saved set (``lora_layer_saved``): the first block's
     input needs no gradient (a frozen embedding), the others' does; each block's output saved by the next
-    block (its input) or, after the last, by the final norm (its fused kernel's input)."""
+    block (its input) or, after the last, by the final norm (its fused kernel's input). With full
+    checkpointing: ``lora_full_terms``."""
+    if blocks(plan) and _full(plan):
+        return lora_full_terms(plan, placement)
     ctx, kernel = _context(plan, placement)
     s, regime, T = ctx.shape, ctx.regime, ctx.tokens
     L = placement.layers_per_stage
@@ -529,6 +607,90 @@ def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
                                + (f" - {_n(last)} B (the last block's output: the 16-bit final norm keeps its fp32 "
                                   "copy, not it)" if last else "") + ") (the partitioner's saved set, base weights "
                                "frozen)")]
+
+
+def lora_full_terms(plan, placement) -> list[MemoryTerm]:
+    """compile="blocks", LoRA and full checkpointing in torchtune's order (recipes/lora_finetune_single_device.py
+    ``_setup_model``, torchtune 0.6.1: ``training.compile_model(model)``, then ``training.set_activation_checkpointing``
+    wraps each compiled layer in a non-reentrant ``checkpoint_wrapper``, ``preserve_rng_state`` on): the checkpoint
+    is outside the compiled graph, so the compiled forward makes the block's whole saved set and the checkpoint's
+    hooks drop it; the backward re-runs the compiled forward (the recompute) and then the block's compiled
+    backward graph. Read event by event from the profiler's timeline (validation/compile/measure_blocks_extra.py,
+    fp32 and bf16, q/v and every linear, MHA and GQA) and derived from the LoRA saved set (``lora_layer_saved``,
+    per token: S without the block's output, P the gated product's size, r the rank):
+
+    * **kept**: each layer's input (c T h) and on the CPU its RNG state, and in fp32 the last block's output
+      (the fused final norm's input; in 16 bits its fp32 copy, the LoRA final norm's term);
+    * **the forward's top**, the top block's compiled forward: the layers' inputs and T x (S + the transients at
+      its MLP): with a frozen MLP the product (not saved: the frozen down projection keeps no input) and the
+      down projection's output (the block's output); with the MLP adapted, when the product is written, each
+      adapted gate/up's lora_b output (P each; down's r-wide lora_a output not yet), or at the down projection
+      its base and lora_b outputs (2 c h), the larger. Priced beyond the loss's forward terms, which do not
+      exist yet at that moment;
+    * **the backward's top**, the top block's recompute and MLP backward (a late-backward moment): the layers'
+      inputs (the top one's RNG state freed), the block output's gradient (c T h), the recomputed set T x S and
+      the MLP backward's buffers: with a frozen MLP two of the product's size (gate's and up's gradients); with
+      the MLP adapted five, the product and down's lora_a output freed (its adapters' weight gradients
+      computed) and those two gradients born, r (P / c + h) x g; the other adapters' gradients not born (with
+      gradient accumulation they are alive: counted with the gradients)."""
+    from . import lora as lora_mod
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, placement.layers_per_stage
+    c, h, g = regime.compute, s.hidden, regime.gradient or 4
+    r = plan.profile_options.lora.rank
+    rng = _rng(plan)
+    other, out, how = lora_layer_saved(plan, s, regime, kernel, True)
+    mlp, adapted = _lora_full_mlp(plan)
+    down = next(op for op in mlp if op.reduced)
+    product = mlp[-2].nbytes          # the down projection's input: the op before it (the gated product's size)
+    firsts = [op for op in mlp if op.op == "mm" and not op.reduced]
+    if adapted:
+        at_product = other - c * r + sum(op.nbytes for op in firsts)
+        at_down = other + 2 * down.nbytes
+        forward, fhow = max(at_product, at_down), (
+            f"S {_n(other)} + max({_n(sum(op.nbytes for op in firsts))} (each adapted {', '.join(op.name for op in firsts)}"
+            f"'s lora_b output, when the product is written) - {_n(c * r)} (down's lora_a output, not yet), "
+            f"{_n(2 * down.nbytes)} (the down projection's base and lora_b outputs))")
+        work = other - product - c * r + 5 * product
+        down_grads = r * (product / c + h) * g
+        bhow = (f"S {_n(other)} - {_n(product)} (the product, freed) - {_n(c * r)} (down's lora_a output, freed) + 5 x "
+                f"{_n(product)} (the MLP backward's product-sized buffers)")
+    else:
+        forward = other + product + out
+        fhow = f"S {_n(other)} + {_n(product)} (the product, not saved) + {_n(out)} (the down projection's output)"
+        work, down_grads = other + 2 * product, 0
+        bhow = f"S {_n(other)} + 2 x {_n(product)} (gate's and up's gradients)"
+    last = c * T * h if c == 4 else 0
+    inputs = L * (c * T * h + rng)
+    terms = [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled, LoRA)",
+                        nbytes=inputs + last, phases=SAVED,
+                        formula=f"{L} layers x (T x h x {c} B" + (f" + {rng:,} B CPU RNG state)" if rng else ")")
+                                + (" + T x h x 4 (the last block's output, the fused final norm's input)" if last
+                                   else ""))]
+    model_terms = lora_mod.model_activation_terms(plan, placement, recompute=True)
+    during = ("input token ids (int64)", "RoPE cos/sin tables")       # alive while the layers run
+    loss_side = sum(t.nbytes for t in model_terms if FORWARD in t.phases and t.label not in during)
+    excess = forward * T - last - loss_side
+    if excess > 0:
+        terms.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before "
+                                "the checkpoint drops it)", nbytes=excess, phases=(FORWARD,),
+                                formula=f"T x ({fhow}) = T x {_n(forward)} B, beyond what the end of the forward "
+                                        f"holds in its place (the loss's forward terms {_n(loss_side)} B"
+                                        + (", the last block's output" if last else "") + ")"))
+    # The adapters' gradients are the gradient terms' (BACKWARD_END): at this moment only down's exist, unless
+    # accumulation keeps every one alive.
+    accumulating = plan.gradient_accumulation_steps > 1
+    unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
+    rope = sum(t.nbytes for t in model_terms if t.label == "RoPE cos/sin tables")    # (SAVED: not in BACKWARD_END)
+    moment = inputs - rng + c * T * h + work * T + rope - unborn
+    terms.append(MemoryTerm(component=ACTIVATIONS, label="the top block's compiled recompute and MLP backward",
+                            nbytes=moment, phases=(BACKWARD_END,),
+                            formula=f"{L} layers' inputs {_n(inputs - rng)} (the top one's RNG state freed) + T x h x {c} "
+                                    f"(the block output's gradient) + T x ({bhow}) = T x {_n(work)}"
+                                    + (f" + {_n(rope)} (the RoPE tables)" if rope else "")
+                                    + (f" - {_n(unborn)} (the adapters' gradients not born yet: all but down's "
+                                       f"{_n(down_grads)})" if unborn else "")))
+    return terms
 
 
 def _context(plan, placement):
@@ -756,6 +918,53 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[Mem
     return out
 
 
+_EAGER_CE = ("log-softmax of the logits (fp32)", "cross-entropy backward temporaries (fp32)")
+
+
+def compiled_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+    """compile="blocks+loss": torchtitan v0.2.2's ``cross_entropy_loss`` (``F.cross_entropy(pred.flatten(0,
+    1).float(), labels.flatten(0, 1), reduction="sum")``, torchtitan/components/loss.py at 73a0e69) wrapped in
+    ``torch.compile`` by ``build_cross_entropy_loss`` when "loss" is in ``compile.components``, called by
+    ``forward_backward_step`` (train.py: ``del pred`` before the backward). The eager cross-entropy's terms (the
+    logits and their fp32 copy at the loss, the fp32 log-softmax, the backward's two fp32 temporaries) are
+    replaced by what the compiled graph holds, read from the profiler's timeline
+    (validation/compile/measure_blocks_extra.py): the partitioner saves the graph's input, the logits in the
+    compute dtype (c T V: the upcast and log-softmax are fused into the backward's kernel, recomputed there),
+    the per-token max and log-sum-exp (2 x 4 T, fp32) and the labels (the eager "shifted labels" term); the
+    backward's first kernel writes a per-token fp32 buffer (4 T) and the logits' gradient in their dtype
+    (c T V) beside everything saved, then frees the saved logits. The LM head's backward (the weight's
+    gradient V h g and the input's c T h beside the logits' gradient, the saved logits and per-token tensors
+    freed) is the backward's top where it is larger."""
+    ctx, _ = _context(plan, placement)
+    T, h, V, c = ctx.tokens, ctx.shape.hidden, ctx.shape.vocab, ctx.regime.compute
+    g = ctx.regime.gradient or 4
+    eager = [x for x in terms if x.label in _EAGER_CE or (x.label.startswith("logits") and x.label.endswith(
+        "(at the loss)"))]
+    if len(eager) != 3:      # never silently: the eager cross-entropy's three terms are what is replaced
+        raise RuntimeError(f"compile={BLOCKS_LOSS!r}: expected the eager cross-entropy's three terms, found "
+                           f"{[x.label for x in eager]}")
+    out = [x for x in terms if x not in eager]
+    out.append(MemoryTerm(component=ACTIVATIONS, label="logits (saved by the compiled loss)", nbytes=c * T * V,
+                          phases=SAVED, formula=f"{c} x T x V = {c} x {_n(T)} x {_n(V)} (the compiled loss's input, "
+                                                "saved; no fp32 copy, no log-softmax)"))
+    out.append(MemoryTerm(component=ACTIVATIONS, label="compiled cross-entropy: per-token max and log-sum-exp (fp32)",
+                          nbytes=8 * T, phases=SAVED, formula="2 x 4 x T"))
+    kernel = c * T * V + 4 * T
+    head = V * h * g + c * T * h - 16 * T
+    if head > kernel:
+        out.append(MemoryTerm(component=ACTIVATIONS, label="LM head backward after the compiled loss",
+                              nbytes=head, phases=(BACKWARD,),
+                              formula=f"V x h x {g} (the weight's gradient) + T x h x {c} (the input's gradient), "
+                                      f"beside the logits' gradient, which replaces the saved logits (c T V), - 2 x 8 "
+                                      "x T (the per-token max and log-sum-exp, the labels: freed)"))
+    else:
+        out.append(MemoryTerm(component=ACTIVATIONS, label="compiled cross-entropy backward: the logits' gradient",
+                              nbytes=kernel, phases=(BACKWARD,),
+                              formula=f"{c} x T x V (the logits' gradient, in their dtype) + 4 x T (a per-token fp32 "
+                                      "buffer), beside the saved logits"))
+    return out
+
+
 def final_norm_term(plan, placement) -> MemoryTerm:
     """compile="blocks": the eager final norm of torchtune 0.6.1 (torchtune/modules/rms_norm.py:38-43:
     ``F.rms_norm(x.float(), normalized_shape, weight=self.scale, eps).to(x.dtype)``). On the CPU ATen runs the
@@ -792,6 +1001,8 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
             terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
         if plan.profile_options.loss == "chunked" and (plan.rank is None or plan.rank.last):
             terms = compiled_chunked_terms(plan, placement, terms)
+        if compiled_loss(plan) and (plan.rank is None or plan.rank.last):
+            terms = compiled_loss_terms(plan, placement, terms)
         return terms
     ctx, kernel = _context(plan, placement)
     s, regime, T = ctx.shape, ctx.regime, ctx.tokens
