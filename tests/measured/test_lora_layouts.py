@@ -99,11 +99,13 @@ def test_zero_and_fsdp_by_hand(rule, weight_shards, grad_shards, state_shards):
         assert terms["DDP gradient buckets"] == ADAPTERS * 4
 
 
-@pytest.mark.parametrize("kw, parameter, name", [(dict(tp_size=2, sequence_parallel=True), "sequence_parallel",
+@pytest.mark.parametrize("kw, parameter, name", [(dict(tp_size=2, sequence_parallel=True), "regime",
                                                   "tp_size=2"), (dict(cp_size=2), "lora", "cp_size=2")])
 def test_layouts_not_modelled_are_refused_by_name(kw, parameter, name):
     """(Pipeline parallelism is modelled per stage: tests/measured/test_lora_parallel_pp.py; tensor parallelism
-    without sequence parallelism per rank: tests/measured/test_lora_parallel_tp.py.)"""
+    with Megatron-Bridge's adapters, in the base's dtype, per rank with and without sequence parallelism:
+    tests/measured/test_lora_parallel_tp.py, test_lora_parallel_sp.py; the default autocast regime under
+    tp is not.)"""
     with pytest.raises(NotModelledError) as info:
         TrainingMemoryModel("measured").solve("llama3-8b", "h100", 8, 2048, "bf16", lora={"rank": 16}, **kw)
     assert info.value.parameter == parameter and name in str(info.value)

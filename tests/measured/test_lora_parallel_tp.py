@@ -117,8 +117,6 @@ def test_llama3_8b_adapters_per_rank():
 
 
 @pytest.mark.parametrize("kw,error,parameter,message", [
-    ({"sequence_parallel": True}, NotModelledError, "sequence_parallel",
-     "Megatron-Bridge's adapters under sequence parallelism"),
     ({"lora": {"rank": 16}}, NotModelledError, "lora.adapter_dtype",
      "Megatron-Bridge casts its adapters to the model's 16-bit dtype"),
     ({"lora": {"rank": 16, "adapter_dtype": "base", "quantization": "nf4"}}, NotModelledError, "lora.quantization",

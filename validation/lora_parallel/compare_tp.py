@@ -21,11 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DATA = HERE / "tp_measurements.json"
+SP_DATA = HERE / "sp_measurements.json"      # measure_lora_sp.py: with sequence parallelism
 PHASES = {"forward": ("forward",), "backward": ("backward", "backward_end"), "optimizer": ("optimizer_step",)}
 
 
-def runs() -> list[dict]:
-    return json.loads(DATA.read_text(encoding="utf-8"))["runs"]
+def runs(path=DATA) -> list[dict]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
 
 
 def solve(run):
@@ -39,7 +40,7 @@ def solve(run):
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"], precision="fp32",
         optimizer="adamw", activation_checkpointing="none", regime=run["regime"], optimizer_impl="foreach",
         attention="sdpa", runtime_overheads=False, lora=lora, device="cpu", tp_size=lay["world_size"], dp_size=1,
-        sequence_parallel=False)
+        sequence_parallel=lay["kind"] == "tp+sp")
 
 
 def phases(rank) -> dict[str, float]:
@@ -59,11 +60,11 @@ def compare(run) -> dict:
             "peak": (peak_m, peak_p, (peak_p - peak_m) / peak_m)}
 
 
-def table() -> str:
+def table(path=DATA) -> str:
     lines = ["| run | measured peak (B) | predicted (B) | peak | forward | backward | step |",
              "|---|---|---|---|---|---|---|"]
     errors, peaks = [], []
-    for run in runs():
+    for run in runs(path):
         c = compare(run)
         pm, pp, pe = c["peak"]
         peaks.append(abs(pe))
@@ -76,9 +77,11 @@ def table() -> str:
 
 
 def main(argv=None) -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sp", action="store_true", help="the runs with sequence parallelism (sp_measurements.json)")
+    args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    print(table())
+    print(table(SP_DATA if args.sp else DATA))
     return 0
 
 

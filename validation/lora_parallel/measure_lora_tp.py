@@ -50,6 +50,7 @@ from measure_lora import FrozenAwareMemTracker  # noqa: E402  (grad hooks on the
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
+from torch.distributed.tensor import DTensor, Partial  # noqa: E402
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
@@ -101,12 +102,41 @@ class _GatherFromTP(torch.autograd.Function):
         return g.chunk(world, dim=-1)[rank].contiguous()
 
 
-class ParallelLinearAdapter(torch.nn.Module):
-    """Megatron-Bridge's adapter (identity activation, no dropout) for one rank: ``row`` = ``input_is_parallel``."""
+class _ScatterToSP(torch.autograd.Function):
+    """mappings.py ``_ScatterToSequenceParallelRegion`` (``_split_along_first_dim``: the rank's chunk of the sequence,
+    made contiguous; backward ``_gather_along_first_dim``: one all-gather into the whole sequence). Megatron's
+    activations are (s, b, h), Hugging Face's (b, s, h): the sequence is dim 1 here. The backward's all-gather lands
+    in one (tp, b, s/tp, h) buffer, viewed as (b, s, h) where b = 1 (the layout Megatron's buffer has), else moved
+    into one (b, s, h) tensor (a copy Megatron does not make)."""
 
-    def __init__(self, in_features, out_features, dim, alpha, row, tp, dtype):
+    @staticmethod
+    def forward(ctx, x):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        return x.chunk(world, dim=1)[rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        world = dist.get_world_size()
+        b, s, h = g.shape
+        buf = torch.empty((world, b, s, h), dtype=g.dtype, device=g.device)
+        dist.all_gather_into_tensor(buf, g.contiguous())
+        return buf.transpose(0, 1).reshape(b, world * s, h)
+
+
+class ParallelLinearAdapter(torch.nn.Module):
+    """Megatron-Bridge's adapter (identity activation, no dropout) for one rank: ``row`` = ``input_is_parallel``.
+
+    ``sp`` (sequence parallelism, Megatron-Bridge's default path with Transformer Engine >= 1.5: ``get_adapter_
+    attributes_from_linear`` sets ``return_layernorm_output_gathered`` on the column base and ``disable_sequence_
+    parallel_comm`` for its adapter): a column adapter reads the layer's all-gathered norm output, the tensor its base
+    reads (here the DTensor the attention / MLP input was all-gathered to), its ``linear_in`` built with
+    ``disable_grad_reduce=True`` (no copy_to: the input's gradient is a partial sum, reduce-scattered with the base's);
+    a row adapter's gathered output is scattered back to the rank's sequence chunk
+    (``scatter_to_sequence_parallel_region``) before it is added to the base's reduce-scattered output."""
+
+    def __init__(self, in_features, out_features, dim, alpha, row, tp, dtype, sp=False):
         super().__init__()
-        self.row, self.scale = row, alpha / dim
+        self.row, self.scale, self.sp = row, alpha / dim, sp
         a_shape = (dim, in_features // tp) if row else (dim // tp, in_features)
         self.linear_in = torch.nn.Parameter(torch.randn(a_shape, dtype=dtype) * 0.02)
         self.linear_out = torch.nn.Parameter(torch.zeros(out_features // tp, dim, dtype=dtype))
@@ -114,11 +144,17 @@ class ParallelLinearAdapter(torch.nn.Module):
     def forward(self, x):
         if self.row:            # RowParallelLinear(input_is_parallel=True): reduce_from after the matmul
             y = _ReduceFromTP.apply(torch.nn.functional.linear(x, self.linear_in))
+        elif self.sp:           # the gathered norm output, as the base reads it; disable_grad_reduce: no copy_to
+            if isinstance(x, DTensor):
+                x = x.to_local(grad_placements=(Partial(),))
+            y = _GatherFromTP.apply(torch.nn.functional.linear(x, self.linear_in))
         else:                   # ColumnParallelLinear(gather_output=True): copy_to before, gather after
             y = _GatherFromTP.apply(torch.nn.functional.linear(_CopyToTP.apply(x), self.linear_in))
         z = torch.nn.functional.linear(_CopyToTP.apply(y), self.linear_out)    # ColumnParallelLinear(r, out)
         if self.row:
             z = _GatherFromTP.apply(z)                                         # gather_output=True
+            if self.sp:
+                z = _ScatterToSP.apply(z)                                      # scatter_to_sequence_parallel_region
         return z * self.scale
 
 
@@ -135,6 +171,7 @@ class LoRALinear(torch.nn.Module):
 
 def add_adapters(model, cfg, tp) -> dict:
     lora = cfg["lora"]
+    sp = cfg["layout"]["kind"] == "tp+sp"
     for p in model.parameters():
         p.requires_grad_(False)
     dtype = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
@@ -156,15 +193,20 @@ def add_adapters(model, cfg, tp) -> dict:
                     continue
                 i, o = widths[name]
                 setattr(parent, name, LoRALinear(base, ParallelLinearAdapter(
-                    i, o, lora["rank"], lora["alpha"], name in ROW, tp, dtype)))
-    return {"adapter": "Megatron-Bridge ParallelLinearAdapter (re-implemented)", "targets": list(targets),
+                    i, o, lora["rank"], lora["alpha"], name in ROW, tp, dtype, sp)))
+    info = {"adapter": "Megatron-Bridge ParallelLinearAdapter (re-implemented)", "targets": list(targets),
             "adapter_dtype": str(dtype).replace("torch.", "")}
+    if sp:
+        info["sequence_parallel"] = ("column adapters read the base's all-gathered norm output (Transformer Engine's "
+                                     "return_layernorm_output_gathered), linear_in without copy_to; row adapters' "
+                                     "gathered output scattered to the rank's sequence chunk")
+    return info
 
 
-def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256, model="llama-tiny"):
-    c = mp._cfg("tp", model, world, 0, regime=regime, b=b, s=s)
+def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256, model="llama-tiny", kind="tp"):
+    c = mp._cfg(kind, model, world, 0, regime=regime, b=b, s=s)
     short = "all" if targets == "all-linear" else "-".join(t.split("_")[0] for t in targets)
-    c["id"] = f"lora-tp-{model}-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
+    c["id"] = f"lora-{kind.replace('+', '')}-{model}-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
     c["lora"] = {"rank": rank, "alpha": 2 * rank, "target_modules": targets, "implementation": "megatron-bridge"}
     return c
 

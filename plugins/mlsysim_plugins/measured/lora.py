@@ -81,12 +81,17 @@ Pipeline parallelism (``stage_of``; validation/lora_parallel/measure_lora_pp.py,
   and position ids, the backward starts with the top layer's MLP activation gradients; the top linear's output
   transients in that forward are not modelled (-1.3 % to -6.0 % measured).
 
-Tensor parallelism without sequence parallelism (``_check_tensor``; validation/lora_parallel/measure_lora_tp.py,
-tp_measurements.json): Megatron-Bridge's ``ParallelLinearAdapter`` (NVIDIA-NeMo/Megatron-Bridge
-067f987df03b8355b03192d88d70f1709fedf51a src/megatron/bridge/peft/utils.py), r (in + out) / tp parameters per adapted
-linear and rank (``stage_trainable``), in the base's dtype; the frozen base as the rule places it; each layer walked
-over the split widths with whole r-wide intermediates (``_layer``); the LM head's fp32 logits all-gathered as in full
-training. Sequence parallelism and the rest are refused by name.
+Tensor parallelism (``_check_tensor``; validation/lora_parallel/measure_lora_tp.py, tp_measurements.json):
+Megatron-Bridge's ``ParallelLinearAdapter`` (NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a
+src/megatron/bridge/peft/utils.py), r (in + out) / tp parameters per adapted linear and rank (``stage_trainable``), in
+the base's dtype; the frozen base as the rule places it; each layer walked over the split widths with whole r-wide
+intermediates (``_layer``); the LM head's fp32 logits all-gathered as in full training. With sequence parallelism
+(validation/lora_parallel/measure_lora_sp.py, sp_measurements.json; Megatron-Bridge with Transformer Engine >= 1.5:
+``get_adapter_attributes_from_linear`` has the column base return its norm output all-gathered and turns the column
+adapter's own sequence gather off; a row adapter's output is scattered back, ``scatter_to_sequence_parallel_region``):
+the residual stream's parts on s / tp tokens (``Walk.add_residual``, ``_Layer.sequence``), the column adapters'
+gathered input whole, the final norm on s / tp tokens, its output held to the loss, in fp32 the LM head's gathered
+input at the logits' all-gather. The rest is refused by name.
 
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
@@ -108,7 +113,7 @@ from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GR
                      MemoryTerm)
 from ._cache import cached_terms
 from .kernels import kernel_of
-from .layers import Part
+from .layers import REPLICATED, Part
 from .shapes import shape_of
 
 ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
@@ -151,7 +156,7 @@ def lora_option(plan, value):
     if parallel:
         raise NotModelledError("lora", config, "data-parallel layouts, pipeline stages and tensor parallelism (ep and "
                                 "cp sizes of 1; any dp with DDP, ZeRO-1/2/3 or FSDP; any pp with one model chunk per "
-                                "stage; tp alone, without sequence parallelism, with Megatron-Bridge's adapters)",
+                                "stage; tp alone, with or without sequence parallelism, with Megatron-Bridge's adapters)",
                                 "LoRA/QLoRA split by expert or context parallelism is not modelled by the "
                                 "measured profile yet: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
     if plan.tp_size != 1:
@@ -214,7 +219,7 @@ def _check_pipeline(plan, config):
 def _check_tensor(plan, config):
     """LoRA under tensor parallelism where it was measured (validation/lora_parallel/measure_lora_tp.py): Megatron-
     Bridge's adapters (``ParallelLinearAdapter``) over a Llama-style model split by the tensor-parallel rule alone,
-    without sequence parallelism, plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
+    with or without sequence parallelism (measure_lora_sp.py; ``seq_len`` a multiple of tp), plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
     Bridge casts them to the model's bf16/fp16), no recomputation, the default loss. The rest is refused, naming the
     field, its value and what is modelled."""
     o = plan.profile_options
@@ -227,10 +232,6 @@ def _check_tensor(plan, config):
         raise NotModelledError(name, value, "1 with lora and tp_size > 1",
                                why + "LoRA over tensor parallelism combined with data or pipeline parallelism is not "
                                "measured")
-    if plan.sequence_parallel:
-        raise NotModelledError("sequence_parallel", True, "False with lora and tp_size > 1",
-                               why + "Megatron-Bridge's adapters under sequence parallelism (the column adapters' "
-                               "sequence all-gather, the row adapters' scatter) are not modelled")
     family = shape_of(plan).family
     from .families import SEPARATE_QKV
     if (generic(plan) or family.lora_layer is None or family.sparse or not family.gated_mlp
@@ -258,6 +259,12 @@ def _check_tensor(plan, config):
     if config.rank % plan.tp_size:
         raise InvalidInputError("lora.rank", config.rank, f"a multiple of tp_size={plan.tp_size}",
                                 "Megatron-Bridge splits the column adapters' in-projection over the rank")
+    if plan.sequence_parallel and plan.seq_len % plan.tp_size:
+        # (NVIDIA/Megatron-LM 2fd6e2b74efca73a1f2d27b89bb5419384b4d3bf megatron/core/tensor_parallel/mappings.py
+        # _split_along_first_dim: "First dimension of the tensor should be divisible by tensor parallel size")
+        raise InvalidInputError("seq_len", plan.seq_len, f"a multiple of tp_size={plan.tp_size} with lora and "
+                                "sequence parallelism", "Megatron-Core splits the sequence evenly over the "
+                                "tensor-parallel ranks (the row adapters' scatter_to_sequence_parallel_region)")
     strategy = getattr(o, "checkpointing", None)
     if strategy is not None and strategy.recomputes != "nothing":
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
@@ -858,9 +865,20 @@ class _Layer:
     grad_out: bool          # the output requires grad
     recomputable: int = 0   # bytes per layer selective recompute drops beyond the parts' (derived layers)
     tagged: bool = True     # derived layers: the family marks its linears' inputs (else an upper bound)
+    sequence: int = 1       # sequence parallelism: the residual stream's parts (split REPLICATED) on tokens / tp
 
     def saved(self, tokens: int) -> int:
-        return sum(p.nbytes for p in self.parts) * tokens + sum(n for _, n in self.constant)
+        if self.sequence == 1:
+            return sum(p.nbytes for p in self.parts) * tokens + sum(n for _, n in self.constant)
+        local = sum(p.nbytes for p in self.parts if p.split == REPLICATED)
+        return ((sum(p.nbytes for p in self.parts) - local) * tokens + local * tokens // self.sequence
+                + sum(n for _, n in self.constant))
+
+    def kept_output(self, tokens: int) -> int:
+        """The layer's output kept by the next layer / final norm (0 when not kept), on this rank's tokens."""
+        if not self.output_saved:
+            return 0
+        return self.output * tokens if self.sequence == 1 else self.output * tokens // self.sequence
 
 
 class Walk:
@@ -889,12 +907,19 @@ class Walk:
         # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
+        self.sequence = 1       # sequence parallelism: the residual stream split over the tp ranks (``_layer``)
         self.parts: list = []
         self.constant: list = []
 
     def add(self, name, n):
         if n:
             self.parts.append(Part(name, n))
+
+    def add_residual(self, name, n):
+        """A part of the residual stream (the norms' saved tensors): on the rank's sequence chunk under
+        sequence parallelism (``Part.split`` REPLICATED: divided by ``sequence``), whole otherwise."""
+        if n:
+            self.parts.append(Part(name, n, split=REPLICATED))
 
     def add_attention(self, parts) -> set:
         """The kernel's saved parts, but what only the (frozen) out-projection would keep for
@@ -944,7 +969,8 @@ class Walk:
             self.constant.append((f"{module} adapter 16-bit copies (autocast cache)", 2 * self.r * (i + o)))
 
     def layer(self, output_saved: bool, grad_out: bool) -> _Layer:
-        return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out)
+        return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out,
+                      sequence=self.sequence)
 
 
 # --- DoRA (peft 0.21.2 tuners/lora/dora.py DoraLinearLayer.forward, variants.py DoraLinearVariant) ---------------
@@ -1026,6 +1052,13 @@ def _layer(plan, grad_in: bool, placement=None) -> _Layer:
         # whole (replicated) layer input: the walk over the split widths with the whole r
         shape = attrs.evolve(shape, heads=shape.heads // t, kv_heads=shape.kv_heads // t, ffn=shape.ffn // t)
     walk = Walk(plan, shape)
+    if t > 1:
+        # Sequence parallelism (validation/lora_parallel/measure_lora_sp.py): the residual stream and the norms'
+        # saved tensors on the rank's s / tp tokens (``Walk.add_residual``); the column adapters read the layer's
+        # all-gathered norm output, whole as without SP (Megatron-Bridge with Transformer Engine: the base returns
+        # it gathered, ``return_layernorm_output_gathered``), which their lora_A saves (the frozen base does not)
+        from .parallel import residual_shards
+        walk.sequence = residual_shards(placement)
     kernel = kernel_of(plan)
 
     def attention(grads):
@@ -1166,7 +1199,8 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     c, adapted, add = walk.c, walk.adapted, walk.add
     n_dtype = 2 if walk.bf16 else 4             # RMSNorm output (fp32 weight under AMP)
     if g:
-        add("input norm (rsqrt" + (", fp32 copy of the input)" if walk.bf16 else ")"), 4 + (4 * h if walk.bf16 else 0))
+        walk.add_residual("input norm (rsqrt" + (", fp32 copy of the input)" if walk.bf16 else ")"),
+                          4 + (4 * h if walk.bf16 else 0))
     shared = set()
     for m, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
         walk.lora_in(m, h, n_dtype, shared, g)
@@ -1180,7 +1214,7 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     walk.frozen_copy("o_proj", q * h, any_grad)
     mid_grad = g or any_grad or "o_proj" in adapted
     if mid_grad:
-        add("mid residual + post-attention norm (rsqrt)", 4 * h + 4)
+        walk.add_residual("mid residual + post-attention norm (rsqrt)", 4 * h + 4)
     shared = set()
     for m in ("gate_proj", "up_proj"):
         walk.lora_in(m, h, n_dtype, shared, mid_grad)
@@ -1220,7 +1254,7 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         n = layer.saved(T)
         if selective:
             n -= T * sum(p.nbytes for p in layer.parts if p.recomputed_by_selective) + layer.recomputable
-        return n + (layer.output * T if layer.output_saved else 0)
+        return n + layer.kept_output(T)
 
     terms = []
     flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
@@ -1301,6 +1335,11 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if trains_lm_head(plan):
         final += c * T * h
         how += f" + the LM head's input ({c} x T x h: its trainable copy's weight gradient)"
+    from .parallel import residual_shards
+    sp = residual_shards(placement) if placement.tensor_shards > 1 else 1
+    if sp != 1:     # sequence parallelism: the final norm on the rank's s / tp tokens (modules_to_save refused)
+        final //= sp
+        how += f" / sp={sp}"
     add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
     add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
                    phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
@@ -1318,6 +1357,17 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         # LM head with no later copy, the forward's peak at the gather (its local shard beside the whole)
         add(MemoryTerm(component=ACTIVATIONS, label="LM head all-gather: the local logits shard (fp32)",
                        nbytes=4 * T * V // t, phases=(FORWARD,), formula=f"4 x T x V / tp={t}"))
+    if sp != 1:
+        # sequence parallelism (validation/lora_parallel/measure_lora_sp.py): the final norm's output, on the rank's
+        # tokens, held by the base model's output until the loss; in fp32 the forward's peak is the logits'
+        # all-gather, inside the LM head, whose input (all-gathered from the sequence shards, whole; the frozen head
+        # saves none of it) is alive there too
+        add(MemoryTerm(component=ACTIVATIONS, label="final norm output (held until the loss; sequence parallel)",
+                       nbytes=c * T * h // sp, phases=(FORWARD,), formula=f"{c} x T x h / sp={sp}"))
+        if c == 4:
+            add(MemoryTerm(component=ACTIVATIONS, label="LM head input, all-gathered (during the LM head)",
+                           nbytes=c * T * h, phases=(FORWARD,),
+                           formula=f"{c} x T x h (the sequence shards gathered; freed with the head's forward)"))
     if regime.autocast:
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
                        + ("LM head's trainable copy" if trains_lm_head(plan) else "frozen LM head"),
