@@ -557,7 +557,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  regime: str | None = None, optimizer_impl: str | None = None, attention: str | None = None,
                  dropout: float | None = None, runtime_overheads=None, lora=None, pipeline_schedule: str | None = None,
                  loss_parallel: bool | None = None, headroom: float | str | None = None, allow_cross_node_tp: bool = False,
-                 calibration=None, step_time_model: str | None = None, allow_cross_node_ep: bool = False,
+                 power: float | None = None, calibration=None, step_time_model: str | None = None,
+                 allow_cross_node_ep: bool = False,
                  interleave: bool = False, allow_compile: bool = False, allow_float8: bool = False) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
@@ -574,7 +575,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``lora``, ``pipeline_schedule``, ``loss_parallel``: measured-grade options, passed to every ``solve`` (as
     ``solve`` reads them); the schedule's ``idle_slots`` is the step time's bubble.
     ``flops``, ``tp_bandwidth``, ``network_bandwidth``: override the hardware's dense bf16 peak
-    FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction).
+    FLOP/s and its intra- and inter-node bandwidth (B/s per device, one direction). ``power``: the
+    run's power limit in watts, every layout timed at it (as ``time_plan``'s; default the board's TDP).
     ``recompute``: overrides a strategy's declared recompute share. ``calibration``: the
     step-time efficiencies (default: the accelerator's fitted ones, else ``steptime.DEFAULT``).
     ``step_time_model``: a registered one's name (default: the only one, else ``roofline``).
@@ -606,7 +608,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     devices = _checks.count("devices", devices, maximum=SEARCH_MAX)
     global_batch = _checks.count("global_batch", global_batch, maximum=SEARCH_MAX)
     seq_len = _checks.count("seq_len", seq_len)
-    for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth)):
+    for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth),
+                        ("power", power)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not value > 0 or math.isinf(value)):
             raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
@@ -701,7 +704,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                 precision_bytes=bytes_, node=node, flops=flops, intra=tp_bandwidth,
                                 inter=network_bandwidth, calibration=calibration, attention=options.get("attention"),
                                 schedule=getattr(schedule_options, "pipeline_schedule", None), dp_rules=dp_rules,
-                                chunks=getattr(schedule_options, "virtual_stages", None) or 1), time=timer.time)
+                                chunks=getattr(schedule_options, "virtual_stages", None) or 1,
+                                **({"power": power} if power is not None else {})), time=timer.time)
     notes += timing["notes"]
     base_chunks = timing["chunks"]
     table, variants = _variant_table(
@@ -713,7 +717,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         communication_buffer_fraction=communication_buffer_fraction,
         prepare=dict(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
                      precision_bytes=bytes_, node=node, flops=flops, intra=tp_bandwidth, inter=network_bandwidth,
-                     calibration=calibration, attention=options.get("attention"), dp_rules=dp_rules))
+                     calibration=calibration, attention=options.get("attention"), dp_rules=dp_rules,
+                     **({"power": power} if power is not None else {})))
     for entry in table[1:]:
         notes += tuple(n for n in entry[1]["notes"] if n not in notes)
     if len(table) > 1:

@@ -46,3 +46,22 @@ def test_search_takes_loss_parallel_as_solve_does():
     # at tp = 1 the option changes nothing
     one = [key for key in rows[None] if key[0] == 1]
     assert one and all(rows[True][key] == rows[None][key] for key in one)
+
+
+def test_search_at_a_power_limit_times_every_row_as_time_plan_does():
+    """torchtitan's H100s ran at 500 W: a search given the run's power limit times each row as
+    ``time_plan(power=)`` does (the tensor cores at (500/700)^(1/3) of their clock)."""
+    kw = dict(devices=8, global_batch=16, seq_len=2048, precision="bf16", optimizer="adamw", profile="measured",
+              checkpointing=["full"], data_parallel=["fsdp"], context_parallel=[1], max_tp=1, workers=1)
+    capped = search.search_plans("llama3.2-1b", GRAND_TETON, power=500, **kw)
+    full = search.search_plans("llama3.2-1b", GRAND_TETON, **kw)
+    assert capped.assumptions["power_limit_watts"] == 500 and full.assumptions["power_limit_watts"] == 700
+    c = next(r for r in capped.fits if (r.pp, r.dp) == (1, 8))
+    alone = search.time_plan("llama3.2-1b", GRAND_TETON, global_batch=16, seq_len=2048, dp=8, data_parallel="fsdp",
+                             checkpointing="full", microbatch=c.microbatch, precision="bf16", optimizer="adamw",
+                             profile="measured", power=500)
+    assert alone["step_s"] == c.step_time and alone["components"] == capped.components(c)
+    twin = next(r for r in full.fits if r[:10] == c[:10])
+    assert twin.total_memory == c.total_memory and twin.step_time < c.step_time
+    with pytest.raises(search.InvalidInputError, match="power"):
+        search.search_plans("llama3.2-1b", "h100", power=0, **kw)
