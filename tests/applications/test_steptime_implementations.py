@@ -180,3 +180,10 @@ def test_time_plan_times_the_stages_the_run_chooses_and_the_memory_is_unchanged(
     assert fewer["step_s"] != even["step_s"]
     with pytest.raises(InvalidInputError, match=r"plugin_options\['pp'\]"):
         time_plan("llama3-70b", "h100", plugin_options={"pp": {"stages": "uneven"}}, **run)
+
+
+def test_gradient_sync_per_step_with_lora_is_refused():
+    from mlsysim_core import NotModelledError
+    with pytest.raises(NotModelledError, match=r"plugin_options\['fsdp-grad-op'\]\.gradient_sync='step'.*LoRA"):
+        TrainingMemoryModel("measured").solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {
+            "gradient_sync": "step"}}, lora={"rank": 16}, **ACCUMULATING)
