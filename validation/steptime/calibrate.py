@@ -429,7 +429,8 @@ def target() -> str:
 # * Megatron-Bridge: its recipes' bf16_mixed (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/
 #   mixed_precision.py at d9f7643bb9609a6a6e0ea1439fb51d8669306434: params_dtype bfloat16, grad_reduce_in_fp32=True),
 #   the regime 'mixed-bf16-main-grad' (Megatron's vocabulary-parallel cross-entropy comes with it).
-# A recipe the profile refuses for the model is said, and the run searched with the profile's default.
+# A recipe the profile refuses for the model is said, and the run searched with the profile's default. Every row is
+# timed at the power limit the source states (published.py's power_watts: torchtitan's H100s at 500 W).
 # Checkpointing: none and full, and the run's own strategy (torchtitan's selective op: 'op-sac').
 GRAND_TETON_GIB = 96
 
@@ -461,7 +462,7 @@ def search_rank(case) -> tuple[int | None, int, str, str]:
     from mlsysim_core.search import search_plans
     hardware, options, strategies = search_recipe(case)
     run = dict(devices=case["devices"], global_batch=case["global_batch"], seq_len=case["seq_len"], precision="bf16",
-               optimizer="adamw", profile="measured", checkpointing=strategies)
+               optimizer="adamw", profile="measured", checkpointing=strategies, power=case["power_watts"])
     how = ", ".join([options["regime"]] if "regime" in options else []) or "amp-bf16"
     try:
         found = search_plans(case["model"], hardware, **run, **options)
@@ -473,6 +474,8 @@ def search_rank(case) -> tuple[int | None, int, str, str]:
     how += (", loss parallel" if options.get("loss_parallel") else "") + f", {'/'.join(strategies)}"
     if hardware.memory_capacity != get_hardware(CATALOG[case["hardware"]]).memory_capacity:
         how += f", {hardware.memory_capacity / 2**30:.0f} GiB card"
+    if case["power_watts"]:
+        how += f", {case['power_watts']} W"
     lay = layout(case)
     want, order = (lay["tp"], lay["cp"], lay["pp"], lay["dp"]), []
     for c in found.fits:
