@@ -186,4 +186,4 @@ def test_gradient_sync_per_step_with_lora_is_refused():
     from mlsysim_core import NotModelledError
     with pytest.raises(NotModelledError, match=r"plugin_options\['fsdp-grad-op'\]\.gradient_sync='step'.*LoRA"):
         TrainingMemoryModel("measured").solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {
-            "gradient_sync": "step"}}, lora={"rank": 16}, **ACCUMULATING)
+            "gradient_sync": "step"}}, lora={"rank": 16}, **{**ACCUMULATING, "tp_size": 1, "pp_size": 1})
