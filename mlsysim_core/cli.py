@@ -521,6 +521,9 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     tim.add_argument("--ep-overlap", action="store_true", help="EP all-to-alls beside another micro-batch's compute")
     tim.add_argument("--power-limit", type=float, metavar="WATTS",
                      help="the run's power limit (default: the catalog's TDP); the clock scales as (P/TDP)^(1/3)")
+    tim.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
+                     help="a plugin option, e.g. a rule's implementation: --option cp.ring=transformer-engine, "
+                          "--option fsdp-grad-op.gradient_sync=step, --option pp.stages=ends-one-fewer (repeatable)")
     tim.add_argument("--json", action="store_true", help="the whole answer as JSON (seconds, bytes)")
 
     plug = sub.add_parser("plugins", parents=[common], help="installed plugins: source distribution and what each provides")
@@ -1684,7 +1687,8 @@ def cmd_time(args, out) -> int:
     # --compiled: the run is compiled block by block for its memory too, as the search's --allow-compile
     # rows are (a run the profile cannot describe compiled is refused, naming why).
     run = {**({"compile": search.COMPILE_MODE} if args.compiled else {}),
-           **({"regime": args.regime} if args.regime else {})}
+           **({"regime": args.regime} if args.regime else {}),
+           **({"plugin_options": _parse_options(args.option)} if args.option else {})}
     r = search.time_plan(_model(args.model), _hardware(args.hardware), global_batch=args.global_batch,
                          seq_len=args.seq_len, tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp, ep=args.ep, vp=args.vp,
                          data_parallel=rule, checkpointing=args.checkpointing, microbatch=microbatch,

@@ -36,12 +36,18 @@ _converter.register_structure_hook(bool, lambda v, _: _expect(v, "true or false"
 _converter.register_structure_hook(str, lambda v, _: _expect(v, "a string", isinstance(v, str)))
 
 
+def _message(exc: BaseException) -> str:
+    """An exception's message; attrs' validators raise ValueError(message, attribute, ...)."""
+    args = exc.args
+    return args[0] if len(args) > 1 and isinstance(args[0], str) else str(exc) or type(exc).__name__
+
+
 def _format_exception(exc: BaseException, type_) -> str:
     if isinstance(exc, KeyError):
         return "required field missing"
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unknown field(s) {', '.join(sorted(exc.extra_fields))}"
-    return str(exc) or type(exc).__name__
+    return _message(exc)
 
 
 def structure_options(parameter: str, spec_name: str, options_type: type, value: Any):
@@ -77,7 +83,7 @@ def _field_error(parameter: str, options_type: type, value: dict, err: BaseExcep
                 return InvalidInputError(f"{parameter}.{name}", None, f"a value (fields of {cls}: {fields})",
                                          "required field missing")
             kind = InvalidInputTypeError if isinstance(exc, (ValueError, TypeError)) else InvalidInputError
-            message = str(exc)
+            message = _message(exc)
             if message.startswith("expected ") and ", got " in message:   # the strict hooks' wording
                 return kind(f"{parameter}.{name}", value.get(name), message[9:message.index(", got ")],
                             f"got {type(value.get(name)).__name__}")
@@ -93,4 +99,4 @@ def _field_error(parameter: str, options_type: type, value: dict, err: BaseExcep
         extra = sorted(err.extra_fields)
         return InvalidInputError(f"{parameter}.{extra[0]}", value.get(extra[0]), f"a field of {cls}: {fields}",
                                  f"unknown field(s) {', '.join(extra)}")
-    return InvalidInputError(parameter, value, f"fields of {cls} ({fields})", str(err) or type(err).__name__)
+    return InvalidInputError(parameter, value, f"fields of {cls} ({fields})", _message(err))

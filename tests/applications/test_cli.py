@@ -194,3 +194,25 @@ def test_estimate_refuses_a_run_the_measured_profile_cannot_describe(tmp_path):
         assert ("--profile reference gives the textbook estimate" in proc.stderr) == hint
     code, text = run("estimate", "--model", str(model), "--profile", "reference")
     assert code == 0 and "(profile: reference)" in text
+
+
+def test_time_takes_plugin_options_as_time_plan_does():
+    from mlsysim_core import search
+    code, text = run("time", "-m", "llama3-8b", "-b", "64", "-s", "8192", "--tp", "2", "--cp", "2", "--dp", "2",
+                     "--data-parallel", "zero1", "--option", "cp.ring=transformer-engine", "--json")
+    assert code == 0
+    expected = search.time_plan("llama3-8b", "h100", global_batch=64, seq_len=8192, tp=2, cp=2, dp=2,
+                                data_parallel="zero1", microbatch=32, profile="measured",
+                                plugin_options={"cp": {"ring": "transformer-engine"}})
+    default = search.time_plan("llama3-8b", "h100", global_batch=64, seq_len=8192, tp=2, cp=2, dp=2,
+                               data_parallel="zero1", microbatch=32, profile="measured")
+    assert json.loads(text)["step_s"] == expected["step_s"] != default["step_s"]
+
+
+def test_a_bad_option_value_is_named_in_plain_words(capsys):
+    code, _ = run("time", "--option", "cp.ring=nope")
+    text = capsys.readouterr().err
+    assert code == 2
+    assert ("plugin_options['cp']={'ring': 'nope'} is not allowed: fields of ContextParallelOptions (ring: str) "
+            "('ring' must be in ('pytorch', 'transformer-engine') (got 'nope') @ cp)") in text
+    assert "Attribute(" not in text
