@@ -15,7 +15,9 @@ timeline, no dispatch mode; torchtune 0.6.1's own builders).
   step, the loss not compiled). With ``policy="op-sac"`` / ``"full-in"``: torchtitan's order (measure_blocks.py).
 * ``lora=...`` with ``policy="full"``: torchtune's ``lora_finetune_single_device`` order (``_setup_model``:
   ``training.compile_model(model)``, then ``training.set_activation_checkpointing`` wraps each compiled layer),
-  rank 8, alpha 16, adapters in the model's dtype, the eager cross-entropy (measure_blocks.py's LoRA runs).
+  rank 8, alpha 16, adapters in the model's dtype, the eager cross-entropy (measure_blocks.py's LoRA runs) or, with
+  ``loss="chunked"``, the recipes' ``CEWithChunkedOutputLoss`` with ``compile_loss`` (its ``compute_cross_entropy``
+  compiled in place).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ CONFIGS = [
     _cfg("fp32", "eager", lora="qv", policy="full"), _cfg("fp32", "blocks", lora="qv", policy="full"),
     _cfg("bf16", "eager", vocab=1024, layers=3, seq=256, lora="all", policy="full"),
     _cfg("bf16", "blocks", vocab=1024, layers=3, seq=256, lora="all", policy="full"),
+    # torchtune's LoRA recipes' own loss, CEWithChunkedOutputLoss: compile_loss compiles its compute_cross_entropy in
+    # place (lora_finetune_single_device keeps the return value too), with and without full checkpointing
+    _cfg("fp32", "eager", lora="qv", loss="chunked"), _cfg("fp32", "blocks", lora="qv", loss="chunked"),
+    _cfg("fp32", "blocks", lora="qv", loss="chunked", policy="full"),
+    _cfg("fp32", "blocks", vocab=1024, b=2, layers=3, lora="all", loss="chunked", policy="full"),
+    _cfg("bf16", "blocks", lora="qv", loss="chunked", policy="full"),
 ]
 
 

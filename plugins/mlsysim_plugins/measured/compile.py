@@ -871,7 +871,17 @@ _CHUNKED_EAGER = ("log-softmax of every chunk's logits (fp32)", "logits, every c
                   "cross-entropy backward temporaries, one chunk (fp32)", "LM head backward: ")
 
 
-def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+def lora_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
+    """LoRA's terms outside the blocks (lora.model_activation_terms) with compile="blocks": torchtune's LoRA
+    recipes run ``compile_loss`` too, which compiles the chunked loss's ``compute_cross_entropy`` in place
+    (``compiled_chunked_terms``, the LM head frozen); the other losses are priced as eager (as without LoRA)."""
+    if not blocks(plan) or plan.profile_options.loss != "chunked" or (plan.rank is not None and not plan.rank.last):
+        return terms
+    from .lora import trains_lm_head
+    return compiled_chunked_terms(plan, placement, terms, trainable=trains_lm_head(plan))
+
+
+def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm], trainable: bool = True) -> list[MemoryTerm]:
     """compile="blocks" with loss="chunked": torchtune's ``compile_loss`` compiles the chunked loss's
     ``compute_cross_entropy`` (``F.cross_entropy(logits.float(), labels, reduction="sum")``, one graph per
     chunk; torchtune/training/_compile.py:76-79). Its partitioner saves each chunk's logits (the graph's
@@ -879,7 +889,9 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[Mem
     token), not the fp32 log-softmax; its backward writes one chunk's logits gradient (c t V) and a per-token
     fp32 buffer; the LM head's backward (loss.py's moments: every chunk's logits gradient waiting, the
     weight-gradient partials and their sum) then runs with every chunk's saved logits freed (c T V) where
-    the eager loss frees every log-softmax (4 T V). The larger of the two is the backward's top."""
+    the eager loss frees every log-softmax (4 T V). The larger of the two is the backward's top. A frozen LM head
+    (LoRA, ``trainable`` False) has no weight-gradient partials: its moment is the logits' gradients and one
+    chunk's input gradient, below the chunk's cross-entropy backward (loss.py's frozen moment)."""
     from .loss import chunk_tokens
     ctx, _ = _context(plan, placement)
     T, h, V, c = ctx.tokens, ctx.shape.hidden, ctx.shape.vocab, ctx.regime.compute
@@ -895,12 +907,21 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm]) -> list[Mem
                           formula=f"{c} x T x V (each chunk's logits, the compiled graph's input) + 2 x 4 x T (the "
                                   "per-token max and log-sum-exp)"))
     ce = c * t * V + 4 * t
+    if not trainable:
+        # A frozen LM head keeps no input: the final norm's output (c T h) is alive while the chunks' logits are
+        # written and freed after the last, before the labels (8 T) and the per-token max and log-sum-exp (8 T)
+        # exist (measured, fp32: the forward's top, to the byte but 12 B of scalars)
+        out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output at the chunked LM head (frozen: "
+                              "transient)", nbytes=c * T * h - 16 * T, phases=(FORWARD,),
+                              formula=f"T x h x {c} (the frozen LM head's input, alive while every chunk's logits are "
+                                      "written) - 2 x 8 x T (the labels and the per-token max and log-sum-exp, not "
+                                      "yet)"))
     # loss.py's moments of the LM head's backward (the chunks' logits gradients waiting, the weight-gradient
     # partials and their out-of-place sum), here with every chunk's saved logits freed (c T V) in place of
     # the eager log-softmax (4 T V)
     g = ctx.regime.gradient or 4
-    moments = [c * T * V + V * h * g + c * t * h]
-    if n >= 2:
+    moments = [c * T * V + (V * h * g if trainable else 0) + c * t * h]
+    if n >= 2 and trainable:
         moments += [c * T * V * (n - 1) / n + 2 * V * h * g + 2 * c * t * h,
                     c * T * V * (n - 2) / n + 3 * V * h * g + 2 * c * t * h]
     head = max(moments) - c * T * V
