@@ -1386,6 +1386,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         from .loss import loss_terms
         from .model import context
         terms = loss_terms(plan, context(plan, placement), terms, lm_head_trainable=trains_lm_head(plan))
+        if getattr(plan.profile_options, "compile", None):     # compile.py: torchtune's compiled chunked loss
+            from .compile import lora_loss_terms
+            terms = lora_loss_terms(plan, placement, terms)
     if plan.profile_options.lora.use_dora:
         transient, how = dora_transient(plan)
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
