@@ -65,7 +65,8 @@ COMPILE = _option("torch.compile with Inductor's default options: True, the whol
     "AOTAutograd's partitioner's saved set, the fused loss; one device, checkpointing none or full; 'blocks', each "
     "decoder block apart (torchtune compile: True, torchtitan compile.enable): the loss and LM head eager (torchtune's "
     "compiled chunked loss), checkpointing none, op-sac or full; data, pipeline and tensor parallelism (no sequence "
-    "parallelism); plain LoRA on one device (compile.py); fp32 or bf16",
+    "parallelism); plain LoRA on one device (compile.py); 'blocks+loss', the blocks and the loss function (torchtitan's "
+    "compile.components ['model', 'loss']); fp32 or bf16",
     kind=None,
     flags=({"flag": "--compile", "const": True,
             "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},
