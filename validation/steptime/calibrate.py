@@ -83,7 +83,10 @@ FIT = {
              "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp"),
     "a100": ("llmfoundry-mpt-7b-8xa100-seq2048", "llmfoundry-mpt-30b-8xa100-seq2048"),
 }
-CATALOG = {"h100": "nvidia/h100-sxm5-80gb", "a100": "nvidia/a100-sxm4-80gb", "h200": "nvidia/h200-sxm-141gb"}
+CATALOG = {"h100": "nvidia/h100-sxm5-80gb", "a100": "nvidia/a100-sxm4-80gb", "h200": "nvidia/h200-sxm-141gb",
+           # uncalibrated (steptime.DEFAULT: nothing fitted, nothing carried over): their rows are held out, reported
+           # per accelerator (published_more.py)
+           "b200": "nvidia/b200", "gb200": "nvidia/gb200"}
 # What each accelerator fits (the rest of its Calibration is DEFAULT's, attention as the module docstring says)
 FITTED = {"h100": ("matmul", "intra_link"), "a100": ("matmul",)}
 ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
@@ -184,12 +187,25 @@ def layout(case) -> dict:
 _MODELS: dict = {}
 
 
+def hardware_for(case):
+    """The run's accelerator; where its catalog entry declares an NVLink domain larger than its node
+    (``extra["performance"]["nvlink_domain_devices"]``: GB200 NVL72's 72 GPUs, its node the 4-GPU compute tray), the
+    entry with the domain as its node: collectives inside the rack are NVLink's (the planner's node is where
+    collectives run at ``intra_node_bandwidth``). Such a copy keeps no power or SM envelope (steptime.envelope)."""
+    from mlsysim_core.catalog import find_hardware
+    entry = find_hardware(CATALOG[case["hardware"]])
+    domain = (entry.extra.get("performance") or {}).get("nvlink_domain_devices")
+    if domain and domain > (entry.value.devices_per_node or 0):
+        return attrs.evolve(entry.value, devices_per_node=domain)
+    return case["hardware"]
+
+
 def predict(case, cal: steptime.Calibration) -> dict:
     lay = layout(case)
     kw = {k: v for k, v in lay.items() if k not in ("assumed", "fused_why")}
     if case["id"] not in _MODELS:
         _MODELS[case["id"]] = model_for(case)
-    return time_plan(_MODELS[case["id"]], case["hardware"], global_batch=case["global_batch"], seq_len=case["seq_len"],
+    return time_plan(_MODELS[case["id"]], hardware_for(case), global_batch=case["global_batch"], seq_len=case["seq_len"],
                      precision="bf16", optimizer="adamw", profile="measured", calibration=cal, memory=False,
                      solver=_SOLVER, **kw)
 
@@ -271,7 +287,8 @@ def fit(acc: str = "h100") -> steptime.Calibration:
 
 
 def shipped(acc: str) -> steptime.Calibration:
-    return steptime.CALIBRATIONS[CATALOG[acc]]
+    """The accelerator's shipped calibration; steptime.DEFAULT (uncalibrated) for one without."""
+    return steptime.CALIBRATIONS.get(CATALOG[acc], steptime.DEFAULT)
 
 
 def rows(acc: str):
@@ -305,10 +322,13 @@ def _source_name(case) -> str:
 
 def table() -> str:
     lines = []
-    for acc in ("h100", "a100", "h200"):
+    for acc in CATALOG:
         found = rows(acc)
         s = summary(acc, found)
-        lines.append(f"**{acc.upper()}** ({CATALOG[acc]}): {s['fit']} runs fitted, {s['held_out']} held out; held-out "
+        label = "" if shipped(acc).calibrated else "; uncalibrated: steptime.DEFAULT's assumed efficiencies, nothing fitted"
+        node = next((hardware_for(c) for c, *_ in found if not isinstance(hardware_for(c), str)), None)
+        label += f"; timed with its {node.devices_per_node}-GPU NVLink domain as the node" if node else ""
+        lines.append(f"**{acc.upper()}** ({CATALOG[acc]}{label}): {s['fit']} runs fitted, {s['held_out']} held out; held-out "
                      f"step time median |error| {s['median']:.1%}, max {s['max']:.1%}, predicted slower than "
                      f"published on {s['slower']} of {s['held_out']}.")
         lines.append("")
