@@ -125,7 +125,7 @@ def test_llama3_8b_sequence_parallel_by_hand():
 @pytest.mark.parametrize("kw,parameter,message", [
     ({"lora": {"rank": 16, "adapter_dtype": "base", "quantization": "nf4"}}, "lora.quantization",
      "a quantized base split by tensor parallelism is not measured"),
-    ({"dp_size": 2}, "dp_size", "combined with data or pipeline parallelism is not measured"),
+    ({"dp_size": 2}, "dp_size", "combined with data parallelism"),
     ({"activation_checkpointing": "full"}, "activation_checkpointing",
      "recomputation under LoRA and tensor parallelism is not measured"),
 ])

@@ -122,7 +122,7 @@ def test_llama3_8b_adapters_per_rank():
     ({"lora": {"rank": 16, "adapter_dtype": "base", "quantization": "nf4"}}, NotModelledError, "lora.quantization",
      "a quantized base split by tensor parallelism is not measured"),
     ({"lora": {"rank": 15, "adapter_dtype": "base"}}, InvalidInputError, "lora.rank", "a multiple of tp_size=2"),
-    ({"dp_size": 2}, NotModelledError, "dp_size", "combined with data or pipeline parallelism is not measured"),
+    ({"dp_size": 2}, NotModelledError, "dp_size", "combined with data parallelism"),
     ({"regime": "amp-bf16", "lora": {"rank": 16}}, NotModelledError, "regime",
      "measured in fp32 and pure bf16 only"),
     ({"activation_checkpointing": "full"}, NotModelledError, "activation_checkpointing",

@@ -23,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DATA = HERE / "pp_measurements.json"
+TP_DATA = HERE / "tp_pp_measurements.json"     # measure_lora_tp_pp.py: stages of a tensor-parallel model
 DOC = ROOT / "docs" / "validation.md"
 BEGIN = "<!-- lora-pp-table: begin (validation/lora_parallel/compare_pp.py --doc) -->"
 END = "<!-- lora-pp-table: end -->"
@@ -30,8 +31,8 @@ PHASES = {"forward": ("forward",), "backward": ("backward", "backward_end"), "op
 REGIMES = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "amp-bf16"}
 
 
-def runs() -> list[dict]:
-    return json.loads(DATA.read_text(encoding="utf-8"))["runs"]
+def runs(path=DATA) -> list[dict]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
 
 
 def solve(run):
@@ -40,12 +41,15 @@ def solve(run):
     model = from_hf_config(run["hf_config"], name=run["model"])
     lay = run["layout"]
     lora = {k: v for k, v in run["lora"].items() if v is not None}
+    tp = lay.get("tp_size", 1)
+    if tp > 1:          # Megatron-Bridge's adapters, in the base's dtype (measure_lora_tp_pp.py)
+        lora = {"rank": lora["rank"], "target_modules": lora["target_modules"], "adapter_dtype": "base"}
     return TrainingMemoryModel("measured").solve(
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * lay["microbatches"],
         run["seq_len"], precision="fp32", optimizer="adamw", activation_checkpointing=run["checkpointing"],
         regime=REGIMES[run["regime"]], optimizer_impl="foreach", attention="sdpa", runtime_overheads=False,
         lora=lora, device="cpu", pp_size=lay["pp_size"], dp_size=1, pipeline_schedule="1f1b",
-        gradient_accumulation_steps=lay["microbatches"])
+        gradient_accumulation_steps=lay["microbatches"], tp_size=tp, sequence_parallel=lay.get("kind") == "tp+sp")
 
 
 def rank_of(result, stage: int):
@@ -90,11 +94,11 @@ def compare(run):
             "peak": (peak_m, peak_p, (peak_p - peak_m) / peak_m)}
 
 
-def table() -> str:
+def table(path=DATA) -> str:
     lines = ["| run | stage | in flight | measured peak (B) | predicted (B) | peak | forward | backward | step |",
              "|---|---|---|---|---|---|---|---|---|"]
     errors, peaks, skipped = [], [], []
-    for run in runs():
+    for run in runs(path):
         c = compare(run)
         lay = run["layout"]
         if c is None:
@@ -118,8 +122,13 @@ def table() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--doc", action="store_true", help="rewrite the table in docs/validation.md")
+    ap.add_argument("--tp", action="store_true", help="the stages of a tensor-parallel model (tp_pp_measurements.json; "
+                    "not with --doc)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if args.tp:
+        print(table(TP_DATA))
+        return 0
     text = table()
     print(text)
     if args.doc:

@@ -119,9 +119,10 @@ class Stage(torch.nn.Module):
     the final norm, LM head and loss on the last; the model's own forward (``LlamaModel.forward``) runs it, with
     ``inputs_embeds`` the received tensor on a non-first stage and the norm an identity on a non-last one."""
 
-    def __init__(self, model, lo, hi, first, last):
+    def __init__(self, model, lo, hi, first, last, kwargs=None):
         super().__init__()
         self.first, self.last = first, last
+        self.kwargs = kwargs or {}      # more inputs of the model's forward (position ids under SP)
         inner = model.model
         inner.layers = torch.nn.ModuleList(list(inner.layers)[lo:hi])
         if not first:
@@ -134,9 +135,9 @@ class Stage(torch.nn.Module):
     def forward(self, x, ids):
         if self.last:
             kw = {"input_ids": ids} if self.first else {"inputs_embeds": x}
-            return self.model(labels=ids, use_cache=False, **kw).loss
+            return self.model(labels=ids, use_cache=False, **kw, **self.kwargs).loss
         kw = {"input_ids": ids} if self.first else {"inputs_embeds": x}
-        return self.model.model(use_cache=False, **kw).last_hidden_state
+        return self.model.model(use_cache=False, **kw, **self.kwargs).last_hidden_state
 
 
 class _NoModules:
@@ -189,20 +190,29 @@ def one_f_one_b(p, stage, m):
 
 def measure(cfg: dict) -> dict:
     lay = cfg["layout"]
-    p, stage, m = lay["pp_size"], lay["stage"], lay["microbatches"]
+    p, stage = lay["pp_size"], lay["stage"]
     torch.manual_seed(0)
     model, hf_config = _base_model(cfg)
     L = hf_config.num_hidden_layers
     per = L // p
-    first, last = stage == 0, stage == p - 1
-    net = Stage(model, stage * per, (stage + 1) * per, first, last)
+    net = Stage(model, stage * per, (stage + 1) * per, stage == 0, stage == p - 1)
     del model
     b, s, h = cfg["batch_size"], cfg["seq_len"], hf_config.hidden_size
     ids = torch.randint(0, hf_config.vocab_size, (b, s))
+    return run_stage(cfg, net, ids, (b, s, h), StageMemTracker)
+
+
+def run_stage(cfg: dict, net, ids, received: tuple, tracker) -> dict:
+    """The measured protocol of one stage ``net`` (a ``Stage``) under 1F1B: ``received`` the shape of what a
+    receive allocates (the stage input and its gradient), ``tracker`` the memory tracker's class."""
+    lay = cfg["layout"]
+    p, stage, m = lay["pp_size"], lay["stage"], lay["microbatches"]
+    first, last = stage == 0, stage == p - 1
+    per = len(net.model.model.layers)
     params = [q for q in net.parameters() if q.requires_grad]
     optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
     residual = torch.bfloat16 if cfg["regime"] == "bf16" else torch.float32
-    mt = StageMemTracker()
+    mt = tracker()
     # the token ids: the embedding's input on the first stage, the labels on the last; a middle stage has neither
     mt.track_stage(net, optimizer, *([ids] if first or last else []))
     autocast = harness.autocast_for(cfg)
@@ -215,7 +225,7 @@ def measure(cfg: dict) -> dict:
         for kind, i in order:
             if kind == "F":
                 mt.phase = "forward"
-                x = None if first else torch.empty(b, s, h, dtype=residual, requires_grad=True)   # the receive
+                x = None if first else torch.empty(received, dtype=residual, requires_grad=True)   # the receive
                 with autocast():
                     outputs[i] = net(x, ids)
                 inputs[i] = x
@@ -247,7 +257,7 @@ def measure(cfg: dict) -> dict:
     quant = harness.quant_state_storages(net)
     storage = {}
     for t in list(net.parameters()) + list(net.buffers()):
-        st = t.untyped_storage()
+        st = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()    # (a DTensor's local shard)
         storage[st.data_ptr()] = st.nbytes()
     return {**peak_record(mt), "order": [f"{k}{i}" for k, i in order],
             "in_flight": max(sum(1 for k, j in order[:n + 1] if k == "F") - sum(1 for k, j in order[:n + 1] if k == "B")
