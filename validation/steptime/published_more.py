@@ -24,7 +24,10 @@ Sources (read from the repository's git objects):
   layout call, no dispatcher or EP overlap set in the function); llama/{b200,gb200}/llama3.py
   llama3_8b_pretrain_8gpu_*_fp8cs_config ('micro_batch_size = 2', 'cuda_graph_scope = ["full_iteration"]',
   'CommOverlapConfig(tp_comm_overlap=False)'); llama/gb200/llama3.py llama3_70b_pretrain_64gpu_gb200_fp8cs_config
-  ('micro_batch_size = 2', 'use_megatron_fsdp = True').
+  ('micro_batch_size = 2', 'use_megatron_fsdp = True'); qwen/{b200,gb200}/qwen3_moe.py and
+  qwen/common.py _enable_hybridep_full_iteration_mxfp8 (the flex 'hybridep' dispatcher, EP overlap, fp8 attention),
+  deepseek/common.py (_deepseek_v3_common: the flex 'hybridep' dispatcher), llama/gb200/llama3.py and llama31.py on
+  recipes/llama/h100/llama3.py's base configs (TP communication overlap on); the rows' notes say which (_RECIPE).
 
 Not recorded: 26.04.01's GB200 LLAMA3.1_405B MXFP8 row (PP 16 x VP 8 = 128 model chunks for 126 layers: the pp
 rule refuses a chunk without a layer, LayoutError), NVFP4 rows (the planner has no 4-bit matmul), GB300/B300 rows (not in the catalog), Nemotron 3 and
@@ -56,12 +59,42 @@ _MB_2511 = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 
 _DSV3 = ("DeepSeek-V3: the catalog's model (671B, without the multi-token-prediction module); MLA timed from the "
          "catalog's shapes. The recipe's custom pipeline layout (set_deepseek_v3_pipeline_model_parallel_layout) is "
          "not expressed: even stages. ")
-_RECIPE = {  # (ep_dispatcher, ep_overlap, note) where the recipe with the row's layout says
-    ("GPT OSS 120B", "gb200", "BF16"): (None, True, "Recipe: overlap_moe_expert_parallel_comm=True (timed as EP overlap); "
-                                        "dispatcher not set in the recipe (the EP rule's default all-to-all). "),
-    ("GPT OSS 120B", "b200", "BF16"): (None, False, "Recipe: no EP overlap set; dispatcher not set in the recipe. "),
-    ("DeepSeekV3", "b200", "MXFP8"): ("flex", True, "Recipe: flex dispatcher with the 'deepep' backend (timed "
-                                      "node-forwarded), overlap_moe_expert_parallel_comm=True (timed as EP overlap). "),
+_HYB = ("flex dispatcher with the 'hybridep' backend (timed node-forwarded, as published.py's H100 Qwen3-30B row; "
+        "inside one node it changes nothing)")
+_TPO = ("the base recipe's TP communication overlap (tp_comm_overlap=True, userbuffers; timed as async TP, as "
+        "published.py's _MB_TP_OVERLAP rows are)")
+# What a recipe with the row's layout states (release, model, system, precision): (ep_dispatcher, ep_overlap, async_tp,
+# note). Rows not listed: no recipe at the commit has their layout, or the recipe states none of these.
+_RECIPE = {
+    ("2604", "GPT OSS 120B", "gb200", "BF16"): (None, True, False, "Recipe: overlap_moe_expert_parallel_comm=True (timed "
+                                                "as EP overlap); dispatcher not set (the EP rule's default all-to-all). "),
+    ("2604", "GPT OSS 120B", "b200", "BF16"): (None, False, False, "Recipe: no EP overlap, dispatcher not set. "),
+    ("2604", "DeepSeekV3", "b200", "MXFP8"): ("flex", True, False, "Recipe: flex dispatcher with the 'deepep' backend "
+                                              "(timed node-forwarded), overlap_moe_expert_parallel_comm=True (timed as EP "
+                                              "overlap). "),
+    ("2604", "DeepSeekV3", "gb200", "MXFP8"): ("flex", True, False, "Recipe (deepseek/common.py _deepseek_v3_common, "
+                                               "_enable_deepseek_full_iteration_mxfp8): " + _HYB + ", "
+                                               "overlap_moe_expert_parallel_comm=True (timed as EP overlap). "),
+    ("2511", "DeepSeekV3", "gb200", "BF16"): ("flex", False, False, "Recipe (deepseek_v3_pretrain_256gpu_gb200_bf16_config, "
+                                              "PP 4, VP 4, EP 64, _deepseek_v3_common): " + _HYB + ", no EP overlap set. "),
+    ("2604", "Qwen3_30B_a3B", "b200", "MXFP8"): ("flex", True, False, "Recipe (qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config): "
+                                                 + _HYB + ", overlap_moe_expert_parallel_comm=True (timed as EP overlap). "),
+    ("2604", "Qwen3_30B_a3B", "gb200", "MXFP8"): ("flex", True, False, "Recipe (qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config, "
+                                                  "_enable_hybridep_full_iteration_mxfp8): " + _HYB + ", "
+                                                  "overlap_moe_expert_parallel_comm=True (timed as EP overlap), "
+                                                  "fp8_dot_product_attention=True (not modelled: attention timed in bf16). "),
+    ("2604", "Qwen3_235B_a22B", "gb200", "MXFP8"): ("flex", True, False, "Recipe (qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config, "
+                                                    "PP 8, VP 3, EP 32, _enable_hybridep_full_iteration_mxfp8): " + _HYB
+                                                    + ", overlap_moe_expert_parallel_comm=True (timed as EP overlap), "
+                                                    "fp8_dot_product_attention=True (not modelled: attention timed in bf16). "),
+    ("2604", "LLAMA3_70B", "gb200", "MXFP8"): (None, None, True, "Recipe (llama3_70b_pretrain_64gpu_gb200_fp8mx_config, TP 2, "
+                                               "PP 4, VP 5, on llama3_70b_pretrain_config): " + _TPO + ". "),
+    ("2604", "LLAMA3.1_405B", "gb200", "FP8"): (None, None, True, "Recipe (llama31_405b_pretrain_256gpu_gb200_fp8cs_config, "
+                                                "TP 4, PP 16, VP 4, on llama31_405b_pretrain_config): " + _TPO + ". "),
+    ("2511", "LLAMA3.1_405B", "b200", "FP8-CS"): (None, None, True, "Recipe: the B200 405B recipes at this commit have "
+                                                  "another layout (PP 16); their userbuffers configuration is named "
+                                                  "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192 (the row's TP 4 x CP 2) "
+                                                  "and their base llama31_405b_pretrain_config sets " + _TPO + ". "),
 }
 
 CASES_MORE = []
@@ -104,13 +137,13 @@ for (_m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep
     _hw = _sys.lower()
     _dp = _g // (_tp * _pp * _cp)
     _mx = _prec in ("MXFP8", "FP8-MX")
-    _ep_dispatcher, _ep_overlap, _rnote = _RECIPE.get((_m, _hw, _prec), (None, None, ""))
+    _ep_dispatcher, _ep_overlap, _async_tp, _rnote = _RECIPE.get((_rel, _m, _hw, _prec), (None, None, False, ""))
     CASES_MORE.append(_row(
         id=f"megatron-bridge-{_rel}-{_m.lower().replace(' ', '-').replace('_', '-')}-{_g}x{_hw}-{_prec.lower()}",
         source=_src, model=_cat, hardware=_hw, devices=_g, tp=_tp, cp=_cp, pp=_pp, ep=_ep or 1, virtual_stages=_vp,
         pp_schedule="Interleaved1F1B" if _vp else ("1F1B" if _pp > 1 else None),
         dp_shard=_dp if _fsdp else 1, dp_replicate=1 if _fsdp else _dp, micro_batch=_mbs, local_batch=_gbs // _dp,
-        global_batch=_gbs, seq_len=_seq, checkpointing=None, compile=None, float8=_prec != "BF16", async_tp=False,
+        global_batch=_gbs, seq_len=_seq, checkpointing=None, compile=None, float8=_prec != "BF16", async_tp=_async_tp,
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, sharding=None if _fsdp else "distributed-optimizer",
         cp_ring="transformer-engine" if _cp > 1 else None, ep_dispatcher=_ep_dispatcher, ep_overlap=_ep_overlap,
         network_bandwidth=50e9 if _hw == "gb200" else None,
