@@ -129,8 +129,8 @@ def test_qlora_pipeline_stage_quantized_share():
 
 
 @pytest.mark.parametrize("kw,parameter,message", [
-    ({"tp_size": 2, "pp_size": 2, "sequence_parallel": True, "lora": {"rank": 16, "adapter_dtype": "base"}},
-     "sequence_parallel", "tp_size=2: pp_size=2: a stage before the last peaks inside its top layer's MLP"),
+    ({"tp_size": 2, "pp_size": 2, "lora": {"rank": 16, "adapter_dtype": "base", "use_dora": True}},
+     "lora.use_dora", "tp_size=2: not measured under tensor parallelism"),
     ({"cp_size": 2}, "lora", "cp_size=2"),
     ({"pp_size": 2, "lora": {"rank": 16, "use_dora": True}}, "lora.use_dora",
      "pp_size=2: DoRA's weight norms per pipeline stage are not measured"),

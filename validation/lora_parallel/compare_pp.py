@@ -3,6 +3,8 @@
 
     .venv/bin/python validation/lora_parallel/compare_pp.py          # the table
     .venv/bin/python validation/lora_parallel/compare_pp.py --doc    # and rewrite it in docs/validation.md
+    .venv/bin/python validation/lora_parallel/compare_pp.py --tp     # the stages of a tensor-parallel model
+                                                                      # (measure_lora_tp_pp.py's)
 
 Needs no torch. Each measured stage is solved as the run was laid out (``pp_size``, 1F1B over
 ``gradient_accumulation_steps`` = m micro-batches, the micro-batch b, LoRA as measured) and compared with the

@@ -2,9 +2,10 @@
 """LoRA per tensor-parallel rank: the measured profile's rank against measure_lora_tp.py's measurements.
 
     .venv/bin/python validation/lora_parallel/compare_tp.py          # the table
+    .venv/bin/python validation/lora_parallel/compare_tp.py --sp     # with sequence parallelism (measure_lora_sp.py)
 
-Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, no sequence
-parallelism, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
+Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, sequence
+parallelism as measured, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
 compared with the rank's bytes in that phase. The tensor-parallel rule's communication buffers are left out of the
 prediction compared: the fake process group has no transport (what a collective leaves on the rank is in the
 activations).

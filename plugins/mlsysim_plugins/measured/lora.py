@@ -91,11 +91,10 @@ intermediates (``_layer``); the LM head's fp32 logits all-gathered as in full tr
 adapter's own sequence gather off; a row adapter's output is scattered back, ``scatter_to_sequence_parallel_region``):
 the residual stream's parts on s / tp tokens (``Walk.add_residual``, ``_Layer.sequence``), the column adapters'
 gathered input whole, the final norm on s / tp tokens, its output held to the loss, in fp32 the LM head's gathered
-input at the logits' all-gather. With pipeline parallelism, in fp32 without SP (validation/lora_parallel/
-measure_lora_tp_pp.py, tp_pp_measurements.json): each stage's adapters / tp (``stage_trainable``), its activations
-the stage's (``_stage_activation_terms``) over the split widths. A 16-bit regime or SP with pp is refused: a stage
-before the last peaks inside its top layer's MLP with unsaved 16-bit tensors alive (measured 6.1 % to 7.3 % low).
-The rest is refused by name.
+input at the logits' all-gather. With pipeline parallelism (validation/lora_parallel/measure_lora_tp_pp.py,
+tp_pp_measurements.json): each stage's adapters / tp (``stage_trainable``), its activations the stage's
+(``_stage_activation_terms``) over the split widths and the rank's tokens, and a stage before the last's forward peak
+inside its top layer's MLP (``_top_mlp_moment``). The rest is refused by name.
 
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
@@ -234,18 +233,6 @@ def _check_tensor(plan, config):
         raise NotModelledError("dp_size", plan.dp_size, "1 with lora and tp_size > 1",
                                why + "LoRA over tensor parallelism combined with data parallelism (DDP buckets, ZeRO or "
                                "FSDP sharding of the adapters' tp shards) is not measured")
-    if plan.pp_size != 1 and (plan.sequence_parallel or o.regime.compute != 4):
-        # (measured: validation/lora_parallel/measure_lora_tp_pp.py, tp_pp_measurements.json, compare_pp.py --tp)
-        name, value, allowed = (("sequence_parallel", True, "False with lora, tp_size > 1 and pp_size > 1")
-                                if plan.sequence_parallel else
-                                ("regime", o.regime.name, "fp32 with lora, tp_size > 1 and pp_size > 1"))
-        raise NotModelledError(name, value, allowed, why + f"pp_size={plan.pp_size}: a stage before the last peaks "
-                               "inside its top layer's MLP, where the layer's input, the mid residual and the norm "
-                               "output (16-bit tensors the norms, keeping fp32 copies, do not save), the product and "
-                               "the down projection's partial and reduced outputs are alive together: not modelled "
-                               "(measured with Megatron-Bridge's adapters: that stage's forward peak 6.1 % above the "
-                               "prediction in bf16, 7.3 % with sequence parallelism, 3.5 % in fp32 with it; fp32 "
-                               "without it within 4.3 %)")
     family = shape_of(plan).family
     from .families import SEPARATE_QKV
     if (generic(plan) or family.lora_layer is None or family.sparse or not family.gated_mlp
@@ -1475,6 +1462,8 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
                            formula=f"T x h x {res} B{on_sp}{x} (no next layer on this stage saves it)"))
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the stage output (received)", nbytes=res * Tr * h,
                        phases=(BACKWARD, BACKWARD_END), formula=f"T x h x {res} B{on_sp} (the backward starts from it)"))
+        if t > 1:
+            add(_top_mlp_moment(plan, placement, other, T, sp))
     else:
         final, how = shape.family.norm.lora_final_saved(kind, T, h)
         if sp != 1:
@@ -1502,6 +1491,46 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
     if generic(plan):
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return terms
+
+
+def _top_mlp_moment(plan, placement, other: _Layer, T: int, sp: int) -> MemoryTerm:
+    """A tensor-parallel stage before the last: its forward's peak is inside its top layer's MLP, at the down
+    projection of the micro-batch running (validation/lora_parallel/measure_lora_tp_pp.py, every tensor alive there
+    listed on the fp32 and bf16 stages). Beside the saved tensors the stage's terms count, alive then: the layer's
+    input where no norm saves it (a 16-bit residual stream, the layer not the stage's first), the 16-bit mid residual
+    (the norm saves its fp32 copy), the post-attention norm's output on the rank's tokens under SP (the MLP reads
+    its all-gathered copy), the MLP's input where no gate/up adapter saves it, the product where no down adapter
+    does; then a frozen down projection's partial output and its all-reduced (SP: reduce-scattered) copy, or, with a
+    down adapter, at its all-gather (the moment after the base's): the base's reduced output, the adapter's out / tp
+    shard, the gather's (tp x ...) buffer and the concatenated whole. Less the running micro-batch's layer output,
+    which the stage's terms count and which is not made yet."""
+    shape = shape_of(plan)
+    t = placement.tensor_shards
+    regime = plan.profile_options.regime
+    c, res, h = regime.compute, regime.residual, shape.hidden
+    f = shape.ffn // t
+    Tr = T // sp
+    adapted = _adapted(plan)
+    parts = []
+    if placement.layers_per_stage > 1 and not other.output_saved:
+        parts.append(("the layer's input", res * Tr * h))
+    if res == 2:
+        parts.append(("the 16-bit mid residual", res * Tr * h))
+    if sp != 1:
+        parts.append(("the post-attention norm's output on the rank's tokens", c * Tr * h))
+    if "gate_proj" not in adapted and "up_proj" not in adapted:
+        parts.append(("the MLP's input" + (" (all-gathered)" if sp != 1 else ""), c * T * h))
+    if "down_proj" not in adapted:
+        parts.append(("the product (down's input)", c * T * f))
+        parts += [("down's partial output", c * T * h), ("its reduced copy", c * Tr * h)]
+    else:
+        parts += [("down's reduced output", c * Tr * h), ("down adapter's out / tp", c * T * h // t),
+                  ("its all-gather buffer", c * T * h), ("the gathered whole", c * T * h)]
+    out = res * Tr * h
+    return MemoryTerm(component=ACTIVATIONS, label="top layer's MLP forward: its transients (tensor parallel)",
+                      nbytes=sum(n for _, n in parts) - out, phases=(FORWARD,),
+                      formula=" + ".join(f"{name} {_n(n)}" for name, n in parts)
+                      + f" - the running micro-batch's output, not made yet, {_n(out)}")
 
 
 def _tensor_lm_head_terms(T, h, V, c, t, sp) -> list[MemoryTerm]:
