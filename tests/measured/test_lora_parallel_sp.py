@@ -40,7 +40,7 @@ def test_the_measurements():
     assert data["torch"].split("+")[0] == "2.13.0" and data["transformers"] == "5.23.0"
     assert "measure_lora_sp.py" in data["generator"] and "067f987df03b8355b03192d88d70f1709fedf51a" in \
         data["megatron_bridge"]
-    assert len(RUNS) == 8 and not any(r.get("error") for r in RUNS)
+    assert len(RUNS) == 10 and not any(r.get("error") for r in RUNS)
     for run in RUNS:
         assert run["layout"]["kind"] == "tp+sp" and run["measured"]["tp_plan"]["norms"].startswith("SequenceParallel")
         assert "return_layernorm_output_gathered" in run["measured"]["lora"]["sequence_parallel"]

@@ -33,7 +33,7 @@ def test_the_measurements():
     assert data["torch"].split("+")[0] == "2.13.0" and data["transformers"] == "5.23.0"
     assert "measure_lora_tp.py" in data["generator"] and "067f987df03b8355b03192d88d70f1709fedf51a" in \
         data["megatron_bridge"]
-    assert len(RUNS) == 6 and not any(r.get("error") for r in RUNS)
+    assert len(RUNS) == 8 and not any(r.get("error") for r in RUNS)
     for run in RUNS:
         assert run["layout"]["kind"] == "tp" and run["measured"]["tp_plan"]["mlp"].startswith("ColwiseParallel")
 
@@ -80,6 +80,19 @@ def test_layer_saved_bytes_per_token_by_hand():
     assert by_hand == 12_120 and run["measured"]["layer_forward_retained_bytes"][1:] == [by_hand * T] * 3
     rank = COMPARE.solve(run).ranks[0]
     layers = next(t for t in rank.terms if t.label == "decoder layers: saved for backward (LoRA)")
+    assert layers.nbytes == sum(run["measured"]["layer_forward_retained_bytes"])
+
+
+def test_lora_dropout_by_hand():
+    # lora_dropout 0.1 (dropout_position="pre"), fp32, every linear: each adapter drops its own input and lora_A keeps
+    # the dropped copy, the CPU's dropout its noise tensor (4 B a value); the norm outputs and down's input, which
+    # lora_A kept without dropout, are now kept by nobody. Per token, on the 12,120 B without dropout: q, k, v
+    # 3 x (1,024 + 1,024) - 1,024; o 512 + 512; gate, up 2 x (1,024 + 1,024) - 1,024; down 1,376 + 1,376 - 1,376
+    run = _run("fp32-r16-all-d0.1-w2")
+    T = run["batch_size"] * run["seq_len"]
+    by_hand = 12_120 + (3 * 2048 - 1024) + 1024 + (2 * 2048 - 1024) + 1376
+    assert by_hand == 22_712 and run["measured"]["layer_forward_retained_bytes"][1:] == [by_hand * T] * 3
+    layers = next(t for t in COMPARE.solve(run).ranks[0].terms if t.label == "decoder layers: saved for backward (LoRA)")
     assert layers.nbytes == sum(run["measured"]["layer_forward_retained_bytes"])
 
 

@@ -113,3 +113,10 @@ def test_sequence_parallel_stage_io_by_hand():
     by_label = {t.label: t.nbytes for t in rank.terms}
     assert by_label["stage input (received; kept for its backward)"] == 256 * 256 * 2
     assert by_label["gradient of the stage input (sent to the previous stage)"] == 256 * 256 * 2
+
+
+def test_dropout_over_tp_stages_is_refused():
+    from mlsysim_core.errors import NotModelledError
+    with pytest.raises(NotModelledError) as e:
+        _solve(lora={"rank": 16, "adapter_dtype": "base", "dropout": 0.1})
+    assert e.value.parameter == "lora.dropout" and "tp_size > 1 and pp_size > 1" in str(e.value)

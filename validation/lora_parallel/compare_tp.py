@@ -36,7 +36,7 @@ def solve(run):
     model = from_hf_config(run["hf_config"], name=run["model"])
     lay = run["layout"]
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"],
-            "adapter_dtype": "base"}
+            "adapter_dtype": "base", "dropout": run["lora"].get("dropout", 0.0)}
     return TrainingMemoryModel("measured").solve(
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"], precision="fp32",
         optimizer="adamw", activation_checkpointing="none", regime=run["regime"], optimizer_impl="foreach",

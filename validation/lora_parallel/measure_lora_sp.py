@@ -54,6 +54,9 @@ CONFIGS = [
     # grouped-query attention: the KV heads split over the ranks too
     _cfg("fp32", 2, model="gqa-tiny"),
     _cfg("bf16", 2, targets=["q_proj", "v_proj"], model="gqa-tiny"),
+    # lora_dropout (dropout_position="pre": a column adapter drops the all-gathered input, a row adapter its shard)
+    _cfg("fp32", 2, dropout=0.1),
+    _cfg("bf16", 2, targets=["q_proj", "v_proj", "down_proj"], dropout=0.1),
 ]
 
 

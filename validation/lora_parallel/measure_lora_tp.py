@@ -134,19 +134,23 @@ class ParallelLinearAdapter(torch.nn.Module):
     a row adapter's gathered output is scattered back to the rank's sequence chunk
     (``scatter_to_sequence_parallel_region``) before it is added to the base's reduce-scattered output."""
 
-    def __init__(self, in_features, out_features, dim, alpha, row, tp, dtype, sp=False):
+    def __init__(self, in_features, out_features, dim, alpha, row, tp, dtype, sp=False, dropout=0.0):
         super().__init__()
         self.row, self.scale, self.sp = row, alpha / dim, sp
+        # dropout_position="pre" (Megatron-Bridge's default): ``x = self.dropout(x)`` first in ``forward``
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else None
         a_shape = (dim, in_features // tp) if row else (dim // tp, in_features)
         self.linear_in = torch.nn.Parameter(torch.randn(a_shape, dtype=dtype) * 0.02)
         self.linear_out = torch.nn.Parameter(torch.zeros(out_features // tp, dim, dtype=dtype))
 
     def forward(self, x):
+        if isinstance(x, DTensor):      # (SP: the all-gathered norm output; its gradient a partial sum)
+            x = x.to_local(grad_placements=(Partial(),))
+        if self.dropout is not None:
+            x = self.dropout(x)
         if self.row:            # RowParallelLinear(input_is_parallel=True): reduce_from after the matmul
             y = _ReduceFromTP.apply(torch.nn.functional.linear(x, self.linear_in))
         elif self.sp:           # the gathered norm output, as the base reads it; disable_grad_reduce: no copy_to
-            if isinstance(x, DTensor):
-                x = x.to_local(grad_placements=(Partial(),))
             y = _GatherFromTP.apply(torch.nn.functional.linear(x, self.linear_in))
         else:                   # ColumnParallelLinear(gather_output=True): copy_to before, gather after
             y = _GatherFromTP.apply(torch.nn.functional.linear(_CopyToTP.apply(x), self.linear_in))
@@ -193,7 +197,7 @@ def add_adapters(model, cfg, tp) -> dict:
                     continue
                 i, o = widths[name]
                 setattr(parent, name, LoRALinear(base, ParallelLinearAdapter(
-                    i, o, lora["rank"], lora["alpha"], name in ROW, tp, dtype, sp)))
+                    i, o, lora["rank"], lora["alpha"], name in ROW, tp, dtype, sp, lora.get("dropout", 0.0))))
     info = {"adapter": "Megatron-Bridge ParallelLinearAdapter (re-implemented)", "targets": list(targets),
             "adapter_dtype": str(dtype).replace("torch.", "")}
     if sp:
@@ -203,11 +207,14 @@ def add_adapters(model, cfg, tp) -> dict:
     return info
 
 
-def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256, model="llama-tiny", kind="tp"):
+def _cfg(regime, world, *, rank=16, targets="all-linear", b=2, s=256, model="llama-tiny", kind="tp", dropout=0.0):
     c = mp._cfg(kind, model, world, 0, regime=regime, b=b, s=s)
     short = "all" if targets == "all-linear" else "-".join(t.split("_")[0] for t in targets)
-    c["id"] = f"lora-{kind.replace('+', '')}-{model}-{regime}-r{rank}-{short}-w{world}-b{b}-s{s}-r0"
+    d = f"-d{dropout:g}" if dropout else ""
+    c["id"] = f"lora-{kind.replace('+', '')}-{model}-{regime}-r{rank}-{short}{d}-w{world}-b{b}-s{s}-r0"
     c["lora"] = {"rank": rank, "alpha": 2 * rank, "target_modules": targets, "implementation": "megatron-bridge"}
+    if dropout:
+        c["lora"]["dropout"] = dropout
     return c
 
 
@@ -219,6 +226,9 @@ CONFIGS = [
     # grouped-query attention: the KV heads split over the ranks too
     _cfg("fp32", 2, model="gqa-tiny"),
     _cfg("bf16", 2, targets=["q_proj", "v_proj"], model="gqa-tiny"),
+    # lora_dropout (Megatron-Bridge's dropout_position="pre": each adapter drops its own input)
+    _cfg("fp32", 2, dropout=0.1),
+    _cfg("bf16", 2, targets=["q_proj", "v_proj", "down_proj"], dropout=0.1),
 ]
 
 

@@ -94,7 +94,8 @@ gathered input whole, the final norm on s / tp tokens, its output held to the lo
 input at the logits' all-gather. With pipeline parallelism (validation/lora_parallel/measure_lora_tp_pp.py,
 tp_pp_measurements.json): each stage's adapters / tp (``stage_trainable``), its activations the stage's
 (``_stage_activation_terms``) over the split widths and the rank's tokens, and a stage before the last's forward peak
-inside its top layer's MLP (``_top_mlp_moment``). The rest is refused by name.
+inside its top layer's MLP (``_top_mlp_moment``). ``lora_dropout`` (Megatron-Bridge's ``dropout_position="pre"``)
+is the walk's, measured with and without SP (not over tp + pp stages). The rest is refused by name.
 
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
@@ -243,7 +244,13 @@ def _check_tensor(plan, config):
     if config.quantization is not None:
         raise NotModelledError("lora.quantization", config.quantization, "None with tp_size > 1",
                                why + "a quantized base split by tensor parallelism is not measured")
-    for field, value, ok in (("lora.use_dora", config.use_dora, False), ("lora.dropout", config.dropout, 0.0),
+    # (lora_dropout: Megatron-Bridge's dropout_position="pre", each adapter dropping its own input, the column
+    # adapters' whole, the row adapters' shard: the walk's, measured in measure_lora_tp.py / measure_lora_sp.py)
+    if config.dropout and plan.pp_size != 1:
+        raise NotModelledError("lora.dropout", config.dropout, "0.0 with tp_size > 1 and pp_size > 1",
+                               why + "lora_dropout over the stages of a tensor-parallel model (its copies inside the "
+                               "top layer's MLP moment) is not measured")
+    for field, value, ok in (("lora.use_dora", config.use_dora, False),
                              ("lora.modules_to_save", config.modules_to_save, ())):
         if value and value != ok:
             raise NotModelledError(field, value, f"{ok!r} with tp_size > 1", why + "not measured under tensor "
