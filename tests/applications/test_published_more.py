@@ -25,7 +25,7 @@ def more():
 
 def test_rows_cite_the_archive_row_they_transcribe():
     rows = more()
-    assert len(rows) == 17 and {r["hardware"] for r in rows} == {"b200", "gb200"}
+    assert len(rows) == 24 and {r["hardware"] for r in rows} == {"b200", "gb200"}
     assert all(r["id"].startswith("megatron-bridge-") for r in rows)
     for r in rows:
         src = r["source"]
@@ -63,8 +63,8 @@ def test_rows_are_held_out_uncalibrated_and_gb200_is_timed_on_its_nvlink_domain(
     b = cases["megatron-bridge-2511-llama3-8b-8xb200-fp8-cs"]
     assert calibrate["hardware_for"](b) == "b200"
     rows = calibrate["rows"]("gb200")
-    assert len(rows) == 11 and all(role == "held out" for *_, role in rows)
-    assert calibrate["summary"]("b200")["held_out"] == 6
+    assert len(rows) == 15 and all(role == "held out" for *_, role in rows)
+    assert calibrate["summary"]("b200")["held_out"] == 9
 
 
 def test_catalog_power_envelopes_are_cited():

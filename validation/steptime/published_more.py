@@ -8,8 +8,8 @@ Sources (read from the repository's git objects):
 * NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit 067f987df03b8355b03192d88d70f1709fedf51a
   (published.py's ``_MB``): section '## 26.04.01 NeMo Container', the B200 and GB200 rows beside the H100 rows
   published.py records; section '## 25.11 NeMo Container' (its tables are per system, '#### System: DGX-B200' /
-  '#### System: DGX-GB200', with a GA column), its dense FP8-CS rows (26.04.01 has no dense B200 row) and its BF16
-  MoE rows on GB200. The archive's nomenclature: 'FSDP > 0: use FSDP with sharding group size = #GPUs / (TP x PP)',
+  '#### System: DGX-GB200', with a GA column): its B200 and GB200 rows of catalog models (26.04.01 has no dense B200
+  row; several 25.11 layouts recur in 26.04.01, a later container's measurement of the same layout). The archive's nomenclature: 'FSDP > 0: use FSDP with sharding group size = #GPUs / (TP x PP)',
   'FSDP = 0: use DDP'; footnote: 'In MoE training benchmarks, we force-balance the token distribution among
   experts and all benchmarks are token-dropless.' (the planner's balanced routing).
 * The recipes, where a row states one (src/megatron/bridge/perf_recipes/<family>/<system>/*.py at the same commit;
@@ -29,7 +29,8 @@ Sources (read from the repository's git objects):
   deepseek/common.py (_deepseek_v3_common: the flex 'hybridep' dispatcher), llama/gb200/llama3.py and llama31.py on
   recipes/llama/h100/llama3.py's base configs (TP communication overlap on); the rows' notes say which (_RECIPE).
 
-Not recorded: 26.04.01's GB200 LLAMA3.1_405B MXFP8 row (PP 16 x VP 8 = 128 model chunks for 126 layers: the pp
+Not recorded: 25.11's DGX-B200 'DeepSeekV3 (w/ MTP)' row (the multi-token-prediction module is not in the catalog's
+model), 26.04.01's GB200 LLAMA3.1_405B MXFP8 row (PP 16 x VP 8 = 128 model chunks for 126 layers: the pp
 rule refuses a chunk without a layer, LayoutError), NVFP4 rows (the planner has no 4-bit matmul), GB300/B300 rows (not in the catalog), Nemotron 3 and
 Kimi K2 rows (not in the catalog), 25.09's rows (no precision column), the 26.06 and later tables (later
 containers' measurements, mostly of 26.04.01's GB200 layouts; the H100 rows are 26.04.01's: one release compared). No AMD MI300X training table with full layouts (TP/PP/DP, batch and sequence
@@ -91,6 +92,11 @@ _RECIPE = {
                                                "PP 4, VP 5, on llama3_70b_pretrain_config): " + _TPO + ". "),
     ("2604", "LLAMA3.1_405B", "gb200", "FP8"): (None, None, True, "Recipe (llama31_405b_pretrain_256gpu_gb200_fp8cs_config, "
                                                 "TP 4, PP 16, VP 4, on llama31_405b_pretrain_config): " + _TPO + ". "),
+    ("2511", "LLAMA3.1_405B", "gb200", "FP8-CS"): (None, None, True, "Recipe (llama31_405b_pretrain_256gpu_gb200_fp8cs_config, "
+                                                   "the row's TP 4, PP 16, VP 4, GBS 1536): " + _TPO + ". "),
+    ("2511", "Qwen3_30B_a3B", "gb200", "FP8-MX"): ("flex", True, False, "Recipe (qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config, "
+                                                   "the row's EP 8, MBS 4): " + _HYB + ", overlap_moe_expert_parallel_comm=True "
+                                                   "(timed as EP overlap), fp8_dot_product_attention=True (not modelled). "),
     ("2511", "LLAMA3.1_405B", "b200", "FP8-CS"): (None, None, True, "Recipe: the B200 405B recipes at this commit have "
                                                   "another layout (PP 16); their userbuffers configuration is named "
                                                   "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192 (the row's TP 4 x CP 2) "
@@ -128,7 +134,21 @@ for _m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep,
         ("GPT OSS 120B", "openai/gpt-oss-120b", "GB200", 64, "BF16", 1280, 1, 8192, 0, 1, 1, 1, None, 64, 20, 15876, 488,
          "| GPT OSS 120B | 64 | BF16 | 1280 | 1 | 8192 | 0 | 1 | 1 | 1 | 1 | 64 | 20 | 15876 | 488 |"),
         ("Qwen3_235B_a22B", "qwen/qwen3-235b-a22b-instruct-2507", "GB200", 256, "BF16", 8192, 1, 4096, 0, 1, 8, 1, 3, 32, 256, 4916, 728,
-         "| Qwen3_235B_a22B | 256 | BF16 | 8192 | 1 | 4096 | 0 | 1 | 8 | 1 | 3 | 32 | 256 | 4916 | 728 |")]:
+         "| Qwen3_235B_a22B | 256 | BF16 | 8192 | 1 | 4096 | 0 | 1 | 8 | 1 | 3 | 32 | 256 | 4916 | 728 |"),
+        ("LLAMA3_70B", "meta-llama/meta-llama-3-70b", "GB200", 64, "FP8-CS", 256, 2, 8192, 64, 1, 1, 1, None, 1, 2, 4312, 1937,
+         "| LLAMA3_70B | 64 | FP8-CS | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | 1 | 1 | 2 | 4312 | 1937 |"),
+        ("LLAMA3.1_405B", "meta-llama/llama-3.1-405b", "GB200", 256, "FP8-CS", 1536, 1, 8192, 0, 4, 16, 1, 4, 1, 384, 813, 2053,
+         "| LLAMA3.1_405B | 256 | FP8-CS | 1536 | 1 | 8192 | 0 | 4 | 16 | 1 | 4 | 1 | 384 | 813 | 2053 |"),
+        ("DeepSeekV3", "deepseek-ai/deepseek-v3", "GB200", 256, "FP8-MX", 4096, 1, 4096, 0, 1, 8, 1, 4, 32, 128, 4018, 1003,
+         "| DeepSeekV3 (w/o MTP) | 256 | FP8-MX | 4096 | 1 | 4096 | 0 | 1 | 8 | 1 | 4 | 32 | 128 | 4018 | 1003 |"),
+        ("Qwen3_30B_a3B", "qwen/qwen3-30b-a3b", "GB200", 8, "FP8-MX", 512, 4, 4096, 0, 1, 1, 1, None, 8, 16, 23766, 547,
+         "| Qwen3_30B_a3B | 8 | FP8-MX | 512 | 4 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 16 | 23766 | 547 |"),
+        ("GPT OSS 120B", "openai/gpt-oss-120b", "B200", 64, "BF16", 512, 4, 4096, 0, 1, 1, 1, None, 8, 2, 8213, 223,
+         "| GPT OSS 120B | 64 | BF16 | 512 | 4 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 2 | 8213 | 223 |"),
+        ("Qwen3_30B_a3B", "qwen/qwen3-30b-a3b", "B200", 8, "FP8-MX", 512, 1, 4096, 0, 1, 1, 1, None, 8, 64, 9299, 214,
+         "| Qwen3_30B_a3B | 8 | FP8-MX | 512 | 1 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 64 | 9299 | 214 |"),
+        ("Qwen3_235B_a22B", "qwen/qwen3-235b-a22b-instruct-2507", "B200", 64, "FP8-MX", 1024, 1, 4096, 0, 1, 8, 1, 2, 8, 128, 3269, 484,
+         "| Qwen3_235B_a22B | 64 | FP8-MX | 1024 | 1 | 4096 | 0 | 1 | 8 | 1 | 2 | 8 | 128 | 3269 | 484 |")]:
     assert _ga == _gbs // (_g // (_tp * _pp * _cp) * _mbs), _txt       # the table's GA is GBS / (DP x MBS)
     CASES_MORE.append((_m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep, _tps, _tf,
                        f"{_MB_2511}, '#### System: DGX-{_sys}' row '{_txt}'", "2511"))
