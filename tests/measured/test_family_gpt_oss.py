@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from familytools import PHASES, family_configs, family_runs, phase_errors, solve_run
+from familytools import FAMILIES_DIR, PHASES, family_configs, family_runs, phase_errors, solve_run
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.types import SparseTransformerWorkload
 from mlsysim_plugins.measured.architectures import gpt_oss
@@ -16,6 +16,12 @@ from mlsysim_plugins.measured.families import family_for
 from mlsysim_plugins.measured.kernels import EAGER
 
 RUNS = [r for r in family_runs("gpt_oss") if "measured" in r]
+
+
+def family_runs_file(directory: str, name: str) -> list[dict]:
+    import json
+    return json.loads((FAMILIES_DIR / directory / name).read_text(encoding="utf-8"))["runs"]
+
 CONFIGS = family_configs("gpt_oss")
 RAW = ("layer_types", "sliding_window", "attention_bias", "head_dim", "swiglu_limit", "quantization_config")
 
@@ -188,8 +194,103 @@ def test_other_kernels_refused():
     flex = AttentionKernel(name="flex", description="x", layouts={})
     # (a kernel with no formula for the sinks layout: the family's check refuses it by name)
     options = types.SimpleNamespace(attention="flex", attention_kernel=flex, regime=None)
-    with pytest.raises(NotModelledError, match=r"attention='flex'.*only eager is modelled"):
+    with pytest.raises(NotModelledError, match=r"attention=.flex.*of which eager and flex_attention .* are modelled"):
         gpt_oss.check(types.SimpleNamespace(profile_options=options, model=workload(CONFIGS.GPT_OSS_TINY)))
+
+
+# --- flex_attention with sinks (a kernel declaring computes="flex", sinks="lse") --------------------------
+
+FLEX_RUNS = [r for r in family_runs_file("gpt_oss", "flex_sinks_measurements.json") if "measured" in r]
+
+
+def test_flex_runs_cover_the_regimes():
+    assert {r["id"] for r in FLEX_RUNS} == {c["id"] for c in CONFIGS.FLEX_SINKS_CONFIGS}
+    assert {(r["regime"], r["checkpointing"]) for r in FLEX_RUNS} == {
+        ("fp32", "none"), ("bf16", "none"), ("amp-bf16", "none"), ("fp32", "full"), ("bf16", "full")}
+    assert all(r["attention"] == "flex_attention" for r in FLEX_RUNS)
+
+
+@pytest.mark.parametrize("run", FLEX_RUNS, ids=lambda r: r["id"])
+def test_flex_every_phase_within_target(run):
+    e = errors(run)
+    assert all(abs(v) <= 0.05 for v in e.values()), e
+
+
+def test_flex_median_error_within_target():
+    all_errors = [errors(r) for r in FLEX_RUNS]
+    assert statistics.median(abs(e[p]) for e in all_errors for p in PHASES) <= 0.01
+
+
+def test_flex_sinks_bytes_by_hand():
+    # 8 heads of 48 (q = 384), 2 KV heads (kv = 96), s = 256. fp32: q, k, v 4 x (384 + 2 x 96); the output
+    # 4 x 384 + the fp32 log-sum-exp 4 x 8; the renormalisation (cat 2a, logsumexp a, exp a) 4 x 4 x 8; o_proj's
+    # input 4 x 384. On the CPU (uncompiled) the autograd function also keeps the fp32 row maxima, 4 x 8.
+    kw = dict(dropout=False, heads=8, q_dim=384, kv_dim=96, hidden=256, seq_len=256, tokens=512)
+    fp32 = gpt_oss.flex_sinks(kind="fp32", **kw)
+    assert [p.nbytes for p in fp32] == [4 * 576, 4 * 384 + 32, 4 * 4 * 8, 4 * 384]
+    assert [p.nbytes for p in gpt_oss.flex_sinks(kind="fp32", device="cpu", **kw)][1] == 4 * 384 + 32 + 32
+    # bf16: 2-byte tensors, the renormalisation in bf16 (2 x 4a); autocast: bf16 casts into flex_attention,
+    # the renormalisation in fp32, o_proj's bf16 cast
+    assert [p.nbytes for p in gpt_oss.flex_sinks(kind="bf16", **kw)] == [2 * 576, 2 * 384 + 32, 2 * 4 * 8, 2 * 384]
+    assert [p.nbytes for p in gpt_oss.flex_sinks(kind="amp-bf16", **kw)] == [2 * 576, 2 * 384 + 32, 4 * 4 * 8,
+                                                                             2 * 384]
+    # 6 query heads (not a power of two): transformers repeats k and v to all heads (repeat_kv)
+    six = gpt_oss.flex_sinks(kind="bf16", **{**kw, "heads": 6, "q_dim": 288})
+    assert six[0].nbytes == 2 * 3 * 288
+    # no s in any of them: the bytes per token do not grow with the sequence
+    long = gpt_oss.flex_sinks(kind="bf16", **{**kw, "seq_len": 131072})
+    assert [p.nbytes for p in long] == [p.nbytes for p in gpt_oss.flex_sinks(kind="bf16", **kw)]
+
+
+def test_flex_keeps_block_masks_not_the_eager_terms():
+    # one BlockMask per layer type (sliding, full): 4 x b x (n^2 + n) int32 with n = ceil(256 / 128) = 2 blocks;
+    # no additive (b, 1, s, s) masks under checkpointing, no first-layer s x (s + 1) backward moment
+    for run in FLEX_RUNS:
+        labels = {t.label: t.nbytes for t in solve(run).terms}
+        assert labels["flex_attention block masks (saved by every layer)"] == 2 * 4 * 2 * (2 * 2 + 2) * 4
+        assert not [k for k in labels if k.startswith(("eager attention masks", "first layer's attention"))]
+
+
+def test_flex_is_what_the_kernel_declares_not_its_name():
+    import attrs
+    from mlsysim_core import TrainingMemoryModel, hookimpl
+    from mlsysim_core.manager import PluginManager
+    from mlsysim_plugins.measured.kernels import FLEX_ATTENTION
+    mine = attrs.evolve(FLEX_ATTENTION, name="myorg.flex-sinks", description="flex_attention, as myorg runs it")
+    no_sinks = attrs.evolve(FLEX_ATTENTION, name="myorg.flex", sinks="")
+
+    class MyOrg:
+        @hookimpl
+        def mlsysim_measured_attention_kernels(self):
+            return [mine, no_sinks]
+
+    pm = PluginManager.from_environment(autoload=False)
+    pm.register(MyOrg(), name="myorg_kernels")
+    solver = TrainingMemoryModel("measured", plugin_manager=pm)
+    run = FLEX_RUNS[0]
+    assert solve_run(run, workload(run["hf_config"]), solver=solver, attention="myorg.flex-sinks").total_memory \
+        == solve(run).total_memory
+    with pytest.raises(NotModelledError, match=r"attention='myorg.flex'.*declares no support for attention sinks"):
+        solve_run(run, workload(run["hf_config"]), solver=solver, attention="myorg.flex")
+    with pytest.raises(ValueError, match="AttentionKernel.sinks"):
+        attrs.evolve(FLEX_ATTENTION, sinks="softmax-offset")
+
+
+def test_flex_refused_for_other_families():
+    # flex_attention has formulas for gpt-oss's sinks layout only (a Llama under it was not measured)
+    from mlsysim_plugins.measured.kernels import FLEX_ATTENTION, SEPARATE_QKV
+    with pytest.raises(NotModelledError, match="knows the layouts: none"):
+        FLEX_ATTENTION.formula(SEPARATE_QKV)
+
+
+def test_flex_at_long_sequences():
+    # gpt-oss-120b's attention at s = 131,072, bf16, per token and layer on a GPU: eager keeps the sink-softmax
+    # 2 x 64 x (s + 1) B (16.8 MB) besides q/k/v; flex_attention 2 x (4096 + 2 x 512) + 2 x 4096 + 4 x 64 +
+    # 2 x 4 x 64 + 2 x 4096 (27,392 B), whatever s
+    kw = dict(dropout=False, heads=64, q_dim=4096, kv_dim=512, hidden=2880, seq_len=131072, tokens=131072)
+    assert sum(p.nbytes for p in gpt_oss.flex_sinks(kind="bf16", **kw)) == 27_392
+    assert sum(p.nbytes for p in gpt_oss.eager_sinks(kind="bf16", **kw)) == 3 * 2 * 4096 + 8 * 64 + 2 * 64 * 131073 \
+        + 2 * 4096
 
 
 def test_dropout_refused():

@@ -30,7 +30,20 @@ in its math kernel, PyTorch's math fallback), ``"eager"`` (``q @ k^T``, softmax,
 family's own attention formulas (``ArchitectureFamily.attention_layouts``) and per-op
 checkpointing policies are keyed by it, SDPA's sliding-window masks and eager's additive masks
 follow it. A kernel under another name that declares ``computes="sdpa"`` and the built-in's
-layouts gives the built-in ``sdpa``'s bytes.
+layouts gives the built-in ``sdpa``'s bytes. ``"flex"`` is torch's ``flex_attention``
+(``torch/_higher_order_ops/flex_attention.py``, ``FlexAttentionAutogradOp``): one fused op that keeps
+q, k and v (k, v at their own heads' width under ``enable_gqa``), its output and the fp32
+log-sum-exp per head and token for its backward, no s x s scores (the GPU's Triton kernels; the
+CPU's eager ``math_attention`` materialises them as temporaries only), and returns the log-sum-exp
+to its caller (``return_aux=AuxRequest(lse=True)``).
+
+A kernel also declares whether it supports learnable attention sinks (``sinks``: gpt-oss's
+per-head logit in the softmax's denominator, ``softmax(cat([scores, sink]))[..., :-1]``) without
+materialising the scores: ``"lse"``, the caller renormalises the kernel's output with its
+log-sum-exp, ``out x exp(lse - logsumexp([lse, sink]))`` (transformers 5.23's
+``flex_attention_forward`` with ``s_aux``, as the hub's and vLLM's sink kernels combine them), so
+the sinks' gradient flows through that renormalisation and the kernel's saved tensors are its
+own; ``""``, none. A family with sinks asks it (``architectures/gpt_oss.py``), never its name.
 """
 
 from __future__ import annotations
@@ -54,7 +67,11 @@ ALL_GRAD = (True, True, True)
 # What a kernel computes (``AttentionKernel.computes``): machine keys, distinct from kernel names.
 COMPUTES_SDPA = "sdpa"
 COMPUTES_EAGER = "eager"
-COMPUTES = (COMPUTES_SDPA, COMPUTES_EAGER, "")
+COMPUTES_FLEX = "flex"
+COMPUTES = (COMPUTES_SDPA, COMPUTES_EAGER, COMPUTES_FLEX, "")
+# How a kernel applies learnable attention sinks (``AttentionKernel.sinks``): the module docstring.
+SINKS_THROUGH_LSE = "lse"
+SINKS = (SINKS_THROUGH_LSE, "")
 
 
 def _layouts(value) -> tuple[tuple[str, Callable], ...]:
@@ -69,16 +86,23 @@ def _computes(instance, attribute, value):
         raise ValueError(f"AttentionKernel.computes {value!r}; expected one of {COMPUTES}")
 
 
+def _sinks(instance, attribute, value):
+    if value not in SINKS:
+        raise ValueError(f"AttentionKernel.sinks {value!r}; expected one of {SINKS}")
+
+
 @same_object_first
 @attrs.frozen(kw_only=True, cache_hash=True)
 class AttentionKernel:
     """An attention implementation: per attention layout, what it saves for backward, and
-    what it computes (``computes``: ``"sdpa"``, ``"eager"`` or ``""``, the module docstring)."""
+    what it computes (``computes``: ``"sdpa"``, ``"eager"``, ``"flex"`` or ``""``) and how it applies
+    learnable attention sinks (``sinks``: ``"lse"`` or ``""``; the module docstring)."""
 
     name: str
     description: str
     layouts: tuple[tuple[str, Callable[..., tuple]], ...] = attrs.field(converter=_layouts)
     computes: str = attrs.field(default="", validator=_computes)
+    sinks: str = attrs.field(default="", validator=_sinks)
 
     @property
     def sdpa(self) -> bool:
@@ -205,7 +229,15 @@ EAGER = AttentionKernel(
     layouts={SEPARATE_QKV: _eager_separate, FUSED_QKV: _eager_fused, MEGATRON: _eager_megatron},
     computes=COMPUTES_EAGER)
 
-BUILTIN_KERNELS: Mapping[str, AttentionKernel] = {k.name: k for k in (SDPA, EAGER)}
+# No formula of its own: a family whose layout it runs gives one (``ArchitectureFamily.attention_layouts``,
+# keyed "flex": gpt-oss's, validation/families/gpt_oss/measure_flex_sinks.py); any other is refused by name.
+FLEX_ATTENTION = AttentionKernel(
+    name="flex_attention", description="torch flex_attention (fused: q, k, v, output and the fp32 log-sum-exp kept, "
+                                       "no s x s scores), learnable sinks through its log-sum-exp (transformers' "
+                                       "flex_attention_forward)",
+    layouts={}, computes=COMPUTES_FLEX, sinks=SINKS_THROUGH_LSE)
+
+BUILTIN_KERNELS: Mapping[str, AttentionKernel] = {k.name: k for k in (SDPA, EAGER, FLEX_ATTENTION)}
 
 
 def kernel_of(plan) -> AttentionKernel:

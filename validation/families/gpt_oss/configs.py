@@ -68,3 +68,27 @@ CONFIGS = [
          method="fake"),
     _cfg("gpt-oss-120b-2L-bf16-eager-fake", "gpt-oss-120b-2L", 1, 2048, regime="bf16", method="fake"),
 ]
+
+
+# gpt-oss under transformers' flex_attention with the sinks through the log-sum-exp (measure_flex_sinks.py: the
+# profiler's memory timeline, real tensors only; flex_sinks_measurements.json). The tiny shape with a 32,768-token
+# vocabulary: the loss's moments (b x s x V logits) set the phases' peaks, not the fp32 scores that the CPU's
+# uncompiled flex_attention materialises as temporaries (a GPU's fused kernels do not), so every phase measures
+# the bytes the layers keep.
+GPT_OSS_TINY_V32K = dict(GPT_OSS_TINY, vocab_size=32768)
+MODELS["gpt-oss-tiny-v32k"] = GPT_OSS_TINY_V32K
+
+
+def _flex(id, *args, **kw):
+    cfg = _cfg(id, *args, **kw)
+    cfg["attention"] = "flex_attention"
+    return cfg
+
+
+FLEX_SINKS_CONFIGS = [
+    _flex("gpt-oss-tiny-v32k-fp32-flex", "gpt-oss-tiny-v32k", 2, 256),
+    _flex("gpt-oss-tiny-v32k-bf16-flex", "gpt-oss-tiny-v32k", 2, 256, regime="bf16"),
+    _flex("gpt-oss-tiny-v32k-amp-flex", "gpt-oss-tiny-v32k", 2, 256, regime="amp-bf16"),
+    _flex("gpt-oss-tiny-v32k-fp32-flex-ckpt", "gpt-oss-tiny-v32k", 2, 256, checkpointing="full"),
+    _flex("gpt-oss-tiny-v32k-bf16-flex-ckpt", "gpt-oss-tiny-v32k", 2, 256, regime="bf16", checkpointing="full"),
+]

@@ -46,14 +46,36 @@ fp32 output held until the loss; without checkpointing, the first layer's attent
 b x a x s x (s + 1) tensors at ``max``'s backward with every later gradient alive), a higher point of
 the backward than its end when the expert gradients are large (gpt-oss-120b).
 
+Fused attention with sinks (``attention="flex_attention"``, or any kernel declaring ``computes="flex"`` and
+``sinks="lse"``: ``flex_sinks``): transformers' ``flex_attention_forward`` with ``s_aux`` runs
+``flex_attention`` (which keeps q, k, v at their own width, its output and the fp32 log-sum-exp, no scores)
+and renormalises the output by the sinks through the log-sum-exp, as the hub's and vLLM's sink kernels do;
+sliding-window and full layers alike (the window is in the BlockMask, one per layer type, kept by every
+layer: ``adjust_terms``), no additive masks and no s x (s + 1) backward moment. Per token (c the compute
+bytes, r the renormalisation's): c(2q + 2kv) + 4a + 4ra + cq against eager's 4cq + 8a + ca(s + 1) (bf16):
+gpt-oss-120b in bf16 on a GPU keeps 27,392 B a token and layer whatever s, eager 557,696 B at s = 4,096.
+Measured on the CPU in fp32, bf16 and under autocast, with and without full checkpointing
+(``validation/families/gpt_oss/measure_flex_sinks.py``, the profiler's memory timeline: flex_attention has
+no CPU backward in torch 2.13's public API, the script lifts that guard and transformers' CPU one, and
+MemTracker has no rule for its higher-order operator). What only the CPU does is left out where the device is
+a GPU: the uncompiled autograd function's row maxima (``flex_sinks``), the fp32 scores its eager
+implementation materialises as temporaries (not modelled: the measured runs keep them below the phases'
+peaks) and the reference cycles of that path, which hold about 1.3 MB per iteration until Python's
+collector runs (1.3 MB, 1.7 MB with full checkpointing, in the measured runs; not modelled).
+
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
 working set (``model.layer_terms``) costs that moment (within 2.1 % of the measured backward). Not modelled, refused by name
-(``NotModelledError``): attention kernels other than eager and sdpa (transformers 5.23 refuses SDPA for
-gpt-oss, ``_supports_sdpa = False``, and runs eager by default: the family costs ``attention="sdpa"``,
-the profile's default, as eager with a note; flex_attention and the hub's flash kernels with sinks were
+(``NotModelledError``): attention kernels other than eager, sdpa and flex_attention with sinks (transformers
+5.23 refuses SDPA for gpt-oss, ``_supports_sdpa = False``, and runs eager by default: the family costs
+``attention="sdpa"``, the profile's default, as eager with a note; the hub's flash kernels with sinks were
 not measured),
-dropout > 0, Megatron-Core regimes, LoRA, and training in MXFP4 (a regime with sub-16-bit weights
+dropout > 0, Megatron-Core regimes (Transformer Engine's fused attention with ``softmax_type="learnable"``
+keeps what FlashAttention keeps, q, k, v, the output and the fp32 softmax statistics, and returns the
+sinks' gradient from its backward: TransformerEngine ``transformer_engine/pytorch/attention/
+dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``; but Megatron-Core's gpt-oss MLP --
+grouped-GEMM experts with biases and the clamped SwiGLU with ``glu_linear_offset`` -- is not derived, and
+``megatron_mlp`` refuses it), LoRA, and training in MXFP4 (a regime with sub-16-bit weights
 for a config whose ``quantization_config`` is MXFP4: gpt-oss trains on dequantized bf16 weights, see
 ``check``). Assumed: ``output_router_logits`` false (gpt-oss's config; true keeps every layer's router
 logits for the auxiliary loss), and the norms' weights in the regime's dtype as ``from_config``
@@ -69,12 +91,13 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
-from ..kernels import kernel_of
+from ..kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE, kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
 
 ARCHITECTURE = "gpt_oss"
 LAYOUT = "gpt-oss-sinks"          # the attention layout: q/k/v/o with biases, GQA, sinks concatenated to the scores
 HEAD_DIM = 64                     # gpt-oss's head_dim (config.json), used where a model is not given
+FLEX_BLOCK = 128                  # BlockMask's block size: torch's _DEFAULT_SPARSE_BLOCK_SIZE (create_block_mask's default)
 SWIGLU_SAVED = 7                  # f-wide tensors the experts keep per routed copy besides their input/output: see above
 
 
@@ -126,6 +149,44 @@ def eager_sinks(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens,
             Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True))
 
 
+def _gqa_expanded(heads: int) -> bool:
+    """transformers' ``flex_attention_forward`` repeats k and v to the query heads (``repeat_kv``) when the
+    local query heads are not a power of two ("When running TP this helps"), else passes ``enable_gqa=True``."""
+    return heads & (heads - 1) != 0
+
+
+def flex_sinks(*, kind, dropout, heads, q_dim, kv_dim, hidden, seq_len, tokens, grads=(True, True, True),
+               device="cuda"):
+    """``flex_attention`` with the sinks through its log-sum-exp (transformers 5.23's ``flex_attention_forward``
+    with ``s_aux``; a kernel declaring ``computes="flex"``, ``sinks="lse"``), per token; c the compute bytes
+    (2 under autocast too: autocast runs flex_attention on bf16 casts of the fp32 rotary outputs), r the
+    renormalisation's (4 in fp32 and under autocast, whose ``logsumexp``/``exp`` run in fp32, else 2):
+
+    * ``FlexAttentionAutogradOp`` saves q and k (the rotary outputs, or their bf16 casts: c x q, c x kv), v
+      (c x kv; k and v at their own heads' width under ``enable_gqa``, repeated to c x q each when the heads
+      are not a power of two), its output (c x q) and the fp32 log-sum-exp (4a), no scores; uncompiled (the
+      CPU: ``device="cpu"``) it also saves the fp32 row maxima its backward never reads (4a), which
+      Inductor's partition of the compiled op (a GPU) drops;
+    * the sinks: ``lse.to(v.dtype)`` (fp32: the same tensor; else a copy nothing saves), ``cat([lse, sinks])``
+      (saved by ``logsumexp``: r x 2a), ``logsumexp`` (its output, r x a), ``exp(lse - combined)`` (its
+      output, r x a, saved by exp and by the multiply), ``output * renorm`` (saves the output and the
+      factor, both counted): 4 x r x a;
+    * o_proj's input, the contiguous transposed product (c x q; under autocast the linear's bf16 cast).
+
+    The sinks' gradient flows through the renormalisation (``exp``, ``logsumexp``, ``expand``): nothing more is
+    saved for it. Measured on the CPU (validation/families/gpt_oss/measure_flex_sinks.py)."""
+    _dropout_refused(dropout)
+    c, q, a = 4 if kind == "fp32" else 2, q_dim, heads
+    r = 2 if kind == "bf16" else 4
+    kv = q if _gqa_expanded(heads) else kv_dim
+    maxima = 4 * a if device == "cpu" else 0
+    return (Part("q, k, v (flex_attention's inputs)", c * (q + 2 * kv)),
+            Part("flex_attention output + fp32 log-sum-exp" + (" + row maxima (uncompiled)" if maxima else ""),
+                 c * q + 4 * a + maxima),
+            Part("sink renormalisation (cat of lse and sink, logsumexp, exp)", 4 * r * a),
+            Part("attention output (contiguous, o_proj input)", c * q, weight_gradient_only=True))
+
+
 # --- one decoder layer -------------------------------------------------------------------------------
 
 def gpt_oss_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts, top_k, regime, dropout, tokens,
@@ -158,7 +219,10 @@ def gpt_oss_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts,
 def megatron_mlp(*, hidden, ffn, experts, top_k):
     raise NotModelledError("regime", "Megatron-Core (main-grad)",
                            "a regime that runs transformers' gpt-oss layers (fp32, bf16, amp-bf16, ...)",
-                           "Megatron-Core's gpt-oss layers (sinks, clamped SwiGLU) are not modelled")
+                           "Megatron-Core's gpt-oss layers are not modelled: their attention (Transformer Engine's "
+                           "fused attention, softmax_type='learnable') keeps what FlashAttention keeps, but the MLP "
+                           "(grouped-GEMM experts with biases, the SwiGLU clamped at 7 with glu_linear_offset 1, as "
+                           "Megatron-Core gpt-oss configurations set them) has no derivation of what it saves")
 
 
 # --- parameters ----------------------------------------------------------------------------------------
@@ -271,6 +335,14 @@ def adjust_terms(kind, plan, placement, terms):
     r = regime.residual
     b, s = plan.microbatch, plan.seq_len
     from ..checkpointing import keeps_everything, whole_layers
+    if fused_sinks(kernel_of(plan)):
+        n = _mask_kinds(plan.model)
+        blocks = -(-s // FLEX_BLOCK)
+        out.append(MemoryTerm(component=ACTIVATIONS, label="flex_attention block masks (saved by every layer)",
+                              nbytes=n * 4 * b * (blocks * blocks + blocks) * 4, phases=(FORWARD, BACKWARD),
+                              formula=f"{n} layer type(s) x 4 x b x (n^2 + n) x 4 B, n = ceil(s / {FLEX_BLOCK}) = "
+                                      f"{blocks} (BlockMask's int32 kv/q block counts and indices, full and partial)"))
+        return out      # no scores, no additive masks: the eager terms below do not exist
     if whole_layers(plan) and (o.checkpointed_layers is None or o.checkpointed_layers < placement.layers_per_stage):
         n = _mask_kinds(plan.model)
         out.append(MemoryTerm(component=ACTIVATIONS, label="eager attention masks (kept by the checkpointed layers)",
@@ -320,6 +392,13 @@ def _quantization(model):
     return None
 
 
+def fused_sinks(kernel) -> bool:
+    """Does ``kernel`` run gpt-oss's attention fused, the sinks through its log-sum-exp (what it declares:
+    ``computes == "flex"`` and ``sinks == "lse"``, never its name)? Then no scores and no additive masks
+    exist (``flex_sinks``, ``adjust_terms``)."""
+    return kernel.computes == COMPUTES_FLEX and kernel.sinks == SINKS_THROUGH_LSE
+
+
 def check(plan) -> tuple[str, ...]:
     """Refuse what transformers cannot run or the profile has not measured; say what the MXFP4
     checkpoint means for training."""
@@ -328,18 +407,26 @@ def check(plan) -> tuple[str, ...]:
     name = kernel.name
     own = any(layout == LAYOUT for layout, _ in kernel.layouts)   # a kernel that knows sinks
     notes = []
-    if kernel.sdpa and not own:     # what the kernel declares it computes, not its name
+    if kernel.computes == COMPUTES_FLEX and not own and not fused_sinks(kernel):
+        raise NotModelledError(
+            "attention", name, "a flex_attention kernel that declares sinks='lse' for a gpt-oss model",
+            f"kernel {name!r} computes flex_attention but declares no support for attention sinks "
+            f"(sinks={kernel.sinks!r}): gpt-oss's sinks need the log-sum-exp renormalisation")
+    if own or fused_sinks(kernel):    # (flex with sinks: fp32, bf16 and autocast measured, measure_flex_sinks.py)
+        pass
+    elif kernel.sdpa:     # what the kernel declares it computes, not its name
         notes.append(
             "gpt-oss has no SDPA attention in transformers 5.23 (GptOssPreTrainedModel._supports_sdpa = False: SDPA "
             "has no attention sinks; attn_implementation='sdpa' raises, the default falls back to eager): costed as "
             "eager attention, with its s x (s + 1) scores (the hub's flash-attention kernels with sinks keep no scores "
             "and are not modelled)")
-    elif not kernel.eager and not own:
+    elif not kernel.eager:
         raise NotModelledError(
             "attention", name, "'eager' (or 'sdpa', costed as the eager attention transformers falls back to) for a "
             "gpt-oss model",
             f"kernel {name!r} has no formula for gpt-oss's attention with sinks ({LAYOUT!r}); transformers 5.23 runs "
-            "gpt-oss with eager, flex_attention or the hub's flash-attention kernels, of which only eager is modelled")
+            "gpt-oss with eager, flex_attention or the hub's flash-attention kernels, of which eager and "
+            "flex_attention (a kernel declaring computes='flex', sinks='lse') are modelled")
     regime = o.regime
     if regime.main_grad:
         megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
@@ -376,7 +463,7 @@ GPT_OSS = ArchitectureFamily(
                 "layers, YaRN rotary, RMSNorm, a biased router and biased experts with a clamped SwiGLU "
                 "(transformers' grouped_mm) (validated against PyTorch's MemTracker: validation/families/gpt_oss)",
     architectures=(ARCHITECTURE,), sparse=True, gated_mlp=True, norm=GPT_OSS_NORM, layer_norms=2,
-    positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks, "sdpa": eager_sinks},
+    positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks, "sdpa": eager_sinks, "flex": flex_sinks},
     layer_weights=gpt_oss_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
     layer=gpt_oss_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=assumptions,
     count_parameters=count_parameters, check=check, adjust_terms=adjust_terms,
