@@ -72,6 +72,11 @@ COMPILE = _option("torch.compile with Inductor's default options: True, the whol
             "help": "torch.compile the model (Inductor, default options; see docs/compile.md)"},
            {"flag": "--compile-blocks", "const": "blocks",
             "help": "torch.compile each decoder block apart (torchtune, torchtitan; see docs/compile.md)"}))
+COMPILE_CHECKPOINT = _option("with compile='blocks' and full checkpointing: where each layer's checkpoint sits "
+    "relative to its compiled block: inside (torchtitan's apply_ac, then apply_compile: the checkpoint inside the "
+    "compiled graph; the default without LoRA) or outside (torchtune's compile_model, then "
+    "set_activation_checkpointing wraps each compiled layer; the default with LoRA, the only one measured with it)",
+    "WHERE", choices=("inside", "outside"))
 
 
 # --- LoRA / QLoRA (lora.py) -------------------------------------------------------------------------
@@ -201,7 +206,7 @@ def _float8_time(plan, figures):
 
 def _compile(plan, registry):
     value = plan.profile_options.compile
-    if value is None or value is False:
+    if (value is None or value is False) and plan.profile_options.compile_checkpoint is None:
         return plan
     from .compile import prepare     # what is modelled, checked; the rest refused by name
     return prepare(plan, registry)
@@ -288,7 +293,8 @@ TECHNIQUES = (
                           Candidate("adamw-8bit-bnb", "bitsandbytes AdamW8bit", _LOWBIT_CAVEAT.format("8-bit"))],
               offered=lambda value, given: given in ("adam", "adamw"),
               active=lambda plan: plan.optimizer in LOWBIT, added_step_time=_lowbit_time),
-    Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE},
+    Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,
+                                                                        "compile_checkpoint": COMPILE_CHECKPOINT},
               description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)"),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},
