@@ -35,12 +35,24 @@ Which rows the tool can express:
 * + Chunked Cross Entropy: yes, ``compile="blocks"`` + ``loss="chunked"``: ``compile_loss`` compiles
   ``CEWithChunkedOutputLoss.compute_cross_entropy`` in place (torchtune/training/_compile.py:76-79): each
   chunk's graph saves the chunk's bf16 logits and a per-token max and log-sum-exp, no fp32 log-softmax.
+* + Activation Checkpointing: yes, ``compile="blocks"``, ``loss="chunked"``, full checkpointing in torchtune's
+  order, ``compile_checkpoint="outside"`` (recipes/full_finetune_single_device.py ``_setup_model``:
+  ``training.compile_model``, then ``training.set_activation_checkpointing`` wraps each compiled layer;
+  validation/compile/measure_blocks_order.py). Its peak is the backward's end, the tied embedding's
+  gradient (the LM head's partial, the lookup's and their sum), the same in either order. From this row on the
+  optimizer step can reach the peak, so the AdamW implementation matters, and the README does not name it:
+  the row is compared with ``optimizer_impl="fused"``. Two reasons: torchtune 0.6.1's configs that name
+  ``torch.optim.AdamW`` set ``fused: True`` in 118 of 123 (recipes/configs, the README's final-row
+  config llama3_2/3B_qlora_single_device.yaml among them); and foreach's step allocates one parameter-sized
+  temporary set (torch/optim/adam.py ``_multi_tensor_adam``: ``exp_avg_sq_sqrt =
+  torch._foreach_sqrt(device_exp_avg_sqs)``), which puts that step at 29.92 GiB (23.93 GiB of weights,
+  gradients and bf16 AdamW state + 5.98 GiB), 20 % above the published peak. The recipe reads the peak after
+  the step, so a foreach run could not have recorded 24.9 GiB. The foreach prediction is in the note.
 * Every later row keeps ``compile=True`` (the README's command for the final row passes it) and cannot
-  be expressed: ``compile="blocks"`` with full activation checkpointing (torchtune wraps each compiled
-  layer in ``checkpoint_wrapper`` after compiling it: the recompute runs the compiled layer), with the
-  optimizer step in the backward, activation offloading or 8-bit AdamW are refused by the profile (not
-  measured compiled); LoRA and QLoRA with compile are refused (not modelled compiled). The
-  eager prediction of the same settings is printed beside them as information, not compared.
+  be expressed: ``compile="blocks"`` with the optimizer step in the backward, activation offloading or 8-bit
+  AdamW is refused by the profile (not measured compiled); LoRA and QLoRA with compile are refused (not
+  modelled compiled). The eager prediction of the same settings is printed beside them as information, not
+  compared.
 
 On the one row compared, the model is torchtune's, not Hugging Face's: the same ops in the
 decoder layers (RMSNorm upcast, SwiGLU, SDPA/flex attention keeping output and log-sum-exp);
@@ -62,6 +74,9 @@ BASE = dict(batch_size=2, seq_len=4096, precision="bf16", optimizer="adamw", act
             regime="bf16", runtime_overheads=False)
 COMPILE = 'compile=True carried from "+ Compile": '
 BLOCKS = {"compile": "blocks"}
+# torchtune's order: compile_model, then set_activation_checkpointing wraps each compiled layer
+CKPT = {"activation_checkpointing": "full", "compile_checkpoint": "outside"}
+FUSED = {"optimizer_impl": "fused"}     # the AdamW implementation of the rows whose step reaches the peak (docstring)
 
 # (technique, published GiB, solve settings over BASE, why it is not compared or None)
 ROWS = (
@@ -69,16 +84,14 @@ ROWS = (
     ("+ Packed Dataset", 60.0, {}, None),
     ("+ Compile", 51.0, {**BLOCKS}, None),
     ("+ Chunked Cross Entropy", 42.9, {**BLOCKS, "loss": "chunked"}, None),
-    ("+ Activation Checkpointing", 24.9, {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full"},
-     COMPILE + "torchtune wraps each compiled layer in checkpoint_wrapper; the profile prices torchtitan's order, "
-     "the checkpoint inside the compiled block (its note; docs/compile.md)"),
+    ("+ Activation Checkpointing", 24.9, {**BLOCKS, **CKPT, "loss": "chunked", **FUSED}, None),
     ("+ Fuse optimizer step into backward", 23.1,
-     {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full", "optimizer_in_backward": True},
+     {**BLOCKS, **CKPT, "loss": "chunked", "optimizer_in_backward": True},
      COMPILE + "with full checkpointing and the optimizer step in the backward: not modelled"),
-    ("+ Activation Offloading", 21.8, {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full",
+    ("+ Activation Offloading", 21.8, {**BLOCKS, **CKPT, "loss": "chunked",
                                        "optimizer_in_backward": True, "activation_offload": "torchtune"},
      COMPILE + "with checkpointing, the step in the backward and offloading: not modelled"),
-    ("+ 8-bit AdamW", 17.6, {**BLOCKS, "loss": "chunked", "activation_checkpointing": "full",
+    ("+ 8-bit AdamW", 17.6, {**BLOCKS, **CKPT, "loss": "chunked",
                              "optimizer_in_backward": True, "activation_offload": "torchtune",
                              "optimizer": "paged-adamw-8bit-bnb"},
      COMPILE + "with checkpointing, the step in the backward, offloading: not modelled"),
@@ -105,9 +118,14 @@ def rows():
     for name, published, settings, why in ROWS:
         got = predict(settings) if settings is not None else None
         if why is None:
-            out.append((name, published, got / GIB, got / GIB / published - 1, "compared"))
+            note = "compared"
+            if settings.get("optimizer_impl") == "fused":
+                foreach = predict({**settings, "optimizer_impl": "foreach"}) / GIB
+                note += (f" (fused AdamW, as torchtune's AdamW configs set it; foreach's step: {foreach:.2f} GiB, "
+                         f"{foreach / published - 1:+.1%})")
+            out.append((name, published, got / GIB, got / GIB / published - 1, note))
         elif settings is not None and not isinstance(got, (int, float)) and settings.get("compile"):
-            eager = predict({k: v for k, v in settings.items() if k != "compile"})
+            eager = predict({k: v for k, v in settings.items() if k not in ("compile", "compile_checkpoint")})
             shown = eager / GIB if isinstance(eager, (int, float)) else None
             out.append((name, published, shown, None, f"not compared ({why}; the profile: {type(got).__name__}: "
                         f"{got}); the eager prediction of the same settings shown"))

@@ -81,8 +81,11 @@ composite in 16 bits), LM head and loss eager, the loss as the eager profile pri
 discards ``compile_loss``'s return value) or, with ``loss="chunked"``, torchtune's compiled
 ``compute_cross_entropy`` (each chunk's logits and a per-token max and log-sum-exp saved, no fp32
 log-softmax); op-SAC inside the compiled blocks keeps the policy's saved set (the eager op-SAC term: the
-partitioner honours the SAC tags); full checkpointing in torchtitan's order (``blocks_full_terms``: the
-checkpoint inside each compiled block, its recompute in the block's backward graph); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
+partitioner honours the SAC tags); full checkpointing in torchtitan's order (``compile_checkpoint="inside"``, the
+default without LoRA; ``blocks_full_terms``: the checkpoint inside each compiled block, its recompute in the
+block's backward graph) or in torchtune's (``compile_checkpoint="outside"``; ``blocks_outside_full_terms``: each
+compiled block wrapped in the checkpoint, the top block's whole saved set made in the forward, the recompute
+outside the backward graph; validation/compile/measure_blocks_order.py); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
 stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
 validation/compile/measure_blocks_pp.py), and tensor parallelism without sequence parallelism (torchtune's plan:
 each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
@@ -150,6 +153,14 @@ BLOCKS_FULL = ("compile='blocks' with full checkpointing: torchtitan's order (ap
                "it) and their backward peak 6.5 % below (docs/compile.md)")
 
 
+INSIDE, OUTSIDE = "inside", "outside"    # compile_checkpoint: torchtitan's order, torchtune's
+BLOCKS_FULL_OUTSIDE = ("compile='blocks' with full checkpointing, compile_checkpoint='outside': torchtune's order "
+                       "(full_finetune_single_device _setup_model: compile_model, then set_activation_checkpointing "
+                       "wraps each compiled layer): the top block's compiled forward makes its whole saved set before "
+                       "the checkpoint drops it; each block's backward re-runs the compiled forward, then the block's "
+                       "backward graph (compile.blocks_outside_full_terms; validation/compile/measure_blocks_order.py)")
+
+
 BLOCKS_LOSS = "blocks+loss"     # each decoder block and the loss function compiled apart (torchtitan's default
                                 # compile.components ["model", "loss"])
 LOSS_NOTE = ("compile='blocks+loss': the loss function torch.compile'd apart too, not eager (torchtitan's build_cross_entropy_loss "
@@ -185,7 +196,14 @@ def prepare(plan, registry=None):
     o = plan.profile_options
     value = o.compile
     if value is None or value is False:
+        if o.compile_checkpoint is not None:
+            raise NotModelledError("compile_checkpoint", o.compile_checkpoint, f"None without compile (it says where "
+                                   f"the checkpoint sits relative to each block compiled by compile={BLOCKS!r})",
+                                   "no block is compiled")
         return plan
+    if o.compile_checkpoint not in (None, INSIDE, OUTSIDE):
+        raise NotModelledError("compile_checkpoint", o.compile_checkpoint, f"{INSIDE!r} (torchtitan's order) or "
+                               f"{OUTSIDE!r} (torchtune's)", "the checkpoint sits inside or outside a compiled block")
     if value is not True and value not in (BLOCKS, BLOCKS_LOSS):
         raise NotModelledError("compile", value, f"True (the whole model), {BLOCKS!r} (each decoder block), "
                                f"{BLOCKS_LOSS!r} (each decoder block and the loss function) or False",
@@ -304,9 +322,33 @@ def prepare(plan, registry=None):
     notes = (BLOCKS_NOTE,) if per_block else (NOTE,)
     if value == BLOCKS_LOSS:
         notes += (LOSS_NOTE,)
+    _check_order(plan, per_block and spec.recomputes == LAYERS)
     if spec.recomputes == LAYERS:
-        notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL,) if per_block else (APPROXIMATE,)
+        notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL_OUTSIDE if outside(plan) else BLOCKS_FULL,
+                  ) if per_block else (APPROXIMATE,)
     return attrs.evolve(plan, notes=plan.notes + notes)
+
+
+def outside(plan) -> bool:
+    """compile="blocks" with full checkpointing in torchtune's order (``compile_checkpoint="outside"``, the default
+    with LoRA): each compiled block wrapped in the checkpoint, not the checkpoint compiled inside the block."""
+    where = getattr(plan.profile_options, "compile_checkpoint", None)
+    return where == OUTSIDE or (where is None and plan.profile_options.lora is not None)
+
+
+def _check_order(plan, full_blocks: bool):
+    """``compile_checkpoint``: only with compiled blocks and full checkpointing; "inside" not with LoRA (measured in
+    torchtune's order only); else refused by name."""
+    where = plan.profile_options.compile_checkpoint
+    if where is None:
+        return
+    if not full_blocks:
+        raise NotModelledError("compile_checkpoint", where, f"None unless compile={BLOCKS!r} (or {BLOCKS_LOSS!r}) runs "
+                               "with full checkpointing", "there is no checkpoint around a compiled block to place")
+    if where == INSIDE and plan.profile_options.lora is not None:
+        raise NotModelledError("compile_checkpoint", where, f"{OUTSIDE!r} or None with LoRA (torchtune's order)",
+                               "LoRA with the checkpoint inside each compiled block (torchtitan's order) is not "
+                               "measured")
 
 
 def _check_compiled_loss(plan):
@@ -745,7 +787,7 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
                                "final norm keeps its fp32 copy, not it)" if last else "") + ")" + flying))
         return out
     if blocks(plan):
-        return blocks_full_terms(plan, placement)
+        return blocks_outside_full_terms(plan, placement) if outside(plan) else blocks_full_terms(plan, placement)
     rng = _rng(plan)
     h, b, seq = s.hidden, plan.microbatch, plan.seq_len
     per_token, how = layer_saved(s, regime, kernel, seq)
@@ -821,6 +863,72 @@ def blocks_full_terms(plan, placement) -> list[MemoryTerm]:
                                       f"set: {how}) - {_n(output)} (its output, not recomputed) + 3 x {_n(product)} "
                                       f"(the gated product's, gate's and up's gradients)) = {_n(work)} B in place of "
                                       "the eager recompute; " + end.formula)]
+
+
+def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
+    """compile="blocks" with full checkpointing in torchtune's order (``compile_checkpoint="outside"``;
+    recipes/full_finetune_single_device.py ``_setup_model``, torchtune 0.6.1: ``training.compile_model(model)``, then
+    ``training.set_activation_checkpointing`` wraps each compiled layer in a non-reentrant ``checkpoint_wrapper``,
+    ``preserve_rng_state`` on): the checkpoint is outside the compiled graph. Read event by event from the profiler's
+    timeline (validation/compile/measure_blocks_order.py ``--events``; fp32 and bf16, MHA and GQA, torchtune's
+    chunked loss) and derived from the compiled saved set S (``layer_saved``, per token), P the gated product's size:
+
+    * **kept**: each layer's input, as in torchtitan's order (the end of the forward is eager's), and on the CPU
+      each layer's RNG state (``torch.get_rng_state()``, freed at its recompute);
+    * **the forward's top**, the top block's compiled forward: every layer's input and RNG state and the block's
+      whole saved set T x S (its output included) before the checkpoint's hooks drop it, before the final norm,
+      the logits and the loss exist (measured to the byte on the 3-layer fp32 cell);
+    * **the backward's top**, layer 0's recompute and MLP backward (``last_moments``' structure: the other layers'
+      gradients, layer 0's input and its output's gradient): the recompute re-runs the compiled forward outside the
+      backward graph (T x S, its output freed at once); the block's backward graph then writes the down projection's
+      weight gradient (f x h x g), frees the product and writes two of its size (gate's and up's gradients): T x
+      (S - out + P) + f h g, where torchtitan's order holds T x (S - out + 3 P). With tied embeddings the LM head's
+      weight gradient (V x h x g) waits in the shared weight's gradient buffer from the LM head's backward on
+      (measured: the 1,024-token tied cells)."""
+    from . import model
+    from ..checkpointing_policies import _mlp_backward_peak, last_moments
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
+    c, h, g, r = regime.compute, s.hidden, regime.gradient or 4, regime.residual
+    rng = _rng(plan)
+    per_token, how = layer_saved(s, regime, kernel, plan.seq_len, ctx.tensor)
+    ops = _ops(s, regime, kernel, plan.seq_len)
+    product = max((prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm"), default=0)
+    output = ops[-1].nbytes if ops[-1].reduced else 0
+    down = product // c * h * g           # the down projection's weight gradient: it reads the product (f wide)
+    accumulating = plan.gradient_accumulation_steps > 1      # (every gradient alive already: last_moments)
+    tied = s.embedding_parameters * g if s.tied and not accumulating else 0
+    work = (per_token - output + product) * T + down + tied
+    lb = model.layer_bytes(plan, ctx)
+    eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, accumulating)
+    end = last_moments(plan, placement, ctx, attrs.evolve(lb, saved=work - eager_mlp), kept=0, unborn_layers=1)
+    inputs = MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=L * r * T * h,
+                        phases=SAVED, formula=f"{L} layers x T x h x {r} B (the checkpointed compiled blocks' inputs)")
+    # The top block's forward: beyond the end of the forward's terms that do not exist yet (the final norm, the
+    # logits, the loss's part) and, in fp32, the top block's output counted as the final norm's input.
+    during = ("input token ids (int64)", "RoPE cos/sin tables", "embedding output (saved by the first norm)")
+    later = sum(t.nbytes for t in model.model_activation_terms(plan, placement, recompute=True)
+                if FORWARD in t.phases and t.label not in during)
+    last = c * T * h if c == 4 else 0
+    excess = per_token * T + L * rng - later - last
+    terms = [inputs]
+    if excess > 0:
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="the top compiled block's forward (its saved set before the checkpoint "
+                                         "drops it)", nbytes=excess, phases=(FORWARD,),
+            formula=f"T x {_n(per_token)} B ({how}; the block's whole compiled set)"
+                    + (f" + {L} x {rng:,} B (CPU RNG states)" if rng else "") + f" - {_n(later)} B (the final norm's, "
+                    "the logits' and the loss's forward terms, not yet)" + (" - T x h x 4 (the top block's output, "
+                                                                           "counted as the final norm's input)"
+                                                                           if last else "")))
+    terms.append(attrs.evolve(end, formula=f"layer 0's recompute outside its backward graph, then the graph: T x "
+                                           f"({_n(per_token)} (the block's compiled set: {how}) - {_n(output)} (its "
+                                           f"output, freed) + {_n(product)} (the product freed, gate's and up's "
+                                           f"gradients)) + {_n(down)} (the down projection's weight gradient)"
+                                           + (f" + {_n(tied)} (tied: the LM head's weight gradient, waiting)" if tied
+                                              else "") + f" = {_n(work)} B in place of the eager recompute; "
+                                           + end.formula))
+    return terms
 
 
 def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
