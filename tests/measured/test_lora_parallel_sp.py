@@ -143,3 +143,9 @@ def test_the_sequence_must_split_evenly():
                                               dp_size=1, sequence_parallel=True, activation_checkpointing="none",
                                               lora={"rank": 16, "adapter_dtype": "base"})
     assert e.value.parameter == "seq_len" and "a multiple of tp_size=2" in str(e.value)
+
+
+def test_the_validation_page_shows_the_table():
+    begin, end = COMPARE.MARKERS[True]
+    doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == COMPARE.table(COMPARE.SP_DATA)

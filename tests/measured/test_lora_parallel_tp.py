@@ -155,3 +155,9 @@ def test_the_derived_families_are_refused():
                                               sequence_parallel=False, activation_checkpointing="none",
                                               lora={"rank": 16, "adapter_dtype": "base"})
     assert e.value.parameter == "lora" and "under LoRA and tensor parallelism are not measured" in str(e.value)
+
+
+def test_the_validation_page_shows_the_table():
+    begin, end = COMPARE.MARKERS[False]
+    doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == COMPARE.table(COMPARE.DATA)

@@ -120,3 +120,9 @@ def test_dropout_over_tp_stages_is_refused():
     with pytest.raises(NotModelledError) as e:
         _solve(lora={"rank": 16, "adapter_dtype": "base", "dropout": 0.1})
     assert e.value.parameter == "lora.dropout" and "tp_size > 1 and pp_size > 1" in str(e.value)
+
+
+def test_the_validation_page_shows_the_table():
+    begin, end = (COMPARE.TP_BEGIN, COMPARE.TP_END)
+    doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == COMPARE.table(COMPARE.TP_DATA)

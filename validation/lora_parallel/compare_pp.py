@@ -3,8 +3,8 @@
 
     .venv/bin/python validation/lora_parallel/compare_pp.py          # the table
     .venv/bin/python validation/lora_parallel/compare_pp.py --doc    # and rewrite it in docs/validation.md
-    .venv/bin/python validation/lora_parallel/compare_pp.py --tp     # the stages of a tensor-parallel model
-                                                                      # (measure_lora_tp_pp.py's)
+    .venv/bin/python validation/lora_parallel/compare_pp.py --tp [--doc]   # the stages of a tensor-parallel model
+                                                                            # (measure_lora_tp_pp.py's)
 
 Needs no torch. Each measured stage is solved as the run was laid out (``pp_size``, 1F1B over
 ``gradient_accumulation_steps`` = m micro-batches, the micro-batch b, LoRA as measured) and compared with the
@@ -29,6 +29,8 @@ TP_DATA = HERE / "tp_pp_measurements.json"     # measure_lora_tp_pp.py: stages o
 DOC = ROOT / "docs" / "validation.md"
 BEGIN = "<!-- lora-pp-table: begin (validation/lora_parallel/compare_pp.py --doc) -->"
 END = "<!-- lora-pp-table: end -->"
+TP_BEGIN = "<!-- lora-tp-pp-table: begin (validation/lora_parallel/compare_pp.py --tp --doc) -->"
+TP_END = "<!-- lora-tp-pp-table: end -->"
 PHASES = {"forward": ("forward",), "backward": ("backward", "backward_end"), "optimizer": ("optimizer_step",)}
 REGIMES = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "amp-bf16"}
 
@@ -124,18 +126,15 @@ def table(path=DATA) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--doc", action="store_true", help="rewrite the table in docs/validation.md")
-    ap.add_argument("--tp", action="store_true", help="the stages of a tensor-parallel model (tp_pp_measurements.json; "
-                    "not with --doc)")
+    ap.add_argument("--tp", action="store_true", help="the stages of a tensor-parallel model (tp_pp_measurements.json)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    if args.tp:
-        print(table(TP_DATA))
-        return 0
-    text = table()
+    text = table(TP_DATA if args.tp else DATA)
     print(text)
     if args.doc:
+        begin, stop = (TP_BEGIN, TP_END) if args.tp else (BEGIN, END)
         doc = DOC.read_text(encoding="utf-8")
-        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+        start, end = doc.index(begin) + len(begin), doc.index(stop)
         DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[end:], encoding="utf-8")
     return 0
 

@@ -3,6 +3,7 @@
 
     .venv/bin/python validation/lora_parallel/compare_tp.py          # the table
     .venv/bin/python validation/lora_parallel/compare_tp.py --sp     # with sequence parallelism (measure_lora_sp.py)
+    .venv/bin/python validation/lora_parallel/compare_tp.py [--sp] --doc   # and rewrite it in docs/validation.md
 
 Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, sequence
 parallelism as measured, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
@@ -23,6 +24,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DATA = HERE / "tp_measurements.json"
 SP_DATA = HERE / "sp_measurements.json"      # measure_lora_sp.py: with sequence parallelism
+DOC = ROOT / "docs" / "validation.md"
+MARKERS = {False: ("<!-- lora-tp-table: begin (validation/lora_parallel/compare_tp.py --doc) -->",
+                   "<!-- lora-tp-table: end -->"),
+           True: ("<!-- lora-sp-table: begin (validation/lora_parallel/compare_tp.py --sp --doc) -->",
+                  "<!-- lora-sp-table: end -->")}
 PHASES = {"forward": ("forward",), "backward": ("backward", "backward_end"), "optimizer": ("optimizer_step",)}
 
 
@@ -80,9 +86,16 @@ def table(path=DATA) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sp", action="store_true", help="the runs with sequence parallelism (sp_measurements.json)")
+    ap.add_argument("--doc", action="store_true", help="rewrite the table in docs/validation.md")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    print(table(SP_DATA if args.sp else DATA))
+    text = table(SP_DATA if args.sp else DATA)
+    print(text)
+    if args.doc:
+        begin, end = MARKERS[args.sp]
+        doc = DOC.read_text(encoding="utf-8")
+        start, stop = doc.index(begin) + len(begin), doc.index(end)
+        DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[stop:], encoding="utf-8")
     return 0
 
 
