@@ -220,15 +220,12 @@ def _read(path, document, context) -> Reading:
                   "torchtune's order, priced as such with LoRA")
         elif r.values_of("activation_checkpointing") == "full":
             # recipes/*_single_device.py _setup_model: training.compile_model(model), then
-            # training.set_activation_checkpointing wraps each compiled layer (the checkpoint outside the graph).
-            # The profile prices the other order (torchtitan's); measured on a 3-layer cell torchtune's is 10.2 %
-            # above it on the forward peak and 6.5 % below on the backward peak (docs/compile.md): answered with
-            # that said, since the saved sets are the same tensors and only the phase where the checkpoint drops
-            # them differs.
-            r.approx("compile", compile_, "compile", "blocks", what + "; with enable_activation_checkpointing "
-                     "torchtune wraps each compiled layer in checkpoint_wrapper (compile_model, then "
-                     "set_activation_checkpointing), priced as torchtitan's order: on a 3-layer cell torchtune's "
-                     "forward peak is 10.2 % above the price, its backward peak 6.5 % below")
+            # training.set_activation_checkpointing wraps each compiled layer (the checkpoint outside the graph):
+            # compile_checkpoint="outside" (compile.blocks_outside_full_terms; docs/compile.md)
+            r.set("compile", compile_, "compile", "blocks", what)
+            r.set("compile", compile_, "compile_checkpoint", "outside", "with enable_activation_checkpointing "
+                  "torchtune wraps each compiled layer in checkpoint_wrapper (compile_model, then "
+                  "set_activation_checkpointing): the checkpoint outside each compiled block")
         else:
             r.set("compile", compile_, "compile", "blocks", what)
     elif compile_ is None:
