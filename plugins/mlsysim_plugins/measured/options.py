@@ -123,7 +123,8 @@ OWN_OPTIONS: dict[str, Any] = {
                           "--precision: 16-bit means autocast)", "REGIME"),
     "optimizer_impl": _option("PyTorch's optimizer step implementation (its temporaries): foreach (default), "
                                   "fused or for-loop", "IMPL"),
-    "attention": _option("attention kernel: sdpa (default; fused, no s x s scores) or eager", "KERNEL"),
+    "attention": _option("attention kernel, a registered one: sdpa (default; fused, no s x s scores), eager, "
+                             "or flex_attention (with sinks: gpt-oss); `mlsysim-core plugins` lists them", "KERNEL"),
     "dropout": _option("the layers' dropout probability (default 0.0)", "P", kind=float),
     "checkpointed_layers": _option("with --checkpointing full: recompute only this many layers (block recompute)",
                                        "N", kind=int),
