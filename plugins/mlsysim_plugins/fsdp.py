@@ -160,7 +160,9 @@ def accumulated_gradients(plan, placement):
 
 
 def _gather(group, per, overlaps, **more):
-    return Collective(volume="gradients", group=group, per=per, overlaps=overlaps, **{overlaps: 1}, **more)
+    # an all-gather moves the parameters (in the regime's gather dtype), a reduction their gradients
+    volume = "parameters" if more.get("kind") == "all-gather" else "gradients"
+    return Collective(volume=volume, group=group, per=per, overlaps=overlaps, **{overlaps: 1}, **more)
 
 
 # What each rule communicates, declared for the step time (per micro-batch, each hidden behind the

@@ -207,8 +207,8 @@ def apply(plan, options):
     return effect(plan.dp_size * plan.cp_size)
 
 
-def _dp(kind, overlaps):
-    return Collective(kind=kind, volume="gradients", group="dp", per="step", overlaps=overlaps, **{overlaps: 1})
+def _dp(kind, overlaps):     # (the all-gather moves the updated bf16 parameters, the reductions the main grads)
+    return Collective(kind=kind, volume="parameters" if kind == "all-gather" else "gradients", group="dp", per="step", overlaps=overlaps, **{overlaps: 1})
 
 
 # With --overlap-grad-reduce the buckets are reduce-scattered beside the last micro-batch's

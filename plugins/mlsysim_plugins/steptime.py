@@ -161,7 +161,7 @@ DEFAULT = Calibration(matmul=0.7, attention=0.35, memory=0.8, intra_link=0.75, i
 # generation-nvidia-nvswitch): an all-reduce inside an H100 node sends each buffer once. docs/planner.md has the
 # fit and every held-out run.
 _H100 = Calibration(
-    matmul=0.545, attention=0.35, memory=0.8, intra_link=0.95, inter_link=0.8, kernel_overhead=4e-6,
+    matmul=0.55, attention=0.35, memory=0.8, intra_link=0.94, inter_link=0.8, kernel_overhead=4e-6,
     latency=8.4e-6, overlap_sm_share=24 / 132, switch_allreduce=True, calibrated=True,
     source="validation/steptime/calibrate.py: matmul and intra_link fitted (least squares on log step time) on "
            "torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile, llmfoundry-mpt-7b-8xh100-seq2048, "
@@ -175,7 +175,7 @@ CALIBRATIONS: dict[str, Calibration] = {
     "nvidia/h200-sxm-141gb": attrs.evolve(_H100, source="H100's calibration carried over (the same GH100 die, "
                                           "NVLink 4 and NVSwitch; nothing fitted on H200): " + _H100.source),
     "nvidia/a100-sxm4-80gb": Calibration(
-        matmul=0.785, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
+        matmul=0.79, attention=0.5, memory=0.8, intra_link=0.75, inter_link=0.8, kernel_overhead=4e-6,
         latency=8.4e-6, overlap_sm_share=24 / 132, calibrated=True,
         source="validation/steptime/calibrate.py: matmul fitted (least squares on log step time) on "
                "llmfoundry-mpt-7b-8xa100-seq2048, llmfoundry-mpt-30b-8xa100-seq2048 (validation/steptime/"
@@ -481,7 +481,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               idle_slots: float | None = None, chunks: int = 1, compiled: bool = False,
               rules: Mapping[str, tuple] | None = None, float8: bool = False,
               overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None,
-              attention_speed: tuple[float, float] = (1.0, 1.0), _stage: tuple[int, bool] | None = None) -> dict:
+              attention_speed: tuple[float, float] = (1.0, 1.0), dp_bytes: Mapping[str, float] | None = None,
+              _stage: tuple[int, bool] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
     from the installed rules); ``rules``: the tp, cp, ep and pp rules' declarations by axis
@@ -495,7 +496,9 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     ``{"tp": "decomposed"}`` for async TP, ``{"ep": "batched"}`` for EP all-to-all overlap);
     ``dispatch``: {"ep": "node-forwarded"} for a DeepEP-style all-to-all (``all_to_all_across_nodes``);
     ``attention_speed``: the attention kernel's declared (forward, backward) throughput over
-    FlashAttention-2's (``AttentionTiming``; (1, 1): FlashAttention-2). The pipeline rule's declared
+    FlashAttention-2's (``AttentionTiming``; (1, 1): FlashAttention-2); ``dp_bytes``: the bytes per element
+    the run's regime declares for the ``parameters`` and ``gradients`` volumes (``collective_bytes``; a
+    volume it does not declare, or None: ``bytes_``, the precision's). The pipeline rule's declared
     stages (``rules["pp.stages"]``, ``steptime_hookspecs.STAGES``): ``"ends-one-fewer"`` times the
     slower of a middle stage (ceil((L + 2) / pp) layers) and the last (one layer fewer, the LM head);
     otherwise every stage ceil(L / pp) layers, the head on the last."""
@@ -509,7 +512,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                    seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=optimizer_bytes,
                    fused_attention=fused_attention, shard_group=shard_group, idle_slots=idle_slots, chunks=chunks,
                    compiled=compiled, rules=rules, float8=float8, overlap=overlap, dispatch=dispatch,
-                   attention_speed=attention_speed)
+                   attention_speed=attention_speed, dp_bytes=dp_bytes)
         return max((step_time(fig, hw, cal, **run, _stage=(middle, False)),
                     step_time(fig, hw, cal, **run, _stage=(middle - 1, True))), key=lambda parts: parts["step"])
     overlap, dispatch = overlap or {}, dispatch or {}
@@ -543,8 +546,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs)}
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
     local = dense + fig["expert_params"] / (tp * pp * ep)
+    dp_bytes = dp_bytes or {}
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
-               "gradients": (local, bytes_)}
+               "gradients": (local, dp_bytes.get("gradients", bytes_)),
+               "parameters": (local, dp_bytes.get("parameters", bytes_))}
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
@@ -646,7 +651,7 @@ def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int,
                      idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"],
                      compiled=timing.get("compiled", False), float8=timing.get("float8", False),
                      overlap=timing.get("overlap"), dispatch=timing.get("dispatch"),
-                     attention_speed=timing.get("attention_speed", (1.0, 1.0)))
+                     attention_speed=timing.get("attention_speed", (1.0, 1.0)), dp_bytes=timing.get("dp_bytes"))
 
 
 def check(hardware, overrides: Mapping[str, object], calibration) -> None:
@@ -722,8 +727,9 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     if schedule is not None and getattr(schedule, "idle_slots", None) is None:
         notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
     state = optimizer_step_bytes(result, model.parameters)
+    dp_bytes = collective_bytes(result, registry)
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
-                fused_attention=not eager, attention_speed=attention_speed,
+                fused_attention=not eager, attention_speed=attention_speed, dp_bytes=dp_bytes,
                 idle=getattr(schedule, "idle_slots", None), chunks=chunks,
                 compiled=compiled, float8=float8, overlap=overlap, dispatch=dispatch,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
@@ -732,8 +738,30 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
                              "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
                              "streaming_multiprocessors": hw["sms"], "power_limit_watts": hw["power"],
                              "clock_share": hw["clock"],
+                             **{f"data_parallel_bytes.{k}": v for k, v in sorted(dp_bytes.items())},
                              "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
                              **{f"calibration.{k}": v for k, v in cal.as_dict().items()}})
+
+
+REGIMES_HOOK = "mlsysim_measured_regimes"     # (the measured profile's registered regimes, by name)
+
+
+def collective_bytes(result, registry) -> dict:
+    """Bytes per element of the data-parallel collectives' volumes (``parameters``, ``gradients``), as the
+    regime the run was solved in declares them (its ``collective_bytes()``: the measured profile's
+    ``Regime``); {} for a result that names no regime (the reference profile) or a regime that declares
+    none: the precision's bytes, as before."""
+    name = (getattr(result, "details", None) or {}).get("regime")
+    if not name:
+        return {}
+    regimes = registry.extensions.get(REGIMES_HOOK) or {}
+    from mlsysim_core.registry import resolve_name
+    try:
+        regime = regimes[resolve_name("regime", name, regimes)]
+    except (InvalidInputError, KeyError):
+        return {}
+    declared = getattr(regime, "collective_bytes", None)
+    return dict(declared()) if callable(declared) else {}
 
 
 def hidden(comm: float, compute: float, cal: Calibration) -> float:
@@ -745,9 +773,9 @@ def hidden(comm: float, compute: float, cal: Calibration) -> float:
 # A data-parallel rule that declares no collectives is timed as fsdp's: gather for the forward,
 # again for the backward, reduce-scatter after it, every micro-batch.
 UNDECLARED_DP = (
-    Collective(kind="all-gather", volume="gradients", group="dp", per="micro-batch", forward=1, overlaps="forward",
+    Collective(kind="all-gather", volume="parameters", group="dp", per="micro-batch", forward=1, overlaps="forward",
                first_layer_exposed=True),
-    Collective(kind="all-gather", volume="gradients", group="dp", per="micro-batch", backward=1, overlaps="backward"),
+    Collective(kind="all-gather", volume="parameters", group="dp", per="micro-batch", backward=1, overlaps="backward"),
     Collective(kind="reduce-scatter", volume="gradients", group="dp", per="micro-batch", backward=1,
                overlaps="backward"))
 

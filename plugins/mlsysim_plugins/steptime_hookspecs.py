@@ -35,8 +35,9 @@ class Collective:
     ``extensions["steptime.collectives"]`` (a tuple of them; the step-time model sizes and times
     each, docs/planner.md). ``kind``: a ``ring-pass`` is n-1 sends
     of the buffer around the group (ring attention). ``volume``: what one call moves per rank:
-    ``gradients`` (the rank's parameter shard), ``activations`` (a micro-batch's hidden states),
-    ``kv`` (its keys and values), ``routed`` (its tokens x experts per token x hidden); ``shard``: a
+    ``gradients`` (the gradients of the rank's parameter shard, in the dtype the run's regime
+    reduces them in), ``parameters`` (the shard's parameters, in the dtype it gathers them in),
+    ``activations`` (a micro-batch's hidden states), ``kv`` (its keys and values), ``routed`` (its tokens x experts per token x hidden); ``shard``: a
     group whose size divides it. ``group``: an axis (``pp``: neighbouring stages, ``dp``: dp x cp
     ranks), ``dp-node`` (those inside one node) or ``dp-across`` (one per node). ``per``: ``layer``
     (``forward`` calls per forward of each layer, recomputed ones included, ``backward`` per
@@ -46,7 +47,8 @@ class Collective:
     in over the group size), None: on the critical path. ``per_step``: the call runs once per ring
     step (n per pass over an n-rank group), each hidden behind its step, the last one exposed;
     with ``trailing=False`` n - 1 per pass, each waited for within the step it overlaps (none exposed
-    beyond what outlasts its step). ``element_bytes``: the bytes of one element it moves (None: the run's precision). ``in_network``: a switch that reduces in the
+    beyond what outlasts its step). ``element_bytes``: the bytes of one element it moves (None: what the run's regime declares
+    for its volume, ``Regime.collective_bytes``, else the run's precision). ``in_network``: a switch that reduces in the
     network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
     share is not hidden. ``sequence_parallel``: only with (True) or without (False) it.
     ``implementations``: the implementation choices a run may make for it (the step time applies
@@ -55,7 +57,7 @@ class Collective:
     ``routed`` all-to-all that crosses the network once per destination node and is forwarded
     inside it over NVLink, DeepEP-style)."""
     kind: str = _among("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "ring-pass")
-    volume: str = _among("gradients", "activations", "kv", "routed")
+    volume: str = _among("gradients", "parameters", "activations", "kv", "routed")
     group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across")
     per: str = _among("layer", "micro-batch", "step")
     forward: int = 0

@@ -68,8 +68,8 @@ OPTIONS = {1: ds_options.ZeroBucketOptions, 2: ds_options.ZeroBucketOptions, 3: 
 
 
 def _dp(kind, per, overlaps, first_layer_exposed=False):
-    """One collective of the rank's gradient (or parameter) shard over the dp x cp ranks."""
-    return Collective(kind=kind, volume="gradients", group="dp", per=per, overlaps=overlaps,
+    """One collective of the rank's gradient (or, all-gathered, parameter) shard over the dp x cp ranks."""
+    return Collective(kind=kind, volume="parameters" if kind == "all-gather" else "gradients", group="dp", per=per, overlaps=overlaps,
                       first_layer_exposed=first_layer_exposed, **{overlaps: 1})
 
 

@@ -46,7 +46,7 @@ def test_data_parallel_rules_by_hand(solver):
 
     def dp(name, d=4):
         size = dict(groups={"dp": (d, 1), "dp-node": (min(d, 8), 1), "dp-across": (d // min(d, 8), min(d, 8))},
-                    volumes={"gradients": (4e9,)}, node=8, hw={"intra": 2e9, "inter": 50e9}, cal=cal, sp=False)
+                    volumes={"gradients": (4e9,), "parameters": (4e9,)}, node=8, hw={"intra": 2e9, "inter": 50e9}, cal=cal, sp=False)
         return steptime._data_parallel(collectives(rules[name]), 3, 10, {"forward": 1.0, "backward": 2.0}, size)
     once = 3 / 4 * 4e9 / 1e9           # 3 s: one gather or reduce-scatter of the shard
     assert dp("zero0") == pytest.approx(2 * once - 2.0)                     # one all-reduce, beside a backward

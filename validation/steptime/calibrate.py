@@ -42,10 +42,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mlsysim_plugins import steptime                   # noqa: E402
+from mlsysim_plugins import steptime_float8            # noqa: E402
 from mlsysim_core import TransformerWorkload            # noqa: E402
 from mlsysim_core.search import time_plan              # noqa: E402
 from mlsysim_core import hookimpl, TrainingMemoryModel  # noqa: E402
 from mlsysim_core.manager import PluginManager          # noqa: E402
+from mlsysim_core.errors import NotModelledError        # noqa: E402
 
 CASES = runpy.run_path(str(Path(__file__).with_name("published.py")))["CASES"]
 
@@ -57,6 +59,7 @@ CASES = runpy.run_path(str(Path(__file__).with_name("published.py")))["CASES"]
 # profile's default (torch's SDPA, FlashAttention-2).
 def _kernels():
     from mlsysim_plugins.measured import kernels
+    from mlsysim_plugins.measured.regimes import REGIMES
 
     @attrs.frozen(kw_only=True)
     class TimedKernel(kernels.AttentionKernel):
@@ -66,18 +69,46 @@ def _kernels():
                          layouts=dict(kernels.SDPA.layouts), step_time=steptime.FLASH_ATTENTION_TRITON,
                          description="llm-foundry's attn_impl 'triton' (llmfoundry/models/layers/flash_attn_triton.py)")
 
+    # The regimes the sources ran that no built-in states (published.py's regimes, cited there): each a built-in with
+    # the data-parallel collectives' dtypes the source states (Regime.gather, Regime.reduce); the memory side reads
+    # them as it reads the built-in's (the calibration times, it does not solve memory: memory=False).
+    regimes = [
+        attrs.evolve(REGIMES["fsdp-bf16"], name="composer-fsdp-pure-bf16", reduce=2,
+                     description="Composer's FSDP mixed_precision 'PURE': fsdp-bf16 with the gradients reduced in bf16"),
+        attrs.evolve(REGIMES["mixed-bf16"], name="megatron-bf16-grads-fp8-gather", gather=1,
+                     description="Megatron's bf16 with FP8 parameter gathering and bf16 gradient reduction (Megatron-LM "
+                                 "--bf16 --grad-reduce-in-bf16 --fp8-param-gather; Megatron-Bridge's performance FP8 "
+                                 "recipes): mixed-bf16 with fp8 parameters all-gathered"),
+    ]
+    # Where the profile refuses a stated regime for a model (Megatron's regimes on a family it models only as
+    # transformers' layers): the profile's default amp-bf16 with the stated regime's collective dtypes, so the
+    # data-parallel collectives are timed as the source ran them (the rest as amp-bf16; the row says so: predict)
+    stated = {r.name: r for r in (*REGIMES.values(), *regimes)}
+    fallback = {name: attrs.evolve(REGIMES["amp-bf16"], name=f"amp-bf16+{name}-collectives",
+                                   gather=r.collective_bytes()["parameters"], reduce=r.collective_bytes()["gradients"],
+                                   description=f"amp-bf16 with {name}'s data-parallel collective dtypes")
+                for name, r in stated.items() if not r.autocast and r.compute == 2}
+    regimes += list(fallback.values())
+
     class Plugin:
         @staticmethod
         @hookimpl
         def mlsysim_measured_attention_kernels():
             return [triton]
 
+        @staticmethod
+        @hookimpl
+        def mlsysim_measured_regimes():
+            return regimes
+
     pm = PluginManager.from_environment()
     pm.register(Plugin(), name="calibrate_attention_kernels")
-    return {"triton": triton.name}, TrainingMemoryModel("measured", plugin_manager=pm)
+    return ({"triton": triton.name}, TrainingMemoryModel("measured", plugin_manager=pm),
+            {name: r.name for name, r in fallback.items()})
 
 
-ATTENTION_KERNEL, _SOLVER = _kernels()
+# (a stated regime the profile refuses for a model: the regime it is timed in instead, FALLBACK_REGIME; predict)
+ATTENTION_KERNEL, _SOLVER, FALLBACK_REGIME = _kernels()
 FIT = {
     "h100": ("torchtitan-2412-llama3.1-8b-8xh100-fsdp-compile", "llmfoundry-mpt-7b-8xh100-seq2048",
              "torchtitan-2506-asynctp-llama3-70b-256xh100-bf16-vanillatp"),
@@ -94,7 +125,20 @@ ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 # 'flex' dispatcher runs DeepEP / HybridEP kernels, a token once per destination node ("node-forwarded"); its
 # 'alltoall' dispatcher an NCCL all-to-all of every copy (the EP rule's default); not stated: the default.
 EP_DISPATCH = {"flex": "node-forwarded", "alltoall": None, None: None}
-CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none"}
+# The float8 implementation a source states (published.py's float8_recipe): its casts as it declares them
+# (steptime_float8); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it.
+FLOAT8_RECIPE = {"te-current-scaling": steptime_float8.TE_CURRENT_SCALING,
+                 "te-delayed-scaling": steptime_float8.TE_DELAYED_SCALING, "te-mxfp8": steptime_float8.TE_MXFP8,
+                 None: True}
+CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none",
+        # Megatron-Core's selective recompute of the layer norms and the experts' activation (recompute_modules
+        # ['layernorm', 'moe_act']): no strategy of the profile recomputes those; their recompute runs no matmul (the
+        # step time's recompute share, the layers' forward FLOPs run again, is 0): timed as none, and the row says so
+        "megatron-selective-layernorm-moe-act": "none"}
+# What a stated strategy the profile cannot express is timed as, said in its row
+CKPT_NOT_EXPRESSED = {"megatron-selective-layernorm-moe-act": (
+    "Megatron's selective recompute of layernorm and moe_act (not expressible in the profile: timed as none, no "
+    "matmul recomputed; its elementwise recompute not timed)")}
 RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1", "ddp": "zero0",
         "no-reshard-after-forward": "fsdp-grad-op"}
 DOC = ROOT / "docs" / "planner.md"
@@ -159,11 +203,19 @@ def layout(case) -> dict:
         assumed.append("bf16 (precision not stated)")
     if case["checkpointing"] is None:
         assumed.append("no activation checkpointing (not stated)")
+    elif case["checkpointing"] in CKPT_NOT_EXPRESSED:
+        assumed.append(CKPT_NOT_EXPRESSED[case["checkpointing"]])
     extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}
     if extra:
         assumed.append(f"expert tensor parallelism {case['expert_tp']}")
     if case["attn_impl"]:
         extra["attention"] = ATTENTION_KERNEL[case["attn_impl"]]
+    # the training regime the source ran (published.py's regime: the data-parallel collectives' dtypes among its
+    # declarations); not stated: the profile's default for bf16 (amp-bf16), said
+    if case["regime"]:
+        extra["regime"] = case["regime"]
+    else:
+        assumed.append("regime amp-bf16 (the profile's default; not stated)")
     # the rules' implementation choices a source states (published.py's cp_ring, dp_gradient_sync): their options
     rule_options = {}
     if case["cp_ring"] and case["cp"] > 1:
@@ -176,7 +228,8 @@ def layout(case) -> dict:
         extra["plugin_options"] = rule_options
     return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
-                sequence_parallel=case["tp"] > 1, compiled=is_fused, float8=bool(case["float8"]),
+                sequence_parallel=case["tp"] > 1, compiled=is_fused,
+                float8=FLOAT8_RECIPE[case.get("float8_recipe")] if case["float8"] else False,
                 async_tp=bool(case["async_tp"]) and case["tp"] > 1, power=case["power_watts"],
                 ep_overlap=bool(case["ep_overlap"]) and (case["ep"] or 1) > 1,
                 ep_dispatch=EP_DISPATCH.get(case["ep_dispatcher"]) if (case["ep"] or 1) > 1 else None,
@@ -200,14 +253,29 @@ def hardware_for(case):
     return case["hardware"]
 
 
+# Rows whose stated regime the profile refuses for their model (NotModelledError naming the regime): timed in the
+# profile's default, amp-bf16, and the row says so (REFUSED_REGIME, filled by predict)
+REFUSED_REGIME: dict = {}
+
+
 def predict(case, cal: steptime.Calibration) -> dict:
     lay = layout(case)
     kw = {k: v for k, v in lay.items() if k not in ("assumed", "fused_why")}
     if case["id"] not in _MODELS:
         _MODELS[case["id"]] = model_for(case)
-    return time_plan(_MODELS[case["id"]], hardware_for(case), global_batch=case["global_batch"], seq_len=case["seq_len"],
-                     precision="bf16", optimizer="adamw", profile="measured", calibration=cal, memory=False,
-                     solver=_SOLVER, **kw)
+    run = dict(global_batch=case["global_batch"], seq_len=case["seq_len"], precision="bf16", optimizer="adamw",
+               profile="measured", calibration=cal, memory=False, solver=_SOLVER)
+    if case["id"] in REFUSED_REGIME:
+        kw["regime"] = FALLBACK_REGIME[kw["regime"]]
+    try:
+        return time_plan(_MODELS[case["id"]], hardware_for(case), **run, **kw)
+    except NotModelledError as err:
+        if kw.get("regime") not in FALLBACK_REGIME or err.parameter != "regime":
+            raise
+        REFUSED_REGIME[case["id"]] = (f"regime {kw['regime']} (refused by the profile for this model: timed as amp-bf16 "
+                                      "with its collective dtypes)")
+        kw["regime"] = FALLBACK_REGIME[kw["regime"]]
+        return time_plan(_MODELS[case["id"]], hardware_for(case), **run, **kw)
 
 
 def megatron_flops(dims: dict, batch: int, s: int) -> float:
@@ -345,7 +413,8 @@ def table() -> str:
         lines.append("|---|---|---|---|---|---|")
         for c, p, st, role in found:
             lay, L = layout(c), p["layout"]
-            choices = [x for x, on in (("fused ops", lay["compiled"]), ("float8", lay["float8"]),
+            regime = REFUSED_REGIME.get(c["id"]) or (f"regime {c['regime']}" if c["regime"] else None)
+            choices = [x for x, on in ((regime, regime), ("fused ops", lay["compiled"]), ("float8", lay["float8"]),
                                        ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
                                        ("EP node-forwarded", lay["ep_dispatch"]),
                                        (f"attention {c['attn_impl']}", c["attn_impl"]),
@@ -446,9 +515,9 @@ def target() -> str:
 #   parallelism.disable_loss_parallel False). Its H100 files state the card (published.py's _H100_GT: 'Each H100 GPU
 #   is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth'): the catalog's H100 with that memory (96 GB
 #   read as GiB, the catalog's convention, docs/catalog.md), its chip's envelope kept (steptime.envelope).
-# * Megatron-Bridge: its recipes' bf16_mixed (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/
-#   mixed_precision.py at d9f7643bb9609a6a6e0ea1439fb51d8669306434: params_dtype bfloat16, grad_reduce_in_fp32=True),
-#   the regime 'mixed-bf16-main-grad' (Megatron's vocabulary-parallel cross-entropy comes with it).
+# * Megatron-Bridge: the regime its performance recipe ran (published.py's regime: bf16_mixed with the benchmark's
+#   grad_reduce_in_fp32=False, src/megatron/bridge/perf_recipes/_common.py at 067f987df03b8355b03192d88d70f1709fedf51a:
+#   'mixed-bf16', bf16 gradients reduced in bf16).
 # A recipe the profile refuses for the model is said, and the run searched with the profile's default. Every row is
 # timed at the power limit the source states (published.py's power_watts: torchtitan's H100s at 500 W).
 # Checkpointing: none and full, and the run's own strategy (torchtitan's selective op: 'op-sac').
@@ -465,7 +534,7 @@ def search_recipe(case) -> tuple[object, dict, list[str]]:
             hardware = attrs.evolve(hardware, memory_capacity=GRAND_TETON_GIB * 2**30,
                                     memory_bandwidth=int(case["memory_bandwidth"] or hardware.memory_bandwidth))
     elif case["source"].startswith("NVIDIA-NeMo/Megatron-Bridge"):
-        options = {"regime": "mixed-bf16-main-grad"}
+        options = {"regime": case["regime"]}
     strategies = ["none", "full"]
     if layout(case)["checkpointing"] not in strategies:
         strategies.append(layout(case)["checkpointing"])

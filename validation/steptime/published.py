@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(regime=None, attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -352,7 +352,11 @@ for _size, _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _a
 _MGL_NOTE = ("Columns 'Model | #-GPUs | GBS | MBS | Seq Length | TP | PP | CP | VP | EP | GA | Tokens/sec/GPU | TFLOP/sec/GPU'. "
              "Hardware not printed in the table; the section's script is examples/llama/train_llama3_8b_h100_fp8.sh ('FP8 format: hybrid') "
              "and 'This configuration follows those defined in NeMo Framework's performance scripts'. Recomputation not stated. "
-             "DP = GPUs / (TP*PP*CP) derived; local_batch = GBS/DP = MBS x GA (derived). Precision FP8 (hybrid). "
+             "DP = GPUs / (TP*PP*CP) derived; local_batch = GBS/DP = MBS x GA (derived). Precision FP8 (hybrid), "
+             "Transformer Engine's delayed scaling: the script's FP8 args ('--fp8-format hybrid --fp8-amax-history-len "
+             "1024 --fp8-amax-compute-algo max') name no --fp8-recipe, whose default is 'delayed' (Megatron-LM "
+             "megatron/training/arguments.py \"'--fp8-recipe', default='delayed'\"); casts timed as "
+             "steptime_float8.TE_DELAYED_SCALING. "
              "TFLOP/s use Megatron's FLOP count (see module docstring); MFU against an FP8 peak is not given. ")
 # Megatron's context parallelism: Transformer Engine's attention with its P2P ring unless --cp-comm-type says
 # otherwise (NVIDIA/Megatron-LM megatron/training/arguments.py: "'--cp-comm-type', nargs='+', type=str,
@@ -370,6 +374,7 @@ for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp, pp=_pp,
         pp_schedule="Interleaved1F1B" if _vp > 1 else ("1F1B" if _pp > 1 else None), dp_shard=1, dp_replicate=_dp,
         local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True, async_tp=None,
+        float8_recipe="te-delayed-scaling",     # (_MGL_NOTE: the script's FP8 args name no --fp8-recipe)
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, virtual_stages=_vp, micro_batch=_mbs, sharding="distributed-optimizer",
         cp_ring="transformer-engine" if _cp > 1 else None,
         notes=_MGL_NOTE + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
@@ -451,6 +456,17 @@ def _mpt(size: str, params: int, seq: int) -> dict:
                 source=_MPT_YAML.format(size=size, h=h, a=a, l=l))
 
 
+# The row's 'MP Mode' column, Composer's FSDP mixed_precision (mosaicml/composer composer/trainer/mosaic_fsdp_utils.py
+# get_mixed_precision, the same at v0.16.4 1c9d8d17989424d804bc3baef03ba11d5005fd88 and v0.17.2
+# 7e0e40a72a6b0c87cca4d408792336e4e5c742da, the versions llm-foundry's setup.py pinned when the tables were written,
+# 'mosaicml[...]>=0.16.4,<0.17' at b2a43a1 and '>=0.17.2,<0.18' at 5e85bd6): "elif mixed_precision == 'DEFAULT':
+# param_dtype = _get_torch_dtype(precision); reduce_dtype = torch.float32" (amp_bf16 and amp_fp8 both give bfloat16:
+# 'We use torch.bfloat16 by default for amp_fp8'), FSDP's sharded flat parameters fp32: the regime 'fsdp-bf16';
+# "elif mixed_precision == 'PURE': param_dtype = ...(precision); reduce_dtype = ...(precision)": gathered and reduced in
+# bf16, calibrate.py's regime 'composer-fsdp-pure-bf16' (fsdp-bf16 reduced in 2 B).
+_LF_REGIME = {"DEFAULT": "fsdp-bf16", "PURE": "composer-fsdp-pure-bf16"}
+
+
 def _lf_rows(text: str, table: str, hardware: str, tag: str, notes: str = "") -> list:
     rows = []
     for line in text.strip().splitlines():
@@ -464,10 +480,11 @@ def _lf_rows(text: str, table: str, hardware: str, tag: str, notes: str = "") ->
             model=None, model_note=f"MPT-{c[0]}, NumParams {c[19]}", model_dims=_mpt(c[0], int(c[19]), int(c[1])),
             hardware=hardware, devices=gpus, dp_shard=gpus, local_batch=gbs // gpus, global_batch=gbs, seq_len=int(c[1]),
             micro_batch=mb, sharding=c[16], checkpointing="full" if c[17] == "True" else "none", compile=False,
-            attn_impl="triton",
+            attn_impl="triton", regime=_LF_REGIME[c[15]],
             float8=c[14] == "amp_fp8", tokens_per_s_per_gpu=int(c[12]), tflops_per_gpu=float(c[6]),
             mfu=round(float(c[4]) / 100, 4),
-            notes=_LF_NOTE + notes + f"MicroBatchSize {mb}, GradAccum {ga}; sharding {c[16]}; precision {c[14]}; HFU {c[5]}%; "
+            notes=_LF_NOTE + notes + f"MicroBatchSize {mb}, GradAccum {ga}; sharding {c[16]}; precision {c[14]}; MP Mode "
+                  f"{c[15]} (regime {_LF_REGIME[c[15]]}); HFU {c[5]}%; "
                   f"Throughput {c[10]} sequences/s, {c[11]} tokens/s in all. compile=False: Composer's FSDP at that time "
                   "(the benchmark scripts set no compile)."))
     return rows
@@ -661,7 +678,8 @@ _MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge perfo
             "data parallelism recorded as Megatron's distributed optimizer (the recipes' default; the table does not say), "
             "TP communication overlap and the MoE dispatcher not stated in the table (timed without them unless the row's "
             "recipe, _MB_RECIPE or _MB_TP_OVERLAP, says); H100 FP8 is "
-            "Transformer Engine's recipe (timed as tensorwise casts). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
+            "Transformer Engine's current scaling (the recipes' fp8cs configs; its casts timed as TE's, "
+            "steptime_float8.TE_CURRENT_SCALING). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
             "MBS) derived. ")
 # The recipes behind the table's MoE rows (a later version than the table's commit: the table names no dispatcher).
 # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py at commit
@@ -692,6 +710,13 @@ _MB_RECIPE = {
                       "node-forwarded: a token sent once to each other node holding one of its experts; assumed of "
                       "HybridEP, which the recipe names, not its traffic), moe_a2a_overlap=False. "),
 }
+# GPT-OSS 120B's recipe at the table's commit (src/megatron/bridge/perf_recipes/gpt_oss/h100/gpt_oss.py at
+# 067f987df03b8355b03192d88d70f1709fedf51a, gpt_oss_120b_pretrain_64gpu_h100_bf16_config, "64x H100, BF16, PP=4 EP=8,
+# GBS=1280"): 'cfg.model.recompute_modules = ["layernorm", "moe_act"]', 'cfg.model.recompute_granularity =
+# "selective"': Megatron-Core recomputes the layer norms' and the experts' activation outputs in the backward.
+_MB_RECOMPUTE = {"GPT OSS 120B": ("megatron-selective-layernorm-moe-act",
+                                  "Recipe: recompute_granularity 'selective', recompute_modules ['layernorm', 'moe_act'] "
+                                  "(gpt_oss_120b_pretrain_64gpu_h100_bf16_config at 067f987). ")}
 for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in [
         ("LLAMA3_70B", "meta-llama/meta-llama-3-70b", 64, "FP8", 256, 1, 8192, 4, 8, 1, 5, None, 1664, 731),
         ("LLAMA3.1_405B", "meta-llama/llama-3.1-405b", 1024, "FP8", 1536, 1, 8192, 8, 8, 2, 8, None, 328, 827),
@@ -706,11 +731,13 @@ for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in
         source=f"{_MB}, '#### Model: {_m}' row '{_txt}'", model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp,
         pp=_pp, ep=_ep or 1, virtual_stages=_vp, pp_schedule="Interleaved1F1B" if _vp else ("1F1B" if _pp > 1 else None),
         dp_shard=1, dp_replicate=_dp, micro_batch=_mbs, local_batch=_gbs // _dp, global_batch=_gbs, seq_len=_seq,
-        checkpointing=None, compile=None, float8=_prec == "FP8", async_tp=_m in _MB_TP_OVERLAP, tokens_per_s_per_gpu=_tps,
+        checkpointing=_MB_RECOMPUTE.get(_m, (None,))[0], compile=None, float8=_prec == "FP8", async_tp=_m in _MB_TP_OVERLAP, tokens_per_s_per_gpu=_tps,
+        float8_recipe="te-current-scaling" if _prec == "FP8" else None,     # (the rows' recipes: *_h100_fp8cs_*)
         tflops_per_gpu=_tf, sharding="distributed-optimizer", expert_tp=1 if _ep and _tp > 1 else None,
         cp_ring="transformer-engine" if _cp > 1 else None,
         ep_dispatcher=_MB_RECIPE.get(_m, (None,))[0], ep_overlap=_MB_RECIPE.get(_m, (None, None))[1],
-        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "") + f"DP {_dp}. "
+        notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "")
+              + _MB_RECOMPUTE.get(_m, (None, ""))[1] + f"DP {_dp}. "
               + (_CP_TE if _cp > 1 else "") + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
                                           "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
                                           "architecture as the pre-trained one). " if "235" in _m else "")
@@ -766,8 +793,48 @@ for _c in CASES:
             _c["micro_batch"] = _c["local_batch"] // _c["pp"]
     if _c["source"].startswith(_TT_2412) and _c["pp_schedule"] == "Interleaved1F1B":
         _c["notes"] += "Stages per rank not stated: timed with 2 (virtual_stages None here; calibrate.py says so). "
-del _c
+
 del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
 del _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct, _prec, _ep
 del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
 CASES += __import__("runpy").run_path(__file__.replace("published.py", "published_more.py"), init_globals=dict(globals()))["CASES_MORE"]
+
+# The training regime each source ran (the measured profile's regime: the dtypes of the weights, gradients, master copy
+# and of the data-parallel collectives, Regime.collective_bytes; a name calibrate.py registers where no built-in fits):
+# * torchtitan: FSDP2's MixedPrecisionPolicy (torchtitan config_manager.py at 0011fb905e9561a51af0f265e35d989f7448b1d8:
+#   '--training.mixed_precision_param' default 'bfloat16', '--training.mixed_precision_reduce' default 'float32'):
+#   'fsdp-bf16' (gathered in bf16, reduced in fp32). Its float8 runs keep the bf16 all-gather (torchao's
+#   enable_fsdp_float8_all_gather is off by default and no file turns it on).
+# * Megatron-Bridge's performance recipes, which the tables ran: bf16_mixed ('params_dtype=torch.bfloat16',
+#   src/megatron/bridge/training/mixed_precision.py at the table's commit 067f987df03b8355b03192d88d70f1709fedf51a) with
+#   the fp32 reduction turned off for the benchmark: src/megatron/bridge/perf_recipes/_common.py there, _perf_precision
+#   ("Always sets ``grad_reduce_in_fp32=False``", 'cfg.grad_reduce_in_fp32 = False') and _benchmark_common
+#   ('cfg.ddp.grad_reduce_in_fp32 = False'); the earlier scripts/performance configs the same (at
+#   f29a269f8728ff9075f88a226f92e554196a7e41, e.g. configs/llama/llama31_llm_pretrain.py 'cfg.ddp.grad_reduce_in_fp32 =
+#   False'). Megatron-Core's grad buffer is then bf16 ("grad_dtype = torch.float if ... grad_reduce_in_fp32 else
+#   param.dtype", regimes.py): bf16 gradients accumulated and reduced in bf16, an fp32 master copy: 'mixed-bf16'. The FP8
+#   rows' recipes (bf16_with_fp8_current_scaling_mixed with 'cfg.first_last_layers_bf16 = False', bf16_with_mxfp8_mixed)
+#   set 'cfg.fp8_param_gather = True': the distributed optimizer all-gathers fp8 parameters,
+#   'megatron-bf16-grads-fp8-gather' (calibrate.py). published_more.py's rows too (below).
+# * Megatron-LM README (precision not stated; bf16 assumed, calibrate.py says so): '--bf16' turns on
+#   accumulate_allreduce_grads_in_fp32 (megatron/training/arguments.py at 000c4ac24f61159c138b0975def722c65245983c:
+#   "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"): 'mixed-bf16-main-grad'.
+# * Megatron-LM examples/llama FP8 (examples/llama/train_llama3_8b_h100_fp8.sh, read at
+#   157006d6d9bf4f55c0d4d7dacbd2b65e7bd84dc9, not the table's commit: '--bf16', '--grad-reduce-in-bf16',
+#   '--fp8-param-gather'): bf16 gradients reduced in bf16, parameters gathered in fp8: 'megatron-bf16-grads-fp8-gather'.
+# * The Llama 3 paper: 'reduce-scatter gradients in FP32' (section 3.3.2) with BF16 compute ('BF16 Model FLOPs
+#   Utilization'): 'fsdp-bf16' (the parameters gathered in bf16 assumed: not stated).
+# * Narayanan et al. 2021: mixed precision with Megatron-LM's fp16 of 2021 (fp16 parameters and gradients, an fp32
+#   master copy; the gradients all-reduced in fp16: accumulate_allreduce_grads_in_fp32 is forced only for bf16,
+#   arguments.py above): 'mixed-bf16' (the same bytes), assumed (the paper names no dtype for its gradients).
+# * llm-foundry: each row's 'MP Mode' column (_LF_REGIME).
+_REGIME_BY_SOURCE = (((_TT_2412, _TT_ATP, _TT_H200, _TT_MX, _TT_FP4), "fsdp-bf16"),
+                     ((_MG_TABLE,), "mixed-bf16-main-grad"), ((_MG_LLAMA,), "megatron-bf16-grads-fp8-gather"),
+                     ((_L3,), "fsdp-bf16"), ((_NAR,), "mixed-bf16"))
+for _c in CASES:
+    for _sources, _regime in _REGIME_BY_SOURCE:
+        if _c["regime"] is None and _c["source"].startswith(_sources):
+            _c["regime"] = _regime
+    if _c["regime"] is None and _c["source"].startswith("NVIDIA-NeMo/Megatron-Bridge"):
+        _c["regime"] = "megatron-bf16-grads-fp8-gather" if _c["float8"] else "mixed-bf16"
+del _c, _sources, _regime

@@ -24,6 +24,10 @@ class Regime:
     the residual stream and norms stay in fp32. ``master`` is an fp32 copy of the weights
     kept by the optimizer (Megatron/DeepSpeed mixed precision), 0 when the weights are
     the master. ``main_grad`` is Megatron's fp32 gradient-accumulation buffer (0: none).
+    ``gather``: the bytes a parameter is all-gathered in (FSDP's ``param_dtype``; 0: ``weight``);
+    ``reduce``: the bytes a gradient is reduced in across data-parallel ranks (FSDP's
+    ``reduce_dtype``, Megatron's ``grad_reduce_in_fp32``; 0: the gradient's own, ``gradient``,
+    else ``main_grad``). The step time reads both (``collective_bytes``).
     """
 
     name: str
@@ -37,6 +41,7 @@ class Regime:
     autocast: bool = False
     main_grad: int = 0
     gather: int = 0        # bytes of a parameter all-gathered for compute (FSDP's param_dtype); 0: ``weight``
+    reduce: int = 0        # bytes of a gradient reduced across data-parallel ranks (FSDP's reduce_dtype); 0: its own
 
     @property
     def pure_16bit(self) -> bool:
@@ -44,7 +49,32 @@ class Regime:
         between layers is not kept for backward."""
         return self.compute == 2 and self.residual == 2
 
+    def collective_bytes(self) -> dict[str, int]:
+        """Bytes per element of the data-parallel collectives, by what they move (``steptime``'s
+        ``Collective.volume``): ``parameters`` all-gathered (``gather``, else the stored ``weight``),
+        ``gradients`` reduce-scattered or all-reduced (``reduce``, else the gradient's own dtype:
+        ``gradient``, or Megatron's ``main_grad`` when the model keeps none)."""
+        out = {"parameters": self.gather or self.weight}
+        grad = self.reduce or self.gradient or self.main_grad
+        if grad:
+            out["gradients"] = grad
+        return out
 
+
+# The data-parallel collectives' dtypes (``gather``, ``reduce``; ``collective_bytes``):
+# * FSDP2 (pytorch/pytorch torch/distributed/fsdp/_fully_shard at v2.13.0, cf30153c4c131c8164ee7798e5022d810682e2cb):
+#   _fsdp_api.py MixedPrecisionPolicy, "param_dtype ... the dtype for forward/backward computation and the parameter
+#   all-gather. If this is ``None``, then the unsharded parameter uses the original dtype"; "reduce_dtype ... the dtype
+#   for gradient reduction (i.e. reduce-scatter or all-reduce). If this is ``None`` but ``param_dtype`` is not
+#   ``None``, then the reduction uses the compute dtype"; _fsdp_collectives.py foreach_reduce "reduce_dtype =
+#   reduce_dtype or grad_dtype". fsdp-bf16 (torchtitan's param bf16, reduce fp32): gathered in 2 B, reduced in 4 B.
+#   Under torch.autocast (amp-*) no policy: the fp32 parameters gathered and their fp32 gradients reduced, 4 B each
+#   (as PyTorch DDP all-reduces the fp32 ``.grad`` it buckets).
+# * Megatron-Core (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel.py at
+#   001199898c4badd01eaf0785c212d8ed7ce83042): "grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32 else
+#   param.dtype", the _ParamAndGradBuffer(param_dtype, grad_dtype, ...) whose grad buckets are reduced and whose
+#   param buffer (bf16 parameters) the distributed optimizer all-gathers: mixed-bf16-main-grad (Megatron-Bridge's
+#   bf16_mixed, grad_reduce_in_fp32=True) reduces in 4 B and gathers in 2 B.
 REGIMES: Mapping[str, Regime] = {r.name: r for r in (
     Regime(name="fp32", description="fp32 everything", weight=4, gradient=4, master=0, state=4,
            compute=4, residual=4),
@@ -62,10 +92,10 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=2, residual=2),
     Regime(name="fsdp-bf16", description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): "
            "fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters and activations",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=4),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
-           compute=2, residual=2, main_grad=4),
+           compute=2, residual=2, main_grad=4, reduce=4),
 )}
 
 # The measured profile's regime when only the reference's ``precision`` is given: 16-bit
@@ -109,7 +139,7 @@ def check_modelled(regime: Regime) -> Regime:
                         for (c, r, a), what in MODELLED_LAYOUTS.items()),
             f"regime {regime.name!r} has compute={regime.compute} B, residual={regime.residual} B, "
             f"autocast={regime.autocast}: its activations are not modelled")
-    for field in ("weight", "gradient", "master", "state", "main_grad", "gather"):
+    for field in ("weight", "gradient", "master", "state", "main_grad", "gather", "reduce"):
         value = getattr(regime, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 8:
             raise NotModelledError("regime", regime.name, f"{field} in bytes per element, 0 to 8",
