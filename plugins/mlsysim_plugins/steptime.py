@@ -60,6 +60,7 @@ import attrs
 
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
 from mlsysim_plugins import steptime_hookspecs
+from mlsysim_plugins.steptime_float8 import NORMED_GEMMS, TORCHAO_TENSORWISE, Float8Casts, casts_of
 from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, stages, traffic
 
 
@@ -309,9 +310,7 @@ def model_flops_per_token(fig: dict, seq_len: int) -> float:
 # Multiplication Background User's Guide", docs.nvidia.com/deeplearning/performance/dl-performance-
 # matrix-multiplication, sections "Tile Quantization" and "Wave Quantization").
 TILE = (128, 256)
-FLOAT8_CAST_BYTES = 5       # per element cast to float8 with a dynamic tensorwise scale: amax reads
-                            # 2 B, the scaled cast reads 2 B and writes 1 (torchao Float8Linear)
-FLOAT8_TRANSPOSE_BYTES = 2  # per element of the backward's transposed float8 copy: read 1, write 1
+# (the float8 casts' bytes per element: each implementation's declaration, steptime_float8.Float8Casts)
 
 
 def gemm_seconds(m: float, n: float, k: float, hw: dict, cal: Calibration, operand_bytes: float) -> float:
@@ -336,18 +335,20 @@ def gemm_seconds(m: float, n: float, k: float, hw: dict, cal: Calibration, opera
 _GEMM_CACHE: dict = {}
 
 
-def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: int, operand_bytes: float) -> dict:
+def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: int, operand_bytes: float,
+                casts: Float8Casts = TORCHAO_TENSORWISE) -> dict:
     """Seconds per FLOP of one layer's GEMMs (``fig['gemms']``), forward and backward (the input
     gradient M x K from M x N and N x K, the weight gradient N x K over the M tokens), and of the
-    LM head; ``cast``: the float8 casts' bytes per forward and per backward (0 in bf16). A routed
+    LM head; ``cast``: the float8 casts' bytes per forward, per backward and (``cast_step``) once a
+    step (0 in bf16), as the float8 implementation declares them (``casts``, steptime_float8). A routed
     GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each."""
     key = (fig["gemms"], fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
-           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory)
+           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts)
     got = _GEMM_CACHE.get(key)
     if got is not None:
         return got
-    flops = fwd = bwd = cast_f = cast_b = 0.0
-    for n, k, split, routed in fig["gemms"]:
+    flops = fwd = bwd = cast_f = cast_b = cast_s = 0.0
+    for i, (n, k, split, routed) in enumerate(fig["gemms"]):
         if split == "n":
             n = n / tp
         else:
@@ -362,15 +363,25 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
         fwd += count * gemm_seconds(m, n, k, hw, cal, operand_bytes)
         bwd += count * (gemm_seconds(m, k, n, hw, cal, operand_bytes) + gemm_seconds(k, n, m, hw, cal, operand_bytes))
         if operand_bytes < 2:
-            cast_f += count * FLOAT8_CAST_BYTES * (m * k + n * k)
-            cast_b += count * (FLOAT8_CAST_BYTES * m * n + FLOAT8_TRANSPOSE_BYTES * (m * k + n * k))
+            c = casts
+            read = c.normed_input if i in NORMED_GEMMS and not routed else c.input
+            if c.weight_per == "micro-batch" and read == c.weight:
+                cast_f += count * read * (m * k + n * k)
+            else:
+                cast_f += count * read * m * k
+                if c.weight_per == "micro-batch":
+                    cast_f += count * c.weight * n * k
+                else:
+                    cast_s += count * c.weight * n * k
+            cast_b += count * (c.grad * m * n + c.transpose * (m * k + n * k))
     v = fig["vocab"] / tp
     head_flops = 2 * T * v * fig["h"]
     # (the LM head stays in bf16: torchtitan's float8 converts leave out the output projection)
     head = (gemm_seconds(T, v, fig["h"], hw, cal, 2) + gemm_seconds(T, fig["h"], v, hw, cal, 2)
             + gemm_seconds(fig["h"], v, T, hw, cal, 2)) if v else 0.0
     got = {"fwd": fwd / flops if flops else 0.0, "bwd": bwd / (2 * flops) if flops else 0.0,
-           "head": head / (3 * head_flops) if head_flops else 0.0, "cast_fwd": cast_f, "cast_bwd": cast_b}
+           "head": head / (3 * head_flops) if head_flops else 0.0, "cast_fwd": cast_f, "cast_bwd": cast_b,
+           "cast_step": cast_s}
     if len(_GEMM_CACHE) > 50_000:
         _GEMM_CACHE.clear()
     _GEMM_CACHE[key] = got
@@ -522,7 +533,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     r = recompute
     peak, mem_bw = hw["flops"], hw["memory"]
     # compute, one micro-batch on the slowest (last) stage: each GEMM's roofline (layer_gemms)
-    g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2)
+    g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2, casts_of(float8))
     layer_fwd = 2 * T * fig["layer_active"] / tp
     head_fwd = 2 * T * fig["head"] / tp if head else 0.0
     matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
@@ -537,6 +548,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     elementwise = _elementwise_bytes(fig, tp, sp, compiled) * T * bytes_ / 2
     logits = 4 * T * fig["vocab"] / tp * 4 if head else 0.0     # fp32 logits: written, read by the loss, its gradient
     casts = (g["cast_fwd"] * (1 + r) + g["cast_bwd"]) * layers
+    if g["cast_step"]:      # (casts once a step, e.g. TE's cached weights: a micro-batch's share)
+        casts += g["cast_step"] * layers / gas
     memory = (elementwise * layers * (3 + r) + logits + casts) / (cal.memory * mem_bw)
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
     # communication inside a micro-batch: what the tp, cp, ep and pp rules declare

@@ -36,10 +36,10 @@ Kimi K2 rows (not in the catalog), 25.09's rows (no precision column), the 26.06
 containers' measurements, mostly of 26.04.01's GB200 layouts; the H100 rows are 26.04.01's: one release compared). No AMD MI300X training table with full layouts (TP/PP/DP, batch and sequence
 per run) was found in the stored corpora; MI300X stays without comparable rows.
 
-Precision: 'FP8' / 'FP8-CS' is Transformer Engine's current (tensorwise) scaling, timed as the planner's float8
-(tensorwise casts); 'MXFP8' / 'FP8-MX' (32-element blocks with an E8M0 scale each, Blackwell's block-scaled
-tensor-core MMA) is timed as float8 too: the GEMMs at the fp8 peak, the casts' bytes the tensorwise ones (the
-1/32 scale bytes and the per-block amax not counted): an approximation each such row's notes say.
+Precision: 'FP8' / 'FP8-CS' is Transformer Engine's current (tensorwise) scaling, its casts timed as TE's
+(steptime_float8.TE_CURRENT_SCALING); 'MXFP8' / 'FP8-MX' (32-element blocks with an E8M0 scale each,
+Blackwell's block-scaled tensor-core MMA) is timed as float8 too: the GEMMs at the fp8 peak, the casts TE's
+MXFP8 quantizer's (steptime_float8.TE_MXFP8), as each such row's notes say.
 """
 
 _B_NOTE = ("DGX-B200 (8 x B200 per node, NVLink 5 inside the node, one 400 Gb/s ConnectX-7 per GPU: the catalog's "
@@ -51,8 +51,8 @@ _GB_NOTE = ("DGX-GB200 (GB200 NVL72 racks: 72 GPUs in one NVLink 5 domain, 18 co
 _MB_BW = ("Data parallelism recorded as Megatron's distributed optimizer where FSDP is 0 (the recipes' default; the "
           "table does not say), Megatron FSDP (sharding over #GPUs / (TP x PP)) where it is not. Checkpointing not "
           "stated in the table (the recipes' selective recompute of single modules is not modelled): none. ")
-_MX = ("MXFP8 timed as float8: GEMMs at the fp8 peak (Blackwell's block-scaled MMA), casts as tensorwise "
-       "(approximation: the per-32-element scales and amax not counted). ")
+_MX = ("MXFP8 timed as float8: GEMMs at the fp8 peak (Blackwell's block-scaled MMA), casts as Transformer Engine's "
+       "MXFP8 quantizer's (steptime_float8.TE_MXFP8: one pass, both usages and the 1/32 scales, weights once a step). ")
 _MB_2511 = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit 067f987df03b8355b03192d88d70f1709fedf51a "
             "(file last changed in 4ab94dfad36641cabdeb96452b21bf676aac4772), section '## 25.11 NeMo Container' / "
             "'### Pre-Training Performance', columns '| Model | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP "
@@ -164,6 +164,7 @@ for (_m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep
         pp_schedule="Interleaved1F1B" if _vp else ("1F1B" if _pp > 1 else None),
         dp_shard=_dp if _fsdp else 1, dp_replicate=1 if _fsdp else _dp, micro_batch=_mbs, local_batch=_gbs // _dp,
         global_batch=_gbs, seq_len=_seq, checkpointing=None, compile=None, float8=_prec != "BF16", async_tp=_async_tp,
+        float8_recipe=None if _prec == "BF16" else "te-mxfp8" if _mx else "te-current-scaling",
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, sharding=None if _fsdp else "distributed-optimizer",
         cp_ring="transformer-engine" if _cp > 1 else None, ep_dispatcher=_ep_dispatcher, ep_overlap=_ep_overlap,
         network_bandwidth=50e9 if _hw == "gb200" else None,

@@ -1,0 +1,88 @@
+"""What a float8 implementation's casts read and write, declared per implementation (issue 27 item 2:
+float8 matmuls and casts). The step time (``steptime.layer_gemms``) times a float8 GEMM's operands'
+casts as memory-bound traffic: bytes per element of its input (M x K), weight (N x K) and output
+gradient (M x N), and of the copies the backward transposes. An implementation is chosen by passing its
+declaration as ``float8`` (``time_plan(float8=TE_CURRENT_SCALING)``); ``float8=True`` is torchao's
+tensorwise Float8Linear, as before.
+
+Each figure is derived from the implementation's source at a commit, never from its name:
+
+* torchao tensorwise (``TORCHAO_TENSORWISE``, the planner's float8 since it had one): per operand an amax
+  pass (read 2 B) and a scaled cast (read 2, write 1): 5 B an element of the input and the weight each
+  forward, of the output gradient each backward; the backward's transposed float8 copies of the input and
+  the weight read 1, write 1 (torchao Float8Linear, tensorwise dynamic scaling).
+* Transformer Engine (NVIDIA/TransformerEngine at d0067d0da6cb01811b8072a7d304f0e00344ce2b):
+  - a Linear's input is quantized once in the forward with both usages (module/linear.py and
+    module/layernorm_linear.py ``_forward``: ``input_quantizer.set_usage(rowwise=True,
+    columnwise=backward_needs_input)``): the rowwise copy and the column-wise (transposed on Hopper) copy the
+    weight-gradient GEMM reads are both written then and saved; the backward transposes nothing.
+  - the weight is quantized only on the step's first micro-batch and cached (layernorm_linear.py ``_forward``:
+    ``update_ws = is_first_microbatch is None or is_first_microbatch``, ``quantize_weight(...,
+    update_workspace=update_ws)``; Megatron-Core sets is_first_microbatch at each step's first micro-batch):
+    once a step, both usages.
+  - current scaling (``Float8CurrentScalingQuantizer``; csrc/quantizer.cpp ``quantize_impl``:
+    ``nvte_compute_amax`` then ``nvte_quantize_v2``): amax (read 2) + cast (read 2, write 1 + 1) = 6 B; an
+    input a norm produces (LayerNormLinear: q/k/v, a dense MLP's up projection) has its amax computed inside
+    the norm kernel (csrc/extensions/normalization.cpp ``norm_fwd``: ``Impl::FUSED_NORM_AMAX_FP8``, then
+    ``quantize_with_amax``): read 2, write 1 + 1 = 4 B.
+  - delayed scaling (``Float8Quantizer``, the scale from the amax history; the amax recorded by the cast
+    itself): cast and transpose in one pass, read 2, write 1 + 1 = 4 B; a norm-produced input is quantized by
+    the norm kernel itself (normalization.cpp: ``Impl::FULLY_FUSED`` for Float8 quantizers): the norm writes
+    its 1-byte output in place of its bf16 one (-1 B), the transposed copy assumed a separate pass (read 1,
+    write 1): 1 B.
+  - MXFP8 block scaling (``MXFP8Quantizer``: 32-element blocks, an E8M0 scale each, no amax pass): read 2,
+    write 1 + 1 and the scales (2 / 32) = 4.0625 B; the norm is not fused with it by default
+    (normalization.cpp: FULLY_FUSED only under NVTE_NORM_FWD_USE_CUDNN with 128 x 128 tiles; otherwise
+    ``Impl::UNFUSED``: the norm's bf16 output quantized after).
+  - the output gradient: both usages in one pass (dgrad reads it rowwise, wgrad column-wise): current
+    scaling 6 B, delayed 4 B, MXFP8 4.0625 B.
+  Not timed: current scaling's amax all-reduce over the tensor-parallel group under sequence parallelism
+  (``set_quantizer_amax_reduction_group``: one scalar per quantized tensor, latency only); on Blackwell a
+  tensorwise float8 GEMM needs no transposed copy (its column-wise write is counted all the same).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mlsysim_core.errors import InvalidInputError
+
+# model_figures' GEMMs (q/k/v, output projection, MLP up (+gate), MLP down): the ones whose input a norm
+# produces, when not routed (a routed GEMM reads the dispatched tokens)
+NORMED_GEMMS = (0, 2)
+
+
+def _per(instance, attribute, value):
+    if value not in ("micro-batch", "step"):
+        raise InvalidInputError(attribute.name, value, "'micro-batch' (cast each forward) or 'step' (once a step)")
+
+
+@attrs.frozen(kw_only=True)
+class Float8Casts:
+    """Bytes per element a float8 implementation's casts read and write (module docstring)."""
+    name: str
+    input: float            # of a GEMM's input, each forward (recomputed ones too)
+    normed_input: float     # of an input a norm produces (NORMED_GEMMS), each forward
+    weight: float           # of a weight, each forward or once a step (weight_per)
+    weight_per: str = attrs.field(validator=_per)
+    grad: float             # of the output gradient, each backward
+    transpose: float        # of the input and of the weight, each backward (transposed copies)
+    source: str = ""
+
+
+TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_input=5, weight=5,
+                                 weight_per="micro-batch", grad=5, transpose=2,
+                                 source="torchao Float8Linear, tensorwise dynamic scaling")
+TE_CURRENT_SCALING = Float8Casts(name="te-current-scaling", input=6, normed_input=4, weight=6, weight_per="step",
+                                 grad=6, transpose=0,
+                                 source="Transformer Engine Float8CurrentScalingQuantizer (d0067d0)")
+TE_DELAYED_SCALING = Float8Casts(name="te-delayed-scaling", input=4, normed_input=1, weight=4, weight_per="step",
+                                 grad=4, transpose=0, source="Transformer Engine Float8Quantizer (d0067d0)")
+TE_MXFP8 = Float8Casts(name="te-mxfp8", input=4 + 2 / 32, normed_input=4 + 2 / 32, weight=4 + 2 / 32,
+                       weight_per="step", grad=4 + 2 / 32, transpose=0,
+                       source="Transformer Engine MXFP8Quantizer (d0067d0)")
+
+
+def casts_of(float8) -> Float8Casts:
+    """The declaration a run's ``float8`` names: a Float8Casts itself, or True: torchao tensorwise."""
+    return float8 if isinstance(float8, Float8Casts) else TORCHAO_TENSORWISE

@@ -1,0 +1,70 @@
+"""The float8 implementations' declared casts (steptime_float8), as layer_gemms counts them: bytes by hand."""
+
+import pytest
+
+from mlsysim_core.errors import InvalidInputError
+from mlsysim_plugins import steptime
+from mlsysim_plugins.steptime_float8 import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
+                                             Float8Casts, casts_of)
+
+# q/k/v (N 3072, K 1024), output projection (1024, 1024), MLP up+gate (8192, 1024), down (1024, 4096); 512 tokens
+FIG = dict(gemms=((3072, 1024, "n", False), (1024, 1024, "k", False), (8192, 1024, "n", False),
+                  (1024, 4096, "k", False)), experts=1, k=1, h=1024, vocab=0)
+HW = dict(flops=1e15, fp8=2e15, clock=1.0, memory=3e12, sms=None)
+M = 512
+INPUTS = [M * k for _, k, _, _ in FIG["gemms"]]
+WEIGHTS = [n * k for n, k, _, _ in FIG["gemms"]]
+GRADS = [M * n for n, _, _, _ in FIG["gemms"]]
+
+
+def casts(declared):
+    g = steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 1, 1, 1, declared)
+    return g["cast_fwd"], g["cast_bwd"], g["cast_step"]
+
+
+def test_torchao_tensorwise_casts_every_operand_each_pass():
+    # amax 2 + cast 3 per input and weight element each forward, per gradient element each backward; the backward's
+    # transposed copies of input and weight 1 + 1
+    assert casts(TORCHAO_TENSORWISE) == (5 * sum(INPUTS) + 5 * sum(WEIGHTS), 5 * sum(GRADS) + 2 * (sum(INPUTS) + sum(WEIGHTS)), 0)
+    assert casts_of(True) is TORCHAO_TENSORWISE
+
+
+def test_transformer_engine_current_scaling():
+    # the norm-produced inputs (q/k/v, MLP up) 4 B (amax in the norm), the others 6 B; weights 6 B once a step;
+    # gradients 6 B (amax, cast and transpose); no backward transposes
+    normed = INPUTS[0] + INPUTS[2]
+    assert casts(TE_CURRENT_SCALING) == pytest.approx((4 * normed + 6 * (INPUTS[1] + INPUTS[3]), 6 * sum(GRADS),
+                                                       6 * sum(WEIGHTS)))
+
+
+def test_transformer_engine_delayed_scaling_and_mxfp8():
+    normed = INPUTS[0] + INPUTS[2]
+    assert casts(TE_DELAYED_SCALING) == pytest.approx((1 * normed + 4 * (INPUTS[1] + INPUTS[3]), 4 * sum(GRADS),
+                                                       4 * sum(WEIGHTS)))
+    mx = 4 + 1 / 16
+    assert casts(TE_MXFP8) == pytest.approx((mx * sum(INPUTS), mx * sum(GRADS), mx * sum(WEIGHTS)))
+
+
+def test_a_routed_gemm_input_is_not_the_norms():
+    fig = dict(FIG, gemms=((8192, 1024, "n", True),), experts=8, k=2)     # (first, but routed)
+    g = steptime.layer_gemms(fig, HW, steptime.DEFAULT, M, 1, 8, 1, TE_CURRENT_SCALING)
+    assert g["cast_fwd"] == pytest.approx(6 * M * 2 * 1024)     # T x k x ep / experts tokens, 6 B each
+
+
+def test_weight_per_is_checked():
+    with pytest.raises(InvalidInputError, match="weight_per"):
+        Float8Casts(name="x", input=1, normed_input=1, weight=1, weight_per="layer", grad=1, transpose=0)
+
+
+def test_step_time_amortises_step_casts_over_micro_batches():
+    fig = steptime.model_figures(__import__("mlsysim_core.catalog", fromlist=["get_model"]).get_model(
+        "meta-llama/meta-llama-3-8b"))
+    hw = dict(HW, intra=4.5e11, inter=5e10, sms=None)
+    run = dict(tp=1, cp=1, pp=1, dp=1, ep=1, rule="zero1", recompute=0.0, sp=False, mb=1, seq_len=4096, bytes_=2,
+               node=8, optimizer_bytes=16, compiled=True)
+    one = steptime.step_time(fig, hw, steptime.DEFAULT, gas=1, float8=TE_CURRENT_SCALING, **run)
+    four = steptime.step_time(fig, hw, steptime.DEFAULT, gas=4, float8=TE_CURRENT_SCALING, **run)
+    g = steptime.layer_gemms(fig, hw, steptime.DEFAULT, 4096, 1, 1, 1, TE_CURRENT_SCALING)
+    weights = g["cast_step"] * fig["layers"] / (steptime.DEFAULT.memory * hw["memory"])
+    # four micro-batches pay four times the per-micro-batch traffic and the weights' casts once
+    assert four["memory"] - 4 * one["memory"] == pytest.approx(weights - 4 * weights)
