@@ -414,7 +414,7 @@ def table() -> str:
         for c, p, st, role in found:
             lay, L = layout(c), p["layout"]
             regime = REFUSED_REGIME.get(c["id"]) or (f"regime {c['regime']}" if c["regime"] else None)
-            choices = [x for x, on in ((regime, regime), ("fused ops", lay["compiled"]), ("float8", lay["float8"]),
+            choices = [x for x, on in ((regime, regime), ("fused ops", lay["compiled"]), (f"float8 {getattr(lay['float8'], 'name', 'torchao-tensorwise')}", lay["float8"]),
                                        ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
                                        ("EP node-forwarded", lay["ep_dispatch"]),
                                        (f"attention {c['attn_impl']}", c["attn_impl"]),
