@@ -50,13 +50,16 @@ def _solve(where="outside", regime="fp32", b=2, seq=512, **kw):
                                        compile="blocks", compile_checkpoint=where)
 
 
+OIB = [r for r in COMPILED if "-oib-" in r]
+
+
 def test_every_run_is_measured_and_predicted():
-    assert len(COMPILED) == 8 and len(ROWS) == 14
+    assert len(COMPILED) == 12 and len(OIB) == 4 and len(ROWS) == 20
     assert all(isinstance(ROWS[r][0], dict) for r in ROWS)
 
 
 def test_the_compiled_runs_every_phase_within_the_issue_targets():
-    """Issue 25's targets on every phase of the eight compiled runs: median <= 1 %, max <= 5 %, but the forward
+    """Issue 25's targets on every phase of the twelve compiled runs: median <= 1 %, max <= 5 %, but the forward
     of the bf16 4-layer cell with the whole-logit loss (+6.7 %): its forward peak is the eager loss's moment,
     where the profile prices Hugging Face's head (the bf16 logits kept beside their fp32 copy) and torchtune's
     ``self.output(h).float()`` frees them (2 T V B: the eager loss's gap, not compile's; with torchtune's chunked
@@ -72,12 +75,13 @@ def test_the_compiled_runs_every_phase_within_the_issue_targets():
 
 def test_the_fp32_cells_to_a_tenth_of_a_percent():
     """Where the top block's forward and layer 0's recompute and MLP backward set the peaks (the 1,024-token fp32
-    cells, MHA and GQA, whole-logit and chunked loss): every phase within 0.2 %. The residual is the RoPE cache
-    (torchtune's buffer, measured in the baseline; Hugging Face's cos/sin tables priced: 65,536 B)."""
+    cells, MHA and GQA, whole-logit and chunked loss, with and without the step in the backward): every phase within
+    0.25 %. The residual is the RoPE cache (torchtune's buffer, measured in the baseline; Hugging Face's cos/sin
+    tables priced: 65,536 B)."""
     for rid in COMPILED:
         if "-fp32-" in rid and "-v1024-" in rid:
             for phase in PHASES:
-                assert abs(err(rid, phase)) < 0.002, (rid, phase)
+                assert abs(err(rid, phase)) < 0.0025, (rid, phase)
 
 
 def test_the_top_blocks_forward_by_hand():
@@ -138,3 +142,27 @@ def test_refused_by_name(kw, name):
 def test_invalid_value_refused():
     with pytest.raises(Exception, match="compile_checkpoint"):
         _solve("between")
+
+
+def test_the_step_in_the_backward_within_a_quarter_percent():
+    """torchtune's optimizer_in_bwd with compiled blocks in torchtune's order: every phase of the four runs within
+    0.25 %; in the 1,024-token cells the backward's peak is the top block's recompute and MLP backward (every
+    gradient stepped and freed, every layer's input alive), measured 24,610,696 B above the zero on the 3-layer fp32
+    cell: 3 inputs (T h 4) + 2 RNG states + its output's gradient (T h 4) + T x (16,488 - 1,024 + 2,752) + the down
+    projection's weight gradient (688 x 256 x 4) + the tied LM head's gradient (1,024 x 256 x 4), 8 B of scalars
+    aside."""
+    for rid in OIB:
+        for phase in PHASES:
+            assert abs(err(rid, phase)) < 0.0025, (rid, phase)
+    T, th = 1024, 1024 * 256 * 4
+    top = 3 * th + 2 * 5056 + th + (16488 - 1024 + 2752) * T + 688 * 256 * 4 + 1024 * 256 * 4
+    rid = "tt-llama3_2-3l-v1024-fp32-blocks-full-oib-b2-s512"
+    assert top + 8 == ROWS[rid][1]["backward"] - ROWS[rid][2]
+
+
+def test_the_step_in_the_backward_is_refused_in_torchtitans_order():
+    with pytest.raises(NotModelledError) as e:
+        TrainingMemoryModel().solve(_model(), BIG, 2, 512, "fp32", "adamw", "full", profile="measured", regime="fp32",
+                                    attention="sdpa", device="cpu", runtime_overheads=False, compile="blocks",
+                                    optimizer_in_backward=True)
+    assert e.value.parameter == "optimizer_in_backward" and "compile_checkpoint='outside'" in str(e.value)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Compare the measured profile with torchtune's order of full checkpointing and per-block compile for full
-fine-tuning (``compile="blocks"``, ``activation_checkpointing="full"``, ``compile_checkpoint="outside"``): the runs
+fine-tuning (``compile="blocks"``, ``activation_checkpointing="full"``, ``compile_checkpoint="outside"``; ``-oib-``
+runs with ``optimizer_in_backward``): the runs
 of blocks_order_measurements.json (validation/compile/measure_blocks_order.py) and the two such runs of
 blocks_measurements.json, every phase (compare_blocks.py's phases, solve and table). Eager twins are solved with
 compile off.
@@ -35,6 +36,8 @@ def _solve(run):
     extra = {"loss": "chunked"} if run["loss"] == "chunked" else {}
     if run["compile"] == "blocks":
         extra.update(compile="blocks", compile_checkpoint="outside")
+    if run.get("optimizer_in_backward"):      # torchtune's optimizer_in_bwd: one AdamW (foreach) per parameter
+        extra.update(optimizer_in_backward=True)
     return TrainingMemoryModel().solve(
         model, HardwareNode(name="unbounded", memory_capacity=2**60), run["batch_size"], run["seq_len"], run["regime"],
         "adamw", "full", profile="measured", regime=run["regime"], attention="sdpa", device="cpu",

@@ -288,7 +288,8 @@ def _measure(cfg: dict) -> dict:
         # temporaries are per group: the larger group's, here the sharded one's, set the step's peak)
         groups = [[p for p in params if hasattr(p, "to_local")], [p for p in params if not hasattr(p, "to_local")]]
         params = [{"params": g} for g in groups if g]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True) if not cfg.get("optimizer_in_backward") else \
+        _InBackward(params, cfg.get("optimizer_impl", "foreach"))
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, cfg["torchtune"]["vocab_size"], (cfg["batch_size"], cfg["seq_len"]), generator=g)
     t0 = time.perf_counter()
@@ -303,6 +304,28 @@ def _measure(cfg: dict) -> dict:
     torch._dynamo.reset()
     return {**record, "baseline_bytes": int(sum(storages.values())), "wall_s": round(wall, 1),
             "parameters": sum(p.numel() for p in model.parameters())}
+
+
+class _InBackward(harness.Nothing):
+    """torchtune 0.6.1's ``optimizer_in_bwd`` (torchtune/training/memory.py: one optimizer per parameter,
+    ``register_optim_in_bwd_hooks``: ``optim_dict[p].step(); optim_dict[p].zero_grad()`` on each parameter's
+    post-accumulate-grad hook); the loop's ``zero_grad`` and ``step`` do nothing. ``state`` gathers the
+    per-parameter optimizers' state (the baseline's bytes)."""
+
+    def __init__(self, params, impl):
+        kw = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+        self.optims = {p: torch.optim.AdamW([p], lr=1e-4, **kw) for p in params}
+
+        def step(param):
+            self.optims[param].step()
+            self.optims[param].zero_grad(set_to_none=True)
+
+        for p in self.optims:
+            p.register_post_accumulate_grad_hook(step)
+
+    @property
+    def state(self):
+        return {p: st for o in self.optims.values() for p, st in o.state.items()}
 
 
 def document(args, runs, ctx) -> dict:

@@ -42,6 +42,16 @@ CONFIGS = [
     _cfg("bf16", "blocks", vocab=1024, b=2, seq=512, layers=4, kv=2, policy="full"),
     _cfg("bf16", "blocks", vocab=1024, b=2, seq=512, layers=4, kv=2, policy="full", loss="chunked"),
 ]
+# torchtune's optimizer_in_bwd (one AdamW per parameter, stepped by its post-accumulate-grad hook) with compiled
+# blocks in torchtune's order (the ladder's "+ Fuse optimizer step into backward"), and eager twins
+for _regime, _kw, _compiles in (("fp32", dict(vocab=1024, b=2, layers=3), ("eager", "blocks")),
+                                ("bf16", dict(policy="full", loss="chunked"), ("eager", "blocks")),
+                                ("fp32", dict(vocab=1024, b=2, layers=3, kv=2), ("blocks",)),
+                                ("bf16", dict(vocab=1024, b=2, layers=4, kv=2, loss="chunked"), ("blocks",))):
+    for _compile in _compiles:
+        _c = _cfg(_regime, _compile, **{"policy": "full", **_kw})
+        _c.update(id=_c["id"].replace("-full", "-full-oib"), optimizer_in_backward=True)
+        CONFIGS.append(_c)
 
 
 def events(run_id: str) -> None:

@@ -48,9 +48,14 @@ Which rows the tool can express:
   torch._foreach_sqrt(device_exp_avg_sqs)``), which puts that step at 29.92 GiB (23.93 GiB of weights,
   gradients and bf16 AdamW state + 5.98 GiB), 20 % above the published peak. The recipe reads the peak after
   the step, so a foreach run could not have recorded 24.9 GiB. The foreach prediction is in the note.
-* Every later row keeps ``compile=True`` (the README's command for the final row passes it) and cannot
-  be expressed: ``compile="blocks"`` with the optimizer step in the backward, activation offloading or 8-bit
-  AdamW is refused by the profile (not measured compiled); LoRA and QLoRA with compile are refused (not
+* + Fuse optimizer step into backward: yes, the row above with ``optimizer_in_backward=True`` (torchtune's
+  ``optimizer_in_bwd``: one optimizer per parameter, stepped by its post-accumulate-grad hook), measured with
+  compiled blocks in torchtune's order (measure_blocks_order.py's ``-oib-`` runs): every gradient is freed by its
+  step, so the first compiled block's recompute and MLP backward (every layer's input still alive) is the layers'
+  largest moment; the row's peak is the chunked loss's LM head backward, the same for foreach and fused.
+* The later rows keep ``compile=True`` (the README's command for the final row passes it) and cannot
+  be expressed: ``compile="blocks"`` with torchtune's activation offloading (and then 8-bit AdamW) is refused
+  by the profile (not measured compiled); LoRA and QLoRA with compile are refused (offloading, QLoRA: not
   modelled compiled). The eager prediction of the same settings is printed beside them as information, not
   compared.
 
@@ -86,15 +91,14 @@ ROWS = (
     ("+ Chunked Cross Entropy", 42.9, {**BLOCKS, "loss": "chunked"}, None),
     ("+ Activation Checkpointing", 24.9, {**BLOCKS, **CKPT, "loss": "chunked", **FUSED}, None),
     ("+ Fuse optimizer step into backward", 23.1,
-     {**BLOCKS, **CKPT, "loss": "chunked", "optimizer_in_backward": True},
-     COMPILE + "with full checkpointing and the optimizer step in the backward: not modelled"),
+     {**BLOCKS, **CKPT, "loss": "chunked", **FUSED, "optimizer_in_backward": True}, None),
     ("+ Activation Offloading", 21.8, {**BLOCKS, **CKPT, "loss": "chunked",
                                        "optimizer_in_backward": True, "activation_offload": "torchtune"},
-     COMPILE + "with checkpointing, the step in the backward and offloading: not modelled"),
+     COMPILE + "torchtune's activation offloading with compiled blocks: not measured"),
     ("+ 8-bit AdamW", 17.6, {**BLOCKS, **CKPT, "loss": "chunked",
                              "optimizer_in_backward": True, "activation_offload": "torchtune",
                              "optimizer": "paged-adamw-8bit-bnb"},
-     COMPILE + "with checkpointing, the step in the backward, offloading: not modelled"),
+     COMPILE + "torchtune's activation offloading with compiled blocks: not measured"),
     ("LoRA", 8.5, None, COMPILE + "LoRA with compile and the rows above it (checkpointing, the step in the "
      "backward, offloading) is refused (lora: plain LoRA with compiled blocks, no checkpointing)"),
     ("QLoRA", 4.6, None, COMPILE + "QLoRA is refused with compile (lora: not modelled compiled)"),
@@ -121,7 +125,7 @@ def rows():
             note = "compared"
             if settings.get("optimizer_impl") == "fused":
                 foreach = predict({**settings, "optimizer_impl": "foreach"}) / GIB
-                note += (f" (fused AdamW, as torchtune's AdamW configs set it; foreach's step: {foreach:.2f} GiB, "
+                note += (f" (fused AdamW, as torchtune's AdamW configs set it; with foreach: {foreach:.2f} GiB, "
                          f"{foreach / published - 1:+.1%})")
             out.append((name, published, got / GIB, got / GIB / published - 1, note))
         elif settings is not None and not isinstance(got, (int, float)) and settings.get("compile"):

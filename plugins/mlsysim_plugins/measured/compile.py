@@ -266,9 +266,18 @@ def prepare(plan, registry=None):
                                "a compiled run's per-rank graphs (collectives, FSDP's hooks) are not modelled")
     if o.lora is not None:
         _check_lora(plan, value)
+    per_block = value in (BLOCKS, BLOCKS_LOSS)
     for name in _TECHNIQUES:
         if name == "lora":      # (_check_lora: what is modelled with LoRA)
             continue
+        if name == "optimizer_in_backward" and getattr(o, name, None) and per_block and o.lora is None:
+            from .checkpointing import LAYERS, spec_of
+            if spec_of(plan).recomputes == LAYERS and outside(plan):    # measured: measure_blocks_order.py -oib-
+                continue
+            raise NotModelledError(name, o.optimizer_in_backward, f"off with compile={value!r}, or on with full "
+                                   "checkpointing in torchtune's order (compile_checkpoint='outside')",
+                                   "the step in the backward with compiled blocks is measured with torchtune's "
+                                   "full checkpointing only")
         if getattr(o, name, None):
             raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
                                    "a technique that reshapes the compiled backward is not modelled with it")
@@ -921,6 +930,25 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                     "the logits' and the loss's forward terms, not yet)" + (" - T x h x 4 (the top block's output, "
                                                                            "counted as the final norm's input)"
                                                                            if last else "")))
+    if getattr(plan.profile_options, "optimizer_in_backward", None):
+        # torchtune's optimizer_in_bwd: every gradient stepped and freed by its post-accumulate-grad hook, so the
+        # first block's backward (the top one: every layer's input still alive) is the layers' largest moment, its
+        # output's gradient and work as above (validation/compile/measure_blocks_order.py, -oib- runs); the end
+        # terms that do not exist yet (the embedding output's gradient, the tied partials) are set against it
+        acts = model.model_activation_terms(plan, placement, recompute=True)
+        end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
+        rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+        top = L * r * T * h + (L - 1) * rng + r * T * h + rope + work - end_only
+        if top > end.nbytes:
+            return terms + [MemoryTerm(
+                component=ACTIVATIONS, label="the top block's compiled recompute and MLP backward (optimizer in "
+                                             "backward: no other gradient alive)", nbytes=top, phases=(BACKWARD_END,),
+                formula=f"{L} layers' inputs T x h x {r} + {L - 1} x {rng:,} B (RNG states; the top one's freed) + T x "
+                        f"h x {r} (its output's gradient) + {_n(rope)} (RoPE) + {_n(work)} (its recompute and MLP "
+                        f"backward: {_n(per_token)} - {_n(output)} + {_n(product)} per token, the down projection's "
+                        f"weight gradient" + (", the tied LM head's gradient waiting" if tied else "")
+                        + f") - {_n(end_only)} (the end-of-backward terms, not yet); larger than layer 0's moment "
+                        f"({_n(end.nbytes)})")]
     terms.append(attrs.evolve(end, formula=f"layer 0's recompute outside its backward graph, then the graph: T x "
                                            f"({_n(per_token)} (the block's compiled set: {how}) - {_n(output)} (its "
                                            f"output, freed) + {_n(product)} (the product freed, gate's and up's "
