@@ -63,6 +63,11 @@ ROWS = [
       "loss._component_=torchtune.modules.loss.CEWithChunkedOutputLoss", "enable_activation_checkpointing=True",
       "optimizer_in_bwd=False", "optimizer._component_=torch.optim.AdamW", "optimizer.fused=True", "compile=True"],
      None, "a100", "active", 24.9, "GiB"),
+    (f"{TT}:146", "Llama 3.2 3B + optimizer step in the backward, A100", "torchtune/llama3_2/3B_full_single_device.yaml",
+     ["dataset.packed=True", "batch_size=2", "tokenizer.max_seq_len=4096",
+      "loss._component_=torchtune.modules.loss.CEWithChunkedOutputLoss", "enable_activation_checkpointing=True",
+      "optimizer_in_bwd=True", "optimizer._component_=torch.optim.AdamW", "optimizer.fused=True", "compile=True"],
+     None, "a100", "active", 23.1, "GiB"),
     # The ladder adds each technique on top of the previous one (LoRA without optimizer_in_bwd and 8-bit AdamW): the
     # README's command for its last rows (README.md:156-170) sets activation offloading and no accumulation too
     (f"{TT}:149", "Llama 3.2 3B LoRA (README's command), A100", "torchtune/llama3_2/3B_lora_single_device.yaml",
