@@ -99,8 +99,8 @@ ROWS = (
                              "optimizer_in_backward": True, "activation_offload": "torchtune",
                              "optimizer": "paged-adamw-8bit-bnb"},
      COMPILE + "torchtune's activation offloading with compiled blocks: not measured"),
-    ("LoRA", 8.5, None, COMPILE + "LoRA with compile and the rows above it (checkpointing, the step in the "
-     "backward, offloading) is refused (lora: plain LoRA with compiled blocks, no checkpointing)"),
+    ("LoRA", 8.5, None, COMPILE + "the README's command adds activation offloading to LoRA, checkpointing and "
+     "compile: refused with compiled blocks, naming activation_offload (tools/launch_validation.py reads the command)"),
     ("QLoRA", 4.6, None, COMPILE + "QLoRA is refused with compile (lora: not modelled compiled)"),
 )
 
