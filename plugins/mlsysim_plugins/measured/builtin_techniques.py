@@ -76,7 +76,7 @@ COMPILE_CHECKPOINT = _option("with compile='blocks' and full checkpointing: wher
     "relative to its compiled block: inside (torchtitan's apply_ac, then apply_compile: the checkpoint inside the "
     "compiled graph; the default without LoRA) or outside (torchtune's compile_model, then "
     "set_activation_checkpointing wraps each compiled layer; the default with LoRA, the only one measured with it)",
-    "WHERE", choices=("inside", "outside"))
+    choices=("inside", "outside"))
 
 
 # --- LoRA / QLoRA (lora.py) -------------------------------------------------------------------------
