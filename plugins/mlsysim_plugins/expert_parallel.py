@@ -4,6 +4,7 @@ can use it, and with at most one rank per expert."""
 
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
 from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
+from mlsysim_plugins._steptime_paired import PAIRED as STEPTIME_PAIRED, PairedSlot
 
 from mlsysim_core.memo import memoize
 
@@ -64,8 +65,25 @@ COLLECTIVES = (Collective(**_A2A, sequence_parallel=False),
                           sequence_parallel=True, implementations=("batched",)))
 
 
+# How the "batched" implementation pairs them (steptime.PairedSlot): Megatron-Core's combined 1F1B
+# (--overlap-moe-expert-parallel-comm; Megatron-Bridge's overlap_moe_expert_parallel_comm), one micro-batch's
+# forward of a layer beside another's backward of a layer in three phases (NVIDIA/Megatron-LM
+# megatron/core/models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run, at
+# d98e8a64ddf34856e74b24714e3bedb2f5a39553: "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd |
+# combine_fwd", "comp_stream: pre_dispatch_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | pre_dispatch_bwd"): the backward's
+# combine beside the forward's attention block, the forward's and the backward's dispatch beside the routed
+# GEMMs' backward (weight gradients included: delay_wgrad_compute runs mlp.backward_dw there) and forward, the
+# forward's combine beside the backward's attention block. Each pass has two calls (dispatch, combine): half a
+# pass's calls per phase. (Every micro-batch timed as paired: the schedule's unpaired first forward and last
+# backward, and a pipeline's warm-up and cool-down, are not modelled.)
+PAIRED = (PairedSlot(compute="attention-block-forward", backward=0.5),
+          PairedSlot(compute="mlp-block", forward=0.5, backward=0.5),
+          PairedSlot(compute="attention-block-backward", forward=0.5))
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(name="ep", axis="ep", apply=apply, extensions={"measured.buffer_terms": all_to_all,
-                                                                           STEPTIME_COLLECTIVES: COLLECTIVES},
+                                                                           STEPTIME_COLLECTIVES: COLLECTIVES,
+                                                                           STEPTIME_PAIRED: PAIRED},
                              description="parameters / ep (mixture-of-experts models only)")]

@@ -60,7 +60,9 @@ import attrs
 
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
 from mlsysim_plugins import steptime_hookspecs
-from mlsysim_plugins.steptime_float8 import NORMED_GEMMS, TORCHAO_TENSORWISE, Float8Casts, casts_of
+from mlsysim_plugins._steptime_float8 import (NORMED_GEMMS, TE_CURRENT_SCALING, TE_DELAYED_SCALING,  # noqa: F401
+                                              TE_MXFP8, TORCHAO_TENSORWISE, Float8Casts, casts_of)
+from mlsysim_plugins._steptime_paired import PairedSlot, paired  # noqa: F401  (the declarations, public here)
 from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, stages, traffic
 
 
@@ -310,7 +312,7 @@ def model_flops_per_token(fig: dict, seq_len: int) -> float:
 # Multiplication Background User's Guide", docs.nvidia.com/deeplearning/performance/dl-performance-
 # matrix-multiplication, sections "Tile Quantization" and "Wave Quantization").
 TILE = (128, 256)
-# (the float8 casts' bytes per element: each implementation's declaration, steptime_float8.Float8Casts)
+# (the float8 casts' bytes per element: each implementation's declaration, _steptime_float8.Float8Casts)
 
 
 def gemm_seconds(m: float, n: float, k: float, hw: dict, cal: Calibration, operand_bytes: float) -> float:
@@ -340,14 +342,14 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
     """Seconds per FLOP of one layer's GEMMs (``fig['gemms']``), forward and backward (the input
     gradient M x K from M x N and N x K, the weight gradient N x K over the M tokens), and of the
     LM head; ``cast``: the float8 casts' bytes per forward, per backward and (``cast_step``) once a
-    step (0 in bf16), as the float8 implementation declares them (``casts``, steptime_float8). A routed
+    step (0 in bf16), as the float8 implementation declares them (``casts``, _steptime_float8). A routed
     GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each."""
     key = (fig["gemms"], fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
            hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts)
     got = _GEMM_CACHE.get(key)
     if got is not None:
         return got
-    flops = fwd = bwd = cast_f = cast_b = cast_s = 0.0
+    flops = fwd = bwd = cast_f = cast_b = cast_s = routed_f = routed_b = 0.0
     for i, (n, k, split, routed) in enumerate(fig["gemms"]):
         if split == "n":
             n = n / tp
@@ -360,8 +362,13 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
         if n <= 0 or k <= 0:
             continue
         flops += count * 2 * m * n * k
-        fwd += count * gemm_seconds(m, n, k, hw, cal, operand_bytes)
-        bwd += count * (gemm_seconds(m, k, n, hw, cal, operand_bytes) + gemm_seconds(k, n, m, hw, cal, operand_bytes))
+        f = count * gemm_seconds(m, n, k, hw, cal, operand_bytes)
+        b = count * (gemm_seconds(m, k, n, hw, cal, operand_bytes) + gemm_seconds(k, n, m, hw, cal, operand_bytes))
+        fwd += f
+        bwd += b
+        if routed:
+            routed_f += f
+            routed_b += b
         if operand_bytes < 2:
             c = casts
             read = c.normed_input if i in NORMED_GEMMS and not routed else c.input
@@ -381,7 +388,8 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
             + gemm_seconds(fig["h"], v, T, hw, cal, 2)) if v else 0.0
     got = {"fwd": fwd / flops if flops else 0.0, "bwd": bwd / (2 * flops) if flops else 0.0,
            "head": head / (3 * head_flops) if head_flops else 0.0, "cast_fwd": cast_f, "cast_bwd": cast_b,
-           "cast_step": cast_s}
+           "cast_step": cast_s, "routed_fwd": routed_f / fwd if fwd else 0.0,
+           "routed_bwd": routed_b / bwd if bwd else 0.0}
     if len(_GEMM_CACHE) > 50_000:
         _GEMM_CACHE.clear()
     _GEMM_CACHE[key] = got
@@ -572,9 +580,22 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                  "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers,
                  "attention-recompute": attn_r, "attention-forward-pass": attn_pass / speed_fwd,
                  "attention-backward-pass": attn_pass * 2.5 / (cal.attention_backward * speed_bwd)}
+    # (a paired overlap's slots, _steptime_paired: the attention block and the routed GEMMs, per layer)
+    # the GEMMs by routed share, the memory-bound ops (the activation the MLP's, the rest the attention block's; a
+    # pass forward, two backward) and the casts (by the GEMMs' routed share: an approximation)
+    mm_f, mm_b, rf, rb = layer_fwd * g["fwd"], layer_fwd * 2 * g["bwd"], g["routed_fwd"], g["routed_bwd"]
+    bw = cal.memory * mem_bw
+    e_mlp = _elementwise_bytes(fig, tp, sp, compiled, mlp_only=True) * T * bytes_ / 2 / bw
+    e_attn = elementwise / bw - e_mlp
+    per_layer.update({"attention-block-forward": mm_f * (1 - rf) + per_layer["attention-forward-pass"] + e_attn
+                      + g["cast_fwd"] * (1 - rf) / bw,
+                      "mlp-block": mm_f * rf + mm_b * rb + 3 * e_mlp + (g["cast_fwd"] * rf + g["cast_bwd"] * rb) / bw,
+                      "attention-block-backward": mm_b * (1 - rb) + per_layer["attention-backward-pass"] + 2 * e_attn
+                      + g["cast_bwd"] * (1 - rb) / bw})
     # (the expert rule's collectives move routed tokens: a dense model has none)
     tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis),
-                                            dispatch.get(axis)) if axis != "ep" or fig["experts"] > 1 else 0.0
+                                            dispatch.get(axis), rules.get(f"{axis}.paired"))
+                                 if axis != "ep" or fig["experts"] > 1 else 0.0
                                  for axis in ("tp", "cp", "ep"))
     # the memory-bound work the cp rule declares beside its ring (RingTraffic), per rank's q and k, v elements
     ring = rules.get("cp.traffic")
@@ -613,7 +634,7 @@ def attention_span(fig: dict, seq_len: int) -> float:
     return ((layers - n) * seq_len + n * windowed) / layers
 
 
-def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
+def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool, mlp_only: bool = False) -> float:
     """Bytes per token one layer pass of the memory-bound ops reads and writes (bf16 activations,
     fp32 inside the norms and RoPE). Two RMSNorms: fused, read x and write y (4 B per element);
     eager (torchtitan's RMSNorm: x.float(), pow, mean, x * rsqrt, type_as, * weight), 36 B. Two
@@ -624,6 +645,8 @@ def _elementwise_bytes(fig: dict, tp: int, sp: bool, compiled: bool) -> float:
     h, mlp = fig["h"], fig["ffn"] * fig["k"]
     gated = fig["mats"] == 3
     norm, rope, act = (4, 4, 6 if gated else 4) if compiled else (36, 20, 10 if gated else 4)
+    if mlp_only:        # (the MLP's activation alone: what a paired overlap's MLP block runs)
+        return act * mlp / tp
     replicated = (2 * norm + 12) * h / (tp if sp else 1)
     return replicated + (rope * (fig["h_q"] + fig["h_kv"]) + act * mlp) / tp
 
@@ -648,6 +671,9 @@ def declarations(registry=None, options: Mapping | None = None) -> tuple[dict, d
         declared = stages(rules[name], options.get(name)) if name in rules else None
         if declared is not None:         # ("<axis>.stages": how the pipeline rule splits the layers)
             axes[f"{axis}.stages"] = declared
+        declared = paired(rules[name], options.get(name)) if name in rules else None
+        if declared is not None:         # ("<axis>.paired": how a rule's batched collectives pair, _steptime_paired)
+            axes[f"{axis}.paired"] = declared
     return axes, {name: collectives(spec, options.get(name)) for name, spec in registry.rules_for_axis(DATA).items()}
 
 
@@ -851,7 +877,7 @@ def _applies(c: Collective, size: dict) -> bool:
 
 
 def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict, overlap: str | None = None,
-               dispatch: str | None = None) -> float:
+               dispatch: str | None = None, paired=None) -> float:
     """Exposed seconds per micro-batch of an axis' per-layer collectives: ``forward`` calls per
     forward (recomputed ones too), ``backward`` per backward; those overlapping one compute are
     added and hidden behind it, layer by layer. ``overlap`` (an implementation's choice for
@@ -861,9 +887,12 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
     Computation via Decomposition', ASPLOS; torchtitan's async TP): the first chunk's share
     1/n is exposed, the rest hidden behind the layer's matmuls; ``"batched"`` (DeepEP-style EP
     overlap: one micro-batch's all-to-all beside another's compute): hidden behind the layer's
-    compute, for the collectives that declare it (or declare no implementations); ``dispatch``:
+    compute, for the collectives that declare it (or declare no implementations); where the rule declares
+    how its batched collectives pair (``paired``: _steptime_paired.PairedSlot's, Megatron's combined
+    1F1B), each slot's share of their calls hidden behind its compute, slot by slot; ``dispatch``:
     ``"node-forwarded"`` (``_seconds``)."""
     exposed, overlapping = 0.0, {}
+    slots = [0.0] * len(paired or ())
     for c in declared:
         if c.per != "layer" or not _applies(c, size):
             continue
@@ -877,13 +906,20 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
             exposed += layers * t * calls / n
             overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (n - 1) / n
         elif c.overlaps is None and overlap == "batched" and (not c.implementations or "batched" in c.implementations):
-            overlapping["layer"] = overlapping.get("layer", 0.0) + t * calls
+            if paired:
+                for i, slot in enumerate(paired):
+                    slots[i] += t * (slot.forward * c.forward * (1 + r) + slot.backward * c.backward)
+            else:
+                overlapping["layer"] = overlapping.get("layer", 0.0) + t * calls
         elif c.overlaps is None:
             exposed += calls * layers * t
         else:
             overlapping[c.overlaps] = overlapping.get(c.overlaps, 0.0) + t * calls
     for target, comm in overlapping.items():
         exposed += layers * hidden(comm, compute[target], size["cal"])
+    for slot, comm in zip(paired or (), slots):
+        if comm:
+            exposed += layers * hidden(comm, compute[slot.compute], size["cal"])
     return exposed
 
 

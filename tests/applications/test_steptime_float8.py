@@ -1,10 +1,10 @@
-"""The float8 implementations' declared casts (steptime_float8), as layer_gemms counts them: bytes by hand."""
+"""The float8 implementations' declared casts (steptime.Float8Casts), as layer_gemms counts them: bytes by hand."""
 
 import pytest
 
 from mlsysim_core.errors import InvalidInputError
 from mlsysim_plugins import steptime
-from mlsysim_plugins.steptime_float8 import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
+from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
                                              Float8Casts, casts_of)
 
 # q/k/v (N 3072, K 1024), output projection (1024, 1024), MLP up+gate (8192, 1024), down (1024, 4096); 512 tokens

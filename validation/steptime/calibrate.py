@@ -42,7 +42,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mlsysim_plugins import steptime                   # noqa: E402
-from mlsysim_plugins import steptime_float8            # noqa: E402
 from mlsysim_core import TransformerWorkload            # noqa: E402
 from mlsysim_core.search import time_plan              # noqa: E402
 from mlsysim_core import hookimpl, TrainingMemoryModel  # noqa: E402
@@ -126,9 +125,9 @@ ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 # 'alltoall' dispatcher an NCCL all-to-all of every copy (the EP rule's default); not stated: the default.
 EP_DISPATCH = {"flex": "node-forwarded", "alltoall": None, None: None}
 # The float8 implementation a source states (published.py's float8_recipe): its casts as it declares them
-# (steptime_float8); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it.
-FLOAT8_RECIPE = {"te-current-scaling": steptime_float8.TE_CURRENT_SCALING,
-                 "te-delayed-scaling": steptime_float8.TE_DELAYED_SCALING, "te-mxfp8": steptime_float8.TE_MXFP8,
+# (steptime.Float8Casts); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it.
+FLOAT8_RECIPE = {"te-current-scaling": steptime.TE_CURRENT_SCALING,
+                 "te-delayed-scaling": steptime.TE_DELAYED_SCALING, "te-mxfp8": steptime.TE_MXFP8,
                  None: True}
 CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none",
         # Megatron-Core's selective recompute of the layer norms and the experts' activation (recompute_modules

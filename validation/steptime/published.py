@@ -356,7 +356,7 @@ _MGL_NOTE = ("Columns 'Model | #-GPUs | GBS | MBS | Seq Length | TP | PP | CP | 
              "Transformer Engine's delayed scaling: the script's FP8 args ('--fp8-format hybrid --fp8-amax-history-len "
              "1024 --fp8-amax-compute-algo max') name no --fp8-recipe, whose default is 'delayed' (Megatron-LM "
              "megatron/training/arguments.py \"'--fp8-recipe', default='delayed'\"); casts timed as "
-             "steptime_float8.TE_DELAYED_SCALING. "
+             "steptime.TE_DELAYED_SCALING. "
              "TFLOP/s use Megatron's FLOP count (see module docstring); MFU against an FP8 peak is not given. ")
 # Megatron's context parallelism: Transformer Engine's attention with its P2P ring unless --cp-comm-type says
 # otherwise (NVIDIA/Megatron-LM megatron/training/arguments.py: "'--cp-comm-type', nargs='+', type=str,
@@ -679,7 +679,7 @@ _MB_NOTE = ("DGX-H100 (8 x H100 SXM 80GB per node, 700 W). Megatron-Bridge perfo
             "TP communication overlap and the MoE dispatcher not stated in the table (timed without them unless the row's "
             "recipe, _MB_RECIPE or _MB_TP_OVERLAP, says); H100 FP8 is "
             "Transformer Engine's current scaling (the recipes' fp8cs configs; its casts timed as TE's, "
-            "steptime_float8.TE_CURRENT_SCALING). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
+            "steptime.TE_CURRENT_SCALING). DP derived = GPUs / (TP x PP x CP); GA = GBS / (DP x "
             "MBS) derived. ")
 # The recipes behind the table's MoE rows (a later version than the table's commit: the table names no dispatcher).
 # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py at commit

@@ -37,9 +37,9 @@ containers' measurements, mostly of 26.04.01's GB200 layouts; the H100 rows are 
 per run) was found in the stored corpora; MI300X stays without comparable rows.
 
 Precision: 'FP8' / 'FP8-CS' is Transformer Engine's current (tensorwise) scaling, its casts timed as TE's
-(steptime_float8.TE_CURRENT_SCALING); 'MXFP8' / 'FP8-MX' (32-element blocks with an E8M0 scale each,
+(steptime.TE_CURRENT_SCALING); 'MXFP8' / 'FP8-MX' (32-element blocks with an E8M0 scale each,
 Blackwell's block-scaled tensor-core MMA) is timed as float8 too: the GEMMs at the fp8 peak, the casts TE's
-MXFP8 quantizer's (steptime_float8.TE_MXFP8), as each such row's notes say.
+MXFP8 quantizer's (steptime.TE_MXFP8), as each such row's notes say.
 """
 
 _B_NOTE = ("DGX-B200 (8 x B200 per node, NVLink 5 inside the node, one 400 Gb/s ConnectX-7 per GPU: the catalog's "
@@ -52,7 +52,7 @@ _MB_BW = ("Data parallelism recorded as Megatron's distributed optimizer where F
           "table does not say), Megatron FSDP (sharding over #GPUs / (TP x PP)) where it is not. Checkpointing not "
           "stated in the table (the recipes' selective recompute of single modules is not modelled): none. ")
 _MX = ("MXFP8 timed as float8: GEMMs at the fp8 peak (Blackwell's block-scaled MMA), casts as Transformer Engine's "
-       "MXFP8 quantizer's (steptime_float8.TE_MXFP8: one pass, both usages and the 1/32 scales, weights once a step). ")
+       "MXFP8 quantizer's (steptime.TE_MXFP8: one pass, both usages and the 1/32 scales, weights once a step). ")
 _MB_2511 = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit 067f987df03b8355b03192d88d70f1709fedf51a "
             "(file last changed in 4ab94dfad36641cabdeb96452b21bf676aac4772), section '## 25.11 NeMo Container' / "
             "'### Pre-Training Performance', columns '| Model | #-GPUs | Precision | GBS | MBS | Sequence Length | FSDP "
