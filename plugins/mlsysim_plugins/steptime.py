@@ -580,18 +580,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                  "matmul": matmul / layers, "layer": (matmul + attention + memory) / layers,
                  "attention-recompute": attn_r, "attention-forward-pass": attn_pass / speed_fwd,
                  "attention-backward-pass": attn_pass * 2.5 / (cal.attention_backward * speed_bwd)}
-    # (a paired overlap's slots, _steptime_paired: the attention block and the routed GEMMs, per layer)
-    # the GEMMs by routed share, the memory-bound ops (the activation the MLP's, the rest the attention block's; a
-    # pass forward, two backward) and the casts (by the GEMMs' routed share: an approximation)
-    mm_f, mm_b, rf, rb = layer_fwd * g["fwd"], layer_fwd * 2 * g["bwd"], g["routed_fwd"], g["routed_bwd"]
-    bw = cal.memory * mem_bw
-    e_mlp = _elementwise_bytes(fig, tp, sp, compiled, mlp_only=True) * T * bytes_ / 2 / bw
-    e_attn = elementwise / bw - e_mlp
-    per_layer.update({"attention-block-forward": mm_f * (1 - rf) + per_layer["attention-forward-pass"] + e_attn
-                      + g["cast_fwd"] * (1 - rf) / bw,
-                      "mlp-block": mm_f * rf + mm_b * rb + 3 * e_mlp + (g["cast_fwd"] * rf + g["cast_bwd"] * rb) / bw,
-                      "attention-block-backward": mm_b * (1 - rb) + per_layer["attention-backward-pass"] + 2 * e_attn
-                      + g["cast_bwd"] * (1 - rb) / bw})
+    # (a paired overlap's slots, _steptime_paired: the attention block and the routed GEMMs, per layer; only for
+    # a run that overlaps: a search's hot path)
+    if "batched" in overlap.values():
+        _paired_computes(per_layer, fig, g, cal, layer_fwd, elementwise, T, tp, sp, compiled, bytes_, mem_bw)
     # (the expert rule's collectives move routed tokens: a dense model has none)
     tp_comm, cp_comm, ep_comm = (_per_layer(rules.get(axis) or (), layers, r, per_layer, size, overlap.get(axis),
                                             dispatch.get(axis), rules.get(f"{axis}.paired"))
@@ -616,6 +608,22 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                  dp=dp_comm, optimizer=optimizer)
     parts["step"] = sum(parts.values())
     return parts
+
+
+def _paired_computes(per_layer: dict, fig: dict, g: dict, cal: Calibration, layer_fwd: float, elementwise: float,
+                     T: float, tp: int, sp: bool, compiled: bool, bytes_: float, mem_bw: float) -> None:
+    """A paired overlap's computes per layer (_steptime_paired.SLOT_COMPUTES): the GEMMs by routed share, the
+    memory-bound ops (the activation the MLP's, the rest the attention block's; a pass forward, two backward)
+    and the casts (by the GEMMs' routed share: an approximation)."""
+    mm_f, mm_b, rf, rb = layer_fwd * g["fwd"], layer_fwd * 2 * g["bwd"], g["routed_fwd"], g["routed_bwd"]
+    bw = cal.memory * mem_bw
+    e_mlp = _elementwise_bytes(fig, tp, sp, compiled, mlp_only=True) * T * bytes_ / 2 / bw
+    e_attn = elementwise / bw - e_mlp
+    per_layer.update({"attention-block-forward": mm_f * (1 - rf) + per_layer["attention-forward-pass"] + e_attn
+                      + g["cast_fwd"] * (1 - rf) / bw,
+                      "mlp-block": mm_f * rf + mm_b * rb + 3 * e_mlp + (g["cast_fwd"] * rf + g["cast_bwd"] * rb) / bw,
+                      "attention-block-backward": mm_b * (1 - rb) + per_layer["attention-backward-pass"] + 2 * e_attn
+                      + g["cast_bwd"] * (1 - rb) / bw})
 
 
 def attention_span(fig: dict, seq_len: int) -> float:
