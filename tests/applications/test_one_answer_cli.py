@@ -89,6 +89,7 @@ def test_python_keeps_the_reference_default():
     assert TrainingMemoryModel().solve("llama3-8b", "h100", 8).profile == "reference"
 
 
+@pytest.mark.long     # renders a plot (about 2 s of the quick suite)
 def test_plot_names_the_profile(tmp_path):
     pytest.importorskip("matplotlib")
     code, text = run("plot", "timeline", "-o", str(tmp_path / "t.svg"))

@@ -235,6 +235,7 @@ def test_cli_flags_reach_the_search(capsys):
     assert all(flag in text for flag in ("--allow-cross-node-ep", "--interleave", "--allow-compile", "--allow-float8"))
 
 
+@pytest.mark.long     # worker processes (about 2 s of the quick suite)
 def test_axes_in_worker_processes_equal_in_process():
     run = dict(devices=8, global_batch=16, seq_len=2048, precision="bf16", optimizer="adamw", profile="measured",
                regime="bf16", checkpointing=["none"], data_parallel=["zero1", "fsdp"], interleave=True,
