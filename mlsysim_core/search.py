@@ -49,7 +49,8 @@ is also the fallback wherever workers cannot run.
 derived in docs/planner.md) gives every layout that fits seconds per optimizer step, tokens/s
 and MFU; layouts are ranked fastest first. Its ``check`` refuses hardware it cannot time (the
 built-in: without its topology, or the ``flops``, ``tp_bandwidth``, ``network_bandwidth``
-overrides, an error naming the missing fields) before anything is solved. TP and EP groups stay inside a node (tp x ep <= devices per node) unless
+overrides, an error naming the missing fields) before anything is solved. TP and EP groups stay inside a node (tp x ep <= devices per node;
+the NVLink domain where the catalog declares one, ``scale_up_domain``) unless
 ``allow_cross_node_tp`` (both may span nodes) or ``allow_cross_node_ep`` (EP groups may); ``max_tp`` caps tp.
 
 **Opt-in axes** (``search_plans``'s ``allow_cross_node_ep``, ``interleave``, ``allow_compile``,
@@ -543,6 +544,39 @@ def interleave_factors(layers: int, pp: int) -> tuple[int, ...]:
     return tuple(v for v in _divisors(-(-layers // pp)) if v > 1 and pp * v <= layers)
 
 
+NVLINK_DOMAIN = "nvlink_domain_devices"     # a catalog entry's extra["performance"] key: the scale-up domain
+
+
+def scale_up_domain(hardware) -> int | None:
+    """The devices whose collectives run at ``intra_node_bandwidth``: the planner's node. The NVLink
+    domain the accelerator's catalog entry declares (``extra["performance"]["nvlink_domain_devices"]``)
+    where it is larger than ``devices_per_node`` (GB200 NVL72: 72 GPUs in one NVLink domain, the node
+    the 4-GPU compute tray that the host-memory model reads), else ``devices_per_node``: groups inside
+    it are NVLink's, groups crossing it the network's (``inter_node_bandwidth``, then the rate between
+    domains). Hardware outside the catalog, or not the catalog's object (but for its memory, as
+    steptime.envelope reads it), declares none."""
+    from .catalog import find_hardware
+    try:
+        entry = find_hardware(hardware.name)
+    except (InvalidInputError, InvalidInputTypeError):      # (not in the catalog: a user's HardwareNode)
+        return hardware.devices_per_node
+    if entry.value != hardware and attrs.evolve(entry.value, memory_capacity=hardware.memory_capacity,
+                                                memory_bandwidth=hardware.memory_bandwidth) != hardware:
+        return hardware.devices_per_node
+    domain = (entry.extra.get("performance") or {}).get(NVLINK_DOMAIN)
+    if isinstance(domain, int) and not isinstance(domain, bool) and domain > (hardware.devices_per_node or 0):
+        return domain
+    return hardware.devices_per_node
+
+
+def _domain_notes(hardware, node) -> tuple[str, ...]:
+    if node == hardware.devices_per_node:
+        return ()
+    return (f"collective groups placed in {hardware.name}'s {node}-device NVLink domain (its catalog entry's "
+            f"{NVLINK_DOMAIN}): inside it at intra_node_bandwidth, across domains at inter_node_bandwidth; "
+            f"devices_per_node {hardware.devices_per_node} stays the node the memory sees",)
+
+
 def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
                  precision: str = "fp16", optimizer: str = "adam",
                  checkpointing: Sequence[str] | None = None, data_parallel: Sequence[str] | None = None,
@@ -640,7 +674,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                 else sorted(installed_rules))
     sequence_parallel = _flags("sequence_parallel", sequence_parallel)
     bytes_ = precision_bytes(precision)
-    node = hardware.devices_per_node
+    node = scale_up_domain(hardware)     # (the NVLink domain where the catalog declares one: groups placed in it)
     max_tp = max_tp or (devices if allow_cross_node_tp else node)
     if not allow_cross_node_tp:
         max_tp = min(max_tp, node)
@@ -691,7 +725,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         raise refusal
     if left_out:
         strategies = [s for s in strategies if s not in left_out]
-    notes = _whole_search_notes(first)
+    notes = _whole_search_notes(first) + _domain_notes(hardware, node)
     if undeclared:
         notes += (f"checkpointing {', '.join(undeclared)} declares no recompute (CheckpointingSpec.recompute): "
                   "its step time counts none (recompute= sets it)",)
@@ -1401,8 +1435,10 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                                 ("overlap", {**({"tp": "decomposed"} if async_tp else {}),
                                              **({"ep": "batched"} if ep_overlap else {})}),
                                 ("dispatch", {"ep": ep_dispatch} if ep_dispatch else {})) if v}
+    node = scale_up_domain(hardware)     # (the NVLink domain where the catalog declares one, as search_plans)
+    notes += _domain_notes(hardware, node)
     timing = dict(timer.prepare(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
-                                precision_bytes=precision_bytes(precision), node=hardware.devices_per_node,
+                                precision_bytes=precision_bytes(precision), node=node,
                                 flops=flops, intra=tp_bandwidth, inter=network_bandwidth, calibration=calibration,
                                 attention=options.get("attention"), schedule=schedule, dp_rules=[rule],
                                 chunks=chunks, **extras,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core.catalog import find_hardware
+from mlsysim_core.search import scale_up_domain
 from mlsysim_plugins import steptime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +55,15 @@ def test_rows_are_held_out_uncalibrated_and_gb200_is_timed_on_its_nvlink_domain(
     assert calibrate["shipped"]("b200") is steptime.DEFAULT and not steptime.DEFAULT.calibrated
     gb = cases["megatron-bridge-2511-llama3-8b-8xgb200-fp8-cs"]
     assert calibrate["comparable"](gb) is None
-    node = calibrate["hardware_for"](gb)
-    assert node.devices_per_node == 72 == find_hardware("nvidia/gb200").extra["performance"]["nvlink_domain_devices"]
+    # timed on the catalog's entry, its groups placed in the NVLink domain it declares (search.scale_up_domain)
+    assert scale_up_domain(find_hardware(gb["hardware"]).value) == 72
+    assert find_hardware("nvidia/gb200").extra["performance"]["nvlink_domain_devices"] == 72
     assert find_hardware("nvidia/gb200").value.devices_per_node == 4          # the catalog's node stays the tray
     p = calibrate["predict"](gb, calibrate["shipped"]("gb200"))
     assert p["calibrated"] is False
     assert p["assumptions"]["devices_per_node"] == 72 and p["assumptions"]["inter_node_bandwidth"] == 50e9
     b = cases["megatron-bridge-2511-llama3-8b-8xb200-fp8-cs"]
-    assert calibrate["hardware_for"](b) == "b200"
+    assert calibrate["predict"](b, calibrate["shipped"]("b200"))["assumptions"]["devices_per_node"] == 8
     rows = calibrate["rows"]("gb200")
     assert len(rows) == 15 and all(role == "held out" for *_, role in rows)
     assert calibrate["summary"]("b200")["held_out"] == 9

@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from mlsysim_plugins import steptime                   # noqa: E402
 from mlsysim_core import TransformerWorkload            # noqa: E402
-from mlsysim_core.search import time_plan              # noqa: E402
+from mlsysim_core.search import scale_up_domain, time_plan  # noqa: E402
+from mlsysim_core.catalog import get_hardware           # noqa: E402
 from mlsysim_core import hookimpl, TrainingMemoryModel  # noqa: E402
 from mlsysim_core.manager import PluginManager          # noqa: E402
 from mlsysim_core.errors import NotModelledError        # noqa: E402
@@ -239,19 +240,6 @@ def layout(case) -> dict:
 _MODELS: dict = {}
 
 
-def hardware_for(case):
-    """The run's accelerator; where its catalog entry declares an NVLink domain larger than its node
-    (``extra["performance"]["nvlink_domain_devices"]``: GB200 NVL72's 72 GPUs, its node the 4-GPU compute tray), the
-    entry with the domain as its node: collectives inside the rack are NVLink's (the planner's node is where
-    collectives run at ``intra_node_bandwidth``). Such a copy keeps no power or SM envelope (steptime.envelope)."""
-    from mlsysim_core.catalog import find_hardware
-    entry = find_hardware(CATALOG[case["hardware"]])
-    domain = (entry.extra.get("performance") or {}).get("nvlink_domain_devices")
-    if domain and domain > (entry.value.devices_per_node or 0):
-        return attrs.evolve(entry.value, devices_per_node=domain)
-    return case["hardware"]
-
-
 # Rows whose stated regime the profile refuses for their model (NotModelledError naming the regime): timed in the
 # profile's default, amp-bf16, and the row says so (REFUSED_REGIME, filled by predict)
 REFUSED_REGIME: dict = {}
@@ -267,14 +255,14 @@ def predict(case, cal: steptime.Calibration) -> dict:
     if case["id"] in REFUSED_REGIME:
         kw["regime"] = FALLBACK_REGIME[kw["regime"]]
     try:
-        return time_plan(_MODELS[case["id"]], hardware_for(case), **run, **kw)
+        return time_plan(_MODELS[case["id"]], case["hardware"], **run, **kw)
     except NotModelledError as err:
         if kw.get("regime") not in FALLBACK_REGIME or err.parameter != "regime":
             raise
         REFUSED_REGIME[case["id"]] = (f"regime {kw['regime']} (refused by the profile for this model: timed as amp-bf16 "
                                       "with its collective dtypes)")
         kw["regime"] = FALLBACK_REGIME[kw["regime"]]
-        return time_plan(_MODELS[case["id"]], hardware_for(case), **run, **kw)
+        return time_plan(_MODELS[case["id"]], case["hardware"], **run, **kw)
 
 
 def megatron_flops(dims: dict, batch: int, s: int) -> float:
@@ -393,8 +381,9 @@ def table() -> str:
         found = rows(acc)
         s = summary(acc, found)
         label = "" if shipped(acc).calibrated else "; uncalibrated: steptime.DEFAULT's assumed efficiencies, nothing fitted"
-        node = next((hardware_for(c) for c, *_ in found if not isinstance(hardware_for(c), str)), None)
-        label += f"; timed with its {node.devices_per_node}-GPU NVLink domain as the node" if node else ""
+        hw = get_hardware(CATALOG[acc])
+        domain = scale_up_domain(hw)
+        label += f"; timed with its {domain}-GPU NVLink domain as the node" if domain != hw.devices_per_node else ""
         lines.append(f"**{acc.upper()}** ({CATALOG[acc]}{label}): {s['fit']} runs fitted, {s['held_out']} held out; held-out "
                      f"step time median |error| {s['median']:.1%}, max {s['max']:.1%}, predicted slower than "
                      f"published on {s['slower']} of {s['held_out']}.")
