@@ -514,8 +514,12 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      help="tensor parallelism without sequence parallelism (default: the profile's)")
     tim.add_argument("--compiled", action="store_true", help="each decoder block torch.compile'd (compile='blocks'): "
                      "the memory-bound ops fused, and the memory of the compiled run")
-    tim.add_argument("--float8", action="store_true", help="the layers' linears timed in float8 (casts counted); "
-                     "the memory is the 16-bit run's, said in a note")
+    float8s = ", ".join(sorted((registry.extensions if registry is not None else {}).get(
+        "mlsysim_float8_implementations", {}))) or "none installed"
+    tim.add_argument("--float8", nargs="?", const=True, default=False, metavar="IMPL",
+                     help="the layers' linears timed in float8 (casts counted), IMPL's casts (a registered float8 "
+                          f"implementation: {float8s}; bare --float8: torchao-tensorwise); the memory is the 16-bit "
+                          "run's, said in a note")
     tim.add_argument("--async-tp", action="store_true",
                      help="TP collectives decomposed and overlapped with the GEMMs (async TP, TP comm overlap)")
     tim.add_argument("--ep-overlap", action="store_true", help="EP all-to-alls beside another micro-batch's compute")

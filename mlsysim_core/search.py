@@ -1340,7 +1340,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
               dp: int = 1, ep: int = 1, vp: int | None = None, data_parallel: str = "zero0",
               checkpointing: str = "selective", microbatch: int = 1, sequence_parallel: bool | None = None,
               precision: str = "fp16", optimizer: str = "adam", profile: str | None = None,
-              pipeline_schedule: str | None = None, compiled: bool = False, float8: bool = False,
+              pipeline_schedule: str | None = None, compiled: bool = False, float8=False,
               async_tp: bool = False, ep_overlap: bool = False, ep_dispatch: str | None = None,
               power: float | None = None, memory_bandwidth: float | None = None, flops: float | None = None, tp_bandwidth: float | None = None,
               network_bandwidth: float | None = None, recompute: float | None = None, calibration=None,
@@ -1352,8 +1352,9 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     interleaved schedule, ``interleaved-1f1b`` unless ``pipeline_schedule`` names another);
     ``microbatch`` sequences per micro-batch, ``global_batch / (dp x microbatch)`` of them per step.
     What a search does not enumerate, said by the caller: ``compiled`` (memory-bound ops fused),
-    ``float8`` (float8 GEMMs and casts), ``async_tp`` (TP collectives decomposed and overlapped),
-    ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``ep_dispatch``
+    ``float8`` (float8 GEMMs and casts: True the default implementation, torchao tensorwise; a
+    registered implementation's name, ``mlsysim_float8_implementations``; or its declaration),
+    ``async_tp`` (TP collectives decomposed and overlapped), ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``ep_dispatch``
     (``"node-forwarded"``: DeepEP-style, once per destination node), ``power`` (the run's
     power limit, W) and ``memory_bandwidth`` (B/s). ``memory``: also solve the layout's memory
     (the heaviest rank's total, as ``estimate``; a run the profile cannot describe is said in
@@ -1378,8 +1379,10 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     compiled = bool(compiled) or bool(options.get("compile"))
     said = ([f"compiled: the memory-bound ops timed as compiled kernels; the memory is the eager run's "
              f"(compile={COMPILE_MODE!r} prices the compiled one)"] if compiled and not options.get("compile") else [])
-    said += (["float8: the linears timed in float8 GEMMs with their casts; the memory is the 16-bit run's"]
-             if float8 else [])
+    float8 = float8_implementation(registry, float8)
+    implementation = "" if float8 is True else f" ({getattr(float8, 'name', float8)})"
+    said += ([f"float8{implementation}: the linears timed in float8 GEMMs with their casts; the memory is the 16-bit "
+              "run's"] if float8 else [])
     if vp is not None:
         vp = _checks.count("vp", vp)
         options["virtual_stages"] = vp
@@ -1458,12 +1461,30 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
             "calibrated": timing["calibrated"], "notes": tuple(notes) + tuple(timing["notes"]),
             "layout": dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vp=chunks, data_parallel=rule, checkpointing=ckpt,
                            microbatch=microbatch, gradient_accumulation_steps=gas, sequence_parallel=sp,
-                           devices=devices, recompute=recompute, compiled=compiled, float8=float8,
+                           devices=devices, recompute=recompute, compiled=compiled,
+                           float8=float8 if isinstance(float8, bool) else getattr(float8, "name", float8),
                            async_tp=async_tp, ep_overlap=ep_overlap, ep_dispatch=ep_dispatch),
             "assumptions": timing["assumptions"]}
 
 
 STEP_TIME_HOOK = "mlsysim_step_time_models"     # the hook, added by the built-in plugin ``steptime``
+FLOAT8_HOOK = "mlsysim_float8_implementations"  # the float8 implementations' hook, added by ``steptime`` too
+
+
+def float8_implementation(registry, float8):
+    """A run's ``float8``: False or True (the step-time model's default implementation) as given, a
+    registered implementation's name resolved to its declaration (``Float8Casts``,
+    mlsysim_plugins.steptime_hookspecs; a name not registered is an error listing those that are),
+    or a declaration itself (the step-time model checks it)."""
+    if isinstance(float8, bool) or float8 is None:
+        return bool(float8)
+    if isinstance(float8, str):
+        implementations = registry.extensions.get(FLOAT8_HOOK, {})
+        if not implementations:
+            raise InvalidInputError("float8", float8, "a registered float8 implementation: (none installed)",
+                                    "the built-in plugin 'steptime' registers them; is it blocked?")
+        return implementations[_checks.name("float8", float8, implementations)]
+    return float8
 
 
 def step_time_model_named(registry, name: str | None):

@@ -2,8 +2,9 @@
 float8 matmuls and casts). The step time (``steptime.layer_gemms``) times a float8 GEMM's operands'
 casts as memory-bound traffic: bytes per element of its input (M x K), weight (N x K) and output
 gradient (M x N), and of the copies the backward transposes. An implementation is chosen by passing its
-declaration as ``float8`` (``time_plan(float8=TE_CURRENT_SCALING)``); ``float8=True`` is torchao's
-tensorwise Float8Linear, as before.
+declaration or its registered name as ``float8`` (``time_plan(float8="te-current-scaling")``; the
+plugin ``steptime`` registers these four under ``mlsysim_float8_implementations``); ``float8=True`` is
+torchao's tensorwise Float8Linear, as before.
 
 Each figure is derived from the implementation's source at a commit, never from its name:
 
@@ -43,31 +44,12 @@ Each figure is derived from the implementation's source at a commit, never from 
 
 from __future__ import annotations
 
-import attrs
-
-from mlsysim_core.errors import InvalidInputError
+from mlsysim_core.errors import InvalidInputTypeError
+from mlsysim_plugins.steptime_hookspecs import Float8Casts
 
 # model_figures' GEMMs (q/k/v, output projection, MLP up (+gate), MLP down): the ones whose input a norm
 # produces, when not routed (a routed GEMM reads the dispatched tokens)
 NORMED_GEMMS = (0, 2)
-
-
-def _per(instance, attribute, value):
-    if value not in ("micro-batch", "step"):
-        raise InvalidInputError(attribute.name, value, "'micro-batch' (cast each forward) or 'step' (once a step)")
-
-
-@attrs.frozen(kw_only=True)
-class Float8Casts:
-    """Bytes per element a float8 implementation's casts read and write (module docstring)."""
-    name: str
-    input: float            # of a GEMM's input, each forward (recomputed ones too)
-    normed_input: float     # of an input a norm produces (NORMED_GEMMS), each forward
-    weight: float           # of a weight, each forward or once a step (weight_per)
-    weight_per: str = attrs.field(validator=_per)
-    grad: float             # of the output gradient, each backward
-    transpose: float        # of the input and of the weight, each backward (transposed copies)
-    source: str = ""
 
 
 TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_input=5, weight=5,
@@ -83,6 +65,15 @@ TE_MXFP8 = Float8Casts(name="te-mxfp8", input=4 + 2 / 32, normed_input=4 + 2 / 3
                        source="Transformer Engine MXFP8Quantizer (d0067d0)")
 
 
+BUILTIN = (TORCHAO_TENSORWISE, TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8)   # what the plugin registers
+
+
 def casts_of(float8) -> Float8Casts:
-    """The declaration a run's ``float8`` names: a Float8Casts itself, or True: torchao tensorwise."""
-    return float8 if isinstance(float8, Float8Casts) else TORCHAO_TENSORWISE
+    """The declaration a run's ``float8`` gives: a Float8Casts itself, or True (or False, for the
+    16-bit run's GEMMs, which read none): torchao tensorwise, the default implementation."""
+    if isinstance(float8, Float8Casts):
+        return float8
+    if isinstance(float8, bool):
+        return TORCHAO_TENSORWISE
+    raise InvalidInputTypeError("float8", float8, "True (torchao tensorwise), False or a Float8Casts (a registered "
+                                "float8 implementation, steptime_hookspecs.Float8Casts)")

@@ -46,7 +46,9 @@ validation/steptime/calibrate.py on the cases it names); other hardware uses DEF
 every row says "uncalibrated".
 
 A plugin (entry point ``steptime``): it registers the step-time model ``roofline``
-(``mlsysim_step_time_models``), which ``mlsysim_core.search`` reaches through the registry.
+(``mlsysim_step_time_models``) and the float8 implementations torchao-tensorwise, te-current-scaling,
+te-delayed-scaling and te-mxfp8 (``mlsysim_float8_implementations``, _steptime_float8), which
+``mlsysim_core.search`` reaches through the registry.
 The step time reads the rules' declarations, never their names: a rule registered again under
 another name is timed the same.
 """
@@ -60,8 +62,9 @@ import attrs
 
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
 from mlsysim_plugins import steptime_hookspecs
-from mlsysim_plugins._steptime_float8 import (NORMED_GEMMS, TE_CURRENT_SCALING, TE_DELAYED_SCALING,  # noqa: F401
-                                              TE_MXFP8, TORCHAO_TENSORWISE, Float8Casts, casts_of)
+from mlsysim_plugins._steptime_float8 import (BUILTIN as FLOAT8_IMPLEMENTATIONS, NORMED_GEMMS,  # noqa: F401
+                                              TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
+                                              Float8Casts, casts_of)
 from mlsysim_plugins._steptime_paired import PairedSlot, paired  # noqa: F401  (the declarations, public here)
 from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, stages, traffic
 
@@ -1023,3 +1026,8 @@ def mlsysim_step_time_models():
     return [StepTimeSpec(name="roofline", check=check, prepare=prepare, time=time_layout, components=COMPONENTS,
                          description="FLOPs and bytes at fitted shares of the peaks, the rules' declared collectives "
                                      "over the group's link, hidden behind what they overlap (docs/planner.md)")]
+
+
+@hookimpl
+def mlsysim_float8_implementations():
+    return list(FLOAT8_IMPLEMENTATIONS)

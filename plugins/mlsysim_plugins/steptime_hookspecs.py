@@ -1,6 +1,8 @@
-"""The planner's hook and the declarations it reads (added by the built-in plugin ``steptime``,
-collected into ``registry.extensions["mlsysim_step_time_models"]``; in the core until plugin API
-3.1). A third party imports them from here: a step-time model registers a ``StepTimeSpec``; a
+"""The planner's hooks and the declarations it reads (added by the built-in plugin ``steptime``,
+collected into ``registry.extensions["mlsysim_step_time_models"]`` (in the core until plugin API
+3.1) and ``registry.extensions["mlsysim_float8_implementations"]``). A third party imports them
+from here: a step-time model registers a ``StepTimeSpec``; a float8 implementation registers the
+bytes its casts move as a ``Float8Casts``; a
 sharding rule declares what it communicates as ``Collective``s under its
 ``extensions["steptime.collectives"]`` (``collectives(spec)`` reads them; None: nothing declared,
 which the step-time model says and times as it documents)."""
@@ -12,11 +14,13 @@ from typing import Callable, Iterable
 import attrs
 import pluggy
 
+from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.specs import _callable, _description, _name_field
 
 _hookspec = pluggy.HookspecMarker("mlsysim")
 
 HOOK = "mlsysim_step_time_models"
+FLOAT8_HOOK = "mlsysim_float8_implementations"
 COLLECTIVES = "steptime.collectives"     # the sharding rules' extension key
 TRAFFIC = "steptime.traffic"             # a rule's memory-bound work per ring step (``RingTraffic``)
 STAGES = "steptime.stages"               # how a pipeline rule splits the layers over its stages (``STAGE_SPLITS``)
@@ -141,6 +145,31 @@ class StepTimeSpec:
     components: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
+def _per(instance, attribute, value):
+    if value not in ("micro-batch", "step"):
+        raise InvalidInputError(attribute.name, value, "'micro-batch' (cast each forward) or 'step' (once a step)")
+
+
+@attrs.frozen(kw_only=True)
+class Float8Casts:
+    """A named float8 implementation: the bytes per element of a GEMM operand its casts read and
+    write (plugins/mlsysim_plugins/_steptime_float8.py derives the built-ins' from their sources).
+    ``input``: of a GEMM's input, each forward (recomputed ones too); ``normed_input``: of an input a
+    norm produces (q/k/v, a dense MLP's up projection), each forward; ``weight``: of a weight, each
+    forward (``weight_per="micro-batch"``) or once a step (``"step"``: cast on the first micro-batch
+    and cached); ``grad``: of the output gradient, each backward; ``transpose``: of the input and of
+    the weight, each backward (transposed copies). The step time reads these fields, never ``name``."""
+    name: str = _name_field
+    input: float
+    normed_input: float
+    weight: float
+    weight_per: str = attrs.field(validator=_per)
+    grad: float
+    transpose: float
+    source: str = ""
+    description: str = _description
+
+
 @_hookspec
 def mlsysim_step_time_models() -> Iterable[StepTimeSpec]:
     """Register named step-time models (what ``search`` ranks layouts by).
@@ -149,4 +178,13 @@ def mlsysim_step_time_models() -> Iterable[StepTimeSpec]:
     """
 
 
-REGISTRATION_HOOK_TYPES = {HOOK: StepTimeSpec}     # the plugin manager checks and collects them
+@_hookspec
+def mlsysim_float8_implementations() -> Iterable[Float8Casts]:
+    """Register named float8 implementations (``Float8Casts``: what their casts read and write),
+    which ``time_plan(float8=name)``, ``mlsysim-core time --float8 NAME`` and ``search_plans(
+    allow_float8=name)`` choose from.
+    """
+
+
+# the plugin manager checks and collects them
+REGISTRATION_HOOK_TYPES = {HOOK: StepTimeSpec, FLOAT8_HOOK: Float8Casts}

@@ -38,7 +38,7 @@ def test_every_hook_has_a_test():
     from mlsysim_plugins.launch import hookspecs as launch_hookspecs
     hooks = [n for module in (hookspecs, launch_hookspecs, steptime_hookspecs)
              for n, f in inspect.getmembers(module, inspect.isfunction) if n.startswith("mlsysim_")]
-    assert len(hooks) == 15
+    assert len(hooks) == 16
     catalog_tests = Path(__file__).with_name("test_hooks_catalog.py").read_text(encoding="utf-8")
     missing = [h for h in hooks
                if f"test_hook_{h}" not in globals() and f"def test_hook_{h}(" not in catalog_tests]
@@ -80,6 +80,31 @@ def test_hook_mlsysim_launch_formats(builtin_pm, tmp_path):
     path.write_text('{"acme_trainer": {"model": "llama3-8b", "mbs": 3, "seq": 512}}')
     s = from_launch([path], registry=pm.registry).scenario
     assert (s.model, s.batch_size, s.seq_len, s.dp_size) == ("llama3-8b", 3, 512, 1)
+
+
+def test_hook_mlsysim_float8_implementations(builtin_pm):
+    """A third party's float8 implementation, chosen by name, is timed by the casts it declares: one that
+    casts nothing saves torchao tensorwise's cast traffic, by hand (llama3-8b, tp 2: per layer and 2048-token
+    micro-batch, inputs M x K 2048 x 17408, weights N x K 109,051,904, gradients M x N 2048 x 25600; forward
+    5 B of inputs and weights, backward 5 B of gradients and 2 B of inputs and weights; 32 layers, 2
+    micro-batches, at 0.8 of 3.35 TB/s)."""
+    from mlsysim_core import search
+    from mlsysim_plugins.steptime_hookspecs import Float8Casts
+
+    class Free:
+        @hookimpl
+        def mlsysim_float8_implementations(self):
+            return [Float8Casts(name="test.no-casts", input=0, normed_input=0, weight=0, weight_per="step", grad=0,
+                                transpose=0)]
+    solver = solver_with(Free(), builtin_pm=builtin_pm)
+    assert "test.no-casts" in solver.registry.extensions["mlsysim_float8_implementations"]
+    run = dict(global_batch=8, tp=2, dp=4, memory=False, solver=solver)
+    free = search.time_plan("llama3-8b", "h100", float8="test.no-casts", **run)["components"]
+    torchao = search.time_plan("llama3-8b", "h100", float8=True, **run)["components"]
+    per_layer = 5 * (2048 * 17408 + 109_051_904) + 5 * 2048 * 25600 + 2 * (2048 * 17408 + 109_051_904)
+    assert torchao["memory"] - free["memory"] == pytest.approx(2 * 32 * per_layer / (0.8 * 3.35e12), rel=1e-12)
+    assert {k: v for k, v in free.items() if k not in ("memory", "step")} == {
+        k: v for k, v in torchao.items() if k not in ("memory", "step")}
 
 
 def test_hook_mlsysim_step_time_models(builtin_pm):

@@ -41,7 +41,7 @@ from mlsysim_core.scenario import LAUNCH_FORMAT, launch_formats
 from mlsysim_core.errors import MlsysimError, PluginError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
 from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo
-from mlsysim_core.search import STEP_TIME_HOOK as STEP_TIME
+from mlsysim_core.search import FLOAT8_HOOK as FLOAT8, STEP_TIME_HOOK as STEP_TIME
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = "mlsysim_measured_architectures"
@@ -484,6 +484,8 @@ def _naming(kind: str, name: str):
         return "llama3-8b", dict(pipeline_schedule=name, pp_size=2, gradient_accumulation_steps=4, **profile)
     if kind == STEP_TIME:       # (named by a search, not a solve)
         return "llama3-8b", dict(step_time_model=name)
+    if kind == FLOAT8:          # (named by a step time, not a solve)
+        return "llama3-8b", dict(float8=name)
     if kind == LAUNCH_FORMAT:   # (asked by --from, not a solve: gone from the registry)
         return None, {}
     raise AssertionError(kind)
@@ -527,6 +529,9 @@ def test_blocking_a_builtin_removes_it_or_is_refused(kind, name):
             if kind_ == STEP_TIME:
                 from mlsysim_core.search import search_plans
                 search_plans(model, "h100", devices=2, global_batch=2, solver=solver, **kwargs)
+            elif kind_ == FLOAT8:
+                from mlsysim_core.search import time_plan
+                time_plan(model, "h100", global_batch=2, solver=solver, memory=False, **kwargs)
             else:
                 solver.solve(model, "h100", 16, 2048, **kwargs)
         except MlsysimError as err:
