@@ -433,9 +433,14 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                       help="let tensor- and expert-parallel groups span nodes (default: inside a node)")
     for flag, what in (("--allow-cross-node-ep", "let EP groups span nodes, TP ones not (all-to-all over the NICs)"),
                        ("--interleave", "also try interleaved 1F1B at pp > 1, v chunks per rank dividing a stage's layers"),
-                       ("--allow-compile", "also try each layout with compile='blocks' (fused ops), refusals counted"),
-                       ("--allow-float8", "also try each layout with float8='tensorwise', refusals counted")):
+                       ("--allow-compile", "also try each layout with compile='blocks' (fused ops), refusals counted")):
         srch.add_argument(flag, action="store_true", help=what + " (docs/planner.md: the search space)")
+    float8s = ", ".join(sorted((registry.extensions if registry is not None else {}).get(
+        "mlsysim_float8_implementations", {}))) or "none installed"
+    srch.add_argument("--allow-float8", nargs="?", const=True, default=False, metavar="IMPL",
+                      help="also try each layout in float8, timed with IMPL's casts (a registered float8 "
+                           f"implementation: {float8s}; bare: torchao-tensorwise, its memory float8='tensorwise'), "
+                           "refusals counted (docs/planner.md: the search space)")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
     srch.add_argument("--workers", type=int, default=None, metavar="N",

@@ -322,8 +322,9 @@ def _nothing_fits(found: "PlanSearch") -> str:
         command += ["--pipeline-schedule", "interleaved-1f1b", "--virtual-stages", str(c["vp"])]
     if c.get("compiled"):
         command.append("--compile-blocks")
-    if c.get("float8"):
-        command += ["--float8", FLOAT8_RECIPE]
+    if c.get("float8"):     # (the memory option the row was solved with: none for an implementation that declares none)
+        memory = FLOAT8_RECIPE if found.run.get("allow_float8") is True else found.run.get("float8_memory")
+        command += ["--float8", memory] if memory else []
     lines.append("What would make the closest fit, with the least added step time (the run's other "
                  f"options as given to search):\n  {shlex.join(command)}")
     return "\n".join(lines)
@@ -390,7 +391,24 @@ def _variant_timing(timing: Mapping, c: Candidate) -> Mapping:
     return timing["variants"][key]
 
 
-def _variant_note(interleave: bool, allow_compile: bool, allow_float8: bool) -> str:
+def _float8_label(float8) -> str:
+    """How a search's float8 axis is said: float8='tensorwise' (True: the default implementation, the memory
+    profile's recipe), else the implementation's name and the memory option it declares."""
+    if float8 is True:
+        return f"float8={FLOAT8_RECIPE!r}"
+    memory = getattr(float8, "memory", None)
+    return (f"float8={float8.name!r}" + (f" (memory as float8={memory!r})" if memory
+                                         else " (memory: the 16-bit run's, not modelled)"))
+
+
+def _float8_memory(float8) -> dict:
+    """The solve option a float8 row's memory is solved with: the default's FLOAT8_RECIPE, else the one
+    the implementation declares (``memory``; None: none, the 16-bit run's memory)."""
+    memory = FLOAT8_RECIPE if float8 is True else getattr(float8, "memory", None)
+    return {"float8": memory} if memory else {}
+
+
+def _variant_note(interleave: bool, allow_compile: bool, allow_float8: bool, float8=True) -> str:
     axes = []
     if interleave:
         axes.append("the interleave factor (interleaved 1F1B with v model chunks per rank, v dividing a stage's layers; "
@@ -398,11 +416,12 @@ def _variant_note(interleave: bool, allow_compile: bool, allow_float8: bool) -> 
     if allow_compile:
         axes.append(f"compile={COMPILE_MODE!r} (memory-bound ops timed fused)")
     if allow_float8:
-        axes.append(f"float8={FLOAT8_RECIPE!r} (float8 GEMMs and casts)")
+        axes.append(f"{_float8_label(float8)} (float8 GEMMs and casts)")
     return "searched as axes: " + "; ".join(axes) + " (column impl: eager, compile, fp8)"
 
 
 def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, base, base_chunks, base_schedule,
+                   casts=True,
                    options, strategies,
                    solver, hardware, global_batch, seq_len, precision, optimizer, profile, trainable_fraction,
                    communication_buffer_fraction, prepare):
@@ -421,8 +440,8 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
     if interleave:
         vps += sorted({v for pp in range(2, model.layers + 1) for v in interleave_factors(model.layers, pp)})
     for flag, name, on, extra in (("allow_compile", "compile", allow_compile, {"compile": COMPILE_MODE}),
-                                  ("allow_float8", "float8", allow_float8, {"float8": FLOAT8_RECIPE})):
-        if not on:
+                                  ("allow_float8", "float8", allow_float8, _float8_memory(casts))):
+        if not on or not extra:
             continue
         try:    # (one device, one micro-batch: what a layout can refuse is counted per layout)
             solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, strategies[0], 1, 1, 1, 1, 0,
@@ -445,7 +464,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
             if compiled:
                 extra["compile"] = COMPILE_MODE
             if float8:
-                extra["float8"] = FLOAT8_RECIPE
+                extra.update(_float8_memory(casts))
             chunks, schedule = base_chunks, base_schedule
             if v is not None:
                 from .inputs import prepared_plan
@@ -466,9 +485,10 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
                 except NotModelledError:
                     pass
             timing = dict(timer.prepare(**{**prepare, "result": result}, schedule=schedule, chunks=chunks,
-                                        compiled=compiled, float8=float8), time=timer.time, schedule=schedule)
+                                        compiled=compiled, float8=casts if float8 else False),
+                          time=timer.time, schedule=schedule)
             label = ", ".join(([f"compile={COMPILE_MODE!r}"] if compiled else [])
-                              + ([f"float8={FLOAT8_RECIPE!r}"] if float8 else [])) or None
+                              + ([_float8_label(casts)] if float8 else [])) or None
             index[(v, compiled, float8)] = len(table)
             table.append(({**options, **extra}, timing, label, (v, compiled, float8)))
 
@@ -622,7 +642,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     ``interleave_factors(layers, pp)`` (``pipeline_schedule`` must then be None or ``"1f1b"``,
     the schedule of v = 1). ``allow_compile``: every layout is also tried with
     ``compile="blocks"`` (timed with fused memory-bound ops); ``allow_float8``: with
-    ``float8="tensorwise"`` (timed with float8 GEMMs and casts); both: also with both. A variant
+    ``float8="tensorwise"`` (timed with float8 GEMMs and casts; True: torchao tensorwise; a
+    registered float8 implementation's name or declaration: timed with its casts, its memory solved
+    with the ``float8=`` option it declares, none: the 16-bit run's, said in a note); both: also with both. A variant
     the profile refuses for a layout is left out and counted in ``notes`` by reason.
     """
     started = time.perf_counter()
@@ -651,7 +673,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     allow_cross_node_ep = _checks.flag("allow_cross_node_ep", allow_cross_node_ep)
     interleave = _checks.flag("interleave", interleave)
     allow_compile = _checks.flag("allow_compile", allow_compile)
-    allow_float8 = _checks.flag("allow_float8", allow_float8)
+    float8 = float8_implementation(registry, allow_float8, "allow_float8")     # (True, a registered one's declaration, or False)
+    allow_float8 = bool(float8)
     if interleave and pipeline_schedule not in (None, "1f1b"):
         raise InvalidInputError("pipeline_schedule", pipeline_schedule, "None or '1f1b' with interleave=True "
                                 "(--interleave)", "the interleave axis runs each pp > 1 layout under 1F1B (v = 1) "
@@ -743,7 +766,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     notes += timing["notes"]
     base_chunks = timing["chunks"]
     table, variants = _variant_table(
-        interleave=interleave, allow_compile=allow_compile, allow_float8=allow_float8, model=model, timer=timer,
+        interleave=interleave, allow_compile=allow_compile, allow_float8=allow_float8, casts=float8, model=model,
+        timer=timer,
         base=timing, base_chunks=base_chunks, base_schedule=getattr(schedule_options, "pipeline_schedule", None),
         options=options, strategies=strategies, solver=solver,
         hardware=hardware, global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
@@ -756,7 +780,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     for entry in table[1:]:
         notes += tuple(n for n in entry[1]["notes"] if n not in notes)
     if len(table) > 1:
-        notes += (_variant_note(interleave, allow_compile, allow_float8),)
+        notes += (_variant_note(interleave, allow_compile, allow_float8, float8),)
     if left_out:
         notes += (f"strategies without a measured-grade model left out: {', '.join(left_out)} "
                   f"(the reference profile models them: profile='reference', --profile reference)",)
@@ -769,7 +793,9 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     run["allow_cross_node_ep"] = allow_cross_node_ep or allow_cross_node_tp
     run["interleave"] = interleave
     run["allow_compile"] = allow_compile
-    run["allow_float8"] = allow_float8
+    run["allow_float8"] = float8 if isinstance(float8, bool) else getattr(float8, "name", float8)
+    if not isinstance(float8, bool):
+        run["float8_memory"] = _float8_memory(float8).get("float8")
 
     margin = headroom_bytes(headroom, hardware.memory_capacity)
     run["headroom"] = margin
@@ -1471,7 +1497,7 @@ STEP_TIME_HOOK = "mlsysim_step_time_models"     # the hook, added by the built-i
 FLOAT8_HOOK = "mlsysim_float8_implementations"  # the float8 implementations' hook, added by ``steptime`` too
 
 
-def float8_implementation(registry, float8):
+def float8_implementation(registry, float8, parameter: str = "float8"):
     """A run's ``float8``: False or True (the step-time model's default implementation) as given, a
     registered implementation's name resolved to its declaration (``Float8Casts``,
     mlsysim_plugins.steptime_hookspecs; a name not registered is an error listing those that are),
@@ -1481,9 +1507,9 @@ def float8_implementation(registry, float8):
     if isinstance(float8, str):
         implementations = registry.extensions.get(FLOAT8_HOOK, {})
         if not implementations:
-            raise InvalidInputError("float8", float8, "a registered float8 implementation: (none installed)",
+            raise InvalidInputError(parameter, float8, "a registered float8 implementation: (none installed)",
                                     "the built-in plugin 'steptime' registers them; is it blocked?")
-        return implementations[_checks.name("float8", float8, implementations)]
+        return implementations[_checks.name(parameter, float8, implementations)]
     return float8
 
 

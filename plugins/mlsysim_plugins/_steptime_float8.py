@@ -53,7 +53,7 @@ NORMED_GEMMS = (0, 2)
 
 
 TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_input=5, weight=5,
-                                 weight_per="micro-batch", grad=5, transpose=2,
+                                 weight_per="micro-batch", grad=5, transpose=2, memory="tensorwise",
                                  source="torchao Float8Linear, tensorwise dynamic scaling")
 TE_CURRENT_SCALING = Float8Casts(name="te-current-scaling", input=6, normed_input=4, weight=6, weight_per="step",
                                  grad=6, transpose=0,

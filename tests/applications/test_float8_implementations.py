@@ -14,7 +14,7 @@ from mlsysim_core.cli import DEFAULT_PROFILE
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
 from mlsysim_core.registry import PluginInfo
-from mlsysim_core.search import FLOAT8_HOOK, time_plan
+from mlsysim_core.search import FLOAT8_HOOK, search_plans, time_plan
 from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
                                       Float8Casts)
 from mlsysim_plugins.steptime_hookspecs import Float8Casts as DeclaredType
@@ -107,3 +107,58 @@ def test_time_float8_on_the_command_line(capsys, monkeypatch):
     text = capsys.readouterr().out
     assert ("a registered float8 implementation: te-current-scaling, te-delayed-scaling, te-mxfp8, torchao-tensorwise; "
             "bare --float8: torchao-tensorwise" in text)
+
+
+# --- search --allow-float8 [IMPL] -----------------------------------------------------------------------------
+
+SEARCH = dict(devices=2, global_batch=8, seq_len=2048, profile="measured", regime="bf16", workers=1)
+
+
+def searched(allow_float8, solver=SOLVER):
+    return search_plans("llama3-8b", "h100", allow_float8=allow_float8, solver=solver, **SEARCH)
+
+
+def rows(found):
+    return [tuple(c) for c in found.fits]
+
+
+def test_search_by_name_is_the_default_implementation():
+    default, named = searched(True), searched("torchao-tensorwise")
+    assert rows(named) == rows(default)
+    assert named.run["allow_float8"] == "torchao-tensorwise" and named.run["float8_memory"] == "tensorwise"
+    assert "float8='torchao-tensorwise' (memory as float8='tensorwise')" in " ".join(named.notes)
+
+
+def test_search_with_a_transformer_engine_implementation():
+    """Timed with its casts (each float8 row as time_plan times it), its memory the 16-bit row's (not modelled)."""
+    found = searched("te-mxfp8")
+    assert "float8='te-mxfp8' (memory: the 16-bit run's, not modelled)" in " ".join(found.notes)
+    eager = {(c.tp, c.pp, c.dp, c.data_parallel, c.checkpointing, c.sequence_parallel, c.microbatch):
+             c for c in found.fits if not c.float8}
+    fp8 = [c for c in found.fits if c.float8]
+    assert fp8 and len(fp8) == len(eager)
+    for c in fp8[:3]:
+        same = eager[(c.tp, c.pp, c.dp, c.data_parallel, c.checkpointing, c.sequence_parallel,
+                      c.microbatch)]
+        assert c.total_memory == same.total_memory and c.step_time < same.step_time
+        alone = {f: time_plan("llama3-8b", "h100", float8=f, solver=SOLVER, global_batch=8, seq_len=2048, tp=c.tp,
+                              pp=c.pp, dp=c.dp, data_parallel=c.data_parallel, checkpointing=c.checkpointing,
+                              microbatch=c.microbatch, sequence_parallel=c.sequence_parallel, profile="measured",
+                              regime="bf16", memory=False)["components"] for f in (False, "te-mxfp8")}
+        # what float8 changes, component by component, as time_plan times it (the search's optimizer component
+        # is its own: it differs from time_plan's in the 16-bit rows too)
+        row, row16 = found.components(c), found.components(same)
+        for k in row:
+            assert row[k] - row16[k] == pytest.approx(alone["te-mxfp8"][k] - alone[False][k], rel=1e-9, abs=1e-15), k
+
+
+def test_search_with_a_renamed_registration_is_the_same():
+    pm = PluginManager()
+    for plugin_name, plugin in sorted(BUILTIN_PM.list_name_plugin()):
+        if plugin is not None:
+            pm.register(plugin, name=plugin_name, info=BUILTIN_PM.info(plugin_name))
+    pm.register(_ThirdParty([attrs.evolve(TE_MXFP8, name="acme.mx")]), name="acme_casts",
+                info=PluginInfo(name="acme_casts", distribution="acme"))
+    assert rows(searched("acme.mx", TrainingMemoryModel(plugin_manager=pm))) == rows(searched("te-mxfp8"))
+    with pytest.raises(InvalidInputError, match="allow_float8='te-foo' is not allowed: one of: te-current-scaling"):
+        searched("te-foo")
