@@ -37,6 +37,9 @@ Each figure is derived from the implementation's source at a commit, never from 
     ``Impl::UNFUSED``: the norm's bf16 output quantized after).
   - the output gradient: both usages in one pass (dgrad reads it rowwise, wgrad column-wise): current
     scaling 6 B, delayed 4 B, MXFP8 4.0625 B.
+  The memory a search solves a float8 row with is what each declares (``memory``): torchao tensorwise's is
+  the measured profile's ``float8="tensorwise"`` (measured/float8.py, torchao's Float8Linear measured);
+  Transformer Engine's is not modelled (None: the 16-bit run's memory, said in a note).
   Not timed: current scaling's amax all-reduce over the tensor-parallel group under sequence parallelism
   (``set_quantizer_amax_reduction_group``: one scalar per quantized tensor, latency only); on Blackwell a
   tensorwise float8 GEMM needs no transposed copy (its column-wise write is counted all the same).
