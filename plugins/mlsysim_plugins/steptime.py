@@ -60,7 +60,8 @@ from typing import Mapping
 
 import attrs
 
-from mlsysim_core import InvalidInputError, InvalidInputTypeError, hookimpl
+from mlsysim_core import (ACCELERATOR, GRADIENTS, OPTIMIZER_STATE, OPTIMIZER_STEP, WEIGHTS, InvalidInputError,
+                          InvalidInputTypeError, hookimpl)
 from mlsysim_plugins import steptime_hookspecs
 from mlsysim_plugins._steptime_float8 import (BUILTIN as FLOAT8_IMPLEMENTATIONS, NORMED_GEMMS,  # noqa: F401
                                               TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
@@ -254,8 +255,15 @@ def hardware_figures(hardware, *, flops=None, intra=None, inter=None, power=None
 
 
 def optimizer_step_bytes(result, parameters: int) -> float:
-    """Bytes per parameter the optimizer step moves: its state and weights read and written, gradients read."""
-    return (2 * result.optimizer_state + 2 * result.weights + result.gradients) / parameters
+    """Bytes per parameter the optimizer step moves: its state and weights read and written, gradients read,
+    as alive on the accelerator in the optimizer step (a summed result: every term), whatever phase the peak is."""
+    if result.peak_phase is None:     # summed: every term counts
+        return (2 * result.optimizer_state + 2 * result.weights + result.gradients) / parameters
+    alive = {WEIGHTS: 0, GRADIENTS: 0, OPTIMIZER_STATE: 0}
+    for term in result.terms:
+        if term.component in alive and term.tier == ACCELERATOR and OPTIMIZER_STEP in term.phases:
+            alive[term.component] += term.nbytes
+    return (2 * alive[OPTIMIZER_STATE] + 2 * alive[WEIGHTS] + alive[GRADIENTS]) / parameters
 
 
 def model_figures(model) -> dict:
