@@ -519,8 +519,6 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      help="tensor parallelism without sequence parallelism (default: the profile's)")
     tim.add_argument("--compiled", action="store_true", help="each decoder block torch.compile'd (compile='blocks'): "
                      "the memory-bound ops fused, and the memory of the compiled run")
-    float8s = ", ".join(sorted((registry.extensions if registry is not None else {}).get(
-        "mlsysim_float8_implementations", {}))) or "none installed"
     tim.add_argument("--float8", nargs="?", const=True, default=False, metavar="IMPL",
                      help="the layers' linears timed in float8 (casts counted), IMPL's casts (a registered float8 "
                           f"implementation: {float8s}; bare --float8: torchao-tensorwise); the memory is the 16-bit "
