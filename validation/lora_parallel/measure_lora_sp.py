@@ -27,7 +27,6 @@ Needs torch==2.13.0 (CPU), transformers==5.23.0.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,8 +35,6 @@ sys.path.insert(0, HERE)
 import measure_lora_tp as tp  # noqa: E402  (puts validation/ and validation/parallel/ on sys.path)
 import harness  # noqa: E402
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
 
 
 def _cfg(regime, world, **kw):
@@ -60,13 +57,7 @@ CONFIGS = [
 ]
 
 
-def document(args, runs, ctx) -> dict:
-    return {"generator": "validation/lora_parallel/measure_lora_sp.py" + (" --only" if args.only else ""),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "device": "cpu",
-            "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), rank 0",
-            "megatron_bridge": "NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a",
-            "runs": runs}
+document = tp.document_for("measure_lora_sp.py")
 
 
 def main(argv=None) -> int:

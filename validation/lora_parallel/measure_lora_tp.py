@@ -251,13 +251,19 @@ def measure(cfg: dict) -> dict:
     return m
 
 
-def document(args, runs, ctx) -> dict:
-    return {"generator": "validation/lora_parallel/measure_lora_tp.py" + (" --only" if args.only else ""),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "device": "cpu",
-            "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), rank 0",
-            "megatron_bridge": "NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a",
-            "runs": runs}
+def document_for(script: str):
+    """The recorded JSON's header for one of the fake-process-group scripts (this one, _sp, _tp_pp)."""
+    def document(args, runs, ctx) -> dict:
+        return {"generator": f"validation/lora_parallel/{script}" + (" --only" if args.only else ""),
+                "python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "device": "cpu",
+                "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), rank 0",
+                "megatron_bridge": "NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a",
+                "runs": runs}
+    return document
+
+
+document = document_for("measure_lora_tp.py")
 
 
 def main(argv=None) -> int:

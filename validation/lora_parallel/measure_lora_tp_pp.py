@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,7 +32,6 @@ import harness  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import transformers  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
@@ -92,13 +90,7 @@ def measure(cfg: dict) -> dict:
         gc.collect()
 
 
-def document(args, runs, ctx) -> dict:
-    return {"generator": "validation/lora_parallel/measure_lora_tp_pp.py" + (" --only" if args.only else ""),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "device": "cpu",
-            "process_group": "fake (torch.testing._internal.distributed.fake_pg.FakeStore), rank 0",
-            "megatron_bridge": "NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a",
-            "runs": runs}
+document = tp.document_for("measure_lora_tp_pp.py")
 
 
 def main(argv=None) -> int:
