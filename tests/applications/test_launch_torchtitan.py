@@ -130,7 +130,8 @@ def test_every_dump_reads_end_to_end(path):
         launch = from_launch([path], gpus=64)
     except MlsysimError as err:
         assert isinstance(err, (InvalidInputError, NotModelledError)), err
-        assert err.parameter in ("model_spec.flavor", "compile.components") or ".attention.wo." in err.parameter, err
+        assert err.parameter in ("model_spec.flavor", "compile.components") or ".attention.wo." in err.parameter or \
+            err.parameter.endswith(".attention.inner_attention"), err
         return
     try:
         launch.scenario.solve()
@@ -303,3 +304,98 @@ def test_compiled_blocks_under_torchtitans_tp_plan_refused_naming_sequence_paral
         launch.scenario.solve()
     assert err.value.parameter == "sequence_parallel" and err.value.value is True
     assert "tensor_parallel_degree" in launch.sources["sequence_parallel"]
+
+
+# --- gpt-oss: FlexAttention with the sinks through its log-sum-exp (torchtitan's model code) -----------------
+
+def test_gpt_oss_flex_dump_priced_by_the_kernel_declaring_flex_and_lse():
+    """gpt_oss_20b with model_registry's attn_backend="flex" (a dump torchtitan 0.3.0 wrote, SOURCES.md): every
+    layer's inner attention has FlexAttention.Config's fields, so attention is the registered kernel declaring
+    computes='flex', sinks='lse' (the built-in flex_attention), approximated (the sigmoid renormalisation's
+    bytes, said). Hand-derived: the BlockMasks, 2 layer types (sliding and full) x 4 int32 tensors x b 1 x
+    (64^2 + 64) x 4 B at s 8192 (64 blocks of 128) = 133,120 B; no eager scores or masks."""
+    launch = from_launch([DATA / "resolved_0.3.0" / "gpt_oss_20b_flex.json"], gpus=8, hardware="h100")
+    s = launch.scenario
+    assert (s.model, s.seq_len, s.batch_size, s.activation_checkpointing) == ("openai/gpt-oss-20b", 8192, 8, "full")
+    assert s.profile_options["attention"] == "flex_attention"
+    field = next(f for r in launch.readings for f in r.fields if f.field == "attention")
+    assert field.key == "model_spec.model.layers.0.attention.inner_attention" and field.approximated
+    assert field.value == {"block_size": 128, "kernel_options": {}}
+    assert "sigmoid(lse - sink)" in field.note and "computes='flex', sinks='lse'" in field.note
+    assert launch.sources["attention"].endswith("gpt_oss_20b_flex.json: " + field.key)
+    result = s.solve()
+    masks = [t.nbytes for t in result.terms if t.label == "flex_attention block masks (saved by every layer)"]
+    assert masks == [2 * 4 * 1 * (64 * 64 + 64) * 4] == [133_120]
+    assert not any("eager attention masks" in t.label or "with the sink" in t.label for t in result.terms)
+
+
+def test_gpt_oss_kernel_chosen_by_declaration_not_name():
+    """The reader asks each registered kernel what it computes: the flex kernel registered under another name
+    is chosen by that name; with no kernel declaring computes='flex', sinks='lse' the dump is refused naming
+    its key."""
+    import attrs
+    from mlsysim_core.manager import get_plugin_manager
+    from mlsysim_plugins.measured.kernels import FLEX_ATTENTION, SDPA
+    registry = get_plugin_manager().registry
+    hook = "mlsysim_measured_attention_kernels"
+    path = DATA / "resolved_0.3.0" / "gpt_oss_20b_flex.json"
+    renamed = attrs.evolve(registry, extensions={**registry.extensions, hook: {
+        "sdpa": SDPA, "sink-fused": attrs.evolve(FLEX_ATTENTION, name="sink-fused")}})
+    assert from_launch([path], gpus=8, registry=renamed).scenario.profile_options["attention"] == "sink-fused"
+    none = attrs.evolve(registry, extensions={**registry.extensions, hook: {"sdpa": SDPA}})
+    with pytest.raises(NotModelledError) as err:
+        from_launch([path], gpus=8, registry=none)
+    assert err.value.parameter == "model_spec.model.layers.0.attention.inner_attention"
+    assert "computes='flex' and sinks='lse'" in str(err.value)
+
+
+def test_gpt_oss_varlen_dump_refused_naming_the_inner_attention():
+    """torchtitan 0.3.0's gpt_oss_20b as the registry writes it: VarlenAttention (model_registry's default
+    backend: window_size, no block_size), which no registered kernel declares: refused naming the key, never
+    priced as eager."""
+    path = DATA / "resolved_0.3.0" / "gpt_oss_20b.json"
+    with pytest.raises(NotModelledError) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == "model_spec.model.layers.0.attention.inner_attention"
+    assert err.value.value == {"window_size": [127, 0]} and "VarlenAttention" in str(err.value)
+    code, _ = run("estimate", "--from", str(path), "--gpus", "8", "-g", "h100")
+    assert code == 2
+
+
+def test_gpt_oss_v0_2_toml_is_flex_attention():
+    """v0.2.2's gpt-oss runs FlexAttention only (model/args.py attn_type "flex"): the real debug_model.toml
+    with -m (its debugmodel flavor is not in the catalog) maps model.name to the flex kernel."""
+    path = DATA / "gpt_oss" / "debug_model.toml"
+    with pytest.raises(NotModelledError) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == "model.flavor"
+    launch = from_launch([path], gpus=8, model="openai/gpt-oss-20b", hardware="h100")
+    assert launch.scenario.profile_options["attention"] == "flex_attention"
+    assert launch.sources["attention"].endswith("debug_model.toml: model.name")
+    launch.scenario.solve()
+
+
+def test_cli_estimate_from_the_gpt_oss_flex_dump():
+    code, out = run("estimate", "--from", str(DATA / "resolved_0.3.0" / "gpt_oss_20b_flex.json"), "--gpus", "8",
+                    "-g", "h100", "--json")
+    assert code == 0
+    document = json.loads(out)
+    fields = [f for f in document["launch"]["files"][0]["fields"] if f["field"] == "attention"]
+    assert fields[0]["becomes"] == "flex_attention"
+
+
+def test_deepseek_16b_flavor_and_the_compiled_chunked_loss_refused(tmp_path):
+    """The 16B flavor is DeepSeek-V2-Lite's architecture (checked field by field against the catalog's); the
+    dump's compile.enable with components ["loss"] compiles ChunkedLossWrapper's inner CrossEntropyLoss, which
+    the measured profile has no form of: refused naming compile.components."""
+    path = DATA / "resolved_0.3.0" / "deepseek_v3_16b.json"
+    with pytest.raises(NotModelledError) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == "compile.components" and err.value.value == ["loss"]
+    assert "ChunkedLossWrapper's inner CrossEntropyLoss" in str(err.value)
+    document = json.loads(path.read_text())
+    document["compile"]["enable"] = False      # the chunked loss eager: read, the flavor the catalog's V2-Lite
+    eager = tmp_path / "deepseek_v3_16b.json"
+    eager.write_text(json.dumps(document))
+    s = from_launch([eager], gpus=8).scenario
+    assert s.model == "deepseek-ai/deepseek-v2-lite" and s.profile_options["loss"] == "torchtitan_chunked"

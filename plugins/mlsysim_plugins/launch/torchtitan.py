@@ -27,6 +27,11 @@ FLAVORS = {
     ("qwen3", "8B"): "Qwen/Qwen3-8B", ("qwen3", "14B"): "Qwen/Qwen3-14B", ("qwen3", "32B"): "Qwen/Qwen3-32B",
     ("qwen3", "30B-A3B"): "Qwen/Qwen3-30B-A3B", ("qwen3", "235B-A22B"): "Qwen/Qwen3-235B-A22B-Instruct-2507",
     ("deepseek_v3", "671B"): "deepseek-ai/DeepSeek-V3",
+    # the 16B flavor is DeepSeek-V2-Lite's architecture (v0.2.2 torchtitan/models/deepseek_v3/__init__.py lines
+    # 78-100 at 73a0e69, 0.3.0's _16b: dim 2048, 27 layers (1 dense, inter 10944), 16 heads, vocab 102400, 64 routed
+    # experts of 1408 top-6 softmax + 2 shared, q_lora_rank 0, kv_lora_rank 512, rope 64, nope 128, v 128: the
+    # hub's config.json); a dump is checked against the catalog's (_check_model)
+    ("deepseek_v3", "16B"): "deepseek-ai/DeepSeek-V2-Lite",
     ("llama4", "17bx128e"): "meta-llama/Llama-4-Maverick-17B-128E",
     ("gpt_oss", "20b"): "openai/gpt-oss-20b", ("gpt_oss", "120b"): "openai/gpt-oss-120b",
 }
@@ -94,7 +99,7 @@ def _check_keys(model, path) -> None:
                                    "rather than dropped")
 
 
-def _check_model(model, hf: str, path) -> str:
+def _check_model(model, hf: str, path, sinks: bool = False) -> str:
     """The dump's model config against the catalog's: the sizes memory depends on must agree."""
     from mlsysim_core.catalog import find_model
     want = find_model(hf).value
@@ -124,7 +129,86 @@ def _check_model(model, hf: str, path) -> str:
         raise NotModelledError("model_spec.model.mtp_layers", f"{len(model['mtp_layers'])} layers", "none",
                                f"{path}: multi-token-prediction layers are not modelled")
     return (f"the dump's model config checked against the catalog's {hf} (hidden size, vocabulary, layers, heads, "
-            "MLP or experts); its attention (FlexAttention or varlen: fused, no s x s scores) priced as sdpa")
+            "MLP or experts)" + ("" if sinks else "; its attention (FlexAttention or varlen: fused, no s x s scores) "
+                                 "priced as sdpa"))
+
+
+# torchtitan's gpt-oss attention (the model module ``gpt_oss``, whatever the flavor): FlexAttention with the
+# sinks applied through the kernel's log-sum-exp, ``out * sigmoid(lse - sink).to(out.dtype)`` (v0.2.2
+# torchtitan/models/gpt_oss/model/model.py lines 241-254, ``attn_type = "flex"``, "gpt-oss only support
+# FlexAttention" in model/args.py, at 73a0e69; 0.3.0 torchtitan/models/gpt_oss/model.py
+# apply_attention_sink_rescale and Attention._apply_sinks, the FlexAttention.Config (block_size,
+# kernel_options) or VarlenAttention.Config (window_size) that model_registry's attn_backend picks, "varlen"
+# by default: torchtitan/models/gpt_oss/__init__.py; the same files at 659a0d2c, unchanged to 73aed7f6's parent).
+GPT_OSS = "gpt_oss"
+GPT_OSS_SOURCE = ("pytorch/torchtitan torchtitan/models/gpt_oss/model.py (0.3.0, PyPI; at 659a0d2c) "
+                  "apply_attention_sink_rescale, v0.2.2 model/model.py lines 241-254 (73a0e69)")
+FLEX_FIELDS = frozenset({"block_size", "kernel_options"})       # FlexAttention.Config (0.3.0 models/common/attention.py)
+VARLEN_FIELDS = frozenset({"window_size"})                        # VarlenAttention.Config
+FLEX_BLOCK = 128      # torch's _DEFAULT_SPARSE_BLOCK_SIZE, FlexAttention.Config.block_size's default: the BlockMask the
+#                       measured profile prices (measured/architectures/gpt_oss.py FLEX_BLOCK)
+KERNELS_HOOK = "mlsysim_measured_attention_kernels"
+
+
+def _sink_kernel(context, key, value, path) -> str:
+    """The registered attention kernel whose declaration is what torchtitan's gpt-oss runs: torch's
+    flex_attention (``computes="flex"``) with the sinks through its log-sum-exp (``sinks="lse"``), asked of
+    each kernel's declaration, never its name; none registered: refused, naming ``key``."""
+    from ..measured.kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE
+    registry = getattr(context, "registry", None)
+    if registry is None:
+        from mlsysim_core.manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    for name, kernel in (registry.extensions.get(KERNELS_HOOK) or {}).items():
+        if getattr(kernel, "computes", None) == COMPUTES_FLEX and getattr(kernel, "sinks", None) == SINKS_THROUGH_LSE:
+            return name
+    raise NotModelledError(key, value, "a registered measured attention kernel declaring computes='flex' and "
+                           "sinks='lse' (the built-in flex_attention)", f"{path}: torchtitan's gpt-oss attention "
+                           "(FlexAttention, the sinks through its log-sum-exp) has no kernel to price it")
+
+
+def _gpt_oss_attention(r: Reading, context, path, layers=None) -> None:
+    """torchtitan's gpt-oss attention as the measured profile's ``attention``: FlexAttention (v0.2.2 always;
+    a 0.3.0 dump's layers with FlexAttention.Config's fields) is the kernel declaring computes='flex',
+    sinks='lse', its renormalisation approximated (the note); 0.3.0's VarlenAttention refused, naming the key."""
+    key, value = "model.name", GPT_OSS
+    if layers is not None:
+        kinds = {}
+        for i, layer in enumerate(layers):
+            inner = (layer.get("attention") or {}).get("inner_attention") or {}
+            fields = frozenset(inner) - {"param_init", "sharding_config"}
+            kinds.setdefault(fields, (i, inner))
+        if len(kinds) != 1:
+            raise NotModelledError("model_spec.model.layers.*.attention.inner_attention", sorted(map(sorted, kinds)),
+                                   "one inner attention for every layer", f"{path}: layers with different attention "
+                                   "backends")
+        fields, (i, inner) = next(iter(kinds.items()))
+        key = f"model_spec.model.layers.{i}.attention.inner_attention"
+        if fields == VARLEN_FIELDS:
+            raise NotModelledError(key, {k: inner[k] for k in fields}, "FlexAttention.Config's fields (block_size, "
+                                   "kernel_options: model_registry(..., attn_backend='flex'))",
+                                   f"{path}: VarlenAttention (torch's varlen_attn, FlashAttention's varlen kernel, "
+                                   "model_registry's default backend) with the sinks through its log-sum-exp: no "
+                                   "registered measured attention kernel declares it (flex_attention declares "
+                                   "computes='flex'); the 'flex' backend is priced")
+        if fields != FLEX_FIELDS:
+            raise NotModelledError(key, inner, "FlexAttention.Config's fields (block_size, kernel_options)",
+                                   f"{path}: an inner attention torchtitan 0.3.0's gpt-oss does not run")
+        if inner["block_size"] != FLEX_BLOCK:
+            raise NotModelledError(f"{key}.block_size", inner["block_size"], f"{FLEX_BLOCK} (torch's default "
+                                   "BlockMask block, the one the measured profile prices)", str(path))
+        value = {k: inner[k] for k in sorted(fields)}
+    kernel = _sink_kernel(context, key, value, path)
+    r.approx(key, value, "attention", kernel,
+             f"torchtitan's gpt-oss attention: compiled flex_attention (q, k, v at their heads' width under "
+             f"enable_gqa, the output and the fp32 log-sum-exp kept, a BlockMask per window) with the sinks through "
+             f"its log-sum-exp, out x sigmoid(lse - sink) ({GPT_OSS_SOURCE}): the kernel {kernel!r} declares "
+             f"computes='flex', sinks='lse'. Its renormalisation is priced as transformers' (cat, logsumexp, exp: "
+             f"4 x r x heads B per token and layer, r = 2 with 16-bit compute, else 4); torchtitan's sigmoid keeps "
+             f"its fp32 output and that output cast to the attention's dtype (6 x heads with 16-bit compute, "
+             f"4 x heads in fp32): 2 x heads B per token and layer fewer than priced with 16-bit compute, 12 x "
+             f"heads in fp32" + ("; kernel_options tune the kernel's tiles, not what it keeps"
+                                 if isinstance(value, dict) and value.get("kernel_options") else ""))
 
 
 def _from_resolved(document, path, r: Reading, model=None):
@@ -135,7 +219,8 @@ def _from_resolved(document, path, r: Reading, model=None):
     spec = document.get("model_spec") or {}
     hf = FLAVORS.get((str(spec.get("name")), str(spec.get("flavor"))))
     _check_keys(spec.get("model") or {}, path)
-    note = _check_model(spec.get("model") or {}, hf, path) if hf is not None and model is None else ""
+    note = (_check_model(spec.get("model") or {}, hf, path, sinks=spec.get("name") == GPT_OSS)
+            if hf is not None and model is None else "")
     r.note("torchtitan 0.3.0's dump names no config class: a model converter that only swaps a Linear config's "
            "class (Float8LinearConverter, MXFP8, NVFP4) leaves no trace in it; the linears are priced as written "
            "(bf16 compute)")
@@ -266,6 +351,8 @@ def _read(path, document, context):
         model, note = catalog_model(hf or "", "model_spec.flavor", path, context=context)
         r.set("model_spec.name/model_spec.flavor", f"{name}/{flavor}", "model", model,
               "; ".join(n for n in (note, model_note) if n))
+        if name == GPT_OSS:
+            _gpt_oss_attention(r, context, path, (document["model_spec"].get("model") or {}).get("layers") or [])
     else:
         name, flavor = take("model.name", "llama3"), take("model.flavor")
         hf = FLAVORS.get((str(name), str(flavor)))
@@ -275,6 +362,8 @@ def _read(path, document, context):
                                    f"{path}: no catalog model for this model.name and model.flavor")
         model, note = catalog_model(hf or "", "model.flavor", path, context=context)
         r.set("model.name/model.flavor", f"{name}/{flavor}", "model", model, note)
+        if name == GPT_OSS:
+            _gpt_oss_attention(r, context, path)
     converters = take("model.converters") or []
     if isinstance(converters, str):
         converters = [c for c in converters.split(",") if c]
@@ -444,14 +533,21 @@ def _read(path, document, context):
         unknown = sorted(set(components) - {"model", "loss"})
         if unknown:
             raise InvalidInputError("compile.components", components, '"model" and/or "loss"', str(path))
+        if "loss" in components and r.values_of("loss") not in (None, "cross_entropy"):
+            # 0.3.0: ChunkedLossWrapper builds its inner loss_fn with the compile config, and BaseLoss._maybe_compile
+            # wraps CrossEntropyLoss's cross_entropy_loss in torch.compile when compile.enable and "loss" in
+            # compile.components: each chunk's logits go through the compiled loss, its backward run in the forward
+            # (torchtitan 0.3.0 torchtitan/components/loss.py BaseLoss._maybe_compile, ChunkedLossWrapper.__init__)
+            raise NotModelledError("compile.components", components, "no \"loss\" in compile.components "
+                                   "(compile.enable false: the chunked loss eager, loss='torchtitan_chunked')",
+                                   f"{path}: ChunkedLossWrapper's inner CrossEntropyLoss torch.compile'd chunk by chunk "
+                                   "(BaseLoss._maybe_compile); the measured profile has no compiled form of "
+                                   "torchtitan_chunked (the compiled cross_entropy_loss, compile='blocks+loss', is "
+                                   "measured on the whole logits, compiled blocks with the chunked loss are not)")
         if "loss" in components and "model" not in components:
             raise NotModelledError("compile.components", components, '["model", "loss"] or ["model"]',
                                    f"{path}: the loss compiled with the blocks eager is not measured (compile='blocks+loss' "
                                    "is the blocks and the loss compiled)")
-        if "loss" in components and r.values_of("loss") not in (None, "cross_entropy"):
-            raise NotModelledError("compile.components", components, f'["model"] with the loss {r.values_of("loss")!r}',
-                                   f"{path}: the compiled inner loss of torchtitan's ChunkedLossWrapper is not measured "
-                                   "(the compiled cross_entropy_loss is: compile='blocks+loss')")
         if components == ["model"]:
             r.set("compile.enable", True, "compile", "blocks", "each TransformerBlock torch.compile'd apart "
                   "(torchtitan apply_compile; docs/compile.md)")
