@@ -679,6 +679,13 @@ def _attributed(err, args):
     source = launch.sources.get(str(parameter).split(".")[0]) if launch is not None else None
     if source and str(parameter).split(".")[0] not in ("hardware",):
         detail = (f"{detail}; " if detail else "") + f"{parameter} comes from {source}"
+    if launch is not None:      # the other fields the allowed values name (e.g. "1 with lora and tp_size > 1")
+        import re
+        named = {str(parameter).split(".")[0], "hardware"}
+        for word in re.findall(r"[A-Za-z_]\w*", str(getattr(err, "allowed", "") or "")):
+            if word not in named and launch.sources.get(word):
+                named.add(word)
+                detail = (f"{detail}; " if detail else "") + f"{word} comes from {launch.sources[word]}"
     if (parameter, detail) == original:
         return err
     try:
