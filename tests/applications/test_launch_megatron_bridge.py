@@ -386,3 +386,31 @@ def test_the_profiles_refusals_pass_through(tmp_path, edit, gpus, parameter):
     with pytest.raises(NotModelledError) as err:
         scenario.solve()
     assert err.value.parameter == parameter
+
+
+@pytest.mark.parametrize("tp, gpus, parameter", [(2, 2, "regime"), (2, 8, "dp_size")])
+def test_lora_under_tp_refused_naming_the_bridge_fields(tmp_path, capsys, tp, gpus, parameter):
+    """LoRA with tensor_model_parallel_size 2 (the derived dump): the reader passes what the config says (lora from
+    peft, tp_size from the model section); the profile refuses what it has not measured (Bridge's main-grad regime
+    under tp; tp with data parallelism together) and `estimate --from` names the Bridge key of every field the
+    refusal names, no traceback."""
+    from clitools import run
+    path = _derived(tmp_path, lambda d: d["model"].update(tensor_model_parallel_size=tp))
+    launch = from_launch([path], gpus=gpus, hardware="h100")
+    assert (launch.scenario.tp_size, launch.scenario.dp_size) == (tp, gpus // tp)
+    assert launch.scenario.profile_options["lora"]["rank"] == R
+    code, _ = run("estimate", "--from", str(path), "--gpus", str(gpus), "-g", "h100")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and f"error: {parameter}=" in err
+    assert f"lora comes from {path}: peft._target_" in err
+    assert f"tp_size comes from {path}: model.tensor_model_parallel_size" in err
+
+
+def test_dora_refused_by_the_cli_naming_peft_target(tmp_path, capsys):
+    """Bridge's DoRA (DoRALinear: the magnitude scales the base + adapter sum) is not the profile's (peft's):
+    refused by the reader, naming peft._target_."""
+    from clitools import run
+    path = _derived(tmp_path, lambda d: d["peft"].update(_target_="megatron.bridge.peft.dora.DoRA"))
+    code, _ = run("estimate", "--from", str(path), "--gpus", "8", "-g", "h100")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "peft._target_='megatron.bridge.peft.dora.DoRA'" in err
