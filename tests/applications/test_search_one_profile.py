@@ -302,7 +302,8 @@ def test_cli_refuses_layout_flags_by_name(capsys, argv, flag):
     assert err.startswith(f"mlsysim-core: error: {flag}=") and "search" in err and "Traceback" not in err
 
 
-def test_cli_rows_and_checkpointing(capsys):
+def test_cli_rows_and_checkpointing(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")     # every column kept: no "left out to fit" line
     code, _ = run("search", "-n", "8", "--global-batch", "16", "--rows", "-1", "--profile", "reference")
     assert code == 2 and "--rows=-1" in capsys.readouterr().err
     code, text = run("search", "-n", "8", "--global-batch", "16", "--json", "--profile", "reference",
