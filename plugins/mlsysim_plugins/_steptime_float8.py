@@ -3,7 +3,7 @@ float8 matmuls and casts). The step time (``steptime.layer_gemms``) times a floa
 casts as memory-bound traffic: bytes per element of its input (M x K), weight (N x K) and output
 gradient (M x N), and of the copies the backward transposes. An implementation is chosen by passing its
 declaration or its registered name as ``float8`` (``time_plan(float8="te-current-scaling")``; the
-plugin ``steptime`` registers these four under ``mlsysim_float8_implementations``); ``float8=True`` is
+plugin ``steptime`` registers these five under ``mlsysim_float8_implementations``); ``float8=True`` is
 torchao's tensorwise Float8Linear, as before.
 
 Each figure is derived from the implementation's source at a commit, never from its name:
@@ -12,6 +12,29 @@ Each figure is derived from the implementation's source at a commit, never from 
   pass (read 2 B) and a scaled cast (read 2, write 1): 5 B an element of the input and the weight each
   forward, of the output gradient each backward; the backward's transposed float8 copies of the input and
   the weight read 1, write 1 (torchao Float8Linear, tensorwise dynamic scaling).
+* torchao rowwise (``TORCHAO_ROWWISE``, torchtitan's ``--quantize.linear.float8.recipe_name rowwise``; pytorch/ao
+  at 6243040807b9ceee889a58cba8e68c5fc4e2ebd8, 2025-06-13, the day of torchtitan's async-TP benchmark file):
+  - ``Float8LinearConfig.from_recipe_name(ROWWISE)`` (torchao/float8/config.py) scales input, weight and output
+    gradient axiswise; each GEMM needs its operand scaled along its own reduction axis, so the copies the
+    backward reads are cast again from bf16, not transposed from the forward's float8 ones. Bytes per element
+    as torchao's own roofline counts them (torchao/testing/float8/roofline_utils.py,
+    ``get_tensor_memory_traffic_ovhd_s``, ``float8_recipe_name == "rowwise"``, unfused with the previous op):
+    an input (and a gradient) kernel 1 "x_bf16_dim0 -> x_float8_dim0, x_bf16_dim1" (read 2, write 1 and a 2 B
+    transposed bf16 copy: 5 B) and kernel 2 "x_bf16_dim1 -> x_float8_dim1" (read 2, write 1: 3 B); a weight
+    kernel 1 (forward, 3 B), kernel 2 "x_bf16_dim0 -> x_bf16_dim1" (4 B) and kernel 3 (3 B) in the backward.
+    So: an input 5 B each forward and 3 B (its dim-1 cast) each backward; a weight 3 B each forward and 7 B
+    each backward; an output gradient 5 + 3 = 8 B each backward.
+  - the two backward GEMMs run without fast accumulation (config.py: ``gemm_config_grad_input`` and
+    ``gemm_config_grad_weight`` default ``Float8GemmConfig()``, ``use_fast_accum=False``), and for rowwise
+    scales without it torchao calls the tensorwise cuBLAS GEMM with unit scales and scales its output after
+    (torchao/float8/float8_ops.py ``addmm_float8_unwrapped``: "The rowwise CUTLASS-based kernel is so slow
+    without fast-accum that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually
+    afterwards", ``output *= post_inverse_scale``; "at least one extra triton kernel *per GEMM* ... just for the
+    rescaling", pytorch/ao issue 2184): the bf16 input and weight gradients read and written once more, 4 B
+    an element (``rescale``).
+  - not modelled: the forward GEMM's rowwise-scaled CUTLASS kernel (``_scaled_mm`` with fast accumulation)
+    against cuBLAS's tensorwise one ("Most shapes are within 90-100% of tensor-wise efficiency, but there's a
+    long tail going down to 50%", pytorch/pytorch issue 147971: no figure per shape), timed as tensorwise's.
 * Transformer Engine (NVIDIA/TransformerEngine at d0067d0da6cb01811b8072a7d304f0e00344ce2b):
   - a Linear's input is quantized once in the forward with both usages (module/linear.py and
     module/layernorm_linear.py ``_forward``: ``input_quantizer.set_usage(rowwise=True,
@@ -58,6 +81,11 @@ NORMED_GEMMS = (0, 2)
 TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_input=5, weight=5,
                                  weight_per="micro-batch", grad=5, transpose=2, memory="tensorwise",
                                  source="torchao Float8Linear, tensorwise dynamic scaling")
+TORCHAO_ROWWISE = Float8Casts(name="torchao-rowwise", input=5, normed_input=5, weight=3, weight_per="micro-batch",
+                              grad=8, transpose=3, transpose_weight=7, rescale=4, memory="rowwise",
+                              source="torchao Float8Linear, rowwise (axiswise) dynamic scaling (pytorch/ao 6243040: "
+                                     "torchao/testing/float8/roofline_utils.py's rowwise casts; float8_ops.py's "
+                                     "rescaled backward GEMMs)")
 TE_CURRENT_SCALING = Float8Casts(name="te-current-scaling", input=6, normed_input=4, weight=6, weight_per="step",
                                  grad=6, transpose=0,
                                  source="Transformer Engine Float8CurrentScalingQuantizer (d0067d0)")
@@ -68,7 +96,7 @@ TE_MXFP8 = Float8Casts(name="te-mxfp8", input=4 + 2 / 32, normed_input=4 + 2 / 3
                        source="Transformer Engine MXFP8Quantizer (d0067d0)")
 
 
-BUILTIN = (TORCHAO_TENSORWISE, TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8)   # what the plugin registers
+BUILTIN = (TORCHAO_TENSORWISE, TORCHAO_ROWWISE, TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8)   # what the plugin registers
 
 
 def casts_of(float8) -> Float8Casts:

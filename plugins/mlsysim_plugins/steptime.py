@@ -46,8 +46,8 @@ validation/steptime/calibrate.py on the cases it names); other hardware uses DEF
 every row says "uncalibrated".
 
 A plugin (entry point ``steptime``): it registers the step-time model ``roofline``
-(``mlsysim_step_time_models``) and the float8 implementations torchao-tensorwise, te-current-scaling,
-te-delayed-scaling and te-mxfp8 (``mlsysim_float8_implementations``, _steptime_float8), which
+(``mlsysim_step_time_models``) and the float8 implementations torchao-tensorwise, torchao-rowwise,
+te-current-scaling, te-delayed-scaling and te-mxfp8 (``mlsysim_float8_implementations``, _steptime_float8), which
 ``mlsysim_core.search`` reaches through the registry.
 The step time reads the rules' declarations, never their names: a rule registered again under
 another name is timed the same.
@@ -64,8 +64,8 @@ from mlsysim_core import (ACCELERATOR, GRADIENTS, OPTIMIZER_STATE, OPTIMIZER_STE
                           InvalidInputTypeError, hookimpl)
 from mlsysim_plugins import steptime_hookspecs
 from mlsysim_plugins._steptime_float8 import (BUILTIN as FLOAT8_IMPLEMENTATIONS, NORMED_GEMMS,  # noqa: F401
-                                              TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
-                                              Float8Casts, casts_of)
+                                              TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_ROWWISE,
+                                              TORCHAO_TENSORWISE, Float8Casts, casts_of)
 from mlsysim_plugins._steptime_paired import PairedSlot, paired  # noqa: F401  (the declarations, public here)
 from mlsysim_plugins.steptime_hookspecs import Collective, StepTimeSpec, collectives, stages, traffic
 
@@ -391,7 +391,13 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
                     cast_f += count * c.weight * n * k
                 else:
                     cast_s += count * c.weight * n * k
-            cast_b += count * (c.grad * m * n + c.transpose * (m * k + n * k))
+            if c.transpose_weight is None:
+                back = c.grad * m * n + c.transpose * (m * k + n * k)
+            else:       # (the weight's transposed copy declared apart from the input's)
+                back = c.grad * m * n + c.transpose * m * k + c.transpose_weight * n * k
+            if c.rescale:       # (a kernel scaling each backward GEMM's output: input and weight gradients)
+                back += c.rescale * (m * k + n * k)
+            cast_b += count * back
     v = fig["vocab"] / tp
     head_flops = 2 * T * v * fig["h"]
     # (the LM head stays in bf16: torchtitan's float8 converts leave out the output projection)

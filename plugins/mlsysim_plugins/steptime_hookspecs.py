@@ -158,7 +158,10 @@ class Float8Casts:
     norm produces (q/k/v, a dense MLP's up projection), each forward; ``weight``: of a weight, each
     forward (``weight_per="micro-batch"``) or once a step (``"step"``: cast on the first micro-batch
     and cached); ``grad``: of the output gradient, each backward; ``transpose``: of the input and of
-    the weight, each backward (transposed copies). ``memory``: the memory profile's ``float8=`` option
+    the weight, each backward (transposed copies); ``transpose_weight``: of the weight's, where it
+    differs from the input's (None: ``transpose``); ``rescale``: of each backward GEMM's output (the
+    input gradient M x K, the weight gradient N x K) that a separate kernel reads and writes to apply
+    the operands' scales after the GEMM (0: the GEMM applies them). ``memory``: the memory profile's ``float8=`` option
     whose memory this implementation has (the measured profile's torchao recipes), which a search's
     ``allow_float8`` solves its rows with; None: its memory is not modelled, the rows' memory is the
     16-bit run's (said in a note). The step time reads these fields, never ``name``."""
@@ -169,6 +172,8 @@ class Float8Casts:
     weight_per: str = attrs.field(validator=_per)
     grad: float
     transpose: float
+    transpose_weight: float | None = None
+    rescale: float = 0
     memory: str | None = None
     source: str = ""
     description: str = _description

@@ -15,13 +15,14 @@ from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
 from mlsysim_core.manager import OWN_DISTRIBUTION, PluginManager
 from mlsysim_core.registry import PluginInfo
 from mlsysim_core.search import FLOAT8_HOOK, search_plans, time_plan
-from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
-                                      Float8Casts)
+from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_ROWWISE,
+                                      TORCHAO_TENSORWISE, Float8Casts)
 from mlsysim_plugins.steptime_hookspecs import Float8Casts as DeclaredType
 
 BUILTIN_PM = PluginManager.from_environment(autoload=False, blocked=())
 SOLVER = TrainingMemoryModel(plugin_manager=BUILTIN_PM)
-BUILTINS = {"torchao-tensorwise": TORCHAO_TENSORWISE, "te-current-scaling": TE_CURRENT_SCALING,
+BUILTINS = {"torchao-tensorwise": TORCHAO_TENSORWISE, "torchao-rowwise": TORCHAO_ROWWISE,
+            "te-current-scaling": TE_CURRENT_SCALING,
             "te-delayed-scaling": TE_DELAYED_SCALING, "te-mxfp8": TE_MXFP8}
 RUN = dict(global_batch=8, seq_len=2048, tp=2, dp=4, memory=False)
 
@@ -30,7 +31,7 @@ def timed(float8, solver=SOLVER, **run):
     return time_plan("llama3-8b", "h100", float8=float8, solver=solver, **{**RUN, **run})
 
 
-def test_the_builtin_plugin_registers_the_four():
+def test_the_builtin_plugin_registers_the_five():
     registered = BUILTIN_PM.registry.extensions[FLOAT8_HOOK]
     assert dict(registered) == BUILTINS
     assert Float8Casts is DeclaredType     # (the hook's item type, public in steptime_hookspecs)
@@ -53,7 +54,7 @@ def test_true_is_torchao_tensorwise_and_the_implementations_differ():
     assert default["notes"][0].startswith("float8: the linears")
     # TE casts the weights once a step and transposes nothing in the backward: its memory-bound work differs
     steps = {name: timed(name)["step_s"] for name in BUILTINS}
-    assert len(set(steps.values())) == 4
+    assert len(set(steps.values())) == len(BUILTINS)
     assert timed(False)["step_s"] != default["step_s"]
 
 
@@ -80,7 +81,7 @@ def test_a_renamed_registration_is_timed_the_same():
 
 def test_a_name_not_registered_lists_those_that_are():
     with pytest.raises(InvalidInputError, match="float8='te-foo' is not allowed: one of: te-current-scaling, "
-                                                "te-delayed-scaling, te-mxfp8, torchao-tensorwise"):
+                                                "te-delayed-scaling, te-mxfp8, torchao-rowwise, torchao-tensorwise"):
         timed("te-foo")
 
 
@@ -105,7 +106,8 @@ def test_time_float8_on_the_command_line(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         run("time", "--help")
     text = capsys.readouterr().out
-    assert ("a registered float8 implementation: te-current-scaling, te-delayed-scaling, te-mxfp8, torchao-tensorwise; "
+    assert ("a registered float8 implementation: te-current-scaling, te-delayed-scaling, te-mxfp8, torchao-rowwise, "
+            "torchao-tensorwise; "
             "bare --float8: torchao-tensorwise" in text)
 
 

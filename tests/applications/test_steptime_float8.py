@@ -4,8 +4,8 @@ import pytest
 
 from mlsysim_core.errors import InvalidInputError
 from mlsysim_plugins import steptime
-from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_TENSORWISE,
-                                             Float8Casts, casts_of)
+from mlsysim_plugins.steptime import (TE_CURRENT_SCALING, TE_DELAYED_SCALING, TE_MXFP8, TORCHAO_ROWWISE,
+                                             TORCHAO_TENSORWISE, Float8Casts, casts_of)
 
 # q/k/v (N 3072, K 1024), output projection (1024, 1024), MLP up+gate (8192, 1024), down (1024, 4096); 512 tokens
 FIG = dict(gemms=((3072, 1024, "n", False), (1024, 1024, "k", False), (8192, 1024, "n", False),
@@ -27,6 +27,21 @@ def test_torchao_tensorwise_casts_every_operand_each_pass():
     # transposed copies of input and weight 1 + 1
     assert casts(TORCHAO_TENSORWISE) == (5 * sum(INPUTS) + 5 * sum(WEIGHTS), 5 * sum(GRADS) + 2 * (sum(INPUTS) + sum(WEIGHTS)), 0)
     assert casts_of(True) is TORCHAO_TENSORWISE
+
+
+def test_torchao_rowwise_casts_each_gemms_operand_along_its_axis_and_rescales_the_backward():
+    # torchao's roofline (roofline_utils.py, rowwise): an input 5 B forward (cast, and its bf16 transposed copy) and 3 B
+    # backward (the transposed copy's cast); a weight 3 B forward, 4 + 3 B backward (transposed in bf16, then cast);
+    # an output gradient 5 + 3 B. The two backward GEMMs (slow accumulation: cuBLAS tensorwise, then
+    # output *= scales) read and write their bf16 outputs once more: the input gradient (M x K, an input's size) and
+    # the weight gradient (N x K, a weight's), 2 + 2 B each
+    assert casts(TORCHAO_ROWWISE) == pytest.approx((5 * sum(INPUTS) + 3 * sum(WEIGHTS),
+                                                    8 * sum(GRADS) + 3 * sum(INPUTS) + 7 * sum(WEIGHTS)
+                                                    + 4 * (sum(INPUTS) + sum(WEIGHTS)), 0))
+    # 512 tokens through q/k/v (3072 x 1024): forward 5 x 512 x 1024 + 3 x 3072 x 1024 B
+    one = dict(FIG, gemms=(FIG["gemms"][0],))
+    g = steptime.layer_gemms(one, HW, steptime.DEFAULT, M, 1, 1, 1, TORCHAO_ROWWISE)
+    assert (g["cast_fwd"], g["cast_bwd"]) == (2_621_440 + 9_437_184, 8 * 1_572_864 + 7 * 524_288 + 11 * 3_145_728)
 
 
 def test_transformer_engine_current_scaling():

@@ -127,7 +127,7 @@ ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 EP_DISPATCH = {"flex": "node-forwarded", "alltoall": None, None: None}
 # The float8 implementation a source states (published.py's float8_recipe): its casts as it declares them
 # (steptime.Float8Casts); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it.
-FLOAT8_RECIPE = {"te-current-scaling": steptime.TE_CURRENT_SCALING,
+FLOAT8_RECIPE = {"torchao-rowwise": steptime.TORCHAO_ROWWISE, "te-current-scaling": steptime.TE_CURRENT_SCALING,
                  "te-delayed-scaling": steptime.TE_DELAYED_SCALING, "te-mxfp8": steptime.TE_MXFP8,
                  None: True}
 CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none",

@@ -217,6 +217,8 @@ for _size, _title, _rows in [
                 local_batch=16 if _size == "70b" else 12,
                 global_batch=16 * 32 if _size == "70b" else 12 * 8, seq_len=8192,
                 checkpointing="full" if _size == "70b" else "selective-op", compile=True, float8=_f8, async_tp=_async,
+                # (the row's recipe: torchao's rowwise Float8Linear, steptime.TORCHAO_ROWWISE; tensorwise: the default)
+                float8_recipe="torchao-rowwise" if _q == "float8-rowwise" else None,
                 tokens_per_s_per_gpu=_tps,
                 notes=_ATP_NOTE + f"Quantization: {_q}. global_batch derived: local batch x FSDP degree. "
                       + ("Float8 rowwise: the file notes 'the low baseline performance of the vanilla TP float8 rowwise training is being addressed' (torchtitan issue 1207). " if _q == "float8-rowwise" else "")))
