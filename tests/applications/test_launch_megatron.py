@@ -14,7 +14,6 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "launch" / "megatron"
 CONFIGS = sorted(DATA.glob("*.model_config.yaml"))
 SCRIPTS = sorted(DATA.glob("*.sh"))
 REFUSED = {"gpt3_mcore_te_tp2_pp2_mla": "--multi-latent-attention",
-           "gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline": "--decoder-first-pipeline-num-layers",
            "train_bert_340m_distributed": "pretrain_bert.py", "train_llama3_8b_h100_fp8": "--num-layers"}
 
 
@@ -307,3 +306,40 @@ def test_a_megatron_bridge_container_is_the_bridge_readers(tmp_path):
     with pytest.raises(InvalidInputError) as err:
         from_launch([path], gpus=8)
     assert err.value.parameter == "mixed_precision" and "every section" in str(err.value)
+
+
+def test_uneven_pipeline_stages_by_hand(tmp_path):
+    """gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline (12 layers, pp 4, first 2, last 2): Megatron-Core's
+    get_num_layers_to_build gives the middle stages (12 - 2 - 2) / 2 = 4 each: stage_layers [2, 4, 4, 2], traced to
+    both arguments. The embedding and loss counted in an even split (pp 2: (12 + 2) / 2 = 7 each, one fewer decoder
+    layer on the first and the last stage): [6, 6]. A split Megatron refuses is refused naming the argument."""
+    import yaml
+    path = DATA / "gpt3_mcore_te_tp1_pp4_vp1_uneven_pipeline.model_config.yaml"
+    launch = from_launch([path], gpus=8)
+    assert launch.scenario.profile_options["stage_layers"] == [2, 4, 4, 2]
+    assert launch.sources["stage_layers"].endswith(
+        "--decoder-first-pipeline-num-layers/--decoder-last-pipeline-num-layers")
+    _solve(launch)
+    document = yaml.safe_load(path.read_text())
+    args = document["MODEL_ARGS"]
+    for name in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+        del args[name]
+    args.update({"--pipeline-model-parallel-size": 2, "--account-for-embedding-in-pipeline-split": True,
+                 "--account-for-loss-in-pipeline-split": True})
+    edited = tmp_path / "accounted.model_config.yaml"
+    edited.write_text(yaml.safe_dump(document))
+    assert from_launch([edited], gpus=8).scenario.profile_options["stage_layers"] == [6, 6]
+    del args["--account-for-loss-in-pipeline-split"]        # 13 layers over pp 2: Megatron asserts
+    edited.write_text(yaml.safe_dump(document))
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([edited], gpus=8)
+    assert err.value.parameter == "--account-for-embedding-in-pipeline-split"
+    args.update({"--account-for-embedding-in-pipeline-split": False, "--pipeline-model-parallel-size": 4,
+                 "--decoder-first-pipeline-num-layers": 3})      # 9 layers left over 3 stages: 3 each
+    edited.write_text(yaml.safe_dump(document))
+    assert from_launch([edited], gpus=8).scenario.profile_options["stage_layers"] == [3, 3, 3, 3]
+    args["--decoder-first-pipeline-num-layers"] = 4     # 8 left over 3 stages: Megatron refuses
+    edited.write_text(yaml.safe_dump(document))
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([edited], gpus=8)
+    assert err.value.parameter == "--decoder-first-pipeline-num-layers"

@@ -414,3 +414,25 @@ def test_dora_refused_by_the_cli_naming_peft_target(tmp_path, capsys):
     code, _ = run("estimate", "--from", str(path), "--gpus", "8", "-g", "h100")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "peft._target_='megatron.bridge.peft.dora.DoRA'" in err
+
+
+def test_uneven_pipeline_stages_read_as_megatron_builds_them(tmp_path):
+    """TransformerConfig's num_layers_in_first/last_pipeline_stage and account_for_embedding/loss_in_pipeline_split
+    as Megatron-LM's arguments: Llama 3.2 1B's 16 layers over pp 4 with 2 first and 2 last -> [2, 6, 6, 2]; the
+    embedding and the loss in the split over pp 2 -> (16 + 2) / 2 = 9, one fewer each end: [8, 8]; a split Megatron
+    refuses (3 first: 13 left over 3 stages) is refused naming the Bridge key."""
+    uneven = _variant(tmp_path, {"model": {"pipeline_model_parallel_size": 4, "num_layers_in_first_pipeline_stage": 2,
+                                           "num_layers_in_last_pipeline_stage": 2}})
+    launch = from_launch([uneven], gpus=8, hardware="h100")
+    assert launch.scenario.profile_options["stage_layers"] == [2, 6, 6, 2]
+    assert launch.sources["stage_layers"].endswith(
+        "model.num_layers_in_first_pipeline_stage/model.num_layers_in_last_pipeline_stage")
+    launch.scenario.solve()
+    accounted = _variant(tmp_path, {"model": {"pipeline_model_parallel_size": 2,
+                                              "account_for_embedding_in_pipeline_split": True,
+                                              "account_for_loss_in_pipeline_split": True}})
+    assert from_launch([accounted], gpus=8).scenario.profile_options["stage_layers"] == [8, 8]
+    bad = _variant(tmp_path, {"model": {"pipeline_model_parallel_size": 4, "num_layers_in_first_pipeline_stage": 3}})
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([bad], gpus=8)
+    assert err.value.parameter == "model.num_layers_in_first_pipeline_stage"

@@ -63,7 +63,7 @@ IGNORED_PREFIXES = ("--log-", "--tensorboard", "--wandb", "--save", "--load", "-
                     "--node-rank", "--rdzv-", "--qk-layernorm", "--rotary-", "--use-rotary-position", "--norm-epsilon",
                     "--apply-residual-connection-post-layernorm", "--openai-gelu", "--squared-relu",
                     "--hybrid-", "--async-tensor-model-parallel-allreduce", "--empty-unused-memory-level",
-                    "--overlap-p2p-comm", "--align-", "--defer-embedding-wgrad", "--account-for-",
+                    "--overlap-p2p-comm", "--align-", "--defer-embedding-wgrad",
                     "--deallocate-pipeline-outputs", "--no-async-tensor", "--tensorboard-log-interval",
                     "--num-dataset-builder-threads", "--object-storage", "--full-validation",
                     "--disable-symmetric-registration", "--mid-level-dataset", "--per-split-data-args",
@@ -441,10 +441,60 @@ def _read(args: dict, path, context, env=None, harness=()):
                   f"{L} layers / (pp {pp} x {vp}) = {chunks} model chunks per rank")
         else:
             r.note(f"--num-layers-per-virtual-pipeline-stage {vp}: one chunk per rank, plain 1F1B")
-    for name in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-                 "--pipeline-model-parallel-layout"):
-        if args.get(name) is not None:
-            refuse(name, "uneven pipeline stages are not read yet")
+    if args.get("--pipeline-model-parallel-layout") is not None:
+        refuse("--pipeline-model-parallel-layout", "a layout string (embedding, loss and MTP stages placed by hand) is "
+               "not read")
+    uneven = {n: args.get(n) for n in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+              if args.get(n) is not None}
+    if uneven:
+        # Megatron-Core's get_num_layers_to_build (megatron/core/transformer/transformer_block.py lines 103-145 at
+        # MEGATRON_COMMIT): the first (last) stage builds the given count, the stages left split the layers left
+        # evenly (divisible, else Megatron stops: transformer_config.py lines 2294-2345): the measured profile's
+        # stage_layers, one count per pipeline stage.
+        name = next(iter(uneven))
+        if pp < 2:
+            refuse(name, "uneven stages need --pipeline-model-parallel-size > 1", "leave it out with pp 1")
+        if vp is not None and L // (pp * vp) > 1:
+            refuse(name, "uneven stages with the virtual pipeline (model chunks per stage) are not read")
+        for flag in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+            if _flag(args, flag, path):
+                refuse(flag, "Megatron asserts it off with uneven stages (transformer_block.py)", "leave it out")
+        first = _numeric(uneven["--decoder-first-pipeline-num-layers"], "--decoder-first-pipeline-num-layers", path) \
+            if "--decoder-first-pipeline-num-layers" in uneven else None
+        last = _numeric(uneven["--decoder-last-pipeline-num-layers"], "--decoder-last-pipeline-num-layers", path) \
+            if "--decoder-last-pipeline-num-layers" in uneven else None
+        left, stages = L - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if bool(left > 0) != bool(stages) or (stages and left % stages) or left < 0:
+            raise InvalidInputError(name, uneven[name], f"first/last counts leaving {L} layers' rest divisible "
+                                    f"by the {stages} middle stages", f"{path}: Megatron refuses this split "
+                                    "(transformer_config.py: the middle stages' layers must divide evenly)")
+        middle = left // stages if stages else 0
+        split = [first if first is not None and i == 0 else last if last is not None and i == pp - 1 else middle
+                 for i in range(pp)]
+        r.set("/".join(uneven), "/".join(str(v) for v in uneven.values()), "stage_layers", split,
+              f"Megatron-Core's get_num_layers_to_build (transformer_block.py): {L} layers as {split} over pp {pp}")
+        used.update(uneven)
+    account = [f for f in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+               if f in args]
+    used.update(account)
+    account = [f for f in account if _flag(args, f, path)]
+    if account and not uneven and pp > 1:
+        # get_num_layers_to_build (transformer_block.py lines 146-200 at MEGATRON_COMMIT): the embedding (loss)
+        # counted as one layer of the even split, the first (last) stage building one decoder layer fewer.
+        if vp is not None and L // (pp * vp) > 1:
+            refuse(account[0], "the embedding or loss counted in the split of model chunks (virtual pipeline) is "
+                   "not read")
+        total = L + len(account)
+        if total % pp:
+            raise InvalidInputError(account[0], True, f"a split of {total} layers divisible by pp {pp}",
+                                    f"{path}: Megatron asserts num_layers % pipeline_model_parallel_size == 0")
+        split = [total // pp] * pp
+        split[0] -= "--account-for-embedding-in-pipeline-split" in account
+        split[-1] -= "--account-for-loss-in-pipeline-split" in account
+        r.set("/".join(account), True, "stage_layers", split, f"Megatron-Core's get_num_layers_to_build: {L} "
+              f"layers and the {' and the '.join(f.split('-')[4] for f in account)} in the split: {split} over pp {pp}")
+    elif account and pp == 1:
+        r.note(f"{', '.join(account)} with pp 1: one stage builds every layer")
 
     # --- batch -----------------------------------------------------------------------------------
     micro = _numeric(take("--micro-batch-size", 1), "--micro-batch-size", path)

@@ -86,6 +86,11 @@ MODEL_ARGS = {
     "hidden_dropout": "--hidden-dropout", "attention_dropout": "--attention-dropout",
     "attention_backend": "--attention-backend", "transformer_impl": "--transformer-impl",
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion", "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
+    # uneven pipeline stages: TransformerConfig's fields of the same meaning (Megatron-LM's reader: stage_layers)
+    "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
 }
 # model keys read alongside (not a Megatron-LM argument of their own): the GLU and its activation make
 # --swiglu; should_pad_vocab decides the padding; bf16/fp16/params_dtype mirror mixed_precision.
@@ -124,11 +129,7 @@ MODEL_REFUSED_UNLESS = {
     "window_size": (_OFF, "sliding-window attention is not read"),
     "softmax_type": (("vanilla",), "only the vanilla softmax is read"),
     "parallel_output": ((True,), "gathering the logits over tp (parallel_output false) is not modelled"),
-    "num_layers_in_first_pipeline_stage": (_OFF, "uneven pipeline stages are not read"),
-    "num_layers_in_last_pipeline_stage": (_OFF, "uneven pipeline stages are not read"),
     "pipeline_model_parallel_layout": (_OFF, "uneven pipeline stages are not read"),
-    "account_for_embedding_in_pipeline_split": (_OFF, "uneven pipeline stages are not read"),
-    "account_for_loss_in_pipeline_split": (_OFF, "uneven pipeline stages are not read"),
     "hierarchical_context_parallel_sizes": (_OFF, "hierarchical context parallelism is not read"),
     "num_microbatches_with_partial_activation_checkpoints": (_OFF, "partial checkpointing of micro-batches is "
                                                                    "not modelled"),
@@ -146,7 +147,7 @@ MODEL_FEATURE_PREFIXES = {"fp8_": "fp8", "fp4_": "fp4", "moe_": "num_moe_experts
 # the input's length), the fusions Megatron-LM's reader also ignores, pipeline p2p settings, inference-only
 # settings, the Python callables the trainer sets (timers, grad sync functions), the generation config.
 MODEL_IGNORED = {
-    "account_for_embedding_in_pipeline_split", "apply_query_key_layer_scaling", "apply_residual_connection_post_layernorm",
+    "apply_query_key_layer_scaling", "apply_residual_connection_post_layernorm",
     "apply_rope_fusion", "async_tensor_model_parallel_allreduce", "autocast_dtype", "barrier_with_L1_time",
     "batch_p2p_comm", "batch_p2p_sync", "bias_activation_fusion", "bias_dropout_fusion", "calculate_per_token_loss",
     "clone_scatter_output_in_embedding", "config_logger_dir", "deallocate_pipeline_outputs", "deterministic_mode",
