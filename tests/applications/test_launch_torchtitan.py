@@ -399,3 +399,32 @@ def test_deepseek_16b_flavor_and_the_compiled_chunked_loss_refused(tmp_path):
     eager.write_text(json.dumps(document))
     s = from_launch([eager], gpus=8).scenario
     assert s.model == "deepseek-ai/deepseek-v2-lite" and s.profile_options["loss"] == "torchtitan_chunked"
+
+
+def test_pipeline_stages_split_as_torchtitan_splits_them(tmp_path):
+    """1F1B/GPipe: generate_llm_fqn_per_model_part counts the embedding and the output as one layer each by default
+    (pipeline_parallel_first/last_stage_less_layers = 1): llama4_17bx128e.toml, 48 layers over pp 4: 50 effective,
+    12 each and the first two stages 13: [13 - 1, 13, 12, 12 - 1] = [12, 13, 12, 11], an implicit default with its
+    source. Given weights: llama3_8b (32 layers) over pp 2 with 0 and 2: 34 / 2 = 17 each, [17, 15]. A weight
+    above a stage's share is refused naming the key; an interleaved schedule keeps the even split, said."""
+    launch = from_launch([DATA / "llama4" / "llama4_17bx128e.toml"], gpus=256)
+    assert launch.scenario.profile_options["stage_layers"] == [12, 13, 12, 11]
+    default = next(d for r in launch.readings for d in r.defaults if d.field == "stage_layers")
+    assert "generate_llm_fqn_per_model_part" in default.source
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", parallelism__pipeline_parallel_degree=2,
+                   parallelism__pipeline_parallel_first_stage_less_layers=0,
+                   parallelism__pipeline_parallel_last_stage_less_layers=2)
+    launch = from_launch([path], gpus=8)
+    assert launch.scenario.profile_options["stage_layers"] == [17, 15]
+    assert launch.sources["stage_layers"].endswith(
+        "parallelism.pipeline_parallel_first_stage_less_layers/parallelism.pipeline_parallel_last_stage_less_layers")
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", parallelism__pipeline_parallel_degree=8,
+                   parallelism__pipeline_parallel_last_stage_less_layers=5)      # 38 / 8: 4 a stage, 5 > 4
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([path], gpus=8)
+    assert err.value.parameter == "parallelism.pipeline_parallel_last_stage_less_layers"
+    path = _edited(tmp_path, "llama3/llama3_8b.toml", parallelism__pipeline_parallel_degree=2,
+                   parallelism__pipeline_parallel_schedule="Interleaved1F1B")
+    launch = from_launch([path], gpus=8)
+    assert "stage_layers" not in launch.scenario.profile_options
+    assert any("generate_llm_fqn_per_model_part" in n for n in launch.readings[0].notes)

@@ -497,9 +497,18 @@ def _read(path, document, context):
         value = take(f"parallelism.{key}")
         if value not in (None, "", []):
             raise NotModelledError(f"parallelism.{key}", value, "unset (an even split)", str(path))
+    weights = {}
     for key in ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"):
-        if take(f"parallelism.{key}") not in (None, 1) and sizes["pp_size"] > 1:
-            raise NotModelledError(f"parallelism.{key}", cfg[f"parallelism.{key}"], "1", str(path))
+        weights[key] = take(f"parallelism.{key}")
+    if sizes["pp_size"] > 1 and r.values_of("pipeline_schedule") in ("1f1b", "gpipe"):
+        _stage_split(r, path, weights, sizes["pp_size"], model, context)
+    elif sizes["pp_size"] > 1:
+        for key, value in weights.items():
+            if value not in (None, 1):
+                raise NotModelledError(f"parallelism.{key}", value, "1 with an interleaved schedule", str(path))
+        r.note("an interleaved schedule: the layers priced evenly over the model chunks, where torchtitan's "
+               "generate_llm_fqn_per_model_part counts the embedding and the output as one layer each of the "
+               "chunks' split (v0.2.2 torchtitan/distributed/pipeline_parallel.py)")
     # --- activation checkpointing -----------------------------------------------------------
     mode, given = get("activation_checkpoint.mode", "selective", None)
     option, option_given = get("activation_checkpoint.selective_ac_option", "2")
@@ -579,6 +588,53 @@ def _read(path, document, context):
             raise InvalidInputError(key, value, "a torchtitan job config key this reader knows "
                                     "(docs/launch.md, torchtitan)", f"{path}: refused rather than dropped")
     return r.done()
+
+
+def _stage_split(r: Reading, path, weights: dict, pp: int, model, context) -> None:
+    """torchtitan's split of the decoder layers over a single-stage schedule's pp stages (v0.2.2
+    torchtitan/distributed/pipeline_parallel.py pipeline_llm and generate_llm_fqn_per_model_part, lines 59-120 and
+    236-345 at 73a0e69): the embedding counted as ``first_stage_less_layers`` layers and the norm and output as
+    ``last_stage_less_layers`` (1 and 1 by default), L + both split as evenly as the stages allow (the first
+    ``remainder`` stages one more), the first and last stages holding that many decoder layers fewer: the
+    measured profile's ``stage_layers``."""
+    if isinstance(model, dict):      # -m with a config.json's fields
+        from mlsysim_core.hf import from_hf_config
+        from mlsysim_core.catalog.files import structure_model
+        layers = (from_hf_config(model) if "model_type" in model else structure_model(model)).layers
+    elif hasattr(model, "layers"):
+        layers = model.layers
+    elif str(model).endswith(".json") and Path(str(model)).is_file():      # a local config.json
+        import json
+        from mlsysim_core.hf import from_hf_config
+        layers = from_hf_config(json.loads(Path(str(model)).read_text())).layers
+    else:
+        from mlsysim_core.catalog import find_model
+        layers = find_model(str(model)).value.layers
+    key_in, key_out = "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"
+    w_in = as_int(1 if weights[key_in] is None else weights[key_in], f"parallelism.{key_in}", path, minimum=0)
+    w_out = as_int(1 if weights[key_out] is None else weights[key_out], f"parallelism.{key_out}", path, minimum=0)
+    effective = layers + w_in + w_out
+    base, extra = divmod(effective, pp)
+    for key, w in ((key_in, w_in), (key_out, w_out)):
+        if base == 0 or w > base:
+            raise InvalidInputError(f"parallelism.{key}", w, f"at most {base}, the fewest effective layers a stage "
+                                    f"gets ({layers} layers + {w_in} + {w_out} over pp {pp})", f"{path}: torchtitan "
+                                    "refuses the split (generate_llm_fqn_per_model_part)")
+    sizes = [base + (i < extra) for i in range(pp)]
+    split = [n - (w_in if i == 0 else w_out if i == pp - 1 else 0) for i, n in enumerate(sizes)]
+    if 0 in split:
+        raise NotModelledError(f"parallelism.{key_in if split[0] == 0 else key_out}", w_in if split[0] == 0 else w_out,
+                               "a split leaving every stage a decoder layer", f"{path}: a stage of the embedding or "
+                               "the output alone is not a stage the measured profile prices")
+    note = (f"torchtitan's generate_llm_fqn_per_model_part: {layers} layers + the embedding as {w_in} and the output "
+            f"as {w_out} over pp {pp}: {split}")
+    given = [k for k in (key_in, key_out) if weights[k] is not None]
+    if given:
+        r.set("/".join(f"parallelism.{k}" for k in given), "/".join(str(weights[k]) for k in given), "stage_layers",
+              split, note)
+    else:
+        r.default(f"parallelism.{key_in}/{key_out}", "stage_layers", split, SOURCE + " (1 and 1) and "
+                  "torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part", note)
 
 
 # torchtitan's launcher exports the allocator setting for every run it starts: run_llama_train.sh at 9dec370
