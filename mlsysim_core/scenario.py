@@ -799,8 +799,8 @@ def parse_launch_file(path: str | Path) -> Any:
         if suffix == ".toml":
             import tomllib
             return tomllib.loads(text)
-        import yaml
-        return yaml.safe_load(text)
+        import yaml     # libyaml's safe loader where PyYAML was built with it (the same documents, 10x faster)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except RecursionError:
         raise InvalidInputError("--from", str(path), "a file nested at most a few hundred levels deep",
                                 "too deeply nested") from None
@@ -847,9 +847,10 @@ def launch_format_for(path, document, registry):
     return formats[claims[0]]
 
 
-def _read_one(path, spec, context, registry) -> LaunchReading:
+def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
     from .errors import MlsysimError, PluginContractError
-    document = parse_launch_file(path)
+    if document is None:
+        document = parse_launch_file(path)
     try:
         reading = spec.read(Path(path), document, context)
     except MlsysimError:
@@ -895,8 +896,9 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
                             overrides=tuple(overrides), registry=registry, model=model)
     readings = []
     for path in paths:
-        spec = launch_format_for(path, parse_launch_file(path), registry)
-        readings.append(_read_one(path, spec, context, registry))
+        document = parse_launch_file(path)      # parsed once: recognized, then read
+        spec = launch_format_for(path, document, registry)
+        readings.append(_read_one(path, spec, context, registry, document))
     if context.overrides and not context.taken:
         raise InvalidInputError("--override", list(context.overrides), "with a launch file whose format takes "
                                 "key=value overrides (torchtune)", "no file's reader applies them")
