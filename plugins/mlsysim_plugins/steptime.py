@@ -583,12 +583,23 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (d, tp), "pp": (pp, tp * cp * dp),
               "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs)}
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
-    local = dense + fig["expert_params"] / (tp * pp * ep)
+    expert_local = fig["expert_params"] / (tp * pp * ep)
+    local = dense + expert_local
     dp_bytes = dp_bytes or {}
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
                "gradients": (local, dp_bytes.get("gradients", bytes_)),
                "parameters": (local, dp_bytes.get("parameters", bytes_))}
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
+    # A rank's experts have replicas only on the d / ep ranks that hold the same experts (its expert-data-parallel
+    # group, ep x tp ranks apart): the data-parallel collectives of the expert parameters (and their gradients) run
+    # over that group, the dense ones over dp x cp (_seconds; Megatron-Core's DistributedDataParallel allocates the
+    # expert parameters' buffers over ``intra_expt_dp_group``, the dense ones' over ``intra_dp_cp_group``,
+    # megatron/core/distributed/distributed_data_parallel.py at NVIDIA/Megatron-LM 001199898c4b; its expert ranks
+    # ordered tp-ep-dp-pp, parallel_state.py's expert RankGenerator, expert data parallel = world / (tp ep pp))
+    # (an ep beyond dp x cp, folded over the tp ranks as Megatron allows: each expert on one rank, no replica)
+    edp = max(1, d // ep)
+    if ep > 1 and expert_local:
+        size["expert_dp"] = (dense, expert_local, (edp, tp * ep))
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
     attn_r = r if r >= 1 or not fused_attention else 0
@@ -619,7 +630,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                                                                  "attention": attention}, size)
     # a rule that reduce-scatters the gradients steps the optimizer on its shard of dp x cp
     shards = d if any(c.kind == "reduce-scatter" for c in declared) else 1
-    optimizer = local / shards * optimizer_bytes / (cal.memory * mem_bw)
+    if shards > 1 and size.get("expert_dp"):     # (the expert parameters' shard: of their d / ep replicas)
+        optimizer = (dense / d + expert_local / edp) * optimizer_bytes / (cal.memory * mem_bw)
+    else:
+        optimizer = local / shards * optimizer_bytes / (cal.memory * mem_bw)
     parts = dict(matmul=matmul * gas, attention=attention * gas, memory=memory * gas, kernels=kernels * gas,
                  tp=tp_comm * gas, cp=cp_comm * gas, ep=ep_comm * gas, p2p=p2p * gas, bubble=bubble,
                  dp=dp_comm, optimizer=optimizer)
@@ -847,7 +861,18 @@ UNDECLARED_DP = (
 def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
     """One call of a declared collective: its kind's time over its group's link, plus its
     latency by NCCL's model (``alpha``). ``choice``: the run's implementation choice for its axis
-    (``node-forwarded`` applies to a routed all-to-all across nodes that declares it)."""
+    (``node-forwarded`` applies to a routed all-to-all across nodes that declares it). A collective of the
+    ``parameters`` or ``gradients`` volume over ``dp`` in a run with experts spread over ep > 1 ranks
+    (``size["expert_dp"]``: the dense and expert shares of the local parameters, the expert-data-parallel
+    group) is two: the dense share over dp x cp, then the expert share over the expert-data-parallel group."""
+    split = size.get("expert_dp")
+    if split is not None and c.group == "dp" and c.volume in ("parameters", "gradients"):
+        dense, expert, group = split
+        rest = size["volumes"][c.volume][1:]
+        part = {**size, "expert_dp": None}
+        return (_seconds(c, {**part, "volumes": {**size["volumes"], c.volume: (dense, *rest)}}, choice)
+                + _seconds(c, {**part, "volumes": {**size["volumes"], c.volume: (expert, *rest)},
+                               "groups": {**size["groups"], "dp": group}}, choice))
     n, stride = size["groups"][c.group]
     if n <= 1:
         return 0.0
