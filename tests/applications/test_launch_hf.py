@@ -150,3 +150,33 @@ def test_trl_chunked_nll_under_lora_is_refused_naming_loss_type():
     assert launch.scenario.profile_options["loss"] == "trl_chunked_nll"
     with pytest.raises(MlsysimError, match="trl_chunked_nll.*LoRA"):
         launch.scenario.solve()
+
+
+def test_flex_attention_on_a_model_with_sinks_is_the_declared_kernel(tmp_path):
+    """attn_implementation flex_attention (alignment-handbook's smollm3 sft.yaml with that one edit): on a model whose
+    config declares attention sinks (gpt-oss: the catalog's attention_sinks, from config.json) transformers runs
+    flex_attention_forward with s_aux, what the kernel declaring computes='flex', sinks='lse' was measured on: that
+    kernel, by declaration, not approximated; on a model without sinks it stays priced as sdpa (approximated); with
+    no such kernel registered, as before."""
+    import attrs
+    import yaml
+    document = yaml.safe_load((DATA / "hf_trainer" / "alignment-handbook" / "smollm3" / "sft" / "sft.yaml").read_text())
+    document["attn_implementation"] = "flex_attention"
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(document))
+
+    def attention(**kwargs):
+        launch = from_launch([path], gpus=8, hardware="h100", **kwargs)
+        (field,) = [f for r in launch.readings for f in r.fields if f.field == "attention"]
+        return field.becomes, field.approximated
+
+    assert attention(model="openai/gpt-oss-20b") == ("flex_attention", False)
+    assert attention(model="meta-llama/Llama-3.2-3B") == ("sdpa", True)
+    registry = get_plugin_manager().registry
+    hook = "mlsysim_measured_attention_kernels"
+    kernels = registry.extensions[hook]
+    renamed = attrs.evolve(registry, extensions={**registry.extensions, hook: {
+        "sdpa": kernels["sdpa"], "sink-fused": attrs.evolve(kernels["flex_attention"], name="sink-fused")}})
+    assert attention(model="openai/gpt-oss-20b", registry=renamed) == ("sink-fused", False)
+    none = attrs.evolve(registry, extensions={**registry.extensions, hook: {"sdpa": kernels["sdpa"]}})
+    assert attention(model="openai/gpt-oss-20b", registry=none) == ("sdpa", True)

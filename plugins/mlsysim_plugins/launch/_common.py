@@ -182,3 +182,41 @@ def as_int(value, key: str, path, minimum: int = 1) -> int:
     if type(value) is not int or value < minimum:
         raise InvalidInputError(key, value, f"a whole number >= {minimum}", str(path))
     return value
+
+
+def sink_kernel(context=None) -> str | None:
+    """The name of the registered measured attention kernel that declares torch's flex_attention
+    (``computes="flex"``) with learnable sinks applied through its log-sum-exp (``sinks="lse"``), asked
+    of each kernel's declaration, never its name (the built-in ``flex_attention``); None if none is
+    registered. ``context``'s registry, else the installed plugins'."""
+    from ..measured.kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE
+    registry = getattr(context, "registry", None)
+    if registry is None:
+        from mlsysim_core.manager import get_plugin_manager
+        registry = get_plugin_manager().registry
+    for name, kernel in (registry.extensions.get("mlsysim_measured_attention_kernels") or {}).items():
+        if getattr(kernel, "computes", None) == COMPUTES_FLEX and getattr(kernel, "sinks", None) == SINKS_THROUGH_LSE:
+            return name
+    return None
+
+
+def declares_sinks(model) -> bool:
+    """Does ``model`` (a reading's model: a catalog name, a local config.json path or its fields) declare
+    learnable attention sinks (its catalog details' ``attention_sinks``, from config.json: gpt-oss)? Unknown: False."""
+    import json
+    from mlsysim_core.errors import MlsysimError
+    try:
+        if isinstance(model, (str, Path)) and str(model).endswith(".json") and Path(str(model)).is_file():
+            model = json.loads(Path(str(model)).read_text())
+        if isinstance(model, dict):
+            from mlsysim_core.hf import from_hf_config
+            workload = from_hf_config(model)
+        elif isinstance(model, str):
+            from mlsysim_core.catalog import find_model
+            workload = find_model(model).value
+        else:
+            workload = model
+    except (MlsysimError, OSError, ValueError):
+        return False
+    details = getattr(workload, "details", None)
+    return bool(isinstance(details, dict) and details.get("attention_sinks"))

@@ -206,13 +206,28 @@ def default_optimizer(r: Reading, key="optim", version=None, source=DEFAULT_OPTI
 
 # --- attention -------------------------------------------------------------------------------
 
+def _model_of(r: Reading):
+    """The run's model as far as this reading knows it: ``-m`` (which replaces the files'), else the model this
+    reading has set so far (None: not yet, or given by another file)."""
+    given = getattr(r.context, "model", None)
+    return given if given is not None else next((f.becomes for f in reversed(r.fields) if f.field == "model"), None)
+
+
 def attention(r: Reading, key, value):
+    from ._common import declares_sinks, sink_kernel
+    context = r.context
     v = str(value).lower() if value is not None else None
     if v in ("eager", "disabled"):
         r.set(key, value, "attention", "eager")
     elif v in ("sdpa", "flash_attention_2", "flash_attention_3", "fa2", "fa3", "auto", "true", "flash_attn",
                "kernels-community/flash-attn", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3"):
         r.set(key, value, "attention", "sdpa", "a fused kernel: no s x s scores (as sdpa)")
+    elif v in ("flex_attention", "flex") and declares_sinks(_model_of(r)) and sink_kernel(context):
+        # transformers' flex_attention_forward with s_aux (a model with attention sinks, gpt-oss): the fused
+        # flex_attention renormalised by the sinks through its log-sum-exp, what the kernel declaring
+        # computes="flex", sinks="lse" was measured on (validation/families/gpt_oss/measure_flex_sinks.py)
+        r.set(key, value, "attention", sink_kernel(context), "transformers' flex_attention_forward with the model's "
+              "attention sinks (s_aux): the registered kernel declaring computes='flex', sinks='lse'")
     elif v in ("flex_attention", "flex"):
         r.approx(key, value, "attention", "sdpa", "FlexAttention: a fused kernel, priced as sdpa (no s x s scores)")
     elif v in ("none", "false"):

@@ -14,7 +14,7 @@ from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
 from .hookspecs import LaunchFormatSpec
-from ._common import Reading, as_bool, as_int, catalog_model, flatten
+from ._common import Reading, as_bool, as_int, catalog_model, flatten, sink_kernel
 
 VERSION = "torchtitan 0.2.2"
 SOURCE = "pytorch/torchtitan v0.2.2: torchtitan/config/job_config.py"
@@ -147,24 +147,16 @@ FLEX_FIELDS = frozenset({"block_size", "kernel_options"})       # FlexAttention.
 VARLEN_FIELDS = frozenset({"window_size"})                        # VarlenAttention.Config
 FLEX_BLOCK = 128      # torch's _DEFAULT_SPARSE_BLOCK_SIZE, FlexAttention.Config.block_size's default: the BlockMask the
 #                       measured profile prices (measured/architectures/gpt_oss.py FLEX_BLOCK)
-KERNELS_HOOK = "mlsysim_measured_attention_kernels"
-
-
 def _sink_kernel(context, key, value, path) -> str:
     """The registered attention kernel whose declaration is what torchtitan's gpt-oss runs: torch's
     flex_attention (``computes="flex"``) with the sinks through its log-sum-exp (``sinks="lse"``), asked of
-    each kernel's declaration, never its name; none registered: refused, naming ``key``."""
-    from ..measured.kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE
-    registry = getattr(context, "registry", None)
-    if registry is None:
-        from mlsysim_core.manager import get_plugin_manager
-        registry = get_plugin_manager().registry
-    for name, kernel in (registry.extensions.get(KERNELS_HOOK) or {}).items():
-        if getattr(kernel, "computes", None) == COMPUTES_FLEX and getattr(kernel, "sinks", None) == SINKS_THROUGH_LSE:
-            return name
-    raise NotModelledError(key, value, "a registered measured attention kernel declaring computes='flex' and "
-                           "sinks='lse' (the built-in flex_attention)", f"{path}: torchtitan's gpt-oss attention "
-                           "(FlexAttention, the sinks through its log-sum-exp) has no kernel to price it")
+    each kernel's declaration, never its name (_common.sink_kernel); none registered: refused, naming ``key``."""
+    name = sink_kernel(context)
+    if name is None:
+        raise NotModelledError(key, value, "a registered measured attention kernel declaring computes='flex' and "
+                               "sinks='lse' (the built-in flex_attention)", f"{path}: torchtitan's gpt-oss attention "
+                               "(FlexAttention, the sinks through its log-sum-exp) has no kernel to price it")
+    return name
 
 
 def _gpt_oss_attention(r: Reading, context, path, layers=None) -> None:
