@@ -388,7 +388,9 @@ def _check_lora(plan, value):
         _check_whole_lora(plan, config)
         return
     why = ("its 4-bit or int8 base's dequantizing matmuls inside the compiled block (torchtune's linear_nf4, "
-           "bitsandbytes) are not modelled" if config.quantization else
+           "bitsandbytes) are not modelled; torchtune's is not measurable here: torch 2.13's compile of torchao's "
+           "NF4 linear (0.13.0 and 0.17.0) multiplies the backward by the weight's transpose, wrong for a square "
+           "weight and failing for another (validation/compile/probe_nf4_compile.py)" if config.quantization else
            "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
            "the adapters' dropout (functionalized RNG under the partitioner) is not modelled" if config.dropout else
            "trainable copies of the embedding or LM head with compiled blocks are not modelled"
