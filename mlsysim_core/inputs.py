@@ -48,7 +48,8 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
         raise (InvalidInputTypeError if isinstance(zero_stage, bool) else InvalidInputError)(
             "zero_stage", zero_stage, "0, 1, 2 or 3")
     zero_stage = int(zero_stage)
-    notes = _catalog_notes(model, hardware)
+    catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects, no notes of theirs
+    notes = catalog.provenance_notes(model, hardware) if catalog is not None else ()
     if sequence_parallel is None:       # the profile's default, said where it matters
         sequence_parallel = registry.profiles[profile].sequence_parallel
         if sizes["tp_size"] > 1 and not sequence_parallel:
@@ -233,7 +234,7 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
     info = registry.providers[(PROFILE, spec.name)]
     if spec.options_type is not None:
         options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
-        plan = attrs.evolve(plan, profile_options=options)
+        plan = plan.evolve(profile_options=options)
     if spec.prepare is not None:
         plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:
@@ -260,12 +261,6 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
         raise
     except Exception as err:
         raise info.error(f"{where} raised {type(err).__name__}: {err}", hook) from err
-
-
-def _catalog_notes(model, hardware) -> tuple[str, ...]:
-    """A note for a model or accelerator that is the reference's catalog data (``mlsysim:``)."""
-    catalog = sys.modules.get("mlsysim_core.catalog")     # never imported: no catalog objects
-    return catalog.provenance_notes(model, hardware) if catalog is not None else ()
 
 
 def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):

@@ -74,6 +74,14 @@ class TrainingPlan:
         derived["hidden_dim_note"] = "" if hidden else \
             f" (model has no hidden_dim; {FALLBACK_HIDDEN_DIM} assumed, as the reference does)"
 
+    _UNDERIVED = frozenset(("profile_options", "rank", "notes"))    # (read by no derived attribute, no validator)
+    def evolve(self, **changes) -> "TrainingPlan":
+        """``attrs.evolve(self, **changes)``; for fields no derived attribute reads, without ``__init__``."""
+        if not self._UNDERIVED.issuperset(changes):
+            return attrs.evolve(self, **changes)
+        (plan := object.__new__(type(self))).__dict__.update(self.__dict__, **changes, _attrs_cached_hash=None)
+        return plan
+
     def options_for(self, spec_name: str):
         return self.options.get(spec_name)
 

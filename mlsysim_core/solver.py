@@ -22,7 +22,7 @@ from .errors import InvalidInputTypeError, NotModelledError, PluginError
 from .hookspecs import COMPONENT_HOOKS
 from .inputs import call_plugin as _call, check_plan, profile_plan
 from .manager import PluginManager, get_plugin_manager
-from .memo import memoize
+from .memo import kinds, memoize
 from .plan import FrozenMap, Placement, TrainingPlan
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry
 from .result import RankReport, TrainingMemoryResult
@@ -32,8 +32,6 @@ from .terms import (ACCELERATOR, COMMUNICATION_BUFFERS, COMPONENTS, HOST, OPTIMI
 
 DEFAULT_PROFILE = "reference"
 _EMPTY = FrozenMap()
-_NOT_RANK = tuple(a.name for a in attrs.fields(TrainingPlan) if a.name != "rank")
-_but_rank = operator.attrgetter(*_NOT_RANK)
 
 
 class TrainingMemoryModel:
@@ -79,13 +77,8 @@ class TrainingMemoryModel:
                       zero_stage, gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
                       sequence_parallel, data_parallel, sharding_rules, plugin_options,
                       tuple(include_plugins) if type(include_plugins) is list else include_plugins, cp_size,
-                      tuple((name, value, _kinds(value)) for name, value in profile_options.items())
+                      tuple((name, value, kinds(value)) for name, value in profile_options.items())
                       if profile_options else ())
-
-
-def _kinds(value):
-    """A value's type, and its items' for a tuple: part of the memo's key."""
-    return (tuple, *map(_kinds, value)) if type(value) is tuple else type(value)
 
 
 @memoize
@@ -117,10 +110,9 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
             ranks = spec.ranks(plan)
     if not ranks:
         return run_pipeline(registry, plan, total_only, placed)
-    fields = dict(zip(_NOT_RANK, _but_rank(plan)))     # attrs.evolve(plan, rank=rank) without its Python loop
     if total_only:
-        return max(run_pipeline(registry, TrainingPlan(**fields, rank=rank), True, placed) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, TrainingPlan(**fields, rank=rank), False, placed)) for rank in ranks])
+        return max(run_pipeline(registry, plan.evolve(rank=rank), True, placed) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(registry, plan.evolve(rank=rank), False, placed)) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -289,12 +281,7 @@ def _hooked(selection: _Selection, component: str, plan, placement, extra=None) 
     return terms
 
 
-_term_key = operator.attrgetter("source", "label")
-
-
-def _ordered(terms: list) -> list:
-    terms.sort(key=_term_key)     # stable: (source, label), then the order they came in
-    return terms
+_term_key = operator.attrgetter("source", "label")     # terms sorted (stably) by it: then the order they came in
 
 
 def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False,
@@ -317,15 +304,15 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     placement, rule_buffers, notes = placed if placed is not None else _place(selection, plan)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
-    weights = _ordered(_hooked(selection, WEIGHTS, plan, placement))
-    gradients = _ordered(_hooked(selection, GRADIENTS, plan, placement))
+    weights = sorted(_hooked(selection, WEIGHTS, plan, placement), key=_term_key)
+    gradients = sorted(_hooked(selection, GRADIENTS, plan, placement), key=_term_key)
     (info, function, where), (ck_info, ck_function, ck_where) = selection.optimizer, selection.checkpointing
-    optimizer_state = _ordered(_terms(info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement,
-                                      plan.options.get(plan.optimizer))
-                               + _hooked(selection, OPTIMIZER_STATE, plan, placement))
-    activations = _ordered(_terms(ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
-                                  plan.options.get(plan.activation_checkpointing))
-                           + _hooked(selection, ACTIVATIONS, plan, placement))
+    optimizer_state = sorted(_terms(info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement,
+                                    plan.options.get(plan.optimizer))
+                             + _hooked(selection, OPTIMIZER_STATE, plan, placement), key=_term_key)
+    activations = sorted(_terms(ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
+                                plan.options.get(plan.activation_checkpointing))
+                         + _hooked(selection, ACTIVATIONS, plan, placement), key=_term_key)
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
     buffers = list(rule_buffers)
@@ -334,11 +321,11 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
                           plan.options.get(name))
     model_states = {WEIGHTS: _bytes_on(ACCELERATOR, weights), GRADIENTS: _bytes_on(ACCELERATOR, gradients),
                     OPTIMIZER_STATE: _bytes_on(ACCELERATOR, optimizer_state)}
-    buffers = _ordered(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states))
+    buffers = sorted(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states), key=_term_key)
     terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
     peak = selection.profile.combine == "peak"
     phase, alive, table = _combine(terms, peak)
-    runtime = _ordered(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)))
+    runtime = sorted(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)), key=_term_key)
     if runtime:
         terms = (*terms, *runtime)
         phase, alive, _ = _combine(runtime, peak, table)     # (added after the others, as if combined anew)
@@ -377,6 +364,8 @@ def _bytes_on(tier: str, terms) -> int | float:
 # --- 5. combine ----------------------------------------------------------------------------
 _COMPONENT_INDEX = {component: i for i, component in enumerate(COMPONENTS)}
 _PHASE_INDEX = {phase: i for i, phase in enumerate(PHASES)}
+_PHASE_ROWS = {tuple(PHASES[i] for i in rows): rows for rows in (     # a term's phases, in order -> table rows
+    tuple(i for i in range(len(PHASES)) if m >> i & 1) for m in range(1, 1 << len(PHASES)))}
 
 
 def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
@@ -390,9 +379,9 @@ def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
     table = [[0] * len(COMPONENTS) for _ in PHASES] if table is None else table
     for term in terms:
         if term.tier == ACCELERATOR:
-            i = _COMPONENT_INDEX[term.component]
-            for phase in term.phases:
-                table[_PHASE_INDEX[phase]][i] += term.nbytes
+            i, nbytes = _COMPONENT_INDEX[term.component], term.nbytes
+            for p in _PHASE_ROWS.get(term.phases) or [_PHASE_INDEX[phase] for phase in term.phases]:
+                table[p][i] += nbytes
     best = max(range(len(PHASES)), key=lambda p: (sum(table[p]), -p))
     return PHASES[best], list(table[best]), table
 
@@ -406,5 +395,8 @@ def _heaviest(results: list) -> TrainingMemoryResult:
         runtime_overheads=r.runtime_overheads, host_memory=r.host_memory, peak_phase=r.peak_phase,
         feasible=r.feasible, terms=r.terms) for rank, r in results)
     index = max(range(len(results)), key=lambda i: (results[i][1].total_memory, -i))
-    return attrs.evolve(results[index][1], ranks=reports, heaviest_rank=reports[index].name,
-                        feasible=all(r.feasible for r in reports))
+    heaviest = results[index][1]      # (made by this solve, seen by nobody yet: completed in place, no evolve)
+    for field, value in ("ranks", reports), ("heaviest_rank", reports[index].name), ("feasible", all(
+            r.feasible for r in reports)):
+        object.__setattr__(heaviest, field, value)
+    return heaviest

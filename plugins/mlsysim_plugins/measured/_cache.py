@@ -13,8 +13,9 @@ import operator
 import attrs
 
 from mlsysim_core.memo import memoize
+from .._evolve import evolve as _evolve
 from mlsysim_core.plan import TrainingPlan
-from mlsysim_core.terms import ACCELERATOR, PHASES, MemoryTerm, _default_source
+from mlsysim_core.terms import ACCELERATOR, PHASES, MemoryTerm, _get_cell
 
 
 def cached_terms(fn):
@@ -53,6 +54,12 @@ class Layout:
 
     def __eq__(self, other):
         return type(other) is Layout and self.fields == other.fields
+
+
+def evolved(plan, **changes):
+    """``evolve(plan, **changes)``: a ``TrainingPlan``'s own ``evolve`` (no ``__init__`` for the fields no
+    derived attribute reads), anything else (a test's stand-in) through ``_evolve.evolve``."""
+    return plan.evolve(**changes) if type(plan) is TrainingPlan else _evolve(plan, **changes)
 
 
 def same_object_first(cls):
@@ -131,7 +138,8 @@ def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple
         _set(t, "label", label)
         _set(t, "nbytes", nbytes)
         _set(t, "formula", formula)
-        _set(t, "source", _default_source())
+        cell = _get_cell()      # (``_default_source``, inlined: a term per formula)
+        _set(t, "source", cell[0] if cell is not None else "")
         _set(t, "phases", phases)
         _set(t, "tier", ACCELERATOR)
         _set(t, "pipeline_stage", None)

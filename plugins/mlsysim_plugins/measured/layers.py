@@ -83,6 +83,11 @@ from __future__ import annotations
 import attrs
 
 from .._evolve import evolve
+from .._lazy import lazy_module
+
+# (families.py and kernels.py import this module: reached through stand-ins, not imports in the functions)
+_families = lazy_module(globals(), "_families", "mlsysim_plugins.measured.families")
+_kernels = lazy_module(globals(), "_kernels", "mlsysim_plugins.measured.kernels")
 
 REGIMES = ("fp32", "amp-bf16", "bf16")
 
@@ -241,9 +246,7 @@ def layer_forward_bytes(*, family=None, style=None, hidden: int, heads: int, kv_
 
 
 def _resolve(family, style, attention):
-    from .families import resolve_family
-    from .kernels import resolve
-    return resolve_family(family if family is not None else style), resolve(attention)
+    return _families.resolve_family(family if family is not None else style), _kernels.resolve(attention)
 
 
 # --- Hugging Face layers, family by family ----------------------------------------------------

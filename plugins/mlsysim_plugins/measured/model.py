@@ -29,8 +29,7 @@ ALL = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 SAVED = (FORWARD, BACKWARD)
 
 
-def _n(x) -> str:
-    return f"{x:,.0f}"
+_n = "{:,.0f}".format     # a number as formulas show it: 1,234,567 (a C method: ~22 per solve)
 
 
 @attrs.frozen
@@ -202,10 +201,11 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     first, last, n = (True, True, 1) if rank is None else (rank.first, rank.last, rank.in_flight)
     t, cp = ctx.tensor, ctx.sequence
     seq = ctx.shards                                  # the residual stream's split: cp x (tp with SP)
+    mega = megatron(regime)
     # PyTorch's loss_parallel keeps the logits sharded over the vocabulary, as Megatron's does.
-    loss_parallel = bool(plan.profile_options.loss_parallel) and t > 1 and not megatron(regime)
-    dtensor_sp = ctx.residual != 1 and not megatron(regime)
-    vocab = (t if megatron(regime) or loss_parallel else 1) * cp
+    loss_parallel = bool(plan.profile_options.loss_parallel) and t > 1 and not mega
+    dtensor_sp = ctx.residual != 1 and not mega
+    vocab = (t if mega or loss_parallel else 1) * cp
     c = regime.compute
     kind = _regime_kind(regime)
     on_seq = f" / {seq}" if seq != 1 else ""
@@ -218,7 +218,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        formula=f"T={_n(T)} x 8 B" + (f" / cp={cp}" if cp != 1 else "")))
     # Does the first norm save its input? (Megatron's layers count their norm inputs themselves.)
     norm = shape.family.norm
-    if not megatron(regime) and (norm.saves_input_in_16bit or not regime.pure_16bit):
+    if not mega and (norm.saves_input_in_16bit or not regime.pure_16bit):
         what = "embedding output" if first else "stage input (received from the previous stage)"
         add(_term(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
                        nbytes=regime.residual * T * h / seq * n, phases=SAVED,
@@ -251,7 +251,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(_term(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
                        nbytes=8 * T * V / vocab, phases=(BACKWARD,),
                        formula=f"nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V{on_vocab}"))
-        if t > 1 and not loss_parallel and not megatron(regime) and c == 4:
+        if t > 1 and not loss_parallel and not mega and c == 4:
             # fp32 logits are gathered with no later copy: the forward's peak is the all-gather itself
             # (gathered [tp, T, V/tp], their concatenation and the local shard), T x V/tp more than
             # the log-softmax moment (validation/parallel/tp_plans: 125M fp32 at tp 4).
@@ -274,7 +274,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             add(_term(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
                            nbytes=2 * shape.embedding_parameters / t, phases=SAVED,
                            formula=f"{_n(shape.embedding_parameters / t)} params x 2 B (saved by the LM head matmul)"))
-        layer_params = shape.autocast_matmul_parameters() - shape.embedding_parameters
+        layer_params = _autocast_layer_parameters(shape)
         share = ctx.layers / shape.layers / weight_divisor(placement) / t
         add(_term(component=ACTIVATIONS, label="autocast 16-bit copies of the layers' weights",
                        nbytes=2 * layer_params * share, phases=(FORWARD,) if recompute else SAVED,
@@ -296,7 +296,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
                            formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
                                    "then their sum)"))
-        elif not (rank is not None and t > 1 and not megatron(regime) and placement.gradient_shards == 1
+        elif not (rank is not None and t > 1 and not mega and placement.gradient_shards == 1
                   and plan.gradient_accumulation_steps == 1):
             # (Under PyTorch TP the full V x h output of embedding_dense_backward becomes the
             # rank's .grad itself, counted with the gradients: parallel.rank_gradient_terms.)
@@ -322,6 +322,12 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         from .compile import model_terms as compiled_model_terms
         terms = compiled_model_terms(plan, placement, terms)
     return shape.family.adjusted("model_activations", plan, placement, terms)
+
+
+@memoize
+def _autocast_layer_parameters(shape: ModelShape) -> int:
+    """The decoder layers' weights autocast copies (the model's, less the LM head's)."""
+    return shape.autocast_matmul_parameters() - shape.embedding_parameters
 
 
 # --- decoder layers ---------------------------------------------------------------------------

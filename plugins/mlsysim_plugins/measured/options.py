@@ -19,7 +19,7 @@ from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotMod
 from mlsysim_core.memo import memoize
 from .._evolve import evolve
 from .._lazy import lazy_module
-from ._cache import kinds
+from ._cache import evolved as _evolved, kinds
 from .families import family_for
 from .regimes import regime_for
 from .techniques import registered, run_stage
@@ -265,32 +265,32 @@ def prepare(plan, registry):
     o, notes = _completed(registry, plan.profile_options, kinds(plan.profile_options), techniques,
                           plan.activation_checkpointing, plan.model, plan.precision, plan.seq_len,
                           plan.communication_buffer_fraction)
-    plan = evolve(plan, profile_options=o, notes=plan.notes + notes)
+    plan = _evolved(plan, profile_options=o, notes=plan.notes + notes)
     plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
         if not plan.model.is_sparse:
             raise InvalidInputError("moe_capacity_factor", cf, "None for a dense model",
                                     f"{plan.model.name!r} has no experts")
-        plan = evolve(plan, profile_options=with_option(plan.profile_options, "moe_capacity_factor", float(cf)))
+        plan = _evolved(plan, profile_options=with_option(plan.profile_options, "moe_capacity_factor", float(cf)))
     if o.loss_parallel is not None:
         plan = _loss_parallel(plan, o.loss_parallel)
     if o.moe_routing_imbalance is not None:
         plan = _routing_imbalance(plan, o.moe_routing_imbalance, cf)
     # The selected optimizer's spec: its declaration (OptimizerSpec.step) is what the techniques read.
-    plan = evolve(plan, profile_options=with_option(plan.profile_options, "optimizer_spec",
+    plan = _evolved(plan, profile_options=with_option(plan.profile_options, "optimizer_spec",
                                                     registry.optimizers[plan.optimizer]))
     plan = run_stage(plan, registry, "optimizer", techniques)     # loss, optimizer in backward, float8, ...
     plan = run_stage(plan, registry, "last", techniques)          # e.g. torchao's offload refusals
     said = registry.optimizers[plan.optimizer].extensions.get("measured.notes")   # e.g. "unvalidated"
     ro = plan.profile_options.runtime_overheads
     if ro is not None and ro.cublas_workspace is None and _model.compute_capability(plan.hardware) is None:
-        plan = evolve(plan, notes=plan.notes + (_model.cublas_workspace_bytes(None)[1],))    # cuBLAS: not said
+        plan = _evolved(plan, notes=plan.notes + (_model.cublas_workspace_bytes(None)[1],))    # cuBLAS: not said
     if said is not None:
-        plan = evolve(plan, notes=plan.notes + tuple(said(plan)))
+        plan = _evolved(plan, notes=plan.notes + tuple(said(plan)))
     plan = _parallel.layout_options(plan, schedules)
     family = o.architecture
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
-        plan = evolve(plan, notes=plan.notes + tuple(family.check(plan)))
+        plan = _evolved(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
         _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan

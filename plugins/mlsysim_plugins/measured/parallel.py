@@ -27,7 +27,7 @@ from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, Layout
 from mlsysim_core.terms import BACKWARD_END, GRADIENTS, OPTIMIZER_STEP, MemoryTerm
 from .._evolve import evolve
 from .._lazy import lazy_module
-from ._cache import kinds, layout_of, per_layout
+from ._cache import evolved as _evolved, kinds, layout_of, per_layout
 from .families import family_of
 from .layers import EXPERTS, REPLICATED, Part
 from .schedules import SCHEDULES
@@ -99,7 +99,7 @@ def layout_options(plan, schedules=None):
         raise LayoutError("pp_size", p, f"at most {layers // v} stages with {schedule.name}'s default "
                           f"{v} model chunks per stage, or set virtual_stages",
                           f"{layers} layers in {p} x {v} chunks")
-    return evolve(plan, profile_options=_laid_out(o, kinds(o), schedule, v, None if expert_tp_size is None else etp,
+    return _evolved(plan, profile_options=_laid_out(o, kinds(o), schedule, v, None if expert_tp_size is None else etp,
                                                   layers, _offload(offload)))
 
 
