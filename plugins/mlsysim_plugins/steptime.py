@@ -576,6 +576,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     if g["cast_step"]:      # (casts once a step, e.g. TE's cached weights: a micro-batch's share)
         casts += g["cast_step"] * layers / gas
     memory = (elementwise * layers * (3 + r) + logits + casts) / (cal.memory * mem_bw)
+    if fig["experts"] > 1:      # (a routed layer's token permutation: ROUTING_COPIES)
+        fwd_copies, bwd_copies = routing_copies(fig["k"])
+        memory += (T * fig["h"] * bytes_ / (tp if sp else 1) * layers * (fwd_copies * (1 + r) + bwd_copies)
+                   / (cal.memory * mem_bw))
     kernels = KERNELS_PER_LAYER * layers * (3 + r) * cal.kernel_overhead
     # communication inside a micro-batch: what the tp, cp, ep and pp rules declare
     d = dp * cp
@@ -655,6 +659,22 @@ def _paired_computes(per_layer: dict, fig: dict, g: dict, cal: Calibration, laye
                       "mlp-block": mm_f * rf + mm_b * rb + 3 * e_mlp + (g["cast_fwd"] * rf + g["cast_bwd"] * rb) / bw,
                       "attention-block-backward": mm_b * (1 - rb) + per_layer["attention-backward-pass"] + 2 * e_attn
                       + g["cast_bwd"] * (1 - rb) / bw})
+
+
+def routing_copies(k: int) -> tuple[int, int]:
+    """Elements per token and hidden unit a routed (dropless token-choice) layer's token permutation reads
+    and writes, (forward, backward), for ``k`` experts per token: each kernel's input and output tensors
+    once. Megatron-Core's ``permute`` and ``unpermute`` (megatron/core/transformer/moe/moe_utils.py at
+    NVIDIA/Megatron-LM 00611e6eeb0b; with ``fused``, Transformer Engine's ``fused_permute`` and
+    ``fused_unpermute(..., merging_probs=probs)``): the forward copies each token [T, h] once per expert into
+    expert order [T k, h] (k + 1) and sums the experts' outputs [T k, h] back into [T, h] weighted by their
+    probabilities (k + 1): 2 k + 2. The backward: the unpermute's reads the output gradient [T, h] and the
+    experts' outputs [T k, h] (the probabilities' gradient) and writes the gradient in expert order [T k, h]
+    (2 k + 1); the permute's sums the k copies' gradients [T k, h] back into [T, h] (k + 1): 3 k + 2.
+    (torchtitan's MoE runs the same gather and scatter-add.) Not counted: the alltoall dispatcher's second
+    sort of the received tokens by local expert (``sort_chunks_by_idxs``), the router's [T, experts] work,
+    and reads of a row more than once by the unfused ``index_select``."""
+    return 2 * k + 2, 3 * k + 2
 
 
 def attention_span(fig: dict, seq_len: int) -> float:
