@@ -12,7 +12,7 @@ import attrs
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, PluginError
 from .hookspecs import COMPONENT_HOOKS
-from .memo import memoize
+from .memo import kinds, memoize
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
 from .terms import _source_cell
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, Registry, resolve_name
@@ -21,6 +21,8 @@ from .types import HardwareNode, TransformerWorkload
 
 _ZERO_RULES = ("zero0", "zero1", "zero2", "zero3")
 _RULES_ALLOWED = f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None"
+_profile_options = memoize(lambda info, options_type, *given: call_plugin(     # (frozen: one object per options)
+    info, "options_type", "mlsysim_profiles", lambda: options_type(**{name: value for name, value, _ in given})))
 
 
 def check_plan(registry, profile, model, hardware, batch_size, seq_len, precision, optimizer,
@@ -233,8 +235,8 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
         return plan
     info = registry.providers[(PROFILE, spec.name)]
     if spec.options_type is not None:
-        options = call_plugin(info, "options_type", "mlsysim_profiles", lambda: spec.options_type(**given))
-        plan = plan.evolve(profile_options=options)
+        plan = plan.evolve(profile_options=_profile_options(info, spec.options_type, *(
+            (name, value, kinds(value)) for name, value in given.items())))
     if spec.prepare is not None:
         plan = call_plugin(info, "prepare", "mlsysim_profiles", spec.prepare, plan, registry)
         if type(plan) is not TrainingPlan:

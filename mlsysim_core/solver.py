@@ -67,13 +67,12 @@ class TrainingMemoryModel:
               include_plugins: Sequence[str] = (), profile: str | None = None, cp_size: int = 1,
               **profile_options) -> TrainingMemoryResult:
         """The memory of one accelerator (every parameter: docs/api.md)."""
-        registry = self.registry
         if type(model) is str or type(hardware) is str:   # catalog names, with this manager's plugins' entries
             from .catalog import get_hardware, get_model
             model = get_model(model, plugin_manager=self.plugin_manager) if type(model) is str else model
             hardware = get_hardware(hardware, plugin_manager=self.plugin_manager) if type(hardware) is str else hardware
-        return _solve(registry, self._profile if profile is None else profile, model, hardware, batch_size, seq_len,
-                      precision, optimizer, activation_checkpointing, tp_size, pp_size, dp_size, ep_size,
+        return _solve(self.registry, self._profile if profile is None else profile, model, hardware, batch_size,
+                      seq_len, precision, optimizer, activation_checkpointing, tp_size, pp_size, dp_size, ep_size,
                       zero_stage, gradient_accumulation_steps, trainable_fraction, communication_buffer_fraction,
                       sequence_parallel, data_parallel, sharding_rules, plugin_options,
                       tuple(include_plugins) if type(include_plugins) is list else include_plugins, cp_size,
@@ -336,10 +335,8 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     if total_only:
         return total
     capacity = plan.hardware.memory_capacity
-    parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size}
-    if plan.cp_size != 1:
-        parallelism["cp"] = plan.cp_size
-    details = selection.profile.details
+    parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size,
+                   **({"cp": plan.cp_size} if plan.cp_size != 1 else {})}
     return TrainingMemoryResult(
         feasible=total * 1e-9 <= capacity * 1e-9, total_memory=total, available_memory=capacity,
         memory_utilization=(total * 1e-9) / (capacity * 1e-9),      # in GB, exactly as the reference
@@ -350,7 +347,7 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
         hardware=plan.hardware.name, microbatch=plan.microbatch, layers_per_stage=placement.layers_per_stage,
         sequence_parallel=plan.sequence_parallel, selected=selection.selected, peak_phase=phase,
         plugin_sources=selection.plugin_sources, runtime_overheads=r,
-        details=_EMPTY if details is None else FrozenMap(details(plan)))
+        details=_EMPTY if (details := selection.profile.details) is None else FrozenMap(details(plan)))
 
 
 def _bytes_on(tier: str, terms) -> int | float:
@@ -376,13 +373,14 @@ def _combine(terms, peak: bool, table=None) -> tuple[str | None, list, list]:
             if term.tier == ACCELERATOR:
                 alive[_COMPONENT_INDEX[term.component]] += term.nbytes
         return None, alive, alive
-    table = [[0] * len(COMPONENTS) for _ in PHASES] if table is None else table
+    table, rows_of, component_index = [[0] * len(COMPONENTS) for _ in PHASES] if table is None else table, \
+        _PHASE_ROWS.get, _COMPONENT_INDEX
     for term in terms:
         if term.tier == ACCELERATOR:
-            i, nbytes = _COMPONENT_INDEX[term.component], term.nbytes
-            for p in _PHASE_ROWS.get(term.phases) or [_PHASE_INDEX[phase] for phase in term.phases]:
+            i, nbytes = component_index[term.component], term.nbytes
+            for p in rows_of(term.phases) or [_PHASE_INDEX[phase] for phase in term.phases]:
                 table[p][i] += nbytes
-    best = max(range(len(PHASES)), key=lambda p: (sum(table[p]), -p))
+    best = (sums := [sum(row) for row in table]).index(max(sums))     # the first phase with the most alive
     return PHASES[best], list(table[best]), table
 
 

@@ -89,19 +89,21 @@ def _values_of(cls) -> operator.attrgetter:
     return operator.attrgetter(*(f.name for f in attrs.fields(cls)), "__class__")    # (always a tuple)
 
 
-_last_kinds: tuple = (None, None)     # (an options object, its kinds): a solve asks for the same options' several times
+_kinds_of: dict[int, tuple] = {}     # id(options) -> (the options, their kinds): a solve asks for three objects'
 
 
 def kinds(options) -> tuple:
     """The types of an options object's values: part of the key of a memo on options (``True == 1``
     for the memo, but a check may refuse one: the memo keys every argument's type, not its fields').
-    The last options object asked for keeps its answer (an options object is frozen; the same tuple
-    also makes the memo's key comparison an identity check)."""
-    global _last_kinds
-    last, answer = _last_kinds
-    if options is not last:
-        answer = tuple(map(type, _values_of(type(options))(options)))
-        _last_kinds = (options, answer)
+    The last options objects asked for keep their answer, by identity (an options object is frozen and
+    kept alive here; the same tuple also makes the memo's key comparison an identity check)."""
+    known = _kinds_of.get(id(options))
+    if known is not None and known[0] is options:
+        return known[1]
+    answer = tuple(map(type, _values_of(type(options))(options)))
+    if len(_kinds_of) >= 64:
+        _kinds_of.clear()
+    _kinds_of[id(options)] = (options, answer)
     return answer
 
 

@@ -181,11 +181,15 @@ class LayerWalk:
 
     def add(self, name: str, per_token, split: str = TP, *, op: str = "", module: str = "",
             lora=()) -> None:
-        if per_token:
-            self.parts.append(Part(name, per_token, split=split, op=op, module=module, lora=lora))
+        if per_token:      # (``Part(...)``, its checks made here: a walker adds a part per op, every solve)
+            self.parts.append(_make(name, per_token, split, False, False, op, module, (), lora)
+                              if split in SPLITS and type(lora) is tuple else
+                              Part(name, per_token, split=split, op=op, module=module, lora=lora))
 
     def extend(self, parts, module: str = "") -> None:
-        self.parts.extend(evolve(p, module=module) if module and not p.module else p for p in parts if p.nbytes)
+        self.parts.extend((_make(p.name, p.nbytes, p.split, p.recomputed_by_selective, p.weight_gradient_only, p.op,
+                                 module, p.inputs_of, p.lora) if type(p) is Part else evolve(p, module=module))
+                          if module and not p.module else p for p in parts if p.nbytes)
 
     def layer(self, tokens: int, output: int, output_saved_by_next: bool) -> LayerBytes:
         per_layer = tuple(_per_layer(p, tokens) for p in self.parts) + tuple(self.constant)
@@ -194,7 +198,7 @@ class LayerWalk:
 
 
 _new, _set = object.__new__, object.__setattr__
-# (``_with`` sets every field of ``Part``: a field added to ``Part`` is added there too.)
+# (``_make`` sets every field of ``Part``: a field added to ``Part`` is added there too.)
 assert tuple(a.name for a in attrs.fields(Part)) == ("name", "nbytes", "split", "recomputed_by_selective",
                                                      "weight_gradient_only", "op", "module", "inputs_of", "lora")
 
@@ -211,15 +215,22 @@ def _with(p: Part, nbytes, lora: tuple) -> Part:
     converters; anything else (a subclass) goes through ``evolve``."""
     if type(p) is not Part:
         return evolve(p, nbytes=nbytes, lora=lora)
+    return _make(p.name, nbytes, p.split, p.recomputed_by_selective, p.weight_gradient_only, p.op, p.module,
+                 p.inputs_of, lora)
+
+
+def _make(name, nbytes, split, recomputed_by_selective, weight_gradient_only, op, module, inputs_of, lora) -> Part:
+    """A ``Part`` of these fields, set one by one: for values ``Part``'s checks and converters would leave
+    as they are (``split`` one of ``SPLITS``, ``inputs_of`` and ``lora`` tuples)."""
     q = _new(Part)
-    _set(q, "name", p.name)
+    _set(q, "name", name)
     _set(q, "nbytes", nbytes)
-    _set(q, "split", p.split)
-    _set(q, "recomputed_by_selective", p.recomputed_by_selective)
-    _set(q, "weight_gradient_only", p.weight_gradient_only)
-    _set(q, "op", p.op)
-    _set(q, "module", p.module)
-    _set(q, "inputs_of", p.inputs_of)
+    _set(q, "split", split)
+    _set(q, "recomputed_by_selective", recomputed_by_selective)
+    _set(q, "weight_gradient_only", weight_gradient_only)
+    _set(q, "op", op)
+    _set(q, "module", module)
+    _set(q, "inputs_of", inputs_of)
     _set(q, "lora", lora)
     return q
 
