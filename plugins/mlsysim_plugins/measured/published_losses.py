@@ -57,7 +57,10 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   log_softmax runs in fp32: 4 T V, with one chunk's fp32 cast, 4 t V, in the forward). The backward
   collects every chunk's logits gradient for the split's concatenation (c T V) and the slice
   ``logits[..., :-1, :]``'s backward writes it into a zero-filled whole (c T V) as the log-softmaxes
-  are freed: c T V beyond the saved tensors.
+  are freed: c T V beyond the saved tensors. Under LoRA (``litgpt finetune_lora``: the frozen LM head
+  chunked along the sequence, ``lm_head_chunk_size=128``, and the list path of the same function):
+  ``litgpt_lora_terms``, measured by validation/lora_litgpt_chunked.py; refused under autocast and with
+  a quantized base (LitGPT's QLoRA quantizes the LM head too).
 * ``cut_cross_entropy``: Apple's Cut Cross-Entropy (apple/ml-cross-entropy
   d42911f9b1a1f98289bb601c35c8151562603d74, cut_cross_entropy/cce.py lines 51-170, 280-320,
   cce_lse_forward.py lines 190-205, cce_backward.py lines 386-425): Triton kernels that never
@@ -238,6 +241,8 @@ def trl_chunked_nll_terms(ctx) -> list[MemoryTerm]:
 # --- LitGPT chunked_cross_entropy -----------------------------------------------------------------
 
 def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
+    if not ctx.lm_head_trainable:
+        return litgpt_lora_terms(ctx)
     T, V, c, t = ctx.tokens, ctx.vocab, ctx.compute, min(ctx.chunks, ctx.tokens)
     lsm = 4 if ctx.autocast else c
     out = [
@@ -257,6 +262,86 @@ def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
     if ctx.autocast:
         out.append(_term("one chunk's fp32 cast", 4 * t * V, (FORWARD,), f"4 x t x V, t = {_n(t)}"))
     return out
+
+
+def litgpt_lora_terms(ctx) -> list[MemoryTerm]:
+    """LitGPT's LoRA fine-tune (litgpt/finetune/lora.py lines 355-358 at 26857050): the frozen LM head chunked
+    along the sequence (``model(input_ids, lm_head_chunk_size=128)``: ``[lm_head(x_i) for x_i in x.split(128,
+    dim=1)]``, model.py lines 177-179), the last chunk shifted (``logits[-1] = logits[-1][..., :-1, :]``) and
+    ``chunked_cross_entropy``'s list path (utils.py lines 317-329) over ``targets[..., 1:]``. The chunks hold
+    b x C positions (C = ``loss_chunks``, 128), R = b (s - 1) rows in all:
+
+    * the chunks' logits (c T V) are the loop's variable, alive through the backward and the step;
+    * each chunk's log-softmax is saved in the compute dtype (c R V: no upcast), with its targets (int64, 8 R:
+      ``reshape(-1)`` of ``targets[..., 1:]``'s chunks copies them when b > 1; one sequence: views);
+    * the forward's top is the last chunk's cross-entropy: with b > 1 its shifted logits are not contiguous and
+      ``reshape(-1, V)`` copies them (c b (C_last - 1) V, freed when the loss returns), beside the per-token
+      losses (c R, their concatenation);
+    * the LM head's last chunk is a moment of its own: the previous iteration's logits are freed only when the new
+      list is assigned, beside the head's input (c T h): larger than the loss's with one sequence;
+    * the backward runs every chunk's cross-entropy backward first (their nodes are younger than the LM head's),
+      last chunk first: a chunk's nll gradient (c t V) and log-softmax gradient (c t V) beside the log-softmaxes
+      not yet freed and the logits gradients already made (c R V in all), and the targets of the chunks not yet
+      reached: 2 c t V at the last whole chunk reached (t = b C), after which the LM head's backward frees each
+      logits gradient as it returns the chunk's input gradient. Measured (validation/lora_litgpt_chunked.py,
+      peft's LoRA on Llama, bf16 and fp32, one to three sequences): every phase to within 24 B."""
+    T, V, c, C = ctx.tokens, ctx.vocab, ctx.compute, ctx.chunks
+    b = ctx.plan.microbatch
+    s = T // b
+    R = T - b
+    n = -(-s // C)                           # x.split(C): ceil(s / C) chunks
+    last = s - C * (n - 1)                   # the last chunk's positions (the remainder, or C)
+    t = b * min(C, s)
+    targets = 8 * R if b > 1 else 0
+    # the engine runs the chunks' backward last first; at chunk k's log-softmax backward the targets of chunks < k
+    # are still saved (8 b C each when b > 1): the top is the last whole chunk, k = n - 2 (or the only one)
+    k = max(n - 2, 0)
+    top = 2 * c * (t if n > 1 else b * (last - 1)) * V - targets + (8 * b * C * k if b > 1 else 0)
+    copy = c * b * (last - 1) * V if b > 1 else 0
+    # the LM head's moment: the previous iteration's logits are freed only when the new list is assigned, after the
+    # last chunk's logits, beside the head's input (the final norm's output, c T h, freed when the model returns)
+    head = c * T * V + c * T * ctx.hidden
+    at_loss = c * R * V + 2 * c * R + copy
+    out = [
+        _term(f"logits, every chunk ({c} B, held through the backward and the step)", c * T * V, PHASES,
+              f"{c} x T x V (the loop's logits list, the frozen LM head's chunks of {C} positions; replaced only "
+              "by the next forward's)"),
+        _term(f"log-softmax of every chunk ({c} B)", c * R * V, SAVED,
+              f"{c} x R x V, R = b (s - 1) = {_n(R)} rows (no upcast)"),
+        _term("shifted targets (int64)", 8 * R if b > 1 else 0, SAVED,
+              "8 x R (each chunk's reshape(-1) of targets[..., 1:] copies when b > 1)" if b > 1 else
+              "0 (one sequence: the targets' chunks are views)"),
+        _term(f"per-token losses and their concatenation ({c} B)", 2 * c * R, (FORWARD,),
+              f"2 x {c} x R (each chunk's reduction='none' losses, torch.cat of them)"),
+        _term("chunked cross-entropy backward, one chunk at a time", top, (BACKWARD,),
+              f"2 x {c} x t x V (the first chunk's nll and log-softmax gradients, the engine's last), t = b x "
+              f"{min(C, s)} = {_n(t)} rows" + (f" - 8 x R + 8 x b x {C} x {k} (the targets of the {k} chunks before "
+                                                  "it still saved, the others released)" if b > 1 else ""))]
+    if b > 1:
+        out.append(_term(f"the last chunk's shifted logits copy ({c} B)", copy, (FORWARD,),
+                         f"{c} x b x ({last} - 1) x V (reshape of logits[-1][..., :-1, :]; freed when the loss "
+                         "returns)"))
+    if head > at_loss:
+        out.append(_term("the LM head's moment beyond the loss's: the previous iteration's logits", head - at_loss,
+                         (FORWARD,), f"{c} x T x V (the previous logits, until the new list is assigned) + {c} x T x h "
+                         f"(the head's input) - ({c} x R x V + 2 x {c} x R"
+                         + (f" + the copy {_n(copy)}" if copy else "") + ") (the loss's moment)"))
+    return out
+
+
+def _litgpt_check(plan, chunks):
+    o = plan.profile_options
+    if o.lora is None:
+        return
+    if o.regime.autocast:
+        raise NotModelledError("loss", "litgpt_chunked", "no autocast with LoRA (LitGPT's bf16-true or 32-true)",
+                               "LitGPT's chunked LM head and loss under LoRA are measured without autocast "
+                               "(validation/lora_litgpt_chunked.py)")
+    if o.lora.quantization is not None or o.lora.modules_to_save or o.lora.use_dora:
+        raise NotModelledError("loss", "litgpt_chunked", "plain LoRA (no quantization, DoRA or modules_to_save)",
+                               "LitGPT's chunked LM head is measured frozen and unquantized; its QLoRA converts every "
+                               "nn.Linear to bitsandbytes' (Lightning's BitsandbytesPrecision, no ignored modules: "
+                               "the LM head too, each chunk dequantizing V x h), not measured")
 
 
 # --- Cut Cross-Entropy ----------------------------------------------------------------------------
@@ -375,6 +460,7 @@ PUBLISHED = (
                                             "(2 x T' x h x V more FLOPs): not priced")),
     LossImplementation(
         name="litgpt_chunked", source=LITGPT, terms=litgpt_chunked_terms, chunks=128, chunk_unit="tokens",
+        allows=("autocast", "lora"), check=_litgpt_check,
         description="LitGPT's chunked_cross_entropy (chunk_size 128): no upcast, the logits held through the "
                     "backward",
         note="loss: LitGPT's chunked_cross_entropy ({chunks} tokens per chunk): the log-softmax in the compute "
