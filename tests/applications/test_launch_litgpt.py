@@ -109,11 +109,14 @@ def test_cli_json():
 
 def test_loss_mapping_per_command():
     # finetune_full: exactly litgpt_chunked; pretrain (no shifted copy) and finetune_lora (chunked LM head):
-    # litgpt_chunked as an approximation; under LoRA the profile refuses it, naming the field it came from.
+    # litgpt_chunked as an approximation; under LoRA the profile prices the chunked LM head
+    # (published_losses.litgpt_lora_terms); under QLoRA it refuses it, naming the field it came from.
     pre = from_launch([DATA / "pretrain" / "tinyllama.yaml"], gpus=8, model="meta-llama/Llama-3.2-1B")
     field = next(f for r in pre.readings for f in r.fields if f.field == "loss")
     assert pre.scenario.profile_options["loss"] == "litgpt_chunked" and field.approximated
     lora = from_launch([DATA / "finetune" / "llama-3.2-1B" / "lora.yaml"])
     assert lora.scenario.profile_options["loss"] == "litgpt_chunked"
-    with pytest.raises(MlsysimError, match="loss='litgpt_chunked'.*LoRA"):
-        lora.scenario.solve()
+    assert lora.scenario.solve().notes[0].startswith("loss: LitGPT's chunked_cross_entropy")
+    qlora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "qlora.yaml"])
+    with pytest.raises(MlsysimError, match="loss='litgpt_chunked'.*plain LoRA"):
+        qlora.scenario.solve()
