@@ -1,11 +1,14 @@
-"""TrainingPlan.evolve: attrs.evolve's answer, without __init__ for the fields no derived attribute reads
-(the uncached solve evolves a plan about seven times: issue 27, item 5)."""
+"""What the uncached solve's shortcuts (issue 27, item 5) must keep: TrainingPlan.evolve is attrs.evolve's
+answer without __init__ for the fields no derived attribute reads; the heaviest rank completed in place;
+the profile's options object memoised on the options given and their types."""
 
 import attrs
 import pytest
 
-from mlsysim_core import TrainingMemoryModel
+from mlsysim_core import ProfileSpec, TrainingMemoryModel, hookimpl
+from mlsysim_core.errors import PluginError
 from mlsysim_core.inputs import prepared_plan
+from mlsysim_core.manager import PluginManager
 
 LAYOUT = dict(tp_size=2, pp_size=2, dp_size=8, zero_stage=2)
 
@@ -54,3 +57,52 @@ def test_rank_results_equal_a_solve_with_memos_off():
         memo.set_enabled(True)
     assert repr(cached) == repr(fresh)
     assert cached.heaviest_rank == "last stage" and len(cached.ranks) == 2 and cached.feasible is fresh.feasible
+
+
+# The profile's options object, memoised on the options given (inputs._profile_options): one object per
+# options and their values' types; an options class that raises still names the plugin and hook every time.
+SEEN = []
+
+
+def _warp(instance, attribute, value):
+    if value == 13:
+        raise ValueError("13 is unlucky")
+
+
+@attrs.frozen(kw_only=True)
+class _ToyOptions:
+    warp_factor: object = attrs.field(default=None, validator=_warp)
+
+
+class _Toy:
+    @hookimpl
+    def mlsysim_profiles(self):
+        return [ProfileSpec(name="toy", component_plugins=("model_states",), options_type=_ToyOptions,
+                            prepare=lambda plan, registry: SEEN.append(plan.profile_options) or plan)]
+
+
+@pytest.fixture
+def toy_solver(builtin_pm):
+    pm = PluginManager()
+    for name in sorted(builtin_pm.registry.plugins):
+        pm.register(builtin_pm.get_plugin(name), name=name, info=builtin_pm.info(name))
+    pm.register(_Toy(), name="toy_plugin")
+    SEEN.clear()
+    return TrainingMemoryModel("toy", plugin_manager=pm)
+
+
+def test_one_options_object_per_options_and_their_types(toy_solver):
+    for batch, warp in ((8, 2), (16, 2), (8, 1), (16, True), (24, (1,)), (32, (True,))):
+        toy_solver.solve("llama3-8b", "h100", batch, 1024, warp_factor=warp)
+    same, other = SEEN[0], SEEN[2]
+    assert SEEN[1] is same and same.warp_factor == 2      # a new batch: the same object
+    assert other.warp_factor == 1 and type(SEEN[3].warp_factor) is bool and SEEN[3] is not other
+    assert type(SEEN[5].warp_factor[0]) is bool and SEEN[5] is not SEEN[4]
+
+
+def test_an_options_error_names_the_plugin_and_hook_every_time(toy_solver):
+    for batch in (8, 16):
+        with pytest.raises(PluginError) as err:
+            toy_solver.solve("llama3-8b", "h100", batch, 1024, warp_factor=13)
+        assert err.value.plugin == "toy_plugin" and err.value.hook == "mlsysim_profiles"
+        assert "options_type raised ValueError: 13 is unlucky" in str(err.value)
