@@ -428,6 +428,59 @@ def _architecture(model) -> str:
     return (model.architecture or "").lower()
 
 
+# --- Megatron-Core MoE MLPs a family may declare (``megatron_mlp``) ---------------------------------------
+
+MEGATRON_LM = "NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+TRANSFORMER_ENGINE = "NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b"
+
+
+def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+    """Per token, what Megatron-Core's MoE layer keeps for the backward as Megatron-Bridge's gpt-oss recipes
+    configure it (Megatron-Bridge 067f987d, ``models/gpt_oss/gpt_oss_bridge.py``, ``recipes/gpt_oss/h100/``):
+    ``TEGroupedMLP`` (``moe_grouped_gemm``) with biases, ``bias_activation_fusion`` with the quick-GELU GLU
+    clamped (``activation_func_clamp_value``) and offset (``glu_linear_offset``), the alltoall dispatcher with
+    ``moe_permute_fusion``, the unfused softmax top-k router (``moe_router_pre_softmax=False``, no load-balancing
+    loss, the logits in the input's bf16: ``moe_router_dtype`` unset), bf16, every expert on the device
+    (source: Megatron-LM and TransformerEngine at ``MEGATRON_LM``, ``TRANSFORMER_ENGINE``). h hidden, f the
+    expert FFN width, E experts, k top-k:
+
+    * router (``moe_utils.py``): ``RouterGatingLinearFunction`` saves its input (the pre-MLP norm's output, the
+      layer's "mlp input") and its parameters; ``topk`` of the logits saves its int64 indices (8k; ``scatter``
+      saves the same tensor); ``softmax(dtype=float32)`` of the k values its fp32 output (4k): 12k;
+    * ``moe_permute_with_probs`` (TE ``permutation.py``, mask map) saves its int32 ``row_id_map`` of
+      (tokens, 2E + 1): 4(2E + 1); ``moe_unpermute`` saves the same map;
+    * per routed copy: the permuted bf16 probabilities (2; saved by ``WeightedQuickGeGLUFunction`` and by
+      ``_apply_bias``'s ``b * p``) and, with more than one expert on the device, the int32 ``row_id_map`` of
+      each of the two ``sort_chunks_by_idxs`` (dispatch and combine: 4 + 4), whose copies replace the
+      permuted tokens;
+    * the experts (``experts.py``, ``fused_bias_geglu.py``): TE's ``GroupedLinear`` keeps its input (fc1: 2h;
+      fc2: the activation's output, 2f; the bias is added in fc1's GEMM); the clamps of the two halves of
+      fc1's output (views) save them, so the 2 x 2f output is kept; their ``cat`` (2 x 2f) is what
+      ``WeightedQuickGeGLUFunction`` saves: k(2h + 10f). fc2's biases scaled by the probabilities
+      (``_apply_bias``: ``cat([t + b * p])`` in fp32, cast back) save nothing new.
+
+    Not counted: the bf16 ``linear_offset`` scalar the activation saves (2 B a layer) and the activation's
+    fp32 temporaries (``jit_fuser``: one fused kernel on a GPU). The dispatcher's held probabilities and routing
+    map are not saved tensors but alive in every phase (``megatron_alltoall_held``). Measured, to the byte, with
+    Megatron-Core's own router, activation and bias code (``validation/megatron_gpt_oss/measure_moe.py``)."""
+    h, f, E, k = hidden, ffn, experts, top_k
+    sorts = 8 if E > 1 else 0
+    return (Part("router (top-k indices int64, fp32 softmax of the k logits)", 12 * k, split=REPLICATED),
+            Part("permute row_id_map (int32, 2E + 1 per token)", 4 * (2 * E + 1), split=REPLICATED),
+            Part("permuted probabilities (bf16)" + (" + chunk sorts' row_id_maps (int32)" if sorts else ""),
+                 k * (2 + sorts), split=EXPERTS),
+            Part("experts (fc1 input, fc1 output kept by the clamps, their cat, fc2 input)", k * (2 * h + 10 * f),
+                 split=EXPERTS))
+
+
+def megatron_alltoall_held(*, experts) -> int:
+    """Bytes per token and layer that Megatron-Core's alltoall dispatcher holds as attributes
+    (``MoEAlltoAllTokenDispatcher.dispatch_preprocess``: ``self.probs``, the dense bf16 [T, E] routing
+    probabilities, and ``self.routing_map``, [T, E] bool) until the layer's next forward replaces them: alive in
+    every phase, the optimizer step included (measured: ``validation/megatron_gpt_oss/measure_moe.py``)."""
+    return 3 * experts
+
+
 # --- the built-in families ---------------------------------------------------------------------------
 
 W = LayerWeight
