@@ -63,6 +63,16 @@ implementation materialises as temporaries (not modelled: the measured runs keep
 peaks) and the reference cycles of that path, which hold about 1.3 MB per iteration until Python's
 collector runs (1.3 MB, 1.7 MB with full checkpointing, in the measured runs; not modelled).
 
+Under the Megatron-Core regime (``main_grad``) the layers are Megatron-Core's as Megatron-Bridge's gpt-oss recipes
+configure them (``_megatron_check``, ``_megatron_terms``): Transformer Engine's fused attention with
+``softmax_type="learnable"`` keeps what FlashAttention keeps, q, k, v, the output and the fp32 softmax
+statistics, and returns the sinks' gradient from its backward (TransformerEngine ``transformer_engine/pytorch/
+attention/dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``: derived, not measured); the MoE
+MLP (TEGroupedMLP with biases, the quick-GELU GLU clamped at 7 with ``glu_linear_offset`` 1, the alltoall
+dispatcher with fused permutation) is ``families.megatron_clamped_glu_moe``, measured to the byte
+(``validation/megatron_gpt_oss``). Modelled on one device (data parallelism allowed) without recomputation,
+dropout or token dropping; the rest is refused by name.
+
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
 working set (``model.layer_terms``) costs that moment (within 2.1 % of the measured backward). Not modelled, refused by name
@@ -70,12 +80,7 @@ working set (``model.layer_terms``) costs that moment (within 2.1 % of the measu
 5.23 refuses SDPA for gpt-oss, ``_supports_sdpa = False``, and runs eager by default: the family costs
 ``attention="sdpa"``, the profile's default, as eager with a note; the hub's flash kernels with sinks were
 not measured),
-dropout > 0, Megatron-Core regimes (Transformer Engine's fused attention with ``softmax_type="learnable"``
-keeps what FlashAttention keeps, q, k, v, the output and the fp32 softmax statistics, and returns the
-sinks' gradient from its backward: TransformerEngine ``transformer_engine/pytorch/attention/
-dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``; but Megatron-Core's gpt-oss MLP --
-grouped-GEMM experts with biases and the clamped SwiGLU with ``glu_linear_offset`` -- is not derived, and
-``megatron_mlp`` refuses it), LoRA, and training in MXFP4 (a regime with sub-16-bit weights
+dropout > 0, LoRA, and training in MXFP4 (a regime with sub-16-bit weights
 for a config whose ``quantization_config`` is MXFP4: gpt-oss trains on dequantized bf16 weights, see
 ``check``). Assumed: ``output_router_logits`` false (gpt-oss's config; true keeps every layer's router
 logits for the auxiliary loss), and the norms' weights in the regime's dtype as ``from_config``
@@ -90,7 +95,8 @@ import attrs
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
-from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
+from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_held,
+                        megatron_clamped_glu_moe)
 from ..kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE, kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
 
@@ -216,13 +222,10 @@ def gpt_oss_layer(*, attention, hidden, heads, kv_heads, head_dim, ffn, experts,
     return w.layer(tokens, r * h * tokens, not bf16)   # bf16: the next norm saves its fp32 copy instead
 
 
-def megatron_mlp(*, hidden, ffn, experts, top_k):
-    raise NotModelledError("regime", "Megatron-Core (main-grad)",
-                           "a regime that runs transformers' gpt-oss layers (fp32, bf16, amp-bf16, ...)",
-                           "Megatron-Core's gpt-oss layers are not modelled: their attention (Transformer Engine's "
-                           "fused attention, softmax_type='learnable') keeps what FlashAttention keeps, but the MLP "
-                           "(grouped-GEMM experts with biases, the SwiGLU clamped at 7 with glu_linear_offset 1, as "
-                           "Megatron-Core gpt-oss configurations set them) has no derivation of what it saves")
+# Megatron-Core's gpt-oss MoE MLP (Megatron-Bridge's gpt-oss recipes: TEGroupedMLP, the quick-GELU GLU clamped at
+# 7 with glu_linear_offset 1 under bias_activation_fusion, the alltoall dispatcher with moe_permute_fusion):
+# families.megatron_clamped_glu_moe, measured in validation/megatron_gpt_oss.
+megatron_mlp = megatron_clamped_glu_moe
 
 
 # --- parameters ----------------------------------------------------------------------------------------
@@ -323,6 +326,8 @@ def adjust_terms(kind, plan, placement, terms):
     """
     if kind != "model_activations":
         return terms
+    if plan.profile_options.regime.main_grad:
+        return _megatron_terms(plan, placement, terms)
     from mlsysim_core.terms import BACKWARD, FORWARD
     out = []
     for t in terms:
@@ -351,6 +356,33 @@ def adjust_terms(kind, plan, placement, terms):
     if keeps_everything(plan):
         out += _first_layer_backward(plan, placement, out)
     # (Under autocast the final norm's fp32 output, held until the loss, is model.py's, as for every family.)
+    return out
+
+
+def _megatron_terms(plan, placement, terms) -> list:
+    """Megatron-Core's gpt-oss (the regime's layers, ``check``: one device, no recompute) outside its layers:
+    its rotary table is head_dim wide (``YarnRotaryEmbedding.forward``: ``emb = torch.cat((freqs, freqs))``), so
+    the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
+    this regime (``RMS_NORM``), not transformers' gpt-oss norm; no eager masks, BlockMasks or s x (s + 1)
+    scores exist (fused attention). The alltoall dispatcher's held probabilities and routing map
+    (``families.megatron_alltoall_held``) are alive in every phase, one set per layer."""
+    from mlsysim_core.terms import PHASES
+    from ..shapes import shape_of
+    shape = shape_of(plan)
+    T = plan.microbatch * plan.seq_len
+    out = []
+    for t in terms:
+        if t.label == "final norm":
+            final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
+            t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
+        out.append(t)
+    per_token = megatron_alltoall_held(experts=shape.experts)
+    layers = placement.layers_per_stage
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held routing probabilities and map",
+        nbytes=layers * T * per_token, phases=PHASES,
+        formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
+                f"forward) = {layers * T * per_token:,} B"))
     return out
 
 
@@ -407,6 +439,8 @@ def check(plan) -> tuple[str, ...]:
     name = kernel.name
     own = any(layout == LAYOUT for layout, _ in kernel.layouts)   # a kernel that knows sinks
     notes = []
+    if getattr(o.regime, "main_grad", 0):
+        return _megatron_check(plan, kernel)
     if kernel.computes == COMPUTES_FLEX and not own and not fused_sinks(kernel):
         raise NotModelledError(
             "attention", name, "a flex_attention kernel that declares sinks='lse' for a gpt-oss model",
@@ -428,8 +462,6 @@ def check(plan) -> tuple[str, ...]:
             "gpt-oss with eager, flex_attention or the hub's flash-attention kernels, of which eager and "
             "flex_attention (a kernel declaring computes='flex', sinks='lse') are modelled")
     regime = o.regime
-    if regime.main_grad:
-        megatron_mlp(hidden=0, ffn=0, experts=0, top_k=0)
     q = _quantization(plan.model)
     if q is not None:
         if regime.weight < 2:
@@ -446,6 +478,59 @@ def check(plan) -> tuple[str, ...]:
         notes.append("approximation: gpt-oss under model parallelism splits its saved tensors as Mixtral's (attention "
                      "per head, experts per expert-parallel rank, the router and norms replicated); validated on one "
                      "device only (validation/families/gpt_oss)")
+    return tuple(notes)
+
+
+def _megatron_check(plan, kernel) -> tuple[str, ...]:
+    """gpt-oss under the Megatron-Core regime: what was derived and measured is Megatron-Bridge's gpt-oss recipe
+    on one device (``families.megatron_clamped_glu_moe``); everything else is refused by name."""
+    o = plan.profile_options
+    regime = o.regime.name
+    if not kernel.sdpa:
+        raise NotModelledError(
+            "attention", kernel.name, "a kernel declaring computes='sdpa' (Transformer Engine's fused attention, "
+            "as Megatron-Core runs gpt-oss) for a gpt-oss model under the Megatron-Core regime",
+            "Megatron-Core's unfused attention with learnable softmax offsets and flex_attention are not derived "
+            "for gpt-oss")
+    layout = {"tp": plan.tp_size, "cp": plan.cp_size, "pp": plan.pp_size, "ep": plan.ep_size}
+    if max(layout.values()) > 1:
+        given = ", ".join(f"{k}={v}" for k, v in layout.items())
+        raise NotModelledError(
+            "parallelism", given, f"tp = cp = pp = ep = 1 for gpt-oss under {regime!r} (data parallelism allowed)",
+            "Megatron-Core's gpt-oss MoE layer was measured on one device (validation/megatron_gpt_oss): the "
+            "expert-parallel all-to-all buffers, the routing imbalance, the chunk sorts with one local expert and "
+            "the sequence-parallel router and permutation are not derived")
+    from ..checkpointing import keeps_everything, spec_of
+    if not keeps_everything(plan):
+        raise NotModelledError(
+            "activation_checkpointing", spec_of(plan).name,
+            f"'none' for gpt-oss under {regime!r} (Megatron-Bridge's gpt-oss recipes recompute nothing)",
+            "Megatron-Core's recomputation of gpt-oss's layers (full, selective moe_act / moe / core_attn) was not "
+            "measured")
+    if o.dropout:
+        raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
+                               "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
+                               "MoE layer were not derived")
+    if o.moe_capacity_factor is not None:
+        raise NotModelledError("moe_capacity_factor", o.moe_capacity_factor,
+                               f"None (dropless) for gpt-oss under {regime!r}",
+                               "Megatron-Bridge's gpt-oss recipes route dropless; token dropping and padding to "
+                               "capacity were not derived for its MoE layer")
+    if getattr(o, "float8", None):
+        raise NotModelledError("float8", o.float8, f"none for gpt-oss under {regime!r}",
+                               "Transformer Engine's FP8 grouped GEMMs and the fp8 activation store "
+                               "(activation_func_fp8_input_store) were not derived for gpt-oss's MoE layer")
+    notes = [
+        "Megatron-Core gpt-oss as Megatron-Bridge's recipes configure it (TEGroupedMLP with biases, the quick-GELU "
+        "GLU clamped at 7 with glu_linear_offset 1 under bias_activation_fusion, the alltoall dispatcher with "
+        f"moe_permute_fusion, the unfused router in bf16; {MEGATRON_LM}): the MoE layer's saved tensors and the "
+        "dispatcher's held probabilities and routing map measured to the byte (validation/megatron_gpt_oss); the "
+        "attention is Transformer Engine's fused attention with learnable softmax offsets, derived from its "
+        "source (q, k, v, the output and the fp32 softmax statistics kept, the sinks a parameter), not measured; "
+        "not counted: the activation's bf16 offset scalar and TE's rng state (2 + 16 B a layer)"]
+    if _quantization(plan.model) is not None:
+        notes.append("gpt-oss's quantization_config (quant_method 'mxfp4') is for inference: Megatron-Bridge loads "
+                     "the checkpoint dequantized; the weights are costed as the regime says, not as MXFP4")
     return tuple(notes)
 
 
