@@ -1,0 +1,99 @@
+"""gpt-oss under the Megatron-Core regime (issue 25 item 4): the MoE layer Megatron-Bridge's gpt-oss recipes run
+(``families.megatron_clamped_glu_moe``, ``megatron_alltoall_held``), against hand-derived bytes and the recorded
+measurements of validation/megatron_gpt_oss/moe_measurements.json; what stays refused, by name. No torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.hf import from_hf_config
+from mlsysim_core.terms import PHASES
+from mlsysim_core.types import HardwareNode
+from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_clamped_glu_moe
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/moe_measurements.json").read_text(encoding="utf-8"))
+BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+# A small gpt-oss (h 64, 4 heads of 16, 2 kv heads, 8 experts of width 48, top-2, 2 layers).
+TINY = dict(model_type="gpt_oss", vocab_size=1000, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+            max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=150000.0,
+            sliding_window=128, layer_types=["sliding_attention", "full_attention"], attention_bias=True,
+            swiglu_limit=7.0, hidden_act="silu", router_aux_loss_coef=0.9, output_router_logits=False,
+            use_cache=False)
+B, S = 2, 64
+T = B * S
+
+
+def solve(checkpointing="none", attention="sdpa", **options):
+    return TrainingMemoryModel().solve(from_hf_config(TINY, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw",
+                                       checkpointing, profile="measured", regime="mixed-bf16-main-grad",
+                                       attention=attention, runtime_overheads=False, **options)
+
+
+def term(result, label):
+    return next(t for t in result.terms if t.label.startswith(label))
+
+
+# --- the MoE layer's formula ----------------------------------------------------------------------------------
+
+def test_gpt_oss_20b_moe_bytes_per_token():
+    # gpt-oss-20b: h = f = 2880, E = 32, k = 4. Router: int64 indices 8k + fp32 softmax 4k = 48; permute's
+    # int32 row_id_map 4 x (2E + 1) = 260; per routed copy bf16 probs 2 + two chunk sorts' int32 maps 8: 40;
+    # experts k x (fc1 input 2h + fc1 output 4f + the clamps' cat 4f + fc2 input 2f) = 4 x (5,760 + 28,800).
+    parts = megatron_clamped_glu_moe(hidden=2880, ffn=2880, experts=32, top_k=4)
+    assert [p.nbytes for p in parts] == [48, 260, 40, 138_240]
+    assert [p.split for p in parts] == ["replicated", "replicated", "experts", "experts"]
+    assert megatron_alltoall_held(experts=32) == 96          # bf16 [T, E] probs + bool [T, E] map
+
+
+def test_formula_equals_the_measurements():
+    runs = RECORD["runs"]
+    assert len(runs) == 3 and RECORD["megatron_lm_commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+    for run in runs:
+        tokens, h, f, E, k = run["tokens"], run["hidden"], run["moe_ffn_hidden_size"], run["experts"], run["top_k"]
+        per_token = sum(p.nbytes for p in megatron_clamped_glu_moe(hidden=h, ffn=f, experts=E, top_k=k))
+        # + the activation's bf16 linear_offset scalar (2 B a layer), which the profile does not count
+        assert per_token * tokens + 2 == run["measured"]["saved"], run["id"]
+        assert megatron_alltoall_held(experts=E) * tokens == run["measured"]["held"], run["id"]
+        # the held tensors of the previous iteration are replaced: nothing else outlives the backward
+        assert run["measured"]["after_backward_over_start"] == 0, run["id"]
+
+
+# --- the whole model -----------------------------------------------------------------------------------------
+
+def test_tiny_gpt_oss_under_megatron_hand_derived():
+    r = solve()
+    # per token and layer: layernorm inputs 4h 256, qkv input 2h 128, q/k/v 2(q + 2kv) 256, fused attention's
+    # fp32 statistics 4a 16, out-proj input 2q 128, mlp input 2h 128; MoE: router 12k 24, row_id_map
+    # 4(2E + 1) 68, probs and sorts' maps k(2 + 8) 20, experts k(2h + 10f) 1,216: 2,240
+    assert term(r, "decoder layers: saved").nbytes == 2 * T * 2240
+    # final norm as every family's under this regime (RMSNorm: 8h + 4 per token), not transformers' gpt-oss norm
+    assert term(r, "final norm").nbytes == T * (8 * 64 + 4)
+    held = term(r, "Megatron-Core alltoall dispatcher's held")
+    assert held.nbytes == 2 * T * 3 * 8 and tuple(held.phases) == PHASES
+    # the rotary table is head_dim wide under Megatron-Core (emb = cat(freqs, freqs)): 2 x s x 16 x 2 B
+    assert term(r, "RoPE cos/sin tables").nbytes == 2 * S * 16 * 2
+    labels = " ".join(t.label for t in r.terms)
+    assert "eager attention masks" not in labels and "first layer's attention backward" not in labels
+    assert any("measured to the byte (validation/megatron_gpt_oss)" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("options, parameter, allowed", [
+    (dict(attention="eager"), "attention", "computes='sdpa'"),
+    (dict(checkpointing="full"), "activation_checkpointing", "'none' for gpt-oss"),
+    (dict(checkpointing="selective"), "activation_checkpointing", "'none' for gpt-oss"),
+    (dict(tp_size=2, dp_size=1), "parallelism", "tp = cp = pp = ep = 1"),
+    (dict(ep_size=2, dp_size=2), "parallelism", "tp = cp = pp = ep = 1"),
+    (dict(dropout=0.1), "dropout", "0.0 for gpt-oss"),
+    (dict(moe_capacity_factor=1.25), "moe_capacity_factor", "None (dropless)"),
+])
+def test_what_stays_refused(options, parameter, allowed):
+    with pytest.raises(NotModelledError) as err:
+        solve(**options)
+    assert err.value.parameter == parameter and allowed in str(err.value)
