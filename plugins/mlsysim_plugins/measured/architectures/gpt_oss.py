@@ -70,8 +70,8 @@ statistics, and returns the sinks' gradient from its backward (TransformerEngine
 attention/dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``: derived, not measured); the MoE
 MLP (TEGroupedMLP with biases, the quick-GELU GLU clamped at 7 with ``glu_linear_offset`` 1, the alltoall
 dispatcher with fused permutation) is ``families.megatron_clamped_glu_moe``, measured to the byte
-(``validation/megatron_gpt_oss``). Modelled on one device (data parallelism allowed) without recomputation,
-dropout or token dropping; the rest is refused by name.
+(``validation/megatron_gpt_oss``). Modelled on one device (data parallelism allowed) without recomputation
+(or selective recomputation, which recomputes nothing here), dropout or token dropping; the rest is refused by name.
 
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
@@ -500,13 +500,19 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "Megatron-Core's gpt-oss MoE layer was measured on one device (validation/megatron_gpt_oss): the "
             "expert-parallel all-to-all buffers, the routing imbalance, the chunk sorts with one local expert and "
             "the sequence-parallel router and permutation are not derived")
-    from ..checkpointing import keeps_everything, spec_of
-    if not keeps_everything(plan):
+    from ..checkpointing import PART, keeps_everything, spec_of
+    spec = spec_of(plan)
+    # Selective recompute (Korthikanti's: the attention core) drops only the parts marked
+    # recomputed_by_selective, of which the fused attention and the MoE layer have none: it keeps what 'none'
+    # keeps. Allowed as declared: a partial recompute that reruns no layer's first part (recomputes_first_layer
+    # None); whole layers, every k-th layer and module recompute are refused.
+    if not (keeps_everything(plan) or (spec.recomputes == PART and spec.recomputes_first_layer is None)):
         raise NotModelledError(
-            "activation_checkpointing", spec_of(plan).name,
-            f"'none' for gpt-oss under {regime!r} (Megatron-Bridge's gpt-oss recipes recompute nothing)",
-            "Megatron-Core's recomputation of gpt-oss's layers (full, selective moe_act / moe / core_attn) was not "
-            "measured")
+            "activation_checkpointing", spec.name,
+            f"'none' or 'selective' for gpt-oss under {regime!r} (Megatron-Bridge's gpt-oss recipes recompute "
+            "nothing; selective recomputes nothing with fused attention)",
+            "Megatron-Core's recomputation of gpt-oss's layers (full, every k-th layer, the recompute_modules "
+            "moe_act / moe / mlp) was not measured")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
