@@ -5,7 +5,8 @@ with PyTorch's ``MemTracker`` (eager): the bytes the block keeps for its backwar
     python validation/megatron_gpt_oss/measure_moe.py --megatron-lm DIR [--out FILE]
 
 ``DIR`` is a Megatron-LM checkout at ``d98e8a64ddf34856e74b24714e3bedb2f5a39553`` (or a bare mirror: the
-sources are read with ``git show COMMIT:PATH``). Needs torch 2.13.0 (CPU) only; Megatron-Core is not
+sources are read with ``git show COMMIT:PATH``). Needs validation/requirements.txt (torch 2.13.0 CPU; transformers
+only because validation/harness.py, whose command line and record this uses, imports it); Megatron-Core is not
 imported: the named functions below are taken from its source at that commit and executed as they are.
 
 What Megatron-Bridge's gpt-oss provider and recipes set (Megatron-Bridge 067f987d,
@@ -52,9 +53,7 @@ their input.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import os
 import platform
 import subprocess
@@ -68,6 +67,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import harness  # noqa: E402  (validation/harness.py: the command line and the JSON record)
 
 # (id, tokens, hidden, moe_ffn_hidden_size, experts, top_k): small shapes of gpt-oss's layer (E > k, every
 # expert on the one rank, so both chunk sorts run; and E = k, where every token reaches every expert)
@@ -323,31 +324,41 @@ def measure(ns, T, h, f, E, k) -> dict:
             "after_backward_over_start": end - start}
 
 
+NS: dict = {}
+
+
+def _measure_run(cfg: dict) -> dict:
+    args = (cfg["tokens"], cfg["hidden"], cfg["moe_ffn_hidden_size"], cfg["experts"], cfg["top_k"])
+    m = measure(NS["megatron"], *args)
+    d = derived(*args)
+    return {**m, "derived": d, "saved_error": (d["saved"] - m["saved"]) / m["saved"]}
+
+
+def _summary(m: dict) -> str:
+    return (f"saved {m['saved']:,} B measured, {m['derived']['saved']:,} B derived ({100 * m['saved_error']:+.4f} %); "
+            f"held {m['held']:,} B measured, {m['derived']['held']:,} B derived; after the backward "
+            f"{m['after_backward_over_start']:,} B over the start")
+
+
+def _document(args, runs, ctx) -> dict:
+    return {"command": "python validation/megatron_gpt_oss/measure_moe.py --megatron-lm <Megatron-LM at "
+                       f"{COMMIT}>", "megatron_lm_commit": COMMIT, "python": platform.python_version(),
+            **harness.versions(), "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
+            "runs": runs}
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
-    ap.add_argument("--out", default=os.path.join(HERE, "moe_measurements.json"))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    ns = megatron_namespace(args.megatron_lm)
-    runs = []
-    for cid, T, h, f, E, k in CONFIGS:
-        m = measure(ns, T, h, f, E, k)
-        d = derived(T, h, f, E, k)
-        runs.append({"id": cid, "tokens": T, "hidden": h, "moe_ffn_hidden_size": f, "experts": E, "top_k": k,
-                     "measured": m, "derived": d,
-                     "saved_error": (d["saved"] - m["saved"]) / m["saved"]})
-        print(f"{cid}: saved {m['saved']:,} B measured, {d['saved']:,} B derived "
-              f"({100 * runs[-1]['saved_error']:+.4f} %); held {m['held']:,} B measured, {d['held']:,} B derived; "
-              f"after the backward {m['after_backward_over_start']:,} B over the start")
-    record = {"command": "python validation/megatron_gpt_oss/measure_moe.py --megatron-lm <Megatron-LM at "
-                         f"{COMMIT}>",
-              "megatron_lm_commit": COMMIT, "torch": torch.__version__, "python": platform.python_version(),
-              "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
-              "runs": runs}
-    with open(args.out, "w") as fh:
-        json.dump(record, fh, indent=1)
-        fh.write("\n")
+    def arguments(ap):
+        ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+
+    def before(args):
+        NS["megatron"] = megatron_namespace(args.megatron_lm)
+
+    configs = [{"id": cid, "tokens": T, "hidden": h, "moe_ffn_hidden_size": f, "experts": E, "top_k": k}
+               for cid, T, h, f, E, k in CONFIGS]
+    return harness.main(argv, description=__doc__.splitlines()[0], configs=configs, measure_run=_measure_run,
+                        document=_document, out=os.path.join(HERE, "moe_measurements.json"), summary=_summary,
+                        threads=1, versions=harness.versions, catch=False, arguments=arguments, before=before)
 
 
 if __name__ == "__main__":
