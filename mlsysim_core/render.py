@@ -445,6 +445,10 @@ def explain(result, *, width: int = 100, registry=None) -> str:
              f"{result.model} on {result.hardware}, profile {result.profile}"
              + (f", the heaviest rank ({result.heaviest_rank})" if result.heaviest_rank else ""),
              "(GB = 1e9 bytes, GiB = 2^30 bytes; % = share of this accelerator's total)"]
+    peak = result.peak_phase
+    if peak:    # a component counts only its terms alive at the peak: say so, and mark the rest
+        lines.append(f"(the total is the {_name(peak)} phase, the iteration's peak: a term not alive then "
+                     "is listed, marked 'not in the total')")
     if result.ranks:
         lines.extend(rank_table(result).splitlines())
         lines.append("The tree below is the heaviest rank's.")
@@ -468,7 +472,12 @@ def explain(result, *, width: int = 100, registry=None) -> str:
             on_host = term.tier != ACCELERATOR
             tier = f", on {term.tier} memory" if on_host else ""
             amount = f"{_gb(term.nbytes)} GB ({_gib(term.nbytes)} GiB"
-            amount += ", not in the total)" if on_host else f", {_pct(term.nbytes, total)})"
+            if on_host:
+                amount += ", not in the total)"
+            elif peak and peak not in term.phases:
+                amount += f", not in the total: not alive in the {_name(peak)} phase, the peak)"
+            else:
+                amount += f", {_pct(term.nbytes, total)})"
             lines.append(f"{stem}{'└─' if last_t else '├─'} {term.label}: {amount} "
                          f"[plugin {term.source}{' (' + where + ')' if where else ''}{tier}]")
             inner = stem + ("   " if last_t else "│  ") + "   "

@@ -1,0 +1,80 @@
+"""A new user's reading of the output (helper Q's QA pass): what `--explain` shows must add
+up to what it says the total is, and the same run reads the same everywhere."""
+
+import json
+
+import pytest
+
+import mlsysim_core
+from mlsysim_core.render import COMPONENTS
+
+from clitools import run
+
+# Llama-3.1-8B: 8,030,261,248 parameters (meta-llama/Llama-3.1-8B config.json; the catalog's).
+LLAMA31_8B_PARAMS = 8_030_261_248
+
+
+def _term_lines(text: str) -> list[str]:
+    """The tree's term lines, in the order of COMPONENTS then of each component's terms."""
+    return [line for line in text.splitlines() if "[plugin " in line]
+
+
+def test_explain_marks_a_term_the_peak_phase_leaves_out():
+    # The default run peaks in the backward phase, before the fp32 gradients exist: the
+    # gradients row is 0 B, yet its terms are listed under it. The decoder's gradients:
+    # (8,030,261,248 - V x h = 128,256 x 4,096 embedding params, a term of its own) x 4 B.
+    r = mlsysim_core.estimate("llama3-8b", "h100", 8, 2048)
+    assert r.peak_phase == "backward" and r.gradients == 0
+    grad = next(t for t in r.terms_of("gradients") if t.label == "gradients (amp-fp16, 4 B)")
+    assert grad.nbytes == (LLAMA31_8B_PARAMS - 128_256 * 4_096) * 4 == 30_019_698_688
+    assert "backward" not in grad.phases
+    text = r.explain()
+    line = next(x for x in text.splitlines() if x.lstrip("│ ├└─").startswith(grad.label + ":"))
+    assert "30.020 GB (27.958 GiB, not in the total: not alive in the backward phase, the peak)" in line
+    assert "the total is the backward phase, the iteration's peak" in text.splitlines()[2]
+
+
+@pytest.mark.parametrize("model, kw", [
+    ("llama3-8b", {}),
+    ("llama3-70b", dict(seq_len=4096, tp_size=8, pp_size=4, dp_size=8, zero_stage=1, gradient_accumulation_steps=8)),
+    ("llama3-8b", dict(dp_size=8, zero_stage=3, precision="bf16")),
+])
+def test_explain_counted_terms_add_up_to_each_component(model, kw):
+    """Every term line is marked 'not in the total' exactly when the term is not alive in the
+    peak phase (or lives off the accelerator); the unmarked terms sum to the component."""
+    dp = kw.get("dp_size", 1) * kw.get("gradient_accumulation_steps", 1)
+    r = mlsysim_core.estimate(model, "h100", 8 * dp, **kw)
+    lines = iter(_term_lines(r.explain()))
+    for component in COMPONENTS:
+        counted = 0
+        for term in r.terms_of(component):
+            line = next(lines)
+            assert line.split("[plugin ")[0].lstrip("│ ├└─").startswith(term.label + ":")
+            left_out = r.peak_phase not in term.phases or term.tier != "accelerator"
+            assert ("not in the total" in line) == left_out, line
+            counted += 0 if left_out else term.nbytes
+        assert counted == getattr(r, component)
+    assert next(lines, None) is None
+
+
+def test_reference_explain_marks_nothing():
+    r = mlsysim_core.TrainingMemoryModel().solve("llama3-8b", "h100", 8, 1024)
+    assert r.peak_phase is None
+    assert not any("not in the total" in x for x in _term_lines(r.explain()))
+
+
+def test_estimate_explain_and_json_agree():
+    """The same run: the table's total, the explain header's and the JSON's bytes agree."""
+    argv = ("estimate", "-m", "llama3-70b", "-b", "64", "--tp", "8", "--pp", "4", "--dp", "2",
+            "--grad-accum", "8", "--zero-stage", "1")
+    code, text = run(*argv, "--explain", "--no-chart")
+    assert code == 0
+    code, raw = run(*argv, "--json")
+    assert code == 0
+    data = json.loads(raw)
+    gb = f"{data['total_memory'] * 1e-9:.3f}"
+    assert any(x.startswith("total") and x.split()[1] == gb for x in text.splitlines())
+    assert f"\n{gb} GB (" in text
+    assert sum(data[c] for c in COMPONENTS) == data["total_memory"]
+    for note in data["notes"]:
+        assert note in " ".join(text.split())
