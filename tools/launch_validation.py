@@ -172,7 +172,10 @@ def row(source, what, file, overrides, gpus, hardware, metric, value, unit) -> s
     unexpressed = "not packed" in " ".join(f.note for r in launch.readings for f in r.fields if f.field == "seq_len")
     if metric == INIT:       # before any batch: the weights (parameters and buffers), whatever the data
         predicted, label, unexpressed = result.weights / scale, "weights: parameters and buffers", False
-    elif metric in ("allocated", "active"):
+    elif metric in ("allocated", "active") or metric.startswith("peak"):
+        # torchtune's README "Peak Memory" does not say which counter; its recipes log the caching allocator's
+        # (training/memory.py get_memory_stats: active, allocated, reserved) and the same table's ladder rows name
+        # "active": the allocator's counters, the CUDA context and the reserve excluded, are compared
         predicted = result.allocated_memory / scale
         label = "allocated"
     elif metric == "reserved":       # reserved: the total less the CUDA context (not PyTorch's)

@@ -198,10 +198,10 @@ def _read(path, document, context):
                  "chunked_cross_entropy(logits, targets): the logits unshifted, so the reshape is a view; counted as "
                  "finetune_full's call, whose shifted copy (micro-batch > 1) and the slice's zero-filled gradient "
                  "pretrain does not make (an upper bound)")
-    else:
-        r.approx("train.max_seq_length", length, "loss", "litgpt_chunked", f"{REPO}: litgpt/finetune/lora.py:355-358 "
-                 "model(input_ids, lm_head_chunk_size=128) then chunked_cross_entropy(logits, ...): the LM head "
-                 "chunked as well (a list of 128-token logits), counted as finetune_full's call")
+    else:       # the profile prices this call under LoRA (measured.published_losses.litgpt_lora_terms)
+        r.set("train.max_seq_length", length, "loss", "litgpt_chunked", f"{REPO}: litgpt/finetune/lora.py:355-358 "
+              "model(input_ids, lm_head_chunk_size=128) then chunked_cross_entropy(logits, ...): the frozen LM head "
+              "chunked as well (a list of 128-token logits), the list path")
     r.default("chunked_cross_entropy.chunk_size", "loss_chunks", CHUNK_TOKENS,
               f"{REPO}: litgpt/utils.py chunked_cross_entropy(chunk_size=128) (tokens per chunk)")
     # --- optimizer ------------------------------------------------------------------------
