@@ -602,8 +602,12 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     # ordered tp-ep-dp-pp, parallel_state.py's expert RankGenerator, expert data parallel = world / (tp ep pp))
     # (an ep beyond dp x cp, folded over the tp ranks as Megatron allows: each expert on one rank, no replica)
     edp = max(1, d // ep)
-    if ep > 1 and expert_local:
-        size["expert_dp"] = (dense, expert_local, (edp, tp * ep))
+    if ep > 1 and expert_local:     # (the two shares' sizes, built once: a search's hot path)
+        size["expert_dp"] = ({**size, "volumes": {**volumes, "gradients": (dense, volumes["gradients"][1]),
+                                                  "parameters": (dense, volumes["parameters"][1])}},
+                             {**size, "groups": {**groups, "dp": (edp, tp * ep)},
+                              "volumes": {**volumes, "gradients": (expert_local, volumes["gradients"][1]),
+                                          "parameters": (expert_local, volumes["parameters"][1])}})
     fwd = (matmul + attention + memory) / (3 + r)
     bwd = fwd * (2 + r)
     attn_r = r if r >= 1 or not fused_attention else 0
@@ -883,16 +887,11 @@ def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
     latency by NCCL's model (``alpha``). ``choice``: the run's implementation choice for its axis
     (``node-forwarded`` applies to a routed all-to-all across nodes that declares it). A collective of the
     ``parameters`` or ``gradients`` volume over ``dp`` in a run with experts spread over ep > 1 ranks
-    (``size["expert_dp"]``: the dense and expert shares of the local parameters, the expert-data-parallel
-    group) is two: the dense share over dp x cp, then the expert share over the expert-data-parallel group."""
+    (``size["expert_dp"]``: the sizes of the dense share over dp x cp and of the experts' share over the
+    expert-data-parallel group) is two, one after the other."""
     split = size.get("expert_dp")
     if split is not None and c.group == "dp" and c.volume in ("parameters", "gradients"):
-        dense, expert, group = split
-        rest = size["volumes"][c.volume][1:]
-        part = {**size, "expert_dp": None}
-        return (_seconds(c, {**part, "volumes": {**size["volumes"], c.volume: (dense, *rest)}}, choice)
-                + _seconds(c, {**part, "volumes": {**size["volumes"], c.volume: (expert, *rest)},
-                               "groups": {**size["groups"], "dp": group}}, choice))
+        return _seconds(c, split[0], choice) + _seconds(c, split[1], choice)
     n, stride = size["groups"][c.group]
     if n <= 1:
         return 0.0
@@ -1053,13 +1052,14 @@ def _data_parallel(declared, gas: int, layers: float, compute: Mapping[str, floa
         for c in declared:
             if c.per != per or not _applies(c, size):
                 continue
-            t = (c.forward + c.backward) * _seconds(c, size)
+            one = _seconds(c, size)
+            t = (c.forward + c.backward) * one
             if c.overlaps is None:
                 exposed.append(t)
             else:
                 overlapping[c.overlaps] = overlapping.get(c.overlaps, 0.0) + t
             if c.first_layer_exposed:
-                exposed.append(_seconds(c, size) / layers)
+                exposed.append(one / layers)
         seconds = 0.0
         for target, comm in overlapping.items():
             seconds += hidden(comm, compute[target], size["cal"])
