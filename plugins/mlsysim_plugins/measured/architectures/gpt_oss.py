@@ -360,7 +360,8 @@ def adjust_terms(kind, plan, placement, terms):
 
 
 def _megatron_terms(plan, placement, terms) -> list:
-    """Megatron-Core's gpt-oss (the regime's layers, ``check``: one device, no recompute) outside its layers:
+    """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device, no or selective recompute)
+    outside its layers:
     its rotary table is head_dim wide (``YarnRotaryEmbedding.forward``: ``emb = torch.cat((freqs, freqs))``), so
     the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
     this regime (``RMS_NORM``), not transformers' gpt-oss norm; no eager masks, BlockMasks or s x (s + 1)
