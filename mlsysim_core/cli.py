@@ -1399,13 +1399,14 @@ def cmd_models(args, out) -> int:
                              indent=2) + "\n")
         return 0
     kw, nw = _key_and_name_widths(entries)
+    ow = _origin_width(entries)
     out.write(f"{'key':<{kw}} {'name':<{nw}} {'parameters':>18} {'layers':>6} {'hidden':>6} {'heads':>5}  "
-              f"{'experts':<12} origin\n")
+              f"{'experts':<12} {'origin':<{ow}}  aliases\n")
     for e in entries:
         m = e.value
         experts = f"{m.experts} (top-{m.active_experts_per_token})" if m.is_sparse else "-"
         out.write(f"{e.key:<{kw}} {m.name:<{nw}} {m.parameters:>18,} {m.layers:>6} {m.hidden_dim or '-':>6} "
-                  f"{m.heads or '-':>5}  {experts:<12} {e.origin}\n")
+                  f"{m.heads or '-':>5}  {experts:<12} {e.origin:<{ow}}  {_aliases(e)}\n")
     return 0
 
 
@@ -1416,6 +1417,15 @@ def _schema_version() -> int:
 
 def _key_and_name_widths(entries) -> tuple[int, int]:
     return max(len(e.key) for e in entries), max(len(e.value.name) for e in entries)
+
+
+def _origin_width(entries) -> int:
+    return max(len("origin"), *(len(e.origin) for e in entries))
+
+
+def _aliases(entry) -> str:
+    """The other names an entry answers to (`llama3-8b`, `h100`: the names the docs use)."""
+    return ", ".join(entry.aliases) or "-"
 
 
 def _catalog_row(entry) -> dict:
@@ -1434,11 +1444,12 @@ def cmd_hardware(args, out) -> int:
                              indent=2) + "\n")
         return 0
     kw, nw = _key_and_name_widths(entries)
-    out.write(f"{'key':<{kw}} {'name':<{nw}} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}  origin\n")
+    ow = _origin_width(entries)
+    out.write(f"{'key':<{kw}} {'name':<{nw}} {'memory (bytes)':>18} {'GB':>10} {'GiB':>9}  {'origin':<{ow}}  aliases\n")
     for e in entries:
         h = e.value
         out.write(f"{e.key:<{kw}} {h.name:<{nw}} {h.memory_capacity:>18,} {h.memory_capacity * 1e-9:>10.3f} "
-                  f"{h.memory_capacity / 2**30:>9.2f}  {e.origin}\n")
+                  f"{h.memory_capacity / 2**30:>9.2f}  {e.origin:<{ow}}  {_aliases(e)}\n")
     return 0
 
 

@@ -78,3 +78,19 @@ def test_estimate_explain_and_json_agree():
     assert sum(data[c] for c in COMPONENTS) == data["total_memory"]
     for note in data["notes"]:
         assert note in " ".join(text.split())
+
+
+@pytest.mark.parametrize("command, key, alias", [
+    ("models", "meta-llama/llama-3.1-8b", "llama3-8b"),       # the README's and the defaults' name
+    ("models", "meta-llama/llama-3.1-70b", "llama3-70b"),
+    ("hardware", "nvidia/h100-sxm5-80gb", "h100"),
+])
+def test_catalog_listings_show_the_short_names_the_docs_use(command, key, alias):
+    """`mlsysim-core models` / `hardware` list each entry's other names: the README's
+    `-m llama3-70b` and `-g h100` are found in the listing, on their entry's row."""
+    code, text = run(command)
+    assert code == 0
+    header, *rows = text.splitlines()
+    assert header.split()[-1] == "aliases"
+    (row,) = [r for r in rows if r.split()[0] == key]
+    assert alias in row.split("  ")[-1].split(", ")
