@@ -250,8 +250,9 @@ def _record(namespace, action, option_string, value) -> None:
 
 def _same_value(a, b) -> bool:
     """Two values of one flag that say the same: equal, or two spellings of one name (case and
-    separators, as every name is read: ``bf16`` and ``BF16``); file paths are compared as written."""
-    if a == b:
+    separators, as every name is read: ``bf16`` and ``BF16``); file paths are compared as written.
+    Two NaNs say the same (NaN != NaN: the value's check refuses it, naming the flag once)."""
+    if a is b or a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
         return True
     if not (isinstance(a, str) and isinstance(b, str)) or any("/" in v or v.endswith((".json", ".toml"))
                                                               for v in (a, b)):

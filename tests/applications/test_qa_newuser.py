@@ -8,7 +8,7 @@ import pytest
 import mlsysim_core
 from mlsysim_core.render import COMPONENTS
 
-from clitools import run
+from clitools import error_of, run
 
 # Llama-3.1-8B: 8,030,261,248 parameters (meta-llama/Llama-3.1-8B config.json; the catalog's).
 LLAMA31_8B_PARAMS = 8_030_261_248
@@ -94,3 +94,15 @@ def test_catalog_listings_show_the_short_names_the_docs_use(command, key, alias)
     assert header.split()[-1] == "aliases"
     (row,) = [r for r in rows if r.split()[0] == key]
     assert alias in row.split("  ")[-1].split(", ")
+
+
+@pytest.mark.parametrize("flag, dest", [("--trainable-fraction", "trainable_fraction"),
+                                        ("--comm-buffer-fraction", "communication_buffer_fraction")])
+def test_a_nan_flag_given_once_is_refused_for_its_value(capsys, flag, dest):
+    """NaN is not equal to itself: given once, it was reported as the flag given twice with
+    contradicting values. It is the value that is wrong."""
+    code, err = error_of(capsys, "estimate", flag, "nan")
+    assert code == 2
+    assert err == f"mlsysim-core: error: {dest}=nan is not allowed: a number in [0.0, 1.0]"
+    code, err = error_of(capsys, "estimate", flag, "nan", flag, "NaN")    # twice, one value
+    assert err == f"mlsysim-core: error: {dest}=nan is not allowed: a number in [0.0, 1.0]"
