@@ -2,6 +2,7 @@
 up to what it says the total is, and the same run reads the same everywhere."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,22 @@ def test_a_nan_flag_given_once_is_refused_for_its_value(capsys, flag, dest):
     assert err == f"mlsysim-core: error: {dest}=nan is not allowed: a number in [0.0, 1.0]"
     code, err = error_of(capsys, "estimate", flag, "nan", flag, "NaN")    # twice, one value
     assert err == f"mlsysim-core: error: {dest}=nan is not allowed: a number in [0.0, 1.0]"
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_docs_home_links_every_page_and_names_the_defaults_right():
+    """docs/index.md: every user-guide page is linked (the planner, launch configs, the catalog
+    were missing), the runtime dependencies are pyproject's, and the profile every command
+    uses by default is the measured one."""
+    import re
+    import tomllib
+    index = (DOCS / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w-]+\.md)", index))
+    assert {p.name for p in DOCS.glob("*.md")} - {"index.md"} <= linked
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"]:
+        assert f"`{dep}`" in index
+    assert "The default `reference` profile" not in index
+    assert "the default of every `mlsysim-core`\n  command" in index
