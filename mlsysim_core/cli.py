@@ -772,6 +772,8 @@ def scenario_from_args(args):
         data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
     _check_given(args, data, where)
     scenario = Scenario.from_dict(data, options=options)
+    if launch is not None:
+        _check_launch_layout(args, launch.scenario, scenario)
     if launch is not None:     # the flags that replaced a file's value, said
         flags = {dest: flag for dest, (flag, _value, _typed) in getattr(args, "_given", {}).items()}
         before = launch.scenario.to_dict()
@@ -781,6 +783,43 @@ def scenario_from_args(args):
             for name in sorted(set(before) | set(after))
             if name not in ("model", "hardware", "description") and before.get(name) != after.get(name))
     return scenario
+
+
+_LAUNCH_LAYOUT = ("tp_size", "pp_size", "cp_size", "dp_size")
+
+
+def _check_launch_layout(args, before, after) -> None:
+    """Flags that change a launch's parallel sizes or accumulation. The files' dp is the world size
+    over tp x pp x cp, and their global batch the per-device micro-batch x dp x accumulation
+    (docs/launch.md), both derived with the files' values: a flag that changes the world size, or
+    dp or the accumulation without a global batch of its own, would answer for another run than
+    the one the launch section describes. Refused, naming what to give."""
+    given = getattr(args, "_given", {})
+    old, new = ({n: getattr(s, n) or 1 for n in (*_LAUNCH_LAYOUT, "gradient_accumulation_steps")}
+                for s in (before, after))
+    changed = [n for n in (*_LAUNCH_LAYOUT, "gradient_accumulation_steps")
+               if n in given and old[n] != new[n]]
+    if not changed:
+        return
+    flag, value, _typed = given[changed[0]]
+    world, ran = (s["tp_size"] * s["pp_size"] * s["cp_size"] * s["dp_size"]
+                  for s in (old, new))
+    if ran != world:
+        model_parallel = ran // new["dp_size"]
+        hint = (f"give --dp {world // model_parallel} with it" if world % model_parallel == 0 and "dp_size" not in given
+                else f"sizes whose product is {world}")
+        raise InvalidInputError(flag, value, f"a layout of the launch's {world} GPUs (tp x pp x cp x dp = {world}): "
+                                f"{hint}", f"the files' dp {old['dp_size']} was derived from the world size "
+                                f"with tp {old['tp_size']}, pp {old['pp_size']}, cp "
+                                f"{old['cp_size']}; the run would have {ran} GPUs")
+    dp, accum = old["dp_size"], old["gradient_accumulation_steps"]
+    batch_changed = [n for n in changed if n in ("dp_size", "gradient_accumulation_steps")]
+    if "batch_size" not in given and batch_changed:
+        flag, value, _typed = given[batch_changed[0]]
+        raise InvalidInputError(flag, value, "with -b/--batch-size (the global batch)",
+                                f"the files' global batch {before.batch_size} = micro-batch "
+                                f"{before.batch_size // (dp * accum)} x dp {dp} x accumulation {accum}: a changed "
+                                "dp or accumulation would change the micro-batch the files set")
 
 
 def _launch(args):

@@ -126,3 +126,33 @@ def test_the_docs_home_links_every_page_and_names_the_defaults_right():
         assert f"`{dep}`" in index
     assert "The default `reference` profile" not in index
     assert "the default of every `mlsysim-core`\n  command" in index
+
+
+TORCHTITAN_70B = DOCS.parent / "tests/data/launch/torchtitan/llama3/llama3_70b.toml"   # tp 8, dp shard -1
+
+
+def test_launch_layout_flags_that_change_the_world_size_are_refused(capsys):
+    """`--from` derives dp as the world size over tp x pp x cp (docs/launch.md): with --gpus 16
+    the torchtitan 70B file (tp 8) gives dp 2. A --tp 4 that replaced the file's tp after that
+    ran 4 x 2 = 8 GPUs, silently, while the section said 'world size 16'."""
+    code, text = run("estimate", "--from", str(TORCHTITAN_70B), "--gpus", "16", "-g", "h100", "--no-chart")
+    assert code == 0 and "tp=8 pp=1 dp=2" in text
+    code, err = error_of(capsys, "estimate", "--from", str(TORCHTITAN_70B), "--gpus", "16", "-g", "h100",
+                         "--tp", "4")
+    assert code == 2
+    assert err.startswith("mlsysim-core: error: --tp=4 is not allowed: a layout of the launch's 16 GPUs "
+                          "(tp x pp x cp x dp = 16): give --dp 4 with it")
+    assert "the run would have 8 GPUs" in err
+
+
+def test_launch_dp_flag_without_a_batch_is_refused(capsys):
+    """The same 16 GPUs as tp 4 x dp 4: the files' global batch 16 = micro-batch 8 x dp 2 would
+    silently become micro-batch 4; with -b the global batch is the user's own."""
+    argv = ("estimate", "--from", str(TORCHTITAN_70B), "--gpus", "16", "-g", "h100", "--tp", "4", "--dp", "4")
+    code, err = error_of(capsys, *argv)
+    assert code == 2
+    assert err.startswith("mlsysim-core: error: --dp=4 is not allowed: with -b/--batch-size (the global batch)")
+    assert "global batch 16 = micro-batch 8 x dp 2 x accumulation 1" in err
+    code, text = run(*argv, "-b", "32", "--no-chart")
+    assert code == 0
+    assert "tp=4 pp=1 dp=4" in text and "global batch 32 = micro-batch 8 x dp 4 x accumulation 1" in text
