@@ -793,7 +793,11 @@ def _check_launch_layout(args, before, after) -> None:
     over tp x pp x cp, and their global batch the per-device micro-batch x dp x accumulation
     (docs/launch.md), both derived with the files' values: a flag that changes the world size, or
     dp or the accumulation without a global batch of its own, would answer for another run than
-    the one the launch section describes. Refused, naming what to give."""
+    the one the launch section describes. Refused, naming what to give. `fit devices` searches the
+    world size and `fit batch` the micro-batch: those are not checked."""
+    question = getattr(args, "question", None)
+    if question == "devices":
+        return
     given = getattr(args, "_given", {})
     old, new = ({n: getattr(s, n) or 1 for n in (*_LAUNCH_LAYOUT, "gradient_accumulation_steps")}
                 for s in (before, after))
@@ -814,7 +818,7 @@ def _check_launch_layout(args, before, after) -> None:
                                 f"{old['cp_size']}; the run would have {ran} GPUs")
     dp, accum = old["dp_size"], old["gradient_accumulation_steps"]
     batch_changed = [n for n in changed if n in ("dp_size", "gradient_accumulation_steps")]
-    if "batch_size" not in given and batch_changed:
+    if "batch_size" not in given and batch_changed and question != "batch":
         flag, value, _typed = given[batch_changed[0]]
         raise InvalidInputError(flag, value, "with -b/--batch-size (the global batch)",
                                 f"the files' global batch {before.batch_size} = micro-batch "

@@ -156,3 +156,17 @@ def test_launch_dp_flag_without_a_batch_is_refused(capsys):
     code, text = run(*argv, "-b", "32", "--no-chart")
     assert code == 0
     assert "tp=4 pp=1 dp=4" in text and "global batch 32 = micro-batch 8 x dp 4 x accumulation 1" in text
+
+
+def test_launch_layout_flags_where_fit_searches_them(capsys):
+    """`fit devices` searches dp (the world size) and `fit batch` the micro-batch: there a
+    changed tp or accumulation is the question, not a contradiction of the files."""
+    base = ("--from", str(TORCHTITAN_70B), "--gpus", "16", "-g", "h100")
+    code, text = run("fit", "devices", *base, "--tp", "4")
+    assert code == 0 and "fewest devices:" in text
+    code, text = run("fit", "batch", *base, "--grad-accum", "2")
+    assert code == 0 and "largest micro-batch:" in text and "x dp 2 x accumulation 2" in text
+    code, err = error_of(capsys, "fit", "batch", *base, "--tp", "4")     # the world size still holds
+    assert code == 2 and err.startswith("mlsysim-core: error: --tp=4 is not allowed: a layout of the launch's 16 GPUs")
+    code, err = error_of(capsys, "fit", "seq", *base, "--grad-accum", "2")   # the batch is a given
+    assert code == 2 and err.startswith("mlsysim-core: error: --grad-accum=2 is not allowed: with -b/--batch-size")
