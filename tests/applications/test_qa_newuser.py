@@ -170,3 +170,21 @@ def test_launch_layout_flags_where_fit_searches_them(capsys):
     assert code == 2 and err.startswith("mlsysim-core: error: --tp=4 is not allowed: a layout of the launch's 16 GPUs")
     code, err = error_of(capsys, "fit", "seq", *base, "--grad-accum", "2")   # the batch is a given
     assert code == 2 and err.startswith("mlsysim-core: error: --grad-accum=2 is not allowed: with -b/--batch-size")
+
+
+def test_quickstart_flag_table_names_real_flags_and_the_sequence_parallel_default():
+    """docs/quickstart.md's table of estimate's flags: every flag it names exists, and the
+    sequence-parallel row says the profile's default (it said `--no-sequence-parallel`: off,
+    while the measured profile, the default, has sequence parallelism off)."""
+    import re
+    from mlsysim_core.cli import _parser
+    text = (DOCS / "quickstart.md").read_text()
+    table = text[text.index("## Common flags of `mlsysim-core estimate`"):]
+    table = table[:table.index("\n\n", table.index("| Flag |"))]
+    flags = set(re.findall(r"`(--[a-z][a-z0-9-]*|-[a-z])[ `]", table))
+    known = set()
+    for action in _parser()._subparsers._group_actions[0].choices["estimate"]._actions:
+        known.update(action.option_strings)
+    assert flags and flags <= known, flags - known
+    row = next(x for x in table.splitlines() if x.startswith("| `--sequence-parallel`, `--no-sequence-parallel`"))
+    assert "off under measured, on under reference" in row
