@@ -137,7 +137,7 @@ def test_llama3_8b_adapters_per_rank():
     ({"lora": {"rank": 15, "adapter_dtype": "base"}}, InvalidInputError, "lora.rank", "a multiple of tp_size=2"),
     ({"dp_size": 2}, NotModelledError, "dp_size", "combined with data parallelism"),
     ({"regime": "amp-bf16", "lora": {"rank": 16}}, NotModelledError, "regime",
-     "measured in fp32 and pure bf16 only"),
+     "measured in fp32, pure bf16 and under Megatron-Core's main-grad buffer"),
     ({"activation_checkpointing": "full"}, NotModelledError, "activation_checkpointing",
      "recomputation under LoRA and tensor parallelism is not measured"),
     ({"ep_size": 2}, NotModelledError, "lora", "split by expert or context parallelism"),

@@ -3,13 +3,15 @@
 
     .venv/bin/python validation/lora_parallel/compare_tp.py          # the table
     .venv/bin/python validation/lora_parallel/compare_tp.py --sp     # with sequence parallelism (measure_lora_sp.py)
-    .venv/bin/python validation/lora_parallel/compare_tp.py [--sp] --doc   # and rewrite it in docs/validation.md
+    .venv/bin/python validation/lora_parallel/compare_tp.py --dp     # with data parallelism (measure_lora_tp_dp.py)
+    .venv/bin/python validation/lora_parallel/compare_tp.py [--sp | --dp] --doc   # and rewrite it in docs/validation.md
 
 Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, sequence
 parallelism as measured, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
 compared with the rank's bytes in that phase. The tensor-parallel rule's communication buffers are left out of the
 prediction compared: the fake process group has no transport (what a collective leaves on the rank is in the
-activations).
+activations). With ``--dp`` each rank is solved with the regime and the data-parallel rule it ran (``model_regime``:
+``mixed-bf16-main-grad``; ``layout.data_parallel``: ``mcore-distopt`` or ``mcore-ddp``), ``dp_size`` (the global batch: the rank's x dp) and fused Adam.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DATA = HERE / "tp_measurements.json"
 SP_DATA = HERE / "sp_measurements.json"      # measure_lora_sp.py: with sequence parallelism
+DP_DATA = HERE / "tp_dp_measurements.json"   # measure_lora_tp_dp.py: with data parallelism (Megatron-Core's rules)
 DOC = ROOT / "docs" / "validation.md"
-MARKERS = {False: ("<!-- lora-tp-table: begin (validation/lora_parallel/compare_tp.py --doc) -->",
+MARKERS = {"dp": ("<!-- lora-tp-dp-table: begin (validation/lora_parallel/compare_tp.py --dp --doc) -->",
+                  "<!-- lora-tp-dp-table: end -->"),
+           False: ("<!-- lora-tp-table: begin (validation/lora_parallel/compare_tp.py --doc) -->",
                    "<!-- lora-tp-table: end -->"),
            True: ("<!-- lora-sp-table: begin (validation/lora_parallel/compare_tp.py --sp --doc) -->",
                   "<!-- lora-sp-table: end -->")}
@@ -41,12 +46,16 @@ def solve(run):
     from mlsysim_core.hf import from_hf_config
     model = from_hf_config(run["hf_config"], name=run["model"])
     lay = run["layout"]
+    dp = {"dp_size": lay.get("dp_size", 1)}
+    if "data_parallel" in lay:
+        dp["data_parallel"] = lay["data_parallel"]
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"],
             "adapter_dtype": "base", "dropout": run["lora"].get("dropout", 0.0)}
     return TrainingMemoryModel("measured").solve(
-        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"], run["seq_len"], precision="fp32",
-        optimizer="adamw", activation_checkpointing="none", regime=run["regime"], optimizer_impl="foreach",
-        attention="sdpa", runtime_overheads=False, lora=lora, device="cpu", tp_size=lay["world_size"], dp_size=1,
+        model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * dp["dp_size"], run["seq_len"], precision="fp32",
+        optimizer="adamw", activation_checkpointing="none", regime=run.get("model_regime", run["regime"]),
+        optimizer_impl=run["optimizer_impl"],
+        attention="sdpa", runtime_overheads=False, lora=lora, device="cpu", tp_size=lay.get("tp_size", lay["world_size"]), **dp,
         sequence_parallel=lay["kind"] == "tp+sp")
 
 
@@ -86,13 +95,14 @@ def table(path=DATA) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sp", action="store_true", help="the runs with sequence parallelism (sp_measurements.json)")
+    ap.add_argument("--dp", action="store_true", help="the runs with data parallelism (tp_dp_measurements.json)")
     ap.add_argument("--doc", action="store_true", help="rewrite the table in docs/validation.md")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    text = table(SP_DATA if args.sp else DATA)
+    text = table(DP_DATA if args.dp else SP_DATA if args.sp else DATA)
     print(text)
     if args.doc:
-        begin, end = MARKERS[args.sp]
+        begin, end = MARKERS["dp" if args.dp else args.sp]
         doc = DOC.read_text(encoding="utf-8")
         start, stop = doc.index(begin) + len(begin), doc.index(end)
         DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[stop:], encoding="utf-8")

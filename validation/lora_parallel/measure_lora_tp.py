@@ -54,6 +54,9 @@ from torch.distributed.tensor import DTensor, Partial  # noqa: E402
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
+# The tensor-parallel group of the mappings below (None: the whole world, as when tp is the only dimension;
+# measure_lora_tp_dp.py sets the tp group of its (dp, tp) mesh)
+GROUP = None
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -65,7 +68,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        dist.all_reduce(g)
+        dist.all_reduce(g, group=GROUP)
         return g
 
 
@@ -74,7 +77,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=GROUP)
         return x
 
     @staticmethod
@@ -89,16 +92,16 @@ class _GatherFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        world = dist.get_world_size()
+        world = dist.get_world_size(GROUP)
         size = list(x.shape)
         size[0] *= world
         buf = torch.empty(size, dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(buf, x.contiguous())
+        dist.all_gather_into_tensor(buf, x.contiguous(), group=GROUP)
         return torch.cat(buf.chunk(world, dim=0), dim=-1).contiguous()
 
     @staticmethod
     def backward(ctx, g):
-        world, rank = dist.get_world_size(), dist.get_rank()
+        world, rank = dist.get_world_size(GROUP), dist.get_rank(GROUP)
         return g.chunk(world, dim=-1)[rank].contiguous()
 
 
@@ -111,15 +114,15 @@ class _ScatterToSP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        world, rank = dist.get_world_size(), dist.get_rank()
+        world, rank = dist.get_world_size(GROUP), dist.get_rank(GROUP)
         return x.chunk(world, dim=1)[rank].contiguous()
 
     @staticmethod
     def backward(ctx, g):
-        world = dist.get_world_size()
+        world = dist.get_world_size(GROUP)
         b, s, h = g.shape
         buf = torch.empty((world, b, s, h), dtype=g.dtype, device=g.device)
-        dist.all_gather_into_tensor(buf, g.contiguous())
+        dist.all_gather_into_tensor(buf, g.contiguous(), group=GROUP)
         return buf.transpose(0, 1).reshape(b, world * s, h)
 
 

@@ -95,7 +95,11 @@ input at the logits' all-gather. With pipeline parallelism (validation/lora_para
 tp_pp_measurements.json): each stage's adapters / tp (``stage_trainable``), its activations the stage's
 (``_stage_activation_terms``) over the split widths and the rank's tokens, and a stage before the last's forward peak
 inside its top layer's MLP (``_top_mlp_moment``). ``lora_dropout`` (Megatron-Bridge's ``dropout_position="pre"``)
-is the walk's, measured with and without SP (not over tp + pp stages). The rest is refused by name.
+is the walk's, measured with and without SP (not over tp + pp stages). With data parallelism
+(validation/lora_parallel/measure_lora_tp_dp.py, tp_dp_measurements.json): Megatron-Bridge's own training, the regime
+``mixed-bf16-main-grad`` under a data-parallel rule whose options lay out Megatron-Core's main-grad buffer
+(``mcore-distopt``, ``mcore-ddp``: ``main_grad_terms``): the buffer over the rank's adapter shards, whole, the fp32
+main parameters and Adam state over dp (``optimizers.master_terms``). The rest is refused by name.
 
 The norms' other saved tensors follow from the same rule: RMSNorm's ``w * normalized``
 keeps ``normalized`` only for ``w``'s gradient (frozen: not kept), ``rsqrt`` is kept when
@@ -224,14 +228,30 @@ def _check_tensor(plan, config):
     """LoRA under tensor parallelism where it was measured (validation/lora_parallel/measure_lora_tp.py): Megatron-
     Bridge's adapters (``ParallelLinearAdapter``) over a Llama-style model split by the tensor-parallel rule alone,
     with or without sequence parallelism (measure_lora_sp.py; ``seq_len`` a multiple of tp), plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
-    Bridge casts them to the model's bf16/fp16), no recomputation, the default loss. The rest is refused, naming the
-    field, its value and what is modelled."""
+    Bridge casts them to the model's bf16/fp16), no recomputation, the default loss; with dp > 1 (measure_lora_tp_dp.py)
+    Megatron-Core's grad buffer and (distributed) optimizer over the adapters, as Megatron-Bridge trains them (regime
+    ``mixed-bf16-main-grad``, a rule declaring ``main_grad_terms``; not over pp stages). The rest is refused, naming
+    the field, its value and what is modelled."""
     o = plan.profile_options
     why = f"tp_size={plan.tp_size}: "
     allowed = ("plain LoRA with tp_size > 1 (measured: Megatron-Bridge's adapters over a Llama-style model, tensor "
                "parallelism alone)")
-    if plan.dp_size != 1:
-        raise NotModelledError("dp_size", plan.dp_size, "1 with lora and tp_size > 1",
+    regime = o.regime
+    # Megatron-Bridge's own training (validation/lora_parallel/measure_lora_tp_dp.py, tp_dp_measurements.json):
+    # Megatron-Core's grad buffer over the adapters' tp shards, whole on every data-parallel rank, and its
+    # (distributed) optimizer: a regime with the main-grad buffer under a data-parallel rule that lays it out
+    # (its options declare ``main_grad_terms``: optimizers.master_terms)
+    megatron = bool(regime.main_grad) and getattr(plan.options.get(plan.rules.get("dp")), "main_grad_terms",
+                                                  None) is not None
+    if plan.dp_size != 1 and regime.main_grad and not megatron:
+        raise NotModelledError("data_parallel", plan.rules.get("dp"), "a rule that lays out Megatron-Core's main-grad "
+                               "buffer (mcore-distopt, mcore-ddp) with lora, tp_size > 1 and dp_size > 1",
+                               why + "the main-grad buffer over the adapters' tp shards is measured under Megatron-Core's "
+                               "DDP and distributed optimizer only")
+    if plan.dp_size != 1 and not megatron:
+        raise NotModelledError("dp_size", plan.dp_size, "1 with lora and tp_size > 1, or any dp_size with "
+                               "Megatron-Core's data-parallel rules (mcore-distopt, mcore-ddp) and "
+                               "regime='mixed-bf16-main-grad' (Megatron-Bridge's LoRA training)",
                                why + "LoRA over tensor parallelism combined with data parallelism (DDP buckets, ZeRO or "
                                "FSDP sharding of the adapters' tp shards) is not measured")
     family = shape_of(plan).family
@@ -255,10 +275,15 @@ def _check_tensor(plan, config):
         if value and value != ok:
             raise NotModelledError(field, value, f"{ok!r} with tp_size > 1", why + "not measured under tensor "
                                    "parallelism")
-    regime = o.regime
-    if regime.autocast or regime.master or regime.gather or regime.main_grad:
-        raise NotModelledError("regime", regime.name, "fp32 or a pure 16-bit regime with lora and tp_size > 1",
-                               why + "Megatron-Bridge's adapters are measured in fp32 and pure bf16 only")
+    if regime.autocast or regime.gather or ((regime.master or regime.main_grad) and not megatron):
+        raise NotModelledError("regime", regime.name, "fp32 or a pure 16-bit regime with lora and tp_size > 1, or "
+                               "'mixed-bf16-main-grad' under Megatron-Core's data-parallel rules (mcore-distopt, "
+                               "mcore-ddp)", why + "Megatron-Bridge's adapters are measured in fp32, pure bf16 and "
+                               "under Megatron-Core's main-grad buffer and (distributed) optimizer only")
+    if megatron and plan.pp_size != 1:
+        raise NotModelledError("regime", regime.name, "fp32 or a pure 16-bit regime with lora, tp_size > 1 and "
+                               "pp_size > 1", why + "Megatron-Core's grad buffer and optimizer over the stages of a "
+                               "tensor-parallel LoRA model are not measured")
     if regime.compute == 2 and config.adapter_dtype != "base":
         raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, "'base' with a 16-bit base and "
                                "tp_size > 1", why + "Megatron-Bridge casts its adapters to the model's 16-bit dtype "
