@@ -376,8 +376,9 @@ def test_finetune_refusals_name_the_bridge_key(tmp_path, edit, key, kind):
 
 
 @pytest.mark.parametrize("edit, gpus, parameter", [
-    # LoRA with tp > 1 is measured in fp32 / pure bf16 only (lora._check_tensor); Megatron always has its main grads
-    (lambda d: d["model"].update(tensor_model_parallel_size=2), 2, "regime"),
+    # LoRA with tp > 1: Megatron's main grads are measured (measure_lora_tp_dp.py), its fused vocab-parallel
+    # cross-entropy with LoRA under tp is not (lora._check_tensor)
+    (lambda d: d["model"].update(tensor_model_parallel_size=2), 2, "loss"),
     # LoRA under pp: the default cross-entropy only (lora._check_pipeline)
     (lambda d: d["model"].update(pipeline_model_parallel_size=2), 16, "loss"),
 ])
@@ -388,11 +389,11 @@ def test_the_profiles_refusals_pass_through(tmp_path, edit, gpus, parameter):
     assert err.value.parameter == parameter
 
 
-@pytest.mark.parametrize("tp, gpus, parameter", [(2, 2, "regime"), (2, 8, "dp_size")])
+@pytest.mark.parametrize("tp, gpus, parameter", [(2, 2, "loss"), (2, 8, "loss")])
 def test_lora_under_tp_refused_naming_the_bridge_fields(tmp_path, capsys, tp, gpus, parameter):
     """LoRA with tensor_model_parallel_size 2 (the derived dump): the reader passes what the config says (lora from
-    peft, tp_size from the model section); the profile refuses what it has not measured (Bridge's main-grad regime
-    under tp; tp with data parallelism together) and `estimate --from` names the Bridge key of every field the
+    peft, tp_size from the model section); the profile refuses what it has not measured (Megatron's fused
+    vocab-parallel cross-entropy with LoRA under tp; Bridge's main-grad regime and its data parallelism are measured) and `estimate --from` names the Bridge key of every field the
     refusal names, no traceback."""
     from clitools import run
     path = _derived(tmp_path, lambda d: d["model"].update(tensor_model_parallel_size=tp))
