@@ -268,19 +268,16 @@ def _terms(info, where, hook, component, function, *args) -> list[MemoryTerm]:
     return _checked(info, where, hook, _call(info, where, hook, function, *args), component)
 
 
-def _hooked(selection: _Selection, component: str, plan, placement, extra=None) -> list[MemoryTerm]:
-    """The terms of one component's hook implementations, in plugin-name order."""
-    calls = selection.calls[component]
-    if not calls:
-        return []
-    hook = COMPONENT_HOOKS[component]
-    terms = []
-    for info, function, pick, where in calls:
+def _hooked(selection: _Selection, component: str, plan, placement, extra=None, terms=None) -> list[MemoryTerm]:
+    """``terms`` (a new list) then the terms of one component's hook implementations, sorted in place."""
+    terms, hook = [] if terms is None else terms, COMPONENT_HOOKS[component]
+    for info, function, pick, where in selection.calls[component]:
         terms += _terms(info, where, hook, component, function, *pick((plan, placement, extra)))
+    terms.sort(key=_term_key)     # stably, by (source, label): then the order they came in
     return terms
 
 
-_term_key = operator.attrgetter("source", "label")     # terms sorted (stably) by it: then the order they came in
+_term_key = operator.attrgetter("source", "label")
 
 
 def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False,
@@ -303,15 +300,14 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     placement, rule_buffers, notes = placed if placed is not None else _place(selection, plan)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
-    weights = sorted(_hooked(selection, WEIGHTS, plan, placement), key=_term_key)
-    gradients = sorted(_hooked(selection, GRADIENTS, plan, placement), key=_term_key)
+    weights = _hooked(selection, WEIGHTS, plan, placement)
+    gradients = _hooked(selection, GRADIENTS, plan, placement)
     (info, function, where), (ck_info, ck_function, ck_where) = selection.optimizer, selection.checkpointing
-    optimizer_state = sorted(_terms(info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement,
-                                    plan.options.get(plan.optimizer))
-                             + _hooked(selection, OPTIMIZER_STATE, plan, placement), key=_term_key)
-    activations = sorted(_terms(ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
-                                plan.options.get(plan.activation_checkpointing))
-                         + _hooked(selection, ACTIVATIONS, plan, placement), key=_term_key)
+    optimizer_state = _hooked(selection, OPTIMIZER_STATE, plan, placement, None, _terms(
+        info, where, "state_terms", OPTIMIZER_STATE, function, plan, placement, plan.options.get(plan.optimizer)))
+    activations = _hooked(selection, ACTIVATIONS, plan, placement, None, _terms(
+        ck_info, ck_where, "activation_terms", ACTIVATIONS, ck_function, plan, placement,
+        plan.options.get(plan.activation_checkpointing)))
     if selection.profile.relocate is not None:     # e.g. offload to host memory
         weights, gradients, optimizer_state = selection.profile.relocate(plan, weights, gradients, optimizer_state)
     buffers = list(rule_buffers)
@@ -320,11 +316,11 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
                           plan.options.get(name))
     model_states = {WEIGHTS: _bytes_on(ACCELERATOR, weights), GRADIENTS: _bytes_on(ACCELERATOR, gradients),
                     OPTIMIZER_STATE: _bytes_on(ACCELERATOR, optimizer_state)}
-    buffers = sorted(buffers + _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states), key=_term_key)
+    buffers = _hooked(selection, COMMUNICATION_BUFFERS, plan, placement, model_states, buffers)
     terms = (*weights, *gradients, *optimizer_state, *activations, *buffers)
     peak = selection.profile.combine == "peak"
     phase, alive, table = _combine(terms, peak)
-    runtime = sorted(_hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive)), key=_term_key)
+    runtime = _hooked(selection, RUNTIME_OVERHEADS, plan, placement, sum(alive))
     if runtime:
         terms = (*terms, *runtime)
         phase, alive, _ = _combine(runtime, peak, table)     # (added after the others, as if combined anew)
@@ -335,8 +331,9 @@ def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: 
     if total_only:
         return total
     capacity = plan.hardware.memory_capacity
-    parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size,
-                   **({"cp": plan.cp_size} if plan.cp_size != 1 else {})}
+    parallelism = {"dp": plan.dp_size, "tp": plan.tp_size, "pp": plan.pp_size, "ep": plan.ep_size}
+    if plan.cp_size != 1:
+        parallelism["cp"] = plan.cp_size
     return TrainingMemoryResult(
         feasible=total * 1e-9 <= capacity * 1e-9, total_memory=total, available_memory=capacity,
         memory_utilization=(total * 1e-9) / (capacity * 1e-9),      # in GB, exactly as the reference
