@@ -1938,6 +1938,10 @@ def main(argv: list[str] | None = None, out=None) -> int:
     real_stdout = out is None
     argv = list(sys.argv[1:] if argv is None else argv)
     with plugin_warnings_to_stderr():    # e.g. an unknown --disable-plugin name: warned, not fatal
+        misplaced = _flag_before_command(argv)
+        if misplaced is not None:
+            _say(f"mlsysim-core: error: {misplaced}")
+            return 2
         registry, known = _flags_registry(argv)
         parser = _parser(registry)
         args = parser.parse_args(argv)
@@ -1951,6 +1955,20 @@ def main(argv: list[str] | None = None, out=None) -> int:
                 known.disable_plugin, known.no_third_party_plugins):
             args._plugin_manager = known._plugin_manager
         return _run(args, out, real_stdout)
+
+
+def _flag_before_command(argv) -> InvalidInputError | None:
+    """A command's flag given before any command (`mlsysim-core -m llama3-70b`): argparse would
+    read the flag's value as the command. The error names the command to give."""
+    i = 0
+    while i < len(argv) and (argv[i] in ("--disable-plugin", "--no-third-party-plugins", "--debug")
+                             or argv[i].startswith("--disable-plugin=")):
+        i += 2 if argv[i] == "--disable-plugin" else 1
+    rest = argv[i:]
+    if not rest or not rest[0].startswith("-") or rest[0] in ("-h", "--help") or any(a in COMMANDS for a in rest):
+        return None
+    return InvalidInputError("COMMAND", rest[0], f"a command first ({', '.join(COMMANDS)}), then its flags",
+                             f"e.g. mlsysim-core estimate {' '.join(rest)}")
 
 
 def _run(args, out, real_stdout: bool) -> int:

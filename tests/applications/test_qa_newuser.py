@@ -188,3 +188,15 @@ def test_quickstart_flag_table_names_real_flags_and_the_sequence_parallel_defaul
     assert flags and flags <= known, flags - known
     row = next(x for x in table.splitlines() if x.startswith("| `--sequence-parallel`, `--no-sequence-parallel`"))
     assert "off under measured, on under reference" in row
+
+
+@pytest.mark.parametrize("argv", [("-m", "llama3-70b"), ("--json",), ("--debug", "-b", "16", "--tp", "2")])
+def test_a_commands_flag_before_any_command_names_the_command_to_give(capsys, argv):
+    """Bare `mlsysim-core` runs `estimate`; `mlsysim-core -m llama3-70b` said "argument
+    COMMAND: invalid choice: 'llama3-70b'" (and `--json` "unrecognized arguments")."""
+    code, err = error_of(capsys, *argv)
+    assert code == 2
+    flags = [a for a in argv if a != "--debug"]
+    assert err == (f"mlsysim-core: error: COMMAND={flags[0]!r} is not allowed: a command first (estimate, plot, "
+                   "fit, search, plugins, models, hardware, time), then its flags (e.g. mlsysim-core estimate "
+                   f"{' '.join(flags)})")
