@@ -1095,17 +1095,22 @@ def cmd_estimate(args, out) -> int:
             saved.dump(save)
         except OSError as err:
             raise InvalidInputError("--save-scenario", args.save_scenario, "a writable file", str(err)) from err
-    if args.json:
-        out.write(json.dumps(_with_launch(_json_document(result.to_dict(), scenario, note, result), args), indent=2,
-                             sort_keys=True) + "\n")
-        return 0
-    out.write(_profile_note_lines(note, scenario))
-    reference, no_reference = None, ""
+    reference, refused = None, None
     if scenario.profile != "reference":   # the reference profile's total beside it, when it has one
         try:
             reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
         except InvalidInputError as err:  # (the answer stands; the comparison is left out, and said)
-            no_reference = f"(no reference-profile total beside it: the reference profile refuses this run: {err})\n"
+            refused = str(err)
+    if args.json:
+        document = _json_document(result.to_dict(), scenario, note, result)
+        document["reference_profile"] = None if scenario.profile == "reference" else {
+            "total_memory": reference.total_memory if reference else None,
+            "feasible": reference.feasible if reference else None, "refused": refused}
+        out.write(json.dumps(_with_launch(document, args), indent=2, sort_keys=True) + "\n")
+        return 0
+    out.write(_profile_note_lines(note, scenario))
+    no_reference = "" if refused is None else \
+        f"(no reference-profile total beside it: the reference profile refuses this run: {refused})\n"
     out.write(estimate_table(result, reference=reference, chart=args.chart,
                              plan_line=describe_run(scenario.run_details(result))) + "\n" + no_reference)
     if args.explain:

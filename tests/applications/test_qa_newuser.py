@@ -200,3 +200,27 @@ def test_a_commands_flag_before_any_command_names_the_command_to_give(capsys, ar
     assert err == (f"mlsysim-core: error: COMMAND={flags[0]!r} is not allowed: a command first (estimate, plot, "
                    "fit, search, plugins, models, hardware, time), then its flags (e.g. mlsysim-core estimate "
                    f"{' '.join(flags)})")
+
+
+def test_estimate_json_carries_the_reference_total_the_text_shows():
+    """The text answer prints 'reference profile total: 202.302 GB ...' under the table; the
+    JSON of the same run carried nothing of it."""
+    code, text = run("estimate", "--no-chart")
+    assert "reference profile total: 202.302 GB (188.408 GiB), does not fit" in text
+    code, raw = run("estimate", "--json")
+    reference = mlsysim_core.TrainingMemoryModel().solve("llama3-8b", "h100", 8, 2048)
+    assert json.loads(raw)["reference_profile"] == {"total_memory": reference.total_memory, "feasible": False,
+                                                    "refused": None}
+    code, raw = run("estimate", "--json", "--profile", "reference")
+    assert json.loads(raw)["reference_profile"] is None       # the answer is the reference's own
+
+
+def test_from_json_reads_estimate_json_with_a_launch_and_a_reference_total():
+    """`TrainingMemoryResult.from_json` reads `estimate --json` (test_one_answer_cli); with
+    --from the answer's `launch` key made it refuse the document."""
+    from mlsysim_core import TrainingMemoryResult
+    code, raw = run("estimate", "--from", str(DOCS.parent / "examples/launch/recipe.yaml"), "--gpus", "8",
+                    "-g", "h100", "--json")
+    assert code == 0 and "launch" in json.loads(raw) and "reference_profile" in json.loads(raw)
+    result = TrainingMemoryResult.from_json(raw)
+    assert result.total_memory == json.loads(raw)["total_memory"] and result.profile == "measured"
