@@ -53,7 +53,7 @@ def test_gpt_oss_20b_moe_bytes_per_token():
 
 
 def test_formula_equals_the_measurements():
-    runs = RECORD["runs"]
+    runs = [r for r in RECORD["runs"] if "ep" not in r]
     assert len(runs) == 3 and RECORD["megatron_lm_commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
     for run in runs:
         tokens, h, f, E, k = run["tokens"], run["hidden"], run["moe_ffn_hidden_size"], run["experts"], run["top_k"]
@@ -63,6 +63,39 @@ def test_formula_equals_the_measurements():
         assert megatron_alltoall_held(experts=E) * tokens == run["measured"]["held"], run["id"]
         # the held tensors of the previous iteration are replaced: nothing else outlives the backward
         assert run["measured"]["after_backward_over_start"] == 0, run["id"]
+
+
+def test_formula_equals_the_measurements_under_expert_parallelism():
+    # One rank of an expert-parallel group (validation/megatron_gpt_oss/measure_moe.py, EP_CONFIGS): the router,
+    # the permute's row_id_map and the held [T, E] tensors per token of the rank (every expert), the probabilities,
+    # the chunk sorts' maps (with more than one local expert) and the experts' tensors per row the rank received
+    runs = {r["id"]: r for r in RECORD["runs"] if "ep" in r}
+    assert sorted(runs) == ["ep2-t128-h64-f48-e8-k4", "ep4-t64-h48-f32-e4-k2", "ep4-t96-h32-f40-e8-k2"]
+    for run in runs.values():
+        tokens, h, f, E, k, ep = (run[n] for n in ("tokens", "hidden", "moe_ffn_hidden_size", "experts", "top_k", "ep"))
+        m = run["measured"]
+        received = m["received"]
+        router, row_id_map, per_copy, experts = (p.nbytes for p in megatron_clamped_glu_moe(
+            hidden=h, ffn=f, experts=E, top_k=k))
+        # per row received: bf16 probabilities 2, the two chunk sorts' int32 maps 8 with more than one local
+        # expert (the parts assume them: one local expert is refused), the experts 2h + 10f
+        sorts = 8 if E // ep > 1 else 0
+        per_received_copy = 2 + sorts + 2 * h + 10 * f
+        if sorts:
+            assert per_received_copy * k == per_copy + experts
+        expected = (router + row_id_map) * tokens + per_received_copy * received + 2
+        # the growth over the start misses the row_id_map that replaced the previous iteration's (the dispatcher
+        # holds it as reversed_local_input_permutation_mapping): added back
+        assert m["saved"] + m["held_other"]["row_id_map"] == expected, run["id"]
+        assert m["held_other"]["row_id_map"] == row_id_map * tokens
+        assert megatron_alltoall_held(experts=E) * tokens == m["held"], run["id"]
+        assert m["after_backward_over_start"] == 0, run["id"]
+    # the hand-derived bytes of one: 128 tokens, top-4, 532 rows received (the busiest-rank effect of routing),
+    # 4 experts a rank: per token 12k 48 + 4(2E + 1) 68; per received row 2 + 8 + 2h + 10f 618
+    assert runs["ep2-t128-h64-f48-e8-k4"]["measured"]["received"] == 532
+    assert runs["ep2-t128-h64-f48-e8-k4"]["measured"]["saved_with_row_id_map"] == 128 * (48 + 68) + 532 * 618 + 2
+    # one expert a rank (E = ep = 4): no chunk sort, per received row 2 + 2h + 10f = 418
+    assert runs["ep4-t64-h48-f32-e4-k2"]["measured"]["saved_with_row_id_map"] == 64 * (24 + 36) + 152 * 418 + 2
 
 
 # --- the whole model -----------------------------------------------------------------------------------------
@@ -91,12 +124,34 @@ def test_selective_keeps_what_none_keeps():
         [(t.label, t.nbytes, t.phases) for t in solve("none").terms if t.component == "activations"]
 
 
+def test_tiny_gpt_oss_under_expert_parallelism_hand_derived():
+    # ep 2 over dp 2 (4 experts a rank), global batch 2: a micro-batch of 1, 64 tokens a rank
+    r = solve(ep_size=2, dp_size=2)
+    t = S
+    # per token and layer the same 2,240 B as on one device (balanced routing: T x k copies a rank; the row_id_map
+    # and the router over all 8 experts; two or more local experts, so both chunk sorts)
+    assert term(r, "decoder layers: saved").nbytes == 2 * t * 2240
+    assert term(r, "Megatron-Core alltoall dispatcher's held").nbytes == 2 * t * 3 * 8
+    # the experts' weights over the 2 ranks: 304,344 parameters less half of 2 layers x (gate_up 8 x 64 x 96 + its
+    # bias 8 x 96 + down 8 x 48 x 64 + its bias 8 x 64 = 75,008), in bf16
+    assert term(r, "parameters").nbytes == (304_344 - 75_008) * 2
+    # the profile's all-to-all send + receive buffers (not measured): 2 x T x k x h x 2 B
+    assert term(r, "expert all-to-all dispatch + combine buffers").nbytes == 2 * t * 2 * 64 * 2
+    assert any("under expert parallelism (ep 2, 4 experts a rank" in n for n in r.notes)
+    # the busiest rank's load scales what is per routed copy (probabilities, sorts' maps, experts: 2 x (2 + 8) +
+    # 1,216 = 1,236 of the 2,240)
+    heavy = solve(ep_size=2, dp_size=2, moe_routing_imbalance=1.5)
+    assert term(heavy, "decoder layers: saved").nbytes == 2 * t * (2240 - 1236 + 1.5 * 1236)
+
+
 @pytest.mark.parametrize("options, parameter, allowed", [
+    (dict(ep_size=8, dp_size=8), "ep_size", "a divisor of the 8 experts below 8 (two or more experts on a rank)"),
+    (dict(ep_size=2, dp_size=2, tp_size=2), "parallelism", "tp = cp = pp = 1"),
     (dict(attention="eager"), "attention", "computes='sdpa'"),
     (dict(checkpointing="full"), "activation_checkpointing", "'none' or 'selective' for gpt-oss"),
     (dict(checkpointing="every-k"), "activation_checkpointing", "'none' or 'selective' for gpt-oss"),
-    (dict(tp_size=2, dp_size=1), "parallelism", "tp = cp = pp = ep = 1"),
-    (dict(ep_size=2, dp_size=2), "parallelism", "tp = cp = pp = ep = 1"),
+    (dict(tp_size=2, dp_size=1), "parallelism", "tp = cp = pp = 1 for gpt-oss"),
+    (dict(pp_size=2, dp_size=1), "parallelism", "tp = cp = pp = 1 for gpt-oss"),
     (dict(dropout=0.1), "dropout", "0.0 for gpt-oss"),
     (dict(moe_capacity_factor=1.25), "moe_capacity_factor", "None (dropless)"),
 ])

@@ -49,6 +49,20 @@ The alltoall dispatcher (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.d
 ``self.probs`` (the dense [T, E] probabilities) and ``self.routing_map`` ([T, E] bool) as attributes until the
 layer's next forward: the stand-in dispatcher holds them too. On one rank (ep = tp = 1) its all-to-alls return
 their input.
+
+Expert parallelism (``EP_CONFIGS``; tp = 1): rank 0 of a group of ``ep`` ranks with ``E / ep`` local experts,
+``MoEAlltoAllTokenDispatcher.preprocess`` / ``token_dispatch`` / ``dispatch_postprocess`` / ``combine_preprocess``
+/ ``token_combine`` as written at COMMIT, with every rank of the group routing the same tokens (so the token
+counts the group gathers are rank 0's, and the rows rank 0 receives, ``sum(output_splits)``, are ep x its own
+copies for its local experts: not T x k, which the comparison uses as it is). The all-to-all is a local stand-in
+for ``_AllToAll`` (``megatron/core/tensor_parallel/mappings.py``): it allocates what the collective allocates
+(``new_empty`` of the output splits' rows, forward and backward) and saves nothing; the chunk sorts run with
+the real (source rank, local expert) order. The stand-in dispatcher also holds
+``reversed_local_input_permutation_mapping`` (the permute's row_id_map) and ``num_global_tokens_per_local_expert``
+(int64, with more than one local expert), which Megatron's dispatcher keeps until the layer's next forward
+(``held_other``): the growth over the start then misses the row_id_map that replaced the previous one, added
+back in ``saved_with_row_id_map``. The transient peaks (``forward_peak_over_start``, ``peak_over_start``) are
+recorded, not compared: they hold the eager activation's temporaries, which one fused kernel avoids on a GPU.
 """
 
 from __future__ import annotations
@@ -73,9 +87,16 @@ import harness  # noqa: E402  (validation/harness.py: the command line and the J
 # (id, tokens, hidden, moe_ffn_hidden_size, experts, top_k): small shapes of gpt-oss's layer (E > k, every
 # expert on the one rank, so both chunk sorts run; and E = k, where every token reaches every expert)
 CONFIGS = (
-    ("t128-h64-f48-e8-k4", 128, 64, 48, 8, 4),
-    ("t96-h32-f40-e4-k2", 96, 32, 40, 4, 2),
-    ("t64-h48-f32-e4-k4", 64, 48, 32, 4, 4),
+    ("t128-h64-f48-e8-k4", 128, 64, 48, 8, 4, 1),
+    ("t96-h32-f40-e4-k2", 96, 32, 40, 4, 2, 1),
+    ("t64-h48-f32-e4-k4", 64, 48, 32, 4, 4, 1),
+)
+# (..., ep): one rank (rank 0) of an expert-parallel group of ep ranks, E / ep experts on it: several local experts
+# (both chunk sorts run), and one local expert (no chunk sort: num_local_experts == 1)
+EP_CONFIGS = (
+    ("ep2-t128-h64-f48-e8-k4", 128, 64, 48, 8, 4, 2),
+    ("ep4-t96-h32-f40-e8-k2", 96, 32, 40, 8, 2, 4),
+    ("ep4-t64-h48-f32-e4-k2", 64, 48, 32, 4, 2, 4),
 )
 
 
@@ -211,6 +232,62 @@ class SortChunks(torch.autograd.Function):
         return g_tokens[idx], (g_probs[idx] if ctx.with_probs else None)
 
 
+def _exchange(inp, output_split_sizes):
+    """The all-to-all's output on rank 0: ``inp.new_empty([sum(output_split_sizes), ...])``, each source's chunk
+    filled with the first rows of ``inp`` (the group routes alike; the values do not change the bytes)."""
+    out = inp.new_empty([sum(output_split_sizes)] + list(inp.shape[1:]))
+    at = 0
+    for n in output_split_sizes:
+        m = min(n, inp.shape[0])
+        out.narrow(0, at, m).copy_(inp.narrow(0, 0, m))
+        out.narrow(0, at + m, n - m).zero_()
+        at += n
+    return out
+
+
+class AllToAll(torch.autograd.Function):
+    """Megatron-Core's ``_AllToAll`` (``megatron/core/tensor_parallel/mappings.py``) on rank 0 of a group whose
+    every rank routes the same tokens: the forward allocates ``input.new_empty([sum(output_split_sizes), ...])``,
+    the backward (the reverse all-to-all) ``[sum(input_split_sizes), ...]``; nothing is saved (the ctx holds the
+    split lists)."""
+
+    @staticmethod
+    def forward(ctx, inp, output_split_sizes, input_split_sizes):
+        ctx.input_split_sizes = input_split_sizes
+        return _exchange(inp.contiguous(), output_split_sizes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _exchange(g.contiguous(), ctx.input_split_sizes), None, None
+
+
+class SortChunksBy(torch.autograd.Function):
+    """TE's ``moe_sort_chunks_by_index_with_probs`` with a real chunk order (``split_sizes``, ``sorted_idxs``):
+    saves an int32 row_id_map, one entry per row; returns gathered copies."""
+
+    @staticmethod
+    def forward(ctx, tokens, probs, split_sizes, sorted_idxs):
+        starts = [sum(split_sizes[:i]) for i in range(len(split_sizes))]
+        order = [r for i in sorted_idxs for r in range(starts[i], starts[i] + split_sizes[i])]
+        row_id_map = torch.tensor(order, dtype=torch.int32)
+        ctx.save_for_backward(row_id_map)
+        ctx.with_probs = probs is not None
+        idx = row_id_map.long()
+        return tokens[idx], (probs[idx] if probs is not None else None)
+
+    @staticmethod
+    def backward(ctx, g_tokens, g_probs):
+        (row_id_map,) = ctx.saved_tensors
+        idx = row_id_map.long()
+        gt = torch.empty_like(g_tokens)
+        gt[idx] = g_tokens
+        gp = None
+        if ctx.with_probs:
+            gp = torch.empty_like(g_probs)
+            gp[idx] = g_probs
+        return gt, gp, None, None
+
+
 class Unpermute(torch.autograd.Function):
     """TE's ``moe_unpermute`` without merging probabilities: saves the permute's row_id_map."""
 
@@ -240,18 +317,75 @@ class MegatronGptOssMoE(torch.nn.Module):
     """Router, alltoall dispatcher (one rank), TEGroupedMLP (bias-activation fusion, clamped quick-GEGLU with
     offset 1), combine: ``MoELayer.forward`` of Megatron-Core at COMMIT with the recipe's options."""
 
-    def __init__(self, ns, hidden, ffn, experts, top_k):
+    def __init__(self, ns, hidden, ffn, experts, top_k, ep=1):
         super().__init__()
-        self.ns, self.E, self.k = ns, experts, top_k
+        self.ns, self.E, self.k, self.ep = ns, experts, top_k, ep
+        self.local = experts // ep      # num_local_experts: rank 0 holds experts 0 .. local - 1
         p = lambda *s: torch.nn.Parameter(torch.randn(*s, dtype=torch.bfloat16) * 0.05)  # noqa: E731
         self.router_weight, self.router_bias = p(experts, hidden), p(experts)
-        self.fc1_w = torch.nn.ParameterList([p(2 * ffn, hidden) for _ in range(experts)])
-        self.fc1_b = torch.nn.ParameterList([p(2 * ffn) for _ in range(experts)])
-        self.fc2_w = torch.nn.ParameterList([p(hidden, ffn) for _ in range(experts)])
-        self.fc2_b = torch.nn.ParameterList([p(hidden) for _ in range(experts)])
+        self.fc1_w = torch.nn.ParameterList([p(2 * ffn, hidden) for _ in range(self.local)])
+        self.fc1_b = torch.nn.ParameterList([p(2 * ffn) for _ in range(self.local)])
+        self.fc2_w = torch.nn.ParameterList([p(hidden, ffn) for _ in range(self.local)])
+        self.fc2_b = torch.nn.ParameterList([p(hidden) for _ in range(self.local)])
         self.held = {}          # the dispatcher's self.probs, self.routing_map
+        self.held_other = {}    # ep > 1: its reversed_local_input_permutation_mapping, num_global_tokens_per_local_expert
 
-    def forward(self, x):       # x: [T, h] bf16, the pre-MLP norm's output
+    def forward(self, x):
+        if self.ep == 1:
+            return self.forward_one_rank(x)
+        return self.forward_ep(x)
+
+    def forward_ep(self, x):
+        """``MoELayer.forward`` on rank 0 of the expert-parallel group (tp = 1): ``preprocess`` (the token counts:
+        ``gather_from_sequence_parallel_region`` of the [E] int64 counts over the group, here every rank's
+        counts equal rank 0's), the permute, the two all-to-alls (tokens, probabilities), ``sort_chunks_by_idxs``
+        from (source rank, local expert) to (local expert, source rank) order when num_local_experts > 1, the
+        experts, the reverse sort, the combine all-to-all, the unpermute. The dispatcher holds ``probs``,
+        ``routing_map``, ``reversed_local_input_permutation_mapping`` and (num_local_experts > 1)
+        ``num_global_tokens_per_local_expert`` until the layer's next forward."""
+        ns, E, L, ep = self.ns, self.E, self.local, self.ep
+        logits = ns["router_gating_linear"](x, self.router_weight, self.router_bias, x.dtype)
+        probs, routing_map = ns["topk_routing_with_score_function"](
+            logits, self.k, use_pre_softmax=False, score_function="softmax", fused=False)
+        self.held = {"probs": probs, "routing_map": routing_map}
+        num_local_tokens_per_expert = routing_map.sum(dim=0).long()
+        input_splits = num_local_tokens_per_expert.reshape(ep, L).sum(dim=1).tolist()
+        num_global_tokens_per_expert = num_local_tokens_per_expert.repeat(ep).reshape(ep, 1, E).transpose(0, 1)
+        num_global_tokens_per_local_expert = num_global_tokens_per_expert[:, :, 0:L].contiguous()
+        output_splits = num_global_tokens_per_local_expert.sum(dim=2)[0].tolist()
+        self.received = sum(output_splits)
+        tokens_per_expert = num_global_tokens_per_local_expert.sum(dim=(0, 1)).tolist()
+        del num_local_tokens_per_expert, num_global_tokens_per_expert
+        num_out = x.shape[0] * self.k
+        permuted, pprobs, row_id_map = PermuteWithProbs.apply(x, probs, routing_map, num_out)
+        held_other = {"row_id_map": row_id_map}
+        tokens = AllToAll.apply(permuted, output_splits, input_splits)
+        del permuted
+        gprobs = AllToAll.apply(pprobs, output_splits, input_splits)
+        del pprobs
+        chunks = num_global_tokens_per_local_expert.view(-1, L)
+        if L > 1:
+            held_other["num_global_tokens_per_local_expert"] = chunks
+            idx = torch.arange(E).reshape(-1, L)        # sort_input_by_local_experts over ep x L chunks
+            sort_in, restore = idx[:ep].T.ravel().tolist(), idx[:ep].reshape(L, -1).T.ravel().tolist()
+            tokens, gprobs = SortChunksBy.apply(tokens, gprobs, chunks.ravel().tolist(), sort_in)
+        self.held_other = held_other
+        gprobs = gprobs.unsqueeze(-1)
+        fc1 = GroupedLinear.apply(tokens, tokens_per_expert, True, *self.fc1_w, *self.fc1_b)
+        del tokens
+        act = ns["weighted_bias_quick_geglu_impl"](fc1, None, gprobs, False, 1.0, 7.0)
+        del fc1
+        fc2 = GroupedLinear.apply(act, tokens_per_expert, False, *self.fc2_w)
+        del act
+        out = ns["TEGroupedMLP"]._apply_bias(fc2, list(self.fc2_b), tokens_per_expert, gprobs)
+        del fc2, gprobs
+        if L > 1:
+            out, _ = SortChunksBy.apply(out, None, chunks.T.ravel().tolist(), restore)
+        back = AllToAll.apply(out, input_splits, output_splits)
+        del out
+        return Unpermute.apply(back, row_id_map, E)
+
+    def forward_one_rank(self, x):       # x: [T, h] bf16, the pre-MLP norm's output
         ns = self.ns
         logits = ns["router_gating_linear"](x, self.router_weight, self.router_bias, x.dtype)
         probs, routing_map = ns["topk_routing_with_score_function"](
@@ -272,40 +406,55 @@ class MegatronGptOssMoE(torch.nn.Module):
         return Unpermute.apply(out, row_id_map, self.E)
 
 
-def derived(T, h, f, E, k) -> dict:
+def derived(T, h, f, E, k, ep=1, received=None) -> dict:
     """What the model (``families.megatron_clamped_glu_moe``, ``gpt_oss.adjust_terms``) says, bf16 router:
     the bytes the block keeps from its forward to its backward, and the dispatcher's held tensors (alive in
-    every phase: each forward replaces the previous iteration's)."""
+    every phase: each forward replaces the previous iteration's). Under expert parallelism (``ep`` > 1) the
+    per-copy tensors are per routed copy the rank receives (``received``; T x k when balanced), the rest per
+    token of the rank; the chunk sorts run when the rank holds more than one expert; the permute's row_id_map,
+    also held by the dispatcher (``reversed_local_input_permutation_mapping``), is listed in ``held_other`` and
+    the per-layer int64 token counts (8E B with more than one local expert, not modelled) too."""
+    R = T * k if received is None else received
+    local = E // ep
     router = T * (8 * k + 4 * k)                        # top-k indices (int64), fp32 softmax of the k values
-    permute = T * 4 * (2 * E + 1) + T * k * 2           # row_id_map (int32), permuted probs (bf16)
-    sort = T * k * 4 * 2 if E > 1 else 0                # the two chunk sorts' int32 row_id_maps
-    experts = T * k * (2 * h + 4 * f + 4 * f + 2 * f)   # fc1 input, fc1 output (the clamps'), the cat, fc2 input
+    permute = T * 4 * (2 * E + 1) + R * 2               # row_id_map (int32), permuted probs (bf16)
+    sort = R * 4 * 2 if local > 1 else 0                # the two chunk sorts' int32 row_id_maps
+    experts = R * (2 * h + 4 * f + 4 * f + 2 * f)       # fc1 input, fc1 output (the clamps'), the cat, fc2 input
     offset = 2                                          # the linear_offset scalar tensor (bf16; not modelled)
     held = T * (2 * E + 1 * E)                          # dispatcher: dense bf16 probs, bool routing map
-    return {"saved": router + permute + sort + experts + offset, "held": held,
-            "parts": {"router": router, "permute": permute, "chunk sorts": sort, "experts": experts,
-                      "offset scalar": offset}}
+    out = {"saved": router + permute + sort + experts + offset, "held": held,
+           "parts": {"router": router, "permute": permute, "chunk sorts": sort, "experts": experts,
+                     "offset scalar": offset}}
+    if ep > 1:
+        out["held_other"] = {"row_id_map": T * 4 * (2 * E + 1),
+                             "num_global_tokens_per_local_expert": 8 * E if local > 1 else 0}
+    return out
 
 
-def measure(ns, T, h, f, E, k) -> dict:
+def _storage_bytes(tensors) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+def measure(ns, T, h, f, E, k, ep=1) -> dict:
     """One iteration after two warm-up ones, in the steady state: the dispatcher holds the previous
     iteration's probabilities and routing map when the forward starts. The block's input is not a leaf (a
     layer's input never is: a leaf's AccumulateGrad node would keep it alive through the held probabilities'
     graph), and every tensor alive at the start is shown to the tracker before its start snapshot (it counts a
     storage when an op under it returns a tensor on that storage: ``detach`` shows it one)."""
     torch.manual_seed(0)
-    block = MegatronGptOssMoE(ns, h, f, E, k)
+    block = MegatronGptOssMoE(ns, h, f, E, k, ep)
     x0 = (torch.randn(T, h) * 0.5).to(torch.bfloat16).requires_grad_(True)
     grad = torch.randn(T, h).to(torch.bfloat16)
     for _ in range(2):      # warm-up (and the state a previous iteration leaves)
         block(x0.clone()).backward(grad)
         x0.grad = None
-    held = sum(t.untyped_storage().nbytes() for t in block.held.values())   # the previous iteration's
+    held = _storage_bytes(block.held.values())                       # the previous iteration's
+    held_other = {n: _storage_bytes([t]) for n, t in block.held_other.items()}
     mt = MemTracker()
     mt.track_external(block)
     dev = torch.device("cpu")
     with mt:
-        for t in (*block.held.values(), grad):
+        for t in (*block.held.values(), *block.held_other.values(), grad):
             t.detach()      # (a view's storage is the tensor's: counted from now on)
         x = x0.clone()
         start = mt.get_tracker_snapshot("current")[dev]["Total"]
@@ -319,9 +468,16 @@ def measure(ns, T, h, f, E, k) -> dict:
         del out
         end = mt.get_tracker_snapshot("current")[dev]["Total"]
         peak = mt.get_tracker_snapshot("peak")[dev]["Total"]
-    return {"saved": saved, "held": held, "forward_peak_over_start": forward_peak - start,
-            "peak_over_start": peak - start,
-            "after_backward_over_start": end - start}
+    out = {"saved": saved, "held": held, "forward_peak_over_start": forward_peak - start,
+           "peak_over_start": peak - start,
+           "after_backward_over_start": end - start}
+    if ep > 1:
+        # the rows this rank received (its experts' routed copies); the held row_id_map and token counts of the
+        # previous iteration are freed when this forward replaces them, so "saved" (the growth over the start)
+        # is the block's saved bytes less those
+        out["received"] = block.received
+        out["held_other"] = held_other
+    return out
 
 
 NS: dict = {}
@@ -329,13 +485,22 @@ NS: dict = {}
 
 def _measure_run(cfg: dict) -> dict:
     args = (cfg["tokens"], cfg["hidden"], cfg["moe_ffn_hidden_size"], cfg["experts"], cfg["top_k"])
-    m = measure(NS["megatron"], *args)
-    d = derived(*args)
-    return {**m, "derived": d, "saved_error": (d["saved"] - m["saved"]) / m["saved"]}
+    ep = cfg.get("ep", 1)
+    if ep == 1:     # (the one-device runs' record as before: no "ep" field)
+        m = measure(NS["megatron"], *args)
+        d = derived(*args)
+        return {**m, "derived": d, "saved_error": (d["saved"] - m["saved"]) / m["saved"]}
+    m = measure(NS["megatron"], *args, ep=ep)
+    d = derived(*args, ep=ep, received=m["received"])
+    # the growth over the start does not show the row_id_map that replaced the previous iteration's: add it back
+    m["saved_with_row_id_map"] = m["saved"] + m["held_other"]["row_id_map"]
+    return {**m, "derived": d,
+            "saved_error": (d["saved"] - m["saved_with_row_id_map"]) / m["saved_with_row_id_map"]}
 
 
 def _summary(m: dict) -> str:
-    return (f"saved {m['saved']:,} B measured, {m['derived']['saved']:,} B derived ({100 * m['saved_error']:+.4f} %); "
+    saved = m.get("saved_with_row_id_map", m["saved"])
+    return (f"{'ep ' + str(m['received']) + ' rows received; ' if 'received' in m else ''}saved {saved:,} B measured, {m['derived']['saved']:,} B derived ({100 * m['saved_error']:+.4f} %); "
             f"held {m['held']:,} B measured, {m['derived']['held']:,} B derived; after the backward "
             f"{m['after_backward_over_start']:,} B over the start")
 
@@ -355,7 +520,9 @@ def main(argv=None):
         NS["megatron"] = megatron_namespace(args.megatron_lm)
 
     configs = [{"id": cid, "tokens": T, "hidden": h, "moe_ffn_hidden_size": f, "experts": E, "top_k": k}
-               for cid, T, h, f, E, k in CONFIGS]
+               for cid, T, h, f, E, k, _ in CONFIGS]
+    configs += [{"id": cid, "tokens": T, "hidden": h, "moe_ffn_hidden_size": f, "experts": E, "top_k": k, "ep": ep}
+                for cid, T, h, f, E, k, ep in EP_CONFIGS]
     return harness.main(argv, description=__doc__.splitlines()[0], configs=configs, measure_run=_measure_run,
                         document=_document, out=os.path.join(HERE, "moe_measurements.json"), summary=_summary,
                         threads=1, versions=harness.versions, catch=False, arguments=arguments, before=before)

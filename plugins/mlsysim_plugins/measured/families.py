@@ -440,7 +440,8 @@ def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]
     ``TEGroupedMLP`` (``moe_grouped_gemm``) with biases, ``bias_activation_fusion`` with the quick-GELU GLU
     clamped (``activation_func_clamp_value``) and offset (``glu_linear_offset``), the alltoall dispatcher with
     ``moe_permute_fusion``, the unfused softmax top-k router (``moe_router_pre_softmax=False``, no load-balancing
-    loss, the logits in the input's bf16: ``moe_router_dtype`` unset), bf16, every expert on the device
+    loss, the logits in the input's bf16: ``moe_router_dtype`` unset), bf16, every expert on the device or
+    ``experts / ep`` (two or more) on each rank of an expert-parallel group
     (source: Megatron-LM and TransformerEngine at ``MEGATRON_LM``, ``TRANSFORMER_ENGINE``). h hidden, f the
     expert FFN width, E experts, k top-k:
 
@@ -450,7 +451,7 @@ def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]
     * ``moe_permute_with_probs`` (TE ``permutation.py``, mask map) saves its int32 ``row_id_map`` of
       (tokens, 2E + 1): 4(2E + 1); ``moe_unpermute`` saves the same map;
     * per routed copy: the permuted bf16 probabilities (2; saved by ``WeightedQuickGeGLUFunction`` and by
-      ``_apply_bias``'s ``b * p``) and, with more than one expert on the device, the int32 ``row_id_map`` of
+      ``_apply_bias``'s ``b * p``) and, with more than one expert on the rank, the int32 ``row_id_map`` of
       each of the two ``sort_chunks_by_idxs`` (dispatch and combine: 4 + 4), whose copies replace the
       permuted tokens;
     * the experts (``experts.py``, ``fused_bias_geglu.py``): TE's ``GroupedLinear`` keeps its input (fc1: 2h;
@@ -458,6 +459,13 @@ def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]
       fc1's output (views) save them, so the 2 x 2f output is kept; their ``cat`` (2 x 2f) is what
       ``WeightedQuickGeGLUFunction`` saves: k(2h + 10f). fc2's biases scaled by the probabilities
       (``_apply_bias``: ``cat([t + b * p])`` in fp32, cast back) save nothing new.
+
+    Under expert parallelism (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``; tp = 1) the router, the
+    permutation and its map cover the rank's tokens and all E experts; "per routed copy" is per row the rank
+    receives from the all-to-all (T x k when balanced: the profile's EXPERTS split and routing imbalance);
+    ``_AllToAll`` (``tensor_parallel/mappings.py``) saves nothing (its ctx holds the split lists). E here is the
+    model's experts, so the sorts are assumed: a caller with one expert a rank (no ``sort_chunks_by_idxs``) refuses
+    that layout (``gpt_oss._megatron_check``).
 
     Not counted: the bf16 ``linear_offset`` scalar the activation saves (2 B a layer) and the activation's
     fp32 temporaries (``jit_fuser``: one fused kernel on a GPU). The dispatcher's held probabilities and routing

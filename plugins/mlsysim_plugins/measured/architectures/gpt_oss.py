@@ -70,8 +70,11 @@ statistics, and returns the sinks' gradient from its backward (TransformerEngine
 attention/dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``: derived, not measured); the MoE
 MLP (TEGroupedMLP with biases, the quick-GELU GLU clamped at 7 with ``glu_linear_offset`` 1, the alltoall
 dispatcher with fused permutation) is ``families.megatron_clamped_glu_moe``, measured to the byte
-(``validation/megatron_gpt_oss``). Modelled on one device (data parallelism allowed) without recomputation
-(or selective recomputation, which recomputes nothing here), dropout or token dropping; the rest is refused by name.
+(``validation/megatron_gpt_oss``). Modelled on one device and under expert parallelism (data parallelism
+allowed; tp = cp = pp = 1, two or more experts a rank: one rank of an expert-parallel group measured, the
+router, the permutation map and the held [T, E] tensors per token of the rank, what is per routed copy per row
+the rank receives) without recomputation (or selective recomputation, which recomputes nothing here), dropout or
+token dropping; the rest is refused by name.
 
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
@@ -360,7 +363,8 @@ def adjust_terms(kind, plan, placement, terms):
 
 
 def _megatron_terms(plan, placement, terms) -> list:
-    """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device, no or selective recompute)
+    """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device or expert parallelism, no or
+    selective recompute)
     outside its layers:
     its rotary table is head_dim wide (``YarnRotaryEmbedding.forward``: ``emb = torch.cat((freqs, freqs))``), so
     the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
@@ -484,7 +488,8 @@ def check(plan) -> tuple[str, ...]:
 
 def _megatron_check(plan, kernel) -> tuple[str, ...]:
     """gpt-oss under the Megatron-Core regime: what was derived and measured is Megatron-Bridge's gpt-oss recipe
-    on one device (``families.megatron_clamped_glu_moe``); everything else is refused by name."""
+    on one device and on one rank of an expert-parallel group with two or more local experts
+    (``families.megatron_clamped_glu_moe``); everything else is refused by name."""
     o = plan.profile_options
     regime = o.regime.name
     if not kernel.sdpa:
@@ -493,14 +498,28 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "as Megatron-Core runs gpt-oss) for a gpt-oss model under the Megatron-Core regime",
             "Megatron-Core's unfused attention with learnable softmax offsets and flex_attention are not derived "
             "for gpt-oss")
-    layout = {"tp": plan.tp_size, "cp": plan.cp_size, "pp": plan.pp_size, "ep": plan.ep_size}
+    layout = {"tp": plan.tp_size, "cp": plan.cp_size, "pp": plan.pp_size}
     if max(layout.values()) > 1:
         given = ", ".join(f"{k}={v}" for k, v in layout.items())
         raise NotModelledError(
-            "parallelism", given, f"tp = cp = pp = ep = 1 for gpt-oss under {regime!r} (data parallelism allowed)",
-            "Megatron-Core's gpt-oss MoE layer was measured on one device (validation/megatron_gpt_oss): the "
-            "expert-parallel all-to-all buffers, the routing imbalance, the chunk sorts with one local expert and "
-            "the sequence-parallel router and permutation are not derived")
+            "parallelism", given, f"tp = cp = pp = 1 for gpt-oss under {regime!r} (data and expert parallelism "
+            "allowed)",
+            "Megatron-Core's gpt-oss MoE layer was measured on one device and on one rank of an expert-parallel "
+            "group (validation/megatron_gpt_oss): the tensor-parallel all-gather / reduce-scatter of the "
+            "dispatcher, the sequence-parallel router and permutation, context parallelism and the pipeline "
+            "stages are not derived")
+    experts, ep = plan.model.experts, plan.ep_size
+    if ep > 1 and experts // ep == 1:
+        raise NotModelledError(
+            "ep_size", ep, f"a divisor of the {experts} experts below {experts} (two or more experts on a rank) for "
+                           f"gpt-oss under {regime!r}",
+            "with one local expert Megatron-Core's alltoall dispatcher skips both chunk sorts "
+            "(num_local_experts > 1 in dispatch_postprocess / combine_preprocess): measured "
+            "(validation/megatron_gpt_oss) but not in the layer's parts, which assume the sorts")
+    if (o.expert_tp_size or 1) > 1:
+        raise NotModelledError("expert_tp_size", o.expert_tp_size, f"1 for gpt-oss under {regime!r}",
+                               "Megatron-Bridge's gpt-oss recipes set expert_tensor_parallel_size 1; the experts' "
+                               "tensor-parallel split of TEGroupedMLP was not derived")
     from ..checkpointing import PART, keeps_everything, spec_of
     spec = spec_of(plan)
     # Selective recompute (Korthikanti's: the attention core) drops only the parts marked
@@ -535,6 +554,15 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
         "attention is Transformer Engine's fused attention with learnable softmax offsets, derived from its "
         "source (q, k, v, the output and the fp32 softmax statistics kept, the sinks a parameter), not measured; "
         "not counted: the activation's bf16 offset scalar and TE's rng state (2 + 16 B a layer)"]
+    if ep > 1:
+        notes.append(
+            f"Megatron-Core gpt-oss under expert parallelism (ep {ep}, {experts // ep} experts a rank; measured on one "
+            "rank of an expert-parallel group, validation/megatron_gpt_oss): the router, the permute's row_id_map and "
+            "the dispatcher's held [T, E] probabilities and map cover all the rank's tokens and every expert; the "
+            "permuted probabilities, the two chunk sorts' maps and the experts' tensors are per routed copy the rank "
+            "receives (T x k balanced; moe_routing_imbalance sets the busiest rank's load); the all-to-all's send and "
+            "receive buffers are the profile's generic transient term (not measured); not counted: the "
+            "dispatcher's int64 token counts (num_global_tokens_per_local_expert, 8E B a layer)")
     if _quantization(plan.model) is not None:
         notes.append("gpt-oss's quantization_config (quant_method 'mxfp4') is for inference: Megatron-Bridge loads "
                      "the checkpoint dequantized; the weights are costed as the regime says, not as MXFP4")
