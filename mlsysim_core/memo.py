@@ -8,14 +8,13 @@ import functools
 MAX_ENTRIES = 4096
 _enabled = True
 _memos: list[dict] = []
-_KEYWORDS, _MISSING = object(), object()     # separates positional from keyword arguments in a key; no entry
+_KEYWORDS = object()     # separates positional from keyword arguments in a key
 
 
 def memoize(function):
     """``function``, memoised on its positional and keyword arguments (all of them)."""
     table: dict = {}
     _memos.append(table)
-    get = table.get     # (bound once: a hit costs about what table[key] does, a miss raises nothing)
 
     @functools.wraps(function)
     def memoised(*args, **kwargs):
@@ -25,11 +24,11 @@ def memoize(function):
         if kwargs:
             key += (_KEYWORDS, *kwargs.items(), *map(type, kwargs.values()))
         try:
-            value = get(key, _MISSING)
+            return table[key]
+        except KeyError:
+            pass
         except TypeError:        # an unhashable argument: nothing to remember it by
             return function(*args, **kwargs)
-        if value is not _MISSING:
-            return value
         value = function(*args, **kwargs)
         if len(table) >= MAX_ENTRIES:
             table.clear()
