@@ -516,6 +516,9 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      help="sequences per micro-batch (default: global batch / dp, or from --grad-accum)")
     tim.add_argument("--gradient-accumulation-steps", "--grad-accum", dest="grad_accum", type=int,
                      help="micro-batches per step (the micro-batch is global batch / (dp x this))")
+    tim.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_const", const=True,
+                     help="tensor parallelism with sequence parallelism, as a search's sp=y rows (default: the "
+                          "profile's: off for measured)")
     tim.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_const", const=False,
                      help="tensor parallelism without sequence parallelism (default: the profile's)")
     tim.add_argument("--compiled", action="store_true", help="each decoder block torch.compile'd (compile='blocks'): "

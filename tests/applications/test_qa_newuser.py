@@ -224,3 +224,28 @@ def test_from_json_reads_estimate_json_with_a_launch_and_a_reference_total():
     assert code == 0 and "launch" in json.loads(raw) and "reference_profile" in json.loads(raw)
     result = TrainingMemoryResult.from_json(raw)
     assert result.total_memory == json.loads(raw)["total_memory"] and result.profile == "measured"
+
+
+def test_time_reproduces_a_search_row_with_sequence_parallelism():
+    """`time` times one layout "as a search times each of its rows", but it had only
+    --no-sequence-parallel (the measured profile's default already): a search row with sp=y
+    (the 70B search's first Pareto row in the README's example) could not be timed."""
+    from mlsysim_core import search
+    row = dict(global_batch=512, seq_len=2048, tp=4, cp=1, pp=4, dp=4, ep=1, data_parallel="zero1",
+               checkpointing="none", microbatch=1)
+    want = search.time_plan(mlsysim_core.catalog.get_model("llama3-70b"), mlsysim_core.catalog.get_hardware("h100"),
+                            sequence_parallel=True, profile="measured", **row)
+    # the row of `mlsysim-core search -n 64 --global-batch 512 -m llama3-70b --json` (tp 4 pp 4 dp 4
+    # zero1, no checkpointing, sp, micro-batch 1 x 128): its total_memory
+    assert want["memory_bytes"] == 85_829_276_236
+    argv = ("time", "-m", "llama3-70b", "--global-batch", "512", "--tp", "4", "--pp", "4", "--dp", "4", "--zero", "1",
+            "--checkpointing", "none", "--micro-batch", "1")
+    code, raw = run(*argv, "--sequence-parallel", "--json")
+    assert code == 0
+    got = json.loads(raw)
+    assert got["layout"]["sequence_parallel"] is True
+    assert (got["memory_bytes"], got["step_s"]) == (want["memory_bytes"], want["step_s"])
+    code, raw = run(*argv, "--json")
+    assert json.loads(raw)["layout"]["sequence_parallel"] is False      # the measured profile's default
+    code, text = run(*argv, "--sequence-parallel")
+    assert ", sequence parallel\n" in text
