@@ -12,9 +12,10 @@ import pytest
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.terms import PHASES
+from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP, PHASES
 from mlsysim_core.types import HardwareNode
-from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_clamped_glu_moe
+from mlsysim_plugins.measured.families import (megatron_alltoall_counts_held, megatron_alltoall_held,
+                                               megatron_alltoall_map_held, megatron_clamped_glu_moe)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/moe_measurements.json").read_text(encoding="utf-8"))
@@ -58,9 +59,15 @@ def test_formula_equals_the_measurements():
     for run in runs:
         tokens, h, f, E, k = run["tokens"], run["hidden"], run["moe_ffn_hidden_size"], run["experts"], run["top_k"]
         per_token = sum(p.nbytes for p in megatron_clamped_glu_moe(hidden=h, ffn=f, experts=E, top_k=k))
-        # + the activation's bf16 linear_offset scalar (2 B a layer), which the profile does not count
-        assert per_token * tokens + 2 == run["measured"]["saved"], run["id"]
-        assert megatron_alltoall_held(experts=E) * tokens == run["measured"]["held"], run["id"]
+        m = run["measured"]
+        # + the activation's bf16 linear_offset scalar (2 B a layer), which the profile does not count; the growth
+        # over the start misses the row_id_map that replaced the previous iteration's (held by the dispatcher as
+        # reversed_local_input_permutation_mapping): added back
+        assert per_token * tokens + 2 == m["saved"] + m["held_other"]["row_id_map"] == m["saved_with_row_id_map"]
+        assert megatron_alltoall_held(experts=E) * tokens == m["held"], run["id"]
+        assert m["held_other"] == {"row_id_map": megatron_alltoall_map_held(experts=E) * tokens,
+                                   "num_global_tokens_per_local_expert":
+                                       megatron_alltoall_counts_held(experts=E, local_experts=E)}, run["id"]
         # the held tensors of the previous iteration are replaced: nothing else outlives the backward
         assert run["measured"]["after_backward_over_start"] == 0, run["id"]
 
@@ -87,7 +94,9 @@ def test_formula_equals_the_measurements_under_expert_parallelism():
         # the growth over the start misses the row_id_map that replaced the previous iteration's (the dispatcher
         # holds it as reversed_local_input_permutation_mapping): added back
         assert m["saved"] + m["held_other"]["row_id_map"] == expected, run["id"]
-        assert m["held_other"]["row_id_map"] == row_id_map * tokens
+        assert m["held_other"]["row_id_map"] == megatron_alltoall_map_held(experts=E) * tokens == row_id_map * tokens
+        assert m["held_other"].get("num_global_tokens_per_local_expert", 0) == \
+            megatron_alltoall_counts_held(experts=E, local_experts=E // ep)
         assert megatron_alltoall_held(experts=E) * tokens == m["held"], run["id"]
         assert m["after_backward_over_start"] == 0, run["id"]
     # the hand-derived bytes of one: 128 tokens, top-4, 532 rows received (the busiest-rank effect of routing),
@@ -108,8 +117,14 @@ def test_tiny_gpt_oss_under_megatron_hand_derived():
     assert term(r, "decoder layers: saved").nbytes == 2 * T * 2240
     # final norm as every family's under this regime (RMSNorm: 8h + 4 per token), not transformers' gpt-oss norm
     assert term(r, "final norm").nbytes == T * (8 * 64 + 4)
-    held = term(r, "Megatron-Core alltoall dispatcher's held")
+    held = term(r, "Megatron-Core alltoall dispatcher's held routing")
     assert held.nbytes == 2 * T * 3 * 8 and tuple(held.phases) == PHASES
+    # the permute's row_id_map (4(2E + 1) = 68 B a token), a saved part until the layer's backward, held after it;
+    # the int64 token counts (8E a layer), held in every phase
+    kept = term(r, "Megatron-Core alltoall dispatcher's held permutation map")
+    assert kept.nbytes == 2 * T * 68 and tuple(kept.phases) == (BACKWARD_END, OPTIMIZER_STEP)
+    counts = term(r, "Megatron-Core alltoall dispatcher's held token counts")
+    assert counts.nbytes == 2 * 8 * 8 and tuple(counts.phases) == PHASES
     # the rotary table is head_dim wide under Megatron-Core (emb = cat(freqs, freqs)): 2 x s x 16 x 2 B
     assert term(r, "RoPE cos/sin tables").nbytes == 2 * S * 16 * 2
     labels = " ".join(t.label for t in r.terms)
@@ -131,7 +146,10 @@ def test_tiny_gpt_oss_under_expert_parallelism_hand_derived():
     # per token and layer the same 2,240 B as on one device (balanced routing: T x k copies a rank; the row_id_map
     # and the router over all 8 experts; two or more local experts, so both chunk sorts)
     assert term(r, "decoder layers: saved").nbytes == 2 * t * 2240
-    assert term(r, "Megatron-Core alltoall dispatcher's held").nbytes == 2 * t * 3 * 8
+    assert term(r, "Megatron-Core alltoall dispatcher's held routing").nbytes == 2 * t * 3 * 8
+    assert term(r, "Megatron-Core alltoall dispatcher's held permutation map").nbytes == 2 * t * 68
+    # the token counts: [ep, E / ep] int64 = 8E a layer
+    assert term(r, "Megatron-Core alltoall dispatcher's held token counts").nbytes == 2 * 8 * 8
     # the experts' weights over the 2 ranks: 304,344 parameters less half of 2 layers x (gate_up 8 x 64 x 96 + its
     # bias 8 x 96 + down 8 x 48 x 64 + its bias 8 x 64 = 75,008), in bf16
     assert term(r, "parameters").nbytes == (304_344 - 75_008) * 2

@@ -57,8 +57,8 @@ counts the group gathers are rank 0's, and the rows rank 0 receives, ``sum(outpu
 copies for its local experts: not T x k, which the comparison uses as it is). The all-to-all is a local stand-in
 for ``_AllToAll`` (``megatron/core/tensor_parallel/mappings.py``): it allocates what the collective allocates
 (``new_empty`` of the output splits' rows, forward and backward) and saves nothing; the chunk sorts run with
-the real (source rank, local expert) order. The stand-in dispatcher also holds
-``reversed_local_input_permutation_mapping`` (the permute's row_id_map) and ``num_global_tokens_per_local_expert``
+the real (source rank, local expert) order. The stand-in dispatcher (one rank and expert-parallel alike) also
+holds ``reversed_local_input_permutation_mapping`` (the permute's row_id_map) and ``num_global_tokens_per_local_expert``
 (int64, with more than one local expert), which Megatron's dispatcher keeps until the layer's next forward
 (``held_other``): the growth over the start then misses the row_id_map that replaced the previous one, added
 back in ``saved_with_row_id_map``. The transient peaks (``forward_peak_over_start``, ``peak_over_start``) are
@@ -391,9 +391,18 @@ class MegatronGptOssMoE(torch.nn.Module):
         probs, routing_map = ns["topk_routing_with_score_function"](
             logits, self.k, use_pre_softmax=False, score_function="softmax", fused=False)
         self.held = {"probs": probs, "routing_map": routing_map}
-        tokens_per_expert = routing_map.sum(dim=0).tolist()
+        # preprocess with ep = tp = 1: num_global_tokens_per_local_expert is the [E] int64 counts (a view),
+        # held by the dispatcher when num_local_experts > 1
+        num_local_tokens_per_expert = routing_map.sum(dim=0).long()
+        tokens_per_expert = num_local_tokens_per_expert.tolist()
+        self.received = x.shape[0] * self.k
         num_out = x.shape[0] * self.k
         permuted, pprobs, row_id_map = PermuteWithProbs.apply(x, probs, routing_map, num_out)
+        held_other = {"row_id_map": row_id_map}
+        if self.E > 1:
+            held_other["num_global_tokens_per_local_expert"] = num_local_tokens_per_expert.view(-1, self.E)
+        del num_local_tokens_per_expert
+        self.held_other = held_other
         if self.E > 1:      # num_local_experts > 1: sort_chunks_by_idxs (fused)
             permuted, pprobs = SortChunks.apply(permuted, pprobs)
         pprobs = pprobs.unsqueeze(-1)
@@ -411,9 +420,9 @@ def derived(T, h, f, E, k, ep=1, received=None) -> dict:
     the bytes the block keeps from its forward to its backward, and the dispatcher's held tensors (alive in
     every phase: each forward replaces the previous iteration's). Under expert parallelism (``ep`` > 1) the
     per-copy tensors are per routed copy the rank receives (``received``; T x k when balanced), the rest per
-    token of the rank; the chunk sorts run when the rank holds more than one expert; the permute's row_id_map,
-    also held by the dispatcher (``reversed_local_input_permutation_mapping``), is listed in ``held_other`` and
-    the per-layer int64 token counts (8E B with more than one local expert, not modelled) too."""
+    token of the rank; the chunk sorts run when the rank holds more than one expert. The permute's row_id_map,
+    also held by the dispatcher (``reversed_local_input_permutation_mapping``) after the backward, and the
+    per-layer int64 token counts (8E B with more than one local expert) are ``held_other``."""
     R = T * k if received is None else received
     local = E // ep
     router = T * (8 * k + 4 * k)                        # top-k indices (int64), fp32 softmax of the k values
@@ -425,9 +434,8 @@ def derived(T, h, f, E, k, ep=1, received=None) -> dict:
     out = {"saved": router + permute + sort + experts + offset, "held": held,
            "parts": {"router": router, "permute": permute, "chunk sorts": sort, "experts": experts,
                      "offset scalar": offset}}
-    if ep > 1:
-        out["held_other"] = {"row_id_map": T * 4 * (2 * E + 1),
-                             "num_global_tokens_per_local_expert": 8 * E if local > 1 else 0}
+    out["held_other"] = {"row_id_map": T * 4 * (2 * E + 1),
+                         "num_global_tokens_per_local_expert": 8 * E if local > 1 else 0}
     return out
 
 
@@ -471,12 +479,11 @@ def measure(ns, T, h, f, E, k, ep=1) -> dict:
     out = {"saved": saved, "held": held, "forward_peak_over_start": forward_peak - start,
            "peak_over_start": peak - start,
            "after_backward_over_start": end - start}
-    if ep > 1:
-        # the rows this rank received (its experts' routed copies); the held row_id_map and token counts of the
-        # previous iteration are freed when this forward replaces them, so "saved" (the growth over the start)
-        # is the block's saved bytes less those
-        out["received"] = block.received
-        out["held_other"] = held_other
+    # the rows this rank received (its experts' routed copies); the held row_id_map and token counts of the
+    # previous iteration are freed when this forward replaces them, so "saved" (the growth over the start)
+    # is the block's saved bytes less the row_id_map
+    out["received"] = block.received
+    out["held_other"] = held_other
     return out
 
 
@@ -486,10 +493,6 @@ NS: dict = {}
 def _measure_run(cfg: dict) -> dict:
     args = (cfg["tokens"], cfg["hidden"], cfg["moe_ffn_hidden_size"], cfg["experts"], cfg["top_k"])
     ep = cfg.get("ep", 1)
-    if ep == 1:     # (the one-device runs' record as before: no "ep" field)
-        m = measure(NS["megatron"], *args)
-        d = derived(*args)
-        return {**m, "derived": d, "saved_error": (d["saved"] - m["saved"]) / m["saved"]}
     m = measure(NS["megatron"], *args, ep=ep)
     d = derived(*args, ep=ep, received=m["received"])
     # the growth over the start does not show the row_id_map that replaced the previous iteration's: add it back
@@ -500,7 +503,7 @@ def _measure_run(cfg: dict) -> dict:
 
 def _summary(m: dict) -> str:
     saved = m.get("saved_with_row_id_map", m["saved"])
-    return (f"{'ep ' + str(m['received']) + ' rows received; ' if 'received' in m else ''}saved {saved:,} B measured, {m['derived']['saved']:,} B derived ({100 * m['saved_error']:+.4f} %); "
+    return (f"{m['received']:,} rows received; saved {saved:,} B measured, {m['derived']['saved']:,} B derived ({100 * m['saved_error']:+.4f} %); "
             f"held {m['held']:,} B measured, {m['derived']['held']:,} B derived; after the backward "
             f"{m['after_backward_over_start']:,} B over the start")
 

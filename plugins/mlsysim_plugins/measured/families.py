@@ -489,6 +489,22 @@ def megatron_alltoall_held(*, experts) -> int:
     return 3 * experts
 
 
+def megatron_alltoall_map_held(*, experts) -> int:
+    """Bytes per token and layer of the permute's int32 row_id_map, (tokens, 2E + 1), which the alltoall dispatcher
+    also keeps as ``self.reversed_local_input_permutation_mapping`` (``dispatch_preprocess``) until the layer's next
+    forward: a saved tensor (``megatron_clamped_glu_moe``) until the layer's backward, then alive through the rest
+    of the backward and the optimizer step (measured: ``validation/megatron_gpt_oss/measure_moe.py``)."""
+    return 4 * (2 * experts + 1)
+
+
+def megatron_alltoall_counts_held(*, experts, local_experts) -> int:
+    """Bytes per layer of the dispatcher's ``self.num_global_tokens_per_local_expert`` (``preprocess``: int64, the
+    group's token counts for the rank's experts, [tp, ep, E / ep] with tp = 1: E entries; on one rank the [E]
+    counts' view), kept on the device with ``moe_permute_fusion`` when the rank holds more than one expert, until
+    the layer's next forward: alive in every phase (measured: ``validation/megatron_gpt_oss/measure_moe.py``)."""
+    return 8 * experts if local_experts > 1 else 0
+
+
 # --- the built-in families ---------------------------------------------------------------------------
 
 W = LayerWeight

@@ -98,8 +98,8 @@ import attrs
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
-from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_held,
-                        megatron_clamped_glu_moe)
+from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_counts_held,
+                        megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe)
 from ..kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE, kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
 
@@ -370,8 +370,11 @@ def _megatron_terms(plan, placement, terms) -> list:
     the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
     this regime (``RMS_NORM``), not transformers' gpt-oss norm; no eager masks, BlockMasks or s x (s + 1)
     scores exist (fused attention). The alltoall dispatcher's held probabilities and routing map
-    (``families.megatron_alltoall_held``) are alive in every phase, one set per layer."""
-    from mlsysim_core.terms import PHASES
+    (``families.megatron_alltoall_held``) and its int64 token counts (``megatron_alltoall_counts_held``, two or
+    more experts a rank) are alive in every phase, one set per layer; the permute's row_id_map, a saved part until
+    the layer's backward, is held after it (``megatron_alltoall_map_held``: the end of the backward and the
+    optimizer step)."""
+    from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP, PHASES
     from ..shapes import shape_of
     shape = shape_of(plan)
     T = plan.microbatch * plan.seq_len
@@ -388,6 +391,22 @@ def _megatron_terms(plan, placement, terms) -> list:
         nbytes=layers * T * per_token, phases=PHASES,
         formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
                 f"forward) = {layers * T * per_token:,} B"))
+    # The permute's row_id_map is a saved part until the layer's backward; the dispatcher keeps it after that.
+    per_token = megatron_alltoall_map_held(experts=shape.experts)
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (after the backward)",
+        nbytes=layers * T * per_token, phases=(BACKWARD_END, OPTIMIZER_STEP),
+        formula=f"{layers} layers x T x 4(2E + 1) B (the permute's int32 row_id_map, saved until the layer's "
+                f"backward, then held as reversed_local_input_permutation_mapping until its next forward) = "
+                f"{layers * T * per_token:,} B"))
+    local = shape.experts // placement.expert_shards
+    counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
+    if counts:
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held token counts (int64)",
+            nbytes=layers * counts, phases=PHASES,
+            formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
+                    f"until the layer's next forward) = {layers * counts:,} B"))
     return out
 
 
@@ -550,7 +569,8 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
         "Megatron-Core gpt-oss as Megatron-Bridge's recipes configure it (TEGroupedMLP with biases, the quick-GELU "
         "GLU clamped at 7 with glu_linear_offset 1 under bias_activation_fusion, the alltoall dispatcher with "
         f"moe_permute_fusion, the unfused router in bf16; {MEGATRON_LM}): the MoE layer's saved tensors and the "
-        "dispatcher's held probabilities and routing map measured to the byte (validation/megatron_gpt_oss); the "
+        "dispatcher's held probabilities, routing map, permutation map and token counts measured to the byte "
+        "(validation/megatron_gpt_oss); the "
         "attention is Transformer Engine's fused attention with learnable softmax offsets, derived from its "
         "source (q, k, v, the output and the fp32 softmax statistics kept, the sinks a parameter), not measured; "
         "not counted: the activation's bf16 offset scalar and TE's rng state (2 + 16 B a layer)"]
@@ -561,8 +581,7 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "the dispatcher's held [T, E] probabilities and map cover all the rank's tokens and every expert; the "
             "permuted probabilities, the two chunk sorts' maps and the experts' tensors are per routed copy the rank "
             "receives (T x k balanced; moe_routing_imbalance sets the busiest rank's load); the all-to-all's send and "
-            "receive buffers are the profile's generic transient term (not measured); not counted: the "
-            "dispatcher's int64 token counts (num_global_tokens_per_local_expert, 8E B a layer)")
+            "receive buffers are the profile's generic transient term (not measured)")
     if _quantization(plan.model) is not None:
         notes.append("gpt-oss's quantization_config (quant_method 'mxfp4') is for inference: Megatron-Bridge loads "
                      "the checkpoint dequantized; the weights are costed as the regime says, not as MXFP4")
