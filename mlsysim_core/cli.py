@@ -594,7 +594,9 @@ def _model(text: str, parameter: str = "--model"):
         data = _load_json_file(parameter, text)
         if "model_type" in data:     # a Hugging Face config.json
             from .hf import from_hf_config
-            return from_hf_config(data, name=Path(text).parent.name or None)
+            # named after its checkpoint folder (docs/hf-import.md), or a renamed file after itself
+            name = Path(text).parent.name if Path(text).name == "config.json" else Path(text).stem
+            return from_hf_config(data, name=name or None)
         return structure_model(data)     # every problem named model.<field>
     from .catalog import get_model
     return get_model(text)

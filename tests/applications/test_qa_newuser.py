@@ -249,3 +249,16 @@ def test_time_reproduces_a_search_row_with_sequence_parallelism():
     assert json.loads(raw)["layout"]["sequence_parallel"] is False      # the measured profile's default
     code, text = run(*argv, "--sequence-parallel")
     assert ", sequence parallel\n" in text
+
+
+def test_a_renamed_hf_config_file_is_named_after_the_file(tmp_path):
+    """`-m DeepSeek-V2-Lite.json` (a config.json saved under the model's name) was named after
+    its folder (`hf_configs on NVIDIA H100 ...`); a `config.json` is still named after its folder."""
+    text = (DOCS.parent / "tests/data/hf_configs/Llama-3.2-1B.json").read_text()
+    (tmp_path / "Llama-3.2-1B.json").write_text(text)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(text)
+    for model, name in ((tmp_path / "Llama-3.2-1B.json", "Llama-3.2-1B"), (tmp_path / "ckpt", "ckpt"),
+                        (tmp_path / "ckpt" / "config.json", "ckpt")):
+        code, out = run("estimate", "-m", str(model), "--no-chart")
+        assert code == 0 and out.startswith(f"{name} on NVIDIA H100 SXM5 80GB"), out.splitlines()[0]
