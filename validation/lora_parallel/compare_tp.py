@@ -4,7 +4,8 @@
     .venv/bin/python validation/lora_parallel/compare_tp.py          # the table
     .venv/bin/python validation/lora_parallel/compare_tp.py --sp     # with sequence parallelism (measure_lora_sp.py)
     .venv/bin/python validation/lora_parallel/compare_tp.py --dp     # with data parallelism (measure_lora_tp_dp.py)
-    .venv/bin/python validation/lora_parallel/compare_tp.py [--sp | --dp] --doc   # and rewrite it in docs/validation.md
+    .venv/bin/python validation/lora_parallel/compare_tp.py --loss   # Megatron's loss (measure_lora_tp_loss.py)
+    .venv/bin/python validation/lora_parallel/compare_tp.py [--sp | --dp | --loss] --doc   # and rewrite it in docs/validation.md
 
 Needs no torch. Each measured rank is solved as the run was laid out (``tp_size`` = the world, sequence
 parallelism as measured, LoRA as measured: Megatron-Bridge's adapters, in the base's dtype) and each measured phase's peak is
@@ -27,8 +28,11 @@ ROOT = HERE.parents[1]
 DATA = HERE / "tp_measurements.json"
 SP_DATA = HERE / "sp_measurements.json"      # measure_lora_sp.py: with sequence parallelism
 DP_DATA = HERE / "tp_dp_measurements.json"   # measure_lora_tp_dp.py: with data parallelism (Megatron-Core's rules)
+LOSS_DATA = HERE / "tp_loss_measurements.json"   # measure_lora_tp_loss.py: Megatron's vocab-parallel cross-entropy
 DOC = ROOT / "docs" / "validation.md"
-MARKERS = {"dp": ("<!-- lora-tp-dp-table: begin (validation/lora_parallel/compare_tp.py --dp --doc) -->",
+MARKERS = {"loss": ("<!-- lora-tp-loss-table: begin (validation/lora_parallel/compare_tp.py --loss --doc) -->",
+                    "<!-- lora-tp-loss-table: end -->"),
+           "dp": ("<!-- lora-tp-dp-table: begin (validation/lora_parallel/compare_tp.py --dp --doc) -->",
                   "<!-- lora-tp-dp-table: end -->"),
            False: ("<!-- lora-tp-table: begin (validation/lora_parallel/compare_tp.py --doc) -->",
                    "<!-- lora-tp-table: end -->"),
@@ -49,6 +53,8 @@ def solve(run):
     dp = {"dp_size": lay.get("dp_size", 1)}
     if "data_parallel" in lay:
         dp["data_parallel"] = lay["data_parallel"]
+    if "loss" in run:           # measure_lora_tp_loss.py: Megatron's vocab-parallel cross-entropy
+        dp["loss"] = run["loss"]
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"],
             "adapter_dtype": "base", "dropout": run["lora"].get("dropout", 0.0)}
     return TrainingMemoryModel("measured").solve(
@@ -96,13 +102,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sp", action="store_true", help="the runs with sequence parallelism (sp_measurements.json)")
     ap.add_argument("--dp", action="store_true", help="the runs with data parallelism (tp_dp_measurements.json)")
+    ap.add_argument("--loss", action="store_true", help="the runs with Megatron's vocab-parallel cross-entropy "
+                    "(tp_loss_measurements.json)")
     ap.add_argument("--doc", action="store_true", help="rewrite the table in docs/validation.md")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    text = table(DP_DATA if args.dp else SP_DATA if args.sp else DATA)
+    text = table(LOSS_DATA if args.loss else DP_DATA if args.dp else SP_DATA if args.sp else DATA)
     print(text)
     if args.doc:
-        begin, end = MARKERS["dp" if args.dp else args.sp]
+        begin, end = MARKERS["loss" if args.loss else "dp" if args.dp else args.sp]
         doc = DOC.read_text(encoding="utf-8")
         start, stop = doc.index(begin) + len(begin), doc.index(end)
         DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[stop:], encoding="utf-8")

@@ -230,8 +230,9 @@ def _check_tensor(plan, config):
     with or without sequence parallelism (measure_lora_sp.py; ``seq_len`` a multiple of tp), plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
     Bridge casts them to the model's bf16/fp16), no recomputation, the default loss; with dp > 1 (measure_lora_tp_dp.py)
     Megatron-Core's grad buffer and (distributed) optimizer over the adapters, as Megatron-Bridge trains them (regime
-    ``mixed-bf16-main-grad``, a rule declaring ``main_grad_terms``; not over pp stages). The rest is refused, naming
-    the field, its value and what is modelled."""
+    ``mixed-bf16-main-grad``, a rule declaring ``main_grad_terms``; not over pp stages), and there, without sequence
+    parallelism, Megatron's unfused vocab-parallel cross-entropy on the rank's V/tp logits (measure_lora_tp_loss.py).
+    The rest is refused, naming the field, its value and what is modelled."""
     o = plan.profile_options
     why = f"tp_size={plan.tp_size}: "
     allowed = ("plain LoRA with tp_size > 1 (measured: Megatron-Bridge's adapters over a Llama-style model, tensor "
@@ -303,9 +304,18 @@ def _check_tensor(plan, config):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                "none with lora and tp_size > 1", why + "recomputation under LoRA and tensor "
                                "parallelism is not measured")
-    if getattr(o, "loss", None) not in (None, "cross_entropy") or getattr(o, "loss_parallel", False):
-        raise NotModelledError("loss", getattr(o, "loss", None), "the default cross-entropy (logits all-gathered) "
-                               "with lora and tp_size > 1", why + "not measured")
+    # Megatron-Core's unfused vocab-parallel cross-entropy on the frozen LM head's V/tp logits (never all-gathered),
+    # as Megatron-Bridge trains LoRA (cross_entropy_loss_fusion=False): measured with Megatron-Core's grad buffer and
+    # optimizer, no sequence parallelism (validation/lora_parallel/measure_lora_tp_loss.py, tp_loss_measurements.json)
+    loss = getattr(o, "loss", None)
+    megatron_loss = loss == "megatron_vocab_parallel" and megatron and not plan.sequence_parallel
+    if (loss not in (None, "cross_entropy") and not megatron_loss) or getattr(o, "loss_parallel", False):
+        raise NotModelledError("loss", loss, "the default cross-entropy (logits all-gathered) with lora and "
+                               "tp_size > 1, or 'megatron_vocab_parallel' under Megatron-Core's data-parallel rules "
+                               "(mcore-distopt, mcore-ddp) and regime='mixed-bf16-main-grad' without sequence "
+                               "parallelism", why + "measured: Megatron's unfused vocab-parallel cross-entropy on "
+                               "the rank's V/tp logits (validation/lora_parallel/measure_lora_tp_loss.py); its fused "
+                               "(torch.compile'd) variant, sequence parallelism and other losses are not")
     if getattr(o, "compile", None):
         raise NotModelledError("compile", o.compile, "False with lora and tp_size > 1", why + "not measured")
 
@@ -1388,6 +1398,13 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     t = placement.tensor_shards
     if t > 1:
         terms += _tensor_lm_head_terms(T, h, V, c, t, sp)
+        if sp == 1 and getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):
+            # Megatron's vocab-parallel loss (the only one _check_tensor lets through): the final norm's output, which
+            # the frozen LM head does not save, is held by Megatron's GPTModel._postprocess (its hidden_states
+            # argument) until the loss returns (validation/lora_parallel/measure_lora_tp_loss.py; with sequence
+            # parallelism _tensor_lm_head_terms has it already)
+            add(MemoryTerm(component=ACTIVATIONS, label="final norm output (held until the loss)", nbytes=c * T * h,
+                           phases=(FORWARD,), formula=f"{c} x T x h (the frozen LM head saves none of it)"))
     if regime.autocast:
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
                        + ("LM head's trainable copy" if trains_lm_head(plan) else "frozen LM head"),
