@@ -1101,14 +1101,14 @@ def cmd_estimate(args, out) -> int:
         except OSError as err:
             raise InvalidInputError("--save-scenario", args.save_scenario, "a writable file", str(err)) from err
     reference, refused = None, None
-    if scenario.profile != "reference":   # the reference profile's total beside it, when it has one
+    if result.profile != "reference":   # the reference profile's total beside it, when it has one
         try:
             reference = _solve(solver, reference_stand_in(scenario, solver.registry)[0])
         except InvalidInputError as err:  # (the answer stands; the comparison is left out, and said)
             refused = str(err)
     if args.json:
         document = _json_document(result.to_dict(), scenario, note, result)
-        document["reference_profile"] = None if scenario.profile == "reference" else {
+        document["reference_profile"] = None if result.profile == "reference" else {
             "total_memory": reference.total_memory if reference else None,
             "feasible": reference.feasible if reference else None, "refused": refused}
         out.write(json.dumps(_with_launch(document, args), indent=2, sort_keys=True) + "\n")

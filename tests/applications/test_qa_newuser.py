@@ -262,3 +262,13 @@ def test_a_renamed_hf_config_file_is_named_after_the_file(tmp_path):
                         (tmp_path / "ckpt" / "config.json", "ckpt")):
         code, out = run("estimate", "-m", str(model), "--no-chart")
         assert code == 0 and out.startswith(f"{name} on NVIDIA H100 SXM5 80GB"), out.splitlines()[0]
+
+
+def test_a_respelled_reference_profile_gets_no_reference_total_beside_it():
+    """`--profile referencE` is the reference profile (names are read case-insensitively): its
+    answer is the reference's own, with no 'reference profile total' beside it, in text or JSON."""
+    code, raw = run("estimate", "--profile", "referencE", "--json")
+    assert code == 0 and json.loads(raw)["reference_profile"] is None
+    assert raw == run("estimate", "--profile", "reference", "--json")[1]
+    code, text = run("estimate", "--profile", "REFERENCE", "--no-chart")
+    assert "reference profile total" not in text
