@@ -3,7 +3,8 @@ kept vocab-parallel (each tp rank its V/tp slice, never all-gathered) and Megatr
 cross-entropy on them, as Megatron-Bridge trains LoRA (``cross_entropy_loss_fusion=False``). One rank of a (dp, tp)
 world measured under the fake process group (validation/lora_parallel/measure_lora_tp_loss.py ->
 tp_loss_measurements.json; this test needs no torch), every phase compared (compare_tp.py --loss); the loss's terms
-by hand; the fused loss and sequence parallelism still refused by type and message."""
+by hand; with sequence parallelism (the LM head's input all-gathered from the sequence chunks, its gradient
+reduce-scattered); the fused loss still refused by type and message."""
 
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ def test_the_measurements():
     data = json.loads(COMPARE.LOSS_DATA.read_text(encoding="utf-8"))
     assert data["torch"].split("+")[0] == "2.13.0" and data["transformers"] == "5.23.0"
     assert "measure_lora_tp_loss.py" in data["generator"]
-    assert len(RUNS) == 6 and not any(r.get("error") for r in RUNS)
+    assert len(RUNS) == 8 and not any(r.get("error") for r in RUNS)
     for run in RUNS:
         assert run["loss"] == "megatron_vocab_parallel" and run["model_regime"] == "mixed-bf16-main-grad"
-        assert run["layout"]["kind"] == "tp" and run["layout"]["data_parallel"] in ("mcore-distopt", "mcore-ddp")
+        assert run["layout"]["kind"] in ("tp", "tp+sp") and run["layout"]["data_parallel"] in ("mcore-distopt",
+                                                                                              "mcore-ddp")
         assert run["measured"]["lora"]["loss"] == "megatron_vocab_parallel"
 
 
@@ -65,6 +67,17 @@ def test_the_loss_by_hand():
     assert terms["final norm output (held until the loss)"].phases == ("forward",)
     # the default cross-entropy's terms (the whole vocabulary's log-softmax) are gone
     assert not {"log-softmax of the logits (fp32)", "cross-entropy backward temporaries (fp32)"} & set(terms)
+
+
+def test_the_loss_with_sequence_parallelism_by_hand():
+    # b 1 x s 256 = T 256 tokens, tp 2 with SP: the logits of the whole sequence on the rank's V/tp (the head's input
+    # all-gathered first), the final norm's output held on the rank's s/tp tokens (bf16)
+    run = _run("tpsp-megatron_vocab_parallel-llama-tiny-mixed-bf16-main-grad-r16-all-tp2-dp2")
+    T, h, v = 256, 256, 32_000 // 2
+    terms = {t.label: t.nbytes for t in COMPARE.solve(run).ranks[0].terms}
+    assert terms["softmax, made in place in the logits' fp32 copy (saved)"] == 4 * T * v
+    assert terms["final norm output (held until the loss; sequence parallel)"] == 2 * T * h // 2
+    assert "final norm output (held until the loss)" not in terms
 
 
 def test_only_the_loss_differs_from_the_default_loss():
@@ -101,10 +114,10 @@ def test_llama3_8b_loss_by_hand():
 @pytest.mark.parametrize("kw,parameter,message", [
     # Megatron's fused (torch.compile'd) loss with LoRA under tp: not measured
     ({"loss": "megatron_fused"}, "loss", "'megatron_vocab_parallel' under Megatron-Core's data-parallel rules"),
-    ({"sequence_parallel": True}, "loss", "without sequence parallelism"),
+    ({"loss": "megatron_fused", "sequence_parallel": True}, "loss", "its fused (torch.compile'd) variant"),
     # Megatron's loss outside Megatron-Core's regime and rules (pure bf16, no data parallelism)
-    ({"regime": "bf16", "dp_size": 1, "data_parallel": None}, "loss", "its fused (torch.compile'd) variant, "
-     "sequence parallelism and other losses are not"),
+    ({"regime": "bf16", "dp_size": 1, "data_parallel": None}, "loss", "its fused (torch.compile'd) variant and "
+     "other losses are not"),
 ])
 def test_refused(kw, parameter, message):
     with pytest.raises(NotModelledError) as e:

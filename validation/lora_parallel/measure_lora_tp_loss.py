@@ -7,14 +7,16 @@ Megatron's unfused vocab-parallel cross-entropy run on them.
 
 The run is measure_lora_tp_dp.py's (Megatron-Bridge's adapters, Megatron-Core's grad buffer and distributed
 optimizer, regime ``mixed-bf16-main-grad``; ``../parallel/measure_parallel.py``'s fake process group, rank 0 of a
-(dp, tp) world; tensor parallelism without sequence parallelism), with two changes:
+(dp, tp) world; tensor parallelism with or without sequence parallelism), with two changes:
 
 * the LM head is Megatron-Core's ``output_layer`` as Megatron-Bridge's PEFT leaves it: ``ColumnParallelLinear(h, V,
   gather_output=False)`` with its weight frozen, i.e. ``LinearWithFrozenWeight`` (NVIDIA/Megatron-LM
   d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/core/tensor_parallel/layers.py: ``forward`` ``torch.matmul(input,
   weight.t())``, ``ctx.save_for_backward(weight)`` only; ``backward`` ``grad_output.matmul(weight)`` all-reduced in
   place over tp (``allreduce_dgrad``)): this rank's [V/tp, h] shard of the weight, its output the rank's logits
-  shard (b, s, V/tp) in bf16;
+  shard (b, s, V/tp) in bf16; with sequence parallelism ``linear_with_frozen_weight`` first all-gathers the rank's
+  sequence chunk of the final norm's output (``gather_from_sequence_parallel_region``, its backward a reduce-scatter;
+  ``allreduce_dgrad`` False), with b = 1 (Megatron's (s, b, h) gather layout is Hugging Face's (b, s, h) only then);
 * the loss is ``vocab_parallel_cross_entropy`` (tensor_parallel/cross_entropy.py, ``cross_entropy_loss_fusion=
   False`` as the PEFT recipe sets it, label_smoothing 0) re-implemented line by line below (``MegatronVocabParallelCE``;
   read at the stored NVIDIA/Megatron-LM 00611e6eeb0b09b5ee074750956855215ddbd67f, lines 19-120 the
@@ -67,14 +69,61 @@ class _FrozenColumnLinear(torch.autograd.Function):
         return grad_input, None
 
 
-class VocabParallelHead(torch.nn.Module):
-    """Megatron-Core's ``output_layer`` (ColumnParallelLinear, gather_output=False) with its weight frozen."""
+class _FrozenColumnLinearSP(torch.autograd.Function):
+    """layers.py ``LinearWithFrozenWeight`` under sequence parallelism (``allreduce_dgrad`` False: the input's
+    gradient is reduce-scattered by the gather's backward)."""
 
-    def __init__(self, weight):
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(weight)
+        return torch.matmul(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (weight,) = ctx.saved_tensors
+        return grad_output.matmul(weight), None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    """mappings.py ``gather_from_sequence_parallel_region(tensor_parallel_output_grad=True)`` (``linear_with_frozen_
+    weight`` with ``sequence_parallel``): ``_gather_along_first_dim`` (one all-gather into a new buffer of the whole
+    sequence), backward ``_reduce_scatter_along_first_dim`` (a new buffer of the rank's chunk, reduce-scattered into).
+    Megatron's sequence is dim 0, Hugging Face's dim 1: with b = 1 the (tp, 1, s/tp, h) buffer is the (1, s, h)
+    tensor, as Megatron's (the configurations below use b = 1)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        world = dist.get_world_size(tp.GROUP)
+        b, s, h = x.shape
+        assert b == 1, "the sequence-parallel gather is Megatron's layout with b = 1 only"
+        buf = torch.empty((world, b, s, h), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(buf, x.contiguous(), group=tp.GROUP)
+        return buf.view(b, world * s, h)
+
+    @staticmethod
+    def backward(ctx, g):
+        world = dist.get_world_size(tp.GROUP)
+        b, s, h = g.shape
+        out = torch.empty((b, s // world, h), dtype=g.dtype, device=g.device)
+        # (b = 1: the (1, s, h) gradient is the (tp, s/tp, h) chunks in order, Megatron's first-dim layout)
+        dist.reduce_scatter_tensor(out, g.contiguous().view(world * b, s // world, h), group=tp.GROUP)
+        return out
+
+
+class VocabParallelHead(torch.nn.Module):
+    """Megatron-Core's ``output_layer`` (ColumnParallelLinear, gather_output=False) with its weight frozen; ``sp``:
+    its input the rank's sequence chunk of the final norm's output, all-gathered first."""
+
+    def __init__(self, weight, sp=False):
         super().__init__()
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.sp = sp
 
     def forward(self, x):
+        if self.sp:
+            if isinstance(x, DTensor):      # (the SequenceParallel norm's Shard(1) output: the rank's chunk)
+                x = x.to_local()
+            return _FrozenColumnLinearSP.apply(_GatherFromSP.apply(x), self.weight)
         return _FrozenColumnLinear.apply(x, self.weight)
 
 
@@ -131,10 +180,10 @@ class MegatronVocabParallelCE(torch.autograd.Function):
         return grad_input, None
 
 
-def use_megatron_loss(model):
+def use_megatron_loss(model, sp=False):
     """The LM head replaced by its frozen vocab-parallel shard, the forward by Megatron's loss on it."""
     w = model.lm_head.weight
-    model.lm_head = VocabParallelHead(w.to_local() if isinstance(w, DTensor) else w)
+    model.lm_head = VocabParallelHead(w.to_local() if isinstance(w, DTensor) else w, sp)
     base = model.model
 
     def forward(input_ids=None, labels=None, use_cache=False, **kw):
@@ -151,7 +200,8 @@ def use_megatron_loss(model):
 
 def _cfg(t, d, **kw):
     c = tpdp._cfg(t, d, **kw)
-    c["id"] = c["id"].replace("lora-tp-", "lora-tp-megatron_vocab_parallel-")
+    c["id"] = c["id"].replace("lora-tp-", "lora-tp-megatron_vocab_parallel-").replace(
+        "lora-tpsp-", "lora-tpsp-megatron_vocab_parallel-")
     c["loss"] = "megatron_vocab_parallel"
     return c
 
@@ -163,6 +213,9 @@ CONFIGS = [
     _cfg(4, 2, rank=8),
     _cfg(2, 2, model="gqa-tiny"),
     _cfg(2, 2, rule="mcore-ddp"),
+    # sequence parallelism (b = 1: Megatron's gather layout, _GatherFromSP)
+    _cfg(2, 2, kind="tp+sp", b=1),
+    _cfg(2, 2, kind="tp+sp", targets=["q_proj", "v_proj"], model="gqa-tiny", b=1),
 ]
 
 
@@ -172,7 +225,7 @@ def measure(cfg: dict) -> dict:
 
     def apply_tp(model, mesh, sp):
         plan = orig(model, mesh, sp)
-        head.update(use_megatron_loss(model))
+        head.update(use_megatron_loss(model, sp))
         return plan
     mp.apply_tp = apply_tp          # measure_lora_tp_dp.measure wraps this one (adapters after it)
     try:

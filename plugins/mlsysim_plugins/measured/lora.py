@@ -230,8 +230,8 @@ def _check_tensor(plan, config):
     with or without sequence parallelism (measure_lora_sp.py; ``seq_len`` a multiple of tp), plain LoRA in fp32 or pure 16 bits with the adapters in the base's dtype (Megatron-
     Bridge casts them to the model's bf16/fp16), no recomputation, the default loss; with dp > 1 (measure_lora_tp_dp.py)
     Megatron-Core's grad buffer and (distributed) optimizer over the adapters, as Megatron-Bridge trains them (regime
-    ``mixed-bf16-main-grad``, a rule declaring ``main_grad_terms``; not over pp stages), and there, without sequence
-    parallelism, Megatron's unfused vocab-parallel cross-entropy on the rank's V/tp logits (measure_lora_tp_loss.py).
+    ``mixed-bf16-main-grad``, a rule declaring ``main_grad_terms``; not over pp stages), and there Megatron's unfused
+    vocab-parallel cross-entropy on the rank's V/tp logits (measure_lora_tp_loss.py).
     The rest is refused, naming the field, its value and what is modelled."""
     o = plan.profile_options
     why = f"tp_size={plan.tp_size}: "
@@ -306,16 +306,16 @@ def _check_tensor(plan, config):
                                "parallelism is not measured")
     # Megatron-Core's unfused vocab-parallel cross-entropy on the frozen LM head's V/tp logits (never all-gathered),
     # as Megatron-Bridge trains LoRA (cross_entropy_loss_fusion=False): measured with Megatron-Core's grad buffer and
-    # optimizer, no sequence parallelism (validation/lora_parallel/measure_lora_tp_loss.py, tp_loss_measurements.json)
+    # optimizer, with and without sequence parallelism (validation/lora_parallel/measure_lora_tp_loss.py,
+    # tp_loss_measurements.json)
     loss = getattr(o, "loss", None)
-    megatron_loss = loss == "megatron_vocab_parallel" and megatron and not plan.sequence_parallel
+    megatron_loss = loss == "megatron_vocab_parallel" and megatron
     if (loss not in (None, "cross_entropy") and not megatron_loss) or getattr(o, "loss_parallel", False):
         raise NotModelledError("loss", loss, "the default cross-entropy (logits all-gathered) with lora and "
                                "tp_size > 1, or 'megatron_vocab_parallel' under Megatron-Core's data-parallel rules "
-                               "(mcore-distopt, mcore-ddp) and regime='mixed-bf16-main-grad' without sequence "
-                               "parallelism", why + "measured: Megatron's unfused vocab-parallel cross-entropy on "
+                               "(mcore-distopt, mcore-ddp) and regime='mixed-bf16-main-grad'", why + "measured: Megatron's unfused vocab-parallel cross-entropy on "
                                "the rank's V/tp logits (validation/lora_parallel/measure_lora_tp_loss.py); its fused "
-                               "(torch.compile'd) variant, sequence parallelism and other losses are not")
+                               "(torch.compile'd) variant and other losses are not")
     if getattr(o, "compile", None):
         raise NotModelledError("compile", o.compile, "False with lora and tp_size > 1", why + "not measured")
 
