@@ -386,22 +386,26 @@ def test_the_profiles_refusals_pass_through(tmp_path, edit, gpus, parameter):
     assert err.value.parameter == parameter
 
 
-@pytest.mark.parametrize("tp, gpus", [(2, 2), (2, 8)])
-def test_lora_under_tp_answers(tmp_path, capsys, tp, gpus):
+@pytest.mark.parametrize("tp, gpus, sp", [(2, 2, False), (2, 8, False), (2, 8, True)])
+def test_lora_under_tp_answers(tmp_path, capsys, tp, gpus, sp):
     """LoRA with tensor_model_parallel_size 2 (the derived dump): the reader passes what the config says (lora from
     peft, tp_size from the model section, cross_entropy_loss_fusion false: loss megatron_vocab_parallel); Megatron's
     main grads, its data-parallel rules and its unfused vocab-parallel cross-entropy with LoRA under tp are measured
     (validation/lora_parallel/measure_lora_tp_dp.py, measure_lora_tp_loss.py), so `estimate --from` answers. The
     loss by hand: the rank's logits shard T x V/tp (T 2,048, V 128,256, tp 2) upcast to the fp32 softmax it saves, and
-    the final norm's bf16 output (T x h, h 2,048) held until the loss returns."""
+    the final norm's bf16 output (T x h, h 2,048; with sequence parallelism its T/tp chunk) held until the loss
+    returns."""
     from clitools import run
-    path = _derived(tmp_path, lambda d: d["model"].update(tensor_model_parallel_size=tp))
+    path = _derived(tmp_path, lambda d: d["model"].update(tensor_model_parallel_size=tp, sequence_parallel=sp))
     launch = from_launch([path], gpus=gpus, hardware="h100")
     assert (launch.scenario.tp_size, launch.scenario.dp_size) == (tp, gpus // tp)
     assert launch.scenario.profile_options["lora"]["rank"] == R
     terms = {t.label: t.nbytes for t in launch.scenario.solve().ranks[0].terms}
     assert terms["softmax, made in place in the logits' fp32 copy (saved)"] == 4 * 2048 * 128_256 // tp
-    assert terms["final norm output (held until the loss)"] == 2 * 2048 * H
+    if sp:
+        assert terms["final norm output (held until the loss; sequence parallel)"] == 2 * 2048 * H // tp
+    else:
+        assert terms["final norm output (held until the loss)"] == 2 * 2048 * H
     code, out = run("estimate", "--from", str(path), "--gpus", str(gpus), "-g", "h100")
     err = capsys.readouterr().err
     assert code == 0 and "Traceback" not in err
