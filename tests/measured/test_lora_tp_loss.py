@@ -93,11 +93,11 @@ def test_only_the_loss_differs_from_the_default_loss():
     assert rest(run) == rest(default)
 
 
-def _solve(**kw):
+def _solve(solver=None, **kw):
     args = dict(regime="mixed-bf16-main-grad", tp_size=2, dp_size=4, data_parallel="mcore-distopt",
                 activation_checkpointing="none", optimizer_impl="fused", loss="megatron_vocab_parallel")
     args.update(kw)
-    return TrainingMemoryModel("measured").solve("llama3-8b", "h100", 4, 2048, "bf16",
+    return (solver or TrainingMemoryModel("measured")).solve("llama3-8b", "h100", 4, 2048, "bf16",
                                                  lora={"rank": 16, "adapter_dtype": "base"},
                                                  runtime_overheads=False, **args)
 
@@ -116,10 +116,11 @@ def test_llama3_8b_loss_by_hand():
     ({"loss": "megatron_fused"}, "loss", "'megatron_vocab_parallel' under Megatron-Core's data-parallel rules"),
     ({"loss": "megatron_fused", "sequence_parallel": True}, "loss", "its fused (torch.compile'd) variant"),
     # Megatron's loss outside Megatron-Core's regime and rules (pure bf16, no data parallelism)
-    ({"regime": "bf16", "dp_size": 1, "data_parallel": None}, "loss", "its fused (torch.compile'd) variant and "
-     "other losses are not"),
+    ({"regime": "bf16", "dp_size": 1, "data_parallel": None}, "loss", "a Megatron-Core regime "
+     "(regime='mixed-bf16-main-grad') under tp > 1"),
 ])
 def test_refused(kw, parameter, message):
+    # (loss._refuse: under LoRA and tp only an implementation declaring "lora_tensor_parallel" passes)
     with pytest.raises(NotModelledError) as e:
         _solve(**kw)
     assert e.value.parameter == parameter
@@ -130,3 +131,38 @@ def test_the_validation_page_shows_the_table():
     begin, end = COMPARE.MARKERS["loss"]
     doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
     assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == COMPARE.table(COMPARE.LOSS_DATA)
+
+
+
+def test_a_renamed_vocab_parallel_loss_is_let_through_by_its_declaration():
+    """One plugin world: the LoRA-under-tp check reads what the loss declares ("lora_tensor_parallel" in its
+    allows), not its name: the built-in registered again under another name gives the same bytes, and the same
+    implementation without the declaration is refused naming the loss."""
+    import attrs
+
+    from mlsysim_core import hookimpl
+    from mlsysim_core.manager import PluginManager
+    from mlsysim_core.registry import PluginInfo
+    from mlsysim_plugins.measured.loss_implementations import HOOK
+
+    builtin = TrainingMemoryModel().registry.extensions[HOOK]["megatron_vocab_parallel"]
+    copies = [attrs.evolve(builtin, name="my_vocab_parallel"),
+              attrs.evolve(builtin, name="my_undeclared", allows=builtin.allows - {"lora_tensor_parallel"})]
+
+    class Third:
+        pass
+    setattr(Third, HOOK, staticmethod(hookimpl(lambda: list(copies))))
+    installed = PluginManager.from_environment(autoload=False, blocked=())
+    pm = PluginManager()
+    for name, plugin in sorted(installed.list_name_plugin()):
+        if plugin is not None:
+            pm.register(plugin, name=name, info=installed.info(name))
+    pm.register(Third(), name="acme_losses", info=PluginInfo(name="acme_losses", distribution="acme", version="1"))
+    pm.check()
+    world = TrainingMemoryModel("measured", plugin_manager=pm)
+    base = _solve()
+    renamed = _solve(solver=world, loss="my_vocab_parallel")
+    assert renamed.total_memory == base.total_memory and renamed.phase_totals == base.phase_totals
+    with pytest.raises(NotModelledError) as e:
+        _solve(solver=world, loss="my_undeclared")
+    assert e.value.parameter == "loss" and "under LoRA over tp=2" in str(e.value)

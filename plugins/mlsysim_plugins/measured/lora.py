@@ -216,12 +216,18 @@ def _check_pipeline(plan, config):
         raise NotModelledError("lora.use_dora", True, "False with pp_size > 1",
                                why + "DoRA's weight norms per pipeline stage are not measured")
     if config.modules_to_save:
-        raise NotModelledError("lora.modules_to_save", config.modules_to_save, "() with pp_size > 1",
+        raise NotModelledError("lora.modules_to_save", config.modules_to_save,
+                               "none (no modules to save) with pp_size > 1",
                                why + "trainable copies of the embedding / LM head on the first / last stage are not "
                                "measured")
-    if getattr(o, "loss", None) not in (None, "cross_entropy"):
-        raise NotModelledError("loss", o.loss, "the default cross-entropy with lora and pp_size > 1",
-                               why + "a chunked or fused loss on the last stage under LoRA is not measured")
+    # (a loss of its own on the last stage under LoRA: refused by loss._refuse)
+
+
+def _chosen_loss(plan):
+    """The loss implementation the options chose, or None for the default cross-entropy (one that declares no
+    terms of its own: loss.loss_terms keeps the default's)."""
+    impl = getattr(plan.profile_options, "loss_implementation", None)
+    return None if impl is None or impl.terms is None else impl
 
 
 def _check_tensor(plan, config):
@@ -271,10 +277,10 @@ def _check_tensor(plan, config):
         raise NotModelledError("lora.dropout", config.dropout, "0.0 with tp_size > 1 and pp_size > 1",
                                why + "lora_dropout over the stages of a tensor-parallel model (its copies inside the "
                                "top layer's MLP moment) is not measured")
-    for field, value, ok in (("lora.use_dora", config.use_dora, False),
-                             ("lora.modules_to_save", config.modules_to_save, ())):
-        if value and value != ok:
-            raise NotModelledError(field, value, f"{ok!r} with tp_size > 1", why + "not measured under tensor "
+    for field, value, ok in (("lora.use_dora", config.use_dora, "False"),
+                             ("lora.modules_to_save", config.modules_to_save, "none (no modules to save)")):
+        if value:
+            raise NotModelledError(field, value, f"{ok} with tp_size > 1", why + "not measured under tensor "
                                    "parallelism")
     if regime.autocast or regime.gather or ((regime.master or regime.main_grad) and not megatron):
         raise NotModelledError("regime", regime.name, "fp32 or a pure 16-bit regime with lora and tp_size > 1, or "
@@ -308,14 +314,10 @@ def _check_tensor(plan, config):
     # as Megatron-Bridge trains LoRA (cross_entropy_loss_fusion=False): measured with Megatron-Core's grad buffer and
     # optimizer, with and without sequence parallelism (validation/lora_parallel/measure_lora_tp_loss.py,
     # tp_loss_measurements.json)
-    loss = getattr(o, "loss", None)
-    megatron_loss = loss == "megatron_vocab_parallel" and megatron
-    if (loss not in (None, "cross_entropy") and not megatron_loss) or getattr(o, "loss_parallel", False):
-        raise NotModelledError("loss", loss, "the default cross-entropy (logits all-gathered) with lora and "
-                               "tp_size > 1, or 'megatron_vocab_parallel' under Megatron-Core's data-parallel rules "
-                               "(mcore-distopt, mcore-ddp) and regime='mixed-bf16-main-grad'", why + "measured: Megatron's unfused vocab-parallel cross-entropy on "
-                               "the rank's V/tp logits (validation/lora_parallel/measure_lora_tp_loss.py); its fused "
-                               "(torch.compile'd) variant and other losses are not")
+    # (the loss: loss._refuse lets through under LoRA and tp only an implementation declaring "lora_tensor_parallel")
+    if getattr(o, "loss_parallel", False):
+        raise NotModelledError("loss_parallel", True, "False with lora and tp_size > 1",
+                               why + "LoRA with loss-parallel logits is not measured")
     if getattr(o, "compile", None):
         raise NotModelledError("compile", o.compile, "False with lora and tp_size > 1", why + "not measured")
 
@@ -331,7 +333,8 @@ def _check_variants(plan, config):
     if not (dora or saved):
         return
     if saved and plan.dp_size != 1:
-        raise NotModelledError("lora.modules_to_save", saved, "() with dp_size > 1 (one device)",
+        raise NotModelledError("lora.modules_to_save", saved,
+                               "none (no modules to save) with dp_size > 1 (validated on one device)",
                                f"modules_to_save is validated on one device only; dp_size={plan.dp_size}: the copies' "
                                "gathers and gradient reduction under the data-parallel rules are not modelled")
     if dora and config.dropout > 0 and config.quantization is not None and plan.profile_options.regime.autocast:
@@ -829,11 +832,13 @@ def _mixed_copy_terms(plan, c) -> list[MemoryTerm]:
     step = step_of(o.optimizer_spec)
     value = c.saved_modules and tuple(m for m, _ in c.saved_modules)
     if step is None or step.moments is None:
-        raise NotModelledError("lora.modules_to_save", value, "() with this optimizer, or lora.adapter_dtype='base'",
+        raise NotModelledError("lora.modules_to_save", value,
+                               "none (no modules to save) with this optimizer, or lora.adapter_dtype='base'",
                                f"optimizer {plan.optimizer!r} declares no parameter-shaped moments: its state over "
                                f"copies in {cb} B beside fp32 adapters is not modelled")
     if o.optimizer_impl == "for-loop":
-        raise NotModelledError("lora.modules_to_save", value, "() with optimizer_impl='for-loop', or "
+        raise NotModelledError("lora.modules_to_save", value, "none (no modules to save) with "
+                               "optimizer_impl='for-loop', or "
                                "lora.adapter_dtype='base'",
                                "the for-loop step's temporaries over tensors of two dtypes are not modelled")
     what = " + ".join(m for m, _ in c.saved_modules)
@@ -1398,7 +1403,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     t = placement.tensor_shards
     if t > 1:
         terms += _tensor_lm_head_terms(T, h, V, c, t, sp)
-        if sp == 1 and getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):
+        if sp == 1 and _chosen_loss(plan) is not None:
             # Megatron's vocab-parallel loss (the only one _check_tensor lets through): the final norm's output, which
             # the frozen LM head does not save, is held by Megatron's GPTModel._postprocess (its hidden_states
             # argument) until the loss returns (validation/lora_parallel/measure_lora_tp_loss.py; with sequence
@@ -1419,7 +1424,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             through_layers.add(id(terms[-1]))
     if plan.profile_options.lora.quantization in ("nf4", "fp4"):
         add(_dequantized_weight(plan, c))
-    if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
+    if _chosen_loss(plan) is not None:   # loss.py: chunked or fused
         from .loss import loss_terms
         from .model import context
         terms = loss_terms(plan, context(plan, placement), terms, lm_head_trainable=trains_lm_head(plan))

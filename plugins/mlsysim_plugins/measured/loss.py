@@ -84,6 +84,10 @@ _REFUSALS = {   # what a loss implementation does not declare it allows: (allowe
     "context_parallel": "cross_entropy with context parallelism",
     "softcapping": "cross_entropy with final logit soft-capping",
     "autocast": "a regime without autocast",
+    "lora_tensor_parallel": "the default cross-entropy (logits all-gathered) with lora and tp_size > 1, or a loss "
+                            "measured over LoRA's tensor-parallel adapters ('megatron_vocab_parallel' under "
+                            "Megatron-Core's data-parallel rules (mcore-distopt, mcore-ddp) and "
+                            "regime='mixed-bf16-main-grad')",
 }
 
 
@@ -147,6 +151,15 @@ def _refuse(plan, loss, impl):
     if o.lora is not None and "lora" not in allows:
         raise NotModelledError("loss", loss, _REFUSALS["lora"],
                                f"{what} under LoRA: lora.model_activation_terms keeps the default cross-entropy")
+    if o.lora is not None and plan.pp_size > 1 and impl.terms is not None:
+        raise NotModelledError("loss", loss, "the default cross-entropy with lora and pp_size > 1",
+                               f"pp_size={plan.pp_size}: a chunked or fused loss on the last stage under LoRA is not "
+                               "measured")
+    if o.lora is not None and plan.tp_size > 1 and "lora_tensor_parallel" not in allows:
+        raise NotModelledError("loss", loss, _REFUSALS["lora_tensor_parallel"],
+                               f"{what} under LoRA over tp={plan.tp_size}: measured, Megatron's unfused vocab-parallel "
+                               "cross-entropy on the rank's V/tp logits (validation/lora_parallel/"
+                               "measure_lora_tp_loss.py); its fused (torch.compile'd) variant and other losses are not")
     if megatron(o.regime) and "megatron" not in allows:
         raise NotModelledError("loss", loss, _REFUSALS["megatron"],
                                "Megatron-Core's cross-entropy is vocabulary-parallel and fused already"

@@ -20,7 +20,8 @@ A ``LossImplementation`` declares its memory, with nothing the profile recognise
   (a count) or ``"tokens"`` (tokens per chunk, as TRL's and LitGPT's ``chunk_size``).
 - ``token_share``: it computes only the tokens whose label is not ignored (``loss_token_share``).
 - ``allows``: what it runs under beyond one device's plain layout: ``"tensor_parallel"``,
-  ``"context_parallel"``, ``"lora"``, ``"softcapping"``, ``"autocast"`` (default: autocast only);
+  ``"context_parallel"``, ``"lora"``, ``"softcapping"``, ``"autocast"`` (default: autocast only),
+  ``"lora_tensor_parallel"`` (measured under LoRA over tensor-parallel adapters: lora.py lets it through);
   anything else is refused naming the implementation. ``check(plan)`` refuses more (raise).
 - ``note`` (what every result with it says first), ``notes`` (more: unvalidated, ...),
   ``source`` (the library, file and commit it is derived from), ``added_step_time(plan)``.
@@ -38,7 +39,7 @@ import attrs
 from mlsysim_core import hookimpl
 
 HOOK = "mlsysim_measured_losses"
-ALLOWS = ("tensor_parallel", "context_parallel", "lora", "softcapping", "autocast", "megatron")
+ALLOWS = ("tensor_parallel", "context_parallel", "lora", "softcapping", "autocast", "megatron", "lora_tensor_parallel")
 
 
 def _allows(value) -> frozenset:

@@ -488,7 +488,8 @@ PUBLISHED = (
         added_step_time=lambda plan: (0.0, "Megatron's fused cross-entropy: no extra FLOPs or launches")),
     LossImplementation(
         name="megatron_vocab_parallel", source=MEGATRON_UNFUSED, terms=megatron_vocab_parallel_terms,
-        check=_megatron_unfused_check, allows=("autocast", "tensor_parallel", "context_parallel", "megatron", "lora"),
+        check=_megatron_unfused_check, allows=("autocast", "tensor_parallel", "context_parallel", "megatron", "lora",
+                                                "lora_tensor_parallel"),      # (measure_lora_tp_loss.py)
         description="Megatron-Core's unfused vocab-parallel cross-entropy (not compiled): upcast once, softmax "
                     "and gradient in place",
         note="loss: Megatron-Core's unfused vocab-parallel cross-entropy: the logits upcast once and worked in "
