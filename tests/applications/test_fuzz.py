@@ -598,6 +598,7 @@ def _without_precision(text: str) -> dict:
     data = json.loads(text)
     data.pop("precision")
     data["run"].pop("precision")
+    data.pop("reference_profile", None)     # the reference profile is solved at the precision flag (no regime)
     return data
 
 
