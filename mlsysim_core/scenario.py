@@ -838,7 +838,7 @@ def launch_format_for(path, document, registry):
     listing = "; ".join(f"{n} ({s.framework}: {s.description})" for n, s in sorted(formats.items())) or "(none installed)"
     if not claims:
         raise InvalidInputError("--from", str(path), f"a file one of the installed launch formats reads: {listing}",
-                                "no launch format recognizes it")
+                                "no launch format recognizes it" + (": the file is empty" if not document else ""))
     if len(claims) > 1:
         who = " and ".join(f"{n!r} (plugin {getattr(registry.providers.get((LAUNCH_FORMAT, n)), 'name', '?')})"
                            for n in claims)

@@ -272,3 +272,17 @@ def test_a_respelled_reference_profile_gets_no_reference_total_beside_it():
     assert raw == run("estimate", "--profile", "reference", "--json")[1]
     code, text = run("estimate", "--profile", "REFERENCE", "--no-chart")
     assert "reference profile total" not in text
+
+
+def test_an_empty_launch_file_is_said_empty(tmp_path, capsys):
+    from mlsysim_core.cli import main
+    empty = tmp_path / "recipe.yaml"
+    empty.write_text("")
+    assert main(["estimate", "--from", str(empty), "-g", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert f"--from='{empty}' is not allowed" in err and "no launch format recognizes it: the file is empty" in err
+    full = tmp_path / "other.yaml"
+    full.write_text("a_key_nobody_reads: 1\n")
+    assert main(["estimate", "--from", str(full), "-g", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "(no launch format recognizes it)" in err and "empty" not in err.split("is not allowed")[1]
