@@ -48,23 +48,27 @@ class InverseAnswer:
     # The search reached its bound (MAX_MICROBATCH, MAX_SEQUENCE) and every value up to it
     # fits: ``value`` is a lower bound, not the largest value that fits.
     at_search_limit: bool = False
+    # How ``describe`` names the value beyond the answer, whose need ``limit`` is.
+    beyond: str = "at the next step"
 
     def describe(self) -> str:
         if self.value is None:
             over = self.limit
             return (f"{self.question}: nothing fits; at the smallest value the total is "
                     f"{over.gb.total_memory:,.3f} GB ({over.gib.total_memory:,.3f} GiB) against "
-                    f"{over.gb.available_memory:,.3f} GB; largest component: {self.binding}")
+                    f"{over.gb.available_memory:,.3f} GB ({over.gib.available_memory:,.3f} GiB); largest component: "
+                    f"{self.binding}")
         value = f"at least {self.value:,} (search limit)" if self.at_search_limit else f"{self.value:,}"
         text = (f"{self.question}: {value}"
                 + "".join(f", {k} {v:,}" for k, v in self.details.items())
-                + f" ({self.result.gb.total_memory:,.3f} GB of {self.result.gb.available_memory:,.3f} GB; "
+                + f" ({self.result.gb.total_memory:,.3f} GB of {self.result.gb.available_memory:,.3f} GB = "
+                  f"{self.result.gib.total_memory:,.3f} GiB of {self.result.gib.available_memory:,.3f} GiB; "
                   f"{self.headroom * 1e-9:,.3f} GB = {self.headroom / 2**30:,.3f} GiB headroom)")
         if self.at_search_limit:
             text += "; every value up to the search limit fits, so the answer is a lower bound"
         if self.limit is not None:
-            step = "with fewer devices" if self.question == "fewest devices" else "at the next step"
-            text += (f"; {step} it needs {self.limit.gb.total_memory:,.3f} GB, bound by "
+            text += (f"; {self.beyond} it needs {self.limit.gb.total_memory:,.3f} GB ({self.limit.gib.total_memory:,.3f} GiB), "
+                     f"bound by "
                      f"{self.binding.replace('_', ' ')}")
         return text
 
@@ -329,8 +333,8 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
                 if probe is not None and probe > lo + 1:     # refused up to the end: look below the probe
                     j, r = valid_at(lo + 1, probe)
                 if j is None:           # even the largest valid step does not fit
-                    return InverseAnswer(question="fewest devices", value=None, result=None, limit=lo_result,
-                                         binding=_binding(None, lo_result), headroom=None, solves=solves)
+                    return InverseAnswer(question="fewest devices", beyond="with fewer devices", value=None,
+                                         result=None, limit=lo_result, binding=_binding(None, lo_result), headroom=None, solves=solves)
             if r.feasible:
                 hi, hi_result = j, r
             else:
@@ -348,6 +352,6 @@ def fewest_devices(model, hardware, batch_size, *, solver: TrainingMemoryModel |
     dp = steps[hi]
     binding = None if lo_result is None else max(
         COMPONENTS, key=lambda c: getattr(lo_result, c) - getattr(hi_result, c))
-    return InverseAnswer(question="fewest devices", value=tp_size * cp_size * pp_size * dp, result=hi_result,
-                         limit=lo_result, binding=binding, headroom=hi_result.headroom, solves=solves,
+    return InverseAnswer(question="fewest devices", beyond="with fewer devices",
+                         value=tp_size * cp_size * pp_size * dp, result=hi_result, limit=lo_result, binding=binding, headroom=hi_result.headroom, solves=solves,
                          details={"dp": dp, "tp": tp_size, "pp": pp_size, "ep": ep_size, "cp": cp_size})
