@@ -100,11 +100,12 @@ class TrainingMemoryResult:
 
     @property
     def constraint_trace(self) -> tuple[str, ...]:
-        """The reference's trace: a summary line in GB, then the rules' notes (ZeRO, MoE)."""
+        """The reference's trace: a summary line in GB (with runtime overheads if any), then the rules' notes."""
         from .render import format_gb
         summary = (f"Training Memory: weights={format_gb(self.weights)}, gradients={format_gb(self.gradients)}, "
                    f"optimizer={format_gb(self.optimizer_state)}, activations={format_gb(self.activations)}, "
-                   f"buffers={format_gb(self.communication_buffers)}.")
+                   f"buffers={format_gb(self.communication_buffers)}"
+                   + (f", runtime overheads={format_gb(self.runtime_overheads)}" if self.runtime_overheads else "") + ".")
         return (summary,) + self.notes
 
     @property

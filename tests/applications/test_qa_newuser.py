@@ -286,3 +286,23 @@ def test_an_empty_launch_file_is_said_empty(tmp_path, capsys):
     assert main(["estimate", "--from", str(full), "-g", "h100"]) == 2
     err = capsys.readouterr().err
     assert "(no launch format recognizes it)" in err and "empty" not in err.split("is not allowed")[1]
+
+
+def test_the_trace_summary_counts_runtime_overheads_when_there_are_any():
+    """The trace's summary line adds up to the total: the measured profile's runtime overheads
+    (CUDA context, allocator) are named in it; the reference's line keeps its own format."""
+    from mlsysim_core.render import format_gb
+    from mlsysim_core.solver import TrainingMemoryModel
+    measured = TrainingMemoryModel("measured").solve("llama3-8b", "h100", 8)
+    assert measured.runtime_overheads > 0
+    assert measured.constraint_trace[0].endswith(f", runtime overheads={format_gb(measured.runtime_overheads)}.")
+    reference = TrainingMemoryModel().solve("llama3-8b", "h100", 8)
+    assert reference.runtime_overheads == 0 and "runtime" not in reference.constraint_trace[0]
+
+
+def test_fit_says_gib_beside_gb_everywhere():
+    from mlsysim_core.inverse import largest_batch
+    from mlsysim_core.solver import TrainingMemoryModel
+    answer = largest_batch("llama3-8b", "h100", solver=TrainingMemoryModel("measured"), seq_len=2048, tp_size=4)
+    text = answer.describe()
+    assert text.count("GiB") >= 3 and f"{answer.result.available_memory / 2**30:,.3f} GiB" in text
