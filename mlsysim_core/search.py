@@ -1425,8 +1425,9 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     sp = (registry.profiles[profile].sequence_parallel if sequence_parallel is None
           else _checks.flag("sequence_parallel", sequence_parallel)) and tp > 1
     notes: list[str] = said
-    # the one-device plan (recompute share, optimizer bytes), as search_plans makes it
-    one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule")}
+    # the one-device plan (recompute share, optimizer bytes), as search_plans makes it (the pipeline's own options,
+    # its schedule, chunks and layers per stage, describe no one-device plan)
+    one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule", "stage_layers")}
     if one.get("plugin_options"):   # (the layout's rules' options: the one-device plan selects none of its rules)
         one["plugin_options"] = {n: o for n, o in one["plugin_options"].items()
                                  if n not in registry.sharding_rules} or None

@@ -187,3 +187,37 @@ def test_gradient_sync_per_step_with_lora_is_refused():
     with pytest.raises(NotModelledError, match=r"plugin_options\['fsdp-grad-op'\]\.gradient_sync='step'.*LoRA"):
         TrainingMemoryModel("measured").solve("llama3-8b", "h100", plugin_options={"fsdp-grad-op": {
             "gradient_sync": "step"}}, lora={"rank": 16}, **{**ACCUMULATING, "tp_size": 1, "pp_size": 1})
+
+
+def test_a_chunk_of_one_layer_under_ends_one_fewer_the_llama3_papers_v():
+    # The Llama 3 paper's pipeline in miniature: 14 layers over pp 4, one fewer on the end stages (3, 4, 4, 3) and
+    # one layer a chunk: v = ceil((14 + 2) / 4) = 4 chunks per rank, the first stage's first chunk the embedding
+    # only. An even split refuses it (4 x 4 chunks need 16 layers); said as stage_layers (the memory side's
+    # split) it is laid out, and the step time times its bubble as interleaved 1F1B's (pp - 1) / v slots.
+    model = TransformerWorkload(name="t14", parameters=1_400_000_000, layers=14, hidden_dim=2048, heads=16,
+                                vocab_size=32000, ffn_dim=8192, gated_mlp=True, architecture="llama")
+    run = dict(global_batch=16, seq_len=2048, tp=1, pp=4, dp=1, data_parallel="zero1", checkpointing="none",
+               microbatch=1, precision="bf16", optimizer="adamw", profile="measured", memory=False,
+               plugin_options={"pp": {"stages": "ends-one-fewer"}})
+    from mlsysim_core import LayoutError
+    with pytest.raises(LayoutError, match=r"virtual_stages=4 .*at most 3 model chunks per stage"):
+        time_plan(model, "h100", vp=4, **run)
+    v4 = time_plan(model, "h100", vp=4, stage_layers=(3, 4, 4, 3), **run)
+    v1 = time_plan(model, "h100", stage_layers=(3, 4, 4, 3), **run)
+    assert v4["layout"]["vp"] == 4 and v1["layout"]["vp"] == 1
+    gas = 16
+    for timed, idle in ((v4, 3 / 4), (v1, 3)):
+        c = timed["components"]
+        micro = (c["step"] - c["bubble"] - c["dp"] - c["optimizer"]) / gas
+        assert c["bubble"] == pytest.approx(idle * micro)
+        assert timed["bubble"] == pytest.approx(idle / (gas + idle))
+    # the same stage times but the sends: v per micro-batch slot at v chunks
+    a, b = v4["components"], v1["components"]
+    assert a["p2p"] == pytest.approx(4 * b["p2p"])
+    assert {k: a[k] for k in ("matmul", "attention", "memory", "tp", "dp")} == \
+        {k: b[k] for k in ("matmul", "attention", "memory", "tp", "dp")}
+    # stage_layers is the pipeline's own option: the one-device solve (recompute, optimizer bytes) takes none, and a
+    # split equal to the even one times as no split at all
+    even = dict(run, plugin_options=None)
+    assert time_plan(model, "h100", stage_layers=(3, 4, 4, 3), **even)["step_s"] == \
+        time_plan(model, "h100", **even)["step_s"]
