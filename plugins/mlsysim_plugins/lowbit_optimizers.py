@@ -48,6 +48,7 @@ from ._flat_state import flat_state_terms
 from ._fmt import n
 from ._lazy import lazy_module
 from .measured.optimizer_step import OPTIMIZER_IN_BACKWARD, OptimizerStep
+from .measured.optimizer_step import step_of as measured_step
 
 measured = lazy_module(globals(), "measured", "mlsysim_plugins.measured.optimizers")
 
@@ -74,9 +75,15 @@ _TORCHAO_IN_BACKWARD = (
 # instance fills its two quantization maps once it holds a tensor of >= min_8bit_size elements
 # (Optimizer8bit.fill_qmap; measured, validation/techniques/oib_combinations). The paged variant
 # keeps the same states.
-TORCHAO_STEP = OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN_BACKWARD})
+# The update's traffic (``added_step_time``): both moments read and written at their own bits, 8-bit and
+# fp8 4 B per parameter, 4-bit 2 B; torchao's compiled step realizes its temporaries (the docstring's 8,
+# 26 and 2 B per element), bitsandbytes' fused kernel none.
+TORCHAO_STEPS = {name: OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN_BACKWARD}, quantized_moments=bits,
+                                     moment_traffic=4.0 * TORCHAO[name][1], step_realized=TORCHAO[name][4])
+                 for name, bits in (("adamw-8bit-torchao", "8-bit"), ("adamw-4bit-torchao", "4-bit"),
+                                    ("adamw-fp8-torchao", "fp8"))}
 BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
-                         measured_with=(OPTIMIZER_IN_BACKWARD,))
+                         measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0)
 
 UNVALIDATED_PAGED = ("paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
                      "its states (tensors of >= 100,000 elements, outside PyTorch's allocator, so not in "
@@ -162,12 +169,13 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None, memor
     else the plan's hardware's; ``None`` without one). Paged states that were paged out cost
     host-link traffic as well: not priced (it depends on the memory pressure).
     """
-    name = plan.optimizer
-    realized = {"adamw-8bit-torchao": 8, "adamw-4bit-torchao": 26, "adamw-fp8-torchao": 2}.get(name, 0)
-    moments = 2.0 if name == "adamw-4bit-torchao" else 4.0
+    step = measured_step(plan.profile_options.optimizer_spec)
+    if step is None or not step.quantized_moments:
+        return 0.0, f"{plan.optimizer}: declares no quantized moments"
+    realized, moments = step.step_realized, step.moment_traffic
     extra = max(0.0, 2 * realized - (16 - moments))
     params = plan.model.parameters * plan.trainable_fraction
-    how = (f"{name}: {extra:g} B more moved per trainable parameter than a fused fp32 AdamW "
+    how = (f"{plan.optimizer}: {extra:g} B more moved per trainable parameter than a fused fp32 AdamW "
            f"(2 x {realized} B realized temporaries - {16 - moments:g} B saved on the moments) / memory bandwidth")
     bandwidth = memory_bandwidth or getattr(plan.hardware, "memory_bandwidth", None)
     if not extra:
@@ -191,7 +199,7 @@ def mlsysim_optimizers():
                         f"tensors < 4096 or not a block multiple in full precision; compiled step",
             state_terms=_flat(name, bpp, how),
             extensions={"measured.state_terms": functools.partial(torchao_state_terms, name=name),
-                        "measured.notes": functools.partial(notes, name=name)}, step=TORCHAO_STEP))
+                        "measured.notes": functools.partial(notes, name=name)}, step=TORCHAO_STEPS[name]))
     specs.append(OptimizerSpec(
         name="adamw-8bit-bnb",
         description="bitsandbytes AdamW8bit: 8-bit moments, 256-block fp32 absmax, fp32 under 4096 elements",

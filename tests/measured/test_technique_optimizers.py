@@ -11,6 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
@@ -189,23 +190,50 @@ def test_reference_grade():
 
 def test_added_step_time():
     from mlsysim_plugins import lowbit_optimizers, muon
-    plan = type("P", (), {"optimizer": "adamw-8bit-torchao", "model": type("M", (), {"parameters": 10**9})(),
-                          "trainable_fraction": 1.0, "hardware": None})()
+    plan = _plan("adamw-8bit-torchao")
     seconds, how = lowbit_optimizers.added_step_time(plan, memory_bandwidth=10**12)
-    assert seconds == pytest.approx(4 * 10**9 / 10**12) and "memory bandwidth" in how   # 2 x 8 - 12 B
-    plan.optimizer = "adamw-8bit-bnb"
-    assert lowbit_optimizers.added_step_time(plan, memory_bandwidth=10**12)[0] == 0.0
-    plan.optimizer = "adamw-4bit-torchao"
-    assert lowbit_optimizers.added_step_time(plan)[0] is None
+    params = plan.model.parameters
+    assert seconds == pytest.approx(4 * params / 10**12) and "memory bandwidth" in how   # 2 x 8 - 12 B
+    assert lowbit_optimizers.added_step_time(_plan("adamw-8bit-bnb"), memory_bandwidth=10**12)[0] == 0.0
+    seconds = lowbit_optimizers.added_step_time(_plan("adamw-4bit-torchao"), memory_bandwidth=10**12)[0]
+    assert seconds == pytest.approx(38 * params / 10**12)                                # 2 x 26 - 14 B
+    assert lowbit_optimizers.added_step_time(attrs.evolve(plan, hardware=attrs.evolve(
+        plan.hardware, memory_bandwidth=None)))[0] is None
     seconds, how = muon.added_step_time(_plan("muon"), hardware_flops=1e12)
     layer = [(128, 128), (64, 128), (64, 128), (128, 128), (256, 128), (256, 128), (128, 256)]
     flops = 5 * 2 * sum(4 * min(a, b) ** 2 * max(a, b) + 2 * min(a, b) ** 3 for a, b in layer)
     assert seconds == pytest.approx(flops / 1e12) and "Newton-Schulz" in how
 
 
-def _plan(optimizer, model="llama-s"):
+def _plan(optimizer, model="llama-s", solver=None):
     from mlsysim_core.inputs import check_plan, profile_plan
-    reg = TrainingMemoryModel().registry
+    reg = (solver or TrainingMemoryModel()).registry
     plan = check_plan(reg, "measured", from_hf_config(_config(model), name=model), BIG, 2, 64, "fp32",
                       optimizer, "none", 1, 1, 1, 1, 0, 1, 1.0, 0.05, False, None, None, None, (), 1)
     return profile_plan(reg, reg.profiles["measured"], plan, {"regime": "fp32", "device": "cpu"})
+
+
+def test_a_renamed_low_bit_optimizer_is_priced_and_offered_as_the_original():
+    """``fit techniques`` reads the optimizer's declaration (``OptimizerStep.quantized_moments``,
+    ``moment_traffic``, ``step_realized``), never its name: the torchao 8-bit spec registered as
+    another name is active in the ladder and adds the same step time."""
+    from mlsysim_core import hookimpl
+    from mlsysim_core.manager import PluginManager
+    from mlsysim_plugins import lowbit_optimizers
+    from mlsysim_plugins.measured.builtin_techniques import TECHNIQUES
+    spec = next(s for s in lowbit_optimizers.mlsysim_optimizers() if s.name == "adamw-8bit-torchao")
+
+    class Renamed:
+        @hookimpl
+        def mlsysim_optimizers(self):
+            return [attrs.evolve(spec, name="my-8bit")]
+
+    pm = PluginManager.from_environment()
+    pm.register(Renamed(), name="renamed-8bit")
+    solver = TrainingMemoryModel(plugin_manager=pm)
+    lowbit = next(t for t in TECHNIQUES if t.keyword == "optimizer")
+    plans = [_plan(name, solver=solver) for name in ("adamw-8bit-torchao", "my-8bit")]
+    assert [lowbit.active(p) for p in plans] == [True, True]
+    times = [lowbit_optimizers.added_step_time(p, memory_bandwidth=10**12)[0] for p in plans]
+    assert times[0] == times[1] > 0
+    assert not lowbit.active(_plan("adamw", solver=solver))

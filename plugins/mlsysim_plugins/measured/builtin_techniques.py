@@ -235,8 +235,14 @@ def _checkpointing_time(plan, figures):
     return s, f"checkpointing {plan.activation_checkpointing}: {how}{peak}"
 
 
-LOWBIT = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb")
 _LOWBIT_CAVEAT = "{} block-quantized moments: convergence may differ from fp32 AdamW"
+
+
+def _lowbit_on(plan) -> bool:
+    """The selected optimizer declares quantized moments (``OptimizerStep.quantized_moments``)."""
+    from .optimizer_step import step_of
+    step = step_of(plan.profile_options.optimizer_spec)
+    return step is not None and bool(step.quantized_moments)
 
 
 def _lowbit_time(plan, figures):
@@ -292,7 +298,7 @@ TECHNIQUES = (
                           Candidate("adamw-4bit-torchao", "torchao AdamW4bit", _LOWBIT_CAVEAT.format("4-bit")),
                           Candidate("adamw-8bit-bnb", "bitsandbytes AdamW8bit", _LOWBIT_CAVEAT.format("8-bit"))],
               offered=lambda value, given: given in ("adam", "adamw"),
-              active=lambda plan: plan.optimizer in LOWBIT, added_step_time=_lowbit_time),
+              active=_lowbit_on, added_step_time=_lowbit_time),
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,
                                                                         "compile_checkpoint": COMPILE_CHECKPOINT},
               description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)"),

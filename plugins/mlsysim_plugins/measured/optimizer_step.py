@@ -52,6 +52,13 @@ class OptimizerStep:
     least ``quantized_from`` elements (bitsandbytes' 8-bit: two 256-entry fp32 maps), which one
     optimizer per parameter repeats.
 
+    ``quantized_moments``: what a low-bit optimizer quantizes, shown as its numerical caveat
+    (``"8-bit"``: block-quantized 8-bit moments; ``""``: full precision, the default); its update
+    then moves ``moment_traffic`` bytes per parameter reading and writing both moments (a fused
+    fp32 AdamW: 16) and realizes ``step_realized`` bytes per quantized element in temporaries that
+    it writes and reads back (torchao's compiled step; 0 for one fused kernel). ``fit techniques``
+    prices a low-bit optimizer from these, never from its name.
+
     ``measured_with``: the techniques measured with it (``"optimizer_in_backward"``,
     ``"torchao_offload"``); ``refused``: technique -> why it is not, said when it is refused.
     """
@@ -63,6 +70,9 @@ class OptimizerStep:
     loop_previous: int = 0
     quantization_maps: int = 0
     quantized_from: int = 4096
+    quantized_moments: str = ""
+    moment_traffic: float = 16.0
+    step_realized: int = 0
     measured_with: tuple[str, ...] = attrs.field(default=(), converter=_techniques)
     refused: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_reasons)
 
