@@ -123,10 +123,6 @@ def row(source, what, files, gpus, hardware, model, metric, value, unit) -> str:
                      if f.field == "seq_len")
     error = (predicted - value) / value * 100
     verdict = f"{error:+.1f} %"
-    if str(launch.scenario.optimizer).startswith("paged"):     # bitsandbytes pages its state out under pressure
-        without = (result.total_memory - result.optimizer_state) / scale
-        verdict += (f" ({without:.2f} {unit} without the paged optimizer state, which bitsandbytes pages to the "
-                    "host when the GPU is short)")
     if source in FLOORS:
         floor = FLOORS[source](result) / scale
         verdict += (f" (not comparable: below this config's floor, {floor:.2f} {unit} allocated before the CUDA "

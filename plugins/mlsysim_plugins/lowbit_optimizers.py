@@ -33,10 +33,14 @@ on real CPU runs (validation/techniques/optimizers/):
   uint8 states + one fp32 absmax per 256-element block (the last block partial), and the two
   256-entry fp32 quantization maps ``qmap1``/``qmap2`` shared by every tensor (2 KiB in all);
   ``step`` is a Python int. The update is one fused in-place kernel: no temporaries.
-* The paged variant keeps the same states in CUDA unified memory (``get_state_buffer``: tensors
-  of >= 1e5 elements, ``F.get_paged``), outside PyTorch's caching allocator, paged to the host
-  only under memory pressure: at the step they are resident on the device, so they are counted
-  on the accelerator. Not measurable here (CUDA only): unvalidated, said in a note.
+* The paged variant keeps the 8-bit moments of tensors of >= 1e5 elements in CUDA unified memory
+  (``get_state_buffer``, ``F.get_paged``: a managed allocation viewed with ``torch.frombuffer``),
+  outside PyTorch's caching allocator: not in ``torch.cuda.max_memory_allocated`` nor in what the
+  allocator needs to fit. They are priced in the host tier (``result.host_memory``), where the
+  driver pages them when the device runs short; with room to spare they sit on the device beside
+  the allocator's memory (nvidia-smi shows them). torchtune's Llama 3.1 8B full recipe on a 24 GB
+  RTX 4090 (PagedAdamW8bit: 16 GB of paged moments) peaks at 18.9 GiB (its README): the allocator's
+  part. Not measurable here (CUDA only): unvalidated, said in a note.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from __future__ import annotations
 import functools
 
 from mlsysim_core import OPTIMIZER_STATE, MemoryTerm, OptimizerSpec, hookimpl
+from mlsysim_core.terms import HOST
 from ._flat_state import flat_state_terms
 from ._fmt import n
 from ._lazy import lazy_module
@@ -64,6 +69,9 @@ TORCHAO = {
 }
 BNB_BLOCK = 256
 BNB_QMAPS = 2 * 256 * 4   # the signed and unsigned dynamic maps, shared by every tensor
+# bitsandbytes 0.50.2 optim/optimizer.py Optimizer8bit.get_state_buffer: "if not self.is_paged or p.numel() < 1e5:
+# return torch.zeros_like(...)", else F.get_paged (functional.py: lib.cget_managed_ptr, torch.frombuffer)
+PAGED_FROM = 100_000
 
 _TORCHAO_IN_BACKWARD = (
     "torchao's per-parameter step is torch.compile'd (single_param_adam), which dynamo refuses to trace under "
@@ -86,9 +94,10 @@ BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZ
                          measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0)
 
 UNVALIDATED_PAGED = ("paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
-                     "its states (tensors of >= 100,000 elements, outside PyTorch's allocator, so not in "
-                     "torch.cuda.memory_allocated) are counted as resident on the accelerator, where they are "
-                     "at the step; under memory pressure the driver pages them to the host")
+                     "the 8-bit moments of tensors of >= 100,000 elements live there, outside PyTorch's allocator "
+                     "(not in torch.cuda.memory_allocated): they are counted in host memory, where the driver "
+                     "pages them under memory pressure, not in the accelerator's total; with room to spare "
+                     "they stay on the accelerator beside it (the paging costs step time, not priced)")
 COMPILED_NOTE = ("{name}: the step's temporaries are those of torchao's torch.compile'd per-parameter step as "
                  "inductor's CPU code allocates them (measured); CUDA code may fuse differently")
 
@@ -130,16 +139,28 @@ def torchao_state_terms(plan, placement, options, *, name):
     return terms
 
 
-def bnb_state_terms(plan, placement, options, *, name):
+def bnb_state_terms(plan, placement, options, *, name, paged=False):
+    """bitsandbytes' 8-bit states. ``paged`` (PagedAdamW8bit): ``get_state_buffer`` puts the 8-bit
+    moments of each tensor of at least ``PAGED_FROM`` elements in CUDA unified memory (``F.get_paged``:
+    ``cget_managed_ptr``, a ``torch.frombuffer`` view), which PyTorch's caching allocator never sees
+    and the driver pages to the host under memory pressure; the absmax blocks and the smaller
+    tensors' states are ordinary device tensors."""
     tensors = measured.trainable_tensors(plan)
     quantized = sum(t for t in tensors if t >= MIN_QUANTIZED)
     small = sum(t for t in tensors if t < MIN_QUANTIZED)
     blocks = sum(-(-t // BNB_BLOCK) for t in tensors if t >= MIN_QUANTIZED)
     share = measured.tensor_share(plan, placement)
+    unified = sum(t for t in tensors if t >= PAGED_FROM) if paged else 0
     terms = [*measured.master_terms(plan, placement), MemoryTerm(
         component=OPTIMIZER_STATE, label=f"{name} moments (8-bit, block-wise)", phases=measured.STEADY,
-        nbytes=2 * (quantized + 4 * blocks + 4 * small) * share,
-        formula=f"2 moments x ({n(quantized)} x 1 B + {n(blocks)} blocks x 4 B absmax + {n(small)} small x 4 B fp32)")]
+        nbytes=2 * (quantized - unified + 4 * blocks + 4 * small) * share,
+        formula=f"2 moments x ({n(quantized)} x 1 B + {n(blocks)} blocks x 4 B absmax + {n(small)} small x 4 B fp32)"
+                + (f" - the paged {n(unified)} x 1 B" if unified else ""))]
+    if unified:
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY, nbytes=2 * unified * share,
+            label=f"{name} paged moments (CUDA unified memory, outside PyTorch's allocator)",
+            formula=f"2 moments x {n(unified)} elements of tensors >= {PAGED_FROM:,} elements x 1 B (get_state_buffer)"))
     if quantized:
         terms.append(MemoryTerm(component=OPTIMIZER_STATE, label=f"{name} quantization maps", phases=measured.STEADY,
                                 nbytes=BNB_QMAPS, formula="2 dynamic maps x 256 x 4 B (shared by all tensors)"))
@@ -209,9 +230,9 @@ def mlsysim_optimizers():
     specs.append(OptimizerSpec(
         name="paged-adamw-8bit-bnb",
         description="bitsandbytes PagedAdamW8bit (unvalidated: CUDA unified memory): states as adamw-8bit-bnb, "
-                    "counted resident on the device at the step",
+                    "the large tensors' moments paged (host tier, outside the allocator)",
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
-        extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb"),
+        extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb", paged=True),
                     "measured.notes": functools.partial(notes, name="paged-adamw-8bit-bnb")}, step=BNB_STEP))
     return specs
 

@@ -136,7 +136,9 @@ def test_paged_bnb_is_accepted_and_says_unvalidated():
     r = TrainingMemoryModel().solve(model, BIG, 1, 128, "fp32", "paged-adamw-8bit-bnb", "none", profile="measured",
                                     optimizer_in_backward=True, runtime_overheads=False, device="cpu")
     assert any("unvalidated" in n for n in r.notes)
-    assert r.total_memory == solve(run).total_memory
+    # measured on the CPU, where bitsandbytes falls back to unpaged states: the paged moments (host tier)
+    # are the rest of the measured total
+    assert r.host_memory > 0 and r.total_memory + r.host_memory == solve(run).total_memory
 
 
 @pytest.mark.parametrize("optimizer,match", [
