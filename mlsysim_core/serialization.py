@@ -6,9 +6,11 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 
 from .errors import InvalidInputError, InvalidInputTypeError
+from .terms import MemoryTerm
 
 _converter = make_converter(forbid_extra_keys=True)
 # The version of every JSON document written: bumped when a key changes meaning or goes away.
@@ -34,6 +36,8 @@ _converter.register_structure_hook(
     float, lambda v, _: float(_expect(v, "a number", isinstance(v, (int, float)) and not isinstance(v, bool))))
 _converter.register_structure_hook(bool, lambda v, _: _expect(v, "true or false", isinstance(v, bool)))
 _converter.register_structure_hook(str, lambda v, _: _expect(v, "a string", isinstance(v, str)))
+_converter.register_unstructure_hook(MemoryTerm, make_dict_unstructure_fn(    # a term's "key" only where it has one
+    MemoryTerm, _converter, key=override(omit_if_default=True)))
 
 
 def _message(exc: BaseException) -> str:

@@ -4,32 +4,24 @@ from __future__ import annotations
 
 import contextvars
 import numbers
+import re
 
 import attrs
 
-# Components, in the order the solver assembles and reports them.
-WEIGHTS = "weights"
-GRADIENTS = "gradients"
-OPTIMIZER_STATE = "optimizer_state"
-ACTIVATIONS = "activations"
-COMMUNICATION_BUFFERS = "communication_buffers"
-RUNTIME_OVERHEADS = "runtime_overheads"   # CUDA context, allocator, library workspaces (measured profile)
+# Components, in the order the solver assembles and reports them (runtime overheads: CUDA context, allocator...).
+WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS = "weights", "gradients", "optimizer_state", "activations"
+COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS = "communication_buffers", "runtime_overheads"
 COMPONENTS = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS)
-# Phases of one iteration, the instants where memory peaks: the forward's end, the first backward ops,
-# the backward's end, the optimizer step.
-FORWARD = "forward"
-BACKWARD = "backward"
-BACKWARD_END = "backward_end"
-OPTIMIZER_STEP = "optimizer_step"
+# Phases of one iteration where memory peaks: the forward's end, the first backward ops, the backward's end, the step.
+FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP = "forward", "backward", "backward_end", "optimizer_step"
 PHASES = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
-ACCELERATOR = "accelerator"    # memory tiers
-HOST = "host"
-NVME = "nvme"
+ACCELERATOR, HOST, NVME = "accelerator", "host", "nvme"    # memory tiers
 TIERS = (ACCELERATOR, HOST, NVME)
 _COMPONENT_SET, _PHASE_SET, _TIER_SET = frozenset(COMPONENTS), frozenset(PHASES), frozenset(TIERS)
 # The solver writes the name of each plugin it calls here: terms it creates are stamped with it.
 _source_cell = contextvars.ContextVar("mlsysim_term_source_cell", default=None)   # [plugin name] or None
 _get_cell = _source_cell.get
+_key_match = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*").fullmatch    # "rope_tables", "myplugin.kv_cache"
 
 
 def _default_source() -> str:
@@ -39,8 +31,8 @@ def _default_source() -> str:
 
 @attrs.frozen(kw_only=True)
 class MemoryTerm:
-    """One explainable amount of memory: component, exact bytes, label, formula, the plugin that made it;
-    ``phases``: when alive; ``tier``: where."""
+    """One explainable amount of memory: component, exact bytes, label (for people), formula, the plugin that
+    made it; ``phases``: when alive; ``tier``: where; ``key``: the stable machine id code selects it by ("": none)."""
 
     component: str
     label: str
@@ -51,6 +43,7 @@ class MemoryTerm:
     tier: str = ACCELERATOR
     pipeline_stage: int | None = None
     rank: str | None = None
+    key: str = ""
 
     # Hand-written checks instead of attrs validators: terms are built on every solve.
     def __attrs_post_init__(self):
@@ -66,9 +59,11 @@ class MemoryTerm:
                              f"(term {self.label!r})")
         if self.component not in _COMPONENT_SET:
             raise ValueError(f"MemoryTerm.component={self.component!r} is not one of {', '.join(COMPONENTS)}")
-        if type(self.label) is not str or type(self.formula) is not str or type(self.source) is not str:
-            raise TypeError(f"MemoryTerm.label, formula and source must be str, got {self.label!r}, "
-                            f"{self.formula!r}, {self.source!r}")
+        if not type(self.label) is type(self.formula) is type(self.source) is type(self.key) is str:
+            raise TypeError(f"MemoryTerm.label, formula, source and key must be str, got {self.label!r}, "
+                            f"{self.formula!r}, {self.source!r}, {self.key!r}")
+        if self.key and _key_match(self.key) is None:
+            raise ValueError(f"MemoryTerm.key={self.key!r}: '' or lowercase words joined by '_' or '.' ('rope_tables')")
         if self.phases is not PHASES:
             phases = tuple(self.phases)
             if not _PHASE_SET.issuperset(phases):

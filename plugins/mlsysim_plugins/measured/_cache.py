@@ -126,13 +126,14 @@ def per_layout(fn):
 _new, _set, _INF = object.__new__, object.__setattr__, float("inf")
 
 
-def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple = PHASES) -> MemoryTerm:
+def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple = PHASES,
+         key: str = "") -> MemoryTerm:
     """``MemoryTerm(...)`` for the profile's own formulas (issue 27, item 5: a term per formula, every
     solve): the same object, built without ``MemoryTerm``'s checks where they cannot fail, i.e. for a
     ``component`` from ``terms.COMPONENTS``, a str ``label`` and ``formula``, ``phases`` a tuple of
-    ``terms.PHASES`` (the callers pass constants) and ``nbytes`` an int or float in [0, inf), checked
-    here; any other ``nbytes`` goes through ``MemoryTerm`` and its errors. A plugin's own terms are
-    never built here: the solver checks every term a hook returns as before."""
+    ``terms.PHASES``, ``key`` a ``term_keys`` constant (the callers pass constants) and ``nbytes`` an int
+    or float in [0, inf), checked here; any other ``nbytes`` goes through ``MemoryTerm`` and its errors. A
+    plugin's own terms are never built here: the solver checks every term a hook returns as before."""
     kind = type(nbytes)
     if (kind is int or kind is float) and 0 <= nbytes < _INF:
         t = _new(MemoryTerm)
@@ -146,5 +147,6 @@ def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple
         _set(t, "tier", ACCELERATOR)
         _set(t, "pipeline_stage", None)
         _set(t, "rank", None)
+        _set(t, "key", key)
         return t
-    return MemoryTerm(component=component, label=label, nbytes=nbytes, formula=formula, phases=phases)
+    return MemoryTerm(component=component, label=label, nbytes=nbytes, formula=formula, phases=phases, key=key)
