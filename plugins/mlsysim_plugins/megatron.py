@@ -68,6 +68,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.memo import memoize
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, OPTIMIZER_STATE, OPTIMIZER_STEP, PHASES, MemoryTerm
 from mlsysim_plugins.steptime_hookspecs import COLLECTIVES as STEPTIME_COLLECTIVES, Collective
+from mlsysim_plugins.measured.term_keys import TIED_EMBEDDING_GRAD
 
 NAME = "mcore-distopt"
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -153,7 +154,8 @@ class DistOptOptions:
         b = plan.profile_options.regime.weight
         on_tp = f" / tp={tp}" if tp != 1 else ""
         return [MemoryTerm(
-            component=ACTIVATIONS, label="tied embedding gradient: the lookup's and its sum with the LM head's dummy",
+            component=ACTIVATIONS, key=TIED_EMBEDDING_GRAD,
+            label="tied embedding gradient: the lookup's and its sum with the LM head's dummy",
             phases=(BACKWARD_END,), nbytes=2 * E * b,
             formula=f"2 x V x h{on_tp} x {b} B (embedding_dense_backward's output, then its out-of-place sum with "
                     "the cached zero dummy; the LM head's part is in main_grad)")]

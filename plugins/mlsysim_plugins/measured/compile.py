@@ -115,6 +115,8 @@ import attrs
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
+from . import term_keys as K
+
 SAVED = (FORWARD, BACKWARD)
 COMPUTE_INTENSIVE = ("mm", "bmm", "sdpa")   # the declared op kinds the partitioner never recomputes
                                            # (partitioners.py get_default_op_list: compute_intensive_ops)
@@ -653,7 +655,8 @@ def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
     # (the last block's output) and rsqrt in every dtype (whole_lora_terms).
     last = (out if L > 1 else out1) if regime.compute != 4 and blocks(plan) else 0
     total = (first + out1 + (L - 1) * (other + out) - last) * T
-    return [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA, compiled)",
+    return [MemoryTerm(component=ACTIVATIONS, key=K.LAYERS_SAVED,
+                       label="decoder layers: saved for backward (LoRA, compiled)",
                        nbytes=total, phases=SAVED,
                        formula=f"T={_n(T)} x (first block {_n(first + out1)} B ({how1}; output {_n(out1)}) + {L - 1} "
                                f"blocks x {_n(other + out)} B ({how}; output {_n(out)})"
@@ -715,7 +718,8 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
         bhow = f"S {_n(other)} + 2 x {_n(product)} (gate's and up's gradients)"
     last = c * T * h if c == 4 else 0
     inputs = L * (c * T * h + rng)
-    terms = [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled, LoRA)",
+    terms = [MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+                        label="checkpointed layers: their inputs (compiled, LoRA)",
                         nbytes=inputs + last, phases=SAVED,
                         formula=f"{L} layers x (T x h x {c} B" + (f" + {rng:,} B CPU RNG state)" if rng else ")")
                                 + (" + T x h x 4 (the last block's output, the fused final norm's input)" if last
@@ -772,7 +776,8 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
         # A pipeline stage (compile="blocks"): its blocks' sets for each micro-batch in flight.
         n = plan.rank.in_flight if plan.rank is not None else 1
         flying = f" x {n:g} micro-batches in flight" if n != 1 else ""
-        out = [MemoryTerm(component=ACTIVATIONS, label="decoder layers: saved for backward (compiled)",
+        out = [MemoryTerm(component=ACTIVATIONS, key=K.LAYERS_SAVED,
+                          label="decoder layers: saved for backward (compiled)",
                           nbytes=L * per_token * T * n, phases=SAVED,
                           formula=f"{L} layers x T={_n(T)} x {_n(per_token)} B ({how}; the partitioner's "
                                   "saved set)" + flying)]
@@ -824,7 +829,8 @@ def layer_terms(plan, placement) -> list[MemoryTerm]:
     sdpa_grads = 3 * c * s.heads * s.head_dim if kernel.sdpa else 0
     work = (per_token + rotary + c * h + c * h + 3 * product + sdpa_grads) * T
     inputs = L * (c * T * h + rng)
-    return [t for t in (MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs (compiled)",
+    return [t for t in (MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+                                   label="checkpointed layers: their inputs (compiled)",
                        nbytes=inputs, phases=SAVED,
                        formula=f"{L} layers x (T x h x {c} B" + (f" + {rng:,} B CPU RNG state)" if rng else ")")),
             MemoryTerm(component=ACTIVATIONS, label="compiled checkpointed forward: the top layer's MLP",
@@ -868,7 +874,8 @@ def blocks_full_terms(plan, placement) -> list[MemoryTerm]:
     eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, plan.gradient_accumulation_steps > 1)
     end = last_moments(plan, placement, ctx, attrs.evolve(lb, saved=work - eager_mlp), kept=0, unborn_layers=1)
     r = regime.residual
-    return [MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=L * r * T * s.hidden,
+    return [MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+                       label="checkpointed layers: their inputs", nbytes=L * r * T * s.hidden,
                        phases=SAVED, formula=f"{L} layers x T x h x {r} B (the compiled checkpointed blocks' inputs)"),
             attrs.evolve(end, formula=f"layer 0's compiled recompute: T x ({_n(per_token)} (the block's compiled "
                                       f"set: {how}) - {_n(output)} (its output, not recomputed) + 3 x {_n(product)} "
@@ -913,7 +920,8 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
     lb = model.layer_bytes(plan, ctx)
     eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, accumulating)
     end = last_moments(plan, placement, ctx, attrs.evolve(lb, saved=work - eager_mlp), kept=0, unborn_layers=1)
-    inputs = MemoryTerm(component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=L * r * T * h,
+    inputs = MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+                        label="checkpointed layers: their inputs", nbytes=L * r * T * h,
                         phases=SAVED, formula=f"{L} layers x T x h x {r} B (the checkpointed compiled blocks' inputs)")
     # The top block's forward: beyond the end of the forward's terms that do not exist yet (the final norm, the
     # logits, the loss's part) and, in fp32, the top block's output counted as the final norm's input.
@@ -1137,11 +1145,13 @@ def final_norm_term(plan, placement) -> MemoryTerm:
     ctx, _ = _context(plan, placement)
     T, h, c = ctx.tokens, ctx.shape.hidden, ctx.regime.compute
     if c == 4:
-        return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(8 * h + 4) * T, phases=SAVED,
+        return MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM,
+                          label="final norm", nbytes=(8 * h + 4) * T, phases=SAVED,
                           formula="T x (h x 4 (normalized x, saved by the weight's multiply) + h x 4 (the output, "
                                   "the LM head's input) + 4 (rsqrt)) (torchtune's RMSNorm: F.rms_norm's composite "
                                   "on the CPU; its input is the last block's output)")
-    return MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=(8 * h + c * h + 4) * T, phases=SAVED,
+    return MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM,
+                      label="final norm", nbytes=(8 * h + c * h + 4) * T, phases=SAVED,
                       formula=f"T x (h x 4 (fp32 copy) + h x 4 (normalized x scale, fp32) + h x {c} (the output, the "
                               "LM head's input) + 4 (rsqrt)) (torchtune's RMSNorm: F.rms_norm's composite, the weight's "
                               "dtype differing from x.float()'s)")
@@ -1231,7 +1241,7 @@ def whole_lora_terms(plan, placement) -> list[MemoryTerm]:
     ctx, _ = _context(plan, placement)
     s, regime, T = ctx.shape, ctx.regime, ctx.tokens
     c, b, seq = regime.compute, plan.microbatch, plan.seq_len
-    out = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T,
+    out = [MemoryTerm(component=ACTIVATIONS, key=K.TOKEN_IDS, label="input token ids (int64)", nbytes=8 * T,
                       phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP), formula=f"T={_n(T)} x 8 B")]
     out.append(MemoryTerm(component=ACTIVATIONS, label="attention mask (materialized under compile)",
                           nbytes=c * b * seq * seq, phases=SAVED,

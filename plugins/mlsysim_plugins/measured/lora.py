@@ -120,6 +120,7 @@ from mlsysim_core.memo import memoize
 from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
                      MemoryTerm)
 from ._cache import cached_terms
+from . import term_keys as K
 from .kernels import kernel_of
 from .layers import REPLICATED, Part
 from .shapes import shape_of
@@ -1314,7 +1315,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         why = "its input needs no gradient" if stage.first else "its received input requires grad"
         layers = f"first layer {_n(saved(first))} B ({why}) + {kept - 1} layers x {_n(saved(other))} B"
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="decoder layers: saved for backward (LoRA)", nbytes=total * n if n != 1
+            component=ACTIVATIONS, key=K.LAYERS_SAVED,
+            label="decoder layers: saved for backward (LoRA)", nbytes=total * n if n != 1
             else total, phases=SAVED,
             formula=(f"({layers}){flying}" if flying else layers) + f"; per token: {parts}"
                     + (f"; per layer: {consts}" if consts else "")
@@ -1324,14 +1326,15 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         res = plan.profile_options.regime.residual
         h = shape_of(plan).hidden
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="checkpointed layers: their inputs",
+            component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS, label="checkpointed layers: their inputs",
             nbytes=checkpointed * res * T * h * n if n != 1 else checkpointed * res * T * h,
             phases=SAVED, formula=f"{checkpointed} layers x T x h x {res} B{flying}"))
         s = shape_of(plan)
         c = plan.profile_options.regime.compute
         work = other.saved(T) + other.output * T + 2 * T * s.ffn * c
         terms.append(MemoryTerm(
-            component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
+            component=ACTIVATIONS, key=K.RECOMPUTE_WORKING_SET,
+            label="recompute working set (one layer)", nbytes=work, phases=(BACKWARD_END,),
             formula=f"one layer recomputed in the backward, with its MLP's activation gradients "
                     f"(2 x T x ffn x {c} B): {_n(work)} B"))
     return terms
@@ -1364,16 +1367,18 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     T = plan.microbatch * plan.seq_len
     h, V = shape.hidden, shape.vocab
     c = regime.compute
-    terms = [MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
+    terms = [MemoryTerm(component=ACTIVATIONS, key=K.TOKEN_IDS,
+                        label="input token ids (int64)", nbytes=8 * T, phases=ALL,
                         formula=f"T={_n(T)} x 8 B")]
     add = terms.append
     if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
-        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.ROPE_TABLES, label="RoPE cos/sin tables", phases=SAVED,
                        nbytes=2 * plan.seq_len * shape.rotary_dim * b, formula=f"2 x s x head_dim x {b} B"))
     if trains_embedding(plan):
         if shape.family.norm.saves_input_in_16bit or not regime.pure_16bit:
-            add(MemoryTerm(component=ACTIVATIONS, label="embedding output (saved by the first norm)",
+            add(MemoryTerm(component=ACTIVATIONS, key=K.EMBEDDING_OUTPUT,
+                           label="embedding output (saved by the first norm)",
                            nbytes=regime.residual * T * h, phases=SAVED,
                            formula=f"T x h x {regime.residual} B (modules_to_save: the embedding trains)"))
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the embedding output", phases=(BACKWARD_END,),
@@ -1389,16 +1394,20 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if sp != 1:     # sequence parallelism: the final norm on the rank's s / tp tokens (modules_to_save refused)
         final //= sp
         how += f" / sp={sp}"
-    add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
-    add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
+    add(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM,
+                   label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
+    add(MemoryTerm(component=ACTIVATIONS, key=K.LOG_SOFTMAX, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
                    phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
-    add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
+    add(MemoryTerm(component=ACTIVATIONS, key=K.SHIFTED_LABELS,
+                   label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
                    formula="T x 8 B (saved by nll_loss)"))
     logits = c * T * V + (4 * T * V if c != 4 else 0)
-    add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+    add(MemoryTerm(component=ACTIVATIONS, key=K.LOGITS,
+                   label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
                    nbytes=logits, phases=(FORWARD,),
                    formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
-    add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
+    add(MemoryTerm(component=ACTIVATIONS, key=K.CE_BACKWARD,
+                   label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
                    phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
     t = placement.tensor_shards
     if t > 1:
@@ -1408,7 +1417,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             # the frozen LM head does not save, is held by Megatron's GPTModel._postprocess (its hidden_states
             # argument) until the loss returns (validation/lora_parallel/measure_lora_tp_loss.py; with sequence
             # parallelism _tensor_lm_head_terms has it already)
-            add(MemoryTerm(component=ACTIVATIONS, label="final norm output (held until the loss)", nbytes=c * T * h,
+            add(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM_OUTPUT,
+                           label="final norm output (held until the loss)", nbytes=c * T * h,
                            phases=(FORWARD,), formula=f"{c} x T x h (the frozen LM head saves none of it)"))
     if regime.autocast:
         add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
@@ -1480,14 +1490,16 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
     terms = []
     add = terms.append
     if stage.first or stage.last:
-        add(MemoryTerm(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T, phases=ALL,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.TOKEN_IDS,
+                       label="input token ids (int64)", nbytes=8 * T, phases=ALL,
                        formula=f"T={_n(T)} x 8 B (" + ("the embedding's input" if stage.first else "the labels") + ")"))
     if shape.family.positions == "rotary":
         b = 4 if res == 4 else 2
-        add(MemoryTerm(component=ACTIVATIONS, label="RoPE cos/sin tables", phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.ROPE_TABLES, label="RoPE cos/sin tables", phases=SAVED,
                        nbytes=times_n(2 * plan.seq_len * shape.rotary_dim * b), formula=f"2 x s x head_dim x {b} B{x}"))
     if not stage.first:
-        add(MemoryTerm(component=ACTIVATIONS, label="stage input (received; kept for its backward)", phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.STAGE_INPUT,
+                       label="stage input (received; kept for its backward)", phases=SAVED,
                        nbytes=times_n(res * Tr * h), formula=f"T x h x {res} B{on_sp}{x} (requires grad: every "
                                                               "layer's adapters and inputs keep their gradient path)"))
         add(MemoryTerm(component=ACTIVATIONS, label="gradient of the stage input (sent to the previous stage)",
@@ -1522,17 +1534,20 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
         final, how = shape.family.norm.lora_final_saved(kind, T, h)
         if sp != 1:
             final //= sp
-        add(MemoryTerm(component=ACTIVATIONS, label="final norm", nbytes=times_n(final), phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM, label="final norm", nbytes=times_n(final), phases=SAVED,
                        formula=f"{how}{on_sp} = {_n(final)} B{x}"))
-        add(MemoryTerm(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=times_n(4 * T * V),
+        add(MemoryTerm(component=ACTIVATIONS, key=K.LOG_SOFTMAX,
+                       label="log-softmax of the logits (fp32)", nbytes=times_n(4 * T * V),
                        phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{x}"))
-        add(MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=times_n(8 * T), phases=SAVED,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.SHIFTED_LABELS,
+                       label="shifted labels (int64)", nbytes=times_n(8 * T), phases=SAVED,
                        formula=f"T x 8 B (saved by nll_loss){x}"))
         logits = c * T * V + (4 * T * V if c != 4 else 0)
-        add(MemoryTerm(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "")
+        add(MemoryTerm(component=ACTIVATIONS, key=K.LOGITS, label="logits" + (" + their fp32 copy" if c != 4 else "")
                        + " (at the loss)", nbytes=logits, phases=(FORWARD,),
                        formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + " (freed once the loss is computed)"))
-        add(MemoryTerm(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
+        add(MemoryTerm(component=ACTIVATIONS, key=K.CE_BACKWARD,
+                       label="cross-entropy backward temporaries (fp32)", nbytes=8 * T * V,
                        phases=(BACKWARD,), formula="nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V"))
         if t > 1:       # as model_activation_terms under tp (one micro-batch at the loss at a time)
             terms += _tensor_lm_head_terms(T, h, V, c, t, sp)
@@ -1600,7 +1615,8 @@ def _tensor_lm_head_terms(T, h, V, c, t, sp) -> list[MemoryTerm]:
         # tokens, held by the base model's output until the loss; in fp32 the forward's peak is the logits'
         # all-gather, inside the LM head, whose input (all-gathered from the sequence shards, whole; the frozen head
         # saves none of it) is alive there too
-        terms.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (held until the loss; sequence "
+        terms.append(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM_OUTPUT,
+                                label="final norm output (held until the loss; sequence "
                                 "parallel)", nbytes=c * T * h // sp, phases=(FORWARD,), formula=f"{c} x T x h / sp={sp}"))
         if c == 4:
             terms.append(MemoryTerm(component=ACTIVATIONS, label="LM head input, all-gathered (during the LM head)",

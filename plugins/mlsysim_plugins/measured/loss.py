@@ -64,6 +64,7 @@ from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
 from .loss_implementations import LossContext
+from . import term_keys as K
 
 LOSSES = ("cross_entropy", "chunked", "fused_linear")     # the first built-ins (loss_implementations.py: all)
 DEFAULT_CHUNKS = 8      # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
@@ -237,7 +238,8 @@ def _lm_head_kept(keep, impl, T, h, c, autocast, input_kept=True) -> list[Memory
                                                            "input)" if impl.name != "fused_linear" else
                                     term.formula + f" - {c} x T x h (the fused loss keeps no LM head input)"))
             if not autocast:
-                out.append(MemoryTerm(component=ACTIVATIONS, label="final norm output (alive until the loss)",
+                out.append(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM_OUTPUT,
+                                      label="final norm output (alive until the loss)",
                                       nbytes=c * T * h, phases=(FORWARD,), formula=f"{c} x T x h (the last hidden state)"))
         elif term.label == "autocast 16-bit copy of the LM head" and not impl.saves_lm_head_weight_copy:
             out.append(attrs.evolve(term, phases=(FORWARD,), formula=term.formula.replace(
@@ -261,11 +263,14 @@ def fused_terms(ctx) -> list[MemoryTerm]:
 def _chunked(plan, T, h, V, c, n, regime, trainable=True) -> list[MemoryTerm]:
     t = chunk_tokens(plan, n)
     copy = 4 * t * V if c != 4 else 0
-    out = [MemoryTerm(component=ACTIVATIONS, label="log-softmax of every chunk's logits (fp32)", nbytes=4 * T * V,
+    out = [MemoryTerm(component=ACTIVATIONS, key=K.CHUNKS_LOG_SOFTMAX,
+                      label="log-softmax of every chunk's logits (fp32)", nbytes=4 * T * V,
                       phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)} (each chunk's, saved by cross_entropy)"),
-           MemoryTerm(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
+           MemoryTerm(component=ACTIVATIONS, key=K.SHIFTED_LABELS,
+                      label="shifted labels (int64)", nbytes=8 * T, phases=SAVED,
                       formula="T x 8 B (torchtune's hstack; saved by nll_loss)"),
-           MemoryTerm(component=ACTIVATIONS, label=f"logits, every chunk ({c} B)" + (" + one chunk's fp32 copy" if copy else ""),
+           MemoryTerm(component=ACTIVATIONS, key=K.CHUNKS_LOGITS,
+                      label=f"logits, every chunk ({c} B)" + (" + one chunk's fp32 copy" if copy else ""),
                       nbytes=c * T * V + copy, phases=(FORWARD,),
                       formula=f"{c} x T x V" + (f" + 4 x t x V, t = {_n(t)} tokens of {n} chunks" if copy else "")
                               + " (the list is freed after the loss: the recipe's del logits)")]
@@ -294,7 +299,8 @@ def _chunked(plan, T, h, V, c, n, regime, trainable=True) -> list[MemoryTerm]:
         how = (f"{c} x T x V x {n - k}/{n} (logits gradients left) + {k + 1} x V x h x {c} (weight gradient "
                f"partials{', their sum' if k == 2 else ''}) + {min(k + 1, 2)} x t x h x {c} (input gradients) "
                "- 4 x T x V (every log-softmax freed)")
-    out.append(MemoryTerm(component=ACTIVATIONS, label=label, nbytes=nbytes, phases=(BACKWARD,), formula=how))
+    out.append(MemoryTerm(component=ACTIVATIONS, key=K.CHUNKS_BACKWARD,
+                          label=label, nbytes=nbytes, phases=(BACKWARD,), formula=how))
     if not trainable and regime.autocast and n > 1:
         # autocast caches the casts of weights that require grad only: each chunk's matmul casts the frozen
         # LM head afresh and saves its cast for the input's gradient (the model's term counts the first)

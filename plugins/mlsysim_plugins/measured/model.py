@@ -19,6 +19,7 @@ from mlsysim_core.memo import memoize
 
 from ._cache import cached_terms, per_layout
 from ._cache import term as _term
+from . import term_keys as K
 from .kernels import kernel_of
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
 from .parallel import (expert_tensor_shards, gradient_divisor, is_parallel, rank_layer_saved, residual_shards,
@@ -132,7 +133,8 @@ def rope_buffer_terms(shape: ModelShape) -> list[MemoryTerm]:
     """RoPE's inverse-frequency buffer (fp32, head_dim/2 values; registered twice by HF)."""
     if not shape.rope_buffer_bytes:
         return []
-    return [MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers", phases=ALL, nbytes=shape.rope_buffer_bytes,
+    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_BUFFERS,
+                       label="RoPE frequency buffers", phases=ALL, nbytes=shape.rope_buffer_bytes,
                        formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)")]
 
 
@@ -214,41 +216,47 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     terms = []
     add = terms.append
     if first or last:
-        add(_term(component=ACTIVATIONS, label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
+        add(_term(component=ACTIVATIONS, key=K.TOKEN_IDS,
+                  label="input token ids (int64)", nbytes=8 * T / cp, phases=ALL,
                        formula=f"T={_n(T)} x 8 B" + (f" / cp={cp}" if cp != 1 else "")))
     # Does the first norm save its input? (Megatron's layers count their norm inputs themselves.)
     norm = shape.family.norm
     if not mega and (norm.saves_input_in_16bit or not regime.pure_16bit):
         what = "embedding output" if first else "stage input (received from the previous stage)"
-        add(_term(component=ACTIVATIONS, label=f"{what} (saved by the first norm)",
+        add(_term(component=ACTIVATIONS, key=(K.EMBEDDING_OUTPUT if first else K.STAGE_INPUT),
+                  label=f"{what} (saved by the first norm)",
                        nbytes=regime.residual * T * h / seq * n, phases=SAVED,
                        formula=f"T x h x {regime.residual} B{on_seq}{flying}"))
     if shape.family.positions == "rotary":
         b = 4 if regime.residual == 4 else 2
-        add(_term(component=ACTIVATIONS, label="RoPE cos/sin tables",
+        add(_term(component=ACTIVATIONS, key=K.ROPE_TABLES, label="RoPE cos/sin tables",
                        nbytes=2 * ctx.seq_len * shape.rotary_dim * b / cp, phases=SAVED,
                        formula=f"2 x s x head_dim x {b} B" + (f" / cp={cp}" if cp != 1 else "")))
     if last:
         final, how = norm.final_saved(kind, c, T, h)
-        add(_term(component=ACTIVATIONS, label="final norm", nbytes=final / seq, phases=SAVED,
+        add(_term(component=ACTIVATIONS, key=K.FINAL_NORM, label="final norm", nbytes=final / seq, phases=SAVED,
                        formula=f"{how} = {_n(final)} B{on_seq}"))
         if regime.autocast:
             # Under autocast the final norm's output is fp32 and saved by nobody (the LM head keeps its
             # bf16 cast), but the base model's output (last_hidden_state) holds it until the loss.
-            add(_term(component=ACTIVATIONS, label="final norm output (fp32, held until the loss)",
+            add(_term(component=ACTIVATIONS, key=K.FINAL_NORM_OUTPUT,
+                      label="final norm output (fp32, held until the loss)",
                            nbytes=4 * T * h / seq, phases=(FORWARD,),
                            formula=f"4 x T x h{on_seq} (the base model's last_hidden_state)"))
         # Loss: HF's ForCausalLMLoss upcasts the logits to fp32; log_softmax keeps its fp32 output.
-        add(_term(component=ACTIVATIONS, label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
+        add(_term(component=ACTIVATIONS, key=K.LOG_SOFTMAX,
+                  label="log-softmax of the logits (fp32)", nbytes=4 * T * V / vocab,
                        phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}{on_vocab}"))
-        add(_term(component=ACTIVATIONS, label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
+        add(_term(component=ACTIVATIONS, key=K.SHIFTED_LABELS,
+                  label="shifted labels (int64)", nbytes=8 * T / cp, phases=SAVED,
                        formula="T x 8 B (saved by nll_loss)" + (f" / cp={cp}" if cp != 1 else "")))
         logits = c * T * V + (4 * T * V if c != 4 else 0)
-        add(_term(component=ACTIVATIONS, label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
+        add(_term(component=ACTIVATIONS, key=K.LOGITS,
+                  label="logits" + (" + their fp32 copy" if c != 4 else "") + " (at the loss)",
                        nbytes=logits / vocab, phases=(FORWARD,),
                        formula=f"{c} x T x V" + (" + 4 x T x V" if c != 4 else "") + on_vocab
                                + " (freed once the loss is computed)"))
-        add(_term(component=ACTIVATIONS, label="cross-entropy backward temporaries (fp32)",
+        add(_term(component=ACTIVATIONS, key=K.CE_BACKWARD, label="cross-entropy backward temporaries (fp32)",
                        nbytes=8 * T * V / vocab, phases=(BACKWARD,),
                        formula=f"nll_loss_backward + _log_softmax_backward_data: 2 x 4 x T x V{on_vocab}"))
         if t > 1 and not loss_parallel and not mega and c == 4:
@@ -271,7 +279,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            formula=f"T x h x {c} B" + (f" / cp={cp}" if cp != 1 else "")))
     if regime.autocast:
         if last:
-            add(_term(component=ACTIVATIONS, label="autocast 16-bit copy of the LM head",
+            add(_term(component=ACTIVATIONS, key=K.LM_HEAD_AUTOCAST_COPY, label="autocast 16-bit copy of the LM head",
                            nbytes=2 * shape.embedding_parameters / t, phases=SAVED,
                            formula=f"{_n(shape.embedding_parameters / t)} params x 2 B (saved by the LM head matmul)"))
         layer_params = _autocast_layer_parameters(shape)
@@ -292,7 +300,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         if own is not None:
             terms.extend(own)
         elif shape.tied and last:
-            add(_term(component=ACTIVATIONS, label="tied embedding gradient: two partials and their sum",
+            add(_term(component=ACTIVATIONS, key=K.TIED_EMBEDDING_GRAD,
+                      label="tied embedding gradient: two partials and their sum",
                            nbytes=3 * E * grad_b, phases=(BACKWARD_END,),
                            formula=f"3 x V x h{on_tp} x {grad_b} B (the LM head's and the lookup's gradients, "
                                    "then their sum)"))
@@ -361,7 +370,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     if kept:
         parts = _parts_text(lb)
         terms.append(_term(
-            component=ACTIVATIONS, label="decoder layers: saved for backward", nbytes=kept * per_layer * n,
+            component=ACTIVATIONS, key=K.LAYERS_SAVED,
+            label="decoder layers: saved for backward", nbytes=kept * per_layer * n,
             phases=SAVED, formula=f"{kept} layers x {_n(saved + out)} B ({parts}"
                                   + (f"; output {_n(out)}" if out else "") + ")" + split + flying))
     checkpointed = L - kept
@@ -369,7 +379,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         residual = 2 if megatron(regime) else regime.residual
         inputs = residual * ctx.tokens * ctx.shape.hidden
         terms.append(_term(
-            component=ACTIVATIONS, label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k * n,
+            component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+            label="checkpointed layers: their inputs", nbytes=checkpointed * inputs / k * n,
             phases=SAVED, formula=f"{checkpointed} layers x T x h x {residual} B" + flying))
         # The recomputed layer's saved tensors, its output, and the MLP backward's
         # activation gradients (two of the intermediate's size, per routed expert copy).
@@ -379,7 +390,8 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         if regime.autocast:
             work += 2 * sum(w.elements for w in ctx.shape.layer_weights() if w.autocast and not w.bias)
         terms.append(_term(
-            component=ACTIVATIONS, label="recompute working set (one layer)", nbytes=work / k,
+            component=ACTIVATIONS, key=K.RECOMPUTE_WORKING_SET,
+            label="recompute working set (one layer)", nbytes=work / k,
             phases=(BACKWARD_END,),
             formula=f"one layer's forward recomputed in the backward, with its MLP's activation gradients "
                     f"(2 x T x {max(s.top_k, 1)} x ffn x {regime.compute} B): {_n(work)} B"))

@@ -75,6 +75,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
+from .. import term_keys as K
 from ..kernels import kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, LayerBytes, Part, LayerWalk
 
@@ -529,6 +530,7 @@ def _adjust(kind, plan, placement, terms):
             else:
                 nbytes, formula = 4 * plan.seq_len * z.rope, "freqs_cis: s x qk_rope_head_dim/2 x 8 B (complex64)"
             t = attrs.evolve(t, label="RoPE tables" if not z.v3 else t.label, nbytes=nbytes / cp,
+                             key=t.key if z.v3 else K.ROPE_FREQS_CIS,    # V2's complex64 table: not cos/sin
                              formula=formula + (f" / cp={cp}" if cp != 1 else ""))
         out.append(t)
     if kind == "weights" and z.v3 and z.moe_layers:

@@ -55,6 +55,7 @@ from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
+from .. import term_keys as K
 from ..kernels import EAGER, SEPARATE_QKV, kernel_of
 from ..layers import REPLICATED, LayerBytes, Part, LayerWalk, megatron_gated_mlp
 
@@ -342,7 +343,8 @@ def _adjust(version):
             terms.append(MemoryTerm(component=WEIGHTS, label="embedding scale buffer (sqrt(hidden), 0-d)", nbytes=b,
                                     phases=tuple(terms[0].phases), formula=f"1 x {b} B"))
             if version == 3 and 0 < _sliding_layers(model) < model.layers:
-                terms.append(MemoryTerm(component=WEIGHTS, label="RoPE frequency buffers (second rotary: local "
+                terms.append(MemoryTerm(component=WEIGHTS, key=K.ROPE_BUFFERS,
+                                        label="RoPE frequency buffers (second rotary: local "
                                         "and global layers)", nbytes=shape.rope_buffer_bytes,
                                         phases=tuple(terms[0].phases),
                                         formula=f"2 x head_dim/2 = {shape.head_dim // 2} x 4 B (fp32)"))

@@ -63,6 +63,7 @@ from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, MemoryTerm
 
 from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
+from .. import term_keys as K
 from ..kernels import ALL_GRAD, SDPA, SEPARATE_QKV
 from ..layer_ops import qwen_moe_ops
 from ..layers import EXPERTS, REPLICATED, LayerBytes, Part, LayerWalk, rms_norm_lora_parts
@@ -453,7 +454,8 @@ def adjust_terms(kind, plan, placement, terms):
     out = list(terms)
     if s.arch == "llama4_text":
         cp = placement.sequence_shards
-        out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", nbytes=4 * plan.seq_len * s.head_dim / cp,
+        out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", key=K.ROPE_FREQS_CIS,
+                            nbytes=4 * plan.seq_len * s.head_dim / cp,
                             formula="s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
                if t.label == "RoPE cos/sin tables" else t for t in out]
     if whole_layers(plan) and s.moe_layers and plan.profile_options.lora is None:

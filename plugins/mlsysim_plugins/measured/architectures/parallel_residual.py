@@ -303,10 +303,11 @@ def _rescale_rope(terms, model, family_fraction: float, head_dim: int):
     out = []
     for t in terms:
         if t.label == "RoPE cos/sin tables":
-            t = MemoryTerm(component=t.component, label=t.label, nbytes=t.nbytes * new / old, phases=t.phases,
+            t = MemoryTerm(component=t.component, key=t.key,
+                           label=t.label, nbytes=t.nbytes * new / old, phases=t.phases,
                            formula=t.formula + f" (rotary_dim {new} of head_dim {head_dim})")
         elif t.label == "RoPE frequency buffers":
-            t = MemoryTerm(component=t.component, label=t.label, nbytes=2 * 4 * (new // 2), phases=t.phases,
+            t = MemoryTerm(component=t.component, key=t.key, label=t.label, nbytes=2 * 4 * (new // 2), phases=t.phases,
                            formula=f"2 x rotary_dim/2 = {new // 2} x 4 B (fp32)")
         out.append(t)
     return out
