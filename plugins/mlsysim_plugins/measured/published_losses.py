@@ -106,6 +106,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, PHASES, MemoryTerm
 
 from .loss_implementations import LossImplementation
+from .term_keys import CHUNKS_LOGITS
 
 SAVED = (FORWARD, BACKWARD)
 LAUNCH_S = 5e-6
@@ -125,8 +126,8 @@ def _n(x) -> str:
     return f"{x:,.0f}"
 
 
-def _term(label, nbytes, phases, formula):
-    return MemoryTerm(component=ACTIVATIONS, label=label, nbytes=nbytes, phases=phases, formula=formula)
+def _term(label, nbytes, phases, formula, key=""):
+    return MemoryTerm(component=ACTIVATIONS, label=label, nbytes=nbytes, phases=phases, formula=formula, key=key)
 
 
 # --- torchtune LinearCrossEntropyLoss -------------------------------------------------------------
@@ -305,7 +306,7 @@ def litgpt_lora_terms(ctx) -> list[MemoryTerm]:
     out = [
         _term(f"logits, every chunk ({c} B, held through the backward and the step)", c * T * V, PHASES,
               f"{c} x T x V (the loop's logits list, the frozen LM head's chunks of {C} positions; replaced only "
-              "by the next forward's)"),
+              "by the next forward's)", key=CHUNKS_LOGITS),
         _term(f"log-softmax of every chunk ({c} B)", c * R * V, SAVED,
               f"{c} x R x V, R = b (s - 1) = {_n(R)} rows (no upcast)"),
         _term("shifted targets (int64)", 8 * R if b > 1 else 0, SAVED,
