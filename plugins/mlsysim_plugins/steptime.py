@@ -629,7 +629,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     ring = rules.get("cp.traffic")
     cp_comm += layers * (_ring_traffic(ring, cp, attn_r, T * h_q / tp, T * 2 * h_kv / tp) / (cal.memory * mem_bw)
                          + _ring_kernels(ring, cp, attn_r) * cal.kernel_overhead)
-    p2p = _per_micro_batch(rules.get("pp") or (), chunks, size)
+    p2p = _per_micro_batch(rules.get("pp") or (), chunks, size, {"forward": fwd, "backward": bwd})
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p
     bubble = (pp - 1 if idle_slots is None else idle_slots) * micro
     # data parallelism: the local shard's gradients and parameters
@@ -1034,10 +1034,13 @@ def _ring_kernels(declared, cp: int, recompute: float) -> float:
     return (1 + recompute) * ((cp - 1) * fs + fp) + (cp - 1) * bs + bp
 
 
-def _per_micro_batch(declared, chunks: int, size: dict) -> float:
-    """Exposed seconds per micro-batch of the pipeline rule's sends (x the model chunks per rank)."""
-    return sum(((c.forward + c.backward) * chunks * _seconds(c, size) for c in declared
-                if c.per == "micro-batch" and _applies(c, size)), 0.0)
+def _per_micro_batch(declared, chunks: int, size: dict, compute: Mapping[str, float]) -> float:
+    """Exposed seconds per micro-batch of the pipeline rule's sends (x the model chunks per rank): on the critical
+    path, or (``overlaps``) each call beside one model chunk's share of the micro-batch's ``forward`` or
+    ``backward`` (``compute``), hidden but for what outlasts it and the SMs it takes (``hidden``)."""
+    return sum(((c.forward + c.backward) * chunks * (
+        _seconds(c, size) if c.overlaps is None else hidden(_seconds(c, size), compute[c.overlaps] / chunks, size["cal"]))
+        for c in declared if c.per == "micro-batch" and _applies(c, size)), 0.0)
 
 
 def _data_parallel(declared, gas: int, layers: float, compute: Mapping[str, float], size: dict) -> float:
