@@ -35,14 +35,16 @@ import attrs
 
 from mlsysim_core import _checks
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import BACKWARD, FORWARD, HOST, MemoryTerm
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, HOST, MemoryTerm
+
+from . import term_keys as K
 
 OPTION = "activation_offload"
 MODES = ("save_on_cpu", "torchtune")
 SAVED = (FORWARD, BACKWARD)
-# Terms of the base model (outside the decoder layers) whose saved tensors the hooks move.
-BASE_MODEL = ("embedding output (saved by the first norm)", "RoPE cos/sin tables")
-LAYERS = ("decoder layers: saved for backward", "checkpointed layers: their inputs")
+# Terms of the base model (outside the decoder layers) whose saved tensors the hooks move (their keys).
+BASE_MODEL = (K.EMBEDDING_OUTPUT, K.ROPE_TABLES)
+LAYERS = (K.LAYERS_SAVED, K.CHECKPOINTED_INPUTS)
 MIN_OFFLOAD_BYTES = 1024        # torchtune's min_offload_size
 FWD_STASH = 5                   # torchtune's max_fwd_stash_size
 
@@ -82,19 +84,20 @@ def offload_terms(plan, terms, where: str) -> list[MemoryTerm]:
     base model's saved tensors in host memory."""
     out = []
     for t in terms:
-        moved = (where == "layers" and t.label in LAYERS) or (where == "model" and t.label in BASE_MODEL)
-        if moved and tuple(t.phases) == SAVED and t.label == LAYERS[0]:
+        moved = (where == "layers" and t.key in LAYERS) or (where == "model" and t.key in BASE_MODEL)
+        if moved and tuple(t.phases) == SAVED and t.key == K.LAYERS_SAVED:
             nbytes, how = host_layers(plan, t.nbytes)
             out.append(_host(t, nbytes, how))
         elif moved and tuple(t.phases) == SAVED:
             if where == "model" and _exact(plan):
                 continue        # copied by the first layer's norm and each layer's rotary: in the layers' count
             out.append(_host(t, t.nbytes, "copied by the pack hook, freed on the device"))
-        elif where == "model" and t.label == "final norm" and tuple(t.phases) == SAVED:
+        elif where == "model" and t.key == K.FINAL_NORM and tuple(t.phases) == SAVED:
             # The final norm's output is the LM head's input, saved by the LM head outside the hooks.
             regime = plan.profile_options.regime
             kept = regime.compute * plan.microbatch * plan.seq_len * _hidden(plan)
             out.append(attrs.evolve(t, label="final norm output (saved by the LM head, on the device)",
+                                    key=K.FINAL_NORM_OUTPUT,
                                     nbytes=kept, formula=f"c x T x h = {kept:,.0f} B"))
             if _exact(plan):    # the norm's 3 T h + 2 T (and its weight) and the embedding's int64 ids, per save
                 T, h = plan.microbatch * plan.seq_len, _hidden(plan)
