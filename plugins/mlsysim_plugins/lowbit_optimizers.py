@@ -90,11 +90,14 @@ TORCHAO_STEPS = {name: OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN
                                      moment_traffic=4.0 * TORCHAO[name][1], step_realized=TORCHAO[name][4])
                  for name, bits in (("adamw-8bit-torchao", "8-bit"), ("adamw-4bit-torchao", "4-bit"),
                                     ("adamw-fp8-torchao", "fp8"))}
+# bitsandbytes' 32-bit update (optimizer_update_32bit, in place): no temporaries; moments not in the regime's
+# state dtype (always fp32), so ``moments=None``; not measured inside the backward.
+BNB32_STEP = OptimizerStep()
 BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
                          measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0)
 
-UNVALIDATED_PAGED = ("paged-adamw-8bit-bnb is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
-                     "the 8-bit moments of tensors of >= 100,000 elements live there, outside PyTorch's allocator "
+UNVALIDATED_PAGED = ("{name} is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
+                     "the moments of tensors of >= 100,000 elements live there, outside PyTorch's allocator "
                      "(not in torch.cuda.memory_allocated): they are counted in host memory, where the driver "
                      "pages them under memory pressure, not in the accelerator's total; with room to spare "
                      "they stay on the accelerator beside it (the paging costs step time, not priced)")
@@ -167,14 +170,33 @@ def bnb_state_terms(plan, placement, options, *, name, paged=False):
     return terms
 
 
+def bnb32_state_terms(plan, placement, options, *, name, paged=False):
+    """bitsandbytes' 32-bit AdamW (``AdamW32bit``, ``PagedAdamW32bit``; ``Optimizer2State.init_state`` with
+    ``optim_bits=32``): two fp32 moments per parameter whatever its dtype, no absmax, no maps; paged as
+    the 8-bit one (tensors of at least ``PAGED_FROM`` elements)."""
+    tensors = measured.trainable_tensors(plan)
+    share = measured.tensor_share(plan, placement)
+    unified = sum(t for t in tensors if t >= PAGED_FROM) if paged else 0
+    rest = sum(tensors) - unified
+    terms = [*measured.master_terms(plan, placement), MemoryTerm(
+        component=OPTIMIZER_STATE, label=f"{name} moments (fp32)", phases=measured.STEADY,
+        nbytes=2 * 4 * rest * share, formula=f"2 moments x {n(rest)} x 4 B")]
+    if unified:
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY, nbytes=2 * 4 * unified * share,
+            label=f"{name} paged moments (CUDA unified memory, outside PyTorch's allocator)",
+            formula=f"2 moments x {n(unified)} elements of tensors >= {PAGED_FROM:,} elements x 4 B (get_state_buffer)"))
+    return terms
+
+
 def notes(plan, *, name=None) -> tuple[str, ...]:
     """What a measured result with one of these optimizers says (its ``measured.notes`` extension):
     ``name`` is bound by the spec (the optimizer it describes, whatever it is selected as)."""
     name = plan.optimizer if name is None else name
     if name in TORCHAO:
         return (COMPILED_NOTE.format(name=name),)
-    if name == "paged-adamw-8bit-bnb":
-        return (UNVALIDATED_PAGED,)
+    if name.startswith("paged-"):      # (the spec's own name, bound when it registers)
+        return (UNVALIDATED_PAGED.format(name=name),)
     return ()
 
 
@@ -234,6 +256,16 @@ def mlsysim_optimizers():
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
         extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb", paged=True),
                     "measured.notes": functools.partial(notes, name="paged-adamw-8bit-bnb")}, step=BNB_STEP))
+    for name, cls, paged in (("adamw-32bit-bnb", "AdamW32bit", False), ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True)):
+        specs.append(OptimizerSpec(
+            name=name,
+            description=f"bitsandbytes {cls}: fp32 moments, one fused kernel"
+                        + (" (unvalidated: CUDA unified memory): the large tensors' moments paged (host tier, "
+                           "outside the allocator)" if paged else ""),
+            state_terms=_flat(name, 12.0, "12 B (master 4 + m 4 + v 4)"),
+            extensions={"measured.state_terms": functools.partial(bnb32_state_terms, name=name, paged=paged),
+                        **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
+            step=BNB32_STEP))
     return specs
 
 

@@ -76,9 +76,10 @@ def build(cfg, model):
     if name in TORCHAO:
         import torchao.optim
         return getattr(torchao.optim, TORCHAO[name])(params, lr=1e-4), None
-    if name in ("adamw-8bit-bnb", "adam-8bit"):
+    if name in ("adamw-8bit-bnb", "adam-8bit", "adamw-32bit-bnb"):
         import bitsandbytes as bnb
-        cls = bnb.optim.AdamW8bit if name == "adamw-8bit-bnb" else bnb.optim.Adam8bit
+        cls = {"adamw-8bit-bnb": bnb.optim.AdamW8bit, "adam-8bit": bnb.optim.Adam8bit,
+               "adamw-32bit-bnb": bnb.optim.AdamW32bit}[name]
         return cls(params, lr=1e-4), None
     if name == "muon":
         hidden, rest = muon_split(model)
