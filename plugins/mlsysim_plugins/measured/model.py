@@ -195,7 +195,11 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     tensor parallelism gathers them in full on every rank)."""
     if plan.profile_options.lora is not None:
         from . import lora
-        return lora.model_activation_terms(plan, placement, recompute=recompute)
+        terms = lora.model_activation_terms(plan, placement, recompute=recompute)
+        if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
+            from .offload_activations import offload_terms
+            terms = offload_terms(plan, terms, "model", placement)
+        return terms
     ctx = context(plan, placement)
     shape, regime, T = ctx.shape, ctx.regime, ctx.tokens
     h, V = shape.hidden, shape.vocab
@@ -349,7 +353,11 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
     (the attention's s x s tensors, recomputed in the backward)."""
     if plan.profile_options.lora is not None:
         from . import lora
-        return lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
+        terms = lora.layer_terms(plan, placement, kept_layers=kept_layers, selective=selective)
+        if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
+            from .offload_activations import offload_terms
+            terms = offload_terms(plan, terms, "layers", placement)
+        return terms
     if getattr(plan.profile_options, "compile", None):     # compile.py: the partitioner's saved set
         from .compile import layer_terms as compiled_layer_terms
         return compiled_layer_terms(plan, placement)
