@@ -106,7 +106,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, PHASES, MemoryTerm
 
 from .loss_implementations import LossImplementation
-from .term_keys import CHUNKS_LOGITS
+from .term_keys import CHUNK_LOGITS, CHUNKS_LOGITS, LOGITS
 
 SAVED = (FORWARD, BACKWARD)
 LAUNCH_S = 5e-6
@@ -157,7 +157,8 @@ def torchtune_linear_terms(ctx) -> list[MemoryTerm]:
         _term("labels: shifted, masked and their indices (int64)", 8 * T + 16 * Tv, SAVED,
               "8 x T (the recipe's shifted labels) + 8 x T' (index_select of the targets) + 8 x T' (the indices)"),
         _term(f"logits, one chunk ({c} B)" + (" + its fp32 copy" if copy else ""), c * t * V + copy, (FORWARD,),
-              f"{c} x t x V" + (" + 4 x t x V" if copy else "") + f", t = ceil(T'/{n}) = {_n(t)} tokens")]
+              f"{c} x t x V" + (" + 4 x t x V" if copy else "") + f", t = ceil(T'/{n}) = {_n(t)} tokens",
+              key=CHUNK_LOGITS)]
     moments = [8 * t * V, c * t * V + (0 if frozen else V * h * c) + c * t * h - 4 * t * V]
     if n >= 2 and not frozen:
         moments.append(3 * V * h * c + 2 * c * t * h - 8 * t * V)
@@ -249,7 +250,8 @@ def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
     out = [
         _term(f"logits ({c} B, held through the backward and the step)", c * T * V, PHASES,
               f"{c} x T x V (the training loop's logits, replaced only by the next forward's: the previous "
-              "iteration's are freed when the new ones are assigned, a moment no larger than the log-softmax's)"),
+              "iteration's are freed when the new ones are assigned, a moment no larger than the log-softmax's)",
+              key=LOGITS),
         _term(f"log-softmax of every chunk ({lsm} B)", lsm * T * V, SAVED,
               f"{lsm} x T x V (no upcast" + ("; autocast runs log_softmax in fp32" if ctx.autocast else "") + ")"),
         _term("shifted targets (int64) and per-token losses", 8 * T + lsm * T, SAVED, f"8 x T + {lsm} x T"),
@@ -372,7 +374,7 @@ def _megatron_terms(ctx, *, fused: bool) -> list[MemoryTerm]:
               f"4 x T x V{on} (upcast once, max subtracted, exp and divide in place)"),
         _term("target mask (bool) and masked target (int64)", 9 * T, SAVED, "T + 8 x T"),
         _term(f"logits ({c} B, held until the loss returns)", c * T * V if c != 4 else 0, (FORWARD,),
-              f"{c} x T x V{on}" if c != 4 else "0 (fp32: the upcast is the logits themselves)"),
+              f"{c} x T x V{on}" if c != 4 else "0 (fp32: the upcast is the logits themselves)", key=LOGITS),
         _term(f"per-token statistics (fp32): {stats}", 16 * T, (FORWARD,), "4 x 4 x T"),
         _term(f"logits gradient cast to {'bf16' if fused else 'the logits dtype'} beside the softmax",
               c * T * V if up else 0, (BACKWARD,),
