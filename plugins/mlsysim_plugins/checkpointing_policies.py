@@ -58,6 +58,7 @@ from mlsysim_core import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, Checkpoin
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
 from ._lazy import lazy_module
+from .measured.term_keys import ROPE_TABLES
 from . import _korthikanti
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
@@ -254,7 +255,7 @@ def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unbo
     counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
     acts = model.model_activation_terms(plan, placement, recompute=True)
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-    rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+    rope = sum(t.nbytes for t in acts if t.key == ROPE_TABLES)
     per_rank = placement.trainable_parameters_per_rank / parallel.gradient_divisor(placement)
     share = per_rank / plan.model.parameters
     embedding, layer = share * s.embedding_parameters * gb, share * s.layer_parameters() * gb
@@ -332,7 +333,7 @@ def _rank_last_moment(plan, placement, ctx, lb):
     counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
     acts = model.model_activation_terms(plan, placement, recompute=True)
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-    rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+    rope = sum(t.nbytes for t in acts if t.key == ROPE_TABLES)
     gb = regime.gradient or 0
     if plan.gradient_accumulation_steps > 1 or not gb:
         at_layer = counted         # every gradient alive throughout (or none: a main-grad buffer)

@@ -727,8 +727,8 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
                                 + (" + T x h x 4 (the last block's output, the fused final norm's input)" if last
                                    else ""))]
     model_terms = lora_mod.model_activation_terms(plan, placement, recompute=True)
-    during = ("input token ids (int64)", "RoPE cos/sin tables")       # alive while the layers run
-    loss_side = sum(t.nbytes for t in model_terms if FORWARD in t.phases and t.label not in during)
+    during = (K.TOKEN_IDS, K.ROPE_TABLES)       # alive while the layers run
+    loss_side = sum(t.nbytes for t in model_terms if FORWARD in t.phases and t.key not in during)
     excess = forward * T - last - loss_side
     if excess > 0:
         terms.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before "
@@ -740,7 +740,7 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     # accumulation keeps every one alive.
     accumulating = plan.gradient_accumulation_steps > 1
     unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
-    rope = sum(t.nbytes for t in model_terms if t.label == "RoPE cos/sin tables")    # (SAVED: not in BACKWARD_END)
+    rope = sum(t.nbytes for t in model_terms if t.key == K.ROPE_TABLES)    # (SAVED: not in BACKWARD_END)
     moment = inputs - rng + c * T * h + work * T + rope - unborn
     terms.append(MemoryTerm(component=ACTIVATIONS, label="the top block's compiled recompute and MLP backward",
                             nbytes=moment, phases=(BACKWARD_END,),
@@ -927,9 +927,9 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                         phases=SAVED, formula=f"{L} layers x T x h x {r} B (the checkpointed compiled blocks' inputs)")
     # The top block's forward: beyond the end of the forward's terms that do not exist yet (the final norm, the
     # logits, the loss's part) and, in fp32, the top block's output counted as the final norm's input.
-    during = ("input token ids (int64)", "RoPE cos/sin tables", "embedding output (saved by the first norm)")
+    during = (K.TOKEN_IDS, K.ROPE_TABLES, K.EMBEDDING_OUTPUT)
     later = sum(t.nbytes for t in model.model_activation_terms(plan, placement, recompute=True)
-                if FORWARD in t.phases and t.label not in during)
+                if FORWARD in t.phases and t.key not in during)
     last = c * T * h if c == 4 else 0
     excess = per_token * T + L * rng - later - last
     terms = [inputs]
@@ -949,7 +949,7 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
         # terms that do not exist yet (the embedding output's gradient, the tied partials) are set against it
         acts = model.model_activation_terms(plan, placement, recompute=True)
         end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-        rope = sum(t.nbytes for t in acts if t.label.startswith("RoPE cos/sin"))
+        rope = sum(t.nbytes for t in acts if t.key == K.ROPE_TABLES)
         top = L * r * T * h + (L - 1) * rng + r * T * h + rope + work - end_only
         if top > end.nbytes:
             return terms + [MemoryTerm(
@@ -1015,8 +1015,7 @@ def _backward_end(plan, placement, recompute=None) -> MemoryTerm:
                       nbytes=embedding, phases=(BACKWARD_END,), formula=how)
 
 
-_CHUNKED_EAGER = ("log-softmax of every chunk's logits (fp32)", "logits, every chunk",
-                  "cross-entropy backward temporaries, one chunk (fp32)", "LM head backward: ")
+_CHUNKED_EAGER = (K.CHUNKS_LOG_SOFTMAX, K.CHUNKS_LOGITS, K.CHUNKS_BACKWARD)    # loss.py's chunked terms
 
 
 def lora_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
@@ -1045,7 +1044,7 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm], trainable: 
     T, h, V, c = ctx.tokens, ctx.shape.hidden, ctx.shape.vocab, ctx.regime.compute
     n = plan.profile_options.loss_chunks or 8
     t = chunk_tokens(plan, n)
-    eager = [x for x in terms if x.label.startswith(_CHUNKED_EAGER)]
+    eager = [x for x in terms if x.key in _CHUNKED_EAGER]
     if len(eager) != 3:      # never silently: the chunked loss's three terms are what is replaced
         raise RuntimeError(f"compile='blocks', loss='chunked': expected the chunked loss's three terms, found "
                            f"{[x.label for x in eager]}")
@@ -1087,7 +1086,7 @@ def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm], trainable: 
     return out
 
 
-_EAGER_CE = ("log-softmax of the logits (fp32)", "cross-entropy backward temporaries (fp32)")
+_EAGER_CE = (K.LOG_SOFTMAX, K.CE_BACKWARD, K.LOGITS)    # model.py's eager cross-entropy terms
 
 
 def compiled_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
@@ -1106,8 +1105,7 @@ def compiled_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[Memory
     freed) is the backward's top where it is larger (measured on the bf16 1,024-token cell: to 4 B)."""
     ctx, _ = _context(plan, placement)
     T, h, V, c = ctx.tokens, ctx.shape.hidden, ctx.shape.vocab, ctx.regime.compute
-    eager = [x for x in terms if x.label in _EAGER_CE or (x.label.startswith("logits") and x.label.endswith(
-        "(at the loss)"))]
+    eager = [x for x in terms if x.key in _EAGER_CE]
     if len(eager) != 3:      # never silently: the eager cross-entropy's three terms are what is replaced
         raise RuntimeError(f"compile={BLOCKS_LOSS!r}: expected the eager cross-entropy's three terms, found "
                            f"{[x.label for x in eager]}")
@@ -1170,7 +1168,7 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     backward's embedding gradient) and the compiled forward's saved set and the loss's backward."""
     if blocks(plan):      # compile="blocks": the embedding, final norm, LM head and loss run eagerly
         if plan.profile_options.lora is None:     # (LoRA: the frozen LM head keeps no input; lora.py's norm)
-            terms = [final_norm_term(plan, placement) if t.label == "final norm" else t for t in terms]
+            terms = [final_norm_term(plan, placement) if t.key == K.FINAL_NORM else t for t in terms]
         if plan.profile_options.loss == "chunked" and (plan.rank is None or plan.rank.last):
             terms = compiled_chunked_terms(plan, placement, terms)
         if compiled_loss(plan) and (plan.rank is None or plan.rank.last):

@@ -38,6 +38,7 @@ import attrs
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
+from . import term_keys as K
 from .checkpointing import keeps_everything as _keeps_everything
 
 TORCHAO = ("tensorwise", "rowwise")
@@ -47,11 +48,11 @@ FAMILIES = ("llama", "mixtral")
 UNVALIDATED = ("float8='transformer-engine' is unvalidated: derived from TransformerEngine's source "
                "(module/base.py, quantization.py, module/linear.py), never measured (TransformerEngine needs CUDA)")
 
-# The model's post-layer terms at the loss (model.py model_activation_terms, by label).
-_POST_FORWARD = ("final norm", "final norm output (fp32, held until the loss)", "log-softmax of the logits (fp32)",
-                 "shifted labels (int64)", "logits")
-_POST_BACKWARD = ("final norm", "log-softmax of the logits (fp32)", "shifted labels (int64)",
-                  "cross-entropy backward temporaries (fp32)")
+# The model's post-layer terms at the loss (model.py model_activation_terms and the loss's, by key): the final
+# norm's, the logits' (whole, every chunk's or one chunk's) and the cross-entropy's.
+_POST_FORWARD = (K.FINAL_NORM, K.FINAL_NORM_OUTPUT, K.LOG_SOFTMAX, K.SHIFTED_LABELS, K.LOGITS, K.CHUNKS_LOGITS,
+                 K.CHUNK_LOGITS)
+_POST_BACKWARD = (K.FINAL_NORM, K.FINAL_NORM_OUTPUT, K.LOG_SOFTMAX, K.SHIFTED_LABELS, K.CE_BACKWARD)
 
 
 def _n(x) -> str:
@@ -199,8 +200,8 @@ def torchao_terms(plan, placement, terms, lb) -> list[MemoryTerm]:
     streams = (1 + (not mixtral) + (plan.model.layers > 1)) if not lb.output_saved_by_next else 0
     residual_alive = streams * c * T * h + 8 * plan.seq_len
 
-    def post(labels, phase):
-        return sum(t.nbytes for t in terms if phase in t.phases and t.label.startswith(labels))
+    def post(keys, phase):
+        return sum(t.nbytes for t in terms if phase in t.phases and t.key in keys)
 
     out = []
     # Forward: the last layer's last converted linear (down_proj; Mixtral: o_proj, before the MoE block).
@@ -243,8 +244,8 @@ def torchao_terms(plan, placement, terms, lb) -> list[MemoryTerm]:
     attention = sum(wt.elements for wt in s.layer_weights() if wt.name in ("q_proj", "k_proj", "v_proj", "o_proj"))
     missing = gb * ((attention + h) if mixtral else s.layer_parameters())
     emb = gb * s.embedding_parameters
-    rope = post(("RoPE cos/sin tables",), BACKWARD)
-    embedded = post(("embedding output (saved by the first norm)",), BACKWARD)
+    rope = post((K.ROPE_TABLES,), BACKWARD)
+    embedded = post((K.EMBEDDING_OUTPUT,), BACKWARD)
     first_moments = [st + lb.saved - after + rope + embedded - missing for _, st in steps]
     best = max(first_moments + [_backward_cast(lin, T, c, rowwise) for lin in linears
                                 if lin.name in ("q_proj", "k_proj", "v_proj") or (lin.name == "o_proj" and not mixtral)])

@@ -69,10 +69,8 @@ from . import term_keys as K
 LOSSES = ("cross_entropy", "chunked", "fused_linear")     # the first built-ins (loss_implementations.py: all)
 DEFAULT_CHUNKS = 8      # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 SAVED = (FORWARD, BACKWARD)
-# model.model_activation_terms' cross-entropy terms, replaced here.
-_DEFAULT_LABELS = ("log-softmax of the logits (fp32)", "shifted labels (int64)",
-                   "cross-entropy backward temporaries (fp32)")
-_LOGITS_PREFIX = "logits"
+# model.model_activation_terms' cross-entropy terms, replaced here (by key).
+_DEFAULT_KEYS = (K.LOG_SOFTMAX, K.SHIFTED_LABELS, K.CE_BACKWARD, K.LOGITS)
 UNVALIDATED = ("loss='fused_linear' is unvalidated: Liger's fused linear cross-entropy needs triton (a GPU); "
                "its bytes are derived from liger-kernel v0.8.2's source and measured on a PyTorch emulation, "
                "not on Liger itself")
@@ -204,8 +202,7 @@ def loss_terms(plan, ctx, terms: list[MemoryTerm], *, lm_head_trainable: bool = 
     impl = getattr(o, "loss_implementation", None)
     if impl is None or impl.terms is None or (plan.rank is not None and not plan.rank.last):
         return terms
-    keep = [t for t in terms if t.label not in _DEFAULT_LABELS and not (
-        t.label.startswith(_LOGITS_PREFIX) and t.label.endswith("(at the loss)"))]
+    keep = [t for t in terms if t.key not in _DEFAULT_KEYS]
     if len(terms) - len(keep) != 4:      # never silently: the default's four terms are what is replaced
         raise RuntimeError(f"loss={o.loss!r}: expected the default cross-entropy's four terms, found "
                            f"{len(terms) - len(keep)}")
@@ -232,7 +229,7 @@ def _lm_head_kept(keep, impl, T, h, c, autocast, input_kept=True) -> list[Memory
     the loss unless autocast's fp32 output holds it) or its autocast weight copy's saving."""
     out = []
     for term in keep:
-        if term.label == "final norm" and not impl.saves_lm_head_input and input_kept:
+        if term.key == K.FINAL_NORM and not impl.saves_lm_head_input and input_kept:
             out.append(attrs.evolve(term, nbytes=term.nbytes - c * T * h,
                                     formula=term.formula + f" - {c} x T x h (the {impl.name} loss keeps no LM head "
                                                            "input)" if impl.name != "fused_linear" else
@@ -241,7 +238,7 @@ def _lm_head_kept(keep, impl, T, h, c, autocast, input_kept=True) -> list[Memory
                 out.append(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM_OUTPUT,
                                       label="final norm output (alive until the loss)",
                                       nbytes=c * T * h, phases=(FORWARD,), formula=f"{c} x T x h (the last hidden state)"))
-        elif term.label == "autocast 16-bit copy of the LM head" and not impl.saves_lm_head_weight_copy:
+        elif term.key == K.LM_HEAD_AUTOCAST_COPY and not impl.saves_lm_head_weight_copy:
             out.append(attrs.evolve(term, phases=(FORWARD,), formula=term.formula.replace(
                 "saved by the LM head matmul", "cached until autocast exits; the fused loss saves no weight")))
         else:

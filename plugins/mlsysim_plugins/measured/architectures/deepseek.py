@@ -72,7 +72,7 @@ import math
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
+from mlsysim_core.terms import ACCELERATOR, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from .. import term_keys as K
@@ -520,9 +520,9 @@ def _adjust(kind, plan, placement, terms):
     z = sizes(plan.model)
     out = []
     for t in terms:
-        if t.label == "RoPE frequency buffers":
+        if t.key == K.ROPE_BUFFERS:
             t = attrs.evolve(t, nbytes=4 * z.rope, formula=f"2 x qk_rope_head_dim/2 = {z.rope // 2} x 4 B (fp32)")
-        elif t.label == "RoPE cos/sin tables":
+        elif t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:   # (not an offloaded host copy)
             cp = placement.sequence_shards
             if z.v3:
                 b = 4 if plan.profile_options.regime.residual == 4 else 2

@@ -52,7 +52,7 @@ from typing import Mapping
 import attrs
 
 from mlsysim_core.errors import InvalidInputError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
+from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
 from .. import term_keys as K
@@ -362,7 +362,7 @@ def _adjust(version):
         sliding = _sliding_layers(model) if version > 1 else 0
         if version == 3 and 0 < sliding < model.layers:
             # Gemma3TextModel.forward: cos/sin for each layer type (local and global rotary).
-            for t in [t for t in terms if t.label == "RoPE cos/sin tables"]:
+            for t in [t for t in terms if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR]:
                 terms.append(attrs.evolve(t, label="RoPE cos/sin tables (second rotary: local and global layers)"))
         if whole_layers(plan):     # declared (recomputes="layers"), not named
             # The masks are the checkpointed layers' inputs: kept through the backward (without
@@ -401,10 +401,10 @@ def _tied_partials_after_recompute(plan, placement, shape, terms):
     k = plan.profile_options.checkpointed_layers
     kept = 0 if k is None else layers - min(k, layers)
     work = sum(t.nbytes for t in layer_terms(plan, placement, kept_layers=kept)
-               if t.label.startswith("recompute working set"))
+               if t.key == K.RECOMPUTE_WORKING_SET)
     out = []
     for t in terms:
-        if t.label.startswith("tied embedding gradient") and work:
+        if t.key == K.TIED_EMBEDDING_GRAD and work:
             partial = t.nbytes / 3
             alive = max(work + partial, t.nbytes) - work
             t = attrs.evolve(t, nbytes=alive, formula=t.formula + f"; after the recompute working set ({work:,.0f} B) "

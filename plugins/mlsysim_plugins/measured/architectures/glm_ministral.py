@@ -65,6 +65,7 @@ import attrs
 
 from mlsysim_core.errors import NotModelledError
 
+from .. import term_keys as K
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
 from ..layer_ops import llama_ops
@@ -279,7 +280,7 @@ def _glm_adjust(kind, plan, placement, terms):
     rotary = int(d * g.rotary_fraction)
     out = []
     for t in terms:
-        if t.label.startswith("RoPE") and rotary != d:
+        if t.key in (K.ROPE_BUFFERS, K.ROPE_TABLES) and rotary != d:    # (an offloaded host copy too)
             t = attrs.evolve(t, nbytes=t.nbytes * rotary / d,
                              formula=t.formula + f" x {rotary}/{d} (partial_rotary_factor {g.rotary_fraction:g})")
         out.append(t)

@@ -96,10 +96,11 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
+from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, MemoryTerm
 
 from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_counts_held,
                         megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe)
+from .. import term_keys as K
 from ..kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE, kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
 
@@ -334,7 +335,7 @@ def adjust_terms(kind, plan, placement, terms):
     from mlsysim_core.terms import BACKWARD, FORWARD
     out = []
     for t in terms:
-        if t.label == "RoPE cos/sin tables":
+        if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:
             t = attrs.evolve(t, nbytes=t.nbytes / 2,
                              formula=t.formula.replace("head_dim", "head_dim/2") + " (gpt-oss: emb = freqs, not doubled)")
         out.append(t)
@@ -380,7 +381,7 @@ def _megatron_terms(plan, placement, terms) -> list:
     T = plan.microbatch * plan.seq_len
     out = []
     for t in terms:
-        if t.label == "final norm":
+        if t.key == K.FINAL_NORM:
             final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
             t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
         out.append(t)

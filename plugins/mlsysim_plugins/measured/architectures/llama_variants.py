@@ -67,6 +67,7 @@ import attrs
 
 from mlsysim_core.errors import NotModelledError
 
+from .. import term_keys as K
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight, Norm
 from ..kernels import EAGER, SDPA, SEPARATE_QKV, kernel_of
 from ..layer_ops import llama_ops
@@ -298,7 +299,7 @@ def _olmo2_adjust(kind, plan, placement, terms):
     if kind != "model_activations" or plan.profile_options.regime.residual == 4:
         return terms
     return [attrs.evolve(t, nbytes=2 * t.nbytes, formula=t.formula.replace(" x 2 B", " x 4 B") + " (fp32 in OLMo 2)")
-            if t.label.startswith("RoPE cos/sin") else t for t in terms]
+            if t.key == K.ROPE_TABLES else t for t in terms]    # (an offloaded host copy too)
 
 
 def _phi3_adjust(kind, plan, placement, terms):
@@ -313,7 +314,7 @@ def _phi3_adjust(kind, plan, placement, terms):
     rotary -= rotary % 2
     out = []
     for t in terms:
-        if t.label.startswith("RoPE"):
+        if t.key in (K.ROPE_BUFFERS, K.ROPE_TABLES):    # (an offloaded host copy too)
             t = attrs.evolve(t, nbytes=t.nbytes * rotary / d,
                              formula=t.formula + f" x {rotary}/{d} (partial_rotary_factor {fraction:g})")
         out.append(t)

@@ -58,8 +58,9 @@ costed as GELU with a note.
 from __future__ import annotations
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
+from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
+from .. import term_keys as K
 from ..families import LAYER_NORM, ArchitectureFamily, LayerWeight
 from ..layers import REPLICATED, Part, LayerWalk, megatron_plain_mlp
 
@@ -302,12 +303,13 @@ def _rescale_rope(terms, model, family_fraction: float, head_dim: int):
     old, new = int(head_dim * family_fraction), int(head_dim * fraction)
     out = []
     for t in terms:
-        if t.label == "RoPE cos/sin tables":
+        if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:
             t = MemoryTerm(component=t.component, key=t.key,
                            label=t.label, nbytes=t.nbytes * new / old, phases=t.phases,
                            formula=t.formula + f" (rotary_dim {new} of head_dim {head_dim})")
-        elif t.label == "RoPE frequency buffers":
-            t = MemoryTerm(component=t.component, key=t.key, label=t.label, nbytes=2 * 4 * (new // 2), phases=t.phases,
+        elif t.key == K.ROPE_BUFFERS:
+            t = MemoryTerm(component=t.component, key=t.key,
+                           label=t.label, nbytes=2 * 4 * (new // 2), phases=t.phases,
                            formula=f"2 x rotary_dim/2 = {new // 2} x 4 B (fp32)")
         out.append(t)
     return out
