@@ -142,28 +142,48 @@ def torchao_state_terms(plan, placement, options, *, name):
     return terms
 
 
-def bnb_state_terms(plan, placement, options, *, name, paged=False):
+def bnb_state_terms(plan, placement, options, *, name, paged=False, embeddings_32bit=False):
     """bitsandbytes' 8-bit states. ``paged`` (PagedAdamW8bit): ``get_state_buffer`` puts the 8-bit
     moments of each tensor of at least ``PAGED_FROM`` elements in CUDA unified memory (``F.get_paged``:
     ``cget_managed_ptr``, a ``torch.frombuffer`` view), which PyTorch's caching allocator never sees
     and the driver pages to the host under memory pressure; the absmax blocks and the smaller
-    tensors' states are ordinary device tensors."""
-    tensors = measured.trainable_tensors(plan)
+    tensors' states are ordinary device tensors. ``embeddings_32bit``: the embedding tables
+    (``nn.Embedding`` weights: the token embedding, a learned position table) keep fp32 moments, as
+    Hugging Face's Trainer sets them up (``GlobalOptimManager.register_module_override(module,
+    "weight", {"optim_bits": 32})`` for every ``nn.Embedding`` when ``optim_bits == 8``; transformers
+    5.23.0 trainer.py ``create_optimizer``), paged too when ``paged``."""
+    tensors = list(measured.trainable_tensors(plan))
+    tables = []
+    if embeddings_32bit and plan.profile_options.lora is None:    # (LoRA trains adapters, no embedding)
+        shape = measured.shape_of(plan)
+        for table in (shape.embedding_parameters, shape.learned_positions * shape.hidden):
+            if table:
+                tensors.remove(table)
+                tables.append(table)
     quantized = sum(t for t in tensors if t >= MIN_QUANTIZED)
     small = sum(t for t in tensors if t < MIN_QUANTIZED)
     blocks = sum(-(-t // BNB_BLOCK) for t in tensors if t >= MIN_QUANTIZED)
     share = measured.tensor_share(plan, placement)
     unified = sum(t for t in tensors if t >= PAGED_FROM) if paged else 0
+    paged_tables = sum(t for t in tables if t >= PAGED_FROM) if paged else 0
     terms = [*measured.master_terms(plan, placement), MemoryTerm(
         component=OPTIMIZER_STATE, label=f"{name} moments (8-bit, block-wise)", phases=measured.STEADY,
         nbytes=2 * (quantized - unified + 4 * blocks + 4 * small) * share,
         formula=f"2 moments x ({n(quantized)} x 1 B + {n(blocks)} blocks x 4 B absmax + {n(small)} small x 4 B fp32)"
                 + (f" - the paged {n(unified)} x 1 B" if unified else ""))]
-    if unified:
+    if sum(tables) - paged_tables:
         terms.append(MemoryTerm(
-            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY, nbytes=2 * unified * share,
+            component=OPTIMIZER_STATE, label=f"{name} embedding moments (fp32: Hugging Face Trainer's override)",
+            phases=measured.STEADY, nbytes=2 * 4 * (sum(tables) - paged_tables) * share,
+            formula=f"2 moments x {n(sum(tables) - paged_tables)} embedding elements x 4 B"))
+    if unified or paged_tables:
+        terms.append(MemoryTerm(
+            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY,
+            nbytes=2 * (unified + 4 * paged_tables) * share,
             label=f"{name} paged moments (CUDA unified memory, outside PyTorch's allocator)",
-            formula=f"2 moments x {n(unified)} elements of tensors >= {PAGED_FROM:,} elements x 1 B (get_state_buffer)"))
+            formula=f"2 moments x ({n(unified)} elements x 1 B" + (f" + {n(paged_tables)} embedding elements x 4 B"
+                                                                      if paged_tables else "")
+                    + f") of tensors >= {PAGED_FROM:,} elements (get_state_buffer)"))
     if quantized:
         terms.append(MemoryTerm(component=OPTIMIZER_STATE, label=f"{name} quantization maps", phases=measured.STEADY,
                                 nbytes=BNB_QMAPS, formula="2 dynamic maps x 256 x 4 B (shared by all tensors)"))
@@ -256,6 +276,17 @@ def mlsysim_optimizers():
         state_terms=_flat("paged-adamw-8bit-bnb", 6.0, "6 B (master 4 + m 1 + v 1)"),
         extensions={"measured.state_terms": functools.partial(bnb_state_terms, name="paged-adamw-8bit-bnb", paged=True),
                     "measured.notes": functools.partial(notes, name="paged-adamw-8bit-bnb")}, step=BNB_STEP))
+    for name, paged in (("adamw-8bit-bnb-hf", False), ("paged-adamw-8bit-bnb-hf", True)):
+        specs.append(OptimizerSpec(
+            name=name,
+            description=f"bitsandbytes {'Paged' if paged else ''}AdamW8bit as Hugging Face's Trainer sets it up "
+                        "(adamw_bnb_8bit, paged_adamw_8bit): the embedding tables' moments in fp32"
+                        + (" (unvalidated: CUDA unified memory)" if paged else ""),
+            state_terms=_flat(name, 6.0, "6 B (master 4 + m 1 + v 1)"),
+            extensions={"measured.state_terms": functools.partial(bnb_state_terms, name=name, paged=paged,
+                                                                  embeddings_32bit=True),
+                        **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
+            step=BNB_STEP))
     for name, cls, paged in (("adamw-32bit-bnb", "AdamW32bit", False), ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True)):
         specs.append(OptimizerSpec(
             name=name,

@@ -17,7 +17,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
 AX = DATA / "axolotl"
 FILES = sorted(p for p in (AX / "examples").rglob("*.y*ml"))
 REFUSED = {"llama-3/3b-fp8-fsdp2.yaml": "fp8",     # torch_compile is read (compile=True); fp8 is not modelled
-           "llama-3/qlora.yml": "optimizer",     # paged_adamw_32bit: not modelled
+               # paged_adamw_32bit: not modelled
            "ministral/ministral-small-qlora.yaml": "base_model",     # Ministral-8B: not in the catalog
            "mistral/bigstral/bigstral-ds-zero3.yaml": "unfrozen_parameters"}
 
@@ -60,7 +60,7 @@ def test_full_fine_tune_8b():
     launch = from_launch([AX / "examples/llama-3/fft-8b.yaml"], gpus=1, hardware="h100")
     s = launch.scenario
     assert (s.model, s.seq_len, s.batch_size, s.gradient_accumulation_steps) == ("meta-llama/llama-3.1-8b", 8192, 8, 8)
-    assert s.optimizer == "paged-adamw-8bit-bnb" and s.activation_checkpointing == "full"
+    assert s.optimizer == "paged-adamw-8bit-bnb-hf" and s.activation_checkpointing == "full"
     assert s.profile_options["regime"] == "bf16" and s.profile_options["attention"] == "sdpa"
     result = s.solve()
     params = 8_030_261_248

@@ -32,7 +32,8 @@ CONFIGS = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CONFIGS)
 
 NAMES = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb",
-         "paged-adamw-8bit-bnb", "muon", "adamw-32bit-bnb", "paged-adamw-32bit-bnb")
+         "paged-adamw-8bit-bnb", "muon", "adamw-32bit-bnb", "paged-adamw-32bit-bnb", "adamw-8bit-bnb-hf",
+         "paged-adamw-8bit-bnb-hf")
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 RUNS = report_optimizers.load()
 
@@ -62,7 +63,7 @@ def test_every_optimizer_is_measured_on_dense_and_moe_models_at_two_sizes():
     for run in RUNS:
         seen.setdefault(run["optimizer"], set()).add(run["model"])
     for name in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb", "adam-8bit",
-                 "muon", "adamw-32bit-bnb"):
+                 "muon", "adamw-32bit-bnb", "adamw-8bit-bnb-hf"):
         assert {"llama-s", "llama-m", "mixtral-s", "mixtral-m"} <= seen.get(name, set()), (name, seen.get(name))
 
 
@@ -256,3 +257,17 @@ def test_bnb_32bit_by_hand_and_its_paged_variant():
     assert paged.total_memory == plain.total_memory - paged.host_memory
     assert any("paged-adamw-32bit-bnb is unvalidated" in n for n in paged.notes)
     assert not any("unvalidated" in n for n in plain.notes)
+
+
+def test_hugging_face_trainer_keeps_the_embeddings_moments_in_fp32():
+    """transformers' Trainer gives every nn.Embedding weight 32-bit states under an 8-bit bitsandbytes
+    optimizer (GlobalOptimManager.register_module_override; measured: validation/techniques/optimizers,
+    ``adamw-8bit-bnb-hf``, every optimizer phase exact). llama-s's embedding, 1024 x 128 = 131,072
+    elements: 2 fp32 moments (8 B each element) instead of 2 x (1 B + an fp32 absmax per 256)."""
+    hf, plain = solve(optimizer="adamw-8bit-bnb-hf"), solve(optimizer="adamw-8bit-bnb")
+    e = 1024 * 128
+    assert hf.total_memory - plain.total_memory == 2 * 4 * e - 2 * (e + 4 * (e // 256))
+    paged = solve(optimizer="paged-adamw-8bit-bnb-hf")     # the LM head's 8-bit, the embedding's fp32 moments
+    assert paged.host_memory == 2 * e + 2 * 4 * e
+    lora = solve(optimizer="adamw-8bit-bnb-hf", lora={"rank": 8})
+    assert lora.total_memory == solve(optimizer="adamw-8bit-bnb", lora={"rank": 8}).total_memory

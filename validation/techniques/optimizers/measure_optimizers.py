@@ -81,6 +81,16 @@ def build(cfg, model):
         cls = {"adamw-8bit-bnb": bnb.optim.AdamW8bit, "adam-8bit": bnb.optim.Adam8bit,
                "adamw-32bit-bnb": bnb.optim.AdamW32bit}[name]
         return cls(params, lr=1e-4), None
+    if name == "adamw-8bit-bnb-hf":
+        # as transformers 5.23.0 trainer.py create_optimizer sets up an 8-bit bitsandbytes optimizer: after
+        # building it, every nn.Embedding weight gets optim_bits=32 through GlobalOptimManager
+        import bitsandbytes as bnb
+        opt = bnb.optim.AdamW(params, lr=1e-4, optim_bits=8)
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+        return opt, None
     if name == "muon":
         hidden, rest = muon_split(model)
         pair = (torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=1e-4, **IMPL_KW[cfg["optimizer_impl"]]))
