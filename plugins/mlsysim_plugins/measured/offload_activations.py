@@ -27,6 +27,13 @@ Combined with activation checkpointing (torchtune's ``enable_activation_checkpoi
 ``enable_activation_offloading`` together): a checkpointed layer saves only its input, so that input
 is what goes to the host; the recomputed layer's tensors are saved outside the hooks' scope of the
 forward and stay on the device (its working set).
+
+Under LoRA (``lora_terms``): torchtune's mode only, as its LoRA recipe runs it (checkpointing required) around
+compiled, then checkpointed blocks (``compile="blocks"``, torchtune's order): each layer's input and the final
+norm's saves copied to the host, the forward stash (``_stash``) and the backward's copies freed one node late
+(``bwd_tensor_stash``) modelled from torchtune 0.6.1's source and measured with its hooks replayed on the CPU
+(validation/lora_offload: every phase within 0.5 %, the host bytes exact). Refused: ``save_on_cpu``, no
+checkpointing, eager LoRA layers.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import attrs
 
 from mlsysim_core import _checks
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, HOST, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, HOST, MemoryTerm
 
 from . import term_keys as K
 
@@ -58,11 +65,13 @@ def prepare_option(plan, value):
                                "offloading under model-parallel layouts (several micro-batches in flight, "
                                "split layers) is not measured")
     if o.lora is not None:
-        raise NotModelledError(OPTION, value, "no LoRA", "offloading the adapters' saved tensors is not measured")
+        _check_lora(plan, value)
     if o.regime.main_grad:
         raise NotModelledError(OPTION, value, "a PyTorch regime", "Megatron-Core's layers are not offloaded here")
     notes = []
-    if value == "torchtune":
+    if o.lora is not None:
+        notes.append(LORA_NOTE)
+    elif value == "torchtune":
         notes.append("activation_offload=torchtune is derived from torchtune 0.6.1's OffloadActivations source "
                      "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated")
     from .checkpointing import recomputes
@@ -74,14 +83,197 @@ def prepare_option(plan, value):
     return plan
 
 
+# --- LoRA (torchtune's lora_finetune_single_device with enable_activation_offloading) ----------------------------
+
+LORA_NOTE = ("activation_offload=torchtune with LoRA: torchtune 0.6.1's OffloadActivations around compiled, "
+             "checkpointed LoRA blocks (each layer's input and the final norm's saved tensors copied to the host, "
+             "the forward stash of 5, the backward's copies freed one node late), measured on the CPU with the "
+             "host copies simulated (validation/lora_offload); the CUDA caching allocator's stream-ordered reuse "
+             "is not modelled")
+
+
+def _check_lora(plan, value):
+    """What is measured of offloading under LoRA: torchtune's ``OffloadActivations`` as its LoRA recipe runs it
+    (``enable_activation_checkpointing`` required, recipes/lora_finetune_single_device.py:167-175), with each
+    layer compiled and then checkpointed (``compile=True``: ``compile="blocks"``, torchtune's order) on one device."""
+    from .checkpointing import whole_layers
+    from .compile import BLOCKS, blocks, outside
+    o = plan.profile_options
+    if value != "torchtune":
+        raise NotModelledError(OPTION, value, "'torchtune' with LoRA",
+                               "save_on_cpu around a LoRA model is not measured (validation/lora_offload measures "
+                               "torchtune's OffloadActivations)")
+    if not whole_layers(plan):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "'full' (every layer) with activation_offload='torchtune' and LoRA",
+                               "torchtune's LoRA recipes raise without enable_activation_checkpointing "
+                               "(recipes/lora_finetune_single_device.py:172-175, torchtune 0.6.1)")
+    if o.compile != BLOCKS or not blocks(plan) or not outside(plan):
+        raise NotModelledError("compile", o.compile, f"{BLOCKS!r} in torchtune's order (compile_checkpoint None or "
+                               "'outside') with activation_offload='torchtune' and LoRA",
+                               "offloading is measured around torchtune's compiled, then checkpointed LoRA blocks "
+                               "(validation/lora_offload); the eager LoRA layers under offloading are not")
+
+
+def _final_norm_packs(plan) -> tuple[tuple[str, int], ...]:
+    """What the final norm's saves hand the pack hook, in order, as (tensor, bytes): torchtune 0.6.1's ``RMSNorm``
+    (torchtune/modules/rms_norm.py: ``F.rms_norm(x.float(), normalized_shape, weight=self.scale, eps)``), run as
+    its composite (``x.pow(2)`` saves the fp32 x, ``rsqrt`` its output r, ``x * r`` r and x, ``* weight`` the
+    weight "w", a parameter): the packs recorded by validation/lora_offload (``packs``), the same in fp32 and bf16
+    on the CPU. (In 16 bits the fp32 input and the 16-bit weight differ in dtype, so CUDA runs the composite too;
+    an fp32 CUDA run may take the fused kernel, whose node saves x, rstd and the weight: not measured.)"""
+    from .shapes import shape_of
+    T, h = plan.microbatch * plan.seq_len, shape_of(plan).hidden
+    w = plan.profile_options.regime.weight * h
+    return (("x", 4 * T * h), ("r", 4 * T), ("r", 4 * T), ("x", 4 * T * h), ("w", w))
+
+
+def _stash(plan):
+    """The forward stash's rule run over the packs of one forward (torchtune/training/_activation_offloading.py
+    lines 135-192: every pack takes the next id; a tensor of at least 1 KiB that is not a parameter is copied to
+    the host, and then every stashed device tensor with id <= this id - 5 is dropped): each checkpointed layer's
+    input (its one saved tensor: ``torch.utils.checkpoint``'s ``save_inputs``; what the compiled block saves goes
+    to the checkpoint's own hooks), then the final norm's packs. Returns (layer inputs stashed while the top
+    block runs, layer inputs stashed at the forward's end, the host bytes of the norm's copies, the norm's
+    offloaded packs all stashed at the end)."""
+    from .shapes import shape_of
+    L, T = plan.model.layers, plan.microbatch * plan.seq_len
+    c, h = plan.profile_options.regime.compute, shape_of(plan).hidden
+    packs = [("layer", c * T * h)] * L + [(name, n) for name, n in _final_norm_packs(plan)]
+    moved = [n >= MIN_OFFLOAD_BYTES and name != "w" for name, n in packs]
+    stash, top = [], None
+    for i, is_moved in enumerate(moved, start=1):
+        if is_moved:
+            stash = [j for j in stash if j > i - FWD_STASH] + [i]
+        if i == L:
+            top = sum(1 for j in stash if j <= L)
+    if not moved[0]:        # inputs under 1 KiB stay on the device
+        top = L
+    end = sum(1 for j in stash if j <= L) if moved[0] else L
+    norm = sum(n for (name, n), m in zip(packs[L:], moved[L:]) if m)
+    kept = all(j in stash for j, m in enumerate(moved, start=1) if m and j > L)
+    return top, end, norm, kept
+
+
+def _lora_excess(plan, placement) -> float:
+    """The top compiled block's forward beyond what the end of the forward holds in its place, unclipped
+    (compile.lora_full_terms' ``excess``, the same arithmetic)."""
+    from . import lora as lora_mod
+    from .compile import _context, _lora_full_mlp, lora_layer_saved
+    ctx, kernel = _context(plan, placement)
+    s, regime, T = ctx.shape, ctx.regime, ctx.tokens
+    c, h, r = regime.compute, s.hidden, plan.profile_options.lora.rank
+    other, out, _ = lora_layer_saved(plan, s, regime, kernel, True)
+    mlp, adapted = _lora_full_mlp(plan)
+    down = next(op for op in mlp if op.reduced)
+    firsts = [op for op in mlp if op.op == "mm" and not op.reduced]
+    forward = (max(other - c * r + sum(op.nbytes for op in firsts), other + 2 * down.nbytes) if adapted
+               else other + mlp[-2].nbytes + out)
+    last = c * T * h if c == 4 else 0
+    during = (K.TOKEN_IDS, K.ROPE_TABLES)
+    loss_side = sum(t.nbytes for t in lora_mod.model_activation_terms(plan, placement, recompute=True)
+                    if FORWARD in t.phases and t.key not in during)
+    return forward * T - last - loss_side
+
+
+def lora_terms(plan, placement, terms, where: str) -> list[MemoryTerm]:
+    """The LoRA terms with torchtune's offloading (``_check_lora``): compiled blocks wrapped in the checkpoint,
+    inside ``OffloadActivations`` (the LM head in its ``NoOpManager``, the loss outside). Derived from
+    torchtune/training/_activation_offloading.py (0.6.1) and measured (validation/lora_offload), T = b x s, c the
+    compute dtype's bytes, L layers:
+
+    * **host**: each layer's input, copied once (L x c T h), and the final norm's packs, one copy per save
+      (``_final_norm_packs``);
+    * **the forward**: the device keeps the stashed layer inputs (``_stash``): at the top block's compiled forward
+      the last 5 (min(L, 5)), at the end of the forward those still among the last 5 ids (the final norm's packs
+      follow); the final norm's saved tensors are all stashed, so on the device as without offloading;
+    * **the backward**: the stash lives until the final norm's first node; from then each layer's backward copies
+      its input back (c T h) and frees the previous node's copies after its own node (``bwd_tensor_stash``,
+      ``prev_node_ids``): the top block's moment holds its input and the final norm's last copy brought back (its
+      fp32 x); a lower block's the input of the block above too, beside the adapters' gradients born
+      since (and one RNG state fewer per block), the first block's with its smaller saved set: the largest."""
+    from . import lora as lora_mod
+    from .compile import _context, lora_layer_saved, _rng
+    top, end, norm, kept = _stash(plan)
+    if not kept:
+        raise NotModelledError(OPTION, "torchtune", "a final norm whose saves fit the forward stash",
+                               "its saved tensors would be copied back from the host in the backward: not measured")
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, placement.layers_per_stage
+    c, h = regime.compute, s.hidden
+    x = c * T * h
+    moved = x >= MIN_OFFLOAD_BYTES
+    if where == "model":
+        if not norm:
+            return terms
+        return terms + [MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM,
+                                   label="final norm: its saved tensors (offloaded to host memory)", nbytes=norm,
+                                   phases=SAVED, tier=HOST,
+                                   formula=f"{_n(norm)} B: one host copy per save (torchtune's RMSNorm, "
+                                           f"{len(_final_norm_packs(plan))} packs); the device copies stay "
+                                           "stashed until the norm's backward")]
+    out = []
+    for t in terms:
+        if t.key == K.CHECKPOINTED_INPUTS and tuple(t.phases) == SAVED and moved:
+            out.append(attrs.evolve(t, nbytes=t.nbytes - (L - end) * x,
+                                    label=f"{t.label}: {end} in the forward stash at the forward's end",
+                                    formula=f"{t.formula} - {L - end} x {_n(x)} B (copied to the host; {end} still "
+                                            "stashed)"))
+            out.append(_host(t, L * x, f"{L} x {_n(x)} B: each layer's input, copied once"))
+        elif tuple(t.phases) == (FORWARD,) and moved:       # the top compiled block's forward (compile.lora_full_terms)
+            out.append(t)
+        elif tuple(t.phases) == (BACKWARD_END,) and moved:  # the top block's recompute and MLP backward
+            g = regime.gradient or 4
+            grow = 0 if plan.gradient_accumulation_steps > 1 else lora_mod.stage_trainable(plan, 1) * g
+            rng = _rng(plan)
+            other = lora_layer_saved(plan, s, regime, kernel, True)[0]
+            first = lora_layer_saved(plan, s, regime, kernel, False)[0]
+            stale = 4 * T * h       # the final norm's fp32 x, brought back for its last node (pow's)
+            moments = {"top": -(L - 1) * x + stale}
+            if L > 2:
+                for i in (1, L - 2):
+                    moments[f"block {i}"] = -(L - 2) * x + (L - 1 - i) * (grow - rng)
+            if L > 1:
+                moments["block 0"] = -(L - 2) * x + (L - 1) * (grow - rng) - (other - first) * T
+            which = max(moments, key=moments.get)
+            nbytes = t.nbytes + moments[which]
+            out.append(attrs.evolve(t, nbytes=nbytes, label=f"{t.label} (offloaded inputs: {which}'s moment)",
+                                    formula=f"{t.formula}; offloaded: {_n(moments[which])} B at {which}'s moment "
+                                            f"({', '.join(f'{k} {_n(v)}' for k, v in moments.items())}: the layers' "
+                                            f"inputs on the host, one copied back (c T h = {_n(x)}), the previous "
+                                            f"node's copy ({_n(stale)} B after the final norm, {_n(x)} after a "
+                                            f"block), {_n(grow)} B of adapter gradients born and one {_n(rng)} B RNG "
+                                            f"state freed per block, the first block's saved set "
+                                            f"{_n((other - first) * T)} B smaller)"))
+        else:
+            out.append(t)
+    if moved and top > end:
+        excess = _lora_excess(plan, placement)
+        extra = max(0.0, excess + (top - end) * x) - max(0.0, excess)
+        if extra:
+            out.append(MemoryTerm(component=ACTIVATIONS, label="layer inputs in the forward stash at the top "
+                                  "block's forward", nbytes=extra, phases=(FORWARD,),
+                                  formula=f"{top} stashed inputs then, {end} at the forward's end: {top - end} x "
+                                          f"{_n(x)} B beyond the end of the forward" + (
+                                              "" if excess >= 0 else f", less {_n(-excess)} B the loss's forward "
+                                              "holds beyond the top block's")))
+    return out
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}"
+
+
 def _host(term, nbytes, how) -> MemoryTerm:
     return attrs.evolve(term, tier=HOST, nbytes=nbytes, label=f"{term.label} (offloaded to host memory)",
                         formula=f"{term.formula}; {how}")
 
 
-def offload_terms(plan, terms, where: str) -> list[MemoryTerm]:
+def offload_terms(plan, terms, where: str, placement=None) -> list[MemoryTerm]:
     """``terms`` of the decoder layers (``where="layers"``) or outside them (``"model"``) with the
-    base model's saved tensors in host memory."""
+    base model's saved tensors in host memory (LoRA's: ``lora_terms``, with the placement)."""
+    if plan.profile_options.lora is not None:
+        return lora_terms(plan, placement, terms, where)
     out = []
     for t in terms:
         moved = (where == "layers" and t.key in LAYERS) or (where == "model" and t.key in BASE_MODEL)
