@@ -190,9 +190,10 @@ def bnb_state_terms(plan, placement, options, *, name, paged=False, embeddings_3
     return terms
 
 
-def bnb32_state_terms(plan, placement, options, *, name, paged=False):
-    """bitsandbytes' 32-bit AdamW (``AdamW32bit``, ``PagedAdamW32bit``; ``Optimizer2State.init_state`` with
-    ``optim_bits=32``): two fp32 moments per parameter whatever its dtype, no absmax, no maps; paged as
+def bnb32_state_terms(plan, placement, options, *, name, paged=False, moments=2):
+    """bitsandbytes' 32-bit optimizers (``AdamW32bit``, ``PagedAdamW32bit``: ``Optimizer2State``;
+    ``Lion32bit``, ``PagedLion32bit``: ``Optimizer1State``, one moment; ``init_state`` with
+    ``optim_bits=32``): fp32 moments per parameter whatever its dtype, no absmax, no maps; paged as
     the 8-bit one (tensors of at least ``PAGED_FROM`` elements)."""
     tensors = measured.trainable_tensors(plan)
     share = measured.tensor_share(plan, placement)
@@ -200,12 +201,13 @@ def bnb32_state_terms(plan, placement, options, *, name, paged=False):
     rest = sum(tensors) - unified
     terms = [*measured.master_terms(plan, placement), MemoryTerm(
         component=OPTIMIZER_STATE, label=f"{name} moments (fp32)", phases=measured.STEADY,
-        nbytes=2 * 4 * rest * share, formula=f"2 moments x {n(rest)} x 4 B")]
+        nbytes=moments * 4 * rest * share, formula=f"{moments} moment(s) x {n(rest)} x 4 B")]
     if unified:
         terms.append(MemoryTerm(
-            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY, nbytes=2 * 4 * unified * share,
+            component=OPTIMIZER_STATE, tier=HOST, phases=measured.STEADY, nbytes=moments * 4 * unified * share,
             label=f"{name} paged moments (CUDA unified memory, outside PyTorch's allocator)",
-            formula=f"2 moments x {n(unified)} elements of tensors >= {PAGED_FROM:,} elements x 4 B (get_state_buffer)"))
+            formula=f"{moments} moment(s) x {n(unified)} elements of tensors >= {PAGED_FROM:,} elements x 4 B "
+                    f"(get_state_buffer)"))
     return terms
 
 
@@ -287,14 +289,18 @@ def mlsysim_optimizers():
                                                                   embeddings_32bit=True),
                         **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
             step=BNB_STEP))
-    for name, cls, paged in (("adamw-32bit-bnb", "AdamW32bit", False), ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True)):
+    for name, cls, paged, moments in (("adamw-32bit-bnb", "AdamW32bit", False, 2),
+                                      ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True, 2),
+                                      ("lion-32bit-bnb", "Lion32bit", False, 1),
+                                      ("paged-lion-32bit-bnb", "PagedLion32bit", True, 1)):
         specs.append(OptimizerSpec(
             name=name,
-            description=f"bitsandbytes {cls}: fp32 moments, one fused kernel"
+            description=f"bitsandbytes {cls}: fp32 moment{'s' if moments > 1 else ''}, one fused kernel"
                         + (" (unvalidated: CUDA unified memory): the large tensors' moments paged (host tier, "
                            "outside the allocator)" if paged else ""),
-            state_terms=_flat(name, 12.0, "12 B (master 4 + m 4 + v 4)"),
-            extensions={"measured.state_terms": functools.partial(bnb32_state_terms, name=name, paged=paged),
+            state_terms=_flat(name, 4.0 + 4 * moments, f"{4 + 4 * moments} B (master 4 + {moments} x 4)"),
+            extensions={"measured.state_terms": functools.partial(bnb32_state_terms, name=name, paged=paged,
+                                                                  moments=moments),
                         **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
             step=BNB32_STEP))
     return specs

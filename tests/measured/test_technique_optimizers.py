@@ -33,7 +33,7 @@ _spec.loader.exec_module(CONFIGS)
 
 NAMES = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb",
          "paged-adamw-8bit-bnb", "muon", "adamw-32bit-bnb", "paged-adamw-32bit-bnb", "adamw-8bit-bnb-hf",
-         "paged-adamw-8bit-bnb-hf")
+         "paged-adamw-8bit-bnb-hf", "lion-32bit-bnb", "paged-lion-32bit-bnb")
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 RUNS = report_optimizers.load()
 
@@ -63,7 +63,7 @@ def test_every_optimizer_is_measured_on_dense_and_moe_models_at_two_sizes():
     for run in RUNS:
         seen.setdefault(run["optimizer"], set()).add(run["model"])
     for name in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb", "adam-8bit",
-                 "muon", "adamw-32bit-bnb", "adamw-8bit-bnb-hf"):
+                 "muon", "adamw-32bit-bnb", "adamw-8bit-bnb-hf", "lion-32bit-bnb"):
         assert {"llama-s", "llama-m", "mixtral-s", "mixtral-m"} <= seen.get(name, set()), (name, seen.get(name))
 
 
@@ -271,3 +271,15 @@ def test_hugging_face_trainer_keeps_the_embeddings_moments_in_fp32():
     assert paged.host_memory == 2 * e + 2 * 4 * e
     lora = solve(optimizer="adamw-8bit-bnb-hf", lora={"rank": 8})
     assert lora.total_memory == solve(optimizer="adamw-8bit-bnb", lora={"rank": 8}).total_memory
+
+
+def test_bnb_lion_32bit_is_one_fp32_moment_and_no_temporary():
+    """bitsandbytes' Lion32bit (what Hugging Face's ``lion_32bit`` builds): one fp32 moment whatever the
+    weights' dtype and an in-place kernel, where ``lion`` (lion-pytorch style) keeps its momentum in the
+    state dtype and a foreach temporary (measured: the four runs' optimizer phase exact)."""
+    params = 2 * 1024 * 128 + 2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 256) + 5 * 128
+    r = solve(optimizer="lion-32bit-bnb", regime="bf16")
+    assert term(r, "lion-32bit-bnb moments (fp32)") == 4 * params
+    assert not any(t.phases == ("optimizer_step",) for t in r.terms if t.component == "optimizer_state")
+    paged = solve(optimizer="paged-lion-32bit-bnb", regime="bf16")
+    assert paged.host_memory == 4 * (2 * 1024 * 128) and paged.total_memory == r.total_memory - paged.host_memory

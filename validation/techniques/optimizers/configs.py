@@ -26,7 +26,7 @@ MODELS = {
     "mixtral-m": (_mixtral(256, 384, 2, 8, 4, 2048), 2, 64, "bf16"),
 }
 OPTIMIZERS = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb", "adam-8bit", "muon",
-              "adamw-32bit-bnb", "adamw-8bit-bnb-hf")
+              "adamw-32bit-bnb", "adamw-8bit-bnb-hf", "lion-32bit-bnb")
 
 CONFIGS = [
     dict(id=f"{m}-{o}", family=h["model_type"], model=m, hf_config=h, batch_size=b, seq_len=s, regime=r,

@@ -76,10 +76,10 @@ def build(cfg, model):
     if name in TORCHAO:
         import torchao.optim
         return getattr(torchao.optim, TORCHAO[name])(params, lr=1e-4), None
-    if name in ("adamw-8bit-bnb", "adam-8bit", "adamw-32bit-bnb"):
+    if name in ("adamw-8bit-bnb", "adam-8bit", "adamw-32bit-bnb", "lion-32bit-bnb"):
         import bitsandbytes as bnb
         cls = {"adamw-8bit-bnb": bnb.optim.AdamW8bit, "adam-8bit": bnb.optim.Adam8bit,
-               "adamw-32bit-bnb": bnb.optim.AdamW32bit}[name]
+               "adamw-32bit-bnb": bnb.optim.AdamW32bit, "lion-32bit-bnb": bnb.optim.Lion32bit}[name]
         return cls(params, lr=1e-4), None
     if name == "adamw-8bit-bnb-hf":
         # as transformers 5.23.0 trainer.py create_optimizer sets up an 8-bit bitsandbytes optimizer: after
