@@ -221,3 +221,32 @@ def test_a_chunk_of_one_layer_under_ends_one_fewer_the_llama3_papers_v():
     even = dict(run, plugin_options=None)
     assert time_plan(model, "h100", stage_layers=(3, 4, 4, 3), **even)["step_s"] == \
         time_plan(model, "h100", **even)["step_s"]
+
+
+def test_overlapped_pipeline_sends_hide_behind_one_chunk_each_by_hand():
+    # The pp rule's option p2p: "blocking" (default) keeps each send on the critical path; "overlapped" (Megatron's
+    # overlap_p2p_comm, the Llama 3 paper's asynchronous P2P) hides the activation's send behind one chunk's backward
+    # and the gradient's behind one chunk's forward, each paying what outlasts it and the SMs it holds
+    spec = pipeline_parallel.mlsysim_sharding_rules()[0]
+    over = pipeline_parallel.PipelineOptions(p2p="overlapped")
+    assert collectives(spec) == pipeline_parallel.COLLECTIVES
+    assert collectives(spec, over) == pipeline_parallel.OVERLAPPED
+    run = dict(RUN, cp=1, pp=4, dp=1, gas=8, seq_len=2048, chunks=2, idle_slots=3 / 2)
+    blocking = steptime.step_time(FIG, HW, CAL, rules=_rules(), **run)
+    overlapped = steptime.step_time(FIG, HW, CAL, rules=_rules({"pp": over}), **run)
+    gas, v, r = 8, 2, 0.0
+    send = blocking["p2p"] / (gas * v * 2)          # one send: T h bytes to the next stage, in the node (tp x dp = 1)
+    assert send == pytest.approx(2048 * FIG["h"] * 2 / (HW["intra"] * CAL.intra_link))
+    fwd = (blocking["matmul"] + blocking["attention"] + blocking["memory"]) / gas / (3 + r)
+    bwd = fwd * (2 + r)
+
+    def hidden(c, k):
+        return max(0.0, c - k) + CAL.overlap_sm_share * min(c, k)
+    assert overlapped["p2p"] == pytest.approx(gas * v * (hidden(send, bwd / v) + hidden(send, fwd / v)))
+    assert overlapped["p2p"] == pytest.approx(blocking["p2p"] * CAL.overlap_sm_share)   # (each send shorter than a chunk)
+    # the bubble's slots carry the micro-batch's own sends: the same (pp - 1) / v slots of a shorter micro-batch
+    micro = lambda p: (p["step"] - p["bubble"] - p["dp"] - p["optimizer"]) / gas   # noqa: E731
+    assert overlapped["bubble"] == pytest.approx(1.5 * micro(overlapped))
+    assert micro(blocking) - micro(overlapped) == pytest.approx((blocking["p2p"] - overlapped["p2p"]) / gas)
+    with pytest.raises(ValueError, match="p2p"):
+        pipeline_parallel.PipelineOptions(p2p="async")

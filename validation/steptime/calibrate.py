@@ -198,6 +198,8 @@ def layout(case) -> dict:
     if vp is None and "nterleaved" in (case["pp_schedule"] or ""):
         vp = 2
         assumed.append("interleaved with 2 stages per rank (not stated)")
+    if case["virtual_stages_derived"] and pp > 1:
+        assumed.append(case["virtual_stages_derived"])
     is_fused, why = fused(case)
     if case["float8"] is None:
         assumed.append("bf16 (precision not stated)")
@@ -224,6 +226,17 @@ def layout(case) -> dict:
         rule_options[rule] = {"gradient_sync": case["dp_gradient_sync"]}
     if case["pp_stages"] and pp > 1:
         rule_options["pp"] = {"stages": case["pp_stages"]}
+    if case["pp_p2p"] and pp > 1:
+        rule_options.setdefault("pp", {})["p2p"] = case["pp_p2p"]
+    if case["pp_stages"] == "ends-one-fewer" and pp > 1:
+        # the same split said to the memory side (its stage_layers): ceil((L + 2) / pp) layers on a middle stage, one
+        # fewer on the first and the last (126 over 16: 7, 14 x 8, 7), which lets a chunk of the end stages hold no
+        # layer (the Llama 3 paper's embedding-only first chunk; an even split refuses pp x vp > L)
+        L = _model_object(case).layers
+        middle = math.ceil((L + 2) / pp)
+        split = (middle - 1,) + (middle,) * (pp - 2) + (middle - 1,)
+        assert sum(split) == L, f"{case['id']}: {L} layers do not split as ends-one-fewer over {pp} stages"
+        extra["stage_layers"] = split
     if rule_options:
         extra["plugin_options"] = rule_options
     return dict(**extra, tp=case["tp"], cp=case["cp"], pp=pp, dp=dp, ep=case["ep"] or 1, vp=vp if pp > 1 else None,
@@ -408,7 +421,8 @@ def table() -> str:
                                        (f"attention {c['attn_impl']}", c["attn_impl"]),
                                        (f"{c['cp_ring']} ring", c["cp_ring"] and c["cp"] > 1),
                                        (f"gradients reduced per {c['dp_gradient_sync']}", c["dp_gradient_sync"]),
-                                       (f"stages {c['pp_stages']}", c["pp_stages"] and c["pp"] > 1))
+                                       (f"stages {c['pp_stages']}", c["pp_stages"] and c["pp"] > 1),
+                                       (f"pp sends {c['pp_p2p']}", c["pp_p2p"] and c["pp"] > 1))
                        if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")

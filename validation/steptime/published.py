@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(regime=None, attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(regime=None, virtual_stages_derived=None, pp_p2p=None, attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -760,27 +760,38 @@ _L3_NOTE = ("H100 80GB HBM3 at 700W (section 3.3.1), RoCE 400 Gbps. 'Batch size/
             "accumulated, reduce-scattered once per step). Stages: 'we reduce one Transformer layer each from the first and "
             "the last stages, respectively': recorded as pp_stages 'ends-one-fewer' (126 layers over PP 16: 7, 14 x 8, 7). "
             "tokens_per_s_per_gpu is not printed. ")
+_L3_V = ("virtual_stages 8 derived from the text, not printed: 'we reduce one Transformer layer each from the first and the last "
+         "stages, respectively. This means that the first model chunk on the first stage has only the embedding, and the last "
+         "model chunk on the last stage has only output projection and loss calculation': the layer taken off the first stage "
+         "was its first chunk's only one, so a chunk is one layer, and a middle stage's ceil((126 + 2) / 16) = 8 layers are V = 8 "
+         "chunks (126 + 2 = 16 x 8: the embedding and the head each a chunk). ")
 CASES += [
     _row(id="llama3-paper-table4-405b-8192xh100-tp8-pp16-dp64", source=f"{_L3}, row '8,192 | 8 | 1 | 16 | 64 | 8,192 | 32 | 16M | 430 | 43%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=8192, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=64, local_batch=32, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=430, mfu=0.43,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
-         pp_stages="ends-one-fewer",
-         notes=_L3_NOTE + "Checkpointing: 'we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing.' "
+         pp_stages="ends-one-fewer", virtual_stages=8,
+         virtual_stages_derived="8 stages per rank (derived: the first chunk of the first stage holds only the embedding, so a "
+                                "chunk is one layer)",
+         notes=_L3_NOTE + _L3_V + "Checkpointing: 'we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing.' "
                "global_batch 64 x 32 = 2048 sequences = 16.8M tokens ('16M')."),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-pp16-dp128", source=f"{_L3}, row '16,384 | 8 | 1 | 16 | 128 | 8,192 | 16 | 16M | 400 | 41%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=1, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=128, local_batch=16, global_batch=2048, seq_len=8192, checkpointing="none", compile=None, async_tp=None, tflops_per_gpu=400, mfu=0.41,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
-         pp_stages="ends-one-fewer",
-         notes=_L3_NOTE + "Checkpointing as the 8K row. Text: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs "
+         pp_stages="ends-one-fewer", virtual_stages=8,
+         virtual_stages_derived="8 stages per rank (derived: the first chunk of the first stage holds only the embedding, so a "
+                                "chunk is one layer)",
+         notes=_L3_NOTE + _L3_V + "Checkpointing as the 8K row. Text: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs "
                "with DP=64 is due to the lower batch size per DP group needed to keep the global tokens per batch constant during training.'"),
     _row(id="llama3-paper-table4-405b-16384xh100-tp8-cp16-pp16-seq131072", source=f"{_L3}, row '16,384 | 8 | 16 | 16 | 4 | 131,072 | 16 | 16M | 380 | 38%'",
          model="meta-llama/llama-3.1-405b", hardware="h100", devices=16384, tp=8, cp=16, pp=16, pp_schedule="Interleaved1F1B (Llama 3 variant)",
          dp_shard=8, local_batch=16, global_batch=128, seq_len=131072, checkpointing=None, compile=None, async_tp=None, tflops_per_gpu=380, mfu=0.38,
          flops_convention="palm", sharding="no-reshard-after-forward", dp_gradient_sync="step",
-         pp_stages="ends-one-fewer",
-         notes=_L3_NOTE + "DP: the arXiv PDF prints 4 (some copies print 8); dp_shard 8 is derived: 16,384 / (8 x 16 x 16) = 8, and 8 x 16 x 131,072 "
+         pp_stages="ends-one-fewer", virtual_stages=8,
+         virtual_stages_derived="8 stages per rank (derived: the first chunk of the first stage holds only the embedding, so a "
+                                "chunk is one layer)",
+         notes=_L3_NOTE + _L3_V + "DP: the arXiv PDF prints 4 (some copies print 8); dp_shard 8 is derived: 16,384 / (8 x 16 x 16) = 8, and 8 x 16 x 131,072 "
                "= 16.8M tokens matches '16M' (DP 4 would give 8,192 GPUs and 8.4M tokens). global_batch derived 8 x 16 = 128 sequences. "
                "CP is all-gather based (K, V all-gathered), input split into 2 x CP chunks for load balance. Activation checkpointing "
                "for 128K is not stated."),
@@ -799,6 +810,29 @@ for _c in CASES:
 del _fsdp, _cp, _seq, _tps, _mem, _txt, _size, _title, _rows, _q, _f8, _van, _asy, _async, _llama, _name
 del _b, _a, _h, _l, _t, _p, _n, _bs, _x, _pct, _prec, _ep
 del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m, _g, _gbs, _mbs, _vp, _ga, _cat
+
+# How the pipeline's sends ran (pp_p2p: the pp rule's option p2p, pipeline_parallel.PipelineOptions), where the source
+# states it or runs a default that says it; 'overlapped': each send and receive posted asynchronously beside a chunk's
+# compute.
+# * The Llama 3 paper, section 3.3.2: 'we adopt asynchronous point-to-point communication in PP, which considerably
+#   speeds up training'.
+# * Megatron-LM's examples (the interleaved rows, VP > 1): overlap_p2p_comm is Megatron-LM's default
+#   (megatron/training/arguments.py at d98e8a64ddf34856e74b24714e3bedb2f5a39553: "'--no-overlap-p2p-communication',
+#   action='store_false', ... dest='overlap_p2p_comm'"), turned off only 'if not using the interleaved schedule';
+#   the section's script passes no --no-overlap-p2p-communication.
+# * Megatron-Bridge's H100 rows with VP: CommOverlapConfig sets it for every recipe with one at VP > 1
+#   (src/megatron/bridge/training/comm_overlap.py at 067f987df03b8355b03192d88d70f1709fedf51a,
+#   _get_model_comm_overlap_cfgs: "# PP overlap ... if vp_size > 1: comm_overlap_cfg.overlap_p2p_comm = True;
+#   comm_overlap_cfg.batch_p2p_comm = False"), and the rows' recipes have one (the Llama 3 70B and 3.1 405B fp8cs
+#   configs' base recipes above, tp_comm_overlap=True; perf_recipes/qwen/h100/qwen3_moe.py
+#   qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config 'cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False,
+#   ...)' with 'virtual_pipeline_model_parallel_size = 4').
+# published_more.py's B200 and GB200 rows (uncalibrated) are not restated here: each recipe's comm_overlap not read.
+for _c in CASES:
+    if (_c["source"].startswith(_L3) or (_c["source"].startswith((_MG_LLAMA, _MB)) and (_c["virtual_stages"] or 1) > 1)):
+        _c["pp_p2p"] = "overlapped"
+        _c["notes"] += "Pipeline sends overlapped (asynchronous; published.py's pp_p2p, cited there). "
+
 CASES += __import__("runpy").run_path(__file__.replace("published.py", "published_more.py"), init_globals=dict(globals()))["CASES_MORE"]
 
 # The training regime each source ran (the measured profile's regime: the dtypes of the weights, gradients, master copy
