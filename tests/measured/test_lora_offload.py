@@ -55,8 +55,9 @@ def _solve(**kw):
                 lora=LoRAConfig(rank=8, target_modules=TARGETS, adapter_dtype="base"))
     args.update(kw)
     checkpointing = args.pop("checkpointing", "full")
+    batch = 2 * args.get("gradient_accumulation_steps", 1)
     return TrainingMemoryModel().solve(from_hf_config(HF, name="tiny"), HardwareNode(name="u", memory_capacity=2**60),
-                                       2, 512, "bf16", "adamw", checkpointing, **args)
+                                       batch, 512, "bf16", "adamw", checkpointing, **args)
 
 
 def test_host_bytes_hand_derived():
@@ -96,3 +97,9 @@ def test_runs_without_lora_are_unchanged_in_kind():
                                     attention="sdpa", device="cpu", runtime_overheads=False,
                                     activation_offload="torchtune")
     assert any("unvalidated" in n for n in r.notes)
+
+
+def test_accumulation_is_derived_and_says_so():
+    r = _solve(gradient_accumulation_steps=4)
+    assert any("gradient accumulation: derived" in n for n in r.notes)
+    assert not any("gradient accumulation: derived" in n for n in _solve().notes)

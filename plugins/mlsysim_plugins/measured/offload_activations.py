@@ -71,6 +71,10 @@ def prepare_option(plan, value):
     notes = []
     if o.lora is not None:
         notes.append(LORA_NOTE)
+        if plan.gradient_accumulation_steps > 1:
+            notes.append("activation_offload=torchtune with LoRA and gradient accumulation: derived (each micro-batch "
+                         "offloads as one step does, the adapters' gradients alive throughout); measured with one "
+                         "micro-batch per step")
     elif value == "torchtune":
         notes.append("activation_offload=torchtune is derived from torchtune 0.6.1's OffloadActivations source "
                      "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated")
