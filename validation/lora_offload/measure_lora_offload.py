@@ -88,6 +88,9 @@ CONFIGS = [
     # the adapters' gradients born block by block outgrow the offloaded inputs: the first block's backward is the
     # peak (the README's 3B at rank 64 is such a run: 27 layers' gradients, 6.4 MB each, against 50 MB inputs)
     _cfg("bf16", layers=4, b=1, seq=256, rank=64), _cfg("bf16", layers=16),
+    # the rank-64 run's twin without offloading: its lower blocks' backward (their adapters' gradients born, fewer
+    # inputs left) against compile.lora_full_terms' top-block moment
+    _cfg("bf16", layers=4, b=1, seq=256, rank=64, offload=False),
 ]
 
 
