@@ -827,7 +827,10 @@ del _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg, _m,
 #   configs' base recipes above, tp_comm_overlap=True; perf_recipes/qwen/h100/qwen3_moe.py
 #   qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config 'cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False,
 #   ...)' with 'virtual_pipeline_model_parallel_size = 4').
-# published_more.py's B200 and GB200 rows (uncalibrated) are not restated here: each recipe's comm_overlap not read.
+# published_more.py's B200 and GB200 rows (uncalibrated) state it there: the rows whose recipe it cites (_RECIPE), each
+# with a comm_overlap config (perf_recipes/llama/*/llama3*.py on llama3*_pretrain_config's CommOverlapConfig,
+# qwen/gb200/qwen3_moe.py 'cfg.comm_overlap = CommOverlapConfig(...)', deepseek/common.py and deepseek/*/deepseek_v3.py
+# setting cfg.comm_overlap's fields), at VP > 1.
 for _c in CASES:
     if (_c["source"].startswith(_L3) or (_c["source"].startswith((_MG_LLAMA, _MB)) and (_c["virtual_stages"] or 1) > 1)):
         _c["pp_p2p"] = "overlapped"

@@ -158,6 +158,9 @@ for (_m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep
     _dp = _g // (_tp * _pp * _cp)
     _mx = _prec in ("MXFP8", "FP8-MX")
     _ep_dispatcher, _ep_overlap, _async_tp, _rnote = _RECIPE.get((_rel, _m, _hw, _prec), (None, None, False, ""))
+    # the pipeline's sends: a recipe (_RECIPE) carries a CommOverlapConfig (each sets it or its fields), which sets
+    # overlap_p2p_comm at VP > 1 (published.py's pp_p2p, cited there); rows without a recipe: not stated, blocking
+    _p2p = "overlapped" if (_vp or 1) > 1 and (_rel, _m, _hw, _prec) in _RECIPE else None
     CASES_MORE.append(_row(
         id=f"megatron-bridge-{_rel}-{_m.lower().replace(' ', '-').replace('_', '-')}-{_g}x{_hw}-{_prec.lower()}",
         source=_src, model=_cat, hardware=_hw, devices=_g, tp=_tp, cp=_cp, pp=_pp, ep=_ep or 1, virtual_stages=_vp,
@@ -167,8 +170,10 @@ for (_m, _cat, _sys, _g, _prec, _gbs, _mbs, _seq, _fsdp, _tp, _pp, _cp, _vp, _ep
         float8_recipe=None if _prec == "BF16" else "te-mxfp8" if _mx else "te-current-scaling",
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, sharding=None if _fsdp else "distributed-optimizer",
         cp_ring="transformer-engine" if _cp > 1 else None, ep_dispatcher=_ep_dispatcher, ep_overlap=_ep_overlap,
-        network_bandwidth=50e9 if _hw == "gb200" else None,
+        network_bandwidth=50e9 if _hw == "gb200" else None, pp_p2p=_p2p,
         notes=(_GB_NOTE if _hw == "gb200" else _B_NOTE) + _MB_BW + _rnote + (_MX if _mx else "") + f"DP {_dp}. "
+              + ("Pipeline sends overlapped (the recipe's CommOverlapConfig at VP > 1; published.py's pp_p2p). "
+                 if _p2p else "")
               + (_CP_TE if _cp > 1 else "") + (_DSV3 if "DeepSeek" in _m else "")
               + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same architecture as the "
                  "pre-trained one). " if "235" in _m else "")
