@@ -222,3 +222,55 @@ def test_a_results_json_carries_a_key_only_where_set_and_reads_it_back():
     assert all(t["key"] for t in keyed) and len(keyed) < len(data["terms"])
     again = TrainingMemoryResult.from_json(result.to_json())
     assert [t.key for t in again.terms] == [t.key for t in result.terms]
+
+
+# --- (d) the default loss is what it declares, not its name -----------------------------------------------
+
+def _default_loss_world() -> TrainingMemoryModel:
+    """The default cross-entropy registered again by a third party as ``acme_default`` (the same declaration:
+    ``terms=None``, the default's terms)."""
+    from mlsysim_plugins.measured.loss_implementations import BUILTIN
+    default = next(i for i in BUILTIN if i.terms is None)
+    return _world(LOSSES, None, [attrs.evolve(default, name="acme_default")])
+
+
+DEFAULT_LOSS_CASES = [
+    ("meta-llama/llama-3.2-1b", {}),
+    ("meta-llama/llama-3.2-1b", dict(checkpointing="full")),                 # plain_one_device's last moments
+    ("meta-llama/llama-3.2-1b", dict(compile="blocks")),
+    ("meta-llama/llama-3.2-1b", dict(compile="blocks+loss")),
+    ("meta-llama/llama-3.2-1b", dict(compile="blocks", tp_size=2)),
+    ("meta-llama/llama-3.2-1b", dict(optimizer_in_backward=True)),
+    ("meta-llama/llama-3.2-1b", dict(lora={"rank": 8}, regime="amp-bf16")),
+    ("meta-llama/llama-3.2-1b", dict(lora={"rank": 8}, tp_size=2, data_parallel="mcore-ddp",
+                                     regime="mixed-bf16-main-grad")),
+    ("qwen/qwen3-0.6b", dict(tp_size=2, loss_parallel=True)),
+]
+
+
+def _outcome(solver, model, loss, options):
+    try:
+        result = _solve(model, solver=solver, loss=loss, **options)
+    except Exception as err:        # the same refusal, whatever the name
+        return type(err).__name__, str(err).replace(repr(loss), "LOSS")
+    return _bytes(result)
+
+
+@pytest.mark.parametrize("model, options", DEFAULT_LOSS_CASES,
+                         ids=[f"{m.split('/')[1]}-{'-'.join(map(str, o.values()))}" for m, o in DEFAULT_LOSS_CASES])
+def test_the_default_loss_registered_under_another_name_solves_to_the_same_bytes(model, options):
+    """A loss implementation declaring no terms of its own is the default cross-entropy wherever the profile
+    asks (loss.prepare's refusals, model.py's loss terms, the checkpointing's plain moments, compile's and the
+    step in the backward's checks), whatever its name; before, only the name "cross_entropy" was."""
+    world = _default_loss_world()
+    assert _outcome(world, model, "acme_default", options) == _outcome(_SOLVER, model, "cross_entropy", options)
+
+
+def test_the_default_loss_under_another_name_adds_no_step_time_and_is_no_technique_in_use():
+    from mlsysim_core.inputs import prepared_plan
+    from mlsysim_plugins.measured.loss import added_step_time, chosen
+    for solver, loss in ((_default_loss_world(), "acme_default"), (_SOLVER, "cross_entropy")):
+        plan = prepared_plan(solver, get_model("meta-llama/llama-3.2-1b"), BIG, 2, 256,
+                             dict(profile="measured", regime="bf16", device="cpu", loss=loss))
+        assert plan.profile_options.loss == loss and chosen(plan.profile_options) is None
+        assert added_step_time(plan) == (0.0, "the default cross-entropy: nothing added")

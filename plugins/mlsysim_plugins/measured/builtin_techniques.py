@@ -108,6 +108,12 @@ def _loss(plan, registry):
     return prepare(plan, registry)
 
 
+def _chosen_loss(plan):
+    """The loss implementation chosen, or None for the default cross-entropy's terms (declared, not named)."""
+    from .loss import chosen
+    return chosen(plan.profile_options)
+
+
 def _loss_time(plan, figures):
     from .loss import added_step_time
     return added_step_time(plan)
@@ -267,7 +273,7 @@ TECHNIQUES = (
                        "loss_implementation": attrs.field(default=None, metadata=_INTERNAL)},
               candidates=[Candidate("chunked", "chunked cross-entropy (torchtune)"),
                           Candidate("fused_linear", "fused linear cross-entropy (Liger)")],
-              active=lambda plan: plan.profile_options.loss not in (None, "cross_entropy"),
+              active=lambda plan: _chosen_loss(plan) is not None,
               added_step_time=_loss_time),
     Technique(name="optimizer_in_backward", order=20, apply=_oib, relocate=_oib_relocate,
               description="the optimizer step in the backward (optimizer_in_backward.py)",

@@ -60,7 +60,12 @@ def plain_one_device(plan) -> bool:
         return False
     return not any(getattr(o, name, None) for name in ("optimizer_in_backward", "activation_offload", "offload",
                                                        "cpu_offload_optimizer", "float8", "compile")) \
-        and getattr(o, "loss", None) in (None, "cross_entropy")
+        and _default_loss(o)
+
+
+def _default_loss(options) -> bool:
+    from .loss import chosen
+    return chosen(options) is None
 
 
 def whole_layer_terms(plan, placement, options=None):

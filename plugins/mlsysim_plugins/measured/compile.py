@@ -116,6 +116,7 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, MemoryTerm
 
 from . import term_keys as K
+from .loss import chosen as chosen_loss
 
 SAVED = (FORWARD, BACKWARD)
 COMPUTE_INTENSIVE = ("mm", "bmm", "sdpa")   # the declared op kinds the partitioner never recomputes
@@ -248,10 +249,9 @@ def prepare(plan, registry=None):
                                    "inputs are saved (eager keeps them) or re-gathered is its choice; and torch "
                                    "2.13 fails the backward of a vocabulary-parallel embedding feeding a compiled "
                                    "block on the CPU (DTensor's redistribute receives a plain tensor)")
-        if plan.tp_size > 1 and (o.lora is not None or o.loss not in (None, "cross_entropy")
-                                 or plan.activation_checkpointing not in (None, "none")):
-            name = ("lora" if o.lora is not None else "loss" if o.loss not in (None, "cross_entropy")
-                    else "activation_checkpointing")
+        own_loss = chosen_loss(o) is not None
+        if plan.tp_size > 1 and (o.lora is not None or own_loss or plan.activation_checkpointing not in (None, "none")):
+            name = "lora" if o.lora is not None else "loss" if own_loss else "activation_checkpointing"
             value = o.lora if name == "lora" else o.loss if name == "loss" else plan.activation_checkpointing
             raise NotModelledError(name, value, f"the default with compile={BLOCKS!r} and tp_size > 1",
                                    "compiled blocks under tensor parallelism are measured without LoRA, a chunked "
@@ -288,7 +288,7 @@ def prepare(plan, registry=None):
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, "0 with compile=True",
                                "dropout's functionalized RNG under the partitioner is not modelled")
-    if o.loss not in (None, "cross_entropy") and not (value == BLOCKS and o.loss == "chunked"):
+    if chosen_loss(o) is not None and not (value == BLOCKS and o.loss == "chunked"):
         raise NotModelledError("loss", o.loss, "cross_entropy with compile=True (cross_entropy or chunked with "
                                f"compile={BLOCKS!r})",
                                "the compiled forms of the other loss implementations are not modelled")
@@ -369,7 +369,7 @@ def _check_compiled_loss(plan):
     parallelism (the loss outside FSDP's units sees the rank's logits), no LoRA; else refused by name."""
     o = plan.profile_options
     what = f"with compile={BLOCKS_LOSS!r}"
-    if o.loss not in (None, "cross_entropy"):
+    if chosen_loss(o) is not None:
         raise NotModelledError("loss", o.loss, f"cross_entropy {what} (torchtitan v0.2.2's cross_entropy_loss)",
                                "a compiled chunked or fused loss (torchtitan's ChunkedLossWrapper around the "
                                "compiled loss_fn) is not measured")

@@ -126,20 +126,28 @@ def prepare(plan, registry=None):
         if not impl.token_share:
             notes += (f"loss_token_share={share:g} changes nothing here: loss={loss!r} computes every token's logits "
                       "(its ignored tokens too)",)
-    if loss != "cross_entropy" or impl is not BUILTIN[0]:
+    if impl.terms is not None:      # (the default cross-entropy's terms, terms=None, are modelled everywhere)
         _refuse(plan, loss, impl)
-        if impl.chunk_unit == "chunks" and chunks is not None and chunks > plan.seq_len:
-            raise InvalidInputError("loss_chunks", chunks, f"at most the sequence length {plan.seq_len}",
-                                    f"{loss} chunks the sequence dimension" if loss != "chunked"
-                                    else "torchtune chunks the sequence dimension")
-        if impl.check is not None:
-            impl.check(plan, chunks)
-        if impl.note:
-            notes += (impl.note.format(chunks=chunks, share=share if share is not None else 1.0),)
-        notes += tuple(impl.notes)
+    if impl.chunk_unit == "chunks" and chunks is not None and chunks > plan.seq_len:
+        raise InvalidInputError("loss_chunks", chunks, f"at most the sequence length {plan.seq_len}",
+                                f"{loss} chunks the sequence dimension" if loss != "chunked"
+                                else "torchtune chunks the sequence dimension")
+    if impl.check is not None:
+        impl.check(plan, chunks)
+    if impl.note:
+        notes += (impl.note.format(chunks=chunks, share=share if share is not None else 1.0),)
+    notes += tuple(impl.notes)
     o = attrs.evolve(o, loss=loss, loss_chunks=chunks, loss_implementation=impl,
                      **({"loss_token_share": share} if share is not None else {}))
     return attrs.evolve(plan, profile_options=o, notes=plan.notes + notes)
+
+
+def chosen(options):
+    """The loss implementation ``options`` (a plan's profile options) chose, or None for the default
+    cross-entropy: none chosen, or one that declares no terms of its own (``terms=None``: the default's),
+    whatever its name."""
+    impl = getattr(options, "loss_implementation", None)
+    return None if impl is None or impl.terms is None else impl
 
 
 def _refuse(plan, loss, impl):
@@ -355,9 +363,10 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
     if impl is None:
         from .loss_implementations import BUILTIN
         impl = next((i for i in BUILTIN if i.name == loss), None)
-    if loss == "cross_entropy" or impl is None or impl.added_step_time is None:
-        return (0.0, "the default cross-entropy: nothing added") if loss == "cross_entropy" else \
-            (None, f"loss={loss!r} declares no added step time")
+    if impl is not None and impl.terms is None:      # the default cross-entropy's terms: declared, not named
+        return 0.0, "the default cross-entropy: nothing added"
+    if impl is None or impl.added_step_time is None:
+        return None, f"loss={loss!r} declares no added step time"
     return impl.added_step_time(plan)
 
 

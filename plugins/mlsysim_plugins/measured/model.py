@@ -322,7 +322,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         add(_term(component=ACTIVATIONS, label="gradient of the embedding output",
                        nbytes=regime.residual * T * h / grad_split, phases=(BACKWARD_END,),
                        formula=f"T x h x {regime.residual} B" + (f" / {grad_split}" if grad_split != 1 else "")))
-    if getattr(plan.profile_options, "loss", None) not in (None, "cross_entropy"):   # loss.py: chunked or fused
+    if getattr(plan.profile_options, "loss_implementation", None) is not None:   # loss.py: its terms, if its own
         from .loss import loss_terms
         terms = loss_terms(plan, ctx, terms)
     if getattr(plan.profile_options, "float8", None) is not None:    # float8.py: the casts' excess, TE's buffers

@@ -106,7 +106,8 @@ def prepare_option(plan, value, optimizers=None):
                           if (s := step_of(spec)) is not None and OPTION in s.measured_with)
         raise NotModelledError(OPTION, value, f"optimizer one of {measured} (declaring OptimizerStep("
                                f"measured_with=({OPTION!r},)))", why)
-    if getattr(o, "loss", None) not in (None, "cross_entropy", "chunked"):
+    from .loss import chosen
+    if chosen(o) is not None and o.loss != "chunked":
         raise NotModelledError(OPTION, value, "loss='cross_entropy' or 'chunked'",
                                f"the LM head's step moment with loss={o.loss!r} is not measured (Liger's fused "
                                "linear cross-entropy computes the LM head's weight gradient in the forward)")
