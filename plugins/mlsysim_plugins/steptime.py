@@ -518,6 +518,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
               rules: Mapping[str, tuple] | None = None, float8: bool = False,
               overlap: Mapping[str, str] | None = None, dispatch: Mapping[str, str] | None = None,
               attention_speed: tuple[float, float] = (1.0, 1.0), dp_bytes: Mapping[str, float] | None = None,
+              expert_tp: int | None = None,
               _stage: tuple[int, bool] | None = None) -> dict:
     """Every component of one layout's step, in seconds (see the module docstring).
     ``rule``: the data-parallel rule's declared collectives, or its name (its declaration read
@@ -548,7 +549,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                    seq_len=seq_len, bytes_=bytes_, node=node, optimizer_bytes=optimizer_bytes,
                    fused_attention=fused_attention, shard_group=shard_group, idle_slots=idle_slots, chunks=chunks,
                    compiled=compiled, rules=rules, float8=float8, overlap=overlap, dispatch=dispatch,
-                   attention_speed=attention_speed, dp_bytes=dp_bytes)
+                   attention_speed=attention_speed, dp_bytes=dp_bytes, expert_tp=expert_tp)
         return max((step_time(fig, hw, cal, **run, _stage=(middle, False)),
                     step_time(fig, hw, cal, **run, _stage=(middle - 1, True))), key=lambda parts: parts["step"])
     overlap, dispatch = overlap or {}, dispatch or {}
@@ -585,7 +586,10 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     d = dp * cp
     gs = shard_group or min(d, node)
     groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (d, tp), "pp": (pp, tp * cp * dp),
-              "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs)}
+              "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs),
+              # the expert tensor-parallel group: expert_tp ranks, 1 apart (None: the tp group, Megatron-Core's default
+              # expert_tensor_parallel_size)
+              "etp": (tp if expert_tp is None else expert_tp, 1)}
     dense = (fig["parameters"] - fig["expert_params"]) / (tp * pp)
     expert_local = fig["expert_params"] / (tp * pp * ep)
     local = dense + expert_local
@@ -753,7 +757,8 @@ def time_layout(timing: Mapping, *, tp: int, cp: int, pp: int, dp: int, ep: int,
                      idle_slots=slots, chunks=timing["chunks"], rules=timing["rules"],
                      compiled=timing.get("compiled", False), float8=timing.get("float8", False),
                      overlap=timing.get("overlap"), dispatch=timing.get("dispatch"),
-                     attention_speed=timing.get("attention_speed", (1.0, 1.0)), dp_bytes=timing.get("dp_bytes"))
+                     attention_speed=timing.get("attention_speed", (1.0, 1.0)), dp_bytes=timing.get("dp_bytes"),
+                     expert_tp=timing.get("expert_tp"))
 
 
 def check(hardware, overrides: Mapping[str, object], calibration) -> None:
@@ -773,7 +778,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
             schedule=None, chunks: int = 1, dp_rules=(), compiled: bool = False, float8: bool = False,
             overlap: Mapping[str, str] | None = None, power: float | None = None,
             memory_bandwidth: float | None = None, dispatch: Mapping[str, str] | None = None,
-            rule_options: Mapping | None = None) -> dict:
+            rule_options: Mapping | None = None, expert_tp: int | None = None) -> dict:
     """A search's ``timing``: what ``time_layout`` reads, and the notes and assumptions it says.
     The implementation choices a search does not enumerate (``compiled``, ``float8``,
     ``overlap``: {"tp": "decomposed"} for async TP, {"ep": "batched"} for EP all-to-all overlap;
@@ -781,7 +786,8 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     and the run's ``power`` limit (watts) and ``memory_bandwidth`` (B/s) apply to every layout.
     ``rule_options``: {rule name: the run's options object} (a plan's ``options``): a rule whose
     declarations depend on its options (an implementation it lets a run choose) is timed under
-    them; None: every rule's defaults."""
+    them; None: every rule's defaults. ``expert_tp``: the run's expert tensor-parallel size, the
+    ``etp`` group of the collectives that declare it (None: the tp group, as a search times)."""
     cal = calibration_for(hardware.name) if calibration is None else calibration
     fig = model_figures(model)
     hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter, power=power, memory=memory_bandwidth)
@@ -833,7 +839,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     return dict(fig=fig, hw=hw, cal=cal, seq_len=seq_len, bytes_=precision_bytes, node=node, optimizer_bytes=state,
                 fused_attention=not eager, attention_speed=attention_speed, dp_bytes=dp_bytes,
                 idle=getattr(schedule, "idle_slots", None), chunks=chunks,
-                compiled=compiled, float8=float8, overlap=overlap, dispatch=dispatch,
+                compiled=compiled, float8=float8, overlap=overlap, dispatch=dispatch, expert_tp=expert_tp,
                 rules=axes, dp_rules=declared, calibrated=cal.calibrated, notes=tuple(notes),
                 flops_per_token=model_flops_per_token(fig, seq_len), peak=hw["flops"],
                 assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],

@@ -43,7 +43,8 @@ class Collective:
     reduces them in), ``parameters`` (the shard's parameters, in the dtype it gathers them in),
     ``activations`` (a micro-batch's hidden states), ``kv`` (its keys and values), ``routed`` (its tokens x experts per token x hidden); ``shard``: a
     group whose size divides it. ``group``: an axis (``pp``: neighbouring stages, ``dp``: dp x cp
-    ranks), ``dp-node`` (those inside one node) or ``dp-across`` (one per node). ``per``: ``layer``
+    ranks), ``dp-node`` (those inside one node), ``dp-across`` (one per node) or ``etp`` (the expert
+    tensor-parallel group: the run's expert_tp_size ranks, 1 apart; the tp group unless the run sets it). ``per``: ``layer``
     (``forward`` calls per forward of each layer, recomputed ones included, ``backward`` per
     backward), ``micro-batch`` or ``step`` (``forward + backward`` calls). ``overlaps``: the
     compute it hides behind (one micro-batch's ``forward`` or ``backward``, the layer's
@@ -62,7 +63,7 @@ class Collective:
     inside it over NVLink, DeepEP-style)."""
     kind: str = _among("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv", "ring-pass")
     volume: str = _among("gradients", "parameters", "activations", "kv", "routed")
-    group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across")
+    group: str = _among("tp", "cp", "ep", "pp", "dp", "dp-node", "dp-across", "etp")
     per: str = _among("layer", "micro-batch", "step")
     forward: int = 0
     backward: int = 0
