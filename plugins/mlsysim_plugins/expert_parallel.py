@@ -54,14 +54,17 @@ def all_to_all(plan, placement, options):
 # combine; at bed33f89945f41ae792d7b36a0d770b00f61ed42): the all-to-all moves tokens / tp, and the
 # experts, split over the tp ranks as the step time's GEMMs are, all-gather the routed tokens
 # (reduce-scatter them back) inside the tp group. Without sequence parallelism every tp rank sends
-# the micro-batch's tokens.
+# the micro-batch's tokens. That gather and reduce-scatter run over the expert tensor-parallel group
+# (the dispatcher's "self.tp_group = pg_collection.expt_tp", token_dispatcher.py at
+# d98e8a64ddf34856e74b24714e3bedb2f5a39553, "if self.tp_size > 1:" around both): declared over "etp", the
+# tp group unless a run sets its expert tensor parallelism (expert_tp_size=1: none).
 _A2A = dict(kind="all-to-all", volume="routed", group="ep", per="layer", forward=2, backward=2,
             implementations=("batched", "node-forwarded"))
 COLLECTIVES = (Collective(**_A2A, sequence_parallel=False),
                Collective(**_A2A, sequence_parallel=True, shard="tp"),
-               Collective(kind="all-gather", volume="routed", group="tp", per="layer", forward=1, backward=1,
+               Collective(kind="all-gather", volume="routed", group="etp", per="layer", forward=1, backward=1,
                           sequence_parallel=True, implementations=("batched",)),
-               Collective(kind="reduce-scatter", volume="routed", group="tp", per="layer", forward=1, backward=1,
+               Collective(kind="reduce-scatter", volume="routed", group="etp", per="layer", forward=1, backward=1,
                           sequence_parallel=True, implementations=("batched",)))
 
 
