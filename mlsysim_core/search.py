@@ -1425,9 +1425,10 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     sp = (registry.profiles[profile].sequence_parallel if sequence_parallel is None
           else _checks.flag("sequence_parallel", sequence_parallel)) and tp > 1
     notes: list[str] = said
-    # the one-device plan (recompute share, optimizer bytes), as search_plans makes it (the pipeline's own options,
-    # its schedule, chunks and layers per stage, describe no one-device plan)
-    one = {k: v for k, v in options.items() if k not in ("virtual_stages", "pipeline_schedule", "stage_layers")}
+    # the one-device plan (recompute share, optimizer bytes), as search_plans makes it (the layout's own options, the
+    # pipeline's schedule, chunks and layers per stage and the experts' tensor parallelism, describe no one-device plan)
+    one = {k: v for k, v in options.items()
+           if k not in ("virtual_stages", "pipeline_schedule", "stage_layers", "expert_tp_size")}
     if one.get("plugin_options"):   # (the layout's rules' options: the one-device plan selects none of its rules)
         one["plugin_options"] = {n: o for n, o in one["plugin_options"].items()
                                  if n not in registry.sharding_rules} or None
@@ -1464,7 +1465,10 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                                 ("memory_bandwidth", memory_bandwidth),
                                 ("overlap", {**({"tp": "decomposed"} if async_tp else {}),
                                              **({"ep": "batched"} if ep_overlap else {})}),
-                                ("dispatch", {"ep": ep_dispatch} if ep_dispatch else {})) if v}
+                                ("dispatch", {"ep": ep_dispatch} if ep_dispatch else {}),
+                                # (the expert tensor parallelism a run sets, which its collectives' etp group is)
+                                ("expert_tp", getattr(getattr(prepared, "profile_options", None), "expert_tp_size",
+                                                      None))) if v}
     node = scale_up_domain(hardware)     # (the NVLink domain where the catalog declares one, as search_plans)
     notes += _domain_notes(hardware, node)
     timing = dict(timer.prepare(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
