@@ -95,6 +95,9 @@ TORCHAO_STEPS = {name: OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN
 BNB32_STEP = OptimizerStep()
 BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
                          measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0)
+# As Hugging Face's Trainer sets it up (no optimizer in the backward there: not measured with it).
+BNB_HF_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED, quantized_moments="8-bit",
+                            moment_traffic=4.0)
 
 UNVALIDATED_PAGED = ("{name} is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
                      "the moments of tensors of >= 100,000 elements live there, outside PyTorch's allocator "
@@ -288,7 +291,7 @@ def mlsysim_optimizers():
             extensions={"measured.state_terms": functools.partial(bnb_state_terms, name=name, paged=paged,
                                                                   embeddings_32bit=True),
                         **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
-            step=BNB_STEP))
+            step=BNB_HF_STEP))
     for name, cls, paged, moments in (("adamw-32bit-bnb", "AdamW32bit", False, 2),
                                       ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True, 2),
                                       ("lion-32bit-bnb", "Lion32bit", False, 1),
