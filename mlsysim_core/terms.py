@@ -8,14 +8,24 @@ import re
 
 import attrs
 
-# Components, in the order the solver assembles and reports them (runtime overheads: CUDA context, allocator...).
-WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS = "weights", "gradients", "optimizer_state", "activations"
-COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS = "communication_buffers", "runtime_overheads"
+# Components, in the order the solver assembles and reports them.
+WEIGHTS = "weights"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATIONS = "activations"
+COMMUNICATION_BUFFERS = "communication_buffers"
+RUNTIME_OVERHEADS = "runtime_overheads"   # CUDA context, allocator, library workspaces (measured profile)
 COMPONENTS = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, COMMUNICATION_BUFFERS, RUNTIME_OVERHEADS)
-# Phases of one iteration where memory peaks: the forward's end, the first backward ops, the backward's end, the step.
-FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP = "forward", "backward", "backward_end", "optimizer_step"
+# Phases of one iteration, the instants where memory peaks: the forward's end, the first backward ops,
+# the backward's end, the optimizer step.
+FORWARD = "forward"
+BACKWARD = "backward"
+BACKWARD_END = "backward_end"
+OPTIMIZER_STEP = "optimizer_step"
 PHASES = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
-ACCELERATOR, HOST, NVME = "accelerator", "host", "nvme"    # memory tiers
+ACCELERATOR = "accelerator"    # memory tiers
+HOST = "host"
+NVME = "nvme"
 TIERS = (ACCELERATOR, HOST, NVME)
 _COMPONENT_SET, _PHASE_SET, _TIER_SET = frozenset(COMPONENTS), frozenset(PHASES), frozenset(TIERS)
 # The solver writes the name of each plugin it calls here: terms it creates are stamped with it.
@@ -59,7 +69,8 @@ class MemoryTerm:
                              f"(term {self.label!r})")
         if self.component not in _COMPONENT_SET:
             raise ValueError(f"MemoryTerm.component={self.component!r} is not one of {', '.join(COMPONENTS)}")
-        if not type(self.label) is type(self.formula) is type(self.source) is type(self.key) is str:
+        if (type(self.label) is not str or type(self.formula) is not str or type(self.source) is not str
+                or type(self.key) is not str):
             raise TypeError(f"MemoryTerm.label, formula, source and key must be str, got {self.label!r}, "
                             f"{self.formula!r}, {self.source!r}, {self.key!r}")
         if self.key and _key_match(self.key) is None:
