@@ -28,6 +28,7 @@ from ._lazy import lazy_module
 from ._deepspeed_buckets import FsdpGatherOptions, fsdp_note, fsdp_prefetch_terms
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
+lora = lazy_module(globals(), "lora", "mlsysim_plugins.measured.lora")
 
 
 @attrs.frozen(kw_only=True)
@@ -55,8 +56,54 @@ def _noted(e, rule, options):
     return attrs.evolve(e, notes=e.notes + note) if note else e
 
 
+# FSDP1's no_sync() (pytorch/pytorch v2.13.0, cf30153c4c131c8164ee7798e5022d810682e2cb; read in the validation venv's
+# torch 2.13.0): fully_sharded_data_parallel.py lines 1033-1071, no_sync() sets every FSDP instance's _sync_gradients
+# = False ("This likely results in higher memory usage because FSDP will accumulate the full model gradients (instead
+# of gradient shards) until the eventual sync"). _runtime_utils.py _post_backward_hook (lines 701-790): the flat
+# parameter's .grad is "the unsharded gradient for the local batch"; "if not state._sync_gradients: ... return"
+# after _post_backward_reshard (line 743), so the unsharded .grad stays; _should_free_in_backward (lines 811-828)
+# still frees the FULL_SHARD parameters ("state._sync_gradients or ... in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES").
+# _post_backward_final_callback (lines 1084-, 1192): "if not state._sync_gradients: ... `.grad` remains the unsharded
+# gradient from prior `no_sync()` iterations": alive in the next micro-batch's forward and backward, every flat
+# parameter's (every unit's). _flat_param.py prepare_gradient_for_backward (lines 1614-1677) keeps an unsharded
+# .grad of the padded unsharded size, into which autograd accumulates the next micro-batch's. The synchronizing
+# micro-batch's _reduce_grad (_runtime_utils.py lines 831-887, line 846): "unsharded_grad = flat_param.grad.data;
+# flat_param.grad = None", reduce_scatter_single into a new shard (_get_reduce_scatter_tensors: torch.empty_like of
+# one chunk), so each unit's accumulated gradient is the reduce-scatter's input and dies after its unit's hook,
+# during the last backward. Its dtype: the unsharded flat parameter's, MixedPrecision's param_dtype (cast to
+# reduce_dtype only there, line 764, at the sync); so the parameters' gathered dtype (buffers.gathered_bytes).
+NO_SYNC = ("micro-batch", "no_sync", "step")
+
+
+@attrs.frozen(kw_only=True)
+class FullShardOptions(FsdpGatherOptions):
+    """``gradient_sync``: when FULL_SHARD reduce-scatters the gradients under gradient accumulation:
+    ``"micro-batch"`` (every micro-batch's backward, the default), ``"no_sync"`` (FSDP1's ``no_sync()`` on every
+    micro-batch but the last: each rank keeps its unsharded gradients, in ``param_dtype``, from the first backward
+    to the last) or ``"step"`` (FSDP2's ``set_requires_gradient_sync(False)``: the same, in ``reduce_dtype``). And
+    FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
+
+    gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
+
+
+def _unsynced(plan, options) -> bool:
+    """FULL_SHARD accumulating unsharded gradients over more than one micro-batch."""
+    return (getattr(options, "gradient_sync", "micro-batch") != "micro-batch"
+            and plan.gradient_accumulation_steps > 1)
+
+
 def full(plan, options):
-    return _noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options)
+    e = _noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options)
+    if _unsynced(plan, options) and e.weight_shards > 1:
+        how = ("FSDP1 no_sync(): in param_dtype" if options.gradient_sync == "no_sync"
+               else "FSDP2 set_requires_gradient_sync(False): in reduce_dtype")
+        return attrs.evolve(e, notes=e.notes + (
+            f"FSDP (FULL_SHARD), gradient_sync={options.gradient_sync!r}: every rank keeps its unsharded gradients "
+            f"({how}) over the {plan.gradient_accumulation_steps} micro-batches, reduce-scattered in the last "
+            "micro-batch's backward."
+            + (" Under LoRA the adapters' unsharded gradients are approximated (in their gradient dtype; not "
+               "measured)." if getattr(plan.profile_options, "lora", None) is not None else ""),))
+    return e
 
 
 # Gradient accumulation without communication, as FSDP2 runs it (pytorch/pytorch torch/distributed/fsdp/_fully_shard at
@@ -126,7 +173,47 @@ def full_shard_buffers(plan, placement, options):
     if options is not None and placement.weight_shards > 1:
         terms = terms + fsdp_prefetch_terms(options, buffers.layer_parameters(plan, placement),
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
+    if _unsynced(plan, options) and placement.weight_shards > 1:
+        terms = terms + unsynced_gradients(plan, placement, options.gradient_sync)
     return terms
+
+
+def unsynced_gradients(plan, placement, how):
+    """FULL_SHARD's unsharded gradients under ``no_sync()`` / ``set_requires_gradient_sync(False)`` (the comment
+    above NO_SYNC): every trainable parameter the rank holds before data-parallel sharding, alive in the forward
+    and backward of every micro-batch after the first, and reduce-scattered unit by unit in the last backward (by
+    its end only the shards remain). The gradient terms count the rank's shard alive throughout, as accumulation
+    counts it; under no_sync the shard is born only at that reduce-scatter, so what the forward and backward
+    hold beyond the counted shard is the unsharded gradient less the shard: ``params x b - params / shards x g``
+    (b: the accumulation's bytes, g: the shard's, ``regime.gradient``)."""
+    from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, FORWARD, GRADIENTS, MemoryTerm, NotModelledError
+    regime = plan.profile_options.regime
+    if regime.main_grad and not regime.gradient:
+        raise NotModelledError("plugin_options['fsdp'].gradient_sync", how,
+                               f"'micro-batch' under the {regime.name} regime (its gradients go to an fp32 main-grad "
+                               "buffer, which FSDP's no_sync does not keep)")
+    shards = placement.gradient_shards
+    api = "FSDP1 no_sync(): param_dtype" if how == "no_sync" else "FSDP2 set_requires_gradient_sync(False): reduce_dtype"
+    if plan.profile_options.lora is not None:
+        # Only the adapters have gradients: their unsharded ones, in the adapters' gradient dtype, are the shards
+        # the LoRA gradient terms count x the shards (approximated: not measured; FSDP1 with use_orig_params and
+        # frozen and trainable parameters in one flat parameter would hold a gradient of the whole flat parameter).
+        shard = sum(t.nbytes for t in lora.gradient_terms(plan, placement) if t.component == GRADIENTS)
+        return [MemoryTerm(component=COMMUNICATION_BUFFERS,
+                           label="FSDP's unsharded LoRA adapter gradients accumulated over micro-batches, less the "
+                                 "shard (approximated)",
+                           nbytes=shard * (shards - 1), phases=(FORWARD, BACKWARD),
+                           formula=f"the adapters' gradient shard {shard:,.0f} B x ({shards} - 1) ({api}; the "
+                                   "adapters' own gradient dtype assumed, not measured)")]
+    b = buffers.gathered_bytes(plan) if how == "no_sync" else (regime.reduce or regime.gradient)
+    params = placement.trainable_parameters_per_rank
+    shard = params / shards * regime.gradient
+    return [MemoryTerm(component=COMMUNICATION_BUFFERS,
+                       label=f"FSDP's unsharded gradients accumulated over micro-batches ({b} B), less the shard",
+                       nbytes=params * b - shard, phases=(FORWARD, BACKWARD),
+                       formula=f"{params:,.0f} params x {b} B ({api}; reduce-scattered in the last micro-batch's "
+                               f"backward) - the rank's shard {params / shards:,.0f} x {regime.gradient} B, counted "
+                               "with the gradients")]
 
 
 def grad_op_buffers(plan, placement, options):
@@ -177,6 +264,8 @@ SHARD_GRAD_OP = (_gather("dp", "micro-batch", "forward", kind="all-gather", firs
                  _gather("dp", "micro-batch", "backward", kind="reduce-scatter"))
 HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
                 _gather("dp-across", "step", "backward", kind="all-reduce", shard="dp-node", in_network=False))
+# (fsdp's gradient_sync="no_sync"/"step" declares FULL_SHARD's: its once-a-step reduce-scatter is not declared
+# apart, as the option would change the step time of a run without accumulation, where the readers set it too.)
 # gradient_sync="step": the parameters gathered for every micro-batch's forward (kept to its backward), the fp32
 # gradients reduce-scattered once per step, beside the last micro-batch's backward.
 SHARD_GRAD_OP_PER_STEP = (SHARD_GRAD_OP[0],
@@ -191,7 +280,7 @@ def grad_op_collectives(options):
 @hookimpl
 def mlsysim_sharding_rules():
     return [
-        ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FsdpGatherOptions,
+        ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FullShardOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
                                      "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: FULL_SHARD},

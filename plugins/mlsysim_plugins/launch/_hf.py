@@ -318,6 +318,18 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
                 r.ignore(key)
         else:
             r.unknown(key, v, "the FSDP settings of accelerate's FullyShardedDataParallelPlugin")
+    if rule == "fsdp":
+        # Gradient accumulation under FSDP skips the reduce-scatter on every micro-batch but the last: transformers
+        # 5.23.0 trainer.py lines 1897-1908 (sync_context = accelerator.no_sync unless gradient_accumulation_kwargs'
+        # sync_each_batch, DeepSpeed, or the last micro-batch), accelerate 1.16.0 accelerator.py lines 1126-1139
+        # (no_sync: FSDP2 set_requires_gradient_sync(False), FSDP1 the model's no_sync()); Accelerator.accumulate
+        # likewise. The option acts only with gradient_accumulation_steps > 1 (fsdp.FullShardOptions).
+        r.default(f"{prefix} (gradient accumulation)", "plugin_options",
+                  {"fsdp": {"gradient_sync": "step" if version == 2 else "no_sync"}},
+                  f"{ACCELERATE} Accelerator.no_sync / accumulate under FSDP{version}, as transformers' Trainer "
+                  "accumulates (accelerator.no_sync on every micro-batch but the last; not with accelerator_config."
+                  "gradient_accumulation_kwargs.sync_each_batch)", "the unsharded gradients kept between the "
+                  "synchronizing micro-batches when gradient_accumulation_steps > 1", version=ACCELERATE)
     if mixed in ("bf16", "fp16"):
         r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", "fsdp-bf16",
               "FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered parameters"

@@ -112,6 +112,15 @@ def trainer_args(r: Reading, doc: dict, *, trl: bool, prefix: str = "", foreign=
               whole(r, f"{p}gradient_accumulation_steps", doc["gradient_accumulation_steps"]))
     else:
         r.default(f"{p}gradient_accumulation_steps", "gradient_accumulation_steps", 1, TA_SOURCE, version=TRANSFORMERS)
+    kwargs = (doc.get("accelerator_config") or {}) if isinstance(doc.get("accelerator_config"), dict) else {}
+    kwargs = kwargs.get("gradient_accumulation_kwargs") or {}
+    if isinstance(kwargs, dict) and is_true(kwargs.get("sync_each_batch")) \
+            and str(doc.get("gradient_accumulation_steps", 1)) not in ("1", "None"):
+        # transformers 5.23.0 trainer.py lines 1897-1901: the gradients synchronized on every micro-batch, where
+        # the FSDP readers say accumulation without sync (the fsdp rule's gradient_sync; docs/launch-hf.md)
+        r.refuse(f"{p}accelerator_config.gradient_accumulation_kwargs.sync_each_batch", True, "false",
+                 "syncing every micro-batch under gradient accumulation is not read (FSDP is priced as "
+                 "accumulating without sync)")
     if is_true(get("auto_find_batch_size")):
         r.refuse(f"{p}auto_find_batch_size", True, "false", "the batch is found at run time by retrying after OOM")
     # Precision: autocast from bf16/fp16; the weights' dtype from dtype/torch_dtype.

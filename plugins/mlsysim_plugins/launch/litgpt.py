@@ -75,6 +75,22 @@ def _untied(name, context):
                     f"{data['vocab_size'] * data['hidden_dim']:,} more parameters than the tied Hugging Face model")
 
 
+_FSDP1 = ("Lightning's FSDPStrategy makes FSDP1's no_sync() (Lightning-AI/pytorch-lightning 2d347d0b "
+          "src/lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl)")
+
+
+def _no_sync(r, global_batch, accumulation, where, how, strategy) -> None:
+    """LitGPT accumulates under ``fabric.no_backward_sync(model, enabled=is_accumulating)`` (``where``): on several
+    devices every micro-batch but the step's last skips the gradient reduce-scatter, so each rank keeps its
+    unsharded gradients between the synchronizing micro-batches (the fsdp rule's ``gradient_sync``, ``how``). Said
+    when the accumulation is more than one micro-batch or unknown here (the world not given: harmless at one)."""
+    if accumulation is not None and accumulation <= 1:
+        return
+    r.set("train.global_batch_size", global_batch, "plugin_options", {"fsdp": {"gradient_sync": how}},
+          f"{accumulation or 'the'} micro-batches accumulated under fabric.no_backward_sync ({REPO}: litgpt/{where}); "
+          f"{strategy}: the unsharded gradients kept between the synchronizing micro-batches")
+
+
 def _read(path, document, context):
     path = Path(path)
     version = f"litgpt {context.framework_version}" if context is not None and context.framework_version else VERSION
@@ -151,10 +167,17 @@ def _read(path, document, context):
     sequence(r, "train.max_seq_length", length, packed=pretrain, context=context,
              packed_key="pretraining data (fixed-length blocks)")
     # --- strategy: FSDP and checkpointing -------------------------------------------------
+    ranks = world or getattr(context, "gpus", None)
+    accumulation = (as_int(global_batch, "train.global_batch_size", path) // ranks // micro
+                    if global_batch is not None and ranks else None)
     if lora:
         if world is not None and world > 1:
             r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_lora: ModelParallelStrategy "
                   "(FSDP2 fully_shard per Block)")
+            _no_sync(r, global_batch, accumulation, "finetune/lora.py line 354", "step",
+                     "Lightning's ModelParallelStrategy makes FSDP2's set_requires_gradient_sync(False) "
+                     "(Lightning-AI/pytorch-lightning src/lightning/fabric/strategies/model_parallel.py, "
+                     "_ParallelBackwardSyncControl)")
         r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_lora: no checkpointing")
     elif pretrain:
         r.set("devices", devices, "activation_checkpointing", "none", "litgpt pretrain: FSDPStrategy without "
@@ -162,27 +185,14 @@ def _read(path, document, context):
         if world is None or world > 1:
             r.approx("devices", devices, "data_parallel", "fsdp", "litgpt pretrain: FSDP HYBRID_SHARD (sharded "
                      "within a node, replicated across nodes), counted as FSDP over all ranks: exact on one node")
+            _no_sync(r, global_batch, accumulation, "pretrain.py line 352", "no_sync", _FSDP1)
     else:
         if world is None or world > 1:
-            ranks = world or getattr(context, "gpus", None)
-            if global_batch is not None and ranks and as_int(global_batch, "train.global_batch_size", path) \
-                    // ranks // micro > 1:
-                # litgpt/finetune/full.py line 281: fabric.no_backward_sync(model, enabled=is_accumulating); Lightning
-                # Fabric's FSDPStrategy turns it into FullyShardedDataParallel.no_sync() (FSDP1), which accumulates
-                # the gradients unsharded on every rank until the synchronizing micro-batch.
-                raise NotModelledError(
-                    "train.global_batch_size", global_batch, f"{ranks * micro} (micro-batch x devices: no "
-                    "accumulation), or one device", f"{path}: litgpt finetune_full on several devices accumulates "
-                    f"{as_int(global_batch, 'train.global_batch_size', path) // ranks // micro} micro-batches under "
-                    "fabric.no_backward_sync (Lightning-AI/litgpt 26857050 litgpt/finetune/full.py line 281), which "
-                    "Lightning's FSDPStrategy makes FSDP1's no_sync() (Lightning-AI/pytorch-lightning 2d347d0b "
-                    "src/lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl): every rank keeps the whole "
-                    "model's gradients unsharded between the synchronizing steps (2 B per parameter in bf16-true), "
-                    "which the fsdp rule does not model")
             r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_full: FSDPStrategy(auto_wrap_policy="
                   "{Block}), full shard")
             r.set("devices", devices, "activation_checkpointing", "full", "litgpt finetune_full on several devices: "
                   "activation_checkpointing_policy={Block}")
+            _no_sync(r, global_batch, accumulation, "finetune/full.py line 281", "no_sync", _FSDP1)
         else:
             r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_full on one device: "
                   "strategy auto, no checkpointing")

@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""FSDP gradient accumulation without communication, one rank of a fake process-group world, every phase measured.
+
+    /tmp/valvenv/bin/python validation/fsdp_no_sync/measure.py --out validation/fsdp_no_sync/measurements.json
+
+The environment is ../README.md's (torch==2.13.0 CPU, transformers==5.23.0). Each configuration plays rank ``r`` of
+a world of ``W`` ranks (``init_process_group("fake", store=FakeStore(), ...)``: collectives allocate their outputs
+and move no data, as validation/parallel/measure_parallel.py does) and shards a Hugging Face Llama built from its
+config (``../configs.py``'s shapes) in one of two ways:
+
+- ``fsdp1``: ``FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+  sharding_strategy=FULL_SHARD, use_orig_params=False, device_id=cpu)``: what Lightning's ``FSDPStrategy`` builds
+  for LitGPT's ``finetune_full`` (``auto_wrap_policy={Block}``). FSDP1 needs ``device_id`` on the CPU (without it
+  ``_init_device_handle`` asks for an accelerator). Accumulation: the first m-1 micro-batches inside
+  ``model.no_sync()`` (what Lightning Fabric's ``no_backward_sync`` turns into for FSDP1), the last outside.
+- ``fsdp2``: ``fully_shard`` on every decoder layer and on the model (reshard_after_forward=True, the ``fsdp``
+  rule); accumulation: ``model.set_requires_gradient_sync(False)`` for the first m-1 micro-batches, ``True`` for
+  the last.
+
+The protocol is ../harness.py's ``run_protocol`` (two warm-up iterations, the third measured; AdamW foreach;
+``zero_grad(set_to_none=True)``; ``loss = model(input_ids, labels=input_ids).loss / m``), the model called through
+``SyncSwitch``, which switches the synchronization per micro-batch as above, inside ``harness.PhaseMemTracker`` (PyTorch's ``MemTracker``, eager, no
+compile). Each micro-batch's forward and backward is a phase of its own (``forward.0``, ``backward.0``, ...);
+``forward`` and ``backward`` are their maxima. With m = 1 nothing is accumulated (the baseline of each layout).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VALIDATION = os.path.dirname(HERE)
+sys.path.insert(0, VALIDATION)
+
+import configs as _configs  # noqa: E402
+import harness  # noqa: E402  (validation/harness.py)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard  # noqa: E402
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
+
+OUT = os.path.join(HERE, "measurements.json")
+GENERATOR = "/tmp/valvenv/bin/python validation/fsdp_no_sync/measure.py --out validation/fsdp_no_sync/measurements.json"
+
+
+def _cfg(kind, model, world, rank, m, *, regime="fp32", b=2, s=256):
+    return {
+        "id": f"{kind}-{model}-{regime}-w{world}-r{rank}-m{m}-b{b}-s{s}",
+        "kind": kind,
+        "model": model,
+        "family": _configs.MODELS[model][0],
+        "hf_config": _configs._hf(_configs.MODELS[model][1], 0.0),
+        "world_size": world,
+        "rank": rank,
+        "microbatches": m,
+        "regime": regime,
+        "optimizer": "adamw",
+        "optimizer_impl": "foreach",
+        "batch_size": b,
+        "seq_len": s,
+        "attention": "sdpa",
+        "method": "real",
+    }
+
+
+CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
+           for kind in ("fsdp1", "fsdp2")
+           for model, regime in (("gqa-tiny", "fp32"), ("gqa-tiny", "bf16"), ("llama-tiny", "fp32"))
+           for m in (1, 4)]
+
+
+def shard(model, kind: str):
+    if kind == "fsdp1":
+        return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+                                        sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=False,
+                                        device_id=torch.device("cpu"))
+    for layer in model.model.layers:
+        fully_shard(layer, reshard_after_forward=True)
+    fully_shard(model)
+    return model
+
+
+class SyncSwitch:
+    """The model as ``harness.run_protocol`` calls it, switching the gradient synchronization per micro-batch:
+    calls 1 .. m-1 of each iteration without sync (FSDP1: inside ``no_sync()``, entered here and left at the next
+    call, after that micro-batch's backward; FSDP2: ``set_requires_gradient_sync(False)``), the m-th with it."""
+
+    def __init__(self, model, kind: str, m: int):
+        self.model, self.kind, self.m, self.calls, self.context = model, kind, m, 0, None
+
+    def __call__(self, **kwargs):
+        if self.context is not None:
+            self.context.__exit__(None, None, None)
+            self.context = None
+        last = self.calls % self.m == self.m - 1
+        self.calls += 1
+        if self.kind == "fsdp1":
+            if not last:
+                self.context = self.model.no_sync()
+                self.context.__enter__()
+        else:
+            self.model.set_requires_gradient_sync(last)
+        return self.model(**kwargs)
+
+
+def measure(cfg: dict) -> dict:
+    t0 = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=cfg["rank"], world_size=cfg["world_size"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, input_ids = harness.build_model(cfg)
+            parameters = sum(p.numel() for p in model.parameters())
+            model = shard(model, cfg["kind"])
+            params = [p for p in model.parameters() if p.requires_grad]
+            optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
+            mt = harness.PhaseMemTracker()
+            mt.track_external(model, optimizer, input_ids)
+            alive, _ = harness.run_protocol(mt, SyncSwitch(model, cfg["kind"], cfg["microbatches"]), optimizer,
+                                            input_ids, microbatches=cfg["microbatches"])
+            record = harness.peak_record(mt)
+            phases = record["peak_by_phase"]
+            for name in ("forward", "backward"):
+                each = {k: v for k, v in phases.items() if k.startswith(name + ".")}
+                if each:
+                    phases[name] = max(each.values(), key=lambda v: v["bytes"])
+            flat = [p for p in model.parameters()]
+            return {**record, "alive": alive, "parameters_global": int(parameters),
+                    "local_parameter_bytes": int(sum(p.numel() * p.element_size() for p in flat)),
+                    "wall_s": round(time.perf_counter() - t0, 1)}
+    finally:
+        dist.destroy_process_group()
+
+
+def document(args, runs, ctx) -> dict:
+    return {
+        "description": "FSDP1 no_sync() and FSDP2 set_requires_gradient_sync(False) gradient accumulation: one rank "
+                       "of a fake process-group world, every phase (validation/fsdp_no_sync/measure.py's docstring)",
+        "generator": GENERATOR,
+        "environment": {"setup": harness.ENVIRONMENT, "python": platform.python_version(),
+                        **harness.versions("torch", "transformers")},
+        "runs": runs,
+    }
+
+
+def main(argv=None) -> int:
+    return harness.main(argv, description=__doc__, configs=CONFIGS, measure_run=measure, document=document,
+                        out=OUT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
