@@ -66,6 +66,8 @@ def prepare_option(plan, value):
                                "split layers) is not measured")
     if o.lora is not None:
         _check_lora(plan, value)
+    elif o.compile:
+        _check_full_blocks(plan, value)
     if o.regime.main_grad:
         raise NotModelledError(OPTION, value, "a PyTorch regime", "Megatron-Core's layers are not offloaded here")
     notes = []
@@ -75,6 +77,11 @@ def prepare_option(plan, value):
             notes.append("activation_offload=torchtune with LoRA and gradient accumulation: derived (each micro-batch "
                          "offloads as one step does, the adapters' gradients alive throughout); measured with one "
                          "micro-batch per step")
+    elif o.compile:
+        notes.append(FULL_NOTE)
+        if plan.gradient_accumulation_steps > 1:
+            notes.append("activation_offload=torchtune with compiled blocks and gradient accumulation: derived (each "
+                         "micro-batch offloads as one step does); measured with one micro-batch per step")
     elif value == "torchtune":
         notes.append("activation_offload=torchtune is derived from torchtune 0.6.1's OffloadActivations source "
                      "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated")
@@ -129,7 +136,24 @@ def _final_norm_packs(plan) -> tuple[tuple[str, int], ...]:
     from .shapes import shape_of
     T, h = plan.microbatch * plan.seq_len, shape_of(plan).hidden
     w = plan.profile_options.regime.weight * h
-    return (("x", 4 * T * h), ("r", 4 * T), ("r", 4 * T), ("x", 4 * T * h), ("w", w))
+    packs = (("x", 4 * T * h), ("r", 4 * T), ("r", 4 * T), ("x", 4 * T * h), ("w", w))
+    if plan.profile_options.lora is None:
+        # full training: the weight needs a gradient too, so its multiply saves the normalized fp32 product "xn"
+        # after the weight (validation/offload_full: the packs x, r, r, x, w, xn)
+        packs += (("xn", 4 * T * h),)
+    return packs
+
+
+def _packs(plan) -> list[tuple[str, int]]:
+    """What one forward hands the pack hook, in order, as (tensor, bytes): in full training first the embedding's
+    int64 token ids (``F.embedding`` saves its indices when the weight needs a gradient: 8 T; the batch's own
+    tensor, so its device copy costs nothing), then each checkpointed layer's input, then the final norm's packs
+    (validation/offload_full and validation/lora_offload record these sequences)."""
+    from .shapes import shape_of
+    L, T = plan.model.layers, plan.microbatch * plan.seq_len
+    c, h = plan.profile_options.regime.compute, shape_of(plan).hidden
+    ids = [("ids", 8 * T)] if plan.profile_options.lora is None else []
+    return ids + [("layer", c * T * h)] * L + list(_final_norm_packs(plan))
 
 
 def _stash(plan):
@@ -140,22 +164,24 @@ def _stash(plan):
     to the checkpoint's own hooks), then the final norm's packs. Returns (layer inputs stashed while the top
     block runs, layer inputs stashed at the forward's end, the host bytes of the norm's copies, the norm's
     offloaded packs all stashed at the end)."""
-    from .shapes import shape_of
-    L, T = plan.model.layers, plan.microbatch * plan.seq_len
-    c, h = plan.profile_options.regime.compute, shape_of(plan).hidden
-    packs = [("layer", c * T * h)] * L + [(name, n) for name, n in _final_norm_packs(plan)]
+    packs = _packs(plan)
+    layer = [i for i, (name, _) in enumerate(packs, start=1) if name == "layer"]
     moved = [n >= MIN_OFFLOAD_BYTES and name != "w" for name, n in packs]
     stash, top = [], None
     for i, is_moved in enumerate(moved, start=1):
         if is_moved:
             stash = [j for j in stash if j > i - FWD_STASH] + [i]
-        if i == L:
-            top = sum(1 for j in stash if j <= L)
-    if not moved[0]:        # inputs under 1 KiB stay on the device
+        if i == layer[-1]:
+            top = sum(1 for j in stash if j in layer)
+    L = len(layer)
+    if not moved[layer[0] - 1]:        # inputs under 1 KiB stay on the device
         top = L
-    end = sum(1 for j in stash if j <= L) if moved[0] else L
-    norm = sum(n for (name, n), m in zip(packs[L:], moved[L:]) if m)
-    kept = all(j in stash for j, m in enumerate(moved, start=1) if m and j > L)
+    end = sum(1 for j in stash if j in layer) if moved[layer[0] - 1] else L
+    norm = sum(n for (name, n), m in zip(packs, moved) if m and name != "layer")
+    # every tensor of the final norm the hook copied is still stashed by one of its packs (a tensor saved twice
+    # is stashed by its later pack)
+    kept = all(any(packs[j - 1][0] == name for j in stash)
+               for i, ((name, _), m) in enumerate(zip(packs, moved), start=1) if m and i > layer[-1])
     return top, end, norm, kept
 
 
@@ -264,6 +290,133 @@ def lora_terms(plan, placement, terms, where: str) -> list[MemoryTerm]:
     return out
 
 
+# --- full training around compiled blocks (torchtune's full_finetune_single_device with compile=True) ------------
+
+FULL_NOTE = ("activation_offload=torchtune with compiled blocks: torchtune 0.6.1's OffloadActivations around compiled, "
+             "checkpointed blocks in full training (the token ids, each layer's input and the final norm's saved "
+             "tensors copied to the host, the forward stash of 5, the backward's copies freed one node late), "
+             "measured on the CPU with the host copies simulated (validation/offload_full); the CUDA caching "
+             "allocator's stream-ordered reuse is not modelled")
+
+
+def _check_full_blocks(plan, value):
+    """What is measured of offloading around compiled blocks in full training: torchtune's ``OffloadActivations``
+    with every layer compiled, then checkpointed (``compile="blocks"``, ``compile_checkpoint="outside"``: torchtune's
+    order, recipes/full_finetune_single_device.py ``_setup_model``) on one device (validation/offload_full)."""
+    from .checkpointing import whole_layers
+    from .compile import BLOCKS, blocks, outside
+    o = plan.profile_options
+    if value != "torchtune":
+        raise NotModelledError(OPTION, value, "'torchtune' with compile",
+                               "save_on_cpu around compiled blocks is not measured (validation/offload_full measures "
+                               "torchtune's OffloadActivations)")
+    if o.compile != BLOCKS or not blocks(plan):
+        raise NotModelledError("compile", o.compile, f"{BLOCKS!r} with activation_offload='torchtune'",
+                               "offloading is measured around torchtune's per-block compile (validation/offload_full), "
+                               "not around a whole compiled model or a compiled loss function")
+    if not whole_layers(plan) or not outside(plan):
+        raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
+                               "'full' (every layer) in torchtune's order (compile_checkpoint='outside') with "
+                               "compile='blocks' and activation_offload='torchtune'",
+                               "offloading around compiled blocks is measured with torchtune's full checkpointing "
+                               "wrapped around each compiled block (validation/offload_full)")
+    if plan.profile_options.regime.compute * plan.microbatch * plan.seq_len * _hidden(plan) < MIN_OFFLOAD_BYTES:
+        raise NotModelledError("seq_len", plan.seq_len, "a layer input of at least 1 KiB (torchtune's "
+                               "min_offload_size)", "layer inputs kept on the device are not measured")
+
+
+def full_blocks_terms(plan, placement, terms) -> list[MemoryTerm]:
+    """The compiled blocks' terms in full training (compile.blocks_outside_full_terms: the layers' inputs, the top
+    block's forward, the backward's top) with torchtune's offloading (``_check_full_blocks``). Derived from
+    torchtune/training/_activation_offloading.py (0.6.1) and measured (validation/offload_full: the hooks replayed
+    on the CPU), T = b x s, c the compute dtype's bytes, x = c T h a layer's input, L layers:
+
+    * **host**: the token ids the embedding saves (8 T), each layer's input (L x), the final norm's packs, one copy
+      per save (``_final_norm_packs``: the fp32 x twice, rsqrt twice, the normalized product once);
+    * **the forward**: the stash (``_stash``) keeps min(L, 5) layer inputs while the top block's compiled forward
+      runs and none at the forward's end (the final norm's 5 offloaded packs follow them); the final norm's tensors
+      are all stashed (on the device as without offloading) until its first backward node;
+    * **the backward**: each layer's backward copies its input back (x) and frees the previous node's copies after
+      its own node (``bwd_tensor_stash``): the top block's moment holds its input and the final norm's fp32 x
+      brought back (4 T h) in place of every layer's input; layer 0's the input of layer 1 beside its own (as
+      ``kept`` in ``checkpointing_policies.last_moments``); the embedding's backward the token ids brought back
+      (8 T) and layer 0's input, not yet freed. With ``optimizer_in_backward`` the larger of the top block's and
+      the end's moments (compile.blocks_outside_full_terms' choice), without it the end's."""
+    from . import model
+    from ..checkpointing_policies import _mlp_backward_peak, last_moments
+    from .compile import _context, _ops, _rng, layer_saved
+    top, end, other, kept = _stash(plan)
+    if not kept:
+        raise NotModelledError(OPTION, "torchtune", "a final norm whose saves fit the forward stash",
+                               "its saved tensors would be copied back from the host in the backward: not measured")
+    ctx, kernel = _context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
+    c, h, g, r = regime.compute, s.hidden, regime.gradient or 4, regime.residual
+    x = r * T * h
+    rng = _rng(plan)
+    # compile.blocks_outside_full_terms' quantities (the same arithmetic)
+    per_token, how = layer_saved(s, regime, kernel, plan.seq_len, ctx.tensor)
+    ops = _ops(s, regime, kernel, plan.seq_len)
+    product = max((prev.nbytes for prev, op in zip(ops, ops[1:]) if op.reduced and prev.op == "mm"), default=0)
+    output = ops[-1].nbytes if ops[-1].reduced else 0
+    accumulating = plan.gradient_accumulation_steps > 1
+    tied = s.embedding_parameters * g if s.tied and not accumulating else 0
+    work = (per_token - output + product) * T + product // c * h * g + tied
+    acts = model.model_activation_terms(plan, placement, recompute=True)
+    during = (K.TOKEN_IDS, K.ROPE_TABLES, K.EMBEDDING_OUTPUT)
+    later = sum(t.nbytes for t in acts if FORWARD in t.phases and t.key not in during)
+    last = c * T * h if c == 4 else 0
+    end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
+    rope = sum(t.nbytes for t in acts if t.key == K.ROPE_TABLES)
+    out = []
+    for t in terms:
+        if t.key == K.CHECKPOINTED_INPUTS and tuple(t.phases) == SAVED:
+            out.append(attrs.evolve(t, nbytes=end * x, label=f"{t.label}: {end} in the forward stash at the "
+                                    "forward's end", formula=f"{end} x T x h x {r} B ({L - end} copied to the host)"))
+            out.append(_host(t, L * x, f"{L} x {_n(x)} B: each layer's input, copied once"))
+        elif tuple(t.phases) in ((FORWARD,), (BACKWARD_END,)):
+            continue        # the top block's forward and the backward's top: below
+        else:
+            out.append(t)
+    out.append(MemoryTerm(component=ACTIVATIONS, label="token ids and final norm: their saved tensors (offloaded to "
+                          "host memory)", nbytes=other, phases=SAVED, tier=HOST,
+                          formula=f"8 T (the embedding's int64 indices) + the final norm's packs, one copy per save "
+                                  f"(2 x 4 T h fp32 x, 2 x 4 T rsqrt, 4 T h the normalized product) = {_n(other)} B; "
+                                  "the device copies stay stashed until the norm's backward"))
+    forward = per_token * T + L * rng + (top - end) * x - later - last
+    if forward > 0:
+        out.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before the "
+                              "checkpoint drops it; layer inputs in the forward stash)", nbytes=forward,
+                              phases=(FORWARD,),
+                              formula=f"T x {_n(per_token)} B ({how}; the block's whole compiled set)"
+                                      + (f" + {L} x {rng:,} B (CPU RNG states)" if rng else "")
+                                      + f" + {top - end} x {_n(x)} (stashed layer inputs then, {end} at the forward's "
+                                      f"end) - {_n(later)} B (the final norm's, the logits' and the loss's forward "
+                                      "terms, not yet)" + (" - T x h x 4 (the top block's output, counted as the "
+                                                           "final norm's input)" if last else "")))
+    lb = model.layer_bytes(plan, ctx)
+    eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, accumulating)
+    lb = attrs.evolve(lb, saved=work - eager_mlp)
+    stale = x if L > 1 else 4 * T * h
+    layer0 = last_moments(plan, placement, ctx, lb, kept=stale, unborn_layers=1)
+    # the embedding's moment alone (layer 0's priced below any): its backward holds the ids brought back and layer
+    # 0's input, freed after it
+    embedding = last_moments(plan, placement, ctx, lb, kept=float("-inf"), unborn_layers=1).nbytes + x + 8 * T
+    moments = {"layer 0's recompute and MLP backward (layer 1's input not yet freed)": layer0.nbytes,
+               "the embedding's backward (the token ids and layer 0's input brought back)": embedding}
+    if getattr(plan.profile_options, "optimizer_in_backward", None):
+        moments["the top block's recompute and MLP backward (optimizer in backward: no other gradient alive)"] = (
+            x + 4 * T * h + (L - 1) * rng + r * T * h + rope + work - end_only)
+    which = max(moments, key=moments.get)
+    out.append(MemoryTerm(component=ACTIVATIONS, label=f"offloaded inputs: {which}", nbytes=moments[which],
+                          phases=(BACKWARD_END,),
+                          formula="; ".join(f"{k}: {_n(v)}" for k, v in moments.items()) + f" (top: its input "
+                                  f"{_n(x)} + the final norm's fp32 x brought back {_n(4 * T * h)} + its output's "
+                                  f"gradient + RoPE {_n(rope)} + its recompute and MLP backward {_n(work)} - the "
+                                  f"end-of-backward terms {_n(end_only)}; layer 0: " + layer0.formula + ")"))
+    return out
+
+
 def _n(x) -> str:
     return f"{x:,.0f}"
 
@@ -278,6 +431,8 @@ def offload_terms(plan, terms, where: str, placement=None) -> list[MemoryTerm]:
     base model's saved tensors in host memory (LoRA's: ``lora_terms``, with the placement)."""
     if plan.profile_options.lora is not None:
         return lora_terms(plan, placement, terms, where)
+    if plan.profile_options.compile:      # (_check_full_blocks: compiled blocks in torchtune's order)
+        return full_blocks_terms(plan, placement, terms) if where == "layers" else terms
     out = []
     for t in terms:
         moved = (where == "layers" and t.key in LAYERS) or (where == "model" and t.key in BASE_MODEL)
