@@ -280,8 +280,8 @@ def prepare(plan, registry=None):
                                    "checkpointing in torchtune's order (compile_checkpoint='outside')",
                                    "the step in the backward with compiled blocks is measured with torchtune's "
                                    "full checkpointing only")
-        if name == "activation_offload" and o.lora is not None and per_block:
-            continue        # torchtune's, around LoRA blocks: offload_activations._check_lora
+        if name == "activation_offload" and per_block:
+            continue        # torchtune's, around compiled blocks: offload_activations' own checks
         if getattr(o, name, None):
             raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
                                    "a technique that reshapes the compiled backward is not modelled with it")

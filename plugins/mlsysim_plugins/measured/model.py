@@ -360,7 +360,11 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
         return terms
     if getattr(plan.profile_options, "compile", None):     # compile.py: the partitioner's saved set
         from .compile import layer_terms as compiled_layer_terms
-        return compiled_layer_terms(plan, placement)
+        terms = compiled_layer_terms(plan, placement)
+        if getattr(plan.profile_options, "activation_offload", None):     # offload_activations.py
+            from .offload_activations import offload_terms
+            terms = offload_terms(plan, terms, "layers", placement)
+        return terms
     ctx = context(plan, placement)
     L, k = ctx.layers, ctx.shards
     kept = L if kept_layers is None else min(kept_layers, L)
