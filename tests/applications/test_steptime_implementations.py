@@ -250,3 +250,39 @@ def test_overlapped_pipeline_sends_hide_behind_one_chunk_each_by_hand():
     assert micro(blocking) - micro(overlapped) == pytest.approx((blocking["p2p"] - overlapped["p2p"]) / gas)
     with pytest.raises(ValueError, match="p2p"):
         pipeline_parallel.PipelineOptions(p2p="async")
+
+
+def test_the_routed_tokens_gather_over_the_expert_tensor_parallel_group_by_hand():
+    # The EP rule's all-gather and reduce-scatter of the routed tokens run over the expert tensor-parallel group
+    # (Megatron-Core's dispatcher: tp_group = expt_tp, both under "if self.tp_size > 1"): the tp group by default,
+    # none at expert_tp = 1 (the Qwen3-235B recipe's), expert_tp ranks otherwise; the all-to-all the same
+    from mlsysim_core import SparseTransformerWorkload
+    from mlsysim_plugins import expert_parallel
+    assert [c.group for c in expert_parallel.COLLECTIVES] == ["ep", "ep", "etp", "etp"]
+    moe = steptime.model_figures(SparseTransformerWorkload(
+        name="m", parameters=2_000_000_000, active_parameters=500_000_000, layers=8, hidden_dim=2048, heads=16,
+        vocab_size=32000, ffn_dim=1024, gated_mlp=True, experts=32, active_experts_per_token=2))
+    run = dict(RUN, tp=2, cp=1, pp=1, dp=8, ep=8, rule="zero1", sp=True, mb=1, gas=1, seq_len=4096)
+    default = steptime.step_time(moe, HW, CAL, rules=_rules(), **run)
+    as_tp = steptime.step_time(moe, HW, CAL, rules=_rules(), **run, expert_tp=2)
+    none = steptime.step_time(moe, HW, CAL, rules=_rules(), **run, expert_tp=1)
+    assert as_tp == default
+    # per layer, forward and backward: one all-gather and one reduce-scatter each of (2 - 1) / 2 x T k h x 2 B inside
+    # the node (tp ranks 1 apart), T = 4096 tokens, k = 2, h = 2048; CAL's latencies are 0
+    one = (2 - 1) / 2 * 4096 * 2 * 2048 * 2 / (HW["intra"] * CAL.intra_link)
+    assert default["ep"] - none["ep"] == pytest.approx(8 * 2 * 2 * one)
+    assert {k: v for k, v in none.items() if k not in ("ep", "step")} == \
+        {k: v for k, v in default.items() if k not in ("ep", "step")}
+
+
+def test_time_plan_times_the_expert_tensor_parallelism_the_run_sets():
+    run = dict(global_batch=16, seq_len=4096, tp=2, pp=1, dp=8, ep=8, data_parallel="zero1", checkpointing="full",
+               microbatch=1, precision="bf16", optimizer="adamw", profile="measured", memory=False,
+               sequence_parallel=True)
+    default = time_plan("qwen/qwen3-30b-a3b", "h100", **run)
+    same = time_plan("qwen/qwen3-30b-a3b", "h100", expert_tp_size=2, **run)
+    one = time_plan("qwen/qwen3-30b-a3b", "h100", expert_tp_size=1, **run)
+    assert same["components"] == default["components"]
+    assert one["components"]["ep"] < default["components"]["ep"]
+    assert {k: v for k, v in one["components"].items() if k not in ("ep", "step")} == \
+        {k: v for k, v in default["components"].items() if k not in ("ep", "step")}

@@ -207,9 +207,7 @@ def layout(case) -> dict:
         assumed.append("no activation checkpointing (not stated)")
     elif case["checkpointing"] in CKPT_NOT_EXPRESSED:
         assumed.append(CKPT_NOT_EXPRESSED[case["checkpointing"]])
-    extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}
-    if extra:
-        assumed.append(f"expert tensor parallelism {case['expert_tp']}")
+    extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}      # (stated: the layout column's)
     if case["attn_impl"]:
         extra["attention"] = ATTENTION_KERNEL[case["attn_impl"]]
     # the training regime the source ran (published.py's regime: the data-parallel collectives' dtypes among its
@@ -422,7 +420,8 @@ def table() -> str:
                                        (f"{c['cp_ring']} ring", c["cp_ring"] and c["cp"] > 1),
                                        (f"gradients reduced per {c['dp_gradient_sync']}", c["dp_gradient_sync"]),
                                        (f"stages {c['pp_stages']}", c["pp_stages"] and c["pp"] > 1),
-                                       (f"pp sends {c['pp_p2p']}", c["pp_p2p"] and c["pp"] > 1))
+                                       (f"pp sends {c['pp_p2p']}", c["pp_p2p"] and c["pp"] > 1),
+                                       (f"expert tensor parallelism {c['expert_tp']}", c["expert_tp"]))
                        if on]
             if lay["power"]:
                 choices.append(f"{lay['power']} W")

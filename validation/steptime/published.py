@@ -740,8 +740,11 @@ for _m, _cat, _g, _prec, _gbs, _mbs, _seq, _tp, _pp, _cp, _vp, _ep, _tps, _tf in
         ep_dispatcher=_MB_RECIPE.get(_m, (None,))[0], ep_overlap=_MB_RECIPE.get(_m, (None, None))[1],
         notes=_MB_NOTE + _MB_RECIPE.get(_m, (None, None, ""))[2] + _MB_TP_OVERLAP.get(_m, "")
               + _MB_RECOMPUTE.get(_m, (None, ""))[1] + f"DP {_dp}. "
-              + (_CP_TE if _cp > 1 else "") + ("Expert tensor parallelism not stated: 1 (EP 32 x TP 2 exceeds the 32 "
-                                          "devices of a stage otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
+              + (_CP_TE if _cp > 1 else "") + ("Expert tensor parallelism 1, the recipe's: the fp8cs perf recipe builds "
+                                          "on recipes/qwen/h100/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config "
+                                          "at 067f987df03b8355b03192d88d70f1709fedf51a, 'cfg.model.expert_tensor_parallel_size "
+                                          "= 1', which it does not change (EP 32 x TP 2 would exceed the 32 devices of a stage "
+                                          "otherwise). " if _ep and _tp > 1 else "") + ("Qwen3-235B: the catalog's model is the Instruct-2507 checkpoint (same "
                                           "architecture as the pre-trained one). " if "235" in _m else "")
               + ("GPT-OSS alternates sliding-window (128) and full attention: its windowed layers timed as windowed. "
                  if "OSS" in _m else "")))
