@@ -673,7 +673,10 @@ def mlsysim_checkpointing_strategies():
                           "every other matmul's output, recomputes the rest (measured: Llama, Mixtral)",
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
-                          extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="op-sac")},
+                          extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="op-sac"),
+                                      # its saved set inside a compiled block: the partitioner honours the SAC tags
+                                      # (measured compiled: compile.COMPILED_BLOCKS, validation/compile)
+                                      "measured.compiled_blocks": True},
                           searched=False, recompute=Recompute("op-sac"), recomputes="part",
                           recomputes_first_layer=_always),
         CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
