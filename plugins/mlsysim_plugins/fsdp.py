@@ -17,6 +17,8 @@ fp32 once per step; the parameters still gathered for every micro-batch's forwar
 backward).
 """
 
+from typing import ClassVar
+
 import attrs
 
 from mlsysim_core import LayoutError, ShardingEffect, ShardingRuleSpec, hookimpl
@@ -29,18 +31,6 @@ from ._deepspeed_buckets import FsdpGatherOptions, fsdp_note, fsdp_prefetch_term
 
 buffers = lazy_module(globals(), "buffers", "mlsysim_plugins.measured.buffers")
 lora = lazy_module(globals(), "lora", "mlsysim_plugins.measured.lora")
-
-
-@attrs.frozen(kw_only=True)
-class HybridOptions(FsdpGatherOptions):
-    """``shard_group_size``: ranks that shard the model states among themselves (FSDP's
-    intra-node group); ``None``: the devices of one node (``hardware.devices_per_node``,
-    else 8), capped at the data-parallel size. And FSDP's all-gather limits
-    (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
-
-    shard_group_size: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int),
-                                                           attrs.validators.ge(1)]))
 
 
 @memoize
@@ -84,6 +74,22 @@ class FullShardOptions(FsdpGatherOptions):
     FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
+    rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
+
+
+@attrs.frozen(kw_only=True)
+class HybridOptions(FullShardOptions):
+    """``shard_group_size``: ranks that shard the model states among themselves (FSDP's
+    intra-node group); ``None``: the devices of one node (``hardware.devices_per_node``,
+    else 8), capped at the data-parallel size. And FULL_SHARD's (``FullShardOptions``): ``gradient_sync``
+    (HYBRID_SHARD frees its parameters after the forward and the backward as FULL_SHARD does, and under
+    ``no_sync()`` keeps the unsharded gradients the same way: _should_free_in_backward and _post_backward_hook,
+    the comment above NO_SYNC; derived, not measured), ``prefetch_layers``, ``limit_all_gathers``."""
+
+    shard_group_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int),
+                                                           attrs.validators.ge(1)]))
+    rule: ClassVar[str] = "hsdp"
 
 
 def _unsynced(plan, options) -> bool:
@@ -93,12 +99,17 @@ def _unsynced(plan, options) -> bool:
 
 
 def full(plan, options):
-    e = _noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options)
+    return _unsynced_noted(_noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options), plan,
+                           options, "FULL_SHARD")
+
+
+def _unsynced_noted(e, plan, options, kind):
+    """The effect with gradient_sync's note, when it acts."""
     if _unsynced(plan, options) and e.weight_shards > 1:
         how = ("FSDP1 no_sync(): in param_dtype" if options.gradient_sync == "no_sync"
                else "FSDP2 set_requires_gradient_sync(False): in reduce_dtype")
         return attrs.evolve(e, notes=e.notes + (
-            f"FSDP (FULL_SHARD), gradient_sync={options.gradient_sync!r}: every rank keeps its unsharded gradients "
+            f"FSDP ({kind}), gradient_sync={options.gradient_sync!r}: every rank keeps its unsharded gradients "
             f"({how}) over the {plan.gradient_accumulation_steps} micro-batches, reduce-scattered in the last "
             "micro-batch's backward."
             + (" Under LoRA the adapters' unsharded gradients are approximated (in their gradient dtype; not "
@@ -162,7 +173,8 @@ def shard_group(plan, options) -> int:
 
 
 def hybrid(plan, options):
-    return _noted(effect(shard_group(plan, options), "HYBRID_SHARD"), "hsdp", options)
+    return _unsynced_noted(_noted(effect(shard_group(plan, options), "HYBRID_SHARD"), "hsdp", options), plan,
+                           options, "HYBRID_SHARD")
 
 
 def full_shard_buffers(plan, placement, options):
@@ -174,11 +186,11 @@ def full_shard_buffers(plan, placement, options):
         terms = terms + fsdp_prefetch_terms(options, buffers.layer_parameters(plan, placement),
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
     if _unsynced(plan, options) and placement.weight_shards > 1:
-        terms = terms + unsynced_gradients(plan, placement, options.gradient_sync)
+        terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, options.rule)
     return terms
 
 
-def unsynced_gradients(plan, placement, how):
+def unsynced_gradients(plan, placement, how, rule="fsdp"):
     """FULL_SHARD's unsharded gradients under ``no_sync()`` / ``set_requires_gradient_sync(False)`` (the comment
     above NO_SYNC): every trainable parameter the rank holds before data-parallel sharding, alive in the forward
     and backward of every micro-batch after the first, and reduce-scattered unit by unit in the last backward (by
@@ -189,7 +201,7 @@ def unsynced_gradients(plan, placement, how):
     from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, FORWARD, GRADIENTS, MemoryTerm, NotModelledError
     regime = plan.profile_options.regime
     if regime.main_grad and not regime.gradient:
-        raise NotModelledError("plugin_options['fsdp'].gradient_sync", how,
+        raise NotModelledError(f"plugin_options['{rule}'].gradient_sync", how,
                                f"'micro-batch' under the {regime.name} regime (its gradients go to an fp32 main-grad "
                                "buffer, which FSDP's no_sync does not keep)")
     shards = placement.gradient_shards

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import HardwareNode, TrainingMemoryModel
-from mlsysim_core.errors import InvalidInputError
+from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, OPTIMIZER_STEP
 
@@ -183,3 +183,42 @@ def test_accelerate_fsdp_says_the_trainer_accumulates_without_sync():
     assert launch.scenario.plugin_options == {"fsdp": {"gradient_sync": "no_sync"}}
     default = next(d for r in launch.readings for d in r.defaults if d.field == "plugin_options")
     assert "sync_each_batch" in default.source
+
+
+def test_trainer_sync_each_batch_with_accumulation_refused_naming_it(tmp_path):
+    import yaml
+    from mlsysim_core.scenario import from_launch
+    data = ROOT / "tests" / "data" / "launch"
+    doc = yaml.safe_load((data / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["gradient_accumulation_steps"] = 4
+    doc["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    path = tmp_path / "config_full.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(NotModelledError, match="sync_each_batch"):
+        from_launch([path, data / "accelerate/alignment-handbook/fsdp.yaml"], hardware="h100")
+    doc["gradient_accumulation_steps"] = 1      # no accumulation: nothing to sync, read
+    path.write_text(yaml.safe_dump(doc))
+    assert from_launch([path, data / "accelerate/alignment-handbook/fsdp.yaml"], hardware="h100").scenario
+
+
+def test_hsdp_keeps_the_unsharded_gradients_too():
+    """HYBRID_SHARD frees its parameters and keeps the unsharded gradients under no_sync as FULL_SHARD does
+    (derived from the same source, not measured): the shard is the shard group's."""
+    r = TrainingMemoryModel("measured").solve(
+        "llama3-8b", BIG, 32, 1024, regime="bf16", dp_size=16, data_parallel="hsdp", gradient_accumulation_steps=2,
+        runtime_overheads=False, plugin_options={"hsdp": {"gradient_sync": "no_sync", "shard_group_size": 8}})
+    [term] = [t for t in r.terms if "accumulated over micro-batches" in t.label]
+    params = 8_030_261_248
+    assert term.nbytes == params * 2 - params / 8 * 2
+    assert any("FSDP (HYBRID_SHARD), gradient_sync='no_sync'" in n for n in r.notes)
+
+
+def test_accelerate_hsdp_names_the_hsdp_rule():
+    """accelerate's parallelism_config makes the FSDP table's rule hsdp after the table is read: the accumulation
+    default follows it (FSDP2: "step")."""
+    from mlsysim_core.scenario import from_launch
+    data = ROOT / "tests" / "data" / "launch"
+    launch = from_launch([data / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml",
+                          data / "accelerate/accelerate/tp_hsdp.yaml"], hardware="h100")
+    assert launch.scenario.data_parallel == "hsdp"
+    assert launch.scenario.plugin_options == {"hsdp": {"gradient_sync": "step"}}

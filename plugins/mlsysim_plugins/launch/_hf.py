@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.scenario import LaunchDefault, LaunchField, LaunchReading
 
@@ -77,9 +79,28 @@ class Reading:
         return any(f.field == field for f in self.fields)
 
     def done(self) -> LaunchReading:
+        self._no_sync_names_the_rule()
         return LaunchReading(format=self.format, path=str(self.path), fields=self.fields, defaults=self.defaults,
                              ignored=self.ignored, world=self.world, framework_version=self.version,
                              notes=self.notes)
+
+
+    def _no_sync_names_the_rule(self) -> None:
+        """``fsdp_config``'s accumulation default (``NO_SYNC_KEY``) names the rule the file ends with: accelerate's
+        ``parallelism_config`` or the Trainer's ``fsdp: hybrid_shard`` may make it ``hsdp`` after the table is
+        read; under another rule (``fsdp-grad-op``) it is dropped (that rule is priced as syncing every
+        micro-batch, docs/launch-hf.md)."""
+        mine = [d for d in self.defaults if d.field == "plugin_options" and d.key.endswith(NO_SYNC_KEY)]
+        if not mine:
+            return
+        rule = next((f.becomes for f in reversed(self.fields) if f.field == "data_parallel"), None) or next(
+            (d.value for d in self.defaults if d.field == "data_parallel"), None)
+        for d in mine:
+            i = self.defaults.index(d)
+            if rule in ("fsdp", "hsdp"):
+                self.defaults[i] = attrs.evolve(d, value={rule: next(iter(d.value.values()))})
+            else:
+                del self.defaults[i]
 
 
 def is_true(value) -> bool:
@@ -254,6 +275,7 @@ def regime_of(weights: str, mixed: str | None) -> str:
 
 # --- FSDP ------------------------------------------------------------------------------------
 
+NO_SYNC_KEY = " (gradient accumulation)"     # fsdp_config's default of the rule's gradient_sync (Reading.done)
 SHARDING = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "2": "fsdp-grad-op",
             "NO_SHARD": None, "3": None, "HYBRID_SHARD": "hsdp", "4": "hsdp", "HYBRID_SHARD_ZERO2": "hsdp-zero2",
             "5": "hsdp-zero2"}
@@ -318,18 +340,20 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
                 r.ignore(key)
         else:
             r.unknown(key, v, "the FSDP settings of accelerate's FullyShardedDataParallelPlugin")
-    if rule == "fsdp":
+    if rule in ("fsdp", "hsdp"):
         # Gradient accumulation under FSDP skips the reduce-scatter on every micro-batch but the last: transformers
         # 5.23.0 trainer.py lines 1897-1908 (sync_context = accelerator.no_sync unless gradient_accumulation_kwargs'
         # sync_each_batch, DeepSpeed, or the last micro-batch), accelerate 1.16.0 accelerator.py lines 1126-1139
         # (no_sync: FSDP2 set_requires_gradient_sync(False), FSDP1 the model's no_sync()); Accelerator.accumulate
         # likewise. The option acts only with gradient_accumulation_steps > 1 (fsdp.FullShardOptions).
-        r.default(f"{prefix} (gradient accumulation)", "plugin_options",
-                  {"fsdp": {"gradient_sync": "step" if version == 2 else "no_sync"}},
-                  f"{ACCELERATE} Accelerator.no_sync / accumulate under FSDP{version}, as transformers' Trainer "
-                  "accumulates (accelerator.no_sync on every micro-batch but the last; not with accelerator_config."
-                  "gradient_accumulation_kwargs.sync_each_batch)", "the unsharded gradients kept between the "
-                  "synchronizing micro-batches when gradient_accumulation_steps > 1", version=ACCELERATE)
+        r.default(f"{prefix}{NO_SYNC_KEY}", "plugin_options",
+                  {rule: {"gradient_sync": "step" if version == 2 else "no_sync"}},
+                  f"accelerate 1.16.0 accelerator.py lines 1126-1139 (Accelerator.no_sync under FSDP{version}: "
+                  + ("set_requires_gradient_sync(False))" if version == 2 else "the model's no_sync())")
+                  + "; transformers 5.23.0 trainer.py lines 1897-1908 (accelerator.no_sync on every micro-batch but "
+                  "the last, unless accelerator_config.gradient_accumulation_kwargs.sync_each_batch)",
+                  "the unsharded gradients kept between the synchronizing micro-batches when "
+                  "gradient_accumulation_steps > 1", version=ACCELERATE)
     if mixed in ("bf16", "fp16"):
         r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", "fsdp-bf16",
               "FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered parameters"
