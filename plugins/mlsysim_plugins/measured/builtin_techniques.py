@@ -210,6 +210,18 @@ def _float8_time(plan, figures):
     return added_step_time(plan, memory_bandwidth=figures["memory bandwidth B/s"][0])
 
 
+def _with_compile(name: str):
+    """A built-in's declaration of how it combines with compile: compile.py's function ``name``."""
+    def call(plan, value):
+        from . import compile as compile_mod
+        return getattr(compile_mod, name)(plan, value)
+    call.__name__ = name
+    return call
+
+
+_NOT_COMPILED = "a technique that reshapes the compiled backward is not modelled with it"   # (compile.REFUSED)
+
+
 def _compile(plan, registry):
     value = plan.profile_options.compile
     if (value is None or value is False) and plan.profile_options.compile_checkpoint is None:
@@ -265,7 +277,7 @@ TECHNIQUES = (
               offered=_saves_more, active=_checkpointing_on, added_step_time=_checkpointing_time),
     Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora}, relocate=_lora_relocate,
               description="LoRA/QLoRA fine-tuning (lora.py)",
-              options={"lora": LORA}),
+              options={"lora": LORA}, with_compile=_with_compile("lora_with_compile")),
     Technique(name="loss", order=10, apply=_loss,
               description="the loss implementation: chunked, fused and published losses (loss.py, registered through "
                           "mlsysim_measured_losses: loss_implementations.py)",
@@ -274,19 +286,21 @@ TECHNIQUES = (
               candidates=[Candidate("chunked", "chunked cross-entropy (torchtune)"),
                           Candidate("fused_linear", "fused linear cross-entropy (Liger)")],
               active=lambda plan: _chosen_loss(plan) is not None,
-              added_step_time=_loss_time),
+              added_step_time=_loss_time, with_compile=_with_compile("accepted_with_compile")),
     Technique(name="optimizer_in_backward", order=20, apply=_oib, relocate=_oib_relocate,
               description="the optimizer step in the backward (optimizer_in_backward.py)",
               options={"optimizer_in_backward": OPTIMIZER_IN_BACKWARD},
               candidates=[Candidate(True, "optimizer step in the backward")],
-              active=lambda plan: bool(plan.profile_options.optimizer_in_backward), added_step_time=_oib_time),
+              active=lambda plan: bool(plan.profile_options.optimizer_in_backward), added_step_time=_oib_time,
+              with_compile=_with_compile("optimizer_in_backward_with_compile")),
     Technique(name="activation_offload", order=30, apply=_activation_offload,
               description="activation offload to host memory (offload_activations.py)",
               options={"activation_offload": ACTIVATION_OFFLOAD},
               candidates=[Candidate("save_on_cpu", "activation offload: save_on_cpu"),
                           Candidate("torchtune", "activation offload: torchtune")],
               active=lambda plan: bool(plan.profile_options.activation_offload),
-              added_step_time=_activation_offload_time),
+              added_step_time=_activation_offload_time,
+              with_compile=_with_compile("activation_offload_with_compile")),
     Technique(name="offload", order=35, after="stage_layers", apply={"given": _offload_given, "last": _offload_last},
               relocate=_offload_relocate,
               description="optimizer state, gradients, parameters in host memory (parallel.py; torchao's "
@@ -297,7 +311,7 @@ TECHNIQUES = (
                           Candidate("optimizer+gradients+parameters", "optimizer, gradients, parameters on the host"),
                           Candidate("torchao", "torchao CPUOffloadOptimizer (host states and parameter copies)"),
                           Candidate("torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True")],
-              active=_offload_on, added_step_time=_offload_time),
+              active=_offload_on, added_step_time=_offload_time, with_compile=_NOT_COMPILED),
     Technique(name="low_bit_optimizer", order=37, keyword="optimizer",
               description="a low-bit AdamW (solve's optimizer, from adam or adamw): in the ladder only",
               candidates=[Candidate("adamw-8bit-torchao", "torchao AdamW8bit", _LOWBIT_CAVEAT.format("8-bit")),
@@ -307,12 +321,14 @@ TECHNIQUES = (
               active=_lowbit_on, added_step_time=_lowbit_time),
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,
                                                                         "compile_checkpoint": COMPILE_CHECKPOINT},
-              description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)"),
+              description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)",
+              with_compile=_with_compile("accepted_with_compile")),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},
               candidates=[Candidate("tensorwise", "float8 training: tensorwise", _FP8),
                           Candidate("rowwise", "float8 training: rowwise", _FP8)],
-              active=lambda plan: bool(plan.profile_options.float8), added_step_time=_float8_time),
+              active=lambda plan: bool(plan.profile_options.float8), added_step_time=_float8_time,
+              with_compile=_NOT_COMPILED),
 )
 
 

@@ -63,7 +63,9 @@ Not modelled (refused, naming the parameter and what is allowed): autocast and M
 checkpointing strategies than none and full (every layer), other loss implementations than the default
 cross-entropy, attention kernels that do not compute SDPA, families whose declared layer ops include
 others than mm and SDPA (routers, grouped mms), dropout, parallel layouts, and the techniques that reshape
-the backward (offload, the optimizer step in the backward, activation offload, float8; LoRA but plain).
+the backward (offload, the optimizer step in the backward, activation offload, float8; LoRA but plain). What
+is asked is declared, never named: a loss implementation's compiled form (``compiled_blocks``), a checkpointing
+strategy's ``recomputes`` and ``measured.compiled_blocks`` extension, a technique's ``with_compile``.
 
 With peft's LoRA (``compile=True``: Hugging Face's ``torch_compile``, ``torch.compile(peft_model)``, one graph):
 the layers' saved set with frozen base weights (``lora_layer_saved``, peft's fp32 adapters' fp32 copies), the
@@ -191,7 +193,93 @@ def compiled_loss(plan) -> bool:
 
 # --- what is refused ---------------------------------------------------------------------------
 
-_TECHNIQUES = ("lora", "offload", "cpu_offload_optimizer", "optimizer_in_backward", "activation_offload", "float8")
+COMPILED_BLOCKS = "measured.compiled_blocks"
+"""A ``CheckpointingSpec.extensions`` key: true when the strategy, recomputing part of a layer, keeps its eager saved
+set inside a block compiled apart (its per-op SAC tags honoured by the partitioner: torchtitan's op-SAC, measured in
+validation/compile/measure_blocks.py); a strategy without it is refused with ``compile="blocks"``."""
+
+
+def _on(technique, plan) -> bool:
+    """Is a technique on in this plan: what its ``active`` says, else any of its options set (not None or False)."""
+    if technique.active is not None:
+        return bool(technique.active(plan))
+    o = plan.profile_options
+    return any(getattr(o, name, None) not in (None, False) for name in technique.options)
+
+
+def _set_option(technique, plan) -> tuple[str, object]:
+    """The technique's first option that is set (name, value): what a refusal names."""
+    o = plan.profile_options
+    for name in technique.options:
+        if getattr(o, name, None) not in (None, False):
+            return name, getattr(o, name)
+    name = next(iter(technique.options))
+    return name, getattr(o, name, None)
+
+
+def _check_techniques(plan, value, registry):
+    """Every technique that owns options and is on asks its declaration of how it combines with compile
+    (``Technique.with_compile``: a callable that refuses what is not measured, or the reason it is not modelled
+    with compile); one declaring nothing is refused naming its option (a third party's reshaping of the compiled
+    backward is not known)."""
+    from .techniques import registered
+    techniques = plan.profile_options.techniques or (registered(registry) if registry is not None else ())
+    for technique in sorted(techniques, key=lambda t: (t.order, t.name)):
+        if not technique.options or not _on(technique, plan):
+            continue
+        declared = technique.with_compile
+        if callable(declared):
+            declared(plan, value)
+            continue
+        name, set_value = _set_option(technique, plan)
+        why = declared or (f"technique {technique.name!r} declares nothing of how it combines with compile "
+                           "(Technique.with_compile)")
+        raise NotModelledError(name, set_value, f"{name} off with compile=True", why)
+
+
+def _compiled_losses(registry) -> list[str]:
+    """The registered loss implementations declaring a compiled form under compile="blocks" (``compiled_blocks``)."""
+    from .loss_implementations import registered
+    return sorted(n for n, impl in (registered(registry) if registry is not None else {}).items()
+                  if impl.compiled_blocks is not None)
+
+
+REFUSED = "a technique that reshapes the compiled backward is not modelled with it"
+"""Why the built-ins that reshape the backward are refused with compile (``Technique.with_compile``)."""
+
+
+def lora_with_compile(plan, value):
+    """LoRA's declaration (``Technique.with_compile``): what is modelled with it (``_check_lora``)."""
+    _check_lora(plan, value)
+
+
+def accepted_with_compile(plan, value):
+    """A technique checked elsewhere with compile (the loss: its implementation's ``compiled_blocks``; compile)."""
+
+
+def optimizer_in_backward_with_compile(plan, value):
+    """The step in the backward with compiled blocks: measured with torchtune's full checkpointing in its order
+    (validation/compile/measure_blocks_order.py, the -oib- runs); else refused by name."""
+    o = plan.profile_options
+    if value in (BLOCKS, BLOCKS_LOSS) and o.lora is None:
+        from .checkpointing import LAYERS, spec_of
+        if spec_of(plan).recomputes == LAYERS and outside(plan):
+            return
+        raise NotModelledError("optimizer_in_backward", o.optimizer_in_backward, f"off with compile={value!r}, or on "
+                               "with full checkpointing in torchtune's order (compile_checkpoint='outside')",
+                               "the step in the backward with compiled blocks is measured with torchtune's full "
+                               "checkpointing only")
+    raise NotModelledError("optimizer_in_backward", o.optimizer_in_backward, "optimizer_in_backward off with "
+                           "compile=True", REFUSED)
+
+
+def activation_offload_with_compile(plan, value):
+    """torchtune's offload around compiled blocks: its own checks (offload_activations); else refused by name."""
+    o = plan.profile_options
+    if value in (BLOCKS, BLOCKS_LOSS):
+        return      # torchtune's, around compiled blocks: offload_activations' own checks
+    raise NotModelledError("activation_offload", o.activation_offload, "activation_offload off with compile=True",
+                           REFUSED)
 
 
 def prepare(plan, registry=None):
@@ -250,13 +338,14 @@ def prepare(plan, registry=None):
                                    "2.13 fails the backward of a vocabulary-parallel embedding feeding a compiled "
                                    "block on the CPU (DTensor's redistribute receives a plain tensor)")
         own_loss = chosen_loss(o) is not None
-        if plan.tp_size > 1 and (o.lora is not None or own_loss or plan.activation_checkpointing not in (None, "none")):
+        checkpointed = spec_of(plan).recomputes != NOTHING      # declared, not named
+        if plan.tp_size > 1 and (o.lora is not None or own_loss or checkpointed):
             name = "lora" if o.lora is not None else "loss" if own_loss else "activation_checkpointing"
             value = o.lora if name == "lora" else o.loss if name == "loss" else plan.activation_checkpointing
             raise NotModelledError(name, value, f"the default with compile={BLOCKS!r} and tp_size > 1",
                                    "compiled blocks under tensor parallelism are measured without LoRA, a chunked "
                                    "loss and checkpointing")
-        if plan.pp_size > 1 and (o.lora is not None or plan.activation_checkpointing not in (None, "none")):
+        if plan.pp_size > 1 and (o.lora is not None or checkpointed):
             name = "lora" if o.lora is not None else "activation_checkpointing"
             raise NotModelledError(name, getattr(o, name, None) if name == "lora" else plan.activation_checkpointing,
                                    f"{'None' if name == 'lora' else 'none'} with compile={BLOCKS!r} and pp_size > 1",
@@ -266,35 +355,18 @@ def prepare(plan, registry=None):
         raise NotModelledError("compile", value, f"compile=True on one device (no parallel layout; {BLOCKS!r} "
                                "allows data parallelism)",
                                "a compiled run's per-rank graphs (collectives, FSDP's hooks) are not modelled")
-    if o.lora is not None:
-        _check_lora(plan, value)
-    per_block = value in (BLOCKS, BLOCKS_LOSS)
-    for name in _TECHNIQUES:
-        if name == "lora":      # (_check_lora: what is modelled with LoRA)
-            continue
-        if name == "optimizer_in_backward" and getattr(o, name, None) and per_block and o.lora is None:
-            from .checkpointing import LAYERS, spec_of
-            if spec_of(plan).recomputes == LAYERS and outside(plan):    # measured: measure_blocks_order.py -oib-
-                continue
-            raise NotModelledError(name, o.optimizer_in_backward, f"off with compile={value!r}, or on with full "
-                                   "checkpointing in torchtune's order (compile_checkpoint='outside')",
-                                   "the step in the backward with compiled blocks is measured with torchtune's "
-                                   "full checkpointing only")
-        if name == "activation_offload" and per_block:
-            continue        # torchtune's, around compiled blocks: offload_activations' own checks
-        if getattr(o, name, None):
-            raise NotModelledError(name, getattr(o, name), f"{name} off with compile=True",
-                                   "a technique that reshapes the compiled backward is not modelled with it")
+    _check_techniques(plan, value, registry)
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, "0 with compile=True",
                                "dropout's functionalized RNG under the partitioner is not modelled")
-    if chosen_loss(o) is not None and not (value == BLOCKS and o.loss == "chunked"):
-        raise NotModelledError("loss", o.loss, "cross_entropy with compile=True (cross_entropy or chunked with "
-                               f"compile={BLOCKS!r})",
+    loss = chosen_loss(o)
+    if loss is not None and not (value == BLOCKS and loss.compiled_blocks is not None):
+        raise NotModelledError("loss", o.loss, "cross_entropy with compile=True (" + " or ".join(
+                                   ["cross_entropy", *_compiled_losses(registry)]) + f" with compile={BLOCKS!r})",
                                "the compiled forms of the other loss implementations are not modelled")
     spec = spec_of(plan)
     per_block = value in (BLOCKS, BLOCKS_LOSS)
-    if per_block and spec.recomputes != NOTHING and plan.activation_checkpointing != "op-sac" and not (
+    if per_block and spec.recomputes != NOTHING and not spec.extensions.get(COMPILED_BLOCKS) and not (
             spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers) and not is_parallel(plan)):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                f"none, op-sac or full (every layer, one device) with compile={BLOCKS!r}",
@@ -408,8 +480,8 @@ def _check_lora(plan, value):
                                f"compile={BLOCKS!r} (torchtune's adapters, in the model's dtype)",
                                "peft's fp32 adapters over a 16-bit base (their input's casts) inside a compiled "
                                "block are not measured")
-    if plan.activation_checkpointing not in (None, "none"):
-        from .checkpointing import LAYERS, spec_of
+    from .checkpointing import LAYERS, NOTHING, spec_of
+    if spec_of(plan).recomputes != NOTHING:
         if spec_of(plan).recomputes != LAYERS:
             raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                    f"none or full with LoRA and compile={BLOCKS!r}",
@@ -481,7 +553,8 @@ def _check_whole_lora(plan, config):
                                    "output, the gated product) are saved as modelled, but Inductor's transients "
                                    "around them in the top layer's forward and in the backward are not (measured "
                                    "bf16 all-linear: forward peak -5.3 %, backward peak -8.0 % without them)")
-    if plan.activation_checkpointing not in (None, "none"):
+    from .checkpointing import NOTHING, spec_of
+    if spec_of(plan).recomputes != NOTHING:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                "none with LoRA and compile=True",
                                "Hugging Face's gradient checkpointing of a peft model calls requires_grad_() on "
@@ -1022,10 +1095,12 @@ def lora_loss_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm
     """LoRA's terms outside the blocks (lora.model_activation_terms) with compile="blocks": torchtune's LoRA
     recipes run ``compile_loss`` too, which compiles the chunked loss's ``compute_cross_entropy`` in place
     (``compiled_chunked_terms``, the LM head frozen); the other losses are priced as eager (as without LoRA)."""
-    if not blocks(plan) or plan.profile_options.loss != "chunked" or (plan.rank is not None and not plan.rank.last):
+    loss = chosen_loss(plan.profile_options)
+    if not blocks(plan) or loss is None or loss.compiled_blocks is None or (plan.rank is not None and
+                                                                          not plan.rank.last):
         return terms
     from .lora import trains_lm_head
-    return compiled_chunked_terms(plan, placement, terms, trainable=trains_lm_head(plan))
+    return loss.compiled_blocks(plan, placement, terms, trainable=trains_lm_head(plan))
 
 
 def compiled_chunked_terms(plan, placement, terms: list[MemoryTerm], trainable: bool = True) -> list[MemoryTerm]:
@@ -1169,8 +1244,9 @@ def model_terms(plan, placement, terms: list[MemoryTerm]) -> list[MemoryTerm]:
     if blocks(plan):      # compile="blocks": the embedding, final norm, LM head and loss run eagerly
         if plan.profile_options.lora is None:     # (LoRA: the frozen LM head keeps no input; lora.py's norm)
             terms = [final_norm_term(plan, placement) if t.key == K.FINAL_NORM else t for t in terms]
-        if plan.profile_options.loss == "chunked" and (plan.rank is None or plan.rank.last):
-            terms = compiled_chunked_terms(plan, placement, terms)
+        loss = chosen_loss(plan.profile_options)     # its compiled form, declared (torchtune's compile_loss)
+        if loss is not None and loss.compiled_blocks is not None and (plan.rank is None or plan.rank.last):
+            terms = loss.compiled_blocks(plan, placement, terms)
         if compiled_loss(plan) and (plan.rank is None or plan.rank.last):
             terms = compiled_loss_terms(plan, placement, terms)
         return terms

@@ -265,6 +265,13 @@ def fused_terms(ctx) -> list[MemoryTerm]:
     return _fused(ctx.plan, ctx.tokens, ctx.hidden, ctx.vocab, ctx.compute, ctx.regime)
 
 
+def chunked_freed_before_step(plan, T, h, V, c, regime) -> tuple[float, str]:
+    """The chunked loss's ``with_optimizer_in_backward``: its backward moment, freed before the LM head's hooked
+    step (every chunk's log-softmax 4 T V, the labels 8 T and its backward term), and how."""
+    x = _chunked(plan, T, h, V, c, plan.profile_options.loss_chunks, regime)[-1].nbytes
+    return 4 * T * V + 8 * T + x, "the chunked loss's backward moment: 4 T V + 8 T + its backward term"
+
+
 def _chunked(plan, T, h, V, c, n, regime, trainable=True) -> list[MemoryTerm]:
     t = chunk_tokens(plan, n)
     copy = 4 * t * V if c != 4 else 0

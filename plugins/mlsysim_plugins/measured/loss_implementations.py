@@ -23,6 +23,13 @@ A ``LossImplementation`` declares its memory, with nothing the profile recognise
   ``"context_parallel"``, ``"lora"``, ``"softcapping"``, ``"autocast"`` (default: autocast only),
   ``"lora_tensor_parallel"`` (measured under LoRA over tensor-parallel adapters: lora.py lets it through);
   anything else is refused naming the implementation. ``check(plan)`` refuses more (raise).
+- ``compiled_blocks``: its compiled form with ``compile="blocks"`` (torchtune's ``compile_loss``):
+  ``compiled_blocks(plan, placement, terms, trainable=True) -> [MemoryTerm]``, the terms with its eager ones
+  replaced (``trainable``: the LM head trains). ``None``: refused with ``compile`` (the default cross-entropy,
+  ``terms=None``, has compile's own terms).
+- ``with_optimizer_in_backward``: the loss's backward moment that the LM head's step in the backward
+  (``optimizer_in_backward``) follows: ``with_optimizer_in_backward(plan, T, h, V, c, regime) -> (bytes freed
+  by then, how)``. ``None``: refused with ``optimizer_in_backward`` (the default cross-entropy: its own moments).
 - ``note`` (what every result with it says first), ``notes`` (more: unvalidated, ...),
   ``source`` (the library, file and commit it is derived from), ``added_step_time(plan)``.
 
@@ -67,6 +74,8 @@ class LossImplementation:
     note: str = ""
     notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     added_step_time: Callable | None = None
+    compiled_blocks: Callable | None = None
+    with_optimizer_in_backward: Callable | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -120,7 +129,12 @@ BUILTIN = (
         note="loss: torchtune's chunked cross-entropy ({chunks} chunks): the fp32 copy of the logits and the "
              "cross-entropy backward's temporaries shrink to one chunk; the 16-bit logits and the fp32 "
              "log-softmax stay whole",
-        added_step_time=_lazy("loss", "chunked_step_time")),
+        added_step_time=_lazy("loss", "chunked_step_time"),
+        # torchtune's compile_loss compiles its compute_cross_entropy per chunk (compile.py, measured:
+        # validation/compile/measure_blocks.py); the LM head's step in the backward follows its backward moment
+        # (optimizer_in_backward.py, measured: validation/techniques/oib_combinations)
+        compiled_blocks=_lazy("compile", "compiled_chunked_terms"),
+        with_optimizer_in_backward=_lazy("loss", "chunked_freed_before_step")),
     LossImplementation(
         name="fused_linear", description="Liger's fused linear cross-entropy: the logits one chunk at a time, the LM "
         "head's gradients computed in the forward; unvalidated", source=LIGER, terms=_lazy("loss", "fused_terms"),

@@ -107,7 +107,7 @@ def prepare_option(plan, value, optimizers=None):
         raise NotModelledError(OPTION, value, f"optimizer one of {measured} (declaring OptimizerStep("
                                f"measured_with=({OPTION!r},)))", why)
     from .loss import chosen
-    if chosen(o) is not None and o.loss != "chunked":
+    if chosen(o) is not None and chosen(o).with_optimizer_in_backward is None:     # declared, not named
         raise NotModelledError(OPTION, value, "loss='cross_entropy' or 'chunked'",
                                f"the LM head's step moment with loss={o.loss!r} is not measured (Liger's fused "
                                "linear cross-entropy computes the LM head's weight gradient in the forward)")
@@ -203,10 +203,10 @@ def _loss_moment(plan, T, h, V, c, g, E, per):
     moments = []
     amp = bool(regime.autocast)
     copy = f" - {c} x {E:,} (the 16-bit weight copy, freed)" if amp else ""
-    if getattr(o, "loss", None) == "chunked":
-        from .loss import _chunked
-        x = _chunked(plan, T, h, V, c, o.loss_chunks, regime)[-1].nbytes
-        freed, how = 4 * T * V + 8 * T + x, "the chunked loss's backward moment: 4 T V + 8 T + its backward term"
+    from .loss import chosen
+    loss = chosen(o)
+    if loss is not None:       # its declared backward moment (prepare_option refused one declaring none)
+        freed, how = loss.with_optimizer_in_backward(plan, T, h, V, c, regime)
         moments.append((E * per + c * T * h - (c * E if amp else 0),
                         f"{E:,} (the LM head, hooked after its last chunk) x ({g} B gradient + step temporaries) + "
                         f"{c} x T x h (the chunks' input gradients){copy}"))

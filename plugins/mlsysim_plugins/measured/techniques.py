@@ -23,6 +23,11 @@ A ``Technique`` declares, with nothing the profile recognises by name:
   prepared plan), ``added_step_time(plan, figures) -> (seconds or None, how)`` (``figures``:
   ``technique_fit.hardware_figures``), and ``replaces`` (its value replaces the run's own, whose
   time is taken off: checkpointing).
+- ``with_compile``: how it combines with ``compile`` (compile.py asks every technique that owns options and is
+  on: ``active(plan)``, else any of its options set): a callable ``with_compile(plan, value)`` (``value`` the
+  plan's ``compile``) that returns for what was measured with it and raises ``NotModelledError`` for the rest,
+  or a string, the reason it is not modelled with compile (refused naming its option). ``None``, declaring
+  nothing: refused with compile, naming its option (its reshaping of the compiled backward is not known).
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ class Technique:
     active: Callable | None = None
     added_step_time: Callable | None = None
     replaces: bool = False
+    with_compile: Callable | str | None = None
 
     @property
     def ladder_keyword(self) -> str | None:
