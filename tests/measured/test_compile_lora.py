@@ -120,3 +120,27 @@ def test_off_is_eager_lora():
 def test_refused_by_name(kw, name):
     with pytest.raises(NotModelledError, match=name):
         solve(**kw)
+
+
+README = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")     # torchtune's README LoRA targets
+
+
+def _backward_moment(rank, **kw):
+    r = solve(README, regime="bf16", checkpointing="full",
+              lora=LoRAConfig(rank=rank, target_modules=README, adapter_dtype="base"), **kw)
+    return next(t for t in r.terms if "recompute and MLP backward" in t.label)
+
+
+def test_full_checkpointing_prices_the_highest_blocks_backward_moment():
+    """bf16, 3 layers, T = 1,024, h 256, FFN 688. One block lower, its input (c T h = 524,288 B) and CPU RNG state
+    (5,056 B) are freed and its adapters' gradients born: at rank 64, 64 x (3 x (256 + 256) + 3 x (256 + 688)) x 2 B
+    = 559,104 B, +29,760 B a block; block 0's saved set is 4 B a token smaller (4,096 B): block 0's moment is the
+    top block's + 2 x 29,760 - 4,096 = +55,424 B (measured so: validation/lora_offload's rank-64 twin). At rank 8
+    (69,888 B of gradients a block) and with gradient accumulation (the gradients alive throughout) the top's."""
+    term = _backward_moment(64)
+    assert term.label == "the compiled recompute and MLP backward of block 0 (the highest block's moment)"
+    assert "moments: top 0, block 1 29,760, block 0 55,424" in term.formula
+    assert "559,104 B of adapter gradients born - 524,288 B input - 5,056 B RNG state freed" in term.formula
+    assert _backward_moment(8).label == "the top block's compiled recompute and MLP backward"
+    assert _backward_moment(64, gradient_accumulation_steps=2).label == ("the top block's compiled recompute and MLP "
+                                                                        "backward")
