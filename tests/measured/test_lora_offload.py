@@ -34,18 +34,13 @@ def test_every_run_measured():
     assert len(ids) >= 7 and sum(rid.endswith("-offload") or "-offload-" in rid for rid in ids) >= 6
 
 
-# compile.lora_full_terms (without offloading) prices the top block's backward moment; at rank 64 over 256 tokens the
-# first block's, with every upper block's adapter gradients born, is higher (-5.9 % measured). Not this module's term:
-# the offloaded twin, whose moments are all compared (lora_terms), is within 0.1 %.
-TOP_ONLY = {"tt-llama3_2-4l-v1024-bf16-blocks-full-chunked-lora-readme-b1-s256-r64"}
+# compile.lora_full_terms (without offloading) prices the highest block's backward moment: at rank 64 over 256 tokens
+# the first block's, every upper block's adapter gradients born (+0.77 %; -5.88 % when it priced the top block's only).
 
 
 @pytest.mark.parametrize("rid,pred,meas", ROWS, ids=[r[0] for r in ROWS])
 def test_every_phase_within_one_percent(rid, pred, meas):
     for phase in ("forward", "backward", "optimizer", "end_of_forward", "end_of_backward"):
-        if rid in TOP_ONLY and phase == "backward":
-            assert -0.07 < (pred[phase] - meas[phase]) / meas[phase] < -0.05
-            continue
         assert abs(pred[phase] - meas[phase]) <= 0.01 * meas[phase], (rid, phase, pred[phase], meas[phase])
     # the host copies: each layer's input once, the final norm's packs one copy per save, to the byte
     assert pred["host"] == meas["host"], rid
