@@ -35,12 +35,21 @@ ATTENTION = {"tt-llama3_2-3l-v1024-bf16-blocks-full-oib-chunked-b1-s256-offload"
              "tt-llama3_2-3l-v1024-bf16-blocks-full-oib-chunked-b1-s256"}
 
 
+COMPILED = [r for r in ROWS if "-blocks-" in r[0]]
+EAGER = {rid: (pred, meas) for rid, pred, meas in ROWS if "-eager-" in rid}
+
+
+def _err(pred, meas, phase):
+    return (pred[phase] - meas[phase]) / meas[phase]
+
+
 def test_every_run_measured():
-    ids = [rid for rid, _, _ in ROWS]
+    ids = [rid for rid, _, _ in COMPILED]
     assert sum(rid.endswith("-offload") for rid in ids) >= 7 and sum("-oib-" in rid for rid in ids) >= 5
+    assert len(EAGER) >= 6
 
 
-@pytest.mark.parametrize("rid,pred,meas", ROWS, ids=[r[0] for r in ROWS])
+@pytest.mark.parametrize("rid,pred,meas", COMPILED, ids=[r[0] for r in COMPILED])
 def test_every_phase_within_one_percent(rid, pred, meas):
     for phase in ("forward", "backward", "optimizer", "end_of_forward", "end_of_backward"):
         if rid in ATTENTION and phase == "backward":
@@ -104,4 +113,37 @@ def test_what_is_not_measured_is_refused(kw, name, message):
 
 def test_eager_full_training_keeps_its_derived_path():
     r = _solve(compile=None, compile_checkpoint=None, loss=None, optimizer_in_backward=False)
-    assert any("unvalidated" in n for n in r.notes)
+    assert any("unvalidated" in n and "as measured around eager layers" in n for n in r.notes)
+    r = _solve(compile=None, compile_checkpoint=None, loss=None, optimizer_in_backward=False, checkpointing="none")
+    assert any("unvalidated" in n and "transposed weights" in n for n in r.notes)
+
+
+def test_eager_layers_with_full_checkpointing():
+    """Eager layers, full checkpointing (the derived mode, item 2): the hook sees what it sees around compiled blocks
+    (the same packs), so the host is exact; every device phase is off by what the eager profile is off by without
+    offloading (the bf16 twin: the same bytes short in the forward, the end of the forward and the backward), but
+    the 3-layer fp32 forward: its peak is the top layer's MLP forward with the 3 inputs still stashed, a layer's
+    forward transient the eager profile does not price (-6.8 %)."""
+    twin = EAGER["tt-llama3_2-4l-v1024-kv2-bf16-eager-full-chunked-b2-s512"]
+    on = EAGER["tt-llama3_2-4l-v1024-kv2-bf16-eager-full-chunked-b2-s512-offload"]
+    for phase in ("forward", "backward", "end_of_forward"):
+        assert abs((on[0][phase] - on[1][phase]) - (twin[0][phase] - twin[1][phase])) <= 0.001 * on[1][phase], phase
+    for rid, (pred, meas) in EAGER.items():
+        if "-full-" not in rid:
+            continue
+        assert pred["host"] == meas["host"], rid
+        for phase in ("optimizer", "end_of_backward"):
+            assert abs(_err(pred, meas, phase)) <= 0.01, (rid, phase)
+    pred, meas = EAGER["tt-llama3_2-3l-v1024-fp32-eager-full-chunked-b2-s512-offload"]
+    assert -0.07 < _err(pred, meas, "forward") < -0.06 and abs(_err(pred, meas, "end_of_forward")) <= 0.01
+
+
+def test_eager_layers_without_checkpointing_undercount_as_noted():
+    """Without checkpointing the hook sees every saved tensor, the matmuls' transposed weight views included (not
+    nn.Parameter): the derived mode counts neither those copies nor the stash and the late frees (its note)."""
+    for rid, (pred, meas) in EAGER.items():
+        if "-full-" in rid:
+            continue
+        assert pred["host"] < 0.91 * meas["host"], rid
+        assert -0.30 < _err(pred, meas, "backward") < -0.25, rid
+        assert -0.17 < _err(pred, meas, "forward") < -0.10, rid

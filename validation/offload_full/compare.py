@@ -6,7 +6,8 @@ checkpointed blocks), every phase and the host.
 
 Each run is solved as validation/compile/compare_blocks_order.py solves it (its shape, batch, sequence, regime,
 AdamW foreach, SDPA on the CPU, no runtime overheads, ``compile="blocks"``, ``compile_checkpoint="outside"``,
-``loss="chunked"``, full checkpointing, ``optimizer_in_backward`` for the ``-oib-`` runs) with
+``loss="chunked"``, full checkpointing, ``optimizer_in_backward`` for the ``-oib-`` runs; the eager runs without
+checkpointing as compare_blocks.py solves them) with
 ``activation_offload="torchtune"`` for the offloaded runs. The host is the bytes of the host copies alive at the
 forward's end (the ledger's) against the host-tier terms. Asserted by tests/measured/test_offload_full.py.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -35,6 +37,9 @@ def solve(run):
     from mlsysim_core import TrainingMemoryModel
     sys.path.insert(0, os.path.join(ROOT, "validation", "compile"))
     order = _module("compile_compare_blocks_order", "validation", "compile", "compare_blocks_order.py")
+    if run["policy"] != "full":     # (compare_blocks_order solves torchtune's order, full checkpointing)
+        order = types.SimpleNamespace(_solve=_module("compile_compare_blocks", "validation", "compile",
+                                                     "compare_blocks.py").solve)
     offload = run.get("offload")
     if not offload:
         return order._solve(run)

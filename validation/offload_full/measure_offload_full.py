@@ -35,8 +35,10 @@ OUT = os.path.join(HERE, "measurements.json")
 GENERATOR = "/tmp/lossvenv/bin/python validation/offload_full/measure_offload_full.py"
 
 
-def _cfg(regime, *, oib=True, offload=True, **kw):
-    cfg = mlo._cfg(regime, lora=None, offload=offload, **kw)
+def _cfg(regime, *, oib=True, offload=True, compile="blocks", policy="full", **kw):
+    cfg = mlo._cfg(regime, compile, lora=None, offload=offload, **kw)
+    if policy != "full":
+        cfg.update(policy=policy, id=cfg["id"].replace("-full", f"-{policy}" if policy != "none" else ""))
     if oib:
         cfg["optimizer_in_backward"] = True
         cfg["id"] = cfg["id"].replace("-full", "-full-oib")
@@ -59,6 +61,14 @@ CONFIGS = [
     # the 256-token run's twin: the top block's backward under optimizer_in_bwd peaks in its attention's backward
     # (the MLP's weight gradients already stepped and freed), which compile.blocks_outside_full_terms does not price
     _cfg("bf16", layers=3, b=1, seq=256, offload=False),
+    # eager layers (item 2: the derived full-training mode): full checkpointing, and none (every saved tensor through
+    # the hooks, the matmuls' transposed weight views included)
+    _cfg("bf16", compile="eager", layers=4, kv=2),
+    _cfg("bf16", compile="eager", layers=4, kv=2, oib=False),
+    _cfg("fp32", compile="eager", layers=3, oib=False),
+    _cfg("bf16", compile="eager", layers=2, oib=False, policy="none"),
+    _cfg("fp32", compile="eager", layers=2, oib=False, policy="none"),
+    _cfg("bf16", compile="eager", layers=4, kv=2, oib=False, offload=False),
 ]
 
 

@@ -34,6 +34,14 @@ norm's saves copied to the host, the forward stash (``_stash``) and the backward
 (``bwd_tensor_stash``) modelled from torchtune 0.6.1's source and measured with its hooks replayed on the CPU
 (validation/lora_offload: every phase within 0.5 %, the host bytes exact). Refused: ``save_on_cpu``, no
 checkpointing, eager LoRA layers.
+
+In full training around compiled blocks (``full_blocks_terms``: ``compile="blocks"`` in torchtune's order, full
+checkpointing, as full_finetune_single_device runs ``compile: True``): the same mechanism, the hook seeing the
+embedding's token ids first and the final norm's normalized product last (its weight trains), with and without
+``optimizer_in_backward``; measured (validation/offload_full: every phase within 0.25 % but one compile term's
+-1.65 %, the host bytes exact). Around eager layers with full checkpointing (``eager_full_terms``) the host and the
+end of the forward follow the same packs (measured: exact, and the eager profile's own error); without
+checkpointing the derived mode stays unvalidated and undercounts (its note: the matmuls' transposed weights).
 """
 
 from __future__ import annotations
@@ -83,8 +91,17 @@ def prepare_option(plan, value):
             notes.append("activation_offload=torchtune with compiled blocks and gradient accumulation: derived (each "
                          "micro-batch offloads as one step does); measured with one micro-batch per step")
     elif value == "torchtune":
+        from .checkpointing import whole_layers
         notes.append("activation_offload=torchtune is derived from torchtune 0.6.1's OffloadActivations source "
-                     "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated")
+                     "(tensors >= 1 KiB that are not parameters; streams need CUDA): unvalidated"
+                     + ("; with full checkpointing the host copies and the end of the forward as measured around "
+                        "eager layers (validation/offload_full), the top layer's forward with up to 5 inputs "
+                        "still stashed not counted" if whole_layers(plan) else
+                        "; not counted: the matmuls' transposed weights (F.linear's weight.t(), not an "
+                        "nn.Parameter) copied to the host and back, the forward stash of 5 and the backward's "
+                        "copies freed one node late (measured around 2 eager layers without checkpointing, "
+                        "validation/offload_full: host -38 % bf16, -10 % fp32; backward -26 to -29 %; forward "
+                        "-10 to -16 %)"))
     from .checkpointing import recomputes
     if recomputes(plan) not in ("nothing", "layers"):     # declared, not named: none and full measured
         notes.append(f"activation_offload with {plan.activation_checkpointing!r} checkpointing: the strategy's "
@@ -417,6 +434,44 @@ def full_blocks_terms(plan, placement, terms) -> list[MemoryTerm]:
     return out
 
 
+def eager_full_terms(plan, terms) -> list[MemoryTerm]:
+    """Eager layers under full checkpointing with torchtune's offloading in full training: the mechanism of
+    ``full_blocks_terms`` (the hook sees the token ids, each checkpointed layer's input and the final norm's saves;
+    measured: the same packs, validation/offload_full's eager runs) on the eager terms: the layers' inputs leave the
+    device but the stashed ones (none at the forward's end), the final norm's tensors stay on it (stashed until its
+    backward; RoPE's tables are inside torchtune's layers, not seen by the hook), the host holds the ids, every
+    input and the norm's per-save copies. The backward is as without offloading: an eager layer's backward is many
+    nodes, and the input of the layer above, brought back, is freed after the first of them, before the MLP's
+    backward (measured: the backward's peak the same to the byte with and without offloading). Not counted: the top
+    layer's forward with min(L, 5) inputs still stashed (the eager profile does not price a layer's forward
+    transient; with 3 fp32 layers it is the forward's peak, -6.8 % there)."""
+    from .shapes import shape_of
+    top, end, other, kept = _stash(plan)
+    if not kept:
+        raise NotModelledError(OPTION, "torchtune", "a final norm whose saves fit the forward stash",
+                               "its saved tensors would be copied back from the host in the backward: not measured")
+    regime, T, h = plan.profile_options.regime, plan.microbatch * plan.seq_len, shape_of(plan).hidden
+    L = plan.model.layers
+    x = regime.residual * T * h
+    if x < MIN_OFFLOAD_BYTES:
+        return terms
+    out = []
+    for t in terms:
+        if t.key == K.CHECKPOINTED_INPUTS and tuple(t.phases) == SAVED:
+            out.append(attrs.evolve(t, nbytes=end * x, label=f"{t.label}: {end} in the forward stash at the "
+                                    "forward's end", formula=f"{end} x T x h x {regime.residual} B ({L - end} copied "
+                                    "to the host)"))
+            out.append(_host(t, L * x, f"{L} x {_n(x)} B: each layer's input, copied once"))
+        else:
+            out.append(t)
+    out.append(MemoryTerm(component=ACTIVATIONS, label="token ids and final norm: their saved tensors (offloaded to "
+                          "host memory)", nbytes=other, phases=SAVED, tier=HOST,
+                          formula=f"8 T (the embedding's int64 indices) + the final norm's packs, one copy per save "
+                                  f"(2 x 4 T h fp32 x, 2 x 4 T rsqrt, 4 T h the normalized product) = {_n(other)} B; "
+                                  "the device copies stay stashed until the norm's backward"))
+    return out
+
+
 def _n(x) -> str:
     return f"{x:,.0f}"
 
@@ -433,6 +488,9 @@ def offload_terms(plan, terms, where: str, placement=None) -> list[MemoryTerm]:
         return lora_terms(plan, placement, terms, where)
     if plan.profile_options.compile:      # (_check_full_blocks: compiled blocks in torchtune's order)
         return full_blocks_terms(plan, placement, terms) if where == "layers" else terms
+    from .checkpointing import whole_layers
+    if plan.profile_options.activation_offload == "torchtune" and whole_layers(plan):
+        return eager_full_terms(plan, terms) if where == "layers" else terms
     out = []
     for t in terms:
         moved = (where == "layers" and t.key in LAYERS) or (where == "model" and t.key in BASE_MODEL)
