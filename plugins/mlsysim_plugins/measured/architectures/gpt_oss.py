@@ -70,10 +70,12 @@ statistics, and returns the sinks' gradient from its backward (TransformerEngine
 attention/dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``: derived, not measured); the MoE
 MLP (TEGroupedMLP with biases, the quick-GELU GLU clamped at 7 with ``glu_linear_offset`` 1, the alltoall
 dispatcher with fused permutation) is ``families.megatron_clamped_glu_moe``, measured to the byte
-(``validation/megatron_gpt_oss``). Modelled on one device and under expert parallelism (data parallelism
-allowed; tp = cp = pp = 1, two or more experts a rank: one rank of an expert-parallel group measured, the
-router, the permutation map and the held [T, E] tensors per token of the rank, what is per routed copy per row
-the rank receives) without recomputation (or selective recomputation, which recomputes nothing here), dropout or
+(``validation/megatron_gpt_oss``). Modelled on one device, under expert parallelism and under pipeline
+parallelism (data parallelism allowed; tp = cp = 1, two or more experts a rank: one rank of an expert-parallel
+group measured, the router, the permutation map and the held [T, E] tensors per token of the rank, what is per
+routed copy per row the rank receives; a pipeline stage's MoE layers under Megatron-Core's 1F1B measured on its
+first, a middle and its last stage, ``measure_pp.py``: each in-flight micro-batch's saved tensors, one set of
+held tensors a layer, a later stage's last receive buffer held after the backward) without recomputation (or selective recomputation, which recomputes nothing here), dropout or
 token dropping; the rest is refused by name.
 
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
@@ -364,8 +366,8 @@ def adjust_terms(kind, plan, placement, terms):
 
 
 def _megatron_terms(plan, placement, terms) -> list:
-    """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device or expert parallelism, no or
-    selective recompute)
+    """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device, expert and pipeline
+    parallelism, no or selective recompute)
     outside its layers:
     its rotary table is head_dim wide (``YarnRotaryEmbedding.forward``: ``emb = torch.cat((freqs, freqs))``), so
     the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
@@ -408,6 +410,21 @@ def _megatron_terms(plan, placement, terms) -> list:
             nbytes=layers * counts, phases=PHASES,
             formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
                     f"until the layer's next forward) = {layers * counts:,} B"))
+    rank = plan.rank
+    if rank is not None and not rank.first:
+        # A later pipeline stage's input is the receive buffer P2PCommunicator._communicate allocates (a leaf,
+        # requires_grad=True; megatron/core/pipeline_parallel/p2p_communication.py at MEGATRON_LM). Its
+        # AccumulateGrad node is reachable from the held probabilities' graph, so the last micro-batch's buffer
+        # outlives its backward until the next iteration's forward replaces them (measured:
+        # validation/megatron_gpt_oss/pp_measurements.json, held_input_after). Before its backward it is the
+        # first layer's saved input, counted there.
+        nbytes = T * shape.hidden * 2
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="pipeline receive buffer held by the dispatcher's probabilities (after "
+                                         "the backward)",
+            nbytes=nbytes, phases=(BACKWARD_END, OPTIMIZER_STEP),
+            formula=f"T x h x 2 B (the last micro-batch's bf16 stage input, a leaf the held probabilities' graph "
+                    f"reaches; alive until the next forward) = {nbytes:,} B"))
     return out
 
 
@@ -518,16 +535,24 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "as Megatron-Core runs gpt-oss) for a gpt-oss model under the Megatron-Core regime",
             "Megatron-Core's unfused attention with learnable softmax offsets and flex_attention are not derived "
             "for gpt-oss")
-    layout = {"tp": plan.tp_size, "cp": plan.cp_size, "pp": plan.pp_size}
+    layout = {"tp": plan.tp_size, "cp": plan.cp_size}
     if max(layout.values()) > 1:
         given = ", ".join(f"{k}={v}" for k, v in layout.items())
         raise NotModelledError(
-            "parallelism", given, f"tp = cp = pp = 1 for gpt-oss under {regime!r} (data and expert parallelism "
-            "allowed)",
-            "Megatron-Core's gpt-oss MoE layer was measured on one device and on one rank of an expert-parallel "
-            "group (validation/megatron_gpt_oss): the tensor-parallel all-gather / reduce-scatter of the "
-            "dispatcher, the sequence-parallel router and permutation, context parallelism and the pipeline "
-            "stages are not derived")
+            "parallelism", given, f"tp = cp = 1 for gpt-oss under {regime!r} (data, expert and pipeline "
+            "parallelism allowed)",
+            "Megatron-Core's gpt-oss MoE layer was measured on one device, on one rank of an expert-parallel "
+            "group and on the stages of a 1F1B pipeline (validation/megatron_gpt_oss): the tensor-parallel "
+            "all-gather / reduce-scatter of the dispatcher, the sequence-parallel router and permutation and "
+            "context parallelism are not derived")
+    schedule = o.pipeline_schedule
+    if plan.pp_size > 1 and getattr(schedule, "chunked", False):
+        raise NotModelledError(
+            "pipeline_schedule", schedule.name, f"a schedule with one model chunk per stage (chunked=False) for "
+                                                f"gpt-oss under {regime!r}",
+            f"pp_size={plan.pp_size}: a non-first model chunk on a stage receives its input, which the held "
+            "probabilities' graph keeps after the backward (one receive buffer per such chunk): measured only with "
+            "one chunk a stage (validation/megatron_gpt_oss/measure_pp.py runs 1F1B)")
     experts, ep = plan.model.experts, plan.ep_size
     if ep > 1 and experts // ep == 1:
         raise NotModelledError(
@@ -583,6 +608,16 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "permuted probabilities, the two chunk sorts' maps and the experts' tensors are per routed copy the rank "
             "receives (T x k balanced; moe_routing_imbalance sets the busiest rank's load); the all-to-all's send and "
             "receive buffers are the profile's generic transient term (not measured)")
+    if plan.pp_size > 1:
+        notes.append(
+            f"Megatron-Core gpt-oss under pipeline parallelism (pp {plan.pp_size}): a stage's MoE layers under "
+            "1F1B (forward_backward_pipelining_without_interleaving) measured on a first, middle and last stage "
+            "(validation/megatron_gpt_oss/measure_pp.py; another schedule with one model chunk a stage is priced "
+            "by the micro-batches in flight it declares): min(p - stage, m) micro-batches' saved tensors, the "
+            "dispatcher's held tensors once a layer (the latest forward's), a later stage's last receive buffer "
+            "held after the backward by their graph; the attention, the embedding and the LM head and loss "
+            "of the first and last stages are the profile's terms, not measured under pipelining; not counted: "
+            "the 2 B each pseudo-freed output (deallocate_output_tensor) keeps")
     if _quantization(plan.model) is not None:
         notes.append("gpt-oss's quantization_config (quant_method 'mxfp4') is for inference: Megatron-Bridge loads "
                      "the checkpoint dequantized; the weights are costed as the regime says, not as MXFP4")
