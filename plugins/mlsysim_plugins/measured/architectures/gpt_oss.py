@@ -418,12 +418,13 @@ def _megatron_terms(plan, placement, terms) -> list:
         # outlives its backward until the next iteration's forward replaces them (measured:
         # validation/megatron_gpt_oss/pp_measurements.json, held_input_after). Before its backward it is the
         # first layer's saved input, counted there.
-        nbytes = T * shape.hidden * 2
+        r = plan.profile_options.regime.residual        # the residual stream's dtype: what a stage sends
+        nbytes = T * shape.hidden * r
         out.append(MemoryTerm(
             component=ACTIVATIONS, label="pipeline receive buffer held by the dispatcher's probabilities (after "
                                          "the backward)",
             nbytes=nbytes, phases=(BACKWARD_END, OPTIMIZER_STEP),
-            formula=f"T x h x 2 B (the last micro-batch's bf16 stage input, a leaf the held probabilities' graph "
+            formula=f"T x h x {r} B (the last micro-batch's stage input, a leaf the held probabilities' graph "
                     f"reaches; alive until the next forward) = {nbytes:,} B"))
     return out
 
