@@ -130,8 +130,7 @@ def prepare(plan, registry=None):
         _refuse(plan, loss, impl)
     if impl.chunk_unit == "chunks" and chunks is not None and chunks > plan.seq_len:
         raise InvalidInputError("loss_chunks", chunks, f"at most the sequence length {plan.seq_len}",
-                                f"{loss} chunks the sequence dimension" if loss != "chunked"
-                                else "torchtune chunks the sequence dimension")
+                                f"{loss} chunks the sequence dimension")
     if impl.check is not None:
         impl.check(plan, chunks)
     if impl.note:
