@@ -16,6 +16,8 @@ config (``../configs.py``'s shapes) in one of two ways:
 - ``fsdp2``: ``fully_shard`` on every decoder layer and on the model (reshard_after_forward=True, the ``fsdp``
   rule); accumulation: ``model.set_requires_gradient_sync(False)`` for the first m-1 micro-batches, ``True`` for
   the last.
+- ``hsdp1`` / ``hsdp2``: the same with HYBRID_SHARD over a (replicate 2, shard 2) CPU device mesh (the ``hsdp``
+  rule with ``shard_group_size=2``).
 
 The protocol is ../harness.py's ``run_protocol`` (two warm-up iterations, the third measured; AdamW foreach;
 ``zero_grad(set_to_none=True)``; ``loss = model(input_ids, labels=input_ids).loss / m``), the model called through
@@ -41,6 +43,7 @@ import harness  # noqa: E402  (validation/harness.py)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard  # noqa: E402
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
@@ -73,17 +76,22 @@ def _cfg(kind, model, world, rank, m, *, regime="fp32", b=2, s=256):
 CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
            for kind in ("fsdp1", "fsdp2")
            for model, regime in (("gqa-tiny", "fp32"), ("gqa-tiny", "bf16"), ("llama-tiny", "fp32"))
-           for m in (1, 4)]
+           for m in (1, 4)] + [_cfg(kind, "gqa-tiny", 4, 0, m) for kind in ("hsdp1", "hsdp2") for m in (1, 4)]
+SHARD_GROUP = 2     # the HSDP runs: 2 replicas of a 2-rank shard group (a (replicate, shard) device mesh)
 
 
-def shard(model, kind: str):
-    if kind == "fsdp1":
+def shard(model, kind: str, world: int):
+    mesh = (init_device_mesh("cpu", (world // SHARD_GROUP, SHARD_GROUP), mesh_dim_names=("replicate", "shard"))
+            if kind.startswith("hsdp") else None)
+    if kind in ("fsdp1", "hsdp1"):
         return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
-                                        sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=False,
-                                        device_id=torch.device("cpu"))
+                                        sharding_strategy=ShardingStrategy.HYBRID_SHARD if mesh is not None
+                                        else ShardingStrategy.FULL_SHARD, use_orig_params=False,
+                                        device_id=torch.device("cpu"), device_mesh=mesh)
+    kw = {} if mesh is None else {"mesh": mesh}
     for layer in model.model.layers:
-        fully_shard(layer, reshard_after_forward=True)
-    fully_shard(model)
+        fully_shard(layer, reshard_after_forward=True, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -101,7 +109,7 @@ class SyncSwitch:
             self.context = None
         last = self.calls % self.m == self.m - 1
         self.calls += 1
-        if self.kind == "fsdp1":
+        if self.kind in ("fsdp1", "hsdp1"):
             if not last:
                 self.context = self.model.no_sync()
                 self.context.__enter__()
@@ -118,7 +126,7 @@ def measure(cfg: dict) -> dict:
             warnings.simplefilter("ignore")
             model, input_ids = harness.build_model(cfg)
             parameters = sum(p.numel() for p in model.parameters())
-            model = shard(model, cfg["kind"])
+            model = shard(model, cfg["kind"], cfg["world_size"])
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
             mt = harness.PhaseMemTracker()
