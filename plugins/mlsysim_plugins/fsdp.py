@@ -84,7 +84,8 @@ class HybridOptions(FullShardOptions):
     else 8), capped at the data-parallel size. And FULL_SHARD's (``FullShardOptions``): ``gradient_sync``
     (HYBRID_SHARD frees its parameters after the forward and the backward as FULL_SHARD does, and under
     ``no_sync()`` keeps the unsharded gradients the same way: _should_free_in_backward and _post_backward_hook,
-    the comment above NO_SYNC; derived, not measured), ``prefetch_layers``, ``limit_all_gathers``."""
+    the comment above NO_SYNC; measured in validation/fsdp_no_sync, the hsdp runs), ``prefetch_layers``,
+    ``limit_all_gathers``."""
 
     shard_group_size: int | None = attrs.field(
         default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int),

@@ -207,7 +207,7 @@ def test_trainer_sync_each_batch_with_accumulation_refused_naming_it(tmp_path):
 
 def test_hsdp_keeps_the_unsharded_gradients_too():
     """HYBRID_SHARD frees its parameters and keeps the unsharded gradients under no_sync as FULL_SHARD does
-    (derived from the same source, not measured): the shard is the shard group's."""
+    (the same source; measured: the hsdp runs above): the shard is the shard group's."""
     r = TrainingMemoryModel("measured").solve(
         "llama3-8b", BIG, 32, 1024, regime="bf16", dp_size=16, data_parallel="hsdp", gradient_accumulation_steps=2,
         runtime_overheads=False, plugin_options={"hsdp": {"gradient_sync": "no_sync", "shard_group_size": 8}})
