@@ -81,7 +81,8 @@ def test_dummy_wgrads_and_tied_gradient_by_hand():
 
 
 def test_without_the_fusion_the_profile_terms(tmp_path):
-    """model.gradient_accumulation_fusion false: no dummies, the measured profile's own tied term (3 fp32 [V, h])."""
+    """model.gradient_accumulation_fusion false: no dummies, the measured profile's own tied term: the LM head's and
+    the lookup's gradients and their sum, each made in the bf16 weights' dtype (3 bf16 [V, h])."""
     h, V = 2048, 128256
     path = _variant(tmp_path, {"model": {"gradient_accumulation_fusion": False}})
     reading = from_launch([path], gpus=8, hardware="h100")
@@ -89,7 +90,7 @@ def test_without_the_fusion_the_profile_terms(tmp_path):
     result = reading.scenario.solve()
     assert not [t for t in result.terms if "dummy" in t.label]
     (tied,) = [t for t in result.terms if t.label.startswith("tied embedding gradient")]
-    assert tied.nbytes == 3 * V * h * 4
+    assert tied.nbytes == 3 * V * h * 2
 
 
 def test_every_key_is_accounted_for():

@@ -211,3 +211,14 @@ def test_reference_numbers_do_not_move():
     r = TrainingMemoryModel().solve("mlsysim:llama3-8b", "mlsysim:h100", 8)
     assert r.profile == "reference" and r.runtime_overheads == 0 and r.details == {}
     assert r.total_memory == pytest.approx(202.297e9, rel=1e-5)
+
+
+def test_megatron_main_grad_embedding_gradient_is_made_in_the_weight_dtype():
+    """Under Megatron-Core's main-grad regime the model keeps no .grad: the embedding lookup's gradient
+    is made in the bf16 weight's dtype (embedding_dense_backward), added to the fp32 main_grad by the DDP
+    hook and dropped. Llama-3-8B (untied, V 128,256 x h 4,096): V x h x 2 B at the backward's end."""
+    from mlsysim_core.solver import TrainingMemoryModel
+    r = TrainingMemoryModel("measured").solve("llama3-8b", "h100", 4, precision="bf16",
+                                              regime="mixed-bf16-main-grad", activation_checkpointing="none")
+    term = next(t for t in r.terms if t.label == "embedding gradient (being computed)")
+    assert term.nbytes == 128_256 * 4_096 * 2 and term.phases == ("backward_end",)

@@ -171,6 +171,32 @@ def _cublas_workspaces(params, fields) -> bool:
         delta in f or swapped in f or f.startswith("memory_utilization:") for f in fields)
 
 
+def _halved_embedding_gradient(case_id, params, fields) -> bool:
+    """The deliberate change of issue 25 (G's finding): under Megatron-Core's main-grad regime the
+    embedding lookup's gradient is made in the weight's dtype (bf16, 2 B; the DDP hook adds it to the
+    fp32 main_grad and drops it), where 4 B was priced: the one backward_end term halved, and what
+    adds it up (with the cuBLAS workspaces' change beside it where that case has it)."""
+    if not (params.get("regime") == "mixed-bf16-main-grad" or case_id.startswith("korthikanti/")):
+        return False
+    halved = False
+    for f in fields:
+        swap = re.search(r"term_nbytes\.activations: .*gone \['([0-9.e+]+)'\], new \['([0-9.e+]+)'\]", f)
+        if swap:
+            if float(swap.group(1)) != 2 * float(swap.group(2)):
+                return False
+            halved = True
+        elif not ("activations/backward_end" in f or "runtime_overheads" in f
+                  or f.split(": ")[0].split(".")[-1] in ("total_memory", "memory_utilization", "activations")):
+            return False
+    return halved and _cublas_or_none(params, fields)
+
+
+def _cublas_or_none(params, fields) -> bool:
+    """The runtime overheads moved only as the cuBLAS workspaces' change moves them (or not at all)."""
+    overheads = [f for f in fields if "runtime_overheads" in f]
+    return not overheads or _cublas_workspaces(params, overheads)
+
+
 def test_predictions_unchanged(tool, recorded):
     """Every recorded case's numbers, recomputed now, exactly (every case: the whole run takes seconds),
     but for the deliberate change of issue 23 (``_respelled_names``)."""
@@ -178,7 +204,8 @@ def test_predictions_unchanged(tool, recorded):
     diffs = tool.differences(recorded["cases"], current)
     respelled = set(_respelled_names(diffs, current))
     assert len(respelled) == 8      # the grid's 'Selective', 'NONE', 'None', 'FULL', 'Full', 'adam w', 'adam8bit'
-    diffs = [d for d in diffs if d[0] not in respelled and not _cublas_workspaces(d[1], d[2])]
+    diffs = [d for d in diffs if d[0] not in respelled and not _cublas_workspaces(d[1], d[2])
+             and not _halved_embedding_gradient(*d)]
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)

@@ -294,7 +294,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                                + (" (cached until autocast exits; recomputation re-casts them)" if recompute
                                   else " (saved by each matmul for backward)")))
     if first:
-        grad_b = regime.gradient or 4
+        # The lookup's gradient is made in the weight's dtype; a regime that keeps no .grad (Megatron's main-grad:
+        # its hook adds it to the fp32 main_grad, then drops it) still has it computed in that dtype.
+        grad_b = regime.gradient or regime.weight
         E = shape.embedding_parameters / t
         on_tp = f" / tp={t}" if t != 1 else ""
         # A data-parallel rule whose hook makes the tied gradient its own way (Megatron's with
