@@ -23,6 +23,9 @@ A ``LossImplementation`` declares its memory, with nothing the profile recognise
   ``"context_parallel"``, ``"lora"``, ``"softcapping"``, ``"autocast"`` (default: autocast only),
   ``"lora_tensor_parallel"`` (measured under LoRA over tensor-parallel adapters: lora.py lets it through);
   anything else is refused naming the implementation. ``check(plan)`` refuses more (raise).
+- ``quantizes_lm_head``: under a quantized LoRA base (QLoRA) the recipe's quantization converts the LM head too
+  (LitGPT's: Lightning's ``BitsandbytesPrecision`` converts every ``nn.Linear``): lora.py stores it quantized and
+  the terms price its dequantization. False (the default): the LM head stays in the base's dtype (peft's QLoRA).
 - ``compiled_blocks``: its compiled form with ``compile="blocks"`` (torchtune's ``compile_loss``):
   ``compiled_blocks(plan, placement, terms, trainable=True) -> [MemoryTerm]``, the terms with its eager ones
   replaced (``trainable``: the LM head trains). ``None``: refused with ``compile`` (the default cross-entropy,
@@ -70,6 +73,7 @@ class LossImplementation:
     chunk_unit: str = attrs.field(default="chunks", validator=attrs.validators.in_(("chunks", "tokens")))
     token_share: bool = False
     allows: frozenset = attrs.field(default=("autocast",), converter=_allows)
+    quantizes_lm_head: bool = False
     check: Callable | None = None
     note: str = ""
     notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
