@@ -8,6 +8,8 @@ the same bytes. Keys are stable: renaming one is a breaking change for plugins t
 A term nobody selects has no key (``""``).
 """
 
+from mlsysim_core import terms as _terms
+
 # Weights.
 ROPE_BUFFERS = "rope_buffers"                   # RoPE's inv_freq buffers (fp32), one set per rotary embedding
 # Activations outside the decoder layers (model.model_activation_terms, lora.model_activation_terms).
@@ -16,6 +18,8 @@ EMBEDDING_OUTPUT = "embedding_output"           # the embedding's output, saved 
 STAGE_INPUT = "stage_input"                     # a later pipeline stage's received input, saved by its first norm
 ROPE_TABLES = "rope_tables"                     # RoPE's cos/sin tables, computed once and saved by every layer
 ROPE_FREQS_CIS = "rope_freqs_cis"               # a complex64 freqs_cis table in place of cos/sin (Llama 4, DeepSeek-V2)
+# "The RoPE tables" whatever their form: what every selector of the tables asks for (rope_table_bytes).
+ROPE_TABLE_KEYS = (ROPE_TABLES, ROPE_FREQS_CIS)
 FINAL_NORM = "final_norm"                       # what the final norm saves (with its output: the LM head's input)
 FINAL_NORM_OUTPUT = "final_norm_output"         # the final norm's output held apart until the loss (not saved by it)
 LOGITS = "logits"                               # the logits at the loss (and their fp32 copy), every token's
@@ -33,3 +37,9 @@ CHUNKS_BACKWARD = "chunks_backward"             # the chunked loss's backward to
 LAYERS_SAVED = "layers_saved"                   # what the kept (not checkpointed) layers save for the backward
 CHECKPOINTED_INPUTS = "checkpointed_inputs"     # the checkpointed layers' inputs
 RECOMPUTE_WORKING_SET = "recompute_working_set"  # one recomputed layer's working set at the backward's end
+
+
+def rope_table_bytes(terms, tiers=(_terms.ACCELERATOR,)) -> float:
+    """The RoPE tables' bytes among ``terms`` (cos/sin or a complex64 freqs_cis: ``ROPE_TABLE_KEYS``) in the
+    given memory tiers (``MemoryTerm.tier``; by default the device's, not an offloaded host copy)."""
+    return sum(t.nbytes for t in terms if t.key in ROPE_TABLE_KEYS and t.tier in tiers)
