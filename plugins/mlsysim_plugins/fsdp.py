@@ -65,15 +65,35 @@ def _noted(e, rule, options):
 NO_SYNC = ("micro-batch", "no_sync", "step")
 
 
+# Which FSDP generation's forward the rule follows (FullShardOptions.fsdp_version). Both keep the root unit (embedding,
+# LM head, final norm) gathered from its forward to the backward and gather one decoder layer at a time; they differ
+# in what is still gathered when the forward ends (its peak: the loss, every activation saved), measured in
+# validation/fsdp_no_sync (FSDP1 and FSDP2, FULL_SHARD and HYBRID_SHARD, one rank of a fake process group, torch
+# 2.13.0 CPU):
+# - 1: FSDP1 (FullyShardedDataParallel). torch/distributed/fsdp/_runtime_utils.py (pytorch/pytorch v2.13.0,
+#   cf30153c4c131c8164ee7798e5022d810682e2cb) _post_forward calls _post_forward_reshard, which frees every unit's
+#   gathered flat parameter after its own forward ("free_unsharded_flat_param = not state._is_root and
+#   handle._sharding_strategy in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES"): only the root stays. At the forward's end
+#   no decoder layer is gathered (measured: the profile's one gathered layer over by exactly that layer's bytes).
+# - 2 (the default): FSDP2 (fully_shard), as the profile was derived and measured: one layer's gathered parameters
+#   still alive at the forward's end (the FSDP2 runs, every phase to the byte).
+# The backward and the step are the same in both (measured within 0.001 %).
+FSDP_VERSIONS = (1, 2)
+
+
 @attrs.frozen(kw_only=True)
 class FullShardOptions(FsdpGatherOptions):
     """``gradient_sync``: when FULL_SHARD reduce-scatters the gradients under gradient accumulation:
     ``"micro-batch"`` (every micro-batch's backward, the default), ``"no_sync"`` (FSDP1's ``no_sync()`` on every
     micro-batch but the last: each rank keeps its unsharded gradients, in ``param_dtype``, from the first backward
-    to the last) or ``"step"`` (FSDP2's ``set_requires_gradient_sync(False)``: the same, in ``reduce_dtype``). And
-    FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
+    to the last) or ``"step"`` (FSDP2's ``set_requires_gradient_sync(False)``: the same, in ``reduce_dtype``).
+    ``fsdp_version``: whose forward the rule follows (the comment above FSDP_VERSIONS): ``2`` (FSDP2's
+    ``fully_shard``, the default: one layer's gathered parameters alive at the forward's end) or ``1`` (FSDP1's
+    ``FullyShardedDataParallel``: every unit but the root freed after its forward, none at the forward's end).
+    And FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
+    fsdp_version: int = attrs.field(default=2, validator=attrs.validators.in_(FSDP_VERSIONS))
     rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
 
 
@@ -182,13 +202,27 @@ def full_shard_buffers(plan, placement, options):
     """Measured grade: the root group stays gathered; each layer is gathered and its
     gradients reduce-scattered, one at a time; with an all-gather limit given (``prefetch_layers``,
     ``limit_all_gathers``), the layers gathered ahead of it too."""
-    terms = buffers.fsdp_root(plan, placement) + buffers.layer_gather(plan, placement)
+    layer = buffers.layer_gather(plan, placement)
+    if getattr(options, "fsdp_version", 2) == 1:
+        layer = [_freed_after_forward(t) for t in layer]
+    terms = buffers.fsdp_root(plan, placement) + layer
     if options is not None and placement.weight_shards > 1:
         terms = terms + fsdp_prefetch_terms(options, buffers.layer_parameters(plan, placement),
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
     if _unsynced(plan, options) and placement.weight_shards > 1:
         terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, options.rule)
     return terms
+
+
+def _freed_after_forward(term):
+    """FSDP1's forward: the gathered layer is freed after its own forward (the comment above FSDP_VERSIONS), so not
+    alive at the forward's end (the forward phase); the backward gathers it again."""
+    from mlsysim_core import FORWARD
+    if FORWARD not in term.phases:
+        return term
+    return attrs.evolve(term, phases=tuple(p for p in term.phases if p != FORWARD),
+                        formula=term.formula + "; fsdp_version=1: backward only, FSDP1 frees every unit but the root "
+                                               "after its forward (_post_forward_reshard)")
 
 
 def unsynced_gradients(plan, placement, how, rule="fsdp"):
@@ -277,8 +311,27 @@ SHARD_GRAD_OP = (_gather("dp", "micro-batch", "forward", kind="all-gather", firs
                  _gather("dp", "micro-batch", "backward", kind="reduce-scatter"))
 HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
                 _gather("dp-across", "step", "backward", kind="all-reduce", shard="dp-node", in_network=False))
-# (fsdp's gradient_sync="no_sync"/"step" declares FULL_SHARD's: its once-a-step reduce-scatter is not declared
-# apart, as the option would change the step time of a run without accumulation, where the readers set it too.)
+# fsdp's and hsdp's gradient_sync="no_sync"/"step" (the comment above NO_SYNC, and FSDP2's above
+# ACCUMULATED_GRADIENT_BYTES): the gradients reduce-scattered once per step, in the last micro-batch's backward, hidden
+# with its all-gathers (last_micro_batch: a run without accumulation is timed as under "micro-batch"); in the
+# regime's reduce dtype, the "gradients" volume's (FSDP1 casts the accumulated param_dtype gradient
+# "flat_param.grad.to(handle._reduce_dtype)" in _post_backward_hook before _reduce_grad; FSDP2 accumulates in
+# reduce_dtype). The parameters are still freed after each backward (FSDP1's _should_free_in_backward for FULL_SHARD
+# and HYBRID_SHARD; FSDP2's reshard_after_backward, which set_requires_gradient_sync leaves True), so gathered
+# again every micro-batch. HYBRID_SHARD's all-reduce follows the reduce-scatter (_reduce_grad), already once a step.
+FULL_SHARD_PER_STEP = (*FULL_SHARD[:2], attrs.evolve(FULL_SHARD[2], per="step", last_micro_batch=True))
+HYBRID_SHARD_PER_STEP = (*HYBRID_SHARD[:2], attrs.evolve(HYBRID_SHARD[2], per="step", last_micro_batch=True),
+                         *HYBRID_SHARD[3:])
+
+
+def full_shard_collectives(options):
+    return FULL_SHARD if options.gradient_sync == "micro-batch" else FULL_SHARD_PER_STEP
+
+
+def hybrid_collectives(options):
+    return HYBRID_SHARD if options.gradient_sync == "micro-batch" else HYBRID_SHARD_PER_STEP
+
+
 # gradient_sync="step": the parameters gathered for every micro-batch's forward (kept to its backward), the fp32
 # gradients reduce-scattered once per step, beside the last micro-batch's backward.
 SHARD_GRAD_OP_PER_STEP = (SHARD_GRAD_OP[0],
@@ -296,7 +349,8 @@ def mlsysim_sharding_rules():
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FullShardOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
-                                     "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: FULL_SHARD},
+                                     "search.unsharded_at_one_rank": True,
+                                     STEPTIME_COLLECTIVES: full_shard_collectives},
                          description="FSDP FULL_SHARD: weights, gradients, optimizer state / dp; layers gathered one "
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op, options_type=GradOpOptions,
@@ -307,6 +361,7 @@ def mlsysim_sharding_rules():
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers,
-                                     "search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: HYBRID_SHARD},
+                                     "search.unsharded_at_one_rank": True,
+                                     STEPTIME_COLLECTIVES: hybrid_collectives},
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),
     ]

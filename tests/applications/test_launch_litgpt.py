@@ -59,9 +59,10 @@ def test_full_finetune_four_devices_is_fsdp_with_checkpointing(tmp_path):
     # global 64 = micro 4 x devices 4 x accumulation 4: litgpt accumulates under fabric.no_backward_sync, which
     # Lightning's FSDPStrategy makes FSDP1's no_sync(): the whole model's gradients unsharded on every rank
     # (16 GB for Llama-3-8B in bf16: the README's OOM on 4x A10G): the fsdp rule's gradient_sync="no_sync",
-    # read from train.global_batch_size (tests/plugins/test_fsdp_no_sync.py).
+    # read from train.global_batch_size (tests/plugins/test_fsdp_no_sync.py); FSDP1's forward: fsdp_version=1.
     s = from_launch([DATA / "finetune" / "llama-3-8b" / "full.yaml"]).scenario
-    assert (s.gradient_accumulation_steps, s.plugin_options) == (4, {"fsdp": {"gradient_sync": "no_sync"}})
+    assert (s.gradient_accumulation_steps, s.plugin_options) == (4, {"fsdp": {"gradient_sync": "no_sync",
+                                                                             "fsdp_version": 1}})
     one_step = tmp_path / "full.yaml"
     one_step.write_text((DATA / "finetune" / "llama-3-8b" / "full.yaml").read_text().replace(
         "global_batch_size: 64", "global_batch_size: 16"))
@@ -90,9 +91,9 @@ def test_refusals_name_the_key(name, key):
 def test_unknown_model_can_be_replaced_with_m(tmp_path):
     with pytest.raises(InvalidInputError, match="checkpoint_dir"):
         from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"])
-    # (the file accumulates 4 micro-batches under FSDP1's no_sync: the fsdp rule's gradient_sync)
+    # (the file accumulates 4 micro-batches under FSDP1's no_sync: the fsdp rule's gradient_sync; FSDP1's forward)
     s = from_launch([DATA / "finetune" / "gemma-2b" / "full.yaml"], model="google/gemma-2-2b").scenario
-    assert s.plugin_options == {"fsdp": {"gradient_sync": "no_sync"}}
+    assert s.plugin_options == {"fsdp": {"gradient_sync": "no_sync", "fsdp_version": 1}}
     text = (DATA / "finetune" / "gemma-2b" / "full.yaml").read_text()
     one_step = tmp_path / "full.yaml"
     one_step.write_text(text.replace("global_batch_size: 16", "global_batch_size: 4"))

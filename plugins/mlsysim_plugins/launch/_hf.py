@@ -91,7 +91,9 @@ class Reading:
         read; under another rule (``fsdp-grad-op``) it is dropped (that rule is priced as syncing every
         micro-batch, docs/launch-hf.md)."""
         mine = [d for d in self.defaults if d.field == "plugin_options" and d.key.endswith(NO_SYNC_KEY)]
-        if not mine:
+        read = [f for f in self.fields if f.field == "plugin_options" and any(
+            isinstance(v, dict) and "fsdp_version" in v for v in f.becomes.values())]   # fsdp_config's fsdp_version
+        if not mine and not read:
             return
         rule = next((f.becomes for f in reversed(self.fields) if f.field == "data_parallel"), None) or next(
             (d.value for d in self.defaults if d.field == "data_parallel"), None)
@@ -101,6 +103,13 @@ class Reading:
                 self.defaults[i] = attrs.evolve(d, value={rule: next(iter(d.value.values()))})
             else:
                 del self.defaults[i]
+        for f in read:
+            i = self.fields.index(f)
+            if rule in ("fsdp", "hsdp"):
+                self.fields[i] = attrs.evolve(f, becomes={rule: next(iter(f.becomes.values()))})
+            else:       # SHARD_GRAD_OP keeps every gathered layer: FSDP1's forward is FSDP2's there
+                del self.fields[i]
+                self.ignore(f.key)
 
 
 def is_true(value) -> bool:
@@ -293,11 +302,10 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
         raise InvalidInputError(f"{r.path}: {prefix}", cfg, "a table of FSDP settings")
     norm = {(k if str(k).startswith("fsdp_") or k in ("xla", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
              else f"fsdp_{k}"): (k, v) for k, v in cfg.items()}
-    version = 1
+    version, version_read = 1, False
     if "fsdp_version" in norm:
         k, v = norm["fsdp_version"]
         version = whole(r, f"{prefix}.{k}", v)
-        r.ignore(f"{prefix}.{k}")
     rule = "fsdp"
     if "fsdp_reshard_after_forward" in norm:
         k, v = norm["fsdp_reshard_after_forward"]
@@ -346,14 +354,29 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
         # sync_each_batch, DeepSpeed, or the last micro-batch), accelerate 1.16.0 accelerator.py lines 1126-1139
         # (no_sync: FSDP2 set_requires_gradient_sync(False), FSDP1 the model's no_sync()); Accelerator.accumulate
         # likewise. The option acts only with gradient_accumulation_steps > 1 (fsdp.FullShardOptions).
-        r.default(f"{prefix}{NO_SYNC_KEY}", "plugin_options",
-                  {rule: {"gradient_sync": "step" if version == 2 else "no_sync"}},
-                  f"accelerate 1.16.0 accelerator.py lines 1126-1139 (Accelerator.no_sync under FSDP{version}: "
+        # FSDP1 (fsdp_version 1, accelerate's default) frees every unit but the root after its forward: the rule's
+        # fsdp_version (fsdp.FullShardOptions), in the same table as gradient_sync (one plugin_options value).
+        options = {"gradient_sync": "step" if version == 2 else "no_sync", **({"fsdp_version": 1} if version == 1
+                                                                              else {})}
+        source = (f"accelerate 1.16.0 accelerator.py lines 1126-1139 (Accelerator.no_sync under FSDP{version}: "
                   + ("set_requires_gradient_sync(False))" if version == 2 else "the model's no_sync())")
                   + "; transformers 5.23.0 trainer.py lines 1897-1908 (accelerator.no_sync on every micro-batch but "
-                  "the last, unless accelerator_config.gradient_accumulation_kwargs.sync_each_batch)",
-                  "the unsharded gradients kept between the synchronizing micro-batches when "
-                  "gradient_accumulation_steps > 1", version=ACCELERATE)
+                  "the last, unless accelerator_config.gradient_accumulation_kwargs.sync_each_batch)")
+        accumulation = ("the unsharded gradients kept between the synchronizing micro-batches when "
+                        "gradient_accumulation_steps > 1")
+        if version == 1 and "fsdp_version" in norm:
+            k, v = norm["fsdp_version"]
+            version_read = True
+            r.set(f"{prefix}.{k}", v, "plugin_options", {rule: options},
+                  f"FSDP1 (FullyShardedDataParallel): every unit but the root freed after its forward; gradient "
+                  f"accumulation under its no_sync(), {accumulation} ({source})")
+        else:
+            r.default(f"{prefix}{NO_SYNC_KEY}", "plugin_options", {rule: options},
+                      source + ("; accelerate 1.16.0 FullyShardedDataParallelPlugin fsdp_version 1 (FSDP1: every "
+                                "unit but the root freed after its forward)" if version == 1 else ""),
+                      accumulation, version=ACCELERATE)
+    if "fsdp_version" in norm and not version_read:
+        r.ignore(f"{prefix}.{norm['fsdp_version'][0]}")
     if mixed in ("bf16", "fp16"):
         r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", "fsdp-bf16",
               "FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered parameters"

@@ -79,16 +79,28 @@ _FSDP1 = ("Lightning's FSDPStrategy makes FSDP1's no_sync() (Lightning-AI/pytorc
           "src/lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl)")
 
 
-def _no_sync(r, global_batch, accumulation, where, how, strategy) -> None:
+_FSDP1_FORWARD = ("Lightning's FSDPStrategy wraps the model in FSDP1's FullyShardedDataParallel (Lightning-AI/"
+                  "pytorch-lightning 2d347d0b src/lightning/fabric/strategies/fsdp.py), which frees every unit but the "
+                  "root after its forward (the fsdp rule's fsdp_version=1)")
+
+
+def _no_sync(r, global_batch, accumulation, where, how, strategy, devices=None) -> None:
     """LitGPT accumulates under ``fabric.no_backward_sync(model, enabled=is_accumulating)`` (``where``): on several
     devices every micro-batch but the step's last skips the gradient reduce-scatter, so each rank keeps its
     unsharded gradients between the synchronizing micro-batches (the fsdp rule's ``gradient_sync``, ``how``). Said
-    when the accumulation is more than one micro-batch or unknown here (the world not given: harmless at one)."""
+    when the accumulation is more than one micro-batch or unknown here (the world not given: harmless at one).
+    Under FSDP1 (``how == "no_sync"``: Lightning's FSDPStrategy) the rule's ``fsdp_version=1`` too, in the same
+    table (read from ``devices``, with or without accumulation)."""
+    fsdp1 = how == "no_sync"
     if accumulation is not None and accumulation <= 1:
+        if fsdp1:
+            r.set("devices", devices, "plugin_options", {"fsdp": {"fsdp_version": 1}}, _FSDP1_FORWARD)
         return
-    r.set("train.global_batch_size", global_batch, "plugin_options", {"fsdp": {"gradient_sync": how}},
+    r.set("train.global_batch_size", global_batch, "plugin_options",
+          {"fsdp": {"gradient_sync": how, **({"fsdp_version": 1} if fsdp1 else {})}},
           f"{accumulation or 'the'} micro-batches accumulated under fabric.no_backward_sync ({REPO}: litgpt/{where}); "
-          f"{strategy}: the unsharded gradients kept between the synchronizing micro-batches")
+          f"{strategy}: the unsharded gradients kept between the synchronizing micro-batches"
+          + (f"; {_FSDP1_FORWARD}" if fsdp1 else ""))
 
 
 def _read(path, document, context):
@@ -185,14 +197,14 @@ def _read(path, document, context):
         if world is None or world > 1:
             r.approx("devices", devices, "data_parallel", "fsdp", "litgpt pretrain: FSDP HYBRID_SHARD (sharded "
                      "within a node, replicated across nodes), counted as FSDP over all ranks: exact on one node")
-            _no_sync(r, global_batch, accumulation, "pretrain.py line 352", "no_sync", _FSDP1)
+            _no_sync(r, global_batch, accumulation, "pretrain.py line 352", "no_sync", _FSDP1, devices)
     else:
         if world is None or world > 1:
             r.set("devices", devices, "data_parallel", "fsdp", "litgpt finetune_full: FSDPStrategy(auto_wrap_policy="
                   "{Block}), full shard")
             r.set("devices", devices, "activation_checkpointing", "full", "litgpt finetune_full on several devices: "
                   "activation_checkpointing_policy={Block}")
-            _no_sync(r, global_batch, accumulation, "finetune/full.py line 281", "no_sync", _FSDP1)
+            _no_sync(r, global_batch, accumulation, "finetune/full.py line 281", "no_sync", _FSDP1, devices)
         else:
             r.set("devices", devices, "activation_checkpointing", "none", "litgpt finetune_full on one device: "
                   "strategy auto, no checkpointing")
