@@ -1054,12 +1054,23 @@ def _data_parallel(declared, gas: int, layers: float, compute: Mapping[str, floa
     the compute it runs beside (one micro-batch's backward for a bucketed gradient reduction;
     its forward and backward, layer by layer, for FSDP's prefetched all-gathers, the first
     layer's not hidden); those beside one compute are added and hidden together, per
-    micro-batch (x gas) or once per step."""
+    micro-batch (x gas) or once per step. A once-a-step call declared ``last_micro_batch`` is
+    hidden together with the last micro-batch's calls beside the same compute: gas - 1 micro-batches
+    as the others, the last one with it added."""
+    declared = [c for c in declared if _applies(c, size)]
+    last = any(c.per == "step" and c.last_micro_batch for c in declared)
+
+    def slots(c):       # (which sums a call is in: "last", the last micro-batch's, only when one is declared)
+        if c.per == "step":
+            return ("last",) if c.last_micro_batch else ("step",)
+        if c.per == "micro-batch":
+            return ("micro-batch", "last") if last else ("micro-batch",)
+        return ()
     total = {}
-    for per in ("micro-batch", "step"):
+    for per in ("micro-batch", "step", "last") if last else ("micro-batch", "step"):
         overlapping, exposed = {}, []
         for c in declared:
-            if c.per != per or not _applies(c, size):
+            if per not in slots(c):
                 continue
             one = _seconds(c, size)
             t = (c.forward + c.backward) * one
@@ -1075,6 +1086,8 @@ def _data_parallel(declared, gas: int, layers: float, compute: Mapping[str, floa
         for t in exposed:
             seconds += t
         total[per] = seconds
+    if last:        # (gas - 1 micro-batches without the call, the last with it)
+        return (gas - 1) * total["micro-batch"] + total["last"] + total["step"]
     return gas * total["micro-batch"] + total["step"]
 
 

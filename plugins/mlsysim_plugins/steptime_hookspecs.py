@@ -54,7 +54,10 @@ class Collective:
     with ``trailing=False`` n - 1 per pass, each waited for within the step it overlaps (none exposed
     beyond what outlasts its step). ``element_bytes``: the bytes of one element it moves (None: what the run's regime declares
     for its volume, ``Regime.collective_bytes``, else the run's precision). ``in_network``: a switch that reduces in the
-    network may carry this all-reduce (False: a ring). ``first_layer_exposed``: the first layer's
+    network may carry this all-reduce (False: a ring). ``last_micro_batch``: a ``per="step"`` call that
+    runs inside the last micro-batch's ``overlaps`` compute, hidden together with that micro-batch's
+    calls beside it (FSDP's gradients reduce-scattered once after accumulating without communication);
+    False: hidden on its own behind one such compute. ``first_layer_exposed``: the first layer's
     share is not hidden. ``sequence_parallel``: only with (True) or without (False) it.
     ``implementations``: the implementation choices a run may make for it (the step time applies
     a run's choice to the collectives that declare it; one that declares none takes ``batched``
@@ -71,6 +74,7 @@ class Collective:
     shard: str | None = _among(None, "dp-node", "tp", default=None)
     in_network: bool = True
     first_layer_exposed: bool = False
+    last_micro_batch: bool = False
     sequence_parallel: bool | None = None
     per_step: bool = False
     trailing: bool = True
