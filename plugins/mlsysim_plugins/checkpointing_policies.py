@@ -55,10 +55,11 @@ import functools
 import attrs
 
 from mlsysim_core import ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, CheckpointingSpec, MemoryTerm, hookimpl
+from mlsysim_core.terms import ACCELERATOR, HOST
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
 from ._lazy import lazy_module
-from .measured.term_keys import ROPE_TABLES
+from .measured.term_keys import rope_table_bytes
 from . import _korthikanti
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
@@ -255,7 +256,11 @@ def last_moments(plan, placement, ctx, lb, *, kept=0, not_yet_recomputed=0, unbo
     counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
     acts = model.model_activation_terms(plan, placement, recompute=True)
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-    rope = sum(t.nbytes for t in acts if t.key == ROPE_TABLES)
+    # The RoPE tables (cos/sin or freqs_cis) are on the device at layer 0's recompute whatever activation offload
+    # says of them: the checkpointed layer's recompute closure holds the tensor itself (transformers 5.23.0
+    # modeling_layers.py line 120, GradientCheckpointingLayer: partial(forward, self, **kwargs), position_embeddings
+    # among the kwargs), so an offloaded term's bytes (tier host) are counted here as the device's.
+    rope = rope_table_bytes(acts, tiers=(ACCELERATOR, HOST))
     per_rank = placement.trainable_parameters_per_rank / parallel.gradient_divisor(placement)
     share = per_rank / plan.model.parameters
     embedding, layer = share * s.embedding_parameters * gb, share * s.layer_parameters() * gb
@@ -333,7 +338,7 @@ def _rank_last_moment(plan, placement, ctx, lb):
     counted = sum(t.nbytes for t in grads if BACKWARD_END in t.phases)
     acts = model.model_activation_terms(plan, placement, recompute=True)
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-    rope = sum(t.nbytes for t in acts if t.key == ROPE_TABLES)
+    rope = rope_table_bytes(acts, tiers=(ACCELERATOR, HOST))    # (on the device: last_moments says why)
     gb = regime.gradient or 0
     if plan.gradient_accumulation_steps > 1 or not gb:
         at_layer = counted         # every gradient alive throughout (or none: a main-grad buffer)

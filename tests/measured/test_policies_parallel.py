@@ -197,3 +197,53 @@ def test_search_from_torchtitan_op_sac_includes_tensor_parallel_layouts():
     assert code in (0, None), text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
     assert any(int(r[0]) > 1 and "op-sac" in r for r in rows), text
+
+
+# --- the RoPE tables, whatever their form and tier (issue 24 item 1 follow-up) ---------------------------------------
+
+class _CisFamily:
+    """A third party's Llama whose RoPE table is keyed as a complex64 freqs_cis (term_keys.ROPE_FREQS_CIS, as Llama
+    4's and DeepSeek-V2's are) and relabelled, the same bytes: every selector of "the RoPE tables" must find it."""
+
+    @hookimpl
+    def mlsysim_measured_architectures(self):
+        from mlsysim_plugins.measured import term_keys as K
+
+        def adjust(kind, plan, placement, terms):
+            return [attrs.evolve(t, key=K.ROPE_FREQS_CIS, label="RoPE freqs_cis") if t.key == K.ROPE_TABLES else t
+                    for t in terms]
+        return [attrs.evolve(LLAMA, name="acme.llama_cis", architectures=("acme_llama_cis",), op_outputs=llama_ops,
+                             adjust_terms=adjust, fallback=False)]
+
+
+@pytest.mark.parametrize("policy, options", [("op-sac", None), ("mlp-only", None), ("every-k", None),
+                                             ("op-sac", {"tp_size": 2, "sequence_parallel": True})],
+                         ids=["op-sac", "mlp-only", "every-k", "op-sac-tp2+sp"])
+def test_a_freqs_cis_table_is_counted_where_cos_sin_is(policy, options):
+    """The policies' last moments (layer 0 recomputed with the tables, one device and a split model) select the
+    tables by key set (term_keys.ROPE_TABLE_KEYS): a freqs_cis table of the same bytes gives the same phases (the
+    cos/sin key alone missed it: the backward's end was short by the table). (compile=True refuses a family that
+    adjusts terms, so its selectors are reached by the built-in cos/sin tables only.)"""
+    pm = PluginManager.from_environment()
+    pm.register(_CisFamily(), "acme_cis_family")
+    builtin = from_hf_config(LLAMA_POL, name="m")
+    cis = attrs.evolve(builtin, architecture="acme_llama_cis")
+    mine = _solve(policy=policy, model=cis, solver=TrainingMemoryModel("measured", plugin_manager=pm),
+                  **(options or {}))
+    theirs = _solve(policy=policy, model=builtin, **(options or {}))
+    assert any(t.key == "rope_freqs_cis" for t in [*mine.terms, *(t for r in mine.ranks for t in r.terms)])
+    assert dict(mine.phase_totals) == dict(theirs.phase_totals)
+    assert [dict(r.phase_totals) for r in mine.ranks] == [dict(r.phase_totals) for r in theirs.ranks]
+
+
+@pytest.mark.parametrize("policy", ["op-sac", "mlp-only", "every-k"])
+def test_the_policies_count_the_tables_on_the_device_under_offload(policy):
+    """Under activation offload the model's RoPE term is the host copy, but at layer 0's recompute the table is on
+    the device: the checkpointed layer's recompute closure holds the tensor itself (transformers 5.23.0
+    modeling_layers.py line 120: partial(forward, self, **kwargs), position_embeddings among the kwargs). The
+    policies' backward-end moment is the same with and without save_on_cpu (the table's bytes counted either way)."""
+    def moment(**options):
+        r = _solve(policy=policy, **options)
+        return [t.nbytes for t in r.terms if t.label.startswith("recompute working set (layer 0's")]
+    plain, offloaded = moment(), moment(activation_offload="save_on_cpu")
+    assert plain and offloaded == plain

@@ -804,7 +804,7 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
                                 + (" + T x h x 4 (the last block's output, the fused final norm's input)" if last
                                    else ""))]
     model_terms = lora_mod.model_activation_terms(plan, placement, recompute=True)
-    during = (K.TOKEN_IDS, K.ROPE_TABLES)       # alive while the layers run
+    during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS)       # alive while the layers run
     loss_side = sum(t.nbytes for t in model_terms if FORWARD in t.phases and t.key not in during)
     excess = forward * T - last - loss_side
     if excess > 0:
@@ -817,7 +817,7 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     # accumulation keeps every one alive.
     accumulating = plan.gradient_accumulation_steps > 1
     unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
-    rope = sum(t.nbytes for t in model_terms if t.key == K.ROPE_TABLES)    # (SAVED: not in BACKWARD_END)
+    rope = K.rope_table_bytes(model_terms)    # on the device (SAVED: not in BACKWARD_END)
     moment = inputs - rng + c * T * h + work * T + rope - unborn
     formula = (f"{L} layers' inputs {_n(inputs - rng)} (the top one's RNG state freed) + T x h x {c} (the block "
                f"output's gradient) + T x ({bhow}) = T x {_n(work)}" + (f" + {_n(rope)} (the RoPE tables)" if rope else "")
@@ -1028,7 +1028,7 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                         phases=SAVED, formula=f"{L} layers x T x h x {r} B (the checkpointed compiled blocks' inputs)")
     # The top block's forward: beyond the end of the forward's terms that do not exist yet (the final norm, the
     # logits, the loss's part) and, in fp32, the top block's output counted as the final norm's input.
-    during = (K.TOKEN_IDS, K.ROPE_TABLES, K.EMBEDDING_OUTPUT)
+    during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS, K.EMBEDDING_OUTPUT)
     later = sum(t.nbytes for t in model.model_activation_terms(plan, placement, recompute=True)
                 if FORWARD in t.phases and t.key not in during)
     last = c * T * h if c == 4 else 0
@@ -1050,7 +1050,7 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
         # terms that do not exist yet (the embedding output's gradient, the tied partials) are set against it
         acts = model.model_activation_terms(plan, placement, recompute=True)
         end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-        rope = sum(t.nbytes for t in acts if t.key == K.ROPE_TABLES)
+        rope = K.rope_table_bytes(acts)
         top = L * r * T * h + (L - 1) * rng + r * T * h + rope + work - end_only
         if top > end.nbytes:
             return terms + [MemoryTerm(

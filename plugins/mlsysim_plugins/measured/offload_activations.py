@@ -19,7 +19,10 @@ keep their tensors on the device.
 
 Device (every phase): the base model's saved tensors leave the device (the decoder layers, the
 embedding output, RoPE's tables, the final norm's own saved tensors); its output, which the LM head
-saves, stays. Host memory (``result.host_memory``, tier ``host``): what was copied, per rank.
+saves, stays. RoPE's tables in the family's own form and size (cos/sin or a complex64 freqs_cis, any
+``term_keys.ROPE_TABLE_KEYS``: each family's rewrite resizes the host copy as the device's); with every
+layer checkpointed they stay on the device, never packed (the checkpointed layer's recompute closure
+holds them; measured, ``offload_terms``). Host memory (``result.host_memory``, tier ``host``): what was copied, per rank.
 Measured with a simulated GPU (``validation/techniques/offload/``, the pack hook's host copies made
 outside the tracker).
 
@@ -58,7 +61,7 @@ OPTION = "activation_offload"
 MODES = ("save_on_cpu", "torchtune")
 SAVED = (FORWARD, BACKWARD)
 # Terms of the base model (outside the decoder layers) whose saved tensors the hooks move (their keys).
-BASE_MODEL = (K.EMBEDDING_OUTPUT, K.ROPE_TABLES)
+BASE_MODEL = (K.EMBEDDING_OUTPUT, *K.ROPE_TABLE_KEYS)
 LAYERS = (K.LAYERS_SAVED, K.CHECKPOINTED_INPUTS)
 MIN_OFFLOAD_BYTES = 1024        # torchtune's min_offload_size
 FWD_STASH = 5                   # torchtune's max_fwd_stash_size
@@ -217,7 +220,7 @@ def _lora_excess(plan, placement) -> float:
     forward = (max(other - c * r + sum(op.nbytes for op in firsts), other + 2 * down.nbytes) if adapted
                else other + mlp[-2].nbytes + out)
     last = c * T * h if c == 4 else 0
-    during = (K.TOKEN_IDS, K.ROPE_TABLES)
+    during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS)
     loss_side = sum(t.nbytes for t in lora_mod.model_activation_terms(plan, placement, recompute=True)
                     if FORWARD in t.phases and t.key not in during)
     return forward * T - last - loss_side
@@ -380,11 +383,11 @@ def full_blocks_terms(plan, placement, terms) -> list[MemoryTerm]:
     tied = s.embedding_parameters * g if s.tied and not accumulating else 0
     work = (per_token - output + product) * T + product // c * h * g + tied
     acts = model.model_activation_terms(plan, placement, recompute=True)
-    during = (K.TOKEN_IDS, K.ROPE_TABLES, K.EMBEDDING_OUTPUT)
+    during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS, K.EMBEDDING_OUTPUT)
     later = sum(t.nbytes for t in acts if FORWARD in t.phases and t.key not in during)
     last = c * T * h if c == 4 else 0
     end_only = sum(t.nbytes for t in acts if tuple(t.phases) == (BACKWARD_END,))
-    rope = sum(t.nbytes for t in acts if t.key == K.ROPE_TABLES)
+    rope = K.rope_table_bytes(acts)
     out = []
     for t in terms:
         if t.key == K.CHECKPOINTED_INPUTS and tuple(t.phases) == SAVED:
@@ -491,8 +494,18 @@ def offload_terms(plan, terms, where: str, placement=None) -> list[MemoryTerm]:
     from .checkpointing import whole_layers
     if plan.profile_options.activation_offload == "torchtune" and whole_layers(plan):
         return eager_full_terms(plan, terms) if where == "layers" else terms
+    # Every layer checkpointed: the RoPE tables stay on the device and are never packed. Hugging Face's checkpointed
+    # layer binds them into the recompute closure (transformers 5.23.0 modeling_layers.py line 120:
+    # partial(forward, self, **kwargs), position_embeddings among the kwargs), which holds the tensor itself until
+    # the layer's backward; the checkpoint's hooks see the layer's saves, save_on_cpu only the hidden states it
+    # saves as the checkpoint's input. Measured (validation/techniques/offload, save-on-cpu-gqa-tiny-fp32-ckpt):
+    # each layer packs T x h x 4 B, no table; the device holds the table in the forward and the backward.
+    rope_on_device = where == "model" and whole_layers(plan)
     out = []
     for t in terms:
+        if rope_on_device and t.key in K.ROPE_TABLE_KEYS:
+            out.append(t)
+            continue
         moved = (where == "layers" and t.key in LAYERS) or (where == "model" and t.key in BASE_MODEL)
         if moved and tuple(t.phases) == SAVED and t.key == K.LAYERS_SAVED:
             nbytes, how = host_layers(plan, t.nbytes)

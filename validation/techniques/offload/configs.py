@@ -58,3 +58,6 @@ SAVE_ON_CPU = {"activation_offload": "save_on_cpu"}
 for _m in MODELS:
     CONFIGS.append(_cfg(f"save-on-cpu-{_m}-fp32", _m, "save_on_cpu", SAVE_ON_CPU, b=1, s=256))
 CONFIGS.append(_cfg("save-on-cpu-gqa-tiny-bf16", "gqa-tiny", "save_on_cpu", SAVE_ON_CPU, regime="bf16", b=1, s=256))
+# Full checkpointing under save_on_cpu (the RoPE tables' place: bound into the checkpoint's recompute closure)
+CONFIGS.append(_cfg("save-on-cpu-gqa-tiny-fp32-ckpt", "gqa-tiny", "save_on_cpu", SAVE_ON_CPU, checkpointing="full",
+                    b=1, s=256))

@@ -72,7 +72,7 @@ import math
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACCELERATOR, BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, HOST, OPTIMIZER_STEP, WEIGHTS, MemoryTerm
 
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
 from .. import term_keys as K
@@ -522,14 +522,15 @@ def _adjust(kind, plan, placement, terms):
     for t in terms:
         if t.key == K.ROPE_BUFFERS:
             t = attrs.evolve(t, nbytes=4 * z.rope, formula=f"2 x qk_rope_head_dim/2 = {z.rope // 2} x 4 B (fp32)")
-        elif t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:   # (not an offloaded host copy)
+        elif t.key == K.ROPE_TABLES:    # (an offloaded host copy too: the pack hook copies the table as it is)
             cp = placement.sequence_shards
             if z.v3:
                 b = 4 if plan.profile_options.regime.residual == 4 else 2
                 nbytes, formula = 2 * plan.seq_len * z.rope * b, f"cos, sin: 2 x s x qk_rope_head_dim x {b} B"
             else:
                 nbytes, formula = 4 * plan.seq_len * z.rope, "freqs_cis: s x qk_rope_head_dim/2 x 8 B (complex64)"
-            t = attrs.evolve(t, label="RoPE tables" if not z.v3 else t.label, nbytes=nbytes / cp,
+            host = " (offloaded to host memory)" if t.tier == HOST else ""
+            t = attrs.evolve(t, label="RoPE tables" + host if not z.v3 else t.label, nbytes=nbytes / cp,
                              key=t.key if z.v3 else K.ROPE_FREQS_CIS,    # V2's complex64 table: not cos/sin
                              formula=formula + (f" / cp={cp}" if cp != 1 else ""))
         out.append(t)

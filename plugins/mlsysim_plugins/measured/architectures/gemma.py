@@ -52,7 +52,7 @@ from typing import Mapping
 import attrs
 
 from mlsysim_core.errors import InvalidInputError
-from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, BACKWARD, FORWARD, WEIGHTS, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, HOST, WEIGHTS, MemoryTerm
 
 from ..families import ArchitectureFamily, LayerWeight, Norm, _rms_lora_final
 from .. import term_keys as K
@@ -362,8 +362,9 @@ def _adjust(version):
         sliding = _sliding_layers(model) if version > 1 else 0
         if version == 3 and 0 < sliding < model.layers:
             # Gemma3TextModel.forward: cos/sin for each layer type (local and global rotary).
-            for t in [t for t in terms if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR]:
-                terms.append(attrs.evolve(t, label="RoPE cos/sin tables (second rotary: local and global layers)"))
+            for t in [t for t in terms if t.key == K.ROPE_TABLES]:     # (an offloaded host copy too)
+                terms.append(attrs.evolve(t, label="RoPE cos/sin tables (second rotary: local and global layers)"
+                                          + (" (offloaded to host memory)" if t.tier == HOST else "")))
         if whole_layers(plan):     # declared (recomputes="layers"), not named
             # The masks are the checkpointed layers' inputs: kept through the backward (without
             # checkpointing they die with the model's forward, before the logits). Eager builds

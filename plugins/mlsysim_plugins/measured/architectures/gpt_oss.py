@@ -98,7 +98,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
 from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_counts_held,
                         megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe)
@@ -337,7 +337,7 @@ def adjust_terms(kind, plan, placement, terms):
     from mlsysim_core.terms import BACKWARD, FORWARD
     out = []
     for t in terms:
-        if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:
+        if t.key == K.ROPE_TABLES:      # (an offloaded host copy too)
             t = attrs.evolve(t, nbytes=t.nbytes / 2,
                              formula=t.formula.replace("head_dim", "head_dim/2") + " (gpt-oss: emb = freqs, not doubled)")
         out.append(t)

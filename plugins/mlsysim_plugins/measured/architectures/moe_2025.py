@@ -59,7 +59,7 @@ import attrs
 
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.memo import memoize
-from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, BACKWARD_END, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD_END, HOST, MemoryTerm
 
 from ..checkpointing import keeps_everything, whole_layers
 from ..families import RMS_NORM, ArchitectureFamily, LayerWeight
@@ -454,10 +454,11 @@ def adjust_terms(kind, plan, placement, terms):
     out = list(terms)
     if s.arch == "llama4_text":
         cp = placement.sequence_shards
-        out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)", key=K.ROPE_FREQS_CIS,
+        out = [attrs.evolve(t, label="RoPE freqs_cis (complex64)" + (" (offloaded to host memory)" if t.tier == HOST else ""),
+                            key=K.ROPE_FREQS_CIS,
                             nbytes=4 * plan.seq_len * s.head_dim / cp,
                             formula="s x head_dim/2 x 8 B (complex64)" + (f" / cp={cp}" if cp != 1 else ""))
-               if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR else t for t in out]
+               if t.key == K.ROPE_TABLES else t for t in out]     # (an offloaded host copy too)
     if whole_layers(plan) and s.moe_layers and plan.profile_options.lora is None:
         c = plan.profile_options.regime.compute
         T = plan.microbatch * plan.seq_len

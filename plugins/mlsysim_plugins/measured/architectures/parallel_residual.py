@@ -58,7 +58,7 @@ costed as GELU with a note.
 from __future__ import annotations
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACCELERATOR, ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, BACKWARD, FORWARD, MemoryTerm
 
 from .. import term_keys as K
 from ..families import LAYER_NORM, ArchitectureFamily, LayerWeight
@@ -303,8 +303,8 @@ def _rescale_rope(terms, model, family_fraction: float, head_dim: int):
     old, new = int(head_dim * family_fraction), int(head_dim * fraction)
     out = []
     for t in terms:
-        if t.key == K.ROPE_TABLES and t.tier == ACCELERATOR:
-            t = MemoryTerm(component=t.component, key=t.key,
+        if t.key == K.ROPE_TABLES:      # (an offloaded host copy too)
+            t = MemoryTerm(component=t.component, key=t.key, tier=t.tier,
                            label=t.label, nbytes=t.nbytes * new / old, phases=t.phases,
                            formula=t.formula + f" (rotary_dim {new} of head_dim {head_dim})")
         elif t.key == K.ROPE_BUFFERS:
