@@ -13,7 +13,8 @@ What changes against full training
   16-bit regimes); under QLoRA every linear of the decoder blocks is replaced by its
   bitsandbytes storage (packed 4-bit or int8 weights; absmax, code tables and nested
   statistics, int8 row scales), while embeddings, norms, biases and ``lm_head`` stay in
-  the base dtype. The adapters: peft creates ``lora_A`` (r x in) and ``lora_B`` (out x r)
+  the base dtype (the LM head quantized too where the loss implementation declares its recipe converts it:
+  ``quantized_lm_head``, LitGPT's QLoRA). The adapters: peft creates ``lora_A`` (r x in) and ``lora_B`` (out x r)
   and, with its default ``autocast_adapter_dtype=True``, keeps them in **fp32 over a
   bf16/fp16 base** (it casts 16-bit adapters up); over a fp32 base they are fp32. Under the
   Megatron-style ``mixed-*`` regimes the adapters are taken in the regime's 16-bit weight
@@ -624,6 +625,15 @@ def trains_lm_head(plan) -> bool:
     return _saved_roles(plan)[1] in plan.profile_options.lora.modules_to_save
 
 
+def quantized_lm_head(plan) -> bool:
+    """Is the frozen LM head stored quantized? Under QLoRA when the chosen loss implementation declares that its
+    recipe's quantization converts it (``quantizes_lm_head``: LitGPT's ``BitsandbytesPrecision`` replaces every
+    ``nn.Linear``); peft's QLoRA keeps it in the base's dtype."""
+    from .loss import chosen
+    impl = chosen(plan.profile_options)
+    return plan.profile_options.lora.quantization is not None and impl is not None and impl.quantizes_lm_head
+
+
 # --- pipeline stages ---------------------------------------------------------------------------------
 
 @attrs.frozen
@@ -716,6 +726,15 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     plain = c.frozen_parameters - c.quantized_parameters
     adapters = c.trainable_parameters - sum(n for _, n in c.saved_modules)
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
+    head = ""
+    if quantized_lm_head(plan):
+        # the LM head's own Linear4bit (V x h): packed codes and its quantization state; a tied head is a copy
+        # the conversion makes (the embedding keeps the base's dtype), an untied one leaves the plain weights
+        V, h = shape.vocab, shape.hidden
+        w, k = finetune._tensor_bytes(V * h, V, cfg)
+        quantized, q_bytes, q_constants = quantized + V * h, q_bytes + w, q_constants + k
+        plain = c.frozen_parameters - quantized + (V * h if plan.model.tied_embeddings else 0)
+        what, head = "embeddings, norms, biases", " (the LM head's too: the loss's recipe converts it)"
     t = placement.tensor_shards
     if t > 1 and not stage.split:
         # tensor parallelism (validation/lora_parallel/measure_lora_tp.py): the frozen base as the rule splits it
@@ -742,7 +761,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                 nbytes=_per_rank(q_bytes, d),
                                 formula=f"{_n(quantized)} params x "
                                         + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
-                                        + per))
+                                        + head + per))
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
                f"absmax per {cfg.quant_blocksize}-element block"
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")

@@ -59,8 +59,9 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   ``logits[..., :-1, :]``'s backward writes it into a zero-filled whole (c T V) as the log-softmaxes
   are freed: c T V beyond the saved tensors. Under LoRA (``litgpt finetune_lora``: the frozen LM head
   chunked along the sequence, ``lm_head_chunk_size=128``, and the list path of the same function):
-  ``litgpt_lora_terms``, measured by validation/lora_litgpt_chunked.py; refused under autocast and with
-  a quantized base (LitGPT's QLoRA quantizes the LM head too).
+  ``litgpt_lora_terms``, measured by validation/lora_litgpt_chunked.py; refused under autocast. Under 4-bit
+  QLoRA the LM head is quantized too (``quantizes_lm_head``: Lightning's BitsandbytesPrecision converts every
+  nn.Linear) and each chunk dequantizes it whole (``_quantized_head``); int8 refused.
 * ``cut_cross_entropy``: Apple's Cut Cross-Entropy (apple/ml-cross-entropy
   d42911f9b1a1f98289bb601c35c8151562603d74, cut_cross_entropy/cce.py lines 51-170, 280-320,
   cce_lse_forward.py lines 190-205, cce_backward.py lines 386-425): Triton kernels that never
@@ -286,8 +287,12 @@ def litgpt_lora_terms(ctx) -> list[MemoryTerm]:
       last chunk first: a chunk's nll gradient (c t V) and log-softmax gradient (c t V) beside the log-softmaxes
       not yet freed and the logits gradients already made (c R V in all), and the targets of the chunks not yet
       reached: 2 c t V at the last whole chunk reached (t = b C), after which the LM head's backward frees each
-      logits gradient as it returns the chunk's input gradient. Measured (validation/lora_litgpt_chunked.py,
-      peft's LoRA on Llama, bf16 and fp32, one to three sequences): every phase to within 24 B."""
+      logits gradient as it returns the chunk's input gradient;
+    * QLoRA (a 4-bit LM head, ``_quantized_head``): each chunk's matmul dequantizes the whole head (c V h, with
+      double quantization beside its fp32 absmax): the LM head's last chunk in the forward, and in the backward
+      the first LM head backward (the last chunk's) beside every chunk's logits gradient (c T V), where they
+      exceed the loss's moments. Measured (validation/lora_litgpt_chunked.py, peft's LoRA on Llama, bf16 and fp32,
+      one to three sequences; nf4-dq with the LM head converted as Lightning does): every phase to within 24 B."""
     T, V, c, C = ctx.tokens, ctx.vocab, ctx.compute, ctx.chunks
     b = ctx.plan.microbatch
     s = T // b
@@ -304,7 +309,9 @@ def litgpt_lora_terms(ctx) -> list[MemoryTerm]:
     # the LM head's moment: the previous iteration's logits are freed only when the new list is assigned, after the
     # last chunk's logits, beside the head's input (the final norm's output, c T h, freed when the model returns)
     head = c * T * V + c * T * ctx.hidden
-    at_loss = c * R * V + 2 * c * R + copy
+    deq = _quantized_head(ctx)
+    head += deq[0] + deq[1]
+    at_loss = c * R * V + 2 * c * R + copy + targets      # (the targets' copies are made by the loss, after the head)
     out = [
         _term(f"logits, every chunk ({c} B, held through the backward and the step)", c * T * V, PHASES,
               f"{c} x T x V (the loop's logits list, the frozen LM head's chunks of {C} positions; replaced only "
@@ -324,12 +331,49 @@ def litgpt_lora_terms(ctx) -> list[MemoryTerm]:
         out.append(_term(f"the last chunk's shifted logits copy ({c} B)", copy, (FORWARD,),
                          f"{c} x b x ({last} - 1) x V (reshape of logits[-1][..., :-1, :]; freed when the loss "
                          "returns)"))
+    deq_how = (f" + {c} x V x h (the last chunk's dequantized LM head)"
+               + (f" + 4 x {_n(deq[1] // 4)} (its blocks' absmax, dequantized to fp32)" if deq[1] else "")
+               if deq[0] else "")
     if head > at_loss:
-        out.append(_term("the LM head's moment beyond the loss's: the previous iteration's logits", head - at_loss,
+        out.append(_term("the LM head's moment beyond the loss's: the previous iteration's logits"
+                         + (" and the dequantized head" if deq[0] else ""), head - at_loss,
                          (FORWARD,), f"{c} x T x V (the previous logits, until the new list is assigned) + {c} x T x h "
-                         f"(the head's input) - ({c} x R x V + 2 x {c} x R"
-                         + (f" + the copy {_n(copy)}" if copy else "") + ") (the loss's moment)"))
+                         f"(the head's input)" + deq_how + f" - ({c} x R x V + 2 x {c} x R"
+                         + (f" + the copy {_n(copy)} + the targets 8 x R" if copy else "") + ") (the loss's moment)"))
+    if deq[0]:
+        # the LM head's backward (after every chunk's cross-entropy backward), its last chunk first: every chunk's
+        # logits gradient (c T V: the last one zero-filled back to its b x C_last rows by the shift's slice), the
+        # weight dequantized again (MatMul4Bit.backward: F.dequantize_4bit, then the input gradient's matmul)
+        grad_in = c * b * last * ctx.hidden
+        head_b = c * T * V + deq[0] + max(deq[1], grad_in)
+        at_ce = c * R * V + targets + top
+        if head_b > at_ce:
+            out.append(_term("the quantized LM head's backward beyond the loss's: its weight dequantized again",
+                             head_b - at_ce, (BACKWARD,),
+                             f"{c} x T x V (every chunk's logits gradient) + {c} x V x h (MatMul4Bit.backward's "
+                             f"dequantized weight) + max(4 x blocks (the absmax in fp32), {c} x b x {last} x h (the "
+                             f"last chunk's input gradient)) - ({c} x R x V + the targets + the cross-entropy's "
+                             "backward moment)"))
     return out
+
+
+def _quantized_head(ctx) -> tuple[int, int]:
+    """(the dequantized weight, the fp32 absmax beside it) of a 4-bit LM head (LitGPT's QLoRA: Lightning's
+    BitsandbytesPrecision converts every nn.Linear, Lightning-AI/pytorch-lightning 2d347d0b
+    src/lightning/fabric/plugins/precision/bitsandbytes.py ``_convert_layers``), (0, 0) otherwise. Each chunk's
+    ``Linear4bit`` runs ``MatMul4Bit``: in the forward ``gemm_4bit``'s kernel (bitsandbytes 0.50.2
+    bitsandbytes/backends/default/ops.py ``_gemm_4bit_default_impl``, the CPU's and the large-M CUDA path) and
+    in the backward ``F.dequantize_4bit`` (bitsandbytes/autograd/_functions.py ``MatMul4Bit.backward``)
+    dequantize the whole V x h weight to the compute dtype, freed when the chunk's matmul returns; with double
+    quantization the absmax first (4 B a block of ``quant_blocksize``). Measured:
+    validation/lora_litgpt_chunked.py's QLoRA runs."""
+    from .lora import quantized_lm_head
+    if ctx.plan.profile_options.lora is None or not quantized_lm_head(ctx.plan):
+        return 0, 0
+    cfg = ctx.plan.profile_options.lora
+    V, h = ctx.vocab, ctx.hidden
+    blocks = -(-V * h // cfg.quant_blocksize)
+    return ctx.compute * V * h, 4 * blocks if cfg.double_quant else 0
 
 
 def _litgpt_check(plan, chunks):
@@ -340,11 +384,11 @@ def _litgpt_check(plan, chunks):
         raise NotModelledError("loss", "litgpt_chunked", "no autocast with LoRA (LitGPT's bf16-true or 32-true)",
                                "LitGPT's chunked LM head and loss under LoRA are measured without autocast "
                                "(validation/lora_litgpt_chunked.py)")
-    if o.lora.quantization is not None or o.lora.modules_to_save or o.lora.use_dora:
-        raise NotModelledError("loss", "litgpt_chunked", "plain LoRA (no quantization, DoRA or modules_to_save)",
-                               "LitGPT's chunked LM head is measured frozen and unquantized; its QLoRA converts every "
-                               "nn.Linear to bitsandbytes' (Lightning's BitsandbytesPrecision, no ignored modules: "
-                               "the LM head too, each chunk dequantizing V x h), not measured")
+    if o.lora.quantization == "int8" or o.lora.modules_to_save or o.lora.use_dora:
+        raise NotModelledError("loss", "litgpt_chunked", "LoRA or 4-bit QLoRA (no int8, DoRA or modules_to_save)",
+                               "LitGPT's chunked LM head is measured frozen, unquantized or 4-bit (QLoRA: Lightning's "
+                               "BitsandbytesPrecision converts every nn.Linear, the LM head too; "
+                               "validation/lora_litgpt_chunked.py); its int8 Linear8bitLt LM head is not measured")
 
 
 # --- Cut Cross-Entropy ----------------------------------------------------------------------------
@@ -463,7 +507,7 @@ PUBLISHED = (
                                             "(2 x T' x h x V more FLOPs): not priced")),
     LossImplementation(
         name="litgpt_chunked", source=LITGPT, terms=litgpt_chunked_terms, chunks=128, chunk_unit="tokens",
-        allows=("autocast", "lora"), check=_litgpt_check,
+        allows=("autocast", "lora"), check=_litgpt_check, quantizes_lm_head=True,
         description="LitGPT's chunked_cross_entropy (chunk_size 128): no upcast, the logits held through the "
                     "backward",
         note="loss: LitGPT's chunked_cross_entropy ({chunks} tokens per chunk): the log-softmax in the compute "
