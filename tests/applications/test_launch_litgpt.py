@@ -111,7 +111,7 @@ def test_cli_json():
 def test_loss_mapping_per_command():
     # finetune_full: exactly litgpt_chunked; pretrain (no shifted copy) and finetune_lora (chunked LM head):
     # litgpt_chunked as an approximation; under LoRA the profile prices the chunked LM head
-    # (published_losses.litgpt_lora_terms); under QLoRA it refuses it, naming the field it came from.
+    # (published_losses.litgpt_lora_terms); under QLoRA its 4-bit LM head too (Lightning's BitsandbytesPrecision).
     pre = from_launch([DATA / "pretrain" / "tinyllama.yaml"], gpus=8, model="meta-llama/Llama-3.2-1B")
     field = next(f for r in pre.readings for f in r.fields if f.field == "loss")
     assert pre.scenario.profile_options["loss"] == "litgpt_chunked" and field.approximated
@@ -119,5 +119,8 @@ def test_loss_mapping_per_command():
     assert lora.scenario.profile_options["loss"] == "litgpt_chunked"
     assert lora.scenario.solve().notes[0].startswith("loss: LitGPT's chunked_cross_entropy")
     qlora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "qlora.yaml"])
-    with pytest.raises(MlsysimError, match="loss='litgpt_chunked'.*plain LoRA"):
-        qlora.scenario.solve()
+    terms = {t.label: t for t in qlora.scenario.solve().terms}
+    head = terms["quantized base linears (4-bit nf4)"]
+    assert "the LM head's too" in head.formula
+    # the 28 layers' linears (q, k, v, o; gate, up, down) and the untied LM head (128,256 x 3,072), two codes a byte
+    assert head.nbytes == (28 * (2 * 3072 * 3072 + 2 * 3072 * 1024 + 3 * 3072 * 8192) + 128256 * 3072) // 2
