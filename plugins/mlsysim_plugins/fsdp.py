@@ -10,7 +10,9 @@ all-gathered parameters and its prefetched successor, the reduce-scatter input, 
 unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
 
 ``fsdp-grad-op``'s option ``gradient_sync`` (``GradOpOptions``) says when the gradients are
-reduce-scattered: ``"micro-batch"`` (the default: every micro-batch's backward) or ``"step"``
+reduce-scattered: ``"micro-batch"`` (the default: every micro-batch's backward), ``"no_sync"`` (FSDP1's
+``no_sync()``: the gathered parameters and the unsharded gradients kept to the last micro-batch; its step time is
+declared as ``"micro-batch"``'s) or ``"step"``
 (FSDP2's ``set_requires_gradient_sync(False)`` on every micro-batch but the last, as the Llama 3
 paper's FSDP, section 3.3.2: the unsharded gradients accumulated in fp32 and reduce-scattered in
 fp32 once per step; the parameters still gathered for every micro-batch's forward and kept to its
@@ -152,13 +154,21 @@ def _unsynced_noted(e, plan, options, kind):
 # over multiple micro-batches and also reduce-scatter gradients in FP32 across data parallel workers in FSDP":
 # reduce_dtype float32, 4 B.
 ACCUMULATED_GRADIENT_BYTES = 4
-GRADIENT_SYNC = ("micro-batch", "step")
+# FSDP1's SHARD_GRAD_OP under no_sync() (the comment above NO_SYNC for the source): _should_free_in_backward is
+# "state._sync_gradients or handle._sharding_strategy in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", False for
+# SHARD_GRAD_OP inside no_sync(), so the gathered parameters kept from the forward stay after the backward too, into
+# the next micro-batch's forward (nothing gathered again) and backward, until the synchronizing micro-batch's
+# backward frees them unit by unit; the unsharded gradients are kept as FULL_SHARD's (in param_dtype). Measured in
+# validation/fsdp_no_sync (the gradop1 runs).
+GRADIENT_SYNC = ("micro-batch", "no_sync", "step")
 
 
 @attrs.frozen(kw_only=True)
 class GradOpOptions:
     """``gradient_sync``: when SHARD_GRAD_OP reduce-scatters the gradients: ``"micro-batch"`` (every
-    micro-batch's backward) or ``"step"`` (FSDP2's ``set_requires_gradient_sync`` only on the last
+    micro-batch's backward), ``"no_sync"`` (FSDP1's ``no_sync()`` on every micro-batch but the last: the unsharded
+    gradients in ``param_dtype`` and the gathered parameters kept from the first forward to the last backward; the
+    comment above GRADIENT_SYNC) or ``"step"`` (FSDP2's ``set_requires_gradient_sync`` only on the last
     micro-batch: the unsharded gradients accumulated in fp32 over the micro-batches, reduce-scattered
     in fp32 once per step; the Llama 3 paper's FSDP)."""
 
@@ -170,12 +180,19 @@ def _per_step(plan, options) -> bool:
     return options is not None and options.gradient_sync == "step" and plan.gradient_accumulation_steps > 1
 
 
+def _grad_op_no_sync(plan, options) -> bool:
+    """FSDP1's SHARD_GRAD_OP accumulating under ``no_sync()`` over more than one micro-batch."""
+    return options is not None and options.gradient_sync == "no_sync" and plan.gradient_accumulation_steps > 1
+
+
 def grad_op(plan, options):
     e = effect(plan.dp_size * plan.cp_size, "SHARD_GRAD_OP")
     if _per_step(plan, options) and e.weight_shards > 1:
         return attrs.evolve(e, notes=e.notes + (
             "FSDP (SHARD_GRAD_OP), gradient_sync='step': the unsharded gradients accumulated in fp32 over the "
             f"{plan.gradient_accumulation_steps} micro-batches, reduce-scattered once per step.",))
+    if _grad_op_no_sync(plan, options) and e.weight_shards > 1:
+        return _unsynced_noted(e, plan, options, "SHARD_GRAD_OP")
     return e
 
 
@@ -270,6 +287,8 @@ def grad_op_buffers(plan, placement, options):
     terms = buffers.kept_unsharded(plan, placement)
     if _per_step(plan, options) and placement.weight_shards > 1:
         terms = terms + accumulated_gradients(plan, placement)
+    if _grad_op_no_sync(plan, options) and placement.weight_shards > 1:
+        terms = terms + unsynced_gradients(plan, placement, "no_sync", "fsdp-grad-op")
     return terms
 
 

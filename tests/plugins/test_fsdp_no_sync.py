@@ -276,3 +276,90 @@ def test_accelerate_hsdp_names_the_hsdp_rule():
                           data / "accelerate/accelerate/tp_hsdp.yaml"], hardware="h100")
     assert launch.scenario.data_parallel == "hsdp"
     assert launch.scenario.plugin_options == {"hsdp": {"gradient_sync": "step"}}
+
+
+# --- SHARD_GRAD_OP under FSDP1's no_sync() (the fsdp-grad-op rule's gradient_sync="no_sync") ----------------------
+
+def _grad_op_runs(kind):
+    return [run for run in json.loads(MEASUREMENTS.read_text(encoding="utf-8"))["runs"]
+            if run.get("measured") and run["kind"] == kind]
+
+
+def _solve_grad_op(run, gradient_sync=None):
+    m, w = run["microbatches"], run["world_size"]
+    options = {"gradient_sync": gradient_sync} if gradient_sync else None
+    return TrainingMemoryModel("measured").solve(
+        from_hf_config(run["hf_config"], name=run["model"]), BIG, run["batch_size"] * w * m, run["seq_len"],
+        "fp32" if run["regime"] == "fp32" else "bf16", run["optimizer"], "none", regime=run["regime"],
+        optimizer_impl=run["optimizer_impl"], attention=run["attention"], runtime_overheads=False, dp_size=w,
+        data_parallel="fsdp-grad-op", gradient_accumulation_steps=m,
+        plugin_options={"fsdp-grad-op": options} if options else None)
+
+
+def test_grad_op_measured_with_fsdp1_and_fsdp2():
+    for kind in ("gradop1", "gradop2"):
+        runs = _grad_op_runs(kind)
+        assert {(r["regime"], r["microbatches"]) for r in runs} == {(g, m) for g in ("fp32", "bf16") for m in (1, 4)}
+
+
+@pytest.mark.parametrize("run", _grad_op_runs("gradop1"), ids=lambda r: r["id"])
+def test_grad_op_no_sync_every_phase_within_one_percent(run):
+    """FSDP1 SHARD_GRAD_OP, 1 and 4 micro-batches (the first three inside no_sync()): every phase within 1 %."""
+    predicted = _phases(_solve_grad_op(run, "no_sync" if run["microbatches"] > 1 else None))
+    measured = {name: run["measured"]["peak_by_phase"][name]["bytes"] for name in PHASES}
+    for name in PHASES:
+        assert abs(predicted[name] / measured[name] - 1) < 0.01, (name, predicted[name], measured[name])
+
+
+@pytest.mark.parametrize("run", [r for r in _grad_op_runs("gradop1") if r["microbatches"] > 1], ids=lambda r: r["id"])
+def test_grad_op_no_sync_adds_the_unsharded_gradients_exactly(run):
+    """What FSDP1's SHARD_GRAD_OP adds over 4 micro-batches inside no_sync(), to the byte: the unsharded gradients
+    (param_dtype) less the shard, in the forward and backward (the gathered parameters it keeps were already kept
+    from each forward to its backward); priced as syncing every micro-batch, the forward was 9.8 to 15.0 % low."""
+    one = next(r for r in _grad_op_runs("gradop1") if r["id"] == run["id"].replace("-m4-", "-m1-"))
+    p4, p1 = _phases(_solve_grad_op(run, "no_sync")), _phases(_solve_grad_op(one))
+    for name in PHASES:
+        measured = run["measured"]["peak_by_phase"][name]["bytes"] - one["measured"]["peak_by_phase"][name]["bytes"]
+        assert p4[name] - p1[name] == measured, name
+    params = run["measured"]["parameters_global"]
+    b = 4 if run["regime"] == "fp32" else 2
+    # the whole unsharded gradient: the shard the gradient terms count alive under accumulation, and the term
+    assert p4["forward"] - p1["forward"] == params * b
+    [term] = [t for t in _solve_grad_op(run, "no_sync").terms if "accumulated over micro-batches" in t.label]
+    assert term.nbytes == params * b - params / 4 * b
+    synced = _phases(_solve_grad_op(run))
+    assert synced["forward"] < 0.91 * run["measured"]["peak_by_phase"]["forward"]["bytes"]
+
+
+@pytest.mark.parametrize("run", [r for r in _grad_op_runs("gradop2") if r["microbatches"] == 1], ids=lambda r: r["id"])
+def test_fsdp2_grad_op_without_accumulation_within_one_percent(run):
+    """FSDP2 with reshard_after_forward=False (one micro-batch): every phase within 1 %; the forward holds 0.5 to
+    0.9 % more than priced (not explained here; its accumulation under set_requires_gradient_sync(False), the
+    gradop2 4-micro-batch runs, is recorded but not yet compared: gradient_sync="step" prices fp32, not
+    reduce_dtype)."""
+    predicted = _phases(_solve_grad_op(run))
+    measured = {name: run["measured"]["peak_by_phase"][name]["bytes"] for name in PHASES}
+    for name in PHASES:
+        assert abs(predicted[name] / measured[name] - 1) < 0.01, (name, predicted[name], measured[name])
+
+
+def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
+    """FSDP1 SHARD_GRAD_OP (TRL's fsdp1.yaml with that strategy): the fsdp-grad-op rule's gradient_sync='no_sync'
+    (no fsdp_version: that rule keeps every gathered unit under either); FSDP2's reshard_after_forward false:
+    nothing (priced as syncing every micro-batch)."""
+    import yaml
+    from mlsysim_core.scenario import from_launch
+    data = ROOT / "tests" / "data" / "launch"
+    trainer = data / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml"
+    doc = yaml.safe_load((data / "accelerate/trl/fsdp1.yaml").read_text())
+    doc["fsdp_config"]["fsdp_reshard_after_forward"] = "SHARD_GRAD_OP"
+    path = tmp_path / "fsdp1.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    launch = from_launch([trainer, path], hardware="h100")
+    assert launch.scenario.data_parallel == "fsdp-grad-op"
+    assert launch.scenario.plugin_options == {"fsdp-grad-op": {"gradient_sync": "no_sync"}}
+    doc = yaml.safe_load((data / "accelerate/trl/fsdp2.yaml").read_text())
+    doc["fsdp_config"]["fsdp_reshard_after_forward"] = False
+    path.write_text(yaml.safe_dump(doc))
+    launch = from_launch([trainer, path], hardware="h100")
+    assert launch.scenario.data_parallel == "fsdp-grad-op" and launch.scenario.plugin_options == {}

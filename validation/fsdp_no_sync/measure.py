@@ -18,6 +18,9 @@ config (``../configs.py``'s shapes) in one of two ways:
   the last.
 - ``hsdp1`` / ``hsdp2``: the same with HYBRID_SHARD over a (replicate 2, shard 2) CPU device mesh (the ``hsdp``
   rule with ``shard_group_size=2``).
+- ``gradop1`` / ``gradop2``: SHARD_GRAD_OP (the ``fsdp-grad-op`` rule): FSDP1 with
+  ``sharding_strategy=SHARD_GRAD_OP`` (accumulating inside ``no_sync()``), FSDP2 with ``reshard_after_forward=False``
+  on every layer and the model (``set_requires_gradient_sync(False)``).
 
 The protocol is ../harness.py's ``run_protocol`` (two warm-up iterations, the third measured; AdamW foreach;
 ``zero_grad(set_to_none=True)``; ``loss = model(input_ids, labels=input_ids).loss / m``), the model called through
@@ -76,22 +79,26 @@ def _cfg(kind, model, world, rank, m, *, regime="fp32", b=2, s=256):
 CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
            for kind in ("fsdp1", "fsdp2")
            for model, regime in (("gqa-tiny", "fp32"), ("gqa-tiny", "bf16"), ("llama-tiny", "fp32"))
-           for m in (1, 4)] + [_cfg(kind, "gqa-tiny", 4, 0, m) for kind in ("hsdp1", "hsdp2") for m in (1, 4)]
+           for m in (1, 4)] + [_cfg(kind, "gqa-tiny", 4, 0, m) for kind in ("hsdp1", "hsdp2") for m in (1, 4)] + [
+    _cfg(kind, "gqa-tiny", 4, 0, m, regime=regime) for kind in ("gradop1", "gradop2") for regime in ("fp32", "bf16")
+    for m in (1, 4)]
 SHARD_GROUP = 2     # the HSDP runs: 2 replicas of a 2-rank shard group (a (replicate, shard) device mesh)
 
 
 def shard(model, kind: str, world: int):
     mesh = (init_device_mesh("cpu", (world // SHARD_GROUP, SHARD_GROUP), mesh_dim_names=("replicate", "shard"))
             if kind.startswith("hsdp") else None)
-    if kind in ("fsdp1", "hsdp1"):
+    if kind in ("fsdp1", "hsdp1", "gradop1"):
+        strategy = (ShardingStrategy.HYBRID_SHARD if mesh is not None else ShardingStrategy.SHARD_GRAD_OP
+                    if kind == "gradop1" else ShardingStrategy.FULL_SHARD)
         return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
-                                        sharding_strategy=ShardingStrategy.HYBRID_SHARD if mesh is not None
-                                        else ShardingStrategy.FULL_SHARD, use_orig_params=False,
+                                        sharding_strategy=strategy, use_orig_params=False,
                                         device_id=torch.device("cpu"), device_mesh=mesh)
     kw = {} if mesh is None else {"mesh": mesh}
+    reshard = kind != "gradop2"
     for layer in model.model.layers:
-        fully_shard(layer, reshard_after_forward=True, **kw)
-    fully_shard(model, **kw)
+        fully_shard(layer, reshard_after_forward=reshard, **kw)
+    fully_shard(model, **kw, **({} if reshard else {"reshard_after_forward": False}))
     return model
 
 
@@ -109,7 +116,7 @@ class SyncSwitch:
             self.context = None
         last = self.calls % self.m == self.m - 1
         self.calls += 1
-        if self.kind in ("fsdp1", "hsdp1"):
+        if self.kind in ("fsdp1", "hsdp1", "gradop1"):
             if not last:
                 self.context = self.model.no_sync()
                 self.context.__enter__()

@@ -86,10 +86,10 @@ class Reading:
 
 
     def _no_sync_names_the_rule(self) -> None:
-        """``fsdp_config``'s accumulation default (``NO_SYNC_KEY``) names the rule the file ends with: accelerate's
-        ``parallelism_config`` or the Trainer's ``fsdp: hybrid_shard`` may make it ``hsdp`` after the table is
-        read; under another rule (``fsdp-grad-op``) it is dropped (that rule is priced as syncing every
-        micro-batch, docs/launch-hf.md)."""
+        """``fsdp_config``'s accumulation default (``NO_SYNC_KEY``), or the ``fsdp_version`` field that carries it,
+        names the rule the file ends with: accelerate's ``parallelism_config`` or the Trainer's
+        ``fsdp: hybrid_shard`` may make it ``hsdp`` after the table is read, the Trainer's ``shard_grad_op``
+        ``fsdp-grad-op`` (``_for_rule``: what that rule takes of it)."""
         mine = [d for d in self.defaults if d.field == "plugin_options" and d.key.endswith(NO_SYNC_KEY)]
         read = [f for f in self.fields if f.field == "plugin_options" and any(
             isinstance(v, dict) and "fsdp_version" in v for v in f.becomes.values())]   # fsdp_config's fsdp_version
@@ -99,17 +99,32 @@ class Reading:
             (d.value for d in self.defaults if d.field == "data_parallel"), None)
         for d in mine:
             i = self.defaults.index(d)
-            if rule in ("fsdp", "hsdp"):
-                self.defaults[i] = attrs.evolve(d, value={rule: next(iter(d.value.values()))})
+            options = _for_rule(rule, next(iter(d.value.values())))
+            if options:
+                self.defaults[i] = attrs.evolve(d, value={rule: options})
             else:
                 del self.defaults[i]
         for f in read:
             i = self.fields.index(f)
-            if rule in ("fsdp", "hsdp"):
-                self.fields[i] = attrs.evolve(f, becomes={rule: next(iter(f.becomes.values()))})
-            else:       # SHARD_GRAD_OP keeps every gathered layer: FSDP1's forward is FSDP2's there
+            options = _for_rule(rule, next(iter(f.becomes.values())))
+            if options:
+                self.fields[i] = attrs.evolve(f, becomes={rule: options})
+            else:
                 del self.fields[i]
                 self.ignore(f.key)
+
+
+def _for_rule(rule, options: dict) -> dict | None:
+    """What the final FSDP rule takes of ``fsdp_config``'s options (``gradient_sync``, and ``fsdp_version`` when 1):
+    FULL_SHARD and HYBRID_SHARD all of it; SHARD_GRAD_OP (``fsdp-grad-op``) FSDP1's ``no_sync`` (the gathered
+    parameters and the unsharded gradients kept between the synchronizing micro-batches, fsdp.GRADIENT_SYNC; no
+    fsdp_version: it keeps every gathered unit from the forward to the backward under either) and nothing of FSDP2's
+    (priced as syncing every micro-batch, docs/launch-hf.md); another rule nothing."""
+    if rule in ("fsdp", "hsdp"):
+        return options
+    if rule == "fsdp-grad-op" and options.get("gradient_sync") == "no_sync":
+        return {"gradient_sync": "no_sync"}
+    return None
 
 
 def is_true(value) -> bool:
@@ -348,7 +363,7 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
                 r.ignore(key)
         else:
             r.unknown(key, v, "the FSDP settings of accelerate's FullyShardedDataParallelPlugin")
-    if rule in ("fsdp", "hsdp"):
+    if rule in ("fsdp", "hsdp", "fsdp-grad-op"):     # (the final rule's share: Reading._no_sync_names_the_rule)
         # Gradient accumulation under FSDP skips the reduce-scatter on every micro-batch but the last: transformers
         # 5.23.0 trainer.py lines 1897-1908 (sync_context = accelerator.no_sync unless gradient_accumulation_kwargs'
         # sync_each_batch, DeepSpeed, or the last micro-batch), accelerate 1.16.0 accelerator.py lines 1126-1139
@@ -368,8 +383,8 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
             k, v = norm["fsdp_version"]
             version_read = True
             r.set(f"{prefix}.{k}", v, "plugin_options", {rule: options},
-                  f"FSDP1 (FullyShardedDataParallel): every unit but the root freed after its forward; gradient "
-                  f"accumulation under its no_sync(), {accumulation} ({source})")
+                  f"FSDP1 (FullyShardedDataParallel): under FULL_SHARD / HYBRID_SHARD every unit but the root freed "
+                  f"after its forward; gradient accumulation under its no_sync(), {accumulation} ({source})")
         else:
             r.default(f"{prefix}{NO_SYNC_KEY}", "plugin_options", {rule: options},
                       source + ("; accelerate 1.16.0 FullyShardedDataParallelPlugin fsdp_version 1 (FSDP1: every "
