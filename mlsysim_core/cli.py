@@ -442,6 +442,10 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                       help="also try each layout in float8, timed with IMPL's casts (a registered float8 "
                            f"implementation: {float8s}; bare: torchao-tensorwise, its memory float8='tensorwise'), "
                            "refusals counted (docs/planner.md: the search space)")
+    srch.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
+                      help="a plugin option for the layouts that select its spec (as `time --option`), e.g. "
+                           "--option fsdp.gradient_sync=no_sync (the fsdp layouts), --option cp.ring=transformer-engine "
+                           "(repeatable)")
     srch.add_argument("--cp", type=int, nargs="+", metavar="N",
                       help="context-parallel sizes to consider (default: every one that divides --seq-len)")
     srch.add_argument("--workers", type=int, default=None, metavar="N",
@@ -1682,6 +1686,7 @@ def cmd_search(args, out) -> int:
                                    allow_compile=args.allow_compile, allow_float8=args.allow_float8,
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
+                                   **({"plugin_options": _parse_options(args.option)} if args.option else {}),
                                    **options)
 
     if args.cp is not None:    # checked here, so that the error names the flag

@@ -81,7 +81,7 @@ from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 from .inputs import _hardware as _resolve_hardware, _model as _resolve_model, check_plan
 from .solver import TrainingMemoryModel, solve_plan
-from .plan import TrainingPlan
+from .plan import FrozenMap, TrainingPlan
 from .specs import DATA
 
 # A data-parallel rule that shards over dp x cp ranks only, and so does at dp x cp = 1 what the
@@ -422,7 +422,7 @@ def _variant_note(interleave: bool, allow_compile: bool, allow_float8: bool, flo
 
 def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, base, base_chunks, base_schedule,
                    casts=True,
-                   options, strategies,
+                   options, strategies, one=None,
                    solver, hardware, global_batch, seq_len, precision, optimizer, profile, trainable_fraction,
                    communication_buffer_fraction, prepare):
     """The opt-in axes' variants: (table, variants) where table[i] = (solve options, timing, label,
@@ -446,7 +446,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
         try:    # (one device, one micro-batch: what a layout can refuse is counted per layout)
             solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, strategies[0], 1, 1, 1, 1, 0,
                          1, trainable_fraction, communication_buffer_fraction, profile=profile,
-                         **{**options, **extra})
+                         **{**(one or options), **extra})
         except NotModelledError:
             pass
         except InvalidInputError as err:
@@ -470,7 +470,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
                 from .inputs import prepared_plan
                 plan = prepared_plan(solver, model, hardware, 1, seq_len, dict(
                     precision=precision, optimizer=optimizer, activation_checkpointing=strategies[0], profile=profile,
-                    **options, pipeline_schedule="interleaved-1f1b", virtual_stages=v))
+                    **(one or options), pipeline_schedule="interleaved-1f1b", virtual_stages=v))
                 schedule, chunks = plan.profile_options.pipeline_schedule, v
             # the optimizer step's bytes from the one-device solve of the variant's options, as time_plan
             # reads them (compile="blocks" changes them); a variant refused there keeps the base run's
@@ -481,7 +481,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
                     result = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, strategies[0],
                                           1, 1, 1, 1, 0, global_batch, trainable_fraction,
                                           communication_buffer_fraction, profile=profile,
-                                          **{**options, **implementation})
+                                          **{**(one or options), **implementation})
                 except NotModelledError:
                     pass
             timing = dict(timer.prepare(**{**prepare, "result": result}, schedule=schedule, chunks=chunks,
@@ -613,7 +613,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                  loss_parallel: bool | None = None, headroom: float | str | None = None, allow_cross_node_tp: bool = False,
                  power: float | None = None, calibration=None, step_time_model: str | None = None,
                  allow_cross_node_ep: bool = False,
-                 interleave: bool = False, allow_compile: bool = False, allow_float8: bool = False) -> PlanSearch:
+                 interleave: bool = False, allow_compile: bool = False, allow_float8: bool = False,
+                 plugin_options: Mapping[str, object] | None = None) -> PlanSearch:
     """Enumerate, solve and rank every valid layout (see the module docstring).
 
     ``context_parallel``: the cp sizes to consider (default: every one the layout allows,
@@ -646,6 +647,13 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     registered float8 implementation's name or declaration: timed with its casts, its memory solved
     with the ``float8=`` option it declares, none: the 16-bit run's, said in a note); both: also with both. A variant
     the profile refuses for a layout is left out and counted in ``notes`` by reason.
+
+    ``plugin_options``: {spec name: options} (a dict or its options object, as ``solve`` takes
+    them), for a spec some layout of the search selects (the optimizer, a checkpointing strategy,
+    the tp, cp, pp or ep rule, a data-parallel rule): each applies to the layouts that select that
+    spec (a data-parallel rule's only to its own layouts), in their solve and their step time (the
+    rule's declarations under its options), as ``time_plan`` times one layout with them; the other
+    layouts keep the spec's defaults.
     """
     started = time.perf_counter()
     if solver is None:
@@ -696,6 +704,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     dp_rules = (_names("data_parallel", data_parallel, installed_rules) if data_parallel is not None
                 else sorted(installed_rules))
     sequence_parallel = _flags("sequence_parallel", sequence_parallel)
+    given_options = _search_plugin_options(registry, plugin_options, optimizer, strategies, dp_rules)
     bytes_ = precision_bytes(precision)
     node = scale_up_domain(hardware)     # (the NVLink domain where the catalog declares one: groups placed in it)
     max_tp = max_tp or (devices if allow_cross_node_tp else node)
@@ -719,13 +728,15 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     undeclared: list[str] = []
     shapeless: list[str] = []
     # a strategy's prepared one-device plan (what its recompute and the pipeline schedule read), made once
+    # (a one-device solve selects the optimizer and the strategy, none of a layout's rules: their options only)
+    one = functools.cache(lambda ckpt: _one_device_options(registry, given_options, ckpt, options))
     prepared = functools.cache(lambda ckpt: _one_device_plan(solver, model, hardware, seq_len, precision, optimizer,
-                                                             ckpt, profile, options))
+                                                             ckpt, profile, one(ckpt)))
     for ckpt in strategies:
         try:
             checked = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1,
                                    0, global_batch, trainable_fraction, communication_buffer_fraction,
-                                   profile=profile, **options)
+                                   profile=profile, **one(ckpt))
         except NotModelledError as err:
             if not (measured and checkpointing is None and err.parameter == "activation_checkpointing"
                     and err.value == ckpt):
@@ -762,6 +773,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                 inter=network_bandwidth, calibration=calibration, attention=options.get("attention"),
                                 schedule=getattr(schedule_options, "pipeline_schedule", None), dp_rules=dp_rules,
                                 chunks=getattr(schedule_options, "virtual_stages", None) or 1,
+                                # (the rules' options the run gives: each rule's declarations under its own)
+                                **({"rule_options": given_options} if given_options else {}),
                                 **({"power": power} if power is not None else {})), time=timer.time)
     notes += timing["notes"]
     base_chunks = timing["chunks"]
@@ -769,13 +782,14 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         interleave=interleave, allow_compile=allow_compile, allow_float8=allow_float8, casts=float8, model=model,
         timer=timer,
         base=timing, base_chunks=base_chunks, base_schedule=getattr(schedule_options, "pipeline_schedule", None),
-        options=options, strategies=strategies, solver=solver,
+        options=options, one=one(strategies[0]), strategies=strategies, solver=solver,
         hardware=hardware, global_batch=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
         profile=profile, trainable_fraction=trainable_fraction,
         communication_buffer_fraction=communication_buffer_fraction,
         prepare=dict(model=model, hardware=hardware, registry=registry, result=first, seq_len=seq_len,
                      precision_bytes=bytes_, node=node, flops=flops, intra=tp_bandwidth, inter=network_bandwidth,
                      calibration=calibration, attention=options.get("attention"), dp_rules=dp_rules,
+                     **({"rule_options": given_options} if given_options else {}),
                      **({"power": power} if power is not None else {})))
     for entry in table[1:]:
         notes += tuple(n for n in entry[1]["notes"] if n not in notes)
@@ -792,6 +806,8 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                        max_tp=max_tp)
     run["allow_cross_node_ep"] = allow_cross_node_ep or allow_cross_node_tp
     run["interleave"] = interleave
+    if given_options:       # (the fields that differ from each spec's defaults)
+        run["plugin_options"] = _changed_fields(given_options)
     run["allow_compile"] = allow_compile
     run["allow_float8"] = float8 if isinstance(float8, bool) else getattr(float8, "name", float8)
     if not isinstance(float8, bool):
@@ -802,7 +818,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     rows: list[tuple] = []       # the layouts that fit, as Candidate fields in order
     context = (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
                trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
-               devices, node, options, margin, timing, allow_cross_node_tp, table)
+               devices, node, options, margin, timing, allow_cross_node_tp, table, given_options)
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
@@ -872,6 +888,69 @@ def _one_row_per_answer(fits: list) -> tuple[list, int]:
             seen.add(key)
             out.append(c)
     return out, len(fits) - len(out)
+
+
+def _search_plugin_options(registry, given, optimizer, strategies, dp_rules) -> dict:
+    """A search's ``plugin_options`` structured: {spec name: its options object}, each naming a spec
+    some layout selects (the optimizer, a strategy, the default tp, cp, pp or ep rule, a
+    data-parallel rule searched); anything else is an error naming it."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise InvalidInputTypeError("plugin_options", given, "a mapping of spec name -> options, or None",
+                                    f"got {type(given).__name__}")
+    from .serialization import structure_options
+    from .specs import DEFAULT_RULES
+    rules = registry.sharding_rules
+    selectable = {**({optimizer: registry.optimizers[optimizer]} if optimizer in registry.optimizers else {}),
+                  **{s: registry.checkpointing[s] for s in strategies},
+                  **{n: rules[n] for n in DEFAULT_RULES.values() if n in rules}, **{r: rules[r] for r in dp_rules}}
+    out = {}
+    for name, value in given.items():
+        if name not in selectable:
+            raise InvalidInputError("plugin_options", name, "options for a spec a layout of this search selects: "
+                                    + ", ".join(sorted(selectable)),
+                                    "the search's optimizer, checkpointing strategies, tp/cp/pp/ep rules and "
+                                    "data-parallel rules (--data-parallel, --checkpointing choose them)")
+        spec = selectable[name]
+        if spec.options_type is None:
+            raise InvalidInputError(f"plugin_options[{name!r}]", value, f"nothing: '{name}' declares no options")
+        out[name] = structure_options("plugin_options", name, spec.options_type, value)
+    return out
+
+
+def _changed_fields(given: dict) -> dict:
+    """{spec name: {field: value}}: the fields of each options object that differ from its type's
+    defaults (every field where the type has required ones)."""
+    out = {}
+    for name, value in given.items():
+        fields = attrs.asdict(value)
+        try:
+            default = attrs.asdict(type(value)())
+        except TypeError:
+            default = {}
+        out[name] = {f: v for f, v in fields.items() if f not in default or default[f] != v}
+    return out
+
+
+def _one_device_options(registry, given: dict, ckpt: str, options: dict) -> dict:
+    """A one-device solve's options: the search's, with the given plugin options of the optimizer
+    and ``ckpt`` (as ``time_plan``'s one-device plan: it selects none of a layout's rules)."""
+    if not given:
+        return options
+    mine = {n: o for n, o in given.items()
+            if n not in registry.sharding_rules and (n not in registry.checkpointing or n == ckpt)}
+    return {**options, "plugin_options": FrozenMap(mine)} if mine else options
+
+
+def _layout_options(registry, given: dict, ckpt: str, rule: str):
+    """The given plugin options a layout of strategy ``ckpt`` and data-parallel rule ``rule`` selects
+    (a FrozenMap, as ``check_plan`` takes them; None: none)."""
+    from .specs import DATA as _DATA
+    mine = {n: o for n, o in given.items()
+            if not ((n in registry.checkpointing and n != ckpt)
+                    or (n in registry.sharding_rules and registry.sharding_rules[n].axis == _DATA and n != rule))}
+    return FrozenMap(mine) if mine else None
 
 
 def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckpt, profile, options):
@@ -987,6 +1066,9 @@ def describe_search_run(run: Mapping) -> str:
         parts.append("expert parallelism across nodes")
     if list(run.get("sequence_parallel") or ()) not in ([True, False], [False, True]):
         parts.append(f"sequence parallel {'on' if run.get('sequence_parallel') == [True] else 'off'}")
+    if run.get("plugin_options"):       # (each applies to the layouts that select its spec)
+        parts.append("options " + ", ".join(f"{spec}.{field}={value!r}" for spec, fields in run["plugin_options"].items()
+                                            for field, value in fields.items()))
     return "run: " + "; ".join(parts)
 
 
@@ -1231,7 +1313,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
     without it such a layout stops the search."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
-     devices, node, options, margin, timing, cross_node, table) = context
+     devices, node, options, margin, timing, cross_node, table, given_options) = context
     solves = done = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
@@ -1239,7 +1321,14 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
     step_time, peak = timing["time"], timing["peak"]
     mfu_scale = timing["flops_per_token"] * tokens / (devices * peak)
     base_options, base_timing = options, timing
+    chosen: dict = {}       # (rule, strategy) -> the given plugin options its layouts select (None: none)
+    layout_options = None
     for tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro in groups:
+        if given_options:
+            key = (rule, ckpt)
+            if key not in chosen:
+                chosen[key] = _layout_options(registry, given_options, ckpt, rule)
+            layout_options = chosen[key]
         n, plan = len(micro), None
         vp, compiled, float8, which = variant
         if which:
@@ -1256,7 +1345,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
                 if index == 0:
                     plan = check_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
                                       optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
-                                      communication_buffer_fraction, sp, rule, None, None, (), cp)
+                                      communication_buffer_fraction, sp, rule, None, layout_options, (), cp)
                     fields = {name: getattr(plan, name) for name in _PLAN_FIELDS}
                 else:       # attrs.evolve(plan, gradient_accumulation_steps=gas), at a third of the cost
                     fields["gradient_accumulation_steps"] = gas
