@@ -11,11 +11,11 @@ unsharded parameters SHARD_GRAD_OP keeps between forward and backward.
 
 ``fsdp-grad-op``'s option ``gradient_sync`` (``GradOpOptions``) says when the gradients are
 reduce-scattered: ``"micro-batch"`` (the default: every micro-batch's backward), ``"no_sync"`` (FSDP1's
-``no_sync()``: the gathered parameters and the unsharded gradients kept to the last micro-batch; its step time is
-declared as ``"micro-batch"``'s) or ``"step"``
+``no_sync()``: the gathered parameters and the unsharded gradients kept to the last micro-batch, so gathered once
+and reduce-scattered once per step) or ``"step"``
 (FSDP2's ``set_requires_gradient_sync(False)`` on every micro-batch but the last, as the Llama 3
-paper's FSDP, section 3.3.2: the unsharded gradients accumulated in fp32 and reduce-scattered in
-fp32 once per step; the parameters still gathered for every micro-batch's forward and kept to its
+paper's FSDP, section 3.3.2: the unsharded gradients accumulated in ``reduce_dtype`` (the paper's fp32) and
+reduce-scattered once per step; the parameters still gathered for every micro-batch's forward and kept to its
 backward).
 """
 
@@ -149,11 +149,16 @@ def _unsynced_noted(e, plan, options, kind):
 # it: an unsharded gradient of every parameter the rank holds (its tp x pp split), in reduce_dtype, from the first
 # micro-batch's backward until the last micro-batch's post_backward reduce-scatters it ("if
 # fsdp_param.unsharded_accumulated_grad is not None: ... unsharded_grads.append(...
-# unsharded_accumulated_grad_data)") and drops it ("unsharded_accumulated_grad = None"). The Llama 3 paper (arXiv
-# 2407.21783, section 3.3.2, 'Numerical stability'): "we use FP32 gradient accumulation during backward computation
-# over multiple micro-batches and also reduce-scatter gradients in FP32 across data parallel workers in FSDP":
-# reduce_dtype float32, 4 B.
-ACCUMULATED_GRADIENT_BYTES = 4
+# unsharded_accumulated_grad_data)") and drops it ("unsharded_accumulated_grad = None"); without a reduce_dtype
+# (or one equal to the gradient's) to_accumulated_grad_if_needed returns early and the unsharded parameter's own .grad
+# accumulates, in its dtype: either way the regime's reduce bytes (Regime.reduce, else its gradient's), as FULL_SHARD's
+# "step" (unsynced_gradients). The rank's gradient shard exists only after that reduce-scatter, so the forward and
+# backward hold the unsharded gradient less the shard the gradient terms count (measured: validation/fsdp_no_sync's
+# gradop2 runs, FSDP2 reshard_after_forward=False, fp32 and bf16: what 4 micro-batches add over 1 to the byte; priced
+# before at a fixed 4 B plus the shard, +4.2 % (fp32) and +15.8 % (bf16) over). The Llama 3 paper (arXiv 2407.21783,
+# section 3.3.2, 'Numerical stability'): "we use FP32 gradient accumulation during backward computation over multiple
+# micro-batches and also reduce-scatter gradients in FP32 across data parallel workers in FSDP": reduce_dtype float32
+# (the regime's reduce, e.g. fsdp-bf16's 4 B).
 # FSDP1's SHARD_GRAD_OP under no_sync() (the comment above NO_SYNC for the source): _should_free_in_backward is
 # "state._sync_gradients or handle._sharding_strategy in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES", False for
 # SHARD_GRAD_OP inside no_sync(), so the gathered parameters kept from the forward stay after the backward too, into
@@ -169,8 +174,8 @@ class GradOpOptions:
     micro-batch's backward), ``"no_sync"`` (FSDP1's ``no_sync()`` on every micro-batch but the last: the unsharded
     gradients in ``param_dtype`` and the gathered parameters kept from the first forward to the last backward; the
     comment above GRADIENT_SYNC) or ``"step"`` (FSDP2's ``set_requires_gradient_sync`` only on the last
-    micro-batch: the unsharded gradients accumulated in fp32 over the micro-batches, reduce-scattered
-    in fp32 once per step; the Llama 3 paper's FSDP)."""
+    micro-batch: the unsharded gradients accumulated in ``reduce_dtype`` over the micro-batches, reduce-scattered
+    once per step; the Llama 3 paper's FSDP, in fp32: the comment above GRADIENT_SYNC's)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(GRADIENT_SYNC))
 
@@ -187,11 +192,7 @@ def _grad_op_no_sync(plan, options) -> bool:
 
 def grad_op(plan, options):
     e = effect(plan.dp_size * plan.cp_size, "SHARD_GRAD_OP")
-    if _per_step(plan, options) and e.weight_shards > 1:
-        return attrs.evolve(e, notes=e.notes + (
-            "FSDP (SHARD_GRAD_OP), gradient_sync='step': the unsharded gradients accumulated in fp32 over the "
-            f"{plan.gradient_accumulation_steps} micro-batches, reduce-scattered once per step.",))
-    if _grad_op_no_sync(plan, options) and e.weight_shards > 1:
+    if (_per_step(plan, options) or _grad_op_no_sync(plan, options)) and e.weight_shards > 1:
         return _unsynced_noted(e, plan, options, "SHARD_GRAD_OP")
     return e
 
@@ -282,34 +283,19 @@ def unsynced_gradients(plan, placement, how, rule="fsdp"):
 
 def grad_op_buffers(plan, placement, options):
     """Measured grade: every gathered layer stays from its forward to its backward; with
-    ``gradient_sync="step"`` and more than one micro-batch, the unsharded fp32 gradients accumulated
-    over them (``accumulated_gradients``)."""
+    ``gradient_sync="no_sync"`` or ``"step"`` and more than one micro-batch, the unsharded gradients accumulated
+    over them, less the shard the gradient terms count (``unsynced_gradients``: in param_dtype under FSDP1's
+    no_sync(), in reduce_dtype under FSDP2's set_requires_gradient_sync(False); the comments above GRADIENT_SYNC
+    and GradOpOptions)."""
     terms = buffers.kept_unsharded(plan, placement)
-    if _per_step(plan, options) and placement.weight_shards > 1:
-        terms = terms + accumulated_gradients(plan, placement)
-    if _grad_op_no_sync(plan, options) and placement.weight_shards > 1:
-        terms = terms + unsynced_gradients(plan, placement, "no_sync", "fsdp-grad-op")
+    if (_per_step(plan, options) or _grad_op_no_sync(plan, options)) and placement.weight_shards > 1:
+        if options.gradient_sync == "step" and plan.profile_options.lora is not None:
+            from mlsysim_core import NotModelledError
+            raise NotModelledError("plugin_options['fsdp-grad-op'].gradient_sync", "step",
+                                   "'micro-batch' with LoRA (the adapters' accumulated gradients under FSDP2's "
+                                   "SHARD_GRAD_OP are not modelled)")
+        terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, "fsdp-grad-op")
     return terms
-
-
-def accumulated_gradients(plan, placement):
-    """FSDP2's ``unsharded_accumulated_grad`` (the comment above GradOpOptions): every trainable parameter the
-    rank holds before data-parallel sharding, in fp32, alive in the forward and backward of every micro-batch
-    after the first (so at the peak of any run of more than one) and gone by the end of the last backward,
-    reduce-scattered (a buffer of the rule's, as DDP's buckets are). (The sharded gradients are counted as accumulation counts them, alive throughout: here
-    they exist only after that reduce-scatter, 1/dp of this buffer, an over-count in the forward and backward.)"""
-    from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm, NotModelledError
-    if plan.profile_options.lora is not None:
-        raise NotModelledError("plugin_options['fsdp-grad-op'].gradient_sync", "step",
-                               "'micro-batch' with LoRA (the adapters' accumulated gradients under FSDP are not "
-                               "modelled)")
-    params = placement.trainable_parameters_per_rank
-    return [MemoryTerm(component=COMMUNICATION_BUFFERS,
-                       label="FSDP's unsharded gradients accumulated over micro-batches (fp32)",
-                       nbytes=params * ACCUMULATED_GRADIENT_BYTES, phases=(FORWARD, BACKWARD),
-                       formula=f"{params:,.0f} params x {ACCUMULATED_GRADIENT_BYTES} B (FSDP2 "
-                               "set_requires_gradient_sync(False): reduce_dtype fp32, reduce-scattered at the "
-                               "last micro-batch)")]
 
 
 def _gather(group, per, overlaps, **more):
@@ -331,7 +317,7 @@ SHARD_GRAD_OP = (_gather("dp", "micro-batch", "forward", kind="all-gather", firs
 HYBRID_SHARD = (*(attrs.evolve(c, group="dp-node") for c in FULL_SHARD),
                 _gather("dp-across", "step", "backward", kind="all-reduce", shard="dp-node", in_network=False))
 # fsdp's and hsdp's gradient_sync="no_sync"/"step" (the comment above NO_SYNC, and FSDP2's above
-# ACCUMULATED_GRADIENT_BYTES): the gradients reduce-scattered once per step, in the last micro-batch's backward, hidden
+# GRADIENT_SYNC): the gradients reduce-scattered once per step, in the last micro-batch's backward, hidden
 # with its all-gathers (last_micro_batch: a run without accumulation is timed as under "micro-batch"); in the
 # regime's reduce dtype, the "gradients" volume's (FSDP1 casts the accumulated param_dtype gradient
 # "flat_param.grad.to(handle._reduce_dtype)" in _post_backward_hook before _reduce_grad; FSDP2 accumulates in
@@ -351,15 +337,28 @@ def hybrid_collectives(options):
     return HYBRID_SHARD if options.gradient_sync == "micro-batch" else HYBRID_SHARD_PER_STEP
 
 
-# gradient_sync="step": the parameters gathered for every micro-batch's forward (kept to its backward), the fp32
-# gradients reduce-scattered once per step, beside the last micro-batch's backward.
-SHARD_GRAD_OP_PER_STEP = (SHARD_GRAD_OP[0],
-                          _gather("dp", "step", "backward", kind="reduce-scatter",
-                                  element_bytes=ACCUMULATED_GRADIENT_BYTES))
+# fsdp-grad-op's gradient_sync="step" (FSDP2, the comment above GRADIENT_SYNC): the parameters gathered for every
+# micro-batch's forward (kept to its backward; reshard_after_backward, which set_requires_gradient_sync leaves True,
+# frees them after it), the gradients reduce-scattered once per step in the last micro-batch's backward
+# (last_micro_batch), in the regime's reduce dtype (the "gradients" volume's; FSDP2 accumulates in reduce_dtype: the
+# Llama 3 paper's fp32 is a regime reducing in 4 B).
+SHARD_GRAD_OP_PER_STEP = (SHARD_GRAD_OP[0], attrs.evolve(SHARD_GRAD_OP[1], per="step", last_micro_batch=True))
+# gradient_sync="no_sync" (FSDP1, the comment above GRADIENT_SYNC): the gathered parameters stay from the first
+# micro-batch's forward to the last one's backward, so the later forwards gather nothing: FlatParamHandle.unshard
+# (torch/distributed/fsdp/_flat_param.py, pytorch/pytorch v2.13.0 cf30153c4c131c8164ee7798e5022d810682e2cb, lines
+# 1359-1393) all-gathers only "if not self.needs_unshard()" is False, needs_unshard being "not already_unsharded"
+# (the padded unsharded flat parameter's storage still allocated). One all-gather per step, behind the first
+# micro-batch's forward (its first layer's share exposed; no other data-parallel call beside it: per="step",
+# hidden on its own), and one reduce-scatter, in the last micro-batch's backward, of the param_dtype gradients cast
+# to reduce_dtype (_post_backward_hook, the comment above FULL_SHARD_PER_STEP). Without accumulation the same
+# seconds as "micro-batch"'s (summed in another order: equal to within a rounding, not to the bit).
+SHARD_GRAD_OP_NO_SYNC = (attrs.evolve(SHARD_GRAD_OP[0], per="step"),
+                         attrs.evolve(SHARD_GRAD_OP[1], per="step", last_micro_batch=True))
 
 
 def grad_op_collectives(options):
-    return SHARD_GRAD_OP_PER_STEP if options is not None and options.gradient_sync == "step" else SHARD_GRAD_OP
+    how = "micro-batch" if options is None else options.gradient_sync
+    return {"step": SHARD_GRAD_OP_PER_STEP, "no_sync": SHARD_GRAD_OP_NO_SYNC}.get(how, SHARD_GRAD_OP)
 
 
 @hookimpl

@@ -91,10 +91,13 @@ def test_gradient_sync_per_step_declares_one_fp32_reduce_scatter():
     assert collectives(spec) == fsdp.SHARD_GRAD_OP                  # the default: as before
     gather, reduce = collectives(spec, STEP)
     assert gather == fsdp.SHARD_GRAD_OP[0]                          # parameters gathered every micro-batch
-    assert (reduce.kind, reduce.per, reduce.element_bytes) == ("reduce-scatter", "step", 4)
+    # once per step, in the last micro-batch's backward, in the regime's reduce dtype (here amp-bf16's fp32)
+    assert (reduce.kind, reduce.per, reduce.last_micro_batch, reduce.element_bytes) == (
+        "reduce-scatter", "step", True, None)
     # by hand: gas micro-batches each gather (behind their forward, the first layer's share exposed); one fp32
-    # reduce-scatter of the local shard behind one backward
-    run = dict(RUN, cp=1, dp=8, gas=4, seq_len=2048)
+    # reduce-scatter of the local shard behind the last one's backward (no other call beside it there)
+    # fsdp-bf16's collective bytes (parameters gathered in bf16, gradients reduced in fp32: the Llama 3 paper's)
+    run = dict(RUN, cp=1, dp=8, gas=4, seq_len=2048, dp_bytes={"parameters": 2, "gradients": 4})
     _, by_rule = steptime.declarations(options={"fsdp-grad-op": STEP})
     step = steptime.step_time(FIG, HW, CAL, rules=_rules(), **{**run, "rule": by_rule["fsdp-grad-op"]})
     micro = steptime.step_time(FIG, HW, CAL, rules=_rules(), **{**run, "rule": fsdp.SHARD_GRAD_OP})
@@ -105,7 +108,7 @@ def test_gradient_sync_per_step_declares_one_fp32_reduce_scatter():
     bwd = 2 * fwd
     expected = 4 * (steptime.hidden(g16, fwd, CAL) + g16 / 8) + steptime.hidden(g32, bwd, CAL)
     assert step["dp"] == pytest.approx(expected)
-    assert micro["dp"] == pytest.approx(4 * (steptime.hidden(g16, fwd, CAL) + g16 / 8 + steptime.hidden(g16, bwd, CAL)))
+    assert micro["dp"] == pytest.approx(4 * (steptime.hidden(g16, fwd, CAL) + g16 / 8 + steptime.hidden(g32, bwd, CAL)))
     assert step["optimizer"] == micro["optimizer"]                  # both step on the dp shard
 
 
@@ -119,7 +122,8 @@ def test_gradient_sync_per_step_keeps_the_unsharded_fp32_gradients():
                         **ACCUMULATING)
     [term] = [t for t in step.terms if "accumulated over micro-batches" in t.label]
     rank = 8_030_535_680 // 4        # the heaviest rank's tp x pp share of llama3-8b's parameters (2,007,633,920)
-    assert term.nbytes == rank * 4 and term.phases == ("forward", "backward")
+    # in reduce_dtype (amp-bf16: fp32), less the rank's fp32 shard the gradient terms count (dp 4)
+    assert term.nbytes == rank * 4 - rank / 4 * 4 and term.phases == ("forward", "backward")
     assert step.total_memory > default.total_memory
     # one micro-batch: nothing accumulates, the run is the default's
     one = {**ACCUMULATING, "gradient_accumulation_steps": 1, "batch_size": 4}

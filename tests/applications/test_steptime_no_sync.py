@@ -91,3 +91,69 @@ def test_time_plan_reads_the_option(rule):
         {k: v for k, v in base.items() if k not in ("dp", "step")}
     assert unsynced["dp"] < base["dp"]
     assert base["step"] - unsynced["step"] == pytest.approx(base["dp"] - unsynced["dp"])
+
+
+# --- fsdp-grad-op (SHARD_GRAD_OP): "step" (FSDP2) gathers every micro-batch, "no_sync" (FSDP1) once a step ---------
+
+def test_grad_op_declarations():
+    """SHARD_GRAD_OP gathers once per micro-batch (kept from its forward to its backward) and reduce-scatters after
+    the backward. "step" (FSDP2's reshard_after_backward frees the parameters after every backward): the gather per
+    micro-batch, the reduce-scatter once a step in the last micro-batch's backward. "no_sync" (FSDP1 keeps the
+    gathered flat parameters to the last backward and FlatParamHandle.unshard gathers only when needs_unshard()):
+    the gather once a step too (the first micro-batch's forward, hidden on its own). Both move what
+    "micro-batch" moves (the gradients in the regime's reduce dtype)."""
+    default = [(c.kind, c.per, c.last_micro_batch) for c in _declared_grad_op("micro-batch")]
+    assert default == [("all-gather", "micro-batch", False), ("reduce-scatter", "micro-batch", False)]
+    assert [(c.kind, c.per, c.last_micro_batch) for c in _declared_grad_op("step")] == [
+        ("all-gather", "micro-batch", False), ("reduce-scatter", "step", True)]
+    assert [(c.kind, c.per, c.last_micro_batch) for c in _declared_grad_op("no_sync")] == [
+        ("all-gather", "step", False), ("reduce-scatter", "step", True)]
+    for how in ("step", "no_sync"):
+        assert [attrs.evolve(c, per="micro-batch", last_micro_batch=False) for c in _declared_grad_op(how)] == \
+            list(_declared_grad_op("micro-batch"))
+
+
+def _declared_grad_op(how):
+    from mlsysim_plugins import fsdp
+    return fsdp.grad_op_collectives(fsdp.GradOpOptions(gradient_sync=how))
+
+
+def test_grad_op_four_micro_batches_by_hand():
+    """The _dp figures (a gather 1.5 s, a reduce-scatter 3 s, the first layer's gather 0.15 s exposed), 4
+    micro-batches, forward 1 s, backward 2 s. Per micro-batch: 4 x (0.5 + 1.0 + 0.15) = 6.6 s. "step": three
+    micro-batches with only the gather (0.65 s), the last with the reduce-scatter (1.65 s): 3.6 s. "no_sync": one
+    gather (0.65 s) and one reduce-scatter (1.0 s): 1.65 s. With the SM share (0.1; forward 10 s, backward 20 s):
+    4 x (0.15 + 0.3 + 0.15) = 2.4 s; 3 x 0.3 + 0.6 = 1.5 s; 0.3 + 0.3 = 0.6 s."""
+    assert _dp(_declared_grad_op("micro-batch"), 4, 1.0, 2.0) == pytest.approx(4 * (0.5 + 1.0 + 0.15))
+    assert _dp(_declared_grad_op("step"), 4, 1.0, 2.0) == pytest.approx(3 * 0.65 + 1.65)
+    assert _dp(_declared_grad_op("no_sync"), 4, 1.0, 2.0) == pytest.approx(0.65 + 1.0)
+    cal = attrs.evolve(CAL, overlap_sm_share=0.1)
+    assert _dp(_declared_grad_op("micro-batch"), 4, 10.0, 20.0, cal) == pytest.approx(2.4)
+    assert _dp(_declared_grad_op("step"), 4, 10.0, 20.0, cal) == pytest.approx(1.5)
+    assert _dp(_declared_grad_op("no_sync"), 4, 10.0, 20.0, cal) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("forward, backward", [(1.0, 2.0), (10.0, 20.0), (0.1, 0.2)])
+def test_grad_op_without_accumulation(forward, backward):
+    """One micro-batch: "step" the same bits as "micro-batch"; "no_sync" the same seconds summed in another order
+    (its gather is a once-a-step call of its own: equal within a rounding)."""
+    cal = attrs.evolve(CAL, overlap_sm_share=0.1)
+    expected = _dp(_declared_grad_op("micro-batch"), 1, forward, backward, cal)
+    assert _dp(_declared_grad_op("step"), 1, forward, backward, cal) == expected
+    assert _dp(_declared_grad_op("no_sync"), 1, forward, backward, cal) == pytest.approx(expected, rel=1e-14)
+
+
+def test_grad_op_time_plan_reads_the_option():
+    """Llama-3-8B over 64 H100s (fsdp-bf16), fsdp-grad-op: one micro-batch, every option the same step (no_sync
+    within a rounding); four, no_sync < step < micro-batch in the data-parallel part, nothing else moved."""
+    one = {how: _time(how, 64, "fsdp-grad-op") for how in SYNCS}
+    assert one["step"]["components"] == one["micro-batch"]["components"]
+    assert one["no_sync"]["components"] == pytest.approx(one["micro-batch"]["components"], rel=1e-14)
+    four = {how: _time(how, 256, "fsdp-grad-op") for how in SYNCS}
+    base = four["micro-batch"]["components"]
+    for how in ("step", "no_sync"):
+        assert {k: v for k, v in four[how]["components"].items() if k not in ("dp", "step")} == \
+            {k: v for k, v in base.items() if k not in ("dp", "step")}
+        assert base["step"] - four[how]["components"]["step"] == pytest.approx(
+            base["dp"] - four[how]["components"]["dp"])
+    assert four["no_sync"]["components"]["dp"] < four["step"]["components"]["dp"] < base["dp"]
