@@ -88,8 +88,12 @@ def _new_name(kind: str, name: str) -> str:
 
 
 def _marked(key, *, prefix=""):
+    """The case's parameters; every renamed built-in but the first of its kind runs under ``--long`` (CI runs
+    them all; the quick suite keeps one per kind)."""
     reason = STILL_NAMED.get(key)
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    if key in BUILTINS and key != next(k for k in BUILTINS if k[0] == key[0]):
+        marks.append(pytest.mark.long)
     return pytest.param(*key, marks=marks, id=f"{prefix}{key[0]}-{key[1]}")
 
 
