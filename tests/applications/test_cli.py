@@ -132,6 +132,7 @@ def test_models_and_hardware_listings():
     assert "85.899" in text and "80.00" in text
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_module_and_console_script_entry_points():
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--json", "-s", "1024",
                            "--profile", "reference"],
@@ -184,6 +185,7 @@ def test_estimate_measured_profile_flags_match_python():
     assert data["runtime_overheads"] == 0 and data["profile"] == "measured"
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_estimate_refuses_a_run_the_measured_profile_cannot_describe(tmp_path):
     model = tmp_path / "opaque.json"
     model.write_text(json.dumps({"name": "opaque", "parameters": 7_000_000_000, "layers": 32}))

@@ -94,6 +94,7 @@ def test_cli_reference_says_what_help_says(command, capsys, monkeypatch):
             assert text in where, f"docs/cli.md lacks the help of {action.dest}: {text!r}"
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_the_cli_docs_tool_checks_staleness():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "make_cli_docs.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)

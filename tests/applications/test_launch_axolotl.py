@@ -137,6 +137,7 @@ def test_unknown_key_refused(tmp_path):
         from_launch([f], gpus=1, hardware="h100")
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_cli():
     out = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
                           str(AX / "examples/llama-3/fft-8b.yaml"), "--gpus", "1", "-g", "h100"],

@@ -101,6 +101,7 @@ def test_trainer_with_deepspeed_end_to_end():
     assert result.total_memory > 0
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_cli(run_cli=None):
     import subprocess
     import sys

@@ -135,6 +135,7 @@ def test_model_flag_replaces_an_unresolved_model():
     assert launch.scenario.model == "qwen/qwen2.5-1.5b" and launch.scenario.optimizer == "muon"
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_cli():
     out = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--from",
                           str(LF / "extras/fsdp_qlora/llama3_lora_sft.yaml"), "--gpus", "1", "-g", "h100"],
@@ -147,6 +148,7 @@ def test_cli():
     assert refused.returncode == 2 and "stage='dpo'" in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_validation_table_in_the_docs_is_the_tools_output():
     """docs/launch-hf.md's validation table is what tools/launch_validation_hf.py prints."""
     root = Path(__file__).resolve().parents[2]

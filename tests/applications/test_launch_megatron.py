@@ -129,6 +129,7 @@ def test_python_file_refused(tmp_path):
         from_launch([py], gpus=8)
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_validation_table_is_current():
     import subprocess
     import sys

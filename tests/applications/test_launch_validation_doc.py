@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_the_table_is_the_tools_output():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "launch_validation.py")], capture_output=True,
                          text=True, check=True).stdout
@@ -20,6 +23,7 @@ def test_the_table_is_the_tools_output():
     assert abs(error) <= 5.0      # the like-with-like row (allocated vs active) within the issue's 5 %
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_the_torchtitan_row_with_the_launchers_environment():
     """torchtitan's FSDP row read as its TOML gives the profile's 5 % reserve (-12.2 %); with the environment
     the published run had (run_llama_train.sh: expandable segments), the caching allocator's mechanism brings it

@@ -200,6 +200,7 @@ def test_a_console_that_is_not_utf8_gets_ascii_drawing(encoding):
     assert "?" not in text     # every character drawn in ASCII, none replaced
 
 
+@pytest.mark.long     # (a subprocess check)
 def test_the_installed_command_under_an_ascii_stdout():
     env = dict(os.environ, PYTHONIOENCODING="ascii")
     proc = subprocess.run([sys.executable, "-m", "mlsysim_core", "estimate", "--explain"], env=env,
