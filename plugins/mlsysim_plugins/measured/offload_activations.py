@@ -398,11 +398,7 @@ def full_blocks_terms(plan, placement, terms) -> list[MemoryTerm]:
             continue        # the top block's forward and the backward's top: below
         else:
             out.append(t)
-    out.append(MemoryTerm(component=ACTIVATIONS, label="token ids and final norm: their saved tensors (offloaded to "
-                          "host memory)", nbytes=other, phases=SAVED, tier=HOST,
-                          formula=f"8 T (the embedding's int64 indices) + the final norm's packs, one copy per save "
-                                  f"(2 x 4 T h fp32 x, 2 x 4 T rsqrt, 4 T h the normalized product) = {_n(other)} B; "
-                                  "the device copies stay stashed until the norm's backward"))
+    out.append(_ids_and_norm_on_host(other))
     forward = per_token * T + L * rng + (top - end) * x - later - last
     if forward > 0:
         out.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before the "
@@ -467,12 +463,17 @@ def eager_full_terms(plan, terms) -> list[MemoryTerm]:
             out.append(_host(t, L * x, f"{L} x {_n(x)} B: each layer's input, copied once"))
         else:
             out.append(t)
-    out.append(MemoryTerm(component=ACTIVATIONS, label="token ids and final norm: their saved tensors (offloaded to "
-                          "host memory)", nbytes=other, phases=SAVED, tier=HOST,
-                          formula=f"8 T (the embedding's int64 indices) + the final norm's packs, one copy per save "
-                                  f"(2 x 4 T h fp32 x, 2 x 4 T rsqrt, 4 T h the normalized product) = {_n(other)} B; "
-                                  "the device copies stay stashed until the norm's backward"))
+    out.append(_ids_and_norm_on_host(other))
     return out
+
+
+def _ids_and_norm_on_host(nbytes) -> MemoryTerm:
+    """Full training's token ids and final norm packs, copied to the host once per save."""
+    return MemoryTerm(component=ACTIVATIONS, label="token ids and final norm: their saved tensors (offloaded to "
+                      "host memory)", nbytes=nbytes, phases=SAVED, tier=HOST,
+                      formula=f"8 T (the embedding's int64 indices) + the final norm's packs, one copy per save "
+                              f"(2 x 4 T h fp32 x, 2 x 4 T rsqrt, 4 T h the normalized product) = {_n(nbytes)} B; "
+                              "the device copies stay stashed until the norm's backward")
 
 
 def _n(x) -> str:
