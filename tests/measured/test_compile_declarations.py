@@ -10,32 +10,20 @@ import attrs
 import pytest
 
 from familytools import BIG
-from mlsysim_core import TrainingMemoryModel, hookimpl
+from worldtools import BUILTIN_PM as _BUILTIN_PM, world
+from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.catalog import get_model
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.manager import PluginManager
 from mlsysim_core.registry import PluginInfo
 
-_BUILTIN_PM = PluginManager.from_environment(autoload=False, blocked=())
 _SOLVER = TrainingMemoryModel(plugin_manager=_BUILTIN_PM)
 ACME = PluginInfo(name="acme_again", distribution="acme-again", version="1.0")
 LLAMA = "meta-llama/llama-3.2-1b"
 
 
-class _Module:
-    def __init__(self, hook: str, items):
-        setattr(self, hook, hookimpl(lambda: list(items)))
-
-
 def _world(hook: str, items, replace: str | None = None) -> TrainingMemoryModel:
     """The built-ins (less the plugin ``replace``) and a third party registering ``items`` on ``hook``."""
-    pm = PluginManager()
-    for name, plugin in sorted(_BUILTIN_PM.list_name_plugin()):
-        if plugin is not None and name != replace:
-            pm.register(plugin, name=name, info=_BUILTIN_PM.info(name))
-    pm.register(_Module(hook, items), name=ACME.name, info=ACME)
-    pm.check()
-    return TrainingMemoryModel(plugin_manager=pm)
+    return world(hook, items, info=ACME, replace=replace)
 
 
 def _solve(solver, *, checkpointing="none", regime="bf16", **options):

@@ -11,16 +11,15 @@ import attrs
 import pytest
 
 from familytools import BIG
-from mlsysim_core import MemoryTerm, TrainingMemoryModel, hookimpl
+from worldtools import BUILTIN_PM as _BUILTIN_PM, world
+from mlsysim_core import MemoryTerm, TrainingMemoryModel
 from mlsysim_core.catalog import get_model
-from mlsysim_core.manager import PluginManager
 from mlsysim_core.registry import PluginInfo
 from mlsysim_core.result import TrainingMemoryResult
 from mlsysim_plugins.measured import term_keys as K
 
 FAMILIES = "mlsysim_measured_architectures"
 LOSSES = "mlsysim_measured_losses"
-_BUILTIN_PM = PluginManager.from_environment(autoload=False, blocked=())
 _SOLVER = TrainingMemoryModel(plugin_manager=_BUILTIN_PM)
 KEYS = {v for k, v in vars(K).items() if k.isupper() and isinstance(v, str)}
 
@@ -115,23 +114,12 @@ def _relabelled(terms):
     return [attrs.evolve(t, label=f"acme term {i}: {t.label[::-1].upper()}") for i, t in enumerate(terms)]
 
 
-class _Module:
-    def __init__(self, hook: str, items):
-        setattr(self, hook, hookimpl(lambda: list(items)))
-
-
 ACME = PluginInfo(name="acme_relabelled", distribution="acme-relabelled", version="1.0")
 
 
 def _world(hook: str, replace: str | None, items) -> TrainingMemoryModel:
     """The built-ins (less the plugin ``replace``) and a third-party plugin registering ``items`` on ``hook``."""
-    pm = PluginManager()
-    for name, plugin in sorted(_BUILTIN_PM.list_name_plugin()):
-        if plugin is not None and name != replace:
-            pm.register(plugin, name=name, info=_BUILTIN_PM.info(name))
-    pm.register(_Module(hook, items), name=ACME.name, info=ACME)
-    pm.check()
-    return TrainingMemoryModel(plugin_manager=pm)
+    return world(hook, items, info=ACME, replace=replace)
 
 
 def _family_world() -> TrainingMemoryModel:
