@@ -224,3 +224,23 @@ def test_torch_compile_with_lora_answers_or_names_the_files_key(tmp_path, checkp
         assert key.startswith(f"{path}: "), (err, key)
     else:
         assert any("compile" in n for n in result.notes)
+
+
+def test_fsdp2_reshard_after_forward_false_accumulates_under_set_requires_gradient_sync(tmp_path):
+    """axolotl's FSDP2 with reshard_after_forward false (its llama-3/3b-fp8-fsdp2.yaml without fp8 and torch_compile, 4 micro-batches):
+    SHARD_GRAD_OP, and accelerate's no_sync under FSDP2 is set_requires_gradient_sync(False) (accelerate 1.16.0
+    accelerator.py lines 1126-1131): the fsdp-grad-op rule's gradient_sync='step' (it was dropped)."""
+    import yaml
+    doc = yaml.safe_load((AX / "examples/llama-3/3b-fp8-fsdp2.yaml").read_text())
+    del doc["fp8"], doc["fp8_enable_fsdp_float8_all_gather"], doc["torch_compile"]
+    doc["fsdp_config"]["reshard_after_forward"] = False
+    doc["gradient_accumulation_steps"] = 4
+    path = tmp_path / "3b-fsdp2.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    s = from_launch([path], gpus=8, hardware="h100").scenario
+    assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}})
+    assert s.gradient_accumulation_steps == 4
+    doc["gradient_accumulation_steps"] = 1      # the option is said, and acts only with accumulation
+    path.write_text(yaml.safe_dump(doc))
+    launch = from_launch([path], gpus=8, hardware="h100")
+    assert not any("accumulated over micro-batches" in t.label for t in launch.scenario.solve().terms)

@@ -181,3 +181,51 @@ def test_flex_attention_on_a_model_with_sinks_is_the_declared_kernel(tmp_path):
     assert attention(model="openai/gpt-oss-20b", registry=renamed) == ("sink-fused", False)
     none = attrs.evolve(registry, extensions={**registry.extensions, hook: {"sdpa": kernels["sdpa"]}})
     assert attention(model="openai/gpt-oss-20b", registry=none) == ("sdpa", True)
+
+
+def test_fsdp2_shard_grad_op_accumulates_under_set_requires_gradient_sync(tmp_path):
+    """FSDP2 SHARD_GRAD_OP (accelerate's fsdp_reshard_after_forward false with fsdp_version 2: whitecircle/halo's
+    fsdp2_gradop_config.yaml, verbatim) with gradient accumulation: accelerate 1.16.0's Accelerator.no_sync is
+    set_requires_gradient_sync(False) under FSDP2 whatever reshard_after_forward (accelerator.py lines 1126-1131),
+    and the Trainer enters it on every micro-batch but the last (transformers 5.23.0 trainer.py lines 1897-1908):
+    the fsdp-grad-op rule's gradient_sync='step' (before: dropped, priced as syncing every micro-batch). The
+    Trainer file: alignment-handbook's zephyr-7b-beta config_full.yaml with accumulation 4 and bf16 off (halo's
+    accelerate file says mixed_precision "no")."""
+    import attrs
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["gradient_accumulation_steps"], doc["bf16"] = 4, False
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    launch = from_launch([trainer, DATA / "accelerate/halo/fsdp2_gradop_config.yaml"], hardware="h100")
+    s = launch.scenario
+    assert (s.data_parallel, s.plugin_options, s.gradient_accumulation_steps, s.regime) == (
+        "fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}}, 4, "fp32")
+    [default] = [d for r in launch.readings for d in r.defaults if d.field == "plugin_options"]
+    assert "set_requires_gradient_sync(False)" in default.source and "sync_each_batch" in default.source
+    result = s.solve()
+    [term] = [t for t in result.terms if "accumulated over micro-batches" in t.label]
+    # Mistral 7B (h 4096, 32 layers, 8 KV heads of 128, MLP 14336, vocab 32000, untied): every parameter's
+    # unsharded fp32 gradient (no MixedPrecisionPolicy: reduce_dtype the parameters' fp32), less the rank's 1/8 shard
+    params = 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 32000 * 4096 + 4096
+    assert params == 7_241_732_096
+    assert term.nbytes == params * 4 - params / 8 * 4
+    synced = attrs.evolve(s, plugin_options={}).solve()      # priced as syncing every micro-batch, as before
+    assert result.total_memory - synced.total_memory >= term.nbytes * 0.9
+
+
+def test_trainer_shard_grad_op_with_fsdp2_accumulates_under_set_requires_gradient_sync(tmp_path):
+    """TrainingArguments fsdp: shard_grad_op with fsdp_config fsdp_version 2 (transformers 5.23.0 training_args.py
+    lines 2920-2925: reshard_after_forward False): the same option; under FSDP1 (fsdp_version 1) the no_sync one."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["gradient_accumulation_steps"] = 4
+    doc["fsdp"], doc["fsdp_config"] = "shard_grad_op auto_wrap", {"fsdp_version": 2}
+    path = tmp_path / "config_full.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    s = from_launch([path], gpus=8, hardware="h100").scenario
+    assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}})
+    doc["fsdp_config"] = {"fsdp_version": 1}
+    path.write_text(yaml.safe_dump(doc))
+    s = from_launch([path], gpus=8, hardware="h100").scenario
+    assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "no_sync"}})

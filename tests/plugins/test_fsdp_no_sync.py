@@ -391,7 +391,7 @@ def test_grad_op_step_in_the_regimes_reduce_dtype():
 def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
     """FSDP1 SHARD_GRAD_OP (TRL's fsdp1.yaml with that strategy): the fsdp-grad-op rule's gradient_sync='no_sync'
     (no fsdp_version: that rule keeps every gathered unit under either); FSDP2's reshard_after_forward false:
-    nothing (priced as syncing every micro-batch)."""
+    gradient_sync='step' (accelerate 1.16.0 Accelerator.no_sync under FSDP2: set_requires_gradient_sync(False))."""
     import yaml
     from mlsysim_core.scenario import from_launch
     data = ROOT / "tests" / "data" / "launch"
@@ -407,4 +407,5 @@ def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
     doc["fsdp_config"]["fsdp_reshard_after_forward"] = False
     path.write_text(yaml.safe_dump(doc))
     launch = from_launch([trainer, path], hardware="h100")
-    assert launch.scenario.data_parallel == "fsdp-grad-op" and launch.scenario.plugin_options == {}
+    assert launch.scenario.data_parallel == "fsdp-grad-op"
+    assert launch.scenario.plugin_options == {"fsdp-grad-op": {"gradient_sync": "step"}}

@@ -116,14 +116,16 @@ class Reading:
 
 def _for_rule(rule, options: dict) -> dict | None:
     """What the final FSDP rule takes of ``fsdp_config``'s options (``gradient_sync``, and ``fsdp_version`` when 1):
-    FULL_SHARD and HYBRID_SHARD all of it; SHARD_GRAD_OP (``fsdp-grad-op``) FSDP1's ``no_sync`` (the gathered
-    parameters and the unsharded gradients kept between the synchronizing micro-batches, fsdp.GRADIENT_SYNC; no
-    fsdp_version: it keeps every gathered unit from the forward to the backward under either) and nothing of FSDP2's
-    (priced as syncing every micro-batch, docs/launch-hf.md); another rule nothing."""
+    FULL_SHARD and HYBRID_SHARD all of it; SHARD_GRAD_OP (``fsdp-grad-op``) its ``gradient_sync``: FSDP1's
+    ``no_sync`` (the gathered parameters and the unsharded gradients kept between the synchronizing micro-batches)
+    or FSDP2's ``step`` (accelerate 1.16.0 accelerator.py lines 1126-1131: Accelerator.no_sync under FSDP2 is
+    ``set_requires_gradient_sync(False)`` whatever ``reshard_after_forward``; the unsharded gradients in
+    reduce_dtype), fsdp.GRADIENT_SYNC; no fsdp_version: that rule keeps every gathered unit from the forward to
+    the backward under either; another rule nothing."""
     if rule in ("fsdp", "hsdp"):
         return options
-    if rule == "fsdp-grad-op" and options.get("gradient_sync") == "no_sync":
-        return {"gradient_sync": "no_sync"}
+    if rule == "fsdp-grad-op" and options.get("gradient_sync") in ("no_sync", "step"):
+        return {"gradient_sync": options["gradient_sync"]}
     return None
 
 

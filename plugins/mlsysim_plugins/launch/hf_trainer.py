@@ -410,6 +410,8 @@ def _fsdp_arg(r: Reading, key, value, cfg, mixed):
     else:
         r.seen.add(key)
     if cfg or rule:
+        if cfg:     # the table's own key: each of its keys is accounted for by fsdp_config
+            r.seen.add(key.replace("fsdp", "fsdp_config"))
         fsdp_rule = _hf.fsdp_config(r, key.replace("fsdp", "fsdp_config"), cfg, mixed) if cfg else None
         if not cfg and mixed:
             r.set(key, value, "regime", "fsdp-bf16", "FSDP mixed precision: fp32 sharded state, 16-bit gathered "
