@@ -86,21 +86,27 @@ class TrainingPlan:
         return self.options.get(spec_name)
 
 
+@attrs.frozen(kw_only=True)
+class Shards:
+    """What the rules split for one rank: integer factors (1: not split), multiplied over the rules;
+    the fields ``ShardingEffect``, ``SplitSoFar`` and ``Placement`` share."""
+
+    parameter_shards: int = 1
+    activation_shards: int = 1
+    weight_shards: int = 1
+    gradient_shards: int = 1
+    optimizer_state_shards: int = 1
+    tensor_shards: int = 1      # ranks each weight matrix is split over (as its tensor class says)
+    sequence_shards: int = 1    # ranks each sequence's tokens are split over (context parallel)
+    expert_shards: int = 1      # ranks the routed experts are spread over
+    pipeline_stages: int = 1    # stages the layer stack is split into
+
+
 @attrs.frozen(kw_only=True, cache_hash=True)
-class Placement:
+class Placement(Shards):
     """How the selected rules split the model for one rank: integer products over the rules."""
 
-    parameter_shards: int
     parameters_per_rank: float
     trainable_parameters_per_rank: float
     layers_per_stage: int
-    activation_shards: int
-    weight_shards: int
-    gradient_shards: int
-    optimizer_state_shards: int
     shard_sources: Mapping[str, tuple[str, ...]]   # quantity -> rules that split it
-    # What the rules declare they split (ShardingEffect), for profiles that price tensors one by one.
-    tensor_shards: int = 1
-    sequence_shards: int = 1
-    expert_shards: int = 1
-    pipeline_stages: int = 1

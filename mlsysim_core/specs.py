@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Mapping
 
 import attrs
 
-from .plan import FrozenMap
+from .plan import FrozenMap, Shards
 from .terms import MemoryTerm
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$"
@@ -74,24 +74,14 @@ class CheckpointingSpec:
 DATA = "dp"
 AXES = ("tp", "cp", "pp", "ep", DATA)     # the axes a rule can own, in the order the solver applies them
 DEFAULT_RULES = {"tp": "tp", "cp": "cp", "pp": "pp", "ep": "ep"}   # data parallel: zero<stage>
-_SHARD_FIELDS = ("parameter_shards", "activation_shards", "weight_shards", "gradient_shards", "optimizer_state_shards",
-                 "tensor_shards", "sequence_shards", "expert_shards", "pipeline_stages")
+_SHARD_FIELDS = tuple(f.name for f in attrs.fields(Shards))
 _shard_factors = operator.attrgetter(*_SHARD_FIELDS)
 _INT = {int}
 
 
 @attrs.frozen(kw_only=True)
-class ShardingEffect:
-    """What one sharding rule splits for one rank: integer factors (1: not split), multiplied over the rules."""
-    parameter_shards: int = 1
-    activation_shards: int = 1
-    weight_shards: int = 1
-    gradient_shards: int = 1
-    optimizer_state_shards: int = 1
-    tensor_shards: int = 1      # ranks each weight matrix is split over (as its tensor class says)
-    sequence_shards: int = 1    # ranks each sequence's tokens are split over (context parallel)
-    expert_shards: int = 1      # ranks the routed experts are spread over
-    pipeline_stages: int = 1    # stages the layer stack is split into
+class ShardingEffect(Shards):
+    """What one sharding rule splits for one rank (its factors: ``Shards``), its buffers and notes."""
     layers_per_stage: int | None = None
     buffer_terms: tuple[MemoryTerm, ...] = ()
     notes: tuple[str, ...] = ()
@@ -110,19 +100,10 @@ class ShardingEffect:
 
 
 @attrs.frozen(kw_only=True)
-class SplitSoFar:
+class SplitSoFar(Shards):
     """What the rules applied before this one split, for one rank."""
-    parameter_shards: int
-    activation_shards: int
-    weight_shards: int
-    gradient_shards: int
-    optimizer_state_shards: int
     parameters_per_rank: float
     layers_per_stage: int | None      # None until a pipeline rule sets it
-    tensor_shards: int = 1
-    sequence_shards: int = 1
-    expert_shards: int = 1
-    pipeline_stages: int = 1
 
 
 @attrs.frozen(kw_only=True)
