@@ -63,6 +63,18 @@ Each figure is derived from the implementation's source at a commit, never from 
   The memory a search solves a float8 row with is what each declares (``memory``): torchao tensorwise's is
   the measured profile's ``float8="tensorwise"`` (measured/float8.py, torchao's Float8Linear measured);
   Transformer Engine's is not modelled (None: the 16-bit run's memory, said in a note).
+  Every declaration is per linear module, as torchao converts them (each nn.Linear a Float8Linear whose
+  ``matmul_with_hp_or_float8_args.forward`` casts its own ``input_hp`` and saves the bf16 input for the backward's
+  casts; torchao/float8/float8_linear.py at 6243040): a GEMM the model runs as several modules reading one input
+  (``details["separate_projections"]``: torchtitan's wq, wk, wv and w1, w3; steptime.model_figures' ``linears``)
+  pays the input's casts, its backward's copies of it and its gradient's rescale once per module. The wk and wv
+  of a grouped-query model read the same M x K input as wq for a tenth of its FLOPs: pytorch/torchtitan issue 1207
+  ("float8 rowwise vanilla TP low throughput", closed by torchtitan PR 1319) found "attention.wk and attention.wv
+  layers were so small that float8 rowwise conversion resulted in significant slowdown (approx 40%) for those
+  layers", and pytorch/ao PR 2410's ``_auto_filter_for_recipe`` now leaves such linears in bf16 (rowwise: any
+  with N <= 2048). Not modelled: a compiler's deduplication of identical casts across the modules, and
+  torchtitan's float8 tensor parallelism (tensorwise only: ``PrepareFloat8ModuleInput`` casts the attention's and
+  the MLP's input once, before the all-gather, for all of its modules).
   Not timed: current scaling's amax all-reduce over the tensor-parallel group under sequence parallelism
   (``set_quantizer_amax_reduction_group``: one scalar per quantized tensor, latency only); on Blackwell a
   tensorwise float8 GEMM needs no transposed copy (its column-wise write is counted all the same).

@@ -306,8 +306,20 @@ def model_figures(model) -> dict:
     details = getattr(model, "details", None) or {}
     window = details.get("sliding_window") or None
     windowed = min(layers, details.get("sliding_window_layers") or 0) if window else 0
+    # How many linear modules each GEMM above runs as, each reading the GEMM's whole input
+    # (``linears``): 1 (one fused module, Megatron's linear_qkv and linear_fc1) unless the model
+    # declares ``details["separate_projections"]`` (q, k and v three modules, a gated MLP's gate and
+    # up two: torchtitan's wq / wk / wv and w1 / w3, transformers' q_proj / k_proj / v_proj). The
+    # GEMMs' FLOPs and tiles are timed as the fused GEMM's; a float8 linear casts its own input
+    # (_steptime_float8: 'one linear module'), so the input's casts are paid once per module.
+    separate = details.get("separate_projections", False)
+    if not isinstance(separate, bool):
+        raise InvalidInputTypeError("details['separate_projections']", separate,
+                                    "True (q, k, v and a gated MLP's gate and up run as separate linear modules) "
+                                    "or False (fused)")
+    linears = (3, 1, mats - 1, 1) if separate else (1, 1, 1, 1)
     return dict(h=h, h_q=heads * head_dim, h_kv=kv * head_dim, ffn=ffn, k=k, experts=experts, mats=mats, gemms=gemms,
-                window=window, windowed=windowed,
+                linears=linears, window=window, windowed=windowed,
                 layers=layers, vocab=vocab, layer_active=layer_active, head=head, parameters=model.parameters,
                 expert_params=expert_params, non_embedding_active=active - embedding, notes=tuple(notes))
 
@@ -355,7 +367,8 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
     LM head; ``cast``: the float8 casts' bytes per forward, per backward and (``cast_step``) once a
     step (0 in bf16), as the float8 implementation declares them (``casts``, _steptime_float8). A routed
     GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each."""
-    key = (fig["gemms"], fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
+    linears = fig.get("linears") or (1,) * len(fig["gemms"])
+    key = (fig["gemms"], linears, fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
            hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts)
     got = _GEMM_CACHE.get(key)
     if got is not None:
@@ -383,20 +396,22 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
         if operand_bytes < 2:
             c = casts
             read = c.normed_input if i in NORMED_GEMMS and not routed else c.input
-            if c.weight_per == "micro-batch" and read == c.weight:
+            # (the GEMM run as ``modules`` linears, each casting the whole input M x K: _steptime_float8)
+            modules = linears[i] if i < len(linears) else 1
+            if c.weight_per == "micro-batch" and read == c.weight and modules == 1:
                 cast_f += count * read * (m * k + n * k)
             else:
-                cast_f += count * read * m * k
+                cast_f += count * read * m * k * modules
                 if c.weight_per == "micro-batch":
                     cast_f += count * c.weight * n * k
                 else:
                     cast_s += count * c.weight * n * k
             if c.transpose_weight is None:
-                back = c.grad * m * n + c.transpose * (m * k + n * k)
+                back = c.grad * m * n + c.transpose * (m * k * modules + n * k)
             else:       # (the weight's transposed copy declared apart from the input's)
-                back = c.grad * m * n + c.transpose * m * k + c.transpose_weight * n * k
+                back = c.grad * m * n + c.transpose * m * k * modules + c.transpose_weight * n * k
             if c.rescale:       # (a kernel scaling each backward GEMM's output: input and weight gradients)
-                back += c.rescale * (m * k + n * k)
+                back += c.rescale * (m * k * modules + n * k)
             cast_b += count * back
     v = fig["vocab"] / tp
     head_flops = 2 * T * v * fig["h"]

@@ -83,3 +83,39 @@ def test_step_time_amortises_step_casts_over_micro_batches():
     weights = g["cast_step"] * fig["layers"] / (steptime.DEFAULT.memory * hw["memory"])
     # four micro-batches pay four times the per-micro-batch traffic and the weights' casts once
     assert four["memory"] - 4 * one["memory"] == pytest.approx(weights - 4 * weights)
+
+
+def test_separate_projections_cast_the_shared_input_once_per_linear_module():
+    # torchtitan's wq / wk / wv and w1 / w3: three modules read the q/k/v GEMM's input and two the MLP up's; each
+    # Float8Linear casts its own input (forward), its backward's copy of it and rescales its own input gradient
+    lin = dict(FIG, linears=(3, 1, 2, 1))
+    extra = 2 * INPUTS[0] + 1 * INPUTS[2]       # the input elements cast again: 2 more modules, 1 more
+    g = steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 1, 1, 1, TORCHAO_ROWWISE)
+    base = casts(TORCHAO_ROWWISE)
+    assert (g["cast_fwd"], g["cast_bwd"], g["cast_step"]) == pytest.approx(
+        (base[0] + 5 * extra, base[1] + (3 + 4) * extra, 0))
+    # 512 tokens, K 1024: the q/k/v's input 524,288 elements cast 3 times (5 B each) and the weight once (3 B)
+    one = steptime.layer_gemms(dict(lin, gemms=(FIG["gemms"][0],), linears=(3,)), HW, steptime.DEFAULT, M, 1, 1, 1,
+                               TORCHAO_ROWWISE)
+    assert one["cast_fwd"] == 3 * 5 * 524_288 + 3 * 3_145_728
+    # tensorwise: 5 B forward, the backward's transposed copy 2 B, per module
+    g = steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 1, 1, 1, TORCHAO_TENSORWISE)
+    t = casts(TORCHAO_TENSORWISE)
+    assert (g["cast_fwd"], g["cast_bwd"]) == pytest.approx((t[0] + 5 * extra, t[1] + 2 * extra))
+    # the GEMMs' time (FLOPs, tiles) is the fused GEMM's, in bf16 and float8
+    for operand_bytes in (2, 1):
+        a = steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 1, 1, operand_bytes, TORCHAO_ROWWISE)
+        b = steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 1, 1, operand_bytes, TORCHAO_ROWWISE)
+        assert (a["fwd"], a["bwd"], a["head"]) == (b["fwd"], b["bwd"], b["head"])
+
+
+def test_separate_projections_is_read_from_the_models_details():
+    from mlsysim_core.catalog import get_model
+    from mlsysim_core.errors import InvalidInputTypeError
+    import attrs
+    model = get_model("meta-llama/llama-3.1-8b")
+    assert steptime.model_figures(model)["linears"] == (1, 1, 1, 1)
+    separate = attrs.evolve(model, details={"separate_projections": True})
+    assert steptime.model_figures(separate)["linears"] == (3, 1, 2, 1)       # gated MLP: gate and up
+    with pytest.raises(InvalidInputTypeError, match="separate_projections"):
+        steptime.model_figures(attrs.evolve(model, details={"separate_projections": "yes"}))

@@ -157,10 +157,25 @@ def comparable(case) -> str | None:
     return None
 
 
+# The sources whose model code runs q, k and v (and a gated MLP's gate and up) as separate linear modules, declared
+# to the step time as the model's ``details["separate_projections"]`` (steptime.model_figures: under float8 each
+# module casts the input it reads): torchtitan's Llama, torchtitan/models/llama/model.py at 9dec370 (the 2024-12
+# tables) lines 158-162 and 248-250, torchtitan/models/llama3/model.py at 820504e (the 2025-06 async-TP table) lines
+# 205-209 and 297-299: "self.wq = nn.Linear(", "self.wk = nn.Linear(model_args.dim, self.n_kv_heads *
+# self.head_dim, bias=False)", "self.wv = ...", "self.w1 = nn.Linear(dim, hidden_dim, bias=False)", "self.w3 = ...".
+# (Megatron's linear_qkv and linear_fc1 and llm-foundry's Wqkv are fused modules: not declared.)
+SEPARATE_PROJECTIONS = ("pytorch/torchtitan",)
+
+
 def model_for(case):
     """The catalog model, or the source's stated dimensions as a workload (its position table, not a
-    matmul, left out of the parameters)."""
+    matmul, left out of the parameters); with ``separate_projections`` declared where the source's model
+    code runs its projections as separate modules (SEPARATE_PROJECTIONS)."""
     if case["model"]:
+        if case["source"].startswith(SEPARATE_PROJECTIONS):
+            from mlsysim_core.catalog import get_model
+            model = get_model(case["model"])
+            return attrs.evolve(model, details={**(model.details or {}), "separate_projections": True})
         return case["model"]
     dims = {k: v for k, v in case["model_dims"].items() if k not in ("source", "position_table")}
     dims["parameters"] -= case["model_dims"].get("position_table") or 0
