@@ -760,3 +760,11 @@ def format_gb(nbytes) -> str:
         mantissa, exponent = text.split("e")
         text = f"{mantissa}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     return f"{text} GB"
+
+
+def trace_summary(result) -> str:
+    """``constraint_trace``'s first line: the components in GB (runtime overheads when there are any)."""
+    return (f"Training Memory: weights={format_gb(result.weights)}, gradients={format_gb(result.gradients)}, "
+            f"optimizer={format_gb(result.optimizer_state)}, activations={format_gb(result.activations)}, "
+            f"buffers={format_gb(result.communication_buffers)}"
+            + (f", runtime overheads={format_gb(result.runtime_overheads)}" if result.runtime_overheads else "") + ".")

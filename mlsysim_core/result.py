@@ -11,6 +11,19 @@ from .errors import InvalidInputError
 from .terms import ACCELERATOR, COMPONENTS, PHASES, MemoryTerm
 
 
+def _phase_totals(terms, component: str | None = None) -> dict:
+    totals = dict.fromkeys(PHASES, 0)
+    for term in terms:
+        if term.tier == ACCELERATOR and (component is None or term.component == component):
+            for phase in term.phases:
+                totals[phase] += term.nbytes
+    return totals
+
+
+_PHASE_TOTALS = property(lambda self: _phase_totals(self.terms),     # a result's and a rank's
+                         doc="Accelerator bytes alive in each phase of an iteration (whatever the combine rule).")
+
+
 @attrs.frozen(kw_only=True)
 class RankReport:
     """The memory of one rank class of a parallel layout (a stage, or the middle stages alike), in bytes."""
@@ -31,11 +44,7 @@ class RankReport:
     peak_phase: str | None
     feasible: bool
     terms: tuple[MemoryTerm, ...] = ()   # every term of this rank: where each byte comes from
-
-    @property
-    def phase_totals(self) -> dict[str, int | float]:
-        """Accelerator bytes alive in each phase of an iteration on this rank."""
-        return _phase_totals(self.terms)
+    phase_totals = _PHASE_TOTALS
 
 
 @attrs.frozen(kw_only=True)
@@ -93,20 +102,13 @@ class TrainingMemoryResult:
         from .render import MemoryView
         return MemoryView(self, "GiB")
 
-    @property
-    def phase_totals(self) -> dict[str, int | float]:
-        """Accelerator bytes alive in each phase of an iteration (whatever the combine rule)."""
-        return _phase_totals(self.terms)
+    phase_totals = _PHASE_TOTALS
 
     @property
     def constraint_trace(self) -> tuple[str, ...]:
         """The reference's trace: a summary line in GB (with runtime overheads if any), then the rules' notes."""
-        from .render import format_gb
-        summary = (f"Training Memory: weights={format_gb(self.weights)}, gradients={format_gb(self.gradients)}, "
-                   f"optimizer={format_gb(self.optimizer_state)}, activations={format_gb(self.activations)}, "
-                   f"buffers={format_gb(self.communication_buffers)}"
-                   + (f", runtime overheads={format_gb(self.runtime_overheads)}" if self.runtime_overheads else "") + ".")
-        return (summary,) + self.notes
+        from .render import trace_summary
+        return (trace_summary(self),) + self.notes
 
     @property
     def headroom(self) -> int | float:
@@ -144,11 +146,3 @@ class TrainingMemoryResult:
 
     _repr_html_ = to_html     # Jupyter shows results as this table
 
-
-def _phase_totals(terms, component: str | None = None) -> dict:
-    totals = dict.fromkeys(PHASES, 0)
-    for term in terms:
-        if term.tier == ACCELERATOR and (component is None or term.component == component):
-            for phase in term.phases:
-                totals[phase] += term.nbytes
-    return totals
