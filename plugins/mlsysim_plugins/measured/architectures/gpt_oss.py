@@ -377,10 +377,14 @@ def _megatron_terms(plan, placement, terms) -> list:
     more experts a rank) are alive in every phase, one set per layer; the permute's row_id_map, a saved part until
     the layer's backward, is held after it (``megatron_alltoall_map_held``: the end of the backward and the
     optimizer step)."""
-    from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP, PHASES
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, PHASES
+    from ..checkpointing import whole_layers
     from ..shapes import shape_of
     shape = shape_of(plan)
     T = plan.microbatch * plan.seq_len
+    full = whole_layers(plan)      # (every layer, one a chunk: _megatron_check refuses the rest)
+    r = plan.profile_options.regime.residual        # the residual stream's dtype: a layer's input
+    layer_input = T * shape.hidden * r / placement.activation_shards
     out = []
     for t in terms:
         if t.key == K.FINAL_NORM:
@@ -396,12 +400,29 @@ def _megatron_terms(plan, placement, terms) -> list:
                 f"forward) = {layers * T * per_token:,} B"))
     # The permute's row_id_map is a saved part until the layer's backward; the dispatcher keeps it after that.
     per_token = megatron_alltoall_map_held(experts=shape.experts)
-    out.append(MemoryTerm(
-        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (after the backward)",
-        nbytes=layers * T * per_token, phases=(BACKWARD_END, OPTIMIZER_STEP),
-        formula=f"{layers} layers x T x 4(2E + 1) B (the permute's int32 row_id_map, saved until the layer's "
-                f"backward, then held as reversed_local_input_permutation_mapping until its next forward) = "
-                f"{layers * T * per_token:,} B"))
+    if not full:
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (after the backward)",
+            nbytes=layers * T * per_token, phases=(BACKWARD_END, OPTIMIZER_STEP),
+            formula=f"{layers} layers x T x 4(2E + 1) B (the permute's int32 row_id_map, saved until the layer's "
+                    f"backward, then held as reversed_local_input_permutation_mapping until its next forward) = "
+                    f"{layers * T * per_token:,} B"))
+    else:
+        # Under full recompute the no-grad forward saves nothing: every layer's map is held by the dispatcher from
+        # its forward on; while a layer is recomputed its (new) map is one of the working set's saved tensors.
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map",
+            nbytes=layers * T * per_token, phases=(FORWARD, OPTIMIZER_STEP),
+            formula=f"{layers} layers x T x 4(2E + 1) B (the permute's int32 row_id_map, held as "
+                    f"reversed_local_input_permutation_mapping from the no-grad forward until the recompute "
+                    f"replaces it) = {layers * T * per_token:,} B"))
+        if layers > 1:
+            out.append(MemoryTerm(
+                component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (the layers "
+                                             "not being recomputed)",
+                nbytes=(layers - 1) * T * per_token, phases=(BACKWARD, BACKWARD_END),
+                formula=f"({layers} - 1) layers x T x 4(2E + 1) B (the recomputed layer's map is in its working "
+                        f"set) = {(layers - 1) * T * per_token:,} B"))
     local = shape.experts // placement.expert_shards
     counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
     if counts:
@@ -410,8 +431,60 @@ def _megatron_terms(plan, placement, terms) -> list:
             nbytes=layers * counts, phases=PHASES,
             formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
                     f"until the layer's next forward) = {layers * counts:,} B"))
+    layers_input = layers * layer_input
+    if full:
+        # Megatron-Core's CheckpointFunction.backward detaches the saved input (detach_variable: a leaf on the
+        # same storage) and recomputes the layer; the recompute replaces the dispatcher's held probabilities with
+        # tensors whose graph reaches that leaf's AccumulateGrad node, which keeps the leaf and, once
+        # torch.autograd.backward has run, its .grad (the input gradient the checkpoint returns) until the
+        # layer's next forward replaces them (measured: validation/megatron_gpt_oss/recompute_measurements.json,
+        # held_graph). A micro-batch's backward keeps the gradients of the layers above the recomputed one.
+        # Every micro-batch's backward recomputes its layers one at a time (CheckpointFunction.backward): the
+        # first backward of a stage does it with every in-flight micro-batch's checkpointed inputs alive (the
+        # profile's recompute working set is the backward's end only). The same working set as model.layer_terms'
+        # (one layer's saved tensors, its output, its MLP's activation gradients), less the input norm's saved
+        # input: the checkpoint's saved input (a detached alias, the same storage), counted with those.
+        from .. import model
+        ctx = model.context(plan, placement)
+        lb = model.layer_bytes(plan, ctx)
+        mlp_grads = 2 * ctx.tokens * max(shape.top_k, 1) * shape.ffn * ctx.regime.compute
+        work = (lb.saved + lb.output + mlp_grads) / ctx.shards - layer_input
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="recompute working set in a micro-batch's backward (one layer)",
+            nbytes=work, phases=(BACKWARD,),
+            formula=f"the recompute working set ({(lb.saved + lb.output + mlp_grads) / ctx.shards:,.0f} B) less the "
+                    f"layer's input its input norm saves ({layer_input:,.0f} B, the checkpoint's: counted with the "
+                    f"checkpointed inputs) = {work:,.0f} B"))
+        if layers > 1:
+            grads = (layers - 1) * layer_input
+            out.append(MemoryTerm(
+                component=ACTIVATIONS, label="recomputed layers' input gradients held by the dispatcher's "
+                                             "probabilities (in a micro-batch's backward)",
+                nbytes=grads, phases=(BACKWARD,),
+                formula=f"({layers} - 1) layers above the recomputed one x T x h x {r} B (each detached input's "
+                        f".grad, its AccumulateGrad node reached by the recomputed probabilities' graph) = "
+                        f"{grads:,.0f} B"))
+        if layers > 1:
+            # The backward's end: layer 0's recompute (the last micro-batch's), with that micro-batch's L inputs
+            # and the L - 1 upper layers' input gradients alive; layer 0's input is in the working set's saved
+            # tensors (its input norm's), counted there.
+            end = (2 * layers - 2) * layer_input
+            out.append(MemoryTerm(
+                component=ACTIVATIONS, label="checkpointed inputs and input gradients held by the dispatcher's "
+                                             "probabilities (at the first layer's recompute)",
+                nbytes=end, phases=(BACKWARD_END,),
+                formula=f"({layers} - 1) layers' inputs + ({layers} - 1) input gradients x T x h x {r} B (the first "
+                        f"layer's input is the working set's) = {end:,.0f} B"))
+        held = 2 * layers_input
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="checkpointed inputs and their gradients held by the dispatcher's "
+                                         "probabilities (after the backward)",
+            nbytes=held, phases=(OPTIMIZER_STEP,),
+            formula=f"{layers} layers x 2 x T x h x {r} B (the last micro-batch's detached input of each layer and "
+                    f"its .grad, reached by the recomputed probabilities' graph; alive until the layer's next "
+                    f"forward) = {held:,.0f} B"))
     rank = plan.rank
-    if rank is not None and not rank.first:
+    if rank is not None and not rank.first and not full:    # (under full recompute: the first layer's input)
         # A later pipeline stage's input is the receive buffer P2PCommunicator._communicate allocates (a leaf,
         # requires_grad=True; megatron/core/pipeline_parallel/p2p_communication.py at MEGATRON_LM). Its
         # AccumulateGrad node is reachable from the held probabilities' graph, so the last micro-batch's buffer
@@ -524,6 +597,12 @@ def check(plan) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _every_layer_checkpointed(plan) -> bool:
+    """Every layer of the stage recomputed, one a chunk (Megatron-Core's ``recompute_method="uniform"`` with
+    ``recompute_num_layers=1``): no ``checkpointed_layers`` (block recompute) given."""
+    return plan.profile_options.checkpointed_layers is None
+
+
 def _megatron_check(plan, kernel) -> tuple[str, ...]:
     """gpt-oss under the Megatron-Core regime: what was derived and measured is Megatron-Bridge's gpt-oss recipe
     on one device and on one rank of an expert-parallel group with two or more local experts
@@ -566,19 +645,21 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
         raise NotModelledError("expert_tp_size", o.expert_tp_size, f"1 for gpt-oss under {regime!r}",
                                "Megatron-Bridge's gpt-oss recipes set expert_tensor_parallel_size 1; the experts' "
                                "tensor-parallel split of TEGroupedMLP was not derived")
-    from ..checkpointing import PART, keeps_everything, spec_of
+    from ..checkpointing import PART, keeps_everything, spec_of, whole_layers
     spec = spec_of(plan)
     # Selective recompute (Korthikanti's: the attention core) drops only the parts marked
     # recomputed_by_selective, of which the fused attention and the MoE layer have none: it keeps what 'none'
     # keeps. Allowed as declared: a partial recompute that reruns no layer's first part (recomputes_first_layer
     # None); whole layers, every k-th layer and module recompute are refused.
-    if not (keeps_everything(plan) or (spec.recomputes == PART and spec.recomputes_first_layer is None)):
+    if not (keeps_everything(plan) or (spec.recomputes == PART and spec.recomputes_first_layer is None)
+            or (whole_layers(plan) and _every_layer_checkpointed(plan))):
         raise NotModelledError(
             "activation_checkpointing", spec.name,
-            f"'none' or 'selective' for gpt-oss under {regime!r} (Megatron-Bridge's gpt-oss recipes recompute "
-            "nothing; selective recomputes nothing with fused attention)",
-            "Megatron-Core's recomputation of gpt-oss's layers (full, every k-th layer, the recompute_modules "
-            "moe_act / moe / mlp) was not measured")
+            f"'none', 'selective' or 'full' (every layer, without checkpointed_layers) for gpt-oss under {regime!r} "
+            "(selective recomputes nothing with fused attention; full is Megatron-Core's recompute_granularity "
+            "'full', method 'uniform', one layer a chunk)",
+            "Megatron-Core's block recompute (recompute_method 'block'), every k-th layer and the recompute_modules "
+            "(moe_act / moe / mlp / layernorm) of gpt-oss's layers were not measured")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
@@ -609,6 +690,15 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "permuted probabilities, the two chunk sorts' maps and the experts' tensors are per routed copy the rank "
             "receives (T x k balanced; moe_routing_imbalance sets the busiest rank's load); the all-to-all's send and "
             "receive buffers are the profile's generic transient term (not measured)")
+    if whole_layers(plan):
+        notes.append(
+            "Megatron-Core gpt-oss under full recompute (recompute_granularity 'full', method 'uniform', one layer a "
+            "chunk: tensor_parallel.checkpoint's CheckpointFunction saves the layer's input; measured on one device "
+            "and on 1F1B stages, validation/megatron_gpt_oss/measure_recompute.py): each micro-batch's backward "
+            "recomputes one layer at a time; the recompute's held probabilities reach the detached input's "
+            "AccumulateGrad node, so each layer's input and its gradient stay alive after its backward until its "
+            "next forward (L x 2 x T x h x 2 B after the backward); the recomputed attention is derived, not "
+            "measured")
     if plan.pp_size > 1:
         notes.append(
             f"Megatron-Core gpt-oss under pipeline parallelism (pp {plan.pp_size}): a stage's MoE layers under "
