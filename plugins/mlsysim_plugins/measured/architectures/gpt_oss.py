@@ -75,8 +75,11 @@ parallelism (data parallelism allowed; tp = cp = 1, two or more experts a rank: 
 group measured, the router, the permutation map and the held [T, E] tensors per token of the rank, what is per
 routed copy per row the rank receives; a pipeline stage's MoE layers under Megatron-Core's 1F1B measured on its
 first, a middle and its last stage, ``measure_pp.py``: each in-flight micro-batch's saved tensors, one set of
-held tensors a layer, a later stage's last receive buffer held after the backward) without recomputation (or selective recomputation, which recomputes nothing here), dropout or
-token dropping; the rest is refused by name.
+held tensors a layer, a later stage's last receive buffer held after the backward) without recomputation (or selective
+recomputation, which recomputes nothing here) or with Megatron-Core's full recompute (``recompute_granularity="full"``,
+method ``uniform``, one layer a chunk; ``measure_recompute.py``: the checkpointed inputs, one recomputed layer in
+each micro-batch's backward, each layer's detached input and its gradient held after its backward by the recomputed
+probabilities' graph), without dropout or token dropping; the rest is refused by name.
 
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
@@ -367,7 +370,7 @@ def adjust_terms(kind, plan, placement, terms):
 
 def _megatron_terms(plan, placement, terms) -> list:
     """Megatron-Core's gpt-oss (the regime's layers, ``_megatron_check``: one device, expert and pipeline
-    parallelism, no or selective recompute)
+    parallelism, no, selective or full recompute)
     outside its layers:
     its rotary table is head_dim wide (``YarnRotaryEmbedding.forward``: ``emb = torch.cat((freqs, freqs))``), so
     the model's term stands; its final norm is Transformer Engine's RMSNorm, costed as every family's under
