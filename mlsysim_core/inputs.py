@@ -3,7 +3,6 @@ profile's options are built and its ``prepare`` completes them. Nothing later re
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Callable, Iterable, Mapping
 
@@ -265,17 +264,9 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
         raise info.error(f"{where} raised {type(err).__name__}: {err}", hook) from err
 
 
-def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):
-    """The plan ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)`` prices, prepared."""
-    bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
-    bound.apply_defaults()
-    a = dict(bound.arguments)      # solve's parameters, named as check_plan's
-    options, profile, registry = a.pop("profile_options"), a.pop("profile") or solver._profile, solver.registry
-    if isinstance(model, str) or isinstance(hardware, str):
-        from .catalog import get_hardware, get_model
-        pm = solver.plugin_manager
-        a["model"] = get_model(model, plugin_manager=pm) if isinstance(model, str) else model
-        a["hardware"] = get_hardware(hardware, plugin_manager=pm) if isinstance(hardware, str) else hardware
-    if type(a["include_plugins"]) is list:
-        a["include_plugins"] = tuple(a["include_plugins"])
-    return profile_plan(registry, registry.profiles[profile], check_plan(registry, profile, **a), options)
+
+def __getattr__(name):     # (prepared_plan moved to inverse.py, the planners' edge; search.py still imports it here)
+    if name == "prepared_plan":
+        from .inverse import prepared_plan
+        return prepared_plan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

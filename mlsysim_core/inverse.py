@@ -17,6 +17,7 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, LayoutError
+from .inputs import check_plan, profile_plan
 from .result import TrainingMemoryResult
 from .solver import TrainingMemoryModel
 from .terms import COMPONENTS
@@ -146,6 +147,23 @@ def _solver(solver) -> TrainingMemoryModel:
 
 
 _SOLVE_KEYWORDS: tuple = ()
+
+
+def prepared_plan(solver, model, hardware, batch_size, seq_len, kwargs):
+    """The plan ``solver.solve(model, hardware, batch_size, seq_len, **kwargs)`` prices, prepared (for
+    the planners: search, fit techniques)."""
+    bound = inspect.signature(solver.solve).bind(model, hardware, batch_size, seq_len, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)      # solve's parameters, named as check_plan's
+    options, profile, registry = a.pop("profile_options"), a.pop("profile") or solver._profile, solver.registry
+    if isinstance(model, str) or isinstance(hardware, str):
+        from .catalog import get_hardware, get_model
+        pm = solver.plugin_manager
+        a["model"] = get_model(model, plugin_manager=pm) if isinstance(model, str) else model
+        a["hardware"] = get_hardware(hardware, plugin_manager=pm) if isinstance(hardware, str) else hardware
+    if type(a["include_plugins"]) is list:
+        a["include_plugins"] = tuple(a["include_plugins"])
+    return profile_plan(registry, registry.profiles[profile], check_plan(registry, profile, **a), options)
 
 
 def _check_keywords(solve_kwargs: dict, searched: tuple[str, ...], solver: TrainingMemoryModel) -> None:

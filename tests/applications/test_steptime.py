@@ -158,7 +158,7 @@ def test_the_ring_is_timed_as_the_rule_declares_it():
 
 
 def test_strategies_declare_their_recompute(solver):
-    from mlsysim_core.inputs import prepared_plan as _prepared
+    from mlsysim_core.inverse import prepared_plan as _prepared
     shares = {}
     for ckpt in ("none", "selective", "full", "every-k", "mlp-only", "attention-only"):
         plan = _prepared(solver, "llama3-8b", "h100", 1, 2048, dict(activation_checkpointing=ckpt, profile="measured"))

@@ -7,7 +7,7 @@ import pytest
 
 from mlsysim_core import ProfileSpec, TrainingMemoryModel, hookimpl
 from mlsysim_core.errors import PluginError
-from mlsysim_core.inputs import prepared_plan
+from mlsysim_core.inverse import prepared_plan
 from mlsysim_core.manager import PluginManager
 
 LAYOUT = dict(tp_size=2, pp_size=2, dp_size=8, zero_stage=2)

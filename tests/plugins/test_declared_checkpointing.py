@@ -189,7 +189,7 @@ def test_an_unknown_declaration_is_refused():
 def test_the_step_time_reads_the_declared_share():
     """technique_fit's checkpointing step time: a built-in's FLOPs as before, a third party's
     declared share of the forward (not a built-in's guessed from its name)."""
-    from mlsysim_core.inputs import prepared_plan as _prepared
+    from mlsysim_core.inverse import prepared_plan as _prepared
     solver = _solver()
     kw = dict(precision="bf16", optimizer="sgd", profile="measured")
     full = _prepared(solver, "llama3-8b", "h100", 1, 4096, dict(kw, activation_checkpointing="full"))

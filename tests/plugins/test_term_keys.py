@@ -255,7 +255,7 @@ def test_the_default_loss_registered_under_another_name_solves_to_the_same_bytes
 
 
 def test_the_default_loss_under_another_name_adds_no_step_time_and_is_no_technique_in_use():
-    from mlsysim_core.inputs import prepared_plan
+    from mlsysim_core.inverse import prepared_plan
     from mlsysim_plugins.measured.loss import added_step_time, chosen
     for solver, loss in ((_default_loss_world(), "acme_default"), (_SOLVER, "cross_entropy")):
         plan = prepared_plan(solver, get_model("meta-llama/llama-3.2-1b"), BIG, 2, 256,

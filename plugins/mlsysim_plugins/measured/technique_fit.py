@@ -57,7 +57,7 @@ import math
 import attrs
 
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from mlsysim_core.inputs import prepared_plan
+from mlsysim_core.inverse import prepared_plan
 from mlsysim_core.result import TrainingMemoryResult
 
 MAX_SOLVES = 2000      # combinations evaluated at most (each a memoized solve, a few ms)
