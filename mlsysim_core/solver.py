@@ -93,25 +93,25 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     """Steps 1 (the profile's part) to 5 for a checked plan; ``total_only``: the heaviest rank's total."""
     spec = registry.profiles[plan.profile]
     plan = profile_plan(registry, spec, plan, profile_options)
+    selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,   # (a rank: the same)
+                           plan.activation_checkpointing, plan.rules)
     ranks = placed = None
     if spec.ranks is not None:
         if _positional(spec.ranks) >= 2:
             # ranks(plan, placement): the rules place the layout once; each rank is a stage of it.
-            selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
-                                   plan.activation_checkpointing, plan.rules)
             token = _source_cell.set([""])
             try:
-                placed = selection, _place(selection, plan)
+                placed = _place(selection, plan)
             finally:
                 _source_cell.reset(token)
-            ranks = spec.ranks(plan, placed[1][0])
+            ranks = spec.ranks(plan, placed[0])
         else:
             ranks = spec.ranks(plan)
     if not ranks:
-        return run_pipeline(registry, plan, total_only, placed)
+        return run_pipeline(selection, plan, total_only, placed)
     if total_only:
-        return max(run_pipeline(registry, plan.evolve(rank=rank), True, placed) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(registry, plan.evolve(rank=rank), False, placed)) for rank in ranks])
+        return max(run_pipeline(selection, plan.evolve(rank=rank), True, placed) for rank in ranks)
+    return _heaviest([(rank, run_pipeline(selection, plan.evolve(rank=rank), False, placed)) for rank in ranks])
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -280,15 +280,10 @@ def _hooked(selection: _Selection, component: str, plan, placement, extra=None, 
 _term_key = operator.attrgetter("source", "label")
 
 
-def run_pipeline(registry: Registry, plan: TrainingPlan, total_only: bool = False,
+def run_pipeline(selection: _Selection, plan: TrainingPlan, total_only: bool = False,
                  placed: tuple | None = None) -> TrainingMemoryResult:
-    """Steps 2-5 for one plan (one rank); ``placed``: the selection and the layout's placement."""
-    if placed is None:
-        selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,
-                               plan.activation_checkpointing, plan.rules)
-    else:
-        selection, placed = placed
-    token = _source_cell.set([""])
+    """Steps 3-5 for one plan (one rank); ``placed``: the layout's placement, when the ranks were made from it."""
+    token = _source_cell.set([""])     # the terms a plugin makes are stamped with its name
     try:
         return _collect_and_combine(selection, plan, total_only, placed)
     finally:
