@@ -15,7 +15,8 @@ from mlsysim_core.hf import from_hf_config
 from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP, PHASES
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured.families import (megatron_alltoall_counts_held, megatron_alltoall_held,
-                                               megatron_alltoall_map_held, megatron_clamped_glu_moe)
+                                               megatron_alltoall_map_held, megatron_clamped_glu_moe,
+                                               megatron_pre_mlp_norm_recomputed)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/moe_measurements.json").read_text(encoding="utf-8"))
@@ -105,6 +106,37 @@ def test_formula_equals_the_measurements_under_expert_parallelism():
     assert runs["ep2-t128-h64-f48-e8-k4"]["measured"]["saved_with_row_id_map"] == 128 * (48 + 68) + 532 * 618 + 2
     # one expert a rank (E = ep = 4): no chunk sort, per received row 2 + 2h + 10f = 418
     assert runs["ep4-t64-h48-f32-e4-k2"]["measured"]["saved_with_row_id_map"] == 64 * (24 + 36) + 152 * 418 + 2
+
+
+def test_recompute_modules_formula_equals_the_measurements():
+    # Megatron-Core's selective recompute_modules moe_act and layernorm (Megatron-Bridge's GPT-OSS 120B H100 perf
+    # recipe) on the pre-MLP norm and the MoE block (validation/megatron_gpt_oss/measure_modules.py): one rank and
+    # one rank of 2 under expert parallelism, every combination of the two modules
+    record = json.loads((ROOT / "validation/megatron_gpt_oss/modules_measurements.json").read_text(encoding="utf-8"))
+    assert record["megatron_lm_commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553" and len(record["runs"]) == 8
+    for run in record["runs"]:
+        tokens, h, f, E, k, ep = (run[n] for n in ("tokens", "hidden", "moe_ffn_hidden_size", "experts", "top_k", "ep"))
+        modules, m = run["recompute_modules"], run["measured"]
+        router, row_id_map, per_copy, experts = (p.nbytes for p in megatron_clamped_glu_moe(
+            hidden=h, ffn=f, experts=E, top_k=k, recompute_modules=modules))
+        moe = (router + row_id_map) * tokens + (per_copy + experts) // k * m["received"]
+        # + the activation's offset scalar, saved only when the activation is not checkpointed; the pre-MLP norm
+        # (Transformer Engine's RMSNorm stand-in): its output (the router's input) and its fp32 rsigma (4 B a token,
+        # which the profile's layer does not count), both released by the layernorm module
+        offset = 0 if "moe_act" in modules else 2
+        norm = 0 if "layernorm" in modules else (megatron_pre_mlp_norm_recomputed(hidden=h) + 4) * tokens
+        assert m["saved_with_row_id_map"] == moe + offset + norm, run["id"]
+        assert m["after_backward_over_start"] == 0, run["id"]
+    # by hand, one rank, 128 tokens, top-4, f 48: moe_act releases the clamps' views and their cat and fc2's input,
+    # 6f a routed copy (147,456 B) and the offset scalar; layernorm the norm's output 2h and rsigma (16,896 B)
+    saved = {tuple(r["recompute_modules"]): r["measured"]["saved_with_row_id_map"] for r in record["runs"]
+             if r["ep"] == 1}
+    assert saved[()] == 348_162 and saved[("moe_act",)] == 348_162 - 6 * 48 * 4 * 128 - 2
+    assert saved[("layernorm",)] == 348_162 - (2 * 64 + 4) * 128
+    assert saved[("layernorm", "moe_act")] == 348_162 - 147_456 - 2 - 16_896
+    # by default (no module) the parts are the measured ones of measure_moe.py
+    assert megatron_clamped_glu_moe(hidden=64, ffn=48, experts=8, top_k=4) == megatron_clamped_glu_moe(
+        hidden=64, ffn=48, experts=8, top_k=4, recompute_modules=("core_attn", "layernorm"))
 
 
 # --- the whole model -----------------------------------------------------------------------------------------

@@ -434,7 +434,7 @@ MEGATRON_LM = "NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 TRANSFORMER_ENGINE = "NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b"
 
 
-def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k, recompute_modules=()) -> tuple[Part, ...]:
     """Per token, what Megatron-Core's MoE layer keeps for the backward as Megatron-Bridge's gpt-oss recipes
     configure it (Megatron-Bridge 067f987d, ``models/gpt_oss/gpt_oss_bridge.py``, ``recipes/gpt_oss/h100/``):
     ``TEGroupedMLP`` (``moe_grouped_gemm``) with biases, ``bias_activation_fusion`` with the quick-GELU GLU
@@ -470,15 +470,36 @@ def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k) -> tuple[Part, ...]
     Not counted: the bf16 ``linear_offset`` scalar the activation saves (2 B a layer) and the activation's
     fp32 temporaries (``jit_fuser``: one fused kernel on a GPU). The dispatcher's held probabilities and routing
     map are not saved tensors but alive in every phase (``megatron_alltoall_held``). Measured, to the byte, with
-    Megatron-Core's own router, activation and bias code (``validation/megatron_gpt_oss/measure_moe.py``)."""
+    Megatron-Core's own router, activation and bias code (``validation/megatron_gpt_oss/measure_moe.py``).
+
+    ``recompute_modules`` with ``"moe_act"`` (Megatron-Core's selective recompute, ``TEGroupedMLP.forward``:
+    ``CheckpointWithoutOutput`` around the bias-activation function, its output discarded after fc2 and
+    recomputed from a gradient hook; Megatron-Bridge's GPT-OSS 120B H100 perf recipe): the activation runs under
+    ``no_grad`` and saves nothing, the checkpoint saves its inputs (fc1's output, 4f a copy; the probabilities,
+    counted), fc2's input is released: k(2h + 4f), and no offset scalar. Measured, to the byte
+    (``validation/megatron_gpt_oss/measure_modules.py``). Other modules change nothing here (``"layernorm"``: the
+    pre-MLP norm's output, the layer's "mlp input", ``megatron_pre_mlp_norm_recomputed``)."""
     h, f, E, k = hidden, ffn, experts, top_k
     sorts = 8 if E > 1 else 0
+    experts_part = (Part("experts (fc1 input, fc1 output saved by the moe_act checkpoint)", k * (2 * h + 4 * f),
+                         split=EXPERTS) if "moe_act" in recompute_modules else
+                    Part("experts (fc1 input, fc1 output kept by the clamps, their cat, fc2 input)",
+                         k * (2 * h + 10 * f), split=EXPERTS))
     return (Part("router (top-k indices int64, fp32 softmax of the k logits)", 12 * k, split=REPLICATED),
             Part("permute row_id_map (int32, 2E + 1 per token)", 4 * (2 * E + 1), split=REPLICATED),
             Part("permuted probabilities (bf16)" + (" + chunk sorts' row_id_maps (int32)" if sorts else ""),
                  k * (2 + sorts), split=EXPERTS),
-            Part("experts (fc1 input, fc1 output kept by the clamps, their cat, fc2 input)", k * (2 * h + 10 * f),
-                 split=EXPERTS))
+            experts_part)
+
+
+def megatron_pre_mlp_norm_recomputed(*, hidden) -> int:
+    """Bytes per token and layer that Megatron-Core's ``"layernorm"`` recompute module releases in a gpt-oss layer
+    (``transformer_layer.py``: the pre-MLP ``TENorm`` through ``CheckpointWithoutOutput``, its output discarded
+    after the MLP; the input norm is fused into ``linear_qkv`` with Transformer Engine, an ``IdentityOp``, not
+    recomputed): the norm's bf16 output, saved by the router (the layer's "mlp input", 2h). The checkpoint saves the
+    norm's input, which the norm saves anyway; its fp32 rsigma (4 B, not among the layer's counted parts) is not
+    saved either. Measured: ``validation/megatron_gpt_oss/measure_modules.py``."""
+    return 2 * hidden
 
 
 def megatron_alltoall_held(*, experts) -> int:
