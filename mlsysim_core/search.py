@@ -32,10 +32,15 @@ a layout it refuses, ...) is left out and counted in a note: one ranking never m
 (the CLI refuses the search, naming what is not modelled).
 
 **Candidates evaluated** counts every layout enumerated. Each is either solved through the
-whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch for every
-built-in plugin, so once a micro-batch does not fit, the larger ones of the same layout
-are counted as not fitting without solving them (``assume_monotone=False`` solves them
-all). Every layout reported as fitting was solved.
+whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch while
+gradients accumulate (gas >= 2) for every built-in plugin, so once a micro-batch does not fit,
+the larger ones of the same layout are counted as not fitting without solving them, but for
+the last, gas = 1, which is always solved (no gradients of an earlier micro-batch are alive
+in its forward: an ``fsdp-grad-op`` layout can fit only there); and once a layout does not fit at
+micro-batch 1, its weights, gradients and optimizer state (``state_bytes``, one more solve)
+bound every strategy and sequence parallelism of it from below: over the capacity, those are
+counted as not fitting unsolved too (``state_pruned``). ``assume_monotone=False`` solves them
+all. Every layout reported as fitting was solved.
 
 **Workers**: a large search (``PARALLEL_MIN`` candidates or more, divided by the profile's
 declared ``solve_cost``: 500 under the measured profile; or ``workers=N``) is
@@ -138,7 +143,7 @@ class PlanSearch:
     global_batch: int
     seq_len: int
     candidates: int          # layouts enumerated (evaluated: solved or pruned)
-    solves: int              # full solves run (the rest were pruned by monotonicity)
+    solves: int              # full solves run (the rest were pruned by monotonicity or by state_bytes)
     seconds: float
     fits: tuple[Candidate, ...]
     pareto: tuple[Candidate, ...]
@@ -157,6 +162,7 @@ class PlanSearch:
     # When no layout fits: the CLOSEST ones (least memory first), each a mapping of its layout,
     # its total and how much it is over the capacity less the headroom (bytes).
     closest: tuple[Mapping[str, object], ...] = ()
+    state_pruned: int = 0    # layouts counted as not fitting, unsolved, by the lower bound state_bytes
 
     def components(self, candidate: Candidate) -> dict:
         """The candidate's step time, every component in seconds (the step-time model's)."""
@@ -283,6 +289,23 @@ _KEEP = 9
 
 
 CLOSEST = 5     # layouts a search where none fits shows
+NEAR = 10 * CLOSEST     # the layouts each evaluation keeps to choose them from
+
+
+def state_bytes(result) -> int | float:
+    """A lower bound on the total of every layout that differs from ``result``'s only in its
+    checkpointing strategy and sequence parallelism: the most accelerator bytes of weights,
+    gradients and optimizer state that are alive in one phase of one rank. Every term is
+    >= 0, so a rank's total (its peak phase's terms, or all of them, plus its runtime overheads)
+    is at least that phase's state terms; and a strategy's callable adds activations only
+    (the solver checks the component), while no built-in state term reads the strategy or
+    sequence parallelism (tests/applications/test_search_bounds.py checks it on a grid). A
+    search counts such a sibling as not fitting, unsolved, when this exceeds the capacity less
+    the headroom (``assume_monotone=False`` solves it)."""
+    from .terms import ACCELERATOR, GRADIENTS, OPTIMIZER_STATE, PHASES, WEIGHTS
+    state = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE)
+    return max(max(sum(t.nbytes for t in terms if t.tier == ACCELERATOR and t.component in state and phase in t.phases)
+                   for phase in PHASES) for terms in [r.terms for r in result.ranks or ()] or [result.terms])
 
 
 def _closest(near: list, capacity: int, margin: float) -> tuple[dict, ...]:
@@ -833,11 +856,11 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         found = (_evaluate_parallel(groups, context, pool_size, total, progress, near, refused)
                  if pool_size > 1 else None)
         if found is not None:
-            fits, solves, done = found
+            fits, solves, done, pruned = found
         else:
             near.clear()
             refused.clear()
-            solves, done = _evaluate(groups, rows, context, total, progress, near, refused)
+            solves, done, pruned = _evaluate(groups, rows, context, total, progress, near, refused)
             fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
             del rows
         notes += tuple(f"{count:,} layouts left out, the profile cannot describe them: {reason}"
@@ -864,7 +887,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         if collecting:
             gc.enable()
     return PlanSearch(model=model.name, hardware=hardware.name, devices=devices, global_batch=global_batch,
-                      seq_len=seq_len, candidates=total, solves=solves,
+                      seq_len=seq_len, candidates=total, solves=solves, state_pruned=pruned,
                       seconds=time.perf_counter() - started, fits=fits,
                       pareto=tuple(c for c in fits if c[17]), profile=profile, run=run, notes=notes,
                       assumptions={**timing["assumptions"], **{f"recompute.{k}": v for k, v in recompute.items()}},
@@ -1197,12 +1220,12 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     near: list[tuple] = []
     refused: dict[str, int] = {}
     try:
-        solves, done = _evaluate(groups[start:stop], rows, context, 0, None, near, refused)
+        solves, done, pruned = _evaluate(groups[start:stop], rows, context, 0, None, near, refused)
     except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
-        return start, _RAISES if _cannot_describe(err) else None, 0, 0, [], {}
+        return start, _RAISES if _cannot_describe(err) else None, 0, 0, [], {}, 0
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
-        return start, None, 0, 0, [], {}
-    return start, _columns(rows), solves, done, near, refused
+        return start, None, 0, 0, [], {}, 0
+    return start, _columns(rows), solves, done, near, refused, pruned
 
 
 _RAISES = "raises"      # a chunk whose evaluation stops the search (re-run in the parent to raise)
@@ -1263,7 +1286,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
     from concurrent.futures.process import BrokenProcessPool
     bounds = _chunks(groups, workers * _CHUNKS_PER_WORKER)
     results: dict[int, list] = {}
-    solves = done = 0
+    solves = done = pruned = 0
     last_report = time.perf_counter()
     _JOB = (groups, context)
     pool = None
@@ -1273,7 +1296,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                start, rows, chunk_solves, chunk_done, chunk_near, chunk_refused = future.result()
+                start, rows, chunk_solves, chunk_done, chunk_near, chunk_refused, chunk_pruned = future.result()
                 near += chunk_near
                 for reason, count in chunk_refused.items():
                     refused[reason] = refused.get(reason, 0) + count
@@ -1286,6 +1309,7 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
                 results[start] = _candidates(rows)
                 solves += chunk_solves
                 done += chunk_done
+                pruned += chunk_pruned
             if progress is not None and time.perf_counter() - last_report > 0.2:
                 progress(done, total)
                 last_report = time.perf_counter()
@@ -1298,15 +1322,15 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
     fits = []
     for start, _ in bounds:
         fits += results[start]
-    return fits, solves, done
+    return fits, solves, done, pruned
 
 
 _PLAN_FIELDS = tuple(field.name for field in attrs.fields(TrainingPlan))
 
 
-def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -> tuple[int, int]:
+def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -> tuple[int, int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
-    ``rows``; return (solves, layouts evaluated). ``near`` (a list, kept as a heap): the
+    ``rows``; return (solves, layouts evaluated, layouts pruned by ``state_bytes``). ``near`` (a list, kept as a heap): the
     CLOSEST layouts that do not fit, as (-total memory, layout fields), for a search where none does.
     ``refused`` (a dict): the layouts the profile cannot describe (a ``NotModelledError`` for this
     layout, e.g. LoRA split by tensor parallelism), left out and counted by what is not modelled;
@@ -1314,7 +1338,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
      devices, node, options, margin, timing, cross_node, table, given_options) = context
-    solves = done = 0
+    solves = done = pruned = 0
     last_report = time.perf_counter()
     capacity = hardware.memory_capacity
     limit_gb = (capacity - margin) * 1e-9       # the headroom kept free (0 by default)
@@ -1323,6 +1347,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
     base_options, base_timing = options, timing
     chosen: dict = {}       # (rule, strategy) -> the given plugin options its layouts select (None: none)
     layout_options = None
+    over: dict = {}     # a layout but for strategy, sp and micro-batch -> its state_bytes when over the limit, else None
     for tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro in groups:
         if given_options:
             key = (rule, ckpt)
@@ -1338,11 +1363,24 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
         rec = recompute.get(ckpt, 0.0)
         samples = global_batch // dp        # b x gas
         stages = pp - 1
-        for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch
+        last, fields = n - 1, None
+        # state_bytes of a sibling (another strategy or sp) at micro-batch 1 bounds this one's there; when over,
+        # so are the micro-batches but the last (memory grows with it while gas >= 2), and the last if its own
+        # bound is over too (the closest a search where none fits shows stay exact: the near heap's condition)
+        state_key = (tp, cp, pp, dp, ep, rule, which, layout_options)
+        bound = over.get((state_key, samples == 1))
+        skip = 0
+        if bound is not None and (near is None or rows or len(near) >= NEAR and bound > -near[0][0] * (1 + 1e-9)):
+            skip = n if last == 0 or over.get((state_key, True)) is not None else last
+            done += skip
+            pruned += skip
+        for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch while gas >= 2
+            if index < skip:
+                continue
             done += 1
             gas = samples // mb
-            try:     # every selected plugin called; the layout checked once, for its first micro-batch
-                if index == 0:
+            try:     # every selected plugin called; the layout checked once, for its first micro-batch solved
+                if fields is None:
                     plan = check_plan(registry, profile, model, hardware, global_batch, seq_len, precision,
                                       optimizer, ckpt, tp, pp, dp, ep, 0, gas, trainable_fraction,
                                       communication_buffer_fraction, sp, rule, None, layout_options, (), cp)
@@ -1364,18 +1402,26 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
                     refused[reason] = refused.get(reason, 0) + n - index
                     done += n - index - 1
                     break
-                if index == 0 and (plan is None or not measured):
-                    done += n - 1       # the layout itself is rejected (e.g. an option constraint)
+                if index == skip and (plan is None or not measured):
+                    done += n - index - 1       # the layout itself is rejected (e.g. an option constraint)
                     break
                 continue
             solves += 1
             if not total_memory * 1e-9 <= limit_gb:     # feasibility in GB, as the reference
                 if near is not None and index == 0 and not rows:
                     entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, vp, compiled, float8)
-                    (heapq.heappush if len(near) < 10 * CLOSEST else heapq.heappushpop)(near, entry)
-                if assume_monotone:
-                    done += n - index - 1
-                    break
+                    (heapq.heappush if len(near) < NEAR else heapq.heappushpop)(near, entry)
+                if assume_monotone and index in (0, last) and (state_key, gas == 1) not in over:
+                    solves += 1     # (one more solve, for its terms)
+                    bound = state_bytes(solve_plan(registry, plan, options))
+                    over[(state_key, gas == 1)] = bound if bound * 1e-9 > limit_gb * (1 + 1e-9) else None
+                if assume_monotone and index < last:     # on to the last micro-batch: gas = 1 accumulates nothing
+                    done += last - 1 - index
+                    skip = last
+                    if over.get((state_key, True)) is not None:
+                        done += 1
+                        pruned += 1
+                        break
                 continue
             seconds = step_time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb,
                                 gas=gas)["step"]
@@ -1386,7 +1432,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
         if progress is not None and time.perf_counter() - last_report > 0.2:
             progress(done, total)
             last_report = time.perf_counter()
-    return solves, done
+    return solves, done, pruned
 
 
 def headroom_bytes(headroom, capacity: int) -> float:
