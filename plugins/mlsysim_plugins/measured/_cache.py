@@ -123,7 +123,15 @@ def per_layout(fn):
     return wrapper
 
 
-_new, _set, _INF = object.__new__, object.__setattr__, float("inf")
+_new, _INF = object.__new__, float("inf")
+# Each slot's own setter (``MemoryTerm`` is a slotted attrs class): a term per formula, every solve, and
+# ``object.__setattr__(t, name, value)`` looks the slot up by name each time (half of ``term``'s cost).
+_SLOT_SETTERS = tuple(MemoryTerm.__dict__[name].__set__ for name in (
+    "component", "label", "nbytes", "formula", "source", "phases", "tier", "pipeline_stage", "rank", "key"))
+(_component, _label, _nbytes, _formula, _source, _phases, _tier, _pipeline_stage, _rank, _key) = _SLOT_SETTERS
+# (``term`` sets every field of ``MemoryTerm``: a field added to it is added there too.)
+assert tuple(a.name for a in attrs.fields(MemoryTerm)) == ("component", "label", "nbytes", "formula", "source",
+                                                           "phases", "tier", "pipeline_stage", "rank", "key")
 
 
 def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple = PHASES,
@@ -133,20 +141,21 @@ def term(*, component: str, label: str, nbytes, formula: str = "", phases: tuple
     ``component`` from ``terms.COMPONENTS``, a str ``label`` and ``formula``, ``phases`` a tuple of
     ``terms.PHASES``, ``key`` a ``term_keys`` constant (the callers pass constants) and ``nbytes`` an int
     or float in [0, inf), checked here; any other ``nbytes`` goes through ``MemoryTerm`` and its errors. A
-    plugin's own terms are never built here: the solver checks every term a hook returns as before."""
+    plugin's own terms are never built here: the solver checks every term a hook returns as before.
+    Every slot is set through its own setter (``_SLOT_SETTERS``), the values ``MemoryTerm(...)`` sets."""
     kind = type(nbytes)
     if (kind is int or kind is float) and 0 <= nbytes < _INF:
         t = _new(MemoryTerm)
-        _set(t, "component", component)
-        _set(t, "label", label)
-        _set(t, "nbytes", nbytes)
-        _set(t, "formula", formula)
+        _component(t, component)
+        _label(t, label)
+        _nbytes(t, nbytes)
+        _formula(t, formula)
         cell = _get_cell()      # (``_default_source``, inlined: a term per formula)
-        _set(t, "source", cell[0] if cell is not None else "")
-        _set(t, "phases", phases)
-        _set(t, "tier", ACCELERATOR)
-        _set(t, "pipeline_stage", None)
-        _set(t, "rank", None)
-        _set(t, "key", key)
+        _source(t, cell[0] if cell is not None else "")
+        _phases(t, phases)
+        _tier(t, ACCELERATOR)
+        _pipeline_stage(t, None)
+        _rank(t, None)
+        _key(t, key)
         return t
     return MemoryTerm(component=component, label=label, nbytes=nbytes, formula=formula, phases=phases, key=key)

@@ -113,11 +113,16 @@ def kept_unsharded(plan, placement) -> list[MemoryTerm]:
                 "gathered layer stays until its backward)")]
 
 
-@cached_terms
 def expert_all_to_all(plan, placement) -> list[MemoryTerm]:
-    """The dispatch and combine buffers of the experts' all-to-all."""
+    """The dispatch and combine buffers of the experts' all-to-all (none without expert parallelism:
+    answered before the memo, whose key is the whole plan, new for every batch size)."""
     if placement.expert_shards == 1:
         return []
+    return _expert_all_to_all(plan, placement)
+
+
+@cached_terms
+def _expert_all_to_all(plan, placement) -> list[MemoryTerm]:
     from .shapes import shape_of
     shape = shape_of(plan)
     o = plan.profile_options

@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core import hookimpl
+from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
 from .techniques import Candidate, Technique
@@ -86,9 +87,16 @@ def _lora(plan, registry):
     if o.lora is not None:
         from .lora import lora_option
         return lora_option(plan, o.lora)
-    _finetune.checkpoint_quantization(plan.model, None)     # a quantized checkpoint trains only adapters: full
-                                                            # training is refused
+    _full_training(plan.model)     # a quantized checkpoint trains only adapters: full training is refused
     return plan
+
+
+@memoize
+def _full_training(model) -> bool:
+    """``checkpoint_quantization(model, None)``: refused (its ``NotModelledError``, raised again on every
+    solve: an error is never kept) for a quantized checkpoint; True, kept per model, for any other."""
+    _finetune.checkpoint_quantization(model, None)
+    return True
 
 
 def _lora_relocate(plan, weights, gradients, optimizer_state):
