@@ -661,8 +661,9 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             f"'none', 'selective' or 'full' (every layer, without checkpointed_layers) for gpt-oss under {regime!r} "
             "(selective recomputes nothing with fused attention; full is Megatron-Core's recompute_granularity "
             "'full', method 'uniform', one layer a chunk)",
-            "Megatron-Core's block recompute (recompute_method 'block'), every k-th layer and the recompute_modules "
-            "(moe_act / moe / mlp / layernorm) of gpt-oss's layers were not measured")
+            "Megatron-Core's block recompute (recompute_method 'block') and every k-th layer were not measured; its "
+            "selective recompute_modules moe_act and layernorm were (families.megatron_clamped_glu_moe, "
+            "validation/megatron_gpt_oss/measure_modules.py) but no checkpointing strategy selects them yet")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
