@@ -75,8 +75,6 @@ def mlsysim_runtime_overhead_terms(plan: TrainingPlan, placement: Placement,
     """Runtime-overhead terms of one rank; ``allocated``: the peak of every other component. API 1.2."""
 
 
-REGISTRATION_HOOKS = ("mlsysim_optimizers", "mlsysim_checkpointing_strategies", "mlsysim_sharding_rules",
-                      "mlsysim_profiles")
 COMPONENT_HOOKS = {"weights": "mlsysim_weight_terms", "gradients": "mlsysim_gradient_terms",
                    "optimizer_state": "mlsysim_optimizer_state_terms", "activations": "mlsysim_activation_terms",
                    "communication_buffers": "mlsysim_communication_buffer_terms",

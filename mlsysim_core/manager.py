@@ -174,7 +174,7 @@ class PluginManager(pluggy.PluginManager):
 
     def check(self) -> None:
         """Fail on hook implementations that match no hook spec (e.g. a misspelled name)."""
-        known = (sorted(hookspecs.REGISTRATION_HOOKS) + sorted(hookspecs.CATALOG_HOOKS.values())
+        known = (sorted(_REGISTRATION) + sorted(hookspecs.CATALOG_HOOKS.values())
                  + sorted(hookspecs.COMPONENT_HOOKS.values()))
         for hook_name in sorted(self.hook.__dict__):
             caller = getattr(self.hook, hook_name)
