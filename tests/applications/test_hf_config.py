@@ -51,6 +51,7 @@ EXACT = {
     "OLMo-2-1124-7B.json": (7_298_617_344, None, "allenai/olmo-2-1124-7b"),
     "OLMo-2-1124-13B.json": (13_716_198_400, None, "allenai/olmo-2-1124-13b"),
     "Llama-4-Maverick-17B-128E.json": (400_711_848_960, 17_184_691_200, "meta-llama/llama-4-maverick-17b-128e"),
+    "Ministral-8B-Instruct-2410.json": (8_019_808_256, None, "mistralai/ministral-8b-instruct-2410"),
     # The multimodal Gemma 3 checkpoints' config.json (tests/data/hf_configs/README.md): their
     # text_config omits what Gemma3TextConfig defaults (vocab_size 262208, and for 4B the heads).
     # The count is the language model's, what a text fine-tune trains (tests/applications/test_hf_defaults.py).
@@ -64,7 +65,7 @@ FROM_CONFIG = ("Qwen3-0.6B.json", "Qwen3-1.7B.json", "Qwen3-4B.json", "Qwen3-8B.
                "Qwen3-32B.json", "Qwen3-30B-A3B.json", "Qwen3-235B-A22B-Instruct-2507.json",
                "gemma-3-1b-it.json", "DeepSeek-V2-Lite.json", "DeepSeek-V3.json", "gpt-oss-20b.json",
                "gpt-oss-120b.json", "OLMo-2-1124-7B.json", "OLMo-2-1124-13B.json",
-               "Llama-4-Maverick-17B-128E.json")
+               "Llama-4-Maverick-17B-128E.json", "Ministral-8B-Instruct-2410.json")
 
 
 def load(name):

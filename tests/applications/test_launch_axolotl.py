@@ -18,7 +18,6 @@ AX = DATA / "axolotl"
 FILES = sorted(p for p in (AX / "examples").rglob("*.y*ml"))
 REFUSED = {"llama-3/3b-fp8-fsdp2.yaml": "fp8",     # torch_compile is read (compile=True); fp8 is not modelled
                # paged_adamw_32bit: not modelled
-           "ministral/ministral-small-qlora.yaml": "base_model",     # Ministral-8B: not in the catalog
            "mistral/bigstral/bigstral-ds-zero3.yaml": "unfrozen_parameters"}
 
 
@@ -244,3 +243,24 @@ def test_fsdp2_reshard_after_forward_false_accumulates_under_set_requires_gradie
     path.write_text(yaml.safe_dump(doc))
     launch = from_launch([path], gpus=8, hardware="h100")
     assert not any("accumulated over micro-batches" in t.label for t in launch.scenario.solve().terms)
+
+
+def test_ministral_qlora_reads_the_catalog_model_and_names_the_loss_it_cannot_price():
+    """examples/ministral/ministral-small-qlora.yaml: base_model Ministral-8B-Instruct-2410 is in the curated
+    catalog (its config.json: 36 layers, hidden 4096, MLP 12288, vocab 131072, untied; 8,019,808,256
+    parameters); the file is read, and the solve refuses its CutCrossEntropyPlugin under LoRA naming the loss
+    (the measured profile's LoRA activations keep the default cross-entropy). Without that plugin the same run
+    holds the fp32 logits of 2 x 2048 tokens x 131072 (the README's 8.76 GiB is with it)."""
+    from mlsysim_core.catalog import get_model
+    from mlsysim_core.errors import NotModelledError
+    launch = from_launch([AX / "examples/ministral/ministral-small-qlora.yaml"], gpus=1, hardware="h100")
+    s = launch.scenario
+    assert s.model == "mistralai/ministral-8b-instruct-2410"
+    m = get_model(s.model)
+    assert (m.layers, m.hidden_dim, m.ffn_dim, m.vocab_size, m.tied_embeddings) == (36, 4096, 12288, 131072, False)
+    assert m.parameters == 36 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096) \
+        + 2 * 131072 * 4096 + 4096 == 8_019_808_256
+    assert (s.batch_size, s.seq_len, s.gradient_accumulation_steps) == (8, 2048, 4)
+    assert s.profile_options["loss"] == "cut_cross_entropy"
+    with pytest.raises(NotModelledError, match="cut_cross_entropy"):
+        s.solve()

@@ -381,6 +381,7 @@ EXACT_COUNTS = {
     "allenai/olmo-2-1124-7b": 7_298_617_344,
     "allenai/olmo-2-1124-13b": 13_716_198_400,
     "meta-llama/llama-4-maverick-17b-128e": 400_711_848_960,
+    "mistralai/ministral-8b-instruct-2410": 8_019_808_256,
 }
 
 # Active parameters of the mixtures of experts, measured as total minus the routed experts'
@@ -426,7 +427,7 @@ def curated_hardware():
 
 def test_curated_model_families_are_all_there():
     keys = set(curated_models())
-    assert len(keys) == 50
+    assert len(keys) == 51
     for needle in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "meta-llama-3-8b", "meta-llama-3-70b",
                    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
                    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b", "mixtral-8x22b",
@@ -435,7 +436,8 @@ def test_curated_model_families_are_all_there():
                    "deepseek-v2-lite", "deepseek-v3", "phi-3-mini", "phi-3-medium", "olmo",
                    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b",
                    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b",
-                   "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b", "llama-4-maverick"]:
+                   "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b", "llama-4-maverick",
+                   "ministral-8b"]:
         assert any(needle in key for key in keys), needle
 
 
