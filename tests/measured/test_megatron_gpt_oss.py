@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
-from mlsysim_core.errors import NotModelledError
+from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
-from mlsysim_core.terms import BACKWARD_END, OPTIMIZER_STEP, PHASES
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, OPTIMIZER_STEP, PHASES
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured.families import (megatron_alltoall_counts_held, megatron_alltoall_held,
                                                megatron_alltoall_map_held, megatron_clamped_glu_moe,
                                                megatron_pre_mlp_norm_recomputed)
+from mlsysim_plugins.measured.architectures.gpt_oss import GPT_OSS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/moe_measurements.json").read_text(encoding="utf-8"))
@@ -210,3 +211,70 @@ def test_what_stays_refused(options, parameter, allowed):
     with pytest.raises(NotModelledError) as err:
         solve(**options)
     assert err.value.parameter == parameter and allowed in str(err.value)
+
+
+# --- Megatron-Core's selective recompute_modules (the selective strategy's modules) ----------------------------
+
+def modules(*names):
+    return {"plugin_options": {"selective": {"modules": list(names)}}}
+
+
+def test_recompute_modules_hand_derived():
+    # Megatron-Bridge's GPT-OSS 120B H100 perf recipe: recompute_modules ["layernorm", "moe_act"]. Per token and
+    # layer the 2,240 B less the pre-MLP norm's output 2h (128) and the activation's tensors 6f a routed copy
+    # (2 x 288 = 576): 1,536 B; one layer's 704 B rebuilt in its backward
+    r = solve("selective", **modules("layernorm", "moe_act"))
+    assert term(r, "decoder layers: saved").nbytes == 2 * T * (2240 - 128 - 576)
+    rebuilt = term(r, "recompute modules layernorm, moe_act")
+    assert rebuilt.nbytes == T * (128 + 576) and tuple(rebuilt.phases) == (BACKWARD, BACKWARD_END)
+    assert term(solve("selective", **modules("moe_act")), "decoder layers: saved").nbytes == 2 * T * (2240 - 576)
+    # the per-token bytes are the measured ones (test_recompute_modules_formula_equals_the_measurements)
+    assert [p.nbytes for p in GPT_OSS.megatron_recompute_modules(("layernorm", "moe_act"), hidden=64, ffn=48,
+                                                                  experts=8, top_k=2)] == [128, 576]
+
+
+def test_recompute_modules_default_is_byte_identical():
+    # Megatron-Core's default, core_attn: the selective strategy as it was (nothing recomputed with fused attention)
+    base = [(t.label, t.nbytes, t.phases) for t in solve("selective").terms]
+    assert [(t.label, t.nbytes, t.phases) for t in solve("selective", **modules("core_attn")).terms] == base
+    assert not any(t.label.startswith("recompute modules") for t in solve("selective").terms)
+
+
+def test_recompute_modules_under_expert_parallelism_follow_the_busiest_rank():
+    # ep 2 over dp 2 (64 tokens a rank): the experts' released bytes scale with the routing imbalance, as the experts'
+    # saved parts do; the norm's output does not
+    heavy = solve("selective", ep_size=2, dp_size=2, moe_routing_imbalance=1.5, **modules("layernorm", "moe_act"))
+    plain = solve("selective", ep_size=2, dp_size=2, moe_routing_imbalance=1.5)
+    released = S * (128 + 1.5 * 576)
+    assert term(plain, "decoder layers: saved").nbytes - term(heavy, "decoder layers: saved").nbytes == 2 * released
+    assert term(heavy, "recompute modules layernorm, moe_act").nbytes == released
+
+
+@pytest.mark.parametrize("value, message", [
+    (["moe"], "plugin_options['selective'].modules='moe' is not allowed: one of core_attn, layernorm, moe_act"),
+    ([], "plugin_options['selective'].modules=() is not allowed: a non-empty list of Megatron-Core recompute modules"),
+    (["core_attn", "mlp"], "plugin_options['selective'].modules='mlp' is not allowed: one of core_attn, layernorm, "
+                           "moe_act"),
+])
+def test_recompute_modules_bad_input(value, message):
+    with pytest.raises(InvalidInputError) as err:
+        solve("selective", plugin_options={"selective": {"modules": value}})
+    assert err.value.parameter == "plugin_options['selective']" and message in str(err.value)
+
+
+def test_recompute_modules_refused_where_not_described():
+    llama = dict(TINY, model_type="llama", num_local_experts=None, num_experts_per_tok=None)
+    with pytest.raises(NotModelledError) as err:     # a family that declares none
+        TrainingMemoryModel().solve(from_hf_config({k: v for k, v in llama.items() if v is not None}, name="llama-tiny"),
+                                    BIG, B, S, "bf16", "adamw", "selective", profile="measured",
+                                    regime="mixed-bf16-main-grad", runtime_overheads=False, **modules("layernorm"))
+    assert err.value.parameter == "plugin_options['selective'].modules" and "megatron_recompute_modules" in str(err.value)
+    with pytest.raises(NotModelledError) as err:     # outside Megatron-Core
+        TrainingMemoryModel().solve(from_hf_config(TINY, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw", "selective",
+                                    profile="measured", regime="bf16", attention="eager", runtime_overheads=False,
+                                    **modules("moe_act"))
+    assert "a regime with main_grad" in str(err.value)
+    with pytest.raises(NotModelledError) as err:     # the reference profile: Korthikanti's attention core only
+        TrainingMemoryModel().solve(from_hf_config(TINY, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw", "selective",
+                                    profile="reference", **modules("moe_act"))
+    assert "['core_attn'] under the reference profile" in str(err.value)

@@ -159,7 +159,9 @@ class ArchitectureFamily:
     ffn=, experts=, top_k=, regime=, dropout=, tokens=, seq_len=)`` -> ``LayerBytes`` of one
     Hugging Face layer in PyTorch (``attention``: the kernel's formula for ``attention_layout``);
     ``megatron_mlp(hidden=, ffn=, experts=, top_k=)`` -> the MLP's ``Part``s of a Megatron-Core
-    layer; ``lora_layer(walk, grad_in, attention)`` -> one layer under LoRA (``lora.py``), None
+    layer; ``megatron_recompute_modules(modules, hidden=, ffn=, experts=, top_k=)`` -> the ``Part``s per token
+    that Megatron-Core's selective ``recompute_modules`` (other than ``core_attn``) release from that layer,
+    raising ``NotModelledError`` for a module it does not describe (None: none is described); ``lora_layer(walk, grad_in, attention)`` -> one layer under LoRA (``lora.py``), None
     where LoRA is not modelled; ``assumptions(model)`` -> what the family assumes about fields
     the model leaves unknown (notes).
 
@@ -194,6 +196,8 @@ class ArchitectureFamily:
     matrix_shapes: Callable[[ModelShape], list] | None = None
     # None: the MLP's parts by structure (routed experts, a gated or a plain MLP: ``layers.megatron_*``).
     megatron_mlp: Callable[..., tuple[Part, ...]] | None = None
+    # Megatron-Core's selective recompute_modules (other than core_attn): what each releases, per token.
+    megatron_recompute_modules: Callable[..., tuple[Part, ...]] | None = None
     lora_layer: Callable | None = None
     # Under LoRA, the layer weights peft's ``target_modules`` cannot adapt, with why: (weight name, why).
     # Weights split over the experts (transformers 5's fused 3-D expert parameters) are excluded without
@@ -490,6 +494,32 @@ def megatron_clamped_glu_moe(*, hidden, ffn, experts, top_k, recompute_modules=(
             Part("permuted probabilities (bf16)" + (" + chunk sorts' row_id_maps (int32)" if sorts else ""),
                  k * (2 + sorts), split=EXPERTS),
             experts_part)
+
+
+MEGATRON_MODULES = ("core_attn", "layernorm", "moe_act")    # the recompute_modules the profile reads
+
+
+def megatron_clamped_glu_moe_recomputed(modules, *, hidden, ffn, experts, top_k) -> tuple[Part, ...]:
+    """What Megatron-Core's selective ``recompute_modules`` release per token from a gpt-oss layer
+    (``ArchitectureFamily.megatron_recompute_modules``): ``layernorm`` the pre-MLP norm's output
+    (``megatron_pre_mlp_norm_recomputed``, the layer's "mlp input"), ``moe_act`` the clamps' views of fc1's output,
+    their cat and fc2's input, 6f a routed copy (``megatron_clamped_glu_moe`` with and without it); both measured
+    (``validation/megatron_gpt_oss/measure_modules.py``). ``core_attn`` is the profile's selective recompute (the
+    parts ``recomputed_by_selective``), not listed here; any other module is refused."""
+    out = []
+    for module in modules:
+        if module == "layernorm":
+            out.append(Part("pre-MLP norm output (recompute module layernorm)", megatron_pre_mlp_norm_recomputed(
+                hidden=hidden), split=REPLICATED))
+        elif module == "moe_act":
+            kept, released = (megatron_clamped_glu_moe(hidden=hidden, ffn=ffn, experts=experts, top_k=top_k,
+                                                       recompute_modules=m)[-1].nbytes for m in ((), ("moe_act",)))
+            out.append(Part("experts' activation tensors (recompute module moe_act)", kept - released, split=EXPERTS))
+        elif module != "core_attn":
+            raise NotModelledError("plugin_options['selective'].modules", module,
+                                   "core_attn, layernorm or moe_act for gpt-oss under Megatron-Core",
+                                   f"Megatron-Core's recompute module {module!r} was not measured for gpt-oss's layer")
+    return tuple(out)
 
 
 def megatron_pre_mlp_norm_recomputed(*, hidden) -> int:

@@ -104,7 +104,8 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
 
 from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_counts_held,
-                        megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe)
+                        megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe,
+                        megatron_clamped_glu_moe_recomputed)
 from .. import term_keys as K
 from ..kernels import COMPUTES_FLEX, SINKS_THROUGH_LSE, kernel_of
 from ..layers import EXPERTS, REPLICATED, TP, Part, LayerWalk
@@ -661,9 +662,9 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             f"'none', 'selective' or 'full' (every layer, without checkpointed_layers) for gpt-oss under {regime!r} "
             "(selective recomputes nothing with fused attention; full is Megatron-Core's recompute_granularity "
             "'full', method 'uniform', one layer a chunk)",
-            "Megatron-Core's block recompute (recompute_method 'block') and every k-th layer were not measured; its "
-            "selective recompute_modules moe_act and layernorm were (families.megatron_clamped_glu_moe, "
-            "validation/megatron_gpt_oss/measure_modules.py) but no checkpointing strategy selects them yet")
+            "Megatron-Core's block recompute (recompute_method 'block') and every k-th layer were not measured (its "
+            "selective recompute_modules moe_act and layernorm are: 'selective' with plugin_options "
+            "{'selective': {'modules': [...]}})")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
@@ -735,7 +736,8 @@ GPT_OSS = ArchitectureFamily(
     architectures=(ARCHITECTURE,), sparse=True, gated_mlp=True, norm=GPT_OSS_NORM, layer_norms=2,
     positions="rotary", attention_layout=LAYOUT, attention_layouts={"eager": eager_sinks, "sdpa": eager_sinks, "flex": flex_sinks},
     layer_weights=gpt_oss_weights, parameter_tensors=parameter_tensors, matrix_shapes=matrix_shapes,
-    layer=gpt_oss_layer, megatron_mlp=megatron_mlp, lora_layer=None, assumptions=assumptions,
+    layer=gpt_oss_layer, megatron_mlp=megatron_mlp, megatron_recompute_modules=megatron_clamped_glu_moe_recomputed,
+    lora_layer=None, assumptions=assumptions,
     count_parameters=count_parameters, check=check, adjust_terms=adjust_terms,
     lora_excluded={"mlp.router": "GptOssTopKRouter holds its weight as a Parameter (F.linear), not an nn.Linear: "
                                  "peft's target_modules does not adapt it"})
