@@ -197,10 +197,14 @@ class LayerWalk:
                           output_saved_by_next=output_saved_by_next, parts=per_layer)
 
 
-_new, _set = object.__new__, object.__setattr__
+_new = object.__new__
 # (``_make`` sets every field of ``Part``: a field added to ``Part`` is added there too.)
 assert tuple(a.name for a in attrs.fields(Part)) == ("name", "nbytes", "split", "recomputed_by_selective",
                                                      "weight_gradient_only", "op", "module", "inputs_of", "lora")
+# Each slot's own setter (``Part`` is a slotted attrs class; ``object.__setattr__(q, name, value)`` looks the
+# slot up by name each time): a walk makes a part per op and per token count, every uncached solve.
+(_name, _nbytes, _split_of, _recomputed, _weight_gradient_only, _op, _module, _inputs_of, _lora) = (
+    Part.__dict__[a.name].__set__ for a in attrs.fields(Part))
 
 
 def _per_layer(p: Part, tokens: int) -> Part:
@@ -220,18 +224,18 @@ def _with(p: Part, nbytes, lora: tuple) -> Part:
 
 
 def _make(name, nbytes, split, recomputed_by_selective, weight_gradient_only, op, module, inputs_of, lora) -> Part:
-    """A ``Part`` of these fields, set one by one: for values ``Part``'s checks and converters would leave
-    as they are (``split`` one of ``SPLITS``, ``inputs_of`` and ``lora`` tuples)."""
+    """A ``Part`` of these fields, set one by one through each slot's setter: for values ``Part``'s checks
+    and converters would leave as they are (``split`` one of ``SPLITS``, ``inputs_of`` and ``lora`` tuples)."""
     q = _new(Part)
-    _set(q, "name", name)
-    _set(q, "nbytes", nbytes)
-    _set(q, "split", split)
-    _set(q, "recomputed_by_selective", recomputed_by_selective)
-    _set(q, "weight_gradient_only", weight_gradient_only)
-    _set(q, "op", op)
-    _set(q, "module", module)
-    _set(q, "inputs_of", inputs_of)
-    _set(q, "lora", lora)
+    _name(q, name)
+    _nbytes(q, nbytes)
+    _split_of(q, split)
+    _recomputed(q, recomputed_by_selective)
+    _weight_gradient_only(q, weight_gradient_only)
+    _op(q, op)
+    _module(q, module)
+    _inputs_of(q, inputs_of)
+    _lora(q, lora)
     return q
 
 
