@@ -58,9 +58,24 @@ Which rows the tool can express:
   simulated (validation/offload_full): the token ids, the 28 layers' inputs (1.31 GiB) and the final norm's saved
   tensors copied to the host, the forward stash of 5, the backward's copies freed one node late. The peak stays the
   chunked loss's LM head backward, 1.31 GiB (the layers' inputs) below the row above.
-* + 8-bit AdamW: not compared. The profile answers (``paged-adamw-8bit-bnb``, whose moments of tensors of >= 1e5
-  elements are in CUDA unified memory, outside PyTorch's allocator: host tier), but that optimizer is unvalidated
-  and one paged optimizer per parameter under ``optimizer_in_bwd`` is not measured; the prediction is shown.
+* + 8-bit AdamW: not compared. Which optimizer: the README says the LoRA rows "do not use ``optimizer_in_bwd`` or
+  ``AdamW8bit`` optimizer", and the row links to the memory tutorial's "Lower Precision Optimizers", which names
+  ``torchao.prototype.low_bit_optim.AdamW8bit`` and ``bitsandbytes.optim.PagedAdamW8bit`` ("higher memory savings
+  from bnb's PagedAdamW8bit but higher training speed from torchao's AdamW8bit"; torchtune v0.6.1
+  docs/source/tutorials/memory_optimizations.rst:171-173); the table was added by pytorch/torchtune#2003
+  (1814feb1), whose thread and commit give the final row's command only. Not the paged one: bitsandbytes keeps the
+  moments of tensors of >= 1e5 elements in CUDA unified memory (``F.get_paged``, cudaMallocManaged), outside the
+  caching allocator whose ``active_bytes`` the row reports, which leaves 10.00 GiB, 43 % under 17.6. A non-paged
+  ``AdamW8bit`` then: bitsandbytes' (``adamw-8bit-bnb``: one in-place kernel per tensor, no temporary; measured
+  under ``optimizer_in_bwd``) gives 15.98 GiB, 9 % under, the previous row less the bf16 moments' 5.9 GiB saving;
+  the 1.6 GiB it lacks is what a step temporary would add, and bitsandbytes' has none. torchao's (the tutorial's
+  first, and the row's 4.7 % throughput loss fits it better than paging) runs ``torch.compile(single_param_adam)``
+  per parameter: under ``optimizer_in_bwd`` the tied embedding's step (394,002,432 elements) runs at the backward's
+  end, on its gradient, and its fp32 temporaries set that moment: 8 B an element as inductor's CPU code realizes
+  them (measured, validation/techniques/optimizers) puts it near 16.0 GiB; 17.6 GiB needs about 12 B an element
+  (three fp32 copies), which inductor's CUDA code may realize. The profile refuses torchao's compiled step inside the
+  backward hook (not measured there; CUDA only, no GPU lent), so the row is refused with it; the two bitsandbytes
+  readings are shown beside it.
   QLoRA with compile is refused (not modelled compiled).
 * LoRA: yes, the README's command (README.md:149; tools/launch_validation.py reads it from the config): rank 64
   on q, v, output_proj and the MLP, adapters in bf16, ``compile="blocks"`` and full checkpointing in torchtune's
@@ -107,6 +122,11 @@ def _lora():
 
 LORA = _lora()
 
+# The other readings of a row that is not compared (technique: ((label, settings over the row's), ...)), shown
+# beside it: the 8-bit row's "AdamW8bit" as bitsandbytes' classes (the docstring).
+READINGS = {"+ 8-bit AdamW": (("bitsandbytes AdamW8bit", {"optimizer": "adamw-8bit-bnb"}),
+                              ("bitsandbytes PagedAdamW8bit", {"optimizer": "paged-adamw-8bit-bnb"}))}
+
 # (technique, published GiB, solve settings over BASE, why it is not compared or None)
 ROWS = (
     ("Baseline", 25.5, None, "unpacked dataset: the sequence length is data-dependent and not stated"),
@@ -120,10 +140,9 @@ ROWS = (
                                        "optimizer_in_backward": True, "activation_offload": "torchtune"}, None),
     ("+ 8-bit AdamW", 17.6, {**BLOCKS, **CKPT, "loss": "chunked",
                              "optimizer_in_backward": True, "activation_offload": "torchtune",
-                             "optimizer": "paged-adamw-8bit-bnb"},
-     "PagedAdamW8bit is unvalidated (its paging needs CUDA unified memory); one paged optimizer per parameter under "
-     "optimizer_in_bwd is not measured, and the published peak is not what the profile's mechanisms give: its "
-     "moments in unified memory (host tier) leave 10.00 GiB allocated, or 15.98 GiB were they counted on the device"),
+                             "optimizer": "adamw-8bit-torchao"},
+     "the README's AdamW8bit, the tutorial's torchao AdamW8bit: its compiled per-parameter step inside the backward "
+     "is not measured (the docstring)"),
     ("LoRA", 8.5, {**BLOCKS, **CKPT, "loss": "chunked", **FUSED, "activation_offload": "torchtune", "lora": LORA},
      None),
     ("QLoRA", 4.6, None, COMPILE + "QLoRA is refused with compile (lora: not modelled compiled)"),
@@ -153,6 +172,11 @@ def rows():
                 note += (f" (fused AdamW, as torchtune's AdamW configs set it; with foreach: {foreach:.2f} GiB, "
                          f"{foreach / published - 1:+.1%})")
             out.append((name, published, got / GIB, got / GIB / published - 1, note))
+        elif settings is not None and not isinstance(got, (int, float)) and name in READINGS:
+            others = "; ".join(f"{label}: {v / GIB:.2f} GiB ({v / GIB / published - 1:+.1%})"
+                               for label, extra in READINGS[name] for v in [predict({**settings, **extra})])
+            out.append((name, published, None, None, f"not compared ({why}; the profile: {type(got).__name__}); "
+                        f"read as {others}"))
         elif settings is not None and not isinstance(got, (int, float)) and settings.get("compile"):
             eager = predict({k: v for k, v in settings.items() if k not in ("compile", "compile_checkpoint")})
             shown = eager / GIB if isinstance(eager, (int, float)) else None
