@@ -321,6 +321,22 @@ def _closest(near: list, capacity: int, margin: float) -> tuple[dict, ...]:
                  for e in best)
 
 
+def _resolve_closest(near: list, bounded: list, context: tuple, margin: float) -> int:
+    """Add to ``near`` the layouts ``bounded`` holds (micro-batch 1 pruned by its lower bound) that
+    could be among the CLOSEST, least bound first, each solved (its total >= its bound): stop at a
+    bound above the CLOSEST-th total ``near`` has. Returns the solves."""
+    solves, capacity = 0, context[5].memory_capacity
+    unpruned = context[:12] + (False,) + context[13:]      # (assume_monotone off: nothing bounded again)
+    for bound, group in sorted(bounded, key=lambda e: (e[0], e[1][:8])):
+        best = _closest(near, capacity, margin)
+        if len(best) == CLOSEST and bound * (1 - 1e-9) > best[-1]["total_memory"]:
+            break
+        extra: list = []
+        solves += _evaluate([group], [], unpruned, 0, None, extra, {})[0]
+        near += extra
+    return solves
+
+
 def _nothing_fits(found: "PlanSearch") -> str:
     """What a search where no layout fits says instead of an empty table: the closest layouts,
     by how much each is over, and the `fit` command that explains one."""
@@ -852,21 +868,25 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
         total = sum(len(g[-1]) for g in groups)
         pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
         near: list[tuple] = []
+        bounded: list[tuple] = []
         refused: dict[str, int] = {}
-        found = (_evaluate_parallel(groups, context, pool_size, total, progress, near, refused)
+        found = (_evaluate_parallel(groups, context, pool_size, total, progress, near, refused, bounded)
                  if pool_size > 1 else None)
         if found is not None:
             fits, solves, done, pruned = found
         else:
             near.clear()
+            bounded.clear()
             refused.clear()
-            solves, done, pruned = _evaluate(groups, rows, context, total, progress, near, refused)
+            solves, done, pruned = _evaluate(groups, rows, context, total, progress, near, refused, bounded)
             fits = list(map(_candidate, rows))      # (each row ends with pareto=False)
             del rows
         notes += tuple(f"{count:,} layouts left out, the profile cannot describe them: {reason}"
                        for reason, count in sorted(refused.items()))
         if progress is not None:
             progress(total, total)
+        if not fits:
+            solves += _resolve_closest(near, bounded, context, margin)
         fits, same = _one_row_per_answer(fits)
         if same:
             notes += (f"{same:,} layouts the same as another but for the checkpointing strategy's name (the same "
@@ -1218,14 +1238,15 @@ def _evaluate_chunk(bounds: tuple[int, int]):
     groups, context = _JOB
     rows: list[tuple] = []
     near: list[tuple] = []
+    bounded: list[tuple] = []
     refused: dict[str, int] = {}
     try:
-        solves, done, pruned = _evaluate(groups[start:stop], rows, context, 0, None, near, refused)
+        solves, done, pruned = _evaluate(groups[start:stop], rows, context, 0, None, near, refused, bounded)
     except InvalidInputError as err:    # the parent re-evaluates this chunk, which raises it
-        return start, _RAISES if _cannot_describe(err) else None, 0, 0, [], {}, 0
+        return start, _RAISES if _cannot_describe(err) else None, 0, 0, [], {}, 0, []
     except BaseException:       # noqa: BLE001 (re-raised by the in-process run)
-        return start, None, 0, 0, [], {}, 0
-    return start, _columns(rows), solves, done, near, refused, pruned
+        return start, None, 0, 0, [], {}, 0, []
+    return start, _columns(rows), solves, done, near, refused, pruned, bounded
 
 
 _RAISES = "raises"      # a chunk whose evaluation stops the search (re-run in the parent to raise)
@@ -1256,13 +1277,14 @@ def _candidates(columns: list) -> list[Candidate]:
 
 
 def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
-    """Consecutive ranges of ``groups`` with about equal candidate counts."""
+    """Consecutive ranges of ``groups`` with about equal candidate counts, each layout's strategies, sp
+    and variants in one (they share a state_bytes bound: the solves are the in-process ones)."""
     total = sum(len(g[-1]) for g in groups)
     step = max(1, -(-total // pieces))
     bounds, start, count = [], 0, 0
     for index, group in enumerate(groups):
         count += len(group[-1])
-        if count >= step:
+        if count >= step and (index + 1 == len(groups) or groups[index + 1][:6] != group[:6]):
             bounds.append((start, index + 1))
             start, count = index + 1, 0
     if start < len(groups):
@@ -1270,7 +1292,8 @@ def _chunks(groups, pieces: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _evaluate_parallel(groups, context, workers: int, total: int, progress, near: list, refused: dict):
+def _evaluate_parallel(groups, context, workers: int, total: int, progress, near: list, refused: dict,
+                       bounded: list):
     """(the fitting layouts as Candidates in enumeration order, solves, done) from forked
     workers, or None when they cannot run here (no
     fork start method, a daemon process, the pool fails to start or a worker fails)."""
@@ -1296,8 +1319,10 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                start, rows, chunk_solves, chunk_done, chunk_near, chunk_refused, chunk_pruned = future.result()
+                start, rows, chunk_solves, chunk_done, chunk_near, chunk_refused, chunk_pruned, chunk_bounded = (
+                    future.result())
                 near += chunk_near
+                bounded += chunk_bounded
                 for reason, count in chunk_refused.items():
                     refused[reason] = refused.get(reason, 0) + count
                 if isinstance(rows, str):     # _RAISES
@@ -1328,13 +1353,14 @@ def _evaluate_parallel(groups, context, workers: int, total: int, progress, near
 _PLAN_FIELDS = tuple(field.name for field in attrs.fields(TrainingPlan))
 
 
-def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -> tuple[int, int, int]:
+def _evaluate(groups, rows, context, total, progress, near=None, refused=None, bounded=None) -> tuple[int, int, int]:
     """Solve the layouts of ``groups`` (micro-batches ascending), append those that fit to
     ``rows``; return (solves, layouts evaluated, layouts pruned by ``state_bytes``). ``near`` (a list, kept as a heap): the
     CLOSEST layouts that do not fit, as (-total memory, layout fields), for a search where none does.
     ``refused`` (a dict): the layouts the profile cannot describe (a ``NotModelledError`` for this
     layout, e.g. LoRA split by tensor parallelism), left out and counted by what is not modelled;
-    without it such a layout stops the search."""
+    without it such a layout stops the search. ``bounded`` (a list): the groups whose micro-batch 1 was
+    pruned by ``state_bytes`` while ``near`` was kept, as (bound, group), for ``_resolve_closest``."""
     (registry, profile, measured, solver, model, hardware, global_batch, seq_len, precision, optimizer,
      trainable_fraction, communication_buffer_fraction, assume_monotone, recompute, tokens,
      devices, node, options, margin, timing, cross_node, table, given_options) = context
@@ -1366,14 +1392,16 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
         last, fields = n - 1, None
         # state_bytes of a sibling (another strategy or sp) at micro-batch 1 bounds this one's there; when over,
         # so are the micro-batches but the last (memory grows with it while gas >= 2), and the last if its own
-        # bound is over too (the closest a search where none fits shows stay exact: the near heap's condition)
+        # bound is over too (micro-batch 1's bound kept for the closest of a search where none fits: _resolve_closest)
         state_key = (tp, cp, pp, dp, ep, rule, which, layout_options)
         bound = over.get((state_key, samples == 1))
         skip = 0
-        if bound is not None and (near is None or rows or len(near) >= NEAR and bound > -near[0][0] * (1 + 1e-9)):
+        if bound is not None:
             skip = n if last == 0 or over.get((state_key, True)) is not None else last
             done += skip
             pruned += skip
+            if near is not None and bounded is not None and not rows:
+                bounded.append((bound, (tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro[:1])))
         for index, mb in enumerate(micro):   # ascending: memory grows with the micro-batch while gas >= 2
             if index < skip:
                 continue
@@ -1411,8 +1439,10 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None) -
                 if near is not None and index == 0 and not rows:
                     entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, vp, compiled, float8)
                     (heapq.heappush if len(near) < NEAR else heapq.heappushpop)(near, entry)
-                if assume_monotone and index in (0, last) and (state_key, gas == 1) not in over:
-                    solves += 1     # (one more solve, for its terms)
+                # (one more solve, for its terms: at micro-batch 1, and at the last where micro-batch 1's was over)
+                if assume_monotone and (state_key, gas == 1) not in over and (
+                        index == 0 or index == last and over.get((state_key, False)) is not None):
+                    solves += 1
                     bound = state_bytes(solve_plan(registry, plan, options))
                     over[(state_key, gas == 1)] = bound if bound * 1e-9 > limit_gb * (1 + 1e-9) else None
                 if assume_monotone and index < last:     # on to the last micro-batch: gas = 1 accumulates nothing

@@ -136,6 +136,21 @@ def test_the_pruning_is_the_same_with_workers():
                 checkpointing=["full", "none"], profile="measured")
     alone = search.search_plans("mixtral-8x7b", "h100", workers=1, **args)
     forked = search.search_plans("mixtral-8x7b", "h100", workers=2, **args)
-    # (each worker bounds the layouts of its own chunks: the solves may differ, never the answer)
-    assert alone.state_pruned > 0 and forked.state_pruned > 0
-    assert (forked.fits, forked.closest, forked.notes) == (alone.fits, alone.closest, alone.notes)
+    # (a chunk holds each layout's strategies and sp whole: its bounds, and so its solves, are the in-process ones)
+    assert alone.state_pruned > 0
+    assert (forked.fits, forked.closest, forked.notes, forked.solves, forked.state_pruned) == (
+        alone.fits, alone.closest, alone.notes, alone.solves, alone.state_pruned)
+
+
+def test_the_closest_pruned_layouts_are_solved_when_they_could_be_among_the_closest(monkeypatch):
+    """A search where none fits keeps micro-batch 1's bound of each pruned layout and solves those whose
+    bound is below the CLOSEST-th total found (their totals are at least their bounds)."""
+    resolved = []
+    resolve = search._resolve_closest
+    monkeypatch.setattr(search, "_resolve_closest", lambda *a: resolved.append(resolve(*a)) or resolved[-1])
+    found = search.search_plans("llama3-70b", "h100", devices=8, global_batch=8, seq_len=4096,
+                                data_parallel=["zero0", "zero3"], **ARGS)
+    assert not found.fits and found.state_pruned > 0 and resolved[0] > 0
+    every = search.search_plans("llama3-70b", "h100", devices=8, global_batch=8, seq_len=4096,
+                                data_parallel=["zero0", "zero3"], **{**ARGS, "assume_monotone": False})
+    assert found.closest == every.closest
