@@ -128,6 +128,17 @@ def test_recompute_modules_formula_equals_the_measurements():
         norm = 0 if "layernorm" in modules else (megatron_pre_mlp_norm_recomputed(hidden=h) + 4) * tokens
         assert m["saved_with_row_id_map"] == moe + offset + norm, run["id"]
         assert m["after_backward_over_start"] == 0, run["id"]
+        # in the backward each module's recompute (its gradient hook) rebuilds what it released: the layernorm's
+        # output (+ its rsigma), then the activation's tensors (+ the offset scalar), per row received; the profile's
+        # parts (megatron_recompute_modules) are those bytes less the rsigma and the scalar it never counts
+        released = dict(zip(modules, GPT_OSS.megatron_recompute_modules(modules, hidden=h, ffn=f, experts=E,
+                                                                         top_k=k)))    # (one part a module, in order)
+        expected = []
+        if "layernorm" in modules:
+            expected.append(released["layernorm"].nbytes * tokens + 4 * tokens)
+        if "moe_act" in modules:
+            expected.append(released["moe_act"].nbytes // k * m["received"] + 2)
+        assert m["rebuilt"] == expected, run["id"]
     # by hand, one rank, 128 tokens, top-4, f 48: moe_act releases the clamps' views and their cat and fc2's input,
     # 6f a routed copy (147,456 B) and the offset scalar; layernorm the norm's output 2h and rsigma (16,896 B)
     saved = {tuple(r["recompute_modules"]): r["measured"]["saved_with_row_id_map"] for r in record["runs"]

@@ -17,8 +17,8 @@ storage to 0 and recomputes it from a gradient hook), ``_save_args_to_ctx``, ``_
 ``_fork_rng``. Stubbed: the rng states (host ByteTensors on a GPU), Transformer Engine's
 ``FP8GlobalStateManager`` / ``activation_recompute_forward`` / ``fp8_autocast`` (``CheckpointWithoutOutput()``
 takes that path with ``fp8=False``: off in bf16, no bytes), and ``_get_share_storage`` (a C++ extension that points
-the discarded output's storage at the recomputed one, zero-copy), here a resize and a copy: the same bytes once
-the recomputed output is freed (only the backward's transient differs, not recorded).
+the discarded output's storage at the recomputed one, zero-copy), here a resize, a copy and the recomputed storage
+released: the same bytes (``_share_storage``).
 
 Where Megatron-Core applies them (``experts.py``, ``TEGroupedMLP.forward``; ``transformer_layer.py``):
 
@@ -33,7 +33,10 @@ Where Megatron-Core applies them (``experts.py``, ``TEGroupedMLP.forward``; ``tr
 
 Recorded per configuration: ``saved`` (the growth over the start after the forward, less the output; as
 measure_moe.py, the held row_id_map that the forward replaced is added back in ``saved_with_row_id_map``),
-``after_backward_over_start`` and ``received`` rows.
+``after_backward_over_start``, ``received`` rows and ``rebuilt`` (what each recompute, ``_recompute`` run from its
+gradient hook in the backward, adds: the module's output refilled and what its function saves under
+``enable_grad``; in backward order: ``layernorm``, whose hook is on the MLP's output, then ``moe_act``, on fc2's:
+both rebuilt tensors are alive together until the router's backward).
 """
 
 from __future__ import annotations
@@ -65,10 +68,14 @@ NS: dict = {}
 
 
 def _share_storage(output, recomputed):
-    """Stands for random.py's share_storage extension (zero-copy): the output's storage refilled by a copy."""
+    """Stands for random.py's share_storage extension (zero-copy: the discarded output's StorageImpl takes the
+    recomputed data): the output's storage refilled by a copy, the recomputed storage then released, so that one
+    buffer holds the output, as with the extension (the recomputed tensor's data is never read again: it is the
+    root of the activation's backward, which reads its saved tensors)."""
     st = output.untyped_storage()
     st.resize_(recomputed.untyped_storage().nbytes())
     st.copy_(recomputed.untyped_storage())
+    recomputed.untyped_storage().resize_(0)
 
 
 def modules_namespace(repo: str) -> dict:
@@ -149,10 +156,26 @@ class Block(torch.nn.Module):
         return self.moe(RMSNorm.apply(residual, self.norm_weight))
 
 
+def _recording(ckpt: dict, now, rebuilt: list) -> dict:
+    """``ckpt`` with ``CheckpointWithoutOutput._recompute`` (the gradient hook) recording the bytes it adds."""
+    base = ckpt["CheckpointWithoutOutput"]
+
+    class Recording(base):
+        def _recompute(self, _):
+            before = now()
+            super()._recompute(_)
+            rebuilt.append(now() - before)
+
+    return {**ckpt, "CheckpointWithoutOutput": Recording}
+
+
 def measure(cfg: dict) -> dict:
     T, h, f, E, k, ep = (cfg[n] for n in ("tokens", "hidden", "moe_ffn_hidden_size", "experts", "top_k", "ep"))
     torch.manual_seed(0)
-    block = Block(NS["megatron"], NS["modules"], h, f, E, k, ep, tuple(cfg["recompute_modules"]))
+    clock = {"now": lambda: 0}
+    rebuilt: list = []
+    ckpt = _recording(NS["modules"], lambda: clock["now"](), rebuilt)
+    block = Block(NS["megatron"], ckpt, h, f, E, k, ep, tuple(cfg["recompute_modules"]))
     x0 = (torch.randn(T, h) * 0.5).to(torch.bfloat16).requires_grad_(True)
     grad = torch.randn(T, h).to(torch.bfloat16)
     for _ in range(2):
@@ -169,14 +192,18 @@ def measure(cfg: dict) -> dict:
             t.detach()
         x = x0.clone()
         start = mt.get_tracker_snapshot("current")[dev]["Total"]
+        clock["now"] = lambda: mt.get_tracker_snapshot("current")[dev]["Total"]
+        rebuilt.clear()
         out = block(x)
         after_forward = mt.get_tracker_snapshot("current")[dev]["Total"]
         saved = after_forward - start - out.numel() * out.element_size()
         out.backward(grad)
         del out, x
         end = mt.get_tracker_snapshot("current")[dev]["Total"]
+    clock["now"] = lambda: 0
     return {"saved": saved, "saved_with_row_id_map": saved + held_other["row_id_map"], "held": held,
-            "held_other": held_other, "after_backward_over_start": end - start, "received": moe.received}
+            "held_other": held_other, "after_backward_over_start": end - start, "received": moe.received,
+            "rebuilt": list(rebuilt)}
 
 
 def _summary(m: dict) -> str:
