@@ -17,7 +17,7 @@ from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GR
 from mlsysim_core import _checks
 from mlsysim_core.memo import memoize
 
-from ._cache import cached_terms, per_layout
+from ._cache import cached_terms, layout_of, per_layout
 from ._cache import term as _term
 from . import term_keys as K
 from .kernels import kernel_of
@@ -51,14 +51,44 @@ class Context:
     expert_tensor: int = 1   # each expert's matrices' split (expert_tp_size, else the tensor split)
 
 
-@memoize
+_last_context: tuple = (None, None, None)     # (a plan, a placement, their Context): a rank asks twice
+
+
 def context(plan, placement) -> Context:
-    shape = shape_of(plan)
-    return Context(shape=shape, tokens=plan.microbatch * plan.seq_len, seq_len=plan.seq_len,
+    """The plan's ``Context`` on ``placement``: what does not depend on the batch kept per layout
+    (``_layout_context``), the tokens of this plan's micro-batch set on a copy of it."""
+    global _last_context
+    last_plan, last_placement, ctx = _last_context
+    if plan is last_plan and placement is last_placement:
+        return ctx
+    ctx = _with_tokens(_layout_context(layout_of(plan), placement), plan.microbatch * plan.seq_len)
+    _last_context = (plan, placement, ctx)
+    return ctx
+
+
+@memoize
+def _layout_context(layout, placement) -> Context:
+    """``Context`` but its ``tokens`` (None here), from what a plan of this layout reads besides its batch."""
+    plan = layout.plan
+    return Context(shape=shape_of(plan), tokens=None, seq_len=plan.seq_len,
                    layers=placement.layers_per_stage, shards=placement.activation_shards,
                    regime=plan.profile_options.regime, tensor=placement.tensor_shards,
                    sequence=placement.sequence_shards, residual=residual_shards(placement),
                    experts=placement.expert_shards, expert_tensor=expert_tensor_shards(plan, placement))
+
+
+_CONTEXT_SLOTS = tuple((Context.__dict__[a.name].__get__, Context.__dict__[a.name].__set__)
+                       for a in attrs.fields(Context) if a.name != "tokens")
+_set_tokens = Context.__dict__["tokens"].__set__
+
+
+def _with_tokens(base: Context, tokens: int) -> Context:
+    """``attrs.evolve(base, tokens=tokens)``, slot by slot (``Context`` has no checks or converters)."""
+    ctx = object.__new__(Context)
+    for get, put in _CONTEXT_SLOTS:
+        put(ctx, get(base))
+    _set_tokens(ctx, tokens)
+    return ctx
 
 
 def layer_bytes(plan, ctx: Context):
