@@ -289,3 +289,26 @@ def test_recompute_modules_refused_where_not_described():
         TrainingMemoryModel().solve(from_hf_config(TINY, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw", "selective",
                                     profile="reference", **modules("moe_act"))
     assert "['core_attn'] under the reference profile" in str(err.value)
+
+
+def test_the_published_h100_recipe_as_configured():
+    # Megatron-Bridge 067f987 perf_recipes/gpt_oss/h100/gpt_oss.py gpt_oss_120b_pretrain_64gpu_h100_bf16_config: pp 4,
+    # ep 8 (dp 16), micro-batch 1, global batch 1280, sequence 4096, recompute_modules ["layernorm", "moe_act"]
+    # (selective), grad_reduce_in_fp32 False (_perf_precision: the mcore-distopt rule's grad_reduce_in_bf16)
+    def run(checkpointing, **options):
+        return TrainingMemoryModel("measured").solve(
+            "gpt-oss-120b", "h100", 1280, seq_len=4096, precision="bf16", regime="mixed-bf16-main-grad",
+            data_parallel="mcore-distopt", activation_checkpointing=checkpointing, pp_size=4, ep_size=8, dp_size=16,
+            gradient_accumulation_steps=80, **options)
+    bf16 = {"mcore-distopt": {"grad_reduce_in_bf16": True}}
+    recipe = run("selective", plugin_options={**bf16, "selective": {"modules": ["layernorm", "moe_act"]}})
+    plain = run("selective", plugin_options=bf16)
+    first, first_plain = recipe.ranks[0], plain.ranks[0]
+    assert first.in_flight == 4 and first.layers == 9
+    # per token and layer the pre-MLP norm's output 2h and the experts' activation tensors 6f x k: h = f = 2,880, k 4
+    per_layer = 4096 * (2 * 2880 + 6 * 2880 * 4)
+    saved, saved_plain = (next(t for t in r.terms if t.label.startswith("decoder layers: saved"))
+                          for r in (first, first_plain))
+    assert saved_plain.nbytes - saved.nbytes == 9 * 4 * per_layer
+    assert next(t for t in first.terms if t.label.startswith("recompute modules")).nbytes == per_layer
+    assert recipe.feasible and max(r.total_memory for r in recipe.ranks) < 80 * 2**30
