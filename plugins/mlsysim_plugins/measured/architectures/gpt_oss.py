@@ -79,7 +79,9 @@ held tensors a layer, a later stage's last receive buffer held after the backwar
 recomputation, which recomputes nothing here) or with Megatron-Core's full recompute (``recompute_granularity="full"``,
 method ``uniform``, one layer a chunk; ``measure_recompute.py``: the checkpointed inputs, one recomputed layer in
 each micro-batch's backward, each layer's detached input and its gradient held after its backward by the recomputed
-probabilities' graph), without dropout or token dropping; the rest is refused by name.
+probabilities' graph) or with its selective ``recompute_modules`` ``layernorm`` / ``moe_act`` (the ``selective``
+strategy's ``modules``: ``families.megatron_clamped_glu_moe_recomputed``, ``measure_modules.py``), without dropout or
+token dropping; the rest is refused by name.
 
 Validated against PyTorch's MemTracker: ``validation/families/gpt_oss``. Under full checkpointing the
 backward's peak is also in a recomputed layer's ``max`` backward; the profile's generic recompute
