@@ -21,7 +21,7 @@ WHY = ("Adam keeps an fp32 master copy of every trainable parameter and two fp32
 # per parameter tensor; foreach one temporary (_foreach_sqrt of the second moment), the for-loop two
 # for the current tensor (sqrt and division) and the previous one's denom, fused none.
 STEP = OptimizerStep(moments=2, step_counters=True, foreach=1, loop_current=2, loop_previous=1,
-                     measured_with=(OPTIMIZER_IN_BACKWARD, TORCHAO_OFFLOAD))
+                     measured_with=(OPTIMIZER_IN_BACKWARD, TORCHAO_OFFLOAD), update="adam")
 
 
 @memoize

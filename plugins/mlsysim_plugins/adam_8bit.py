@@ -40,6 +40,7 @@ def measured_state_terms(plan, placement, options):
 def mlsysim_optimizers():
     return [OptimizerSpec(name="adam-8bit", description="8-bit Adam (bitsandbytes): master + 2 x 1 B, 6 B/param",
                           state_terms=state_terms, extensions={"measured.state_terms": measured_state_terms},
-                          step=OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: (
+                          step=OptimizerStep(update="adam", quantized_moments="8-bit", moment_traffic=4.0,
+                                             refused={OPTIMIZER_IN_BACKWARD: (
                               "bitsandbytes' Adam8bit (the older plugin) is not measured with optimizer_in_backward; "
                               "adamw-8bit-bnb and paged-adamw-8bit-bnb are")}))]

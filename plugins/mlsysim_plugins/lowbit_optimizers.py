@@ -87,17 +87,21 @@ _TORCHAO_IN_BACKWARD = (
 # fp8 4 B per parameter, 4-bit 2 B; torchao's compiled step realizes its temporaries (the docstring's 8,
 # 26 and 2 B per element), bitsandbytes' fused kernel none.
 TORCHAO_STEPS = {name: OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN_BACKWARD}, quantized_moments=bits,
-                                     moment_traffic=4.0 * TORCHAO[name][1], step_realized=TORCHAO[name][4])
+                                     moment_traffic=4.0 * TORCHAO[name][1], step_realized=TORCHAO[name][4],
+                                     update="adam")
                  for name, bits in (("adamw-8bit-torchao", "8-bit"), ("adamw-4bit-torchao", "4-bit"),
                                     ("adamw-fp8-torchao", "fp8"))}
 # bitsandbytes' 32-bit update (optimizer_update_32bit, in place): no temporaries; moments not in the regime's
-# state dtype (always fp32), so ``moments=None``; not measured inside the backward.
+# state dtype (always fp32), so ``moments=None``; not measured inside the backward. Every AdamW here computes
+# Adam's update (``update="adam"``: ``fit techniques`` offers the low-bit ones in place of the 32-bit AdamW).
 BNB32_STEP = OptimizerStep()
+BNB32_ADAM_STEP = OptimizerStep(update="adam")
 BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
-                         measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0)
+                         measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0,
+                         update="adam")
 # As Hugging Face's Trainer sets it up (no optimizer in the backward there: not measured with it).
 BNB_HF_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED, quantized_moments="8-bit",
-                            moment_traffic=4.0)
+                            moment_traffic=4.0, update="adam")
 
 UNVALIDATED_PAGED = ("{name} is unvalidated: bitsandbytes' paging needs CUDA unified memory; "
                      "the moments of tensors of >= 100,000 elements live there, outside PyTorch's allocator "
@@ -292,10 +296,10 @@ def mlsysim_optimizers():
                                                                   embeddings_32bit=True),
                         **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
             step=BNB_HF_STEP))
-    for name, cls, paged, moments in (("adamw-32bit-bnb", "AdamW32bit", False, 2),
-                                      ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True, 2),
-                                      ("lion-32bit-bnb", "Lion32bit", False, 1),
-                                      ("paged-lion-32bit-bnb", "PagedLion32bit", True, 1)):
+    for name, cls, paged, moments, step in (("adamw-32bit-bnb", "AdamW32bit", False, 2, BNB32_ADAM_STEP),
+                                            ("paged-adamw-32bit-bnb", "PagedAdamW32bit", True, 2, BNB32_ADAM_STEP),
+                                            ("lion-32bit-bnb", "Lion32bit", False, 1, BNB32_STEP),
+                                            ("paged-lion-32bit-bnb", "PagedLion32bit", True, 1, BNB32_STEP)):
         specs.append(OptimizerSpec(
             name=name,
             description=f"bitsandbytes {cls}: fp32 moment{'s' if moments > 1 else ''}, one fused kernel"
@@ -305,7 +309,7 @@ def mlsysim_optimizers():
             extensions={"measured.state_terms": functools.partial(bnb32_state_terms, name=name, paged=paged,
                                                                   moments=moments),
                         **({"measured.notes": functools.partial(notes, name=name)} if paged else {})},
-            step=BNB32_STEP))
+            step=step))
     return specs
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core import hookimpl
+from mlsysim_core.errors import MlsysimError
+from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER
 from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
@@ -243,10 +245,38 @@ def _compile(plan, registry):
 CHECKPOINTING_LADDER = ("selective", "attention-only", "mlp-only", "every-k", "op-sac", "full")
 
 
-def _saves_more(value, given) -> bool:
-    """Only a policy that saves more than the run's own."""
-    order = {name: i for i, name in enumerate(("none", *CHECKPOINTING_LADDER))}
-    return order.get(given, len(order)) < order[value]
+def _spec(table: dict, kind: str, parameter: str, registry, value):
+    """The spec ``value`` selects in ``table`` (a registry's), resolved as a solve resolves it; None if none."""
+    try:
+        return table[registry.resolve(kind, parameter, value)]
+    except (MlsysimError, KeyError):
+        return None
+
+
+def _declares_the_same(spec, other) -> bool:
+    """``spec`` declares what ``other`` does: every field equal but the name (the same strategy, whatever
+    it is registered as)."""
+    return type(spec) is type(other) and all(
+        getattr(spec, f.name) == getattr(other, f.name) for f in attrs.fields(type(spec)) if f.name != "name")
+
+
+def _saves_more(value, given, registry) -> bool:
+    """Only a policy that saves more than the run's own, asked of what the strategies declare: a run whose
+    strategy recomputes nothing (``CheckpointingSpec.recomputes == "nothing"``) is offered every policy of
+    the ladder; one whose strategy declares what a policy of the ladder declares (that policy's spec under
+    any name), the policies after it (``CHECKPOINTING_LADDER`` lists them by what they save, the least
+    first); any other (``full``, ``save-list``, a third party's ``"part"`` or ``"layers"`` strategy: where
+    it sits is not declared), none. (The recomputed share, ``recompute(plan)``, does not order the ladder:
+    mlp-only recomputes more than every-k or op-sac on Llama-3.1-8B at 2,048 tokens, less at 32,768.)"""
+    table = registry.checkpointing
+    own = _spec(table, CHECKPOINTING, "activation_checkpointing", registry, given)
+    if own is None:
+        return False
+    if own.recomputes == "nothing":
+        return True
+    place = next((i for i, name in enumerate(CHECKPOINTING_LADDER) if name in table
+                  and _declares_the_same(own, table[name])), None)
+    return place is not None and place < CHECKPOINTING_LADDER.index(value)
 
 
 def _checkpointing_on(plan) -> bool:
@@ -269,6 +299,17 @@ def _lowbit_on(plan) -> bool:
     from .optimizer_step import step_of
     step = step_of(plan.profile_options.optimizer_spec)
     return step is not None and bool(step.quantized_moments)
+
+
+def _quantizes_the_update_of(value, given, registry) -> bool:
+    """A low-bit optimizer is offered in place of the run's when the run's declares the update it quantizes
+    (``OptimizerStep.update``, e.g. ``"adam"``: Adam, AdamW) and quantizes none of its own moments."""
+    from .optimizer_step import step_of
+    table = registry.optimizers
+    own = step_of(_spec(table, OPTIMIZER, "optimizer", registry, given))
+    candidate = step_of(_spec(table, OPTIMIZER, "optimizer", registry, value))
+    return (own is not None and candidate is not None and bool(own.update)
+            and own.update == candidate.update and not own.quantized_moments)
 
 
 def _lowbit_time(plan, figures):
@@ -321,11 +362,12 @@ TECHNIQUES = (
                           Candidate("torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True")],
               active=_offload_on, added_step_time=_offload_time, with_compile=_NOT_COMPILED),
     Technique(name="low_bit_optimizer", order=37, keyword="optimizer",
-              description="a low-bit AdamW (solve's optimizer, from adam or adamw): in the ladder only",
+              description="a low-bit AdamW (solve's optimizer, in place of one declaring its update, adam or adamw): "
+                          "in the ladder only",
               candidates=[Candidate("adamw-8bit-torchao", "torchao AdamW8bit", _LOWBIT_CAVEAT.format("8-bit")),
                           Candidate("adamw-4bit-torchao", "torchao AdamW4bit", _LOWBIT_CAVEAT.format("4-bit")),
                           Candidate("adamw-8bit-bnb", "bitsandbytes AdamW8bit", _LOWBIT_CAVEAT.format("8-bit"))],
-              offered=lambda value, given: given in ("adam", "adamw"),
+              offered=_quantizes_the_update_of,
               active=_lowbit_on, added_step_time=_lowbit_time),
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,
                                                                         "compile_checkpoint": COMPILE_CHECKPOINT},

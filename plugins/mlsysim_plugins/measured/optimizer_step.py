@@ -59,6 +59,11 @@ class OptimizerStep:
     it writes and reads back (torchao's compiled step; 0 for one fused kernel). ``fit techniques``
     prices a low-bit optimizer from these, never from its name.
 
+    ``update``: the update rule it computes, whatever its states' precision (``"adam"``: Adam and
+    AdamW, full precision or low-bit; ``""``: not declared, the default). ``fit techniques`` offers
+    a low-bit optimizer in place of the run's when the run's declares the update the low-bit one
+    declares and quantizes none of its moments.
+
     ``measured_with``: the techniques measured with it (``"optimizer_in_backward"``,
     ``"torchao_offload"``); ``refused``: technique -> why it is not, said when it is refused.
     """
@@ -73,6 +78,7 @@ class OptimizerStep:
     quantized_moments: str = ""
     moment_traffic: float = 16.0
     step_realized: int = 0
+    update: str = ""
     measured_with: tuple[str, ...] = attrs.field(default=(), converter=_techniques)
     refused: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_reasons)
 

@@ -5,8 +5,8 @@ out of ``mlsysim_core``).
 
 The techniques are what is registered through the measured hook ``mlsysim_measured_techniques``
 (``techniques.Technique``; the built-ins in ``builtin_techniques.py``), in their ``order``: each
-one's ``candidates`` (value, label, numerical caveat), offered where its ``offered(value, given)``
-says (default: the run leaves its keyword unset), and priced by its ``added_step_time(plan,
+one's ``candidates`` (value, label, numerical caveat), offered where its ``offered(value, given,
+registry)`` says (default: the run leaves its keyword unset), and priced by its ``added_step_time(plan,
 figures)`` (seconds or None, how it was computed) where ``active(plan)``. A third-party technique
 registered through the hook is in the ladder as the built-ins are. The built-ins:
 
@@ -21,12 +21,16 @@ activation offload          save_on_cpu, torchtune                         2 x b
 offload (host optimizer)    optimizer, optimizer+gradients(+parameters),   state / host memory bw +
                             torchao, torchao+gradients                     (g + w) / host link
 low-bit optimizer           adamw-8bit-torchao, adamw-4bit-torchao,        extra bytes moved /
-                            adamw-8bit-bnb (from adam/adamw)               memory bandwidth
+                            adamw-8bit-bnb (from an optimizer declaring    memory bandwidth
+                            their update, OptimizerStep.update: adam, adamw)
 float8                      tensorwise, rowwise                            cast traffic / memory bw
 ==========================  ====================================================================
 
 A technique that ``replaces`` the run's own value (checkpointing: a policy that saves more) is
-priced over the run's own value's time.
+priced over the run's own value's time. What is offered is asked of the declarations, never of the
+names: a checkpointing policy where the run's strategy recomputes nothing or declares what a policy
+earlier in the ladder declares (``builtin_techniques._saves_more``); a low-bit optimizer where the
+run's declares the update it quantizes (``_quantizes_the_update_of``).
 
 The search (``fit_techniques``) is best-first over combinations: the baseline, then each
 combination one technique larger than one already visited, visited in order of added step
@@ -247,7 +251,7 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
         if t.offered is not None and t.ladder_keyword not in given and hasattr(baseline, t.ladder_keyword):
             given[t.ladder_keyword] = getattr(baseline, t.ladder_keyword)
     candidates = [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in registrations for c in t.candidates
-                  if (techniques is None or t.ladder_keyword in techniques) and t.is_offered(c.value, given)]
+                  if (techniques is None or t.ladder_keyword in techniques) and t.is_offered(c.value, given, solver.registry)]
     evaluated, refused = 1, 0
 
     def evaluate(combo):

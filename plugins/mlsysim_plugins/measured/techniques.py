@@ -18,8 +18,11 @@ A ``Technique`` declares, with nothing the profile recognises by name:
 - ``order``: where it runs among the techniques, at each stage and in the ladder (lower first,
   then by name), so a technique registered again under another name runs where it did.
 - for ``fit techniques``: ``keyword`` (the solve keyword the ladder sets; default its first
-  option), ``candidates`` (``Candidate(value, label, caveat)``), ``offered(value, given)``
-  (default: only when the run leaves the keyword unset), ``active(plan)`` (is it on in a
+  option), ``candidates`` (``Candidate(value, label, caveat)``), ``offered(value, given,
+  registry)`` (``given`` the run's value of the keyword, ``registry`` the solver's, to resolve
+  both values to the specs they name and ask what those declare; a callable of two parameters,
+  ``offered(value, given)``, is called without it, as before; default: only when
+  the run leaves the keyword unset), ``active(plan)`` (is it on in a
   prepared plan), ``added_step_time(plan, figures) -> (seconds or None, how)`` (``figures``:
   ``technique_fit.hardware_figures``), and ``replaces`` (its value replaces the run's own, whose
   time is taken off: checkpointing).
@@ -33,6 +36,7 @@ A ``Technique`` declares, with nothing the profile recognises by name:
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -67,6 +71,18 @@ def _stages(value) -> dict[str, Callable]:
     return stages
 
 
+def _asks_registry(offered) -> bool:
+    """Does ``offered`` take the registry, a third positional argument (``offered(value, given, registry)``)?
+    A callable of two, ``offered(value, given)``, is called without it."""
+    if offered is None:
+        return False
+    try:
+        inspect.signature(offered).bind(None, None, None)
+    except (TypeError, ValueError):      # two parameters; or no signature to read (called as before)
+        return False
+    return True
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class Technique:
     """A technique of the measured profile (the module docstring)."""
@@ -84,6 +100,9 @@ class Technique:
     added_step_time: Callable | None = None
     replaces: bool = False
     with_compile: Callable | str | None = None
+    # Whether ``offered`` takes the registry: read from its signature once, when the technique is made.
+    _offered_asks_registry: bool = attrs.field(init=False, repr=False, default=attrs.Factory(
+        lambda self: _asks_registry(self.offered), takes_self=True))
 
     @property
     def ladder_keyword(self) -> str | None:
@@ -92,11 +111,15 @@ class Technique:
             return None
         return self.keyword or next(iter(self.options), None)
 
-    def is_offered(self, value, given: Mapping[str, Any]) -> bool:
+    def is_offered(self, value, given: Mapping[str, Any], registry=None) -> bool:
+        """Is candidate ``value`` offered to a run whose keywords are ``given`` (``offered``, with
+        ``registry`` where it takes it; default: when the run leaves the keyword unset)?"""
         key = self.ladder_keyword
-        if self.offered is not None:
-            return bool(self.offered(value, given.get(key)))
-        return key not in given
+        if self.offered is None:
+            return key not in given
+        if self._offered_asks_registry:
+            return bool(self.offered(value, given.get(key), registry))
+        return bool(self.offered(value, given.get(key)))
 
 
 def registered(registry) -> list[Technique]:
