@@ -8,6 +8,10 @@ profile's ``prepare``, ``relocate`` and the ladder call."""
 
 from __future__ import annotations
 
+import functools
+import types
+from typing import Mapping
+
 import attrs
 
 from mlsysim_core import hookimpl
@@ -254,10 +258,44 @@ def _spec(table: dict, kind: str, parameter: str, registry, value):
 
 
 def _declares_the_same(spec, other) -> bool:
-    """``spec`` declares what ``other`` does: every field equal but the name (the same strategy, whatever
-    it is registered as)."""
+    """``spec`` declares what ``other`` does: every field alike but the name (the same strategy, whatever it
+    is registered as)."""
     return type(spec) is type(other) and all(
-        getattr(spec, f.name) == getattr(other, f.name) for f in attrs.fields(type(spec)) if f.name != "name")
+        _alike(getattr(spec, f.name), getattr(other, f.name)) for f in attrs.fields(type(spec)) if f.name != "name")
+
+
+def _alike(a, b, depth: int = 0) -> bool:
+    """``a`` and ``b`` are equal, or made alike: the same function's closures over alike values, partials
+    of alike functions with alike arguments, attrs instances or plain objects of one class with alike
+    attributes, containers of alike items. A plugin that builds its specs on each call of its hook (as the
+    built-ins do: ``functools.partial(per_op_terms, policy="op-sac")``, ``Recompute("op-sac")``) makes
+    them again so; only the same object, or an equal one, would miss the copy another call made."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or depth > 8:
+        return False
+    deeper = functools.partial(_alike, depth=depth + 1)
+    if isinstance(a, functools.partial):
+        return deeper(a.func, b.func) and deeper(a.args, b.args) and deeper(a.keywords, b.keywords)
+    if isinstance(a, types.FunctionType):
+        return (a.__code__ is b.__code__ and deeper(a.__defaults__, b.__defaults__)
+                and deeper(a.__kwdefaults__, b.__kwdefaults__) and deeper(_cells(a), _cells(b)))
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(map(deeper, a, b))
+    if isinstance(a, Mapping):
+        return a.keys() == b.keys() and all(deeper(a[k], b[k]) for k in a)
+    if attrs.has(type(a)):
+        return all(deeper(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a)))
+    if a == b:
+        return True
+    return type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__") and deeper(vars(a), vars(b))
+
+
+def _cells(function) -> tuple:
+    try:
+        return tuple(c.cell_contents for c in function.__closure__ or ())
+    except ValueError:       # a cell not yet filled: compared by identity
+        return (function,)
 
 
 def _saves_more(value, given, registry) -> bool:
