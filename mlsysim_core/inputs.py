@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Mapping
 import attrs
 
 from . import _checks
-from .errors import InvalidInputError, InvalidInputTypeError, PluginError
+from .errors import InvalidInputError, InvalidInputTypeError, LayoutError, PluginError
 from .hookspecs import COMPONENT_HOOKS
 from .memo import kinds, memoize
 from .plan import PRECISION_BYTES, FrozenMap, TrainingPlan
@@ -124,7 +124,6 @@ def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
     """A tensor-parallel rank holds at least one column of the hidden size (the heads are the profile's)."""
     hidden = model.hidden_dim or 4096
     if tp_size > hidden:
-        from .errors import LayoutError
         heads = model.heads
         hint = (f"; with its {heads} heads, a divisor of {heads} (e.g. "
                 f"{max(d for d in range(1, min(heads, 8) + 1) if heads % d == 0)})" if heads else "")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Issue 24 item 6: 2,604 -> 2,328: docstrings one line where docs/api.md and docs/hooks.md document the
 # parameters and fields, comments short, blank lines ruff format does not need dropped, one PluginInfo.error,
 # the JSON readers' helpers to catalog/files.py and format_gb to render.py (edge-only). 328 over 2,000.
-RATCHET = 2210   # -2: hookspecs.REGISTRATION_HOOKS dropped (the manager's _REGISTRATION names the same four hooks); -5: the selection made once per solve in solve_plan (run_pipeline made it again); -9: inputs.prepared_plan (search, fit techniques and tests use it; the pipeline never) to inverse.py,
+RATCHET = 2209   # -1: inputs.py imports LayoutError with the other errors; -2: hookspecs.REGISTRATION_HOOKS dropped (the manager's _REGISTRATION names the same four hooks); -5: the selection made once per solve in solve_plan (run_pipeline made it again); -9: inputs.prepared_plan (search, fit techniques and tests use it; the pipeline never) to inverse.py,
 # with a 5-line module __getattr__ left in inputs.py while search.py (another owner) imports it from there; -6: constraint_trace's summary line formatted in render.py (trace_summary, beside format_gb), one
 # phase_totals property for a result and a rank (written twice); -13: the nine shard factors written once (plan.Shards, the base of ShardingEffect, SplitSoFar and
 # Placement; they were listed in all three); -45 (issue 24 item 6, moved to the edge that shares them): whole_microbatches (_checks.py) and a solve option's
