@@ -318,7 +318,17 @@ def model_figures(model) -> dict:
                                     "True (q, k, v and a gated MLP's gate and up run as separate linear modules) "
                                     "or False (fused)")
     linears = (3, 1, mats - 1, 1) if separate else (1, 1, 1, 1)
+    # The K and V width the attention kernel reads (``h_kv_kernel``): the model's K/V heads, unless the model
+    # declares ``details["repeated_kv"]`` (its code repeats K and V to the query heads before the kernel:
+    # torchtitan's and transformers' ``repeat_kv``), then the query heads': what a context-parallel ring moves and
+    # accumulates (K/V, dK/dV, and the ring's elementwise work on them). (The repeat's own copy, forward and
+    # backward, is not counted: it would move the fitted torchtitan runs, docs/planner.md says by how much.)
+    repeated = details.get("repeated_kv", False)
+    if not isinstance(repeated, bool):
+        raise InvalidInputTypeError("details['repeated_kv']", repeated,
+                                    "True (K and V repeated to the query heads before the attention kernel) or False")
     return dict(h=h, h_q=heads * head_dim, h_kv=kv * head_dim, ffn=ffn, k=k, experts=experts, mats=mats, gemms=gemms,
+                h_kv_kernel=heads * head_dim if repeated else kv * head_dim,
                 linears=linears, window=window, windowed=windowed,
                 layers=layers, vocab=vocab, layer_active=layer_active, head=head, parameters=model.parameters,
                 expert_params=expert_params, non_embedding_active=active - embedding, notes=tuple(notes))
@@ -609,7 +619,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     expert_local = fig["expert_params"] / (tp * pp * ep)
     local = dense + expert_local
     dp_bytes = dp_bytes or {}
-    volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv, bytes_), "routed": (T, fig["k"], h, bytes_),
+    h_kv_kernel = fig.get("h_kv_kernel", h_kv)       # (K/V as the attention kernel reads them: repeated or not)
+    volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv_kernel, bytes_), "routed": (T, fig["k"], h, bytes_),
                "gradients": (local, dp_bytes.get("gradients", bytes_)),
                "parameters": (local, dp_bytes.get("parameters", bytes_))}
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
@@ -646,7 +657,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                                  for axis in ("tp", "cp", "ep"))
     # the memory-bound work the cp rule declares beside its ring (RingTraffic), per rank's q and k, v elements
     ring = rules.get("cp.traffic")
-    cp_comm += layers * (_ring_traffic(ring, cp, attn_r, T * h_q / tp, T * 2 * h_kv / tp) / (cal.memory * mem_bw)
+    cp_comm += layers * (_ring_traffic(ring, cp, attn_r, T * h_q / tp, T * 2 * h_kv_kernel / tp) / (cal.memory * mem_bw)
                          + _ring_kernels(ring, cp, attn_r) * cal.kernel_overhead)
     p2p = _per_micro_batch(rules.get("pp") or (), chunks, size, {"forward": fwd, "backward": bwd})
     micro = matmul + attention + memory + kernels + tp_comm + cp_comm + ep_comm + p2p

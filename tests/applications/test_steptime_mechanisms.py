@@ -345,3 +345,26 @@ def test_calibration_times_llmfoundry_rows_with_their_triton_kernel():
     b = shipped.attention_backward
     assert ratio == pytest.approx((1.4 + 5 / b) / (1 + 2.5 / b))            # no recompute: one forward pass
     assert timed["components"]["matmul"] == fa2["components"]["matmul"]
+
+
+def test_repeated_kv_widens_what_the_context_parallel_ring_moves():
+    """A model that repeats K and V to the query heads before the kernel (details['repeated_kv'], torchtitan's
+    repeat_kv) sends and accumulates query-wide K/V in the ring: its cp component is the one of the same model with
+    as many K/V heads as query heads (MHA), whose attention is the same; without the declaration it is not."""
+    gqa = TransformerWorkload(name="gqa", parameters=8_000_000_000, layers=32, hidden_dim=4096, heads=32, kv_heads=8,
+                              ffn_dim=14336, vocab_size=128256, gated_mlp=True)
+    mha = attrs.evolve(gqa, kv_heads=32)
+    repeated = attrs.evolve(gqa, details={"repeated_kv": True})
+    assert steptime.model_figures(repeated)["h_kv_kernel"] == 4096 and steptime.model_figures(gqa)["h_kv_kernel"] == 1024
+    run = dict(tp=1, cp=4, pp=1, dp=2, ep=1, rule="fsdp", recompute=1.0, sp=False, mb=1, gas=1, seq_len=131072,
+               bytes_=2, node=8, optimizer_bytes=16.0, compiled=True)
+    parts = {name: steptime.step_time(steptime.model_figures(m), HW, CAL, **run)
+             for name, m in (("gqa", gqa), ("mha", mha), ("repeated", repeated))}
+    assert parts["repeated"]["cp"] == pytest.approx(parts["mha"]["cp"], rel=1e-12)
+    assert parts["repeated"]["attention"] == parts["gqa"]["attention"] == parts["mha"]["attention"]
+    assert parts["repeated"]["cp"] > parts["gqa"]["cp"]
+    # the GEMMs stay the model's own (K and V projected 1024 wide)
+    assert parts["repeated"]["matmul"] == parts["gqa"]["matmul"]
+    from mlsysim_core.errors import InvalidInputTypeError
+    with pytest.raises(InvalidInputTypeError, match="repeated_kv"):
+        steptime.model_figures(attrs.evolve(gqa, details={"repeated_kv": 1}))

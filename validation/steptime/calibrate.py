@@ -163,7 +163,11 @@ def comparable(case) -> str | None:
 # tables) lines 158-162 and 248-250, torchtitan/models/llama3/model.py at 820504e (the 2025-06 async-TP table) lines
 # 205-209 and 297-299: "self.wq = nn.Linear(", "self.wk = nn.Linear(model_args.dim, self.n_kv_heads *
 # self.head_dim, bias=False)", "self.wv = ...", "self.w1 = nn.Linear(dim, hidden_dim, bias=False)", "self.w3 = ...".
-# (Megatron's linear_qkv and linear_fc1 and llm-foundry's Wqkv are fused modules: not declared.)
+# (Megatron's linear_qkv and linear_fc1 and llm-foundry's Wqkv are fused modules: not declared.) The same model code
+# repeats K and V to the query heads before the attention kernel, declared as ``details["repeated_kv"]`` (what a
+# context-parallel ring then moves and accumulates: steptime.model_figures' ``h_kv_kernel``): model.py at 9dec370 lines
+# 201-209, at 820504e lines 250-257, "keys = repeat_kv(xk, self.n_rep)", "values = repeat_kv(xv, self.n_rep)", then
+# "F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)" (self.sdpa at 820504e).
 SEPARATE_PROJECTIONS = ("pytorch/torchtitan",)
 
 
@@ -175,7 +179,8 @@ def model_for(case):
         if case["source"].startswith(SEPARATE_PROJECTIONS):
             from mlsysim_core.catalog import get_model
             model = get_model(case["model"])
-            return attrs.evolve(model, details={**(model.details or {}), "separate_projections": True})
+            return attrs.evolve(model, details={**(model.details or {}), "separate_projections": True,
+                                                "repeated_kv": True})
         return case["model"]
     dims = {k: v for k, v in case["model_dims"].items() if k not in ("source", "position_table")}
     dims["parameters"] -= case["model_dims"].get("position_table") or 0
