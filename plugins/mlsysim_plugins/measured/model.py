@@ -77,17 +77,27 @@ def _layout_context(layout, placement) -> Context:
                    experts=placement.expert_shards, expert_tensor=expert_tensor_shards(plan, placement))
 
 
-_CONTEXT_SLOTS = tuple((Context.__dict__[a.name].__get__, Context.__dict__[a.name].__set__)
-                       for a in attrs.fields(Context) if a.name != "tokens")
-_set_tokens = Context.__dict__["tokens"].__set__
+# (``_with_tokens`` sets every field of ``Context``: a field added to it is added there too.)
+assert tuple(a.name for a in attrs.fields(Context)) == ("shape", "tokens", "seq_len", "layers", "shards", "regime",
+                                                        "tensor", "sequence", "residual", "experts", "expert_tensor")
+(_c_shape, _c_tokens, _c_seq_len, _c_layers, _c_shards, _c_regime, _c_tensor, _c_sequence, _c_residual, _c_experts,
+ _c_expert_tensor) = (Context.__dict__[a.name].__set__ for a in attrs.fields(Context))
 
 
 def _with_tokens(base: Context, tokens: int) -> Context:
     """``attrs.evolve(base, tokens=tokens)``, slot by slot (``Context`` has no checks or converters)."""
     ctx = object.__new__(Context)
-    for get, put in _CONTEXT_SLOTS:
-        put(ctx, get(base))
-    _set_tokens(ctx, tokens)
+    _c_shape(ctx, base.shape)
+    _c_tokens(ctx, tokens)
+    _c_seq_len(ctx, base.seq_len)
+    _c_layers(ctx, base.layers)
+    _c_shards(ctx, base.shards)
+    _c_regime(ctx, base.regime)
+    _c_tensor(ctx, base.tensor)
+    _c_sequence(ctx, base.sequence)
+    _c_residual(ctx, base.residual)
+    _c_experts(ctx, base.experts)
+    _c_expert_tensor(ctx, base.expert_tensor)
     return ctx
 
 

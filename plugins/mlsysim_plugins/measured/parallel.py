@@ -470,8 +470,15 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     / cp (the sequence split). ``selective`` drops the parts ``recomputed_by_selective``."""
     t, c, r, etp = ctx.tensor, ctx.sequence, ctx.residual, ctx.expert_tensor
     sp = r != 1
+    gathers = sp and not _model.megatron(plan.profile_options.regime)
+    global _last_saved
+    # Kept for the last layer asked for, on everything read below (the ranks of a layout share the memoised layer).
+    key = (lb, selective, t, c, r, etp) + ((plan.profile_options.regime.compute, ctx.tokens, ctx.shape.hidden)
+                                           if gathers else ())
+    if _last_saved[0] is lb and _last_saved[1] == key:
+        return (*_last_saved[2], plan.rank.in_flight)
     total = 0.0
-    if sp and not _model.megatron(plan.profile_options.regime):
+    if gathers:
         # PyTorch's sequence parallelism (DTensor, torchtitan's plan) keeps the all-gathered
         # inputs of attention and of the MLP for the weight gradients: 2 x T x h replicated.
         gathered = 2 * plan.profile_options.regime.compute * ctx.tokens * ctx.shape.hidden
@@ -495,7 +502,11 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
                                         "the parallel region; norms and residual stream replicated"))
     if c > 1:
         how.append(f"/ cp={c}")
-    return total, (" [" + "; ".join(how) + "]" if how else ""), plan.rank.in_flight
+    _last_saved = (key[0], key, (total, " [" + "; ".join(how) + "]" if how else ""))
+    return (*_last_saved[2], plan.rank.in_flight)
+
+
+_last_saved: tuple = (None, None, None)    # (a LayerBytes, rank_layer_saved's key, its total and text)
 
 
 @per_layout
