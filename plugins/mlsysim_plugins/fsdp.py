@@ -136,7 +136,8 @@ def _unsynced_noted(e, plan, options, kind):
             f"({how}) over the {plan.gradient_accumulation_steps} micro-batches, reduce-scattered in the last "
             "micro-batch's backward."
             + (" Under LoRA the adapters' unsharded gradients are approximated (in their gradient dtype; not "
-               "measured)." if getattr(plan.profile_options, "lora", None) is not None else ""),))
+               "measured)." if getattr(plan.profile_options, "lora", None) is not None
+               and options.gradient_sync == "step" else ""),))
     return e
 
 
@@ -260,10 +261,11 @@ def unsynced_gradients(plan, placement, how, rule="fsdp"):
     shards = placement.gradient_shards
     api = "FSDP1 no_sync(): param_dtype" if how == "no_sync" else "FSDP2 set_requires_gradient_sync(False): reduce_dtype"
     if plan.profile_options.lora is not None:
-        # Only the adapters have gradients: their unsharded ones, in the adapters' gradient dtype, are the shards
-        # the LoRA gradient terms count x the shards (approximated: not measured; FSDP1 with use_orig_params and
-        # frozen and trainable parameters in one flat parameter would hold a gradient of the whole flat parameter).
         shard = sum(t.nbytes for t in lora.gradient_terms(plan, placement) if t.component == GRADIENTS)
+        if how == "no_sync":
+            return lora_no_sync_gradients(plan, placement, shard)
+        # FSDP2's set_requires_gradient_sync(False): the adapters' unsharded gradients, in their gradient dtype, are
+        # the shards the LoRA gradient terms count x the shards (approximated: not measured under LoRA).
         return [MemoryTerm(component=COMMUNICATION_BUFFERS,
                            label="FSDP's unsharded LoRA adapter gradients accumulated over micro-batches, less the "
                                  "shard (approximated)",
@@ -279,6 +281,31 @@ def unsynced_gradients(plan, placement, how, rule="fsdp"):
                        formula=f"{params:,.0f} params x {b} B ({api}; reduce-scattered in the last micro-batch's "
                                f"backward) - the rank's shard {params / shards:,.0f} x {regime.gradient} B, counted "
                                "with the gradients")]
+
+
+def lora_no_sync_gradients(plan, placement, shard):
+    """FSDP1's no_sync() under LoRA (measured: validation/lora_fsdp1, peft's fsdp_auto_wrap_policy, FULL_SHARD and
+    SHARD_GRAD_OP, fp32 and accelerate's bf16 MixedPrecision: what 2 micro-batches add over 1, to the byte). Each
+    adapter's flat parameter keeps its unsharded ``.grad`` in the unsharded flat parameter's dtype, MixedPrecision's
+    param_dtype (_post_backward_hook returns before the cast to reduce_dtype, the comment above NO_SYNC): every
+    adapter parameter of the rank before sharding x the adapters' gathered bytes, less the shard the LoRA gradient
+    terms count alive under accumulation (born only at the synchronizing reduce-scatter). In fp32 that is the
+    shard x (shards - 1); under a 2-byte param_dtype over fp32 adapters the unsharded bf16 gradient is no larger
+    than the fp32 shard counted (2 ranks: 0 B more; priced before as fp32 shards x (shards - 1), +575,488 B)."""
+    from mlsysim_core import BACKWARD, COMMUNICATION_BUFFERS, FORWARD, MemoryTerm
+    regime = plan.profile_options.regime
+    b = regime.gather or regime.weight      # the adapters' gathered (param_dtype) bytes, lora.Walk's ab
+    adapters = placement.trainable_parameters_per_rank
+    # offloaded gradients (CPUOffload(offload_params=True)): the shard lives on the host, the unsharded gradient of
+    # no_sync() on the device (_post_backward_hook returns before the offload), so nothing of it is counted there
+    offloaded = "gradients" in dict(plan.profile_options.offload or ())
+    less = 0 if offloaded else shard
+    return [MemoryTerm(component=COMMUNICATION_BUFFERS,
+                       label="FSDP's unsharded LoRA adapter gradients accumulated over micro-batches, less the shard",
+                       nbytes=max(adapters * b - less, 0), phases=(FORWARD, BACKWARD),
+                       formula=f"{adapters:,.0f} adapter params x {b} B (FSDP1 no_sync(): the unsharded flat "
+                               "parameters' param_dtype)" + (" (the shard offloaded to the host: none subtracted)"
+                               if offloaded else f" - the rank's shard {shard:,.0f} B, counted with the gradients"))]
 
 
 def grad_op_buffers(plan, placement, options):

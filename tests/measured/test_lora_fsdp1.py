@@ -1,0 +1,143 @@
+"""peft LoRA under FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``), every phase against PyTorch's tracker
+on rank 0 of a fake process-group world of 2 (validation/lora_fsdp1/measurements.json, made by
+validation/lora_fsdp1/measure.py with torch 2.13.0 CPU, transformers 5.23.0, peft 0.22.0, accelerate 1.16.0; this
+test needs no torch). The runs are solved by validation/lora_fsdp1/compare.py: the ``fsdp`` rule with
+``fsdp_version=1`` (FULL_SHARD) or ``fsdp-grad-op`` (SHARD_GRAD_OP), ``gradient_sync="no_sync"`` with 2
+micro-batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.terms import BACKWARD, FORWARD
+
+ROOT = Path(__file__).resolve().parents[2]
+MEASUREMENTS = ROOT / "validation" / "lora_fsdp1" / "measurements.json"
+DATA = json.loads(MEASUREMENTS.read_text(encoding="utf-8"))
+
+
+def _compare():
+    spec = importlib.util.spec_from_file_location("lora_fsdp1_compare", ROOT / "validation" / "lora_fsdp1" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+C = _compare()
+RUNS = [r for r in DATA["runs"] if r.get("measured")]
+PEFT = [r for r in RUNS if r["wrap"] == "peft"]
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _run(kind, wrap, regime, m):
+    [run] = [r for r in RUNS if (r["kind"], r["wrap"], r["regime"], r["microbatches"]) == (kind, wrap, regime, m)]
+    return run
+
+
+def test_the_measurements():
+    assert "lora_fsdp1/measure.py" in DATA["generator"]
+    env = DATA["environment"]
+    assert env["torch"].split("+")[0] == "2.13.0" and env["peft"] == "0.22.0" and env["accelerate"] == "1.16.0"
+    # peft's wrap under MixedPrecision without autocast cannot run (the adapters' input cast to the fp32 sharded
+    # weight's dtype, then a bf16 unit: the test below); every other run measured
+    [failed] = [r for r in DATA["runs"] if r.get("error")]
+    assert (failed["wrap"], failed["regime"]) == ("peft", "mp-bf16")
+    assert "expected m1 and m2 to have the same dtype" in failed["error"]
+    assert {(r["kind"], r["wrap"], r["regime"], r["microbatches"]) for r in RUNS} >= {
+        (k, w, g, m) for k in ("fsdp1", "gradop1") for w in ("peft", "layer") for g in ("fp32", "accel-bf16")
+        for m in (1, 2)}
+    assert {(r["world_size"], r["rank"]) for r in RUNS} == {(2, 0)}
+    # peft's fsdp_auto_wrap_policy: every lora_A / lora_B linear a unit of its own (4 layers x 7 linears x 2), the
+    # 4 decoder layers and the root: 61 units; the decoder layers alone: 5
+    assert {r["measured"]["fsdp_units"] for r in PEFT} == {61}
+    assert {r["measured"]["fsdp_units"] for r in RUNS if r["wrap"] == "layer"} == {5}
+
+
+@pytest.mark.parametrize("run", [r for r in PEFT if r["regime"] == "fp32"], ids=lambda r: r["id"])
+def test_peft_wrap_fp32_every_phase_within_one_percent(run):
+    """peft's fsdp_auto_wrap_policy (what HF Trainer hands accelerate for a PEFT model), FULL_SHARD and
+    SHARD_GRAD_OP, 1 and 2 micro-batches: every phase within 1 % (in fact forward -0.19 %, backward +0.08 % /
+    0.00 %, step -112 B)."""
+    for name, (predicted, measured, err) in C.compare(run).items():
+        assert abs(err) < 0.01, (name, predicted, measured)
+        assert abs(err) < 0.002, (name, predicted, measured)
+
+
+@pytest.mark.parametrize("run", [r for r in PEFT if r["microbatches"] == 2], ids=lambda r: r["id"])
+def test_no_sync_adds_the_unsharded_adapter_gradients_exactly(run):
+    """What the second micro-batch (the first inside no_sync()) adds over one, phase by phase, measured and
+    predicted to the byte: the adapters' unsharded flat gradients in param_dtype (fp32: 4 B, accelerate's bf16
+    MixedPrecision: 2 B), alive in the forward and backward; the step unchanged."""
+    one = _run(run["kind"], "peft", run["regime"], 1)
+    p2, p1 = C.phases(C.solve(run)), C.phases(C.solve(one))
+    for name in PHASES:
+        measured = run["measured"]["peak_by_phase"][name]["bytes"] - one["measured"]["peak_by_phase"][name]["bytes"]
+        assert p2[name] - p1[name] == measured, (name, p2[name] - p1[name], measured)
+    adapters = run["measured"]["trainable_parameters_global"]
+    assert adapters == 4 * 16 * (2 * (256 + 256) + 2 * (256 + 64) + 3 * (256 + 688))     # 7 linears, rank 16
+    b = 4 if run["regime"] == "fp32" else 2
+    assert p2["forward"] - p1["forward"] == adapters * b
+
+
+def test_no_sync_term_by_hand():
+    """The term: the rank's adapters before sharding x param_dtype, less the fp32 shard the gradient terms count
+    (287,744 x 4 - 575,488 = 575,488 B in fp32; under bf16 MixedPrecision 287,744 x 2 - 575,488 = 0 B: priced
+    before as the fp32 shard x (2 - 1), 575,488 B over, +0.22 % forward)."""
+    adapters = 287_744
+    for regime, b in (("fp32", 4), ("accel-bf16", 2)):
+        result = C.solve(_run("fsdp1", "peft", regime, 2))
+        [term] = [t for t in result.terms if "unsharded LoRA adapter gradients" in t.label]
+        assert term.nbytes == adapters * b - adapters / 2 * 4
+        assert term.phases == (FORWARD, BACKWARD)
+        assert "param_dtype" in term.formula and "approximated" not in term.label
+
+
+@pytest.mark.parametrize("run", [r for r in PEFT if r["regime"] == "accel-bf16"], ids=lambda r: r["id"])
+def test_accelerate_bf16_peft_wrap_the_adapters_input_copies_not_modelled(run):
+    """accelerate's bf16 (MixedPrecision(param_dtype=bf16) with the forward under autocast), adapters wrapped apart:
+    the forward and backward hold 4.46 / 4.05 MB more than priced (forward -1.70 / -1.66 %, backward -1.37 / -1.39 %):
+    peft's Linear.forward casts each adapter's input to ``lora_A.weight.dtype`` read outside that unit's forward,
+    the fp32 sharded original parameter (use_orig_params), and autocast casts it back to a bf16 copy lora_A keeps
+    (without autocast the run fails: measure.py's mp-bf16 run, "expected m1 and m2 to have the same dtype").
+    Not modelled yet: this test states the gap; the step is exact."""
+    rows = C.compare(run)
+    assert -0.0175 < rows["forward"][2] < -0.016
+    assert -0.0145 < rows["backward"][2] < -0.013
+    assert abs(rows["optimizer"][2]) < 1e-5
+
+
+def test_approximated_fsdp2_step_accumulation_unchanged():
+    """FSDP2's set_requires_gradient_sync(False) under LoRA (gradient_sync="step") keeps the approximation it had
+    (not measured here): the adapters' gradient shard x (shards - 1)."""
+    from mlsysim_core import HardwareNode, TrainingMemoryModel
+    r = TrainingMemoryModel("measured").solve(
+        "llama3-8b", HardwareNode(name="big", memory_capacity=2**60), 16, 1024, dp_size=8, data_parallel="fsdp",
+        gradient_accumulation_steps=2, lora={"rank": 8}, regime="bf16",
+        plugin_options={"fsdp": {"gradient_sync": "step"}})
+    shard = sum(t.nbytes for t in r.terms if t.component == "gradients")
+    [term] = [t for t in r.terms if "accumulated over micro-batches" in t.label]
+    assert term.nbytes == shard * 7 and "approximated" in term.label
+
+
+def test_no_sync_with_offloaded_gradients_subtracts_nothing():
+    """Under gradient offload the shard lives on the host, the no_sync() unsharded gradient on the device
+    (_post_backward_hook returns before _reduce_grad, whose callback offloads): the whole unsharded adapter
+    gradient in param_dtype, by hand over the adapters before sharding."""
+    from mlsysim_core import HardwareNode, TrainingMemoryModel
+    r = TrainingMemoryModel("measured").solve(
+        "llama3-8b", HardwareNode(name="big", memory_capacity=2**60), 16, 1024, dp_size=2, data_parallel="fsdp",
+        gradient_accumulation_steps=4, lora={"rank": 8}, regime="fsdp-bf16", offload="optimizer+gradients+parameters",
+        plugin_options={"fsdp": {"gradient_sync": "no_sync", "fsdp_version": 1}})
+    [term] = [t for t in r.terms if "unsharded LoRA adapter gradients" in t.label]
+    assert term.nbytes == 6_815_744 * 2 and "offloaded to the host" in term.formula
+
+
+def test_the_docs_table_is_the_compare_output():
+    """docs/validation.md's table is what ``validation/lora_fsdp1/compare.py --doc`` writes."""
+    doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    begin, end = C.MARKERS
+    assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == C.table().strip()
