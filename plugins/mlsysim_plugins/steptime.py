@@ -610,7 +610,11 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     # communication inside a micro-batch: what the tp, cp, ep and pp rules declare
     d = dp * cp
     gs = shard_group or min(d, node)
-    groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (d, tp), "pp": (pp, tp * cp * dp),
+    # (the expert-parallel group: ep ranks expert_tp apart, Megatron-Core's expert RankGenerator (tp =
+    # expert_tensor_parallel_size, order tp-ep-dp-pp, parallel_state.py at NVIDIA/Megatron-LM 001199898c4b): with an
+    # expert tensor parallelism below tp the EP group is denser than the dense tp-cp-dp order; None: tp apart)
+    groups = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp if expert_tp is None else expert_tp), "dp": (d, tp),
+              "pp": (pp, tp * cp * dp),
               "dp-node": (gs, tp), "dp-across": (d // gs, tp * gs),
               # the expert tensor-parallel group: expert_tp ranks, 1 apart (None: the tp group, Megatron-Core's default
               # expert_tensor_parallel_size)

@@ -266,7 +266,9 @@ def test_the_routed_tokens_gather_over_the_expert_tensor_parallel_group_by_hand(
     moe = steptime.model_figures(SparseTransformerWorkload(
         name="m", parameters=2_000_000_000, active_parameters=500_000_000, layers=8, hidden_dim=2048, heads=16,
         vocab_size=32000, ffn_dim=1024, gated_mlp=True, experts=32, active_experts_per_token=2))
-    run = dict(RUN, tp=2, cp=1, pp=1, dp=8, ep=8, rule="zero1", sp=True, mb=1, gas=1, seq_len=4096)
+    # (a 16-GPU node: the EP group of 8, tp = 2 or expert_tp = 1 rank apart, inside it either way, so its all-to-all
+    # is the same: test_steptime_mechanisms times the group's placement)
+    run = dict(RUN, tp=2, cp=1, pp=1, dp=8, ep=8, rule="zero1", sp=True, mb=1, gas=1, seq_len=4096, node=16)
     default = steptime.step_time(moe, HW, CAL, rules=_rules(), **run)
     as_tp = steptime.step_time(moe, HW, CAL, rules=_rules(), **run, expert_tp=2)
     none = steptime.step_time(moe, HW, CAL, rules=_rules(), **run, expert_tp=1)

@@ -368,3 +368,20 @@ def test_repeated_kv_widens_what_the_context_parallel_ring_moves():
     from mlsysim_core.errors import InvalidInputTypeError
     with pytest.raises(InvalidInputTypeError, match="repeated_kv"):
         steptime.model_figures(attrs.evolve(gqa, details={"repeated_kv": 1}))
+
+
+def test_expert_parallel_group_is_expert_tp_ranks_apart():
+    """Megatron-Core orders the expert ranks tp-ep-dp-pp with tp = expert_tensor_parallel_size: with expert tensor
+    parallelism 1 under tp 2, an EP group of 8 is 8 neighbouring ranks, one node of 8 (its all-to-all on NVLink, as on
+    a 16-GPU node); without expert_tp it is tp = 2 ranks apart and spans two nodes of 8."""
+    from mlsysim_core import SparseTransformerWorkload
+    moe = SparseTransformerWorkload(name="moe", parameters=30_000_000_000, layers=48, hidden_dim=2048, heads=32,
+                                    kv_heads=4, ffn_dim=768, vocab_size=151936, gated_mlp=True, experts=128,
+                                    active_experts_per_token=8, active_parameters=3_000_000_000)
+    fig = steptime.model_figures(moe)
+    run = dict(tp=2, cp=1, pp=1, dp=8, ep=8, rule="zero1", recompute=0.0, sp=True, mb=1, gas=1, seq_len=4096,
+               bytes_=2, optimizer_bytes=16.0, compiled=True)
+    one_node = steptime.step_time(fig, HW, CAL, **run, node=8, expert_tp=1)["ep"]
+    assert one_node == steptime.step_time(fig, HW, CAL, **run, node=16, expert_tp=1)["ep"]
+    spread = steptime.step_time(fig, HW, CAL, **run, node=8)["ep"]
+    assert spread > steptime.step_time(fig, HW, CAL, **run, node=16)["ep"]      # (2 nodes: the network's share)
