@@ -212,7 +212,7 @@ def bench_search(results: dict) -> None:
         results[f"plan search: {name} (whole search)"] = elapsed
         results[f"plan search: {name}: candidates evaluated"] = plan.candidates
         results[f"plan search: {name}: candidates solved"] = plan.solves
-        results[f"plan search: {name}: candidates pruned by the state bound"] = plan.state_pruned
+        results[f"plan search: {name}: candidates pruned by a memory bound"] = plan.state_pruned
         results[f"plan search: {name}: candidates per second"] = plan.candidates / elapsed
         if "workers" in options:
             continue

@@ -45,7 +45,7 @@ def main() -> int:
           f"in-process under cProfile: {wall:.1f} s ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     print(f"  {'layouts enumerated':<26}{found.candidates:>9,}")
     print(f"  {'solved':<26}{found.solves:>9,} (the state bounds' extra solves included)")
-    print(f"  {'pruned by the state bound':<26}{found.state_pruned:>9,} (search.state_bytes)")
+    print(f"  {'pruned by a bound':<26}{found.state_pruned:>9,} (search.state_bytes, search.without_gradients)")
     print(f"  {'pruned by the micro-batch':<26}{found.candidates - found.solves - found.state_pruned:>9,} "
           "(about: or rejected by the rules)")
     print(f"  fit {len(found.fits):,}, on the Pareto front {len(found.pareto)}")

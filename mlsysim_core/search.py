@@ -35,8 +35,10 @@ a layout it refuses, ...) is left out and counted in a note: one ranking never m
 whole plugin pipeline (``solves``) or pruned: memory grows with the micro-batch while
 gradients accumulate (gas >= 2) for every built-in plugin, so once a micro-batch does not fit,
 the larger ones of the same layout are counted as not fitting without solving them, but for
-the last, gas = 1, which is always solved (no gradients of an earlier micro-batch are alive
-in its forward: an ``fsdp-grad-op`` layout can fit only there); and once a layout does not fit at
+the last, gas = 1 (no gradients of an earlier micro-batch are alive in its forward: an
+``fsdp-grad-op`` layout can fit only there), which is solved unless the weights, optimizer
+state and activations of the micro-batch that did not fit (``without_gradients``, one more
+solve) are over already; and once a layout does not fit at
 micro-batch 1, its weights, gradients and optimizer state (``state_bytes``, one more solve)
 bound every strategy and sequence parallelism of it from below: over the capacity, those are
 counted as not fitting unsolved too (``state_pruned``). ``assume_monotone=False`` solves them
@@ -162,7 +164,7 @@ class PlanSearch:
     # When no layout fits: the CLOSEST ones (least memory first), each a mapping of its layout,
     # its total and how much it is over the capacity less the headroom (bytes).
     closest: tuple[Mapping[str, object], ...] = ()
-    state_pruned: int = 0    # layouts counted as not fitting, unsolved, by the lower bound state_bytes
+    state_pruned: int = 0    # layouts counted as not fitting, unsolved, by a bound: state_bytes, without_gradients
 
     def components(self, candidate: Candidate) -> dict:
         """The candidate's step time, every component in seconds (the step-time model's)."""
@@ -290,6 +292,7 @@ _KEEP = 9
 
 CLOSEST = 5     # layouts a search where none fits shows
 NEAR = 10 * CLOSEST     # the layouts each evaluation keeps to choose them from
+TERMS_AT = 0.6      # a micro-batch is solved with its terms where the one before had this share of the limit
 
 
 def state_bytes(result) -> int | float:
@@ -302,10 +305,27 @@ def state_bytes(result) -> int | float:
     sequence parallelism (tests/applications/test_search_bounds.py checks it on a grid). A
     search counts such a sibling as not fitting, unsolved, when this exceeds the capacity less
     the headroom (``assume_monotone=False`` solves it)."""
-    from .terms import ACCELERATOR, GRADIENTS, OPTIMIZER_STATE, PHASES, WEIGHTS
-    state = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE)
-    return max(max(sum(t.nbytes for t in terms if t.tier == ACCELERATOR and t.component in state and phase in t.phases)
-                   for phase in PHASES) for terms in [r.terms for r in result.ranks or ()] or [result.terms])
+    from .terms import GRADIENTS, OPTIMIZER_STATE, WEIGHTS
+    return _most_alive(result, (WEIGHTS, GRADIENTS, OPTIMIZER_STATE))
+
+
+def _most_alive(result, components) -> int | float:
+    """The most accelerator bytes of ``components`` alive in one phase of one rank of ``result``."""
+    from .terms import ACCELERATOR, PHASES
+    return max(max(sum(t.nbytes for t in terms if t.tier == ACCELERATOR and t.component in components
+                       and phase in t.phases) for phase in PHASES)
+               for terms in [r.terms for r in result.ranks or ()] or [result.terms])
+
+
+def without_gradients(result) -> int | float:
+    """A lower bound on the total of the same layout at its last micro-batch (gas = 1), from ``result``
+    at a smaller one: the most accelerator bytes of weights, optimizer state and activations alive in
+    one phase of one rank. Weights and optimizer state do not depend on the micro-batch, activations grow
+    with it (a stage's in-flight micro-batches, min(stages, gas), times the micro-batch); the gradients,
+    which gas = 1 does not accumulate, the buffers and the runtime overheads are left out (checked on a
+    grid of full solves in tests/applications/test_search_bounds.py). None: 0."""
+    from .terms import ACTIVATIONS, OPTIMIZER_STATE, WEIGHTS
+    return 0 if result is None else _most_alive(result, (WEIGHTS, OPTIMIZER_STATE, ACTIVATIONS))
 
 
 def _closest(near: list, capacity: int, margin: float) -> tuple[dict, ...]:
@@ -1389,7 +1409,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
         rec = recompute.get(ckpt, 0.0)
         samples = global_batch // dp        # b x gas
         stages = pp - 1
-        last, fields = n - 1, None
+        last, fields, total_memory = n - 1, None, 0
         # state_bytes of a sibling (another strategy or sp) at micro-batch 1 bounds this one's there; when over,
         # so are the micro-batches but the last (memory grows with it while gas >= 2), and the last if its own
         # bound is over too (micro-batch 1's bound kept for the closest of a search where none fits: _resolve_closest)
@@ -1416,7 +1436,11 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                 else:       # attrs.evolve(plan, gradient_accumulation_steps=gas), at a third of the cost
                     fields["gradient_accumulation_steps"] = gas
                     plan = TrainingPlan(**fields)
-                total_memory = solve_plan(registry, plan, options, total_only=True)
+                # (its terms too where the micro-batch before came within TERMS_AT of the limit: if this one does not
+                # fit, they may rule out the last one, without_gradients)
+                full = assume_monotone and index > skip and total_memory * 1e-9 > limit_gb * TERMS_AT
+                terms = solve_plan(registry, plan, options, total_only=not full)
+                total_memory, terms = (terms.total_memory, terms) if full else (terms, None)
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
                 if measured and _cannot_describe(err):
                     if refused is None:
@@ -1439,16 +1463,23 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                 if near is not None and index == 0 and not rows:
                     entry = (-total_memory, tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, vp, compiled, float8)
                     (heapq.heappush if len(near) < NEAR else heapq.heappushpop)(near, entry)
-                # (one more solve, for its terms: at micro-batch 1, and at the last where micro-batch 1's was over)
-                if assume_monotone and (state_key, gas == 1) not in over and (
-                        index == 0 or index == last and over.get((state_key, False)) is not None):
+                if not assume_monotone:
+                    continue
+                # one more solve, for its terms: the state bound at micro-batch 1 (and at the last where micro-batch
+                # 1's was over); the last micro-batch's bound (without_gradients) before a jump to it
+                bounds = (state_key, gas == 1) not in over and (
+                    index == 0 or index == last and over.get((state_key, False)) is not None)
+                if bounds and terms is None:
+                    terms = solve_plan(registry, plan, options)
                     solves += 1
-                    bound = state_bytes(solve_plan(registry, plan, options))
+                if bounds:
+                    bound = state_bytes(terms)
                     over[(state_key, gas == 1)] = bound if bound * 1e-9 > limit_gb * (1 + 1e-9) else None
-                if assume_monotone and index < last:     # on to the last micro-batch: gas = 1 accumulates nothing
+                if index < last:     # on to the last micro-batch: gas = 1 accumulates nothing
                     done += last - 1 - index
                     skip = last
-                    if over.get((state_key, True)) is not None:
+                    if over.get((state_key, True)) is not None or without_gradients(terms) * 1e-9 > limit_gb * (
+                            1 + 1e-9):
                         done += 1
                         pruned += 1
                         break

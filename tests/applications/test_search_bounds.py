@@ -1,9 +1,11 @@
 """What a search may leave unsolved (issue 27 item 5), each bound stated and checked against
 full solves: the state lower bound (``search.state_bytes``: weights, gradients and optimizer
 state, the same for every checkpointing strategy and sequence parallelism of a layout, never
-above its total) and memory growing with the micro-batch while gradients accumulate (gas >= 2;
-gas = 1 holds no accumulated gradients and can fit where a smaller micro-batch does not). A
-pruned search equals the one that solves every layout, row for row, note for note."""
+above its total), memory growing with the micro-batch while gradients accumulate (gas >= 2;
+gas = 1 holds no accumulated gradients and can fit where a smaller micro-batch does not), and
+the last micro-batch bounded by a smaller one's weights, optimizer state and activations
+(``search.without_gradients``). A pruned search equals the one that solves every layout, row
+for row, note for note."""
 
 import itertools
 
@@ -85,6 +87,25 @@ def test_memory_grows_with_the_micro_batch_while_gradients_accumulate(solver):
                 assert totals == sorted(totals), (model, layout, rule, ckpt, totals)
                 checked += len(totals)
     assert checked > 60
+
+
+def test_without_gradients_at_a_smaller_micro_batch_bounds_the_last(solver):
+    """What lets a search skip the last micro-batch (gas = 1) after a smaller one did not fit: that one's
+    weights, optimizer state and activations alive in one phase of one rank are at most the last's total."""
+    checked = 0
+    for (model, _, batch, seq), layouts in GRID.items():
+        for layout, rule in itertools.product(layouts, ("zero1", "zero3", "fsdp", "fsdp-grad-op", "hsdp")):
+            samples = batch // layout[3]
+            for ckpt, sp in (("none", False), ("full", False), ("selective", layout[0] > 1)):
+                last = _solve(solver, model, batch, seq, layout, rule, ckpt, sp, 1)
+                if last is None:
+                    continue
+                for mb in search._divisors(samples)[:-1]:
+                    smaller = _solve(solver, model, batch, seq, layout, rule, ckpt, sp, samples // mb)
+                    assert search.without_gradients(smaller) <= last.total_memory, (model, layout, rule, ckpt, mb)
+                    checked += 1
+    assert checked > 150
+    assert search.without_gradients(None) == 0
 
 
 def test_without_accumulation_a_larger_micro_batch_can_fit(solver):
