@@ -179,6 +179,11 @@ class GradOpOptions:
     once per step; the Llama 3 paper's FSDP, in fp32: the comment above GRADIENT_SYNC's)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(GRADIENT_SYNC))
+    # which FSDP generation runs it: under SHARD_GRAD_OP both keep every gathered unit from its forward to its
+    # backward (the same bytes); 1 (FSDP1) matters under LoRA with a MixedPrecision param_dtype (the adapters'
+    # input copies, lora.fsdp1_adapter_input_cast)
+    fsdp_version: int = attrs.field(default=2, validator=attrs.validators.in_(FSDP_VERSIONS))
+    rule: ClassVar[str] = "fsdp-grad-op"
 
 
 def _per_step(plan, options) -> bool:

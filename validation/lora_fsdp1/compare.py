@@ -35,7 +35,7 @@ def solve(run, **options):
     from mlsysim_core.hf import from_hf_config
     m, w = run["microbatches"], run["world_size"]
     rule = RULE[run["kind"]]
-    opts = {**({"fsdp_version": 1} if rule == "fsdp" else {}), **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
+    opts = {"fsdp_version": 1, **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"]}
     return TrainingMemoryModel("measured").solve(
         from_hf_config(run["hf_config"], name=run["model"]), HardwareNode(name="unbounded", memory_capacity=2**60),

@@ -923,6 +923,25 @@ def gathered_layer(plan, layer_params) -> list[MemoryTerm]:
                    formula=f"{_n(adapters)} adapter params of one layer x {grad_b} B (the frozen base has no gradients)")]
 
 
+def fsdp1_adapter_input_cast(plan) -> bool:
+    """FSDP1 (a data-parallel rule whose options declare ``fsdp_version=1``) with peft's adapters wrapped apart
+    (peft's ``fsdp_auto_wrap_policy``, as HF Trainer hands it to accelerate) and a MixedPrecision ``param_dtype``
+    narrower than the adapters' stored dtype (``regime.gather`` below the LoRA regime's ``weight``): peft's
+    ``Linear.forward`` casts each adapter's input to ``lora_A.weight.dtype`` (peft 0.22.0 tuners/lora/layer.py,
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``), read before the ``lora_A`` unit's own forward
+    gathers it, so the sharded fp32 original parameter's dtype (``use_orig_params=True``: torch 2.13
+    _flat_param.py ``_use_sharded_views``); the fp32 copy is transient and autocast (accelerate's bf16 forward:
+    without it the bf16 unit cannot take the fp32 input, "expected m1 and m2 to have the same dtype") casts it
+    down again, a fresh 16-bit copy that lora_A saves, one per adapted linear, as under amp (``Walk.lora_in``).
+    Measured: validation/lora_fsdp1 (the peft accel-bf16 runs: 4 x 256 B x 2 a token a layer more than the
+    shared inputs, q/k/v's and gate/up's shared norm outputs and o's kernel-shared attention output each copied)."""
+    options = plan.options.get(plan.rules.get("dp"))
+    if getattr(options, "fsdp_version", None) != 1:
+        return False
+    regime = plan.profile_options.regime
+    return bool(regime.gather) and regime.gather < regime.weight and not regime.autocast
+
+
 # --- the decoder layers -----------------------------------------------------------------------------
 
 @attrs.frozen
@@ -976,6 +995,7 @@ class Walk:
         # its saved mask: CUDA's fused native_dropout keeps a bool mask; the CPU's dropout multiplies by a
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
+        self.fsdp1_cast = fsdp1_adapter_input_cast(plan)     # every lora_A keeps its own 16-bit input copy
         self.sequence = 1       # sequence parallelism: the residual stream split over the tp ranks (``_layer``)
         self.parts: list = []
         self.constant: list = []
@@ -1004,9 +1024,10 @@ class Walk:
             return
         if self.lora_dropout and grad:
             self.add(f"{module} LoRA dropout mask ({self.mask} B)", self.mask * width)
-        if self.amp:
+        if self.amp or self.fsdp1_cast:
             # peft casts a bf16 input up to the fp32 adapters' dtype (a transient), autocast casts
-            # that (or an fp32 input) down again: lora_A saves a fresh bf16 copy either way
+            # that (or an fp32 input) down again: lora_A saves a fresh bf16 copy either way (under FSDP1's
+            # MixedPrecision the fp32 dtype is the sharded adapter's: fsdp1_adapter_input_cast)
             own, b = True, 2
         else:
             own = dtype_bytes != self.ab        # peft casts the input to the adapters' dtype
