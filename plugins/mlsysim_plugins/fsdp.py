@@ -122,8 +122,24 @@ def _unsynced(plan, options) -> bool:
 
 
 def full(plan, options):
-    return _unsynced_noted(_noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp", options), plan,
-                           options, "FULL_SHARD")
+    return _fsdp1_lora_noted(_unsynced_noted(_noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp",
+                                                    options), plan, options, "FULL_SHARD"), plan, options)
+
+
+def _fsdp1_lora_noted(e, plan, options):
+    """LoRA under FSDP1 (``fsdp_version=1``), sharded: says which wrapping is priced. Measured in validation/lora_fsdp1
+    (docs/validation.md "LoRA under FSDP1"): peft's fsdp_auto_wrap_policy, each adapter a unit of its own (what HF
+    Trainer hands accelerate for a PEFT model), within 0.19 %; the decoder layers alone (accelerate's own
+    transformer policy outside the Trainer) put the frozen base in a requires_grad flat parameter and hold more,
+    not modelled."""
+    if (getattr(options, "fsdp_version", 2) != 1 or e.weight_shards == 1
+            or getattr(plan.profile_options, "lora", None) is None):
+        return e
+    return attrs.evolve(e, notes=e.notes + (
+        "LoRA under FSDP1: priced with the adapters wrapped apart from the base (peft's fsdp_auto_wrap_policy, as HF "
+        "Trainer sets it); wrapping the decoder layers alone puts the frozen base in a requires_grad flat parameter "
+        "(whole-layer gradients and saved norm inputs), which is not modelled (docs/validation.md, 'LoRA under "
+        "FSDP1').",))
 
 
 def _unsynced_noted(e, plan, options, kind):
@@ -199,8 +215,8 @@ def _grad_op_no_sync(plan, options) -> bool:
 def grad_op(plan, options):
     e = effect(plan.dp_size * plan.cp_size, "SHARD_GRAD_OP")
     if (_per_step(plan, options) or _grad_op_no_sync(plan, options)) and e.weight_shards > 1:
-        return _unsynced_noted(e, plan, options, "SHARD_GRAD_OP")
-    return e
+        e = _unsynced_noted(e, plan, options, "SHARD_GRAD_OP")
+    return _fsdp1_lora_noted(e, plan, options)
 
 
 def shard_group(plan, options) -> int:

@@ -170,3 +170,12 @@ def test_the_docs_table_is_the_compare_output():
     doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
     begin, end = C.MARKERS
     assert doc[doc.index(begin) + len(begin):doc.index(end)].strip() == C.table().strip()
+
+
+@pytest.mark.parametrize("kind", ["fsdp1", "gradop1"])
+def test_the_wrapping_priced_is_said(kind):
+    """With fsdp_version=1 under LoRA the result says it prices peft's wrapping (the decoder-layer-only wrap measured
+    and not modelled); FSDP2 (the default) says nothing of it."""
+    run = _run(kind, "peft", "fp32", 1)
+    assert any("LoRA under FSDP1: priced with the adapters wrapped apart" in n for n in C.solve(run).notes)
+    assert not any("LoRA under FSDP1" in n for n in C.solve(run, fsdp_version=2).notes)
