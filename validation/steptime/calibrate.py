@@ -220,6 +220,8 @@ def layout(case) -> dict:
         assumed.append("interleaved with 2 stages per rank (not stated)")
     if case["virtual_stages_derived"] and pp > 1:
         assumed.append(case["virtual_stages_derived"])
+    if case.get("async_tp_derived") and case["async_tp"] and case["tp"] > 1:
+        assumed.append(case["async_tp_derived"])
     is_fused, why = fused(case)
     if case["float8"] is None:
         assumed.append("bf16 (precision not stated)")

@@ -84,7 +84,7 @@ _H100_GT = ("H100 on Grand Teton: 'Each H100 GPU is equipped with 96GB HBM2e wit
 _TT_FLOPS = ("torchtitan MFU convention (not used by this file for any row): 6*N_nonembedding + 12*l*h*q*t per token, "
              "peak 989e12 (H100 SXM). ")
 
-_BASE = dict(regime=None, virtual_stages_derived=None, pp_p2p=None, attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
+_BASE = dict(regime=None, virtual_stages_derived=None, async_tp_derived=None, pp_p2p=None, attn_impl=None, cp_ring=None, dp_gradient_sync=None, pp_stages=None, ep_dispatcher=None, ep_overlap=None, expert_tp=None, model=None, model_note=None, model_dims=None, micro_batch=None, sharding=None, virtual_stages=None,
              power_watts=None, memory_bandwidth=None, network_bandwidth=None, hardware=None, devices=None, tp=1, cp=1, pp=1, pp_schedule=None, dp_shard=None,
              dp_replicate=1, ep=1, local_batch=None, global_batch=None, seq_len=None, checkpointing=None,
              compile=None, float8=False, async_tp=False, tokens_per_s_per_gpu=None, tflops_per_gpu=None,
@@ -366,6 +366,20 @@ _MGL_NOTE = ("Columns 'Model | #-GPUs | GBS | MBS | Seq Length | TP | PP | CP | 
 # "p2p" is AttnFuncWithCPAndKVP2P). Neither table names a cp_comm_type: the default, stated here.
 _CP_TE = ("Context parallelism: Transformer Engine's P2P ring (Megatron's --cp-comm-type default 'p2p'; the source "
           "names none), timed as the cp rule's ring='transformer-engine'. ")
+# TP communication overlap, derived from the section's own words: "This configuration follows those defined in NeMo
+# Framework's performance scripts, which can be found at https://github.com/NVIDIA/NeMo/tree/main/scripts/performance".
+# Those scripts for the two TP rows' models on H100 in FP8 turn it on at exactly the rows' layouts: NVIDIA/NeMo
+# scripts/performance/llm/pretrain_llama3_70b.py at 7e86c2bcf10002065ff55ddedb7c36bd3b170f59 ('assert
+# comm_overlap_callback_idx is not None, "MegatronCommOverlapCallback missing. Required for performance."',
+# 'tp_comm_overlap_cfg = ub_cfg[gpu_type][args.compute_dtype]' with "h100": {"fp8":
+# userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192}: TP 4, MBS 1, seq 8192) and pretrain_llama31_405b.py at
+# 6775d98b3a809a1b6d1a3c953d7250674480105e (the same, userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192: TP 8, CP 2,
+# MBS 1, seq 8192): Transformer Engine's userbuffers overlap, timed as async TP (overlap={"tp": "decomposed"}), as the
+# Megatron-Bridge rows with the same recipes are (_MB_TP_OVERLAP). The 8B row has TP 1.
+_MGL_TP_OVERLAP = ("TP communication overlap: derived, the section's 'This configuration follows those defined in NeMo "
+                   "Framework's performance scripts'; NeMo's scripts/performance/llm/pretrain_llama3_70b.py (7e86c2b) and "
+                   "pretrain_llama31_405b.py (6775d98) set tp_comm_overlap_cfg for H100 FP8 at this layout "
+                   "(userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192 / _h16384_tp8_cp2_mbs1_seqlen8192): timed as async TP. ")
 for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         ("llama3-8b", 8, 128, 1, 1, 1, 2, 1, 32, 13812, 800, "| LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 1 | 32 | 13812 | 800 |", "meta-llama/meta-llama-3-8b"),
         ("llama3-70b", 64, 128, 1, 4, 8, 1, 5, 64, 1621, 780, "| LLAMA3-70B | 64 | 128 | 1 | 8192 | 4 | 8 | 1 | 5 | 1 | 64 | 1621 | 780 |", "meta-llama/meta-llama-3-70b"),
@@ -375,11 +389,14 @@ for _m, _g, _gbs, _mbs, _tp, _pp, _cp, _vp, _ga, _tps, _tf, _txt, _cat in [
         id=f"megatron-examples-{_m}-{_g}xh100-fp8", source=f"{_MG_LLAMA} row '{_txt}'",
         model=_cat, hardware="h100", devices=_g, tp=_tp, cp=_cp, pp=_pp,
         pp_schedule="Interleaved1F1B" if _vp > 1 else ("1F1B" if _pp > 1 else None), dp_shard=1, dp_replicate=_dp,
-        local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True, async_tp=None,
+        local_batch=_gbs // _dp, global_batch=_gbs, seq_len=8192, compile=None, float8=True,
+        async_tp=True if _tp > 1 else None,     # (_MGL_TP_OVERLAP: derived from NeMo's performance scripts)
+        async_tp_derived=("TP communication overlap (derived: NeMo's performance scripts, which the section says it "
+                          "follows)") if _tp > 1 else None,
         float8_recipe="te-delayed-scaling",     # (_MGL_NOTE: the script's FP8 args name no --fp8-recipe)
         tokens_per_s_per_gpu=_tps, tflops_per_gpu=_tf, virtual_stages=_vp, micro_batch=_mbs, sharding="distributed-optimizer",
         cp_ring="transformer-engine" if _cp > 1 else None,
-        notes=_MGL_NOTE + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
+        notes=_MGL_NOTE + (_MGL_TP_OVERLAP if _tp > 1 else "") + f"VP (virtual pipeline stages) {_vp}; GA {_ga}; MBS {_mbs}; DP {_dp} (derived). "
               + (_CP_TE if _cp > 1 else "")
               + ("405B exists only as Llama 3.1. " if _m == "llama3-405b" else "")))
 
