@@ -600,7 +600,13 @@ class LaunchField:
     ``becomes`` describes; ``note`` says how (or, when not approximated, anything worth saying).
     ``yields``: read from the file, but another file's value for the same field wins without a
     contradiction (e.g. the trainer's bf16 regime, which a DeepSpeed or FSDP config recasts); it
-    still beats an implicit default."""
+    still beats an implicit default. ``derive``: the value is a function of other fields as all the
+    files give them (``derived_from``, e.g. the precision the Trainer's bf16 or accelerate's
+    mixed_precision sets): ``derive(merged)`` (``merged``: those fields' merged values, one no file
+    gives absent) returns the attributes that change (``becomes``, ``note``, ``approximated``), or
+    None when the key then sets nothing; `from_launch` calls it after merging the other fields and
+    merges the result by the same rules (its source says what it was derived from). ``becomes``
+    is what the file alone gives (None: nothing)."""
     key: str
     value: Any
     field: str
@@ -608,15 +614,13 @@ class LaunchField:
     note: str = ""
     approximated: bool = False
     yields: bool = False
+    derived_from: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    derive: Any = attrs.field(default=None, eq=False, repr=False)
 
     def to_dict(self) -> dict:
         data = {"key": self.key, "value": self.value, "field": self.field, "becomes": self.becomes}
-        if self.note:
-            data["note"] = self.note
-        if self.approximated:
-            data["approximated"] = True
-        if self.yields:
-            data["yields"] = True
+        data.update({name: shown for name, shown in (("note", self.note), ("approximated", self.approximated),
+                     ("yields", self.yields), ("derived_from", list(self.derived_from))) if shown})
         return data
 
 
@@ -668,19 +672,24 @@ class LaunchReading:
 
     def values(self) -> dict[str, Any]:
         """field -> value: the defaults, then the fields read (a field read wins)."""
-        data: dict[str, Any] = {}
-        for item, value in [(d, d.value) for d in self.defaults] + [(f, f.becomes) for f in self.fields]:
-            if isinstance(value, dict) and isinstance(data.get(item.field), dict):
-                data[item.field] = {**data[item.field], **value}     # (a table built from several keys)
-            else:
-                data[item.field] = value
-        return data
+        return _values([(d, d.value) for d in self.defaults] + [(f, f.becomes) for f in self.fields
+                                                               if f.derive is None or f.becomes is not None])
 
     def to_dict(self) -> dict:
         return {"format": self.format, "path": self.path, "framework_version": self.framework_version,
                 "fields": [f.to_dict() for f in self.fields], "defaults": [d.to_dict() for d in self.defaults],
                 "ignored": list(self.ignored), "world": {k: list(v) for k, v in self.world.items()},
                 "notes": list(self.notes)}
+
+
+def _values(items) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for item, value in items:
+            if isinstance(value, dict) and isinstance(data.get(item.field), dict):
+                data[item.field] = {**data[item.field], **value}     # (a table built from several keys)
+            else:
+                data[item.field] = value
+        return data
 
 
 @attrs.define(kw_only=True)
@@ -903,7 +912,8 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
         raise InvalidInputError("--override", list(context.overrides), "with a launch file whose format takes "
                                 "key=value overrides (torchtune)", "no file's reader applies them")
     # Merge: a value two files give differently is refused; an explicit value beats a default; a
-    # value read with ``yields`` gives way to another file's (said in the notes).
+    # value read with ``yields`` gives way to another file's (said in the notes). Derived values
+    # (``LaunchField.derive``) are resolved from the others' merged values, then merged alike.
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     where: dict[str, tuple[str, str]] = {}
@@ -914,31 +924,38 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
             if d.field not in where:
                 values.setdefault(d.field, d.value)
                 sources.setdefault(d.field, f"default ({r.path}: {d.key} absent; {d.version})")
-    for r in readings:
-        for field, value in r.values().items():
-            explicit = [f for f in r.fields if f.field == field]
-            if not explicit:
-                continue
+
+    def merge(r, fields):     # (a field's table completed by the reading's own defaults, as LaunchReading.values)
+        path, given = r.path, _values([(d, d.value) for d in r.defaults] + [(f, f.becomes) for f in fields])
+        for field, value in ((f, given[f]) for f in dict.fromkeys(f.field for f in fields)):
+            explicit = [f for f in fields if f.field == field]
             key = "/".join(dict.fromkeys(f.key for f in explicit))
             weak = all(f.yields for f in explicit)
             if field in where and not _same(values[field], value):
                 (other, other_key) = where[field]
                 if weak and field not in yielding:
-                    notes.append(f"{field}: {r.path}'s {key}={value!r} yields to {other}'s {other_key}="
+                    notes.append(f"{field}: {path}'s {key}={value!r} yields to {other}'s {other_key}="
                                  f"{values[field]!r}")
                     continue
                 if not weak and field in yielding:
-                    notes.append(f"{field}: {other}'s {other_key}={values[field]!r} yields to {r.path}'s "
+                    notes.append(f"{field}: {other}'s {other_key}={values[field]!r} yields to {path}'s "
                                  f"{key}={value!r}")
                 else:
-                    raise InvalidInputError("--from", r.path, f"files that agree on {field}",
-                                            f"{other}'s {other_key}={values[field]!r} and {r.path}'s {key}="
+                    raise InvalidInputError("--from", path, f"files that agree on {field}",
+                                            f"{other}'s {other_key}={values[field]!r} and {path}'s {key}="
                                             f"{value!r} contradict each other")
             elif field in where and weak:
                 continue
-            values[field], where[field] = value, (r.path, key)
-            sources[field] = f"{r.path}: {key}"
+            values[field], where[field] = value, (path, key)
+            sources[field] = f"{path}: {key}" + "".join(f.note[f.note.rfind(" (derived from "):]
+                                                        for f in explicit[-1:] if f.derived_from)
             (yielding.add if weak else yielding.discard)(field)
+    derived = [[f.derive is not None or bool(f.derived_from) for f in r.fields] for r in readings]
+    for r, marks in zip(readings, derived):
+        merge(r, [f for f, d in zip(r.fields, marks) if not d])
+    readings = [attrs.evolve(r, fields=[_derived(f, values, sources) for f in r.fields]) for r in readings]
+    for r, marks in zip(readings, derived):
+        merge(r, [f for f, d in zip(r.fields, marks) if d and f.becomes is not None])
     # Hardware and model.
     if hardware is not None:
         values["hardware"], sources["hardware"] = hardware, "-g/--hardware"
@@ -1010,6 +1027,17 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
         notes.append(f"not given by the files (mlsysim's defaults): {', '.join(unset)}")
     scenario = Scenario.from_dict(values, where="launch files")
     return Launch(scenario=scenario, readings=tuple(readings), sources=sources, notes=tuple(notes))
+
+
+def _derived(f: LaunchField, values: dict, sources: dict) -> LaunchField:
+    """A derived field resolved from the merged ``values`` (`LaunchField.derive`), its note saying from what."""
+    if f.derive is None:
+        return f
+    merged = {name: values[name] for name in f.derived_from if name in values}
+    change = f.derive(merged) or {"becomes": None}
+    given = "; ".join(f"{n}={v!r} from {sources.get(n)}" for n, v in merged.items())
+    given = given or ", ".join(f.derived_from) + ": none given"
+    return attrs.evolve(f, **{**change, "note": f"{change.get('note', f.note)} (derived from {given})"}, derive=None)
 
 
 def _same(a, b) -> bool:

@@ -42,6 +42,11 @@ def _reader(name: str, marker: str, *, world=None, broken: bool = False, dtype_d
                 fields.append(LaunchField(key=f"{marker}.tp", value=value, field="tp_size", becomes=value))
             elif key == "lr":
                 ignored.append(f"{marker}.lr")
+            elif key == "fp32_under_tp":     # the regime a function of the merged tp_size (LaunchField.derive)
+                fields.append(LaunchField(key=f"{marker}.{key}", value=value, field="regime", becomes="bf16",
+                                          derived_from=("tp_size",), derive=lambda merged: None if merged.get(
+                                              "tp_size") == 4 else {"becomes": "fp32" if merged.get("tp_size", 1) > 1
+                                                                    else "bf16", "note": "by tp"}))
             else:
                 raise NotModelledError(f"{marker}.{key}", value, "model, mbs, seq, accum, tp, lr",
                                        f"{path}: unknown key")
@@ -232,3 +237,24 @@ def test_cli_refusals_name_the_flag(cli_reader, files, capsys):
     assert code == 2 and "--nodes with --gpus-per-node" in err
     code, text = run("estimate", "--from", str(path), "--nodes", "2", "--gpus-per-node", "4", "--json")
     assert json.loads(text)["run"]["dp_size"] == 8
+
+
+def test_a_derived_field_is_resolved_from_the_merged_values(files):
+    """LaunchField.derive: a reader gives a value as a function of another field as all the files give it,
+    resolved after the merge (another file's tp here), then merged by the same rules; the reading shows what it
+    became and from what, the sources too. None: the key sets nothing."""
+    pm = _pm(_reader("myorg.trainer", "tt", dtype_default=False), _reader("myorg.launcher", "ll", dtype_default=False))
+    trainer = files("t.yaml", {"tt": {"model": "llama3-8b", "mbs": 1, "seq": 512, "fp32_under_tp": True}})
+    alone = from_launch([trainer], gpus=8, registry=pm.registry)
+    assert alone.scenario.profile_options["regime"] == "bf16"      # tp 1: no file gives tp_size
+    assert "(derived from tp_size: none given)" in alone.readings[0].fields[-1].note
+    launcher = files("l.yaml", {"ll": {"tp": 2}})
+    launch = from_launch([trainer, launcher], gpus=8, registry=pm.registry)
+    assert launch.scenario.profile_options["regime"] == "fp32"
+    [field] = [f for f in launch.readings[0].fields if f.field == "regime"]
+    assert (field.becomes, field.derive, field.derived_from) == ("fp32", None, ("tp_size",))
+    assert field.note == f"by tp (derived from tp_size=2 from {launcher}: ll.tp)"
+    assert launch.sources["regime"] == f"{trainer}: tt.fp32_under_tp (derived from tp_size=2 from {launcher}: ll.tp)"
+    assert field.to_dict()["derived_from"] == ["tp_size"]
+    none = from_launch([trainer, files("l4.yaml", {"ll": {"tp": 4}})], gpus=8, registry=pm.registry)
+    assert "regime" not in none.scenario.profile_options and "regime" not in none.sources

@@ -189,29 +189,136 @@ def test_fsdp2_shard_grad_op_accumulates_under_set_requires_gradient_sync(tmp_pa
     set_requires_gradient_sync(False) under FSDP2 whatever reshard_after_forward (accelerator.py lines 1126-1131),
     and the Trainer enters it on every micro-batch but the last (transformers 5.23.0 trainer.py lines 1897-1908):
     the fsdp-grad-op rule's gradient_sync='step' (before: dropped, priced as syncing every micro-batch). The
-    Trainer file: alignment-handbook's zephyr-7b-beta config_full.yaml with accumulation 4 and bf16 off (halo's
-    accelerate file says mixed_precision "no")."""
+    Trainer file: alignment-handbook's zephyr-7b-beta config_full.yaml with its own bf16 true (accumulation 4).
+    halo's accelerate file says mixed_precision "no", but the Trainer's bf16 wins (transformers 5.23.0
+    training_args.py lines 1612-1618): accelerate builds FSDP's bf16 MixedPrecision, the fsdp-bf16 regime derived
+    from the merged precision (before: precision bf16 and regime fp32, refused as contradicting)."""
     import attrs
     import yaml
     doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
-    doc["gradient_accumulation_steps"], doc["bf16"] = 4, False
+    assert doc["bf16"] is True
+    doc["gradient_accumulation_steps"] = 4
     trainer = tmp_path / "config_full.yaml"
     trainer.write_text(yaml.safe_dump(doc))
-    launch = from_launch([trainer, DATA / "accelerate/halo/fsdp2_gradop_config.yaml"], hardware="h100")
+    halo = DATA / "accelerate/halo/fsdp2_gradop_config.yaml"
+    launch = from_launch([trainer, halo], hardware="h100")
     s = launch.scenario
-    assert (s.data_parallel, s.plugin_options, s.gradient_accumulation_steps, s.regime) == (
-        "fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}}, 4, "fp32")
+    assert (s.data_parallel, s.plugin_options, s.gradient_accumulation_steps, s.precision, s.regime) == (
+        "fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}}, 4, "bf16", "fsdp-bf16")
     [default] = [d for r in launch.readings for d in r.defaults if d.field == "plugin_options"]
     assert "set_requires_gradient_sync(False)" in default.source and "sync_each_batch" in default.source
+    [field] = [f for f in launch.readings[1].fields if f.field == "regime"]
+    assert (field.key, field.value, field.becomes, field.approximated) == ("mixed_precision", "no", "fsdp-bf16", True)
+    assert launch.sources["regime"] == f"{halo}: mixed_precision (derived from precision='bf16' from {trainer}: bf16)"
+    assert launch.sources["precision"] == f"{trainer}: bf16"
     result = s.solve()
-    [term] = [t for t in result.terms if "accumulated over micro-batches" in t.label]
-    # Mistral 7B (h 4096, 32 layers, 8 KV heads of 128, MLP 14336, vocab 32000, untied): every parameter's
-    # unsharded fp32 gradient (no MixedPrecisionPolicy: reduce_dtype the parameters' fp32), less the rank's 1/8 shard
+    terms = {t.label: t.nbytes for t in result.terms}
+    # Mistral 7B (h 4096, 32 layers, 8 KV heads of 128, MLP 14336, vocab 32000, untied)
     params = 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 32000 * 4096 + 4096
     assert params == 7_241_732_096
+    # fsdp-bf16 (accelerate upcasts the bf16-loaded parameters to fp32, fsdp_utils.py line 801): the rank's 1/8
+    # shard of fp32 parameters and of AdamW's two fp32 states
+    assert terms["parameters (fsdp-bf16, 4 B)"] == params / 8 * 4
+    assert terms["adamw state (2 x 32-bit)"] == params / 8 * 2 * 4
+    # every parameter's unsharded gradient, in the regime's reduce dtype (fp32: approximated, accelerate's policy
+    # reduces in bf16, said in the regime's note), less the rank's 1/8 shard
+    [term] = [t for t in result.terms if "accumulated over micro-batches" in t.label]
     assert term.nbytes == params * 4 - params / 8 * 4
-    synced = attrs.evolve(s, plugin_options={}).solve()      # priced as syncing every micro-batch, as before
+    synced = attrs.evolve(s, plugin_options={}).solve()      # priced as syncing every micro-batch
     assert result.total_memory - synced.total_memory >= term.nbytes * 0.9
+    # halo's file alone says no mixed precision: FSDP without it, fp32 (as before)
+    doc["bf16"] = False
+    trainer.write_text(yaml.safe_dump(doc))
+    launch = from_launch([trainer, halo], hardware="h100")
+    assert launch.scenario.regime == "fp32" and "precision" not in launch.sources
+    assert launch.sources["regime"].endswith("(derived from precision: none given)")
+
+
+def test_accelerate_mixed_precision_when_the_trainer_bf16_is_off(tmp_path):
+    """The reverse: the accelerate config says bf16, the Trainer's bf16 false: transformers keeps accelerate's
+    mixed precision (training_args.py lines 1612-1618: bf16/fp16 false leave ACCELERATE_MIXED_PRECISION). FSDP
+    (halo's file with mixed_precision bf16): fsdp-bf16, precision bf16 from the accelerate file. DDP (TRL's
+    multi_gpu.yaml, bf16) with the model loaded in fp32: autocast bf16 over fp32 weights, amp-bf16, the Trainer's
+    regime derived from the merged precision (before: regime fp32 and precision bf16, refused)."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["bf16"] = False
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    halo = yaml.safe_load((DATA / "accelerate/halo/fsdp2_gradop_config.yaml").read_text())
+    halo["mixed_precision"] = "bf16"
+    config = tmp_path / "fsdp2_gradop_config.yaml"
+    config.write_text(yaml.safe_dump(halo))
+    launch = from_launch([trainer, config], hardware="h100")
+    assert (launch.scenario.regime, launch.scenario.precision) == ("fsdp-bf16", "bf16")
+    assert launch.sources["precision"] == f"{config}: mixed_precision"
+    doc["torch_dtype"], doc["loss_type"] = "float32", "nll"     # (TRL's chunked loss under autocast: not modelled)
+    trainer.write_text(yaml.safe_dump(doc))
+    ddp = DATA / "accelerate/trl/multi_gpu.yaml"
+    launch = from_launch([trainer, ddp], hardware="h100")
+    s = launch.scenario
+    assert (s.regime, s.precision, s.data_parallel, s.dp_size) == ("amp-bf16", "bf16", None, 8)     # DDP
+    assert launch.sources["regime"].endswith(f"(derived from precision='bf16' from {ddp}: mixed_precision)")
+    terms = {t.label: t.nbytes for t in s.solve().terms}
+    params = 7_241_732_096      # Mistral 7B (the test above): fp32 weights and AdamW states, unsharded under DDP
+    assert terms["parameters (amp-bf16, 4 B)"] == params * 4
+    assert terms["adamw state (2 x 32-bit)"] == params * 2 * 4
+
+
+def test_trainer_fp16_wins_over_accelerate_bf16(tmp_path):
+    """The Trainer's fp16 true over accelerate's mixed_precision bf16 (training_args.py lines 1615-1616): fp16,
+    the accelerate file's precision yields (said in the notes); under DDP (TRL's multi_gpu.yaml) with the model in
+    fp32, autocast fp16: amp-fp16."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["bf16"], doc["fp16"], doc["torch_dtype"], doc["loss_type"] = False, True, "float32", "nll"
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    ddp = DATA / "accelerate/trl/multi_gpu.yaml"
+    launch = from_launch([trainer, ddp], hardware="h100")
+    assert (launch.scenario.precision, launch.scenario.regime) == ("fp16", "amp-fp16")
+    assert f"precision: {ddp}'s mixed_precision='bf16' yields to {trainer}'s fp16='fp16'" in launch.notes
+    launch = from_launch([ddp, trainer], hardware="h100")      # either order
+    assert (launch.scenario.precision, launch.scenario.regime) == ("fp16", "amp-fp16")
+
+
+def test_deepspeed_plugin_takes_the_trainer_bf16(tmp_path):
+    """accelerate's DeepSpeed plugin (TRL's zero3.yaml) with mixed_precision "no" and the Trainer's bf16 true:
+    transformers builds DeepSpeedPlugin() and sets its bf16 from the Trainer's mixed precision (training_args.py
+    lines 1714-1720, DeepSpeedPlugin.set_mixed_precision): DeepSpeed's 16-bit engine, mixed-bf16 (before: the
+    Trainer's regime bf16, as if no engine recast the model). Bf16 off: accelerate's plugin sets no regime (the
+    Trainer's stands). A deepspeed_config_file's "auto" bf16 (accelerate's deepspeed.yaml + a JSON with "auto")
+    is filled from the merged precision alike."""
+    import json
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    zero3 = yaml.safe_load((DATA / "accelerate/trl/zero3.yaml").read_text())
+    zero3["mixed_precision"] = "no"
+    config = tmp_path / "zero3.yaml"
+    config.write_text(yaml.safe_dump(zero3))
+    launch = from_launch([trainer, config], hardware="h100")
+    s = launch.scenario
+    assert (s.regime, s.precision, s.zero_stage) == ("mixed-bf16", "bf16", 3)
+    assert launch.sources["regime"] == f"{config}: mixed_precision (derived from precision='bf16' from {trainer}: bf16)"
+    terms = {t.label: t.nbytes for t in s.solve().terms}
+    params = 7_241_732_096     # ZeRO-3 over 8: bf16 parameters, fp32 master, two fp32 states, each the rank's 1/8
+    assert terms["parameters (mixed-bf16, 2 B)"] == params / 8 * 2
+    doc["bf16"] = False
+    trainer.write_text(yaml.safe_dump(doc))
+    s = from_launch([trainer, config], hardware="h100").scenario
+    assert s.regime == "bf16"        # the Trainer's: the model loaded in bf16 (torch_dtype), no 16-bit engine
+    ds = json.loads((DATA / "accelerate/deepspeed_config_templates/zero_stage2_config.json").read_text())
+    ds.pop("fp16", None)
+    ds["bf16"] = {"enabled": "auto"}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    config.write_text(yaml.safe_dump({"distributed_type": "DEEPSPEED", "mixed_precision": "no", "num_processes": 8,
+                                      "deepspeed_config": {"deepspeed_config_file": str(tmp_path / "ds.json")}}))
+    assert from_launch([trainer, config], hardware="h100").scenario.regime == "fp32"     # auto, both off
+    doc["bf16"] = True
+    trainer.write_text(yaml.safe_dump(doc))
+    assert from_launch([trainer, config], hardware="h100").scenario.regime == "mixed-bf16"
 
 
 def test_trainer_shard_grad_op_with_fsdp2_accumulates_under_set_requires_gradient_sync(tmp_path):

@@ -46,13 +46,28 @@ class Reading:
         self.world: dict[str, tuple[str, Any]] = {}
         self.seen: set[str] = set()
 
-    def set(self, key, value, field, becomes, note="", approximated=False):
+    def set(self, key, value, field, becomes, note="", approximated=False, yields=False):
         self.seen.add(key)
         self.fields.append(LaunchField(key=key, value=value, field=field, becomes=becomes, note=note,
-                                       approximated=approximated))
+                                       approximated=approximated, yields=yields))
 
     def approx(self, key, value, field, becomes, note):
         self.set(key, value, field, becomes, note, approximated=True)
+
+    def derived(self, key, value, field, derive, own, yields=False):
+        """``field`` as a function of the run's merged mixed precision (`LaunchField.derive`, resolved by
+        from_launch after the merge): ``derive(mixed)`` (bf16, fp16 or None) returns ``(becomes, note)`` or
+        ``(becomes, note, approximated)``, or None when the key then sets nothing; ``own``: the mixed precision
+        this file alone says."""
+        def resolve(merged):
+            mixed = sixteen(merged.get("precision"))
+            out = derive(mixed)
+            return None if out is None else {"becomes": out[0], "note": out[1], "approximated": (
+                mixed == "fp16" and out[0] in BF16_BYTES) or (len(out) > 2 and out[2])}
+        own_value = resolve({"precision": own})
+        self.seen.add(key)
+        self.fields.append(LaunchField(key=key, value=value, field=field, yields=yields, derived_from=("precision",),
+                                       derive=resolve, **(own_value or {"becomes": None})))
 
     def note(self, key, value, text):
         """A key read whose effect is only said (its value changes nothing the model prices)."""
@@ -291,6 +306,58 @@ DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "torch.bfloat16": "bf16", "float16
           "torch.float32": "fp32", "auto": "auto"}
 
 
+# The run's mixed precision, as transformers 5.23.0 resolves it (training_args.py lines 1612-1618):
+# ``mixed_precision`` = accelerate launch's (ACCELERATE_MIXED_PRECISION, the accelerate config's
+# mixed_precision: accelerate 1.16.0 utils/launch.py lines 157, 255, 518), unless the training
+# arguments' fp16 or bf16 is true; trainer.py line 744 hands it to the Accelerator, which casts
+# FSDP's MixedPrecision policy (state.py lines 975-976) or sets DeepSpeed's bf16/fp16 from it
+# (training_args.py line 1720, DeepSpeedPlugin.set_mixed_precision). The accelerate reader's
+# precision therefore yields to a training-arguments file's; the readers' regimes that depend on
+# it are derived from the merged precision (`Reading.derived`).
+MIXED_PRECEDENCE = ("the training arguments' bf16/fp16 true win over accelerate's mixed_precision (transformers "
+                    "5.23.0 training_args.py lines 1612-1618)")
+FP16_AS_BF16 = "; fp16 priced as bf16 (same bytes)"
+BF16_BYTES = ("fsdp-bf16", "mixed-bf16")
+
+
+def sixteen(precision) -> str | None:
+    """bf16/fp16 of a precision name (the merged ``precision``), else None."""
+    name = str(precision).lower() if precision is not None else ""
+    return name if name in ("bf16", "fp16") else None
+
+
+# accelerate's FSDP policy from the mixed precision (1.16.0 utils/dataclasses.py lines 2008-2013,
+# FullyShardedDataParallelPlugin.set_mixed_precision): param_dtype = reduce_dtype = the 16-bit dtype.
+ACCELERATE_REDUCE = ("accelerate's policy reduces in the 16-bit dtype (reduce_dtype = param_dtype, accelerate 1.16.0 "
+                     "utils/dataclasses.py lines 2008-2013), priced as the fsdp-bf16 regime's fp32 reduce (the "
+                     "reduce-scatter buffers, and FSDP2's gradients accumulated unsynced: 4 B each where the run has 2)")
+
+
+def fsdp_regime(without=None, reduce_note=""):
+    """FSDP's regime from the run's mixed precision: 16-bit, FSDP's MixedPrecision (fp32 shards,
+    16-bit gathered parameters: accelerate upcasts the trainable parameters to fp32, fsdp_utils.py
+    line 801; ``reduce_note``: how the run's reduce dtype differs, approximated); none: ``without``
+    (a ``(regime, note)``, or None: nothing set)."""
+    def derive(mixed):
+        if mixed is None:
+            return without
+        return "fsdp-bf16", ("FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered "
+                             "parameters" + (FP16_AS_BF16 if mixed == "fp16" else "")
+                             + (f"; {reduce_note}" if reduce_note else "")), bool(reduce_note)
+    return derive
+
+
+def deepspeed_regime(without=None):
+    """DeepSpeed's regime from the run's mixed precision: 16-bit, its 16-bit engine (fp32 master and
+    state); none: ``without``."""
+    def derive(mixed):
+        if mixed is None:
+            return without
+        return "mixed-bf16", ("DeepSpeed's 16-bit engine: fp32 master and state" + (FP16_AS_BF16 if mixed == "fp16"
+                                                                                     else ""))
+    return derive
+
+
 def regime_of(weights: str, mixed: str | None) -> str:
     """The measured regime of a model loaded in ``weights`` (bf16/fp16/fp32) trained with
     autocast ``mixed`` (bf16/fp16/None) and no engine recasting it."""
@@ -479,7 +546,10 @@ def deepspeed(r: Reading, prefix: str, doc: dict, trainer: dict | None = None, m
     if bf_on == "auto" or fp_on == "auto":
         mixed = (trainer or {}).get("mixed") if trainer is not None else "assumed"
         key = bf_key if bf_on == "auto" else f"{p}fp16.enabled"
-        if mixed == "assumed":
+        if (trainer or {}).get("derived"):     # accelerate's deepspeed_config_file: the run's merged precision fills it
+            r.derived(key, "auto", "regime", deepspeed_regime(("fp32", "\"auto\" = the run's bf16/fp16, both off: "
+                                                               "fp32")), own=mixed)
+        elif mixed == "assumed":
             r.approx(key, "auto", "regime", "mixed-bf16", "\"auto\": transformers fills it from the trainer "
                      "arguments' bf16/fp16 (another file); assumed on (16-bit weights and gradients, fp32 master "
                      "and state). With bf16 and fp16 both off it would be fp32")

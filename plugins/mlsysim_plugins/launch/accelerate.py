@@ -52,16 +52,16 @@ def read(path, document, context):
     if mixed not in ("no", "bf16", "fp16"):
         r.refuse("mixed_precision", mixed, "no, bf16 or fp16", "unknown mixed precision")
     if "mixed_precision" in doc:
-        if mixed in ("bf16", "fp16"):
-            r.set("mixed_precision", doc["mixed_precision"], "precision", mixed)
+        if mixed in ("bf16", "fp16"):     # (a training-arguments file's bf16/fp16 true wins: _hf.MIXED_PRECEDENCE)
+            r.set("mixed_precision", doc["mixed_precision"], "precision", mixed, _hf.MIXED_PRECEDENCE, yields=True)
         else:
             r.ignore("mixed_precision")
     m = mixed if mixed in ("bf16", "fp16") else None
-    if kind == "FSDP":
-        _hf.fsdp_config(r, "fsdp_config", doc.get("fsdp_config") or {}, m)
+    if kind == "FSDP":     # FSDP's regime: the run's mixed precision, this file's or the training arguments'
+        _hf.fsdp_config(r, "fsdp_config", doc.get("fsdp_config") or {}, None)
         r.seen.add("fsdp_config")
-        if not m:
-            r.set("mixed_precision", doc.get("mixed_precision", "no"), "regime", "fp32", "FSDP without mixed precision")
+        r.derived("mixed_precision", doc.get("mixed_precision", "no"), "regime",
+                  _hf.fsdp_regime(("fp32", "FSDP without mixed precision"), _hf.ACCELERATE_REDUCE), own=m)
     elif "fsdp_config" in doc:
         r.ignore("fsdp_config")
     if kind == "DEEPSPEED":
@@ -102,7 +102,7 @@ def _deepspeed(r: Reading, cfg: dict, mixed):
     if cfg.get("deepspeed_config_file"):
         r.seen.add("deepspeed_config.deepspeed_config_file")
         _hf.read_deepspeed_file(r, "deepspeed_config.deepspeed_config_file", cfg["deepspeed_config_file"],
-                                trainer={"mixed": mixed})
+                                trainer={"mixed": mixed, "derived": True})
     if "zero_stage" in cfg:
         stage = whole(r, "deepspeed_config.zero_stage", cfg["zero_stage"], 0)
         r.set("deepspeed_config.zero_stage", cfg["zero_stage"], "zero_stage", stage)
@@ -121,9 +121,8 @@ def _deepspeed(r: Reading, cfg: dict, mixed):
         what = "optimizer+gradients" if isinstance(stage, int) and stage >= 2 else "optimizer"
         r.set("deepspeed_config.offload_optimizer_device", off_o, "offload",
               what if off_o == "cpu" else {"optimizer": "nvme"}, "ZeRO-Offload")
-    if mixed and not cfg.get("deepspeed_config_file"):
-        r.set("mixed_precision", mixed, "regime", "mixed-bf16", "DeepSpeed's 16-bit engine: fp32 master and state"
-              + ("; fp16 priced as bf16 (same bytes)" if mixed == "fp16" else ""), approximated=mixed == "fp16")
+    if not cfg.get("deepspeed_config_file"):     # the run's mixed precision: this file's or the training arguments'
+        r.derived("mixed_precision", mixed or "no", "regime", _hf.deepspeed_regime(), own=mixed)
     if "gradient_accumulation_steps" in cfg:
         r.set("deepspeed_config.gradient_accumulation_steps", cfg["gradient_accumulation_steps"],
               "gradient_accumulation_steps", whole(r, "deepspeed_config.gradient_accumulation_steps",

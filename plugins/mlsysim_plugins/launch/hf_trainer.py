@@ -12,7 +12,6 @@ loaded in float32 unless ``dtype`` says otherwise: trl/trainer/utils.py ``create
 from __future__ import annotations
 
 from mlsysim_core import hookimpl
-from mlsysim_core.scenario import LaunchField
 
 from .hookspecs import LaunchFormatSpec
 from . import _hf, _recipes
@@ -166,9 +165,10 @@ def trainer_args(r: Reading, doc: dict, *, trl: bool, prefix: str = "", foreign=
     if given:     # read from the file, but a DeepSpeed or FSDP config (another file) recasts the model: theirs wins
         r.seen.update(f"{p}{k}" for k in given)
         value = {k: dtype_val if k == dtype_key else get(k) for k in given}
-        r.fields.append(LaunchField(key=" + ".join(f"{p}{k}" for k in given), value=value, field="regime",
-                                    becomes=regime, note=f"{src}; a DeepSpeed or FSDP config (another file) recasts "
-                                    "the model and wins", yields=True))
+        # the autocast: the run's mixed precision, this file's bf16/fp16 true, else accelerate's (_hf.MIXED_PRECEDENCE)
+        r.derived(" + ".join(f"{p}{k}" for k in given), value, "regime", lambda run: (
+            _hf.regime_of(weights, run), f"{src}; autocast: the run's mixed precision ({_hf.MIXED_PRECEDENCE}); a "
+            "DeepSpeed or FSDP config (another file) recasts the model and wins"), own=mixed, yields=True)
     else:
         r.default(f"{p}bf16/fp16 + model dtype", "regime", regime, src, "when no DeepSpeed or FSDP config (another "
                   "file) casts the model; theirs wins", version=TRL if trl else TRANSFORMERS)
