@@ -37,9 +37,15 @@ def solve(run, **options):
     rule = RULE[run["kind"]]
     opts = {"fsdp_version": 1, **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"]}
+    regime = REGIME[run["regime"]]
+    if run["lora"].get("quantization"):
+        # QLoRA: the base loaded in bf16 (bnb_4bit_quant_storage bf16), fp32 adapters: the bf16 regime (no regime
+        # says a 16-bit stored base under a 16-bit param_dtype; docs/validation.md "LoRA under FSDP1")
+        lora.update(quantization=run["lora"]["quantization"], double_quant=run["lora"]["double_quant"])
+        regime = "bf16"
     return TrainingMemoryModel("measured").solve(
         from_hf_config(run["hf_config"], name=run["model"]), HardwareNode(name="unbounded", memory_capacity=2**60),
-        run["batch_size"] * w * m, run["seq_len"], "fp32", run["optimizer"], "none", regime=REGIME[run["regime"]],
+        run["batch_size"] * w * m, run["seq_len"], "fp32", run["optimizer"], "none", regime=regime,
         optimizer_impl=run["optimizer_impl"], attention=run["attention"], runtime_overheads=False, dp_size=w,
         data_parallel=rule, gradient_accumulation_steps=m, lora=lora, device="cpu",
         plugin_options={rule: opts})
@@ -69,9 +75,11 @@ def table() -> str:
             refused.append(f"{run['id']} ({type(e).__name__}: {e})")
             continue
         strategy = {"fsdp1": "FULL_SHARD", "gradop1": "SHARD_GRAD_OP"}[run["kind"]]
-        lines.append(f"| {run['id']} | {run['wrap']} | {strategy} | {run['regime']} | {run['microbatches']} | "
+        precision = run["regime"] + (f" ({run['lora']['quantization']} QLoRA, priced as bf16)"
+                                     if run["lora"].get("quantization") else "")
+        lines.append(f"| {run['id']} | {run['wrap']} | {strategy} | {precision} | {run['microbatches']} | "
                      + " | ".join(f"{row[p][2]:+.2%}" for p in PHASES) + " |")
-        groups.setdefault((run["wrap"], run["regime"]), []).extend(abs(row[p][2]) for p in PHASES)
+        groups.setdefault((run["wrap"], precision), []).extend(abs(row[p][2]) for p in PHASES)
     lines.append("")
     lines += [f"- wrap {w}, {g}: every phase median |err| {statistics.median(e):.2%}, max {max(e):.2%}"
               for (w, g), e in groups.items()]

@@ -29,6 +29,10 @@ use_orig_params=..., device_id=...)``):
   ``accelerator.prepare`` directly). Each decoder layer's flat parameter then holds its frozen weights and its
   adapters together (mixed ``requires_grad``, allowed only with ``use_orig_params=True``).
 
+QLoRA (``qlora-*``, peft's wrap, accelerate's bf16): the model built in bf16, saved and reloaded with
+``BitsAndBytesConfig(load_in_4bit=True, nf4, double quantization, bnb_4bit_quant_storage=bfloat16)`` (FSDP flattens
+floating tensors only; ``_quantized``), bitsandbytes 0.50.2 quantizing on the CPU.
+
 Sharding strategies: ``FULL_SHARD`` (kind ``fsdp1``) and ``SHARD_GRAD_OP`` (kind ``gradop1``). Precision:
 ``fp32`` (no policy) and ``accel-bf16`` (accelerate's ``mixed_precision="bf16"`` for FSDP1: ``set_mixed_precision``
 builds ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)``, the model's parameters stay fp32,
@@ -73,13 +77,13 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: 
 OUT = os.path.join(HERE, "measurements.json")
 GENERATOR = "/tmp/tvenv/bin/python validation/lora_fsdp1/measure.py --out validation/lora_fsdp1/measurements.json"
 SETUP = ("python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch==2.13.0 transformers==5.23.0 peft==0.22.0 "
-         "accelerate==1.16.0 (CPU wheels)")
+         "accelerate==1.16.0 bitsandbytes==0.50.2 (CPU wheels)")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _cfg(kind, wrap, regime, m, *, model="gqa-tiny", world=2, rank=0, b=2, s=256, r=16):
+def _cfg(kind, wrap, regime, m, *, model="gqa-tiny", world=2, rank=0, b=2, s=256, r=16, quantization=None):
     return {
-        "id": f"lora-{kind}-{wrap}-{model}-{regime}-w{world}-r{rank}-m{m}-b{b}-s{s}",
+        "id": f"{'q' if quantization else ''}lora-{kind}-{wrap}-{model}-{regime}-w{world}-r{rank}-m{m}-b{b}-s{s}",
         "kind": kind,
         "wrap": wrap,
         "model": model,
@@ -95,7 +99,8 @@ def _cfg(kind, wrap, regime, m, *, model="gqa-tiny", world=2, rank=0, b=2, s=256
         "seq_len": s,
         "attention": "sdpa",
         "method": "real",
-        "lora": {"rank": r, "alpha": 2 * r, "dropout": 0.0, "target_modules": TARGETS, "quantization": None},
+        "lora": {"rank": r, "alpha": 2 * r, "dropout": 0.0, "target_modules": TARGETS, "quantization": quantization,
+                 "double_quant": bool(quantization)},
     }
 
 
@@ -105,7 +110,12 @@ CONFIGS = [_cfg(kind, wrap, regime, m)
            for regime in ("fp32", "accel-bf16")
            for m in (1, 2)] + [
     # the same MixedPrecision without accelerate's autocast (which part of accel-bf16 is FSDP1's, which autocast's)
-    _cfg("fsdp1", "peft", "mp-bf16", 1), _cfg("fsdp1", "layer", "mp-bf16", 1)]
+    _cfg("fsdp1", "peft", "mp-bf16", 1), _cfg("fsdp1", "layer", "mp-bf16", 1)] + [
+    # QLoRA (nf4, double quantization) as HF Trainer runs it under FSDP1: the base loaded in bf16 with
+    # bnb_4bit_quant_storage=bfloat16 (FSDP flattens floating tensors only), MixedPrecision in that dtype
+    # (transformers' update_fsdp_plugin_peft: set_mixed_precision(bnb_4bit_quant_storage, override=True)) under
+    # accelerate's bf16 autocast; peft's wrap
+    _cfg("fsdp1", "peft", "accel-bf16", m, quantization="nf4") for m in (1, 2)]
 
 
 def shard(model, kind: str, wrap: str, regime: str):
@@ -116,6 +126,21 @@ def shard(model, kind: str, wrap: str, regime: str):
     strategy = ShardingStrategy.SHARD_GRAD_OP if kind == "gradop1" else ShardingStrategy.FULL_SHARD
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mp,
                                     use_orig_params=True, device_id=torch.device("cpu"))
+
+
+def _quantized(model, cfg):
+    """The bf16 model saved and reloaded 4-bit (bitsandbytes 0.50.2 quantizes on the CPU), the packed codes stored as
+    bf16 (``bnb_4bit_quant_storage``) so that FSDP can flatten them with the bf16 norms."""
+    import tempfile
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg["lora"]["quantization"],
+                             bnb_4bit_use_double_quant=cfg["lora"]["double_quant"],
+                             bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        del model
+        return AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=torch.bfloat16,
+                                                    attn_implementation=cfg["attention"], device_map="cpu")
 
 
 class Accelerated:
@@ -167,8 +192,10 @@ def measure(cfg: dict) -> dict:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model, input_ids = harness.build_model({**cfg, "regime": "fp32"})
             lora = cfg["lora"]
+            model, input_ids = harness.build_model({**cfg, "regime": "bf16" if lora["quantization"] else "fp32"})
+            if lora["quantization"]:
+                model = _quantized(model, cfg)
             model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"],
                                                      lora_dropout=lora["dropout"],
                                                      target_modules=lora["target_modules"], bias="none"))
@@ -201,7 +228,7 @@ def measure(cfg: dict) -> dict:
 
 
 def _versions() -> dict:
-    return harness.versions("transformers", "peft", "accelerate")
+    return harness.versions("transformers", "peft", "accelerate", "bitsandbytes")
 
 
 def document(args, runs, ctx) -> dict:
