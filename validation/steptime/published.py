@@ -318,6 +318,21 @@ _MG_NOTE = ("GPT models, 'Vocabulary size: 131,072 tokens', 'Sequence length: 4,
             "dp_replicate. 'Batch size' is the global batch in sequences. MFU/TFLOP/s use Megatron's num_floating_point_operations "
             "(12*B*s*l*h^2*(...), full non-causal attention term, logits included, no recomputation); MFU ~ TFLOP/s / 989 "
             "(e.g. 465.9/989 = 0.471). async_tp is set True where TP > 1 because of --tp-comm-overlap (Transformer Engine's overlap of TP communication with the GEMMs, Megatron's counterpart of async TP); float8 None: precision not stated. ")
+# The pipelined rows' schedule, derived: the README lists PP overlap among the benchmarks' communication optimizations
+# ("Fine-grained overlapping with DP (...), TP (--tp-comm-overlap), and PP (enabled by default)"), and Megatron-LM runs
+# PP overlap only under the interleaved schedule (megatron/training/arguments.py at d98e8a6: without a virtual pipeline
+# "# Overlap P2P communication is disabled if not using the interleaved schedule. args.overlap_p2p_comm = False",
+# warning "non-interleaved schedule does not support overlapping p2p communication"). V is not stated: the least
+# Megatron accepts for the row's layers per stage (its check "number of layers per pipeline stage must be divisible
+# number of layers per virtual pipeline stage"), the smallest divisor above 1 (84 / 2 = 42 layers: 2; 92 / 4 = 23: 23;
+# 96 / 6 = 16: 2; 96 / 8 = 12: 2; 112 / 16 = 7: 7), with the sends overlapped (pp_p2p).
+def _least_vp(layers_per_stage: int) -> int:
+    return min(d for d in range(2, layers_per_stage + 1) if layers_per_stage % d == 0)
+
+
+_MG_VP = ("interleaved schedule, derived: the README lists PP overlap ('PP (enabled by default)'), which Megatron-LM runs "
+          "only interleaved (arguments.py: 'non-interleaved schedule does not support overlapping p2p communication'); "
+          "V = {vp}, not stated: the least Megatron accepts for {per} layers a stage (layers per stage divisible by V)")
 for _size, _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _agg in [
         ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8, 0.41, 19.6),
         ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9, 0.47, 44.7),
@@ -335,7 +350,10 @@ for _size, _heads, _hidden, _layers, _tp, _pp, _dp, _gpus, _batch, _tf, _mfu, _a
                 f"'{_size} | {_heads} | {_hidden} | {_layers} | {_tp} | {_pp} | {_dp} | {_gpus} | {_batch} | {_tf} | {round(_mfu * 100)}% | {_agg}'"),
         model=None,
         model_note=f"GPT-style {_size}: {_layers} layers, hidden {_hidden}, {_heads} heads, vocab 131072 (ffn size not stated)",
-        hardware="h100", devices=_gpus, tp=_tp, pp=_pp, pp_schedule=None, dp_shard=1, dp_replicate=_dp, local_batch=_batch // _dp,
+        hardware="h100", devices=_gpus, tp=_tp, pp=_pp, pp_schedule="Interleaved1F1B" if _pp > 1 else None,
+        virtual_stages=_least_vp(_layers // _pp) if _pp > 1 else None,
+        virtual_stages_derived=_MG_VP.format(vp=_least_vp(_layers // _pp), per=_layers // _pp) if _pp > 1 else None,
+        pp_p2p="overlapped" if _pp > 1 else None, dp_shard=1, dp_replicate=_dp, local_batch=_batch // _dp,
         global_batch=_batch, seq_len=4096, compile=None, float8=None, async_tp=(_tp > 1) or None, tflops_per_gpu=_tf, mfu=_mfu,
         flops_convention="megatron", sharding="distributed-optimizer",
         model_dims=dict(name=f"GPT {_size} (Megatron-LM README)", layers=_layers, hidden_dim=_hidden, heads=_heads,
