@@ -526,7 +526,7 @@ def _variant_table(*, interleave, allow_compile, allow_float8, model, timer, bas
                 extra.update(_float8_memory(casts))
             chunks, schedule = base_chunks, base_schedule
             if v is not None:
-                from .inputs import prepared_plan
+                from .inverse import prepared_plan
                 plan = prepared_plan(solver, model, hardware, 1, seq_len, dict(
                     precision=precision, optimizer=optimizer, activation_checkpointing=strategies[0], profile=profile,
                     **(one or options), pipeline_schedule="interleaved-1f1b", virtual_stages=v))
@@ -1019,7 +1019,7 @@ def _layout_options(registry, given: dict, ckpt: str, rule: str):
 def _one_device_plan(solver, model, hardware, seq_len, precision, optimizer, ckpt, profile, options):
     """The prepared one-device plan a strategy's ``recompute(plan)`` reads (its share does not
     depend on the layout)."""
-    from .inputs import prepared_plan
+    from .inverse import prepared_plan
     return prepared_plan(solver, model, hardware, 1, seq_len, dict(
         precision=precision, optimizer=optimizer, activation_checkpointing=ckpt, profile=profile, **options))
 
@@ -1647,7 +1647,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                   profile=profile, **options)
     schedule, chunks, total, prepared = None, vp or 1, None, None
     try:
-        from .inputs import prepared_plan
+        from .inverse import prepared_plan
         prepared = prepared_plan(solver, model, hardware, global_batch, seq_len,
                                  {k: v for k, v in layout.items() if k not in ("batch_size", "seq_len")})
         schedule = getattr(prepared.profile_options, "pipeline_schedule", None)
