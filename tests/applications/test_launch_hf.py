@@ -307,8 +307,11 @@ def test_deepspeed_plugin_takes_the_trainer_bf16(tmp_path):
     assert terms["parameters (mixed-bf16, 2 B)"] == params / 8 * 2
     doc["bf16"] = False
     trainer.write_text(yaml.safe_dump(doc))
-    s = from_launch([trainer, config], hardware="h100").scenario
-    assert s.regime == "bf16"        # the Trainer's: the model loaded in bf16 (torch_dtype), no 16-bit engine
+    launch = from_launch([trainer, config], hardware="h100")
+    assert launch.scenario.regime == "bf16"    # the Trainer's: the model loaded in bf16 (torch_dtype), no 16-bit engine
+    [field] = [f for f in launch.readings[1].fields if f.field == "regime"]
+    assert (field.becomes, field.note) == (None, "sets no regime (no 16-bit mixed precision in the run) (derived from "
+                                           "precision: none given)")
     ds = json.loads((DATA / "accelerate/deepspeed_config_templates/zero_stage2_config.json").read_text())
     ds.pop("fp16", None)
     ds["bf16"] = {"enabled": "auto"}

@@ -62,12 +62,14 @@ class Reading:
         def resolve(merged):
             mixed = sixteen(merged.get("precision"))
             out = derive(mixed)
-            return None if out is None else {"becomes": out[0], "note": out[1], "approximated": (
+            if out is None:
+                return {"becomes": None, "note": f"sets no {field} (no 16-bit mixed precision in the run)"}
+            return {"becomes": out[0], "note": out[1], "approximated": (
                 mixed == "fp16" and out[0] in BF16_BYTES) or (len(out) > 2 and out[2])}
         own_value = resolve({"precision": own})
         self.seen.add(key)
         self.fields.append(LaunchField(key=key, value=value, field=field, yields=yields, derived_from=("precision",),
-                                       derive=resolve, **(own_value or {"becomes": None})))
+                                       derive=resolve, **own_value))
 
     def note(self, key, value, text):
         """A key read whose effect is only said (its value changes nothing the model prices)."""
