@@ -82,6 +82,19 @@ NO_SYNC = ("micro-batch", "no_sync", "step")
 # The backward and the step are the same in both (measured within 0.001 %).
 FSDP_VERSIONS = (1, 2)
 
+# How FSDP1 wraps a LoRA model (the options' lora_wrap; only with fsdp_version=1: FSDP2 shards every parameter on its
+# own), measured in validation/lora_fsdp1 (docs/validation.md "LoRA under FSDP1"):
+# - "adapters" (the default): peft's fsdp_auto_wrap_policy, each lora_A / lora_B linear a unit of its own beside the
+#   decoder layers, what HF Trainer hands accelerate for a PEFT model (transformers 5.23.0 update_fsdp_plugin_peft).
+# - "layer": the decoder layers alone (accelerate's transformer policy from _no_split_modules, a script preparing a
+#   PEFT model itself). torch 2.13 _flat_param.py (pytorch/pytorch v2.13.0 cf30153c4c131c8164ee7798e5022d810682e2cb):
+#   _validate_tensors_to_flatten makes the layer's FlatParameter requires_grad when any of its tensors does
+#   ("flat_param_requires_grad = flat_param_requires_grad or tensor.requires_grad", mixed requires_grad permitted
+#   with use_orig_params); in the forward _use_unsharded_flat_param calls _use_unsharded_views(as_params=False) ("We
+#   use `Tensor` views in the forward so that they are tracked by autograd"), so every weight of the layer is a view
+#   of a tensor that requires grad: the frozen base behaves as trainable inside the layer (lora_layer_wrap_terms).
+LORA_WRAPS = ("adapters", "layer")
+
 
 @attrs.frozen(kw_only=True)
 class FullShardOptions(FsdpGatherOptions):
@@ -92,10 +105,13 @@ class FullShardOptions(FsdpGatherOptions):
     ``fsdp_version``: whose forward the rule follows (the comment above FSDP_VERSIONS): ``2`` (FSDP2's
     ``fully_shard``, the default: one layer's gathered parameters alive at the forward's end) or ``1`` (FSDP1's
     ``FullyShardedDataParallel``: every unit but the root freed after its forward, none at the forward's end).
+    ``lora_wrap``: how FSDP1 wraps a LoRA model (the comment above LORA_WRAPS): ``"adapters"`` (peft's
+    ``fsdp_auto_wrap_policy``, the default) or ``"layer"`` (the decoder layers alone; ``fsdp_version=1`` only).
     And FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
     fsdp_version: int = attrs.field(default=2, validator=attrs.validators.in_(FSDP_VERSIONS))
+    lora_wrap: str = attrs.field(default="adapters", validator=attrs.validators.in_(LORA_WRAPS))
     rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
 
 
@@ -121,7 +137,36 @@ def _unsynced(plan, options) -> bool:
             and plan.gradient_accumulation_steps > 1)
 
 
+def _check_layer_wrap(plan, options):
+    """``lora_wrap="layer"`` where it was measured (validation/lora_fsdp1): FSDP1 (``fsdp_version=1``; FSDP2 has no
+    flat parameter), plain LoRA on every linear of a Llama-style layer (a frozen linear's input would be saved for its
+    weight's gradient too, not measured), no recomputation, no tensor or pipeline split."""
+    if getattr(options, "lora_wrap", "adapters") != "layer":
+        return
+    from mlsysim_core.errors import InvalidInputError, NotModelledError
+    where = f"plugin_options['{options.rule}'].lora_wrap"
+    if options.fsdp_version != 1:
+        raise InvalidInputError(where, "layer", "'adapters' unless fsdp_version=1 (FSDP2 shards each parameter on its "
+                                "own: there is no flat parameter to share)")
+    config = getattr(plan.profile_options, "lora", None)
+    if config is None:
+        return
+    why = "lora_wrap='layer' is measured for plain LoRA on every linear of a Llama-style decoder layer, without " \
+          "recomputation, tensor or pipeline parallelism (validation/lora_fsdp1)"
+    from .measured.lora import _adapted
+    from .measured.shapes import shape_of
+    family = shape_of(plan).family
+    strategy = getattr(plan.profile_options, "checkpointing", None)
+    # every linear adapted: the adapted linears' weights are the whole layer's matrices
+    every = sum(i * o for i, o in _adapted(plan).values()) == buffers.layer_parameters(plan)
+    if (config.quantization or config.use_dora or config.modules_to_save or config.dropout
+            or plan.tp_size != 1 or plan.pp_size != 1 or family.sparse or not family.gated_mlp
+            or (strategy is not None and strategy.recomputes != "nothing") or not every):
+        raise NotModelledError(where, "layer", "'adapters' (peft's fsdp_auto_wrap_policy)", why)
+
+
 def full(plan, options):
+    _check_layer_wrap(plan, options)
     return _fsdp1_lora_noted(_unsynced_noted(_noted(effect(plan.dp_size * plan.cp_size, "FULL_SHARD"), "fsdp",
                                                     options), plan, options, "FULL_SHARD"), plan, options)
 
@@ -130,16 +175,21 @@ def _fsdp1_lora_noted(e, plan, options):
     """LoRA under FSDP1 (``fsdp_version=1``), sharded: says which wrapping is priced. Measured in validation/lora_fsdp1
     (docs/validation.md "LoRA under FSDP1"): peft's fsdp_auto_wrap_policy, each adapter a unit of its own (what HF
     Trainer hands accelerate for a PEFT model), within 0.19 %; the decoder layers alone (accelerate's own
-    transformer policy outside the Trainer) put the frozen base in a requires_grad flat parameter and hold more,
-    not modelled."""
+    transformer policy outside the Trainer) put the frozen base in a requires_grad flat parameter and hold more:
+    ``lora_wrap="layer"`` (lora_layer_wrap_terms)."""
     if (getattr(options, "fsdp_version", 2) != 1 or e.weight_shards == 1
             or getattr(plan.profile_options, "lora", None) is None):
         return e
+    if options.lora_wrap == "layer":
+        return attrs.evolve(e, notes=e.notes + (
+            "LoRA under FSDP1 with lora_wrap='layer': the adapters share their decoder layer's requires_grad flat "
+            "parameter, so the frozen base's gradients are computed and kept as the flat parameter's (which rank "
+            "holds more of the adapters is not modelled: an even split).",))
     return attrs.evolve(e, notes=e.notes + (
         "LoRA under FSDP1: priced with the adapters wrapped apart from the base (peft's fsdp_auto_wrap_policy, as HF "
-        "Trainer sets it); wrapping the decoder layers alone puts the frozen base in a requires_grad flat parameter "
-        "(whole-layer gradients and saved norm inputs), which is not modelled (docs/validation.md, 'LoRA under "
-        "FSDP1').",))
+        "Trainer sets it); the decoder layers wrapped alone (accelerate's own policy outside the Trainer) put the "
+        "frozen base in a requires_grad flat parameter: lora_wrap='layer' prices that (docs/validation.md, 'LoRA "
+        "under FSDP1').",))
 
 
 def _unsynced_noted(e, plan, options, kind):
@@ -199,6 +249,7 @@ class GradOpOptions:
     # backward (the same bytes); 1 (FSDP1) matters under LoRA with a MixedPrecision param_dtype (the adapters'
     # input copies, lora.fsdp1_adapter_input_cast)
     fsdp_version: int = attrs.field(default=2, validator=attrs.validators.in_(FSDP_VERSIONS))
+    lora_wrap: str = attrs.field(default="adapters", validator=attrs.validators.in_(LORA_WRAPS))
     rule: ClassVar[str] = "fsdp-grad-op"
 
 
@@ -213,6 +264,8 @@ def _grad_op_no_sync(plan, options) -> bool:
 
 
 def grad_op(plan, options):
+    if options is not None:
+        _check_layer_wrap(plan, options)
     e = effect(plan.dp_size * plan.cp_size, "SHARD_GRAD_OP")
     if (_per_step(plan, options) or _grad_op_no_sync(plan, options)) and e.weight_shards > 1:
         e = _unsynced_noted(e, plan, options, "SHARD_GRAD_OP")
@@ -251,6 +304,64 @@ def full_shard_buffers(plan, placement, options):
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
     if _unsynced(plan, options) and placement.weight_shards > 1:
         terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, options.rule)
+    return terms + lora_layer_wrap_terms(plan, placement, options)
+
+
+def layer_wrapped(plan, options) -> bool:
+    """LoRA under FSDP1 with ``lora_wrap="layer"``: the adapters in their decoder layer's flat parameter."""
+    return getattr(options, "lora_wrap", "adapters") == "layer" and getattr(plan.profile_options, "lora", None) is not None
+
+
+def lora_layer_wrap_terms(plan, placement, options):
+    """``lora_wrap="layer"`` (the comment above LORA_WRAPS): what the frozen base adds once it sits in a requires_grad
+    flat parameter, measured in validation/lora_fsdp1 (the ``layer`` runs, by hand over gqa-tiny's 692,736 frozen
+    parameters a layer, 2 ranks):
+    - the norms' inputs, saved for their weights' gradients (``weight * hidden.to(input_dtype)``): 2 x h a token a
+      layer in the residual stream's dtype (fp32: +4,194,304 B), in the forward and backward;
+    - the backward's gradient of the whole flat parameter: the reduce-scatter input holds the layer's frozen
+      parameters too, in param_dtype (_post_backward_hook's ``flat_param.grad``), at the backward's end;
+    - its reduced shard, the flat parameter's dtype (``_cast_grad_to_param_dtype``), kept as ``flat_param.grad``
+      for every layer until the next forward's root pre-forward (``_reset_flat_param_grad_info_if_needed``, after
+      ``zero_grad(set_to_none=True)``): the frozen parameters / shards x their stored bytes, at the backward's end
+      and the step (+5,541,888 B in fp32);
+    - under no_sync(), every layer's whole unsharded flat gradient (``_use_unsharded_grad_views``), its frozen part
+      in param_dtype in the forward and backward (+11,083,776 B in fp32).
+    Not modelled (said, not priced): which rank holds more of the adapters (each layer's flat parameter is split in
+    registration order: rank 0 held 41,728 of a layer's 71,936 adapter parameters, its optimizer state 184,256 B
+    above an even split)."""
+    # (a rule's measured.buffer_terms are communication buffers by contract: each term's label says what it holds)
+    from mlsysim_core import BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, OPTIMIZER_STEP, MemoryTerm
+    if not layer_wrapped(plan, options) or placement.weight_shards == 1:
+        return []
+    from .measured.shapes import shape_of
+    regime = plan.profile_options.regime
+    shape = shape_of(plan)
+    layers, shards = placement.layers_per_stage, placement.weight_shards
+    root = shape.embedding_parameters * (1 if shape.tied else 2) + shape.hidden
+    frozen = (plan.model.parameters - root) / plan.model.layers         # one layer's frozen parameters, norms too
+    norms = frozen - buffers.layer_parameters(plan, placement)           # the layer's non-matrix (norm) weights
+    stored = lora.base_weight_bytes(regime)
+    gathered = lora.frozen_gather_bytes(plan)
+    tokens = plan.microbatch * plan.seq_len
+    terms = [
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="norms' inputs saved for the layer flat parameter's gradient",
+                   nbytes=layers * tokens * norms * regime.residual, phases=(FORWARD, BACKWARD),
+                   formula=f"{layers} layers x {tokens:,} tokens x {norms:,.0f} norm weights x {regime.residual} B "
+                           "(lora_wrap='layer': the frozen norm weights are views of a requires_grad flat parameter)"),
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="reduce-scatter input: the layer's frozen parameters' part",
+                   nbytes=frozen * gathered, phases=(BACKWARD_END,),
+                   formula=f"{frozen:,.0f} frozen params of one layer x {gathered} B (lora_wrap='layer': the gradient of "
+                           "the whole flat parameter)"),
+        MemoryTerm(component=COMMUNICATION_BUFFERS, label="sharded flat gradients: the frozen parameters' part",
+                   nbytes=layers * frozen / shards * stored, phases=(BACKWARD_END, OPTIMIZER_STEP),
+                   formula=f"{layers} layers x {frozen:,.0f} frozen params / {shards} x {stored} B (lora_wrap='layer': "
+                           "kept as flat_param.grad until the next forward)")]
+    if _unsynced(plan, options) and options.gradient_sync == "no_sync":
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="FSDP's unsharded flat gradients accumulated over micro-batches: "
+            "the frozen parameters' part", nbytes=layers * frozen * gathered, phases=(FORWARD, BACKWARD),
+            formula=f"{layers} layers x {frozen:,.0f} frozen params x {gathered} B (lora_wrap='layer', FSDP1 "
+                    "no_sync(): param_dtype)"))
     return terms
 
 
@@ -343,7 +454,7 @@ def grad_op_buffers(plan, placement, options):
                                    "'micro-batch' with LoRA (the adapters' accumulated gradients under FSDP2's "
                                    "SHARD_GRAD_OP are not modelled)")
         terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, "fsdp-grad-op")
-    return terms
+    return terms + lora_layer_wrap_terms(plan, placement, options)
 
 
 def _gather(group, per, overlaps, **more):

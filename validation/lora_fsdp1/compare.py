@@ -35,7 +35,7 @@ def solve(run, **options):
     from mlsysim_core.hf import from_hf_config
     m, w = run["microbatches"], run["world_size"]
     rule = RULE[run["kind"]]
-    opts = {"fsdp_version": 1, **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
+    opts = {"fsdp_version": 1, **({"lora_wrap": "layer"} if run["wrap"] == "layer" else {}), **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"]}
     regime = REGIME[run["regime"]]
     if run["lora"].get("quantization"):

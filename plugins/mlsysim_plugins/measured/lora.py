@@ -936,8 +936,8 @@ def fsdp1_adapter_input_cast(plan) -> bool:
     Measured: validation/lora_fsdp1 (the peft accel-bf16 runs: 4 x 256 B x 2 a token a layer more than the
     shared inputs, q/k/v's and gate/up's shared norm outputs and o's kernel-shared attention output each copied)."""
     options = plan.options.get(plan.rules.get("dp"))
-    if getattr(options, "fsdp_version", None) != 1:
-        return False
+    if getattr(options, "fsdp_version", None) != 1 or getattr(options, "lora_wrap", "adapters") != "adapters":
+        return False        # (lora_wrap="layer": the adapters gathered with their layer, bf16 when peft reads them)
     regime = plan.profile_options.regime
     return bool(regime.gather) and regime.gather < regime.weight and not regime.autocast
 
