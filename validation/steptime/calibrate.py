@@ -135,6 +135,9 @@ CKPT = {"selective-op": "op-sac", "full": "full", "none": "none", None: "none",
         # ['layernorm', 'moe_act']): no strategy of the profile recomputes those; their recompute runs no matmul (the
         # step time's recompute share, the layers' forward FLOPs run again, is 0): timed as none, and the row says so
         "megatron-selective-layernorm-moe-act": "none"}
+# A stated Megatron-Core recompute the memory side expresses as selective's modules option (a search's memory only;
+# its elementwise recompute is not timed, as above)
+SEARCH_RECOMPUTE_MODULES = {"megatron-selective-layernorm-moe-act": ("layernorm", "moe_act")}
 # What a stated strategy the profile cannot express is timed as, said in its row
 CKPT_NOT_EXPRESSED = {"megatron-selective-layernorm-moe-act": (
     "Megatron's selective recompute of layernorm and moe_act (not expressible in the profile: timed as none, no "
@@ -561,6 +564,14 @@ def search_recipe(case) -> tuple[object, dict, list[str]]:
     strategies = ["none", "full"]
     if layout(case)["checkpointing"] not in strategies:
         strategies.append(layout(case)["checkpointing"])
+    modules = SEARCH_RECOMPUTE_MODULES.get(case["checkpointing"])
+    if modules and case["regime"] == "mixed-bf16":
+        # Megatron-Core's own layers, as the memory side describes them: its main-grad regime with the recipe's bf16
+        # grad buffer (grad_reduce_in_fp32=False: mcore-distopt's grad_reduce_in_bf16) and the recipe's recompute
+        # modules as selective's option (validation/megatron_gpt_oss: measured); mixed-bf16 has the same step bytes
+        options = {"regime": "mixed-bf16-main-grad",
+                   "plugin_options": {"selective": {"modules": list(modules)}, "mcore-distopt": {"grad_reduce_in_bf16": True}}}
+        strategies.append("selective")
     return hardware, options, strategies
 
 
@@ -584,6 +595,9 @@ def search_rank(case) -> tuple[int | None, int, str, str]:
         found = search_plans(case["model"], hardware, **run)
         how = f"amp-bf16 ({options['regime']} not modelled for this family)"
     how += (", loss parallel" if options.get("loss_parallel") else "") + f", {'/'.join(strategies)}"
+    if "plugin_options" in options:
+        how += "".join(f", {spec}.{field}={value}" for spec, fields in options["plugin_options"].items()
+                       for field, value in fields.items())
     if hardware.memory_capacity != get_hardware(CATALOG[case["hardware"]]).memory_capacity:
         how += f", {hardware.memory_capacity / 2**30:.0f} GiB card"
     if case["power_watts"]:
