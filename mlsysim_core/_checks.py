@@ -75,3 +75,17 @@ def to_int(value):
     """attrs converter: integral floats become ints; everything else (None too) is left for validators."""
     return int(value) if isinstance(value, float) and math.isfinite(value) and value.is_integer() else value
 
+
+def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_steps: int, note: str = "") -> None:
+    """The global batch must be whole micro-batches (a multiple of dp_size x accumulation steps)."""
+    per_step = dp_size * gradient_accumulation_steps
+    if batch_size % per_step == 0:
+        return
+    below = batch_size // per_step * per_step
+    above = below + per_step
+    raise InvalidInputError(
+        "batch_size", batch_size, f"a multiple of dp_size x gradient_accumulation_steps = {dp_size} x "
+        f"{gradient_accumulation_steps} = {per_step}, e.g. {f'{below} or ' if below else ''}{above}",
+        f"global batch size {batch_size} over {dp_size} data-parallel rank(s) and {gradient_accumulation_steps} "
+        f"accumulation step(s) is not a whole number of micro-batches (rounding it up would run a global "
+        f"batch of {above})" + note)

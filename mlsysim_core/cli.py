@@ -1024,7 +1024,7 @@ def check_global_batch(scenario, given: bool = True) -> None:
     """The CLI never rounds: the global batch must be a whole number of micro-batches over
     dp x accumulation (under every profile). ``given``: whether the batch was asked for
     (else the message says it is the default)."""
-    from .scenario import whole_microbatches
+    from ._checks import whole_microbatches
     sizes = (scenario.batch_size, scenario.dp_size, scenario.gradient_accumulation_steps)
     if not all(type(n) is int and n >= 1 for n in sizes):
         return     # solve() names the bad one

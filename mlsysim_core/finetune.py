@@ -518,7 +518,7 @@ def _config(value) -> LoRAConfig:
     if isinstance(value, LoRAConfig):
         return value
     if isinstance(value, dict):
-        from .scenario import structure_option
+        from .serialization import structure_options
         if "rank" not in value and all(key in _LORA_FIELDS for key in value):
             # never a silent rank-16 LoRA (LoRAConfig() keeps its documented default; an unknown
             # key is named first, below)
@@ -527,7 +527,7 @@ def _config(value) -> LoRAConfig:
         value = dict(value)
         for key in [k for k in ("target_modules", "modules_to_save") if isinstance(value.get(k), str)]:
             value[key] = [value[key]]     # "all-linear" or one name
-        return structure_option("lora", LoRAConfig, value)
+        return structure_options("lora", "lora", LoRAConfig, value)
     raise InvalidInputTypeError("lora", value, "a LoRAConfig or a dict of its fields")
 
 

@@ -261,11 +261,3 @@ def call_plugin(info: PluginInfo, where: str, hook: str, function: Callable, *ar
         raise
     except Exception as err:
         raise info.error(f"{where} raised {type(err).__name__}: {err}", hook) from err
-
-
-
-def __getattr__(name):     # (prepared_plan moved to inverse.py, the planners' edge; search.py still imports it here)
-    if name == "prepared_plan":
-        from .inverse import prepared_plan
-        return prepared_plan
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1079,71 +1079,6 @@ def _world_size(readings, gpus) -> tuple[int | None, str]:
     return None, ""
 
 
-# --- what the CLI, estimate() and the measured profile check alike ---------------------------------
-def structure_option(parameter: str, options_type: type, value: Any):
-    """A solve option of its own (``lora=``, ``runtime_overheads=``: an instance or a dict) as its
-    attrs options object; a bad field is named ``parameter.field`` (``lora.rank``)."""
-    from .serialization import _converter, fields_shown
-    if isinstance(value, options_type):
-        return value
-    if not isinstance(value, dict):
-        raise InvalidInputError(parameter, value, f"a dict or a {options_type.__name__} instance")
-    try:
-        return _converter.structure(value, options_type)
-    except Exception as err:  # cattrs wraps validator and type errors in groups
-        raise _field_error(parameter, options_type, value, err, fields_shown(options_type)) from err
-
-
-def _field_error(parameter: str, options_type: type, value: dict, err: BaseException,
-                 fields: str) -> InvalidInputError:
-    """The first bad field of an options dict, named ``parameter.field`` (``lora.rank``)."""
-    import cattrs
-
-    from .serialization import _message
-    cls = options_type.__name__
-    if isinstance(err, cattrs.ClassValidationError):
-        with_notes, without = err.group_exceptions()
-        if with_notes:            # a type error in one field (the strict structure hooks)
-            exc, note = with_notes[0]
-            name = getattr(note, "name", None)
-            if isinstance(exc, KeyError):
-                return InvalidInputError(f"{parameter}.{name}", None, f"a value (fields of {cls}: {fields})",
-                                         "required field missing")
-            kind = InvalidInputTypeError if isinstance(exc, (ValueError, TypeError)) else InvalidInputError
-            message = _message(exc)
-            if message.startswith("expected ") and ", got " in message:   # the strict hooks' wording
-                return kind(f"{parameter}.{name}", value.get(name), message[9:message.index(", got ")],
-                            f"got {type(value.get(name)).__name__}")
-            field_type = next((f.type for f in attrs.fields(options_type) if f.name == name), None)
-            return kind(f"{parameter}.{name}", value.get(name),
-                        f"a value of type {getattr(field_type, '__name__', field_type)}", message)
-        err = without[0] if without else err
-    if isinstance(err, InvalidInputError):     # a field's own validator: rename its parameter
-        if err.parameter.startswith(f"{parameter}."):
-            return err
-        return type(err)(f"{parameter}.{err.parameter.rpartition('.')[2]}", err.value, err.allowed, err.detail)
-    if isinstance(err, cattrs.ForbiddenExtraKeysError):
-        extra = sorted(err.extra_fields)
-        return InvalidInputError(f"{parameter}.{extra[0]}", value.get(extra[0]), f"a field of {cls}: {fields}",
-                                 f"unknown field(s) {', '.join(extra)}")
-    return InvalidInputError(parameter, value, f"fields of {cls} ({fields})", _message(err))
-
-
-def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_steps: int, note: str = "") -> None:
-    """The global batch must be whole micro-batches (a multiple of dp_size x accumulation steps)."""
-    per_step = dp_size * gradient_accumulation_steps
-    if batch_size % per_step == 0:
-        return
-    below = batch_size // per_step * per_step
-    above = below + per_step
-    raise InvalidInputError(
-        "batch_size", batch_size, f"a multiple of dp_size x gradient_accumulation_steps = {dp_size} x "
-        f"{gradient_accumulation_steps} = {per_step}, e.g. {f'{below} or ' if below else ''}{above}",
-        f"global batch size {batch_size} over {dp_size} data-parallel rank(s) and {gradient_accumulation_steps} "
-        f"accumulation step(s) is not a whole number of micro-batches (rounding it up would run a global "
-        f"batch of {above})" + note)
-
-
 # --- estimate(): the CLI's `estimate` in Python ------------------------------------------------------
 # ``TrainingMemoryModel()`` keeps the reference package's contract (the ``reference`` profile by
 # default); ``estimate()`` answers as the command line does: the ``measured`` profile unless
@@ -1164,6 +1099,7 @@ def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch
     profile's ``regime``, ``lora``, ...). ``profile="reference"`` for the textbook
     estimate: ``TrainingMemoryModel().solve`` with the same arguments.
     """
+    from ._checks import whole_microbatches
     from .solver import TrainingMemoryModel
     sizes = (batch_size, solve_options.get("dp_size", 1), solve_options.get("gradient_accumulation_steps", 1))
     if all(type(n) is int and n >= 1 for n in sizes):      # (else the solve names the bad one)

@@ -9,7 +9,7 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidInputTypeError
 from .terms import MemoryTerm
 
 _converter = make_converter(forbid_extra_keys=True)
@@ -55,21 +55,52 @@ def _format_exception(exc: BaseException, type_) -> str:
 
 
 def structure_options(parameter: str, spec_name: str, options_type: type, value: Any):
-    """A spec's options (an instance or a dict) as its attrs options object (``parameter[spec_name]``)."""
+    """Turn a plugin's options (an instance or a dict) into its attrs options object."""
     if isinstance(value, options_type):
         return value
+    named = parameter == spec_name     # a solve option of its own (lora=, runtime_overheads=)
     if not isinstance(value, dict):
-        raise InvalidInputError(f"{parameter}[{spec_name!r}]", value, f"a dict or a {options_type.__name__} instance")
+        raise InvalidInputError(parameter if named else f"{parameter}[{spec_name!r}]", value,
+                                f"a dict or a {options_type.__name__} instance")
     try:
         return _converter.structure(value, options_type)
     except Exception as err:  # cattrs wraps validator and type errors in groups
+        fields = ", ".join(f"{f.name}: {getattr(f.type, '__name__', f.type)}" for f in attrs.fields(options_type))
+        if named:
+            raise _field_error(parameter, options_type, value, err, fields) from err
         messages = (cattrs.transform_error(err, path=spec_name, format_exception=_format_exception)
                     if isinstance(err, cattrs.BaseValidationError) else [str(err)])
-        raise InvalidInputError(f"{parameter}[{spec_name!r}]", value,
-                                f"fields of {options_type.__name__} ({fields_shown(options_type)})",
+        raise InvalidInputError(f"{parameter}[{spec_name!r}]", value, f"fields of {options_type.__name__} ({fields})",
                                 "; ".join(messages)) from err
 
 
-def fields_shown(options_type: type) -> str:
-    """``"rank: int, alpha: float"``: an options class's fields, as its errors list them."""
-    return ", ".join(f"{f.name}: {getattr(f.type, '__name__', f.type)}" for f in attrs.fields(options_type))
+def _field_error(parameter: str, options_type: type, value: dict, err: BaseException,
+                 fields: str) -> InvalidInputError:
+    """The first bad field of an options dict, named ``parameter.field`` (``lora.rank``)."""
+    cls = options_type.__name__
+    if isinstance(err, cattrs.ClassValidationError):
+        with_notes, without = err.group_exceptions()
+        if with_notes:            # a type error in one field (the strict structure hooks)
+            exc, note = with_notes[0]
+            name = getattr(note, "name", None)
+            if isinstance(exc, KeyError):
+                return InvalidInputError(f"{parameter}.{name}", None, f"a value (fields of {cls}: {fields})",
+                                         "required field missing")
+            kind = InvalidInputTypeError if isinstance(exc, (ValueError, TypeError)) else InvalidInputError
+            message = _message(exc)
+            if message.startswith("expected ") and ", got " in message:   # the strict hooks' wording
+                return kind(f"{parameter}.{name}", value.get(name), message[9:message.index(", got ")],
+                            f"got {type(value.get(name)).__name__}")
+            field_type = next((f.type for f in attrs.fields(options_type) if f.name == name), None)
+            return kind(f"{parameter}.{name}", value.get(name),
+                        f"a value of type {getattr(field_type, '__name__', field_type)}", message)
+        err = without[0] if without else err
+    if isinstance(err, InvalidInputError):     # a field's own validator: rename its parameter
+        if err.parameter.startswith(f"{parameter}."):
+            return err
+        return type(err)(f"{parameter}.{err.parameter.rpartition('.')[2]}", err.value, err.allowed, err.detail)
+    if isinstance(err, cattrs.ForbiddenExtraKeysError):
+        extra = sorted(err.extra_fields)
+        return InvalidInputError(f"{parameter}.{extra[0]}", value.get(extra[0]), f"a field of {cls}: {fields}",
+                                 f"unknown field(s) {', '.join(extra)}")
+    return InvalidInputError(parameter, value, f"fields of {cls} ({fields})", _message(err))

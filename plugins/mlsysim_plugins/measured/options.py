@@ -292,8 +292,7 @@ def prepare(plan, registry):
     if family.check is not None:      # the family's word on this run: notes, or a refusal by name
         plan = _evolved(plan, notes=plan.notes + tuple(family.check(plan)))
     if plan.batch_size % (plan.dp_size * plan.gradient_accumulation_steps):   # no silent rounding
-        from mlsysim_core.scenario import whole_microbatches
-        whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
+        _checks.whole_microbatches(plan.batch_size, plan.dp_size, plan.gradient_accumulation_steps)
     return plan
 
 
@@ -425,8 +424,8 @@ def _runtime_overheads(value, RuntimeOverheads):
     if isinstance(value, RuntimeOverheads):
         return value
     if isinstance(value, Mapping):
-        from mlsysim_core.scenario import structure_option
-        return structure_option("runtime_overheads", RuntimeOverheads, dict(value))
+        from mlsysim_core.serialization import structure_options
+        return structure_options("runtime_overheads", "runtime_overheads", RuntimeOverheads, dict(value))
     raise InvalidInputTypeError("runtime_overheads", value, "a RuntimeOverheads, a dict of its fields, True or False")
 
 
