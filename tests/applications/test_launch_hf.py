@@ -339,3 +339,21 @@ def test_trainer_shard_grad_op_with_fsdp2_accumulates_under_set_requires_gradien
     path.write_text(yaml.safe_dump(doc))
     s = from_launch([path], gpus=8, hardware="h100").scenario
     assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "no_sync"}})
+
+
+def test_trainer_fsdp_argument_takes_accelerate_mixed_precision(tmp_path):
+    """The Trainer's own `fsdp: full_shard auto_wrap` with bf16 false, launched with TRL's multi_gpu.yaml
+    (mixed_precision bf16): the Accelerator gets bf16 (training_args.py lines 1612-1618) and sets the FSDP plugin's
+    MixedPrecision from it (accelerate 1.16.0 state.py lines 975-976): fsdp-bf16, derived (before: the Trainer's
+    pure bf16, as if FSDP kept the bf16-loaded weights). Alone, bf16 false: no mixed precision, the model's dtype."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["bf16"], doc["fsdp"] = False, "full_shard auto_wrap"
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    ddp = DATA / "accelerate/trl/multi_gpu.yaml"
+    launch = from_launch([trainer, ddp], hardware="h100")
+    assert (launch.scenario.regime, launch.scenario.data_parallel) == ("fsdp-bf16", "fsdp")
+    assert launch.sources["regime"] == (f"{trainer}: bf16 + torch_dtype/fsdp (derived from precision='bf16' from "
+                                        f"{ddp}: mixed_precision)")     # (the file's two regime keys, fsdp's last)
+    assert from_launch([trainer], gpus=8, hardware="h100").scenario.regime == "bf16"

@@ -224,7 +224,7 @@ def read(path, document, context):
     fsdp, cfg, version = get("fsdp"), get("fsdp_config"), get("fsdp_version")
     if fsdp:
         _fsdp_arg(r, "fsdp", fsdp, cfg or {}, mixed)
-        if not any(f.key == "fsdp" for f in r.fields):
+        if not any(f.key == "fsdp" and not f.derived_from for f in r.fields):     # (the regime: always derived)
             r.note("fsdp", doc["fsdp"], "FSDP through the trainer; the fsdp_config table sets the sharding")
     elif cfg:
         table = dict(cfg)

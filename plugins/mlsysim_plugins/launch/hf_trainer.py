@@ -412,10 +412,10 @@ def _fsdp_arg(r: Reading, key, value, cfg, mixed):
     if cfg or rule:
         if cfg:     # the table's own key: each of its keys is accounted for by fsdp_config
             r.seen.add(key.replace("fsdp", "fsdp_config"))
-        fsdp_rule = _hf.fsdp_config(r, key.replace("fsdp", "fsdp_config"), cfg, mixed) if cfg else None
-        if not cfg and mixed:
-            r.set(key, value, "regime", "fsdp-bf16", "FSDP mixed precision: fp32 sharded state, 16-bit gathered "
-                  "parameters", approximated=mixed == "fp16")
+        fsdp_rule = _hf.fsdp_config(r, key.replace("fsdp", "fsdp_config"), cfg, None) if cfg else None
+        # the regime: the run's mixed precision (this file's bf16/fp16, else accelerate's: _hf.MIXED_PRECEDENCE) sets
+        # the plugin's MixedPrecision (accelerate state.py lines 975-976); none: the model's own dtype (the regime above)
+        r.derived(key, value, "regime", _hf.fsdp_regime(None, _hf.ACCELERATE_REDUCE), own=mixed)
         return fsdp_rule
 
 
