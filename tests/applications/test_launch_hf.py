@@ -338,7 +338,7 @@ def test_trainer_shard_grad_op_with_fsdp2_accumulates_under_set_requires_gradien
     doc["fsdp_config"] = {"fsdp_version": 1}
     path.write_text(yaml.safe_dump(doc))
     s = from_launch([path], gpus=8, hardware="h100").scenario
-    assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "no_sync"}})
+    assert (s.data_parallel, s.plugin_options) == ("fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "no_sync", "fsdp_version": 1}})
 
 
 def test_trainer_fsdp_argument_takes_accelerate_mixed_precision(tmp_path):

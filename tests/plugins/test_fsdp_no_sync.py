@@ -393,7 +393,8 @@ def test_grad_op_step_in_the_regimes_reduce_dtype():
 
 def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
     """FSDP1 SHARD_GRAD_OP (TRL's fsdp1.yaml with that strategy): the fsdp-grad-op rule's gradient_sync='no_sync'
-    (no fsdp_version: that rule keeps every gathered unit under either); FSDP2's reshard_after_forward false:
+    and fsdp_version=1 (the same bytes in full training; under LoRA with a 16-bit param_dtype FSDP1 keeps each
+    adapter's input copy, lora.fsdp1_adapter_input_cast); FSDP2's reshard_after_forward false:
     gradient_sync='step' (accelerate 1.16.0 Accelerator.no_sync under FSDP2: set_requires_gradient_sync(False))."""
     import yaml
     from mlsysim_core.scenario import from_launch
@@ -405,7 +406,7 @@ def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     launch = from_launch([trainer, path], hardware="h100")
     assert launch.scenario.data_parallel == "fsdp-grad-op"
-    assert launch.scenario.plugin_options == {"fsdp-grad-op": {"gradient_sync": "no_sync"}}
+    assert launch.scenario.plugin_options == {"fsdp-grad-op": {"gradient_sync": "no_sync", "fsdp_version": 1}}
     doc = yaml.safe_load((data / "accelerate/trl/fsdp2.yaml").read_text())
     doc["fsdp_config"]["fsdp_reshard_after_forward"] = False
     path.write_text(yaml.safe_dump(doc))

@@ -138,11 +138,14 @@ def _for_rule(rule, options: dict) -> dict | None:
     or FSDP2's ``step`` (accelerate 1.16.0 accelerator.py lines 1126-1131: Accelerator.no_sync under FSDP2 is
     ``set_requires_gradient_sync(False)`` whatever ``reshard_after_forward``; the unsharded gradients in
     reduce_dtype), fsdp.GRADIENT_SYNC; no fsdp_version: that rule keeps every gathered unit from the forward to
-    the backward under either; another rule nothing."""
+    the backward under either (the same bytes), but FSDP1's under LoRA with a 16-bit param_dtype keeps each
+    adapter's input copy (lora.fsdp1_adapter_input_cast): its ``fsdp_version`` 1 too; another rule nothing."""
     if rule in ("fsdp", "hsdp"):
         return options
-    if rule == "fsdp-grad-op" and options.get("gradient_sync") in ("no_sync", "step"):
-        return {"gradient_sync": options["gradient_sync"]}
+    if rule == "fsdp-grad-op":
+        taken = {k: v for k, v in options.items()
+                 if k == "fsdp_version" or (k == "gradient_sync" and v in ("no_sync", "step"))}
+        return taken or None
     return None
 
 
