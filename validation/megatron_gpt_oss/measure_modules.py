@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import sys
 import types
 
@@ -56,7 +55,7 @@ from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
 import harness  # noqa: E402  (validation/harness.py)
 import measure_moe  # noqa: E402
-from measure_moe import COMMIT, MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
+from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
 from measure_recompute import _exec  # noqa: E402
 
 # (id, tokens, hidden, moe_ffn_hidden_size, experts, top_k, ep, recompute_modules)
@@ -212,15 +211,11 @@ def _summary(m: dict) -> str:
 
 
 def _document(args, runs, ctx) -> dict:
-    return {"command": "python validation/megatron_gpt_oss/measure_modules.py --megatron-lm <Megatron-LM at "
-                       f"{COMMIT}>", "megatron_lm_commit": COMMIT, "python": platform.python_version(),
-            **harness.versions(), "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
-            "runs": runs}
+    return measure_moe.record("measure_modules.py", runs)
 
 
 def main(argv=None):
-    def arguments(ap):
-        ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+    arguments = measure_moe.megatron_lm_argument
 
     def before(args):
         NS["megatron"] = megatron_namespace(args.megatron_lm)

@@ -508,16 +508,25 @@ def _summary(m: dict) -> str:
             f"{m['after_backward_over_start']:,} B over the start")
 
 
+def record(script: str, runs, **fields) -> dict:
+    """The JSON record of one of this directory's scripts: its command, the Megatron-LM commit, the environment
+    and the tracker, then ``fields`` and the runs (every measure_*.py here writes this header)."""
+    return {"command": f"python validation/megatron_gpt_oss/{script} --megatron-lm <Megatron-LM at {COMMIT}>",
+            "megatron_lm_commit": COMMIT, "python": platform.python_version(), **harness.versions(),
+            "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)", **fields, "runs": runs}
+
+
+def megatron_lm_argument(ap) -> None:
+    """Every script's one argument: where Megatron-LM's source is."""
+    ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+
+
 def _document(args, runs, ctx) -> dict:
-    return {"command": "python validation/megatron_gpt_oss/measure_moe.py --megatron-lm <Megatron-LM at "
-                       f"{COMMIT}>", "megatron_lm_commit": COMMIT, "python": platform.python_version(),
-            **harness.versions(), "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
-            "runs": runs}
+    return record("measure_moe.py", runs)
 
 
 def main(argv=None):
-    def arguments(ap):
-        ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+    arguments = megatron_lm_argument
 
     def before(args):
         NS["megatron"] = megatron_namespace(args.megatron_lm)

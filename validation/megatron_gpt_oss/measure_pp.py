@@ -43,7 +43,6 @@ from __future__ import annotations
 import gc
 import weakref
 import os
-import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,7 +55,7 @@ from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
 import harness  # noqa: E402  (validation/harness.py)
 import measure_moe  # noqa: E402
-from measure_moe import COMMIT, MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
+from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
 
 # (id, pipeline stages p, stage, micro-batches m, layers on the stage, ep); tokens 64 a micro-batch, h 64, f 48,
 # 8 experts, top-2 (the tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py)
@@ -217,16 +216,11 @@ def _summary(m: dict) -> str:
 
 
 def _document(args, runs, ctx) -> dict:
-    return {"command": "python validation/megatron_gpt_oss/measure_pp.py --megatron-lm <Megatron-LM at "
-                       f"{COMMIT}>", "megatron_lm_commit": COMMIT, "python": platform.python_version(),
-            **harness.versions(), "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
-            "shape": {"tokens": T, "hidden": H, "moe_ffn_hidden_size": F_, "experts": E, "top_k": K},
-            "runs": runs}
+    return measure_moe.record("measure_pp.py", runs, shape={"tokens": T, "hidden": H, "moe_ffn_hidden_size": F_, "experts": E, "top_k": K})
 
 
 def main(argv=None):
-    def arguments(ap):
-        ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+    arguments = measure_moe.megatron_lm_argument
 
     def before(args):
         NS["megatron"] = megatron_namespace(args.megatron_lm)

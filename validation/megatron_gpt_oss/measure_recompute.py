@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import platform
 import sys
 import types
 from typing import List, Optional, Set, Tuple, Union
@@ -65,7 +64,7 @@ from torch.utils.checkpoint import detach_variable  # noqa: E402
 import harness  # noqa: E402  (validation/harness.py)
 import measure_moe  # noqa: E402
 import measure_pp  # noqa: E402
-from measure_moe import COMMIT, MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
+from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
 from measure_pp import E, F_, H, K, T, _NoModules, run_iteration, schedule_namespace  # noqa: E402
 
 # (id, pipeline stages p, stage, micro-batches m, layers on the stage, ep); p = 1 is one device (Megatron's
@@ -227,17 +226,12 @@ def _summary(m: dict) -> str:
 
 
 def _document(args, runs, ctx) -> dict:
-    return {"command": "python validation/megatron_gpt_oss/measure_recompute.py --megatron-lm <Megatron-LM at "
-                       f"{COMMIT}>", "megatron_lm_commit": COMMIT, "python": platform.python_version(),
-            **harness.versions(), "tracker": "torch.distributed._tools.mem_tracker.MemTracker (eager, CPU)",
-            "recompute": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
-            "shape": {"tokens": T, "hidden": H, "moe_ffn_hidden_size": F_, "experts": E, "top_k": K},
-            "runs": runs}
+    return measure_moe.record("measure_recompute.py", runs, recompute={"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+                              shape={"tokens": T, "hidden": H, "moe_ffn_hidden_size": F_, "experts": E, "top_k": K})
 
 
 def main(argv=None):
-    def arguments(ap):
-        ap.add_argument("--megatron-lm", required=True, help=f"a Megatron-LM checkout or mirror holding {COMMIT}")
+    arguments = measure_moe.megatron_lm_argument
 
     def before(args):
         NS["megatron"] = megatron_namespace(args.megatron_lm)
