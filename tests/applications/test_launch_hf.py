@@ -191,8 +191,11 @@ def test_fsdp2_shard_grad_op_accumulates_under_set_requires_gradient_sync(tmp_pa
     the fsdp-grad-op rule's gradient_sync='step' (before: dropped, priced as syncing every micro-batch). The
     Trainer file: alignment-handbook's zephyr-7b-beta config_full.yaml with its own bf16 true (accumulation 4).
     halo's accelerate file says mixed_precision "no", but the Trainer's bf16 wins (transformers 5.23.0
-    training_args.py lines 1612-1618): accelerate builds FSDP's bf16 MixedPrecision, the fsdp-bf16 regime derived
-    from the merged precision (before: precision bf16 and regime fp32, refused as contradicting)."""
+    training_args.py lines 1612-1618): accelerate builds FSDP's bf16 MixedPrecision, param_dtype = reduce_dtype = bf16
+    (accelerate 1.16.0 utils/dataclasses.py lines 2008-2013) over fp32 shards: the fsdp-bf16-reduce-bf16 regime
+    derived from the merged precision (before: fsdp-bf16, approximated, its fp32 reduce pricing the accumulated
+    gradients at 4 B: 25.3 GB where the run keeps 10.9 GB). Without mixed precision accelerate neither upcasts
+    nor casts: the model's own dtype, bf16 (before: fp32)."""
     import attrs
     import yaml
     doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
@@ -204,11 +207,12 @@ def test_fsdp2_shard_grad_op_accumulates_under_set_requires_gradient_sync(tmp_pa
     launch = from_launch([trainer, halo], hardware="h100")
     s = launch.scenario
     assert (s.data_parallel, s.plugin_options, s.gradient_accumulation_steps, s.precision, s.regime) == (
-        "fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}}, 4, "bf16", "fsdp-bf16")
+        "fsdp-grad-op", {"fsdp-grad-op": {"gradient_sync": "step"}}, 4, "bf16", "fsdp-bf16-reduce-bf16")
     [default] = [d for r in launch.readings for d in r.defaults if d.field == "plugin_options"]
     assert "set_requires_gradient_sync(False)" in default.source and "sync_each_batch" in default.source
     [field] = [f for f in launch.readings[1].fields if f.field == "regime"]
-    assert (field.key, field.value, field.becomes, field.approximated) == ("mixed_precision", "no", "fsdp-bf16", True)
+    assert (field.key, field.value, field.becomes, field.approximated) == ("mixed_precision", "no", "fsdp-bf16-reduce-bf16",
+                                                                                   False)
     assert launch.sources["regime"] == f"{halo}: mixed_precision (derived from precision='bf16' from {trainer}: bf16)"
     assert launch.sources["precision"] == f"{trainer}: bf16"
     result = s.solve()
@@ -216,28 +220,29 @@ def test_fsdp2_shard_grad_op_accumulates_under_set_requires_gradient_sync(tmp_pa
     # Mistral 7B (h 4096, 32 layers, 8 KV heads of 128, MLP 14336, vocab 32000, untied)
     params = 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 32000 * 4096 + 4096
     assert params == 7_241_732_096
-    # fsdp-bf16 (accelerate upcasts the bf16-loaded parameters to fp32, fsdp_utils.py line 801): the rank's 1/8
-    # shard of fp32 parameters and of AdamW's two fp32 states
-    assert terms["parameters (fsdp-bf16, 4 B)"] == params / 8 * 4
+    # accelerate upcasts the bf16-loaded parameters to fp32 (fsdp_utils.py line 801): the rank's 1/8 shard of fp32
+    # parameters and of AdamW's two fp32 states
+    assert terms["parameters (fsdp-bf16-reduce-bf16, 4 B)"] == params / 8 * 4
     assert terms["adamw state (2 x 32-bit)"] == params / 8 * 2 * 4
-    # every parameter's unsharded gradient, in the regime's reduce dtype (fp32: approximated, accelerate's policy
-    # reduces in bf16, said in the regime's note), less the rank's 1/8 shard
+    # every parameter's unsharded gradient, in the policy's reduce dtype (bf16, 2 B), less the rank's 1/8 fp32 shard
     [term] = [t for t in result.terms if "accumulated over micro-batches" in t.label]
-    assert term.nbytes == params * 4 - params / 8 * 4
+    assert term.nbytes == params * 2 - params / 8 * 4 == 10_862_598_144
     synced = attrs.evolve(s, plugin_options={}).solve()      # priced as syncing every micro-batch
     assert result.total_memory - synced.total_memory >= term.nbytes * 0.9
-    # halo's file alone says no mixed precision: FSDP without it, fp32 (as before)
+    # halo's file alone says no mixed precision: no policy, no upcast (accelerator.py line 1970, fsdp_utils.py line
+    # 801): the Trainer's regime, the model's own dtype (zephyr's torch_dtype bfloat16): pure bf16
     doc["bf16"] = False
     trainer.write_text(yaml.safe_dump(doc))
     launch = from_launch([trainer, halo], hardware="h100")
-    assert launch.scenario.regime == "fp32" and "precision" not in launch.sources
-    assert launch.sources["regime"].endswith("(derived from precision: none given)")
+    assert launch.scenario.regime == "bf16" and "precision" not in launch.sources
+    [field] = [f for f in launch.readings[1].fields if f.field == "regime"]
+    assert field.becomes is None
 
 
 def test_accelerate_mixed_precision_when_the_trainer_bf16_is_off(tmp_path):
     """The reverse: the accelerate config says bf16, the Trainer's bf16 false: transformers keeps accelerate's
     mixed precision (training_args.py lines 1612-1618: bf16/fp16 false leave ACCELERATE_MIXED_PRECISION). FSDP
-    (halo's file with mixed_precision bf16): fsdp-bf16, precision bf16 from the accelerate file. DDP (TRL's
+    (halo's file with mixed_precision bf16): fsdp-bf16-reduce-bf16, precision bf16 from the accelerate file. DDP (TRL's
     multi_gpu.yaml, bf16) with the model loaded in fp32: autocast bf16 over fp32 weights, amp-bf16, the Trainer's
     regime derived from the merged precision (before: regime fp32 and precision bf16, refused)."""
     import yaml
@@ -250,7 +255,7 @@ def test_accelerate_mixed_precision_when_the_trainer_bf16_is_off(tmp_path):
     config = tmp_path / "fsdp2_gradop_config.yaml"
     config.write_text(yaml.safe_dump(halo))
     launch = from_launch([trainer, config], hardware="h100")
-    assert (launch.scenario.regime, launch.scenario.precision) == ("fsdp-bf16", "bf16")
+    assert (launch.scenario.regime, launch.scenario.precision) == ("fsdp-bf16-reduce-bf16", "bf16")
     assert launch.sources["precision"] == f"{config}: mixed_precision"
     doc["torch_dtype"], doc["loss_type"] = "float32", "nll"     # (TRL's chunked loss under autocast: not modelled)
     trainer.write_text(yaml.safe_dump(doc))
@@ -344,7 +349,7 @@ def test_trainer_shard_grad_op_with_fsdp2_accumulates_under_set_requires_gradien
 def test_trainer_fsdp_argument_takes_accelerate_mixed_precision(tmp_path):
     """The Trainer's own `fsdp: full_shard auto_wrap` with bf16 false, launched with TRL's multi_gpu.yaml
     (mixed_precision bf16): the Accelerator gets bf16 (training_args.py lines 1612-1618) and sets the FSDP plugin's
-    MixedPrecision from it (accelerate 1.16.0 state.py lines 975-976): fsdp-bf16, derived (before: the Trainer's
+    MixedPrecision from it (accelerate 1.16.0 state.py lines 975-976): fsdp-bf16-reduce-bf16, derived (before: the Trainer's
     pure bf16, as if FSDP kept the bf16-loaded weights). Alone, bf16 false: no mixed precision, the model's dtype."""
     import yaml
     doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
@@ -353,7 +358,7 @@ def test_trainer_fsdp_argument_takes_accelerate_mixed_precision(tmp_path):
     trainer.write_text(yaml.safe_dump(doc))
     ddp = DATA / "accelerate/trl/multi_gpu.yaml"
     launch = from_launch([trainer, ddp], hardware="h100")
-    assert (launch.scenario.regime, launch.scenario.data_parallel) == ("fsdp-bf16", "fsdp")
+    assert (launch.scenario.regime, launch.scenario.data_parallel) == ("fsdp-bf16-reduce-bf16", "fsdp")
     assert launch.sources["regime"] == (f"{trainer}: bf16 + torch_dtype/fsdp (derived from precision='bf16' from "
                                         f"{ddp}: mixed_precision)")     # (the file's two regime keys, fsdp's last)
     assert from_launch([trainer], gpus=8, hardware="h100").scenario.regime == "bf16"

@@ -104,7 +104,7 @@ def test_trainer_precision_yields_to_an_fsdp_file():
     the model: its regime wins without a contradiction, and the merge says so."""
     launch = from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml",
                           DATA / "accelerate/llamafactory/fsdp_config.yaml"], hardware="h100")
-    assert launch.scenario.profile_options["regime"] == "fsdp-bf16"
+    assert launch.scenario.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
     assert any("yields to" in n and "fsdp_config" in n for n in launch.notes)
     field = next(f for f in launch.readings[0].fields if f.field == "regime")
     assert field.yields and field.to_dict()["yields"] is True
@@ -161,7 +161,7 @@ def test_yields_in_either_order_and_two_yielding_values_contradict(tmp_path):
     files = [LF / "extras/fsdp_qlora/llama3_lora_sft.yaml", DATA / "accelerate/llamafactory/fsdp_config.yaml"]
     for order in (files, files[::-1]):
         launch = from_launch(order, hardware="h100")
-        assert launch.scenario.profile_options["regime"] == "fsdp-bf16"
+        assert launch.scenario.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
         assert sum("yields to" in n for n in launch.notes) == 1
     other = tmp_path / "ax.yml"     # axolotl's regime also yields: two yielding values that differ contradict
     other.write_text("base_model: meta-llama/Meta-Llama-3-8B\nbf16: false\n")     # fp32, yielding

@@ -21,6 +21,9 @@ config (``../configs.py``'s shapes) in one of two ways:
 - ``gradop1`` / ``gradop2``: SHARD_GRAD_OP (the ``fsdp-grad-op`` rule): FSDP1 with
   ``sharding_strategy=SHARD_GRAD_OP`` (accumulating inside ``no_sync()``), FSDP2 with ``reshard_after_forward=False``
   on every layer and the model (``set_requires_gradient_sync(False)``).
+- regime ``fsdp-bf16-reduce-bf16`` (``fsdp1`` / ``fsdp2``): accelerate's FSDP mixed precision bf16 over fp32
+  parameters: FSDP1 ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)``, FSDP2
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)`` (``mixed_precision`` below).
 
 The protocol is ../harness.py's ``run_protocol`` (two warm-up iterations, the third measured; AdamW foreach;
 ``zero_grad(set_to_none=True)``; ``loss = model(input_ids, labels=input_ids).loss / m``), the model called through
@@ -47,7 +50,8 @@ import harness  # noqa: E402  (validation/harness.py)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard  # noqa: E402
+from torch.distributed.fsdp import (FullyShardedDataParallel, MixedPrecision, MixedPrecisionPolicy,  # noqa: E402
+                                    ShardingStrategy, fully_shard)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
@@ -76,16 +80,33 @@ def _cfg(kind, model, world, rank, m, *, regime="fp32", b=2, s=256):
     }
 
 
+# accelerate's FSDP mixed precision (1.16.0 utils/dataclasses.py lines 2008-2013, set_mixed_precision("bf16"):
+# param_dtype = reduce_dtype = bf16, FSDP1's buffer_dtype too), over the fp32 parameters accelerate upcasts to
+# (accelerator.py line 1970 for FSDP1, utils/fsdp_utils.py line 801 for FSDP2): the profile's regime of that name.
+ACCELERATE_MP = "fsdp-bf16-reduce-bf16"
+
+
+def mixed_precision(kind: str, regime: str) -> dict:
+    """The sharding call's mixed-precision keyword for ``regime`` (none but accelerate's bf16 policy)."""
+    if regime != ACCELERATE_MP:
+        return {}
+    if kind.endswith("1"):
+        return {"mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                                                  buffer_dtype=torch.bfloat16)}
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}
+
+
 CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
            for kind in ("fsdp1", "fsdp2")
            for model, regime in (("gqa-tiny", "fp32"), ("gqa-tiny", "bf16"), ("llama-tiny", "fp32"))
            for m in (1, 4)] + [_cfg(kind, "gqa-tiny", 4, 0, m) for kind in ("hsdp1", "hsdp2") for m in (1, 4)] + [
     _cfg(kind, "gqa-tiny", 4, 0, m, regime=regime) for kind in ("gradop1", "gradop2") for regime in ("fp32", "bf16")
-    for m in (1, 4)]
+    for m in (1, 4)] + [
+    _cfg(kind, "gqa-tiny", 4, 0, m, regime=ACCELERATE_MP) for kind in ("fsdp1", "fsdp2") for m in (1, 4)]
 SHARD_GROUP = 2     # the HSDP runs: 2 replicas of a 2-rank shard group (a (replicate, shard) device mesh)
 
 
-def shard(model, kind: str, world: int):
+def shard(model, kind: str, world: int, regime: str = "fp32"):
     mesh = (init_device_mesh("cpu", (world // SHARD_GROUP, SHARD_GROUP), mesh_dim_names=("replicate", "shard"))
             if kind.startswith("hsdp") else None)
     if kind in ("fsdp1", "hsdp1", "gradop1"):
@@ -93,8 +114,9 @@ def shard(model, kind: str, world: int):
                     if kind == "gradop1" else ShardingStrategy.FULL_SHARD)
         return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
                                         sharding_strategy=strategy, use_orig_params=False,
-                                        device_id=torch.device("cpu"), device_mesh=mesh)
-    kw = {} if mesh is None else {"mesh": mesh}
+                                        device_id=torch.device("cpu"), device_mesh=mesh,
+                                        **mixed_precision(kind, regime))
+    kw = {**({} if mesh is None else {"mesh": mesh}), **mixed_precision(kind, regime)}
     reshard = kind != "gradop2"
     for layer in model.model.layers:
         fully_shard(layer, reshard_after_forward=reshard, **kw)
@@ -133,7 +155,7 @@ def measure(cfg: dict) -> dict:
             warnings.simplefilter("ignore")
             model, input_ids = harness.build_model(cfg)
             parameters = sum(p.numel() for p in model.parameters())
-            model = shard(model, cfg["kind"], cfg["world_size"])
+            model = shard(model, cfg["kind"], cfg["world_size"], cfg["regime"])
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
             mt = harness.PhaseMemTracker()

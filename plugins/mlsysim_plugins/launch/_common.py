@@ -160,7 +160,7 @@ def regime_of(dtype, key: str, path) -> str:
 
 
 PRECISION_OF_REGIME = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16",
-                       "fsdp-bf16": "bf16", "mixed-bf16": "bf16"}
+                       "fsdp-bf16": "bf16", "fsdp-bf16-reduce-bf16": "bf16", "mixed-bf16": "bf16"}
 
 
 def as_bool(value, key: str, path) -> bool:

@@ -322,7 +322,6 @@ DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "torch.bfloat16": "bf16", "float16
 MIXED_PRECEDENCE = ("the training arguments' bf16/fp16 true win over accelerate's mixed_precision (transformers "
                     "5.23.0 training_args.py lines 1612-1618)")
 FP16_AS_BF16 = "; fp16 priced as bf16 (same bytes)"
-BF16_BYTES = ("fsdp-bf16", "mixed-bf16")
 
 
 def sixteen(precision) -> str | None:
@@ -332,23 +331,25 @@ def sixteen(precision) -> str | None:
 
 
 # accelerate's FSDP policy from the mixed precision (1.16.0 utils/dataclasses.py lines 2008-2013,
-# FullyShardedDataParallelPlugin.set_mixed_precision): param_dtype = reduce_dtype = the 16-bit dtype.
-ACCELERATE_REDUCE = ("accelerate's policy reduces in the 16-bit dtype (reduce_dtype = param_dtype, accelerate 1.16.0 "
-                     "utils/dataclasses.py lines 2008-2013), priced as the fsdp-bf16 regime's fp32 reduce (the "
-                     "reduce-scatter buffers, and FSDP2's gradients accumulated unsynced: 4 B each where the run has 2)")
+# FullyShardedDataParallelPlugin.set_mixed_precision): param_dtype = reduce_dtype = the 16-bit dtype; the trainable
+# parameters upcast to fp32 before sharding when mixed precision is set (accelerator.py line 1970 for FSDP1,
+# utils/fsdp_utils.py line 801 for FSDP2): the measured profile's fsdp-bf16-reduce-bf16 regime.
+ACCELERATE_FSDP_REGIME = "fsdp-bf16-reduce-bf16"
+BF16_BYTES = ("fsdp-bf16", ACCELERATE_FSDP_REGIME, "mixed-bf16")
 
 
-def fsdp_regime(without=None, reduce_note=""):
-    """FSDP's regime from the run's mixed precision: 16-bit, FSDP's MixedPrecision (fp32 shards,
-    16-bit gathered parameters: accelerate upcasts the trainable parameters to fp32, fsdp_utils.py
-    line 801; ``reduce_note``: how the run's reduce dtype differs, approximated); none: ``without``
+def fsdp_regime(without=None):
+    """FSDP's regime from the run's mixed precision as accelerate builds it: 16-bit, FSDP's MixedPrecision with
+    param_dtype = reduce_dtype = the 16-bit dtype over fp32 shards (fsdp-bf16-reduce-bf16); none: ``without``
     (a ``(regime, note)``, or None: nothing set)."""
     def derive(mixed):
         if mixed is None:
             return without
-        return "fsdp-bf16", ("FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered "
-                             "parameters" + (FP16_AS_BF16 if mixed == "fp16" else "")
-                             + (f"; {reduce_note}" if reduce_note else "")), bool(reduce_note)
+        return ACCELERATE_FSDP_REGIME, (
+            "accelerate's FSDP mixed precision: fp32 sharded parameters, gradients and state (accelerate 1.16.0 "
+            "upcasts the trainable parameters when mixed precision is set: accelerator.py line 1970, "
+            "utils/fsdp_utils.py line 801), parameters gathered and gradients reduced in 16 bits (param_dtype = "
+            "reduce_dtype: utils/dataclasses.py lines 2008-2013)" + (FP16_AS_BF16 if mixed == "fp16" else ""))
     return derive
 
 
@@ -467,9 +468,8 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
     if "fsdp_version" in norm and not version_read:
         r.ignore(f"{prefix}.{norm['fsdp_version'][0]}")
     if mixed in ("bf16", "fp16"):
-        r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", "fsdp-bf16",
-              "FSDP mixed precision: fp32 sharded parameters, gradients and state, 16-bit gathered parameters"
-              + ("; fp16 priced as bf16 (same bytes)" if mixed == "fp16" else ""), approximated=mixed == "fp16")
+        becomes, note = fsdp_regime()(mixed)
+        r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", becomes, note, approximated=mixed == "fp16")
     return rule
 
 

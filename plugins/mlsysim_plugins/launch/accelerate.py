@@ -60,8 +60,10 @@ def read(path, document, context):
     if kind == "FSDP":     # FSDP's regime: the run's mixed precision, this file's or the training arguments'
         _hf.fsdp_config(r, "fsdp_config", doc.get("fsdp_config") or {}, None)
         r.seen.add("fsdp_config")
-        r.derived("mixed_precision", doc.get("mixed_precision", "no"), "regime",
-                  _hf.fsdp_regime(("fp32", "FSDP without mixed precision"), _hf.ACCELERATE_REDUCE), own=m)
+        # none: no policy (fsdp_utils.py line 768, MixedPrecisionPolicy()) and no upcast ("if
+        # accelerator.mixed_precision != 'no'": accelerator.py line 1970, fsdp_utils.py line 801): the model is
+        # sharded and trained in the dtype it was loaded in, the regime another file (the model's dtype) says
+        r.derived("mixed_precision", doc.get("mixed_precision", "no"), "regime", _hf.fsdp_regime(None), own=m)
     elif "fsdp_config" in doc:
         r.ignore("fsdp_config")
     if kind == "DEEPSPEED":

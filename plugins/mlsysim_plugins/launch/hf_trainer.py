@@ -415,7 +415,7 @@ def _fsdp_arg(r: Reading, key, value, cfg, mixed):
         fsdp_rule = _hf.fsdp_config(r, key.replace("fsdp", "fsdp_config"), cfg, None) if cfg else None
         # the regime: the run's mixed precision (this file's bf16/fp16, else accelerate's: _hf.MIXED_PRECEDENCE) sets
         # the plugin's MixedPrecision (accelerate state.py lines 975-976); none: the model's own dtype (the regime above)
-        r.derived(key, value, "regime", _hf.fsdp_regime(None, _hf.ACCELERATE_REDUCE), own=mixed)
+        r.derived(key, value, "regime", _hf.fsdp_regime(None), own=mixed)
         return fsdp_rule
 
 

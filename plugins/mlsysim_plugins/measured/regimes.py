@@ -98,6 +98,19 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=2, residual=2, main_grad=4, reduce=4),
 )}
 
+# accelerate's FSDP mixed precision (accelerate 1.16.0): FullyShardedDataParallelPlugin.set_mixed_precision
+# (utils/dataclasses.py lines 2008-2013) builds MixedPrecision / MixedPrecisionPolicy(param_dtype=dtype,
+# reduce_dtype=dtype) from the run's "bf16"/"fp16" (FSDP1's buffer_dtype too), so gradients are reduced in 16 bits,
+# not fp32 as torchtitan's fsdp-bf16; the trainable parameters are upcast to fp32 before sharding "if
+# mixed_precision != 'no'" (accelerator.py line 1970 for FSDP1, utils/fsdp_utils.py line 801 for FSDP2), so the
+# shards, their gradients and the optimizer state stay fp32. Under FSDP2's unsynced accumulation the unsharded
+# gradients accumulate in reduce_dtype (fsdp.py's "step"), 2 B here; measured in validation/fsdp_no_sync.
+ACCELERATE_FSDP = Regime(
+    name="fsdp-bf16-reduce-bf16", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16), "
+    "accelerate's: fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters, reduced "
+    "gradients and activations", weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2)
+REGIMES = {**REGIMES, ACCELERATE_FSDP.name: ACCELERATE_FSDP}
+
 # The measured profile's regime when only the reference's ``precision`` is given: 16-bit
 # training with Adam in PyTorch is almost always autocast (AMP).
 DEFAULT_FOR_PRECISION = {"fp32": "fp32", "tf32": "fp32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
