@@ -72,12 +72,31 @@ Each figure is derived from the implementation's source at a commit, never from 
   ("float8 rowwise vanilla TP low throughput", closed by torchtitan PR 1319) found "attention.wk and attention.wv
   layers were so small that float8 rowwise conversion resulted in significant slowdown (approx 40%) for those
   layers", and pytorch/ao PR 2410's ``_auto_filter_for_recipe`` now leaves such linears in bf16 (rowwise: any
-  with N <= 2048). Not modelled: a compiler's deduplication of identical casts across the modules, and
-  torchtitan's float8 tensor parallelism (tensorwise only: ``PrepareFloat8ModuleInput`` casts the attention's and
-  the MLP's input once, before the all-gather, for all of its modules).
+  with N <= 2048). Not modelled: a compiler's deduplication of identical casts across the modules. Under float8
+  tensor parallelism the gathered input is cast once for all its modules (below).
   Not timed: current scaling's amax all-reduce over the tensor-parallel group under sequence parallelism
   (``set_quantizer_amax_reduction_group``: one scalar per quantized tensor, latency only); on Blackwell a
   tensorwise float8 GEMM needs no transposed copy (its column-wise write is counted all the same).
+* torchao's float8 tensor parallelism (``Float8Casts.tp_gather``; torchao/float8/float8_tensor_parallel.py at
+  6243040): ``PrepareFloat8ModuleInput._prepare_input_arg`` (lines 218-241) casts the attention's and the
+  feed-forward's input to float8 (``hp_tensor_to_float8_dynamic``) on the rank's sequence shard and only then
+  redistributes it Shard(1) -> Replicate, "so that if there are multiple float8 users of the input activation, we
+  perform fp8 allgather only once" (lines 175-179); each ``Float8ColwiseParallel`` module (wq, wk, wv, w1, w3) finds
+  its input ``tensor_already_casted_to_fp8`` (lines 59-65), and so does ``Float8Linear``'s forward
+  (float8_linear.py lines 82-83), which saves that float8 input for its backward (line 76) and uses it there as it
+  is (lines 225-227; transposed per module, as before). ``Float8RowwiseParallel._prepare_output_fn`` (lines
+  137-153: wo, w2) reduce-scatters the bf16 output, then ``NoopFwToFloat8BwDynamic`` casts its gradient on the
+  rank's shard, before the backward's all-gather. So under sequence parallelism: the gathered input cast once on
+  T / tp tokens (not once per module on T), the row-parallel GEMM's output gradient cast on T / tp tokens, and both
+  all-gathers (forward: the input; backward: the output gradient) move 1 byte an element; the reduce-scatters move
+  bf16. torchtitan applies these styles whenever float8 is on and (820504e) the recipe is not rowwise:
+  torchtitan/parallelisms/parallelize_llama.py at 9dec370 lines 148-162 (``enable_float8``: Float8RowwiseParallel,
+  Float8ColwiseParallel, PrepareFloat8ModuleInput) and 174-193 (the plan); torchtitan/models/llama3/
+  parallelize_llama.py at 820504e lines 56-65: "For now, float8 all-gather with TP is only supported for
+  tensorwise float8 scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high
+  precision" (``enable_float8_tensorwise_tp``); float8_tensor_parallel.py's classes "currently assume tensorwise
+  scaling". So ``TORCHAO_TENSORWISE`` declares ``tp_gather=1``, ``TORCHAO_ROWWISE`` none (bf16 gathers, each module
+  casting). Not timed: the cast's amax all-reduce over the tensor-parallel group (one scalar, latency only).
 """
 
 from __future__ import annotations
@@ -91,8 +110,10 @@ NORMED_GEMMS = (0, 2)
 
 
 TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_input=5, weight=5,
-                                 weight_per="micro-batch", grad=5, transpose=2, memory="tensorwise",
-                                 source="torchao Float8Linear, tensorwise dynamic scaling")
+                                 weight_per="micro-batch", grad=5, transpose=2, tp_gather=1, memory="tensorwise",
+                                 source="torchao Float8Linear, tensorwise dynamic scaling; under tensor parallelism "
+                                        "torchao's float8 parallel styles (float8_tensor_parallel.py at 6243040), as "
+                                        "torchtitan applies them")
 TORCHAO_ROWWISE = Float8Casts(name="torchao-rowwise", input=5, normed_input=5, weight=3, weight_per="micro-batch",
                               grad=8, transpose=3, transpose_weight=7, rescale=4, memory="rowwise",
                               source="torchao Float8Linear, rowwise (axiswise) dynamic scaling (pytorch/ao 6243040: "

@@ -371,15 +371,18 @@ _GEMM_CACHE: dict = {}
 
 
 def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: int, operand_bytes: float,
-                casts: Float8Casts = TORCHAO_TENSORWISE) -> dict:
+                casts: Float8Casts = TORCHAO_TENSORWISE, float8_tp: bool = False) -> dict:
     """Seconds per FLOP of one layer's GEMMs (``fig['gemms']``), forward and backward (the input
     gradient M x K from M x N and N x K, the weight gradient N x K over the M tokens), and of the
     LM head; ``cast``: the float8 casts' bytes per forward, per backward and (``cast_step``) once a
     step (0 in bf16), as the float8 implementation declares them (``casts``, _steptime_float8). A routed
-    GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each."""
+    GEMM runs on the tokens its rank's experts receive: T x k x ep / experts each. ``float8_tp``: the
+    implementation's tensor parallelism casts before the all-gathers (``Float8Casts.tp_gather``, under
+    sequence parallelism): a column-parallel GEMM's normed input is cast once, on T / tp tokens, whatever
+    modules read it, and a row-parallel GEMM's output gradient on its T / tp tokens."""
     linears = fig.get("linears") or (1,) * len(fig["gemms"])
     key = (fig["gemms"], linears, fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
-           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts)
+           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts, float8_tp)
     got = _GEMM_CACHE.get(key)
     if got is not None:
         return got
@@ -408,7 +411,17 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
             read = c.normed_input if i in NORMED_GEMMS and not routed else c.input
             # (the GEMM run as ``modules`` linears, each casting the whole input M x K: _steptime_float8)
             modules = linears[i] if i < len(linears) else 1
-            if c.weight_per == "micro-batch" and read == c.weight and modules == 1:
+            # (float8 tensor parallelism: the gathered input cast once on the rank's T / tp tokens, before the
+            # all-gather, for all its modules; the row-parallel output's gradient on its T / tp: _steptime_float8)
+            gathered = float8_tp and not routed and tp > 1 and i in NORMED_GEMMS and split == "n"
+            grad_rows = m / tp if float8_tp and not routed and tp > 1 and split == "k" else m
+            if gathered:
+                cast_f += count * read * m / tp * k
+                if c.weight_per == "micro-batch":
+                    cast_f += count * c.weight * n * k
+                else:
+                    cast_s += count * c.weight * n * k
+            elif c.weight_per == "micro-batch" and read == c.weight and modules == 1:
                 cast_f += count * read * (m * k + n * k)
             else:
                 cast_f += count * read * m * k * modules
@@ -417,9 +430,9 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
                 else:
                     cast_s += count * c.weight * n * k
             if c.transpose_weight is None:
-                back = c.grad * m * n + c.transpose * (m * k * modules + n * k)
+                back = c.grad * grad_rows * n + c.transpose * (m * k * modules + n * k)
             else:       # (the weight's transposed copy declared apart from the input's)
-                back = c.grad * m * n + c.transpose * m * k * modules + c.transpose_weight * n * k
+                back = c.grad * grad_rows * n + c.transpose * m * k * modules + c.transpose_weight * n * k
             if c.rescale:       # (a kernel scaling each backward GEMM's output: input and weight gradients)
                 back += c.rescale * (m * k * modules + n * k)
             cast_b += count * back
@@ -584,7 +597,11 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     r = recompute
     peak, mem_bw = hw["flops"], hw["memory"]
     # compute, one micro-batch on the slowest (last) stage: each GEMM's roofline (layer_gemms)
-    g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2, casts_of(float8))
+    # (float8 tensor parallelism, the implementation's declared tp_gather: under sequence parallelism the casts move
+    # before the all-gathers, which move tp_gather bytes an element: layer_gemms, _seconds)
+    f8 = casts_of(float8)
+    tp_gather = f8.tp_gather if float8 and sp and tp > 1 else None
+    g = layer_gemms(fig, hw, cal, T, tp, ep, 1 if float8 else 2, f8, tp_gather is not None)
     layer_fwd = 2 * T * fig["layer_active"] / tp
     head_fwd = 2 * T * fig["head"] / tp if head else 0.0
     matmul = layer_fwd * layers * (g["fwd"] * (1 + r) + g["bwd"] * 2) + head_fwd * 3 * g["head"]
@@ -627,7 +644,8 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
     volumes = {"activations": (T, h, bytes_), "kv": (T, 2, h_kv_kernel, bytes_), "routed": (T, fig["k"], h, bytes_),
                "gradients": (local, dp_bytes.get("gradients", bytes_)),
                "parameters": (local, dp_bytes.get("parameters", bytes_))}
-    size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"])
+    size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"],
+                tp_gather=tp_gather)
     # A rank's experts have replicas only on the d / ep ranks that hold the same experts (its expert-data-parallel
     # group, ep x tp ranks apart): the data-parallel collectives of the expert parameters (and their gradients) run
     # over that group, the dense ones over dp x cp (_seconds; Megatron-Core's DistributedDataParallel allocates the
@@ -935,6 +953,13 @@ def _seconds(c: Collective, size: dict, choice: str | None = None) -> float:
     factors = size["volumes"][c.volume]
     if c.element_bytes is not None:     # (the last factor is the element's bytes)
         factors = (*factors[:-1], c.element_bytes)
+    elif (size.get("tp_gather") is not None and c.group == "tp" and c.volume == "activations"
+          and c.kind in ("all-gather", "all-reduce")):
+        # float8 tensor parallelism (Float8Casts.tp_gather): the all-gathers move tp_gather bytes an element; an
+        # all-reduce under sequence parallelism is an all-gather and a reduce-scatter (in the run's precision) of the
+        # same volume: their mean
+        gather = size["tp_gather"]
+        factors = (*factors[:-1], gather if c.kind == "all-gather" else (gather + factors[-1]) / 2)
     if c.per_step:      # one send of the buffer to the next rank of the ring (split over ``shard``)
         volume = 1.0
         for f in factors:

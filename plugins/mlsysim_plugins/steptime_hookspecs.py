@@ -166,7 +166,14 @@ class Float8Casts:
     the weight, each backward (transposed copies); ``transpose_weight``: of the weight's, where it
     differs from the input's (None: ``transpose``); ``rescale``: of each backward GEMM's output (the
     input gradient M x K, the weight gradient N x K) that a separate kernel reads and writes to apply
-    the operands' scales after the GEMM (0: the GEMM applies them). ``memory``: the memory profile's ``float8=`` option
+    the operands' scales after the GEMM (0: the GEMM applies them). ``tp_gather``: under tensor
+    parallelism with sequence parallelism, the implementation's parallel styles cast a column-parallel
+    GEMM's input once, on the rank's 1/tp of the tokens, before the all-gather, for every module that
+    reads it, and a row-parallel GEMM's output gradient once, on its 1/tp, before the backward's
+    all-gather (torchao's Float8ColwiseParallel, Float8RowwiseParallel and PrepareFloat8ModuleInput):
+    the bytes per element those all-gathers move (the reduce-scatters move the run's precision); None:
+    the tensor-parallel collectives move the run's precision and each module casts the gathered input.
+    ``memory``: the memory profile's ``float8=`` option
     whose memory this implementation has (the measured profile's torchao recipes), which a search's
     ``allow_float8`` solves its rows with; None: its memory is not modelled, the rows' memory is the
     16-bit run's (said in a note). The step time reads these fields, never ``name``."""
@@ -179,6 +186,7 @@ class Float8Casts:
     transpose: float
     transpose_weight: float | None = None
     rescale: float = 0
+    tp_gather: float | None = None
     memory: str | None = None
     source: str = ""
     description: str = _description

@@ -119,3 +119,66 @@ def test_separate_projections_is_read_from_the_models_details():
     assert steptime.model_figures(separate)["linears"] == (3, 1, 2, 1)       # gated MLP: gate and up
     with pytest.raises(InvalidInputTypeError, match="separate_projections"):
         steptime.model_figures(attrs.evolve(model, details={"separate_projections": "yes"}))
+
+
+def test_float8_tensor_parallelism_casts_the_gathered_input_once_on_the_ranks_shard():
+    # torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan under tensorwise TP): the q/k/v's and the
+    # MLP up's input cast once, on the rank's 512 / 4 = 128 tokens, before the all-gather, whatever modules read it;
+    # Float8RowwiseParallel: the output projection's and MLP down's output gradient cast on 128 tokens. tp 4:
+    # q/k/v N 768 (3 modules), out-proj K 256, up N 2048 (2 modules), down K 1024
+    lin = dict(FIG, linears=(3, 1, 2, 1))
+    g = steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 4, 1, 1, TORCHAO_TENSORWISE, True)
+    assert TORCHAO_TENSORWISE.tp_gather == 1
+    fwd = (5 * (128 * 1024 + 768 * 1024) + 5 * (512 * 256 + 1024 * 256) + 5 * (128 * 1024 + 2048 * 1024)
+           + 5 * (512 * 1024 + 1024 * 1024))
+    # output gradients 5 B (q/k/v and up on their own 512 x N / tp), the backward's transposed float8 copies 1 + 1 B
+    # of each module's gathered input (512 x 1024, 3 and 2 modules) and of each weight
+    bwd = (5 * (512 * 768 + 128 * 1024 + 512 * 2048 + 128 * 1024)
+           + 2 * (3 * 512 * 1024 + 768 * 1024) + 2 * (512 * 256 + 1024 * 256)
+           + 2 * (2 * 512 * 1024 + 2048 * 1024) + 2 * (512 * 1024 + 1024 * 1024))
+    assert (g["cast_fwd"], g["cast_bwd"], g["cast_step"]) == (fwd, bwd, 0)
+    assert (g["cast_fwd"], g["cast_bwd"]) == (25_559_040, 23_461_888)
+    # without it: each module casts the whole gathered input (3 x 5 x 512 x 1024 for q/k/v) and every rank the whole
+    # gathered gradient (5 x 512 x 1024 for out-proj and down)
+    plain = steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 4, 1, 1, TORCHAO_TENSORWISE, False)
+    assert plain["cast_fwd"] - g["cast_fwd"] == 5 * (3 * 512 - 128) * 1024 + 5 * (2 * 512 - 128) * 1024
+    assert plain["cast_bwd"] - g["cast_bwd"] == 2 * 5 * (512 - 128) * 1024
+    # one rank (tp 1) has nothing gathered: the same casts with or without it
+    assert (steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 1, 1, 1, TORCHAO_TENSORWISE, True)
+            == steptime.layer_gemms(lin, HW, steptime.DEFAULT, M, 1, 1, 1, TORCHAO_TENSORWISE, False))
+
+
+def test_float8_tensor_parallelism_gathers_one_byte_and_reduce_scatters_the_runs_precision():
+    # 4 ranks at 1 GB/s, no latency; 1e9 tokens x 1 hidden x 2 B: an all-gather of 2e9 B moves 3/4 of it (1.5 s), in
+    # float8 half that (0.75 s); a sequence-parallel all-reduce is a gather (1 B) and a reduce-scatter (2 B): 2.25 s
+    # against bf16's 3 s; a reduce-scatter stays 1.5 s; another group's collective is not the TP's
+    import attrs
+    from mlsysim_plugins.steptime_hookspecs import Collective
+    cal = attrs.evolve(steptime.DEFAULT, intra_link=1.0, latency=0.0, hop_intra=0.0, hop_inter=0.0)
+    size = dict(groups={"tp": (4, 1), "cp": (4, 4)}, volumes={"activations": (1e9, 1, 2)}, node=16,
+                hw={"intra": 1e9, "inter": 1e9}, cal=cal, sp=True)
+
+    def seconds(kind, gather, group="tp"):
+        c = Collective(kind=kind, volume="activations", group=group, per="layer", forward=1, in_network=False)
+        return steptime._seconds(c, dict(size, tp_gather=gather))
+    assert [seconds(k, None) for k in ("all-gather", "all-reduce", "reduce-scatter")] == pytest.approx([1.5, 3, 1.5])
+    assert [seconds(k, 1) for k in ("all-gather", "all-reduce", "reduce-scatter")] == pytest.approx([0.75, 2.25, 1.5])
+    assert seconds("all-gather", 1, "cp") == pytest.approx(1.5)
+
+
+def test_float8_tensor_parallelism_is_what_the_implementation_declares_under_sequence_parallelism():
+    # torchtitan's rowwise recipe runs plain TP (bf16 gathers: parallelize_llama.py at 820504e lines 56-65), torchao
+    # tensorwise its float8 styles: the step's tp component 3/4 of bf16's bandwidth term for tensorwise, bf16's for
+    # rowwise; without sequence parallelism (all-reduces, no gather) neither moves
+    import attrs
+    from mlsysim_core.search import time_plan
+    assert TORCHAO_ROWWISE.tp_gather is None
+
+    def tp(float8, sp=True):
+        return time_plan("llama3-8b", "h100", global_batch=8, seq_len=4096, tp=8, dp=1, checkpointing="full",
+                         precision="bf16", optimizer="adamw", memory=False, sequence_parallel=sp,
+                         float8=float8, calibration=attrs.evolve(steptime.DEFAULT, latency=0.0, hop_intra=0.0,
+                                                                 hop_inter=0.0))["components"]["tp"]
+    assert tp("torchao-tensorwise") == pytest.approx(0.75 * tp(False))
+    assert tp("torchao-rowwise") == pytest.approx(tp(False))
+    assert tp("torchao-tensorwise", sp=False) == pytest.approx(tp(False, sp=False))

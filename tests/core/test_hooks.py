@@ -98,7 +98,9 @@ def test_hook_mlsysim_float8_implementations(builtin_pm):
                                 transpose=0)]
     solver = solver_with(Free(), builtin_pm=builtin_pm)
     assert "test.no-casts" in solver.registry.extensions["mlsysim_float8_implementations"]
-    run = dict(global_batch=8, tp=2, dp=4, memory=False, solver=solver)
+    # (without sequence parallelism: torchao tensorwise's float8 tensor parallelism, Float8Casts.tp_gather, casts
+    # before the all-gathers under it, which this third party does not declare)
+    run = dict(global_batch=8, tp=2, dp=4, memory=False, solver=solver, sequence_parallel=False)
     free = search.time_plan("llama3-8b", "h100", float8="test.no-casts", **run)["components"]
     torchao = search.time_plan("llama3-8b", "h100", float8=True, **run)["components"]
     per_layer = 5 * (2048 * 17408 + 109_051_904) + 5 * 2048 * 25600 + 2 * (2048 * 17408 + 109_051_904)
