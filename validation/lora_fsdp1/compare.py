@@ -8,7 +8,8 @@ Each run is solved as measured: one rank of ``world_size``, m micro-batches of `
 the ``fsdp`` rule, ``gradop1`` runs with ``fsdp-grad-op``, both with ``fsdp_version=1`` and, with m > 1,
 ``gradient_sync="no_sync"``; ``fp32`` as the ``fp32`` regime, accelerate's bf16 (``MixedPrecision(param_dtype=bf16,
 reduce_dtype=bf16)`` over fp32 parameters, the forward under bf16 autocast) and the same policy without autocast
-(``mp-bf16``) as ``fsdp-bf16``; the adapters as
+(``mp-bf16``) as ``fsdp-bf16``; QLoRA (``qlora-*``: the base stored in bf16, the policy in bf16 over it) as
+``fsdp-bf16-stored``; the adapters as
 ``lora=`` (rank, the seven linears of the decoder layers) with ``lora.fsdp_wrap`` the run's ``wrap``."""
 
 from __future__ import annotations
@@ -30,19 +31,20 @@ def runs() -> list[dict]:
     return [r for r in json.loads(MEASUREMENTS.read_text(encoding="utf-8"))["runs"] if r.get("measured")]
 
 
-def solve(run, **options):
+def solve(run, regime=None, **options):
     from mlsysim_core import HardwareNode, TrainingMemoryModel
     from mlsysim_core.hf import from_hf_config
     m, w = run["microbatches"], run["world_size"]
     rule = RULE[run["kind"]]
     opts = {"fsdp_version": 1, **({"lora_wrap": "layer"} if run["wrap"] == "layer" else {}), **({"gradient_sync": "no_sync"} if m > 1 else {}), **options}
     lora = {"rank": run["lora"]["rank"], "target_modules": run["lora"]["target_modules"]}
-    regime = REGIME[run["regime"]]
+    named, regime = regime, REGIME[run["regime"]]
     if run["lora"].get("quantization"):
-        # QLoRA: the base loaded in bf16 (bnb_4bit_quant_storage bf16), fp32 adapters: the bf16 regime (no regime
-        # says a 16-bit stored base under a 16-bit param_dtype; docs/validation.md "LoRA under FSDP1")
+        # QLoRA: the base loaded in bf16 (bnb_4bit_quant_storage bf16), MixedPrecision(param_dtype=bf16,
+        # reduce_dtype=bf16) over it, peft's fp32 adapters gathered in bf16: fsdp-bf16-stored
         lora.update(quantization=run["lora"]["quantization"], double_quant=run["lora"]["double_quant"])
-        regime = "bf16"
+        regime = "fsdp-bf16-stored"
+    regime = named or regime        # (the tests price a run under another regime)
     return TrainingMemoryModel("measured").solve(
         from_hf_config(run["hf_config"], name=run["model"]), HardwareNode(name="unbounded", memory_capacity=2**60),
         run["batch_size"] * w * m, run["seq_len"], "fp32", run["optimizer"], "none", regime=regime,
@@ -75,7 +77,7 @@ def table() -> str:
             refused.append(f"{run['id']} ({type(e).__name__}: {e})")
             continue
         strategy = {"fsdp1": "FULL_SHARD", "gradop1": "SHARD_GRAD_OP"}[run["kind"]]
-        precision = run["regime"] + (f" ({run['lora']['quantization']} QLoRA, priced as bf16)"
+        precision = run["regime"] + (f" ({run['lora']['quantization']} QLoRA, as fsdp-bf16-stored)"
                                      if run["lora"].get("quantization") else "")
         lines.append(f"| {run['id']} | {run['wrap']} | {strategy} | {precision} | {run['microbatches']} | "
                      + " | ".join(f"{row[p][2]:+.2%}" for p in PHASES) + " |")

@@ -137,8 +137,11 @@ def _n(x) -> str:
 # --- regimes ------------------------------------------------------------------------------------
 
 def base_weight_bytes(regime) -> int:
-    """The frozen base's bytes per element: fp32 in fp32 and autocast regimes, and under FSDP2's mixed
-    precision (fp32 sharded parameters, gathered in 16 bits: ``regime.gather``), else 16-bit."""
+    """The frozen base's bytes per element: what the regime declares (``regime.frozen``: ``lora_regime`` keeps the
+    16-bit base's bytes there when it lifts the adapters to fp32), else fp32 in fp32 and autocast regimes, and under
+    FSDP2's mixed precision (fp32 sharded parameters, gathered in 16 bits: ``regime.gather``), else 16-bit."""
+    if regime.frozen:
+        return regime.frozen
     return 4 if regime.compute == 4 or regime.autocast or regime.gather else 2
 
 
@@ -150,7 +153,7 @@ def lora_regime(regime, config=None):
         return attrs.evolve(regime, description=regime.description + "; LoRA adapters in the base's dtype "
                             "(peft's autocast_adapter_dtype=False)")
     if regime.compute == 2 and not regime.autocast and not regime.master and regime.weight == 2:
-        return attrs.evolve(regime, weight=4, gradient=4, state=4,
+        return attrs.evolve(regime, weight=4, gradient=4, state=4, frozen=regime.weight,
                             description=regime.description + "; LoRA adapters, their gradients and "
                             "optimizer state in fp32 (peft's autocast_adapter_dtype)")
     return regime

@@ -42,6 +42,7 @@ class Regime:
     main_grad: int = 0
     gather: int = 0        # bytes of a parameter all-gathered for compute (FSDP's param_dtype); 0: ``weight``
     reduce: int = 0        # bytes of a gradient reduced across data-parallel ranks (FSDP's reduce_dtype); 0: its own
+    frozen: int = 0        # LoRA: bytes of the frozen base as stored where ``weight`` is the adapters' (0: see lora.py)
 
     @property
     def pure_16bit(self) -> bool:
@@ -98,6 +99,14 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=2, residual=2, main_grad=4, reduce=4),
 )}
 
+# FSDP's MixedPrecision over a model stored in 16 bits: HF Trainer's QLoRA under FSDP (the base loaded in bf16 with
+# bnb_4bit_quant_storage=bfloat16; transformers' update_fsdp_plugin_peft sets the policy in that dtype), peft's fp32
+# adapters (``lora.lora_regime``) gathered and reduced in bf16. Measured: validation/lora_fsdp1 (the qlora-* runs).
+REGIMES = {**REGIMES, "fsdp-bf16-stored": Regime(
+    name="fsdp-bf16-stored", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) over bf16-stored "
+    "parameters: bf16 weights, gradients, optimizer state, gathers, reductions and activations",
+    weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2)}
+
 # accelerate's FSDP mixed precision (accelerate 1.16.0): FullyShardedDataParallelPlugin.set_mixed_precision
 # (utils/dataclasses.py lines 2008-2013) builds MixedPrecision / MixedPrecisionPolicy(param_dtype=dtype,
 # reduce_dtype=dtype) from the run's "bf16"/"fp16" (FSDP1's buffer_dtype too), so gradients are reduced in 16 bits,
@@ -152,7 +161,7 @@ def check_modelled(regime: Regime) -> Regime:
                         for (c, r, a), what in MODELLED_LAYOUTS.items()),
             f"regime {regime.name!r} has compute={regime.compute} B, residual={regime.residual} B, "
             f"autocast={regime.autocast}: its activations are not modelled")
-    for field in ("weight", "gradient", "master", "state", "main_grad", "gather", "reduce"):
+    for field in ("weight", "gradient", "master", "state", "main_grad", "gather", "reduce", "frozen"):
         value = getattr(regime, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 8:
             raise NotModelledError("regime", regime.name, f"{field} in bytes per element, 0 to 8",
