@@ -126,7 +126,13 @@ ATTENTION = {"h100": 0.35, "a100": 0.5, "h200": 0.35}
 # 'alltoall' dispatcher an NCCL all-to-all of every copy (the EP rule's default); not stated: the default.
 EP_DISPATCH = {"flex": "node-forwarded", "alltoall": None, None: None}
 # The float8 implementation a source states (published.py's float8_recipe): its casts as it declares them
-# (steptime.Float8Casts); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it.
+# (steptime.Float8Casts); not stated: torchao's tensorwise Float8Linear (float8=True), as torchtitan runs it. Its
+# declaration carries torchtitan's float8 tensor parallelism (Float8Casts.tp_gather: the input cast once on the rank's
+# shard and all-gathered in float8; _steptime_float8): torchtitan/parallelisms/parallelize_llama.py at 9dec370 (the
+# 2024-12 tables, dynamic tensorwise scaling only) lines 148-162 and 174-193 apply Float8ColwiseParallel,
+# Float8RowwiseParallel and PrepareFloat8ModuleInput whenever float8 is on; torchtitan/models/llama3/
+# parallelize_llama.py at 820504e (the 2025-06 async-TP table) lines 56-65 only for the tensorwise recipe ("For
+# rowwise recipes, we use regular TP and all-gather happens in high precision"): torchao-rowwise declares none.
 FLOAT8_RECIPE = {"torchao-rowwise": steptime.TORCHAO_ROWWISE, "te-current-scaling": steptime.TE_CURRENT_SCALING,
                  "te-delayed-scaling": steptime.TE_DELAYED_SCALING, "te-mxfp8": steptime.TE_MXFP8,
                  None: True}
