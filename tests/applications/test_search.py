@@ -39,6 +39,7 @@ def brute_force(solver, devices, global_batch, seq_len):
     return out
 
 
+@pytest.mark.long       # a whole search solved layout by layout (README: whole searches are long)
 @pytest.mark.parametrize("workers", [1, 2])     # in-process, and split over two forked worker processes
 def test_search_matches_brute_force(solver, workers):
     found = search.search_plans(MODEL, GPU, devices=16, global_batch=32, seq_len=2048, solver=solver, workers=workers)
@@ -54,6 +55,7 @@ def test_search_matches_brute_force(solver, workers):
     assert found.solves <= found.candidates
 
 
+@pytest.mark.long       # a whole search solved layout by layout (README: whole searches are long)
 def test_search_without_monotonicity_solves_every_layout(solver):
     pruned = search.search_plans(MODEL, GPU, devices=8, global_batch=64, seq_len=4096, solver=solver)
     every = search.search_plans(MODEL, GPU, devices=8, global_batch=64, seq_len=4096, solver=solver,

@@ -125,6 +125,7 @@ ARGS = dict(profile="measured", workers=1, checkpointing=["full", "none"])
     ("llama3-70b", 8, 8, 4096, ["zero0", "zero3", "fsdp-grad-op"]),      # none fits: the closest
     ("mixtral-8x7b", 8, 8, 2048, ["zero1", "fsdp-grad-op"]),             # none fits, MoE
 ])
+@pytest.mark.long       # whole searches, pruned and unpruned
 def test_a_pruned_search_where_none_fits_is_the_unpruned_one(model, devices, batch, seq, rules):
     pruned, every = (search.search_plans(model, "h100", devices=devices, global_batch=batch, seq_len=seq,
                                          data_parallel=rules, assume_monotone=flag, **ARGS) for flag in (True, False))
@@ -152,6 +153,7 @@ def test_a_pruned_search_is_the_unpruned_one_and_keeps_the_gas_1_rows(solver):
         assert r.total_memory == c.total_memory
 
 
+@pytest.mark.long       # whole searches, pruned and unpruned
 def test_the_pruning_is_the_same_with_workers():
     args = dict(devices=8, global_batch=8, seq_len=2048, data_parallel=["zero1", "fsdp-grad-op"],
                 checkpointing=["full", "none"], profile="measured")

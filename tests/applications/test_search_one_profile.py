@@ -228,6 +228,7 @@ def test_rows_must_be_a_positive_count_or_none(solver):
 
 # --- the command ----------------------------------------------------------------------------
 
+@pytest.mark.long       # whole searches from the command line
 def test_cli_defaults_to_the_measured_profile_and_names_it(solver):
     code, text = run("search", "-n", "4", "--global-batch", "8", "-s", "1024", "--no-progress", "--json",
                      "--regime", "bf16", "--attention", "eager", "--dropout", "0.1", "--optimizer-impl", "fused",
@@ -302,6 +303,7 @@ def test_cli_refuses_layout_flags_by_name(capsys, argv, flag):
     assert err.startswith(f"mlsysim-core: error: {flag}=") and "search" in err and "Traceback" not in err
 
 
+@pytest.mark.long       # whole searches from the command line
 def test_cli_rows_and_checkpointing(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")     # every column kept: no "left out to fit" line
     code, _ = run("search", "-n", "8", "--global-batch", "16", "--rows", "-1", "--profile", "reference")
