@@ -470,7 +470,6 @@ def _megatron_terms(plan, placement, terms) -> list:
                 formula=f"({layers} - 1) layers above the recomputed one x T x h x {r} B (each detached input's "
                         f".grad, its AccumulateGrad node reached by the recomputed probabilities' graph) = "
                         f"{grads:,.0f} B"))
-        if layers > 1:
             # The backward's end: layer 0's recompute (the last micro-batch's), with that micro-batch's L inputs
             # and the L - 1 upper layers' input gradients alive; layer 0's input is in the working set's saved
             # tensors (its input norm's), counted there.
