@@ -4,7 +4,6 @@ timeline; every phase), hand-derived bytes, what it shares with the eager profil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -15,11 +14,10 @@ from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_blocks", ROOT / "validation/compile/compare_blocks.py")
-compare_blocks = importlib.util.module_from_spec(_spec)     # by its path: no module named "compare" on sys.path
-_spec.loader.exec_module(compare_blocks)
+compare_blocks = load_script("validation/compile/compare_blocks.py")
 
 RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_measurements.json").read_text(
     encoding="utf-8"))["runs"] if r.get("measured")}

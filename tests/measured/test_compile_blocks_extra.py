@@ -6,7 +6,6 @@ and what is refused. No torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -18,12 +17,10 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_blocks_extra",
-                                               ROOT / "validation/compile/compare_blocks_extra.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = load_script("validation/compile/compare_blocks_extra.py")
 
 RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_extra_measurements.json").read_text(
     encoding="utf-8"))["runs"] if r.get("measured")}

@@ -6,9 +6,7 @@ hand-derived bytes and what is refused. No torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -17,12 +15,9 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_blocks_order",
-                                               ROOT / "validation/compile/compare_blocks_order.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = load_script("validation/compile/compare_blocks_order.py")
 
 ROWS = {rid: (pred, meas, base) for rid, pred, meas, base in compare.rows()}
 COMPILED = [r for r in ROWS if "-blocks-full" in r]

@@ -4,7 +4,6 @@ eager and per-block compiled, the profiler's timeline), hand-derived bytes and w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,11 +14,10 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_blocks_pp", ROOT / "validation/compile/compare_blocks_pp.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = load_script("validation/compile/compare_blocks_pp.py")
 
 RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_pp_measurements.json").read_text(
     encoding="utf-8"))["runs"] if r.get("measured")}

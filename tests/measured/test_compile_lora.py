@@ -4,7 +4,6 @@ with frozen base weights, against validation/compile/blocks_measurements.json (t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -16,11 +15,10 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_blocks_lora", ROOT / "validation/compile/compare_blocks.py")
-compare_blocks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare_blocks)
+compare_blocks = load_script("validation/compile/compare_blocks.py")
 
 RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_measurements.json").read_text(
     encoding="utf-8"))["runs"] if r.get("measured") and r.get("lora")}

@@ -5,7 +5,6 @@ timeline, every phase), hand-derived bytes and what is refused. No torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -14,12 +13,10 @@ import pytest
 
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compile_compare_lora_whole",
-                                               ROOT / "validation/compile/compare_lora_whole.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+compare = load_script("validation/compile/compare_lora_whole.py")
 
 DOC = json.loads((ROOT / "validation/compile/lora_whole_measurements.json").read_text(encoding="utf-8"))
 RUNS = {r["id"]: r for r in DOC["runs"] if r.get("measured")}

@@ -4,7 +4,6 @@ MemTracker), hand-derived bytes and what stays refused. No torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,13 +14,12 @@ from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "validation"))
 sys.path.insert(0, str(ROOT / "validation" / "families"))
-_spec = importlib.util.spec_from_file_location("lora_litgpt_chunked", ROOT / "validation/lora_litgpt_chunked.py")
-script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
+script = load_script("validation/lora_litgpt_chunked.py")
 
 from report_families import predicted_phases  # noqa: E402
 from report_lora_variants import end_of_forward  # noqa: E402

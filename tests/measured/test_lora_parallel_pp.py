@@ -6,20 +6,16 @@ chunked loss and interleaved chunks under pp) refused by type and message."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import GRADIENTS
+from scripttools import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compare_lora_pp", ROOT / "validation" / "lora_parallel" / "compare_pp.py")
-COMPARE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(COMPARE)
+COMPARE = load_script("validation/lora_parallel/compare_pp.py")
 RUNS = COMPARE.runs()
 COMPARED = [(run, COMPARE.compare(run)) for run in RUNS]
 

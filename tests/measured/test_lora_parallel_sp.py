@@ -7,7 +7,6 @@ torch), every phase compared; the layers' saved bytes per token by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,12 +15,10 @@ import pytest
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import FORWARD, GRADIENTS
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compare_lora_tp_sp", ROOT / "validation" / "lora_parallel" /
-                                               "compare_tp.py")
-COMPARE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(COMPARE)
+COMPARE = load_script("validation/lora_parallel/compare_tp.py")
 RUNS = COMPARE.runs(COMPARE.SP_DATA)
 COMPARED = [(run, COMPARE.compare(run)) for run in RUNS]
 LAYERS = "decoder layers: saved for backward (LoRA)"

@@ -6,7 +6,6 @@ per-rank bytes by hand (r (in + out) / tp per adapted linear); what stays unmode
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,11 +14,10 @@ import pytest
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.terms import GRADIENTS, WEIGHTS
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compare_lora_tp", ROOT / "validation" / "lora_parallel" / "compare_tp.py")
-COMPARE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(COMPARE)
+COMPARE = load_script("validation/lora_parallel/compare_tp.py")
 RUNS = COMPARE.runs()
 COMPARED = [(run, COMPARE.compare(run)) for run in RUNS]
 

@@ -7,7 +7,6 @@ here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +14,10 @@ import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.terms import FORWARD, GRADIENTS, WEIGHTS
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compare_lora_pp_tp", ROOT / "validation" / "lora_parallel" /
-                                               "compare_pp.py")
-COMPARE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(COMPARE)
+COMPARE = load_script("validation/lora_parallel/compare_pp.py")
 RUNS = COMPARE.runs(COMPARE.TP_DATA)
 COMPARED = [(run, COMPARE.compare(run)) for run in RUNS]
 TOP = "top layer's MLP forward: its transients (tensor parallel)"

@@ -5,14 +5,12 @@ loss; the profiler's memory timeline) and the published row's arithmetic. No tor
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("torchtune_lora_8b", ROOT / "validation/published/torchtune_lora_8b.py")
-script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
+from scripttools import load_script
+
+script = load_script("validation/published/torchtune_lora_8b.py")
 
 RUNS = {r["id"]: r for r in json.loads(Path(script.PATH).read_text(encoding="utf-8"))["runs"] if r.get("measured")}
 GiB = 2**30

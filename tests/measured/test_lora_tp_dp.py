@@ -7,7 +7,6 @@ by type and message."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +14,10 @@ import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("compare_lora_tp_dp", ROOT / "validation" / "lora_parallel" /
-                                               "compare_tp.py")
-COMPARE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(COMPARE)
+COMPARE = load_script("validation/lora_parallel/compare_tp.py")
 RUNS = COMPARE.runs(COMPARE.DP_DATA)
 COMPARED = [(run, COMPARE.compare(run)) for run in RUNS]
 # llama-tiny, every linear adapted at r = 16, tp = 2: 156,160 adapter params on each rank (test_lora_parallel_tp.py)
