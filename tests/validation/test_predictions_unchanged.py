@@ -28,13 +28,14 @@ backward (the end of the backward only). Any other difference is a regression, o
 CHANGELOG.md.
 """
 
-import importlib.util
 import re
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "data" / "predictions_issue15.json.gz"
@@ -43,10 +44,7 @@ SHOWN_CASES, SHOWN_FIELDS = 25, 8
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("_snapshot_predictions_tool", ROOT / "tools" / "snapshot_predictions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/snapshot_predictions.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,18 @@
 reason the script derives (FSDP2's side-stream pools); the allocated bytes exact against the CPU reproduction of
 that configuration. No torch (validation/published/torchtitan_llama3_8b.py)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
+from scripttools import load_script
 
-PATH = Path(__file__).resolve().parents[2] / "validation" / "published" / "torchtitan_llama3_8b.py"
 GIB = 2**30
 
 
 @pytest.fixture(scope="module")
 def tt():
-    spec = importlib.util.spec_from_file_location("torchtitan_llama3_8b", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("validation/published/torchtitan_llama3_8b.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,15 @@
 the measured profile can express within 5 %, and every other row skipped for a reason that holds.
 No torch (validation/published/torchtune_ladder.py)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
-
-PATH = Path(__file__).resolve().parents[2] / "validation" / "published" / "torchtune_ladder.py"
+from scripttools import load_script
 
 
 @pytest.fixture(scope="module")
 def ladder():
-    spec = importlib.util.spec_from_file_location("torchtune_ladder", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("validation/published/torchtune_ladder.py")
 
 
 def test_every_expressible_row_within_5_percent(ladder):

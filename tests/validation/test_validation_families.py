@@ -9,22 +9,14 @@ step; each relative to that phase's measured bytes) median abs. error at most 3 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from scripttools import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _report():
-    spec = importlib.util.spec_from_file_location("report_families", ROOT / "validation" / "families" / "report_families.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REPORT = _report()
+REPORT = load_script("validation/families/report_families.py")
 ROWS = REPORT.compare(REPORT.load())
 SUMMARY = REPORT.summary(ROWS)
 

@@ -6,21 +6,19 @@ data and checks that docs/validation.md shows exactly those numbers, so a change
 a prediction fails here until the report is regenerated (python validation/report.py).
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("validation_report", ROOT / "validation" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("validation/report.py")
 
 
 def test_measurements_cover_what_the_issue_asks():
