@@ -4,7 +4,6 @@ the re-implementation of PyTorch's DeviceCachingAllocator against hand-derived c
 the recorded replays of CPU allocation traces (validation/reserved/)."""
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_plugins.measured.allocator import CachingAllocator, allocation_size, replay, round_size
+from scripttools import load_script
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,10 +189,7 @@ def _recorded():
 def test_replaying_the_recorded_traces_gives_the_recorded_results():
     """The committed traces (record_traces.py, torch 2.13 CPU) replay to the committed results, and the
     mechanism's rounding term for each run is what the measured profile computes now."""
-    spec = importlib.util.spec_from_file_location("replay_traces", RESERVED / "replay_traces.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    replay_run = module.replay_run
+    replay_run = _script("replay_traces").replay_run
     runs = {r["id"]: r for r in json.loads((RESERVED / "traces.json").read_text())["runs"]}
     for recorded in _recorded()["runs"]:
         assert replay_run(runs[recorded["id"]]) == recorded
@@ -206,10 +203,7 @@ def test_traces_are_what_the_summary_says():
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, RESERVED / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RESERVED / f"{name}.py")
 
 
 def test_published_rows_are_what_the_profile_predicts_now():

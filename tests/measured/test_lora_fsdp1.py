@@ -7,27 +7,18 @@ micro-batches."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from mlsysim_core.terms import BACKWARD, FORWARD
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASUREMENTS = ROOT / "validation" / "lora_fsdp1" / "measurements.json"
 DATA = json.loads(MEASUREMENTS.read_text(encoding="utf-8"))
-
-
-def _compare():
-    spec = importlib.util.spec_from_file_location("lora_fsdp1_compare", ROOT / "validation" / "lora_fsdp1" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-C = _compare()
+C = load_script("validation/lora_fsdp1/compare.py")
 RUNS = [r for r in DATA["runs"] if r.get("measured")]
 PEFT = [r for r in RUNS if r["wrap"] == "peft" and not r["lora"].get("quantization")]
 QLORA = [r for r in RUNS if r["lora"].get("quantization")]

@@ -14,24 +14,16 @@ import pytest
 from mlsysim_core import HardwareNode, TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "validation" / "parallel" / "lora_measurements.json").read_text(encoding="utf-8"))
 RUNS = DATA["runs"]
 sys.path.insert(0, str(ROOT / "validation" / "parallel"))
-
-
-def _parallel_compare():
-    """validation/parallel/compare.py by its path (validation/compile has a compare.py too: whichever test imports
-    ``compare`` first would otherwise shadow the other)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("parallel_compare", ROOT / "validation" / "parallel" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REGIMES, layout_kwargs = _parallel_compare().REGIMES, _parallel_compare().layout_kwargs
+# validation/parallel/compare.py by its path (validation/compile has a compare.py too: whichever test imported
+# ``compare`` first would otherwise shadow the other)
+PARALLEL_COMPARE = load_script("validation/parallel/compare.py")
+REGIMES, layout_kwargs = PARALLEL_COMPARE.REGIMES, PARALLEL_COMPARE.layout_kwargs
 from familytools import REPORT  # noqa: E402
 
 CPU = HardwareNode(name="cpu", memory_capacity=2**40)

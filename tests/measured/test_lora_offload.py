@@ -4,9 +4,6 @@ blocks, measured on the CPU with the host copies simulated), every phase and the
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
@@ -15,18 +12,9 @@ from mlsysim_core.finetune import LoRAConfig
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.terms import HOST
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _compare():
-    spec = importlib.util.spec_from_file_location("lora_offload_compare", ROOT / "validation" / "lora_offload" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ROWS = list(_compare().rows())
+ROWS = list(load_script("validation/lora_offload/compare.py").rows())
 
 
 def test_every_run_measured():

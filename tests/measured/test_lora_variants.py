@@ -17,6 +17,7 @@ from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig, lora_counts
 from mlsysim_core.hf import from_hf_config
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "validation" / "lora_variant_measurements.json").read_text(encoding="utf-8"))
@@ -259,10 +260,7 @@ def test_the_fields_as_a_dict_and_their_errors():
 
 
 def test_the_table_in_the_docs_is_current():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("report_lora_variants", ROOT / "validation" / "report_lora_variants.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("validation/report_lora_variants.py")
     section = report.render(report.compare(report.load()))
     assert section in (ROOT / "docs" / "finetune.md").read_text(encoding="utf-8"), \
         "docs/finetune.md is stale: run python validation/report_lora_variants.py"

@@ -20,6 +20,7 @@ from mlsysim_core.terms import BACKWARD, FORWARD, PHASES
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured.loss_implementations import HOOK, LossImplementation
 from mlsysim_plugins.measured.published_losses import PUBLISHED
+from scripttools import load_script
 
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 LLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -277,17 +278,7 @@ def test_share_said_when_it_changes_nothing():
 
 # --- against the measurements (validation/techniques/loss/published_measurements.json) ----------------
 
-def _report():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "validation/techniques/loss/report_published.py"
-    spec = importlib.util.spec_from_file_location("report_published", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REPORT = _report()
+REPORT = load_script("validation/techniques/loss/report_published.py")
 PUBLISHED_RUNS = REPORT.runs()
 PUBLISHED_ERRORS = {r["id"]: REPORT.errors(r) for r in PUBLISHED_RUNS}
 

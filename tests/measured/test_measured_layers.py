@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_plugins.measured.layers import LayerBytes, amp_weight_copies, layer_forward_bytes
+from scripttools import load_script
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "validation" / "measurements.json"
 RUNS = json.loads(MEASUREMENTS.read_text())["runs"]
@@ -107,11 +108,7 @@ EXTRA = [
                          ids=["-".join(map(str, e[:6])) for e in EXTRA])
 def test_layer_forward_bytes_match_extra_measurements(model, regime, attention, dropout, batch, seq_len,
                                                       measured):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_validation_configs", MEASUREMENTS.parent / "configs.py")
-    configs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(configs)
+    configs = load_script(MEASUREMENTS.parent / "configs.py")
     run = dict(hf_config=configs._hf(configs.MODELS[model][1], dropout), batch_size=batch, seq_len=seq_len,
                regime=regime, attention=attention, checkpointing="none", dropout=dropout)
     assert expected(run) == measured

@@ -5,9 +5,6 @@ simulated), every phase and the host; hand-derived host bytes; what stays refuse
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from mlsysim_core import TrainingMemoryModel
@@ -15,18 +12,9 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.terms import BACKWARD, FORWARD, HOST
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _compare():
-    spec = importlib.util.spec_from_file_location("offload_full_compare", ROOT / "validation" / "offload_full" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ROWS = list(_compare().rows())
+ROWS = list(load_script("validation/offload_full/compare.py").rows())
 
 # At 256 tokens the top block's backward under optimizer_in_bwd peaks inside its attention's backward (the MLP's
 # weight gradients stepped and freed before it), a moment compile.blocks_outside_full_terms does not price: -1.65 %

@@ -2,7 +2,6 @@
 schedules, tensor/sequence/context parallelism, expert parallelism, data-parallel
 sharding and offload; and the published check against Korthikanti et al. 2022, Fig. 1."""
 
-import importlib.util
 import pathlib
 
 import pytest
@@ -11,16 +10,10 @@ from mlsysim_core import InvalidInputError, LayoutError, TrainingMemoryModel, Tr
 from mlsysim_plugins.measured.layers import megatron_layer_bytes
 from mlsysim_plugins.measured.parallel import in_flight, rank_classes, rank_parameters, stage_layer_counts
 from mlsysim_core.result import _phase_totals
+from scripttools import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MEASURED = TrainingMemoryModel("measured")
-
-
-def _korthikanti():
-    spec = importlib.util.spec_from_file_location("korthikanti", ROOT / "validation/published/korthikanti.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def solve(model="llama3-8b", batch=64, seq=2048, **kwargs):
@@ -31,7 +24,7 @@ def solve(model="llama3-8b", batch=64, seq=2048, **kwargs):
 
 # --- published: Korthikanti et al. 2022, Fig. 1 -------------------------------------------------
 
-@pytest.mark.parametrize("row", _korthikanti().rows(), ids=lambda row: f"{row[0]}-{row[1]}")
+@pytest.mark.parametrize("row", load_script("validation/published/korthikanti.py").rows(), ids=lambda row: f"{row[0]}-{row[1]}")
 def test_korthikanti_fig1_within_5_percent(row):
     name, what, published, predicted = row
     assert abs(predicted / published - 1) <= 0.05, (name, what, published, predicted)
@@ -256,9 +249,7 @@ def test_reference_profile_refuses_per_rank_options():
 
 
 def test_per_rank_report_is_up_to_date():
-    report = importlib.util.spec_from_file_location("report_parallel", ROOT / "validation/report_parallel.py")
-    module = importlib.util.module_from_spec(report)
-    report.loader.exec_module(module)
+    module = load_script("validation/report_parallel.py")
     assert module.main(["--check"]) == 0, "docs/validation.md is stale: run python validation/report_parallel.py"
 
 
@@ -303,9 +294,7 @@ def test_fake_process_group_ranks_within_targets():
     median within 5 %, max within 10 % (issue #4's targets)."""
     import json
     import statistics
-    spec = importlib.util.spec_from_file_location("parallel_compare", ROOT / "validation/parallel/compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    compare = load_script("validation/parallel/compare.py")
     rows = compare.compare(json.loads((ROOT / "validation/parallel/measurements.json").read_text()))
     assert len(rows) >= 60
     errors = [abs(r["error"]) for r in rows]

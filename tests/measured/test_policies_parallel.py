@@ -3,7 +3,6 @@ measurements of validation/parallel/policies (fake process group, one rank, ever
 same bytes for a third-party family that declares the built-in's op tags, refusals naming the family and the
 policy, the families that now tag their ops, and search --from a torchtitan config with per-op SAC."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -18,21 +17,13 @@ from mlsysim_core.manager import PluginManager
 from mlsysim_plugins.measured import layers
 from mlsysim_plugins.measured.families import LLAMA
 from mlsysim_plugins.measured.layer_ops import llama_ops
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "validation" / "parallel" / "policies"
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 POLICIES = ("op-sac", "save-list", "every-k", "mlp-only", "attention-only", "none", "selective", "full")
-
-
-def _module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-COMPARE = _module("policies_compare", HERE / "compare_policies.py")
+COMPARE = load_script("validation/parallel/policies/compare_policies.py")
 
 
 @pytest.fixture(scope="module")
