@@ -4,27 +4,17 @@ them for the family table, and their errors phase by phase. No torch."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 from pathlib import Path
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES_DIR = ROOT / "validation" / "families"
-
-
-def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REPORT = _module("report_families", FAMILIES_DIR / "report_families.py")
+REPORT = load_script(FAMILIES_DIR / "report_families.py")
 PRECISION = REPORT.REFERENCE_PRECISION        # validation/report.py's: the precision of each regime
 PHASES = REPORT.PHASES                        # ("forward", "backward", "optimizer")
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
@@ -36,10 +26,9 @@ def family_runs(directory: str) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["runs"]
 
 
-@functools.lru_cache(maxsize=None)
 def family_configs(directory: str):
     """validation/families/<directory>/configs.py, imported by path (once)."""
-    return _module(f"{directory}_configs", FAMILIES_DIR / directory / "configs.py")
+    return load_script(FAMILIES_DIR / directory / "configs.py")
 
 
 def run_model(run: dict):

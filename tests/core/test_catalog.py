@@ -244,16 +244,12 @@ def test_reference_entries_without_a_curated_counterpart_keep_their_short_names(
 
 
 def test_the_counterparts_are_recorded_in_the_data_and_the_dump_tool():
-    import importlib.util
-    from pathlib import Path
+    from scripttools import load_script
     recorded = {e.key[len(NAMESPACE):]: e.extra["curated_counterpart"]
                 for e in list_models(plugins=False) + list_hardware(plugins=False)
                 if e.origin == "reference" and "curated_counterpart" in e.extra}
     assert recorded == COUNTERPARTS
-    path = Path(__file__).resolve().parents[2] / "tools" / "dump_reference_catalog.py"
-    spec = importlib.util.spec_from_file_location("dump_reference_catalog", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)        # (mlsysim itself is imported only when it dumps)
+    tool = load_script("tools/dump_reference_catalog.py")      # (mlsysim itself is imported only when it dumps)
     assert tool.COUNTERPARTS == COUNTERPARTS
 
 

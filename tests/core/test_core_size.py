@@ -4,8 +4,9 @@ shrinks; the issue's aim is 2,000). The edge modules may not grow more than 10 %
 their size when the core was split off (commit 98d9a2c), so logic moved out of the core
 is not simply hidden in them."""
 
-import importlib.util
 from pathlib import Path
+
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 # Issue 24, item 6: counted as that issue counts (steptime.py and technique_fit.py included: 737 lines);
@@ -59,10 +60,7 @@ CATALOG_AT_SPLIT = 1052   # re-based at issue 24 item 6 (was 1027): +25, the JSO
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("core_size", ROOT / "tools" / "core_size.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/core_size.py")
 
 
 def test_solver_is_at_most_500_lines_and_the_core_does_not_grow():

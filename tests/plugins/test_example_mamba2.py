@@ -14,7 +14,6 @@ and the package's own tests there.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import re
 import shutil
@@ -48,16 +47,10 @@ from mlsysim_plugins.measured.families import family_for  # noqa: E402
 from mlsysim_plugins.measured.kernels import BUILTIN_KERNELS, SEPARATE_QKV  # noqa: E402
 from mlsysim_plugins.measured.layers import REPLICATED, TP  # noqa: E402
 from mlsysim_plugins.measured.shapes import ModelShape  # noqa: E402
+from scripttools import load_script  # noqa: E402
 
 
-def _load_compare():
-    spec = importlib.util.spec_from_file_location("mamba2_compare_measurements", PACKAGE / "compare_measurements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compare = _load_compare()
+compare = load_script(PACKAGE / "compare_measurements.py")
 RUNS = compare.load_runs(MEASUREMENTS)
 BY_ID = {run["id"]: run for run in RUNS}
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
