@@ -43,4 +43,6 @@ def mlsysim_optimizers():
                           step=OptimizerStep(update="adam", quantized_moments="8-bit", moment_traffic=4.0,
                                              refused={OPTIMIZER_IN_BACKWARD: (
                               "bitsandbytes' Adam8bit (the older plugin) is not measured with optimizer_in_backward; "
-                              "adamw-8bit-bnb and paged-adamw-8bit-bnb are")}))]
+                              "adamw-8bit-bnb and paged-adamw-8bit-bnb are")},
+                                             not_offered="the older bitsandbytes Adam8bit plugin: fit techniques offers "
+                                                         "adamw-8bit-bnb, its exact layout"))]

@@ -679,6 +679,7 @@ def mlsysim_checkpointing_strategies():
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
                           extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="op-sac"),
+                                      "measured.saves_rank": 5,     # fit techniques' ladder, after every-k
                                       # its saved set inside a compiled block: the partitioner honours the SAC tags
                                       # (measured compiled: compile.COMPILED_BLOCKS, validation/compile)
                                       "measured.compiled_blocks": True},
@@ -692,18 +693,21 @@ def mlsysim_checkpointing_strategies():
                           recomputes_first_layer=_always),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "
                           "plugin_options k, default 2)", activation_terms=_every_k_reference,
-                          options_type=EveryKOptions, extensions={"measured.activation_terms": every_k_terms},
+                          options_type=EveryKOptions,
+                          extensions={"measured.activation_terms": every_k_terms, "measured.saves_rank": 4},
                           searched=False,
                           recompute=Recompute("every-k"), recomputes="part",
                           recomputes_first_layer=_every_k_first_layer),
         CheckpointingSpec(name="mlp-only", description="recompute each layer's MLP (MoE block) only",
                           activation_terms=_reference(17, "layers, MLP recomputed (17*s*b*h)"),
-                          extensions={"measured.activation_terms": functools.partial(module_terms, module="mlp")},
+                          extensions={"measured.activation_terms": functools.partial(module_terms, module="mlp"),
+                                      "measured.saves_rank": 3},
                           searched=False, recompute=Recompute("mlp-only"), recomputes="part",
                           recomputes_first_layer=_always),
         CheckpointingSpec(name="attention-only", description="recompute each layer's attention module only",
                           activation_terms=_reference(25, "layers, attention recomputed (25*s*b*h)"),
-                          extensions={"measured.activation_terms": functools.partial(module_terms, module="attention")},
+                          extensions={"measured.activation_terms": functools.partial(module_terms, module="attention"),
+                                      "measured.saves_rank": 2},
                           searched=False, recompute=Recompute("attention-only"), recomputes="part",
                           recomputes_first_layer=_always),
     ]

@@ -73,6 +73,7 @@ def mlsysim_checkpointing_strategies():
     return [CheckpointingSpec(name="selective", description="recompute attention core; 34*s*b*h B/layer",
                               activation_terms=activation_terms,
                               extensions={"measured.activation_terms": measured_activation_terms,
+                                          "measured.saves_rank": 1,     # fit techniques' ladder: the least saving
                                           "explain.why": (
                                               "the tensors the forward pass saves for the backward pass",
                                               "34·s·b·h bytes per layer at 16 bit (Korthikanti et al. 2023); the "

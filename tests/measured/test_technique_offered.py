@@ -1,11 +1,12 @@
 """What ``fit techniques`` offers is asked of the declarations, never of the names (issue 24 items 1, 3, 7).
 
 - **Checkpointing** (``builtin_techniques._saves_more``): a run whose strategy recomputes nothing
-  (``CheckpointingSpec.recomputes``) is offered every policy of the ladder; one whose strategy declares
-  what a ladder policy declares (that spec under any name), the policies after it; any other, none. The
-  offered sets of every built-in strategy are the ones the name table gave (written out below); the
-  criterion reads no plan, so they hold for every model. A built-in registered again under another name
-  (the same object) gets the built-in's ladder, byte for byte: with the name table it got nothing.
+  (``CheckpointingSpec.recomputes``) is offered every strategy of the ladder (those declaring
+  ``extensions["measured.saves_rank"]``); one that declares its rank, the strategies of a larger rank;
+  any other, none. The offered sets of every built-in strategy are the ones the name table gave
+  (written out below); the criterion reads no plan, so they hold for every model. A built-in
+  registered again under another name (the same object) gets the built-in's ladder, byte for byte:
+  with the name table it got nothing.
 - **Low-bit optimizer** (``_quantizes_the_update_of``): offered in place of the run's optimizer when that
   declares the update the candidate quantizes (``OptimizerStep.update``) and quantizes no moments itself.
 - **A third party's** ``offered(value, given)`` of two parameters is called as before; one of three gets
@@ -53,7 +54,8 @@ FLOPS, LINK = 312e12, 32e9
 
 
 def _offered(technique, keyword, given, registry=REGISTRY) -> set:
-    return {c.value for c in technique.candidates if technique.is_offered(c.value, {keyword: given}, registry)}
+    return {c.value for c in technique.candidates_in(registry)
+            if technique.is_offered(c.value, {keyword: given}, registry)}
 
 
 def test_every_builtin_strategy_is_offered_what_the_name_table_offered():
@@ -86,16 +88,24 @@ def test_a_renamed_strategy_is_offered_what_the_builtin_is(name):
     assert _offered(CHECKPOINTING, "activation_checkpointing", new, solver.registry) == LADDER_OF[name]
 
 
-def test_a_strategy_declared_otherwise_sits_by_what_it_recomputes():
+def test_a_strategy_sits_where_it_declares():
     """A third party's strategy recomputing nothing, with terms of its own, is offered the whole ladder; one
-    recomputing part of a layer its own way (here op-SAC's share declared as a function of its own) is not
-    placed in the ladder: nothing."""
+    recomputing part of a layer its own way (here op-SAC's share declared as a function of its own) sits
+    where its ``measured.saves_rank`` says: op-SAC's 5, before full; declaring none, it is not in the ladder
+    (neither offered nor offered anything)."""
     table = REGISTRY.checkpointing
     keep = attrs.evolve(table["none"], name="acme.keep", extensions={"measured.activation_terms": lambda *a: []})
     sac = attrs.evolve(table["op-sac"], name="acme.sac", recompute=lambda plan: table["op-sac"].recompute(plan))
-    solver = world("mlsysim_checkpointing_strategies", [keep, sac], info=ACME)
-    assert _offered(CHECKPOINTING, "activation_checkpointing", "acme.keep", solver.registry) == LADDER_OF["none"]
-    assert _offered(CHECKPOINTING, "activation_checkpointing", "acme.sac", solver.registry) == set()
+    unranked = attrs.evolve(sac, name="acme.unranked", extensions={
+        k: v for k, v in sac.extensions.items() if k != "measured.saves_rank"})
+    solver = world("mlsysim_checkpointing_strategies", [keep, sac, unranked], info=ACME)
+    assert _offered(CHECKPOINTING, "activation_checkpointing", "acme.keep", solver.registry) == {
+        *LADDER_OF["none"], "acme.sac"}
+    assert _offered(CHECKPOINTING, "activation_checkpointing", "acme.sac", solver.registry) == {"full"}
+    assert _offered(CHECKPOINTING, "activation_checkpointing", "every-k", solver.registry) == {
+        "op-sac", "acme.sac", "full"}
+    assert _offered(CHECKPOINTING, "activation_checkpointing", "acme.unranked", solver.registry) == set()
+    assert "acme.unranked" not in {c.value for c in CHECKPOINTING.candidates_in(solver.registry)}
 
 
 @pytest.mark.parametrize("name", ["none", "selective", "op-sac"])

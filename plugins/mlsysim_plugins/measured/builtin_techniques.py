@@ -8,14 +8,12 @@ profile's ``prepare``, ``relocate`` and the ladder call."""
 
 from __future__ import annotations
 
-import functools
-import types
-from typing import Mapping
+import math
 
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import MlsysimError
+from mlsysim_core.errors import MlsysimError, PluginContractError
 from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER
 from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
@@ -246,7 +244,32 @@ def _compile(plan, registry):
 
 # --- the ladder's levers that are solve's own keywords ----------------------------------------------
 
-CHECKPOINTING_LADDER = ("selective", "attention-only", "mlp-only", "every-k", "op-sac", "full")
+SAVES_RANK = "measured.saves_rank"
+"""The ``CheckpointingSpec.extensions`` key that places a strategy in ``fit techniques``' ladder: a positive
+number, the larger the more it saves (the built-ins: selective 1, attention-only 2, mlp-only 3, every-k 4,
+op-sac 5, full 6; a strategy of one's own may sit between, 4.5). A strategy that declares none is not
+offered (none, save-list)."""
+
+
+def saves_rank(spec) -> float | None:
+    """Where checkpointing strategy ``spec`` sits in the ladder (``SAVES_RANK``), None where it declares nothing."""
+    rank = spec.extensions.get(SAVES_RANK)
+    if rank is None:
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, (int, float)) or not 0 < rank < math.inf:
+        raise PluginContractError(
+            f"checkpointing strategy {spec.name!r} declares extensions[{SAVES_RANK!r}] = {rank!r}; expected a positive "
+            "number (the larger, the more it saves: selective 1 ... full 6) or nothing (not in fit techniques' ladder)",
+            hook="mlsysim_checkpointing_strategies")
+    return rank
+
+
+def _checkpointing_candidates(registry) -> list[Candidate]:
+    """Every registered strategy that declares where it sits (``SAVES_RANK``), the least saving first, then by
+    name: with the built-ins, selective, attention-only, mlp-only, every-k, op-sac, full."""
+    ranked = sorted((rank, name) for name, spec in registry.checkpointing.items()
+                    if (rank := saves_rank(spec)) is not None)
+    return [Candidate(name, f"activation checkpointing: {name}") for _, name in ranked]
 
 
 def _spec(table: dict, kind: str, parameter: str, registry, value):
@@ -257,67 +280,23 @@ def _spec(table: dict, kind: str, parameter: str, registry, value):
         return None
 
 
-def _declares_the_same(spec, other) -> bool:
-    """``spec`` declares what ``other`` does: every field alike but the name (the same strategy, whatever it
-    is registered as)."""
-    return type(spec) is type(other) and all(
-        _alike(getattr(spec, f.name), getattr(other, f.name)) for f in attrs.fields(type(spec)) if f.name != "name")
-
-
-def _alike(a, b, depth: int = 0) -> bool:
-    """``a`` and ``b`` are equal, or made alike: the same function's closures over alike values, partials
-    of alike functions with alike arguments, attrs instances or plain objects of one class with alike
-    attributes, containers of alike items. A plugin that builds its specs on each call of its hook (as the
-    built-ins do: ``functools.partial(per_op_terms, policy="op-sac")``, ``Recompute("op-sac")``) makes
-    them again so; only the same object, or an equal one, would miss the copy another call made."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or depth > 8:
-        return False
-    deeper = functools.partial(_alike, depth=depth + 1)
-    if isinstance(a, functools.partial):
-        return deeper(a.func, b.func) and deeper(a.args, b.args) and deeper(a.keywords, b.keywords)
-    if isinstance(a, types.FunctionType):
-        return (a.__code__ is b.__code__ and deeper(a.__defaults__, b.__defaults__)
-                and deeper(a.__kwdefaults__, b.__kwdefaults__) and deeper(_cells(a), _cells(b)))
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(map(deeper, a, b))
-    if isinstance(a, Mapping):
-        return a.keys() == b.keys() and all(deeper(a[k], b[k]) for k in a)
-    if attrs.has(type(a)):
-        return all(deeper(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a)))
-    if a == b:
-        return True
-    return type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__") and deeper(vars(a), vars(b))
-
-
-def _cells(function) -> tuple:
-    try:
-        return tuple(c.cell_contents for c in function.__closure__ or ())
-    except ValueError:       # a cell not yet filled: compared by identity
-        return (function,)
-
-
 def _saves_more(value, given, registry) -> bool:
     """Only a policy that saves more than the run's own, asked of what the strategies declare: a run whose
-    strategy recomputes nothing (``CheckpointingSpec.recomputes == "nothing"``) is offered every policy of
-    the ladder; one whose strategy declares what a policy of the ladder declares (that policy's spec under
-    any name), the policies after it (``CHECKPOINTING_LADDER`` lists them by what they save, the least
-    first); any other (``full``, ``save-list``, a third party's ``"part"`` or ``"layers"`` strategy: where
-    it sits is not declared), none. (The recomputed share, ``recompute(plan)``, does not order the ladder:
-    on Llama-3.1-8B at 2,048 tokens mlp-only reruns 0.78 of the layers' forward, every-k 0.5 and op-sac
-    0.35, which are offered to it.)"""
-    if value not in CHECKPOINTING_LADDER:
-        return False
+    strategy recomputes nothing (``CheckpointingSpec.recomputes == "nothing"``) is offered every strategy of
+    the ladder; one that declares where it sits (``SAVES_RANK``: the same declaration under any name), the
+    strategies that declare a larger rank; any other (``save-list``, a third party's strategy declaring no
+    rank: where it sits is not declared), none. (The recomputed share, ``recompute(plan)``, does not order
+    the ladder: on Llama-3.1-8B at 2,048 tokens mlp-only reruns 0.78 of the layers' forward, every-k 0.5
+    and op-sac 0.35, which are offered to it.)"""
     table = registry.checkpointing
     own = _spec(table, CHECKPOINTING, "activation_checkpointing", registry, given)
-    if own is None:
+    candidate = _spec(table, CHECKPOINTING, "activation_checkpointing", registry, value)
+    if own is None or candidate is None or (rank := saves_rank(candidate)) is None:
         return False
     if own.recomputes == "nothing":
         return True
-    place = next((i for i, name in enumerate(CHECKPOINTING_LADDER) if name in table
-                  and _declares_the_same(own, table[name])), None)
-    return place is not None and place < CHECKPOINTING_LADDER.index(value)
+    mine = saves_rank(own)
+    return mine is not None and mine < rank
 
 
 def _checkpointing_on(plan) -> bool:
@@ -332,7 +311,26 @@ def _checkpointing_time(plan, figures):
     return s, f"checkpointing {plan.activation_checkpointing}: {how}{peak}"
 
 
-_LOWBIT_CAVEAT = "{} block-quantized moments: convergence may differ from fp32 AdamW"
+_LOWBIT_CAVEAT = "{} block-quantized moments: convergence may differ from fp32 {}"
+_UPDATE_NAMES = {"adam": "AdamW"}     # how the caveat names a declared update (``OptimizerStep.update``); else as declared
+
+
+def _lowbit_candidates(registry) -> list[Candidate]:
+    """Every registered optimizer whose step declares quantized moments and an update
+    (``OptimizerStep.quantized_moments``, ``update``), but one that declares why it is not offered
+    (``not_offered``): the most bytes its moments move first (``moment_traffic``: the least saving first),
+    then by name. Its label is its description up to the first colon (else its name); its caveat, its
+    moments' bits. ``_quantizes_the_update_of`` offers those of the run's update."""
+    from .optimizer_step import step_of
+    found = []
+    for name, spec in registry.optimizers.items():
+        step = step_of(spec)
+        if step is None or not step.quantized_moments or not step.update or step.not_offered:
+            continue
+        label = spec.description.split(":", 1)[0].strip() or name
+        caveat = _LOWBIT_CAVEAT.format(step.quantized_moments, _UPDATE_NAMES.get(step.update, step.update))
+        found.append((-step.moment_traffic, name, Candidate(name, label, caveat)))
+    return [c for *_, c in sorted(found, key=lambda f: f[:2])]
 
 
 def _lowbit_on(plan) -> bool:
@@ -363,7 +361,7 @@ _FP8 = "fp8 matmuls: numerics differ from bf16"
 TECHNIQUES = (
     Technique(name="activation_checkpointing", order=0, keyword="activation_checkpointing", replaces=True,
               description="activation checkpointing (solve's activation_checkpointing): in the ladder only",
-              candidates=[Candidate(n, f"activation checkpointing: {n}") for n in CHECKPOINTING_LADDER],
+              candidates=_checkpointing_candidates,
               offered=_saves_more, active=_checkpointing_on, added_step_time=_checkpointing_time),
     Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora}, relocate=_lora_relocate,
               description="LoRA/QLoRA fine-tuning (lora.py)",
@@ -405,9 +403,7 @@ TECHNIQUES = (
     Technique(name="low_bit_optimizer", order=37, keyword="optimizer",
               description="a low-bit AdamW (solve's optimizer, in place of one declaring its update, adam or adamw): "
                           "in the ladder only",
-              candidates=[Candidate("adamw-8bit-torchao", "torchao AdamW8bit", _LOWBIT_CAVEAT.format("8-bit")),
-                          Candidate("adamw-4bit-torchao", "torchao AdamW4bit", _LOWBIT_CAVEAT.format("4-bit")),
-                          Candidate("adamw-8bit-bnb", "bitsandbytes AdamW8bit", _LOWBIT_CAVEAT.format("8-bit"))],
+              candidates=_lowbit_candidates,
               offered=_quantizes_the_update_of,
               active=_lowbit_on, added_step_time=_lowbit_time),
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,

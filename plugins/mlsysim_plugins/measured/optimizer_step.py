@@ -64,6 +64,10 @@ class OptimizerStep:
     a low-bit optimizer in place of the run's when the run's declares the update the low-bit one
     declares and quantizes none of its moments.
 
+    ``not_offered``: why ``fit techniques`` does not offer it, a low-bit optimizer (quantized moments
+    and an update), in place of a full-precision one of its update (``""``: offered, the default): a
+    variant of one it offers (a framework's setup of it, paged states whose paging is not priced).
+
     ``measured_with``: the techniques measured with it (``"optimizer_in_backward"``,
     ``"torchao_offload"``); ``refused``: technique -> why it is not, said when it is refused.
     """
@@ -79,6 +83,7 @@ class OptimizerStep:
     moment_traffic: float = 16.0
     step_realized: int = 0
     update: str = ""
+    not_offered: str = ""
     measured_with: tuple[str, ...] = attrs.field(default=(), converter=_techniques)
     refused: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_reasons)
 

@@ -69,10 +69,12 @@ GIB = 2**30
 
 
 
-def candidates_of(techniques) -> list[tuple]:
+def candidates_of(techniques, registry) -> list[tuple]:
     """(lever, solve keyword, value, label, numerical caveat or None) of every registered technique's
-    candidates (``Technique.candidates``), in the techniques' order: the ladder's closed list no more."""
-    return [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in techniques for c in t.candidates]
+    candidates in the world of ``registry`` (``Technique.candidates_in``), in the techniques' order: the
+    ladder's closed list no more."""
+    return [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in techniques
+            for c in t.candidates_in(registry)]
 
 
 @attrs.frozen
@@ -216,14 +218,13 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
     from mlsysim_core.inputs import options_fields
     from .techniques import registered
     registrations = registered(solver.registry)     # every technique registered (techniques.py), in order
-    every = candidates_of(registrations)
+    keywords = sorted({t.ladder_keyword for t in registrations if t.ladder_keyword})    # the ladder's levers
     own = set(inspect.signature(type(solver).solve).parameters)     # solve's own keywords (not options)
-    options = {t[1] for t in every} - own
+    options = set(keywords) - own
     if spec is None or not options <= set(options_fields(spec)):
         raise NotModelledError("profile", solve_kwargs["profile"], "a profile whose options are the techniques' "
                                f"({', '.join(sorted(options))}): the measured-grade one, measured",
                                "the techniques are options of the measured profile")
-    keywords = sorted({t[1] for t in every})
     if techniques is not None:
         if isinstance(techniques, str) or not all(isinstance(t, str) for t in techniques):
             raise InvalidInputTypeError("techniques", techniques, f"a list of: {', '.join(keywords)}")
@@ -247,11 +248,13 @@ def fit_techniques(model, hardware, batch_size, seq_len=2048, *, solver=None, ha
                                evaluated=1, refused=0, figures=figures, message="the run fits as it is")
     # The candidates: the levers the run leaves at their defaults (a given value is kept).
     given = {k: v for k, v in base_kwargs.items() if v is not None}
+    lever = {t.name: t for t in registrations}
     for t in registrations:      # solve's own keywords the run leaves unset: as the result resolved them
         if t.offered is not None and t.ladder_keyword not in given and hasattr(baseline, t.ladder_keyword):
             given[t.ladder_keyword] = getattr(baseline, t.ladder_keyword)
-    candidates = [(t.name, t.ladder_keyword, c.value, c.label, c.caveat) for t in registrations for c in t.candidates
-                  if (techniques is None or t.ladder_keyword in techniques) and t.is_offered(c.value, given, solver.registry)]
+    candidates = [c for c in candidates_of(registrations, solver.registry)
+                  if (techniques is None or c[1] in techniques)
+                  and lever[c[0]].is_offered(c[2], given, solver.registry)]
     evaluated, refused = 1, 0
 
     def evaluate(combo):

@@ -18,7 +18,9 @@ A ``Technique`` declares, with nothing the profile recognises by name:
 - ``order``: where it runs among the techniques, at each stage and in the ladder (lower first,
   then by name), so a technique registered again under another name runs where it did.
 - for ``fit techniques``: ``keyword`` (the solve keyword the ladder sets; default its first
-  option), ``candidates`` (``Candidate(value, label, caveat)``), ``offered(value, given,
+  option), ``candidates`` (``Candidate(value, label, caveat)``: a list, or a callable
+  ``candidates(registry)`` returning them, to enumerate what the solver's registry holds: the
+  built-in checkpointing policies and low-bit optimizers), ``offered(value, given,
   registry)`` (``given`` the run's value of the keyword, ``registry`` the solver's, to resolve
   both values to the specs they name and ask what those declare; a callable of two parameters,
   ``offered(value, given)``, is called without it, as before; default: only when
@@ -40,6 +42,8 @@ import inspect
 from typing import Any, Callable, Mapping
 
 import attrs
+
+from mlsysim_core.errors import PluginContractError
 
 HOOK = "mlsysim_measured_techniques"
 
@@ -71,6 +75,11 @@ def _stages(value) -> dict[str, Callable]:
     return stages
 
 
+def _candidates(value):
+    """A callable ``candidates(registry)`` as it is; anything else a tuple of ``Candidate``."""
+    return value if callable(value) else tuple(value)
+
+
 def _asks_registry(offered) -> bool:
     """Does ``offered`` take the registry, a third positional argument (``offered(value, given, registry)``)?
     A callable of two, ``offered(value, given)``, is called without it."""
@@ -94,7 +103,7 @@ class Technique:
     relocate: Callable | None = None
     order: float = 100.0
     keyword: str | None = None
-    candidates: tuple[Candidate, ...] = attrs.field(default=(), converter=tuple)
+    candidates: tuple[Candidate, ...] | Callable = attrs.field(default=(), converter=_candidates)
     offered: Callable | None = None
     active: Callable | None = None
     added_step_time: Callable | None = None
@@ -106,10 +115,22 @@ class Technique:
 
     @property
     def ladder_keyword(self) -> str | None:
-        """The solve keyword the ladder sets for it (None: not in the ladder)."""
+        """The solve keyword the ladder sets for it (None: not in the ladder: no candidates, neither a list
+        nor a callable)."""
         if not self.candidates:
             return None
         return self.keyword or next(iter(self.options), None)
+
+    def candidates_in(self, registry) -> tuple[Candidate, ...]:
+        """Its candidates in the world of ``registry`` (``candidates(registry)`` where it is a callable)."""
+        if not callable(self.candidates):
+            return self.candidates
+        found = tuple(self.candidates(registry))
+        for c in found:
+            if not isinstance(c, Candidate):
+                raise PluginContractError(f"technique {self.name!r}: candidates(registry) returned {c!r}; "
+                                          "expected Candidate(value, label, caveat) items", hook=HOOK)
+        return found
 
     def is_offered(self, value, given: Mapping[str, Any], registry=None) -> bool:
         """Is candidate ``value`` offered to a run whose keywords are ``given`` (``offered``, with
