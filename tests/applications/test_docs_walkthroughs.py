@@ -9,7 +9,6 @@ page derives by hand, and that the page shows it.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from mlsysim_core import HardwareNode, NotModelledError, PluginError, TrainingMemoryModel, TransformerWorkload
 from mlsysim_core.manager import PluginManager
 from mlsysim_core.testing import check_plugin
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -57,10 +57,7 @@ def shown(number: int | float) -> bool:
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"mlsysim_docs_example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLES / f"{name}.py")
 
 
 def manager(*names: str, blocked: tuple[str, ...] = ()) -> PluginManager:
