@@ -471,6 +471,12 @@ def rank_layer_saved(plan, ctx, lb, selective: bool):
     t, c, r, etp = ctx.tensor, ctx.sequence, ctx.residual, ctx.expert_tensor
     sp = r != 1
     gathers = sp and not _model.megatron(plan.profile_options.regime)
+    if sp and not gathers:
+        # Megatron-Core's MoE layer routes the rank's sequence shard (T / tp tokens); its dispatcher all-gathers
+        # them only over the expert-tensor-parallel group, whose ranks each hold 1 / etp of an expert: T x k / tp
+        # copies a rank with etp = 1 (token_dispatcher.py; validation/megatron_gpt_oss/measure_tp.py), the
+        # experts' share / etp = / tp with etp = tp (the default)
+        etp = r
     global _last_saved
     # Kept for the last layer asked for, on everything read below (the ranks of a layout share the memoised layer).
     key = (lb, selective, t, c, r, etp) + ((plan.profile_options.regime.compute, ctx.tokens, ctx.shape.hidden)

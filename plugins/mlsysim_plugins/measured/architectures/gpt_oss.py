@@ -387,10 +387,14 @@ def _megatron_terms(plan, placement, terms) -> list:
     from ..checkpointing import whole_layers
     from ..shapes import shape_of
     shape = shape_of(plan)
+    # the rank's tokens: under sequence parallelism (tp > 1, as Megatron-Core requires for an MoE layer) the norms,
+    # the router and the dispatcher see the rank's T / tp shard of the sequence (measure_tp.py)
+    shards = placement.activation_shards
     T = plan.microbatch * plan.seq_len
+    T = T // shards if T % shards == 0 else T / shards
     full = whole_layers(plan)      # (every layer, one a chunk: _megatron_check refuses the rest)
     r = plan.profile_options.regime.residual        # the residual stream's dtype: a layer's input
-    layer_input = T * shape.hidden * r / placement.activation_shards
+    layer_input = plan.microbatch * plan.seq_len * shape.hidden * r / shards
     out = []
     for t in terms:
         if t.key == K.FINAL_NORM:
@@ -620,16 +624,28 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "as Megatron-Core runs gpt-oss) for a gpt-oss model under the Megatron-Core regime",
             "Megatron-Core's unfused attention with learnable softmax offsets and flex_attention are not derived "
             "for gpt-oss")
-    layout = {"tp": plan.tp_size, "cp": plan.cp_size}
-    if max(layout.values()) > 1:
-        given = ", ".join(f"{k}={v}" for k, v in layout.items())
+    if plan.cp_size > 1:
         raise NotModelledError(
-            "parallelism", given, f"tp = cp = 1 for gpt-oss under {regime!r} (data, expert and pipeline "
+            "cp_size", plan.cp_size, f"1 for gpt-oss under {regime!r} (data, tensor, expert and pipeline "
             "parallelism allowed)",
-            "Megatron-Core's gpt-oss MoE layer was measured on one device, on one rank of an expert-parallel "
-            "group and on the stages of a 1F1B pipeline (validation/megatron_gpt_oss): the tensor-parallel "
-            "all-gather / reduce-scatter of the dispatcher, the sequence-parallel router and permutation and "
-            "context parallelism are not derived")
+            "Megatron-Core's gpt-oss layer was measured on one device, under tensor parallelism with sequence "
+            "parallelism, on one rank of an expert-parallel group and on the stages of a 1F1B pipeline "
+            "(validation/megatron_gpt_oss): context parallelism (the a2a exchange the recipes set, cp_comm_type "
+            "'a2a', with learnable softmax offsets) is not derived")
+    if plan.tp_size > 1:
+        if not plan.sequence_parallel:
+            raise NotModelledError(
+                "sequence_parallel", False, f"True with tp_size > 1 for gpt-oss under {regime!r}",
+                f"tp_size={plan.tp_size}: Megatron-Core refuses to train an MoE layer under tensor parallelism "
+                "without sequence parallelism (MoELayer.forward raises ValueError); Megatron-Bridge's gpt-oss "
+                "recipes with tp > 1 set sequence_parallel True")
+        if o.expert_tp_size != 1:
+            raise NotModelledError(
+                "expert_tp_size", o.expert_tp_size, f"1 with tp_size > 1 for gpt-oss under {regime!r}",
+                f"tp_size={plan.tp_size}: Megatron-Bridge's gpt-oss recipes set expert_tensor_parallel_size 1 "
+                "(measured: validation/megatron_gpt_oss/measure_tp.py); Megatron-Core's default (None: the "
+                "tensor-parallel size) all-gathers the tokens over the expert-tensor-parallel group and splits "
+                "each expert (TEGroupedMLP's tensor-parallel split), which was not derived")
     schedule = o.pipeline_schedule
     if plan.pp_size > 1 and getattr(schedule, "chunked", False):
         raise NotModelledError(
@@ -666,6 +682,18 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "Megatron-Core's block recompute (recompute_method 'block') and every k-th layer were not measured (its "
             "selective recompute_modules moe_act and layernorm are: 'selective' with plugin_options "
             "{'selective': {'modules': [...]}})")
+    if plan.tp_size > 1:
+        # (measure_tp.py measured the layer without recomputation: Megatron-Core's full recompute and its
+        # recompute_modules under tensor parallelism were not)
+        chosen = plan.options.get(plan.activation_checkpointing) if plan.options else None
+        modules = [m for m in getattr(chosen, "modules", ()) if m != "core_attn"]
+        if whole_layers(plan) or modules:
+            raise NotModelledError(
+                "activation_checkpointing", spec.name + (f" (modules {modules})" if modules else ""),
+                f"'none' or 'selective' (core_attn) with tp_size > 1 for gpt-oss under {regime!r}",
+                f"tp_size={plan.tp_size}: the layer under tensor and sequence parallelism was measured without "
+                "recomputation (validation/megatron_gpt_oss/measure_tp.py); Megatron-Core's full recompute and its "
+                "recompute_modules layernorm / moe_act were measured at tp = 1 only")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
@@ -696,6 +724,17 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "permuted probabilities, the two chunk sorts' maps and the experts' tensors are per routed copy the rank "
             "receives (T x k balanced; moe_routing_imbalance sets the busiest rank's load); the all-to-all's send and "
             "receive buffers are the profile's generic transient term (not measured)")
+    if plan.tp_size > 1:
+        notes.append(
+            f"Megatron-Core gpt-oss under tensor parallelism with sequence parallelism (tp {plan.tp_size}, "
+            "expert_tensor_parallel_size 1, as Megatron-Bridge's gpt-oss 20B H100 recipe sets them; one layer measured "
+            "on rank 0 of a group of 2 with Megatron-Core's sequence-parallel linear and reduce-scatter, "
+            "validation/megatron_gpt_oss/measure_tp.py): every saved tensor is the rank's share, T / tp tokens of the "
+            "norms, the column-parallel input, the router, the dispatcher and the experts, the rank's heads of q, k, v, "
+            "the sinks and the softmax statistics; not counted: the local (TE-free) layer spec's GlobalMemoryBuffer "
+            "'mpu' all-gather buffer (T x h x 2 B, alive from the first forward; Transformer Engine's linears, which "
+            "the recipes run, gather into their own transient buffer); the attention is TE's fused attention, derived "
+            "(a stand-in in the measurement)")
     if whole_layers(plan):
         notes.append(
             "Megatron-Core gpt-oss under full recompute (recompute_granularity 'full', method 'uniform', one layer a "

@@ -1,0 +1,121 @@
+"""gpt-oss under the Megatron-Core regime with tensor parallelism and sequence parallelism (issue 25 item 4): one
+layer measured on rank 0 of a fake process group of 2 with Megatron-Core's own sequence-parallel linear and
+reduce-scatter (validation/megatron_gpt_oss/measure_tp.py, tp_measurements.json) against hand-derived bytes and the
+profile; what stays refused at tp > 1, by name. No torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core.errors import NotModelledError
+from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe
+
+from test_megatron_gpt_oss import T, solve, term
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/tp_measurements.json").read_text(encoding="utf-8"))
+RUNS = {r["id"]: r for r in RECORD["runs"]}
+H, E, K = 64, 8, 2
+# the profile's bytes per token and layer of the tiny gpt-oss (test_megatron_gpt_oss: 2,240), of which the layer's
+# input (2h: the input norm's saved input, alive before the layer's forward) and, per routed copy, 2 + 8 + 2h + 10f
+LAYER = 2240
+RECIPE = dict(sequence_parallel=True, expert_tp_size=1)
+
+
+def measured_layer(run) -> int:
+    """A measured layer's saved bytes as the profile counts them: the growth of its forward (the held row_id_map the
+    forward replaced added back), plus its input (saved by the input norm, alive at the start), less the two norms'
+    fp32 rsigma (4 B a token each) and the activation's bf16 offset scalar (2 B), which the profile does not count."""
+    m = run["measured"]
+    return m["saved_with_row_id_map"] + 2 * H * m["tokens_on_rank"] - 8 * m["tokens_on_rank"] - 2
+
+
+def test_record():
+    assert RECORD["megatron_lm_commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+    assert RECORD["sequence_parallel"] is True and RECORD["expert_tensor_parallel_size"] == 1
+    assert sorted(RUNS) == ["tp1-ep1", "tp2-ep1", "tp2-ep2"]
+
+
+def test_hand_derived_bytes():
+    # per token of the rank: 2,240 less the layer's input 128 plus the norms' rsigma 8 = 2,120; + the offset scalar
+    assert RUNS["tp1-ep1"]["measured"]["saved_with_row_id_map"] == 128 * 2120 + 2 == 271_362
+    # tp 2: the rank's 64 tokens of the sequence, the rank's 2 of 4 heads and 1 of 2 kv heads: exactly half
+    assert RUNS["tp2-ep1"]["measured"]["saved_with_row_id_map"] == 64 * 2120 + 2 == 135_682
+    # tp 2, ep 2: 146 rows received (the busiest-rank effect of routing); per token of the rank 2,120 less the
+    # routed copies' 2 x 618, per row received 618 (bf16 probabilities 2, the sorts' maps 8, 2h + 10f)
+    assert RUNS["tp2-ep2"]["measured"]["received"] == 146
+    assert RUNS["tp2-ep2"]["measured"]["saved_with_row_id_map"] == 64 * (2120 - 2 * 618) + 146 * 618 + 2 == 146_806
+    for run in RUNS.values():
+        m, tokens = run["measured"], run["measured"]["tokens_on_rank"]
+        assert tokens == 128 // run["tp"]
+        # the dispatcher's held tensors per token of the rank; the counts 8E (one expert-tensor-parallel rank)
+        assert m["held"] == megatron_alltoall_held(experts=E) * tokens
+        assert m["held_other"] == {"row_id_map": megatron_alltoall_map_held(experts=E) * tokens,
+                                   "num_global_tokens_per_local_expert": 8 * E}
+        # nothing outlives the backward but the held tensors (replaced): only the layer's input, freed by the script
+        assert m["after_backward_over_start"] == -2 * H * tokens
+        # the local spec's GlobalMemoryBuffer 'mpu': the sequence-parallel all-gather of linear_qkv's input, T x h bf16
+        assert m["mpu_buffer"] == (128 * H * 2 if run["tp"] > 1 else 0)
+
+
+def test_profile_equals_the_measured_layer():
+    # tp 1: the profile's one device; tp 2: rank 0 of tp 2 with sequence parallelism and the recipe's
+    # expert_tensor_parallel_size 1 (global batch 2 x 64 tokens, dp 1: 128 tokens, 64 a rank)
+    assert measured_layer(RUNS["tp1-ep1"]) == T * LAYER == term(solve(), "decoder layers: saved").nbytes / 2
+    r = solve(tp_size=2, dp_size=1, **RECIPE)
+    assert measured_layer(RUNS["tp2-ep1"]) == T // 2 * LAYER == term(r, "decoder layers: saved").nbytes / 2
+    # under expert parallelism (ep 2 over the 2 tensor-parallel ranks) with the measured busiest-rank load
+    run = RUNS["tp2-ep2"]
+    load = run["measured"]["received"] / (64 * K)
+    r = solve(tp_size=2, ep_size=2, dp_size=1, moe_routing_imbalance=load, **RECIPE)
+    routed = sum(p.nbytes for p in megatron_clamped_glu_moe(hidden=H, ffn=48, experts=E, top_k=K)[2:])
+    assert routed == 2 * 618
+    assert term(r, "decoder layers: saved").nbytes / 2 == pytest.approx(measured_layer(run), abs=1e-6)
+
+
+def test_tp2_hand_derived_terms():
+    r = solve(tp_size=2, dp_size=1, **RECIPE)
+    t = T // 2
+    # the dispatcher's held tensors, the final norm: the rank's T / tp tokens
+    assert term(r, "Megatron-Core alltoall dispatcher's held routing").nbytes == 2 * t * 3 * E
+    assert term(r, "Megatron-Core alltoall dispatcher's held permutation map").nbytes == 2 * t * 4 * (2 * E + 1)
+    assert term(r, "Megatron-Core alltoall dispatcher's held token counts").nbytes == 2 * 8 * E
+    assert term(r, "final norm").nbytes == t * (8 * H + 4)
+    # parameters a rank (bf16): the vocabulary-parallel embedding and LM head 2 x 1,000 x 64 / 2; per layer the sinks
+    # 4 / 2, q/k/v with their biases (64 x 128 + 128) / 2, o_proj 64 x 64 / 2 and its bias 64 (replicated), the
+    # router 8 x 65 (replicated), every expert (expert_tp_size 1, ep 1) 75,008, the two norms 128; the final norm 64
+    layer = 2 + (64 * 128 + 128) // 2 + 64 * 64 // 2 + 64 + 8 * 65 + 75_008 + 128
+    assert term(r, "parameters").nbytes == (64_000 + 2 * layer + 64) * 2 == 455_848
+    assert any("tensor parallelism with sequence parallelism (tp 2" in n for n in r.notes)
+
+
+def test_tp1_is_unchanged_by_the_recipe_options():
+    # sequence_parallel and expert_tp_size 1 change nothing on one device
+    base = [(x.label, x.nbytes, x.phases) for x in solve().terms]
+    assert [(x.label, x.nbytes, x.phases) for x in solve(**RECIPE).terms] == base
+
+
+@pytest.mark.parametrize("options, parameter, allowed", [
+    (dict(tp_size=2, dp_size=1), "sequence_parallel", "True with tp_size > 1 for gpt-oss"),
+    (dict(tp_size=2, dp_size=1, sequence_parallel=True), "expert_tp_size", "1 with tp_size > 1 for gpt-oss"),
+    (dict(tp_size=2, dp_size=1, sequence_parallel=True, expert_tp_size=2), "expert_tp_size",
+     "1 with tp_size > 1 for gpt-oss"),
+    (dict(tp_size=2, dp_size=1, checkpointing="full", **RECIPE), "activation_checkpointing",
+     "'none' or 'selective' (core_attn) with tp_size > 1 for gpt-oss"),
+    (dict(tp_size=2, dp_size=1, checkpointing="selective", plugin_options={"selective": {"modules": ["moe_act"]}},
+          **RECIPE), "activation_checkpointing", "'none' or 'selective' (core_attn) with tp_size > 1"),
+    (dict(tp_size=2, cp_size=2, dp_size=1, **RECIPE), "cp_size", "1 for gpt-oss under 'mixed-bf16-main-grad'"),
+])
+def test_what_stays_refused_at_tp(options, parameter, allowed):
+    with pytest.raises(NotModelledError) as err:
+        solve(**options)
+    assert err.value.parameter == parameter and allowed in str(err.value)
+
+
+def test_selective_core_attn_at_tp_keeps_what_none_keeps():
+    none = [(x.label, x.nbytes) for x in solve(tp_size=2, dp_size=1, **RECIPE).terms if x.component == "activations"]
+    assert [(x.label, x.nbytes) for x in solve("selective", tp_size=2, dp_size=1, **RECIPE).terms
+            if x.component == "activations"] == none
