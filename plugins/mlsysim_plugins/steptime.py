@@ -216,6 +216,19 @@ def envelope(hardware) -> dict:
     the catalog's chip (the same node but for ``memory_capacity`` and ``memory_bandwidth``, e.g.
     the 96 GB HBM2e H100s of Meta's Grand Teton that torchtitan's benchmark files state) keeps the
     chip's envelope: the memory is not the tensor cores' power or SM count."""
+    extra = _chip_extra(hardware)
+    return {k: extra[k] for k in ("power_limit_watts", "streaming_multiprocessors") if k in extra}
+
+
+def achievable_matmul(hardware) -> dict:
+    """The best GEMM throughput measured on the accelerator per operand dtype, {"bf16": FLOP/s, "fp8": FLOP/s}, as
+    its catalog entry records it (``extra["max_achievable_matmul_flops"]``, cited in its ``sources``; a memory variant
+    keeps the chip's, as ``envelope``); {} where none is recorded. ``float8_matmul_share`` reads it."""
+    return dict(_chip_extra(hardware).get("max_achievable_matmul_flops") or {})
+
+
+def _chip_extra(hardware) -> Mapping:
+    """The catalog entry's ``extra`` for ``hardware`` (or a memory variant of it: ``envelope``); {} outside it."""
     from mlsysim_core.catalog import find_hardware
     try:
         entry = find_hardware(hardware.name)
@@ -224,7 +237,22 @@ def envelope(hardware) -> dict:
     if entry.value != hardware and attrs.evolve(entry.value, memory_capacity=hardware.memory_capacity,
                                                 memory_bandwidth=hardware.memory_bandwidth) != hardware:
         return {}
-    return {k: entry.extra[k] for k in ("power_limit_watts", "streaming_multiprocessors") if k in entry.extra}
+    return entry.extra
+
+
+def float8_matmul_share(measured, peak_bf16, peak_fp8) -> float | None:
+    """The share of its float8 peak a float8 GEMM reaches, over the share of its bf16 peak a bf16 GEMM reaches, as
+    the accelerator's measured maximum achievable matmul throughput gives them (``measured``: {"bf16": FLOP/s, "fp8":
+    FLOP/s}, the catalog's ``max_achievable_matmul_flops``; stas00/ml-engineering's MAMF tables: H100 SXM 794.5 of
+    989 TFLOP/s in bf16, 80.3 %, and 1,402.6 of 1,979 in float8, 70.9 %: 0.883). None where either figure or peak is
+    missing (the float8 GEMMs are then timed at the bf16 ones' share). A dtype's own efficiency at the same
+    machinery: at the same power a float8 tensor-core pass does twice the work per clock, so the same board reaches
+    less of that peak (the table's accelerators all lose some: H100 0.883, H200 0.914, B200 0.983, GB200 0.992)."""
+    measured = measured or {}
+    bf16, fp8 = measured.get("bf16"), measured.get("fp8")
+    if not bf16 or not fp8 or not peak_bf16 or not peak_fp8:
+        return None
+    return (fp8 / peak_fp8) / (bf16 / peak_bf16)
 
 
 def clock_share(power: float | None, tdp: float | None) -> float:
@@ -246,10 +274,12 @@ def hardware_figures(hardware, *, flops=None, intra=None, inter=None, power=None
     tdp = env.get("power_limit_watts")
     peak = flops or hardware.peak_bf16_flops
     fp8 = hardware.peak_fp8_flops or (2 * peak if peak else None)
+    # (the shares are the chip's: measured against its own stated peaks, whatever ``flops`` overrides)
+    share = float8_matmul_share(achievable_matmul(hardware), hardware.peak_bf16_flops, hardware.peak_fp8_flops)
     return {"flops": peak, "intra": intra or hardware.intra_node_bandwidth,
             "inter": inter or hardware.inter_node_bandwidth,
             "memory": memory or hardware.memory_bandwidth or ASSUMED_MEMORY_BANDWIDTH,
-            "fp8": fp8, "fp8_stated": hardware.peak_fp8_flops is not None,
+            "fp8": fp8, "fp8_stated": hardware.peak_fp8_flops is not None, "fp8_matmul": share,
             "sms": env.get("streaming_multiprocessors"), "tdp": tdp, "power": power or tdp,
             "clock": clock_share(power, tdp)}
 
@@ -352,10 +382,16 @@ def gemm_seconds(m: float, n: float, k: float, hw: dict, cal: Calibration, opera
     """One GEMM (M x K by K x N): a roofline of its tensor-core time (whole tiles, whole waves,
     at ``cal.matmul`` of the peak, the float8 one for 1-byte operands, times the power
     envelope's clock share) and its memory time (operands read, bf16 output written, at
-    ``cal.memory`` of the bandwidth); the slower. Without an SM count, no quantization."""
+    ``cal.memory`` of the bandwidth); the slower. Without an SM count, no quantization.
+    A float8 GEMM reaches ``hw["fp8_matmul"]`` (``float8_matmul_share``: the accelerator's measured
+    float8 share of its float8 peak over its bf16 share of the bf16 one) of the bf16 GEMMs' share."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    peak = ((hw.get("fp8") or 2 * hw["flops"]) if operand_bytes < 2 else hw["flops"]) * hw.get("clock", 1.0) * cal.matmul
+    if operand_bytes < 2:
+        peak = (hw.get("fp8") or 2 * hw["flops"]) * (hw.get("fp8_matmul") or 1.0)
+    else:
+        peak = hw["flops"]
+    peak = peak * hw.get("clock", 1.0) * cal.matmul
     sms = hw.get("sms")
     if sms:
         tm, tn = TILE
@@ -382,7 +418,8 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
     modules read it, and a row-parallel GEMM's output gradient on its T / tp tokens."""
     linears = fig.get("linears") or (1,) * len(fig["gemms"])
     key = (fig["gemms"], linears, fig["experts"], fig["k"], fig["h"], fig["vocab"], T, tp, ep, operand_bytes, hw.get("sms"),
-           hw["flops"], hw.get("fp8"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory, casts, float8_tp)
+           hw["flops"], hw.get("fp8"), hw.get("fp8_matmul"), hw.get("clock", 1.0), hw["memory"], cal.matmul, cal.memory,
+           casts, float8_tp)
     got = _GEMM_CACHE.get(key)
     if got is not None:
         return got
@@ -879,6 +916,9 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
                      "applied")
     if float8 and not hw["fp8_stated"]:
         notes.append(f"step time: {hardware.name} has no peak_fp8_flops: float8 GEMMs timed at 2 x its bf16 peak")
+    if float8 and hw["fp8_matmul"] is None:
+        notes.append(f"step time: {hardware.name} records no max_achievable_matmul_flops for bf16 and fp8: float8 "
+                     "GEMMs timed at the bf16 GEMMs' share of the peak")
     notes += fig["notes"]
     if schedule is not None and getattr(schedule, "idle_slots", None) is None:
         notes.append(f"pipeline schedule {schedule.name} declares no idle_slots: its bubble is timed as 1F1B's")
@@ -893,7 +933,7 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
                 assumptions={"peak_bf16_flops": hw["flops"], "intra_node_bandwidth": hw["intra"],
                              "inter_node_bandwidth": hw["inter"], "memory_bandwidth": hw["memory"],
                              "streaming_multiprocessors": hw["sms"], "power_limit_watts": hw["power"],
-                             "clock_share": hw["clock"],
+                             "clock_share": hw["clock"], "float8_matmul_share": hw["fp8_matmul"],
                              **{f"data_parallel_bytes.{k}": v for k, v in sorted(dp_bytes.items())},
                              "devices_per_node": node, "optimizer_step_bytes_per_parameter": state,
                              **{f"calibration.{k}": v for k, v in cal.as_dict().items()}})
