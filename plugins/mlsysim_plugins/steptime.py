@@ -249,6 +249,13 @@ def float8_matmul_share(measured, peak_bf16, peak_fp8) -> float | None:
     machinery: at the same power a float8 tensor-core pass does twice the work per clock, so the same board reaches
     less of that peak (the table's accelerators all lose some: H100 0.883, H200 0.914, B200 0.983, GB200 0.992)."""
     measured = measured or {}
+    allowed = "a mapping {'bf16': FLOP/s, 'fp8': FLOP/s} of positive numbers (either may be left out)"
+    if not isinstance(measured, Mapping):
+        raise InvalidInputTypeError("max_achievable_matmul_flops", measured, allowed)
+    for dtype, value in measured.items():
+        if dtype not in ("bf16", "fp8") or isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise InvalidInputError(f"max_achievable_matmul_flops[{dtype!r}]", value, allowed)
     bf16, fp8 = measured.get("bf16"), measured.get("fp8")
     if not bf16 or not fp8 or not peak_bf16 or not peak_fp8:
         return None
