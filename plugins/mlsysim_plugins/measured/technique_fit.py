@@ -5,7 +5,8 @@ out of ``mlsysim_core``).
 
 The techniques are what is registered through the measured hook ``mlsysim_measured_techniques``
 (``techniques.Technique``; the built-ins in ``builtin_techniques.py``), in their ``order``: each
-one's ``candidates`` (value, label, numerical caveat), offered where its ``offered(value, given,
+one's ``candidates`` (value, label, numerical caveat; a list, or ``candidates(registry)``: what the
+solver's registry holds), offered where its ``offered(value, given,
 registry)`` says (default: the run leaves its keyword unset), and priced by its ``added_step_time(plan,
 figures)`` (seconds or None, how it was computed) where ``active(plan)``. A third-party technique
 registered through the hook is in the ladder as the built-ins are. The built-ins:
@@ -13,24 +14,26 @@ registered through the hook is in the ladder as the built-ins are. The built-ins
 ==========================  ====================================================================
 lever                       alternatives (solve keywords)                  step time priced by
 ==========================  ====================================================================
-activation checkpointing    selective, attention-only, mlp-only, every-k,  recomputed forward FLOPs
-                            op-sac, full                                   / hardware FLOP/s
+activation checkpointing    every strategy declaring measured.saves_rank   recomputed forward FLOPs
+                            (selective, attention-only, mlp-only, every-k, / hardware FLOP/s
+                            op-sac, full)
 loss                        chunked, fused_linear                          extra kernel launches
 optimizer in backward       optimizer_in_backward=True                     0 (same arithmetic)
 activation offload          save_on_cpu, torchtune                         2 x bytes / host link
 offload (host optimizer)    optimizer, optimizer+gradients(+parameters),   state / host memory bw +
                             torchao, torchao+gradients                     (g + w) / host link
-low-bit optimizer           adamw-8bit-torchao, adamw-4bit-torchao,        extra bytes moved /
-                            adamw-8bit-bnb (from an optimizer declaring    memory bandwidth
-                            their update, OptimizerStep.update: adam, adamw)
+low-bit optimizer           every optimizer declaring quantized moments    extra bytes moved /
+                            and an update, not not_offered (adamw-8bit-bnb, memory bandwidth
+                            adamw-8bit-torchao, adamw-4bit-torchao), from
+                            one declaring its update (adam, adamw)
 float8                      tensorwise, rowwise                            cast traffic / memory bw
 ==========================  ====================================================================
 
 A technique that ``replaces`` the run's own value (checkpointing: a policy that saves more) is
 priced over the run's own value's time. What is offered is asked of the declarations, never of the
-names: a checkpointing policy where the run's strategy recomputes nothing or declares what a policy
-earlier in the ladder declares (``builtin_techniques._saves_more``); a low-bit optimizer where the
-run's declares the update it quantizes (``_quantizes_the_update_of``).
+names: a checkpointing strategy declaring a larger ``measured.saves_rank`` than the run's, or any
+where the run's recomputes nothing (``builtin_techniques._saves_more``); a low-bit optimizer where
+the run's declares the update it quantizes and no quantized moments (``_quantizes_the_update_of``).
 
 The search (``fit_techniques``) is best-first over combinations: the baseline, then each
 combination one technique larger than one already visited, visited in order of added step
