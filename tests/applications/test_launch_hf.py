@@ -153,6 +153,31 @@ def test_trl_chunked_nll_under_lora_is_refused_naming_loss_type():
         launch.scenario.solve()
 
 
+def test_trl_qlora_storage_under_fsdp(tmp_path):
+    """TRL's bnb_4bit_quant_storage (huggingface/trl@f2cd5771 trl/trainer/model_config.py line 168, default None:
+    bitsandbytes' uint8): with bfloat16 the 4-bit base is sharded under FSDP with a bf16 policy
+    (fsdp-bf16-stored); unset under FSDP it is refused by name (FSDP1 cannot flatten uint8 with bf16 parameters,
+    accelerate leaves FSDP2's uint8 Params4bit unsharded); without FSDP the storage changes no byte."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_qlora.yaml").read_text())
+    doc["loss_type"] = "nll"     # (TRL's default chunked NLL is refused under LoRA: its own test)
+    fsdp = DATA / "accelerate/trl/fsdp1.yaml"
+    f = tmp_path / "qlora.yaml"
+    f.write_text(yaml.safe_dump({**doc, "bnb_4bit_quant_storage": "bfloat16"}))
+    for files in ([f, fsdp], [fsdp, f]):
+        assert from_launch(files).scenario.profile_options["regime"] == "fsdp-bf16-stored"
+    single = from_launch([f], gpus=1).scenario
+    assert single.profile_options["regime"] == "bf16" and single.profile_options["lora"]["quantization"] == "nf4"
+    f.write_text(yaml.safe_dump(doc))
+    assert from_launch([f], gpus=1).scenario.profile_options["regime"] == "bf16"
+    for files in ([f, fsdp], [fsdp, f]):
+        with pytest.raises(MlsysimError, match=r"bnb_4bit_quant_storage.*bfloat16 or float16 under FSDP.*uint8"):
+            from_launch(files)
+    f.write_text(yaml.safe_dump({**doc, "bnb_4bit_quant_storage": "int4"}))
+    with pytest.raises(MlsysimError, match="bnb_4bit_quant_storage='int4'.*unknown storage dtype"):
+        from_launch([f], gpus=1)
+
+
 def test_flex_attention_on_a_model_with_sinks_is_the_declared_kernel(tmp_path):
     """attn_implementation flex_attention (alignment-handbook's smollm3 sft.yaml with that one edit): on a model whose
     config declares attention sinks (gpt-oss: the catalog's attention_sinks, from config.json) transformers runs

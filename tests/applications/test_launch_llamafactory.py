@@ -101,10 +101,11 @@ def test_full_with_zero3_takes_deepspeeds_engine():
 
 def test_trainer_precision_yields_to_an_fsdp_file():
     """LLaMA-Factory's bf16 regime is read from the file, but the accelerate FSDP config recasts
-    the model: its regime wins without a contradiction, and the merge says so."""
+    the model: its regime wins without a contradiction, and the merge says so. The run is QLoRA (quantization_bit
+    4, stored in the compute dtype: quantization.py line 189): the FSDP regime is fsdp-bf16-stored."""
     launch = from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml",
                           DATA / "accelerate/llamafactory/fsdp_config.yaml"], hardware="h100")
-    assert launch.scenario.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
+    assert launch.scenario.profile_options["regime"] == "fsdp-bf16-stored"
     assert any("yields to" in n and "fsdp_config" in n for n in launch.notes)
     field = next(f for f in launch.readings[0].fields if f.field == "regime")
     assert field.yields and field.to_dict()["yields"] is True
@@ -161,7 +162,7 @@ def test_yields_in_either_order_and_two_yielding_values_contradict(tmp_path):
     files = [LF / "extras/fsdp_qlora/llama3_lora_sft.yaml", DATA / "accelerate/llamafactory/fsdp_config.yaml"]
     for order in (files, files[::-1]):
         launch = from_launch(order, hardware="h100")
-        assert launch.scenario.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
+        assert launch.scenario.profile_options["regime"] == "fsdp-bf16-stored"
         assert sum("yields to" in n for n in launch.notes) == 1
     other = tmp_path / "ax.yml"     # axolotl's regime also yields: two yielding values that differ contradict
     other.write_text("base_model: meta-llama/Meta-Llama-3-8B\nbf16: false\n")     # fp32, yielding
@@ -198,3 +199,29 @@ def test_enable_liger_kernel_is_the_fused_linear_loss(tmp_path):
     field = next(f for r in launch.readings for f in r.fields if f.field == "loss")
     assert (field.key, field.becomes, field.approximated) == ("enable_liger_kernel", "fused_linear", False)
     assert launch.scenario.solve().total_memory > 0
+
+
+def test_qlora_under_accelerate_fsdp_stores_the_base_in_bf16(tmp_path):
+    """QLoRA (quantization_bit 4) with accelerate's FSDP config: LLaMA-Factory stores the 4-bit codes in the compute
+    dtype (ff6d4d12 src/llamafactory/model/model_utils/quantization.py line 189) and transformers sets FSDP's policy
+    to it (update_fsdp_plugin_peft): fsdp-bf16-stored, whatever the file order. The same run without
+    quantization_bit (LoRA over a bf16 base) keeps accelerate's fsdp-bf16-reduce-bf16. Bytes: the frozen embedding,
+    norms and LM head at 2 B (not 4 B) per rank, the adapters fp32 either way."""
+    accel = DATA / "accelerate/llamafactory/fsdp_config.yaml"
+    qlora = LF / "extras/fsdp_qlora/llama3_lora_sft.yaml"
+    lora = tmp_path / "lora.yaml"
+    lora.write_text(qlora.read_text().replace("quantization_bit: 4\n", ""))
+    for files in ([qlora, accel], [accel, qlora]):
+        launch = from_launch(files, hardware="h100")
+        field = next(f for r in launch.readings for f in r.fields if (f.key, f.field) == ("mixed_precision", "regime"))
+        assert field.becomes == "fsdp-bf16-stored" and "update_fsdp_plugin_peft" in field.note
+        assert "lora=" in field.note and "quantization_bit" in field.note     # (derived from the merged lora)
+    plain = from_launch([lora, accel], hardware="h100").scenario
+    assert plain.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
+    s = from_launch([qlora, accel], hardware="h100").scenario
+    terms = {t.label: t.nbytes for t in s.solve().terms}
+    V, h, L = 128256, 4096, 32     # Meta-Llama-3-8B: untied embedding and LM head, 2 norms a layer, a final norm
+    plain_params = 2 * V * h + (2 * L + 1) * h
+    assert terms["frozen base parameters (2 B)"] == plain_params * 2 / 2     # x 2 B, sharded over the 2 ranks
+    adapters = L * 8 * (2 * (h + h) + 2 * (h + 1024) + 2 * (h + 14336) + (14336 + h))   # r (in + out), seven linears
+    assert terms["LoRA adapters (rank 8, 4 B)"] == adapters * 4 / 2

@@ -54,22 +54,33 @@ class Reading:
     def approx(self, key, value, field, becomes, note):
         self.set(key, value, field, becomes, note, approximated=True)
 
-    def derived(self, key, value, field, derive, own, yields=False):
+    def derived(self, key, value, field, derive, own, yields=False, also=()):
         """``field`` as a function of the run's merged mixed precision (`LaunchField.derive`, resolved by
         from_launch after the merge): ``derive(mixed)`` (bf16, fp16 or None) returns ``(becomes, note)`` or
         ``(becomes, note, approximated)``, or None when the key then sets nothing; ``own``: the mixed precision
-        this file alone says."""
+        this file alone says. ``also``: other fields the value depends on (``lora``: whether the base is stored
+        4-bit), as all the files give them: ``derive(mixed, merged)`` then (``merged``: those fields' values,
+        this file's own for ``own``)."""
         def resolve(merged):
             mixed = sixteen(merged.get("precision"))
-            out = derive(mixed)
+            out = derive(mixed, merged) if also else derive(mixed)
             if out is None:
                 return {"becomes": None, "note": f"sets no {field} (no 16-bit mixed precision in the run)"}
             return {"becomes": out[0], "note": out[1], "approximated": (
                 mixed == "fp16" and out[0] in BF16_BYTES) or (len(out) > 2 and out[2])}
-        own_value = resolve({"precision": own})
+        own_value = resolve({"precision": own, **{name: self.own(name) for name in also if self.own(name)}})
         self.seen.add(key)
-        self.fields.append(LaunchField(key=key, value=value, field=field, yields=yields, derived_from=("precision",),
-                                       derive=resolve, **own_value))
+        self.fields.append(LaunchField(key=key, value=value, field=field, yields=yields,
+                                       derived_from=("precision", *also), derive=resolve, **own_value))
+
+    def own(self, field):
+        """What this file alone gives ``field`` so far (its defaults, then its fields; tables merged key by key, as
+        from_launch merges them), None if nothing."""
+        given = None
+        for becomes in [d.value for d in self.defaults if d.field == field] + [
+                f.becomes for f in self.fields if f.field == field and f.becomes is not None]:
+            given = {**given, **becomes} if isinstance(given, dict) and isinstance(becomes, dict) else becomes
+        return given
 
     def note(self, key, value, text):
         """A key read whose effect is only said (its value changes nothing the model prices)."""
@@ -335,16 +346,42 @@ def sixteen(precision) -> str | None:
 # parameters upcast to fp32 before sharding when mixed precision is set (accelerator.py line 1970 for FSDP1,
 # utils/fsdp_utils.py line 801 for FSDP2): the measured profile's fsdp-bf16-reduce-bf16 regime.
 ACCELERATE_FSDP_REGIME = "fsdp-bf16-reduce-bf16"
-BF16_BYTES = ("fsdp-bf16", ACCELERATE_FSDP_REGIME, "mixed-bf16")
+# QLoRA under FSDP: the base stored as its framework stores it, bitsandbytes' packed codes viewed as a 16-bit
+# bnb_4bit_quant_storage (axolotl-ai-cloud/axolotl@067b021c src/axolotl/loaders/model.py line 720: torch.bfloat16
+# for every qlora run; hiyouga/LLaMA-Factory@ff6d4d12 src/llamafactory/model/model_utils/quantization.py line 189:
+# the compute dtype, "crucial for fsdp+qlora"; TRL's bnb_4bit_quant_storage, huggingface/trl@f2cd5771
+# trl/trainer/utils.py line 242), the embeddings, norms and LM head loaded in 16 bits beside them; transformers
+# 5.23.0 distributed/fsdp.py lines 267-285 (update_fsdp_plugin_peft) sets the FSDP policy to that dtype
+# (set_mixed_precision(quant_storage, override=True)); accelerate 1.16.0 upcasts to fp32 only the flat parameters
+# that require grad (accelerator.py lines 1994-2009, FSDP1: the adapters, wrapped apart by peft's policy) and, under
+# FSDP2, nothing when the model holds Params4bit (utils/fsdp_utils.py line 801): the frozen base stays 16-bit, the
+# adapters fp32 (peft's autocast_adapter_dtype; LLaMA-Factory's upcast): the measured profile's fsdp-bf16-stored,
+# whose LoRA regime keeps the frozen base at 2 B and the adapters, their gradients and state at 4 B (lora.py).
+QLORA_FSDP_REGIME = "fsdp-bf16-stored"
+QLORA_FSDP_NOTE = (
+    "QLoRA under FSDP: the base stored in 16 bits (the packed 4-bit codes viewed as bnb_4bit_quant_storage; the "
+    "embeddings, norms and LM head 16-bit), the FSDP policy set to that dtype (transformers 5.23.0 distributed/"
+    "fsdp.py lines 267-285, update_fsdp_plugin_peft); accelerate 1.16.0 upcasts only the trainable flat parameters "
+    "(accelerator.py lines 1994-2009; FSDP2 with Params4bit: none, utils/fsdp_utils.py line 801): fp32 adapters, "
+    "their gradients and state over a 16-bit frozen base, gathered and reduced in 16 bits")
+BF16_BYTES = ("fsdp-bf16", ACCELERATE_FSDP_REGIME, QLORA_FSDP_REGIME, "mixed-bf16")
+
+
+def four_bit(lora) -> bool:
+    """Is the base quantized to 4 bits (bitsandbytes nf4/fp4) in a run's merged ``lora`` table?"""
+    return isinstance(lora, dict) and str(lora.get("quantization") or "").lower() in ("nf4", "fp4")
 
 
 def fsdp_regime(without=None):
     """FSDP's regime from the run's mixed precision as accelerate builds it: 16-bit, FSDP's MixedPrecision with
-    param_dtype = reduce_dtype = the 16-bit dtype over fp32 shards (fsdp-bf16-reduce-bf16); none: ``without``
-    (a ``(regime, note)``, or None: nothing set)."""
-    def derive(mixed):
+    param_dtype = reduce_dtype = the 16-bit dtype over fp32 shards (fsdp-bf16-reduce-bf16), over a 4-bit base
+    (the run's merged ``lora``: QLoRA) the base stored in 16 bits (fsdp-bf16-stored); none: ``without`` (a
+    ``(regime, note)``, or None: nothing set). Read with ``also=("lora",)``."""
+    def derive(mixed, merged=None):
         if mixed is None:
             return without
+        if four_bit((merged or {}).get("lora")):
+            return QLORA_FSDP_REGIME, QLORA_FSDP_NOTE + (FP16_AS_BF16 if mixed == "fp16" else "")
         return ACCELERATE_FSDP_REGIME, (
             "accelerate's FSDP mixed precision: fp32 sharded parameters, gradients and state (accelerate 1.16.0 "
             "upcasts the trainable parameters when mixed precision is set: accelerator.py line 1970, "
@@ -467,9 +504,9 @@ def fsdp_config(r: Reading, prefix: str, cfg: dict, mixed: str | None, strategy_
                       accumulation, version=ACCELERATE)
     if "fsdp_version" in norm and not version_read:
         r.ignore(f"{prefix}.{norm['fsdp_version'][0]}")
-    if mixed in ("bf16", "fp16"):
-        becomes, note = fsdp_regime()(mixed)
-        r.set(f"{prefix} (with mixed precision {mixed})", mixed, "regime", becomes, note, approximated=mixed == "fp16")
+    if mixed in ("bf16", "fp16"):     # (QLoRA: the run's merged lora, fsdp_regime)
+        r.derived(f"{prefix} (with mixed precision {mixed})", mixed, "regime", fsdp_regime(), own=mixed,
+                  also=("lora",))
     return rule
 
 

@@ -63,7 +63,8 @@ def read(path, document, context):
         # none: no policy (fsdp_utils.py line 768, MixedPrecisionPolicy()) and no upcast ("if
         # accelerator.mixed_precision != 'no'": accelerator.py line 1970, fsdp_utils.py line 801): the model is
         # sharded and trained in the dtype it was loaded in, the regime another file (the model's dtype) says
-        r.derived("mixed_precision", doc.get("mixed_precision", "no"), "regime", _hf.fsdp_regime(None), own=m)
+        r.derived("mixed_precision", doc.get("mixed_precision", "no"), "regime", _hf.fsdp_regime(None), own=m,
+                  also=("lora",))     # (QLoRA: another file's 4-bit base, _hf.fsdp_regime)
     elif "fsdp_config" in doc:
         r.ignore("fsdp_config")
     if kind == "DEEPSPEED":

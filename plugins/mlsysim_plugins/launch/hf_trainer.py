@@ -12,6 +12,8 @@ loaded in float32 unless ``dtype`` says otherwise: trl/trainer/utils.py ``create
 from __future__ import annotations
 
 from mlsysim_core import hookimpl
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.scenario import LaunchField
 
 from .hookspecs import LaunchFormatSpec
 from . import _hf, _recipes
@@ -346,6 +348,8 @@ def _peft(r: Reading, doc: dict, p: str):
     for k in ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"):
         if k in doc:
             r.seen.add(f"{p}{k}")
+    if "bnb_4bit_quant_storage" in doc and not (q in ("nf4", "fp4") and is_true(get("use_peft"))):
+        r.ignore(f"{p}bnb_4bit_quant_storage")
     if not is_true(get("use_peft")):
         for k in ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
                   "use_dora", "lora_task_type", "use_rslora"):
@@ -372,6 +376,8 @@ def _peft(r: Reading, doc: dict, p: str):
         if q in ("nf4", "fp4"):
             table["double_quant"] = is_true(get("use_bnb_nested_quant"))
         r.set(f"{p}load_in_{'8' if q == 'int8' else '4'}bit", True, "lora", table, "QLoRA: bitsandbytes " + q)
+        if q in ("nf4", "fp4"):
+            _quant_storage(r, doc, p)
     if get("lora_modules_to_save"):
         r.set(f"{p}lora_modules_to_save", doc["lora_modules_to_save"], "lora",
               {"modules_to_save": _hf.lora_targets(doc["lora_modules_to_save"])},
@@ -383,6 +389,37 @@ def _peft(r: Reading, doc: dict, p: str):
     for k in ("lora_alpha", "lora_task_type", "use_rslora", "use_dora", "lora_dropout", "lora_modules_to_save"):
         if k in doc:
             r.seen.add(f"{p}{k}")
+
+
+FSDP_RULES = ("fsdp", "fsdp-grad-op", "hsdp")
+
+
+def _quant_storage(r: Reading, doc: dict, p: str):
+    """TRL's ``bnb_4bit_quant_storage`` (huggingface/trl@f2cd5771 trl/trainer/model_config.py line 168: None, i.e.
+    bitsandbytes' uint8; trl/trainer/utils.py line 242 hands it to BitsAndBytesConfig). The packed codes' bytes are
+    the same in any storage dtype; under FSDP it decides what FSDP can do with them: a 16-bit storage is flattened
+    and sharded with the base's 16-bit parameters under a policy in that dtype (_hf.fsdp_regime: fsdp-bf16-stored),
+    uint8 is not (FSDP1 flattens tensors of one dtype only; accelerate 1.16.0 leaves FSDP2's non-floating Params4bit
+    unsharded, utils/fsdp_utils.py lines 780-783): refused under FSDP, the rule the run's files give
+    (``data_parallel``, resolved after the merge)."""
+    key, value = f"{p}bnb_4bit_quant_storage", doc.get("bnb_4bit_quant_storage")
+    storage = _hf.DTYPES.get(str(value).lower()) if value is not None else None
+    if value is not None and storage not in ("bf16", "fp16", "fp32"):
+        r.refuse(key, value, "bfloat16, float16 or float32 (unset: uint8)", "unknown storage dtype")
+
+    def resolve(merged):
+        rule = merged.get("data_parallel")
+        if rule in FSDP_RULES and storage not in ("bf16", "fp16"):
+            raise NotModelledError(f"{r.path}: {key}", value, f"bfloat16 or float16 under FSDP (rule {rule})",
+                                   ("bitsandbytes' uint8 storage (unset)" if value is None else f"{value} storage")
+                                   + " under FSDP: FSDP1 flattens tensors of one dtype only, accelerate 1.16.0 leaves "
+                                   "FSDP2's non-floating Params4bit unsharded (utils/fsdp_utils.py lines 780-783); "
+                                   "an fp32 storage puts the policy in fp32: not modelled")
+        return {"becomes": None, "note": "the packed 4-bit codes viewed as " + (storage or "uint8") + " (the same "
+                "bytes); under FSDP a 16-bit storage is sharded with the base (the FSDP regime: fsdp-bf16-stored)"}
+    r.seen.add(key)
+    r.fields.append(LaunchField(key=key, value=value, field="lora", derived_from=("data_parallel",),
+                                derive=resolve, **resolve({"data_parallel": r.own("data_parallel")})))
 
 
 def _fsdp_arg(r: Reading, key, value, cfg, mixed):
@@ -415,7 +452,7 @@ def _fsdp_arg(r: Reading, key, value, cfg, mixed):
         fsdp_rule = _hf.fsdp_config(r, key.replace("fsdp", "fsdp_config"), cfg, None) if cfg else None
         # the regime: the run's mixed precision (this file's bf16/fp16, else accelerate's: _hf.MIXED_PRECEDENCE) sets
         # the plugin's MixedPrecision (accelerate state.py lines 975-976); none: the model's own dtype (the regime above)
-        r.derived(key, value, "regime", _hf.fsdp_regime(None), own=mixed)
+        r.derived(key, value, "regime", _hf.fsdp_regime(None), own=mixed, also=("lora",))
         return fsdp_rule
 
 
