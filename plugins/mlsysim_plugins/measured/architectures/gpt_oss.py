@@ -70,8 +70,10 @@ statistics, and returns the sinks' gradient from its backward (TransformerEngine
 attention/dot_product_attention/backends.py`` at d0067d0d, ``FusedAttnFunc``: derived, not measured); the MoE
 MLP (TEGroupedMLP with biases, the quick-GELU GLU clamped at 7 with ``glu_linear_offset`` 1, the alltoall
 dispatcher with fused permutation) is ``families.megatron_clamped_glu_moe``, measured to the byte
-(``validation/megatron_gpt_oss``). Modelled on one device, under expert parallelism and under pipeline
-parallelism (data parallelism allowed; tp = cp = 1, two or more experts a rank: one rank of an expert-parallel
+(``validation/megatron_gpt_oss``). Modelled on one device, under tensor parallelism with sequence parallelism and
+``expert_tp_size=1`` (the recipes' layout; ``measure_tp.py``: one layer on rank 0 of a group of 2, every saved and held
+tensor the rank's share, its T / tp tokens and its heads), under expert parallelism and under pipeline
+parallelism (data parallelism allowed; cp = 1, two or more experts a rank: one rank of an expert-parallel
 group measured, the router, the permutation map and the held [T, E] tensors per token of the rank, what is per
 routed copy per row the rank receives; a pipeline stage's MoE layers under Megatron-Core's 1F1B measured on its
 first, a middle and its last stage, ``measure_pp.py``: each in-flight micro-batch's saved tensors, one set of

@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""The measured profile against tp_measurements.json (one gpt-oss layer under Megatron-Core's tensor parallelism with
+sequence parallelism, measure_tp.py), per run and phase: the table of docs/validation.md.
+
+    python validation/megatron_gpt_oss/compare_tp.py [--doc]
+
+``--doc`` rewrites the table between its markers in docs/validation.md. Per layer of the rank: ``forward`` is what the
+layer holds at the forward's end (its saved tensors, the dispatcher's held probabilities, routing map and token
+counts), ``optimizer_step`` what outlives its backward (the dispatcher's held tensors, the permutation map among
+them). The measured side is the record put as the profile counts it (the layer's input, alive before the forward
+and saved by the input norm, added; the norms' fp32 rsigma and the activation's offset scalar, which the profile does
+not count, taken out: tests/measured/test_megatron_gpt_oss_tp.py derives every number by hand); the profile's side is
+the tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py (2 layers, 128 tokens) at the run's tp and ep with
+``sequence_parallel=True``, ``expert_tp_size=1`` and, under expert parallelism, the measured busiest-rank load
+(``moe_routing_imbalance``), per layer."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "measured"))
+
+import test_megatron_gpt_oss_tp as t  # noqa: E402  (the record, the tiny model's solve, the measured layer)
+from mlsysim_core.terms import FORWARD, OPTIMIZER_STEP  # noqa: E402
+
+BEGIN = "<!-- gpt-oss-megatron-tp-table: begin (validation/megatron_gpt_oss/compare_tp.py --doc) -->"
+END = "<!-- gpt-oss-megatron-tp-table: end -->"
+LAYERS = 2      # the tiny model's
+
+
+def profile(run) -> dict:
+    tp, ep = run["tp"], run["ep"]
+    options = dict(t.RECIPE) if tp > 1 else {}
+    if ep > 1:
+        options["moe_routing_imbalance"] = run["measured"]["received"] / (run["measured"]["tokens_on_rank"] * t.K)
+    r = t.solve(tp_size=tp, ep_size=ep, dp_size=1, **options) if tp * ep > 1 else t.solve()
+    mine = [x for x in r.terms if x.component == "activations" and x.label.startswith(
+        ("decoder layers: saved", "Megatron-Core alltoall"))]
+    return {phase: sum(x.nbytes for x in mine if phase in x.phases) / LAYERS for phase in (FORWARD, OPTIMIZER_STEP)}
+
+
+def measured(run) -> dict:
+    m = run["measured"]
+    held = m["held"] + m["held_other"]["num_global_tokens_per_local_expert"]
+    return {FORWARD: t.measured_layer(run) + held, OPTIMIZER_STEP: held + m["held_other"]["row_id_map"]}
+
+
+def rows() -> list[str]:
+    out = ["| run | tp | ep | tokens on the rank | phase | measured B | profile B | error |",
+           "|---|---|---|---|---|---|---|---|"]
+    for run in t.RECORD["runs"]:
+        meas, prof = measured(run), profile(run)
+        for phase in (FORWARD, OPTIMIZER_STEP):
+            out.append(f"| {run['id']} | {run['tp']} | {run['ep']} | {run['measured']['tokens_on_rank']} | {phase} | "
+                       f"{meas[phase]:,} | {prof[phase]:,.0f} | {100 * (prof[phase] / meas[phase] - 1):+.3f} % |")
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    table = "\n".join(rows())
+    if "--doc" not in argv:
+        print(table)
+        return 0
+    path = os.path.join(ROOT, "docs", "validation.md")
+    text = open(path, encoding="utf-8").read()
+    new, count = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
+                         flags=re.S)
+    if count != 1:
+        raise SystemExit(f"{path}: the table's markers not found once")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
