@@ -90,8 +90,9 @@ _TORCHAO_IN_BACKWARD = (
 # 26 and 2 B per element), bitsandbytes' fused kernel none.
 # ``fit techniques`` offers the low-bit ones in place of a full-precision AdamW but those declaring why not
 # (``OptimizerStep.not_offered``): the paged ones, Hugging Face's setups of bitsandbytes' and AdamWFp8.
-_NOT_OFFERED_FP8 = ("torchao's AdamWFp8 was not in the ladder before issue 24, and is not now: whether its fp8 "
-                    "moments belong there is left open (offering it changes the ladder's answers)")
+_NOT_OFFERED_FP8 = ("torchao marks its FP8 optimizers experimental and requires CUDA compute capability >= 8.9 "
+                    "for them (pytorch/ao 36027d82 torchao/optim/README.md lines 7, 30): the ladder, which does not "
+                    "know the run's accelerator generation, does not offer it")
 _NOT_OFFERED_PAGED = ("paged: what bitsandbytes' paging costs in step time is not priced, and its paged moments "
                       "leave the accelerator's total (the ladder would take them for free)")
 _NOT_OFFERED_HF = "adamw-8bit-bnb as Hugging Face's Trainer sets it up (the embeddings' moments in fp32): the ladder offers adamw-8bit-bnb"
