@@ -247,14 +247,13 @@ def test_fsdp2_reshard_after_forward_false_accumulates_under_set_requires_gradie
     assert not any("accumulated over micro-batches" in t.label for t in launch.scenario.solve().terms)
 
 
-def test_ministral_qlora_reads_the_catalog_model_and_names_the_loss_it_cannot_price():
+def test_ministral_qlora_reads_the_catalog_model_and_prices_cce_under_lora():
     """examples/ministral/ministral-small-qlora.yaml: base_model Ministral-8B-Instruct-2410 is in the curated
     catalog (its config.json: 36 layers, hidden 4096, MLP 12288, vocab 131072, untied; 8,019,808,256
-    parameters); the file is read, and the solve refuses its CutCrossEntropyPlugin under LoRA naming the loss
-    (the measured profile's LoRA activations keep the default cross-entropy). Without that plugin the same run
-    holds the fp32 logits of 2 x 2048 tokens x 131072 (the README's 8.76 GiB is with it)."""
+    parameters); the file is read, and its CutCrossEntropyPlugin under LoRA is priced with the classifier frozen
+    (published_losses.cut_cross_entropy_terms: e saved, no dc): no T x V tensor; with the default cross-entropy
+    the same run holds the fp32 logits of 2 x 2048 tokens x 131072."""
     from mlsysim_core.catalog import get_model
-    from mlsysim_core.errors import NotModelledError
     launch = from_launch([AX / "examples/ministral/ministral-small-qlora.yaml"], gpus=1, hardware="h100")
     s = launch.scenario
     assert s.model == "mistralai/ministral-8b-instruct-2410"
@@ -264,5 +263,13 @@ def test_ministral_qlora_reads_the_catalog_model_and_names_the_loss_it_cannot_pr
         + 2 * 131072 * 4096 + 4096 == 8_019_808_256
     assert (s.batch_size, s.seq_len, s.gradient_accumulation_steps) == (8, 2048, 4)
     assert s.profile_options["loss"] == "cut_cross_entropy"
-    with pytest.raises(NotModelledError, match="cut_cross_entropy"):
-        s.solve()
+    r = s.solve()
+    T, h, V = 2 * 2048, 4096, 131072
+    cce = {t.label: t.nbytes for t in r.terms if t.label.startswith("CCE")}
+    assert cce["CCE: the LM head's input e (saved; the classifier frozen)"] == 2 * T * h
+    assert cce["CCE: per-vocabulary logit average (fp32)"] == 4 * V
+    assert not any(n >= T * V for n in cce.values()) and any("unvalidated" in n for n in r.notes)
+    from mlsysim_core.scenario import Scenario
+    plain = Scenario.from_dict({k: v for k, v in s.to_dict().items() if k != "loss"}).solve()
+    assert any(t.label == "log-softmax of the logits (fp32)" for t in plain.terms)
+    assert plain.total_memory - r.total_memory > 4 * T * V      # at least the fp32 logits

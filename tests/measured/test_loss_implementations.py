@@ -141,8 +141,39 @@ def test_cut_cross_entropy_by_hand():
     check(r, "CCE: shifted labels (int64)", 8 * T, SAVED)
     check(r, "CCE: per-token dot product (fp32)", 4 * Tv, (FORWARD,))
     check(r, "CCE: backward's per-token scale (fp32)", 4 * Tv, (BACKWARD,))
+    check(r, "CCE: per-vocabulary logit average (fp32)", 4 * V, SAVED)     # cce_lse_forward.py line 201
     assert not any(t.nbytes >= T * V for t in terms(r).values() if "CCE" in t.label)
     assert any("unvalidated" in n for n in r.notes)
+    assert "CCE: the LM head's input e (saved; the classifier frozen)" not in terms(r)   # trained: the LM head's own
+
+
+def test_cut_cross_entropy_under_lora_by_hand():
+    """The classifier frozen (LoRA): CCE saves e, the LM head's input (cce.py line 141), c x T x h, which a frozen
+    nn.Linear would not keep, and allocates no weight-gradient accumulator (cce_backward.py line 394): the same
+    gradients as LoRA with the default cross-entropy, its four T x V terms replaced by CCE's."""
+    lora = {"rank": 8}
+    r, default = solve(loss="cut_cross_entropy", lora=lora), solve(lora=lora)
+    label = "CCE: the LM head's input e (saved; the classifier frozen)"
+    check(r, label, 2 * T * h, SAVED)
+    check(r, "CCE: log-sum-exp (fp32) and the valid tokens' indices (int32)", 8 * T, SAVED)
+    check(r, "CCE: per-vocabulary logit average (fp32)", 4 * V, SAVED)
+    assert not any("logits" in k or "cross-entropy" in k for k in terms(r))      # no logits, no log-softmax
+    assert "log-softmax of the logits (fp32)" in terms(default)
+    grads = [sum(t.nbytes for t in x.terms if t.component == "gradients") for x in (r, default)]
+    assert grads[0] == grads[1] > 0          # the adapters' only: no dc for the frozen head
+    assert terms(r)["final norm"].nbytes == terms(default)["final norm"].nbytes
+    # the peak's loss moment: the default keeps 4 T V (log-softmax) + 8 T (labels) + 8 T V (backward temporaries)
+    # where CCE keeps e, its statistics and labels: 2 T h + 8 T + 8 T + 4 V + 4 T
+    moment = {k: sum(t.nbytes for t in x.terms if t.component == "activations" and BACKWARD in t.phases
+                     and ("CCE" in t.label or t.label in ("log-softmax of the logits (fp32)", "shifted labels (int64)",
+                                                          "cross-entropy backward temporaries (fp32)")))
+              for k, x in (("cce", r), ("default", default))}
+    assert moment == {"cce": 2 * T * h + 8 * T + 8 * T + 4 * V + 4 * T, "default": 4 * T * V + 8 * T + 8 * T * V}
+    check(solve(regime="fp32", loss="cut_cross_entropy", lora=lora), label, 4 * T * h, SAVED)
+    check(solve(regime="amp-bf16", loss="cut_cross_entropy", lora=lora), label, 2 * T * h, SAVED)   # e.to(bf16)
+    q = solve(loss="cut_cross_entropy", lora={"rank": 8, "quantization": "nf4"})     # QLoRA: the head stays bf16
+    check(q, label, 2 * T * h, SAVED)
+    assert any("unvalidated" in n for n in q.notes)
 
 
 def test_megatron_fused_by_hand():

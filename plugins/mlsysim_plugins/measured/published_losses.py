@@ -394,14 +394,32 @@ def _litgpt_check(plan, chunks):
 # --- Cut Cross-Entropy ----------------------------------------------------------------------------
 
 def cut_cross_entropy_terms(ctx) -> list[MemoryTerm]:
-    T, Tv = ctx.tokens, ctx.valid
-    return [
+    """Cut Cross-Entropy (the module docstring). The classifier frozen (``ctx.lm_head_trainable`` False: LoRA's LM
+    head): ``LinearCrossEntropyFunction.forward`` still saves ``e`` (``ctx.save_for_backward(e, c, bias, lse, ...)``,
+    cce.py line 141), the LM head's input, which a frozen nn.Linear would not keep (lora.py prices none): c x T x h,
+    the final norm's output in a 16-bit regime, its ``e.to(autocast dtype)`` copy under autocast (line 72); ``c`` is
+    the parameter (under autocast its 16-bit copy, the frozen head's autocast term). The backward allocates no
+    weight-gradient accumulator (cce_backward.py line 394: ``dc = torch.zeros_like(c) if c_info.requires_grad else
+    None``, no ``dc_locks``, line 464) and only the input's gradient (``zeros_like(e)``, line 391), as a frozen LM
+    head's backward makes it. ``logit_avg`` (cce_lse_forward.py line 201: V fp32, made and saved whenever a gradient
+    is needed with the default ``filter_eps="auto"``, cce.py line 62) with or without."""
+    T, Tv, V = ctx.tokens, ctx.valid, ctx.vocab
+    out = [
         _term("CCE: log-sum-exp (fp32) and the valid tokens' indices (int32)", 8 * Tv, SAVED,
               f"4 x T' + 4 x T', T' = {_n(Tv)}"),
         _term("CCE: shifted labels (int64)", 8 * T, SAVED, "8 x T (the targets, saved)"),
+        _term("CCE: per-vocabulary logit average (fp32)", 4 * V, SAVED,
+              f"4 x V = 4 x {_n(V)} (logit_avg, saved for the backward's vocabulary ordering)"),
         _term("CCE: per-token dot product (fp32)", 4 * Tv, (FORWARD,), "4 x T'"),
         _term("CCE: backward's per-token scale (fp32)", 4 * Tv, (BACKWARD,),
               "4 x T' (the logits are recomputed block by block inside the kernel)")]
+    if not ctx.lm_head_trainable:
+        c, h = ctx.compute, ctx.hidden
+        out.insert(0, _term("CCE: the LM head's input e (saved; the classifier frozen)", c * T * h, SAVED,
+                            f"{c} x T x h = {c} x {_n(T)} x {_n(h)} (save_for_backward(e, c, ...): the logits are "
+                            "recomputed from it; a frozen nn.Linear LM head would keep none; no weight-gradient "
+                            "accumulator dc)"))
+    return out
 
 
 # --- Megatron-Core vocab-parallel cross-entropy, fused (compiled) and unfused ---------------------
@@ -515,6 +533,7 @@ PUBLISHED = (
         added_step_time=_launches(5, _tokens_per)),
     LossImplementation(
         name="cut_cross_entropy", source=CCE, terms=cut_cross_entropy_terms, token_share=True,
+        allows=("autocast", "lora"),     # lora: the frozen classifier's terms (cut_cross_entropy_terms)
         description="Apple's Cut Cross-Entropy: the logits never materialised (Triton; unvalidated)",
         note="loss: Cut Cross-Entropy: no logits in memory; the log-sum-exp per token saved, the logits recomputed "
              "in the backward's kernel",
