@@ -46,14 +46,13 @@ sys.path.insert(0, VALIDATION)
 
 import configs as _configs  # noqa: E402
 import harness  # noqa: E402  (validation/harness.py)
+from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import (FullyShardedDataParallel, MixedPrecision, MixedPrecisionPolicy,  # noqa: E402
                                     ShardingStrategy, fully_shard)
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
 OUT = os.path.join(HERE, "measurements.json")
@@ -147,10 +146,19 @@ class SyncSwitch:
         return self.model(**kwargs)
 
 
+def micro_batch_maxima(record: dict) -> None:
+    """``forward`` and ``backward`` in ``record``'s phases: the largest of their micro-batches' (``forward.0``,
+    ``forward.1``, ...; each micro-batch's forward and backward is a phase of its own)."""
+    phases = record["peak_by_phase"]
+    for name in ("forward", "backward"):
+        each = {k: v for k, v in phases.items() if k.startswith(name + ".")}
+        if each:
+            phases[name] = max(each.values(), key=lambda v: v["bytes"])
+
+
 def measure(cfg: dict) -> dict:
     t0 = time.perf_counter()
-    dist.init_process_group("fake", store=FakeStore(), rank=cfg["rank"], world_size=cfg["world_size"])
-    try:
+    with fake_world(cfg["rank"], cfg["world_size"]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, input_ids = harness.build_model(cfg)
@@ -163,17 +171,11 @@ def measure(cfg: dict) -> dict:
             alive, _ = harness.run_protocol(mt, SyncSwitch(model, cfg["kind"], cfg["microbatches"]), optimizer,
                                             input_ids, microbatches=cfg["microbatches"])
             record = harness.peak_record(mt)
-            phases = record["peak_by_phase"]
-            for name in ("forward", "backward"):
-                each = {k: v for k, v in phases.items() if k.startswith(name + ".")}
-                if each:
-                    phases[name] = max(each.values(), key=lambda v: v["bytes"])
+            micro_batch_maxima(record)
             flat = [p for p in model.parameters()]
             return {**record, "alive": alive, "parameters_global": int(parameters),
                     "local_parameter_bytes": int(sum(p.numel() * p.element_size() for p in flat)),
                     "wall_s": round(time.perf_counter() - t0, 1)}
-    finally:
-        dist.destroy_process_group()
 
 
 def document(args, runs, ctx) -> dict:

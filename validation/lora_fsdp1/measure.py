@@ -62,16 +62,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VALIDATION = os.path.dirname(HERE)
 sys.path.insert(0, VALIDATION)
 
-import configs as _configs  # noqa: E402
 import harness  # noqa: E402  (validation/harness.py)
+from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 
-SyncSwitch = harness.load("fsdp_no_sync_measure", os.path.join(VALIDATION, "fsdp_no_sync", "measure.py")).SyncSwitch
+# ../fsdp_no_sync/measure.py: its configurations, SyncSwitch and the micro-batches' phase maxima
+NO_SYNC = harness.load("fsdp_no_sync_measure", os.path.join(VALIDATION, "fsdp_no_sync", "measure.py"))
+SyncSwitch = NO_SYNC.SyncSwitch
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy  # noqa: E402
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
 OUT = os.path.join(HERE, "measurements.json")
@@ -82,23 +82,11 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def _cfg(kind, wrap, regime, m, *, model="gqa-tiny", world=2, rank=0, b=2, s=256, r=16, quantization=None):
+    """../fsdp_no_sync/measure.py's configuration, with the wrap and the adapters."""
     return {
+        **NO_SYNC._cfg(kind, model, world, rank, m, regime=regime, b=b, s=s),
         "id": f"{'q' if quantization else ''}lora-{kind}-{wrap}-{model}-{regime}-w{world}-r{rank}-m{m}-b{b}-s{s}",
-        "kind": kind,
         "wrap": wrap,
-        "model": model,
-        "family": _configs.MODELS[model][0],
-        "hf_config": _configs._hf(_configs.MODELS[model][1], 0.0),
-        "world_size": world,
-        "rank": rank,
-        "microbatches": m,
-        "regime": regime,
-        "optimizer": "adamw",
-        "optimizer_impl": "foreach",
-        "batch_size": b,
-        "seq_len": s,
-        "attention": "sdpa",
-        "method": "real",
         "lora": {"rank": r, "alpha": 2 * r, "dropout": 0.0, "target_modules": TARGETS, "quantization": quantization,
                  "double_quant": bool(quantization)},
     }
@@ -188,8 +176,7 @@ class FrozenAwareMemTracker(harness.PhaseMemTracker):
 def measure(cfg: dict) -> dict:
     from peft import LoraConfig, get_peft_model
     t0 = time.perf_counter()
-    dist.init_process_group("fake", store=FakeStore(), rank=cfg["rank"], world_size=cfg["world_size"])
-    try:
+    with fake_world(cfg["rank"], cfg["world_size"]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             lora = cfg["lora"]
@@ -212,19 +199,13 @@ def measure(cfg: dict) -> dict:
                 call = Accelerated(call)
             alive, _ = harness.run_protocol(mt, call, optimizer, input_ids, microbatches=cfg["microbatches"])
             record = harness.peak_record(mt)
-            phases = record["peak_by_phase"]
-            for name in ("forward", "backward"):
-                each = {k: v for k, v in phases.items() if k.startswith(name + ".")}
-                if each:
-                    phases[name] = max(each.values(), key=lambda v: v["bytes"])
+            NO_SYNC.micro_batch_maxima(record)
             flat = [h.flat_param for h in (u._handle for u in FullyShardedDataParallel.fsdp_modules(model))
                     if h is not None]
             return {**record, "alive": alive, "parameters_global": int(parameters),
                     "trainable_parameters_global": int(trainable), "fsdp_units": units,
                     "local_flat_parameter_bytes": int(sum(p.numel() * p.element_size() for p in flat)),
                     "wall_s": round(time.perf_counter() - t0, 1)}
-    finally:
-        dist.destroy_process_group()
 
 
 def _versions() -> dict:

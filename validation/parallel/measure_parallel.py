@@ -35,6 +35,7 @@ sys.path.insert(0, VALIDATION)
 
 import configs as _configs  # noqa: E402
 import harness  # noqa: E402  (validation/harness.py; also installs its HF patches for fake tensors)
+from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -52,7 +53,6 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
     SequenceParallel,
     parallelize_module,
 )
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 TOTAL = "Total"
 MEM_CATEGORY = {  # MemTracker (tensor parallelism)
@@ -436,11 +436,10 @@ def measure_parallel(cfg: dict, extra_point=None) -> dict:
     t0 = time.perf_counter()
     lay = cfg["layout"]
     world, rank, kind = lay["world_size"], lay["rank"], lay["kind"]
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        return _measure_in_pg(cfg, kind, world, t0, extra_point)
+        with fake_world(rank, world):
+            return _measure_in_pg(cfg, kind, world, t0, extra_point)
     finally:
-        dist.destroy_process_group()
         gc.collect()
 
 
