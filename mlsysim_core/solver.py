@@ -95,23 +95,18 @@ def solve_plan(registry: Registry, plan: TrainingPlan, profile_options: Mapping[
     plan = profile_plan(registry, spec, plan, profile_options)
     selection = _selection(registry, plan.profile, plan.include_plugins, plan.optimizer,   # (a rank: the same)
                            plan.activation_checkpointing, plan.rules)
-    ranks = placed = None
-    if spec.ranks is not None:
-        if _positional(spec.ranks) >= 2:
-            # ranks(plan, placement): the rules place the layout once; each rank is a stage of it.
-            token = _source_cell.set([""])
-            try:
-                placed = _place(selection, plan)
-            finally:
-                _source_cell.reset(token)
-            ranks = spec.ranks(plan, placed[0])
-        else:
-            ranks = spec.ranks(plan)
-    if not ranks:
-        return run_pipeline(selection, plan, total_only, placed)
-    if total_only:
-        return max(run_pipeline(selection, plan.evolve(rank=rank), True, placed) for rank in ranks)
-    return _heaviest([(rank, run_pipeline(selection, plan.evolve(rank=rank), False, placed)) for rank in ranks])
+    token = _source_cell.set([""])     # the terms a plugin makes are stamped with its name
+    try:
+        # ranks(plan, placement): the rules place the layout once; each rank is a stage of it.
+        placed = _place(selection, plan) if spec.ranks is not None and _positional(spec.ranks) >= 2 else None
+        ranks = None if spec.ranks is None else spec.ranks(plan, placed[0]) if placed else spec.ranks(plan)
+        if not ranks:
+            return run_pipeline(selection, plan, total_only, placed)
+        if total_only:
+            return max(run_pipeline(selection, plan.evolve(rank=rank), True, placed) for rank in ranks)
+        return _heaviest([(rank, run_pipeline(selection, plan.evolve(rank=rank), False, placed)) for rank in ranks])
+    finally:
+        _source_cell.reset(token)
 
 
 # --- 2. select -----------------------------------------------------------------------------
@@ -283,15 +278,6 @@ _term_key = operator.attrgetter("source", "label")
 def run_pipeline(selection: _Selection, plan: TrainingPlan, total_only: bool = False,
                  placed: tuple | None = None) -> TrainingMemoryResult:
     """Steps 3-5 for one plan (one rank); ``placed``: the layout's placement, when the ranks were made from it."""
-    token = _source_cell.set([""])     # the terms a plugin makes are stamped with its name
-    try:
-        return _collect_and_combine(selection, plan, total_only, placed)
-    finally:
-        _source_cell.reset(token)
-
-
-def _collect_and_combine(selection: _Selection, plan: TrainingPlan, total_only: bool,
-                         placed: tuple | None = None) -> TrainingMemoryResult:
     placement, rule_buffers, notes = placed if placed is not None else _place(selection, plan)
     if plan.rank is not None:      # one rank of a layout whose ranks differ: its own counts
         placement = plan.rank.place(plan, placement)
