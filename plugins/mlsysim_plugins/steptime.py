@@ -245,9 +245,9 @@ def float8_matmul_share(measured, peak_bf16, peak_fp8) -> float | None:
     the accelerator's measured maximum achievable matmul throughput gives them (``measured``: {"bf16": FLOP/s, "fp8":
     FLOP/s}, the catalog's ``max_achievable_matmul_flops``; stas00/ml-engineering's MAMF tables: H100 SXM 794.5 of
     989 TFLOP/s in bf16, 80.3 %, and 1,402.6 of 1,979 in float8, 70.9 %: 0.883). None where either figure or peak is
-    missing (the float8 GEMMs are then timed at the bf16 ones' share). A dtype's own efficiency at the same
-    machinery: at the same power a float8 tensor-core pass does twice the work per clock, so the same board reaches
-    less of that peak (the table's accelerators all lose some: H100 0.883, H200 0.914, B200 0.983, GB200 0.992)."""
+    missing (the float8 GEMMs are then timed at the bf16 ones' share). Measured, not explained by the source: every
+    accelerator of the table reaches less of its float8 peak than of its bf16 one (H100 0.882, H200 0.914, B200
+    0.984, GB200 0.992)."""
     measured = measured or {}
     allowed = "a mapping {'bf16': FLOP/s, 'fp8': FLOP/s} of positive numbers (either may be left out)"
     if not isinstance(measured, Mapping):
