@@ -213,6 +213,17 @@ def update_doc(section: str, doc: Path = DOC, *, begin: str = BEGIN, end: str = 
     return text.rstrip() + f"\n\n## {heading}\n\n" + section + "\n"
 
 
+def write_table(text: str, begin: str, end: str, doc: Path = DOC) -> None:
+    """The compare scripts' ``--doc``: ``text`` written into ``doc`` between the markers ``begin`` and ``end`` (both
+    kept, a blank line either side), in place of what stood there. Each pair stands under prose of its own, so a
+    missing marker is an error (no section is appended)."""
+    old = doc.read_text(encoding="utf-8")
+    for marker in (begin, end):
+        if marker not in old:
+            raise ValueError(f"{doc} has no marker {marker!r}: put the begin and end markers where the table goes")
+    doc.write_text(update_doc(f"{begin}\n\n{text}\n\n{end}", doc, begin=begin, end=end), encoding="utf-8")
+
+
 def write_or_check(new: str, check: bool, script: str, doc: Path = DOC) -> int:
     """Write ``new`` to ``doc``; with ``check``, only report (exit status 1) if it differs."""
     if check:

@@ -132,10 +132,9 @@ def main(argv=None) -> int:
     text = table(TP_DATA if args.tp else DATA)
     print(text)
     if args.doc:
-        begin, stop = (TP_BEGIN, TP_END) if args.tp else (BEGIN, END)
-        doc = DOC.read_text(encoding="utf-8")
-        start, end = doc.index(begin) + len(begin), doc.index(stop)
-        DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[end:], encoding="utf-8")
+        sys.path.insert(0, str(ROOT / "validation"))
+        from report import write_table      # validation/report.py's
+        write_table(text, *((TP_BEGIN, TP_END) if args.tp else (BEGIN, END)), DOC)
     return 0
 
 

@@ -110,10 +110,9 @@ def main(argv=None) -> int:
     text = table(LOSS_DATA if args.loss else DP_DATA if args.dp else SP_DATA if args.sp else DATA)
     print(text)
     if args.doc:
-        begin, end = MARKERS["loss" if args.loss else "dp" if args.dp else args.sp]
-        doc = DOC.read_text(encoding="utf-8")
-        start, stop = doc.index(begin) + len(begin), doc.index(end)
-        DOC.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[stop:], encoding="utf-8")
+        sys.path.insert(0, str(ROOT / "validation"))
+        from report import write_table      # validation/report.py's
+        write_table(text, *MARKERS["loss" if args.loss else "dp" if args.dp else args.sp], DOC)
     return 0
 
 
