@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
+import re
+from typing import Iterable
 
 from .errors import InvalidInputError, InvalidInputTypeError
 
@@ -50,14 +53,6 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def name(parameter: str, value: object, choices) -> str:
-    """A name from ``choices``, case and separators ignored (``registry.resolve_name``)."""
-    if type(value) is str and value in choices:   # already canonical: the common case
-        return value
-    from .registry import resolve_name
-    return resolve_name(parameter, value, choices)
-
-
 def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False):
     """An attrs validator: ``count`` (``optional``: or None) naming ``Class.field``."""
     def validate(instance, attribute, value):
@@ -89,3 +84,41 @@ def whole_microbatches(batch_size: int, dp_size: int, gradient_accumulation_step
         f"global batch size {batch_size} over {dp_size} data-parallel rank(s) and {gradient_accumulation_steps} "
         f"accumulation step(s) is not a whole number of micro-batches (rounding it up would run a global "
         f"batch of {above})" + note)
+
+
+_SEPARATORS = re.compile(r"[-_ ]+")
+
+
+def name_key(name: str) -> str:
+    """What two spellings of one name share: case and the separators ``-``, ``_``, space ignored."""
+    return _SEPARATORS.sub("", name.casefold())
+
+
+def resolve_name(parameter: str, value: object, choices: Iterable[str], allowed: str | None = None) -> str:
+    """The one lookup of a name a user gives: ``value`` if in ``choices``, else the one choice it
+    names with case and separators ignored (never whitespace around it); else an ``InvalidInputError``
+    listing ``allowed`` and the likely choice."""
+    if type(value) is str and value in choices:     # already canonical: the common case
+        return value
+    names = sorted(choices)
+    allowed = allowed if allowed is not None else "one of: " + (", ".join(names) or "(none installed)")
+    if not isinstance(value, str):
+        raise InvalidInputTypeError(parameter, value, allowed, f"got {type(value).__name__}")
+    by_key: dict[str, list[str]] = {}
+    for name in names:
+        by_key.setdefault(name_key(name), []).append(name)
+    key = name_key(value)
+    same = by_key.get(key, []) if value == value.strip() else []
+    if len(same) == 1:
+        return same[0]
+    if len(same) > 1:
+        raise InvalidInputError(parameter, value, allowed,
+                                f"ambiguous: it names {' and '.join(map(repr, same))} (give one exactly)")
+    close = [name for k in difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.6) for name in by_key[k]]
+    detail = "surrounding whitespace is not ignored" if value != value.strip() and key in by_key else ""
+    if close:
+        detail += ("; " if detail else "") + f"did you mean {' or '.join(map(repr, close))}?"
+    raise InvalidInputError(parameter, value, allowed, detail)
+
+
+name = resolve_name     # a name from choices (plugins call it _checks.name)

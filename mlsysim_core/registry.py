@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import re
 from typing import Callable, Iterable, Mapping
 
 import attrs
 
-from .errors import InvalidInputError, InvalidInputTypeError, PluginContractError
+from ._checks import name_key, resolve_name  # noqa: F401 (name_key: re-exported, the CLI and scenarios use it)
+from .errors import PluginContractError
 from .specs import CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec
 
 
@@ -80,39 +79,3 @@ class Registry:
     def describe_choices(self, kind: str, names) -> str:
         """``"adam (mlsysim-core 0.1.0), demo.lion (mlsysim-demo 0.1)"``."""
         return ", ".join(f"{n} ({self.providers[(kind, n)].source})" for n in sorted(names)) or "(none installed)"
-
-
-# --- names, as users type them ----------------------------------------------------------
-_SEPARATORS = re.compile(r"[-_ ]+")
-
-
-def name_key(name: str) -> str:
-    """What two spellings of one name share: case and the separators ``-``, ``_``, space ignored."""
-    return _SEPARATORS.sub("", name.casefold())
-
-
-def resolve_name(parameter: str, value: object, choices: Iterable[str], allowed: str | None = None) -> str:
-    """The one lookup of a name a user gives: ``value`` if in ``choices``, else the one choice it
-    names with case and separators ignored (never whitespace around it); else an ``InvalidInputError``
-    listing ``allowed`` and the likely choice."""
-    if type(value) is str and value in choices:     # already canonical: the common case
-        return value
-    names = sorted(choices)
-    allowed = allowed if allowed is not None else "one of: " + (", ".join(names) or "(none installed)")
-    if not isinstance(value, str):
-        raise InvalidInputTypeError(parameter, value, allowed, f"got {type(value).__name__}")
-    by_key: dict[str, list[str]] = {}
-    for name in names:
-        by_key.setdefault(name_key(name), []).append(name)
-    key = name_key(value)
-    same = by_key.get(key, []) if value == value.strip() else []
-    if len(same) == 1:
-        return same[0]
-    if len(same) > 1:
-        raise InvalidInputError(parameter, value, allowed,
-                                f"ambiguous: it names {' and '.join(map(repr, same))} (give one exactly)")
-    close = [name for k in difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.6) for name in by_key[k]]
-    detail = "surrounding whitespace is not ignored" if value != value.strip() and key in by_key else ""
-    if close:
-        detail += ("; " if detail else "") + f"did you mean {' or '.join(map(repr, close))}?"
-    raise InvalidInputError(parameter, value, allowed, detail)
