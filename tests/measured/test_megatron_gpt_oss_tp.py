@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core.errors import NotModelledError
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP
 from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe
 
 from test_megatron_gpt_oss import T, solve, term
@@ -18,6 +19,8 @@ from test_megatron_gpt_oss import T, solve, term
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/tp_measurements.json").read_text(encoding="utf-8"))
 RUNS = {r["id"]: r for r in RECORD["runs"]}
+LAYER_RUNS = {i: r for i, r in RUNS.items() if "recompute_method" not in r}
+FULL = {i: r for i, r in RUNS.items() if r.get("recompute_method") == "uniform"}
 H, E, K = 64, 8, 2
 # the profile's bytes per token and layer of the tiny gpt-oss (test_megatron_gpt_oss: 2,240), of which the layer's
 # input (2h: the input norm's saved input, alive before the layer's forward) and, per routed copy, 2 + 8 + 2h + 10f
@@ -36,7 +39,9 @@ def measured_layer(run) -> int:
 def test_record():
     assert RECORD["megatron_lm_commit"] == "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
     assert RECORD["sequence_parallel"] is True and RECORD["expert_tensor_parallel_size"] == 1
-    assert sorted(RUNS) == ["tp1-ep1", "tp2-ep1", "tp2-ep2"]
+    assert sorted(LAYER_RUNS) == ["tp1-ep1", "tp2-ep1", "tp2-ep2"]
+    assert sorted(FULL) == ["tp1-full-l2", "tp2-ep2-full-l2", "tp2-full-l2"]
+    assert all(r["recompute_num_layers"] == 1 and r["layers"] == 2 for r in FULL.values())
 
 
 def test_hand_derived_bytes():
@@ -48,7 +53,7 @@ def test_hand_derived_bytes():
     # routed copies' 2 x 618, per row received 618 (bf16 probabilities 2, the sorts' maps 8, 2h + 10f)
     assert RUNS["tp2-ep2"]["measured"]["received"] == 146
     assert RUNS["tp2-ep2"]["measured"]["saved_with_row_id_map"] == 64 * (2120 - 2 * 618) + 146 * 618 + 2 == 146_806
-    for run in RUNS.values():
+    for run in LAYER_RUNS.values():
         m, tokens = run["measured"], run["measured"]["tokens_on_rank"]
         assert tokens == 128 // run["tp"]
         # the dispatcher's held tensors per token of the rank; the counts 8E (one expert-tensor-parallel rank)
@@ -103,10 +108,10 @@ def test_tp1_is_unchanged_by_the_recipe_options():
     (dict(tp_size=2, dp_size=1, sequence_parallel=True), "expert_tp_size", "1 with tp_size > 1 for gpt-oss"),
     (dict(tp_size=2, dp_size=1, sequence_parallel=True, expert_tp_size=2), "expert_tp_size",
      "1 with tp_size > 1 for gpt-oss"),
-    (dict(tp_size=2, dp_size=1, checkpointing="full", **RECIPE), "activation_checkpointing",
-     "'none' or 'selective' (core_attn) with tp_size > 1 for gpt-oss"),
     (dict(tp_size=2, dp_size=1, checkpointing="selective", plugin_options={"selective": {"modules": ["moe_act"]}},
-          **RECIPE), "activation_checkpointing", "'none' or 'selective' (core_attn) with tp_size > 1"),
+          **RECIPE), "plugin_options['selective'].modules", "['core_attn'] with tp_size > 1 for gpt-oss"),
+    (dict(tp_size=2, dp_size=1, checkpointing="full", checkpointed_layers=1, **RECIPE), "activation_checkpointing",
+     "'none', 'selective' or 'full' (every layer, without checkpointed_layers)"),
     (dict(tp_size=2, cp_size=2, dp_size=1, **RECIPE), "cp_size", "1 for gpt-oss under 'mixed-bf16-main-grad'"),
 ])
 def test_what_stays_refused_at_tp(options, parameter, allowed):
@@ -119,3 +124,77 @@ def test_selective_core_attn_at_tp_keeps_what_none_keeps():
     none = [(x.label, x.nbytes) for x in solve(tp_size=2, dp_size=1, **RECIPE).terms if x.component == "activations"]
     assert [(x.label, x.nbytes) for x in solve("selective", tp_size=2, dp_size=1, **RECIPE).terms
             if x.component == "activations"] == none
+
+
+# --- Megatron-Core's full recompute under tensor parallelism (uniform, one layer a chunk; 2 layers, one micro-batch) --
+
+def layer_parameter_bytes(tp, ep):
+    """One measured layer's bf16 parameters on the rank: the norms 2h, linear_qkv (a + 2g) x 16 rows of h and their
+    bias, linear_proj h x 16a and its bias h, the sinks a (the rank's a = 4 / tp heads, g = 2 / tp kv heads), the router
+    8 x (h + 1), 8 / ep experts of fc1 96 x (h + 1) and fc2 h x 48 + h."""
+    a, g = 4 // tp, 2 // tp
+    qkv = (a + 2 * g) * 16
+    return 2 * (2 * H + qkv * (H + 1) + H * 16 * a + H + a + 8 * (H + 1) + 8 // ep * (96 * (H + 1) + H * 48 + H))
+
+
+def full_recompute_phases(run) -> dict:
+    """The measured moments of a full-recompute run as the profile's phases count them, over nothing: the start (the
+    previous iteration's held dispatcher tensors and the detached inputs and gradients their graphs keep) added
+    back; at the bottom layer's recompute (a micro-batch's backward; with one micro-batch also the backward's end)
+    less the stage's output (the final norm's input, a term of its own), the upper layer's bf16 parameter gradients
+    (Megatron-Core accumulates into main_grad with gradient_accumulation_fusion: none in the profile), the recomputed
+    layer's norms' rsigma (4 B a token each) and its offset scalar (2 B)."""
+    m, t = run["measured"], run["measured"]["tokens_on_rank"]
+    g = m["held_graph"]
+    start = (m["held"] + m["held_other"]["num_global_tokens_per_local_expert"] + m["held_row_id_map"] + g["inputs"]
+             + g["input_grads"])
+    bottom = (m["after_recompute"][-1] + start - t * H * 2 - layer_parameter_bytes(run["tp"], run["ep"]) - 8 * t - 2)
+    return {FORWARD: m["after_forward"] + start, BACKWARD: bottom, BACKWARD_END: bottom,
+            OPTIMIZER_STEP: m["after_iteration"] + start}
+
+
+def full_recompute_profile(run) -> dict:
+    """The profile's recompute and dispatcher terms of the tiny model (2 layers, 128 tokens) at the run's tp and ep,
+    the MLP backward's transient activation gradients (2 x T x k x f x 2 B / tp, not held at the measured moment)
+    left out of the backward's phases."""
+    tp, ep, m = run["tp"], run["ep"], run["measured"]
+    options = dict(RECIPE) if tp > 1 else {}
+    if ep > 1:      # the recomputed (bottom) layer's rows
+        options["moe_routing_imbalance"] = m["received"][0] / (m["tokens_on_rank"] * K)
+    r = solve("full", tp_size=tp, ep_size=ep, dp_size=1, **options) if tp * ep > 1 else solve("full")
+    mine = [x for x in r.terms if x.component == "activations" and x.label.startswith(
+        ("checkpointed", "recompute", "Megatron-Core alltoall"))]
+    grads = 2 * m["tokens_on_rank"] * K * 48 * 2
+    return {phase: sum(x.nbytes for x in mine if phase in x.phases) - (grads if phase in (BACKWARD, BACKWARD_END)
+                                                                         else 0)
+            for phase in (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)}
+
+
+def test_full_recompute_hand_derived():
+    # tp 1 (X = 128 tokens x h x 2 = 16,384 B) and tp 2 (64 tokens of the rank, X = 8,192 B): per layer the
+    # dispatcher's held probabilities and map 3E, its permutation map 4(2E + 1), its counts 8E
+    for rid, t in (("tp1-full-l2", 128), ("tp2-full-l2", 64)):
+        run = FULL[rid]
+        X, m = t * H * 2, run["measured"]
+        held = 2 * (24 * t + 64)
+        maps = 2 * 68 * t
+        assert m["held_graph"] == {"inputs": 2 * X, "input_grads": 2 * X, "inputs_after": 2 * X,
+                                   "input_grads_after": 2 * X}
+        phases = full_recompute_phases(run)
+        # the forward's end: the two checkpointed inputs, the held tensors (the no-grad forward's)
+        assert phases[FORWARD] == 2 * X + held + maps
+        # the bottom layer's recompute: both inputs, the upper layer's input gradient, its held tensors and map, the
+        # recomputed layer's saved tensors (as measured without recompute, its input the checkpoint's: 2,120 B a
+        # token less the rsigma 8) and its output, its held tensors (its map among its saved tensors)
+        assert phases[BACKWARD] == 2 * X + X + (24 * t + 64 + 68 * t) + 2112 * t + X + 24 * t + 64
+        # after the iteration: each layer's detached input and its gradient, held by the recomputed graphs
+        assert phases[OPTIMIZER_STEP] == 4 * X + held + maps
+        assert m["after_iteration"] == 0
+
+
+@pytest.mark.parametrize("rid", sorted(FULL))
+def test_full_recompute_profile_equals_the_measurement(rid):
+    run = FULL[rid]
+    measured, profile = full_recompute_phases(run), full_recompute_profile(run)
+    for phase, value in measured.items():
+        assert profile[phase] == pytest.approx(value, abs=1e-6), (phase, profile[phase], value)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """One gpt-oss decoder layer under Megatron-Core's tensor parallelism with sequence parallelism (tp = 2, rank 0 of a
 fake process group of 2; and tp = 1 for comparison), measured on the CPU with PyTorch's ``MemTracker`` (eager): the
-bytes the layer keeps for its backward, what outlives it, and the buffers Megatron-Core holds (issue 25 item 4).
+bytes the layer keeps for its backward, what outlives it, and the buffers Megatron-Core holds; and a stage of such
+layers under Megatron-Core's full and block recompute (issue 25 item 4).
 
     python validation/megatron_gpt_oss/measure_tp.py --megatron-lm DIR [--out FILE]
 
@@ -54,18 +55,32 @@ the layer's input, ``T / tp x h x 2`` B alive at the start, which the script fre
 ``held`` / ``held_other`` (the dispatcher's, as measure_moe.py), ``mpu_buffer`` (the ``GlobalMemoryBuffer``'s
 ``"mpu"`` tensor: allocated by the first sequence-parallel all-gather, alive from then on), ``received``,
 ``peak_over_start`` (recorded, not compared).
+
+Recompute runs (``RECOMPUTE_CONFIGS``): a ``TransformerBlock`` of 2 or 3 such layers through ``checkpointed_forward``
+(``megatron/core/recompute.py``) and ``tensor_parallel.checkpoint`` (``CheckpointFunction``, ``random.py``), both run
+from the source at COMMIT as measure_recompute.py runs them (``recompute_method="uniform"`` with one layer a chunk:
+every layer checkpointed; ``"block"`` with ``recompute_num_layers`` n: the first n layers checkpointed, the others
+not), one micro-batch, ``distribute_saved_activations`` False (Megatron-Core refuses it with sequence parallelism).
+Recorded (bytes over the start, which holds the previous iteration's held dispatcher tensors and the detached inputs
+and gradients their graphs keep, ``held_graph``): ``after_forward`` (less the stage's output), ``after_recompute``
+(after each recompute, inside the backward: top layer first), ``after_iteration`` (the stage's input, a fresh
+non-leaf tensor made after the start, and the parameters' gradients freed), ``held``, ``held_other``,
+``held_row_id_map``, ``held_graph``, ``received`` (per layer). Without ``gradient_accumulation_fusion`` the weight
+gradients are bf16 ``.grad`` tensors (with it, APEX's kernel accumulates into ``main_grad``): alive from their
+layer's backward on, they are in the backward's moments.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import operator
 import os
 import sys
 import types
 import warnings
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set, Tuple, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -79,7 +94,8 @@ import harness  # noqa: E402  (validation/harness.py)
 import measure_moe  # noqa: E402
 from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
 from measure_modules import RMSNorm  # noqa: E402
-from measure_recompute import _exec  # noqa: E402
+from measure_pp import _NoModules  # noqa: E402
+from measure_recompute import _exec, held_graph, recompute_namespace  # noqa: E402
 
 # The tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py: h 64, 4 heads of 16, 2 kv heads, 8 experts of width 48,
 # top-2; 128 tokens (a micro-batch of 2 x 64), every tp rank's shard 128 / tp
@@ -89,6 +105,16 @@ CONFIGS = (
     ("tp1-ep1", 1, 1),
     ("tp2-ep1", 2, 1),
     ("tp2-ep2", 2, 2),
+)
+# (id, tp, ep, layers, recompute_method, recompute_num_layers): Megatron-Core's full recompute (one layer a chunk,
+# "uniform") and its block recompute (the first n layers of the stage checkpointed, the rest not)
+RECOMPUTE_CONFIGS = (
+    ("tp1-full-l2", 1, 1, 2, "uniform", 1),
+    ("tp2-full-l2", 2, 1, 2, "uniform", 1),
+    ("tp2-ep2-full-l2", 2, 2, 2, "uniform", 1),
+    ("tp1-block1-l3", 1, 1, 3, "block", 1),
+    ("tp2-block1-l3", 2, 1, 3, "block", 1),
+    ("tp2-block2-l3", 2, 1, 3, "block", 2),
 )
 NS: dict = {}
 
@@ -243,7 +269,131 @@ def measure(cfg: dict) -> dict:
             "mpu_buffer": _storage_bytes(buffers), "received": moe.received, "tokens_on_rank": T // tp}
 
 
+class CheckpointedLayer(Layer):
+    """``Layer`` as ``checkpointed_forward`` calls a ``TransformerLayer``: keyword arguments, ``(hidden_states,
+    context)`` returned; records the bytes alive after each forward run inside the backward (a recompute:
+    ``CheckpointFunction.backward`` under ``enable_grad``)."""
+
+    def __init__(self, *args, moments):
+        super().__init__(*args)
+        self.moments = moments
+
+    def forward(self, hidden_states, attention_mask=None, context=None, context_mask=None, rotary_pos_emb=None,
+                attention_bias=None, inference_context=None, packed_seq_params=None, padding_mask=None):
+        out = super().forward(hidden_states)
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:    # inside the backward
+            self.moments["recompute"].append(self.moments["now"]())
+        return out, context
+
+
+def checkpointed_forward(repo: str, checkpoint) -> Callable:
+    """``checkpointed_forward`` (``megatron/core/recompute.py`` at COMMIT, as written) calling ``CheckpointedLayer``s
+    and ``tensor_parallel.checkpoint`` (``CheckpointFunction``, measure_recompute.py's namespace)."""
+    block = {"torch": torch, "Tensor": torch.Tensor, "Optional": Optional, "Set": Set, "List": List,
+             "Tuple": Tuple, "Union": Union, "nullcontext": contextlib.nullcontext,
+             "tensor_parallel": types.SimpleNamespace(checkpoint=checkpoint), "TransformerLayer": CheckpointedLayer,
+             "te_checkpoint": None, "get_fp8_context": None, "get_fp4_context": None}
+    _exec(_defs(_read(repo, "megatron/core/recompute.py"), ("checkpointed_forward",)), block)
+    return block["checkpointed_forward"]
+
+
+class Stage(torch.nn.Module):
+    """A ``TransformerBlock`` of ``layers`` gpt-oss layers on tensor-parallel rank 0 under
+    ``recompute_granularity="full"`` with ``recompute_method`` and ``recompute_num_layers``
+    (``checkpointed_forward``, as ``TransformerBlock.forward`` calls it; ``distribute_saved_activations`` False, as
+    Megatron-Core requires with sequence parallelism)."""
+
+    def __init__(self, tp, ep, group, layers, method, num_layers):
+        super().__init__()
+        self.moments = {"now": lambda: 0, "recompute": []}
+        self.layers = torch.nn.ModuleList(CheckpointedLayer(NS["tp"], NS["megatron"], tp, ep, group,
+                                                            moments=self.moments) for _ in range(layers))
+        self.config = types.SimpleNamespace(recompute_method=method, recompute_num_layers=num_layers, fp8=False,
+                                            fp4=False, distribute_saved_activations=False)
+        self.num_layers_per_pipeline_rank = layers
+        self.pg_collection = None
+        self.rope = torch.randn(T, 1, 1, HEAD_DIM)    # the shared rotary table (saved by every checkpoint, no grad)
+
+    def forward(self, x):
+        return NS["checkpointed_forward"](self, x, None, None, None, self.rope, None, None, False)
+
+
+def _show(*tensors) -> None:
+    """Show the tracker every tensor alive before its start (``detach``: it counts the storage of an op's result), in
+    a function of its own: a loop variable left in the caller would keep the last one alive."""
+    for t in tensors:
+        t.detach()
+
+
+def measure_recompute(cfg: dict) -> dict:
+    """One forward and backward of the stage (one micro-batch) after two warm-up ones: bytes over the start (which
+    holds the previous iteration's held dispatcher tensors and, under recompute, the detached inputs and gradients
+    their graphs keep: ``held_graph``, shown to the tracker) after the forward (less the output), after each
+    recompute (top layer first), after the iteration (the layer's input, alive at the start, freed by the script
+    unless a held graph keeps it)."""
+    tp, ep, layers = cfg["tp"], cfg["ep"], cfg["layers"]
+    group = dist.group.WORLD if tp > 1 else _OneRank()
+    torch.manual_seed(0)
+    NS["tp"]["mpu_buffer"].buffer = {}
+    stage = Stage(tp, ep, group, layers, cfg["recompute_method"], cfg["recompute_num_layers"])
+    x0 = (torch.randn(T // tp, H) * 0.5).to(torch.bfloat16).requires_grad_(True)
+    grad = torch.randn(T // tp, H).to(torch.bfloat16)
+
+    def clear():
+        x0.grad = None
+        for p in stage.parameters():
+            p.grad = None
+
+    for _ in range(2):      # warm-up iterations
+        stage(x0.clone()).backward(grad)
+        clear()
+    gc.collect()
+    moes = [layer.moe for layer in stage.layers]
+    held_row_id_map = sum(_storage_bytes([moe.held_other["row_id_map"]]) for moe in moes)
+    inputs, input_grads = held_graph(stage)
+    before = {"inputs": _storage_bytes(inputs), "input_grads": _storage_bytes(input_grads)}
+    buffers = list(NS["tp"]["mpu_buffer"].buffer.values())
+    mt = MemTracker()
+    mt._mod_tracker = _NoModules()
+    mt.track_external(stage)
+    dev = torch.device("cpu")
+    with mt:
+        _show(*(t for moe in moes for t in (*moe.held.values(), *moe.held_other.values())), *buffers, grad,
+              stage.rope, *inputs, *input_grads)
+        del inputs, input_grads
+        start = mt.get_tracker_snapshot("current")[dev]["Total"]
+        stage.moments["now"] = lambda: mt.get_tracker_snapshot("current")[dev]["Total"] - start
+        stage.moments["recompute"] = []
+        x = x0.clone()      # (the stage's input: a fresh non-leaf tensor, as measure_pp.py's first stage's)
+        out = stage(x)
+        after_forward = stage.moments["now"]() - out.numel() * out.element_size()
+        out.backward(grad)
+        del out, x
+        clear()
+        gc.collect()
+        end = stage.moments["now"]()
+        peak = mt.get_tracker_snapshot("peak")[dev]["Total"] - start
+    stage.moments["now"] = lambda: 0
+    inputs, input_grads = held_graph(stage)
+    return {"after_forward": after_forward, "after_recompute": list(stage.moments["recompute"]),
+            "after_iteration": end, "peak_over_start": peak,
+            "held": sum(_storage_bytes(moe.held.values()) for moe in moes),
+            "held_other": {n: sum(_storage_bytes([moe.held_other[n]]) for moe in moes) for n in moes[0].held_other},
+            "held_row_id_map": held_row_id_map,
+            "held_graph": {**before, "inputs_after": _storage_bytes(inputs),
+                           "input_grads_after": _storage_bytes(input_grads)},
+            "mpu_buffer": _storage_bytes(buffers), "received": [moe.received for moe in moes],
+            "tokens_on_rank": T // tp}
+
+
+def _measure_run(cfg: dict) -> dict:
+    return measure_recompute(cfg) if "recompute_method" in cfg else measure(cfg)
+
+
 def _summary(m: dict) -> str:
+    if "after_recompute" in m:
+        return (f"{m['tokens_on_rank']} tokens on the rank; after the forward {m['after_forward']:,} B, recomputes "
+                f"{m['after_recompute']}, after the iteration {m['after_iteration']:,} B; held graph {m['held_graph']}")
     return (f"{m['tokens_on_rank']} tokens on the rank, {m['received']:,} rows received; saved "
             f"{m['saved_with_row_id_map']:,} B; held {m['held']:,} B; mpu buffer {m['mpu_buffer']:,} B; after the "
             f"backward {m['after_backward_over_start']:,} B over the start")
@@ -265,9 +415,13 @@ def main(argv=None):
         NS["megatron"] = megatron_namespace(args.megatron_lm)
         NS["tp"] = tp_namespace(args.megatron_lm)
         measure_moe.NS["megatron"] = NS["megatron"]
+        NS["checkpointed_forward"] = checkpointed_forward(args.megatron_lm,
+                                                          recompute_namespace(args.megatron_lm)["checkpoint"])
 
     configs = [{"id": cid, "tp": tp, "ep": ep} for cid, tp, ep in CONFIGS]
-    return harness.main(argv, description=__doc__.splitlines()[0], configs=configs, measure_run=measure,
+    configs += [{"id": cid, "tp": tp, "ep": ep, "layers": n, "recompute_granularity": "full", "recompute_method": method,
+                 "recompute_num_layers": k} for cid, tp, ep, n, method, k in RECOMPUTE_CONFIGS]
+    return harness.main(argv, description=__doc__.splitlines()[0], configs=configs, measure_run=_measure_run,
                         document=_document, out=os.path.join(HERE, "tp_measurements.json"), summary=_summary,
                         threads=1, versions=harness.versions, catch=False, arguments=arguments, before=before)
 
