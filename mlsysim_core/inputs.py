@@ -3,6 +3,7 @@ profile's options are built and its ``prepare`` completes them. Nothing later re
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Callable, Iterable, Mapping
 
@@ -100,24 +101,22 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
                         include_plugins=include, notes=notes, **sizes)
 
 
-def _model(model) -> TransformerWorkload:
-    return _catalog_value(model, "model", TransformerWorkload,
-                          "a TransformerWorkload, SparseTransformerWorkload or a catalog name (see `mlsysim-core models`)")
+_OBJECTS = {"model": (TransformerWorkload, "a TransformerWorkload, SparseTransformerWorkload or a catalog name "
+                                           "(see `mlsysim-core models`)"),
+            "hardware": (HardwareNode, "a HardwareNode or a catalog name (see `mlsysim-core hardware`)")}
 
 
-def _hardware(hardware) -> HardwareNode:
-    return _catalog_value(hardware, "hardware", HardwareNode,
-                          "a HardwareNode or a catalog name (see `mlsysim-core hardware`)")
-
-
-def _catalog_value(value, kind: str, cls: type, allowed: str):
+def _catalog_value(value, kind: str):
     """A model or accelerator object, or a catalog name looked up."""
     if isinstance(value, str):
         from . import catalog
         return catalog.get_model(value) if kind == "model" else catalog.get_hardware(value)
-    if not isinstance(value, cls):
-        raise InvalidInputTypeError(kind, value, allowed, f"got {type(value).__name__}")
+    if not isinstance(value, _OBJECTS[kind][0]):
+        raise InvalidInputTypeError(kind, value, _OBJECTS[kind][1], f"got {type(value).__name__}")
     return value
+
+
+_model, _hardware = (functools.partial(_catalog_value, kind=kind) for kind in _OBJECTS)   # (search.py uses them too)
 
 
 def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
