@@ -29,6 +29,7 @@ _REGISTRATION = {"mlsysim_optimizers": (OPTIMIZER, OptimizerSpec),
                  "mlsysim_checkpointing_strategies": (CHECKPOINTING, CheckpointingSpec),
                  "mlsysim_sharding_rules": (SHARDING, ShardingRuleSpec),
                  "mlsysim_profiles": (PROFILE, ProfileSpec)}
+_HOOK_OF = {kind: hook for hook, (kind, _) in _REGISTRATION.items()}     # (a plugin's own hook: its kind is its name)
 
 
 class PluginWarning(UserWarning):
@@ -139,14 +140,10 @@ class PluginManager(pluggy.PluginManager):
                 f"(entry-point name) or distribution in group '{group}', so it blocks nothing; {hint}"), stacklevel=2)
         skipped, blocked_eps = [], []
         for name, pairs in by_name.items():
-            if name in blocked:          # blocking is the escape hatch, duplicates included
-                self.set_blocked(name)
-                blocked_eps.extend(i for _, i in pairs)
-                continue
-            # A blocked distribution takes only its own declarations.
-            blocked_eps.extend(i for _, i in pairs if _normalise_dist(i.distribution) in blocked_dists)
-            pairs = [(ep, i) for ep, i in pairs if _normalise_dist(i.distribution) not in blocked_dists]
-            if not pairs:
+            # Blocking a name is the escape hatch (duplicates included); a blocked distribution takes only its own.
+            out = [i for _, i in pairs if name in blocked or _normalise_dist(i.distribution) in blocked_dists]
+            blocked_eps.extend(out)
+            if not (pairs := [(ep, i) for ep, i in pairs if i not in out]):
                 self.set_blocked(name)
                 continue
             if not third_party:          # only mlsysim-core's own entry points
@@ -266,7 +263,6 @@ class PluginManager(pluggy.PluginManager):
 
     def _build_registry(self) -> Registry:
         broken: dict[str, PluginError] = {}
-        hooks = dict(_REGISTRATION)      # hook name -> (kind, spec type)
         claims = {kind: self._claims(hook, spec_type, broken) for hook, (kind, spec_type) in _REGISTRATION.items()}
         # Plugins' own registration hooks (mlsysim_addhooks, or a profile's); absent: a blocked plugin's.
         added = dict(self._collected)
@@ -274,11 +270,9 @@ class PluginManager(pluggy.PluginManager):
                      for h in spec.registration_hooks if h not in added)
         for hook, item_type in sorted(added.items()):
             if hasattr(self.hook, hook):
-                hooks[hook] = (hook, item_type)
                 claims[hook] = self._claims(hook, item_type, broken)
         # Two plugins claiming one name: every third-party claimant is set aside (a built-in keeps it).
         for kind, table in claims.items():
-            hook = next(h for h, (k, _) in hooks.items() if k == kind)
             for name in sorted(table):
                 entries = [i for _, i in table[name] if i.name not in broken]
                 if len(entries) > 1:
@@ -287,7 +281,7 @@ class PluginManager(pluggy.PluginManager):
                     err = PluginConflictError(
                         f"{kind.replace('mlsysim_', '').replace('_', ' ')} '{name}' is provided by more than one "
                         f"plugin: {', '.join(i.describe() for i in entries)}. Uninstall one, or block one with {hint}",
-                        plugin=entries[1].name, source=entries[1].source, hook=hook)
+                        plugin=entries[1].name, source=entries[1].source, hook=_HOOK_OF.get(kind, kind))
                     for i in third:
                         broken.setdefault(i.name, err)
         tables: dict[str, dict] = {kind: {} for kind in claims}
