@@ -188,14 +188,10 @@ class TitanStep(torch.nn.Module):
 def measure(cfg: dict) -> dict:
     if not cfg.get("layout"):
         return _measure(cfg)
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from fakepg import fake_world      # validation/fakepg.py
     lay = cfg["layout"]
-    dist.init_process_group("fake", store=FakeStore(), rank=lay["rank"], world_size=lay["world_size"])
-    try:
+    with fake_world(lay["rank"], lay["world_size"]):
         return _measure(cfg)
-    finally:
-        dist.destroy_process_group()
 
 
 def _fsdp2(model, world):

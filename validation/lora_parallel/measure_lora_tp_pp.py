@@ -18,7 +18,6 @@ passed whole under SP (as ``measure_parallel`` does). Needs torch==2.13.0 (CPU),
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
@@ -29,11 +28,10 @@ import measure_lora_tp as tp  # noqa: E402  (puts validation/ and validation/par
 import measure_lora_pp as pp  # noqa: E402
 import measure_parallel as mp  # noqa: E402
 import harness  # noqa: E402
+from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 
 def _cfg(regime, t, p, stage, m, *, kind="tp", rank=16, targets="all-linear", b=2, s=256, model="llama-tiny"):
@@ -70,8 +68,7 @@ def measure(cfg: dict) -> dict:
     lay = cfg["layout"]
     t, p, stage = lay["tp_size"], lay["pp_size"], lay["stage"]
     sp = lay["kind"] == "tp+sp"
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=t)
-    try:
+    with fake_world(0, t, collect=True):
         mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
         model, ids = harness.build_model(cfg)
         plan = mp.apply_tp(model, mesh, sp)
@@ -85,9 +82,6 @@ def measure(cfg: dict) -> dict:
         out = pp.run_stage(cfg, net, ids, (b, s // t if sp else s, h), pp.StageMemTracker)
         out.update(tp_plan=plan, lora=info)
         return out
-    finally:
-        dist.destroy_process_group()
-        gc.collect()
 
 
 document = tp.document_for("measure_lora_tp_pp.py")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import platform
@@ -436,11 +435,8 @@ def measure_parallel(cfg: dict, extra_point=None) -> dict:
     t0 = time.perf_counter()
     lay = cfg["layout"]
     world, rank, kind = lay["world_size"], lay["rank"], lay["kind"]
-    try:
-        with fake_world(rank, world):
-            return _measure_in_pg(cfg, kind, world, t0, extra_point)
-    finally:
-        gc.collect()
+    with fake_world(rank, world, collect=True):
+        return _measure_in_pg(cfg, kind, world, t0, extra_point)
 
 
 def _measure_in_pg(cfg: dict, kind: str, world: int, t0: float, extra_point=None) -> dict:

@@ -28,7 +28,6 @@ reduce-scatter streams' overlap (the fake process group runs collectives synchro
 
 from __future__ import annotations
 
-import gc
 import platform
 import sys
 import time
@@ -40,15 +39,14 @@ sys.path.insert(0, str(HERE.parent / "parallel"))
 sys.path.insert(0, str(HERE.parent))
 
 import harness  # noqa: E402  (validation/harness.py: the protocol, the records, the command line)
+from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 import measure_parallel as mp  # noqa: E402  (its FSDP tracker; imports the harness's fake-tensor patches)
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
 
 ckpt = harness.load("measure_checkpointing", HERE.parent / "techniques" / "checkpointing" / "measure_checkpointing.py")
@@ -90,8 +88,7 @@ def apply_torchtitan(model, mesh) -> None:
 
 def measure(cfg: dict) -> dict:
     t0 = time.perf_counter()
-    dist.init_process_group("fake", store=FakeStore(), rank=cfg["rank"], world_size=cfg["world_size"])
-    try:
+    with fake_world(cfg["rank"], cfg["world_size"], collect=True):
         mesh = init_device_mesh("cpu", (cfg["world_size"],), mesh_dim_names=("dp",))
         with FakeTensorMode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -111,9 +108,6 @@ def measure(cfg: dict) -> dict:
                    "parameters": int(sum(mp._local(p).numel() for p in model.parameters())),
                    "wall_s": round(time.perf_counter() - t0, 1)}
         return out
-    finally:
-        dist.destroy_process_group()
-        gc.collect()
 
 
 def document(args, runs, ctx) -> dict:
