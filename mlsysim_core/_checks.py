@@ -53,17 +53,12 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def attrs_count(minimum: int = 1, maximum: int = MAX_COUNT, optional: bool = False):
-    """An attrs validator: ``count`` (``optional``: or None) naming ``Class.field``."""
+def attrs_check(check, optional: bool = False, **limits):
+    """An attrs validator: ``check`` (``optional``: or None) naming ``Class.field``."""
     def validate(instance, attribute, value):
         if not (optional and value is None):
-            count(f"{type(instance).__name__}.{attribute.name}", value, minimum=minimum, maximum=maximum)
+            check(f"{type(instance).__name__}.{attribute.name}", value, **limits)
     return validate
-
-
-def attrs_optional_flag(instance, attribute, value):
-    if value is not None:
-        flag(f"{type(instance).__name__}.{attribute.name}", value)
 
 
 def to_int(value):

@@ -28,12 +28,12 @@ def _opt_str(instance, attribute, value):
 
 def _count(minimum=1, maximum=_checks.MAX_COUNT, default=attrs.NOTHING):   # default=None: optional
     return attrs.field(default=default, converter=_checks.to_int,
-                       validator=_checks.attrs_count(minimum, maximum, optional=default is None))
+                       validator=_checks.attrs_check(_checks.count, default is None, minimum=minimum, maximum=maximum))
 
 
 _name = attrs.field(validator=_str)
 _optional_str = attrs.field(default=None, validator=_opt_str)
-_optional_flag = attrs.field(default=None, validator=_checks.attrs_optional_flag)
+_optional_flag = attrs.field(default=None, validator=_checks.attrs_check(_checks.flag, optional=True))
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
@@ -94,13 +94,10 @@ class SparseTransformerWorkload(TransformerWorkload):
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
-        cls = type(self).__name__
-        if self.active_parameters > self.parameters:
-            raise InvalidInputError(f"{cls}.active_parameters", self.active_parameters,
-                                    f"at most parameters={self.parameters}")
-        if self.active_experts_per_token > self.experts:
-            raise InvalidInputError(f"{cls}.active_experts_per_token", self.active_experts_per_token,
-                                    f"at most experts={self.experts}")
+        for field, limit in ("active_parameters", "parameters"), ("active_experts_per_token", "experts"):
+            if getattr(self, field) > getattr(self, limit):
+                raise InvalidInputError(f"{type(self).__name__}.{field}", getattr(self, field),
+                                        f"at most {limit}={getattr(self, limit)}")
 
     is_sparse = True
 
