@@ -111,6 +111,25 @@ def test_qlora_nf4_double_quant_and_fsdp():
     assert launch.scenario.data_parallel == "fsdp" and launch.scenario.seq_len == 512
 
 
+def test_fsdp_config_alone_derives_the_qlora_regime(tmp_path):
+    """axolotl's fsdp_config with fsdp_version and no fsdp: list (FSDP2 through its own table): a 4-bit base stored
+    in bf16 (067b021c src/axolotl/loaders/model.py line 720) gives fsdp-bf16-stored; the same file without
+    load_in_4bit (LoRA over the bf16 base) accelerate's fsdp-bf16-reduce-bf16."""
+    import yaml
+    doc = yaml.safe_load((AX / "examples/llama-3/qlora-fsdp-70b.yaml").read_text())
+    doc.pop("fsdp")
+    doc["fsdp_version"] = 2
+    doc["fsdp_config"] = {"reshard_after_forward": True, "offload_params": False}
+    f = tmp_path / "q.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    field = next(x for r in from_launch([f], gpus=2, hardware="h100").readings for x in r.fields if x.field == "regime"
+                 and x.key.startswith("fsdp_config"))
+    assert (field.becomes, field.derived_from) == ("fsdp-bf16-stored", ("precision", "lora"))
+    assert from_launch([f], gpus=2, hardware="h100").scenario.profile_options["regime"] == "fsdp-bf16-stored"
+    f.write_text(yaml.safe_dump({**doc, "adapter": "lora", "load_in_4bit": False}))
+    assert from_launch([f], gpus=2, hardware="h100").scenario.profile_options["regime"] == "fsdp-bf16-reduce-bf16"
+
+
 def test_liger_fused_linear_loss():
     launch = from_launch([AX / "examples/llama-3/fft-8b-liger-fsdp.yaml"], gpus=8, hardware="h100")
     assert launch.scenario.profile_options["loss"] == "fused_linear"
