@@ -210,8 +210,6 @@ def test_tiny_gpt_oss_under_expert_parallelism_hand_derived():
     (dict(ep_size=8, dp_size=8), "ep_size", "a divisor of the 8 experts below 8 (two or more experts on a rank)"),
     (dict(ep_size=2, dp_size=2, tp_size=2), "sequence_parallel", "True with tp_size > 1 for gpt-oss"),
     (dict(attention="eager"), "attention", "computes='sdpa'"),
-    (dict(checkpointing="full", checkpointed_layers=1), "activation_checkpointing",
-     "'none', 'selective' or 'full' (every layer, without checkpointed_layers) for gpt-oss"),
     (dict(checkpointing="every-k"), "activation_checkpointing", "'none', 'selective' or 'full' (every layer"),
     (dict(tp_size=2, dp_size=1), "sequence_parallel", "True with tp_size > 1 for gpt-oss"),
     (dict(cp_size=2, dp_size=1), "cp_size", "1 for gpt-oss under 'mixed-bf16-main-grad'"),

@@ -14,13 +14,16 @@ from mlsysim_core.errors import NotModelledError
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP
 from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe
 
-from test_megatron_gpt_oss import T, solve, term
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.hf import from_hf_config
+from test_megatron_gpt_oss import B, BIG, S, T, TINY, solve, term
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/tp_measurements.json").read_text(encoding="utf-8"))
 RUNS = {r["id"]: r for r in RECORD["runs"]}
 LAYER_RUNS = {i: r for i, r in RUNS.items() if "recompute_method" not in r}
 FULL = {i: r for i, r in RUNS.items() if r.get("recompute_method") == "uniform"}
+BLOCK = {i: r for i, r in RUNS.items() if r.get("recompute_method") == "block"}
 H, E, K = 64, 8, 2
 # the profile's bytes per token and layer of the tiny gpt-oss (test_megatron_gpt_oss: 2,240), of which the layer's
 # input (2h: the input norm's saved input, alive before the layer's forward) and, per routed copy, 2 + 8 + 2h + 10f
@@ -110,8 +113,6 @@ def test_tp1_is_unchanged_by_the_recipe_options():
      "1 with tp_size > 1 for gpt-oss"),
     (dict(tp_size=2, dp_size=1, checkpointing="selective", plugin_options={"selective": {"modules": ["moe_act"]}},
           **RECIPE), "plugin_options['selective'].modules", "['core_attn'] with tp_size > 1 for gpt-oss"),
-    (dict(tp_size=2, dp_size=1, checkpointing="full", checkpointed_layers=1, **RECIPE), "activation_checkpointing",
-     "'none', 'selective' or 'full' (every layer, without checkpointed_layers)"),
     (dict(tp_size=2, cp_size=2, dp_size=1, **RECIPE), "cp_size", "1 for gpt-oss under 'mixed-bf16-main-grad'"),
 ])
 def test_what_stays_refused_at_tp(options, parameter, allowed):
@@ -137,36 +138,50 @@ def layer_parameter_bytes(tp, ep):
     return 2 * (2 * H + qkv * (H + 1) + H * 16 * a + H + a + 8 * (H + 1) + 8 // ep * (96 * (H + 1) + H * 48 + H))
 
 
-def full_recompute_phases(run) -> dict:
-    """The measured moments of a full-recompute run as the profile's phases count them, over nothing: the start (the
+def recompute_phases(run) -> dict:
+    """The measured moments of a recompute run as the profile's phases count them, over nothing: the start (the
     previous iteration's held dispatcher tensors and the detached inputs and gradients their graphs keep) added
-    back; at the bottom layer's recompute (a micro-batch's backward; with one micro-batch also the backward's end)
-    less the stage's output (the final norm's input, a term of its own), the upper layer's bf16 parameter gradients
-    (Megatron-Core accumulates into main_grad with gradient_accumulation_fusion: none in the profile), the recomputed
-    layer's norms' rsigma (4 B a token each) and its offset scalar (2 B)."""
-    m, t = run["measured"], run["measured"]["tokens_on_rank"]
+    back; the stage's output (the final norm's input, a term of its own) and the kept layers' norms' rsigma (4 B a
+    token each) and offset scalars (2 B), which the profile does not count, left out. The forward's end; the
+    backward's phase: under full recompute the bottom layer's recompute (a micro-batch's backward), under block
+    recompute the backward's start (every kept layer's saved tensors); the backward's end: the bottom layer's
+    recompute, less the bf16 weight gradients of the layers above (Megatron-Core accumulates into main_grad with
+    gradient_accumulation_fusion: none in the profile) and the recomputed layer's rsigma and offset scalar; after
+    the iteration."""
+    m, t, L = run["measured"], run["measured"]["tokens_on_rank"], run["layers"]
+    kept = L - min(run["recompute_num_layers"], L) if run["recompute_method"] == "block" else 0
     g = m["held_graph"]
     start = (m["held"] + m["held_other"]["num_global_tokens_per_local_expert"] + m["held_row_id_map"] + g["inputs"]
              + g["input_grads"])
-    bottom = (m["after_recompute"][-1] + start - t * H * 2 - layer_parameter_bytes(run["tp"], run["ep"]) - 8 * t - 2)
-    return {FORWARD: m["after_forward"] + start, BACKWARD: bottom, BACKWARD_END: bottom,
+    output, uncounted = t * H * 2, (8 * t + 2)
+    bottom = (m["after_recompute"][-1] + start - output - (L - 1) * layer_parameter_bytes(run["tp"], run["ep"])
+              - uncounted)
+    backward = m["backward_start"] + start - output - kept * uncounted if kept else bottom
+    return {FORWARD: m["after_forward"] + start - kept * uncounted, BACKWARD: backward, BACKWARD_END: bottom,
             OPTIMIZER_STEP: m["after_iteration"] + start}
 
 
-def full_recompute_profile(run) -> dict:
-    """The profile's recompute and dispatcher terms of the tiny model (2 layers, 128 tokens) at the run's tp and ep,
-    the MLP backward's transient activation gradients (2 x T x k x f x 2 B / tp, not held at the measured moment)
-    left out of the backward's phases."""
-    tp, ep, m = run["tp"], run["ep"], run["measured"]
+def recompute_profile(run) -> dict:
+    """The profile's decoder-layer, recompute and dispatcher terms of the tiny model (the run's layers, 128 tokens)
+    at the run's tp and ep (``checkpointed_layers`` = ``recompute_num_layers`` under block recompute), the MLP
+    backward's transient activation gradients (2 x T x k x f x 2 B / tp, not held at the measured moment) left out
+    of the recompute's phases."""
+    tp, ep, m, L = run["tp"], run["ep"], run["measured"], run["layers"]
     options = dict(RECIPE) if tp > 1 else {}
     if ep > 1:      # the recomputed (bottom) layer's rows
         options["moe_routing_imbalance"] = m["received"][0] / (m["tokens_on_rank"] * K)
-    r = solve("full", tp_size=tp, ep_size=ep, dp_size=1, **options) if tp * ep > 1 else solve("full")
+    if run["recompute_method"] == "block":
+        options["checkpointed_layers"] = run["recompute_num_layers"]
+    model = dict(TINY, num_hidden_layers=L, layer_types=["sliding_attention", "full_attention"] * 2)
+    r = TrainingMemoryModel().solve(from_hf_config(model, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw", "full",
+                                    profile="measured", regime="mixed-bf16-main-grad", attention="sdpa",
+                                    runtime_overheads=False, tp_size=tp, ep_size=ep, dp_size=1, **options)
     mine = [x for x in r.terms if x.component == "activations" and x.label.startswith(
-        ("checkpointed", "recompute", "Megatron-Core alltoall"))]
+        ("checkpointed", "recompute", "Megatron-Core alltoall", "decoder layers: saved"))]
     grads = 2 * m["tokens_on_rank"] * K * 48 * 2
-    return {phase: sum(x.nbytes for x in mine if phase in x.phases) - (grads if phase in (BACKWARD, BACKWARD_END)
-                                                                         else 0)
+    full = run["recompute_method"] == "uniform"
+    return {phase: sum(x.nbytes for x in mine if phase in x.phases)
+            - (grads if phase == BACKWARD_END or (full and phase == BACKWARD) else 0)
             for phase in (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)}
 
 
@@ -180,7 +195,7 @@ def test_full_recompute_hand_derived():
         maps = 2 * 68 * t
         assert m["held_graph"] == {"inputs": 2 * X, "input_grads": 2 * X, "inputs_after": 2 * X,
                                    "input_grads_after": 2 * X}
-        phases = full_recompute_phases(run)
+        phases = recompute_phases(run)
         # the forward's end: the two checkpointed inputs, the held tensors (the no-grad forward's)
         assert phases[FORWARD] == 2 * X + held + maps
         # the bottom layer's recompute: both inputs, the upper layer's input gradient, its held tensors and map, the
@@ -192,9 +207,35 @@ def test_full_recompute_hand_derived():
         assert m["after_iteration"] == 0
 
 
-@pytest.mark.parametrize("rid", sorted(FULL))
-def test_full_recompute_profile_equals_the_measurement(rid):
-    run = FULL[rid]
-    measured, profile = full_recompute_phases(run), full_recompute_profile(run)
+def test_block_recompute_hand_derived():
+    # tp 1, 3 layers, the first checkpointed (recompute_num_layers 1), X = 16,384 B; per layer the held probabilities
+    # and map 24t + the counts 64 (3,136), the permutation map 68t (8,704); a kept layer's saved tensors 2,240 B a token
+    # (its input included)
+    run, t = BLOCK["tp1-block1-l3"], 128
+    X = t * H * 2
+    phases = recompute_phases(run)
+    # the forward's end: the checkpointed input, every layer's held tensors, the checkpointed layer's map, the two
+    # kept layers' saved tensors (their maps among them)
+    assert phases[FORWARD] == phases[BACKWARD] == X + 3 * 3136 + 8704 + 2 * 2240 * t == 607_936
+    # the bottom layer's recompute: its input and the gradient the kept layers pass down, every layer's held tensors,
+    # the kept layers' maps, the recomputed layer's saved tensors (its input the checkpoint's: 2,112 B a token) and
+    # its output
+    assert phases[BACKWARD_END] == X + X + 3 * 3136 + 2 * 8704 + 2112 * t + X == 346_304
+    # after the iteration: the checkpointed layer's detached input and its gradient, every layer's held tensors and map
+    assert phases[OPTIMIZER_STEP] == 2 * X + 3 * (3136 + 8704) == 68_288
+    # the same layout at tp 2 with two layers checkpointed: the kept layer's saved tensors alive at the backward's start
+    run, t = BLOCK["tp2-block2-l3"], 64
+    X = t * H * 2
+    phases = recompute_phases(run)
+    assert phases[BACKWARD] == 2 * X + 3 * (24 * t + 64) + 2 * 68 * t + 2240 * t
+    # at the bottom layer's recompute: both checkpointed inputs, the upper checkpointed layer's input gradient (held by
+    # its graph: also what layer 0 receives), the upper checkpointed and the kept layer's maps
+    assert phases[BACKWARD_END] == 2 * X + X + 3 * (24 * t + 64) + 2 * 68 * t + 2112 * t + X
+
+
+@pytest.mark.parametrize("rid", sorted(FULL) + sorted(BLOCK))
+def test_recompute_profile_equals_the_measurement(rid):
+    run = RUNS[rid]
+    measured, profile = recompute_phases(run), recompute_profile(run)
     for phase, value in measured.items():
         assert profile[phase] == pytest.approx(value, abs=1e-6), (phase, profile[phase], value)

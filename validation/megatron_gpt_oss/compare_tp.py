@@ -12,10 +12,11 @@ and saved by the input norm, added; the norms' fp32 rsigma and the activation's 
 not count, taken out: tests/measured/test_megatron_gpt_oss_tp.py derives every number by hand); the profile's side is
 the tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py (2 layers, 128 tokens) at the run's tp and ep with
 ``sequence_parallel=True``, ``expert_tp_size=1`` and, under expert parallelism, the measured busiest-rank load
-(``moe_routing_imbalance``), per layer. Full-recompute runs (2 layers, one micro-batch): every phase of the stage,
-``t.full_recompute_phases`` / ``t.full_recompute_profile`` (the forward's end, the bottom layer's recompute in the
-backward, which with one micro-batch is also the backward's end, after the iteration; the stage's output, the upper
-layer's bf16 weight gradients and the MLP backward's transient gradients left out, as that test says)."""
+(``moe_routing_imbalance``), per layer. Recompute runs (full: 2 layers; block: 3 layers, the first n checkpointed; one micro-batch): every phase
+of the stage, ``t.recompute_phases`` / ``t.recompute_profile`` (the forward's end; the backward's phase, under full
+recompute the bottom layer's recompute, under block recompute the backward's start; the backward's end, the bottom
+layer's recompute; after the iteration; the stage's output, the upper layers' bf16 weight gradients and the MLP
+backward's transient gradients left out, as that test says)."""
 
 from __future__ import annotations
 
@@ -57,14 +58,14 @@ def rows() -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for run in t.RECORD["runs"]:
         method = run.get("recompute_method")
-        if method == "block":
-            continue        # (recorded; Megatron-Core's block recompute is not modelled for gpt-oss: refused)
         if method:
-            meas, prof = t.full_recompute_phases(run), t.full_recompute_profile(run)
+            meas, prof = t.recompute_phases(run), t.recompute_profile(run)
         else:
             meas, prof = measured(run), profile(run)
         for phase in meas:
-            out.append(f"| {run['id']} | {run['tp']} | {run['ep']} | {'full' if method else 'none'} | "
+            how = {"uniform": "full", "block": f"block {run.get('recompute_num_layers')} of {run.get('layers')}",
+                   None: "none"}[method]
+            out.append(f"| {run['id']} | {run['tp']} | {run['ep']} | {how} | "
                        f"{run['measured']['tokens_on_rank']} | {phase} | "
                        f"{meas[phase]:,} | {prof[phase]:,.0f} | {100 * (prof[phase] / meas[phase] - 1):+.3f} % |")
     return out

@@ -62,7 +62,9 @@ from the source at COMMIT as measure_recompute.py runs them (``recompute_method=
 every layer checkpointed; ``"block"`` with ``recompute_num_layers`` n: the first n layers checkpointed, the others
 not), one micro-batch, ``distribute_saved_activations`` False (Megatron-Core refuses it with sequence parallelism).
 Recorded (bytes over the start, which holds the previous iteration's held dispatcher tensors and the detached inputs
-and gradients their graphs keep, ``held_graph``): ``after_forward`` (less the stage's output), ``after_recompute``
+and gradients their graphs keep, ``held_graph``: the kept layers' graphs also reach the harness's ``x0``, a leaf
+standing for the embedding's output, left out): ``after_forward`` (less the stage's output), ``backward_start`` (when
+the stage output's gradient hook runs: the output and all the forward left, before any layer's backward), ``after_recompute``
 (after each recompute, inside the backward: top layer first), ``after_iteration`` (the stage's input, a fresh
 non-leaf tensor made after the start, and the parameters' gradients freed), ``held``, ``held_other``,
 ``held_row_id_map``, ``held_graph``, ``received`` (per layer). Without ``gradient_accumulation_fusion`` the weight
@@ -350,7 +352,12 @@ def measure_recompute(cfg: dict) -> dict:
     gc.collect()
     moes = [layer.moe for layer in stage.layers]
     held_row_id_map = sum(_storage_bytes([moe.held_other["row_id_map"]]) for moe in moes)
-    inputs, input_grads = held_graph(stage)
+
+    def graph():        # (a kept layer's graph reaches the harness's x0, a leaf that stands for the embedding)
+        inputs = [v for v in held_graph(stage)[0] if v is not x0]
+        return inputs, [v.grad for v in inputs if v.grad is not None]
+
+    inputs, input_grads = graph()
     before = {"inputs": _storage_bytes(inputs), "input_grads": _storage_bytes(input_grads)}
     buffers = list(NS["tp"]["mpu_buffer"].buffer.values())
     mt = MemTracker()
@@ -367,6 +374,7 @@ def measure_recompute(cfg: dict) -> dict:
         x = x0.clone()      # (the stage's input: a fresh non-leaf tensor, as measure_pp.py's first stage's)
         out = stage(x)
         after_forward = stage.moments["now"]() - out.numel() * out.element_size()
+        out.register_hook(lambda g: stage.moments.__setitem__("backward_start", stage.moments["now"]()))
         out.backward(grad)
         del out, x
         clear()
@@ -374,8 +382,9 @@ def measure_recompute(cfg: dict) -> dict:
         end = stage.moments["now"]()
         peak = mt.get_tracker_snapshot("peak")[dev]["Total"] - start
     stage.moments["now"] = lambda: 0
-    inputs, input_grads = held_graph(stage)
-    return {"after_forward": after_forward, "after_recompute": list(stage.moments["recompute"]),
+    inputs, input_grads = graph()
+    return {"after_forward": after_forward, "backward_start": stage.moments["backward_start"],
+            "after_recompute": list(stage.moments["recompute"]),
             "after_iteration": end, "peak_over_start": peak,
             "held": sum(_storage_bytes(moe.held.values()) for moe in moes),
             "held_other": {n: sum(_storage_bytes([moe.held_other[n]]) for moe in moes) for n in moes[0].held_other},

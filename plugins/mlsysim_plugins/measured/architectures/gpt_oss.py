@@ -81,7 +81,7 @@ held tensors a layer, a later stage's last receive buffer held after the backwar
 recomputation, which recomputes nothing here) or with Megatron-Core's full recompute (``recompute_granularity="full"``,
 method ``uniform``, one layer a chunk; ``measure_recompute.py``: the checkpointed inputs, one recomputed layer in
 each micro-batch's backward, each layer's detached input and its gradient held after its backward by the recomputed
-probabilities' graph) or with its selective ``recompute_modules`` ``layernorm`` / ``moe_act`` (the ``selective``
+probabilities' graph; method ``block``, ``checkpointed_layers``, on one stage: ``measure_tp.py``) or with its selective ``recompute_modules`` ``layernorm`` / ``moe_act`` (the ``selective``
 strategy's ``modules``: ``families.megatron_clamped_glu_moe_recomputed``, ``measure_modules.py``), without dropout or
 token dropping; the rest is refused by name.
 
@@ -394,7 +394,15 @@ def _megatron_terms(plan, placement, terms) -> list:
     shards = placement.activation_shards
     T = plan.microbatch * plan.seq_len
     T = T // shards if T % shards == 0 else T / shards
-    full = whole_layers(plan)      # (every layer, one a chunk: _megatron_check refuses the rest)
+    full = whole_layers(plan)      # (one layer a chunk: _megatron_check refuses the rest)
+    # Megatron-Core's block recompute (recompute_method "block", recompute_num_layers n: checkpointed_layers): the
+    # stage's first n layers checkpointed, the others keep everything (one stage only: _megatron_check)
+    blocks = plan.profile_options.checkpointed_layers if full else None
+    if blocks is not None and min(blocks, placement.layers_per_stage) < placement.layers_per_stage:
+        if blocks == 0:
+            full = False        # (nothing recomputed: every layer keeps everything)
+        else:
+            return _megatron_block_terms(plan, placement, terms, T, min(blocks, placement.layers_per_stage))
     r = plan.profile_options.regime.residual        # the residual stream's dtype: a layer's input
     layer_input = plan.microbatch * plan.seq_len * shape.hidden * r / shards
     out = []
@@ -510,6 +518,87 @@ def _megatron_terms(plan, placement, terms) -> list:
             nbytes=nbytes, phases=(BACKWARD_END, OPTIMIZER_STEP),
             formula=f"T x h x {r} B (the last micro-batch's stage input, a leaf the held probabilities' graph "
                     f"reaches; alive until the next forward) = {nbytes:,} B"))
+    return out
+
+
+def _megatron_block_terms(plan, placement, terms, T, n) -> list:
+    """``_megatron_terms`` under Megatron-Core's block recompute (``recompute_method="block"``,
+    ``recompute_num_layers`` n, one stage): the first n layers of the stage run through ``CheckpointFunction``, the
+    L - n above them keep everything (the generic terms: ``checkpointing.whole_layer_terms`` with
+    ``checkpointed_layers``). The backward runs the kept layers first, then recomputes the checkpointed ones one at a
+    time, layer n - 1 first. Measured (validation/megatron_gpt_oss/measure_tp.py, ``*-block*`` runs, tp 1 and 2):
+
+    * the dispatcher's held probabilities, routing map and token counts: every layer, every phase;
+    * the permutation map: a kept layer's is a saved part until its backward, then held (the backward's end, the
+      optimizer step); a checkpointed layer's is held from its no-grad forward on, its recompute's new map one of the
+      working set's saved tensors (n - 1 held at the bottom layer's recompute);
+    * at the bottom layer's recompute (the backward's end): the n - 1 checkpointed inputs above it and the gradients
+      their graphs keep (n - 1), or with one checkpointed layer the gradient it receives from the kept layers (1);
+    * after the backward: each checkpointed layer's detached input and its gradient (2n x T x h x 2 B), kept by the
+      recomputed probabilities' graph; a kept layer's graph keeps no input of its own (its input is no leaf)."""
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, PHASES
+    from ..shapes import shape_of
+    shape = shape_of(plan)
+    layers = placement.layers_per_stage
+    kept = layers - n
+    r = plan.profile_options.regime.residual
+    X = plan.microbatch * plan.seq_len * shape.hidden * r / placement.activation_shards
+    out = []
+    for t in terms:
+        if t.key == K.FINAL_NORM:
+            final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
+            t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
+        out.append(t)
+    held = megatron_alltoall_held(experts=shape.experts)
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held routing probabilities and map",
+        nbytes=layers * T * held, phases=PHASES,
+        formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
+                f"forward) = {layers * T * held:,} B"))
+    per_token = megatron_alltoall_map_held(experts=shape.experts)
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (the layers kept, "
+                                     "after their backward)",
+        nbytes=kept * T * per_token, phases=(BACKWARD_END, OPTIMIZER_STEP),
+        formula=f"{kept} layers x T x 4(2E + 1) B (the permute's int32 row_id_map, saved until the layer's backward, "
+                f"then held until its next forward) = {kept * T * per_token:,} B"))
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (the checkpointed "
+                                     "layers)",
+        nbytes=n * T * per_token, phases=(FORWARD, BACKWARD, OPTIMIZER_STEP),
+        formula=f"{n} layers x T x 4(2E + 1) B (held from the no-grad forward until the recompute replaces it) = "
+                f"{n * T * per_token:,} B"))
+    if n > 1:
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (the checkpointed "
+                                         "layers not being recomputed)",
+            nbytes=(n - 1) * T * per_token, phases=(BACKWARD_END,),
+            formula=f"({n} - 1) layers x T x 4(2E + 1) B (the recomputed layer's map is in its working set) = "
+                    f"{(n - 1) * T * per_token:,} B"))
+    local = shape.experts // placement.expert_shards
+    counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
+    if counts:
+        out.append(MemoryTerm(
+            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held token counts (int64)",
+            nbytes=layers * counts, phases=PHASES,
+            formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
+                    f"until the layer's next forward) = {layers * counts:,} B"))
+    grads = max(n - 1, 1)
+    end = (n - 1 + grads) * X
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="checkpointed inputs and input gradients held by the dispatcher's probabilities "
+                                     "(at the first layer's recompute)",
+        nbytes=end, phases=(BACKWARD_END,),
+        formula=f"({n} - 1) checkpointed inputs above the first layer + {grads} input gradient{'s' * (grads > 1)} "
+                f"(those the graphs of the checkpointed layers above keep, or the one the kept layers pass down) x T x "
+                f"h x {r} B = {end:,.0f} B"))
+    after = 2 * n * X
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="checkpointed inputs and their gradients held by the dispatcher's "
+                                     "probabilities (after the backward)",
+        nbytes=after, phases=(OPTIMIZER_STEP,),
+        formula=f"{n} checkpointed layers x 2 x T x h x {r} B (each one's detached input and its .grad, reached by "
+                f"the recomputed probabilities' graph; alive until the layer's next forward) = {after:,.0f} B"))
     return out
 
 
@@ -673,17 +762,26 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
     # Selective recompute (Korthikanti's: the attention core) drops only the parts marked
     # recomputed_by_selective, of which the fused attention and the MoE layer have none: it keeps what 'none'
     # keeps. Allowed as declared: a partial recompute that reruns no layer's first part (recomputes_first_layer
-    # None); whole layers, every k-th layer and module recompute are refused.
+    # None); whole layers (every layer, one a chunk, or the first checkpointed_layers of the stage: Megatron-Core's
+    # block recompute, one stage); every k-th layer and the other policies are refused.
     if not (keeps_everything(plan) or (spec.recomputes == PART and spec.recomputes_first_layer is None)
-            or (whole_layers(plan) and _every_layer_checkpointed(plan))):
+            or whole_layers(plan)):
         raise NotModelledError(
             "activation_checkpointing", spec.name,
-            f"'none', 'selective' or 'full' (every layer, without checkpointed_layers) for gpt-oss under {regime!r} "
-            "(selective recomputes nothing with fused attention; full is Megatron-Core's recompute_granularity "
-            "'full', method 'uniform', one layer a chunk)",
-            "Megatron-Core's block recompute (recompute_method 'block') and every k-th layer were not measured (its "
-            "selective recompute_modules moe_act and layernorm are: 'selective' with plugin_options "
-            "{'selective': {'modules': [...]}})")
+            f"'none', 'selective' or 'full' (every layer, or the first checkpointed_layers) for gpt-oss under "
+            f"{regime!r} (selective recomputes nothing with fused attention; full is Megatron-Core's "
+            "recompute_granularity 'full', method 'uniform' with one layer a chunk, or with checkpointed_layers its "
+            "method 'block')",
+            "Megatron-Core has no every k-th layer recompute; its uniform method with more than one layer a chunk was "
+            "not measured (its selective recompute_modules moe_act and layernorm are: 'selective' with "
+            "plugin_options {'selective': {'modules': [...]}})")
+    if whole_layers(plan) and not _every_layer_checkpointed(plan) and plan.pp_size > 1:
+        raise NotModelledError(
+            "checkpointed_layers", o.checkpointed_layers, f"None (every layer) with pp_size > 1 for gpt-oss under "
+                                                          f"{regime!r}",
+            f"pp_size={plan.pp_size}: Megatron-Core's block recompute was measured on one stage "
+            "(validation/megatron_gpt_oss/measure_tp.py): under 1F1B a micro-batch's recompute runs with the other "
+            "in-flight micro-batches' kept layers alive, which was not derived")
     if plan.tp_size > 1:
         # (measure_tp.py measured the layer without recomputation and under full recompute; Megatron-Core's
         # recompute_modules under tensor parallelism were not)
@@ -738,7 +836,7 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "'mpu' all-gather buffer (T x h x 2 B, alive from the first forward; Transformer Engine's linears, which "
             "the recipes run, gather into their own transient buffer); the attention is TE's fused attention, derived "
             "(a stand-in in the measurement)")
-    if whole_layers(plan):
+    if whole_layers(plan) and _every_layer_checkpointed(plan):
         notes.append(
             "Megatron-Core gpt-oss under full recompute (recompute_granularity 'full', method 'uniform', one layer a "
             "chunk: tensor_parallel.checkpoint's CheckpointFunction saves the layer's input; measured on one device "
@@ -747,6 +845,13 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             "AccumulateGrad node, so each layer's input and its gradient stay alive after its backward until its "
             "next forward (L x 2 x T x h x 2 B after the backward); the recomputed attention is derived, not "
             "measured")
+    if whole_layers(plan) and not _every_layer_checkpointed(plan):
+        notes.append(
+            f"Megatron-Core gpt-oss under block recompute (recompute_method 'block', recompute_num_layers "
+            f"{o.checkpointed_layers}: the stage's first layers checkpointed, the others keep everything; measured on "
+            "one stage at tp 1 and 2, validation/megatron_gpt_oss/measure_tp.py): the kept layers' backward runs "
+            "first, the checkpointed layers are recomputed at the backward's end with the gradient the kept layers "
+            "pass down; each checkpointed layer's input and its gradient stay alive after the backward")
     if plan.pp_size > 1:
         notes.append(
             f"Megatron-Core gpt-oss under pipeline parallelism (pp {plan.pp_size}): a stage's MoE layers under "
