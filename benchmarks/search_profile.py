@@ -15,8 +15,10 @@ import cProfile
 import os
 import pstats
 import time
+from collections import Counter
 
 from mlsysim_core import search
+from mlsysim_core.catalog import get_hardware
 
 # (what the time is spent on, the functions whose cumulative time counts it)
 PARTS = (("memory solves (solve_plan)", ("solve_plan",)), ("layout checks (check_plan)", ("check_plan",)),
@@ -34,6 +36,15 @@ def main() -> int:
     kwargs = dict(devices=args.devices, global_batch=args.global_batch, seq_len=args.seq_len, profile="measured",
                   workers=1)
     search.search_plans(args.model, args.hardware, **{**kwargs, "devices": 8, "global_batch": 8})   # (imports, memos)
+    kinds: Counter = Counter()      # (fit, with its terms, at gas = 1) -> solves
+    solve, limit = search.solve_plan, get_hardware(args.hardware).memory_capacity * 1e-9
+
+    def counted(registry, plan, options, total_only=False):
+        result = solve(registry, plan, options, total_only=total_only)
+        total = result if total_only else result.total_memory
+        kinds[total * 1e-9 <= limit, not total_only, plan.gradient_accumulation_steps == 1] += 1
+        return result
+    search.solve_plan = counted
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
@@ -49,6 +60,10 @@ def main() -> int:
     print(f"  {'pruned by the micro-batch':<26}{found.candidates - found.solves - found.state_pruned:>9,} "
           "(about: or rejected by the rules)")
     print(f"  fit {len(found.fits):,}, on the Pareto front {len(found.pareto)}")
+    fit = sum(v for k, v in kinds.items() if k[0])
+    print(f"  solves that fit {fit:,} (the rows before one row per answer), that did not "
+          f"{found.solves - fit:,}: {sum(v for k, v in kinds.items() if not k[0] and k[2]):,} of them at gas = 1; "
+          f"{sum(v for k, v in kinds.items() if k[1]):,} solves with their terms (for a bound)")
     for label, names in PARTS:
         seconds = max((v[3] for (_, _, name), v in stats.items() if name in names), default=0.0)
         print(f"  {label:<42} {seconds:>7.1f} s  {seconds / wall:>5.0%}")

@@ -41,8 +41,10 @@ state and activations of the micro-batch that did not fit (``without_gradients``
 solve) are over already; and once a layout does not fit at
 micro-batch 1, its weights, gradients and optimizer state (``state_bytes``, one more solve)
 bound every strategy and sequence parallelism of it from below: over the capacity, those are
-counted as not fitting unsolved too (``state_pruned``). ``assume_monotone=False`` solves them
-all. Every layout reported as fitting was solved.
+counted as not fitting unsolved too (``state_pruned``); so does the first last micro-batch
+(gas = 1) solved among them, for their last ones (a sibling that fits shows the bound is not
+over, without that solve). ``assume_monotone=False`` solves them all. Every layout reported as
+fitting was solved.
 
 **Workers**: a large search (``PARALLEL_MIN`` candidates or more, divided by the profile's
 declared ``solve_cost``: 500 under the measured profile; or ``workers=N``) is
@@ -1411,10 +1413,12 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
         stages = pp - 1
         last, fields, total_memory = n - 1, None, 0
         # state_bytes of a sibling (another strategy or sp) at micro-batch 1 bounds this one's there; when over,
-        # so are the micro-batches but the last (memory grows with it while gas >= 2), and the last if its own
-        # bound is over too (micro-batch 1's bound kept for the closest of a search where none fits: _resolve_closest)
+        # so are the micro-batches but the last (memory grows with it while gas >= 2), and the last if the bound at
+        # gas = 1 (a sibling's last) is over too (micro-batch 1's bound kept for the closest of a search where none
+        # fits: _resolve_closest)
         state_key = (tp, cp, pp, dp, ep, rule, which, layout_options)
         bound = over.get((state_key, samples == 1))
+        heavy = bound is not None       # (the state weighs: the last solved with its terms, for theirs at gas = 1)
         skip = 0
         if bound is not None:
             skip = n if last == 0 or over.get((state_key, True)) is not None else last
@@ -1437,8 +1441,10 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                     fields["gradient_accumulation_steps"] = gas
                     plan = TrainingPlan(**fields)
                 # (its terms too where the micro-batch before came within TERMS_AT of the limit: if this one does not
-                # fit, they may rule out the last one, without_gradients)
-                full = assume_monotone and index > skip and total_memory * 1e-9 > limit_gb * TERMS_AT
+                # fit, they may rule out the last one, without_gradients; and at the last (gas = 1) where no sibling's
+                # last gave its state bound yet: it bounds theirs)
+                full = assume_monotone and (index > skip and total_memory * 1e-9 > limit_gb * TERMS_AT or (
+                    index == last > 0 and heavy and (state_key, True) not in over))
                 terms = solve_plan(registry, plan, options, total_only=not full)
                 total_memory, terms = (terms.total_memory, terms) if full else (terms, None)
             except InvalidInputError as err:   # a layout the rules reject; a broken plugin's error goes up
@@ -1466,9 +1472,9 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                 if not assume_monotone:
                     continue
                 # one more solve, for its terms: the state bound at micro-batch 1 (and at the last where micro-batch
-                # 1's was over); the last micro-batch's bound (without_gradients) before a jump to it
+                # 1's was over; where solved with its terms, at no cost); the last one's bound (without_gradients)
                 bounds = (state_key, gas == 1) not in over and (
-                    index == 0 or index == last and over.get((state_key, False)) is not None)
+                    index == 0 or index == last and (over.get((state_key, False)) is not None or terms is not None))
                 if bounds and terms is None:
                     terms = solve_plan(registry, plan, options)
                     solves += 1
@@ -1478,12 +1484,15 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                 if index < last:     # on to the last micro-batch: gas = 1 accumulates nothing
                     done += last - 1 - index
                     skip = last
+                    heavy = terms is not None and state_bytes(terms) * 1e-9 > limit_gb * TERMS_AT
                     if over.get((state_key, True)) is not None or without_gradients(terms) * 1e-9 > limit_gb * (
                             1 + 1e-9):
                         done += 1
                         pruned += 1
                         break
                 continue
+            if assume_monotone and (index == 0 or index == last):   # state_bytes <= total <= limit: no sibling's
+                over.setdefault((state_key, gas == 1), None)        # bound here is over (none solved for it)
             seconds = step_time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb,
                                 gas=gas)["step"]
             idle = timing["idle"](pp, gas, timing["chunks"]) if timing["idle"] and pp > 1 else stages

@@ -177,3 +177,54 @@ def test_the_closest_pruned_layouts_are_solved_when_they_could_be_among_the_clos
     every = search.search_plans("llama3-70b", "h100", devices=8, global_batch=8, seq_len=4096,
                                 data_parallel=["zero0", "zero3"], **{**ARGS, "assume_monotone": False})
     assert found.closest == every.closest
+
+
+SIBLINGS = dict(devices=32, global_batch=64, seq_len=4096, data_parallel=["zero1", "fsdp-grad-op", "zero3"],
+                profile="measured", workers=1)     # Llama-3-70B: rows, and layouts whose state decides
+
+
+def _logged_search(monkeypatch):
+    """A search and every solve it ran, in order: (layout and rule, (strategy, sp), gas, total, result or None)."""
+    solves, solve = [], search.solve_plan
+
+    def logged(registry, plan, options, total_only=False):
+        result = solve(registry, plan, options, total_only=total_only)
+        layout = (plan.tp_size, plan.cp_size, plan.pp_size, plan.dp_size, plan.ep_size, plan.rules)
+        solves.append((layout, (plan.activation_checkpointing, plan.sequence_parallel),
+                       plan.gradient_accumulation_steps, result if total_only else result.total_memory,
+                       None if total_only else result))
+        return result
+    monkeypatch.setattr(search, "solve_plan", logged)
+    return search.search_plans("llama3-70b", "h100", **SIBLINGS), solves
+
+
+def test_a_sibling_that_fits_or_is_over_at_gas_1_spares_solves(monkeypatch):
+    """state_bytes <= total and is the same for every strategy and sp of a layout at one micro-batch and gas:
+    after a sibling fit there, no other sibling is solved a second time for its bound; after a sibling's
+    result at gas = 1 had it over the limit, no other sibling's last micro-batch (gas = 1) is solved."""
+    found, solves = _logged_search(monkeypatch)
+    limit = 80 * 2**30
+    assert found.fits and found.state_pruned > 0
+    spared = bounded = 0
+    for index, (layout, sibling, gas, total, result) in enumerate(solves):
+        later = [(s, g) for lay, s, g, _, _ in solves[index + 1:] if lay == layout and g == gas and s != sibling]
+        if total <= limit:
+            over_after = {s for s, _ in later if any(
+                lay == layout and x == s and g == gas and t > limit for lay, x, g, t, _ in solves[index + 1:])}
+            for s in over_after:     # solved once: its total, no second solve for the bound
+                assert sum(lay == layout and x == s and g == gas for lay, x, g, _, _ in solves) == 1, (layout, s)
+            spared += len(over_after)
+        if gas == 1 and result is not None and search.state_bytes(result) > limit:
+            assert not later, (layout, sibling, later)
+            bounded += 1
+    assert spared > 10 and bounded > 5
+    assert found.run["checkpointing"] == ["full", "none", "selective"]     # (each layout: three siblings at least)
+
+
+@pytest.mark.long       # whole searches, pruned and unpruned (about 10 s)
+def test_a_search_with_siblings_bounds_is_the_unpruned_one():
+    pruned = search.search_plans("llama3-70b", "h100", **SIBLINGS)
+    every = search.search_plans("llama3-70b", "h100", assume_monotone=False, **SIBLINGS)
+    assert pruned.state_pruned > 0 and pruned.solves < every.solves == every.candidates
+    assert (pruned.fits, pruned.pareto, pruned.notes, pruned.closest) == (every.fits, every.pareto, every.notes,
+                                                                          every.closest)
