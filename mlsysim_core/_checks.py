@@ -53,10 +53,10 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def attrs_check(check, optional: bool = False, **limits):
-    """An attrs validator: ``check`` (``optional``: or None) naming ``Class.field``."""
+def attrs_check(check, allow_none: bool = False, **limits):
+    """An attrs validator: ``check`` (``allow_none``: or None) naming ``Class.field``."""
     def validate(instance, attribute, value):
-        if not (optional and value is None):
+        if not (allow_none and value is None):
             check(f"{type(instance).__name__}.{attribute.name}", value, **limits)
     return validate
 

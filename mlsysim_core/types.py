@@ -12,18 +12,12 @@ from .errors import InvalidInputError, InvalidInputTypeError
 MIB = 2**20     # a device with less memory than this is a unit mistake (bytes, not GiB)
 
 
-def _str(instance, attribute, value):   # a non-empty string (a name)
-    parameter = f"{type(instance).__name__}.{attribute.name}"
+def _string(name: str, value: object, optional: bool = False) -> None:   # a name; optional: any string (or None)
+    allowed = "a string or None" if optional else "a non-empty string"
     if not isinstance(value, str):
-        raise InvalidInputTypeError(parameter, value, "a non-empty string", f"got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidInputError(parameter, value, "a non-empty string")
-
-
-def _opt_str(instance, attribute, value):
-    if value is not None and not isinstance(value, str):
-        raise InvalidInputTypeError(f"{type(instance).__name__}.{attribute.name}", value, "a string or None",
-                                    f"got {type(value).__name__}")
+        raise InvalidInputTypeError(name, value, allowed, f"got {type(value).__name__}")
+    if not (optional or value.strip()):
+        raise InvalidInputError(name, value, allowed)
 
 
 def _count(minimum=1, maximum=_checks.MAX_COUNT, default=attrs.NOTHING):   # default=None: optional
@@ -31,9 +25,9 @@ def _count(minimum=1, maximum=_checks.MAX_COUNT, default=attrs.NOTHING):   # def
                        validator=_checks.attrs_check(_checks.count, default is None, minimum=minimum, maximum=maximum))
 
 
-_name = attrs.field(validator=_str)
-_optional_str = attrs.field(default=None, validator=_opt_str)
-_optional_flag = attrs.field(default=None, validator=_checks.attrs_check(_checks.flag, optional=True))
+_name = attrs.field(validator=_checks.attrs_check(_string))
+_optional_str = attrs.field(default=None, validator=_checks.attrs_check(_string, True, optional=True))
+_optional_flag = attrs.field(default=None, validator=_checks.attrs_check(_checks.flag, allow_none=True))
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
