@@ -21,7 +21,7 @@ from test_megatron_gpt_oss import B, BIG, S, T, TINY, solve, term
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = json.loads((ROOT / "validation/megatron_gpt_oss/tp_measurements.json").read_text(encoding="utf-8"))
 RUNS = {r["id"]: r for r in RECORD["runs"]}
-LAYER_RUNS = {i: r for i, r in RUNS.items() if "recompute_method" not in r}
+LAYER_RUNS = {i: r for i, r in RUNS.items() if "recompute_method" not in r and "pp" not in r}
 FULL = {i: r for i, r in RUNS.items() if r.get("recompute_method") == "uniform"}
 BLOCK = {i: r for i, r in RUNS.items() if r.get("recompute_method") == "block"}
 H, E, K = 64, 8, 2
@@ -45,6 +45,9 @@ def test_record():
     assert sorted(LAYER_RUNS) == ["tp1-ep1", "tp2-ep1", "tp2-ep2"]
     assert sorted(FULL) == ["tp1-full-l2", "tp2-ep2-full-l2", "tp2-full-l2"]
     assert all(r["recompute_num_layers"] == 1 and r["layers"] == 2 for r in FULL.values())
+    assert sorted(BLOCK) == ["tp1-block1-l3", "tp2-block1-l3", "tp2-block2-l3"]
+    assert sorted(i for i, r in RUNS.items() if "pp" in r) == ["tp2-ep2-pp2-stage1-m4-l2", "tp2-pp2-stage0-m4-l2",
+                                                             "tp2-pp2-stage1-m4-l2"]
 
 
 def test_hand_derived_bytes():
@@ -239,3 +242,59 @@ def test_recompute_profile_equals_the_measurement(rid):
     measured, profile = recompute_phases(run), recompute_profile(run)
     for phase, value in measured.items():
         assert profile[phase] == pytest.approx(value, abs=1e-6), (phase, profile[phase], value)
+
+
+# --- under pipeline parallelism: a stage of such layers under Megatron-Core's 1F1B ----------------------------------
+
+PIPELINE = {i: r for i, r in RUNS.items() if "pp" in r}
+
+
+def pipeline_solve(run, **options):
+    """The tiny model with the run's layers on each of its pp stages, micro-batches of one 128-token sequence (64 a
+    tensor-parallel rank), tp 2 with the recipe's options, ep over the tensor-parallel ranks (dp 1)."""
+    L, pp, m, ep = run["layers"], run["pp"], run["microbatches"], run["ep"]
+    model = dict(TINY, num_hidden_layers=L * pp, layer_types=["sliding_attention", "full_attention"] * (L * pp // 2))
+    return TrainingMemoryModel().solve(from_hf_config(model, name="gpt-oss-tiny"), BIG, m, 128, "bf16", "adamw", "none",
+                                       profile="measured", regime="mixed-bf16-main-grad", attention="sdpa",
+                                       data_parallel="mcore-distopt", runtime_overheads=False, pp_size=pp,
+                                       tp_size=run["tp"], ep_size=ep, dp_size=1, gradient_accumulation_steps=m,
+                                       **RECIPE, **options)
+
+
+@pytest.mark.parametrize("rid", sorted(PIPELINE))
+def test_pipeline_stage_against_the_measurement(rid):
+    """Every phase of a stage under 1F1B at tp 2 (as test_megatron_gpt_oss_pp.py at tp 1, with the whole layer): the
+    forward's and backward's peak (the micro-batches in flight) and the backward's end / optimizer step (the held
+    tensors, a later stage's last receive buffer), to the byte against hand-derived bytes and the profile."""
+    run = PIPELINE[rid]
+    m, t, L, stage = run["measured"], run["measured"]["tokens_on_rank"], run["layers"], run["stage"]
+    X = t * H * 2
+    rank = next(r for r in pipeline_solve(run).ranks if stage in r.stages)
+    n = rank.in_flight
+    assert n == min(run["pp"] - stage, run["microbatches"]) and rank.layers == L
+    # one micro-batch: the stage's input (the embedding's output or the receive buffer), each layer's saved tensors
+    # (as measured without pipelining: 2,120 B a token of the rank + the offset scalar, its input the layer below's
+    # output; per row received 618 B under expert parallelism), the pseudo-freed output's 2 B (the last stage: the
+    # loss); the growth misses the held row_id_maps and a later stage's previous receive buffer, which it replaced
+    layers = sum((2120 - 2 * 618) * t + 618 * r + 2 for r in m["received"])
+    saved = L * X + layers
+    missed = m["held_row_id_map"] + m["held_input"]
+    assert m["held_row_id_map"] == L * 68 * t and m["held_input"] == m["held_input_after"] == (X if stage else 0)
+    assert m["one_microbatch"] == saved + 2 - missed
+    assert m["forward_peak"] == m["before_backward_peak"] == n * (saved + 2) - missed
+    assert m["after_iteration"] == 0
+    # the profile: the decoder layers 2,240 B a token of the rank a layer (the rsigma 8 B and the offset scalar not
+    # counted), the held tensors and counts; under ep the profile routes evenly (T x k rows a layer)
+    decoder = term(rank, "decoder layers: saved").nbytes
+    held = term(rank, "Megatron-Core alltoall dispatcher's held routing").nbytes
+    counts = term(rank, "Megatron-Core alltoall dispatcher's held token counts").nbytes
+    assert held == m["held"] and counts == m["held_other"]["num_global_tokens_per_local_expert"]
+    measured = n * (saved - L * (8 * t + 2))
+    rows = L * t * K - sum(m["received"])
+    assert decoder - measured == n * rows * 618
+    # the backward's end and the optimizer step: the held tensors, the row_id_maps, a later stage's receive buffer
+    after = m["held"] + sum(m["held_other"].values()) + m["held_input_after"]
+    for phase in (BACKWARD_END, OPTIMIZER_STEP):
+        kept = sum(x.nbytes for x in rank.terms if x.component == "activations" and phase in x.phases and (
+            x.label.startswith(("Megatron-Core alltoall", "pipeline receive buffer"))))
+        assert kept == after, (phase, kept, after)

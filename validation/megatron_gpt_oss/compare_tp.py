@@ -16,7 +16,7 @@ the tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py (2 layers, 128 token
 of the stage, ``t.recompute_phases`` / ``t.recompute_profile`` (the forward's end; the backward's phase, under full
 recompute the bottom layer's recompute, under block recompute the backward's start; the backward's end, the bottom
 layer's recompute; after the iteration; the stage's output, the upper layers' bf16 weight gradients and the MLP
-backward's transient gradients left out, as that test says)."""
+backward's transient gradients left out, as that test says). Pipeline runs (tp 2, 1F1B stages): ``pipeline``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "measured"))
 
 import test_megatron_gpt_oss_tp as t  # noqa: E402  (the record, the tiny model's solve, the measured layer)
-from mlsysim_core.terms import FORWARD, OPTIMIZER_STEP  # noqa: E402
+from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP  # noqa: E402
 
 BEGIN = "<!-- gpt-oss-megatron-tp-table: begin (validation/megatron_gpt_oss/compare_tp.py --doc) -->"
 END = "<!-- gpt-oss-megatron-tp-table: end -->"
@@ -47,6 +47,29 @@ def profile(run) -> dict:
     return {phase: sum(x.nbytes for x in mine if phase in x.phases) / LAYERS for phase in (FORWARD, OPTIMIZER_STEP)}
 
 
+def pipeline(run) -> tuple[dict, dict]:
+    """A 1F1B stage (``t.test_pipeline_stage_against_the_measurement``): the forward's and the backward's phase hold
+    the micro-batches in flight (the stage's inputs and each layer's saved tensors, the norms' rsigma and the offset
+    scalars taken out) and the dispatcher's held tensors and counts; the backward's end and the optimizer step the held
+    tensors, the permutation maps and a later stage's last receive buffer. Under expert parallelism the recorded rank
+    received fewer rows than the balanced T x k (240 of 256 over its two layers): the profile prices at least the mean
+    load (``moe_routing_imbalance`` >= 1, the busiest rank's), so it is above by those rows' 618 B each."""
+    m, tk, L = run["measured"], run["measured"]["tokens_on_rank"], run["layers"]
+    rank = next(r for r in t.pipeline_solve(run).ranks if run["stage"] in r.stages)
+    n = rank.in_flight
+    missed = m["held_row_id_map"] + m["held_input"]
+    held = m["held"] + m["held_other"]["num_global_tokens_per_local_expert"]
+    peak = m["forward_peak"] + missed - n * 2 - n * L * (8 * tk + 2) + held
+    after = m["held"] + sum(m["held_other"].values()) + m["held_input_after"]
+    meas = {FORWARD: peak, BACKWARD: m["before_backward_peak"] + missed - n * 2 - n * L * (8 * tk + 2) + held,
+            BACKWARD_END: after, OPTIMIZER_STEP: after}
+    prof = {}
+    for phase in meas:
+        prof[phase] = sum(x.nbytes for x in rank.terms if x.component == "activations" and phase in x.phases and (
+            x.label.startswith(("Megatron-Core alltoall", "pipeline receive buffer", "decoder layers: saved"))))
+    return meas, prof
+
+
 def measured(run) -> dict:
     m = run["measured"]
     held = m["held"] + m["held_other"]["num_global_tokens_per_local_expert"]
@@ -58,13 +81,16 @@ def rows() -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for run in t.RECORD["runs"]:
         method = run.get("recompute_method")
-        if method:
+        if "pp" in run:
+            meas, prof = pipeline(run)
+        elif method:
             meas, prof = t.recompute_phases(run), t.recompute_profile(run)
         else:
             meas, prof = measured(run), profile(run)
         for phase in meas:
             how = {"uniform": "full", "block": f"block {run.get('recompute_num_layers')} of {run.get('layers')}",
-                   None: "none"}[method]
+                   None: "none"}[method] + (f"; pp {run['pp']} stage {run['stage']}, {run['microbatches']} micro-batches"
+                                            if "pp" in run else "")
             out.append(f"| {run['id']} | {run['tp']} | {run['ep']} | {how} | "
                        f"{run['measured']['tokens_on_rank']} | {phase} | "
                        f"{meas[phase]:,} | {prof[phase]:,.0f} | {100 * (prof[phase] / meas[phase] - 1):+.3f} % |")

@@ -96,7 +96,8 @@ import harness  # noqa: E402  (validation/harness.py)
 import measure_moe  # noqa: E402
 from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
 from measure_modules import RMSNorm  # noqa: E402
-from measure_pp import _NoModules  # noqa: E402
+import measure_pp  # noqa: E402
+from measure_pp import _NoModules, run_iteration, schedule_namespace  # noqa: E402
 from measure_recompute import _exec, held_graph, recompute_namespace  # noqa: E402
 
 # The tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py: h 64, 4 heads of 16, 2 kv heads, 8 experts of width 48,
@@ -117,6 +118,14 @@ RECOMPUTE_CONFIGS = (
     ("tp1-block1-l3", 1, 1, 3, "block", 1),
     ("tp2-block1-l3", 2, 1, 3, "block", 1),
     ("tp2-block2-l3", 2, 1, 3, "block", 2),
+)
+# (id, tp, ep, pipeline stages p, stage, micro-batches m, layers on the stage): a stage of such layers under
+# Megatron-Core's 1F1B schedule (measure_pp.py's run_iteration: a later stage's input is a receive buffer of the
+# rank's T / tp x h, as P2PCommunicator allocates it under sequence parallelism)
+PP_CONFIGS = (
+    ("tp2-pp2-stage0-m4-l2", 2, 1, 2, 0, 4, 2),
+    ("tp2-pp2-stage1-m4-l2", 2, 1, 2, 1, 4, 2),
+    ("tp2-ep2-pp2-stage1-m4-l2", 2, 2, 2, 1, 4, 2),
 )
 NS: dict = {}
 
@@ -395,11 +404,77 @@ def measure_recompute(cfg: dict) -> dict:
             "tokens_on_rank": T // tp}
 
 
+class PipelineStage(torch.nn.Module):
+    """A stage's layers, one after the other (no recompute), as measure_pp.py's ``Stage`` runs them."""
+
+    def __init__(self, tp, ep, group, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer(NS["tp"], NS["megatron"], tp, ep, group) for _ in range(layers))
+        self.last_input = lambda: None
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def measure_pipeline(cfg: dict) -> dict:
+    """measure_pp.py's measurement (``run_iteration``: Megatron-Core's 1F1B with ``deallocate_output_tensor`` and
+    ``custom_backward`` from its source; the parameters' gradients accumulate across iterations, shown to the tracker
+    at the start) of a stage of this script's layers on tensor-parallel rank 0."""
+    tp, ep, p, i, m, layers = (cfg[n] for n in ("tp", "ep", "pp", "stage", "microbatches", "layers"))
+    if T // tp != measure_pp.T or H != measure_pp.H:
+        raise SystemExit(f"measure_pp.py's receive buffer is {measure_pp.T} x {measure_pp.H}: T / tp = {T // tp}")
+    group = dist.group.WORLD if tp > 1 else _OneRank()
+    torch.manual_seed(0)
+    NS["tp"]["mpu_buffer"].buffer = {}
+    stage = PipelineStage(tp, ep, group, layers)
+    x0 = (torch.randn(T // tp, H) * 0.5).to(torch.bfloat16).requires_grad_(True)
+    grad = torch.randn(T // tp, H).to(torch.bfloat16)
+    for _ in range(2):
+        run_iteration(stage, NS["schedule"], p, i, m, x0, grad)
+    gc.collect()
+    moes = [layer.moe for layer in stage.layers]
+    held_row_id_map = sum(_storage_bytes([moe.held_other["row_id_map"]]) for moe in moes)
+    previous = stage.last_input()
+    held_input = 0 if previous is None else _storage_bytes([previous])
+    buffers = list(NS["tp"]["mpu_buffer"].buffer.values())
+    mt = MemTracker()
+    mt._mod_tracker = _NoModules()
+    mt.track_external(stage)
+    dev = torch.device("cpu")
+    with mt:
+        _show(*(t for moe in moes for t in (*moe.held.values(), *moe.held_other.values())), *buffers, x0, grad,
+              *(t for t in (x0.grad, previous) if t is not None), *stage.parameters(),
+              *(q.grad for q in stage.parameters() if q.grad is not None))
+        del previous
+        start = mt.get_tracker_snapshot("current")[dev]["Total"]
+        after_forward, before_backward = run_iteration(stage, NS["schedule"], p, i, m, x0, grad, mt, start)
+        gc.collect()
+        end = mt.get_tracker_snapshot("current")[dev]["Total"] - start
+    last = stage.last_input()
+    return {"one_microbatch": after_forward[0], "forward_peak": max(after_forward),
+            "before_backward_peak": max(before_backward), "after_forward": after_forward,
+            "before_backward": before_backward, "after_iteration": end,
+            "held": sum(_storage_bytes(moe.held.values()) for moe in moes),
+            "held_other": {n: sum(_storage_bytes([moe.held_other[n]]) for moe in moes) for n in moes[0].held_other},
+            "held_row_id_map": held_row_id_map, "held_input": held_input,
+            "held_input_after": 0 if last is None else _storage_bytes([last]),
+            "mpu_buffer": _storage_bytes(buffers), "received": [moe.received for moe in moes],
+            "tokens_on_rank": T // tp}
+
+
 def _measure_run(cfg: dict) -> dict:
+    if "pp" in cfg:
+        return measure_pipeline(cfg)
     return measure_recompute(cfg) if "recompute_method" in cfg else measure(cfg)
 
 
 def _summary(m: dict) -> str:
+    if "one_microbatch" in m:
+        return (f"{m['tokens_on_rank']} tokens on the rank; one micro-batch {m['one_microbatch']:,} B, forward peak "
+                f"{m['forward_peak']:,} B, after the iteration {m['after_iteration']:,} B; held input "
+                f"{m['held_input_after']:,} B")
     if "after_recompute" in m:
         return (f"{m['tokens_on_rank']} tokens on the rank; after the forward {m['after_forward']:,} B, recomputes "
                 f"{m['after_recompute']}, after the iteration {m['after_iteration']:,} B; held graph {m['held_graph']}")
@@ -426,10 +501,13 @@ def main(argv=None):
         measure_moe.NS["megatron"] = NS["megatron"]
         NS["checkpointed_forward"] = checkpointed_forward(args.megatron_lm,
                                                           recompute_namespace(args.megatron_lm)["checkpoint"])
+        NS["schedule"] = schedule_namespace(args.megatron_lm)
 
     configs = [{"id": cid, "tp": tp, "ep": ep} for cid, tp, ep in CONFIGS]
     configs += [{"id": cid, "tp": tp, "ep": ep, "layers": n, "recompute_granularity": "full", "recompute_method": method,
                  "recompute_num_layers": k} for cid, tp, ep, n, method, k in RECOMPUTE_CONFIGS]
+    configs += [{"id": cid, "tp": tp, "ep": ep, "pp": p, "stage": i, "microbatches": m, "layers": n}
+                for cid, tp, ep, p, i, m, n in PP_CONFIGS]
     return harness.main(argv, description=__doc__.splitlines()[0], configs=configs, measure_run=_measure_run,
                         document=_document, out=os.path.join(HERE, "tp_measurements.json"), summary=_summary,
                         threads=1, versions=harness.versions, catch=False, arguments=arguments, before=before)

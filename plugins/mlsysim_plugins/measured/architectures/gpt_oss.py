@@ -856,7 +856,8 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
         notes.append(
             f"Megatron-Core gpt-oss under pipeline parallelism (pp {plan.pp_size}): a stage's MoE layers under "
             "1F1B (forward_backward_pipelining_without_interleaving) measured on a first, middle and last stage "
-            "(validation/megatron_gpt_oss/measure_pp.py; another schedule with one model chunk a stage is priced "
+            "(validation/megatron_gpt_oss/measure_pp.py; at tp 2 a first and a last stage, measure_tp.py; another "
+            "schedule with one model chunk a stage is priced "
             "by the micro-batches in flight it declares): min(p - stage, m) micro-batches' saved tensors, the "
             "dispatcher's held tensors once a layer (the latest forward's), a later stage's last receive buffer "
             "held after the backward by their graph; the attention, the embedding and the LM head and loss "
