@@ -2,7 +2,7 @@
 """One gpt-oss decoder layer under Megatron-Core's tensor parallelism with sequence parallelism (tp = 2, rank 0 of a
 fake process group of 2; and tp = 1 for comparison), measured on the CPU with PyTorch's ``MemTracker`` (eager): the
 bytes the layer keeps for its backward, what outlives it, and the buffers Megatron-Core holds; and a stage of such
-layers under Megatron-Core's full and block recompute (issue 25 item 4).
+layers under Megatron-Core's full and block recompute and under its 1F1B pipeline schedule (issue 25 item 4).
 
     python validation/megatron_gpt_oss/measure_tp.py --megatron-lm DIR [--out FILE]
 
@@ -64,12 +64,17 @@ not), one micro-batch, ``distribute_saved_activations`` False (Megatron-Core ref
 Recorded (bytes over the start, which holds the previous iteration's held dispatcher tensors and the detached inputs
 and gradients their graphs keep, ``held_graph``: the kept layers' graphs also reach the harness's ``x0``, a leaf
 standing for the embedding's output, left out): ``after_forward`` (less the stage's output), ``backward_start`` (when
-the stage output's gradient hook runs: the output and all the forward left, before any layer's backward), ``after_recompute``
-(after each recompute, inside the backward: top layer first), ``after_iteration`` (the stage's input, a fresh
+the stage output's gradient hook runs: the output and all the forward left, before any layer's backward),
+``after_recompute`` (after each recompute, inside the backward: top layer first), ``after_iteration`` (the stage's input, a fresh
 non-leaf tensor made after the start, and the parameters' gradients freed), ``held``, ``held_other``,
 ``held_row_id_map``, ``held_graph``, ``received`` (per layer). Without ``gradient_accumulation_fusion`` the weight
 gradients are bf16 ``.grad`` tensors (with it, APEX's kernel accumulates into ``main_grad``): alive from their
 layer's backward on, they are in the backward's moments.
+
+Pipeline runs (``PP_CONFIGS``, tp 2, no recompute): a stage of such layers under Megatron-Core's 1F1B, measured as
+measure_pp.py measures its stages (its ``run_iteration``: ``deallocate_output_tensor`` and ``custom_backward`` from
+the source at COMMIT; a later stage's input is a receive buffer of the rank's ``T / tp x h``, as ``P2PCommunicator``
+allocates it under sequence parallelism), the same fields as measure_pp.py's record.
 """
 
 from __future__ import annotations
