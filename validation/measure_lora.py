@@ -38,8 +38,11 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 class FrozenAwareMemTracker(PhaseMemTracker):
     """``MemTracker`` registers a gradient hook on every parameter, which raises for the frozen base of a
-    LoRA model (``cannot register a hook on a tensor that doesn't require gradient``): hooks go on the
-    trainable parameters only; everything else is the stock tracker's."""
+    LoRA model (``cannot register a hook on a tensor that doesn't require gradient``) and, under FSDP1's
+    ``use_orig_params=True``, for the original parameters it sets as views of its flat parameter ("post accumulate
+    grad hooks cannot be registered on non-leaf tensors"; lora_fsdp1/measure.py): hooks go on the trainable leaf
+    parameters only (which only name a tensor's category ``gradient``); everything else is the stock tracker's (its
+    dispatch mode sees every allocation: only some gradients are categorized ``temp``)."""
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
         out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
@@ -50,7 +53,7 @@ class FrozenAwareMemTracker(PhaseMemTracker):
                 self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
 
             for param in module.parameters():
-                if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                if param.requires_grad and param.is_leaf and self._param_to_grad_hook_handles.get(param) is None:
                     self._param_to_grad_hook_handles[param] = (
                         param.register_hook(_grad_hook),
                         param.register_post_accumulate_grad_hook(lambda p: _grad_hook(p.grad)))

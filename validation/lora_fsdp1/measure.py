@@ -64,6 +64,7 @@ sys.path.insert(0, VALIDATION)
 
 import harness  # noqa: E402  (validation/harness.py)
 from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
+from measure_lora import FrozenAwareMemTracker  # noqa: E402  (grad hooks on the trainable leaf parameters only)
 
 # ../fsdp_no_sync/measure.py: its configurations, SyncSwitch and the micro-batches' phase maxima
 NO_SYNC = harness.load("fsdp_no_sync_measure", os.path.join(VALIDATION, "fsdp_no_sync", "measure.py"))
@@ -148,29 +149,6 @@ class Accelerated:
 
     def __call__(self, **kwargs):
         return self.call(**kwargs)
-
-
-class FrozenAwareMemTracker(harness.PhaseMemTracker):
-    """``MemTracker`` registers a gradient hook on every parameter, which raises for the frozen base of a LoRA model
-    and, under ``use_orig_params=True``, for the original parameters FSDP1 sets as views of its flat parameter
-    ("post accumulate grad hooks cannot be registered on non-leaf tensors"): the hooks (which only name a tensor's
-    category ``gradient``) go on the trainable leaf parameters only; every byte is counted as the stock tracker
-    counts it (its dispatch mode sees every allocation), only some gradients are categorized ``temp``."""
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-        if install_grad_hooks:
-            from torch.distributed._tools.mem_tracker import _MemRefType
-
-            def _grad_hook(grad):
-                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-            for param in module.parameters():
-                if param.requires_grad and param.is_leaf and self._param_to_grad_hook_handles.get(param) is None:
-                    self._param_to_grad_hook_handles[param] = (
-                        param.register_hook(_grad_hook),
-                        param.register_post_accumulate_grad_hook(lambda p: _grad_hook(p.grad)))
-        return out
 
 
 def measure(cfg: dict) -> dict:
