@@ -2,7 +2,6 @@
 per-op selective AC (op-sac), a user's save list, every k-th layer, MLP-only and attention-only
 recompute, against the PyTorch measurements of validation/techniques/checkpointing (no torch here)."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -13,6 +12,7 @@ from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
+from scripttools import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "validation" / "techniques" / "checkpointing"
@@ -20,21 +20,14 @@ BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 POLICIES = ("op-sac", "save-list", "every-k", "mlp-only", "attention-only")
 
 
-def _module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def rows():
     import sys
     sys.path[:0] = [str(ROOT / "validation"), str(ROOT / "validation" / "families")]
-    return _module("checkpointing_compare", HERE / "compare.py").compare()
+    return load_script(HERE / "compare.py").compare()
 
 
-CONFIGS = _module("checkpointing_configs", HERE / "configs.py")
+CONFIGS = load_script(HERE / "configs.py")
 
 
 def _solve(model="llama-tiny", policy="op-sac", *, options=None, b=2, s=256, regime="fp32", **kw):

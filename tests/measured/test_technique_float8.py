@@ -4,7 +4,6 @@ No torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -16,6 +15,7 @@ from mlsysim_core.errors import InvalidInputError, NotModelledError
 from mlsysim_core.hf import from_hf_config
 from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured import float8
+from scripttools import load_script
 
 from techniquetools import phases as _phases     # (the family table's phases)
 
@@ -25,10 +25,7 @@ BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 
 
 def _configs():
-    spec = importlib.util.spec_from_file_location("float8_configs", DIR / "float8_configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {c["id"]: c for c in module.CONFIGS}
+    return {c["id"]: c for c in load_script(DIR / "float8_configs.py").CONFIGS}
 
 
 CONFIGS = _configs()

@@ -6,7 +6,6 @@ compared phase by phase; hand-derived byte counts; refusals and notes. No torch.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -26,10 +25,9 @@ sys.path.insert(0, str(ROOT / "validation" / "families"))
 sys.path.insert(0, str(ROOT / "validation"))
 
 import report_optimizers  # noqa: E402
+from scripttools import load_script  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("optimizer_configs", DIR / "configs.py")
-CONFIGS = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(CONFIGS)
+CONFIGS = load_script(DIR / "configs.py")
 
 NAMES = ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao", "adamw-8bit-bnb",
          "paged-adamw-8bit-bnb", "muon", "adamw-32bit-bnb", "paged-adamw-32bit-bnb", "adamw-8bit-bnb-hf",
