@@ -12,7 +12,8 @@ and saved by the input norm, added; the norms' fp32 rsigma and the activation's 
 not count, taken out: tests/measured/test_megatron_gpt_oss_tp.py derives every number by hand); the profile's side is
 the tiny gpt-oss of tests/measured/test_megatron_gpt_oss.py (2 layers, 128 tokens) at the run's tp and ep with
 ``sequence_parallel=True``, ``expert_tp_size=1`` and, under expert parallelism, the measured busiest-rank load
-(``moe_routing_imbalance``), per layer. Recompute runs (full: 2 layers; block: 3 layers, the first n checkpointed; one micro-batch): every phase
+(``moe_routing_imbalance``), per layer; with Megatron-Core's recompute modules (``layernorm``, ``moe_act``) also what
+one layer's recomputes rebuild in the backward (the profile's recompute-modules term). Recompute runs (full: 2 layers; block: 3 layers, the first n checkpointed; one micro-batch): every phase
 of the stage, ``t.recompute_phases`` / ``t.recompute_profile`` (the forward's end; the backward's phase, under full
 recompute the bottom layer's recompute, under block recompute the backward's start; the backward's end, the bottom
 layer's recompute; after the iteration; the stage's output, the upper layers' bf16 weight gradients and the MLP
@@ -34,6 +35,7 @@ from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP  
 BEGIN = "<!-- gpt-oss-megatron-tp-table: begin (validation/megatron_gpt_oss/compare_tp.py --doc) -->"
 END = "<!-- gpt-oss-megatron-tp-table: end -->"
 LAYERS = 2      # the tiny model's
+REBUILT = "backward (one layer's modules rebuilt)"
 
 
 def profile(run) -> dict:
@@ -41,10 +43,17 @@ def profile(run) -> dict:
     options = dict(t.RECIPE) if tp > 1 else {}
     if ep > 1:
         options["moe_routing_imbalance"] = run["measured"]["received"] / (run["measured"]["tokens_on_rank"] * t.K)
-    r = t.solve(tp_size=tp, ep_size=ep, dp_size=1, **options) if tp * ep > 1 else t.solve()
+    modules = run.get("recompute_modules")
+    if modules:
+        options["plugin_options"] = {"selective": {"modules": modules}}
+    how = "selective" if modules else "none"
+    r = t.solve(how, tp_size=tp, ep_size=ep, dp_size=1, **options) if tp * ep > 1 else t.solve(how)
     mine = [x for x in r.terms if x.component == "activations" and x.label.startswith(
         ("decoder layers: saved", "Megatron-Core alltoall"))]
-    return {phase: sum(x.nbytes for x in mine if phase in x.phases) / LAYERS for phase in (FORWARD, OPTIMIZER_STEP)}
+    out = {phase: sum(x.nbytes for x in mine if phase in x.phases) / LAYERS for phase in (FORWARD, OPTIMIZER_STEP)}
+    if modules:
+        out[REBUILT] = next(x.nbytes for x in r.terms if x.label.startswith("recompute modules"))
+    return out
 
 
 def pipeline(run) -> tuple[dict, dict]:
@@ -73,7 +82,13 @@ def pipeline(run) -> tuple[dict, dict]:
 def measured(run) -> dict:
     m = run["measured"]
     held = m["held"] + m["held_other"]["num_global_tokens_per_local_expert"]
-    return {FORWARD: t.measured_layer(run) + held, OPTIMIZER_STEP: held + m["held_other"]["row_id_map"]}
+    if "recompute_modules" not in run:
+        return {FORWARD: t.measured_layer(run) + held, OPTIMIZER_STEP: held + m["held_other"]["row_id_map"]}
+    # recompute modules layernorm and moe_act: the pre-MLP norm's rsigma and the offset scalar are released (not
+    # taken out again); what the modules' recomputes rebuild in the backward, less the rsigma and the offset scalar
+    tk = m["tokens_on_rank"]
+    return {FORWARD: m["saved_with_row_id_map"] + 2 * t.H * tk - 4 * tk + held,
+            OPTIMIZER_STEP: held + m["held_other"]["row_id_map"], REBUILT: sum(m["rebuilt"]) - 4 * tk - 2}
 
 
 def rows() -> list[str]:
@@ -88,8 +103,9 @@ def rows() -> list[str]:
         else:
             meas, prof = measured(run), profile(run)
         for phase in meas:
-            how = {"uniform": "full", "block": f"block {run.get('recompute_num_layers')} of {run.get('layers')}",
-                   None: "none"}[method] + (f"; pp {run['pp']} stage {run['stage']}, {run['microbatches']} micro-batches"
+            how = ({"uniform": "full", "block": f"block {run.get('recompute_num_layers')} of {run.get('layers')}",
+                    None: "none"}[method] if "recompute_modules" not in run
+                   else "modules " + ", ".join(run["recompute_modules"])) + (f"; pp {run['pp']} stage {run['stage']}, {run['microbatches']} micro-batches"
                                             if "pp" in run else "")
             out.append(f"| {run['id']} | {run['tp']} | {run['ep']} | {how} | "
                        f"{run['measured']['tokens_on_rank']} | {phase} | "

@@ -71,6 +71,11 @@ non-leaf tensor made after the start, and the parameters' gradients freed), ``he
 gradients are bf16 ``.grad`` tensors (with it, APEX's kernel accumulates into ``main_grad``): alive from their
 layer's backward on, they are in the backward's moments.
 
+Recompute-modules runs (``MODULES_CONFIGS``, tp 2): the layer with measure_modules.py's ``Block`` (Megatron-Core's
+``CheckpointWithoutOutput`` around the pre-MLP norm and the MoE activation, ``layernorm`` and ``moe_act``) in place of
+its pre-MLP norm and MoE layer; recorded as the runs without recompute, with ``rebuilt`` (what each module's
+recompute adds in the backward, as measure_modules.py records it).
+
 Pipeline runs (``PP_CONFIGS``, tp 2, no recompute): a stage of such layers under Megatron-Core's 1F1B, measured as
 measure_pp.py measures its stages (its ``run_iteration``: ``deallocate_output_tensor`` and ``custom_backward`` from
 the source at COMMIT; a later stage's input is a receive buffer of the rank's ``T / tp x h``, as ``P2PCommunicator``
@@ -98,9 +103,10 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
 import harness  # noqa: E402  (validation/harness.py)
+import measure_modules  # noqa: E402
 import measure_moe  # noqa: E402
 from measure_moe import MegatronGptOssMoE, _defs, _read, _storage_bytes, megatron_namespace  # noqa: E402
-from measure_modules import RMSNorm  # noqa: E402
+from measure_modules import RMSNorm, modules_namespace  # noqa: E402
 import measure_pp  # noqa: E402
 from measure_pp import _NoModules, run_iteration, schedule_namespace  # noqa: E402
 from measure_recompute import _exec, held_graph, recompute_namespace  # noqa: E402
@@ -113,6 +119,12 @@ CONFIGS = (
     ("tp1-ep1", 1, 1),
     ("tp2-ep1", 2, 1),
     ("tp2-ep2", 2, 2),
+)
+# (id, tp, ep, recompute_modules): Megatron-Core's selective recompute_modules (Megatron-Bridge's GPT-OSS 120B H100 perf
+# recipe's layernorm and moe_act) on the pre-MLP norm and the MoE block (measure_modules.py's Block), one layer
+MODULES_CONFIGS = (
+    ("tp2-layernorm+moe_act", 2, 1, ("layernorm", "moe_act")),
+    ("tp2-ep2-layernorm+moe_act", 2, 2, ("layernorm", "moe_act")),
 )
 # (id, tp, ep, layers, recompute_method, recompute_num_layers): Megatron-Core's full recompute (one layer a chunk,
 # "uniform") and its block recompute (the first n layers of the stage checkpointed, the rest not)
@@ -213,7 +225,7 @@ class Layer(torch.nn.Module):
     (row-parallel) and its reduce-scatter, the bias and the residual, the pre-MLP norm, the MoE layer on the rank's
     sequence shard, the residual."""
 
-    def __init__(self, ns, megatron, tp, ep, group):
+    def __init__(self, ns, megatron, tp, ep, group, modules=(), ckpt=None):
         super().__init__()
         self.ns, self.tp, self.group = ns, tp, group
         p = lambda *s: torch.nn.Parameter(torch.randn(*s, dtype=torch.bfloat16) * 0.05)  # noqa: E731
@@ -223,7 +235,12 @@ class Layer(torch.nn.Module):
         self.qkv_w, self.qkv_b = p((a + 2 * g) * HEAD_DIM, H), p((a + 2 * g) * HEAD_DIM)
         self.proj_w, self.proj_b = p(H, a * HEAD_DIM), p(H)
         self.sinks = p(a)
-        self.moe = MegatronGptOssMoE(megatron, H, F_, E, K, ep)
+        self.block = None
+        if modules:     # measure_modules.py's pre-MLP norm and MoE block with Megatron-Core's recompute modules
+            self.block = measure_modules.Block(megatron, ckpt, H, F_, E, K, ep, tuple(modules))
+            self.moe = self.block.moe
+        else:
+            self.moe = MegatronGptOssMoE(megatron, H, F_, E, K, ep)
 
     def forward(self, x):       # x: [T / tp, h], the rank's sequence shard of the residual stream
         ns, sp = self.ns, self.tp > 1
@@ -241,6 +258,8 @@ class Layer(torch.nn.Module):
             out = ns["reduce_scatter_to_sequence_parallel_region"](out, group=self.group)
         x = x + (out + self.proj_b)     # bias_dropout_add, no dropout
         del out
+        if self.block is not None:
+            return x + self.block(x)
         return x + self.moe(RMSNorm.apply(x, self.norm2))
 
 
@@ -250,7 +269,10 @@ def measure(cfg: dict) -> dict:
     torch.manual_seed(0)
     ns = NS["tp"]
     ns["mpu_buffer"].buffer = {}        # (each run its own: the buffer a previous run allocated is not this one's)
-    layer = Layer(ns, NS["megatron"], tp, ep, group)
+    clock, rebuilt = {"now": lambda: 0}, []
+    modules = tuple(cfg.get("recompute_modules", ()))
+    ckpt = measure_modules._recording(NS["modules"], lambda: clock["now"](), rebuilt) if modules else None
+    layer = Layer(ns, NS["megatron"], tp, ep, group, modules, ckpt)
     x0 = (torch.randn(T // tp, H) * 0.5).to(torch.bfloat16).requires_grad_(True)
     grad = torch.randn(T // tp, H).to(torch.bfloat16)
     for _ in range(2):      # warm-up iterations
@@ -270,6 +292,8 @@ def measure(cfg: dict) -> dict:
             t.detach()
         x = x0.clone()
         start = mt.get_tracker_snapshot("current")[dev]["Total"]
+        clock["now"] = lambda: mt.get_tracker_snapshot("current")[dev]["Total"]
+        rebuilt.clear()
         out = layer(x)
         after_forward = mt.get_tracker_snapshot("current")[dev]["Total"]
         saved = after_forward - start - out.numel() * out.element_size()
@@ -280,9 +304,13 @@ def measure(cfg: dict) -> dict:
             p.grad = None
         end = mt.get_tracker_snapshot("current")[dev]["Total"]
         peak = mt.get_tracker_snapshot("peak")[dev]["Total"]
-    return {"saved": saved, "saved_with_row_id_map": saved + held_other["row_id_map"], "held": held,
-            "held_other": held_other, "after_backward_over_start": end - start, "peak_over_start": peak - start,
-            "mpu_buffer": _storage_bytes(buffers), "received": moe.received, "tokens_on_rank": T // tp}
+    clock["now"] = lambda: 0
+    out = {"saved": saved, "saved_with_row_id_map": saved + held_other["row_id_map"], "held": held,
+           "held_other": held_other, "after_backward_over_start": end - start, "peak_over_start": peak - start,
+           "mpu_buffer": _storage_bytes(buffers), "received": moe.received, "tokens_on_rank": T // tp}
+    if modules:
+        out["rebuilt"] = list(rebuilt)
+    return out
 
 
 class CheckpointedLayer(Layer):
@@ -507,8 +535,10 @@ def main(argv=None):
         NS["checkpointed_forward"] = checkpointed_forward(args.megatron_lm,
                                                           recompute_namespace(args.megatron_lm)["checkpoint"])
         NS["schedule"] = schedule_namespace(args.megatron_lm)
+        NS["modules"] = modules_namespace(args.megatron_lm)
 
     configs = [{"id": cid, "tp": tp, "ep": ep} for cid, tp, ep in CONFIGS]
+    configs += [{"id": cid, "tp": tp, "ep": ep, "recompute_modules": list(mods)} for cid, tp, ep, mods in MODULES_CONFIGS]
     configs += [{"id": cid, "tp": tp, "ep": ep, "layers": n, "recompute_granularity": "full", "recompute_method": method,
                  "recompute_num_layers": k} for cid, tp, ep, n, method, k in RECOMPUTE_CONFIGS]
     configs += [{"id": cid, "tp": tp, "ep": ep, "pp": p, "stage": i, "microbatches": m, "layers": n}

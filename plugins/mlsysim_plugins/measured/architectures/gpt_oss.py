@@ -782,18 +782,6 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             f"pp_size={plan.pp_size}: Megatron-Core's block recompute was measured on one stage "
             "(validation/megatron_gpt_oss/measure_tp.py): under 1F1B a micro-batch's recompute runs with the other "
             "in-flight micro-batches' kept layers alive, which was not derived")
-    if plan.tp_size > 1:
-        # (measure_tp.py measured the layer without recomputation and under full recompute; Megatron-Core's
-        # recompute_modules under tensor parallelism were not)
-        chosen = plan.options.get(plan.activation_checkpointing) if plan.options else None
-        modules = [m for m in getattr(chosen, "modules", ()) if m != "core_attn"]
-        if modules:
-            raise NotModelledError(
-                "plugin_options['selective'].modules", modules,
-                f"['core_attn'] with tp_size > 1 for gpt-oss under {regime!r}",
-                f"tp_size={plan.tp_size}: the layer under tensor and sequence parallelism was measured without "
-                "recomputation and under full recompute (validation/megatron_gpt_oss/measure_tp.py); Megatron-Core's "
-                "recompute_modules layernorm / moe_act were measured at tp = 1 only")
     if o.dropout:
         raise NotModelledError("dropout", o.dropout, f"0.0 for gpt-oss under {regime!r}",
                                "gpt-oss's recipes set hidden_dropout 0 and attention_dropout 0; dropout masks in its "
@@ -829,7 +817,8 @@ def _megatron_check(plan, kernel) -> tuple[str, ...]:
             f"Megatron-Core gpt-oss under tensor parallelism with sequence parallelism (tp {plan.tp_size}, "
             "expert_tensor_parallel_size 1, as Megatron-Bridge's gpt-oss 20B H100 recipe sets them; one layer measured "
             "on rank 0 of a group of 2 with Megatron-Core's sequence-parallel linear and reduce-scatter, "
-            "validation/megatron_gpt_oss/measure_tp.py, without recompute and under full recompute): every saved "
+            "validation/megatron_gpt_oss/measure_tp.py, without recompute, under full and block recompute, with "
+            "the recompute modules layernorm and moe_act and on 1F1B stages): every saved "
             "and held tensor is the rank's share, T / tp tokens of the "
             "norms, the column-parallel input, the router, the dispatcher and the experts, the rank's heads of q, k, v, "
             "the sinks and the softmax statistics; not counted: the local (TE-free) layer spec's GlobalMemoryBuffer "
