@@ -60,6 +60,26 @@ Each figure is derived from the implementation's source at a commit, never from 
     ``Impl::UNFUSED``: the norm's bf16 output quantized after).
   - the output gradient: both usages in one pass (dgrad reads it rowwise, wgrad column-wise): current
     scaling 6 B, delayed 4 B, MXFP8 4.0625 B.
+  - under tensor parallelism with sequence parallelism (``tp_gather=1``, ``tp_input``, ``tp_grad``,
+    ``tp_transpose``), delayed and current scaling gather float8, as torchao's tensorwise parallel styles do, but
+    make the transposed copies after the gathers: a column-parallel LayerNormLinear (q/k/v, fc1) quantizes the norm's
+    output on the rank's T / tp tokens, rowwise only ("All-gather is not supported with FP8 column-wise data":
+    ``input_quantizer.supports_only_rowwise_all_gather()``, true for Float8Quantizer and
+    Float8CurrentScalingQuantizer, tensor/float8_tensor.py lines 190-194 and 396-400; module/layernorm_linear.py
+    lines 230-232), and all-gathers it in float8 (lines 282-315, ``gather_along_first_dim(ln_out, tp_group,
+    quantizer=quantizer)``); it saves the shard (lines 472-485) and in the backward gathers it again in float8
+    (lines 766-795) and makes the column-wise copy of the gathered tensor (lines 989-993, ``update_usage(
+    columnwise_usage=True)``; module/_common.py lines 47-49: "Per-tensor FP8 gathers rowwise data and synthesizes
+    its transpose"). A row-parallel module's output gradient arrives sequence-sharded: it is quantized on the
+    shard and gathered in float8 (module/base.py ``grad_output_preprocess`` lines 1719-1751; distributed.py
+    ``_all_gather_fp8`` lines 1011-1030: rowwise only, then ``_create_transpose()`` on the gathered tensor, lines
+    1070-1077). So on the shard: delayed scaling's norm writes 1 B in place of 2 (``tp_input`` -1), current
+    scaling's quantize reads the norm's 2 B output and writes 1 B (3 B: the amax from the norm kernel); the
+    gradient delayed 3 B (read 2, write 1), current 5 B (amax 2 and 2 + 1); and each backward, on all the tokens,
+    a transposed copy of the gathered input and of the gathered gradient (read 1, write 1: ``tp_transpose`` 2).
+    The all-gathers move 1 B an element (``tp_gather``), the reduce-scatters bf16. MXFP8 (which gathers its
+    column-wise data itself, ``_all_gather_mxfp8``) is left as before: no ``tp_gather`` (its rows run on
+    Blackwell, whose tensor cores need no transposed copy).
   The memory a search solves a float8 row with is what each declares (``memory``): torchao tensorwise's is
   the measured profile's ``float8="tensorwise"`` (measured/float8.py, torchao's Float8Linear measured);
   Transformer Engine's is not modelled (None: the 16-bit run's memory, said in a note).
@@ -120,10 +140,13 @@ TORCHAO_ROWWISE = Float8Casts(name="torchao-rowwise", input=5, normed_input=5, w
                                      "torchao/testing/float8/roofline_utils.py's rowwise casts; float8_ops.py's "
                                      "rescaled backward GEMMs)")
 TE_CURRENT_SCALING = Float8Casts(name="te-current-scaling", input=6, normed_input=4, weight=6, weight_per="step",
-                                 grad=6, transpose=0,
-                                 source="Transformer Engine Float8CurrentScalingQuantizer (d0067d0)")
+                                 grad=6, transpose=0, tp_gather=1, tp_input=3, tp_grad=5, tp_transpose=2,
+                                 source="Transformer Engine Float8CurrentScalingQuantizer (d0067d0); under sequence "
+                                        "parallelism its float8 all-gathers (layernorm_linear.py, distributed.py)")
 TE_DELAYED_SCALING = Float8Casts(name="te-delayed-scaling", input=4, normed_input=1, weight=4, weight_per="step",
-                                 grad=4, transpose=0, source="Transformer Engine Float8Quantizer (d0067d0)")
+                                 grad=4, transpose=0, tp_gather=1, tp_input=-1, tp_grad=3, tp_transpose=2,
+                                 source="Transformer Engine Float8Quantizer (d0067d0); under sequence parallelism its "
+                                        "float8 all-gathers (layernorm_linear.py, distributed.py)")
 TE_MXFP8 = Float8Casts(name="te-mxfp8", input=4 + 2 / 32, normed_input=4 + 2 / 32, weight=4 + 2 / 32,
                        weight_per="step", grad=4 + 2 / 32, transpose=0,
                        source="Transformer Engine MXFP8Quantizer (d0067d0)")

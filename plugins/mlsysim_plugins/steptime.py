@@ -459,8 +459,11 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
             # all-gather, for all its modules; the row-parallel output's gradient on its T / tp: _steptime_float8)
             gathered = float8_tp and not routed and tp > 1 and i in NORMED_GEMMS and split == "n"
             grad_rows = m / tp if float8_tp and not routed and tp > 1 and split == "k" else m
+            # (under float8 tensor parallelism the shard's casts as declared: tp_input, tp_grad; and each gathered
+            # tensor's transposed copy on all m tokens, each backward: tp_transpose)
+            grad = c.grad if grad_rows == m or c.tp_grad is None else c.tp_grad
             if gathered:
-                cast_f += count * read * m / tp * k
+                cast_f += count * (read if c.tp_input is None else c.tp_input) * m / tp * k
                 if c.weight_per == "micro-batch":
                     cast_f += count * c.weight * n * k
                 else:
@@ -474,9 +477,11 @@ def layer_gemms(fig: dict, hw: dict, cal: Calibration, T: float, tp: int, ep: in
                 else:
                     cast_s += count * c.weight * n * k
             if c.transpose_weight is None:
-                back = c.grad * grad_rows * n + c.transpose * (m * k * modules + n * k)
+                back = grad * grad_rows * n + c.transpose * (m * k * modules + n * k)
             else:       # (the weight's transposed copy declared apart from the input's)
-                back = c.grad * grad_rows * n + c.transpose * m * k * modules + c.transpose_weight * n * k
+                back = grad * grad_rows * n + c.transpose * m * k * modules + c.transpose_weight * n * k
+            if c.tp_transpose and (gathered or grad_rows != m):
+                back += c.tp_transpose * ((m * k * modules if gathered else 0) + (m * n if grad_rows != m else 0))
             if c.rescale:       # (a kernel scaling each backward GEMM's output: input and weight gradients)
                 back += c.rescale * (m * k * modules + n * k)
             cast_b += count * back

@@ -173,6 +173,13 @@ class Float8Casts:
     all-gather (torchao's Float8ColwiseParallel, Float8RowwiseParallel and PrepareFloat8ModuleInput):
     the bytes per element those all-gathers move (the reduce-scatters move the run's precision); None:
     the tensor-parallel collectives move the run's precision and each module casts the gathered input.
+    Where the gathered tensors' casts differ from the unsharded ones' (under ``tp_gather``): ``tp_input``,
+    the bytes per element of a column-parallel GEMM's normed input cast on the rank's shard before the
+    all-gather (None: ``normed_input``; it may be negative: a cast fused into the norm that writes 1-byte
+    elements in place of its 2-byte ones saves a byte); ``tp_grad``, of a row-parallel GEMM's output
+    gradient cast on its shard (None: ``grad``); ``tp_transpose``, of the column-wise (transposed) copy
+    made from each gathered tensor on all the tokens, each backward, for the weight-gradient GEMM (the
+    input gathered again and the output gradient; 0: none, the copy is gathered or not needed).
     ``memory``: the memory profile's ``float8=`` option
     whose memory this implementation has (the measured profile's torchao recipes), which a search's
     ``allow_float8`` solves its rows with; None: its memory is not modelled, the rows' memory is the
@@ -187,6 +194,9 @@ class Float8Casts:
     transpose_weight: float | None = None
     rescale: float = 0
     tp_gather: float | None = None
+    tp_input: float | None = None
+    tp_grad: float | None = None
+    tp_transpose: float = 0
     memory: str | None = None
     source: str = ""
     description: str = _description

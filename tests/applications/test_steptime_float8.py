@@ -182,3 +182,52 @@ def test_float8_tensor_parallelism_is_what_the_implementation_declares_under_seq
     assert tp("torchao-tensorwise") == pytest.approx(0.75 * tp(False))
     assert tp("torchao-rowwise") == pytest.approx(tp(False))
     assert tp("torchao-tensorwise", sp=False) == pytest.approx(tp(False, sp=False))
+
+
+def test_transformer_engine_under_sequence_parallelism_casts_on_the_shard_and_transposes_what_it_gathers():
+    # Transformer Engine (d0067d0) at tp 4 with sequence parallelism, 512 tokens, 128 a rank: a LayerNormLinear (q/k/v
+    # N 768, MLP up N 2048, K 1024) quantizes the norm's output on the rank's 128 tokens, rowwise only, and gathers it
+    # in float8 (layernorm_linear.py lines 230-232, 282-315); in the backward it gathers it again and makes the
+    # transposed copy on all 512 (lines 766-795, 989-993: read 1, write 1). A row-parallel module's output gradient
+    # (out-proj N 1024 over K 256, down N 1024 over K 1024) is quantized on its 128 rows, gathered in float8 and
+    # transposed on 512 (base.py grad_output_preprocess, distributed.py _all_gather_fp8). Current scaling: the
+    # shard's input 3 B (read the norm's 2 B, write 1; amax from the norm), gradient 5 B (amax 2, read 2, write 1);
+    # a local input 6 B, a local gradient 6 B (both usages); weights 6 B once a step
+    assert (TE_CURRENT_SCALING.tp_gather, TE_CURRENT_SCALING.tp_input, TE_CURRENT_SCALING.tp_grad,
+            TE_CURRENT_SCALING.tp_transpose) == (1, 3, 5, 2)
+    g = steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 4, 1, 1, TE_CURRENT_SCALING, True)
+    fwd = 3 * 128 * 1024 + 6 * 512 * 256 + 3 * 128 * 1024 + 6 * 512 * 1024
+    bwd = (6 * 512 * 768 + 2 * 512 * 1024 + 5 * 128 * 1024 + 2 * 512 * 1024
+           + 6 * 512 * 2048 + 2 * 512 * 1024 + 5 * 128 * 1024 + 2 * 512 * 1024)
+    step = 6 * (768 * 1024 + 1024 * 256 + 2048 * 1024 + 1024 * 1024)
+    assert (g["cast_fwd"], g["cast_bwd"], g["cast_step"]) == (fwd, bwd, step) == (4_718_592, 14_155_776, 25_165_824)
+    # delayed scaling: the norm kernel writes the shard's float8 in place of its bf16 (-1 B), the gradient's cast
+    # 3 B (read 2, write 1; the amax from history), a local input 4 B, a local gradient 4 B
+    g = steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 4, 1, 1, TE_DELAYED_SCALING, True)
+    assert (g["cast_fwd"], g["cast_bwd"]) == (
+        -128 * 1024 + 4 * 512 * 256 - 128 * 1024 + 4 * 512 * 1024,
+        4 * 512 * 768 + 3 * 128 * 1024 + 4 * 512 * 2048 + 3 * 128 * 1024 + 4 * 2 * 512 * 1024) == (2_359_296, 10_747_904)
+    # without sequence parallelism (nothing gathered) and at tp 1, the unsharded casts, as before
+    for casts_ in (TE_CURRENT_SCALING, TE_DELAYED_SCALING):
+        assert (steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 1, 1, 1, casts_, True)
+                == steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 1, 1, 1, casts_, False))
+    plain = steptime.layer_gemms(FIG, HW, steptime.DEFAULT, M, 4, 1, 1, TE_CURRENT_SCALING, False)
+    assert (plain["cast_fwd"], plain["cast_bwd"]) == (4 * 512 * 1024 + 6 * 512 * 256 + 4 * 512 * 1024
+                                                      + 6 * 512 * 1024,
+                                                      6 * (512 * 768 + 512 * 1024 + 512 * 2048 + 512 * 1024))
+
+
+def test_transformer_engine_gathers_float8_under_sequence_parallelism():
+    # its tp component is torchao tensorwise's: the all-gathers at 1 B, the reduce-scatters bf16 (3/4 of bf16's
+    # bandwidth term); MXFP8 declares no float8 gather (as before: bf16's)
+    import attrs
+    from mlsysim_core.search import time_plan
+
+    def tp(float8):
+        return time_plan("llama3-8b", "h100", global_batch=8, seq_len=4096, tp=8, dp=1, checkpointing="full",
+                         precision="bf16", optimizer="adamw", memory=False, sequence_parallel=True,
+                         float8=float8, calibration=attrs.evolve(steptime.DEFAULT, latency=0.0, hop_intra=0.0,
+                                                                 hop_inter=0.0))["components"]["tp"]
+    for name in ("te-current-scaling", "te-delayed-scaling"):
+        assert tp(name) == pytest.approx(0.75 * tp(False))
+    assert tp("te-mxfp8") == pytest.approx(tp(False))
