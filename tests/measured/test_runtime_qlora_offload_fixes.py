@@ -83,3 +83,27 @@ def test_qlora_under_shard_grad_op_keeps_the_packed_codes():
     base, quantized = 8_030_261_248, 32 * LAYER
     assert kept == pytest.approx(quantized // 2 + (base - quantized) * 2 + 32 * ADAPTERS * 4, abs=1e-3)
     assert int(kept) == 5_646_065_664
+
+
+def test_qlora_parameter_offload_keeps_the_quantization_state_on_the_device():
+    """FSDP1's CPUOffload(offload_params=True) moves the sharded FlatParameters (torch FlatParamHandle) and
+    DeepSpeed's offload_param the partitioned parameters: bitsandbytes' QuantState tensors (absmax, nested
+    statistics, code tables) are module attributes, not parameters, and stay where the model was quantized, whole on
+    every rank; the packed codes, the 16-bit base and the adapters go to the host."""
+    from mlsysim_core.terms import ACCELERATOR, HOST
+
+    def constants(n):     # one nf4 linear, double quant: uint8 absmax per 64, fp32 per 256 of them, offset, codes
+        blocks = n // 64
+        return blocks + 4 * -(-blocks // 256) + 4 + 256 * 4 + 16 * 4
+    state_bytes = 32 * (2 * constants(4096 * 4096) + 2 * constants(4096 * 1024) + 3 * constants(4096 * 14336))
+    lora = {"rank": 16, "quantization": "nf4", "double_quant": True}
+    r = _solve("h100", lora=lora, regime="fsdp-bf16-stored", dp_size=2, data_parallel="fsdp",
+               offload="optimizer+gradients+parameters")
+    weights = [t for t in r.terms if t.component == "weights"]
+    state = [t for t in weights if t.label == "quantization constants"]
+    assert [(t.nbytes, t.tier) for t in state] == [(state_bytes, ACCELERATOR)]
+    assert state_bytes == 111_000_448
+    assert all(t.tier == HOST and t.label.endswith("(offloaded to cpu)") for t in weights if t not in state)
+    assert sum(t.nbytes for t in weights if t.tier == ACCELERATOR) == state_bytes
+    kept = _solve("h100", lora=lora, regime="fsdp-bf16-stored", dp_size=2, data_parallel="fsdp")
+    assert [t.nbytes for t in kept.terms if t.label == "quantization constants"] == [state_bytes]

@@ -770,7 +770,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
                + " + code tables, per weight")
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
-                                nbytes=q_constants,
+                                nbytes=q_constants, key=K.QUANTIZATION_STATE,
                                 formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
                                                                  "parameters: every rank keeps them whole)")))
     copies = sum(n for _, n in c.saved_modules)

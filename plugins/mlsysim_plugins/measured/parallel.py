@@ -576,13 +576,18 @@ def layer_parameters_on_rank(plan, placement=None) -> float:
 
 
 def offload_terms(plan, weights, gradients, optimizer_state):
-    """Move the offloaded components' terms to host memory (``cpu``) or NVMe."""
+    """Move the offloaded components' terms to host memory (``cpu``) or NVMe. A parameter offload moves parameters
+    only: the weights' terms keyed as module attributes (``term_keys.NOT_PARAMETERS``: bitsandbytes' QuantState,
+    which FSDP1's CPUOffload (FlatParameters) and DeepSpeed's offload_param (partitioned parameters) never see) stay
+    on the accelerator."""
     if not plan.profile_options.offload:
         return weights, gradients, optimizer_state
     from mlsysim_core.terms import HOST, NVME
+    from .term_keys import NOT_PARAMETERS
     tiers = {"cpu": HOST, "nvme": NVME}
     moved = {"parameters": weights, "gradients": gradients, "optimizer": optimizer_state}
     for what, target in plan.profile_options.offload:
-        moved[what] = [attrs.evolve(term, tier=tiers[target], label=f"{term.label} (offloaded to {target})")
+        moved[what] = [term if what == "parameters" and term.key in NOT_PARAMETERS else
+                       attrs.evolve(term, tier=tiers[target], label=f"{term.label} (offloaded to {target})")
                        for term in moved[what]]
     return moved["parameters"], moved["gradients"], moved["optimizer"]
