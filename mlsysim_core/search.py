@@ -1396,6 +1396,7 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
     chosen: dict = {}       # (rule, strategy) -> the given plugin options its layouts select (None: none)
     layout_options = None
     over: dict = {}     # a layout but for strategy, sp and micro-batch -> its state_bytes when over the limit, else None
+    times: dict = {}    # step_time's arguments -> its step (seconds)
     for tp, cp, pp, dp, ep, rule, ckpt, sp, variant, micro in groups:
         if given_options:
             key = (rule, ckpt)
@@ -1493,8 +1494,10 @@ def _evaluate(groups, rows, context, total, progress, near=None, refused=None, b
                 continue
             if assume_monotone and (index == 0 or index == last):   # state_bytes <= total <= limit: no sibling's
                 over.setdefault((state_key, gas == 1), None)        # bound here is over (none solved for it)
-            seconds = step_time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec, sp=sp, mb=mb,
-                                gas=gas)["step"]
+            seconds = times.get(called := (which, tp, cp, pp, dp, ep, rule, rec, sp, mb, gas))     # (strategies that
+            if seconds is None:     # recompute the same share: the same call, the same time; once per chunk)
+                seconds = times[called] = step_time(timing, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, rule=rule, recompute=rec,
+                                                 sp=sp, mb=mb, gas=gas)["step"]
             idle = timing["idle"](pp, gas, timing["chunks"]) if timing["idle"] and pp > 1 else stages
             rows.append((tp, cp, pp, dp, ep, rule, ckpt, sp, mb, gas, total_memory, capacity - total_memory, seconds,
                          tokens / seconds, mfu_scale / seconds, idle / (gas + idle) if idle else 0.0, rec, False,
