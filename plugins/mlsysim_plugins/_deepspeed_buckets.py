@@ -151,6 +151,12 @@ class ZeroBucketOptions:
         """Declared for ``communication_buffers``: the rule prices its own gradient buckets."""
         return bool(_given(self))
 
+    def allocator_model_states(self, plan, placement, tensors):
+        """DeepSpeed ZeRO-1/2's flat model states, for the caching allocator's rounding
+        (``runtime_overheads.allocator="segments"``; ``measured/allocator.py``)."""
+        from mlsysim_plugins.measured.allocator import deepspeed_flat_states
+        return deepspeed_flat_states(plan, placement, tensors)
+
 
 @attrs.frozen(kw_only=True)
 class Zero3BucketOptions:

@@ -164,15 +164,100 @@ def test_single_device_has_no_side_stream_pools():
     assert labels == ["CUDA context", "allocator: block and segment rounding (model states)", "cuBLAS workspaces"]
 
 
-@pytest.mark.parametrize("kw, detail", [
-    ({"tp_size": 2}, "tensor, pipeline and expert parallelism"),
-    ({"dp_size": 2, "zero_stage": 3}, "ZeRO's flat partitions"),
+@pytest.mark.parametrize("model, kw, detail", [
+    ("mixtral-8x7b", {"ep_size": 2, "dp_size": 2}, "expert parallelism's per-rank tensors: not modelled"),
+    ("llama3-8b", {"dp_size": 2, "zero_stage": 3}, r"allocator_streams or allocator_model_states.*this rule's "
+                                                   "sharded tensors: not modelled"),
+    ("llama3-8b", {"offload": "optimizer"}, "LoRA and offload's tensors: not modelled"),
 ])
-def test_layouts_it_does_not_describe_are_refused(kw, detail):
+def test_layouts_it_does_not_describe_are_refused(model, kw, detail):
     with pytest.raises(NotModelledError, match=detail) as e:
-        TrainingMemoryModel("measured").solve("llama3-8b", "h100", 4, 1024, optimizer="adamw",
+        TrainingMemoryModel("measured").solve(model, "h100", 4, 1024, optimizer="adamw",
                                               runtime_overheads={"allocator": "segments"}, **kw)
     assert e.value.parameter == "runtime_overheads.allocator" and e.value.value == "segments"
+
+
+# ------------------------------------------------------------------ tensor parallelism and DeepSpeed ZeRO-1/2
+# The traces' model: Llama h 1024, 2 layers, 16 heads (4 KV, head 64), MLP 2816, vocabulary 16,000, untied.
+TRACE_LLAMA = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+               "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 16000,
+               "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def _trace_terms(expandable=False, **layout):
+    from mlsysim_core import HardwareNode
+    from mlsysim_core.hf import from_hf_config
+    r = TrainingMemoryModel("measured").solve(
+        from_hf_config(TRACE_LLAMA, name="trace-llama"), HardwareNode(name="cpu", memory_capacity=2**40),
+        layout.pop("batch", 1), 256, optimizer="adamw", regime="fp32", precision="fp32", device="cpu",
+        runtime_overheads={"cuda_context": 0, "cublas_workspace": 0, "nccl_buffers": 0, "allocator": "segments",
+                           "expandable_segments": expandable}, **layout)
+    return {t.label: t.nbytes for t in r.terms_of("runtime_overheads")}
+
+
+def test_tensor_parallel_rank_tensors_hand_derived():
+    """tp 2: the vocabulary-parallel embedding and LM head 16,000 x 1024 / 2 = 8,192,000, q and o 1024^2 / 2 =
+    524,288, k and v 256 x 1024 / 2 = 131,072, gate, up and down 2816 x 1024 / 2 = 1,441,792, the norms whole."""
+    from mlsysim_core.hf import from_hf_config
+    from mlsysim_plugins.measured.allocator import rank_tensors
+    from mlsysim_plugins.measured.shapes import ModelShape
+    shape = ModelShape.of(from_hf_config(TRACE_LLAMA, name="trace-llama"))
+    layer = [524_288, 131_072, 131_072, 524_288, 1_441_792, 1_441_792, 1_441_792, 1024, 1024]
+    assert rank_tensors(shape, 2, 2, 2, True, True) == [8_192_000] + layer * 2 + [1024, 8_192_000]
+    # a pipeline stage: the first holds the embedding and its layers, the last its layers, the final norm and head
+    assert rank_tensors(shape, 1, 1, 1, True, False) == [16_384_000] + [2 * x if x > 1024 else x for x in layer]
+    assert rank_tensors(shape, 2, 2, 1, False, True) == layer + [1024, 8_192_000]
+
+
+def _alive_at_end(run_id):
+    """The sizes of the blocks of 1 MiB and more alive at the end of a trace: the rank's model states."""
+    from collections import Counter
+    with gzip.open(RESERVED / "traces" / f"{run_id}.json.gz", "rt") as f:
+        events = json.load(f)
+    live = {}
+    for e in events:
+        if e[0] == "alloc":
+            live[e[1]] = e[2]
+        elif e[0] == "free":
+            live.pop(e[1], None)
+    return Counter(n for n in live.values() if n >= MiB)
+
+
+def test_tensor_parallel_model_states_are_the_traces():
+    """The tp 2 trace (DTensor, rank 0 of 2) keeps exactly the tensors the mechanism allocates: each shard's
+    weight, gradient and two AdamW moments (fp32), the embedding's gradient whole (V x h x 4 = 65,536,000 B:
+    DTensor's vocabulary-sharded embedding receives it in full)."""
+    from collections import Counter
+    from mlsysim_core.hf import from_hf_config
+    from mlsysim_plugins.measured.allocator import rank_tensors
+    from mlsysim_plugins.measured.shapes import ModelShape
+    shards = [4 * e for e in rank_tensors(ModelShape.of(from_hf_config(TRACE_LLAMA, name="x")), 2, 2, 2, True, True)]
+    grads = [65_536_000] + shards[1:]
+    expected = Counter(n for n in shards * 3 + grads if n >= MiB)
+    assert _alive_at_end("tp2-llama-h1024-l2-fp32-b1-s256") == expected
+    terms = _trace_terms(tp_size=2)
+    assert terms["allocator: block and segment rounding (model states)"] == \
+        _recorded_run("tp2-llama-h1024-l2-fp32-b1-s256")["segments"]["mechanism_rounding"] > 0
+
+
+def test_deepspeed_zero12_flat_states_hand_derived():
+    """DeepSpeed ZeRO-1/2 over 2 ranks: 2 x 16,384,000 + 2 x (1,048,576 x 2 + 262,144 x 2 + 2,883,584 x 3 + 2048)
+    + 1024 = 55,317,504 parameters, a multiple of 2 x dp = 4: the flat fp32 buffer 221,270,016 B (106 x 2 MiB =
+    222,298,112 reserved: +1,028,096), the fp32 partition and AdamW's two moments 110,635,008 B each (53 x 2 MiB
+    = 111,149,056: +514,048 each): 1,028,096 + 3 x 514,048 = 2,570,240 B. The trace keeps exactly those four."""
+    for stage in (1, 2):
+        terms = _trace_terms(dp_size=2, zero_stage=stage, batch=2)
+        rounding = terms["allocator: block and segment rounding (model states)"]
+        assert rounding == 2_570_240
+        assert _alive_at_end(f"zero{stage}-w2-llama-h1024-l2-fp32-b1-s256") == {221_270_016: 1, 110_635_008: 3}
+    # expandable segments: one segment, 20 MiB pages: 221,270,016 + 3 x 110,635,008 = 553,175,040 B (each a multiple
+    # of 512 B: no block rounding) in 27 pages (566,231,040 B): +13,056,000
+    assert _trace_terms(True, dp_size=2, zero_stage=1, batch=2)[
+        "allocator: block and segment rounding (model states)"] == 27 * 20 * MiB - 553_175_040 == 13_056_000
+
+
+def _recorded_run(run_id):
+    return next(r for r in _recorded()["runs"] if r["id"] == run_id)
 
 
 def test_an_unknown_allocator_model_is_an_input_error():

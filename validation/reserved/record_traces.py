@@ -68,6 +68,27 @@ FSDP_CONFIGS = [
      "world_size": 2, "fsdp": "mp-bf16"},
 ]
 
+# Tensor parallelism on rank 0 of a fake process group of 2 (validation/parallel/measure_parallel.py's apply_tp:
+# DTensor ColwiseParallel q/k/v/gate/up, RowwiseParallel o/down, vocabulary-parallel embedding and LM head, norms
+# replicated), real CPU tensors, fp32, AdamW foreach over the DTensors: the rank's parameter shards. The model is
+# built whole and then distributed (the shards are new tensors, the whole ones freed in the build).
+TP_CONFIGS = [
+    {"id": "tp2-llama-h1024-l2-fp32-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000), "regime": "fp32",
+     "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256, "attention": "sdpa",
+     "world_size": 2, "tp": 2},
+]
+
+# DeepSpeed ZeRO-1 and ZeRO-2 (deepspeed 0.19.8, DeepSpeedZeroOptimizer, DS_ACCELERATOR=cpu) on rank 0 of a fake
+# process group of 2, real CPU tensors, fp32 (bf16 off), DeepSpeed's defaults otherwise (contiguous_gradients,
+# reduce_bucket_size 5e8, overlap_comm off), torch AdamW; the engine's forward, backward and step (its step zeroes
+# the gradients: the zero_grad phase is empty).
+ZERO_CONFIGS = [
+    {"id": f"zero{stage}-w2-llama-h1024-l2-fp32-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
+     "regime": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
+     "attention": "sdpa", "world_size": 2, "zero_stage": stage, "deepspeed": "0.19.8"}
+    for stage in (1, 2)
+]
+
 STREAM = "stream::"
 
 
@@ -107,6 +128,35 @@ def _build_fsdp(cfg):
     return model, input_ids
 
 
+def _build_tp(cfg):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "parallel"))
+    from measure_parallel import apply_tp
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cfg["world_size"])
+    mesh = init_device_mesh("cpu", (cfg["tp"],), mesh_dim_names=("tp",))
+    return harness.build_model(cfg, prepare=lambda model: apply_tp(model, mesh, sp=False))
+
+
+def _build_zero(cfg):
+    """A DeepSpeed engine over the model (its optimizer the engine's: step and zero_grad go through it)."""
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(cfg["world_size"]))
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cfg["world_size"])
+    import deepspeed
+    model, input_ids = harness.build_model(cfg)
+    ds = {"train_micro_batch_size_per_gpu": cfg["batch_size"], "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01, "torch_adam": True}},
+          "zero_optimization": {"stage": cfg["zero_stage"]}, "bf16": {"enabled": False}}
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds,
+                                                   dist_init_required=False)
+    return engine, optimizer, input_ids
+
+
 def _stream_names(model) -> dict:
     """id(stream) -> its role, from the FSDP state's communication context."""
     ctx = model._get_fsdp_state()._comm_ctx
@@ -119,19 +169,47 @@ def record(cfg: dict) -> dict:
     fsdp = "fsdp" in cfg
     streams = _Streams() if fsdp else contextlib.nullcontext()
     with streams, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with record_function(PREFIX + "build"):
-            model, input_ids = _build_fsdp(cfg) if fsdp else harness.build_model(cfg)
-            optimizer = harness.build_optimizer(model.parameters(), cfg["optimizer"], cfg["optimizer_impl"])
-        for it in range(3):
-            with record_function(f"{PREFIX}{it}:zero_grad"):
-                optimizer.zero_grad(set_to_none=True)
-            with record_function(f"{PREFIX}{it}:forward"):
-                loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-            with record_function(f"{PREFIX}{it}:backward"):
-                loss.backward()
-                del loss
-            with record_function(f"{PREFIX}{it}:optimizer"):
-                optimizer.step()
+        if "zero_stage" in cfg:
+            _run_zero(cfg)
+        else:
+            model = _run(cfg, fsdp)
+    return _events(prof, _stream_names(model) if fsdp else {})
+
+
+def _run(cfg, fsdp):
+    with record_function(PREFIX + "build"):
+        model, input_ids = (_build_fsdp(cfg) if fsdp else _build_tp(cfg) if "tp" in cfg
+                            else harness.build_model(cfg))
+        optimizer = harness.build_optimizer(model.parameters(), cfg["optimizer"], cfg["optimizer_impl"])
+    for it in range(3):
+        with record_function(f"{PREFIX}{it}:zero_grad"):
+            optimizer.zero_grad(set_to_none=True)
+        with record_function(f"{PREFIX}{it}:forward"):
+            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        with record_function(f"{PREFIX}{it}:backward"):
+            loss.backward()
+            del loss
+        with record_function(f"{PREFIX}{it}:optimizer"):
+            optimizer.step()
+    return model
+
+
+def _run_zero(cfg):
+    with record_function(PREFIX + "build"):
+        engine, _, input_ids = _build_zero(cfg)
+    for it in range(3):
+        with record_function(f"{PREFIX}{it}:zero_grad"):
+            pass
+        with record_function(f"{PREFIX}{it}:forward"):
+            loss = engine(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        with record_function(f"{PREFIX}{it}:backward"):
+            engine.backward(loss)
+            del loss
+        with record_function(f"{PREFIX}{it}:optimizer"):
+            engine.step()
+
+
+def _events(prof, names) -> dict:
     allocations = []
 
     def walk(node):
@@ -144,7 +222,6 @@ def record(cfg: dict) -> dict:
         walk(root)
     kineto = prof.profiler.kineto_results.events()
     phases = sorted((e.start_ns(), e.name()[len(PREFIX):]) for e in kineto if e.name().startswith(PREFIX))
-    names = _stream_names(model) if fsdp else {}
     ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), names.get(e.name()[len(STREAM):], "other"))
                     for e in kineto if e.name().startswith(STREAM))
 
@@ -181,7 +258,7 @@ def main() -> None:
     torch.set_num_threads(2)
     summary = []
     only = sys.argv[1:]
-    for cfg in CONFIGS + FSDP_CONFIGS:
+    for cfg in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS:
         if only and cfg["id"] not in only:
             continue
         t0 = time.perf_counter()
@@ -198,7 +275,7 @@ def main() -> None:
     if only and os.path.exists(listing):       # the runs not re-recorded stay, in the configurations' order
         with open(listing) as f:
             kept = [r for r in json.load(f)["runs"] if r["id"] not in only]
-    order = [c["id"] for c in CONFIGS + FSDP_CONFIGS]
+    order = [c["id"] for c in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS]
     runs = sorted(kept + summary, key=lambda r: order.index(r["id"]))
     doc = {"generator": "python validation/reserved/record_traces.py [ID ...]",
            "environment": {"torch": torch.__version__, "python": platform.python_version(),

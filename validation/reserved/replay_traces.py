@@ -45,8 +45,15 @@ def mechanism_terms(run: dict, expandable: bool) -> dict:
     model = from_hf_config(run["hf_config"], name=run["id"])
     regime = run["regime"]
     world = run.get("world_size", 1)
-    layout = dict(dp_size=world, data_parallel="fsdp", regime="fsdp-bf16", precision="bf16") if "fsdp" in run \
-        else dict(regime=regime, precision="fp32" if regime == "fp32" else "bf16")
+    precision = "fp32" if regime == "fp32" else "bf16"
+    if "fsdp" in run:
+        layout = dict(dp_size=world, data_parallel="fsdp", regime="fsdp-bf16", precision="bf16")
+    elif "tp" in run:
+        layout = dict(tp_size=run["tp"], regime=regime, precision=precision)
+    elif "zero_stage" in run:
+        layout = dict(dp_size=world, data_parallel=f"zero{run['zero_stage']}", regime=regime, precision=precision)
+    else:
+        layout = dict(regime=regime, precision=precision)
     result = TrainingMemoryModel("measured").solve(
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * world, run["seq_len"],
         optimizer=run["optimizer"], optimizer_impl=run["optimizer_impl"], device="cpu", attention=run["attention"],
@@ -107,6 +114,12 @@ def replay_run(run: dict) -> dict:
     if "fsdp" in run:
         out["streams"] = {("expandable" if x else "segments"): stream_pools(run, events, x) for x in (False, True)}
         return out
+    if "tp" in run:
+        # The trace builds the whole model and then distributes it (the rank's shards are new tensors): the blocks
+        # the build allocates and frees are left out, as torchtitan builds on the meta device (stream_pools).
+        built = _build_transients(events)
+        events = [e for e in events if e[0] == "phase" or e[1] not in built]
+        out["without_build_transients"] = len(built)
     for expandable in (False, True):
         r = replay(events, expandable_segments=expandable)
         rounding = mechanism(run, expandable)

@@ -415,6 +415,34 @@ def fsdp2_streams(plan, placement) -> tuple[SideStream, ...]:
                        f"the next is allocated ({gathered} B a parameter)"))
 
 
+def deepspeed_flat_states(plan, placement, tensors) -> tuple[tuple[int, str], ...]:
+    """DeepSpeed ZeRO-1/2's model states on one rank (deepspeed 0.19.8 ``runtime/zero/stage_1_and_2.py``,
+    ``DeepSpeedZeroOptimizer.__init__``), allocated once and kept, in order, from the rank's parameter tensors
+    (``tensors``: their element counts before data-parallel sharding):
+
+    * the flat parameter buffer (``flatten_dense_tensors_aligned``: every parameter of the group copied into one
+      tensor, padded to a multiple of ``nccl_start_alignment_factor`` 2 x dp elements; the parameters become its
+      views), in the parameters' dtype: ``ceil(N / 2dp) x 2dp`` elements (``parameter_alignment`` off, the default);
+    * the fp32 partition of the master weights (``single_partition_of_fp32_groups``: this rank's slice of the flat
+      buffer cloned to ``master_weights_and_grads_dtype``, fp32): flat / dp elements x 4 B;
+    * the optimizer's moments over that flat partition (torch's AdamW given one tensor: each moment one block of
+      partition elements), created in the first step.
+
+    The gradients are not among them: autograd's per-parameter gradients, the ipg bucket (``reduce_bucket_size``
+    elements, allocated at the backward's first hook) and the flat fp32 gradient partition of the step live and die
+    within each step (the trace's requested bytes, not this rounding)."""
+    from .optimizer_step import step_of
+    d = placement.optimizer_state_shards
+    align = 2 * d
+    flat = -(-sum(tensors) // align) * align
+    regime = plan.profile_options.regime
+    moments = step_of(plan.profile_options.optimizer_spec).moments
+    part = flat // d
+    return ((flat * regime.weight, f"the flat parameter buffer ({flat:,} elements x {regime.weight} B)"),
+            (part * 4, f"the fp32 master partition ({part:,} elements x 4 B)")) + tuple(
+        (part * regime.state, f"moment {i + 1} ({part:,} x {regime.state} B)") for i in range(moments))
+
+
 def _refuse(allowed: str, detail: str):
     from mlsysim_core.errors import NotModelledError
     raise NotModelledError("runtime_overheads.allocator", "segments", allowed, detail)
@@ -427,9 +455,9 @@ def reserve_terms(plan, placement, overheads) -> list:
     o = plan.profile_options
     if placement is None:
         raise ValueError("allocator reserve terms need the rank's placement")
-    if placement.tensor_shards > 1 or placement.pipeline_stages > 1 or placement.expert_shards > 1:
-        _refuse("a layout whose tensors only the data-parallel rule splits",
-                "tensor, pipeline and expert parallelism's per-rank tensors: not modelled")
+    if placement.expert_shards > 1:
+        _refuse("a layout without expert parallelism (tensor, pipeline and data parallelism)",
+                "expert parallelism's per-rank tensors: not modelled")
     if o.lora is not None or o.offload:
         _refuse("full training with the model states on the device", "LoRA and offload's tensors: not modelled")
     if plan.trainable_fraction != 1:
@@ -438,17 +466,82 @@ def reserve_terms(plan, placement, overheads) -> list:
     if step is None or step.moments is None:
         _refuse("an optimizer whose state is parameter-shaped moments (OptimizerStep.moments)",
                 f"{plan.optimizer!r} declares none")
-    declared = getattr(plan.options.get(plan.rules.get("dp")), "allocator_streams", None)
+    dp_options = plan.options.get(plan.rules.get("dp"))
+    declared = getattr(dp_options, "allocator_streams", None)
     streams = tuple(declared(plan, placement)) if declared is not None else ()
+    kept = getattr(dp_options, "allocator_model_states", None)
     sharded = max(placement.weight_shards, placement.gradient_shards, placement.optimizer_state_shards)
-    if sharded > 1 and not streams:
+    model_parallel = _model_parallel(plan, placement)
+    states = None
+    if sharded > 1 and kept is not None:
+        shape = _shape(plan)
+        tensors = (rank_tensors(shape, *model_parallel[:5]) if model_parallel is not None
+                   else [rows * max(cols, 1) for rows, cols in shape.matrix_shapes()])
+        states = tuple(kept(plan, placement, tuple(tensors)))
+    if sharded > 1 and not streams and states is None:
         _refuse("sharded model states only under a data-parallel rule that declares its allocations "
-                "(its options' allocator_streams: FSDP's rules)",
-                "ZeRO's flat partitions and buckets: not modelled")
+                "(its options' allocator_streams or allocator_model_states: FSDP's rules, ZeRO-1/2)",
+                "this rule's sharded tensors: not modelled")
     regime = o.regime
+    if states is not None:
+        return list(_declared_terms(states, overheads.expandable_segments))
     return list(_reserve_terms(_shape(plan), placement.weight_shards, regime.weight, regime.master,
                                0 if streams else (regime.gradient or 4), step.moments, regime.state, streams,
-                               overheads.expandable_segments))
+                               overheads.expandable_segments, model_parallel))
+
+
+@memoize
+def _declared_terms(states: tuple, expandable: bool) -> tuple:
+    """The rounding of the model states a data-parallel rule declares (``allocator_model_states``: ``(bytes,
+    what)`` in the order it allocates them, all on the default stream, none freed)."""
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, RUNTIME_OVERHEADS, MemoryTerm
+    total = sum(n for n, _ in states)
+    nbytes = rounding_reserve(tuple((n, DEFAULT_STREAM) for n, _ in states), expandable)
+    how = ("expandable segments: one segment grown in 20 MiB pages, blocks of 512 B" if expandable
+           else "each above 10 MiB a segment of its own rounded to 2 MiB")
+    return (MemoryTerm(
+        component=RUNTIME_OVERHEADS, label="allocator: block and segment rounding (model states)", nbytes=nbytes,
+        phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
+        formula=(f"the data-parallel rule's {len(states)} model-state allocations ({'; '.join(w for _, w in states)}; "
+                 f"{total:,} B) through the caching allocator: {how} ({SOURCE}). Not priced: the default stream's "
+                 "fragmentation, which depends on the order of the step's allocations")),)
+
+
+def _model_parallel(plan, placement) -> tuple | None:
+    """What tensor and pipeline parallelism leave this rank: ``rank_tensors``' arguments after the shape, and
+    whether the embedding's gradient is whole (PyTorch tensor parallelism: DTensor's vocabulary-sharded embedding
+    receives its gradient as a full V x h tensor, ``parallel.rank_gradient_terms``); None when they split nothing."""
+    from . import model as _model
+    from .parallel import expert_tensor_shards
+    rank = plan.rank
+    t = placement.tensor_shards
+    if t == 1 and (rank is None or (rank.first and rank.last)):
+        return None
+    first, last = (True, True) if rank is None else (rank.first, rank.last)
+    layers = placement.layers_per_stage if rank is None else rank.layers
+    whole_grad = first and t > 1 and not _model.megatron(plan.profile_options.regime)
+    return (t, expert_tensor_shards(plan, placement), layers, first, last, whole_grad)
+
+
+def rank_tensors(shape, t: int, expert_t: int, layers: int, first: bool, last: bool) -> list[int]:
+    """Element counts of the parameter tensors one rank of a model-parallel layout allocates, in registration order:
+    the first stage's embedding (vocabulary-parallel: / t) and learned positions, each of the stage's ``layers``
+    decoder layers' weights as the family declares their split (``LayerWeight.split``: ``tp`` / t, ``experts`` /
+    expert_t, ``replicated`` whole) and its norms (whole), the last stage's final norm and LM head (/ t; a tied head
+    is the embedding itself on a single stage, a copy on the last of several). Each split tensor is rank 0's shard,
+    the largest: ``ceil(elements / t)`` (DTensor's ``Shard`` and Megatron's partitions; exact when t divides the
+    split dimension)."""
+    from .layers import EXPERTS, TP
+    h, norm = shape.hidden, shape.family.norm
+    block = [-(-w.elements // (t if w.split == TP else expert_t if w.split == EXPERTS else 1))
+             for w in shape.layer_weights()]
+    block += [h] * (shape.family.layer_norms * norm.parameters)
+    head = -(-shape.embedding_parameters // t)
+    tensors = ([head] + ([shape.learned_positions * h] if shape.learned_positions else [])) if first else []
+    tensors += block * layers
+    if last:
+        tensors += [h] * norm.parameters + ([] if shape.tied and first else [head])
+    return tensors
 
 
 def _shape(plan):
@@ -458,15 +551,21 @@ def _shape(plan):
 
 @memoize
 def _reserve_terms(shape, n: int, weight: int, master: int, gradient: int, moments: int, state: int,
-                   streams: tuple, expandable: bool) -> tuple:
+                   streams: tuple, expandable: bool, model_parallel: tuple | None = None) -> tuple:
     from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, RUNTIME_OVERHEADS, MemoryTerm
     phases = (FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
-    elements = [-(-rows // n) * max(cols, 1) for rows, cols in shape.matrix_shapes()]
+    if model_parallel is None:
+        elements = [-(-rows // n) * max(cols, 1) for rows, cols in shape.matrix_shapes()]
+    else:
+        elements = [-(-e // n) for e in rank_tensors(shape, *model_parallel[:5])]
+    grads = elements
+    if model_parallel is not None and model_parallel[5]:
+        grads = [shape.embedding_parameters] + elements[1:]      # the first tensor: the embedding, its gradient whole
     # The order PyTorch allocates them: the weights (and a master copy) when the model is built, the
     # gradients in the first backward, each parameter's moments in the optimizer's first step.
     sizes = [(e * weight, DEFAULT_STREAM) for e in elements]
     sizes += [(e * master, DEFAULT_STREAM) for e in elements if master]
-    sizes += [(e * gradient, DEFAULT_STREAM) for e in elements if gradient]
+    sizes += [(e * gradient, DEFAULT_STREAM) for e in grads if gradient]
     sizes += [(e * state, DEFAULT_STREAM) for e in elements for _ in range(moments)]
     a = CachingAllocator(expandable)
     for nbytes, stream in sizes:
