@@ -16,6 +16,7 @@ from mlsysim_plugins.measured.families import megatron_alltoall_held, megatron_a
 
 from mlsysim_core import TrainingMemoryModel
 from mlsysim_core.hf import from_hf_config
+from scripttools import load_script
 from test_megatron_gpt_oss import B, BIG, S, T, TINY, solve, term
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -326,3 +327,14 @@ def test_pipeline_stage_against_the_measurement(rid):
         kept = sum(x.nbytes for x in rank.terms if x.component == "activations" and phase in x.phases and (
             x.label.startswith(("Megatron-Core alltoall", "pipeline receive buffer"))))
         assert kept == after, (phase, kept, after)
+
+
+def test_the_docs_table_is_current():
+    # docs/validation.md's table is what compare_tp.py prints (python validation/megatron_gpt_oss/compare_tp.py --doc)
+    compare = load_script("validation/megatron_gpt_oss/compare_tp.py")
+    doc = (ROOT / "docs/validation.md").read_text(encoding="utf-8")
+    table = "\n".join(compare.rows())
+    assert f"{compare.BEGIN}\n\n{table}\n\n{compare.END}" in doc
+    # every phase of every run within the targets: median |error| <= 1 %, max <= 5 %
+    errors = sorted(abs(float(row.split("|")[-2].strip().rstrip(" %"))) for row in table.splitlines()[2:])
+    assert errors[len(errors) // 2] <= 1 and errors[-1] <= 5, errors[-3:]

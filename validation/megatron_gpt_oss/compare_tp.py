@@ -22,15 +22,16 @@ backward's transient gradients left out, as that test says). Pipeline runs (tp 2
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "measured"))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import test_megatron_gpt_oss_tp as t  # noqa: E402  (the record, the tiny model's solve, the measured layer)
 from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP  # noqa: E402
+from report import write_table  # noqa: E402  (validation/report.py: the compare scripts' --doc)
 
 BEGIN = "<!-- gpt-oss-megatron-tp-table: begin (validation/megatron_gpt_oss/compare_tp.py --doc) -->"
 END = "<!-- gpt-oss-megatron-tp-table: end -->"
@@ -119,15 +120,8 @@ def main(argv=None) -> int:
     if "--doc" not in argv:
         print(table)
         return 0
-    path = os.path.join(ROOT, "docs", "validation.md")
-    text = open(path, encoding="utf-8").read()
-    new, count = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
-                         flags=re.S)
-    if count != 1:
-        raise SystemExit(f"{path}: the table's markers not found once")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"wrote {path}")
+    write_table(table, BEGIN, END)
+    print("wrote docs/validation.md")
     return 0
 
 

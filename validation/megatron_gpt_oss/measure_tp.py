@@ -102,6 +102,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 
+import fakepg  # noqa: E402  (validation/fakepg.py)
 import harness  # noqa: E402  (validation/harness.py)
 import measure_modules  # noqa: E402
 import measure_moe  # noqa: E402
@@ -526,9 +527,9 @@ def main(argv=None):
     arguments = measure_moe.megatron_lm_argument
 
     def before(args):
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-        if not dist.is_initialized():
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        if not dist.is_initialized():     # rank 0 of a fake world of 2 until the process ends (validation/fakepg.py)
+            NS["world"] = contextlib.ExitStack()
+            NS["world"].enter_context(fakepg.fake_world(0, 2))
         NS["megatron"] = megatron_namespace(args.megatron_lm)
         NS["tp"] = tp_namespace(args.megatron_lm)
         measure_moe.NS["megatron"] = NS["megatron"]
