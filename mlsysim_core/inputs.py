@@ -32,7 +32,7 @@ def check_plan(registry, profile, model, hardware, batch_size, seq_len, precisio
                cp_size=1) -> TrainingPlan:
     """The generic inputs, checked in the reference model's order (spec §4), made strict."""
     profile = _checks.name("profile", profile, registry.profiles)
-    model, hardware = _model(model), _hardware(hardware)
+    model, hardware = _catalog_value(model, "model"), _catalog_value(hardware, "hardware")
     precision = _checks.name("precision", precision, PRECISION_BYTES)
     # Names: case and separators ignored, a near miss named (Registry.resolve, the one lookup).
     if type(optimizer) is not str or optimizer not in registry.optimizers:     # (canonical: every solve's case)
@@ -116,7 +116,7 @@ def _catalog_value(value, kind: str):
     return value
 
 
-_model, _hardware = (functools.partial(_catalog_value, kind=kind) for kind in _OBJECTS)   # (search.py uses them too)
+_model, _hardware = (functools.partial(_catalog_value, kind=kind) for kind in _OBJECTS)   # (search.py imports them)
 
 
 def _check_tp(model: TransformerWorkload, tp_size: int) -> None:
