@@ -1,6 +1,6 @@
 """Record the allocation trace of small training steps on the CPU, for replay through the caching allocator.
 
-    /tmp/valvenv/bin/python validation/reserved/record_traces.py [ID ...]   # torch 2.13.0 CPU; ~5 min on 2 cores
+    python validation/reserved/record_traces.py [ID ...]   # torch 2.13.0 CPU (+ deepspeed 0.19.8); ~5 min on 2 cores
 
 Writes ``validation/reserved/traces/<id>.json.gz`` (every allocation and free, in order, from before the
 model is built to the end of the third iteration, with the phase markers of each iteration) and
@@ -15,7 +15,9 @@ ranges (``zero_grad``, ``forward``, ``backward``, ``optimizer``) of harness.py's
 third measured: ``zero_grad(set_to_none=True)``, forward with the loss, backward, ``del loss``, step).
 A free is paired with the latest allocation at its address. What the CPU trace cannot show: the CUDA
 kernels' own workspaces and the CUDA SDPA kernels' temporaries (the CPU runs PyTorch's CPU kernels), and the
-streams' timing. The FSDP2 run tags each allocation with the stream FSDP2 entered (``_Streams``).
+streams' timing. The FSDP2 run tags each allocation with the stream FSDP2 entered (``_Streams``). The
+tensor-parallel run (``TP_CONFIGS``) and the DeepSpeed ZeRO-1/2 runs (``ZERO_CONFIGS``: the engine's forward,
+backward and step) are rank 0 of a fake process group of 2.
 """
 
 from __future__ import annotations
