@@ -25,13 +25,8 @@ def _expect(value, allowed: str, ok: bool):
     return value
 
 
-def _strict_int(value, _type):
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return _expect(value, "an integer", isinstance(value, int) and not isinstance(value, bool))
-
-
-_converter.register_structure_hook(int, _strict_int)
+_converter.register_structure_hook(int, lambda v, _: int(v) if isinstance(v, float) and v.is_integer()
+                                   else _expect(v, "an integer", isinstance(v, int) and not isinstance(v, bool)))
 _converter.register_structure_hook(
     float, lambda v, _: float(_expect(v, "a number", isinstance(v, (int, float)) and not isinstance(v, bool))))
 _converter.register_structure_hook(bool, lambda v, _: _expect(v, "true or false", isinstance(v, bool)))
