@@ -15,21 +15,18 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$"
 _name_re = re.compile(NAME_PATTERN)
 
 
-def _spec_name(instance, attribute, value):
-    if not isinstance(value, str) or not _name_re.match(value):
-        raise ValueError(f"{type(instance).__name__}.name={value!r} is not a valid name: lowercase letters, "
-                         f"digits, '-' and '_', optionally dotted (third parties: 'myorg.name')")
+def _must(ok, error: type, text: str):   # an attrs validator raising error("Class.field" + text), {value} formatted
+    def validate(instance, attribute, value):
+        if not ok(value, attribute):
+            raise error(f"{type(instance).__name__}.{attribute.name}" + text.format(value=value))
+    return validate
 
 
-def _options_type(instance, attribute, value):
-    if value is not None and not attrs.has(value):
-        raise TypeError(f"{type(instance).__name__}.options_type must be an attrs class or None, got {value!r}")
-
-
-def _callable(instance, attribute, value):   # None too, where that is the default
-    if not callable(value) and (value is not None or attribute.default is not None):
-        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be callable, got {value!r}")
-
+_spec_name = _must(lambda v, _: isinstance(v, str) and _name_re.match(v), ValueError, "={value!r} is not a valid "
+                   "name: lowercase letters, digits, '-' and '_', optionally dotted (third parties: 'myorg.name')")
+_options_type = _must(lambda v, _: v is None or attrs.has(v), TypeError, " must be an attrs class or None, got {value!r}")
+_callable = _must(lambda v, a: callable(v) or v is None and a.default is None,    # None too, where that is the default
+                  TypeError, " must be callable, got {value!r}")
 
 _name_field = attrs.field(validator=_spec_name)
 _description = attrs.field(default="", validator=attrs.validators.instance_of(str))
@@ -38,11 +35,7 @@ _optional_callable = attrs.field(default=None, validator=_callable)
 # What profiles read beyond the core's fields, under dotted keys ("measured.state_terms"); the core never does.
 _extensions = attrs.field(factory=dict, converter=lambda value: FrozenMap(value or {}))
 RECOMPUTES = ("nothing", "layers", "part")
-
-
-def _recomputes(instance, attribute, value):
-    if value not in RECOMPUTES:
-        raise ValueError(f"{type(instance).__name__}.recomputes={value!r} is not one of {', '.join(RECOMPUTES)}")
+_recomputes = _must(lambda v, _: v in RECOMPUTES, ValueError, "={value!r} is not one of " + ", ".join(RECOMPUTES))
 
 
 @attrs.frozen(kw_only=True)
