@@ -168,7 +168,9 @@ def test_single_device_has_no_side_stream_pools():
     ("mixtral-8x7b", {"ep_size": 2, "dp_size": 2}, "expert parallelism's per-rank tensors: not modelled"),
     ("llama3-8b", {"dp_size": 2, "zero_stage": 3}, r"allocator_streams or allocator_model_states.*this rule's "
                                                    "sharded tensors: not modelled"),
-    ("llama3-8b", {"offload": "optimizer"}, "LoRA and offload's tensors: not modelled"),
+    ("llama3-8b", {"offload": "optimizer"}, "offload's tensors: not modelled"),
+    ("llama3-8b", {"lora": {"rank": 16, "quantization": "nf4"}}, "QLoRA's quantized linears"),
+    ("llama3-8b", {"lora": {"rank": 16}, "dp_size": 2, "data_parallel": "fsdp"}, "LoRA's sharded and model-parallel"),
 ])
 def test_layouts_it_does_not_describe_are_refused(model, kw, detail):
     with pytest.raises(NotModelledError, match=detail) as e:
@@ -254,6 +256,35 @@ def test_deepspeed_zero12_flat_states_hand_derived():
     # of 512 B: no block rounding) in 27 pages (566,231,040 B): +13,056,000
     assert _trace_terms(True, dp_size=2, zero_stage=1, batch=2)[
         "allocator: block and segment rounding (model states)"] == 27 * 20 * MiB - 553_175_040 == 13_056_000
+
+
+def test_lora_model_states_are_the_traces():
+    """LoRA r 16 on every linear (peft, fp32): the frozen base (5 norms of 4096 B, k and v 256 x 1024 x 4 = 1 MiB
+    each: the small pool, q and o 4 MiB, gate, up, down 11,534,336 B, embedding and LM head 65,536,000 B), then per
+    layer 18 adapters of 16 x 1024 or 1024 x 16 x 4 = 65,536 B, 4 of 256 x 16 x 4 = 16,384 B (k's and v's B),
+    6 of 16 x 2816 or 2816 x 16 x 4 = 180,224 B (gate's and up's B, down's A), each with its gradient and two
+    moments: what the trace holds when the measured step's optimizer begins; every adapter block from the small
+    pool's 2 MiB segments."""
+    from collections import Counter
+    with gzip.open(RESERVED / "traces" / "lora-r16-all-llama-h1024-l2-fp32-b1-s256.json.gz", "rt") as f:
+        events = json.load(f)
+    live = {}
+    for e in events[:events.index(["phase", "2:optimizer"])]:
+        if e[0] == "alloc":
+            live[e[1]] = e[2]
+        elif e[0] == "free":
+            live.pop(e[1], None)
+    base = {4096: 5, MiB: 4, 4 * MiB: 4, 11_534_336: 6, 65_536_000: 2}
+    adapters = {65_536: 18, 16_384: 4, 180_224: 6}
+    assert Counter(n for n in live.values() if n >= 4096) == Counter(base) + Counter({n: 4 * k for n, k in
+                                                                                       adapters.items()})
+    terms = _trace_terms(lora={"rank": 16, "target_modules": "all-linear", "quantization": None})
+    rounding = terms["allocator: block and segment rounding (model states)"]
+    assert rounding == _recorded_run("lora-r16-all-llama-h1024-l2-fp32-b1-s256")["segments"]["mechanism_rounding"]
+    # the adapters alone (112 blocks of 9,306,112 B, none freed) take at least ceil(9,306,112 / 2 MiB) = 5 small
+    # segments; the base's small tensors (4 x 1 MiB, 5 x 4096 B) at least 3 more: 16 MiB of small pool, whose
+    # unfilled part and the large tensors' 2 MiB rounding make the term
+    assert rounding >= 16 * MiB - 9_306_112 - 4 * MiB - 5 * 4096
 
 
 def _recorded_run(run_id):

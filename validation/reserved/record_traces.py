@@ -91,6 +91,16 @@ ZERO_CONFIGS = [
     for stage in (1, 2)
 ]
 
+# LoRA (peft, validation/measure_lora.py's build_model: LoraConfig(r, lora_alpha=2r, target_modules, bias="none")),
+# fp32, r 16 on every linear of the layers, AdamW foreach over the adapters: the frozen base's tensors, then many
+# small adapters (r x in and out x r: the small pool's 2 MiB segments) and their gradients and moments.
+LORA_CONFIGS = [
+    {"id": "lora-r16-all-llama-h1024-l2-fp32-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
+     "regime": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
+     "attention": "sdpa", "checkpointing": "none", "lora_dropout": 0.0,
+     "lora": {"rank": 16, "target_modules": "all-linear", "quantization": None}},
+]
+
 STREAM = "stream::"
 
 
@@ -159,6 +169,12 @@ def _build_zero(cfg):
     return engine, optimizer, input_ids
 
 
+def _build_lora(cfg):
+    from measure_lora import build_model   # validation/measure_lora.py
+    model, hf_config = build_model(cfg)
+    return model, torch.randint(0, hf_config.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
+
+
 def _stream_names(model) -> dict:
     """id(stream) -> its role, from the FSDP state's communication context."""
     ctx = model._get_fsdp_state()._comm_ctx
@@ -181,8 +197,9 @@ def record(cfg: dict) -> dict:
 def _run(cfg, fsdp):
     with record_function(PREFIX + "build"):
         model, input_ids = (_build_fsdp(cfg) if fsdp else _build_tp(cfg) if "tp" in cfg
-                            else harness.build_model(cfg))
-        optimizer = harness.build_optimizer(model.parameters(), cfg["optimizer"], cfg["optimizer_impl"])
+                            else _build_lora(cfg) if "lora" in cfg else harness.build_model(cfg))
+        optimizer = harness.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg["optimizer"],
+                                            cfg["optimizer_impl"])
     for it in range(3):
         with record_function(f"{PREFIX}{it}:zero_grad"):
             optimizer.zero_grad(set_to_none=True)
@@ -260,7 +277,7 @@ def main() -> None:
     torch.set_num_threads(2)
     summary = []
     only = sys.argv[1:]
-    for cfg in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS:
+    for cfg in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS + LORA_CONFIGS:
         if only and cfg["id"] not in only:
             continue
         t0 = time.perf_counter()
@@ -277,7 +294,7 @@ def main() -> None:
     if only and os.path.exists(listing):       # the runs not re-recorded stay, in the configurations' order
         with open(listing) as f:
             kept = [r for r in json.load(f)["runs"] if r["id"] not in only]
-    order = [c["id"] for c in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS]
+    order = [c["id"] for c in CONFIGS + FSDP_CONFIGS + TP_CONFIGS + ZERO_CONFIGS + LORA_CONFIGS]
     runs = sorted(kept + summary, key=lambda r: order.index(r["id"]))
     doc = {"generator": "python validation/reserved/record_traces.py [ID ...]",
            "environment": {"torch": torch.__version__, "python": platform.python_version(),

@@ -54,6 +54,8 @@ def mechanism_terms(run: dict, expandable: bool) -> dict:
         layout = dict(dp_size=world, data_parallel=f"zero{run['zero_stage']}", regime=regime, precision=precision)
     else:
         layout = dict(regime=regime, precision=precision)
+    if "lora" in run:
+        layout["lora"] = run["lora"]
     result = TrainingMemoryModel("measured").solve(
         model, HardwareNode(name="cpu", memory_capacity=2**40), run["batch_size"] * world, run["seq_len"],
         optimizer=run["optimizer"], optimizer_impl=run["optimizer_impl"], device="cpu", attention=run["attention"],

@@ -458,8 +458,10 @@ def reserve_terms(plan, placement, overheads) -> list:
     if placement.expert_shards > 1:
         _refuse("a layout without expert parallelism (tensor, pipeline and data parallelism)",
                 "expert parallelism's per-rank tensors: not modelled")
-    if o.lora is not None or o.offload:
-        _refuse("full training with the model states on the device", "LoRA and offload's tensors: not modelled")
+    if o.offload:
+        _refuse("the model states on the device", "offload's tensors: not modelled")
+    if o.lora is not None:
+        return list(_lora_terms(plan, placement, overheads))
     if plan.trainable_fraction != 1:
         _refuse("every parameter trained (trainable_fraction 1)", f"trainable_fraction={plan.trainable_fraction}")
     step = step_of(o.optimizer_spec)
@@ -505,6 +507,56 @@ def _declared_terms(states: tuple, expandable: bool) -> tuple:
         formula=(f"the data-parallel rule's {len(states)} model-state allocations ({'; '.join(w for _, w in states)}; "
                  f"{total:,} B) through the caching allocator: {how} ({SOURCE}). Not priced: the default stream's "
                  "fragmentation, which depends on the order of the step's allocations")),)
+
+
+def _lora_terms(plan, placement, overheads) -> tuple:
+    """LoRA on a rank that holds the whole model (one device, or data parallelism that shards nothing): the frozen
+    base's tensors when the model is built (``base_weight_bytes``), then peft's adapters (``lora.adapter_matrices``:
+    per layer and adapted linear ``lora_A`` r x in and ``lora_B`` out x r, DoRA's magnitude vectors; most of them
+    at most 1 MiB, packed in the small pool's 2 MiB segments) and, for the adapters only, a master copy where the
+    regime keeps one, the gradients in the first backward and the moments in the first step."""
+    from . import lora
+    from .optimizer_step import step_of
+    o = plan.profile_options
+    cfg = o.lora
+    counts = lora.counts(plan)
+    if cfg.quantization is not None or counts.saved_modules:
+        _refuse("LoRA over a base in its own dtype without modules_to_save copies",
+                "QLoRA's quantized linears and modules_to_save's copies: not modelled")
+    sharded = max(placement.weight_shards, placement.gradient_shards, placement.optimizer_state_shards)
+    if sharded > 1 or _model_parallel(plan, placement) is not None:
+        _refuse("LoRA on a rank holding the whole model (one device, or replicated data parallelism)",
+                "LoRA's sharded and model-parallel tensors: not modelled")
+    step = step_of(o.optimizer_spec)
+    if step is None or step.moments is None:
+        _refuse("an optimizer whose state is parameter-shaped moments (OptimizerStep.moments)",
+                f"{plan.optimizer!r} declares none")
+    regime = o.regime
+    base = tuple(rows * max(cols, 1) for rows, cols in _shape(plan).matrix_shapes())
+    adapters = tuple(rows * max(cols, 1) for rows, cols in lora.adapter_matrices(plan))
+    return _lora_rounding(base, lora.base_weight_bytes(regime), adapters, regime.weight, regime.master,
+                          regime.gradient or 4, step.moments, regime.state, overheads.expandable_segments)
+
+
+@memoize
+def _lora_rounding(base: tuple, base_b: int, adapters: tuple, weight: int, master: int, gradient: int,
+                   moments: int, state: int, expandable: bool) -> tuple:
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, RUNTIME_OVERHEADS, MemoryTerm
+    sizes = [(e * base_b, DEFAULT_STREAM) for e in base]
+    sizes += [(e * b, DEFAULT_STREAM) for b in (weight, master, gradient) if b for e in adapters]
+    sizes += [(e * state, DEFAULT_STREAM) for _ in range(moments) for e in adapters]
+    total = sum(n for n, _ in sizes)
+    small = sum(1 for n, _ in sizes if n <= K_SMALL_SIZE)
+    how = ("expandable segments: one segment per pool grown in 20 MiB pages (2 MiB small), blocks of 512 B"
+           if expandable else "512 B blocks; at most 1 MiB from 2 MiB segments, up to 10 MiB split from 20 MiB "
+                              "ones, larger a segment each rounded to 2 MiB")
+    return (MemoryTerm(
+        component=RUNTIME_OVERHEADS, label="allocator: block and segment rounding (model states)",
+        nbytes=rounding_reserve(tuple(sizes), expandable), phases=(FORWARD, BACKWARD, BACKWARD_END, OPTIMIZER_STEP),
+        formula=(f"{len(base)} frozen base tensors ({base_b} B) and {len(adapters)} LoRA adapter tensors with their "
+                 f"{'master copies, ' if master else ''}gradients and {moments} moment{'s' if moments != 1 else ''} "
+                 f"({len(sizes)} blocks, {small} of at most 1 MiB; {total:,} B) through the caching allocator: {how} "
+                 f"({SOURCE}). Not priced: the default stream's fragmentation")),)
 
 
 def _model_parallel(plan, placement) -> tuple | None:
