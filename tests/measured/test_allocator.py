@@ -211,6 +211,33 @@ def test_tensor_parallel_rank_tensors_hand_derived():
     assert rank_tensors(shape, 2, 2, 1, False, True) == layer + [1024, 8_192_000]
 
 
+def test_pipeline_stages_round_their_own_tensors():
+    """pp 2 over the traces' 2-layer Llama: the first stage holds the embedding and layer 1, the last layer 2, the
+    final norm and the LM head; each rank's rounding is its own tensors' (weight, gradient, two moments, fp32)
+    through the allocator. By hand for the weights of the first stage: the embedding 65,536,000 B a segment of 32 x
+    2 MiB (+1,572,864), q 4 MiB split from a 20 MiB segment whose rest serves o (4 MiB) and gate (11,534,336 B in
+    the 12 MiB left: 1 MiB stays with the block), k and v 1 MiB each filling one small segment, up and down a 12 MiB
+    segment each, the two norms (4096 B) a small segment."""
+    from mlsysim_plugins.measured.allocator import CachingAllocator, rounding_reserve
+    layer = [1_048_576, 262_144, 262_144, 1_048_576, 2_883_584, 2_883_584, 2_883_584, 1024, 1024]
+    first, last = [16_384_000] + layer, layer + [1024, 16_384_000]
+    a = CachingAllocator()
+    for e in first:
+        a.malloc(4 * e)
+    assert a.reserved == 32 * 2 * MiB + 20 * MiB + 2 * MiB + 2 * 12 * MiB + 2 * MiB
+    from mlsysim_core import HardwareNode
+    from mlsysim_core.hf import from_hf_config
+    r = TrainingMemoryModel("measured").solve(
+        from_hf_config(TRACE_LLAMA, name="trace-llama"), HardwareNode(name="cpu", memory_capacity=2**40), 4, 256,
+        optimizer="adamw", pp_size=2, regime="fp32", precision="fp32", device="cpu",
+        runtime_overheads={"cuda_context": 0, "cublas_workspace": 0, "nccl_buffers": 0, "allocator": "segments"})
+    label = "allocator: block and segment rounding (model states)"
+    for rank, tensors in zip(r.ranks, (first, last)):
+        order = tensors + tensors + [e for e in tensors for _ in range(2)]    # weights, gradients, each one's moments
+        expected = rounding_reserve(tuple((4 * e, "default") for e in order), False)
+        assert {t.label: t.nbytes for t in rank.terms if t.component == "runtime_overheads"}[label] == expected > 0
+
+
 def _alive_at_end(run_id):
     """The sizes of the blocks of 1 MiB and more alive at the end of a trace: the rank's model states."""
     from collections import Counter
