@@ -198,6 +198,7 @@ def _logged_search(monkeypatch):
     return search.search_plans("llama3-70b", "h100", **SIBLINGS), solves
 
 
+@pytest.mark.long       # a whole search (about 3 s)
 def test_a_sibling_that_fits_or_is_over_at_gas_1_spares_solves(monkeypatch):
     """state_bytes <= total and is the same for every strategy and sp of a layout at one micro-batch and gas:
     after a sibling fit there, no other sibling is solved a second time for its bound; after a sibling's

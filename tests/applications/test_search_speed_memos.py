@@ -3,6 +3,8 @@ item 5: what the measured profile keeps per layout, per model and per layer is k
 than the batch, so a search that meets the same layouts at other batch sizes and accumulation steps
 reuses it; none of it may change a row)."""
 
+import pytest
+
 from mlsysim_core import memo, search
 
 KWARGS = dict(devices=4, seq_len=1024, profile="measured", workers=1, data_parallel=["zero1", "zero3"],
@@ -28,6 +30,7 @@ def test_a_search_after_others_equals_one_with_every_memo_off():
 
 
 
+@pytest.mark.long       # a whole search (about 2 s)
 def test_a_step_time_met_again_in_a_search_is_the_one_computed_for_the_row(monkeypatch):
     """A search times a layout once per step-time call (strategies that recompute the same share, e.g.
     none and selective with fused attention, make the same call): every row's step time is its own
