@@ -169,6 +169,7 @@ def test_single_device_has_no_side_stream_pools():
     ("llama3-8b", {"dp_size": 2, "zero_stage": 3}, r"allocator_streams or allocator_model_states.*this rule's "
                                                    "sharded tensors: not modelled"),
     ("llama3-8b", {"offload": "optimizer"}, "offload's tensors: not modelled"),
+    ("llama3-8b", {"regime": "mixed-bf16-main-grad", "tp_size": 2}, "contiguous fp32 main-grad buffer"),
     ("llama3-8b", {"lora": {"rank": 16, "quantization": "nf4"}}, "QLoRA's quantized linears"),
     ("llama3-8b", {"lora": {"rank": 16}, "dp_size": 2, "data_parallel": "fsdp"}, "LoRA's sharded and model-parallel"),
 ])

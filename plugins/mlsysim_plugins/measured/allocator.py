@@ -460,6 +460,10 @@ def reserve_terms(plan, placement, overheads) -> list:
                 "expert parallelism's per-rank tensors: not modelled")
     if o.offload:
         _refuse("the model states on the device", "offload's tensors: not modelled")
+    if o.regime.main_grad:
+        _refuse("a regime whose gradients are per-parameter tensors",
+                f"regime {o.regime.name!r} accumulates into a contiguous fp32 main-grad buffer (Megatron-Core's "
+                "DistributedDataParallel): its buffers are not modelled")
     if o.lora is not None:
         return list(_lora_terms(plan, placement, overheads))
     if plan.trainable_fraction != 1:
