@@ -170,6 +170,7 @@ def test_single_device_has_no_side_stream_pools():
                                                    "sharded tensors: not modelled"),
     ("llama3-8b", {"offload": "optimizer"}, "offload's tensors: not modelled"),
     ("llama3-8b", {"regime": "mixed-bf16-main-grad", "tp_size": 2}, "contiguous fp32 main-grad buffer"),
+    ("llama3-8b", {"tp_size": 2, "dp_size": 2, "data_parallel": "fsdp"}, r"stream pools under tensor or pipeline"),
     ("llama3-8b", {"lora": {"rank": 16, "quantization": "nf4"}}, "QLoRA's quantized linears"),
     ("llama3-8b", {"lora": {"rank": 16}, "dp_size": 2, "data_parallel": "fsdp"}, "LoRA's sharded and model-parallel"),
 ])

@@ -484,6 +484,10 @@ def reserve_terms(plan, placement, overheads) -> list:
         tensors = (rank_tensors(shape, *model_parallel[:5]) if model_parallel is not None
                    else [rows * max(cols, 1) for rows, cols in shape.matrix_shapes()])
         states = tuple(kept(plan, placement, tuple(tensors)))
+    if streams and model_parallel is not None:
+        _refuse("side-stream pools (FSDP's) on a rank that holds whole layers",
+                "the data-parallel rule's stream pools under tensor or pipeline parallelism (2-D layouts): "
+                "not modelled")
     if sharded > 1 and not streams and states is None:
         _refuse("sharded model states only under a data-parallel rule that declares its allocations "
                 "(its options' allocator_streams or allocator_model_states: FSDP's rules, ZeRO-1/2)",
