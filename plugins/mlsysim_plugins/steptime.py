@@ -112,6 +112,21 @@ FLASH_ATTENTION_TRITON = AttentionTiming(
            "than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass'")
 
 
+# cuDNN's fused attention (cuDNN 9's SDPA kernels), what Transformer Engine runs on Hopper and later: its backend
+# selection "Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons"
+# (NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py at d0067d0, lines
+# 1647-1653: ``device_compute_capability >= (9, 0)``), and so Megatron-Core's TEDotProductAttention. Its speed over
+# FlashAttention-2's as measured on one H100 SXM5 (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Fig. 5
+# "Attention forward speed, head dim 128 (H100 80GB SXM5)", with causal mask, and Fig. 6 "Attention backward speed,
+# head dim 128", BF16, sequence 8k): forward 529 against 333 TFLOP/s, backward 518 against 318 (at 4k 518 / 319
+# and 499 / 310: the same ratio within 1 %). FlashAttention-2's own figures there (333-370 TFLOP/s forward) are the
+# "35% utilization" the calibration's ``attention`` states.
+CUDNN_FUSED_ATTENTION = AttentionTiming(
+    forward=529 / 333, backward=518 / 318,
+    source="Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5-6, H100 SXM5, head dim 128, BF16, seq 8k: "
+           "cuDNN 529 / 518 TFLOP/s forward (causal) / backward against FlashAttention-2's 333 / 318")
+
+
 @attrs.frozen(kw_only=True)
 class Calibration:
     """The achieved shares of the hardware's peaks, and fixed costs, for one accelerator."""

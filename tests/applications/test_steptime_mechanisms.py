@@ -347,6 +347,31 @@ def test_calibration_times_llmfoundry_rows_with_their_triton_kernel():
     assert timed["components"]["matmul"] == fa2["components"]["matmul"]
 
 
+def test_calibration_times_transformer_engines_attention_on_hopper_as_cudnns():
+    """Megatron-LM's and Megatron-Bridge's rows run Megatron-Core's TE spec, whose DotProductAttention picks cuDNN's
+    fused attention on Hopper (TransformerEngine d0067d0 utils.py lines 1647-1653); calibrate.py times their H100 rows
+    with a kernel declaring CUDNN_FUSED_ATTENTION: FlashAttention-3's Fig. 5-6 (H100, head dim 128, seq 8k), cuDNN
+    529 / 518 TFLOP/s forward / backward against FlashAttention-2's 333 / 318. Blackwell rows (not measured) keep
+    FlashAttention-2's shares."""
+    t = steptime.CUDNN_FUSED_ATTENTION
+    assert (t.forward, t.backward) == (529 / 333, 518 / 318)
+    cal = runpy.run_path(str(ROOT / "validation/steptime/calibrate.py"), run_name="calibrate_test")
+    case = next(c for c in cal["CASES"] if c["id"] == "megatron-examples-llama3-70b-64xh100-fp8")
+    assert cal["layout"](case)["attention"] == "te.cudnn-fused-attention"
+    shipped = cal["shipped"]("h100")
+    timed = cal["predict"](case, shipped)["components"]
+    other = dict(case, source="elsewhere")      # (a source that does not run Transformer Engine: FlashAttention-2)
+    assert "attention" not in cal["layout"](other)
+    fa2 = cal["predict"](other, shipped)["components"]
+    b = shipped.attention_backward
+    # no recompute: one forward pass at 333/529 of FlashAttention-2's time, the backward's 2.5 at 318/518
+    assert timed["attention"] / fa2["attention"] == pytest.approx((333 / 529 + 2.5 / b * 318 / 518) / (1 + 2.5 / b))
+    assert timed["matmul"] == fa2["matmul"]
+    blackwell = [c for c in cal["CASES"] if c["source"].startswith("NVIDIA-NeMo/Megatron-Bridge")
+                 and c["hardware"] in ("b200", "gb200") and cal["comparable"](c) is None]
+    assert blackwell and all("attention" not in cal["layout"](c) for c in blackwell)
+
+
 def test_repeated_kv_widens_what_the_context_parallel_ring_moves():
     """A model that repeats K and V to the query heads before the kernel (details['repeated_kv'], torchtitan's
     repeat_kv) sends and accumulates query-wide K/V in the ring: its cp component is the one of the same model with

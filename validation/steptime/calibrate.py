@@ -90,11 +90,17 @@ def _kernels():
                 for name, r in stated.items() if not r.autocast and r.compute == 2}
     regimes += list(fallback.values())
 
+    # Transformer Engine's attention on Hopper: cuDNN's fused attention (steptime.CUDNN_FUSED_ATTENTION); it keeps what
+    # FlashAttention keeps (the output and the softmax statistics, fp32 per head and query: ``Stats`` of cuDNN's SDPA)
+    cudnn = TimedKernel(name="te.cudnn-fused-attention", computes=kernels.COMPUTES_SDPA,
+                        layouts=dict(kernels.SDPA.layouts), step_time=steptime.CUDNN_FUSED_ATTENTION,
+                        description="Transformer Engine's FusedAttention (cuDNN), its choice on Hopper and later")
+
     class Plugin:
         @staticmethod
         @hookimpl
         def mlsysim_measured_attention_kernels():
-            return [triton]
+            return [triton, cudnn]
 
         @staticmethod
         @hookimpl
@@ -103,7 +109,7 @@ def _kernels():
 
     pm = PluginManager.from_environment()
     pm.register(Plugin(), name="calibrate_attention_kernels")
-    return ({"triton": triton.name}, TrainingMemoryModel("measured", plugin_manager=pm),
+    return ({"triton": triton.name, "te-fused": cudnn.name}, TrainingMemoryModel("measured", plugin_manager=pm),
             {name: r.name for name, r in fallback.items()})
 
 
@@ -209,6 +215,15 @@ def fused(case) -> tuple[bool, str]:
     return False, "eager PyTorch"
 
 
+# The sources whose stack runs Transformer Engine's attention: Megatron-LM (Megatron-Core's TE layer spec, its
+# default: megatron/training/arguments.py "'--transformer-impl', default='transformer_engine'") and Megatron-Bridge
+# (the same Megatron-Core); TE picks cuDNN's fused attention on Hopper and later (steptime.CUDNN_FUSED_ATTENTION),
+# timed as such where its speed against FlashAttention-2 was measured (H100, and H200, the same die): on Blackwell no
+# such measurement, the rows keep FlashAttention-2's shares (their attention share is DEFAULT's, uncalibrated).
+TE_ATTENTION = (MG, "NVIDIA-NeMo/Megatron-Bridge")
+CUDNN_MEASURED = ("h100", "h200")
+
+
 def layout(case) -> dict:
     """``time_plan``'s keywords for the published run, and the assumptions made (``assumed``)."""
     assumed = []
@@ -241,6 +256,8 @@ def layout(case) -> dict:
     extra = {"expert_tp_size": case["expert_tp"]} if case["expert_tp"] else {}      # (stated: the layout column's)
     if case["attn_impl"]:
         extra["attention"] = ATTENTION_KERNEL[case["attn_impl"]]
+    elif case["source"].startswith(TE_ATTENTION) and case["hardware"] in CUDNN_MEASURED:
+        extra["attention"] = ATTENTION_KERNEL["te-fused"]
     # the training regime the source ran (published.py's regime: the data-parallel collectives' dtypes among its
     # declarations); not stated: the profile's default for bf16 (amp-bf16), said
     if case["regime"]:
