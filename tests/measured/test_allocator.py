@@ -193,7 +193,8 @@ def _trace_terms(expandable=False, **layout):
     from mlsysim_core.hf import from_hf_config
     r = TrainingMemoryModel("measured").solve(
         from_hf_config(TRACE_LLAMA, name="trace-llama"), HardwareNode(name="cpu", memory_capacity=2**40),
-        layout.pop("batch", 1), 256, optimizer="adamw", regime="fp32", precision="fp32", device="cpu",
+        layout.pop("batch", 1), 256, optimizer="adamw", regime=layout.pop("regime", "fp32"),
+        precision=layout.pop("precision", "fp32"), device="cpu",
         runtime_overheads={"cuda_context": 0, "cublas_workspace": 0, "nccl_buffers": 0, "allocator": "segments",
                            "expandable_segments": expandable}, **layout)
     return {t.label: t.nbytes for t in r.terms_of("runtime_overheads")}
@@ -281,6 +282,11 @@ def test_deepspeed_zero12_flat_states_hand_derived():
         rounding = terms["allocator: block and segment rounding (model states)"]
         assert rounding == 2_570_240
         assert _alive_at_end(f"zero{stage}-w2-llama-h1024-l2-fp32-b1-s256") == {221_270_016: 1, 110_635_008: 3}
+    # DeepSpeed's bf16 (regime mixed-bf16): the flat buffer in bf16, 55,317,504 x 2 = 110,635,008 B, the size of the
+    # fp32 partition and of each fp32 moment: 4 x (53 x 2 MiB - 110,635,008) = 4 x 514,048 = 2,056,192 B
+    bf16 = _trace_terms(dp_size=2, zero_stage=2, batch=2, regime="mixed-bf16", precision="bf16")
+    assert bf16["allocator: block and segment rounding (model states)"] == 2_056_192
+    assert _alive_at_end("zero2-w2-llama-h1024-l2-mixed-bf16-b1-s256") == {110_635_008: 4}
     # expandable segments: one segment, 20 MiB pages: 221,270,016 + 3 x 110,635,008 = 553,175,040 B (each a multiple
     # of 512 B: no block rounding) in 27 pages (566,231,040 B): +13,056,000
     assert _trace_terms(True, dp_size=2, zero_stage=1, batch=2)[

@@ -81,7 +81,7 @@ TP_CONFIGS = [
 ]
 
 # DeepSpeed ZeRO-1 and ZeRO-2 (deepspeed 0.19.8, DeepSpeedZeroOptimizer, DS_ACCELERATOR=cpu) on rank 0 of a fake
-# process group of 2, real CPU tensors, fp32 (bf16 off), DeepSpeed's defaults otherwise (contiguous_gradients,
+# process group of 2, real CPU tensors, fp32 (bf16 off; one ZeRO-2 run with bf16 on), DeepSpeed's defaults otherwise (contiguous_gradients,
 # reduce_bucket_size 5e8, overlap_comm off), torch AdamW; the engine's forward, backward and step (its step zeroes
 # the gradients: the zero_grad phase is empty).
 ZERO_CONFIGS = [
@@ -89,6 +89,12 @@ ZERO_CONFIGS = [
      "regime": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
      "attention": "sdpa", "world_size": 2, "zero_stage": stage, "deepspeed": "0.19.8"}
     for stage in (1, 2)
+] + [
+    # DeepSpeed's bf16 mixed precision (bf16.enabled: the engine casts the fp32-built model to bf16; ZeRO-2 keeps a
+    # bf16 flat buffer, the fp32 master partition and fp32 moments): the profile's mixed-bf16 regime
+    {"id": "zero2-w2-llama-h1024-l2-mixed-bf16-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
+     "regime": "mixed-bf16", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
+     "attention": "sdpa", "world_size": 2, "zero_stage": 2, "deepspeed": "0.19.8"},
 ]
 
 # LoRA (peft, validation/measure_lora.py's build_model: LoraConfig(r, lora_alpha=2r, target_modules, bias="none")),
@@ -163,7 +169,7 @@ def _build_zero(cfg):
     model, input_ids = harness.build_model(cfg)
     ds = {"train_micro_batch_size_per_gpu": cfg["batch_size"], "gradient_accumulation_steps": 1,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01, "torch_adam": True}},
-          "zero_optimization": {"stage": cfg["zero_stage"]}, "bf16": {"enabled": False}}
+          "zero_optimization": {"stage": cfg["zero_stage"]}, "bf16": {"enabled": cfg["regime"] == "mixed-bf16"}}
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds,
                                                    dist_init_required=False)
     return engine, optimizer, input_ids
