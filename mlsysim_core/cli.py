@@ -854,7 +854,8 @@ def _launch(args):
     from .scenario import from_launch
     return from_launch(paths, gpus=_launch_gpus(args), hardware=args.hardware, model=args.model,
                        framework_version=args.framework_version, seq_len=getattr(args, "seq_len", None),
-                       overrides=args.override, registry=_manager(args).registry)
+                       overrides=args.override, registry=_manager(args).registry,
+                       batch_size=getattr(args, "batch_size", None))
 
 
 def _launch_gpus(args) -> int | None:
@@ -1719,7 +1720,8 @@ def _search_from_launch(args, options: dict) -> dict:
                          hardware=args.hardware if "hardware" in given else None,
                          framework_version=args.framework_version,
                          seq_len=args.seq_len if "seq_len" in given else None, overrides=args.override,
-                         registry=_manager(args).registry)
+                         registry=_manager(args).registry,
+                         batch_size=args.global_batch if "global_batch" in given else None)
     sc = launch.scenario
     world = sc.dp_size * sc.tp_size * sc.pp_size * sc.cp_size
     overridden, notes = [], []

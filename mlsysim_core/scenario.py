@@ -878,7 +878,8 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
 
 
 def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_version: str | None = None,
-                seq_len: int | None = None, overrides=(), registry=None, model=None) -> Launch:
+                seq_len: int | None = None, overrides=(), registry=None, model=None,
+                batch_size: int | None = None) -> Launch:
     """The Scenario of a run described by its launch files (``paths``: one or several files that
     make one run), with how each value was found (`Launch`).
 
@@ -889,7 +890,8 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     world over tp x pp x cp (unless a file gives it); the global batch is the per-device
     micro-batch x dp x accumulation. ``hardware``: ``-g`` (default: the CLI's, h100, said).
     ``model``: ``-m``, replacing the files' model (said). ``seq_len``: ``--seq-len``, which a
-    reader uses where the file's length is data-dependent (no packing)."""
+    reader uses where the file's length is data-dependent (no packing). ``batch_size``: ``-b``, the
+    global batch where no file gives one (an accelerate or DeepSpeed config alone)."""
     if registry is None:
         from .manager import get_plugin_manager
         registry = get_plugin_manager().registry
@@ -898,7 +900,7 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     paths = list(paths)
     if not paths:
         raise InvalidInputError("--from", paths, "one or more launch files")
-    for name, value in (("--gpus", gpus), ("--seq-len", seq_len)):
+    for name, value in (("--gpus", gpus), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         if value is not None and (type(value) is not int or value < 1):
             raise InvalidInputError(name, value, "a whole number >= 1")
     context = LaunchContext(gpus=gpus, hardware=hardware, framework_version=framework_version, seq_len=seq_len,
@@ -1009,9 +1011,11 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
         values["batch_size"] = global_batch
         sources["batch_size"] = sources.pop("global_batch_size", "")
     sources.pop("global_batch_size", None)
+    if "batch_size" not in values and batch_size is not None:
+        values["batch_size"], sources["batch_size"] = batch_size, "-b/--batch-size"
     if "batch_size" not in values:
-        raise InvalidInputError("--from", ", ".join(str(p) for p in paths), "launch files that give the batch size",
-                                "none of the files gives one")
+        raise InvalidInputError("--from", ", ".join(str(p) for p in paths), "launch files that give the batch size, "
+                                "or -b (the global batch)", "none of the files gives one")
     notes.append(f"global batch {values['batch_size']} = micro-batch {values['batch_size'] // (dp * accum)} x dp {dp}"
                  f" x accumulation {accum}")
     if "seq_len" not in values:
