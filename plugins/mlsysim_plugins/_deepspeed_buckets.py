@@ -174,6 +174,14 @@ class Zero3BucketOptions:
     def replaces_communication_buffer_fraction(self) -> bool:
         return bool(_given(self))
 
+    def allocator_model_states(self, plan, placement, tensors):
+        """DeepSpeed ZeRO-3's kept blocks, for the caching allocator's rounding
+        (``runtime_overheads.allocator="segments"``; ``measured/allocator.py``)."""
+        from mlsysim_plugins.measured.allocator import deepspeed_zero3_states
+        return deepspeed_zero3_states(plan, placement, tensors, int(_value(self, "reduce_bucket_size")),
+                                      bool(_value(self, "contiguous_gradients")),
+                                      int(_value(self, "stage3_param_persistence_threshold")))
+
 
 def _value(options, name):
     v = getattr(options, name, None)

@@ -166,8 +166,6 @@ def test_single_device_has_no_side_stream_pools():
 
 @pytest.mark.parametrize("model, kw, detail", [
     ("mixtral-8x7b", {"ep_size": 2, "dp_size": 2}, "expert parallelism's per-rank tensors: not modelled"),
-    ("llama3-8b", {"dp_size": 2, "zero_stage": 3}, r"allocator_streams or allocator_model_states.*this rule's "
-                                                   "sharded tensors: not modelled"),
     ("llama3-8b", {"offload": "optimizer"}, "offload's tensors: not modelled"),
     ("llama3-8b", {"regime": "mixed-bf16-main-grad", "tp_size": 2}, "contiguous fp32 main-grad buffer"),
     ("llama3-8b", {"tp_size": 2, "dp_size": 2, "data_parallel": "fsdp"}, r"stream pools under tensor or pipeline"),
@@ -320,6 +318,28 @@ def test_lora_model_states_are_the_traces():
     # segments; the base's small tensors (4 x 1 MiB, 5 x 4096 B) at least 3 more: 16 MiB of small pool, whose
     # unfilled part and the large tensors' 2 MiB rounding make the term
     assert rounding >= 16 * MiB - 9_306_112 - 4 * MiB - 5 * 4096
+
+
+def test_deepspeed_zero3_kept_blocks_hand_derived():
+    """DeepSpeed ZeRO-3 over 2 ranks (fp32, its defaults): the parameters' partitions, the fp32 master partition,
+    the flat gradient partitions and two moments, 27,658,752 x 4 = 110,635,008 B each (+514,048 each), the ipg
+    bucket 5e8 x 4 = 2,000,000,000 B kept from init (954 x 2 MiB: +683,008) and the 5 persistent norms (1024
+    elements < 1e5, 4096 B each) in one 2 MiB small segment (+2,076,672): 5,329,920 B. The trace keeps exactly
+    those blocks."""
+    terms = _trace_terms(dp_size=2, zero_stage=3, batch=2)
+    assert terms["allocator: block and segment rounding (model states)"] == 5 * 514_048 + 683_008 + 2_076_672 \
+        == 5_329_920
+    assert _alive_at_end("zero3-w2-llama-h1024-l2-fp32-b1-s256") == {2_000_000_000: 1, 110_635_008: 5}
+    # without contiguous_gradients (a DeepSpeed option the rule takes) no bucket is kept
+    from mlsysim_core import HardwareNode
+    from mlsysim_core.hf import from_hf_config
+    r = TrainingMemoryModel("measured").solve(
+        from_hf_config(TRACE_LLAMA, name="trace-llama"), HardwareNode(name="cpu", memory_capacity=2**40), 2, 256,
+        optimizer="adamw", regime="fp32", precision="fp32", device="cpu", dp_size=2, zero_stage=3,
+        plugin_options={"zero3": {"contiguous_gradients": False}},
+        runtime_overheads={"cuda_context": 0, "cublas_workspace": 0, "nccl_buffers": 0, "allocator": "segments"})
+    assert {t.label: t.nbytes for t in r.terms_of("runtime_overheads")}[
+        "allocator: block and segment rounding (model states)"] == 5 * 514_048 + 2_076_672
 
 
 def _recorded_run(run_id):

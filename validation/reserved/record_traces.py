@@ -95,6 +95,9 @@ ZERO_CONFIGS = [
     {"id": "zero2-w2-llama-h1024-l2-mixed-bf16-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
      "regime": "mixed-bf16", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
      "attention": "sdpa", "world_size": 2, "zero_stage": 2, "deepspeed": "0.19.8"},
+    {"id": "zero3-w2-llama-h1024-l2-fp32-b1-s256", "hf_config": llama(1024, 2, 16, 4, 2816, 16000),
+     "regime": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "batch_size": 1, "seq_len": 256,
+     "attention": "sdpa", "world_size": 2, "zero_stage": 3, "deepspeed": "0.19.8"},
 ]
 
 # LoRA (peft, validation/measure_lora.py's build_model: LoraConfig(r, lora_alpha=2r, target_modules, bias="none")),

@@ -443,6 +443,35 @@ def deepspeed_flat_states(plan, placement, tensors) -> tuple[tuple[int, str], ..
         (part * regime.state, f"moment {i + 1} ({part:,} x {regime.state} B)") for i in range(moments))
 
 
+def deepspeed_zero3_states(plan, placement, tensors, reduce_bucket_size: int, contiguous_gradients: bool,
+                           persistence_threshold: int) -> tuple[tuple[int, str], ...]:
+    """DeepSpeed ZeRO-3's blocks allocated once and kept on one rank (deepspeed 0.19.8 ``runtime/zero/stage3.py``
+    ``DeepSpeedZeroOptimizer_Stage3.__init__`` and the first step), in order, from the rank's parameter tensors
+    (``tensors``: element counts before sharding): the flat buffer of the parameters' partitions
+    (``fp16_partitioned_groups_flat``: each parameter's ``ceil(numel / dp)``, in its dtype), the fp32 master
+    partition (``fp32_partitioned_groups_flat``), the ipg bucket (``reduce_bucket_size`` elements in the
+    parameters' dtype, with ``contiguous_gradients``; allocated at init and kept), the flat gradient partitions
+    (``grad_partitions_flat_buffer``), the optimizer's moments over the fp32 partition; and the persistent
+    parameters (fewer than ``stage3_param_persistence_threshold`` elements: never released, whole on every rank,
+    re-gathered after each step). The gathered layers and the prefetch are the rule's buffers, not these."""
+    from .optimizer_step import step_of
+    d = placement.weight_shards
+    part = sum(-(-e // d) for e in tensors)
+    regime = plan.profile_options.regime
+    w, g = regime.weight, regime.gradient or regime.weight
+    moments = step_of(plan.profile_options.optimizer_spec).moments
+    states = [(part * w, f"the parameters' partitions ({part:,} elements x {w} B)"),
+              (part * 4, f"the fp32 master partition ({part:,} x 4 B)")]
+    if contiguous_gradients:
+        states.append((reduce_bucket_size * w, f"the ipg bucket ({reduce_bucket_size:,} x {w} B)"))
+    states.append((part * g, f"the gradient partitions ({part:,} x {g} B)"))
+    states += [(part * regime.state, f"moment {i + 1} ({part:,} x {regime.state} B)") for i in range(moments)]
+    persistent = [e for e in tensors if e < persistence_threshold]
+    if persistent:
+        states += [(e * w, "a persistent parameter") for e in persistent]
+    return tuple(states)
+
+
 def _refuse(allowed: str, detail: str):
     from mlsysim_core.errors import NotModelledError
     raise NotModelledError("runtime_overheads.allocator", "segments", allowed, detail)
