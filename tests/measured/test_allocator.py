@@ -166,6 +166,8 @@ def test_single_device_has_no_side_stream_pools():
 
 @pytest.mark.parametrize("model, kw, detail", [
     ("mixtral-8x7b", {"ep_size": 2, "dp_size": 2}, "expert parallelism's per-rank tensors: not modelled"),
+    ("llama3-8b", {"dp_size": 2, "data_parallel": "fsdp-grad-op"},
+     r"allocator_streams or allocator_model_states.*this rule's sharded tensors: not modelled"),
     ("llama3-8b", {"offload": "optimizer"}, "offload's tensors: not modelled"),
     ("llama3-8b", {"regime": "mixed-bf16-main-grad", "tp_size": 2}, "contiguous fp32 main-grad buffer"),
     ("llama3-8b", {"tp_size": 2, "dp_size": 2, "data_parallel": "fsdp"}, r"stream pools under tensor or pipeline"),
