@@ -670,12 +670,16 @@ def _reserve_terms(shape, n: int, weight: int, master: int, gradient: int, momen
            if expandable else "512 B blocks; at most 1 MiB from 2 MiB segments, up to 10 MiB split from 20 MiB "
                               "ones, larger a segment each rounded to 2 MiB")
     default_bytes = sum(b for b, st in sizes if st == DEFAULT_STREAM)
+    where = "" if model_parallel is None else (
+        f" of this rank (tp {model_parallel[0]}: each split as its weight declares; {model_parallel[2]} layers"
+        + (", the embedding" if model_parallel[3] else "") + (", the final norm and LM head" if model_parallel[4] else "")
+        + (", the embedding's gradient whole" if model_parallel[5] else "") + ")")
     what = ["weights"] + (["master weights"] if master else []) + (["gradients"] if gradient else []) \
         + ([f"{moments} moment{'s' if moments != 1 else ''}"] if moments else [])
     terms = [MemoryTerm(
         component=RUNTIME_OVERHEADS, label="allocator: block and segment rounding (model states)",
         nbytes=a.reserved_by_stream.get(DEFAULT_STREAM, 0) - default_bytes, phases=phases,
-        formula=(f"{len(elements)} parameter tensors ({', '.join(what)}; {default_bytes:,} B) through the caching "
+        formula=(f"{len(elements)} parameter tensors{where} ({', '.join(what)}; {default_bytes:,} B) through the caching "
                  f"allocator: {how} ({SOURCE}). Not priced: the default stream's fragmentation (freed activation "
                  "blocks that later requests do not fit), which depends on the order of the step's allocations"))]
     for s in streams:
