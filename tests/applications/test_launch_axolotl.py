@@ -292,3 +292,26 @@ def test_ministral_qlora_reads_the_catalog_model_and_prices_cce_under_lora():
     plain = Scenario.from_dict({k: v for k, v in s.to_dict().items() if k != "loss"}).solve()
     assert any(t.label == "log-softmax of the logits (fp32)" for t in plain.terms)
     assert plain.total_memory - r.total_memory > 4 * T * V      # at least the fp32 logits
+
+
+@pytest.mark.parametrize("name, regime", [("fft-8b-liger-fsdp.yaml", "fsdp-fp16-reduce-fp16"),
+                                          ("qlora-fsdp-70b.yaml", "fsdp-fp16-stored")])
+def test_fp16_with_fsdp_takes_the_fp16_regime_with_bf16s_bytes(tmp_path, name, regime):
+    """fp16: true (bf16: false) with fsdp: (before: refused, the fp16 precision against a bf16 regime): accelerate's
+    FSDP policy in fp16 (1.16.0 utils/dataclasses.py lines 2008-2013) with its loss scaler; a full fine-tune
+    fsdp-fp16-reduce-fp16, QLoRA fsdp-fp16-stored (axolotl stores the codes in bf16, model.py line 720, and the
+    policy follows the storage: 2 B either way). Every term's bytes equal the bf16 run's."""
+    import yaml
+    doc = yaml.safe_load((AX / "examples/llama-3" / name).read_text())
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**doc, "bf16": False, "fp16": True}))
+    s = from_launch([path], gpus=8, hardware="v100").scenario
+    assert (s.profile_options["regime"], s.precision, s.data_parallel) == (regime, "fp16", "fsdp")
+    field = next(x for r in from_launch([path], gpus=8, hardware="v100").readings for x in r.fields
+                 if x.field == "regime" and x.key == "fsdp")
+    assert field.becomes == regime and not field.approximated and "loss scaler" in field.note
+    path.write_text(yaml.safe_dump({**doc, "bf16": True}))
+    b = from_launch([path], gpus=8, hardware="v100").scenario
+    assert b.profile_options["regime"] == regime.replace("fp16", "bf16")
+    one, two = s.solve(), b.solve()
+    assert [t.nbytes for t in one.terms] == [t.nbytes for t in two.terms] and one.total_memory == two.total_memory

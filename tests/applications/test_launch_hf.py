@@ -387,3 +387,67 @@ def test_trainer_fsdp_argument_takes_accelerate_mixed_precision(tmp_path):
     assert launch.sources["regime"] == (f"{trainer}: bf16 + torch_dtype/fsdp (derived from precision='bf16' from "
                                         f"{ddp}: mixed_precision)")     # (the file's two regime keys, fsdp's last)
     assert from_launch([trainer], gpus=8, hardware="h100").scenario.regime == "bf16"
+
+
+def test_fp16_under_fsdp_is_the_fp16_policy_with_bf16s_bytes(tmp_path):
+    """An fp16 run under FSDP (V100/T4/A10): alignment-handbook's accelerate FSDP file with mixed_precision fp16
+    and the zephyr Trainer file with fp16 true (before: refused, "precision='fp16' is not allowed: bf16 with regime
+    'fsdp-bf16-reduce-bf16'"). accelerate 1.16.0 set_mixed_precision("fp16") gives param_dtype = reduce_dtype = fp16
+    (utils/dataclasses.py lines 2008-2013) over fp32 shards, with its loss scaler (accelerator.py lines 536-555:
+    ShardedGradScaler under FSDP1): fsdp-fp16-reduce-fp16, derived, not approximated; every byte the bf16 run's
+    (the scaler's scalars unpriced: validation/fsdp_no_sync). FSDP2 (TRL's fsdp2.yaml) and the Trainer's own
+    ``fsdp:`` argument choose it too."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["bf16"], doc["fp16"] = False, True
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    acc = yaml.safe_load((DATA / "accelerate/alignment-handbook/fsdp.yaml").read_text())
+    acc["mixed_precision"] = "fp16"
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(yaml.safe_dump(acc))
+    launch = from_launch([trainer, config], hardware="v100")
+    s = launch.scenario
+    assert (s.regime, s.precision, s.data_parallel, s.dp_size) == ("fsdp-fp16-reduce-fp16", "fp16", "fsdp", 8)
+    [field] = [f for f in launch.readings[1].fields if f.field == "regime"]
+    assert (field.key, field.becomes, field.approximated) == ("mixed_precision", "fsdp-fp16-reduce-fp16", False)
+    assert "ShardedGradScaler" in field.note
+    result = s.solve()
+    terms = {t.label: t.nbytes for t in result.terms}
+    params = 7_241_732_096      # Mistral 7B (test_trainer_gradient_accumulation_under_fsdp2_grad_op)
+    assert terms["parameters (fsdp-fp16-reduce-fp16, 4 B)"] == params / 8 * 4     # the fp32 shard
+    assert terms["adamw state (2 x 32-bit)"] == params / 8 * 2 * 4
+    # the same run in bf16: every term's bytes the same
+    doc["bf16"], doc["fp16"] = True, False
+    trainer.write_text(yaml.safe_dump(doc))
+    acc["mixed_precision"] = "bf16"
+    config.write_text(yaml.safe_dump(acc))
+    bf16 = from_launch([trainer, config], hardware="v100").scenario
+    assert bf16.regime == "fsdp-bf16-reduce-bf16"
+    other = bf16.solve()
+    assert [t.nbytes for t in result.terms] == [t.nbytes for t in other.terms]
+    assert result.total_memory == other.total_memory
+    # FSDP2 (TRL's fsdp2.yaml, mixed_precision bf16 yields to the Trainer's fp16 true) and the Trainer's fsdp:
+    doc["bf16"], doc["fp16"] = False, True
+    trainer.write_text(yaml.safe_dump(doc))
+    two = from_launch([trainer, DATA / "accelerate/trl/fsdp2.yaml"], hardware="v100").scenario
+    assert (two.regime, two.precision, two.plugin_options) == ("fsdp-fp16-reduce-fp16", "fp16",
+                                                               {"fsdp": {"gradient_sync": "step"}})
+    doc["fsdp"] = "full_shard auto_wrap"
+    trainer.write_text(yaml.safe_dump(doc))
+    alone = from_launch([trainer], gpus=8, hardware="v100").scenario
+    assert (alone.regime, alone.precision, alone.data_parallel) == ("fsdp-fp16-reduce-fp16", "fp16", "fsdp")
+
+
+def test_fp16_under_fsdp2_accumulates_in_fp16(tmp_path):
+    """FSDP2's unsynced accumulation keeps the unsharded gradients in reduce_dtype: fp16, 2 B, as bf16's (Mistral
+    7B on 8 ranks, 4 micro-batches): every parameter x 2 B, less the rank's fp32 shard."""
+    import yaml
+    doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_full.yaml").read_text())
+    doc["bf16"], doc["fp16"], doc["gradient_accumulation_steps"] = False, True, 4
+    trainer = tmp_path / "config_full.yaml"
+    trainer.write_text(yaml.safe_dump(doc))
+    result = from_launch([trainer, DATA / "accelerate/trl/fsdp2.yaml"], hardware="v100").scenario.solve()
+    [term] = [t for t in result.terms if "accumulated over micro-batches" in t.label]
+    params = 7_241_732_096
+    assert term.nbytes == params * 2 - params / 8 * 4

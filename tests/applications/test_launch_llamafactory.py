@@ -225,3 +225,29 @@ def test_qlora_under_accelerate_fsdp_stores_the_base_in_bf16(tmp_path):
     assert terms["frozen base parameters (2 B)"] == plain_params * 2 / 2     # x 2 B, sharded over the 2 ranks
     adapters = L * 8 * (2 * (h + h) + 2 * (h + 1024) + 2 * (h + 14336) + (14336 + h))   # r (in + out), seven linears
     assert terms["LoRA adapters (rank 8, 4 B)"] == adapters * 4 / 2
+
+
+def test_fp16_qlora_under_accelerate_fsdp(tmp_path):
+    """The fsdp_qlora recipe with fp16: true and accelerate's FSDP file with mixed_precision: fp16 (its own comment:
+    "bf16  # or fp16"): LLaMA-Factory stores the codes in the compute dtype, fp16 (quantization.py line 189), the
+    policy follows it, accelerate adds its loss scaler: fsdp-fp16-stored (before: refused, precision fp16 against
+    fsdp-bf16-stored). The bytes: fsdp-bf16-stored's, term by term."""
+    import yaml
+    doc = yaml.safe_load((LF / "extras/fsdp_qlora/llama3_lora_sft.yaml").read_text())
+    assert doc.pop("bf16") is True
+    qlora = tmp_path / "llama3_lora_sft.yaml"
+    qlora.write_text(yaml.safe_dump({**doc, "fp16": True}))
+    acc = yaml.safe_load((DATA / "accelerate/llamafactory/fsdp_config.yaml").read_text())
+    accel = tmp_path / "fsdp_config.yaml"
+    accel.write_text(yaml.safe_dump({**acc, "mixed_precision": "fp16"}))
+    s = from_launch([qlora, accel], hardware="v100").scenario
+    assert (s.profile_options["regime"], s.precision) == ("fsdp-fp16-stored", "fp16")
+    b = from_launch([LF / "extras/fsdp_qlora/llama3_lora_sft.yaml", DATA / "accelerate/llamafactory/fsdp_config.yaml"],
+                    hardware="v100").scenario
+    one, two = s.solve(), b.solve()
+    assert [t.nbytes for t in one.terms] == [t.nbytes for t in two.terms]
+    terms = {t.label: t.nbytes for t in one.terms}
+    V, h, L = 128256, 4096, 32     # as test_qlora_under_accelerate_fsdp_stores_the_base_in_bf16
+    assert terms["frozen base parameters (2 B)"] == (2 * V * h + (2 * L + 1) * h) * 2 / 2
+    # the same recipe with fp16 alone on one GPU: its own regime (the fp16 base, no FSDP), unchanged
+    assert from_launch([qlora], gpus=1, hardware="v100").scenario.profile_options["regime"] == "fp16"

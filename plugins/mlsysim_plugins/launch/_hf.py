@@ -346,6 +346,12 @@ def sixteen(precision) -> str | None:
 # parameters upcast to fp32 before sharding when mixed precision is set (accelerator.py line 1970 for FSDP1,
 # utils/fsdp_utils.py line 801 for FSDP2): the measured profile's fsdp-bf16-reduce-bf16 regime.
 ACCELERATE_FSDP_REGIME = "fsdp-bf16-reduce-bf16"
+# fp16 (mixed_precision: fp16, the Trainer's fp16: true): the same policy in fp16 with accelerate's loss scaler
+# (accelerator.py lines 536-555: FSDP1 ShardedGradScaler, FSDP2 torch.amp.GradScaler), the fp16 regimes of the same
+# bytes (the scaler's scalars unpriced; regimes.py, measured in validation/fsdp_no_sync).
+FSDP_FP16_REGIMES = {"fsdp-bf16-reduce-bf16": "fsdp-fp16-reduce-fp16", "fsdp-bf16-stored": "fsdp-fp16-stored"}
+FP16_SCALER = ("; fp16: accelerate's loss scaler (ShardedGradScaler under FSDP1, GradScaler under FSDP2: "
+               "accelerator.py lines 536-555), scalars only, gradients unscaled in place")
 # QLoRA under FSDP: the base stored as its framework stores it, bitsandbytes' packed codes viewed as a 16-bit
 # bnb_4bit_quant_storage (axolotl-ai-cloud/axolotl@067b021c src/axolotl/loaders/model.py line 720: torch.bfloat16
 # for every qlora run; hiyouga/LLaMA-Factory@ff6d4d12 src/llamafactory/model/model_utils/quantization.py line 189:
@@ -380,13 +386,16 @@ def fsdp_regime(without=None):
     def derive(mixed, merged=None):
         if mixed is None:
             return without
+        fp16 = mixed == "fp16"
         if four_bit((merged or {}).get("lora")):
-            return QLORA_FSDP_REGIME, QLORA_FSDP_NOTE + (FP16_AS_BF16 if mixed == "fp16" else "")
-        return ACCELERATE_FSDP_REGIME, (
+            return (FSDP_FP16_REGIMES[QLORA_FSDP_REGIME] if fp16 else QLORA_FSDP_REGIME), QLORA_FSDP_NOTE + (
+                FP16_SCALER + "; the policy in the storage dtype (2 B: bf16 where the framework stores the codes as "
+                "bf16, axolotl's, the same bytes)" if fp16 else "")
+        return (FSDP_FP16_REGIMES[ACCELERATE_FSDP_REGIME] if fp16 else ACCELERATE_FSDP_REGIME), (
             "accelerate's FSDP mixed precision: fp32 sharded parameters, gradients and state (accelerate 1.16.0 "
             "upcasts the trainable parameters when mixed precision is set: accelerator.py line 1970, "
             "utils/fsdp_utils.py line 801), parameters gathered and gradients reduced in 16 bits (param_dtype = "
-            "reduce_dtype: utils/dataclasses.py lines 2008-2013)" + (FP16_AS_BF16 if mixed == "fp16" else ""))
+            "reduce_dtype: utils/dataclasses.py lines 2008-2013)" + (FP16_SCALER if fp16 else ""))
     return derive
 
 

@@ -120,6 +120,26 @@ ACCELERATE_FSDP = Regime(
     "gradients and activations", weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2)
 REGIMES = {**REGIMES, ACCELERATE_FSDP.name: ACCELERATE_FSDP}
 
+# The fp16 counterparts of the FSDP regimes the launch readers choose (a run with fp16 mixed precision: V100, T4,
+# A10). accelerate 1.16.0's set_mixed_precision("fp16") gives param_dtype = reduce_dtype = fp16 (utils/dataclasses.py
+# lines 2008-2013; transformers' update_fsdp_plugin_peft the QLoRA storage dtype): every tensor the bf16 regime keeps
+# in 2 B is kept in 2 B, so the bytes are bf16's. fp16 adds accelerate's loss scaler (accelerator.py lines 536-555:
+# FSDP1 torch's ShardedGradScaler, FSDP2 torch.amp.GradScaler), whose tensors are scalars (torch 2.13
+# amp/grad_scaler.py and distributed/fsdp/sharded_grad_scaler.py: the fp32 scale and int32 growth tracker kept, 8 B;
+# the scaled loss, 4 B, in the backward; inv_scale and found_inf, 4 B each, in the step) and which unscales the
+# gradients in place (_amp_foreach_non_finite_check_and_unscale_): not priced (at most 16 B; measured in
+# validation/fsdp_no_sync, the fsdp-fp16-reduce-fp16 runs, every phase the bf16 run's plus those bytes).
+REGIMES = {**REGIMES, **{r.name: r for r in (
+    Regime(name="fsdp-fp16-reduce-fp16", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16), "
+           "accelerate's, with its loss scaler: fp32 sharded parameters, gradients and optimizer state; fp16 gathered "
+           "parameters, reduced gradients and activations (bytes as fsdp-bf16-reduce-bf16)",
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2),
+    Regime(name="fsdp-fp16-stored", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16) over "
+           "fp16-stored parameters, with a loss scaler: fp16 weights, gradients, optimizer state, gathers, reductions "
+           "and activations (bytes as fsdp-bf16-stored)",
+           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2),
+)}}
+
 # The measured profile's regime when only the reference's ``precision`` is given: 16-bit
 # training with Adam in PyTorch is almost always autocast (AMP).
 DEFAULT_FOR_PRECISION = {"fp32": "fp32", "tf32": "fp32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
