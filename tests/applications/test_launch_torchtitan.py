@@ -239,9 +239,13 @@ def test_the_launchers_allocator_setting_said_not_assumed():
 
 
 def test_the_allocator_setting_noted_where_the_layout_is_not_described():
-    """llama3_70b.toml: tensor parallel 8, which the allocator mechanism does not describe: the fraction,
-    said in a note, no default."""
-    launch = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=8, hardware="h100")
+    """llama3_70b.toml on 16 GPUs: tensor parallel 8 under FSDP2 (shard 2), whose stream pools the allocator
+    mechanism does not describe on a tp rank: the fraction, said in a note, no default. On 8 GPUs (shard 1: no
+    FSDP) the mechanism describes tp 8, and the note says so."""
+    alone = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=8, hardware="h100").readings[0]
+    assert any("runtime_overheads={'allocator': 'segments'" in n for n in alone.notes)
+    assert not any("does not describe" in n for n in alone.notes)
+    launch = from_launch([DATA / "llama3" / "llama3_70b.toml"], gpus=16, hardware="h100")
     reading = launch.readings[0]
     assert not [d for d in reading.defaults if d.field == "runtime_overheads"]
     assert any("expandable_segments" in n and "tp_size=8" in n for n in reading.notes)

@@ -639,9 +639,15 @@ LAUNCHER = ("pytorch/torchtitan run_llama_train.sh (9dec370) and run_train.sh (0
 def _allocator(r, sizes) -> None:
     """The launcher's expandable segments, said: a job config does not carry the environment it runs in (the
     launcher's setting is not this file's), so the reserve stays the profile's fraction; the note says whether
-    the measured profile's ``runtime_overheads.allocator='segments'`` describes this layout (the data-parallel
-    rule alone splits the tensors: no tp, pp, cp or ep; no offload), for a run known to have it."""
-    split = [f"{name}={sizes[name]}" for name in ("tp_size", "pp_size", "cp_size", "ep_size") if sizes[name] > 1]
+    the measured profile's ``runtime_overheads.allocator='segments'`` describes this layout (measured/allocator.py:
+    not ep, not CPU offload, not FSDP's SHARD_GRAD_OP rule, and FSDP2's stream pools not on a tp or pp rank), for a
+    run known to have it."""
+    fsdp = r.values_of("data_parallel")
+    split = [f"{name}={sizes[name]}" for name in ("tp_size", "pp_size") if sizes[name] > 1 and fsdp]
+    if sizes["ep_size"] > 1:
+        split.append(f"ep_size={sizes['ep_size']}")
+    if fsdp == "fsdp-grad-op":
+        split.append("FSDP2 without resharding after the forward (fsdp-grad-op)")
     if r.values_of("offload"):
         split.append("training.enable_cpu_offload")
     r.note(f"{LAUNCHER}, which this file does not carry: the reserve above the allocated bytes is priced as the "

@@ -137,7 +137,8 @@ OWN_OPTIONS: dict[str, Any] = {
                                              "help": "how the caching allocator's reserve is priced: fraction "
                                                      "(default: 5 %% of the peak allocated) or segments (the block "
                                                      "and segment rounding of PyTorch's allocator source; one "
-                                                     "device or FSDP/DDP, see docs/profiles.md)"},
+                                                     "device, DDP, FSDP, ZeRO-1/2/3, tp, pp, LoRA; not ep or "
+                                                     "offload, see docs/profiles.md)"},
                                             {"key": "expandable_segments", "flag": "--expandable-segments",
                                              "const": True,
                                              "help": "with --allocator segments: PYTORCH_CUDA_ALLOC_CONF="
