@@ -51,6 +51,7 @@ FLOPs it recomputes.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import attrs
 
@@ -106,7 +107,8 @@ class EveryKOptions:
 @attrs.frozen(kw_only=True)
 class SaveListOptions:
     """``ops``: the ops whose outputs are saved (mm, sdpa, bmm, softmax, topk, grouped_mm)."""
-    ops: tuple = attrs.field(default=("mm", "sdpa"), converter=_ops)
+    # Any: _ops reads a string with commas (a structuring hook for tuple would split it into characters)
+    ops: Any = attrs.field(default=("mm", "sdpa"), converter=_ops)
 
 
 # --- the op sequence of a layer -------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Selective recomputation: recompute only the attention core; keep 34*s*b*h bytes per layer."""
 
+from typing import Any
+
 import attrs
 
 from mlsysim_core import CheckpointingSpec, hookimpl
@@ -16,7 +18,10 @@ MODULES = ("core_attn", "layernorm", "moe_act")     # those a family may describ
 
 
 def _modules(value):
-    if not isinstance(value, (list, tuple)) or not value:
+    if isinstance(value, str):     # one name, or names with commas (--option selective.modules=layernorm,moe_act)
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    value = tuple(value) if isinstance(value, list) else value
+    if not isinstance(value, tuple) or not value:
         raise InvalidInputError("plugin_options['selective'].modules", value,
                                 f"a non-empty list of Megatron-Core recompute modules: {', '.join(MODULES)}")
     for module in value:
@@ -31,7 +36,8 @@ class SelectiveOptions:
     ``recompute_granularity="selective"`` names it: ``core_attn`` (the attention core, the default),
     ``layernorm`` and ``moe_act`` (for a family that declares them: ``ArchitectureFamily.
     megatron_recompute_modules``, under a Megatron-Core regime)."""
-    modules: tuple = attrs.field(default=DEFAULT_MODULES, converter=_modules)
+    # Any: the converter reads a string (a structuring hook for tuple would split it into characters)
+    modules: Any = attrs.field(default=DEFAULT_MODULES, converter=_modules)
 
 
 def _options(plan, options):

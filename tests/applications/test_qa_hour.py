@@ -30,3 +30,38 @@ def test_search_from_a_config_without_a_batch_takes_global_batch():
                     "--json")
     assert code == 0
     assert json.loads(out)["global_batch"] == 16
+
+
+def _json(*argv):
+    code, out = run("estimate", *argv, "--json")
+    assert code == 0, out
+    return json.loads(out)
+
+
+def _total(*argv):
+    return _json(*argv)["total_memory"]
+
+
+def test_option_lists_as_text_are_names_not_characters(capsys):
+    # --option VALUE that is not JSON stays a string; a tuple-typed options field split it into
+    # characters: "--option selective.modules=core_attn" said modules='c' is not allowed, and
+    # save-list's comma list (its converter reads one) never reached it ('m' is not allowed).
+    assert _total("--checkpointing", "selective", "--option", "selective.modules=core_attn") == \
+        _total("--checkpointing", "selective")
+    gpt_oss = ("-m", "gpt-oss-120b", "--regime", "mixed-bf16-main-grad", "--checkpointing", "selective")
+    listed = _json(*gpt_oss, "--option", 'selective.modules=["layernorm","moe_act"]')["terms"]
+    assert _json(*gpt_oss, "--option", "selective.modules=layernorm,moe_act")["terms"] == listed
+    assert "recompute modules layernorm, moe_act: one layer's rebuilt in its backward" in [t["label"] for t in listed]
+    assert _total("--checkpointing", "save-list", "--option", "save-list.ops=mm,sdpa") == \
+        _total("--checkpointing", "save-list")
+    assert _total("--checkpointing", "save-list", "--option", "save-list.ops=mm") != \
+        _total("--checkpointing", "save-list")
+    code, err = error_of(capsys, "estimate", "--checkpointing", "selective", "--option",
+                         "selective.modules=core_attn,mlp")
+    assert code == 2 and "plugin_options['selective'].modules='mlp' is not allowed: one of core_attn, layernorm, " \
+        "moe_act" in err
+    code, err = error_of(capsys, "estimate", "--checkpointing", "selective", "--option", "selective.modules=")
+    assert code == 2 and "plugin_options['selective'].modules=() is not allowed: a non-empty list of Megatron-Core " \
+        "recompute modules: core_attn, layernorm, moe_act" in err
+    code, err = error_of(capsys, "estimate", "--checkpointing", "save-list", "--option", "save-list.ops=mm,foo")
+    assert code == 2 and "plugin_options['save-list'].ops='foo' is not allowed: one of mm, sdpa, bmm" in err
