@@ -1525,17 +1525,17 @@ def _check_fit_flags(args) -> None:
     for name in ("flops", "host_link_gbps", "host_memory_gbps"):
         if args.question != "techniques" and getattr(args, name) is not None:
             raise InvalidInputError(f"--{name.replace('_', '-')}", getattr(args, name), "only with `fit techniques`")
-    if args.question == "techniques":
-        return
-    flag, dest, why = _FIT_SEARCHED[args.question]
-    if getattr(args, dest) is not None:
-        raise InvalidInputError(flag, getattr(args, dest), f"not given: {why}", f"leave out {flag}")
-    if args.multiple_of is not None:
+    if args.multiple_of is not None:     # (`fit techniques` too: it searches no sequence length)
         if args.question != "seq":
             raise InvalidInputError("--multiple-of", args.multiple_of, "only with `fit seq`",
                                     f"`fit {args.question}` searches no sequence length")
         if args.multiple_of < 1:
             raise InvalidInputError("--multiple-of", args.multiple_of, "an integer >= 1 (e.g. 128)")
+    if args.question == "techniques":
+        return
+    flag, dest, why = _FIT_SEARCHED[args.question]
+    if getattr(args, dest) is not None:
+        raise InvalidInputError(flag, getattr(args, dest), f"not given: {why}", f"leave out {flag}")
 
 
 def cmd_fit(args, out) -> int:

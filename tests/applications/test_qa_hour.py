@@ -65,3 +65,12 @@ def test_option_lists_as_text_are_names_not_characters(capsys):
         "recompute modules: core_attn, layernorm, moe_act" in err
     code, err = error_of(capsys, "estimate", "--checkpointing", "save-list", "--option", "save-list.ops=mm,foo")
     assert code == 2 and "plugin_options['save-list'].ops='foo' is not allowed: one of mm, sdpa, bmm" in err
+
+
+def test_fit_techniques_refuses_multiple_of(capsys):
+    # `fit batch --multiple-of` was refused, `fit techniques --multiple-of -3` silently ignored.
+    for value in ("128", "-3"):
+        code, err = error_of(capsys, "fit", "techniques", "--multiple-of", value)
+        assert code == 2
+        assert err == (f"mlsysim-core: error: --multiple-of={value} is not allowed: only with `fit seq` "
+                       "(`fit techniques` searches no sequence length)")
