@@ -1761,13 +1761,20 @@ def cmd_time(args, out) -> int:
     rule = args.data_parallel or (f"zero{args.zero_stage}" if args.zero_stage is not None else "zero0")
     if args.microbatch is not None and args.grad_accum is not None:
         raise InvalidInputError("--grad-accum", args.grad_accum, "one of --micro-batch and --grad-accum, not both")
+    if args.power_limit is not None and not 0 < args.power_limit < float("inf"):     # (nan too)
+        raise InvalidInputError("--power-limit", args.power_limit, "a positive finite number of watts (default: the "
+                                "hardware's TDP)")
     dp = max(args.dp, 1)
     microbatch = args.microbatch
     if microbatch is None:
-        steps = args.grad_accum or 1
-        if steps < 1 or args.global_batch % (dp * steps):
-            raise InvalidInputError("--grad-accum", steps, f"a count of micro-batches that with --dp {dp} divides "
-                                    f"--global-batch {args.global_batch}")
+        steps = 1 if args.grad_accum is None else args.grad_accum
+        if steps < 1:
+            raise InvalidInputError("--grad-accum", steps, "an integer >= 1")
+        if args.global_batch >= 1 and args.global_batch % (dp * steps):
+            flag, value = ("--grad-accum", steps) if args.grad_accum is not None else ("--global-batch",
+                                                                                          args.global_batch)
+            raise InvalidInputError(flag, value, f"--global-batch a multiple of --dp x --grad-accum = {dp} x {steps}",
+                                    f"{args.global_batch} / {dp * steps} is not a whole micro-batch")
         microbatch = args.global_batch // (dp * steps)
     solver = TrainingMemoryModel(plugin_manager=_manager(args))
     # --compiled: the run is compiled block by block for its memory too, as the search's --allow-compile
@@ -1783,14 +1790,26 @@ def cmd_time(args, out) -> int:
                          pipeline_schedule=args.pipeline_schedule, compiled=args.compiled, float8=args.float8,
                          async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
                          **run)
+    model, hardware = _model(args.model).name, _hardware(args.hardware).name
+    run = {"model": model, "hardware": hardware, "global_batch": args.global_batch, "seq_len": args.seq_len,
+           "precision": args.precision, "regime": args.regime, "optimizer": args.optimizer,
+           "profile": args.profile or DEFAULT_PROFILE}
     if args.json:
-        out.write(json.dumps(r, indent=2, sort_keys=True, default=str) + "\n")
+        units = {"step_s": "seconds per optimizer step", "components": "seconds per optimizer step",
+                 "memory_bytes": "bytes (the heaviest rank)", "tokens_per_s": "tokens per second, the whole run",
+                 "tokens_per_s_per_device": "tokens per second per device", "bubble": "share of the step (0-1)",
+                 "mfu": "share of the dense bf16 peak (0-1)"}
+        out.write(json.dumps({**r, "run": run, "units": units, "schema_version": _schema_version()}, indent=2,
+                             sort_keys=True, default=str) + "\n")
         return 0
     L = r["layout"]
-    lines = [f"{args.model} on {L['devices']} x {args.hardware}: tp {L['tp']}, cp {L['cp']}, pp {L['pp']}"
+    lines = [f"{model} on {L['devices']} x {hardware}: tp {L['tp']}, cp {L['cp']}, pp {L['pp']}"
              + (f" (vp {L['vp']})" if L["vp"] > 1 else "") + f", dp {L['dp']} ({L['data_parallel']}), ep {L['ep']}, "
              f"{L['checkpointing']} checkpointing (recompute {L['recompute']:.2f}), micro-batch {L['microbatch']} x "
              f"{L['gradient_accumulation_steps']}" + (", sequence parallel" if L["sequence_parallel"] else ""),
+             f"profile {run['profile']}, precision {args.precision}"
+             + (f", regime {args.regime}" if args.regime else "") + f", optimizer {args.optimizer}, global batch "
+             f"{args.global_batch}, seq {args.seq_len}",
              f"step {r['step_s']:.4g} s   {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_per_device']:,.0f} per "
              f"device)   MFU {r['mfu']:.1%}   bubble {r['bubble']:.1%}"
              + ("" if r["calibrated"] else "   (uncalibrated)")]

@@ -74,3 +74,43 @@ def test_fit_techniques_refuses_multiple_of(capsys):
         assert code == 2
         assert err == (f"mlsysim-core: error: --multiple-of={value} is not allowed: only with `fit seq` "
                        "(`fit techniques` searches no sequence length)")
+
+
+def test_time_refuses_a_bad_power_limit(capsys):
+    # `time --power-limit -5` was a TypeError traceback (a complex clock share); 0 and nan answered.
+    for value, shown in (("-5", "-5.0"), ("0", "0.0"), ("nan", "nan"), ("inf", "inf")):
+        code, err = error_of(capsys, "time", "--power-limit", value)
+        assert code == 2
+        assert err == (f"mlsysim-core: error: --power-limit={shown} is not allowed: a positive finite number of "
+                       "watts (default: the hardware's TDP)")
+    code, out = run("time", "--power-limit", "500", "--json")
+    assert code == 0 and json.loads(out)["assumptions"]["clock_share"] == (500 / 700) ** (1 / 3)
+
+
+def test_time_names_the_flag_the_user_gave(capsys):
+    # `time --grad-accum 0` answered as 1; `time -b 7 --dp 2` named --grad-accum=1, never given.
+    code, err = error_of(capsys, "time", "--grad-accum", "0")
+    assert code == 2 and err == "mlsysim-core: error: --grad-accum=0 is not allowed: an integer >= 1"
+    code, err = error_of(capsys, "time", "-b", "7", "--dp", "2")
+    assert code == 2 and err == ("mlsysim-core: error: --global-batch=7 is not allowed: --global-batch a multiple of "
+                                 "--dp x --grad-accum = 2 x 1 (7 / 2 is not a whole micro-batch)")
+    code, err = error_of(capsys, "time", "--grad-accum", "3")
+    assert code == 2 and err.startswith("mlsysim-core: error: --grad-accum=3 is not allowed: --global-batch a multiple")
+
+
+def test_time_says_the_run_it_timed():
+    # `time` printed the model and hardware as typed and no precision, profile, batch or sequence;
+    # its JSON had neither the run nor units nor a schema version (search's JSON has all three).
+    argv = ("time", "-m", "Llama-3.1-8b", "-g", "H100", "--precision", "bf16", "--regime", "bf16", "-s", "1024")
+    code, text = run(*argv)
+    assert code == 0
+    first, second = text.splitlines()[:2]
+    assert first.startswith("meta-llama/Llama-3.1-8B on 1 x NVIDIA H100 SXM5 80GB: tp 1")
+    assert second == "profile measured, precision bf16, regime bf16, optimizer adam, global batch 8, seq 1024"
+    code, out = run(*argv, "--json")
+    doc = json.loads(out)
+    assert doc["run"] == {"model": "meta-llama/Llama-3.1-8B", "hardware": "NVIDIA H100 SXM5 80GB", "global_batch": 8,
+                          "seq_len": 1024, "precision": "bf16", "regime": "bf16", "optimizer": "adam",
+                          "profile": "measured"}
+    assert doc["units"]["step_s"] == doc["units"]["components"] == "seconds per optimizer step"
+    assert doc["units"]["memory_bytes"] == "bytes (the heaviest rank)" and doc["schema_version"] == 2
