@@ -22,6 +22,7 @@ HOW = {"fsdp1": "no_sync", "fsdp2": "step", "hsdp1": "no_sync", "hsdp2": "step"}
 RULE = {"fsdp1": "fsdp", "fsdp2": "fsdp", "hsdp1": "hsdp", "hsdp2": "hsdp"}
 FSDP1 = ("fsdp1", "hsdp1")      # FullyShardedDataParallel: the rule's fsdp_version=1
 SHARD_GROUP = 2     # the hsdp runs' (replicate 2, shard 2) mesh
+PRECISION = {"fp32": "fp32", "fsdp-fp16-reduce-fp16": "fp16"}     # the runs' precision (else bf16)
 
 
 def _runs():
@@ -41,7 +42,7 @@ def _solve(run, gradient_sync=None, fsdp_version=None):
                **({"fsdp_version": version} if version else {})}
     return TrainingMemoryModel("measured").solve(
         from_hf_config(run["hf_config"], name=run["model"]), BIG, run["batch_size"] * w * m, run["seq_len"],
-        "fp32" if run["regime"] == "fp32" else "bf16", run["optimizer"], "none", regime=run["regime"],
+        PRECISION.get(run["regime"], "bf16"), run["optimizer"], "none", regime=run["regime"],
         optimizer_impl=run["optimizer_impl"], attention=run["attention"], runtime_overheads=False, dp_size=w,
         data_parallel=rule, gradient_accumulation_steps=m, plugin_options={rule: options} if options else None)
 
@@ -57,10 +58,12 @@ def test_measurements_cover_both_apis_with_and_without_accumulation():
     assert "fsdp_no_sync/measure.py" in data["generator"]
     assert data["environment"]["torch"].split("+")[0] == "2.13.0"
     assert {(r["kind"], r["microbatches"]) for r in runs} == {(k, m) for k in RULE for m in (1, 4)}
-    assert {r["regime"] for r in runs} == {"fp32", "bf16", "fsdp-bf16-reduce-bf16"}
-    # accelerate's bf16 policy (param_dtype = reduce_dtype = bf16 over fp32 parameters), FSDP1 and FSDP2
-    assert {(r["kind"], r["microbatches"]) for r in runs if r["regime"] == "fsdp-bf16-reduce-bf16"} == {
-        (k, m) for k in ("fsdp1", "fsdp2") for m in (1, 4)}
+    assert {r["regime"] for r in runs} == {"fp32", "bf16", "fsdp-bf16-reduce-bf16", "fsdp-fp16-reduce-fp16"}
+    # accelerate's bf16 and fp16 policies (param_dtype = reduce_dtype = the 16-bit dtype over fp32 parameters),
+    # FSDP1 and FSDP2
+    for regime, ms in (("fsdp-bf16-reduce-bf16", (1, 4)), ("fsdp-fp16-reduce-fp16", (1,))):
+        assert {(r["kind"], r["microbatches"]) for r in runs if r["regime"] == regime} == {
+            (k, m) for k in ("fsdp1", "fsdp2") for m in ms}
 
 
 @pytest.mark.parametrize("run", _runs(), ids=lambda r: r["id"])
@@ -435,3 +438,42 @@ def test_accelerate_fsdp1_shard_grad_op_accumulates_under_no_sync(tmp_path):
     launch = from_launch([trainer, path], hardware="h100")
     assert launch.scenario.data_parallel == "fsdp-grad-op"
     assert launch.scenario.plugin_options == {"fsdp-grad-op": {"gradient_sync": "step"}}
+
+
+# --- accelerate's fp16 policy with its loss scaler (fsdp-fp16-reduce-fp16) ----------------------------------------
+
+FP16 = "fsdp-fp16-reduce-fp16"
+
+
+@pytest.mark.parametrize("run", [r for r in _runs() if r["regime"] == FP16], ids=lambda r: r["id"])
+def test_fp16_policy_is_the_bf16_policy_plus_the_scalers_scalars(run):
+    """FSDP MixedPrecision(Policy)(param_dtype = reduce_dtype = fp16) over fp32 parameters, with the scaler accelerate
+    1.16.0 builds (accelerator.py lines 536-555: FSDP1 ShardedGradScaler, FSDP2 torch.amp.GradScaler) driven as the
+    Trainer drives it (scale(loss).backward(), unscale_, step, update). Every phase measured is the bf16 policy's
+    run plus the scaler's scalars, by hand from torch 2.13's amp/grad_scaler.py and sharded_grad_scaler.py: the fp32
+    scale and the int32 growth tracker (4 + 4 B) in every phase; in the step the fp32 found_inf too (4 B; inv_scale
+    is freed when unscale_ returns, before the optimizer's peak); the scaled loss replaces the loss (no byte more);
+    unscale_ divides the gradients in place (no copy). The profile prices the two regimes to the byte alike (the
+    scaler unpriced: 8 to 12 B)."""
+    bf16 = next(r for r in _runs() if r["id"] == run["id"].replace(FP16, "fsdp-bf16-reduce-bf16"))
+    scaler = run["measured"]["grad_scaler"]
+    assert scaler["class"] == ("ShardedGradScaler" if run["kind"] == "fsdp1" else "GradScaler")
+    assert (scaler["steps"], scaler["skipped_steps"], scaler["scale"]) == (3, 0, 2.0 ** 16)     # no step skipped
+    measured = {name: run["measured"]["peak_by_phase"][name]["bytes"] - bf16["measured"]["peak_by_phase"][name]["bytes"]
+                for name in PHASES}
+    scale, growth_tracker, found_inf = 4, 4, 4
+    assert measured == {"forward": scale + growth_tracker, "backward": scale + growth_tracker,
+                        "optimizer": scale + growth_tracker + found_inf}
+    one, two = _solve(run), _solve(bf16)
+    assert [t.nbytes for t in one.terms] == [t.nbytes for t in two.terms]
+
+
+def test_fp16_regimes_bytes_are_the_bf16_counterparts():
+    """Declared, not named: fsdp-fp16-reduce-fp16 and fsdp-fp16-stored hold every byte field of their bf16
+    counterparts (2 B either way), and their collectives move the same bytes."""
+    import attrs
+    from mlsysim_plugins.measured.regimes import REGIMES
+    for fp16, bf16 in (("fsdp-fp16-reduce-fp16", "fsdp-bf16-reduce-bf16"), ("fsdp-fp16-stored", "fsdp-bf16-stored")):
+        a, b = REGIMES[fp16], REGIMES[bf16]
+        assert attrs.evolve(a, name=b.name, description=b.description) == b
+        assert a.collective_bytes() == b.collective_bytes() == {"parameters": 2, "gradients": 2}

@@ -24,6 +24,14 @@ config (``../configs.py``'s shapes) in one of two ways:
 - regime ``fsdp-bf16-reduce-bf16`` (``fsdp1`` / ``fsdp2``): accelerate's FSDP mixed precision bf16 over fp32
   parameters: FSDP1 ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)``, FSDP2
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)`` (``mixed_precision`` below).
+- regime ``fsdp-fp16-reduce-fp16`` (``fsdp1`` / ``fsdp2``): the same policy in fp16 (accelerate's
+  ``mixed_precision: fp16``) with the loss scaler accelerate 1.16.0 builds for it (accelerator.py lines 536-555):
+  FSDP1 torch's ``ShardedGradScaler``, FSDP2 ``torch.amp.GradScaler`` (utils/fsdp_utils.py ``get_fsdp2_grad_scaler``),
+  driven as the Trainer drives it through accelerate: ``scaler.scale(loss).backward()`` (``Accelerator.backward``),
+  then ``scaler.unscale_(optimizer)`` (``clip_grad_norm_``'s ``unscale_gradients``), ``scaler.step(optimizer)``,
+  ``scaler.update()`` (``AcceleratedOptimizer.step``), all in the ``optimizer`` phase (``Scaled`` below). The
+  scaler runs on the CPU (``device="cpu"``): its update takes the CPU branch (``_amp_update_scale_cpu_``), which
+  replaces the 4-byte growth tracker instead of updating it in place; every fp16 op used has a CPU kernel.
 
 The protocol is ../harness.py's ``run_protocol`` (two warm-up iterations, the third measured; AdamW foreach;
 ``zero_grad(set_to_none=True)``; ``loss = model(input_ids, labels=input_ids).loss / m``), the model called through
@@ -83,16 +91,60 @@ def _cfg(kind, model, world, rank, m, *, regime="fp32", b=2, s=256):
 # param_dtype = reduce_dtype = bf16, FSDP1's buffer_dtype too), over the fp32 parameters accelerate upcasts to
 # (accelerator.py line 1970 for FSDP1, utils/fsdp_utils.py line 801 for FSDP2): the profile's regime of that name.
 ACCELERATE_MP = "fsdp-bf16-reduce-bf16"
+# The same policy in fp16 (set_mixed_precision("fp16"): param_dtype = reduce_dtype = fp16), with accelerate's loss
+# scaler: the profile's fsdp-fp16-reduce-fp16.
+ACCELERATE_MP_FP16 = "fsdp-fp16-reduce-fp16"
+POLICY_DTYPE = {ACCELERATE_MP: torch.bfloat16, ACCELERATE_MP_FP16: torch.float16}
 
 
 def mixed_precision(kind: str, regime: str) -> dict:
-    """The sharding call's mixed-precision keyword for ``regime`` (none but accelerate's bf16 policy)."""
-    if regime != ACCELERATE_MP:
+    """The sharding call's mixed-precision keyword for ``regime`` (none but accelerate's 16-bit policies)."""
+    dtype = POLICY_DTYPE.get(regime)
+    if dtype is None:
         return {}
     if kind.endswith("1"):
-        return {"mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
-                                                  buffer_dtype=torch.bfloat16)}
-    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}
+        return {"mixed_precision": MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)}
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)}
+
+
+def grad_scaler(kind: str):
+    """accelerate 1.16.0's loss scaler for fp16 (accelerator.py lines 536-555): FSDP1 ``ShardedGradScaler``
+    (utils/modeling.py ``get_grad_scaler``), FSDP2 the plain ``torch.amp.GradScaler`` (``get_fsdp2_grad_scaler``),
+    both with their defaults (init_scale 2**16), on this run's device."""
+    if kind.endswith("1"):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return ShardedGradScaler(device="cpu")
+    from torch.amp.grad_scaler import GradScaler
+    return GradScaler(device="cpu")
+
+
+class Scaled:
+    """The model and optimizer as the Trainer drives them with a loss scaler (transformers 5.23.0 through
+    accelerate 1.16.0): the loss scaled before its backward (``Accelerator.backward``: ``scaler.scale(loss)
+    .backward()``), and the step ``unscale_`` (``Accelerator.clip_grad_norm_`` -> ``unscale_gradients``), ``step``,
+    ``update`` (``AcceleratedOptimizer.step``). ``steps``/``skipped``: the scaler's steps and those it skipped
+    (inf/NaN found)."""
+
+    def __init__(self, model, optimizer, scaler):
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.steps = self.skipped = 0
+
+    def __call__(self, **kwargs):
+        out = self.model(**kwargs)
+        out.loss = self.scaler.scale(out.loss)
+        return out
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        self.scaler.unscale_(self.optimizer)
+        found = sum(v.item() for v in self.scaler._per_optimizer_states[id(self.optimizer)]
+                    ["found_inf_per_device"].values())
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.steps += 1
+        self.skipped += int(found > 0)
 
 
 CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
@@ -101,7 +153,8 @@ CONFIGS = [_cfg(kind, model, 4, 0, m, regime=regime)
            for m in (1, 4)] + [_cfg(kind, "gqa-tiny", 4, 0, m) for kind in ("hsdp1", "hsdp2") for m in (1, 4)] + [
     _cfg(kind, "gqa-tiny", 4, 0, m, regime=regime) for kind in ("gradop1", "gradop2") for regime in ("fp32", "bf16")
     for m in (1, 4)] + [
-    _cfg(kind, "gqa-tiny", 4, 0, m, regime=ACCELERATE_MP) for kind in ("fsdp1", "fsdp2") for m in (1, 4)]
+    _cfg(kind, "gqa-tiny", 4, 0, m, regime=ACCELERATE_MP) for kind in ("fsdp1", "fsdp2") for m in (1, 4)] + [
+    _cfg(kind, "gqa-tiny", 4, 0, m, regime=ACCELERATE_MP_FP16) for kind in ("fsdp1", "fsdp2") for m in (1, 4)]
 SHARD_GROUP = 2     # the HSDP runs: 2 replicas of a 2-rank shard group (a (replicate, shard) device mesh)
 
 
@@ -168,11 +221,20 @@ def measure(cfg: dict) -> dict:
             optimizer = harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
             mt = harness.PhaseMemTracker()
             mt.track_external(model, optimizer, input_ids)
-            alive, _ = harness.run_protocol(mt, SyncSwitch(model, cfg["kind"], cfg["microbatches"]), optimizer,
-                                            input_ids, microbatches=cfg["microbatches"])
+            run_model, run_optimizer = SyncSwitch(model, cfg["kind"], cfg["microbatches"]), optimizer
+            scaled = None
+            if cfg["regime"] == ACCELERATE_MP_FP16:
+                scaled = Scaled(run_model, optimizer, grad_scaler(cfg["kind"]))
+                run_model = run_optimizer = scaled
+            alive, _ = harness.run_protocol(mt, run_model, run_optimizer, input_ids,
+                                            microbatches=cfg["microbatches"])
             record = harness.peak_record(mt)
             micro_batch_maxima(record)
             flat = [p for p in model.parameters()]
+            if scaled is not None:
+                record["grad_scaler"] = {"class": type(scaled.scaler).__name__, "steps": scaled.steps,
+                                         "skipped_steps": scaled.skipped,
+                                         "scale": float(scaled.scaler.get_scale())}
             return {**record, "alive": alive, "parameters_global": int(parameters),
                     "local_parameter_bytes": int(sum(p.numel() * p.element_size() for p in flat)),
                     "wall_s": round(time.perf_counter() - t0, 1)}

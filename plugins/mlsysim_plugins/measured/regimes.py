@@ -126,9 +126,9 @@ REGIMES = {**REGIMES, ACCELERATE_FSDP.name: ACCELERATE_FSDP}
 # in 2 B is kept in 2 B, so the bytes are bf16's. fp16 adds accelerate's loss scaler (accelerator.py lines 536-555:
 # FSDP1 torch's ShardedGradScaler, FSDP2 torch.amp.GradScaler), whose tensors are scalars (torch 2.13
 # amp/grad_scaler.py and distributed/fsdp/sharded_grad_scaler.py: the fp32 scale and int32 growth tracker kept, 8 B;
-# the scaled loss, 4 B, in the backward; inv_scale and found_inf, 4 B each, in the step) and which unscales the
-# gradients in place (_amp_foreach_non_finite_check_and_unscale_): not priced (at most 16 B; measured in
-# validation/fsdp_no_sync, the fsdp-fp16-reduce-fp16 runs, every phase the bf16 run's plus those bytes).
+# found_inf, 4 B, through the step; inv_scale freed when unscale_ returns; the scaled loss replaces the loss) and
+# which unscales the gradients in place (_amp_foreach_non_finite_check_and_unscale_): not priced (8 B, 12 B in the
+# step; measured in validation/fsdp_no_sync, the fsdp-fp16-reduce-fp16 runs: every phase the bf16 run's plus those).
 REGIMES = {**REGIMES, **{r.name: r for r in (
     Regime(name="fsdp-fp16-reduce-fp16", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16), "
            "accelerate's, with its loss scaler: fp32 sharded parameters, gradients and optimizer state; fp16 gathered "
