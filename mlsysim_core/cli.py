@@ -1592,7 +1592,10 @@ def cmd_fit(args, out) -> int:
                 "headroom": answer.headroom, "solves": answer.solves, "details": answer.details,
                 "at_search_limit": answer.at_search_limit,
                 "result": answer.result.to_dict() if answer.result else None,
-                "limit": answer.limit.to_dict() if answer.limit else None}
+                "limit": answer.limit.to_dict() if answer.limit else None,
+                "units": {"value": {"batch": "sequences per micro-batch", "seq": "tokens per sequence",
+                                    "devices": "devices (tp x pp x cp x dp)"}[args.question],
+                          "headroom": "bytes (capacity - total at the answer)", "memory": "bytes (result, limit)"}}
         if args.question == "seq":
             data["multiple_of"] = unit
         if left_out:
@@ -1644,7 +1647,10 @@ def _fit_techniques(args, out) -> int:
                             host_link_bytes_per_s=gbps["host_link_gbps"],
                             host_memory_bytes_per_s=gbps["host_memory_gbps"], **kwargs)
     if args.json:
-        out.write(json.dumps(_with_launch(_json_document(ladder.to_dict(), scenario, None, ladder.baseline), args),
+        units = {"memory": "bytes (total_memory, host_memory)", "seconds": "added_seconds, total_seconds: seconds per "
+                 "optimizer step", "figures": "FLOP/s and bytes/s, as each key names"}
+        out.write(json.dumps(_with_launch(_json_document({**ladder.to_dict(), "units": units}, scenario, None,
+                                                         ladder.baseline), args),
                              indent=2, sort_keys=True, default=str) + "\n")
     else:
         b = ladder.baseline

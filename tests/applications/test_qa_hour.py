@@ -114,3 +114,17 @@ def test_time_says_the_run_it_timed():
                           "profile": "measured"}
     assert doc["units"]["step_s"] == doc["units"]["components"] == "seconds per optimizer step"
     assert doc["units"]["memory_bytes"] == "bytes (the heaviest rank)" and doc["schema_version"] == 2
+
+
+def test_fit_json_states_its_units():
+    # `fit ... --json` had top-level numbers (headroom, value, added_seconds) with no unit stated.
+    for question, value_unit in (("batch", "sequences per micro-batch"), ("seq", "tokens per sequence")):
+        code, out = run("fit", question, "--json")
+        assert code == 0
+        units = json.loads(out)["units"]
+        assert units["value"] == value_unit and units["headroom"] == "bytes (capacity - total at the answer)"
+    code, out = run("fit", "techniques", "--json")
+    assert code == 0
+    units = json.loads(out)["units"]
+    assert units["memory"] == "bytes (total_memory, host_memory)"
+    assert units["seconds"] == "added_seconds, total_seconds: seconds per optimizer step"
