@@ -131,8 +131,9 @@ class Scenario:
                                     "unknown field(s)")
         missing = [name for name in ("model", "hardware", "batch_size") if name not in data]
         if missing:
-            raise InvalidInputError(where, ", ".join(missing), "model, hardware and batch_size are required",
-                                    "missing field(s)")
+            flags = "" if where == "scenario" else " (flags override a file's values, they do not complete it)"
+            raise InvalidInputError(f"{where}'s {missing[0]}", None, "a value: model, hardware and batch_size are "
+                                    f"required{flags}", f"missing: {', '.join(missing)}")
         _check_fields(data, where, options)
         check_contradictions({name: (f"{where}'s {name}" if where != "scenario" else name, data[name])
                               for name in data})

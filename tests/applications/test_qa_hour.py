@@ -4,6 +4,7 @@ that showed the bug, asserting the answer or the error's parameter, value and wh
 
 import json
 
+import pytest
 from clitools import error_of, run
 
 ACCELERATE_ZERO3 = "tests/data/launch/accelerate/trl/zero3.yaml"     # no batch, no model, no sequence
@@ -128,3 +129,21 @@ def test_fit_json_states_its_units():
     units = json.loads(out)["units"]
     assert units["memory"] == "bytes (total_memory, host_memory)"
     assert units["seconds"] == "added_seconds, total_seconds: seconds per optimizer step"
+
+
+def test_a_scenario_file_missing_a_required_field_names_it(capsys, tmp_path):
+    # was: "scenario run.json='hardware' is not allowed: ..." (the field shown as the file's value),
+    # and -g given beside it did not say why it was still refused.
+    path = tmp_path / "run.json"
+    path.write_text('{"model": "llama3-8b", "batch_size": 8}')
+    code, err = error_of(capsys, "estimate", "--scenario", str(path), "-g", "h100")
+    assert code == 2
+    assert err == ("mlsysim-core: error: scenario run.json's hardware=None is not allowed: a value: model, hardware "
+                   "and batch_size are required (flags override a file's values, they do not complete it) "
+                   "(missing: hardware)")
+    from mlsysim_core.errors import InvalidInputError
+    from mlsysim_core.scenario import Scenario
+    with pytest.raises(InvalidInputError) as info:
+        Scenario.from_dict({"model": "llama3-8b"})
+    assert info.value.parameter == "scenario's hardware" and info.value.value is None
+    assert str(info.value).endswith("required (missing: hardware, batch_size)")
