@@ -1623,6 +1623,13 @@ def _headroom(text):
     """``--headroom 4`` is 4 GiB, ``--headroom 10%`` a tenth of the capacity (search.headroom_bytes)."""
     if text is None or text.strip().endswith(("%", "B")):
         return text
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not 0 <= number < float("inf"):     # (search would name "headroom" and the text with GiB appended)
+        raise InvalidInputError("--headroom", text, "GiB >= 0 (a number), or a size such as 8GB, 8GiB or 10% (of "
+                                "the capacity)")
     return text.strip() + "GiB"
 
 

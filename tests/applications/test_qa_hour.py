@@ -147,3 +147,12 @@ def test_a_scenario_file_missing_a_required_field_names_it(capsys, tmp_path):
         Scenario.from_dict({"model": "llama3-8b"})
     assert info.value.parameter == "scenario's hardware" and info.value.value is None
     assert str(info.value).endswith("required (missing: hardware, batch_size)")
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf"])
+def test_search_headroom_bad_number_named_as_given(capsys, value):
+    # was: headroom='-1GiB' / 'abcGiB' is not allowed (the text with the CLI's GiB appended).
+    code, err = error_of(capsys, "search", "-n", "8", "--global-batch", "64", "--headroom", value)
+    assert code == 2
+    assert err == (f"mlsysim-core: error: --headroom='{value}' is not allowed: GiB >= 0 (a number), or a size such as "
+                   "8GB, 8GiB or 10% (of the capacity)")
