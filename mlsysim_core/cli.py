@@ -1116,6 +1116,8 @@ def cmd_estimate(args, out) -> int:
         document["reference_profile"] = None if result.profile == "reference" else {
             "total_memory": reference.total_memory if reference else None,
             "feasible": reference.feasible if reference else None, "refused": refused}
+        if args.explain:     # (the text --explain prints; the terms above carry the same formulas)
+            document["explanation"] = result.explain(solver.registry)
         out.write(json.dumps(_with_launch(document, args), indent=2, sort_keys=True) + "\n")
         return 0
     out.write(_profile_note_lines(note, scenario))

@@ -156,3 +156,15 @@ def test_search_headroom_bad_number_named_as_given(capsys, value):
     assert code == 2
     assert err == (f"mlsysim-core: error: --headroom='{value}' is not allowed: GiB >= 0 (a number), or a size such as "
                    "8GB, 8GiB or 10% (of the capacity)")
+
+
+def test_estimate_explain_with_json_carries_the_explanation():
+    # `estimate --explain --json` dropped the explanation silently (the JSON was --json's alone).
+    code, text = run("estimate", "--explain", "--dp", "8", "-b", "64")
+    assert code == 0
+    code, out = run("estimate", "--explain", "--dp", "8", "-b", "64", "--json")
+    assert code == 0
+    explanation = json.loads(out)["explanation"]
+    assert len(explanation.splitlines()) > 10 and "\n" + explanation.strip() + "\n" in text
+    code, out = run("estimate", "--json")
+    assert "explanation" not in json.loads(out)
