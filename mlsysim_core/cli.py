@@ -760,7 +760,8 @@ def scenario_from_args(args):
     launch = _launch(args)
     if launch is not None:     # the launch files' run, as a scenario file's fields
         data, where = {k: v for k, v in launch.scenario.to_dict().items() if k != "description"}, "launch files"
-    args._scenario_fields = set(data)      # what the file itself set (before the defaults)
+    args._scenario_fields = set(data) - {n for n, source in (launch.sources if launch else {}).items()
+                                         if source.startswith("searched")}     # what the file itself set
     args._from_scenario = {name for name in ("model", "hardware")
                            if name in data and getattr(args, name) is None}
     data.setdefault("model", DEFAULT_MODEL)
@@ -855,7 +856,8 @@ def _launch(args):
     return from_launch(paths, gpus=_launch_gpus(args), hardware=args.hardware, model=args.model,
                        framework_version=args.framework_version, seq_len=getattr(args, "seq_len", None),
                        overrides=args.override, registry=_manager(args).registry,
-                       batch_size=getattr(args, "batch_size", None))
+                       batch_size=getattr(args, "batch_size", None),
+                       searched={"batch": "batch_size", "seq": "seq_len"}.get(getattr(args, "question", None)))
 
 
 def _launch_gpus(args) -> int | None:

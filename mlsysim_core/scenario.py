@@ -880,7 +880,7 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
 
 def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_version: str | None = None,
                 seq_len: int | None = None, overrides=(), registry=None, model=None,
-                batch_size: int | None = None) -> Launch:
+                batch_size: int | None = None, searched: str | None = None) -> Launch:
     """The Scenario of a run described by its launch files (``paths``: one or several files that
     make one run), with how each value was found (`Launch`).
 
@@ -892,7 +892,9 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     micro-batch x dp x accumulation. ``hardware``: ``-g`` (default: the CLI's, h100, said).
     ``model``: ``-m``, replacing the files' model (said). ``seq_len``: ``--seq-len``, which a
     reader uses where the file's length is data-dependent (no packing). ``batch_size``: ``-b``, the
-    global batch where no file gives one (an accelerate or DeepSpeed config alone)."""
+    global batch where no file gives one (an accelerate or DeepSpeed config alone). ``searched``:
+    ``"batch_size"`` or ``"seq_len"``, the value the caller searches (`fit batch`, `fit seq`): where no
+    file gives it, its smallest (one micro-batch per data-parallel rank; cp tokens), said."""
     if registry is None:
         from .manager import get_plugin_manager
         registry = get_plugin_manager().registry
@@ -1014,11 +1016,15 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     sources.pop("global_batch_size", None)
     if "batch_size" not in values and batch_size is not None:
         values["batch_size"], sources["batch_size"] = batch_size, "-b/--batch-size"
+    if "batch_size" not in values and searched == "batch_size":
+        values["batch_size"], sources["batch_size"] = dp * accum, "searched (the files give none)"
     if "batch_size" not in values:
         raise InvalidInputError("--from", ", ".join(str(p) for p in paths), "launch files that give the batch size, "
                                 "or -b (the global batch)", "none of the files gives one")
     notes.append(f"global batch {values['batch_size']} = micro-batch {values['batch_size'] // (dp * accum)} x dp {dp}"
                  f" x accumulation {accum}")
+    if "seq_len" not in values and seq_len is None and searched == "seq_len":
+        values["seq_len"], sources["seq_len"] = cp, "searched (the files give none)"
     if "seq_len" not in values:
         if seq_len is None:
             raise InvalidInputError("--seq-len", None, "the sequence length (the files give none)",

@@ -168,3 +168,20 @@ def test_estimate_explain_with_json_carries_the_explanation():
     assert len(explanation.splitlines()) > 10 and "\n" + explanation.strip() + "\n" in text
     code, out = run("estimate", "--json")
     assert "explanation" not in json.loads(out)
+
+
+def test_fit_from_a_config_without_the_searched_value(capsys):
+    # `fit batch --from` a file with no batch was refused asking for -b, which `fit batch` refuses
+    # (it searches the micro-batch); `fit seq` likewise with the sequence length.
+    code, out = run("fit", "batch", "--from", ACCELERATE_ZERO3, "-m", "llama3-8b", "-s", "2048", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["value"] == 4 and doc["launch"]["sources"]["batch_size"] == "searched (the files give none)"
+    assert doc["value"] == json.loads(run("fit", "batch", "-m", "llama3-8b", "-s", "2048", "--dp", "8", "--zero-stage",
+                                          "3", "--precision", "bf16", "--regime", "mixed-bf16", "--json")[1])["value"]
+    code, text = run("fit", "batch", "--from", ACCELERATE_ZERO3, "-m", "llama3-8b", "-s", "2048")
+    assert code == 0 and "is left out" not in text      # (no file value was left out)
+    code, out = run("fit", "seq", "--from", ACCELERATE_ZERO3, "-m", "llama3-8b", "-b", "8", "--json")
+    assert code == 0 and json.loads(out)["launch"]["sources"]["seq_len"] == "searched (the files give none)"
+    code, err = error_of(capsys, "estimate", "--from", ACCELERATE_ZERO3, "-m", "llama3-8b", "-b", "8")
+    assert code == 2 and "--seq-len=None is not allowed: the sequence length (the files give none)" in err
