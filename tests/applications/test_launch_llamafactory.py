@@ -251,3 +251,20 @@ def test_fp16_qlora_under_accelerate_fsdp(tmp_path):
     assert terms["frozen base parameters (2 B)"] == (2 * V * h + (2 * L + 1) * h) * 2 / 2
     # the same recipe with fp16 alone on one GPU: its own regime (the fp16 base, no FSDP), unchanged
     assert from_launch([qlora], gpus=1, hardware="v100").scenario.profile_options["regime"] == "fp16"
+
+
+def test_a_deepspeed_comment_is_ignored_and_autotp_read(tmp_path):
+    """LLaMA-Factory's ds_z2_autotp_config.json opens with a "_comment" string (a text DeepSpeed never reads): it is
+    listed as ignored, not refused; its AutoTP size becomes tp 2 and stage 2 ZeRO-2. A non-text "_" key is still
+    refused, naming it."""
+    import json
+    path = LF / "deepspeed/ds_z2_autotp_config.json"
+    launch = from_launch([path], gpus=8, hardware="h100", model="llama3-8b", batch_size=8, seq_len=2048)
+    s = launch.scenario
+    assert (s.tp_size, s.zero_stage) == (2, 2)
+    assert "_comment" in launch.readings[0].ignored
+    odd = tmp_path / "ds.json"
+    odd.write_text(json.dumps({**json.loads(path.read_text()), "_buckets": 5}))
+    with pytest.raises(MlsysimError) as err:
+        from_launch([odd], gpus=8, hardware="h100", model="llama3-8b", batch_size=8, seq_len=2048)
+    assert "_buckets" in str(err.value)

@@ -749,7 +749,7 @@ def deepspeed(r: Reading, prefix: str, doc: dict, trainer: dict | None = None, m
         if k in ("zero_optimization", "optimizer", "bf16", "bfloat16", "fp16", "train_micro_batch_size_per_gpu",
                  "gradient_accumulation_steps", "train_batch_size"):
             continue
-        if k in DS_IGNORED:
+        if k in DS_IGNORED or k.startswith("_") and isinstance(v, str):     # "_comment": a text DeepSpeed never reads
             r.ignore(key)
         elif k == "activation_checkpointing":
             _ds_checkpointing(r, key, v)
