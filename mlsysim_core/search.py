@@ -658,6 +658,14 @@ def _domain_notes(hardware, node) -> tuple[str, ...]:
             f"devices_per_node {hardware.devices_per_node} stays the node the memory sees",)
 
 
+def _positive_figures(**figures) -> None:
+    """Each figure given (not None) is a positive finite number: the hardware's own figure replaced."""
+    for name, value in figures.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0 or math.isinf(value)):
+            raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
+
+
 def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: int = 2048,
                  precision: str = "fp16", optimizer: str = "adam",
                  checkpointing: Sequence[str] | None = None, data_parallel: Sequence[str] | None = None,
@@ -733,11 +741,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     devices = _checks.count("devices", devices, maximum=SEARCH_MAX)
     global_batch = _checks.count("global_batch", global_batch, maximum=SEARCH_MAX)
     seq_len = _checks.count("seq_len", seq_len)
-    for name, value in (("flops", flops), ("tp_bandwidth", tp_bandwidth), ("network_bandwidth", network_bandwidth),
-                        ("power", power)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0 or math.isinf(value)):
-            raise InvalidInputError(name, value, "a positive finite number, or None for the hardware's own")
+    _positive_figures(flops=flops, tp_bandwidth=tp_bandwidth, network_bandwidth=network_bandwidth, power=power)
     allow_cross_node_tp = _checks.flag("allow_cross_node_tp", allow_cross_node_tp)
     allow_cross_node_ep = _checks.flag("allow_cross_node_ep", allow_cross_node_ep)
     interleave = _checks.flag("interleave", interleave)
@@ -1604,6 +1608,8 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     global_batch = _checks.count("global_batch", global_batch)
     seq_len = _checks.count("seq_len", seq_len)
     microbatch = _checks.count("microbatch", microbatch)
+    _positive_figures(power=power, memory_bandwidth=memory_bandwidth, flops=flops, tp_bandwidth=tp_bandwidth,
+                      network_bandwidth=network_bandwidth)
     if global_batch % (dp * microbatch):
         raise InvalidInputError("microbatch", microbatch, f"a micro-batch that with dp={dp} divides global_batch="
                                 f"{global_batch}", f"{global_batch} / ({dp} x {microbatch}) is not whole")

@@ -185,3 +185,15 @@ def test_fit_from_a_config_without_the_searched_value(capsys):
     assert code == 0 and json.loads(out)["launch"]["sources"]["seq_len"] == "searched (the files give none)"
     code, err = error_of(capsys, "estimate", "--from", ACCELERATE_ZERO3, "-m", "llama3-8b", "-b", "8")
     assert code == 2 and "--seq-len=None is not allowed: the sequence length (the files give none)" in err
+
+
+@pytest.mark.parametrize("figure, value", [("power", -5), ("power", 0), ("memory_bandwidth", float("nan")),
+                                           ("flops", float("inf")), ("tp_bandwidth", True), ("network_bandwidth", -1)])
+def test_time_plan_refuses_a_figure_that_is_not_positive_and_finite(figure, value):
+    # time_plan(power=-5) from Python was a TypeError deep in the step time (QA); search_plans already refused it
+    from mlsysim_core.errors import InvalidInputError
+    from mlsysim_core.search import time_plan
+    with pytest.raises(InvalidInputError) as err:
+        time_plan("llama3-8b", "h100", global_batch=8, **{figure: value})
+    assert err.value.parameter == figure
+    assert str(err.value).endswith("is not allowed: a positive finite number, or None for the hardware's own")
