@@ -308,13 +308,12 @@ REGIMES_HOOK = "mlsysim_measured_regimes"     # (the measured profile's regimes,
 
 def regime_precisions(regime) -> tuple[str, ...]:
     """The ``precision`` values that agree with a training regime (a ``Regime``): those whose
-    bytes are the regime's compute bytes, and of the 16-bit ones only the one its name says
-    (``mixed-bf16``: bf16; ``fp32``: fp32 or tf32; ``amp-fp16``: fp16)."""
+    bytes are the regime's compute bytes, and of those the one it declares (``Regime.precision``:
+    ``mixed-bf16`` bf16, ``amp-fp16`` fp16; ``fp32`` declares none: fp32 or tf32)."""
     from .plan import PRECISION_BYTES
-    from .registry import name_key
     fits = tuple(p for p, size in PRECISION_BYTES.items() if size == getattr(regime, "compute", None))
-    named = tuple(p for p in fits if p in ("bf16", "fp16") and p in name_key(str(getattr(regime, "name", ""))))
-    return named or fits
+    declared = getattr(regime, "precision", "")
+    return (declared,) if declared in fits else fits
 
 
 def check_contradictions(given: dict[str, tuple[str, Any]], registry=None) -> None:

@@ -366,3 +366,17 @@ def test_a_bom_in_a_user_catalog_file(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("MLSYSIM_CATALOG_DIR")
         clear_cache()
+
+
+def test_a_regimes_precision_is_declared_not_read_from_its_name():
+    """scenario.regime_precisions reads Regime.precision: a regime registered under a name that says no dtype
+    agrees with the precision it declares only; one declaring none, with every precision of its compute bytes."""
+    import attrs
+    from mlsysim_core.scenario import regime_precisions
+    from mlsysim_plugins.measured.regimes import REGIMES
+    half = attrs.evolve(REGIMES["amp-fp16"], name="myorg.half")
+    assert regime_precisions(half) == ("fp16",)
+    assert regime_precisions(attrs.evolve(REGIMES["mixed-bf16"], name="myorg.mixed")) == ("bf16",)
+    undeclared = attrs.evolve(half, precision="")
+    assert set(regime_precisions(undeclared)) == {"bf16", "fp16"}
+    assert set(regime_precisions(REGIMES["fp32"])) == {"fp32", "tf32"}

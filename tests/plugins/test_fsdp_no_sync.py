@@ -475,5 +475,6 @@ def test_fp16_regimes_bytes_are_the_bf16_counterparts():
     from mlsysim_plugins.measured.regimes import REGIMES
     for fp16, bf16 in (("fsdp-fp16-reduce-fp16", "fsdp-bf16-reduce-bf16"), ("fsdp-fp16-stored", "fsdp-bf16-stored")):
         a, b = REGIMES[fp16], REGIMES[bf16]
-        assert attrs.evolve(a, name=b.name, description=b.description) == b
+        assert attrs.evolve(a, name=b.name, description=b.description, precision=b.precision) == b
+        assert (a.precision, b.precision) == ("fp16", "bf16")     # the one field apart: the 16-bit dtype declared
         assert a.collective_bytes() == b.collective_bytes() == {"parameters": 2, "gradients": 2}

@@ -27,7 +27,9 @@ class Regime:
     ``gather``: the bytes a parameter is all-gathered in (FSDP's ``param_dtype``; 0: ``weight``);
     ``reduce``: the bytes a gradient is reduced in across data-parallel ranks (FSDP's
     ``reduce_dtype``, Megatron's ``grad_reduce_in_fp32``; 0: the gradient's own, ``gradient``,
-    else ``main_grad``). The step time reads both (``collective_bytes``).
+    else ``main_grad``). The step time reads both (``collective_bytes``). ``precision``: the
+    solve ``precision`` it runs at when its 16-bit compute is one dtype (``"bf16"``, ``"fp16"``); empty:
+    any precision of ``compute`` bytes (``scenario.regime_precisions`` reads it).
     """
 
     name: str
@@ -43,6 +45,7 @@ class Regime:
     gather: int = 0        # bytes of a parameter all-gathered for compute (FSDP's param_dtype); 0: ``weight``
     reduce: int = 0        # bytes of a gradient reduced across data-parallel ranks (FSDP's reduce_dtype); 0: its own
     frozen: int = 0        # LoRA: bytes of the frozen base as stored where ``weight`` is the adapters' (0: see lora.py)
+    precision: str = ""    # the 16-bit dtype it computes in, "bf16" or "fp16" ("": any of its compute bytes)
 
     @property
     def pure_16bit(self) -> bool:
@@ -81,22 +84,22 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=4, residual=4),
     Regime(name="amp-bf16", description="torch.autocast bf16: fp32 weights, gradients and optimizer "
            "state; bf16 matmuls with cached bf16 weight copies", weight=4, gradient=4, master=0, state=4,
-           compute=2, residual=4, autocast=True),
+           compute=2, residual=4, autocast=True, precision="bf16"),
     Regime(name="amp-fp16", description="torch.autocast fp16 (with a GradScaler): as amp-bf16 in bytes",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=4, autocast=True),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=4, autocast=True, precision="fp16"),
     Regime(name="bf16", description="pure bf16: weights, gradients, optimizer state and activations",
-           weight=2, gradient=2, master=0, state=2, compute=2, residual=2),
+           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, precision="bf16"),
     Regime(name="fp16", description="pure fp16: as bf16 in bytes", weight=2, gradient=2, master=0,
-           state=2, compute=2, residual=2),
+           state=2, compute=2, residual=2, precision="fp16"),
     Regime(name="mixed-bf16", description="Megatron/DeepSpeed mixed precision: bf16 weights and "
            "gradients, fp32 master copy and optimizer state", weight=2, gradient=2, master=4, state=4,
-           compute=2, residual=2),
+           compute=2, residual=2, precision="bf16"),
     Regime(name="fsdp-bf16", description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): "
            "fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters and activations",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=4),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=4, precision="bf16"),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
-           compute=2, residual=2, main_grad=4, reduce=4),
+           compute=2, residual=2, main_grad=4, reduce=4, precision="bf16"),
 )}
 
 # FSDP's MixedPrecision over a model stored in 16 bits: HF Trainer's QLoRA under FSDP (the base loaded in bf16 with
@@ -105,7 +108,7 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
 REGIMES = {**REGIMES, "fsdp-bf16-stored": Regime(
     name="fsdp-bf16-stored", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) over bf16-stored "
     "parameters: bf16 weights, gradients, optimizer state, gathers, reductions and activations",
-    weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2)}
+    weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="bf16")}
 
 # accelerate's FSDP mixed precision (accelerate 1.16.0): FullyShardedDataParallelPlugin.set_mixed_precision
 # (utils/dataclasses.py lines 2008-2013) builds MixedPrecision / MixedPrecisionPolicy(param_dtype=dtype,
@@ -117,7 +120,8 @@ REGIMES = {**REGIMES, "fsdp-bf16-stored": Regime(
 ACCELERATE_FSDP = Regime(
     name="fsdp-bf16-reduce-bf16", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16), "
     "accelerate's: fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters, reduced "
-    "gradients and activations", weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2)
+    "gradients and activations", weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2,
+    precision="bf16")
 REGIMES = {**REGIMES, ACCELERATE_FSDP.name: ACCELERATE_FSDP}
 
 # The fp16 counterparts of the FSDP regimes the launch readers choose (a run with fp16 mixed precision: V100, T4,
@@ -133,11 +137,11 @@ REGIMES = {**REGIMES, **{r.name: r for r in (
     Regime(name="fsdp-fp16-reduce-fp16", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16), "
            "accelerate's, with its loss scaler: fp32 sharded parameters, gradients and optimizer state; fp16 gathered "
            "parameters, reduced gradients and activations (bytes as fsdp-bf16-reduce-bf16)",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2, precision="fp16"),
     Regime(name="fsdp-fp16-stored", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16) over "
            "fp16-stored parameters, with a loss scaler: fp16 weights, gradients, optimizer state, gathers, reductions "
            "and activations (bytes as fsdp-bf16-stored)",
-           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2),
+           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="fp16"),
 )}}
 
 # The measured profile's regime when only the reference's ``precision`` is given: 16-bit
