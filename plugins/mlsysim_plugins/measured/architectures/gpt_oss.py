@@ -105,7 +105,7 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core.errors import NotModelledError
-from mlsysim_core.terms import ACTIVATIONS, MemoryTerm
+from mlsysim_core.terms import ACTIVATIONS, PHASES, MemoryTerm
 
 from ..families import (MEGATRON_LM, RMS_NORM, ArchitectureFamily, LayerWeight, Norm, megatron_alltoall_counts_held,
                         megatron_alltoall_held, megatron_alltoall_map_held, megatron_clamped_glu_moe,
@@ -443,14 +443,7 @@ def _megatron_terms(plan, placement, terms) -> list:
                 nbytes=(layers - 1) * T * per_token, phases=(BACKWARD, BACKWARD_END),
                 formula=f"({layers} - 1) layers x T x 4(2E + 1) B (the recomputed layer's map is in its working "
                         f"set) = {(layers - 1) * T * per_token:,} B"))
-    local = shape.experts // placement.expert_shards
-    counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
-    if counts:
-        out.append(MemoryTerm(
-            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held token counts (int64)",
-            nbytes=layers * counts, phases=PHASES,
-            formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
-                    f"until the layer's next forward) = {layers * counts:,} B"))
+    out += _held_token_counts(shape, placement, layers)
     layers_input = layers * layer_input
     if full:
         # Megatron-Core's CheckpointFunction.backward detaches the saved input (detach_variable: a leaf on the
@@ -521,6 +514,17 @@ def _megatron_terms(plan, placement, terms) -> list:
     return out
 
 
+def _held_token_counts(shape, placement, layers: int) -> list[MemoryTerm]:
+    """The alltoall dispatcher's int64 tokens per local expert, held by each layer until its next forward."""
+    local = shape.experts // placement.expert_shards
+    counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
+    return [MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held token counts (int64)",
+        nbytes=layers * counts, phases=PHASES,
+        formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
+                f"until the layer's next forward) = {layers * counts:,} B")] if counts else []
+
+
 def _megatron_block_terms(plan, placement, terms, T, n) -> list:
     """``_megatron_terms`` under Megatron-Core's block recompute (``recompute_method="block"``,
     ``recompute_num_layers`` n, one stage): the first n layers of the stage run through ``CheckpointFunction``, the
@@ -575,14 +579,7 @@ def _megatron_block_terms(plan, placement, terms, T, n) -> list:
             nbytes=(n - 1) * T * per_token, phases=(BACKWARD_END,),
             formula=f"({n} - 1) layers x T x 4(2E + 1) B (the recomputed layer's map is in its working set) = "
                     f"{(n - 1) * T * per_token:,} B"))
-    local = shape.experts // placement.expert_shards
-    counts = megatron_alltoall_counts_held(experts=shape.experts, local_experts=local)
-    if counts:
-        out.append(MemoryTerm(
-            component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held token counts (int64)",
-            nbytes=layers * counts, phases=PHASES,
-            formula=f"{layers} layers x 8E B (num_global_tokens_per_local_expert, {local} experts a rank; held "
-                    f"until the layer's next forward) = {layers * counts:,} B"))
+    out += _held_token_counts(shape, placement, layers)
     grads = max(n - 1, 1)
     end = (n - 1 + grads) * X
     out.append(MemoryTerm(
