@@ -57,6 +57,10 @@ def structure_options(parameter: str, spec_name: str, options_type: type, value:
     if not isinstance(value, dict):
         raise InvalidInputError(parameter if named else f"{parameter}[{spec_name!r}]", value,
                                 f"a dict or a {options_type.__name__} instance")
+    for f in attrs.fields(attrs.resolve_types(options_type)):     # cattrs splits a str for a tuple into characters
+        if isinstance(value.get(f.name), str) and (f.type is tuple or getattr(f.type, "__origin__", None) is tuple):
+            raise InvalidInputTypeError(f"{parameter}.{f.name}" if named else f"{parameter}[{spec_name!r}].{f.name}",
+                                        value[f.name], "a list", "got str")
     try:
         return _converter.structure(value, options_type)
     except Exception as err:  # cattrs wraps validator and type errors in groups

@@ -380,3 +380,24 @@ def test_a_regimes_precision_is_declared_not_read_from_its_name():
     undeclared = attrs.evolve(half, precision="")
     assert set(regime_precisions(undeclared)) == {"bf16", "fp16"}
     assert set(regime_precisions(REGIMES["fp32"])) == {"fp32", "tf32"}
+
+
+def test_a_string_for_a_tuple_option_is_refused_not_split_into_characters():
+    """A third party's options field typed tuple (bare or tuple[X, ...], postponed annotations too) given a string:
+    cattrs would make it a tuple of characters; refused, naming the field, under plugin_options and a named option."""
+    import attrs
+    from mlsysim_core.errors import InvalidInputTypeError
+    from mlsysim_core.serialization import structure_options
+
+    @attrs.frozen(kw_only=True)
+    class Options:
+        ops: "tuple" = ("mm",)
+        sizes: "tuple[int, ...]" = (1,)
+
+    assert structure_options("plugin_options", "mine", Options, {"ops": ["mm", "sdpa"], "sizes": [2]}) == \
+        Options(ops=("mm", "sdpa"), sizes=(2,))
+    for parameter, name, field in (("plugin_options", "mine", "ops"), ("mine", "mine", "sizes")):
+        with pytest.raises(InvalidInputTypeError) as err:
+            structure_options(parameter, name, Options, {field: "mm,sdpa"})
+        where = f"plugin_options['mine'].{field}" if parameter != name else f"mine.{field}"
+        assert str(err.value) == f"{where}='mm,sdpa' is not allowed: a list (got str)"
