@@ -362,6 +362,11 @@ def _resolve_closest(near: list, bounded: list, context: tuple, margin: float) -
 def _nothing_fits(found: "PlanSearch") -> str:
     """What a search where no layout fits says instead of an empty table: the closest layouts,
     by how much each is over, and the `fit` command that explains one."""
+    if not found.candidates:
+        return (f"No valid layout of {found.devices:,} devices: tp x cp x pp x dp must make the devices, with tp within "
+                f"a node, pp at most the layers, cp dividing seq {found.seq_len:,} and dp dividing global batch "
+                f"{found.global_batch:,} (docs/planner.md, 'The search space'): give fewer devices or a larger global "
+                "batch.")
     if not found.closest:
         return f"No layout of the {found.candidates:,} enumerated fits (none could be solved)."
     lines = [f"No layout of the {found.candidates:,} enumerated fits. The closest (micro-batch 1 each):",

@@ -197,3 +197,14 @@ def test_time_plan_refuses_a_figure_that_is_not_positive_and_finite(figure, valu
         time_plan("llama3-8b", "h100", global_batch=8, **{figure: value})
     assert err.value.parameter == figure
     assert str(err.value).endswith("is not allowed: a positive finite number, or None for the hardware's own")
+
+
+def test_a_search_with_no_valid_layout_says_why(capsys):
+    # 100,000 devices cannot make tp x cp x pp x dp for a global batch of 8 (dp divides it): the search enumerated
+    # nothing, and said "No layout of the 0 enumerated fits (none could be solved)" (QA)
+    code, out = run("search", "-n", "100000", "--global-batch", "8")
+    assert code == 0
+    assert out.rstrip().splitlines()[-1] == (
+        "No valid layout of 100,000 devices: tp x cp x pp x dp must make the devices, with tp within a node, pp at "
+        "most the layers, cp dividing seq 2,048 and dp dividing global batch 8 (docs/planner.md, 'The search "
+        "space'): give fewer devices or a larger global batch.")
