@@ -124,3 +124,11 @@ def test_loss_mapping_per_command():
     assert "the LM head's too" in head.formula
     # the 28 layers' linears (q, k, v, o; gate, up, down) and the untied LM head (128,256 x 3,072), two codes a byte
     assert head.nbytes == (28 * (2 * 3072 * 3072 + 2 * 3072 * 1024 + 3 * 3072 * 8192) + 128256 * 3072) // 2
+
+
+def test_framework_version_other_than_the_readers_is_said():
+    """--framework-version 9.9: LitGPT 0.5.13's defaults applied, said, and the reading labelled as what it applied."""
+    reading = from_launch([DATA / "finetune" / "llama-3.2-1B" / "full.yaml"], framework_version="9.9").readings[0]
+    assert reading.framework_version == "litgpt 0.5.13"
+    assert "--framework-version 9.9: this reader knows litgpt 0.5.13's defaults only; those are applied" \
+        in reading.notes

@@ -253,3 +253,17 @@ def test_compiled_blocks_under_tensor_parallelism_without_sequence_parallelism()
     with pytest.raises(NotModelledError) as err:
         chunked.scenario.solve()
     assert err.value.parameter == "loss" and chunked.sources["loss"].endswith("loss._component_")
+
+
+def test_framework_version_other_than_the_readers_is_said():
+    """--framework-version 9.9: the reader knows torchtune 0.6.1's defaults only, applies them and says so; the
+    reading stays labelled 0.6.1 (it was labelled 'torchtune 9.9' while 0.6.1's defaults were applied)."""
+    launch = from_launch([DATA / "llama3_2/3B_full_single_device.yaml"], hardware="a100", seq_len=2048,
+                         framework_version="9.9")
+    reading = launch.readings[0]
+    assert reading.framework_version == "torchtune 0.6.1"
+    assert "--framework-version 9.9: this reader knows torchtune 0.6.1's defaults only; those are applied" \
+        in reading.notes
+    same = from_launch([DATA / "llama3_2/3B_full_single_device.yaml"], hardware="a100", seq_len=2048,
+                       framework_version="0.6.1")
+    assert not any("--framework-version" in n for n in same.readings[0].notes)

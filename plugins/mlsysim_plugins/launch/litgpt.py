@@ -105,8 +105,10 @@ def _no_sync(r, global_batch, accumulation, where, how, strategy, devices=None) 
 
 def _read(path, document, context):
     path = Path(path)
-    version = f"litgpt {context.framework_version}" if context is not None and context.framework_version else VERSION
-    r = Reading("litgpt", path, version)
+    r = Reading("litgpt", path, VERSION)
+    asked = getattr(context, "framework_version", None)
+    if asked and str(asked).strip() not in VERSION:
+        r.note(f"--framework-version {asked}: this reader knows {VERSION}'s defaults only; those are applied")
     cfg = flatten(document)
     lora = any(k.startswith("lora_") for k in document)
     pretrain = "model_name" in document or "model_config" in document

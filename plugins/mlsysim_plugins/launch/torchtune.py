@@ -137,8 +137,10 @@ def _read(path, document, context) -> Reading:
     overrides = context.take_overrides(path) if context is not None and context.overrides else []
     document = _apply_overrides(document, overrides, path) if overrides else document
     overridden = {key for key, _ in overrides}
-    version = VERSION if context is None or not context.framework_version else f"torchtune {context.framework_version}"
-    r = Reading("torchtune", path, version)
+    r = Reading("torchtune", path, VERSION)
+    asked = getattr(context, "framework_version", None)
+    if asked and str(asked).strip() not in VERSION:
+        r.note(f"--framework-version {asked}: this reader knows {VERSION}'s defaults only; those are applied")
     if overrides:
         r.note("overrides applied first, as `tune run ... key=value`: " + ", ".join(f"{k}={v}" for k, v in overrides))
     cfg = document
