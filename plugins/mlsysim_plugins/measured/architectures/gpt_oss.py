@@ -385,7 +385,7 @@ def _megatron_terms(plan, placement, terms) -> list:
     more experts a rank) are alive in every phase, one set per layer; the permute's row_id_map, a saved part until
     the layer's backward, is held after it (``megatron_alltoall_map_held``: the end of the backward and the
     optimizer step)."""
-    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, PHASES
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP
     from ..checkpointing import whole_layers
     from ..shapes import shape_of
     shape = shape_of(plan)
@@ -405,19 +405,8 @@ def _megatron_terms(plan, placement, terms) -> list:
             return _megatron_block_terms(plan, placement, terms, T, min(blocks, placement.layers_per_stage))
     r = plan.profile_options.regime.residual        # the residual stream's dtype: a layer's input
     layer_input = plan.microbatch * plan.seq_len * shape.hidden * r / shards
-    out = []
-    for t in terms:
-        if t.key == K.FINAL_NORM:
-            final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
-            t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
-        out.append(t)
-    per_token = megatron_alltoall_held(experts=shape.experts)
     layers = placement.layers_per_stage
-    out.append(MemoryTerm(
-        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held routing probabilities and map",
-        nbytes=layers * T * per_token, phases=PHASES,
-        formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
-                f"forward) = {layers * T * per_token:,} B"))
+    out = _megatron_stage_terms(terms, shape, T, layers)
     # The permute's row_id_map is a saved part until the layer's backward; the dispatcher keeps it after that.
     per_token = megatron_alltoall_map_held(experts=shape.experts)
     if not full:
@@ -514,6 +503,24 @@ def _megatron_terms(plan, placement, terms) -> list:
     return out
 
 
+def _megatron_stage_terms(terms, shape, T, layers: int) -> list:
+    """The stage's terms with the final norm costed as Megatron-Core's RMSNorm, and the alltoall dispatcher's routing
+    probabilities and map each layer holds until its next forward."""
+    out = []
+    for t in terms:
+        if t.key == K.FINAL_NORM:
+            final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
+            t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
+        out.append(t)
+    held = megatron_alltoall_held(experts=shape.experts)
+    out.append(MemoryTerm(
+        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held routing probabilities and map",
+        nbytes=layers * T * held, phases=PHASES,
+        formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
+                f"forward) = {layers * T * held:,} B"))
+    return out
+
+
 def _held_token_counts(shape, placement, layers: int) -> list[MemoryTerm]:
     """The alltoall dispatcher's int64 tokens per local expert, held by each layer until its next forward."""
     local = shape.experts // placement.expert_shards
@@ -540,25 +547,14 @@ def _megatron_block_terms(plan, placement, terms, T, n) -> list:
       their graphs keep (n - 1), or with one checkpointed layer the gradient it receives from the kept layers (1);
     * after the backward: each checkpointed layer's detached input and its gradient (2n x T x h x 2 B), kept by the
       recomputed probabilities' graph; a kept layer's graph keeps no input of its own (its input is no leaf)."""
-    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP, PHASES
+    from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, OPTIMIZER_STEP
     from ..shapes import shape_of
     shape = shape_of(plan)
     layers = placement.layers_per_stage
     kept = layers - n
     r = plan.profile_options.regime.residual
     X = plan.microbatch * plan.seq_len * shape.hidden * r / placement.activation_shards
-    out = []
-    for t in terms:
-        if t.key == K.FINAL_NORM:
-            final, how = RMS_NORM.final_saved("bf16", 2, T, shape.hidden)
-            t = attrs.evolve(t, nbytes=final, formula=f"{how} = {final:,} B (Megatron-Core: costed as RMSNorm)")
-        out.append(t)
-    held = megatron_alltoall_held(experts=shape.experts)
-    out.append(MemoryTerm(
-        component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held routing probabilities and map",
-        nbytes=layers * T * held, phases=PHASES,
-        formula=f"{layers} layers x T x 3E B (bf16 probs + bool map, [T, E] each; held until the layer's next "
-                f"forward) = {layers * T * held:,} B"))
+    out = _megatron_stage_terms(terms, shape, T, layers)
     per_token = megatron_alltoall_map_held(experts=shape.experts)
     out.append(MemoryTerm(
         component=ACTIVATIONS, label="Megatron-Core alltoall dispatcher's held permutation map (the layers kept, "
