@@ -15,14 +15,15 @@ activation gradients (tests/measured/test_megatron_gpt_oss_recompute.py derives 
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "measured"))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import test_megatron_gpt_oss_recompute as t  # noqa: E402  (the tiny model, the solve, the term selection)
+from report import write_table  # noqa: E402  (validation/report.py: the compare scripts' --doc)
 
 BEGIN = "<!-- gpt-oss-megatron-recompute-table: begin (validation/megatron_gpt_oss/compare_recompute.py --doc) -->"
 END = "<!-- gpt-oss-megatron-recompute-table: end -->"
@@ -59,15 +60,8 @@ def main(argv=None) -> int:
     if "--doc" not in argv:
         print(table)
         return 0
-    path = os.path.join(ROOT, "docs", "validation.md")
-    text = open(path, encoding="utf-8").read()
-    new, count = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
-                         flags=re.S)
-    if count != 1:
-        raise SystemExit(f"{path}: the table's markers not found once")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"wrote {path}")
+    write_table(table, BEGIN, END)
+    print("wrote docs/validation.md")
     return 0
 
 
