@@ -139,6 +139,69 @@ def _choice_spelling(convert, choices):
     return spelled
 
 
+# --- float8: one list of names for every command -----------------------------------------------
+# `estimate --float8` sets the profile option float8 (the memory: tensorwise, rowwise, ...), `time
+# --float8` and `search --allow-float8` a float8 implementation (the step time's casts: torchao-tensorwise,
+# te-current-scaling, ...). Each implementation declares the option value its memory is
+# (``Float8Casts.memory``), so every command takes the same names: the option's values and the
+# implementations', each read as the other where one declares it, refused naming why where none does.
+
+FLOAT8 = "float8"   # the profile option ``Float8Casts.memory`` names a value of (search: ``{"float8": memory}``)
+
+
+def _float8_names(registry) -> dict:
+    """``{name: (implementation or None, option value or None)}``, the one list: each registered float8
+    implementation (``search.FLOAT8_HOOK``) with the value of the profile option ``float8`` it declares
+    as its memory (None: not modelled), then each value of that option no implementation is named,
+    with the one implementation that declares it (None: none). Empty where neither is installed."""
+    from .scenario import option_fields
+    from .search import FLOAT8_HOOK
+    if registry is None:
+        return {}
+    implementations = registry.extensions.get(FLOAT8_HOOK, {})
+    field = option_fields(registry).get(FLOAT8)
+    values = tuple(field.metadata.get("choices") or ()) if field is not None else ()
+    names = {name: (i, getattr(i, "memory", None) if getattr(i, "memory", None) in values else None)
+             for name, i in implementations.items()}
+    for value in values:
+        owners = [i for i in implementations.values() if getattr(i, "memory", None) == value]
+        names.setdefault(value, (owners[0] if len(owners) == 1 else None, value))
+    return names
+
+
+def _float8_readings(names: dict) -> str:
+    """How each name of the one list is read by the other kind of command."""
+    pairs = [f"{n} = {i.name}" for n, (i, m) in names.items() if i is not None and m == n]
+    memory_only = [n for n, (i, _) in names.items() if i is None]
+    time_only = [n for n, (_, m) in names.items() if m is None]
+    return "; ".join(filter(None, (", ".join(pairs),
+                                   memory_only and f"memory only: {', '.join(memory_only)}",
+                                   time_only and f"step time only (memory not modelled): {', '.join(time_only)}")))
+
+
+def _float8_value(names: dict, flag: str, value, want: str):
+    """``value`` given to ``flag`` as ``want`` reads it: ``"memory"`` (the option's value) or
+    ``"implementation"`` (its name); a spelling (case, separators) of a name is that name."""
+    from .registry import name_key
+    if not isinstance(value, str):
+        return value
+    found = [n for n in names if name_key(n) == name_key(value)]
+    if not found:
+        raise InvalidInputError(flag, value, f"one of: {', '.join(names)}", _float8_readings(names))
+    implementation, memory = names[found[0]]
+    if want == "memory" and memory is None:
+        raise NotModelledError(flag, value, "a name whose memory is modelled: " + ", ".join(
+            n for n, (_, m) in names.items() if m is not None),
+            f"the float8 implementation {found[0]!r} declares no memory (Float8Casts.memory): "
+            f"`mlsysim-core time --float8 {found[0]}` times it")
+    if want == "implementation" and implementation is None:
+        raise NotModelledError(flag, value, "a name of a float8 implementation: " + ", ".join(
+            n for n, (i, _) in names.items() if i is not None),
+            f"no registered float8 implementation declares float8={found[0]!r} as its memory, so its casts are "
+            "not known to the step time")
+    return memory if want == "memory" else implementation.name
+
+
 def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = False):
     """The flags of every installed profile's options: ``(fields, refused)``. ``search``: only
     the options `search_plans` takes; ``refused`` holds (flags, why, takes a value) of the
@@ -173,10 +236,16 @@ def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = 
             metavar = spec.get("metavar") or (None if spec.get("choices") else
                                               spec["flag"][0].lstrip("-").replace("-", "_").upper())
             convert = _argparse_type(spec.get("type") or str)
-            if spec.get("choices"):     # a spelling of a choice (case, -, _, space) is that choice
-                convert = _choice_spelling(convert, spec["choices"])
+            choices = spec.get("choices")
+            if dest == FLOAT8 and len(names := _float8_names(registry)) > len(choices or ()):
+                # (the implementations' names too, one list with `time --float8`: read in _option_values)
+                metavar, choices = "NAME", None
+                help += ("; or a float8 implementation's name, as `time --float8` takes it, read as the memory it "
+                         f"declares ({_float8_readings(names)})").replace("%", "%%")
+            if choices:     # a spelling of a choice (case, -, _, space) is that choice
+                convert = _choice_spelling(convert, choices)
             parser.add_argument(*spec["flag"], dest=dest, type=convert,
-                                choices=spec.get("choices"), metavar=metavar, help=help)
+                                choices=choices, metavar=metavar, help=help)
     return fields, refused
 
 
@@ -197,6 +266,9 @@ def _option_values(args, data: dict) -> dict:
     for name, field in getattr(args, "option_fields", {}).items():
         if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
+            if name == FLOAT8:     # a float8 implementation's name is the memory it declares
+                data[name] = _float8_value(_float8_names(_manager(args).registry), _flag_of(name, field),
+                                           data[name], "memory")
         keys = [spec for spec in field.metadata.get("flags") or () if "key" in spec]
         given = {spec["key"]: (spec, getattr(args, f"{name}.{spec['key']}", None)) for spec in keys}
         given = {key: item for key, item in given.items() if item[1] is not None}
@@ -436,11 +508,15 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                        ("--interleave", "also try interleaved 1F1B at pp > 1, v chunks per rank dividing a stage's layers"),
                        ("--allow-compile", "also try each layout with compile='blocks' (fused ops), refusals counted")):
         srch.add_argument(flag, action="store_true", help=what + " (docs/planner.md: the search space)")
-    float8s = ", ".join(sorted((registry.extensions if registry is not None else {}).get(
-        "mlsysim_float8_implementations", {}))) or "none installed"
+    float8_names = _float8_names(registry)
+    float8s = ", ".join(n for n, (i, _) in float8_names.items() if i is not None and i.name == n) or "none installed"
+    readings = (f"; or a name as `estimate --float8` takes it, read as the implementation that declares it as its "
+                f"memory: {_float8_readings(float8_names)}" if float8_names else "").replace("%", "%%")
+    float8s = float8s.replace("%", "%%")
     srch.add_argument("--allow-float8", nargs="?", const=True, default=False, metavar="IMPL",
                       help="also try each layout in float8, timed with IMPL's casts (a registered float8 "
-                           f"implementation: {float8s}; bare: torchao-tensorwise, its memory float8='tensorwise'), "
+                           f"implementation: {float8s}; bare: torchao-tensorwise, its memory float8='tensorwise'"
+                           f"{readings}), "
                            "refusals counted (docs/planner.md: the search space)")
     srch.add_argument("--option", action="append", default=[], metavar="SPEC.FIELD=VALUE",
                       help="a plugin option for the layouts that select its spec (as `time --option`), e.g. "
@@ -529,7 +605,8 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                      "the memory-bound ops fused, and the memory of the compiled run")
     tim.add_argument("--float8", nargs="?", const=True, default=False, metavar="IMPL",
                      help="the layers' linears timed in float8 (casts counted), IMPL's casts (a registered float8 "
-                          f"implementation: {float8s}; bare --float8: torchao-tensorwise); the memory is the 16-bit "
+                          f"implementation: {float8s}; bare --float8: torchao-tensorwise{readings}); the memory is "
+                          "the 16-bit "
                           "run's, said in a note")
     tim.add_argument("--async-tp", action="store_true",
                      help="TP collectives decomposed and overlapped with the GEMMs (async TP, TP comm overlap)")
@@ -1701,7 +1778,9 @@ def cmd_search(args, out) -> int:
                                    checkpointing=args.checkpointing, solver=solver, context_parallel=args.cp,
                                    max_tp=args.max_tp, allow_cross_node_tp=args.allow_cross_node_tp,
                                    allow_cross_node_ep=args.allow_cross_node_ep, interleave=args.interleave,
-                                   allow_compile=args.allow_compile, allow_float8=args.allow_float8,
+                                   allow_compile=args.allow_compile,
+                                   allow_float8=_float8_value(_float8_names(_manager(args).registry),
+                                                              "--allow-float8", args.allow_float8, "implementation"),
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
                                    **({"plugin_options": _parse_options(args.option)} if args.option else {}),
@@ -1804,7 +1883,9 @@ def cmd_time(args, out) -> int:
                          data_parallel=rule, checkpointing=args.checkpointing, microbatch=microbatch,
                          sequence_parallel=args.sequence_parallel, precision=args.precision,
                          optimizer=args.optimizer, profile=args.profile or DEFAULT_PROFILE,
-                         pipeline_schedule=args.pipeline_schedule, compiled=args.compiled, float8=args.float8,
+                         pipeline_schedule=args.pipeline_schedule, compiled=args.compiled,
+                         float8=_float8_value(_float8_names(_manager(args).registry), "--float8", args.float8,
+                                              "implementation"),
                          async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
                          **run)
     model, hardware = _model(args.model).name, _hardware(args.hardware).name
