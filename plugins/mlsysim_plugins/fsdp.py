@@ -520,11 +520,18 @@ def grad_op_collectives(options):
     return {"step": SHARD_GRAD_OP_PER_STEP, "no_sync": SHARD_GRAD_OP_NO_SYNC}.get(how, SHARD_GRAD_OP)
 
 
+# What the measured profile's regimes may ask of the rule (measured/regimes.py, Regime.requires): FSDP's mixed
+# precision, the shards kept as stored and each unit all-gathered cast to the policy's param_dtype (buffers.py's
+# gathered bytes, the regime's ``gather``).
+MEASURED_PROVIDES = ("fsdp-mixed-precision",)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [
         ShardingRuleSpec(name="fsdp", axis="dp", apply=full, options_type=FullShardOptions,
                          extensions={"measured.buffer_terms": full_shard_buffers, "explain.label": "FSDP (FULL_SHARD)",
+                                     "measured.provides": MEASURED_PROVIDES,
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
                                      "search.unsharded_at_one_rank": True,
                                      STEPTIME_COLLECTIVES: full_shard_collectives},
@@ -532,12 +539,13 @@ def mlsysim_sharding_rules():
                                      "at a time"),
         ShardingRuleSpec(name="fsdp-grad-op", axis="dp", apply=grad_op, options_type=GradOpOptions,
                          extensions={"measured.buffer_terms": grad_op_buffers, "explain.label": "FSDP (SHARD_GRAD_OP)",
+                                     "measured.provides": MEASURED_PROVIDES,
                                      "explain.shards": ("optimizer_state", "gradients", "weights"),
                                      "search.unsharded_at_one_rank": True,
                                      STEPTIME_COLLECTIVES: grad_op_collectives},
                          description="FSDP SHARD_GRAD_OP: as fsdp, gathered parameters kept from forward to backward"),
         ShardingRuleSpec(name="hsdp", axis="dp", apply=hybrid, options_type=HybridOptions,
-                         extensions={"measured.buffer_terms": full_shard_buffers,
+                         extensions={"measured.buffer_terms": full_shard_buffers, "measured.provides": MEASURED_PROVIDES,
                                      "search.unsharded_at_one_rank": True,
                                      STEPTIME_COLLECTIVES: hybrid_collectives},
                          description="FSDP HYBRID_SHARD: fsdp inside a shard group (one node), replicated across"),

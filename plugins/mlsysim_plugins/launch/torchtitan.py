@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, NotModelledError
 
@@ -438,7 +440,9 @@ def _read(path, document, context):
     r.set("parallelism.data_parallel_shard_degree", cfg.get("parallelism.data_parallel_shard_degree", -1),
           "dp_size", replicate * shard, f"dp = replicate {replicate} x shard {shard}")
     reshard, _ = get("parallelism.fsdp_reshard_after_forward", "default")
-    if shard > 1 or (replicate == 1 and (world or 1) > model_parallel):
+    # torchtitan's FSDP shards over dp_shard x cp (v0.2.2 torchtitan/distributed/parallel_dims.py fsdp_enabled:
+    # "return self.dp_shard_enabled or self.cp_enabled"): a cp run is an FSDP run however few shards dp has
+    if shard > 1 or sizes["cp_size"] > 1 or (replicate == 1 and (world or 1) > model_parallel):
         grad_op = reshard == "never" or (reshard == "default" and sizes["pp_size"] > 1)
         rule = "hsdp" if replicate > 1 else ("fsdp-grad-op" if grad_op else "fsdp")
         r.set("parallelism.data_parallel_shard_degree", shard, "data_parallel", rule,
@@ -446,6 +450,7 @@ def _read(path, document, context):
                                                rule == "hsdp" else ""))
     elif replicate > 1:
         r.set("parallelism.data_parallel_replicate_degree", replicate, "zero_stage", 0, "DDP (replicate only)")
+        _ddp_precision(r, sizes)
     # The loss: v0.2.x has no loss section; torchtitan/components/loss.py cross_entropy_loss upcasts the whole
     # logits (pred.flatten(0, 1).float()) and calls F.cross_entropy: the default implementation's bytes.
     # (ChunkedLossWrapper, loss="torchtitan_chunked", is torchtitan 0.3.0's: _resolved_loss.)
@@ -656,6 +661,22 @@ def _allocator(r, sizes) -> None:
                "for a run known to have the setting, runtime_overheads={'allocator': 'segments', "
                "'expandable_segments': True} prices the caching allocator's segments and FSDP2's stream pools "
                "(measured/allocator.py)"))
+
+def _ddp_precision(r, sizes) -> None:
+    """Without FSDP (DDP, replicate only) torchtitan's mixed_precision_param is not a MixedPrecisionPolicy: v0.2.2
+    torchtitan/distributed/utils.py (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce) maybe_enable_amp, "if
+    parallel_dims.fsdp_enabled: ... handled by fully_shard", else with tp or pp "Mixed precision training is disabled"
+    (fp32), else "torch.autocast(device_type, dtype=TORCH_DTYPE_MAP[mixed_precision_param])" (amp-bf16). The
+    precision read earlier (fsdp-bf16, which needs an FSDP rule: Regime.requires) becomes that regime."""
+    if r.values_of("regime") != "fsdp-bf16":
+        return
+    regime, how = (("fp32", "with tp or pp and no FSDP torchtitan disables mixed precision")
+                   if sizes["tp_size"] > 1 or sizes["pp_size"] > 1 else
+                   ("amp-bf16", "DDP without FSDP: torch.autocast in mixed_precision_param (bf16)"))
+    why = f"{how} (torchtitan/distributed/utils.py maybe_enable_amp)"
+    r.fields[:] = [attrs.evolve(f, becomes=regime, note=why) if f.field == "regime" else f for f in r.fields]
+    r.defaults[:] = [attrs.evolve(d, value=regime, note=why) if d.field == "regime" else d for d in r.defaults]
+
 
 @hookimpl
 def mlsysim_launch_formats():

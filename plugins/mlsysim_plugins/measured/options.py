@@ -21,7 +21,7 @@ from .._evolve import evolve
 from .._lazy import lazy_module
 from ._cache import evolved as _evolved, kinds
 from .families import family_for
-from .regimes import regime_for
+from .regimes import check_rule, regime_for
 from .techniques import registered, run_stage
 
 # The physics, imported on a measured solve's first use (never when the plugins load: tests/core/test_fast_paths.py);
@@ -267,6 +267,7 @@ def prepare(plan, registry):
                           plan.activation_checkpointing, plan.model, plan.precision, plan.seq_len,
                           plan.communication_buffer_fraction)
     plan = _evolved(plan, profile_options=o, notes=plan.notes + notes)
+    check_rule(plan, registry)     # the data-parallel rule declares what the regime needs (Regime.requires)
     plan = run_stage(plan, registry, "completed", techniques)     # e.g. LoRA
     if cf is not None:
         if not plan.model.is_sparse:

@@ -12,7 +12,7 @@ from typing import Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import NotModelledError
+from mlsysim_core.errors import InvalidInputTypeError, LayoutError, NotModelledError
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
@@ -29,7 +29,9 @@ class Regime:
     ``reduce_dtype``, Megatron's ``grad_reduce_in_fp32``; 0: the gradient's own, ``gradient``,
     else ``main_grad``). The step time reads both (``collective_bytes``). ``precision``: the
     solve ``precision`` it runs at when its 16-bit compute is one dtype (``"bf16"``, ``"fp16"``); empty:
-    any precision of ``compute`` bytes (``scenario.regime_precisions`` reads it).
+    any precision of ``compute`` bytes (``scenario.regime_precisions`` reads it). ``requires``: the capabilities
+    (``CAPABILITIES``) its data-parallel rule must declare (``extensions["measured.provides"]``) wherever the run has
+    more than one data-parallel rank (``check_rule``); empty (the default): any rule.
     """
 
     name: str
@@ -46,6 +48,7 @@ class Regime:
     reduce: int = 0        # bytes of a gradient reduced across data-parallel ranks (FSDP's reduce_dtype); 0: its own
     frozen: int = 0        # LoRA: bytes of the frozen base as stored where ``weight`` is the adapters' (0: see lora.py)
     precision: str = ""    # the 16-bit dtype it computes in, "bf16" or "fp16" ("": any of its compute bytes)
+    requires: tuple = ()   # capabilities its data-parallel rule declares (CAPABILITIES; (): any rule, as before)
 
     @property
     def pure_16bit(self) -> bool:
@@ -63,6 +66,19 @@ class Regime:
         if grad:
             out["gradients"] = grad
         return out
+
+
+# What a regime may need its data-parallel rule to do (``Regime.requires``), and so what a rule declares it does:
+# a tuple of these names under its spec's ``extensions[PROVIDES]`` (docs/hooks.md). The regime asks what the rule
+# declares, never its name: a rule registered under another name that declares the capability serves as well.
+PROVIDES = "measured.provides"
+# FSDP's mixed precision (MixedPrecisionPolicy, FSDP1's MixedPrecision): the rule shards the parameters as stored
+# (``weight``) and all-gathers each unit cast to the policy's param_dtype (``gather``), reducing the gradients in its
+# reduce_dtype (``reduce``). DeepSpeed's ZeRO and DDP gather (or keep) the parameters in the dtype they are stored in:
+# an fp32 shard gathered in bf16 is not a run they can make.
+FSDP_MIXED_PRECISION = "fsdp-mixed-precision"
+CAPABILITIES = {FSDP_MIXED_PRECISION: "shards the stored parameters and all-gathers them cast to a param_dtype of "
+                                      "their own, FSDP's MixedPrecisionPolicy"}
 
 
 # The data-parallel collectives' dtypes (``gather``, ``reduce``; ``collective_bytes``):
@@ -96,7 +112,8 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            compute=2, residual=2, precision="bf16"),
     Regime(name="fsdp-bf16", description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): "
            "fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters and activations",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=4, precision="bf16"),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=4, precision="bf16",
+           requires=(FSDP_MIXED_PRECISION,)),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
            compute=2, residual=2, main_grad=4, reduce=4, precision="bf16"),
@@ -108,7 +125,8 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
 REGIMES = {**REGIMES, "fsdp-bf16-stored": Regime(
     name="fsdp-bf16-stored", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) over bf16-stored "
     "parameters: bf16 weights, gradients, optimizer state, gathers, reductions and activations",
-    weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="bf16")}
+    weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="bf16",
+    requires=(FSDP_MIXED_PRECISION,))}
 
 # accelerate's FSDP mixed precision (accelerate 1.16.0): FullyShardedDataParallelPlugin.set_mixed_precision
 # (utils/dataclasses.py lines 2008-2013) builds MixedPrecision / MixedPrecisionPolicy(param_dtype=dtype,
@@ -121,7 +139,7 @@ ACCELERATE_FSDP = Regime(
     name="fsdp-bf16-reduce-bf16", description="FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=bf16), "
     "accelerate's: fp32 sharded parameters, gradients and optimizer state; bf16 gathered parameters, reduced "
     "gradients and activations", weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2,
-    precision="bf16")
+    precision="bf16", requires=(FSDP_MIXED_PRECISION,))
 REGIMES = {**REGIMES, ACCELERATE_FSDP.name: ACCELERATE_FSDP}
 
 # The fp16 counterparts of the FSDP regimes the launch readers choose (a run with fp16 mixed precision: V100, T4,
@@ -137,11 +155,13 @@ REGIMES = {**REGIMES, **{r.name: r for r in (
     Regime(name="fsdp-fp16-reduce-fp16", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16), "
            "accelerate's, with its loss scaler: fp32 sharded parameters, gradients and optimizer state; fp16 gathered "
            "parameters, reduced gradients and activations (bytes as fsdp-bf16-reduce-bf16)",
-           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2, precision="fp16"),
+           weight=4, gradient=4, master=0, state=4, compute=2, residual=2, gather=2, reduce=2, precision="fp16",
+           requires=(FSDP_MIXED_PRECISION,)),
     Regime(name="fsdp-fp16-stored", description="FSDP MixedPrecision(param_dtype=fp16, reduce_dtype=fp16) over "
            "fp16-stored parameters, with a loss scaler: fp16 weights, gradients, optimizer state, gathers, reductions "
            "and activations (bytes as fsdp-bf16-stored)",
-           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="fp16"),
+           weight=2, gradient=2, master=0, state=2, compute=2, residual=2, gather=2, reduce=2, precision="fp16",
+           requires=(FSDP_MIXED_PRECISION,)),
 )}}
 
 # The measured profile's regime when only the reference's ``precision`` is given: 16-bit
@@ -190,7 +210,38 @@ def check_modelled(regime: Regime) -> Regime:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 8:
             raise NotModelledError("regime", regime.name, f"{field} in bytes per element, 0 to 8",
                                    f"regime {regime.name!r} has {field}={value!r}")
+    needs = regime.requires
+    if not isinstance(needs, tuple) or not all(isinstance(c, str) and c for c in needs):
+        raise InvalidInputTypeError("regime", regime.name, "requires: a tuple of capability names a data-parallel "
+                                    f"rule declares (e.g. ({FSDP_MIXED_PRECISION!r},)), or () for any rule",
+                                    f"regime {regime.name!r} has requires={needs!r}")
     return regime
+
+
+def check_rule(plan, registry) -> None:
+    """Refuse a regime under a data-parallel rule that does not declare what the regime needs (``Regime.requires``,
+    read against the rule's ``extensions[PROVIDES]``): a ``LayoutError`` naming the regime, the rule and the
+    installed rules that would do (a search leaves that layout out, as any impossible one). On one data-parallel
+    rank (dp x cp = 1) no rule shards or communicates, so every rule serves (the search enumerates that layout once,
+    as zero0: ``search.unsharded_at_one_rank``)."""
+    regime = plan.profile_options.regime
+    needs = regime.requires
+    if not needs or plan.dp_size * plan.cp_size == 1:
+        return
+    name = plan.rules["dp"]
+    provides = registry.sharding_rules[name].extensions.get(PROVIDES) or ()
+    missing = [c for c in needs if c not in provides]
+    if missing:
+        rules = [n for n, spec in registry.sharding_rules.items() if spec.axis == "dp"
+                 and all(c in (spec.extensions.get(PROVIDES) or ()) for c in needs)]
+        what = "; ".join(f"declares {c!r}" + (f": one that {CAPABILITIES[c]}" if c in CAPABILITIES else "") for c in missing)
+        raise LayoutError("data_parallel", name,
+                          f"a data-parallel rule that declares {', '.join(map(repr, needs))} under regime "
+                          f"{regime.name!r} (installed: {', '.join(rules) or 'none'}), or a regime that needs no "
+                          "such rule",
+                          f"regime {regime.name!r} needs a rule that {what}; rule {name!r} declares "
+                          + (', '.join(map(repr, provides)) if provides else "none")
+                          + f", and dp x cp = {plan.dp_size * plan.cp_size}")
 
 
 @hookimpl
