@@ -81,7 +81,29 @@ def _lora_8b_floor(result) -> int:
     return int(result.weights) + _AX_L * _AX_T * _AX_H * 2 + 3 * 4 * (_AX_T - 1) * _AX_V
 
 
-FLOORS = {f"{AX_README} examples/llama-3/README.md:9": _lora_8b_floor}
+def _qlora_fsdp_70b_loading_floor(result) -> int:
+    """What each GPU holds after axolotl 15f7910d's ``model.to(f"cuda:{cfg.local_rank}")`` (models.py lines
+    797-803: two processes make ``cfg.ddp`` true and the llama branch never sets ``skip_move_to_device``): the
+    whole 4-bit model, its quantization states, the bf16 embeddings, LM head, norms and adapters, before FSDP
+    shards and offloads it; derived from source by validation/loading/axolotl_qlora_fsdp_70b.py (its stages)."""
+    import importlib.util
+    path = ROOT / "validation" / "loading" / "axolotl_qlora_fsdp_70b.py"
+    spec = importlib.util.spec_from_file_location("axolotl_qlora_fsdp_70b", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return max(nbytes for name, nbytes, _ in module.stages() if name.startswith("after model.to"))
+
+
+# source -> (the floor in bytes from the result, the verdict's words for it)
+FLOORS = {
+    f"{AX_README} examples/llama-3/README.md:9": (
+        _lora_8b_floor, "floor, {floor} allocated before the CUDA context: the weights, 32 checkpointed inputs "
+                        "and the loss's three fp32 T x V"),
+    f"{AX_README} examples/llama-3/README.md:13": (
+        _qlora_fsdp_70b_loading_floor, "loading floor at 15f7910d, {floor} alive on each GPU after axolotl's "
+                                       "model.to(cuda), before FSDP shards it: the whole 4-bit model, before the "
+                                       "CUDA context (validation/loading/)"),
+}
 
 # PEFT's method comparison (MetaMathQA): its configs are PEFT's own (adapter_config.json +
 # training_params.json over default_training_params.json), not a launch format read here; the
@@ -124,9 +146,8 @@ def row(source, what, files, gpus, hardware, model, metric, value, unit) -> str:
     error = (predicted - value) / value * 100
     verdict = f"{error:+.1f} %"
     if source in FLOORS:
-        floor = FLOORS[source](result) / scale
-        verdict += (f" (not comparable: below this config's floor, {floor:.2f} {unit} allocated before the CUDA "
-                    "context: the weights, 32 checkpointed inputs and the loss's three fp32 T x V)")
+        floor, words = FLOORS[source]
+        verdict += f" (not comparable: below this config's {words.format(floor=f'{floor(result) / scale:.2f} {unit}')})"
     if metric == ESTIMATE:
         verdict += " (estimate vs estimate)"
     if not_packed:
