@@ -114,10 +114,10 @@ class PluginManager(pluggy.PluginManager):
     def load_entrypoints(self, *, third_party: bool = True, blocked: Iterable[str] = (),
                          group: str = ENTRY_POINT_GROUP) -> None:
         """Load the plugins of ``group``, sorted by name, but ``blocked`` entry-point or distribution names."""
-        dists: dict = {}
+        provenance = functools.cache(lambda dist: {"distribution": dist.name, "version": dist.version})  # (METADATA)
         by_name = defaultdict(list)      # entry-point name -> [(entry point, PluginInfo)]
         for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda ep: (ep.name, ep.value)):
-            by_name[ep.name].append((ep, _ep_info(ep, dists)))
+            by_name[ep.name].append((ep, PluginInfo(name=ep.name, **provenance(ep.dist) if ep.dist is not None else {})))
         infos = [i for pairs in by_name.values() for _, i in pairs]
         if group == ENTRY_POINT_GROUP and not any(_is_own(i) for i in infos):
             raise NotInstalledError(
@@ -338,16 +338,6 @@ def _duplicate_hint(name: str, infos: list[PluginInfo], own_names: set[str]) -> 
     return (f"{uninstall}, or block {'that distribution' if one else 'those distributions'} "
             f"(all of {'its' if one else 'their'} plugins, not the built-in) with "
             f"{ENV_DISABLED_PLUGINS}={','.join(safe)} (or --disable-plugin {' --disable-plugin '.join(safe)})")
-
-
-def _ep_info(ep, dists: dict) -> PluginInfo:
-    """An entry point's provenance; ``dists`` caches each distribution's (a read parses METADATA)."""
-    if ep.dist is None:
-        return PluginInfo(name=ep.name)
-    if id(ep.dist) not in dists:
-        dists[id(ep.dist)] = (ep.dist, ep.dist.name, ep.dist.version)
-    _, distribution, version = dists[id(ep.dist)]
-    return PluginInfo(name=ep.name, distribution=distribution, version=version)
 
 
 @functools.lru_cache(maxsize=1)
