@@ -18,11 +18,8 @@ class PluginInfo:
     name: str
     distribution: str = "unknown"
     version: str = ""
-    source: str = attrs.field(init=False, eq=False, repr=False)   # "mlsysim-core 0.1.0", read on every solve
-
-    @source.default
-    def _source(self) -> str:
-        return f"{self.distribution} {self.version}".strip()
+    source: str = attrs.field(init=False, eq=False, repr=False, default=attrs.Factory(    # "mlsysim-core 0.1.0"
+        lambda self: f"{self.distribution} {self.version}".strip(), takes_self=True))     # (read on every solve)
 
     def describe(self) -> str:
         return f"plugin '{self.name}' ({self.source})"
