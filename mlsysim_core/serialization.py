@@ -54,13 +54,12 @@ def structure_options(parameter: str, spec_name: str, options_type: type, value:
     if isinstance(value, options_type):
         return value
     named = parameter == spec_name     # a solve option of its own (lora=, runtime_overheads=)
+    where = parameter if named else f"{parameter}[{spec_name!r}]"
     if not isinstance(value, dict):
-        raise InvalidInputError(parameter if named else f"{parameter}[{spec_name!r}]", value,
-                                f"a dict or a {options_type.__name__} instance")
+        raise InvalidInputError(where, value, f"a dict or a {options_type.__name__} instance")
     for f in attrs.fields(attrs.resolve_types(options_type)):     # cattrs splits a str for a tuple into characters
         if isinstance(value.get(f.name), str) and (f.type is tuple or getattr(f.type, "__origin__", None) is tuple):
-            raise InvalidInputTypeError(f"{parameter}.{f.name}" if named else f"{parameter}[{spec_name!r}].{f.name}",
-                                        value[f.name], "a list", "got str")
+            raise InvalidInputTypeError(f"{where}.{f.name}", value[f.name], "a list", "got str")
     try:
         return _converter.structure(value, options_type)
     except Exception as err:  # cattrs wraps validator and type errors in groups
@@ -69,8 +68,7 @@ def structure_options(parameter: str, spec_name: str, options_type: type, value:
             raise _field_error(parameter, options_type, value, err, fields) from err
         messages = (cattrs.transform_error(err, path=spec_name, format_exception=_format_exception)
                     if isinstance(err, cattrs.BaseValidationError) else [str(err)])
-        raise InvalidInputError(f"{parameter}[{spec_name!r}]", value, f"fields of {options_type.__name__} ({fields})",
-                                "; ".join(messages)) from err
+        raise InvalidInputError(where, value, f"fields of {options_type.__name__} ({fields})", "; ".join(messages)) from err
 
 
 def _field_error(parameter: str, options_type: type, value: dict, err: BaseException,
