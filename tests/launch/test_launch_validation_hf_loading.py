@@ -48,6 +48,11 @@ def test_the_whole_quantized_model_is_on_each_gpu_after_model_to(loading):
     assert stages["after get_peft_model"] == plain + 80 * 7 * 64     # the nf4 code tables stay
     layer = 855_638_016 // 2 + 2 * 2 * 8192                       # one layer's flat parameter: codes, two norms
     assert stages["FSDP wrap, the first decoder layer"] == codes + states + plain + adapters + layer + layer // 2
+    root = 2 * (2 * 128_256 * 8192 + 8192)                        # embeddings, final norm, LM head: one flat parameter
+    assert stages["FSDP wrap, the root unit (last)"] == plain + states + root + root // 2
+    assert "reaches at least 46,670,656,704 B" in dict((n, w) for n, _, w in loading.stages())[
+        "FSDP wrap, the root unit (last)"]                         # the first layer's high-water + the root's copies
+    assert codes + states + plain + adapters + layer + layer // 2 + root + root // 2 == 46_670_656_704
     # above the published 21 GiB (VRAM, CUDA context included) before any training byte
     assert stages["after model.to(cuda) (axolotl models.py:803)"] > 21 * 2**30
 

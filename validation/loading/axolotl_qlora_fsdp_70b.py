@@ -38,7 +38,9 @@ bitsandbytes 0.43.0, accelerate 0.28.0; torch 2.1.2, the version of axolotl's Do
    (``_sync_module_params_and_buffers``), ``FlatParamHandle.flatten_tensors`` (``torch.cat``: a copy),
    ``shard`` (``chunk.clone()``; the unsharded storage freed), ``flat_param_to(cpu)`` (offload). The
    live bytes fall unit by unit; nothing empties the cache afterwards, so the pool keeps the high-water
-   mark of stage 4 plus the first unit's copies.
+   mark of stage 4 plus the first unit's copies, and the root unit's copies (larger than any freed block)
+   take new segments, unless a cudaMalloc fails first (the allocator then releases its cached blocks and
+   retries: ``DeviceCachingAllocator::malloc``).
 
 axolotl removed stage 4 for this path in a4a5bf05 (2024-07-13, "fixes to prevent vram spike when
 train starts", #1742: ``skip_move_to_device`` and no device map in the llama branch under QLoRA + FSDP
@@ -95,6 +97,8 @@ def stages(model: str = MODEL) -> list[tuple[str, int, str]]:
     n = max(i * o for _, i, o in lin)
     quantizing = 2 * n + _codes(n) + 4 * math.ceil(n / BLOCK)  # bf16 weight, codes, fp32 absmax
     layer_flat = sum(_codes(i * o) for _, i, o in lin) + 2 * 2 * h
+    root_flat = 2 * (2 * V * h + h)                            # the root unit: embeddings, final norm, LM head
+    first = plain + moved + kept + codes + lora + layer_flat + layer_flat // WORLD
     return [
         ("from_pretrained, the largest linear being quantized", plain + moved + kept + quantizing,
          f"at most: embeddings, LM head and norms ({plain:,} B), every QuantState ({moved + kept:,} B), and "
@@ -104,9 +108,15 @@ def stages(model: str = MODEL) -> list[tuple[str, int, str]]:
         ("after model.to(cuda) (axolotl models.py:803)", plain + moved + kept + codes + lora,
          f"the whole quantized model: codes {codes:,} B, QuantStates, embeddings, LM head, norms, "
          f"bf16 adapters {lora:,} B"),
-        ("FSDP wrap, the first decoder layer", plain + moved + kept + codes + lora + layer_flat + layer_flat // WORLD,
+        ("FSDP wrap, the first decoder layer", first,
          f"+ its flat parameter ({layer_flat:,} B, torch.cat) and its shard ({layer_flat // WORLD:,} B), "
          "before the shard goes to the CPU (broadcast buckets of up to 250 MiB not counted)"),
+        ("FSDP wrap, the root unit (last)", plain + moved + kept + root_flat + root_flat // WORLD,
+         f"the layers' codes and the adapters are on the CPU; the embeddings, LM head and norm, their flat parameter "
+         f"({root_flat:,} B) and shard ({root_flat // WORLD:,} B). No freed block is that large (the largest: a "
+         f"layer's flat parameter), so both take new segments: the pool reaches at least "
+         f"{first + root_flat + root_flat // WORLD:,} B where the card has room; where it has not, the allocator "
+         "releases its wholly free segments and retries, the pool starting again from what is alive"),
     ]
 
 
