@@ -32,6 +32,15 @@ Each figure is derived from the implementation's source at a commit, never from 
     afterwards", ``output *= post_inverse_scale``; "at least one extra triton kernel *per GEMM* ... just for the
     rescaling", pytorch/ao issue 2184): the bf16 input and weight gradients read and written once more, 4 B
     an element (``rescale``).
+  - under async TP (torch's micro-pipeline TP, torchtitan's ``enable_async_tensor_parallel``) only the
+    matmul-reduce-scatters fuse with rowwise-scaled GEMMs; the all-gather-matmuls do not, so each all-gather (the
+    input's forward, the output gradient's backward) runs whole before its GEMM, as under vanilla TP
+    (``async_tp_fuses=("reduce-scatter",)``): pytorch/pytorch issue 149990, "[Async TP] all-gather-matmuls not
+    fusing properly when rowwise scales are used" (2025-03-25, open in the stored copy): "the matmul-reduce-scatters
+    were being fused properly ... however, the all-gather-matmul patterns were NOT being fused properly" (after
+    pytorch/pytorch PR 149247 added rowwise scales to the matmul-reduce-scatter fusion); torchtitan's 2025-06 table,
+    run on torch 38410cf9, shows async TP's gain with rowwise at 1.04 / 1.06 against 1.09-1.16 for bf16 and
+    tensorwise. No fix between the issue and that table was found.
   - not modelled: the forward GEMM's rowwise-scaled CUTLASS kernel (``_scaled_mm`` with fast accumulation)
     against cuBLAS's tensorwise one ("Most shapes are within 90-100% of tensor-wise efficiency, but there's a
     long tail going down to 50%", pytorch/pytorch issue 147971: no figure per shape), timed as tensorwise's.
@@ -135,10 +144,12 @@ TORCHAO_TENSORWISE = Float8Casts(name="torchao-tensorwise", input=5, normed_inpu
                                         "torchao's float8 parallel styles (float8_tensor_parallel.py at 6243040), as "
                                         "torchtitan applies them")
 TORCHAO_ROWWISE = Float8Casts(name="torchao-rowwise", input=5, normed_input=5, weight=3, weight_per="micro-batch",
-                              grad=8, transpose=3, transpose_weight=7, rescale=4, memory="rowwise",
+                              grad=8, transpose=3, transpose_weight=7, rescale=4, async_tp_fuses=("reduce-scatter",),
+                              memory="rowwise",
                               source="torchao Float8Linear, rowwise (axiswise) dynamic scaling (pytorch/ao 6243040: "
                                      "torchao/testing/float8/roofline_utils.py's rowwise casts; float8_ops.py's "
-                                     "rescaled backward GEMMs)")
+                                     "rescaled backward GEMMs); under async TP only the matmul-reduce-scatters fuse "
+                                     "(pytorch/pytorch issue 149990)")
 TE_CURRENT_SCALING = Float8Casts(name="te-current-scaling", input=6, normed_input=4, weight=6, weight_per="step",
                                  grad=6, transpose=0, tp_gather=1, tp_input=3, tp_grad=5, tp_transpose=2,
                                  source="Transformer Engine Float8CurrentScalingQuantizer (d0067d0); under sequence "

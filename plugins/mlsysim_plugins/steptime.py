@@ -709,7 +709,7 @@ def step_time(fig: dict, hw: dict, cal: Calibration, *, tp: int, cp: int, pp: in
                "gradients": (local, dp_bytes.get("gradients", bytes_)),
                "parameters": (local, dp_bytes.get("parameters", bytes_))}
     size = dict(groups=groups, volumes=volumes, node=node, hw=hw, cal=cal, sp=sp, experts=fig["experts"], k=fig["k"],
-                tp_gather=tp_gather)
+                tp_gather=tp_gather, tp_fuses=f8.async_tp_fuses if float8 else None)
     # A rank's experts have replicas only on the d / ep ranks that hold the same experts (its expert-data-parallel
     # group, ep x tp ranks apart): the data-parallel collectives of the expert parameters (and their gradients) run
     # over that group, the dense ones over dp x cp (_seconds; Megatron-Core's DistributedDataParallel allocates the
@@ -1100,8 +1100,9 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
             continue
         if c.overlaps is None and overlap == "decomposed":
             n = size["groups"][c.group][0]
-            exposed += layers * t * calls / n
-            overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (n - 1) / n
+            whole = _not_fused(c, size)     # (the share of the call the GEMMs' implementation does not decompose)
+            exposed += layers * t * calls * (whole + (1 - whole) / n)
+            overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (1 - whole) * (n - 1) / n
         elif c.overlaps is None and overlap == "batched" and (not c.implementations or "batched" in c.implementations):
             if paired:
                 for i, slot in enumerate(paired):
@@ -1118,6 +1119,22 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
         if comm:
             exposed += layers * hidden(comm, compute[slot.compute], size["cal"])
     return exposed
+
+
+def _not_fused(c: Collective, size: dict) -> float:
+    """The share of a tensor-parallel collective's seconds that an async TP leaves whole on the critical path:
+    the halves the float8 implementation's GEMMs do not fuse (``Float8Casts.async_tp_fuses``; None, a 16-bit run:
+    both fused, 0). A sequence-parallel all-reduce is an all-gather and a reduce-scatter of one volume, the
+    all-gather's share its bytes over both's (``tp_gather`` float8 bytes against the run's precision)."""
+    fuses = size.get("tp_fuses")
+    if fuses is None or c.group != "tp" or len(fuses) == 2:
+        return 0.0
+    if c.kind == "all-reduce" and c.sequence_parallel:
+        precision = c.element_bytes if c.element_bytes is not None else size["volumes"][c.volume][-1]
+        gather = size["tp_gather"] if size.get("tp_gather") is not None and c.volume == "activations" else precision
+        share = {"all-gather": gather / (gather + precision), "reduce-scatter": precision / (gather + precision)}
+        return sum(v for k, v in share.items() if k not in fuses)
+    return 0.0 if c.kind in fuses or c.kind not in ("all-gather", "reduce-scatter") else 1.0
 
 
 def _ring_steps(c: Collective, t: float, compute: Mapping[str, float], size: dict) -> float:

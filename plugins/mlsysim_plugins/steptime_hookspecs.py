@@ -180,6 +180,10 @@ class Float8Casts:
     gradient cast on its shard (None: ``grad``); ``tp_transpose``, of the column-wise (transposed) copy
     made from each gathered tensor on all the tokens, each backward, for the weight-gradient GEMM (the
     input gathered again and the output gradient; 0: none, the copy is gathered or not needed).
+    ``async_tp_fuses``: the halves of a sequence-parallel tensor-parallel collective (an all-gather
+    before a column-parallel GEMM, a reduce-scatter after a row-parallel one, and their backward
+    counterparts) that an async TP (``{"tp": "decomposed"}``) fuses with this implementation's GEMMs;
+    a half not listed is not decomposed and runs whole on the critical path, as vanilla TP's does.
     ``memory``: the memory profile's ``float8=`` option
     whose memory this implementation has (the measured profile's torchao recipes), which a search's
     ``allow_float8`` solves its rows with; None: its memory is not modelled, the rows' memory is the
@@ -197,6 +201,9 @@ class Float8Casts:
     tp_input: float | None = None
     tp_grad: float | None = None
     tp_transpose: float = 0
+    async_tp_fuses: tuple[str, ...] = attrs.field(
+        default=("all-gather", "reduce-scatter"), converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.in_(("all-gather", "reduce-scatter"))))
     memory: str | None = None
     source: str = ""
     description: str = _description

@@ -231,3 +231,55 @@ def test_transformer_engine_gathers_float8_under_sequence_parallelism():
     for name in ("te-current-scaling", "te-delayed-scaling"):
         assert tp(name) == pytest.approx(0.75 * tp(False))
     assert tp("te-mxfp8") == pytest.approx(tp(False))
+
+
+def test_async_tp_decomposes_only_the_halves_the_float8_implementation_fuses():
+    # pytorch/pytorch issue 149990: under async TP with rowwise scales only the matmul-reduce-scatters fuse. One
+    # sequence-parallel all-reduce a forward (an all-gather and a reduce-scatter of 1e9 x 2 B over 4 ranks at 1 GB/s:
+    # 1.5 s each, 3 s the pair), one layer, no recompute, 100 s of matmuls, no SMs taken while hidden. Both halves
+    # fused (a 16-bit run, tensorwise): the first chunk's 1/4 exposed, 0.75 s. Rowwise: the all-gather whole (1.5 s)
+    # and the reduce-scatter's first chunk (0.375 s): 1.875 s. With a float8 gather (1 B, 0.75 s) and only the
+    # reduce-scatter fused: 0.75 + 1.5 / 4 = 1.125 s.
+    import attrs
+    from mlsysim_plugins.steptime_hookspecs import Collective
+    assert TORCHAO_ROWWISE.async_tp_fuses == ("reduce-scatter",)
+    assert TORCHAO_TENSORWISE.async_tp_fuses == ("all-gather", "reduce-scatter")
+    cal = attrs.evolve(steptime.DEFAULT, intra_link=1.0, latency=0.0, hop_intra=0.0, hop_inter=0.0,
+                       overlap_sm_share=0.0)
+    c = Collective(kind="all-reduce", volume="activations", group="tp", per="layer", forward=1, in_network=False,
+                   sequence_parallel=True)
+    size = dict(groups={"tp": (4, 1)}, volumes={"activations": (1e9, 1, 2)}, node=16, hw={"intra": 1e9, "inter": 1e9},
+                cal=cal, sp=True, tp_gather=None)
+
+    def exposed(fuses, gather=None):
+        return steptime._per_layer((c,), 1, 0.0, {"matmul": 100.0}, dict(size, tp_fuses=fuses, tp_gather=gather),
+                                   "decomposed")
+    assert exposed(None) == pytest.approx(0.75)
+    assert exposed(("all-gather", "reduce-scatter")) == pytest.approx(0.75)
+    assert exposed(("reduce-scatter",)) == pytest.approx(1.875)
+    assert exposed(("reduce-scatter",), gather=1) == pytest.approx(1.125)
+    assert exposed(()) == pytest.approx(3.0)
+    # vanilla TP (no overlap): the pair whole, whatever the implementation fuses
+    assert steptime._per_layer((c,), 1, 0.0, {"matmul": 100.0}, dict(size, tp_fuses=("reduce-scatter",))) \
+        == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="async_tp_fuses"):
+        Float8Casts(name="x", input=1, normed_input=1, weight=1, weight_per="step", grad=1, transpose=0,
+                    async_tp_fuses=("all-reduce",))
+
+
+def test_rowwise_async_tp_exposes_the_all_gathers_in_a_step():
+    # time_plan, Llama-3.1-8B on 8 H100, tp 8 with sequence parallelism: async TP hides less under rowwise than it
+    # would if rowwise's GEMMs fused both halves (the same declaration with both): the difference is the gathers'
+    # (n - 1) / n, on the critical path again, less what the SMs lost to hiding them
+    import attrs
+    from mlsysim_core.search import time_plan
+
+    def step(float8, async_tp=True):
+        return time_plan("llama3-8b", "h100", global_batch=8, seq_len=4096, tp=8, dp=1, checkpointing="full",
+                         precision="bf16", optimizer="adamw", memory=False, float8=float8,
+                         async_tp=async_tp)["components"]
+    both = attrs.evolve(TORCHAO_ROWWISE, name="rowwise-both-fused", async_tp_fuses=("all-gather", "reduce-scatter"))
+    rowwise, fused, vanilla = step(TORCHAO_ROWWISE), step(both), step(TORCHAO_ROWWISE, async_tp=False)
+    assert fused["tp"] < rowwise["tp"] < vanilla["tp"]
+    # the gathers are half of vanilla's bytes: rowwise exposes them whole and the reduce-scatters as fused does
+    assert rowwise["tp"] == pytest.approx(vanilla["tp"] / 2 + fused["tp"] / 2, rel=0.05)
