@@ -3,7 +3,6 @@ profile's options are built and its ``prepare`` completes them. Nothing later re
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Callable, Iterable, Mapping
 
@@ -114,9 +113,6 @@ def _catalog_value(value, kind: str):
     if not isinstance(value, _OBJECTS[kind][0]):
         raise InvalidInputTypeError(kind, value, _OBJECTS[kind][1], f"got {type(value).__name__}")
     return value
-
-
-_model, _hardware = (functools.partial(_catalog_value, kind=kind) for kind in _OBJECTS)   # (search.py imports them)
 
 
 def _check_tp(model: TransformerWorkload, tp_size: int) -> None:

@@ -88,7 +88,7 @@ import attrs
 
 from . import _checks
 from .errors import InvalidInputError, InvalidInputTypeError, NotModelledError
-from .inputs import _hardware as _resolve_hardware, _model as _resolve_model, check_plan
+from .inputs import _catalog_value, check_plan
 from .solver import TrainingMemoryModel, solve_plan
 from .plan import FrozenMap, TrainingPlan
 from .specs import DATA
@@ -740,8 +740,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                     f"got {type(progress).__name__}")
     assume_monotone = _checks.flag("assume_monotone", assume_monotone)
     registry = solver.registry
-    model = _resolve_model(model)
-    hardware = _resolve_hardware(hardware)
+    model, hardware = _catalog_value(model, "model"), _catalog_value(hardware, "hardware")
     # (Bounded below the solver's 2**53: the search enumerates their divisors.)
     devices = _checks.count("devices", devices, maximum=SEARCH_MAX)
     global_batch = _checks.count("global_batch", global_batch, maximum=SEARCH_MAX)
@@ -1607,8 +1606,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     if solver is None:
         solver = TrainingMemoryModel()
     registry = solver.registry
-    model = _resolve_model(model)
-    hardware = _resolve_hardware(hardware)
+    model, hardware = _catalog_value(model, "model"), _catalog_value(hardware, "hardware")
     tp, cp, pp, dp, ep = (_checks.count(n, v) for n, v in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("ep", ep)))
     global_batch = _checks.count("global_batch", global_batch)
     seq_len = _checks.count("seq_len", seq_len)
