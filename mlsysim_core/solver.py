@@ -146,18 +146,16 @@ def _selection(registry: Registry, profile: str, include: tuple, optimizer: str,
                                    f"{', '.join(usable)}", f"{registry.providers[(kind, name)].describe()} gives "
                                    f"no {field}; profile='reference' accepts it")
         chosen.append((registry.providers[(kind, name)], function, f"{kind} '{name}' {field}"))
-    rule_specs = [(axis, registry.sharding_rules[rules[axis]]) for axis in AXES]
+    own = callables["sharding"]      # a rule's own buffers' callable, if the profile calls one
     rule_calls = tuple((axis, s.name, registry.providers[(SHARDING, s.name)], s.apply, _positional(s.apply) >= 3,
-                        declared(s, callables["sharding"]) if callables["sharding"] else None,
-                        f"sharding rule '{s.name}' apply")
-                       for axis, s in rule_specs)
+                        declared(s, own) if own else None, f"sharding rule '{s.name}' apply")
+                       for axis, s in ((axis, registry.sharding_rules[rules[axis]]) for axis in AXES))
     wanted = set(spec.component_plugins) | set(include)
     calls = {component: tuple((i.plugin, i.function, _arguments(i.argnames), f"hook {hook}")
                               for i in registry.component_impls[hook] if i.plugin.name in wanted)
              for component, hook in COMPONENT_HOOKS.items()}
     infos = [chosen[0][0], chosen[1][0], *(rule[2] for rule in rule_calls),
              *(call[0] for component_calls in calls.values() for call in component_calls)]
-    own = callables["sharding"]
     return _Selection(
         profile=spec, optimizer=chosen[0], checkpointing=chosen[1], rules=rule_calls, calls=calls,
         buffers=tuple((info, buffers, name, f"sharding rule '{name}' {own}")
