@@ -1,30 +1,20 @@
 """The axolotl 15f7910d Llama-3 70B QLoRA + FSDP row: what each GPU holds while the model loads
 (validation/loading/axolotl_qlora_fsdp_70b.py, derived from source) and the row's verdict."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from scripttools import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 ROW = "axolotl-ai-cloud/axolotl@15f7910d examples/llama-3/README.md:13"
-
-
-def _load(relative, name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def loading():
-    return _load("validation/loading/axolotl_qlora_fsdp_70b.py", "axolotl_qlora_fsdp_70b")
+    return load_script("validation/loading/axolotl_qlora_fsdp_70b.py")
 
 
 @pytest.fixture(scope="module")
 def tool():
-    return _load("tools/launch_validation_hf.py", "launch_validation_hf")
+    return load_script("tools/launch_validation_hf.py")
 
 
 def _quant_state(n):

@@ -54,6 +54,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "validation"))
+from report import update_doc, write_table  # noqa: E402  (validation/report.py: the compare scripts' --doc)
+
 DOC = ROOT / "docs" / "launch-hf.md"
 BEGIN, END = "<!-- loading-70b: begin -->", "<!-- loading-70b: end -->"
 MODEL = "meta-llama/llama-3.1-70b"      # what the axolotl reader maps casperhansen/llama-3-70b-fp16 to
@@ -131,16 +134,12 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     text = table()
     if "--check" in argv:
-        doc = DOC.read_text()
-        current = doc.split(BEGIN)[1].split(END)[0].strip() if BEGIN in doc else ""
-        if current != text:
+        if update_doc(f"{BEGIN}\n\n{text}\n\n{END}", DOC, begin=BEGIN, end=END) != DOC.read_text(encoding="utf-8"):
             print(f"{DOC} differs: run python validation/loading/axolotl_qlora_fsdp_70b.py --write", file=sys.stderr)
             return 1
         return 0
     if "--write" in argv:
-        head, rest = DOC.read_text().split(BEGIN)
-        _, tail = rest.split(END)
-        DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        write_table(text, BEGIN, END, DOC)
         return 0
     print(text)
     return 0
