@@ -1116,11 +1116,58 @@ def _batch_given(args) -> bool:
 
 
 def _profile_note_lines(note: str, scenario=None) -> str:
-    """What a text answer says first: a note on the profile, and what a catalog name the
-    user typed means where it differs from a common meaning (``-m gpt2``: GPT-2 XL)."""
+    """What a text answer says first: a note on the profile, what a catalog name the user
+    typed means where it differs from a common meaning (``-m gpt2``: GPT-2 XL), and what was
+    assumed of the input (``input_notes``)."""
     lines = [note] if note else []
-    lines += [f"note: {text}" for text in alias_notes(scenario)]
+    lines += [f"note: {text}" for text in (*alias_notes(scenario), *input_notes(scenario))]
     return "\n".join(lines) + "\n\n" if lines else ""
+
+
+def _hf_config(model):
+    """The Hugging Face config a scenario's model is (a config.json path, the folder holding one, or
+    its fields), else None; as ``_model`` reads them."""
+    if isinstance(model, dict):
+        return model if "model_type" in model else None
+    if not isinstance(model, str) or not model.strip():
+        return None
+    path = Path(model)
+    try:
+        if not model.endswith(".json") and path.is_dir():
+            path = path / "config.json"
+        if path.name.endswith(".json") and path.is_file():
+            data = _load_json_file("--model", str(path))
+            return data if "model_type" in data else None
+    except (OSError, InvalidInputError):     # (solving names what is wrong with it)
+        return None
+    return None
+
+
+def input_notes(scenario) -> list[str]:
+    """What the input left to an assumption, said beside every answer (text and JSON
+    ``input_notes``): the transformers defaults a Hugging Face config.json's missing fields
+    took (``hf.defaults_note``), and a flag that does nothing in this layout."""
+    if scenario is None:
+        return []
+    notes = []
+    config = _hf_config(getattr(scenario, "model", None))
+    if config is not None:
+        from .hf import defaults_note
+        try:
+            text = defaults_note(config)
+        except InvalidInputError:
+            text = None     # (solving refuses the config, naming why)
+        if text:
+            notes.append(text)
+    if getattr(scenario, "sequence_parallel", None) is True and getattr(scenario, "tp_size", None) == 1:
+        # (Megatron-LM's validate_args turns it off at tp 1: "Disabling sequence parallelism because tensor
+        # model parallelism is disabled", megatron/training/arguments.py; so does the megatron reader)
+        notes.append(SP_AT_TP1)
+    return notes
+
+
+SP_AT_TP1 = ("--sequence-parallel with tp 1 does nothing: sequence parallelism splits the norms' and residual "
+             "activations over the tensor-parallel group (Megatron-LM turns it off at tp 1)")
 
 
 def alias_notes(scenario) -> list[str]:
@@ -1148,6 +1195,7 @@ def _json_document(data: dict, scenario, note: str, result=None) -> dict:
     data["profile"] = result.profile if result is not None else scenario.profile
     data["profile_note"] = note or None
     data["name_notes"] = alias_notes(scenario)
+    data["input_notes"] = input_notes(scenario)
     data["run"] = scenario.run_details(result)
     return data
 
@@ -1742,6 +1790,7 @@ def _fit_techniques(args, out) -> int:
                              indent=2, sort_keys=True, default=str) + "\n")
     else:
         b = ladder.baseline
+        out.write(_profile_note_lines("", scenario))
         out.write(f"{b.model} on {b.hardware}  (profile: {b.profile})\n{ladder.describe()}\n")
         out.write(_launch_section(args))
     return 0
@@ -1888,6 +1937,8 @@ def cmd_time(args, out) -> int:
                                               "implementation"),
                          async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
                          **run)
+    if args.sequence_parallel and r["layout"]["tp"] == 1:     # (accepted, as Megatron-LM does: input_notes)
+        r["notes"] = [*r["notes"], SP_AT_TP1]
     model, hardware = _model(args.model).name, _hardware(args.hardware).name
     run = {"model": model, "hardware": hardware, "global_batch": args.global_batch, "seq_len": args.seq_len,
            "precision": args.precision, "regime": args.regime, "optimizer": args.optimizer,

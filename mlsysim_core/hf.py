@@ -57,7 +57,7 @@ from .types import SparseTransformerWorkload, TransformerWorkload
 
 __all__ = ["from_hf_config", "architecture_of", "load_hf_config", "HFArchitecture",
            "SUPPORTED_MODEL_TYPES", "ARCHITECTURES", "transformers_defaults", "TRANSFORMERS_VERSION",
-           "checkpoint_quantization", "QUANTIZATION_METHODS"]
+           "checkpoint_quantization", "QUANTIZATION_METHODS", "defaults_applied", "defaults_note"]
 
 _REQUIRED = object()
 
@@ -209,6 +209,16 @@ class _Config:
         self.defaults = entry.get("defaults")      # None: no transformers class, nothing filled in
         self.config_class = entry.get("config_class")
         self.default_theta = entry.get("default_theta")
+        self.defaulted: dict[str, Any] = {}    # the class's fields the config leaves out -> the value taken
+
+    def _taken(self, keys, value):
+        """``value`` taken for ``keys`` (the first of the class's fields among them) where the config
+        names none of them: recorded for ``defaults_applied``."""
+        if value is not None and self.defaults is not None and not any(k in self.data for k in keys):
+            key = next((k for k in keys if k in self.defaults), None)
+            if key is not None:
+                self.defaulted.setdefault(key, value)
+        return value
 
     def _missing(self, key):
         if key in self.data:        # set to null: a size cannot be null
@@ -240,11 +250,11 @@ class _Config:
     def get(self, key):
         """The config's value of ``key``, else its transformers default (``None`` if neither)."""
         values = self._values((key,))
-        return values[0][1] if values else None
+        return self._taken((key,), values[0][1]) if values else None
 
     def raw(self, key, default=None):
         value = self.get(key)
-        return default if value is None else value
+        return self._taken((key,), default) if value is None else value
 
     def count(self, *keys, default=_REQUIRED, minimum=1):
         """The first of ``keys`` that is set (else defaulted), as a positive int (``minimum`` 0 allows 0)."""
@@ -258,15 +268,15 @@ class _Config:
             if value > MAX_SIZE:
                 raise InvalidInputError(f"{self.prefix}.{key}", value, f"an integer in [{minimum}, {MAX_SIZE:,}]",
                                         "too large for a model size: no real model comes near 2**31")
-            return value
+            return self._taken(keys, value)
         if default is _REQUIRED:
             raise self._missing(keys[0])
-        return default
+        return self._taken(keys, default)
 
     def flag(self, key, default: bool) -> bool:
         value = self.get(key)
         if value is None:
-            return default
+            return self._taken((key,), default)
         if not isinstance(value, bool):
             raise InvalidInputError(f"{self.prefix}.{key}", value, "true or false")
         return value
@@ -274,8 +284,8 @@ class _Config:
     def number(self, *keys, default=None):
         for key, value in self._values(keys):
             if not isinstance(value, bool) and isinstance(value, (int, float)):
-                return value
-        return default
+                return self._taken(keys, value)
+        return self._taken(keys, default)
 
     def int_list(self, key) -> list:
         value = self.get(key) or []
@@ -811,8 +821,9 @@ def _model_type(data, where: str, allowed) -> str:
     return model_type
 
 
-def _read(config):
-    """(outer config, the language model's config, its key prefix, workload fields, count, arch)."""
+def _read(config, taken: dict | None = None):
+    """(outer config, the language model's config, its key prefix, workload fields, count, arch);
+    ``taken`` (a dict) gets the transformers defaults applied (``defaults_applied``)."""
     data = load_hf_config(config)
     outer_type = _model_type(data, "config", SUPPORTED_MODEL_TYPES)
     text, prefix = data, "config"
@@ -849,6 +860,8 @@ def _read(config):
                 lm_head_parameters=0 if workload["tied_embeddings"] else vocab * hidden,
                 config_model_type=outer_type if outer_type != model_type else None,
                 quantization=_quantization(data, text, prefix, model_type, workload["layers"]))
+    if taken is not None:
+        taken.update({f"{prefix}.{key}": value for key, value in c.defaulted.items()})
     return data, text, prefix, workload, count, HFArchitecture(**arch)
 
 
@@ -973,6 +986,34 @@ def checkpoint_quantization(model) -> dict | None:
     details = getattr(model, "details", None) or {}
     q = details.get("quantization")
     return dict(q) if isinstance(q, Mapping) else None
+
+
+def defaults_applied(config) -> dict:
+    """The transformers defaults ``from_hf_config`` applies to ``config``: ``{key: value}`` for each
+    field of the model type's transformers config class that the config leaves out (not even
+    null) and the reader takes (``hf_defaults.json``'s value, or the class's rule where it declares
+    None: ``num_key_value_heads`` is ``num_attention_heads``), keys named as in errors
+    (``config.intermediate_size``, ``config.text_config.head_dim``), in the order read. Empty
+    for a config that gives every field read, and for a type transformers has no class for."""
+    taken: dict = {}
+    _read(config, taken)
+    return taken
+
+
+def defaults_note(config) -> str | None:
+    """What ``defaults_applied`` found, as a note (None: nothing applied): the fields left out and
+    the values taken, naming the transformers version and config class they come from."""
+    taken = defaults_applied(config)
+    if not taken:
+        return None
+    data = load_hf_config(config)
+    text = data.get("text_config") if isinstance(data.get("text_config"), Mapping) else data
+    model_type = text.get("model_type") or data.get("model_type")
+    entry = transformers_defaults(model_type) or transformers_defaults(data.get("model_type")) or {}
+    source = f"transformers {TRANSFORMERS_VERSION}'s {entry.get('config_class') or model_type} defaults"
+    return (f"the config.json leaves out {len(taken)} field{'s' if len(taken) > 1 else ''} the model is read from; "
+            f"{source} taken: " + ", ".join(f"{key.split('.')[-1]}={value!r}" for key, value in taken.items())
+            + " (give them in the config.json if the model differs)")
 
 
 def architecture_of(config) -> HFArchitecture:

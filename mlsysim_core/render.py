@@ -544,8 +544,8 @@ def to_html(result) -> str:
 # --- a result as JSON, and read back (TrainingMemoryResult.to_dict, to_json, from_json) -----------------
 
 # Keys a result's JSON carries beside its fields (derived views, the CLI's additions): dropped on reading.
-_NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "name_notes", "run",
-               "launch", "reference_profile")
+_NOT_FIELDS = ("units", "gb", "gib", "constraint_trace", "schema_version", "profile_note", "name_notes", "input_notes",
+               "run", "launch", "reference_profile")
 _TO_JSON = "TrainingMemoryResult.to_json"
 
 

@@ -79,3 +79,77 @@ def test_float8_help_says_the_same_list_in_estimate_time_and_search(capsys):
             pass
         text = "".join(capsys.readouterr().out.split())
         assert listing in text, command
+
+
+# --- 3. a partial config.json: every transformers default taken is said ----------------------------
+
+PARTIAL = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 128256}
+PARTIAL_NOTE = ("the config.json leaves out 11 fields the model is read from; transformers 5.23.0's LlamaConfig "
+                "defaults taken: num_attention_heads=32, num_key_value_heads=32, head_dim=128, intermediate_size=11008, "
+                "tie_word_embeddings=False, attention_bias=False, mlp_bias=False, max_position_embeddings=2048, "
+                "rms_norm_eps=1e-06, hidden_act='silu', attention_dropout=0.0 (give them in the config.json if the "
+                "model differs)")
+
+
+def test_defaults_applied_lists_each_field_left_out_and_the_value_taken():
+    from mlsysim_core.hf import defaults_applied, defaults_note, from_hf_config
+    taken = defaults_applied(PARTIAL)
+    # LlamaConfig (transformers 5.23.0): 32 heads, num_key_value_heads None -> the heads, intermediate 11008
+    assert list(taken.items())[:4] == [("config.num_attention_heads", 32), ("config.num_key_value_heads", 32),
+                                       ("config.head_dim", 128), ("config.intermediate_size", 11008)]
+    w = from_hf_config(PARTIAL)
+    assert (w.heads, w.kv_heads, w.ffn_dim, w.tied_embeddings) == (32, 32, 11008, False)
+    assert defaults_note(PARTIAL) == PARTIAL_NOTE
+    # a key set, even to null, is not left out; a config that gives every field read takes nothing
+    assert "config.num_key_value_heads" not in defaults_applied({**PARTIAL, "num_key_value_heads": None})
+    assert defaults_applied({**PARTIAL, "num_key_value_heads": 8})["config.num_attention_heads"] == 32
+    assert defaults_applied("tests/data/hf_configs/Llama-3.2-1B.json") == {}
+    assert defaults_note("tests/data/hf_configs/Llama-3.2-1B.json") is None
+    # a multimodal config's language model: named under text_config (Gemma 3 4B's config.json relies on them)
+    assert defaults_applied("tests/data/hf_configs/gemma-3-4b-it.json")["config.text_config.num_key_value_heads"] == 4
+
+
+def test_estimate_of_a_partial_config_says_the_defaults_in_text_explain_and_json(tmp_path):
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(PARTIAL))
+    code, text = run("estimate", "-m", str(folder), "--explain")
+    assert code == 0
+    assert text.startswith(f"note: {PARTIAL_NOTE}\n\npartial on NVIDIA H100")
+    for model in (str(folder), str(folder / "config.json")):
+        doc = _estimate("-m", model)
+        assert doc["input_notes"] == [PARTIAL_NOTE]
+    code, text = run("fit", "batch", "-m", str(folder), "--json")
+    assert code == 0 and json.loads(text)["input_notes"] == [PARTIAL_NOTE]
+    assert _estimate("-m", "tests/data/hf_configs/Llama-3.2-1B.json")["input_notes"] == []
+    assert _estimate()["input_notes"] == []
+
+
+def test_a_result_json_with_input_notes_reads_back():
+    from mlsysim_core.result import TrainingMemoryResult
+    code, text = run("estimate", "--sequence-parallel", "--json")
+    assert code == 0 and json.loads(text)["input_notes"]
+    assert TrainingMemoryResult.from_json(text).total_memory == json.loads(text)["total_memory"]
+
+
+# --- 5. --sequence-parallel at tp 1: accepted with a note, as Megatron-LM does ---------------------
+
+SP_NOTE = ("--sequence-parallel with tp 1 does nothing: sequence parallelism splits the norms' and residual "
+           "activations over the tensor-parallel group (Megatron-LM turns it off at tp 1)")
+
+
+def test_sequence_parallel_at_tp_1_is_said_to_do_nothing():
+    # Megatron-LM's validate_args: "Disabling sequence parallelism because tensor model parallelism is
+    # disabled" (a warning; args.sequence_parallel = False), as its launch reader notes too.
+    plain, sp = _estimate(), _estimate("--sequence-parallel")
+    assert sp["total_memory"] == plain["total_memory"]
+    assert sp["input_notes"] == [SP_NOTE] and plain["input_notes"] == []
+    code, text = run("estimate", "--sequence-parallel")
+    assert code == 0 and text.startswith(f"note: {SP_NOTE}\n\n")
+    assert _estimate("--sequence-parallel", "--tp", "2")["input_notes"] == []
+    assert _estimate("--no-sequence-parallel")["input_notes"] == []
+    code, out = run("time", "--global-batch", "8", "--sequence-parallel", "--json")
+    assert code == 0 and SP_NOTE in json.loads(out)["notes"]
+    code, out = run("time", "--global-batch", "8", "--tp", "2", "--sequence-parallel", "--json")
+    assert code == 0 and SP_NOTE not in json.loads(out)["notes"]
+
