@@ -153,3 +153,25 @@ def test_sequence_parallel_at_tp_1_is_said_to_do_nothing():
     code, out = run("time", "--global-batch", "8", "--tp", "2", "--sequence-parallel", "--json")
     assert code == 0 and SP_NOTE not in json.loads(out)["notes"]
 
+
+# --- 4. fit techniques: an 'added unknown' names the flag that gives what it lacks ------------------
+
+def test_fit_techniques_names_the_flags_of_the_figures_it_lacks():
+    # The H100's catalog entry has no host-link or host-memory bandwidth: the offload steps are
+    # timed 'unknown'. Was: "added unknown (total unknown)" and "needs ... bandwidths (bytes/s)",
+    # never the flag.
+    code, text = run("fit", "techniques")
+    assert code == 0 and "added unknown" in text
+    assert text.splitlines()[-1] == (
+        "added unknown: give the figures it needs (not given, and none in the catalog for this hardware): "
+        "--host-link-gbps GB/s (host link B/s; host_link_bytes_per_s= in Python); --host-memory-gbps GB/s "
+        "(host memory B/s; host_memory_bytes_per_s= in Python)")
+    code, out = run("fit", "techniques", "--json")
+    assert json.loads(out)["unknown_figures"] == {
+        "host link B/s": {"flag": "--host-link-gbps GB/s", "keyword": "host_link_bytes_per_s"},
+        "host memory B/s": {"flag": "--host-memory-gbps GB/s", "keyword": "host_memory_bytes_per_s"}}
+    # given them, every step is timed, and nothing is asked for
+    code, text = run("fit", "techniques", "--host-link-gbps", "25", "--host-memory-gbps", "100")
+    assert code == 0 and "added unknown" not in text
+    code, out = run("fit", "techniques", "--host-link-gbps", "25", "--host-memory-gbps", "100", "--json")
+    assert json.loads(out)["unknown_figures"] == {}
