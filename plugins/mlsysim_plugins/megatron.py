@@ -227,14 +227,21 @@ def ddp_apply(plan, options):
 DDP_COLLECTIVES = (_dp("all-reduce", "backward"),)
 
 
+# What the measured profile's regimes may ask of the rule (measured/regimes.py, Regime.requires): Megatron-Core's
+# main-grad buffer, laid out by the rule (its options' main_grad_terms: whole on every data-parallel rank).
+MEASURED_PROVIDES = ("megatron-main-grad",)
+
+
 @hookimpl
 def mlsysim_sharding_rules():
     return [ShardingRuleSpec(
         name="mcore-ddp", axis="dp", apply=ddp_apply, options_type=DDPOptions,
-        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: DDP_COLLECTIVES},
+        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: DDP_COLLECTIVES,
+                    "measured.provides": MEASURED_PROVIDES},
         description="Megatron-Core DDP (no distributed optimizer): nothing sharded; gradients all-reduced in "
                     "place in the main-grad buffer (no bucket copies)"), ShardingRuleSpec(
         name=NAME, axis="dp", apply=apply, options_type=DistOptOptions,
-        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: COLLECTIVES},
+        extensions={"search.unsharded_at_one_rank": True, STEPTIME_COLLECTIVES: COLLECTIVES,
+                    "measured.provides": MEASURED_PROVIDES},
         description="Megatron-Core distributed optimizer: fp32 master weights and Adam state / dp; the whole "
                     "main-grad buffer on every rank (6 + 12/d B per parameter, bf16 weights, fp32 grads)")]

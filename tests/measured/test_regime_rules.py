@@ -10,7 +10,7 @@ import pytest
 from mlsysim_core import LayoutError, TrainingMemoryModel, hookimpl
 from mlsysim_core.errors import InvalidInputTypeError
 from mlsysim_core.manager import PluginManager, get_plugin_manager
-from mlsysim_plugins.measured.regimes import FSDP_MIXED_PRECISION, PROVIDES, REGIMES
+from mlsysim_plugins.measured.regimes import FSDP_MIXED_PRECISION, MEGATRON_MAIN_GRAD, PROVIDES, REGIMES
 
 MODEL, GPU = "llama3-8b", "h100"
 FSDP_REGIMES = ("fsdp-bf16", "fsdp-bf16-stored", "fsdp-bf16-reduce-bf16", "fsdp-fp16-reduce-fp16", "fsdp-fp16-stored")
@@ -39,6 +39,8 @@ def test_the_built_in_declarations():
     rules = get_plugin_manager().registry.sharding_rules
     assert sorted(n for n, s in rules.items() if FSDP_MIXED_PRECISION in (s.extensions.get(PROVIDES) or ())) \
         == sorted(FSDP_RULES)
+    assert sorted(n for n, s in rules.items() if MEGATRON_MAIN_GRAD in (s.extensions.get(PROVIDES) or ())) \
+        == ["mcore-ddp", "mcore-distopt"]
 
 
 def test_fsdp_bf16_under_the_default_ddp_rule_is_refused_naming_the_regime_the_rule_and_what_is_allowed():
@@ -105,6 +107,25 @@ def test_a_third_party_regime_with_the_declaration_is_refused_the_same_way():
                                           r"fsdp, fsdp-grad-op, hsdp\)"):
         _solve(solver, "myorg.sharded-bf16", "zero2")
     assert _solve(solver, "myorg.sharded-bf16", "fsdp").details["regime"] == "myorg.sharded-bf16"
+
+
+def test_a_regime_may_require_megatron_cores_rules():
+    """Megatron-Core's rules declare the main-grad buffer they lay out: a regime that requires it (a third party's
+    here: the built-in mixed-bf16-main-grad does not, yet) runs under mcore-distopt and is refused under ZeRO-1,
+    whose main-grad copy is sharded with the optimizer state."""
+    class Plugin:
+        @hookimpl
+        def mlsysim_measured_regimes(self):
+            return [attrs.evolve(REGIMES["mixed-bf16-main-grad"], name="myorg.megatron",
+                                 requires=(MEGATRON_MAIN_GRAD,))]
+    solver = _solver(("myorg_regimes", Plugin()))
+    mine, builtin = _solve(solver, "myorg.megatron", "mcore-distopt"), _solve(solver, "mixed-bf16-main-grad",
+                                                                               "mcore-distopt")
+    assert mine.total_memory == builtin.total_memory
+    with pytest.raises(LayoutError, match=r"data_parallel='zero1' is not allowed: a data-parallel rule that declares "
+                                          r"'megatron-main-grad' under regime 'myorg.megatron' \(installed: mcore-ddp, "
+                                          r"mcore-distopt\).*one that lays out Megatron-Core's main-grad buffer"):
+        _solve(solver, "myorg.megatron", "zero1")
 
 
 def test_a_capability_no_rule_declares_is_refused_naming_none_installed():

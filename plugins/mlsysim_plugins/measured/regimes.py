@@ -77,8 +77,14 @@ PROVIDES = "measured.provides"
 # reduce_dtype (``reduce``). DeepSpeed's ZeRO and DDP gather (or keep) the parameters in the dtype they are stored in:
 # an fp32 shard gathered in bf16 is not a run they can make.
 FSDP_MIXED_PRECISION = "fsdp-mixed-precision"
+# Megatron-Core's main-grad buffer (megatron.py): the rule lays it out (its options' ``main_grad_terms``: whole on
+# every data-parallel rank), as DDP and ZeRO, which count a regime's ``main_grad`` as a copy sharded with the optimizer
+# state, do not. mcore-ddp and mcore-distopt declare it. (mixed-bf16-main-grad does not require it yet: the step-time
+# calibration times Megatron-LM's distributed-optimizer rows under zero1, validation/steptime/calibrate.py RULE.)
+MEGATRON_MAIN_GRAD = "megatron-main-grad"
 CAPABILITIES = {FSDP_MIXED_PRECISION: "shards the stored parameters and all-gathers them cast to a param_dtype of "
-                                      "their own, FSDP's MixedPrecisionPolicy"}
+                                      "their own, FSDP's MixedPrecisionPolicy",
+                MEGATRON_MAIN_GRAD: "lays out Megatron-Core's main-grad buffer, whole on every data-parallel rank"}
 
 
 # The data-parallel collectives' dtypes (``gather``, ``reduce``; ``collective_bytes``):
