@@ -32,7 +32,9 @@ def _add_solve_flags(parser: argparse.ArgumentParser, registry) -> None:
     parser.add_argument("--batch-size", "-b", type=int,
                         help=f"GLOBAL batch over all DP replicas and accumulation steps (default {DEFAULT_BATCH})")
     parser.add_argument("--seq-len", "-s", type=int, help="sequence length (default 2048)")
-    parser.add_argument("--precision", help="fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
+    parser.add_argument("--precision", help="fp32, tf32, bf16, fp16 (default); fp8, int8, int4 under --profile "
+                        "reference only (the measured profile's float8 training: --precision bf16 --regime bf16 "
+                        "--float8 NAME; its 8- and 4-bit weights: QLoRA, --quantization)")
     parser.add_argument("--optimizer", help="an installed optimizer (see `plugins`; default adam)")
     parser.add_argument("--activation-checkpointing", "--checkpointing", dest="activation_checkpointing",
                         help="none, selective (default), full, or an installed strategy")

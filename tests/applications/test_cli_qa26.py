@@ -175,3 +175,28 @@ def test_fit_techniques_names_the_flags_of_the_figures_it_lacks():
     assert code == 0 and "added unknown" not in text
     code, out = run("fit", "techniques", "--host-link-gbps", "25", "--host-memory-gbps", "100", "--json")
     assert json.loads(out)["unknown_figures"] == {}
+
+
+# --- 2. --precision fp8: the core allows it (the reference profile's), the measured profile refuses it -----
+
+def test_precision_fp8_is_refused_by_the_measured_profile_naming_what_it_allows(capsys):
+    import pytest
+
+    import mlsysim_core
+    from mlsysim_core.errors import NotModelledError
+    with pytest.raises(NotModelledError) as info:
+        mlsysim_core.estimate("llama3-8b", "h100", 8, 1024, precision="fp8")
+    assert (info.value.parameter, info.value.value) == ("precision", "fp8")
+    assert info.value.allowed.startswith("one of fp32, tf32, bf16, fp16 for the measured profile, or name a regime")
+    code, err = error_of(capsys, "estimate", "--precision", "fp8")
+    assert code == 2 and err.startswith("mlsysim-core: error: precision='fp8' is not allowed: one of fp32, tf32, "
+                                        "bf16, fp16 for the measured profile")
+    assert err.endswith("--profile reference gives the textbook estimate)")
+    assert _estimate("--precision", "fp8", "--profile", "reference")["precision"] == "fp8"
+    # the help says which profile takes which (was: "fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
+    capsys.readouterr()
+    try:
+        run("estimate", "--help")
+    except SystemExit:
+        pass
+    assert "fp8,int8,int4under--profilereferenceonly" in "".join(capsys.readouterr().out.split())
