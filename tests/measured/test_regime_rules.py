@@ -1,6 +1,6 @@
 """A regime declares what it needs of its data-parallel rule (``Regime.requires``), and a rule declares what it
 does (``extensions["measured.provides"]``): FSDP's mixed-precision regimes (fp32 shards gathered in bf16) under
-DDP or ZeRO describe a run no such rule makes, and are refused by name (issues 24 and 26)."""
+DDP or ZeRO describe a run no such rule makes, and are refused by name, as contradicting inputs (issues 24, 26)."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from mlsysim_core import LayoutError, TrainingMemoryModel, hookimpl
-from mlsysim_core.errors import InvalidInputTypeError
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError
 from mlsysim_core.manager import PluginManager, get_plugin_manager
 from mlsysim_plugins.measured.regimes import FSDP_MIXED_PRECISION, MEGATRON_MAIN_GRAD, PROVIDES, REGIMES
 
@@ -46,9 +46,10 @@ def test_the_built_in_declarations():
 def test_fsdp_bf16_under_the_default_ddp_rule_is_refused_naming_the_regime_the_rule_and_what_is_allowed():
     """QA's case: `estimate -m llama3-8b --regime fsdp-bf16 --dp 8` ran under zero0 and printed "fp32 sharded
     parameters"."""
-    with pytest.raises(LayoutError) as err:
+    with pytest.raises(InvalidInputError) as err:
         MEASURED.solve(MODEL, GPU, 8, 2048, dp_size=8, regime="fsdp-bf16", precision="bf16")
     e = err.value
+    assert not isinstance(e, LayoutError)      # (no other data-parallel size makes the pair possible)
     assert (e.parameter, e.value) == ("data_parallel", "zero0")
     assert str(e) == (
         "data_parallel='zero0' is not allowed: a data-parallel rule that declares 'fsdp-mixed-precision' under "
@@ -61,7 +62,7 @@ def test_fsdp_bf16_under_the_default_ddp_rule_is_refused_naming_the_regime_the_r
 @pytest.mark.parametrize("regime", FSDP_REGIMES)
 @pytest.mark.parametrize("rule", ("zero0", "zero1", "zero2", "zero3", "mcore-ddp", "mcore-distopt"))
 def test_every_fsdp_regime_under_every_other_data_parallel_rule_is_refused(regime, rule):
-    with pytest.raises(LayoutError, match=rf"data_parallel='{rule}' is not allowed: .*regime '{regime}' needs a rule "
+    with pytest.raises(InvalidInputError, match=rf"data_parallel='{rule}' is not allowed: .*regime '{regime}' needs a rule "
                                           rf"that declares 'fsdp-mixed-precision'"):
         _solve(MEASURED, regime, rule)
 
@@ -82,7 +83,7 @@ def test_one_data_parallel_rank_takes_any_rule():
     """dp x cp = 1: no rule shards or communicates (a search enumerates that layout once, as zero0), so the regime
     solves under zero0, as before; with cp > 1 the rule shards again, and is asked."""
     assert _solve(MEASURED, "fsdp-bf16", "zero0", dp=1).total_memory > 0
-    with pytest.raises(LayoutError, match=r"data_parallel='zero0' .*dp x cp = 2\)"):
+    with pytest.raises(InvalidInputError, match=r"data_parallel='zero0' .*dp x cp = 2\)"):
         MEASURED.solve(MODEL, GPU, 1, 4096, cp_size=2, regime="fsdp-bf16", precision="bf16")
 
 
@@ -102,7 +103,7 @@ def test_a_third_party_regime_with_the_declaration_is_refused_the_same_way():
         def mlsysim_measured_regimes(self):
             return [attrs.evolve(REGIMES["bf16"], name="myorg.sharded-bf16", requires=(FSDP_MIXED_PRECISION,))]
     solver = _solver(("myorg_regimes", Plugin()))
-    with pytest.raises(LayoutError, match=r"data_parallel='zero2' is not allowed: a data-parallel rule that declares "
+    with pytest.raises(InvalidInputError, match=r"data_parallel='zero2' is not allowed: a data-parallel rule that declares "
                                           r"'fsdp-mixed-precision' under regime 'myorg.sharded-bf16' \(installed: "
                                           r"fsdp, fsdp-grad-op, hsdp\)"):
         _solve(solver, "myorg.sharded-bf16", "zero2")
@@ -122,7 +123,7 @@ def test_a_regime_may_require_megatron_cores_rules():
     mine, builtin = _solve(solver, "myorg.megatron", "mcore-distopt"), _solve(solver, "mixed-bf16-main-grad",
                                                                                "mcore-distopt")
     assert mine.total_memory == builtin.total_memory
-    with pytest.raises(LayoutError, match=r"data_parallel='zero1' is not allowed: a data-parallel rule that declares "
+    with pytest.raises(InvalidInputError, match=r"data_parallel='zero1' is not allowed: a data-parallel rule that declares "
                                           r"'megatron-main-grad' under regime 'myorg.megatron' \(installed: mcore-ddp, "
                                           r"mcore-distopt\).*one that lays out Megatron-Core's main-grad buffer"):
         _solve(solver, "myorg.megatron", "zero1")
@@ -133,7 +134,7 @@ def test_a_capability_no_rule_declares_is_refused_naming_none_installed():
         @hookimpl
         def mlsysim_measured_regimes(self):
             return [attrs.evolve(REGIMES["bf16"], name="myorg.needs-magic", requires=("myorg.magic",))]
-    with pytest.raises(LayoutError, match=r"declares 'myorg.magic' under regime 'myorg.needs-magic' \(installed: "
+    with pytest.raises(InvalidInputError, match=r"declares 'myorg.magic' under regime 'myorg.needs-magic' \(installed: "
                                           r"none\).*needs a rule that declares 'myorg.magic'; rule 'fsdp' declares "
                                           r"'fsdp-mixed-precision'"):
         _solve(_solver(("myorg_regimes", Plugin())), "myorg.needs-magic", "fsdp")
@@ -152,7 +153,7 @@ def test_a_third_party_rule_that_declares_the_capability_serves_whatever_its_nam
                     attrs.evolve(zero3, name="myorg.plain-zero3")]
     solver = _solver(("myorg_rules", Rules()))
     assert _solve(solver, "fsdp-bf16", "myorg.casting-zero3").total_memory > 0
-    with pytest.raises(LayoutError, match=r"data_parallel='myorg.plain-zero3' .*\(installed: fsdp, fsdp-grad-op, "
+    with pytest.raises(InvalidInputError, match=r"data_parallel='myorg.plain-zero3' .*\(installed: fsdp, fsdp-grad-op, "
                                           r"hsdp, myorg.casting-zero3\)"):
         _solve(solver, "fsdp-bf16", "myorg.plain-zero3")
 
@@ -197,6 +198,16 @@ def test_the_torchtitan_reader_reads_a_replicate_only_run_as_torchtitan_runs_it(
         == ("fp32", None, 0)
     assert read(2, data_parallel_shard_degree=1, context_parallel_degree=2) == ("fsdp-bf16", "fsdp", 0)
     assert read(8) == ("fsdp-bf16", "fsdp", 0)
+
+
+def test_fit_devices_says_the_contradiction_instead_of_nothing_fits():
+    """fewest_devices skips a data-parallel size a rule refuses (a LayoutError) and grows dp: here every dp > 1 is
+    refused alike, so it says why."""
+    from mlsysim_core.inverse import fewest_devices
+    with pytest.raises(InvalidInputError, match=r"data_parallel='zero0' is not allowed: .*regime 'fsdp-bf16'"):
+        fewest_devices(MODEL, GPU, 64, solver=MEASURED, regime="fsdp-bf16", precision="bf16")
+    fits = fewest_devices(MODEL, GPU, 64, solver=MEASURED, regime="fsdp-bf16", precision="bf16", data_parallel="fsdp")
+    assert fits.value == 16 and fits.details["dp"] == 16
 
 
 def test_the_cli_refuses_the_pair_qa_found(capsys):

@@ -12,7 +12,7 @@ from typing import Mapping
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import InvalidInputTypeError, LayoutError, NotModelledError
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)     # (memo keys hash it: once per object)
@@ -226,10 +226,12 @@ def check_modelled(regime: Regime) -> Regime:
 
 def check_rule(plan, registry) -> None:
     """Refuse a regime under a data-parallel rule that does not declare what the regime needs (``Regime.requires``,
-    read against the rule's ``extensions[PROVIDES]``): a ``LayoutError`` naming the regime, the rule and the
-    installed rules that would do (a search leaves that layout out, as any impossible one). On one data-parallel
-    rank (dp x cp = 1) no rule shards or communicates, so every rule serves (the search enumerates that layout once,
-    as zero0: ``search.unsharded_at_one_rank``)."""
+    read against the rule's ``extensions[PROVIDES]``): inputs that contradict each other, an ``InvalidInputError``
+    naming the regime, the rule and the installed rules that would do, as the regime/precision contradiction is
+    (``scenario.check_contradictions``). Not a ``LayoutError``: no other data-parallel size makes the pair possible,
+    so ``fit devices`` says this instead of skipping every size; a search leaves the layout out, as any it cannot
+    solve. On one data-parallel rank (dp x cp = 1) no rule shards or communicates, so every rule serves (the
+    search enumerates that layout once, as zero0: ``search.unsharded_at_one_rank``)."""
     regime = plan.profile_options.regime
     needs = regime.requires
     if not needs or plan.dp_size * plan.cp_size == 1:
@@ -241,13 +243,13 @@ def check_rule(plan, registry) -> None:
         rules = [n for n, spec in registry.sharding_rules.items() if spec.axis == "dp"
                  and all(c in (spec.extensions.get(PROVIDES) or ()) for c in needs)]
         what = "; ".join(f"declares {c!r}" + (f": one that {CAPABILITIES[c]}" if c in CAPABILITIES else "") for c in missing)
-        raise LayoutError("data_parallel", name,
-                          f"a data-parallel rule that declares {', '.join(map(repr, needs))} under regime "
-                          f"{regime.name!r} (installed: {', '.join(rules) or 'none'}), or a regime that needs no "
-                          "such rule",
-                          f"regime {regime.name!r} needs a rule that {what}; rule {name!r} declares "
-                          + (', '.join(map(repr, provides)) if provides else "none")
-                          + f", and dp x cp = {plan.dp_size * plan.cp_size}")
+        raise InvalidInputError("data_parallel", name,
+                                f"a data-parallel rule that declares {', '.join(map(repr, needs))} under regime "
+                                f"{regime.name!r} (installed: {', '.join(rules) or 'none'}), or a regime that needs "
+                                "no such rule",
+                                f"regime {regime.name!r} needs a rule that {what}; rule {name!r} declares "
+                                + (', '.join(map(repr, provides)) if provides else "none")
+                                + f", and dp x cp = {plan.dp_size * plan.cp_size}")
 
 
 @hookimpl
