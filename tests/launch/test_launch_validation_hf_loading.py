@@ -69,3 +69,21 @@ def test_the_row_stays_and_says_it_is_below_the_loading_floor(tool):
 
 def test_the_docs_table_is_the_derivation(loading):
     assert loading.main(["--check"]) == 0
+
+
+def test_fsdp1_wrap_measured_on_the_cpu_is_the_mechanism():
+    """validation/loading/measure_fsdp1_wrap.py (torch 2.13 CPU, bitsandbytes 0.50.2, a 4-bit gqa-tiny Llama under
+    peft, FSDP1 as accelerate prepares it, rank 0 of a fake world of 2): each unit allocates its flat parameter
+    (torch.cat) and its shard (clone) and frees the flat parameter and its originals; the high-water mark is at the
+    root unit. By hand: h 256, 4 layers, 8 heads of 32, 2 KV heads, MLP 688, vocab 32,000, LoRA r 8 in fp32."""
+    import json
+    from scripttools import ROOT
+    record = json.loads((ROOT / "validation" / "loading" / "fsdp1_wrap.json").read_text())
+    layer = (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 688) // 2 + 2 * 256 * 2     # codes (bf16 storage) + 2 norms
+    root = 2 * (2 * 32000 * 256 + 256)                                               # embeddings, LM head, final norm
+    adapters = 4 * 4 * 8 * (512 + 320 + 320 + 512 + 3 * 944)
+    assert (layer, root, adapters) == (347_136, 32_768_512, 575_488)
+    high_water = root + root // 2 - 4 * (layer - layer // 2) - (adapters - adapters // 2)
+    assert record["predicted"]["high_water"] == high_water == 48_170_752
+    measured = record["measured"]["high_water"]
+    assert abs(measured - high_water) <= 4096, measured         # 48,174,848 B: +4,096 B (0.008 %)
