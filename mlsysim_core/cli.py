@@ -1151,21 +1151,25 @@ def input_notes(scenario) -> list[str]:
     took (``hf.defaults_note``), and a flag that does nothing in this layout."""
     if scenario is None:
         return []
-    notes = []
-    config = _hf_config(getattr(scenario, "model", None))
-    if config is not None:
-        from .hf import defaults_note
-        try:
-            text = defaults_note(config)
-        except InvalidInputError:
-            text = None     # (solving refuses the config, naming why)
-        if text:
-            notes.append(text)
+    notes = _model_notes(getattr(scenario, "model", None))
     if getattr(scenario, "sequence_parallel", None) is True and getattr(scenario, "tp_size", None) == 1:
         # (Megatron-LM's validate_args turns it off at tp 1: "Disabling sequence parallelism because tensor
         # model parallelism is disabled", megatron/training/arguments.py; so does the megatron reader)
         notes.append(SP_AT_TP1)
     return notes
+
+
+def _model_notes(model) -> list[str]:
+    """The transformers defaults a Hugging Face config.json model took (``hf.defaults_note``), if any."""
+    config = _hf_config(model)
+    if config is None:
+        return []
+    from .hf import defaults_note
+    try:
+        text = defaults_note(config)
+    except InvalidInputError:
+        return []     # (solving refuses the config, naming why)
+    return [text] if text else []
 
 
 SP_AT_TP1 = ("--sequence-parallel with tp 1 does nothing: sequence parallelism splits the norms' and residual "
@@ -1878,9 +1882,12 @@ def cmd_search(args, out) -> int:
             found = run(DEFAULT_PROFILE, options)
         except NotModelledError as err:     # never answered by another profile
             raise not_modelled_refusal(err, args.model) from err
+    said = _model_notes(args.model)     # (what the model's config.json left to transformers' defaults)
     if args.json:
-        out.write(json.dumps(_with_launch(found.to_dict(), args), indent=2, sort_keys=True) + "\n")
+        out.write(json.dumps(_with_launch({**found.to_dict(), "input_notes": said}, args), indent=2,
+                             sort_keys=True) + "\n")
     else:
+        out.write("".join(f"note: {text}\n\n" for text in said))
         out.write(found.table(rows=args.rows or None, pareto_only=not args.all) + "\n")
         out.write(_launch_section(args))
     return 0
@@ -1969,6 +1976,7 @@ def cmd_time(args, out) -> int:
                                               "implementation"),
                          async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
                          **run)
+    r["notes"] = [*r["notes"], *_model_notes(args.model)]
     if args.sequence_parallel and r["layout"]["tp"] == 1:     # (accepted, as Megatron-LM does: input_notes)
         r["notes"] = [*r["notes"], SP_AT_TP1]
     model, hardware = _model(args.model).name, _hardware(args.hardware).name

@@ -123,6 +123,15 @@ def test_estimate_of_a_partial_config_says_the_defaults_in_text_explain_and_json
     assert code == 0 and json.loads(text)["input_notes"] == [PARTIAL_NOTE]
     assert _estimate("-m", "tests/data/hf_configs/Llama-3.2-1B.json")["input_notes"] == []
     assert _estimate()["input_notes"] == []
+    # time and search (-m, or a launch file's model) say it too
+    code, out = run("time", "-m", str(folder), "--global-batch", "8", "--json")
+    assert code == 0 and PARTIAL_NOTE in json.loads(out)["notes"]
+    code, out = run("search", "-n", "1", "--global-batch", "1", "-s", "256", "-m", str(folder), "--json")
+    assert code == 0 and json.loads(out)["input_notes"] == [PARTIAL_NOTE]
+    code, out = run("search", "-n", "1", "--global-batch", "1", "-s", "256", "-m", str(folder))
+    assert code == 0 and out.startswith(f"note: {PARTIAL_NOTE}\n\npartial on 1 x NVIDIA H100")
+    code, out = run("search", "-n", "1", "--global-batch", "1", "-s", "256", "--json")
+    assert code == 0 and json.loads(out)["input_notes"] == []
 
 
 def test_a_result_json_with_input_notes_reads_back():
