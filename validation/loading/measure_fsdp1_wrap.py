@@ -44,6 +44,7 @@ from torch._C._profiler import _EventType  # noqa: E402
 from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
+import harness  # noqa: E402  (validation/harness.py: write_json, versions)
 from configs import GQA_TINY  # noqa: E402  (validation/configs.py)
 from fakepg import fake_world  # noqa: E402  (validation/fakepg.py)
 
@@ -141,17 +142,11 @@ def main() -> int:
                                                        use_orig_params=False, device_id=torch.device("cpu"))
             peak, end = _high_water(prof)
             del wrapped
-    import bitsandbytes
-    import peft
-    import transformers
     record = {"model": "gqa-tiny", "world_size": WORLD, "rank": 0, "lora_rank": RANK, "predicted": predicted,
               "measured": {"high_water": peak, "at_end": end},
-              "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
-                              "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__,
+              "environment": {**harness.versions("transformers", "peft", "bitsandbytes"),
                               "python": platform.python_version()}}
-    with open(OUT, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    harness.write_json(OUT, record, sort_keys=False)
     print(json.dumps(record, indent=1))
     return 0
 
