@@ -121,7 +121,7 @@ def measured(model):
 
 
 @pytest.mark.parametrize("regime, precision, gathered", [("fp32", "fp32", 4), ("amp-bf16", "bf16", 4),
-                                                         ("fsdp-bf16", "bf16", 2), ("bf16", "bf16", 2)])
+                                                         ("mixed-bf16", "bf16", 2), ("bf16", "bf16", 2)])
 def test_measured_grade_every_layers_secondary_shard(measured, regime, precision, gathered):
     kw = dict(regime=regime, precision=precision, runtime_overheads=False, **LAYOUT)   # (the allocator's 5 %
     # of the peak would grow with it)

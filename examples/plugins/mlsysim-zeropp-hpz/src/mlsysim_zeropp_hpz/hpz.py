@@ -22,7 +22,7 @@ layer's forward to its backward, its secondary shard::
     secondary = layers on the rank x one layer's parameters (matrices, norms, biases; on
                 the rank after tensor/expert parallelism) / secondary_group x gathered bytes
 
-in the regime's gathered dtype (``fsdp-bf16``: bf16; fp32: 4 B), not the precision's.
+in the regime's gathered dtype (``mixed-bf16``: bf16; fp32: 4 B), not the precision's.
 The embedding, LM head and final norm get no secondary shard (FSDP2's root stays gathered).
 """
 
