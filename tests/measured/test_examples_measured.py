@@ -259,9 +259,9 @@ def test_hpz_phase_by_phase(solver, run_id):
 
 def test_hpz_uses_the_gathered_dtype_not_the_precision(solver):
     run_id = "fsdp2-gqa-tiny-fp32-w8-raf-2-b2-s256-r0"
-    [term] = _secondary(_hpz(solver, run_id, 2, regime="fsdp-bf16", precision="bf16"))
-    assert term.nbytes == 2 * SHAPES["L"] * SHAPES["P_layer"] / 2
-    assert term.label == "hpZ secondary partition of the layers (fsdp-bf16, 2 B)"
+    [term] = _secondary(_hpz(solver, run_id, 2, regime="mixed-bf16", precision="bf16"))    # (DeepSpeed's bf16: 16-bit
+    assert term.nbytes == 2 * SHAPES["L"] * SHAPES["P_layer"] / 2                       # weights; fsdp-bf16 needs FSDP)
+    assert term.label == "hpZ secondary partition of the layers (mixed-bf16, 2 B)"
     [term] = _secondary(_hpz(solver, run_id, 2, regime="amp-bf16", precision="bf16"))
     assert term.nbytes == 4 * SHAPES["L"] * SHAPES["P_layer"] / 2     # autocast: fp32 weights gathered
 
