@@ -266,11 +266,12 @@ def _option_values(args, data: dict) -> dict:
     the scenario's value, a key flag (--lora-rank) the table's key; each read by its ``parse``."""
     data = dict(data)
     for name, field in getattr(args, "option_fields", {}).items():
-        if getattr(args, name, None) is not None:
+        flagged = getattr(args, name, None) is not None
+        if flagged:
             data[name] = getattr(args, name)
-            if name == FLOAT8:     # a float8 implementation's name is the memory it declares
-                data[name] = _float8_value(_float8_names(_manager(args).registry), _flag_of(name, field),
-                                           data[name], "memory")
+        if name == FLOAT8 and isinstance(data.get(name), str):    # an implementation's name: the memory it declares
+            data[name] = _float8_value(_float8_names(_manager(args).registry),
+                                       _flag_of(name, field) if flagged else name, data[name], "memory")
         keys = [spec for spec in field.metadata.get("flags") or () if "key" in spec]
         given = {spec["key"]: (spec, getattr(args, f"{name}.{spec['key']}", None)) for spec in keys}
         given = {key: item for key, item in given.items() if item[1] is not None}

@@ -30,6 +30,19 @@ def test_estimate_float8_takes_the_implementations_names_as_their_declared_memor
                    for t in by_alias["terms"])
 
 
+def test_a_scenario_files_float8_takes_the_same_names(tmp_path, capsys):
+    run_ = {"model": "llama3-8b", "hardware": "h100", "batch_size": 1, "seq_len": 256, "precision": "bf16",
+            "regime": "bf16", "activation_checkpointing": "none"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({**run_, "float8": "torchao-rowwise"}))
+    assert _estimate("--scenario", str(path))["run"]["float8"] == "rowwise"
+    assert _estimate("--scenario", str(path), "--float8", "tensorwise")["run"]["float8"] == "tensorwise"
+    path.write_text(json.dumps({**run_, "float8": "te-mxfp8"}))
+    code, err = error_of(capsys, "estimate", "--scenario", str(path))
+    assert code == 2 and err.startswith("mlsysim-core: error: float8='te-mxfp8' is not allowed: a name whose memory "
+                                        "is modelled: ")
+
+
 def test_float8_errors_list_one_list_for_every_command(capsys):
     listing = ("one of: te-current-scaling, te-delayed-scaling, te-mxfp8, torchao-rowwise, torchao-tensorwise, "
                "tensorwise, rowwise, transformer-engine (tensorwise = torchao-tensorwise, rowwise = torchao-rowwise; "
