@@ -18,7 +18,6 @@ from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING, PluginInfo, R
 from .specs import DATA, DEFAULT_RULES
 from .types import HardwareNode, TransformerWorkload
 
-_ZERO_RULES = ("zero0", "zero1", "zero2", "zero3")
 _RULES_ALLOWED = f"a mapping of axis ({', '.join(DEFAULT_RULES)}) -> rule name, or None"
 _profile_options = memoize(lambda info, options_type, *given: call_plugin(     # (frozen: one object per options)
     info, "options_type", "mlsysim_profiles", lambda: options_type(**{name: value for name, value, _ in given})))
@@ -137,7 +136,7 @@ def _rules(registry: Registry, sharding_rules, data_parallel, zero_stage) -> Fro
                                     f"keys among {', '.join(DEFAULT_RULES)} (use data_parallel= for 'dp')")
     rules = {axis: _rule(registry, axis, requested.get(axis, default)) for axis, default in DEFAULT_RULES.items()}
     if data_parallel is None:
-        rules[DATA] = _rule(registry, DATA, _ZERO_RULES[zero_stage], "zero_stage")
+        rules[DATA] = _rule(registry, DATA, f"zero{zero_stage}", "zero_stage")   # zero_stage 0-3 -> zero0-zero3
     else:
         rules[DATA] = _rule(registry, DATA, data_parallel, "data_parallel")    # a known rule first
         if zero_stage != 0:
