@@ -1583,7 +1583,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
               checkpointing: str = "selective", microbatch: int = 1, sequence_parallel: bool | None = None,
               precision: str = "fp16", optimizer: str = "adam", profile: str | None = None,
               pipeline_schedule: str | None = None, compiled: bool = False, float8=False,
-              async_tp: bool = False, ep_overlap: bool = False, ep_dispatch: str | None = None,
+              async_tp: bool | str = False, ep_overlap: bool = False, ep_dispatch: str | None = None,
               power: float | None = None, memory_bandwidth: float | None = None, flops: float | None = None, tp_bandwidth: float | None = None,
               network_bandwidth: float | None = None, recompute: float | None = None, calibration=None,
               step_time_model: str | None = None, solver: TrainingMemoryModel | None = None,
@@ -1596,7 +1596,9 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     What a search does not enumerate, said by the caller: ``compiled`` (memory-bound ops fused),
     ``float8`` (float8 GEMMs and casts: True the default implementation, torchao tensorwise; a
     registered implementation's name, ``mlsysim_float8_implementations``; or its declaration),
-    ``async_tp`` (TP collectives decomposed and overlapped), ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``ep_dispatch``
+    ``async_tp`` (TP collectives decomposed and overlapped: True, the reduce-scatters reducing inside their own
+    kernels, as Megatron's TP communication overlap; ``"symmetric-memory"``, torch's micro-pipeline TP, which sums a
+    fused reduce-scatter's partials in a kernel of its own), ``ep_overlap`` (EP all-to-alls beside another micro-batch's compute), ``ep_dispatch``
     (``"node-forwarded"``: DeepEP-style, once per destination node), ``power`` (the run's
     power limit, W) and ``memory_bandwidth`` (B/s). ``memory``: also solve the layout's memory
     (the heaviest rank's total, as ``estimate``; a run the profile cannot describe is said in
@@ -1680,7 +1682,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
         notes.append(f"memory not solved: {err}")
     extras = {k: v for k, v in (("compiled", compiled), ("float8", float8), ("power", power),
                                 ("memory_bandwidth", memory_bandwidth),
-                                ("overlap", {**({"tp": "decomposed"} if async_tp else {}),
+                                ("overlap", {**({"tp": async_tp if isinstance(async_tp, str) else "decomposed"} if async_tp else {}),
                                              **({"ep": "batched"} if ep_overlap else {})}),
                                 ("dispatch", {"ep": ep_dispatch} if ep_dispatch else {}),
                                 # (the expert tensor parallelism a run sets, which its collectives' etp group is)

@@ -905,9 +905,10 @@ def prepare(*, model, hardware, registry, result, seq_len: int, precision_bytes:
     hw = hardware_figures(hardware, flops=flops, intra=intra, inter=inter, power=power, memory=memory_bandwidth)
     overlap = dict(overlap or {})
     for axis, how in overlap.items():
-        if axis not in ("tp", "ep") or how not in ("decomposed", "batched"):
-            raise InvalidInputError("overlap", overlap, "{'tp': 'decomposed'} (async TP) and/or {'ep': 'batched'} "
-                                    "(EP all-to-all overlap)")
+        if (axis, how) not in [*(("tp", d) for d in DECOMPOSED), ("ep", "batched")]:
+            raise InvalidInputError("overlap", overlap, "{'tp': 'decomposed'} or {'tp': 'symmetric-memory'} (async TP: "
+                                    "time_plan's async_tp True or 'symmetric-memory') and/or {'ep': 'batched'} (EP "
+                                    "all-to-all overlap)")
     dispatch = dict(dispatch or {})
     if any(axis != "ep" or how != "node-forwarded" for axis, how in dispatch.items()):
         raise InvalidInputError("dispatch", dispatch, "{'ep': 'node-forwarded'} (a DeepEP-style all-to-all: once per "
@@ -1073,6 +1074,15 @@ def _applies(c: Collective, size: dict) -> bool:
     return c.sequence_parallel is None or c.sequence_parallel == size["sp"]
 
 
+# The async-TP implementations (``overlap={"tp": ...}``): each GEMM split into tp chunks, each chunk's collective beside
+# the next chunk's GEMM. "decomposed": the reduce-scatter's reduction runs inside the collective's own kernels
+# (Megatron-Core's --tp-comm-overlap, Transformer Engine's userbuffers: CommOverlapBase::split_overlap_rs calls
+# reducescatter2_userbuff_strided per chunk on the communication stream); "symmetric-memory": torch's micro-pipeline TP
+# (torchtitan's enable_async_tensor_parallel), whose fused matmul-reduce-scatter sums the partials in a kernel of its
+# own after the pipeline (_partials_reduction).
+DECOMPOSED = ("decomposed", "symmetric-memory")
+
+
 def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], size: dict, overlap: str | None = None,
                dispatch: str | None = None, paired=None) -> float:
     """Exposed seconds per micro-batch of an axis' per-layer collectives: ``forward`` calls per
@@ -1098,10 +1108,12 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
         if c.overlaps == "attention-step":
             exposed += layers * _ring_steps(c, t, compute, size)
             continue
-        if c.overlaps is None and overlap == "decomposed":
+        if c.overlaps is None and overlap in DECOMPOSED:
             n = size["groups"][c.group][0]
             whole = _not_fused(c, size)     # (the share of the call the GEMMs' implementation does not decompose)
             exposed += layers * t * calls * (whole + (1 - whole) / n)
+            if overlap == "symmetric-memory":   # (the fused reduce-scatter's partials summed after its pipeline)
+                exposed += layers * calls * _partials_reduction(c, size)
             overlapping["matmul"] = overlapping.get("matmul", 0.0) + t * calls * (1 - whole) * (n - 1) / n
         elif c.overlaps is None and overlap == "batched" and (not c.implementations or "batched" in c.implementations):
             if paired:
@@ -1119,6 +1131,30 @@ def _per_layer(declared, layers: int, r: float, compute: Mapping[str, float], si
         if comm:
             exposed += layers * hidden(comm, compute[slot.compute], size["cal"])
     return exposed
+
+
+def _partials_reduction(c: Collective, size: dict) -> float:
+    """Seconds of the kernel that sums a fused matmul-reduce-scatter's partial outputs, once per call of a
+    tensor-parallel collective whose reduce-scatter half an async TP over symmetric memory fuses
+    (``{"tp": "symmetric-memory"}``, torch's micro-pipeline TP): each rank's GEMM chunks write the n partial sums of
+    its output shard into one buffer of the whole output's size ([M, N], the run's precision), and a reduction
+    kernel of its own reads it and writes the [M / n, N] shard, after the last chunk, on the critical path
+    (pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py: ``_fused_matmul_reduce_scatter_impl`` and
+    ``_fused_scaled_matmul_reduce_scatter_impl``, ``stacked_partials`` then ``reduce_fn = partial(torch.sum,
+    dim=0)``, later ``reduce_partials``; in the stored copies with rowwise scales, 2025, and at 006b161f). 0 where
+    the reduce-scatter is not fused (``Float8Casts.async_tp_fuses``) or the collective has none."""
+    if c.group != "tp" or not (c.kind == "reduce-scatter" or (c.kind == "all-reduce" and c.sequence_parallel)):
+        return 0.0
+    fuses = size.get("tp_fuses")
+    if fuses is not None and "reduce-scatter" not in fuses:
+        return 0.0
+    factors = size["volumes"][c.volume]
+    precision = c.element_bytes if c.element_bytes is not None else factors[-1]
+    elements = 1.0
+    for f in factors[:-1]:
+        elements *= f
+    n = size["groups"][c.group][0]
+    return elements * precision * (1 + 1 / n) / (size["cal"].memory * size["hw"]["memory"])
 
 
 def _not_fused(c: Collective, size: dict) -> float:

@@ -12,6 +12,7 @@ import pytest
 
 from mlsysim_core import TransformerWorkload, search
 from mlsysim_core.catalog import find_hardware
+from mlsysim_core.errors import InvalidInputError
 from mlsysim_plugins import steptime
 
 from clitools import error_of, run
@@ -76,6 +77,46 @@ def test_async_tp_exposes_one_chunk_and_hides_the_rest():
     matmul_layer = plain["matmul"] / FIG["layers"]
     assert per_layer_comm < matmul_layer * 3 / 4          # (this case: the rest hides entirely)
     assert overlapped["tp"] == pytest.approx(plain["tp"] / 4)
+
+
+def test_async_tp_over_symmetric_memory_sums_the_reduce_scatters_partials_in_a_kernel_of_its_own():
+    # torch's fused matmul-reduce-scatter (torch/distributed/_symmetric_memory/__init__.py, stacked_partials then
+    # torch.sum over the n partials): per call of a sequence-parallel TP pair, the [T, h] partials read and the
+    # [T / tp, h] shard written, bf16, at the memory-bound share of the bandwidth, on the critical path. 8 layers,
+    # no recompute: 2 pairs forward and 2 backward a layer; T 4096, h 2048, tp 4, CAL.memory x 3e12 B/s.
+    cal = attrs.evolve(CAL, overlap_sm_share=0.0)
+    decomposed = steptime.step_time(FIG, HW_NOSM, cal, tp=4, sp=True, overlap={"tp": "decomposed"}, **BASE)
+    symm = steptime.step_time(FIG, HW_NOSM, cal, tp=4, sp=True, overlap={"tp": "symmetric-memory"}, **BASE)
+    one = 4096 * 2048 * 2 * (1 + 1 / 4) / (CAL.memory * 3e12)
+    assert symm["tp"] - decomposed["tp"] == pytest.approx(8 * 4 * one)
+    assert {k: v for k, v in symm.items() if k not in ("tp", "step")} == \
+        {k: v for k, v in decomposed.items() if k not in ("tp", "step")}
+    # vanilla TP (no overlap) and the all-gather half: no such kernel
+    from mlsysim_plugins.steptime_hookspecs import Collective
+    gather = Collective(kind="all-gather", volume="activations", group="tp", per="layer", forward=1)
+    size = dict(groups={"tp": (4, 1)}, volumes={"activations": (4096, 2048, 2)}, hw={"memory": 3e12}, cal=CAL)
+    assert steptime._partials_reduction(gather, size) == 0.0
+    # a float8 implementation whose async TP does not fuse the reduce-scatter runs NCCL's: no such kernel either
+    pair = Collective(kind="all-reduce", volume="activations", group="tp", per="layer", forward=1, in_network=False,
+                      sequence_parallel=True)
+    assert steptime._partials_reduction(pair, size) == pytest.approx(one)
+    assert steptime._partials_reduction(pair, dict(size, tp_fuses=("all-gather",))) == 0.0
+
+
+def test_time_plan_async_tp_names_the_implementation():
+    from mlsysim_core.search import time_plan
+
+    def tp(async_tp):
+        return time_plan("llama3-8b", "h100", global_batch=1, seq_len=4096, tp=8, checkpointing="none",
+                         precision="bf16", optimizer="adamw", memory=False, async_tp=async_tp)
+    decomposed, symm = tp(True), tp("symmetric-memory")
+    assert (decomposed["layout"]["async_tp"], symm["layout"]["async_tp"]) == (True, "symmetric-memory")
+    # Llama-3.1-8B: 32 layers, h 4096, 4 pairs a layer; T 4096; the H100's bandwidth at the calibration's share
+    share = symm["assumptions"]["calibration.memory"] * symm["assumptions"]["memory_bandwidth"]
+    assert symm["components"]["tp"] - decomposed["components"]["tp"] == pytest.approx(
+        32 * 4 * 4096 * 4096 * 2 * (1 + 1 / 8) / share)
+    with pytest.raises(InvalidInputError, match="symmetric-memory"):
+        tp("pipelined")
 
 
 def test_ep_overlap_hides_the_all_to_all_behind_the_layer():

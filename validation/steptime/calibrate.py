@@ -185,6 +185,20 @@ def comparable(case) -> str | None:
 # "F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)" (self.sdpa at 820504e).
 SEPARATE_PROJECTIONS = ("pytorch/torchtitan",)
 
+# The async TP a source's stack runs (time_plan's async_tp): torchtitan's enable_async_tensor_parallel is torch's
+# micro-pipeline TP over symmetric memory (torchtitan/parallelisms/parallelize_llama.py at 9dec370 lines 201-205,
+# torchtitan/models/llama3/parallelize_llama.py at 820504e lines 205-209: "from torch.distributed._symmetric_memory
+# import enable_symm_mem_for_group", "torch._inductor.config._micro_pipeline_tp = True"), whose fused
+# matmul-reduce-scatter sums its partials in a kernel of its own ("symmetric-memory", steptime._partials_reduction);
+# the others (Megatron-Core's --tp-comm-overlap: Transformer Engine's userbuffers, which reduce inside their
+# reduce-scatter kernels): True ("decomposed").
+ASYNC_TP = {"pytorch/torchtitan": "symmetric-memory"}
+
+
+def async_tp_of(case):
+    """time_plan's async_tp for the source's stack (ASYNC_TP; True: decomposed, the reduction in the collective)."""
+    return next((how for src, how in ASYNC_TP.items() if case["source"].startswith(src)), True)
+
 
 def model_for(case):
     """The catalog model, or the source's stated dimensions as a workload (its position table, not a
@@ -289,7 +303,7 @@ def layout(case) -> dict:
                 data_parallel=rule, checkpointing=CKPT[case["checkpointing"]], microbatch=mb,
                 sequence_parallel=case["tp"] > 1, compiled=is_fused,
                 float8=FLOAT8_RECIPE[case.get("float8_recipe")] if case["float8"] else False,
-                async_tp=bool(case["async_tp"]) and case["tp"] > 1, power=case["power_watts"],
+                async_tp=async_tp_of(case) if case["async_tp"] and case["tp"] > 1 else False, power=case["power_watts"],
                 ep_overlap=bool(case["ep_overlap"]) and (case["ep"] or 1) > 1,
                 ep_dispatch=EP_DISPATCH.get(case["ep_dispatcher"]) if (case["ep"] or 1) > 1 else None,
                 memory_bandwidth=case["memory_bandwidth"], network_bandwidth=case["network_bandwidth"],
@@ -462,7 +476,9 @@ def table() -> str:
             lay, L = layout(c), p["layout"]
             regime = REFUSED_REGIME.get(c["id"]) or (f"regime {c['regime']}" if c["regime"] else None)
             choices = [x for x, on in ((regime, regime), ("fused ops", lay["compiled"]), (f"float8 {getattr(lay['float8'], 'name', 'torchao-tensorwise')}", lay["float8"]),
-                                       ("async TP", lay["async_tp"]), ("EP overlap", lay["ep_overlap"]),
+                                       ("async TP" + (f" ({lay['async_tp']})" if isinstance(lay["async_tp"], str)
+                                                      else ""), lay["async_tp"]),
+                                       ("EP overlap", lay["ep_overlap"]),
                                        ("EP node-forwarded", lay["ep_dispatch"]),
                                        (f"attention {c['attn_impl']}", c["attn_impl"]),
                                        (f"{c['cp_ring']} ring", c["cp_ring"] and c["cp"] > 1),
