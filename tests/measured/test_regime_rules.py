@@ -158,6 +158,21 @@ def test_a_third_party_rule_that_declares_the_capability_serves_whatever_its_nam
         _solve(solver, "fsdp-bf16", "myorg.plain-zero3")
 
 
+@pytest.mark.parametrize("provides", ["fsdp-mixed-precision-ish", ("fsdp-mixed-precision", 1)])
+def test_a_rules_declaration_that_is_not_a_tuple_of_names_is_its_plugins_error(provides):
+    """A bare string would match a capability by substring: refused, naming the plugin and the hook."""
+    from mlsysim_core.errors import PluginContractError
+    fsdp = get_plugin_manager().registry.sharding_rules["fsdp"]
+
+    class Rules:
+        @hookimpl
+        def mlsysim_sharding_rules(self):
+            return [attrs.evolve(fsdp, name="myorg.fsdp", extensions={**fsdp.extensions, PROVIDES: provides})]
+    with pytest.raises(PluginContractError, match=r"plugin 'myorg_rules' .*declares sharding rule 'myorg.fsdp' with "
+                                                  r"extensions\['measured.provides'\]="):
+        _solve(_solver(("myorg_rules", Rules())), "fsdp-bf16", "myorg.fsdp")
+
+
 @pytest.mark.parametrize("requires", ["fsdp-mixed-precision", ("",), (1,), ["fsdp-mixed-precision"]])
 def test_requires_must_be_a_tuple_of_capability_names(requires):
     bad = attrs.evolve(REGIMES["bf16"], name="myorg.bad", requires=requires)

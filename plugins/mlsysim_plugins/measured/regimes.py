@@ -237,11 +237,11 @@ def check_rule(plan, registry) -> None:
     if not needs or plan.dp_size * plan.cp_size == 1:
         return
     name = plan.rules["dp"]
-    provides = registry.sharding_rules[name].extensions.get(PROVIDES) or ()
+    provides = declared(registry, name)
     missing = [c for c in needs if c not in provides]
     if missing:
         rules = [n for n, spec in registry.sharding_rules.items() if spec.axis == "dp"
-                 and all(c in (spec.extensions.get(PROVIDES) or ()) for c in needs)]
+                 and all(c in declared(registry, n) for c in needs)]
         what = "; ".join(f"declares {c!r}" + (f": one that {CAPABILITIES[c]}" if c in CAPABILITIES else "") for c in missing)
         raise InvalidInputError("data_parallel", name,
                                 f"a data-parallel rule that declares {', '.join(map(repr, needs))} under regime "
@@ -250,6 +250,18 @@ def check_rule(plan, registry) -> None:
                                 f"regime {regime.name!r} needs a rule that {what}; rule {name!r} declares "
                                 + (', '.join(map(repr, provides)) if provides else "none")
                                 + f", and dp x cp = {plan.dp_size * plan.cp_size}")
+
+
+def declared(registry, rule: str) -> tuple:
+    """The capabilities sharding rule ``rule`` declares (``extensions[PROVIDES]``; none: ``()``); a declaration that
+    is not a tuple of names (a bare string would match by substring) is the rule's plugin's error, named."""
+    value = registry.sharding_rules[rule].extensions.get(PROVIDES) or ()
+    if not isinstance(value, (tuple, list, frozenset)) or not all(isinstance(c, str) for c in value):
+        from mlsysim_core.registry import SHARDING
+        raise registry.provider(SHARDING, rule).error(
+            f"declares sharding rule {rule!r} with extensions[{PROVIDES!r}]={value!r}: a tuple of capability names, "
+            f"e.g. ({FSDP_MIXED_PRECISION!r},)", "mlsysim_sharding_rules")
+    return tuple(value)
 
 
 @hookimpl
