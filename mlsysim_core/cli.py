@@ -1011,6 +1011,17 @@ def not_modelled_refusal(err: NotModelledError, model=None) -> NotModelledError:
     if counterpart:
         hint = (f"{model!r} is the reference package's entry, without architecture facts: -m {counterpart} "
                 f"is the curated entry of the same model; " + hint)
+    from .plan import PRECISION_BYTES
+    if err.parameter == "precision" and PRECISION_BYTES.get(err.value, 2) < 2:    # fp8, int8, int4: what it does take
+        from .scenario import option_fields
+        fields = option_fields()
+        said = [what for option, what in (
+            (FLOAT8, "8-bit training is float8 linears over 16-bit weights (--precision bf16 --regime bf16 --float8 "
+                     "NAME)"),
+            ("lora", "8- and 4-bit weights are QLoRA's (--lora-rank N --quantization nf4|fp4|int8)"))
+            if option in fields]
+        if said:
+            hint = f"the {DEFAULT_PROFILE} profile's " + ", and its ".join(said) + "; " + hint
     detail = f"{err.detail}; {hint}" if err.detail else hint
     new = NotModelledError(err.parameter, err.value, err.allowed, detail)
     new.__cause__ = err

@@ -213,7 +213,13 @@ def test_precision_fp8_is_refused_by_the_measured_profile_naming_what_it_allows(
     code, err = error_of(capsys, "estimate", "--precision", "fp8")
     assert code == 2 and err.startswith("mlsysim-core: error: precision='fp8' is not allowed: one of fp32, tf32, "
                                         "bf16, fp16 for the measured profile")
-    assert err.endswith("--profile reference gives the textbook estimate)")
+    assert err.endswith("(8- and 4-bit training regimes are not modelled yet; the measured profile's 8-bit training "
+                        "is float8 linears over 16-bit weights (--precision bf16 --regime bf16 --float8 NAME), and its "
+                        "8- and 4-bit weights are QLoRA's (--lora-rank N --quantization nf4|fp4|int8); refused under "
+                        "the default profile, measured: no other profile answers for it; --profile reference gives "
+                        "the textbook estimate)")
+    code, err = error_of(capsys, "estimate", "--precision", "fp16", "--regime", "bf16")    # (no such hint)
+    assert code == 2 and "8-bit training" not in err
     assert _estimate("--precision", "fp8", "--profile", "reference")["precision"] == "fp8"
     # the help says which profile takes which (was: "fp32, tf32, bf16, fp16 (default), fp8, int8, int4")
     capsys.readouterr()
