@@ -38,7 +38,9 @@ def solve(run):
     if run.get("lora"):      # torchtune's LoRALinear: adapters in the model's dtype, no dropout
         from mlsysim_core.finetune import LoRAConfig
         lo = run["lora"]
-        extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base")
+        quantized = {"quantization": "nf4", "double_quant": True, "quant_blocksize": 64} if lo.get("quantize_base") else {}
+        extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base",
+                                   **quantized)
     world = 1
     if run.get("layout", {}).get("kind") == "tp":      # tensor parallelism, no sequence parallelism: one replica
         extra.update(tp_size=run["layout"]["world_size"], sequence_parallel=False)

@@ -57,18 +57,21 @@ LORA = {"qv": {"attn": ["q_proj", "v_proj"], "mlp": False, "targets": ["q_proj",
 
 
 def _cfg(regime, compile, *, b=1, seq=512, layers=2, kv=8, vocab=32000, tied=True, loss="ce", policy="none",
-         layout=None, lora=None):
-    tt = dict(TINY, num_layers=layers, num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_seq_len=seq)
-    rid = (f"tt-llama3_2-{layers}l-v{vocab}" + (f"-kv{kv}" if kv != 8 else "") + ("" if tied else "-untied")
+         layout=None, lora=None, ffn=688, qlora=False):
+    tt = dict(TINY, num_layers=layers, num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied, max_seq_len=seq,
+              intermediate_dim=ffn)
+    rid = (f"tt-llama3_2-{layers}l-v{vocab}" + (f"-kv{kv}" if kv != 8 else "") + (f"-f{ffn}" if ffn != 688 else "")
+           + ("" if tied else "-untied")
            + f"-{regime}-{compile}" + (f"-{policy}" if policy != "none" else "") + (f"-{loss}" if loss != "ce" else "")
-           + (f"-{layout}-w2r0" if layout else "") + (f"-lora-{lora}" if lora else "") + f"-b{b}-s{seq}")
+           + (f"-{layout}-w2r0" if layout else "") + (f"-{'q' if qlora else ''}lora-{lora}" if lora else "")
+           + f"-b{b}-s{seq}")
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": tt["embed_dim"],
-          "intermediate_size": tt["intermediate_dim"], "num_hidden_layers": layers, "num_attention_heads": 8,
+          "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": 8,
           "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied, "head_dim": 32,
           "max_position_embeddings": seq, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
     return {"id": rid, "torchtune": tt, "hf_config": hf, "batch_size": b, "seq_len": seq, "regime": regime,
             "compile": compile, "loss": loss, "policy": policy, "optimizer": "adamw", "optimizer_impl": "foreach",
-            **({"lora": dict(LORA[lora], rank=8, alpha=16)} if lora else {}),
+            **({"lora": dict(LORA[lora], rank=8, alpha=16, **({"quantize_base": True} if qlora else {}))} if lora else {}),
             **({"layout": {"kind": layout, "world_size": 2, "rank": 0}} if layout else {})}
 
 
@@ -234,8 +237,18 @@ def _measure(cfg: dict) -> dict:
         from torchtune.models.llama3_2._component_builders import lora_llama3_2
         from torchtune.modules.peft import get_adapter_params, set_trainable_params
         lo = cfg["lora"]
-        model = lora_llama3_2(lo["attn"], lo["mlp"], False, **cfg["torchtune"], lora_rank=lo["rank"],
-                              lora_alpha=lo["alpha"]).to(dtype)
+        if lo.get("quantize_base"):
+            # QLoRA (torchtune's qlora_* builders: LoRALinear(quantize_base=True), the base to_nf4'd): built in the
+            # run's dtype as the recipe's _setup_model does (training.set_default_dtype; a later .to(dtype) would
+            # go through NF4Tensor's own .to), the base frozen by set_trainable_params before compile_model as the
+            # recipe orders them (with the NF4 base still requiring grad, torch 2.13 miscompiles its backward:
+            # probe_nf4_compile.py)
+            with training.set_default_dtype(dtype):
+                model = lora_llama3_2(lo["attn"], lo["mlp"], False, **cfg["torchtune"], lora_rank=lo["rank"],
+                                      lora_alpha=lo["alpha"], quantize_base=True)
+        else:
+            model = lora_llama3_2(lo["attn"], lo["mlp"], False, **cfg["torchtune"], lora_rank=lo["rank"],
+                                  lora_alpha=lo["alpha"]).to(dtype)
         set_trainable_params(model, get_adapter_params(model))
     else:
         model = llama3_2(**cfg["torchtune"]).to(dtype)
@@ -294,6 +307,10 @@ def _measure(cfg: dict) -> dict:
     tensors = [*model.parameters(), *model.buffers(), input_ids,
                *(v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))]
     tensors = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]      # FSDP2's DTensors: the shard
+    # torchao's NF4Tensor (QLoRA's base) is a wrapper subclass: its bytes are its inner tensors' (the packed codes,
+    # the quantized scalers, their factors and mean, the 16-entry lookup table)
+    tensors = [inner for t in tensors for inner in ([getattr(t, a) for a in t.__tensor_flatten__()[0]]
+                                                    if type(t).__name__ == "NF4Tensor" else [t])]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     record = harness.memory_timeline(prof)
     del prof

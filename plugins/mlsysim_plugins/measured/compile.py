@@ -408,6 +408,8 @@ def prepare(plan, registry=None):
     if value == BLOCKS_LOSS:
         notes += (LOSS_NOTE,)
     _check_order(plan, per_block and spec.recomputes == LAYERS)
+    if per_block and o.lora is not None and o.lora.quantization == NF4:
+        notes += (QLORA_NOTE,)
     if spec.recomputes == LAYERS:
         notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL_OUTSIDE if outside(plan) else BLOCKS_FULL,
                   ) if per_block else (APPROXIMATE,)
@@ -457,23 +459,25 @@ def _check_compiled_loss(plan):
 
 
 def _check_lora(plan, value):
-    """LoRA with compile: per block (torchtune's LoRA recipes with ``compile: True``), plain LoRA adapters in
-    the model's dtype, no checkpointing; else refused by name."""
+    """LoRA with compile: per block (torchtune's LoRA and QLoRA recipes with ``compile: True``), plain LoRA adapters
+    in the model's dtype over a base in it or in torchao's NF4 (one device), no checkpointing or full; else refused
+    by name."""
+    from .parallel import is_parallel
     config = plan.profile_options.lora
     if value is True:
         _check_whole_lora(plan, config)
         return
-    why = ("its 4-bit or int8 base's dequantizing matmuls inside the compiled block (torchtune's linear_nf4, "
-           "bitsandbytes) are not modelled; torchtune's is not measurable here: torch 2.13's compile of torchao's "
-           "NF4 linear (0.13.0 and 0.17.0) multiplies the backward by the weight's transpose, wrong for a square "
-           "weight and failing for another (validation/compile/probe_nf4_compile.py)" if config.quantization else
+    why = (f"a {config.quantization} base inside the compiled block is not measured (torchtune's QLoRA is torchao's "
+           "NF4: quantization='nf4' on one device, validation/compile/measure_blocks_qlora.py)"
+           if config.quantization and (config.quantization != NF4 or is_parallel(plan)) else
            "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
            "the adapters' dropout (functionalized RNG under the partitioner) is not modelled" if config.dropout else
            "trainable copies of the embedding or LM head with compiled blocks are not modelled"
            if config.modules_to_save else None)
     if why:
-        raise NotModelledError("lora", config, f"plain LoRA (no quantization, DoRA, dropout or modules_to_save) with "
-                               f"compile={BLOCKS!r}", why)
+        raise NotModelledError("lora", config, f"plain LoRA or QLoRA over torchao's NF4 on one device "
+                               f"(quantization='nf4'; no DoRA, dropout or modules_to_save) with compile={BLOCKS!r}",
+                               why)
     regime = plan.profile_options.regime
     if regime.compute != 4 and config.adapter_dtype != "base":
         raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, f"'base' in a 16-bit regime with "
@@ -711,6 +715,53 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
     return total, output, "; ".join(parts)
 
 
+NF4 = "nf4"     # torchtune's QLoRA base: torchao's NF4Tensor (the reader's quantization="nf4", double_quant)
+
+QLORA_NOTE = ("compile='blocks' with QLoRA (torchtune's qlora_* builders: torchao's NF4 base, linear_nf4): the "
+              "partitioner saves each frozen NF4 linear's dequantized weight (c x out x in) where the backward needs "
+              "it, not the 4-bit codes: torchao's dequantization (a gather from the NF4 table) is outside its "
+              "recomputable allow-list; measured on torchtune 0.6.1 with the base frozen before compile_model, as "
+              "the recipes order them (validation/compile/measure_blocks_qlora.py)")
+
+
+def dequantized_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float, str]:
+    """Bytes of dequantized base weights one compiled QLoRA block saves (0 without an NF4 base), and how.
+
+    torchao's ``LinearNF4`` (torchtune's ``linear_nf4``) computes ``F.linear(x, W.to(dtype))`` and, in the
+    backward, the input's gradient ``g @ W.to(dtype)``. Traced into the block's joint graph, the dequantization
+    (``get_original_weight``: shifts, a gather from the 16-entry table, the scalers' products) is a chain whose
+    gather (``aten.index``) is outside the partitioner's recomputable allow-list (``ban_if_not_in_allowlist``),
+    so the cut falls after it: the dequantized weight (the compute dtype, out x in) is saved for every linear
+    whose input needs a gradient, and never recomputed from the codes. With ``grad_in`` (the block's input
+    requires grad) that is every linear; in the first block (a frozen embedding below) the attention's first
+    matmuls' inputs need none, so only the linears after an adapter (o_proj when q, k or v is adapted, the MLP
+    after any attention adapter) save theirs (lora_layer_saved's walk). Measured: the partitioner's outputs of
+    torchtune 0.6.1's ``lora_llama3_2(quantize_base=True)`` blocks (the plain LoRA set, each frozen weight
+    placeholder replaced by its dequantized copy; validation/compile/measure_blocks_qlora.py)."""
+    config = plan.profile_options.lora
+    if config.quantization != NF4:
+        return 0, ""
+    from .lora import _adapted, _quantized_linears
+    elements = {m: i * o for m, i, o in _quantized_linears(plan)}
+    ops = _ops(shape, regime, kernel, plan.seq_len)
+    adapted = set(_adapted(plan))
+    g, names = grad_in, []
+    for module in dict.fromkeys(op.module for op in ops):
+        mops = [op for op in ops if op.module == module]
+        first = [op for op in mops if op.op == "mm" and not op.reduced]
+        inner = g or any(op.name in adapted for op in first)
+        names += [op.name for op in mops if op.op == "mm" and (g if not op.reduced else inner)]
+        g = g or any(op.name in adapted for op in mops)
+    missing = [n for n in names if n not in elements]
+    if missing:
+        raise NotModelledError("lora.quantization", config.quantization, f"None with compile={BLOCKS!r} for family "
+                               f"{shape.family.name!r}", f"{', '.join(missing)}: linears whose quantized weight "
+                               "the family's linears do not describe")
+    c = regime.compute
+    total = c * sum(elements[n] for n in names)
+    return total, f"{c} B x ({' + '.join(f'{n} {_n(elements[n])}' for n in names)}) dequantized" if names else ""
+
+
 def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
     """compile="blocks" with LoRA: every block's compiled saved set (``lora_layer_saved``): the first block's
     input needs no gradient (a frozen embedding), the others' does; each block's output saved by the next
@@ -730,7 +781,13 @@ def lora_layer_terms(plan, placement) -> list[MemoryTerm]:
     # (the last block's output) and rsqrt in every dtype (whole_lora_terms).
     last = (out if L > 1 else out1) if regime.compute != 4 and blocks(plan) else 0
     total = (first + out1 + (L - 1) * (other + out) - last) * T
-    return [MemoryTerm(component=ACTIVATIONS, key=K.LAYERS_SAVED,
+    w1, whow1 = dequantized_saved(plan, s, regime, kernel, False)
+    w, whow = dequantized_saved(plan, s, regime, kernel, True)
+    weights = [MemoryTerm(component=ACTIVATIONS, label="decoder layers: dequantized NF4 weights saved for backward "
+                          "(QLoRA, compiled)", nbytes=w1 + (L - 1) * w, phases=SAVED,
+                          formula=f"first block {_n(w1)} B ({whow1 or 'none'}) + {L - 1} blocks x {_n(w)} B ({whow})")
+               ] if w else []
+    return weights + [MemoryTerm(component=ACTIVATIONS, key=K.LAYERS_SAVED,
                        label="decoder layers: saved for backward (LoRA, compiled)",
                        nbytes=total, phases=SAVED,
                        formula=f"T={_n(T)} x (first block {_n(first + out1)} B ({how1}; output {_n(out1)}) + {L - 1} "
@@ -806,11 +863,30 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     model_terms = lora_mod.model_activation_terms(plan, placement, recompute=True)
     during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS)       # alive while the layers run
     loss_side = sum(t.nbytes for t in model_terms if FORWARD in t.phases and t.key not in during)
-    excess = forward * T - last - loss_side
+    # QLoRA: a block's saved set holds its dequantized NF4 weights too (dequantized_saved), made by the top block's
+    # compiled forward and by each block's recompute
+    wq, whow = dequantized_saved(plan, s, regime, kernel, True)
+    if wq:
+        # QLoRA: in the backward's recompute of the top block, its last NF4 linear (the down projection) dequantized:
+        # its weight in c bytes (saved) and, beside it, the fp32 intermediate Inductor's dequantizing kernel writes
+        # (4 B x out x in), while every earlier weight and the block's saved set up to it are alive and its input
+        # (the product) waits; measured (bf16): the backward's peak with the MLP frozen. The MLP backward's
+        # moment comes after the down projection's input gradient: its dequantized weight is freed by then. (The
+        # forward's top block: its moment at the down projection with every weight dequantized; measured, the
+        # frozen MLP's forward peak is 3.8 % above that: Inductor's order of the dequantizing kernels, approximate.)
+        from .lora import _quantized_linears
+        n_down = next(i * o for m, i, o in _quantized_linears(plan) if m == down.name)
+        pre = other - (c * r if adapted else 0) + (0 if adapted else product)
+        dequant = pre * T + wq + 4 * n_down
+        dhow = (f"T x {_n(pre)} (the saved set before the down projection"
+                + ("" if adapted else ", with its input, the product") + f") + {_n(wq)} ({whow}) + 4 x {_n(n_down)} "
+                "(the down projection's fp32 dequantizing intermediate)")
+    excess = forward * T + wq - last - loss_side
     if excess > 0:
         terms.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before "
                                 "the checkpoint drops it)", nbytes=excess, phases=(FORWARD,),
-                                formula=f"T x ({fhow}) = T x {_n(forward)} B, beyond what the end of the forward "
+                                formula=f"T x ({fhow}) = T x {_n(forward)} B"
+                                        + (f" + {_n(wq)} B ({whow})" if wq else "") + ", beyond what the end of the forward "
                                         f"holds in its place (the loss's forward terms {_n(loss_side)} B"
                                         + (", the last block's output" if last else "") + ")"))
     # The adapters' gradients are the gradient terms' (BACKWARD_END): at this moment only down's exist, unless
@@ -818,9 +894,17 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     accumulating = plan.gradient_accumulation_steps > 1
     unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
     rope = K.rope_table_bytes(model_terms)    # on the device (SAVED: not in BACKWARD_END)
-    moment = inputs - rng + c * T * h + work * T + rope - unborn
+    wd = c * n_down if wq else 0      # the down projection's dequantized weight, freed before the MLP backward
+    if wq and dequant > work * T + wq - wd:
+        block, bhow = dequant, "the recompute's dequantization of the down projection: " + dhow
+    else:
+        block = work * T + wq - wd
+        bhow = f"T x ({bhow}) = T x {_n(work)}" + (f" + {_n(wq - wd)} (the block's dequantized NF4 weights but the "
+                                                   "down projection's, freed)" if wq else "")
+    moment = inputs - rng + c * T * h + block + rope - unborn
     formula = (f"{L} layers' inputs {_n(inputs - rng)} (the top one's RNG state freed) + T x h x {c} (the block "
-               f"output's gradient) + T x ({bhow}) = T x {_n(work)}" + (f" + {_n(rope)} (the RoPE tables)" if rope else "")
+               f"output's gradient) + {bhow}"
+               + (f" + {_n(rope)} (the RoPE tables)" if rope else "")
                + (f" - {_n(unborn)} (the adapters' gradients not born yet: all but down's {_n(down_grads)})"
                   if unborn else ""))
     label = "the top block's compiled recompute and MLP backward"
@@ -838,7 +922,8 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
         moments = {"top": 0}
         if L > 2:
             moments["block 1"] = (L - 2) * step
-        moments["block 0"] = (L - 1) * step - (other - first) * T
+        moments["block 0"] = (L - 1) * step - (other - first) * T - (wq - dequantized_saved(plan, s, regime, kernel,
+                                                                                            False)[0])
         which = max(moments, key=moments.get)
         if moments[which] > 0:
             moment += moments[which]
@@ -846,7 +931,8 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
             formula += (f"; at {which}: {'+' if moments[which] >= 0 else ''}{_n(moments[which])} (per block lower: "
                         f"{_n(grow)} B of adapter gradients born - {_n(c * T * h)} B input"
                         + (f" - {_n(rng)} B RNG state" if rng else "") + " freed"
-                        + (f"; block 0's saved set {_n((other - first) * T)} B smaller" if which == "block 0" else "")
+                        + (f"; block 0's saved set {_n(moments['block 0'] - (L - 1) * step)} B" if which == "block 0"
+                           else "")
                         + f"; moments: {', '.join(f'{k} {_n(v)}' for k, v in moments.items())})")
     terms.append(MemoryTerm(component=ACTIVATIONS, label=label, nbytes=moment, phases=(BACKWARD_END,),
                             formula=formula))

@@ -1475,8 +1475,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            nbytes=2 * adapters, phases=(FORWARD,),
                            formula=f"{_n(adapters)} adapter params (rank {r}) x 2 B (cached until autocast exits)"))
             through_layers.add(id(terms[-1]))
-    if plan.profile_options.lora.quantization in ("nf4", "fp4"):
-        add(_dequantized_weight(plan, c))
+    if plan.profile_options.lora.quantization in ("nf4", "fp4") and not getattr(plan.profile_options, "compile", None):
+        add(_dequantized_weight(plan, c))       # (compiled blocks: their saved set, compile.dequantized_saved)
     if _chosen_loss(plan) is not None:   # loss.py: chunked or fused
         from .loss import loss_terms
         from .model import context
