@@ -108,7 +108,8 @@ def test_off_is_eager_lora():
 
 
 @pytest.mark.parametrize("kw, name", [
-    (dict(lora=LoRAConfig(rank=8, target_modules=QV, quantization="nf4")), "lora"),
+    (dict(lora=LoRAConfig(rank=8, target_modules=QV, quantization="fp4")), "lora"),    # (nf4: QLoRA, measured:
+    (dict(lora=LoRAConfig(rank=8, target_modules=QV, quantization="int8")), "lora"),   # test_compile_blocks_qlora)
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, dropout=0.1)), "lora"),
     (dict(lora=LoRAConfig(rank=8, target_modules=QV, use_dora=True)), "lora"),
     (dict(regime="bf16", adapter_dtype="fp32"), "lora.adapter_dtype"),

@@ -2,8 +2,8 @@
 """Does torchtune's QLoRA linear (torchao's NF4 base) compile correctly here? The check before measuring compiled
 QLoRA blocks the way measure_blocks.py measures compiled LoRA ones.
 
-    nice -n 10 /tmp/lossvenv/bin/python validation/compile/probe_nf4_compile.py                      # torchao 0.13.0
-    PYTHONPATH=/tmp/ao17 nice -n 10 /tmp/lossvenv/bin/python validation/compile/probe_nf4_compile.py  # torchao 0.17.0
+    nice -n 10 /tmp/tvenv/bin/python validation/compile/probe_nf4_compile.py                         # torchao 0.13.0
+    PYTHONPATH=/tmp/ao17 nice -n 10 /tmp/tvenv/bin/python validation/compile/probe_nf4_compile.py  # torchao 0.17.0
     # (pip install --no-deps --target /tmp/ao17 torchao==0.17.0); each run adds its torchao version's record to
     # validation/compile/probe_nf4_compile.json
 
@@ -12,7 +12,13 @@ of 64, scalers in blocks of 256; the forward ``linear_nf4(x, weight)``, torchao'
 whose backward is ``grad_output @ weight.to(grad_output.dtype)``), bf16, ``lora_b`` zero as torchtune initialises
 it (so the input's gradient is the base's alone: ``g W``, W the dequantized weight). Eager, and under
 ``torch.compile`` (Inductor, what ``training.compile_model`` does to each layer), on a square (256 x 256) and a
-non-square (256 -> 1,024) linear: the input's gradient against ``g W`` and ``g W^T``.
+non-square (256 -> 1,024) linear: the input's gradient against ``g W`` and ``g W^T``; each with the NF4 base
+requiring grad (``LoRALinear`` registers ``nn.Parameter(to_nf4(...))``, requires_grad True) and frozen
+(``base_requires_grad`` False: what the recipes run, ``set_trainable_params`` before ``compile_model``).
+
+Found (torchao 0.13.0): the miscompile needs the NF4 base to require grad; frozen, as the recipes freeze it before
+compiling, the compiled gradient equals eager's for both shapes. (The 0.17.0 record predates the frozen case: its
+linears require grad.)
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "probe_nf4_compile.json")
 
 
-def probe(in_dim, out_dim):
+def probe(in_dim, out_dim, frozen):
     from torchtune.modules.peft import LoRALinear
     torch.manual_seed(0)
     lin = LoRALinear(in_dim, out_dim, rank=8, alpha=16, quantize_base=True).to(torch.bfloat16)
+    if frozen:      # the recipe: set_trainable_params(model, adapter_params) before compile_model
+        lin.weight.requires_grad_(False)
     w = lin.weight.get_original_weight().float()      # the dequantized base, (out, in)
     x = torch.randn(1, 64, in_dim, dtype=torch.bfloat16)
-    record = {"in": in_dim, "out": out_dim, "weight_type": type(lin.weight).__name__}
+    record = {"in": in_dim, "out": out_dim, "weight_type": type(lin.weight).__name__,
+              "base_requires_grad": lin.weight.requires_grad}
     for name, fn in (("eager", lin), ("compiled", torch.compile(lin))):
         xi = x.clone().requires_grad_()
         try:
@@ -66,7 +75,8 @@ def main() -> int:
             doc = json.load(f)
     doc["runs"][torchao.__version__] = {
         "torch": torch.__version__, "torchtune": torchtune.__version__, "torchao": torchao.__version__,
-        "python": platform.python_version(), "device": "cpu", "linears": [probe(256, 256), probe(256, 1024)]}
+        "python": platform.python_version(), "device": "cpu",
+        "linears": [probe(i, o, frozen) for frozen in (False, True) for i, o in ((256, 256), (256, 1024))]}
     with open(OUT, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")

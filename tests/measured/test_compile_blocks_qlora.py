@@ -1,0 +1,124 @@
+"""QLoRA with ``compile="blocks"`` (torchtune's QLoRA recipes with ``compile: True``: torchao's NF4 base, each block
+compiled apart) against validation/compile/blocks_qlora_measurements.json (torchtune 0.6.1's
+``lora_llama3_2(quantize_base=True)``, the profiler's memory timeline, every phase), the hand-derived dequantized
+weights the partitioner saves, and what stays refused. No torch."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from mlsysim_core import TrainingMemoryModel
+from mlsysim_core.errors import NotModelledError
+from mlsysim_core.finetune import LoRAConfig
+from mlsysim_core.hf import from_hf_config
+from mlsysim_core.types import HardwareNode
+from scripttools import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+compare = load_script("validation/compile/compare_blocks_qlora.py")
+
+RUNS = {r["id"]: r for r in json.loads((ROOT / "validation/compile/blocks_qlora_measurements.json").read_text(
+    encoding="utf-8"))["runs"] if r.get("measured")}
+ROWS = {rid: (pred, meas) for rid, pred, meas, _ in compare.rows()}
+PHASES = compare.compare_blocks.PHASES
+COMPILED = [r for r in RUNS if "-blocks-" in r]
+BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
+ALL = "tt-llama3_2-3l-v1024-f704-bf16-blocks-qlora-all-b1-s256"
+
+
+def err(rid, phase):
+    pred, meas = ROWS[rid]
+    return (pred[phase] - meas[phase]) / meas[phase]
+
+
+def test_every_run_is_measured_and_predicted():
+    assert len(RUNS) == 14 and len(COMPILED) == 7
+    assert all(isinstance(ROWS[r][0], dict) for r in RUNS)
+
+
+def test_the_compiled_runs_every_phase():
+    """Every compiled run's backward peak, end of forward, optimizer peak and end of backward within 0.7 % (the
+    fp32 run's optimizer and end of backward -1.6 %: the weights as the reader counts torchao's NF4, bitsandbytes'
+    nf4 with double quantization, -44 KB, as in its eager twin); the forward peak within 0.7 % but the two moments
+    named: the bf16 runs without checkpointing (+3.5 %, +4.0 %: the eager loss's forward moment, which plain LoRA's
+    bf16 run shares, +3.7 % in blocks_measurements.json) and the checkpointed frozen-MLP run (-3.8 %: Inductor's
+    order of the dequantizing kernels in the top block's forward)."""
+    allowed = {(ALL, "forward"): 0.036,
+               ("tt-llama3_2-3l-v1024-f704-bf16-blocks-qlora-qv-b1-s256", "forward"): 0.041,
+               ("tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s256", "forward"): 0.039,
+               ("tt-llama3_2-3l-v1024-f704-fp32-blocks-qlora-qv-b2-s512", "optimizer"): 0.016,
+               ("tt-llama3_2-3l-v1024-f704-fp32-blocks-qlora-qv-b2-s512", "end_of_backward"): 0.016}
+    for phase in PHASES:
+        for r in COMPILED:
+            assert abs(err(r, phase)) <= allowed.get((r, phase), 0.007), (r, phase, err(r, phase))
+        assert statistics.median(abs(err(r, phase)) for r in COMPILED) <= 0.01, phase
+
+
+def test_compile_saves_more_than_eager_here_and_the_model_says_so():
+    """Measured: compiled QLoRA keeps more at the end of the forward than eager (12.1 MB against 9.4 MB above the
+    baseline, every linear adapted): the dequantized weights it saves outweigh the activations it drops."""
+    eager = RUNS[ALL.replace("-blocks-", "-eager-")]["measured"]["alive"]["end_of_forward"]
+    compiled = RUNS[ALL]["measured"]["alive"]["end_of_forward"]
+    assert compiled > eager * 1.25
+    assert ROWS[ALL][0]["end_of_forward"] > ROWS[ALL.replace("-blocks-", "-eager-")][0]["end_of_forward"]
+
+
+def _solve(run_id, **kw):
+    return compare.compare_blocks.solve({**RUNS[run_id], **kw})
+
+
+def test_hand_derived_dequantized_weights():
+    """h 256, FFN 704, MHA, bf16, every linear adapted: q, k, v, o 256 x 256 = 65,536 each; gate and up 704 x 256,
+    down 256 x 704 = 180,224 each. The first block's input needs no gradient: o (its input, SDPA's output, does:
+    q, k, v adapted) and the MLP save theirs, 2 x (65,536 + 3 x 180,224) = 1,212,416 B; the two others every
+    linear, 2 x (4 x 65,536 + 3 x 180,224) = 1,605,632 B each: 4,423,680 B."""
+    term = next(t for t in _solve(ALL).terms if "dequantized NF4" in t.label)
+    assert term.nbytes == 1_212_416 + 2 * 1_605_632
+
+
+def test_the_dequantized_weights_are_what_compiled_qlora_adds_to_compiled_lora():
+    """Without quantization the same run's saved set is the same but the weights (the partitioner's graphs differ
+    only there): the end of the forward differs by the dequantized weights and the weights' own bytes."""
+    run = RUNS[ALL]
+    plain = _solve(ALL, lora={k: v for k, v in run["lora"].items() if k != "quantize_base"})
+    q = _solve(ALL)
+
+    def activations(r):
+        return sum(t.nbytes for t in r.terms if t.component == "activations" and "forward" in t.phases
+                   and "backward" in t.phases)
+    assert activations(q) - activations(plain) == 4_423_680
+
+
+def test_qlora_notes_say_what_is_modelled():
+    assert any("dequantized weight" in n for n in _solve(ALL).notes)
+
+
+def _model():
+    return from_hf_config(RUNS[ALL]["hf_config"], name="qlora-tiny")
+
+
+@pytest.mark.parametrize("kw, name, says", [
+    (dict(quantization="fp4"), "lora", "fp4 base inside the compiled block is not measured"),
+    (dict(quantization="int8"), "lora", "int8 base inside the compiled block is not measured"),
+    (dict(quantization="nf4", dropout=0.1), "lora", "dropout"),
+    (dict(quantization="nf4", use_dora=True), "lora", "DoRA"),
+])
+def test_refused_by_name(kw, name, says):
+    with pytest.raises(NotModelledError, match=says) as e:
+        TrainingMemoryModel().solve(_model(), BIG, 1, 256, "bf16", "adamw", "none", profile="measured",
+                                    regime="bf16", attention="sdpa", device="cpu", compile="blocks",
+                                    lora=LoRAConfig(rank=8, adapter_dtype="base", **kw))
+    assert e.value.parameter == name
+
+
+def test_data_parallel_qlora_with_compiled_blocks_is_refused():
+    with pytest.raises(NotModelledError, match="one device") as e:
+        TrainingMemoryModel().solve(_model(), BIG, 2, 256, "bf16", "adamw", "none", profile="measured",
+                                    regime="bf16", attention="sdpa", device="cpu", compile="blocks", dp_size=2,
+                                    data_parallel="fsdp",
+                                    lora=LoRAConfig(rank=8, adapter_dtype="base", quantization="nf4"))
+    assert e.value.parameter == "lora"
