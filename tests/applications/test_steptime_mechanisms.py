@@ -451,3 +451,17 @@ def test_expert_parallel_group_is_expert_tp_ranks_apart():
     assert one_node == steptime.step_time(fig, HW, CAL, **run, node=16, expert_tp=1)["ep"]
     spread = steptime.step_time(fig, HW, CAL, **run, node=8)["ep"]
     assert spread > steptime.step_time(fig, HW, CAL, **run, node=16)["ep"]      # (2 nodes: the network's share)
+
+
+def test_calibration_times_each_sources_async_tp_as_its_stack_runs_it():
+    # torchtitan's async TP is torch's micro-pipeline TP over symmetric memory (calibrate.ASYNC_TP); Megatron's TP
+    # communication overlap (Transformer Engine's userbuffers) the decomposed default; a run without async TP neither
+    from scripttools import load_script
+    calibrate = load_script("validation/steptime/calibrate.py")
+    cases = {c["id"]: c for c in calibrate.CASES}
+    layout = calibrate.layout
+    assert layout(cases["torchtitan-2506-asynctp-llama3-8b-64xh100-float8-tensorwise-asynctp"])["async_tp"] \
+        == "symmetric-memory"
+    assert layout(cases["torchtitan-2412-llama3.1-70b-256xh100-fsdp32-tp8-asynctp"])["async_tp"] == "symmetric-memory"
+    assert layout(cases["megatron-bridge-2604-llama3-70b-64xh100-fp8"])["async_tp"] is True
+    assert layout(cases["torchtitan-2506-asynctp-llama3-8b-64xh100-float8-tensorwise-vanillatp"])["async_tp"] is False
