@@ -874,7 +874,29 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
         raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) returned "
                                   f"{type(reading).__name__} from read(), not a LaunchReading",
                                   plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
+    unknown = [k for k in reading.world if k not in LAUNCH_WORLD_HINTS]
+    if unknown or not all(isinstance(v, tuple) and len(v) == 2 for v in reading.world.values()):
+        info = registry.providers.get((LAUNCH_FORMAT, spec.name))
+        what = (f"unknown world hint(s) {', '.join(map(repr, unknown))}" if unknown else
+                "a world hint that is not a (key, value) pair")
+        raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) returned "
+                                  f"{what} reading {str(path)!r}: LaunchReading.world maps "
+                                  f"{', '.join(LAUNCH_WORLD_HINTS)} to (the file's key, its value)",
+                                  plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
+    for hint in ("gpus", "nodes", "gpus_per_node"):     # the file's values: bad input, named by their key
+        if hint in reading.world and not _is_whole(reading.world[hint][1]):
+            key, value = reading.world[hint]
+            raise InvalidInputError(key, value, "a whole number >= 1", f"{path}: the {hint} ({spec.name} format)")
     return reading
+
+
+# Fields of a launch reading that count ranks, steps or sequences: whole numbers >= 1.
+_WHOLE_FIELDS = ("tp_size", "pp_size", "cp_size", "ep_size", "dp_size", "gradient_accumulation_steps",
+                 *LAUNCH_BATCH_FIELDS)
+
+
+def _is_whole(value) -> bool:
+    return type(value) is int and value >= 1
 
 
 def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_version: str | None = None,
@@ -960,6 +982,12 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
     readings = [attrs.evolve(r, fields=[_derived(f, values, sources) for f in r.fields]) for r in readings]
     for r, marks in zip(readings, derived):
         merge(r, [f for f, d in zip(r.fields, marks) if d and f.becomes is not None])
+    for name in _WHOLE_FIELDS:      # checked before the world size and the batch are computed from them
+        if name in values:
+            values[name] = _whole(values[name])     # a file's 16.0 is 16, as in scenario files
+        if values.get(name) is not None and not _is_whole(values[name]):
+            key = where[name][1] if name in where else name
+            raise InvalidInputError(key, values[name], "a whole number >= 1", f"{name} from {sources.get(name, '?')}")
     # Hardware and model.
     if hardware is not None:
         values["hardware"], sources["hardware"] = hardware, "-g/--hardware"
