@@ -98,7 +98,9 @@ input is not saved; the first block's input needs no gradient). Measured on torc
 validation/compile/measure_blocks.py. With full checkpointing in torchtune's order (``compile_model``, then
 ``set_activation_checkpointing``: the checkpoint outside the compiled graph; ``lora_full_terms``): the layers'
 inputs, the top block's compiled forward with its whole saved set before the checkpoint drops it, and its
-recompute and MLP backward (validation/compile/measure_blocks_extra.py).
+recompute and MLP backward (validation/compile/measure_blocks_extra.py). With QLoRA (torchtune's NF4 base, one
+device): each frozen NF4 linear whose input needs a gradient saves its dequantized weight (``dequantized_saved``;
+validation/compile/measure_blocks_qlora.py).
 
 ``compile="blocks+loss"``: the blocks as above and torchtitan's loss function compiled apart
 (``build_cross_entropy_loss``'s ``torch.compile(loss_fn)``, "loss" in ``compile.components``;
