@@ -122,3 +122,13 @@ def test_data_parallel_qlora_with_compiled_blocks_is_refused():
                                     data_parallel="fsdp",
                                     lora=LoRAConfig(rank=8, adapter_dtype="base", quantization="nf4"))
     assert e.value.parameter == "lora"
+
+
+def test_offloading_compiled_qlora_blocks_is_refused():
+    with pytest.raises(NotModelledError, match="not measured") as e:
+        TrainingMemoryModel().solve(_model(), BIG, 1, 256, "bf16", "adamw", "full", profile="measured",
+                                    regime="bf16", attention="sdpa", device="cpu", compile="blocks",
+                                    activation_offload="torchtune",
+                                    lora=LoRAConfig(rank=8, adapter_dtype="base", quantization="nf4",
+                                                    target_modules=("q_proj", "v_proj")))
+    assert e.value.parameter == "activation_offload"

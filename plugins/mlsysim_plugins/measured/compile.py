@@ -480,6 +480,10 @@ def _check_lora(plan, value):
         raise NotModelledError("lora", config, f"plain LoRA or QLoRA over torchao's NF4 on one device "
                                f"(quantization='nf4'; no DoRA, dropout or modules_to_save) with compile={BLOCKS!r}",
                                why)
+    if config.quantization and getattr(plan.profile_options, "activation_offload", None):
+        raise NotModelledError("activation_offload", plan.profile_options.activation_offload, f"None with QLoRA and "
+                               f"compile={BLOCKS!r}", "offloading the inputs of compiled QLoRA blocks (their "
+                               "dequantized weights' moments beside the offload streams) is not measured")
     regime = plan.profile_options.regime
     if regime.compute != 4 and config.adapter_dtype != "base":
         raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, f"'base' in a 16-bit regime with "
