@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Issue 24 item 6: 2,604 -> 2,328: docstrings one line where docs/api.md and docs/hooks.md document the
 # parameters and fields, comments short, blank lines ruff format does not need dropped, one PluginInfo.error,
 # the JSON readers' helpers to catalog/files.py and format_gb to render.py (edge-only). 328 over 2,000.
-RATCHET = 2178   # issue 24 item 6, simpler (nothing moved but an edge's own helper): -11 an entry point's provenance one
+RATCHET = 2177   # issue 24 item 6, simpler (nothing moved but an edge's own helper): -11 an entry point's provenance one
 # functools.cache per distribution (manager._ep_info and its dict gone), -3 PluginInfo.source an attrs.Factory, -1
 # structure_options names where the options were given once, -4 inputs._model/_hardware (partials only search.py
 # called; it calls _catalog_value), -2 solver._selection's rule list built where it is used; before: 2199
