@@ -23,7 +23,13 @@ measured-grade profile its specs support, and checks:
   its terms), as the profile's physics then assumes;
 * an item of a profile's own hook that can check itself (``conformance_failures(models)``) passes
   on every catalog model: a measured architecture family's descriptions of the parameters of each
-  model it claims agree (its layer weights, parameter tensors, matrix shapes and count).
+  model it claims agree (its layer weights, parameter tensors, matrix shapes and count);
+* an item that declares the values it offers (a measured technique: ``ladder_keyword`` and
+  ``candidates_in(registry)``) is solved with each value, under the profile whose hook it is;
+* a launch-format reader (an item with ``recognizes`` and ``read``) says "not mine" without raising
+  to documents of other shapes, and reads the files its layouts name (``{"launch": PATH}``, with
+  ``from_launch``'s keywords beside it: ``gpus``, ``seq_len``, ...) into scenarios it recognizes and
+  that solve, as ``mlsysim-core estimate --from PATH`` does.
 
 ``layouts`` overrides the solve arguments tried per kind (e.g. a rule that needs dp_size
 divisible by 8, a family's model); ``options`` gives plugin options per spec name.
@@ -42,7 +48,7 @@ import attrs
 from .errors import MlsysimError, NotModelledError
 from .manager import PluginManager
 from .registry import CHECKPOINTING, OPTIMIZER, PROFILE, SHARDING
-from .scenario import Scenario
+from .scenario import Scenario, option_fields
 from .solver import TrainingMemoryModel
 from .specs import SPEC_CALLABLES, CheckpointingSpec, OptimizerSpec, ProfileSpec, ShardingRuleSpec, declared
 from .terms import MemoryTerm
@@ -104,7 +110,7 @@ def _fill(value, name):
     return value.replace("{name}", name) if isinstance(value, str) else value
 
 
-def _scenario(layout: dict, options: Mapping[str, Any]) -> Scenario:
+def _scenario(layout: dict, options: Mapping[str, Any], fields=None) -> Scenario:
     data = {**BASE, **layout}
     selected = {data.get("optimizer", "adam"), data.get("activation_checkpointing", "selective"),
                 data.get("data_parallel") or f"zero{data.get('zero_stage', 0)}",
@@ -112,7 +118,7 @@ def _scenario(layout: dict, options: Mapping[str, Any]) -> Scenario:
     opts = {k: v for k, v in options.items() if k in selected}
     if opts:
         data["plugin_options"] = {k: (attrs.asdict(v) if attrs.has(type(v)) else dict(v)) for k, v in opts.items()}
-    return Scenario.from_dict(data)
+    return Scenario.from_dict(data, options=fields)
 
 
 def _reversed_manager(pm: PluginManager, leave_out: str = "") -> PluginManager:
@@ -163,6 +169,14 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     for kind, names in provides.items():
         for name in sorted(names):
             key = registry.sharding_rules[name].axis if kind == SHARDING else kind
+            item = tables[kind][name]
+            if _is_reader(item):      # a launch format: its files, read and solved below
+                reader_failures, reader_cases = _reader_cases(kind, name, item, layouts.get(key), registry)
+                failures += reader_failures
+                cases += reader_cases
+                continue
+            if key not in layouts and _offers(item):
+                layouts[key] = _offered_layouts(kind, item, registry)
             # Rules work under every profile; an optimizer or strategy under such a profile if it has its callable.
             graded = measured if kind == SHARDING else [
                 p for p in measured if kind in _CALLABLE_KIND
@@ -188,9 +202,11 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     blocked_solver = TrainingMemoryModel(plugin_manager=_reversed_manager(pm, leave_out=plugin))
     solves = 0
     for what, layout in cases:
-        label = f"{what} with {json.dumps(layout, sort_keys=True)}"
+        label = f"{what} with {json.dumps(layout, sort_keys=True, default=str)}"
         try:
-            scenario = _scenario({k: v for k, v in layout.items() if v is not None or k != "profile"}, options)
+            scenario = (layout["scenario"] if "scenario" in layout else   # the profiles' options of this manager's world
+                        _scenario({k: v for k, v in layout.items() if v is not None or k != "profile"}, options,
+                                  option_fields(registry)))
             result = scenario.solve(solver)
             solves += 1
         except Exception as err:
@@ -211,7 +227,7 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "scenario.json"
                 scenario.dump(path)
-                again = Scenario.load(path)
+                again = Scenario.load(path, options=option_fields(registry))
             if again != scenario or again.solve(solver).to_json() != result.to_json():
                 failures.append(f"{label}: options do not round-trip through a scenario file")
     failures += _declared_checkpointing(plugin, provides.get(CHECKPOINTING, ()), registry, solver, measured)
@@ -231,6 +247,64 @@ def check_plugin(plugin: str, *, layouts: Mapping[str, Sequence[dict]] | None = 
     return ConformanceReport(plugin=plugin, source=info.source,
                              provides={k: tuple(sorted(v)) for k, v in provides.items()},
                              solves=solves, failures=tuple(failures))
+
+
+def _offers(item) -> bool:
+    return callable(getattr(item, "candidates_in", None)) and bool(getattr(item, "ladder_keyword", None))
+
+
+def _offered_layouts(kind, item, registry) -> list[dict]:
+    """One solve per value the item offers (its ``ladder_keyword`` set to each of its
+    ``candidates_in(registry)``), under the profiles whose registration hooks collect ``kind``."""
+    profiles = sorted(p.name for p in registry.profiles.values() if kind in p.registration_hooks)
+    return [{"model": DENSE, "profile": profile, item.ladder_keyword: candidate.value}
+            for profile in profiles for candidate in item.candidates_in(registry)]
+
+
+def _is_reader(item) -> bool:
+    return callable(getattr(item, "recognizes", None)) and callable(getattr(item, "read", None))
+
+
+# Documents of other shapes than any one format's: a reader must say "not mine" to each, never raise.
+FOREIGN_DOCUMENTS = ({}, [], "", "--model llama3-8b", 0, None, {"model": DENSE}, {"optimizer": {"lr": 1e-4}}, [{}])
+
+
+def _reader_cases(kind, name, reader, files, registry) -> tuple[list[str], list[tuple[str, dict]]]:
+    """A launch-format reader's checks: ``recognizes`` of foreign documents, then each of its
+    ``files`` (``{"launch": PATH, **from_launch keywords}``) read by it into a scenario to solve."""
+    from .scenario import from_launch
+    failures, cases = [], []
+    for document in FOREIGN_DOCUMENTS:
+        try:
+            said = reader.recognizes(Path("conformance.yaml"), document)
+        except Exception as err:
+            failures.append(f"{kind} {name!r}: recognizes() raised {type(err).__name__} on a document of another "
+                            f"format ({document!r}): {err}; it must return False")
+            continue
+        if not isinstance(said, bool):
+            failures.append(f"{kind} {name!r}: recognizes() returned {said!r} for {document!r}; expected a bool")
+    if not files:
+        failures.append(f"{kind} {name!r}: no file to read; give layouts={{{kind!r}: [{{'launch': 'PATH', "
+                        "'seq_len': 2048}]} (a launch file of this format, and from_launch's keywords: gpus, seq_len, "
+                        "...)")
+        return failures, cases
+    for given in files:
+        given = dict(given)
+        path = given.pop("launch", None)
+        if path is None:
+            failures.append(f"{kind} {name!r}: layout {given!r} names no 'launch' file")
+            continue
+        try:
+            launch = from_launch([path], registry=registry, **given)
+        except Exception as err:
+            failures.append(f"{kind} {name!r}: reading {str(path)!r} failed: {type(err).__name__}: {err}")
+            continue
+        formats = [r.format for r in launch.readings]
+        if formats != [name]:
+            failures.append(f"{kind} {name!r}: {str(path)!r} was read as {formats}, not by this format")
+            continue
+        cases.append((f"{kind} {name!r} reading {str(path)!r}", {"scenario": launch.scenario}))
+    return failures, cases
 
 
 def _self_checks(provides, tables, pm) -> list[str]:
