@@ -36,25 +36,23 @@ def err(rid, phase):
 
 
 def test_every_run_is_measured_and_predicted():
-    assert len(RUNS) == 14 and len(COMPILED) == 7
+    assert len(RUNS) == 20 and len(COMPILED) == 10
     assert all(isinstance(ROWS[r][0], dict) for r in RUNS)
 
 
 def test_the_compiled_runs_every_phase():
-    """Every compiled run's backward peak, end of forward, optimizer peak and end of backward within 0.7 % (the
-    fp32 run's optimizer and end of backward -1.6 %: the weights as the reader counts torchao's NF4, bitsandbytes'
-    nf4 with double quantization, -44 KB, as in its eager twin); the forward peak within 0.7 % but the two moments
-    named: the bf16 runs without checkpointing (+3.5 %, +4.0 %: the eager loss's forward moment, which plain LoRA's
-    bf16 run shares, +3.7 % in blocks_measurements.json) and the checkpointed frozen-MLP run (-3.8 %: Inductor's
-    order of the dequantizing kernels in the top block's forward)."""
+    """Every compiled run, every phase, within 0.9 % but two kinds of moment named: the bf16 runs' forward without
+    checkpointing (+3.5 %, +4.0 %: the eager loss's forward moment, torchtune's .float() LM head, which plain LoRA's
+    bf16 run shares, +3.7 % in blocks_measurements.json) and the fp32 runs' weights (the optimizer peak and the end
+    of the backward -0.9 to -1.6 %: torchao's NF4 counted as bitsandbytes' nf4 with double quantization, as the
+    torchtune reader reads it: 44 KB of constants short, as in the eager twins)."""
+    fp32 = [r for r in COMPILED if "-fp32-" in r]
     allowed = {(ALL, "forward"): 0.036,
                ("tt-llama3_2-3l-v1024-f704-bf16-blocks-qlora-qv-b1-s256", "forward"): 0.041,
-               ("tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s256", "forward"): 0.039,
-               ("tt-llama3_2-3l-v1024-f704-fp32-blocks-qlora-qv-b2-s512", "optimizer"): 0.016,
-               ("tt-llama3_2-3l-v1024-f704-fp32-blocks-qlora-qv-b2-s512", "end_of_backward"): 0.016}
+               **{(r, p): 0.016 for r in fp32 for p in ("optimizer", "end_of_backward")}}
     for phase in PHASES:
         for r in COMPILED:
-            assert abs(err(r, phase)) <= allowed.get((r, phase), 0.007), (r, phase, err(r, phase))
+            assert abs(err(r, phase)) <= allowed.get((r, phase), 0.009), (r, phase, err(r, phase))
         assert statistics.median(abs(err(r, phase)) for r in COMPILED) <= 0.01, phase
 
 
@@ -132,3 +130,22 @@ def test_offloading_compiled_qlora_blocks_is_refused():
                                     lora=LoRAConfig(rank=8, adapter_dtype="base", quantization="nf4",
                                                     target_modules=("q_proj", "v_proj")))
     assert e.value.parameter == "activation_offload"
+
+
+def test_the_frozen_mlp_moments_follow_the_cpu_16_bit_matmul():
+    """bf16, the MLP frozen, full checkpointing, 128 tokens (T != h: every buffer's size tells what it is): the
+    forward's peak is at up's matmul, whose fp32 output (4 x 128 x 704 = 360,448 B, + 128) the timeline shows
+    beside every weight dequantized at the block's start; the backward's at the down projection's input gradient
+    (the product's gradient 180,224 B and its fp32 copy). Both within 0.9 %; the same cell priced as the MLP
+    backward's moment alone would be 7.5 % high at the backward and 3.2 % low at the forward."""
+    rid = "tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s128"
+    assert abs(err(rid, "forward")) <= 0.009 and abs(err(rid, "backward")) <= 0.005
+    r = _solve(rid)
+    assert any("fp32 copy, the CPU's 16-bit matmul" in t.formula for t in r.terms)
+    run = RUNS[rid]      # the same cell on a GPU: no fp32 copy priced (the CPU's lowering)
+    gpu = TrainingMemoryModel().solve(_model(), BIG, 1, 128, "bf16", "adamw", "full", profile="measured",
+                                      regime="bf16", attention="sdpa", device="cuda", runtime_overheads=False,
+                                      compile="blocks", lora=LoRAConfig(rank=8, adapter_dtype="base",
+                                                                        quantization="nf4", double_quant=True,
+                                                                        target_modules=tuple(run["lora"]["targets"])))
+    assert not any("the CPU's 16-bit matmul" in t.formula for t in gpu.terms)

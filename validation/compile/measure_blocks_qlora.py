@@ -51,6 +51,10 @@ CONFIGS = [
     *(_cfg("bf16", mode, lora="all", policy="full", loss="chunked", **SMALL) for mode in ("eager", "blocks")),
     # fp32 (NF4 over an fp32 model), two batch rows of 512
     *(_cfg("fp32", mode, lora="qv", b=2, **{**SMALL, "seq": 512}) for mode in ("eager", "blocks")),
+    # fp32 with full checkpointing, the MLP adapted and frozen; bf16 frozen-MLP at 128 tokens (T != h)
+    *(_cfg("fp32", mode, lora=lora, policy="full", b=2, **{**SMALL, "seq": 512})
+      for lora in ("all", "qv") for mode in ("eager", "blocks")),
+    *(_cfg("bf16", mode, lora="qv", policy="full", **{**SMALL, "seq": 128}) for mode in ("eager", "blocks")),
 ]
 
 

@@ -830,7 +830,11 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     * **a lower block's moment**, the same recompute and MLP backward with each upper block's input and RNG state
       freed and its adapters' gradients born: the highest of the top block's, block 1's and block 0's (block 0's
       saved set the first block's) is the backward's peak (validation/lora_offload's rank-64 twin: block 0's,
-      +0.77 %, where the top block's alone was -5.88 %)."""
+      +0.77 %, where the top block's alone was -5.88 %);
+    * **QLoRA** (torchtune's NF4 base): each moment inside a block holds its dequantized weights
+      (``dequantized_saved``: written at the block's start), the MLP backward's all but the down projection's;
+      with the MLP frozen, on the CPU in 16 bits, the matmuls' fp32 outputs move the peaks to up's matmul (the
+      forward) and the down projection's input gradient (the backward; validation/compile/measure_blocks_qlora.py)."""
     from . import lora as lora_mod
     ctx, kernel = _context(plan, placement)
     s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, placement.layers_per_stage
@@ -873,20 +877,22 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     # compiled forward and by each block's recompute
     wq, whow = dequantized_saved(plan, s, regime, kernel, True)
     if wq:
-        # QLoRA: in the backward's recompute of the top block, its last NF4 linear (the down projection) dequantized:
-        # its weight in c bytes (saved) and, beside it, the fp32 intermediate Inductor's dequantizing kernel writes
-        # (4 B x out x in), while every earlier weight and the block's saved set up to it are alive and its input
-        # (the product) waits; measured (bf16): the backward's peak with the MLP frozen. The MLP backward's
-        # moment comes after the down projection's input gradient: its dequantized weight is freed by then. (The
-        # forward's top block: its moment at the down projection with every weight dequantized; measured, the
-        # frozen MLP's forward peak is 3.8 % above that: Inductor's order of the dequantizing kernels, approximate.)
+        # QLoRA: the compiled block dequantizes every NF4 weight at its start (Inductor schedules the dequantizing
+        # kernels first: measured, seven weight-sized buffers before the first matmul), so the forward's moments
+        # hold them all (wq) and the MLP backward's, after the down projection's input gradient, all but the down
+        # projection's (freed). With the MLP frozen, on the CPU in 16 bits, each matmul over a dequantized weight
+        # first writes its output in fp32 (4 B x T x out + 128, freed at the cast; the CPU's lowering, not
+        # priced elsewhere): the forward's peak is at up's matmul (the saved set, gate's and up's outputs among
+        # it, and that fp32 output, T x f x 4), the backward's at the down projection's input gradient (the
+        # recomputed saved set, every weight, the product's gradient and its fp32 copy).
         from .lora import _quantized_linears
         n_down = next(i * o for m, i, o in _quantized_linears(plan) if m == down.name)
-        pre = other - (c * r if adapted else 0) + (0 if adapted else product)
-        dequant = pre * T + wq + 4 * n_down
-        dhow = (f"T x {_n(pre)} (the saved set before the down projection"
-                + ("" if adapted else ", with its input, the product") + f") + {_n(wq)} ({whow}) + 4 x {_n(n_down)} "
-                "(the down projection's fp32 dequantizing intermediate)")
+        wd = c * n_down
+        x = 4 * product / c if c != 4 and (plan.profile_options.device or "cuda") == "cpu" and not adapted else 0
+        if x and other + x > forward:
+            forward, fhow = other + x, f"S {_n(other)} + {_n(x)} (up's output in fp32, the CPU's 16-bit matmul)"
+    else:
+        wd = x = 0
     excess = forward * T + wq - last - loss_side
     if excess > 0:
         terms.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before "
@@ -900,9 +906,10 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     accumulating = plan.gradient_accumulation_steps > 1
     unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
     rope = K.rope_table_bytes(model_terms)    # on the device (SAVED: not in BACKWARD_END)
-    wd = c * n_down if wq else 0      # the down projection's dequantized weight, freed before the MLP backward
-    if wq and dequant > work * T + wq - wd:
-        block, bhow = dequant, "the recompute's dequantization of the down projection: " + dhow
+    at_down = (other + product + x) * T + wq      # the frozen MLP's down projection's input gradient (CPU, 16 bits)
+    if x and at_down > work * T + wq - wd:
+        block, bhow = at_down, (f"T x (S {_n(other)} + {_n(product)} (the product's gradient) + {_n(x)} (its fp32 "
+                                f"copy, the CPU's 16-bit matmul)) + {_n(wq)} ({whow})")
     else:
         block = work * T + wq - wd
         bhow = f"T x ({bhow}) = T x {_n(work)}" + (f" + {_n(wq - wd)} (the block's dequantized NF4 weights but the "
