@@ -17,7 +17,10 @@ requiring grad (``LoRALinear`` registers ``nn.Parameter(to_nf4(...))``, requires
 (``base_requires_grad`` False: what the recipes run, ``set_trainable_params`` before ``compile_model``).
 
 Found (torchao 0.13.0): the miscompile needs the NF4 base to require grad; frozen, as the recipes freeze it before
-compiling, the compiled gradient equals eager's for both shapes. (The 0.17.0 record predates the frozen case: its
+compiling, the compiled gradient equals eager's for both shapes. Why (traced with ``backend="aot_eager"``): with
+the weight requiring grad, the backward body's ``weight.to(grad_output.dtype)`` (the weight's own dtype) does not
+reach NF4Tensor's dequantizing ``__torch_function__`` (6 of 7 calls reached), so the NF4Tensor reaches ``@`` and
+torchao's NF4 ``aten.mm`` handler, ``linear_nf4(a, b)``, computes ``a @ b^T`` (docs/compile.md). (The 0.17.0 record predates the frozen case: its
 linears require grad.)
 """
 
