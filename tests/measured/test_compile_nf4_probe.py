@@ -39,3 +39,14 @@ def test_compiled_nf4_linear_is_right_with_its_base_frozen_as_the_recipes_run_it
     assert square["compiled"]["max_diff_vs_gW"] < 0.011 < 1 < square["compiled"]["max_diff_vs_gWT"]
     assert wide["compiled"]["max_diff_vs_gW"] < 0.015
     assert "error" not in wide["compiled"]
+
+
+def test_the_mechanism_traced():
+    """Requiring grad, the backward's weight.to(dtype) misses NF4Tensor's dequantizing override (6 calls, not 7) and
+    the NF4Tensor reaches torchao's aten.mm handler (a @ b^T) with the (4, 512) gradient and the (512, 256) weight,
+    which fails; frozen, every .to dequantizes and no NF4 mm runs."""
+    wrong, right = RUNS["0.13.0"]["trace_aot_eager"]
+    assert wrong["base_requires_grad"] and not right["base_requires_grad"]
+    assert (wrong["nf4_to_calls"], right["nf4_to_calls"]) == (6, 7)
+    assert wrong["nf4_mm_calls"] == [[[4, 512], [512, 256]]] and right["nf4_mm_calls"] == []
+    assert wrong["error"].startswith("BackendCompilerFailed") and right["error"] is None

@@ -68,6 +68,37 @@ def probe(in_dim, out_dim, frozen):
     return record
 
 
+def trace(requires_grad: bool) -> dict:
+    """The mechanism: NF4Tensor's dequantizing ``Tensor.to`` override and its ``aten.mm`` handler counted while
+    ``torch.compile(..., backend="aot_eager")`` traces a 256 -> 512 LoRALinear (fp32) and runs its backward."""
+    import torchao.dtypes.nf4tensor as nf
+    from torchtune.modules.peft import LoRALinear
+    calls = {"to": 0, "mm": [], "error": None}
+    to, mm = nf.NF4_TORCH_FUNCTIONS[torch.Tensor.to], nf.NF4_OPS_TABLE[torch.ops.aten.mm.default]
+
+    def counted_to(*a, **k):
+        calls["to"] += 1
+        return to(*a, **k)
+
+    def counted_mm(func, *a, **k):
+        calls["mm"].append([list(x.shape) for x in a[0]])
+        return mm(func, *a, **k)
+    nf.NF4_TORCH_FUNCTIONS[torch.Tensor.to], nf.NF4_OPS_TABLE[torch.ops.aten.mm.default] = counted_to, counted_mm
+    try:
+        torch.manual_seed(0)
+        lin = LoRALinear(256, 512, rank=8, alpha=16, quantize_base=True)
+        lin.weight.requires_grad_(requires_grad)
+        x = torch.randn(4, 256, requires_grad=True)
+        torch.compile(lin, backend="aot_eager")(x).sum().backward()
+    except Exception as err:      # noqa: BLE001  (recorded: the failure is the finding)
+        calls["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    finally:
+        nf.NF4_TORCH_FUNCTIONS[torch.Tensor.to], nf.NF4_OPS_TABLE[torch.ops.aten.mm.default] = to, mm
+        torch._dynamo.reset()
+    return {"base_requires_grad": requires_grad, "nf4_to_calls": calls["to"], "nf4_mm_calls": calls["mm"],
+            "error": calls["error"]}
+
+
 def main() -> int:
     import torchao
     import torchtune
@@ -79,7 +110,8 @@ def main() -> int:
     doc["runs"][torchao.__version__] = {
         "torch": torch.__version__, "torchtune": torchtune.__version__, "torchao": torchao.__version__,
         "python": platform.python_version(), "device": "cpu",
-        "linears": [probe(i, o, frozen) for frozen in (False, True) for i, o in ((256, 256), (256, 1024))]}
+        "linears": [probe(i, o, frozen) for frozen in (False, True) for i, o in ((256, 256), (256, 1024))],
+        "trace_aot_eager": [trace(True), trace(False)]}
     with open(OUT, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
