@@ -10,6 +10,7 @@ runtime overheads as a ``RuntimeOverheads`` (or ``None`` for none), the layout's
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import attrs
@@ -187,8 +188,10 @@ def options_type(techniques, providers=None) -> type:
         owner = {name: "the measured profile" for name in OWN_OPTIONS}
         listed = [n for n, f in OWN_OPTIONS.items() if not f.metadata.get("internal")]
         placed: list[tuple[str | None, list[str]]] = []
+        owner.update(dict.fromkeys(_solve_keywords(), "mlsysim-core's solve (a keyword and a scenario field)"))
         for t in techniques:
             for name in t.options:
+                _check_option(t, name, (providers or {}).get(t.name))
                 if name in owner:
                     info = (providers or {}).get(t.name)
                     raise PluginContractError(
@@ -215,6 +218,32 @@ def options_type(techniques, providers=None) -> type:
         cls.__module__, cls.__doc__ = __name__, MEASURED_OPTIONS_DOC
         _TYPES[key] = (cls, techniques)      # (the techniques kept: their ids stay theirs)
     return _TYPES[key][0]
+
+
+@functools.lru_cache(maxsize=1)
+def _solve_keywords() -> frozenset:
+    """The names solve and a scenario file own: a technique's option named so would never reach it."""
+    import inspect
+    from mlsysim_core import TrainingMemoryModel
+    from mlsysim_core.scenario import Scenario
+    params = inspect.signature(TrainingMemoryModel.solve).parameters.values()
+    return frozenset({p.name for p in params if p.kind is not p.VAR_KEYWORD and p.name != "self"}
+                     | {f.name for f in attrs.fields(Scenario)} - {"profile_options"})
+
+
+def _check_option(technique, name, info):
+    """A technique's option is an ``attrs.field(default=..., metadata=...)``: the profile's options
+    type is made of it, and a run that leaves the option out takes its default."""
+    field = technique.options[name]
+    problem = None
+    if not hasattr(field, "metadata") or not hasattr(field, "_default"):
+        problem = f"is {field!r}, not an attrs.field(default=..., metadata={{...}})"
+    elif field._default is attrs.NOTHING:
+        problem = "has no default (a run that leaves it out must take one: attrs.field(default=None, ...))"
+    if problem:
+        raise PluginContractError(f"{info.describe() + ' ' if info else ''}technique {technique.name!r}: option "
+                                  f"{name!r} {problem}", hook=TECHNIQUES_HOOK, plugin=info and info.name,
+                                  source=info and info.source)
 
 
 def _field(name, techniques):

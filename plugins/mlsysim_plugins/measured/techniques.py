@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Mapping
 
 import attrs
 
-from mlsysim_core.errors import PluginContractError
+from mlsysim_core.errors import MlsysimError, PluginContractError
 
 HOOK = "mlsysim_measured_techniques"
 
@@ -145,7 +146,14 @@ class Technique:
 
 def registered(registry) -> list[Technique]:
     """The registered techniques, in the order they run (``order``, then name)."""
-    return list(_in_order(tuple((registry.extensions.get(HOOK) or {}).values())))
+    techniques = _in_order(tuple((registry.extensions.get(HOOK) or {}).values()))
+    for t in techniques:      # (who provides each, for an error that names it where no registry is at hand)
+        if t not in _PROVIDERS:
+            _PROVIDERS[t] = registry.provider(HOOK, t.name)
+    return list(techniques)
+
+
+_PROVIDERS: "weakref.WeakKeyDictionary[Technique, Any]" = weakref.WeakKeyDictionary()
 
 
 # Every solve asks for the techniques in order and for each stage's functions: worked out once per
@@ -156,24 +164,54 @@ def _in_order(techniques: tuple) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _stage_functions(techniques: tuple, stage: str) -> tuple[Callable, ...]:
-    return tuple(t.apply[stage] for t in techniques if t.apply.get(stage) is not None)
+def _stage_functions(techniques: tuple, stage: str) -> tuple[tuple[Technique, Callable], ...]:
+    return tuple((t, t.apply[stage]) for t in techniques if t.apply.get(stage) is not None)
 
 
 @functools.lru_cache(maxsize=16)
-def _relocations(techniques: tuple) -> tuple[Callable, ...]:
-    return tuple(t.relocate for t in techniques if t.relocate is not None)
+def _relocations(techniques: tuple) -> tuple[tuple[Technique, Callable], ...]:
+    return tuple((t, t.relocate) for t in techniques if t.relocate is not None)
 
 
 def run_stage(plan, registry, stage: str, techniques=None):
     """``plan`` through every registered technique's ``apply`` at ``stage``."""
-    for function in _stage_functions(tuple(registered(registry) if techniques is None else techniques), stage):
-        plan = function(plan, registry)
+    for technique, function in _stage_functions(tuple(registered(registry) if techniques is None else techniques),
+                                                stage):
+        given = plan
+        try:
+            plan = function(given, registry)
+        except MlsysimError:
+            raise
+        except Exception as err:      # the technique's bug, named: never the profile's prepare
+            raise _broken(technique, registry, f"apply at stage {stage!r} raised {type(err).__name__}: {err}") from err
+        if type(plan) is not type(given):
+            raise _broken(technique, registry, f"apply at stage {stage!r} returned {type(plan).__name__}; expected "
+                                               f"the {type(given).__name__} (attrs.evolve(plan, ...), or the plan "
+                                               "as it is)")
     return plan
 
 
 def relocate(plan, weights, gradients, optimizer_state):
     """The terms with what each technique of the prepared plan moves (``Technique.relocate``), in order."""
-    for function in _relocations(tuple(plan.profile_options.techniques or ())):
-        weights, gradients, optimizer_state = function(plan, weights, gradients, optimizer_state)
+    for technique, function in _relocations(tuple(plan.profile_options.techniques or ())):
+        try:
+            moved = function(plan, weights, gradients, optimizer_state)
+        except MlsysimError:
+            raise
+        except Exception as err:
+            raise _broken(technique, None, f"relocate raised {type(err).__name__}: {err}") from err
+        if not (isinstance(moved, (tuple, list)) and len(moved) == 3
+                and all(isinstance(terms, (tuple, list)) for terms in moved)):
+            shape = (f"a {type(moved).__name__} of {len(moved)}" if isinstance(moved, (tuple, list))
+                     else type(moved).__name__)
+            raise _broken(technique, None, f"relocate returned {shape}; expected (weights, gradients, "
+                                           "optimizer_state): three lists of MemoryTerm")
+        weights, gradients, optimizer_state = moved
     return weights, gradients, optimizer_state
+
+
+def _broken(technique, registry, what) -> PluginContractError:
+    """A technique that broke its contract, named with its plugin where ``registry`` says it."""
+    info = registry.provider(HOOK, technique.name) if registry is not None else _PROVIDERS.get(technique)
+    return PluginContractError(f"{info.describe() + ' ' if info else ''}technique {technique.name!r} {what}",
+                               hook=HOOK, plugin=info and info.name, source=info and info.source)
