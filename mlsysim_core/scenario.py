@@ -874,14 +874,11 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
         raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) returned "
                                   f"{type(reading).__name__} from read(), not a LaunchReading",
                                   plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
-    unknown = [k for k in reading.world if k not in LAUNCH_WORLD_HINTS]
-    if unknown or not all(isinstance(v, tuple) and len(v) == 2 for v in reading.world.values()):
+    what = _malformed(reading)
+    if what:
         info = registry.providers.get((LAUNCH_FORMAT, spec.name))
-        what = (f"unknown world hint(s) {', '.join(map(repr, unknown))}" if unknown else
-                "a world hint that is not a (key, value) pair")
-        raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) returned "
-                                  f"{what} reading {str(path)!r}: LaunchReading.world maps "
-                                  f"{', '.join(LAUNCH_WORLD_HINTS)} to (the file's key, its value)",
+        raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) reading "
+                                  f"{str(path)!r} returned {what}",
                                   plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
     for hint in ("gpus", "nodes", "gpus_per_node"):     # the file's values: bad input, named by their key
         if hint in reading.world and not _is_whole(reading.world[hint][1]):
@@ -890,8 +887,24 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
     return reading
 
 
-# Fields of a launch reading that count ranks, steps or sequences: whole numbers >= 1.
-_WHOLE_FIELDS = ("tp_size", "pp_size", "cp_size", "ep_size", "dp_size", "gradient_accumulation_steps",
+def _malformed(reading) -> str:
+    """What in a reading breaks `LaunchReading`'s contract (empty: nothing)."""
+    for name, kind in (("fields", LaunchField), ("defaults", LaunchDefault)):
+        wrong = [item for item in getattr(reading, name) if not isinstance(item, kind)]
+        if wrong:
+            return f"LaunchReading.{name} holding {type(wrong[0]).__name__} {wrong[0]!r:.80}; expected {kind.__name__}s"
+    if not isinstance(reading.world, dict):
+        return f"LaunchReading.world={reading.world!r:.80}; expected a dict (empty: the file gives no device count)"
+    unknown = [k for k in reading.world if k not in LAUNCH_WORLD_HINTS]
+    if unknown or not all(isinstance(v, tuple) and len(v) == 2 for v in reading.world.values()):
+        return ((f"unknown world hint(s) {', '.join(map(repr, unknown))}" if unknown else
+                 "a world hint that is not a (key, value) pair") +
+                f": LaunchReading.world maps {', '.join(LAUNCH_WORLD_HINTS)} to (the file's key, its value)")
+    return ""
+
+
+# Fields of a launch reading that count ranks, steps, sequences or tokens: whole numbers >= 1.
+_WHOLE_FIELDS = ("tp_size", "pp_size", "cp_size", "ep_size", "dp_size", "gradient_accumulation_steps", "seq_len",
                  *LAUNCH_BATCH_FIELDS)
 
 

@@ -100,13 +100,56 @@ def test_an_unknown_world_hint_is_the_readers_bug_named(tmp_path):
     """'gpu' for 'gpus' was silently ignored, and the run refused as if the files gave no device count."""
     with pytest.raises(PluginContractError) as err:
         _launch(tmp_path, [_field("trainer.micro_batch", "micro_batch_size", 1)], world={"gpu": ("trainer.gpus", 8)})
-    assert str(err.value).startswith(
-        "launch format 'myorg.trainer' (plugin myorg_trainer_reader) returned unknown world hint(s) 'gpu' reading ")
-    assert str(err.value).endswith(": LaunchReading.world maps gpus, nodes, gpus_per_node, single_device to "
-                                   "(the file's key, its value)")
+    assert str(err.value) == (
+        f"launch format 'myorg.trainer' (plugin myorg_trainer_reader) reading {str(tmp_path / 'run.yaml')!r} returned "
+        "unknown world hint(s) 'gpu': LaunchReading.world maps gpus, nodes, gpus_per_node, single_device to "
+        "(the file's key, its value)")
     assert (err.value.plugin, err.value.hook) == ("myorg_trainer_reader", "mlsysim_launch_formats")
 
 
 def test_a_world_hint_that_is_not_a_pair_is_the_readers_bug_named(tmp_path):
     with pytest.raises(PluginContractError, match="returned a world hint that is not a \\(key, value\\) pair"):
         _launch(tmp_path, [_field("trainer.micro_batch", "micro_batch_size", 1)], world={"gpus": 8})
+
+
+def _reading_of(tmp_path, **reading):
+    """``from_launch`` of a reader that returns a LaunchReading built from ``reading``."""
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  model: llama3-8b\n")
+    plugin = types.ModuleType("myorg_trainer_reader")
+
+    @hookimpl
+    def mlsysim_launch_formats():
+        return [LaunchFormatSpec(
+            name="myorg.trainer", framework="myorg-trainer", suffixes=(".yaml",),
+            recognizes=lambda p, d: isinstance(d, dict) and "trainer" in d,
+            read=lambda p, d, c: LaunchReading(**{"format": "myorg.trainer", "path": str(p), "fields": [MODEL],
+                                                  "world": {"single_device": ("trainer", True)}, **reading}))]
+
+    plugin.mlsysim_launch_formats = mlsysim_launch_formats
+    pm = PluginManager.from_environment(autoload=False)
+    pm.register(plugin, name="myorg_trainer_reader")
+    return from_launch([path], registry=pm.registry, seq_len=1024), path
+
+
+@pytest.mark.parametrize(("reading", "what"), [
+    ({"fields": [MODEL, {"key": "trainer.mb", "field": "micro_batch_size", "value": 2}]},
+     "LaunchReading.fields holding dict {'key': 'trainer.mb', 'field': 'micro_batch_size', 'value': 2}; "
+     "expected LaunchFields"),
+    ({"defaults": ["regime=bf16"]}, "LaunchReading.defaults holding str 'regime=bf16'; expected LaunchDefaults"),
+    ({"world": None}, "LaunchReading.world=None; expected a dict (empty: the file gives no device count)"),
+])
+def test_a_reading_that_breaks_its_contract_is_the_readers_bug_named(tmp_path, reading, what):
+    """Were AttributeError ('dict' object has no attribute 'derive', 'str' ... 'field') and TypeError tracebacks."""
+    with pytest.raises(PluginContractError) as err:
+        _reading_of(tmp_path, **reading)
+    assert str(err.value) == (f"launch format 'myorg.trainer' (plugin myorg_trainer_reader) reading "
+                              f"{str(tmp_path / 'run.yaml')!r} returned {what}")
+
+
+def test_a_sequence_length_that_is_not_a_whole_number_is_named_by_its_key(tmp_path):
+    with pytest.raises(InvalidInputError) as err:
+        _reading_of(tmp_path, fields=[MODEL, _field("trainer.mb", "micro_batch_size", 1),
+                                      _field("trainer.seq", "seq_len", "2k")])
+    assert str(err.value) == ("trainer.seq='2k' is not allowed: a whole number >= 1 "
+                              f"(seq_len from {tmp_path / 'run.yaml'}: trainer.seq)")
