@@ -49,6 +49,17 @@ def trainable_tensors(plan) -> tuple[int, ...]:
     return shape_of(plan).parameter_tensors()
 
 
+def trainable_matrices(plan) -> tuple[tuple[int, int], ...]:
+    """``(rows, cols)`` of each tensor the optimizer updates, in order (a vector's ``cols`` 0: its
+    rows are its elements): every parameter tensor as the family's ``matrix_shapes`` lists it, or
+    under LoRA the adapters. What a factored optimizer (Adafactor, CAME) keeps rows and columns of;
+    scale a count of them to one rank with ``tensor_share(plan, placement)``."""
+    if plan.profile_options.lora is not None:
+        from .lora import adapter_matrices
+        return tuple(adapter_matrices(plan))
+    return tuple(shape_of(plan).matrix_shapes())
+
+
 @per_layout
 def master_terms(plan, placement) -> list[MemoryTerm]:
     """An fp32 master copy kept by the optimizer (mixed-precision regimes)."""
@@ -136,15 +147,10 @@ def adafactor_terms(plan, placement) -> list[MemoryTerm]:
     """torch.optim.Adafactor: a factored second moment (a row and a column vector per
     matrix, the full vector for 1-D parameters) in the parameters' dtype, one fp32 step
     tensor per parameter tensor; no first moment."""
-    shape = shape_of(plan)
     share = _scale(plan, placement)
     b = plan.profile_options.regime.state
     elements = 0
-    if plan.profile_options.lora is not None:
-        from .lora import adapter_matrices
-        matrices = adapter_matrices(plan)
-    else:
-        matrices = shape.matrix_shapes()
+    matrices = trainable_matrices(plan)
     for rows, cols in matrices:
         elements += rows + cols if cols else rows
     terms = master_terms(plan, placement)
