@@ -54,6 +54,10 @@ def gathered_layer(plan, placement, options):
     return buffers.layer_gather(plan, placement)
 
 
+def fsdp_buffers(plan, placement, options):       # FULL_SHARD: the root module's parameters stay gathered
+    return buffers.fsdp_root(plan, placement) + buffers.layer_gather(plan, placement)
+
+
 STEP = OptimizerStep(moments=2, step_counters=True, foreach=1, loop_current=2, loop_previous=1,
                      measured_with=(OPTIMIZER_IN_BACKWARD, TORCHAO_OFFLOAD), update="adam")
 
@@ -106,7 +110,10 @@ def _specs(recompute=True):
             ShardingRuleSpec(name="myorg.ddp", axis="dp", apply=ddp, extensions={"measured.buffer_terms": ddp_buckets}),
             ShardingRuleSpec(name="myorg.zero2", axis="dp", apply=zero2),
             ShardingRuleSpec(name="myorg.zero3", axis="dp", apply=zero3,
-                             extensions={"measured.buffer_terms": gathered_layer})],
+                             extensions={"measured.buffer_terms": gathered_layer}),
+            ShardingRuleSpec(name="myorg.fsdp", axis="dp", apply=zero3,
+                             extensions={"measured.buffer_terms": fsdp_buffers,
+                                         "measured.provides": ("fsdp-mixed-precision",)})],
         mlsysim_optimizers=[OptimizerSpec(name="myorg.adamw", state_terms=adamw_state, step=STEP,
                                           extensions={"measured.state_terms": adamw_measured}),
                             OptimizerSpec(name="myorg.adafactor", state_terms=adamw_state,
@@ -128,12 +135,13 @@ def _bytes(result):
             result.communication_buffers, result.total_memory, result.host_memory)
 
 
-LAYOUTS = [dict(dp_size=8), dict(dp_size=4, cp_size=2), dict(dp_size=4, tp_size=2),
+LAYOUTS = [dict(dp_size=8), dict(dp_size=4, cp_size=2), dict(dp_size=4, tp_size=2), dict(dp_size=8, regime="fsdp-bf16"),
            dict(dp_size=4, pp_size=2, gradient_accumulation_steps=4), dict(dp_size=8, regime="mixed-bf16"),
            dict(dp_size=8, lora={"rank": 8})]
 PAIRS = [({"data_parallel": "myorg.ddp"}, {"data_parallel": "zero0"}),
          ({"data_parallel": "myorg.zero2"}, {"data_parallel": "zero2"}),
          ({"data_parallel": "myorg.zero3"}, {"data_parallel": "zero3"}),
+         ({"data_parallel": "myorg.fsdp"}, {"data_parallel": "fsdp"}),
          ({"optimizer": "myorg.adamw"}, {"optimizer": "adamw"}),
          ({"optimizer": "myorg.adafactor"}, {"optimizer": "adafactor"}),
          ({"activation_checkpointing": "myorg.recompute-layers"}, {"activation_checkpointing": "full"}),
@@ -147,6 +155,11 @@ def test_the_docs_code_gives_the_builtins_bytes(manager, profile, mine, builtin)
     for layout in LAYOUTS:
         if profile == "reference" and ("regime" in layout or "lora" in layout):
             continue                                    # measured-profile options
+        if layout.get("regime") == "fsdp-bf16":         # the regime requires an FSDP rule (others: refused)
+            if "data_parallel" not in mine:
+                layout = {**layout, "data_parallel": "fsdp"}
+            elif "fsdp" not in mine["data_parallel"]:
+                continue
         if profile == "reference" and mine.get("optimizer") == "myorg.adafactor":
             continue                                    # (its reference terms are AdamW's: not the point)
         for model in ("llama3-8b", "mixtral-8x7b"):
