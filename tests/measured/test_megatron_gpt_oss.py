@@ -34,6 +34,8 @@ T = B * S
 
 
 def solve(checkpointing="none", attention="sdpa", **options):
+    if options.get("dp_size", 1) * options.get("cp_size", 1) > 1:     # (the rule the regime requires: Megatron's DDP)
+        options.setdefault("data_parallel", "mcore-ddp")
     return TrainingMemoryModel().solve(from_hf_config(TINY, name="gpt-oss-tiny"), BIG, B, S, "bf16", "adamw",
                                        checkpointing, profile="measured", regime="mixed-bf16-main-grad",
                                        attention=attention, runtime_overheads=False, **options)

@@ -33,9 +33,12 @@ def _solve(solver, regime, rule, dp=8, **kw):
 
 def test_the_built_in_declarations():
     """The FSDP regimes need FSDP's mixed precision; the rules that declare it are FSDP's (and no other built-in);
-    every other built-in regime needs nothing."""
-    assert {n for n, r in REGIMES.items() if r.requires} == set(FSDP_REGIMES)
+    the main-grad regime (every regime with a main-grad buffer) needs Megatron-Core's rules; every other built-in
+    regime needs nothing."""
+    assert {n for n, r in REGIMES.items() if r.requires} == {*FSDP_REGIMES, "mixed-bf16-main-grad"}
     assert all(REGIMES[n].requires == (FSDP_MIXED_PRECISION,) for n in FSDP_REGIMES)
+    assert {n for n, r in REGIMES.items() if r.main_grad} == {"mixed-bf16-main-grad"}
+    assert REGIMES["mixed-bf16-main-grad"].requires == (MEGATRON_MAIN_GRAD,)
     rules = get_plugin_manager().registry.sharding_rules
     assert sorted(n for n, s in rules.items() if FSDP_MIXED_PRECISION in (s.extensions.get(PROVIDES) or ())) \
         == sorted(FSDP_RULES)
@@ -112,8 +115,8 @@ def test_a_third_party_regime_with_the_declaration_is_refused_the_same_way():
 
 def test_a_regime_may_require_megatron_cores_rules():
     """Megatron-Core's rules declare the main-grad buffer they lay out: a regime that requires it (a third party's
-    here: the built-in mixed-bf16-main-grad does not, yet) runs under mcore-distopt and is refused under ZeRO-1,
-    whose main-grad copy is sharded with the optimizer state."""
+    here, as the built-in mixed-bf16-main-grad does) runs under mcore-distopt and is refused under ZeRO-1, whose
+    main-grad copy is sharded with the optimizer state."""
     class Plugin:
         @hookimpl
         def mlsysim_measured_regimes(self):
@@ -127,6 +130,37 @@ def test_a_regime_may_require_megatron_cores_rules():
                                           r"'megatron-main-grad' under regime 'myorg.megatron' \(installed: mcore-ddp, "
                                           r"mcore-distopt\).*one that lays out Megatron-Core's main-grad buffer"):
         _solve(solver, "myorg.megatron", "zero1")
+
+
+# llama3-8b on 8 H100s, global batch 8, seq 2048, dp 8, mixed-bf16-main-grad, the defaults otherwise: total bytes
+# at 446984e (before the regime required Megatron-Core's rules), recorded by hand
+MAIN_GRAD_BEFORE = {"mcore-distopt": 77_071_322_903.2, "mcore-ddp": 186_358_886_111.8}
+
+
+@pytest.mark.parametrize("rule", ["zero0", "zero1", "zero2", "zero3", "fsdp", "hsdp"])
+def test_the_main_grad_regime_under_a_rule_without_megatrons_buffer_is_refused(rule):
+    with pytest.raises(InvalidInputError) as err:
+        _solve(MEASURED, "mixed-bf16-main-grad", rule)
+    e = err.value
+    assert type(e) is InvalidInputError and (e.parameter, e.value) == ("data_parallel", rule)
+    assert str(e).startswith(
+        f"data_parallel={rule!r} is not allowed: a data-parallel rule that declares 'megatron-main-grad' under regime "
+        "'mixed-bf16-main-grad' (installed: mcore-ddp, mcore-distopt), or a regime that needs no such rule (regime "
+        "'mixed-bf16-main-grad' needs a rule that declares 'megatron-main-grad': one that lays out Megatron-Core's "
+        f"main-grad buffer, whole on every data-parallel rank; rule {rule!r} declares ")
+    assert str(e).endswith(", and dp x cp = 8)")
+
+
+@pytest.mark.parametrize("rule", ["mcore-distopt", "mcore-ddp"])
+def test_the_main_grad_regime_under_megatrons_rules_is_unchanged(rule):
+    """The requirement changes no byte where it is met: the totals recorded before it, and every term the same as
+    under a copy of the regime that declares nothing."""
+    builtin = _solve(MEASURED, "mixed-bf16-main-grad", rule)
+    assert builtin.total_memory == MAIN_GRAD_BEFORE[rule]
+    anywhere = _solve(MEASURED, attrs.evolve(REGIMES["mixed-bf16-main-grad"], requires=()), rule)
+    assert [(t.label, t.nbytes, t.phases) for t in builtin.terms] == [(t.label, t.nbytes, t.phases) for t in anywhere.terms]
+    # one data-parallel rank: any rule, as before (zero1 there is the unsharded run)
+    assert _solve(MEASURED, "mixed-bf16-main-grad", "zero1", dp=1).total_memory > 0
 
 
 def test_a_capability_no_rule_declares_is_refused_naming_none_installed():

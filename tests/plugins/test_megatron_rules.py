@@ -3,12 +3,14 @@ grouped-query attention in the non-gated GPT layer. Numbers derived by hand from
 source at d98e8a64dd (docs/user-guide/features/dist_optimizer.md, param_and_grad_buffer.py,
 distrib_optimizer.py)."""
 
+import attrs
 import pytest
 
 import mlsysim_core
 from mlsysim_core import TransformerWorkload
-from mlsysim_core.errors import MlsysimError
+from mlsysim_core.errors import InvalidInputError, MlsysimError
 from mlsysim_core.terms import OPTIMIZER_STEP
+from mlsysim_plugins.measured.regimes import REGIMES
 from mlsysim_plugins.steptime_hookspecs import collectives
 
 P = 8_030_261_248           # llama3-8b's parameters
@@ -16,7 +18,7 @@ MEGATRON = dict(precision="bf16", regime="mixed-bf16-main-grad", optimizer_impl=
 
 
 def _states(rule, d, **more):
-    r = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=d, data_parallel=rule, **MEGATRON, **more)
+    r = mlsysim_core.estimate("llama3-8b", "h100", 64, 1024, dp_size=d, data_parallel=rule, **{**MEGATRON, **more})
     steady = [t for t in r.terms if t.component in ("weights", "gradients", "optimizer_state")
               and "step" not in t.label and "RoPE" not in t.label]
     return r, sum(t.nbytes for t in steady) / P
@@ -30,7 +32,13 @@ def test_distributed_optimizer_is_6_plus_12_over_d(d):
 
 
 def test_zero1_unchanged_2_plus_16_over_d():
-    _, per_parameter = _states("zero1", 8)
+    # the main-grad regime requires Megatron-Core's rules (Regime.requires): under ZeRO-1 it is refused; a copy
+    # that declares nothing keeps ZeRO-1's own count, the main grad sharded with the optimizer state
+    with pytest.raises(InvalidInputError, match=r"data_parallel='zero1' is not allowed: a data-parallel rule that "
+                                                r"declares 'megatron-main-grad' under regime 'mixed-bf16-main-grad'"):
+        _states("zero1", 8)
+    anywhere = attrs.evolve(REGIMES["mixed-bf16-main-grad"], requires=())
+    _, per_parameter = _states("zero1", 8, regime=anywhere)
     assert per_parameter == pytest.approx(2 + 16 / 8, rel=1e-6)
 
 

@@ -154,7 +154,7 @@ SEARCH_RECOMPUTE_MODULES = {"megatron-selective-layernorm-moe-act": ("layernorm"
 CKPT_NOT_EXPRESSED = {"megatron-selective-layernorm-moe-act": (
     "Megatron's selective recompute of layernorm and moe_act (not expressible in the profile: timed as none, no "
     "matmul recomputed; its elementwise recompute not timed)")}
-RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "zero1", "ddp": "zero0",
+RULE = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "distributed-optimizer": "mcore-distopt", "ddp": "zero0",
         "no-reshard-after-forward": "fsdp-grad-op"}
 DOC = ROOT / "docs" / "planner.md"
 BEGIN, END = "<!-- calibration table: begin -->", "<!-- calibration table: end -->"

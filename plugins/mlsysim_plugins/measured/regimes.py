@@ -79,8 +79,8 @@ PROVIDES = "measured.provides"
 FSDP_MIXED_PRECISION = "fsdp-mixed-precision"
 # Megatron-Core's main-grad buffer (megatron.py): the rule lays it out (its options' ``main_grad_terms``: whole on
 # every data-parallel rank), as DDP and ZeRO, which count a regime's ``main_grad`` as a copy sharded with the optimizer
-# state, do not. mcore-ddp and mcore-distopt declare it. (mixed-bf16-main-grad does not require it yet: the step-time
-# calibration times Megatron-LM's distributed-optimizer rows under zero1, validation/steptime/calibrate.py RULE.)
+# state, do not. mcore-ddp and mcore-distopt declare it; mixed-bf16-main-grad requires it (under zero1 its main grad
+# would be sharded as Megatron never lays it out: llama3-8b, dp 8, 47.6 GB where mcore-distopt gives 77.1 GB).
 MEGATRON_MAIN_GRAD = "megatron-main-grad"
 CAPABILITIES = {FSDP_MIXED_PRECISION: "shards the stored parameters and all-gathers them cast to a param_dtype of "
                                       "their own, FSDP's MixedPrecisionPolicy",
@@ -122,7 +122,7 @@ REGIMES: Mapping[str, Regime] = {r.name: r for r in (
            requires=(FSDP_MIXED_PRECISION,)),
     Regime(name="mixed-bf16-main-grad", description="mixed-bf16 with Megatron's fp32 main-grad "
            "accumulation buffer (gradients accumulate in fp32)", weight=2, gradient=0, master=4, state=4,
-           compute=2, residual=2, main_grad=4, reduce=4, precision="bf16"),
+           compute=2, residual=2, main_grad=4, reduce=4, precision="bf16", requires=(MEGATRON_MAIN_GRAD,)),
 )}
 
 # FSDP's MixedPrecision over a model stored in 16 bits: HF Trainer's QLoRA under FSDP (the base loaded in bf16 with
