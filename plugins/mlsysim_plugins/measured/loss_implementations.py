@@ -104,7 +104,11 @@ class LossContext:
 
 
 def registered(registry) -> dict[str, LossImplementation]:
-    return dict((registry.extensions.get(HOOK) or {}))
+    found = dict((registry.extensions.get(HOOK) or {}))
+    if any(not isinstance(item, LossImplementation) for item in found.values()):
+        from .options import check_items      # the plugin named, never an AttributeError where it is used
+        check_items(registry, HOOK, found)
+    return found
 
 
 # --- the built-ins (loss.py: cross_entropy, chunked, fused_linear; published_losses.py: the rest) ---

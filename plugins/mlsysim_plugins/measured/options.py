@@ -467,7 +467,35 @@ def _registered(registry, hook: str) -> Mapping[str, Any]:
     if not items:
         raise NotModelledError("profile", "measured", f"a plugin that implements {hook}",
                                "no installed plugin registers any (is the built-in plugin blocked?)")
+    check_items(registry, hook, items)
     return items
+
+
+@functools.lru_cache(maxsize=1)
+def item_types() -> dict[str, type]:
+    """The class each of the profile's registration hooks registers (imported when asked: the
+    measured modules load lazily)."""
+    from .families import ArchitectureFamily
+    from .kernels import AttentionKernel
+    from .loss_implementations import HOOK as LOSSES_HOOK, LossImplementation
+    from .regimes import Regime
+    from .schedules import PipelineSchedule
+    from .techniques import Technique
+    return {ARCHITECTURES_HOOK: ArchitectureFamily, REGIMES_HOOK: Regime, KERNELS_HOOK: AttentionKernel,
+            SCHEDULES_HOOK: PipelineSchedule, TECHNIQUES_HOOK: Technique, LOSSES_HOOK: LossImplementation}
+
+
+def check_items(registry, hook: str, items: Mapping[str, Any]) -> None:
+    """Every item registered through ``hook`` is of the class the hook registers: another is the
+    plugin's contract broken, named with its plugin (never an AttributeError where it is used)."""
+    expected = item_types()[hook]
+    for name, item in items.items():
+        if not isinstance(item, expected):
+            info = registry.provider(hook, name)
+            raise PluginContractError(f"{info.describe() + ' ' if info else ''}hook {hook} registered "
+                                      f"{type(item).__name__} {name!r}; expected {expected.__module__}."
+                                      f"{expected.__qualname__}", hook=hook, plugin=info and info.name,
+                                      source=info and info.source)
 
 
 def _architectures(families: Mapping[str, Any]) -> list[str]:

@@ -146,7 +146,11 @@ class Technique:
 
 def registered(registry) -> list[Technique]:
     """The registered techniques, in the order they run (``order``, then name)."""
-    techniques = _in_order(tuple((registry.extensions.get(HOOK) or {}).values()))
+    found = registry.extensions.get(HOOK) or {}
+    if any(not isinstance(t, Technique) for t in found.values()):
+        from .options import check_items
+        check_items(registry, HOOK, found)
+    techniques = _in_order(tuple(found.values()))
     for t in techniques:      # (who provides each, for an error that names it where no registry is at hand)
         if t not in _PROVIDERS:
             _PROVIDERS[t] = registry.provider(HOOK, t.name)
