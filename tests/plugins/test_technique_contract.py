@@ -116,3 +116,19 @@ def test_a_relocate_that_raises_is_named():
     with pytest.raises(PluginContractError) as err:
         _solve(_solver(relocate=relocate))
     assert str(err.value) == f"{PLUGIN} technique 'myorg.host_state' relocate raised RuntimeError: no host"
+
+
+def test_a_technique_name_follows_the_spec_names_rule():
+    """'My Tech' was accepted; a spec's name rule (docs/hooks.md, registration hooks) applies."""
+    with pytest.raises(ValueError) as err:
+        Technique(name="My Tech")
+    assert str(err.value) == ("Technique.name='My Tech' is not a valid name: lowercase letters, digits, '-' and '_', "
+                              "optionally dotted (third parties: 'myorg.name')")
+    module = types.ModuleType("myorg_host_state")       # made in the hook, as a plugin does
+    module.mlsysim_measured_techniques = hookimpl(lambda: [Technique(name="My Tech")])
+    module.mlsysim_measured_techniques.__name__ = HOOK
+    pm = PluginManager.from_environment(autoload=False, blocked=())
+    pm.register(module, name="myorg_host_state")
+    with pytest.raises(PluginContractError, match=r"^plugin 'myorg_host_state' \(registered directly\) hook "
+                                                  r"mlsysim_measured_techniques raised ValueError: Technique\.name="):
+        TrainingMemoryModel("measured", plugin_manager=pm).solve("llama3-8b", "h100", 1, 1024)

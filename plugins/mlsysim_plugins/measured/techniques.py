@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping
 import attrs
 
 from mlsysim_core.errors import MlsysimError, PluginContractError
+from mlsysim_core.specs import _name_field
 
 HOOK = "mlsysim_measured_techniques"
 
@@ -96,7 +97,7 @@ def _asks_registry(offered) -> bool:
 @attrs.frozen(kw_only=True, eq=False)
 class Technique:
     """A technique of the measured profile (the module docstring)."""
-    name: str
+    name: str = _name_field     # a spec name: built-ins un-dotted, third parties dotted (myorg.host_state)
     description: str = ""
     options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     after: str | None = None             # the option its fields follow in the listing (default: the end)
