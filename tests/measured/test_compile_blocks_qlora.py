@@ -41,19 +41,37 @@ def test_every_run_is_measured_and_predicted():
 
 
 def test_the_compiled_runs_every_phase():
-    """Every compiled run, every phase, within 0.9 % but two kinds of moment named: the bf16 runs' forward without
+    """Every compiled run, every phase, within 0.9 % but the moments named: the bf16 runs' forward without
     checkpointing (+3.5 %, +4.0 %: the eager loss's forward moment, torchtune's .float() LM head, which plain LoRA's
-    bf16 run shares, +3.7 % in blocks_measurements.json) and the fp32 runs' weights (the optimizer peak and the end
-    of the backward -0.9 to -1.6 %: torchao's NF4 counted as bitsandbytes' nf4 with double quantization, as the
-    torchtune reader reads it: 44 KB of constants short, as in the eager twins)."""
-    fp32 = [r for r in COMPILED if "-fp32-" in r]
+    bf16 run shares, +3.7 % in blocks_measurements.json), the 128-token frozen-MLP forward (65,600 B short, -1.3 %;
+    43 KB of it was hidden by bitsandbytes' constants before the base was read as torchao's), and the optimizer peak
+    and end of the backward, short by torchtune's RoPE cache alone (test_the_weights_are_torchaos_nf4_exactly)."""
     allowed = {(ALL, "forward"): 0.036,
                ("tt-llama3_2-3l-v1024-f704-bf16-blocks-qlora-qv-b1-s256", "forward"): 0.041,
-               **{(r, p): 0.016 for r in fp32 for p in ("optimizer", "end_of_backward")}}
+               ("tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s128", "forward"): 0.014}
     for phase in PHASES:
+        if phase in ("optimizer", "end_of_backward"):
+            continue
         for r in COMPILED:
             assert abs(err(r, phase)) <= allowed.get((r, phase), 0.009), (r, phase, err(r, phase))
         assert statistics.median(abs(err(r, phase)) for r in COMPILED) <= 0.01, phase
+
+
+def test_the_weights_are_torchaos_nf4_exactly():
+    """Read as torchao's NF4Tensor (quant_implementation='torchao', quantizations.py), the stored bytes are exact: at
+    the optimizer peak and the end of the backward (weights, adapters, their gradients and state) every run, eager
+    and compiled, is short by torchtune's RoPE cache alone, a buffer (max_seq_len x head_dim / 2 x 2 fp32, 4 x
+    max_seq_len x head_dim B) where the profile prices Hugging Face's per-forward cos/sin tables, less the 64 B its
+    theta has under the 128 B of HF's two frequency buffers; plain LoRA's runs in blocks_measurements.json share it
+    (fp32: -65,472 B at the end of the backward). Read as bitsandbytes' nf4 with double quantization, as before,
+    the weights were 15 to 44 KB over, hiding it."""
+    for rid, run in RUNS.items():
+        pred, meas = ROWS[rid]
+        cfg = run["hf_config"]
+        cache = 4 * cfg["max_position_embeddings"] * cfg["head_dim"]
+        assert pred["end_of_backward"] - meas["end_of_backward"] == -(cache - 64), rid
+        # the optimizer peak: the same, and the step's few bytes of scalars (10 B in bf16, 12 in fp32)
+        assert -(cache - 64) - 12 <= pred["optimizer"] - meas["optimizer"] <= -(cache - 64) - 10, rid
 
 
 def test_compile_saves_more_than_eager_here_and_the_model_says_so():
@@ -137,15 +155,16 @@ def test_the_frozen_mlp_moments_follow_the_cpu_16_bit_matmul():
     forward's peak is at up's matmul, whose fp32 output (4 x 128 x 704 = 360,448 B, + 128) the timeline shows
     beside every weight dequantized at the block's start; the backward's at the down projection's input gradient
     (the product's gradient 180,224 B and its fp32 copy). Both within 0.9 %; the same cell priced as the MLP
-    backward's moment alone would be 7.5 % high at the backward and 3.2 % low at the forward."""
+    backward's moment alone would be 7.5 % high at the backward and 3.2 % low at the forward. The forward is 65,600 B
+    short (-1.3 %; 43 KB of it hidden by bitsandbytes' constants before the base was read as torchao's NF4)."""
     rid = "tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s128"
-    assert abs(err(rid, "forward")) <= 0.009 and abs(err(rid, "backward")) <= 0.005
+    assert abs(err(rid, "forward")) <= 0.014 and abs(err(rid, "backward")) <= 0.005
     r = _solve(rid)
     assert any("fp32 copy, the CPU's 16-bit matmul" in t.formula for t in r.terms)
     run = RUNS[rid]      # the same cell on a GPU: no fp32 copy priced (the CPU's lowering)
     gpu = TrainingMemoryModel().solve(_model(), BIG, 1, 128, "bf16", "adamw", "full", profile="measured",
                                       regime="bf16", attention="sdpa", device="cuda", runtime_overheads=False,
                                       compile="blocks", lora=LoRAConfig(rank=8, adapter_dtype="base",
-                                                                        quantization="nf4", double_quant=True,
+                                                                        quantization="nf4", quant_implementation="torchao",
                                                                         target_modules=tuple(run["lora"]["targets"])))
     assert not any("the CPU's 16-bit matmul" in t.formula for t in gpu.terms)

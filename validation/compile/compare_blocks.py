@@ -38,7 +38,7 @@ def solve(run):
     if run.get("lora"):      # torchtune's LoRALinear: adapters in the model's dtype, no dropout
         from mlsysim_core.finetune import LoRAConfig
         lo = run["lora"]
-        quantized = {"quantization": "nf4", "double_quant": True, "quant_blocksize": 64} if lo.get("quantize_base") else {}
+        quantized = {"quantization": "nf4", "quant_implementation": "torchao"} if lo.get("quantize_base") else {}
         extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base",
                                    **quantized)
     world = 1

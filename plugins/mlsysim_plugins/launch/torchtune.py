@@ -346,11 +346,11 @@ def _model(r: Reading, model, path, context) -> None:
                  "DoRA (the measured one): a magnitude vector per adapted linear, the weight norm in the forward")
     quantize = keys.pop("quantize_base", qlora)
     if as_bool(quantize, "model.quantize_base", path):
-        r.approx("model._component_" if "quantize_base" not in model else "model.quantize_base",
-                 component if "quantize_base" not in model else quantize, "lora",
-                 {"quantization": "nf4", "double_quant": True},
-                 "torchao's NF4Tensor (4-bit, blocks of 64, its scalers quantized to 8 bits in blocks of 256) counted "
-                 "as bitsandbytes nf4 with double quantization: the same bits per parameter")
+        r.set("model._component_" if "quantize_base" not in model else "model.quantize_base",
+              component if "quantize_base" not in model else quantize, "lora",
+              {"quantization": "nf4", "quant_implementation": "torchao"},
+              "torchao's NF4Tensor (to_nf4: 4-bit, blocks of 64, its scalers quantized to 8 bits in blocks of 256; "
+              "linear_nf4 dequantizes through int64 codes)")
     if keys:
         key = next(iter(keys))
         raise InvalidInputError(f"model.{key}", keys[key], "a LoRA builder argument this reader knows: lora_rank, "

@@ -180,6 +180,7 @@ def lora_option(plan, value):
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
     _check_variants(plan, config)
+    _check_implementation(plan, config)
     notes = ()
     if generic(plan):
         return _generic_option(plan, config, quantized)
@@ -350,6 +351,42 @@ def _check_variants(plan, config):
         raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
                                "measured")
+
+
+def _check_implementation(plan, config):
+    """The 4-bit implementation the config names (quantizations.py), where it was measured: torchao's NF4 on one
+    device (its FSDP gathers and tensor-parallel splits are not measured), every quantized linear one it can
+    quantize (its ``check``)."""
+    if config.quantization is None:
+        return
+    from . import quantizations
+    impl = quantizations.of(config)
+    if impl.stored is None:
+        return
+    if plan.dp_size * plan.tp_size * plan.pp_size != 1:
+        raise NotModelledError("lora.quant_implementation", impl.name, "'bitsandbytes' under a parallel layout",
+                               f"{impl.name}'s 4-bit base split or gathered over ranks is not measured (dp="
+                               f"{plan.dp_size}, tp={plan.tp_size}, pp={plan.pp_size})")
+    if impl.check is not None:
+        for _, i, o in _quantized_linears(plan):
+            impl.check(i * o)
+
+
+def quantized_bytes(plan, c) -> tuple[int, int]:
+    """(weight bytes, constant bytes) of the quantized base linears: as ``counts`` has them (bitsandbytes' layout),
+    or what the chosen implementation declares it stores (``stored``), per linear of each layer, in the dtype the
+    model was built in."""
+    cfg = plan.profile_options.lora
+    from . import quantizations
+    impl = quantizations.of(cfg)
+    if impl.stored is None:
+        return c.quantized_weight_bytes, c.quantization_constant_bytes
+    base = base_weight_bytes(plan.profile_options.regime)
+    w = k = 0
+    for _, i, o in _quantized_linears(plan):
+        wb, kb = impl.stored(i * o, o, cfg, base)
+        w, k = w + wb, k + kb
+    return plan.model.layers * w, plan.model.layers * k
 
 
 def _generic_option(plan, config, quantized):
@@ -725,7 +762,8 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     d = _weight_shards(placement)
     per = "" if d == 1 else f" / {d} (sharded)"
     stage = stage_of(plan, placement)
-    quantized, q_bytes, q_constants = c.quantized_parameters, c.quantized_weight_bytes, c.quantization_constant_bytes
+    quantized = c.quantized_parameters
+    q_bytes, q_constants = quantized_bytes(plan, c) if cfg.quantization else (0, 0)
     plain = c.frozen_parameters - c.quantized_parameters
     adapters = c.trainable_parameters - sum(n for _, n in c.saved_modules)
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
@@ -765,10 +803,14 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                 formula=f"{_n(quantized)} params x "
                                         + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
                                         + head + per))
+        from . import quantizations
+        impl = quantizations.of(cfg)
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
                f"absmax per {cfg.quant_blocksize}-element block"
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
-               + " + code tables, per weight")
+               + " + code tables, per weight") if impl.stored is None else (
+               f"{impl.name}: {(impl.stored.__doc__ or '').split(':')[0].strip()}: int8 scalers per 64-element "
+               f"block, a factor per 256 of them, a mean and the 16-entry table in the base's {base_b} B, per weight")
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
                                 nbytes=q_constants, key=K.QUANTIZATION_STATE,
                                 formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
@@ -912,7 +954,7 @@ def gathered_layer(plan, layer_params) -> list[MemoryTerm]:
     frozen_b, adapter_b = frozen_gather_bytes(plan), regime.gather or regime.weight
     grad_b = regime.gradient or 4
     q = c.quantized_parameters // plan.model.layers if plan.profile_options.lora.quantization else 0
-    q_bytes = c.quantized_weight_bytes // plan.model.layers if q else 0
+    q_bytes = quantized_bytes(plan, c)[0] // plan.model.layers if q else 0
     plain = max(layer_params - q, 0)
     codes = (f"{_n(q)} quantized params of one layer as stored ({_n(q_bytes)} B of packed codes; the quantization "
              f"state stays whole on every rank, not gathered) + " if q else "")
@@ -1669,12 +1711,14 @@ def _tensor_lm_head_terms(T, h, V, c, t, sp) -> list[MemoryTerm]:
 
 
 def _dequantized_weight(plan, c) -> MemoryTerm:
-    """The backward's transient: the largest 4-bit linear dequantized to c bytes (dequantize_4bit)."""
+    """The backward's transient: the largest 4-bit linear dequantized to c bytes, as the chosen implementation
+    declares it (``quantizations.py``: bitsandbytes' dequantize_4bit, the weight alone; torchao's
+    get_original_weight, its int64 codes and intermediates too)."""
+    from . import quantizations
     largest = max(i * o for _, i, o in _quantized_linears(plan))
+    nbytes, how = quantizations.of(plan.profile_options.lora).transient(largest, c)
     return MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
-                      nbytes=largest * c, phases=(BACKWARD_END,),
-                      formula=f"the largest quantized linear, {_n(largest)} elements x {c} B "
-                              "(dequantize_4bit in the backward's matmul)")
+                      nbytes=nbytes, phases=(BACKWARD_END,), formula=f"the largest quantized linear, {how}")
 
 
 def _quantized_linears(plan):

@@ -1,0 +1,98 @@
+"""4-bit implementations of a QLoRA base (issue 25, item 2): who stores the quantized weights and dequantizes
+them, chosen with ``lora.quant_implementation`` (``"bitsandbytes"``, the default, or ``"torchao"``).
+
+A ``QuantImplementation`` declares its memory; lora.py reads the declaration, never the name:
+
+- ``kinds``: the ``lora.quantization`` values it implements (any other is refused, naming it).
+- ``stored(n, rows, config, base) -> (weight bytes, constant bytes)``: one quantized weight of ``n`` elements and
+  ``rows`` outputs, ``base`` the bytes of the dtype the model was built in; ``None``: bitsandbytes' layout as
+  ``finetune.lora_counts`` counts it (``finetune._tensor_bytes``).
+- ``transient(n, c) -> (bytes, how)``: what dequantizing one weight of ``n`` elements to the compute dtype (``c``
+  bytes) holds at its peak, beyond the weight's storage (the backward's ``dequantized weight`` term).
+- ``check(n)``: a weight it cannot quantize (raise ``NotModelledError``), ``None``: any.
+- ``source``: the library, file and version it is derived from.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from mlsysim_core.errors import NotModelledError
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class QuantImplementation:
+    name: str
+    description: str = ""
+    source: str = ""
+    kinds: tuple[str, ...] = ()
+    stored: Callable | None = None
+    transient: Callable = None
+    check: Callable | None = None
+
+
+def _bnb_transient(n: int, c: int):
+    return n * c, f"{n:,} elements x {c} B (dequantize_4bit in the backward's matmul)"
+
+
+# torchao 0.13.0 torchao/dtypes/nf4tensor.py (to_nf4: block_size 64, scaler_block_size 256)
+TORCHAO_0130 = "torchao 0.13.0 torchao/dtypes/nf4tensor.py (to_nf4, NF4Tensor.get_original_weight, LinearNF4)"
+_BLOCK, _SCALER_BLOCK = 64, 256
+
+
+def _torchao_stored(n: int, rows: int, config, base: int) -> tuple[int, int]:
+    """NF4Tensor.from_tensor on a weight of the model's dtype (``base`` bytes): ``quantized_data`` uint8 n / 2 (two
+    codes a byte); ``quantized_scalers`` int8, one per 64-element block (n / 64); ``quantization_factor`` one per 256
+    scalers in the weight's dtype (``.contiguous()`` of a column: n / 16,384 x base); ``scaler_mean`` a 0-d tensor
+    (base); ``nf4``, the 16-entry lookup table built per weight in its dtype (16 x base). A weight of one scaler
+    block (n = 16,384) keeps the whole (1, 256) product behind its factor: the column of one row is contiguous
+    already, so ``.contiguous()`` copies nothing (256 x base; measured: a 64 x 256 weight's factor holds 512 B
+    in bf16)."""
+    blocks = n // _BLOCK
+    groups = blocks // _SCALER_BLOCK
+    factor = (groups if groups > 1 else _SCALER_BLOCK) * base
+    return n // 2, blocks + factor + base + 16 * base
+
+
+def _torchao_transient(n: int, c: int):
+    """``weight.to(dtype)`` -> ``get_original_weight`` at its peak (``torch.stack``), all locals alive: the two
+    code tensors cast to int64 (n / 2 x 8 B each: 8 n), their table lookups (n / 2 x c each), the scalers
+    (n / 64 x c), the scaled halves (n / 2 x c each) and the stacked output (n x c): 8 n + 3 c n + c n / 64."""
+    b = 8 * n + 3 * c * n + c * n // _BLOCK
+    return b, (f"8 x {n:,} (the int64 codes) + 3 x {c} x {n:,} (lookups, scaled halves, the stacked weight) + "
+               f"{c} x {n:,} / 64 (scalers): get_original_weight's peak")
+
+
+def _torchao_check(n: int):
+    if n % (_BLOCK * _SCALER_BLOCK):
+        raise NotModelledError("lora.quant_implementation", "torchao", "a base whose linears have a multiple of "
+                               "16,384 elements", f"a linear of {n:,} elements: to_nf4 asserts n / 64 blocks divide "
+                               "into its 256-scaler blocks")
+
+
+BUILTIN = (
+    QuantImplementation(name="bitsandbytes", description="bitsandbytes' Linear4bit / Linear8bitLt (peft, "
+                        "transformers' BitsAndBytesConfig, axolotl, LLaMA-Factory)",
+                        source="bitsandbytes 0.50.2 bitsandbytes/functional.py (quantize_4bit)",
+                        kinds=("nf4", "fp4", "int8"), stored=None, transient=_bnb_transient),
+    QuantImplementation(name="torchao", description="torchao's NF4Tensor (to_nf4, linear_nf4: torchtune's "
+                        "quantize_base=True): blocks of 64, scalers quantized to int8 in blocks of 256; eager "
+                        "dequantization through int64 code tensors", source=TORCHAO_0130, kinds=("nf4",),
+                        stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check),
+)
+IMPLEMENTATIONS = {q.name: q for q in BUILTIN}
+
+
+def of(config) -> QuantImplementation:
+    """The declaration ``config.quant_implementation`` names, checked against ``config.quantization``."""
+    name = config.quant_implementation
+    impl = IMPLEMENTATIONS.get(name)
+    if impl is None:
+        from mlsysim_core.errors import InvalidInputError
+        raise InvalidInputError("lora.quant_implementation", name, f"one of {', '.join(map(repr, IMPLEMENTATIONS))}")
+    if config.quantization is not None and config.quantization not in impl.kinds:
+        raise NotModelledError("lora.quant_implementation", name, f"an implementation of {config.quantization!r}",
+                               f"{name} implements {', '.join(impl.kinds)}")
+    return impl
