@@ -9,6 +9,8 @@ A ``QuantImplementation`` declares its memory; lora.py reads the declaration, ne
   ``finetune.lora_counts`` counts it (``finetune._tensor_bytes``).
 - ``transient(n, c) -> (bytes, how)``: what dequantizing one weight of ``n`` elements to the compute dtype (``c``
   bytes) holds at its peak, beyond the weight's storage (the backward's ``dequantized weight`` term).
+- ``compiled_blocks``: its dequantization traces into a compiled block's graph (``compile="blocks"``: the
+  partitioner saves the dequantized weight, compile.dequantized_saved); False: refused with compiled blocks.
 - ``check(n)``: a weight it cannot quantize (raise ``NotModelledError``), ``None``: any.
 - ``source``: the library, file and version it is derived from.
 """
@@ -31,6 +33,7 @@ class QuantImplementation:
     stored: Callable | None = None
     transient: Callable = None
     check: Callable | None = None
+    compiled_blocks: bool = False
 
 
 def _bnb_transient(n: int, c: int):
@@ -80,7 +83,9 @@ BUILTIN = (
     QuantImplementation(name="torchao", description="torchao's NF4Tensor (to_nf4, linear_nf4: torchtune's "
                         "quantize_base=True): blocks of 64, scalers quantized to int8 in blocks of 256; eager "
                         "dequantization through int64 code tensors", source=TORCHAO_0130, kinds=("nf4",),
-                        stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check),
+                        stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check,
+                        # measured: validation/compile/measure_blocks_qlora.py (torchtune 0.6.1's qlora builders)
+                        compiled_blocks=True),
 )
 IMPLEMENTATIONS = {q.name: q for q in BUILTIN}
 
