@@ -100,7 +100,9 @@ _PROFILE_HELP = ("profile to use (see `plugins`; default measured: a run it does
 # dicts with flag, help and "const", the value set, or "key", the table key set, with its own
 # type, metavar, choices, const, parse, and "required": what a key no table goes without is;
 # "what": what the table asks for); parse (applied to the value given by a flag or a file; its
-# errors name the flag); layout (why `search` refuses it). Files: from_file (scenario.py).
+# errors name the flag); layout (why `search` refuses it); also (a callable of the registry: what the
+# option takes beyond its choices with these plugins installed, e.g. float8's implementation names, which
+# the help adds; the flag then passes any value to the option's own check). Files: from_file (scenario.py).
 
 def _flags(spec: dict, name: str = "") -> tuple[str, ...]:
     flag = spec.get("flag") or "--" + name.replace("_", "-")
@@ -141,69 +143,6 @@ def _choice_spelling(convert, choices):
     return spelled
 
 
-# --- float8: one list of names for every command -----------------------------------------------
-# `estimate --float8` sets the profile option float8 (the memory: tensorwise, rowwise, ...), `time
-# --float8` and `search --allow-float8` a float8 implementation (the step time's casts: torchao-tensorwise,
-# te-current-scaling, ...). Each implementation declares the option value its memory is
-# (``Float8Casts.memory``), so every command takes the same names: the option's values and the
-# implementations', each read as the other where one declares it, refused naming why where none does.
-
-FLOAT8 = "float8"   # the profile option ``Float8Casts.memory`` names a value of (search: ``{"float8": memory}``)
-
-
-def _float8_names(registry) -> dict:
-    """``{name: (implementation or None, option value or None)}``, the one list: each registered float8
-    implementation (``search.FLOAT8_HOOK``) with the value of the profile option ``float8`` it declares
-    as its memory (None: not modelled), then each value of that option no implementation is named,
-    with the one implementation that declares it (None: none). Empty where neither is installed."""
-    from .scenario import option_fields
-    from .search import FLOAT8_HOOK
-    if registry is None:
-        return {}
-    implementations = registry.extensions.get(FLOAT8_HOOK, {})
-    field = option_fields(registry).get(FLOAT8)
-    values = tuple(field.metadata.get("choices") or ()) if field is not None else ()
-    names = {name: (i, getattr(i, "memory", None) if getattr(i, "memory", None) in values else None)
-             for name, i in implementations.items()}
-    for value in values:
-        owners = [i for i in implementations.values() if getattr(i, "memory", None) == value]
-        names.setdefault(value, (owners[0] if len(owners) == 1 else None, value))
-    return names
-
-
-def _float8_readings(names: dict) -> str:
-    """How each name of the one list is read by the other kind of command."""
-    pairs = [f"{n} = {i.name}" for n, (i, m) in names.items() if i is not None and m == n]
-    memory_only = [n for n, (i, _) in names.items() if i is None]
-    time_only = [n for n, (_, m) in names.items() if m is None]
-    return "; ".join(filter(None, (", ".join(pairs),
-                                   memory_only and f"memory only: {', '.join(memory_only)}",
-                                   time_only and f"step time only (memory not modelled): {', '.join(time_only)}")))
-
-
-def _float8_value(names: dict, flag: str, value, want: str):
-    """``value`` given to ``flag`` as ``want`` reads it: ``"memory"`` (the option's value) or
-    ``"implementation"`` (its name); a spelling (case, separators) of a name is that name."""
-    from .registry import name_key
-    if not isinstance(value, str):
-        return value
-    found = [n for n in names if name_key(n) == name_key(value)]
-    if not found:
-        raise InvalidInputError(flag, value, f"one of: {', '.join(names)}", _float8_readings(names))
-    implementation, memory = names[found[0]]
-    if want == "memory" and memory is None:
-        raise NotModelledError(flag, value, "a name whose memory is modelled: " + ", ".join(
-            n for n, (_, m) in names.items() if m is not None),
-            f"the float8 implementation {found[0]!r} declares no memory (Float8Casts.memory): "
-            f"`mlsysim-core time --float8 {found[0]}` times it")
-    if want == "implementation" and implementation is None:
-        raise NotModelledError(flag, value, "a name of a float8 implementation: " + ", ".join(
-            n for n, (i, _) in names.items() if i is not None),
-            f"no registered float8 implementation declares float8={found[0]!r} as its memory, so its casts are "
-            "not known to the step time")
-    return memory if want == "memory" else implementation.name
-
-
 def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = False):
     """The flags of every installed profile's options: ``(fields, refused)``. ``search``: only
     the options `search_plans` takes; ``refused`` holds (flags, why, takes a value) of the
@@ -239,11 +178,10 @@ def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = 
                                               spec["flag"][0].lstrip("-").replace("-", "_").upper())
             convert = _argparse_type(spec.get("type") or str)
             choices = spec.get("choices")
-            if dest == FLOAT8 and len(names := _float8_names(registry)) > len(choices or ()):
-                # (the implementations' names too, one list with `time --float8`: read in _option_values)
-                metavar, choices = "NAME", None
-                help += ("; or a float8 implementation's name, as `time --float8` takes it, read as the memory it "
-                         f"declares ({_float8_readings(names)})").replace("%", "%%")
+            if callable(spec.get("also")) and (also := spec["also"](registry)):
+                # (more names than its choices, read by the option's own check: the flag passes any through)
+                metavar, choices = spec.get("metavar") or "NAME", None
+                help += f"; {also}".replace("%", "%%")
             if choices:     # a spelling of a choice (case, -, _, space) is that choice
                 convert = _choice_spelling(convert, choices)
             parser.add_argument(*spec["flag"], dest=dest, type=convert,
@@ -266,12 +204,8 @@ def _option_values(args, data: dict) -> dict:
     the scenario's value, a key flag (--lora-rank) the table's key; each read by its ``parse``."""
     data = dict(data)
     for name, field in getattr(args, "option_fields", {}).items():
-        flagged = getattr(args, name, None) is not None
-        if flagged:
+        if getattr(args, name, None) is not None:
             data[name] = getattr(args, name)
-        if name == FLOAT8 and isinstance(data.get(name), str):    # an implementation's name: the memory it declares
-            data[name] = _float8_value(_float8_names(_manager(args).registry),
-                                       _flag_of(name, field) if flagged else name, data[name], "memory")
         keys = [spec for spec in field.metadata.get("flags") or () if "key" in spec]
         given = {spec["key"]: (spec, getattr(args, f"{name}.{spec['key']}", None)) for spec in keys}
         given = {key: item for key, item in given.items() if item[1] is not None}
@@ -511,10 +445,11 @@ def _parser(registry=None) -> argparse.ArgumentParser:
                        ("--interleave", "also try interleaved 1F1B at pp > 1, v chunks per rank dividing a stage's layers"),
                        ("--allow-compile", "also try each layout with compile='blocks' (fused ops), refusals counted")):
         srch.add_argument(flag, action="store_true", help=what + " (docs/planner.md: the search space)")
-    float8_names = _float8_names(registry)
+    from .search import float8_names as names_of, float8_readings
+    float8_names = names_of(registry) if registry is not None else {}
     float8s = ", ".join(n for n, (i, _) in float8_names.items() if i is not None and i.name == n) or "none installed"
     readings = (f"; or a name as `estimate --float8` takes it, read as the implementation that declares it as its "
-                f"memory: {_float8_readings(float8_names)}" if float8_names else "").replace("%", "%%")
+                f"memory: {float8_readings(float8_names)}" if float8_names else "").replace("%", "%%")
     float8s = float8s.replace("%", "%%")
     srch.add_argument("--allow-float8", nargs="?", const=True, default=False, metavar="IMPL",
                       help="also try each layout in float8, timed with IMPL's casts (a registered float8 "
@@ -1011,17 +946,6 @@ def not_modelled_refusal(err: NotModelledError, model=None) -> NotModelledError:
     if counterpart:
         hint = (f"{model!r} is the reference package's entry, without architecture facts: -m {counterpart} "
                 f"is the curated entry of the same model; " + hint)
-    from .plan import PRECISION_BYTES
-    if err.parameter == "precision" and PRECISION_BYTES.get(err.value, 2) < 2:    # fp8, int8, int4: what it does take
-        from .scenario import option_fields
-        fields = option_fields()
-        said = [what for option, what in (
-            (FLOAT8, "8-bit training is float8 linears over 16-bit weights (--precision bf16 --regime bf16 --float8 "
-                     "NAME)"),
-            ("lora", "8- and 4-bit weights are QLoRA's (--lora-rank N --quantization nf4|fp4|int8)"))
-            if option in fields]
-        if said:
-            hint = f"the {DEFAULT_PROFILE} profile's " + ", and its ".join(said) + "; " + hint
     detail = f"{err.detail}; {hint}" if err.detail else hint
     new = NotModelledError(err.parameter, err.value, err.allowed, detail)
     new.__cause__ = err
@@ -1138,54 +1062,9 @@ def _profile_note_lines(note: str, scenario=None) -> str:
     return "\n".join(lines) + "\n\n" if lines else ""
 
 
-def _hf_config(model):
-    """The Hugging Face config a scenario's model is (a config.json path, the folder holding one, or
-    its fields), else None; as ``_model`` reads them."""
-    if isinstance(model, dict):
-        return model if "model_type" in model else None
-    if not isinstance(model, str) or not model.strip():
-        return None
-    path = Path(model)
-    try:
-        if not model.endswith(".json") and path.is_dir():
-            path = path / "config.json"
-        if path.name.endswith(".json") and path.is_file():
-            data = _load_json_file("--model", str(path))
-            return data if "model_type" in data else None
-    except (OSError, InvalidInputError):     # (solving names what is wrong with it)
-        return None
-    return None
-
-
 def input_notes(scenario) -> list[str]:
-    """What the input left to an assumption, said beside every answer (text and JSON
-    ``input_notes``): the transformers defaults a Hugging Face config.json's missing fields
-    took (``hf.defaults_note``), and a flag that does nothing in this layout."""
-    if scenario is None:
-        return []
-    notes = _model_notes(getattr(scenario, "model", None))
-    if getattr(scenario, "sequence_parallel", None) is True and getattr(scenario, "tp_size", None) == 1:
-        # (Megatron-LM's validate_args turns it off at tp 1: "Disabling sequence parallelism because tensor
-        # model parallelism is disabled", megatron/training/arguments.py; so does the megatron reader)
-        notes.append(SP_AT_TP1)
-    return notes
-
-
-def _model_notes(model) -> list[str]:
-    """The transformers defaults a Hugging Face config.json model took (``hf.defaults_note``), if any."""
-    config = _hf_config(model)
-    if config is None:
-        return []
-    from .hf import defaults_note
-    try:
-        text = defaults_note(config)
-    except InvalidInputError:
-        return []     # (solving refuses the config, naming why)
-    return [text] if text else []
-
-
-SP_AT_TP1 = ("--sequence-parallel with tp 1 does nothing: sequence parallelism splits the norms' and residual "
-             "activations over the tensor-parallel group (Megatron-LM turns it off at tp 1)")
+    """What the input left to an assumption (``Scenario.input_notes``), said first and in the JSON."""
+    return [] if getattr(scenario, "input_notes", None) is None else scenario.input_notes()
 
 
 def alias_notes(scenario) -> list[str]:
@@ -1876,8 +1755,7 @@ def cmd_search(args, out) -> int:
                                    max_tp=args.max_tp, allow_cross_node_tp=args.allow_cross_node_tp,
                                    allow_cross_node_ep=args.allow_cross_node_ep, interleave=args.interleave,
                                    allow_compile=args.allow_compile,
-                                   allow_float8=_float8_value(_float8_names(_manager(args).registry),
-                                                              "--allow-float8", args.allow_float8, "implementation"),
+                                   allow_float8=args.allow_float8,
                                    workers=args.workers, progress=progress, profile=profile,
                                    trainable_fraction=trainable_fraction, headroom=_headroom(args.headroom),
                                    **({"plugin_options": _parse_options(args.option)} if args.option else {}),
@@ -1894,7 +1772,8 @@ def cmd_search(args, out) -> int:
             found = run(DEFAULT_PROFILE, options)
         except NotModelledError as err:     # never answered by another profile
             raise not_modelled_refusal(err, args.model) from err
-    said = _model_notes(args.model)     # (what the model's config.json left to transformers' defaults)
+    from .scenario import model_notes
+    said = model_notes(args.model)     # (what the model's config.json left to transformers' defaults)
     if args.json:
         out.write(json.dumps(_with_launch({**found.to_dict(), "input_notes": said}, args), indent=2,
                              sort_keys=True) + "\n")
@@ -1984,13 +1863,11 @@ def cmd_time(args, out) -> int:
                          sequence_parallel=args.sequence_parallel, precision=args.precision,
                          optimizer=args.optimizer, profile=args.profile or DEFAULT_PROFILE,
                          pipeline_schedule=args.pipeline_schedule, compiled=args.compiled,
-                         float8=_float8_value(_float8_names(_manager(args).registry), "--float8", args.float8,
-                                              "implementation"),
+                         float8=args.float8,
                          async_tp=args.async_tp, ep_overlap=args.ep_overlap, power=args.power_limit, solver=solver,
                          **run)
-    r["notes"] = [*r["notes"], *_model_notes(args.model)]
-    if args.sequence_parallel and r["layout"]["tp"] == 1:     # (accepted, as Megatron-LM does: input_notes)
-        r["notes"] = [*r["notes"], SP_AT_TP1]
+    from .scenario import model_notes
+    r["notes"] = [*r["notes"], *model_notes(args.model)]
     model, hardware = _model(args.model).name, _hardware(args.hardware).name
     run = {"model": model, "hardware": hardware, "global_batch": args.global_batch, "seq_len": args.seq_len,
            "precision": args.precision, "regime": args.regime, "optimizer": args.optimizer,

@@ -252,7 +252,9 @@ class Scenario:
         if self.include_plugins:
             details["include_plugins"] = sorted(self.include_plugins)
         shown = ("lora", "offload", "pipeline_schedule", "virtual_stages", "stage_layers", "runtime_overheads")
-        details.update({name: value for name, value in o.items() if name not in details and name not in shown})
+        read = getattr(result, "details", None) or {}     # (an option as the profile read it: float8's name)
+        details.update({name: read.get(name, value) for name, value in o.items()
+                        if name not in details and name not in shown})
         if o.get("runtime_overheads", True) is not True:
             details["runtime_overheads"] = o["runtime_overheads"]
         if self.sequence_parallel is not None and self.tp_size > 1:
@@ -295,7 +297,12 @@ class Scenario:
                                         "a new one", f"got {type(model).__name__}; the scenario names its own "
                                         "model (the workload)")
         solver = TrainingMemoryModel() if model is None else model
-        return solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+        return with_input_notes(solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs()),
+                                self.input_notes())
+
+    def input_notes(self) -> list[str]:
+        """What this scenario's input left to an assumption (``input_notes``)."""
+        return input_notes(self.model, self.sequence_parallel, self.tp_size)
 
 
 _DEFAULT_PRECISION = "fp16"     # (Scenario.precision's default)
@@ -1137,6 +1144,66 @@ def _world_size(readings, gpus) -> tuple[int | None, str]:
 # never answered by another profile.
 
 
+# --- what the input left to an assumption: said beside every answer ----------------------------
+# (``estimate`` and ``Scenario.solve`` put them first in the result's notes, so its JSON and explain
+# carry them; the CLI prints them first and in its JSON's ``input_notes``)
+
+SP_AT_TP1 = ("--sequence-parallel with tp 1 does nothing: sequence parallelism splits the norms' and residual "
+             "activations over the tensor-parallel group (Megatron-LM turns it off at tp 1)")
+
+
+def input_notes(model, sequence_parallel=None, tp_size=1) -> list[str]:
+    """What a run's input left to an assumption: the transformers defaults a Hugging Face
+    config.json's missing fields took (``model_notes``), and ``sequence_parallel=True`` at tp 1,
+    which does nothing (accepted, as Megatron-LM's validate_args turns it off there: "Disabling
+    sequence parallelism because tensor model parallelism is disabled", megatron/training/arguments.py;
+    so does the megatron reader)."""
+    notes = model_notes(model)
+    if sequence_parallel is True and tp_size == 1:
+        notes.append(SP_AT_TP1)
+    return notes
+
+
+def model_notes(model) -> list[str]:
+    """The transformers defaults a Hugging Face config.json model (its fields, a config.json path or
+    the folder holding one) took (``hf.defaults_note``), if any; any other model: none."""
+    config = _hf_config(model)
+    if config is None:
+        return []
+    from .hf import defaults_note
+    try:
+        text = defaults_note(config)
+    except InvalidInputError:
+        return []     # (solving refuses the config, naming why)
+    return [text] if text else []
+
+
+def _hf_config(model):
+    """The Hugging Face config ``model`` is (its fields, or a config.json path or folder, as the CLI's
+    ``--model`` reads them), else None."""
+    if isinstance(model, Path):
+        model = str(model)
+    if isinstance(model, dict):
+        return model if "model_type" in model else None
+    if not isinstance(model, str) or not model.strip():
+        return None
+    path = Path(model)
+    try:
+        if not model.endswith(".json") and path.is_dir():
+            path = path / "config.json"
+        if path.name.endswith(".json") and path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+            return data if isinstance(data, dict) and "model_type" in data else None
+    except (OSError, ValueError, RecursionError):     # (solving names what is wrong with it)
+        return None
+    return None
+
+
+def with_input_notes(result, notes):
+    """``result`` with ``notes`` first among its notes (its JSON and explain say them)."""
+    return attrs.evolve(result, notes=(*notes, *result.notes)) if notes else result
+
+
 def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch_size: int = DEFAULT_BATCH,
              seq_len: int = 2048, *, profile: str = DEFAULT_PROFILE, plugin_manager=None, **solve_options):
     """``mlsysim-core estimate`` in Python: a ``TrainingMemoryResult``.
@@ -1148,7 +1215,9 @@ def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch
     asks; ``solve`` does too). ``solve_options``: every other keyword of
     ``TrainingMemoryModel.solve`` (``precision``, ``tp_size``, ``zero_stage``, the measured
     profile's ``regime``, ``lora``, ...). ``profile="reference"`` for the textbook
-    estimate: ``TrainingMemoryModel().solve`` with the same arguments.
+    estimate: ``TrainingMemoryModel().solve`` with the same arguments. What the input left to an
+    assumption (``input_notes``: a partial config.json's transformers defaults, ``sequence_parallel``
+    at tp 1) comes first in the result's notes.
     """
     from ._checks import whole_microbatches
     from .solver import TrainingMemoryModel
@@ -1156,7 +1225,9 @@ def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch
     if all(type(n) is int and n >= 1 for n in sizes):      # (else the solve names the bad one)
         whole_microbatches(*sizes)
     solver = TrainingMemoryModel(profile, plugin_manager=plugin_manager)
-    return solver.solve(_cli_model(model), _cli_hardware(hardware), batch_size, seq_len, **solve_options)
+    result = solver.solve(_cli_model(model), _cli_hardware(hardware), batch_size, seq_len, **solve_options)
+    return with_input_notes(result, input_notes(model, solve_options.get("sequence_parallel"),
+                                                solve_options.get("tp_size", 1)))
 
 
 def _cli_model(value):

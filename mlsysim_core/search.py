@@ -1666,6 +1666,9 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
             notes.append(f"checkpointing {ckpt} declares no recompute: its step time counts none")
     layout = dict(batch_size=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                   activation_checkpointing=ckpt, tp_size=tp, pp_size=pp, dp_size=dp, ep_size=ep,
+    if sequence_parallel is True and tp == 1:     # (accepted, as Megatron-LM does; said: scenario.input_notes)
+        from .scenario import input_notes
+        said += input_notes(None, sequence_parallel, tp)
                   gradient_accumulation_steps=gas, sequence_parallel=sp, data_parallel=rule, cp_size=cp,
                   profile=profile, **options)
     schedule, chunks, total, prepared = None, vp or 1, None, None
@@ -1722,19 +1725,37 @@ FLOAT8_HOOK = "mlsysim_float8_implementations"  # the float8 implementations' ho
 
 
 def float8_implementation(registry, float8, parameter: str = "float8"):
-    """A run's ``float8``: False or True (the step-time model's default implementation) as given, a
-    registered implementation's name resolved to its declaration (``Float8Casts``,
-    mlsysim_plugins.steptime_hookspecs; a name not registered is an error listing those that are),
-    or a declaration itself (the step-time model checks it)."""
+    """A run's ``float8``: False or True (the step-time model's default implementation) as given; a
+    name of ``float8_names`` (case and separators ignored): a registered implementation's name, or a
+    value of the memory option ``float8`` (``"tensorwise"``) read as the one implementation that
+    declares it as its memory (``Float8Casts.memory``), resolved to that declaration (``Float8Casts``,
+    mlsysim_plugins.steptime_hookspecs); or a declaration itself (the step-time model checks it). A
+    name not in the list is an error listing it and how each is read; a memory value no implementation
+    (or several) declares is refused naming them."""
     if isinstance(float8, bool) or float8 is None:
         return bool(float8)
-    if isinstance(float8, str):
-        implementations = registry.extensions.get(FLOAT8_HOOK, {})
-        if not implementations:
-            raise InvalidInputError(parameter, float8, "a registered float8 implementation: (none installed)",
-                                    "the built-in plugin 'steptime' registers them; is it blocked?")
-        return implementations[_checks.name(parameter, float8, implementations)]
-    return float8
+    if not isinstance(float8, str):
+        return float8
+    from ._checks import name_key
+    implementations = registry.extensions.get(FLOAT8_HOOK, {})
+    if not implementations:
+        raise InvalidInputError(parameter, float8, "a registered float8 implementation: (none installed)",
+                                "the built-in plugin 'steptime' registers them; is it blocked?")
+    names = float8_names(registry)
+    found = [n for n in names if name_key(n) == name_key(float8)]
+    if not found:
+        raise InvalidInputError(parameter, float8, f"one of: {', '.join(names)}", float8_readings(names))
+    implementation, _ = names[found[0]]
+    if implementation is None:
+        owners = [i.name for i in implementations.values() if getattr(i, "memory", None) == found[0]]
+        if len(owners) > 1:
+            raise InvalidInputError(parameter, float8, f"one of: {', '.join(owners)}", f"{len(owners)} float8 "
+                                    f"implementations declare float8={found[0]!r} as their memory: name one")
+        raise NotModelledError(parameter, float8, "a name of a float8 implementation: " + ", ".join(
+            n for n, (i, _) in names.items() if i is not None),
+            f"no registered float8 implementation declares float8={found[0]!r} as its memory, so its casts are "
+            "not known to the step time")
+    return implementation
 
 
 def step_time_model_named(registry, name: str | None):
@@ -1744,6 +1765,40 @@ def step_time_model_named(registry, name: str | None):
     if not models:
         raise InvalidInputError("step_time_model", name, "an installed step-time model: (none installed)",
                                 "the planner needs one (the built-in plugin 'steptime' registers 'roofline'; "
+FLOAT8_OPTION = "float8"   # the memory profile's option a Float8Casts.memory names a value of (a row: {"float8": memory})
+
+
+def float8_names(registry) -> dict:
+    """The one list of float8 names every entry point takes (``time_plan(float8=)``, ``search_plans(
+    allow_float8=)``, the measured profile's ``float8=`` option, the CLI's flags and scenario files):
+    ``{name: (implementation or None, option value or None)}``, each registered float8 implementation
+    (``FLOAT8_HOOK``) with the value of the profile option ``float8`` it declares as its memory
+    (``Float8Casts.memory``; None: none, or a value no installed profile takes), then each value of that
+    option (its declared choices) no implementation is named, with the one implementation declaring it
+    as its memory (None: none, or several). Empty where neither is installed."""
+    from .scenario import option_fields
+    implementations = registry.extensions.get(FLOAT8_HOOK, {})
+    field = option_fields(registry).get(FLOAT8_OPTION)
+    values = tuple(field.metadata.get("choices") or ()) if field is not None else ()
+    names = {name: (i, getattr(i, "memory", None) if getattr(i, "memory", None) in values else None)
+             for name, i in implementations.items()}
+    for value in values:
+        owners = [i for i in implementations.values() if getattr(i, "memory", None) == value]
+        names.setdefault(value, (owners[0] if len(owners) == 1 else None, value))
+    return names
+
+
+def float8_readings(names: dict) -> str:
+    """How each name of ``float8_names`` is read by the other kind of entry point (the memory's
+    option, the step time's implementation)."""
+    pairs = [f"{n} = {i.name}" for n, (i, m) in names.items() if i is not None and m == n]
+    memory_only = [n for n, (i, _) in names.items() if i is None]
+    time_only = [n for n, (_, m) in names.items() if m is None]
+    return "; ".join(filter(None, (", ".join(pairs),
+                                   memory_only and f"memory only: {', '.join(memory_only)}",
+                                   time_only and f"step time only (memory not modelled): {', '.join(time_only)}")))
+
+
                                 "is it blocked?)")
     default = next(iter(models)) if len(models) == 1 else "roofline"
     return models[_checks.name("step_time_model", name or default, models)]

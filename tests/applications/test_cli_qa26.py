@@ -51,17 +51,19 @@ def test_float8_errors_list_one_list_for_every_command(capsys):
     for argv in (("estimate", *FLOAT8_RUN, "--float8", "fp8"), ("time", "--global-batch", "8", "--float8", "fp8"),
                  ("search", "-n", "8", "--global-batch", "8", "--allow-float8", "fp8")):
         code, err = error_of(capsys, *argv)
-        flag = "--allow-float8" if argv[0] == "search" else "--float8"
-        assert (code, err) == (2, f"mlsysim-core: error: {flag}='fp8' is not allowed: {listing}")
+        # (named as every entry point names it: the Python keyword, as the CLI names solve's errors)
+        keyword = "allow_float8" if argv[0] == "search" else "float8"
+        assert (code, err) == (2, f"mlsysim-core: error: {keyword}='fp8' is not allowed: {listing}")
 
 
 def test_estimate_float8_refuses_an_implementation_whose_memory_is_not_modelled(capsys):
     code, err = error_of(capsys, "estimate", *FLOAT8_RUN, "--float8", "TE_MXFP8")
     assert code == 2
-    assert err == ("mlsysim-core: error: --float8='TE_MXFP8' is not allowed: a name whose memory is modelled: "
+    assert err == ("mlsysim-core: error: float8='TE_MXFP8' is not allowed: a name whose memory is modelled: "
                    "torchao-rowwise, torchao-tensorwise, tensorwise, rowwise, transformer-engine (the float8 "
                    "implementation 'te-mxfp8' declares no memory (Float8Casts.memory): `mlsysim-core time --float8 "
-                   "te-mxfp8` times it)")
+                   "te-mxfp8` times it; refused under the default profile, measured: no other profile answers for "
+                   "it; --profile reference gives the textbook estimate)")
 
 
 def test_time_float8_takes_the_memory_names_as_the_implementation_declaring_them(capsys):
@@ -75,7 +77,7 @@ def test_time_float8_takes_the_memory_names_as_the_implementation_declaring_them
     assert by_memory["step_s"] < timed()["step_s"]
     code, err = error_of(capsys, "time", "--global-batch", "8", "--float8", "transformer-engine")
     assert code == 2
-    assert err == ("mlsysim-core: error: --float8='transformer-engine' is not allowed: a name of a float8 "
+    assert err == ("mlsysim-core: error: float8='transformer-engine' is not allowed: a name of a float8 "
                    "implementation: te-current-scaling, te-delayed-scaling, te-mxfp8, torchao-rowwise, "
                    "torchao-tensorwise, tensorwise, rowwise (no registered float8 implementation declares "
                    "float8='transformer-engine' as its memory, so its casts are not known to the step time)")
@@ -214,10 +216,11 @@ def test_precision_fp8_is_refused_by_the_measured_profile_naming_what_it_allows(
     assert code == 2 and err.startswith("mlsysim-core: error: precision='fp8' is not allowed: one of fp32, tf32, "
                                         "bf16, fp16 for the measured profile")
     assert err.endswith("(8- and 4-bit training regimes are not modelled yet; the measured profile's 8-bit training "
-                        "is float8 linears over 16-bit weights (--precision bf16 --regime bf16 --float8 NAME), and its "
-                        "8- and 4-bit weights are QLoRA's (--lora-rank N --quantization nf4|fp4|int8); refused under "
-                        "the default profile, measured: no other profile answers for it; --profile reference gives "
-                        "the textbook estimate)")
+                        "is float8 linears over 16-bit weights (precision='bf16', regime='bf16', float8=NAME; "
+                        "--precision bf16 --regime bf16 --float8 NAME), and its 8- and 4-bit weights are QLoRA's "
+                        "(lora={'rank': N, 'quantization': 'nf4'|'fp4'|'int8'}; --lora-rank N --quantization "
+                        "nf4|fp4|int8); refused under the default profile, measured: no other profile answers for "
+                        "it; --profile reference gives the textbook estimate)")
     code, err = error_of(capsys, "estimate", "--precision", "fp16", "--regime", "bf16")    # (no such hint)
     assert code == 2 and "8-bit training" not in err
     assert _estimate("--precision", "fp8", "--profile", "reference")["precision"] == "fp8"

@@ -65,7 +65,7 @@ ACTIVATION_OFFLOAD = _option(
 FLOAT8 = _option("float8 training: tensorwise or rowwise (torchao convert_to_float8_training, the LM head "
     "left in high precision; pure bf16 or fp32, one device) or transformer-engine "
     "(TransformerEngine FP8 under Megatron-Core, regime mixed-bf16-main-grad only; unvalidated)",
-    choices=("tensorwise", "rowwise", "transformer-engine"))
+    choices=("tensorwise", "rowwise", "transformer-engine"), also=lambda registry: _float8_also(registry))
 COMPILE = _option("torch.compile with Inductor's default options: True, the whole model (HF torch_compile): "
     "AOTAutograd's partitioner's saved set, the fused loss; one device, checkpointing none or full; 'blocks', each "
     "decoder block apart (torchtune compile: True, torchtitan compile.enable): the loss and LM head eager (torchtune's "
@@ -213,8 +213,13 @@ def _float8(plan, registry):
     value = plan.profile_options.float8
     if value is None:
         return plan
-    from .float8 import check
-    return check(plan, value)
+    from .float8 import check, memory_named     # (a float8 implementation's name: the memory it declares)
+    return check(plan, memory_named(registry, value))
+
+
+def _float8_also(registry):
+    from .float8 import also_named
+    return also_named(registry)
 
 
 def _float8_time(plan, figures):

@@ -61,6 +61,41 @@ def _n(x) -> str:
 
 # --- options --------------------------------------------------------------------------------
 
+def memory_named(registry, value):
+    """``float8``: one of ``CHOICES`` (case ignored), or a name of the one list every entry point takes
+    (``mlsysim_core.search.float8_names``: a registered float8 implementation's name, case and
+    separators ignored) read as the memory it declares (``Float8Casts.memory``); ``check`` says what is
+    wrong with anything else. A name the list does not hold is an error listing it and how each is
+    read; an implementation that declares no memory is refused naming it."""
+    if not isinstance(value, str) or value.strip().lower() in CHOICES:
+        return value
+    from mlsysim_core.registry import name_key
+    from mlsysim_core.search import float8_names, float8_readings
+    names = float8_names(registry)
+    found = [n for n in names if name_key(n) == name_key(value)]
+    if not found:
+        raise InvalidInputError("float8", value, f"one of: {', '.join(names or CHOICES)}",
+                                float8_readings(names) or None)
+    _, memory = names[found[0]]
+    if memory is None:
+        raise NotModelledError("float8", value, "a name whose memory is modelled: " + ", ".join(
+            n for n, (_, m) in names.items() if m is not None),
+            f"the float8 implementation {found[0]!r} declares no memory (Float8Casts.memory): "
+            f"`mlsysim-core time --float8 {found[0]}` times it")
+    return memory
+
+
+def also_named(registry) -> str | None:
+    """What the ``float8`` option takes beyond ``CHOICES`` with these plugins installed (its flag's help;
+    None: nothing more)."""
+    from mlsysim_core.search import float8_names, float8_readings
+    names = float8_names(registry)
+    if len(names) <= len(CHOICES):
+        return None
+    return ("or a float8 implementation's name, as `time --float8` takes it, read as the memory it declares "
+            f"({float8_readings(names)})")
+
+
 def check(plan, value):
     """``float8``: validated and the plan's notes extended (``options.prepare``)."""
     if not isinstance(value, str):

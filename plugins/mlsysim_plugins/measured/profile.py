@@ -59,8 +59,10 @@ NOTES = "measured.notes"     # an optimizer's notes(plan): what a result with it
 
 
 def _details(plan):
-    """What a measured result says beyond the core's fields: the regime it ran in."""
-    return {"regime": plan.profile_options.regime.name}
+    """What a measured result says beyond the core's fields: the regime it ran in, and the float8
+    recipe its memory is (a float8 implementation's name given is read as the one it declares)."""
+    o = plan.profile_options
+    return {"regime": o.regime.name, **({"float8": o.float8} if o.float8 is not None else {})}
 
 
 def _fit_techniques(*args, **kwargs):

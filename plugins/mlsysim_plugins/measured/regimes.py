@@ -185,7 +185,10 @@ def regime_for(regime, precision: str, regimes: Mapping[str, Regime] = REGIMES) 
                 "precision", precision,
                 f"one of {', '.join(DEFAULT_FOR_PRECISION)} for the measured profile, or name a regime "
                 f"with regime= ({', '.join(regimes)})",
-                "8- and 4-bit training regimes are not modelled yet")
+                "8- and 4-bit training regimes are not modelled yet; the measured profile's 8-bit training is float8 "
+                "linears over 16-bit weights (precision='bf16', regime='bf16', float8=NAME; --precision bf16 --regime "
+                "bf16 --float8 NAME), and its 8- and 4-bit weights are QLoRA's (lora={'rank': N, 'quantization': "
+                "'nf4'|'fp4'|'int8'}; --lora-rank N --quantization nf4|fp4|int8)")
         return regimes[name]
     if isinstance(regime, Regime):
         return check_modelled(regime)
