@@ -35,12 +35,17 @@ def test_the_skipped_rows_are_skipped_for_a_reason_that_holds(ladder):
     checkpoint outside each compiled layer). + 8-bit AdamW is torchao's AdamW8bit (the README's "AdamW8bit", the
     tutorial's first), refused under optimizer_in_bwd (its compiled step in the backward hook is not measured);
     bitsandbytes' readings are shown beside it: AdamW8bit 15.98 GiB, PagedAdamW8bit 10.00 GiB (the paged moments
-    outside the allocator whose active bytes the row reports). QLoRA is refused with compile."""
+    outside the allocator whose active bytes the row reports). QLoRA (the LoRA row's settings over torchao's NF4,
+    torchtune's quantize_base) is refused for its activation offload around compiled QLoRA blocks (not measured)."""
     from mlsysim_core.errors import NotModelledError
     skipped = {r[0]: (settings, why) for r in ladder.ROWS for settings, why in [(r[2], r[3])] if why}
     assert set(skipped) == {"Baseline", "+ 8-bit AdamW", "QLoRA"}
     shown = {r[0]: r for r in ladder.rows()}
-    assert "compile" in skipped["QLoRA"][1] and skipped["QLoRA"][0] is None
+    qlora = skipped["QLoRA"][0]
+    assert qlora["lora"].quant_implementation == "torchao" and qlora["activation_offload"] == "torchtune"
+    got = ladder.predict(qlora)
+    assert isinstance(got, NotModelledError) and got.parameter == "activation_offload"
+    assert isinstance(ladder.predict({**qlora, "activation_offload": None}), float)   # compiled QLoRA itself solves
     settings, why = skipped["+ 8-bit AdamW"]
     assert settings["compile"] == "blocks" and settings["compile_checkpoint"] == "outside"
     assert settings["optimizer"] == "adamw-8bit-torchao" and settings["optimizer_in_backward"]
