@@ -105,6 +105,26 @@ def unsharded_at_one_rank(rules) -> tuple[str, ...]:
     return tuple(name for name, spec in rules.items() if spec.extensions.get(ONE_RANK_UNSHARDED))
 
 
+# A regime that needs its data-parallel rule to do something (the measured profile's ``Regime.requires``) says which
+# installed rules it refuses wherever dp x cp > 1: the profile options' ``regime`` declares
+# ``refused_rules(registry, rules) -> {rule: why}``. The search leaves those rules out of such layouts up front, said in
+# one note, instead of preparing each layout to refuse it; at dp x cp = 1 every rule serves, as before.
+def refused_rules(options, registry, rules) -> dict[str, str]:
+    """{rule: why} for the data-parallel ``rules`` the profile options' regime refuses wherever dp x cp > 1 ({}: none,
+    or a regime that declares no ``refused_rules``)."""
+    ask = getattr(getattr(options, "regime", None), "refused_rules", None)
+    return dict(ask(registry, tuple(rules))) if callable(ask) else {}
+
+
+def _refused_note(refused: Mapping[str, str], layouts: int) -> str:
+    """The note of the rules a regime refuses, grouped by why."""
+    by_why: dict[str, list[str]] = {}
+    for rule, why in refused.items():
+        by_why.setdefault(why, []).append(rule)
+    return ("; ".join(f"{why}: {', '.join(rules)} left out" for why, rules in by_why.items())
+            + f" of the layouts with dp x cp > 1 ({layouts:,} layouts not enumerated)")
+
+
 class Candidate(NamedTuple):
     """One layout that fits, with its memory and step time.
 
@@ -846,6 +866,7 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
                                 **({"rule_options": given_options} if given_options else {}),
                                 **({"power": power} if power is not None else {})), time=timer.time)
     notes += timing["notes"]
+    refused_dp = refused_rules(schedule_options, registry, dp_rules)     # (the regime's: wherever dp x cp > 1)
     base_chunks = timing["chunks"]
     table, variants = _variant_table(
         interleave=interleave, allow_compile=allow_compile, allow_float8=allow_float8, casts=float8, model=model,
@@ -891,11 +912,13 @@ def search_plans(model, hardware, *, devices: int, global_batch: int, seq_len: i
     collecting = gc.isenabled()
     gc.disable()    # (the cyclic collector would walk every row and plan built so far, again and again)
     try:
-        groups = _enumerate(model, devices, global_batch, seq_len, max_tp, cp_allowed, dp_rules, strategies,
-                            sequence_parallel, _one_rank_rules(dp_rules, installed_rules),
-                            None if allow_cross_node_tp else node, variants,
-                            node if allow_cross_node_ep else None)
+        enumerate_ = functools.partial(_enumerate, model, devices, global_batch, seq_len, max_tp, cp_allowed)
+        rest = (strategies, sequence_parallel, _one_rank_rules(dp_rules, installed_rules),
+                None if allow_cross_node_tp else node, variants, node if allow_cross_node_ep else None)
+        groups = enumerate_([r for r in dp_rules if r not in refused_dp], *rest)
         total = sum(len(g[-1]) for g in groups)
+        if refused_dp:
+            notes += (_refused_note(refused_dp, sum(len(g[-1]) for g in enumerate_(dp_rules, *rest)) - total),)
         pool_size = _pool_size(workers, total, registry.profiles[profile].solve_cost)
         near: list[tuple] = []
         bounded: list[tuple] = []
@@ -1625,9 +1648,6 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     said = ([f"compiled: the memory-bound ops timed as compiled kernels; the memory is the eager run's "
              f"(compile={COMPILE_MODE!r} prices the compiled one)"] if compiled and not options.get("compile") else [])
     float8 = float8_implementation(registry, float8)
-    implementation = "" if float8 is True else f" ({getattr(float8, 'name', float8)})"
-    said += ([f"float8{implementation}: the linears timed in float8 GEMMs with their casts; the memory is the 16-bit "
-              "run's"] if float8 else [])
     if vp is not None:
         vp = _checks.count("vp", vp)
         options["virtual_stages"] = vp
@@ -1639,10 +1659,26 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
     timer.check(hardware, {"peak_bf16_flops": flops, "intra_node_bandwidth": tp_bandwidth,
                            "inter_node_bandwidth": network_bandwidth}, calibration)
     profile = _checks.name("profile", solver._profile if profile is None else profile, registry.profiles)
+    # float8's memory: the option a search's float8 row is solved with (the one its implementation declares)
+    from .inputs import options_fields
+    memory8 = _float8_memory(float8) if float8 else {}
+    implementation = "" if float8 is True else f" ({getattr(float8, 'name', float8)})"
+    if memory8 and FLOAT8_OPTION not in options_fields(registry.profiles[profile]):
+        said.append(f"float8{implementation}: the linears timed in float8 GEMMs with their casts; the memory is the "
+                    f"16-bit run's (profile {profile!r} has no float8 option)")
+        memory8 = {}
+    elif float8:
+        said.append(f"float8{implementation}: the linears timed in float8 GEMMs with their casts; " + (
+            f"the memory solved with float8={memory8[FLOAT8_OPTION]!r}, as a search's float8 row" if memory8 else
+            "the memory is the 16-bit run's (the implementation declares no float8 memory; a search's float8 row's "
+            "too)"))
     rule = _checks.name("data_parallel", data_parallel, registry.rules_for_axis(DATA))
     ckpt = _checks.name("checkpointing", checkpointing, registry.checkpointing)
     sp = (registry.profiles[profile].sequence_parallel if sequence_parallel is None
           else _checks.flag("sequence_parallel", sequence_parallel)) and tp > 1
+    if sequence_parallel is True and tp == 1:     # (accepted, as Megatron-LM does; said: scenario.input_notes)
+        from .scenario import input_notes
+        said += input_notes(None, sequence_parallel, tp)
     notes: list[str] = said
     # the one-device plan (recompute share, optimizer bytes), as search_plans makes it (the layout's own options, the
     # pipeline's schedule, chunks and layers per stage and the experts' tensor parallelism, describe no one-device plan)
@@ -1653,6 +1689,12 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
                                  if n not in registry.sharding_rules} or None
     first = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
                          global_batch, profile=profile, **one)
+    if memory8:     # (the optimizer step's bytes with float8's memory, as a search's float8 row reads them)
+        try:
+            first = solver.solve(model, hardware, global_batch, seq_len, precision, optimizer, ckpt, 1, 1, 1, 1, 0,
+                                 global_batch, profile=profile, **one, **memory8)
+        except NotModelledError:
+            pass
     if recompute is None:
         declared = registry.checkpointing[ckpt].recompute
         try:
@@ -1666,9 +1708,6 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
             notes.append(f"checkpointing {ckpt} declares no recompute: its step time counts none")
     layout = dict(batch_size=global_batch, seq_len=seq_len, precision=precision, optimizer=optimizer,
                   activation_checkpointing=ckpt, tp_size=tp, pp_size=pp, dp_size=dp, ep_size=ep,
-    if sequence_parallel is True and tp == 1:     # (accepted, as Megatron-LM does; said: scenario.input_notes)
-        from .scenario import input_notes
-        said += input_notes(None, sequence_parallel, tp)
                   gradient_accumulation_steps=gas, sequence_parallel=sp, data_parallel=rule, cp_size=cp,
                   profile=profile, **options)
     schedule, chunks, total, prepared = None, vp or 1, None, None
@@ -1679,7 +1718,7 @@ def time_plan(model, hardware, *, global_batch: int, seq_len: int = 2048, tp: in
         schedule = getattr(prepared.profile_options, "pipeline_schedule", None)
         chunks = getattr(prepared.profile_options, "virtual_stages", None) or chunks
         if memory:
-            result = solver.solve(model, hardware, **layout)
+            result = solver.solve(model, hardware, **layout, **memory8)
             total = result.total_memory
     except NotModelledError as err:
         notes.append(f"memory not solved: {err}")
@@ -1724,6 +1763,40 @@ STEP_TIME_HOOK = "mlsysim_step_time_models"     # the hook, added by the built-i
 FLOAT8_HOOK = "mlsysim_float8_implementations"  # the float8 implementations' hook, added by ``steptime`` too
 
 
+FLOAT8_OPTION = "float8"   # the memory profile's option a Float8Casts.memory names a value of (a row: {"float8": memory})
+
+
+def float8_names(registry) -> dict:
+    """The one list of float8 names every entry point takes (``time_plan(float8=)``, ``search_plans(
+    allow_float8=)``, the measured profile's ``float8=`` option, the CLI's flags and scenario files):
+    ``{name: (implementation or None, option value or None)}``, each registered float8 implementation
+    (``FLOAT8_HOOK``) with the value of the profile option ``float8`` it declares as its memory
+    (``Float8Casts.memory``; None: none, or a value no installed profile takes), then each value of that
+    option (its declared choices) no implementation is named, with the one implementation declaring it
+    as its memory (None: none, or several). Empty where neither is installed."""
+    from .scenario import option_fields
+    implementations = registry.extensions.get(FLOAT8_HOOK, {})
+    field = option_fields(registry).get(FLOAT8_OPTION)
+    values = tuple(field.metadata.get("choices") or ()) if field is not None else ()
+    names = {name: (i, getattr(i, "memory", None) if getattr(i, "memory", None) in values else None)
+             for name, i in implementations.items()}
+    for value in values:
+        owners = [i for i in implementations.values() if getattr(i, "memory", None) == value]
+        names.setdefault(value, (owners[0] if len(owners) == 1 else None, value))
+    return names
+
+
+def float8_readings(names: dict) -> str:
+    """How each name of ``float8_names`` is read by the other kind of entry point (the memory's
+    option, the step time's implementation)."""
+    pairs = [f"{n} = {i.name}" for n, (i, m) in names.items() if i is not None and m == n]
+    memory_only = [n for n, (i, _) in names.items() if i is None]
+    time_only = [n for n, (_, m) in names.items() if m is None]
+    return "; ".join(filter(None, (", ".join(pairs),
+                                   memory_only and f"memory only: {', '.join(memory_only)}",
+                                   time_only and f"step time only (memory not modelled): {', '.join(time_only)}")))
+
+
 def float8_implementation(registry, float8, parameter: str = "float8"):
     """A run's ``float8``: False or True (the step-time model's default implementation) as given; a
     name of ``float8_names`` (case and separators ignored): a registered implementation's name, or a
@@ -1765,40 +1838,6 @@ def step_time_model_named(registry, name: str | None):
     if not models:
         raise InvalidInputError("step_time_model", name, "an installed step-time model: (none installed)",
                                 "the planner needs one (the built-in plugin 'steptime' registers 'roofline'; "
-FLOAT8_OPTION = "float8"   # the memory profile's option a Float8Casts.memory names a value of (a row: {"float8": memory})
-
-
-def float8_names(registry) -> dict:
-    """The one list of float8 names every entry point takes (``time_plan(float8=)``, ``search_plans(
-    allow_float8=)``, the measured profile's ``float8=`` option, the CLI's flags and scenario files):
-    ``{name: (implementation or None, option value or None)}``, each registered float8 implementation
-    (``FLOAT8_HOOK``) with the value of the profile option ``float8`` it declares as its memory
-    (``Float8Casts.memory``; None: none, or a value no installed profile takes), then each value of that
-    option (its declared choices) no implementation is named, with the one implementation declaring it
-    as its memory (None: none, or several). Empty where neither is installed."""
-    from .scenario import option_fields
-    implementations = registry.extensions.get(FLOAT8_HOOK, {})
-    field = option_fields(registry).get(FLOAT8_OPTION)
-    values = tuple(field.metadata.get("choices") or ()) if field is not None else ()
-    names = {name: (i, getattr(i, "memory", None) if getattr(i, "memory", None) in values else None)
-             for name, i in implementations.items()}
-    for value in values:
-        owners = [i for i in implementations.values() if getattr(i, "memory", None) == value]
-        names.setdefault(value, (owners[0] if len(owners) == 1 else None, value))
-    return names
-
-
-def float8_readings(names: dict) -> str:
-    """How each name of ``float8_names`` is read by the other kind of entry point (the memory's
-    option, the step time's implementation)."""
-    pairs = [f"{n} = {i.name}" for n, (i, m) in names.items() if i is not None and m == n]
-    memory_only = [n for n, (i, _) in names.items() if i is None]
-    time_only = [n for n, (_, m) in names.items() if m is None]
-    return "; ".join(filter(None, (", ".join(pairs),
-                                   memory_only and f"memory only: {', '.join(memory_only)}",
-                                   time_only and f"step time only (memory not modelled): {', '.join(time_only)}")))
-
-
                                 "is it blocked?)")
     default = next(iter(models)) if len(models) == 1 else "roofline"
     return models[_checks.name("step_time_model", name or default, models)]

@@ -67,6 +67,18 @@ class Regime:
             out["gradients"] = grad
         return out
 
+    def refused_rules(self, registry, rules) -> dict[str, str]:
+        """Which of the data-parallel ``rules`` (installed names) this regime refuses wherever dp x cp > 1
+        (``check_rule``), each with why: {rule: "regime R needs a data-parallel rule that declares C"}; {} when it
+        requires nothing. A search asks it (``search.refused_rules``) to leave those rules out of its layouts with
+        more than one data-parallel rank up front, instead of preparing each such layout to refuse it."""
+        out = {}
+        for rule in rules if self.requires else ():
+            missing = [c for c in self.requires if c not in declared(registry, rule)]
+            if missing:
+                out[rule] = f"regime {self.name!r} needs a data-parallel rule that declares {', '.join(map(repr, missing))}"
+        return out
+
 
 # What a regime may need its data-parallel rule to do (``Regime.requires``), and so what a rule declares it does:
 # a tuple of these names under its spec's ``extensions[PROVIDES]`` (docs/hooks.md). The regime asks what the rule
@@ -232,8 +244,8 @@ def check_rule(plan, registry) -> None:
     read against the rule's ``extensions[PROVIDES]``): inputs that contradict each other, an ``InvalidInputError``
     naming the regime, the rule and the installed rules that would do, as the regime/precision contradiction is
     (``scenario.check_contradictions``). Not a ``LayoutError``: no other data-parallel size makes the pair possible,
-    so ``fit devices`` says this instead of skipping every size; a search leaves the layout out, as any it cannot
-    solve. On one data-parallel rank (dp x cp = 1) no rule shards or communicates, so every rule serves (the
+    so ``fit devices`` says this instead of skipping every size; a search does not enumerate the rule's layouts with
+    dp x cp > 1 (``Regime.refused_rules``). On one data-parallel rank (dp x cp = 1) no rule shards or communicates, so every rule serves (the
     search enumerates that layout once, as zero0: ``search.unsharded_at_one_rank``)."""
     regime = plan.profile_options.regime
     needs = regime.requires
