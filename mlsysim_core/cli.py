@@ -544,8 +544,8 @@ def _parser(registry=None) -> argparse.ArgumentParser:
     tim.add_argument("--float8", nargs="?", const=True, default=False, metavar="IMPL",
                      help="the layers' linears timed in float8 (casts counted), IMPL's casts (a registered float8 "
                           f"implementation: {float8s}; bare --float8: torchao-tensorwise{readings}); the memory is "
-                          "the 16-bit "
-                          "run's, said in a note")
+                          "a search's float8 row's: with the float8= memory IMPL declares (none: the 16-bit run's), "
+                          "said in a note")
     tim.add_argument("--async-tp", action="store_true",
                      help="TP collectives decomposed and overlapped with the GEMMs (async TP, TP comm overlap)")
     tim.add_argument("--ep-overlap", action="store_true", help="EP all-to-alls beside another micro-batch's compute")
@@ -1659,13 +1659,6 @@ def _headroom(text):
     return text.strip() + "GiB"
 
 
-# The figures a technique ladder times with (``hardware_figures``: its names, by the keyword of
-# ``ProfileSpec.techniques`` that gives each) and the `fit techniques` flag of that keyword.
-_FIGURE_FLAGS = {"hardware FLOP/s": ("--flops FLOP/s", "hardware_flops"),
-                 "host link B/s": ("--host-link-gbps GB/s", "host_link_bytes_per_s"),
-                 "host memory B/s": ("--host-memory-gbps GB/s", "host_memory_bytes_per_s")}
-
-
 def _unknown_figures(ladder) -> dict:
     """``{figure: {"flag", "keyword"}}`` for each figure the ladder lacks where a step or an
     alternative was timed 'unknown': what the user would give (empty: nothing unknown)."""
@@ -1674,8 +1667,8 @@ def _unknown_figures(ladder) -> dict:
         a["added_seconds"] is None for a in data["alternatives"])
     if not timed_unknown:
         return {}
-    return {name: {"flag": _FIGURE_FLAGS[name][0], "keyword": _FIGURE_FLAGS[name][1]} if name in _FIGURE_FLAGS
-            else {"flag": None, "keyword": None}
+    # (each figure's keyword and flag, as the ladder's figures declare them: technique_fit.FIGURE_INPUTS)
+    return {name: {"flag": figure.get("flag"), "keyword": figure.get("keyword")}
             for name, figure in data["figures"].items() if figure["value"] is None}
 
 

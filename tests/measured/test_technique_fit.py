@@ -61,7 +61,8 @@ def test_unknown_times_are_said_never_guessed():
     and combinations with an unknown time are ranked after every one whose time is known."""
     bare = HardwareNode(name="A100-like, no figures", memory_capacity=40 * 2**30)
     fitted = fit_techniques(MODEL, bare, 2, 4096, **RUN)
-    assert fitted.figures["hardware FLOP/s"] == (None, "unknown (no FLOP/s for this hardware)")
+    assert fitted.figures["hardware FLOP/s"] == (None, "unknown (no FLOP/s for this hardware; give hardware_flops= "
+                                                       "(--flops FLOP/s))")
     assert fitted.fits and fitted.added_seconds is None
     assert "added unknown" in fitted.describe() and "no FLOP/s for this hardware" in fitted.describe()
 

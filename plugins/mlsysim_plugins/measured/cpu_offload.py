@@ -270,5 +270,6 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None, host_
     how = (f"torchao CPU offload: {link:,.0f} B over the host link (gradients {g} B + parameters {w} B x {n:,}) "
            f"+ {host:,.0f} B of CPU-step traffic in host memory, not overlapped (upper bound)")
     if host_link_bytes_per_s is None or host_memory_bytes_per_s is None:
-        return None, how + "; host-link or host-memory bandwidth unknown"
+        from .technique_fit import given_as
+        return None, how + f"; host-link or host-memory bandwidth unknown ({given_as('host link B/s', 'host memory B/s')})"
     return link / host_link_bytes_per_s + host / host_memory_bytes_per_s, how

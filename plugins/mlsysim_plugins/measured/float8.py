@@ -352,7 +352,8 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None, memor
     if o.float8 == TRANSFORMER_ENGINE:
         return None, "TransformerEngine's fused cast kernels are not priced (unvalidated)"
     if not memory_bandwidth:
-        return None, "needs the accelerator's memory bandwidth (bytes/s)"
+        from .technique_fit import given_as
+        return None, f"needs the accelerator's memory bandwidth (bytes/s: {given_as('memory bandwidth B/s')})"
     s = shape_of(plan)
     T = plan.microbatch * plan.seq_len
     elements = sum(2 * T * lin.fan_in + 2 * T * lin.fan_out + 2 * lin.fan_in * lin.fan_out for lin in _linears(s))

@@ -590,7 +590,8 @@ def added_step_time(plan, hardware_flops=None, host_link_bytes_per_s=None):
     full (the copies are assumed not overlapped with compute: an upper bound; torchtune's streams hide
     part of it). ``(None, why)`` without a link bandwidth."""
     if host_link_bytes_per_s is None:
-        return None, "activation offload: needs the host link's bandwidth (bytes/s)"
+        from .technique_fit import given_as
+        return None, f"activation offload: needs the host link's bandwidth (bytes/s: {given_as('host link B/s')})"
     host = offloaded_bytes(plan)
     seconds = 2 * host / host_link_bytes_per_s
     return seconds, (f"activation offload: 2 x {host:,.0f} B (to the host in the forward, back in the backward) / "
@@ -623,7 +624,9 @@ def optimizer_offload_step_time(plan, host_memory_bytes_per_s=None, host_link_by
     host_link_bytes_per_s``; assumed not overlapped with compute (an upper bound: torchao copies each
     gradient as soon as it is ready). ``(None, why)`` without the bandwidths."""
     if not plan.profile_options.offload or host_memory_bytes_per_s is None or host_link_bytes_per_s is None:
-        return None, "optimizer offload: needs offload and the host memory and host link bandwidths (bytes/s)"
+        from .technique_fit import given_as
+        return None, ("optimizer offload: needs offload and the host memory and host link bandwidths (bytes/s: "
+                      f"{given_as('host memory B/s', 'host link B/s')})")
     regime = plan.profile_options.regime
     params = plan.model.parameters
     state = params * ((regime.master or 0) + 2 * regime.state)        # master copy and Adam's two moments

@@ -130,7 +130,8 @@ class TechniqueLadder:
     def to_dict(self) -> dict:
         return {"fits": self.fits, "combination": self.combination, "added_seconds": self.added_seconds,
                 "evaluated": self.evaluated, "refused": self.refused, "message": self.message,
-                "figures": {k: {"value": v, "source": w} for k, (v, w) in self.figures.items()},
+                "figures": {k: {"value": v, "source": w, **dict(zip(("keyword", "flag"), FIGURE_INPUTS.get(k, ())))}
+                            for k, (v, w) in self.figures.items()},
                 "baseline": {"total_memory": self.baseline.total_memory, "feasible": self.baseline.feasible},
                 "steps": [{"technique": s.label, "keyword": s.keyword, "value": s.value,
                            "total_memory": s.result.total_memory, "host_memory": s.result.host_memory,
@@ -151,6 +152,20 @@ def _sec(s) -> str:
 
 def _combo(combo: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in combo.items()) or "nothing"
+
+
+# Each figure a ladder times with: the keyword of ``fit_techniques`` (``ProfileSpec.techniques``) that gives it and
+# the `mlsysim-core fit techniques` flag, with its unit, that sets that keyword (None: none; the hardware's own).
+FIGURE_INPUTS = {"hardware FLOP/s": ("hardware_flops", "--flops FLOP/s"),
+                 "host link B/s": ("host_link_bytes_per_s", "--host-link-gbps GB/s"),
+                 "host memory B/s": ("host_memory_bytes_per_s", "--host-memory-gbps GB/s"),
+                 "memory bandwidth B/s": ("memory_bandwidth", None)}
+
+
+def given_as(*figures: str) -> str:
+    """How the user gives ``figures`` (names of ``FIGURE_INPUTS``): each keyword, and the flag."""
+    said = [f"{FIGURE_INPUTS[f][0]}=" + (f" ({FIGURE_INPUTS[f][1]})" if FIGURE_INPUTS[f][1] else "") for f in figures]
+    return "give " + " and ".join(said)
 
 
 def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host_link_bytes_per_s=None,
@@ -178,7 +193,7 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
         elif name == "memory bandwidth B/s" and getattr(node, "memory_bandwidth", None):
             figures[name] = (float(node.memory_bandwidth), "catalog: memory_bandwidth")
         else:
-            figures[name] = (None, f"unknown ({what})")
+            figures[name] = (None, f"unknown ({what}; {given_as(name)})")
     return figures
 
 
