@@ -1659,26 +1659,6 @@ def _headroom(text):
     return text.strip() + "GiB"
 
 
-def _unknown_figures(ladder) -> dict:
-    """``{figure: {"flag", "keyword"}}`` for each figure the ladder lacks where a step or an
-    alternative was timed 'unknown': what the user would give (empty: nothing unknown)."""
-    data = ladder.to_dict()
-    timed_unknown = any(s["added_seconds"] is None for s in data["steps"]) or any(
-        a["added_seconds"] is None for a in data["alternatives"])
-    if not timed_unknown:
-        return {}
-    # (each figure's keyword and flag, as the ladder's figures declare them: technique_fit.FIGURE_INPUTS)
-    return {name: {"flag": figure.get("flag"), "keyword": figure.get("keyword")}
-            for name, figure in data["figures"].items() if figure["value"] is None}
-
-
-def _unknown_figures_line(unknown: dict) -> str:
-    given = [f"{f['flag']} ({name}; {f['keyword']}= in Python)" for name, f in unknown.items() if f["flag"]]
-    other = [name for name, f in unknown.items() if not f["flag"]]
-    return ("added unknown: give the figures it needs (not given, and none in the catalog for this hardware): "
-            + "; ".join(given + [f"{name} (the hardware's: give -g a hardware JSON with it)" for name in other]))
-
-
 def _fit_techniques(args, out) -> int:
     """`fit techniques` (the profile's ladder, ProfileSpec.techniques): the ladder, or its JSON."""
     from .solver import TrainingMemoryModel
@@ -1702,16 +1682,13 @@ def _fit_techniques(args, out) -> int:
     if args.json:
         units = {"memory": "bytes (total_memory, host_memory)", "seconds": "added_seconds, total_seconds: seconds per "
                  "optimizer step", "figures": "FLOP/s and bytes/s, as each key names"}
-        out.write(json.dumps(_with_launch(_json_document({**ladder.to_dict(), "units": units,
-                                                          "unknown_figures": _unknown_figures(ladder)},
+        out.write(json.dumps(_with_launch(_json_document({**ladder.to_dict(), "units": units},
                                                          scenario, None, ladder.baseline), args),
                              indent=2, sort_keys=True, default=str) + "\n")
     else:
         b = ladder.baseline
         out.write(_profile_note_lines("", scenario))
         out.write(f"{b.model} on {b.hardware}  (profile: {b.profile})\n{ladder.describe()}\n")
-        if unknown := _unknown_figures(ladder):     # (which flag gives each figure the ladder lacked)
-            out.write(_unknown_figures_line(unknown) + "\n")
         out.write(_launch_section(args))
     return 0
 

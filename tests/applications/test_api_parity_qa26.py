@@ -171,6 +171,17 @@ def test_fit_techniques_unknown_figures_name_keyword_and_flag():
     assert figures["memory bandwidth B/s"]["flag"] is None
     assert any("host_memory_bytes_per_s= (--host-memory-gbps GB/s) and host_link_bytes_per_s= (--host-link-gbps "
                "GB/s)" in how for step in ladder.steps for how in step.how)
+    # what the CLI prints and writes after the ladder is the ladder's own (describe, to_dict)
+    assert ladder.to_dict()["unknown_figures"] == {
+        "host link B/s": {"keyword": "host_link_bytes_per_s", "flag": "--host-link-gbps GB/s"},
+        "host memory B/s": {"keyword": "host_memory_bytes_per_s", "flag": "--host-memory-gbps GB/s"}}
+    assert ladder.describe().splitlines()[-1] == (
+        "added unknown: give the figures it needs (not given, and none in the catalog for this hardware): "
+        "--host-link-gbps GB/s (host link B/s; host_link_bytes_per_s= in Python); --host-memory-gbps GB/s "
+        "(host memory B/s; host_memory_bytes_per_s= in Python)")
+    timed = fit_techniques("llama3-8b", "h100", 8, 2048, solver=SOLVER, host_link_bytes_per_s=25e9,
+                           host_memory_bytes_per_s=100e9)
+    assert timed.unknown_figures() == {} and "added unknown" not in timed.describe()
 
 
 # --- 5. precision fp8/int8/int4: the refusal says where the measured profile's 8-bit training is -------------

@@ -125,7 +125,20 @@ class TechniqueLadder:
         out.append(f"searched {self.evaluated} combinations ({self.refused} refused by the profile)")
         for combo, seconds, gib in self.alternatives:
             out.append(f"also fits: {_combo(combo)}: added {_sec(seconds)}, {gib:,.2f} GiB")
+        if unknown := self.unknown_figures():     # (how to give each figure a time was unknown for)
+            given = [f"{f['flag']} ({name}; {f['keyword']}= in Python)" for name, f in unknown.items() if f["flag"]]
+            out.append("added unknown: give the figures it needs (not given, and none in the catalog for this "
+                       "hardware): " + "; ".join(given + [f"{name} ({f['keyword']}= in Python)" for name, f in
+                                                          unknown.items() if not f["flag"]]))
         return "\n".join(out)
+
+    def unknown_figures(self) -> dict:
+        """``{figure: {"flag", "keyword"}}`` (``FIGURE_INPUTS``) for each figure the ladder lacks where a
+        step or an alternative was timed 'unknown': what the user would give (empty: nothing unknown)."""
+        if all(s.added_seconds is not None for s in self.steps) and all(t is not None for _, t, _ in self.alternatives):
+            return {}
+        return {name: dict(zip(("keyword", "flag"), FIGURE_INPUTS.get(name, (None, None))))
+                for name, (value, _) in self.figures.items() if value is None}
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "combination": self.combination, "added_seconds": self.added_seconds,
@@ -139,7 +152,7 @@ class TechniqueLadder:
                            "total_seconds": s.total_seconds, "how": list(s.how), "caveat": s.caveat}
                           for s in self.steps],
                 "alternatives": [{"combination": c, "added_seconds": t, "total_gib": g}
-                                 for c, t, g in self.alternatives]}
+                                 for c, t, g in self.alternatives], "unknown_figures": self.unknown_figures()}
 
 
 def _mem(n) -> str:
