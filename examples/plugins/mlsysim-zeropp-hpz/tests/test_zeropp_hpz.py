@@ -102,6 +102,32 @@ def test_the_default_group_must_divide_dp(model):
         model.solve("mlsysim:llama3-8b", "mlsysim:h100", 12, dp_size=12, data_parallel=NAME)
 
 
+def test_the_data_parallel_group_is_dp_times_cp(model):
+    """Context-parallel ranks hold the same weights and reduce the same gradients, so the
+    primary partition is over dp x cp, as the built-in zero3 shards: dp 32 x cp 2 = 64 ranks."""
+    kw = dict(dp_size=32, cp_size=2, activation_checkpointing="full")
+    r = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **kw)
+    zero3 = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **kw)
+    assert r.weights == r.gradients == P70B * 2 / 64 == zero3.weights       # was P70B * 2 / 32 (dp alone)
+    assert r.optimizer_state == P70B * 12 / 64 == zero3.optimizer_state
+    assert [t.nbytes for t in _secondary(r)] == [P70B * 2 / 8]
+    assert r.total_memory - zero3.total_memory == 17_650_000_000
+    assert any("sharded over 64 dp x cp ranks (32 x 2)" in n for n in r.constraint_trace)
+    # the group divides dp x cp (16 divides 64 though not dp's 32) ...
+    r16 = model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
+                      plugin_options={NAME: {"secondary_group": 16}}, **kw)
+    assert [t.nbytes for t in _secondary(r16)] == [P70B * 2 / 16]
+    # ... and a group dp x cp cannot hold is refused naming both
+    with pytest.raises(LayoutError) as err:
+        model.solve("mlsysim:llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME,
+                    plugin_options={NAME: {"secondary_group": 128}}, **kw)
+    assert err.value.parameter == f"plugin_options['{NAME}'].secondary_group"
+    assert "a divisor of dp_size=32 x cp_size=2 = 64 (so at most 64)" in str(err.value)
+    with pytest.raises(LayoutError, match=r"dp_size=3 is not allowed: dp x cp \(3 x 2 = 6\) a multiple of the hpZ "
+                                          r"secondary group 8"):
+        model.solve("mlsysim:llama3-8b", "mlsysim:h100", 12, dp_size=3, cp_size=2, data_parallel=NAME)
+
+
 @pytest.mark.parametrize("bad", [0, True, 2.5, "eight"])
 def test_bad_options_are_rejected(model, bad):
     with pytest.raises(InvalidInputError):
@@ -141,6 +167,18 @@ def test_measured_grade_pipeline_stages_hold_their_own_layers(measured):
     for rank in r.ranks:
         [term] = [t for t in rank.terms if t.label.startswith("hpZ")]
         assert term.nbytes == 20 * LAYER_70B / 8 * 4
+
+
+def test_measured_grade_over_dp_times_cp(measured):
+    kw = dict(dp_size=32, cp_size=2, regime="fp32", precision="fp32", runtime_overheads=False,
+              activation_checkpointing="full")
+    r = measured.solve("llama3-70b", "mlsysim:h100", 64, 4096, data_parallel=NAME, **kw)
+    zero3 = measured.solve("llama3-70b", "mlsysim:h100", 64, 4096, zero_stage=3, **kw)
+    assert (r.weights, r.gradients, r.optimizer_state) == (zero3.weights, zero3.gradients, zero3.optimizer_state)
+    [term] = _secondary(r)
+    assert term.nbytes == 80 * LAYER_70B / 8 * 4
+    extra = {phase: r.phase_totals[phase] - zero3.phase_totals[phase] for phase in r.phase_totals}
+    assert extra == {"forward": term.nbytes, "backward": term.nbytes, "backward_end": 0, "optimizer_step": 0}
 
 
 @pytest.mark.parametrize("options", [{}, {NAME: {"secondary_group": 4}}])

@@ -1,13 +1,14 @@
 """ZeRO++ hierarchical partitioning, hpZ (Wang et al. 2023, arXiv:2306.10209), as the
 data-parallel rule ``zeropp.hpz``.
 
-hpZ is ZeRO-3 (weights, gradients and optimizer state sharded over all dp ranks: the
-*primary* partition) plus a *secondary* copy of the 16-bit weights, sharded only over
-the ``secondary_group`` ranks of one node. Forward all-gathers the primary partition
+hpZ is ZeRO-3 (weights, gradients and optimizer state sharded over all data-parallel
+ranks, dp x cp as the built-in ZeRO stages shard: the *primary* partition) plus a
+*secondary* copy of the 16-bit weights, sharded only over the ``secondary_group`` ranks
+of one node. Forward all-gathers the primary partition
 across nodes and keeps the secondary partition; backward all-gathers the secondary one
 inside the node. Per rank (paper Sec. 3.2, Fig. 4: (2 + 2 + K) M / N + 2 M / alpha)::
 
-    weights, gradients, optimizer state   / dp_size                    (as ZeRO-3)
+    weights, gradients, optimizer state   / (dp_size x cp_size)        (as ZeRO-3)
     secondary weight partition            params/rank x B / secondary_group
 
 The secondary partition is a ``ShardingEffect.buffer_terms`` entry, so it is reported
@@ -57,15 +58,21 @@ def secondary_group(plan, options) -> tuple[int, str]:
 
 
 def apply(plan, options, split):
-    d = plan.dp_size
+    # The data-parallel group is dp x cp, as the built-in ZeRO and FSDP rules shard over:
+    # context-parallel ranks hold the same weights and reduce the same gradients.
+    dp, cp = plan.dp_size, plan.cp_size
+    d = dp * cp
+    group = f"dp_size={dp}" if cp == 1 else f"dp_size={dp} x cp_size={cp} = {d}"
     g, why = secondary_group(plan, options)
     if d % g:      # also rejects g > d
         if options.secondary_group is not None:
             raise LayoutError(f"plugin_options[{NAME!r}].secondary_group", g,
-                              f"a divisor of dp_size={d} (so at most {d})")
-        raise LayoutError("dp_size", d, f"a multiple of the hpZ secondary group {g} ({why})",
+                              f"a divisor of {group} (so at most {d})")
+        raise LayoutError("dp_size", dp, f"a multiple of the hpZ secondary group {g} ({why})" if cp == 1
+                          else f"dp x cp ({dp} x {cp} = {d}) a multiple of the hpZ secondary group {g} ({why})",
                           f"or set --option {NAME}.secondary_group=N")
-    notes = [f"ZeRO++ hpZ: optimizer state, gradients and primary weights sharded over {d} dp ranks (ZeRO-3)."]
+    ranks = f"{d} dp ranks" if cp == 1 else f"{d} dp x cp ranks ({dp} x {cp})"
+    notes = [f"ZeRO++ hpZ: optimizer state, gradients and primary weights sharded over {ranks} (ZeRO-3)."]
     if g == 1:
         notes.append("ZeRO++ hpZ: secondary_group=1 turns hpZ off (as DeepSpeed's "
                      "zero_hpz_partition_size=1): plain ZeRO-3.")
