@@ -45,13 +45,19 @@ RATCHET = 2177   # issue 24 item 6, simpler (nothing moved but an edge's own hel
 # Placement; they were listed in all three); -45 (issue 24 item 6, moved to the edge that shares them): whole_microbatches (_checks.py) and a solve option's
 # own structuring (lora=, runtime_overheads=: serialization.py's named path) to scenario.py, used by the CLI, finetune and
 # the measured profile, never by the pipeline; before: 2290, +11: MemoryTerm.key (the field, its check, its pattern) and constraint_trace's runtime overheads, with terms.py's constants kept one per line (no packing lines to pass); before: 2279; 2328 (this session: -49, the CLI helpers to cli.py, MemoryView to render.py, the uncached-solve passes); 2604; issue 24: -71, the launch formats' and the step time's hooks (and Collective, StepTimeSpec) to their plugins (the manager collects plugins' own registration hooks); item 3: +8 for ProfileSpec.assemble (the measured options assembled from the registered techniques); issue 23: +defaults.py (estimate(), the CLI's defaults), +units.py (the one size parser), +registry.resolve_name (names in one place); issue 17: +the hardware topology fields, +CheckpointingSpec.recompute; issue 15: +workload.details, +the profile's sequence-parallel default; 16: +OptimizerSpec.measured_notes, +CheckpointingSpec.searched
-EDGE_AT_SPLIT = {"cli.py": 1882,   # re-based at issue 27 items 3 and 6: the search axes' flags and `time --regime`/--compiled with its memory (+178); before: 1704, re-based at issue 27 item 6 (was 1613): +91, the `time` subcommand (one
+EDGE_AT_SPLIT = {"cli.py": 2095,   # re-based after issue 26's QA items (was 1882; 2,248 then): the launch readers'
+                 # flags, time's options and the QA items' output grew it; the float8 names, input notes, the ladder's
+                 # figure flags and the 8-bit hint then moved to search.py, scenario.py, technique_fit.py and
+                 # regimes.py, where Python gets them too (-153). Before: re-based at issue 27 items 3 and 6: the search axes' flags and `time --regime`/--compiled with its memory (+178); before: 1704, re-based at issue 27 item 6 (was 1613): +91, the `time` subcommand (one
                  # layout timed as a search times it); at issue 23 (was 1344; 1,613 then): contradictory flags refused
                  # naming both, refusals instead of fallbacks, names' notes, choice spellings
                  "render.py": 723,   # re-based at issue 24 item 6 (was 510; 512 then): +211, a result's JSON
                  # and reading it back checked (render.unstructure_result, result_from_json) moved from serialization.py
                  "plots.py": 674, "hf.py": 619,
-                 "search.py": 1619,   # re-based at issue 27 item 3 (was 1420; 1,530 then): +89, rules' options in the
+                 "search.py": 1843,   # re-based after issue 26's QA items (was 1619; 1,749 then): a regime's refused
+                 # data-parallel rules left out up front (+55), the float8 names every entry point takes (float8_names,
+                 # moved from cli.py) and time_plan's float8 memory solved as a search row's (+39). Before: re-based
+                 # at issue 27 item 3 (was 1420; 1,530 then): +89, rules' options in the
                  # search (plugin_options=: each layout's solve and step time under the options its specs take); before:
                  # 1420, re-based at issue 27 item 3 (was 1168): +252, the opt-in axes (EP across
                  # nodes, the interleave factor, compile, float8: the variants' solve options and timings, the rows'
@@ -59,7 +65,9 @@ EDGE_AT_SPLIT = {"cli.py": 1882,   # re-based at issue 27 items 3 and 6: the sea
                  # as a search times it); at issue 27 item 7 (was 901; 963 then): +93, a table that fits the
                  # terminal, the closest layouts when nothing fits, progress a pipe can log
                  "inverse.py": 350,
-                 "scenario.py": 1083,   # re-based at issue 26 (was 565; re-based at issue 23 from 470): +518 for
+                 "scenario.py": 1248,   # re-based after issue 26's QA items (was 1083; 1,136 then): a launch
+                 # reader's reading checked (+41), the input notes (input_notes, model_notes: moved from cli.py, carried
+                 # by estimate's and Scenario.solve's results, +71). Before: re-based at issue 26 (was 565; re-based at issue 23 from 470): +518 for
                  # the launch-config framework (LaunchReading, from_launch, --from), which issue 26 puts in this edge module
                  "finetune.py": 531, "__main__.py": 3,
                  "testing.py": 372,   # re-based at issue 24, a plugin author's first hour (was 277): +95, the kit
