@@ -808,9 +808,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
                f"absmax per {cfg.quant_blocksize}-element block"
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
-               + " + code tables, per weight") if impl.stored is None else (
-               f"{impl.name}: {(impl.stored.__doc__ or '').split(':')[0].strip()}: int8 scalers per 64-element "
-               f"block, a factor per 256 of them, a mean and the 16-entry table in the base's {base_b} B, per weight")
+               + " + code tables, per weight") if impl.stored is None else impl.layout.format(b=base_b)
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
                                 nbytes=q_constants, key=K.QUANTIZATION_STATE,
                                 formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "

@@ -11,6 +11,7 @@ A ``QuantImplementation`` declares its memory; lora.py reads the declaration, ne
   bytes) holds at its peak, beyond the weight's storage (the backward's ``dequantized weight`` term).
 - ``compiled_blocks``: its dequantization traces into a compiled block's graph (``compile="blocks"``: the
   partitioner saves the dequantized weight, compile.dequantized_saved); False: refused with compiled blocks.
+- ``layout``: its quantization constants in words (the weights term's formula; ``{b}``: the base's bytes).
 - ``check(n)``: a weight it cannot quantize (raise ``NotModelledError``), ``None``: any.
 - ``source``: the library, file and version it is derived from.
 """
@@ -34,6 +35,7 @@ class QuantImplementation:
     transient: Callable = None
     check: Callable | None = None
     compiled_blocks: bool = False
+    layout: str = ""
 
 
 def _bnb_transient(n: int, c: int):
@@ -85,7 +87,10 @@ BUILTIN = (
                         "dequantization through int64 code tensors", source=TORCHAO_0130, kinds=("nf4",),
                         stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check,
                         # measured: validation/compile/measure_blocks_qlora.py (torchtune 0.6.1's qlora builders)
-                        compiled_blocks=True),
+                        compiled_blocks=True,
+                        layout="torchao's NF4Tensor: int8 scalers per 64-element block, a {b} B factor per 256 of them "
+                               "(a whole 256 for a weight of one such block), a {b} B mean and the 16-entry table in "
+                               "{b} B, per weight"),
 )
 IMPLEMENTATIONS = {q.name: q for q in BUILTIN}
 
