@@ -180,8 +180,7 @@ def _check_quantization(instance, attribute, value):
     if value not in QUANTIZATIONS or isinstance(value, bool):
         allowed = "None, 'nf4', 'fp4' or 'int8'"
         if value is not None and not isinstance(value, str):
-            raise InvalidInputTypeError("lora.quantization", value, allowed,
-                                        f"got {type(value).__name__}")
+            raise InvalidInputTypeError("lora.quantization", value, allowed, f"got {type(value).__name__}")
         raise InvalidInputError("lora.quantization", value, allowed)
 
 
@@ -192,16 +191,9 @@ def _check_double_quant(instance, attribute, value):
 def _check_blocksize(instance, attribute, value):
     allowed = f"one of {', '.join(map(str, _4BIT_BLOCKSIZES))} (bitsandbytes 4-bit)"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputTypeError("lora.quant_blocksize", value, allowed,
-                                    f"got {type(value).__name__}")
+        raise InvalidInputTypeError("lora.quant_blocksize", value, allowed, f"got {type(value).__name__}")
     if value not in _4BIT_BLOCKSIZES:
         raise InvalidInputError("lora.quant_blocksize", value, allowed)
-
-
-def _check_impl(value):
-    if not isinstance(value, str) or not value:
-        raise InvalidInputTypeError("lora.quant_implementation", value, "the name of a 4-bit implementation "
-                                    "('bitsandbytes', the default, or 'torchao')", f"got {type(value).__name__}")
 
 
 def _check_adapter_dtype(value):
@@ -229,9 +221,8 @@ class LoRAConfig:
     ``quantization`` is ``None`` (base in its own dtype), ``"nf4"``/``"fp4"``
     (bitsandbytes 4-bit, ``bnb_4bit_quant_type``) or ``"int8"`` (LLM.int8).
     ``double_quant`` is ``bnb_4bit_use_double_quant``; ``quant_blocksize`` the 4-bit
-    block size (64 in bitsandbytes). ``quant_implementation``: who stores and dequantizes the
-    4-bit base, ``"bitsandbytes"`` (the default) or ``"torchao"`` (torchao's ``NF4Tensor``, torchtune's
-    ``quantize_base=True``; the measured profile's ``quantizations.py`` declares each). ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
+    block size (64); ``quant_implementation`` who stores it (``"bitsandbytes"``; ``"torchao"``: quantizations.py).
+    ``dropout`` is peft's ``lora_dropout`` (0.0, peft's
     default; below 1): it changes the saved activations, not the counts. ``adapter_dtype``:
     ``"fp32"`` (peft's default ``autocast_adapter_dtype=True``: fp32 adapters over a 16-bit
     base) or ``"base"`` (``autocast_adapter_dtype=False``: the base's dtype). ``use_dora``: DoRA; ``modules_to_save``:
@@ -244,7 +235,7 @@ class LoRAConfig:
     quantization: str | None = attrs.field(default=None, validator=_check_quantization)
     double_quant: bool = attrs.field(default=False, validator=_check_double_quant)
     quant_blocksize: int = attrs.field(default=64, validator=_check_blocksize)
-    quant_implementation: str = attrs.field(default="bitsandbytes", validator=lambda i, a, v: _check_impl(v))
+    quant_implementation: str = attrs.field(default="bitsandbytes")   # checked by the profile that prices it
     dropout: float = attrs.field(default=0.0, converter=lambda v: _checks.fraction("lora.dropout", v))
     adapter_dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_adapter_dtype(v))
     use_dora: bool = attrs.field(default=False, validator=lambda i, a, v: _checks.flag("lora.use_dora", v))
@@ -264,10 +255,6 @@ class LoRAConfig:
                                     "the default 64 unless quantization is 'nf4' or 'fp4'",
                                     f"quantization={self.quantization!r}: the block size is bitsandbytes "
                                     "4-bit's; nothing else reads it")
-        if self.quant_implementation != "bitsandbytes" and self.quantization is None:
-            raise InvalidInputError("lora.quant_implementation", self.quant_implementation,
-                                    "the default 'bitsandbytes' unless quantization is set",
-                                    "no quantized base to implement")
 
     def for_model(self, model) -> "LoRAConfig":
         """This config with ``target_modules`` filled in for ``model`` when not given;

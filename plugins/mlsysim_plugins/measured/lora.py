@@ -356,10 +356,14 @@ def _check_variants(plan, config):
 def _check_implementation(plan, config):
     """The 4-bit implementation the config names (quantizations.py), where it was measured: torchao's NF4 on one
     device (its FSDP gathers and tensor-parallel splits are not measured), every quantized linear one it can
-    quantize (its ``check``)."""
-    if config.quantization is None:
-        return
+    quantize (its ``check``); none named without a quantized base."""
     from . import quantizations
+    if config.quantization is None:
+        default = attrs.fields(type(config)).quant_implementation.default
+        if config.quant_implementation != default:
+            raise InvalidInputError("lora.quant_implementation", config.quant_implementation,
+                                    f"the default {default!r} unless quantization is set", "no quantized base to implement")
+        return
     impl = quantizations.of(config)
     if impl.stored is None:
         return

@@ -22,7 +22,7 @@ from typing import Callable
 
 import attrs
 
-from mlsysim_core.errors import NotModelledError
+from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -98,10 +98,12 @@ IMPLEMENTATIONS = {q.name: q for q in BUILTIN}
 def of(config) -> QuantImplementation:
     """The declaration ``config.quant_implementation`` names, checked against ``config.quantization``."""
     name = config.quant_implementation
+    allowed = f"one of {', '.join(map(repr, IMPLEMENTATIONS))}"
+    if not isinstance(name, str):
+        raise InvalidInputTypeError("lora.quant_implementation", name, allowed, f"got {type(name).__name__}")
     impl = IMPLEMENTATIONS.get(name)
     if impl is None:
-        from mlsysim_core.errors import InvalidInputError
-        raise InvalidInputError("lora.quant_implementation", name, f"one of {', '.join(map(repr, IMPLEMENTATIONS))}")
+        raise InvalidInputError("lora.quant_implementation", name, allowed)
     if config.quantization is not None and config.quantization not in impl.kinds:
         raise NotModelledError("lora.quant_implementation", name, f"an implementation of {config.quantization!r}",
                                f"{name} implements {', '.join(impl.kinds)}")
