@@ -25,6 +25,7 @@ as absolute paths. Catalog names stay names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -62,6 +63,48 @@ def option_fields(registry=None) -> dict[str, attrs.Attribute]:
         for name, field in options_fields(spec).items():
             fields.setdefault(name, field)
     return fields
+
+
+def unloaded_options(names, manager=None, loaded=None) -> str:
+    """Why fields no loaded profile takes (``names``) are unknown, when an installed plugin that
+    is not loaded declares them as options (a registered item's ``options``, or a profile's):
+    ``"'x' is an option of plugin 'p' (dist 1.0), blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin"``;
+    ``""`` when no installed plugin declares any. ``manager``: the run's (default: the process-wide
+    one); ``loaded``: the run's options (default: its profiles'), whose names are not unknown."""
+    import warnings
+    from collections.abc import Mapping
+    from .manager import ENV_DISABLE_AUTOLOAD, ENV_DISABLED_PLUGINS, PluginManager, get_plugin_manager
+    from .registry import PROFILE
+    from .inputs import options_fields
+    try:
+        with warnings.catch_warnings():     # (the run's own load said it once already)
+            warnings.simplefilter("ignore")
+            everything = PluginManager()
+            everything.load_entrypoints(third_party=True, blocked=())
+            with everything.allowing_broken():
+                registry = everything.registry
+        offered = option_fields(registry)
+    except Exception:     # the plugins the run left out may be the very ones that break
+        return ""
+    manager = manager or get_plugin_manager()
+    loaded = option_fields(manager.registry) if loaded is None else loaded
+    blocked = {i.name for i in manager.blocked_entry_points}
+    skipped = {i.name for i in manager.skipped_third_party}
+    said = []
+    for name in dict.fromkeys(n for n in names if n in offered and n not in loaded):
+        owners = [registry.providers.get((hook, key)) for hook, items in registry.extensions.items()
+                  for key, item in items.items()
+                  if isinstance(getattr(item, "options", None), Mapping) and name in item.options]
+        owners += [registry.providers.get((PROFILE, key)) for key, spec in registry.profiles.items()
+                   if name in options_fields(spec)]
+        owners = list({o.name: o for o in owners if o is not None}.values())
+        for o in [o for o in owners if o.name in blocked | skipped] or owners[:1]:
+            why = (f"blocked by {ENV_DISABLED_PLUGINS} / --disable-plugin" if o.name in blocked else
+                   f"not loaded: third-party plugins are off ({ENV_DISABLE_AUTOLOAD} / --no-third-party-plugins)"
+                   if o.name in skipped else "installed but not loaded for this run (blocked by --disable-plugin, "
+                   "or left out of the plugin manager given)")
+            said.append(f"{name!r} is an option of plugin {o.name!r} ({o.source}), {why}")
+    return "; ".join(said)
 
 
 def _given(options) -> dict[str, Any]:
@@ -127,8 +170,9 @@ class Scenario:
             options = option_fields() if set(data) - own else {}
         unknown = sorted(set(data) - own - set(options))
         if unknown:
+            unloaded = unloaded_options(unknown, loaded=options)     # (a blocked plugin's option: said so)
             raise InvalidInputError(where, ", ".join(unknown), f"known fields: {', '.join(sorted({*own, *options}))}",
-                                    "unknown field(s)")
+                                    "unknown field(s)" + (f"; {unloaded}" if unloaded else ""))
         missing = [name for name in ("model", "hardware", "batch_size") if name not in data]
         if missing:
             flags = "" if where == "scenario" else " (flags override a file's values, they do not complete it)"
@@ -297,8 +341,9 @@ class Scenario:
                                         "a new one", f"got {type(model).__name__}; the scenario names its own "
                                         "model (the workload)")
         solver = TrainingMemoryModel() if model is None else model
-        return with_input_notes(solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs()),
-                                self.input_notes())
+        with _naming_unloaded(self.profile_options, solver):
+            result = solver.solve(self.resolve_model(), self.resolve_hardware(), **self.solve_kwargs())
+        return with_input_notes(result, self.input_notes())
 
     def input_notes(self) -> list[str]:
         """What this scenario's input left to an assumption (``input_notes``)."""
@@ -1225,9 +1270,26 @@ def estimate(model: Any = DEFAULT_MODEL, hardware: Any = DEFAULT_HARDWARE, batch
     if all(type(n) is int and n >= 1 for n in sizes):      # (else the solve names the bad one)
         whole_microbatches(*sizes)
     solver = TrainingMemoryModel(profile, plugin_manager=plugin_manager)
-    result = solver.solve(_cli_model(model), _cli_hardware(hardware), batch_size, seq_len, **solve_options)
+    with _naming_unloaded(solve_options, solver):
+        result = solver.solve(_cli_model(model), _cli_hardware(hardware), batch_size, seq_len, **solve_options)
     return with_input_notes(result, input_notes(model, solve_options.get("sequence_parallel"),
                                                 solve_options.get("tp_size", 1)))
+
+
+@contextlib.contextmanager
+def _naming_unloaded(given, solver):
+    """A keyword solve refuses (``given``'s) that a plugin not loaded declares: the error says so."""
+    try:
+        yield
+    except InvalidInputError as err:
+        unloaded = unloaded_options([err.parameter], solver.plugin_manager) if err.parameter in given else ""
+        if not unloaded:
+            raise
+        try:
+            new = type(err)(err.parameter, err.value, err.allowed, "; ".join(filter(None, (err.detail, unloaded))))
+        except TypeError:     # a subclass with its own signature
+            raise err from None
+        raise new from err
 
 
 def _cli_model(value):

@@ -1,0 +1,136 @@
+"""A scenario that uses the option of a technique whose plugin is blocked (MLSYSIM_DISABLED_PLUGINS /
+--disable-plugin) or not loaded (third-party autoloading off) says so (issue 24, helper AUTHORQA's
+leftovers): it said "unknown field(s)" (a file) or "no such keyword" (Python), as if the option
+were misspelled. The plugin here is an installed distribution (a dist-info on sys.path, found by
+importlib.metadata as pip's would be) whose technique ``myorg.host_state`` declares the option
+``myorg_state_host`` (docs/writing-plugins.md's "A technique")."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from clitools import error_of
+from mlsysim_core import InvalidInputError, InvalidInputTypeError, TrainingMemoryModel, estimate
+from mlsysim_core import manager as manager_module, solver as solver_module
+from mlsysim_core.manager import PluginManager
+from mlsysim_core.scenario import Scenario, unloaded_options
+
+MODULE = "mlsysim_aq2_host_state"
+PLUGIN = "myorg_host_state"
+BLOCKED = (f"'myorg_state_host' is an option of plugin '{PLUGIN}' (mlsysim-aq2-host-state 0.1.0), blocked by "
+           "MLSYSIM_DISABLED_PLUGINS / --disable-plugin")
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """The technique's distribution installed; the process-wide manager made afresh from the environment."""
+    monkeypatch.delenv("MLSYSIM_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("MLSYSIM_DISABLED_PLUGINS", raising=False)
+    site = tmp_path / "site"
+    info = site / "mlsysim_aq2_host_state-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mlsysim-aq2-host-state\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[mlsysim_core]\n{PLUGIN} = {MODULE}\n")
+    (site / f"{MODULE}.py").write_text(textwrap.dedent('''
+        import attrs
+        from mlsysim_core import hookimpl
+
+        def _relocate(plan, weights, gradients, optimizer_state):
+            from mlsysim_core.terms import HOST
+            if plan.profile_options.myorg_state_host != "yes":
+                return weights, gradients, optimizer_state
+            return weights, gradients, [attrs.evolve(t, tier=HOST) for t in optimizer_state]
+
+        @hookimpl
+        def mlsysim_measured_techniques():
+            from mlsysim_plugins.measured.techniques import Candidate, Technique
+            return [Technique(name="myorg.host_state", order=45, relocate=_relocate,
+                              options={"myorg_state_host": attrs.field(default=None, metadata={
+                                  "help": "keep the optimizer state in host memory", "choices": ("yes", "no")})},
+                              candidates=[Candidate("yes", "optimizer state on the host")])]
+        '''))
+    monkeypatch.syspath_prepend(str(site))
+
+    def block(env=None, autoload=None):
+        """The process-wide manager as the environment ``env`` (MLSYSIM_DISABLED_PLUGINS) makes it."""
+        if env is not None:
+            monkeypatch.setenv("MLSYSIM_DISABLED_PLUGINS", env)
+        pm = PluginManager.from_environment(autoload=autoload)
+        for module in (manager_module, solver_module):
+            monkeypatch.setattr(module, "get_plugin_manager", lambda: pm)
+        return pm
+    return block
+
+
+@pytest.fixture
+def scenario_file(tmp_path):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8,
+                                "profile": "measured", "myorg_state_host": "yes"}))
+    return path
+
+
+def test_loaded_the_option_works(installed, scenario_file):
+    installed()
+    on = Scenario.load(scenario_file).solve()
+    assert on.optimizer_state == 0 and on.host_memory > 0
+    assert unloaded_options(["myorg_state_host"]) == ""      # loaded: nothing to say
+
+
+@pytest.mark.parametrize("env", [PLUGIN, "mlsysim-aq2-host-state"])     # the entry point, or its distribution
+def test_a_file_names_the_blocked_plugin(installed, scenario_file, env):
+    installed(env)
+    with pytest.raises(InvalidInputError) as err:
+        Scenario.load(scenario_file)
+    assert err.value.parameter == "scenario host.json" and err.value.value == "myorg_state_host"
+    assert err.value.detail == f"unknown field(s); {BLOCKED}"
+
+
+def test_python_names_the_blocked_plugin(installed):
+    pm = installed(PLUGIN)
+    scenario = Scenario(model="llama3-8b", hardware="h100", batch_size=8, profile="measured",
+                        profile_options={"myorg_state_host": "yes"})
+    for run in (lambda: scenario.solve(), lambda: scenario.solve(TrainingMemoryModel(plugin_manager=pm)),
+                lambda: estimate("llama3-8b", "h100", 8, myorg_state_host="yes")):
+        with pytest.raises(InvalidInputTypeError) as err:
+            run()
+        assert err.value.parameter == "myorg_state_host" and err.value.value == "yes"
+        assert err.value.detail == f"no such keyword; {BLOCKED}"
+
+
+def test_third_party_plugins_off_is_said(installed, scenario_file):
+    installed(autoload=False)
+    with pytest.raises(InvalidInputError) as err:
+        Scenario.load(scenario_file)
+    assert err.value.detail == (
+        f"unknown field(s); 'myorg_state_host' is an option of plugin '{PLUGIN}' (mlsysim-aq2-host-state 0.1.0), "
+        "not loaded: third-party plugins are off (MLSYSIM_DISABLE_PLUGIN_AUTOLOAD / --no-third-party-plugins)")
+
+
+def test_the_cli_says_blocked(installed, scenario_file, capsys, monkeypatch):
+    installed(PLUGIN)
+    code, err = error_of(capsys, "estimate", "--scenario", str(scenario_file))
+    assert code == 2 and err.endswith(f"(unknown field(s); {BLOCKED})")
+    # --disable-plugin blocks it for the command only: the option's plugin is named as not loaded
+    monkeypatch.delenv("MLSYSIM_DISABLED_PLUGINS")
+    installed()
+    code, err = error_of(capsys, "estimate", "--disable-plugin", PLUGIN, "--scenario", str(scenario_file))
+    assert code == 2 and err.endswith(
+        f"(unknown field(s); 'myorg_state_host' is an option of plugin '{PLUGIN}' (mlsysim-aq2-host-state 0.1.0), "
+        "installed but not loaded for this run (blocked by --disable-plugin, or left out of the plugin manager given))")
+
+
+def test_a_misspelled_option_is_still_unknown(installed, scenario_file):
+    installed(PLUGIN)
+    scenario_file.write_text(json.dumps({"model": "llama3-8b", "hardware": "h100", "batch_size": 8,
+                                         "myorg_state_hots": "yes"}))
+    with pytest.raises(InvalidInputError) as err:
+        Scenario.load(scenario_file)
+    assert err.value.detail == "unknown field(s)"
+    with pytest.raises(InvalidInputTypeError) as err:
+        estimate("llama3-8b", "h100", 8, myorg_state_hots="yes")
+    assert err.value.detail.startswith("no such keyword") and "blocked" not in err.value.detail
+
