@@ -932,11 +932,39 @@ def _read_one(path, spec, context, registry, document=None) -> LaunchReading:
         raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) reading "
                                   f"{str(path)!r} returned {what}",
                                   plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
+    _check_field_names(reading, spec, registry)
     for hint in ("gpus", "nodes", "gpus_per_node"):     # the file's values: bad input, named by their key
         if hint in reading.world and not _is_whole(reading.world[hint][1]):
             key, value = reading.world[hint]
             raise InvalidInputError(key, value, "a whole number >= 1", f"{path}: the {hint} ({spec.name} format)")
     return reading
+
+
+def _check_field_names(reading, spec, registry) -> None:
+    """Each field a reading sets is a Scenario field, an installed profile's option or a batch field
+    (`LAUNCH_BATCH_FIELDS`): another name is the reader's bug (PluginContractError naming the format,
+    its plugin and the key), unless a plugin that is not loaded declares it as its option (the
+    user's run needs it: said, as an InvalidInputError naming the file and key)."""
+    from .errors import PluginContractError
+    known = {f.name for f in attrs.fields(Scenario)} - {"profile_options"} | {*option_fields(registry),
+                                                                              *LAUNCH_BATCH_FIELDS}
+    item = next((i for i in (*reading.fields, *reading.defaults) if not isinstance(i.field, str) or i.field not in known),
+                None)
+    if item is None:
+        return
+    unloaded = unloaded_options([item.field]) if isinstance(item.field, str) else ""
+    if unloaded:
+        raise InvalidInputError("--from", reading.path, "a file whose keys the loaded plugins model",
+                                f"{item.key} sets {item.field!r}: {unloaded}")
+    import difflib
+    close = difflib.get_close_matches(str(item.field), sorted(known), n=1)
+    info = registry.providers.get((LAUNCH_FORMAT, spec.name))
+    raise PluginContractError(f"launch format {spec.name!r} (plugin {getattr(info, 'name', '?')}) reading "
+                              f"{reading.path!r} returned {type(item).__name__} key={item.key!r} for field "
+                              f"{item.field!r}, which is no Scenario field, option of a loaded profile or "
+                              f"batch field ({', '.join(LAUNCH_BATCH_FIELDS)})" +
+                              (f"; did you mean {close[0]!r}?" if close else ""),
+                              plugin=getattr(info, "name", None), hook="mlsysim_launch_formats")
 
 
 def _malformed(reading) -> str:
@@ -1128,7 +1156,7 @@ def from_launch(paths, *, gpus: int | None = None, hardware=None, framework_vers
              ("precision", "optimizer", "activation_checkpointing") if name not in values]
     if unset:
         notes.append(f"not given by the files (mlsysim's defaults): {', '.join(unset)}")
-    scenario = Scenario.from_dict(values, where="launch files")
+    scenario = Scenario.from_dict(values, where="launch files", options=option_fields(registry))
     return Launch(scenario=scenario, readings=tuple(readings), sources=sources, notes=tuple(notes))
 
 

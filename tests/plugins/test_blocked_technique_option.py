@@ -134,3 +134,32 @@ def test_a_misspelled_option_is_still_unknown(installed, scenario_file):
         estimate("llama3-8b", "h100", 8, myorg_state_hots="yes")
     assert err.value.detail.startswith("no such keyword") and "blocked" not in err.value.detail
 
+
+def test_a_launch_file_whose_key_sets_the_blocked_option(installed, tmp_path):
+    """A reader that reads the key into the option: the user's run needs the blocked plugin (not the
+    reader's bug, which an option no installed plugin declares would be)."""
+    import types
+
+    from mlsysim_core import hookimpl
+    from mlsysim_core.scenario import from_launch
+    from mlsysim_plugins.launch import LaunchField, LaunchFormatSpec, LaunchReading
+    pm = installed(PLUGIN)
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  model: llama3-8b\n  host_state: yes\n")
+
+    def read(p, document, context):
+        return LaunchReading(format="myorg.trainer", path=str(p), world={"single_device": ("trainer", True)},
+                             fields=[LaunchField(key="trainer.model", value="llama3-8b", field="model",
+                                                 becomes="llama3-8b"),
+                                     LaunchField(key="trainer.host_state", value=True, field="myorg_state_host",
+                                                 becomes="yes")])
+    reader = types.ModuleType("myorg_trainer_reader")
+    reader.mlsysim_launch_formats = hookimpl(lambda: [LaunchFormatSpec(
+        name="myorg.trainer", framework="myorg-trainer", suffixes=(".yaml",),
+        recognizes=lambda p, d: isinstance(d, dict) and "trainer" in d, read=read)])
+    reader.mlsysim_launch_formats.__name__ = "mlsysim_launch_formats"
+    pm.register(reader, name="myorg_trainer_reader")
+    with pytest.raises(InvalidInputError) as err:
+        from_launch([path], registry=pm.registry, seq_len=1024, batch_size=8)
+    assert str(err.value) == (f"--from={str(path)!r} is not allowed: a file whose keys the loaded plugins model "
+                              f"(trainer.host_state sets 'myorg_state_host': {BLOCKED})")
