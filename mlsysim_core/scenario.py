@@ -644,6 +644,17 @@ LAUNCH_BATCH_FIELDS = ("micro_batch_size", "global_batch_size")
 LAUNCH_WORLD_HINTS = ("gpus", "nodes", "gpus_per_node", "single_device")
 
 
+def _strings(where: str):
+    """``tuple``, as a converter of a field of names, refusing one str (which it would split into its
+    characters, as ``ignored="lr"`` became ``("l", "r")``): a reader's bug, named by ``from_launch``."""
+    def convert(value):
+        if isinstance(value, str):
+            raise TypeError(f"{where}={value!r:.80} is a str; expected a tuple (or list) of str (one str would "
+                            "be read as its characters)")
+        return tuple(value)
+    return convert
+
+
 @attrs.frozen(kw_only=True)
 class LaunchField:
     """One field of a launch file and what it became: ``key`` (dotted, as in the file, e.g.
@@ -666,7 +677,7 @@ class LaunchField:
     note: str = ""
     approximated: bool = False
     yields: bool = False
-    derived_from: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    derived_from: tuple[str, ...] = attrs.field(default=(), converter=_strings("LaunchField.derived_from"))
     derive: Any = attrs.field(default=None, eq=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -712,10 +723,10 @@ class LaunchReading:
     path: str
     fields: tuple[LaunchField, ...] = attrs.field(default=(), converter=tuple)
     defaults: tuple[LaunchDefault, ...] = attrs.field(default=(), converter=tuple)
-    ignored: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    ignored: tuple[str, ...] = attrs.field(default=(), converter=_strings("LaunchReading.ignored"))
     world: dict[str, tuple[str, Any]] = attrs.field(factory=dict)
     framework_version: str = ""
-    notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_strings("LaunchReading.notes"))
 
     @property
     def model(self) -> LaunchField | None:

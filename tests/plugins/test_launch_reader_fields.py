@@ -76,3 +76,22 @@ def test_a_field_that_is_not_a_name_is_the_readers_bug(tmp_path):
                                                   "which is no Scenario field"):
         _launch(tmp_path, fields=[MODEL, LaunchField(key="trainer.x", value=2, field=["tp_size"], becomes=2)])
 
+
+@pytest.mark.parametrize(("given", "where"), [({"ignored": "lr"}, "LaunchReading.ignored='lr'"),
+                                              ({"notes": "a note"}, "LaunchReading.notes='a note'")])
+def test_one_str_for_a_list_of_names_is_refused(tmp_path, given, where):
+    with pytest.raises(PluginContractError) as err:
+        _launch(tmp_path, **given)
+    assert str(err.value) == (
+        f"launch format 'myorg.trainer' (plugin myorg_trainer_reader) raised TypeError reading "
+        f"{str(tmp_path / 'run.yaml')!r}: {where} is a str; expected a tuple (or list) of str (one str would be "
+        "read as its characters)")
+    assert (err.value.plugin, err.value.hook) == ("myorg_trainer_reader", HOOK)
+
+
+def test_derived_from_one_str_is_refused():
+    with pytest.raises(TypeError, match=r"^LaunchField.derived_from='precision' is a str; expected a tuple"):
+        LaunchField(key="k", value=1, field="regime", becomes=None, derived_from="precision",
+                    derive=lambda merged: None)
+    assert LaunchField(key="k", value=1, field="regime", becomes=None, derived_from=["precision"]).derived_from == (
+        "precision",)
