@@ -215,8 +215,8 @@ def profile_plan(registry: Registry, spec, plan: TrainingPlan, given: dict) -> T
             continue
         owners = sorted(p.name for p in registry.profiles.values() if name in options_fields(p))
         if owners:
-            raise InvalidInputError(name, value, f"None under profile {plan.profile!r}",
-                                    f"it has no such option; use profile={owners[0]!r}")
+            raise InvalidInputError(name, value, f"under profile {plan.profile!r}, which has no such option",
+                                    f"use profile={owners[0]!r}")
         import difflib
         every = {o for p in registry.profiles.values() for o in options_fields(p)}
         close = difflib.get_close_matches(name, sorted(every), n=1)

@@ -72,8 +72,8 @@ def test_the_cli_has_a_flag_for_each_option(toy_pm, capsys):
         run("estimate", "--profile", "toy", "--warp-factor", "x")
     assert exit_.value.code == 2 and "argument --warp-factor: invalid int value: 'x'" in capsys.readouterr().err
     assert error_of(capsys, "estimate", "--warp-factor", "2")[1] == (    # the measured profile has no such option
-        "mlsysim-core: error: warp_factor=2 is not allowed: None under profile 'measured' "
-        "(it has no such option; use profile='toy')")
+        "mlsysim-core: error: warp_factor=2 is not allowed: under profile 'measured', which has no such option "
+        "(use profile='toy')")
 
 
 def test_a_scenario_field_reaches_the_profile(toy_pm, tmp_path):

@@ -244,7 +244,7 @@ def test_layout_options_are_checked(kwargs, message):
 
 
 def test_reference_profile_refuses_per_rank_options():
-    with pytest.raises(InvalidInputError, match="pipeline_schedule='gpipe' is not allowed: None under profile 'reference'"):
+    with pytest.raises(InvalidInputError, match="pipeline_schedule='gpipe' is not allowed: under profile 'reference', which has no such option"):
         TrainingMemoryModel().solve("llama3-8b", "h100", 8, pipeline_schedule="gpipe")
 
 
