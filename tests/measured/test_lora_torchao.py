@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NF4 = json.loads((ROOT / "validation/qlora_torchao/nf4_measurements.json").read_text(encoding="utf-8"))["runs"]
 compare = load_script("validation/compile/compare_blocks_qlora.py")
 ROWS = {rid: (pred, meas) for rid, pred, meas, _ in compare.rows()}
-TORCHAO = quantizations.IMPLEMENTATIONS["torchao"]
-BNB = quantizations.IMPLEMENTATIONS["bitsandbytes"]
+TORCHAO, = (q for q in quantizations.BUILTIN if q.name == "torchao")
+BNB, = (q for q in quantizations.BUILTIN if q.name == "bitsandbytes")
 BIG = HardwareNode(name="unbounded", memory_capacity=2**60)
 DATA = ROOT / "tests/data/launch"
 

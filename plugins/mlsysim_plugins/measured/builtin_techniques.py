@@ -18,6 +18,7 @@ from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER
 from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
+from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE
 from .techniques import Candidate, Technique
 
 # Imported on first use (the physics never when the plugins load): module-level stand-ins rather than
@@ -90,7 +91,7 @@ def _lora(plan, registry):
     o = plan.profile_options
     if o.lora is not None:
         from .lora import lora_option
-        return lora_option(plan, o.lora)
+        return lora_option(plan, o.lora, registry)
     _full_training(plan.model)     # a quantized checkpoint trains only adapters: full training is refused
     return plan
 
@@ -129,6 +130,13 @@ def _chosen_loss(plan):
 def _loss_time(plan, figures):
     from .loss import added_step_time
     return added_step_time(plan)
+
+
+# --- the RoPE tables' storage (rope.py) ---------------------------------------------------------------
+
+def _rope_cache(plan, registry):
+    from .rope import prepare
+    return prepare(plan, registry)
 
 
 # --- the optimizer step in the backward (optimizer_in_backward.py) ----------------------------------
@@ -370,7 +378,8 @@ TECHNIQUES = (
               offered=_saves_more, active=_checkpointing_on, added_step_time=_checkpointing_time),
     Technique(name="lora", order=5, after="runtime_overheads", apply={"completed": _lora}, relocate=_lora_relocate,
               description="LoRA/QLoRA fine-tuning (lora.py)",
-              options={"lora": LORA}, with_compile=_with_compile("lora_with_compile")),
+              options={"lora": LORA, "quant_spec": attrs.field(default=None, metadata=_INTERNAL)},
+              with_compile=_with_compile("lora_with_compile")),
     Technique(name="loss", order=10, apply=_loss,
               description="the loss implementation: chunked, fused and published losses (loss.py, registered through "
                           "mlsysim_measured_losses: loss_implementations.py)",
@@ -414,6 +423,10 @@ TECHNIQUES = (
     Technique(name="compile", order=40, after="float8", apply=_compile, options={"compile": COMPILE,
                                                                         "compile_checkpoint": COMPILE_CHECKPOINT},
               description="torch.compile (Inductor): the partitioner's saved set and the fused loss (compile.py)",
+              with_compile=_with_compile("accepted_with_compile")),
+    Technique(name="rope_cache", order=3, after="device", apply={"completed": _rope_cache},
+              description="torchtune's persistent RoPE cache in place of Hugging Face's per-forward tables (rope.py)",
+              options={"rope_cache": ROPE_CACHE, "rope_cache_dtype": ROPE_CACHE_DTYPE},
               with_compile=_with_compile("accepted_with_compile")),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},

@@ -410,7 +410,7 @@ def prepare(plan, registry=None):
     if value == BLOCKS_LOSS:
         notes += (LOSS_NOTE,)
     _check_order(plan, per_block and spec.recomputes == LAYERS)
-    if per_block and o.lora is not None and _compiled_quantization(o.lora):
+    if per_block and o.lora is not None and _compiled_quantization(o):
         notes += (QLORA_NOTE,)
     if spec.recomputes == LAYERS:
         notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL_OUTSIDE if outside(plan) else BLOCKS_FULL,
@@ -472,7 +472,7 @@ def _check_lora(plan, value):
     why = (f"a {config.quantization} base inside the compiled block is not measured ({config.quant_implementation}'s; "
            "torchtune's QLoRA is torchao's NF4: quantization='nf4', quant_implementation='torchao' on one device, "
            "validation/compile/measure_blocks_qlora.py)"
-           if config.quantization and (not _compiled_quantization(config) or is_parallel(plan)) else
+           if config.quantization and (not _compiled_quantization(plan.profile_options) or is_parallel(plan)) else
            "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
            "the adapters' dropout (functionalized RNG under the partitioner) is not modelled" if config.dropout else
            "trainable copies of the embedding or LM head with compiled blocks are not modelled"
@@ -722,13 +722,13 @@ def lora_layer_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float,
     return total, output, "; ".join(parts)
 
 
-def _compiled_quantization(config) -> bool:
+def _compiled_quantization(options) -> bool:
     """A quantized base whose implementation declares its compiled form (quantizations.py ``compiled_blocks``:
     torchao's NF4Tensor, torchtune's QLoRA, the reader's quantization='nf4', quant_implementation='torchao')."""
-    if not config.quantization:
+    if not options.lora.quantization:
         return False
-    from .quantizations import of
-    return of(config).compiled_blocks
+    from .quantizations import chosen
+    return chosen(options).compiled_blocks
 
 QLORA_NOTE = ("compile='blocks' with QLoRA (torchtune's qlora_* builders: torchao's NF4 base, linear_nf4): the "
               "partitioner saves each frozen NF4 linear's dequantized weight (c x out x in) where the backward needs "
@@ -752,7 +752,7 @@ def dequantized_saved(plan, shape, regime, kernel, grad_in: bool) -> tuple[float
     torchtune 0.6.1's ``lora_llama3_2(quantize_base=True)`` blocks (the plain LoRA set, each frozen weight
     placeholder replaced by its dequantized copy; validation/compile/measure_blocks_qlora.py)."""
     config = plan.profile_options.lora
-    if not _compiled_quantization(config):
+    if not _compiled_quantization(plan.profile_options):
         return 0, ""
     from .lora import _adapted, _quantized_linears
     elements = {m: i * o for m, i, o in _quantized_linears(plan)}

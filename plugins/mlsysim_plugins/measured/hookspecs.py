@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .families import ArchitectureFamily
     from .kernels import AttentionKernel
     from .loss_implementations import LossImplementation
+    from .quantizations import QuantImplementation
     from .regimes import Regime
     from .schedules import PipelineSchedule
     from .techniques import Technique
@@ -66,5 +67,13 @@ def mlsysim_measured_losses() -> Iterable[LossImplementation]:
     (``loss=`` selects one by name)."""
 
 
+@_hookspec
+def mlsysim_measured_quant_implementations() -> Iterable[QuantImplementation]:
+    """Implementations of a quantized LoRA base (``quantizations.QuantImplementation``): the lora.quantization
+    kinds each implements, the bytes it stores per quantized weight and what dequantizing one holds at its peak
+    (``lora.quant_implementation`` selects one by name)."""
+
+
 HOOKS = ("mlsysim_measured_architectures", "mlsysim_measured_regimes", "mlsysim_measured_attention_kernels",
-         "mlsysim_measured_pipeline_schedules", "mlsysim_measured_techniques", "mlsysim_measured_losses")
+         "mlsysim_measured_pipeline_schedules", "mlsysim_measured_techniques", "mlsysim_measured_losses",
+         "mlsysim_measured_quant_implementations")

@@ -159,10 +159,11 @@ def lora_regime(regime, config=None):
     return regime
 
 
-def lora_option(plan, value):
+def lora_option(plan, value, registry):
     """The ``lora=`` option of a measured solve (the profile's ``prepare`` calls it): a
     ``LoRAConfig`` or a dict of its fields, checked against the model (its linears must be
-    countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``)."""
+    countable); a quantized checkpoint's quantization applied (``checkpoint_quantization``); the
+    registered implementation ``quant_implementation`` names kept as the internal option ``quant_spec``."""
     config, quantized = finetune.checkpoint_quantization(plan.model, finetune._config(value))
     sizes = {"ep_size": plan.ep_size, "cp_size": plan.cp_size}
     parallel = {k: v for k, v in sizes.items() if v != 1}
@@ -180,7 +181,8 @@ def lora_option(plan, value):
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
     _check_variants(plan, config)
-    _check_implementation(plan, config)
+    plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options,
+                                                           quant_spec=_check_implementation(plan, config, registry)))
     notes = ()
     if generic(plan):
         return _generic_option(plan, config, quantized)
@@ -353,27 +355,31 @@ def _check_variants(plan, config):
                                "measured")
 
 
-def _check_implementation(plan, config):
-    """The 4-bit implementation the config names (quantizations.py), where it was measured: torchao's NF4 on one
-    device (its FSDP gathers and tensor-parallel splits are not measured), every quantized linear one it can
-    quantize (its ``check``); none named without a quantized base."""
+def _check_implementation(plan, config, registry):
+    """The registered 4-bit implementation the config names (quantizations.py; None without a quantized base),
+    where it was measured: one that stores its own layout (``stored``) on one device (its FSDP gathers and
+    tensor-parallel splits are not measured), every quantized linear one it can quantize (its ``check``); none
+    named without a quantized base."""
     from . import quantizations
     if config.quantization is None:
         default = attrs.fields(type(config)).quant_implementation.default
         if config.quant_implementation != default:
             raise InvalidInputError("lora.quant_implementation", config.quant_implementation,
                                     f"the default {default!r} unless quantization is set", "no quantized base to implement")
-        return
-    impl = quantizations.of(config)
+        return None
+    impl = quantizations.of(config, registry)
     if impl.stored is None:
-        return
+        return impl
     if plan.dp_size * plan.tp_size * plan.pp_size != 1:
-        raise NotModelledError("lora.quant_implementation", impl.name, "'bitsandbytes' under a parallel layout",
+        counted = [repr(n) for n, q in quantizations.registered(registry).items() if q.stored is None]
+        counted = " or ".join(counted) or "an implementation of finetune's counted layout (stored=None)"
+        raise NotModelledError("lora.quant_implementation", impl.name, f"{counted} under a parallel layout",
                                f"{impl.name}'s 4-bit base split or gathered over ranks is not measured (dp="
                                f"{plan.dp_size}, tp={plan.tp_size}, pp={plan.pp_size})")
     if impl.check is not None:
         for _, i, o in _quantized_linears(plan):
             impl.check(i * o)
+    return impl
 
 
 def quantized_bytes(plan, c) -> tuple[int, int]:
@@ -382,7 +388,7 @@ def quantized_bytes(plan, c) -> tuple[int, int]:
     model was built in."""
     cfg = plan.profile_options.lora
     from . import quantizations
-    impl = quantizations.of(cfg)
+    impl = quantizations.chosen(plan.profile_options)
     if impl.stored is None:
         return c.quantized_weight_bytes, c.quantization_constant_bytes
     base = base_weight_bytes(plan.profile_options.regime)
@@ -808,7 +814,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                         + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
                                         + head + per))
         from . import quantizations
-        impl = quantizations.of(cfg)
+        impl = quantizations.chosen(plan.profile_options)
         how = ("one fp32 scale per output row" if cfg.quantization == "int8" else
                f"absmax per {cfg.quant_blocksize}-element block"
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
@@ -1718,7 +1724,7 @@ def _dequantized_weight(plan, c) -> MemoryTerm:
     get_original_weight, its int64 codes and intermediates too)."""
     from . import quantizations
     largest = max(i * o for _, i, o in _quantized_linears(plan))
-    nbytes, how = quantizations.of(plan.profile_options.lora).transient(largest, c)
+    nbytes, how = quantizations.chosen(plan.profile_options).transient(largest, c)
     return MemoryTerm(component=ACTIVATIONS, label="dequantized weight (transient, one 4-bit linear)",
                       nbytes=nbytes, phases=(BACKWARD_END,), formula=f"the largest quantized linear, {how}")
 

@@ -478,11 +478,13 @@ def item_types() -> dict[str, type]:
     from .families import ArchitectureFamily
     from .kernels import AttentionKernel
     from .loss_implementations import HOOK as LOSSES_HOOK, LossImplementation
+    from .quantizations import HOOK as QUANT_HOOK, QuantImplementation
     from .regimes import Regime
     from .schedules import PipelineSchedule
     from .techniques import Technique
     return {ARCHITECTURES_HOOK: ArchitectureFamily, REGIMES_HOOK: Regime, KERNELS_HOOK: AttentionKernel,
-            SCHEDULES_HOOK: PipelineSchedule, TECHNIQUES_HOOK: Technique, LOSSES_HOOK: LossImplementation}
+            SCHEDULES_HOOK: PipelineSchedule, TECHNIQUES_HOOK: Technique, LOSSES_HOOK: LossImplementation,
+            QUANT_HOOK: QuantImplementation}
 
 
 def check_items(registry, hook: str, items: Mapping[str, Any]) -> None:

@@ -1,5 +1,7 @@
 """4-bit implementations of a QLoRA base (issue 25, item 2): who stores the quantized weights and dequantizes
-them, chosen with ``lora.quant_implementation`` (``"bitsandbytes"``, the default, or ``"torchao"``).
+them, each a registration of the measured hook ``mlsysim_measured_quant_implementations``, chosen with
+``lora.quant_implementation`` (``--quant-implementation NAME``; ``"bitsandbytes"``, the default, or ``"torchao"``, or
+a third party's, e.g. HQQ). The built-ins are registered through that hook exactly as a third party's.
 
 A ``QuantImplementation`` declares its memory; lora.py reads the declaration, never the name:
 
@@ -22,17 +24,29 @@ from typing import Callable
 
 import attrs
 
+from mlsysim_core import hookimpl
 from mlsysim_core.errors import InvalidInputError, InvalidInputTypeError, NotModelledError
+
+HOOK = "mlsysim_measured_quant_implementations"
+KINDS = ("nf4", "fp4", "int8")      # lora.quantization's values (finetune.QUANTIZATIONS)
+
+
+def _kinds(value) -> tuple[str, ...]:
+    out = (value,) if isinstance(value, str) else tuple(value)
+    if not out or any(k not in KINDS for k in out):
+        raise ValueError(f"QuantImplementation.kinds: {out!r}; expected one or more of {KINDS}")
+    return out
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class QuantImplementation:
+    """A 4-bit (or 8-bit) implementation of a quantized LoRA base (the module docstring)."""
     name: str
     description: str = ""
     source: str = ""
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = attrs.field(converter=_kinds)
     stored: Callable | None = None
-    transient: Callable = None
+    transient: Callable = attrs.field(validator=attrs.validators.is_callable())
     check: Callable | None = None
     compiled_blocks: bool = False
     layout: str = ""
@@ -92,19 +106,45 @@ BUILTIN = (
                                "(a whole 256 for a weight of one such block), a {b} B mean and the 16-entry table in "
                                "{b} B, per weight"),
 )
-IMPLEMENTATIONS = {q.name: q for q in BUILTIN}
 
 
-def of(config) -> QuantImplementation:
-    """The declaration ``config.quant_implementation`` names, checked against ``config.quantization``."""
+@hookimpl
+def mlsysim_measured_quant_implementations():
+    return list(BUILTIN)
+
+
+def registered(registry) -> dict[str, QuantImplementation]:
+    """The implementations registered through ``HOOK`` (every plugin's, built-ins included), each checked to be a
+    ``QuantImplementation`` (another class is named with its plugin)."""
+    found = dict(registry.extensions.get(HOOK) or {})
+    if any(not isinstance(item, QuantImplementation) for item in found.values()):
+        from .options import check_items
+        check_items(registry, HOOK, found)
+    return found
+
+
+def of(config, registry) -> QuantImplementation:
+    """The registered declaration ``config.quant_implementation`` names, checked against ``config.quantization``."""
+    impls = registered(registry)
     name = config.quant_implementation
-    allowed = f"one of {', '.join(map(repr, IMPLEMENTATIONS))}"
+    allowed = f"one of {', '.join(map(repr, impls))} (the registered implementations)" if impls else \
+        "a registered implementation (none is installed: is the built-in plugin blocked?)"
     if not isinstance(name, str):
         raise InvalidInputTypeError("lora.quant_implementation", name, allowed, f"got {type(name).__name__}")
-    impl = IMPLEMENTATIONS.get(name)
+    impl = impls.get(name)
     if impl is None:
         raise InvalidInputError("lora.quant_implementation", name, allowed)
     if config.quantization is not None and config.quantization not in impl.kinds:
         raise NotModelledError("lora.quant_implementation", name, f"an implementation of {config.quantization!r}",
                                f"{name} implements {', '.join(impl.kinds)}")
+    return impl
+
+
+def chosen(options) -> QuantImplementation:
+    """The implementation the LoRA technique resolved for these options (``lora.lora_option``: the registry's entry
+    ``lora.quant_implementation`` names, kept as the internal option ``quant_spec``)."""
+    impl = options.quant_spec
+    if impl is None:
+        raise NotModelledError("lora.quant_implementation", options.lora.quant_implementation,
+                               "a quantized base the LoRA technique has resolved", "read before the LoRA technique ran")
     return impl
