@@ -178,6 +178,8 @@ def _add_option_flags(parser: argparse.ArgumentParser, registry, search: bool = 
                                               spec["flag"][0].lstrip("-").replace("-", "_").upper())
             convert = _argparse_type(spec.get("type") or str)
             choices = spec.get("choices")
+            if callable(choices):     # the names a registry holds (e.g. --quant-implementation's)
+                choices = tuple(choices(registry))
             if callable(spec.get("also")) and (also := spec["also"](registry)):
                 # (more names than its choices, read by the option's own check: the flag passes any through)
                 metavar, choices = spec.get("metavar") or "NAME", None

@@ -125,3 +125,34 @@ def test_a_broken_declaration_is_refused_when_built(fields, error):
     with pytest.raises((ValueError, TypeError), match=error):
         attrs.evolve(HQQ, **fields)
 
+
+
+# --- the CLI: --quant-implementation beside --quantization, its choices the registry's -------------------------
+
+def _flag(parser, flag):
+    return next(a for sub in parser._subparsers._group_actions for p in sub.choices.values()
+                for a in p._actions if flag in a.option_strings)
+
+
+def test_the_flag_offers_the_registered_implementations():
+    from mlsysim_core import cli
+    assert _flag(cli._parser(), "--quant-implementation").choices == ("bitsandbytes", "torchao")
+    registry = _world([HQQ]).registry
+    assert _flag(cli._parser(registry), "--quant-implementation").choices == ("acme.hqq", "bitsandbytes", "torchao")
+
+
+def test_the_flag_solves_what_the_python_keyword_does(capsys):
+    from mlsysim_core import cli
+    args = ["estimate", "-m", "llama3-8b", "-g", "h100", "-b", "1", "-s", "1024", "--profile", "measured",
+            "--precision", "bf16", "--regime", "bf16",
+            "--lora-rank", "16", "--quantization", "nf4", "--json"]
+    assert cli.main([*args, "--quant-implementation", "torchao"]) == 0
+    torchao = json.loads(capsys.readouterr().out)
+    assert cli.main(args) == 0
+    bnb = json.loads(capsys.readouterr().out)
+    python = _solve(TrainingMemoryModel("measured"), "torchao", regime="bf16")
+    assert torchao["total_memory"] == python.total_memory != bnb["total_memory"]
+    with pytest.raises(SystemExit) as exit:
+        cli.main([*args, "--quant-implementation", "hqq"])
+    assert exit.value.code == 2
+    assert "invalid choice: 'hqq' (choose from 'bitsandbytes', 'torchao')" in capsys.readouterr().err

@@ -93,6 +93,12 @@ def _lora_table(value, where: str):
     return {**value, "rank": _whole(value["rank"])}
 
 
+def _quantizers(registry) -> tuple[str, ...]:
+    """``--quant-implementation``'s choices: the implementations registered through the measured hook."""
+    from .quantizations import registered
+    return tuple(registered(registry))
+
+
 _LORA_FLAGS = (
     {"key": "rank", "flag": "--lora-rank", "type": int, "metavar": "N", "required": "the adapters' rank",
      "help": "LoRA fine-tuning with adapters of this rank (base frozen)"},
@@ -101,6 +107,9 @@ _LORA_FLAGS = (
              "q,k,v,o_proj; c_attn on GPT-2) or all-linear"},
     {"key": "quantization", "flag": "--quantization", "choices": ("nf4", "fp4", "int8"),
      "help": "QLoRA: the frozen base quantized by bitsandbytes (nf4, fp4 or int8)"},
+    {"key": "quant_implementation", "flag": "--quant-implementation", "choices": _quantizers,
+     "help": "QLoRA, with --quantization: who stores and dequantizes the base (a registered implementation; "
+             "default bitsandbytes; torchao: torchao's NF4Tensor, torchtune's quantize_base)"},
     {"key": "double_quant", "flag": "--double-quant", "const": True,
      "help": "QLoRA, with nf4 or fp4: quantize the quantization constants too"},
     {"key": "dropout", "flag": "--lora-dropout", "type": float, "metavar": "P",
