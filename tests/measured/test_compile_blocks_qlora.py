@@ -45,7 +45,7 @@ def test_the_compiled_runs_every_phase():
     checkpointing (+3.5 %, +4.0 %: the eager loss's forward moment, torchtune's .float() LM head, which plain LoRA's
     bf16 run shares, +3.7 % in blocks_measurements.json), the 128-token frozen-MLP forward (65,600 B short, -1.3 %;
     43 KB of it was hidden by bitsandbytes' constants before the base was read as torchao's), and the optimizer peak
-    and end of the backward, short by torchtune's RoPE cache alone (test_the_weights_are_torchaos_nf4_exactly)."""
+    and end of the backward (exact, but the step's scalars: test_the_weights_are_torchaos_nf4_exactly)."""
     allowed = {(ALL, "forward"): 0.036,
                ("tt-llama3_2-3l-v1024-f704-bf16-blocks-qlora-qv-b1-s256", "forward"): 0.041,
                ("tt-llama3_2-3l-v1024-f704-bf16-blocks-full-qlora-qv-b1-s128", "forward"): 0.014}
@@ -58,20 +58,25 @@ def test_the_compiled_runs_every_phase():
 
 
 def test_the_weights_are_torchaos_nf4_exactly():
-    """Read as torchao's NF4Tensor (quant_implementation='torchao', quantizations.py), the stored bytes are exact: at
-    the optimizer peak and the end of the backward (weights, adapters, their gradients and state) every run, eager
-    and compiled, is short by torchtune's RoPE cache alone, a buffer (max_seq_len x head_dim / 2 x 2 fp32, 4 x
-    max_seq_len x head_dim B) where the profile prices Hugging Face's per-forward cos/sin tables, less the 64 B its
-    theta has under the 128 B of HF's two frequency buffers; plain LoRA's runs in blocks_measurements.json share it
-    (fp32: -65,472 B at the end of the backward). Read as bitsandbytes' nf4 with double quantization, as before,
-    the weights were 15 to 44 KB over, hiding it."""
+    """Read as torchao's NF4Tensor (quant_implementation='torchao', quantizations.py) and with torchtune's RoPE cache
+    (rope_cache=max_seq_len: rope.py), the end of the backward (weights, the cache, adapters, their gradients and
+    state) is exact in every run, eager and compiled. Before the cache was selected each was short by it less 64 B:
+    the fp32 cache, 4 x max_seq_len x head_dim B (16,384 / 32,768 / 65,536 B at 128 / 256 / 512 positions, head_dim
+    32), and torchtune's one fp32 theta (head_dim/2 x 4 = 64 B) where Hugging Face's inv_freq and original_inv_freq
+    are 128 B: -16,320 / -32,704 / -65,472 B."""
     for rid, run in RUNS.items():
         pred, meas = ROWS[rid]
+        assert pred["end_of_backward"] == meas["end_of_backward"], rid
+        # the optimizer peak: the step's few bytes of scalars short (10 B in bf16, 12 in fp32)
+        assert -12 <= pred["optimizer"] - meas["optimizer"] <= -10, rid
+        # Hugging Face's tables (the default) give the gap back, exactly
+        hf = compare.compare_blocks.solve(run)
         cfg = run["hf_config"]
         cache = 4 * cfg["max_position_embeddings"] * cfg["head_dim"]
-        assert pred["end_of_backward"] - meas["end_of_backward"] == -(cache - 64), rid
-        # the optimizer peak: the same, and the step's few bytes of scalars (10 B in bf16, 12 in fp32)
-        assert -(cache - 64) - 12 <= pred["optimizer"] - meas["optimizer"] <= -(cache - 64) - 10, rid
+        assert sum(t.nbytes for t in hf.terms if t.key == "rope_buffers") == 2 * 4 * cfg["head_dim"] // 2
+        tt = compare.compare_blocks.solve(run, torchtune_rope=True)
+        assert sum(t.nbytes for t in tt.terms if t.key == "rope_buffers") == cache + 4 * cfg["head_dim"] // 2
+        assert not any(t.key == "rope_tables" for t in tt.terms), rid
 
 
 def test_compile_saves_more_than_eager_here_and_the_model_says_so():

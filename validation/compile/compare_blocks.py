@@ -10,6 +10,9 @@ ones); ``policy="op-sac"`` or ``"full"``: that ``activation_checkpointing``; ``l
 an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global batch; a TP run (rank 0 of 2):
 ``tp_size=2``, ``sequence_parallel=False``; a LoRA run:
 ``lora=LoRAConfig(rank, target_modules, adapter_dtype="base")`` (torchtune's adapters, in the model's dtype);
+with ``torchtune_rope`` (compare_blocks_qlora.py's rows), a run on torchtune's builder: ``rope_cache=max_seq_len``
+(its RoPE cache, one per model: rope.py), in fp32 or, where the harness casts the model after init, the run's
+dtype (``rope_cache_dtype``); without it (this table, as before) Hugging Face's per-forward tables;
 torchtitan's compiled loss (``loss="titan-compiled"``, blocks_extra_measurements.json): ``compile="blocks+loss"``
 (its eager twin ``loss="titan"``: ``compile="blocks"``, the default cross-entropy).
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
@@ -29,7 +32,7 @@ TITLES = ("forward peak", "backward peak", "optimizer peak", "end of forward", "
 PATH = os.path.join(HERE, "blocks_measurements.json")
 
 
-def solve(run):
+def solve(run, torchtune_rope: bool = False):
     from mlsysim_core import TrainingMemoryModel
     from mlsysim_core.hf import from_hf_config
     from mlsysim_core.types import HardwareNode
@@ -41,6 +44,11 @@ def solve(run):
         quantized = {"quantization": "nf4", "quant_implementation": "torchao"} if lo.get("quantize_base") else {}
         extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base",
                                    **quantized)
+    if torchtune_rope and "torchtune" in run:      # torchtune's builder: one persistent RoPE cache of its max_seq_len rows (rope.py),
+        # computed in fp32; cast with the model where the harness casts it after init (model.to(dtype)), not where
+        # it builds it under set_default_dtype (QLoRA: measure_blocks.py)
+        cast = not (run.get("lora") or {}).get("quantize_base")
+        extra.update(rope_cache=run["torchtune"]["max_seq_len"], rope_cache_dtype=run["regime"] if cast else "fp32")
     world = 1
     if run.get("layout", {}).get("kind") == "tp":      # tensor parallelism, no sequence parallelism: one replica
         extra.update(tp_size=run["layout"]["world_size"], sequence_parallel=False)
@@ -56,7 +64,7 @@ def solve(run):
         **extra)
 
 
-def rows(path: str = PATH):
+def rows(path: str = PATH, torchtune_rope: bool = False):
     """(id, predicted phases or the refusal, measured phases, baseline bytes) per measured run."""
     from mlsysim_core.errors import MlsysimError
     from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP
@@ -70,7 +78,7 @@ def rows(path: str = PATH):
                 "end_of_backward": m["alive"]["end_of_backward"]}
         meas = {k: base + v for k, v in meas.items()}
         try:
-            r = solve(run)
+            r = solve(run, torchtune_rope) if torchtune_rope else solve(run)
         except MlsysimError as err:
             yield run["id"], err, meas, base
             continue
@@ -82,11 +90,11 @@ def rows(path: str = PATH):
         yield run["id"], pred, meas, base
 
 
-def table(path: str = PATH) -> str:
+def table(path: str = PATH, torchtune_rope: bool = False) -> str:
     out = ["| run | " + " | ".join(f"{t}: predicted / measured (error)" for t in TITLES) + " |",
            "|---|" + "---:|" * len(PHASES)]
     errs = {p: [] for p in PHASES}
-    for rid, pred, meas, _base in rows(path):
+    for rid, pred, meas, _base in rows(path, torchtune_rope):
         if not isinstance(pred, dict):
             out.append(f"| {rid} | refused: {pred} |" + " |" * (len(PHASES) - 1))
             continue

@@ -2,7 +2,9 @@
 """The measured profile against blocks_qlora_measurements.json (torchtune's QLoRA recipes, eager and with compiled
 blocks, torchao's NF4 base), every phase, solved as compare_blocks.py solves a LoRA run with the base quantized as
 torchtune's reader describes a ``qlora_*`` builder: ``quantization="nf4"``, ``double_quant=True``,
-``quant_blocksize=64`` (torchao's NF4Tensor counted as bitsandbytes' nf4 with double quantization).
+``quant_blocksize=64`` (torchao's NF4Tensor counted as bitsandbytes' nf4 with double quantization), and torchtune's
+RoPE cache (``rope_cache=max_seq_len``: one fp32 buffer of max_seq_len x head_dim/2 x 2 per model, rope.py) in
+place of Hugging Face's per-forward cos/sin tables.
 
     python validation/compile/compare_blocks_qlora.py      # the project's environment (mlsysim-core), no torch
 
@@ -23,11 +25,11 @@ _spec.loader.exec_module(compare_blocks)
 
 
 def rows(path: str = PATH):
-    return compare_blocks.rows(path)
+    return compare_blocks.rows(path, torchtune_rope=True)
 
 
 def table(path: str = PATH) -> str:
-    return compare_blocks.table(path)
+    return compare_blocks.table(path, torchtune_rope=True)
 
 
 if __name__ == "__main__":

@@ -305,8 +305,11 @@ class ArchitectureFamily:
         return default(**shape)
 
     def adjusted(self, kind: str, plan, placement, terms: list) -> list:
-        """``terms`` as the family changes them (``adjust_terms``), else as they are."""
-        return terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
+        """``terms`` as the family changes them (``adjust_terms``), else as they are; then with the run's RoPE
+        storage (``rope.stored``: Hugging Face's per-forward tables, or torchtune's persistent cache)."""
+        from . import rope
+        terms = terms if self.adjust_terms is None else list(self.adjust_terms(kind, plan, placement, terms))
+        return rope.stored(kind, plan, terms)
 
 
 @memoize     # (every solve walks a layer with it)

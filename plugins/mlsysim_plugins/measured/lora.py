@@ -121,6 +121,7 @@ from mlsysim_core.memo import memoize
 from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP, WEIGHTS,
                      MemoryTerm)
 from ._cache import cached_terms
+from . import rope
 from . import term_keys as K
 from .kernels import kernel_of
 from .layers import REPLICATED, Part
@@ -842,7 +843,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     terms += rope_buffer_terms(shape)
     if generic(plan):       # the family's own buffers (Gemma's embedding scale, a second rotary)
         return shape.family.adjusted("weights", plan, placement, terms)
-    return terms
+    return rope.stored("weights", plan, terms)      # (the RoPE storage: adjusted applies it too)
 
 
 @cached_terms
@@ -1544,7 +1545,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                                "beyond the layers: final norm, logits, loss))"))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
-    return terms
+    return rope.stored("model_activations", plan, terms)
 
 
 def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
@@ -1652,7 +1653,7 @@ def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
         add(_dequantized_weight(plan, c))
     if generic(plan):
         return shape.family.adjusted("model_activations", plan, placement, terms)
-    return terms
+    return rope.stored("model_activations", plan, terms)
 
 
 def _top_mlp_moment(plan, placement, other: _Layer, T: int, sp: int) -> MemoryTerm:

@@ -1,0 +1,105 @@
+"""How a model's RoPE tables live (issue 25): Hugging Face's per-forward tables, or a persistent cache.
+
+Hugging Face's rotary embedding (``LlamaRotaryEmbedding``: one per model) keeps two fp32 buffers,
+``inv_freq`` and ``original_inv_freq`` (head_dim/2 values each: ``ModelShape.rope_buffer_bytes``), and
+computes the cos/sin tables in every forward (``2 x s x head_dim``, saved by every layer:
+``term_keys.ROPE_TABLES``). That is the default.
+
+torchtune 0.6.1's ``RotaryPositionalEmbeddings`` and Llama 3.1's ``Llama3ScaledRoPE``
+(torchtune/modules/position_embeddings.py, torchtune/models/llama3_1/_position_embeddings.py:
+``rope_init``, ``build_rope_cache``) instead register, at model init, ``theta`` (head_dim/2 values)
+and ``cache``: ``stack([cos, sin], -1)`` over ``max_seq_len`` positions, ``max_seq_len x head_dim/2
+x 2`` values. Both are computed in fp32 whatever the default dtype (``theta`` from ``.float()``,
+``torch.tensor(new_freqs, dtype=freqs.dtype)``), so a recipe that builds the model under
+``set_default_dtype(bf16)`` keeps them fp32; a model cast after init (``model.to(bf16)``) casts them.
+The builders build ONE rope module and pass it to every layer's attention
+(``llama3_1``/``llama3_2`` component builders: ``rope = Llama3ScaledRoPE(...)``, ``pos_embeddings=rope``),
+so there is one cache per model, alive the whole iteration (a weights term). Its forward slices it
+(``self.cache[:seq_len]``, a view): no per-forward table.
+
+``rope_cache=N`` (the builder's ``max_seq_len``; ``rope_cache_dtype`` the dtype the buffers are in)
+selects torchtune's: the weights carry ``theta`` and the cache in place of HF's two ``inv_freq``
+buffers, and the activations no RoPE tables. Measured: validation/compile/blocks*_measurements.json
+(torchtune's own builders): every run's end of backward was short by exactly cache + theta - 128 B
+(HF's two buffers at head_dim 32): -65,472 B fp32 at 512 positions, -32,672 B bf16-cast, -32,704 B
+fp32 cache in a bf16 QLoRA run at 256 (tests/measured/test_rope_cache.py).
+"""
+
+from __future__ import annotations
+
+from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.terms import PHASES as ALL, WEIGHTS, MemoryTerm
+
+from . import term_keys as K
+from .options import _option
+
+DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+ROPE_CACHE = _option(
+    "a persistent RoPE cache of this many positions in place of Hugging Face's per-forward cos/sin tables: "
+    "torchtune's RotaryPositionalEmbeddings (the model builder's max_seq_len x head_dim/2 x (cos, sin), built "
+    "once at model init, one shared by every layer; default: Hugging Face's tables)", "N", kind=int)
+ROPE_CACHE_DTYPE = _option(
+    "with rope_cache: the dtype of the cache and its theta: fp32 (default: torchtune computes them in fp32 "
+    "whatever the default dtype), or bf16/fp16 for a model cast after init (model.to(dtype))",
+    choices=tuple(DTYPES))
+
+
+def cached(plan) -> bool:
+    """Does the run keep a persistent RoPE cache (torchtune's) instead of per-forward tables?"""
+    return bool(getattr(plan.profile_options, "rope_cache", None))
+
+
+def cache_bytes(rows: int, rotary_dim: int, dtype: str = "fp32") -> tuple[int, int]:
+    """(cache, theta) bytes: ``rows x rotary_dim/2 x 2`` and ``rotary_dim/2`` values of ``dtype``."""
+    b = DTYPES[dtype]
+    return rows * (rotary_dim // 2) * 2 * b, (rotary_dim // 2) * b
+
+
+def cache_terms(shape, plan) -> list[MemoryTerm]:
+    """The cache and its theta: one per model, every phase (a buffer built at model init)."""
+    o = plan.profile_options
+    dtype = o.rope_cache_dtype or "fp32"
+    cache, theta = cache_bytes(o.rope_cache, shape.rotary_dim, dtype)
+    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_BUFFERS, label="RoPE cache and theta (torchtune)",
+                       phases=ALL, nbytes=cache + theta,
+                       formula=f"max_seq_len={o.rope_cache:,} x head_dim/2={shape.rotary_dim // 2} x 2 (cos, sin) + "
+                               f"head_dim/2 (theta), x {DTYPES[dtype]} B ({dtype}); one shared by every layer")]
+
+
+def prepare(plan, registry):
+    """The option checked: a whole number of positions, at least the run's sequence; rotary positions only."""
+    o = plan.profile_options
+    rows, dtype = o.rope_cache, o.rope_cache_dtype
+    if rows is None:
+        if dtype is not None:
+            raise InvalidInputError("rope_cache_dtype", dtype, "None unless rope_cache is set",
+                                    "no RoPE cache to type")
+        return plan
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise InvalidInputError("rope_cache", rows, "a whole number of positions >= 1 (the builder's max_seq_len)")
+    if rows < plan.seq_len:
+        raise InvalidInputError("rope_cache", rows, f"at least the sequence length {plan.seq_len}",
+                                "torchtune rebuilds a cache shorter than the input (not modelled)")
+    if dtype is not None and dtype not in DTYPES:
+        raise InvalidInputError("rope_cache_dtype", dtype, "one of " + ", ".join(DTYPES))
+    from .shapes import shape_of
+    shape = shape_of(plan)
+    if shape.family.positions != "rotary":
+        raise NotModelledError("rope_cache", rows, "None for a model without rotary positions",
+                               f"{shape.family.display} positions are {shape.family.positions}")
+    return plan
+
+
+def stored(kind: str, plan, terms: list) -> list:
+    """``terms`` (a family's ``"weights"`` or ``"model_activations"``, after its own ``adjust_terms``) with the
+    run's RoPE storage: with ``rope_cache`` the frequency buffers replaced by the cache and theta, the per-forward
+    tables (cos/sin, freqs_cis, and any host copy of them) gone; as they are otherwise."""
+    if not cached(plan):
+        return terms
+    if kind == "weights":
+        from .shapes import shape_of
+        return [t for t in terms if t.key != K.ROPE_BUFFERS] + cache_terms(shape_of(plan), plan)
+    if kind == "model_activations":
+        return [t for t in terms if t.key not in K.ROPE_TABLE_KEYS]
+    return terms
