@@ -149,6 +149,7 @@ CASES = {   # technique -> keyword sets solved with it (on RUN, BASE)
     "compile": [dict(compile=True)],
     "activation_checkpointing": [],     # the ladder's only: compared through fit techniques below
     "low_bit_optimizer": [],
+    "rope_cache": [dict(rope_cache=131_072), dict(rope_cache=131_072, rope_cache_dtype="bf16", lora={"rank": 16})],
 }
 NEW = "acme-renamed-technique"
 
