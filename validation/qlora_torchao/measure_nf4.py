@@ -15,8 +15,8 @@ test_lora_torchao.py compares)."""
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,6 +26,8 @@ SHAPES = ((704, 256), (256, 704), (256, 256), (64, 256), (128, 256), (4096, 4096
 def main() -> int:
     import torch
     import torchao
+    sys.path.insert(0, os.path.dirname(HERE))
+    import harness  # (validation/harness.py: write_json)
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torchao.dtypes.nf4tensor import linear_nf4, to_nf4
@@ -83,9 +85,7 @@ def main() -> int:
             print(row)
     doc = {"generator": "/tmp/tvenv/bin/python validation/qlora_torchao/measure_nf4.py", "torch": torch.__version__,
            "torchao": torchao.__version__, "runs": runs}
-    with open(os.path.join(HERE, "nf4_measurements.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    harness.write_json(os.path.join(HERE, "nf4_measurements.json"), doc, sort_keys=False)
     return 0
 
 
