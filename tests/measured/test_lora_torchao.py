@@ -88,6 +88,68 @@ def test_eager_checkpointed_backward(rid):
     assert abs(err) < abs(before)
 
 
+# the same runs' forward peak: the top layer's forward under its checkpoint dequantizes the MLP's NF4 linears again
+# (lora._dequantized_in_forward); before, the forward was the loss's moment alone. What is left, 15,216 B in every run:
+# torch.utils.checkpoint's CPU RNG state, 5,072 B per layer (3 layers), a CPU run's host memory (not modelled), and
+# in the runs with adapted MLP linears up to 116 B of small scalars
+EAGER_FULL_FORWARD = {
+    "tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-all-b1-s256": (-0.0662, -0.0025),
+    "tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-qv-b1-s256": (-0.0728, -0.0027),
+    "tt-llama3_2-3l-v1024-kv2-f704-bf16-eager-full-qlora-all-b1-s256": (-0.0685, -0.0026),
+    "tt-llama3_2-3l-v1024-f704-bf16-eager-full-chunked-qlora-all-b1-s256": (-0.2141, -0.0025),
+    "tt-llama3_2-3l-v1024-f704-fp32-eager-full-qlora-all-b2-s512": (-0.2920, -0.0007),
+    "tt-llama3_2-3l-v1024-f704-fp32-eager-full-qlora-qv-b2-s512": (-0.1935, -0.0009),
+    "tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-qv-b1-s128": (-0.2924, -0.0030),
+}
+
+
+@pytest.mark.parametrize("rid", sorted(EAGER_FULL_FORWARD))
+def test_eager_checkpointed_forward(rid):
+    pred, meas = ROWS[rid]
+    before, now = EAGER_FULL_FORWARD[rid]
+    assert (pred["forward"] - meas["forward"]) / meas["forward"] == pytest.approx(now, abs=0.0005)
+    # the RNG states, and in the runs with adapted MLP linears up to 116 B of small scalars at the moment
+    assert 3 * 5_072 <= meas["forward"] - pred["forward"] <= 3 * 5_072 + 116
+    assert abs(now) < abs(before)
+
+
+def _forward_term(rid):
+    run = next(r for r in json.loads((ROOT / "validation/compile/blocks_qlora_measurements.json").read_text(
+        encoding="utf-8"))["runs"] if r["id"] == rid)
+    result = compare.compare_blocks.solve(run, torchtune_rope=True)
+    return next(t for t in result.terms if t.label.startswith("a checkpointed layer's forward")), result
+
+
+def test_the_forward_moment_by_hand():
+    """bf16, q/v adapted, 128 tokens (h 256, ffn 704, the MLP's linears 180,224 elements): the top layer holds its
+    attention output, residual and MLP norm output (3 x 2 x 128 x 256 = 196,608), silu(gate) (2 x 128 x 704 =
+    180,224) and up_proj's get_original_weight (2,528,768): 2,905,600 B, the measured rise of the forward's peak over
+    the checkpointed inputs (validation/compile/measure_blocks_qlora.py --events). fp32, every linear adapted, two rows
+    of 512 (a = 4 x 1,024 x 704 = 2,883,584): silu(gate), up's output, lora_b's output and its scaled copy, lora_a's
+    output (4 x 1,024 x 8): 4a + 32,768 = 11,567,104, over 3 x 4 x 1,024 x 256 = 3,145,728: 14,712,832 B, measured
+    the same."""
+    term, result = _forward_term("tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-qv-b1-s128")
+    assert "max(0, 2,905,600 B" in term.formula
+    assert 196_608 + 180_224 + 2_528_768 == 2_905_600
+    term, _ = _forward_term("tt-llama3_2-3l-v1024-f704-fp32-eager-full-qlora-all-b2-s512")
+    assert f"max(0, {3_145_728 + 4 * 2_883_584 + 32_768:,} B" in term.formula
+
+
+def test_the_forward_moment_only_where_every_layer_is_checkpointed():
+    """No checkpointing, compiled blocks and bitsandbytes' real-size runs keep their numbers (the term is absent or
+    0: a Llama 3.1 8B's loss moment, 2 x T x V logits and their fp32 copy, exceeds the layer's)."""
+    for rid, (pred, meas) in ROWS.items():
+        if "-full-" not in rid or "-blocks-" in rid:
+            run = next(r for r in json.loads((ROOT / "validation/compile/blocks_qlora_measurements.json").read_text(
+                encoding="utf-8"))["runs"] if r["id"] == rid)
+            assert not any(t.label.startswith("a checkpointed layer's forward")
+                           for t in compare.compare_blocks.solve(run, torchtune_rope=True).terms), rid
+    big = TrainingMemoryModel("measured").solve("llama3-8b", BIG, 1, 2048, "bf16", activation_checkpointing="full",
+                                                 lora={"rank": 16, "quantization": "nf4"})
+    term = next(t for t in big.terms if t.label.startswith("a checkpointed layer's forward"))
+    assert term.nbytes == 0
+
+
 def test_eager_without_checkpointing_unchanged_at_the_backward():
     """Without checkpointing the backward's peak is its start (every saved activation): the transient, priced at the
     backward's end, does not reach it; every such run within 0.2 %."""

@@ -1543,9 +1543,55 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        nbytes=max(0, transient - at_loss), phases=(FORWARD,),
                        formula=f"max(0, {_n(transient)} B ({how}) - {_n(at_loss)} B (what the forward's end holds "
                                "beyond the layers: final norm, logits, loss))"))
+    if (recompute and plan.profile_options.lora.quantization in ("nf4", "fp4")
+            and not getattr(plan.profile_options, "compile", None) and _every_layer_checkpointed(plan, placement)):
+        at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
+        terms.append(_dequantized_in_forward(plan, T, h, c, at_loss))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return rope.stored("model_activations", plan, terms)
+
+
+def _every_layer_checkpointed(plan, placement) -> bool:
+    """Does every decoder layer run its forward under a whole-layer checkpoint (full checkpointing, no block
+    recompute keeping some)?"""
+    from .checkpointing import LAYERS, spec_of
+    n = plan.profile_options.checkpointed_layers
+    return spec_of(plan).recomputes == LAYERS and (n is None or n >= placement.layers_per_stage)
+
+
+def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
+    """A 4-bit base under full checkpointing: the top layer's forward, which saves nothing, dequantizes each linear
+    again (the implementation's ``transient``) inside its MLP. Measured, torchtune 0.6.1 eager QLoRA
+    (validation/compile/measure_blocks_qlora.py --events, the forward's peak): beyond the checkpointed layers'
+    inputs the layer holds its attention output (the ``attn_out`` local), the residual ``h = attn_out + x`` and the
+    MLP norm's output (T x h each), and in the MLP, with a = c x T x ffn, the largest of: silu(gate) (a) and
+    up_proj's ``get_original_weight`` at its peak (bf16, 128-256 tokens); silu(gate), up_proj's output and its
+    dequantized weight (2a + c n); silu(gate), up's output and their product (3a: fp32, 1,024 tokens); the product and
+    down_proj's dequantization (a + the transient again); with up_proj adapted (torchtune's LoRALinear: ``out +
+    scale x lora_b(lora_a(x))``, the adapters in the base's dtype), silu(gate), up's output, lora_b's output and its
+    scaled copy and lora_a's output (4a + c T r: fp32, every linear adapted); with gate_proj adapted, 3a + c T r.
+    That moment and the loss's are apart: the term is what
+    it holds beyond the loss's moment (as DoRA's weight norm)."""
+    from . import quantizations
+    ffn = shape_of(plan).ffn
+    res = plan.profile_options.regime.residual
+    n = max(i * o for _, i, o in _quantized_linears(plan))
+    transient, how = quantizations.chosen(plan.profile_options).transient(n, c)
+    a = c * T * ffn
+    # an adapted linear adds lora_a's output (c x T x r) beside lora_b's and its scaled copy (a each) before the sum
+    lora = c * T * plan.profile_options.lora.rank
+    adapted = set(_adapted(plan)) if not generic(plan) else set()
+    mlp = max(a + transient, 2 * a + c * n, 3 * a + (lora if "gate_proj" in adapted else 0),
+              4 * a + lora if "up_proj" in adapted else 0)
+    held = (2 * c + res) * T * h + mlp
+    return MemoryTerm(component=ACTIVATIONS, label="a checkpointed layer's forward over the 4-bit base, beyond the "
+                      "loss's moment", nbytes=max(0, held - at_loss), phases=(FORWARD,),
+                      formula=f"max(0, {_n(held)} B (the top layer: attention output, residual, norm output "
+                              f"({2 * c + res} x T x h), and its MLP's max(a + the largest linear's dequantization, "
+                              f"2a + {c} x {_n(n)}, 3a, 4a + {c} x T x r where the MLP's linears are adapted) with "
+                              f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
+                              f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
 
 
 def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
