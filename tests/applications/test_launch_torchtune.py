@@ -89,10 +89,12 @@ def test_lora_and_qlora_builders():
                                                                           "gate_proj", "up_proj", "down_proj"],
                                             "adapter_dtype": "base"}
     # torchtune's adapters are in the model's dtype (bf16): rank 64 on q, v, o and the MLP of 28 layers
-    # (h 3072, kv 1024, ffn 8192), 2 B each, beside the 3,212,749,824 bf16 base parameters and 2 x 64 fp32 inv_freq
+    # (h 3072, kv 1024, ffn 8192), 2 B each, beside the 3,212,749,824 bf16 base parameters and torchtune's RoPE cache:
+    # llama3_2_3b's max_seq_len 131,072 x head_dim/2 64 x (cos, sin) in fp32, and its 64 fp32 theta
     adapters = 28 * 64 * ((3072 + 3072) + (3072 + 1024) + (3072 + 3072) + 3 * (3072 + 8192))
     assert adapters == 89_915_392
-    assert lora.solve().weights == 2 * 3_212_749_824 + 2 * adapters + 2 * 64 * 4
+    assert lora.profile_options["rope_cache"] == 131_072 and "rope_cache_layout" not in lora.profile_options
+    assert lora.solve().weights == 2 * 3_212_749_824 + 2 * adapters + 131_072 * 64 * 2 * 4 + 64 * 4
     qlora = from_launch([DATA / "llama3_2" / "3B_qlora_single_device.yaml"], seq_len=2048)
     table = qlora.scenario.profile_options["lora"]
     # torchtune's quantize_base is torchao's NF4Tensor: read as that implementation, no longer approximated
@@ -268,3 +270,21 @@ def test_framework_version_other_than_the_readers_is_said():
     same = from_launch([DATA / "llama3_2/3B_full_single_device.yaml"], hardware="a100", seq_len=2048,
                        framework_version="0.6.1")
     assert not any("--framework-version" in n for n in same.readings[0].notes)
+
+
+def test_rope_cache_per_builder():
+    """Each builder's max_seq_len as torchtune 0.6.1's model builders set it (the RoPE cache's rows, rope.py); Qwen2.5's
+    and Phi-3's rope concatenate cos and sin (twice the values per position)."""
+    from mlsysim_plugins.launch.torchtune import ROPE_ROWS, _rope_cache
+    from mlsysim_plugins.launch._common import Reading
+    assert (ROPE_ROWS["llama2_7b"], ROPE_ROWS["llama3_8b"], ROPE_ROWS["llama3_1_8b"], ROPE_ROWS["mistral_7b"],
+            ROPE_ROWS["qwen2_5_0_5b"], ROPE_ROWS["qwen2_5_7b"], ROPE_ROWS["gemma2_9b"], ROPE_ROWS["phi3_mini"]) == (
+        4096, 8192, 131072, 32768, 32768, 131072, 8192, 4096)
+    seen = {}
+    for base in ("llama3_1_8b", "qwen2_5_7b", "qwen3_8b"):
+        r = Reading("torchtune", "config.yaml", "torchtune 0.6.1")
+        _rope_cache(r, base)
+        seen[base] = {d.field: d.value for d in r.defaults}
+    assert seen == {"llama3_1_8b": {"rope_cache": 131072},
+                    "qwen2_5_7b": {"rope_cache": 131072, "rope_cache_layout": "concatenated"},
+                    "qwen3_8b": {}}      # no qwen3 builder in 0.6.1: Hugging Face's tables

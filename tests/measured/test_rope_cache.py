@@ -48,6 +48,14 @@ def test_the_cache_replaces_the_buffers_and_the_tables():
     assert tt.phase_totals["optimizer_step"] - hf.phase_totals["optimizer_step"] == 65_472
 
 
+def test_concatenated_layout_by_hand():
+    # torchtune's Qwen2/Phi-3 RoPE: cat([cos(f), sin(f)]) with f = cat([theta, theta]): max_seq_len x 2 head_dim values;
+    # Qwen2.5 7B (qwen2_5_7b: max_seq_len 131,072, head_dim 128): 131,072 x 256 x 4 B = 134,217,728 B (128 MiB)
+    assert rope.cache_bytes(131_072, 128, "fp32", "concatenated") == (134_217_728, 256)
+    tt = _solve(rope_cache=512, rope_cache_layout="concatenated")
+    assert _key(tt, "rope_buffers") == 512 * 64 * 4 + 16 * 4
+
+
 def test_bf16_cast_cache():
     tt = _solve("bf16", rope_cache=512, rope_cache_dtype="bf16")
     assert _key(tt, "rope_buffers") == 512 * 32 * 2 + 16 * 2
@@ -61,6 +69,7 @@ def test_default_is_unchanged():
     (dict(rope_cache=0), "rope_cache", "a whole number of positions"),
     (dict(rope_cache=256), "rope_cache", "at least the sequence length 512"),
     (dict(rope_cache_dtype="bf16"), "rope_cache_dtype", "None unless rope_cache is set"),
+    (dict(rope_cache_layout="pairs"), "rope_cache_layout", "None unless rope_cache is set"),
 ])
 def test_refused_by_name(kw, parameter, says):
     with pytest.raises(InvalidInputError, match=says) as e:

@@ -76,7 +76,7 @@ def compare_rows(path: str = PATH):
                                                   os.path.join(ROOT, "validation", "compile", "compare_blocks.py"))
     compare_blocks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(compare_blocks)
-    return list(compare_blocks.rows(path)), compare_blocks
+    return list(compare_blocks.rows(path, torchtune_rope=True)), compare_blocks      # (torchtune's RoPE cache)
 
 
 # The README's rows and the configs that produced them. The table was added by pytorch/torchtune 30b8519e8
@@ -129,7 +129,7 @@ if __name__ == "__main__":
         with contextlib.suppress(KeyboardInterrupt):
             sys.exit(measure_main([a for a in sys.argv[1:] if a != "--measure"]))
     rows, compare_blocks = compare_rows()
-    print(compare_blocks.table(PATH))
+    print(compare_blocks.table(PATH, torchtune_rope=True))
     print()
     print("| run | published (peak per GPU) | predicted allocated (error) | predicted total (error) |")
     print("|---|---:|---:|---:|")

@@ -52,6 +52,21 @@ BUILDERS = {
 SAME_AS = {"llama3_3_70b": ("llama3_1_70b", "Llama 3.3 70B has Llama 3.1 70B's architecture (torchtune's "
                                             "llama3_3_70b calls llama3_1_70b)")}
 
+# Each builder's max_seq_len (torchtune/models/<family>/_model_builders.py, v0.6.1): the rows of the RoPE cache its one
+# rope module registers at model init (rope_cache=, measured/rope.py), fp32 whatever the recipe's dtype (theta is
+# computed .float(), the recipes build under set_default_dtype and never cast the model). Qwen2.5's and Phi-3's rope
+# (Qwen2RotaryPositionalEmbeddings, Phi3RotaryPositionalEmbeddings) concatenate cos and sin over the frequencies
+# twice (layout "concatenated"); the others stack them (RotaryPositionalEmbeddings, Llama3ScaledRoPE: "pairs").
+# Qwen3 has no builder in 0.6.1 (no torchtune/models/qwen3): its runs keep Hugging Face's tables.
+ROPE_ROWS = {
+    "llama2_7b": 4096, "llama2_13b": 4096, "llama2_70b": 4096, "llama3_8b": 8192, "llama3_70b": 8192,
+    "llama3_1_8b": 131072, "llama3_1_70b": 131072, "llama3_1_405b": 131072, "llama3_2_1b": 131072,
+    "llama3_2_3b": 131072, "mistral_7b": 32768, "qwen2_5_0_5b": 32768, "qwen2_5_1_5b": 131072,
+    "qwen2_5_7b": 131072, "qwen2_5_14b": 131072, "qwen2_5_32b": 131072, "qwen2_5_72b": 131072,
+    "gemma2_2b": 8192, "gemma2_9b": 8192, "gemma2_27b": 8192, "phi3_mini": 4096,
+}
+CONCATENATED_ROPE = ("qwen2_5_", "phi3_")
+
 # torchtune's LoRA module names -> the measured profile's (peft's) target names.
 LORA_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")      # torchtune's w1, w3, w2
@@ -294,6 +309,7 @@ def _model(r: Reading, model, path, context) -> None:
     else:
         resolved, more = catalog_model(BUILDERS[base], "model._component_", path, context=context)
         r.set("model._component_", component, "model", resolved, "; ".join(n for n in (note, more) if n))
+        _rope_cache(r, base)
     keys = {k: v for k, v in model.items() if k != "_component_"}
     if not lora:
         if keys:
@@ -356,6 +372,22 @@ def _model(r: Reading, model, path, context) -> None:
         raise InvalidInputError(f"model.{key}", keys[key], "a LoRA builder argument this reader knows: lora_rank, "
                                 "lora_alpha, lora_dropout, lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, "
                                 "use_dora, quantize_base", f"{path}: refused rather than dropped")
+
+
+def _rope_cache(r: Reading, base: str) -> None:
+    """The builder's one RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS)."""
+    rows = ROPE_ROWS.get(base)
+    if rows is None:
+        return
+    family = next(f for f in ("llama3_1", "llama3_2", "llama2", "llama3", "mistral", "qwen2_5", "gemma2", "phi3")
+                  if base.startswith(f + "_"))
+    r.default("model._component_", "rope_cache", rows, f"{REPO} torchtune/models/{family}/_model_builders.py "
+              f"({base}: max_seq_len={rows})", "the rope module's cache (rope_init, build_rope_cache: max_seq_len "
+              "positions, fp32, one shared by every layer) in place of Hugging Face's per-forward cos/sin tables")
+    if base.startswith(CONCATENATED_ROPE):
+        where = "qwen2/_positional_embeddings.py" if family == "qwen2_5" else "phi3/_position_embeddings.py"
+        r.default("model._component_", "rope_cache_layout", "concatenated", f"{REPO} torchtune/models/{where} "
+                  "(build_rope_cache: cat([cos, sin]) of cat([theta, theta]))", "max_seq_len x 2 head_dim values")
 
 
 def _sequence(r: Reading, cfg, seen, path, context) -> None:

@@ -18,7 +18,7 @@ from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER
 from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
-from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE
+from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE, ROPE_CACHE_LAYOUT
 from .techniques import Candidate, Technique
 
 # Imported on first use (the physics never when the plugins load): module-level stand-ins rather than
@@ -426,7 +426,8 @@ TECHNIQUES = (
               with_compile=_with_compile("accepted_with_compile")),
     Technique(name="rope_cache", order=3, after="device", apply={"completed": _rope_cache},
               description="torchtune's persistent RoPE cache in place of Hugging Face's per-forward tables (rope.py)",
-              options={"rope_cache": ROPE_CACHE, "rope_cache_dtype": ROPE_CACHE_DTYPE},
+              options={"rope_cache": ROPE_CACHE, "rope_cache_dtype": ROPE_CACHE_DTYPE,
+                       "rope_cache_layout": ROPE_CACHE_LAYOUT},
               with_compile=_with_compile("accepted_with_compile")),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},

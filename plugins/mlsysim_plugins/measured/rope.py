@@ -17,7 +17,8 @@ The builders build ONE rope module and pass it to every layer's attention
 so there is one cache per model, alive the whole iteration (a weights term). Its forward slices it
 (``self.cache[:seq_len]``, a view): no per-forward table.
 
-``rope_cache=N`` (the builder's ``max_seq_len``; ``rope_cache_dtype`` the dtype the buffers are in)
+``rope_cache=N`` (the builder's ``max_seq_len``; ``rope_cache_dtype`` the dtype the buffers are in;
+``rope_cache_layout`` ``"concatenated"`` for Qwen2's and Phi-3's, twice the values per position)
 selects torchtune's: the weights carry ``theta`` and the cache in place of HF's two ``inv_freq``
 buffers, and the activations no RoPE tables. Measured: validation/compile/blocks*_measurements.json
 (torchtune's own builders): every run's end of backward was short by exactly cache + theta - 128 B
@@ -34,6 +35,11 @@ from . import term_keys as K
 from .options import _option
 
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Values per position, per rotated head dimension, of each cache layout: RotaryPositionalEmbeddings and
+# Llama3ScaledRoPE stack cos and sin over head_dim/2 frequencies ([max_seq_len, head_dim/2, 2]: 1 per dimension);
+# Qwen2RotaryPositionalEmbeddings and Phi3RotaryPositionalEmbeddings concatenate cos and sin over the frequencies
+# repeated twice (cat([cos(f), sin(f)]), f = cat([theta, theta]): [max_seq_len, 2 x head_dim]: 2 per dimension).
+LAYOUTS = {"pairs": 1, "concatenated": 2}
 
 ROPE_CACHE = _option(
     "a persistent RoPE cache of this many positions in place of Hugging Face's per-forward cos/sin tables: "
@@ -43,6 +49,10 @@ ROPE_CACHE_DTYPE = _option(
     "with rope_cache: the dtype of the cache and its theta: fp32 (default: torchtune computes them in fp32 "
     "whatever the default dtype), or bf16/fp16 for a model cast after init (model.to(dtype))",
     choices=tuple(DTYPES))
+ROPE_CACHE_LAYOUT = _option(
+    "with rope_cache: the cache's layout: pairs (default; torchtune's RotaryPositionalEmbeddings and "
+    "Llama3ScaledRoPE: max_seq_len x head_dim/2 x (cos, sin)) or concatenated (torchtune's Qwen2 and Phi-3 "
+    "RoPE: max_seq_len x 2 head_dim, cos and sin of the frequencies repeated twice)", choices=tuple(LAYOUTS))
 
 
 def cached(plan) -> bool:
@@ -50,31 +60,34 @@ def cached(plan) -> bool:
     return bool(getattr(plan.profile_options, "rope_cache", None))
 
 
-def cache_bytes(rows: int, rotary_dim: int, dtype: str = "fp32") -> tuple[int, int]:
-    """(cache, theta) bytes: ``rows x rotary_dim/2 x 2`` and ``rotary_dim/2`` values of ``dtype``."""
+def cache_bytes(rows: int, rotary_dim: int, dtype: str = "fp32", layout: str = "pairs") -> tuple[int, int]:
+    """(cache, theta) bytes: ``rows x rotary_dim/2 x 2`` (``"pairs"``; ``"concatenated"``: ``rows x 2
+    rotary_dim``) and ``rotary_dim/2`` values of ``dtype``."""
     b = DTYPES[dtype]
-    return rows * (rotary_dim // 2) * 2 * b, (rotary_dim // 2) * b
+    return rows * (rotary_dim // 2) * 2 * LAYOUTS[layout] * b, (rotary_dim // 2) * b
 
 
 def cache_terms(shape, plan) -> list[MemoryTerm]:
     """The cache and its theta: one per model, every phase (a buffer built at model init)."""
     o = plan.profile_options
-    dtype = o.rope_cache_dtype or "fp32"
-    cache, theta = cache_bytes(o.rope_cache, shape.rotary_dim, dtype)
+    dtype, layout = o.rope_cache_dtype or "fp32", getattr(o, "rope_cache_layout", None) or "pairs"
+    cache, theta = cache_bytes(o.rope_cache, shape.rotary_dim, dtype, layout)
+    row = (f"head_dim/2={shape.rotary_dim // 2} x 2 (cos, sin)" if layout == "pairs" else
+           f"2 x head_dim={shape.rotary_dim} (cos, sin of the frequencies twice)")
     return [MemoryTerm(component=WEIGHTS, key=K.ROPE_BUFFERS, label="RoPE cache and theta (torchtune)",
                        phases=ALL, nbytes=cache + theta,
-                       formula=f"max_seq_len={o.rope_cache:,} x head_dim/2={shape.rotary_dim // 2} x 2 (cos, sin) + "
-                               f"head_dim/2 (theta), x {DTYPES[dtype]} B ({dtype}); one shared by every layer")]
+                       formula=f"max_seq_len={o.rope_cache:,} x {row} + head_dim/2 (theta), x {DTYPES[dtype]} B "
+                               f"({dtype}); one shared by every layer")]
 
 
 def prepare(plan, registry):
     """The option checked: a whole number of positions, at least the run's sequence; rotary positions only."""
     o = plan.profile_options
-    rows, dtype = o.rope_cache, o.rope_cache_dtype
+    rows, dtype, layout = o.rope_cache, o.rope_cache_dtype, o.rope_cache_layout
     if rows is None:
-        if dtype is not None:
-            raise InvalidInputError("rope_cache_dtype", dtype, "None unless rope_cache is set",
-                                    "no RoPE cache to type")
+        for name, value in (("rope_cache_dtype", dtype), ("rope_cache_layout", layout)):
+            if value is not None:
+                raise InvalidInputError(name, value, "None unless rope_cache is set", "no RoPE cache to describe")
         return plan
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise InvalidInputError("rope_cache", rows, "a whole number of positions >= 1 (the builder's max_seq_len)")
@@ -83,6 +96,8 @@ def prepare(plan, registry):
                                 "torchtune rebuilds a cache shorter than the input (not modelled)")
     if dtype is not None and dtype not in DTYPES:
         raise InvalidInputError("rope_cache_dtype", dtype, "one of " + ", ".join(DTYPES))
+    if layout is not None and layout not in LAYOUTS:
+        raise InvalidInputError("rope_cache_layout", layout, "one of " + ", ".join(LAYOUTS))
     from .shapes import shape_of
     shape = shape_of(plan)
     if shape.family.positions != "rotary":
