@@ -739,16 +739,8 @@ def _blocked_provider(err, args) -> str:
     blocked_eps = {info.name for info in pm.blocked_entry_points}
     providers = set(names & blocked_eps) if err.parameter in ("include_plugins", "--include-plugin") else set()
     if not providers:
-        import warnings
-        from .manager import PluginManager
-        try:
-            with warnings.catch_warnings():     # (said once already, by the command's own load)
-                warnings.simplefilter("ignore")
-                everything = PluginManager()
-                everything.load_entrypoints(third_party=True, blocked=())
-                with everything.allowing_broken():
-                    registry = everything.registry
-        except Exception:     # the unblocked set may hold the very plugin that was blocked for breaking
+        registry = _every_installed_registry()
+        if registry is None:
             return ""
         providers = {info.name for (_kind, name), info in registry.providers.items()
                      if name in names and info.name in blocked_eps}
@@ -758,6 +750,44 @@ def _blocked_provider(err, args) -> str:
     return (f"the plugin {which} that provides it is blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin"
             if len(providers) == 1 else
             f"the plugins {which} that provide it are blocked by MLSYSIM_DISABLED_PLUGINS / --disable-plugin")
+
+
+def _every_installed_registry():
+    """The registry of every installed plugin, nothing blocked, third parties too (for naming
+    what a blocked or unloaded plugin would provide: error paths only); None if they fail to load."""
+    import warnings
+    from .manager import PluginManager
+    try:
+        with warnings.catch_warnings():     # (said once already, by the command's own load)
+            warnings.simplefilter("ignore")
+            everything = PluginManager()
+            everything.load_entrypoints(third_party=True, blocked=())
+            with everything.allowing_broken():
+                return everything.registry
+    except Exception:     # the unblocked set may hold the very plugin that was blocked for breaking
+        return None
+
+
+@contextlib.contextmanager
+def _naming_unloaded(args, data, options):
+    """A scenario's unknown fields (``data``'s that no option of ``options`` takes) that a plugin
+    this command did not load declares: the refusal says why with the command's own manager
+    (--disable-plugin is this command's, not the process-wide manager's)."""
+    try:
+        yield
+    except InvalidInputError as err:
+        import attrs
+        from .scenario import Scenario, unloaded_options
+        own = {f.name for f in attrs.fields(Scenario)} - {"profile_options"}
+        unknown = sorted(set(data) - own - set(options)) if isinstance(data, dict) and options is not None else []
+        pm = getattr(args, "_plugin_manager", None) or (
+            _manager(args) if hasattr(args, "disable_plugin") and hasattr(args, "no_third_party_plugins") else None)
+        if not unknown or err.value != ", ".join(unknown) or pm is None:
+            raise
+        unloaded = unloaded_options(unknown, pm, loaded=options)
+        if not unloaded:
+            raise
+        raise type(err)(err.parameter, err.value, err.allowed, f"unknown field(s); {unloaded}") from err
 
 
 def scenario_from_args(args):
@@ -772,7 +802,8 @@ def scenario_from_args(args):
     options = getattr(args, "option_fields", None)
     data, where = read_table(args.scenario) if args.scenario else ({}, "")
     if args.scenario:
-        Scenario.from_dict(data, where=where, options=options)     # the file's own errors, named by it
+        with _naming_unloaded(args, data, options):
+            Scenario.from_dict(data, where=where, options=options)     # the file's own errors, named by it
         data = {name: value for name, value in data.items() if name != "description"}
     launch = _launch(args)
     if launch is not None:     # the launch files' run, as a scenario file's fields
@@ -798,7 +829,8 @@ def scenario_from_args(args):
     if args.include_plugin:
         data["include_plugins"] = sorted({*data.get("include_plugins", ()), *args.include_plugin})
     _check_given(args, data, where)
-    scenario = Scenario.from_dict(data, options=options)
+    with _naming_unloaded(args, data, options):
+        scenario = Scenario.from_dict(data, options=options)
     if launch is not None:
         _check_launch_layout(args, launch.scenario, scenario)
     if launch is not None:     # the flags that replaced a file's value, said
@@ -2030,9 +2062,9 @@ def main(argv: list[str] | None = None, out=None) -> int:
             return 2
         registry, known = _flags_registry(argv)
         parser = _parser(registry)
-        args = parser.parse_args(argv)
+        args = _parse_args(parser, argv, registry, known)
         if args.command is None:   # bare `mlsysim-core` runs the default estimate
-            args = parser.parse_args([*argv, "estimate"])
+            args = _parse_args(parser, [*argv, "estimate"], registry, known)
         # (not set_defaults: parent-parser actions are shared, and defaults would clobber values)
         for name, default in (("disable_plugin", []), ("no_third_party_plugins", False), ("debug", False)):
             if not hasattr(args, name):
@@ -2041,6 +2073,44 @@ def main(argv: list[str] | None = None, out=None) -> int:
                 known.disable_plugin, known.no_third_party_plugins):
             args._plugin_manager = known._plugin_manager
         return _run(args, out, real_stdout)
+
+
+def _parse_args(parser, argv, registry, known):
+    """``parser.parse_args(argv)``; where it would refuse "unrecognized arguments", a flag that the
+    options of an installed plugin this command did not load (blocked, or third parties off) would
+    add is named with its plugin and why (exit 2)."""
+    from gettext import gettext as _     # (argparse's own message, translated as argparse does)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        message = _("unrecognized arguments: %s") % " ".join(rest)
+        unloaded = _unloaded_flags(rest, registry, known) if hasattr(args, "option_fields") else ""
+        parser.error(f"{message} ({unloaded})" if unloaded else message)
+    return args
+
+
+def _unloaded_flags(rest, registry, known) -> str:
+    """What the flags among ``rest`` (argparse's unrecognized arguments) are, where an installed
+    plugin that the command's manager (``known``'s) left out declares them as an option's flag:
+    ``"--x: 'x' is an option of plugin 'p' (dist 1.0), blocked by ..."``; ``""`` if none is."""
+    pm = getattr(known, "_plugin_manager", None)
+    given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
+    if pm is None or registry is None or not given:
+        return ""
+    everything = _every_installed_registry()     # (an error path only: every installed plugin loaded)
+    if everything is None:
+        return ""
+    from .scenario import option_fields, unloaded_options
+    loaded = option_fields(registry)
+    said = []
+    for name, field in option_fields(everything).items():
+        meta = field.metadata
+        flags = (_flags(meta, name) if meta.get("type", str) is not None else ()) + tuple(
+            flag for spec in meta.get("flags") or () for flag in _flags(spec))
+        for flag in (f for f in flags if f in given and name not in loaded):
+            why = unloaded_options([name], pm, loaded=loaded)
+            if why:
+                said.append(f"{flag}: {why}")
+    return "; ".join(said)
 
 
 def _flag_before_command(argv) -> InvalidInputError | None:

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from clitools import error_of
+from clitools import error_of, run as run_cli
 from mlsysim_core import InvalidInputError, InvalidInputTypeError, TrainingMemoryModel, estimate
 from mlsysim_core import manager as manager_module, solver as solver_module
 from mlsysim_core.manager import PluginManager
@@ -114,13 +114,66 @@ def test_the_cli_says_blocked(installed, scenario_file, capsys, monkeypatch):
     installed(PLUGIN)
     code, err = error_of(capsys, "estimate", "--scenario", str(scenario_file))
     assert code == 2 and err.endswith(f"(unknown field(s); {BLOCKED})")
-    # --disable-plugin blocks it for the command only: the option's plugin is named as not loaded
+    # --disable-plugin blocks it for the command only: the command's own manager names it blocked
     monkeypatch.delenv("MLSYSIM_DISABLED_PLUGINS")
     installed()
-    code, err = error_of(capsys, "estimate", "--disable-plugin", PLUGIN, "--scenario", str(scenario_file))
+    for where in (["--disable-plugin", PLUGIN, "estimate"], ["estimate", "--disable-plugin", PLUGIN],
+                  ["--disable-plugin", "mlsysim-aq2-host-state", "estimate"]):    # (before or after; the dist)
+        code, err = error_of(capsys, *where, "--scenario", str(scenario_file))
+        assert code == 2 and err == (f"mlsysim-core: error: scenario host.json='myorg_state_host' is not allowed: "
+                                     f"known fields: {err.split('known fields: ')[1].split(' (')[0]} "
+                                     f"(unknown field(s); {BLOCKED})")
+    code, err = error_of(capsys, "estimate", "--no-third-party-plugins", "--scenario", str(scenario_file))
     assert code == 2 and err.endswith(
         f"(unknown field(s); 'myorg_state_host' is an option of plugin '{PLUGIN}' (mlsysim-aq2-host-state 0.1.0), "
-        "installed but not loaded for this run (blocked by --disable-plugin, or left out of the plugin manager given))")
+        "not loaded: third-party plugins are off (MLSYSIM_DISABLE_PLUGIN_AUTOLOAD / --no-third-party-plugins))")
+
+
+def _usage_error(capsys, *argv):
+    """(exit code, the last stderr line) of a command argparse refuses (its usage, then the error)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(*argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("usage: ")
+    return exit_.value.code, err.strip().splitlines()[-1]
+
+
+FLAG_BLOCKED = f"--myorg-state-host: {BLOCKED}"
+
+
+def test_the_blocked_plugins_flag_is_named(installed, capsys, monkeypatch):
+    """The technique's flag (--myorg-state-host, from its option) is no flag of a command that does
+    not load it: argparse's "unrecognized arguments" names the plugin that declares it and why."""
+    installed()
+    code, out = run_cli("estimate", "--myorg-state-host", "yes", "--json")     # loaded: the flag works
+    assert code == 0 and json.loads(out)["optimizer_state"] == 0
+    for argv in (["--disable-plugin", PLUGIN, "estimate", "--myorg-state-host", "yes"],
+                 ["estimate", "--myorg-state-host=yes", "--disable-plugin", PLUGIN],
+                 ["--disable-plugin", PLUGIN, "search", "--devices", "8", "--myorg-state-host", "yes"]):
+        code, err = _usage_error(capsys, *argv)
+        given = "--myorg-state-host=yes" if "--myorg-state-host=yes" in argv else "--myorg-state-host yes"
+        assert code == 2 and err == f"mlsysim-core: error: unrecognized arguments: {given} ({FLAG_BLOCKED})"
+    code, err = _usage_error(capsys, "estimate", "--no-third-party-plugins", "--myorg-state-host", "yes")
+    assert code == 2 and err == (
+        "mlsysim-core: error: unrecognized arguments: --myorg-state-host yes (--myorg-state-host: 'myorg_state_host' "
+        f"is an option of plugin '{PLUGIN}' (mlsysim-aq2-host-state 0.1.0), not loaded: third-party plugins are off "
+        "(MLSYSIM_DISABLE_PLUGIN_AUTOLOAD / --no-third-party-plugins))")
+    monkeypatch.setenv("MLSYSIM_DISABLED_PLUGINS", PLUGIN)     # blocked by the environment
+    code, err = _usage_error(capsys, "estimate", "--myorg-state-host", "yes", "--json")
+    assert code == 2 and err == (f"mlsysim-core: error: unrecognized arguments: --myorg-state-host yes "
+                                 f"({FLAG_BLOCKED})")
+
+
+def test_other_unrecognized_flags_keep_argparses_message(installed, capsys):
+    installed()
+    for argv, given in ((["--disable-plugin", PLUGIN, "estimate", "--myorg-state-hots", "yes"],
+                         "--myorg-state-hots yes"),     # a misspelling: no plugin declares it
+                        (["estimate", "--myorg-state-hots", "yes"], "--myorg-state-hots yes"),
+                        (["--disable-plugin", PLUGIN, "models", "--myorg-state-host", "yes"],
+                         "--myorg-state-host yes")):    # a command that takes no option flags
+        code, err = _usage_error(capsys, *argv)
+        assert code == 2 and err == f"mlsysim-core: error: unrecognized arguments: {given}"
 
 
 def test_a_misspelled_option_is_still_unknown(installed, scenario_file):
