@@ -75,7 +75,7 @@ def test_the_weights_are_torchaos_nf4_exactly():
         cache = 4 * cfg["max_position_embeddings"] * cfg["head_dim"]
         assert sum(t.nbytes for t in hf.terms if t.key == "rope_buffers") == 2 * 4 * cfg["head_dim"] // 2
         tt = compare.compare_blocks.solve(run, torchtune_rope=True)
-        assert sum(t.nbytes for t in tt.terms if t.key == "rope_buffers") == cache + 4 * cfg["head_dim"] // 2
+        assert sum(t.nbytes for t in tt.terms if t.key == "rope_cache") == cache + 4 * cfg["head_dim"] // 2
         assert not any(t.key == "rope_tables" for t in tt.terms), rid
 
 

@@ -40,8 +40,8 @@ def test_the_cache_replaces_the_buffers_and_the_tables():
     hf, tt = _solve(), _solve(rope_cache=512)
     assert _key(hf, "rope_buffers") == 2 * 16 * 4                 # inv_freq, original_inv_freq (fp32)
     assert _key(hf, "rope_tables") == 2 * 512 * 32 * 4            # cos, sin: 2 x s x head_dim x 4 B, per forward
-    assert _key(tt, "rope_buffers") == 512 * 16 * 2 * 4 + 16 * 4  # one cache and one theta, every phase
-    assert _key(tt, "rope_tables") == 0
+    assert _key(tt, "rope_cache") == 512 * 16 * 2 * 4 + 16 * 4    # one cache and one theta, every phase
+    assert _key(tt, "rope_buffers") == _key(tt, "rope_tables") == 0
     # every phase holds the cache; the forward's tables are gone: weights +65,472 B, end of forward -65,600 B
     weights = [sum(t.nbytes for t in r.terms if t.component == "weights") for r in (hf, tt)]
     assert weights[1] - weights[0] == 65_536 + 64 - 128
@@ -53,12 +53,21 @@ def test_concatenated_layout_by_hand():
     # Qwen2.5 7B (qwen2_5_7b: max_seq_len 131,072, head_dim 128): 131,072 x 256 x 4 B = 134,217,728 B (128 MiB)
     assert rope.cache_bytes(131_072, 128, "fp32", "concatenated") == (134_217_728, 256)
     tt = _solve(rope_cache=512, rope_cache_layout="concatenated")
-    assert _key(tt, "rope_buffers") == 512 * 64 * 4 + 16 * 4
+    assert _key(tt, "rope_cache") == 512 * 64 * 4 + 16 * 4
 
 
 def test_bf16_cast_cache():
     tt = _solve("bf16", rope_cache=512, rope_cache_dtype="bf16")
-    assert _key(tt, "rope_buffers") == 512 * 32 * 2 + 16 * 2
+    assert _key(tt, "rope_cache") == 512 * 32 * 2 + 16 * 2
+
+
+def test_a_parameter_offload_leaves_the_cache_on_the_device():
+    # buffers, not parameters (term_keys.NOT_PARAMETERS): torchtune's distributed recipe builds them with rope_init()
+    # on the device after sharding; FSDP's CPU offload moves the parameters only
+    from mlsysim_core.terms import ACCELERATOR
+    r = _solve(rope_cache=512, offload="optimizer+gradients+parameters", data_parallel="fsdp", dp_size=2)
+    cache = [t for t in r.terms if t.key == "rope_cache"]
+    assert [(t.nbytes, t.tier) for t in cache] == [(65_536 + 64, ACCELERATOR)]
 
 
 def test_default_is_unchanged():

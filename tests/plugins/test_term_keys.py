@@ -46,7 +46,7 @@ EXACT = {
     "cross-entropy backward temporaries, one chunk (fp32)": K.CHUNKS_BACKWARD,
     "LM head backward: the chunks' logits gradients and the weight gradient partials": K.CHUNKS_BACKWARD,
     "recompute working set (one layer)": K.RECOMPUTE_WORKING_SET,
-    "quantization constants": K.QUANTIZATION_STATE,
+    "quantization constants": K.QUANTIZATION_STATE, "RoPE cache and theta (torchtune)": K.ROPE_CACHE,
 }
 PREFIX = (("RoPE frequency buffers (second rotary", K.ROPE_BUFFERS), ("RoPE cos/sin tables", K.ROPE_TABLES),
           ("stage input (received", K.STAGE_INPUT), ("final norm output (held until the loss", K.FINAL_NORM_OUTPUT),
@@ -71,6 +71,7 @@ SPREAD = [
     ("meta-llama/llama-3.2-1b", dict(checkpointing="full")),
     ("meta-llama/llama-3.2-1b", dict(lora={"rank": 8}, checkpointing="full")),
     ("meta-llama/llama-3.2-1b", dict(lora={"rank": 8}, loss="chunked")),
+    ("meta-llama/llama-3.2-1b", dict(rope_cache=131_072, checkpointing="full")),
     ("meta-llama/llama-3.2-1b", dict(lora={"rank": 8, "quantization": "nf4"}, checkpointing="full")),
     ("meta-llama/llama-3.2-1b", dict(compile="blocks", checkpointing="full", loss="chunked")),
     ("meta-llama/llama-3.2-1b", dict(compile="blocks+loss")),

@@ -68,13 +68,14 @@ def cache_bytes(rows: int, rotary_dim: int, dtype: str = "fp32", layout: str = "
 
 
 def cache_terms(shape, plan) -> list[MemoryTerm]:
-    """The cache and its theta: one per model, every phase (a buffer built at model init)."""
+    """The cache and its theta: one per model, every phase (buffers built at model init on the device: a parameter
+    offload leaves them there, ``term_keys.NOT_PARAMETERS``)."""
     o = plan.profile_options
     dtype, layout = o.rope_cache_dtype or "fp32", getattr(o, "rope_cache_layout", None) or "pairs"
     cache, theta = cache_bytes(o.rope_cache, shape.rotary_dim, dtype, layout)
     row = (f"head_dim/2={shape.rotary_dim // 2} x 2 (cos, sin)" if layout == "pairs" else
            f"2 x head_dim={shape.rotary_dim} (cos, sin of the frequencies twice)")
-    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_BUFFERS, label="RoPE cache and theta (torchtune)",
+    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_CACHE, label="RoPE cache and theta (torchtune)",
                        phases=ALL, nbytes=cache + theta,
                        formula=f"max_seq_len={o.rope_cache:,} x {row} + head_dim/2 (theta), x {DTYPES[dtype]} B "
                                f"({dtype}); one shared by every layer")]
@@ -93,7 +94,7 @@ def prepare(plan, registry):
         raise InvalidInputError("rope_cache", rows, "a whole number of positions >= 1 (the builder's max_seq_len)")
     if rows < plan.seq_len:
         raise InvalidInputError("rope_cache", rows, f"at least the sequence length {plan.seq_len}",
-                                "torchtune rebuilds a cache shorter than the input (not modelled)")
+                                "torchtune's rope slices cache[:seq_len]: a longer input fails in its forward")
     if dtype is not None and dtype not in DTYPES:
         raise InvalidInputError("rope_cache_dtype", dtype, "one of " + ", ".join(DTYPES))
     if layout is not None and layout not in LAYOUTS:

@@ -13,9 +13,10 @@ from mlsysim_core import terms as _terms
 # Weights.
 ROPE_BUFFERS = "rope_buffers"                   # RoPE's inv_freq buffers (fp32), one set per rotary embedding
 QUANTIZATION_STATE = "quantization_state"       # bitsandbytes' QuantState tensors (absmax, code tables): module attributes
+ROPE_CACHE = "rope_cache"                       # torchtune's persistent RoPE cache and theta (rope.py): buffers
 # Weights' terms that are module attributes, not parameters: a parameter offload (FSDP's CPUOffload moves the
 # FlatParameters, DeepSpeed's offload_param the partitioned parameters) leaves them on the accelerator.
-NOT_PARAMETERS = (QUANTIZATION_STATE,)
+NOT_PARAMETERS = (QUANTIZATION_STATE, ROPE_CACHE)
 # Activations outside the decoder layers (model.model_activation_terms, lora.model_activation_terms).
 TOKEN_IDS = "token_ids"                         # the input token ids (int64), alive in every phase
 EMBEDDING_OUTPUT = "embedding_output"           # the embedding's output, saved by the first layer's norm
