@@ -1547,6 +1547,8 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             and not getattr(plan.profile_options, "compile", None) and _every_layer_checkpointed(plan, placement)):
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
         terms.append(_dequantized_in_forward(plan, T, h, c, at_loss))
+        at_loss = sum(t.nbytes for t in terms if BACKWARD in t.phases and id(t) not in through_layers)
+        terms.append(_top_layer_backward(plan, placement, T, h, c, at_loss))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return rope.stored("model_activations", plan, terms)
@@ -1592,6 +1594,53 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
                               f"2a + {c} x {_n(n)}, 3a, 4a + {c} x T x r where the MLP's linears are adapted) with "
                               f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
                               f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
+
+
+def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
+    """A 4-bit base under full checkpointing, eager: the backward's peak inside the top layer, before any adapter
+    gradient exists (every layer's checkpointed input and the layer output's gradient alive beside it). Measured,
+    torchtune 0.6.1 eager QLoRA (validation/compile/measure_blocks_qlora.py --events, the backward's peak), the
+    larger of two moments beyond the layer output's gradient (res x T x h):
+
+    * the recompute, at down_proj's dequantization (the implementation's ``transient``): the layer's saved set
+      (all of it made by then), its locals (the attention output, c x T x h; the residual h where the MLP norm saves
+      an fp32 copy of it, not h itself; the MLP norm's output where no gate/up adapter saves it) and the product
+      silu(gate) x up (a = c x T x ffn) where no down adapter saves it (bf16 q/v, 128 tokens); with down_proj
+      adapted, its adapter's scaled output gradient (c x T x h, made before the recompute), less the adapter's
+      intermediate (c x T x r, saved after the base's op: bf16, every linear adapted);
+    * the MLP's backward after the recompute: the saved set, down's input gradient (a) and the product's backward's
+      two gradients (2a), less the product that down's adapter saved and released in its backward (fp32, 1,024
+      tokens: q/v 3a, every linear 2a).
+
+    The term is what that moment holds beyond the loss's backward moment (as the forward's term)."""
+    from . import quantizations
+    first, other = _layers(plan, placement)
+    layer = other if placement.layers_per_stage > 1 else first
+    saved = layer.saved(T)
+    regime = plan.profile_options.regime
+    res = regime.residual
+    a = c * T * shape_of(plan).ffn
+    n = max(i * o for _, i, o in _quantized_linears(plan))
+    transient, how = quantizations.chosen(plan.profile_options).transient(n, c)
+    adapted = set(_adapted(plan)) if not generic(plan) else set()
+    norm_in = "gate_proj" in adapted or "up_proj" in adapted
+    down = "down_proj" in adapted
+    # the MLP norm computes in fp32: from a 16-bit residual it saves an fp32 copy, from an fp32 one h itself
+    locals_ = c * T * h + (res * T * h if res != 4 else 0) + (0 if norm_in else c * T * h) + (0 if down else a)
+    # an adapted down_proj: its adapter's scaled output gradient (c x T x h: ``lora_out * scaling``'s backward, which
+    # needs no saved tensor) is made before the recompute and held through it; at the base's dequantization the
+    # adapter has not saved its intermediate (c x T x r) yet
+    lora = c * T * h - c * T * plan.profile_options.lora.rank if down else 0
+    recompute = saved + locals_ + lora + transient
+    mlp_backward = saved + 3 * a - (a if down else 0)
+    held = res * T * h + max(recompute, mlp_backward)
+    return MemoryTerm(component=ACTIVATIONS, label="the top layer's backward over the 4-bit base (checkpointed), "
+                      "beyond the loss's moment", nbytes=max(0, held - at_loss), phases=(BACKWARD,),
+                      formula=f"max(0, {res} x T x h (the layer output's gradient) + max({_n(saved)} B saved + "
+                              f"{_n(locals_ + lora)} B locals + {_n(transient)} B (down_proj's dequantization: {how}) in "
+                              f"the recompute, {_n(saved)} B saved + {3 if not down else 2} x {c} x T x ffn in the "
+                              f"MLP's backward) = {_n(held)} B - {_n(at_loss)} B (what the loss's backward holds "
+                              "beyond the layers))")
 
 
 def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
