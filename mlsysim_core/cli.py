@@ -703,14 +703,16 @@ def _attributed(err, args):
     if blocked:
         detail = (f"{detail}; " if detail else "") + blocked
     launch = getattr(args, "_launch", None)     # a value from a launch file: the file and key named
-    source = launch.sources.get(str(parameter).split(".")[0]) if launch is not None else None
-    if source and str(parameter).split(".")[0] not in ("hardware",):
+    given = getattr(args, "_given", {})     # (never one a flag replaced: --rope-cache 1024 is the flag's)
+    root = str(parameter).split(".")[0]
+    source = launch.sources.get(root) if launch is not None and not {root, str(parameter)} & set(given) else None
+    if source and root not in ("hardware",):
         detail = (f"{detail}; " if detail else "") + f"{parameter} comes from {source}"
     if launch is not None:      # the other fields the allowed values name (e.g. "1 with lora and tp_size > 1")
         import re
         named = {str(parameter).split(".")[0], "hardware"}
         for word in re.findall(r"[A-Za-z_]\w*", str(getattr(err, "allowed", "") or "")):
-            if word not in named and launch.sources.get(word):
+            if word not in named and word not in given and launch.sources.get(word):
                 named.add(word)
                 detail = (f"{detail}; " if detail else "") + f"{word} comes from {launch.sources[word]}"
     if (parameter, detail) == original:

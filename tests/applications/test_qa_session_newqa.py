@@ -1,0 +1,33 @@
+"""A new user tries the session's features from the CLI (helper NEWQA, issues 24-27): an
+error about a value the user gave on the command line over a `--from` file names that value,
+never the file as where it came from."""
+
+from pathlib import Path
+
+from clitools import error_of
+
+TORCHTUNE_QLORA_8B = (Path(__file__).resolve().parents[1] / "data" / "launch" / "torchtune" / "llama3_1"
+                      / "8B_qlora_single_device.yaml")
+ARGV = ("estimate", "--from", str(TORCHTUNE_QLORA_8B), "--seq-len", "2048", "-g", "rtx-4090")
+
+
+def test_a_flag_over_a_launch_file_is_not_said_to_come_from_the_file(capsys):
+    # --rope-cache 1024 replaces the reader's rope_cache (the builder's max_seq_len, 131,072):
+    # the refusal said "rope_cache comes from default (<file>: model._component_ absent; ...)".
+    code, err = error_of(capsys, *ARGV, "--rope-cache", "1024")
+    assert code == 2
+    assert err == ("mlsysim-core: error: rope_cache=1024 is not allowed: at least the sequence length 2048 "
+                   "(torchtune's rope slices cache[:seq_len]: a longer input fails in its forward)")
+    # --lora-rank 0 replaces the file's model.lora_rank 8: it said "lora.rank comes from <file>: model.lora_rank/...".
+    code, err = error_of(capsys, *ARGV, "--lora-rank", "0")
+    assert code == 2
+    assert err == "mlsysim-core: error: lora.rank=0 is not allowed: an integer >= 1"
+
+
+def test_a_file_value_a_flag_makes_wrong_still_names_the_file(capsys):
+    # The file's rope_cache (131,072) is too short for --seq-len 200000: the value is the file's.
+    argv = [a if a != "2048" else "200000" for a in ARGV]
+    code, err = error_of(capsys, *argv)
+    assert code == 2
+    assert err.startswith("mlsysim-core: error: rope_cache=131072 is not allowed: at least the sequence length 200000")
+    assert f"rope_cache comes from default ({TORCHTUNE_QLORA_8B}" in err
