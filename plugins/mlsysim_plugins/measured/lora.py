@@ -1547,8 +1547,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
             and not getattr(plan.profile_options, "compile", None) and _every_layer_checkpointed(plan, placement)):
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
         terms.append(_dequantized_in_forward(plan, T, h, c, at_loss))
-        at_loss = sum(t.nbytes for t in terms if BACKWARD in t.phases and id(t) not in through_layers)
-        terms.append(_top_layer_backward(plan, placement, T, h, c, at_loss))
+        if not generic(plan):       # derived on the Llama walk's gate/up/down MLP (not a family's own, nor experts)
+            at_loss = sum(t.nbytes for t in terms if BACKWARD in t.phases and id(t) not in through_layers)
+            terms.append(_top_layer_backward(plan, placement, T, h, c, at_loss))
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return rope.stored("model_activations", plan, terms)
@@ -1612,7 +1613,9 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
       two gradients (2a), less the product that down's adapter saved and released in its backward (fp32, 1,024
       tokens: q/v 3a, every linear 2a).
 
-    The term is what that moment holds beyond the loss's backward moment (as the forward's term)."""
+    The term is what that moment holds beyond the loss's backward moment (as the forward's term). Priced on the
+    models with a LoRA walk of their own (``generic`` ones, a family's fused MLP or experts, keep the backward's end
+    moment alone: not derived)."""
     from . import quantizations
     first, other = _layers(plan, placement)
     layer = other if placement.layers_per_stage > 1 else first
@@ -1622,7 +1625,7 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     a = c * T * shape_of(plan).ffn
     n = max(i * o for _, i, o in _quantized_linears(plan))
     transient, how = quantizations.chosen(plan.profile_options).transient(n, c)
-    adapted = set(_adapted(plan)) if not generic(plan) else set()
+    adapted = set(_adapted(plan))
     norm_in = "gate_proj" in adapted or "up_proj" in adapted
     down = "down_proj" in adapted
     # the MLP norm computes in fp32: from a 16-bit residual it saves an fp32 copy, from an fp32 one h itself
