@@ -1891,8 +1891,9 @@ def cmd_time(args, out) -> int:
              + (f" (vp {L['vp']})" if L["vp"] > 1 else "") + f", dp {L['dp']} ({L['data_parallel']}), ep {L['ep']}, "
              f"{L['checkpointing']} checkpointing (recompute {L['recompute']:.2f}), micro-batch {L['microbatch']} x "
              f"{L['gradient_accumulation_steps']}" + (", sequence parallel" if L["sequence_parallel"] else ""),
-             f"profile {run['profile']}, precision {args.precision}"
-             + (f", regime {args.regime}" if args.regime else "") + f", optimizer {args.optimizer}, global batch "
+             f"profile {run['profile']}, "
+             + (f"{search.precision_words(args.precision, args.regime)}regime {args.regime}" if args.regime
+                else f"precision {args.precision}") + f", optimizer {args.optimizer}, global batch "
              f"{args.global_batch}, seq {args.seq_len}",
              f"step {r['step_s']:.4g} s   {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_per_device']:,.0f} per "
              f"device)   MFU {r['mfu']:.1%}   bubble {r['bubble']:.1%}"

@@ -1118,6 +1118,15 @@ def _run_details(result, *, registry, profile, measured, precision, optimizer, o
     return run
 
 
+def precision_words(precision, regime, registry=None) -> str:
+    """``"precision bf16, "`` beside a regime, or nothing where the regime decides the dtypes and the
+    precision is the default it does not run at (``--regime mixed-bf16-main-grad`` alone: not "precision
+    fp16"; a precision given against the regime is refused, `check_contradictions`)."""
+    from .scenario import _registered_regime, regime_precisions
+    spec = _registered_regime(regime, registry) if isinstance(regime, str) else None
+    return "" if spec is not None and precision not in regime_precisions(spec) else f"precision {precision}, "
+
+
 def describe_search_run(run: Mapping) -> str:
     """``PlanSearch.run`` in words: one line for a header."""
     if not run:
@@ -1126,7 +1135,7 @@ def describe_search_run(run: Mapping) -> str:
     if run.get("regime"):
         source = " (from the precision)" if run.get("regime_source") == "precision" else ""
         description = f": {run['regime_description']}" if run.get("regime_description") else ""
-        parts = [f"precision {run.get('precision')}, regime {run['regime']}{source}{description}"]
+        parts = [f"{precision_words(run.get('precision'), run['regime'])}regime {run['regime']}{source}{description}"]
     optimizer = f"optimizer {run.get('optimizer')}"
     if run.get("optimizer_impl"):
         optimizer += f" ({run['optimizer_impl']})"

@@ -4,7 +4,9 @@ never the file as where it came from."""
 
 from pathlib import Path
 
-from clitools import error_of
+from clitools import error_of, run
+
+from mlsysim_core.search import precision_words
 
 TORCHTUNE_QLORA_8B = (Path(__file__).resolve().parents[1] / "data" / "launch" / "torchtune" / "llama3_1"
                       / "8B_qlora_single_device.yaml")
@@ -31,3 +33,26 @@ def test_a_file_value_a_flag_makes_wrong_still_names_the_file(capsys):
     assert code == 2
     assert err.startswith("mlsysim-core: error: rope_cache=131072 is not allowed: at least the sequence length 200000")
     assert f"rope_cache comes from default ({TORCHTUNE_QLORA_8B}" in err
+
+
+def test_a_regime_alone_is_not_shown_beside_the_default_precision_it_does_not_run_at():
+    # `search --regime mixed-bf16-main-grad` headed its table "run: precision fp16, regime
+    # mixed-bf16-main-grad" (the CLI's default precision, which that regime never runs at;
+    # --precision fp16 with it is refused as a contradiction); `time` said the same.
+    code, text = run("search", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "8", "--global-batch", "8",
+                     "--regime", "mixed-bf16-main-grad")
+    assert code == 0
+    assert text.splitlines()[1].startswith("run: regime mixed-bf16-main-grad: mixed-bf16 with Megatron's fp32 "
+                                           "main-grad accumulation buffer")
+    code, text = run("time", "--model", "llama3-8b", "--hardware", "h100", "--global-batch", "8", "--dp", "8",
+                     "--regime", "mixed-bf16-main-grad", "--data-parallel", "mcore-distopt")
+    assert code == 0
+    assert text.splitlines()[1] == ("profile measured, regime mixed-bf16-main-grad, optimizer adam, global batch 8, "
+                                    "seq 2048")
+    # A precision the regime runs at, or a regime from the precision, is still said.
+    code, text = run("time", "--model", "llama3-8b", "--hardware", "h100", "--global-batch", "8", "--dp", "8",
+                     "--regime", "bf16", "--precision", "bf16")
+    assert code == 0 and text.splitlines()[1].startswith("profile measured, precision bf16, regime bf16, optimizer")
+    assert precision_words("fp16", "amp-fp16") == "precision fp16, "
+    assert precision_words("fp16", "mixed-bf16") == ""
+    assert precision_words("fp16", None) == "precision fp16, "
