@@ -123,12 +123,18 @@ def _model():
 
 
 @pytest.mark.parametrize("kw, name, says", [
-    (dict(quantization="fp4"), "lora", "fp4 base inside the compiled block is not measured"),
-    (dict(quantization="int8"), "lora", "int8 base inside the compiled block is not measured"),
+    # the field that takes it out, with its value (was parameter 'lora' and the whole LoRAConfig's repr)
+    (dict(quantization="fp4"), "lora.quant_implementation", "fp4 base inside the compiled block is not measured"),
+    (dict(quantization="int8"), "lora.quant_implementation", "int8 base inside the compiled block is not measured"),
     # bitsandbytes' nf4 (Linear4bit's dequantization is no traced torch op): only torchao's declares its compiled form
-    (dict(quantization="nf4"), "lora", r"nf4 base inside the compiled block is not measured \(bitsandbytes's"),
-    (dict(quantization="nf4", quant_implementation="torchao", dropout=0.1), "lora", "adapters' dropout"),
-    (dict(quantization="nf4", quant_implementation="torchao", use_dora=True), "lora", "DoRA's magnitude"),
+    (dict(quantization="nf4"), "lora.quant_implementation",
+     r"^lora.quant_implementation='bitsandbytes' is not allowed: .*nf4 base inside the compiled block is not "
+     r"measured \(bitsandbytes's"),
+    (dict(quantization="nf4", quant_implementation="torchao", dropout=0.1), "lora.dropout",
+     r"^lora.dropout=0.1 is not allowed: .*adapters' dropout"),
+    (dict(quantization="nf4", quant_implementation="torchao", use_dora=True), "lora.use_dora",
+     r"^lora.use_dora=True is not allowed: .*DoRA's magnitude"),
+    (dict(modules_to_save=("lm_head",)), "lora.modules_to_save", "trainable copies of the embedding or LM head"),
 ])
 def test_refused_by_name(kw, name, says):
     with pytest.raises(NotModelledError, match=says) as e:

@@ -469,16 +469,18 @@ def _check_lora(plan, value):
     if value is True:
         _check_whole_lora(plan, config)
         return
-    why = (f"a {config.quantization} base inside the compiled block is not measured ({config.quant_implementation}'s; "
-           "torchtune's QLoRA is torchao's NF4: quantization='nf4', quant_implementation='torchao' on one device, "
-           "validation/compile/measure_blocks_qlora.py)"
-           if config.quantization and (not _compiled_quantization(plan.profile_options) or is_parallel(plan)) else
-           "DoRA's magnitude and weight norm inside the compiled block are not modelled" if config.use_dora else
-           "the adapters' dropout (functionalized RNG under the partitioner) is not modelled" if config.dropout else
-           "trainable copies of the embedding or LM head with compiled blocks are not modelled"
-           if config.modules_to_save else None)
-    if why:
-        raise NotModelledError("lora", config, f"plain LoRA or QLoRA over torchao's NF4 on one device "
+    field, why = (("quant_implementation", f"a {config.quantization} base inside the compiled block is not measured "
+                   f"({config.quant_implementation}'s; torchtune's QLoRA is torchao's NF4: quantization='nf4', "
+                   "quant_implementation='torchao' on one device, validation/compile/measure_blocks_qlora.py)")
+                  if config.quantization and (not _compiled_quantization(plan.profile_options) or is_parallel(plan))
+                  else ("use_dora", "DoRA's magnitude and weight norm inside the compiled block are not modelled")
+                  if config.use_dora else
+                  ("dropout", "the adapters' dropout (functionalized RNG under the partitioner) is not modelled")
+                  if config.dropout else
+                  ("modules_to_save", "trainable copies of the embedding or LM head with compiled blocks are not "
+                   "modelled") if config.modules_to_save else (None, None))
+    if why:     # (the field that takes it out, named with its value: never the whole LoRAConfig)
+        raise NotModelledError(f"lora.{field}", getattr(config, field), f"plain LoRA or QLoRA over torchao's NF4 on one device "
                                f"(quantization='nf4', quant_implementation='torchao'; no DoRA, dropout or modules_to_save) with compile={BLOCKS!r}",
                                why)
     if config.quantization and getattr(plan.profile_options, "activation_offload", None):
