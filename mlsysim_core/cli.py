@@ -1706,6 +1706,10 @@ def _fit_techniques(args, out) -> int:
     if fit_techniques is None:
         raise NotModelledError("profile", kwargs["profile"], "a profile with a technique ladder (ProfileSpec."
                                "techniques): the measured-grade one, measured", "the techniques are its options")
+    for name, unit in (("flops", "FLOP/s"), ("host_link_gbps", "GB/s (10^9 bytes/s)"),
+                       ("host_memory_gbps", "GB/s (10^9 bytes/s)")):    # (named as typed, in the flag's unit)
+        if getattr(args, name) is not None and not 0 < getattr(args, name) < float("inf"):
+            raise InvalidInputError(f"--{name.replace('_', '-')}", getattr(args, name), f"a positive number of {unit}")
     gbps = {name: None if getattr(args, name) is None else getattr(args, name) * 1e9
             for name in ("host_link_gbps", "host_memory_gbps")}
     model, hardware = _resolved(scenario)

@@ -4,6 +4,8 @@ never the file as where it came from."""
 
 from pathlib import Path
 
+import pytest
+
 from clitools import error_of, run
 
 from mlsysim_core.search import precision_words
@@ -56,3 +58,24 @@ def test_a_regime_alone_is_not_shown_beside_the_default_precision_it_does_not_ru
     assert precision_words("fp16", "amp-fp16") == "precision fp16, "
     assert precision_words("fp16", "mixed-bf16") == ""
     assert precision_words("fp16", None) == "precision fp16, "
+
+
+@pytest.mark.parametrize("flag, value, unit", [
+    ("--host-link-gbps", "-3", "GB/s (10^9 bytes/s)"), ("--host-memory-gbps", "nan", "GB/s (10^9 bytes/s)"),
+    ("--flops", "0", "FLOP/s")])
+def test_fit_techniques_figures_are_refused_as_typed(capsys, flag, value, unit):
+    # --host-link-gbps -3 said "host link B/s=-3000000000.0 is not allowed: a positive number (per second)":
+    # neither the flag nor the value the user typed.
+    code, err = error_of(capsys, "fit", "techniques", "--model", "llama3-8b", "--hardware", "h100", "-b", "8",
+                         flag, value)
+    assert code == 2
+    assert err == f"mlsysim-core: error: {flag}={float(value)!r} is not allowed: a positive number of {unit}"
+
+
+def test_fit_techniques_keyword_named_in_python():
+    from mlsysim_core.errors import InvalidInputError
+    from mlsysim_plugins.measured.technique_fit import fit_techniques
+    with pytest.raises(InvalidInputError) as e:
+        fit_techniques("llama3-8b", "h100", 8, 2048, host_link_bytes_per_s=-1)
+    assert e.value.parameter == "host_link_bytes_per_s"
+    assert str(e.value) == "host_link_bytes_per_s=-1 is not allowed: a positive number of B/s"

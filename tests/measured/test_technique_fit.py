@@ -86,8 +86,8 @@ def test_bad_input_is_an_error_naming_it():
         fit_techniques(MODEL, GPU, 2, 4096, techniques=["compile"], **RUN)
     with pytest.raises(InvalidInputTypeError, match="techniques"):
         fit_techniques(MODEL, GPU, 2, 4096, techniques="loss", **RUN)
-    with pytest.raises(InvalidInputError, match="hardware FLOP/s"):
-        fit_techniques(MODEL, GPU, 2, 4096, hardware_flops=-1, **RUN)
+    with pytest.raises(InvalidInputError, match=r"^hardware_flops=-1 is not allowed: a positive number of FLOP/s"):
+        fit_techniques(MODEL, GPU, 2, 4096, hardware_flops=-1, **RUN)     # (the keyword: was "hardware FLOP/s")
     with pytest.raises(InvalidInputError, match="max_solves"):
         fit_techniques(MODEL, GPU, 2, 4096, max_solves=0, **RUN)
     with pytest.raises(InvalidInputError, match="batchsize"):

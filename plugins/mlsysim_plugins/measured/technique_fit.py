@@ -197,7 +197,7 @@ def hardware_figures(hardware, plugin_manager=None, *, hardware_flops=None, host
             ("memory bandwidth B/s", memory_bandwidth, None, "no memory bandwidth for this hardware")):
         if given is not None:
             if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 < given < math.inf:
-                raise InvalidInputError(name, given, "a positive number (per second)")
+                raise InvalidInputError(FIGURE_INPUTS[name][0], given, f"a positive number of {name.split()[-1]}")
             figures[name] = (float(given), "given")
         elif key and key in perf:
             figures[name] = (float(perf[key]), f"catalog: performance.{key}")
