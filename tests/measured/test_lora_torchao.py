@@ -74,7 +74,9 @@ def test_transient_as_measured():
 EAGER_FULL = {
     "tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-all-b1-s256": (-0.2308, 0.0176),
     "tt-llama3_2-3l-v1024-f704-bf16-eager-full-qlora-qv-b1-s256": (-0.2829, -0.0025),
-    "tt-llama3_2-3l-v1024-kv2-f704-bf16-eager-full-qlora-all-b1-s256": (-0.2618, -0.0070),
+    # kv2: torchtune's attention saves k, v expanded to every query head (kv_expanded, kv_expand.py): the end moment
+    # +196,608 B (2 x (256 - 64) x 2 B x 256 tokens), -0.70 -> +1.59 %, over-priced as the other every-linear runs
+    "tt-llama3_2-3l-v1024-kv2-f704-bf16-eager-full-qlora-all-b1-s256": (-0.2618, 0.0159),
     "tt-llama3_2-3l-v1024-f704-bf16-eager-full-chunked-qlora-all-b1-s256": (-0.2308, 0.0176),
     "tt-llama3_2-3l-v1024-f704-fp32-eager-full-qlora-all-b2-s512": (-0.0610, 0.0283),
     "tt-llama3_2-3l-v1024-f704-fp32-eager-full-qlora-qv-b2-s512": (-0.1723, -0.0005),

@@ -13,6 +13,9 @@ an FSDP2 run (rank 0 of 2): ``data_parallel="fsdp"``, ``dp_size=2``, the global 
 with ``torchtune_rope`` (compare_blocks_qlora.py's rows), a run on torchtune's builder: ``rope_cache=max_seq_len``
 (its RoPE cache, one per model: rope.py), in fp32 or, where the harness casts the model after init, the run's
 dtype (``rope_cache_dtype``); without it (this table, as before) Hugging Face's per-forward tables;
+with ``torchtune_kv`` (the default of ``rows`` and ``table``: every run here is built by torchtune), its attention's
+k and v expanded to every query head before SDPA (``kv_expanded=True``, kv_expand.py: the kv2 runs; a model with
+as many key/value heads as query heads expands nothing, and a compiled block's graph saves them narrow);
 torchtitan's compiled loss (``loss="titan-compiled"``, blocks_extra_measurements.json): ``compile="blocks+loss"``
 (its eager twin ``loss="titan"``: ``compile="blocks"``, the default cross-entropy).
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.
@@ -32,7 +35,7 @@ TITLES = ("forward peak", "backward peak", "optimizer peak", "end of forward", "
 PATH = os.path.join(HERE, "blocks_measurements.json")
 
 
-def solve(run, torchtune_rope: bool = False):
+def solve(run, torchtune_rope: bool = False, torchtune_kv: bool = False):
     from mlsysim_core import TrainingMemoryModel
     from mlsysim_core.hf import from_hf_config
     from mlsysim_core.types import HardwareNode
@@ -49,6 +52,8 @@ def solve(run, torchtune_rope: bool = False):
         # it builds it under set_default_dtype (QLoRA: measure_blocks.py)
         cast = not (run.get("lora") or {}).get("quantize_base")
         extra.update(rope_cache=run["torchtune"]["max_seq_len"], rope_cache_dtype=run["regime"] if cast else "fp32")
+    if torchtune_kv and "torchtune" in run:      # torchtune's MultiHeadAttention: k, v expanded to every query head
+        extra.update(kv_expanded=True)            # before SDPA, which saves the copies (kv_expand.py; MHA: no copy)
     world = 1
     if run.get("layout", {}).get("kind") == "tp":      # tensor parallelism, no sequence parallelism: one replica
         extra.update(tp_size=run["layout"]["world_size"], sequence_parallel=False)
@@ -64,7 +69,7 @@ def solve(run, torchtune_rope: bool = False):
         **extra)
 
 
-def rows(path: str = PATH, torchtune_rope: bool = False):
+def rows(path: str = PATH, torchtune_rope: bool = False, torchtune_kv: bool = True):
     """(id, predicted phases or the refusal, measured phases, baseline bytes) per measured run."""
     from mlsysim_core.errors import MlsysimError
     from mlsysim_core.terms import BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP
@@ -78,7 +83,7 @@ def rows(path: str = PATH, torchtune_rope: bool = False):
                 "end_of_backward": m["alive"]["end_of_backward"]}
         meas = {k: base + v for k, v in meas.items()}
         try:
-            r = solve(run, torchtune_rope) if torchtune_rope else solve(run)
+            r = solve(run, torchtune_rope, torchtune_kv)
         except MlsysimError as err:
             yield run["id"], err, meas, base
             continue
@@ -90,11 +95,11 @@ def rows(path: str = PATH, torchtune_rope: bool = False):
         yield run["id"], pred, meas, base
 
 
-def table(path: str = PATH, torchtune_rope: bool = False) -> str:
+def table(path: str = PATH, torchtune_rope: bool = False, torchtune_kv: bool = True) -> str:
     out = ["| run | " + " | ".join(f"{t}: predicted / measured (error)" for t in TITLES) + " |",
            "|---|" + "---:|" * len(PHASES)]
     errs = {p: [] for p in PHASES}
-    for rid, pred, meas, _base in rows(path, torchtune_rope):
+    for rid, pred, meas, _base in rows(path, torchtune_rope, torchtune_kv):
         if not isinstance(pred, dict):
             out.append(f"| {rid} | refused: {pred} |" + " |" * (len(PHASES) - 1))
             continue

@@ -310,6 +310,7 @@ def _model(r: Reading, model, path, context) -> None:
         resolved, more = catalog_model(BUILDERS[base], "model._component_", path, context=context)
         r.set("model._component_", component, "model", resolved, "; ".join(n for n in (note, more) if n))
         _rope_cache(r, base)
+        _kv_expanded(r, base)
     keys = {k: v for k, v in model.items() if k != "_component_"}
     if not lora:
         if keys:
@@ -388,6 +389,20 @@ def _rope_cache(r: Reading, base: str) -> None:
         where = "qwen2/_positional_embeddings.py" if family == "qwen2_5" else "phi3/_position_embeddings.py"
         r.default("model._component_", "rope_cache_layout", "concatenated", f"{REPO} torchtune/models/{where} "
                   "(build_rope_cache: cat([cos, sin]) of cat([theta, theta]))", "max_seq_len x 2 head_dim values")
+
+
+def _kv_expanded(r: Reading, base: str) -> None:
+    """A grouped-query builder's attention (MultiHeadAttention; Gemma 2's the same way) expands k and v to every
+    query head before SDPA, which saves the copies (measured/kv_expand.py); an MHA builder expands nothing."""
+    from mlsysim_core.catalog import find_model
+    spec = find_model(BUILDERS[base]).value
+    if not spec.kv_heads or spec.kv_heads >= spec.heads:
+        return
+    where = "gemma2/_attention.py (Gemma2Attention" if base.startswith("gemma2_") else "modules/attention.py (" \
+        "MultiHeadAttention"
+    r.default("model._component_", "kv_expanded", True, f"{REPO} torchtune/{where}.forward: "
+              "k.unsqueeze(2).expand(...) then flatten/reshape, a copy)", f"num_kv_heads={spec.kv_heads} < "
+              f"num_heads={spec.heads}: SDPA saves k and v at every query head's width")
 
 
 def _sequence(r: Reading, cfg, seen, path, context) -> None:

@@ -18,6 +18,7 @@ from mlsysim_core.registry import CHECKPOINTING, OPTIMIZER
 from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
+from .kv_expand import KV_EXPANDED
 from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE, ROPE_CACHE_LAYOUT
 from .techniques import Candidate, Technique
 
@@ -136,6 +137,11 @@ def _loss_time(plan, figures):
 
 def _rope_cache(plan, registry):
     from .rope import prepare
+    return prepare(plan, registry)
+
+
+def _kv_expanded(plan, registry):
+    from .kv_expand import prepare
     return prepare(plan, registry)
 
 
@@ -428,6 +434,11 @@ TECHNIQUES = (
               description="torchtune's persistent RoPE cache in place of Hugging Face's per-forward tables (rope.py)",
               options={"rope_cache": ROPE_CACHE, "rope_cache_dtype": ROPE_CACHE_DTYPE,
                        "rope_cache_layout": ROPE_CACHE_LAYOUT},
+              with_compile=_with_compile("accepted_with_compile")),
+    Technique(name="kv_expanded", order=3.5, after="rope_cache_layout", apply={"completed": _kv_expanded},
+              description="keys and values expanded to every query head before the attention kernel, the copies "
+                          "saved (torchtune's grouped-query attention; kv_expand.py)",
+              options={"kv_expanded": KV_EXPANDED},
               with_compile=_with_compile("accepted_with_compile")),
     Technique(name="float8", order=50, apply=_float8, description="torchao float8 / TransformerEngine FP8 (float8.py)",
               options={"float8": FLOAT8},

@@ -123,7 +123,7 @@ from mlsysim_core.terms import (ACTIVATIONS, BACKWARD, BACKWARD_END, FORWARD, GR
 from ._cache import cached_terms
 from . import rope
 from . import term_keys as K
-from .kernels import kernel_of
+from .kv_expand import kernel_for     # (the plan's attention kernel, k/v expanded where declared)
 from .layers import REPLICATED, Part
 from .shapes import shape_of
 
@@ -1203,7 +1203,7 @@ def _layer(plan, grad_in: bool, placement=None) -> _Layer:
         # it gathered, ``return_layernorm_output_gathered``), which their lora_A saves (the frozen base does not)
         from .parallel import residual_shards
         walk.sequence = residual_shards(placement)
-    kernel = kernel_of(plan)
+    kernel = kernel_for(plan)      # (k/v at the query heads' width where the attention expands them: kv_expand.py)
 
     def attention(grads):
         return kernel.saved(family.attention_layout, kind=walk.kind, dropout=walk.dropout, heads=shape.heads,

@@ -20,7 +20,7 @@ from mlsysim_core.memo import memoize
 from ._cache import cached_terms, layout_of, per_layout
 from ._cache import term as _term
 from . import term_keys as K
-from .kernels import kernel_of
+from .kv_expand import kernel_for     # (the plan's attention kernel, k/v expanded where declared)
 from .layers import EXPERTS, layer_forward_bytes, megatron_layer_bytes
 from .parallel import (expert_tensor_shards, gradient_divisor, is_parallel, rank_layer_saved, residual_shards,
                        weight_divisor)
@@ -108,7 +108,7 @@ def layer_bytes(plan, ctx: Context):
         # Dropless routing: the busiest expert-parallel rank computes more than the mean T x k copies.
         from .routing import imbalance_factor
         imbalance = imbalance_factor(plan, ctx)
-    return _layer_bytes(ctx.shape, ctx.regime, kernel_of(plan), o.dropout > 0, o.device or "cuda", ctx.tokens,
+    return _layer_bytes(ctx.shape, ctx.regime, kernel_for(plan), o.dropout > 0, o.device or "cuda", ctx.tokens,
                         ctx.seq_len, plan.model, cf, imbalance)
 
 
