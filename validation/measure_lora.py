@@ -26,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf  # noqa: E402
+from configs import GPT2_TINY, GQA_TINY, LLAMA_TINY, _hf, _llama  # noqa: E402
 import harness  # noqa: E402  (validation/harness.py)
 from harness import PhaseMemTracker, _submodules, layer_forward_deltas, peak_record, run_protocol  # noqa: E402
 
@@ -61,14 +61,22 @@ class FrozenAwareMemTracker(PhaseMemTracker):
 
 
 MODELS = {"llama-tiny": ("llama", LLAMA_TINY), "gqa-tiny": ("llama-gqa", GQA_TINY),
-          "gpt2-tiny": ("gpt2", GPT2_TINY)}
+          "gpt2-tiny": ("gpt2", GPT2_TINY),
+          # a wide MLP and a small vocabulary: the top layer's backward, not the loss, is the backward's peak
+          "llama-wide": ("llama", _llama(256, 2048, 2, 8, 8, 1024)),
+          "gqa-wide": ("llama-gqa", _llama(256, 2048, 2, 8, 2, 1024))}
 
 
 def _cfg(id, model, batch_size, seq_len, *, rank, targets, regime="fp32", quantization=None,
          double_quant=False, lora_dropout=0.0, optimizer="adamw", optimizer_impl="foreach",
-         checkpointing="none", attention="sdpa"):
+         checkpointing="none", attention="sdpa", gc_kwargs=None, prepare_kbit=False):
     family, base = MODELS[model]
-    return {"id": id, "family": family, "model": model, "hf_config": _hf(base, 0.0),
+    extra = {}
+    if gc_kwargs is not None:           # CHECKPOINTED: gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)
+        extra["gradient_checkpointing_kwargs"] = gc_kwargs
+    if prepare_kbit:
+        extra["prepare_model_for_kbit_training"] = True
+    return {"id": id, **extra, "family": family, "model": model, "hf_config": _hf(base, 0.0),
             "batch_size": batch_size, "seq_len": seq_len, "regime": regime, "optimizer": optimizer,
             "optimizer_impl": optimizer_impl, "checkpointing": checkpointing, "attention": attention,
             "dropout": 0.0, "method": "real", "sweep": None,
@@ -103,6 +111,60 @@ CONFIGS = [
          quantization="fp4"),
 ]
 
+# Eager QLoRA with every layer checkpointed as Hugging Face's Trainer and axolotl run it (issue 25/26: the
+# checkpointed moments lora._dequantized_in_forward / _top_layer_backward were derived on torchtune + torchao):
+#     /tmp/ftvenv/bin/python validation/measure_lora.py --checkpointed --out validation/lora_ckpt_measurements.json
+# * "hf": get_peft_model, then model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant":
+#   False}) (the Trainer's call with TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs=
+#   {"use_reentrant": False}), axolotl's default: src/axolotl/core/builders/base.py:599-610 at 067b021c).
+# * "axolotl": axolotl 067b021c's loader for a QLoRA config with gradient_checkpointing: true
+#   (src/axolotl/loaders/model.py:447-476, 1015-1023): gradient_checkpointing_enable(kwargs None), peft's
+#   prepare_model_for_kbit_training(use_gradient_checkpointing=True) (every non-4-bit parameter to fp32,
+#   enable_input_require_grads: the embedding output requires grad), the norms and embed_tokens/lm_head back to
+#   bf16 (_convert_embedding_modules_dtype), then the adapters and the Trainer's non-reentrant checkpointing.
+NR = {"use_reentrant": False}
+CKPT_CONFIGS = [
+    _cfg("qlora-ckpt-hf-llama-tiny-bf16-nf4-dq-r8-qv-b4-s256", "llama-tiny", 4, 256, rank=8, targets=QV,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-tiny-bf16-nf4-dq-r8-qv-b4-s512", "llama-tiny", 4, 512, rank=8, targets=QV,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-tiny-bf16-nf4-dq-r16-all-b4-s256", "llama-tiny", 4, 256, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-tiny-bf16-nf4-dq-r16-all-b4-s512", "llama-tiny", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-gqa-tiny-bf16-nf4-dq-r8-qv-b4-s256", "gqa-tiny", 4, 256, rank=8, targets=QV,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-gqa-tiny-bf16-nf4-dq-r16-all-b4-s512", "gqa-tiny", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-axolotl-llama-tiny-bf16-nf4-dq-r16-all-b4-s512", "llama-tiny", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR,
+         prepare_kbit=True),
+    _cfg("qlora-ckpt-hf-llama-wide-bf16-nf4-dq-r8-qv-b4-s256", "llama-wide", 4, 256, rank=8, targets=QV,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-wide-bf16-nf4-dq-r8-qv-b4-s512", "llama-wide", 4, 512, rank=8, targets=QV,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-wide-bf16-nf4-dq-r16-all-b4-s256", "llama-wide", 4, 256, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-llama-wide-bf16-nf4-dq-r16-all-b4-s512", "llama-wide", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-hf-gqa-wide-bf16-nf4-dq-r16-all-b4-s512", "gqa-wide", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR),
+    _cfg("qlora-ckpt-axolotl-llama-wide-bf16-nf4-dq-r16-all-b4-s512", "llama-wide", 4, 512, rank=16, targets=ALL,
+         regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR,
+         prepare_kbit=True),
+]
+
+
+def _axolotl_prepare(model, dtype):
+    """axolotl 067b021c's QLoRA loading steps before the adapters (CKPT_CONFIGS' "axolotl")."""
+    from peft import prepare_model_for_kbit_training
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=None)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    for name, module in model.named_modules():      # _convert_embedding_modules_dtype(before_kbit...=False)
+        if "norm" in name or (any(m in name for m in ("embed_tokens", "lm_head")) and hasattr(module, "weight")):
+            module.to(dtype)
+    return model
+
 
 def build_model(cfg: dict):
     """The base model (quantized for QLoRA) wrapped by peft."""
@@ -123,13 +185,17 @@ def build_model(cfg: dict):
             del model
             model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=dtype,
                                                          attn_implementation=cfg["attention"], device_map="cpu")
+    if cfg.get("prepare_model_for_kbit_training"):
+        model = _axolotl_prepare(model, dtype)
     targets = lora["target_modules"]
     variants = {k: lora[k] for k in ("use_dora", "modules_to_save") if lora.get(k)}    # measure_lora_variants.py
     config = LoraConfig(r=lora["rank"], lora_alpha=2 * lora["rank"], lora_dropout=cfg["lora_dropout"],
                         target_modules=targets, bias="none", task_type="CAUSAL_LM", **variants)
     model = get_peft_model(model, config)
     model.train()
-    if cfg["checkpointing"] == "full":
+    if cfg["checkpointing"] == "full" and "gradient_checkpointing_kwargs" in cfg:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg["gradient_checkpointing_kwargs"])
+    elif cfg["checkpointing"] == "full":
         model.gradient_checkpointing_enable()
     return model, hf_config
 
@@ -184,8 +250,11 @@ def _versions() -> dict:
 
 
 def document(args, runs, ctx) -> dict:
+    generator = ("/tmp/ftvenv/bin/python validation/measure_lora.py --checkpointed --out "
+                 "validation/lora_ckpt_measurements.json" if args.checkpointed else
+                 "/tmp/ftvenv/bin/python validation/measure_lora.py --out validation/lora_measurements.json")
     return {
-        "generator": "/tmp/ftvenv/bin/python validation/measure_lora.py --out validation/lora_measurements.json",
+        "generator": generator,
         "environment": "python3 -m venv --system-site-packages /tmp/ftvenv && /tmp/ftvenv/bin/pip install "
                        "--no-deps peft==0.21.2 bitsandbytes==0.50.2 (torch==2.13.0, transformers==5.23.0 "
                        "from validation/requirements.txt)",
@@ -196,7 +265,11 @@ def document(args, runs, ctx) -> dict:
 
 
 def main(argv=None) -> int:
-    harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
+    def arguments(ap):
+        ap.add_argument("--checkpointed", action="store_true", help="the checkpointed QLoRA runs (CKPT_CONFIGS)")
+
+    harness.main(argv, description=__doc__.split("\n\n")[0], arguments=arguments,
+                 configs=lambda args: CKPT_CONFIGS if args.checkpointed else CONFIGS, measure_run=measure,
                  document=document, versions=_versions, summary=harness.mib_summary(9, 2, wall=5),
                  line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<48} {msg}")
     return 0
