@@ -79,3 +79,24 @@ def test_fit_techniques_keyword_named_in_python():
         fit_techniques("llama3-8b", "h100", 8, 2048, host_link_bytes_per_s=-1)
     assert e.value.parameter == "host_link_bytes_per_s"
     assert str(e.value) == "host_link_bytes_per_s=-1 is not allowed: a positive number of B/s"
+
+
+def test_torchaos_block_size_is_declared_and_another_refused():
+    # torchao's NF4Tensor quantizes in blocks of 64 (to_nf4 as torchtune calls it): lora.quant_blocksize=128 was
+    # silently ignored (the same 24,035,514,966.4 B as 64); bitsandbytes reads it (24,149,131,955.2 B at 128).
+    import mlsysim_core
+    from mlsysim_core.errors import NotModelledError
+    run_kw = dict(precision="bf16", regime="bf16")
+    lora = {"rank": 8, "quantization": "nf4", "quant_implementation": "torchao"}
+    same = mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora={**lora, "quant_blocksize": 64}, **run_kw)
+    assert same.total_memory == mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora=lora,
+                                                      **run_kw).total_memory
+    with pytest.raises(NotModelledError) as e:
+        mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora={**lora, "quant_blocksize": 128}, **run_kw)
+    assert (e.value.parameter, e.value.value) == ("lora.quant_blocksize", 128)
+    assert str(e.value).startswith("lora.quant_blocksize=128 is not allowed: 64 with quant_implementation='torchao', "
+                                   "or leave it out (torchao quantizes in blocks of 64 whatever quant_blocksize says")
+    bnb = mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora={**lora, "quant_implementation": "bitsandbytes",
+                                                                         "quant_blocksize": 128}, **run_kw)
+    assert bnb.total_memory != mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora={
+        **lora, "quant_implementation": "bitsandbytes"}, **run_kw).total_memory

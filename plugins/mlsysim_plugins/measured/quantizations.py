@@ -15,6 +15,8 @@ A ``QuantImplementation`` declares its memory; lora.py reads the declaration, ne
   partitioner saves the dequantized weight, compile.dequantized_saved); False: refused with compiled blocks.
 - ``layout``: its quantization constants in words (the weights term's formula; ``{b}``: the base's bytes).
 - ``check(n)``: a weight it cannot quantize (raise ``NotModelledError``), ``None``: any.
+- ``block_size``: the block size it always quantizes in (torchao's to_nf4 as torchtune calls it: 64); a
+  ``lora.quant_blocksize`` other than it is refused, never ignored. ``None``: it reads ``quant_blocksize``.
 - ``source``: the library, file and version it is derived from.
 """
 
@@ -50,6 +52,7 @@ class QuantImplementation:
     check: Callable | None = None
     compiled_blocks: bool = False
     layout: str = ""
+    block_size: int | None = None
 
 
 def _bnb_transient(n: int, c: int):
@@ -101,7 +104,7 @@ BUILTIN = (
                         "dequantization through int64 code tensors", source=TORCHAO_0130, kinds=("nf4",),
                         stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check,
                         # measured: validation/compile/measure_blocks_qlora.py (torchtune 0.6.1's qlora builders)
-                        compiled_blocks=True,
+                        compiled_blocks=True, block_size=_BLOCK,
                         layout="torchao's NF4Tensor: int8 scalers per 64-element block, a {b} B factor per 256 of them "
                                "(a whole 256 for a weight of one such block), a {b} B mean and the 16-entry table in "
                                "{b} B, per weight"),
@@ -137,6 +140,10 @@ def of(config, registry) -> QuantImplementation:
     if config.quantization is not None and config.quantization not in impl.kinds:
         raise NotModelledError("lora.quant_implementation", name, f"an implementation of {config.quantization!r}",
                                f"{name} implements {', '.join(impl.kinds)}")
+    if impl.block_size is not None and config.quantization is not None and config.quant_blocksize != impl.block_size:
+        raise NotModelledError("lora.quant_blocksize", config.quant_blocksize, f"{impl.block_size} with "
+                               f"quant_implementation={name!r}, or leave it out", f"{name} quantizes in blocks of "
+                               f"{impl.block_size} whatever quant_blocksize says ({impl.source or impl.description})")
     return impl
 
 
