@@ -702,8 +702,11 @@ def _attributed(err, args):
     blocked = _blocked_provider(err, args)
     if blocked:
         detail = (f"{detail}; " if detail else "") + blocked
+    given = getattr(args, "_given", {})
+    if parameter == "data_parallel" and "zero_stage" in given and "data_parallel" not in given:
+        detail = (f"{detail}; " if detail else "") + f"given as {given['zero_stage'][2]}"     # (the rule zeroN)
     launch = getattr(args, "_launch", None)     # a value from a launch file: the file and key named
-    given = getattr(args, "_given", {})     # (never one a flag replaced: --rope-cache 1024 is the flag's)
+    # (never a value a flag replaced: --rope-cache 1024 is the flag's)
     root = str(parameter).split(".")[0]
     source = launch.sources.get(root) if launch is not None and not {root, str(parameter)} & set(given) else None
     if source and root not in ("hardware",):

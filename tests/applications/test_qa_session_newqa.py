@@ -100,3 +100,16 @@ def test_torchaos_block_size_is_declared_and_another_refused():
                                                                          "quant_blocksize": 128}, **run_kw)
     assert bnb.total_memory != mlsysim_core.estimate("llama3-8b", "rtx-4090", 1, 2048, lora={
         **lora, "quant_implementation": "bitsandbytes"}, **run_kw).total_memory
+
+
+def test_a_rule_refused_by_the_regime_says_it_was_given_as_zero_stage(capsys):
+    # --zero-stage 1 under mixed-bf16-main-grad was refused as "data_parallel='zero1'", a name the user never typed.
+    argv = ("estimate", "--model", "llama3-8b", "--hardware", "h100", "-b", "8", "--regime", "mixed-bf16-main-grad",
+            "--dp", "8")
+    code, err = error_of(capsys, *argv, "--zero-stage", "1")
+    assert code == 2
+    assert err.startswith("mlsysim-core: error: data_parallel='zero1' is not allowed: a data-parallel rule that "
+                          "declares 'megatron-main-grad'")
+    assert err.endswith("rule 'zero1' declares none, and dp x cp = 8; given as --zero-stage 1)")
+    code, err = error_of(capsys, *argv, "--data-parallel", "zero1")
+    assert code == 2 and err.endswith("rule 'zero1' declares none, and dp x cp = 8)")
