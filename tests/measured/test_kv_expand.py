@@ -68,7 +68,8 @@ def test_off_mha_and_compiled_unchanged():
     assert _solve(mha, kv_expanded=True).phase_totals == _solve(mha).phase_totals      # nothing to expand
     # fp32, 1,024 tokens, 3 layers: 3 x 1,024 x 2 x (256 - 64) x 4 B
     assert _solve(kv_expanded=True).phase_totals[BACKWARD] - base.phase_totals[BACKWARD] == 3 * 1024 * 2 * 192 * 4
-    # a compiled block's graph saves k and v narrow (blocks_measurements.json's kv2 compiled runs): not applied
+    # a compiled block's set holds k and v at the query width already (compile.layer_saved, as the kv2 compiled runs
+    # measure): not applied
     assert _solve(compile="blocks", kv_expanded=True).phase_totals == _solve(compile="blocks").phase_totals
 
 

@@ -15,7 +15,7 @@ with ``torchtune_rope`` (compare_blocks_qlora.py's rows), a run on torchtune's b
 dtype (``rope_cache_dtype``); without it (this table, as before) Hugging Face's per-forward tables;
 with ``torchtune_kv`` (the default of ``rows`` and ``table``: every run here is built by torchtune), its attention's
 k and v expanded to every query head before SDPA (``kv_expanded=True``, kv_expand.py: the kv2 runs; a model with
-as many key/value heads as query heads expands nothing, and a compiled block's graph saves them narrow);
+as many key/value heads as query heads expands nothing, and a compiled block's set holds the copies already);
 torchtitan's compiled loss (``loss="titan-compiled"``, blocks_extra_measurements.json): ``compile="blocks+loss"``
 (its eager twin ``loss="titan"``: ``compile="blocks"``, the default cross-entropy).
 A run the profile refuses is listed with the refusal. Asserted by tests/measured/test_compile_blocks.py.

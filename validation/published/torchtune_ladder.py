@@ -108,9 +108,11 @@ GIB = 2**30
 TARGET = 0.05
 MODEL, HARDWARE = "meta-llama/llama-3.2-3b", "nvidia/a100-sxm4-80gb"
 # rope_cache: llama3_2_3b's one RoPE module keeps a cache of its max_seq_len (131,072) positions, fp32, the whole run
-# (torchtune/models/llama3_2/_model_builders.py; measured/rope.py), as the reader sets it
+# (torchtune/models/llama3_2/_model_builders.py; measured/rope.py), as the reader sets it; kv_expanded: its attention
+# (MultiHeadAttention, 24 query heads over 8 key/value heads) expands k and v to every query head before SDPA, which
+# saves the copies in the eager layers (measured/kv_expand.py; compiled blocks save them narrow), as the reader sets it
 BASE = dict(batch_size=2, seq_len=4096, precision="bf16", optimizer="adamw", activation_checkpointing="none",
-            regime="bf16", runtime_overheads=False, rope_cache=131_072)
+            regime="bf16", runtime_overheads=False, rope_cache=131_072, kv_expanded=True)
 COMPILE = 'compile=True carried from "+ Compile": '
 BLOCKS = {"compile": "blocks"}
 # torchtune's order: compile_model, then set_activation_checkpointing wraps each compiled layer

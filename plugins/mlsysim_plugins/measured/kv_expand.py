@@ -16,10 +16,10 @@ q + 2 q per token in place of q + 2 kv, 2 (q - kv) x c bytes more per token and 
 
 ``kv_expanded=True`` (the torchtune reader sets it for its grouped-query builders) declares it: the attention
 kernel's formula for separate q/k/v projections is called with ``kv_dim = q_dim`` wherever the eager layer
-walk asks it (the full-training layer, ``model.layer_bytes``; LoRA's walk, ``lora.layer_terms``). Under
-``compile`` the blocks are Inductor's graphs: their saved sets are priced by ``compile.py`` from the narrow
-k/v, as measured (validation/compile/blocks_measurements.json, the kv2 runs: the partitioner saves k/v before
-the copy, which its backward re-makes), so the declaration is not applied there. A model whose key/value
+walk asks it (the full-training layer, ``model.layer_bytes``; LoRA's walk, ``lora._layer``). Under ``compile``
+the blocks are Inductor's graphs, priced by ``compile.py`` (``layer_saved``), whose set already holds k and v at the
+query heads' width (SDPA saves the repeated copies; validation/compile/blocks_measurements.json's kv2 compiled runs,
+torchtune-built, match it), so the declaration changes nothing there and is not applied. A model whose key/value
 heads equal its query heads expands nothing. Off by default: every number unchanged.
 """
 
@@ -37,7 +37,7 @@ from .options import _option
 KV_EXPANDED = _option(
     "keys and values expanded to every query head before the attention kernel, which saves the expanded copies "
     "(torchtune's MultiHeadAttention with num_kv_heads < num_heads: k, v of heads x head_dim each per token "
-    "saved, not kv_heads x head_dim); eager layers only (a compiled block's graph saves them narrow); default: "
+    "saved, not kv_heads x head_dim); the eager layers (a compiled block's set holds them so already); default: "
     "off (Hugging Face's attention: enable_gqa / repeat_kv as measured)",
     kind=None, flags=({"flag": "--kv-expanded", "const": True,
                        "help": "keys and values expanded to every query head before the attention kernel, the "
