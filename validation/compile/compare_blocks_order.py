@@ -28,7 +28,7 @@ def _torchtune_order(run) -> bool:
     return run["policy"] == "full" and not run.get("lora") and not run.get("layout")
 
 
-def _solve(run):
+def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = False):
     from mlsysim_core import TrainingMemoryModel
     from mlsysim_core.hf import from_hf_config
     from mlsysim_core.types import HardwareNode
@@ -38,6 +38,8 @@ def _solve(run):
         extra.update(compile="blocks", compile_checkpoint="outside")
     if run.get("optimizer_in_backward"):      # torchtune's optimizer_in_bwd: one AdamW (foreach) per parameter
         extra.update(optimizer_in_backward=True)
+    if torchtune_kv and "torchtune" in run:      # torchtune's attention: k, v expanded before SDPA (compare_blocks.py)
+        extra.update(kv_expanded=True)
     return TrainingMemoryModel().solve(
         model, HardwareNode(name="unbounded", memory_capacity=2**60), run["batch_size"], run["seq_len"], run["regime"],
         "adamw", "full", profile="measured", regime=run["regime"], attention="sdpa", device="cpu",
