@@ -9,11 +9,12 @@ What the runs say:
 * llama-tiny / gqa-tiny (vocab 32,000): the loss is every phase's peak, the moments are 0, forward and backward
   within 1 %;
 * the wide runs (ffn 2,048, vocab 1,024: the top layer is the peak): q/v adapters, the backward's moment is exact
-  but what the previous iteration left alive (``alive.start``'s activation + temp, 4 x T x h x 2 B: HF's
-  checkpointed graph, not priced; 2,056 / 4,104 B apart); every linear adapted, HF holds more than the moments
+  but what the previous iteration left alive in the tracker's account (``alive.start``'s activation + temp,
+  4 x T x h x 2 B: MemTracker's ModTracker's multi-grad hooks on the checkpointed layers' inputs keep them, a
+  measurement artifact: without the tracker no activation storage survives the iteration; 2,056 / 4,104 B apart); every linear adapted, HF holds more than the moments
   in the forward by ~2a (peft's fp32 adapters: down_proj's lora_A keeps a 4 B copy of its T x ffn input; torchtune's
   adapters are in the base's dtype): the moments under-predict HF/bnb, never over;
-* the optimizer phase: HF's checkpointing residue again (not the moments)."""
+* the optimizer phase: that tracker residue again (not the moments)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _measured(run, phase):
 
 
 def _residue(run):
-    """What the previous iteration left alive at the iteration's start beyond the model states."""
+    """What the previous iteration left alive at the iteration's start beyond the model states (the tracker's)."""
     c = run["measured"]["alive"]["start"]["by_category"]
     return c["activation"] + c["temp"]
 
@@ -78,7 +79,7 @@ def test_the_loss_is_the_peak_where_the_vocabulary_is_large(run):
 
 @pytest.mark.parametrize("run", QV_WIDE, ids=[r["id"] for r in QV_WIDE])
 def test_the_backward_moment_holds_on_hf_bnb(run):
-    """q/v adapted: the top layer's backward moment plus HF's residue is the measured backward peak (RNG states
+    """q/v adapted: the top layer's backward moment plus the tracker's residue is the measured backward peak (RNG states
     and scalars apart: 2,056 B at 1,024 tokens, 4,104 at 2,048)."""
     result = _solve(run)
     assert _term(result, BACKWARD_TERM) > 0
@@ -101,7 +102,7 @@ def test_the_moments_move_toward_hf_bnb_and_never_past_it(run):
 
 @pytest.mark.parametrize("run", ALL_WIDE, ids=[r["id"] for r in ALL_WIDE])
 def test_every_linear_adapted_hf_holds_peft_fp32_copy(run):
-    """Every linear adapted, the forward's excess beyond HF's residue is ~2a = 4 B x T x ffn (down_proj's lora_A
+    """Every linear adapted, the forward's excess beyond the tracker's residue is ~2a = 4 B x T x ffn (down_proj's lora_A
     keeps an fp32 copy of its input under peft's autocast_adapter_dtype) plus under 2 x T x h x 2 B: measured
     8,882,176 B at 1,024 tokens, 17,764,352 at 2,048 (a = 2 B x T x 2,048)."""
     T = run["batch_size"] * run["seq_len"]
