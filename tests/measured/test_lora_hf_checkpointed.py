@@ -12,8 +12,8 @@ What the runs say:
   but what the previous iteration left alive in the tracker's account (``alive.start``'s activation + temp,
   4 x T x h x 2 B: MemTracker's ModTracker's multi-grad hooks on the checkpointed layers' inputs keep them, a
   measurement artifact: without the tracker no activation storage survives the iteration; 2,056 / 4,104 B apart); every linear adapted, HF holds more than the moments
-  in the forward by ~2a (peft's fp32 adapters: down_proj's lora_A keeps a 4 B copy of its T x ffn input; torchtune's
-  adapters are in the base's dtype): the moments under-predict HF/bnb, never over;
+  in the forward by ~2a, at up_proj's adapter (the measured peak: its ``* scaling``; peft's adapters are fp32 over
+  the bf16 base, lora_B's output and its scaled copy 4 B x T x ffn each where torchtune's are 2 B): the moments under-predict HF/bnb, never over;
 * the optimizer phase: that tracker residue again (not the moments)."""
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ def test_the_moments_move_toward_hf_bnb_and_never_past_it(run):
 
 
 @pytest.mark.parametrize("run", ALL_WIDE, ids=[r["id"] for r in ALL_WIDE])
-def test_every_linear_adapted_hf_holds_peft_fp32_copy(run):
-    """Every linear adapted, the forward's excess beyond the tracker's residue is ~2a = 4 B x T x ffn (down_proj's lora_A
-    keeps an fp32 copy of its input under peft's autocast_adapter_dtype) plus under 2 x T x h x 2 B: measured
+def test_every_linear_adapted_hf_holds_peft_fp32_adapter_path(run):
+    """Every linear adapted, the forward's excess beyond the tracker's residue is ~2a = 4 B x T x ffn (up_proj's
+    lora_B output and its scaled copy in fp32, peft's autocast_adapter_dtype, not 2 B) plus under 2 x T x h x 2 B: measured
     8,882,176 B at 1,024 tokens, 17,764,352 at 2,048 (a = 2 B x T x 2,048)."""
     T = run["batch_size"] * run["seq_len"]
     excess = _measured(run, "forward") - REPORT.predicted_phases(_solve(run))["forward"] - _residue(run)
