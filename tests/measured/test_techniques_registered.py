@@ -150,6 +150,7 @@ CASES = {   # technique -> keyword sets solved with it (on RUN, BASE)
     "activation_checkpointing": [],     # the ladder's only: compared through fit techniques below
     "low_bit_optimizer": [],
     "rope_cache": [dict(rope_cache=131_072), dict(rope_cache=131_072, rope_cache_dtype="bf16", lora={"rank": 16})],
+    "kv_expanded": [dict(kv_expanded=True), dict(kv_expanded=True, lora={"rank": 16})],
 }
 NEW = "acme-renamed-technique"
 
