@@ -283,8 +283,9 @@ def test_rope_cache_per_builder():
     seen = {}
     for base in ("llama3_1_8b", "qwen2_5_7b", "qwen3_8b"):
         r = Reading("torchtune", "config.yaml", "torchtune 0.6.1")
-        _rope_cache(r, base)
-        seen[base] = {d.field: d.value for d in r.defaults}
+        _rope_cache(r, base, f"torchtune.models.{base}")
+        assert r.defaults == []      # read from the builder the file names, not a default of an absent key
+        seen[base] = {f.field: f.becomes for f in r.fields if f.key == "model._component_"}
     assert seen == {"llama3_1_8b": {"rope_cache": 131072},
                     "qwen2_5_7b": {"rope_cache": 131072, "rope_cache_layout": "concatenated"},
                     "qwen3_8b": {}}      # no qwen3 builder in 0.6.1: Hugging Face's tables

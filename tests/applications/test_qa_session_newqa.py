@@ -34,7 +34,7 @@ def test_a_file_value_a_flag_makes_wrong_still_names_the_file(capsys):
     code, err = error_of(capsys, *argv)
     assert code == 2
     assert err.startswith("mlsysim-core: error: rope_cache=131072 is not allowed: at least the sequence length 200000")
-    assert f"rope_cache comes from default ({TORCHTUNE_QLORA_8B}" in err
+    assert f"rope_cache comes from {TORCHTUNE_QLORA_8B}: model._component_)" in err
 
 
 def test_a_regime_alone_is_not_shown_beside_the_default_precision_it_does_not_run_at():

@@ -128,8 +128,9 @@ def test_the_reader_sets_it_for_grouped_query_builders():
     seen = {}
     for base in ("llama3_2_3b", "llama2_7b", "qwen2_5_7b"):
         r = Reading("torchtune", "config.yaml", "torchtune 0.6.1")
-        _kv_expanded(r, base)
-        seen[base] = {d.field: d.value for d in r.defaults}
+        _kv_expanded(r, base, f"torchtune.models.{base}")
+        assert r.defaults == []      # read from the builder the file names, not a default of an absent key
+        seen[base] = {f.field: f.becomes for f in r.fields if f.key == "model._component_"}
     assert seen == {"llama3_2_3b": {"kv_expanded": True}, "llama2_7b": {}, "qwen2_5_7b": {"kv_expanded": True}}
     from mlsysim_core.scenario import from_launch
     launch = from_launch([ROOT / "tests/data/launch/torchtune/llama3_2/3B_full_single_device.yaml"], seq_len=2048)

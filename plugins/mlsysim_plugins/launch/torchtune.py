@@ -309,8 +309,8 @@ def _model(r: Reading, model, path, context) -> None:
     else:
         resolved, more = catalog_model(BUILDERS[base], "model._component_", path, context=context)
         r.set("model._component_", component, "model", resolved, "; ".join(n for n in (note, more) if n))
-        _rope_cache(r, base)
-        _kv_expanded(r, base)
+        _rope_cache(r, base, component)
+        _kv_expanded(r, base, component)
     keys = {k: v for k, v in model.items() if k != "_component_"}
     if not lora:
         if keys:
@@ -375,23 +375,24 @@ def _model(r: Reading, model, path, context) -> None:
                                 "use_dora, quantize_base", f"{path}: refused rather than dropped")
 
 
-def _rope_cache(r: Reading, base: str) -> None:
-    """The builder's one RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS)."""
+def _rope_cache(r: Reading, base: str, component: str) -> None:
+    """The builder's one RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS); read
+    from the builder the file names (a field of ``model._component_``, not a default of an absent key)."""
     rows = ROPE_ROWS.get(base)
     if rows is None:
         return
     family = next(f for f in ("llama3_1", "llama3_2", "llama2", "llama3", "mistral", "qwen2_5", "gemma2", "phi3")
                   if base.startswith(f + "_"))
-    r.default("model._component_", "rope_cache", rows, f"{REPO} torchtune/models/{family}/_model_builders.py "
-              f"({base}: max_seq_len={rows})", "the rope module's cache (rope_init, build_rope_cache: max_seq_len "
-              "positions, fp32, one shared by every layer) in place of Hugging Face's per-forward cos/sin tables")
+    r.set("model._component_", component, "rope_cache", rows, f"the rope module's cache ({REPO} "
+          f"torchtune/models/{family}/_model_builders.py, {base}: max_seq_len={rows}; rope_init, build_rope_cache: "
+          "max_seq_len positions, fp32, one shared by every layer) in place of Hugging Face's per-forward cos/sin tables")
     if base.startswith(CONCATENATED_ROPE):
         where = "qwen2/_positional_embeddings.py" if family == "qwen2_5" else "phi3/_position_embeddings.py"
-        r.default("model._component_", "rope_cache_layout", "concatenated", f"{REPO} torchtune/models/{where} "
-                  "(build_rope_cache: cat([cos, sin]) of cat([theta, theta]))", "max_seq_len x 2 head_dim values")
+        r.set("model._component_", component, "rope_cache_layout", "concatenated", f"max_seq_len x 2 head_dim values "
+              f"({REPO} torchtune/models/{where}: build_rope_cache, cat([cos, sin]) of cat([theta, theta]))")
 
 
-def _kv_expanded(r: Reading, base: str) -> None:
+def _kv_expanded(r: Reading, base: str, component: str) -> None:
     """A grouped-query builder's attention (MultiHeadAttention; Gemma 2's the same way) expands k and v to every
     query head before SDPA, which saves the copies (measured/kv_expand.py); an MHA builder expands nothing."""
     from mlsysim_core.catalog import find_model
@@ -400,9 +401,9 @@ def _kv_expanded(r: Reading, base: str) -> None:
         return
     where = "gemma2/_attention.py (Gemma2Attention" if base.startswith("gemma2_") else "modules/attention.py (" \
         "MultiHeadAttention"
-    r.default("model._component_", "kv_expanded", True, f"{REPO} torchtune/{where}.forward: "
-              "k.unsqueeze(2).expand(...) then flatten/reshape, a copy)", f"num_kv_heads={spec.kv_heads} < "
-              f"num_heads={spec.heads}: SDPA saves k and v at every query head's width")
+    r.set("model._component_", component, "kv_expanded", True, f"num_kv_heads={spec.kv_heads} < num_heads="
+          f"{spec.heads}: SDPA saves k and v at every query head's width ({REPO} torchtune/{where}.forward: "
+          "k.unsqueeze(2).expand(...) then flatten/reshape, a copy)")
 
 
 def _sequence(r: Reading, cfg, seen, path, context) -> None:
