@@ -159,6 +159,7 @@ def test_sequence_parallel_at_tp_1_is_said_by_estimate_and_time_plan():
 
 # --- 4. the ladder's unknown figures name the Python keyword beside the flag ---------------------------------
 
+@pytest.mark.long     # two whole technique ladders
 def test_fit_techniques_unknown_figures_name_keyword_and_flag():
     from mlsysim_plugins.measured.technique_fit import fit_techniques
     ladder = fit_techniques("llama3-8b", "h100", 8, 2048, solver=SOLVER)

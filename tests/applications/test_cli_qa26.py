@@ -3,6 +3,8 @@ command that showed it, asserting the answer or the error's parameter, value and
 
 import json
 
+import pytest
+
 from clitools import error_of, run
 
 # one device, pure bf16, no checkpointing: the run the measured profile's torchao float8 models
@@ -180,6 +182,7 @@ def test_sequence_parallel_at_tp_1_is_said_to_do_nothing():
 
 # --- 4. fit techniques: an 'added unknown' names the flag that gives what it lacks ------------------
 
+@pytest.mark.long     # four whole technique ladders (about 5 s of the quick suite)
 def test_fit_techniques_names_the_flags_of_the_figures_it_lacks():
     # The H100's catalog entry has no host-link or host-memory bandwidth: the offload steps are
     # timed 'unknown'. Was: "added unknown (total unknown)" and "needs ... bandwidths (bytes/s)",

@@ -11,6 +11,8 @@ from mlsysim_core.manager import PluginManager
 from mlsysim_core.search import search_plans
 from mlsysim_plugins.measured.regimes import REGIMES, Regime
 
+pytestmark = pytest.mark.long     # whole searches (about 3 s of the quick suite)
+
 RUN = dict(devices=8, global_batch=8, seq_len=2048, precision="bf16", profile="measured", workers=1)
 MODEL, GPU = "llama3.1-8b", "h100"
 
