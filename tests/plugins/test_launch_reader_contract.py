@@ -7,16 +7,12 @@ not say how many GPUs"."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
-from mlsysim_core import InvalidInputError, PluginContractError, hookimpl
-from mlsysim_core.manager import PluginManager
-from mlsysim_core.scenario import from_launch
-from mlsysim_plugins.launch import LaunchField, LaunchFormatSpec, LaunchReading
+from mlsysim_core import InvalidInputError, PluginContractError
+from mlsysim_plugins.launch import LaunchField
 
-MODEL = LaunchField(key="trainer.model", value="llama3-8b", field="model", becomes="llama3-8b")
+from readertools import MODEL, launch_read_by
 
 
 def _field(key, field, value):
@@ -25,25 +21,8 @@ def _field(key, field, value):
 
 def _launch(tmp_path, fields, world=None):
     """``from_launch`` of one file read by a reader that returns ``fields`` and ``world``."""
-    path = tmp_path / "run.yaml"
-    path.write_text("trainer:\n  model: llama3-8b\n")
-
-    def read(p, document, context):
-        return LaunchReading(format="myorg.trainer", path=str(p), fields=[MODEL, *fields], defaults=[],
-                             ignored=[], framework_version="myorg-trainer 1.2",
-                             world={"single_device": ("trainer", True)} if world is None else world)
-
-    plugin = types.ModuleType("myorg_trainer_reader")
-
-    @hookimpl
-    def mlsysim_launch_formats():
-        return [LaunchFormatSpec(name="myorg.trainer", framework="myorg-trainer", suffixes=(".yaml",),
-                                 recognizes=lambda p, d: isinstance(d, dict) and "trainer" in d, read=read)]
-
-    plugin.mlsysim_launch_formats = mlsysim_launch_formats
-    pm = PluginManager.from_environment(autoload=False)
-    pm.register(plugin, name="myorg_trainer_reader")
-    return from_launch([path], registry=pm.registry, seq_len=1024)
+    reading = {"fields": [MODEL, *fields], "framework_version": "myorg-trainer 1.2"}
+    return launch_read_by(tmp_path, reading if world is None else {**reading, "world": world})[0]
 
 
 def test_a_whole_micro_batch_gives_the_global_batch(tmp_path):
@@ -114,22 +93,7 @@ def test_a_world_hint_that_is_not_a_pair_is_the_readers_bug_named(tmp_path):
 
 def _reading_of(tmp_path, **reading):
     """``from_launch`` of a reader that returns a LaunchReading built from ``reading``."""
-    path = tmp_path / "run.yaml"
-    path.write_text("trainer:\n  model: llama3-8b\n")
-    plugin = types.ModuleType("myorg_trainer_reader")
-
-    @hookimpl
-    def mlsysim_launch_formats():
-        return [LaunchFormatSpec(
-            name="myorg.trainer", framework="myorg-trainer", suffixes=(".yaml",),
-            recognizes=lambda p, d: isinstance(d, dict) and "trainer" in d,
-            read=lambda p, d, c: LaunchReading(**{"format": "myorg.trainer", "path": str(p), "fields": [MODEL],
-                                                  "world": {"single_device": ("trainer", True)}, **reading}))]
-
-    plugin.mlsysim_launch_formats = mlsysim_launch_formats
-    pm = PluginManager.from_environment(autoload=False)
-    pm.register(plugin, name="myorg_trainer_reader")
-    return from_launch([path], registry=pm.registry, seq_len=1024), path
+    return launch_read_by(tmp_path, reading)
 
 
 @pytest.mark.parametrize(("reading", "what"), [

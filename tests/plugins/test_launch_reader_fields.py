@@ -11,39 +11,19 @@
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
-from mlsysim_core import PluginContractError, hookimpl
-from mlsysim_core.manager import PluginManager
-from mlsysim_core.scenario import from_launch
-from mlsysim_plugins.launch import LaunchDefault, LaunchField, LaunchFormatSpec, LaunchReading
+from mlsysim_core import PluginContractError
+from mlsysim_plugins.launch import LaunchDefault, LaunchField
 
-MODEL = LaunchField(key="trainer.model", value="llama3-8b", field="model", becomes="llama3-8b")
+from readertools import MODEL, launch_read_by
+
 HOOK = "mlsysim_launch_formats"
 
 
 def _launch(tmp_path, **reading):
     """``from_launch`` of one file read by a reader returning a LaunchReading of ``reading``."""
-    path = tmp_path / "run.yaml"
-    path.write_text("trainer:\n  model: llama3-8b\n")
-
-    def read(p, document, context):
-        given = {"fields": [MODEL], "world": {"single_device": ("trainer", True)}, **reading}
-        return LaunchReading(format="myorg.trainer", path=str(p), framework_version="myorg-trainer 1.2", **given)
-
-    plugin = types.ModuleType("myorg_trainer_reader")
-
-    @hookimpl
-    def mlsysim_launch_formats():
-        return [LaunchFormatSpec(name="myorg.trainer", framework="myorg-trainer", suffixes=(".yaml",),
-                                 recognizes=lambda p, d: isinstance(d, dict) and "trainer" in d, read=read)]
-
-    plugin.mlsysim_launch_formats = mlsysim_launch_formats
-    pm = PluginManager.from_environment(autoload=False, blocked=())
-    pm.register(plugin, name="myorg_trainer_reader")
-    return from_launch([path], registry=pm.registry, seq_len=1024, batch_size=8), path
+    return launch_read_by(tmp_path, {"framework_version": "myorg-trainer 1.2", **reading}, batch_size=8)
 
 
 def test_known_fields_are_read(tmp_path):
