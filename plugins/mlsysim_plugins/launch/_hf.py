@@ -189,10 +189,13 @@ def model_name(r: Reading, key, value):
     if (local / "config.json").is_file():
         r.set(key, value, "model", str(local / "config.json"))
         return str(local / "config.json")
-    # Not resolvable: said, and left to -m (the merge refuses a run that names no model).
+    # Not resolvable: refused naming the key, unless -m gives the model (then said: -m replaces it).
+    if getattr(r.context, "model", None) is None:
+        raise InvalidInputError(f"{r.path}: {key}", value, "a model in the catalog (mlsysim-core models), a Hugging "
+                                "Face id of one, or a local folder with its config.json; or give -m",
+                                "not found in the catalog")
     r.seen.add(key)
-    r.notes.append(f"{key}={value!r} is not in the catalog (mlsysim-core models): give -m with a catalog name or "
-                   "the model's config.json")
+    r.notes.append(f"{key}={value!r} is not in the catalog (mlsysim-core models): -m {r.context.model} is taken")
     return None
 
 
