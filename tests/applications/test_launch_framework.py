@@ -209,6 +209,7 @@ def test_cli_estimate_from_text_and_json(cli_reader, files):
     assert json.loads(plain)["total_memory"] == data["total_memory"]
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 @pytest.mark.parametrize("cli_reader", [False], indirect=True)     # (search refuses regime bf16 today)
 def test_cli_fit_and_search_from(cli_reader, files):
     path = files("r.yaml", {"tt": {"model": "llama3-8b", "mbs": 2, "seq": 1024}})

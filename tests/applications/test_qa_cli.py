@@ -200,6 +200,7 @@ def mpl():
     return pytest.importorskip("matplotlib")
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_sweep_says_the_exact_largest_as_fit_does(mpl, tmp_path):
     code, fit = run("fit", "batch", "--dp", "8", "--zero", "3", "--json")
     exact = json.loads(fit)["value"]
@@ -214,6 +215,7 @@ def test_sweep_says_the_exact_largest_as_fit_does(mpl, tmp_path):
     assert code == 0 and f"finds the exact largest: {exact:,})" in text
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_vary_profile_defaults_to_both_profiles(mpl, tmp_path, capsys):
     code, text = run("plot", "bars", "--vary", "profile", "-o", str(tmp_path / "p.png"))
     assert code == 0 and "profiles reference, measured" in text

@@ -117,6 +117,7 @@ def test_time_says_the_run_it_timed():
     assert doc["units"]["memory_bytes"] == "bytes (the heaviest rank)" and doc["schema_version"] == 2
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_fit_json_states_its_units():
     # `fit ... --json` had top-level numbers (headroom, value, added_seconds) with no unit stated.
     for question, value_unit in (("batch", "sequences per micro-batch"), ("seq", "tokens per sequence")):

@@ -183,6 +183,7 @@ def test_a_strategy_without_recompute_is_said(builtin_pm):
     assert all(c.recompute == 0.0 for c in found.fits)
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_calibration_and_uncalibrated_hardware(solver):
     h100 = search.search_plans("llama3-8b", "h100", devices=8, global_batch=8, solver=solver)
     assert h100.timing["cal"] is steptime.CALIBRATIONS["nvidia/h100-sxm5-80gb"] and h100.timing["cal"].calibrated

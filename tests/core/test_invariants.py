@@ -1,5 +1,6 @@
 """Properties that hold for every input (hypothesis)."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mlsysim_core import HardwareNode, SparseTransformerWorkload, TransformerWorkload, TrainingMemoryModel
@@ -74,6 +75,7 @@ def _builtin_modules(builtin_pm):
     return [(name, builtin_pm.get_plugin(name)) for name in sorted(builtin_pm.registry.plugins)]
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(configs(), st.randoms(use_true_random=False))
 def test_results_independent_of_registration_order(builtin_pm, config, rnd):

@@ -103,6 +103,7 @@ def test_only_the_techniques_asked_for():
     assert not fitted.fits and fitted.steps == () and "no combination" in fitted.message
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_cli():
     flags = ("-m", MODEL, "-g", GPU, "--batch-size", "2", "--seq-len", "4096", "--precision", "bf16",
              "--optimizer", "adamw", "--checkpointing", "none", "--regime", "bf16", "--flops", "312e12")

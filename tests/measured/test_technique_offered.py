@@ -119,6 +119,7 @@ def test_a_renamed_strategy_gets_the_builtins_ladder(name):
     assert json.loads(before)["evaluated"] > 1
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_a_renamed_adamw_gets_adamws_ladder():
     solver = _renamed("mlsysim_optimizers", REGISTRY.optimizers, "adamw", "acme-adamw")
     assert _offered(LOW_BIT, "optimizer", "acme-adamw", solver.registry) == LOW_BITS

@@ -110,6 +110,7 @@ def test_third_party_plugins_off_is_said(installed, scenario_file):
         "not loaded: third-party plugins are off (MLSYSIM_DISABLE_PLUGIN_AUTOLOAD / --no-third-party-plugins)")
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_the_cli_says_blocked(installed, scenario_file, capsys, monkeypatch):
     installed(PLUGIN)
     code, err = error_of(capsys, "estimate", "--scenario", str(scenario_file))

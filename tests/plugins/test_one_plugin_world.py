@@ -416,6 +416,7 @@ def test_renamed_builtin_gives_identical_results(kind, name):
         "\n".join(diffs[:8])
 
 
+@pytest.mark.long     # seconds of whole fits/searches/ladders: `pytest --long`, .ci/run
 def test_the_copy_is_what_the_renamed_world_holds():
     """The comparison compares something: in each renamed world the copy is registered (and a
     family's original is gone, so the copy is the one that claims its models)."""
