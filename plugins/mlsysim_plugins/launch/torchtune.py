@@ -75,7 +75,14 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")      # torchtune's w1, w3, w
 OPTIMIZERS = {
     "torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam", "torch.optim.SGD": "sgd",
     "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit-bnb", "bitsandbytes.optim.AdamW8bit": "adamw-8bit-bnb",
-    "bitsandbytes.optim.PagedAdamW": None, "bitsandbytes.optim.PagedAdamW32bit": None,
+    # bitsandbytes' 32-bit optimizers (optim_bits=32, their default: Optimizer2State, two fp32 moments per parameter;
+    # the paged ones put the moments of tensors of >= 1e5 elements in CUDA managed memory, optim/optimizer.py
+    # get_state_buffer -> functional.py get_paged; lowbit_optimizers.bnb32_state_terms). Adam and AdamW keep the
+    # same state (the decay is applied in the update, bitsandbytes optim/adam.py and adamw.py).
+    "bitsandbytes.optim.PagedAdamW": "paged-adamw-32bit-bnb", "bitsandbytes.optim.PagedAdamW32bit": "paged-adamw-32bit-bnb",
+    "bitsandbytes.optim.PagedAdam": "paged-adamw-32bit-bnb", "bitsandbytes.optim.PagedAdam32bit": "paged-adamw-32bit-bnb",
+    "bitsandbytes.optim.AdamW": "adamw-32bit-bnb", "bitsandbytes.optim.AdamW32bit": "adamw-32bit-bnb",
+    "bitsandbytes.optim.Adam": "adamw-32bit-bnb", "bitsandbytes.optim.Adam32bit": "adamw-32bit-bnb",
     "torchao.optim.AdamW8bit": "adamw-8bit-torchao", "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit-torchao",
     "torchao.optim.AdamW4bit": "adamw-4bit-torchao", "torchao.prototype.low_bit_optim.AdamW4bit": "adamw-4bit-torchao",
     "torchao.optim.AdamWFp8": "adamw-fp8-torchao", "torchao.prototype.low_bit_optim.AdamWFp8": "adamw-fp8-torchao",
@@ -437,10 +444,6 @@ def _optimizer(r: Reading, optimizer, path) -> None:
         r.set("optimizer._component_", component, "offload", "torchao+gradients" if grads else "torchao")
         component = inner
     name = OPTIMIZERS.get(component, "?")
-    if name is None:
-        raise NotModelledError("optimizer._component_", component, "one of " + ", ".join(
-            k for k, v in OPTIMIZERS.items() if v), f"{path}: bitsandbytes' 32-bit paged AdamW (fp32 states in "
-                               "paged memory) is not a registered optimizer")
     if name == "?":
         raise NotModelledError("optimizer._component_", component, "one of " + ", ".join(
             k for k, v in OPTIMIZERS.items() if v), f"{path}: no registered optimizer for it")
