@@ -152,6 +152,18 @@ CKPT_CONFIGS = [
     _cfg("qlora-ckpt-axolotl-llama-wide-bf16-nf4-dq-r16-all-b4-s512", "llama-wide", 4, 512, rank=16, targets=ALL,
          regime="bf16", quantization="nf4", double_quant=True, checkpointing="full", gc_kwargs=NR,
          prepare_kbit=True),
+    # plain LoRA (a 16-bit or fp32 base, no quantization) with every layer checkpointed, the same way (issue 25
+    # item 2: the top layer's checkpointed moments without the dequantization): peft's fp32 adapters over the base
+    _cfg("lora-ckpt-hf-llama-wide-fp32-r8-qv-b4-s256", "llama-wide", 4, 256, rank=8, targets=QV,
+         regime="fp32", checkpointing="full", gc_kwargs=NR),
+    _cfg("lora-ckpt-hf-llama-wide-fp32-r16-all-b4-s256", "llama-wide", 4, 256, rank=16, targets=ALL,
+         regime="fp32", checkpointing="full", gc_kwargs=NR),
+    _cfg("lora-ckpt-hf-llama-wide-bf16-r8-qv-b4-s256", "llama-wide", 4, 256, rank=8, targets=QV,
+         regime="bf16", checkpointing="full", gc_kwargs=NR),
+    _cfg("lora-ckpt-hf-llama-wide-bf16-r16-all-b4-s256", "llama-wide", 4, 256, rank=16, targets=ALL,
+         regime="bf16", checkpointing="full", gc_kwargs=NR),
+    _cfg("lora-ckpt-hf-gqa-wide-fp32-r16-all-b4-s512", "gqa-wide", 4, 512, rank=16, targets=ALL,
+         regime="fp32", checkpointing="full", gc_kwargs=NR),
 ]
 
 
@@ -266,7 +278,7 @@ def document(args, runs, ctx) -> dict:
 
 def main(argv=None) -> int:
     def arguments(ap):
-        ap.add_argument("--checkpointed", action="store_true", help="the checkpointed QLoRA runs (CKPT_CONFIGS)")
+        ap.add_argument("--checkpointed", action="store_true", help="the checkpointed QLoRA and LoRA runs (CKPT_CONFIGS)")
 
     harness.main(argv, description=__doc__.split("\n\n")[0], arguments=arguments,
                  configs=lambda args: CKPT_CONFIGS if args.checkpointed else CONFIGS, measure_run=measure,

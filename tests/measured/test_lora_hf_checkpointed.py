@@ -28,7 +28,7 @@ from mlsysim_core.hf import from_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "validation" / "lora_ckpt_measurements.json").read_text(encoding="utf-8"))
-RUNS = DATA["runs"]
+RUNS = [r for r in DATA["runs"] if r["lora"]["quantization"]]     # (the plain-LoRA runs: test_lora_ckpt_plain.py)
 TINY = [r for r in RUNS if "-tiny-" in r["id"]]
 WIDE = [r for r in RUNS if "-wide-" in r["id"]]
 QV_WIDE = [r for r in WIDE if "-qv-" in r["id"]]

@@ -1543,13 +1543,15 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                        nbytes=max(0, transient - at_loss), phases=(FORWARD,),
                        formula=f"max(0, {_n(transient)} B ({how}) - {_n(at_loss)} B (what the forward's end holds "
                                "beyond the layers: final norm, logits, loss))"))
-    if (recompute and plan.profile_options.lora.quantization in ("nf4", "fp4")
-            and not getattr(plan.profile_options, "compile", None) and _every_layer_checkpointed(plan, placement)):
+    if (recompute and _top_layer_moments(plan, placement) and not getattr(plan.profile_options, "compile", None)
+            and _every_layer_checkpointed(plan, placement)):
+        # (over a plain base a moment the loss's covers adds no term: those predictions keep their terms)
+        keep = (lambda t: True) if plan.profile_options.lora.quantization else (lambda t: t.nbytes > 0)
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
-        terms.append(_dequantized_in_forward(plan, T, h, c, at_loss))
+        terms += filter(keep, [_dequantized_in_forward(plan, T, h, c, at_loss)])
         if not generic(plan):       # derived on the Llama walk's gate/up/down MLP (not a family's own, nor experts)
             at_loss = sum(t.nbytes for t in terms if BACKWARD in t.phases and id(t) not in through_layers)
-            terms.append(_top_layer_backward(plan, placement, T, h, c, at_loss))
+            terms += filter(keep, [_top_layer_backward(plan, placement, T, h, c, at_loss)])
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return rope.stored("model_activations", plan, terms)
@@ -1561,6 +1563,34 @@ def _every_layer_checkpointed(plan, placement) -> bool:
     from .checkpointing import LAYERS, spec_of
     n = plan.profile_options.checkpointed_layers
     return spec_of(plan).recomputes == LAYERS and (n is None or n >= placement.layers_per_stage)
+
+
+def _top_layer_moments(plan, placement) -> bool:
+    """Are the top layer's checkpointed moments (``_dequantized_in_forward``, ``_top_layer_backward``) derived for this
+    run? A 4-bit base (nf4/fp4, as measured on torchtune + torchao and HF + bitsandbytes), or a plain (16-bit or fp32)
+    base without autocast on a dense gated MLP walked by the family's own LoRA walk, on one tensor-parallel rank,
+    without DoRA (torchtune's eager LoRA and HF + peft, validation/lora_ckpt_compare.py): the same moments less the
+    dequantization. Autocast's fresh 16-bit casts of the frozen weights (a transient in the checkpointed forward, saved
+    in the recompute) are not measured there."""
+    cfg = plan.profile_options.lora
+    if cfg.quantization in ("nf4", "fp4"):
+        return True
+    family = shape_of(plan).family
+    return (cfg.quantization is None and not plan.profile_options.regime.autocast and not generic(plan)
+            and family.gated_mlp and not family.sparse and not cfg.use_dora and placement.tensor_shards == 1)
+
+
+def _dequantization(plan, n, c) -> tuple[int, str]:
+    """One dequantization of an ``n``-element linear to ``c`` bytes (the chosen 4-bit implementation's transient),
+    0 over a plain base (its matmuls read the stored weight)."""
+    if plan.profile_options.lora.quantization is None:
+        return 0, "none: the base is not quantized"
+    from . import quantizations
+    return quantizations.chosen(plan.profile_options).transient(n, c)
+
+
+def _over_base(plan) -> str:
+    return " over the 4-bit base" if plan.profile_options.lora.quantization is not None else ""
 
 
 def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
@@ -1575,24 +1605,26 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     scale x lora_b(lora_a(x))``, the adapters in the base's dtype), silu(gate), up's output, lora_b's output and its
     scaled copy and lora_a's output (4a + c T r: fp32, every linear adapted); with gate_proj adapted, 3a + c T r.
     That moment and the loss's are apart: the term is what
-    it holds beyond the loss's moment (as DoRA's weight norm)."""
-    from . import quantizations
+    it holds beyond the loss's moment (as DoRA's weight norm). Over a plain base (``_top_layer_moments``) the same
+    moments with no dequantization: 3a, or 4a + c T r with up_proj adapted."""
     ffn = shape_of(plan).ffn
     res = plan.profile_options.regime.residual
     n = max(i * o for _, i, o in _quantized_linears(plan))
-    transient, how = quantizations.chosen(plan.profile_options).transient(n, c)
+    transient, how = _dequantization(plan, n, c)
+    quantized = plan.profile_options.lora.quantization is not None
     a = c * T * ffn
     # an adapted linear adds lora_a's output (c x T x r) beside lora_b's and its scaled copy (a each) before the sum
     lora = c * T * plan.profile_options.lora.rank
     adapted = set(_adapted(plan)) if not generic(plan) else set()
-    mlp = max(a + transient, 2 * a + c * n, 3 * a + (lora if "gate_proj" in adapted else 0),
+    mlp = max(a + transient, 2 * a + (c * n if quantized else 0), 3 * a + (lora if "gate_proj" in adapted else 0),
               4 * a + lora if "up_proj" in adapted else 0)
     held = (2 * c + res) * T * h + mlp
-    return MemoryTerm(component=ACTIVATIONS, label="a checkpointed layer's forward over the 4-bit base, beyond the "
+    deq = (f"a + the largest linear's dequantization, 2a + {c} x {_n(n)}, " if quantized else "")
+    return MemoryTerm(component=ACTIVATIONS, label=f"a checkpointed layer's forward{_over_base(plan)}, beyond the "
                       "loss's moment", nbytes=max(0, held - at_loss), phases=(FORWARD,),
                       formula=f"max(0, {_n(held)} B (the top layer: attention output, residual, norm output "
-                              f"({2 * c + res} x T x h), and its MLP's max(a + the largest linear's dequantization, "
-                              f"2a + {c} x {_n(n)}, 3a, 4a + {c} x T x r where the MLP's linears are adapted) with "
+                              f"({2 * c + res} x T x h), and its MLP's max({deq}"
+                              f"3a, 4a + {c} x T x r where the MLP's linears are adapted) with "
                               f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
                               f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
 
@@ -1615,16 +1647,24 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
 
     The term is what that moment holds beyond the loss's backward moment (as the forward's term). Priced on the
     models with a LoRA walk of their own (``generic`` ones, a family's fused MLP or experts, keep the backward's end
-    moment alone: not derived)."""
-    from . import quantizations
+    moment alone: not derived). Over a plain base (``_top_layer_moments``) the same two moments with no
+    dequantization in the recompute."""
     first, other = _layers(plan, placement)
-    layer = other if placement.layers_per_stage > 1 else first
+    held, how = _layer_backward(plan, other if placement.layers_per_stage > 1 else first, T, h, c)
+    return MemoryTerm(component=ACTIVATIONS, label=f"the top layer's backward{_over_base(plan)} (checkpointed), "
+                      "beyond the loss's moment", nbytes=max(0, held - at_loss), phases=(BACKWARD,),
+                      formula=f"max(0, {how} - {_n(at_loss)} B (what the loss's backward holds beyond the layers))")
+
+
+def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
+    """What one checkpointed layer's backward holds at its peak (``_top_layer_backward``'s two moments), its output's
+    gradient included, and how: (bytes, formula)."""
     saved = layer.saved(T)
     regime = plan.profile_options.regime
     res = regime.residual
     a = c * T * shape_of(plan).ffn
     n = max(i * o for _, i, o in _quantized_linears(plan))
-    transient, how = quantizations.chosen(plan.profile_options).transient(n, c)
+    transient, how = _dequantization(plan, n, c)
     adapted = set(_adapted(plan))
     norm_in = "gate_proj" in adapted or "up_proj" in adapted
     down = "down_proj" in adapted
@@ -1637,13 +1677,9 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     recompute = saved + locals_ + lora + transient
     mlp_backward = saved + 3 * a - (a if down else 0)
     held = res * T * h + max(recompute, mlp_backward)
-    return MemoryTerm(component=ACTIVATIONS, label="the top layer's backward over the 4-bit base (checkpointed), "
-                      "beyond the loss's moment", nbytes=max(0, held - at_loss), phases=(BACKWARD,),
-                      formula=f"max(0, {res} x T x h (the layer output's gradient) + max({_n(saved)} B saved + "
-                              f"{_n(locals_ + lora)} B locals + {_n(transient)} B (down_proj's dequantization: {how}) in "
-                              f"the recompute, {_n(saved)} B saved + {3 if not down else 2} x {c} x T x ffn in the "
-                              f"MLP's backward) = {_n(held)} B - {_n(at_loss)} B (what the loss's backward holds "
-                              "beyond the layers))")
+    return held, (f"{res} x T x h (the layer output's gradient) + max({_n(saved)} B saved + {_n(locals_ + lora)} B "
+                  f"locals + {_n(transient)} B (down_proj's dequantization: {how}) in the recompute, {_n(saved)} B saved "
+                  f"+ {3 if not down else 2} x {c} x T x ffn in the MLP's backward) = {_n(held)} B")
 
 
 def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
