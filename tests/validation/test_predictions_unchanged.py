@@ -189,6 +189,23 @@ def _halved_embedding_gradient(case_id, params, fields) -> bool:
     return halved and _cublas_or_none(params, fields)
 
 
+def _bottom_layer_backward(case_id, params, fields) -> bool:
+    """The deliberate change of issue 25 item 2 (LORACKPT): eager LoRA with every layer checkpointed prices the
+    backward's end as the bottom layer's backward (lora._bottom_layer_backward: the top layer's moment with the first
+    layer's own saved set; over a 4-bit base less the dequantized weight, which is its own term) where the recompute
+    working set of a later layer was priced: one activations term at backward_end swapped, and its sums (the
+    totals too where the end is the peak). Of the recorded cases only lora/lora-llama-tiny-fp32-r16-all-ckpt-b4-s256
+    (the first layer's saved set 4,096 B smaller: -4,096 B at backward_end, not the peak)."""
+    if not (case_id.startswith("lora/") and "-ckpt-" in case_id) and not (
+            params.get("lora") and params.get("checkpointing") == "full"):
+        return False
+    swaps = [f for f in fields if re.fullmatch(r"term_nbytes\.activations: (\d+) terms -> \1; gone \['[0-9.e+]+'\], "
+                                               r"new \['[0-9.e+]+'\].*", f)]
+    return len(swaps) == 1 and all(
+        f in swaps or "activations/backward_end" in f
+        or f.split(": ")[0].split(".")[-1] in ("total_memory", "memory_utilization", "activations") for f in fields)
+
+
 def _cublas_or_none(params, fields) -> bool:
     """The runtime overheads moved only as the cuBLAS workspaces' change moves them (or not at all)."""
     overheads = [f for f in fields if "runtime_overheads" in f]
@@ -203,7 +220,7 @@ def test_predictions_unchanged(tool, recorded):
     respelled = set(_respelled_names(diffs, current))
     assert len(respelled) == 8      # the grid's 'Selective', 'NONE', 'None', 'FULL', 'Full', 'adam w', 'adam8bit'
     diffs = [d for d in diffs if d[0] not in respelled and not _cublas_workspaces(d[1], d[2])
-             and not _halved_embedding_gradient(*d)]
+             and not _halved_embedding_gradient(*d) and not _bottom_layer_backward(*d)]
     if not diffs:
         return
     by_group = Counter(case_id.split("/")[0] for case_id, _, _ in diffs)
