@@ -145,8 +145,10 @@ def test_refused_by_name(kw, name, says):
 
 
 def test_data_parallel_qlora_with_compiled_blocks_is_refused():
-    # torchao's NF4 split or gathered over ranks is not measured, compiled or not (lora.py's implementation check)
-    with pytest.raises(NotModelledError, match="split or gathered over ranks is not measured") as e:
+    # torchao's NF4 split or gathered over ranks under compiled blocks is not measured (lora.py's implementation
+    # check, or, where the implementation declares its split under FSDP2 eagerly, compile's own LoRA check)
+    with pytest.raises(NotModelledError, match="split or gathered over ranks is not measured|a nf4 base inside the "
+                                               "compiled block is not measured") as e:
         TrainingMemoryModel().solve(_model(), BIG, 2, 256, "bf16", "adamw", "none", profile="measured",
                                     regime="bf16", attention="sdpa", device="cpu", compile="blocks", dp_size=2,
                                     data_parallel="fsdp", lora=LoRAConfig(rank=8, adapter_dtype="base",

@@ -207,6 +207,27 @@ def _fsdp2(model, world):
     fully_shard(model, mesh=mesh)
 
 
+def _shard_torchtune(model, layout):
+    """torchtune 0.6.1's ``training.shard_model`` as its distributed recipes call it (after ``compile_model`` and
+    ``set_activation_checkpointing``): ``fully_shard`` on every module ``get_shard_conditions`` names (``layers.i``:
+    the checkpoint wrapper around the compiled layer), bottom-up, then on the root; ``reshard_after_forward=True``;
+    ``fsdp_cpu_offload``: ``CPUOffloadPolicy`` (``pin_memory=False``: no accelerator to pin for on this CPU build)."""
+    from functools import partial
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    import torchtune.training._distributed as distributed
+    from torchtune import training
+    mesh = init_device_mesh("cpu", (layout["world_size"],))
+    policy = distributed.CPUOffloadPolicy
+    distributed.CPUOffloadPolicy = lambda: CPUOffloadPolicy(pin_memory=False)
+    try:
+        training.shard_model(model, [partial(training.get_shard_conditions, names_to_match=None)],
+                             cpu_offload=bool(layout.get("cpu_offload")), reshard_after_forward=True, dp_mesh=mesh)
+    finally:
+        distributed.CPUOffloadPolicy = policy
+
+
 def _tp(model, world):
     """torchtune 0.6.1's tensor parallelism (recipes/full_finetune_distributed.py: prepare_mha_for_tp, then
     parallelize_module with base_llama_tp_plan)."""
@@ -253,6 +274,7 @@ def _measure(cfg: dict) -> dict:
     else:
         model = llama3_2(**cfg["torchtune"]).to(dtype)
     tp = (cfg.get("layout") or {}).get("kind") == "tp"
+    torchtune_shard = (cfg.get("layout") or {}).get("kind") == "fsdp2-torchtune"      # measure_blocks_fsdp.py
     if tp:
         _tp(model, cfg["layout"]["world_size"])
     if cfg["policy"] == "op-sac":
@@ -264,7 +286,7 @@ def _measure(cfg: dict) -> dict:
         for i, layer in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
     if cfg["compile"] == "blocks":
-        if cfg["policy"] in ("none", "full") and not cfg.get("layout"):
+        if cfg["policy"] in ("none", "full") and (not cfg.get("layout") or torchtune_shard):
             training.compile_model(model, verbose=False)        # torchtune: each TransformerSelfAttentionLayer
         else:                                                   # torchtitan: each (wrapped) block
             for i, layer in enumerate(model.layers):
@@ -272,7 +294,9 @@ def _measure(cfg: dict) -> dict:
         assert any(isinstance(m, TransformerSelfAttentionLayer) for m in model.modules())
     if cfg["policy"] == "full":     # torchtune recipes: after compile_model
         training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
-    if cfg.get("layout") and not tp:
+    if torchtune_shard:
+        _shard_torchtune(model, cfg["layout"])
+    elif cfg.get("layout") and not tp:
         _fsdp2(model, cfg["layout"]["world_size"])
     if cfg["loss"] == "chunked":
         loss_fn = CEWithChunkedOutputLoss()

@@ -419,7 +419,8 @@ TECHNIQUES = (
                           Candidate("optimizer+gradients+parameters", "optimizer, gradients, parameters on the host"),
                           Candidate("torchao", "torchao CPUOffloadOptimizer (host states and parameter copies)"),
                           Candidate("torchao+gradients", "torchao CPUOffloadOptimizer, offload_gradients=True")],
-              active=_offload_on, added_step_time=_offload_time, with_compile=_NOT_COMPILED),
+              active=_offload_on, added_step_time=_offload_time,
+              with_compile=_with_compile("offload_with_compile")),
     Technique(name="low_bit_optimizer", order=37, keyword="optimizer",
               description="a low-bit AdamW (solve's optimizer, in place of one declaring its update, adam or adamw): "
                           "in the ladder only",

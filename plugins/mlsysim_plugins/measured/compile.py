@@ -262,24 +262,53 @@ def accepted_with_compile(plan, value):
 def optimizer_in_backward_with_compile(plan, value):
     """The step in the backward with compiled blocks: measured with torchtune's full checkpointing in its order
     (validation/compile/measure_blocks_order.py, the -oib- runs); else refused by name."""
+    from .parallel import is_parallel
     o = plan.profile_options
     if value in (BLOCKS, BLOCKS_LOSS) and o.lora is None:
         from .checkpointing import LAYERS, spec_of
-        if spec_of(plan).recomputes == LAYERS and outside(plan):
+        if spec_of(plan).recomputes == LAYERS and outside(plan) and not is_parallel(plan):
             return
         raise NotModelledError("optimizer_in_backward", o.optimizer_in_backward, f"off with compile={value!r}, or on "
-                               "with full checkpointing in torchtune's order (compile_checkpoint='outside')",
-                               "the step in the backward with compiled blocks is measured with torchtune's full "
-                               "checkpointing only")
+                               "with full checkpointing in torchtune's order (compile_checkpoint='outside') on one "
+                               "device", "the step in the backward with compiled blocks is measured with torchtune's "
+                               "full checkpointing on one device only (under FSDP2 its hooks beside the reduce-"
+                               "scatters are not measured)")
     raise NotModelledError("optimizer_in_backward", o.optimizer_in_backward, "optimizer_in_backward off with "
                            "compile=True", REFUSED)
 
 
+def offload_with_compile(plan, value):
+    """Parameter, gradient and optimizer offload (FSDP2's ``CPUOffloadPolicy``, torchtune's ``fsdp_cpu_offload``)
+    around compiled blocks under data parallelism without LoRA: it moves the sharded parameters, the reduce-scattered
+    gradients and the optimizer step to the host and leaves each block's graph alone (the unsharded parameters are
+    copied in before the all-gather, as without it; no saved activation moves): measured, the compiled-minus-eager
+    difference equals the one without offload in every phase (validation/compile/measure_blocks_fsdp.py's
+    ``-offload-`` runs). Else refused by name."""
+    from .parallel import _offload
+    o = plan.profile_options
+    every = dict(_offload(o.offload)) == {"optimizer": "cpu", "gradients": "cpu", "parameters": "cpu"}
+    if (value in (BLOCKS, BLOCKS_LOSS) and every and o.lora is None and not o.cpu_offload_optimizer
+            and plan.dp_size > 1 and plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1):
+        return
+    raise NotModelledError("offload", o.offload, f"offload off with compile=True; 'optimizer+gradients+parameters' "
+                           f"(to the host: FSDP2's CPUOffloadPolicy) with compile={BLOCKS!r} or {BLOCKS_LOSS!r} under "
+                           "data parallelism alone, no LoRA",
+                           "other offloads around a compiled model (one part on the host, NVMe, torchao's "
+                           "CPUOffloadOptimizer's gradient hooks, a whole compiled model, LoRA, tensor or pipeline "
+                           "layouts) are not measured (validation/compile/measure_blocks_fsdp.py)")
+
+
 def activation_offload_with_compile(plan, value):
     """torchtune's offload around compiled blocks: its own checks (offload_activations); else refused by name."""
+    from .parallel import is_parallel
     o = plan.profile_options
-    if value in (BLOCKS, BLOCKS_LOSS):
+    if value in (BLOCKS, BLOCKS_LOSS) and not is_parallel(plan):
         return      # torchtune's, around compiled blocks: offload_activations' own checks
+    if value in (BLOCKS, BLOCKS_LOSS):
+        raise NotModelledError("activation_offload", o.activation_offload, f"None with compile={value!r} under a "
+                               "parallel layout", "offloading the inputs of compiled blocks beside FSDP2's gathers and "
+                               "reduce-scatters is not measured (one device: validation/lora_offload, "
+                               "validation/offload_full)")
     raise NotModelledError("activation_offload", o.activation_offload, "activation_offload off with compile=True",
                            REFUSED)
 
@@ -369,12 +398,17 @@ def prepare(plan, registry=None):
     spec = spec_of(plan)
     per_block = value in (BLOCKS, BLOCKS_LOSS)
     if per_block and spec.recomputes != NOTHING and not spec.extensions.get(COMPILED_BLOCKS) and not (
-            spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers) and not is_parallel(plan)):
+            spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers)
+            and (not is_parallel(plan) or _data_parallel_outside(plan))):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
-                               f"none, op-sac or full (every layer, one device) with compile={BLOCKS!r}",
+                               f"none, op-sac or full (every layer) with compile={BLOCKS!r}: on one device, or under "
+                               "data parallelism alone in torchtune's order (compile_checkpoint='outside')",
                                "a block checkpointed in part, or under a parallel layout, compiled apart: its "
-                               "recompute inside the block's backward graph is measured for full checkpointing on "
-                               "one device only (docs/compile.md)")
+                               "recompute is measured for full checkpointing on one device and, in torchtune's "
+                               "order (compile_model, set_activation_checkpointing, shard_model), under FSDP2 "
+                               "(validation/compile/measure_blocks_fsdp.py); the checkpoint inside the compiled "
+                               "block (torchtitan's order) and tensor, pipeline, context and expert layouts are "
+                               "not measured with it (docs/compile.md)")
     blocks = o.checkpointed_layers
     if spec.recomputes not in (NOTHING, LAYERS) and not per_block:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
@@ -416,6 +450,14 @@ def prepare(plan, registry=None):
         notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL_OUTSIDE if outside(plan) else BLOCKS_FULL,
                   ) if per_block else (APPROXIMATE,)
     return attrs.evolve(plan, notes=plan.notes + notes)
+
+
+def _data_parallel_outside(plan) -> bool:
+    """Full checkpointing around compiled blocks under data parallelism alone, in torchtune's order (its distributed
+    recipes: compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped layer): each
+    block's graph and its checkpoint see the gathered parameters and the rank's micro-batch, as on one device
+    (validation/compile/measure_blocks_fsdp.py, FSDP2 on ranks of 2 and 4)."""
+    return plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1 and outside(plan)
 
 
 def outside(plan) -> bool:
@@ -902,18 +944,23 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
             forward, fhow = other + x, f"S {_n(other)} + {_n(x)} (up's output in fp32, the CPU's 16-bit matmul)"
     else:
         wd = x = 0
-    excess = forward * T + wq - last - loss_side
+    held, fsdp = fsdp2_around_blocks(plan, placement, c * T * h, rng, L)
+    excess = forward * T + wq + held - last - loss_side
     if excess > 0:
         terms.append(MemoryTerm(component=ACTIVATIONS, label="the top compiled block's forward (its saved set before "
                                 "the checkpoint drops it)", nbytes=excess, phases=(FORWARD,),
                                 formula=f"T x ({fhow}) = T x {_n(forward)} B"
-                                        + (f" + {_n(wq)} B ({whow})" if wq else "") + ", beyond what the end of the forward "
+                                        + (f" + {_n(wq)} B ({whow})" if wq else "")
+                                        + (f" + {_n(held)} B (FSDP2: the last all-gather's output, kept until the next "
+                                           "all-gather)" if held else "") + ", beyond what the end of the forward "
                                         f"holds in its place (the loss's forward terms {_n(loss_side)} B"
                                         + (", the last block's output" if last else "") + ")"))
     # The adapters' gradients are the gradient terms' (BACKWARD_END): at this moment only down's exist, unless
     # accumulation keeps every one alive.
     accumulating = plan.gradient_accumulation_steps > 1
-    unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g - down_grads
+    # (the gradient terms hold the adapters' gradients as the rules shard them: FSDP2's reduce-scattered shards)
+    shards = placement.gradient_shards if fsdp else 1
+    unborn = 0 if accumulating else lora_mod.stage_trainable(plan, L) * g / shards - down_grads
     rope = K.rope_table_bytes(model_terms)    # on the device (SAVED: not in BACKWARD_END)
     at_down = (other + product + x) * T + wq      # the frozen MLP's down projection's input gradient (CPU, 16 bits)
     if x and at_down > work * T + wq - wd:
@@ -937,17 +984,37 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
     # in the block's index between the top and block 1: the peak is the top's, block 1's or block 0's (measured:
     # validation/lora_offload's rank-64 twin without offloading, block 0's). activation_offload moves the inputs
     # to the host and compares every block's moment from the top's (offload_activations.lora_terms): the top's.
+    # Under FSDP2 (fsdp2_around_blocks) each block's moment holds its gathered parameters and the root's, the block
+    # below's prefetched all-gather (not block 0's), the blocks above's adapter gradients as reduce-scattered shards
+    # (/ W) and, below the top, the last reduce-scatter's input (the rule's term; none at the top block yet).
+    gathered = 0
+    if fsdp is not None:
+        from .buffers import _layer_gather, fsdp_root
+        gather, scatter = _layer_gather(plan, placement)[:2]
+        gathered = gather.nbytes
+        at_top = (2 if L > 1 else 1) * gathered + sum(t.nbytes for t in fsdp_root(plan, placement)) - scatter.nbytes
+        if L == 1:
+            moment += at_top
+            formula += f"; FSDP2: + {_n(at_top)} (its gathered parameters and the root's; no reduce-scatter input yet)"
     if L > 1 and not getattr(plan.profile_options, "activation_offload", None):
-        grow = 0 if accumulating else lora_mod.stage_trainable(plan, 1) * g
+        grow = 0 if accumulating else lora_mod.stage_trainable(plan, 1) * g / (placement.gradient_shards if fsdp
+                                                                                else 1)
         step = grow - c * T * h - rng          # one block lower
         first = lora_layer_saved(plan, s, regime, kernel, False)[0]
-        moments = {"top": 0}
+        moments = {"top": at_top if fsdp else 0}
+        lower = at_top + scatter.nbytes if fsdp else 0       # below the top: the reduce-scatter input held
         if L > 2:
-            moments["block 1"] = (L - 2) * step
-        moments["block 0"] = (L - 1) * step - (other - first) * T - (wq - dequantized_saved(plan, s, regime, kernel,
-                                                                                            False)[0])
+            moments["block 1"] = lower + (L - 2) * step
+        moments["block 0"] = lower - gathered + (L - 1) * step - (other - first) * T - (
+            wq - dequantized_saved(plan, s, regime, kernel, False)[0])
         which = max(moments, key=moments.get)
-        if moments[which] > 0:
+        if fsdp is not None and which == "top":
+            moment += moments[which]
+            label = "the top block's compiled recompute and MLP backward (FSDP2)"
+            formula += (f"; FSDP2: + {_n(moments['top'])} (its gathered parameters and the root's, the block below's "
+                        f"prefetched all-gather, {_n(gathered)} B each layer; no reduce-scatter input yet; moments: "
+                        + ", ".join(f"{k} {_n(v)}" for k, v in moments.items()) + ")")
+        elif moments[which] > 0:
             moment += moments[which]
             label = f"the compiled recompute and MLP backward of {which} (the highest block's moment)"
             formula += (f"; at {which}: {'+' if moments[which] >= 0 else ''}{_n(moments[which])} (per block lower: "
@@ -1140,14 +1207,17 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
     later = sum(t.nbytes for t in model.model_activation_terms(plan, placement, recompute=True)
                 if FORWARD in t.phases and t.key not in during)
     last = c * T * h if c == 4 else 0
-    excess = per_token * T + L * rng - later - last
+    held, fsdp = fsdp2_around_blocks(plan, placement, r * T * h, rng, L)
+    excess = per_token * T + L * rng + held - later - last
     terms = [inputs]
     if excess > 0:
         terms.append(MemoryTerm(
             component=ACTIVATIONS, label="the top compiled block's forward (its saved set before the checkpoint "
                                          "drops it)", nbytes=excess, phases=(FORWARD,),
             formula=f"T x {_n(per_token)} B ({how}; the block's whole compiled set)"
-                    + (f" + {L} x {rng:,} B (CPU RNG states)" if rng else "") + f" - {_n(later)} B (the final norm's, "
+                    + (f" + {L} x {rng:,} B (CPU RNG states)" if rng else "")
+                    + (f" + {_n(held)} B (FSDP2: the last all-gather's output, kept until the next all-gather)"
+                       if held else "") + f" - {_n(later)} B (the final norm's, "
                     "the logits' and the loss's forward terms, not yet)" + (" - T x h x 4 (the top block's output, "
                                                                            "counted as the final norm's input)"
                                                                            if last else "")))
@@ -1170,6 +1240,8 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                         f"weight gradient" + (", the tied LM head's gradient waiting" if tied else "")
                         + f") - {_n(end_only)} (the end-of-backward terms, not yet); larger than layer 0's moment "
                         f"({_n(end.nbytes)})")]
+    if fsdp:
+        terms.append(fsdp)
     terms.append(attrs.evolve(end, formula=f"layer 0's recompute outside its backward graph, then the graph: T x "
                                            f"({_n(per_token)} (the block's compiled set: {how}) - {_n(output)} (its "
                                            f"output, freed) + {_n(product)} (the product freed, gate's and up's "
@@ -1178,6 +1250,47 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                                               else "") + f" = {_n(work)} B in place of the eager recompute; "
                                            + end.formula))
     return terms
+
+
+def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -> tuple[float, MemoryTerm | None]:
+    """What FSDP2 (``fully_shard`` on each checkpoint-wrapped compiled layer and on the root: torchtune's
+    ``shard_model``, ``reshard_after_forward=True``) holds around the compiled blocks beyond the data-parallel rule's
+    buffers (one gathered layer and the root's parameters in the forward and backward, one layer's reduce-scatter
+    input at the backward's end), read event by event from validation/compile/measure_blocks_fsdp.py's timelines
+    (torch 2.13 ``_fsdp_param_group.py``):
+
+    * **the forward**: each layer's all-gather output is kept after its copy-out until the next all-gather
+      (``comm_ctx.all_gather_state``, "defer free to allow for overlap of this copy-out with next all-gather"): one
+      layer's gathered bytes G beside the top block's forward;
+    * **the backward**: block i's recompute and MLP backward hold its gathered parameters (G) and the root's, the
+      all-gather of block i - 1 prefetched (G, for i >= 1), the reduce-scatter input of block i + 1 (kept until the
+      next reduce-scatter, ``reduce_scatter_states``; none at the top block) and the reduce-scattered gradient
+      shards of the blocks above (R / W each); from block to block upward one more input (and RNG state) is alive
+      and one gradient shard less: the moment of block i is block 0's + G (the prefetch) + i x (input + RNG - R / W)
+      (- R at the top), the highest of them priced. Nothing without weight sharding.
+
+    Returns the forward's held bytes (G: the caller adds them to the top block's forward moment) and the backward's
+    term (BACKWARD_END)."""
+    if placement.weight_shards == 1 or L < 1:
+        return 0, None
+    from .buffers import _layer_gather, fsdp_root
+    gather, scatter = _layer_gather(plan, placement)[:2]
+    G, R, W = gather.nbytes, scatter.nbytes, placement.weight_shards
+    root = sum(t.nbytes for t in fsdp_root(plan, placement))
+    step = block_input + rng - R / W
+    moments = {0: 0.0}
+    for i in sorted({1, L - 2, L - 1} & set(range(1, L))):
+        moments[i] = G + i * step - (R if i == L - 1 else 0)
+    top = max(moments, key=lambda i: (moments[i], -i))
+    extra = moments[top]
+    return G, MemoryTerm(component=ACTIVATIONS, label="FSDP2 around the compiled blocks' recompute and backward",
+                   nbytes=G + root + extra, phases=(BACKWARD_END,),
+                   formula=f"{_n(G)} B (the block's gathered parameters) + {_n(root)} B (the root's, gathered) + "
+                           f"{_n(extra)} B at block {top} (block 0's moment + {_n(G)} B, the block below's prefetched "
+                           f"all-gather, + i x ({_n(block_input)} B input" + (f" + {rng:,} B RNG state" if rng else "")
+                           + f" - {_n(R / W)} B gradient shard) per block up, - {_n(R)} B (no reduce-scatter input "
+                           f"yet) at the top; moments above block 0: "
+                           + ", ".join(f"block {i} {_n(v)}" for i, v in moments.items()) + ")")
 
 
 def _backward_end(plan, placement, recompute=None) -> MemoryTerm:

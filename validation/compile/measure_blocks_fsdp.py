@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Per-block compile with full activation checkpointing under FSDP2, in torchtune 0.6.1's distributed order,
+measured with measure_blocks.py's harness (the profiler's memory timeline, no dispatch mode) on one rank of the
+fake process group (validation/fakepg.py).
+
+    nice -n 10 /tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py [--only ID ...]
+    # writes validation/compile/blocks_fsdp_measurements.json; /tmp/tvenv: torch==2.13.0 (CPU), torchtune==0.6.1,
+    # torchao==0.13.0 (measure_blocks.py's environment)
+    nice -n 10 /tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py --events ID
+    # the measured iteration's memory events of one configuration (measure_blocks_order.py's)
+
+What runs, as recipes/full_finetune_distributed.py and recipes/lora_finetune_distributed.py ``_setup_model`` of
+torchtune 0.6.1 order it (pytorch/torchtune v0.6.1): the model built (LoRA: ``set_trainable_params`` on the
+adapters), ``training.compile_model(model)`` (each ``TransformerSelfAttentionLayer`` compiled in place), then
+``training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})`` (each compiled
+layer wrapped in a non-reentrant ``checkpoint_wrapper``), then ``training.shard_model`` with
+``training.get_shard_conditions`` (``fully_shard`` on every ``layers.i``, the checkpoint wrapper around the
+compiled layer, bottom-up, then on the root; ``reshard_after_forward=True``; with ``fsdp_cpu_offload`` a
+``CPUOffloadPolicy``, ``pin_memory=False`` since this CPU build has no accelerator to pin for). The rank's
+micro-batch is ``batch_size``; the rank is ``layout.rank`` of ``layout.world_size``. Every run has its eager twin
+(the same order without ``compile_model``).
+
+On the CPU an offload policy moves nothing (the "device" is the host): the ``-offload-`` runs show only whether
+compile's saved set and moments change with the policy on (its compiled-minus-eager delta against the one without).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import harness  # noqa: E402  (validation/harness.py)
+import measure_blocks  # noqa: E402
+import measure_blocks_order  # noqa: E402
+from measure_blocks import _cfg  # noqa: E402
+
+
+def _fsdp_cfg(regime, compile, *, world=2, rank=0, offload=False, **kw):
+    c = _cfg(regime, compile, policy="full", **kw)
+    tag = f"-fsdp2tt{'-offload' if offload else ''}-w{world}r{rank}"
+    rid = c["id"].replace("-full", "-full" + tag, 1)
+    c.update(id=rid, layout={"kind": "fsdp2-torchtune", "world_size": world, "rank": rank,
+                             **({"cpu_offload": True} if offload else {})})
+    return c
+
+
+CELL = dict(vocab=1024, b=2, layers=3)
+CONFIGS = []
+for _world in (2, 4):
+    for _compile in ("eager", "blocks"):
+        CONFIGS.append(_fsdp_cfg("fp32", _compile, world=_world, **CELL))
+for _lora in ("all", "qv"):
+    for _compile in ("eager", "blocks"):
+        CONFIGS.append(_fsdp_cfg("fp32", _compile, world=2, lora=_lora, **CELL))
+for _compile in ("eager", "blocks"):
+    CONFIGS.append(_fsdp_cfg("fp32", _compile, world=4, lora="all", **CELL))
+for _compile in ("eager", "blocks"):
+    CONFIGS.append(_fsdp_cfg("bf16", _compile, world=2, vocab=1024, b=1, seq=256, layers=3))
+for _compile in ("eager", "blocks"):       # fsdp_cpu_offload: True (CPUOffloadPolicy)
+    CONFIGS.append(_fsdp_cfg("fp32", _compile, world=2, offload=True, **CELL))
+for _compile in ("eager", "blocks"):       # the last rank of 4
+    CONFIGS.append(_fsdp_cfg("fp32", _compile, world=4, rank=3, **CELL))
+
+
+def document(args, runs, ctx) -> dict:
+    doc = measure_blocks.document(args, runs, ctx)
+    return {**doc, "generator": "/tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py"}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--events"]:
+        measure_blocks_order.CONFIGS.extend(CONFIGS)
+        measure_blocks_order.events(argv[1])
+        return 0
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS,
+                        measure_run=measure_blocks.measure, document=document,
+                        out=os.path.join(HERE, "blocks_fsdp_measurements.json"), incremental=True,
+                        keep_previous="always", summary=lambda m: f"peak {m['peak_bytes']:>12,} B {m['wall_s']}s",
+                        line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<64} {msg}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
