@@ -555,7 +555,8 @@ DS_IGNORED = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "s
               "prescale_gradients", "gradient_predivide_factor", "tensorboard", "wandb", "csv_monitor", "comms_logger",
               "flops_profiler", "dump_state", "memory_breakdown", "sparse_gradients", "checkpoint",
               "zero_force_ds_cpu_optimizer", "data_efficiency", "aio", "seed",
-              "seq_parallel_communication_data_type"}
+              "seq_parallel_communication_data_type",
+              "comms_config", "monitor_config"}     # (logging and monitoring tables: LLaMA-Factory's ds_z3_fp8_config.json)
 
 
 def bucket_options_available(registry, rule: str) -> set[str]:

@@ -46,12 +46,12 @@ def read(path, document, context):
         whole(r, "num_machines", machines)
         r.seen.add("num_machines")
     mixed = str(doc.get("mixed_precision", "no")).lower()
+    if mixed not in ("no", "bf16", "fp16", "fp8"):
+        r.refuse("mixed_precision", mixed, "no, bf16, fp16 or fp8", "unknown mixed precision")
     if mixed == "fp8":
-        r.refuse("mixed_precision", mixed, "no, bf16 or fp16", "fp8 training through accelerate (TE/torchao/MS-AMP): "
-                 "use the float8 option of the measured profile by hand")
-    if mixed not in ("no", "bf16", "fp16"):
-        r.refuse("mixed_precision", mixed, "no, bf16 or fp16", "unknown mixed precision")
-    if "mixed_precision" in doc:
+        _fp8(r, doc, kind)
+        mixed = "bf16"
+    elif "mixed_precision" in doc:
         if mixed in ("bf16", "fp16"):     # (a training-arguments file's bf16/fp16 true wins: _hf.MIXED_PRECEDENCE)
             r.set("mixed_precision", doc["mixed_precision"], "precision", mixed, _hf.MIXED_PRECEDENCE, yields=True)
         else:
@@ -92,11 +92,114 @@ def read(path, document, context):
             continue
         if k in IGNORED:
             r.ignore(k)
-        elif k == "fp8_config":
-            r.refuse(k, v, "absent", "fp8 training through accelerate: not read here")
+        elif k == "fp8_config":     # (mixed_precision fp8 read it; otherwise accelerate never looks at it)
+            r.ignore(k)
         else:
             r.unknown(k, v, f"the keys of accelerate's config file ({SOURCE})")
     return r.done()
+
+
+# --- fp8: what accelerate runs for mixed_precision fp8 ----------------------------------------------------
+
+ACC = "huggingface/accelerate@16cb6eb8"
+BACKENDS = f"{ACC} src/accelerate/accelerator.py:478-503 (fp8_backend, the recipe handlers)"
+AUTOCAST = (f"under fp8 accelerate autocasts the forward in bf16 ({ACC} accelerator.py:600-603, "
+            "utils/modeling.py:2087-2101)")
+AO_RUN = f"torchao's convert_to_float8_training ({ACC} accelerator.py:2070-2089 _prepare_ao, utils/ao.py:104-143)"
+AO_FILTER = ("accelerate's default module filter keeps the model's first and last nn.Linear (layer 0's q_proj, the "
+             "LM head) and any linear not a multiple of 16 in high precision (utils/ao.py:32-91, 138-143)")
+AO_DEFAULTS = (f"AORecipeKwargs() builds Float8LinearConfig(pad_inner_dim=True, enable_fsdp_float8_all_gather=True): "
+               f"torchao's default recipe, tensorwise dynamic scaling ({ACC} src/accelerate/utils/dataclasses.py:313-357)")
+AO_KEYS = ("backend", "enable_fsdp_float8_all_gather", "pad_inner_dim")
+TE_KEYS = ("amax_history_len", "amax_compute_algo", "fp8_format", "interval", "margin", "override_linear_precision",
+           "use_autocast_during_eval", "opt_level")
+
+
+def _model_shape(model):
+    """A reading's model (a catalog name or a config.json path) as a TransformerWorkload; None if unknown."""
+    import json
+    from pathlib import Path
+    from mlsysim_core.errors import MlsysimError
+    try:
+        if isinstance(model, (str, Path)) and str(model).endswith(".json") and Path(str(model)).is_file():
+            from mlsysim_core.hf import from_hf_config
+            return from_hf_config(json.loads(Path(str(model)).read_text()))
+        if isinstance(model, str):
+            from mlsysim_core.catalog import find_model
+            return find_model(model).value
+    except (MlsysimError, OSError, ValueError):
+        return None
+    return model if getattr(model, "hidden_dim", None) is not None else None
+
+
+def ao_float8(r: Reading, key, value, recipe: str, how: str, *, first_linear: bool = True) -> None:
+    """``key`` runs torchao's float8 training with ``recipe`` (tensorwise or rowwise) through a module filter
+    that keeps the LM head, the linears not multiples of 16 and, with ``first_linear``, the model's first
+    nn.Linear in high precision: the measured profile's ``float8`` option (measured/float8.py), once the
+    run's model is known (another file's, or -m) and the option expresses that filter
+    (``float8.filter_left_out``); refused naming ``key`` otherwise. ``how``: where it comes from."""
+    from mlsysim_core.errors import NotModelledError
+    from ..measured.float8 import filter_left_out
+    given = getattr(r.context, "model", None)
+    path = r.path
+
+    def derive(mixed, merged):
+        model = given or merged.get("model")
+        shape = _model_shape(model)
+        if shape is None:
+            return (recipe, f"{how}: float8={recipe!r}; whether the option expresses the filter is checked once the "
+                            "model is known", True)
+        why = filter_left_out(shape, first_linear=first_linear)
+        if why:
+            raise NotModelledError(f"{path}: {key}", value, "a model whose float8 linears the measured profile's "
+                                   "float8 option describes", f"{how}: {why}")
+        return (recipe, how + ("; layer 0's q_proj left out changes no term (its cast is o_proj's, hidden x "
+                               "hidden)" if first_linear else ""))
+
+    r.derived(key, value, "float8", derive, own=None, also=("model",))
+
+
+def _fp8(r: Reading, doc: dict, kind: str) -> None:
+    """``mixed_precision: fp8``: the backend ``fp8_config.backend`` names (AO: torchao's float8 training, read as
+    the measured profile's float8 option; TE and MS-AMP refused), under bf16 autocast."""
+    cfg = doc.get("fp8_config") or {}
+    if not isinstance(cfg, dict):
+        r.refuse("fp8_config", cfg, "a table", "not a table")
+    backend = str(cfg.get("backend") or "").strip().upper()
+    r.seen.add("fp8_config")
+    if not backend:
+        r.refuse("fp8_config.backend", cfg.get("backend"), "AO (torchao)", "mixed_precision fp8 without a backend: "
+                 "accelerate takes torchao, else TransformerEngine, else MS-AMP, whichever is installed "
+                 f"({BACKENDS}): not known from the file")
+    if backend == "TE":
+        r.refuse("fp8_config.backend", cfg["backend"], "AO (torchao)", "TransformerEngine through accelerate "
+                 f"(convert_model swaps te.Linear/te.LayerNorm in, fp8_autocast; {ACC} src/accelerate/accelerator.py:"
+                 "2105-2135): the measured profile's float8='transformer-engine' describes Megatron-Core's layers only")
+    if backend in ("MSAMP", "MS-AMP"):
+        r.refuse("fp8_config.backend", cfg["backend"], "AO (torchao)", "MS-AMP (fp8 weights, gradients and optimizer "
+                 "state: msamp.initialize): not modelled")
+    if backend != "AO":
+        r.refuse("fp8_config.backend", cfg["backend"], "AO, TE or MSAMP", "unknown fp8 backend")
+    gather = str(cfg.get("enable_fsdp_float8_all_gather", True)).strip().lower() not in ("false", "0", "no")
+    if kind == "FSDP" and gather:
+        r.refuse("fp8_config.enable_fsdp_float8_all_gather", cfg.get("enable_fsdp_float8_all_gather", True),
+                 "false", "FSDP2's float8 all-gather (torchao WeightWithDynamicFloat8CastTensor: the weights gathered "
+                 "in fp8, their scales precomputed after each step) is not modelled; " + AO_DEFAULTS.split(":")[0]
+                 + " with it on by default")
+    r.set("mixed_precision", doc["mixed_precision"], "precision", "bf16", AUTOCAST, yields=True)
+    ao_float8(r, "fp8_config.backend", cfg["backend"], "tensorwise", f"{AO_RUN}; {AO_DEFAULTS}; {AO_FILTER}")
+    for k, v in cfg.items():
+        key = f"fp8_config.{k}"
+        if k in ("backend", "enable_fsdp_float8_all_gather"):
+            r.seen.add(key)
+        elif k == "pad_inner_dim":
+            r.note(key, v, "pads a matmul's inner dimension to a multiple of 16; the linears the float8 option "
+                   "converts already are (filter_left_out checks it)")
+        elif k in TE_KEYS:
+            r.ignore(key)     # (TransformerEngine's and MS-AMP's settings: unused by the AO backend)
+        else:
+            r.unknown(key, v, "accelerate's fp8_config keys (backend, enable_fsdp_float8_all_gather, pad_inner_dim; "
+                      "TE's and MS-AMP's)")
 
 
 def _deepspeed(r: Reading, cfg: dict, mixed):

@@ -72,9 +72,7 @@ def read(path, document, context):
               "model (docs/compile.md)")
     elif "torch_compile" in doc:
         r.ignore("torch_compile")
-    for key, why in (("fp8", "fp8 training through torchao: not modelled from the file (the measured profile's float8 "
-                      "option is torchtitan's; give it by hand)"),
-                     ("relora", "ReLoRA"), ("qat", "quantization-aware training"),
+    for key, why in (("relora", "ReLoRA"), ("qat", "quantization-aware training"),
                      ("activation_offloading", "axolotl's activation offloading"),
                      ("rl", "an RL/preference trainer (DPO, ORPO, KTO, GRPO: paired sequences, a reference or reward "
                       "model)"), ("reward_model", "a reward model"), ("process_reward_model", "a reward model"),
@@ -220,6 +218,8 @@ def read(path, document, context):
                        "bound)")
             else:
                 r.ignore(k)
+    # fp8: torchao's float8 training through accelerate.
+    _fp8(r, doc)
     # FSDP and DeepSpeed.
     fsdp, cfg, version = get("fsdp"), get("fsdp_config"), get("fsdp_version")
     if fsdp:
@@ -255,6 +255,34 @@ def read(path, document, context):
         else:
             r.unknown(key, value, f"{VERSION}'s config keys (docs/launch-hf.md lists the ones read)")
     return r.done()
+
+
+FP8 = (f"{REPO} src/axolotl/core/trainers/base.py:682-700: mixed_precision='fp8', AORecipeKwargs(config="
+       "Float8LinearConfig(...)), torchao's default recipe: tensorwise; monkeypatch/trainer_accelerator_args.py hands "
+       "it to the Accelerator, monkeypatch/accelerate/float8_moe_filter.py keeps MoE routers out")
+
+
+def _fp8(r: Reading, doc: dict) -> None:
+    """``fp8: true``: axolotl hands accelerate an AORecipeKwargs (torchao float8 training, tensorwise) with no
+    module filter, so accelerate's default applies (the first and last nn.Linear kept in high precision), under
+    accelerate's bf16 autocast of the forward: the measured profile's float8 option (its bf16 weights are what
+    the autocast computes in: the regime read from bf16). FSDP2's fp8 all-gather is refused."""
+    from .accelerate import AO_FILTER, AO_RUN, AUTOCAST, ao_float8
+    get = doc.get
+    gather_key = "fp8_enable_fsdp_float8_all_gather"
+    if not is_true(get("fp8")):
+        for k in ("fp8", gather_key):
+            if k in doc:
+                r.ignore(k)
+        return
+    if is_true(get(gather_key)) and (get("fsdp") or get("fsdp_config")):
+        r.refuse(gather_key, doc[gather_key], "false", "FSDP2's float8 all-gather (torchao "
+                 "WeightWithDynamicFloat8CastTensor: the sharded weights cast to fp8 before the all-gather, "
+                 "force_recompute_fp8_weight_in_bwd) is not modelled")
+    if gather_key in doc:
+        r.note(gather_key, doc[gather_key], "FSDP2's float8 all-gather: no FSDP here, nothing gathered")
+    ao_float8(r, "fp8", doc["fp8"], "tensorwise", f"{AO_RUN} ({FP8}); {AO_FILTER}; {AUTOCAST}, the weights' "
+              "dtype (bf16): the regime's")
 
 
 def _lora(r: Reading, doc: dict, adapter: str, q4: bool, q8: bool):

@@ -85,7 +85,6 @@ NOT_MODELLED = {
     "use_asft_loss": "the ASFT loss",
     "use_eaft_loss": "the EAFT loss",
     "enable_torch_profiler": None,
-    "fp8": "fp8 training (torchao / Transformer Engine through accelerate)",
     "freeze_vision_tower": None, "freeze_multi_modal_projector": None, "freeze_language_model":
         "a multimodal model with the language model frozen",
 }
@@ -255,10 +254,9 @@ def read(path, document, context):
                        "against the eager ops is not priced (an upper bound)")
     elif "enable_liger_kernel" in doc:
         r.ignore("enable_liger_kernel")
+    _fp8(r, doc)
     # Distributed: DeepSpeed and FSDP through the trainer arguments.
     if get("deepspeed"):
-        if is_true(get("fp8")):
-            r.refuse("fp8", doc["fp8"], "false", "fp8 training: not modelled")
         _hf.read_deepspeed_file(r, "deepspeed", doc["deepspeed"], trainer={"mixed": mixed}, model=model)
     elif "deepspeed" in doc:
         r.ignore("deepspeed")
@@ -349,6 +347,50 @@ def _sequence(r: Reading, doc: dict, stage: str):
     if neat:
         r.notes.append("neat_packing: packed rows without cross-attention between sequences (varlen kernels): the "
                        "activations are the packed row's")
+
+
+FP8 = f"{REPO} src/llamafactory/train/fp8_utils.py"
+TF_ARGS = ("transformers 5.8.0 (LLaMA-Factory's newest allowed, pyproject.toml:43) and 5.23.0: trainer.py "
+           "_build_accelerator_args passes the arguments' mixed_precision, set from bf16/fp16 when they were parsed "
+           "(training_args.py: 'self.mixed_precision = os.environ.get(\"ACCELERATE_MIXED_PRECISION\", \"no\"); "
+           "if self.fp16: ...fp16; elif self.bf16: ...bf16')")
+
+
+def _fp8(r: Reading, doc: dict) -> None:
+    """``fp8``: what LLaMA-Factory runs for it. ``fp8_backend: te``: a TransformerEngine recipe forced into the
+    Accelerator (refused). Otherwise (auto, torchao) ``configure_fp8_environment`` only sets
+    ACCELERATE_MIXED_PRECISION=fp8 when the trainer is built; the AORecipeKwargs (rowwise, its own filter) that
+    ``create_fp8_kwargs`` builds are logged, never handed to the Accelerator; and the Trainer gives the
+    Accelerator the mixed precision its arguments were parsed with: bf16 or fp16 when the file says so, and
+    fp8 never runs (measured: transformers 5.23.0 / accelerate 1.16.0, fp8_enabled False). Without bf16/fp16 it
+    runs only if the launcher set ACCELERATE_MIXED_PRECISION=fp8 before: not in the file, refused."""
+    get = doc.get
+    keys = [k for k in ("fp8", "fp8_backend", "fp8_enable_fsdp_float8_all_gather") if k in doc]
+    on = is_true(get("fp8")) or is_true(get("fp8_enable_fsdp_float8_all_gather"))     # parser.py:543-550
+    if not on:
+        for k in keys:
+            r.ignore(k)
+        return
+    key = "fp8" if is_true(get("fp8")) else "fp8_enable_fsdp_float8_all_gather"
+    backend = str(get("fp8_backend", "auto")).strip().lower()
+    if backend == "te":
+        r.refuse("fp8_backend", doc["fp8_backend"], "auto or torchao", "TransformerEngine through accelerate: "
+                 f"patch_accelerator_for_fp8 forces mixed_precision fp8 with TERecipeKwargs(fp8_format HYBRID, "
+                 f"amax_history_len 16) ({FP8}:185-232); the measured profile's float8='transformer-engine' describes "
+                 "Megatron-Core's layers only")
+    if not (is_true(get("bf16")) or is_true(get("fp16"))):
+        r.refuse(key, doc[key], "false, or with bf16/fp16 true (then fp8 does not run)", "whether fp8 runs depends on "
+                 "ACCELERATE_MIXED_PRECISION as the launcher set it before the arguments were parsed (accelerate "
+                 f"launch --mixed_precision fp8), not on the file ({FP8}:120-152 sets it only when the trainer is "
+                 f"built; {TF_ARGS})")
+    half = "bf16" if is_true(get("bf16")) else "fp16"
+    r.note(key, doc[key], f"no fp8 training: {FP8}:120-152 sets ACCELERATE_MIXED_PRECISION=fp8 only when the trainer "
+           f"is built, the AORecipeKwargs of create_fp8_kwargs (:29-105) are logged, not given to the Accelerator, "
+           f"and the Accelerator gets {half} ({TF_ARGS}): accelerate's fp8_enabled is False (measured with transformers "
+           "5.23.0 and accelerate 1.16.0); the run is the 16-bit one the other keys describe")
+    for k in keys:
+        if k != key:
+            r.note(k, doc[k], "read with " + key + " (no fp8 training)")
 
 
 def _precision(r: Reading, doc: dict, ft: str, quant) -> str | None:

@@ -117,6 +117,9 @@ def check(plan, value):
                          "saved inputs are still counted in 16 bits (an overestimate: TE saves them in fp8)"))
     family = o.architecture.name
     why = None
+    parallel = plan.rank is not None or plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size * plan.dp_size > 1
+    layout = (f"a parallel layout ({_layout(plan)}): float8 is validated on one device (fp8 all-gather under FSDP2, "
+              "float8 tensor parallelism and float8 linears under ZeRO are not modelled)") if parallel else ""
     if regime.main_grad:
         why = "Megatron-Core's layers run TransformerEngine's FP8, not torchao's: use float8='transformer-engine'"
     elif regime.autocast:
@@ -133,11 +136,12 @@ def check(plan, value):
     elif not _keeps_everything(plan):     # declared, not named
         why = (f"activation_checkpointing={plan.activation_checkpointing!r}: the recomputed forward's casts "
                "are not modelled (measured without checkpointing only)")
-    elif plan.rank is not None or plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size * plan.dp_size > 1:
-        why = ("a parallel layout: float8 is validated on one device (fp8 all-gather under FSDP2 and "
-               "float8 tensor parallelism are not modelled)")
+    elif parallel:
+        why = layout
     elif plan.gradient_accumulation_steps > 1:
         why = "gradient accumulation with float8 is not modelled (the backward's-end moment changes)"
+    if why and parallel and why != layout:      # (a launch file's FSDP or ZeRO is named whatever refused first)
+        why += "; and " + layout
     if why:
         raise NotModelledError("float8", key, "a single-device bf16 or fp32 run of a Llama- or Mixtral-style "
                                "model without checkpointing", why)
@@ -146,6 +150,51 @@ def check(plan, value):
                else "") + "): saved activations unchanged (torchao saves the high-precision input); "
             "its casts' temporaries are added where they set a phase's peak")
     return attrs.evolve(plan, profile_options=attrs.evolve(o, float8=key), notes=plan.notes + (note,))
+
+
+def _layout(plan) -> str:
+    """The plan's parallel layout in words (a refusal names it): its sizes above 1 and its sharding rules."""
+    sizes = [f"{axis} {n}" for axis, n in (("tp", plan.tp_size), ("pp", plan.pp_size), ("cp", plan.cp_size),
+                                            ("ep", plan.ep_size), ("dp", plan.dp_size)) if n > 1]
+    rules = [f"{axis}={rule}" for axis, rule in sorted((plan.rules or {}).items())
+             if {"tp": plan.tp_size, "pp": plan.pp_size, "cp": plan.cp_size, "ep": plan.ep_size,
+                 "dp": plan.dp_size}.get(axis, 1) > 1]
+    out = " x ".join(sizes) or "one rank of a layout"
+    if plan.zero_stage:
+        out += f", ZeRO-{plan.zero_stage}"
+    return out + (f", {', '.join(rules)}" if rules else "")
+
+
+# --- what a launch file's torchao module filter may leave out -------------------------------------
+
+def filter_left_out(model, *, first_linear: bool) -> str | None:
+    """Why this option cannot express a torchao ``module_filter_fn`` that keeps, besides the LM head, the
+    model's linears whose sizes are not multiples of 16 (accelerate's ``filter_linear_layers``) and, with
+    ``first_linear``, the model's first ``nn.Linear`` (layer 0's q_proj: accelerate's default filter,
+    ``find_first_last_linear_layers``, huggingface/accelerate@16cb6eb8 src/accelerate/utils/ao.py:32-143) in
+    high precision; None when nothing modelled changes. ``model``: a TransformerWorkload.
+
+    The option converts every decoder linear (the module docstring). A linear not a multiple of 16: it would
+    cast nothing and every term is of converted linears: refused. Layer 0's q_proj: the forward term is the last
+    layer's down_proj (o_proj for Mixtral); the backward's-end term is layer 0's largest cast moment, among which
+    (Llama-style) q_proj's and o_proj's casts alone. With heads x head_dim == hidden both linears are hidden x
+    hidden and ``_backward_cast`` gives them the same bytes, so leaving q_proj out changes no maximum. Otherwise
+    (or Mixtral-style, whose o_proj is costed at another moment) q_proj's cast may be the maximum: refused."""
+    h, heads = model.hidden_dim, model.heads
+    if h is None or heads is None:
+        return "the model's hidden size and heads are unknown (which linears the filter keeps cannot be told)"
+    head_dim = model.head_dim or h // heads
+    q, kv, ffn = heads * head_dim, (model.kv_heads or heads) * head_dim, model.ffn_dim or 4 * h
+    odd = [f"{name} {n}" for name, n in (("hidden", h), ("heads x head_dim", q), ("kv_heads x head_dim", kv),
+                                        ("ffn", ffn)) if n % 16]
+    if odd:
+        return (f"{', '.join(odd)} not a multiple of 16: the filter keeps those linears in high precision, the float8 "
+                "option converts every decoder linear")
+    if first_linear and (model.is_sparse or q != h):
+        return ("the filter keeps the model's first nn.Linear (layer 0's q_proj) in high precision; the float8 option "
+                "converts it, and here its cast may set the first layer's backward moment ("
+                + ("a Mixtral-style layer" if model.is_sparse else f"heads x head_dim {q} != hidden {h}") + ")")
+    return None
 
 
 def check_compile(plan, value):
