@@ -494,12 +494,23 @@ def _check_compiled_loss(plan):
     if o.lora is not None:
         raise NotModelledError("lora", o.lora, f"None {what}", "torchtitan's compiled loss with LoRA adapters is not "
                                "measured")
+    why = {"tp_size": "under tensor parallelism torchtitan computes the loss inside loss_parallel() on the LM head's "
+                      "vocabulary-split DTensor logits (each rank's V / tp columns; the max and the sum of exponentials "
+                      "all-reduced): the compiled graph of that DTensor cross-entropy is not measured (measured: the "
+                      "whole logits of one rank, validation/compile/measure_blocks_extra.py); torchtitan's tensor "
+                      "parallelism is sequence-parallel too, which compiled blocks refuse (sequence_parallel)",
+           "pp_size": "on a pipeline's last stage torchtitan hands the compiled loss to the schedule, which calls it "
+                      "per micro-batch inside its step and keeps each stage output until its backward: the compiled "
+                      "loss there is not measured (compiled blocks on a stage are: compile='blocks', "
+                      "validation/compile/measure_blocks_pp.py)",
+           "cp_size": "under context parallelism the logits are sequence-split and the compiled loss's graph sees "
+                      "the rank's shard inside context_parallel(): not measured",
+           "ep_size": "expert parallelism with compiled blocks is not modelled"}
     for name in ("pp_size", "tp_size", "cp_size", "ep_size"):
         if getattr(plan, name) > 1:
-            raise NotModelledError(name, getattr(plan, name), f"1 {what} (data parallelism only)",
-                                   "the compiled loss on a pipeline's last stage (the schedule holds the stage's "
-                                   "output) or on vocabulary- or sequence-split logits (loss_parallel, context "
-                                   "parallelism) is not measured")
+            raise NotModelledError(name, getattr(plan, name), f"1 {what} (data parallelism only; compile='blocks' "
+                                   "with the loss eager takes pipeline stages and tensor parallelism without "
+                                   "sequence parallelism)", why[name])
 
 
 def _check_lora(plan, value):
