@@ -89,7 +89,9 @@ block's backward graph) or in torchtune's (``compile_checkpoint="outside"``; ``b
 compiled block wrapped in the checkpoint, the top block's whole saved set made in the forward, the recompute
 outside the backward graph; validation/compile/measure_blocks_order.py); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
 stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
-validation/compile/measure_blocks_pp.py), and tensor parallelism without sequence parallelism (torchtune's plan:
+validation/compile/measure_blocks_pp.py), full checkpointing under data parallelism in torchtune's distributed order
+(FSDP2's buffers beside the compiled blocks: ``fsdp2_around_blocks``; validation/compile/measure_blocks_fsdp.py), and
+tensor parallelism without sequence parallelism (torchtune's plan:
 each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
 2 of the fake process group). With LoRA
 (torchtune's LoRA recipes with ``compile: True``: plain adapters in the model's dtype): the
@@ -166,6 +168,13 @@ BLOCKS_FULL_OUTSIDE = ("compile='blocks' with full checkpointing, compile_checkp
                        "wraps each compiled layer): the top block's compiled forward makes its whole saved set before "
                        "the checkpoint drops it; each block's backward re-runs the compiled forward, then the block's "
                        "backward graph (compile.blocks_outside_full_terms; validation/compile/measure_blocks_order.py)")
+
+
+BLOCKS_FULL_FSDP2 = ("compile='blocks' with full checkpointing under data parallelism: torchtune's distributed order "
+                     "(compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped "
+                     "layer); with weight sharding FSDP2's held all-gather output, prefetched all-gather and held "
+                     "reduce-scatter input beside the compiled blocks are priced (compile.fsdp2_around_blocks; "
+                     "validation/compile/measure_blocks_fsdp.py)")
 
 
 BLOCKS_LOSS = "blocks+loss"     # each decoder block and the loss function compiled apart (torchtitan's default
@@ -449,6 +458,8 @@ def prepare(plan, registry=None):
     if spec.recomputes == LAYERS:
         notes += (BLOCKS_FULL_LORA if o.lora is not None else BLOCKS_FULL_OUTSIDE if outside(plan) else BLOCKS_FULL,
                   ) if per_block else (APPROXIMATE,)
+        if per_block and is_parallel(plan):
+            notes += (BLOCKS_FULL_FSDP2,)
     return attrs.evolve(plan, notes=plan.notes + notes)
 
 
