@@ -146,11 +146,15 @@ def test_trl_and_liger_losses(tmp_path):
     assert from_launch([_trl(tmp_path)], gpus=8).scenario.solve().total_memory > 0
 
 
-def test_trl_chunked_nll_under_lora_is_refused_naming_loss_type():
+def test_trl_chunked_nll_under_lora_is_answered():
+    """TRL's default chunked NLL under QLoRA (the frozen LM head: validation/trl_loss/measure.py) is answered with its
+    own terms; refused before."""
     launch = from_launch([DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_qlora.yaml"], gpus=8)
     assert launch.scenario.profile_options["loss"] == "trl_chunked_nll"
-    with pytest.raises(MlsysimError, match="trl_chunked_nll.*LoRA"):
-        launch.scenario.solve()
+    result = launch.scenario.solve()
+    labels = {t.label for t in result.terms}
+    assert "chunked nll: one chunk recomputed and its backward (frozen LM head)" in labels
+    assert "log-softmax of the logits (fp32)" not in labels and result.total_memory > 0
 
 
 def test_trl_qlora_storage_under_fsdp(tmp_path):
@@ -160,7 +164,7 @@ def test_trl_qlora_storage_under_fsdp(tmp_path):
     accelerate leaves FSDP2's uint8 Params4bit unsharded); without FSDP the storage changes no byte."""
     import yaml
     doc = yaml.safe_load((DATA / "hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_qlora.yaml").read_text())
-    doc["loss_type"] = "nll"     # (TRL's default chunked NLL is refused under LoRA: its own test)
+    doc["loss_type"] = "nll"     # (TRL's default chunked NLL under LoRA: its own test)
     fsdp = DATA / "accelerate/trl/fsdp1.yaml"
     f = tmp_path / "qlora.yaml"
     f.write_text(yaml.safe_dump({**doc, "bnb_4bit_quant_storage": "bfloat16"}))

@@ -1537,7 +1537,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
                            label="final norm output (held until the loss)", nbytes=c * T * h,
                            phases=(FORWARD,), formula=f"{c} x T x h (the frozen LM head saves none of it)"))
     if regime.autocast:
-        add(MemoryTerm(component=ACTIVATIONS, label="autocast 16-bit copy of the "
+        add(MemoryTerm(component=ACTIVATIONS, key=K.LM_HEAD_AUTOCAST_COPY, label="autocast 16-bit copy of the "
                        + ("LM head's trainable copy" if trains_lm_head(plan) else "frozen LM head"),
                        nbytes=2 * shape.embedding_parameters, phases=SAVED,
                        formula=f"{_n(shape.embedding_parameters)} params x 2 B (saved by the LM head matmul)"))

@@ -225,6 +225,8 @@ def loss_terms(plan, ctx, terms: list[MemoryTerm], *, lm_head_trainable: bool = 
                        weight=regime.weight,
                        gradient=regime.gradient or 4, chunks=o.loss_chunks, regime=regime, shape=s,
                        lm_head_trainable=lm_head_trainable)
+    if not impl.casts_lm_head_once:      # its own casts, per matmul, in its terms: no cached or saved copy
+        keep = [t for t in keep if t.key != K.LM_HEAD_AUTOCAST_COPY]
     if (not impl.saves_lm_head_input and lm_head_trainable) or not impl.saves_lm_head_weight_copy:
         # (a frozen LM head's input is in no term: lora.model_activation_terms)
         keep = _lm_head_kept(keep, impl, T, h, c, bool(regime.autocast), input_kept=lm_head_trainable)

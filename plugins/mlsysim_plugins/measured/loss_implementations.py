@@ -16,6 +16,9 @@ A ``LossImplementation`` declares its memory, with nothing the profile recognise
   its own copy, declared in its terms): the profile takes it off the final norm's term.
 - ``saves_lm_head_weight_copy``: False when, under autocast, the LM head's 16-bit weight copy is
   not saved for the backward (it lives only while autocast caches it: the forward).
+- ``casts_lm_head_once``: False when under autocast the loss casts the LM head's weight itself, per matmul, with
+  no copy that autocast caches or that outlives the matmul (TRL's ``w.float().t()``: a view, which autocast does
+  not cache), its casts in its terms: the profile takes off the LM head's autocast copy.
 - ``chunks``: the default of ``loss_chunks`` (None: it takes none); ``chunk_unit``: ``"chunks"``
   (a count) or ``"tokens"`` (tokens per chunk, as TRL's and LitGPT's ``chunk_size``).
 - ``token_share``: it computes only the tokens whose label is not ignored (``loss_token_share``).
@@ -69,6 +72,7 @@ class LossImplementation:
     terms: Callable[[Any], list] | None = None
     saves_lm_head_input: bool = True
     saves_lm_head_weight_copy: bool = True
+    casts_lm_head_once: bool = True
     chunks: int | None = None
     chunk_unit: str = attrs.field(default="chunks", validator=attrs.validators.in_(("chunks", "tokens")))
     token_share: bool = False

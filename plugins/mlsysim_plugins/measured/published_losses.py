@@ -216,6 +216,8 @@ TRL_CHUNK = 256
 
 
 def trl_chunked_nll_terms(ctx) -> list[MemoryTerm]:
+    if ctx.autocast or not ctx.lm_head_trainable:
+        return _trl_autocast_or_frozen_terms(ctx)
     T, Tv, h, V, c, w = ctx.tokens, ctx.valid, ctx.hidden, ctx.vocab, ctx.compute, ctx.weight
     t = min(ctx.chunks, T)                    # hidden[start:start + chunk_size]
     n = math.ceil(Tv / ctx.chunks)            # the chunks computed: ceil(valid / chunk_size)
@@ -239,6 +241,79 @@ def trl_chunked_nll_terms(ctx) -> list[MemoryTerm]:
               f"max(the recompute: 4 x 4 x t x V, the matmul's backward: 3 x 4 x t x V + 4 x t x h + 4 x V x h, "
               f"the casts back) + the fp32 copies {_n(up_h + up_w)}"
               + (f" + the LM head's gradient of the chunks done ({w} x V x h)" if grad else "") + f", t = {_n(t)}")]
+
+
+def _trl_autocast_or_frozen_terms(ctx) -> list[MemoryTerm]:
+    """TRL's chunked NLL under autocast or with a frozen LM head (LoRA, QLoRA: the LM head stays in the base's
+    dtype), measured by validation/trl_loss/measure.py (trl 1.10.0, whose sft_trainer.py lines 87-235 are
+    f2cd577's). The hidden state's dtype x: fp32 under autocast (the final norm's output), else c.
+
+    * Under autocast ``h.float() @ w.float().t()`` runs in bf16 all the same (matmul is on autocast's lower-precision
+      list): ``.float()`` of fp32 tensors returns them, and autocast casts both operands back, 2 t h and 2 V h. The
+      weight's cast is of the view ``w.t()``, which autocast does not cache (only leaves): every chunk casts the LM
+      head afresh, and its recompute again; no copy outlives a chunk (``casts_lm_head_once=False``: the model's
+      cached copy is not there). The logits are bf16 (2 t V). On the CPU ``log_softmax`` and ``exp`` stay bf16 and
+      ``nll_loss`` (fp32 list) casts log_p to fp32 (4 t V, saved): the forward's chunk holds the logits, log_p, the
+      fp32 copy (or exp and its product) = 8 t V; the backward's recompute 12 t V (logits, log_p, its fp32 copy,
+      exp, the product) beside the two casts (the input's only where the weight trains). On a CUDA device
+      (autocast_mode.h: ``log_softmax`` and ``sum`` take fp32 (``FP32_SET_OPT_DTYPE``), ``exp`` and ``nll_loss``
+      fp32) log_p, exp and the product are fp32: 14 t V in both (derived from the lists, not measured).
+    * Without autocast and a frozen LM head (LoRA over a 16-bit base): the fp32 copies of the chunk (4 t h) and of
+      the LM head (4 V h) in the forward; the recompute keeps ``w.float()`` (saved by the matmul for the input's
+      gradient) beside the four fp32 t x V tensors, and no weight gradient exists.
+    * The backward's gradient of the packed hidden state is one buffer of every row (x T h, the chunks' slices
+      written into it) beside the second chunk's recompute on; with a trainable LM head (autocast) its fp32
+      gradient of the chunks done (w V h) too. With a frozen LM head the final norm's output (x T h) is held by the
+      patched forward until the loss returns (the model's LoRA terms price none).
+    """
+    T, Tv, h, V, c, wb = ctx.tokens, ctx.valid, ctx.hidden, ctx.vocab, ctx.compute, ctx.weight
+    t = min(ctx.chunks, T)
+    n = math.ceil(Tv / ctx.chunks)
+    trains = ctx.lm_head_trainable
+    if not trains:          # the frozen LM head is in the base's dtype (LoRA's regime is the adapters')
+        from .lora import base_weight_bytes
+        wb = base_weight_bytes(ctx.regime)
+    x = 4 if ctx.autocast else c
+    out = [
+        _term("packed hidden state (hidden[order], every shifted token)", x * T * h, SAVED,
+              f"{x} x T x h (the chunks' checkpointed inputs" + (", fp32 under autocast)" if ctx.autocast else ")")),
+        _term("packed labels and the sort order (int64)", 16 * T, SAVED, "2 x 8 x T")]
+    if not trains:
+        out.append(_term("final norm output (held until the loss returns)", x * T * h, (FORWARD,),
+                         f"{x} x T x h (the patched forward's hidden_states; a frozen LM head saves none of it)"))
+    buf = x * T * h if n >= 2 else 0
+    grad = wb * V * h if n >= 2 and trains else 0
+    after = (f" + the hidden state's gradient buffer {x} x T x h" if buf else "") + (
+        f" + the LM head's gradient of the chunks done ({wb} x V x h)" if grad else "")
+    if ctx.autocast:
+        cuda = (ctx.plan.profile_options.device or "cuda") == "cuda"
+        k, where = (14, "CUDA's autocast lists: log_p, exp and the product fp32") if cuda else (
+            12, "the CPU's: log_p, exp and the product bf16, nll_loss's fp32 copy of log_p")
+        kf = 14 if cuda else 8
+        casts = 2 * V * h + 2 * t * h
+        fwd = max(kf * t * V, casts + 2 * t * V)
+        bwd = k * t * V + 2 * V * h + (2 * t * h if trains else 0) + buf + grad
+        out += [
+            _term("chunked nll: one checkpointed chunk's forward (autocast)", fwd, (FORWARD,),
+                  f"max({kf} x t x V (bf16 logits and the loss's tensors: {where}), 2 x V x h + 2 x t x h + 2 x t x V "
+                  f"(the matmul's bf16 casts, not cached: w.t() is a view, and the logits)), t = {_n(t)}, "
+                  f"{n} chunk{'s' if n != 1 else ''} of {_n(Tv)} tokens computed"),
+            _term("chunked nll: one chunk recomputed and its backward (autocast)", bwd, (BACKWARD,),
+                  f"{k} x t x V (the recompute: {where}) + 2 x V x h (the LM head's bf16 cast, saved)"
+                  + (" + 2 x t x h (the chunk's bf16 cast, saved for the weight's gradient)" if trains else "")
+                  + after + f", t = {_n(t)}")]
+        return out
+    up_h = 4 * t * h if c != 4 else 0
+    up_w = 4 * V * h if wb != 4 else 0
+    out += [
+        _term("chunked nll: one checkpointed chunk's forward", max(up_h + up_w + 4 * t * V, 16 * t * V), (FORWARD,),
+              f"max(fp32 copies {_n(up_h + up_w)} + 4 x t x V, 4 x 4 x t x V (logits, log_p, exp, product)), "
+              f"t = {_n(t)}, {n} chunk{'s' if n != 1 else ''} of {_n(Tv)} tokens computed"),
+        _term("chunked nll: one chunk recomputed and its backward (frozen LM head)", 16 * t * V + up_w + buf,
+              (BACKWARD,), "4 x 4 x t x V (the recompute)" + (" + 4 x V x h (w.float(), saved by the matmul for the "
+                                                                "input's gradient)" if up_w else "")
+              + after + f", t = {_n(t)}")]
+    return out
 
 
 # --- LitGPT chunked_cross_entropy -----------------------------------------------------------------
@@ -517,7 +592,8 @@ PUBLISHED = (
         added_step_time=_launches(13, _count)),
     LossImplementation(
         name="trl_chunked_nll", source=TRL, terms=trl_chunked_nll_terms, chunks=TRL_CHUNK, chunk_unit="tokens",
-        token_share=True, saves_lm_head_input=False, allows=(),
+        token_share=True, saves_lm_head_input=False, casts_lm_head_once=False,
+        allows=("autocast", "lora"),      # measured: validation/trl_loss/measure.py
         description="TRL's chunked_nll: valid tokens packed first, chunks of 256 under activation checkpointing",
         note="loss: TRL's chunked_nll ({chunks} tokens per chunk, {share:g} of the tokens not ignored): one "
              "checkpointed chunk of fp32 logits at a time",
