@@ -112,6 +112,8 @@ class FullShardOptions(FsdpGatherOptions):
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
     fsdp_version: int = attrs.field(default=2, validator=attrs.validators.in_(FSDP_VERSIONS))
     lora_wrap: str = attrs.field(default="adapters", validator=attrs.validators.in_(LORA_WRAPS))
+    # FSDP2's root given reshard_after_forward=True itself (the comment above full_shard_buffers): torchtune's shard_model
+    root_reshard_after_forward: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
 
 
@@ -294,11 +296,26 @@ def hybrid(plan, options):
 def full_shard_buffers(plan, placement, options):
     """Measured grade: the root group stays gathered; each layer is gathered and its
     gradients reduce-scattered, one at a time; with an all-gather limit given (``prefetch_layers``,
-    ``limit_all_gathers``), the layers gathered ahead of it too."""
+    ``limit_all_gathers``), the layers gathered ahead of it too.
+
+    ``root_reshard_after_forward`` (FSDP2): the root's ``fully_shard`` given ``reshard_after_forward=True`` itself, as
+    torchtune 0.6.1's ``training.shard_model`` passes it to every ``fully_shard`` (torchtune/training/_distributed.py)
+    where torchtitan leaves the root's out: torch 2.13 _fully_shard.py keeps the root gathered after its forward only
+    when the argument is not given (``auto_reshard_after_forward = reshard_after_forward is None``, and
+    _fsdp_state.py ``if self._auto_reshard_after_forward: ... post_forward_mesh_info = None``), so the root group and
+    the last gathered layer are freed when the model's forward returns (before the loss, which the recipe computes
+    outside the model) and gathered again for the backward. Measured: validation/qlora_fsdp2 (nothing gathered at
+    the forward's end)."""
     layer = buffers.layer_gather(plan, placement)
+    root = buffers.fsdp_root(plan, placement)
     if getattr(options, "fsdp_version", 2) == 1:
         layer = [_freed_after_forward(t) for t in layer]
-    terms = buffers.fsdp_root(plan, placement) + layer
+    elif getattr(options, "root_reshard_after_forward", False):
+        layer = [_freed_after_forward(t, "root_reshard_after_forward=True: the root resharded after the model's "
+                                         "forward too (torchtune's shard_model)") for t in layer]
+        root = [_freed_after_forward(t, "root_reshard_after_forward=True: freed when the model's forward returns, "
+                                        "gathered again for the backward") for t in root]
+    terms = root + layer
     if options is not None and placement.weight_shards > 1:
         terms = terms + fsdp_prefetch_terms(options, buffers.layer_parameters(plan, placement),
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
@@ -365,15 +382,15 @@ def lora_layer_wrap_terms(plan, placement, options):
     return terms
 
 
-def _freed_after_forward(term):
+def _freed_after_forward(term, why="fsdp_version=1: backward only, FSDP1 frees every unit but the root after its "
+                                   "forward (_post_forward_reshard)"):
     """FSDP1's forward: the gathered layer is freed after its own forward (the comment above FSDP_VERSIONS), so not
-    alive at the forward's end (the forward phase); the backward gathers it again."""
+    alive at the forward's end (the forward phase); the backward gathers it again. (FSDP2 with the root resharded
+    too: ``full_shard_buffers``.)"""
     from mlsysim_core import FORWARD
     if FORWARD not in term.phases:
         return term
-    return attrs.evolve(term, phases=tuple(p for p in term.phases if p != FORWARD),
-                        formula=term.formula + "; fsdp_version=1: backward only, FSDP1 frees every unit but the root "
-                                               "after its forward (_post_forward_reshard)")
+    return attrs.evolve(term, phases=tuple(p for p in term.phases if p != FORWARD), formula=term.formula + "; " + why)
 
 
 def unsynced_gradients(plan, placement, how, rule="fsdp"):

@@ -5,6 +5,7 @@ base under FSDP2), one rank of a fake process-group world, measured with the pro
     nice -n 10 /tmp/tvenv/bin/python validation/qlora_fsdp2/measure.py [--only ID ...]
     # writes validation/qlora_fsdp2/measurements.json; /tmp/tvenv: torch==2.13.0 (CPU), torchtune==0.6.1,
     # torchao==0.13.0
+    nice -n 10 /tmp/tvenv/bin/python validation/qlora_fsdp2/measure.py --events ID     # where each phase peaks
 
 What runs, as the recipe's ``_setup_model`` runs it (pytorch/torchtune v0.6.1,
 a6290a5b40758f13bca61c386bc8756a49ef417e, recipes/lora_finetune_distributed.py), on the fake process group
@@ -59,7 +60,8 @@ LORA = dict(attn=["q_proj", "v_proj", "output_proj"], mlp=True,
 def _cfg(world, rank=0, *, ac=False, b=2, seq=512, layers=2, kv=8, custom=None):
     tt = dict(TINY, num_layers=layers, num_kv_heads=kv, max_seq_len=seq)
     rid = (f"tt-llama3_1-{layers}l" + (f"-kv{kv}" if kv != 8 else "") + "-bf16-qlora"
-           + ("-ac" if ac else "") + ("-cs" if custom else "") + f"-fsdp2-w{world}r{rank}-b{b}-s{seq}")
+           + ("-ac" if ac else "") + ("-cs" if custom else "")
+           + (f"-fsdp2-w{world}r{rank}" if world > 1 else "-1dev") + f"-b{b}-s{seq}")
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": tt["embed_dim"],
           "intermediate_size": tt["intermediate_dim"], "num_hidden_layers": layers, "num_attention_heads": 8,
           "num_key_value_heads": kv, "vocab_size": tt["vocab_size"], "tie_word_embeddings": False, "head_dim": 32,
@@ -67,11 +69,14 @@ def _cfg(world, rank=0, *, ac=False, b=2, seq=512, layers=2, kv=8, custom=None):
     return {"id": rid, "torchtune": tt, "hf_config": hf, "batch_size": b, "seq_len": seq, "regime": "bf16",
             "lora": LORA, "activation_checkpointing": ac, "custom_sharded_layers": custom,
             "optimizer": "adamw", "optimizer_impl": "fused", "loss": "chunked",
-            "layout": {"kind": "fsdp2", "world_size": world, "rank": rank}}
+            **({"layout": {"kind": "fsdp2", "world_size": world, "rank": rank}} if world > 1 else {})}
 
 
 CONFIGS = [
     *(_cfg(w, ac=ac) for w in (2, 4) for ac in (False, True)),
+    # the one-device twins (lora_finetune_single_device's setup: the model built on the device, the state dict
+    # loaded with load_state_dict(strict=False)): what FSDP2 adds is the difference
+    *(_cfg(1, ac=ac) for ac in (False, True)),
     _cfg(4, 3, ac=True),                                       # another rank of the same world
     _cfg(2, ac=True, custom=["tok_embeddings", "output"]),     # the 8B configs' custom_sharded_layers
 ]
@@ -83,6 +88,8 @@ def _nf4_bytes(t) -> dict:
 
 def measure(cfg: dict) -> dict:
     from fakepg import fake_world      # validation/fakepg.py
+    if "layout" not in cfg:
+        return _measure(cfg)
     lay = cfg["layout"]
     with fake_world(lay["rank"], lay["world_size"], collect=True):
         return _measure(cfg)
@@ -91,11 +98,9 @@ def measure(cfg: dict) -> dict:
 def _measure(cfg: dict) -> dict:
     from functools import partial
 
-    from measure_blocks import Step      # validation/compile/measure_blocks.py: the recipe's _loss_step
     from torch.distributed.device_mesh import init_device_mesh
     from torchtune import modules, training
     from torchtune.models.llama3_1._component_builders import llama3_1, lora_llama3_1
-    from torchtune.modules.loss import CEWithChunkedOutputLoss
     from torchtune.modules.peft import LoRALinear, get_adapter_params, set_trainable_params
 
     torch.manual_seed(0)
@@ -103,6 +108,17 @@ def _measure(cfg: dict) -> dict:
     lo, tt = cfg["lora"], cfg["torchtune"]
     with training.set_default_dtype(dtype):
         full_sd = llama3_1(**tt).state_dict()       # the checkpoint's full state dict (bf16)
+    if "layout" not in cfg:     # lora_finetune_single_device's _setup_model
+        with training.set_default_dtype(dtype), torch.device("cpu"):
+            model = lora_llama3_1(lo["attn"], lo["mlp"], False, **tt, lora_rank=lo["rank"], lora_alpha=lo["alpha"],
+                                  quantize_base=True)
+        model.load_state_dict(full_sd, strict=False)
+        del full_sd
+        set_trainable_params(model, get_adapter_params(model))
+        if cfg["activation_checkpointing"]:
+            training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+        gc.collect()
+        return _run(cfg, model)
     with training.set_default_dtype(dtype), torch.device("meta"):
         model = lora_llama3_1(lo["attn"], lo["mlp"], False, **tt, lora_rank=lo["rank"], lora_alpha=lo["alpha"],
                               quantize_base=True)
@@ -124,7 +140,14 @@ def _measure(cfg: dict) -> dict:
     del full_sd
     training.validate_no_params_on_meta_device(model)
     gc.collect()
+    return _run(cfg, model)
 
+
+def _run(cfg: dict, model) -> dict:
+    from measure_blocks import Step      # validation/compile/measure_blocks.py: the recipe's _loss_step
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    tt = cfg["torchtune"]
     loss_fn = CEWithChunkedOutputLoss()
     model.set_num_output_chunks(loss_fn.num_output_chunks)
     step = Step(model, loss_fn)
@@ -143,9 +166,9 @@ def _measure(cfg: dict) -> dict:
     tensors = [inner for t in tensors for inner in ([getattr(t, a) for a in t.__tensor_flatten__()[0]]
                                                     if type(t).__name__ == "NF4Tensor" else [t])]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    shard = {name: {"shape": list(p.to_local().shape), "global_shape": list(p.shape), **_nf4_bytes(p.to_local())}
+    shard = {name: {"shape": list(q.shape), "global_shape": list(p.shape), **_nf4_bytes(q)}
              for name, p in model.named_parameters() if name.startswith("layers.0.")
-             and type(p.to_local()).__name__ == "NF4Tensor"}
+             for q in [p.to_local() if hasattr(p, "to_local") else p] if type(q).__name__ == "NF4Tensor"}
     record = harness.memory_timeline(prof)
     del prof
     return {**record, "baseline_bytes": int(sum(storages.values())), "wall_s": round(wall, 1),
@@ -162,7 +185,41 @@ def document(args, runs, ctx) -> dict:
             "timeline": "harness.profiled_iteration / memory_timeline", "runs": runs}
 
 
+def events(run_id: str) -> None:
+    """Where each phase of one configuration peaks: the running total at its peak and the ops around that moment
+    (the profiler's events that contain it, outermost first)."""
+    cfg = next(c for c in CONFIGS if c["id"] == run_id)
+    captured = {}
+    original = harness.memory_timeline
+
+    def keep(prof, device_type="cpu"):
+        captured["events"] = [(e.name(), e.start_ns(), e.start_ns() + e.duration_ns(), e.nbytes(),
+                               e.device_type().name.lower()) for e in prof.profiler.kineto_results.events()]
+        return original(prof, device_type)
+
+    harness.memory_timeline = keep
+    rec = measure(cfg)
+    ev = captured["events"]
+    mem = sorted((s, n) for name, s, e, n, d in ev if name == "[memory]" and d == "cpu")
+    for phase, s0, e0 in sorted(((n[len(harness.PHASE_PREFIX):], s, e) for n, s, e, _, _ in ev
+                                 if n.startswith(harness.PHASE_PREFIX)), key=lambda r: r[1]):
+        total, best = 0, (None, -1)
+        for t, n in mem:
+            total += n
+            if s0 <= t <= e0 and total > best[1]:
+                best = (t, total)
+        t = best[0]
+        ops = sorted(((s, name) for name, s, e, _, _ in ev if name != "[memory]" and t is not None and s <= t <= e),
+                     key=lambda r: r[0])
+        print(f"{phase}: peak {best[1]:,} at", " > ".join(name for _, name in ops[-14:]))
+    print({k: rec[k] for k in ("peak_by_phase", "alive", "baseline_bytes")})
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--events"]:
+        events(argv[1])
+        return 0
     return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS, measure_run=measure,
                         document=document, out=os.path.join(HERE, "measurements.json"), incremental=True,
                         keep_previous="always", summary=lambda m: f"peak {m['peak_bytes']:>12,} B {m['wall_s']}s",

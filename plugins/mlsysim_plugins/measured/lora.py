@@ -371,10 +371,13 @@ def _check_implementation(plan, config, registry):
     impl = quantizations.of(config, registry)
     if impl.stored is None:
         return impl
-    if plan.dp_size * plan.tp_size * plan.pp_size != 1:
+    # data parallelism where the implementation declares its split (``shards``: torchao's NF4 under FSDP2,
+    # validation/qlora_fsdp2; quantized_sharding.py); tensor and pipeline splits are not measured
+    if plan.tp_size * plan.pp_size != 1 or (plan.dp_size != 1 and impl.shards is None):
         counted = [repr(n) for n, q in quantizations.registered(registry).items() if q.stored is None]
         counted = " or ".join(counted) or "an implementation of finetune's counted layout (stored=None)"
-        raise NotModelledError("lora.quant_implementation", impl.name, f"{counted} under a parallel layout",
+        fsdp = " (data parallelism alone where the implementation declares its split: shards)"
+        raise NotModelledError("lora.quant_implementation", impl.name, f"{counted} under a parallel layout" + fsdp,
                                f"{impl.name}'s 4-bit base split or gathered over ranks is not measured (dp="
                                f"{plan.dp_size}, tp={plan.tp_size}, pp={plan.pp_size})")
     if impl.check is not None:
@@ -775,6 +778,14 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     stage = stage_of(plan, placement)
     quantized = c.quantized_parameters
     q_bytes, q_constants = quantized_bytes(plan, c) if cfg.quantization else (0, 0)
+    split = None        # (weight, constants, formula) this rank keeps of a base whose implementation declares its split
+    if cfg.quantization:
+        from . import quantized_sharding as qs
+        qs.check_replicated(plan, d)
+        if d > 1 and qs.declared(plan) is not None:
+            w, ks, kw = qs.per_rank(plan, d)
+            split = (w, ks + kw, f" (this rank's rows: {_n(ks)} B of constants split over {d} ranks + {_n(kw)} B "
+                                 "kept whole by every rank, quantized_sharding.py)")
     plain = c.frozen_parameters - c.quantized_parameters
     adapters = c.trainable_parameters - sum(n for _, n in c.saved_modules)
     what = "embeddings, norms, biases, lm_head" if cfg.quantization else "the whole base model"
@@ -810,7 +821,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
     if cfg.quantization:
         kind = "int8" if cfg.quantization == "int8" else f"4-bit {cfg.quantization}"
         terms.append(MemoryTerm(component=WEIGHTS, label=f"quantized base linears ({kind})", phases=ALL,
-                                nbytes=_per_rank(q_bytes, d),
+                                nbytes=split[0] if split else _per_rank(q_bytes, d),
                                 formula=f"{_n(quantized)} params x "
                                         + ("1 B" if cfg.quantization == "int8" else "1/2 B (two codes a byte)")
                                         + head + per))
@@ -821,9 +832,10 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                + (" (8-bit, double quant) + nested statistics" if cfg.double_quant else " (fp32)")
                + " + code tables, per weight") if impl.stored is None else impl.layout.format(b=base_b)
         terms.append(MemoryTerm(component=WEIGHTS, label="quantization constants", phases=ALL,
-                                nbytes=q_constants, key=K.QUANTIZATION_STATE,
-                                formula=how + ("" if d == 1 else " (QuantState tensors are module attributes, not "
-                                                                 "parameters: every rank keeps them whole)")))
+                                nbytes=split[1] if split else q_constants, key=K.QUANTIZATION_STATE,
+                                formula=how + (split[2] if split else "" if d == 1 else
+                                               " (QuantState tensors are module attributes, not "
+                                               "parameters: every rank keeps them whole)")))
     copies = sum(n for _, n in c.saved_modules)
     terms.append(MemoryTerm(component=WEIGHTS, label=f"LoRA adapters (rank {cfg.rank}, {ab} B)", phases=ALL,
                             nbytes=_per_rank(adapters * ab, d),
@@ -967,6 +979,12 @@ def gathered_layer(plan, layer_params) -> list[MemoryTerm]:
     plain = max(layer_params - q, 0)
     codes = (f"{_n(q)} quantized params of one layer as stored ({_n(q_bytes)} B of packed codes; the quantization "
              f"state stays whole on every rank, not gathered) + " if q else "")
+    if q:
+        from . import quantized_sharding as qs
+        if qs.declared(plan) is not None:       # what the implementation's all-gather rebuilds (its codes and scalers)
+            q_bytes = qs.gathered_layer_bytes(plan)
+            codes = (f"{_n(q)} quantized params of one layer as all-gathered ({_n(q_bytes)} B: codes and the "
+                     "constants split with them; the rest whole on every rank, quantized_sharding.py) + ")
     return [
         MemoryTerm(component=COMMUNICATION_BUFFERS, label="all-gathered parameters of one layer",
                    nbytes=plain * frozen_b + q_bytes + adapters * adapter_b, phases=(FORWARD, BACKWARD),

@@ -17,6 +17,14 @@ A ``QuantImplementation`` declares its memory; lora.py reads the declaration, ne
 - ``check(n)``: a weight it cannot quantize (raise ``NotModelledError``), ``None``: any.
 - ``block_size``: the block size it always quantizes in (torchao's to_nf4 as torchtune calls it: 64); a
   ``lora.quant_blocksize`` other than it is refused, never ignored. ``None``: it reads ``quant_blocksize``.
+- ``shards(n, rows, config, base, d) -> (weight bytes, sharded constant bytes, whole constant bytes)``: one rank's
+  part of one stored weight when a data-parallel rule shards the parameters over ``d`` ranks (FSDP2's
+  ``fully_shard``, torchtune's ``load_from_full_model_state_dict``): what the rank keeps of the weight and of the
+  constants that are split with it, and the constants every rank keeps whole; the gathered weight is (weight +
+  sharded constants) x d (what FSDP2 all-gathers; quantized_sharding.py). Raises ``NotModelledError`` for a weight
+  that cannot be split over ``d``. ``None``: its split over ranks is not measured (refused under a layout that
+  shards the weights); ``stored=None`` implementations are split as finetune counts them (the packed codes sharded,
+  the quantization state whole: lora.gathered_layer).
 - ``source``: the library, file and version it is derived from.
 """
 
@@ -53,6 +61,7 @@ class QuantImplementation:
     compiled_blocks: bool = False
     layout: str = ""
     block_size: int | None = None
+    shards: Callable | None = None
 
 
 def _bnb_transient(n: int, c: int):
@@ -94,6 +103,26 @@ def _torchao_check(n: int):
                                "into its 256-scaler blocks")
 
 
+def _torchao_shards(n: int, rows: int, config, base: int, d: int) -> tuple[int, int, int]:
+    """FSDP2 over torchao's NF4Tensor (``fsdp_pre_all_gather``: ``quantized_scalers``, ``quantization_factor``,
+    ``quantized_data`` are what is gathered; ``scaler_mean`` and ``nf4`` travel as metadata). torchtune 0.6.1's
+    ``load_from_full_model_state_dict`` (torchtune/training/_distributed.py) ``to_nf4``s the whole weight, takes the
+    rank's ``torch.chunk`` of its rows (``nf4_split``: every inner tensor split into d equal parts) and copies it
+    into ``new_zeros`` of the chunk's size (``nf4_new_zeros``: fresh inner tensors of numel / d): each rank keeps n / 2
+    / d code bytes, n / 64 / d int8 scalers and (n / 16,384) / d factors in the weight's dtype, and the weight's mean
+    and 16-entry table whole (shared with the full tensor, which is freed). Measured: validation/qlora_fsdp2
+    (measurements.json ``nf4_shard``, to the byte at d = 2 and 4)."""
+    blocks = n // _BLOCK
+    groups = blocks // _SCALER_BLOCK
+    if rows % d or groups % d:
+        raise NotModelledError("lora.quant_implementation", "torchao", f"a base whose linears split evenly over "
+                               f"the {d} ranks: rows and n / 16,384 scaler groups multiples of {d}",
+                               f"a linear of {rows:,} rows and {n:,} elements ({groups:,} scaler groups): torchao's "
+                               "nf4_split asserts each inner tensor divides into the ranks' chunks (FSDP2 pads no "
+                               "NF4 rows)")
+    return n // 2 // d, (blocks + groups * base) // d, base + 16 * base
+
+
 BUILTIN = (
     QuantImplementation(name="bitsandbytes", description="bitsandbytes' Linear4bit / Linear8bitLt (peft, "
                         "transformers' BitsAndBytesConfig, axolotl, LLaMA-Factory)",
@@ -104,7 +133,7 @@ BUILTIN = (
                         "dequantization through int64 code tensors", source=TORCHAO_0130, kinds=("nf4",),
                         stored=_torchao_stored, transient=_torchao_transient, check=_torchao_check,
                         # measured: validation/compile/measure_blocks_qlora.py (torchtune 0.6.1's qlora builders)
-                        compiled_blocks=True, block_size=_BLOCK,
+                        compiled_blocks=True, block_size=_BLOCK, shards=_torchao_shards,
                         layout="torchao's NF4Tensor: int8 scalers per 64-element block, a {b} B factor per 256 of them "
                                "(a whole 256 for a weight of one such block), a {b} B mean and the 16-entry table in "
                                "{b} B, per weight"),
