@@ -531,6 +531,13 @@ def _distributed(r: Reading, cfg, take, single, path, source) -> None:
     else:
         r.set("fsdp_reshard_after_forward", reshard, "data_parallel",
               "fsdp" if as_bool(reshard, "fsdp_reshard_after_forward", path) else "fsdp-grad-op")
+    if reshard is None or as_bool(reshard, "fsdp_reshard_after_forward", path):
+        # training.shard_model hands reshard_after_forward to the root's fully_shard too (fsdp.FullShardOptions.
+        # root_reshard_after_forward; measured: validation/qlora_fsdp2)
+        r.default("fsdp_reshard_after_forward", "plugin_options", {"fsdp": {"root_reshard_after_forward": True}},
+                  "pytorch/torchtune v0.6.1: torchtune/training/_distributed.py (shard_model: fully_shard(model, "
+                  "**fsdp_kwargs) on the root too)", "the root (embedding, LM head, final norm) resharded after the "
+                  "model's forward as the layers are, gathered again for the backward")
     if offload is None:
         r.default("fsdp_cpu_offload", "offload", None, source("fsdp_cpu_offload", recipe), "no offload")
     elif as_bool(offload, "fsdp_cpu_offload", path):
