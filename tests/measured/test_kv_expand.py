@@ -95,8 +95,9 @@ def _run(path, rid):
 def test_the_torchtune_kv2_rows():
     """The eager kv2 run with full checkpointing (fp32, b2 s512, 3 layers): layer 0's recompute holds the expanded
     copies, 1,024 x 2 x 192 x 4 = 1,572,864 B more (backward -4.00 -> -1.55 %); its compiled twin unchanged. The QLoRA
-    kv2 eager run (bf16, 256 tokens): the backward's end moment +2 x 192 x 2 x 256 = 196,608 B (-0.70 -> +1.59 %:
-    the end moment over-prices every-linear runs, +1.76 % without GQA)."""
+    kv2 eager run (bf16, 256 tokens): the backward's peak +2 x 192 x 2 x 256 = 196,608 B (the top layer's moment since
+    issue 25 item 3 priced the backward's end as the bottom layer's backward: -0.24 %, as -0.23 % without GQA; the end
+    moment had over-priced every-linear runs, +1.59 %)."""
     for path, rid, rope, delta in (
             ("validation/compile/blocks_measurements.json", "tt-llama3_2-3l-v1024-kv2-fp32-eager-full-b2-s512",
              False, 1_572_864),
@@ -119,7 +120,7 @@ def test_the_torchtune_kv2_rows():
     assert meas["backward"] - pred["backward"] == 988_040
     rows = {rid: (pred, meas) for rid, pred, meas, _ in QLORA.rows()}
     pred, meas = rows["tt-llama3_2-3l-v1024-kv2-f704-bf16-eager-full-qlora-all-b1-s256"]
-    assert (pred["backward"] - meas["backward"]) / meas["backward"] == pytest.approx(0.0159, abs=0.0005)
+    assert (pred["backward"] - meas["backward"]) / meas["backward"] == pytest.approx(-0.0024, abs=0.0005)
 
 
 def test_the_reader_sets_it_for_grouped_query_builders():

@@ -1653,18 +1653,29 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     transient, how = _dequantization(plan, n, c)
     quantized = plan.profile_options.lora.quantization is not None
     a = c * T * ffn
-    # an adapted linear adds lora_a's output (c x T x r) beside lora_b's and its scaled copy (a each) before the sum
-    lora = c * T * plan.profile_options.lora.rank
+    # an adapted linear adds lora_a's output (T x r) beside lora_b's and its scaled copy (T x ffn each) before the sum,
+    # in the adapters' compute dtype: the base's (torchtune's LoRALinear, peft's adapter_dtype="base"), or fp32 where
+    # peft keeps fp32 adapters over a 16-bit base (autocast_adapter_dtype), which also casts the adapter's input, the
+    # MLP norm's output, to fp32 (``_cast_input_dtype``: T x h x 4, alive through the adapter); autocast computes
+    # them in 16 bits (the Walk's ``a_c``)
+    regime = plan.profile_options.regime
+    ab = regime.gather or regime.weight
+    a_c = 2 if regime.autocast else ab
+    w = a_c * T * ffn
+    cast = ab * T * h if ab != c and not regime.autocast else 0
+    lora = a_c * T * plan.profile_options.lora.rank + cast
     adapted = set(_adapted(plan)) if not generic(plan) else set()
-    mlp = max(a + transient, 2 * a + (c * n if quantized else 0), 3 * a + (lora if "gate_proj" in adapted else 0),
-              4 * a + lora if "up_proj" in adapted else 0)
+    mlp = max(a + transient, 2 * a + (c * n if quantized else 0), 3 * a,
+              a + 2 * w + lora if "gate_proj" in adapted else 0, 2 * a + 2 * w + lora if "up_proj" in adapted else 0)
     held = (2 * c + res) * T * h + mlp
     deq = (f"a + the largest linear's dequantization, 2a + {c} x {_n(n)}, " if quantized else "")
+    path = (f"2a + 2 x {a_c} x T x ffn + {a_c} x T x r" + (f" + {ab} x T x h (the adapter's input cast to its dtype)"
+                                                            if cast else "")) if a_c != c or cast else f"4a + {c} x T x r"
     return MemoryTerm(component=ACTIVATIONS, label=f"a checkpointed layer's forward{_over_base(plan)}, beyond the "
                       "loss's moment", nbytes=max(0, held - at_loss), phases=(FORWARD,),
                       formula=f"max(0, {_n(held)} B (the top layer: attention output, residual, norm output "
                               f"({2 * c + res} x T x h), and its MLP's max({deq}"
-                              f"3a, 4a + {c} x T x r where the MLP's linears are adapted) with "
+                              f"3a, {path} where the MLP's linears are adapted) with "
                               f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
                               f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
 
