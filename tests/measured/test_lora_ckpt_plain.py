@@ -76,7 +76,7 @@ def test_torchtune_fp32_top_layer_moments(rid):
 
 
 def test_torchtune_bf16_every_linear_backward():
-    """bf16, every linear, 256 tokens: the backward's moment moves the backward from -2.23 % (the previous prediction,
+    """bf16, every linear, 256 tokens: the backward's moment moves the backward from -2.15 % (the previous prediction,
     the recompute working set at the backward's end) to -0.57 %; the forward's moment is 0 (the loss's moment, which
     over-prices this run's forward by 5.8 %, holds more)."""
     result, meas = TT["tt-llama3_2-3l-v1024-bf16-eager-full-lora-all-b1-s256"]
