@@ -100,7 +100,7 @@ def test_an_unknown_name_lists_the_registered_ones_the_third_partys_included():
     with pytest.raises(InvalidInputError) as err:
         _solve(_world([HQQ]), "hqq")
     assert err.value.parameter == "lora.quant_implementation"
-    assert err.value.allowed == "one of 'acme.hqq', 'bitsandbytes', 'torchao' (the registered implementations)"
+    assert err.value.allowed == "one of 'acme.hqq', 'bitsandbytes', 'bitsandbytes-0.43.1', 'torchao' (the registered implementations)"
 
 
 def test_another_class_through_the_hook_is_named_with_its_plugin():
@@ -136,9 +136,9 @@ def _flag(parser, flag):
 
 def test_the_flag_offers_the_registered_implementations():
     from mlsysim_core import cli
-    assert _flag(cli._parser(), "--quant-implementation").choices == ("bitsandbytes", "torchao")
+    assert _flag(cli._parser(), "--quant-implementation").choices == ("bitsandbytes", "bitsandbytes-0.43.1", "torchao")
     registry = _world([HQQ]).registry
-    assert _flag(cli._parser(registry), "--quant-implementation").choices == ("acme.hqq", "bitsandbytes", "torchao")
+    assert _flag(cli._parser(registry), "--quant-implementation").choices == ("acme.hqq", "bitsandbytes", "bitsandbytes-0.43.1", "torchao")
 
 
 def test_the_flag_solves_what_the_python_keyword_does(capsys):
@@ -155,4 +155,4 @@ def test_the_flag_solves_what_the_python_keyword_does(capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main([*args, "--quant-implementation", "hqq"])
     assert exit.value.code == 2
-    assert "invalid choice: 'hqq' (choose from 'bitsandbytes', 'torchao')" in capsys.readouterr().err
+    assert "invalid choice: 'hqq' (choose from 'bitsandbytes', 'bitsandbytes-0.43.1', 'torchao')" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from .checkpointing import recomputes_first_layer
 from .techniques import relocate
 from .loss_implementations import mlsysim_measured_losses  # noqa: F401  (the built-in loss implementations)
 from .quantizations import mlsysim_measured_quant_implementations  # noqa: F401  (the built-in 4-bit implementations)
+from .quant_bnb_legacy import legacy_bnb_quant_implementations  # noqa: F401  (bitsandbytes < 0.43.2)
 from .options import MeasuredOptions, assemble, prepare
 
 model = lazy_module(globals(), "model", "mlsysim_plugins.measured.model")
