@@ -378,6 +378,18 @@ EXACT_COUNTS = {
     "allenai/olmo-2-1124-13b": 13_716_198_400,
     "meta-llama/llama-4-maverick-17b-128e": 400_711_848_960,
     "mistralai/ministral-8b-instruct-2410": 8_019_808_256,
+    # issue 26 (tests/data/catalog_configs/): measured the same way
+    "huggingfacetb/smollm2-135m": 134_515_008,
+    "huggingfacetb/smollm2-360m": 361_821_120,
+    "huggingfacetb/smollm2-1.7b": 1_711_376_384,
+    "tinyllama/tinyllama-1.1b-chat-v1.0": 1_100_048_384,
+    "google/gemma-2b": 2_506_172_416,            # keras-hub's gemma_2b_en "params" too
+    "google/gemma-7b": 8_537_680_896,            # keras-hub's gemma_7b_en "params" too
+    "qwen/qwen2-1.5b-instruct": 1_543_714_304,
+    "qwen/qwen2-7b-instruct": 7_615_616_512,
+    "qwen/qwen2.5-3b": 3_085_938_688,            # keras-hub's qwen2.5_3b_en "params" too
+    "microsoft/phi-4": 14_659_507_200,
+    "mistralai/mistral-nemo-base-2407": 12_247_782_400,
 }
 
 # Active parameters of the mixtures of experts, measured as total minus the routed experts'
@@ -423,7 +435,7 @@ def curated_hardware():
 
 def test_curated_model_families_are_all_there():
     keys = set(curated_models())
-    assert len(keys) == 51
+    assert len(keys) == 62
     for needle in ["llama-2-7b", "llama-2-13b", "llama-2-70b", "meta-llama-3-8b", "meta-llama-3-70b",
                    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b",
                    "mistral-7b-v0.1", "mistral-7b-v0.3", "mixtral-8x7b", "mixtral-8x22b",
@@ -433,7 +445,8 @@ def test_curated_model_families_are_all_there():
                    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b", "falcon-7b", "falcon-40b",
                    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b",
                    "qwen3-235b-a22b", "gemma-3-1b", "gpt-oss-20b", "gpt-oss-120b", "olmo-2-1124-13b", "llama-4-maverick",
-                   "ministral-8b"]:
+                   "ministral-8b", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "tinyllama-1.1b", "gemma-2b",
+                   "gemma-7b", "qwen2-1.5b", "qwen2-7b", "qwen2.5-3b", "phi-4", "mistral-nemo"]:
         assert any(needle in key for key in keys), needle
 
 
