@@ -148,3 +148,9 @@ def test_the_two_trl_recipes_are_answered():
         assert code == 0, text
         assert "loss = trl_chunked_nll" in text and "chunked nll: one chunk recomputed and its backward" in text
         assert "fits         YES" in text
+
+
+def test_validation_table_in_the_docs_is_the_scripts_output():
+    """docs/validation.md's "TRL's chunked NLL under autocast and LoRA" rows are measure.py --report's."""
+    page = (ROOT / "docs/validation.md").read_text(encoding="utf-8")
+    assert script.table() in page, "run: python validation/trl_loss/measure.py --report"
