@@ -44,8 +44,9 @@ tokens of one chunk. Byte counts are per rank, on the last pipeline stage.
   log-softmax gradients (2 x 4 t V), the matmul's fp32 gradients (4 t h, 4 V h) and their casts
   back (c t h, w V h); from the second chunk on the LM head's gradient of the chunks done exists
   (w V h) beside them (the recompute's four fp32 t x V tensors or the matmul's backward are the
-  moment). Refused under autocast (its explicit fp32 matmul under autocast is not
-  modelled).
+  moment). Under autocast (the explicit fp32 matmul runs in bf16 all the same, the LM head cast per
+  chunk, uncached) and with a frozen LM head (LoRA): ``_trl_autocast_or_frozen_terms``, measured by
+  validation/trl_loss/measure.py with TRL 1.10.0 itself.
 * ``litgpt_chunked``: LitGPT's ``chunked_cross_entropy`` (Lightning-AI/litgpt
   26857050fe3ff627cd714fe92f5838f51a3d5efa, litgpt/utils.py lines 302-350, chunk_size 128, as
   litgpt/finetune/full.py lines 282-285 calls it: the whole logits, ``logits.split(128)``). The
