@@ -164,6 +164,11 @@ CKPT_CONFIGS = [
          regime="bf16", checkpointing="full", gc_kwargs=NR),
     _cfg("lora-ckpt-hf-gqa-wide-fp32-r16-all-b4-s512", "gqa-wide", 4, 512, rank=16, targets=ALL,
          regime="fp32", checkpointing="full", gc_kwargs=NR),
+    # under autocast (bf16): the frozen weights' fresh 16-bit casts in the checkpointed forward and the recompute
+    _cfg("lora-ckpt-hf-llama-wide-amp-r8-qv-b4-s256", "llama-wide", 4, 256, rank=8, targets=QV,
+         regime="amp-bf16", checkpointing="full", gc_kwargs=NR),
+    _cfg("lora-ckpt-hf-llama-wide-amp-r16-all-b4-s256", "llama-wide", 4, 256, rank=16, targets=ALL,
+         regime="amp-bf16", checkpointing="full", gc_kwargs=NR),
 ]
 
 

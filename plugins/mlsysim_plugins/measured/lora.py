@@ -1467,7 +1467,7 @@ def _bottom_layer_backward(plan, first: _Layer, T, h, c) -> tuple[int, str]:
     eager QLoRA; the bottom layer's checkpointed input is not counted, as before.)"""
     held, how = _layer_backward(plan, first, T, h, c)
     n = max(i * o for _, i, o in _quantized_linears(plan))
-    transient = _dequantization(plan, n, c)[0]
+    transient = _dequantization(plan, n, c, forward=False)[0]
     if not transient:
         return held, f"the bottom layer's backward: {how}"
     return held - transient, (f"the bottom layer's backward: {how} - {_n(transient)} B (the dequantized weight, its "
@@ -1608,22 +1608,25 @@ def _every_layer_checkpointed(plan, placement) -> bool:
 def _top_layer_moments(plan, placement) -> bool:
     """Are the top layer's checkpointed moments (``_dequantized_in_forward``, ``_top_layer_backward``) derived for this
     run? A 4-bit base (nf4/fp4, as measured on torchtune + torchao and HF + bitsandbytes), or a plain (16-bit or fp32)
-    base without autocast on a dense gated MLP walked by the family's own LoRA walk, on one tensor-parallel rank,
-    without DoRA (torchtune's eager LoRA and HF + peft, validation/lora_ckpt_compare.py): the same moments less the
-    dequantization. Autocast's fresh 16-bit casts of the frozen weights (a transient in the checkpointed forward, saved
-    in the recompute) are not measured there."""
+    base on a dense gated MLP walked by the family's own LoRA walk, on one tensor-parallel rank, without DoRA
+    (torchtune's eager LoRA and HF + peft, validation/lora_ckpt_compare.py): the same moments with no dequantization;
+    under autocast the frozen weights' fresh 16-bit casts in its place (a transient in the checkpointed forward; the
+    recompute saves them, and down_proj's backward releases its own before the MLP's gradients)."""
     cfg = plan.profile_options.lora
     if cfg.quantization in ("nf4", "fp4"):
         return True
     family = shape_of(plan).family
-    return (cfg.quantization is None and not plan.profile_options.regime.autocast and not generic(plan)
+    return (cfg.quantization is None and not generic(plan)
             and family.gated_mlp and not family.sparse and not cfg.use_dora and placement.tensor_shards == 1)
 
 
-def _dequantization(plan, n, c) -> tuple[int, str]:
+def _dequantization(plan, n, c, forward: bool = True) -> tuple[int, str]:
     """One dequantization of an ``n``-element linear to ``c`` bytes (the chosen 4-bit implementation's transient),
-    0 over a plain base (its matmuls read the stored weight)."""
+    0 over a plain base (its matmuls read the stored weight); under autocast a plain base's fresh 16-bit cast of the
+    frozen weight, c x n, in the checkpointed forward (the recompute saves it: the saved set has it)."""
     if plan.profile_options.lora.quantization is None:
+        if plan.profile_options.regime.autocast and forward:
+            return c * n, f"autocast's {c}-byte cast of the frozen weight, {c} x {_n(n)}"
         return 0, "none: the base is not quantized"
     from . import quantizations
     return quantizations.chosen(plan.profile_options).transient(n, c)
@@ -1651,7 +1654,7 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     res = plan.profile_options.regime.residual
     n = max(i * o for _, i, o in _quantized_linears(plan))
     transient, how = _dequantization(plan, n, c)
-    quantized = plan.profile_options.lora.quantization is not None
+    quantized = plan.profile_options.lora.quantization is not None or plan.profile_options.regime.autocast
     a = c * T * ffn
     # an adapted linear adds lora_a's output (T x r) beside lora_b's and its scaled copy (T x ffn each) before the sum,
     # in the adapters' compute dtype: the base's (torchtune's LoRALinear, peft's adapter_dtype="base"), or fp32 where
@@ -1663,18 +1666,24 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     a_c = 2 if regime.autocast else ab
     w = a_c * T * ffn
     cast = ab * T * h if ab != c and not regime.autocast else 0
+    if regime.autocast and not plan.profile_options.lora.quantization:     # the fp32 norm output's 16-bit cast for lora_A
+        cast = 2 * T * h
     lora = a_c * T * plan.profile_options.lora.rank + cast
     adapted = set(_adapted(plan)) if not generic(plan) else set()
     mlp = max(a + transient, 2 * a + (c * n if quantized else 0), 3 * a,
               a + 2 * w + lora if "gate_proj" in adapted else 0, 2 * a + 2 * w + lora if "up_proj" in adapted else 0)
-    held = (2 * c + res) * T * h + mlp
-    deq = (f"a + the largest linear's dequantization, 2a + {c} x {_n(n)}, " if quantized else "")
-    path = (f"2a + 2 x {a_c} x T x ffn + {a_c} x T x r" + (f" + {ab} x T x h (the adapter's input cast to its dtype)"
+    # the attention output (c), the residual (res) and the MLP norm's output: in c, fp32 under autocast (HF's RMSNorm
+    # returns the input's dtype, the fp32 residual's; the Walk's n_dtype)
+    norm_out = 4 if plan.profile_options.regime.autocast and not plan.profile_options.lora.quantization else c
+    held = (c + norm_out + res) * T * h + mlp
+    deq = (f"a + the largest linear's {'cast' if regime.autocast and not plan.profile_options.lora.quantization else 'dequantization'}, "
+           f"2a + {c} x {_n(n)}, " if quantized else "")
+    path = (f"2a + 2 x {a_c} x T x ffn + {a_c} x T x r" + (f" + {_n(cast // (T * h))} x T x h (the adapter's input cast to its dtype)"
                                                             if cast else "")) if a_c != c or cast else f"4a + {c} x T x r"
     return MemoryTerm(component=ACTIVATIONS, label=f"a checkpointed layer's forward{_over_base(plan)}, beyond the "
                       "loss's moment", nbytes=max(0, held - at_loss), phases=(FORWARD,),
                       formula=f"max(0, {_n(held)} B (the top layer: attention output, residual, norm output "
-                              f"({2 * c + res} x T x h), and its MLP's max({deq}"
+                              f"({c + norm_out + res} x T x h), and its MLP's max({deq}"
                               f"3a, {path} where the MLP's linears are adapted) with "
                               f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
                               f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
@@ -1715,7 +1724,7 @@ def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
     res = regime.residual
     a = c * T * shape_of(plan).ffn
     n = max(i * o for _, i, o in _quantized_linears(plan))
-    transient, how = _dequantization(plan, n, c)
+    transient, how = _dequantization(plan, n, c, forward=False)
     adapted = set(_adapted(plan))
     norm_in = "gate_proj" in adapted or "up_proj" in adapted
     down = "down_proj" in adapted
@@ -1726,7 +1735,10 @@ def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
     # adapter has not saved its intermediate (c x T x r) yet
     lora = c * T * h - c * T * plan.profile_options.lora.rank if down else 0
     recompute = saved + locals_ + lora + transient
-    mlp_backward = saved + 3 * a - (a if down else 0)
+    # under autocast a plain base's frozen down_proj saved its weight's 16-bit cast (in the saved set), which its
+    # backward releases before the product's gradients are made
+    cast = c * h * shape_of(plan).ffn if regime.autocast and not plan.profile_options.lora.quantization else 0
+    mlp_backward = saved + 3 * a - (a if down else 0) - cast
     held = res * T * h + max(recompute, mlp_backward)
     return held, (f"{res} x T x h (the layer output's gradient) + max({_n(saved)} B saved + {_n(locals_ + lora)} B "
                   f"locals + {_n(transient)} B (down_proj's dequantization: {how}) in the recompute, {_n(saved)} B saved "
