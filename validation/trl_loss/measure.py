@@ -70,6 +70,7 @@ QV = ["q_proj", "v_proj"]
 ALL = "all-linear"
 # h = 384 against TRL's 256-token chunks and V = 16,000: t x V, V x h and t x h all differ (gqa-tiny's h = t = 256)
 H384 = dict(hidden=384, ffn=1024, layers=2, heads=6, kv=2, vocab=16000)
+V8K = dict(hidden=320, ffn=864, layers=2, heads=5, kv=1, vocab=8000)
 
 
 def _register():
@@ -78,6 +79,9 @@ def _register():
     spec = ("llama-gqa", base._llama(*H384.values()))
     base.MODELS.setdefault("gqa-h384", spec)
     measure_lora.MODELS.setdefault("gqa-h384", spec)
+    v8k = ("llama-gqa", base._llama(*V8K.values()))       # T = 2048: eight chunks, V = 8,000
+    base.MODELS.setdefault("gqa-v8k", v8k)
+    measure_lora.MODELS.setdefault("gqa-v8k", v8k)
 
 
 def configs():
@@ -102,6 +106,8 @@ def configs():
         _lora("gqa-h384", 2, 256, "amp-bf16", QV),
         _lora("gqa-h384", 2, 384, "fp32", QV),
         _lora("gqa-h384", 2, 256, "bf16", QV, quantization="nf4"),
+        _full("gqa-v8k", 1, 2048, "amp-bf16"),
+        _lora("gqa-v8k", 1, 2048, "bf16", ALL, rank=16),
     ]
 
 
