@@ -69,7 +69,13 @@ def test_a_renamed_builtin_keeps_its_refusals():
     solver = _world([attrs.evolve(BUILTIN["torchao"], name="acme.nf4")])
     with pytest.raises(NotModelledError, match=r"lora\.quant_implementation.*'bitsandbytes' under a parallel layout.*"
                                                r"acme\.nf4's 4-bit base split or gathered over ranks"):
-        _solve(solver, "acme.nf4", dp_size=2)
+        _solve(solver, "acme.nf4", pp_size=2)
+    # its declared split (QuantImplementation.shards) comes with it: under FSDP it answers as torchao does
+    lora = {"rank": 16, "quantization": "nf4"}
+    fsdp, ref = (s.solve("llama3-8b", "h100", 2, 1024, "bf16", dp_size=2, data_parallel="fsdp",
+                         lora={**lora, "quant_implementation": name})
+                 for s, name in ((solver, "acme.nf4"), (TrainingMemoryModel("measured"), "torchao")))
+    assert fsdp.total_memory == ref.total_memory
     with pytest.raises(NotModelledError, match=r"acme\.nf4 implements nf4"):
         _solve(solver, "acme.nf4", lora={"quantization": "fp4"})
 
