@@ -34,9 +34,9 @@ def err(rid, phase):
     return (pred[phase] - meas[phase]) / meas[phase]
 
 
-def _model(layers=3):
+def _model(layers=3, ffn=688):
     return from_hf_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-                           "intermediate_size": 688, "num_hidden_layers": layers, "num_attention_heads": 8,
+                           "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": 8,
                            "num_key_value_heads": 8, "vocab_size": 1024, "tie_word_embeddings": True,
                            "head_dim": 32, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
                            "hidden_act": "silu"}, name="tt-cell")
@@ -167,3 +167,36 @@ def test_torchtitans_compiled_loss_under_tensor_parallelism_says_why():
         TrainingMemoryModel().solve(_model(4), BIG, 2, 512, "fp32", "adamw", "none", profile="measured",
                                     regime="fp32", attention="sdpa", device="cpu", pp_size=2, compile="blocks+loss")
     assert e.value.parameter == "pp_size"
+
+
+qlora = load_script("validation/compile/compare_blocks_qlora_fsdp.py")
+QROWS = {rid: (pred, meas) for rid, pred, meas in qlora.rows()}
+
+
+def test_qlora_under_fsdp2_with_compiled_blocks():
+    """torchtune's distributed QLoRA with compile (lora_finetune_distributed: set_trainable_params, compile_model,
+    set_activation_checkpointing, shard_model; torchao's NF4 under FSDP2), ranks of 2 and 4 and the one-device twin
+    (validation/compile/measure_blocks_qlora_fsdp.py): the backward peak (the step's peak), the ends of the forward
+    and backward, the setup and the step within 0.02 %; the forward peak is short (-5.5 % on one device, -15 %
+    under FSDP2: the compiled block's CPU 16-bit matmuls over the dequantized weights, not modelled with the MLP
+    adapted), never the step's peak here."""
+    compiled = [r for r in QROWS if "-blocks-" in r]
+    assert len(compiled) == 3 and all(isinstance(QROWS[r][0], dict) for r in QROWS)
+    for rid in compiled:
+        pred, meas = QROWS[rid]
+        for phase in qlora.PHASES:
+            e = (pred[phase] - meas[phase]) / meas[phase]
+            if phase == "forward":
+                assert -0.16 < e < -0.05 and meas["forward"] < meas["backward"], rid
+            else:
+                assert abs(e) < 0.0002, (rid, phase)
+
+
+def test_qlora_under_fsdp2_without_checkpointing_stays_refused():
+    with pytest.raises(NotModelledError, match="a nf4 base inside the compiled block is not measured") as e:
+        TrainingMemoryModel().solve(_model(ffn=512), BIG, 4, 512, "bf16", "adamw", "none", profile="measured",
+                                    regime="bf16", attention="sdpa", device="cpu", dp_size=2, data_parallel="fsdp",
+                                    compile="blocks", lora=LoRAConfig(rank=8, adapter_dtype="base",
+                                                                      quantization="nf4",
+                                                                      quant_implementation="torchao"))
+    assert e.value.parameter == "lora.quant_implementation"

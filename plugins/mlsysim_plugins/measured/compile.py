@@ -535,8 +535,11 @@ def _check_lora(plan, value):
         return
     field, why = (("quant_implementation", f"a {config.quantization} base inside the compiled block is not measured "
                    f"({config.quant_implementation}'s; torchtune's QLoRA is torchao's NF4: quantization='nf4', "
-                   "quant_implementation='torchao' on one device, validation/compile/measure_blocks_qlora.py)")
-                  if config.quantization and (not _compiled_quantization(plan.profile_options) or is_parallel(plan))
+                   "quant_implementation='torchao' on one device, validation/compile/measure_blocks_qlora.py, or under "
+                   "data parallelism alone with full checkpointing in torchtune's order, "
+                   "validation/compile/measure_blocks_qlora_fsdp.py)")
+                  if config.quantization and (not _compiled_quantization(plan.profile_options) or (
+                      is_parallel(plan) and not _sharded_quantization(plan)))
                   else ("use_dora", "DoRA's magnitude and weight norm inside the compiled block are not modelled")
                   if config.use_dora else
                   ("dropout", "the adapters' dropout (functionalized RNG under the partitioner) is not modelled")
@@ -544,7 +547,8 @@ def _check_lora(plan, value):
                   ("modules_to_save", "trainable copies of the embedding or LM head with compiled blocks are not "
                    "modelled") if config.modules_to_save else (None, None))
     if why:     # (the field that takes it out, named with its value: never the whole LoRAConfig)
-        raise NotModelledError(f"lora.{field}", getattr(config, field), f"plain LoRA or QLoRA over torchao's NF4 on one device "
+        raise NotModelledError(f"lora.{field}", getattr(config, field), f"plain LoRA or QLoRA over torchao's NF4 (one device, or "
+                               "FSDP2 with full checkpointing) "
                                f"(quantization='nf4', quant_implementation='torchao'; no DoRA, dropout or modules_to_save) with compile={BLOCKS!r}",
                                why)
     if config.quantization and getattr(plan.profile_options, "activation_offload", None):
@@ -795,6 +799,17 @@ def _compiled_quantization(options) -> bool:
         return False
     from .quantizations import chosen
     return chosen(options).compiled_blocks
+
+def _sharded_quantization(plan) -> bool:
+    """QLoRA with compiled blocks under data parallelism alone, full checkpointing in torchtune's order, over an
+    implementation that declares its split over data-parallel ranks (quantizations.py ``shards``: torchao's NF4 under
+    FSDP2, torchtune's distributed QLoRA): each compiled block sees the gathered NF4 weight and saves its dequantized
+    copies as on one device (validation/compile/measure_blocks_qlora_fsdp.py)."""
+    from .checkpointing import LAYERS, spec_of
+    from .quantizations import chosen
+    return (getattr(chosen(plan.profile_options), "shards", None) is not None and spec_of(plan).recomputes == LAYERS
+            and _data_parallel_outside(plan))
+
 
 QLORA_NOTE = ("compile='blocks' with QLoRA (torchtune's qlora_* builders: torchao's NF4 base, linear_nf4): the "
               "partitioner saves each frozen NF4 linear's dequantized weight (c x out x in) where the backward needs "
