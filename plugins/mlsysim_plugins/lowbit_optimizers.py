@@ -102,10 +102,12 @@ TORCHAO_STEPS = {name: OptimizerStep(refused={OPTIMIZER_IN_BACKWARD: _TORCHAO_IN
                  for name, bits, not_offered in (("adamw-8bit-torchao", "8-bit", ""), ("adamw-4bit-torchao", "4-bit", ""),
                                                  ("adamw-fp8-torchao", "fp8", _NOT_OFFERED_FP8))}
 # bitsandbytes' 32-bit update (optimizer_update_32bit, in place): no temporaries; moments not in the regime's
-# state dtype (always fp32), so ``moments=None``; not measured inside the backward. Every AdamW here computes
-# Adam's update (``update="adam"``: ``fit techniques`` offers the low-bit ones in place of the 32-bit AdamW).
+# state dtype (always fp32), so ``moments=None``. AdamW32bit measured inside the backward too (one optimizer per
+# parameter, as torchtune's optimizer_in_bwd builds PagedAdamW: validation/techniques/oib_combinations, the four
+# bnb32 runs exact in every phase); Lion32bit not. Every AdamW here computes Adam's update (``update="adam"``:
+# ``fit techniques`` offers the low-bit ones in place of the 32-bit AdamW).
 BNB32_STEP = OptimizerStep()
-BNB32_ADAM_STEP = OptimizerStep(update="adam")
+BNB32_ADAM_STEP = OptimizerStep(update="adam", measured_with=(OPTIMIZER_IN_BACKWARD,))
 BNB_STEP = OptimizerStep(quantization_maps=BNB_QMAPS, quantized_from=MIN_QUANTIZED,
                          measured_with=(OPTIMIZER_IN_BACKWARD,), quantized_moments="8-bit", moment_traffic=4.0,
                          update="adam")

@@ -36,7 +36,7 @@ def _cfg(model, *, regime="fp32", optimizer="adamw", impl="foreach", loss="cross
     hf = copy.deepcopy(base)
     hf["use_cache"] = False
     hf["attention_dropout"] = 0.0
-    opt_tag = {"adamw": "adamw", "adamw-8bit-bnb": "bnb8"}[optimizer]
+    opt_tag = {"adamw": "adamw", "adamw-8bit-bnb": "bnb8", "adamw-32bit-bnb": "bnb32"}[optimizer]
     tag = "-".join(x for x in (
         "oib", model, regime, opt_tag, impl if optimizer == "adamw" else None,
         None if loss == "cross_entropy" else f"chunked{chunks}", None if checkpointing == "none" else checkpointing,
@@ -78,6 +78,12 @@ CONFIGS = [
     _cfg("gqa-tiny-tied", regime="bf16", **CH),
     _cfg("gqa-tiny-tied", regime="bf16", checkpointing="full", **CH),
     _cfg("gqa-tiny-tied", regime="bf16", optimizer="adamw-8bit-bnb", checkpointing="full", **CH),
+    # bitsandbytes' 32-bit AdamW (torchtune's bitsandbytes.optim.PagedAdamW in llama2/7B_full_low_memory.yaml: the
+    # same fp32 states; paging needs CUDA), one optimizer per parameter (FP8READ)
+    _cfg("gqa-tiny", optimizer="adamw-32bit-bnb"),
+    _cfg("gqa-wide", regime="bf16", optimizer="adamw-32bit-bnb"),
+    _cfg("mixtral-tiny", regime="bf16", optimizer="adamw-32bit-bnb"),
+    _cfg("gqa-tiny", regime="bf16", optimizer="adamw-32bit-bnb", checkpointing="full", **CH),
     # activation offloading (save_on_cpu around the base model, as torchtune places it)
     _cfg("gqa-tiny", offload="save_on_cpu"),
     _cfg("mixtral-tiny", offload="save_on_cpu"),

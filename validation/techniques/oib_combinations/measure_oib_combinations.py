@@ -67,6 +67,9 @@ def _optimizer(params, cfg):
     if cfg["optimizer"] == "adamw-8bit-bnb":
         import bitsandbytes as bnb
         return bnb.optim.AdamW8bit(params, lr=1e-4)
+    if cfg["optimizer"] == "adamw-32bit-bnb":     # (PagedAdamW on CUDA: the same fp32 states, paged)
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW32bit(params, lr=1e-4)
     return harness.build_optimizer(params, cfg["optimizer"], cfg["optimizer_impl"])
 
 
