@@ -50,6 +50,7 @@ def read(path, document, context):
         r.refuse("mixed_precision", mixed, "no, bf16, fp16 or fp8", "unknown mixed precision")
     if mixed == "fp8":
         _fp8(r, doc, kind)
+        # (DeepSpeed's and FSDP's plugins take fp8 as bf16: utils/dataclasses.py 1415-1427, 2092-2097)
         mixed = "bf16"
     elif "mixed_precision" in doc:
         if mixed in ("bf16", "fp16"):     # (a training-arguments file's bf16/fp16 true wins: _hf.MIXED_PRECEDENCE)
