@@ -100,7 +100,7 @@ ROWS = [
      [*TT_PACKED, "tokenizer.max_seq_len=2048"], 8, "a100", "peak (unspecified)", 27.6, "GiB"),
     (f"{TT}:126", "Llama 3.1 405B QLoRA, 8x A100", "torchtune/llama3_1/405B_qlora.yaml",
      [*TT_PACKED, "tokenizer.max_seq_len=2048"], 8, "a100", "peak (unspecified)", 44.8, "GB"),
-    # not like-for-like: the same run with compile off (torchao's NF4 inside compiled blocks under FSDP2 is refused)
+    # not like-for-like: the same run with compile off (eager NF4: get_original_weight's int64 codes, which compile fuses)
     (f"{TT}:126", "Llama 3.1 405B QLoRA, 8x A100, compile off (not like-for-like)", "torchtune/llama3_1/405B_qlora.yaml",
      [*TT_PACKED[:-1], "compile=False", "tokenizer.max_seq_len=2048"], 8, "a100", "peak (unspecified)", 44.8, "GB"),
     # torchtune's end-to-end tutorial logs the recipe's "Memory stats after model init" (GPU peak memory allocation)
