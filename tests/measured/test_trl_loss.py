@@ -28,7 +28,7 @@ def test_every_run_is_answered_and_measured_with_trl_itself():
     import json
     doc = json.loads(Path(script.PATH).read_text(encoding="utf-8"))
     assert doc["trl"] == "1.10.0" and "f2cd57710ae345ea6428ae95363267fcf38a3dc8" in doc["source"]
-    assert len(ROWS) == 21 and not [r for r in ROWS if "refused" in r]
+    assert len(ROWS) == 22 and not [r for r in ROWS if "refused" in r]
     kinds = {(r["run"]["regime"], "lora" in r["run"], (r["run"].get("lora") or {}).get("quantization")) for r in ROWS}
     assert {("amp-bf16", False, None), ("bf16", True, None), ("amp-bf16", True, None), ("fp32", True, None),
             ("bf16", True, "nf4")} <= kinds
