@@ -104,7 +104,12 @@ def kept_unsharded(plan, placement) -> list[MemoryTerm]:
         from .lora import counts, frozen_gather_bytes
         adapters = placement.trainable_parameters_per_rank      # beside the base's parameters_per_rank
         c = counts(plan)        # QLoRA: the quantized linears gathered as stored (lora.gathered_layer)
-        frozen = frozen_gather_bytes(plan) * (params - c.quantized_parameters) + c.quantized_weight_bytes
+        q_bytes = c.quantized_weight_bytes
+        if c.quantized_parameters:      # an implementation that declares its split: what its all-gather rebuilds
+            from . import quantized_sharding as qs
+            if qs.declared(plan) is not None:
+                q_bytes = plan.model.layers * qs.gathered_layer_bytes(plan)
+        frozen = frozen_gather_bytes(plan) * (params - c.quantized_parameters) + q_bytes
         gathered = (frozen + gathered * adapters) / params
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="unsharded parameters kept from forward to backward",
