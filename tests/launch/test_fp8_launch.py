@@ -200,3 +200,19 @@ def test_every_fp8_file_answers_or_is_refused_by_name():
             from_launch([path], hardware="h100", **kw).scenario.solve()
         except MlsysimError as err:
             assert str(path) in err.parameter and "fp8" in err.parameter
+
+
+def test_accelerate_filter_measured_the_same_as_every_decoder_linear():
+    """validation/techniques/float8 (torchao 0.18.0, CPU): three Llama-style runs with accelerate's default filter
+    (layer 0's q_proj and the LM head in high precision; 13, 13, 20 Float8Linears) measure every phase to the byte
+    what their all-decoder-linears twins do (14, 14, 21): the square q_proj's casts are o_proj's, as
+    float8.filter_left_out declares."""
+    import json
+    runs = {r["id"]: r for r in json.loads((Path(__file__).resolve().parents[2] / "validation" / "techniques" /
+                                            "float8" / "measurements.json").read_text())["runs"]}
+    for base in ("llama-a-bf16-tensorwise", "llama-c-bf16-tensorwise", "llama-b-bf16-tensorwise"):
+        every, accelerate = runs[base]["measured"], runs[base + "-accelerate"]["measured"]
+        assert accelerate["float8_linears"] == every["float8_linears"] - 1
+        assert "model.layers.0.self_attn.q_proj" not in accelerate["float8_linears_layer0"]
+        assert {p: v["bytes"] for p, v in accelerate["peak_by_phase"].items()} == {
+            p: v["bytes"] for p, v in every["peak_by_phase"].items()}

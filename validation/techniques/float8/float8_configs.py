@@ -33,13 +33,23 @@ _MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, intermediate_size=1
                      tie_word_embeddings=False)
 
 
-def _run(id, family, model, hf, regime, float8, b, s, method="real", checkpointing="none"):
-    return dict(id=id, family=family, model=model, hf_config=hf, batch_size=b, seq_len=s, regime=regime,
-                optimizer="adamw", optimizer_impl="foreach", checkpointing=checkpointing, attention="sdpa",
-                dropout=0.0, method=method, sweep=None, float8=float8)
+def _run(id, family, model, hf, regime, float8, b, s, method="real", checkpointing="none", filter=None):
+    out = dict(id=id, family=family, model=model, hf_config=hf, batch_size=b, seq_len=s, regime=regime,
+               optimizer="adamw", optimizer_impl="foreach", checkpointing=checkpointing, attention="sdpa",
+               dropout=0.0, method=method, sweep=None, float8=float8)
+    if filter:      # "accelerate": its default module filter (layer 0's q_proj and the LM head kept), measure_float8.py
+        out["filter"] = filter
+    return out
 
 
 CONFIGS = [
+    # accelerate's torchao backend (axolotl's fp8: true): layer 0's q_proj left in high precision too (FP8READ)
+    _run("llama-a-bf16-tensorwise-accelerate", "llama", "llama-tiny-a", _LLAMA_A, "bf16", "tensorwise", 2, 128,
+         filter="accelerate"),
+    _run("llama-c-bf16-tensorwise-accelerate", "llama", "llama-tiny-c", _LLAMA_C, "bf16", "tensorwise", 1, 128,
+         filter="accelerate"),
+    _run("llama-b-bf16-tensorwise-accelerate", "llama", "llama-tiny-b", _LLAMA_B, "bf16", "tensorwise", 2, 256,
+         filter="accelerate"),
     _run("llama-a-bf16-none", "llama", "llama-tiny-a", _LLAMA_A, "bf16", None, 2, 128),
     _run("llama-a-bf16-tensorwise", "llama", "llama-tiny-a", _LLAMA_A, "bf16", "tensorwise", 2, 128),
     _run("llama-a-bf16-rowwise", "llama", "llama-tiny-a", _LLAMA_A, "bf16", "rowwise", 2, 128),

@@ -38,13 +38,28 @@ def not_lm_head(module, fqn: str) -> bool:
     return fqn != "lm_head"
 
 
+def accelerate_filter(model):
+    """accelerate's default filter (huggingface/accelerate@16cb6eb8 src/accelerate/utils/ao.py:32-70, 138-143:
+    convert_model_to_fp8_ao with module_filter_func=None): the model's first and last nn.Linear (named_modules
+    order: layer 0's q_proj, the LM head) and linears whose sizes are not multiples of 16 stay in high precision."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    skip = {names[0], names[-1]}
+
+    def keep(module, fqn: str) -> bool:
+        if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
+            return False
+        return fqn not in skip
+    return keep
+
+
 def measure(cfg: dict) -> dict:
     converted = []
 
     def prepare(model):  # torchao's conversion (before the checkpointing, as before)
         if cfg["float8"]:
+            keep = accelerate_filter(model) if cfg.get("filter") == "accelerate" else not_lm_head
             convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg["float8"]),
-                                       module_filter_fn=not_lm_head)
+                                       module_filter_fn=keep)
         converted.extend(sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear)))
 
     with M.training_run(cfg, prepare=prepare) as run:
