@@ -178,7 +178,8 @@ def filter_left_out(model, *, first_linear: bool) -> str | None:
     cast nothing and every term is of converted linears: refused. Layer 0's q_proj: the forward term is the last
     layer's down_proj (o_proj for Mixtral); the backward's-end term is layer 0's largest cast moment, among which
     (Llama-style) q_proj's and o_proj's casts alone. With heads x head_dim == hidden both linears are hidden x
-    hidden and ``_backward_cast`` gives them the same bytes, so leaving q_proj out changes no maximum. Otherwise
+    hidden and ``_backward_cast`` gives them the same bytes, so leaving q_proj out changes no maximum (measured:
+    validation/techniques/float8's ``-accelerate`` runs, every phase byte-identical to their twins). Otherwise
     (or Mixtral-style, whose o_proj is costed at another moment) q_proj's cast may be the maximum: refused."""
     h, heads = model.hidden_dim, model.heads
     if h is None or heads is None:
