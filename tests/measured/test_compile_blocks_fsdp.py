@@ -102,6 +102,16 @@ def test_the_fsdp2_moment_by_hand():
     assert forward.nbytes == _solve(dp=1).terms[[t.label for t in _solve(dp=1).terms].index(forward.label)].nbytes + G
 
 
+def test_the_forward_holds_the_gathered_layer_and_root_whatever_the_rules_forward_phase():
+    """torchtune's shard_model reshards the root after the model's forward too (the fsdp rule's
+    root_reshard_after_forward, which the torchtune reader sets): the rule's gather terms leave the forward phase
+    (none is alive at the forward's end), but the top block's compiled forward runs inside the model's, with its
+    gathered parameters and the root's: the forward peak is the same either way, every other phase too."""
+    plain = _solve().phase_totals
+    resharded = _solve(plugin_options={"fsdp": {"root_reshard_after_forward": True}}).phase_totals
+    assert resharded == plain
+
+
 def test_one_device_and_ddp_unchanged_by_the_fsdp2_terms():
     """Without weight sharding nothing of FSDP2 is added (the single-device terms, byte for byte)."""
     one = _solve(dp=1, data_parallel=None)
@@ -142,6 +152,8 @@ def test_the_torchtune_configs_that_were_refused_answer():
      "no LoRA"),
     (dict(optimizer_in_backward=True), "optimizer_in_backward", "one device"),
     (dict(activation_offload="torchtune"), "activation_offload", "under a parallel layout"),
+    (dict(plugin_options={"fsdp": {"fsdp_version": 1}}), "activation_checkpointing", "FSDP2"),
+    (dict(plugin_options={"fsdp": {"prefetch_layers": 2}}), "activation_checkpointing", "FSDP2"),
 ])
 def test_refused_by_name(kw, name, says):
     with pytest.raises(NotModelledError, match=says) as e:

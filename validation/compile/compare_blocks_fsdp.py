@@ -26,7 +26,9 @@ PATH = os.path.join(HERE, "blocks_fsdp_measurements.json")
 def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
     """compare_blocks.solve's (the shape, AdamW foreach, SDPA on the CPU, no runtime overheads, torchtune's k and v
     expansion; the rank's micro-batch times the world, ``data_parallel="fsdp"``), with full checkpointing in
-    torchtune's order (``compile_checkpoint="outside"``) and, for the ``-offload-`` runs, FSDP2's CPU offload."""
+    torchtune's order (``compile_checkpoint="outside"``), the root resharded after the forward as torchtune's
+    ``shard_model`` does (the fsdp rule's ``root_reshard_after_forward``, as the torchtune reader sets it) and, for the
+    ``-offload-`` runs, FSDP2's CPU offload."""
     from mlsysim_core import TrainingMemoryModel
     from mlsysim_core.finetune import LoRAConfig
     from mlsysim_core.hf import from_hf_config
@@ -46,19 +48,17 @@ def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
         from_hf_config(run["hf_config"], name=run["id"]), HardwareNode(name="unbounded", memory_capacity=2**60),
         run["batch_size"] * lay["world_size"], run["seq_len"], run["regime"], "adamw", "full", profile="measured",
         regime=run["regime"], attention="sdpa", device="cpu", runtime_overheads=False, dp_size=lay["world_size"],
-        data_parallel="fsdp", **extra)
+        data_parallel="fsdp", plugin_options={"fsdp": {"root_reshard_after_forward": True}}, **extra)
 
 
 def rows():
-    """(id, predicted phases or the refusal, measured phases, baseline bytes) per run: compare_blocks.rows' phases,
-    but the end of the forward without the data-parallel rule's gather buffers (its terms "all-gathered parameters of
-    one layer" and "root group unsharded" are moments inside the forward and the backward: FSDP2 reshards every
-    layer after its forward and the root after the model's, so none is alive at the end of the forward)."""
+    """(id, predicted phases or the refusal, measured phases, baseline bytes) per run: compare_blocks.rows' phases
+    (with the root resharded after the forward the rule's gather terms are the backward's: none is alive at the end
+    of the forward, as measured); on the CPU an -offload- run's host terms count (the host is the device)."""
     import json
 
     from mlsysim_core.errors import MlsysimError
-    from mlsysim_core.terms import (ACCELERATOR, BACKWARD, BACKWARD_END, COMMUNICATION_BUFFERS, FORWARD, GRADIENTS,
-                                    OPTIMIZER_STEP)
+    from mlsysim_core.terms import ACCELERATOR, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP
     with open(PATH) as f:
         runs = [r for r in json.load(f)["runs"] if r.get("measured")]
     for run in runs:
@@ -78,8 +78,7 @@ def rows():
         t = {p: sum(x.nbytes for x in terms if p in x.phases) for p in (FORWARD, BACKWARD, BACKWARD_END,
                                                                          OPTIMIZER_STEP)}
         pred = {"forward": t[FORWARD], "backward": max(t[BACKWARD], t[BACKWARD_END]), "optimizer": t[OPTIMIZER_STEP],
-                "end_of_forward": sum(x.nbytes for x in terms if FORWARD in x.phases and BACKWARD in x.phases
-                                      and x.component != COMMUNICATION_BUFFERS),
+                "end_of_forward": sum(x.nbytes for x in terms if FORWARD in x.phases and BACKWARD in x.phases),
                 "end_of_backward": sum(x.nbytes for x in terms if OPTIMIZER_STEP in x.phases and (
                     tuple(x.phases) != (OPTIMIZER_STEP,) or x.component == GRADIENTS))}
         yield run["id"], pred, meas, base

@@ -468,7 +468,10 @@ def _data_parallel_outside(plan) -> bool:
     recipes: compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped layer): each
     block's graph and its checkpoint see the gathered parameters and the rank's micro-batch, as on one device
     (validation/compile/measure_blocks_fsdp.py, FSDP2 on ranks of 2 and 4)."""
-    return plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1 and outside(plan)
+    opts = _dp_options(plan)        # the rule's own options: FSDP2's forward, no extra prefetch, synced gradients
+    measured = (getattr(opts, "fsdp_version", 2) == 2 and not getattr(opts, "prefetch_layers", None)
+                and getattr(opts, "gradient_sync", "micro-batch") == "micro-batch")
+    return plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1 and outside(plan) and measured
 
 
 def outside(plan) -> bool:
@@ -989,7 +992,10 @@ def lora_full_terms(plan, placement) -> list[MemoryTerm]:
                                 formula=f"T x ({fhow}) = T x {_n(forward)} B"
                                         + (f" + {_n(wq)} B ({whow})" if wq else "")
                                         + (f" + {_n(held)} B (FSDP2: the last all-gather's output, kept until the next "
-                                           "all-gather)" if held else "") + ", beyond what the end of the forward "
+                                           "all-gather" + (", and the block's and the root's gathered parameters, "
+                                                           "resharded after the forward in the rule's terms"
+                                                           if _root_resharded(plan) else "") + ")"
+                                           if held else "") + ", beyond what the end of the forward "
                                         f"holds in its place (the loss's forward terms {_n(loss_side)} B"
                                         + (", the last block's output" if last else "") + ")"))
     # The adapters' gradients are the gradient terms' (BACKWARD_END): at this moment only down's exist, unless
@@ -1253,7 +1259,9 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
                                          "drops it)", nbytes=excess, phases=(FORWARD,),
             formula=f"T x {_n(per_token)} B ({how}; the block's whole compiled set)"
                     + (f" + {L} x {rng:,} B (CPU RNG states)" if rng else "")
-                    + (f" + {_n(held)} B (FSDP2: the last all-gather's output, kept until the next all-gather)"
+                    + (f" + {_n(held)} B (FSDP2: the last all-gather's output, kept until the next all-gather"
+                       + (", and the block's and the root's gathered parameters, which the rule's forward terms leave "
+                          "out with the root resharded after the forward" if _root_resharded(plan) else "") + ")"
                        if held else "") + f" - {_n(later)} B (the final norm's, "
                     "the logits' and the loss's forward terms, not yet)" + (" - T x h x 4 (the top block's output, "
                                                                            "counted as the final norm's input)"
@@ -1289,6 +1297,16 @@ def blocks_outside_full_terms(plan, placement) -> list[MemoryTerm]:
     return terms
 
 
+def _dp_options(plan):
+    """The data-parallel rule's options object (what it declares of itself), or None."""
+    rule = plan.rules.get("dp") if plan.rules else None
+    return plan.options_for(rule) if rule else None
+
+
+def _root_resharded(plan) -> bool:
+    return bool(getattr(_dp_options(plan), "root_reshard_after_forward", False))
+
+
 def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -> tuple[float, MemoryTerm | None]:
     """What FSDP2 (``fully_shard`` on each checkpoint-wrapped compiled layer and on the root: torchtune's
     ``shard_model``, ``reshard_after_forward=True``) holds around the compiled blocks beyond the data-parallel rule's
@@ -1314,13 +1332,17 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
     gather, scatter = _layer_gather(plan, placement)[:2]
     G, R, W = gather.nbytes, scatter.nbytes, placement.weight_shards
     root = sum(t.nbytes for t in fsdp_root(plan, placement))
+    # A rule whose options say the root is resharded after the model's forward (torchtune's shard_model; the
+    # torchtune reader sets it) leaves the gathered layer and the root out of its forward terms (the forward's end);
+    # the top block's forward, inside the model's, holds them: counted here then.
+    held = G + (G + root if _root_resharded(plan) else 0)
     step = block_input + rng - R / W
     moments = {0: 0.0}
     for i in sorted({1, L - 2, L - 1} & set(range(1, L))):
         moments[i] = G + i * step - (R if i == L - 1 else 0)
     top = max(moments, key=lambda i: (moments[i], -i))
     extra = moments[top]
-    return G, MemoryTerm(component=ACTIVATIONS, label="FSDP2 around the compiled blocks' recompute and backward",
+    return held, MemoryTerm(component=ACTIVATIONS, label="FSDP2 around the compiled blocks' recompute and backward",
                    nbytes=G + root + extra, phases=(BACKWARD_END,),
                    formula=f"{_n(G)} B (the block's gathered parameters) + {_n(root)} B (the root's, gathered) + "
                            f"{_n(extra)} B at block {top} (block 0's moment + {_n(G)} B, the block below's prefetched "
