@@ -64,8 +64,10 @@ def split(plan):
     block = list(matrices[1:1 + per_layer])
     muon_layer, adamw_layer = [], []
     for w in weights:
-        if w.bias:
-            adamw_layer.append(w.elements)
+        vector = next((i for i, (r, c) in enumerate(block) if not c and r == w.elements), None)
+        if w.bias or (vector is not None and not any(c and r * c == w.elements for r, c in block)):
+            # 1-D (a bias, a q/k norm, attention sinks): AdamW's; its vector leaves the block
+            adamw_layer.append(block.pop(vector)[0] if vector is not None else w.elements)
             continue
         if w.split == "experts":          # one (E, r, c) tensor: AdamW; its E matrices leave the block
             adamw_layer.append(w.elements)

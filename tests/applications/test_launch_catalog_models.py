@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlsysim_core.catalog import get_model
-from mlsysim_core.errors import InvalidInputError, NotModelledError
+from mlsysim_core.errors import InvalidInputError
 from mlsysim_core.scenario import from_launch
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "launch"
@@ -40,13 +40,23 @@ def test_litgpt_gemma_2b_is_the_curated_gemma_with_litgpts_untied_head():
     assert result.profile == "measured" and result.model == model["name"] and result.total_memory > 0
 
 
-def test_llamafactorys_qwen2_example_gets_past_the_catalog_to_its_optimizer():
-    """Qwen/Qwen2-1.5B-Instruct resolves; what is refused now is the example's Muon optimizer on a Qwen2
-    (biased q/k/v), named as such: the model is no longer the reason."""
+def test_llamafactorys_qwen2_muon_example_answers_with_the_hand_derived_split():
+    """Qwen/Qwen2-1.5B-Instruct resolves, and Muon takes its 2-D matrices while AdamW takes the embedding,
+    the q/k/v biases and the norms (each bias once: it was counted twice, refusing the run). By hand
+    (h 1,536, kv 256, ffn 8,960, 28 layers, vocabulary 151,936, tied): Muon per layer q 1,536^2 + k, v
+    256 x 1,536 each + o 1,536^2 + 3 x 8,960 x 1,536 = 46,792,704, x 28 = 1,310,195,712; AdamW
+    151,936 x 1,536 + 28 x (1,536 + 256 + 256 + 2 x 1,536) + 1,536 = 233,518,592 in 1 + 28 x 5 + 1 = 142
+    tensors; the two add up to the model's 1,543,714,304 parameters."""
     launch = from_launch([DATA / "llamafactory/examples/extras/muon/qwen2_full_sft.yaml"], gpus=8, hardware="h100")
     assert launch.scenario.model == "qwen/qwen2-1.5b-instruct"
-    with pytest.raises(NotModelledError, match=r"optimizer='muon' is not allowed: .*qwen2: the Muon/AdamW split"):
-        launch.scenario.solve()
+    assert launch.scenario.solve().feasible is not None
+    from mlsysim_core.solver import TrainingMemoryModel
+    result = TrainingMemoryModel(profile="measured").solve("qwen/qwen2-1.5b-instruct", "h100", 8, optimizer="muon")
+    terms = {t.label: t for t in result.terms}
+    assert terms["muon momentum buffers"].nbytes == 1_310_195_712 * 4
+    assert terms["muon's adamw state (2 moments)"].nbytes == 2 * 233_518_592 * 4
+    assert terms["muon's adamw step counters"].nbytes == 142 * 4
+    assert 1_310_195_712 + 233_518_592 == 1_543_714_304
 
 
 @pytest.mark.parametrize("name,model", [
