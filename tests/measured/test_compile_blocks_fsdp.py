@@ -189,17 +189,21 @@ def test_qlora_under_fsdp2_with_compiled_blocks():
     """torchtune's distributed QLoRA with compile (lora_finetune_distributed: set_trainable_params, compile_model,
     set_activation_checkpointing, shard_model; torchao's NF4 under FSDP2), ranks of 2 and 4 and the one-device twin
     (validation/compile/measure_blocks_qlora_fsdp.py): the backward peak (the step's peak), the ends of the forward
-    and backward, the setup and the step within 0.02 %; the forward peak is short (-5.5 % on one device, -15 %
-    under FSDP2: the compiled block's CPU 16-bit matmuls over the dequantized weights, not modelled with the MLP
-    adapted), never the step's peak here."""
+    and backward, the setup and the step within 0.02 %; the forward peak is short by the same bytes at every world
+    size (-5.5 % on one device, -5.2 and -5.4 % under FSDP2: the compiled block's CPU 16-bit matmuls over the
+    dequantized weights, not replayed with the MLP adapted), never the step's peak here."""
     compiled = [r for r in QROWS if "-blocks-" in r]
+    one = next(r for r in compiled if "-1dev-" in r)
+    short = QROWS[one][1]["forward"] - QROWS[one][0]["forward"]
+    for rid in compiled:       # FSDP2's part of the forward exact: short by the one-device bytes (but the norms'
+        assert abs(QROWS[rid][1]["forward"] - QROWS[rid][0]["forward"] - short) < 4_096, rid     # weights, gathered)
     assert len(compiled) == 3 and all(isinstance(QROWS[r][0], dict) for r in QROWS)
     for rid in compiled:
         pred, meas = QROWS[rid]
         for phase in qlora.PHASES:
             e = (pred[phase] - meas[phase]) / meas[phase]
             if phase == "forward":
-                assert -0.16 < e < -0.05 and meas["forward"] < meas["backward"], rid
+                assert -0.056 < e < -0.05 and meas["forward"] < meas["backward"], rid
             else:
                 assert abs(e) < 0.0002, (rid, phase)
 
