@@ -1739,10 +1739,23 @@ def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
     # backward releases before the product's gradients are made
     cast = c * h * shape_of(plan).ffn if regime.autocast and not plan.profile_options.lora.quantization else 0
     mlp_backward = saved + 3 * a - (a if down else 0) - cast
-    held = res * T * h + max(recompute, mlp_backward)
+    # peft's fp32 adapters over a 16-bit base with up_proj adapted: the recompute's moment at up_proj's adapter
+    # (validation/lora_ckpt_trace.py): lora_B's output and its scaled copy in fp32 (2 x ab x T x ffn) beside up's base
+    # output (a) and the saved set made so far, the saved set less up's output (the product's operand, a) and what
+    # down_proj's adapter saves after it (its input's fp32 copy and its intermediate)
+    ab = regime.gather or regime.weight
+    a_c = 2 if regime.autocast else ab
+    r = plan.profile_options.lora.rank
+    at_up = 0
+    if "up_proj" in adapted and a_c != c:
+        later = a + ((ab * T * shape_of(plan).ffn if ab != c else 0) + ab * T * r if down else 0)
+        up_locals = c * T * h + (res * T * h if res != 4 else 0) + (0 if norm_in else c * T * h) + (c * T * h if down else 0)
+        at_up = saved - later + up_locals + a + 2 * a_c * T * shape_of(plan).ffn
+    held = res * T * h + max(recompute, mlp_backward, at_up)
     return held, (f"{res} x T x h (the layer output's gradient) + max({_n(saved)} B saved + {_n(locals_ + lora)} B "
                   f"locals + {_n(transient)} B (down_proj's dequantization: {how}) in the recompute, {_n(saved)} B saved "
-                  f"+ {3 if not down else 2} x {c} x T x ffn in the MLP's backward) = {_n(held)} B")
+                  f"+ {3 if not down else 2} x {c} x T x ffn in the MLP's backward"
+                  + (f", {_n(at_up)} B at up_proj's fp32 adapter in the recompute" if at_up else "") + f") = {_n(held)} B")
 
 
 def _stage_activation_terms(plan, placement, stage: Stage) -> list[MemoryTerm]:
