@@ -154,3 +154,13 @@ def test_validation_table_in_the_docs_is_the_scripts_output():
     """docs/validation.md's "TRL's chunked NLL under autocast and LoRA" rows are measure.py --report's."""
     page = (ROOT / "docs/validation.md").read_text(encoding="utf-8")
     assert script.table() in page, "run: python validation/trl_loss/measure.py --report"
+
+
+def test_what_stays_refused_names_the_loss():
+    """Not measured: a trainable LM head copy (modules_to_save) or DoRA under TRL's loss, and tensor parallelism."""
+    import pytest
+
+    from mlsysim_core.errors import NotModelledError
+    for lora in ({"rank": 8, "modules_to_save": ["lm_head"]}, {"rank": 8, "use_dora": True}):
+        with pytest.raises(NotModelledError, match="trl_chunked_nll.*frozen"):
+            _solve("cpu", lora=lora)

@@ -317,6 +317,14 @@ def _trl_autocast_or_frozen_terms(ctx) -> list[MemoryTerm]:
     return out
 
 
+def _trl_check(plan, chunks):
+    lora = plan.profile_options.lora
+    if lora is not None and (lora.modules_to_save or lora.use_dora):
+        raise NotModelledError("loss", "trl_chunked_nll", "LoRA or QLoRA with the LM head frozen (no DoRA or "
+                               "modules_to_save)", "TRL's chunked NLL under LoRA is measured with peft's plain "
+                               "adapters and a frozen LM head (validation/trl_loss/measure.py)")
+
+
 # --- LitGPT chunked_cross_entropy -----------------------------------------------------------------
 
 def litgpt_chunked_terms(ctx) -> list[MemoryTerm]:
@@ -593,7 +601,7 @@ PUBLISHED = (
         added_step_time=_launches(13, _count)),
     LossImplementation(
         name="trl_chunked_nll", source=TRL, terms=trl_chunked_nll_terms, chunks=TRL_CHUNK, chunk_unit="tokens",
-        token_share=True, saves_lm_head_input=False, casts_lm_head_once=False,
+        token_share=True, saves_lm_head_input=False, casts_lm_head_once=False, check=_trl_check,
         allows=("autocast", "lora"),      # measured: validation/trl_loss/measure.py
         description="TRL's chunked_nll: valid tokens packed first, chunks of 256 under activation checkpointing",
         note="loss: TRL's chunked_nll ({chunks} tokens per chunk, {share:g} of the tokens not ignored): one "
