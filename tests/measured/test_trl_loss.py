@@ -45,6 +45,18 @@ def test_every_phase_within_32_kib():
     assert statistics.median(errors) <= 0.01 and max(errors) <= 0.05
 
 
+def test_the_forwards_end_within_32_kib():
+    """What is alive when the forward returns (the packed hidden state and labels saved for the chunks' recompute, the
+    layers' saved tensors, weights and state) against the prediction's terms of both the forward and the backward."""
+    import sys
+    sys.path.insert(0, str(ROOT / "validation"))
+    from report_lora_variants import end_of_forward
+    for row in ROWS:
+        m = row["run"]["measured"]
+        measured = m["alive"]["end_of_forward"]["bytes"] + m.get("quant_state_bytes", 0)
+        assert abs(end_of_forward(row["result"]) - measured) <= 32 * 1024, row["run"]["id"]
+
+
 def _terms(run_id):
     row = next(r for r in ROWS if r["run"]["id"] == run_id)
     return {t.label: t for t in row["result"].terms if t.component == "activations"}
