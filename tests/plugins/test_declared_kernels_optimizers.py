@@ -172,7 +172,8 @@ def test_an_optimizer_declaring_no_step_is_refused_by_the_techniques_that_need_i
 def test_builtin_optimizers_declare_their_step():
     optimizers = BUILTIN.plugin_manager.registry.optimizers
     measured = sorted(n for n, s in optimizers.items() if s.step and OPTIMIZER_IN_BACKWARD in s.step.measured_with)
-    assert measured == ["adam", "adamw", "adamw-8bit-bnb", "lion", "paged-adamw-8bit-bnb", "sgd", "sgd-momentum"]
+    assert measured == ["adam", "adamw", "adamw-32bit-bnb", "adamw-8bit-bnb", "lion", "paged-adamw-32bit-bnb", "paged-adamw-8bit-bnb",
+                        "sgd", "sgd-momentum"]
     assert all("torchao" in optimizers[n].step.why_not(OPTIMIZER_IN_BACKWARD)
                for n in ("adamw-8bit-torchao", "adamw-4bit-torchao", "adamw-fp8-torchao"))
     assert optimizers["adamw"].step.temporaries("for-loop") == 2 and optimizers["lion"].step.temporaries("for-loop") == 1
