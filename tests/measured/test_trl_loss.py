@@ -162,6 +162,22 @@ def test_the_two_trl_recipes_are_answered():
         assert "fits         YES" in text
 
 
+def test_the_recipes_totals_in_the_docs_are_current():
+    """docs/launch-hf.md's before -> after table: the CLI's totals (GB) with TRL's loss and with --loss
+    cross_entropy."""
+    import json
+    page = (ROOT / "docs/launch-hf.md").read_text(encoding="utf-8")
+    for path in ("tests/data/launch/hf_trainer/trl/example_config.yaml",
+                 "tests/data/launch/hf_trainer/alignment-handbook/zephyr-7b-beta/sft/config_qlora.yaml"):
+        totals = []
+        for extra in ((), ("--loss", "cross_entropy")):
+            code, text = _cli("estimate", "--from", str(ROOT / path), "--gpus", "8", "-g", "h100", "--json", *extra)
+            assert code == 0, text
+            totals.append(json.loads(text)["gb"]["total_memory"])
+        row = next(line for line in page.splitlines() if line.startswith(f"| {path} "))
+        assert row.endswith(f"| refused | {totals[0]:.3f} GB | {totals[1]:.3f} GB |"), (row, totals)
+
+
 def test_validation_table_in_the_docs_is_the_scripts_output():
     """docs/validation.md's "TRL's chunked NLL under autocast and LoRA" rows are measure.py --report's."""
     page = (ROOT / "docs/validation.md").read_text(encoding="utf-8")
