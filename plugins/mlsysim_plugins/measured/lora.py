@@ -1654,7 +1654,8 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     res = plan.profile_options.regime.residual
     n = max(i * o for _, i, o in _quantized_linears(plan))
     transient, how = _dequantization(plan, n, c)
-    quantized = plan.profile_options.lora.quantization is not None or plan.profile_options.regime.autocast
+    plain_cast = plan.profile_options.regime.autocast and not plan.profile_options.lora.quantization
+    fresh_weight = plan.profile_options.lora.quantization is not None or plain_cast   # a dequantized or cast weight
     a = c * T * ffn
     # an adapted linear adds lora_a's output (T x r) beside lora_b's and its scaled copy (T x ffn each) before the sum,
     # in the adapters' compute dtype: the base's (torchtune's LoRALinear, peft's adapter_dtype="base"), or fp32 where
@@ -1666,18 +1667,18 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     a_c = 2 if regime.autocast else ab
     w = a_c * T * ffn
     cast = ab * T * h if ab != c and not regime.autocast else 0
-    if regime.autocast and not plan.profile_options.lora.quantization:     # the fp32 norm output's 16-bit cast for lora_A
+    if plain_cast:      # lora_A's 16-bit cast of the fp32 norm output
         cast = 2 * T * h
     lora = a_c * T * plan.profile_options.lora.rank + cast
     adapted = set(_adapted(plan)) if not generic(plan) else set()
-    mlp = max(a + transient, 2 * a + (c * n if quantized else 0), 3 * a,
+    mlp = max(a + transient, 2 * a + (c * n if fresh_weight else 0), 3 * a,
               a + 2 * w + lora if "gate_proj" in adapted else 0, 2 * a + 2 * w + lora if "up_proj" in adapted else 0)
     # the attention output (c), the residual (res) and the MLP norm's output: in c, fp32 under autocast (HF's RMSNorm
     # returns the input's dtype, the fp32 residual's; the Walk's n_dtype)
-    norm_out = 4 if plan.profile_options.regime.autocast and not plan.profile_options.lora.quantization else c
+    norm_out = 4 if plain_cast else c
     held = (c + norm_out + res) * T * h + mlp
-    deq = (f"a + the largest linear's {'cast' if regime.autocast and not plan.profile_options.lora.quantization else 'dequantization'}, "
-           f"2a + {c} x {_n(n)}, " if quantized else "")
+    deq = (f"a + the largest linear's {'cast' if plain_cast else 'dequantization'}, 2a + {c} x {_n(n)}, "
+           if fresh_weight else "")
     path = (f"2a + 2 x {a_c} x T x ffn + {a_c} x T x r" + (f" + {_n(cast // (T * h))} x T x h (the adapter's input cast to its dtype)"
                                                             if cast else "")) if a_c != c or cast else f"4a + {c} x T x r"
     return MemoryTerm(component=ACTIVATIONS, label=f"a checkpointed layer's forward{_over_base(plan)}, beyond the "
@@ -1717,8 +1718,9 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
 
 
 def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
-    """What one checkpointed layer's backward holds at its peak (``_top_layer_backward``'s two moments), its output's
-    gradient included, and how: (bytes, formula)."""
+    """What one checkpointed layer's backward holds at its peak (``_top_layer_backward``'s two moments, and with peft's
+    fp32 adapters over a 16-bit base the recompute at up_proj's adapter), its output's gradient included, and how:
+    (bytes, formula)."""
     saved = layer.saved(T)
     regime = plan.profile_options.regime
     res = regime.residual
