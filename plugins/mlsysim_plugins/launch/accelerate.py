@@ -1,6 +1,7 @@
 """An accelerate config YAML (``accelerate launch --config_file``) as a launch format
 (docs/launch-hf.md): the world size (num_processes over num_machines), the distributed type
-(DDP, FSDP1/FSDP2, DeepSpeed with its config file), mixed precision, and the parallelism config
+(DDP, FSDP1/FSDP2, DeepSpeed with its config file), mixed precision (``fp8`` with ``fp8_config.backend: AO``:
+the measured profile's ``float8``; ``ao_float8``, which axolotl's reader shares), and the parallelism config
 (tensor, context, hybrid-sharded data parallelism)."""
 
 from __future__ import annotations

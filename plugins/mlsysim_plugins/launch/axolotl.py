@@ -1,8 +1,9 @@
 """An axolotl config YAML (``axolotl train config.yml``) as a launch format (docs/launch-hf.md):
 the model, LoRA/QLoRA (bitsandbytes 4-bit nf4 with double quantization, or 8-bit), the batch,
 the sequence (packing, padding to ``sequence_len``), precision, optimizer (transformers'
-names), checkpointing, attention, Liger/Cut Cross-Entropy, FSDP (``fsdp``/``fsdp_config``,
-``fsdp_version``) and the ``deepspeed:`` JSON.
+names), checkpointing, attention, Liger/Cut Cross-Entropy, ``fp8`` (torchao's float8 training through
+accelerate: the measured profile's ``float8``), FSDP (``fsdp``/``fsdp_config``, ``fsdp_version``) and the
+``deepspeed:`` JSON.
 
 Defaults are axolotl 0.18.0's schema (axolotl-ai-cloud/axolotl at
 067b021c8b87a9e5e380b9173c704cf7340e30f5, src/axolotl/utils/schemas/): ``sequence_len`` 512

@@ -16,7 +16,9 @@ ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30), each with its file and line:
   hparams/parser.py:645); a packed row is ``cutoff_len - 1`` tokens (data_args.py:189);
 * the precision: the model is loaded in the compute dtype (bf16 with ``bf16``/``pure_bf16``,
   hparams/parser.py:640) and the trainable parameters are upcast to fp32 unless ``pure_bf16``,
-  BAdam, or ZeRO-3 without quantization (src/llamafactory/model/adapter.py:337-349).
+  BAdam, or ZeRO-3 without quantization (src/llamafactory/model/adapter.py:337-349);
+* ``fp8`` with ``bf16``/``fp16``: no fp8 runs (the Accelerator gets the arguments' 16-bit mixed precision;
+  ``_fp8``, validation/launch_fp8/).
 """
 
 from __future__ import annotations
