@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+import harness  # noqa: E402
 import measure_lora  # noqa: E402
 
 
@@ -65,9 +66,14 @@ def main(rid: str) -> None:
     model, hf = measure_lora.build_model(cfg)
     ids = torch.randint(0, hf.vocab_size, (cfg["batch_size"], cfg["seq_len"]))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+    autocast = harness.autocast_for(cfg)      # the forward under bf16 autocast for amp-bf16, as the harness runs it
+
+    def loss():
+        with autocast():
+            return model(input_ids=ids, labels=ids).loss
     for _ in range(2):      # warm-up: the optimizer's state exists
         opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids).loss.backward()
+        loss().backward()
         opt.step()
     opt.zero_grad(set_to_none=True)
     before = {StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]}
@@ -75,9 +81,9 @@ def main(rid: str) -> None:
                if isinstance(v, torch.Tensor)}
     tr = Track(before)
     with tr:
-        loss = model(input_ids=ids, labels=ids).loss
+        value = loss()
         tr.phase = "backward"
-        loss.backward()
+        value.backward()
     print(f"backward peak (made in this iteration) {tr.peak_bytes:,} B at {tr.peak_op}")
     for nbytes, what in sorted(tr.peak.values(), key=lambda x: -x[0]):
         if nbytes >= 8192:

@@ -1736,6 +1736,14 @@ def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
     # needs no saved tensor) is made before the recompute and held through it; at the base's dequantization the
     # adapter has not saved its intermediate (c x T x r) yet
     lora = c * T * h - c * T * plan.profile_options.lora.rank if down else 0
+    ab = regime.gather or regime.weight
+    if regime.autocast and not plan.profile_options.lora.quantization and down and ab != 2:
+        # autocast over a plain base: peft casts down_proj's 16-bit input (the product, a local beside the copies)
+        # up to the fp32 adapters' dtype before autocast casts it down again for lora_A (which saves that), after the
+        # base's output (c x T x h): the recompute's moment at down_proj's adapter (validation/lora_ckpt_trace.py)
+        transient = ab * T * shape_of(plan).ffn + a + c * T * h
+        how = (f"at its adapter under autocast: peft's {ab}-byte copy of its input, {ab} x T x ffn, beside the input "
+               f"itself (a) and the base's output ({c} x T x h)")
     recompute = saved + locals_ + lora + transient
     # under autocast a plain base's frozen down_proj saved its weight's 16-bit cast (in the saved set), which its
     # backward releases before the product's gradients are made
@@ -1745,7 +1753,6 @@ def _layer_backward(plan, layer: _Layer, T, h, c) -> tuple[int, str]:
     # (validation/lora_ckpt_trace.py): lora_B's output and its scaled copy in fp32 (2 x ab x T x ffn) beside up's base
     # output (a) and the saved set made so far, the saved set less up's output (the product's operand, a) and what
     # down_proj's adapter saves after it (its input's fp32 copy and its intermediate)
-    ab = regime.gather or regime.weight
     a_c = 2 if regime.autocast else ab
     r = plan.profile_options.lora.rank
     at_up = 0
