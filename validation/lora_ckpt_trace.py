@@ -15,7 +15,9 @@ peak (44,558,344 B made in the iteration) is the bottom layer's recompute at up_
 scaling``): lora_B's fp32 output and its scaled copy (2 x 8,388,608 B) beside gate's output, silu(gate) and up's base
 output (3 x 4,194,304 B bf16), the adapters' fp32 input copies (1,048,576 B each), the bottom layer's checkpointed input
 and output gradient, and the top layer's adapter gradients; lora._bottom_layer_backward prices the MLP's backward and
-the recompute at down_proj instead (4.2 MB short there). fp32 q/v: the top layer's MLP backward, as priced.
+the recompute at down_proj instead (4.2 MB short there; now priced: lora._layer_backward's moment at up_proj's
+adapter). fp32 q/v: the top layer's MLP backward, as priced. amp-bf16, every linear adapted (45,713,416 B): the
+recompute at down_proj's adapter, peft's fp32 copy of the 16-bit product before autocast casts it back (now priced).
 """
 
 from __future__ import annotations
