@@ -273,16 +273,17 @@ def test_framework_version_other_than_the_readers_is_said():
 
 def test_rope_cache_per_builder():
     """Each builder's max_seq_len as torchtune 0.6.1's model builders set it (the RoPE cache's rows, rope.py); Qwen2.5's
-    and Phi-3's rope concatenate cos and sin (twice the values per position)."""
+    rope concatenates cos and sin (twice the values per position). Qwen2.5's _base and _instruct builders differ
+    (qwen2_5/_model_builders.py lines 154 and 180)."""
     from mlsysim_plugins.launch.torchtune import ROPE_ROWS, _rope_cache
     from mlsysim_plugins.launch._common import Reading
     assert (ROPE_ROWS["llama2_7b"], ROPE_ROWS["llama3_8b"], ROPE_ROWS["llama3_1_8b"], ROPE_ROWS["mistral_7b"],
-            ROPE_ROWS["qwen2_5_0_5b"], ROPE_ROWS["qwen2_5_7b"], ROPE_ROWS["gemma2_9b"], ROPE_ROWS["phi3_mini"]) == (
-        4096, 8192, 131072, 32768, 32768, 131072, 8192, 4096)
+            ROPE_ROWS["qwen2_5_0_5b"], ROPE_ROWS["qwen2_5_7b_base"], ROPE_ROWS["qwen2_5_7b_instruct"],
+            ROPE_ROWS["gemma2_9b"]) == (4096, 8192, 131072, 32768, 32768, 131072, 32768, 8192)
     seen = {}
-    for base in ("llama3_1_8b", "qwen2_5_7b", "qwen3_8b"):
+    for base, builder in (("llama3_1_8b", "llama3_1_8b"), ("qwen2_5_7b", "qwen2_5_7b_base"), ("qwen3_8b", "qwen3_8b")):
         r = Reading("torchtune", "config.yaml", "torchtune 0.6.1")
-        _rope_cache(r, base, f"torchtune.models.{base}")
+        _rope_cache(r, base, f"torchtune.models.{builder}")
         assert r.defaults == []      # read from the builder the file names, not a default of an absent key
         seen[base] = {f.field: f.becomes for f in r.fields if f.key == "model._component_"}
     assert seen == {"llama3_1_8b": {"rope_cache": 131072},

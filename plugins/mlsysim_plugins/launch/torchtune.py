@@ -46,7 +46,26 @@ BUILDERS = {
     "qwen3_0_6b": "Qwen/Qwen3-0.6B", "qwen3_1_7b": "Qwen/Qwen3-1.7B", "qwen3_4b": "Qwen/Qwen3-4B",
     "qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "qwen3_32b": "Qwen/Qwen3-32B",
     "gemma2_2b": "google/gemma-2-2b", "gemma2_9b": "google/gemma-2-9b", "gemma2_27b": "google/gemma-2-27b",
-    "phi3_mini": "microsoft/Phi-3-mini-4k-instruct",
+    # Gemma 1 (torchtune/models/gemma: MultiHeadAttention, GemmaRMSNorm, GemmaNormEmbeddings x sqrt(dim), GeGLU
+    # (gelu tanh), TiedLinear): the measured profile's gemma family, Hugging Face's layer op for op.
+    "gemma_2b": "google/gemma-2b", "gemma_7b": "google/gemma-7b",
+    # Qwen2 (qwen2 component builder, as Qwen2.5's): one builder for the base and the instruct checkpoints (the same
+    # shapes); the catalog keeps the instruct ones.
+    "qwen2_1_5b": "Qwen/Qwen2-1.5B-Instruct", "qwen2_7b": "Qwen/Qwen2-7B-Instruct",
+    "qwen2_5_3b": "Qwen/Qwen2.5-3B",
+}
+# Builders of a catalog model that torchtune builds otherwise than the model's measured family describes: refused,
+# naming why (-m replaces the builder, as for a model not in the catalog).
+_SEPARATE_PROJECTIONS = (
+    "torchtune's phi3 component builder ({REPO} torchtune/models/phi3/_component_builders.py: phi3, lora_phi3) makes "
+    "q_proj, k_proj, v_proj and the MLP's w1/w3 separate nn.Linear layers (a Llama layer, MultiHeadAttention), where "
+    "the measured profile's phi3 family is Hugging Face's Phi3 layer: fused qkv_proj (under SDPA its whole output "
+    "kept by v's view, and the attention output's contiguous copy) and fused gate_up_proj; the saved bytes differ")
+REFUSED_BUILDERS = {
+    "phi3_mini": _SEPARATE_PROJECTIONS.format(REPO=REPO),
+    "phi4_14b": ("Phi-4 (microsoft/phi-4, phi3 family): " + _SEPARATE_PROJECTIONS.format(REPO=REPO)
+                 + "; phi4_14b also keeps the component builder's rope_base 10,000 (Hugging Face's rope_theta "
+                 "250,000: {REPO} torchtune/models/phi4/_model_builders.py:20-37)".format(REPO=REPO)),
 }
 # Builders whose architecture is another's (same shapes): the catalog entry used, and why.
 SAME_AS = {"llama3_3_70b": ("llama3_1_70b", "Llama 3.3 70B has Llama 3.1 70B's architecture (torchtune's "
@@ -58,14 +77,28 @@ SAME_AS = {"llama3_3_70b": ("llama3_1_70b", "Llama 3.3 70B has Llama 3.1 70B's a
 # (Qwen2RotaryPositionalEmbeddings, Phi3RotaryPositionalEmbeddings) concatenate cos and sin over the frequencies
 # twice (layout "concatenated"); the others stack them (RotaryPositionalEmbeddings, Llama3ScaledRoPE: "pairs").
 # Qwen3 has no builder in 0.6.1 (no torchtune/models/qwen3): its runs keep Hugging Face's tables.
+# Qwen2.5's _base and _instruct builders differ (131,072 and 32,768: torchtune/models/qwen2_5/_model_builders.py, e.g.
+# qwen2_5_7b_base line 154, qwen2_5_7b_instruct line 180): keyed by the builder's full name (lora_/qlora_ stripped).
+# Gemma 1: gemma_2b and gemma_7b max_seq_len=8192 (gemma/_model_builders.py lines 40, 144); Qwen2: 32,768
+# (qwen2/_model_builders.py lines 38 (7B), 91 (1.5B)); Qwen2.5 3B: 32,768 (qwen2_5/_model_builders.py line 127).
 ROPE_ROWS = {
     "llama2_7b": 4096, "llama2_13b": 4096, "llama2_70b": 4096, "llama3_8b": 8192, "llama3_70b": 8192,
     "llama3_1_8b": 131072, "llama3_1_70b": 131072, "llama3_1_405b": 131072, "llama3_2_1b": 131072,
-    "llama3_2_3b": 131072, "mistral_7b": 32768, "qwen2_5_0_5b": 32768, "qwen2_5_1_5b": 131072,
-    "qwen2_5_7b": 131072, "qwen2_5_14b": 131072, "qwen2_5_32b": 131072, "qwen2_5_72b": 131072,
-    "gemma2_2b": 8192, "gemma2_9b": 8192, "gemma2_27b": 8192, "phi3_mini": 4096,
+    "llama3_2_3b": 131072, "mistral_7b": 32768, "qwen2_5_0_5b": 32768,
+    "qwen2_5_1_5b_base": 131072, "qwen2_5_1_5b_instruct": 32768, "qwen2_5_3b": 32768,
+    "qwen2_5_7b_base": 131072, "qwen2_5_7b_instruct": 32768, "qwen2_5_14b_base": 131072,
+    "qwen2_5_14b_instruct": 32768, "qwen2_5_32b_base": 131072, "qwen2_5_32b_instruct": 32768,
+    "qwen2_5_72b_base": 131072, "qwen2_5_72b_instruct": 32768,
+    "gemma2_2b": 8192, "gemma2_9b": 8192, "gemma2_27b": 8192,
+    "gemma_2b": 8192, "gemma_7b": 8192, "qwen2_1_5b": 32768, "qwen2_7b": 32768,
 }
-CONCATENATED_ROPE = ("qwen2_5_", "phi3_")
+CONCATENATED_ROPE = ("qwen2_5_", "qwen2_")
+# The LoRA builders that build a RoPE module in every layer's attention (lora_<family>_self_attention, v0.6.1:
+# llama2 line 417, llama3 418, mistral 399, qwen2 393 (Qwen2.5's too), gemma 345, gemma2 392): one cache and theta
+# per layer, where the full builders and lora_llama3_1 / lora_llama3_2 (one Llama3ScaledRoPE passed to every layer)
+# keep one. The profile's rope_cache is one cache: the reading says it is approximated and by how much.
+PER_LAYER_ROPE = {"llama2_": 417, "llama3_": 418, "mistral_": 399, "qwen2_": 393, "gemma_": 345, "gemma2_": 392}
+ROPE_SHARED = ("llama3_1_", "llama3_2_")
 
 # torchtune's LoRA module names -> the measured profile's (peft's) target names.
 LORA_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -301,23 +334,32 @@ def _model(r: Reading, model, path, context) -> None:
     name = component.rsplit(".", 1)[-1]
     qlora = name.startswith("qlora_")
     lora = qlora or name.startswith("lora_")
-    base = name.split("_", 1)[1] if lora else name
-    base = base.removesuffix("_instruct").removesuffix("_base")
+    builder = name.split("_", 1)[1] if lora else name      # (with its _base / _instruct: the RoPE rows differ)
+    base = builder.removesuffix("_instruct").removesuffix("_base")
     note = ""
     if base in SAME_AS:
         base, note = SAME_AS[base]
+        builder = base
     if base not in BUILDERS and getattr(context, "model", None) is not None:
         r.set("model._component_", component, "model", context.model, f"-m {context.model} replaces this builder")
+    elif base in REFUSED_BUILDERS:
+        raise NotModelledError("model._component_", component, "a builder whose model the measured profile describes "
+                               "(or -m MODEL in its place)", f"{path}: {REFUSED_BUILDERS[base]}")
     elif base not in BUILDERS:
         raise NotModelledError("model._component_", component, "a builder of a model in the catalog: "
                                + ", ".join(sorted(f"{p}{b}" for b in BUILDERS for p in ("",))) + " (with lora_/qlora_)",
-                               f"{path}: no catalog model for this builder (a vision, Gemma 1, Phi-4, Qwen2 or "
-                               "Code Llama model is not in the catalog)")
+                               f"{path}: no catalog model for this builder (a vision, Qwen2 0.5B or Code Llama model "
+                               "is not in the catalog)")
     else:
         resolved, more = catalog_model(BUILDERS[base], "model._component_", path, context=context)
         r.set("model._component_", component, "model", resolved, "; ".join(n for n in (note, more) if n))
-        _rope_cache(r, base, component)
+        _rope_cache(r, base, component, lora=lora)
         _kv_expanded(r, base, component)
+        if base.startswith("gemma_"):
+            r.note(f"{component}: the measured gemma family counts Hugging Face's 0-d embed_scale buffer (2 B in "
+                   "bf16, 4 B in fp32) with the weights; torchtune's GemmaNormEmbeddings registers none (it multiplies "
+                   f"by torch.tensor(embedding_dim ** 0.5) made on the host in each forward: {REPO} "
+                   "torchtune/models/gemma/gemma_norm_embedding.py)")
     keys = {k: v for k, v in model.items() if k != "_component_"}
     if not lora:
         if keys:
@@ -382,21 +424,41 @@ def _model(r: Reading, model, path, context) -> None:
                                 "use_dora, quantize_base", f"{path}: refused rather than dropped")
 
 
-def _rope_cache(r: Reading, base: str, component: str) -> None:
-    """The builder's one RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS); read
-    from the builder the file names (a field of ``model._component_``, not a default of an absent key)."""
-    rows = ROPE_ROWS.get(base)
+def _rope_cache(r: Reading, base: str, component: str, *, lora: bool = False) -> None:
+    """The builder's RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS); read
+    from the builder the file names (a field of ``model._component_``, not a default of an absent key). Keyed by the
+    builder's own name (Qwen2.5's _base and _instruct builders differ), else ``base``. A LoRA builder of a
+    PER_LAYER_ROPE family builds one per layer: the one counted is approximated, the bytes left out said."""
+    name = component.rsplit(".", 1)[-1]
+    builder = name.split("_", 1)[1] if name.startswith(("lora_", "qlora_")) else name
+    rows = ROPE_ROWS.get(builder, ROPE_ROWS.get(base))
     if rows is None:
         return
-    family = next(f for f in ("llama3_1", "llama3_2", "llama2", "llama3", "mistral", "qwen2_5", "gemma2", "phi3")
-                  if base.startswith(f + "_"))
-    r.set("model._component_", component, "rope_cache", rows, f"the rope module's cache ({REPO} "
-          f"torchtune/models/{family}/_model_builders.py, {base}: max_seq_len={rows}; rope_init, build_rope_cache: "
-          "max_seq_len positions, fp32, one shared by every layer) in place of Hugging Face's per-forward cos/sin tables")
-    if base.startswith(CONCATENATED_ROPE):
-        where = "qwen2/_positional_embeddings.py" if family == "qwen2_5" else "phi3/_position_embeddings.py"
+    family = next(f for f in ("llama3_1", "llama3_2", "llama2", "llama3", "mistral", "qwen2_5", "qwen2", "gemma2",
+                              "gemma") if base.startswith(f + "_"))
+    concatenated = base.startswith(CONCATENATED_ROPE)
+    how = f"the rope module's cache ({REPO} torchtune/models/{family}/_model_builders.py, {builder}: " \
+          f"max_seq_len={rows}; rope_init, build_rope_cache: max_seq_len positions, fp32"
+    per_layer = lora and not base.startswith(ROPE_SHARED) and next(
+        (line for prefix, line in PER_LAYER_ROPE.items() if base.startswith(prefix)), None)
+    if per_layer:
+        from mlsysim_core.catalog import find_model
+        from mlsysim_plugins.measured.rope import cache_bytes
+        spec = find_model(BUILDERS[base]).value
+        head_dim = spec.head_dim or spec.hidden_dim // spec.heads
+        cache, theta = cache_bytes(rows, head_dim, "fp32", "concatenated" if concatenated else "pairs")
+        where = "qwen2" if family == "qwen2_5" else family
+        r.approx("model._component_", component, "rope_cache", rows, how + f"). torchtune's lora_{where}_self_"
+                 f"attention builds a rope module in each layer ({REPO} torchtune/models/{where}/_component_builders.py "
+                 f"line {per_layer}): {spec.layers} caches of {cache + theta:,} B (cache and theta), one counted: "
+                 f"{(spec.layers - 1) * (cache + theta):,} B left out")
+    else:
+        r.set("model._component_", component, "rope_cache", rows, how + ", one shared by every layer) in place of "
+              "Hugging Face's per-forward cos/sin tables")
+    if concatenated:
         r.set("model._component_", component, "rope_cache_layout", "concatenated", f"max_seq_len x 2 head_dim values "
-              f"({REPO} torchtune/models/{where}: build_rope_cache, cat([cos, sin]) of cat([theta, theta]))")
+              f"({REPO} torchtune/models/qwen2/_positional_embeddings.py: build_rope_cache, cat([cos, sin]) of "
+              "cat([theta, theta]))")
 
 
 def _kv_expanded(r: Reading, base: str, component: str) -> None:
@@ -405,6 +467,14 @@ def _kv_expanded(r: Reading, base: str, component: str) -> None:
     from mlsysim_core.catalog import find_model
     spec = find_model(BUILDERS[base]).value
     if not spec.kv_heads or spec.kv_heads >= spec.heads:
+        return
+    if spec.kv_heads == 1:
+        # One key/value head (Gemma 2B): unsqueeze(2).expand(...).flatten(1, 2) merges a size-1 dimension with a
+        # stride-0 one, a view (stride 0 over the heads): SDPA gets and saves the un-expanded storage (torchtune
+        # 0.6.1's gemma component builder, CPU: k's storage 512 B for b=2, s=8, head_dim=16 in bf16 at 4 query
+        # heads, as k_proj's output; 2 key/value heads: a 2,048 B copy)
+        r.note(f"{component}: num_kv_heads=1: MultiHeadAttention's expand + flatten of k and v is a view (stride 0 "
+               "over the query heads), no copy: kv_expanded not set")
         return
     where = "gemma2/_attention.py (Gemma2Attention" if base.startswith("gemma2_") else "modules/attention.py (" \
         "MultiHeadAttention"
