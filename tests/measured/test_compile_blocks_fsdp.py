@@ -50,9 +50,9 @@ def _solve(dp=2, layers=3, **kw):
 
 
 def test_every_run_is_measured_and_predicted():
-    assert len(RUNS) == 16 and set(ROWS) == set(RUNS)
+    assert len(RUNS) == 18 and set(ROWS) == set(RUNS)
     assert all(isinstance(ROWS[r][0], dict) for r in ROWS)
-    assert len(COMPILED) == 7
+    assert len(COMPILED) == 8
 
 
 def test_the_fp32_compiled_runs_forward_and_backward_within_a_fifth_of_a_percent():
@@ -62,18 +62,32 @@ def test_the_fp32_compiled_runs_forward_and_backward_within_a_fifth_of_a_percent
     within 0.2 %; the residual is the RoPE cache (torchtune's buffer, measured in the baseline) and the norms'
     weights in the all-gathers (2 x 1,024 B a layer) that the rule's matrix parameters leave out."""
     for rid in COMPILED:
-        if "-fp32-" in rid:
+        if "-fp32-" in rid and "-full-in-" not in rid:
             for phase in ("forward", "backward"):
                 assert 0 < err(rid, phase) < 0.002, (rid, phase)
 
 
+def test_torchtitans_order_under_fsdp2():
+    """torchtitan's order (apply_ac, apply_compile, apply_fsdp: the checkpoint inside each compiled block, no RNG
+    state kept): block 1's backward graph, its recompute inside, beside FSDP2's buffers (fsdp2_around_blocks, no RNG
+    step): the backward peak -1.8 %, the single-device order's own gap (layer 0's moment one T x h x 4 short,
+    docs/compile.md: -983,040 B on one device, -994 KB here); the forward's peak is the loss's, after the blocks,
+    where the rule's terms price FSDP2: +2.0 %. The end of the forward +11.7 % is the rule's (one gathered layer
+    alive at the forward's end, torchtitan's last block; the harness reshards every block), its eager twin's too."""
+    rid, twin = (f"tt-llama3_2-3l-v1024-fp32-{k}-full-in-fsdp2-w2r0-b2-s512" for k in ("blocks", "eager"))
+    assert -0.02 < err(rid, "backward") < -0.015
+    assert 0.015 < err(rid, "forward") < 0.025
+    assert abs(err(rid, "end_of_forward") - err(twin, "end_of_forward")) < 0.001
+
+
 def test_every_compiled_phase_within_the_issue_targets():
-    """Every phase of the seven compiled runs within 2.1 % (the optimizer step and the end of the backward are the
+    """Every phase of the compiled runs in torchtune's order within 2.7 % (the optimizer step and the end of the backward are the
     eager rule's: the LoRA runs' -1 to -2 % is the sharded adapters' step, as their eager twins); the bf16 cell's
     forward -1.7 % and backward -2.6 %."""
     for rid in COMPILED:
         for phase in PHASES:
-            assert abs(err(rid, phase)) < 0.027, (rid, phase)
+            if "-full-in-" not in rid:      # (torchtitan's order: test_torchtitans_order_under_fsdp2)
+                assert abs(err(rid, phase)) < 0.027, (rid, phase)
     bf16 = "tt-llama3_2-3l-v1024-bf16-blocks-full-fsdp2tt-w2r0-b1-s256"
     assert -0.02 < err(bf16, "forward") < -0.015 and -0.03 < err(bf16, "backward") < -0.02
 
@@ -145,7 +159,6 @@ def test_the_torchtune_configs_that_were_refused_answer():
 
 
 @pytest.mark.parametrize("kw, name, says", [
-    (dict(compile_checkpoint="inside"), "activation_checkpointing", "torchtitan's order"),
     (dict(ckpt="selective"), "activation_checkpointing", "none, op-sac or full"),
     (dict(offload="optimizer"), "offload", "'optimizer\\+gradients\\+parameters'"),
     (dict(offload="optimizer+gradients+parameters", lora=LoRAConfig(rank=8, adapter_dtype="base")), "offload",

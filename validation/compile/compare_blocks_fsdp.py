@@ -40,15 +40,18 @@ def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
         extra["lora"] = LoRAConfig(rank=lo["rank"], target_modules=tuple(lo["targets"]), adapter_dtype="base")
     if torchtune_kv:
         extra["kv_expanded"] = True
+    titan = lay["kind"] == "fsdp2"      # torchtitan's order (measure_blocks.py's layout: the root not resharded)
     if run["compile"] == "blocks":
-        extra.update(compile="blocks", compile_checkpoint="outside")
+        extra.update(compile="blocks", compile_checkpoint="inside" if titan else "outside")
+    if not titan:       # torchtune's shard_model: the root resharded after the forward too
+        extra["plugin_options"] = {"fsdp": {"root_reshard_after_forward": True}}
     if lay.get("cpu_offload"):      # fsdp_cpu_offload: CPUOffloadPolicy (the torchtune reader's reading)
         extra["offload"] = "optimizer+gradients+parameters"
     return TrainingMemoryModel().solve(
         from_hf_config(run["hf_config"], name=run["id"]), HardwareNode(name="unbounded", memory_capacity=2**60),
         run["batch_size"] * lay["world_size"], run["seq_len"], run["regime"], "adamw", "full", profile="measured",
         regime=run["regime"], attention="sdpa", device="cpu", runtime_overheads=False, dp_size=lay["world_size"],
-        data_parallel="fsdp", plugin_options={"fsdp": {"root_reshard_after_forward": True}}, **extra)
+        data_parallel="fsdp", **extra)
 
 
 def rows():

@@ -67,6 +67,13 @@ for _compile in ("eager", "blocks"):       # the last rank of 4
     CONFIGS.append(_fsdp_cfg("fp32", _compile, world=4, rank=3, **CELL))
 
 
+# torchtitan's order (parallelize_llama.py: apply_ac, apply_compile, apply_fsdp; measure_blocks.py's "full-in" policy
+# and "fsdp2" layout: each block checkpoint-wrapped (preserve_rng_state False), torch.compile'd (fullgraph), then
+# fully_shard on each and the root, the root given no reshard_after_forward): rank 0 of 2
+for _compile in ("eager", "blocks"):
+    CONFIGS.append(_cfg("fp32", _compile, policy="full-in", layout="fsdp2", **CELL))
+
+
 def document(args, runs, ctx) -> dict:
     doc = measure_blocks.document(args, runs, ctx)
     return {**doc, "generator": "/tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py"}

@@ -89,8 +89,9 @@ block's backward graph) or in torchtune's (``compile_checkpoint="outside"``; ``b
 compiled block wrapped in the checkpoint, the top block's whole saved set made in the forward, the recompute
 outside the backward graph; validation/compile/measure_blocks_order.py); data-parallel layouts allowed (the rules' parts unchanged), and pipeline
 stages (each block's graph as on one device: a stage holds its blocks' sets per micro-batch in flight;
-validation/compile/measure_blocks_pp.py), full checkpointing under data parallelism in torchtune's distributed order
-(FSDP2's buffers beside the compiled blocks: ``fsdp2_around_blocks``; validation/compile/measure_blocks_fsdp.py), and
+validation/compile/measure_blocks_pp.py), full checkpointing under data parallelism in torchtune's and torchtitan's
+orders (FSDP2's buffers beside the compiled blocks: ``fsdp2_around_blocks``; validation/compile/measure_blocks_fsdp.py),
+and
 tensor parallelism without sequence parallelism (torchtune's plan:
 each op's output in the saved set split as the family declares, ``layer_saved(..., tp)``; measured on rank 0 of
 2 of the fake process group). With LoRA
@@ -170,9 +171,10 @@ BLOCKS_FULL_OUTSIDE = ("compile='blocks' with full checkpointing, compile_checkp
                        "backward graph (compile.blocks_outside_full_terms; validation/compile/measure_blocks_order.py)")
 
 
-BLOCKS_FULL_FSDP2 = ("compile='blocks' with full checkpointing under data parallelism: torchtune's distributed order "
-                     "(compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped "
-                     "layer); with weight sharding FSDP2's held all-gather output, prefetched all-gather and held "
+BLOCKS_FULL_FSDP2 = ("compile='blocks' with full checkpointing under data parallelism (torchtune's distributed order: "
+                     "compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped "
+                     "layer; or torchtitan's: apply_ac, apply_compile, apply_fsdp); with weight sharding FSDP2's "
+                     "held all-gather output, prefetched all-gather and held "
                      "reduce-scatter input beside the compiled blocks are priced (compile.fsdp2_around_blocks; "
                      "validation/compile/measure_blocks_fsdp.py)")
 
@@ -408,16 +410,16 @@ def prepare(plan, registry=None):
     per_block = value in (BLOCKS, BLOCKS_LOSS)
     if per_block and spec.recomputes != NOTHING and not spec.extensions.get(COMPILED_BLOCKS) and not (
             spec.recomputes == LAYERS and o.checkpointed_layers in (None, plan.model.layers)
-            and (not is_parallel(plan) or _data_parallel_outside(plan))):
+            and (not is_parallel(plan) or _data_parallel_full(plan))):
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
                                f"none, op-sac or full (every layer) with compile={BLOCKS!r}: on one device, or under "
-                               "data parallelism alone in torchtune's order (compile_checkpoint='outside')",
+                               "data parallelism alone (FSDP2's forward, no extra prefetch, gradients synced every "
+                               "micro-batch)",
                                "a block checkpointed in part, or under a parallel layout, compiled apart: its "
-                               "recompute is measured for full checkpointing on one device and, in torchtune's "
-                               "order (compile_model, set_activation_checkpointing, shard_model), under FSDP2 "
-                               "(validation/compile/measure_blocks_fsdp.py); the checkpoint inside the compiled "
-                               "block (torchtitan's order) and tensor, pipeline, context and expert layouts are "
-                               "not measured with it (docs/compile.md)")
+                               "recompute is measured for full checkpointing on one device and under FSDP2 in "
+                               "torchtune's and torchtitan's orders (validation/compile/measure_blocks_fsdp.py); "
+                               "FSDP1, extra prefetch, unsynced gradients and tensor, pipeline, context and expert "
+                               "layouts are not measured with it (docs/compile.md)")
     blocks = o.checkpointed_layers
     if spec.recomputes not in (NOTHING, LAYERS) and not per_block:
         raise NotModelledError("activation_checkpointing", plan.activation_checkpointing,
@@ -463,15 +465,17 @@ def prepare(plan, registry=None):
     return attrs.evolve(plan, notes=plan.notes + notes)
 
 
-def _data_parallel_outside(plan) -> bool:
+def _data_parallel_full(plan) -> bool:
     """Full checkpointing around compiled blocks under data parallelism alone, in torchtune's order (its distributed
-    recipes: compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped layer): each
-    block's graph and its checkpoint see the gathered parameters and the rank's micro-batch, as on one device
-    (validation/compile/measure_blocks_fsdp.py, FSDP2 on ranks of 2 and 4)."""
+    recipes: compile_model, set_activation_checkpointing, then shard_model's fully_shard on each wrapped layer) or
+    torchtitan's (apply_ac, apply_compile, apply_fsdp: the checkpoint inside the compiled block): each block's graph
+    and its checkpoint see the gathered parameters and the rank's micro-batch, as on one device
+    (validation/compile/measure_blocks_fsdp.py, FSDP2 on ranks of 2 and 4), with FSDP2's forward, no extra prefetch
+    and gradients reduce-scattered every micro-batch (the rule's own options)."""
     opts = _dp_options(plan)        # the rule's own options: FSDP2's forward, no extra prefetch, synced gradients
     measured = (getattr(opts, "fsdp_version", 2) == 2 and not getattr(opts, "prefetch_layers", None)
                 and getattr(opts, "gradient_sync", "micro-batch") == "micro-batch")
-    return plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1 and outside(plan) and measured
+    return plan.tp_size * plan.pp_size * plan.cp_size * plan.ep_size == 1 and measured
 
 
 def outside(plan) -> bool:
@@ -811,7 +815,7 @@ def _sharded_quantization(plan) -> bool:
     from .checkpointing import LAYERS, spec_of
     from .quantizations import chosen
     return (getattr(chosen(plan.profile_options), "shards", None) is not None and spec_of(plan).recomputes == LAYERS
-            and _data_parallel_outside(plan))
+            and _data_parallel_full(plan))
 
 
 QLORA_NOTE = ("compile='blocks' with QLoRA (torchtune's qlora_* builders: torchao's NF4 base, linear_nf4): the "
@@ -1195,7 +1199,12 @@ def blocks_full_terms(plan, placement) -> list[MemoryTerm]:
     eager_mlp, _ = _mlp_backward_peak(ctx, lb, regime, plan.gradient_accumulation_steps > 1)
     end = last_moments(plan, placement, ctx, attrs.evolve(lb, saved=work - eager_mlp), kept=0, unborn_layers=1)
     r = regime.residual
-    return [MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
+    # FSDP2 (torchtitan's apply_fsdp after apply_compile): block i's backward graph, its recompute inside, holds what
+    # fsdp2_around_blocks says (torchtitan's checkpoint keeps no RNG state: preserve_rng_state=False); the forward's
+    # peak is the loss's, after the blocks, where the rule's terms price FSDP2 (measured: validation/compile/
+    # measure_blocks_fsdp.py, the -full-in- runs)
+    _, fsdp = fsdp2_around_blocks(plan, placement, r * T * s.hidden, 0, L)
+    return [*([fsdp] if fsdp else []), MemoryTerm(component=ACTIVATIONS, key=K.CHECKPOINTED_INPUTS,
                        label="checkpointed layers: their inputs", nbytes=L * r * T * s.hidden,
                        phases=SAVED, formula=f"{L} layers x T x h x {r} B (the compiled checkpointed blocks' inputs)"),
             attrs.evolve(end, formula=f"layer 0's compiled recompute: T x ({_n(per_token)} (the block's compiled "
