@@ -1345,7 +1345,8 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
     # torchtune reader sets it) leaves the gathered layer and the root out of its forward terms (the forward's end);
     # the top block's forward, inside the model's, holds them: counted here then.
     held = G + (G + root if _root_resharded(plan) else 0)
-    step = block_input + rng - R / W
+    # (with gradient accumulation every block's shard exists from the first micro-batch on: none is born per block)
+    step = block_input + rng - (R / W if plan.gradient_accumulation_steps == 1 else 0)
     moments = {0: 0.0}
     for i in sorted({1, L - 2, L - 1} & set(range(1, L))):
         moments[i] = G + i * step - (R if i == L - 1 else 0)
