@@ -48,30 +48,29 @@ def test_gemma_2b_lora_weights_by_hand():
     Adapters r (in + out) each: 64 x ((2048 + 2048) + (2048 + 256) + (2048 + 2048) + 3 x (2048 + 16384)) a layer
     (torchtune on the meta device: lora_gemma_2b with q, v at rank 8 has 921,600 = 18 x 8 x 6,400 more than
     gemma_2b's 2,506,172,416). bf16 base and adapters (the recipe's dtype), the RoPE cache (gemma_2b max_seq_len
-    8,192 x head_dim/2 128 x (cos, sin), fp32) and theta (128 fp32), and the gemma family's 0-d embed_scale (2 B)."""
+    8,192 x head_dim/2 128 x (cos, sin), fp32) and theta (128 fp32) in each of the 18 layers (lora_gemma_self_attention
+    builds its own: 18 RotaryPositionalEmbeddings on the meta device), and the gemma family's 0-d embed_scale (2 B)."""
     launch = _read("gemma/2B_lora_single_device.yaml")
     po = launch.scenario.profile_options
     adapters = 18 * 64 * ((2048 + 2048) + (2048 + 256) + (2048 + 2048) + 3 * (2048 + 16384))
     assert adapters == 75_792_384
     cache = 8192 * 128 * 2 * 4 + 128 * 4
-    assert launch.scenario.solve().weights == 2 * 2_506_172_416 + 2 * adapters + cache + 2
     assert po["rope_cache"] == 8192 and "rope_cache_layout" not in po
     # one key/value head: expand + flatten is a view, nothing expanded is saved
     assert "kv_expanded" not in po
     notes = [n for r in launch.readings for n in r.notes]
     assert any("num_kv_heads=1" in n and "view" in n for n in notes)
     assert any("embed_scale" in n and "2 B" in n for n in notes)
-    # lora_gemma_self_attention builds a rope module in each of the 18 layers: approximated, the bytes left out said
-    rope = _fields(launch)["rope_cache"]
-    assert rope.approximated and f"18 caches of {cache:,} B" in rope.note and f"{17 * cache:,} B left out" in rope.note
+    # lora_gemma_self_attention builds a rope module (cache and theta) in each of the 18 layers
+    assert po["rope_cache_per_layer"] is True
+    assert launch.scenario.solve().weights == 2 * 2_506_172_416 + 2 * adapters + 18 * cache + 2
 
 
 def test_gemma_7b_full_is_exact_and_multi_head():
     """gemma_7b: 16 key/value heads of 16: nothing expanded; the full builder's one rope shared (not approximated)."""
     launch = _read("gemma/7B_full.yaml")
     po = launch.scenario.profile_options
-    assert po["rope_cache"] == 8192 and "kv_expanded" not in po
-    assert not _fields(launch)["rope_cache"].approximated
+    assert po["rope_cache"] == 8192 and "kv_expanded" not in po and "rope_cache_per_layer" not in po
     assert launch.scenario.model == "google/gemma-7b"
 
 
@@ -96,14 +95,20 @@ def test_qwen2_builders_and_the_instruct_rows():
     assert _read("qwen2_5/7B_full.yaml").scenario.profile_options["rope_cache"] == 32768
 
 
-def test_per_layer_rope_of_the_lora_builders_is_said():
+def test_per_layer_rope_of_the_lora_builders():
     """lora_qwen2_self_attention (qwen2/_component_builders.py line 393) builds a rope module per layer: 28 caches of
-    32,768 x 256 x 4 + 64 x 4 B for Qwen2 1.5B, 27 of them left out (approximated); lora_llama3_2 passes one
-    Llama3ScaledRoPE to every layer: exact."""
+    32,768 x 256 x 4 + 64 x 4 B for Qwen2 1.5B (28 Qwen2RotaryPositionalEmbeddings on the meta device; the full
+    builder one); lora_llama3_2 passes one Llama3ScaledRoPE to every layer (one cache)."""
     one = 32768 * 256 * 4 + 64 * 4
-    rope = _fields(_read("qwen2/1.5B_lora_single_device.yaml"))["rope_cache"]
-    assert rope.approximated and f"28 caches of {one:,} B" in rope.note and f"{27 * one:,} B left out" in rope.note
-    assert not _fields(_read("llama3_2/3B_lora_single_device.yaml"))["rope_cache"].approximated
+    lora = _read("qwen2/1.5B_lora_single_device.yaml")
+    assert lora.scenario.profile_options["rope_cache_per_layer"] is True
+    assert "line 393" in _fields(lora)["rope_cache_per_layer"].note
+    assert [t.nbytes for t in lora.scenario.solve().terms if t.key == "rope_cache"] == [28 * one]
+    full = _read("qwen2/1.5B_full_single_device.yaml").scenario
+    assert "rope_cache_per_layer" not in full.profile_options
+    assert [t.nbytes for t in full.solve().terms if t.key == "rope_cache"] == [one]
+    assert "rope_cache_per_layer" not in _read("llama3_2/3B_lora_single_device.yaml").scenario.profile_options
+    assert _read("llama3/8B_dora.yaml").scenario.profile_options["rope_cache_per_layer"] is True
 
 
 def test_phi4_refused_and_m_replaces_it():

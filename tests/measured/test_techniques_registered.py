@@ -149,7 +149,8 @@ CASES = {   # technique -> keyword sets solved with it (on RUN, BASE)
     "compile": [dict(compile=True)],
     "activation_checkpointing": [],     # the ladder's only: compared through fit techniques below
     "low_bit_optimizer": [],
-    "rope_cache": [dict(rope_cache=131_072), dict(rope_cache=131_072, rope_cache_dtype="bf16", lora={"rank": 16})],
+    "rope_cache": [dict(rope_cache=131_072), dict(rope_cache=131_072, rope_cache_dtype="bf16", lora={"rank": 16}),
+                   dict(rope_cache=8192, rope_cache_per_layer=True, lora={"rank": 16})],
     "kv_expanded": [dict(kv_expanded=True), dict(kv_expanded=True, lora={"rank": 16})],
 }
 NEW = "acme-renamed-technique"

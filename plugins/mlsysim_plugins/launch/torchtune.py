@@ -96,7 +96,7 @@ CONCATENATED_ROPE = ("qwen2_5_", "qwen2_")
 # The LoRA builders that build a RoPE module in every layer's attention (lora_<family>_self_attention, v0.6.1:
 # llama2 line 417, llama3 418, mistral 399, qwen2 393 (Qwen2.5's too), gemma 345, gemma2 392): one cache and theta
 # per layer, where the full builders and lora_llama3_1 / lora_llama3_2 (one Llama3ScaledRoPE passed to every layer)
-# keep one. The profile's rope_cache is one cache: the reading says it is approximated and by how much.
+# keep one: rope_cache_per_layer (rope.py).
 PER_LAYER_ROPE = {"llama2_": 417, "llama3_": 418, "mistral_": 399, "qwen2_": 393, "gemma_": 345, "gemma2_": 392}
 ROPE_SHARED = ("llama3_1_", "llama3_2_")
 
@@ -428,7 +428,7 @@ def _rope_cache(r: Reading, base: str, component: str, *, lora: bool = False) ->
     """The builder's RoPE module: a cache of its max_seq_len rows, fp32, alive the whole run (ROPE_ROWS); read
     from the builder the file names (a field of ``model._component_``, not a default of an absent key). Keyed by the
     builder's own name (Qwen2.5's _base and _instruct builders differ), else ``base``. A LoRA builder of a
-    PER_LAYER_ROPE family builds one per layer: the one counted is approximated, the bytes left out said."""
+    PER_LAYER_ROPE family builds one per layer: ``rope_cache_per_layer``."""
     name = component.rsplit(".", 1)[-1]
     builder = name.split("_", 1)[1] if name.startswith(("lora_", "qlora_")) else name
     rows = ROPE_ROWS.get(builder, ROPE_ROWS.get(base))
@@ -442,16 +442,12 @@ def _rope_cache(r: Reading, base: str, component: str, *, lora: bool = False) ->
     per_layer = lora and not base.startswith(ROPE_SHARED) and next(
         (line for prefix, line in PER_LAYER_ROPE.items() if base.startswith(prefix)), None)
     if per_layer:
-        from mlsysim_core.catalog import find_model
-        from mlsysim_plugins.measured.rope import cache_bytes
-        spec = find_model(BUILDERS[base]).value
-        head_dim = spec.head_dim or spec.hidden_dim // spec.heads
-        cache, theta = cache_bytes(rows, head_dim, "fp32", "concatenated" if concatenated else "pairs")
         where = "qwen2" if family == "qwen2_5" else family
-        r.approx("model._component_", component, "rope_cache", rows, how + f"). torchtune's lora_{where}_self_"
-                 f"attention builds a rope module in each layer ({REPO} torchtune/models/{where}/_component_builders.py "
-                 f"line {per_layer}): {spec.layers} caches of {cache + theta:,} B (cache and theta), one counted: "
-                 f"{(spec.layers - 1) * (cache + theta):,} B left out")
+        r.set("model._component_", component, "rope_cache", rows, how + ") in place of Hugging Face's per-forward "
+              "cos/sin tables")
+        r.set("model._component_", component, "rope_cache_per_layer", True, f"torchtune's lora_{where}_self_attention "
+              f"builds a rope module, its cache and theta, in each layer ({REPO} torchtune/models/{where}/"
+              f"_component_builders.py line {per_layer}), where the full builder shares one")
     else:
         r.set("model._component_", component, "rope_cache", rows, how + ", one shared by every layer) in place of "
               "Hugging Face's per-forward cos/sin tables")

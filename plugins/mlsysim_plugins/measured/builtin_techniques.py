@@ -19,7 +19,7 @@ from mlsysim_core.memo import memoize
 from .._lazy import lazy_module
 from .options import _LORA_FLAGS, _lora_table, _offload_parts, _option
 from .kv_expand import KV_EXPANDED
-from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE, ROPE_CACHE_LAYOUT
+from .rope import ROPE_CACHE, ROPE_CACHE_DTYPE, ROPE_CACHE_LAYOUT, ROPE_CACHE_PER_LAYER
 from .techniques import Candidate, Technique
 
 # Imported on first use (the physics never when the plugins load): module-level stand-ins rather than
@@ -434,7 +434,7 @@ TECHNIQUES = (
     Technique(name="rope_cache", order=3, after="device", apply={"completed": _rope_cache},
               description="torchtune's persistent RoPE cache in place of Hugging Face's per-forward tables (rope.py)",
               options={"rope_cache": ROPE_CACHE, "rope_cache_dtype": ROPE_CACHE_DTYPE,
-                       "rope_cache_layout": ROPE_CACHE_LAYOUT},
+                       "rope_cache_layout": ROPE_CACHE_LAYOUT, "rope_cache_per_layer": ROPE_CACHE_PER_LAYER},
               with_compile=_with_compile("accepted_with_compile")),
     Technique(name="kv_expanded", order=3.5, after="rope_cache_layout", apply={"completed": _kv_expanded},
               description="keys and values expanded to every query head before the attention kernel, the copies "

@@ -20,7 +20,12 @@ so there is one cache per model, alive the whole iteration (a weights term). Its
 ``rope_cache=N`` (the builder's ``max_seq_len``; ``rope_cache_dtype`` the dtype the buffers are in;
 ``rope_cache_layout`` ``"concatenated"`` for Qwen2's and Phi-3's, twice the values per position)
 selects torchtune's: the weights carry ``theta`` and the cache in place of HF's two ``inv_freq``
-buffers, and the activations no RoPE tables. Measured: validation/compile/blocks*_measurements.json
+buffers, and the activations no RoPE tables. ``rope_cache_per_layer`` (off by default): a cache and theta in every
+decoder layer rather than one shared: torchtune 0.6.1's LoRA builders whose ``lora_<family>_self_attention``
+builds its own rope module (llama2 line 417, llama3 418, mistral 399, qwen2 393, gemma 345, gemma2 392 of
+``torchtune/models/<family>/_component_builders.py``; counted on the meta device: ``lora_qwen2_1_5b`` has 28
+``Qwen2RotaryPositionalEmbeddings``, ``qwen2_1_5b`` one), where the full builders and ``lora_llama3_1``/
+``lora_llama3_2`` pass one to every layer. Measured: validation/compile/blocks*_measurements.json
 (torchtune's own builders): every run's end of backward was short by exactly cache + theta - 128 B
 (HF's two buffers at head_dim 32): -65,472 B fp32 at 512 positions, -32,672 B bf16-cast, -32,704 B
 fp32 cache in a bf16 QLoRA run at 256 (tests/measured/test_rope_cache.py).
@@ -53,6 +58,13 @@ ROPE_CACHE_LAYOUT = _option(
     "with rope_cache: the cache's layout: pairs (default; torchtune's RotaryPositionalEmbeddings and "
     "Llama3ScaledRoPE: max_seq_len x head_dim/2 x (cos, sin)) or concatenated (torchtune's Qwen2 and Phi-3 "
     "RoPE: max_seq_len x 2 head_dim, cos and sin of the frequencies repeated twice)", choices=tuple(LAYOUTS))
+ROPE_CACHE_PER_LAYER = _option(
+    "with rope_cache: a cache (and theta) in every decoder layer rather than one shared by every layer: torchtune's "
+    "LoRA builders whose attention builds its own rope module (lora_<family>_self_attention: llama2, llama3, mistral, "
+    "qwen2, gemma, gemma2 in 0.6.1); default: one shared",
+    kind=None, flags=({"flag": "--rope-cache-per-layer", "const": True,
+                       "help": "with --rope-cache: one cache per decoder layer (torchtune's LoRA builders that build "
+                               "a rope module in each layer's attention)"},))
 
 
 def cached(plan) -> bool:
@@ -75,18 +87,24 @@ def cache_terms(shape, plan) -> list[MemoryTerm]:
     cache, theta = cache_bytes(o.rope_cache, shape.rotary_dim, dtype, layout)
     row = (f"head_dim/2={shape.rotary_dim // 2} x 2 (cos, sin)" if layout == "pairs" else
            f"2 x head_dim={shape.rotary_dim} (cos, sin of the frequencies twice)")
-    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_CACHE, label="RoPE cache and theta (torchtune)",
-                       phases=ALL, nbytes=cache + theta,
-                       formula=f"max_seq_len={o.rope_cache:,} x {row} + head_dim/2 (theta), x {DTYPES[dtype]} B "
-                               f"({dtype}); one shared by every layer")]
+    per_layer = bool(getattr(o, "rope_cache_per_layer", None))
+    modules = shape.layers if per_layer else 1
+    how = f"{modules} x (" if per_layer else ""
+    return [MemoryTerm(component=WEIGHTS, key=K.ROPE_CACHE, label="RoPE cache and theta (torchtune)"
+                       + (", one per layer" if per_layer else ""), phases=ALL, nbytes=modules * (cache + theta),
+                       formula=f"{how}max_seq_len={o.rope_cache:,} x {row} + head_dim/2 (theta), x {DTYPES[dtype]} B "
+                               f"({dtype})" + (f"): one in each of the {modules} layers" if per_layer else
+                                               "; one shared by every layer"))]
 
 
 def prepare(plan, registry):
     """The option checked: a whole number of positions, at least the run's sequence; rotary positions only."""
     o = plan.profile_options
     rows, dtype, layout = o.rope_cache, o.rope_cache_dtype, o.rope_cache_layout
+    per_layer = getattr(o, "rope_cache_per_layer", None)
     if rows is None:
-        for name, value in (("rope_cache_dtype", dtype), ("rope_cache_layout", layout)):
+        for name, value in (("rope_cache_dtype", dtype), ("rope_cache_layout", layout),
+                            ("rope_cache_per_layer", per_layer)):
             if value is not None:
                 raise InvalidInputError(name, value, "None unless rope_cache is set", "no RoPE cache to describe")
         return plan
@@ -99,6 +117,12 @@ def prepare(plan, registry):
         raise InvalidInputError("rope_cache_dtype", dtype, "one of " + ", ".join(DTYPES))
     if layout is not None and layout not in LAYOUTS:
         raise InvalidInputError("rope_cache_layout", layout, "one of " + ", ".join(LAYOUTS))
+    if per_layer is not None and not isinstance(per_layer, bool):
+        raise InvalidInputError("rope_cache_per_layer", per_layer, "True or False")
+    if per_layer and plan.pp_size > 1:
+        raise NotModelledError("rope_cache_per_layer", True, "with pp_size 1",
+                               f"pp_size={plan.pp_size}: a stage's share of the per-layer caches is not modelled "
+                               "(torchtune, whose LoRA builders build them, has no pipeline parallelism)")
     from .shapes import shape_of
     shape = shape_of(plan)
     if shape.family.positions != "rotary":
