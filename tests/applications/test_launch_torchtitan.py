@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from mlsysim_core.errors import InvalidInputError, MlsysimError, NotModelledError
@@ -285,16 +286,21 @@ def test_compiled_blocks_under_pipeline_parallelism(tmp_path):
 
 def test_compiled_blocks_with_full_checkpointing_is_torchtitans_order(tmp_path):
     """activation_checkpoint.mode full + compile: apply_ac, then apply_compile (the profile's priced order) on
-    one device; under FSDP the profile refuses it, naming activation_checkpointing, which the launch traces to
-    activation_checkpoint.mode."""
+    one device and under FSDP2 (apply_fsdp after them: compile.fsdp2_around_blocks, measured in
+    validation/compile/measure_blocks_fsdp.py's -full-in- runs); with an all-gather prefetch limit the profile
+    refuses it, naming activation_checkpointing, which the launch traces to activation_checkpoint.mode."""
     path = _edited(tmp_path, "llama3/llama3_8b.toml", compile__enable=True, compile__components=["model"],
                    activation_checkpoint__mode="full")
     one = from_launch([path], gpus=1, hardware="h100")
     result = one.scenario.solve()
     assert any(n.startswith("compile='blocks' with full checkpointing: torchtitan's order") for n in result.notes)
     eight = from_launch([path], gpus=8, hardware="h100")
+    result = eight.scenario.solve()
+    assert any(n.startswith("compile='blocks' with full checkpointing under data parallelism") for n in result.notes)
+    assert any(t.label == "FSDP2 around the compiled blocks' recompute and backward" for t in result.terms)
+    prefetching = attrs.evolve(eight.scenario, plugin_options={"fsdp": {"prefetch_layers": 2}})
     with pytest.raises(NotModelledError) as err:
-        eight.scenario.solve()
+        prefetching.solve()
     assert err.value.parameter == "activation_checkpointing" and err.value.value == "full"
     assert eight.sources["activation_checkpointing"].endswith("activation_checkpoint.mode")
 
