@@ -36,6 +36,10 @@ The decoder blocks' linear layers are derived from the workload's fields, per la
 
 ``"all-linear"`` adapts every linear of the decoder blocks (router and shared-expert gate
 included) and never the output projection ``lm_head``, as peft's ``all-linear`` does.
+``"lm_head"`` (peft's name; torchtune's ``apply_lora_to_output``, LitGPT's ``lora_head``) adapts the output
+projection, hidden -> vocab, once (not per layer): ``r * (hidden + vocab)`` parameters (with DoRA its ``vocab``
+magnitude too), in ``head_modules``. A tied head (``tied_embeddings``) gets its own adapter too: the shared
+weight stays frozen and the adapter is the head's alone (peft's ``LoraLayer`` on the ``lm_head`` module).
 Architectures whose projections are fused differently (``phi3``, ``gpt_neox``,
 ``falcon``) and multi-head latent attention (``kv_lora_rank`` set) are refused rather
 than counted wrongly. A requested target that the model does not have (``gate_proj`` in a
@@ -93,10 +97,11 @@ __all__ = ["LoRAConfig", "FineTuneCounts", "lora_counts", "TARGET_MODULES", "QUA
            "ALL_LINEAR", "default_target_modules", "checkpoint_quantization"]
 
 ALL_LINEAR = "all-linear"
+LM_HEAD = "lm_head"      # the output projection (peft's module name), adapted once
 _LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                   "router", "shared_expert_gate")
 _GPT2_TARGETS = ("c_attn", "c_proj", "attn.c_proj", "c_fc", "mlp.c_proj")
-TARGET_MODULES = _LLAMA_TARGETS + _GPT2_TARGETS + (ALL_LINEAR,)
+TARGET_MODULES = _LLAMA_TARGETS + _GPT2_TARGETS + (LM_HEAD, ALL_LINEAR)
 QUANTIZATIONS = (None, "nf4", "fp4", "int8")
 # peft's autocast_adapter_dtype: True (its default) keeps fp32 adapters over a 16-bit base; False ("base")
 # leaves them in the base's dtype (as torchtune's recipes train them)
@@ -174,6 +179,10 @@ def _check_targets(instance, attribute, value):
         raise InvalidInputError("lora.target_modules", value,
                                 f"{ALL_LINEAR!r} alone, or a list of module names",
                                 "peft takes 'all-linear' as the whole target_modules")
+    if value == (LM_HEAD,):
+        raise NotModelledError("lora.target_modules", value, f"{LM_HEAD!r} beside decoder-layer targets",
+                               "an adapter on the LM head alone (no decoder layer adapted: the backward stops at the "
+                               "head) is not modelled")
 
 
 def _check_quantization(instance, attribute, value):
@@ -272,6 +281,7 @@ class FineTuneCounts:
     ``per_module`` has one row per adapted linear kind:
     ``(module, in_features, out_features, LoRA parameters in one layer)``; for the experts
     of a mixture the last number covers all ``experts`` copies (with DoRA: and the magnitude vector).
+    ``head_modules``: the same rows for the adapted output projection (``lm_head``), counted once.
     """
 
     trainable_parameters: int
@@ -282,6 +292,7 @@ class FineTuneCounts:
     quantization_constant_bytes: int
     per_module: tuple[tuple[str, int, int, int], ...]
     saved_modules: tuple[tuple[str, int], ...] = ()
+    head_modules: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def total_parameters(self) -> int:
@@ -389,20 +400,21 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     config = config.for_model(model)
     own = _GPT2_TARGETS if arch == "gpt2" else _LLAMA_TARGETS
     all_linear = config.target_modules == (ALL_LINEAR,)
+    head = head_modules(model, config)
     for name in config.target_modules:
-        if name != ALL_LINEAR and name not in own:
+        if name not in (ALL_LINEAR, LM_HEAD) and name not in own:
             kind = "GPT-2 (architecture='gpt2')" if arch == "gpt2" else "this architecture"
             raise InvalidInputError("lora.target_modules", name,
-                                    f"for {kind} one of: {', '.join(own)}, {ALL_LINEAR}",
+                                    f"for {kind} one of: {', '.join(own)}, {LM_HEAD}, {ALL_LINEAR}",
                                     "GPT-2 fuses Q, K and V into c_attn" if arch == "gpt2" else
                                     "c_attn, c_fc and c_proj are GPT-2's names")
-    attention_only = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "attn.c_proj"}
+    attention_only = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "attn.c_proj", LM_HEAD}
     # the MLP's fields are needed only when an MLP linear is adapted or quantized
     wants_mlp = (all_linear or config.quantization is not None
                  or any(n not in attention_only for n in config.target_modules))
     linears = _attention(model, arch) + (_mlp(model, arch) if wants_mlp else [])
 
-    names = set(config.target_modules)
+    names = set(config.target_modules) - {LM_HEAD}
     adapted = [lin for lin in linears if all_linear or lin.selectors & names]
     for name in names - {ALL_LINEAR}:
         if not any(name in lin.selectors for lin in linears):
@@ -416,7 +428,7 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     per_module = tuple((lin.module, lin.in_features, lin.out_features,
                         lin.copies * adapter_parameters(lin, r, config)) for lin in adapted)
     saved = saved_modules(model, config, "wte" if arch == "gpt2" else "embed_tokens", "lm_head")
-    trainable = layers * sum(row[3] for row in per_module) + sum(n for _, n in saved)
+    trainable = layers * sum(row[3] for row in per_module) + sum(n for _, n in saved) + sum(row[3] for row in head)
     adapted_params = layers * sum(lin.copies * lin.in_features * lin.out_features for lin in adapted)
 
     quantized = weight_bytes = constant_bytes = 0
@@ -440,12 +452,28 @@ def lora_counts(model, config: LoRAConfig) -> FineTuneCounts:
     return FineTuneCounts(trainable_parameters=trainable, frozen_parameters=model.parameters,
                           adapted_linear_parameters=adapted_params, quantized_parameters=quantized,
                           quantized_weight_bytes=weight_bytes,
-                          quantization_constant_bytes=constant_bytes, per_module=per_module, saved_modules=saved)
+                          quantization_constant_bytes=constant_bytes, per_module=per_module, saved_modules=saved,
+                          head_modules=head)
 
 
 def adapter_parameters(linear, rank: int, config: LoRAConfig) -> int:
     """One linear's (``in_features``, ``out_features``): ``lora_A``, ``lora_B`` and with DoRA the magnitude."""
     return rank * (linear.in_features + linear.out_features) + (linear.out_features if config.use_dora else 0)
+
+
+def head_modules(model, config: LoRAConfig) -> tuple[tuple[str, int, int, int], ...]:
+    """``((lm_head, hidden, vocab, adapter parameters),)`` when ``target_modules`` names ``lm_head``, else ``()``:
+    the output projection's adapter, one for the model (``r * (hidden + vocab)``, with DoRA ``+ vocab``). A head that
+    is also a ``modules_to_save`` copy is refused (two trainable versions of one module)."""
+    if LM_HEAD not in (config.target_modules or ()):
+        return ()
+    if LM_HEAD in config.modules_to_save:
+        raise InvalidInputError("lora.modules_to_save", config.modules_to_save, f"without {LM_HEAD!r} when "
+                                f"target_modules names {LM_HEAD!r}", "the LM head is either adapted or a trainable "
+                                "copy, not both")
+    head = _Linear(LM_HEAD, _need(model, "hidden_dim"), _need(model, "vocab_size"), 1, frozenset({LM_HEAD}))
+    _check_rank_fits(config.rank, [head])
+    return ((LM_HEAD, head.in_features, head.out_features, adapter_parameters(head, config.rank, config)),)
 
 
 def saved_modules(model, config: LoRAConfig, embedding: str, lm_head: str) -> tuple[tuple[str, int], ...]:

@@ -80,8 +80,8 @@ def test_lora_and_qlora():
     assert qlora["quantization"] == "nf4" and qlora["double_quant"] is False
 
 
-@pytest.mark.parametrize("name, key", [("finetune/phi-3/lora.yaml", "lora_head"),
-                                       ("pretrain/tinystories.yaml", "model_config")])
+@pytest.mark.parametrize("name, key", [("pretrain/tinystories.yaml", "model_config")])     # (lora_head: the LM
+# head a LoRA target, tests/measured/test_lora_head.py)
 def test_refusals_name_the_key(name, key):
     with pytest.raises(NotModelledError) as err:
         from_launch([DATA / name], gpus=8)

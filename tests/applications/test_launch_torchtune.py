@@ -103,7 +103,6 @@ def test_lora_and_qlora_builders():
 
 
 @pytest.mark.parametrize("name, key", [
-    ("mistral/7B_lora.yaml", "model.apply_lora_to_output"),
     ("llama3_2/evaluation.yaml", "optimizer"),
     ("dev/8B_full_experimental.yaml", "ac_mode"),
 ])

@@ -270,12 +270,17 @@ def _read(path, document, context):
                 r.default(key, "lora", {}, f"{REPO}: litgpt/finetune/lora.py setup({key}={LORA_DEFAULTS[key]})")
         if not targets:
             raise InvalidInputError("lora_query", False, "at least one LoRA target switched on", str(path))
+        head = take("lora_head", None)
+        if head is not None and as_bool(head, "lora_head", path):
+            targets += ["lm_head"]
+            r.set("lora_head", head, "lora", {"target_modules": targets}, "LoRALinear on the output head (lm_head, "
+                  "LitGPT's lora.py GPT: create_lora_linear(..., r=config.lora_r if config.lora_head else 0)): "
+                  "r x (h + V) adapter parameters, its input and r-wide output saved")
+        elif head is not None:
+            r.ignore("lora_head")
         r.set("lora_query/lora_key/lora_value/lora_projection/lora_mlp", [k for k, _ in LORA_TARGETS if cfg.get(
             k, LORA_DEFAULTS[k])], "lora", {"target_modules": targets},
             "LitGPT's fused qkv linear with LoRA on the enabled parts: the same adapter shapes as separate q/k/v")
-        if as_bool(take("lora_head", False), "lora_head", path):
-            raise NotModelledError("lora_head", True, "false (LoRA on the decoder layers)",
-                                   f"{path}: a LoRA adapter on the output head is not modelled")
         if take("lora_alpha") is not None:
             r.ignore("lora_alpha")
         dropout = take("lora_dropout")

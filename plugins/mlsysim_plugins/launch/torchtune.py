@@ -383,8 +383,8 @@ def _model(r: Reading, model, path, context) -> None:
         targets += MLP_MODULES
     output = keys.pop("apply_lora_to_output", False)
     if as_bool(output, "model.apply_lora_to_output", path):
-        raise NotModelledError("model.apply_lora_to_output", output, "False (LoRA on the decoder layers' linears)",
-                               f"{path}: a LoRA adapter on the output projection is not modelled")
+        _untied_output(r, path)
+        targets = targets + ["lm_head"]
     table = {"rank": as_int(rank, "model.lora_rank", path), "target_modules": targets}
     # torchtune builds the LoRA model under set_default_dtype(dtype): the adapters are in the base's dtype (bf16
     # with dtype: bf16), which the recipe asserts (validate_expected_param_dtype(adapter_params, dtype=self._dtype)),
@@ -396,7 +396,11 @@ def _model(r: Reading, model, path, context) -> None:
     r.set("model.lora_attn_modules", modules, "lora", {"target_modules": targets},
           "with apply_lora_to_mlp: gate_proj, up_proj, down_proj (torchtune's w1, w3, w2)" if mlp else "")
     r.set("model.apply_lora_to_mlp", mlp, "lora", {"target_modules": targets})
-    if "apply_lora_to_output" in model:
+    if as_bool(output, "model.apply_lora_to_output", path):
+        r.set("model.apply_lora_to_output", output, "lora", {"target_modules": targets}, "LoRALinear on the output "
+              "projection (lm_head): r x (h + V) adapter parameters, its input and r-wide output saved "
+              f"({REPO} torchtune/models/llama3/_component_builders.py lora_llama3: output_proj)")
+    elif "apply_lora_to_output" in model:
         r.ignore("model.apply_lora_to_output")
     for key in ("lora_alpha",):
         if keys.pop(key, None) is not None:
@@ -422,6 +426,24 @@ def _model(r: Reading, model, path, context) -> None:
         raise InvalidInputError(f"model.{key}", keys[key], "a LoRA builder argument this reader knows: lora_rank, "
                                 "lora_alpha, lora_dropout, lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output, "
                                 "use_dora, quantize_base", f"{path}: refused rather than dropped")
+
+
+def _untied_output(r: Reading, path) -> None:
+    """``apply_lora_to_output: True`` needs an output projection of its own: torchtune's builders of tied models
+    refuse it (``lora_llama3_2``: "apply_lora_to_output is currently not supporting in llama3.2 1b and 3b, as the
+    projection layer weights are tied to the embeddings"; ``lora_qwen2`` with ``tie_word_embeddings``: "incompatible";
+    the Gemma builders take no such argument), so a tied model is refused, naming the key."""
+    from mlsysim_core.catalog import get_model
+    name = r.values_of("model")
+    try:
+        model = get_model(name) if isinstance(name, str) else None
+    except Exception:       # (a local config.json: its own tie is read when it is solved)
+        model = None
+    if model is not None and model.tied_embeddings:
+        raise NotModelledError("model.apply_lora_to_output", True, "False for a model whose output projection is "
+                               "tied to its embedding", f"{path}: torchtune's builders of tied models refuse it "
+                               f"({REPO} torchtune/models/llama3_2/_component_builders.py lora_llama3_2, "
+                               "qwen2/_component_builders.py lora_qwen2: ValueError)")
 
 
 def _rope_cache(r: Reading, base: str, component: str, *, lora: bool = False) -> None:

@@ -182,6 +182,7 @@ def lora_option(plan, value, registry):
         raise InvalidInputError("trainable_fraction", plan.trainable_fraction, "1.0 with lora=",
                                 "the adapters are what trains; lora= sets the trainable count")
     _check_variants(plan, config)
+    _check_head(plan, config)
     plan = attrs.evolve(plan, profile_options=attrs.evolve(plan.profile_options,
                                                            quant_spec=_check_implementation(plan, config, registry)))
     notes = ()
@@ -354,6 +355,69 @@ def _check_variants(plan, config):
         raise NotModelledError("lora.quantization", "int8", "None, 'nf4' or 'fp4' with lora.use_dora",
                                "DoRA over LLM.int8 weights (peft dequantizes Int8Params in every forward) is not "
                                "measured")
+
+
+def adapts_lm_head(config) -> bool:
+    """Does ``target_modules`` name the LM head (``finetune.LM_HEAD``: torchtune's ``apply_lora_to_output``, LitGPT's
+    ``lora_head``, peft's ``lm_head``)?"""
+    return finetune.LM_HEAD in (config.target_modules or ())
+
+
+def _check_head(plan, config):
+    """An adapter on the LM head where it was measured (validation/lora_head: torchtune 0.6.1's ``LoRALinear`` output
+    projection, untied, over a frozen fp32 or bf16 base with the adapters in the base's dtype, eager, one device, no
+    dropout): the rest is refused, naming the field. (The loss, ``compile``, offload and ``optimizer_in_backward``,
+    chosen later: ``_check_head_options``.)"""
+    if not adapts_lm_head(config):
+        return
+    head = f"{finetune.LM_HEAD!r} in lora.target_modules"
+    measured = "measured on one device over a frozen fp32 or bf16 base (validation/lora_head)"
+    family = shape_of(plan).family
+    if generic(plan):
+        raise NotModelledError("lora.target_modules", config.target_modules, f"decoder-layer targets (without "
+                               f"{finetune.LM_HEAD!r}) for the {family.display} layers",
+                               f"an adapter on the LM head is {measured}, on families with a LoRA walk of their own; "
+                               f"the {family.display} LoRA is derived from its description")
+    layout = {"dp_size": plan.dp_size, "tp_size": plan.tp_size, "pp_size": plan.pp_size}
+    for field, value in layout.items():
+        if value != 1:
+            raise NotModelledError(field, value, f"1 with {head}", f"an adapter on the LM head is {measured}: its "
+                                   "sharding, gathers and stages are not modelled")
+    for field, value, ok, why in (
+            ("lora.quantization", config.quantization, "None", "QLoRA with an adapted LM head (torchtune's qlora_ "
+             "builders keep the output projection unquantized, LitGPT's BitsandbytesPrecision converts it)"),
+            ("lora.use_dora", config.use_dora, "False", "DoRA's magnitude and weight norm on the LM head"),
+            ("lora.dropout", config.dropout, "0.0", "the head adapter's dropout mask and dropped input"),
+            ("lora.modules_to_save", config.modules_to_save, "none (no modules to save)", "a trainable embedding "
+             "beside an adapted LM head")):
+        if value:
+            raise NotModelledError(field, value, f"{ok} with {head}", f"{why} is not measured")
+    regime = plan.profile_options.regime
+    if regime.autocast or regime.master or regime.main_grad or regime.gather:
+        raise NotModelledError("regime", regime.name, f"fp32 or a pure 16-bit regime with {head}",
+                               f"an adapter on the LM head is {measured}")
+    if regime.compute == 2 and config.adapter_dtype != "base":
+        raise NotModelledError("lora.adapter_dtype", config.adapter_dtype, f"'base' with a 16-bit base and {head}",
+                               "the head adapter in fp32 over a 16-bit base (peft's autocast_adapter_dtype: its input "
+                               "and output cast) is not measured; torchtune's adapters in the base's dtype are")
+
+
+def _check_head_options(plan):
+    """What is chosen after ``lora_option`` (the loss technique's stage and the others) with an adapted LM head: a
+    loss implementation that declares it was measured so (``allows`` ``"lora_head"``: the default cross-entropy,
+    torchtune's ``chunked``), eager, no offload, no optimizer step in the backward."""
+    o = plan.profile_options
+    head = f"{finetune.LM_HEAD!r} in lora.target_modules"
+    impl = getattr(o, "loss_implementation", None)
+    if impl is not None and "lora_head" not in impl.allows:
+        raise NotModelledError("loss", impl.name, f"a loss implementation measured with {head} (allows "
+                               "'lora_head': cross_entropy, chunked)", f"{impl.name} with an adapter on the LM head "
+                               "is not measured")
+    for field in ("compile", "offload", "activation_offload", "optimizer_in_backward", "cpu_offload_optimizer"):
+        value = getattr(o, field, None)
+        if value:
+            raise NotModelledError(field, value, f"off with {head}", "an adapter on the LM head is measured eager, "
+                                   "without offload or an optimizer step in the backward (validation/lora_head)")
 
 
 def _check_implementation(plan, config, registry):
@@ -658,6 +722,8 @@ def adapter_matrices(plan) -> list[tuple[int, int]]:
     head, tail = [], []
     for module, n in counts(plan).saved_modules:
         (head if module == embedding else tail).append((shape_of(plan).vocab, n // shape_of(plan).vocab))
+    for _, i, o, _ in counts(plan).head_modules:      # the LM head's adapter, registered after the layers
+        tail += [(r, i), (o, r)]
     layers = plan.rank.layers if plan.rank is not None else plan.model.layers    # this rank's stage's layers
     return head + block * layers + tail
 
@@ -843,6 +909,7 @@ def weight_terms(plan, placement) -> list[MemoryTerm]:
                                     + "layers x r x (in + out) per adapted linear"
                                     + (f" / tp={t} (Megatron-Bridge's ParallelLinearAdapter)" if t > 1 else "")
                                     + (" + layers x out (DoRA's magnitude vectors)" if cfg.use_dora else "")
+                                    + (" + r x (h + V) (the LM head's adapter)" if c.head_modules else "")
                                     + f", x {ab} B" + per))
     if copies:
         cb = copy_bytes(plan.profile_options.regime)
@@ -1488,7 +1555,10 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     the backward's end; its weight's gradient is with the others). DoRA: the weight norm's transient
     in the forward, where it exceeds the loss's moment (``dora_transient``). A loss implementation
     that declares LoRA (``allows``) replaces the cross-entropy's terms (``loss.loss_terms``, the LM head
-    frozen unless ``modules_to_save`` trains it)."""
+    frozen unless ``modules_to_save`` trains it). An adapted LM head (``target_modules`` naming ``lm_head``):
+    ``_lm_head_adapter_terms``."""
+    if adapts_lm_head(plan.profile_options.lora):
+        _check_head_options(plan)
     if getattr(plan.profile_options, "compile", None) is True:     # compile.py: the whole peft model compiled
         from .compile import whole_lora_terms
         return whole_lora_terms(plan, placement)
@@ -1530,6 +1600,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         how += f" / sp={sp}"
     add(MemoryTerm(component=ACTIVATIONS, key=K.FINAL_NORM,
                    label="final norm", nbytes=final, phases=SAVED, formula=f"{how} = {_n(final)} B"))
+    head = _lm_head_adapter_saved(plan, T, h, c)
+    terms += head
+    before_loss = {id(t) for t in terms}      # alive at the LM head's moment and at the loss's
     add(MemoryTerm(component=ACTIVATIONS, key=K.LOG_SOFTMAX, label="log-softmax of the logits (fp32)", nbytes=4 * T * V,
                    phases=SAVED, formula=f"4 x T x V = 4 x {_n(T)} x {_n(V)}"))
     add(MemoryTerm(component=ACTIVATIONS, key=K.SHIFTED_LABELS,
@@ -1575,6 +1648,9 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         if getattr(plan.profile_options, "compile", None):     # compile.py: torchtune's compiled chunked loss
             from .compile import lora_loss_terms
             terms = lora_loss_terms(plan, placement, terms)
+    if head:
+        at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in before_loss)
+        terms.append(_lm_head_adapter_transient(plan, T, V, c, at_loss))
     if plan.profile_options.lora.use_dora:
         transient, how = dora_transient(plan)
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
@@ -1595,6 +1671,41 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
     if generic(plan):       # the family's own terms outside the layers (soft-capped logits, tables)
         return shape.family.adjusted("model_activations", plan, placement, terms)
     return rope.stored("model_activations", plan, terms)
+
+
+def _lm_head_adapter_saved(plan, T, h, c) -> list[MemoryTerm]:
+    """An adapted LM head's saved tensors (validation/lora_head): ``lora_a`` keeps its input, the final norm's
+    output (c T h, which the frozen head's matmul does not keep), ``lora_b`` its r-wide input (c T r); the scaling and
+    the sum save nothing (torchtune 0.6.1 modules/peft/lora.py ``LoRALinear.forward``). Per chunk where the model
+    applies the head per loss chunk: views of one final norm output, the same bytes."""
+    if not counts(plan).head_modules:
+        return []
+    r = plan.profile_options.lora.rank
+    return [MemoryTerm(component=ACTIVATIONS, label="the LM head adapter's saved input and r-wide output",
+                       nbytes=c * T * (h + r), phases=SAVED,
+                       formula=f"{c} x T x h (lora_a's input: the final norm's output) + {c} x T x r (lora_b's "
+                               f"input) = {c} x {_n(T)} x ({_n(h)} + {r})")]
+
+
+def _lm_head_adapter_transient(plan, T, V, c, at_loss) -> MemoryTerm:
+    """The adapted LM head's forward moment beyond the loss's: at the sum of the frozen projection's output and the
+    adapter's scaled output, three c t V (the base output, the scaled ``lora_b`` output, their sum; ``lora_b``'s own
+    output freed by the scaling), t the tokens one call of the head takes (the loss's chunk where the model applies
+    the head per chunk, ``lm_head_chunks``: torchtune's chunked output; else T), beside the earlier chunks' outputs
+    c (T - t) V; against ``at_loss``, what the loss's forward holds beyond what both moments hold (logits,
+    log-softmax, labels). Measured (validation/lora_head): fp32 cross-entropy 12 T V against the loss's 8 T V."""
+    from .loss import chunk_tokens
+    impl = getattr(plan.profile_options, "loss_implementation", None)
+    t, n = T, plan.profile_options.loss_chunks
+    if impl is not None and impl.lm_head_chunks:      # a count of chunks, or tokens per chunk (the sequence's split)
+        t = min(T, chunk_tokens(plan, n) if impl.chunk_unit == "chunks" else plan.microbatch * min(n, plan.seq_len))
+    moment = c * V * (T - t) + 3 * c * t * V
+    how = (f"{c} x (T - t) x V (the earlier chunks' outputs) + 3 x {c} x t x V, t = {_n(t)}" if t != T else
+           f"3 x {c} x T x V")
+    return MemoryTerm(component=ACTIVATIONS, label="the LM head adapter's output sum (transient), beyond the loss's "
+                      "moment", nbytes=max(0, moment - at_loss), phases=(FORWARD,),
+                      formula=f"max(0, {how} (the base output, the scaled lora_b output, their sum) = {_n(moment)} B "
+                              f"- {_n(at_loss)} B (the loss's forward: logits, log-softmax, labels))")
 
 
 def _every_layer_checkpointed(plan, placement) -> bool:

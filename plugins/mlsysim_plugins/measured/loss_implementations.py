@@ -24,8 +24,11 @@ A ``LossImplementation`` declares its memory, with nothing the profile recognise
 - ``token_share``: it computes only the tokens whose label is not ignored (``loss_token_share``).
 - ``allows``: what it runs under beyond one device's plain layout: ``"tensor_parallel"``,
   ``"context_parallel"``, ``"lora"``, ``"softcapping"``, ``"autocast"`` (default: autocast only),
-  ``"lora_tensor_parallel"`` (measured under LoRA over tensor-parallel adapters: lora.py lets it through);
-  anything else is refused naming the implementation. ``check(plan)`` refuses more (raise).
+  ``"lora_tensor_parallel"`` (measured under LoRA over tensor-parallel adapters: lora.py lets it through),
+  ``"lora_head"`` (measured with a LoRA adapter on the LM head, ``target_modules`` naming ``lm_head``: lora.py lets
+  it through); anything else is refused naming the implementation. ``check(plan)`` refuses more (raise).
+- ``lm_head_chunks``: the model applies its LM head to one chunk of the loss at a time (torchtune's
+  ``set_num_output_chunks``): an adapted head's own forward transients are a chunk's (lora.py).
 - ``quantizes_lm_head``: under a quantized LoRA base (QLoRA) the recipe's quantization converts the LM head too
   (LitGPT's: Lightning's ``BitsandbytesPrecision`` converts every ``nn.Linear``): lora.py stores it quantized and
   the terms price its dequantization. False (the default): the LM head stays in the base's dtype (peft's QLoRA).
@@ -52,7 +55,8 @@ import attrs
 from mlsysim_core import hookimpl
 
 HOOK = "mlsysim_measured_losses"
-ALLOWS = ("tensor_parallel", "context_parallel", "lora", "softcapping", "autocast", "megatron", "lora_tensor_parallel")
+ALLOWS = ("tensor_parallel", "context_parallel", "lora", "softcapping", "autocast", "megatron", "lora_tensor_parallel",
+          "lora_head")
 
 
 def _allows(value) -> frozenset:
@@ -78,6 +82,7 @@ class LossImplementation:
     token_share: bool = False
     allows: frozenset = attrs.field(default=("autocast",), converter=_allows)
     quantizes_lm_head: bool = False
+    lm_head_chunks: bool = False
     check: Callable | None = None
     note: str = ""
     notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -133,11 +138,13 @@ BUILTIN = (
         name="cross_entropy", description="Hugging Face's ForCausalLMLoss (the default): the logits upcast to fp32 "
         "whole, the fp32 log-softmax saved, two fp32 temporaries in the backward",
         source="transformers loss/loss_utils.py ForCausalLMLoss", terms=None,
-        allows=("autocast", "tensor_parallel", "context_parallel", "lora", "softcapping", "megatron")),
+        allows=("autocast", "tensor_parallel", "context_parallel", "lora", "softcapping", "megatron",
+                "lora_head")),     # lora_head: validation/lora_head (torchtune's LoRALinear output, frozen base)
     LossImplementation(
         name="chunked", description="torchtune's CEWithChunkedOutputLoss: the fp32 copy and backward temporaries one "
         "chunk at a time", source=TORCHTUNE_061, terms=_lazy("loss", "chunked_terms"), chunks=8,
-        allows=("autocast", "lora"),
+        allows=("autocast", "lora", "lora_head"), lm_head_chunks=True,     # (the model's output per chunk:
+        # torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output; lora_head: validation/lora_head)
         note="loss: torchtune's chunked cross-entropy ({chunks} chunks): the fp32 copy of the logits and the "
              "cross-entropy backward's temporaries shrink to one chunk; the 16-bit logits and the fp32 "
              "log-softmax stay whole",
