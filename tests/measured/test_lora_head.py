@@ -209,3 +209,16 @@ def test_litgpt_lora_head_is_the_target():
 def test_the_docs_table_is_the_comparison():
     page = (ROOT / "docs" / "finetune.md").read_text(encoding="utf-8")
     assert compare.deltas() in page
+
+
+def test_peft_target_modules_naming_lm_head(tmp_path):
+    """A Hugging Face / axolotl / LLaMA-Factory config's peft target_modules with lm_head: the same target (axolotl's
+    examples/llama-3/lora-1b.yml with lm_head added); its lora_dropout 0.05 on the head is refused by name."""
+    text = (LAUNCH / "axolotl" / "examples" / "llama-3" / "lora-1b.yml").read_text()
+    path = tmp_path / "lora-1b.yml"
+    path.write_text(text.replace("lora_target_modules:\n", "lora_target_modules:\n  - lm_head\n", 1))
+    s = from_launch([path], gpus=1).scenario
+    assert "lm_head" in s.profile_options["lora"]["target_modules"]
+    with pytest.raises(NotModelledError, match="the head adapter's dropout mask") as e:
+        s.solve()
+    assert e.value.parameter == "lora.dropout"
