@@ -60,6 +60,10 @@ Variants (``validation/measure_lora_variants.py``, ``validation/lora_variant_mea
   trainable embedding (``model_activation_terms``).
 * **a loss implementation that allows LoRA** (torchtune's ``chunked``): its terms with a frozen LM head
   (``loss.loss_terms(..., lm_head_trainable=False)``).
+* **an adapted LM head** (``lm_head`` in ``target_modules``; validation/lora_head, torchtune's ``LoRALinear``
+  output): its ``r (h + V)`` parameters once (``FineTuneCounts.head_modules``, two more optimizer tensors), the saved
+  ``c T (h + r)`` and the forward's sum ``3 c t V`` beyond the loss's moment (``_lm_head_adapter_saved``,
+  ``_lm_head_adapter_transient``); where it was not measured, refused (``_check_head``, ``_check_head_options``).
 
 Pipeline parallelism (``stage_of``; validation/lora_parallel/measure_lora_pp.py, pp_measurements.json):
 
