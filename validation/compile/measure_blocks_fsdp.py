@@ -63,6 +63,8 @@ for _compile in ("eager", "blocks"):
     CONFIGS.append(_fsdp_cfg("bf16", _compile, world=2, vocab=1024, b=1, seq=256, layers=3))
 for _compile in ("eager", "blocks"):       # fsdp_cpu_offload: True (CPUOffloadPolicy)
     CONFIGS.append(_fsdp_cfg("fp32", _compile, world=2, offload=True, **CELL))
+for _compile in ("eager", "blocks"):       # 5 layers at 4 ranks: block L - 2's moment the highest (one input more,
+    CONFIGS.append(_fsdp_cfg("fp32", _compile, world=4, **dict(CELL, layers=5)))      # a smaller shard less, per block)
 for _compile in ("eager", "blocks"):       # the last rank of 4
     CONFIGS.append(_fsdp_cfg("fp32", _compile, world=4, rank=3, **CELL))
 
