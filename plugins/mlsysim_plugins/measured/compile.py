@@ -1333,8 +1333,10 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
       and one gradient shard less: the moment of block i is block 0's + G (the prefetch) + i x (input + RNG - R / W)
       (- R at the top), the highest of them priced. Nothing without weight sharding.
 
-    Returns the forward's held bytes (G: the caller adds them to the top block's forward moment) and the backward's
-    term (BACKWARD_END)."""
+    Returns the forward's held bytes (G; with the root resharded after the forward, the rule's options say so, G +
+    the root's more: the rule's forward terms leave them out) for the caller's top-block forward moment (torchtune's
+    order; in torchtitan's, blocks_full_terms, the forward's peak is the loss's and only the backward's term is
+    used) and the backward's term (BACKWARD_END). Gradient accumulation (not measured): no shard is born per block."""
     if placement.weight_shards == 1 or L < 1:
         return 0, None
     from .buffers import _layer_gather, fsdp_root
@@ -1346,7 +1348,8 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
     # the top block's forward, inside the model's, holds them: counted here then.
     held = G + (G + root if _root_resharded(plan) else 0)
     # (with gradient accumulation every block's shard exists from the first micro-batch on: none is born per block)
-    step = block_input + rng - (R / W if plan.gradient_accumulation_steps == 1 else 0)
+    shard = R / W if plan.gradient_accumulation_steps == 1 else 0
+    step = block_input + rng - shard
     moments = {0: 0.0}
     for i in sorted({1, L - 2, L - 1} & set(range(1, L))):
         moments[i] = G + i * step - (R if i == L - 1 else 0)
@@ -1357,7 +1360,7 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
                    formula=f"{_n(G)} B (the block's gathered parameters) + {_n(root)} B (the root's, gathered) + "
                            f"{_n(extra)} B at block {top} (block 0's moment + {_n(G)} B, the block below's prefetched "
                            f"all-gather, + i x ({_n(block_input)} B input" + (f" + {rng:,} B RNG state" if rng else "")
-                           + f" - {_n(R / W)} B gradient shard) per block up, - {_n(R)} B (no reduce-scatter input "
+                           + f" - {_n(shard)} B gradient shard) per block up, - {_n(R)} B (no reduce-scatter input "
                            f"yet) at the top; moments above block 0: "
                            + ", ".join(f"block {i} {_n(v)}" for i, v in moments.items()) + ")")
 
