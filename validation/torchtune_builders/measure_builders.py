@@ -99,11 +99,14 @@ def saved_kv() -> list[dict]:
 
 
 def main():
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import harness  # (validation/harness.py: write_json)
     import torchtune
     out = {"torch": torch.__version__, "torchtune": torchtune.__version__,
            "builders": [builder(b) for b in BUILDERS], "saved_kv": saved_kv()}
     path = Path(__file__).with_name("builders_measurements.json")
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    harness.write_json(path, out, sort_keys=False)
     print(path)
 
 
