@@ -63,15 +63,67 @@ def test_rank_3_of_4_is_rank_0():
     assert a == b
 
 
-def test_checkpointed_backward_misses_the_prefetched_layer():
-    """Not priced (said in docs/finetune.md): inside a checkpointed layer's backward FSDP2 holds the layer below's
-    prefetched all-gather (one more gathered layer, G) beside the rule's one layer and root; the one-device twin's
-    error is the top layer's moment's own. The FSDP2 part of the shortfall is G + 2,096 B."""
+def test_checkpointed_backward_holds_the_prefetched_layer():
+    """Inside a checkpointed layer's backward FSDP2 holds the layer below's all-gather, prefetched by the pre-backward
+    hook (lora._fsdp2_in_layer: one more gathered layer, G, with >= 2 layers on the rank) beside the rule's layer and
+    root: priced in the top layer's backward. What FSDP2 leaves of the shortfall: 2,096 B (the gathered parameters'
+    padding, 400,464 B a layer as measured against G); the rest is the one-device twin's own (-1.61 %, unchanged).
+    Before: -3.8 % (w2) and -3.9 % (w4), the FSDP2 part G + 2,096 B."""
     pred, meas = ROWS[W2_AC]
     one_pred, one_meas = ROWS[ONE_AC]
     fsdp_part = (pred["backward"] - meas["backward"]) - (one_pred["backward"] - one_meas["backward"])
-    assert fsdp_part == -(G + 2_096)
-    assert -0.04 < _err(W2_AC, "backward") < -0.035
+    assert fsdp_part == -2_096
+    for rid in (W2_AC, "tt-llama3_1-2l-bf16-qlora-ac-fsdp2-w4r0-b2-s512"):
+        assert -0.017 < _err(rid, "backward") < -0.015, rid
+    assert -0.017 < _err(ONE_AC, "backward") < -0.016
+    term = next(t for t in compare.solve(RUNS[W2_AC]).terms if t.label.startswith("the top layer's backward"))
+    assert f"+ FSDP2: {G:,} B (the layer below's all-gather, prefetched" in term.formula
+
+
+def _held(run, **kw):
+    import re
+    r = compare.solve(run) if not kw else kw["solve"]()
+    term = next(t for t in r.terms if t.label.startswith("a checkpointed layer's forward"))
+    return int(re.match(r"max\(0, ([\d,]+) B", term.formula).group(1).replace(",", "")), term
+
+
+def test_checkpointed_forward_holds_the_gathered_layer_and_root():
+    """The top layer's forward moment (inside the model's forward) holds what the rule frees when the model's forward
+    returns (root_reshard_after_forward: the root and the gathered layer, G + root) and the layer's all-gather output,
+    kept until the next all-gather (G): 2 G + root beyond the one-device twin's moment. The measured peak is there
+    (the profiler's events: up_proj's lora_b matmul in the top layer), beyond the model's moment by one a = c T ffn
+    and 12,368 B: on the CPU the bf16 mm first writes an fp32 output (T x ffn x 4 = 2a, with torch 2.13's MKL build)
+    where the model has the scaled copy (a), a kernel-internal buffer the tracker-measured one-device HF runs cannot
+    see (pricing it there moved them from -7.9 % to +18 %: not priced in the eager walk, compile.py prices it for
+    compiled blocks), and the checkpoints' CPU RNG states (2 x 5,056 B) and padding. So the moment stays below the
+    loss's in the model, and the forward peak -7.5 % (w2) / -7.9 % (w4) as before."""
+    held, term = _held(RUNS[W2_AC])
+    one, _ = _held(RUNS[ONE_AC])
+    assert held - one == 2 * G + ROOT_GROUP
+    assert term.nbytes == 0 and "root_reshard_after_forward" in term.formula
+    m = RUNS[W2_AC]["measured"]
+    a = 2 * 1024 * 512
+    inputs = 2 * 1024 * 256 * 2        # the two checkpointed layers' inputs
+    assert 0 < m["peak_by_phase"]["forward"] - (inputs + held + a) == 12_368
+    for rid in (W2_AC, "tt-llama3_1-2l-bf16-qlora-ac-fsdp2-w4r0-b2-s512"):
+        assert -0.08 < _err(rid, "forward") < -0.07, rid
+
+
+def test_without_root_reshard_the_forward_adds_the_all_gather_output_alone():
+    """torchtitan's root (kept gathered after the forward: the rule's forward terms hold it and the layer): the top
+    layer's moment adds the last all-gather's output, G, alone."""
+    run = RUNS[W2_AC]
+
+    def solve():
+        return TrainingMemoryModel().solve(
+            from_hf_config(run["hf_config"], name="x"), BIG, 4, 512, "bf16", "adamw", "full", profile="measured",
+            regime="bf16", attention="sdpa", device="cpu", runtime_overheads=False, optimizer_impl="fused",
+            loss="chunked", lora=LoRAConfig(rank=8, target_modules=tuple(run["lora"]["targets"]), adapter_dtype="base",
+                                            quantization="nf4", quant_implementation="torchao"),
+            rope_cache=512, rope_cache_dtype="fp32", kv_expanded=True, dp_size=2, data_parallel="fsdp")
+    held, term = _held(run, solve=solve)
+    one, _ = _held(RUNS[ONE_AC])
+    assert held - one == G and "root_reshard_after_forward" not in term.formula
 
 
 def test_the_declared_split_is_what_each_rank_keeps():

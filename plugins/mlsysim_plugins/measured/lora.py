@@ -1097,6 +1097,7 @@ class _Layer:
     recomputable: int = 0   # bytes per layer selective recompute drops beyond the parts' (derived layers)
     tagged: bool = True     # derived layers: the family marks its linears' inputs (else an upper bound)
     sequence: int = 1       # sequence parallelism: the residual stream's parts (split REPLICATED) on tokens / tp
+    held: tuple = ()        # (name, bytes per token): inputs a 4-bit implementation keeps past checkpointing (Walk.hold_input)
 
     def saved(self, tokens: int) -> int:
         if self.sequence == 1:
@@ -1110,6 +1111,10 @@ class _Layer:
         if not self.output_saved:
             return 0
         return self.output * tokens if self.sequence == 1 else self.output * tokens // self.sequence
+
+    def held_bytes(self, tokens: int) -> int:
+        """What the layer's 4-bit linears keep of their inputs until the backward ends, checkpointed or not."""
+        return sum(n for _, n in self.held) * tokens
 
 
 class Walk:
@@ -1139,6 +1144,12 @@ class Walk:
         # bernoulli noise tensor in the input's dtype (the adapters', peft casting x first) and keeps that
         self.mask = 1 if (plan.profile_options.device or "cuda") == "cuda" else self.ab
         self.fsdp1_cast = fsdp1_adapter_input_cast(plan)     # every lora_A keeps its own 16-bit input copy
+        # a 4-bit implementation that declares it keeps each quantized linear's input (``saves_input``: bitsandbytes
+        # < 0.43.2's MatMul4Bit, quant_bnb_legacy.py) and the linears it quantizes
+        impl = plan.profile_options.quant_spec if self.quantized else None
+        self.holds_input = bool(getattr(impl, "saves_input", False))
+        self.quantized_modules = {m for m, _, _ in _quantized_linears(plan)} if self.holds_input else set()
+        self.held: list = []
         self.sequence = 1       # sequence parallelism: the residual stream split over the tp ranks (``_layer``)
         self.parts: list = []
         self.constant: list = []
@@ -1192,6 +1203,28 @@ class Walk:
             if copy:
                 self.constant.append((f"{module} DoRA: weight saved by its dropped-input matmul", copy))
 
+    def hold_input(self, module, width, dtype_bytes, shared: set, grad: bool):
+        """A 4-bit linear whose implementation declares ``saves_input`` keeps its input while the graph lives
+        (bitsandbytes < 0.43.2: ``ctx.tensors = (A, B)``, a node attribute no saved-tensor hook sees): ``A`` is what
+        ``Linear4bit.forward`` passes, ``x.to(compute_dtype)`` (the matmuls' dtype, ``c``): the tensor itself when
+        it is in that dtype already (one for the linears reading it: q/k/v, gate/up), else a cast of its own per
+        linear. Only where the input requires grad (``ctx.needs_input_grad``). Counted in ``held`` (kept under
+        checkpointing too) and, where no other part keeps that tensor (``"x"`` in ``shared``: an adapter's lora_A
+        or the attention kernel), as a part of the layer's saved set."""
+        if not (self.holds_input and grad and module in self.quantized_modules):
+            return
+        if dtype_bytes == self.c:
+            if "held" in shared:
+                return
+            shared.add("held")
+            self.held.append((f"{module} input (4-bit matmul's ctx.tensors)", self.c * width))
+            if "x" not in shared:
+                shared.add("x")
+                self.add(f"{module} input (kept by the 4-bit matmul)", self.c * width)
+            return
+        self.held.append((f"{module} input cast (4-bit matmul's ctx.tensors)", self.c * width))
+        self.add(f"{module} input cast (kept by the 4-bit matmul)", self.c * width)
+
     def frozen_copy(self, module, params, input_grad):
         # autocast casts a frozen weight afresh (no cache) and the matmul saves the cast for the
         # input's gradient; adapted modules' adapters are cached and saved (2 B per adapter param)
@@ -1203,7 +1236,7 @@ class Walk:
 
     def layer(self, output_saved: bool, grad_out: bool) -> _Layer:
         return _Layer(tuple(self.parts), tuple(self.constant), self.res * self.shape.hidden, output_saved, grad_out,
-                      sequence=self.sequence)
+                      sequence=self.sequence, held=tuple(self.held))
 
 
 # --- DoRA (peft 0.21.2 tuners/lora/dora.py DoraLinearLayer.forward, variants.py DoraLinearVariant) ---------------
@@ -1326,6 +1359,13 @@ def generic_layer(plan, shape, grad_in: bool, placement) -> _Layer:
     Whole per layer (``constant``); ``recomputable``: what selective recompute drops."""
     from .model import context, layer_bytes
     walk = Walk(plan, shape)
+    if walk.holds_input:
+        impl = plan.profile_options.quant_spec
+        raise NotModelledError("lora.quant_implementation", impl.name, "an implementation that keeps no input "
+                               f"(bitsandbytes, torchao) for the {shape.family.display} layers",
+                               f"{impl.name} declares saves_input (each 4-bit linear keeps its input): read by the "
+                               "LoRA walks of their own (Llama-style, GPT-2), not by the layer derived from the "
+                               f"{shape.family.display} description")
     lb = layer_bytes(plan, context(plan, placement))
     T = plan.microbatch * plan.seq_len
     linears, _ = family_linears(shape)
@@ -1398,6 +1438,7 @@ def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
         add("ln_1 (mean, rstd)", ln)
     shared: set = set()
     walk.lora_in("c_attn", h, n_dtype, shared, g)
+    walk.hold_input("c_attn", h, n_dtype, shared, g)
     walk.frozen_copy("c_attn", 3 * h * h, g)
     qkv_grad = g or "c_attn" in adapted
     attn_shared: set = set()
@@ -1406,17 +1447,22 @@ def gpt2_layer(walk: Walk, g: bool, attention) -> _Layer:
         if walk.dropout:
             add("resid dropout noise (attention)", c * h)
     walk.lora_in("attn.c_proj", h, c, attn_shared, qkv_grad)
+    walk.hold_input("attn.c_proj", h, c, attn_shared, qkv_grad)
     walk.frozen_copy("attn.c_proj", h * h, qkv_grad)
     mid_grad = g or qkv_grad or "attn.c_proj" in adapted
     if mid_grad:
         add("mid residual (ln_2 input)", res * h)
         add("ln_2 (mean, rstd)", ln)
-    walk.lora_in("c_fc", h, n_dtype, set(), mid_grad)
+    fc_shared: set = set()
+    walk.lora_in("c_fc", h, n_dtype, fc_shared, mid_grad)
+    walk.hold_input("c_fc", h, n_dtype, fc_shared, mid_grad)
     walk.frozen_copy("c_fc", h * f, mid_grad)
     fc_grad = mid_grad or "c_fc" in adapted
     if fc_grad:
         add("mlp gelu_new (4 f-sized tensors)", 4 * c * f)
-    walk.lora_in("mlp.c_proj", f, c, set(), fc_grad)
+    proj_shared: set = set()
+    walk.lora_in("mlp.c_proj", f, c, proj_shared, fc_grad)
+    walk.hold_input("mlp.c_proj", f, c, proj_shared, fc_grad)
     walk.frozen_copy("mlp.c_proj", f * h, fc_grad)
     out_grad = fc_grad or "mlp.c_proj" in adapted
     if out_grad and walk.dropout:
@@ -1437,6 +1483,7 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     shared = set()
     for m, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
         walk.lora_in(m, h, n_dtype, shared, g)
+        walk.hold_input(m, h, n_dtype, shared, g)
         walk.frozen_copy(m, h * width, g)
     q_grad, k_grad, v_grad = (g or m in adapted for m in ("q_proj", "k_proj", "v_proj"))
     any_grad = q_grad or k_grad or v_grad
@@ -1444,6 +1491,7 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     if any_grad:
         attn_shared = walk.add_attention(attention((q_grad, k_grad, v_grad)))
     walk.lora_in("o_proj", q, c, attn_shared, any_grad)
+    walk.hold_input("o_proj", q, c, attn_shared, any_grad)
     walk.frozen_copy("o_proj", q * h, any_grad)
     mid_grad = g or any_grad or "o_proj" in adapted
     if mid_grad:
@@ -1451,12 +1499,15 @@ def llama_layer(walk: Walk, g: bool, attention) -> _Layer:
     shared = set()
     for m in ("gate_proj", "up_proj"):
         walk.lora_in(m, h, n_dtype, shared, mid_grad)
+        walk.hold_input(m, h, n_dtype, shared, mid_grad)
         walk.frozen_copy(m, h * f, mid_grad)
     gate_grad = mid_grad or "gate_proj" in adapted
     up_grad = mid_grad or "up_proj" in adapted
     add("mlp (gate out, silu out, up out)", c * f * (int(gate_grad) + int(up_grad) + int(gate_grad)))
     prod_grad = gate_grad or up_grad
-    walk.lora_in("down_proj", f, c, set(), prod_grad)
+    down_shared: set = set()
+    walk.lora_in("down_proj", f, c, down_shared, prod_grad)
+    walk.hold_input("down_proj", f, c, down_shared, prod_grad)
     walk.frozen_copy("down_proj", f * h, prod_grad)
     out_grad = prod_grad or "down_proj" in adapted
     return walk.layer(out_grad and not walk.bf16, out_grad)
@@ -1505,6 +1556,25 @@ def layer_terms(plan, placement, *, kept_layers: int | None = None, selective: b
                     + (f"; per layer: {consts}" if consts else "")
                     + (f"; output {_n(other.output)}" if other.output_saved else "")))
     checkpointed = L - kept
+    if first.held or other.held:
+        # a 4-bit implementation's held inputs (``Walk.hold_input``): a node attribute, not a saved tensor, so a
+        # checkpoint does not drop it and the backward does not free it: alive until the graph is freed (after the
+        # backward's end). The kept layers' are among their saved parts (where nothing else keeps the tensor)
+        per = ", ".join(f"{name} {_n(b)}" for name, b in other.held) + " per token"
+        every = first.held_bytes(T) + (L - 1) * other.held_bytes(T)
+        if checkpointed:
+            held = (first.held_bytes(T) if not kept else 0) + (checkpointed - (0 if kept else 1)) * other.held_bytes(T)
+            terms.append(MemoryTerm(
+                component=ACTIVATIONS, label="checkpointed layers: inputs the 4-bit matmuls keep (ctx.tensors)",
+                nbytes=held * n, phases=SAVED,
+                formula=(f"first layer {_n(first.held_bytes(T))} B + " if not kept else "")
+                        + f"{checkpointed - (0 if kept else 1)} layers x {_n(other.held_bytes(T))} B ({per}; not "
+                        "dropped by the checkpoint)" + flying))
+        terms.append(MemoryTerm(
+            component=ACTIVATIONS, label="inputs the 4-bit matmuls keep (ctx.tensors), at the backward's end",
+            nbytes=every * n, phases=(BACKWARD_END,),
+            formula=f"first layer {_n(first.held_bytes(T))} B + {L - 1} layers x {_n(other.held_bytes(T))} B ({per}; "
+                    "not freed by the backward: alive until the graph is freed)" + flying))
     if checkpointed:
         res = plan.profile_options.regime.residual
         h = shape_of(plan).hidden
@@ -1668,7 +1738,7 @@ def model_activation_terms(plan, placement, *, recompute: bool) -> list[MemoryTe
         # (over a plain base a moment the loss's covers adds no term: those predictions keep their terms)
         keep = (lambda t: True) if plan.profile_options.lora.quantization else (lambda t: t.nbytes > 0)
         at_loss = sum(t.nbytes for t in terms if FORWARD in t.phases and id(t) not in through_layers)
-        terms += filter(keep, [_dequantized_in_forward(plan, T, h, c, at_loss)])
+        terms += filter(keep, [_dequantized_in_forward(plan, placement, T, h, c, at_loss)])
         if not generic(plan):       # derived on the Llama walk's gate/up/down MLP (not a family's own, nor experts)
             at_loss = sum(t.nbytes for t in terms if BACKWARD in t.phases and id(t) not in through_layers)
             terms += filter(keep, [_top_layer_backward(plan, placement, T, h, c, at_loss)])
@@ -1751,7 +1821,44 @@ def _over_base(plan) -> str:
     return " over the 4-bit base" if plan.profile_options.lora.quantization is not None else ""
 
 
-def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
+def _fsdp2_in_layer(plan, placement) -> tuple[int, str, int, str]:
+    """What FSDP2 holds inside a checkpointed layer beyond the data-parallel rule's terms, for the top layer's moments
+    (``_dequantized_in_forward``, ``_top_layer_backward``): (forward bytes, how, backward bytes, how). Read from what
+    the rule declares: weights sharded (``placement.weight_shards``) by a rule whose options follow FSDP2
+    (``fsdp_version=2``), its gathered layer and root (``buffers``), whether the root is resharded after the model's
+    forward (``root_reshard_after_forward``) and an all-gather limit it prices itself (``prefetch_layers``,
+    ``limit_all_gathers``). Measured: validation/qlora_fsdp2 (torch 2.13 ``_fsdp_param_group.py``, torchtune 0.6.1's
+    ``shard_model``), the events at each peak:
+
+    * the forward: the top layer's all-gather output, kept after its copy-out until the next all-gather
+      (``comm_ctx.all_gather_state``; freed by the root's post-forward, so not at the loss), and, where the rule frees
+      the root and the last layer when the model's forward returns (its terms in the backward only), those gathered
+      parameters, which the layer's moment, inside the model's forward, still holds (G + G + root);
+    * the backward: a checkpointed layer's backward holds the layer below's all-gather, prefetched by its pre-backward
+      hook (one more gathered layer G, with >= 2 layers on the rank; none where the rule prices its own prefetch).
+
+    (0, "", 0, "") elsewhere: no weight sharding, FSDP1's or another rule's gathers (not measured checkpointed)."""
+    if placement.weight_shards == 1:
+        return 0, "", 0, ""
+    options = plan.options.get(plan.rules.get("dp")) if plan.rules else None
+    if getattr(options, "fsdp_version", None) != 2:
+        return 0, "", 0, ""
+    from .._deepspeed_buckets import prefetched_layers
+    from .buffers import _layer_gather, fsdp_root
+    G = _layer_gather(plan, placement)[0].nbytes
+    root = sum(t.nbytes for t in fsdp_root(plan, placement))
+    resharded = bool(getattr(options, "root_reshard_after_forward", False))
+    forward = G + (G + root if resharded else 0)
+    fhow = (f"FSDP2: {_n(G)} B (the layer's all-gather output, kept until the next all-gather)"
+            + (f" + {_n(G)} B + {_n(root)} B (the gathered layer and root, which the rule frees when the model's "
+               "forward returns: root_reshard_after_forward)" if resharded else ""))
+    L = placement.layers_per_stage
+    backward = G if L >= 2 and not prefetched_layers(options, L) else 0
+    bhow = f"FSDP2: {_n(G)} B (the layer below's all-gather, prefetched by the pre-backward hook)" if backward else ""
+    return forward, fhow, backward, bhow
+
+
+def _dequantized_in_forward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     """A 4-bit base under full checkpointing: the top layer's forward, which saves nothing, dequantizes each linear
     again (the implementation's ``transient``) inside its MLP. Measured, torchtune 0.6.1 eager QLoRA
     (validation/compile/measure_blocks_qlora.py --events, the forward's peak): beyond the checkpointed layers'
@@ -1791,7 +1898,8 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
     # the attention output (c), the residual (res) and the MLP norm's output: in c, fp32 under autocast (HF's RMSNorm
     # returns the input's dtype, the fp32 residual's; the Walk's n_dtype)
     norm_out = 4 if plain_cast else c
-    held = (c + norm_out + res) * T * h + mlp
+    fsdp, fsdp_how = _fsdp2_in_layer(plan, placement)[:2]
+    held = (c + norm_out + res) * T * h + mlp + fsdp
     deq = (f"a + the largest linear's {'cast' if plain_cast else 'dequantization'}, 2a + {c} x {_n(n)}, "
            if fresh_weight else "")
     path = (f"2a + 2 x {a_c} x T x ffn + {a_c} x T x r" + (f" + {_n(cast // (T * h))} x T x h (the adapter's input cast to its dtype)"
@@ -1801,7 +1909,8 @@ def _dequantized_in_forward(plan, T, h, c, at_loss) -> MemoryTerm:
                       formula=f"max(0, {_n(held)} B (the top layer: attention output, residual, norm output "
                               f"({c + norm_out + res} x T x h), and its MLP's max({deq}"
                               f"3a, {path} where the MLP's linears are adapted) with "
-                              f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}) "
+                              f"a = {c} x T x ffn = {_n(a)}; the dequantization: {how}"
+                              + (f"; {fsdp_how}" if fsdp else "") + ") "
                               f"- {_n(at_loss)} B (what the loss's moment holds beyond the layers))")
 
 
@@ -1827,6 +1936,10 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     dequantization in the recompute."""
     first, other = _layers(plan, placement)
     held, how = _layer_backward(plan, other if placement.layers_per_stage > 1 else first, T, h, c)
+    prefetch, fsdp_how = _fsdp2_in_layer(plan, placement)[2:]
+    if prefetch:
+        held += prefetch
+        how += f" + {fsdp_how}"
     return MemoryTerm(component=ACTIVATIONS, label=f"the top layer's backward{_over_base(plan)} (checkpointed), "
                       "beyond the loss's moment", nbytes=max(0, held - at_loss), phases=(BACKWARD,),
                       formula=f"max(0, {how} - {_n(at_loss)} B (what the loss's backward holds beyond the layers))")

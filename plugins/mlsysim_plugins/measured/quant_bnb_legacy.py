@@ -29,10 +29,10 @@ The weights, their quantization constants and the dequantization transient are b
 bytes, an fp32 absmax per block and the 16-entry code, double quantization's nested state; ``dequantize_4bit`` in
 the backward): ``stored`` is that count, the transient bitsandbytes'.
 
-``saves_input`` declares the held inputs; ``held_inputs`` derives them for a Llama-style layer. The measured
-profile's LoRA layer walk (``lora.Walk``) does not read ``saves_input`` yet, so ``check`` refuses the
-implementation, naming why, rather than price it as bitsandbytes >= 0.43.2 (the old version has no CPU kernels:
-nothing here was measured).
+``saves_input`` declares the held inputs; ``held_inputs`` derives them for a Llama-style layer by hand. The measured
+profile's LoRA layer walk reads the declaration (``lora.Walk.hold_input``: after each 4-bit linear whose input
+requires grad, that input once where nothing else keeps it; the inputs kept under checkpointing and at the
+backward's end). Derived, not measured (the old version has no CPU kernels).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from __future__ import annotations
 import attrs
 
 from mlsysim_core import hookimpl
-from mlsysim_core.errors import NotModelledError
 
 from .quantizations import QuantImplementation, _bnb_transient
 
@@ -86,19 +85,10 @@ def _stored(n: int, rows: int, config, base: int) -> tuple[int, int]:
     return _tensor_bytes(n, rows, config)
 
 
-def _check(n: int):
-    raise NotModelledError(
-        "lora.quant_implementation", NAME, "an implementation whose declarations the LoRA layer walk reads "
-        "(bitsandbytes, torchao)", f"{NAME} declares saves_input (its MatMul4Bit keeps each 4-bit linear's input "
-        "until the graph is freed: quant_bnb_legacy.held_inputs); the measured profile's LoRA layer walk "
-        "(lora.Walk) does not read that declaration yet, and pricing it as bitsandbytes >= 0.43.2 would leave those "
-        f"inputs out ({NOTE})")
-
-
 LEGACY = InputHoldingImplementation(
     name=NAME, description="bitsandbytes < 0.43.2's Linear4bit: MatMul4Bit keeps each linear's input (ctx.tensors "
     "= (A, B)) until the graph is freed; weights and dequantization as bitsandbytes' (" + NOTE + ")",
-    source=SOURCE, kinds=("nf4", "fp4"), stored=_stored, transient=_bnb_transient, check=_check,
+    source=SOURCE, kinds=("nf4", "fp4"), stored=_stored, transient=_bnb_transient,
     layout="bitsandbytes' quantize_4bit (0.43.1): an fp32 absmax per block + the 16-entry code, per weight")
 
 
