@@ -75,7 +75,8 @@ def test_full_finetune_four_devices_is_fsdp_with_checkpointing(tmp_path):
 
 def test_lora_and_qlora():
     lora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "lora.yaml"]).scenario.profile_options["lora"]
-    assert lora == {"rank": 32, "target_modules": ["q_proj", "v_proj"]}
+    # LitGPT builds the adapters in the run's precision (fabric.init_module), not peft's fp32: "base"
+    assert lora == {"rank": 32, "target_modules": ["q_proj", "v_proj"], "adapter_dtype": "base"}
     qlora = from_launch([DATA / "finetune" / "llama-3.2-3B" / "qlora.yaml"]).scenario.profile_options["lora"]
     assert qlora["quantization"] == "nf4" and qlora["double_quant"] is False
 

@@ -270,6 +270,10 @@ def _read(path, document, context):
                 r.default(key, "lora", {}, f"{REPO}: litgpt/finetune/lora.py setup({key}={LORA_DEFAULTS[key]})")
         if not targets:
             raise InvalidInputError("lora_query", False, "at least one LoRA target switched on", str(path))
+        r.set("precision", precision, "lora", {"adapter_dtype": "base"},
+              f"{REPO}: litgpt/finetune/lora.py:210-211: the GPT, its LoRA adapters included, is built under "
+              "fabric.init_module() in the run's precision (or BitsandbytesPrecision's dtype): the adapters in the "
+              "base's dtype, not peft's fp32")
         head = take("lora_head", None)
         if head is not None and as_bool(head, "lora_head", path):
             targets += ["lm_head"]
