@@ -9,8 +9,14 @@ Each run is solved as torchtune's reader describes its config: the shape (its ``
 ``lora=LoRAConfig(rank, targets, adapter_dtype="base", quantization="nf4", quant_implementation="torchao")``,
 torchtune's RoPE cache (``rope_cache=max_seq_len``, fp32), k and v expanded (``kv_expanded``), full
 checkpointing where the run sets ``enable_activation_checkpointing``; ``custom_sharded_layers`` naming the
-embedding and the LM head: ``fsdp_shard_embeddings=True`` where the rule offers it. Asserted by
-tests/measured/test_qlora_fsdp2.py.
+embedding and the LM head: ``fsdp_shard_embeddings=True`` where the rule offers it (none does: the root priced
+whole). Asserted by tests/measured/test_qlora_fsdp2.py.
+
+Full checkpointing under FSDP2 (lora._fsdp2_in_layer, issue 25 item 2): the backward -3.79 / -3.91 % -> -1.55 /
+-1.60 % (w2 / w4: the layer below's prefetched all-gather priced; the one-device twin's own -1.61 % left); the
+forward -7.5 / -7.9 % unchanged (the moment, with FSDP2's gathered layers and root, stays below the loss's without
+the CPU bf16 mm's fp32 output, which the eager walk does not price); the custom_sharded_layers run's backward
++2.23 -> +4.62 % (its root is the final norm alone, the rule's root the embedding and LM head too).
 """
 
 from __future__ import annotations

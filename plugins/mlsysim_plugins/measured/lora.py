@@ -1871,7 +1871,11 @@ def _dequantized_in_forward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     scaled copy and lora_a's output (4a + c T r: fp32, every linear adapted); with gate_proj adapted, 3a + c T r.
     That moment and the loss's are apart: the term is what
     it holds beyond the loss's moment (as DoRA's weight norm). Over a plain base (``_top_layer_moments``) the same
-    moments with no dequantization: 3a, or 4a + c T r with up_proj adapted."""
+    moments with no dequantization: 3a, or 4a + c T r with up_proj adapted. Under FSDP2 the moment, inside the model's
+    forward, holds what ``_fsdp2_in_layer`` says (the layer's kept all-gather output; the root and the gathered layer
+    where the rule frees them when the model's forward returns). Not priced: the CPU's fp32 output of a 16-bit ``mm``
+    (T x out x 4, freed at the cast), which the profiler's timeline sees (validation/qlora_fsdp2) and a dispatch-level
+    tracker does not (validation/lora_ckpt_compare.py's runs)."""
     ffn = shape_of(plan).ffn
     res = plan.profile_options.regime.residual
     n = max(i * o for _, i, o in _quantized_linears(plan))
@@ -1933,7 +1937,8 @@ def _top_layer_backward(plan, placement, T, h, c, at_loss) -> MemoryTerm:
     The term is what that moment holds beyond the loss's backward moment (as the forward's term). Priced on the
     models with a LoRA walk of their own (``generic`` ones, a family's fused MLP or experts, keep the backward's end
     moment alone: not derived). Over a plain base (``_top_layer_moments``) the same two moments with no
-    dequantization in the recompute."""
+    dequantization in the recompute. Under FSDP2 the layer below's prefetched all-gather beside them
+    (``_fsdp2_in_layer``)."""
     first, other = _layers(plan, placement)
     held, how = _layer_backward(plan, other if placement.layers_per_stage > 1 else first, T, h, c)
     prefetch, fsdp_how = _fsdp2_in_layer(plan, placement)[2:]
