@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mlsysim_core import scenario
+import pytest
+
+from mlsysim_core import TrainingMemoryModel, scenario
+from mlsysim_core.errors import NotModelledError
 from mlsysim_core.finetune import LoRAConfig
+from mlsysim_core.hf import from_hf_config
 from mlsysim_core.manager import get_plugin_manager
+from mlsysim_core.types import HardwareNode
 from mlsysim_plugins.measured import quant_bnb_legacy as legacy
 from mlsysim_plugins.measured.quantizations import QuantImplementation, registered
 
@@ -49,9 +54,6 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 
 def _solve(impl, checkpointing):
-    from mlsysim_core import TrainingMemoryModel
-    from mlsysim_core.hf import from_hf_config
-    from mlsysim_core.types import HardwareNode
     return TrainingMemoryModel().solve(
         from_hf_config(TINY, name="tiny"), HardwareNode(name="unbounded", memory_capacity=2**60), 2, 16, "bf16",
         "adamw", checkpointing, profile="measured", regime="bf16", runtime_overheads=False,
@@ -109,3 +111,29 @@ def test_selected_it_is_priced_not_refused():
     assert held.nbytes == per + 15 * (per + 2048 * 2 * 256)
     assert r.total_memory > base.total_memory
     assert "derived, not measured" in legacy.LEGACY.description
+
+
+def test_partly_checkpointed_the_kept_layers_keep_theirs_among_the_saved():
+    """4 layers, 2 checkpointed (the top two): those keep their inputs past the checkpoint (2 x 23,552 B); at the
+    backward's end every layer's are alive (19,456 + 3 x 23,552 B)."""
+    r = TrainingMemoryModel().solve(
+        from_hf_config({**TINY, "num_hidden_layers": 4}, name="tiny4"),
+        HardwareNode(name="unbounded", memory_capacity=2**60), 2, 16, "bf16", "adamw", "full", profile="measured",
+        regime="bf16", runtime_overheads=False, checkpointed_layers=2,
+        lora=LoRAConfig(rank=8, target_modules=("q_proj", "v_proj"), adapter_dtype="base", quantization="nf4",
+                        quant_implementation="bitsandbytes-0.43.1"))
+    t = _terms(r)
+    assert t["checkpointed layers: inputs the 4-bit matmuls keep (ctx.tensors)"].nbytes == 2 * 23_552
+    assert t["inputs the 4-bit matmuls keep (ctx.tensors), at the backward's end"].nbytes == 19_456 + 3 * 23_552
+
+
+def test_a_family_derived_from_its_description_refuses_it():
+    """The derived layer (generic_layer) does not know which tensor each linear's matmul would keep: refused, naming
+    the field and the value."""
+    qwen2 = {**TINY, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    with pytest.raises(NotModelledError, match="declares saves_input") as e:
+        TrainingMemoryModel().solve(
+            from_hf_config(qwen2, name="qwen2-tiny"), HardwareNode(name="unbounded", memory_capacity=2**60), 2, 16,
+            "bf16", "adamw", "full", profile="measured", regime="bf16", runtime_overheads=False,
+            lora=LoRAConfig(rank=8, quantization="nf4", quant_implementation="bitsandbytes-0.43.1"))
+    assert (e.value.parameter, e.value.value) == ("lora.quant_implementation", "bitsandbytes-0.43.1")
