@@ -321,6 +321,8 @@ def full_shard_buffers(plan, placement, options):
                                             placement.layers_per_stage, buffers.gathered_bytes(plan))
     if _unsynced(plan, options) and placement.weight_shards > 1:
         terms = terms + unsynced_gradients(plan, placement, options.gradient_sync, options.rule)
+    if getattr(options, "fsdp_version", 2) == 2:     # FSDP2 around eager checkpointed layers (compiled: compile.py's)
+        terms = terms + buffers.fsdp2_eager_checkpointed(plan, placement)
     return terms + lora_layer_wrap_terms(plan, placement, options)
 
 

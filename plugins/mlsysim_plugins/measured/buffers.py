@@ -176,3 +176,69 @@ def deepspeed_zero3(plan, placement, options) -> list[MemoryTerm]:
     head = shape.embedding_parameters / placement.tensor_shards + shape.hidden     # final norm and LM head
     return ds.zero3_terms(options, plan.bytes_per_value, gathered_bytes(plan), layer, placement.layers_per_stage, head,
                           tuple(shape.parameter_tensors()))
+
+
+def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
+    """FSDP2's buffers around eager layers under full checkpointing (no LoRA: lora.py prices its own moments), the
+    mechanism compile.fsdp2_around_blocks reads from validation/compile/measure_blocks_fsdp.py's timelines, which
+    the eager twins share event for event (torch 2.13 ``_fsdp_param_group.py``; one description for both):
+
+    * **the forward**: the top layer's forward inside its checkpoint (at its MLP: the mid residual, the MLP norm's
+      output, the gated product's inputs and the product; on the CPU in 16 bits a matmul's fp32 output in place of
+      the product) beside its gathered parameters and the last all-gather's output (kept until the next
+      all-gather) and, with the root resharded after the forward (the rule's options say so), the root's; the rule's
+      forward terms and the loss's moment hold none of these: priced as the excess over the loss's forward terms;
+    * **the backward**: block i's recompute and MLP backward beside its gathered parameters and the root's, the
+      block below's prefetched all-gather, the block above's reduce-scatter input and the shards of the blocks
+      above (``fsdp2_around_blocks``' moments, the highest priced, BACKWARD_END).
+
+    Only where measured: eager (no compile), dense, data parallelism alone, every layer checkpointed, FSDP's own
+    prefetch (no ``prefetch_layers``/``limit_all_gathers``), no activation offload or optimizer in backward. The
+    RNG state: torchtune's checkpoint keeps one per layer on the CPU (preserve_rng_state=True)."""
+    o = plan.profile_options
+    if (placement.weight_shards == 1 or o.compile or o.lora is not None or getattr(o, "activation_offload", None)
+            or getattr(o, "optimizer_in_backward", None) or placement.tensor_shards != 1
+            or placement.sequence_shards != 1 or placement.expert_shards != 1 or placement.pipeline_stages != 1):
+        return []
+    from .checkpointing import whole_layers
+    if not whole_layers(plan) or o.checkpointed_layers is not None:
+        return []
+    from . import model as model_mod
+    from .compile import _dp_options, _rng, fsdp2_around_blocks
+    options = _dp_options(plan)
+    if getattr(options, "prefetch_layers", None) is not None or getattr(options, "limit_all_gathers", None) is not None:
+        return []
+    ctx = model_mod.context(plan, placement)
+    s, regime, T, L = ctx.shape, ctx.regime, ctx.tokens, ctx.layers
+    if s.experts:
+        return []
+    import attrs
+
+    from . import term_keys as K
+    c, r, h, f = regime.compute, regime.residual, s.hidden, s.ffn
+    held, backward = fsdp2_around_blocks(plan, placement, r * T * h, _rng(plan), L, what="the eager layers'")
+    gated = s.model.gated_mlp if s.model.gated_mlp is not None else s.family.gated_mlp
+    mlp_in, product = (2 if gated else 1) * f * c, f * c
+    cpu16 = 4 * f if c != 4 and (o.device or "cuda") == "cpu" else 0
+    work = T * (r * h + c * h + mlp_in + max(product, cpu16))
+    during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS, K.EMBEDDING_OUTPUT)     # alive while the layers run
+    later = sum(t.nbytes for t in model_mod.model_activation_terms(plan, placement, recompute=True)
+                if FORWARD in t.phases and t.key not in during)
+    excess = work + held - later
+    terms = []
+    if excess > 0:
+        terms.append(MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label="FSDP2: the top checkpointed layer's forward beside its gathered "
+                                                   "parameters (beyond the loss's moment)", nbytes=excess,
+            phases=(FORWARD,),
+            formula=f"T x ({_fmt(r * h)} (the mid residual) + {_fmt(c * h)} (the MLP norm's output) + {_fmt(mlp_in)} "
+                    f"(the MLP's first matmuls' outputs) + {_fmt(max(product, cpu16))} ("
+                    + ("a 16-bit matmul's fp32 output on the CPU" if cpu16 > product else "the product")
+                    + f")) = {_fmt(work)} B + {_fmt(held)} B (FSDP2: the last all-gather's output, kept until the next "
+                    "all-gather" + (", the layer's and the root's gathered parameters, resharded after the forward "
+                                    "in the rule's terms" if getattr(options, "root_reshard_after_forward", False)
+                                    else "") + f") - {_fmt(later)} B (the final norm's, the logits' and the loss's "
+                    "forward terms, not yet)"))
+    if backward is not None:
+        terms.append(attrs.evolve(backward, component=COMMUNICATION_BUFFERS))
+    return terms

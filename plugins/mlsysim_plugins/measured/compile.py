@@ -1316,7 +1316,8 @@ def _root_resharded(plan) -> bool:
     return bool(getattr(_dp_options(plan), "root_reshard_after_forward", False))
 
 
-def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -> tuple[float, MemoryTerm | None]:
+def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int,
+                        what: str = "the compiled blocks'") -> tuple[float, MemoryTerm | None]:
     """What FSDP2 (``fully_shard`` on each checkpoint-wrapped compiled layer and on the root: torchtune's
     ``shard_model``, ``reshard_after_forward=True``) holds around the compiled blocks beyond the data-parallel rule's
     buffers (one gathered layer and the root's parameters in the forward and backward, one layer's reduce-scatter
@@ -1336,7 +1337,8 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
     Returns the forward's held bytes (G; with the root resharded after the forward, the rule's options say so, G +
     the root's more: the rule's forward terms leave them out) for the caller's top-block forward moment (torchtune's
     order; in torchtitan's, blocks_full_terms, the forward's peak is the loss's and only the backward's term is
-    used) and the backward's term (BACKWARD_END). Gradient accumulation (not measured): no shard is born per block."""
+    used) and the backward's term (BACKWARD_END). Gradient accumulation (not measured): no shard is born per block.
+    ``what`` names the layers in the term's label: the eager twins share the mechanism (buffers.fsdp2_eager_checkpointed)."""
     if placement.weight_shards == 1 or L < 1:
         return 0, None
     from .buffers import _layer_gather, fsdp_root
@@ -1355,7 +1357,7 @@ def fsdp2_around_blocks(plan, placement, block_input: float, rng: int, L: int) -
         moments[i] = G + i * step - (R if i == L - 1 else 0)
     top = max(moments, key=lambda i: (moments[i], -i))
     extra = moments[top]
-    return held, MemoryTerm(component=ACTIVATIONS, label="FSDP2 around the compiled blocks' recompute and backward",
+    return held, MemoryTerm(component=ACTIVATIONS, label=f"FSDP2 around {what} recompute and backward",
                    nbytes=G + root + extra, phases=(BACKWARD_END,),
                    formula=f"{_n(G)} B (the block's gathered parameters) + {_n(root)} B (the root's, gathered) + "
                            f"{_n(extra)} B at block {top} (block 0's moment + {_n(G)} B, the block below's prefetched "
