@@ -3,8 +3,9 @@
 ``activation_checkpointing="full"``, ``compile_checkpoint="outside"``, ``data_parallel="fsdp"``; with
 ``fsdp_cpu_offload``: ``offload="optimizer+gradients+parameters"``) against blocks_fsdp_measurements.json
 (validation/compile/measure_blocks_fsdp.py: one rank of the fake process group), every phase (compare_blocks.py's
-phases, solve and table). Eager twins are solved with compile off; each run's micro-batch is the rank's, the global
-batch ``batch_size x world_size``.
+phases, solve and table). Eager twins are solved with compile off (without LoRA: FSDP2's buffers around the eager
+checkpointed layers, buffers.fsdp2_eager_checkpointed); each run's micro-batch is the rank's, the global batch
+``batch_size x world_size``.
 
     python validation/compile/compare_blocks_fsdp.py
 """
@@ -92,6 +93,7 @@ def table() -> str:
     out = ["| run | " + " | ".join(f"{t}: predicted / measured (error)" for t in titles) + " |",
            "|---|" + "---:|" * len(phases)]
     errs = {p: [] for p in phases}
+    eager = {p: [] for p in phases}     # the eager twins without LoRA (buffers.fsdp2_eager_checkpointed)
     for rid, pred, meas, _base in rows():
         if "-offload-" in rid:       # (offload_table: on the CPU the policy moves nothing)
             continue
@@ -103,11 +105,16 @@ def table() -> str:
             e = (pred[p] - meas[p]) / meas[p]
             if "-blocks-" in rid:
                 errs[p].append(abs(e))
+            elif "-lora-" not in rid:
+                eager[p].append(abs(e))
             cells.append(f"{pred[p] / 1e6:,.3f} / {meas[p] / 1e6:,.3f} MB ({100 * e:+.2f} %)")
         out.append(f"| {rid} | " + " | ".join(cells) + " |")
     if errs[phases[0]]:
         out.append("| **median / max \\|error\\|, compiled runs** | " + " | ".join(
             f"{100 * statistics.median(errs[p]):.2f} % / {100 * max(errs[p]):.2f} %" for p in phases) + " |")
+    if eager[phases[0]]:
+        out.append("| **median / max \\|error\\|, eager runs without LoRA** | " + " | ".join(
+            f"{100 * statistics.median(eager[p]):.2f} % / {100 * max(eager[p]):.2f} %" for p in phases) + " |")
     return "\n".join(out)
 
 
