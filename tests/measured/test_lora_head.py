@@ -196,14 +196,15 @@ def test_torchtune_refuses_a_tied_output(tmp_path):
 
 def test_litgpt_lora_head_is_the_target():
     """finetune/phi-3/lora.yaml (lora_head: true): the head a target. Solved (on a Llama-style model: Phi-3's own
-    fused qkv is refused first) the head adapter is refused: the reader prices peft's fp32 adapters over the bf16
-    base, measured with the head adapter in the base's dtype only (and LitGPT's chunked head is not measured)."""
+    fused qkv is refused first) the head adapter is refused: the reader builds the adapters in the base's dtype, as
+    LitGPT does, and LitGPT's chunked LM head and loss with a head adapter are not measured (the loss is named)."""
     path = LAUNCH / "litgpt" / "finetune" / "phi-3" / "lora.yaml"
     s = from_launch([path]).scenario
     assert s.profile_options["lora"]["target_modules"][-1] == "lm_head"
     with pytest.raises(NotModelledError) as e:
         from_launch([path], model="mistralai/mistral-7b-v0.1").scenario.solve()
-    assert e.value.parameter == "lora.adapter_dtype" and "'lm_head' in lora.target_modules" in str(e.value)
+    assert e.value.parameter == "loss" and e.value.value == "litgpt_chunked"
+    assert "'lm_head' in lora.target_modules" in str(e.value)
 
 
 def test_the_docs_table_is_the_comparison():
