@@ -96,6 +96,34 @@ FSDP_VERSIONS = (1, 2)
 LORA_WRAPS = ("adapters", "layer")
 
 
+# Which of the root's own modules are fully_shard'ed as units of their own (FullShardOptions.separate_units): torchtune
+# 0.6.1's custom_sharded_layers: ['tok_embeddings', 'output'] (training.shard_model with get_shard_conditions(
+# names_to_match=...), torchtune/training/_distributed.py: fully_shard on every module it names, bottom-up, then on the
+# model): the root unit keeps the final norm, the embedding is gathered only around its own forward and backward, the
+# output projection only around the LM head's (buffers.fsdp_root). Measured: validation/compile/measure_blocks_fsdp.py,
+# the -custom runs.
+SEPARATE_UNITS = ("embedding", "lm_head")
+
+
+def _separate_units(value):
+    """A list or tuple of SEPARATE_UNITS' names (YAML and JSON give lists): a sorted tuple, each once."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        return value        # (the validator names it)
+    return tuple(sorted(set(value), key=lambda v: (SEPARATE_UNITS.index(v) if v in SEPARATE_UNITS else 99, str(v))))
+
+
+def _check_separate_units(instance, attribute, value):
+    if not isinstance(value, tuple) or any(v not in SEPARATE_UNITS for v in value):
+        from mlsysim_core.errors import InvalidInputError
+        raise InvalidInputError(f"plugin_options['{instance.rule}'].separate_units", value,
+                                f"a list of {', '.join(map(repr, SEPARATE_UNITS))} (the root's modules fully_shard'ed "
+                                "as units of their own: torchtune's custom_sharded_layers tok_embeddings, output)")
+    if value and getattr(instance, "fsdp_version", 2) != 2:
+        from mlsysim_core.errors import InvalidInputError
+        raise InvalidInputError(f"plugin_options['{instance.rule}'].separate_units", value,
+                                "() unless fsdp_version=2 (measured with FSDP2's fully_shard, torchtune's shard_model)")
+
+
 @attrs.frozen(kw_only=True)
 class FullShardOptions(FsdpGatherOptions):
     """``gradient_sync``: when FULL_SHARD reduce-scatters the gradients under gradient accumulation:
@@ -107,6 +135,9 @@ class FullShardOptions(FsdpGatherOptions):
     ``FullyShardedDataParallel``: every unit but the root freed after its forward, none at the forward's end).
     ``lora_wrap``: how FSDP1 wraps a LoRA model (the comment above LORA_WRAPS): ``"adapters"`` (peft's
     ``fsdp_auto_wrap_policy``, the default) or ``"layer"`` (the decoder layers alone; ``fsdp_version=1`` only).
+    ``separate_units`` (FSDP2): the root's modules ``fully_shard``'ed as units of their own (the comment above
+    SEPARATE_UNITS): ``()`` (the default: embedding, LM head and final norm one root unit), ``("embedding",
+    "lm_head")`` (torchtune's ``custom_sharded_layers: ['tok_embeddings', 'output']``), or either alone.
     And FSDP's all-gather limits (``FsdpGatherOptions``: ``prefetch_layers``, ``limit_all_gathers``)."""
 
     gradient_sync: str = attrs.field(default="micro-batch", validator=attrs.validators.in_(NO_SYNC))
@@ -114,6 +145,7 @@ class FullShardOptions(FsdpGatherOptions):
     lora_wrap: str = attrs.field(default="adapters", validator=attrs.validators.in_(LORA_WRAPS))
     # FSDP2's root given reshard_after_forward=True itself (the comment above full_shard_buffers): torchtune's shard_model
     root_reshard_after_forward: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    separate_units: tuple = attrs.field(default=(), converter=_separate_units, validator=_check_separate_units)
     rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
 
 
@@ -307,7 +339,7 @@ def full_shard_buffers(plan, placement, options):
     outside the model) and gathered again for the backward. Measured: validation/qlora_fsdp2 (nothing gathered at
     the forward's end)."""
     layer = buffers.layer_gather(plan, placement)
-    root = buffers.fsdp_root(plan, placement)
+    root = buffers.fsdp_root(plan, placement) + buffers.fsdp_separate_units(plan, placement)
     if getattr(options, "fsdp_version", 2) == 1:
         layer = [_freed_after_forward(t) for t in layer]
     elif getattr(options, "root_reshard_after_forward", False):

@@ -222,7 +222,9 @@ def _shard_torchtune(model, layout):
     policy = distributed.CPUOffloadPolicy
     distributed.CPUOffloadPolicy = lambda: CPUOffloadPolicy(pin_memory=False)
     try:
-        training.shard_model(model, [partial(training.get_shard_conditions, names_to_match=None)],
+        # custom_sharded_layers (measure_blocks_fsdp.py's -custom runs): names_to_match, as the recipe passes it
+        training.shard_model(model, [partial(training.get_shard_conditions,
+                                             names_to_match=layout.get("custom_sharded_layers"))],
                              cpu_offload=bool(layout.get("cpu_offload")), reshard_after_forward=True, dp_mesh=mesh)
     finally:
         distributed.CPUOffloadPolicy = policy

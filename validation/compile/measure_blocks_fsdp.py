@@ -40,12 +40,13 @@ import measure_blocks_order  # noqa: E402
 from measure_blocks import _cfg  # noqa: E402
 
 
-def _fsdp_cfg(regime, compile, *, world=2, rank=0, offload=False, **kw):
+def _fsdp_cfg(regime, compile, *, world=2, rank=0, offload=False, custom=None, **kw):
     c = _cfg(regime, compile, policy="full", **kw)
-    tag = f"-fsdp2tt{'-offload' if offload else ''}-w{world}r{rank}"
+    tag = f"-fsdp2tt{'-offload' if offload else ''}{'-custom' if custom else ''}-w{world}r{rank}"
     rid = c["id"].replace("-full", "-full" + tag, 1)
     c.update(id=rid, layout={"kind": "fsdp2-torchtune", "world_size": world, "rank": rank,
-                             **({"cpu_offload": True} if offload else {})})
+                             **({"cpu_offload": True} if offload else {}),
+                             **({"custom_sharded_layers": list(custom)} if custom else {})})
     return c
 
 

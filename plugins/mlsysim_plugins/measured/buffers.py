@@ -74,24 +74,94 @@ def _layer_gather(plan, placement) -> list[MemoryTerm]:
                    formula=f"{_fmt(layer)} params x {regime.gradient or 4} B (during each layer's backward)")]
 
 
+def separate_units(plan) -> tuple:
+    """The root's modules the data-parallel rule's options say are ``fully_shard``'ed as units of their own
+    (``separate_units``: ``"embedding"``, ``"lm_head"``; torchtune's ``custom_sharded_layers``), or ()."""
+    rule = plan.rules.get("dp") if plan.rules else None
+    options = plan.options_for(rule) if rule else None
+    return tuple(getattr(options, "separate_units", ()) or ())
+
+
+def _root_shape(plan, placement):
+    """(the shape, the embedding's parameters on the rank, the separated units): a tied model's output projection is
+    the embedding's weight, no module of its own (torchtune's TiedLinear), so it cannot be a unit apart."""
+    from .shapes import shape_of
+    shape = shape_of(plan)
+    units = separate_units(plan)
+    if units and shape.tied:
+        from mlsysim_core.errors import NotModelledError
+        rule = plan.rules.get("dp")
+        raise NotModelledError(f"plugin_options['{rule}'].separate_units", list(units), "() with tied embeddings",
+                               "a tied output projection shares the embedding's weight (torchtune's TiedLinear is no "
+                               "module of its own to fully_shard); measured untied (validation/compile/"
+                               "measure_blocks_fsdp_custom.py)")
+    return shape, shape.embedding_parameters / placement.tensor_shards, units
+
+
+def _root_gathered(plan) -> int | float:
+    if plan.profile_options.lora is not None:      # frozen: gathered in the base's dtype (lora.py)
+        from .lora import frozen_gather_bytes
+        return frozen_gather_bytes(plan)
+    return gathered_bytes(plan)
+
+
 @per_layout
 def fsdp_root(plan, placement) -> list[MemoryTerm]:
     """fully_shard on the model: its own parameters (embedding, LM head, final norm) stay
-    gathered from the forward to the backward."""
+    gathered from the forward to the backward. With ``separate_units`` (the rule's options; torchtune's
+    ``custom_sharded_layers``) the named modules are units of their own, not the root's: the root keeps the final norm
+    and the rest (``fsdp_separate_units`` prices the separated ones where they run). Every layer's moment that counts
+    the root (compile.fsdp2_around_blocks, lora._fsdp2_in_layer) then holds only that."""
     if placement.weight_shards == 1:
         return []
-    from .shapes import shape_of
-    shape = shape_of(plan)
-    root = shape.embedding_parameters * (1 if shape.tied else 2) / placement.tensor_shards + shape.hidden
-    gathered = gathered_bytes(plan)
-    if plan.profile_options.lora is not None:      # frozen: gathered in the base's dtype (lora.py)
-        from .lora import frozen_gather_bytes
-        gathered = frozen_gather_bytes(plan)
+    shape, emb, units = _root_shape(plan, placement)
+    gathered = _root_gathered(plan)
+    if units:
+        parts = {"embedding": emb, "lm_head": 0 if shape.tied else emb}
+        kept = [name for name in parts if name not in units]
+        root = sum(parts[name] for name in kept) + shape.hidden
+        names = {"embedding": "embedding", "lm_head": "LM head"}
+        what = ", ".join([names[k] for k in kept] + ["final norm"])
+        return [MemoryTerm(
+            component=COMMUNICATION_BUFFERS, label=f"root group unsharded ({what}; "
+                                                   + " and ".join(names[u] for u in units) + " units of their own)",
+            nbytes=root * gathered, phases=(FORWARD, BACKWARD),
+            formula=f"{_fmt(root)} params x {gathered} B (fully_shard on the model: its own parameters, the "
+                    f"separate_units {', '.join(units)} fully_shard'ed apart, stay gathered from the forward to the "
+                    "backward)")]
+    root = emb * (1 if shape.tied else 2) + shape.hidden
     return [MemoryTerm(
         component=COMMUNICATION_BUFFERS, label="root group unsharded (embedding, LM head, final norm)",
         nbytes=root * gathered, phases=(FORWARD, BACKWARD),
         formula=f"{_fmt(root)} params x {gathered} B (fully_shard on the model: its own parameters stay "
                 "gathered from the forward to the backward)")]
+
+
+@per_layout
+def fsdp_separate_units(plan, placement) -> list[MemoryTerm]:
+    """The root's modules ``fully_shard``'ed apart (``separate_units``; torchtune 0.6.1's ``shard_model`` with
+    ``custom_sharded_layers``, every unit ``reshard_after_forward=True``): each gathered only around its own forward
+    and backward (torch 2.13 ``_fsdp_param_group.py``: pre_forward unshards, post_forward reshards; pre_backward
+    unshards again, post_backward reshards and reduce-scatters). The LM head's is alive in its backward, the first
+    (the loss's backward: the phase BACKWARD); in its forward it is what the root held there before, beside the
+    logits being computed (not a peak: the loss's forward terms follow it). The embedding's is alive in its
+    backward, the last (its gradient's moment; not the peak measured, not priced), and not in the layers' moments.
+    Measured (validation/compile/measure_blocks_fsdp_custom.py, untied fp32 and bf16, 2 and 4 ranks, against the
+    twins without it): the forward's peak lower by both gathered copies (2 V h b), the backward's by those and, the
+    LM head's gradient reduce-scattered after its own backward rather than in the root's at the backward's end, V h
+    g (1 - 1/W) (2.5 and 2.75 V h x 4 B at 2 and 4 ranks): that gradient was not priced with the root whole, so
+    nothing is taken off for it."""
+    if placement.weight_shards == 1:
+        return []
+    shape, emb, units = _root_shape(plan, placement)
+    if "lm_head" not in units:
+        return []
+    gathered = _root_gathered(plan)
+    return [MemoryTerm(
+        component=COMMUNICATION_BUFFERS, label="LM head's unit unsharded (its backward)", nbytes=emb * gathered,
+        phases=(BACKWARD,),
+        formula=f"{_fmt(emb)} params x {gathered} B (separate_units lm_head: fully_shard'ed apart, gathered around its "
+                "forward and again for its backward, the first)")]
 
 
 @per_layout
