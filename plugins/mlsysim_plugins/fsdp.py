@@ -100,8 +100,8 @@ LORA_WRAPS = ("adapters", "layer")
 # 0.6.1's custom_sharded_layers: ['tok_embeddings', 'output'] (training.shard_model with get_shard_conditions(
 # names_to_match=...), torchtune/training/_distributed.py: fully_shard on every module it names, bottom-up, then on the
 # model): the root unit keeps the final norm, the embedding is gathered only around its own forward and backward, the
-# output projection only around the LM head's (buffers.fsdp_root). Measured: validation/compile/measure_blocks_fsdp.py,
-# the -custom runs.
+# output projection only around the LM head's (buffers.fsdp_root, fsdp_separate_units). Measured:
+# validation/compile/measure_blocks_fsdp_custom.py (the -custom runs against their twins).
 SEPARATE_UNITS = ("embedding", "lm_head")
 
 

@@ -73,7 +73,9 @@ def test_llama3_1_8b_full_distributed_hand_derived():
     defaults = {d.key: d for r in launch.readings for d in r.defaults}
     assert defaults["fsdp_reshard_after_forward"].version == "torchtune 0.6.1"
     approximated = [f.key for r in launch.readings for f in r.fields if f.approximated]
-    assert approximated == ["custom_sharded_layers"]
+    # custom_sharded_layers: ['tok_embeddings', 'output'] read as the fsdp rule's separate_units (no longer approximated)
+    assert approximated == []
+    assert s.plugin_options == {"fsdp": {"root_reshard_after_forward": True, "separate_units": ["embedding", "lm_head"]}}
     with pytest.raises(InvalidInputError, match="--gpus"):
         from_launch([DATA / "llama3_1" / "8B_full.yaml"], seq_len=2048)     # distributed: --gpus needed
 

@@ -651,10 +651,22 @@ def _distributed(r: Reading, cfg, take, single, path, source) -> None:
                                    "base_llama_tp_plan", f"{path}: another tensor-parallel plan is not read")
         r.ignore("tensor_parallel_plan")
     layers = take("custom_sharded_layers")
-    if layers:
+    units = {"tok_embeddings": "embedding", "output": "lm_head"}     # the fsdp rule's separate_units
+    if layers and isinstance(layers, (list, tuple)) and set(layers) <= set(units) and \
+            (r.values_of("data_parallel") or "fsdp") == "fsdp":
+        # training.shard_model fully_shard's each module get_shard_conditions names as a unit of its own, before the
+        # root (fsdp.FullShardOptions.separate_units; measured: validation/compile/measure_blocks_fsdp_custom.py)
+        fsdp = dict((r.values_of("plugin_options") or {}).get("fsdp") or {})
+        r.set("custom_sharded_layers", layers, "plugin_options",
+              {"fsdp": {**fsdp, "separate_units": [units[n] for n in units if n in layers]}},
+              "pytorch/torchtune v0.6.1: torchtune/training/_distributed.py (shard_model: fully_shard on every module "
+              "get_shard_conditions(names_to_match=custom_sharded_layers) names, then on the model): the root unit "
+              "keeps the final norm; the embedding and the output projection gathered only around their own forward "
+              "and backward")
+    elif layers:
         r.approx("custom_sharded_layers", layers, "data_parallel", r.values_of("data_parallel") or "fsdp",
-                 "the embedding and output projection sharded as their own FSDP units: their gathered copies are "
-                 "counted as the decoder layers' are")
+                 "the named modules sharded as their own FSDP units: their gathered copies are counted as the root's "
+                 "are (separate_units reads tok_embeddings and output under fsdp_reshard_after_forward: true)")
 
 
 @hookimpl
