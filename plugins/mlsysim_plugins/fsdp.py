@@ -145,7 +145,8 @@ class FullShardOptions(FsdpGatherOptions):
     lora_wrap: str = attrs.field(default="adapters", validator=attrs.validators.in_(LORA_WRAPS))
     # FSDP2's root given reshard_after_forward=True itself (the comment above full_shard_buffers): torchtune's shard_model
     root_reshard_after_forward: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    separate_units: tuple = attrs.field(default=(), converter=_separate_units, validator=_check_separate_units)
+    separate_units: tuple[str, ...] = attrs.field(default=(), converter=_separate_units,
+                                                 validator=_check_separate_units)
     rule: ClassVar[str] = "fsdp"       # the rule these options are given to (its name in messages)
 
 
