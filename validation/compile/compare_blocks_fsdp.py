@@ -22,6 +22,8 @@ sys.path.insert(0, HERE)
 import compare_blocks  # noqa: E402
 
 PATH = os.path.join(HERE, "blocks_fsdp_measurements.json")
+# torchtitan's op-SAC runs (eager) and their single-device twins (measure_blocks_fsdp.py --sac)
+SAC_PATH = os.path.join(HERE, "blocks_fsdp_sac_measurements.json")
 
 
 def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
@@ -34,6 +36,8 @@ def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
     from mlsysim_core.finetune import LoRAConfig
     from mlsysim_core.hf import from_hf_config
     from mlsysim_core.types import HardwareNode
+    if not run.get("layout"):       # the op-SAC runs' single-device twins: compare_blocks.solve's
+        return compare_blocks.solve(run, torchtune_kv=torchtune_kv)
     lay = run["layout"]
     extra = {}
     if run.get("lora"):      # torchtune's LoRALinear: adapters in the model's dtype, no dropout
@@ -50,12 +54,13 @@ def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
         extra["offload"] = "optimizer+gradients+parameters"
     return TrainingMemoryModel().solve(
         from_hf_config(run["hf_config"], name=run["id"]), HardwareNode(name="unbounded", memory_capacity=2**60),
-        run["batch_size"] * lay["world_size"], run["seq_len"], run["regime"], "adamw", "full", profile="measured",
+        run["batch_size"] * lay["world_size"], run["seq_len"], run["regime"], "adamw",
+        "op-sac" if run["policy"] == "op-sac" else "full", profile="measured",
         regime=run["regime"], attention="sdpa", device="cpu", runtime_overheads=False, dp_size=lay["world_size"],
         data_parallel="fsdp", **extra)
 
 
-def rows():
+def rows(path: str = PATH):
     """(id, predicted phases or the refusal, measured phases, baseline bytes) per run: compare_blocks.rows' phases
     (with the root resharded after the forward the rule's gather terms are the backward's: none is alive at the end
     of the forward, as measured); on the CPU an -offload- run's host terms count (the host is the device)."""
@@ -63,7 +68,7 @@ def rows():
 
     from mlsysim_core.errors import MlsysimError
     from mlsysim_core.terms import ACCELERATOR, BACKWARD, BACKWARD_END, FORWARD, GRADIENTS, OPTIMIZER_STEP
-    with open(PATH) as f:
+    with open(path) as f:
         runs = [r for r in json.load(f)["runs"] if r.get("measured")]
     for run in runs:
         m = run["measured"]
@@ -78,7 +83,7 @@ def rows():
             yield run["id"], err, meas, base
             continue
         # on the CPU the host is the device: an -offload- run's host terms are in the same timeline (every tier)
-        terms = [x for x in r.terms if x.tier == ACCELERATOR or run["layout"].get("cpu_offload")]
+        terms = [x for x in r.terms if x.tier == ACCELERATOR or (run.get("layout") or {}).get("cpu_offload")]
         t = {p: sum(x.nbytes for x in terms if p in x.phases) for p in (FORWARD, BACKWARD, BACKWARD_END,
                                                                          OPTIMIZER_STEP)}
         pred = {"forward": t[FORWARD], "backward": max(t[BACKWARD], t[BACKWARD_END]), "optimizer": t[OPTIMIZER_STEP],
@@ -94,7 +99,8 @@ def table() -> str:
            "|---|" + "---:|" * len(phases)]
     errs = {p: [] for p in phases}
     eager = {p: [] for p in phases}     # the eager twins without LoRA (buffers.fsdp2_eager_checkpointed)
-    for rid, pred, meas, _base in rows():
+    sac = {p: [] for p in phases}       # torchtitan's op-SAC runs under FSDP2 (eager)
+    for rid, pred, meas, _base in [*rows(), *rows(SAC_PATH)]:
         if "-offload-" in rid:       # (offload_table: on the CPU the policy moves nothing)
             continue
         if not isinstance(pred, dict):
@@ -105,6 +111,10 @@ def table() -> str:
             e = (pred[p] - meas[p]) / meas[p]
             if "-blocks-" in rid:
                 errs[p].append(abs(e))
+            elif "-op-sac-fsdp2-" in rid:
+                sac[p].append(abs(e))
+            elif "-op-sac-" in rid:         # (the single-device twins)
+                pass
             elif "-lora-" not in rid:
                 eager[p].append(abs(e))
             cells.append(f"{pred[p] / 1e6:,.3f} / {meas[p] / 1e6:,.3f} MB ({100 * e:+.2f} %)")
@@ -115,6 +125,9 @@ def table() -> str:
     if eager[phases[0]]:
         out.append("| **median / max \\|error\\|, eager runs without LoRA** | " + " | ".join(
             f"{100 * statistics.median(eager[p]):.2f} % / {100 * max(eager[p]):.2f} %" for p in phases) + " |")
+    if sac[phases[0]]:
+        out.append("| **median / max \\|error\\|, eager op-SAC runs under FSDP2 (torchtitan's order)** | " + " | ".join(
+            f"{100 * statistics.median(sac[p]):.2f} % / {100 * max(sac[p]):.2f} %" for p in phases) + " |")
     return "\n".join(out)
 
 

@@ -6,6 +6,8 @@ fake process group (validation/fakepg.py).
     nice -n 10 /tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py [--only ID ...]
     # writes validation/compile/blocks_fsdp_measurements.json; /tmp/tvenv: torch==2.13.0 (CPU), torchtune==0.6.1,
     # torchao==0.13.0 (measure_blocks.py's environment)
+    nice -n 10 /tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py --sac [--only ID ...]
+    # torchtitan's op-SAC runs and their single-device twins: validation/compile/blocks_fsdp_sac_measurements.json
     nice -n 10 /tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py --events ID
     # the measured iteration's memory events of one configuration (measure_blocks_order.py's)
 
@@ -77,20 +79,44 @@ for _compile in ("eager", "blocks"):
     CONFIGS.append(_cfg("fp32", _compile, policy="full-in", layout="fsdp2", **CELL))
 
 
+def _titan_cfg(regime, compile, *, world=2, policy="op-sac", **kw):
+    """torchtitan's order (measure_blocks.py's "fsdp2" layout: apply_ac, then fully_shard on each block and the
+    root, the root given no reshard_after_forward) at ``world`` ranks, rank 0."""
+    c = _cfg(regime, compile, policy=policy, layout="fsdp2", **kw)
+    c.update(id=c["id"].replace("-fsdp2-w2r0", f"-fsdp2-w{world}r0", 1),
+             layout={"kind": "fsdp2", "world_size": world, "rank": 0})
+    return c
+
+
+# ``--sac`` (blocks_fsdp_sac_measurements.json): torchtitan's default, selective op-level checkpointing
+# (parallelize_llama.py apply_ac, mode "selective", selective_ac_option "op": measure_blocks.py's "op-sac" policy,
+# every block wrapped before fully_shard), eager, and the same cells on one device (no layout): what the rank's
+# FSDP2 adds to the same op-SAC layers, moment for moment
+SAC_CONFIGS = [_titan_cfg("fp32", "eager", world=2, **CELL), _titan_cfg("fp32", "eager", world=4, **CELL),
+               _titan_cfg("fp32", "eager", world=4, **dict(CELL, layers=5)),
+               _titan_cfg("bf16", "eager", world=2, vocab=1024, b=1, seq=256, layers=3),
+               _cfg("fp32", "eager", policy="op-sac", **CELL),
+               _cfg("bf16", "eager", policy="op-sac", vocab=1024, b=1, seq=256, layers=3)]
+
+
 def document(args, runs, ctx) -> dict:
     doc = measure_blocks.document(args, runs, ctx)
-    return {**doc, "generator": "/tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py"}
+    sac = any(r.get("policy") == "op-sac" for r in runs)
+    return {**doc, "generator": "/tmp/tvenv/bin/python validation/compile/measure_blocks_fsdp.py" + (" --sac" if sac else "")}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--events"]:
-        measure_blocks_order.CONFIGS.extend(CONFIGS)
+        measure_blocks_order.CONFIGS.extend(CONFIGS + SAC_CONFIGS)
         measure_blocks_order.events(argv[1])
         return 0
-    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=CONFIGS,
+    sac = argv[:1] == ["--sac"]
+    argv = argv[1:] if sac else argv
+    return harness.main(argv, description=__doc__.split("\n\n")[0], configs=SAC_CONFIGS if sac else CONFIGS,
                         measure_run=measure_blocks.measure, document=document,
-                        out=os.path.join(HERE, "blocks_fsdp_measurements.json"), incremental=True,
+                        out=os.path.join(HERE, "blocks_fsdp_sac_measurements.json" if sac else
+                                         "blocks_fsdp_measurements.json"), incremental=True,
                         keep_previous="always", summary=lambda m: f"peak {m['peak_bytes']:>12,} B {m['wall_s']}s",
                         line=lambda n, t, c, msg: f"[{n:2d}/{t}] {c['id']:<64} {msg}")
 
