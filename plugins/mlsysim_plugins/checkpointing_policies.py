@@ -438,6 +438,16 @@ def per_op_terms(plan, placement, options, *, policy="save-list"):
     ]
 
 
+def layer_saved_ops(plan, placement, options=None, *, policy="save-list"):
+    """What a per-op ``policy`` (bound by the spec) declares for one layer: (the layer's ops in forward order, the
+    ones it saves). Read by the FSDP2 moments (``buffers.fsdp2_eager_checkpointed``) through the spec's
+    ``measured.saved_ops`` extension."""
+    ctx = model.context(plan, placement)
+    save, alternate = _policy(policy, plan, options)
+    ops = op_sequence(ctx.shape, model._regime_kind(ctx.regime), measured_kernels.kernel_of(plan), ctx.seq_len)
+    return ops, saved_ops(ops, save, alternate)
+
+
 def module_terms(plan, placement, options, *, module="mlp"):
     """A checkpoint around each layer's MLP or attention (``module``, bound by the spec): the layer
     keeps every part outside the module, plus the module's input where nothing else keeps it (under
@@ -681,6 +691,7 @@ def mlsysim_checkpointing_strategies():
                           activation_terms=_reference(20, "op-sac (input, qkv and fc1 matmuls, flash attention "
                                                           "output: 20*s*b*h)"),
                           extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="op-sac"),
+                                      "measured.saved_ops": functools.partial(layer_saved_ops, policy="op-sac"),
                                       "measured.saves_rank": 5,     # fit techniques' ladder, after every-k
                                       # its saved set inside a compiled block: the partitioner honours the SAC tags
                                       # (measured compiled: compile.COMPILED_BLOCKS, validation/compile)
@@ -690,7 +701,8 @@ def mlsysim_checkpointing_strategies():
         CheckpointingSpec(name="save-list", description="per-op selective AC saving the outputs of the ops in "
                           "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
                           activation_terms=_save_list_reference, options_type=SaveListOptions,
-                          extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="save-list")},
+                          extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="save-list"),
+                                      "measured.saved_ops": functools.partial(layer_saved_ops, policy="save-list")},
                           searched=False, recompute=Recompute("save-list"), recomputes="part",
                           recomputes_first_layer=_always),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "

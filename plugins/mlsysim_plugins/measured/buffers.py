@@ -273,8 +273,11 @@ def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
             or getattr(o, "optimizer_in_backward", None) or placement.tensor_shards != 1
             or placement.sequence_shards != 1 or placement.expert_shards != 1 or placement.pipeline_stages != 1):
         return []
-    from .checkpointing import whole_layers
-    if not whole_layers(plan) or o.checkpointed_layers is not None:
+    from .checkpointing import spec_of, whole_layers
+    # a per-op policy (op-SAC, save-list) declares the ops it saves (the spec's measured.saved_ops): every layer
+    # checkpointed, the rest recomputed
+    per_op = None if whole_layers(plan) else spec_of(plan).extensions.get("measured.saved_ops")
+    if not (whole_layers(plan) or per_op is not None) or o.checkpointed_layers is not None:
         return []
     from . import model as model_mod
     from .compile import _dp_options, _rng, fsdp2_around_blocks
@@ -294,10 +297,21 @@ def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
     mlp_in, product = (2 if gated else 1) * f * c, f * c
     cpu16 = 4 * f if c != 4 and (o.device or "cuda") == "cpu" else 0
     work = T * (r * h + c * h + mlp_in + max(product, cpu16))
+    after, saved_how = 0, ""
+    if per_op is not None:
+        # the top layer's saved ops are in the layers' saved term (its MLP's first matmuls' kept beside the
+        # product, as the recompute working set of full checkpointing never keeps them); those after the product
+        # (the MLP's output matmul) are not computed yet
+        ops, kept = per_op(plan, placement)
+        mlp = [op for op in ops if op.module == "mlp"]
+        later_ops = [op for op in mlp[2 if gated else 1:] if op in kept]
+        after = T * sum(op.nbytes for op in later_ops)
+        saved_how = (f" - {_fmt(after)} B (the layer's saved " + ", ".join(op.name for op in later_ops)
+                     + " output, not computed yet)") if after else ""
     during = (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS, K.EMBEDDING_OUTPUT)     # alive while the layers run
     later = sum(t.nbytes for t in model_mod.model_activation_terms(plan, placement, recompute=True)
                 if FORWARD in t.phases and t.key not in during)
-    excess = work + held - later
+    excess = work - after + held - later
     terms = []
     if excess > 0:
         terms.append(MemoryTerm(
@@ -311,7 +325,9 @@ def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
                     "all-gather" + (", the layer's and the root's gathered parameters, resharded after the forward "
                                     "in the rule's terms" if getattr(options, "root_reshard_after_forward", False)
                                     else "") + f") - {_fmt(later)} B (the final norm's, the logits' and the loss's "
-                    "forward terms, not yet)"))
-    if backward is not None:
+                    "forward terms, not yet)" + saved_how))
+    # (a per-op policy's backward: the base prices layer 0's moment, not the top block's where FSDP2's buffers
+    # were measured (validation/compile/blocks_fsdp_sac_measurements.json): not priced)
+    if backward is not None and per_op is None:
         terms.append(attrs.evolve(backward, component=COMMUNICATION_BUFFERS))
     return terms
