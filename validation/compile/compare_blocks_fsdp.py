@@ -50,12 +50,16 @@ def _solve(run, torchtune_rope: bool = False, torchtune_kv: bool = True):
         extra.update(compile="blocks", compile_checkpoint="inside" if titan else "outside")
     if not titan:       # torchtune's shard_model: the root resharded after the forward too
         extra["plugin_options"] = {"fsdp": {"root_reshard_after_forward": True}}
+    policy = {"op-sac": "op-sac"}.get(run["policy"], "full")
+    if run["policy"].startswith("every-"):      # torchtitan's layer SAC: every k-th block checkpointed
+        policy = "every-k"
+        extra.setdefault("plugin_options", {})["every-k"] = {"k": int(run["policy"].split("-")[1])}
     if lay.get("cpu_offload"):      # fsdp_cpu_offload: CPUOffloadPolicy (the torchtune reader's reading)
         extra["offload"] = "optimizer+gradients+parameters"
     return TrainingMemoryModel().solve(
         from_hf_config(run["hf_config"], name=run["id"]), HardwareNode(name="unbounded", memory_capacity=2**60),
         run["batch_size"] * lay["world_size"], run["seq_len"], run["regime"], "adamw",
-        "op-sac" if run["policy"] == "op-sac" else "full", profile="measured",
+        policy, profile="measured",
         regime=run["regime"], attention="sdpa", device="cpu", runtime_overheads=False, dp_size=lay["world_size"],
         data_parallel="fsdp", **extra)
 
@@ -113,7 +117,7 @@ def table() -> str:
                 errs[p].append(abs(e))
             elif "-op-sac-fsdp2-" in rid:
                 sac[p].append(abs(e))
-            elif "-op-sac-" in rid:         # (the single-device twins)
+            elif "-op-sac-" in rid or "-every-" in rid:     # (the single-device twins; layer SAC: not priced)
                 pass
             elif "-lora-" not in rid:
                 eager[p].append(abs(e))

@@ -96,7 +96,31 @@ SAC_CONFIGS = [_titan_cfg("fp32", "eager", world=2, **CELL), _titan_cfg("fp32", 
                _titan_cfg("fp32", "eager", world=4, **dict(CELL, layers=5)),
                _titan_cfg("bf16", "eager", world=2, vocab=1024, b=1, seq=256, layers=3),
                _cfg("fp32", "eager", policy="op-sac", **CELL),
-               _cfg("bf16", "eager", policy="op-sac", vocab=1024, b=1, seq=256, layers=3)]
+               _cfg("bf16", "eager", policy="op-sac", vocab=1024, b=1, seq=256, layers=3),
+               # torchtitan's layer SAC (mode "selective", selective_ac_option "2": every second block, by its
+               # 1-based count, wrapped in checkpoint_wrapper, preserve_rng_state False), then fully_shard
+               _titan_cfg("fp32", "eager", world=2, policy="every-2", **CELL),
+               _titan_cfg("fp32", "eager", world=2, policy="every-2", **dict(CELL, layers=4))]
+
+
+def _measure_sac(cfg: dict) -> dict:
+    """measure_blocks.measure, with torchtitan's layer SAC (``every-K``) applied before its ``_fsdp2`` shards the
+    model (apply_ac, then apply_fsdp): ``_apply_ac_to_transformer_block``'s ``_layer_sac_count % ac_freq == 0``."""
+    if not cfg["policy"].startswith("every-"):
+        return measure_blocks.measure(cfg)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    k, shard = int(cfg["policy"].split("-")[1]), measure_blocks._fsdp2
+
+    def wrap_then_shard(model, world):
+        for i, layer in enumerate(model.layers):
+            if (i + 1) % k == 0:
+                model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        return shard(model, world)
+    measure_blocks._fsdp2 = wrap_then_shard
+    try:
+        return measure_blocks.measure(cfg)
+    finally:
+        measure_blocks._fsdp2 = shard
 
 
 def document(args, runs, ctx) -> dict:
@@ -114,7 +138,7 @@ def main(argv=None) -> int:
     sac = argv[:1] == ["--sac"]
     argv = argv[1:] if sac else argv
     return harness.main(argv, description=__doc__.split("\n\n")[0], configs=SAC_CONFIGS if sac else CONFIGS,
-                        measure_run=measure_blocks.measure, document=document,
+                        measure_run=_measure_sac if sac else measure_blocks.measure, document=document,
                         out=os.path.join(HERE, "blocks_fsdp_sac_measurements.json" if sac else
                                          "blocks_fsdp_measurements.json"), incremental=True,
                         keep_previous="always", summary=lambda m: f"peak {m['peak_bytes']:>12,} B {m['wall_s']}s",
