@@ -429,13 +429,72 @@ def per_op_terms(plan, placement, options, *, policy="save-list"):
     per_layer = r * T * h + T * sum(o.nbytes for o in kept)
     listed = ", ".join(f"{o.name} ({o.op}) {_n(o.nbytes * T)}" for o in kept) or "no op outputs"
     lb = model.layer_bytes(plan, ctx)
-    return [
-        MemoryTerm(component=ACTIVATIONS, label=f"{plan.activation_checkpointing} layers: input and saved op outputs",
-                   nbytes=L * per_layer, phases=SAVED,
-                   formula=f"{L} layers x (input T x h x {r} B {_n(r * T * h)} + {listed})"),
-        # Layer 0 is recomputed whole (its saved tensors, the re-cast autocast copies).
-        last_moments(plan, placement, ctx, lb, kept=_autocast_copies(ctx)),
-    ]
+    saved = MemoryTerm(component=ACTIVATIONS, label=f"{plan.activation_checkpointing} layers: input and saved op outputs",
+                       nbytes=L * per_layer, phases=SAVED,
+                       formula=f"{L} layers x (input T x h x {r} B {_n(r * T * h)} + {listed})")
+    terms = [saved,
+             # Layer 0 is recomputed whole (its saved tensors, the re-cast autocast copies).
+             last_moments(plan, placement, ctx, lb, kept=_autocast_copies(ctx))]
+    excess, formula = _top_layer_backward(plan, placement, ctx, lb, saved, T * sum(o.nbytes for o in kept))
+    if excess > 0:
+        terms.append(MemoryTerm(component=ACTIVATIONS, label="the top layer's MLP backward (beyond the loss's "
+                                "moment)", nbytes=excess, phases=(BACKWARD,), formula=formula))
+    return terms
+
+
+def top_layer_backward(plan, placement, options=None, *, policy="save-list"):
+    """A per-op ``policy``'s top-layer MLP backward on one device (``_top_layer_backward``) as the signed excess over
+    the backward's other terms (negative: the loss's moment is higher), or None on a split model. Read by the FSDP2
+    moments (``buffers.fsdp2_eager_checkpointed``) through the spec's ``measured.top_layer_backward`` extension."""
+    ctx = model.context(plan, placement)
+    if split_model(plan, placement):
+        return None
+    save, alternate = _policy(policy, plan, options)
+    ops = op_sequence(ctx.shape, model._regime_kind(ctx.regime), measured_kernels.kernel_of(plan), ctx.seq_len)
+    kept = saved_ops(ops, save, alternate)
+    T, h, r = ctx.tokens, ctx.shape.hidden, ctx.regime.residual
+    saved = ctx.layers * (r * T * h + T * sum(o.nbytes for o in kept))
+    return _top_layer_backward(plan, placement, ctx, model.layer_bytes(plan, ctx), saved,
+                               T * sum(o.nbytes for o in kept))[0]
+
+
+def _top_layer_backward(plan, placement, ctx, lb, saved, saved_ops):
+    """The top layer's MLP backward under a per-op policy (one device): every layer's saved set (``saved``: each
+    layer's input and the ops the policy declares it saves, ``saved_ops`` bytes of them per layer) still alive, the
+    top layer's recompute of what the policy does not save (its saved tensors ``lb.saved`` and autocast copies less
+    ``saved_ops``), the gradient of its output (T h r), the MLP backward's own peak (``_mlp_backward_peak``, its
+    weight gradient born), the gradients born above the layers (the LM head's: the tied embedding's, or the untied
+    head's, and the final norm's) and what the model keeps while the layers run (token ids, RoPE tables, the
+    embedding output); the loss's and the final norm's saved tensors are freed by then. Measured:
+    validation/compile/blocks_fsdp_sac_measurements.json's op-SAC twins (their backward peak is this moment).
+    Returned as (the excess over the backward's other terms, the loss's moment: signed, how), ``saved`` the saved
+    term or its bytes."""
+    from .measured import term_keys as K
+    regime, s = ctx.regime, ctx.shape
+    T, h, r, L = ctx.tokens, s.hidden, regime.residual, ctx.layers
+    accumulating = plan.gradient_accumulation_steps > 1
+    gb = regime.gradient or 0
+    grads = model.gradient_terms(plan, placement, first_layer_late=recomputes_first_layer(plan))
+    counted = sum(t.nbytes for t in grads if BACKWARD in t.phases)
+    acts = model.model_activation_terms(plan, placement, recompute=True)
+    in_backward = sum(t.nbytes for t in acts if BACKWARD in t.phases)
+    during = sum(t.nbytes for t in acts if BACKWARD in t.phases
+                 and t.key in (K.TOKEN_IDS, *K.ROPE_TABLE_KEYS, K.EMBEDDING_OUTPUT))
+    if accumulating or not gb:
+        born = counted      # every gradient alive throughout (or none)
+    else:
+        share = placement.trainable_parameters_per_rank / parallel.gradient_divisor(placement) / plan.model.parameters
+        total = placement.trainable_parameters_per_rank / parallel.gradient_divisor(placement) * gb
+        born = total - share * gb * (L * s.layer_parameters() + (0 if s.tied else s.embedding_parameters))
+    recompute = max(lb.saved + _autocast_copies(ctx) - saved_ops, 0)
+    mlp, where = _mlp_backward_peak(ctx, lb, regime, accumulating)
+    saved = getattr(saved, "nbytes", saved)
+    moment = saved + during + born + recompute + r * T * h + mlp
+    return moment - saved - in_backward - counted, (
+        f"the layers' saved sets {_n(saved)} + kept while the layers run {_n(during)} + gradients born above the "
+        f"layers {_n(born)} + the top layer's recompute (saved {_n(lb.saved + _autocast_copies(ctx))} - its saved ops "
+        f"{_n(saved_ops)}) {_n(recompute)} + its output's gradient T x h x {r} B {_n(r * T * h)} + its {where} "
+        f"{_n(mlp)} = {_n(moment)} - the backward's other terms {_n(saved + in_backward + counted)}")
 
 
 def layer_saved_ops(plan, placement, options=None, *, policy="save-list"):
@@ -692,6 +751,8 @@ def mlsysim_checkpointing_strategies():
                                                           "output: 20*s*b*h)"),
                           extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="op-sac"),
                                       "measured.saved_ops": functools.partial(layer_saved_ops, policy="op-sac"),
+                                      "measured.top_layer_backward": functools.partial(top_layer_backward,
+                                                                                       policy="op-sac"),
                                       "measured.saves_rank": 5,     # fit techniques' ladder, after every-k
                                       # its saved set inside a compiled block: the partitioner honours the SAC tags
                                       # (measured compiled: compile.COMPILED_BLOCKS, validation/compile)
@@ -702,7 +763,9 @@ def mlsysim_checkpointing_strategies():
                           "plugin_options ops (mm, sdpa, bmm, softmax, topk, grouped_mm)",
                           activation_terms=_save_list_reference, options_type=SaveListOptions,
                           extensions={"measured.activation_terms": functools.partial(per_op_terms, policy="save-list"),
-                                      "measured.saved_ops": functools.partial(layer_saved_ops, policy="save-list")},
+                                      "measured.saved_ops": functools.partial(layer_saved_ops, policy="save-list"),
+                                      "measured.top_layer_backward": functools.partial(top_layer_backward,
+                                                                                       policy="save-list")},
                           searched=False, recompute=Recompute("save-list"), recomputes="part",
                           recomputes_first_layer=_always),
         CheckpointingSpec(name="every-k", description="full recompute of every k-th layer (torchtitan's layer SAC; "

@@ -326,8 +326,28 @@ def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
                                     "in the rule's terms" if getattr(options, "root_reshard_after_forward", False)
                                     else "") + f") - {_fmt(later)} B (the final norm's, the logits' and the loss's "
                     "forward terms, not yet)" + saved_how))
-    # (a per-op policy's backward: the base prices layer 0's moment, not the top block's where FSDP2's buffers
-    # were measured (validation/compile/blocks_fsdp_sac_measurements.json): not priced)
     if backward is not None and per_op is None:
         terms.append(attrs.evolve(backward, component=COMMUNICATION_BUFFERS))
+    top = spec_of(plan).extensions.get("measured.top_layer_backward") if per_op is not None else None
+    excess = top(plan, placement) if top is not None and backward is not None else None
+    if excess is not None:
+        # a per-op policy's backward peak is its top layer's MLP backward (the base's moment, declared by the
+        # policy: ``measured.top_layer_backward``, signed over the loss's moment); FSDP2 adds there the block
+        # below's prefetched all-gather (the rule's terms hold the top block's gathered layer and the root) and the
+        # root's gradients unsharded until the root's reduce-scatter (the base counts this rank's share)
+        from .parallel import gradient_divisor
+        G = _layer_gather(plan, placement)[0].nbytes
+        above = plan.model.parameters - L * s.layer_parameters() - (0 if s.tied else s.embedding_parameters)
+        share = placement.trainable_parameters_per_rank / gradient_divisor(placement) / plan.model.parameters
+        root_grads = above * (regime.gradient or 0) * (1 - share)
+        add = max(excess + G + root_grads, 0) - max(excess, 0)
+        if add > 0:
+            terms.append(MemoryTerm(
+                component=COMMUNICATION_BUFFERS, label="FSDP2: the block below's prefetched all-gather and the root's "
+                                                       "unsharded gradients at the top layer's MLP backward",
+                nbytes=add, phases=(BACKWARD,),
+                formula=f"max({_fmt(excess)} B (the top layer's MLP backward over the loss's moment) + {_fmt(G)} B "
+                        f"(the block below's all-gather, prefetched) + {_fmt(above)} params above the layers x "
+                        f"{regime.gradient or 0} B x (1 - {share:g}) (the root's gradients unsharded, beyond this "
+                        f"rank's share), 0) - max({_fmt(excess)} B, 0)"))
     return terms
