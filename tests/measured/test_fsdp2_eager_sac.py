@@ -146,8 +146,11 @@ def test_the_forward_term_by_hand():
 # the final norm 2 T h 4 + 4,096, the labels T 8: freed by then)
 T_, H_, F_, V_ = 1024, 256, 688, 1024
 LOSS_ONLY = 2 * T_ * V_ * 4 + T_ * V_ * 4 + (2 * T_ * H_ * 4 + 4096) + T_ * 8
-# the layer's saved set under full checkpointing (as layer 0's recompute prices it) less op-SAC's saved op outputs
-RECOMPUTED = 20_750_336 - 7_045_120
+# the layer's saved set (model.layer_bytes: 20,264 B a token, as full checkpointing's layer-0 recompute prices it)
+# less op-SAC's saved op outputs (torchtitan's list, every other mm: q, v, gate T h 4 / T h 4 / T f 4, the down
+# projection T h 4, SDPA's output and its logsumexp T (h + 8 heads) 4)
+SAVED_OPS = T_ * (4 * H_ + 4 * H_ + 4 * F_ + 4 * H_ + 4 * (H_ + 8))
+RECOMPUTED = T_ * 20_264 - SAVED_OPS
 
 
 def test_the_top_block_moment_by_hand():
@@ -161,7 +164,10 @@ def test_the_top_block_moment_by_hand():
     born = V_ * H_ * 4 + H_ * 4
     mlp = 2 * T_ * F_ * 4 + H_ * F_ * 4
     top = born + RECOMPUTED + T_ * H_ * 4 + mlp - LOSS_ONLY
+    assert SAVED_OPS == 7_045_120
     r = compare._solve(RUNS[FP32.format("")])
+    saved = next(t for t in r.terms if t.label == "op-sac layers: input and saved op outputs")
+    assert saved.nbytes == 3 * (T_ * H_ * 4 + SAVED_OPS)
     [t] = [t for t in r.terms if t.label == TOP_LABEL]
     assert t.nbytes == top == 7_451_648 and t.phases == (BACKWARD,)
     r = _solve()
