@@ -263,7 +263,10 @@ def fsdp2_eager_checkpointed(plan, placement) -> list[MemoryTerm]:
       forward terms and the loss's moment hold none of these: priced as the excess over the loss's forward terms;
     * **the backward**: block i's recompute and MLP backward beside its gathered parameters and the root's, the
       block below's prefetched all-gather, the block above's reduce-scatter input and the shards of the blocks
-      above (``fsdp2_around_blocks``' moments, the highest priced, BACKWARD_END).
+      above (``fsdp2_around_blocks``' moments, the highest priced, BACKWARD_END); under a per-op policy (every
+      layer's saved ops kept) the backward's peak is the top layer's MLP backward, which the policy declares
+      (``measured.top_layer_backward``): there FSDP2 adds the block below's prefetched all-gather and the root's
+      gradients unsharded until its reduce-scatter (BACKWARD; validation/compile/blocks_fsdp_sac_measurements.json).
 
     Only where measured: eager (no compile), dense, data parallelism alone, every layer checkpointed, FSDP's own
     prefetch (no ``prefetch_layers``/``limit_all_gathers``), no activation offload or optimizer in backward. The
