@@ -69,6 +69,15 @@ def solve(run, torchtune_rope: bool = False, torchtune_kv: bool = False):
         **extra)
 
 
+def measured_phases(m: dict) -> dict:
+    """A measured record's five phases (compare_blocks' PHASES) in bytes above nothing: its peaks and alive points
+    plus the baseline the timeline starts from."""
+    base = m["baseline_bytes"]
+    return {"forward": base + m["peak_by_phase"]["forward"], "backward": base + m["peak_by_phase"]["backward"],
+            "optimizer": base + m["peak_by_phase"]["optimizer"], "end_of_forward": base + m["alive"]["end_of_forward"],
+            "end_of_backward": base + m["alive"]["end_of_backward"]}
+
+
 def rows(path: str = PATH, torchtune_rope: bool = False, torchtune_kv: bool = True):
     """(id, predicted phases or the refusal, measured phases, baseline bytes) per measured run."""
     from mlsysim_core.errors import MlsysimError
@@ -78,10 +87,7 @@ def rows(path: str = PATH, torchtune_rope: bool = False, torchtune_kv: bool = Tr
     for run in runs:
         m = run["measured"]
         base = m["baseline_bytes"]
-        meas = {"forward": m["peak_by_phase"]["forward"], "backward": m["peak_by_phase"]["backward"],
-                "optimizer": m["peak_by_phase"]["optimizer"], "end_of_forward": m["alive"]["end_of_forward"],
-                "end_of_backward": m["alive"]["end_of_backward"]}
-        meas = {k: base + v for k, v in meas.items()}
+        meas = measured_phases(m)
         try:
             r = solve(run, torchtune_rope, torchtune_kv)
         except MlsysimError as err:

@@ -54,12 +54,7 @@ def phases(result):
 
 
 def measured(run):
-    m = run["measured"]
-    base = m["baseline_bytes"]
-    meas = {"forward": m["peak_by_phase"]["forward"], "backward": m["peak_by_phase"]["backward"],
-            "optimizer": m["peak_by_phase"]["optimizer"], "end_of_forward": m["alive"]["end_of_forward"],
-            "end_of_backward": m["alive"]["end_of_backward"]}
-    return {k: base + v for k, v in meas.items()}
+    return compare_blocks.measured_phases(run["measured"])
 
 
 def runs():

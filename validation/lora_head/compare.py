@@ -41,10 +41,7 @@ def rows(path: str = PATH):
     for run in runs:
         m = run["measured"]
         base = m["baseline_bytes"]
-        meas = {"forward": m["peak_by_phase"]["forward"], "backward": m["peak_by_phase"]["backward"],
-                "optimizer": m["peak_by_phase"]["optimizer"], "end_of_forward": m["alive"]["end_of_forward"],
-                "end_of_backward": m["alive"]["end_of_backward"]}
-        meas = {k: base + v for k, v in meas.items()}
+        meas = compare_blocks.measured_phases(m)
         r = compare_blocks.solve(as_solved(run), torchtune_kv=True)
         t = r.phase_totals
         pred = {"forward": t[FORWARD], "backward": max(t[BACKWARD], t[BACKWARD_END]), "optimizer": t[OPTIMIZER_STEP],

@@ -55,11 +55,7 @@ def rows(path: str = PATH):
         runs = [r for r in json.load(f)["runs"] if r.get("measured")]
     for run in runs:
         m = run["measured"]
-        base = m["baseline_bytes"]
-        meas = {"forward": m["peak_by_phase"]["forward"], "backward": m["peak_by_phase"]["backward"],
-                "optimizer": m["peak_by_phase"]["optimizer"], "end_of_forward": m["alive"]["end_of_forward"],
-                "end_of_backward": m["alive"]["end_of_backward"]}
-        meas = {k: base + v for k, v in meas.items()}
+        meas = _compare_blocks().measured_phases(m)
         meas["host"] = m["host"]["end_of_forward"] if "host" in m else 0
         r = solve(run)
         t = r.phase_totals
